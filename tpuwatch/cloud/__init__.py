@@ -1,0 +1,1 @@
+"""Adapters over the Google Cloud client libraries (TPU, Logging, Storage)."""

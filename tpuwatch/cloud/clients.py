@@ -1,0 +1,99 @@
+"""The one place that builds Google API clients.
+
+With `TPUWATCH_EMULATOR_HOST=host:port` every TPU (v2, v2alpha1), long-running-operation and
+Logging call goes over plain gRPC to that address with anonymous credentials, the same
+convention as `PUBSUB_EMULATOR_HOST`. Otherwise the clients use Application Default
+Credentials as usual. Nothing else in tpuwatch knows whether it talks to Google.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from functools import lru_cache
+from typing import Any
+
+from tpuwatch.errors import CloudError, UsageError
+
+EMULATOR_ENV = "TPUWATCH_EMULATOR_HOST"
+_HOSTPORT = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
+
+
+def emulator_host() -> str | None:
+    """The validated emulator address, or None when talking to Google."""
+    value = os.environ.get(EMULATOR_ENV)
+    if value is None or value == "":
+        return None
+    value = value.strip()
+    if value.startswith(("http://", "https://")):
+        value = value.split("://", 1)[1].rstrip("/")
+    if not _HOSTPORT.match(value) or not 0 < int(value.rsplit(":", 1)[1]) < 65536:
+        raise UsageError(
+            f"{EMULATOR_ENV}={os.environ[EMULATOR_ENV]!r} is not host:port; "
+            "use the line `tpuwatch sim serve` prints, e.g. 127.0.0.1:8470"
+        )
+    return value
+
+
+@lru_cache(maxsize=4)
+def _channel(host: str) -> Any:
+    import grpc
+
+    return grpc.insecure_channel(host)
+
+
+def _credentials() -> Any:
+    """ADC, or a CloudError that says how to log in."""
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    try:
+        creds, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+    except DefaultCredentialsError as exc:
+        raise CloudError(
+            "no Google Cloud credentials found; run `gcloud auth application-default login` "
+            f"(or set GOOGLE_APPLICATION_CREDENTIALS) ({exc})"
+        ) from None
+    return creds
+
+
+def tpu_client(version: str = "v2") -> Any:
+    """A `google.cloud.tpu_v2.TpuClient` (or v2alpha1 with version="v2alpha1")."""
+    if version == "v2":
+        from google.cloud import tpu_v2 as mod
+        from google.cloud.tpu_v2.services.tpu.transports.grpc import TpuGrpcTransport as T
+    elif version == "v2alpha1":
+        from google.cloud import tpu_v2alpha1 as mod  # type: ignore[no-redef]
+        from google.cloud.tpu_v2alpha1.services.tpu.transports.grpc import (  # type: ignore[assignment]
+            TpuGrpcTransport as T,
+        )
+    else:  # pragma: no cover - programming error
+        raise ValueError(version)
+    host = emulator_host()
+    if host:
+        return mod.TpuClient(transport=T(channel=_channel(host)))
+    return mod.TpuClient(credentials=_credentials())
+
+
+def logging_client() -> Any:
+    """A `google.cloud.logging_v2` GAPIC `LoggingServiceV2Client`."""
+    from google.cloud.logging_v2.services.logging_service_v2 import LoggingServiceV2Client
+    from google.cloud.logging_v2.services.logging_service_v2.transports.grpc import (
+        LoggingServiceV2GrpcTransport,
+    )
+
+    host = emulator_host()
+    if host:
+        return LoggingServiceV2Client(transport=LoggingServiceV2GrpcTransport(channel=_channel(host)))
+    return LoggingServiceV2Client(credentials=_credentials())
+
+
+def storage_client(project: str | None = None) -> Any:
+    """A `google.cloud.storage.Client`; it honours STORAGE_EMULATOR_HOST by itself."""
+    from google.cloud import storage
+
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        from google.auth.credentials import AnonymousCredentials
+
+        return storage.Client(project=project or "test", credentials=AnonymousCredentials())
+    return storage.Client(project=project, credentials=_credentials())
