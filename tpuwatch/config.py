@@ -1,0 +1,463 @@
+"""`tpuwatch.toml`: the schema, its defaults, and validation with messages that name the key.
+
+Every key is declared once in `SCHEMA` (section -> key -> Field). Unknown keys, wrong types and
+out-of-range values raise ConfigError (exit 2) naming `section.key` and the fix, with a
+did-you-mean for near misses. Flags override the file through `overrides={"tpu.zone": ...}`.
+This module reads files and the environment; it knows nothing of the cloud or SSH.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import string
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tpuwatch.durations import parse_duration
+from tpuwatch.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PLACEHOLDERS = ("checkpoint", "step", "attempt", "worker")
+CHECKPOINT_LAYOUTS = ("auto", "orbax", "flax", "t5x", "levanter", "pytorch_xla")
+TRANSPORTS = ("openssh", "gcloud")
+MAX_STRING = 4096
+_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")  # TPU node names
+_LABEL_VALUE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,62})$")  # GCP label values (ownership label)
+_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+_PROJECT = re.compile(r"^[a-z][-a-z0-9:.]{4,61}[a-z0-9]$")
+_USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$", re.IGNORECASE)
+
+
+def _text(key: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: expected a string, got {type(value).__name__} {value!r}")
+    if len(value) > MAX_STRING:
+        raise ConfigError(f"{key}: longer than {MAX_STRING} characters")
+    if "\x00" in value:
+        raise ConfigError(f"{key}: contains a NUL character")
+    return value
+
+
+def _str(key: str, value: Any) -> str:
+    return _text(key, value)
+
+
+def _nonempty(key: str, value: Any) -> str:
+    text = _text(key, value)
+    if not text.strip():
+        raise ConfigError(f"{key}: must not be empty")
+    return text
+
+
+def _pattern(rx: re.Pattern[str], what: str, allow_empty: bool = False) -> Callable[[str, Any], str]:
+    def check(key: str, value: Any) -> str:
+        text = _text(key, value)
+        if allow_empty and text == "":
+            return text
+        if not rx.match(text):
+            raise ConfigError(f"{key}: {text!r} is not a valid {what}")
+        return text
+
+    return check
+
+
+def _bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    return value
+
+
+def _int_range(lo: int, hi: int) -> Callable[[str, Any], int]:
+    def check(key: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected a whole number, got {value!r}")
+        if not lo <= value <= hi:
+            raise ConfigError(f"{key}: {value} is out of range; use {lo}..{hi}")
+        return value
+
+    return check
+
+
+def _duration(min_seconds: float = 0.0) -> Callable[[str, Any], float]:
+    def check(key: str, value: Any) -> float:
+        seconds = parse_duration(value, key=key)
+        if seconds < min_seconds:
+            raise ConfigError(f"{key}: must be at least {min_seconds:g}s, got {value!r}")
+        return seconds
+
+    return check
+
+
+def _exit_codes(key: str, value: Any) -> frozenset[int]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{key}: expected a list of exit codes such as [1, 134], got {value!r}")
+    codes = set()
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item <= 255:
+            raise ConfigError(f"{key}: {item!r} is not an exit code; use whole numbers 1..255")
+        codes.add(item)
+    return frozenset(codes)
+
+
+def _zones(key: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{key}: expected a list of zones such as [\"us-central2-b\"], got {value!r}")
+    check = _pattern(_ZONE, "zone (such as us-central2-b)")
+    return tuple(check(key, z) for z in value)
+
+
+def _workers(key: str, value: Any) -> str | tuple[int, ...]:
+    if value == "all":
+        return "all"
+    if isinstance(value, list) and value and all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 4096 for v in value
+    ):
+        return tuple(sorted(set(value)))
+    raise ConfigError(f"{key}: expected \"all\" or a list of worker numbers such as [0, 1], got {value!r}")
+
+
+def _command(key: str, value: Any) -> str:
+    text = _nonempty(key, value)
+    try:
+        parsed = list(string.Formatter().parse(text))
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}; write a literal brace as {{{{ or }}}}") from None
+    for _, name, spec, conv in parsed:
+        if name is None:
+            continue
+        if name not in PLACEHOLDERS or spec or conv:
+            hint = difflib.get_close_matches(name, PLACEHOLDERS, n=1)
+            more = f" (did you mean {{{hint[0]}}}?)" if hint else ""
+            raise ConfigError(
+                f"{key}: unknown placeholder {{{name}}}{more}; use "
+                + ", ".join("{" + p + "}" for p in PLACEHOLDERS)
+                + " (write a literal brace as {{ or }})"
+            )
+    return text
+
+
+def _checkpoint_dir(key: str, value: Any) -> str:
+    text = _text(key, value)
+    if text == "":
+        return text
+    if text.startswith("gs://"):
+        if len(text) <= 5 or text[5] == "/":
+            raise ConfigError(f"{key}: {text!r} has no bucket; write gs://BUCKET/PATH")
+        return text.rstrip("/")
+    expanded = os.path.expanduser(text)
+    if not os.path.isabs(expanded):
+        raise ConfigError(f"{key}: {text!r} must be an absolute path or a gs:// URI")
+    return expanded.rstrip("/") or "/"
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[str, Any], str]:
+    def check(key: str, value: Any) -> str:
+        text = _text(key, value)
+        if text not in options:
+            raise ConfigError(f"{key}: {text!r} is not one of {', '.join(options)}")
+        return text
+
+    return check
+
+
+def _path(key: str, value: Any) -> str:
+    text = _text(key, value)
+    return os.path.expanduser(text) if text else text
+
+
+def _env_table(key: str, value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a table of NAME = \"value\"")
+    out = {}
+    for name, v in value.items():
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+            raise ConfigError(f"{key}.{name}: not a valid environment variable name")
+        out[name] = _text(f"{key}.{name}", v)
+    return out
+
+
+def _checks(key: str, value: Any) -> tuple[dict[str, Any], ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{key}: expected [[precheck.custom]] tables with name, command, timeout")
+    out = []
+    for i, item in enumerate(value):
+        where = f"{key}[{i}]"
+        if not isinstance(item, dict):
+            raise ConfigError(f"{where}: expected a table with name, command, timeout")
+        unknown = set(item) - {"name", "command", "timeout"}
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r}; use name, command, timeout")
+        if "command" not in item:
+            raise ConfigError(f"{where}: missing command")
+        out.append(
+            {
+                "name": _pattern(re.compile(r"^[a-z][a-z0-9_-]{0,40}$"), "check name")(f"{where}.name", item.get("name", f"custom{i}")),
+                "command": _nonempty(f"{where}.command", item["command"]),
+                "timeout": _duration(0.1)(f"{where}.timeout", item.get("timeout", "30s")),
+            }
+        )
+    return tuple(out)
+
+
+def _str_list(key: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{key}: expected a list of strings")
+    return tuple(_text(key, v) for v in value)
+
+
+def _bytes_size(key: str, value: Any) -> float:
+    """Sizes such as "32GB", "512MiB", "1G" -> bytes."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    m = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", str(value), re.IGNORECASE) if isinstance(value, str) else None
+    if not m:
+        raise ConfigError(f"{key}: {value!r} is not a size; write e.g. \"32GB\" or \"512MB\"")
+    mult = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2).lower()]
+    if m.group(3).lower().startswith("i"):
+        mult = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[m.group(2).lower()]
+    return float(m.group(1)) * mult
+
+
+@dataclass(frozen=True)
+class Field:
+    check: Callable[[str, Any], Any]
+    default: Any
+    doc: str
+
+
+# The whole config surface. README's config reference is written from this table.
+SCHEMA: dict[str, dict[str, Field]] = {
+    "tpu": {
+        "name": Field(_pattern(_NAME, "TPU name (lowercase letters, digits, hyphens; starts with a letter)"), None, "TPU node name (required)"),
+        "project": Field(_pattern(_PROJECT, "project id", allow_empty=True), "", "GCP project; default from flags, env or gcloud"),
+        "zone": Field(_pattern(_ZONE, "zone (such as us-central2-b)", allow_empty=True), "", "zone; default from flags, env or gcloud"),
+        "fallback_zones": Field(_zones, (), "zones tried in order when the zone has no capacity"),
+        "queued_resource": Field(_str, "", "set when the TPU was made through a queued resource"),
+        "startup_script": Field(_path, "", "file sent as metadata startup-script on create"),
+        "spec": Field(lambda k, v: _spec(k, v), {}, "the node spec used by recreate (written by tpuwatch init)"),
+    },
+    "job": {
+        "name": Field(_pattern(_LABEL_VALUE, "job name (lowercase letters, digits, - and _, up to 63)", allow_empty=True), "", "job name; default the TPU name. Names the journal and the ownership label"),
+        "command": Field(_command, None, "shell command run on every worker; {checkpoint} {step} {attempt} {worker} substituted"),
+        "checkpoint_dir": Field(_checkpoint_dir, "", "absolute path or gs:// URI where the job saves checkpoints"),
+        "checkpoint_layout": Field(_choice(CHECKPOINT_LAYOUTS), "auto", "force a checkpoint layout; auto-detected by default"),
+        "workers": Field(_workers, "all", "\"all\" or a list of worker numbers"),
+        "env": Field(_env_table, {}, "extra environment variables for the command"),
+        "checkpoint_warn_age": Field(_duration(1), 75 * 60.0, "warn when the newest checkpoint is older than this"),
+    },
+    "recovery": {
+        "poll_interval": Field(_duration(0.05), 30.0, "time between ticks of watch"),
+        "repair_timeout": Field(_duration(0), 30 * 60.0, "how long to wait for the TPU to heal itself before recreating"),
+        "max_restarts": Field(_int_range(0, 10_000), 5, "failures not caused by a disruption"),
+        "max_recreates": Field(_int_range(0, 1000), 3, "delete + create cycles"),
+        "no_progress_limit": Field(_int_range(1, 1000), 3, "consecutive attempts that add no checkpoint => failed"),
+        "min_uptime": Field(_duration(0), 120.0, "an attempt shorter than this is a failed start"),
+        "queue_timeout": Field(_duration(0), 2 * 3600.0, "keep retrying create this long on stockout/quota"),
+        "fail_fast_exit_codes": Field(_exit_codes, frozenset(), "exit codes that fail the job at once"),
+        "retryable_exit_codes": Field(_exit_codes, frozenset({6, 134, 11, 139, 137, 143, 255}), "exit codes charged and retried"),
+        "backoff_base": Field(_duration(0), 10.0, "first wait between charged restarts"),
+        "backoff_max": Field(_duration(0), 300.0, "longest wait between charged restarts"),
+        "stop_grace": Field(_duration(0), 30.0, "SIGTERM to SIGKILL grace when stopping workers"),
+        "stable_run": Field(_duration(0), 3600.0, "an attempt running this long resets the backoff"),
+    },
+    "ssh": {
+        "user": Field(_pattern(_USER, "user name", allow_empty=True), "", "remote user; default the local user, as gcloud does"),
+        "identity_file": Field(_path, "~/.ssh/google_compute_engine", "private key"),
+        "port": Field(_int_range(1, 65535), 22, "SSH port"),
+        "internal_ip": Field(_bool, False, "connect to workers' internal IPs"),
+        "transport": Field(_choice(TRANSPORTS), "openssh", "openssh, or gcloud (gcloud compute tpus tpu-vm ssh)"),
+        "connect_timeout": Field(_duration(1), 10.0, "ssh ConnectTimeout"),
+        "known_hosts": Field(_path, "", "known_hosts file; default one per job in the state dir, pinned per node id"),
+        "options": Field(_str_list, (), "extra ssh -o options, e.g. [\"ProxyJump=bastion\"]"),
+    },
+    "precheck": {
+        "enabled": Field(_bool, True, "run environment checks before launch and periodically"),
+        "skip": Field(_str_list, (), "check ids to skip"),
+        "interval": Field(_duration(1), 600.0, "time between periodic checks while running"),
+        "min_disk": Field(_bytes_size, 32e9, "root disk free space"),
+        "min_shm": Field(_bytes_size, 1e9, "/dev/shm size"),
+        "cache_path": Field(_str, "", "a cache/data path whose free space is checked"),
+        "min_cache": Field(_bytes_size, 32e9, "free space at cache_path"),
+        "custom": Field(_checks, (), "[[precheck.custom]] name, command, timeout"),
+    },
+}
+
+
+def _spec(key: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a table")
+    return dict(value)
+
+
+@dataclass(frozen=True)
+class Config:
+    """A validated config: `cfg.get("recovery.max_restarts")` or the section dicts."""
+
+    values: Mapping[str, Mapping[str, Any]]
+    path: Path | None = None
+    state_dir: Path = field(default_factory=lambda: default_state_dir())
+
+    def get(self, dotted: str) -> Any:
+        section, key = dotted.split(".", 1)
+        return self.values[section][key]
+
+    @property
+    def tpu_name(self) -> str:
+        return str(self.values["tpu"]["name"])
+
+    @property
+    def job_name(self) -> str:
+        return str(self.values["job"]["name"] or self.values["tpu"]["name"])
+
+    @property
+    def tpu(self) -> Mapping[str, Any]:
+        return self.values["tpu"]
+
+    @property
+    def job(self) -> Mapping[str, Any]:
+        return self.values["job"]
+
+    @property
+    def recovery(self) -> Mapping[str, Any]:
+        return self.values["recovery"]
+
+    @property
+    def ssh(self) -> Mapping[str, Any]:
+        return self.values["ssh"]
+
+    @property
+    def precheck(self) -> Mapping[str, Any]:
+        return self.values["precheck"]
+
+
+def default_state_dir() -> Path:
+    env = os.environ.get("TPUWATCH_STATE_DIR")
+    if env is not None:
+        if not env.strip() or "\x00" in env:
+            raise ConfigError("TPUWATCH_STATE_DIR: must be a directory path, got an empty value")
+        return Path(os.path.expanduser(env))
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "tpuwatch"
+
+
+def _did_you_mean(word: str, options: list[str]) -> str:
+    hint = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    return f" (did you mean {hint[0]!r}?)" if hint else ""
+
+
+def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[str, dict[str, Any]]:
+    """Check every key of a parsed TOML document against SCHEMA; return values with defaults."""
+    out: dict[str, dict[str, Any]] = {}
+    for section in raw:
+        if section not in SCHEMA:
+            raise ConfigError(
+                f"unknown section [{section}]{_did_you_mean(section, list(SCHEMA))}; "
+                f"sections are {', '.join('[' + s + ']' for s in SCHEMA)}"
+            )
+        if not isinstance(raw[section], dict):
+            raise ConfigError(f"{section}: expected a [{section}] table")
+    for section, fields in SCHEMA.items():
+        given = dict(raw.get(section, {}))
+        for key in given:
+            if key not in fields:
+                raise ConfigError(
+                    f"{section}.{key}: unknown key{_did_you_mean(key, list(fields))}; "
+                    f"[{section}] accepts {', '.join(fields)}"
+                )
+        values: dict[str, Any] = {}
+        for key, spec in fields.items():
+            dotted = f"{section}.{key}"
+            if key in given:
+                values[key] = spec.check(dotted, given[key])
+            elif spec.default is None:
+                if dotted == "job.command" and not require_command:
+                    values[key] = ""
+                    continue
+                raise ConfigError(f"{dotted}: missing; add `{key} = ...` under [{section}]")
+            else:
+                values[key] = spec.default
+        out[section] = values
+    r = out["recovery"]
+    if r["backoff_max"] < r["backoff_base"]:
+        raise ConfigError("recovery.backoff_max: must not be shorter than recovery.backoff_base")
+    both = r["fail_fast_exit_codes"] & r["retryable_exit_codes"]
+    if both and "retryable_exit_codes" in raw.get("recovery", {}):
+        raise ConfigError(
+            f"recovery.fail_fast_exit_codes: {sorted(both)} also listed in recovery.retryable_exit_codes; "
+            "an exit code is either fail-fast or retryable"
+        )
+    if both:  # fail-fast wins over the default retryable list
+        r["retryable_exit_codes"] = r["retryable_exit_codes"] - both
+    unknown_checks = set(out["precheck"]["skip"]) - set(PRECHECK_IDS)
+    if unknown_checks:
+        name = sorted(unknown_checks)[0]
+        raise ConfigError(
+            f"precheck.skip: unknown check {name!r}{_did_you_mean(name, list(PRECHECK_IDS))}; "
+            f"checks are {', '.join(PRECHECK_IDS)}"
+        )
+    return out
+
+
+PRECHECK_IDS = ("disk", "shm", "cache", "ulimit", "dns", "devices", "device_holders", "libtpu_lock", "interpreter")
+
+
+def _set_override(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    section, key = dotted.split(".", 1)
+    raw.setdefault(section, {})[key] = value
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse a TOML file; errors name the file and say what is wrong."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} not found; create one with `tpuwatch init NAME`") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {str(path)!r} is a directory") from None
+    except PermissionError:
+        raise ConfigError(f"config file {str(path)!r} is not readable (permission denied)") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not UTF-8 (byte {exc.start}); save it as UTF-8") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+
+
+def load_config(
+    path: str | Path | None,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    require_command: bool = True,
+) -> Config:
+    """Read, override and validate a config file (path None = flags only)."""
+    raw: dict[str, Any] = {}
+    p = Path(os.path.expanduser(str(path))) if path is not None else None
+    if p is not None:
+        raw = read_toml(p)
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            _set_override(raw, dotted, value)
+    values = validate(raw, require_command=require_command)
+    return Config(values=values, path=p, state_dir=default_state_dir())
+
+
+def describe_schema() -> list[tuple[str, str, str]]:
+    """(dotted key, default as TOML-ish text, meaning) for every key: the README reference."""
+    rows = []
+    for section, fields in SCHEMA.items():
+        for key, spec in fields.items():
+            default = "required" if spec.default is None else repr(spec.default)
+            rows.append((f"{section}.{key}", default, spec.doc))
+    return rows
