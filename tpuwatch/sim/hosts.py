@@ -1,0 +1,690 @@
+"""Simulated TPU VM workers: one SSH server (asyncssh) per worker, each on its own loopback IP.
+
+A worker is a home directory, a host root (its `/dev/accel*`, `/tmp`, `/dev/shm`, found through
+`TPUWATCH_HOST_ROOT`), an ed25519 host key and an SSH listener on `127.<b>.<node>.<worker+1>`
+(Linux routes all of 127/8 to `lo`). Commands run as local processes under `/bin/bash -c`; every
+process a worker starts carries a marker variable in its environment, so the worker's processes
+can be found and killed through /proc even after they `setsid` away from their process group.
+
+Booting a node makes fresh homes and new host keys and runs its startup script in the background,
+as a TPU VM runs its `startup-script` metadata on boot; `down`/`up` model a host going away and
+coming back (maintenance), `destroy` deletes it. All asyncio work happens on one loop in a daemon
+thread; the public methods are synchronous and thread-safe.
+
+This module knows nothing of the TPU API, node states or faults' timing: the simulator's world
+model decides when a node boots, goes down or hangs, and calls these methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import getpass
+import os
+import random
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import asyncssh
+
+from tpuwatch.errors import UsageError
+
+MARKER = "TPUWATCH_SIM_WORKER"
+STARTUP_LOG = "startup-script.log"
+STARTUP_EXIT = "startup-script.exit"  # written when the startup script ends: its exit status
+_PORT_RANGE = (20000, 32000)  # below Linux's default ephemeral range (32768-60999)
+_CALL_TIMEOUT = 60.0
+T = TypeVar("T")
+
+
+@dataclass
+class _Reset:
+    after_bytes: int | None
+
+
+@dataclass
+class _Worker:
+    node: _Node
+    index: int
+    ip: str
+    dir: Path
+    host_key: Any  # asyncssh.SSHKey
+    acceptor: Any = None  # asyncssh.SSHAcceptor while listening
+    conns: set[Any] = field(default_factory=set)  # asyncssh.SSHServerConnection
+    reset: _Reset | None = None
+    startup: asyncio.Task[None] | None = None
+
+    @property
+    def home(self) -> Path:
+        return self.dir / "home"
+
+    @property
+    def host_root(self) -> Path:
+        return self.dir / "host"
+
+    @property
+    def marker(self) -> str:
+        return f"{self.node.hosts.instance}/{self.node.key}/{self.index}"
+
+    @property
+    def listening(self) -> bool:
+        return self.acceptor is not None
+
+
+@dataclass
+class _Node:
+    hosts: Hosts
+    key: str
+    node_id: str
+    slot: int
+    dir: Path
+    startup_script: str | None
+    chips_per_host: int
+    vfio: bool
+    workers: list[_Worker] = field(default_factory=list)
+
+
+class Hosts:
+    """The simulated workers of every node of one simulator instance."""
+
+    def __init__(self, root: Path, *, speed: float = 600.0, user: str | None = None,
+                 extra_env: Mapping[str, str] | None = None) -> None:
+        self.root = Path(root)
+        self.speed = speed  # kept for the simulator's clock; the hosts layer adds no delays
+        self.ssh_user = user or getpass.getuser()
+        self.extra_env = dict(extra_env or {})
+        self.instance = secrets.token_hex(4)
+        self._base = random.randint(1, 254)
+        ssh_dir = self.root / "ssh"
+        ssh_dir.mkdir(parents=True, exist_ok=True)
+        self.client_key = ssh_dir / "id_ed25519"
+        if not self.client_key.exists():
+            key = asyncssh.generate_private_key("ssh-ed25519", comment="tpuwatch-sim")
+            key.write_private_key(str(self.client_key))
+            key.write_public_key(str(self.client_key) + ".pub")
+            os.chmod(self.client_key, 0o600)
+        self._client_pub = asyncssh.read_public_key(str(self.client_key) + ".pub")
+        self.ssh_port = self._free_port()
+        self._nodes: dict[str, _Node] = {}
+        self._slots: dict[str, int] = {}  # node_key -> third octet; kept so a recreate keeps IPs
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the event loop thread that serves every worker."""
+        if self._loop is not None:
+            return
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            loop.call_soon(ready.set)
+            loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="tpuwatch-sim-hosts", daemon=True)
+        self._thread.start()
+        ready.wait()
+        self._loop = loop
+
+    def close(self) -> None:
+        """Stop every listener and kill every process any worker started."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            self._kill_marked(f"{self.instance}/", prefix=True)
+            return
+        try:
+            self._call(self._close)
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=10)
+            if not thread.is_alive():
+                loop.close()
+            self._loop = self._thread = None
+            self._kill_marked(f"{self.instance}/", prefix=True)  # anything born during shutdown
+
+    def __enter__(self) -> Hosts:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- nodes -------------------------------------------------------------------------------
+
+    def boot(self, node_key: str, node_id: str, n_workers: int, startup_script: str | None,
+             *, chips_per_host: int = 4, vfio: bool = False) -> list[str]:
+        """Fresh homes, new host keys, listeners up, startup script started; the workers' IPs."""
+        if not 1 <= n_workers <= 254:
+            raise UsageError(f"a simulated node has 1 to 254 workers, not {n_workers}")
+        return self._call(lambda: self._boot(node_key, node_id, n_workers, startup_script,
+                                             chips_per_host, vfio))
+
+    def down(self, node_key: str) -> None:
+        """The hosts go away: listeners closed (connection refused), every process killed."""
+        self._call(lambda: self._down(self._node(node_key)))
+
+    def up(self, node_key: str, *, reboot: bool = True) -> None:
+        """The hosts come back with the same homes and host keys.
+
+        With `reboot` (the default; a real TPU VM is restarted after maintenance) `/tmp` and
+        `/dev/shm` under the host root are emptied and the startup script runs again.
+        """
+        self._call(lambda: self._up(self._node(node_key), reboot))
+
+    def destroy(self, node_key: str) -> None:
+        """Kill, stop listening, delete the homes. Unknown nodes are ignored."""
+        self._call(lambda: self._destroy(node_key))
+
+    def kill_worker(self, node_key: str, worker: int) -> None:
+        """SIGKILL every process of one worker; its SSH server stays up."""
+        self._kill_marked(self._worker(node_key, worker).marker)
+
+    def hang(self, node_key: str, worker: int | None = None) -> None:
+        """SIGSTOP the processes of one worker (all workers when None); SSH still answers."""
+        node = self._node(node_key)
+        for w in node.workers if worker is None else [self._worker(node_key, worker)]:
+            for pid in self._marked(w.marker):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGSTOP)
+
+    def reset_connections(self, node_key: str, worker: int, after_bytes: int | None = None) -> None:
+        """Fault: the next exec session on this worker loses its connection mid-command.
+
+        The command runs; the connection is dropped once it has written `after_bytes` bytes of
+        output, or (None) when it has ended but before its exit status is sent — the client sees
+        ssh exit 255 for a command that did run, as after a network drop.
+        """
+        self._worker(node_key, worker).reset = _Reset(after_bytes)
+
+    # ---- queries -----------------------------------------------------------------------------
+
+    def worker_home(self, node_key: str, worker: int) -> Path:
+        return self._worker(node_key, worker).home
+
+    def host_root(self, node_key: str, worker: int) -> Path:
+        return self._worker(node_key, worker).host_root
+
+    def ips(self, node_key: str) -> list[str]:
+        return [w.ip for w in self._node(node_key).workers]
+
+    def is_listening(self, node_key: str, worker: int) -> bool:
+        return self._worker(node_key, worker).listening
+
+    def connections(self, node_key: str, worker: int) -> int:
+        """Open SSH connections to this worker."""
+        return len(self._worker(node_key, worker).conns)
+
+    def startup_status(self, node_key: str, worker: int) -> int | None:
+        """The startup script's exit status on this worker, or None while it has not ended."""
+        f = self._worker(node_key, worker).home / STARTUP_EXIT
+        try:
+            return int(f.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def pids(self, node_key: str | None = None, worker: int | None = None) -> list[int]:
+        """Live processes started by the given worker, node, or (None) any worker of this instance."""
+        if node_key is None:
+            return self._marked(f"{self.instance}/", prefix=True)
+        if worker is None:
+            return self._marked(f"{self.instance}/{node_key}/", prefix=True)
+        return self._marked(self._worker(node_key, worker).marker)
+
+    # ---- internals: thread bridge ------------------------------------------------------------
+
+    def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
+        loop = self._loop
+        if loop is None:
+            raise UsageError("simulated hosts are not started: call Hosts.start() first")
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("Hosts methods are synchronous; do not call them from its loop")
+
+        async def run() -> T:
+            return await fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), loop).result(timeout=_CALL_TIMEOUT)
+
+    def _spawn_task(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _node(self, node_key: str) -> _Node:
+        node = self._nodes.get(node_key)
+        if node is None:
+            raise UsageError(f"no simulated hosts for node {node_key!r}: boot it first")
+        return node
+
+    def _worker(self, node_key: str, worker: int) -> _Worker:
+        node = self._node(node_key)
+        if not 0 <= worker < len(node.workers):
+            raise UsageError(f"node {node_key!r} has workers 0..{len(node.workers) - 1}, not {worker}")
+        return node.workers[worker]
+
+    # ---- internals: addresses ----------------------------------------------------------------
+
+    def _free_port(self) -> int:
+        # A port nothing is bound to on any address (a wildcard test bind conflicts with every
+        # specific one), outside the ephemeral range so outgoing connections will not take it.
+        for _ in range(200):
+            port = random.randint(*_PORT_RANGE)
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind(("0.0.0.0", port))
+                return port
+            except OSError:
+                continue
+            finally:
+                s.close()
+        raise UsageError("no free TCP port found for the simulated workers' SSH servers")
+
+    def _slot(self, node_key: str) -> int:
+        if node_key not in self._slots:
+            used = set(self._slots.values())
+            free = [s for s in range(256) if s not in used]
+            if not free:
+                raise UsageError("the simulator holds at most 256 nodes")
+            self._slots[node_key] = free[0]
+        return self._slots[node_key]
+
+    def _ip(self, slot: int, index: int) -> str:
+        return f"127.{self._base}.{slot}.{index + 1}"
+
+    # ---- internals: node lifecycle (on the loop) ---------------------------------------------
+
+    async def _boot(self, node_key: str, node_id: str, n: int, script: str | None,
+                    chips: int, vfio: bool) -> list[str]:
+        if node_key in self._nodes:
+            await self._destroy(node_key)
+        slot = self._slot(node_key)
+        safe = node_key.replace("/", "__")
+        node_dir = self.root / "nodes" / f"{slot:03d}-{safe}"
+        shutil.rmtree(node_dir, ignore_errors=True)
+        node = _Node(self, node_key, node_id, slot, node_dir, script, chips, vfio)
+        for i in range(n):
+            wdir = node_dir / f"worker-{i}"
+            key = asyncssh.generate_private_key("ssh-ed25519", comment=f"{node_key} worker {i}")
+            w = _Worker(node, i, self._ip(slot, i), wdir, key)
+            w.home.mkdir(parents=True)
+            key.write_private_key(str(wdir / "ssh_host_ed25519_key"))
+            key.write_public_key(str(wdir / "ssh_host_ed25519_key.pub"))
+            self._make_host_root(w)
+            node.workers.append(w)
+        self._nodes[node_key] = node
+        try:
+            for w in node.workers:
+                await self._listen(w)
+        except BaseException:
+            await self._destroy(node_key)
+            raise
+        self._start_startup_scripts(node)
+        return [w.ip for w in node.workers]
+
+    def _make_host_root(self, w: _Worker) -> None:
+        dev = w.host_root / "dev"
+        (w.host_root / "tmp").mkdir(parents=True, exist_ok=True)
+        (dev / "shm").mkdir(parents=True, exist_ok=True)
+        chips = w.node.chips_per_host
+        if w.node.vfio:  # v5+ hosts expose chips through VFIO
+            (dev / "vfio").mkdir(exist_ok=True)
+            for c in range(chips):
+                (dev / "vfio" / str(c)).touch()
+        else:
+            for c in range(chips):
+                (dev / f"accel{c}").touch()
+
+    async def _listen(self, w: _Worker) -> None:
+        try:
+            w.acceptor = await asyncssh.listen(
+                w.ip, self.ssh_port,
+                server_factory=lambda: _WorkerServer(self, w),
+                server_host_keys=[w.host_key],
+                encoding=None,
+                line_editor=False,
+                reuse_address=True,
+            )
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise UsageError(f"port {self.ssh_port} on {w.ip} is in use: the simulated "
+                                 f"worker {w.index} of {w.node.key} cannot listen; restart the simulator")
+            raise
+
+    async def _unlisten(self, w: _Worker) -> None:
+        acceptor, w.acceptor = w.acceptor, None
+        if acceptor is not None:
+            acceptor.close()
+            with contextlib.suppress(Exception):
+                await acceptor.wait_closed()
+        for conn in list(w.conns):
+            conn.abort()
+        w.conns.clear()
+
+    async def _down(self, node: _Node) -> None:
+        for w in node.workers:
+            await self._unlisten(w)
+            if w.startup is not None:
+                w.startup.cancel()
+        for w in node.workers:
+            self._kill_marked(w.marker)
+
+    async def _up(self, node: _Node, reboot: bool) -> None:
+        down = [w for w in node.workers if not w.listening]
+        if not down:
+            return  # already up: nothing rebooted
+        for w in down:
+            if reboot:
+                shutil.rmtree(w.host_root / "tmp", ignore_errors=True)
+                shutil.rmtree(w.host_root / "dev" / "shm", ignore_errors=True)
+                self._make_host_root(w)
+            await self._listen(w)
+        if reboot:
+            self._start_startup_scripts(node)
+
+    async def _destroy(self, node_key: str) -> None:
+        node = self._nodes.pop(node_key, None)
+        if node is None:
+            return
+        await self._down(node)
+        shutil.rmtree(node.dir, ignore_errors=True)
+
+    async def _close(self) -> None:
+        for key in list(self._nodes):
+            await self._down(self._nodes[key])
+        self._kill_marked(f"{self.instance}/", prefix=True)
+        # let sessions and startup watchers see their processes die, then drop the rest
+        pending = [t for t in self._tasks if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=5)
+        rest = [t for t in self._tasks if not t.done()]
+        for t in rest:
+            t.cancel()
+        if rest:
+            await asyncio.wait(rest, timeout=5)
+
+    def _start_startup_scripts(self, node: _Node) -> None:
+        if not node.startup_script:
+            return
+        for w in node.workers:
+            (w.home / STARTUP_EXIT).unlink(missing_ok=True)  # before boot() returns
+            w.startup = self._spawn_task(self._run_startup(w, node.startup_script))
+
+    async def _run_startup(self, w: _Worker, script: str) -> None:
+        # A TPU VM runs the startup-script metadata on every boot, on every worker, in the
+        # background, logging to the journal; here the log is a file in the home.
+        path = w.dir / "startup-script.sh"
+        path.write_text(script)
+        with open(w.home / STARTUP_LOG, "ab") as log:
+            proc = await asyncio.create_subprocess_exec(
+                "/bin/bash", str(path), cwd=w.home, env=self._env(w),
+                stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        rc = await proc.wait()
+        with contextlib.suppress(OSError):
+            (w.home / STARTUP_EXIT).write_text(f"{rc}\n")
+
+    # ---- internals: processes ----------------------------------------------------------------
+
+    def _env(self, w: _Worker, client_env: Mapping[str, str] | None = None) -> dict[str, str]:
+        bindir = os.path.dirname(sys.executable)
+        env = {
+            "PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(w.home),
+            "USER": self.ssh_user,
+            "LOGNAME": self.ssh_user,
+            "SHELL": "/bin/bash",
+            "LANG": "C.UTF-8",
+            "TPUWATCH_HOST_ROOT": str(w.host_root),
+        }
+        # what Debian's sshd accepts from the client (AcceptEnv LANG LC_*)
+        for k, v in (client_env or {}).items():
+            if k == "LANG" or k.startswith("LC_"):
+                env[k] = v
+        env.update(self.extra_env)
+        env["TPUWATCH_SIM_WORKER_ID"] = str(w.index)  # a real VM reads agent-worker-number
+        env[MARKER] = w.marker
+        return env
+
+    @staticmethod
+    def _marked(value: str, *, prefix: bool = False) -> list[int]:
+        """Pids whose environment holds MARKER=value (or a value starting with it)."""
+        needle = f"\0{MARKER}={value}".encode()
+        if not prefix:
+            needle += b"\0"
+        me = os.getpid()
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == me:
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    data = b"\0" + f.read() + b"\0"
+            except OSError:
+                continue  # gone, or not ours; zombies read as empty
+            if needle in data:
+                found.append(int(entry))
+        return found
+
+    def _kill_marked(self, value: str, *, prefix: bool = False) -> None:
+        # Repeat until a scan finds nothing: a dying shell may fork once more between scans.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            pids = self._marked(value, prefix=prefix)
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.005)
+
+
+class _WorkerServer(asyncssh.SSHServer):
+    """One SSH connection to a worker: public-key auth with the client key only."""
+
+    def __init__(self, hosts: Hosts, worker: _Worker) -> None:
+        self._hosts = hosts
+        self._worker = worker
+        self._conn: Any = None
+
+    def connection_made(self, conn: Any) -> None:
+        self._conn = conn
+        if not self._worker.listening:
+            conn.abort()
+            return
+        self._worker.conns.add(conn)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._worker.conns.discard(self._conn)
+
+    def begin_auth(self, username: str) -> bool:
+        return True
+
+    def password_auth_supported(self) -> bool:
+        return False
+
+    def public_key_auth_supported(self) -> bool:
+        return True
+
+    def validate_public_key(self, username: str, key: Any) -> bool:
+        client: Any = self._hosts._client_pub
+        return bool(username == self._hosts.ssh_user and key.public_data == client.public_data)
+
+    def session_requested(self) -> _ExecSession:
+        return _ExecSession(self._hosts, self._worker, self._conn)
+
+
+class _ExecSession(asyncssh.SSHServerSession):  # type: ignore[misc]
+    """`ssh worker CMD`: runs `/bin/bash -c CMD` and relays stdio, signals and exit status.
+
+    Signal requests go to the command's process group. A dropped client closes the command's
+    pipes, as sshd does without a PTY.
+    """
+
+    def __init__(self, hosts: Hosts, worker: _Worker, conn: Any) -> None:
+        self._hosts = hosts
+        self._worker = worker
+        self._conn = conn
+        self._chan: Any = None
+        self._command: str | None = None
+        self._proc: asyncio.subprocess.Process | None = None
+        self._stdin_buf: list[bytes] = []
+        self._stdin_eof = False
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._lost = False
+        self._reset: _Reset | None = None
+        self._sent = 0
+        self._out_transports: list[asyncio.BaseTransport] = []
+
+    # -- channel callbacks
+    def connection_made(self, chan: Any) -> None:
+        self._chan = chan
+
+    def pty_requested(self, term_type: str, term_size: Any, term_modes: Any) -> bool:
+        return True  # accepted and ignored: commands always run on pipes
+
+    def shell_requested(self) -> bool:
+        return False
+
+    def subsystem_requested(self, subsystem: str) -> bool:
+        return False
+
+    def exec_requested(self, command: str | bytes) -> bool:
+        self._command = command.decode() if isinstance(command, bytes) else command
+        return True
+
+    def session_started(self) -> None:
+        self._hosts._spawn_task(self._run())
+
+    def data_received(self, data: bytes, datatype: Any) -> None:
+        if self._proc is not None and self._proc.stdin is not None:
+            with contextlib.suppress(Exception):
+                self._proc.stdin.write(data)
+        else:
+            self._stdin_buf.append(data)
+
+    def eof_received(self) -> bool:
+        self._stdin_eof = True
+        if self._proc is not None and self._proc.stdin is not None:
+            with contextlib.suppress(Exception):
+                self._proc.stdin.close()
+        return True  # keep our side open until the command's output is sent
+
+    def signal_received(self, signal_name: str) -> None:
+        sig = getattr(signal, f"SIG{signal_name}", None)
+        if isinstance(sig, signal.Signals):
+            self._signal_group(sig)
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # As sshd does without a PTY: no signal, the command's pipes are closed; it reads EOF
+        # and dies of SIGPIPE when it next writes. Detached jobs are not affected either way.
+        self._lost = True
+        self._writable.set()
+        self._close_pipes()
+
+    # -- the command
+    def _close_pipes(self) -> None:
+        for t in self._out_transports:
+            t.close()  # feeds EOF to the pump's reader
+        self._out_transports.clear()
+        if self._proc is not None and self._proc.stdin is not None:
+            with contextlib.suppress(Exception):
+                self._proc.stdin.close()
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        if self._proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, sig)
+
+    async def _pipe_reader(self, fd: int) -> asyncio.StreamReader:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=1 << 20)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
+        self._out_transports.append(transport)
+        return reader
+
+    async def _run(self) -> None:
+        w = self._worker
+        if self._lost:
+            return
+        if not w.listening or self._command is None:
+            self._conn.abort()
+            return
+        self._reset, w.reset = w.reset, None
+        # Our own pipes for stdout/stderr, so a lost client can close the read ends.
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                "/bin/bash", "-c", self._command, cwd=w.home,
+                env=self._hosts._env(w, self._chan.get_environment()),
+                stdin=asyncio.subprocess.PIPE, stdout=out_w, stderr=err_w,
+                start_new_session=True)
+        except OSError as e:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            self._chan.write_stderr(f"bash: {e}\n".encode())
+            self._chan.exit(127)
+            return
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        proc = self._proc
+        assert proc.stdin is not None
+        stdout = await self._pipe_reader(out_r)
+        stderr = await self._pipe_reader(err_r)
+        if self._lost:
+            self._close_pipes()
+        for chunk in self._stdin_buf:
+            proc.stdin.write(chunk)
+        self._stdin_buf.clear()
+        if self._stdin_eof:
+            proc.stdin.close()
+        await asyncio.gather(self._pump(stdout, self._chan.write),
+                             self._pump(stderr, self._chan.write_stderr))
+        rc = await proc.wait()
+        self._close_pipes()
+        if self._lost:
+            return
+        if self._reset is not None and self._reset.after_bytes is None:
+            self._conn.abort()
+            return
+        with contextlib.suppress(Exception):
+            if rc >= 0:
+                self._chan.exit(rc)
+            else:
+                self._chan.exit_with_signal(signal.Signals(-rc).name[3:])
+
+    async def _pump(self, stream: asyncio.StreamReader, write: Callable[[bytes], None]) -> None:
+        while True:
+            data = await stream.read(65536)
+            if not data or self._lost:
+                return
+            await self._writable.wait()
+            with contextlib.suppress(Exception):
+                write(data)
+            self._sent += len(data)
+            reset = self._reset
+            if reset is not None and reset.after_bytes is not None and self._sent >= reset.after_bytes:
+                self._conn.abort()
