@@ -1,6 +1,6 @@
 """A toy training job for simulated workers: `python -m tpuwatch.sim.trainer`.
 
-It runs on every worker (worker id from `TPUWATCH_WORKER_ID`), makes steps, and worker 0 writes
+It runs on every worker (worker id from `TPUWATCH_WORKER_ID`, else the simulated host's), makes steps, and worker 0 writes
 checkpoints in the local Orbax layout (REFERENCE.md): everything goes into
 `<dir>/<step>.orbax-checkpoint-tmp-<counter>/`, `commit_success.txt` is written last, then the
 directory is renamed to `<dir>/<step>/`. A kill at any instant leaves either a complete checkpoint
@@ -217,7 +217,9 @@ def _on_term(signum: int, frame: FrameType | None) -> None:
 
 
 def train(args: argparse.Namespace) -> int:
-    worker = int(os.environ.get("TPUWATCH_WORKER_ID", "0") or 0)
+    # tpuwatch exports TPUWATCH_WORKER_ID; a command started another way (gcloud ssh, the docs'
+    # loop) still knows its worker from the simulated host, as a real job knows its TPU worker id.
+    worker = int(os.environ.get("TPUWATCH_WORKER_ID") or os.environ.get("TPUWATCH_SIM_WORKER_ID") or 0)
     ckpt_dir = Path(args.ckpt_dir) if args.ckpt_dir else None
     step = read_step(Path(args.resume)) if args.resume else 0
     started_from = step

@@ -1,0 +1,39 @@
+"""Shared fixtures: an in-process simulator with the environment pointed at it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tpuwatch.sim.simulator import Simulator
+
+
+def _serve(root: Path, monkeypatch: pytest.MonkeyPatch, workers: bool) -> Iterator[Simulator]:
+    with Simulator(root=root, speed=600, workers=workers) as sim:
+        for key, value in sim.env.items():
+            monkeypatch.setenv(key, value)
+        yield sim
+        assert sim.world.scheduler_errors == [], "a simulator step raised"
+        assert sim.world.host_errors == [], "an effect on the simulated hosts failed"
+
+
+@pytest.fixture
+def sim_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Simulator]:
+    """The simulated APIs only (no SSH workers; node IPs are placeholders); env points at it."""
+    yield from _serve(tmp_path / "sim", monkeypatch, workers=False)
+
+
+@pytest.fixture
+def sim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Simulator]:
+    """The full simulator: APIs and SSH workers; env points at it (see Simulator.env)."""
+    yield from _serve(tmp_path / "sim", monkeypatch, workers=True)
+
+
+@pytest.fixture
+def lro_polling() -> object:
+    """Fast polling for `operation.result(polling=...)`: the simulator's operations take 0.1-0.2 s."""
+    from google.api_core.future.polling import DEFAULT_POLLING
+
+    return DEFAULT_POLLING.with_delay(initial=0.02, maximum=0.1, multiplier=1.5).with_timeout(20)

@@ -1,0 +1,112 @@
+"""System-event audit log entries the simulated TPU service writes, in the real shape.
+
+An `AuditRecord` is one entry as plain data; `to_log_entry` renders it as the
+`google.logging.v2.LogEntry` the Logging API returns (a `tpu_worker` resource, an `AuditLog`
+packed in `proto_payload`), and `filter_fields` gives the flat field view the Logging filter
+(`logfilter.py`) evaluates. This module does not decide when entries are written: the world does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SYSTEM_EVENT_LOG = "cloudaudit.googleapis.com%2Fsystem_event"
+SERVICE = "tpu.googleapis.com"
+AUDIT_TYPE = "type.googleapis.com/google.cloud.audit.AuditLog"
+
+TERMINATE = "tpu.nodes.terminate"
+RESTART = "tpu.nodes.restart"
+UPCOMING_MAINTENANCE = "compute.instances.upcomingMaintenance"
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    seq: int  # order of writing; ties on timestamp are broken by it
+    time_ns: int
+    receive_ns: int  # when the entry becomes visible to readers (ingestion latency)
+    project: str
+    zone: str
+    node: str
+    worker: str | None  # worker-level entry when set
+    method: str
+    insert_id: str
+    severity: str = "NOTICE"
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def log_name(self) -> str:
+        return f"projects/{self.project}/logs/{SYSTEM_EVENT_LOG}"
+
+    @property
+    def resource_name(self) -> str:
+        base = f"projects/{self.project}/locations/{self.zone}/nodes/{self.node}"
+        return f"{base}/workers/{self.worker}" if self.worker is not None else base
+
+    @property
+    def resource_labels(self) -> dict[str, str]:
+        labels = {"project_id": self.project, "zone": self.zone, "node_id": self.node}
+        if self.worker is not None:
+            labels["worker_id"] = self.worker
+        return labels
+
+
+def filter_fields(rec: AuditRecord) -> dict[str, str | int]:
+    """The entry's fields by Logging filter path; `timestamp` is in nanoseconds."""
+    out: dict[str, str | int] = {
+        "logName": rec.log_name,
+        "timestamp": rec.time_ns,
+        "receiveTimestamp": rec.receive_ns,
+        "insertId": rec.insert_id,
+        "severity": rec.severity,
+        "resource.type": "tpu_worker",
+        "protoPayload.@type": AUDIT_TYPE,
+        "protoPayload.methodName": rec.method,
+        "protoPayload.resourceName": rec.resource_name,
+        "protoPayload.serviceName": SERVICE,
+    }
+    for k, v in rec.resource_labels.items():
+        out[f"resource.labels.{k}"] = v
+    for k, v in rec.metadata.items():
+        if isinstance(v, (str, int, float, bool)):
+            out[f"protoPayload.metadata.{k}"] = str(v)
+    return out
+
+
+def _timestamp(ns: int) -> Any:
+    from google.protobuf import timestamp_pb2
+
+    return timestamp_pb2.Timestamp(seconds=ns // 1_000_000_000, nanos=ns % 1_000_000_000)
+
+
+def to_log_entry(rec: AuditRecord) -> Any:
+    """A `google.cloud.logging_v2.types.LogEntry` holding the entry's AuditLog."""
+    from google.api import monitored_resource_pb2
+    from google.cloud.audit import audit_log_pb2
+    from google.cloud.logging_v2.types import LogEntry
+    from google.logging.type import log_severity_pb2
+    from google.protobuf import any_pb2, struct_pb2
+
+    payload = audit_log_pb2.AuditLog(
+        service_name=SERVICE,
+        method_name=rec.method,
+        resource_name=rec.resource_name,
+    )
+    if rec.metadata:
+        meta = struct_pb2.Struct()
+        meta.update(rec.metadata)
+        payload.metadata.CopyFrom(meta)
+    packed = any_pb2.Any()
+    packed.Pack(payload)
+    entry = LogEntry.pb()(
+        log_name=rec.log_name,
+        resource=monitored_resource_pb2.MonitoredResource(
+            type="tpu_worker", labels=rec.resource_labels
+        ),
+        proto_payload=packed,
+        timestamp=_timestamp(rec.time_ns),
+        receive_timestamp=_timestamp(rec.receive_ns),
+        severity=log_severity_pb2.LogSeverity.Value(rec.severity),
+        insert_id=rec.insert_id,
+    )
+    return LogEntry.wrap(entry)

@@ -1,0 +1,429 @@
+"""The faults the simulator can inject: one table shared by scenario files, `tpuwatch sim inject`
+and the control service, so every way of asking for a fault accepts the same names and options.
+
+`normalize` checks a fault's options (unknown key, bad duration, wrong type: a UsageError naming
+it) and turns them into plain JSON values (durations in simulated seconds, a startup script
+file into metadata); `apply` performs a normalized fault on a World. Nothing here knows gRPC
+or click.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tpuwatch.durations import parse_duration
+from tpuwatch.errors import UsageError
+from tpuwatch.sim.world import (
+    INJECTABLE_CODES,
+    STUCK_MODES,
+    SYMPTOM_TYPES,
+    NodeSpec,
+    World,
+    worker_count,
+)
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: str  # str, int, float, bool, duration, list, map, choice
+    help: str
+    required: bool = False
+    default: Any = None
+    choices: tuple[str, ...] = ()
+    cli: str = ""  # the CLI flag when it differs from --name-with-dashes
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    help: str
+    params: tuple[Param, ...]
+    target: str | None = None  # the param given positionally on the CLI
+
+    def param(self, name: str) -> Param | None:
+        return next((p for p in self.params if p.name == name), None)
+
+
+_WHERE = (
+    Param("zone", "str", "zone of the node (default: the simulator's zone)"),
+    Param("project", "str", "project of the node (default: the simulator's project)"),
+)
+_NODE = Param("node", "str", "node name", required=True)
+
+FAULTS: dict[str, Fault] = {
+    f.name: f
+    for f in (
+        Fault(
+            "maintenance",
+            "Maintenance: job killed, SSH refused, UNHEALTHY_MAINTENANCE -> REPAIRING -> healed.",
+            (
+                _NODE,
+                Param(
+                    "heal_after",
+                    "duration",
+                    'simulated time until it heals; "never" = stuck',
+                    default=1800.0,
+                ),
+                Param("stuck", "choice", "never heal, stuck in this state", choices=STUCK_MODES),
+                Param("worker", "int", "worker the event is on (worker-level audit entries)"),
+                Param("reason", "str", "terminateReason in the audit entry", default="MAINTENANCE"),
+                *_WHERE,
+            ),
+            target="node",
+        ),
+        Fault(
+            "preempt",
+            "Preempt a spot/preemptible node: PREEMPTED for good.",
+            (
+                _NODE,
+                Param("reason", "str", "terminateReason in the audit entry", default="PREEMPTED"),
+                *_WHERE,
+            ),
+            target="node",
+        ),
+        Fault(
+            "terminate",
+            "Terminate the node: TERMINATED for good.",
+            (
+                _NODE,
+                Param("reason", "str", "terminateReason in the audit entry", default="MAINTENANCE"),
+                *_WHERE,
+            ),
+            target="node",
+        ),
+        Fault(
+            "kill-worker",
+            "Kill every process on one worker (the node stays READY).",
+            (
+                _NODE,
+                Param("worker", "int", "worker index", default=0),
+                *_WHERE,
+            ),
+            target="node",
+        ),
+        Fault(
+            "hang",
+            "Stop (SIGSTOP) the job's processes on one worker, or all.",
+            (
+                _NODE,
+                Param("worker", "int", "worker index (default: all)"),
+                *_WHERE,
+            ),
+            target="node",
+        ),
+        Fault(
+            "symptom",
+            "Add a symptom to the node.",
+            (
+                _NODE,
+                Param(
+                    "type",
+                    "choice",
+                    "symptom type",
+                    default="EXECUTE_TIMED_OUT",
+                    choices=SYMPTOM_TYPES,
+                ),
+                Param("worker", "int", "worker id", default=0),
+                Param("details", "str", "details text", default=""),
+                *_WHERE,
+            ),
+            target="node",
+        ),
+        Fault(
+            "upcoming-maintenance",
+            "Announce maintenance (v2alpha1 upcoming_maintenance), run it when due.",
+            (
+                _NODE,
+                Param(
+                    "starts_in",
+                    "duration",
+                    "simulated time until the window opens",
+                    default=7 * 86400.0,
+                ),
+                Param("window", "duration", "length of the window"),
+                Param("heal_after", "duration", "repair time once it starts", default=1800.0),
+                Param(
+                    "type",
+                    "choice",
+                    "maintenance type",
+                    default="SCHEDULED",
+                    choices=("SCHEDULED", "UNSCHEDULED"),
+                ),
+                Param("can_reschedule", "bool", "whether it can be rescheduled", default=True),
+                *_WHERE,
+            ),
+            target="node",
+        ),
+        Fault(
+            "heal",
+            "End the node's fault now: READY+HEALTHY, SSH back.",
+            (_NODE, *_WHERE),
+            target="node",
+        ),
+        Fault(
+            "delete-node",
+            "Someone deleted the node outside tpuwatch (gone at once).",
+            (_NODE, *_WHERE),
+            target="node",
+        ),
+        Fault(
+            "stockout",
+            "Creates in a zone fail with the no-capacity error.",
+            (
+                Param("zone", "str", 'zone ("*" = all; default: the simulator\'s zone)'),
+                Param("duration", "duration", "how long (default: until cleared)"),
+            ),
+            target="zone",
+        ),
+        Fault(
+            "quota",
+            "CreateNode in a zone is refused: RESOURCE_EXHAUSTED quota exceeded.",
+            (
+                Param("zone", "str", 'zone ("*" = all; default: the simulator\'s zone)'),
+                Param("duration", "duration", "how long (default: until cleared)"),
+                Param("limit", "str", "quota limit name in the message", default=""),
+            ),
+            target="zone",
+        ),
+        Fault(
+            "api-errors",
+            "Fail this fraction of API calls (seeded).",
+            (
+                Param("rate", "float", "fraction of calls to fail, 0..1", required=True),
+                Param("codes", "list", "status codes to use", default=["UNAVAILABLE"]),
+                Param(
+                    "methods",
+                    "list",
+                    "only methods containing one of these (default: all)",
+                    default=[],
+                ),
+                Param("duration", "duration", "how long (default: until cleared)"),
+            ),
+        ),
+        Fault(
+            "permission-denied",
+            "Matching calls fail PERMISSION_DENIED.",
+            (
+                Param(
+                    "methods",
+                    "list",
+                    "only methods containing one of these (default: all)",
+                    default=[],
+                ),
+                Param("duration", "duration", "how long (default: until cleared)"),
+            ),
+        ),
+        Fault("clear-errors", "Lift injected API errors, denials, stockouts and quota errors.", ()),
+        Fault(
+            "create-node",
+            "Create a READY node now (no operation).",
+            (
+                Param("name", "str", "node name", required=True),
+                Param("accelerator_type", "str", "accelerator type", default="v4-8", cli="--type"),
+                Param("runtime_version", "str", "runtime version", default="tpu-ubuntu2204-base"),
+                Param("spot", "bool", "spot node", default=False),
+                Param("preemptible", "bool", "preemptible node", default=False),
+                Param("labels", "map", "labels KEY=VALUE", default={}),
+                Param("metadata", "map", "metadata KEY=VALUE", default={}),
+                Param("startup_script", "str", "file whose text becomes metadata startup-script"),
+                *_WHERE,
+            ),
+            target="name",
+        ),
+    )
+}
+
+
+def did_you_mean(word: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def get(fault: str, *, where: str = "fault") -> Fault:
+    f = FAULTS.get(fault)
+    if f is None:
+        raise UsageError(
+            f"{where}: unknown fault {fault!r}{did_you_mean(fault, list(FAULTS))}; "
+            f"known: {', '.join(FAULTS)}"
+        )
+    return f
+
+
+def _convert(p: Param, value: Any, where: str) -> Any:
+    key = f"{where}.{p.name}" if where else p.name
+    if p.kind == "duration":
+        if isinstance(value, str) and value.strip().lower() == "never":
+            return None
+        return parse_duration(value, key=key)
+    if p.kind == "str":
+        if not isinstance(value, str):
+            raise UsageError(f"{key}: expected a string, got {value!r}")
+        return value
+    if p.kind == "choice":
+        if not isinstance(value, str) or value.upper() not in p.choices:
+            raise UsageError(f"{key}: expected one of {', '.join(p.choices)}, got {value!r}")
+        return value.upper()
+    if p.kind == "int":
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise UsageError(f"{key}: expected a whole number, got {value!r}")
+        try:
+            return int(value)
+        except ValueError:
+            raise UsageError(f"{key}: expected a whole number, got {value!r}")
+    if p.kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise UsageError(f"{key}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except ValueError:
+            raise UsageError(f"{key}: expected a number, got {value!r}")
+    if p.kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise UsageError(f"{key}: expected true or false, got {value!r}")
+    if p.kind == "list":
+        if isinstance(value, str):
+            return [v.strip() for v in value.split(",") if v.strip()]
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return list(value)
+        raise UsageError(f"{key}: expected a list of strings, got {value!r}")
+    if p.kind == "map":
+        if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+            return {k: str(v) for k, v in value.items()}
+        raise UsageError(f"{key}: expected a table of strings, got {value!r}")
+    raise AssertionError(p.kind)  # pragma: no cover
+
+
+def normalize(
+    fault: str, raw: Mapping[str, Any], *, where: str = "", base_dir: Path | None = None
+) -> dict[str, Any]:
+    """Checked, JSON-ready options of `fault`; UsageError naming `where.key` on any problem."""
+    f = get(fault, where=where or "fault")
+    names = [p.name for p in f.params]
+    out: dict[str, Any] = {}
+    for k, v in raw.items():
+        key = k.replace("-", "_")
+        p = f.param(key)
+        if p is None:
+            raise UsageError(
+                f"{where + '.' if where else ''}{k}: unknown option for fault {fault!r}{did_you_mean(key, names)}; "
+                f"it takes {', '.join(names) or 'no options'}"
+            )
+        if v is None:
+            continue
+        out[key] = _convert(p, v, where)
+    for p in f.params:
+        if p.name not in out and p.name not in raw:
+            if p.required:
+                raise UsageError(
+                    f"{where + '.' if where else ''}{p.name}: required by fault {fault!r}"
+                )
+            if p.default is not None:
+                out[p.name] = p.default
+    if fault == "maintenance" and out.get("stuck"):
+        out["heal_after"] = None
+    if fault == "api-errors":
+        bad = [c for c in out.get("codes", []) if c.upper() not in INJECTABLE_CODES]
+        if bad:
+            raise UsageError(
+                f"{where + '.' if where else ''}codes: cannot inject {', '.join(bad)}; use {', '.join(sorted(INJECTABLE_CODES))}"
+            )
+        if not 0.0 <= out["rate"] <= 1.0:
+            raise UsageError(
+                f"{where + '.' if where else ''}rate: must be between 0 and 1, got {out['rate']}"
+            )
+    if fault == "create-node":
+        try:
+            worker_count(out["accelerator_type"])
+        except ValueError as exc:
+            raise UsageError(f"{where + '.' if where else ''}accelerator_type: {exc}")
+        script = out.pop("startup_script", None)
+        if script is not None:
+            path = Path(script).expanduser()
+            if not path.is_absolute() and base_dir is not None:
+                path = base_dir / path
+            try:
+                out["metadata"] = {**out.get("metadata", {}), "startup-script": path.read_text()}
+            except OSError as exc:
+                raise UsageError(
+                    f"{where + '.' if where else ''}startup_script: cannot read {str(path)!r}: {exc.strerror}"
+                )
+    return out
+
+
+def apply(world: World, fault: str, params: Mapping[str, Any]) -> Any:
+    """Perform a normalized fault; returns a JSON-ready result."""
+    p = dict(params)
+    where = (
+        {"project": p.pop("project", None), "zone": p.pop("zone", None)}
+        if fault not in ("stockout", "quota")
+        else {}
+    )
+    if fault == "maintenance":
+        world.maintenance(p.pop("node"), **p, **where)
+    elif fault == "preempt":
+        world.preempt(p.pop("node"), **p, **where)
+    elif fault == "terminate":
+        world.terminate(p.pop("node"), **p, **where)
+    elif fault == "kill-worker":
+        world.kill_worker(p.pop("node"), p.pop("worker", 0), **where)
+    elif fault == "hang":
+        world.hang(p.pop("node"), p.pop("worker", None), **where)
+    elif fault == "symptom":
+        world.add_symptom(
+            p.pop("node"),
+            p.pop("type"),
+            worker=p.pop("worker", 0),
+            details=p.pop("details", ""),
+            **where,
+        )
+    elif fault == "upcoming-maintenance":
+        world.upcoming_maintenance(
+            p.pop("node"),
+            starts_in=p["starts_in"],
+            window=p.get("window"),
+            heal_after=p.get("heal_after"),
+            kind=p.get("type", "SCHEDULED"),
+            can_reschedule=p.get("can_reschedule", True),
+            **where,
+        )
+    elif fault == "heal":
+        world.heal(p.pop("node"), **where)
+    elif fault == "delete-node":
+        world.remove_node(p.pop("node"), **where)
+    elif fault == "stockout":
+        world.stockout(p.get("zone"), p.get("duration"))
+    elif fault == "quota":
+        world.quota(p.get("zone"), p.get("duration"), p.get("limit", ""))
+    elif fault == "api-errors":
+        world.api_errors(
+            p["rate"],
+            p.get("codes", ["UNAVAILABLE"]),
+            methods=p.get("methods", []),
+            duration=p.get("duration"),
+        )
+    elif fault == "permission-denied":
+        world.deny(methods=p.get("methods", []), duration=p.get("duration"))
+    elif fault == "clear-errors":
+        world.clear_errors()
+    elif fault == "create-node":
+        spec = NodeSpec(
+            accelerator_type=p["accelerator_type"],
+            runtime_version=p.get("runtime_version", "tpu-ubuntu2204-base"),
+            spot=p.get("spot", False),
+            preemptible=p.get("preemptible", False),
+            labels=p.get("labels", {}),
+            metadata=p.get("metadata", {}),
+        )
+        rec = world.add_node(p["name"], spec, **where)
+        return {"name": rec.full_name, "id": str(rec.id), "ips": rec.ips, "state": rec.state}
+    else:  # pragma: no cover - get() guards this
+        raise UsageError(f"unknown fault {fault!r}")
+    return {"fault": fault, "ok": True}
