@@ -1,0 +1,286 @@
+"""The audit-log adapter (ports.AuditLog): TPU system events as `AuditEvent`s.
+
+One ListLogEntries query per read covers every watched node (it may follow that query's
+pages): the Logging read quota is 60 requests/min/project and cannot be raised. The filter is
+the subset the simulator implements:
+
+    logName="projects/P/logs/cloudaudit.googleapis.com%2Fsystem_event"
+    AND protoPayload.methodName=("tpu.nodes.terminate" OR "tpu.nodes.restart" OR
+                                 "compute.instances.upcomingMaintenance")
+    AND timestamp>="<RFC 3339>"
+    AND (protoPayload.resourceName:"nodes/a" OR protoPayload.resourceName:"nodes/b")
+
+`:` is a substring match, so every entry is checked again here: "nodes/a" must name node "a"
+exactly (node level ".../nodes/a" or worker level ".../nodes/a/workers/0"), never "nodes/ab".
+
+The cursor is an opaque string: the newest entry time seen and the (time, insertId) keys of the
+entries seen in the last `overlap`. The next read starts `overlap` before that time, so an entry
+that reaches the log late is still found, and the keys make sure none is returned twice.
+This module knows the Logging and AuditLog messages; it knows nothing of the policy.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from tpuwatch.cloud import clients
+from tpuwatch.cloud.errors import Call, is_transient, translate
+from tpuwatch.cloud.retry import RetryPolicy
+from tpuwatch.errors import TpuwatchError, UsageError
+from tpuwatch.model import AuditEvent, AuditKind
+
+SYSTEM_EVENT_LOG = "cloudaudit.googleapis.com%2Fsystem_event"
+METHODS: dict[str, AuditKind] = {
+    "tpu.nodes.terminate": "terminate",
+    "tpu.nodes.restart": "restart",
+    "compute.instances.upcomingMaintenance": "upcoming_maintenance",
+}
+RPC_TIMEOUT = 30.0
+PAGE_SIZE = 1000
+CURSOR_VERSION = "v1"
+_NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_RESOURCE = re.compile(r"(?:^|/)nodes/(?P<node>[^/]+)(?:/workers/(?P<worker>[^/]+))?(?:/|$)")
+_LOCATION = re.compile(r"(?:^|/)(?:locations|zones)/(?P<zone>[^/]+)/")
+_NS = 1_000_000_000
+
+
+def rfc3339_ns(ns: int) -> str:
+    """Nanoseconds since the epoch as RFC 3339 UTC with nine fractional digits."""
+    secs, frac = divmod(ns, _NS)
+    base = datetime.fromtimestamp(secs, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{base}.{frac:09d}Z"
+
+
+def to_ns(t: datetime) -> int:
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=timezone.utc)
+    delta = t - datetime(1970, 1, 1, tzinfo=timezone.utc)
+    return (delta.days * 86400 + delta.seconds) * _NS + delta.microseconds * 1000
+
+
+def from_ns(ns: int) -> datetime:
+    secs, frac = divmod(ns, _NS)
+    return datetime.fromtimestamp(secs, tz=timezone.utc) + timedelta(microseconds=frac // 1000)
+
+
+def build_filter(project: str, nodes: Iterable[str], start_ns: int) -> str:
+    """The one Logging filter covering every node in `nodes` from `start_ns` on."""
+    names = sorted(set(nodes))
+    for n in names:
+        if not _NODE_NAME.match(n):
+            raise UsageError(f"{n!r} is not a TPU name (lowercase letters, digits and hyphens)")
+    methods = " OR ".join(f'"{m}"' for m in METHODS)
+    resources = " OR ".join(f'protoPayload.resourceName:"nodes/{n}"' for n in names)
+    return (
+        f'logName="projects/{project}/logs/{SYSTEM_EVENT_LOG}" '
+        f"AND protoPayload.methodName=({methods}) "
+        f'AND timestamp>="{rfc3339_ns(start_ns)}" '
+        f"AND ({resources})"
+    )
+
+
+def match_resource(resource_name: str, nodes: Iterable[str], zone: str | None = None) -> tuple[str, str | None] | None:
+    """(node, worker) when the resource name is exactly one of `nodes` (node or worker level)."""
+    wanted = set(nodes)
+    for m in _RESOURCE.finditer(resource_name):
+        if m.group("node") in wanted:
+            loc = _LOCATION.search(resource_name[: m.start() + 1])
+            if zone and loc and loc.group("zone") != zone:
+                return None
+            return m.group("node"), m.group("worker")
+    return None
+
+
+# -- cursor ------------------------------------------------------------------------------------
+def encode_cursor(high_ns: int, seen: Iterable[tuple[int, str]]) -> str:
+    body = {"t": high_ns, "seen": sorted([ns, iid] for ns, iid in set(seen))}
+    return f"{CURSOR_VERSION}:" + json.dumps(body, separators=(",", ":"))
+
+
+def decode_cursor(cursor: str | None) -> tuple[int, set[tuple[int, str]]] | None:
+    """(newest time seen, keys seen near it), or None for no or an unreadable cursor."""
+    if not cursor or not cursor.startswith(f"{CURSOR_VERSION}:"):
+        return None
+    try:
+        body = json.loads(cursor[len(CURSOR_VERSION) + 1 :])
+        return int(body["t"]), {(int(ns), str(iid)) for ns, iid in body["seen"]}
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _struct_text(value: Any) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def _payload(entry_pb: Any) -> tuple[str, str, dict[str, Any]] | None:
+    """(methodName, resourceName, metadata) of an entry's AuditLog (proto or JSON payload)."""
+    from google.protobuf import json_format
+
+    if entry_pb.HasField("proto_payload"):
+        from google.cloud.audit import audit_log_pb2
+
+        audit = audit_log_pb2.AuditLog()
+        if not entry_pb.proto_payload.Unpack(audit):
+            return None
+        meta = json_format.MessageToDict(audit.metadata) if audit.HasField("metadata") else {}
+        return audit.method_name, audit.resource_name, meta
+    if entry_pb.HasField("json_payload"):
+        body = json_format.MessageToDict(entry_pb.json_payload)
+        meta = body.get("metadata")
+        return str(body.get("methodName", "")), str(body.get("resourceName", "")), meta if isinstance(meta, dict) else {}
+    return None
+
+
+def to_event(entry: Any, nodes: Iterable[str], zone: str | None = None) -> tuple[int, AuditEvent] | None:
+    """(time in ns, AuditEvent) of a LogEntry about one of `nodes`; None for anything else."""
+    pb = type(entry).pb(entry) if not hasattr(entry, "DESCRIPTOR") else entry
+    payload = _payload(pb)
+    if payload is None:
+        return None
+    method, resource, meta = payload
+    matched = match_resource(resource, nodes, zone)
+    if matched is None:
+        return None
+    node, worker = matched
+    if worker is None:
+        worker = pb.resource.labels.get("worker_id") or None
+    kind: AuditKind = "other"
+    for suffix, k in METHODS.items():
+        if method == suffix or method.endswith("." + suffix):
+            kind = k
+    ns = pb.timestamp.seconds * _NS + pb.timestamp.nanos
+    return ns, AuditEvent(
+        time=from_ns(ns),
+        kind=kind,
+        node=node,
+        worker=worker,
+        method=method,
+        reason=_struct_text(meta.get("terminateReason")),
+        insert_id=pb.insert_id,
+        resource_name=resource,
+    )
+
+
+def take_new(
+    found: Iterable[tuple[int, AuditEvent]], high: int, seen: set[tuple[int, str]], overlap_ns: int
+) -> tuple[list[AuditEvent], int, set[tuple[int, str]]]:
+    """The entries of `found` not in `seen`, and the cursor state after them.
+
+    `found` is what a query from `high - overlap_ns` returned. An entry older than `high` that
+    was not seen (it reached the log late) is still new; keys older than the next query's
+    start are dropped, since that query cannot return them again.
+    """
+    seen = set(seen)
+    fresh: list[AuditEvent] = []
+    for ns, ev in found:
+        key = (ns, ev.insert_id)
+        if key in seen:
+            continue
+        seen.add(key)
+        high = max(high, ns)
+        fresh.append(ev)
+    return fresh, high, {k for k in seen if k[0] >= high - overlap_ns}
+
+
+class AuditLogReader:
+    """ports.AuditLog over google-cloud-logging for one project."""
+
+    def __init__(
+        self,
+        project: str,
+        *,
+        zone: str | None = None,
+        retry: RetryPolicy | None = None,
+        page_size: int = PAGE_SIZE,
+        overlap: timedelta = timedelta(minutes=10),
+        initial_lookback: timedelta = timedelta(hours=1),
+        now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+    ) -> None:
+        self.project = project
+        self.zone = zone
+        self.retry = retry or RetryPolicy.from_env()
+        self.page_size = page_size
+        self.overlap_ns = int(overlap.total_seconds() * _NS)
+        self.initial_lookback = initial_lookback
+        self.now = now
+        self._client: Any = None
+
+    def _query(self, nodes: list[str], start_ns: int) -> list[tuple[int, AuditEvent]]:
+        """Every matching entry from start_ns on, oldest first: one query, all its pages."""
+        from google.cloud.logging_v2.types import ListLogEntriesRequest
+
+        if self._client is None:
+            self._client = clients.logging_client()
+        client = self._client
+        flt = build_filter(self.project, nodes, start_ns)
+        call = Call("Logging API", "list_log_entries", f"projects/{self.project}",
+                    "logging.logEntries.list", "logging.googleapis.com", "roles/logging.viewer")
+        out: list[tuple[int, AuditEvent]] = []
+        token = ""
+        while True:
+            req = ListLogEntriesRequest(
+                resource_names=[f"projects/{self.project}"], filter=flt, order_by="timestamp asc",
+                page_size=self.page_size, page_token=token,
+            )
+
+            def one_page(req: Any = req) -> Any:
+                # The pager's `.entries` / `.next_page_token` are this one response's;
+                # iterating it would fetch further pages outside the retry policy.
+                return client.list_log_entries(request=req, retry=None, timeout=RPC_TIMEOUT)
+
+            try:
+                page = self.retry.call(one_page, transient=lambda e: is_transient(e, read=True))
+            except TpuwatchError:
+                raise
+            except Exception as exc:
+                raise translate(exc, call, project=self.project) from None
+            for entry in page.entries:
+                ev = to_event(entry, nodes, self.zone)
+                if ev is not None:
+                    out.append(ev)
+            token = page.next_page_token
+            if not token:
+                break
+        out.sort(key=lambda pair: pair[0])  # stable: keeps the API's order within a timestamp
+        return out
+
+    def read(self, nodes: Iterable[str], cursor: str | None) -> tuple[list[AuditEvent], str | None]:
+        """Events about `nodes` not returned before under `cursor`, oldest first, and the new cursor.
+
+        With no (or an unreadable) cursor, reading starts `initial_lookback` ago.
+        """
+        names = sorted(set(nodes))
+        state = decode_cursor(cursor)
+        seen: set[tuple[int, str]]
+        if state is None:
+            high, seen = to_ns(self.now() - self.initial_lookback), set()
+        else:
+            high, seen = state
+        if not names:
+            return [], encode_cursor(high, seen)
+        found = self._query(names, max(0, high - self.overlap_ns))
+        fresh, high, seen = take_new(found, high, seen, self.overlap_ns)
+        return fresh, encode_cursor(high, seen)
+
+    def since(self, nodes: Iterable[str], start_time: datetime) -> list[AuditEvent]:
+        """Every event about `nodes` from `start_time` on, oldest first (one query)."""
+        names = sorted(set(nodes))
+        if not names:
+            return []
+        out: list[AuditEvent] = []
+        keys: set[tuple[int, str]] = set()
+        for ns, ev in self._query(names, to_ns(start_time)):
+            if (ns, ev.insert_id) not in keys:
+                keys.add((ns, ev.insert_id))
+                out.append(ev)
+        return out
+
+    def cursor_at(self, start_time: datetime) -> str:
+        """A cursor whose first read returns events from `start_time` on (e.g. the job's start)."""
+        return encode_cursor(to_ns(start_time) + self.overlap_ns, ())

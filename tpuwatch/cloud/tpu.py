@@ -1,0 +1,385 @@
+"""The Cloud TPU adapter (ports.TpuApi): nodes as `NodeSnapshot`s, create/delete, operations.
+
+Reads go through the v2alpha1 API only: its Node holds every v2 field plus
+`upcoming_maintenance`, so one get per node per poll sees everything (v2 is used for reads
+only if v2alpha1 answers UNIMPLEMENTED). Writes and operations use v2. Every request is one
+RPC under `tpuwatch.cloud.retry` (the client's own retry is off), so call counts are exact.
+
+This module turns Google messages into `tpuwatch.model` values and Google errors into tpuwatch
+errors; nothing outside `cloud/` sees a protobuf. Enum fields become their names; a number
+this client does not know becomes "UNKNOWN_ENUM_<n>" instead of an exception.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta, timezone
+from typing import Any, TypeVar
+
+from google.api_core import exceptions as gexc
+
+from tpuwatch.cloud import clients
+from tpuwatch.cloud.errors import Call, is_transient, translate
+from tpuwatch.cloud.retry import RetryPolicy
+from tpuwatch.errors import NotFoundError, TpuwatchError, UsageError
+from tpuwatch.model import (
+    NodeSnapshot,
+    OperationStatus,
+    Symptom,
+    UpcomingMaintenance,
+    WorkerEndpoint,
+)
+
+T = TypeVar("T")
+RPC_TIMEOUT = 30.0  # seconds per request; the retry policy bounds the total
+PAGE_SIZE = 500
+_NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+# RFC 3339 with any number of fractional digits ("...T03:44:36.265703305Z", "+02:00").
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?([Zz]|[+-]\d{2}:?\d{2})"
+)
+
+
+def parse_rfc3339(text: str) -> datetime | None:
+    """The first RFC 3339 time in `text` as an aware UTC datetime (microseconds kept), or None."""
+    m = _RFC3339.search(text)
+    if not m:
+        return None
+    y, mo, d, h, mi, s, frac, tz = m.groups()
+    try:
+        micro = int((frac or "0")[:6].ljust(6, "0"))
+        offset = timedelta(0)
+        if tz not in ("Z", "z"):
+            sign = 1 if tz[0] == "+" else -1
+            digits = tz[1:].replace(":", "")
+            offset = sign * timedelta(hours=int(digits[:2]), minutes=int(digits[2:]))
+        local = datetime(int(y), int(mo), int(d), int(h), int(mi), int(s), micro,
+                         tzinfo=timezone(offset))
+    except ValueError:  # e.g. month 13: not a time after all
+        return None
+    return local.astimezone(timezone.utc)
+
+
+def parse_maintenance_time(text: str) -> datetime | None:
+    """The time in "The TPU had a maintenance event at <RFC 3339>"; None for other texts.
+
+    The wording is not a documented format, so any healthDescription that talks about
+    maintenance and carries an RFC 3339 time counts; the text itself is always kept as is.
+    """
+    if not text or "maintenance" not in text.lower():
+        return None
+    return parse_rfc3339(text)
+
+
+def _pb(msg: Any) -> Any:
+    """The raw protobuf of a proto-plus message (or the message itself if already raw)."""
+    pb = getattr(type(msg), "pb", None)
+    return pb(msg) if callable(pb) and not hasattr(msg, "DESCRIPTOR") else msg
+
+
+def enum_name(msg: Any, field: str) -> str:
+    """The enum value's name, or "UNKNOWN_ENUM_<n>" for a number this client does not know."""
+    fields = msg.DESCRIPTOR.fields_by_name
+    if field not in fields:  # the generated protos rename `type` to `type_`
+        field += "_"
+    number = getattr(msg, field)
+    enum_type = fields[field].enum_type
+    value = enum_type.values_by_number.get(number)
+    return value.name if value is not None else f"UNKNOWN_ENUM_{number}"
+
+
+def _time(msg: Any, field: str) -> datetime | None:
+    """A Timestamp field, or an RFC 3339 string field, as an aware datetime; None when unset."""
+    desc = msg.DESCRIPTOR.fields_by_name[field]
+    if desc.message_type is None:
+        return parse_rfc3339(getattr(msg, field) or "")
+    if not msg.HasField(field):
+        return None
+    ts = getattr(msg, field)
+    if ts.seconds == 0 and ts.nanos == 0:
+        return None
+    return ts.ToDatetime(tzinfo=timezone.utc)
+
+
+def split_node_name(full: str) -> tuple[str, str, str]:
+    """(project, zone, short name) of "projects/P/locations/Z/nodes/N"; blanks when absent."""
+    parts = full.split("/")
+    found = {parts[i]: parts[i + 1] for i in range(0, len(parts) - 1) if parts[i] in ("projects", "locations", "nodes")}
+    return found.get("projects", ""), found.get("locations", ""), found.get("nodes", parts[-1])
+
+
+def snapshot(node: Any, *, project: str = "", zone: str = "") -> NodeSnapshot:
+    """A NodeSnapshot of a v2 or v2alpha1 Node (proto-plus or raw protobuf)."""
+    pb = _pb(node)
+    p, z, short = split_node_name(pb.name)
+    fields = pb.DESCRIPTOR.fields_by_name
+    upcoming = None
+    if "upcoming_maintenance" in fields and pb.HasField("upcoming_maintenance"):
+        um = pb.upcoming_maintenance
+        # v2alpha1 declares these window times as RFC 3339 strings, not Timestamps.
+        upcoming = UpcomingMaintenance(
+            type=enum_name(um, "type"),
+            status=enum_name(um, "maintenance_status"),
+            can_reschedule=bool(um.can_reschedule),
+            window_start=_time(um, "window_start_time"),
+            window_end=_time(um, "window_end_time"),
+            latest_window_start=_time(um, "latest_window_start_time"),
+        )
+    accel, topology = pb.accelerator_type, ""
+    if pb.HasField("accelerator_config"):
+        topology = pb.accelerator_config.topology
+        if not accel:
+            accel = enum_name(pb.accelerator_config, "type").lower()
+    return NodeSnapshot(
+        name=short,
+        project=project or p,
+        zone=z or zone,
+        id=str(pb.id) if pb.id else "",
+        create_time=_time(pb, "create_time"),
+        state=enum_name(pb, "state"),
+        health=enum_name(pb, "health"),
+        health_description=pb.health_description,
+        maintenance_time=parse_maintenance_time(pb.health_description),
+        symptoms=tuple(
+            Symptom(
+                type=enum_name(s, "symptom_type"),
+                worker_id=s.worker_id,
+                time=_time(s, "create_time"),
+                details=s.details,
+            )
+            for s in pb.symptoms
+        ),
+        upcoming_maintenance=upcoming,
+        workers=tuple(
+            WorkerEndpoint(index=i, internal_ip=ep.ip_address, external_ip=ep.access_config.external_ip)
+            for i, ep in enumerate(pb.network_endpoints)
+        ),
+        accelerator_type=accel,
+        topology=topology,
+        runtime_version=pb.runtime_version,
+        spot=bool(pb.scheduling_config.spot),
+        preemptible=bool(pb.scheduling_config.preemptible),
+        labels=dict(pb.labels),
+        metadata_keys=tuple(sorted(pb.metadata)),
+    )
+
+
+_LOCATION_NOT_FOUND = (
+    re.compile(r"locations/[^/\s'\"]+['\"]?\s+(?:is|was)\s+not\s+found", re.IGNORECASE),
+    re.compile(r"^location\s+['\"]?[^/\s'\"]+['\"]?\s+(?:is|was)\s+not\s+found", re.IGNORECASE),
+)
+
+
+def _zone_not_found(exc: gexc.GoogleAPICallError) -> bool:
+    """NOT_FOUND about the location itself (an unknown zone), not about a resource in it."""
+    text = exc.message or ""
+    return any(rx.search(text) for rx in _LOCATION_NOT_FOUND)
+
+
+def operation_status(op: Any) -> OperationStatus:
+    """OperationStatus of a google.longrunning Operation protobuf."""
+    done = bool(op.done)
+    code, message = 0, ""
+    if done and op.HasField("error"):
+        code, message = int(op.error.code), op.error.message
+    return OperationStatus(name=op.name, done=done, error_code=code, error_message=message)
+
+
+class TpuAdapter:
+    """ports.TpuApi over google-cloud-tpu for one project and zone."""
+
+    def __init__(self, project: str, zone: str, *, retry: RetryPolicy | None = None,
+                 page_size: int = PAGE_SIZE) -> None:
+        self.project = project
+        self.zone = zone
+        self.retry = retry or RetryPolicy.from_env()
+        self.page_size = page_size
+        self._read_version = "v2alpha1"
+        self._clients: dict[str, Any] = {}
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _client(self, version: str) -> Any:
+        if version not in self._clients:
+            self._clients[version] = clients.tpu_client(version)
+        return self._clients[version]
+
+    def _parent(self, zone: str | None = None) -> str:
+        return f"projects/{self.project}/locations/{zone or self.zone}"
+
+    def _full(self, name: str) -> str:
+        if name.startswith("projects/"):
+            return name
+        if not _NODE_NAME.match(name):
+            raise UsageError(
+                f"{name!r} is not a TPU name (lowercase letters, digits and hyphens, starting with a letter)"
+            )
+        return f"{self._parent()}/nodes/{name}"
+
+    def _call(self, call: Call, fn: Callable[[], T], *, read: bool) -> T:
+        try:
+            return self.retry.call(fn, transient=lambda e: is_transient(e, read=read))
+        except TpuwatchError:
+            raise
+        except gexc.NotFound as exc:
+            if _zone_not_found(exc):
+                zone = split_node_name(call.target + "/")[1] or self.zone
+                raise UsageError(
+                    f"{call}: zone {zone!r} is not a Cloud TPU location in project "
+                    f"{self.project} ({exc.message}); check --zone"
+                ) from None
+            raise translate(exc, call, project=self.project) from None
+        except Exception as exc:
+            raise translate(exc, call, project=self.project) from None
+
+    def _read(self, method: str, target: str, needs: str, fn: Callable[[Any, Any], T]) -> T:
+        """A read through v2alpha1, falling back to v2 once if v2alpha1 is not served."""
+        call = Call("TPU API", method, target, needs, "tpu.googleapis.com")
+        from google.cloud import tpu_v2, tpu_v2alpha1
+
+        def attempt() -> T:
+            version = self._read_version
+            types = tpu_v2alpha1 if version == "v2alpha1" else tpu_v2
+            return fn(self._client(version), types)
+
+        try:
+            return self._call(call, attempt, read=True)
+        except TpuwatchError as exc:
+            if getattr(exc, "code", "") == "UNIMPLEMENTED" and self._read_version == "v2alpha1":
+                self._read_version = "v2"
+                return self._call(call, attempt, read=True)
+            raise
+
+    # -- ports.TpuApi -----------------------------------------------------------------------
+    def get_node(self, name: str) -> NodeSnapshot | None:
+        """The node, or None when the API says NOT_FOUND."""
+        node = self.get_node_message(name)
+        return None if node is None else snapshot(node, project=self.project, zone=self.zone)
+
+    def get_node_message(self, name: str) -> Any | None:
+        """The node as the API's v2alpha1 (or v2) `Node` message with every field; None when missing.
+
+        For callers that need more than a snapshot (capturing a spec to recreate from).
+        One request, under the same retry and error translation as every other read.
+        """
+        full = self._full(name)
+
+        def get(client: Any, types: Any) -> Any:
+            try:
+                return client.get_node(request=types.GetNodeRequest(name=full), retry=None, timeout=RPC_TIMEOUT)
+            except gexc.NotFound as exc:
+                if _zone_not_found(exc):
+                    raise
+                return None
+
+        return self._read("get_node", full, "tpu.nodes.get", get)
+
+    def get_queued_resource(self, name: str) -> Any | None:
+        """A `tpu_v2.QueuedResource` by short or full name, or None when it does not exist."""
+        from google.cloud import tpu_v2
+
+        full = name if name.startswith("projects/") else f"{self._parent()}/queuedResources/{name}"
+        call = Call("TPU API", "get_queued_resource", full, "tpu.queuedResources.get", "tpu.googleapis.com")
+        client = self._client("v2")
+
+        def get() -> Any:
+            try:
+                return client.get_queued_resource(request=tpu_v2.GetQueuedResourceRequest(name=full), retry=None,
+                                                  timeout=RPC_TIMEOUT)
+            except gexc.NotFound as exc:
+                if _zone_not_found(exc):
+                    raise
+                return None
+
+        return self._call(call, get, read=True)
+
+    def require_node(self, name: str) -> NodeSnapshot:
+        """get_node, or NotFoundError (exit 1) saying where tpuwatch looked."""
+        node = self.get_node(name)
+        if node is None:
+            raise NotFoundError(
+                f"no TPU named {name} in {self.project}/{self.zone} "
+                "(check the name, --project and --zone; `tpuwatch status --all` lists the zone)"
+            )
+        return node
+
+    def list_nodes(self, zone: str | None = None) -> list[NodeSnapshot]:
+        """Every node in the zone: one List request per page, each page retried on its own."""
+        parent = self._parent(zone)
+        out: list[NodeSnapshot] = []
+        token = ""
+        while True:
+            def page(client: Any, types: Any, token: str = token) -> Any:
+                req = types.ListNodesRequest(parent=parent, page_size=self.page_size, page_token=token)
+                # The pager delegates `.nodes` / `.next_page_token` to this one response;
+                # iterating it would fetch further pages outside the retry policy.
+                return client.list_nodes(request=req, retry=None, timeout=RPC_TIMEOUT)
+
+            resp = self._read("list_nodes", parent, "tpu.nodes.list", page)
+            out.extend(snapshot(n, project=self.project, zone=zone or self.zone) for n in resp.nodes)
+            token = resp.next_page_token
+            if not token:
+                return out
+
+    def delete_node(self, name: str) -> str:
+        """Start a delete; the operation name. NotFoundError when the node is already gone."""
+        from google.cloud import tpu_v2
+
+        full = self._full(name)
+        call = Call("TPU API", "delete_node", full, "tpu.nodes.delete", "tpu.googleapis.com", "roles/tpu.admin")
+        client = self._client("v2")
+        try:
+            op = self._call(
+                call,
+                lambda: client.delete_node(request=tpu_v2.DeleteNodeRequest(name=full), retry=None,
+                                           timeout=RPC_TIMEOUT),
+                read=False,
+            )
+        except TpuwatchError as exc:
+            if getattr(exc, "code", "") == "NOT_FOUND":
+                raise NotFoundError(f"no TPU named {split_node_name(full)[2]} in {self.project}/{self.zone} to delete") from None
+            raise
+        return str(op.operation.name)
+
+    def create_node(self, name: str, node: Mapping[str, Any], zone: str | None = None) -> str:
+        """Start a create of `name` from a JSON-like spec of tpu_v2.Node fields; the operation name.
+
+        The spec takes proto or JSON field names (`accelerator_type` or `acceleratorType`).
+        RESOURCE_EXHAUSTED (no capacity, quota) is not retried here: it raises ApiError with
+        code "RESOURCE_EXHAUSTED" for the caller's policy to decide.
+        """
+        from google.cloud import tpu_v2
+        from google.protobuf import json_format
+
+        if not _NODE_NAME.match(name):
+            raise UsageError(f"tpu.name: {name!r} is not a TPU name")
+        parent = self._parent(zone)
+        pb = tpu_v2.Node.pb()()
+        try:
+            json_format.ParseDict(dict(node), pb)
+        except json_format.ParseError as exc:
+            raise UsageError(f"tpu.spec: {exc}; use the fields of a TPU node (see `tpuwatch init`)") from None
+        request = tpu_v2.CreateNodeRequest(parent=parent, node_id=name, node=tpu_v2.Node.wrap(pb))
+        call = Call("TPU API", "create_node", f"{parent}/nodes/{name}", "tpu.nodes.create", "tpu.googleapis.com",
+                    "roles/tpu.admin")
+        client = self._client("v2")
+        op = self._call(call, lambda: client.create_node(request=request, retry=None, timeout=RPC_TIMEOUT),
+                        read=False)
+        return str(op.operation.name)
+
+    def get_operation(self, name: str) -> OperationStatus:
+        from google.longrunning import operations_pb2
+
+        call = Call("TPU API", "get_operation", name, "tpu.operations.get", "tpu.googleapis.com")
+        client = self._client("v2")
+        op = self._call(
+            call,
+            lambda: client.get_operation(request=operations_pb2.GetOperationRequest(name=name), retry=None,
+                                         timeout=RPC_TIMEOUT),
+            read=True,
+        )
+        return operation_status(op)
+
+    def snapshot(self, node: Any) -> NodeSnapshot:
+        return snapshot(node, project=self.project, zone=self.zone)

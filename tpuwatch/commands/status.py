@@ -1,0 +1,153 @@
+"""`tpuwatch status NAME... | --all`: what the TPU API and the audit log say about nodes now.
+
+Calls per run: one v2alpha1 get per NAME (or ONE list for `--all`), plus ONE audit-log query
+for every node together. This command only reads; it never changes a node.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from tpuwatch.cloud.location import resolve
+from tpuwatch.cloud.logs import AuditLogReader
+from tpuwatch.cloud.tpu import TpuAdapter
+from tpuwatch.errors import CloudError, NotFoundError, UsageError
+from tpuwatch.model import AuditEvent, NodeSnapshot
+from tpuwatch.ui.node import node_panel
+from tpuwatch.ui.serialize import event_json, node_json, rfc3339
+
+EVENTS_LOOKBACK = timedelta(days=7)
+
+HELP = """Show TPU nodes: state and health (green ok, yellow transient or waiting,
+red broken), healthDescription with the maintenance time parsed out, symptoms,
+upcoming maintenance with a countdown, workers with IPs, and the last
+terminate/restart events from the audit log (last 7 days).
+
+\b
+NAME... one or more TPU names; --all shows every TPU in the zone.
+Project and zone: --project/--zone, then [tpu] in --config, then
+CLOUDSDK_CORE_PROJECT, GOOGLE_CLOUD_PROJECT, CLOUDSDK_COMPUTE_ZONE,
+then the active gcloud configuration.
+
+\b
+--json prints one object (every field: docs/status-json.md):
+  {"project", "zone", "time", "nodes": [...], "missing": [...],
+   "events_error"}
+  a node: name, full_name, project, zone, id, create_time, state,
+  health, usable, health_description, maintenance_time, symptoms,
+  upcoming_maintenance, workers, accelerator_type, topology,
+  runtime_version, spot, preemptible, labels, metadata_keys,
+  events, job.
+Times are RFC 3339 UTC; an enum value unknown to this version
+shows as "UNKNOWN_ENUM_<n>".
+
+Exit codes: 0 shown, 1 a named TPU does not exist, 2 bad usage,
+3 cloud API error.
+"""
+
+
+def job_rows(node: NodeSnapshot) -> list[tuple[str, str]]:
+    """Rows for the job that runs on `node` (attempt, checkpoint), from its journal.
+
+    Hook: the journal (tpuwatch/journal.py) is written by another issue. When it lands, find
+    the job by the node's `tpuwatch-job` label, open its journal read-only, and return e.g.
+    [("attempt", "3, running for 2h05m"), ("checkpoint", "step 1200, 12m00s ago")].
+    Until then there is nothing to show.
+    """
+    return []
+
+
+def _events_by_node(
+    reader: AuditLogReader, names: list[str], start: datetime
+) -> tuple[dict[str, list[AuditEvent]], str | None]:
+    """One query for all names; a failure leaves the node facts shown with a warning."""
+    by_node: dict[str, list[AuditEvent]] = {n: [] for n in names}
+    if not names:
+        return by_node, None
+    try:
+        events = reader.since(names, start)
+    except CloudError as exc:
+        return by_node, exc.message
+    for ev in events:
+        by_node.setdefault(ev.node, []).append(ev)
+    return by_node, None
+
+
+@click.command(name="status", help=HELP)
+@click.argument("names", nargs=-1, metavar="NAME...")
+@click.option("--all", "all_nodes", is_flag=True, help="Every TPU in the zone (one list call).")
+@click.option("--project", help="GCP project (default: config, env, gcloud).")
+@click.option("--zone", help="Zone, e.g. us-central2-b (default: config, env, gcloud).")
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="tpuwatch.toml: its [tpu] name, project and zone are the defaults.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (see above).")
+def command(
+    names: tuple[str, ...], all_nodes: bool, project: str | None, zone: str | None,
+    config_path: Path | None, as_json: bool,
+) -> None:
+    cfg_project = cfg_zone = None
+    wanted = list(dict.fromkeys(names))
+    if config_path is not None:
+        from tpuwatch.config import load_config
+
+        cfg = load_config(config_path, require_command=False)
+        cfg_project, cfg_zone = cfg.tpu["project"], cfg.tpu["zone"]
+        if not wanted and not all_nodes:
+            wanted = [cfg.tpu_name]
+    if all_nodes and wanted:
+        raise UsageError("status: give TPU names or --all, not both")
+    if not all_nodes and not wanted:
+        raise UsageError("status: name a TPU (tpuwatch status NAME), or pass --all for every TPU in the zone")
+    loc = resolve(project, zone, config_project=cfg_project, config_zone=cfg_zone)
+    assert loc.zone is not None  # need_zone=True
+    tpu = TpuAdapter(loc.project, loc.zone)
+
+    missing: list[str] = []
+    nodes: list[NodeSnapshot] = []
+    if all_nodes:
+        nodes = sorted(tpu.list_nodes(), key=lambda n: n.name)
+    else:
+        for name in wanted:
+            node = tpu.get_node(name)
+            if node is None:
+                missing.append(name)
+            else:
+                nodes.append(node)
+
+    now = datetime.now(timezone.utc)
+    reader = AuditLogReader(loc.project, zone=loc.zone)
+    events, events_error = _events_by_node(reader, [n.name for n in nodes], now - EVENTS_LOOKBACK)
+
+    if as_json:
+        out: dict[str, Any] = {
+            "project": loc.project,
+            "zone": loc.zone,
+            "time": rfc3339(now),
+            "nodes": [
+                {**node_json(n), "events": [event_json(e) for e in events.get(n.name, [])],
+                 "job": dict(job_rows(n)) or None}
+                for n in nodes
+            ],
+            "missing": missing,
+            "events_error": events_error,
+        }
+        click.echo(json.dumps(out, indent=2))
+    else:
+        console = Console(highlight=False, soft_wrap=False)
+        if all_nodes and not nodes:
+            console.print(f"no TPUs in {loc.project}/{loc.zone}")
+        for n in nodes:
+            console.print(node_panel(n, now=now, events=events.get(n.name, []), job=job_rows(n)))
+        if events_error:
+            click.echo(f"warning: audit log not read: {events_error}", err=True)
+    if missing:
+        raise NotFoundError(
+            f"no TPU named {', '.join(missing)} in {loc.project}/{loc.zone} "
+            "(check the name, --project and --zone; `tpuwatch status --all` lists the zone)"
+        )
