@@ -1,0 +1,455 @@
+"""One test per row of the recovery table (tpuwatch.policy.ROWS), each named test_row_<id>."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+import pytest
+from test_policy_support import (
+    NAME,
+    ZONES,
+    absent,
+    at,
+    ckpt,
+    event,
+    exited,
+    idle,
+    kinds,
+    last_end,
+    node,
+    obs,
+    op,
+    probe,
+    run_mem,
+    running,
+    tick,
+)
+
+from tpuwatch.policy import (
+    ROWS,
+    CreateNode,
+    DeleteNode,
+    Fail,
+    FollowOperation,
+    ImpossibleObservation,
+    Launch,
+    NeedsPerson,
+    Phase,
+    StopWorkers,
+    Wait,
+)
+
+
+def test_every_row_has_a_test() -> None:
+    here = sys.modules[__name__]
+    missing = [r.id for r in ROWS if not hasattr(here, f"test_row_{r.id}")]
+    assert missing == []
+
+
+def test_row_launch() -> None:
+    d = tick(obs(probes=absent(), checkpoint=ckpt(100)), idle(), now=5)
+    assert d.row == "launch"
+    assert d.actions == (Launch(1, ckpt(100), d.actions[0].reason),)  # type: ignore[union-attr]
+    m = d.memory
+    assert (m.phase, m.attempt, m.attempt_start, m.attempt_start_step, m.attempt_node_id) == (
+        Phase.RUNNING, 1, at(5), 100, "n1")
+    assert d.exit_code == 0
+
+
+def test_row_running() -> None:
+    m = run_mem()
+    d = tick(obs(probes=running(1), checkpoint=ckpt(200)), m, now=300)
+    assert d.row == "running"
+    assert d.actions == ()
+    assert d.memory == m
+    assert "attempt 1 running on 2 worker(s)" in d.summary and "step 200" in d.summary
+
+
+def test_row_success() -> None:
+    d = tick(obs(probes=exited({0: 0}), checkpoint=ckpt(900)), run_mem(), now=3000)
+    assert d.row == "success"
+    assert kinds(d) == ["stop", "done"]
+    assert d.memory.phase is Phase.DONE and d.terminal and d.exit_code == 0
+    assert d.ended[0].outcome == "success" and d.ended[0].end_step == 900
+
+
+def test_row_disruption() -> None:
+    o = obs(probes=exited({1: 1}), events=(event("terminate", at(400), "MAINTENANCE"),), checkpoint=ckpt(150))
+    d = tick(o, run_mem(), now=500)
+    assert d.row == "disruption"
+    assert kinds(d) == ["stop"]
+    m = d.memory
+    assert (m.phase, m.restarts, m.disruptions, m.backoff_until) == (Phase.IDLE, 0, 1, None)
+    end = d.ended[0]
+    assert (end.outcome, end.charged, end.exit_code) == ("disruption", False, 1)
+    assert "tpu.nodes.terminate" in end.reason and "MAINTENANCE" in end.reason
+
+
+def test_row_failure() -> None:
+    d = tick(obs(probes=exited({1: 139}), checkpoint=ckpt(150), jitter=0.0), run_mem(), now=500)
+    assert d.row == "failure"
+    assert kinds(d) == ["stop", "wait"]
+    m = d.memory
+    assert (m.phase, m.restarts, m.backoff_level) == (Phase.BACKOFF, 1, 1)
+    assert m.backoff_until == at(505)  # base 10s, jitter 0 -> half of it
+    assert d.ended[0].charged and "exit code 139 (SIGSEGV)" in d.ended[0].reason
+
+
+def test_row_failed_start() -> None:
+    d = tick(obs(probes=exited({0: 1}), checkpoint=ckpt(100)), run_mem(), now=20)
+    assert d.row == "failed_start"
+    assert d.memory.phase is Phase.BACKOFF and d.memory.restarts == 1
+    assert d.ended[0].outcome == "failed_start" and "min_uptime" in d.ended[0].reason
+    assert d.memory.no_progress == 1  # no newer checkpoint than step 100
+
+
+def test_row_fail_fast() -> None:
+    d = tick(obs(probes=exited({1: 42}), checkpoint=ckpt(500)), run_mem(), now=5000)
+    assert d.row == "fail_fast"
+    assert kinds(d) == ["stop", "fail"]
+    assert d.memory.phase is Phase.FAILED and d.exit_code == 1 and d.terminal
+    assert "exit code 42" in d.memory.reason and "fail_fast_exit_codes" in d.memory.reason
+
+
+def test_row_no_progress() -> None:
+    d = tick(obs(probes=exited({0: 1}), checkpoint=ckpt(100)), run_mem(no_progress=2), now=500)
+    assert d.row == "no_progress"
+    assert d.memory.phase is Phase.FAILED and d.exit_code == 1
+    fail = d.actions[-1]
+    assert isinstance(fail, Fail)
+    assert "3 attempts in a row" in fail.reason and "step 100" in fail.reason
+    assert "exit code 1" in fail.reason and "deterministic bug" in fail.reason
+
+
+def test_row_budget_spent() -> None:
+    d = tick(obs(probes=exited({0: 1}), checkpoint=ckpt(300)), run_mem(restarts=2), now=500)
+    assert d.row == "budget_spent"
+    assert d.memory.phase is Phase.FAILED and d.memory.restarts == 2 and d.exit_code == 1
+    fail = d.actions[-1]
+    assert isinstance(fail, Fail)
+    assert "restart budget spent" in fail.reason and "max_restarts = 2" in fail.reason
+    assert fail.evidence and "exit code 1" in fail.evidence[0]
+
+
+@pytest.mark.parametrize("state,health", [
+    ("REPAIRING", "HEALTHY"), ("RESTARTING", ""), ("UNKNOWN", ""),
+    ("READY", "UNHEALTHY_MAINTENANCE"), ("READY", "TIMEOUT"),
+])
+def test_row_repair_wait(state: str, health: str) -> None:
+    d = tick(obs(node(state, health)), idle(), now=100)
+    assert d.row == "repair_wait"
+    assert d.memory.phase is Phase.WAITING_NODE and d.memory.unhealthy_since == at(100)
+    assert d.actions == (Wait(at(700), d.actions[0].reason),)  # type: ignore[union-attr]
+    # first sight is kept: a later tick waits for the same deadline
+    d2 = tick(obs(node(state, health)), d.memory, now=400)
+    assert d2.row == "repair_wait" and d2.memory.unhealthy_since == at(100)
+
+
+def test_row_repair_timeout() -> None:
+    m = idle(phase=Phase.WAITING_NODE, unhealthy_since=at(0))
+    d = tick(obs(node("REPAIRING")), m, now=600)
+    assert d.row == "repair_timeout"
+    assert d.actions == (DeleteNode(NAME, ZONES[0], d.actions[0].reason),)  # type: ignore[union-attr]
+    assert (d.memory.phase, d.memory.recreates, d.memory.pending_kind) == (Phase.DELETING, 1, "delete")
+
+
+@pytest.mark.parametrize("state", ["PREEMPTED", "TERMINATED"])
+def test_row_dead_node(state: str) -> None:
+    d = tick(obs(node(state), probes=None), run_mem(), now=500)
+    assert d.row == "dead_node"
+    assert kinds(d) == ["delete"]  # no stop: the workers are gone with the node
+    assert d.ended[0].outcome == "disruption" and d.memory.restarts == 0 and d.memory.disruptions == 1
+    assert d.memory.phase is Phase.DELETING and d.memory.deleting_node_id == "n1"
+
+
+def test_row_not_owned() -> None:
+    d = tick(obs(node("PREEMPTED", owned=False)), idle(), now=10)
+    assert d.row == "not_owned"
+    assert kinds(d) == ["needs_person"] and d.exit_code == 1
+    assert "not owned: will not delete pod (label tpuwatch-job=job missing); pass --adopt" in d.summary
+    assert d.memory.phase is Phase.HALTED and d.memory.recreates == 0
+    adopted = tick(obs(node("PREEMPTED", owned=False), adopt=True), idle(), now=10)
+    assert adopted.row == "dead_node" and kinds(adopted) == ["delete"]
+
+
+def test_row_recreate_budget_spent() -> None:
+    d = tick(obs(node("TERMINATED")), idle(recreates=2), now=10)
+    assert d.row == "recreate_budget_spent"
+    assert kinds(d) == ["fail"] and d.memory.phase is Phase.FAILED and d.exit_code == 1
+    assert "max_recreates = 2" in d.memory.reason
+
+
+def test_row_node_missing() -> None:
+    d = tick(obs(missing=True), run_mem(), now=500)
+    assert d.row == "node_missing"
+    assert kinds(d) == ["needs_person"] and d.exit_code == 1
+    assert d.memory.phase is Phase.HALTED and "--recreate-missing" in d.summary
+    assert d.ended[0].outcome == "disruption"
+    # not sticky: once the node is back, the job resumes
+    back = tick(obs(probes=absent(), checkpoint=ckpt(100)), d.memory, now=600)
+    assert back.row == "launch" and back.memory.attempt == 2
+
+
+def test_row_recreate_missing() -> None:
+    d = tick(obs(missing=True, recreate_missing=True), idle(), now=5)
+    assert d.row == "recreate_missing"
+    assert d.actions == (CreateNode(NAME, ZONES[0], d.actions[0].reason),)  # type: ignore[union-attr]
+    assert (d.memory.phase, d.memory.recreates, d.memory.pending_kind) == (Phase.CREATING, 1, "create")
+
+
+def test_row_someone_deleting() -> None:
+    d = tick(obs(node("DELETING")), idle(), now=5)
+    assert d.row == "someone_deleting"
+    assert kinds(d) == ["needs_person"] and d.memory.phase is Phase.HALTED and d.exit_code == 1
+
+
+@pytest.mark.parametrize("state", ["STOPPED", "STOPPING", "HIDDEN"])
+def test_row_person_stopped(state: str) -> None:
+    d = tick(obs(node(state)), run_mem(), now=500)
+    assert d.row == "person_stopped"
+    assert kinds(d) == ["wait"] and d.exit_code == 0
+    assert d.memory.phase is Phase.PAUSED and "a person stopped it" in d.summary
+    assert d.ended[0].outcome == "disruption" and d.memory.restarts == 0
+    # long after repair_timeout it is still left alone
+    later = tick(obs(node(state)), d.memory, now=50_000)
+    assert later.row == "person_stopped" and "delete" not in kinds(later)
+
+
+def test_row_unknown_state() -> None:
+    d = tick(obs(node("UNKNOWN_ENUM_99")), idle(), now=0)
+    assert d.row == "unknown_state" and d.memory.phase is Phase.WAITING_NODE
+    late = tick(obs(node("UNKNOWN_ENUM_99")), d.memory, now=600)
+    assert late.row == "unknown_state"
+    assert kinds(late) == ["needs_person"] and late.memory.phase is Phase.HALTED
+
+
+def test_row_unhealthy_running() -> None:
+    d = tick(obs(node("READY", "UNHEALTHY_MAINTENANCE"), probes=running(1)), run_mem(), now=100)
+    assert d.row == "unhealthy_running"
+    assert d.actions == () and d.memory.phase is Phase.RUNNING
+    assert any("UNHEALTHY_MAINTENANCE" in e.what for e in d.memory.evidence)
+    # far past repair_timeout, a live attempt is still not killed
+    later = tick(obs(node("READY", "UNHEALTHY_MAINTENANCE"), probes=running(1)), d.memory, now=5000)
+    assert later.row == "unhealthy_running" and later.actions == ()
+
+
+def _deleting(pending: str | None = "op-del") -> object:
+    return idle(phase=Phase.DELETING, pending_op=pending, recreates=1,
+                deleting_node_id="n1")
+
+
+def test_row_deleting() -> None:
+    d = tick(obs(node("DELETING"), operation=op("op-del", done=False)), _deleting(), now=5)  # type: ignore[arg-type]
+    assert d.row == "deleting"
+    assert d.actions == (FollowOperation("op-del", "delete", d.actions[0].reason),)  # type: ignore[union-attr]
+
+
+def test_row_delete_resume() -> None:
+    d = tick(obs(node("PREEMPTED")), _deleting(pending=None), now=5)  # type: ignore[arg-type]
+    assert d.row == "delete_resume" and kinds(d) == ["delete"]
+    assert d.memory.recreates == 1  # the same recreate, not a new one
+
+
+def test_row_delete_failed() -> None:
+    d = tick(obs(node("PREEMPTED"), operation=op("op-del", code=7, message="denied")), _deleting(), now=5)  # type: ignore[arg-type]
+    assert d.row == "delete_failed" and d.memory.phase is Phase.FAILED and "denied" in d.summary
+
+
+def test_row_create_after_delete() -> None:
+    d = tick(obs(missing=True, operation=op("op-del")), _deleting(), now=5)  # type: ignore[arg-type]
+    assert d.row == "create_after_delete"
+    assert d.actions == (CreateNode(NAME, ZONES[0], d.actions[0].reason),)  # type: ignore[union-attr]
+    assert d.operation_done == "op-del"
+    assert (d.memory.phase, d.memory.pending_op, d.memory.pending_kind) == (Phase.CREATING, None, "create")
+
+
+def _creating(pending: str | None = "op-c", zone_try: int = 0) -> object:
+    return idle(phase=Phase.CREATING, pending_op=pending, recreates=1,
+                zone=ZONES[zone_try], zone_try=zone_try)
+
+
+def test_row_creating() -> None:
+    d = tick(obs(missing=True, operation=op("op-c", done=False)), _creating(), now=5)  # type: ignore[arg-type]
+    assert d.row == "creating"
+    assert d.actions == (FollowOperation("op-c", "create", d.actions[0].reason),)  # type: ignore[union-attr]
+
+
+def test_row_create_resume() -> None:
+    d = tick(obs(missing=True), _creating(pending=None), now=5)  # type: ignore[arg-type]
+    assert d.row == "create_resume" and kinds(d) == ["create"]
+
+
+def test_row_created() -> None:
+    d = tick(obs(node("CREATING", id="n2"), operation=op("op-c")), _creating(), now=5)  # type: ignore[arg-type]
+    assert d.row == "created" and d.memory.phase is Phase.IDLE and d.operation_done == "op-c"
+    assert d.memory.pending_kind == "" and d.memory.pending_op is None
+    # ALREADY_EXISTS from tpuwatch's own create is success
+    exists = tick(obs(node(id="n2"), operation=op("op-c", code=6, message="exists"), create_failure="exists"),
+                  _creating(), now=5)  # type: ignore[arg-type]
+    assert exists.row == "created" and exists.memory.phase is Phase.IDLE
+
+
+def test_row_create_failed() -> None:
+    o = obs(missing=True, operation=op("op-c", code=3, message="bad accelerator"), create_failure="fatal")
+    d = tick(o, _creating(), now=5)  # type: ignore[arg-type]
+    assert d.row == "create_failed" and d.memory.phase is Phase.FAILED and "bad accelerator" in d.summary
+
+
+def test_row_no_capacity() -> None:
+    o = obs(missing=True, operation=op("op-c", code=8, message="There is no more capacity in the zone"),
+            create_failure="queueable", jitter=0.0)
+    d = tick(o, _creating(), now=100)  # type: ignore[arg-type]
+    assert d.row == "no_capacity" and kinds(d) == ["wait"]
+    m = d.memory
+    assert (m.phase, m.queued_since, m.queue_tries, m.retry_at) == (Phase.QUEUED, at(100), 1, at(105))
+    assert m.pending_kind == "" and d.exit_code == 0
+
+
+def _queued(since: float, retry: float, zone_try: int = 0) -> object:
+    return idle(phase=Phase.QUEUED, queued_since=at(since), retry_at=at(retry), queue_tries=3,
+                zone=ZONES[zone_try], zone_try=zone_try, recreates=1)
+
+
+def test_row_queued() -> None:
+    d = tick(obs(missing=True), _queued(0, 100), now=50)  # type: ignore[arg-type]
+    assert d.row == "queued" and d.actions == (Wait(at(100), d.actions[0].reason),)  # type: ignore[union-attr]
+
+
+def test_row_queue_retry() -> None:
+    same = tick(obs(missing=True), _queued(0, 100), now=100)  # type: ignore[arg-type]
+    assert same.row == "queue_retry"
+    assert same.actions == (CreateNode(NAME, ZONES[0], same.actions[0].reason),)  # type: ignore[union-attr]
+    assert same.memory.queue_tries == 3  # the backoff keeps growing in this zone
+    moved = tick(obs(missing=True), _queued(0, 3600), now=3600)  # type: ignore[arg-type]
+    assert moved.row == "queue_retry"
+    assert moved.actions == (CreateNode(NAME, ZONES[1], moved.actions[0].reason),)  # type: ignore[union-attr]
+    assert (moved.memory.zone, moved.memory.zone_try, moved.memory.queue_tries) == (ZONES[1], 1, 0)
+
+
+def test_row_queue_exhausted() -> None:
+    d = tick(obs(missing=True), _queued(0, 3600, zone_try=1), now=3600)  # type: ignore[arg-type]
+    assert d.row == "queue_exhausted" and d.memory.phase is Phase.FAILED
+    assert ZONES[0] in d.summary and ZONES[1] in d.summary
+
+
+def test_row_backoff() -> None:
+    m = idle(phase=Phase.BACKOFF, attempt=1, restarts=1, backoff_until=at(200), last_end=last_end())
+    d = tick(obs(probes=absent()), m, now=150)
+    assert d.row == "backoff" and d.actions == (Wait(at(200), d.actions[0].reason),)  # type: ignore[union-attr]
+    after = tick(obs(probes=absent()), m, now=200)
+    assert after.row == "launch" and after.memory.attempt == 2
+
+
+def test_row_probe_failed() -> None:
+    d = tick(obs(probes=None), run_mem(), now=100)
+    assert d.row == "probe_failed" and kinds(d) == ["wait"] and d.memory == run_mem()
+
+
+def test_row_workers_unreachable() -> None:
+    all_gone = (probe(0, "unreachable", None), probe(1, "unreachable", None))
+    d = tick(obs(probes=all_gone), run_mem(), now=100)
+    assert d.row == "workers_unreachable" and kinds(d) == ["wait"] and d.ended == ()
+    # nor is anything launched while a worker cannot be cleaned up
+    d2 = tick(obs(probes=(probe(0, "absent", None), probe(1, "unreachable", None))), idle(), now=100)
+    assert d2.row == "workers_unreachable" and "launch" not in kinds(d2)
+
+
+def test_row_unreachable_grace() -> None:
+    probes = (probe(0, "running", 1), probe(1, "unreachable", None))
+    d = tick(obs(probes=probes), run_mem(), now=100)
+    assert d.row == "unreachable_grace" and d.memory.unreachable_since == at(100) and d.ended == ()
+    still = tick(obs(probes=probes), d.memory, now=129)
+    assert still.row == "unreachable_grace"
+    ended = tick(obs(probes=probes, checkpoint=ckpt(120)), still.memory, now=130)
+    assert ended.row == "failure" and kinds(ended) == ["stop", "wait"]
+    assert "unreachable" in ended.ended[0].reason
+    # the worker answering again clears the clock
+    back = tick(obs(probes=running(1)), d.memory, now=110)
+    assert back.row == "running" and back.memory.unreachable_since is None
+
+
+def test_row_stale_workers() -> None:
+    m = idle(phase=Phase.BACKOFF, attempt=2, restarts=1, backoff_until=at(0), last_end=last_end(attempt=2))
+    d = tick(obs(probes=(probe(0, "exited", 2, 1), probe(1, "running", 2))), m, now=100)
+    assert d.row == "stale_workers" and kinds(d) == ["stop"]
+
+
+def test_row_adopt_running() -> None:
+    d = tick(obs(probes=running(4), checkpoint=ckpt(70)), idle(attempt=3), now=100)
+    assert d.row == "adopt_running" and d.actions == ()
+    m = d.memory
+    assert (m.phase, m.attempt, m.attempt_seen, m.attempt_start_step) == (Phase.RUNNING, 4, True, 70)
+
+
+def test_row_survived() -> None:
+    m = idle(attempt=1, disruptions=1, last_end=last_end(outcome="disruption", charged=False, start=10))
+    d = tick(obs(probes=running(1)), m, now=900)
+    assert d.row == "survived" and d.actions == ()
+    assert (d.memory.phase, d.memory.attempt, d.memory.attempt_start) == (Phase.RUNNING, 1, at(10))
+
+
+def test_row_launch_unseen() -> None:
+    m = run_mem(attempt_seen=False)
+    d = tick(obs(probes=absent(), checkpoint=ckpt(100)), m, now=30)
+    assert d.row == "launch_unseen"
+    assert d.actions == (Launch(1, ckpt(100), d.actions[0].reason),)  # type: ignore[union-attr]
+    assert d.memory.launch_tries == 1 and d.memory.restarts == 0
+    spent = tick(obs(probes=absent(), checkpoint=ckpt(100)), run_mem(attempt_seen=False, launch_tries=3), now=30)
+    assert spent.row == "failed_start" and spent.memory.restarts == 1
+    assert "never started" in spent.ended[0].reason
+
+
+def test_row_terminal() -> None:
+    done = idle(phase=Phase.DONE, reason="attempt 3: worker 0 exited 0")
+    d = tick(obs(node("PREEMPTED")), done, now=5)
+    assert d.row == "terminal" and d.actions == () and d.exit_code == 0 and d.memory == done
+    failed = idle(phase=Phase.FAILED, reason="restart budget spent")
+    f = tick(obs(probes=absent()), failed, now=5)
+    assert f.row == "terminal" and f.actions == () and f.exit_code == 1 and "restart budget spent" in f.summary
+    # a worker left running (the tick that ended the job was killed before its stop) is stopped
+    left = tick(obs(probes=(probe(0, "exited", 3, 42), probe(1, "running", 3))), failed, now=5)
+    assert left.row == "terminal" and kinds(left) == ["stop"] and left.memory == failed
+
+
+# --- impossible observations name the phase and the evidence ---------------------------------
+
+
+def test_impossible_newer_attempt_on_a_worker() -> None:
+    with pytest.raises(ImpossibleObservation) as exc:
+        tick(obs(probes=running(7)), run_mem(attempt=2), now=10)
+    assert "phase running" in str(exc.value) and "attempt 7" in str(exc.value)
+
+
+def test_impossible_operation_without_pending() -> None:
+    with pytest.raises(ImpossibleObservation) as exc:
+        tick(obs(operation=op("op-x")), idle(), now=10)
+    assert "phase idle" in str(exc.value) and "op-x" in str(exc.value)
+
+
+def test_impossible_other_node_and_jitter() -> None:
+    with pytest.raises(ImpossibleObservation, match="watches 'pod'"):
+        tick(obs(replace(node(), name="other")), idle(), now=10)
+    with pytest.raises(ImpossibleObservation, match="jitter"):
+        tick(obs(jitter=1.0), idle(), now=10)
+    with pytest.raises(ImpossibleObservation, match="two probes"):
+        tick(obs(probes=(probe(0, "absent"), probe(0, "absent"))), idle(), now=10)
+
+
+def test_failed_create_must_be_classified() -> None:
+    with pytest.raises(ImpossibleObservation, match="create_failure"):
+        tick(obs(missing=True, operation=op("op-c", code=8)), _creating(), now=5)  # type: ignore[arg-type]
+
+
+def test_stop_comes_before_the_end_of_the_job() -> None:
+    """The tick carries actions out in order: the other workers are stopped, then done is marked."""
+    d = tick(obs(probes=exited({0: 0}, workers=4)), run_mem(), now=3000)
+    assert isinstance(d.actions[0], StopWorkers) and kinds(d) == ["stop", "done"]
+
+
+def test_not_owned_message_names_the_label_it_has() -> None:
+    n = replace(node("PREEMPTED"), labels={"tpuwatch-job": "job-2"})
+    d = tick(obs(n), idle(), now=5)
+    assert d.row == "not_owned"
+    person = d.actions[0]
+    assert isinstance(person, NeedsPerson) and person.evidence == ("it has tpuwatch-job=job-2",)

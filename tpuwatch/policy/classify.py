@@ -1,0 +1,137 @@
+"""How an attempt ended: success, disruption, fail-fast, failed start or failure.
+
+One small pure function, `classify`, over the facts of one attempt, and the table `OUTCOMES`
+saying what each outcome costs. The rules, first match wins:
+
+1. success      the primary worker (worker 0) exited 0;
+2. disruption   evidence in the attempt's window: a terminate/restart audit event, a health or
+                state change, a node-id change, PREEMPTED/TERMINATED, a symptom, maintenance
+                ONGOING, the node gone. Never charged: the infrastructure ended it;
+3. fail_fast    some worker exited with a code in fail_fast_exit_codes: the job fails at once;
+4. failed_start the attempt lived less than min_uptime: charged;
+5. failure      anything else, retryable exit codes and others alike: charged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+
+from tpuwatch.durations import human
+from tpuwatch.policy.state import Evidence
+
+# Codes a worker reports after tpuwatch itself stopped it (SIGTERM, SIGKILL, as 128+n or -n).
+# They name an end only when nothing else does: the worker that failed first is the story.
+STOP_CODES = frozenset({143, 137, -15, -9})
+SIGNALS = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
+           9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
+
+
+class Outcome(str, Enum):
+    SUCCESS = "success"
+    DISRUPTION = "disruption"
+    FAIL_FAST = "fail_fast"
+    FAILED_START = "failed_start"
+    FAILURE = "failure"
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What an outcome does to the job: charged to max_restarts, and whether it ends the job."""
+
+    charged: bool
+    ends_job: bool
+
+
+OUTCOMES: dict[Outcome, Cost] = {
+    Outcome.SUCCESS: Cost(charged=False, ends_job=True),
+    Outcome.DISRUPTION: Cost(charged=False, ends_job=False),
+    Outcome.FAIL_FAST: Cost(charged=False, ends_job=True),
+    Outcome.FAILED_START: Cost(charged=True, ends_job=False),
+    Outcome.FAILURE: Cost(charged=True, ends_job=False),
+}
+
+
+@dataclass(frozen=True)
+class AttemptFacts:
+    """What is known when an attempt ends."""
+
+    start: datetime
+    end: datetime
+    # worker -> exit code; None when the worker's process is gone with no code (lost, unreachable)
+    exit_codes: Mapping[int, int | None]
+    primary: int  # the worker whose exit 0 means success (worker 0)
+    evidence: tuple[Evidence, ...]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: Outcome
+    exit_code: int | None  # the code that names this end
+    reason: str  # one line, for people
+    evidence: tuple[str, ...]  # what the reason rests on
+
+
+def in_window(t: datetime, start: datetime, end: datetime, window: float) -> bool:
+    """True when `t` falls in the attempt and at most `window` seconds before its end.
+
+    The window keeps a maintenance event that the job survived at hour 1 from excusing a crash
+    at hour 10.
+    """
+    return start <= t <= end and (end - t).total_seconds() <= window
+
+
+def describe_exit(code: int | None) -> str:
+    """`exit code 139 (SIGSEGV)`, `exit code 1`, `no exit code`."""
+    if code is None:
+        return "no exit code"
+    signal = SIGNALS.get(code - 128) if code > 128 else SIGNALS.get(-code) if code < 0 else None
+    return f"exit code {code} ({signal})" if signal else f"exit code {code}"
+
+
+def naming_code(exit_codes: Mapping[int, int | None]) -> tuple[int | None, int | None]:
+    """(worker, code) that best names a failed end: a non-zero code tpuwatch's stop did not cause."""
+    failed = [(w, c) for w, c in sorted(exit_codes.items()) if c != 0]
+    for w, c in failed:
+        if c is not None and c not in STOP_CODES:
+            return w, c
+    for w, c in failed:
+        if c is not None:
+            return w, c
+    return (failed[0][0], None) if failed else (None, None)
+
+
+def classify(
+    facts: AttemptFacts,
+    *,
+    min_uptime: float,
+    fail_fast: frozenset[int],
+    window: float,
+) -> Verdict:
+    """The outcome of one ended attempt (rules in the module docstring, first match wins)."""
+    ran = max(0.0, (facts.end - facts.start).total_seconds())
+    if facts.exit_codes.get(facts.primary) == 0:
+        return Verdict(Outcome.SUCCESS, 0, f"worker {facts.primary} exited 0", ())
+    worker, code = naming_code(facts.exit_codes)
+    which = f"worker {worker} {describe_exit(code)}" if worker is not None else "the attempt ended"
+    signs = tuple(
+        f"{e.what} at {e.time.isoformat()}"
+        for e in facts.evidence
+        if in_window(e.time, facts.start, facts.end, window)
+    )
+    if signs:
+        return Verdict(Outcome.DISRUPTION, code, f"{which}, ended by a disruption ({signs[-1]})", signs)
+    fatal = sorted(c for c in facts.exit_codes.values() if c is not None and c in fail_fast)
+    if fatal:
+        return Verdict(
+            Outcome.FAIL_FAST, fatal[0],
+            f"{which}; {describe_exit(fatal[0])} is in recovery.fail_fast_exit_codes", (),
+        )
+    if ran < min_uptime:
+        return Verdict(
+            Outcome.FAILED_START, code,
+            f"{which} after {human(ran)}, before recovery.min_uptime ({human(min_uptime)}): a failed start", (),
+        )
+    return Verdict(Outcome.FAILURE, code, f"{which} after {human(ran)} with no disruption in sight", ())

@@ -1,0 +1,289 @@
+"""The policy's memory: its phases, the legal moves between them, and what it must remember.
+
+Memory holds only what cannot be observed again (STYLE.md section 4): budgets spent, when an
+attempt started and from which checkpoint, disruption evidence seen during it, when an unhealthy
+state was first seen, the cloud operation in flight. Everything else is re-observed every tick.
+The journal stores it with `to_dict` / `from_dict`; this module does no I/O itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+MEMORY_VERSION = 1
+MAX_EVIDENCE = 16  # evidence kept per attempt; the newest of each kind wins
+
+
+class Phase(str, Enum):
+    """Where the job is. Small and named, as h11's connection states are."""
+
+    IDLE = "idle"  # no attempt alive; launch when the node is usable
+    RUNNING = "running"  # attempt `attempt` was launched and is followed
+    BACKOFF = "backoff"  # a charged end; launch again after `backoff_until`
+    WAITING_NODE = "waiting_node"  # the node is repairing/unhealthy; wait up to repair_timeout
+    PAUSED = "paused"  # a person stopped or hid the node; left alone
+    HALTED = "halted"  # needs a person now (node missing, not owned, ...); re-checked every tick
+    DELETING = "deleting"  # tpuwatch is deleting the node to recreate it
+    CREATING = "creating"  # tpuwatch is creating the node
+    QUEUED = "queued"  # a create found no capacity/quota; retry at `retry_at`
+    DONE = "done"  # worker 0 exited 0 (terminal)
+    FAILED = "failed"  # the job failed; a person must look (terminal)
+
+
+P = Phase
+TERMINAL = frozenset({P.DONE, P.FAILED})
+# Phases a node row may send a live job to, whatever it was doing.
+_NODE_ROWS = {P.WAITING_NODE, P.PAUSED, P.HALTED, P.DELETING, P.CREATING, P.FAILED}
+# Every legal move. A move not listed is a policy bug and raises (see `move`).
+TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    P.IDLE: frozenset({P.IDLE, P.RUNNING} | _NODE_ROWS),
+    P.BACKOFF: frozenset({P.BACKOFF, P.IDLE, P.RUNNING} | _NODE_ROWS),
+    P.RUNNING: frozenset({P.RUNNING, P.IDLE, P.BACKOFF, P.DONE} | _NODE_ROWS),
+    P.WAITING_NODE: frozenset({P.IDLE} | _NODE_ROWS),
+    P.PAUSED: frozenset({P.IDLE} | _NODE_ROWS),
+    P.HALTED: frozenset({P.IDLE} | _NODE_ROWS),
+    P.DELETING: frozenset({P.DELETING, P.CREATING, P.IDLE, P.FAILED}),
+    P.CREATING: frozenset({P.CREATING, P.QUEUED, P.IDLE, P.FAILED}),
+    P.QUEUED: frozenset({P.QUEUED, P.CREATING, P.IDLE, P.FAILED}),
+    P.DONE: frozenset(),
+    P.FAILED: frozenset(),
+}
+# The exit code a tick reports in each phase: 1 when the job failed or needs a person.
+PHASE_EXIT: dict[Phase, int] = {p: (1 if p in (P.FAILED, P.HALTED) else 0) for p in Phase}
+
+
+class IllegalTransition(RuntimeError):
+    """A policy bug: a move the transition table does not allow."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One sign that the infrastructure, not the job, ended an attempt."""
+
+    time: datetime
+    what: str
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """How an attempt ended; the journal's attempts row, and the memory of the last end."""
+
+    attempt: int
+    start: datetime
+    end: datetime
+    node_id: str
+    start_step: int | None
+    end_step: int | None
+    outcome: str  # an Outcome value: success, disruption, fail_fast, failed_start, failure
+    charged: bool  # counted against max_restarts
+    exit_code: int | None
+    reason: str
+    streak_added: bool = False  # this end added one to the no-progress streak
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What the policy remembers between ticks. `Memory.initial(zone)` starts a job."""
+
+    phase: Phase = P.IDLE
+    reason: str = ""  # why the job is FAILED / HALTED / PAUSED
+    # the current (or last) attempt
+    attempt: int = 0  # number of the latest attempt launched; 0 = none yet
+    attempt_start: datetime | None = None
+    attempt_node_id: str = ""
+    attempt_start_step: int | None = None  # checkpoint step it resumed from
+    attempt_seen: bool = False  # a worker has shown this attempt's files
+    launch_tries: int = 0  # launches of this attempt number that left no trace
+    evidence: tuple[Evidence, ...] = ()
+    unreachable_since: datetime | None = None
+    last_end: AttemptEnd | None = None
+    # budgets and counters
+    restarts: int = 0  # charged restarts used (<= max_restarts)
+    disruptions: int = 0
+    recreates: int = 0  # delete + create cycles started (<= max_recreates)
+    no_progress: int = 0  # charged attempts in a row that added no checkpoint
+    backoff_level: int = 0
+    backoff_until: datetime | None = None
+    # node repair and recreation
+    unhealthy_since: datetime | None = None
+    zone: str = ""  # where the node lives (or is being created)
+    zone_try: int = 0  # index into PolicyConfig.zones during a create cycle
+    pending_op: str | None = None  # the DELETING / CREATING operation's name; None until known
+    deleting_node_id: str = ""
+    queued_since: datetime | None = None
+    queue_tries: int = 0
+    retry_at: datetime | None = None
+
+    @classmethod
+    def initial(cls, zone: str) -> Memory:
+        return cls(zone=zone)
+
+    @property
+    def pending_kind(self) -> str:
+        """The kind of cloud operation in flight: "delete", "create", or ""."""
+        return {P.DELETING: "delete", P.CREATING: "create"}.get(self.phase, "")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; `from_dict(to_dict(m)) == m`."""
+        out: dict[str, Any] = {"version": MEMORY_VERSION}
+        for f in fields(self):
+            out[f.name] = _dump(getattr(self, f.name))
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Memory:
+        """Rebuild memory saved by `to_dict`; ValueError naming the field when it is not."""
+        if not isinstance(data, dict):
+            raise ValueError("memory: expected a JSON object")
+        version = data.get("version")
+        if version != MEMORY_VERSION:
+            raise ValueError(f"memory: version {version!r}, this tpuwatch reads version {MEMORY_VERSION}")
+        known = {f.name: f for f in fields(cls)}
+        unknown = set(data) - set(known) - {"version"}
+        if unknown:
+            raise ValueError(f"memory: unknown field {sorted(unknown)[0]!r}")
+        values: dict[str, Any] = {}
+        for name in known:
+            if name not in data:
+                continue
+            try:
+                values[name] = _LOAD[name](data[name])
+            except (TypeError, ValueError, KeyError) as exc:
+                raise ValueError(f"memory: field {name!r}: {exc}") from None
+        return cls(**values)
+
+
+def move(mem: Memory, phase: Phase, **changes: Any) -> Memory:
+    """`mem` in `phase` with `changes`; IllegalTransition when the table forbids the move."""
+    if phase not in TRANSITIONS[mem.phase]:
+        raise IllegalTransition(f"policy bug: no transition {mem.phase.value} -> {phase.value}")
+    return replace(mem, phase=phase, **changes)
+
+
+def merge_evidence(old: tuple[Evidence, ...], new: list[Evidence]) -> tuple[Evidence, ...]:
+    """Old and new evidence, one entry per kind of sign (the latest time), newest last."""
+    latest: dict[str, datetime] = {}
+    for ev in (*old, *new):
+        if ev.what not in latest or ev.time > latest[ev.what]:
+            latest[ev.what] = ev.time
+    ordered = sorted((Evidence(t, w) for w, t in latest.items()), key=lambda e: (e.time, e.what))
+    return tuple(ordered[-MAX_EVIDENCE:])
+
+
+# ---------------------------------------------------------------------------------------------
+# serialisation: datetimes as ISO 8601 text, nested records as dicts
+
+
+def _dump(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Phase):
+        return value.value
+    if isinstance(value, Evidence):
+        return [value.time.isoformat(), value.what]
+    if isinstance(value, AttemptEnd):
+        return {f.name: _dump(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, tuple):
+        return [_dump(v) for v in value]
+    return value
+
+
+def _time(v: Any) -> datetime:
+    if not isinstance(v, str):
+        raise TypeError(f"expected an ISO time, got {v!r}")
+    t = datetime.fromisoformat(v)
+    if t.tzinfo is None:
+        raise ValueError(f"time {v!r} has no time zone")
+    return t
+
+
+def _opt_time(v: Any) -> datetime | None:
+    return None if v is None else _time(v)
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise TypeError(f"expected a whole number >= 0, got {v!r}")
+    return v
+
+
+def _opt_int(v: Any) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"expected a whole number, got {v!r}")
+    return v
+
+
+def _text(v: Any) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"expected text, got {v!r}")
+    return v
+
+
+def _opt_text(v: Any) -> str | None:
+    return None if v is None else _text(v)
+
+
+def _flag(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError(f"expected true/false, got {v!r}")
+    return v
+
+
+def _evidence(v: Any) -> tuple[Evidence, ...]:
+    if not isinstance(v, list):
+        raise TypeError(f"expected a list, got {v!r}")
+    return tuple(Evidence(_time(t), _text(w)) for t, w in v)
+
+
+def _attempt_end(v: Any) -> AttemptEnd | None:
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise TypeError(f"expected an object, got {v!r}")
+    return AttemptEnd(
+        attempt=_int(v["attempt"]),
+        start=_time(v["start"]),
+        end=_time(v["end"]),
+        node_id=_text(v["node_id"]),
+        start_step=_opt_int(v["start_step"]),
+        end_step=_opt_int(v["end_step"]),
+        outcome=_text(v["outcome"]),
+        charged=_flag(v["charged"]),
+        exit_code=_opt_int(v["exit_code"]),
+        reason=_text(v["reason"]),
+        streak_added=_flag(v.get("streak_added", False)),
+    )
+
+
+_LOAD: dict[str, Any] = {
+    "phase": Phase,
+    "reason": _text,
+    "attempt": _int,
+    "attempt_start": _opt_time,
+    "attempt_node_id": _text,
+    "attempt_start_step": _opt_int,
+    "attempt_seen": _flag,
+    "launch_tries": _int,
+    "evidence": _evidence,
+    "unreachable_since": _opt_time,
+    "last_end": _attempt_end,
+    "restarts": _int,
+    "disruptions": _int,
+    "recreates": _int,
+    "no_progress": _int,
+    "backoff_level": _int,
+    "backoff_until": _opt_time,
+    "unhealthy_since": _opt_time,
+    "zone": _text,
+    "zone_try": _int,
+    "pending_op": _opt_text,
+    "deleting_node_id": _text,
+    "queued_since": _opt_time,
+    "queue_tries": _int,
+    "retry_at": _opt_time,
+}

@@ -1,0 +1,758 @@
+"""The recovery table of DESIGN.md section 3: the rows as data, and `decide`, which walks them.
+
+How a decision is found, in order:
+1. a terminal phase (DONE, FAILED) stays as it is;
+2. late disruption evidence for the last charged attempt refunds its charge;
+3. while RUNNING, this tick's disruption signs are added to the attempt's evidence;
+4. a phase with a cloud operation in flight (DELETING, CREATING, QUEUED) follows it: OP_ROWS;
+5. otherwise the node's condition picks the handler: NODE_ROWS. Each handler ends a running
+   attempt first when the node can no longer carry it, then decides for the node.
+Every Decision names the row that made it (`Decision.row`, one of ROWS).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from enum import Enum
+
+from tpuwatch.durations import human
+from tpuwatch.model import (
+    DEAD_STATES,
+    PERSON_STATES,
+    REPAIR_STATES,
+    UNHEALTHY,
+    AuditEvent,
+    Checkpoint,
+    NodeSnapshot,
+    WorkerProbe,
+)
+from tpuwatch.policy.backoff import backoff_delay, next_level
+from tpuwatch.policy.classify import (
+    OUTCOMES,
+    AttemptFacts,
+    Outcome,
+    classify,
+    describe_exit,
+    in_window,
+)
+from tpuwatch.policy.state import (
+    PHASE_EXIT,
+    TERMINAL,
+    AttemptEnd,
+    Evidence,
+    Memory,
+    Phase,
+    merge_evidence,
+    move,
+)
+from tpuwatch.policy.values import (
+    Action,
+    CreateNode,
+    Decision,
+    DeleteNode,
+    Fail,
+    FollowOperation,
+    ImpossibleObservation,
+    Launch,
+    MarkDone,
+    NeedsPerson,
+    Observation,
+    PolicyConfig,
+    StopWorkers,
+    Wait,
+)
+from tpuwatch.spec import OWNER_LABEL
+
+NOT_FOUND = 5  # google.rpc.Code: a delete that finds nothing has done its job
+DISRUPTING_EVENTS = frozenset({"terminate", "restart"})  # AuditEvent.kind values that are evidence
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    observed: str
+    decision: str
+
+
+# DESIGN.md section 3, row by row, then the rows the implementation needs between them.
+ROWS: tuple[Row, ...] = (
+    Row("launch", "READY+HEALTHY, no live attempt, backoff over",
+        "clean up workers, launch attempt n+1 from the latest complete checkpoint"),
+    Row("running", "all workers run the attempt", "nothing"),
+    Row("success", "worker 0 exits 0", "done: stop the other workers, report (exit 0)"),
+    Row("disruption", "a worker ends, with disruption evidence in the attempt",
+        "not charged; stop all workers; relaunch once the node is usable"),
+    Row("failure", "a worker exits non-zero, node healthy, no disruption evidence",
+        "charged to max_restarts; stop all workers; capped exponential backoff with jitter, then relaunch"),
+    Row("failed_start", "a worker exits non-zero before min_uptime",
+        "a failed start: charged like a failure"),
+    Row("fail_fast", "a worker exits with a code in fail_fast_exit_codes", "failed at once (exit 1)"),
+    Row("no_progress", "no_progress_limit charged attempts in a row add no newer checkpoint",
+        "failed (exit 1): a deterministic bug is not retried forever"),
+    Row("budget_spent", "a charged end with max_restarts already used", "failed (exit 1) with the reason and evidence"),
+    Row("repair_wait", "REPAIRING / RESTARTING / UNHEALTHY_MAINTENANCE / TIMEOUT / UNKNOWN",
+        "wait up to repair_timeout from first sight"),
+    Row("repair_timeout", "still not healthy after repair_timeout", "delete + create (owned nodes only)"),
+    Row("dead_node", "PREEMPTED / TERMINATED", "delete + create (owned nodes only)"),
+    Row("not_owned", "delete + create needed, node lacks tpuwatch-job=<job>",
+        "never delete it: needs a person (exit 1); pass --adopt"),
+    Row("recreate_budget_spent", "delete + create needed with max_recreates used", "failed (exit 1)"),
+    Row("node_missing", "node missing and tpuwatch did not delete it",
+        "needs a person (exit 1): never recreate a node a person deleted"),
+    Row("recreate_missing", "node missing, --recreate-missing", "create it from the saved spec"),
+    Row("someone_deleting", "node DELETING and tpuwatch did not delete it", "needs a person (exit 1)"),
+    Row("person_stopped", "STOPPED / STOPPING / HIDDEN", "leave it alone; report that a person stopped it"),
+    Row("unknown_state", "a state this tpuwatch does not know",
+        "wait up to repair_timeout, then needs a person; never delete"),
+    Row("unhealthy_running", "node not healthy but every worker still runs the attempt",
+        "keep following it; never delete a node under a live attempt"),
+    Row("deleting", "tpuwatch's delete in flight", "follow the operation"),
+    Row("delete_resume", "DELETING with no operation recorded and the node not deleting",
+        "the earlier tick stopped before the call: decide afresh from the node (delete again if still needed)"),
+    Row("delete_failed", "tpuwatch's delete failed", "failed (exit 1)"),
+    Row("create_after_delete", "node gone after tpuwatch's delete", "create it in the first zone"),
+    Row("creating", "tpuwatch's create in flight", "follow the operation; never a second create"),
+    Row("create_resume", "CREATING with no operation recorded and no node",
+        "create again (an ALREADY_EXISTS answer to it is success)"),
+    Row("created", "tpuwatch's create finished (or ALREADY_EXISTS)", "resume: launch once READY+HEALTHY"),
+    Row("create_failed", "create failed for a reason other than capacity", "failed (exit 1)"),
+    Row("no_capacity", "create fails: no capacity / quota", "queued: retry with capped backoff and jitter"),
+    Row("queued", "queued, retry time not reached", "wait"),
+    Row("queue_retry", "queued, retry time reached",
+        "create again; after queue_timeout in a zone, in the next fallback zone"),
+    Row("queue_exhausted", "every zone queued for queue_timeout", "failed (exit 1)"),
+    Row("backoff", "no live attempt, backoff not over", "wait"),
+    Row("probe_failed", "node usable, workers not probed", "look again next tick"),
+    Row("workers_unreachable", "node usable; no worker answers during an attempt, or any worker before a launch",
+        "look again next tick; launch nothing"),
+    Row("unreachable_grace", "a worker unreachable while the others run",
+        "wait unreachable_grace, then stop all and classify the end"),
+    Row("stale_workers", "workers run an older attempt", "stop them; launch on a later tick"),
+    Row("adopt_running", "workers run a newer attempt than the journal knows (launch not journaled)",
+        "follow it: no duplicate launch"),
+    Row("survived", "after a disruption, every worker still runs the attempt", "follow it again"),
+    Row("launch_unseen", "the launched attempt left no trace on any worker",
+        "launch the same attempt number again (launch_tries), then charge a failed start"),
+    Row("terminal", "DONE or FAILED", "report the end again; stop workers still running"),
+)
+ROW_IDS = frozenset(r.id for r in ROWS)
+
+
+class Cond(str, Enum):
+    """What the node's state and health mean for the job."""
+
+    MISSING = "missing"
+    USABLE = "usable"
+    REPAIR = "repair"
+    DEAD = "dead"
+    PERSON = "person"
+    DELETING = "deleting"
+    UNRECOGNIZED = "unrecognized"
+
+
+STATE_CONDITION: dict[str, Cond] = {
+    "READY": Cond.USABLE,
+    "DELETING": Cond.DELETING,
+    **{s: Cond.REPAIR for s in REPAIR_STATES},
+    **{s: Cond.DEAD for s in DEAD_STATES},
+    **{s: Cond.PERSON for s in PERSON_STATES},
+}
+# condition -> the _Tick handler for it
+NODE_ROWS: dict[Cond, str] = {
+    Cond.USABLE: "usable",
+    Cond.REPAIR: "repairing",
+    Cond.UNRECOGNIZED: "repairing",
+    Cond.DEAD: "dead",
+    Cond.PERSON: "person",
+    Cond.MISSING: "missing",
+    Cond.DELETING: "someone_deleting",
+}
+# phases with a cloud operation in flight -> the _Tick handler following it
+OP_ROWS: dict[Phase, str] = {Phase.DELETING: "deleting", Phase.CREATING: "creating", Phase.QUEUED: "queued"}
+
+
+def node_condition(node: NodeSnapshot | None) -> Cond:
+    if node is None:
+        return Cond.MISSING
+    cond = STATE_CONDITION.get(node.state, Cond.UNRECOGNIZED)
+    if cond is Cond.USABLE and node.health in UNHEALTHY:
+        return Cond.REPAIR
+    return cond
+
+
+def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> Decision:
+    """The decision for one tick. Pure: the same arguments always give the same Decision."""
+    _check(obs, mem, cfg, now)
+    tick = _Tick(obs, cfg, now)
+    if mem.phase in TERMINAL:
+        word = "done" if mem.phase is Phase.DONE else "failed"
+        # The stop that went with the end may not have happened (the tick was killed): repeat it.
+        left = [p for p in obs.probes or () if p.state == "running"]
+        stop = (StopWorkers(f"job {word}: stopping leftover workers {_workers(left)}"),) if left else ()
+        decision = tick.out(mem, "terminal", f"job {word}: {mem.reason}", *stop)
+    else:
+        new = tick.refund(mem)
+        if new.phase is Phase.RUNNING:
+            new = replace(new, evidence=merge_evidence(new.evidence, tick.signs(new)))
+        handler = OP_ROWS.get(new.phase) or NODE_ROWS[node_condition(obs.node)]
+        decision = getattr(tick, handler)(new)
+    if obs.dry_run:
+        return replace(decision, memory=mem, summary=f"dry run: {decision.summary}", ended=(), operation_done=None)
+    return decision
+
+
+def operation_started(mem: Memory, name: str) -> Memory:
+    """Memory after the tick started the DeleteNode/CreateNode operation called `name`.
+
+    "" (a create answered ALREADY_EXISTS for tpuwatch's own earlier create) records nothing:
+    the next tick sees the node.
+    """
+    if mem.phase not in (Phase.DELETING, Phase.CREATING):
+        raise ValueError(f"operation_started: no operation is started in phase {mem.phase.value}")
+    return replace(mem, pending_op=name) if name else mem
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _check(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> None:
+    """Raise ImpossibleObservation, naming phase and evidence, when inputs contradict each other."""
+    if now.tzinfo is None:
+        raise ValueError("decide: `now` must carry a time zone")
+    phase = mem.phase
+    if not 0.0 <= obs.jitter < 1.0:
+        raise ImpossibleObservation(phase, f"jitter {obs.jitter!r} is outside [0, 1)")
+    if obs.node is not None and obs.node.name != cfg.tpu_name:
+        raise ImpossibleObservation(phase, f"observed node {obs.node.name!r}, but the job watches {cfg.tpu_name!r}")
+    if obs.probes is not None:
+        workers = [p.worker for p in obs.probes]
+        if len(set(workers)) != len(workers):
+            raise ImpossibleObservation(phase, f"two probes for one worker: {sorted(workers)}")
+    op = obs.operation
+    if op is not None:
+        if phase not in (Phase.DELETING, Phase.CREATING):
+            raise ImpossibleObservation(phase, f"status of operation {op.name!r} observed, but none is pending")
+        if op.name and op.name != mem.pending_op:
+            raise ImpossibleObservation(
+                phase, f"status of operation {op.name!r} observed, but the pending one is {mem.pending_op!r}"
+            )
+        if not op.name and not op.done:
+            raise ImpossibleObservation(phase, "a refused call (operation name \"\") must be done")
+    if phase is Phase.RUNNING and (mem.attempt < 1 or mem.attempt_start is None):
+        raise ImpossibleObservation(phase, f"memory records no attempt start (attempt {mem.attempt})")
+    if mem.pending_op is not None and not mem.pending_kind:
+        raise ImpossibleObservation(phase, f"memory records operation {mem.pending_op!r} in flight")
+    if phase is Phase.QUEUED and (mem.retry_at is None or mem.queued_since is None):
+        raise ImpossibleObservation(phase, "memory records no retry time")
+
+
+def _secs(d: timedelta) -> float:
+    return d.total_seconds()
+
+
+def _workers(probes: list[WorkerProbe]) -> str:
+    return ", ".join(str(p.worker) for p in probes)
+
+
+def _event_text(ev: AuditEvent) -> str:
+    where = f" on worker {ev.worker}" if ev.worker else ""
+    why = f" ({ev.reason})" if ev.reason else ""
+    return f"audit {ev.method or ev.kind}{where}{why}"
+
+
+def _ckpt_text(ckpt: Checkpoint | None, now: datetime) -> str:
+    if ckpt is None:
+        return "no checkpoint yet"
+    age = f", {human(_secs(now - ckpt.time))} old" if ckpt.time is not None else ""
+    return f"checkpoint step {ckpt.step} ({ckpt.path}{age})"
+
+
+def _ends(probes: tuple[WorkerProbe, ...], attempt: int) -> dict[int, int | None]:
+    """worker -> exit code, for each worker no longer running `attempt` (None: no code)."""
+    out: dict[int, int | None] = {}
+    for p in probes:
+        if p.state == "running" and p.attempt == attempt:
+            continue
+        # exited with its code; absent, unreachable or showing another attempt: gone, no code
+        out[p.worker] = p.exit_code if p.state == "exited" and p.attempt == attempt else None
+    return out
+
+
+class _Tick:
+    """One decision in the making: handlers per row, sharing the actions and notes so far."""
+
+    def __init__(self, obs: Observation, cfg: PolicyConfig, now: datetime) -> None:
+        self.obs = obs
+        self.cfg = cfg
+        self.now = now
+        self.actions: list[Action] = []
+        self.ended: list[AttemptEnd] = []
+        self.notes: list[str] = []
+        self.op_done: str | None = None
+
+    def out(self, mem: Memory, row: str, summary: str, *actions: Action) -> Decision:
+        if row not in ROW_IDS:
+            raise KeyError(f"policy bug: unknown row {row!r}")
+        self.actions.extend(actions)
+        return Decision(
+            actions=tuple(self.actions),
+            memory=mem,
+            summary="; ".join([*self.notes, summary]),
+            exit_code=PHASE_EXIT[mem.phase],
+            row=row,
+            ended=tuple(self.ended),
+            operation_done=self.op_done,
+        )
+
+    def fail(self, mem: Memory, row: str, reason: str, evidence: tuple[str, ...] = ()) -> Decision:
+        return self.out(move(mem, Phase.FAILED, reason=reason), row, f"job failed: {reason}", Fail(reason, evidence))
+
+    def halt(self, mem: Memory, row: str, reason: str, evidence: tuple[str, ...] = ()) -> Decision:
+        return self.out(move(mem, Phase.HALTED, reason=reason), row, f"needs a person: {reason}",
+                        NeedsPerson(reason, evidence))
+
+    # -- evidence ---------------------------------------------------------------------------
+
+    def _disrupting(self) -> list[AuditEvent]:
+        return [e for e in self.obs.events if e.kind in DISRUPTING_EVENTS and e.node == self.cfg.tpu_name]
+
+    def signs(self, mem: Memory) -> list[Evidence]:
+        """This tick's signs that the infrastructure disturbed the running attempt."""
+        start, now, node = mem.attempt_start, self.now, self.obs.node
+        assert start is not None  # checked in _check
+        out = [Evidence(min(e.time, now), _event_text(e)) for e in self._disrupting() if e.time >= start]
+        if node is None:
+            return [*out, Evidence(now, "node missing")]
+        if node.state != "READY":
+            out.append(Evidence(now, f"node state {node.state}"))
+        if node.health in UNHEALTHY:
+            out.append(Evidence(now, f"node health {node.health}"))
+        if mem.attempt_node_id and node.id != mem.attempt_node_id:
+            out.append(Evidence(now, f"node id changed from {mem.attempt_node_id} to {node.id}"))
+        for s in node.symptoms:
+            if s.time is not None and start <= s.time:
+                out.append(Evidence(min(s.time, now), f"symptom {s.type} on worker {s.worker_id or '?'}"))
+        um = node.upcoming_maintenance
+        if um is not None and um.status == "ONGOING":
+            out.append(Evidence(now, f"{um.type.lower()} maintenance ONGOING"))
+        return out
+
+    def refund(self, mem: Memory) -> Memory:
+        """A terminate/restart event that arrives after the charged end it explains refunds it."""
+        last = mem.last_end
+        if last is None or not last.charged:
+            return mem
+        for ev in self._disrupting():
+            if not in_window(min(ev.time, self.now), last.start, last.end, self.cfg.evidence_window):
+                continue
+            text = _event_text(ev)
+            fixed = replace(last, outcome=Outcome.DISRUPTION.value, charged=False, streak_added=False,
+                            reason=f"{last.reason}; re-classified as a disruption: {text} arrived late")
+            self.ended.append(fixed)
+            self.notes.append(f"attempt {last.attempt} was ended by a disruption ({text}, reported late): "
+                              "its restart is refunded")
+            mem = replace(
+                mem,
+                last_end=fixed,
+                restarts=max(0, mem.restarts - 1),
+                disruptions=mem.disruptions + 1,
+                no_progress=max(0, mem.no_progress - int(last.streak_added)),
+                backoff_level=max(0, mem.backoff_level - 1),
+                backoff_until=None,
+            )
+            return move(mem, Phase.IDLE) if mem.phase is Phase.BACKOFF else mem
+        return mem
+
+    # -- ending an attempt ------------------------------------------------------------------
+
+    def finish(
+        self, mem: Memory, codes: dict[int, int | None], reachable: bool, detail: str = ""
+    ) -> tuple[Memory, str, Decision | None]:
+        """End the running attempt: classify it, update the counters.
+
+        Returns the memory (IDLE after a disruption, BACKOFF after a charged failure), a line
+        for people, and a Decision when the job is over (done, failed).
+        """
+        cfg, now, n = self.cfg, self.now, mem.attempt
+        start = mem.attempt_start
+        assert start is not None  # checked in _check
+        verdict = classify(
+            AttemptFacts(start, now, codes, cfg.primary_worker, mem.evidence),
+            min_uptime=cfg.min_uptime, fail_fast=cfg.fail_fast_exit_codes, window=cfg.evidence_window,
+        )
+        cost = OUTCOMES[verdict.outcome]
+        ckpt = self.obs.checkpoint
+        end_step = ckpt.step if ckpt is not None else None
+        progressed = end_step is not None and (mem.attempt_start_step is None or end_step > mem.attempt_start_step)
+        streak_added = cost.charged and not progressed
+        reason = f"attempt {n}: {verdict.reason}" + (f" ({detail})" if detail else "")
+        end = AttemptEnd(n, start, now, mem.attempt_node_id, mem.attempt_start_step, end_step,
+                         verdict.outcome.value, cost.charged, verdict.exit_code, reason, streak_added)
+        self.ended.append(end)
+        mem = replace(
+            mem, last_end=end, evidence=(), unreachable_since=None,
+            no_progress=0 if progressed else mem.no_progress + int(streak_added),
+            disruptions=mem.disruptions + int(verdict.outcome is Outcome.DISRUPTION),
+        )
+        if reachable:
+            stop_why = "job done: stopping the other workers" if verdict.outcome is Outcome.SUCCESS \
+                else f"attempt {n} ended: stopping every worker"
+            self.actions.append(StopWorkers(stop_why))
+        if verdict.outcome is Outcome.SUCCESS:
+            done = move(mem, Phase.DONE, reason=reason)
+            return done, reason, self.out(done, "success", f"job done: {reason}", MarkDone(reason))
+        if verdict.outcome is Outcome.FAIL_FAST:
+            return mem, reason, self.fail(mem, "fail_fast", reason, verdict.evidence)
+        if verdict.outcome is Outcome.DISRUPTION:
+            return move(mem, Phase.IDLE), f"{reason}; not charged", None
+        # charged: failed start or failure
+        since = f"step {mem.attempt_start_step}" if mem.attempt_start_step is not None else "no checkpoint"
+        if mem.no_progress >= cfg.no_progress_limit:
+            why = (f"{mem.no_progress} attempts in a row ended with no checkpoint newer than {since} "
+                   f"(last: {describe_exit(verdict.exit_code)}); a deterministic bug is not retried forever")
+            return mem, why, self.fail(mem, "no_progress", why, (reason,))
+        if mem.restarts >= cfg.max_restarts:
+            why = f"restart budget spent: {mem.restarts} of recovery.max_restarts = {cfg.max_restarts} used"
+            return mem, why, self.fail(mem, "budget_spent", why, (reason,))
+        ran = _secs(now - start)
+        level = next_level(mem.backoff_level, ran, cfg.stable_run)
+        delay = backoff_delay(level, cfg.backoff_base, cfg.backoff_max, self.obs.jitter)
+        mem = move(mem, Phase.BACKOFF, restarts=mem.restarts + 1, backoff_level=level,
+                   backoff_until=now + timedelta(seconds=delay))
+        return mem, (f"{reason}; charged (restart {mem.restarts} of {cfg.max_restarts}), "
+                     f"relaunching in {human(delay)}"), None
+
+    def end_usable(self, mem: Memory, codes: dict[int, int | None], detail: str = "") -> Decision:
+        mem, line, final = self.finish(mem, codes, reachable=True, detail=detail)
+        if final is not None:
+            return final
+        last = mem.last_end
+        assert last is not None
+        row = {Outcome.DISRUPTION.value: "disruption", Outcome.FAILED_START.value: "failed_start"}.get(
+            last.outcome, "failure")
+        wait = Wait(mem.backoff_until, "backoff before the next attempt") if mem.phase is Phase.BACKOFF else None
+        return self.out(mem, row, line, *([wait] if wait else []))
+
+    def end_unusable(self, mem: Memory) -> tuple[Memory, Decision | None]:
+        """The node can no longer carry the attempt: end it (a disruption, or a success)."""
+        if mem.phase is not Phase.RUNNING:
+            return mem, None
+        probes = self.obs.probes or ()
+        codes = _ends(probes, mem.attempt)
+        node = self.obs.node
+        reachable = node is not None and node.state == "READY" and bool(probes)
+        mem, line, final = self.finish(mem, codes, reachable=reachable)
+        if final is None:
+            self.notes.append(line)
+        return mem, final
+
+    # -- node rows --------------------------------------------------------------------------
+
+    def usable(self, mem: Memory) -> Decision:
+        node = self.obs.node
+        assert node is not None
+        if mem.unhealthy_since is not None:
+            mem = replace(mem, unhealthy_since=None)
+        if mem.phase in (Phase.WAITING_NODE, Phase.PAUSED, Phase.HALTED):
+            self.notes.append(f"node {node.name} is READY+HEALTHY")
+            mem = move(mem, Phase.IDLE, reason="")
+        if not self.obs.probes:
+            return self.out(mem, "probe_failed", "could not probe the workers; looking again next tick",
+                            Wait(None, "workers not probed"))
+        if mem.phase is Phase.RUNNING:
+            return self.running(mem)
+        return self.idle(mem)
+
+    def running(self, mem: Memory) -> Decision:
+        cfg, n = self.cfg, mem.attempt
+        probes = tuple(sorted(self.obs.probes or (), key=lambda p: p.worker))
+        for p in probes:
+            if p.attempt is not None and p.attempt > n and p.state in ("running", "exited"):
+                raise ImpossibleObservation(
+                    mem.phase, f"the journal's latest attempt is {n}, but worker {p.worker} shows attempt "
+                               f"{p.attempt} ({p.state}); is another tpuwatch launching this job?")
+        mine = [p for p in probes if p.attempt == n and p.state in ("running", "exited")]
+        if not mem.attempt_seen and not mine:
+            return self.unseen(mem, probes)
+        mem = replace(mem, attempt_seen=True, launch_tries=0)
+        codes = _ends(probes, n)
+        unreachable = [p for p in probes if p.state == "unreachable"]
+        if codes.get(cfg.primary_worker) == 0 or any(
+            c != 0 for w, c in codes.items() if w not in {p.worker for p in unreachable}
+        ):
+            return self.end_usable(mem, codes)
+        alive = [p for p in probes if p.state == "running" and p.attempt == n]
+        if unreachable and not alive:
+            return self.out(mem, "workers_unreachable",
+                            f"cannot reach workers {_workers(unreachable)}; attempt {n} unknown, looking again",
+                            Wait(None, "workers unreachable"))
+        if unreachable:
+            since = mem.unreachable_since or self.now
+            if _secs(self.now - since) >= cfg.unreachable_grace:
+                return self.end_usable(mem, codes, detail=f"worker {_workers(unreachable)} unreachable "
+                                                         f"for {human(_secs(self.now - since))}")
+            until = since + timedelta(seconds=cfg.unreachable_grace)
+            return self.out(replace(mem, unreachable_since=since), "unreachable_grace",
+                            f"worker {_workers(unreachable)} unreachable while the others run attempt {n}; "
+                            f"ending it at {until.isoformat()} if it stays so", Wait(until, "unreachable worker"))
+        mem = replace(mem, unreachable_since=None)
+        start = mem.attempt_start
+        assert start is not None
+        return self.out(mem, "running", f"attempt {n} running on {len(alive)} worker(s) for "
+                                        f"{human(_secs(self.now - start))}; {_ckpt_text(self.obs.checkpoint, self.now)}")
+
+    def unseen(self, mem: Memory, probes: tuple[WorkerProbe, ...]) -> Decision:
+        """The journal says attempt n was launched, but no worker shows it."""
+        n, node = mem.attempt, self.obs.node
+        assert node is not None
+        older = [p for p in probes if p.state == "running"]
+        if older:
+            return self.out(mem, "stale_workers", f"workers {_workers(older)} still run an older attempt; "
+                                                  f"stopping them before attempt {n}", StopWorkers("older attempt still running"))
+        unreachable = [p for p in probes if p.state == "unreachable"]
+        if unreachable:
+            return self.out(mem, "workers_unreachable", f"cannot reach workers {_workers(unreachable)}; "
+                                                        f"attempt {n} not confirmed", Wait(None, "workers unreachable"))
+        if mem.launch_tries < self.cfg.launch_tries:
+            mem = replace(mem, launch_tries=mem.launch_tries + 1, attempt_start=self.now, attempt_node_id=node.id)
+            why = (f"attempt {n} left no trace on the workers; launching it again "
+                   f"(try {mem.launch_tries} of {self.cfg.launch_tries})")
+            return self.out(mem, "launch_unseen", why, Launch(n, self.obs.checkpoint, why))
+        return self.end_usable(mem, {p.worker: None for p in probes},
+                               detail=f"it never started on any worker after {mem.launch_tries} launches")
+
+    def idle(self, mem: Memory) -> Decision:
+        node, probes, now = self.obs.node, self.obs.probes or (), self.now
+        assert node is not None
+        running = [p for p in probes if p.state == "running"]
+        if running:
+            top = max(p.attempt or 0 for p in running)
+            if top > mem.attempt:
+                mem = self._follow(mem, top, now, self._step())
+                return self.out(mem, "adopt_running", f"workers {_workers(running)} run attempt {top}, which the "
+                                                      "journal did not record; following it (no second launch)")
+            last = mem.last_end
+            if (last is not None and last.attempt == top == mem.attempt and last.outcome == Outcome.DISRUPTION.value
+                    and all(p.state == "running" and p.attempt == top for p in probes)):
+                mem = self._follow(mem, top, last.start, last.start_step)
+                return self.out(mem, "survived", f"every worker still runs attempt {top} after the disruption; "
+                                                 "following it again")
+            return self.out(mem, "stale_workers", f"workers {_workers(running)} still run attempt {top}; stopping "
+                                                  "them before the next launch", StopWorkers("old attempt still running"))
+        if mem.backoff_until is not None and now < mem.backoff_until:
+            return self.out(mem, "backoff", f"backoff: attempt {mem.attempt + 1} starts in "
+                                            f"{human(_secs(mem.backoff_until - now))} ({mem.restarts} charged restarts)",
+                            Wait(mem.backoff_until, "backoff between charged restarts"))
+        unreachable = [p for p in probes if p.state == "unreachable"]
+        if unreachable:
+            return self.out(mem, "workers_unreachable", f"cannot reach workers {_workers(unreachable)}; launching "
+                                                        "only when every worker answers", Wait(None, "workers unreachable"))
+        n = max([mem.attempt, *(p.attempt or 0 for p in probes)]) + 1
+        ckpt = self.obs.checkpoint
+        mem = move(mem, Phase.RUNNING, attempt=n, attempt_start=now, attempt_node_id=node.id,
+                   attempt_start_step=self._step(), attempt_seen=False, launch_tries=0, evidence=(),
+                   unreachable_since=None, backoff_until=None)
+        why = f"launching attempt {n} from {_ckpt_text(ckpt, now)}"
+        return self.out(mem, "launch", f"{why} on node {node.id}", Launch(n, ckpt, why))
+
+    def _step(self) -> int | None:
+        return self.obs.checkpoint.step if self.obs.checkpoint is not None else None
+
+    def _follow(self, mem: Memory, attempt: int, start: datetime, step: int | None) -> Memory:
+        node = self.obs.node
+        assert node is not None
+        return move(mem, Phase.RUNNING, attempt=attempt, attempt_start=start, attempt_node_id=node.id,
+                    attempt_start_step=step, attempt_seen=True, launch_tries=0, evidence=(),
+                    unreachable_since=None, backoff_until=None)
+
+    def repairing(self, mem: Memory) -> Decision:
+        """REPAIR (service is working on it) or UNRECOGNIZED (a state this version does not know)."""
+        node, cfg, now = self.obs.node, self.cfg, self.now
+        assert node is not None
+        known = node_condition(node) is Cond.REPAIR
+        what = node.state if node.state != "READY" else f"READY but {node.health}"
+        since = mem.unhealthy_since or now
+        if mem.phase is Phase.RUNNING:
+            probes = self.obs.probes
+            if probes and all(p.state == "running" and p.attempt == mem.attempt for p in probes):
+                return self.out(replace(mem, unhealthy_since=since), "unhealthy_running",
+                                f"node {what} since {since.isoformat()}, but every worker still runs attempt "
+                                f"{mem.attempt}; following it")
+            mem, final = self.end_unusable(mem)
+            if final is not None:
+                return final
+        waited = _secs(now - since)
+        if waited < cfg.repair_timeout:
+            until = since + timedelta(seconds=cfg.repair_timeout)
+            mem = move(mem, Phase.WAITING_NODE, unhealthy_since=since, reason=f"node {what}")
+            row = "repair_wait" if known else "unknown_state"
+            return self.out(mem, row, f"node {what} since {since.isoformat()}; waiting for it to heal until "
+                                      f"{until.isoformat()} (recovery.repair_timeout {human(cfg.repair_timeout)})",
+                            Wait(until, f"node {what}"))
+        why = f"node {what} for {human(waited)}, longer than recovery.repair_timeout ({human(cfg.repair_timeout)})"
+        if not known:
+            return self.halt(replace(mem, unhealthy_since=since), "unknown_state",
+                             f"{why}; tpuwatch does not know state {node.state} and will not delete the node")
+        return self.recreate(mem, "repair_timeout", why)
+
+    def dead(self, mem: Memory) -> Decision:
+        node = self.obs.node
+        assert node is not None
+        mem, final = self.end_unusable(mem)
+        return final or self.recreate(mem, "dead_node", f"node {node.state}: it does not come back by itself")
+
+    def person(self, mem: Memory) -> Decision:
+        node = self.obs.node
+        assert node is not None
+        mem, final = self.end_unusable(mem)
+        if final is not None:
+            return final
+        why = f"node is {node.state}: a person stopped it; leaving it alone until it is READY again"
+        return self.out(move(mem, Phase.PAUSED, reason=why, unhealthy_since=None), "person_stopped", why,
+                        Wait(None, why))
+
+    def missing(self, mem: Memory) -> Decision:
+        cfg = self.cfg
+        mem, final = self.end_unusable(mem)
+        if final is not None:
+            return final
+        if self.obs.recreate_missing:
+            if mem.recreates >= cfg.max_recreates:
+                return self.fail(mem, "recreate_budget_spent", f"node {cfg.tpu_name} is missing and the recreate "
+                                 f"budget is spent: {mem.recreates} of recovery.max_recreates = {cfg.max_recreates} used")
+            mem = replace(mem, recreates=mem.recreates + 1, queued_since=None, queue_tries=0)
+            return self.create(mem, 0, "recreate_missing",
+                               f"node {cfg.tpu_name} is missing; --recreate-missing: creating it in {cfg.zones[0]}")
+        return self.halt(
+            mem, "node_missing",
+            f"node {cfg.tpu_name} is missing in {mem.zone} and tpuwatch did not delete it; tpuwatch never "
+            "recreates a node a person deleted. Pass --recreate-missing to create it from the saved spec",
+            (f"nodes/{cfg.tpu_name}: not found in {mem.zone}",),
+        )
+
+    def someone_deleting(self, mem: Memory) -> Decision:
+        mem, final = self.end_unusable(mem)
+        return final or self.halt(
+            mem, "someone_deleting",
+            f"node {self.cfg.tpu_name} is being deleted, not by tpuwatch; once it is gone, pass "
+            "--recreate-missing to create it again",
+        )
+
+    def recreate(self, mem: Memory, row: str, why: str) -> Decision:
+        node, cfg = self.obs.node, self.cfg
+        assert node is not None
+        if not (self.obs.owned or self.obs.adopt):
+            have = node.labels.get(OWNER_LABEL)
+            label = f"it has {OWNER_LABEL}={have}" if have is not None else "it has no such label"
+            return self.halt(
+                mem, "not_owned",
+                f"{why}; not owned: will not delete {node.name} (label {OWNER_LABEL}={cfg.job} missing); pass --adopt",
+                (label,),
+            )
+        if mem.recreates >= cfg.max_recreates:
+            return self.fail(mem, "recreate_budget_spent", f"{why}; recreate budget spent: {mem.recreates} of "
+                             f"recovery.max_recreates = {cfg.max_recreates} used", (why,))
+        mem = move(mem, Phase.DELETING, recreates=mem.recreates + 1, pending_op=None,
+                   deleting_node_id=node.id, queued_since=None, queue_tries=0, retry_at=None)
+        return self.out(mem, row, f"{why}: deleting it to create it again (recreate {mem.recreates} of "
+                                  f"{cfg.max_recreates})", DeleteNode(node.name, mem.zone, why))
+
+    # -- operation rows ---------------------------------------------------------------------
+
+    def create(self, mem: Memory, zone_try: int, row: str, why: str) -> Decision:
+        zone = self.cfg.zones[zone_try]
+        mem = move(mem, Phase.CREATING, pending_op=None, zone=zone, zone_try=zone_try,
+                   retry_at=None, unhealthy_since=None)
+        return self.out(mem, row, why, CreateNode(self.cfg.tpu_name, zone, why))
+
+    def deleting(self, mem: Memory) -> Decision:
+        op, node, name = self.obs.operation, self.obs.node, self.cfg.tpu_name
+        if op is not None and op.done:
+            self.op_done = op.name or None
+            if op.error_code not in (0, NOT_FOUND):
+                return self.fail(mem, "delete_failed", f"deleting node {name} failed: code {op.error_code}: "
+                                                       f"{op.error_message}")
+        if node is None:
+            self.op_done = self.op_done or mem.pending_op
+            return self.create(mem, 0, "create_after_delete", f"node {name} is deleted; creating it in {self.cfg.zones[0]}")
+        if mem.deleting_node_id and node.id != mem.deleting_node_id:
+            mem = move(mem, Phase.IDLE, pending_op=None, deleting_node_id="")
+            return self.out(mem, "deleting", f"node {name} was replaced (id {node.id}) while tpuwatch deleted it; "
+                                             "following the new node", Wait(None, "node replaced"))
+        if mem.pending_op is None and node.state != "DELETING" and op is None:
+            # The tick stopped between journaling this decision and the delete call. Decide
+            # afresh from the node as it is now: it may have healed, or lost its label.
+            self.notes.append(f"no delete of {name} was started")
+            mem = move(mem, Phase.IDLE, deleting_node_id="", recreates=max(0, mem.recreates - 1))
+            d = getattr(self, NODE_ROWS[node_condition(node)])(mem)
+            return replace(d, row="delete_resume") if any(isinstance(a, DeleteNode) for a in d.actions) else d
+        return self.out(mem, "deleting", f"deleting node {name} (operation {mem.pending_op or 'not recorded'}, "
+                                         f"state {node.state})", FollowOperation(mem.pending_op, "delete", "delete in flight"))
+
+    def creating(self, mem: Memory) -> Decision:
+        op, node, name = self.obs.operation, self.obs.node, self.cfg.tpu_name
+        if op is not None and op.done:
+            self.op_done = op.name or None
+            if op.error_code != 0:
+                kind = self.obs.create_failure
+                if kind is None:
+                    raise ImpossibleObservation(
+                        mem.phase, f"create operation {op.name!r} failed (code {op.error_code}) and the observation "
+                                   "has no create_failure (recreate.classify_operation(op).kind)")
+                if kind == "queueable":
+                    return self.queue(mem, op.error_code, op.error_message)
+                if kind == "fatal":
+                    return self.fail(mem, "create_failed", f"creating node {name} in {mem.zone} failed: code "
+                                                           f"{op.error_code}: {op.error_message}")
+                # "exists": tpuwatch's own earlier create made it
+            if node is not None:
+                return self.created(mem, node)
+            return self.out(mem, "creating", f"create of {name} done; waiting for the node to appear",
+                            FollowOperation(mem.pending_op, "create", "create done, node not listed yet"))
+        if op is None and node is not None:
+            return self.created(mem, node)
+        if op is None and mem.pending_op is None:
+            return self.out(mem, "create_resume", f"no create operation recorded and node {name} is missing: "
+                                                  f"creating it in {mem.zone}", CreateNode(name, mem.zone, "create not started"))
+        return self.out(mem, "creating", f"creating node {name} in {mem.zone} (operation {mem.pending_op})",
+                        FollowOperation(mem.pending_op, "create", "create in flight"))
+
+    def created(self, mem: Memory, node: NodeSnapshot) -> Decision:
+        mem = move(mem, Phase.IDLE, pending_op=None, zone=node.zone or mem.zone, zone_try=0,
+                   queued_since=None, queue_tries=0, retry_at=None, deleting_node_id="", unhealthy_since=None)
+        return self.out(mem, "created", f"node {node.name} exists in {mem.zone} (id {node.id}, {node.state}); "
+                                        "the job resumes once it is READY+HEALTHY", Wait(None, "node created"))
+
+    def queue(self, mem: Memory, code: int, message: str) -> Decision:
+        cfg, now = self.cfg, self.now
+        since = mem.queued_since or now
+        tries = mem.queue_tries + 1
+        delay = backoff_delay(tries, cfg.backoff_base, cfg.backoff_max, self.obs.jitter)
+        retry_at = now + timedelta(seconds=delay)
+        mem = move(mem, Phase.QUEUED, pending_op=None, queued_since=since, queue_tries=tries,
+                   retry_at=retry_at)
+        return self.out(mem, "no_capacity", f"no capacity or quota in {mem.zone} (code {code}: {message}); "
+                                            f"queued {human(_secs(now - since))} of {human(cfg.queue_timeout)}, next "
+                                            f"create in {human(delay)}", Wait(retry_at, "no capacity"))
+
+    def queued(self, mem: Memory) -> Decision:
+        cfg, now, node = self.cfg, self.now, self.obs.node
+        if node is not None:
+            return self.created(mem, node)
+        assert mem.retry_at is not None and mem.queued_since is not None  # checked in _check
+        if now < mem.retry_at:
+            return self.out(mem, "queued", f"no capacity in {mem.zone}; next create in "
+                                           f"{human(_secs(mem.retry_at - now))}", Wait(mem.retry_at, "no capacity"))
+        waited = _secs(now - mem.queued_since)
+        if waited < cfg.queue_timeout and mem.zone_try < len(cfg.zones):
+            return self.create(mem, mem.zone_try, "queue_retry", f"retrying the create in {mem.zone} "
+                                                                 f"(try {mem.queue_tries + 1})")
+        nxt = mem.zone_try + 1
+        if nxt >= len(cfg.zones):
+            return self.fail(mem, "queue_exhausted", f"no capacity for node {cfg.tpu_name} in "
+                             f"{', '.join(cfg.zones)}: each zone tried for recovery.queue_timeout "
+                             f"({human(cfg.queue_timeout)})")
+        mem = replace(mem, queued_since=None, queue_tries=0)
+        return self.create(mem, nxt, "queue_retry", f"no capacity in {mem.zone} for {human(waited)}: trying "
+                                                    f"fallback zone {cfg.zones[nxt]}")

@@ -1,0 +1,243 @@
+"""The policy's inputs and outputs: PolicyConfig, Observation, the actions, Decision.
+
+Plain frozen values. The tick builds an Observation from the adapters, the policy returns a
+Decision, the tick carries out its actions and the journal records it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from tpuwatch.errors import ConfigError, JobFailed
+from tpuwatch.model import AuditEvent, Checkpoint, NodeSnapshot, OperationStatus, WorkerProbe
+from tpuwatch.policy.state import AttemptEnd, Memory, Phase
+
+if TYPE_CHECKING:
+    from tpuwatch.config import Config
+
+CreateFailureKind = Literal["queueable", "exists", "fatal"]
+
+
+class ImpossibleObservation(JobFailed):
+    """The observation contradicts the memory: a bug, or another tool acting on the same job."""
+
+    def __init__(self, phase: Phase, evidence: str) -> None:
+        super().__init__(
+            f"impossible observation in phase {phase.value}: {evidence}. This is a tpuwatch bug, "
+            "or another tool is acting on the same job; a person must look (tpuwatch history)"
+        )
+        self.phase = phase
+        self.evidence = evidence
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The `[recovery]` keys and names the policy needs, in seconds and plain values."""
+
+    job: str
+    tpu_name: str
+    zones: tuple[str, ...]  # the zone, then fallback_zones, in the order creates try them
+    repair_timeout: float = 1800.0
+    max_restarts: int = 5
+    max_recreates: int = 3
+    no_progress_limit: int = 3
+    min_uptime: float = 120.0
+    queue_timeout: float = 7200.0
+    fail_fast_exit_codes: frozenset[int] = frozenset()
+    retryable_exit_codes: frozenset[int] = frozenset({6, 134, 11, 139, 137, 143, 255})
+    backoff_base: float = 10.0
+    backoff_max: float = 300.0
+    stable_run: float = 3600.0
+    poll_interval: float = 30.0
+    primary_worker: int = 0  # whose exit 0 means the job is done
+    # One worker unreachable while the others run ends the attempt only after this long, so a
+    # single dropped ssh connection does not cost a restart. 0 = end at once.
+    unreachable_grace: float = 30.0
+    # Disruption evidence excuses an end only when it is this recent (see classify.in_window).
+    evidence_window: float = 1800.0
+    launch_tries: int = 3  # relaunches of an attempt that left no trace before it is charged
+
+    def __post_init__(self) -> None:
+        if not self.zones:
+            raise ConfigError("tpu.zone: no zone; set it in the config, pass --zone, or set CLOUDSDK_COMPUTE_ZONE")
+
+    @classmethod
+    def from_config(cls, cfg: Config, zone: str | None = None) -> PolicyConfig:
+        """From a validated Config; `zone` is the resolved zone when the file leaves it empty."""
+        r = cfg.recovery
+        primary = zone or str(cfg.tpu["zone"])
+        zones = tuple(dict.fromkeys(z for z in (primary, *cfg.tpu["fallback_zones"]) if z))
+        workers = cfg.job["workers"]
+        return cls(
+            job=cfg.job_name,
+            tpu_name=cfg.tpu_name,
+            zones=zones,
+            repair_timeout=float(r["repair_timeout"]),
+            max_restarts=int(r["max_restarts"]),
+            max_recreates=int(r["max_recreates"]),
+            no_progress_limit=int(r["no_progress_limit"]),
+            min_uptime=float(r["min_uptime"]),
+            queue_timeout=float(r["queue_timeout"]),
+            fail_fast_exit_codes=frozenset(r["fail_fast_exit_codes"]),
+            retryable_exit_codes=frozenset(r["retryable_exit_codes"]),
+            backoff_base=float(r["backoff_base"]),
+            backoff_max=float(r["backoff_max"]),
+            stable_run=float(r["stable_run"]),
+            poll_interval=float(r["poll_interval"]),
+            primary_worker=0 if workers == "all" else min(workers),
+            unreachable_grace=float(r["poll_interval"]),
+        )
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one tick saw. Everything here is re-observed on the next tick."""
+
+    node: NodeSnapshot | None  # None: the node does not exist
+    events: tuple[AuditEvent, ...] = ()  # audit events newer than the journal's cursor
+    probes: tuple[WorkerProbe, ...] | None = None  # None: the workers were not or could not be probed
+    checkpoint: Checkpoint | None = None  # latest complete checkpoint
+    # Status of Memory.pending_op; or, when the call that would start it was refused at once,
+    # a done status with name "" and the error (the tick then calls decide again).
+    operation: OperationStatus | None = None
+    # When `operation` is a failed create: recreate.classify_operation(op).kind.
+    create_failure: CreateFailureKind | None = None
+    owned: bool = False  # the node carries tpuwatch-job=<job> exactly (recreate.owned)
+    jitter: float = 0.5  # uniform in [0, 1), drawn by the tick: the policy's only randomness
+    adopt: bool = False  # --adopt: treat the node as owned
+    recreate_missing: bool = False  # --recreate-missing
+    dry_run: bool = False  # --dry-run: decide, but keep the memory as it was
+
+
+# ---------------------------------------------------------------------------------------------
+# actions: what the tick must do, each with a one-line reason for people
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Clean up every worker (old process group, device holders, libtpu lockfile), then start."""
+
+    attempt: int
+    checkpoint: Checkpoint | None
+    reason: str
+    kind: ClassVar[str] = "launch"
+
+
+@dataclass(frozen=True)
+class StopWorkers:
+    """Stop the job's process group on every worker (SIGTERM, stop_grace, SIGKILL)."""
+
+    reason: str
+    kind: ClassVar[str] = "stop"
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing to do until `until` (None: the next tick)."""
+
+    until: datetime | None
+    reason: str
+    kind: ClassVar[str] = "wait"
+
+
+@dataclass(frozen=True)
+class DeleteNode:
+    """Start deleting the node (owned, checked); journal the operation with `operation_started`."""
+
+    name: str
+    zone: str
+    reason: str
+    kind: ClassVar[str] = "delete"
+
+
+@dataclass(frozen=True)
+class CreateNode:
+    """Start creating the node from the saved spec in `zone`; journal the operation."""
+
+    name: str
+    zone: str
+    reason: str
+    kind: ClassVar[str] = "create"
+
+
+@dataclass(frozen=True)
+class FollowOperation:
+    """A cloud operation is in flight: look at it again next tick (`name` None: not yet known)."""
+
+    name: str | None
+    op: str  # "delete" or "create"
+    reason: str
+    kind: ClassVar[str] = "follow"
+
+
+@dataclass(frozen=True)
+class MarkDone:
+    reason: str
+    kind: ClassVar[str] = "done"
+
+
+@dataclass(frozen=True)
+class Fail:
+    """The job failed for good (exit 1)."""
+
+    reason: str
+    evidence: tuple[str, ...] = ()
+    kind: ClassVar[str] = "fail"
+
+
+@dataclass(frozen=True)
+class NeedsPerson:
+    """A person must act (exit 1); re-checked every tick, and the job resumes once it is fixed."""
+
+    reason: str
+    evidence: tuple[str, ...] = ()
+    kind: ClassVar[str] = "needs_person"
+
+
+Action = Launch | StopWorkers | Wait | DeleteNode | CreateNode | FollowOperation | MarkDone | Fail | NeedsPerson
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The policy's answer for one tick."""
+
+    actions: tuple[Action, ...]
+    memory: Memory
+    summary: str  # one line: what was seen and what is done
+    exit_code: int  # 0: running, recovering or finished; 1: failed or needs a person
+    row: str  # the id of the policy table row that decided (tpuwatch.policy.ROWS)
+    ended: tuple[AttemptEnd, ...] = ()  # attempts whose end this tick classified (or re-classified)
+    operation_done: str | None = None  # the pending operation this tick saw finish
+
+    @property
+    def terminal(self) -> bool:
+        """The job is over (DONE or FAILED): `watch` returns."""
+        return self.memory.phase in (Phase.DONE, Phase.FAILED)
+
+    def as_dict(self) -> dict[str, Any]:
+        """For `--json` and the journal's events."""
+        return {
+            "row": self.row,
+            "summary": self.summary,
+            "exit_code": self.exit_code,
+            "phase": self.memory.phase.value,
+            "attempt": self.memory.attempt,
+            "actions": [action_dict(a) for a in self.actions],
+        }
+
+
+def action_dict(action: Action) -> dict[str, Any]:
+    """{"kind": ..., "reason": ..., and the action's own fields}, JSON-ready."""
+    out: dict[str, Any] = {"kind": action.kind}
+    for name, value in vars(action).items():
+        if isinstance(value, datetime):
+            value = value.isoformat()
+        elif isinstance(value, Checkpoint):
+            value = {"path": value.path, "step": value.step, "layout": value.layout}
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[name] = value
+    return out
+
