@@ -1,0 +1,177 @@
+"""The worker-side protocol from tpuwatch's side: templating, quoting, the script text, parsing.
+
+The quoting tests run the rendered text through a real local bash and compare the argv it
+builds: a value must arrive as exactly the bytes given, whatever they are.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tpuwatch.errors import ConfigError, UsageError
+from tpuwatch.model import Checkpoint
+from tpuwatch.workers import protocol
+
+BASH = "/bin/bash"
+
+
+def argv_of(command: str, cwd: Path) -> list[str]:
+    """The arguments bash gives `printf '%s\\0'` for `command`: what a program would receive."""
+    out = subprocess.run([BASH, "-c", command], capture_output=True, cwd=cwd, timeout=10,
+                         env={"PATH": os.environ["PATH"], "HOME": str(cwd)})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.decode("utf-8", "surrogateescape").split("\0")[:-1]
+
+
+NASTY = [
+    "it's $(touch pwned)",
+    "a b\tc\nd",
+    '"; touch pwned; echo "',
+    "`touch pwned`",
+    "$HOME ${HOME} $((1+1)) !! \\ \\\\ '' \"\"",
+    "-n",
+    "",
+    "*",
+    "~",
+    "{checkpoint}",
+    "x\n# comment\ntouch pwned",
+    "ünïcødé ✓",
+]
+
+
+@pytest.mark.parametrize("value", NASTY)
+def test_a_checkpoint_reaches_the_command_as_one_literal_argument(value: str, tmp_path: Path) -> None:
+    cmd = protocol.render_command(
+        "printf '%s\\0' --resume={checkpoint} {checkpoint} {step} {attempt} w{worker}",
+        checkpoint=value, step=120, attempt=3, worker=7)
+    assert argv_of(cmd, tmp_path) == [f"--resume={value}", value, "120", "3", "w7"]
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_no_checkpoint_gives_empty_words_not_missing_ones(tmp_path: Path) -> None:
+    cmd = protocol.render_command("printf '%s\\0' {checkpoint} {step} --resume={checkpoint}",
+                                  checkpoint="", step=None, attempt=1, worker=0)
+    assert argv_of(cmd, tmp_path) == ["", "", "--resume="]
+
+
+def test_literal_braces_and_shell_syntax_are_kept(tmp_path: Path) -> None:
+    cmd = protocol.render_command(
+        "x=1; printf '%s\\0' \"{{a}}\" ${{x}} {worker} | cat  # not {{here}}",
+        checkpoint="", step=None, attempt=1, worker=2)
+    assert argv_of(cmd, tmp_path) == ["{a}", "1", "2"]
+
+
+@pytest.mark.parametrize("template, fragment", [
+    ("python train.py --ckpt={chekpoint}", "unknown placeholder {chekpoint}"),
+    ("python train.py {step!r}", "unknown placeholder {step!r}"),
+    ("python train.py {step:>5}", "unknown placeholder {step:>5}"),
+    ("python train.py {", "write a literal brace"),
+    ('python train.py --ckpt "{checkpoint}"', "{checkpoint} is inside double quotes"),
+    ("python train.py --ckpt '{checkpoint}'", "{checkpoint} is inside single quotes"),
+    ("python train.py --ckpt \\{checkpoint}", "right after a backslash"),
+    ("python train.py # resume {checkpoint}", "inside a # comment"),
+    ("cat <<EOF\n{checkpoint}\nEOF", "here-document"),
+])
+def test_templates_that_could_not_keep_a_value_whole_are_refused(template: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        protocol.check_template(template)
+    assert "job.command" in str(err.value)
+    assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize("template", [
+    "python3 train.py --resume={checkpoint}",
+    "cd ~/repo && python3 train.py {checkpoint} --step={step}#x",
+    "echo a#{step} && cat <<< {step}",
+    "echo \"quoted\" 'text' {attempt}\n# a comment\necho {worker}",
+])
+def test_ordinary_templates_are_accepted(template: str) -> None:
+    protocol.check_template(template)
+
+
+# Pieces a template is built from: bare words, quoted words, placeholders, separators.
+_piece = st.one_of(
+    st.sampled_from(["{checkpoint}", "{step}", "{attempt}", "{worker}"]),
+    st.sampled_from(["a", "--flag=", "x{checkpoint}y", "'q t'", '"d q"', "\\ ", "{{", "}}", "=", "#no"]),
+    st.just(" "),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pieces=st.lists(_piece, max_size=8),
+       value=st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+                     max_size=40))
+def test_templating_never_lets_a_value_escape_its_argument(
+        pieces: list[str], value: str, tmp_path: Path) -> None:
+    """Rendering with arbitrary text gives the argv of rendering with a plain marker, with the
+    marker replaced by the text: the value never splits, joins, globs, expands or runs."""
+    template = "printf '%s\\0' " + "".join(pieces)
+    try:
+        protocol.check_template(template)
+    except ConfigError:
+        return
+    # every placeholder position carries the random text (step/attempt/worker are quoted alike)
+    for name in ("{step}", "{attempt}", "{worker}"):
+        template = template.replace(name, "{checkpoint}")
+    marker = "MARKERVALUE"
+    plain = argv_of(protocol.render_command(template, checkpoint=marker, step=None, attempt=1,
+                                            worker=0), tmp_path)
+    got = argv_of(protocol.render_command(template, checkpoint=value, step=None, attempt=1,
+                                          worker=0), tmp_path)
+    assert got == [a.replace(marker, value) for a in plain]
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_script_quotes_every_value_and_is_one_group() -> None:
+    ck = Checkpoint(path="/b/it's $(touch pwned)/20", step=20, layout="orbax")
+    data = protocol.launch_script("job", attempt=3, worker=1, checkpoint=ck,
+                                  command="echo {hi}", env={"A": "x y", "B": "$(no)"}).decode()
+    lines = data.splitlines()
+    assert lines[0] == "{" and lines[-1] == "}"
+    assert "TW_CHECKPOINT=" + shlex.quote(ck.path) in lines
+    assert "TW_ENV=(" + shlex.quote("A=x y") + " " + shlex.quote("B=$(no)") + ")" in lines
+    assert "TW_STEP=20" in lines and "TW_ATTEMPT=3" in lines and "TW_WORKER=1" in lines
+
+
+def test_a_truncated_upload_runs_nothing(tmp_path: Path) -> None:
+    """A connection dropped while the script streams in: bash sees a partial group, runs none."""
+    data = protocol.launch_script("job", attempt=1, worker=0, checkpoint=None,
+                                  command=f"touch {tmp_path}/ran")
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    for cut in (len(data) // 3, len(data) - 3):
+        r = subprocess.run([BASH, "-s"], input=data[:cut], capture_output=True, env=env, timeout=10)
+        assert r.returncode != 0
+        assert protocol.parse_records(r.stdout.decode()) == {}
+        assert not (tmp_path / ".tpuwatch").exists()
+    assert not (tmp_path / "ran").exists()
+
+
+def test_bad_job_names_and_nul_are_refused() -> None:
+    with pytest.raises(UsageError):
+        protocol.probe_script("../etc")
+    with pytest.raises(UsageError, match="NUL"):
+        protocol.launch_script("job", attempt=1, worker=0, checkpoint=None, command="a\x00b")
+
+
+def test_answers_are_read_from_marked_lines_only() -> None:
+    text = "motd from .bashrc\n@tpuwatch result=ok\n@tpuwatch state=exited\n@tpuwatch exit_code=7\n" \
+           "@tpuwatch attempt=3\n@tpuwatch pid=\n@tpuwatch detail=a=b c\nstate=running\n"
+    rec = protocol.parse_records(text)
+    probe = protocol.parse_probe(2, rec)
+    assert (probe.worker, probe.state, probe.exit_code, probe.attempt, probe.pid) == (2, "exited", 7, 3, None)
+    assert probe.detail == "a=b c"
+    assert protocol.parse_probe(1, {}).state == "unreachable"
+    assert protocol.parse_launch(0, {"result": "running", "attempt": "4", "pid": "99"}).started
+    assert not protocol.parse_launch(0, {"result": "busy", "attempt": "3"}).started
+    assert protocol.parse_launch(0, {"result": "weird"}).outcome == "error"
+    stop = protocol.parse_stop(0, {"result": "leftover", "stopped": "1 2", "leftover": "2",
+                                   "libtpu_lockfile": "removed"})
+    assert (stop.ok, stop.stopped, stop.leftover) == (False, (1, 2), (2,))
+    assert protocol.parse_follow_end("x\n@tpuwatch result=ok\n@tpuwatch exit_code=0\n").exit_code == 0

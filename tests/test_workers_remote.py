@@ -1,0 +1,236 @@
+"""remote.sh run by a local bash exactly as a worker runs it (`bash -s`, script on stdin).
+
+HOME and TPUWATCH_HOST_ROOT point into tmp_path, so the job files, the fake /dev/accel* and
+/tmp/libtpu_lockfile are private to each test. The SSH path is tested in test_workers_ssh.py.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tpuwatch.model import Checkpoint
+from tpuwatch.workers import protocol
+
+JOB = "job"
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def environ(pid: int) -> bytes:
+    try:
+        return b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
+
+
+def wait_for(pred: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@dataclass
+class Worker:
+    home: Path
+    root: Path
+    mark: str
+
+    @property
+    def dir(self) -> Path:
+        return self.home / ".tpuwatch" / JOB
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"PATH": os.environ["PATH"], "HOME": str(self.home),
+                "TPUWATCH_HOST_ROOT": str(self.root), "TWTEST_MARK": self.mark}
+
+    def run(self, data: bytes, prefix: str = "") -> dict[str, str]:
+        argv = ["/bin/bash", "-c", prefix + "bash -s"] if prefix else ["/bin/bash", "-s"]
+        r = subprocess.run(argv, input=data, capture_output=True, env=self.env, timeout=30)
+        assert r.returncode == 0, r.stderr
+        return protocol.parse_records(r.stdout.decode())
+
+    def launch(self, attempt: int, command: str, checkpoint: Checkpoint | None = None,
+               env: dict[str, str] | None = None) -> dict[str, str]:
+        return self.run(protocol.launch_script(JOB, attempt=attempt, worker=3, checkpoint=checkpoint,
+                                               command=command, env=env))
+
+    def probe(self) -> dict[str, str]:
+        return self.run(protocol.probe_script(JOB))
+
+    def stop(self, grace: float = 0.5, prefix: str = "") -> dict[str, str]:
+        return self.run(protocol.stop_script(JOB, grace), prefix)
+
+    def pids(self, needle: bytes = b"") -> list[int]:
+        """Live processes this test started (they carry its mark), optionally by cmdline."""
+        out = []
+        for e in os.listdir("/proc"):
+            if not e.isdigit():
+                continue
+            pid = int(e)
+            if f"\0TWTEST_MARK={self.mark}\0".encode() not in environ(pid) + b"\0" or not alive(pid):
+                continue
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if needle in cmd:
+                out.append(pid)
+        return out
+
+
+@pytest.fixture
+def worker(tmp_path: Path) -> Iterator[Worker]:
+    w = Worker(tmp_path / "home", tmp_path / "host", secrets.token_hex(6))
+    w.home.mkdir()
+    (w.root / "dev").mkdir(parents=True)
+    (w.root / "tmp").mkdir()
+    (w.root / "dev" / "accel0").touch()
+    (w.root / "dev" / "accel1").touch()
+    yield w
+    for pid in w.pids():  # only processes this test started
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_launch_is_detached_idempotent_and_exclusive(worker: Worker) -> None:
+    first = worker.launch(1, "sleep 300")
+    assert first["result"] == "launched" and first["attempt"] == "1"
+    assert worker.probe()["state"] == "running"
+    # the same attempt again (a retry after a dropped connection): not started twice
+    again = worker.launch(1, "sleep 300")
+    assert again["result"] == "running" and again["pid"] == first["pid"]
+    # another attempt while this one lives: refused
+    busy = worker.launch(2, "sleep 300")
+    assert busy["result"] == "busy" and busy["attempt"] == "1"
+    assert len(worker.pids(b"sleep\x00300")) == 1
+    pgid = int(first["pid"])
+    assert os.getpgid(pgid) == pgid and os.getsid(pgid) == pgid  # its own session and group
+    for f in ("lock", "attempt", "pid", "attempt-1.log"):
+        assert (worker.dir / f).stat().st_mode & 0o777 == 0o600, f
+    assert worker.dir.stat().st_mode & 0o777 == 0o700
+
+
+def test_exit_code_and_already_ran(worker: Worker) -> None:
+    r = worker.launch(1, "echo out; echo err >&2; exit 7")
+    wait_for(lambda: (worker.dir / "exit_code").exists(), what="exit_code")
+    p = worker.probe()
+    assert (p["state"], p["attempt"], p["exit_code"]) == ("exited", "1", "7")
+    assert (worker.dir / "attempt-1.log").read_text() == "out\nerr\n"
+    ran = worker.launch(1, "touch should-not-run")
+    assert (ran["result"], ran["exit_code"]) == ("ran", "7")
+    assert worker.launch(0, "true")["result"] == "newer"
+    assert not (worker.home / "should-not-run").exists()
+    nxt = worker.launch(2, "exit 0")
+    assert nxt["result"] == "launched" and r["pid"] != nxt["pid"]
+    wait_for(lambda: worker.probe()["state"] == "exited", what="attempt 2 to end")
+    assert worker.probe()["exit_code"] == "0"
+
+
+def test_probe_states_absent(worker: Worker) -> None:
+    assert worker.probe()["state"] == "absent"
+    worker.launch(1, "sleep 300")
+    (sleep,) = worker.pids(b"sleep\x00300")
+    wrapper = int(worker.probe()["pid"])
+    os.kill(wrapper, signal.SIGKILL)  # killed without a word: no exit code is written
+    os.kill(sleep, signal.SIGKILL)
+    wait_for(lambda: not alive(sleep) and not alive(wrapper), what="the kill")
+    p = worker.probe()
+    assert p["state"] == "absent" and "no exit code" in p["detail"]
+
+
+def test_the_command_gets_its_environment_and_placeholders(worker: Worker) -> None:
+    ck = Checkpoint(path="/bucket/it's $(touch pwned)/20", step=20, layout="orbax")
+    cmd = protocol.render_command(
+        "printf '%s|' {checkpoint} {step} {attempt} {worker} \"$TPUWATCH_JOB\" \"$TPUWATCH_ATTEMPT\" "
+        "\"$TPUWATCH_WORKER_ID\" \"$TPUWATCH_CHECKPOINT\" \"$TPUWATCH_STEP\" \"$EXTRA\"; read -t 1 x; echo \"stdin:$?\"",
+        checkpoint=ck.path, step=ck.step, attempt=5, worker=3)
+    worker.launch(5, cmd, checkpoint=ck, env={"EXTRA": "a 'b' $(c)"})
+    wait_for(lambda: (worker.dir / "exit_code").exists(), what="exit_code")
+    log = (worker.dir / "attempt-5.log").read_text()
+    assert log == f"{ck.path}|20|5|3|{JOB}|5|3|{ck.path}|20|a 'b' $(c)|stdin:1\n"  # stdin: /dev/null
+    assert not list(worker.home.rglob("pwned")) and not Path("pwned").exists()
+
+
+def test_stop_clears_the_job_its_escapees_device_holders_and_a_stale_lockfile(worker: Worker) -> None:
+    accel = worker.root / "dev" / "accel0"
+    cmd = ("sleep 301 & setsid sleep 302 & (trap '' TERM; exec sleep 303) & "
+           f"exec 3<{accel}; exec sleep 304")
+    worker.launch(1, cmd)
+    wait_for(lambda: len(worker.pids(b"sleep\x0030")) == 4, what="the job's processes")
+    # an orphan from some earlier run holding the TPU, outside any job
+    with open(accel) as dev:
+        orphan = subprocess.Popen(["sleep", "305"], stdin=dev, start_new_session=True, env=worker.env)
+    (worker.root / "tmp" / "libtpu_lockfile").touch()
+    t0 = time.monotonic()
+    res = worker.stop(grace=0.5)
+    assert res["result"] == "ok", res
+    assert time.monotonic() - t0 < 10
+    assert worker.pids(b"sleep\x0030") == []
+    assert str(orphan.pid) in res["device_holders"].split()
+    assert res["libtpu_lockfile"] == "removed"
+    assert not (worker.root / "tmp" / "libtpu_lockfile").exists()
+    orphan.wait(5)
+    p = worker.probe()
+    assert p["state"] == "exited" and p["exit_code"] == "143"  # TERM reached the command
+    assert worker.launch(2, "true")["result"] == "launched"  # the lock is free again
+
+
+def test_stop_keeps_a_lockfile_in_use_and_never_kills_its_own_shell(worker: Worker) -> None:
+    lockfile = worker.root / "tmp" / "libtpu_lockfile"
+    holder = subprocess.Popen(["flock", str(lockfile), "sleep", "306"], start_new_session=True,
+                              env=worker.env, stdin=subprocess.DEVNULL)
+    wait_for(lambda: bool(worker.pids(b"sleep\x00306")), what="the lock holder")
+    accel = worker.root / "dev" / "accel1"
+    # the shell that runs `bash -s` itself holds a device: stop must not kill its own caller
+    res = worker.stop(prefix=f"exec 5<{accel}; ")
+    assert res["result"] == "ok"
+    assert res["libtpu_lockfile"].startswith("held")
+    assert lockfile.exists()
+    assert holder.poll() is None
+    holder.kill()
+    holder.wait(5)
+
+
+def test_stop_never_signals_a_pid_that_is_no_longer_ours(worker: Worker) -> None:
+    worker.launch(1, "exit 0")
+    wait_for(lambda: (worker.dir / "exit_code").exists(), what="exit_code")
+    stranger = subprocess.Popen(["sleep", "307"], start_new_session=True, stdin=subprocess.DEVNULL,
+                                env={**worker.env, "TPUWATCH_JOB": "someone-else"})
+    (worker.dir / "pid").write_text(f"{stranger.pid}\n")  # as if the pid had been reused
+    res = worker.stop()
+    assert res["stopped"] == ""
+    assert stranger.poll() is None
+    stranger.kill()
+    stranger.wait(5)
+
+
+def test_follow_streams_from_an_offset_and_reports_the_exit_code(worker: Worker) -> None:
+    worker.launch(1, "for i in 1 2 3; do echo line $i; sleep 0.1; done; printf tail; exit 4")
+    proc = subprocess.run(["/bin/bash", "-s"], input=protocol.follow_script(JOB, 1, offset=5, poll=0.05),
+                          capture_output=True, env=worker.env, timeout=30)
+    assert proc.stdout == b"1\nline 2\nline 3\ntail", proc.stderr
+    end = protocol.parse_follow_end(proc.stderr.decode())
+    assert (end.result, end.exit_code) == ("ok", 4), proc.stderr
+    wrong = subprocess.run(["/bin/bash", "-s"], input=protocol.follow_script(JOB, 9), capture_output=True,
+                           env=worker.env, timeout=30)
+    assert protocol.parse_follow_end(wrong.stderr.decode()).result == "error"

@@ -1,0 +1,232 @@
+"""The job on the workers: probe, launch, stop and follow it over SSH (the `Workers` port).
+
+`SshWorkers` joins the pieces: a transport (ssh.py) carries the worker-side script
+(protocol.py, remote.sh) to every selected worker of a node in parallel, and the answers come
+back as model values. Launch is idempotent per attempt and retried when a connection drops,
+so a retry never starts a job twice; probe is one round trip per worker.
+
+Errors no retry can fix raise: a changed host key (JobFailed, exit 1: a person must decide)
+and a refused login (ConfigError, exit 2: ssh.user / ssh.identity_file). Unreachable workers
+are results, not errors: the caller decides.
+This package knows nothing of the TPU API, the journal or the recovery policy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tpuwatch.errors import ConfigError, JobFailed
+from tpuwatch.model import Checkpoint, NodeSnapshot, WorkerEndpoint, WorkerProbe
+from tpuwatch.workers import protocol
+from tpuwatch.workers.protocol import FollowEnd, LaunchResult, StopResult
+from tpuwatch.workers.ssh import (
+    GcloudSsh,
+    OpenSsh,
+    SshResult,
+    Stream,
+    Transport,
+    run_on_workers,
+    transport_from_config,
+)
+
+__all__ = [
+    "FollowEnd",
+    "GcloudSsh",
+    "LaunchResult",
+    "OpenSsh",
+    "SshResult",
+    "SshWorkers",
+    "StopResult",
+    "Transport",
+    "protocol",
+]
+
+
+class SshWorkers:
+    """ports.Workers over SSH for one job."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        job: str,
+        command: str,
+        env: Mapping[str, str] | None = None,
+        workers: str | Sequence[int] = "all",
+        stop_grace: float = 30.0,
+        timeout: float = 60.0,
+        launch_tries: int = 4,
+        retry_wait: float = 1.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.transport = transport
+        self.job = job
+        self.command = command
+        self.env = dict(env or {})
+        self.selection: str | tuple[int, ...] = workers if isinstance(workers, str) else tuple(workers)
+        self.stop_grace = stop_grace
+        self.timeout = timeout
+        self.launch_tries = max(1, launch_tries)
+        self.retry_wait = retry_wait
+        self._sleep = sleep
+        if command:
+            protocol.check_template(command)
+
+    @classmethod
+    def from_config(cls, cfg: Any, **kw: Any) -> SshWorkers:
+        """From a tpuwatch.config.Config: [job], [ssh] and recovery.stop_grace."""
+        state_dir = Path(cfg.state_dir)
+        transport = transport_from_config(cfg.ssh, state_dir)
+        return cls(
+            transport,
+            job=cfg.job_name,
+            command=cfg.job["command"],
+            env=cfg.job.get("env", {}),
+            workers=cfg.job.get("workers", "all"),
+            stop_grace=float(cfg.recovery.get("stop_grace", 30.0)),
+            **kw,
+        )
+
+    # -- which workers ----------------------------------------------------------------------
+    def endpoints(self, node: NodeSnapshot) -> list[WorkerEndpoint]:
+        """The selected workers of `node` (job.workers), in index order."""
+        if isinstance(self.selection, str):  # "all"
+            return sorted(node.workers, key=lambda w: w.index)
+        by_index = {w.index: w for w in node.workers}
+        missing = [i for i in self.selection if i not in by_index]
+        if missing:
+            raise ConfigError(
+                f"job.workers: node {node.name} has workers 0..{len(node.workers) - 1}, "
+                f"not {', '.join(map(str, missing))}"
+            )
+        return [by_index[i] for i in sorted(self.selection)]
+
+    def _endpoint(self, node: NodeSnapshot, worker: int) -> WorkerEndpoint:
+        for w in node.workers:
+            if w.index == worker:
+                return w
+        raise ConfigError(f"node {node.name} has no worker {worker}")
+
+    def _run(self, node: NodeSnapshot, workers: Sequence[WorkerEndpoint],
+             stdin: bytes | Callable[[WorkerEndpoint], bytes], timeout: float | None = None) -> list[SshResult]:
+        self.transport.check()
+        results = run_on_workers(self.transport, node, workers, stdin,
+                                 remote_command=protocol.REMOTE_COMMAND,
+                                 timeout=timeout or self.timeout)
+        for r in results:
+            _raise_if_fatal(r)
+        return results
+
+    # -- ports.Workers ----------------------------------------------------------------------
+    def probe(self, node: NodeSnapshot) -> list[WorkerProbe]:
+        """running / exited(code) / absent / unreachable for every selected worker."""
+        workers = self.endpoints(node)
+        results = self._run(node, workers, protocol.probe_script(self.job))
+        return [_probe_of(r) for r in results]
+
+    def launch(self, node: NodeSnapshot, attempt: int,
+               checkpoint: Checkpoint | None) -> list[LaunchResult]:
+        """Start `attempt` on every selected worker; workers whose connection failed are retried.
+
+        Safe to repeat: a worker that already runs (or ran) this attempt is not started again.
+        """
+        workers = self.endpoints(node)
+        scripts = {
+            w.index: protocol.launch_script(
+                self.job, attempt=attempt, worker=w.index, checkpoint=checkpoint,
+                command=protocol.render_command(
+                    self.command, checkpoint=checkpoint.path if checkpoint else "",
+                    step=checkpoint.step if checkpoint else None, attempt=attempt, worker=w.index),
+                env=self.env)
+            for w in workers
+        }
+        done: dict[int, LaunchResult] = {}
+        pending = list(workers)
+        for n in range(self.launch_tries):
+            if n:
+                self._sleep(self.retry_wait * (2 ** (n - 1)))
+            results = self._run(node, pending, lambda w: scripts[w.index])
+            retry = []
+            for w, r in zip(pending, results, strict=True):
+                res, answered = _launch_of(r)
+                done[w.index] = res
+                # No answer means the connection broke somewhere: the launch may or may not
+                # have happened, and asking again is exactly what idempotency is for.
+                if not answered:
+                    retry.append(w)
+            pending = retry
+            if not pending:
+                break
+        return [done[w.index] for w in workers]
+
+    def stop(self, node: NodeSnapshot, workers: Sequence[int] | None = None) -> list[StopResult]:
+        """TERM the attempt's processes, wait stop_grace, KILL; then device holders and a stale
+        libtpu lockfile. `workers` limits it to some worker indices."""
+        eps = self.endpoints(node)
+        if workers is not None:
+            eps = [w for w in eps if w.index in set(workers)]
+        timeout = self.timeout + 2 * self.stop_grace + 10
+        results = self._run(node, eps, protocol.stop_script(self.job, self.stop_grace), timeout)
+        out = []
+        for r in results:
+            if not r.reached:
+                out.append(StopResult(r.worker, ok=False, unreachable=True, detail=r.message))
+            else:
+                out.append(protocol.parse_stop(r.worker, protocol.parse_records(r.stdout)))
+        return out
+
+    # -- logs -------------------------------------------------------------------------------
+    def follow(self, node: NodeSnapshot, worker: int, attempt: int, offset: int,
+               on_data: Callable[[bytes], None], poll: float = 0.2) -> tuple[Stream, Callable[[], tuple[SshResult, FollowEnd]]]:
+        """A stream of attempt-<n>.log from byte `offset`; returns (stream, run).
+
+        Call run() (blocking) to follow until the attempt ends; stream.close() ends it early.
+        """
+        self.transport.check()
+        ep = self._endpoint(node, worker)
+        stream = Stream(self.transport, node, ep, protocol.follow_script(self.job, attempt, offset, poll),
+                        remote_command=protocol.REMOTE_COMMAND)
+
+        def run() -> tuple[SshResult, FollowEnd]:
+            r = stream.run(on_data)
+            _raise_if_fatal(r)
+            end = protocol.parse_follow_end(r.stderr) if r.reached else FollowEnd("")
+            return r, end
+
+        return stream, run
+
+
+def _raise_if_fatal(r: SshResult) -> None:
+    if r.failure == "host_key":
+        raise JobFailed(r.message)
+    if r.failure in ("auth", "missing"):
+        raise ConfigError(r.message)
+
+
+def _probe_of(r: SshResult) -> WorkerProbe:
+    if not r.reached:
+        return WorkerProbe(worker=r.worker, state="unreachable", detail=r.message)
+    return protocol.parse_probe(r.worker, protocol.parse_records(r.stdout))
+
+
+def _launch_of(r: SshResult) -> tuple[LaunchResult, bool]:
+    """The worker's answer, and whether it answered at all."""
+    if not r.reached:
+        return LaunchResult(r.worker, "unreachable", detail=r.message), False
+    records = protocol.parse_records(r.stdout)
+    res = protocol.parse_launch(r.worker, records)
+    if "result" not in records:
+        tail = r.stderr_tail(3)
+        detail = f"no answer from the worker-side script (exit code {r.exit_code}" + (f": {tail})" if tail else ")")
+        return LaunchResult(r.worker, "error", detail=detail), False
+    return res, True
+
+
+if TYPE_CHECKING:  # mypy checks that SshWorkers still fits the port the tick calls
+    from tpuwatch import ports
+
+    def _fits_the_port(w: SshWorkers) -> ports.Workers:
+        return w

@@ -1,0 +1,359 @@
+"""The worker-side protocol from tpuwatch's side: what is sent to a worker and what it answers.
+
+Holds the command template rendering (placeholders substituted shell-quoted), the text sent to
+`bash -s` on a worker (remote.sh behind a preamble of quoted TW_* assignments, in one `{ ... }`
+group so that a truncated upload runs nothing), and the parsers of remote.sh's
+`@tpuwatch key=value` answers into model values.
+
+Everything user-supplied (command, checkpoint path, env values) reaches the remote bash only as
+a `shlex.quote`d word of the preamble, so the remote shell never parses it as code.
+This module knows nothing of SSH, nodes or the cloud: strings in, bytes out, bytes in, values out.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Literal
+
+from tpuwatch.errors import ConfigError, UsageError
+from tpuwatch.model import Checkpoint, WorkerProbe, WorkerState
+
+PLACEHOLDERS = ("checkpoint", "step", "attempt", "worker")
+REMOTE_COMMAND = "bash -s"  # what runs on the worker; the script arrives on its stdin
+MARK = "@tpuwatch "
+_JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@lru_cache(maxsize=1)
+def remote_script() -> str:
+    """The text of remote.sh as shipped in the package."""
+    return resources.files("tpuwatch.workers").joinpath("remote.sh").read_text(encoding="utf-8")
+
+
+# ---- the command template -------------------------------------------------------------------
+
+
+def _fields(template: str, key: str) -> list[tuple[str, str | None]]:
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}; write a literal brace as {{{{ or }}}}") from None
+    out: list[tuple[str, str | None]] = []
+    for literal, name, spec, conv in parsed:
+        if name is not None and (name not in PLACEHOLDERS or spec or conv):
+            shown = name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "")
+            raise ConfigError(
+                f"{key}: unknown placeholder {{{shown}}}; use "
+                + ", ".join("{" + p + "}" for p in PLACEHOLDERS)
+                + " (write a literal brace as {{ or }})"
+            )
+        out.append((literal, name))
+    return out
+
+
+_WORD_BREAK = " \t\n;&|()<>"
+
+
+def _lex(text: str, state: str, after_word: bool = False) -> str:
+    """Shell state after `text`, from `state`.
+
+    "" plain, "'" or '"' inside quotes, "\\" a backslash waiting to escape the next character,
+    "#" inside a comment, "<<" after a here-document operator (its body is not plain words).
+    """
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if state == "<<":
+            return state
+        if state == "#":
+            if c == "\n":
+                state = ""
+        elif state == "\\":
+            state = ""
+        elif state == "'":
+            if c == "'":
+                state = ""
+        elif state == '"':
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                state = ""
+        elif c == "\\":
+            state = "\\"
+        elif c in "'\"":
+            state = c
+        elif c == "#" and (i == 0 and not after_word or i > 0 and text[i - 1] in _WORD_BREAK):
+            state = "#"
+        elif c == "<" and text.startswith("<<", i) and not text.startswith("<<<", i):
+            state = "<<"
+        elif c == "<" and text.startswith("<<<", i):
+            i += 2
+        i += 1
+    return state
+
+
+_WHERE = {
+    "'": "inside single quotes",
+    '"': "inside double quotes",
+    "\\": "right after a backslash",
+    "#": "inside a # comment",
+    "<<": "after a here-document (<<)",
+}
+
+
+def check_template(template: str, key: str = "job.command") -> None:
+    """ConfigError for an unknown placeholder, or one where a quoted word is not one word.
+
+    A placeholder becomes an already-quoted shell word. Inside '...' or "..." those quotes
+    would become part of the value; after a backslash, in a comment or in a here-document the
+    quoting would not hold. Such templates are refused with the fix.
+    """
+    state = ""
+    after_word = False
+    for literal, name in _fields(template, key):
+        state = _lex(literal, state, after_word and not literal.startswith(tuple(_WORD_BREAK)))
+        if name is not None and state:
+            raise ConfigError(
+                f"{key}: {{{name}}} is {_WHERE[state]}; write it bare as its own word or part of "
+                f"one (tpuwatch substitutes it already shell-quoted), e.g. --resume={{{name}}}"
+            )
+        after_word = name is not None
+
+
+def render_command(
+    template: str, *, checkpoint: str, step: int | None, attempt: int, worker: int,
+    key: str = "job.command",
+) -> str:
+    """The command for one worker: each placeholder becomes one shell word holding its value."""
+    check_template(template, key)
+    values = {
+        "checkpoint": checkpoint,
+        "step": "" if step is None else str(step),
+        "attempt": str(attempt),
+        "worker": str(worker),
+    }
+    parts = []
+    for literal, name in _fields(template, key):
+        parts.append(literal)
+        if name is not None:
+            parts.append(shlex.quote(values[name]))
+    return "".join(parts)
+
+
+# ---- what is sent ---------------------------------------------------------------------------
+
+
+def _word(name: str, value: str) -> str:
+    if "\x00" in value:
+        raise UsageError(f"{name}: contains a NUL character, which cannot be passed to a command")
+    return shlex.quote(value)
+
+
+def script(action: str, job: str, **values: str | int | float | list[str]) -> bytes:
+    """remote.sh for one action, behind `TW_*=<quoted>` assignments, as one `{ ... }` group."""
+    if not _JOB.match(job):
+        raise UsageError(f"job.name: {job!r} cannot name a directory on the workers")
+    lines = ["{", f"TW_ACTION={_word('action', action)}", f"TW_JOB={_word('job.name', job)}"]
+    for name, value in values.items():
+        var = "TW_" + name.upper()
+        if isinstance(value, list):
+            lines.append(f"{var}=(" + " ".join(_word(name, v) for v in value) + ")")
+        else:
+            lines.append(f"{var}={_word(name, str(value))}")
+    lines.append(remote_script().rstrip("\n"))
+    lines.append("}")
+    return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def probe_script(job: str) -> bytes:
+    return script("probe", job)
+
+
+def launch_script(
+    job: str, *, attempt: int, worker: int, checkpoint: Checkpoint | None, command: str,
+    env: Mapping[str, str] | None = None,
+) -> bytes:
+    """Launch `command` (already rendered for this worker) as attempt `attempt`."""
+    pairs = []
+    for name, value in (env or {}).items():
+        if not _ENV_NAME.match(name):
+            raise ConfigError(f"job.env.{name}: not a valid environment variable name")
+        pairs.append(f"{name}={value}")
+    return script(
+        "launch", job, attempt=attempt, worker=worker,
+        checkpoint=checkpoint.path if checkpoint else "",
+        step="" if checkpoint is None else str(checkpoint.step),
+        command=command, env=pairs,
+    )
+
+
+def stop_script(job: str, grace: float) -> bytes:
+    return script("stop", job, grace_ms=max(0, int(grace * 1000)))
+
+
+def follow_script(job: str, attempt: int, offset: int = 0, poll: float = 0.2) -> bytes:
+    return script("follow", job, attempt=attempt, offset=max(0, offset), poll=f"{poll:g}")
+
+
+# ---- what comes back ------------------------------------------------------------------------
+
+
+def parse_records(text: str) -> dict[str, str]:
+    """The `@tpuwatch key=value` lines of an answer (last one wins); other lines are ignored."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith(MARK):
+            key, _, value = line[len(MARK):].partition("=")
+            out[key.strip()] = value
+    return out
+
+
+def _int(value: str | None) -> int | None:
+    if value is None or not value.strip().isdigit():
+        return None
+    return int(value.strip())
+
+
+def parse_probe(worker: int, records: Mapping[str, str]) -> WorkerProbe:
+    """A probe answer as a WorkerProbe; a garbled answer is "unreachable" with the reason."""
+    state = records.get("state", "")
+    if records.get("result") != "ok" or state not in ("running", "exited", "absent"):
+        detail = records.get("detail") or "no answer from the worker-side script"
+        return WorkerProbe(worker=worker, state="unreachable", detail=detail)
+    typed: WorkerState = state  # type: ignore[assignment]
+    return WorkerProbe(
+        worker=worker,
+        state=typed,
+        attempt=_int(records.get("attempt")),
+        exit_code=_int(records.get("exit_code")),
+        pid=_int(records.get("pid")),
+        detail=records.get("detail", ""),
+    )
+
+
+LaunchOutcome = Literal["launched", "running", "ran", "busy", "newer", "error", "unreachable"]
+_OUTCOMES = ("launched", "running", "ran", "busy", "newer", "error")
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """What one worker did with a launch request.
+
+    launched: started now. running: this very attempt already runs (an earlier try got
+    through). ran: this attempt already ran and ended. busy: another attempt's processes hold
+    the lock. newer: a newer attempt was launched here. error / unreachable: see detail.
+    """
+
+    worker: int
+    outcome: LaunchOutcome
+    attempt: int | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    detail: str = ""
+
+    @property
+    def started(self) -> bool:
+        """The attempt runs on this worker now (launched by this call or by an earlier try)."""
+        return self.outcome in ("launched", "running")
+
+    def describe(self) -> str:
+        what = {
+            "launched": f"launched attempt {self.attempt} (pid {self.pid})",
+            "running": f"attempt {self.attempt} already running (pid {self.pid}), not started again",
+            "ran": f"attempt {self.attempt} already ran (exit code {self.exit_code}), not started again",
+            "busy": f"refused: attempt {self.attempt} still holds the job lock",
+            "newer": f"refused: a newer attempt {self.attempt} was launched here",
+            "error": "failed",
+            "unreachable": "unreachable",
+        }[self.outcome]
+        return f"worker {self.worker}: {what}" + (f" ({self.detail})" if self.detail else "")
+
+
+def parse_launch(worker: int, records: Mapping[str, str]) -> LaunchResult:
+    result = records.get("result", "")
+    if result not in _OUTCOMES:
+        return LaunchResult(worker, "error", detail=records.get("detail") or "no answer from the worker-side script")
+    outcome: LaunchOutcome = result  # type: ignore[assignment]
+    return LaunchResult(
+        worker=worker,
+        outcome=outcome,
+        attempt=_int(records.get("attempt")),
+        pid=_int(records.get("pid")),
+        exit_code=_int(records.get("exit_code")),
+        detail=records.get("detail", ""),
+    )
+
+
+def _pids(text: str | None) -> tuple[int, ...]:
+    return tuple(int(p) for p in (text or "").split() if p.isdigit())
+
+
+@dataclass(frozen=True)
+class StopResult:
+    """What one worker's stop did: processes stopped, device holders, the libtpu lockfile."""
+
+    worker: int
+    ok: bool
+    stopped: tuple[int, ...] = ()
+    device_holders: tuple[int, ...] = ()
+    libtpu_lockfile: str = "absent"  # absent, removed, held by PIDS, stale, cannot remove
+    leftover: tuple[int, ...] = ()
+    detail: str = ""
+    unreachable: bool = False
+
+    def describe(self) -> str:
+        if self.unreachable:
+            return f"worker {self.worker}: unreachable ({self.detail})"
+        bits = []
+        if self.stopped:
+            bits.append(f"stopped {len(self.stopped)} job process(es)")
+        if self.device_holders:
+            bits.append("stopped TPU device holder(s) " + " ".join(map(str, self.device_holders)))
+        if self.libtpu_lockfile not in ("absent", ""):
+            bits.append(f"libtpu lockfile {self.libtpu_lockfile}")
+        if self.leftover:
+            bits.append("still alive after KILL: " + " ".join(map(str, self.leftover)))
+        if self.detail:
+            bits.append(self.detail)
+        return f"worker {self.worker}: " + ("; ".join(bits) or "nothing to stop")
+
+
+def parse_stop(worker: int, records: Mapping[str, str]) -> StopResult:
+    result = records.get("result", "")
+    if result not in ("ok", "leftover"):
+        return StopResult(worker, ok=False, detail=records.get("detail") or "no answer from the worker-side script")
+    return StopResult(
+        worker=worker,
+        ok=result == "ok",
+        stopped=_pids(records.get("stopped")),
+        device_holders=_pids(records.get("device_holders")),
+        libtpu_lockfile=records.get("libtpu_lockfile", "absent"),
+        leftover=_pids(records.get("leftover")),
+    )
+
+
+@dataclass(frozen=True)
+class FollowEnd:
+    """How a log stream ended: the attempt's exit code, or why there is none."""
+
+    result: str  # ok, replaced, gone, error, "" (the stream broke: reconnect)
+    exit_code: int | None = None
+    attempt: int | None = None
+    detail: str = ""
+
+
+def parse_follow_end(stderr: str) -> FollowEnd:
+    rec = parse_records(stderr)
+    return FollowEnd(
+        result=rec.get("result", ""),
+        exit_code=_int(rec.get("exit_code")),
+        attempt=_int(rec.get("attempt")),
+        detail=rec.get("detail", ""),
+    )

@@ -1,0 +1,439 @@
+# tpuwatch worker-side script (DESIGN.md section 1, "Worker-side protocol").
+#
+# Shipped inside the package and sent over the SSH connection on every call, as the stdin of
+# `bash -s`: nothing is installed on the workers. tpuwatch.workers.protocol wraps it in one
+# `{ ... }` group with a preamble of shell-quoted TW_* assignments, so bash parses the whole
+# text before running any of it: a connection dropped mid-upload runs nothing.
+#
+# Per job, under ~/.tpuwatch/<job>/ (directories 0700, files 0600):
+#   lock             flock held by every process of the running attempt (inherited fd 9);
+#                    a launch is refused while anything holds it
+#   attempt          number of the newest attempt launched here
+#   pid              the attempt's wrapper: session and process-group leader (setsid)
+#   exit_code        written by the wrapper when the command ends
+#   attempt-<n>.log  stdout+stderr of attempt n
+# Host paths (/dev/accel*, /dev/vfio/*, /tmp/libtpu_lockfile) are looked up under
+# $TPUWATCH_HOST_ROOT when it is set (the simulator), else under /.
+#
+# Inputs (preamble): TW_ACTION probe|launch|stop|follow, TW_JOB, and per action TW_ATTEMPT,
+# TW_WORKER, TW_CHECKPOINT, TW_STEP, TW_COMMAND (already rendered), TW_ENV (array NAME=value),
+# TW_GRACE_MS (stop's TERM-to-KILL grace), TW_OFFSET (bytes), TW_POLL (seconds).
+# Output: lines "@tpuwatch key=value" on stdout (stderr for follow, whose stdout is the log);
+# everything else (a chatty .bashrc, say) is ignored by tpuwatch.
+# This script knows nothing of the cloud, of nodes or of other workers.
+
+umask 077
+
+tw_emit() {
+  local kv
+  for kv in "$@"; do
+    kv=${kv//$'\n'/ }
+    printf '@tpuwatch %s\n' "$kv"
+  done
+}
+
+tw_read() {  # first line of a small file, or nothing
+  local line=
+  if [ -f "$1" ]; then
+    IFS= read -r line <"$1" 2>/dev/null
+  fi
+  printf '%s' "$line"
+}
+
+tw_read_num() {  # like tw_read, but only a whole number counts
+  local v
+  v=$(tw_read "$1")
+  case $v in
+    '' | *[!0-9]*) ;;
+    *) printf '%s' "$v" ;;
+  esac
+}
+
+tw_write() {  # replace file $1 by the line $2 atomically (readers never see half a file)
+  printf '%s\n' "$2" >"$1.tmp.$$" && mv -f -- "$1.tmp.$$" "$1"
+}
+
+tw_now_ms() {
+  local t
+  t=$(date +%s%N 2>/dev/null)
+  case $t in
+    *N | '') printf '%s000' "$(date +%s)" ;;
+    *) printf '%s' "${t:0:${#t}-6}" ;;
+  esac
+}
+
+tw_sleep() { sleep "$1" 2>/dev/null || sleep 1; }
+
+# ---- processes ------------------------------------------------------------------------------
+# Liveness is read from /proc/<pid>/stat, never from `kill -0`: an orphan that exits stays a
+# zombie until init reaps it, and some containers' init never does.
+
+tw_stat() {  # sets TW_STATE TW_PPID TW_PGRP TW_SESS for pid $1 (no fork), or fails
+  local s
+  IFS= read -r s 2>/dev/null <"/proc/$1/stat" || return 1
+  s=${s##*) }
+  read -r TW_STATE TW_PPID TW_PGRP TW_SESS _ <<<"$s"
+}
+
+tw_alive() {  # pid $1 exists and is not a zombie
+  tw_stat "$1" || return 1
+  case $TW_STATE in
+    Z | X | x) return 1 ;;
+  esac
+  return 0
+}
+
+tw_ancestors=" "
+tw_find_ancestors() {  # our own shell and everything above it: never signalled
+  local p=$BASHPID
+  tw_ancestors=" $$ $BASHPID "
+  while [ -n "$p" ] && [ "$p" != 0 ] && [ "$p" != 1 ]; do
+    tw_stat "$p" || break
+    p=$TW_PPID
+    tw_ancestors="$tw_ancestors$p "
+  done
+}
+
+tw_session_members() {  # live pids whose session or process group is $1
+  local d p
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    tw_stat "$p" || continue
+    case $TW_STATE in Z | X | x) continue ;; esac
+    if [ "$TW_SESS" = "$1" ] || [ "$TW_PGRP" = "$1" ]; then
+      printf '%s ' "$p"
+    fi
+  done
+}
+
+tw_is_ours() {  # pid $1 runs with TPUWATCH_JOB=$TW_JOB in its environment
+  local e
+  e=$(tr '\0' '\n' <"/proc/$1/environ" 2>/dev/null) || return 1
+  case $'\n'"$e"$'\n' in
+    *$'\n'"TPUWATCH_JOB=$TW_JOB"$'\n'*) return 0 ;;
+  esac
+  return 1
+}
+
+tw_glob_escape() {  # $1 with find -lname's wildcard characters made literal
+  printf '%s' "$1" | sed 's/[][*?\\]/\\&/g'
+}
+
+tw_holders() {  # live pids (not us, not our ancestors) with an open fd matching a -lname glob
+  local args=() g line p out=" "
+  for g in "$@"; do
+    [ ${#args[@]} -gt 0 ] && args+=(-o)
+    args+=(-lname "$g")
+  done
+  [ ${#args[@]} -gt 0 ] || return 0
+  while IFS= read -r line; do
+    p=${line#/proc/}
+    p=${p%%/*}
+    case $p in '' | *[!0-9]*) continue ;; esac
+    case "$tw_ancestors$out" in *" $p "*) continue ;; esac
+    tw_alive "$p" || continue
+    out="$out$p "
+  done < <(find /proc/[0-9]*/fd -mindepth 1 -maxdepth 1 \( "${args[@]}" \) -print 2>/dev/null)
+  out=${out# }
+  printf '%s' "${out% }"
+}
+
+tw_wait_gone() {  # wait up to $1 ms for all pids in $2 to die; prints the survivors
+  local deadline left p
+  deadline=$(($(tw_now_ms) + $1))
+  while :; do
+    left=""
+    for p in $2; do
+      tw_alive "$p" && left="$left$p "
+    done
+    if [ -z "$left" ] || [ "$(tw_now_ms)" -ge "$deadline" ]; then
+      break
+    fi
+    tw_sleep 0.1
+  done
+  printf '%s' "${left% }"
+}
+
+tw_signal() {  # signal $1 to pids $2; a process group -$3 first when given (atomic for it)
+  local p
+  if [ -n "${3:-}" ]; then
+    kill "-$1" -- "-$3" 2>/dev/null
+  fi
+  for p in $2; do
+    if [ -n "${3:-}" ] && tw_stat "$p" && [ "$TW_PGRP" = "$3" ]; then
+      continue  # already signalled through its group
+    fi
+    kill "-$1" "$p" 2>/dev/null || sudo -n kill "-$1" "$p" 2>/dev/null
+  done
+}
+
+tw_terminate() {  # TERM pids $2 (and group $3), wait $1 ms, KILL the rest; prints survivors
+  local left
+  [ -n "$2" ] || return 0
+  tw_signal TERM "$2" "${3:-}"
+  left=$(tw_wait_gone "$1" "$2")
+  [ -n "$left" ] || return 0
+  tw_signal KILL "$left" "${3:-}"
+  tw_wait_gone 5000 "$left"
+}
+
+# ---- the job directory ----------------------------------------------------------------------
+
+tw_need() {
+  local t
+  for t in "$@"; do
+    if ! command -v "$t" >/dev/null 2>&1; then
+      tw_emit result=error "detail=$t is not installed on this worker (tpuwatch needs $*)"
+      return 1
+    fi
+  done
+}
+
+tw_lock_held() {  # some process holds the job lock (probing takes a shared lock for an instant)
+  local rc=1
+  [ -e "$TW_DIR/lock" ] || return 1
+  { flock -n -s 8; rc=$?; } 8<"$TW_DIR/lock" 2>/dev/null
+  [ "$rc" -ne 0 ]
+}
+
+tw_attempt_alive() {  # a process of the current attempt lives: lock holder or pid's session
+  local pid members p
+  tw_lock_held && return 0
+  pid=$(tw_read_num "$TW_DIR/pid")
+  [ -n "$pid" ] || return 1
+  members=$(tw_session_members "$pid")
+  for p in $members; do
+    tw_is_ours "$p" && return 0
+  done
+  return 1
+}
+
+# ---- actions --------------------------------------------------------------------------------
+
+tw_probe() {
+  local attempt pid code state detail=""
+  if [ ! -d "$TW_DIR" ]; then
+    tw_emit result=ok state=absent "detail=no job directory"
+    return 0
+  fi
+  attempt=$(tw_read_num "$TW_DIR/attempt")
+  pid=$(tw_read_num "$TW_DIR/pid")
+  code=$(tw_read_num "$TW_DIR/exit_code")
+  if [ -n "$code" ]; then
+    state=exited
+    if tw_attempt_alive; then detail="the command ended but some of its processes live on"; fi
+  elif tw_attempt_alive; then
+    state=running
+  elif [ -n "$attempt" ]; then
+    state=absent
+    detail="attempt $attempt left no exit code and no process (killed, or the host rebooted)"
+  else
+    state=absent
+    detail="never launched"
+  fi
+  tw_emit result=ok "state=$state" "attempt=$attempt" "pid=$pid" "exit_code=$code" "detail=$detail"
+}
+
+# The wrapper: the attempt's session leader. It runs the command in the foreground so TERM
+# (trapped here, default in the command) reaches the command, then records its exit code.
+tw_wrapper() {
+  local dir=$1 rc
+  tw_write "$dir/pid" "$$"
+  trap ':' TERM INT
+  bash -c "$2"
+  rc=$?
+  tw_write "$dir/exit_code" "$rc"
+  exit "$rc"
+}
+
+tw_launch() {
+  local cur pid code log i
+  tw_need flock setsid nohup || return 1
+  mkdir -p -m 700 -- "$HOME/.tpuwatch" "$TW_DIR" || {
+    tw_emit result=error "detail=cannot create $TW_DIR"
+    return 1
+  }
+  chmod 700 -- "$HOME/.tpuwatch" "$TW_DIR" 2>/dev/null
+  exec 9>>"$TW_DIR/lock" || {
+    tw_emit result=error "detail=cannot open $TW_DIR/lock"
+    return 1
+  }
+  # Waiting a moment lets a concurrent probe's instant shared lock pass; a live attempt
+  # holds the lock for its whole life, so this still refuses it.
+  if ! flock -w 0.5 9; then
+    exec 9>&-
+    cur=$(tw_read_num "$TW_DIR/attempt")
+    code=$(tw_read_num "$TW_DIR/exit_code")
+    pid=$(tw_read_num "$TW_DIR/pid")
+    if [ "$cur" = "$TW_ATTEMPT" ] && [ -z "$code" ]; then
+      tw_emit result=running "attempt=$cur" "pid=$pid"
+    else
+      tw_emit result=busy "attempt=$cur" "pid=$pid" "exit_code=$code" \
+        "detail=processes of attempt ${cur:-?} still hold $TW_DIR/lock; stop them first"
+    fi
+    return 0
+  fi
+  cur=$(tw_read_num "$TW_DIR/attempt")
+  if [ -n "$cur" ] && [ "$cur" -ge "$TW_ATTEMPT" ]; then
+    exec 9>&-
+    if [ "$cur" = "$TW_ATTEMPT" ]; then
+      tw_emit result=ran "attempt=$cur" "exit_code=$(tw_read_num "$TW_DIR/exit_code")"
+    else
+      tw_emit result=newer "attempt=$cur"
+    fi
+    return 0
+  fi
+  rm -f -- "$TW_DIR/exit_code" "$TW_DIR/pid"
+  tw_write "$TW_DIR/attempt" "$TW_ATTEMPT" || {
+    exec 9>&-
+    tw_emit result=error "detail=cannot write $TW_DIR/attempt"
+    return 1
+  }
+  log="$TW_DIR/attempt-$TW_ATTEMPT.log"
+  : >>"$log"
+  chmod 600 -- "$log" "$TW_DIR/lock" "$TW_DIR/attempt" 2>/dev/null
+  # Detached: its own session (setsid), HUP ignored (nohup), stdin not the SSH channel, output
+  # to the log. It inherits fd 9, so the lock is held as long as any process of it lives.
+  env -- "${TW_ENV[@]}" \
+    "TPUWATCH_JOB=$TW_JOB" "TPUWATCH_ATTEMPT=$TW_ATTEMPT" "TPUWATCH_WORKER_ID=$TW_WORKER" \
+    "TPUWATCH_CHECKPOINT=$TW_CHECKPOINT" "TPUWATCH_STEP=$TW_STEP" \
+    setsid nohup bash -c "$(declare -f tw_write tw_wrapper); tw_wrapper \"\$@\"" \
+    tpuwatch-job "$TW_DIR" "$TW_COMMAND" </dev/null >>"$log" 2>&1 &
+  exec 9>&-
+  pid=""
+  for i in $(seq 1 100); do
+    pid=$(tw_read_num "$TW_DIR/pid")
+    [ -n "$pid" ] && break
+    tw_sleep 0.05
+  done
+  tw_emit result=launched "attempt=$TW_ATTEMPT" "pid=$pid"
+}
+
+tw_stop() {
+  local pid="" members="" group="" p ours="" left="" holders="" lockf lstate=absent
+  local grace=${TW_GRACE_MS:-30000}
+  tw_find_ancestors
+  tw_need flock || return 1
+  if [ -d "$TW_DIR" ]; then
+    pid=$(tw_read_num "$TW_DIR/pid")
+    if [ -n "$pid" ]; then
+      # The attempt's session, only while it is still ours (the lock is held, or a member
+      # carries our TPUWATCH_JOB): a pid reused by another program never gets a signal.
+      members=$(tw_session_members "$pid")
+      if [ -n "$members" ]; then
+        if tw_lock_held; then
+          ours=$members
+        else
+          for p in $members; do
+            if tw_is_ours "$p"; then ours=$members; break; fi
+          done
+        fi
+        [ -n "$ours" ] && group=$pid
+      fi
+    fi
+    # Processes that left the session but still hold the job lock are the job's too.
+    for p in $(tw_holders "$(tw_glob_escape "$TW_DIR/lock")"); do
+      case " $ours " in *" $p "*) ;; *) ours="$ours $p" ;; esac
+    done
+    ours=$(echo $ours)
+    if [ -n "$ours" ]; then
+      left=$(tw_terminate "$grace" "$ours" "$group")
+    fi
+  fi
+  # Orphans still holding the TPU: /dev/accel* (v2-v4) and /dev/vfio/* (v5+).
+  local root=${TPUWATCH_HOST_ROOT:-} eroot
+  root=${root%/}
+  if [ -n "$root" ]; then
+    root=$(cd -- "$root" 2>/dev/null && pwd -P) || root=${TPUWATCH_HOST_ROOT%/}
+  fi
+  eroot=$(tw_glob_escape "$root")
+  holders=$(tw_holders "$eroot/dev/accel*" "$eroot/dev/vfio/*")
+  if [ -n "$holders" ]; then
+    left="$left $(tw_terminate "$grace" "$holders")"
+  fi
+  # A crashed libtpu leaves its lockfile; stale when no live process has it open or locked.
+  lockf="$root/tmp/libtpu_lockfile"
+  if [ -e "$lockf" ] || [ -L "$lockf" ]; then
+    local lholders rc=1
+    lholders=$(tw_holders "$(tw_glob_escape "$lockf")")
+    if [ -z "$lholders" ]; then
+      { flock -n 7; rc=$?; } 7<"$lockf" 2>/dev/null
+      [ -L "$lockf" ] && rc=0
+    fi
+    if [ -z "$lholders" ] && [ "$rc" = 0 ]; then
+      if rm -f -- "$lockf" 2>/dev/null || sudo -n rm -f -- "$lockf" 2>/dev/null; then
+        lstate=removed
+      else
+        lstate="stale, cannot remove"
+      fi
+    else
+      lstate="held${lholders:+ by $lholders}"
+    fi
+  fi
+  left=$(echo $left)
+  tw_emit "result=$([ -z "$left" ] && echo ok || echo leftover)" "stopped=$ours" \
+    "device_holders=$holders" "libtpu_lockfile=$lstate" "leftover=$left"
+}
+
+tw_follow() {
+  # Stream attempt-<n>.log from byte TW_OFFSET until the attempt ends; the exit code goes to
+  # stderr as "@tpuwatch exit_code=N". Polling file sizes (not `tail --pid`) keeps working when
+  # the wrapper is a zombie nobody reaps.
+  local log="$TW_DIR/attempt-$TW_ATTEMPT.log" off=${TW_OFFSET:-0} size code cur final=0
+  local poll=${TW_POLL:-0.2} parent
+  tw_stat "$BASHPID" && parent=$TW_PPID
+  cur=$(tw_read_num "$TW_DIR/attempt")
+  if [ "$cur" != "$TW_ATTEMPT" ] || [ ! -f "$log" ]; then
+    tw_emit result=error "detail=attempt $TW_ATTEMPT is not the current attempt here (${cur:-none})" >&2
+    return 3
+  fi
+  while :; do
+    size=$(stat -c %s -- "$log" 2>/dev/null) || size=$off
+    if [ "$size" -gt "$off" ]; then
+      tail -c "+$((off + 1))" -- "$log" | head -c "$((size - off))" || return 4
+      off=$size
+      continue
+    fi
+    [ $final = 1 ] && break
+    code=$(tw_read_num "$TW_DIR/exit_code")
+    cur=$(tw_read_num "$TW_DIR/attempt")
+    if [ -n "$code" ] || [ "$cur" != "$TW_ATTEMPT" ] || ! tw_attempt_alive; then
+      final=1  # one more read: the last output may have landed just before the exit code
+      continue
+    fi
+    # Reparented: the SSH session is gone, nobody reads us any more.
+    if tw_stat "$BASHPID" && [ "$TW_PPID" != "$parent" ]; then
+      return 5
+    fi
+    tw_sleep "$poll"
+  done
+  if [ "$cur" != "$TW_ATTEMPT" ]; then
+    tw_emit result=replaced "attempt=$cur" >&2
+  elif [ -n "$code" ]; then
+    tw_emit result=ok "exit_code=$code" >&2
+  else
+    tw_emit result=gone "detail=attempt $TW_ATTEMPT ended without an exit code" >&2
+  fi
+}
+
+tw_main() {
+  case ${TW_JOB:-} in
+    '' | . | .. | */*)
+      tw_emit result=error "detail=bad job name"
+      return 2
+      ;;
+  esac
+  TW_DIR="$HOME/.tpuwatch/$TW_JOB"
+  case ${TW_ACTION:-} in
+    probe) tw_probe ;;
+    launch) tw_launch ;;
+    stop) tw_stop ;;
+    follow) tw_follow ;;
+    *)
+      tw_emit result=error "detail=unknown action ${TW_ACTION:-}"
+      return 2
+      ;;
+  esac
+}
+
+tw_main

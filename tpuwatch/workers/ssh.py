@@ -1,0 +1,489 @@
+"""Running one remote command on many workers at once: the OpenSSH and gcloud transports.
+
+A transport turns (node, worker, remote command) into an argv; `run_on_workers` runs those in
+parallel threads with each worker's stdin, and `stream` follows one long-running session.
+Results are per worker (exit code, stdout, stderr tail) with ssh's own failures told apart
+from the remote command's: unreachable (exit 255 and a connection error), authentication,
+a changed host key, a timeout.
+
+OpenSSH pins host keys per node id: its own known_hosts file (in the state dir) and
+`HostKeyAlias=tpuwatch-<node id>-w<i>` with `StrictHostKeyChecking=accept-new`. A recreated node
+has a new id, so its new keys are accepted once; a changed key under the same id is refused.
+
+This module knows nothing of what the command does (see protocol.py) nor of jobs or policy.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import shlex
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from tpuwatch.errors import ConfigError
+from tpuwatch.model import NodeSnapshot, WorkerEndpoint
+
+Failure = Literal["", "unreachable", "auth", "host_key", "timeout", "missing"]
+SSH_ERROR = 255
+STDERR_TAIL = 4000
+MAX_PARALLEL = 64
+
+# ssh's own words for "could not talk to the host at all" (and for a connection that broke)
+_UNREACHABLE = re.compile(
+    r"Connection refused|Connection timed out|timed out|No route to host|Network is unreachable"
+    r"|Could not resolve hostname|Name or service not known|Temporary failure in name resolution"
+    r"|Connection closed by|Connection reset|closed by remote host|Broken pipe"
+    r"|kex_exchange_identification|Timeout, server .* not responding|Host is down"
+    r"|connect to host|Connection to .* closed|client_loop: send disconnect",
+    re.IGNORECASE,
+)
+_HOST_KEY = re.compile(
+    r"REMOTE HOST IDENTIFICATION HAS CHANGED|Host key verification failed|Host key for .* has changed",
+    re.IGNORECASE,
+)
+_AUTH = re.compile(
+    r"Permission denied \(|Too many authentication failures|Load key .*:|no such identity"
+    r"|UNPROTECTED PRIVATE KEY FILE|bad permissions",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class SshResult:
+    """One worker's answer to one command."""
+
+    worker: int
+    address: str
+    exit_code: int | None  # None when it timed out or ssh could not be started
+    stdout: str
+    stderr: str  # the tail
+    failure: Failure = ""  # "" when ssh worked: exit_code is then the remote command's
+    message: str = ""  # for failures: what happened and what to do
+
+    @property
+    def ok(self) -> bool:
+        return self.failure == "" and self.exit_code == 0
+
+    @property
+    def reached(self) -> bool:
+        """ssh connected and the remote command ran to its end."""
+        return self.failure == ""
+
+    def stderr_tail(self, lines: int = 5) -> str:
+        return "\n".join(self.stderr.strip().splitlines()[-lines:])
+
+
+class Transport(Protocol):
+    """How to reach a worker: an argv for (node, worker, remote command)."""
+
+    name: str
+
+    def check(self) -> None:
+        """Raise ConfigError for a local setup that cannot work (an unreadable key)."""
+
+    def argv(self, node: NodeSnapshot, worker: WorkerEndpoint, remote_command: str) -> list[str]: ...
+
+    def describe_failure(self, node: NodeSnapshot, worker: WorkerEndpoint, failure: Failure,
+                         stderr: str) -> str: ...
+
+
+def check_identity_file(path: str, key: str = "ssh.identity_file") -> None:
+    """ConfigError naming `key` when the private key cannot be used by ssh."""
+    if not path:
+        return
+    p = Path(os.path.expanduser(path))
+    if not p.exists():
+        raise ConfigError(
+            f"{key}: {str(p)!r} does not exist; point it at your private key "
+            "(gcloud makes ~/.ssh/google_compute_engine on its first `gcloud compute tpus tpu-vm ssh`)"
+        )
+    if p.is_dir():
+        raise ConfigError(f"{key}: {str(p)!r} is a directory, not a private key file")
+    try:
+        with open(p, "rb") as f:
+            f.read(1)
+    except OSError as exc:
+        raise ConfigError(f"{key}: {str(p)!r} is not readable ({exc.strerror}); fix its permissions") from None
+    st = p.stat()
+    if st.st_uid == os.getuid() and st.st_mode & 0o077:
+        # ssh silently ignores such a key and then fails with "Permission denied"
+        raise ConfigError(
+            f"{key}: {str(p)!r} is readable by other users (mode {st.st_mode & 0o777:o}) and ssh "
+            f"will refuse it; run `chmod 600 {shlex.quote(str(p))}`"
+        )
+
+
+def classify(exit_code: int | None, stderr: str) -> Failure:
+    """Tell ssh's own failures from the remote command's exit status."""
+    if exit_code != SSH_ERROR:
+        return ""
+    if _HOST_KEY.search(stderr):
+        return "host_key"
+    if _AUTH.search(stderr):
+        return "auth"
+    # 255 is ssh's own status; remote.sh never exits 255, so any 255 means ssh failed. It is
+    # "unreachable" (retry later) unless the text says it is a configuration problem.
+    return "unreachable"
+
+
+class OpenSsh:
+    """The system `ssh` client, one connection per worker."""
+
+    name = "openssh"
+
+    def __init__(
+        self,
+        *,
+        known_hosts: str | Path,
+        user: str = "",
+        identity_file: str = "",
+        port: int = 22,
+        internal_ip: bool = False,
+        connect_timeout: float = 10.0,
+        options: Sequence[str] = (),
+        server_alive_interval: int = 15,
+        server_alive_count: int = 3,
+        binary: str = "ssh",
+    ) -> None:
+        self.known_hosts = Path(os.path.expanduser(str(known_hosts)))
+        self.user = user or getpass.getuser()
+        self.identity_file = os.path.expanduser(identity_file) if identity_file else ""
+        self.port = port
+        self.internal_ip = internal_ip
+        self.connect_timeout = connect_timeout
+        self.options = tuple(options)
+        self.server_alive_interval = server_alive_interval
+        self.server_alive_count = server_alive_count
+        self.binary = binary
+
+    @classmethod
+    def from_config(cls, ssh: Mapping[str, Any], state_dir: Path, **kw: Any) -> OpenSsh:
+        return cls(
+            known_hosts=ssh.get("known_hosts") or (Path(state_dir) / "known_hosts"),
+            user=ssh.get("user", ""),
+            identity_file=ssh.get("identity_file", ""),
+            port=int(ssh.get("port", 22)),
+            internal_ip=bool(ssh.get("internal_ip", False)),
+            connect_timeout=float(ssh.get("connect_timeout", 10.0)),
+            options=tuple(ssh.get("options", ())),
+            **kw,
+        )
+
+    def check(self) -> None:
+        check_identity_file(self.identity_file)
+        parent = self.known_hosts.parent
+        try:
+            parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"ssh.known_hosts: cannot create {str(parent)!r} ({exc.strerror}); set "
+                "TPUWATCH_STATE_DIR or ssh.known_hosts to a writable place"
+            ) from None
+
+    @staticmethod
+    def host_alias(node: NodeSnapshot, worker: WorkerEndpoint) -> str:
+        return f"tpuwatch-{node.id or node.name}-w{worker.index}"
+
+    def argv(self, node: NodeSnapshot, worker: WorkerEndpoint, remote_command: str) -> list[str]:
+        address = worker.address(self.internal_ip)
+        opts = [
+            "BatchMode=yes",
+            f"ConnectTimeout={max(1, int(self.connect_timeout))}",
+            f"ServerAliveInterval={self.server_alive_interval}",
+            f"ServerAliveCountMax={self.server_alive_count}",
+            f"UserKnownHostsFile={self.known_hosts}",
+            "GlobalKnownHostsFile=/dev/null",
+            f"HostKeyAlias={self.host_alias(node, worker)}",
+            "StrictHostKeyChecking=accept-new",
+            "HashKnownHosts=no",
+            "UpdateHostKeys=no",
+            "CheckHostIP=no",
+            "LogLevel=ERROR",
+        ]
+        if self.identity_file:
+            opts.append("IdentitiesOnly=yes")
+        argv = [self.binary, "-T", "-p", str(self.port), "-l", self.user]
+        if self.identity_file:
+            argv += ["-i", self.identity_file]
+        # User options first: for ssh the first value of an option wins, so the user can
+        # override ours (say ConnectTimeout) but not drop the host-key pinning by accident.
+        for o in self.options:
+            argv += ["-o", o]
+        for o in opts:
+            argv += ["-o", o]
+        argv += ["--", address, remote_command]
+        return argv
+
+    def describe_failure(self, node: NodeSnapshot, worker: WorkerEndpoint, failure: Failure,
+                         stderr: str) -> str:
+        where = f"worker {worker.index} of {node.name}"
+        address = worker.address(self.internal_ip)
+        last = _last_line(stderr)
+        if failure == "host_key":
+            alias = self.host_alias(node, worker)
+            return (
+                f"{where} (node id {node.id}, {address}) presented a host key that differs from "
+                f"the one pinned for this node id in {self.known_hosts}. A recreated node gets "
+                "a new id (and its new keys are accepted once), so this is the same node with a "
+                "new key: check who changed the VM. If you trust the new key, remove the old one with "
+                f"`ssh-keygen -R {alias} -f {shlex.quote(str(self.known_hosts))}` and retry"
+            )
+        if failure == "auth":
+            return (
+                f"{where} ({address}) refused the login as {self.user!r}"
+                + (f" with {self.identity_file}" if self.identity_file else "")
+                + f" ({last}); check ssh.user and ssh.identity_file, and that the public key is "
+                "in the project or node metadata (or use ssh.transport = \"gcloud\" with OS Login)"
+            )
+        if failure == "timeout":
+            return f"{where} ({address}) did not finish in time ({last or 'no output'})"
+        if failure == "missing":
+            return f"cannot run {self.binary!r}: {last}; install the OpenSSH client"
+        hint = "" if self.internal_ip else "; if tpuwatch runs inside the VPC, set ssh.internal_ip = true"
+        return (
+            f"{where} is unreachable at {address}:{self.port} ({last or 'ssh exit 255'}); "
+            f"check the node is READY, the firewall allows SSH{hint}"
+        )
+
+
+class GcloudSsh:
+    """`gcloud compute tpus tpu-vm ssh NAME --worker=N --command ...` for OS Login / IAP users.
+
+    gcloud manages keys and host keys itself (it pins them per node id and worker too). Not
+    exercised against the simulator: it reaches the TPU API over REST, which the simulator
+    does not serve yet.
+    """
+
+    name = "gcloud"
+
+    def __init__(
+        self,
+        *,
+        user: str = "",
+        identity_file: str = "",
+        internal_ip: bool = False,
+        connect_timeout: float = 10.0,
+        options: Sequence[str] = (),
+        server_alive_interval: int = 15,
+        server_alive_count: int = 3,
+        binary: str = "gcloud",
+    ) -> None:
+        self.user = user
+        self.identity_file = os.path.expanduser(identity_file) if identity_file else ""
+        self.internal_ip = internal_ip
+        self.connect_timeout = connect_timeout
+        self.options = tuple(options)
+        self.server_alive_interval = server_alive_interval
+        self.server_alive_count = server_alive_count
+        self.binary = binary
+
+    @classmethod
+    def from_config(cls, ssh: Mapping[str, Any], **kw: Any) -> GcloudSsh:
+        return cls(
+            user=ssh.get("user", ""),
+            identity_file=ssh.get("identity_file", ""),
+            internal_ip=bool(ssh.get("internal_ip", False)),
+            connect_timeout=float(ssh.get("connect_timeout", 10.0)),
+            options=tuple(ssh.get("options", ())),
+            **kw,
+        )
+
+    def check(self) -> None:
+        # gcloud creates ~/.ssh/google_compute_engine itself when it is missing; only a key
+        # that exists and cannot be read is an error here.
+        if self.identity_file and os.path.exists(self.identity_file):
+            check_identity_file(self.identity_file)
+
+    def argv(self, node: NodeSnapshot, worker: WorkerEndpoint, remote_command: str) -> list[str]:
+        target = f"{self.user}@{node.name}" if self.user else node.name
+        argv = [
+            self.binary, "compute", "tpus", "tpu-vm", "ssh", target,
+            f"--zone={node.zone}", f"--project={node.project}", f"--worker={worker.index}",
+            f"--command={remote_command}", "--quiet",
+        ]
+        if self.internal_ip:
+            argv.append("--internal-ip")
+        if self.identity_file:
+            argv.append(f"--ssh-key-file={self.identity_file}")
+        flags = [
+            "-T",
+            "-oBatchMode=yes",
+            f"-oConnectTimeout={max(1, int(self.connect_timeout))}",
+            f"-oServerAliveInterval={self.server_alive_interval}",
+            f"-oServerAliveCountMax={self.server_alive_count}",
+            "-oLogLevel=ERROR",
+        ] + [f"-o{o}" for o in self.options]
+        argv += [f"--ssh-flag={f}" for f in flags]
+        return argv
+
+    def describe_failure(self, node: NodeSnapshot, worker: WorkerEndpoint, failure: Failure,
+                         stderr: str) -> str:
+        last = _last_line(stderr)
+        where = f"worker {worker.index} of {node.name}"
+        if failure == "host_key":
+            return (f"{where}: gcloud refused a changed host key ({last}); see "
+                    "~/.ssh/google_compute_known_hosts")
+        if failure == "auth":
+            return f"{where}: login refused ({last}); check OS Login / gcloud auth and ssh.user"
+        if failure == "missing":
+            return f"cannot run {self.binary!r}: {last}; install the Google Cloud CLI"
+        return f"{where} unreachable through gcloud ({last or 'exit 255'})"
+
+
+def transport_from_config(ssh: Mapping[str, Any], state_dir: Path, **kw: Any) -> OpenSsh | GcloudSsh:
+    if ssh.get("transport", "openssh") == "gcloud":
+        return GcloudSsh.from_config(ssh, **kw)
+    return OpenSsh.from_config(ssh, state_dir, **kw)
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("@tpuwatch")]
+    return lines[-1] if lines else ""
+
+
+def _decode(data: bytes | None) -> str:
+    return (data or b"").decode("utf-8", errors="replace")
+
+
+def run_one(
+    transport: Transport,
+    node: NodeSnapshot,
+    worker: WorkerEndpoint,
+    stdin: bytes,
+    *,
+    remote_command: str,
+    timeout: float,
+) -> SshResult:
+    argv = transport.argv(node, worker, remote_command)
+    address = worker.address(getattr(transport, "internal_ip", False))
+    try:
+        # Own session: a Ctrl-C meant for tpuwatch must not kill a launch half-way.
+        proc = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout,
+                              start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        err = _decode(exc.stderr if isinstance(exc.stderr, bytes) else None)
+        return SshResult(worker.index, address, None, _decode(exc.stdout if isinstance(exc.stdout, bytes) else None),
+                         err[-STDERR_TAIL:], "timeout",
+                         transport.describe_failure(node, worker, "timeout", err))
+    except OSError as exc:
+        return SshResult(worker.index, address, None, "", str(exc), "missing",
+                         transport.describe_failure(node, worker, "missing", str(exc)))
+    err = _decode(proc.stderr)
+    failure = classify(proc.returncode, err)
+    message = transport.describe_failure(node, worker, failure, err) if failure else ""
+    return SshResult(worker.index, address, proc.returncode, _decode(proc.stdout),
+                     err[-STDERR_TAIL:], failure, message)
+
+
+def run_on_workers(
+    transport: Transport,
+    node: NodeSnapshot,
+    workers: Sequence[WorkerEndpoint],
+    stdin: bytes | Callable[[WorkerEndpoint], bytes],
+    *,
+    remote_command: str,
+    timeout: float,
+) -> list[SshResult]:
+    """Run `remote_command` on every worker at once; results in the order of `workers`."""
+    if not workers:
+        return []
+
+    def one(w: WorkerEndpoint) -> SshResult:
+        data = stdin(w) if callable(stdin) else stdin
+        return run_one(transport, node, w, data, remote_command=remote_command, timeout=timeout)
+
+    if len(workers) == 1:
+        return [one(workers[0])]
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(workers)),
+                            thread_name_prefix="tpuwatch-ssh") as pool:
+        return list(pool.map(one, workers))
+
+
+class Stream:
+    """One long-running remote command whose stdout is handed over as it arrives."""
+
+    def __init__(self, transport: Transport, node: NodeSnapshot, worker: WorkerEndpoint,
+                 stdin: bytes, *, remote_command: str) -> None:
+        self._transport = transport
+        self._node = node
+        self._worker = worker
+        self._stdin = stdin
+        self._argv = transport.argv(node, worker, remote_command)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def run(self, on_data: Callable[[bytes], None]) -> SshResult:
+        """Run to the end (or until close()), calling on_data for every chunk of stdout."""
+        address = self._worker.address(getattr(self._transport, "internal_ip", False))
+        with self._lock:
+            if self._closed:
+                return SshResult(self._worker.index, address, None, "", "", "timeout", "closed")
+            try:
+                proc = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, start_new_session=True)
+            except OSError as exc:
+                return SshResult(self._worker.index, address, None, "", str(exc), "missing",
+                                 self._transport.describe_failure(self._node, self._worker, "missing", str(exc)))
+            self._proc = proc
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        err_chunks: list[bytes] = []
+        err_fd = proc.stderr.fileno()
+
+        def read_err() -> None:
+            while True:
+                try:
+                    chunk = os.read(err_fd, 65536)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                err_chunks.append(chunk)
+
+        t = threading.Thread(target=read_err, name="tpuwatch-ssh-stderr", daemon=True)
+        t.start()
+        try:
+            proc.stdin.write(self._stdin)
+            proc.stdin.close()
+        except OSError:
+            pass  # ssh died at once; its stderr says why
+        fd = proc.stdout.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            on_data(chunk)
+        rc = proc.wait()
+        t.join(timeout=5)
+        proc.stdout.close()
+        proc.stderr.close()
+        err = _decode(b"".join(err_chunks))
+        failure = classify(rc, err)
+        if self._closed and rc != 0:
+            failure = failure or "timeout"
+        msg = self._transport.describe_failure(self._node, self._worker, failure, err) if failure else ""
+        return SshResult(self._worker.index, address, rc, "", err[-STDERR_TAIL:], failure, msg)
+
+    def close(self) -> None:
+        """End the session from our side (the remote job is not touched)."""
+        with self._lock:
+            self._closed = True
+            proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            deadline = time.monotonic() + 2
+            while proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if proc.poll() is None:
+                proc.kill()
