@@ -1,0 +1,143 @@
+"""`tpuwatch init NAME`: read a live TPU and write tpuwatch.toml with its spec captured.
+
+Reads: one v2alpha1 get of the node (plus one get of its queued resource when it came from
+one). Writes: the config file only, never the node - except with `--adopt`, which adds the
+ownership label `tpuwatch-job=<job>` to the live node (one update_node, labels only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import click
+
+from tpuwatch import spec as specmod
+from tpuwatch.errors import JobFailed, NotFoundError, UsageError
+
+HELP = """Read an existing TPU and write tpuwatch.toml with everything needed to create
+it again ([tpu.spec]: accelerator, runtime version, network, service account, scheduling,
+labels, metadata, tags, data disks, shielded VM, boot disk) and its queued resource when it
+came from one. The spec gets the ownership label tpuwatch-job=<job>; the live node does not,
+unless --adopt is given.
+
+\b
+Examples:
+  tpuwatch init llm-pod --zone us-central2-b
+  tpuwatch init llm-pod -o ~/jobs/llm.toml --job llm-run-3 --adopt
+
+Exit codes: 0 written, 1 no such TPU (or it belongs to another job), 2 bad usage or the file
+exists (use --force), 3 cloud API error.
+"""
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _job_name(job: str | None, name: str) -> str:
+    from tpuwatch.config import _LABEL_VALUE
+
+    value = job or name
+    if not _LABEL_VALUE.match(value):
+        raise UsageError(
+            f"--job: {value!r} is not a valid job name (lowercase letters, digits, - and _, up to 63); "
+            "it becomes the tpuwatch-job label value"
+        )
+    return value
+
+
+@click.command(name="init", help=HELP)
+@click.argument("name")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("tpuwatch.toml"),
+              show_default=True, help="Config file to write.")
+@click.option("--job", help="Job name (default: the TPU name): names the journal and the ownership label.")
+@click.option("--adopt", is_flag=True, help="Also put the label tpuwatch-job=<job> on the live TPU, so "
+              "tpuwatch may delete and recreate it.")
+@click.option("--force", is_flag=True, help="Overwrite an existing config file.")
+@click.option("--project", help="GCP project (default: env, gcloud).")
+@click.option("--zone", help="Zone, e.g. us-central2-b (default: env, gcloud).")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+def command(name: str, output: Path, job: str | None, adopt: bool, force: bool, project: str | None,
+            zone: str | None, as_json: bool) -> None:
+    from tpuwatch.cloud.location import resolve
+    from tpuwatch.cloud.tpu import TpuAdapter
+    from tpuwatch.config import load_config
+    from tpuwatch.recreate import set_owner_label, wait_operation
+
+    out = Path(os.path.expanduser(str(output)))
+    if out.exists() and not force:
+        raise UsageError(f"{out} already exists; pass --force to overwrite it, or -o another file")
+    if out.is_dir():
+        raise UsageError(f"-o: {out} is a directory; give a file name such as {out / 'tpuwatch.toml'}")
+    job_name = _job_name(job, name)
+    loc = resolve(project, zone)
+    assert loc.zone is not None
+    api = TpuAdapter(loc.project, loc.zone)
+
+    node = api.get_node_message(name)
+    if node is None:
+        raise NotFoundError(
+            f"no TPU named {name} in {loc.project}/{loc.zone} (check the name, --project and --zone; "
+            "`tpuwatch status --all` lists the zone)"
+        )
+    have = specmod.OWNER_LABEL in node.labels and node.labels[specmod.OWNER_LABEL]
+    if adopt and have and have != job_name:
+        raise JobFailed(
+            f"TPU {name} already belongs to job {have!r} ({specmod.OWNER_LABEL}={have}); "
+            f"use --job {have}, or remove that label first if the other job is gone"
+        )
+    spec = specmod.capture(node, job_name)
+    qr_short = ""
+    if node.queued_resource:
+        qr_short = node.queued_resource.rsplit("/", 1)[-1]
+        qr = api.get_queued_resource(node.queued_resource)
+        if qr is not None:
+            spec.update(specmod.capture_queued_resource(qr))
+    metadata = dict(node.metadata)
+    text = specmod.render_config(
+        name=name, project=loc.project, zone=loc.zone, spec=spec, queued_resource=qr_short,
+        command=metadata.get("tpuwatch-command", ""), checkpoint_dir=metadata.get("tpuwatch-checkpoint-dir", ""),
+        source=f"projects/{loc.project}/locations/{loc.zone}/nodes/{name}",
+    )
+    _write_atomic(out, text)
+    load_config(out)  # what we write must load; a failure here is a bug worth a loud message
+
+    adopted = False
+    if adopt and have != job_name:
+        op = set_owner_label(api, name, dict(node.labels), job_name)
+        status = wait_operation(api, op, timeout=600, what=f"labelling {name}")
+        if status.error_code:
+            raise JobFailed(f"adding the label {specmod.OWNER_LABEL}={job_name} to {name} failed: "
+                            f"{status.error_message}")
+        adopted = True
+
+    if as_json:
+        click.echo(json.dumps({"path": str(out), "job": job_name, "spec": spec, "queued_resource": qr_short,
+                               "adopted": adopted, "owned": adopted or have == job_name}, indent=2))
+        return
+    lines = [f"wrote {out} for TPU {name} ({loc.project}/{loc.zone}), job {job_name}"]
+    if qr_short:
+        lines.append(f"  came from queued resource {qr_short}; recreate will go through a queued resource too")
+    if adopted:
+        lines.append(f"  labelled the live TPU {specmod.OWNER_LABEL}={job_name}: tpuwatch may now recreate it")
+    elif have == job_name:
+        lines.append(f"  the live TPU already carries {specmod.OWNER_LABEL}={job_name}")
+    else:
+        lines.append(f"  the live TPU has no {specmod.OWNER_LABEL}={job_name} label, so tpuwatch will not delete "
+                     f"it; run `tpuwatch init {name} --adopt --force` to allow that")
+    lines.append("  next: edit [job] command and checkpoint_dir, set tpu.startup_script, then `tpuwatch watch -c "
+                 f"{out}`")
+    click.echo("\n".join(lines))

@@ -1,0 +1,218 @@
+"""`tpuwatch recreate NAME`: a person's delete + create of the TPU from the saved spec.
+
+Order, and why: the config, spec and startup script are validated and the create request is
+built *before* anything is deleted (a bad config must not leave the user with no TPU); the
+ownership label is checked before any change; the delete is waited for and the name seen
+free before the create starts (never a create while a delete of the same name is pending);
+one create at a time, the next zone in `fallback_zones` only after the last one failed for
+lack of capacity or quota. `--dry-run` prints the exact requests and changes nothing.
+
+Calls: one get, then (not dry-run) delete + operation polls, gets until the name is free,
+create + operation polls, one get of the new node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tpuwatch.errors import JobFailed, UsageError
+
+HELP = """Delete the TPU and create it again from [tpu.spec] in the config, with
+tpu.startup_script as its startup-script metadata. Asks for confirmation unless --yes.
+
+Refuses a TPU that does not carry the label tpuwatch-job=<job> (add it with
+`tpuwatch init NAME --adopt`, or pass --adopt here). On no capacity or quota in the zone,
+tries each of tpu.fallback_zones once; `tpuwatch watch` is the one that waits and retries.
+
+\b
+--dry-run prints {"delete": request or null, "create": request} as JSON and changes nothing.
+
+Exit codes: 0 recreated (or dry run), 1 refused, failed, or no capacity anywhere,
+2 bad usage or config (or no terminal to confirm on: pass --yes), 3 cloud API error.
+"""
+
+
+def _latest_checkpoint(cfg: Any) -> dict[str, str]:
+    """attempt/checkpoint/step for the startup script, as far as they are known here."""
+    out: dict[str, str] = {}
+    ckdir = str(cfg.job.get("checkpoint_dir") or "")
+    if ckdir:
+        from tpuwatch.checkpoints import CheckpointDir
+        from tpuwatch.errors import TpuwatchError
+
+        try:
+            latest = CheckpointDir(ckdir, cfg.job.get("checkpoint_layout", "auto")).latest()
+        except TpuwatchError as exc:
+            click.echo(f"warning: checkpoints not read ({exc}); the startup script will start "
+                       "without a checkpoint", err=True)
+            latest = None
+        if latest is not None:
+            out["checkpoint"], out["step"] = latest.path, str(latest.step)
+    # TODO(journal): when tpuwatch/journal.py exists, add "attempt" = the journal's next attempt
+    # number, so the boot-time launch and the watcher's launch are the same attempt.
+    return out
+
+
+@click.command(name="recreate", help=HELP)
+@click.argument("name")
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("tpuwatch.toml"), show_default=True, help="Config with [tpu.spec].")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--dry-run", is_flag=True, help="Print the delete and create requests; change nothing.")
+@click.option("--adopt", is_flag=True, help="Delete the TPU even without the tpuwatch-job label.")
+@click.option("--project", help="GCP project (default: config, env, gcloud).")
+@click.option("--zone", help="Zone (default: config, env, gcloud).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool, project: str | None,
+            zone: str | None, as_json: bool) -> None:
+    from tpuwatch import recreate as rc
+    from tpuwatch.cloud.location import resolve
+    from tpuwatch.cloud.tpu import TpuAdapter
+    from tpuwatch.config import load_config
+
+    cfg = load_config(config_path, require_command=False)
+    if name != cfg.tpu_name:
+        raise UsageError(f"recreate: {name!r} is not the TPU of {config_path} (tpu.name = {cfg.tpu_name!r}); "
+                         "pass the matching -c config")
+    loc = resolve(project, zone, config_project=cfg.tpu["project"], config_zone=cfg.tpu["zone"])
+    assert loc.zone is not None
+    api = TpuAdapter(loc.project, loc.zone)
+    job = cfg.job_name
+    launch = _latest_checkpoint(cfg)
+    queued = str(cfg.tpu.get("queued_resource") or "")
+    if queued:  # validates before any change
+        create = rc.qr_request_json(cfg, loc.zone, loc.project, launch)
+    else:
+        create = rc.create_request_json(cfg, loc.zone, loc.project, launch)
+
+    zones = [loc.zone, *[z for z in cfg.tpu.get("fallback_zones", ()) if z != loc.zone]]
+    for z in zones[1:]:
+        # An unknown fallback zone must stop us before the delete, not after it.
+        try:
+            TpuAdapter(loc.project, z).list_nodes()
+        except UsageError as exc:
+            raise UsageError(f"tpu.fallback_zones: {z!r} cannot be used: {exc}") from None
+
+    node = api.get_node(name)
+    if node is not None and not adopt and not rc.owned(node, job):
+        raise rc.ownership_error(node, job)
+    delete: dict[str, Any] | None = None
+    qr_now = rc.queued_status(api, queued) if queued else None
+    if qr_now is not None and qr_now.state:
+        delete = {"method": "google.cloud.tpu.v2.Tpu.DeleteQueuedResource", "name": qr_now.name, "force": True}
+    elif node is not None:
+        delete = {"method": "google.cloud.tpu.v2.Tpu.DeleteNode", "name": node.full_name}
+
+    if dry_run:
+        click.echo(json.dumps({"delete": delete, "create": create}, indent=2))
+        return
+
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError("recreate: no terminal to ask for confirmation on; pass --yes to recreate "
+                             "without asking (or --dry-run to see the requests)")
+        what = (f"Delete TPU {name} (id {node.id}, {node.state}) in {loc.project}/{loc.zone} and create it again"
+                if node is not None else f"TPU {name} does not exist in {loc.project}/{loc.zone}. Create it")
+        click.confirm(f"{what} from {config_path}?", abort=True)
+
+    # TODO(journal): journal "delete started"/"delete done"/"create started"/"create done" with
+    # the operation names when tpuwatch/journal.py exists, so a watcher resumes from them.
+    say = (lambda text: click.echo(text, err=True)) if as_json else click.echo
+    old_id = node.id if node is not None else None
+    if qr_now is not None and qr_now.state:
+        if node is not None and not adopt and not rc.owned(node, job):  # checked above; kept next to the act
+            raise rc.ownership_error(node, job)
+        op = rc.start_qr_delete(api, queued)
+        say(f"deleting queued resource {queued} and its TPU {name} (force): {op}")
+        _wait_done(rc, api, op, f"delete of queued resource {queued}")
+        _wait_until(lambda: not rc.queued_status(api, queued).state and api.get_node(name) is None,
+                    f"queued resource {queued} still exists after its delete finished")
+    elif node is not None:
+        op = rc.start_delete(api, node, job, adopt=adopt)
+        say(f"deleting {name} (id {node.id}): {op}")
+        _wait_done(rc, api, op, f"delete of {name}")
+        rc.wait_node_gone(api, name)
+
+    failures: list[str] = []
+    for z in zones:
+        zapi = TpuAdapter(loc.project, z)
+        try:
+            op = rc.start_qr_create(zapi, cfg, z, launch=launch) if queued else rc.start_create(api, cfg, z, launch=launch)
+        except rc.CreateRejected as exc:
+            if not exc.failure.queueable:
+                raise
+            failures.append(f"{z}: {exc.failure.message}")
+            say(f"create in {z} refused: {exc.failure.message}")
+            continue
+        say(f"creating {name} in {z}" + (f" through queued resource {queued}" if queued else "") + f": {op}")
+        failure = None
+        if op:
+            status = rc.wait_operation(api, op, timeout=3600, what=f"create of {name} in {z}")
+            failure = rc.classify_operation(status, started_by_us=True)
+        if queued and failure is None:
+            failure = _wait_queued(rc, zapi, queued, z)
+        if failure is None or failure.kind == "exists":
+            new = zapi.get_node(name)
+            new_id = new.id if new is not None else ""
+            if as_json:
+                click.echo(json.dumps({"name": name, "project": loc.project, "zone": z, "old_id": old_id,
+                                       "new_id": new_id, "state": new.state if new else "",
+                                       "queued_resource": queued or None}, indent=2))
+            else:
+                note = "" if z == loc.zone else f" (fallback zone: set tpu.zone = \"{z}\" in {config_path})"
+                say(f"recreated {name} in {z}{note}: new id {new_id}" + (f" (was {old_id})" if old_id else ""))
+            return
+        if not failure.queueable:
+            raise JobFailed(f"create of {name} in {z} failed: {failure.code}: {failure.message}")
+        failures.append(f"{z}: {failure.message}")
+        say(f"create in {z} failed: {failure.message}")
+    raise JobFailed(
+        f"could not create {name}: no capacity or quota in {', '.join(zones)} ({'; '.join(failures)}). "
+        f"The old TPU is deleted; run `tpuwatch recreate {name} --yes` again later, or let `tpuwatch watch` "
+        "queue the create until recovery.queue_timeout"
+    )
+
+
+def _wait_done(rc: Any, api: Any, op: str, what: str) -> None:
+    status = rc.wait_operation(api, op, timeout=1800, what=what)
+    if status.error_code and status.error_code != 5:  # NOT_FOUND: already gone
+        raise JobFailed(f"{what} failed: {rc.CODE_NAMES.get(status.error_code, status.error_code)}: "
+                        f"{status.error_message}; the TPU was not recreated")
+
+
+def _wait_until(done: Any, message: str, timeout: float = 1800.0) -> None:
+    deadline = time.monotonic() + timeout
+    delay = 0.25
+    while not done():
+        if time.monotonic() > deadline:
+            raise JobFailed(message)
+        time.sleep(delay)
+        delay = min(delay * 1.6, 10.0)
+
+
+def _wait_queued(rc: Any, api: Any, queued: str, zone: str, timeout: float = 6 * 3600.0) -> Any:
+    """Follow the queued resource until ACTIVE (None) or FAILED/SUSPENDED (its classification)."""
+    result: list[Any] = []
+
+    def settled() -> bool:
+        status = rc.queued_status(api, queued, zone)
+        if status.state in rc.QR_DONE_OK:
+            return True
+        failure = rc.classify_queued(status)
+        if failure is not None:
+            result.append(failure)
+            return True
+        return False
+
+    _wait_until(settled, f"queued resource {queued} in {zone} not ACTIVE after {timeout:g}s", timeout)
+    if result and result[0].queueable:  # free the name for the next try
+        with contextlib.suppress(Exception):
+            rc.start_qr_delete(api, queued)
+    return result[0] if result else None
