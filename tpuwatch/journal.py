@@ -331,13 +331,20 @@ class Journal:
 
     # -- audit cursor ---------------------------------------------------------------------------
 
-    def audit_cursor(self) -> str | None:
-        rows = self._read("SELECT value FROM cursors WHERE name = 'audit'")
+    def cursor(self, name: str) -> str | None:
+        """A named cursor ("audit": the audit-log cursor; "audit_read_at": when it was last read)."""
+        rows = self._read("SELECT value FROM cursors WHERE name = ?", (name,))
         return rows[0][0] if rows else None
 
+    def set_cursor(self, name: str, value: str | None) -> None:
+        self._write("INSERT INTO cursors (name, value) VALUES (?, ?) "
+                    "ON CONFLICT (name) DO UPDATE SET value = excluded.value", (name, value))
+
+    def audit_cursor(self) -> str | None:
+        return self.cursor("audit")
+
     def set_audit_cursor(self, cursor: str | None) -> None:
-        self._write("INSERT INTO cursors (name, value) VALUES ('audit', ?) "
-                    "ON CONFLICT (name) DO UPDATE SET value = excluded.value", (cursor,))
+        self.set_cursor("audit", cursor)
 
     # -- cloud operations -----------------------------------------------------------------------
 

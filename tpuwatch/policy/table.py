@@ -264,7 +264,8 @@ def _event_text(ev: AuditEvent) -> str:
 def _ckpt_text(ckpt: Checkpoint | None, now: datetime) -> str:
     if ckpt is None:
         return "no checkpoint yet"
-    age = f", {human(_secs(now - ckpt.time))} old" if ckpt.time is not None else ""
+    # a save that lands while the tick runs is stamped after `now`: call it 0s old
+    age = f", {human(max(0.0, _secs(now - ckpt.time)))} old" if ckpt.time is not None else ""
     return f"checkpoint step {ckpt.step} ({ckpt.path}{age})"
 
 

@@ -1,0 +1,228 @@
+"""End to end: `tpuwatch watch` and `tpuwatch check` against the simulator, real ssh, the toy trainer.
+
+Each test plays one scenario of issue 5 and reads the outcome from the journal (`history
+--json`), the trainer's checkpoints and the workers' processes, never from tpuwatch's own words
+alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tpuwatch.sim.simulator import Simulator
+
+pytestmark = pytest.mark.slow
+
+STEPS = 60
+
+
+def trainer(ck: Path, extra: str = "", steps: int = STEPS) -> str:
+    return (f"python3 -m tpuwatch.sim.trainer --steps {steps} --step-time 0.04 --ckpt-every 10 "
+            f"--ckpt-dir {ck} --resume {{checkpoint}} {extra}").strip()
+
+
+def write_config(path: Path, sim: Simulator, command: str, ck: Path, **recovery: str | int) -> Path:
+    rec = {"poll_interval": '"0.3s"', "stop_grace": '"2s"', "repair_timeout": '"30s"', "min_uptime": '"0.5s"',
+           "backoff_base": '"0.2s"', "backoff_max": '"1s"'}
+    rec.update({k: (f'"{v}"' if isinstance(v, str) else str(v)) for k, v in recovery.items()})
+    lines = ["[tpu]", 'name = "pod"', "[job]", f"command = {json.dumps(command)}",
+             f"checkpoint_dir = {json.dumps(str(ck))}", "[recovery]"]
+    lines += [f"{k} = {v}" for k, v in rec.items()]
+    lines += ["[ssh]", f"user = {json.dumps(sim.ssh_user)}", f"identity_file = {json.dumps(str(sim.ssh_key))}",
+              f"port = {sim.ssh_port}", "internal_ip = true"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class Job:
+    def __init__(self, sim: Simulator, tmp: Path, command_extra: str = "", steps: int = STEPS,
+                 accelerator: str = "v4-32", **recovery: str | int) -> None:
+        self.sim = sim
+        self.ck = sim.bucket / "ck"
+        self.steps = steps
+        sim.create_node("pod", accelerator, labels={"tpuwatch-job": "pod"})
+        self.cfg = write_config(tmp / "tpuwatch.toml", sim, trainer(self.ck, command_extra, steps), self.ck,
+                                **recovery)
+        self.env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp / "state")}
+
+    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tpuwatch.cli", *args], env=self.env, text=True,
+                              capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def watch(self) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(self.cfg)],
+                                env=self.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+
+    def history(self) -> dict[str, Any]:
+        out = self.cli("history", "-c", str(self.cfg), "--json")
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    def memory(self) -> dict[str, Any]:
+        out = self.cli("check", "-c", str(self.cfg), "--json", "--dry-run")
+        assert out.returncode in (0, 1), out.stderr
+        return json.loads(out.stdout)
+
+    def steps_done(self) -> list[int]:
+        return sorted(int(p.name) for p in self.ck.iterdir() if p.name.isdigit()) if self.ck.exists() else []
+
+    def wait(self, pred: Callable[[], bool], timeout: float = 60, what: str = "") -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if pred():
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def job_processes(self) -> dict[int, list[int]]:
+        """Live processes of the job per worker (by the job's env marker)."""
+        out: dict[int, list[int]] = {}
+        key = self.sim.node_key("pod")
+        for w in range(self.sim.world.node("pod").n_workers):
+            for pid in self.sim.hosts.pids(key, w):
+                try:
+                    env = Path(f"/proc/{pid}/environ").read_bytes()
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                argv = cmd.split(b"\0")
+                # The trainer itself, not the bash wrapper whose argument is the command text.
+                is_trainer = argv[0].rsplit(b"/", 1)[-1].startswith(b"python") and b"tpuwatch.sim.trainer" in argv
+                if b"\0TPUWATCH_JOB=pod\0" in b"\0" + env and is_trainer:
+                    out.setdefault(w, []).append(pid)
+        return out
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 90) -> tuple[int, str]:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        raise AssertionError(f"watch did not finish:\n{out}") from None
+    return proc.returncode, out
+
+
+def test_healed_maintenance_resumes_from_the_last_complete_checkpoint_uncharged(
+        sim: Simulator, tmp_path: Path) -> None:
+    job = Job(sim, tmp_path)
+    proc = job.watch()
+    job.wait(lambda: len(job.steps_done()) >= 2, what="two checkpoints")
+    sim.inject("maintenance", node="pod", heal_after=1800)  # 3 s at speed 600
+    rc, out = finish(proc)
+    assert rc == 0, out
+    hist = job.history()
+    attempts = hist["attempts"]
+    assert len(attempts) >= 2, out
+    first, second = attempts[0], attempts[1]
+    assert first["outcome"] == "disruption" and first["charged"] is False, attempts
+    # The relaunch resumed from a complete checkpoint saved by the first attempt.
+    assert second["start_step"] is not None and second["start_step"] >= 10
+    assert job.steps_done()[-1] == STEPS
+    assert not any(a["charged"] for a in attempts), attempts
+    assert "terminate" in out, out  # the audit log's terminate entry was read and shown
+
+
+def test_a_bug_that_exits_1_at_start_stops_after_no_progress_limit_attempts(
+        sim: Simulator, tmp_path: Path) -> None:
+    job = Job(sim, tmp_path, "--crash-at 0 --exit-code 1", no_progress_limit=3, max_restarts=10)
+    rc, out = finish(job.watch())
+    assert rc == 1, out
+    attempts = job.history()["attempts"]
+    assert len(attempts) == 3, attempts
+    assert all(a["charged"] and a["exit_code"] == 1 for a in attempts), attempts
+    assert "exit" in out and "1" in out
+    fail = [e for e in job.history()["events"] if e["kind"] == "fail"]
+    assert fail and "exit code 1" in fail[-1]["reason"] or "exit 1" in fail[-1]["reason"], fail
+
+
+def test_a_segfault_mid_run_is_relaunched_and_charged_once(sim: Simulator, tmp_path: Path) -> None:
+    marker = tmp_path / "crashed-once"
+    job = Job(sim, tmp_path, f"--segfault-at 25 --fault-worker 0 --crash-once {marker}")
+    rc, out = finish(job.watch())
+    assert rc == 0, out
+    attempts = job.history()["attempts"]
+    assert len(attempts) == 2, attempts
+    assert attempts[0]["charged"] is True and attempts[0]["outcome"] in ("failure", "failed_start"), attempts
+    assert attempts[1]["start_step"] == 20  # the last complete checkpoint before the crash
+    assert job.steps_done()[-1] == STEPS
+
+
+def test_one_worker_killed_stops_all_and_relaunches_all(sim: Simulator, tmp_path: Path) -> None:
+    job = Job(sim, tmp_path, steps=80)
+    proc = job.watch()
+    job.wait(lambda: len(job.job_processes()) == 4 and len(job.steps_done()) >= 1, what="4 workers running")
+    before = job.job_processes()
+    sim.inject("kill-worker", node="pod", worker=2)
+    job.wait(lambda: len(job.history()["attempts"]) >= 2, what="attempt 2")
+    job.wait(lambda: len(job.job_processes()) == 4, what="relaunch on all 4")
+    after = job.job_processes()
+    # Every worker runs a new process: the survivors of attempt 1 were stopped, not left behind.
+    assert all(set(after[w]).isdisjoint(before[w]) for w in range(4)), (before, after)
+    rc, out = finish(proc)
+    assert rc == 0, out
+    assert job.steps_done()[-1] == 80
+
+
+def test_repeated_check_calls_reach_the_same_end_as_watch(sim: Simulator, tmp_path: Path) -> None:
+    """Cron: one tick per call. A healed maintenance mid-run; the job finishes, uncharged."""
+    job = Job(sim, tmp_path)
+    outputs = []
+    injected = False
+    end = time.monotonic() + 90
+    while time.monotonic() < end:
+        r = job.cli("check", "-c", str(job.cfg))
+        outputs.append(r.stdout + r.stderr)
+        assert r.returncode == 0, outputs[-1]
+        if not injected and len(job.steps_done()) >= 2:
+            sim.inject("maintenance", node="pod", heal_after=1800)
+            injected = True
+        if "job done" in r.stdout or r.stdout.count("| done |"):
+            break
+        time.sleep(0.2)
+    assert injected
+    attempts = job.history()["attempts"]
+    assert job.steps_done()[-1] == STEPS, "\n".join(outputs[-5:])
+    assert len(attempts) >= 2 and not any(a["charged"] for a in attempts), attempts
+
+
+def test_kill_9_of_watch_mid_recovery_then_restart_gives_no_duplicate_launch(
+        sim: Simulator, tmp_path: Path) -> None:
+    job = Job(sim, tmp_path, steps=80)
+    proc = job.watch()
+    job.wait(lambda: len(job.steps_done()) >= 2, what="two checkpoints")
+    sim.inject("maintenance", node="pod", heal_after=1200)  # 2 s
+    job.wait(lambda: sim.world.node("pod").health != "HEALTHY", what="maintenance under way")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc = job.watch()
+    max_seen = 0
+
+    def running_once() -> bool:
+        nonlocal max_seen
+        procs = job.job_processes()
+        max_seen = max([max_seen, *[len(v) for v in procs.values()]])
+        return len(procs) == 4
+
+    job.wait(running_once, timeout=60, what="relaunch after restart")
+    for _ in range(20):  # and it stays one copy per worker
+        running_once()
+        time.sleep(0.1)
+    # Never two copies of the trainer on a worker.
+    assert max_seen == 1, max_seen
+    rc, out = finish(proc)
+    assert rc == 0, out
+    numbers = [a["attempt"] for a in job.history()["attempts"]]
+    assert numbers == sorted(set(numbers)), numbers
+    assert job.steps_done()[-1] == 80

@@ -1,0 +1,50 @@
+"""`tpuwatch check`: exactly one reconcile tick, then exit (for cron or a systemd timer)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from tpuwatch.commands.common import job_options, open_journal_or_busy, tick_flags
+
+EPILOG = """\b
+Examples:
+  tpuwatch check -c ~/tpuwatch.toml
+  */2 * * * * tpuwatch check -c $HOME/tpuwatch.toml || echo "tpuwatch needs you"
+
+Exit codes: 0 running, recovering or finished (also when another tpuwatch holds the job);
+1 the job failed or needs a person; 2 bad config or flags; 3 the cloud API cannot be used.
+"""
+
+
+@click.command(epilog=EPILOG)
+@job_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: what was seen, decided, done.")
+def command(config_path: Path, project: str | None, zone: str | None, adopt: bool,
+            recreate_missing: bool, dry_run: bool, as_json: bool) -> int:
+    """Run one tick: look at the TPU, the workers and the checkpoints, act, journal, exit.
+
+    It never waits for a long cloud operation: it starts it, journals it, and the next
+    check follows it up. Safe to overlap: a second check while one runs exits 0 at once.
+    """
+    from tpuwatch.tick import Reconciler
+    from tpuwatch.wiring import load_job, real_ports
+
+    job = load_job(config_path, project, zone)
+    journal = open_journal_or_busy(job)
+    if journal is None:
+        click.echo(f"another tpuwatch is working on {job.name}; nothing to do")
+        return 0
+    with journal:
+        rec = Reconciler(job.cfg, job.pcfg, real_ports(job), journal,
+                         tick_flags(adopt, recreate_missing, dry_run))
+        report = rec.tick()
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), sort_keys=True))
+    else:
+        click.echo(f"{job.name}: {report.line()}")
+        for line in (*report.done, *report.warnings):
+            click.echo(f"  - {line}")
+    return report.exit_code

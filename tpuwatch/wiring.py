@@ -1,0 +1,62 @@
+"""From a config file to a ready job: resolved project/zone, policy config, real adapters.
+
+The commands that act on a job (`check`, `watch`, `history`, `recreate`) start here, so flags,
+config and environment are resolved the same way everywhere. Nothing here decides anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tpuwatch.cloud.location import Location, resolve
+from tpuwatch.config import Config, load_config
+from tpuwatch.policy import PolicyConfig
+from tpuwatch.tick import Ports
+
+
+@dataclass(frozen=True)
+class Job:
+    cfg: Config
+    location: Location
+    pcfg: PolicyConfig
+
+    @property
+    def name(self) -> str:
+        return self.cfg.job_name
+
+
+def load_job(config_path: str | Path, project: str | None = None, zone: str | None = None) -> Job:
+    """Config file + flags -> Job; UsageError/ConfigError (exit 2) naming what is wrong."""
+    cfg = load_config(config_path, require_command=True)
+    loc = resolve(project, zone, config_project=cfg.tpu["project"], config_zone=cfg.tpu["zone"])
+    assert loc.zone is not None  # resolve() raises when no zone is found
+    return Job(cfg=cfg, location=loc, pcfg=PolicyConfig.from_config(cfg, zone=loc.zone))
+
+
+def real_ports(job: Job) -> Ports:
+    """The real adapters: google-cloud-tpu, google-cloud-logging, OpenSSH/gcloud, checkpoints."""
+    from tpuwatch.checkpoints import CheckpointDir
+    from tpuwatch.cloud.logs import AuditLogReader
+    from tpuwatch.cloud.tpu import TpuAdapter
+    from tpuwatch.workers import SshWorkers
+
+    cfg, loc = job.cfg, job.location
+    workers = SshWorkers.from_config(cfg)
+    workers.transport.check()  # an unreadable key is exit 2 before any cloud call
+    adapters: dict[str, Any] = {}
+
+    def tpu_for(zone: str) -> Any:
+        if zone not in adapters:
+            adapters[zone] = TpuAdapter(loc.project, zone)
+        return adapters[zone]
+
+    ckpt_dir = cfg.job["checkpoint_dir"]
+    checkpoints = CheckpointDir(ckpt_dir, cfg.job["checkpoint_layout"]) if ckpt_dir else None
+    return Ports(
+        tpu_for=tpu_for,
+        workers=workers,
+        checkpoints=checkpoints,
+        audit=AuditLogReader(loc.project, zone=loc.zone),
+    )
