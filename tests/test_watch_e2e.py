@@ -7,111 +7,16 @@ alone.
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
+from e2e_helpers import STEPS, Job, finish
 
 from tpuwatch.sim.simulator import Simulator
 
 pytestmark = pytest.mark.slow
-
-STEPS = 60
-
-
-def trainer(ck: Path, extra: str = "", steps: int = STEPS) -> str:
-    return (f"python3 -m tpuwatch.sim.trainer --steps {steps} --step-time 0.04 --ckpt-every 10 "
-            f"--ckpt-dir {ck} --resume {{checkpoint}} {extra}").strip()
-
-
-def write_config(path: Path, sim: Simulator, command: str, ck: Path, **recovery: str | int) -> Path:
-    rec = {"poll_interval": '"0.3s"', "stop_grace": '"2s"', "repair_timeout": '"30s"', "min_uptime": '"0.5s"',
-           "backoff_base": '"0.2s"', "backoff_max": '"1s"'}
-    rec.update({k: (f'"{v}"' if isinstance(v, str) else str(v)) for k, v in recovery.items()})
-    lines = ["[tpu]", 'name = "pod"', "[job]", f"command = {json.dumps(command)}",
-             f"checkpoint_dir = {json.dumps(str(ck))}", "[recovery]"]
-    lines += [f"{k} = {v}" for k, v in rec.items()]
-    lines += ["[ssh]", f"user = {json.dumps(sim.ssh_user)}", f"identity_file = {json.dumps(str(sim.ssh_key))}",
-              f"port = {sim.ssh_port}", "internal_ip = true"]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-class Job:
-    def __init__(self, sim: Simulator, tmp: Path, command_extra: str = "", steps: int = STEPS,
-                 accelerator: str = "v4-32", **recovery: str | int) -> None:
-        self.sim = sim
-        self.ck = sim.bucket / "ck"
-        self.steps = steps
-        sim.create_node("pod", accelerator, labels={"tpuwatch-job": "pod"})
-        self.cfg = write_config(tmp / "tpuwatch.toml", sim, trainer(self.ck, command_extra, steps), self.ck,
-                                **recovery)
-        self.env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp / "state")}
-
-    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tpuwatch.cli", *args], env=self.env, text=True,
-                              capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
-
-    def watch(self) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(self.cfg)],
-                                env=self.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
-
-    def history(self) -> dict[str, Any]:
-        out = self.cli("history", "-c", str(self.cfg), "--json")
-        assert out.returncode == 0, out.stderr
-        return json.loads(out.stdout)
-
-    def memory(self) -> dict[str, Any]:
-        out = self.cli("check", "-c", str(self.cfg), "--json", "--dry-run")
-        assert out.returncode in (0, 1), out.stderr
-        return json.loads(out.stdout)
-
-    def steps_done(self) -> list[int]:
-        return sorted(int(p.name) for p in self.ck.iterdir() if p.name.isdigit()) if self.ck.exists() else []
-
-    def wait(self, pred: Callable[[], bool], timeout: float = 60, what: str = "") -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if pred():
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}")
-
-    def job_processes(self) -> dict[int, list[int]]:
-        """Live processes of the job per worker (by the job's env marker)."""
-        out: dict[int, list[int]] = {}
-        key = self.sim.node_key("pod")
-        for w in range(self.sim.world.node("pod").n_workers):
-            for pid in self.sim.hosts.pids(key, w):
-                try:
-                    env = Path(f"/proc/{pid}/environ").read_bytes()
-                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-                except OSError:
-                    continue
-                argv = cmd.split(b"\0")
-                # The trainer itself, not the bash wrapper whose argument is the command text.
-                is_trainer = argv[0].rsplit(b"/", 1)[-1].startswith(b"python") and b"tpuwatch.sim.trainer" in argv
-                if b"\0TPUWATCH_JOB=pod\0" in b"\0" + env and is_trainer:
-                    out.setdefault(w, []).append(pid)
-        return out
-
-
-def finish(proc: subprocess.Popen[str], timeout: float = 90) -> tuple[int, str]:
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-        raise AssertionError(f"watch did not finish:\n{out}") from None
-    return proc.returncode, out
 
 
 def test_healed_maintenance_resumes_from_the_last_complete_checkpoint_uncharged(
