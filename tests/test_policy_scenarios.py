@@ -76,3 +76,39 @@ def test_one_worker_killed_stops_all_and_relaunches_all() -> None:
     stopped = tuple(probe(w, "exited", 1, 143 if w != 2 else 137) for w in range(4))
     d = tick(obs(probes=stopped, checkpoint=ckpt(200)), d.memory, now=600)
     assert d.row == "launch" and d.memory.attempt == 2
+
+
+def test_a_restart_entry_of_the_heal_the_attempt_launched_on_does_not_excuse_its_failure() -> None:
+    """The bench found it: the restart entry is stamped when the node comes back, which is when
+    tpuwatch relaunches; it must not count as a disruption of the attempt launched on it."""
+    m = tick(obs(probes=absent(), checkpoint=ckpt(100)), Memory.initial("us-central2-b"), now=0).memory
+    assert m.phase is Phase.RUNNING and m.attempt_start == at(0)
+    # The restart entry, stamped the very second the attempt launched, arrives one poll later.
+    m = tick(obs(probes=running(1), events=(event("restart", at(0)),), checkpoint=ckpt(100)), m, now=10).memory
+    d = tick(obs(probes=exited({0: 1, 1: 1}), checkpoint=ckpt(100)), m, now=70)
+    assert d.ended[0].outcome in ("failure", "failed_start") and d.ended[0].charged, d.ended
+    assert d.memory.restarts == 1 and d.memory.no_progress == 1
+
+
+def test_a_restart_entry_after_the_launch_still_excuses_the_end() -> None:
+    m = tick(obs(probes=absent(), checkpoint=ckpt(100)), Memory.initial("us-central2-b"), now=0).memory
+    m = tick(obs(probes=running(1), checkpoint=ckpt(200)), m, now=300).memory
+    d = tick(obs(probes=exited({0: 1, 1: 1}), events=(event("restart", at(290)),), checkpoint=ckpt(200)),
+             m, now=310)
+    assert d.ended[0].outcome == "disruption" and not d.ended[0].charged
+
+
+def test_budgets_count_trouble_since_the_last_stable_run() -> None:
+    """A month-long job: a run of stable_run (1000 s here) resets the restart and recreate budgets."""
+    m = Memory.initial("us-central2-b")
+    m = tick(obs(probes=absent(), checkpoint=ckpt(100)), m, now=0).memory
+    m = tick(obs(probes=running(1), checkpoint=ckpt(200)), m, now=500).memory
+    m = Memory.from_dict({**m.to_dict(), "restarts": 2, "recreates": 2})  # both budgets spent so far
+    d = tick(obs(probes=exited({0: 139, 1: 0}), checkpoint=ckpt(900)), m, now=1500)  # ran 1500 s >= 1000
+    assert d.ended[0].charged and not d.terminal, d.summary
+    assert d.memory.restarts == 1 and d.memory.recreates == 0
+    # Without the stable run the same end spends the budget and fails the job.
+    m2 = tick(obs(probes=absent(), checkpoint=ckpt(100)), Memory.initial("us-central2-b"), now=0).memory
+    m2 = Memory.from_dict({**m2.to_dict(), "restarts": 2})
+    d2 = tick(obs(probes=exited({0: 139, 1: 0}), checkpoint=ckpt(150)), m2, now=500)
+    assert d2.terminal and d2.row == "budget_spent", d2.summary

@@ -25,6 +25,7 @@ from tpuwatch.model import (
     AuditEvent,
     Checkpoint,
     NodeSnapshot,
+    PrecheckReport,
     WorkerProbe,
 )
 from tpuwatch.policy.backoff import backoff_delay, next_level
@@ -111,6 +112,8 @@ ROWS: tuple[Row, ...] = (
     Row("delete_resume", "DELETING with no operation recorded and the node not deleting",
         "the earlier tick stopped before the call: decide afresh from the node (delete again if still needed)"),
     Row("delete_failed", "tpuwatch's delete failed", "failed (exit 1)"),
+    Row("operation_timeout", "tpuwatch's delete or create not done after recovery.operation_timeout",
+        "failed (exit 1), naming the operation; never a second delete or create beside it"),
     Row("create_after_delete", "node gone after tpuwatch's delete", "create it in the first zone"),
     Row("creating", "tpuwatch's create in flight", "follow the operation; never a second create"),
     Row("create_resume", "CREATING with no operation recorded and no node",
@@ -135,6 +138,19 @@ ROWS: tuple[Row, ...] = (
     Row("launch_unseen", "the launched attempt left no trace on any worker",
         "launch the same attempt number again (launch_tries), then charge a failed start"),
     Row("terminal", "DONE or FAILED", "report the end again; stop workers still running"),
+    # Environment checks (issue 10; tpuwatch.precheck). A failing check is evidence against the
+    # node, never charged to max_restarts; a job that fails with every check passing is charged
+    # as before (`failure`).
+    Row("precheck_fix", "environment checks fail before a launch, every failing item fixable "
+        "(stale libtpu lockfile, orphan device holders)",
+        "not charged: stop the holders and remove the lockfile (the worker cleanup), check again, then launch"),
+    Row("precheck_wait", "environment checks fail before a launch and tpuwatch cannot fix them "
+        "(disk or /dev/shm too small, device missing, DNS, interpreter, a custom check)",
+        "not charged: wait up to repair_timeout from the first failing check, checking again every tick"),
+    Row("precheck_recreate", "environment checks still fail after repair_timeout, node owned",
+        "not charged: delete + create (isolate the bad host)"),
+    Row("precheck_needs_person", "environment checks still fail after repair_timeout, node not owned",
+        "needs a person (exit 1) with the failing items; the job resumes once they pass"),
 )
 ROW_IDS = frozenset(r.id for r in ROWS)
 
@@ -318,11 +334,22 @@ class _Tick:
     def _disrupting(self) -> list[AuditEvent]:
         return [e for e in self.obs.events if e.kind in DISRUPTING_EVENTS and e.node == self.cfg.tpu_name]
 
+    def explains(self, ev: AuditEvent, start: datetime) -> bool:
+        """Can audit event `ev` explain the end of an attempt launched at `start`?
+
+        A restart entry is written when the node comes back, which is when tpuwatch launches
+        (within one poll): one stamped before `start` + poll_interval describes the return the
+        attempt was launched on, not a disruption of it.
+        """
+        if ev.kind == "restart":
+            return ev.time > start + timedelta(seconds=self.cfg.poll_interval)
+        return ev.time >= start
+
     def signs(self, mem: Memory) -> list[Evidence]:
         """This tick's signs that the infrastructure disturbed the running attempt."""
         start, now, node = mem.attempt_start, self.now, self.obs.node
         assert start is not None  # checked in _check
-        out = [Evidence(min(e.time, now), _event_text(e)) for e in self._disrupting() if e.time >= start]
+        out = [Evidence(min(e.time, now), _event_text(e)) for e in self._disrupting() if self.explains(e, start)]
         if node is None:
             return [*out, Evidence(now, "node missing")]
         if node.state != "READY":
@@ -337,6 +364,11 @@ class _Tick:
         um = node.upcoming_maintenance
         if um is not None and um.status == "ONGOING":
             out.append(Evidence(now, f"{um.type.lower()} maintenance ONGOING"))
+        pre = self.obs.precheck
+        if pre is not None and pre.context == "running" and pre.node_id in ("", node.id):
+            # The same text for the same item every time: one evidence entry per failing item.
+            out.extend(Evidence(now, f"environment check {i.check} failed on worker {i.worker}")
+                       for i in pre.failing)
         return out
 
     def refund(self, mem: Memory) -> Memory:
@@ -345,7 +377,8 @@ class _Tick:
         if last is None or not last.charged:
             return mem
         for ev in self._disrupting():
-            if not in_window(min(ev.time, self.now), last.start, last.end, self.cfg.evidence_window):
+            if not self.explains(ev, last.start) or not in_window(
+                    min(ev.time, self.now), last.start, last.end, self.cfg.evidence_window):
                 continue
             text = _event_text(ev)
             fixed = replace(last, outcome=Outcome.DISRUPTION.value, charged=False, streak_added=False,
@@ -396,6 +429,10 @@ class _Tick:
             no_progress=0 if progressed else mem.no_progress + int(streak_added),
             disruptions=mem.disruptions + int(verdict.outcome is Outcome.DISRUPTION),
         )
+        if _secs(now - start) >= cfg.stable_run:
+            # A run this long shows the job and the node are sound: the budgets count trouble
+            # since then, so a month-long spot job is not failed by its fourth preemption.
+            mem = replace(mem, restarts=0, recreates=0)
         if reachable:
             stop_why = "job done: stopping the other workers" if verdict.outcome is Outcome.SUCCESS \
                 else f"attempt {n} ended: stopping every worker"
@@ -473,7 +510,10 @@ class _Tick:
                 raise ImpossibleObservation(
                     mem.phase, f"the journal's latest attempt is {n}, but worker {p.worker} shows attempt "
                                f"{p.attempt} ({p.state}); is another tpuwatch launching this job?")
-        mine = [p for p in probes if p.attempt == n and p.state in ("running", "exited")]
+        # "absent" with this attempt's number: it was launched there and died with no exit code
+        # (killed, or the host rebooted before any tick saw it run). That is a trace: end it and
+        # classify the end; relaunching the same number would only be refused as "ran".
+        mine = [p for p in probes if p.attempt == n and p.state in ("running", "exited", "absent")]
         if not mem.attempt_seen and not mine:
             return self.unseen(mem, probes)
         mem = replace(mem, attempt_seen=True, launch_tries=0)
@@ -515,6 +555,16 @@ class _Tick:
         if unreachable:
             return self.out(mem, "workers_unreachable", f"cannot reach workers {_workers(unreachable)}; "
                                                         f"attempt {n} not confirmed", Wait(None, "workers unreachable"))
+        pre = self.obs.precheck
+        if pre is not None and pre.context == "launch" and pre.failing:
+            if pre.fixable and not self.obs.precheck_fixed:
+                return self.fix_environment(mem, pre)
+            # The environment, not the job, is why the attempt left no trace: end it uncharged,
+            # and the next launch waits for the node (precheck_wait).
+            mem = replace(mem, evidence=merge_evidence(mem.evidence, [
+                Evidence(self.now, f"environment check {i.check} failed on worker {i.worker}") for i in pre.failing]))
+            return self.end_usable(mem, {p.worker: None for p in probes},
+                                   detail="the environment checks failed: " + "; ".join(i.line() for i in pre.failing[:3]))
         if mem.launch_tries < self.cfg.launch_tries:
             mem = replace(mem, launch_tries=mem.launch_tries + 1, attempt_start=self.now, attempt_node_id=node.id)
             why = (f"attempt {n} left no trace on the workers; launching it again "
@@ -549,11 +599,14 @@ class _Tick:
         if unreachable:
             return self.out(mem, "workers_unreachable", f"cannot reach workers {_workers(unreachable)}; launching "
                                                         "only when every worker answers", Wait(None, "workers unreachable"))
+        checked = self.prechecked(mem)
+        if checked is not None:
+            return checked
         n = max([mem.attempt, *(p.attempt or 0 for p in probes)]) + 1
         ckpt = self.obs.checkpoint
         mem = move(mem, Phase.RUNNING, attempt=n, attempt_start=now, attempt_node_id=node.id,
                    attempt_start_step=self._step(), attempt_seen=False, launch_tries=0, evidence=(),
-                   unreachable_since=None, backoff_until=None)
+                   unreachable_since=None, backoff_until=None, env_failing_since=None)
         why = f"launching attempt {n} from {_ckpt_text(ckpt, now)}"
         return self.out(mem, "launch", f"{why} on node {node.id}", Launch(n, ckpt, why))
 
@@ -566,6 +619,57 @@ class _Tick:
         return move(mem, Phase.RUNNING, attempt=attempt, attempt_start=start, attempt_node_id=node.id,
                     attempt_start_step=step, attempt_seen=True, launch_tries=0, evidence=(),
                     unreachable_since=None, backoff_until=None)
+
+    # -- environment checks (issue 10) ------------------------------------------------------
+
+    def prechecked(self, mem: Memory) -> Decision | None:
+        """Before a launch: None when the environment checks pass (or were not run), else the
+        decision for a failing environment. Never charged: the node is at fault, not the job."""
+        pre, now, cfg = self.obs.precheck, self.now, self.cfg
+        if pre is None or pre.context != "launch":
+            return None
+        if pre.unreachable:
+            workers = ", ".join(str(w) for w, _ in pre.unreachable)
+            return self.out(mem, "workers_unreachable", f"cannot reach workers {workers} to check them; launching "
+                                                        "only when every worker answers", Wait(None, "workers unreachable"))
+        failing = pre.failing
+        if not failing:
+            if mem.env_failing_since is not None:
+                self.notes.append("the environment checks pass again")
+                mem = replace(mem, env_failing_since=None)
+            return None
+        if pre.fixable and not self.obs.precheck_fixed:
+            return self.fix_environment(mem, pre)
+        lines = tuple(i.line() for i in failing)
+        shown = "; ".join(lines[:4]) + (f"; and {len(lines) - 4} more" if len(lines) > 4 else "")
+        since = mem.env_failing_since or now
+        waited = _secs(now - since)
+        if waited < cfg.repair_timeout:
+            until = since + timedelta(seconds=cfg.repair_timeout)
+            why = f"environment checks fail: {shown}"
+            mem = move(mem, Phase.WAITING_NODE, env_failing_since=since, reason=why)
+            return self.out(mem, "precheck_wait", f"{why}; not launching, not charged; waiting for the node to be "
+                                                  f"fixed until {until.isoformat()} (recovery.repair_timeout "
+                                                  f"{human(cfg.repair_timeout)})", Wait(until, "environment checks fail"))
+        why = (f"environment checks failing for {human(waited)}, longer than recovery.repair_timeout "
+               f"({human(cfg.repair_timeout)}): {shown}")
+        mem = replace(mem, env_failing_since=since)
+        if not (self.obs.owned or self.obs.adopt):
+            node = self.obs.node
+            assert node is not None
+            return self.halt(mem, "precheck_needs_person",
+                             f"{why}; not owned: will not delete {node.name} (label {OWNER_LABEL}={cfg.job} "
+                             "missing; pass --adopt to let tpuwatch recreate it); fix the workers and the job "
+                             "resumes", lines)
+        return self.recreate(mem, "precheck_recreate", why)
+
+    def fix_environment(self, mem: Memory, pre: PrecheckReport) -> Decision:
+        """Orphan device holders and a stale libtpu lockfile: the worker cleanup fixes them; the
+        tick then checks again in the same tick (Observation.precheck_fixed) before launching."""
+        shown = "; ".join(i.line() for i in pre.failing[:4])
+        why = f"environment checks found what tpuwatch can fix: {shown}"
+        return self.out(mem, "precheck_fix", f"{why}; cleaning up the workers, then checking again (not charged)",
+                        StopWorkers(f"fix before the launch: {shown}"))
 
     def repairing(self, mem: Memory) -> Decision:
         """REPAIR (service is working on it) or UNRECOGNIZED (a state this version does not know)."""
@@ -655,7 +759,8 @@ class _Tick:
             return self.fail(mem, "recreate_budget_spent", f"{why}; recreate budget spent: {mem.recreates} of "
                              f"recovery.max_recreates = {cfg.max_recreates} used", (why,))
         mem = move(mem, Phase.DELETING, recreates=mem.recreates + 1, pending_op=None,
-                   deleting_node_id=node.id, queued_since=None, queue_tries=0, retry_at=None)
+                   deleting_node_id=node.id, queued_since=None, queue_tries=0, retry_at=None,
+                   env_failing_since=None)
         return self.out(mem, row, f"{why}: deleting it to create it again (recreate {mem.recreates} of "
                                   f"{cfg.max_recreates})", DeleteNode(node.name, mem.zone, why))
 
@@ -688,6 +793,9 @@ class _Tick:
             mem = move(mem, Phase.IDLE, deleting_node_id="", recreates=max(0, mem.recreates - 1))
             d = getattr(self, NODE_ROWS[node_condition(node)])(mem)
             return replace(d, row="delete_resume") if any(isinstance(a, DeleteNode) for a in d.actions) else d
+        overdue = self.overdue(mem, "delete")
+        if overdue is not None:
+            return overdue
         return self.out(mem, "deleting", f"deleting node {name} (operation {mem.pending_op or 'not recorded'}, "
                                          f"state {node.state})", FollowOperation(mem.pending_op, "delete", "delete in flight"))
 
@@ -716,8 +824,29 @@ class _Tick:
         if op is None and mem.pending_op is None:
             return self.out(mem, "create_resume", f"no create operation recorded and node {name} is missing: "
                                                   f"creating it in {mem.zone}", CreateNode(name, mem.zone, "create not started"))
+        overdue = self.overdue(mem, "create")
+        if overdue is not None:
+            return overdue
         return self.out(mem, "creating", f"creating node {name} in {mem.zone} (operation {mem.pending_op})",
                         FollowOperation(mem.pending_op, "create", "create in flight"))
+
+    def overdue(self, mem: Memory, kind: str) -> Decision | None:
+        """Fail when the operation in flight is older than recovery.operation_timeout.
+
+        An operation that never ends would keep the job waiting forever; starting another one
+        beside it could give two nodes, so the job stops and says which operation to look at.
+        """
+        op, cfg = self.obs.operation, self.cfg
+        if op is None or op.done or op.started is None:
+            return None
+        age = _secs(self.now - op.started)
+        if age < cfg.operation_timeout:
+            return None
+        return self.fail(mem, "operation_timeout",
+                         f"the {kind} of node {cfg.tpu_name} in {mem.zone} (operation {op.name}) is not done after "
+                         f"{human(age)}, longer than recovery.operation_timeout ({human(cfg.operation_timeout)}); "
+                         f"tpuwatch stops following it and starts no other {kind}. See `gcloud compute tpus "
+                         f"operations describe {op.name.rsplit('/', 1)[-1]} --zone {mem.zone}`")
 
     def created(self, mem: Memory, node: NodeSnapshot) -> Decision:
         mem = move(mem, Phase.IDLE, pending_op=None, zone=node.zone or mem.zone, zone_try=0,
