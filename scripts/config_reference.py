@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Print (or --write into README.md) the configuration reference table, made from config.SCHEMA.
+"""Print (or --write into README.md) the configuration reference, made from the code.
 
-README.md holds the table between the markers `<!-- config-reference -->` and
-`<!-- /config-reference -->`; tests/test_docs.py fails when it drifts from the schema.
+README.md holds the config table (from config.SCHEMA) between `<!-- config-reference -->` and
+`<!-- /config-reference -->`, and the `[tpu.spec]` table (from spec.SPEC_KEYS) between
+`<!-- spec-reference -->` and `<!-- /spec-reference -->`; tests/test_docs.py fails when
+either drifts from the code.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 from tpuwatch.config import SCHEMA
 from tpuwatch.durations import human
 
-START, END = "<!-- config-reference -->", "<!-- /config-reference -->"
+BLOCKS = ("config-reference", "spec-reference")
 
 
 def _default(key: str, value: object) -> str:
@@ -44,18 +46,31 @@ def table() -> str:
     return "\n".join(rows)
 
 
+def spec_table() -> str:
+    from tpuwatch.spec import REQUIRED, SPEC_KEYS
+
+    rows = ["| key | type | meaning |", "|---|---|---|"]
+    for key, (kind, doc) in SPEC_KEYS.items():
+        need = " (required)" if key in REQUIRED and "required" not in doc else ""
+        rows.append(f"| `{key}` | {kind} | {doc.replace('|', chr(92) + '|')}{need} |")
+    return "\n".join(rows)
+
+
 def main() -> int:
-    text = table()
+    texts = {"config-reference": table(), "spec-reference": spec_table()}
     if "--write" not in sys.argv:
-        print(text)
+        print("\n\n".join(texts.values()))
         return 0
     readme = Path(__file__).resolve().parent.parent / "README.md"
-    old = readme.read_text()
-    new, n = re.subn(re.escape(START) + r".*?" + re.escape(END), f"{START}\n{text}\n{END}", old, flags=re.S)
-    if n != 1:
-        print(f"README.md has no {START} ... {END} block", file=sys.stderr)
-        return 1
-    readme.write_text(new)
+    text = readme.read_text()
+    for name in BLOCKS:
+        start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+        text, n = re.subn(re.escape(start) + r".*?" + re.escape(end), f"{start}\n{texts[name]}\n{end}",
+                          text, flags=re.S)
+        if n != 1:
+            print(f"README.md has no {start} ... {end} block", file=sys.stderr)
+            return 1
+    readme.write_text(text)
     return 0
 
 

@@ -117,3 +117,91 @@ def test_full_messages_for_spec_capture(sim: Simulator) -> None:
     sim.world.create_queued_resource(sim.project, sim.zone, "qr1", "qnode", spec, False, "")
     qr = tpu.get_queued_resource("qr1")
     assert qr is not None and qr.name.endswith("/queuedResources/qr1")
+
+
+def test_set_labels_replaces_the_labels_only_through_update_node(sim: Simulator) -> None:
+    sim.create_node("pod", "v4-8", labels={"team": "x"}, metadata={"k": "v"})
+    tpu = adapter(sim)
+    sim.world.reset_calls()
+    op = tpu.set_labels("pod", {"team": "x", "tpuwatch-job": "run1"})
+    assert sim.world.call_count("v2.Tpu/UpdateNode") == 1
+    sim.world.wait_operation(op)
+    status = tpu.get_operation(op)
+    assert status.done and status.error_code == 0
+    node = tpu.get_node("pod")
+    assert node is not None and node.labels == {"team": "x", "tpuwatch-job": "run1"}
+    assert sim.world.node("pod").spec.metadata == {"k": "v"}  # not in the mask: untouched
+    op = tpu.update_node("pod", {"metadata": {"k": "w"}, "labels": {}}, ["metadata"])
+    sim.world.wait_operation(op)
+    rec = sim.world.node("pod")
+    assert rec.spec.metadata == {"k": "w"} and rec.spec.labels == {"team": "x", "tpuwatch-job": "run1"}
+
+
+def test_update_node_errors(sim: Simulator) -> None:
+    tpu = adapter(sim)
+    with pytest.raises(NotFoundError, match=f"no TPU named gone in {sim.project}/{sim.zone} to update"):
+        tpu.set_labels("gone", {"a": "b"})
+    sim.create_node("spot", "v4-8", spot=True)
+    with pytest.raises(ApiError) as err:
+        tpu.set_labels("spot", {"Bad Key": "x"})
+    assert err.value.code == "INVALID_ARGUMENT" and "Invalid label" in err.value.message
+    sim.world.preempt("spot")
+    with pytest.raises(ApiError) as err:
+        tpu.set_labels("spot", {"a": "b"})
+    assert err.value.code == "INVALID_ARGUMENT"
+    assert "update is not supported while in state PREEMPTED" in err.value.message
+    with pytest.raises(UsageError, match="update_node"):
+        tpu.update_node("spot", {"labels": {}}, [])
+
+
+def test_create_with_v2alpha1_only_fields_goes_through_v2alpha1(sim: Simulator) -> None:
+    tpu = adapter(sim)
+    spec = {"acceleratorType": "v4-8", "runtimeVersion": "tpu-ubuntu2204-base", "autocheckpointEnabled": True,
+            "bootDiskConfig": {"enableConfidentialCompute": True}}
+    sim.world.reset_calls()
+    op = tpu.create_node("alpha", spec)
+    assert sim.world.call_count("v2alpha1.Tpu/CreateNode") == 1 and sim.world.call_count("v2.Tpu/CreateNode") == 0
+    sim.world.wait_operation(op)
+    assert tpu.get_operation(op).error_code == 0
+    msg = tpu.get_node_message("alpha")
+    assert msg is not None and msg.autocheckpoint_enabled and msg.boot_disk_config.enable_confidential_compute
+    # a plain spec still goes through v2; a field neither version has is a usage error
+    tpu.create_node("plain", {"acceleratorType": "v4-8", "runtimeVersion": "tpu-ubuntu2204-base"})
+    assert sim.world.call_count("v2.Tpu/CreateNode") == 1
+    with pytest.raises(UsageError, match="tpu.spec: .*nosuchField"):
+        tpu.create_node("bad", {**spec, "nosuchField": 1})
+
+
+def test_queued_resource_create_follow_and_force_delete(sim: Simulator) -> None:
+    tpu = adapter(sim)
+    full = tpu.queued_resource_name("qr1")
+    assert full == f"projects/{sim.project}/locations/{sim.zone}/queuedResources/qr1"
+    assert tpu.queued_resource_name(full) == full
+    assert tpu.queued_resource_name("qr1", "us-east5-a").endswith("/locations/us-east5-a/queuedResources/qr1")
+    parent = f"projects/{sim.project}/locations/{sim.zone}"
+    body = {"tpu": {"nodeSpec": [{"parent": parent, "nodeId": "qnode",
+                                  "node": {"acceleratorType": "v4-8", "runtimeVersion": "tpu-ubuntu2204-base"}}]},
+            "spot": {}}
+    op = tpu.create_queued_resource("qr1", body)
+    assert tpu.get_operation(op).done
+    sim.world.wait_for(lambda w: w.get_queued_resource(sim.project, sim.zone, "qr1").state == "ACTIVE", 20)
+    qr = tpu.get_queued_resource("qr1")
+    assert qr is not None and qr.state.state.name == "ACTIVE" and "spot" in qr
+    node = tpu.get_node("qnode")
+    assert node is not None and node.spot
+    op = tpu.delete_queued_resource("qr1", force=True)
+    sim.world.wait_operation(op, timeout=20)
+    assert tpu.get_queued_resource("qr1") is None and tpu.get_node("qnode") is None
+    with pytest.raises(NotFoundError, match="no queued resource"):
+        tpu.delete_queued_resource("qr1")
+
+    # v2alpha1-only node fields: the queued resource goes through v2alpha1 as well
+    alpha = {"tpu": {"nodeSpec": [{"parent": parent, "nodeId": "anode",
+                                   "node": {"acceleratorType": "v4-8", "runtimeVersion": "x",
+                                            "autocheckpointEnabled": True}}]}}
+    sim.world.reset_calls()
+    tpu.create_queued_resource("qr2", alpha)
+    assert sim.world.call_count("v2alpha1.Tpu/CreateQueuedResource") == 1
+    sim.world.wait_for(lambda w: w.has_node("anode") and w.node("anode").state == "READY", 20)
+    msg = tpu.get_node_message("anode")
+    assert msg is not None and msg.autocheckpoint_enabled

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tpuwatch.cloud.tpu import TpuAdapter
+from tpuwatch.recreate import owned, ownership_error
 from tpuwatch.sim import gcloudcfg
 from tpuwatch.sim.rest import RestFace
 from tpuwatch.sim.simulator import Simulator
@@ -132,6 +133,18 @@ def test_describe_list_delete_and_create_with_a_startup_script(gcloud: Gcloud, t
         wait_for(lambda i=i: sim.hosts.startup_status(key, i) is not None, what=f"startup script on worker {i}")
         assert sim.hosts.startup_status(key, i) == 0
         assert (sim.hosts.worker_home(key, i) / "booted").read_text() == f"booted worker {i}\n"
+
+
+def test_the_update_labels_command_tpuwatch_suggests_marks_a_node_as_owned(gcloud: Gcloud) -> None:
+    sim = gcloud.sim
+    sim.create_node("mine", "v4-8", labels={"team": "x"})
+    node = TpuAdapter(sim.project, sim.zone).require_node("mine")
+    hint = ownership_error(node, "job-1").message
+    command = hint.split("`gcloud ", 1)[1].split("`", 1)[0].split()
+    r = gcloud(*command)
+    assert r.returncode == 0, r.stderr
+    assert sim.world.node("mine").spec.labels == {"team": "x", "tpuwatch-job": "job-1"}
+    assert owned(TpuAdapter(sim.project, sim.zone).require_node("mine"), "job-1")
 
 
 def test_ssh_worker_all_reaches_every_worker_and_passes_a_failure_on(gcloud: Gcloud) -> None:

@@ -11,9 +11,11 @@ from typing import Any
 
 from tpuwatch.model import (
     AuditEvent,
+    CheckItem,
     Checkpoint,
     NodeSnapshot,
     OperationStatus,
+    PrecheckReport,
     Symptom,
     UpcomingMaintenance,
     WorkerProbe,
@@ -138,3 +140,20 @@ def tick(o: Observation, m: Memory, now: float, cfg: PolicyConfig = CFG) -> Deci
 
 def kinds(d: Decision) -> list[str]:
     return [a.kind for a in d.actions]
+
+
+def pre(*failing: tuple[str, int, bool], context: str = "launch", t: float = 0.0, node_id: str = "n1",
+        workers: int = 2, unreachable: tuple[int, ...] = ()) -> PrecheckReport:
+    """Environment checks: every check passes on every worker but the (check, worker, fixable) given."""
+    bad = {(c, w): f for c, w, f in failing}
+    items = []
+    for w in range(workers):
+        if w in unreachable:
+            continue
+        for c in ("disk", "devices", "libtpu_lock"):
+            if (c, w) in bad:
+                items.append(CheckItem(c, w, "fail", f"bad {c}", f"good {c}", fixable=bad[(c, w)]))
+            else:
+                items.append(CheckItem(c, w, "pass", f"good {c}", f"good {c}"))
+    return PrecheckReport(time=at(t), context=context, node_id=node_id,  # type: ignore[arg-type]
+                          items=tuple(items), unreachable=tuple((w, "ssh: connection refused") for w in unreachable))

@@ -20,6 +20,7 @@ from test_policy_support import (
     node,
     obs,
     op,
+    pre,
     probe,
     run_mem,
     running,
@@ -256,6 +257,22 @@ def test_row_delete_failed() -> None:
     assert d.row == "delete_failed" and d.memory.phase is Phase.FAILED and "denied" in d.summary
 
 
+def test_row_operation_timeout() -> None:
+    # CFG.operation_timeout is the default hour; the operations were journaled at at(0)
+    late_del = replace(op("op-del", done=False), started=at(0))
+    d = tick(obs(node("DELETING"), operation=late_del), _deleting(), now=3599)  # type: ignore[arg-type]
+    assert d.row == "deleting" and d.memory.phase is Phase.DELETING
+    d = tick(obs(node("DELETING"), operation=late_del), _deleting(), now=3600)  # type: ignore[arg-type]
+    assert d.row == "operation_timeout" and d.memory.phase is Phase.FAILED and d.exit_code == 1
+    assert "op-del" in d.summary and "recovery.operation_timeout" in d.summary
+    assert not any(isinstance(a, (DeleteNode, CreateNode)) for a in d.actions)
+    late_create = replace(op("op-c", done=False), started=at(0))
+    c = tick(obs(missing=True, operation=late_create), _creating(), now=7200)  # type: ignore[arg-type]
+    assert c.row == "operation_timeout" and "the create of node" in c.summary
+    unknown_age = op("op-c", done=False)  # no journal row: never timed out on a guess
+    assert tick(obs(missing=True, operation=unknown_age), _creating(), now=10**6).row == "creating"  # type: ignore[arg-type]
+
+
 def test_row_create_after_delete() -> None:
     d = tick(obs(missing=True, operation=op("op-del")), _deleting(), now=5)  # type: ignore[arg-type]
     assert d.row == "create_after_delete"
@@ -453,3 +470,74 @@ def test_not_owned_message_names_the_label_it_has() -> None:
     assert d.row == "not_owned"
     person = d.actions[0]
     assert isinstance(person, NeedsPerson) and person.evidence == ("it has tpuwatch-job=job-2",)
+
+
+# -- environment checks (issue 10): tpuwatch.precheck results in Observation.precheck ----------
+
+
+def test_row_precheck_fix() -> None:
+    o = obs(probes=absent(), checkpoint=ckpt(100), precheck=pre(("libtpu_lock", 1, True)))
+    d = tick(o, idle(), now=5)
+    assert d.row == "precheck_fix"
+    assert kinds(d) == ["stop"] and "w1 libtpu_lock" in d.actions[0].reason  # type: ignore[union-attr]
+    assert d.memory.phase is Phase.IDLE and d.memory.restarts == 0 and d.exit_code == 0
+    # the tick cleaned up and checked again: all green now, so it launches
+    again = tick(replace(o, precheck=pre(), precheck_fixed=True), idle(), now=5)
+    assert again.row == "launch" and kinds(again) == ["launch"]
+    # still failing after the cleanup: not fixable after all, so it waits like any bad node
+    stuck = tick(replace(o, precheck_fixed=True), idle(), now=5)
+    assert stuck.row == "precheck_wait"
+
+
+def test_row_precheck_wait() -> None:
+    o = obs(probes=absent(), checkpoint=ckpt(100), precheck=pre(("devices", 1, False)))
+    d = tick(o, idle(restarts=1), now=100)
+    assert d.row == "precheck_wait"
+    assert kinds(d) == ["wait"] and d.actions[0].until == at(700)  # type: ignore[union-attr]
+    m = d.memory
+    assert (m.phase, m.env_failing_since, m.restarts, m.attempt) == (Phase.WAITING_NODE, at(100), 1, 0)
+    assert "w1 devices: bad devices" in d.summary and d.exit_code == 0
+    # the node is usable, so the next tick tries again: the wait counts from the first failure
+    d2 = tick(o, m, now=400)
+    assert d2.row == "precheck_wait" and d2.memory.env_failing_since == at(100)
+    # fixed by someone: launch, and the failure is forgotten
+    d3 = tick(replace(o, precheck=pre()), d2.memory, now=500)
+    assert d3.row == "launch" and d3.memory.env_failing_since is None and d3.memory.restarts == 1
+
+
+def test_row_precheck_recreate() -> None:
+    o = obs(probes=absent(), checkpoint=ckpt(100), precheck=pre(("disk", 0, False)))
+    d = tick(o, idle(phase=Phase.WAITING_NODE, env_failing_since=at(0)), now=600)
+    assert d.row == "precheck_recreate"
+    assert kinds(d) == ["delete"]
+    m = d.memory
+    assert (m.phase, m.recreates, m.restarts, m.env_failing_since) == (Phase.DELETING, 1, 0, None)
+    assert "w0 disk" in d.actions[0].reason and "repair_timeout" in d.actions[0].reason  # type: ignore[union-attr]
+
+
+def test_row_precheck_needs_person() -> None:
+    o = obs(node(owned=False), probes=absent(), checkpoint=ckpt(100), precheck=pre(("devices", 1, False)))
+    d = tick(o, idle(env_failing_since=at(0)), now=700)
+    assert d.row == "precheck_needs_person"
+    assert d.memory.phase is Phase.HALTED and d.exit_code == 1
+    person = d.actions[-1]
+    assert isinstance(person, NeedsPerson)
+    assert person.evidence == ("w1 devices: bad devices, need good devices",)
+    assert "--adopt" in person.reason
+    # --adopt lets tpuwatch isolate the node instead
+    assert tick(replace(o, adopt=True), idle(env_failing_since=at(0)), now=700).row == "precheck_recreate"
+
+
+def test_row_hung() -> None:
+    from test_policy_support import CFG
+
+    cfg = replace(CFG, hang_timeout=3600.0)
+    m = run_mem(start=0.0, step=100)
+    assert tick(obs(probes=running(1), checkpoint=ckpt(100)), m, now=3599, cfg=cfg).row == "running"
+    d = tick(obs(probes=running(1), checkpoint=ckpt(100)), m, now=3600, cfg=cfg)
+    assert d.row == "hung" and kinds(d) == ["stop", "wait"]
+    end = d.ended[0]
+    assert end.charged and end.outcome == "failure" and "hung: no new checkpoint for 1h00m" in end.reason
+    assert (d.memory.phase, d.memory.restarts, d.memory.no_progress) == (Phase.BACKOFF, 1, 1)
+    # off by default: the same attempt is followed for ever
+    assert tick(obs(probes=running(1), checkpoint=ckpt(100)), m, now=10 * 86400).row == "running"

@@ -72,12 +72,14 @@ def test_a_preempted_spot_node_is_deleted_recreated_and_resumed(sim: Simulator, 
 
 
 def test_a_stockout_longer_than_queue_timeout_moves_to_the_fallback_zone(sim: Simulator, tmp_path: Path) -> None:
-    # Simulator speed 600: 3 simulated hours of stockout = 18 s; queue_timeout 12 s = 2 simulated hours.
+    # Simulator speed 600: queue_timeout 12 s = 2 simulated hours. The stockout lasts 6 simulated
+    # hours (36 s), longer than the queue with room to spare on a loaded machine, so the node can
+    # only come from the fallback zone.
     job = Job(sim, tmp_path, accelerator="v4-16", spot=True, recreatable=True, queue_timeout="12s",
               tpu={"fallback_zones": [FALLBACK]})
     proc = job.watch()
     job.wait(lambda: len(job.steps_done()) >= 1, what="a checkpoint")
-    sim.inject("stockout", zone=sim.zone, duration="3h")
+    sim.inject("stockout", zone=sim.zone, duration="6h")
     sim.inject("preempt", node="pod")
     rc, out = finish(proc, timeout=120)
     assert rc == 0, out

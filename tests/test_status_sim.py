@@ -57,9 +57,8 @@ def status_json(args: list[str], env: Mapping[str, str | None]) -> dict[str, Any
 
 
 def force_state(sim: Simulator, name: str, state: str, health: str) -> None:
-    """Put a node in any state: the simulator's own transition function (no fault reaches all)."""
-    rec = sim.world.node(name)
-    sim.world._set_state(rec.key, rec.id, rec.epoch, state, health)
+    """Put a node in any state: no fault reaches them all."""
+    sim.world.set_state(name, state, health)
     assert sim.world.node(name).state == state
 
 

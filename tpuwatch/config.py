@@ -189,6 +189,7 @@ def _checks(key: str, value: Any) -> tuple[dict[str, Any], ...]:
     if not isinstance(value, list):
         raise ConfigError(f"{key}: expected [[precheck.custom]] tables with name, command, timeout")
     out = []
+    seen: set[str] = set()
     for i, item in enumerate(value):
         where = f"{key}[{i}]"
         if not isinstance(item, dict):
@@ -197,10 +198,17 @@ def _checks(key: str, value: Any) -> tuple[dict[str, Any], ...]:
         if unknown:
             raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r}; use name, command, timeout")
         if "command" not in item:
-            raise ConfigError(f"{where}: missing command")
+            raise ConfigError(f"{where}: missing command; add `command = \"...\"` (exit 0 passes)")
+        name = _pattern(re.compile(r"^[a-z][a-z0-9_-]{0,40}$"), "check name (lowercase letters, digits, - and _)")(
+            f"{where}.name", item.get("name", f"custom{i}"))
+        if name in PRECHECK_IDS:
+            raise ConfigError(f"{where}.name: {name!r} is a built-in check; give the custom check another name")
+        if name in seen:
+            raise ConfigError(f"{where}.name: {name!r} is used by another [[precheck.custom]] check")
+        seen.add(name)
         out.append(
             {
-                "name": _pattern(re.compile(r"^[a-z][a-z0-9_-]{0,40}$"), "check name")(f"{where}.name", item.get("name", f"custom{i}")),
+                "name": name,
                 "command": _nonempty(f"{where}.command", item["command"]),
                 "timeout": _duration(0.1)(f"{where}.timeout", item.get("timeout", "30s")),
             }
@@ -214,17 +222,56 @@ def _str_list(key: str, value: Any) -> tuple[str, ...]:
     return tuple(_text(key, v) for v in value)
 
 
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b\s*$|^\s*(\d+(?:\.\d+)?)\s*([kmgt])(i?)\s*$", re.IGNORECASE)
+
+
 def _bytes_size(key: str, value: Any) -> float:
-    """Sizes such as "32GB", "512MiB", "1G" -> bytes."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
-        return float(value)
-    m = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", str(value), re.IGNORECASE) if isinstance(value, str) else None
+    """Sizes such as "32GB", "512MiB", "1G", "0" -> bytes. A bare number other than 0 is refused:
+    `min_disk = 32` is far more likely a forgotten unit than 32 bytes."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a size such as \"32GB\" or \"512MB\", got {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ConfigError(f"{key}: {value!r} is negative; a size is 0 or more, e.g. \"32GB\"")
+        if value == 0:
+            return 0.0
+        raise ConfigError(f"{key}: {value!r} has no unit; write it as a string with one, e.g. \"{value:g}GB\"")
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: expected a size such as \"32GB\" or \"512MB\", got {value!r}")
+    text = value.strip()
+    if text.startswith("-"):
+        raise ConfigError(f"{key}: {value!r} is negative; a size is 0 or more, e.g. \"32GB\"")
+    if text == "0":
+        return 0.0
+    m = _SIZE.match(text)
     if not m:
-        raise ConfigError(f"{key}: {value!r} is not a size; write e.g. \"32GB\" or \"512MB\"")
-    mult = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2).lower()]
-    if m.group(3).lower().startswith("i"):
-        mult = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[m.group(2).lower()]
-    return float(m.group(1)) * mult
+        raise ConfigError(
+            f"{key}: {value!r} is not a size; write a number with a unit: B, KB, MB, GB, TB "
+            "(powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. \"32GB\""
+        )
+    number, prefix, binary = (m.group(1), m.group(2), m.group(3)) if m.group(1) else (m.group(4), m.group(5), m.group(6))
+    p = prefix.lower()
+    mult = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[p] if binary else \
+        {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[p]
+    return float(number) * mult
+
+
+def _size_or_unlimited(key: str, value: Any) -> float:
+    """A size, or "unlimited" (infinity)."""
+    if isinstance(value, str) and value.strip().lower() == "unlimited":
+        return float("inf")
+    return _bytes_size(key, value)
+
+
+def _count(key: str, value: Any) -> int:
+    """A whole number >= 0, or "unlimited" (-1 would be ambiguous, so it is refused)."""
+    if isinstance(value, str) and value.strip().lower() == "unlimited":
+        return 2**63 - 1
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key}: expected a whole number such as 65536 (or \"unlimited\"), got {value!r}")
+    if value < 0:
+        raise ConfigError(f"{key}: {value} is negative; use 0 (no minimum) or more")
+    return value
 
 
 @dataclass(frozen=True)
@@ -257,17 +304,20 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "recovery": {
         "poll_interval": Field(_duration(0.05), 30.0, "time between ticks of watch"),
         "repair_timeout": Field(_duration(0), 30 * 60.0, "how long to wait for the TPU to heal itself before recreating"),
-        "max_restarts": Field(_int_range(0, 10_000), 5, "failures not caused by a disruption"),
-        "max_recreates": Field(_int_range(0, 1000), 3, "delete + create cycles"),
+        "max_restarts": Field(_int_range(0, 10_000), 5, "charged failures (not disruptions) allowed since the last run of stable_run"),
+        "max_recreates": Field(_int_range(0, 1000), 3, "delete + create cycles allowed since the last run of stable_run"),
         "no_progress_limit": Field(_int_range(1, 1000), 3, "consecutive attempts that add no checkpoint => failed"),
         "min_uptime": Field(_duration(0), 120.0, "an attempt shorter than this is a failed start"),
         "queue_timeout": Field(_duration(0), 2 * 3600.0, "keep retrying create this long on stockout/quota"),
+        "operation_timeout": Field(_duration(1), 3600.0, "a delete or create operation not done after this long fails the job"),
+        "hang_timeout": Field(_duration(0), 0.0, "no new checkpoint this long while every worker runs: stop the job, a charged failure; "
+                              "0s = off. Set it to 2-3x the checkpoint interval"),
         "fail_fast_exit_codes": Field(_exit_codes, frozenset(), "exit codes that fail the job at once"),
         "retryable_exit_codes": Field(_exit_codes, frozenset({6, 134, 11, 139, 137, 143, 255}), "exit codes charged and retried"),
         "backoff_base": Field(_duration(0), 10.0, "first wait between charged restarts"),
         "backoff_max": Field(_duration(0), 300.0, "longest wait between charged restarts"),
         "stop_grace": Field(_duration(0), 30.0, "SIGTERM to SIGKILL grace when stopping workers"),
-        "stable_run": Field(_duration(0), 3600.0, "an attempt running this long resets the backoff"),
+        "stable_run": Field(_duration(0), 3600.0, "an attempt running this long resets the backoff and the restart/recreate budgets"),
     },
     "ssh": {
         "user": Field(_pattern(_USER, "user name", allow_empty=True), "", "remote user; default the local user, as gcloud does"),
@@ -281,12 +331,16 @@ SCHEMA: dict[str, dict[str, Field]] = {
     },
     "precheck": {
         "enabled": Field(_bool, True, "run environment checks before launch and periodically"),
-        "skip": Field(_str_list, (), "check ids to skip"),
+        "skip": Field(_str_list, (), "check ids to skip (built-in or [[precheck.custom]] names)"),
         "interval": Field(_duration(1), 600.0, "time between periodic checks while running"),
         "min_disk": Field(_bytes_size, 32e9, "root disk free space"),
         "min_shm": Field(_bytes_size, 1e9, "/dev/shm size"),
         "cache_path": Field(_str, "", "a cache/data path whose free space is checked"),
         "min_cache": Field(_bytes_size, 32e9, "free space at cache_path"),
+        "min_open_files": Field(_count, 0, "ulimit -n (open files) minimum; 0 = report only"),
+        "min_locked_memory": Field(_size_or_unlimited, 0, "ulimit -l (locked memory) minimum, a size or \"unlimited\"; 0 = report only"),
+        "min_processes": Field(_count, 0, "ulimit -u (processes) minimum; 0 = report only"),
+        "min_stack": Field(_size_or_unlimited, 0, "ulimit -s (stack) minimum, a size or \"unlimited\"; 0 = report only"),
         "custom": Field(_checks, (), "[[precheck.custom]] name, command, timeout"),
     },
 }
@@ -295,7 +349,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
 def _spec(key: str, value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(f"{key}: expected a table")
-    return dict(value)
+    if not value:
+        return {}  # no [tpu.spec]: fine until a recreate, which then asks for `tpuwatch init`
+    from tpuwatch.spec import validate_spec  # here, so that importing config stays light
+
+    return validate_spec(value, key=key)
 
 
 @dataclass(frozen=True)
@@ -397,12 +455,13 @@ def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[st
         )
     if both:  # fail-fast wins over the default retryable list
         r["retryable_exit_codes"] = r["retryable_exit_codes"] - both
-    unknown_checks = set(out["precheck"]["skip"]) - set(PRECHECK_IDS)
+    known_checks = [*PRECHECK_IDS, *(c["name"] for c in out["precheck"]["custom"])]
+    unknown_checks = set(out["precheck"]["skip"]) - set(known_checks)
     if unknown_checks:
         name = sorted(unknown_checks)[0]
         raise ConfigError(
-            f"precheck.skip: unknown check {name!r}{_did_you_mean(name, list(PRECHECK_IDS))}; "
-            f"checks are {', '.join(PRECHECK_IDS)}"
+            f"precheck.skip: unknown check {name!r}{_did_you_mean(name, known_checks)}; "
+            f"checks are {', '.join(known_checks)}"
         )
     return out
 
@@ -425,14 +484,33 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {str(path)!r} is a directory") from None
     except PermissionError:
         raise ConfigError(f"config file {str(path)!r} is not readable (permission denied)") from None
+    except OSError as exc:  # a name too long, a file where a directory should be, a loop...
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror or exc}") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {str(path)!r} is not UTF-8 (byte {exc.start}); save it as UTF-8") from None
+        raise ConfigError(f"config file {str(path)!r} is not UTF-8{_where_in_toml(data, exc.start)}; "
+                          "save it as UTF-8") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+
+
+def _where_in_toml(data: bytes, offset: int) -> str:
+    """" at line N (section.key)" for a byte offset of a TOML file, as far as it can be told."""
+    lines = data[:offset].decode("utf-8", errors="replace").split("\n")
+    line_no = len(lines)
+    current = data.split(b"\n")[line_no - 1].decode("utf-8", errors="replace")
+    section = ""
+    for text in reversed(lines[:-1]):
+        m = re.match(r"^\s*\[+\s*([A-Za-z0-9_.-]+)\s*\]+", text)
+        if m:
+            section = m.group(1)
+            break
+    key = re.match(r"^\s*([A-Za-z0-9_-]+)\s*=", current)
+    what = f" ({section + '.' if section else ''}{key.group(1)})" if key else ""
+    return f" at line {line_no}{what}, byte {offset}"
 
 
 def load_config(

@@ -145,7 +145,12 @@ class Journal:
         state_dir = Path(state_dir)
         path = journal_path(state_dir, job)
         if readonly:
-            if not path.exists():
+            try:
+                found_file = path.exists()
+            except OSError as exc:
+                raise JournalError(f"state dir {str(state_dir)[:200]!r} cannot be used: {exc.strerror or exc}; "
+                                   "set TPUWATCH_STATE_DIR to a directory", exit_code=EXIT_USAGE) from None
+            if not found_file:
                 raise NotFoundError(f"no journal for job {job!r} at {path}")
             conn = _connect(path, readonly=True)
             try:
@@ -433,6 +438,16 @@ class Journal:
 
 def _private_dir(state_dir: Path) -> None:
     """Create the state dir 0700, or check an existing one is a directory only its owner may write."""
+    try:
+        _private_dir_checks(state_dir)
+    except JournalError:
+        raise
+    except OSError as exc:  # a name too long, a file where a directory should be, ...
+        raise JournalError(f"state dir {str(state_dir)[:200]!r} cannot be used: {exc.strerror or exc}; set "
+                           "TPUWATCH_STATE_DIR to a directory you can write", exit_code=EXIT_USAGE) from None
+
+
+def _private_dir_checks(state_dir: Path) -> None:
     if not state_dir.exists():
         try:
             state_dir.mkdir(mode=0o700, parents=True)
@@ -470,8 +485,11 @@ def _lock(lock_path: Path, job: str, wait: bool) -> int:
     except BaseException:
         os.close(fd)
         raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass  # the pid is only a hint for the Busy message (a full disk must not stop here)
     return fd
 
 
@@ -484,9 +502,16 @@ def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
         raise JournalError(f"cannot read journal {path}: {exc.strerror}") from None
     if head and head != SQLITE_MAGIC:
         raise _corrupt(path, "not a SQLite database")
-    mode = "ro" if readonly else "rw"
+    # A writer killed mid-transaction leaves a hot rollback journal (<db>-journal). SQLite rolls
+    # it back on the next read, but only through a connection allowed to write; a read-only
+    # connection fails with "attempt to write a readonly database". So a reader that may write
+    # the file opens it read-write (it still never writes data: Journal refuses writes).
+    hot = readonly and os.path.exists(f"{path}-journal") and os.access(path, os.W_OK)
+    mode = "ro" if readonly and not hot else "rw"
     try:
-        conn = sqlite3.connect(f"file:{quote(str(path))}?mode={mode}", uri=True, isolation_level=None, timeout=5.0)
+        # fsencode: a path that is not UTF-8 (surrogate-escaped) reaches SQLite as its own bytes
+        conn = sqlite3.connect(f"file:{quote(os.fsencode(path))}?mode={mode}", uri=True, isolation_level=None,
+                               timeout=5.0)
     except sqlite3.Error as exc:
         raise _corrupt(path, str(exc)) from None
     return conn
@@ -516,6 +541,9 @@ def _create(conn: sqlite3.Connection, path: Path, job: str, tpu_name: str) -> No
             conn.execute("ROLLBACK")
         except sqlite3.Error:
             pass
+        if "full" in str(exc):
+            raise JournalError(f"cannot create journal {path}: the disk is full. Free space in {path.parent} "
+                               "and run again") from None
         raise JournalError(f"cannot create journal {path}: {exc}") from None
 
 
@@ -530,6 +558,11 @@ def _validate(conn: sqlite3.Connection, path: Path, job: str, tpu_name: str | No
             raise _corrupt(path, "a SQLite file, but not a tpuwatch journal (no meta table)")
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
     except sqlite3.DatabaseError as exc:
+        if "readonly" in str(exc):  # a hot journal this reader may not roll back: not corruption
+            raise JournalError(
+                f"journal {path} holds a write left unfinished by a tpuwatch that was killed; it is rolled "
+                "back by the next `tpuwatch check` or `watch` (or by anyone allowed to write the file)",
+                exit_code=EXIT_JOB_FAILED) from None
         raise _corrupt(path, str(exc)) from None
     try:
         version = int(meta.get("schema_version", ""))

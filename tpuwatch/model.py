@@ -138,3 +138,61 @@ class OperationStatus:
     done: bool
     error_code: int = 0  # google.rpc.Code; 0 = OK
     error_message: str = ""
+    started: datetime | None = None  # when tpuwatch started it (from the journal), when known
+
+
+CheckVerdict = Literal["pass", "fail", "warn", "skip"]
+
+
+@dataclass(frozen=True)
+class CheckItem:
+    """One environment check on one worker (tpuwatch.precheck): what was measured, against what."""
+
+    check: str  # disk, shm, cache, ulimit, dns, devices, device_holders, libtpu_lock, interpreter, custom:<name>
+    worker: int
+    verdict: CheckVerdict
+    value: str = ""  # the measured value, for people ("12.3 GB free")
+    threshold: str = ""  # what passes ("> 32 GB free")
+    detail: str = ""
+    fixable: bool = False  # tpuwatch can fix it itself (stop orphan holders, remove a stale lockfile)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"check": self.check, "worker": self.worker, "verdict": self.verdict, "value": self.value,
+                "threshold": self.threshold, "detail": self.detail, "fixable": self.fixable}
+
+    def line(self) -> str:
+        """`w2 devices: 3 found, need >= 4 (missing /dev/accel3)`, one line for people."""
+        text = f"w{self.worker} {self.check}: {self.value or self.verdict}"
+        if self.threshold:
+            text += f", need {self.threshold}"
+        return text + (f" ({self.detail})" if self.detail else "")
+
+
+@dataclass(frozen=True)
+class PrecheckReport:
+    """The environment checks of one round trip to the workers of a node."""
+
+    time: datetime
+    context: Literal["launch", "running"]  # before a launch, or periodic while the job runs
+    node_id: str
+    items: tuple[CheckItem, ...] = ()
+    unreachable: tuple[tuple[int, str], ...] = ()  # (worker, why) for workers that did not answer
+
+    @property
+    def failing(self) -> tuple[CheckItem, ...]:
+        return tuple(i for i in self.items if i.verdict == "fail")
+
+    @property
+    def warnings(self) -> tuple[CheckItem, ...]:
+        return tuple(i for i in self.items if i.verdict == "warn")
+
+    @property
+    def ok(self) -> bool:
+        """Every worker answered and no check failed."""
+        return not self.failing and not self.unreachable
+
+    @property
+    def fixable(self) -> bool:
+        """Something failed, and tpuwatch can fix every failing item itself."""
+        failing = self.failing
+        return bool(failing) and all(i.fixable for i in failing)

@@ -169,6 +169,24 @@ def create_request_json(cfg: Config, zone: str, project: str,
     }
 
 
+def redacted(request: Any) -> Any:
+    """A request (REST JSON) fit to print: the job.env values in `tpuwatch-env` metadata hidden.
+
+    They are often API keys; they go to the node (its startup script needs them) but never to
+    a terminal or a log.
+    """
+    if isinstance(request, dict):
+        return {k: (_redact_env(v) if k == "tpuwatch-env" and isinstance(v, str) else redacted(v))
+                for k, v in request.items()}
+    if isinstance(request, list):
+        return [redacted(v) for v in request]
+    return request
+
+
+def _redact_env(text: str) -> str:
+    return "".join(f"{line.split('=', 1)[0]}=<redacted>\n" for line in text.splitlines() if line.strip())
+
+
 def start_create(api: TpuApi, cfg: Config, zone: str, *, resumed: bool = False,
                  launch: Mapping[str, str] | None = None) -> str:
     """Start creating the node from the spec in `zone`; the operation name.
@@ -184,7 +202,20 @@ def start_create(api: TpuApi, cfg: Config, zone: str, *, resumed: bool = False,
         failure = classify_exception(exc, started_by_us=resumed)
         if failure.kind == "exists":
             return ""
+        if failure.reason == "already_exists" and _ours(api, cfg):
+            # A create whose answer was lost (a deadline, a dropped connection) is retried by
+            # the adapter and meets the node it made itself: it carries this job's label.
+            return ""
         raise CreateRejected(failure, zone) from None
+
+
+def _ours(api: TpuApi, cfg: Config) -> bool:
+    """The node named like the job's TPU exists and carries tpuwatch-job=<this job>."""
+    try:
+        existing = api.get_node(cfg.tpu_name)
+    except TpuwatchError:
+        return False  # cannot tell: the refusal stands
+    return existing is not None and owned(existing, cfg.job_name)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -506,11 +506,14 @@ def render_config(
     command: str = "",
     checkpoint_dir: str = "",
     source: str = "",
+    job: str = "",
 ) -> str:
     """A complete tpuwatch.toml: [tpu], [tpu.spec], [job] and commented defaults.
 
     `command`/`checkpoint_dir` are filled in when known (a node tpuwatch created carries them in
-    its metadata); otherwise a placeholder command is written with an EDIT note.
+    its metadata); otherwise a placeholder command is written with an EDIT note. A `job` other
+    than the TPU name is written as [job] name, so the ownership label in the spec and the job
+    the config runs as are the same.
     """
     import tomli_w
 
@@ -540,6 +543,10 @@ def render_config(
         + tomli_w.dumps({"tpu": {"spec": dict(spec)}}, multiline_strings=True)
     )
     job_lines = _JOB_COMMENT
+    if job and job != name:
+        job_lines = job_lines.replace(
+            '# name = ""                 # default: the TPU name;',
+            f"name = {tomli_w.dumps({'x': job})[4:].strip()}        # job name, instead of the TPU name;")
     job_lines += tomli_w.dumps({"command": command or _PLACEHOLDER_COMMAND, "checkpoint_dir": checkpoint_dir})
     job_lines = job_lines.replace(
         f"checkpoint_dir = {tomli_w.dumps({'x': checkpoint_dir})[4:].strip()}",

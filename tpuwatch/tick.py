@@ -11,23 +11,36 @@ Rules of this module:
 - API cost per tick: one node get, one operation get while one is in flight, the audit log at
   most once per `audit_interval` unless something looks wrong (and never twice within
   MIN_AUDIT_GAP); worker probes go over SSH and cost no API quota.
+- Between ticks (`Reconciler.wait`), while the node is down and being waited for, the API is
+  asked once per poll_interval only; a TCP connect to worker 0's SSH port, which costs no quota,
+  runs every second or so, and the moment the port answers the next tick confirms with the API.
 - No recovery rule lives here: what to do is tpuwatch.policy's to say.
 """
 
 from __future__ import annotations
 
+import json
 import random
+import socket
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from tpuwatch import recreate
+from tpuwatch import precheck, recreate
 from tpuwatch.config import Config
 from tpuwatch.durations import human
 from tpuwatch.errors import CloudError, NotFoundError
 from tpuwatch.journal import Journal
-from tpuwatch.model import AuditEvent, Checkpoint, NodeSnapshot, OperationStatus, WorkerProbe
+from tpuwatch.model import (
+    AuditEvent,
+    Checkpoint,
+    NodeSnapshot,
+    OperationStatus,
+    PrecheckReport,
+    WorkerProbe,
+)
 from tpuwatch.policy import (
     CreateNode,
     Decision,
@@ -44,6 +57,16 @@ from tpuwatch.policy import (
 from tpuwatch.ports import AuditLog, CheckpointStore, TpuApi
 
 MIN_AUDIT_GAP = 2.0  # seconds: 30 reads a minute at most, half the Logging API's read quota
+PORT_PROBE_EVERY = 0.5  # seconds between TCP probes of a down node: quicker than a 1 s retry loop
+
+
+def port_open(host: str, port: int, timeout: float) -> bool:
+    """True when a TCP connection to host:port is accepted within `timeout` (no bytes sent)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def utcnow() -> datetime:
@@ -69,6 +92,13 @@ class Ports:
     audit: AuditLog | None = None
     now: Callable[[], datetime] = utcnow
     jitter: Callable[[], float] = random.random
+    sleep: Callable[[float], None] = time.sleep  # between ticks (Reconciler.wait)
+    clock: Callable[[], float] = time.monotonic
+    # tpuwatch.precheck.Prechecker: environment checks before launches and while running
+    precheck: Any = None
+    # TCP probe of a down node's SSH port between ticks (`wait`); a benchmark in virtual time
+    # answers from its simulated hosts
+    port_open: Callable[[str, int, float], bool] = port_open
 
 
 @dataclass(frozen=True)
@@ -84,6 +114,8 @@ class TickReport:
     done: tuple[str, ...] = ()  # what was carried out, one line each
     warnings: tuple[str, ...] = ()
     dry_run: bool = False
+    port_probes: int = 0  # TCP probes of a down node's SSH port made by this process so far
+    precheck: PrecheckReport | None = None  # this tick's environment checks, else the last journaled
 
     @property
     def exit_code(self) -> int:
@@ -128,6 +160,8 @@ class TickReport:
             "done": list(self.done),
             "warnings": list(self.warnings),
             "dry_run": self.dry_run,
+            "port_probes": self.port_probes,
+            "precheck": None if self.precheck is None else precheck.report_dict(self.precheck),
         }
 
 
@@ -141,6 +175,8 @@ class Reconciler:
     journal: Journal
     flags: Flags = field(default_factory=Flags)
     audit_interval: float = 60.0
+    port_probes: int = 0  # TCP probes made by `wait` (they cost no API quota)
+    _port_closed_seen: bool = field(default=False, init=False, repr=False)  # a probe found it closed
 
     def tick(self) -> TickReport:
         now = self.ports.now()
@@ -152,17 +188,30 @@ class Reconciler:
         checkpoint = self.ports.checkpoints.latest() if self.ports.checkpoints is not None else None
         warnings: list[str] = []
         events, cursor = self._audit(now, mem, node, probes, warnings)
+        pre = self._precheck_due(now, mem, node, probes)
         obs = Observation(
             node=node, events=tuple(events), probes=probes, checkpoint=checkpoint,
             operation=operation, create_failure=create_failure,
             owned=node is not None and recreate.owned(node, self.pcfg.job),
             jitter=min(max(self.ports.jitter(), 0.0), 0.999999),
             adopt=self.flags.adopt, recreate_missing=self.flags.recreate_missing,
-            dry_run=self.flags.dry_run,
+            dry_run=self.flags.dry_run, precheck=pre,
         )
         decision = decide(obs, mem, self.pcfg, now)
+        if node is not None and self._checks_before(decision, obs):
+            # The policy wants to launch: check the workers' environment first and decide
+            # again with what the checks found (a bad node is waited for, never charged).
+            pre = self._run_precheck(node, "launch", now)
+            obs = replace(obs, precheck=pre)
+            decision = decide(obs, mem, self.pcfg, now)
+        if pre is not None and pre.context == "running":
+            warnings.extend(f"environment check failed: {line}" for line in precheck.failing_lines(pre))
+        ck_warning = precheck.checkpoint_warning(checkpoint, mem, float(self.cfg.job["checkpoint_warn_age"]), now)
+        if ck_warning:
+            warnings.append(ck_warning)
         report = TickReport(now, node, probes, checkpoint, tuple(events), decision,
-                            warnings=tuple(warnings), dry_run=self.flags.dry_run)
+                            warnings=tuple(warnings), dry_run=self.flags.dry_run,
+                            port_probes=self.port_probes, precheck=pre or self._last_precheck())
         if self.flags.dry_run:
             return replace(report, done=tuple(f"would {_describe(a)}" for a in decision.actions))
         with self.journal.transaction():
@@ -170,8 +219,131 @@ class Reconciler:
             if cursor is not None:
                 self.journal.set_audit_cursor(cursor)
                 self.journal.set_cursor("audit_read_at", now.isoformat())
+            self._journal_precheck(now, pre)
+            self.journal.set_cursor("checkpoint_warning", json.dumps({"time": now.isoformat(), "text": ck_warning})
+                                    if ck_warning else None)
         done, decision = self._act(decision, obs, mem, now)
+        if decision.row == "precheck_fix" and node is not None and not obs.precheck_fixed:
+            # The cleanup ran (StopWorkers): check again and decide, in this same tick.
+            pre = self._run_precheck(node, "launch", now)
+            obs = replace(obs, precheck=pre, precheck_fixed=True)
+            again = decide(obs, decision.memory, self.pcfg, now)
+            with self.journal.transaction():
+                self.journal.record(now, again, operation)
+                self._journal_precheck(now, pre)
+            more, decision = self._act(again, obs, decision.memory, now)
+            done.extend(more)
+            report = replace(report, precheck=pre)
         return replace(report, decision=decision, done=tuple(done))
+
+    # -- environment checks (tpuwatch.precheck) -----------------------------------------------
+
+    def _checks_before(self, decision: Decision, obs: Observation) -> bool:
+        """The decision launches, and the launch-time checks have not been run yet."""
+        return (self.ports.precheck is not None and bool(self.cfg.precheck["enabled"])
+                and any(isinstance(a, Launch) for a in decision.actions)
+                and (obs.precheck is None or obs.precheck.context != "launch"))
+
+    def _run_precheck(self, node: NodeSnapshot, context: precheck.Context, now: datetime) -> PrecheckReport:
+        report: PrecheckReport = self.ports.precheck.run(node, context, now=now)
+        return report
+
+    def _precheck_due(self, now: datetime, mem: Memory, node: NodeSnapshot | None,
+                      probes: Sequence[WorkerProbe] | None) -> PrecheckReport | None:
+        """The periodic checks while the attempt runs, every precheck.interval."""
+        if (self.ports.precheck is None or not self.cfg.precheck["enabled"] or mem.phase is not Phase.RUNNING
+                or node is None or not node.usable or not probes
+                or not any(p.state == "running" for p in probes)):
+            return None
+        last = self.journal.cursor("precheck_at")
+        if last:
+            try:
+                if (now - datetime.fromisoformat(last)).total_seconds() < float(self.cfg.precheck["interval"]):
+                    return None
+            except ValueError:
+                pass
+        return self._run_precheck(node, "running", now)
+
+    def _last_precheck(self) -> PrecheckReport | None:
+        text = self.journal.cursor("precheck_last")
+        if not text:
+            return None
+        try:
+            return precheck.report_from_dict(json.loads(text))
+        except ValueError:
+            return None
+
+    def _journal_precheck(self, now: datetime, pre: PrecheckReport | None) -> None:
+        """Keep the last report (for status and the dashboard); an event when what fails changes."""
+        if pre is None or self.flags.dry_run:
+            return
+        previous = self._last_precheck()
+        before = sorted(precheck.failing_lines(previous)) if previous is not None else None
+        now_failing = sorted(precheck.failing_lines(pre))
+        self.journal.set_cursor("precheck_at", now.isoformat())
+        self.journal.set_cursor("precheck_last", json.dumps(precheck.report_dict(pre), sort_keys=True))
+        if before != now_failing:
+            # The event keeps what did not pass; the full report stays in the cursor above.
+            data = precheck.report_dict(pre)
+            data["checked"] = len(data["items"])
+            data["items"] = [i for i in data["items"] if i["verdict"] in ("fail", "warn")]
+            self.journal.add_event(now, "precheck", precheck.summary(pre), data)
+
+    # -- between ticks ------------------------------------------------------------------------
+
+    def wait(self, report: TickReport, delay: float) -> float:
+        """Sleep until the next tick, `delay` seconds at most; return the seconds waited.
+
+        While the node is down and the job waits for it to heal, a tick every `delay` would ask
+        the API every few seconds for an answer that rarely changes. Instead the API is asked
+        once per poll_interval (or at the policy's own deadline, whichever is sooner), and in
+        between worker 0's SSH port gets a TCP connect every PORT_PROBE_EVERY seconds. When
+        the port answers after having been closed, the wait ends at once, so the next tick
+        confirms with the API and relaunches without waiting out the poll.
+        """
+        start = self.ports.clock()
+        target = self._probe_target(report)
+        if target is None:
+            self._port_closed_seen = False
+            self.ports.sleep(delay)
+            return self.ports.clock() - start
+        host, port = target
+        poll = self.pcfg.poll_interval
+        every = min(PORT_PROBE_EVERY, max(poll / 6, 0.05))
+        longest = max(delay, _until_cap(report, poll))
+        while True:
+            self.port_probes += 1
+            if self.ports.port_open(host, port, max(0.2, min(every, 1.0))):
+                if self._port_closed_seen:
+                    self._port_closed_seen = False
+                    return self.ports.clock() - start
+                # The port answers while the API says the node is down: probes tell nothing
+                # new, so wait as before and let the API decide.
+                left = delay - (self.ports.clock() - start)
+                if left > 0:
+                    self.ports.sleep(left)
+                return self.ports.clock() - start
+            self._port_closed_seen = True
+            left = longest - (self.ports.clock() - start)
+            if left <= 0:
+                return self.ports.clock() - start
+            self.ports.sleep(min(every, left))
+
+    def _probe_target(self, report: TickReport) -> tuple[str, int] | None:
+        """Worker 0's SSH address while the job waits for a down node, when OpenSSH reaches it."""
+        node = report.node
+        if (node is None or node.usable or not node.workers or self.flags.dry_run
+                or report.memory.phase is not Phase.WAITING_NODE):
+            return None
+        transport = getattr(self.ports.workers, "transport", None)
+        # Only a direct OpenSSH connection goes where a TCP probe can follow; gcloud (IAP,
+        # OS Login) may reach the worker by a path the probe cannot see.
+        if getattr(transport, "name", "") != "openssh":
+            return None
+        first = min(node.workers, key=lambda w: w.index)
+        host = first.address(bool(getattr(transport, "internal_ip", False)))
+        port = int(getattr(transport, "port", 22))
+        return (host, port) if host else None
 
     # -- observe ------------------------------------------------------------------------------
 
@@ -185,6 +357,10 @@ class Reconciler:
         if not mem.pending_op or mem.phase not in (Phase.DELETING, Phase.CREATING):
             return None, None
         op = tpu.get_operation(mem.pending_op)
+        if not op.done:  # its age, for recovery.operation_timeout: when the journal recorded it
+            started = next((r.started for r in self.journal.operations(pending_only=True)
+                            if r.name == mem.pending_op), None)
+            op = replace(op, started=started)
         failure = None
         if mem.phase is Phase.CREATING and op.done and op.error_code:
             classified = recreate.classify_operation(op, started_by_us=True)
@@ -293,6 +469,15 @@ class Reconciler:
         mem = self.journal.record_operation(now, decision.memory, name, "create", action.zone)
         return ([f"started creating {action.name} in {action.zone} ({name or 'already exists'}): "
                  f"{action.reason}"], replace(decision, memory=mem))
+
+
+def _until_cap(report: TickReport, limit: float) -> float:
+    """`limit` seconds, or less when an action of the decision has a deadline (`until`) sooner."""
+    for action in report.decision.actions:
+        until = getattr(action, "until", None)
+        if isinstance(until, datetime):
+            limit = min(limit, max((until - report.time).total_seconds(), 0.05))
+    return limit
 
 
 def _describe(action: Any) -> str:

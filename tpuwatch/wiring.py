@@ -54,9 +54,12 @@ def real_ports(job: Job) -> Ports:
 
     ckpt_dir = cfg.job["checkpoint_dir"]
     checkpoints = CheckpointDir(ckpt_dir, cfg.job["checkpoint_layout"]) if ckpt_dir else None
+    from tpuwatch.precheck import Prechecker
+
     return Ports(
         tpu_for=tpu_for,
         workers=workers,
         checkpoints=checkpoints,
         audit=AuditLogReader(loc.project, zone=loc.zone),
+        precheck=Prechecker.from_config(cfg, workers) if cfg.precheck["enabled"] else None,
     )

@@ -326,3 +326,27 @@ def test_queued_resource_provisions_and_force_delete(sim_api: Simulator, lro_pol
     with pytest.raises(exceptions.NotFound):
         c.get_node(name=f"{parent(sim_api)}/nodes/pod")
     assert list(c.list_queued_resources(parent=parent(sim_api))) == []
+
+
+def test_update_node_with_the_real_client_and_set_state(sim_api: Simulator, lro_polling: Any) -> None:
+    from google.protobuf import field_mask_pb2
+
+    sim_api.create_node("pod", "v4-8", labels={"a": "1"}, metadata={"k": "v"})
+    client = tpu_client("v2alpha1")
+    name = f"{parent(sim_api)}/nodes/pod"
+    op = client.update_node(node=tpu_v2alpha1.Node(name=name, labels={"b": "2"}, description="d"),
+                            update_mask=field_mask_pb2.FieldMask(paths=["labels", "description"]))
+    node = op.result(polling=lro_polling)
+    assert dict(node.labels) == {"b": "2"} and node.description == "d" and dict(node.metadata) == {"k": "v"}
+    assert sim_api.world.node("pod").state == "READY"  # an update is not a fault
+
+    sim_api.world.set_state("pod", "REPAIRING", "UNHEALTHY_MAINTENANCE")
+    got = client.get_node(name=name)
+    assert (got.state.name, got.health.name) == ("REPAIRING", "UNHEALTHY_MAINTENANCE")
+    with pytest.raises(exceptions.InvalidArgument, match="update is not supported while in state REPAIRING"):
+        client.update_node(node=tpu_v2alpha1.Node(name=name, labels={}),
+                           update_mask=field_mask_pb2.FieldMask(paths=["labels"]))
+    with pytest.raises(UsageError, match="state must be one of"):
+        sim_api.world.set_state("pod", "BROKEN")
+    with pytest.raises(UsageError, match="no simulated node"):
+        sim_api.world.set_state("nope", "READY")

@@ -111,6 +111,21 @@ def test_create_and_delete_through_rest_are_seen_through_grpc(sim_api: Simulator
     assert sim_api.world.calls["google.cloud.tpu.v2.Tpu/GetNode"] == 2
 
 
+def test_patch_updates_the_masked_fields_only(sim_api: Simulator, http: Http) -> None:
+    sim_api.create_node("pod", "v4-8", labels={"team": "x"}, metadata={"k": "v"})
+    body = {"labels": {"team": "x", "tpuwatch-job": "pod"}, "metadata": {"k": "changed"}}
+    status, op = http("PATCH", f"{http.loc}/nodes/pod?updateMask=labels", body)
+    assert status == 200 and op["metadata"]["verb"] == "update", op
+    done = http.wait_op(op["name"])
+    assert done["response"]["labels"] == {"team": "x", "tpuwatch-job": "pod"}
+    assert sim_api.world.node("pod").spec.metadata == {"k": "v"}  # not in the mask
+    assert sim_api.world.calls["google.cloud.tpu.v2.Tpu/UpdateNode"] == 1
+    status, err = http("PATCH", f"{http.loc}/nodes/pod", body)
+    assert status == 400 and "update_mask is required" in err["error"]["message"]
+    status, err = http("PATCH", f"{http.loc}/nodes/pod?updateMask=acceleratorType", body)
+    assert status == 400 and "accelerator_type cannot be updated" in err["error"]["message"]
+
+
 def test_errors_have_the_google_api_shape(sim_api: Simulator, http: Http) -> None:
     sim_api.create_node("pod", "v4-8")
     status, err = http("GET", f"{http.loc}/nodes/nope")

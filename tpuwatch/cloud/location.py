@@ -97,6 +97,11 @@ def resolve(
 ) -> Location:
     """Project and zone by DESIGN.md's order; UsageError naming the source when missing or bad."""
     env = os.environ if env is None else env
+    for flag, value in (("--project", project_flag), ("--zone", zone_flag)):
+        # `--project "$PROJECT"` with PROJECT unset must not quietly mean another project.
+        if value is not None and not value.strip():
+            raise UsageError(f"{flag}: empty; give a value, or leave the flag out to use the config "
+                             "file, the environment or gcloud's configuration")
     gname, gprops = gcloud_properties(env)
     gsource = f"gcloud configuration {gname!r}"
     project = _first([

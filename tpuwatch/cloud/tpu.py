@@ -2,8 +2,14 @@
 
 Reads go through the v2alpha1 API only: its Node holds every v2 field plus
 `upcoming_maintenance`, so one get per node per poll sees everything (v2 is used for reads
-only if v2alpha1 answers UNIMPLEMENTED). Writes and operations use v2. Every request is one
-RPC under `tpuwatch.cloud.retry` (the client's own retry is off), so call counts are exact.
+only if v2alpha1 answers UNIMPLEMENTED). Writes and operations use v2, except a create whose
+spec has fields only v2alpha1 knows (boot_disk_config, autocheckpoint_enabled), which goes
+through v2alpha1 rather than losing them. Every request is one RPC under `tpuwatch.cloud.retry`
+(the client's own retry is off), so call counts are exact.
+
+Public calls: get_node / require_node / list_nodes / get_node_message (reads), create_node /
+delete_node / set_labels / update_node (nodes), get_queued_resource / create_queued_resource /
+delete_queued_resource / queued_resource_name (queued resources), get_operation.
 
 This module turns Google messages into `tpuwatch.model` values and Google errors into tpuwatch
 errors; nothing outside `cloud/` sees a protobuf. Enum fields become their names; a number
@@ -13,7 +19,7 @@ this client does not know becomes "UNKNOWN_ENUM_<n>" instead of an exception.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
@@ -178,6 +184,34 @@ def _zone_not_found(exc: gexc.GoogleAPICallError) -> bool:
     return any(rx.search(text) for rx in _LOCATION_NOT_FOUND)
 
 
+def parse_message(kind: str, data: Mapping[str, Any], what: str) -> tuple[str, Any]:
+    """(API version, proto-plus message) of a JSON-like `kind` ("Node", "QueuedResource").
+
+    Proto and JSON field names both work. v2 is preferred; a message v2 cannot hold (a field only
+    v2alpha1 has) is built with v2alpha1. UsageError naming `what` when neither knows a field.
+    """
+    from google.cloud import tpu_v2, tpu_v2alpha1
+    from google.protobuf import json_format
+
+    error: json_format.ParseError | None = None
+    for version, mod in (("v2", tpu_v2), ("v2alpha1", tpu_v2alpha1)):
+        cls = getattr(mod, kind)
+        pb = cls.pb()()
+        try:
+            json_format.ParseDict(dict(data), pb)
+        except json_format.ParseError as exc:
+            error = exc
+            continue
+        return version, cls.wrap(pb)
+    raise UsageError(f"{what}: {error}; use the fields of a TPU node (see `tpuwatch init`)")
+
+
+def _types(version: str) -> Any:
+    from google.cloud import tpu_v2, tpu_v2alpha1
+
+    return tpu_v2alpha1 if version == "v2alpha1" else tpu_v2
+
+
 def operation_status(op: Any) -> OperationStatus:
     """OperationStatus of a google.longrunning Operation protobuf."""
     done = bool(op.done)
@@ -279,7 +313,7 @@ class TpuAdapter:
         """A `tpu_v2.QueuedResource` by short or full name, or None when it does not exist."""
         from google.cloud import tpu_v2
 
-        full = name if name.startswith("projects/") else f"{self._parent()}/queuedResources/{name}"
+        full = self.queued_resource_name(name)
         call = Call("TPU API", "get_queued_resource", full, "tpu.queuedResources.get", "tpu.googleapis.com")
         client = self._client("v2")
 
@@ -343,29 +377,105 @@ class TpuAdapter:
         return str(op.operation.name)
 
     def create_node(self, name: str, node: Mapping[str, Any], zone: str | None = None) -> str:
-        """Start a create of `name` from a JSON-like spec of tpu_v2.Node fields; the operation name.
+        """Start a create of `name` from a JSON-like spec of Node fields; the operation name.
 
-        The spec takes proto or JSON field names (`accelerator_type` or `acceleratorType`).
+        The spec takes proto or JSON field names (`accelerator_type` or `acceleratorType`); one
+        with v2alpha1-only fields (`bootDiskConfig`, `autocheckpointEnabled`) is sent to v2alpha1.
         RESOURCE_EXHAUSTED (no capacity, quota) is not retried here: it raises ApiError with
         code "RESOURCE_EXHAUSTED" for the caller's policy to decide.
         """
-        from google.cloud import tpu_v2
-        from google.protobuf import json_format
-
         if not _NODE_NAME.match(name):
             raise UsageError(f"tpu.name: {name!r} is not a TPU name")
         parent = self._parent(zone)
-        pb = tpu_v2.Node.pb()()
-        try:
-            json_format.ParseDict(dict(node), pb)
-        except json_format.ParseError as exc:
-            raise UsageError(f"tpu.spec: {exc}; use the fields of a TPU node (see `tpuwatch init`)") from None
-        request = tpu_v2.CreateNodeRequest(parent=parent, node_id=name, node=tpu_v2.Node.wrap(pb))
+        version, msg = parse_message("Node", node, "tpu.spec")
+        types = _types(version)
+        request = types.CreateNodeRequest(parent=parent, node_id=name, node=msg)
         call = Call("TPU API", "create_node", f"{parent}/nodes/{name}", "tpu.nodes.create", "tpu.googleapis.com",
                     "roles/tpu.admin")
-        client = self._client("v2")
+        client = self._client(version)
         op = self._call(call, lambda: client.create_node(request=request, retry=None, timeout=RPC_TIMEOUT),
                         read=False)
+        return str(op.operation.name)
+
+    def update_node(self, name: str, fields: Mapping[str, Any], mask: Sequence[str]) -> str:
+        """Start an update of the `mask` paths (e.g. ["labels"]) of the node to `fields`; the operation name.
+
+        Only the masked fields change; a masked field missing from `fields` is cleared.
+        NotFoundError when the node does not exist.
+        """
+        from google.cloud import tpu_v2
+        from google.protobuf import field_mask_pb2
+
+        full = self._full(name)
+        if not mask:
+            raise UsageError("update_node: name the fields to change (mask), e.g. [\"labels\"]")
+        _version, msg = parse_message("Node", {**dict(fields), "name": full}, "update_node")
+        if not isinstance(msg, tpu_v2.Node):
+            raise UsageError(f"update_node: {', '.join(fields)} cannot be updated through the v2 API")
+        request = tpu_v2.UpdateNodeRequest(node=msg, update_mask=field_mask_pb2.FieldMask(paths=list(mask)))
+        call = Call("TPU API", "update_node", full, "tpu.nodes.update", "tpu.googleapis.com", "roles/tpu.admin")
+        client = self._client("v2")
+        try:
+            op = self._call(call, lambda: client.update_node(request=request, retry=None, timeout=RPC_TIMEOUT),
+                            read=False)
+        except TpuwatchError as exc:
+            if getattr(exc, "code", "") == "NOT_FOUND":
+                raise NotFoundError(f"no TPU named {split_node_name(full)[2]} in {self.project}/{self.zone} "
+                                    "to update") from None
+            raise
+        return str(op.operation.name)
+
+    def set_labels(self, name: str, labels: Mapping[str, str]) -> str:
+        """Start replacing the node's labels with `labels` (update_node, mask "labels"); the operation name.
+
+        Pass the labels to keep too: the API sets the whole map.
+        """
+        return self.update_node(name, {"labels": dict(labels)}, ["labels"])
+
+    # -- queued resources ---------------------------------------------------------------------
+    def queued_resource_name(self, name: str, zone: str | None = None) -> str:
+        """The full name of queued resource `name` (short or full) in `zone` (default: ours)."""
+        return name if name.startswith("projects/") else f"{self._parent(zone)}/queuedResources/{name}"
+
+    def create_queued_resource(self, qr_id: str, queued_resource: Mapping[str, Any],
+                               zone: str | None = None) -> str:
+        """Start creating queued resource `qr_id` from a JSON-like QueuedResource; the operation name.
+
+        Like create_node: v2, or v2alpha1 when the node spec needs it; RESOURCE_EXHAUSTED is raised
+        (not retried) for the caller to classify.
+        """
+        if not _NODE_NAME.match(qr_id):
+            raise UsageError(f"tpu.queued_resource: {qr_id!r} is not a queued resource id")
+        parent = self._parent(zone)
+        version, msg = parse_message("QueuedResource", queued_resource, "tpu.spec")
+        types = _types(version)
+        request = types.CreateQueuedResourceRequest(parent=parent, queued_resource_id=qr_id, queued_resource=msg)
+        call = Call("TPU API", "create_queued_resource", f"{parent}/queuedResources/{qr_id}",
+                    "tpu.queuedResources.create", "tpu.googleapis.com", "roles/tpu.admin")
+        client = self._client(version)
+        op = self._call(call, lambda: client.create_queued_resource(request=request, retry=None,
+                                                                    timeout=RPC_TIMEOUT), read=False)
+        return str(op.operation.name)
+
+    def delete_queued_resource(self, name: str, *, force: bool = True, zone: str | None = None) -> str:
+        """Start deleting the queued resource (with `force`, its node goes first); the operation name.
+
+        NotFoundError when it does not exist.
+        """
+        from google.cloud import tpu_v2
+
+        full = self.queued_resource_name(name, zone)
+        call = Call("TPU API", "delete_queued_resource", full, "tpu.queuedResources.delete", "tpu.googleapis.com",
+                    "roles/tpu.admin")
+        client = self._client("v2")
+        request = tpu_v2.DeleteQueuedResourceRequest(name=full, force=force)
+        try:
+            op = self._call(call, lambda: client.delete_queued_resource(request=request, retry=None,
+                                                                        timeout=RPC_TIMEOUT), read=False)
+        except TpuwatchError as exc:
+            if getattr(exc, "code", "") == "NOT_FOUND":
+                raise NotFoundError(f"no queued resource {full} to delete") from None
+            raise
         return str(op.operation.name)
 
     def get_operation(self, name: str) -> OperationStatus:

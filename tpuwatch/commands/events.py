@@ -63,7 +63,15 @@ def parse_since(text: str, now: datetime) -> datetime:
         raise UsageError(f"--since: {text!r} reaches back before year 1") from None
 
 
-@click.command(name="events", help=HELP)
+EPILOG = """\b
+Examples:
+  tpuwatch events llm-pod                        # the last 24 hours
+  tpuwatch events llm-pod --since 7d             # the last week
+  tpuwatch events llm-pod --since 2024-05-01T00:00:00Z --json
+"""
+
+
+@click.command(name="events", help=HELP, epilog=EPILOG)
 @click.argument("name")
 @click.option("--since", "since_text", default="24h", show_default=True,
               help="How far back: a duration (24h, 7d) or an RFC 3339 time.")

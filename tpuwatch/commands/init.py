@@ -50,6 +50,8 @@ def _write_atomic(path: Path, text: str) -> None:
 def _job_name(job: str | None, name: str) -> str:
     from tpuwatch.config import _LABEL_VALUE
 
+    if job is not None and not job.strip():
+        raise UsageError("--job: empty; give a job name, or leave the flag out to use the TPU name")
     value = job or name
     if not _LABEL_VALUE.match(value):
         raise UsageError(
@@ -78,9 +80,13 @@ def command(name: str, output: Path, job: str | None, adopt: bool, force: bool, 
     from tpuwatch.recreate import set_owner_label, wait_operation
 
     out = Path(os.path.expanduser(str(output)))
-    if out.exists() and not force:
+    try:
+        exists, is_dir = out.exists(), out.is_dir()
+    except OSError as exc:  # a name too long, a file where a directory should be
+        raise UsageError(f"-o: {str(out)[:200]!r} cannot be used: {exc.strerror}") from None
+    if exists and not force:
         raise UsageError(f"{out} already exists; pass --force to overwrite it, or -o another file")
-    if out.is_dir():
+    if is_dir:
         raise UsageError(f"-o: {out} is a directory; give a file name such as {out / 'tpuwatch.toml'}")
     job_name = _job_name(job, name)
     loc = resolve(project, zone)
@@ -110,9 +116,12 @@ def command(name: str, output: Path, job: str | None, adopt: bool, force: bool, 
     text = specmod.render_config(
         name=name, project=loc.project, zone=loc.zone, spec=spec, queued_resource=qr_short,
         command=metadata.get("tpuwatch-command", ""), checkpoint_dir=metadata.get("tpuwatch-checkpoint-dir", ""),
-        source=f"projects/{loc.project}/locations/{loc.zone}/nodes/{name}",
+        source=f"projects/{loc.project}/locations/{loc.zone}/nodes/{name}", job=job_name,
     )
-    _write_atomic(out, text)
+    try:
+        _write_atomic(out, text)
+    except OSError as exc:
+        raise UsageError(f"-o: cannot write {out}: {exc.strerror or exc}") from None
     load_config(out)  # what we write must load; a failure here is a bug worth a loud message
 
     adopted = False

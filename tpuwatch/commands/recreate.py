@@ -60,7 +60,15 @@ def _latest_checkpoint(cfg: Any) -> dict[str, str]:
     return out
 
 
-@click.command(name="recreate", help=HELP)
+EPILOG = """\b
+Examples:
+  tpuwatch recreate llm-pod --dry-run            # print the requests only
+  tpuwatch recreate llm-pod -c tpuwatch.toml     # asks before deleting
+  tpuwatch recreate llm-pod --yes                # no question (scripts)
+"""
+
+
+@click.command(name="recreate", help=HELP, epilog=EPILOG)
 @click.argument("name")
 @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               default=Path("tpuwatch.toml"), show_default=True, help="Config with [tpu.spec].")
@@ -111,7 +119,7 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
         delete = {"method": "google.cloud.tpu.v2.Tpu.DeleteNode", "name": node.full_name}
 
     if dry_run:
-        click.echo(json.dumps({"delete": delete, "create": create}, indent=2))
+        click.echo(json.dumps({"delete": delete, "create": rc.redacted(create)}, indent=2))
         return
 
     if not yes:

@@ -380,7 +380,15 @@ class Runner:
 # -- the click command ------------------------------------------------------------------------
 
 
-@click.command(name="run", help=HELP)
+EPILOG = """\b
+Examples:
+  tpuwatch run -c tpuwatch.toml                  # stream worker 0's log
+  tpuwatch run -c tpuwatch.toml --all-logs       # every worker's log
+  tpuwatch run -c tpuwatch.toml --stop-on-exit   # Ctrl-C stops the job too
+"""
+
+
+@click.command(name="run", help=HELP, epilog=EPILOG)
 @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               default="tpuwatch.toml", show_default=True, help="The job's tpuwatch.toml.")
 @click.option("--project", help="GCP project (default: config, env, gcloud).")

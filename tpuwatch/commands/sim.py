@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 from pathlib import Path
@@ -27,6 +28,7 @@ def command() -> None:
     """The local TPU simulator: `serve` it, then point tpuwatch at it.
 
     \b
+    Examples:
     tpuwatch sim serve --scenario demo.toml      # prints TPUWATCH_EMULATOR_HOST=… and SSH settings
     tpuwatch sim inject maintenance llm-pod --heal-after 30m
     tpuwatch sim inject create-node llm-pod --type v4-32
@@ -116,12 +118,23 @@ def serve(
     from tpuwatch.sim import scenario as scenario_mod
     from tpuwatch.sim.simulator import Simulator
 
+    for flag, value in (("--scenario", scenario_path), ("--root", root), ("--project", project), ("--zone", zone),
+                        ("--ssh-key", ssh_key), ("--env-file", env_file), ("--gcloud-config", gcloud_config),
+                        ("--gcloud-home", gcloud_home)):
+        if value is not None and not value.strip():  # `--root "$DIR"` with DIR unset
+            raise UsageError(f"{flag}: empty; give a value, or leave the flag out for the default")
+    for flag, where in (("--root", root), ("--gcloud-config", gcloud_config), ("--gcloud-home", gcloud_home)):
+        if where is not None:
+            try:
+                Path(where).expanduser().mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UsageError(f"{flag}: cannot create {where[:200]!r}: {exc.strerror or exc}") from None
     if not 0 <= port < 65536:
         raise UsageError(f"--port: {port} is not a TCP port (0-65535)")
     if not 0 <= rest_port < 65536:
         raise UsageError(f"--rest-port: {rest_port} is not a TCP port (0-65535)")
-    if speed is not None and not speed > 0:
-        raise UsageError(f"--speed: must be above zero, got {speed}")
+    if speed is not None and not 0 < speed < float("inf"):
+        raise UsageError(f"--speed: must be a finite number above zero, got {speed}")
     sc = scenario_mod.load(scenario_path) if scenario_path else None
 
     stop = threading.Event()
@@ -170,6 +183,11 @@ def serve(
                 f'identity_file = "{sim.ssh_key}", port = {sim.ssh_port}',
                 err=True,
             )
+            click.echo(
+                f"sim: each worker's metadata server is <worker ip>:{sim.hosts.metadata_port} "
+                "(its processes get GCE_METADATA_HOST)",
+                err=True,
+            )
         if gcfg.home is not None:
             click.echo(
                 f"sim: gcloud: CLOUDSDK_CONFIG={gcfg.directory} HOME={gcfg.home} gcloud compute tpus "
@@ -193,12 +211,20 @@ def serve(
 
 
 def _host(host: str | None) -> str:
+    if host is not None and not host.strip():
+        raise UsageError("--host: empty; give the address `tpuwatch sim serve` printed, e.g. 127.0.0.1:8470")
     value = host or os.environ.get(EMULATOR_ENV, "")
     if not value:
         raise UsageError(
             f"--host: not given and {EMULATOR_ENV} is not set; use the address `tpuwatch sim serve` printed"
         )
-    return value.split("://", 1)[-1].rstrip("/")
+    source = "--host" if host else EMULATOR_ENV
+    value = value.strip().split("://", 1)[-1].rstrip("/")
+    port = value.rsplit(":", 1)[-1]
+    if not re.match(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$", value) or not 0 < int(port) < 65536:
+        raise UsageError(f"{source}: {value[:200]!r} is not host:port; use the address `tpuwatch sim serve` "
+                         "printed, e.g. 127.0.0.1:8470")
+    return value
 
 
 def _call(host: str, method: str, payload: dict[str, Any]) -> Any:

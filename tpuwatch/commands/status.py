@@ -17,6 +17,7 @@ from rich.console import Console
 from tpuwatch.cloud.location import resolve
 from tpuwatch.cloud.logs import AuditLogReader
 from tpuwatch.cloud.tpu import TpuAdapter
+from tpuwatch.durations import human
 from tpuwatch.errors import CloudError, NotFoundError, UsageError
 from tpuwatch.model import AuditEvent, NodeSnapshot
 from tpuwatch.ui.node import node_panel
@@ -53,14 +54,63 @@ Exit codes: 0 shown, 1 a named TPU does not exist, 2 bad usage,
 
 
 def job_rows(node: NodeSnapshot) -> list[tuple[str, str]]:
-    """Rows for the job that runs on `node` (attempt, checkpoint), from its journal.
-
-    Hook: the journal (tpuwatch/journal.py) is written by another issue. When it lands, find
-    the job by the node's `tpuwatch-job` label, open its journal read-only, and return e.g.
-    [("attempt", "3, running for 2h05m"), ("checkpoint", "step 1200, 12m00s ago")].
-    Until then there is nothing to show.
+    """Rows for the job that runs on `node`, from its journal (found by the node's tpuwatch-job
+    label in the state dir): its phase and attempt, the last environment checks (one line per
+    failing item, with worker and value) and a checkpoint-age warning. [] when there is none.
     """
-    return []
+    facts = journal_facts(node)
+    if facts is None:
+        return []
+    rows = [("job", facts["job"])]
+    pre = facts["precheck"]
+    if pre is not None:
+        from tpuwatch.precheck import failing_lines, report_from_dict, summary
+
+        report = report_from_dict(pre)
+        age = human(max(0.0, (datetime.now(timezone.utc) - report.time).total_seconds()))
+        lines = failing_lines(report)
+        if lines:
+            rows += [("checks" if n == 0 else "", f"FAIL {line}") for n, line in enumerate(lines)]
+            rows.append(("", f"checked {age} ago"))
+        else:
+            rows.append(("checks", f"{summary(report)}, {age} ago"))
+    if facts["checkpoint_warning"]:
+        rows.append(("warning", facts["checkpoint_warning"]))
+    return rows
+
+
+def journal_facts(node: NodeSnapshot) -> dict[str, Any] | None:
+    """What the job's journal says about the job on `node` (read-only), or None."""
+    from tpuwatch.config import default_state_dir
+    from tpuwatch.errors import TpuwatchError
+    from tpuwatch.journal import Journal
+    from tpuwatch.spec import OWNER_LABEL
+
+    job = node.labels.get(OWNER_LABEL, "")
+    if not job:
+        return None
+    try:
+        journal = Journal.open(default_state_dir(), job, None, readonly=True)
+    except (TpuwatchError, OSError):
+        return None
+    try:
+        with journal:
+            mem = journal.load_memory()
+            pre = journal.cursor("precheck_last")
+            ck = journal.cursor("checkpoint_warning")
+    except (TpuwatchError, OSError):
+        return None
+    out: dict[str, Any] = {"job": job, "precheck": None, "checkpoint_warning": None}
+    if mem is not None:
+        out["job"] = f"{job}: {mem.phase.value}, attempt {mem.attempt}" + (f" ({mem.reason})" if mem.reason else "")
+    try:
+        out["precheck"] = json.loads(pre) if pre else None
+        warning = json.loads(ck) if ck else None
+    except ValueError:
+        return out
+    if isinstance(warning, dict) and warning.get("text"):
+        out["checkpoint_warning"] = f"{warning['text']} (as of {warning.get('time', '?')})"
+    return out
 
 
 def _events_by_node(
@@ -79,7 +129,15 @@ def _events_by_node(
     return by_node, None
 
 
-@click.command(name="status", help=HELP)
+EPILOG = """\b
+Examples:
+  tpuwatch status llm-pod --zone us-central2-b   # state, health, events
+  tpuwatch status -c tpuwatch.toml               # with the job's attempt
+  tpuwatch status --all --json                   # every TPU in the zone
+"""
+
+
+@click.command(name="status", help=HELP, epilog=EPILOG)
 @click.argument("names", nargs=-1, metavar="NAME...")
 @click.option("--all", "all_nodes", is_flag=True, help="Every TPU in the zone (one list call).")
 @click.option("--project", help="GCP project (default: config, env, gcloud).")
@@ -131,7 +189,7 @@ def command(
             "time": rfc3339(now),
             "nodes": [
                 {**node_json(n), "events": [event_json(e) for e in events.get(n.name, [])],
-                 "job": dict(job_rows(n)) or None}
+                 "job": journal_facts(n)}
                 for n in nodes
             ],
             "missing": missing,

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +12,14 @@ import click
 
 from tpuwatch.commands.common import job_options, open_journal_or_busy, tick_flags
 from tpuwatch.errors import EXIT_CLOUD, CloudError, JobFailed
+from tpuwatch.policy import Phase
 
 EPILOG = """\b
 Examples:
   tpuwatch watch -c tpuwatch.toml            # live dashboard on a terminal
-  tpuwatch watch -c tpuwatch.toml --json     # one JSON object per change, for machines
-  nohup tpuwatch watch -c tpuwatch.toml >> watch.log 2>&1 &   # plain timestamped lines
+  tpuwatch watch -c tpuwatch.toml --json     # one JSON object per change
+  tpuwatch watch -c tpuwatch.toml --plain    # timestamped lines on a terminal
+  nohup tpuwatch watch -c tpuwatch.toml >> watch.log 2>&1 & # to a file
 
 Ctrl-C stops watching and leaves the job running on the workers.
 """
@@ -46,7 +47,8 @@ def command(config_path: Path, project: str | None, zone: str | None, adopt: boo
     """Keep the job alive: watch the TPU, its audit log and the workers, and recover.
 
     On a terminal it shows a live dashboard; otherwise it prints one timestamped line per
-    event. It returns when the job has finished (exit 0) or failed (exit 1).
+    event. It returns when the job has finished (exit 0), or has failed or needs a person
+    (exit 1: e.g. the TPU was deleted by someone else, or is not tpuwatch's to delete).
     """
     from tpuwatch.tick import Reconciler
     from tpuwatch.wiring import load_job, real_ports
@@ -60,7 +62,7 @@ def command(config_path: Path, project: str | None, zone: str | None, adopt: boo
     with journal:
         rec = Reconciler(job.cfg, job.pcfg, real_ports(job), journal,
                          tick_flags(adopt, recreate_missing, dry_run))
-        view = _Live(job, journal) if live else _Lines(job.name, as_json)
+        view = _view(job, journal, live, as_json)
         failures = 0
         try:
             with view:
@@ -78,89 +80,19 @@ def command(config_path: Path, project: str | None, zone: str | None, adopt: boo
                         continue
                     delay = next_delay(report, poll)
                     view.show(report, report.time + timedelta(seconds=delay))
-                    if report.decision.terminal or dry_run:
+                    # HALTED needs a person (exit 1): return so a wrapper or unit sees it; the
+                    # journal keeps everything, and the next watch resumes once it is fixed.
+                    if report.decision.terminal or report.memory.phase is Phase.HALTED or dry_run:
                         return report.exit_code
-                    time.sleep(delay)
+                    rec.wait(report, delay)  # probes a down node cheaply between API polls
         except KeyboardInterrupt:
             click.echo(f"stopped watching {job.name}; the job keeps running on the workers. "
                        f"Resume with `tpuwatch watch -c {config_path}`.", err=True)
             return 0
 
 
-class _Lines:
-    """Non-TTY output: a timestamped line (or JSON object) per change, never one per quiet tick."""
+def _view(job: Any, journal: Any, live: bool, as_json: bool) -> Any:
+    """The dashboard on a terminal; otherwise one parseable timestamped line per change."""
+    from tpuwatch.ui.dashboard import LineView, LiveView
 
-    def __init__(self, job: str, as_json: bool) -> None:
-        self.job = job
-        self.as_json = as_json
-        self.last: tuple[Any, ...] | None = None
-        self.ticks = 0
-
-    def __enter__(self) -> _Lines:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def warn(self, text: str) -> None:
-        click.echo(f"{_stamp(datetime.now(timezone.utc))} {self.job} warning: {text}", err=True)
-
-    def show(self, report: Any, next_tick: datetime) -> None:
-        self.ticks += 1
-        node = report.node
-        key = (report.decision.row, report.memory.phase, report.memory.attempt,
-               None if node is None else (node.state, node.health, node.id),
-               None if report.checkpoint is None else report.checkpoint.step)
-        if key == self.last and not report.done and not report.events and not report.warnings:
-            return
-        self.last = key
-        if self.as_json:
-            click.echo(json.dumps({"job": self.job, **report.as_dict()}, sort_keys=True))
-            return
-        stamp = _stamp(report.time)
-        for ev in report.events:
-            click.echo(f"{stamp} {self.job} audit: {ev.kind} {ev.node}"
-                       f"{'' if ev.worker is None else ' worker ' + ev.worker} at {_stamp(ev.time)}"
-                       f"{' reason=' + ev.reason if ev.reason else ''}")
-        click.echo(f"{stamp} {self.job} {report.line()}")
-        for line in (*report.done, *report.warnings):
-            click.echo(f"{stamp} {self.job}   - {line}")
-
-
-class _Live:
-    """TTY output: a rich Live dashboard, redrawn in place (no flicker, no scrolling)."""
-
-    def __init__(self, job: Any, journal: Any) -> None:
-        from rich.console import Console
-        from rich.live import Live
-
-        self.job = job
-        self.journal = journal
-        self.console = Console()
-        self.live = Live(console=self.console, auto_refresh=True, refresh_per_second=2,
-                         transient=False, redirect_stderr=False)
-        self.ticks = 0
-        self.report: Any = None
-        self.next_tick: datetime | None = None
-
-    def __enter__(self) -> _Live:
-        self.live.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.live.__exit__(None, None, None)
-
-    def warn(self, text: str) -> None:
-        self.console.print(f"[yellow]warning:[/] {text}")
-
-    def show(self, report: Any, next_tick: datetime) -> None:
-        from tpuwatch.ui.dashboard import dashboard
-
-        self.ticks += 1
-        events = self.journal.events(limit=6)
-        now = datetime.now(timezone.utc)
-        self.live.update(dashboard(report, self.job.name, self.job.pcfg, events, next_tick, now))
-
-
-def _stamp(t: datetime) -> str:
-    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return LiveView(job.name, job.pcfg, journal) if live else LineView(job.name, as_json)

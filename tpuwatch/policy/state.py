@@ -116,6 +116,12 @@ class Memory:
     queued_since: datetime | None = None
     queue_tries: int = 0
     retry_at: datetime | None = None
+    # environment checks (tpuwatch.precheck) failing before a launch, since when (not charged)
+    env_failing_since: datetime | None = None
+    # hang detection (recovery.hang_timeout): the newest checkpoint step seen during the attempt
+    # and when a tick first saw it, for stores that give no checkpoint time
+    progress_step: int | None = None
+    progress_at: datetime | None = None
 
     @classmethod
     def initial(cls, zone: str) -> Memory:
@@ -286,4 +292,7 @@ _LOAD: dict[str, Any] = {
     "queued_since": _opt_time,
     "queue_tries": _int,
     "retry_at": _opt_time,
+    "env_failing_since": _opt_time,
+    "progress_step": _opt_int,
+    "progress_at": _opt_time,
 }

@@ -33,6 +33,7 @@ from tpuwatch.policy.classify import (
     OUTCOMES,
     AttemptFacts,
     Outcome,
+    Verdict,
     classify,
     describe_exit,
     in_window,
@@ -138,6 +139,10 @@ ROWS: tuple[Row, ...] = (
     Row("launch_unseen", "the launched attempt left no trace on any worker",
         "launch the same attempt number again (launch_tries), then charge a failed start"),
     Row("terminal", "DONE or FAILED", "report the end again; stop workers still running"),
+    Row("hung", "every worker runs the attempt, but no new checkpoint for recovery.hang_timeout "
+        "(from the attempt's start or its newest checkpoint; 0s = off)",
+        "stop all workers; a charged failure (\"hung: no new checkpoint for ...\"), counted in the "
+        "no-progress streak when the attempt added no checkpoint; backoff, then relaunch"),
     # Environment checks (issue 10; tpuwatch.precheck). A failing check is evidence against the
     # node, never charged to max_restarts; a job that fails with every check passing is charged
     # as before (`failure`).
@@ -401,17 +406,19 @@ class _Tick:
     # -- ending an attempt ------------------------------------------------------------------
 
     def finish(
-        self, mem: Memory, codes: dict[int, int | None], reachable: bool, detail: str = ""
+        self, mem: Memory, codes: dict[int, int | None], reachable: bool, detail: str = "", hung: str = ""
     ) -> tuple[Memory, str, Decision | None]:
         """End the running attempt: classify it, update the counters.
 
         Returns the memory (IDLE after a disruption, BACKOFF after a charged failure), a line
-        for people, and a Decision when the job is over (done, failed).
+        for people, and a Decision when the job is over (done, failed). `hung`: tpuwatch ends a
+        live attempt that stopped making progress; a charged failure whatever the evidence, since
+        evidence within evidence_window of the stop postdates a hang older than hang_timeout.
         """
         cfg, now, n = self.cfg, self.now, mem.attempt
         start = mem.attempt_start
         assert start is not None  # checked in _check
-        verdict = classify(
+        verdict = Verdict(Outcome.FAILURE, None, hung, ()) if hung else classify(
             AttemptFacts(start, now, codes, cfg.primary_worker, mem.evidence),
             min_uptime=cfg.min_uptime, fail_fast=cfg.fail_fast_exit_codes, window=cfg.evidence_window,
         )
@@ -448,7 +455,7 @@ class _Tick:
         since = f"step {mem.attempt_start_step}" if mem.attempt_start_step is not None else "no checkpoint"
         if mem.no_progress >= cfg.no_progress_limit:
             why = (f"{mem.no_progress} attempts in a row ended with no checkpoint newer than {since} "
-                   f"(last: {describe_exit(verdict.exit_code)}); a deterministic bug is not retried forever")
+                   f"(last: {hung or describe_exit(verdict.exit_code)}); a deterministic bug is not retried forever")
             return mem, why, self.fail(mem, "no_progress", why, (reason,))
         if mem.restarts >= cfg.max_restarts:
             why = f"restart budget spent: {mem.restarts} of recovery.max_restarts = {cfg.max_restarts} used"
@@ -540,8 +547,35 @@ class _Tick:
         mem = replace(mem, unreachable_since=None)
         start = mem.attempt_start
         assert start is not None
+        if cfg.hang_timeout > 0 and len(alive) == len(probes):
+            mem, quiet = self.quiet(mem, start)
+            if quiet >= cfg.hang_timeout:
+                return self.hung(mem, quiet)
         return self.out(mem, "running", f"attempt {n} running on {len(alive)} worker(s) for "
                                         f"{human(_secs(self.now - start))}; {_ckpt_text(self.obs.checkpoint, self.now)}")
+
+    def quiet(self, mem: Memory, start: datetime) -> tuple[Memory, float]:
+        """Seconds since the attempt last showed progress: since its start, or since its newest
+        checkpoint when that is newer than the one it resumed from (the checkpoint's own time
+        when the store gives one, else when a tick first saw it, kept in the memory)."""
+        ckpt, now, since = self.obs.checkpoint, self.now, start
+        if ckpt is not None and (mem.attempt_start_step is None or ckpt.step > mem.attempt_start_step):
+            if mem.progress_step != ckpt.step or mem.progress_at is None or mem.progress_at < start:
+                mem = replace(mem, progress_step=ckpt.step, progress_at=now)
+            seen = ckpt.time if ckpt.time is not None else mem.progress_at
+            since = max(since, seen or since)
+        return mem, max(0.0, _secs(now - since))
+
+    def hung(self, mem: Memory, quiet: float) -> Decision:
+        """Every worker runs, yet no checkpoint for hang_timeout: stop it, charged (row `hung`)."""
+        why = f"hung: no new checkpoint for {human(quiet)}"
+        mem, line, final = self.finish(
+            mem, {}, reachable=True,
+            hung=f"{why} while every worker ran (recovery.hang_timeout {human(self.cfg.hang_timeout)})")
+        if final is not None:
+            return final
+        wait = Wait(mem.backoff_until, "backoff before the next attempt") if mem.phase is Phase.BACKOFF else None
+        return self.out(mem, "hung", line, *([wait] if wait else []))
 
     def unseen(self, mem: Memory, probes: tuple[WorkerProbe, ...]) -> Decision:
         """The journal says attempt n was launched, but no worker shows it."""

@@ -11,7 +11,14 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from tpuwatch.errors import ConfigError, JobFailed
-from tpuwatch.model import AuditEvent, Checkpoint, NodeSnapshot, OperationStatus, WorkerProbe
+from tpuwatch.model import (
+    AuditEvent,
+    Checkpoint,
+    NodeSnapshot,
+    OperationStatus,
+    PrecheckReport,
+    WorkerProbe,
+)
 from tpuwatch.policy.state import AttemptEnd, Memory, Phase
 
 if TYPE_CHECKING:
@@ -58,6 +65,10 @@ class PolicyConfig:
     # Disruption evidence excuses an end only when it is this recent (see classify.in_window).
     evidence_window: float = 1800.0
     launch_tries: int = 3  # relaunches of an attempt that left no trace before it is charged
+    # A delete or create operation not done this long after tpuwatch started it fails the job.
+    operation_timeout: float = 3600.0
+    # No new checkpoint for this long while every worker runs: the job is hung (0 = never).
+    hang_timeout: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.zones:
@@ -88,6 +99,8 @@ class PolicyConfig:
             poll_interval=float(r["poll_interval"]),
             primary_worker=0 if workers == "all" else min(workers),
             unreachable_grace=float(r["poll_interval"]),
+            operation_timeout=float(r["operation_timeout"]),
+            hang_timeout=float(r["hang_timeout"]),
         )
 
 
@@ -109,6 +122,11 @@ class Observation:
     adopt: bool = False  # --adopt: treat the node as owned
     recreate_missing: bool = False  # --recreate-missing
     dry_run: bool = False  # --dry-run: decide, but keep the memory as it was
+    # The environment checks of the workers (tpuwatch.precheck), when this tick ran them: before
+    # a launch (context "launch": the tick decides once without them, and again with them when
+    # the first decision launches), or periodically while the job runs (context "running").
+    precheck: PrecheckReport | None = None
+    precheck_fixed: bool = False  # this tick already ran the worker cleanup for fixable items
 
 
 # ---------------------------------------------------------------------------------------------

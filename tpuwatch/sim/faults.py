@@ -54,6 +54,8 @@ _WHERE = (
     Param("project", "str", "project of the node (default: the simulator's project)"),
 )
 _NODE = Param("node", "str", "node name", required=True)
+_WORKER = Param("worker", "int", "worker index", default=0)
+HOST_FAULTS = ("device-missing", "stale-lockfile", "dns-failure", "orphan-holder", "disk-full", "small-shm")
 
 FAULTS: dict[str, Fault] = {
     f.name: f
@@ -115,6 +117,53 @@ FAULTS: dict[str, Fault] = {
                 *_WHERE,
             ),
             target="node",
+        ),
+        Fault(
+            "ssh",
+            "One worker's SSH server refuses, or accepts and never answers (hang); the API says healthy.",
+            (
+                _NODE,
+                Param("worker", "int", "worker index", default=0),
+                Param(
+                    "mode",
+                    "choice",
+                    "refuse, hang, or serve (end the fault)",
+                    default="HANG",
+                    choices=("REFUSE", "HANG", "SERVE"),
+                ),
+                *_WHERE,
+            ),
+            target="node",
+        ),
+        Fault(
+            "slow-api",
+            "API calls answer late (latency in simulated time, jittered).",
+            (
+                Param("latency", "duration", "how late each matching call answers", required=True),
+                Param("jitter", "float", "spread as a share of the latency, 0..1", default=0.5),
+                Param(
+                    "methods",
+                    "list",
+                    "only methods containing one of these (default: all)",
+                    default=[],
+                ),
+                Param("duration", "duration", "how long (default: until cleared)"),
+            ),
+        ),
+        Fault(
+            "lose-responses",
+            "Serve this fraction of calls, then answer with an error (the response is lost).",
+            (
+                Param("rate", "float", "fraction of calls, 0..1", required=True),
+                Param("codes", "list", "status codes to answer with", default=["DEADLINE_EXCEEDED"]),
+                Param(
+                    "methods",
+                    "list",
+                    "only methods containing one of these (default: all)",
+                    default=[],
+                ),
+                Param("duration", "duration", "how long (default: until cleared)"),
+            ),
         ),
         Fault(
             "symptom",
@@ -219,6 +268,49 @@ FAULTS: dict[str, Fault] = {
             ),
         ),
         Fault("clear-errors", "Lift injected API errors, denials, stockouts and quota errors.", ()),
+        # Host faults (issue 10): each makes one environment check fail on one worker.
+        Fault(
+            "device-missing",
+            "A chip's device file vanishes on one worker (stays gone across reboots; a recreate fixes it).",
+            (_NODE, _WORKER, Param("count", "int", "chips missing", default=1), *_WHERE),
+            target="node",
+        ),
+        Fault(
+            "stale-lockfile",
+            "A stale /tmp/libtpu_lockfile on one worker (a crashed TPU program).",
+            (_NODE, _WORKER, *_WHERE),
+            target="node",
+        ),
+        Fault(
+            "dns-failure",
+            "One worker's resolver answers nothing for its peers (until the node is recreated).",
+            (_NODE, _WORKER, *_WHERE),
+            target="node",
+        ),
+        Fault(
+            "orphan-holder",
+            "A process outside any job holds a TPU device open on one worker.",
+            (_NODE, _WORKER, *_WHERE),
+            target="node",
+        ),
+        Fault(
+            "disk-full",
+            "One worker's disk nearly full: a small tmpfs over its root (or PATH), filled (needs root).",
+            (
+                _NODE,
+                _WORKER,
+                Param("path", "str", "/ (root disk), /PATH on the host, or ~/PATH in the home", default="/"),
+                Param("free", "size", "space left free, e.g. 10MB", default=10_000_000),
+                *_WHERE,
+            ),
+            target="node",
+        ),
+        Fault(
+            "small-shm",
+            "One worker's /dev/shm is small: a tmpfs of SIZE mounted there (needs root).",
+            (_NODE, _WORKER, Param("size", "size", "size of /dev/shm, e.g. 64MB", default=64_000_000), *_WHERE),
+            target="node",
+        ),
         Fault(
             "create-node",
             "Create a READY node now (no operation).",
@@ -294,6 +386,14 @@ def _convert(p: Param, value: Any, where: str) -> Any:
         if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
             return list(value)
         raise UsageError(f"{key}: expected a list of strings, got {value!r}")
+    if p.kind == "size":
+        from tpuwatch.config import _bytes_size
+        from tpuwatch.errors import ConfigError
+
+        try:
+            return int(_bytes_size(key, value))
+        except ConfigError as exc:
+            raise UsageError(exc.message)
     if p.kind == "map":
         if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
             return {k: str(v) for k, v in value.items()}
@@ -338,6 +438,13 @@ def normalize(
         if not 0.0 <= out["rate"] <= 1.0:
             raise UsageError(
                 f"{where + '.' if where else ''}rate: must be between 0 and 1, got {out['rate']}"
+            )
+    if fault in ("disk-full", "small-shm"):
+        from tpuwatch.sim.hostfaults import can_mount
+
+        if not can_mount():
+            raise UsageError(
+                f"{where + ': ' if where else ''}fault {fault!r} mounts a small tmpfs on the worker and needs root"
             )
     if fault == "create-node":
         try:
@@ -394,6 +501,9 @@ def apply(world: World, fault: str, params: Mapping[str, Any]) -> Any:
             can_reschedule=p.get("can_reschedule", True),
             **where,
         )
+    elif fault in HOST_FAULTS:
+        node, worker = p.pop("node"), p.pop("worker", 0)
+        world.host_fault(node, fault, worker, p, **where)
     elif fault == "heal":
         world.heal(p.pop("node"), **where)
     elif fault == "delete-node":
@@ -406,6 +516,22 @@ def apply(world: World, fault: str, params: Mapping[str, Any]) -> Any:
         world.api_errors(
             p["rate"],
             p.get("codes", ["UNAVAILABLE"]),
+            methods=p.get("methods", []),
+            duration=p.get("duration"),
+        )
+    elif fault == "ssh":
+        world.ssh_fault(p.pop("node"), p.pop("worker", 0), str(p.pop("mode", "HANG")).lower(), **where)
+    elif fault == "slow-api":
+        world.slow_calls(
+            p["latency"],
+            jitter=p.get("jitter", 0.5),
+            methods=p.get("methods", []),
+            duration=p.get("duration"),
+        )
+    elif fault == "lose-responses":
+        world.lose_responses(
+            p["rate"],
+            p.get("codes", ["DEADLINE_EXCEEDED"]),
             methods=p.get("methods", []),
             duration=p.get("duration"),
         )

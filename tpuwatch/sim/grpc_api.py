@@ -1,7 +1,8 @@
 """The simulator's gRPC services, built from the message types the Google client packages ship.
 
-Served: `google.cloud.tpu.v2.Tpu`, `google.cloud.tpu.v2alpha1.Tpu`, `google.longrunning.Operations`,
-`google.logging.v2.LoggingServiceV2/ListLogEntries`, and the simulator's own JSON control
+Served: `google.cloud.tpu.v2.Tpu` and `google.cloud.tpu.v2alpha1.Tpu` (nodes, UpdateNode of
+labels/metadata/description, queued resources, guest attributes; maintenance in v2alpha1),
+`google.longrunning.Operations`, `google.logging.v2.LoggingServiceV2/ListLogEntries`, and the simulator's own JSON control
 service `tpuwatch.sim.Control` (inject faults, read call counters, create nodes) used by
 `tpuwatch sim inject`. Every Google call is counted and may fail by injection before it runs
 (`World.before_call`). This module translates between protobufs and the world's plain records;
@@ -24,6 +25,7 @@ from google.rpc import status_pb2
 
 from tpuwatch.errors import TpuwatchError
 from tpuwatch.sim import audit
+from tpuwatch.sim.metadata import worker_hostname
 from tpuwatch.sim.world import (
     ApiError,
     NodeRec,
@@ -140,17 +142,19 @@ def render_node(rec: NodeRec, version: str) -> Any:
     return node
 
 
-def render_queued(qr: QueuedRec) -> tpu_v2.QueuedResource:
+def render_queued(qr: QueuedRec, version: str = "v2") -> Any:
+    """The queued resource as `tpu_v2.QueuedResource` or `tpu_v2alpha1.QueuedResource`."""
+    mod = _VERSIONS[version]
     out = (
-        tpu_v2.QueuedResource.from_json(qr.spec_json, ignore_unknown_fields=True)
+        mod.QueuedResource.from_json(qr.spec_json, ignore_unknown_fields=True)
         if qr.spec_json
-        else tpu_v2.QueuedResource()
+        else mod.QueuedResource()
     )
     out.name = qr.full_name
     out.create_time = _ts(qr.create_ns)
-    state = tpu_v2.QueuedResourceState(state=tpu_v2.QueuedResourceState.State[qr.state])
+    state = mod.QueuedResourceState(state=mod.QueuedResourceState.State[qr.state])
     if qr.state == "FAILED":
-        state.failed_data = tpu_v2.QueuedResourceState.FailedData(
+        state.failed_data = mod.QueuedResourceState.FailedData(
             error=status_pb2.Status(code=8, message=qr.error)
         )
     out.state = state
@@ -175,7 +179,7 @@ def render_operation(op: OperationRec) -> operations_pb2.Operation:
         elif op.response_kind == "node" and op.response is not None:
             out.response.Pack(mod.Node.pb(render_node(op.response, op.api_version)))
         elif op.response_kind == "queued_resource" and op.response is not None:
-            out.response.Pack(tpu_v2.QueuedResource.pb(render_queued(op.response)))
+            out.response.Pack(mod.QueuedResource.pb(render_queued(op.response, op.api_version)))
         else:
             out.response.Pack(empty_pb2.Empty())
     return out
@@ -239,7 +243,7 @@ class Services:
             if injected is not None:
                 context.abort(getattr(grpc.StatusCode, injected.code), injected.message)
             try:
-                return fn(request)
+                answer = fn(request)
             except ApiError as exc:
                 context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
             except Exception as exc:  # a simulator bug: surface it as INTERNAL with the cause
@@ -248,6 +252,10 @@ class Services:
                     grpc.StatusCode.INTERNAL,
                     f"simulator error in {method}: {type(exc).__name__}: {exc}",
                 )
+            lost = self.world.after_call(full)  # served, but the answer never arrives
+            if lost is not None:
+                context.abort(getattr(grpc.StatusCode, lost.code), lost.message)
+            return answer
 
         return handler
 
@@ -307,7 +315,7 @@ class Services:
                     mod.GuestAttributesEntry(
                         namespace="guestInventory",
                         key="Hostname",
-                        value=f"t1v-n-{rec.id % 10**8:08x}-w-{i}",
+                        value=worker_hostname(rec.id, i),
                     ),
                     mod.GuestAttributesEntry(
                         namespace="guestInventory", key="InternalIP", value=ip
@@ -326,7 +334,22 @@ class Services:
                 )
             return mod.GetGuestAttributesResponse(guest_attributes=out)
 
+        def update_node(req: Any) -> Any:
+            p, z, n = parse_node_name(req.node.name)
+            node = req.node
+            fields = {
+                "labels": dict(node.labels),
+                "metadata": dict(node.metadata),
+                "description": node.description,
+            }
+            return render_operation(
+                w.update_node(p, z, n, fields, list(req.update_mask.paths), version)
+            )
+
         def name_of(req: Any) -> str:
+            node_name: Any = getattr(getattr(req, "node", None), "name", None)
+            if node_name:  # UpdateNode names its node inside the request's Node
+                return str(node_name)
             return str(getattr(req, "name", "") or getattr(req, "parent", ""))
 
         table: dict[str, tuple[Callable[[Any], Any], Any, Any]] = {
@@ -340,6 +363,7 @@ class Services:
             "DeleteNode": (delete_node, mod.DeleteNodeRequest.deserialize, op_ser),
             "StopNode": (stop_node, mod.StopNodeRequest.deserialize, op_ser),
             "StartNode": (start_node, mod.StartNodeRequest.deserialize, op_ser),
+            "UpdateNode": (update_node, mod.UpdateNodeRequest.deserialize, op_ser),
             "GetGuestAttributes": (
                 guest_attributes,
                 mod.GetGuestAttributesRequest.deserialize,
@@ -366,73 +390,75 @@ class Services:
                 mod.PerformMaintenanceRequest.deserialize,
                 op_ser,
             )
-        else:
 
-            def create_qr(req: Any) -> Any:
-                p, z = _parent(req.parent)
-                w.check_zone(p, z)
-                qr = req.queued_resource
-                specs = list(qr.tpu.node_spec)
-                if len(specs) != 1:
-                    raise ApiError(
-                        "INVALID_ARGUMENT",
-                        "the simulator supports queued resources with exactly one tpu.node_spec",
-                    )
-                ns = specs[0]
-                spec = spec_from_node(ns.node, z)
-                if "spot" in qr:
-                    spec.spot = True
-                return render_operation(
-                    w.create_queued_resource(
-                        p,
-                        z,
-                        req.queued_resource_id,
-                        ns.node_id,
-                        spec,
-                        spec.spot,
-                        tpu_v2.QueuedResource.to_json(qr),
-                    )
+        def create_qr(req: Any) -> Any:
+            p, z = _parent(req.parent)
+            w.check_zone(p, z)
+            qr = req.queued_resource
+            specs = list(qr.tpu.node_spec)
+            if len(specs) != 1:
+                raise ApiError(
+                    "INVALID_ARGUMENT",
+                    "the simulator supports queued resources with exactly one tpu.node_spec",
                 )
-
-            def get_qr(req: Any) -> Any:
-                p, z, n = _child(req.name, "queuedResources")
-                return render_queued(w.get_queued_resource(p, z, n))
-
-            def list_qr(req: Any) -> Any:
-                p, z = _parent(req.parent)
-                items = w.list_queued_resources(p, z)
-                start = _page_start(req.page_token)
-                size = req.page_size if req.page_size > 0 else 1000
-                token = str(start + size) if start + size < len(items) else ""
-                return tpu_v2.ListQueuedResourcesResponse(
-                    queued_resources=[render_queued(q) for q in items[start : start + size]],
-                    next_page_token=token,
+            ns = specs[0]
+            spec = spec_from_node(ns.node, z)
+            if "spot" in qr:
+                spec.spot = True
+            return render_operation(
+                w.create_queued_resource(
+                    p,
+                    z,
+                    req.queued_resource_id,
+                    ns.node_id,
+                    spec,
+                    spec.spot,
+                    mod.QueuedResource.to_json(qr),
+                    api_version=version,
                 )
+            )
 
-            def delete_qr(req: Any) -> Any:
-                p, z, n = _child(req.name, "queuedResources")
-                return render_operation(w.delete_queued_resource(p, z, n, bool(req.force)))
+        def get_qr(req: Any) -> Any:
+            p, z, n = _child(req.name, "queuedResources")
+            return render_queued(w.get_queued_resource(p, z, n), version)
 
-            table["CreateQueuedResource"] = (
-                create_qr,
-                tpu_v2.CreateQueuedResourceRequest.deserialize,
-                op_ser,
+        def list_qr(req: Any) -> Any:
+            p, z = _parent(req.parent)
+            items = w.list_queued_resources(p, z)
+            start = _page_start(req.page_token)
+            size = req.page_size if req.page_size > 0 else 1000
+            token = str(start + size) if start + size < len(items) else ""
+            return mod.ListQueuedResourcesResponse(
+                queued_resources=[render_queued(q, version) for q in items[start : start + size]],
+                next_page_token=token,
             )
-            table["GetQueuedResource"] = (
-                get_qr,
-                tpu_v2.GetQueuedResourceRequest.deserialize,
-                tpu_v2.QueuedResource.serialize,
+
+        def delete_qr(req: Any) -> Any:
+            p, z, n = _child(req.name, "queuedResources")
+            return render_operation(
+                w.delete_queued_resource(p, z, n, bool(req.force), api_version=version)
             )
-            table["ListQueuedResources"] = (
-                list_qr,
-                tpu_v2.ListQueuedResourcesRequest.deserialize,
-                tpu_v2.ListQueuedResourcesResponse.serialize,
-            )
-            table["DeleteQueuedResource"] = (
-                delete_qr,
-                tpu_v2.DeleteQueuedResourceRequest.deserialize,
-                op_ser,
-            )
+
+        table["CreateQueuedResource"] = (
+            create_qr,
+            mod.CreateQueuedResourceRequest.deserialize,
+            op_ser,
+        )
+        table["GetQueuedResource"] = (
+            get_qr,
+            mod.GetQueuedResourceRequest.deserialize,
+            mod.QueuedResource.serialize,
+        )
+        table["ListQueuedResources"] = (
+            list_qr,
+            mod.ListQueuedResourcesRequest.deserialize,
+            mod.ListQueuedResourcesResponse.serialize,
+        )
+        table["DeleteQueuedResource"] = (
+            delete_qr,
+            mod.DeleteQueuedResourceRequest.deserialize,
+            op_ser,
+        )
         return {
             method: grpc.unary_unary_rpc_method_handler(
                 self._wrap(svc, method, fn, name_of),

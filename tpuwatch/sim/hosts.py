@@ -1,13 +1,17 @@
 """Simulated TPU VM workers: one SSH server (asyncssh) per worker, each on its own loopback IP.
 
 A worker is a home directory, a host root (its `/dev/accel*`, `/tmp`, `/dev/shm`, found through
-`TPUWATCH_HOST_ROOT`), an ed25519 host key and an SSH listener on `127.<b>.<node>.<worker+1>`
-(Linux routes all of 127/8 to `lo`). Commands run as local processes under `/bin/bash -c`; every
+`TPUWATCH_HOST_ROOT`), an ed25519 host key, an SSH listener on `127.<b>.<node>.<worker+1>`
+(Linux routes all of 127/8 to `lo`) and a metadata server on the same address (another port
+shared by all workers; `GCE_METADATA_HOST=<worker ip>:<port>` in every process's environment, so
+each worker reads its own values, see metadata.py). Commands run as local processes under `/bin/bash -c`; every
 process a worker starts carries a marker variable in its environment, so the worker's processes
 can be found and killed through /proc even after they `setsid` away from their process group.
 
 Booting a node makes fresh homes and new host keys and runs its startup script in the background,
-as a TPU VM runs its `startup-script` metadata on boot; `down`/`up` model a host going away and
+as a TPU VM runs its `startup-script` metadata on boot. The metadata server answers from
+`metadata_source(node_key, worker)` (the simulator wires the world's live values in), or else
+from the metadata given at boot; `down`/`up` model a host going away and
 coming back (maintenance), `destroy` deletes it. All asyncio work happens on one loop in a daemon
 thread; the public methods are synchronous and thread-safe.
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import getpass
 import os
@@ -38,6 +43,8 @@ from typing import Any, TypeVar
 import asyncssh
 
 from tpuwatch.errors import UsageError
+from tpuwatch.sim import hostfaults
+from tpuwatch.sim import metadata as md
 
 MARKER = "TPUWATCH_SIM_WORKER"
 STARTUP_LOG = "startup-script.log"
@@ -60,9 +67,14 @@ class _Worker:
     dir: Path
     host_key: Any  # asyncssh.SSHKey
     acceptor: Any = None  # asyncssh.SSHAcceptor while listening
+    md_server: asyncio.AbstractServer | None = None  # the metadata server while listening
     conns: set[Any] = field(default_factory=set)  # asyncssh.SSHServerConnection
     reset: _Reset | None = None
     startup: asyncio.Task[None] | None = None
+    faults: dict[str, Any] = field(default_factory=dict)  # host faults (hostfaults.py); gone on recreate
+    ssh_mode: str = ""  # an SSH fault: "refuse" or "hang" (see Hosts.ssh_fault); "" serves
+    blackhole: asyncio.AbstractServer | None = None  # accepts SSH connections, never answers
+    held: list[asyncio.StreamWriter] = field(default_factory=list)  # connections it holds
 
     @property
     def home(self) -> Path:
@@ -91,6 +103,7 @@ class _Node:
     startup_script: str | None
     chips_per_host: int
     vfio: bool
+    metadata: dict[str, str] = field(default_factory=dict)  # given at boot
     workers: list[_Worker] = field(default_factory=list)
 
 
@@ -98,8 +111,12 @@ class Hosts:
     """The simulated workers of every node of one simulator instance."""
 
     def __init__(self, root: Path, *, speed: float = 600.0, user: str | None = None,
-                 extra_env: Mapping[str, str] | None = None) -> None:
+                 extra_env: Mapping[str, str] | None = None,
+                 metadata_source: Callable[[str, int], md.Instance | None] | None = None) -> None:
         self.root = Path(root)
+        # (node_key, worker) -> what that worker's metadata server says; None: the boot metadata.
+        # Called on a thread of its own, never on the hosts' loop, so it may take locks.
+        self.metadata_source = metadata_source
         self.speed = speed  # kept for the simulator's clock; the hosts layer adds no delays
         self.ssh_user = user or getpass.getuser()
         self.extra_env = dict(extra_env or {})
@@ -115,6 +132,7 @@ class Hosts:
             os.chmod(self.client_key, 0o600)
         self._client_pub = asyncssh.read_public_key(str(self.client_key) + ".pub")
         self.ssh_port = self._free_port()
+        self.metadata_port = self._free_port(avoid=self.ssh_port)
         self._nodes: dict[str, _Node] = {}
         self._slots: dict[str, int] = {}  # node_key -> third octet; kept so a recreate keeps IPs
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -166,12 +184,19 @@ class Hosts:
     # ---- nodes -------------------------------------------------------------------------------
 
     def boot(self, node_key: str, node_id: str, n_workers: int, startup_script: str | None,
-             *, chips_per_host: int = 4, vfio: bool = False) -> list[str]:
-        """Fresh homes, new host keys, listeners up, startup script started; the workers' IPs."""
+             *, chips_per_host: int = 4, vfio: bool = False,
+             metadata: Mapping[str, str] | None = None) -> list[str]:
+        """Fresh homes, new host keys, listeners up, startup script started; the workers' IPs.
+
+        `metadata` is the node's instance metadata, served by each worker's metadata server
+        unless `metadata_source` knows better (it holds the startup script too; `startup_script`
+        is what runs).
+        """
         if not 1 <= n_workers <= 254:
             raise UsageError(f"a simulated node has 1 to 254 workers, not {n_workers}")
+        meta = dict(metadata or {})
         return self._call(lambda: self._boot(node_key, node_id, n_workers, startup_script,
-                                             chips_per_host, vfio))
+                                             chips_per_host, vfio, meta))
 
     def down(self, node_key: str) -> None:
         """The hosts go away: listeners closed (connection refused), every process killed."""
@@ -201,6 +226,17 @@ class Hosts:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGSTOP)
 
+    def host_fault(self, node_key: str, worker: int, kind: str, params: Mapping[str, Any] | None = None) -> None:
+        """A fault of one worker's host that an environment check sees (tpuwatch.sim.hostfaults):
+        device-missing, stale-lockfile, dns-failure, orphan-holder, disk-full, small-shm."""
+        w = self._worker(node_key, worker)
+        values = dict(params or {})
+
+        async def run() -> None:
+            hostfaults.apply(self, w, kind, values)
+
+        self._call(run)
+
     def reset_connections(self, node_key: str, worker: int, after_bytes: int | None = None) -> None:
         """Fault: the next exec session on this worker loses its connection mid-command.
 
@@ -209,6 +245,18 @@ class Hosts:
         ssh exit 255 for a command that did run, as after a network drop.
         """
         self._worker(node_key, worker).reset = _Reset(after_bytes)
+
+    def ssh_fault(self, node_key: str, worker: int, mode: str) -> None:
+        """Fault one worker's SSH server, leaving its processes and metadata server alone.
+
+        "refuse": nothing listens (connection refused); "hang": connections are accepted and
+        never answered, not even with the SSH banner; "serve": back to normal (new connections
+        only). A host going down and up (maintenance, recreate) ends the fault.
+        """
+        if mode not in ("refuse", "hang", "serve"):
+            raise UsageError(f"ssh fault mode {mode!r}: use refuse, hang or serve")
+        w = self._worker(node_key, worker)
+        self._call(lambda: self._ssh_fault(w, "" if mode == "serve" else mode))
 
     # ---- queries -----------------------------------------------------------------------------
 
@@ -220,6 +268,14 @@ class Hosts:
 
     def ips(self, node_key: str) -> list[str]:
         return [w.ip for w in self._node(node_key).workers]
+
+    def metadata_address(self, node_key: str, worker: int) -> str:
+        """host:port of this worker's metadata server (its GCE_METADATA_HOST)."""
+        return f"{self._worker(node_key, worker).ip}:{self.metadata_port}"
+
+    def metadata_instance(self, node_key: str, worker: int) -> md.Instance:
+        """What this worker's metadata server answers with now."""
+        return self._instance(self._worker(node_key, worker))
 
     def is_listening(self, node_key: str, worker: int) -> bool:
         return self._worker(node_key, worker).listening
@@ -278,11 +334,13 @@ class Hosts:
 
     # ---- internals: addresses ----------------------------------------------------------------
 
-    def _free_port(self) -> int:
+    def _free_port(self, avoid: int = 0) -> int:
         # A port nothing is bound to on any address (a wildcard test bind conflicts with every
         # specific one), outside the ephemeral range so outgoing connections will not take it.
         for _ in range(200):
             port = random.randint(*_PORT_RANGE)
+            if port == avoid:
+                continue
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
                 s.bind(("0.0.0.0", port))
@@ -308,14 +366,14 @@ class Hosts:
     # ---- internals: node lifecycle (on the loop) ---------------------------------------------
 
     async def _boot(self, node_key: str, node_id: str, n: int, script: str | None,
-                    chips: int, vfio: bool) -> list[str]:
+                    chips: int, vfio: bool, metadata: dict[str, str]) -> list[str]:
         if node_key in self._nodes:
             await self._destroy(node_key)
         slot = self._slot(node_key)
         safe = node_key.replace("/", "__")
         node_dir = self.root / "nodes" / f"{slot:03d}-{safe}"
         shutil.rmtree(node_dir, ignore_errors=True)
-        node = _Node(self, node_key, node_id, slot, node_dir, script, chips, vfio)
+        node = _Node(self, node_key, node_id, slot, node_dir, script, chips, vfio, metadata)
         for i in range(n):
             wdir = node_dir / f"worker-{i}"
             key = asyncssh.generate_private_key("ssh-ed25519", comment=f"{node_key} worker {i}")
@@ -325,6 +383,8 @@ class Hosts:
             key.write_public_key(str(wdir / "ssh_host_ed25519_key.pub"))
             self._make_host_root(w)
             node.workers.append(w)
+        for w in node.workers:  # every worker's hosts file names all of them
+            hostfaults.write_hosts_file(w)
         self._nodes[node_key] = node
         try:
             for w in node.workers:
@@ -347,8 +407,43 @@ class Hosts:
         else:
             for c in range(chips):
                 (dev / f"accel{c}").touch()
+        if len(w.node.workers) > w.index:  # made again on a reboot: faults that outlive it
+            hostfaults.reapply(self, w)
+
+    async def _ssh_fault(self, w: _Worker, mode: str) -> None:
+        await self._close_blackhole(w)
+        acceptor, w.acceptor = w.acceptor, None
+        if acceptor is not None:
+            acceptor.close()
+            with contextlib.suppress(Exception):
+                await acceptor.wait_closed()
+        for conn in list(w.conns):
+            conn.abort()
+        w.conns.clear()
+        w.ssh_mode = mode
+        if mode == "":
+            await self._listen_ssh(w)
+        elif mode == "hang":
+            async def hold(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                w.held.append(writer)  # kept open and silent until the fault ends
+
+            w.blackhole = await asyncio.start_server(hold, w.ip, self.ssh_port, reuse_address=True)
+
+    async def _close_blackhole(self, w: _Worker) -> None:
+        server, w.blackhole = w.blackhole, None
+        for writer in w.held:
+            writer.close()
+        w.held.clear()
+        if server is not None:
+            server.close()
+            with contextlib.suppress(Exception):
+                await server.wait_closed()
 
     async def _listen(self, w: _Worker) -> None:
+        await self._listen_ssh(w)
+        await self._listen_md(w)
+
+    async def _listen_ssh(self, w: _Worker) -> None:
         try:
             w.acceptor = await asyncssh.listen(
                 w.ip, self.ssh_port,
@@ -364,7 +459,42 @@ class Hosts:
                                  f"worker {w.index} of {w.node.key} cannot listen; restart the simulator")
             raise
 
+    async def _listen_md(self, w: _Worker) -> None:
+        try:
+            w.md_server = await asyncio.start_server(
+                lambda r, wr: md.serve(r, wr, lambda: self._instance_async(w)),
+                w.ip, self.metadata_port, reuse_address=True)
+        except OSError as e:
+            await self._unlisten(w)
+            if e.errno == errno.EADDRINUSE:
+                raise UsageError(f"port {self.metadata_port} on {w.ip} is in use: the metadata server "
+                                 f"of worker {w.index} of {w.node.key} cannot listen; restart the simulator")
+            raise
+
+    def _instance(self, w: _Worker) -> md.Instance:
+        source = self.metadata_source
+        inst = source(w.node.key, w.index) if source is not None else None
+        if inst is None:  # no world (Hosts on its own), or the world no longer has the node
+            parts = w.node.key.split("/")
+            project, zone = (parts[0], parts[1]) if len(parts) == 3 else ("", "")
+            inst = md.make_instance(project=project, zone=zone, node_id=w.node.node_id, worker=w.index,
+                                    metadata=w.node.metadata)
+        if not inst.ip:
+            inst = dataclasses.replace(inst, ip=w.ip)
+        return inst
+
+    async def _instance_async(self, w: _Worker) -> md.Instance:
+        if self.metadata_source is None:
+            return self._instance(w)
+        # The source may take the world's lock; a thread keeps the loop (and SSH) serving.
+        return await asyncio.get_running_loop().run_in_executor(None, self._instance, w)
+
     async def _unlisten(self, w: _Worker) -> None:
+        await self._close_blackhole(w)
+        w.ssh_mode = ""
+        server, w.md_server = w.md_server, None
+        if server is not None:
+            server.close()
         acceptor, w.acceptor = w.acceptor, None
         if acceptor is not None:
             acceptor.close()
@@ -383,7 +513,7 @@ class Hosts:
             self._kill_marked(w.marker)
 
     async def _up(self, node: _Node, reboot: bool) -> None:
-        down = [w for w in node.workers if not w.listening]
+        down = [w for w in node.workers if not w.listening and not w.ssh_mode]
         if not down:
             return  # already up: nothing rebooted
         for w in down:
@@ -400,11 +530,15 @@ class Hosts:
         if node is None:
             return
         await self._down(node)
+        for w in node.workers:
+            hostfaults.unmount_all(w)
         shutil.rmtree(node.dir, ignore_errors=True)
 
     async def _close(self) -> None:
         for key in list(self._nodes):
             await self._down(self._nodes[key])
+            for w in self._nodes[key].workers:
+                hostfaults.unmount_all(w)
         self._kill_marked(f"{self.instance}/", prefix=True)
         # let sessions and startup watchers see their processes die, then drop the rest
         pending = [t for t in self._tasks if not t.done()]
@@ -415,6 +549,9 @@ class Hosts:
             t.cancel()
         if rest:
             await asyncio.wait(rest, timeout=5)
+        # the threads that asked metadata_source (a metadata request may still be in one)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.get_running_loop().shutdown_default_executor(), 5)
 
     def _start_startup_scripts(self, node: _Node) -> None:
         if not node.startup_script:
@@ -448,11 +585,15 @@ class Hosts:
             "SHELL": "/bin/bash",
             "LANG": "C.UTF-8",
             "TPUWATCH_HOST_ROOT": str(w.host_root),
+            # simulator only: precheck.sh's dns check reads this worker's own hosts file
+            "TPUWATCH_SIM_HOSTS": str(hostfaults.hosts_path(w)),
         }
         # what Debian's sshd accepts from the client (AcceptEnv LANG LC_*)
         for k, v in (client_env or {}).items():
             if k == "LANG" or k.startswith("LC_"):
                 env[k] = v
+        # Google's client libraries and the startup scripts read the metadata server from here.
+        env["GCE_METADATA_HOST"] = f"{w.ip}:{self.metadata_port}"
         env.update(self.extra_env)
         env["TPUWATCH_SIM_WORKER_ID"] = str(w.index)  # a real VM reads agent-worker-number
         env[MARKER] = w.marker

@@ -3,7 +3,8 @@
 Served, for the paths gcloud 528 calls (`api_endpoint_overrides/tpu` = `url`,
 `api_endpoint_overrides/compute` = `url + "compute/v1/"`):
 
-- TPU `v2` and `v2alpha1`: nodes get, list, create (`?nodeId=`), delete, stop, start,
+- TPU `v2` and `v2alpha1`: nodes get, list, create (`?nodeId=`), delete, stop, start, patch
+  (`?updateMask=labels,metadata,description`, what `tpu-vm update` sends),
   `:getGuestAttributes`, `:simulateMaintenanceEvent` (v2alpha1); operations get and list;
 - Compute `v1`: `projects/P` (get), whose `commonInstanceMetadata` holds an `ssh-keys` item with
   the simulated workers' client key, so `gcloud ... tpu-vm ssh` adds no key to the node.
@@ -44,6 +45,7 @@ from tpuwatch.sim.grpc_api import (
     render_operation,
     spec_from_node,
 )
+from tpuwatch.sim.metadata import project_number, worker_hostname
 from tpuwatch.sim.world import ApiError, World
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,7 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("POST", re.compile(_LOC + r"/nodes$"), "create_node"),
     ("GET", re.compile(_LOC + rf"/nodes/{_SEG}$"), "get_node"),
     ("DELETE", re.compile(_LOC + rf"/nodes/{_SEG}$"), "delete_node"),
+    ("PATCH", re.compile(_LOC + rf"/nodes/{_SEG}$"), "update_node"),
     ("POST", re.compile(_LOC + rf"/nodes/{_SEG}:getGuestAttributes$"), "guest_attributes"),
     ("POST", re.compile(_LOC + rf"/nodes/{_SEG}:stop$"), "stop_node"),
     ("POST", re.compile(_LOC + rf"/nodes/{_SEG}:start$"), "start_node"),
@@ -274,6 +277,20 @@ class RestFace:
         self._call(f"{_SERVICES[version]}/DeleteNode", f"projects/{p}/locations/{z}/nodes/{n}")
         return to_json_dict(render_operation(self.world.delete_node(p, z, n, version)))
 
+    def _update_node(self, version: str, p: str, z: str, n: str, *, query: dict[str, str],
+                     body: dict[str, Any]) -> dict[str, Any]:
+        self._call(f"{_SERVICES[version]}/UpdateNode", f"projects/{p}/locations/{z}/nodes/{n}")
+        mod = _VERSIONS[version]
+        try:
+            node = mod.Node.from_json(json.dumps(body), ignore_unknown_fields=True)
+        except json_format.ParseError as exc:
+            raise ApiError("INVALID_ARGUMENT", f"Invalid JSON payload received. {exc}")
+        # A FieldMask in a query string is comma-separated JSON (camelCase) paths.
+        paths = [re.sub(r"[A-Z]", lambda m: "_" + m.group(0).lower(), x.strip())
+                 for x in query.get("updateMask", "").split(",") if x.strip()]
+        fields = {"labels": dict(node.labels), "metadata": dict(node.metadata), "description": node.description}
+        return to_json_dict(render_operation(self.world.update_node(p, z, n, fields, paths, version)))
+
     def _stop_node(self, version: str, p: str, z: str, n: str, **_: Any) -> dict[str, Any]:
         self._call(f"{_SERVICES[version]}/StopNode", f"projects/{p}/locations/{z}/nodes/{n}")
         return to_json_dict(render_operation(self.world.stop_node(p, z, n, version)))
@@ -304,7 +321,7 @@ class RestFace:
                 continue
             items = [
                 mod.GuestAttributesEntry(namespace="guestInventory", key="Hostname",
-                                         value=f"t1v-n-{rec.id % 10**8:08x}-w-{i}"),
+                                         value=worker_hostname(rec.id, i)),
                 mod.GuestAttributesEntry(namespace="guestInventory", key="InternalIP", value=ip),
             ]
             host_key = self._host_key(rec.key, i)
@@ -340,7 +357,7 @@ class RestFace:
     def _compute_project(self, p: str, **_: Any) -> dict[str, Any]:
         self._call(COMPUTE_PROJECTS_GET, f"projects/{p}")
         keys = self.ssh_keys()
-        number = int(hashlib.sha256(p.encode()).hexdigest()[:11], 16)
+        number = project_number(p)
         fingerprint = base64.b64encode(hashlib.sha256(keys.encode()).digest()[:8]).decode()
         return {
             "kind": "compute#project",

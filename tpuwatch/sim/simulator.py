@@ -7,8 +7,8 @@ with Simulator(root=tmp_path, speed=600) as sim:
     sim.world.maintenance("pod", heal_after=1800)
 ```
 It owns the gRPC server (TPU v2/v2alpha1, Operations, Logging, control), the world model and
-its scheduler thread, the simulated hosts (SSH workers, unless `workers=False`) and the shared
-bucket directory. `close()` stops them all and leaves no process or thread running. This module
+its scheduler thread, the simulated hosts (SSH workers and each worker's metadata server, which
+answers from the world's live values; unless `workers=False`) and the shared bucket directory. `close()` stops them all and leaves no process or thread running. This module
 wires parts together; behaviour lives in world.py, grpc_api.py, hosts.py and faults.py.
 """
 
@@ -180,7 +180,8 @@ class Simulator:
             self._prepare_key()
             from tpuwatch.sim.hosts import Hosts
 
-            self.hosts = Hosts(self.root / "hosts", speed=self.world.speed)
+            self.hosts = Hosts(self.root / "hosts", speed=self.world.speed,
+                               metadata_source=self.world.instance_metadata)
             self.hosts.start()
             self.world.hosts = self.hosts
         self.world.start()

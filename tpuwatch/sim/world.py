@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tpuwatch.errors import UsageError
-from tpuwatch.sim import audit, logfilter
+from tpuwatch.sim import audit, logfilter, metadata
 from tpuwatch.sim.scheduler import Scheduler, Timer
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ DEFAULT_DELAYS: dict[str, float] = {
     "delete": 60.0,
     "stop": 60.0,
     "start": 60.0,
+    "update": 10.0,  # update_node (labels, metadata, description)
     "repairing_after": 60.0,  # UNHEALTHY_MAINTENANCE -> REPAIRING (capped at a tenth of the repair)
     "simulated_maintenance_heal": 600.0,  # v2alpha1 SimulateMaintenanceEvent repair time
     "maintenance_window": 3600.0,
@@ -62,6 +63,17 @@ INJECTABLE_CODES = frozenset(
     }
 )
 STUCK_MODES = ("REPAIRING", "UNHEALTHY_MAINTENANCE", "UNKNOWN")
+# Node.State and Node.Health names (REFERENCE.md), for `set_state`.
+NODE_STATES = (
+    "STATE_UNSPECIFIED", "CREATING", "READY", "RESTARTING", "REIMAGING", "DELETING", "REPAIRING",
+    "STOPPED", "STOPPING", "STARTING", "PREEMPTED", "TERMINATED", "HIDING", "HIDDEN", "UNHIDING",
+    "UNKNOWN",
+)
+NODE_HEALTHS = (
+    "HEALTH_UNSPECIFIED", "HEALTHY", "TIMEOUT", "UNHEALTHY_TENSORFLOW", "UNHEALTHY_MAINTENANCE",
+)
+# update_node: the mask paths the simulator applies (the real API takes a few more).
+UPDATABLE = ("labels", "metadata", "description")
 SYMPTOM_TYPES = (
     "LOW_MEMORY",
     "OUT_OF_MEMORY",
@@ -93,12 +105,15 @@ class HostsLike(Protocol):
         *,
         chips_per_host: int = 4,
         vfio: bool = False,
+        metadata: Mapping[str, str] | None = None,
     ) -> list[str]: ...
     def down(self, node_key: str) -> None: ...
     def up(self, node_key: str) -> None: ...
     def destroy(self, node_key: str) -> None: ...
     def kill_worker(self, node_key: str, worker: int) -> None: ...
     def hang(self, node_key: str, worker: int | None = None) -> None: ...
+    def host_fault(self, node_key: str, worker: int, kind: str, params: Mapping[str, Any] | None = None) -> None: ...
+    def ssh_fault(self, node_key: str, worker: int, mode: str) -> None: ...
 
 
 # --- accelerator types --------------------------------------------------------------------
@@ -173,6 +188,11 @@ def rfc3339_ns(ns: int) -> str:
     """`2022-01-26T03:44:36.265703305Z`: nanosecond RFC 3339, as healthDescription shows it."""
     secs, nanos = divmod(ns, 1_000_000_000)
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + f".{nanos:09d}Z"
+
+
+def rfc3339_s(ns: int) -> str:
+    """`2024-11-15T04:00:00Z`: whole seconds, as maintenance notices show them."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns // 1_000_000_000))
 
 
 # --- records ------------------------------------------------------------------------------
@@ -268,6 +288,7 @@ class QueuedRec:
     error: str = ""
     spec_json: str = ""
     epoch: int = 0
+    api_version: str = "v2"
 
     @property
     def full_name(self) -> str:
@@ -357,11 +378,14 @@ class World:
         self._stockouts: dict[str, _Window] = {}  # zone -> window
         self._quota: dict[str, _Window] = {}  # zone or "*" -> window
         self._api_errors: _Window | None = None
+        self._lost: _Window | None = None  # calls served, then failed: the response is lost
+        self._slow: _Window | None = None  # calls answered late
         self._denied: _Window | None = None
         self._fake_ips: dict[str, int] = {}
         self.calls: Counter[str] = Counter()
         self._call_times: dict[str, deque[tuple[float, str]]] = {}
         self.injected: Counter[str] = Counter()  # method -> calls failed by injection
+        self.lost: Counter[str] = Counter()  # method -> calls served whose answer was an error
         self.host_errors: list[str] = []  # effects on the simulated hosts that failed
         self._started = False
 
@@ -423,7 +447,20 @@ class World:
     # --- calls: counting and injected errors -----------------------------------------
 
     def before_call(self, method: str, resource: str = "") -> ApiError | None:
-        """Count one API call; return the error to inject for it, if any."""
+        """Count one API call; return the error to inject for it, if any.
+
+        A `slow_calls` fault then makes it wait (on the serving thread, outside the lock): the
+        call has arrived, its answer comes late.
+        """
+        error = self._count_call(method, resource)
+        slow = self._slow
+        if slow is not None and slow.active() and _method_selected(method, slow.data["methods"]):
+            with self._lock:
+                share = 1.0 + slow.data["jitter"] * (2 * self._err_rng.random() - 1)
+            time.sleep(self.real(slow.data["latency"]) * share)
+        return error
+
+    def _count_call(self, method: str, resource: str) -> ApiError | None:
         project = _project_of(resource) or self.project
         now = time.monotonic()
         with self._lock:
@@ -464,6 +501,19 @@ class World:
                         f"minute' of service 'logging.googleapis.com' for consumer 'project_number:{project}'.",
                     )
         return None
+
+    def after_call(self, method: str) -> ApiError | None:
+        """For a call that was served: the error to answer instead (`lose_responses`), if any."""
+        lost = self._lost
+        if lost is None or not lost.active() or not _method_selected(method, lost.data["methods"]):
+            return None
+        with self._lock:
+            if self._err_rng.random() >= lost.data["rate"]:
+                return None
+            code = self._err_rng.choice(lost.data["codes"])
+            self.injected[method] += 1
+            self.lost[method] += 1
+        return ApiError(code, _API_ERROR_TEXT.get(code, code))
 
     def call_count(self, suffix: str) -> int:
         """Calls whose method ends with `suffix` ("GetNode", "Tpu/GetNode", "ListLogEntries")."""
@@ -543,6 +593,36 @@ class World:
             if rec is None:
                 raise UsageError(f"no simulated node {name!r}")
             return copy.deepcopy(rec)
+
+    def instance_metadata(self, node_key: str, worker: int) -> metadata.Instance | None:
+        """What worker `worker` of node "project/zone/name" reads from its metadata server now:
+        the node's metadata, preempted, the upcoming-maintenance notice. None when no such worker."""
+        with self._lock:
+            rec = self._nodes.get(node_key)
+            if rec is None or not 0 <= worker < rec.n_workers:
+                return None
+            notice = None
+            if rec.upcoming is not None:
+                u = rec.upcoming
+                notice = {
+                    "can_reschedule": u.can_reschedule,
+                    "latest_window_start_time": rfc3339_s(u.latest_window_start_ns),
+                    "maintenance_status": u.status,
+                    "type": u.type,
+                    "window_end_time": rfc3339_s(u.window_end_ns),
+                    "window_start_time": rfc3339_s(u.window_start_ns),
+                }
+            return metadata.make_instance(
+                project=rec.project,
+                zone=rec.zone,
+                node_id=rec.id,
+                worker=worker,
+                metadata=rec.spec.metadata,
+                accelerator_type=rec.spec.accelerator_type,
+                preempted=rec.state == "PREEMPTED",
+                upcoming_maintenance=notice,
+                ip=rec.ips[worker] if worker < len(rec.ips) else "",
+            )
 
     def has_node(self, name: str, *, project: str | None = None, zone: str | None = None) -> bool:
         with self._lock:
@@ -742,6 +822,7 @@ class World:
                 spec.metadata.get("startup-script"),
                 chips_per_host=chips,
                 vfio=vfio,
+                metadata=dict(spec.metadata),
             )
         )
 
@@ -860,6 +941,65 @@ class World:
                     )
 
         self.after(self.delays["start"], finish)
+        return copy.deepcopy(op)
+
+    def update_node(
+        self,
+        project: str,
+        zone: str,
+        name: str,
+        fields: Mapping[str, Any],
+        paths: Iterable[str],
+        api_version: str = "v2",
+    ) -> OperationRec:
+        """UpdateNode: the masked `paths` of `fields` (labels, metadata, description) are applied
+        when the operation ends. Errors as the API gives them: no mask or an unknown path is
+        INVALID_ARGUMENT, and so is a node not READY or STOPPED ("update is not supported while
+        in state PREEMPTED", REFERENCE.md)."""
+        wanted = [p.strip() for p in paths if p.strip()]
+        with self._lock:
+            rec = self._require(project, zone, name)
+            if not wanted:
+                raise ApiError(
+                    "INVALID_ARGUMENT", "update_mask is required: name the fields to update, e.g. labels"
+                )
+            bad = [p for p in wanted if p not in UPDATABLE]
+            if bad:
+                raise ApiError(
+                    "INVALID_ARGUMENT",
+                    f"update_mask: {', '.join(bad)} cannot be updated in the simulator "
+                    f"(it updates {', '.join(UPDATABLE)})",
+                )
+            if "labels" in wanted:
+                _check_labels(fields.get("labels") or {})
+            if rec.state not in ("READY", "STOPPED"):
+                raise ApiError(
+                    "INVALID_ARGUMENT", f"update is not supported while in state {rec.state}"
+                )
+            changes = {p: copy.deepcopy(fields.get(p)) for p in wanted}
+            # An update is not a fault: the epoch stays, so pending transitions still happen.
+            op = self._new_op(project, zone, "update", rec.full_name, api_version)
+            key, node_id = rec.key, rec.id
+            self._touch()
+
+        def finish() -> None:
+            with self._lock:
+                rec = self._nodes.get(key)
+                if rec is None or rec.id != node_id:
+                    self._end_op(
+                        op.name, error=(10, "The node was deleted while it was being updated.")
+                    )
+                    return
+                for path, value in changes.items():
+                    if path == "labels":
+                        rec.spec.labels = {str(k): str(v) for k, v in dict(value or {}).items()}
+                    elif path == "metadata":
+                        rec.spec.metadata = {str(k): str(v) for k, v in dict(value or {}).items()}
+                    else:
+                        rec.spec.description = str(value or "")
+                self._end_op(op.name, response=rec)
+
+        self.after(self.delays["update"], finish)
         return copy.deepcopy(op)
 
     # --- operations -------------------------------------------------------------------
@@ -1045,6 +1185,32 @@ class World:
                 self.after(heal_after, lambda: self._heal(key, ident, epoch, t0, worker, op_name))
         self._await(down)
 
+    def set_state(
+        self,
+        node: str,
+        state: str,
+        health: str | None = None,
+        *,
+        project: str | None = None,
+        zone: str | None = None,
+    ) -> None:
+        """Put a node in any state (and health) at once, for tests: no fault reaches them all.
+
+        Timed transitions still pending for the node are dropped (as after any fault); the
+        simulated hosts are not touched, so SSH answers as before.
+        """
+        if state not in NODE_STATES:
+            raise UsageError(f"state must be one of {', '.join(NODE_STATES)}, got {state!r}")
+        if health is not None and health not in NODE_HEALTHS:
+            raise UsageError(f"health must be one of {', '.join(NODE_HEALTHS)}, got {health!r}")
+        with self._lock:
+            rec = self._fault_node(node, project, zone)
+            rec.epoch += 1
+            rec.state = state
+            if health is not None:
+                rec.health = health
+            self._touch()
+
     def _set_state(
         self, key: str, ident: int, epoch: int, state: str, health: str | None = None
     ) -> None:
@@ -1151,6 +1317,23 @@ class World:
             effect = self._queue_hosts("kill_worker", rec.key, worker)
         self._await(effect)
 
+    def host_fault(
+        self, node: str, kind: str, worker: int = 0, params: Mapping[str, Any] | None = None, *,
+        project: str | None = None, zone: str | None = None,
+    ) -> None:
+        """A fault of one worker's host that tpuwatch's environment checks see (the node stays
+        READY+HEALTHY): see tpuwatch.sim.hostfaults for the kinds."""
+        with self._lock:
+            rec = self._fault_node(node, project, zone)
+            if not 0 <= worker < rec.n_workers:
+                raise UsageError(
+                    f"worker must be 0..{rec.n_workers - 1} for node {rec.name}, got {worker}"
+                )
+            if self.hosts is None:
+                raise UsageError(f"{kind}: the simulator runs without workers (hosts)")
+            effect = self._queue_hosts("host_fault", rec.key, worker, kind, dict(params or {}))
+        self._await(effect)
+
     def hang(
         self,
         node: str,
@@ -1168,6 +1351,26 @@ class World:
                 )
             effect = self._queue_hosts("hang", rec.key, worker)
         self._await(effect)
+
+    def ssh_fault(
+        self,
+        node: str,
+        worker: int = 0,
+        mode: str = "hang",
+        *,
+        project: str | None = None,
+        zone: str | None = None,
+    ) -> None:
+        """One worker's SSH server refuses connections, or accepts and never answers ("hang"),
+        or serves again ("serve"); the API keeps saying READY/HEALTHY."""
+        with self._lock:
+            rec = self._fault_node(node, project, zone)
+            if not 0 <= worker < rec.n_workers:
+                raise UsageError(f"node {node} has workers 0..{rec.n_workers - 1}, not {worker}")
+            key = rec.key
+        if self.hosts is None:
+            raise UsageError("ssh faults need the simulated workers (the simulator runs without them)")
+        self.hosts.ssh_fault(key, worker, mode)
 
     def add_symptom(
         self,
@@ -1365,15 +1568,55 @@ class World:
                 self._until(duration), {"rate": rate, "codes": codes, "methods": tuple(methods)}
             )
 
+    def lose_responses(
+        self,
+        rate: float,
+        codes: Iterable[str] = ("DEADLINE_EXCEEDED",),
+        *,
+        methods: Iterable[str] = (),
+        duration: float | None = None,
+    ) -> None:
+        """Serve this fraction of matching calls (seeded), then answer with an error: the call
+        took effect but the client never hears so, as after a deadline or a dropped connection."""
+        codes = tuple(c.upper() for c in codes) or ("DEADLINE_EXCEEDED",)
+        bad = [c for c in codes if c not in INJECTABLE_CODES]
+        if bad:
+            raise UsageError(
+                f"codes: {', '.join(bad)} cannot be injected; use {', '.join(sorted(INJECTABLE_CODES))}"
+            )
+        if not 0.0 <= rate <= 1.0:
+            raise UsageError(f"rate must be between 0 and 1, got {rate!r}")
+        with self._lock:
+            self._lost = _Window(
+                self._until(duration), {"rate": rate, "codes": codes, "methods": tuple(methods)}
+            )
+
+    def slow_calls(
+        self,
+        latency: float,
+        *,
+        jitter: float = 0.5,
+        methods: Iterable[str] = (),
+        duration: float | None = None,
+    ) -> None:
+        """Matching calls answer `latency` simulated seconds late, give or take `jitter` of it."""
+        if not latency >= 0 or not 0 <= jitter <= 1:
+            raise UsageError(f"latency must be >= 0 and jitter 0..1, got {latency!r}, {jitter!r}")
+        with self._lock:
+            self._slow = _Window(
+                self._until(duration),
+                {"latency": float(latency), "jitter": float(jitter), "methods": tuple(methods)},
+            )
+
     def deny(self, *, methods: Iterable[str] = (), duration: float | None = None) -> None:
         """Every matching call fails PERMISSION_DENIED (all calls when methods is empty)."""
         with self._lock:
             self._denied = _Window(self._until(duration), {"methods": tuple(methods)})
 
     def clear_errors(self) -> None:
-        """Lift injected API errors, denials, stockouts and quota errors."""
+        """Lift injected API errors, lost responses, slow calls, denials, stockouts and quota errors."""
         with self._lock:
-            self._api_errors = self._denied = None
+            self._api_errors = self._denied = self._lost = self._slow = None
             self._stockouts.clear()
             self._quota.clear()
 
@@ -1436,6 +1679,8 @@ class World:
         spec: NodeSpec,
         spot: bool,
         spec_json: str,
+        *,
+        api_version: str = "v2",
     ) -> OperationRec:
         with self._lock:
             self.check_zone(project, zone)
@@ -1462,10 +1707,11 @@ class World:
                 spot,
                 time.time_ns(),
                 spec_json=spec_json,
+                api_version=api_version,
             )
             self._queued[key] = qr
             op = self._new_op(
-                project, zone, "create", qr.full_name, "v2", response_kind="queued_resource"
+                project, zone, "create", qr.full_name, api_version, response_kind="queued_resource"
             )
             self._end_op(op.name, response=qr)
             self._touch()
@@ -1496,7 +1742,12 @@ class World:
                     return
                 try:
                     op = self.create_node(
-                        qr.project, qr.zone, qr.node_id, qr.spec, queued_resource=qr.full_name
+                        qr.project,
+                        qr.zone,
+                        qr.node_id,
+                        qr.spec,
+                        qr.api_version,
+                        queued_resource=qr.full_name,
                     )
                 except ApiError as exc:
                     qr.state, qr.error = "FAILED", exc.message
@@ -1544,7 +1795,7 @@ class World:
             ]
 
     def delete_queued_resource(
-        self, project: str, zone: str, name: str, force: bool
+        self, project: str, zone: str, name: str, force: bool, *, api_version: str = "v2"
     ) -> OperationRec:
         with self._lock:
             qr = self._queued.get(f"{project}/{zone}/{name}")
@@ -1564,7 +1815,9 @@ class World:
                     "delete the node first or use force",
                 )
             qr.state = "DELETING"
-            op = self._new_op(project, zone, "delete", qr.full_name, "v2", response_kind="empty")
+            op = self._new_op(
+                project, zone, "delete", qr.full_name, api_version, response_kind="empty"
+            )
             key = f"{project}/{zone}/{name}"
             self._touch()
         if has_node:
@@ -1593,6 +1846,22 @@ def parse_node_name(name: str) -> tuple[str, str, str]:
             f"Invalid resource name {name!r}; expected projects/P/locations/Z/nodes/N",
         )
     return m.group(1), m.group(2), m.group(3)
+
+
+_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+
+
+def _check_labels(labels: Mapping[str, Any]) -> None:
+    if len(labels) > 64:
+        raise ApiError("INVALID_ARGUMENT", f"a resource may have at most 64 labels, not {len(labels)}")
+    for k, v in labels.items():
+        if not _LABEL_KEY.match(str(k)) or not _LABEL_VALUE.match(str(v)):
+            raise ApiError(
+                "INVALID_ARGUMENT",
+                f"Invalid label {k}={v}: keys start with a lowercase letter; keys and values hold "
+                "lowercase letters, digits, _ and -, at most 63 characters",
+            )
 
 
 def _project_of(resource: str) -> str | None:

@@ -22,6 +22,9 @@
 # everything else (a chatty .bashrc, say) is ignored by tpuwatch.
 # This script knows nothing of the cloud, of nodes or of other workers.
 
+# tpuwatch's own files are private; the job itself runs with the login's umask (TW_UMASK), as
+# it would if started by hand, so the files it writes are as readable as the user expects.
+TW_UMASK=$(umask)
 umask 077
 
 tw_emit() {
@@ -240,7 +243,11 @@ tw_wrapper() {
   local dir=$1 rc
   tw_write "$dir/pid" "$$"
   trap ':' TERM INT
-  bash -c "$2"
+  case ${3:-} in
+    [0-7][0-7][0-7] | [0-7][0-7][0-7][0-7]) ;;
+    *) set -- "$1" "$2" 0022 ;;
+  esac
+  (umask "$3" && exec bash -c "$2")
   rc=$?
   tw_write "$dir/exit_code" "$rc"
   exit "$rc"
@@ -298,7 +305,7 @@ tw_launch() {
     "TPUWATCH_JOB=$TW_JOB" "TPUWATCH_ATTEMPT=$TW_ATTEMPT" "TPUWATCH_WORKER_ID=$TW_WORKER" \
     "TPUWATCH_CHECKPOINT=$TW_CHECKPOINT" "TPUWATCH_STEP=$TW_STEP" \
     setsid nohup bash -c "$(declare -f tw_write tw_wrapper); tw_wrapper \"\$@\"" \
-    tpuwatch-job "$TW_DIR" "$TW_COMMAND" </dev/null >>"$log" 2>&1 &
+    tpuwatch-job "$TW_DIR" "$TW_COMMAND" "$TW_UMASK" </dev/null >>"$log" 2>&1 &
   exec 9>&-
   pid=""
   for i in $(seq 1 100); do

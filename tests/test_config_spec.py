@@ -1,0 +1,69 @@
+"""`[tpu.spec]` is checked when the config is read (tpuwatch.config uses tpuwatch.spec.validate_spec)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpuwatch.config import load_config
+from tpuwatch.errors import ConfigError
+
+HEAD = """\
+[tpu]
+name = "pod"
+[job]
+command = "python3 train.py"
+"""
+SPEC = """\
+[tpu.spec]
+accelerator_type = "v4-8"
+runtime_version = "tpu-ubuntu2204-base"
+"""
+
+
+def load(tmp_path: Path, text: str) -> dict[str, object]:
+    path = tmp_path / "tpuwatch.toml"
+    path.write_text(text)
+    spec: dict[str, object] = load_config(path).tpu["spec"]
+    return spec
+
+
+def test_no_spec_is_valid_and_empty(tmp_path: Path) -> None:
+    assert load(tmp_path, HEAD) == {}
+    assert load(tmp_path, HEAD + "[tpu.spec]\n") == {}
+
+
+def test_a_valid_spec_loads_as_written(tmp_path: Path) -> None:
+    spec = load(tmp_path, HEAD + SPEC + 'spot = true\n[tpu.spec.labels]\nteam = "x"\n')
+    assert spec == {"accelerator_type": "v4-8", "runtime_version": "tpu-ubuntu2204-base", "spot": True,
+                    "labels": {"team": "x"}}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("acelerator_type = \"v4-8\"\n", "tpu.spec.acelerator_type: unknown key (did you mean 'accelerator_type'?)"),
+        ("spot = \"yes\"\n", "tpu.spec.spot: expected true or false, got 'yes'"),
+        ("spot = true\npreemptible = true\n", "tpu.spec.spot: at most one of spot, preemptible and reserved"),
+        ("[tpu.spec.labels]\nTeam = \"x\"\n", "tpu.spec.labels.Team: not a valid label key"),
+        ("[tpu.spec.metadata]\n\"bad key\" = \"x\"\n", "tpu.spec.metadata.bad key: metadata keys are letters"),
+    ],
+)
+def test_a_bad_spec_is_refused_when_read_naming_the_key(tmp_path: Path, extra: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, HEAD + SPEC + extra)
+    assert message in err.value.message and err.value.exit_code == 2
+
+
+def test_a_spec_without_runtime_version_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"tpu\.spec\.runtime_version: missing"):
+        load(tmp_path, HEAD + '[tpu.spec]\naccelerator_type = "v4-8"\n')
+
+
+def test_importing_config_does_not_import_the_spec_module() -> None:
+    code = "import sys, tpuwatch.config; print('tpuwatch.spec' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

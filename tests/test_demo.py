@@ -1,0 +1,153 @@
+"""`tpuwatch demo --fast` as a person (or CI) runs it: a subprocess with no terminal.
+
+The summary must list every disruption as recovered with the trainer's total as the final
+step, and afterwards no process the demo started may be alive and its temporary directory must
+be gone — after a normal end and after Ctrl-C (SIGINT) mid-run. Processes are found by what
+they carry (the demo's TMPDIR in their command line, environment or working directory), so a
+worker process that escaped the simulator's cleanup is caught too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tpuwatch.demo import FAST
+from tpuwatch.demo.story import story
+
+pytestmark = pytest.mark.slow
+
+
+def processes_under(path: Path, exclude: set[int]) -> dict[int, str]:
+    """pid -> command line of every live process whose argv, environment or cwd mention `path`."""
+    needle = str(path).encode()
+    found: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in exclude:
+            continue
+        pid = int(entry)
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            hit = needle in cmd
+            if not hit:
+                hit = needle in Path(f"/proc/{pid}/environ").read_bytes()
+            if not hit:
+                hit = os.readlink(f"/proc/{pid}/cwd").startswith(str(path))
+            status = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue  # gone, or not ours to read
+        if hit and ") Z " not in status:  # a zombie is dead; its parent has yet to reap it
+            found[pid] = cmd.replace(b"\0", b" ").decode(errors="replace")
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return ") Z " not in stat
+
+
+class Demo:
+    """`tpuwatch demo --fast` in the background, its output collected, its processes watched."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmpdir = tmp_path / "t"
+        self.tmpdir.mkdir()
+        env = {**os.environ, "TMPDIR": str(self.tmpdir), "TPUWATCH_STATE_DIR": str(tmp_path / "unused")}
+        for key in ("TPUWATCH_EMULATOR_HOST", "CLOUDSDK_CORE_PROJECT", "CLOUDSDK_COMPUTE_ZONE"):
+            env.pop(key, None)
+        self.proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "demo", "--fast"], env=env,
+                                     text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+        self.lines: list[str] = []
+        self.seen: dict[int, str] = {}  # every process seen under the demo's TMPDIR while it ran
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def look(self) -> dict[int, str]:
+        now = processes_under(self.tmpdir, exclude={os.getpid(), self.proc.pid})
+        self.seen.update(now)
+        return now
+
+    def trainers(self) -> list[int]:
+        return [pid for pid, cmd in self.look().items() if "tpuwatch.sim.trainer" in cmd]
+
+    def wait(self, timeout: float) -> int:
+        end = time.monotonic() + timeout
+        while self.proc.poll() is None:
+            if time.monotonic() > end:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError("demo did not finish in time:\n" + self.output())
+            self.look()
+            time.sleep(0.1)
+        self._reader.join(timeout=10)
+        return self.proc.returncode
+
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def assert_nothing_left(self) -> None:
+        assert self.seen, "no process of the demo was ever seen: the check would prove nothing"
+        end = time.monotonic() + 5  # a process killed at the very end may take a moment to be reaped
+        while time.monotonic() < end and any(alive(p) for p in self.seen):
+            time.sleep(0.1)
+        left = {p: c for p, c in self.seen.items() if alive(p)}
+        assert not left, f"processes left behind: {left}"
+        assert not processes_under(self.tmpdir, exclude={os.getpid()}), "a process still uses the demo's files"
+        assert list(self.tmpdir.iterdir()) == [], f"left in TMPDIR: {list(self.tmpdir.iterdir())}"
+
+
+def test_fast_demo_recovers_every_disruption_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    demo = Demo(tmp_path)
+    rc = demo.wait(timeout=90)
+    out = demo.output()
+    assert rc == 0, out
+    acts = story(FAST)
+    rows = {}
+    for act in acts:
+        row = [line for line in demo.lines if line.startswith(act.title + " ")]
+        assert len(row) == 1, f"no summary row for {act.title!r}:\n{out}"
+        rows[act.key] = row[0].split()
+        assert rows[act.key][-1] == "recovered" and "NOT" not in row[0], row[0]
+    # disruptions are not charged to the restart budget; the crash is, once
+    assert [rows[a.key][-2] for a in acts] == ["0", "0", "0", "1"], rows
+    m = re.search(r"^result: ok: (\d+)/(\d+) disruptions recovered, final step (\d+)/(\d+)", out, re.M)
+    assert m, out
+    assert m.group(1) == m.group(2) == str(len(acts))
+    assert int(m.group(3)) == int(m.group(4)) == FAST.steps
+    # every plain line before the summary is one timestamped event line
+    events = demo.lines[: demo.lines.index("") if "" in demo.lines else len(demo.lines)]
+    assert events and all(re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ demo (state|audit|did|warning|note): ", ln)
+                          for ln in events), events
+    demo.assert_nothing_left()
+
+
+def test_ctrl_c_mid_demo_stops_every_process_and_removes_the_temp_dir(tmp_path: Path) -> None:
+    demo = Demo(tmp_path)
+    end = time.monotonic() + 30
+    while len(demo.trainers()) < 4:  # the job runs on all four simulated workers
+        assert demo.proc.poll() is None, demo.output()
+        assert time.monotonic() < end, "the trainer never started:\n" + demo.output()
+        time.sleep(0.1)
+    demo.proc.send_signal(signal.SIGINT)
+    rc = demo.wait(timeout=30)
+    assert rc == 130, demo.output()
+    assert "demo interrupted" in demo.output()
+    assert "Traceback" not in demo.output()
+    demo.assert_nothing_left()

@@ -1,0 +1,92 @@
+"""The demo's summary arithmetic, on journal rows and checkpoint times laid out by hand.
+
+What `tpuwatch demo` prints is checked end to end in test_demo.py; here each definition is
+pinned down: detect, resume, steps lost, charged, recovered, goodput, and what the summary says
+when a disruption was not recovered.
+"""
+
+from __future__ import annotations
+
+import io
+from datetime import datetime, timedelta, timezone
+
+from rich.console import Console
+
+from tpuwatch.demo.story import FAST, Played, story
+from tpuwatch.demo.summary import render, step_at, summarize
+from tpuwatch.journal import AttemptRow, JournalEvent
+
+T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
+ACTS = story(FAST)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def attempt(n: int, start: float, end: float | None, start_step: int | None, charged: bool = False,
+            outcome: str = "disruption") -> AttemptRow:
+    return AttemptRow(n, at(start), None if end is None else at(end), "1", start_step, None,
+                      outcome if end is not None else None, charged if end is not None else None, None, "")
+
+
+def ev(i: int, t: float, kind: str = "wait", **data: object) -> JournalEvent:
+    return JournalEvent(i, at(t), kind, kind, dict(data))
+
+
+def ckpts(*pairs: tuple[int, float]) -> dict[int, datetime]:
+    return {s: at(t) for s, t in pairs}
+
+
+def text(renderable: object) -> str:
+    console = Console(width=80, file=io.StringIO(), color_system=None)
+    console.print(renderable)
+    out = console.file.getvalue()  # type: ignore[attr-defined]
+    assert isinstance(out, str)
+    return out
+
+
+def test_step_at_a_fault_is_the_last_checkpoint_plus_the_steps_since() -> None:
+    c = ckpts((10, 1.0), (20, 1.3))
+    assert step_at(at(1.3 + 5 * FAST.step_time + 0.001), c, FAST) == 25
+    assert step_at(at(9.0), c, FAST) == 29  # never a whole interval: that would have saved
+    assert step_at(at(0.5), c, FAST) is None
+
+
+def test_a_recovered_disruption_and_a_charged_crash() -> None:
+    maint, crash = ACTS[0], ACTS[3]
+    played = [Played(maint, at(1.6), mark=1), Played(crash, at(6.0), mark=3, step=85)]
+    events = [ev(1, 0.0, "launch"), ev(2, 2.2, "attempt_end", attempt=1), ev(3, 4.0, "launch"),
+              ev(4, 5.9, "attempt_end", attempt=2), ev(5, 6.5, "launch"), ev(6, 8.0, "done")]
+    attempts = [attempt(1, 0.0, 2.2, None), attempt(2, 4.0, 5.9, 20, charged=True, outcome="failure"),
+                attempt(3, 6.5, 8.0, 80, outcome="success")]
+    c = ckpts((10, 1.0), (20, 1.5), (80, 5.5), (90, 7.0), (105, 8.0))
+    # The tick stamped 5.9 (it began before the crash at 6.0) finished acting at 6.1.
+    s = summarize(played, [a.title for a in ACTS[:1]] + [crash.title], events, attempts, c, FAST,
+                  done=True, how_it_ended="job done", tick_end={at(2.2): at(2.4), at(5.9): at(6.1)})
+    m, k = s.outcomes
+    assert (m.recovered, m.charged, m.steps_lost) == (True, 0, 3)  # at 20 + 0.1 s / 0.03 s, back to 20
+    assert abs(m.detect - 0.8) < 1e-6 and abs(m.resume - 2.4) < 1e-6  # type: ignore[operator]
+    assert (k.recovered, k.charged, k.steps_lost) == (True, 1, 5)  # crashed at 85, resumed from 80
+    assert abs(k.detect - 0.1) < 1e-6 and abs(k.resume - 0.5) < 1e-6  # type: ignore[operator]
+    assert s.ok and s.final_step == 105 == FAST.steps
+    assert s.goodput is not None and abs(s.goodput - 105 * FAST.step_time / 8.0) < 1e-9
+    out = text(render(s))
+    assert "recovered" in out and "NOT" not in out
+    assert "result: ok: 2/2 disruptions recovered, final step 105/105" in out
+
+
+def test_the_summary_says_which_disruption_was_not_recovered() -> None:
+    stuck, preempt = ACTS[1], ACTS[2]
+    played = [Played(stuck, at(2.0), mark=1)]
+    events = [ev(1, 0.0, "launch"), ev(2, 2.1, "attempt_end", attempt=1), ev(3, 5.0, "fail")]
+    attempts = [attempt(1, 0.0, 2.1, None)]
+    s = summarize(played, [stuck.title, preempt.title], events, attempts, ckpts((10, 1.0)), FAST,
+                  done=False, how_it_ended="job failed: recreate budget spent")
+    assert not s.ok
+    assert [o.recovered for o in s.outcomes] == [False, False]
+    out = " ".join(text(render(s)).split())
+    assert f"not recovered: {stuck.title}: the job was never relaunched" in out
+    assert f"not recovered: {preempt.title}: never happened" in out
+    assert "the run ended: job failed: recreate budget spent" in out
+    assert "result: FAILED: 0/2 disruptions recovered, final step 10/105" in out

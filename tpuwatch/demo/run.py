@@ -1,0 +1,277 @@
+"""Run the demo: a temporary directory, the simulator, the job, the reconcile loop, the story,
+the summary — and, whatever happens (success, failure, Ctrl-C, SIGTERM), no process or
+temporary file left behind (unless `keep`, which keeps the files only).
+
+The loop is `tpuwatch watch`'s own (Reconciler.tick, the same dashboard or plain lines, the
+same tick pacing), run in this process so there is one screen; between ticks the director gets
+a look every few tens of milliseconds so a disruption lands where the story wants it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+
+from tpuwatch.demo.story import ACCELERATOR, CRASH_WORKER, JOB, NODE, Director, Pace, story
+from tpuwatch.errors import EXIT_CLOUD, CloudError
+from tpuwatch.spec import OWNER_LABEL
+
+EXIT_INTERRUPTED = 130
+DIRECTOR_LOOK = 0.05  # seconds between the director's looks while the loop waits for a tick
+
+
+def trainer_command(pace: Pace, ckpt_dir: Path, crash_marker: Path) -> str:
+    q = shlex.quote
+    return (f"python3 -m tpuwatch.sim.trainer --steps {pace.steps} --step-time {pace.step_time:g} "
+            f"--ckpt-every {pace.ckpt_every} --ckpt-dir {q(str(ckpt_dir))} --resume {{checkpoint}} "
+            f"--segfault-at {pace.crash_step} --fault-worker {CRASH_WORKER} "
+            f"--crash-once {q(str(crash_marker))}")
+
+
+def write_config(path: Path, sim: Any, pace: Pace, ckpt_dir: Path, crash_marker: Path) -> Path:
+    """The demo job's tpuwatch.toml, as `tpuwatch init` plus a person's edits would leave it."""
+    def dur(seconds: float) -> str:
+        return json.dumps(f"{seconds:g}s")
+
+    text = f"""\
+# Written by `tpuwatch demo` for a simulated TPU; durations are scaled down to seconds.
+[tpu]
+name = {json.dumps(NODE)}
+project = {json.dumps(sim.project)}
+zone = {json.dumps(sim.zone)}
+
+[tpu.spec]
+accelerator_type = {json.dumps(ACCELERATOR)}
+runtime_version = "tpu-ubuntu2204-base"
+spot = true
+labels = {{ {OWNER_LABEL} = {json.dumps(JOB)} }}
+
+[job]
+name = {json.dumps(JOB)}
+command = {json.dumps(trainer_command(pace, ckpt_dir, crash_marker))}
+checkpoint_dir = {json.dumps(str(ckpt_dir))}
+
+[recovery]
+poll_interval = {dur(pace.poll_interval)}
+repair_timeout = {dur(pace.repair_timeout)}
+min_uptime = {dur(pace.min_uptime)}
+backoff_base = {dur(pace.backoff_base)}
+backoff_max = {dur(pace.backoff_max)}
+stop_grace = "1s"
+queue_timeout = "5m"
+
+[precheck]
+# The simulated workers resolve no host names yet; every other check runs as on a real TPU.
+skip = ["dns"]
+
+[ssh]
+user = {json.dumps(sim.ssh_user)}
+identity_file = {json.dumps(str(sim.ssh_key))}
+port = {sim.ssh_port}
+internal_ip = true
+"""
+    path.write_text(text)
+    return path
+
+
+class _Stop(KeyboardInterrupt):
+    """SIGTERM or SIGHUP: stop like Ctrl-C, cleaning up on the way out."""
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stop()
+
+
+@contextmanager
+def _signals() -> Iterator[None]:
+    """SIGTERM/SIGHUP end the demo as Ctrl-C does; the previous handlers come back after."""
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    for s in old:
+        signal.signal(s, _raise_stop)
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@contextmanager
+def _shielded() -> Iterator[None]:
+    """Cleanup must finish: a second Ctrl-C (or SIGTERM) during it is ignored."""
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.getsignal(s) for s in sigs}
+    for s in sigs:
+        signal.signal(s, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class _Held:
+    """What the cleanup must close: filled in as the run gets that far."""
+
+    sim: Any = None
+    journal: Any = None
+
+
+def run_demo(pace: Pace, *, keep: bool = False, live: bool = False,
+             echo: Callable[[str], None] | None = None) -> int:
+    """Play the demo; 0 when every disruption was recovered and the job finished, else 1
+    (130 when interrupted). `live`: the rich dashboard (a terminal); else plain lines."""
+    say = echo or click.echo
+    # gRPC's C core logs the GOAWAY that stopping the simulator's server sends to our own open
+    # channels at INFO; nothing is wrong, so keep it off the demo's screen.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    tmp = Path(tempfile.mkdtemp(prefix="tpuwatch-demo-"))
+    held = _Held()
+    interrupted = False
+    try:
+        with _signals():
+            try:
+                from tpuwatch.sim.simulator import Simulator
+
+                held.sim = Simulator(root=tmp / "sim", speed=pace.speed)
+                held.sim.start()
+                env = {**held.sim.env, "TPUWATCH_STATE_DIR": str(tmp / "state"),
+                       "CLOUDSDK_CONFIG": str(tmp / "gcloud")}  # never the user's gcloud settings
+                with _environ(env):
+                    return _play(held, tmp, pace, live, say, keep)
+            except KeyboardInterrupt:
+                interrupted = True
+                return EXIT_INTERRUPTED
+    finally:
+        with _shielded():
+            if held.journal is not None:
+                held.journal.close()
+            if held.sim is not None:
+                held.sim.close()  # every simulated worker's processes, the servers, the threads
+            if keep:
+                say(f"kept the demo's files in {tmp} (tpuwatch.toml, the journal in state/, "
+                    f"checkpoints in sim/bucket/); no process is left running. The journal: "
+                    f"TPUWATCH_STATE_DIR={tmp / 'state'} tpuwatch history -c {tmp / 'tpuwatch.toml'}")
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)
+            if interrupted:
+                say("demo interrupted: stopped the simulator and its workers"
+                    + ("" if keep else f", removed {tmp}"))
+
+
+def _play(held: _Held, tmp: Path, pace: Pace, live: bool, say: Callable[[str], None], keep: bool) -> int:
+    from rich.console import Console
+
+    from tpuwatch.commands.watch import MAX_CLOUD_FAILURES, next_delay
+    from tpuwatch.demo.story import checkpoint_times
+    from tpuwatch.demo.summary import render, summarize
+    from tpuwatch.journal import Journal
+    from tpuwatch.policy import Phase
+    from tpuwatch.tick import Reconciler
+    from tpuwatch.ui.dashboard import LineView, LiveView
+    from tpuwatch.wiring import load_job, real_ports
+
+    sim = held.sim
+    ckpt_dir = sim.bucket / "ckpt"
+    marker = sim.bucket / "crashed-once"
+    sim.create_node(NODE, ACCELERATOR, spot=True, labels={OWNER_LABEL: JOB})
+    cfg_path = write_config(tmp / "tpuwatch.toml", sim, pace, ckpt_dir, marker)
+    job = load_job(cfg_path)
+    journal = Journal.open(job.cfg.state_dir, job.name, job.cfg.tpu_name, wait=False)
+    held.journal = journal
+    rec = Reconciler(job.cfg, job.pcfg, real_ports(job), journal)
+    console = Console(highlight=False) if live else Console(width=80, highlight=False, no_color=True)
+    view: Any = (LiveView(job.name, job.pcfg, journal, title="tpuwatch demo", console=console) if live
+                 else LineView(job.name, out=say))
+    director = Director(sim, pace, ckpt_dir, marker, view.note)
+    acts = story(pace)
+    started = time.monotonic()
+    deadline = started + pace.deadline
+    how = ""
+    tick_end: dict[datetime, datetime] = {}
+    failures = 0
+    with view:
+        view.note(f"a simulated {ACCELERATOR} spot TPU {NODE!r} (4 workers) runs the toy trainer to "
+                  f"step {pace.steps}; {len(acts)} disruptions follow, each detected and recovered "
+                  f"by tpuwatch ({pace.name} pace; files in {tmp}{', kept' if keep else ''})")
+        while True:
+            try:
+                report = rec.tick()
+                failures = 0
+            except CloudError as exc:
+                # As `watch` does: a few failed ticks in a row (after the client's own retries)
+                # are survivable; the simulator is local, so more than that is a real fault.
+                failures += 1
+                if failures >= MAX_CLOUD_FAILURES or exc.exit_code != EXIT_CLOUD:
+                    raise
+                view.warn(f"cloud API failed ({failures}/{MAX_CLOUD_FAILURES}): {exc.message}")
+                time.sleep(pace.poll_interval)
+                continue
+            tick_end[report.time] = datetime.now(timezone.utc)
+            delay = next_delay(report, pace.poll_interval)
+            view.show(report, report.time + timedelta(seconds=delay))
+            mem = report.memory
+            if report.decision.terminal:
+                how = "job done" if mem.phase is Phase.DONE else f"job failed: {report.decision.summary}"
+                break
+            if mem.phase is Phase.HALTED:
+                how = f"needs a person: {report.decision.summary}"
+                break
+            if time.monotonic() > deadline:
+                how = f"the demo's deadline ({pace.deadline:g}s) passed: {report.decision.summary}"
+                break
+            end = time.monotonic() + delay
+            while True:
+                director.poll(journal)
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                time.sleep(min(DIRECTOR_LOOK, left))
+    summary = summarize(director.played, [a.title for a in acts], journal.events(), journal.attempts(),
+                        checkpoint_times(ckpt_dir), pace, done=how == "job done", how_it_ended=how,
+                        tick_end=tick_end)
+    took = f"demo took {human_elapsed(time.monotonic() - started)}"
+    if live:
+        console.print()
+        console.print(render(summary))
+        console.print(took, style="dim")
+    else:
+        with console.capture() as cap:
+            console.print(render(summary))
+        say("")
+        for line in cap.get().rstrip("\n").split("\n"):
+            say(line.rstrip())
+        say(took)
+    return 0 if summary.ok else 1
+
+
+def human_elapsed(seconds: float) -> str:
+    from tpuwatch.durations import human
+
+    return f"{seconds:.1f}s" if seconds < 60 else human(seconds)

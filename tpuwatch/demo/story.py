@@ -1,0 +1,228 @@
+"""The demo's script: its pace, the four disruptions, and when each one is played.
+
+Rules of this module: the director decides when to inject a disruption only from what a person
+could see — the newest checkpoint in the bucket, the simulated node's state, and whether the
+previous disruption's job has been relaunched (the journal's attempts) — never from tpuwatch's
+intentions. It injects through the simulator's fault names (`Simulator.inject`), exactly as
+`tpuwatch sim inject` would. It renders nothing; it reports through `say`.
+
+The crash is not injected: the trainer's command carries `--segfault-at` with `--crash-once`,
+as a job with a rare bug would, and the director notices it from the marker file the trainer
+writes at the crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from tpuwatch.errors import UsageError
+from tpuwatch.journal import Journal
+from tpuwatch.policy import Phase
+
+NODE = "demo-pod"
+JOB = "demo"
+ACCELERATOR = "v4-32"  # four workers
+CRASH_WORKER = 0  # the worker that saves: its crash loses the steps since the last save
+
+
+@dataclass(frozen=True)
+class Pace:
+    """Every duration of one demo run. Simulated durations run `speed` times faster."""
+
+    name: str
+    speed: float  # simulator speed: simulated seconds per real second
+    step_time: float  # trainer seconds per step
+    ckpt_every: int  # trainer steps per checkpoint
+    gap: int  # steps of progress before each scripted disruption
+    poll_interval: float  # seconds between ticks
+    heal_after: float  # simulated seconds a healing maintenance takes
+    repair_timeout: float  # seconds tpuwatch waits for a repair before recreating
+    stockout: float  # simulated seconds with no capacity after the preemption
+    min_uptime: float
+    backoff_base: float
+    backoff_max: float
+    deadline: float  # seconds: past this, stop and report what did not recover
+
+    def at_step(self, index: int) -> int:
+        """Checkpoint step at or past which scripted disruption `index` (0-based) is played."""
+        return self.gap * (index + 1)
+
+    @property
+    def crash_step(self) -> int:
+        # Past the third disruption's resume point, between two checkpoints so steps are lost.
+        return self.gap * 3 + self.gap + self.ckpt_every // 2
+
+    @property
+    def steps(self) -> int:
+        return self.crash_step + self.gap
+
+
+# A person can follow NORMAL on the dashboard; FAST is for tests and the impatient.
+NORMAL = Pace("normal", speed=300.0, step_time=0.1, ckpt_every=10, gap=30, poll_interval=1.0,
+              heal_after=1800.0, repair_timeout=8.0, stockout=1800.0, min_uptime=1.0,
+              backoff_base=1.0, backoff_max=3.0, deadline=170.0)
+FAST = Pace("fast", speed=1200.0, step_time=0.03, ckpt_every=10, gap=20, poll_interval=0.3,
+            heal_after=1800.0, repair_timeout=1.5, stockout=2400.0, min_uptime=0.5,
+            backoff_base=0.3, backoff_max=1.0, deadline=60.0)
+
+
+@dataclass(frozen=True)
+class Act:
+    """One disruption of the story."""
+
+    key: str  # maintenance, stuck, preemption, crash
+    title: str  # the summary's row name
+    expect: str  # what tpuwatch should do about it, said when it is played
+
+
+def story(pace: Pace) -> tuple[Act, ...]:
+    heal = pace.heal_after / pace.speed
+    stock = pace.stockout / pace.speed
+    return (
+        Act("maintenance", "maintenance, heals",
+            f"the TPU goes into maintenance and heals in {heal:g}s; tpuwatch should wait for it "
+            "and resume from the last checkpoint, charging nothing"),
+        Act("stuck", "maintenance, never heals",
+            f"maintenance that never ends; after repair_timeout ({pace.repair_timeout:g}s) "
+            "tpuwatch should delete the TPU, create it from the saved spec and resume"),
+        Act("preemption", "spot preemption+stockout",
+            f"the spot TPU is preempted and the zone has no capacity for {stock:g}s; tpuwatch "
+            "should recreate it, queueing until capacity returns"),
+        Act("crash", "crash (segfault)",
+            f"worker {CRASH_WORKER} segfaults at step {pace.crash_step} (a transient bug); tpuwatch "
+            "should stop the other workers, charge one restart and relaunch"),
+    )
+
+
+@dataclass(frozen=True)
+class Played:
+    """A disruption that happened: when, and where the journal stood just before it."""
+
+    act: Act
+    fault_at: datetime  # the fault's own time: its audit entry, or the trainer's crash marker
+    mark: int  # the id of the journal's last event before the fault (0: none)
+    step: int | None = None  # the step the job was at, when known exactly (the crash)
+
+
+def checkpoint_times(ckpt_dir: Path) -> dict[int, datetime]:
+    """step -> commit time of every complete checkpoint (Orbax `_CHECKPOINT_METADATA`)."""
+    out: dict[int, datetime] = {}
+    try:
+        entries = [e for e in os.scandir(ckpt_dir) if e.name.isdigit() and e.is_dir()]
+    except OSError:
+        return out
+    for e in entries:
+        path = Path(e.path)
+        t: datetime | None = None
+        try:
+            meta = json.loads((path / "_CHECKPOINT_METADATA").read_text())
+            ns = meta.get("commit_timestamp_nsecs")
+            if isinstance(ns, int):
+                t = datetime.fromtimestamp(ns / 1e9, timezone.utc)
+        except (OSError, ValueError):
+            pass
+        if t is None:
+            try:
+                t = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc)
+            except OSError:
+                continue
+        out[int(e.name)] = t
+    return out
+
+
+class Director:
+    """Plays the story: call `poll` often (between ticks); it injects each act when due."""
+
+    def __init__(self, sim: Any, pace: Pace, ckpt_dir: Path, crash_marker: Path,
+                 say: Callable[[str], None]) -> None:
+        self.sim = sim
+        self.pace = pace
+        self.ckpt_dir = ckpt_dir
+        self.crash_marker = crash_marker
+        self.say = say
+        self.acts = story(pace)
+        self.played: list[Played] = []
+        self._scripted = [a for a in self.acts if a.key != "crash"]
+
+    def poll(self, journal: Journal) -> None:
+        self._notice_crash(journal)
+        done = [p.act.key for p in self.played]
+        todo = [a for a in self._scripted if a.key not in done]
+        if not todo:
+            return
+        index = self._scripted.index(todo[0])
+        ckpts = checkpoint_times(self.ckpt_dir)
+        due = [t for s, t in ckpts.items() if s >= self.pace.at_step(index)]
+        # Half a checkpoint interval after the save, so the fault lands between two saves and
+        # the job has steps to lose, as a real one usually does.
+        half = self.pace.ckpt_every * self.pace.step_time / 2
+        if not due or (datetime.now(timezone.utc) - min(due)).total_seconds() < half:
+            return
+        if not self._settled(journal):
+            return
+        self._play(todo[0], journal)
+
+    def _settled(self, journal: Journal) -> bool:
+        """The node is fine, the job runs, and the last disruption's job was relaunched."""
+        node = self.sim.world.node(NODE)
+        if node.state != "READY" or node.health != "HEALTHY":
+            return False
+        mem = journal.load_memory()
+        if mem is None or mem.phase is not Phase.RUNNING:
+            return False
+        if self.played:
+            last = self.played[-1].fault_at
+            if not any(a.start > last for a in journal.attempts()):
+                return False
+        return True
+
+    def _play(self, act: Act, journal: Journal) -> None:
+        mark = _last_event_id(journal)
+        seen = len(self.sim.world.audit_entries())
+        try:
+            if act.key == "maintenance":
+                self.sim.inject("maintenance", node=NODE, heal_after=self.pace.heal_after)
+            elif act.key == "stuck":
+                self.sim.inject("maintenance", node=NODE, stuck="REPAIRING")
+            elif act.key == "preemption":
+                self.sim.inject("stockout", duration=self.pace.stockout)
+                self.sim.inject("preempt", node=NODE)
+        except UsageError as exc:  # the node changed under us (the simulator's own clock): later
+            self.say(f"could not play {act.title} yet: {exc.message}")
+            return
+        self.say(f"disruption {self._number(act)}/{len(self.acts)}: {act.title}: {act.expect}")
+        entries = [e for e in self.sim.world.audit_entries()[seen:] if e.node == NODE]
+        t = (datetime.fromtimestamp(entries[0].time_ns / 1e9, timezone.utc) if entries
+             else datetime.now(timezone.utc))
+        self.played.append(Played(act, t, mark))
+
+    def _notice_crash(self, journal: Journal) -> None:
+        if any(p.act.key == "crash" for p in self.played):
+            return
+        try:
+            mtime = self.crash_marker.stat().st_mtime
+        except OSError:
+            return
+        t = datetime.fromtimestamp(mtime, timezone.utc)
+        act = next(a for a in self.acts if a.key == "crash")
+        # The tick may already have reacted before this poll: mark where the journal stood
+        # before the crash, not now.
+        mark = _last_event_id(journal, before=t)
+        self.played.append(Played(act, t, mark, step=self.pace.crash_step))
+        self.say(f"disruption {self._number(act)}/{len(self.acts)}: {act.title}: {act.expect}")
+
+    def _number(self, act: Act) -> int:
+        return self.acts.index(act) + 1
+
+
+def _last_event_id(journal: Journal, before: datetime | None = None) -> int:
+    events = journal.events()
+    if before is not None:
+        events = [e for e in events if e.time < before]
+    return events[-1].id if events else 0

@@ -1,0 +1,182 @@
+"""The demo's summary: for each disruption, time to detect, time to resume, steps lost, restarts
+charged and whether it was recovered; and the job's goodput. Computed after the run from records
+alone — the journal (events, attempts), the fault times the director took from the simulator's
+audit entries and the crash marker, and the checkpoints' commit times — never from what the
+loop printed. Definitions (as in tpuwatch.bench.goodput):
+
+- detect: from the fault to the end of the tick that first reacted to it (its first journal
+  event after the fault, or the end of the attempt the fault interrupted).
+- resume: from the fault to the next launch of the job (the first attempt started after it).
+- steps lost: steps the job had made at the fault minus the step the next attempt resumed from.
+  The step at the fault is exact for the crash (the trainer's own fault step) and otherwise
+  reckoned from the newest checkpoint committed before the fault and the trainer's step time.
+- charged: attempts, from the one the fault interrupted up to the resume, that count against
+  max_restarts.
+- goodput: productive step time (final step x step time) / wall time from the first launch to
+  the job's end.
+
+Rendering: a rich Table that fits 80 columns, and one result line a script can match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from tpuwatch.demo.story import Pace, Played
+from tpuwatch.durations import human
+from tpuwatch.journal import AttemptRow, JournalEvent
+from tpuwatch.ui.node import BAD, OK
+
+
+@dataclass(frozen=True)
+class Outcome:
+    title: str
+    fault_at: datetime | None  # None: the disruption never happened
+    detect: float | None  # seconds
+    resume: float | None  # seconds
+    steps_lost: int | None
+    charged: int
+    recovered: bool
+    why: str = ""  # what went wrong, when not recovered
+
+
+@dataclass(frozen=True)
+class Summary:
+    outcomes: tuple[Outcome, ...]
+    final_step: int | None
+    total_steps: int
+    done: bool
+    goodput: float | None
+    wall: float | None  # seconds from the first launch to the end
+    attempts: int
+    charged: int
+    how_it_ended: str  # the loop's last word, e.g. "job done", "deadline passed"
+
+    @property
+    def ok(self) -> bool:
+        return self.done and self.final_step == self.total_steps and all(o.recovered for o in self.outcomes)
+
+    def result_line(self) -> str:
+        recovered = sum(o.recovered for o in self.outcomes)
+        head = (f"result: {'ok' if self.ok else 'FAILED'}: {recovered}/{len(self.outcomes)} "
+                f"disruptions recovered, final step {self.final_step if self.final_step is not None else '-'}"
+                f"/{self.total_steps}")
+        if self.goodput is not None:
+            head += f", goodput {self.goodput:.0%}"
+        return head
+
+
+def step_at(fault: datetime, ckpts: dict[int, datetime], pace: Pace) -> int | None:
+    """The step the job had reached at `fault`: the newest checkpoint before it plus the steps
+    its step time allows since (never a whole checkpoint interval: that would have saved)."""
+    before = [(s, t) for s, t in ckpts.items() if t <= fault]
+    if not before:
+        return None
+    step, t = max(before)
+    since = max(0.0, (fault - t).total_seconds())
+    return step + min(pace.ckpt_every - 1, int(since / pace.step_time))
+
+
+def summarize(played: Sequence[Played], acts_titles: Sequence[str], events: Sequence[JournalEvent],
+              attempts: Sequence[AttemptRow], ckpts: dict[int, datetime], pace: Pace,
+              done: bool, how_it_ended: str, tick_end: Mapping[datetime, datetime] | None = None) -> Summary:
+    """`tick_end` maps a tick's time (its events' stamp) to when that tick had finished acting."""
+    outcomes = []
+    by_title = {p.act.title: p for p in played}
+    for title in acts_titles:
+        p = by_title.get(title)
+        outcomes.append(_outcome(title, p, events, attempts, ckpts, pace, done, tick_end or {}))
+    final = max(ckpts) if ckpts else None
+    started = [a.start for a in attempts]
+    goodput = wall = None
+    if started:
+        ends = [a.end for a in attempts if a.end is not None]
+        end = max(ends) if done and ends else (events[-1].time if events else None)
+        if end is not None:
+            wall = max((end - min(started)).total_seconds(), 1e-9)
+            goodput = min(1.0, (final or 0) * pace.step_time / wall)
+    return Summary(tuple(outcomes), final, pace.steps, done, goodput, wall, len(attempts),
+                   sum(1 for a in attempts if a.charged), how_it_ended)
+
+
+def _outcome(title: str, p: Played | None, events: Sequence[JournalEvent], attempts: Sequence[AttemptRow],
+             ckpts: dict[int, datetime], pace: Pace, done: bool,
+             tick_end: Mapping[datetime, datetime]) -> Outcome:
+    if p is None:
+        return Outcome(title, None, None, None, None, 0, False, "never happened: the run ended first")
+    ordered = sorted(attempts, key=lambda a: a.number)
+    hit = [a for a in ordered if a.start <= p.fault_at]
+    interrupted = hit[-1] if hit else None
+    nxt = next((a for a in ordered if a.start > p.fault_at), None)
+    # A tick stamps its events with the time it began; one that began just before a fault it
+    # then saw (a crash nobody injected) has events older than the fault. So the reaction is the
+    # first event after the mark, or the interrupted attempt's end, whichever comes first, and
+    # its time is when that tick had finished acting.
+    reaction = next((e for e in events if e.id > p.mark), None)
+    if interrupted is not None:
+        end_ev = next((e for e in events if e.kind == "attempt_end"
+                       and e.data.get("attempt") == interrupted.number and e.id <= p.mark), None)
+        if end_ev is not None and (reaction is None or end_ev.id < reaction.id):
+            reaction = end_ev
+    detect = None
+    if reaction is not None:
+        seen = tick_end.get(reaction.time, reaction.time)
+        detect = max(0.0, (seen - p.fault_at).total_seconds())
+    resume = None if nxt is None else (nxt.start - p.fault_at).total_seconds()
+    lo = interrupted.number if interrupted is not None else 0
+    hi = nxt.number if nxt is not None else None
+    charged = sum(1 for a in ordered if a.charged and a.number >= lo and (hi is None or a.number < hi))
+    lost = None
+    at = p.step if p.step is not None else step_at(p.fault_at, ckpts, pace)
+    if nxt is not None and at is not None:
+        lost = max(0, at - (nxt.start_step or 0))
+    if nxt is None:
+        return Outcome(title, p.fault_at, detect, None, lost, charged, False,
+                       "never detected" if reaction is None else "the job was never relaunched")
+    # Recovered: relaunched, and the relaunched job made progress (or finished).
+    progressed = done or any(s > (nxt.start_step or 0) and t > nxt.start for s, t in ckpts.items())
+    return Outcome(title, p.fault_at, detect, resume, lost, charged, progressed,
+                   "" if progressed else "relaunched, but made no progress")
+
+
+def render(summary: Summary) -> RenderableType:
+    table = Table(title="what happened", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+                  pad_edge=False, padding=(0, 0, 0, 1))
+    table.add_column("disruption", no_wrap=True)
+    table.add_column("detected", justify="right", no_wrap=True)
+    table.add_column("resumed", justify="right", no_wrap=True)
+    table.add_column("steps lost", justify="right", no_wrap=True)
+    table.add_column("charged", justify="right", no_wrap=True)
+    table.add_column("result", no_wrap=True)
+    for o in summary.outcomes:
+        table.add_row(o.title, _secs(o.detect), _secs(o.resume),
+                      "-" if o.steps_lost is None else str(o.steps_lost), str(o.charged),
+                      Text("recovered", style=OK) if o.recovered else Text("NOT recovered", style=BAD))
+    lines: list[RenderableType] = [table, Text("")]
+    for o in summary.outcomes:
+        if not o.recovered:
+            lines.append(Text(f"not recovered: {o.title}: {o.why}", style=BAD))
+    wall = f" in {human(summary.wall)}" if summary.wall is not None else ""
+    lines.append(Text(f"{summary.attempts} attempts{wall}, {summary.charged} charged to max_restarts; "
+                      f"the run ended: {summary.how_it_ended}."))
+    if summary.goodput is not None:
+        lines.append(Text(f"goodput {summary.goodput:.0%}: productive step time / wall time. The demo "
+                          "packs four disruptions into a minute; on a real run they are days apart.",
+                          style="dim"))
+    lines.append(Text(summary.result_line(), style=OK if summary.ok else BAD))
+    return Group(*lines)
+
+
+def _secs(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 1:
+        return f"{int(s * 1000)}ms"
+    return f"{s:.1f}s" if s < 60 else human(s)

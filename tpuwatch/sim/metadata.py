@@ -1,0 +1,228 @@
+"""The GCE metadata server as one simulated TPU VM worker sees it.
+
+Holds `Instance` (everything one worker's metadata server knows), `answer()` (one request in,
+status + headers + body out, by the metadata server's rules) and `serve()` (an asyncio connection
+handler speaking just enough HTTP/1.1 for curl, urllib and requests). Rules kept here:
+
+- Every request needs the header `Metadata-Flavor: Google`; without it the answer is 403, as
+  on Compute Engine. Every answer carries `Metadata-Flavor: Google`.
+- Paths are those under `http://metadata.google.internal/computeMetadata/v1/` that tpuwatch,
+  its startup scripts and a training job read: `instance/attributes/` (the node's metadata, plus
+  `agent-worker-number` and `accelerator-type` as on a TPU VM), `instance/id`, `instance/name`,
+  `instance/hostname`, `instance/zone`, `instance/preempted` (TRUE/FALSE),
+  `instance/upcoming-maintenance`, `instance/maintenance-event`, `instance/network-interfaces/0/ip`,
+  `project/project-id`, `project/numeric-project-id`. A directory path lists its entries
+  (`?recursive=true` gives JSON); anything else is 404.
+- `instance/upcoming-maintenance` is the notice as JSON (snake_case field names, as the Cloud TPU
+  documentation's example shows), or `{"error": "no notifications have been received yet, try
+  again later"}` when there is none (REFERENCE.md). The documentation does not say which HTTP
+  status comes with that error text; 200 is served.
+
+This module knows neither the world model nor SSH: the world builds an `Instance` for a node's
+worker (`World.instance_metadata`) and the hosts layer serves it on that worker's own address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+PREFIX = "/computeMetadata/v1/"
+FLAVOR = ("Metadata-Flavor", "Google")
+NO_NOTICE = {"error": "no notifications have been received yet, try again later"}
+WORKER_NUMBER = "agent-worker-number"
+ACCELERATOR = "accelerator-type"
+_MAX_HEADER = 64 * 1024
+
+
+def project_number(project: str) -> str:
+    """A stable made-up project number for a project id (the same one the REST face shows)."""
+    return str(int(hashlib.sha256(project.encode()).hexdigest()[:11], 16))
+
+
+def worker_hostname(node_id: str | int, worker: int) -> str:
+    """A worker's short host name, `t1v-n-<8 hex>-w-<index>`, as guest attributes show it."""
+    try:
+        ident = int(node_id)
+    except (TypeError, ValueError):
+        ident = int(hashlib.sha256(str(node_id).encode()).hexdigest()[:15], 16)
+    return f"t1v-n-{ident % 10**8:08x}-w-{worker}"
+
+
+def worker_instance_id(node_id: str | int, worker: int) -> str:
+    """Each worker is a Compute Engine instance with its own numeric id (not the node's id)."""
+    return str(int(hashlib.sha256(f"{node_id}/{worker}".encode()).hexdigest()[:15], 16))
+
+
+@dataclass(frozen=True)
+class Instance:
+    """What one worker's metadata server answers with."""
+
+    project: str
+    zone: str
+    worker: int
+    instance_id: str
+    name: str  # short host name
+    attributes: Mapping[str, str] = field(default_factory=dict)
+    preempted: bool = False
+    upcoming_maintenance: Mapping[str, Any] | None = None
+    ip: str = ""
+
+    @property
+    def hostname(self) -> str:
+        """The fully qualified name (zonal DNS), as `instance/hostname` gives it."""
+        return f"{self.name}.{self.zone}.c.{self.project}.internal" if self.zone else self.name
+
+
+def make_instance(*, project: str, zone: str, node_id: str | int, worker: int,
+                  metadata: Mapping[str, str], accelerator_type: str = "", preempted: bool = False,
+                  upcoming_maintenance: Mapping[str, Any] | None = None, ip: str = "") -> Instance:
+    """An Instance for worker `worker` of a node: its metadata plus what a TPU VM adds itself."""
+    attributes = dict(metadata)
+    # Set by the TPU service on every worker; a user's metadata cannot override them.
+    attributes[WORKER_NUMBER] = str(worker)
+    if accelerator_type:
+        attributes[ACCELERATOR] = accelerator_type
+    return Instance(project=project, zone=zone, worker=worker,
+                    instance_id=worker_instance_id(node_id, worker),
+                    name=worker_hostname(node_id, worker), attributes=attributes, preempted=preempted,
+                    upcoming_maintenance=upcoming_maintenance, ip=ip)
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes
+    content_type: str = "application/text"
+
+    @property
+    def text(self) -> str:
+        return self.body.decode()
+
+
+def _text(value: str) -> Response:
+    return Response(200, value.encode())
+
+
+def _json(value: Any) -> Response:
+    return Response(200, json.dumps(value, sort_keys=True).encode(), "application/json")
+
+
+def _not_found(path: str) -> Response:
+    return Response(404, f"The requested URL {path} was not found on this server.\n".encode(), "text/html")
+
+
+def _listing(entries: Mapping[str, Any], recursive: bool) -> Response:
+    if recursive:
+        return _json(dict(entries))
+    return _text("".join(f"{k}/\n" if isinstance(v, Mapping) else f"{k}\n" for k, v in entries.items()))
+
+
+def _tree(inst: Instance) -> dict[str, Any]:
+    """Every path this server answers, as nested dicts of strings (JSON values where noted)."""
+    return {
+        "instance": {
+            "attributes": dict(sorted(inst.attributes.items())),
+            "hostname": inst.hostname,
+            "id": inst.instance_id,
+            "maintenance-event": "NONE",
+            "name": inst.name,
+            "network-interfaces": {"0": {"ip": inst.ip}} if inst.ip else {},
+            "preempted": "TRUE" if inst.preempted else "FALSE",
+            # a leaf holding JSON text, not a directory
+            "upcoming-maintenance": json.dumps(dict(inst.upcoming_maintenance or NO_NOTICE), sort_keys=True),
+            "zone": f"projects/{project_number(inst.project)}/zones/{inst.zone}",
+        },
+        "project": {"numeric-project-id": project_number(inst.project), "project-id": inst.project},
+    }
+
+
+def answer(inst: Instance, path: str, headers: Mapping[str, str], method: str = "GET") -> Response:
+    """The metadata server's answer to one request for `path` (with its query string)."""
+    flavor = {k.lower(): v for k, v in headers.items()}.get("metadata-flavor")
+    parts = urlsplit(path)
+    raw = unquote(parts.path)
+    if flavor != FLAVOR[1]:
+        return Response(403, (f"Your client does not have permission to get URL {raw} from this server. "
+                              "Missing Metadata-Flavor:Google header.\n").encode(), "text/html")
+    if method not in ("GET", "HEAD"):
+        return Response(405, f"Method {method} not allowed\n".encode(), "text/html")
+    if raw in ("/", ""):
+        return _text("computeMetadata/\n")
+    if raw.rstrip("/") == "/computeMetadata":
+        return _text("v1/\n")
+    if not (raw + "/").startswith(PREFIX):
+        return _not_found(raw)
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    recursive = query.get("recursive", "").lower() == "true"
+    node: Any = _tree(inst)
+    for part in [p for p in raw[len(PREFIX):].split("/") if p]:
+        if not isinstance(node, Mapping) or part not in node:
+            return _not_found(raw)
+        node = node[part]
+    if raw.rstrip("/").endswith("/upcoming-maintenance"):
+        return Response(200, str(node).encode(), "application/json")
+    if isinstance(node, Mapping):
+        return _listing(node, recursive)
+    if query.get("alt") == "json":
+        return _json(node)
+    return _text(str(node))
+
+
+async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str]] | None:
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+        return None
+    if len(head) > _MAX_HEADER:
+        return None
+    lines = head.decode("latin-1").split("\r\n")
+    request = lines[0].split()
+    if len(request) != 3:
+        return None
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if ":" in line:
+            k, v = line.split(":", 1)
+            headers[k.strip()] = v.strip()
+    return request[0].upper(), request[1], headers
+
+
+_REASONS = {200: "OK", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 400: "Bad Request"}
+
+
+def http_bytes(response: Response, method: str = "GET") -> bytes:
+    head = (
+        f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Error')}\r\n"
+        f"{FLAVOR[0]}: {FLAVOR[1]}\r\n"
+        f"Content-Type: {response.content_type}\r\n"
+        f"Content-Length: {len(response.body)}\r\n"
+        "Server: Metadata Server for VM\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode() + (b"" if method == "HEAD" else response.body)
+
+
+async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                instance: Callable[[], Awaitable[Instance]]) -> None:
+    """Answer one request on a connection, then close it (`Connection: close`)."""
+    try:
+        request = await _read_request(reader)
+        if request is None:
+            writer.write(http_bytes(Response(400, b"bad request\n", "text/html")))
+        else:
+            method, path, headers = request
+            response = answer(await instance(), path, headers, method)
+            writer.write(http_bytes(response, method))
+        await writer.drain()
+    except (ConnectionError, asyncio.CancelledError):
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            writer.close()
