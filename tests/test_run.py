@@ -265,3 +265,21 @@ def test_an_unreachable_worker_or_unusable_node_is_exit_1(sim: Simulator, tmp_pa
     repairing = NodeSnapshot(**{**node.__dict__, "state": "REPAIRING"})
     with pytest.raises(JobFailed, match="REPAIRING.*does not recover"):
         runner.run(repairing)
+
+
+@pytest.mark.slow
+def test_run_checks_the_workers_before_it_launches(sim: Simulator, tmp_path: Path, env: dict[str, str]) -> None:
+    """Issue 10: the environment checks run before every launch, `run`'s included. A stale libtpu
+    lockfile is fixed by the cleanup and the launch goes ahead; a missing device is not fixable,
+    and `run` (which does not recover) stops before launching, naming the worker."""
+    sim.create_node("pod", "v4-32")
+    cfg = write_config(tmp_path / "tpuwatch.toml", sim, "echo started-{worker}", "")
+    sim.inject("stale-lockfile", node="pod", worker=2)
+    r = tpuwatch(["run", "-c", str(cfg)], env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "environment checks passed" in r.stderr, r.stderr
+    sim.inject("device-missing", node="pod", worker=1)
+    r2 = tpuwatch(["run", "-c", str(cfg)], env, cwd=tmp_path)
+    assert r2.returncode == 1, r2.stderr
+    assert "environment checks failed, nothing launched" in r2.stderr and "w1" in r2.stderr, r2.stderr
+    assert "attempt 2 launched" not in r2.stderr

@@ -379,8 +379,11 @@ class Reconciler:
                 since = (now - datetime.fromisoformat(last_text)).total_seconds()
             except ValueError:
                 since = None
-        wrong = (node is None or not node.usable or mem.phase not in (Phase.RUNNING, Phase.IDLE)
-                 or any(p.state != "running" for p in probes or ()))
+        # Sooner only while an attempt runs and something looks wrong: that is when a
+        # terminate/restart entry decides whether its end is charged. A node being repaired or
+        # recreated is judged by its state; the log can wait for the minute.
+        wrong = mem.phase is Phase.RUNNING and (
+            node is None or not node.usable or any(p.state != "running" for p in probes or ()))
         due = since is None or since >= self.audit_interval or (wrong and since >= MIN_AUDIT_GAP)
         if not due:
             return [], None

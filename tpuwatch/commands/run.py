@@ -163,8 +163,10 @@ class Runner:
         poll: float = 2.0,
         debug: bool = False,
         reconnect_wait: float = 1.0,
+        prechecker: Any = None,  # tpuwatch.precheck.Prechecker, or None (checks off)
     ) -> None:
         self.workers = workers
+        self.prechecker = prechecker
         self.checkpoints = checkpoints
         self.checkpoint_label = checkpoint_label
         self.out = out or Output()
@@ -228,6 +230,7 @@ class Runner:
         checkpoint = self._latest_checkpoint()
         if self._stop_all(node, "cleaning up the workers", fail_on_leftover=True):
             checkpoint = self._latest_checkpoint(quiet=True)
+        self._precheck(node)
         self._live = attempt
         results = self.workers.launch(node, attempt, checkpoint)
         bad = [r for r in results if not r.started]
@@ -241,6 +244,19 @@ class Runner:
                       checkpoint=checkpoint.path if checkpoint else None,
                       step=checkpoint.step if checkpoint else None,
                       workers=[r.worker for r in results])
+
+    def _precheck(self, node: NodeSnapshot) -> None:
+        """The environment checks, after the cleanup (which fixes what can be fixed): a worker
+        that fails one is not launched on; `run` does not recover it, `watch` would."""
+        if self.prechecker is None:
+            return
+        from tpuwatch.precheck import failing_lines, summary
+
+        report = self.prechecker.run(node, context="launch")
+        self.out.note(summary(report), event="precheck", ok=report.ok)
+        if not report.ok:
+            raise JobFailed("environment checks failed, nothing launched: " + "; ".join(failing_lines(report))
+                            + " (see `tpuwatch precheck`; skip a check with [precheck] skip)")
 
     def _latest_checkpoint(self, quiet: bool = False) -> Checkpoint | None:
         if self.checkpoints is None:
@@ -422,7 +438,12 @@ def command(ctx: click.Context, config_path: Path, project: str | None, zone: st
         from tpuwatch.checkpoints import CheckpointDir
 
         checkpoints = CheckpointDir(label, cfg.job["checkpoint_layout"])
-    runner = Runner(workers, checkpoints=checkpoints, checkpoint_label=label,
+    prechecker = None
+    if cfg.precheck["enabled"]:
+        from tpuwatch.precheck import Prechecker
+
+        prechecker = Prechecker.from_config(cfg, workers)
+    runner = Runner(workers, checkpoints=checkpoints, checkpoint_label=label, prechecker=prechecker,
                     out=Output(as_json=as_json), all_logs=all_logs, stop_on_exit=stop_on_exit,
                     poll=min(float(cfg.recovery["poll_interval"]), MAX_POLL), debug=debug)
     with _sigterm_as_interrupt():

@@ -29,13 +29,11 @@ MAX_CLOUD_FAILURES = 10  # ticks in a row the cloud API may fail (after its own 
 def next_delay(report: Any, poll: float) -> float:
     """Seconds to the next tick: the poll interval while all is well, faster while it is not."""
     d = report.decision
+    untils = [a.until for a in d.actions if isinstance(getattr(a, "until", None), datetime)]
+    if untils:  # the policy named its time (backoff, queued retry, repair deadline): no sooner
+        return max(min(poll, min((u - report.time).total_seconds() for u in untils)), 0.05)
     steady = d.row in ("running", "terminal", "person_stopped")
-    delay = poll if steady else min(poll, max(poll / 6, 1.0) if poll >= 1 else poll)
-    for action in d.actions:
-        until = getattr(action, "until", None)
-        if isinstance(until, datetime):
-            delay = min(delay, max((until - report.time).total_seconds(), 0.05))
-    return max(delay, 0.05)
+    return max(poll if steady else min(poll, max(poll / 6, 1.0) if poll >= 1 else poll), 0.05)
 
 
 @click.command(epilog=EPILOG)

@@ -1,0 +1,645 @@
+"""The discrete-event engine of the goodput benchmark: a virtual clock, processes, and the world.
+
+`Sim` runs callbacks and generator processes in virtual seconds (a process yields a number of
+seconds to sleep, or a `Signal` to wait for). `World` is one pod slice and its job as the tools
+see it: the node (state, health, incarnation id), its workers' job files, the running attempt
+and its progress, the checkpoint bucket, the audit log, long-running operations and the zone's
+capacity. Tools act on the world only through its methods; faults come from a `Trace`.
+
+A training attempt is modelled analytically rather than step by step: after `startup` seconds
+it runs `ckpt_every` steps of `step_time`, then spends `ckpt_save` seconds writing a checkpoint
+that is complete at the end of the save, and so on. Its step at any time is a formula, so a
+30-day run costs one event per fault and per tool action, not one per step.
+
+This module knows nothing of tpuwatch's policy or of any baseline: it is the cloud, the hosts
+and the training program. It imports no google, ssh or time code.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+# A process yields seconds to sleep, or a Signal to wait for (its value is sent back).
+Process = Generator[Any, Any, Any]
+
+# google.rpc codes the world's operations end with
+OK, NOT_FOUND, ALREADY_EXISTS, RESOURCE_EXHAUSTED = 0, 5, 6, 8
+# exit codes a worker can record
+EXIT_TERM = 143  # stopped by a supervisor (SIGTERM, recorded by the wrapper)
+SSH_LOST = 255  # what an ssh session reports when the host went away under it
+
+
+class Signal:
+    """A one-shot event processes can wait for; `fire(value)` wakes them all with `value`."""
+
+    __slots__ = ("callbacks", "fired", "value", "waiters")
+
+    def __init__(self) -> None:
+        self.fired = False
+        self.value: Any = None
+        self.waiters: list[Proc] = []
+        self.callbacks: list[Callable[[Any], None]] = []
+
+
+class Proc:
+    """A running generator process."""
+
+    __slots__ = ("dead", "done", "gen", "name", "result")
+
+    def __init__(self, gen: Process, name: str) -> None:
+        self.gen = gen
+        self.name = name
+        self.dead = False
+        self.result: Any = None
+        self.done = Signal()
+
+
+class Sim:
+    """Virtual time: a heap of callbacks, and generator processes driven by it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._seq = 0
+        self.events = 0  # callbacks run, for the speed report
+
+    def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (max(t, self.now), self._seq, fn, args))
+
+    def after(self, dt: float, fn: Callable[..., None], *args: Any) -> None:
+        self.at(self.now + dt, fn, *args)
+
+    def spawn(self, gen: Process, name: str = "") -> Proc:
+        proc = Proc(gen, name)
+        self.at(self.now, self._step, proc, None)
+        return proc
+
+    def fire(self, sig: Signal, value: Any = None) -> None:
+        if sig.fired:
+            return
+        sig.fired, sig.value = True, value
+        waiters, sig.waiters = sig.waiters, []
+        for proc in waiters:
+            self.at(self.now, self._step, proc, value)
+        callbacks, sig.callbacks = sig.callbacks, []
+        for cb in callbacks:
+            cb(value)
+
+    def any_of(self, sig: Signal, timeout: float) -> Signal:
+        """A signal fired by `sig` or, failing that, after `timeout` seconds (value None)."""
+        out = Signal()
+        if sig.fired:
+            self.fire(out, sig.value)
+            return out
+        sig.callbacks.append(lambda v: self.fire(out, v))
+        self.after(timeout, self.fire, out, None)
+        return out
+
+    def kill(self, proc: Proc) -> None:
+        proc.dead = True
+
+    def _step(self, proc: Proc, value: Any) -> None:
+        if proc.dead:
+            return
+        try:
+            y = proc.gen.send(value)
+        except StopIteration as stop:
+            proc.dead, proc.result = True, stop.value
+            self.fire(proc.done, stop.value)
+            return
+        if isinstance(y, Signal):
+            if y.fired:
+                self.at(self.now, self._step, proc, y.value)
+            else:
+                y.waiters.append(proc)
+        else:
+            self.after(float(y), self._step, proc, None)
+
+    def next_time(self) -> float:
+        """When the next callback is due (inf: none)."""
+        return self._heap[0][0] if self._heap else math.inf
+
+    def run(self, until: float) -> None:
+        heap = self._heap
+        while heap and heap[0][0] <= until:
+            t, _, fn, args = heapq.heappop(heap)
+            self.now = t
+            self.events += 1
+            fn(*args)
+        self.now = until
+
+
+@dataclass(frozen=True)
+class Params:
+    """The job, the slice and the cloud's delays. Seconds unless named otherwise."""
+
+    days: float = 30.0
+    workers: int = 4  # hosts in the slice (v4-32)
+    step_time: float = 2.0
+    ckpt_every: int = 900  # steps between checkpoints (30 min at 2 s a step)
+    ckpt_save: float = 30.0  # a save blocks training this long; complete at its end
+    steps: int | None = None  # job length; None: more than fits in `days`, so it never ends
+    startup: float = 120.0  # program start + checkpoint restore, paid by every launch
+    create_time: float = 300.0  # create operation to READY (startup script included)
+    create_fail_time: float = 60.0  # a create that meets a stockout fails after this long
+    delete_time: float = 90.0
+    repairing_after: float = 60.0  # UNHEALTHY_MAINTENANCE -> REPAIRING (as the simulator)
+    unknown_after: float = 120.0  # a repair that fails ends in state UNKNOWN after this long
+    peer_timeout: float = 100.0  # when one worker dies, the others abort this much later
+    bug_exit_after: float = 60.0  # the deterministic bug: every worker exits 1 this long after launch
+    audit_delay: float = 30.0  # an audit entry is readable this long after the event
+    gcloud_overhead: float = 2.0  # start-up of one gcloud invocation
+
+    @property
+    def horizon(self) -> float:
+        return self.days * 86400.0
+
+    @property
+    def total_steps(self) -> int:
+        if self.steps is not None:
+            return self.steps
+        return int(math.ceil(self.horizon / self.step_time)) + 1
+
+
+@dataclass
+class Attempt:
+    """One launch of the training command on every worker of one node incarnation."""
+
+    no: int
+    node_id: int
+    t0: float
+    s0: int  # checkpoint step it resumed from (0: from scratch)
+    bad: bool  # launched after the code push: exits 1 at start
+    p: Params
+    frozen: float | None = None  # progress stopped here (hang, crash, kill, exit)
+    exits: dict[int, int | None] = field(default_factory=dict)  # worker -> code (None: killed)
+    ended: bool = False
+    end_time: float | None = None
+    end_sig: Signal = field(default_factory=Signal)
+    done_at: float | None = None  # when it would finish the job, if it runs undisturbed
+
+    def __post_init__(self) -> None:
+        if not self.bad:
+            self.done_at = self._done_time()
+
+    @property
+    def run_start(self) -> float:
+        return self.t0 + self.p.startup
+
+    def _cycle(self) -> float:
+        return self.p.ckpt_every * self.p.step_time + self.p.ckpt_save
+
+    def _done_time(self) -> float:
+        p, m = self.p, self.p.total_steps - self.s0
+        n, rest = divmod(m, p.ckpt_every)
+        if rest == 0:
+            return self.run_start + n * self._cycle()
+        return self.run_start + n * self._cycle() + rest * p.step_time + p.ckpt_save
+
+    def progress(self, t: float) -> tuple[int, int, float | None]:
+        """(step reached, newest complete checkpoint step, when it completed) at time `t`."""
+        if self.frozen is not None:
+            t = min(t, self.frozen)
+        if self.bad or t <= self.run_start:
+            return self.s0, self.s0, None
+        p = self.p
+        if self.done_at is not None and t >= self.done_at:
+            return p.total_steps, p.total_steps, self.done_at
+        u = t - self.run_start
+        c = self._cycle()
+        n = int(u // c)
+        r = u - n * c
+        step = min(p.total_steps, self.s0 + n * p.ckpt_every + min(p.ckpt_every, int(r // p.step_time)))
+        ck = self.s0 + n * p.ckpt_every
+        return step, ck, (self.run_start + n * c) if n > 0 else None
+
+
+@dataclass
+class NodeRec:
+    id: int
+    state: str
+    health: str
+    created: float
+    description: str = ""
+    maintenance_time: float | None = None
+    files: dict[int, int] = field(default_factory=dict)  # worker -> attempt number in its job dir
+    epoch: int = 0  # bumped by every fault, so a stale scheduled change is ignored
+
+
+@dataclass
+class AuditRec:
+    time: float
+    kind: str  # terminate / restart
+    node_id: int
+    reason: str
+
+
+@dataclass
+class OpRec:
+    name: str
+    kind: str  # create / delete
+    done: bool = False
+    error_code: int = OK
+    error_message: str = ""
+    sig: Signal = field(default_factory=Signal)
+
+
+@dataclass
+class FaultHit:
+    """A fault the world received, and when the job ran again after it."""
+
+    kind: str
+    time: float
+    interrupted: bool  # a live attempt was making progress when it struck
+    resumed: float | None = None  # next launch after it
+
+
+@dataclass
+class Meter:
+    """Calls a tool made: cloud API (TPU, Logging, Storage) and ssh connections."""
+
+    tpu: int = 0
+    log: int = 0
+    storage: int = 0
+    ssh: int = 0
+
+
+class World:
+    """One slice, its job and its zone, under one fault trace, driven by one tool."""
+
+    def __init__(self, sim: Sim, p: Params, stockouts: list[tuple[float, float]], name: str = "llm-pod") -> None:
+        self.sim = sim
+        self.p = p
+        self.name = name
+        self.stockouts = sorted(stockouts)
+        self._next_id = 1000
+        self.node: NodeRec | None = NodeRec(self._new_id(), "READY", "HEALTHY", 0.0)
+        self.hosts_up = True
+        self.attempt: Attempt | None = None
+        self.attempts: list[Attempt] = []
+        self.ckpt_step = 0
+        self.ckpt_time: float | None = None
+        self.audit: list[AuditRec] = []
+        self.ops: dict[str, OpRec] = {}
+        self._op_seq = 0
+        self.pushed = False  # the buggy code is in the repository
+        self.bug_seen: float | None = None  # first launch of the buggy code
+        self.stopped: float | None = None  # the tool gave up (or finished)
+        self.stop_reason = ""
+        self.stop_short = ""  # a few words for tables
+        self.done: float | None = None  # worker 0 exited 0: the job is complete
+        self.hits: list[FaultHit] = []
+        self.skipped: list[tuple[str, float]] = []  # faults that found nothing to hit
+        self.steps_run = 0  # steps executed by ended attempts (redone ones included)
+        self.changed = Signal()  # fired on every change a supervisor could observe
+        self.heal_at: float | None = None  # the current maintenance heals then (None: never / none)
+        self.maintenance: bool = False  # the node is in a maintenance fault now
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def _touch(self) -> None:
+        old, self.changed = self.changed, Signal()
+        self.sim.fire(old)
+
+    @property
+    def now(self) -> float:
+        return self.sim.now
+
+    def in_stockout(self, t: float) -> bool:
+        return any(a <= t < b for a, b in self.stockouts)
+
+    def stockout_end(self, t: float) -> float:
+        """The first time >= t with capacity."""
+        end = t
+        moved = True
+        while moved:
+            moved = False
+            for a, b in self.stockouts:
+                if a <= end < b:
+                    end, moved = b, True
+        return end
+
+    def usable(self) -> bool:
+        n = self.node
+        return n is not None and n.state == "READY" and n.health == "HEALTHY" and self.hosts_up
+
+    def live(self) -> Attempt | None:
+        a = self.attempt
+        return a if a is not None and not a.ended else None
+
+    def checkpoint(self) -> tuple[int, float | None]:
+        """Newest complete checkpoint in the bucket: (step, completion time); step 0 = none."""
+        a = self.live()
+        if a is not None:
+            _, ck, ckt = a.progress(self.now)
+            if ck > self.ckpt_step:
+                return ck, ckt
+        return self.ckpt_step, self.ckpt_time
+
+    def next_change(self) -> float:
+        """The first time after now at which a supervisor could observe something new: a
+        scheduled event, the live attempt's next checkpoint completing, or an audit entry
+        becoming readable. Nothing observable changes before it."""
+        t = self.sim.next_time()
+        a = self.live()
+        if a is not None and a.frozen is None and not a.bad:
+            c = a._cycle()
+            n = max(0, math.floor((self.now - a.run_start) / c)) if self.now > a.run_start else 0
+            t = min(t, a.run_start + (n + 1) * c)  # the save after this one completes then
+        pending = [r.time + self.p.audit_delay for r in self.audit[-8:] if r.time + self.p.audit_delay > self.now]
+        return min([t, *pending])
+
+    def step_now(self) -> int:
+        a = self.live()
+        return a.progress(self.now)[0] if a is not None else self.ckpt_step
+
+    # -- the job ----------------------------------------------------------------------------
+
+    def launch(self, no: int, s0: int | None = None) -> Attempt | None:
+        """Start attempt `no` on every worker from checkpoint `s0` (None: the newest).
+
+        None when the workers cannot be reached or an attempt still runs (the worker lock).
+        """
+        node = self.node
+        if node is None or node.state != "READY" or not self.hosts_up or self.live() is not None:
+            return None
+        if self.done is not None:
+            return None
+        start = self.checkpoint()[0] if s0 is None else s0
+        a = Attempt(no, node.id, self.now, start, self.pushed, self.p)
+        self.attempt = a
+        self.attempts.append(a)
+        node.files = {w: no for w in range(self.p.workers)}
+        for hit in self.hits:
+            if hit.resumed is None:
+                hit.resumed = self.now
+        if a.bad:
+            if self.bug_seen is None:
+                self.bug_seen = self.now
+            self.sim.after(self.p.bug_exit_after, self._exit_all, a, 1)
+        elif a.done_at is not None and a.done_at <= self.p.horizon:
+            self.sim.at(a.done_at, self._exit_all, a, 0)
+        self._touch()
+        return a
+
+    def _exit_all(self, a: Attempt, code: int) -> None:
+        if a.ended or (a.frozen is not None and code == 0):
+            return
+        if a.frozen is None:
+            a.frozen = self.now
+        for w in range(self.p.workers):
+            a.exits.setdefault(w, code)
+        self._end(a)
+        if code == 0:
+            self.done = self.now
+
+    def _exit_one(self, a: Attempt, worker: int, code: int) -> None:
+        if a.ended or worker in a.exits:
+            return
+        a.exits[worker] = code
+        if len(a.exits) == self.p.workers:
+            self._end(a)
+        else:
+            self._touch()
+
+    def _end(self, a: Attempt, lost: bool = False) -> None:
+        """The attempt's processes are all gone: commit its checkpoint, wake its ssh session."""
+        a.ended, a.end_time = True, self.now
+        step, ck, ckt = a.progress(self.now)
+        self.steps_run += step - a.s0
+        if ck > self.ckpt_step:
+            self.ckpt_step, self.ckpt_time = ck, ckt
+        if lost:
+            rc = SSH_LOST
+        else:
+            codes = [c for c in a.exits.values() if c]
+            rc = codes[0] if codes else 0
+        self.sim.fire(a.end_sig, rc)
+        self._touch()
+
+    def stop_job(self) -> bool:
+        """SIGTERM the attempt on every worker (a supervisor's stop). False: nothing ran."""
+        a = self.live()
+        if a is None or not self.hosts_up:
+            return False
+        if a.frozen is None:
+            a.frozen = self.now
+        for w in range(self.p.workers):
+            a.exits.setdefault(w, EXIT_TERM)
+        self._end(a)
+        return True
+
+    def _hosts_down(self) -> None:
+        """The hosts went away: the attempt dies with no exit code, ssh sessions drop."""
+        self.hosts_up = False
+        a = self.live()
+        if a is not None:
+            if a.frozen is None:
+                a.frozen = self.now
+            self._end(a, lost=True)
+
+    # -- what a supervisor can observe -----------------------------------------------------
+
+    def probe(self) -> list[tuple[int, str, int | None, int | None]]:
+        """(worker, state, attempt, exit code) per worker, as the worker-side probe answers."""
+        node = self.node
+        out: list[tuple[int, str, int | None, int | None]] = []
+        for w in range(self.p.workers):
+            if node is None or not self.hosts_up or node.state != "READY":
+                out.append((w, "unreachable", None, None))
+                continue
+            no = node.files.get(w)
+            a = self.attempt
+            if no is None:
+                out.append((w, "absent", None, None))
+            elif a is not None and a.no == no and a.node_id == node.id:
+                if w in a.exits and a.exits[w] is not None:
+                    out.append((w, "exited", no, a.exits[w]))
+                elif w in a.exits or a.ended:
+                    out.append((w, "absent", no, None))
+                else:
+                    out.append((w, "running", no, None))
+            else:
+                out.append((w, "absent", no, None))
+        return out
+
+    def audit_since(self, cursor: int) -> tuple[list[AuditRec], int]:
+        """Entries readable now, after `cursor` (an index), and the new cursor."""
+        limit = self.now - self.p.audit_delay
+        end = cursor
+        while end < len(self.audit) and self.audit[end].time <= limit:
+            end += 1
+        return self.audit[cursor:end], end
+
+    # -- cloud operations -------------------------------------------------------------------
+
+    def _op(self, kind: str) -> OpRec:
+        self._op_seq += 1
+        op = OpRec(f"operations/op-{self._op_seq}", kind)
+        self.ops[op.name] = op
+        return op
+
+    def _finish_op(self, op: OpRec, code: int = OK, message: str = "") -> None:
+        op.done, op.error_code, op.error_message = True, code, message
+        self.sim.fire(op.sig, op)
+        self._touch()
+
+    def delete_node(self) -> OpRec | None:
+        """Start deleting the node; None when there is none."""
+        node = self.node
+        if node is None or node.state == "DELETING":
+            return None
+        node.state, node.health = "DELETING", "HEALTH_UNSPECIFIED"
+        node.epoch += 1
+        self.maintenance, self.heal_at = False, None
+        self._hosts_down()
+        op = self._op("delete")
+        self.sim.after(self.p.delete_time, self._deleted, node, op)
+        self._touch()
+        return op
+
+    def _deleted(self, node: NodeRec, op: OpRec) -> None:
+        if self.node is node:
+            self.node = None
+        self._finish_op(op)
+
+    def create_node(self) -> OpRec:
+        """Start creating the node; the operation fails when the zone has no capacity."""
+        op = self._op("create")
+        if self.node is not None:
+            self._finish_op(op, ALREADY_EXISTS, f"node {self.name} already exists")
+            return op
+        if self.in_stockout(self.now):
+            self.sim.after(self.p.create_fail_time, self._finish_op, op, RESOURCE_EXHAUSTED,
+                           'There is no more capacity in the zone "us-central2-b"')
+            return op
+        node = NodeRec(self._new_id(), "CREATING", "HEALTH_UNSPECIFIED", self.now)
+        self.node = node
+        self.hosts_up = False
+        self.sim.after(self.p.create_time, self._created, node, op)
+        self._touch()
+        return op
+
+    def _created(self, node: NodeRec, op: OpRec) -> None:
+        if self.node is node and node.state == "CREATING":
+            node.state, node.health = "READY", "HEALTHY"
+            self.hosts_up = True
+        self._finish_op(op)
+
+    # -- faults -----------------------------------------------------------------------------
+
+    def _hit(self, kind: str, interrupted: bool) -> None:
+        self.hits.append(FaultHit(kind, self.now, interrupted))
+
+    def _running(self) -> bool:
+        """A good attempt is making progress (or starting up)."""
+        a = self.live()
+        return a is not None and a.frozen is None and not a.bad
+
+    def maintenance_event(self, kind: str, heal_after: float | None, stuck: str = "REPAIRING") -> bool:
+        """UNHEALTHY_MAINTENANCE, the job killed, REPAIRING; healed after `heal_after` (None: never)."""
+        node = self.node
+        if node is None or node.state != "READY" or node.health != "HEALTHY":
+            self.skipped.append((kind, self.now))
+            return False
+        self._hit(kind, self._running())
+        node.epoch += 1
+        node.health, node.description = "UNHEALTHY_MAINTENANCE", ""
+        self.audit.append(AuditRec(self.now, "terminate", node.id, "MAINTENANCE"))
+        self._hosts_down()
+        self.maintenance = True
+        self.heal_at = self.now + heal_after if heal_after is not None else None
+        epoch = node.epoch
+        repair_in = self.p.repairing_after if heal_after is None else min(self.p.repairing_after, heal_after / 10)
+        self.sim.after(repair_in, self._set_state, node, epoch, "REPAIRING", None)
+        if heal_after is None and stuck == "UNKNOWN":
+            self.sim.after(self.p.unknown_after, self._set_state, node, epoch, "UNKNOWN", "HEALTH_UNSPECIFIED")
+        if heal_after is not None:
+            self.sim.after(heal_after, self._heal, node, epoch)
+        self._touch()
+        return True
+
+    def _set_state(self, node: NodeRec, epoch: int, state: str, health: str | None) -> None:
+        if self.node is not node or node.epoch != epoch:
+            return
+        node.state = state
+        if health is not None:
+            node.health = health
+        self._touch()
+
+    def _heal(self, node: NodeRec, epoch: int) -> None:
+        if self.node is not node or node.epoch != epoch:
+            return
+        node.epoch += 1
+        node.state, node.health = "READY", "HEALTHY"
+        node.maintenance_time = self.audit[-1].time if self.audit else None
+        node.description = "The TPU had a maintenance event"
+        self.audit.append(AuditRec(self.now, "restart", node.id, ""))
+        self.hosts_up = True
+        self.maintenance, self.heal_at = False, None
+        self._touch()
+
+    def preempt(self) -> bool:
+        node = self.node
+        if node is None or node.state != "READY":
+            self.skipped.append(("preemption", self.now))
+            return False
+        self._hit("preemption", self._running())
+        node.epoch += 1
+        node.state, node.health, node.description = "PREEMPTED", "HEALTH_UNSPECIFIED", ""
+        self.audit.append(AuditRec(self.now, "terminate", node.id, "PREEMPTED"))
+        self.maintenance, self.heal_at = False, None
+        self._hosts_down()
+        self._touch()
+        return True
+
+    def crash(self, worker: int) -> bool:
+        """Worker `worker` exits 139 (SIGSEGV); the others abort (134) after `peer_timeout`."""
+        a = self.live()
+        if a is None or not self._running() or not self.hosts_up:
+            self.skipped.append(("crash", self.now))
+            return False
+        self._hit("crash", True)
+        a.frozen = self.now
+        self._exit_one(a, worker % self.p.workers, 139)
+        for w in range(self.p.workers):
+            self.sim.after(self.p.peer_timeout, self._exit_one, a, w, 134)
+        return True
+
+    def hang(self) -> bool:
+        """Every worker stops making progress; the processes live on."""
+        a = self.live()
+        if a is None or not self._running() or not self.hosts_up:
+            self.skipped.append(("hang", self.now))
+            return False
+        self._hit("hang", True)
+        a.frozen = self.now
+        self._touch()
+        return True
+
+    def push_bug(self) -> bool:
+        self.pushed = True
+        return True
+
+    # -- the supervisor's end ---------------------------------------------------------------
+
+    def give_up(self, reason: str, short: str = "") -> None:
+        if self.stopped is None:
+            self.stopped, self.stop_reason, self.stop_short = self.now, reason, short or reason
+            self._touch()
+
+    def finish(self) -> None:
+        """End of the horizon: count the live attempt's steps."""
+        a = self.live()
+        if a is not None:
+            step = a.progress(self.now)[0]
+            self.steps_run += step - a.s0

@@ -1,0 +1,187 @@
+"""tpuwatch's ports over the benchmark's World: the TPU API, audit log, workers and checkpoints.
+
+In-memory implementations of the protocols of `tpuwatch.ports` (and of what `tpuwatch.tick`
+needs beyond them: `stop(node, workers)`, an OpenSSH-like `transport`, a port probe), so that
+`tpuwatch.tick.Reconciler` runs unchanged against the simulated slice in virtual time. They
+answer with the product's own value types (NodeSnapshot, WorkerProbe, OperationStatus,
+LaunchResult, StopResult, ApiError) and count every call in the run's Meter: one TPU API call
+per get/list/delete/create/operation read, one log read per audit-log query, one storage list
+per checkpoint lookup and one ssh connection per worker touched.
+
+This module holds no recovery rule and no loop: it only answers calls from what the World holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from tpuwatch.bench.engine import Meter, World
+from tpuwatch.cloud.errors import ApiError, Call
+from tpuwatch.errors import NotFoundError
+from tpuwatch.model import (
+    AuditEvent,
+    Checkpoint,
+    NodeSnapshot,
+    OperationStatus,
+    WorkerEndpoint,
+    WorkerProbe,
+)
+from tpuwatch.spec import OWNER_LABEL
+from tpuwatch.workers.protocol import LaunchResult, StopResult
+
+EPOCH = datetime(2025, 1, 1, tzinfo=timezone.utc)
+ZONE = "us-central2-b"
+PROJECT = "bench-project"
+
+
+def at(t: float) -> datetime:
+    """Virtual seconds -> the datetime the product sees."""
+    return EPOCH + timedelta(seconds=t)
+
+
+class BenchTpu:
+    """The TPU API of one zone (tpuwatch.ports.TpuApi) over the World's node and operations."""
+
+    def __init__(self, world: World, meter: Meter, job: str, zone: str = ZONE) -> None:
+        self.world = world
+        self.meter = meter
+        self.job = job
+        self.zone = zone
+        self._key: tuple[Any, ...] | None = None
+        self._snap: NodeSnapshot | None = None
+
+    def snapshot(self) -> NodeSnapshot | None:
+        """The node as the API would show it now (no call counted)."""
+        w, node = self.world, self.world.node
+        if node is None:
+            return None
+        key = (node.id, node.state, node.health, node.description, node.maintenance_time)
+        if key != self._key:
+            self._key = key
+            self._snap = NodeSnapshot(
+                name=w.name, project=PROJECT, zone=self.zone, id=str(node.id), create_time=at(node.created),
+                state=node.state, health=node.health, health_description=node.description,
+                maintenance_time=at(node.maintenance_time) if node.maintenance_time is not None else None,
+                workers=tuple(WorkerEndpoint(i, f"10.0.0.{i + 2}", "") for i in range(w.p.workers)),
+                accelerator_type="v4-32", spot=True, labels={OWNER_LABEL: self.job},
+            )
+        return self._snap
+
+    def get_node(self, name: str) -> NodeSnapshot | None:
+        self.meter.tpu += 1
+        return self.snapshot() if name == self.world.name else None
+
+    def list_nodes(self) -> list[NodeSnapshot]:
+        self.meter.tpu += 1
+        snap = self.snapshot()
+        return [snap] if snap is not None else []
+
+    def delete_node(self, name: str) -> str:
+        self.meter.tpu += 1
+        op = self.world.delete_node() if name == self.world.name else None
+        if op is None:
+            raise NotFoundError(f"no TPU named {name} in {self.zone}")
+        return op.name
+
+    def create_node(self, name: str, node: Mapping[str, Any], zone: str | None = None) -> str:
+        self.meter.tpu += 1
+        if self.world.node is not None:
+            call = Call("TPU API", "create_node", f"projects/{PROJECT}/locations/{self.zone}/nodes/{name}",
+                        "tpu.nodes.create", "tpu.googleapis.com")
+            raise ApiError(f"{call}: ALREADY_EXISTS: node {name} already exists", call=call, code="ALREADY_EXISTS")
+        return self.world.create_node().name
+
+    def get_operation(self, name: str) -> OperationStatus:
+        self.meter.tpu += 1
+        op = self.world.ops[name]
+        return OperationStatus(op.name, op.done, op.error_code, op.error_message)
+
+
+class BenchAudit:
+    """The system-event audit log (tpuwatch.ports.AuditLog): entries readable `audit_delay` after
+    the event, after a cursor (the index of the next entry, as text)."""
+
+    def __init__(self, world: World, meter: Meter) -> None:
+        self.world = world
+        self.meter = meter
+
+    def read(self, nodes: Iterable[str], cursor: str | None) -> tuple[list[AuditEvent], str | None]:
+        self.meter.log += 1
+        w = self.world
+        recs, end = w.audit_since(int(cursor) if cursor else 0)
+        events = [
+            AuditEvent(time=at(r.time), kind="terminate" if r.kind == "terminate" else "restart", node=w.name,
+                       worker=None, method=f"tpu.nodes.{r.kind}", reason=r.reason,
+                       insert_id=f"{r.time:.3f}-{r.kind}",
+                       resource_name=f"projects/{PROJECT}/locations/{ZONE}/nodes/{w.name}")
+            for r in recs if w.name in nodes
+        ]
+        return events, str(end)
+
+
+@dataclass(frozen=True)
+class Transport:
+    """What `Reconciler.wait` reads of the ssh transport: OpenSSH to the external IPs, port 22."""
+
+    name: str = "openssh"
+    internal_ip: bool = False
+    port: int = 22
+
+
+class BenchWorkers:
+    """The workers (tpuwatch.ports.Workers plus `stop(node, workers)`) over the World's job."""
+
+    def __init__(self, world: World, meter: Meter) -> None:
+        self.world = world
+        self.meter = meter
+        self.transport = Transport()
+
+    def probe(self, node: NodeSnapshot) -> list[WorkerProbe]:
+        self.meter.ssh += len(node.workers)
+        return [WorkerProbe(w, state, attempt=no, exit_code=code)  # type: ignore[arg-type]
+                for w, state, no, code in self.world.probe()]
+
+    def launch(self, node: NodeSnapshot, attempt: int, checkpoint: Checkpoint | None) -> Sequence[LaunchResult]:
+        w = self.world
+        n = len(node.workers)
+        self.meter.ssh += n
+        live = w.live()
+        if w.node is None or w.node.state != "READY" or not w.hosts_up:
+            return [LaunchResult(i, "unreachable", detail="connection timed out") for i in range(n)]
+        if live is not None:
+            outcome = "running" if live.no == attempt else "busy"
+            return [LaunchResult(i, outcome, attempt=live.no, pid=1000 + i) for i in range(n)]  # type: ignore[arg-type]
+        if w.launch(attempt, checkpoint.step if checkpoint is not None else 0) is None:
+            return [LaunchResult(i, "error", detail="the job is complete") for i in range(n)]
+        return [LaunchResult(i, "launched", attempt=attempt, pid=1000 + i) for i in range(n)]
+
+    def stop(self, node: NodeSnapshot, workers: Sequence[int] | None = None) -> list[StopResult]:
+        w = self.world
+        which = list(workers) if workers is not None else [e.index for e in node.workers]
+        self.meter.ssh += len(which)
+        if not w.hosts_up:
+            return [StopResult(i, False, unreachable=True, detail="connection timed out") for i in which]
+        running = {wk for wk, state, _, _ in w.probe() if state == "running"}
+        # The job runs on every worker or on none; a stop that spares some of its workers (the
+        # launch's cleanup of the others) leaves it running.
+        stopped = bool(running) and running <= set(which) and w.stop_job()
+        return [StopResult(i, True, stopped=(2000 + i,) if stopped else ()) for i in which]
+
+
+class BenchCheckpoints:
+    """The checkpoint store (tpuwatch.ports.CheckpointStore): the newest complete save, with the
+    time its save completed, as a gs:// listing gives it."""
+
+    def __init__(self, world: World, meter: Meter) -> None:
+        self.world = world
+        self.meter = meter
+
+    def latest(self) -> Checkpoint | None:
+        self.meter.storage += 1
+        step, t = self.world.checkpoint()
+        if step <= 0:
+            return None
+        return Checkpoint(f"gs://bench/ckpt/{step}", step, "orbax", at(t) if t is not None else None)

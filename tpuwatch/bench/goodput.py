@@ -1,0 +1,403 @@
+"""Run one fault trace under every tool and measure: goodput, time to resume, waste, API cost.
+
+`run_tool` plays a Trace against one tool in a fresh World and returns a ToolResult;
+`run_all` does it for every tool; `render` and `as_json` present the results. Definitions:
+
+- goodput: productive step time / wall time. Productive steps are those of the job's final
+  lineage (the newest checkpoint, or the running attempt's step at the end); wall time is the
+  run's length, or the time the job finished.
+- time to resume: from a fault that stopped a making-progress attempt to the next launch on
+  the slice. A fault never followed by a launch counts as never (inf) in the percentiles.
+- steps lost: steps executed and then redone (executed - productive).
+- bug waste: TPU VM-hours (workers x hours) from the first launch of the buggy code until the
+  tool stops retrying it (the end of the run when it never does).
+- API calls per hour: over the time the tool was running.
+
+Nothing here knows how a tool decides; it only reads the World and the Meter afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+import zlib
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tpuwatch.bench.engine import Meter, Params, Sim, World
+from tpuwatch.bench.tools import Run, Tool, TpuwatchDriver
+from tpuwatch.bench.trace import KINDS, Fault, Trace
+
+
+@dataclass
+class ToolResult:
+    key: str
+    label: str
+    note: str
+    goodput: float
+    wall_hours: float
+    productive_steps: int
+    steps_run: int
+    steps_lost: int
+    resume: dict[str, list[float]]  # kind -> seconds per interrupting fault (inf: never)
+    bug_seen_day: float | None  # first launch of the buggy code
+    bad_launches: int  # launches of the buggy code
+    stopped_day: float | None  # the tool gave up or finished
+    stop_reason: str
+    stop_short: str
+    bug_waste_vm_hours: float | None  # None: the buggy code never ran
+    meter: Meter
+    active_hours: float
+    attempts: int
+    skipped: dict[str, int]
+    memory: dict[str, Any] | None = None  # tpuwatch's final policy memory (counters)
+    rows: dict[str, int] = field(default_factory=dict)  # tpuwatch: decisions per table row
+    error: str = ""  # a policy error (ImpossibleObservation, IllegalTransition, ...)
+    events: int = 0
+    ticks: int = 0  # tpuwatch: ticks, fast-forwarded ones included
+    real_ticks: int = 0  # tpuwatch: ticks actually run (TpuwatchDriver.skip_idle)
+    port_probes: int = 0  # tpuwatch: TCP probes of a down node's SSH port between ticks
+
+    @property
+    def tpu_per_hour(self) -> float:
+        return self.meter.tpu / self.active_hours if self.active_hours > 0 else 0.0
+
+    @property
+    def log_per_hour(self) -> float:
+        return self.meter.log / self.active_hours if self.active_hours > 0 else 0.0
+
+    def resume_stats(self, kind: str) -> tuple[int, float | None, float | None, int]:
+        """(faults, median s, p95 s, never resumed) for `kind`; None when there were none."""
+        xs = sorted(self.resume.get(kind, []))
+        if not xs:
+            return 0, None, None, 0
+        p95 = xs[max(0, math.ceil(0.95 * len(xs)) - 1)]
+        return len(xs), statistics.median(xs), p95, sum(1 for x in xs if math.isinf(x))
+
+
+def _apply(world: World, fault: Fault) -> None:
+    if fault.kind == "maintenance":
+        world.maintenance_event("maintenance", fault.heal_after)
+    elif fault.kind == "stuck":
+        world.maintenance_event("stuck", None, fault.stuck)
+    elif fault.kind == "preemption":
+        world.preempt()
+    elif fault.kind == "crash":
+        world.crash(fault.worker)
+    elif fault.kind == "hang":
+        world.hang()
+    elif fault.kind == "bug":
+        world.push_bug()
+    else:
+        raise ValueError(f"unknown fault kind {fault.kind!r}")
+
+
+def run_tool(tool: Tool, trace: Trace, p: Params) -> ToolResult:
+    """Play `trace` under `tool` for `p.days` of virtual time."""
+    sim = Sim()
+    world = World(sim, p, list(trace.stockouts))
+    meter = Meter()
+    rng = random.Random(trace.seed * 1000003 + zlib.crc32(tool.key.encode()))
+    run = Run(sim, world, meter, rng)
+    for f in trace.faults:
+        sim.at(f.time, _apply, world, f)
+    for i, proc in enumerate(tool.start(run)):
+        sim.spawn(proc, f"{tool.key}-{i}")
+    if tool.drive is not None:
+        tool.drive(run)
+    sim.run(p.horizon)
+    world.finish()
+    return _result(tool, run)
+
+
+def _result(tool: Tool, run: Run) -> ToolResult:
+    w, p = run.world, run.world.p
+    end = w.done if w.done is not None else p.horizon
+    productive = p.total_steps if w.done is not None else max(w.ckpt_step, w.step_now())
+    resume: dict[str, list[float]] = {k: [] for k in KINDS}
+    for hit in w.hits:
+        if hit.interrupted:
+            resume[hit.kind].append(hit.resumed - hit.time if hit.resumed is not None else math.inf)
+    stop = w.stopped if w.stopped is not None else p.horizon
+    waste = None
+    if w.bug_seen is not None:
+        waste = max(0.0, min(stop, p.horizon) - w.bug_seen) / 3600.0 * p.workers
+    tick: TpuwatchDriver | None = run.extra.get("tick")
+    memory = None
+    if tick is not None:
+        m = tick.mem
+        memory = {"phase": m.phase.value, "attempt": m.attempt, "restarts": m.restarts,
+                  "disruptions": m.disruptions, "recreates": m.recreates, "no_progress": m.no_progress,
+                  "reason": m.reason}
+    return ToolResult(
+        key=tool.key, label=tool.label, note=tool.note,
+        goodput=productive * p.step_time / end if end > 0 else 0.0,
+        wall_hours=end / 3600.0,
+        productive_steps=productive,
+        steps_run=w.steps_run,
+        steps_lost=max(0, w.steps_run - productive),
+        resume=resume,
+        bug_seen_day=w.bug_seen / 86400.0 if w.bug_seen is not None else None,
+        bad_launches=sum(1 for a in w.attempts if a.bad),
+        stopped_day=w.stopped / 86400.0 if w.stopped is not None else None,
+        stop_reason=w.stop_reason,
+        stop_short=w.stop_short,
+        bug_waste_vm_hours=waste,
+        meter=run.meter,
+        active_hours=min(stop, end) / 3600.0,
+        attempts=len(w.attempts),
+        skipped=dict(Counter(k for k, _ in w.skipped)),
+        memory=memory,
+        rows=dict(tick.rows) if tick is not None else {},
+        error=tick.error if tick is not None else "",
+        events=run.sim.events,
+        ticks=tick.ticks if tick is not None else 0,
+        real_ticks=tick.real_ticks if tick is not None else 0,
+        port_probes=tick.port_probes if tick is not None else 0,
+    )
+
+
+@dataclass
+class Report:
+    params: Params
+    trace: Trace
+    results: list[ToolResult]
+    seconds: float  # real time the runs took
+
+    @property
+    def ideal(self) -> ToolResult | None:
+        return next((r for r in self.results if r.key == "ideal"), None)
+
+
+def run_all(tools: list[Tool], trace: Trace, p: Params) -> Report:
+    t0 = time.perf_counter()
+    results = [run_tool(t, trace, p) for t in tools]
+    return Report(p, trace, results, time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------------------------------------
+# presentation
+
+
+def _dur(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if math.isinf(x):
+        return "never"
+    if x < 120:
+        return f"{x:.0f}s"
+    if x < 7200:
+        return f"{x / 60:.1f}m"
+    return f"{x / 3600:.1f}h"
+
+
+def trace_summary(trace: Trace) -> dict[str, Any]:
+    heals = sorted(f.heal_after for f in trace.faults if f.kind == "maintenance" and f.heal_after is not None)
+    bug = next((f.time for f in trace.faults if f.kind == "bug"), None)
+    return {
+        "seed": trace.seed,
+        "counts": {k: trace.count(k) for k in KINDS},
+        "bug_push_day": bug / 86400.0 if bug is not None else None,
+        "heal_minutes": [round(h / 60, 1) for h in heals],
+        "stockouts": [[round(a / 86400, 3), round((b - a) / 60, 1)] for a, b in trace.stockouts],
+    }
+
+
+def as_json(report: Report) -> dict[str, Any]:
+    ideal = report.ideal
+    tools = []
+    for r in report.results:
+        resume = {}
+        for k in KINDS:
+            n, med, p95, never = r.resume_stats(k)
+            resume[k] = {"faults": n, "median_s": _num(med), "p95_s": _num(p95), "never": never}
+        tools.append({
+            "tool": r.key, "label": r.label, "note": r.note,
+            "goodput": round(r.goodput, 5),
+            "of_ideal": round(r.goodput / ideal.goodput, 5) if ideal and ideal.goodput > 0 else None,
+            "wall_hours": round(r.wall_hours, 3),
+            "productive_steps": r.productive_steps, "steps_run": r.steps_run, "steps_lost": r.steps_lost,
+            "resume": resume,
+            "bug_seen_day": _round(r.bug_seen_day), "bad_launches": r.bad_launches,
+            "bug_waste_tpu_vm_hours": _round(r.bug_waste_vm_hours),
+            "stopped_day": _round(r.stopped_day), "stop_reason": r.stop_reason,
+            "api_calls": asdict(r.meter),
+            "tpu_api_calls_per_hour": round(r.tpu_per_hour, 1),
+            "log_reads_per_hour": round(r.log_per_hour, 1),
+            "attempts": r.attempts, "faults_that_found_nothing": r.skipped,
+            "policy_memory": r.memory, "policy_rows": r.rows, "error": r.error,
+            "ticks": r.ticks, "ticks_run": r.real_ticks, "port_probes": r.port_probes,
+        })
+    return {"params": asdict(report.params), "trace": trace_summary(report.trace), "tools": tools,
+            "seconds": round(report.seconds, 2)}
+
+
+@dataclass
+class Sweep:
+    """Goodput of every tool over several seeds of the same trace configuration."""
+
+    seeds: list[int]
+    keys: list[str]
+    labels: list[str]
+    goodput: dict[str, list[float]]  # key -> per seed
+    errors: list[str]
+    seconds: float
+    tpu_per_hour: dict[str, list[float]] = field(default_factory=dict)  # key -> per seed
+    log_per_hour: dict[str, list[float]] = field(default_factory=dict)
+
+    def of_ideal(self, key: str) -> list[float]:
+        return [g / i if i > 0 else 0.0 for g, i in zip(self.goodput[key], self.goodput["ideal"], strict=True)]
+
+    def best(self, key: str) -> int:
+        """Seeds on which `key` has the highest goodput of every tool but the ideal (ties count)."""
+        others = [k for k in self.keys if k != "ideal"]
+        return sum(1 for i in range(len(self.seeds))
+                   if self.goodput[key][i] >= max(self.goodput[k][i] for k in others) - 1e-12)
+
+
+def sweep(tools: list[Tool], traces: list[Trace], p: Params) -> Sweep:
+    t0 = time.perf_counter()
+    goodput: dict[str, list[float]] = {t.key: [] for t in tools}
+    tpu: dict[str, list[float]] = {t.key: [] for t in tools}
+    log: dict[str, list[float]] = {t.key: [] for t in tools}
+    errors: list[str] = []
+    for trace in traces:
+        for r in run_all(tools, trace, p).results:
+            goodput[r.key].append(r.goodput)
+            tpu[r.key].append(r.tpu_per_hour)
+            log[r.key].append(r.log_per_hour)
+            if r.error:
+                errors.append(f"seed {trace.seed}, {r.label}: {r.error}")
+    return Sweep([t.seed for t in traces], [t.key for t in tools], [t.label for t in tools], goodput, errors,
+                 time.perf_counter() - t0, tpu, log)
+
+
+def sweep_json(sw: Sweep) -> dict[str, Any]:
+    tools = []
+    for key, label in zip(sw.keys, sw.labels, strict=True):
+        g = sw.goodput[key]
+        row: dict[str, Any] = {"tool": key, "label": label, "goodput_mean": round(statistics.fmean(g), 5),
+                               "goodput_min": round(min(g), 5), "goodput_max": round(max(g), 5),
+                               "per_seed": [round(x, 5) for x in g]}
+        if sw.tpu_per_hour.get(key):
+            row.update(tpu_api_calls_per_hour_max=round(max(sw.tpu_per_hour[key]), 1),
+                       log_reads_per_hour_max=round(max(sw.log_per_hour[key]), 1))
+        if "ideal" in sw.goodput:
+            oi = sw.of_ideal(key)
+            row.update(of_ideal_mean=round(statistics.fmean(oi), 5), of_ideal_min=round(min(oi), 5),
+                       best_non_ideal_seeds=sw.best(key) if key != "ideal" else None)
+        tools.append(row)
+    return {"seeds": sw.seeds, "tools": tools, "errors": sw.errors, "seconds": round(sw.seconds, 2)}
+
+
+def render_sweep(sw: Sweep) -> list[Any]:
+    from rich.table import Table
+    from rich.text import Text
+
+    t = Table(title=f"Goodput over seeds {sw.seeds[0]}..{sw.seeds[-1]} ({len(sw.seeds)} traces)")
+    for col in ("tool", "mean", "min", "max", "mean of ideal", "min of ideal", "best tool on",
+                "TPU API/h (max)", "log reads/h (max)"):
+        t.add_column(col, justify="left" if col == "tool" else "right")
+    for row in sweep_json(sw)["tools"]:
+        best = row.get("best_non_ideal_seeds")
+        t.add_row(row["label"], f"{100 * row['goodput_mean']:.2f}%", f"{100 * row['goodput_min']:.2f}%",
+                  f"{100 * row['goodput_max']:.2f}%",
+                  f"{100 * row['of_ideal_mean']:.2f}%" if "of_ideal_mean" in row else "-",
+                  f"{100 * row['of_ideal_min']:.2f}%" if "of_ideal_min" in row else "-",
+                  "-" if best is None else f"{best} of {len(sw.seeds)}",
+                  f"{row.get('tpu_api_calls_per_hour_max', 0):.1f}", f"{row.get('log_reads_per_hour_max', 0):.1f}")
+    out: list[Any] = [t]
+    out += [Text(f"POLICY ERROR: {e}", style="bold red") for e in sw.errors]
+    out.append(Text(f"{len(sw.seeds)} traces in {sw.seconds:.1f} s"))
+    return out
+
+
+def bug_json(report: Report) -> list[dict[str, Any]]:
+    """Per tool, on the permanent-bug trace: launches of the buggy code, when it stopped, waste."""
+    out = []
+    for r in report.results:
+        retrying = None  # relaunch rate of a tool that never stops
+        if r.bug_seen_day is not None and r.stopped_day is None:
+            hours = max(0.0, report.params.days - r.bug_seen_day) * 24
+            retrying = round(r.bad_launches / hours, 1) if hours > 0 else None
+        stop_after = None
+        if r.bug_seen_day is not None and r.stopped_day is not None:
+            stop_after = round((r.stopped_day - r.bug_seen_day) * 86400, 1)
+        out.append({"tool": r.key, "label": r.label, "bad_launches": r.bad_launches,
+                    "stopped_after_s": stop_after, "stop_reason": r.stop_reason,
+                    "tpu_vm_hours_wasted": _round(r.bug_waste_vm_hours, 2), "launches_per_hour": retrying,
+                    "tpu_api_calls": r.meter.tpu})
+    return out
+
+
+def render_bug(report: Report) -> Any:
+    from rich.table import Table
+
+    days = report.params.days
+    bug = next((f for f in report.trace.faults if f.kind == "bug"), None)
+    when = f"pushed at day {bug.time / 86400:g}" if bug else "never pushed"
+    t = Table(title=f"The permanent bug alone ({when}, relaunched after a maintenance an hour later; "
+                    f"run ends at day {days:g})")
+    for col in ("tool", "launches of the bug", "stopped after", "TPU VM-h wasted", "relaunches/h", "ended"):
+        t.add_column(col, justify="left" if col in ("tool", "ended") else "right")
+    for row, r in zip(bug_json(report), report.results, strict=True):
+        after = row["stopped_after_s"]
+        t.add_row(r.label, str(r.bad_launches), "never" if after is None and r.bad_launches else _dur(after),
+                  "-" if row["tpu_vm_hours_wasted"] is None else f"{row['tpu_vm_hours_wasted']:.1f}",
+                  "-" if row["launches_per_hour"] is None else f"{row['launches_per_hour']:.1f}",
+                  r.stop_short or "-")
+    return t
+
+
+def _num(x: float | None) -> float | str | None:
+    if x is None:
+        return None
+    return "never" if math.isinf(x) else round(x, 1)
+
+
+def _round(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def render(report: Report) -> list[Any]:
+    """rich renderables: the goodput table, the time-to-resume table, and the notes."""
+    from rich.table import Table
+    from rich.text import Text
+
+    ideal = report.ideal
+    p = report.params
+    t1 = Table(title=f"Goodput over {p.days:g} days, seed {report.trace.seed} "
+                     f"({p.workers} workers, {p.step_time:g}s steps, checkpoint every {p.ckpt_every} steps)")
+    for col in ("tool", "goodput", "of ideal", "steps lost", "bug: launches", "bug waste (VM-h)",
+                "TPU API/h", "log reads/h", "ended"):
+        t1.add_column(col, justify="left" if col in ("tool", "ended") else "right")
+    for r in report.results:
+        of = f"{100 * r.goodput / ideal.goodput:.2f}%" if ideal and ideal.goodput > 0 else "-"
+        waste = "-" if r.bug_waste_vm_hours is None else f"{r.bug_waste_vm_hours:.1f}"
+        ended = "-" if r.stopped_day is None else f"day {r.stopped_day:.2f}: {r.stop_short}"
+        t1.add_row(r.label, f"{100 * r.goodput:.2f}%", of, f"{r.steps_lost:,}", str(r.bad_launches), waste,
+                   f"{r.tpu_per_hour:.0f}", f"{r.log_per_hour:.0f}", Text(ended))
+    t2 = Table(title="Time to resume after a fault: median / p95 (faults that stopped progress; never = no launch after it)")
+    t2.add_column("tool")
+    counts = {k: 0 for k in KINDS}
+    for r in report.results:
+        for k in KINDS:
+            counts[k] = max(counts[k], len(r.resume[k]))
+    for k in KINDS:
+        t2.add_column(k, justify="right")
+    for r in report.results:
+        cells = []
+        for k in KINDS:
+            n, med, p95, _ = r.resume_stats(k)
+            cells.append("-" if n == 0 else f"{_dur(med)} / {_dur(p95)} (n={n})")
+        t2.add_row(r.label, *cells)
+    out: list[Any] = [t1, t2]
+    errors = [r for r in report.results if r.error]
+    for r in errors:
+        out.append(Text(f"POLICY ERROR in {r.label}: {r.error}", style="bold red"))
+    out.append(Text(f"{len(report.results)} tools, {sum(r.events for r in report.results):,} events "
+                    f"in {report.seconds:.1f} s"))
+    return out

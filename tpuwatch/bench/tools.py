@@ -1,0 +1,605 @@
+"""The supervisors the goodput benchmark compares, each a small process over the same World.
+
+- `tpuwatch`: the product itself. `TpuwatchDriver` is `tpuwatch watch`'s loop without its view:
+  `tpuwatch.tick.Reconciler.tick()` (observe -> decide -> journal -> act, with the real policy,
+  config, journal and audit-log cadence), then `tpuwatch.commands.watch.next_delay` and
+  `Reconciler.wait`, against in-memory ports over the World (`tpuwatch.bench.fakeports`) and
+  the World's virtual clock. No rule and no cadence is copied here.
+- the baselines of REFERENCE.md ("What existing tools do"), modelled as their scripts are
+  written: the docs' bash loop, TensorFlow's retry.sh, tpunicorn `pu babysit`, Levanter's
+  babysit-tpu-vm.sh and SkyPilot's managed-job controller;
+- `ideal`: an oracle that knows the trace and reacts at once, the bound for all of them.
+
+Every tool counts what it spends in a Meter: TPU API calls (one per gcloud describe, list,
+create, delete, and one per gcloud ssh, which looks the node up first; for tpuwatch, one per
+call its tick makes), audit-log reads, checkpoint-store lists and ssh connections. gcloud's own
+polling of a long-running operation is not counted, so the baselines' figures are lower bounds.
+
+This module must not know the fault trace except through the World (the oracle alone reads
+the world's knowledge of the future: when the current maintenance heals, when stockouts end).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tpuwatch import recreate
+from tpuwatch.bench.engine import OK, SSH_LOST, Meter, Process, Sim, World
+from tpuwatch.bench.fakeports import (
+    PROJECT,
+    ZONE,
+    BenchAudit,
+    BenchCheckpoints,
+    BenchTpu,
+    BenchWorkers,
+    at,
+)
+from tpuwatch.commands.watch import next_delay
+from tpuwatch.config import Config, validate
+from tpuwatch.durations import human
+from tpuwatch.journal import Journal
+from tpuwatch.policy import Memory, Observation, Phase, PolicyConfig, decide
+from tpuwatch.tick import Flags, Ports, Reconciler, TickReport
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+JOB = "bench"
+# States in which `gcloud compute tpus tpu-vm ssh` tries to connect; it refuses the others
+# (REFERENCE.md: PREEMPTED/TERMINATED/STOPPED; a node being created or deleted has no endpoints).
+SSH_STATES = frozenset({"READY", "REPAIRING", "RESTARTING", "UNKNOWN"})
+GCLOUD_SSH_TRIES = 10  # gcloud retries ssh exit 255 up to 10 times, 5 s apart
+GCLOUD_SSH_RETRY_WAIT = 5.0
+
+
+@dataclass
+class Run:
+    """What one tool's processes share: the world, the meter, a seeded random source."""
+
+    sim: Sim
+    world: World
+    meter: Meter
+    rng: random.Random
+    extra: dict[str, Any] = field(default_factory=dict)  # tool-specific results (tpuwatch's memory)
+
+
+# ---------------------------------------------------------------------------------------------
+# gcloud, as the shell baselines use it
+
+
+def gcloud_ssh(run: Run, attempt: Callable[[], int]) -> Process:
+    """`gcloud compute tpus tpu-vm ssh NAME --worker=all --command "python3 train.py"`: its exit code.
+
+    gcloud looks the node up (one API call), refuses a node that is not in SSH_STATES, and
+    retries an ssh exit 255 (host unreachable, or the connection dropped mid-command) up to
+    GCLOUD_SSH_TRIES times 5 s apart, which reruns the command. train.py resumes from the
+    newest checkpoint by itself.
+    """
+    w, m = run.world, run.meter
+    m.tpu += 1
+    yield w.p.gcloud_overhead
+    node = w.node
+    if node is None or node.state not in SSH_STATES:
+        return 1
+    for i in range(GCLOUD_SSH_TRIES):
+        if i:
+            yield GCLOUD_SSH_RETRY_WAIT
+        m.ssh += w.p.workers
+        if not w.hosts_up or w.node is None or w.node.state != "READY":
+            continue
+        a = w.launch(attempt())
+        if a is None:
+            return 1
+        rc = yield a.end_sig
+        if rc != SSH_LOST:
+            return int(rc)
+    return SSH_LOST
+
+
+def refused(run: Run) -> bool:
+    """gcloud ssh would refuse at once: no node, or a state it does not connect to."""
+    node = run.world.node
+    return node is None or node.state not in SSH_STATES
+
+
+def spin_until_change(run: Run, period: float) -> Process:
+    """A shell loop retrying a refused command every `period` s, until the world changes.
+
+    Equivalent to looping (one gcloud call each time) but costs one event instead of one per
+    iteration: it waits for the next change and counts the calls the loop made meanwhile.
+    """
+    w, sim = run.world, run.sim
+    t0 = sim.now
+    yield sim.any_of(w.changed, max(0.0, w.p.horizon - sim.now))
+    k = max(0, math.ceil((sim.now - t0) / period) - 1)
+    run.meter.tpu += k
+    nxt = t0 + (k + 1) * period - w.p.gcloud_overhead
+    if nxt > sim.now:
+        yield nxt - sim.now
+
+
+def bash_loop(run: Run) -> Process:
+    """`while ! gcloud compute tpus tpu-vm ssh $TPU --worker=all --command "python3 train.py"; do sleep 1; done`."""
+    n = 0
+
+    def nxt() -> int:
+        nonlocal n
+        n += 1
+        return n
+
+    while True:
+        rc = yield from gcloud_ssh(run, nxt)
+        if rc == 0:
+            run.world.give_up("job done")
+            return
+        if refused(run):
+            yield from spin_until_change(run, run.world.p.gcloud_overhead + 1.0)
+        else:
+            yield 1.0
+
+
+def gcloud_delete(run: Run) -> Process:
+    """`gcloud compute tpus tpu-vm delete` (waits for the operation)."""
+    run.meter.tpu += 1
+    yield run.world.p.gcloud_overhead
+    op = run.world.delete_node()
+    if op is not None:
+        yield op.sig
+
+
+def gcloud_create(run: Run) -> Process:
+    """`gcloud compute tpus tpu-vm create` (waits for the operation): True when it succeeded."""
+    run.meter.tpu += 1
+    yield run.world.p.gcloud_overhead
+    op = run.world.create_node()
+    done = yield op.sig
+    return done.error_code == OK
+
+
+# ---------------------------------------------------------------------------------------------
+# the baselines
+
+
+def retry_sh(run: Run) -> Process:
+    """TensorFlow's retry.sh as intended: every 30 s describe, grep TERMINATED|UNHEALTHY_MAINTENANCE,
+    then delete and create (once). It never reruns training: the bash loop beside it does."""
+    w, m = run.world, run.meter
+    while True:
+        m.tpu += 1
+        yield w.p.gcloud_overhead
+        node = w.node
+        if node is not None and (node.state == "TERMINATED" or node.health == "UNHEALTHY_MAINTENANCE"):
+            yield from gcloud_delete(run)
+            yield from gcloud_create(run)  # a failed create leaves no node, and no line to grep
+        yield 30.0
+
+
+def tpunicorn(run: Run) -> Process:
+    """tpunicorn `pu babysit NAME`: every 30 s, recreate only when the state is PREEMPTED.
+
+    get_tpu lists the zone and is_preempted fetches the node again (two calls a check); a
+    missing node makes get_tpu raise, which babysit prints and loops on forever. The create
+    is not retried (no --retry), and READY+HEALTHY is awaited every 30 s with no timeout.
+    Its `-c` command runs on the watcher; training is rerun by the bash loop beside it.
+    """
+    w, m = run.world, run.meter
+    first = True
+    while True:
+        if not first:
+            yield 30.0
+        first = False
+        m.tpu += 1
+        node = w.node
+        if node is None:
+            continue
+        m.tpu += 1
+        if node.state != "PREEMPTED":
+            continue
+        yield from gcloud_delete(run)
+        ok = yield from gcloud_create(run)
+        if not ok:
+            continue
+        while True:
+            m.tpu += 1
+            n = w.node
+            if n is not None and n.state == "READY" and n.health == "HEALTHY":
+                break
+            yield 30.0
+
+
+def levanter(run: Run) -> Process:
+    """Levanter's infra/babysit-tpu-vm.sh: every 10 s, describe; missing -> create (spin-up-vm.sh,
+    retried every 5 s forever, then setup); any state but READY -> delete; READY -> rerun the
+    command with --worker=all. Unlimited retries, no failure/preemption split."""
+    w, m, p = run.world, run.meter, run.world.p
+    n = 0
+
+    def nxt() -> int:
+        nonlocal n
+        n += 1
+        return n
+
+    while True:
+        m.tpu += 1
+        yield p.gcloud_overhead
+        if w.node is not None:
+            m.tpu += 1  # a second describe, for the state
+            yield p.gcloud_overhead
+            node = w.node
+            if node is None:
+                pass
+            elif node.state != "READY":
+                yield from gcloud_delete(run)
+            else:
+                rc = yield from gcloud_ssh(run, nxt)
+                if rc == 0:
+                    w.give_up("job done")
+                    return
+        else:
+            while not (yield from gcloud_create(run)):
+                yield 5.0
+            yield 15.0
+            for _ in range(3):  # scp the setup script, check it, run it
+                m.tpu += 1
+                m.ssh += p.workers
+                yield p.gcloud_overhead
+        yield 10.0
+
+
+def skypilot(run: Run, restarts_on_errors: int = 0) -> Process:
+    """SkyPilot managed job: every ~15 s the controller asks the cluster for the job's status.
+
+    A job that failed on a cluster whose `state` is READY is a user error: with
+    max_restarts_on_errors (default 0) spent, the managed job fails and its cluster is torn
+    down. A cluster whose state is not READY (health is never read) is a preemption: after
+    about 2.5 min it deletes the TPU and relaunches it, create retried with backoff from 60 s,
+    x1.6 with jitter, capped at 300 s, then reruns the job.
+    """
+    w, m = run.world, run.meter
+    n = 1
+    errors = 0
+    w.launch(n)
+    while True:
+        yield 15.0
+        m.ssh += 1  # job status, from the cluster's head
+        a = w.live()
+        if a is not None and w.hosts_up:
+            continue  # RUNNING (a hung job too)
+        if w.done is not None:
+            w.give_up("job done")
+            return
+        m.tpu += 1  # the controller refreshes the cluster's status
+        node = w.node
+        if node is not None and node.state == "READY" and not w.hosts_up:
+            continue  # status unknown; look again
+        last = w.attempt
+        user_error = (node is not None and node.state == "READY" and last is not None
+                      and last.ended and any(c not in (None, 0) for c in last.exits.values()))
+        if user_error:
+            if errors >= restarts_on_errors:
+                yield from gcloud_delete(run)
+                w.give_up("FAILED: the job exited non-zero on a healthy cluster "
+                          f"(max_restarts_on_errors = {restarts_on_errors})", "FAILED (user error)")
+                return
+            errors += 1
+        yield 120.0  # ~2.5 min from "preempted" to "recovering" (REFERENCE.md)
+        if w.node is not None:
+            yield from gcloud_delete(run)
+        backoff = 60.0
+        while not (yield from gcloud_create(run)):
+            yield min(300.0, backoff * run.rng.uniform(0.5, 1.5))
+            backoff = min(300.0, backoff * 1.6)
+        n += 1
+        w.launch(n)
+
+
+# ---------------------------------------------------------------------------------------------
+# the bound
+
+
+def ideal(run: Run) -> Process:
+    """An oracle: it sees every fault the moment it happens and knows the future.
+
+    A hang or a crash is stopped and relaunched at once; a maintenance is waited out when
+    it heals sooner than a delete + create would give a node, recreated otherwise; a preempted
+    or stuck node is deleted at once and created the moment the zone has capacity; the buggy
+    code is given up on when its first attempt fails. It still pays startup, lost work since
+    the last checkpoint and the real repair / delete / create times.
+    """
+    w, p = run.world, run.world.p
+    n = 0
+    while True:
+        if w.done is not None:
+            w.give_up("job done")
+            return
+        node = w.node
+        a = w.live()
+        if w.usable():
+            if a is not None and a.frozen is not None and not a.bad:
+                w.stop_job()
+                a = None
+            last = w.attempt
+            if a is None:
+                if last is not None and last.bad:
+                    w.give_up("the deterministic bug: first attempt after the push failed", "stopped at the bug")
+                    return
+                n += 1
+                w.launch(n)
+        elif node is not None and node.state not in ("DELETING", "CREATING"):
+            if node.state == "PREEMPTED" or (w.maintenance and w.heal_at is None):
+                w.delete_node()
+            elif w.maintenance and w.heal_at is not None:
+                ready = w.stockout_end(w.now + p.delete_time) + p.create_time
+                if ready < w.heal_at:
+                    w.delete_node()
+            elif node.state in ("REPAIRING", "UNKNOWN"):
+                w.delete_node()
+        elif node is None:
+            t = w.stockout_end(w.now)
+            if t > w.now:
+                yield t - w.now
+                continue
+            w.create_node()
+        yield w.changed
+
+
+# ---------------------------------------------------------------------------------------------
+# tpuwatch: the real tick, driven as `tpuwatch watch` drives it
+
+
+class _Horizon(Exception):
+    """The run's end was reached while `Reconciler.wait` slept."""
+
+
+def tpuwatch_toml(**recovery: Any) -> str:
+    """A tpuwatch.toml for the benchmark's slice: `[recovery]` holds only the keys given (None
+    values dropped), so every other key keeps the product's default. Durations may be given as
+    text ("30m") or seconds."""
+    lines = [
+        "[tpu]", 'name = "llm-pod"', f'project = "{PROJECT}"', f'zone = "{ZONE}"',
+        "[tpu.spec]", 'accelerator_type = "v4-32"', 'runtime_version = "tpu-ubuntu2204-base"', "spot = true",
+        "[job]", f'name = "{JOB}"', 'command = "cd ~/repo && python3 train.py --resume={checkpoint}"',
+        'checkpoint_dir = "gs://bench/ckpt"',
+        "[recovery]", *(f"{k} = {_toml(v)}" for k, v in recovery.items() if v is not None),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _toml(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, float):
+        return f'"{v:g}s"'  # seconds: a duration
+    return str(v)
+
+
+def tpuwatch_config(**recovery: Any) -> Config:
+    """A real Config from `tpuwatch_toml(**recovery)`, validated by the product's own schema."""
+    return Config(values=validate(tomllib.loads(tpuwatch_toml(**recovery))), path=None)
+
+
+@dataclass
+class _Anchor:
+    """The last steady tick that read the audit log: what the run had spent by then."""
+
+    t: float
+    meter: tuple[int, ...]
+    ticks: int
+    draws: int
+
+
+class TpuwatchDriver:
+    """`tpuwatch watch` without its view: `Reconciler.tick()`, then `next_delay`, then
+    `Reconciler.wait` (which probes a down node's SSH port every 0.5 s and asks the API once a
+    poll), until the job is done, failed or needs a person, against BenchTpu & co. with a real
+    Journal (SQLite) in a temporary directory and the World's virtual clock.
+
+    Fast-forward (`skip_idle`): a 30-day run is ~86,000 ticks, nearly all of them "running" with
+    nothing new. Once two ticks that read the audit log are a steady period apart (same row
+    `running`, no action, same memory, same checkpoint, no event, the world untouched, the
+    poll as delay), the driver replays that measured period - its API calls, log reads, ssh
+    connections, jitter draws and ticks - whole periods at a time, up to the World's next
+    observable change, and moves the journal's `audit_read_at` cursor with it, so the next real
+    tick reads the audit log exactly when it would have. It asks the policy itself (`decide`
+    is pure) whether the decision at the end of the jump is still `running` with the same
+    memory, so a time-based rule (hang_timeout) fires on time. Runs with and without it give the
+    same figures (tests/test_bench_goodput.py checks it); `skip_idle=False` runs every tick.
+    """
+
+    def __init__(self, run: Run, cfg: Config, skip_idle: bool = True) -> None:
+        self.run = run
+        self.cfg = cfg
+        self.pcfg = PolicyConfig.from_config(cfg)
+        self.skip_idle = skip_idle
+        self.mem: Memory = Memory.initial(self.pcfg.zones[0])
+        self.rows: Counter[str] = Counter()
+        self.ticks = 0  # ticks, the fast-forwarded ones included
+        self.real_ticks = 0  # ticks actually run
+        self.error = ""
+        self.port_probes = 0
+        self.draws = 0  # jitter values drawn
+
+    def _jitter(self) -> float:
+        self.draws += 1
+        return self.run.rng.random()
+
+    def ports(self) -> Ports:
+        run, w, m, job = self.run, self.run.world, self.run.meter, self.pcfg.job
+        sim, horizon = run.sim, w.p.horizon
+        tpu = BenchTpu(w, m, job)
+
+        def sleep(seconds: float) -> None:
+            if sim.now >= horizon:
+                raise _Horizon
+            sim.run(min(sim.now + max(seconds, 0.0), horizon))
+
+        def port_open(host: str, port: int, timeout: float) -> bool:
+            return w.hosts_up and w.node is not None and w.node.state == "READY"
+
+        return Ports(tpu_for=lambda zone: tpu, workers=BenchWorkers(w, m), checkpoints=BenchCheckpoints(w, m),
+                     audit=BenchAudit(w, m), now=lambda: at(sim.now), jitter=self._jitter, sleep=sleep,
+                     clock=lambda: sim.now, port_open=port_open)
+
+    def drive(self) -> None:
+        w, sim = self.run.world, self.run.sim
+        poll = self.pcfg.poll_interval
+        with tempfile.TemporaryDirectory(prefix="tpuwatch-bench-") as state, \
+                Journal.open(Path(state), self.cfg.job_name, self.cfg.tpu_name, wait=False) as journal:
+            # A throwaway journal: no fsync and no rollback file per tick (the product's
+            # durability is not what is measured; this keeps a tick at ~0.3 ms).
+            journal.connection.execute("PRAGMA synchronous=OFF")
+            journal.connection.execute("PRAGMA journal_mode=MEMORY")
+            rec = Reconciler(self.cfg, self.pcfg, self.ports(), journal, Flags())
+            last: TickReport | None = None
+            seen = w.changed
+            anchor: _Anchor | None = None
+            try:
+                while sim.now < w.p.horizon:
+                    reads = self.run.meter.log
+                    try:
+                        report = rec.tick()
+                    except Exception as exc:  # a policy or tick bug: recorded and reported, never hidden
+                        self.error = f"{type(exc).__name__}: {exc}"
+                        w.give_up(f"tick error: {self.error}", "TICK ERROR")
+                        return
+                    self.ticks += 1
+                    self.real_ticks += 1
+                    self.rows[report.decision.row] += 1
+                    self.mem = report.memory
+                    if report.decision.terminal or report.memory.phase is Phase.HALTED:
+                        d = report.decision
+                        w.give_up(f"{self.mem.phase.value} ({d.row}): {self.mem.reason}",
+                                  f"{self.mem.phase.value} ({d.row})")
+                        return
+                    delay = next_delay(report, poll)
+                    steady = (last is not None and _idle(report, delay, poll) and _idle(last, delay, poll)
+                              and w.changed is seen and report.memory == last.memory
+                              and report.checkpoint == last.checkpoint)
+                    last, seen = report, w.changed
+                    if not steady or not self.skip_idle:
+                        anchor = None
+                    elif self.run.meter.log > reads:  # this tick read the audit log
+                        if anchor is not None:
+                            self._skip(anchor, report, journal)
+                        anchor = _Anchor(sim.now, _meter(self.run.meter), self.ticks, self.draws)
+                    rec.wait(report, delay)
+            except _Horizon:
+                pass
+            finally:
+                self.port_probes = rec.port_probes
+
+    def _skip(self, anchor: _Anchor, report: TickReport, journal: Journal) -> None:
+        """Replay the steady period since `anchor`, whole periods, up to the next change."""
+        run, sim, w = self.run, self.run.sim, self.run.world
+        period = sim.now - anchor.t
+        if period <= 0:
+            return
+        limit = min(w.next_change(), w.p.horizon)
+        n = math.floor((limit - sim.now) / period)
+        if sim.now + n * period >= limit:
+            n -= 1  # the jump must end before the change, which a tick after it then sees
+        n = self._still_running(report, period, n)
+        if n <= 0:
+            return
+        delta = [b - a for a, b in zip(anchor.meter, _meter(run.meter), strict=True)]
+        m = run.meter
+        m.tpu, m.log, m.storage, m.ssh = (v + n * d for v, d in zip(_meter(m), delta, strict=True))
+        ticks = n * (self.ticks - anchor.ticks)
+        self.ticks += ticks
+        self.rows[report.decision.row] += ticks
+        for _ in range(n * (self.draws - anchor.draws)):
+            self._jitter()
+        sim.run(sim.now + n * period)
+        with journal.transaction():  # as the last replayed tick, which read the log, left it
+            journal.set_cursor("audit_read_at", at(sim.now).isoformat())
+
+    def _still_running(self, report: TickReport, period: float, n: int) -> int:
+        """The largest k <= n for which the policy still decides `running`, with the same memory,
+        k periods from now (time-based rules are monotone in time, so k splits cleanly)."""
+        node = report.node
+        obs = Observation(node=node, probes=report.probes, checkpoint=report.checkpoint,
+                          owned=node is not None and recreate.owned(node, self.pcfg.job), jitter=0.5)
+        lo, hi = 0, n
+        while lo < hi:
+            k = (lo + hi + 1) // 2
+            d = decide(obs, report.memory, self.pcfg, at(self.run.sim.now + k * period))
+            if d.row == report.decision.row and not d.actions and d.memory == report.memory:
+                lo = k
+            else:
+                hi = k - 1
+        return lo
+
+
+def _idle(report: TickReport, delay: float, poll: float) -> bool:
+    """A tick that only follows a running attempt: nothing seen, nothing done, the poll next."""
+    return (report.decision.row == "running" and not report.decision.actions and not report.events
+            and delay == poll)
+
+
+def _meter(m: Meter) -> tuple[int, ...]:
+    return (m.tpu, m.log, m.storage, m.ssh)
+
+
+# ---------------------------------------------------------------------------------------------
+# the registry
+
+
+@dataclass(frozen=True)
+class Tool:
+    key: str
+    label: str
+    start: Callable[[Run], list[Process]]  # processes for the engine to run
+    note: str
+    # Or: a driver that runs the engine itself (tpuwatch's synchronous watch loop) to the horizon.
+    drive: Callable[[Run], None] | None = None
+
+
+def _with_loop(watcher: Callable[[Run], Process]) -> Callable[[Run], list[Process]]:
+    return lambda run: [bash_loop(run), watcher(run)]
+
+
+def tpuwatch_tool(key: str, label: str, cfg: Config, note: str, skip_idle: bool = True) -> Tool:
+    def drive(run: Run) -> None:
+        driver = TpuwatchDriver(run, cfg, skip_idle)
+        run.extra["tick"] = driver
+        driver.drive()
+
+    return Tool(key, label, lambda run: [], note, drive)
+
+
+def describe(cfg: Config, keys: tuple[str, ...] = ("repair_timeout", "max_restarts", "max_recreates",
+                                                   "queue_timeout", "hang_timeout")) -> str:
+    r = cfg.recovery
+    return " ".join(f"{k}={human(r[k]) if isinstance(r[k], float) else r[k]}" for k in keys)
+
+
+def make_tools(cfg: Config, tuned: Config, skypilot_restarts: int = 0, skip_idle: bool = True) -> list[Tool]:
+    """Every compared tool, the bound first."""
+    return [
+        Tool("ideal", "ideal bound", lambda run: [ideal(run)],
+             "oracle: instant detection, best of heal or recreate, stops at the bug's first failure"),
+        tpuwatch_tool("tpuwatch", "tpuwatch (defaults)", cfg, describe(cfg), skip_idle),
+        tpuwatch_tool("tpuwatch-30d", "tpuwatch (tuned for 30 days)", tuned, describe(tuned), skip_idle),
+        Tool("bash", "bash loop (docs)", lambda run: [bash_loop(run)],
+             "reruns every 1 s forever; never recreates"),
+        Tool("retry.sh", "TF retry.sh + bash loop", _with_loop(retry_sh),
+             "recreates on UNHEALTHY_MAINTENANCE/TERMINATED; one create try"),
+        Tool("tpunicorn", "tpunicorn babysit + bash loop", _with_loop(tpunicorn),
+             "recreates on PREEMPTED only; one create try"),
+        Tool("levanter", "Levanter babysit-tpu-vm.sh", lambda run: [levanter(run)],
+             "not READY -> delete; missing -> create every 5 s; reruns forever"),
+        Tool("skypilot", "SkyPilot managed job", lambda run: [skypilot(run, skypilot_restarts)],
+             f"state only; recreate on every relaunch; max_restarts_on_errors={skypilot_restarts}"),
+    ]
