@@ -364,3 +364,26 @@ def test_an_empty_or_bad_spec(env: Simulator, tmp_path: Path, capsys: pytest.Cap
     code, _, err = tw(capsys, "recreate", "nospec", "-c", str(cfg), "--dry-run")
     assert code == 2 and "tpu.spec.runtime_versoin: unknown key (did you mean 'runtime_version'?)" in err
     assert env.world.call_count("DeleteNode") == 0 and env.world.call_count("GetNode") == 0
+
+
+def test_recreate_journals_each_step_and_refuses_while_a_watcher_holds_the_job(
+        env: Simulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tpuwatch.config import load_config
+    from tpuwatch.journal import Journal
+
+    env.create_node("jrn", "v4-8", labels={OWNER_LABEL: "jrn"})
+    cfg_path = write_config(env, tmp_path, "jrn", capsys)
+    cfg = load_config(cfg_path)
+    before = env.world.node("jrn").id
+    # A watcher (or a cron check) holds the job: a person's recreate must not act beside it.
+    with Journal.open(cfg.state_dir, cfg.job_name, cfg.tpu_name, wait=False):
+        code, _, err = tw(capsys, "recreate", "jrn", "-c", str(cfg_path), "--yes")
+    assert code == 1 and "another tpuwatch" in err, err
+    assert env.world.node("jrn").id == before and env.world.call_count("DeleteNode") == 0
+    code, _, err = tw(capsys, "recreate", "jrn", "-c", str(cfg_path), "--yes")
+    assert code == 0, err
+    with Journal.open(cfg.state_dir, cfg.job_name, cfg.tpu_name, readonly=True) as journal:
+        lines = [e.reason for e in journal.events() if e.kind == "recreate"]
+    assert any(line.startswith("deleting jrn") and "operations/" in line for line in lines), lines
+    assert any(line.startswith("creating jrn") and "operations/" in line for line in lines), lines
+    assert any(line.startswith("recreated jrn") and str(env.world.node("jrn").id) in line for line in lines), lines

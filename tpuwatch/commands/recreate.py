@@ -17,6 +17,7 @@ import contextlib
 import json
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -130,62 +131,84 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
                 if node is not None else f"TPU {name} does not exist in {loc.project}/{loc.zone}. Create it")
         click.confirm(f"{what} from {config_path}?", abort=True)
 
-    # TODO(journal): journal "delete started"/"delete done"/"create started"/"create done" with
-    # the operation names when tpuwatch/journal.py exists, so a watcher resumes from them.
-    say = (lambda text: click.echo(text, err=True)) if as_json else click.echo
-    old_id = node.id if node is not None else None
-    if qr_now is not None and qr_now.state:
-        if node is not None and not adopt and not rc.owned(node, job):  # checked above; kept next to the act
-            raise rc.ownership_error(node, job)
-        op = rc.start_qr_delete(api, queued)
-        say(f"deleting queued resource {queued} and its TPU {name} (force): {op}")
-        _wait_done(rc, api, op, f"delete of queued resource {queued}")
-        _wait_until(lambda: not rc.queued_status(api, queued).state and api.get_node(name) is None,
-                    f"queued resource {queued} still exists after its delete finished")
-    elif node is not None:
-        op = rc.start_delete(api, node, job, adopt=adopt)
-        say(f"deleting {name} (id {node.id}): {op}")
-        _wait_done(rc, api, op, f"delete of {name}")
-        rc.wait_node_gone(api, name)
+    # The job's journal, held for the whole recreate: no `watch` or cron `check` acts on the job
+    # meanwhile, and the next one reads what was done here.
+    journal = _open_journal(cfg)
+    try:
+        echo = (lambda text: click.echo(text, err=True)) if as_json else click.echo
 
-    failures: list[str] = []
-    for z in zones:
-        zapi = TpuAdapter(loc.project, z)
-        try:
-            op = rc.start_qr_create(zapi, cfg, z, launch=launch) if queued else rc.start_create(api, cfg, z, launch=launch)
-        except rc.CreateRejected as exc:
-            if not exc.failure.queueable:
-                raise
-            failures.append(f"{z}: {exc.failure.message}")
-            say(f"create in {z} refused: {exc.failure.message}")
-            continue
-        say(f"creating {name} in {z}" + (f" through queued resource {queued}" if queued else "") + f": {op}")
-        failure = None
-        if op:
-            status = rc.wait_operation(api, op, timeout=3600, what=f"create of {name} in {z}")
-            failure = rc.classify_operation(status, started_by_us=True)
-        if queued and failure is None:
-            failure = _wait_queued(rc, zapi, queued, z)
-        if failure is None or failure.kind == "exists":
-            new = zapi.get_node(name)
-            new_id = new.id if new is not None else ""
-            if as_json:
-                click.echo(json.dumps({"name": name, "project": loc.project, "zone": z, "old_id": old_id,
-                                       "new_id": new_id, "state": new.state if new else "",
-                                       "queued_resource": queued or None}, indent=2))
-            else:
-                note = "" if z == loc.zone else f" (fallback zone: set tpu.zone = \"{z}\" in {config_path})"
-                say(f"recreated {name} in {z}{note}: new id {new_id}" + (f" (was {old_id})" if old_id else ""))
-            return
-        if not failure.queueable:
-            raise JobFailed(f"create of {name} in {z} failed: {failure.code}: {failure.message}")
-        failures.append(f"{z}: {failure.message}")
-        say(f"create in {z} failed: {failure.message}")
-    raise JobFailed(
-        f"could not create {name}: no capacity or quota in {', '.join(zones)} ({'; '.join(failures)}). "
-        f"The old TPU is deleted; run `tpuwatch recreate {name} --yes` again later, or let `tpuwatch watch` "
-        "queue the create until recovery.queue_timeout"
-    )
+        def say(text: str) -> None:
+            """Tell the person, and journal it before the next step (every delete/create is journaled
+            before and after, with its operation name)."""
+            echo(text)
+            with journal.transaction():
+                journal.add_event(datetime.now(timezone.utc), "recreate", text, {"by": "tpuwatch recreate"})
+
+        old_id = node.id if node is not None else None
+        if qr_now is not None and qr_now.state:
+            if node is not None and not adopt and not rc.owned(node, job):  # checked above; kept next to the act
+                raise rc.ownership_error(node, job)
+            op = rc.start_qr_delete(api, queued)
+            say(f"deleting queued resource {queued} and its TPU {name} (force): {op}")
+            _wait_done(rc, api, op, f"delete of queued resource {queued}")
+            _wait_until(lambda: not rc.queued_status(api, queued).state and api.get_node(name) is None,
+                        f"queued resource {queued} still exists after its delete finished")
+        elif node is not None:
+            op = rc.start_delete(api, node, job, adopt=adopt)
+            say(f"deleting {name} (id {node.id}): {op}")
+            _wait_done(rc, api, op, f"delete of {name}")
+            rc.wait_node_gone(api, name)
+
+        failures: list[str] = []
+        for z in zones:
+            zapi = TpuAdapter(loc.project, z)
+            try:
+                op = rc.start_qr_create(zapi, cfg, z, launch=launch) if queued else rc.start_create(api, cfg, z, launch=launch)
+            except rc.CreateRejected as exc:
+                if not exc.failure.queueable:
+                    raise
+                failures.append(f"{z}: {exc.failure.message}")
+                say(f"create in {z} refused: {exc.failure.message}")
+                continue
+            say(f"creating {name} in {z}" + (f" through queued resource {queued}" if queued else "") + f": {op}")
+            failure = None
+            if op:
+                status = rc.wait_operation(api, op, timeout=3600, what=f"create of {name} in {z}")
+                failure = rc.classify_operation(status, started_by_us=True)
+            if queued and failure is None:
+                failure = _wait_queued(rc, zapi, queued, z)
+            if failure is None or failure.kind == "exists":
+                new = zapi.get_node(name)
+                new_id = new.id if new is not None else ""
+                if as_json:
+                    click.echo(json.dumps({"name": name, "project": loc.project, "zone": z, "old_id": old_id,
+                                           "new_id": new_id, "state": new.state if new else "",
+                                           "queued_resource": queued or None}, indent=2))
+                else:
+                    note = "" if z == loc.zone else f" (fallback zone: set tpu.zone = \"{z}\" in {config_path})"
+                    say(f"recreated {name} in {z}{note}: new id {new_id}" + (f" (was {old_id})" if old_id else ""))
+                return
+            if not failure.queueable:
+                raise JobFailed(f"create of {name} in {z} failed: {failure.code}: {failure.message}")
+            failures.append(f"{z}: {failure.message}")
+            say(f"create in {z} failed: {failure.message}")
+        raise JobFailed(
+            f"could not create {name}: no capacity or quota in {', '.join(zones)} ({'; '.join(failures)}). "
+            f"The old TPU is deleted; run `tpuwatch recreate {name} --yes` again later, or let `tpuwatch watch` "
+            "queue the create until recovery.queue_timeout"
+        )
+
+    finally:
+        journal.close()
+
+def _open_journal(cfg: Any) -> Any:
+    from tpuwatch.journal import Busy, Journal
+
+    try:
+        return Journal.open(cfg.state_dir, cfg.job_name, cfg.tpu_name, wait=False)
+    except Busy:
+        raise JobFailed(f"another tpuwatch (watch or check) is working on {cfg.job_name}; stop it first "
+                        "(it recreates the TPU itself when it will not heal)") from None
 
 
 def _wait_done(rc: Any, api: Any, op: str, what: str) -> None:
