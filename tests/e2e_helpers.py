@@ -58,16 +58,22 @@ class Job:
     def __init__(self, sim: Simulator, tmp: Path, command_extra: str = "", steps: int = STEPS,
                  accelerator: str = "v4-32", *, spot: bool = False, recreatable: bool = False,
                  tpu: dict[str, object] | None = None, labels: dict[str, str] | None = None,
-                 **recovery: str | int) -> None:
+                 queued: str = "", **recovery: str | int) -> None:
         self.sim = sim
         self.ck = sim.bucket / "ck"
         self.steps = steps
         owner = {"tpuwatch-job": "pod"} if labels is None else labels
-        sim.create_node("pod", accelerator, labels=owner, spot=spot)
-        spec = None
+        if queued:  # made through queued resource `queued` (its tier: spot when `spot`)
+            create_through_queued_resource(sim, queued, accelerator, owner, spot)
+            tpu = {"queued_resource": queued, **(tpu or {})}
+        else:
+            sim.create_node("pod", accelerator, labels=owner, spot=spot)
+        spec: dict[str, object] | None = None
         if recreatable:
             spec = {"accelerator_type": accelerator, "runtime_version": "tpu-ubuntu2204-base", "spot": spot,
                     "labels": {"team": "ml"}, "metadata": {"owner-note": "kept on recreate"}}
+            if queued:  # as `tpuwatch init` captures it: the tier on the request, not on the node
+                spec.update(spot=False, queued_resource_tier="spot" if spot else "")
         self.cfg = write_config(tmp / "tpuwatch.toml", sim, trainer(self.ck, command_extra, steps), self.ck,
                                 tpu=tpu, spec=spec, **recovery)
         self.env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp / "state")}
@@ -119,6 +125,30 @@ class Job:
                 if b"\0TPUWATCH_JOB=pod\0" in b"\0" + env and is_trainer:
                     out.setdefault(w, []).append(pid)
         return out
+
+
+def create_through_queued_resource(sim: Simulator, qr_id: str, accelerator: str, labels: dict[str, str],
+                                   spot: bool) -> None:
+    """Node "pod" made by queued resource `qr_id`, READY with booted workers and the request ACTIVE.
+
+    Straight into the simulated world (not over the API), so the API call counters start at 0.
+    """
+    from google.cloud import tpu_v2
+
+    from tpuwatch.sim.grpc_api import spec_from_node
+
+    parent = f"projects/{sim.project}/locations/{sim.zone}"
+    node = tpu_v2.Node(accelerator_type=accelerator, runtime_version="tpu-ubuntu2204-base", labels=labels)
+    qr = tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[
+        tpu_v2.QueuedResource.Tpu.NodeSpec(parent=parent, node_id="pod", node=node)]))
+    if spot:
+        qr.spot = tpu_v2.QueuedResource.Spot()
+    spec = spec_from_node(node, sim.zone)
+    spec.spot = spot
+    sim.world.create_queued_resource(sim.project, sim.zone, qr_id, "pod", spec, spot,
+                                     tpu_v2.QueuedResource.to_json(qr))
+    sim.world.wait_for(lambda w: w.has_node("pod") and w.node("pod").state == "READY"
+                       and w.get_queued_resource(sim.project, sim.zone, qr_id).state == "ACTIVE", timeout=30)
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 90) -> tuple[int, str]:

@@ -10,7 +10,9 @@ Rules of this module:
 - Never blocks on a long cloud operation: it starts it, and a later tick follows it up.
 - API cost per tick: one node get, one operation get while one is in flight, the audit log at
   most once per `audit_interval` unless something looks wrong (and never twice within
-  MIN_AUDIT_GAP); worker probes go over SSH and cost no API quota.
+  MIN_AUDIT_GAP); worker probes go over SSH and cost no API quota. A TPU made through a queued
+  resource ([tpu] queued_resource) is deleted (force) and created through it, and while its
+  node is awaited the request's state is read once a tick.
 - Between ticks (`Reconciler.wait`), while the node is down and being waited for, the API is
   asked once per poll_interval only; a TCP connect to worker 0's SSH port, which costs no quota,
   runs every second or so, and the moment the port answers the next tick confirms with the API.
@@ -26,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 
 from tpuwatch import precheck, recreate
 from tpuwatch.config import Config
@@ -58,6 +60,9 @@ from tpuwatch.ports import AuditLog, CheckpointStore, TpuApi
 
 MIN_AUDIT_GAP = 2.0  # seconds: 30 reads a minute at most, half the Logging API's read quota
 PORT_PROBE_EVERY = 0.5  # seconds between TCP probes of a down node: quicker than a 1 s retry loop
+# Queued resource states that will never make the node: a failed create, for the policy.
+QR_GIVEN_UP = frozenset({"FAILED", "SUSPENDING", "SUSPENDED"})
+RESOURCE_EXHAUSTED = 8  # google.rpc.Code: how a given-up queued resource is shown as a failed create
 
 
 def port_open(host: str, port: int, timeout: float) -> bool:
@@ -184,7 +189,7 @@ class Reconciler:
         tpu = self.ports.tpu_for(mem.zone or self.pcfg.zones[0])
         node = tpu.get_node(self.pcfg.tpu_name)
         probes = self._probe(node)
-        operation, create_failure = self._operation(mem, tpu)
+        operation, create_failure = self._operation(mem, tpu, node)
         checkpoint = self.ports.checkpoints.latest() if self.ports.checkpoints is not None else None
         warnings: list[str] = []
         events, cursor = self._audit(now, mem, node, probes, warnings)
@@ -353,10 +358,24 @@ class Reconciler:
             return None
         return tuple(self.ports.workers.probe(node))
 
-    def _operation(self, mem: Memory, tpu: TpuApi) -> tuple[OperationStatus | None, Any]:
+    def _operation(self, mem: Memory, tpu: TpuApi,
+                   node: NodeSnapshot | None = None) -> tuple[OperationStatus | None, Any]:
         if not mem.pending_op or mem.phase not in (Phase.DELETING, Phase.CREATING):
             return None, None
         op = tpu.get_operation(mem.pending_op)
+        qr = self._qr_id()
+        if qr and mem.phase is Phase.CREATING and op.done and not op.error_code and node is None:
+            # The queued resource's create operation ends when the request is accepted; the node
+            # comes minutes (or hours) later. Its state, read once a tick, says whether it still
+            # will: a FAILED or SUSPENDED request never makes the node, so the policy sees a
+            # failed create it may queue and retry (the request is deleted before the retry).
+            status = recreate.queued_status(self._qr_api(tpu), qr)
+            if status.state in QR_GIVEN_UP:
+                detail = status.error_message or (
+                    f"code {recreate.CODE_NAMES.get(status.error_code, status.error_code)}"
+                    if status.error_code else "no detail given")
+                return (replace(op, error_code=RESOURCE_EXHAUSTED,
+                                error_message=f"queued resource {qr} {status.state}: {detail}"), "queueable")
         if not op.done:  # its age, for recovery.operation_timeout: when the journal recorded it
             started = next((r.started for r in self.journal.operations(pending_only=True)
                             if r.name == mem.pending_op), None)
@@ -408,17 +427,90 @@ class Reconciler:
                 done.append(self._stop(node, action.reason))
             elif isinstance(action, DeleteNode) and node is not None:
                 tpu = self.ports.tpu_for(action.zone)
+                what = action.name
                 try:
-                    name = recreate.start_delete(tpu, node, self.pcfg.job, adopt=self.flags.adopt)
+                    name, what = self._delete(tpu, node)
                 except NotFoundError:
                     name = ""  # already gone: the next tick sees it missing and creates
                 self.journal.record_operation(now, decision.memory, name, "delete", action.zone)
-                done.append(f"started deleting {action.name} in {action.zone} ({name or 'already gone'}): "
+                done.append(f"started deleting {what} in {action.zone} ({name or 'already gone'}): "
                             f"{action.reason}")
             elif isinstance(action, CreateNode):
                 created, decision = self._create(action, decision, obs, before, now, again=again)
                 done.extend(created)
+        if (self._qr_id() and before.phase is Phase.CREATING and decision.memory.phase is Phase.QUEUED
+                and obs.operation is not None and obs.operation.error_code):
+            # The failed request keeps the name: delete it now (after the decision is journaled),
+            # so it is gone by the retry's create. A tick killed before this line leaves it to
+            # the retry (`_qr_create`), which deletes it then.
+            done.extend(self._qr_clear(self.ports.tpu_for(before.zone or self.pcfg.zones[0])))
         return done, decision
+
+    # -- queued resources: a node made through one is recreated through one ---------------------
+
+    def _qr_id(self) -> str:
+        """The queued resource id from [tpu] queued_resource ("" for a plain node).
+
+        A full name keeps only its id: the zone is the one the create goes to.
+        """
+        return str(self.cfg.tpu.get("queued_resource") or "").rsplit("/", 1)[-1]
+
+    @staticmethod
+    def _qr_api(tpu: TpuApi) -> recreate.RecreateApi:
+        # tpuwatch.cloud.tpu.TpuAdapter (and the simulator behind it) serves queued resources;
+        # the narrower TpuApi port is what ticks of a plain node need.
+        return cast(recreate.RecreateApi, tpu)
+
+    def _delete(self, tpu: TpuApi, node: NodeSnapshot) -> tuple[str, str]:
+        """Start deleting the node, through its queued resource (force) when it came from one."""
+        qr = self._qr_id()
+        if qr:
+            if not self.flags.adopt and not recreate.owned(node, self.pcfg.job):
+                raise recreate.ownership_error(node, self.pcfg.job)
+            api = self._qr_api(tpu)
+            if recreate.queued_status(api, qr).state:
+                try:
+                    return recreate.start_qr_delete(api, qr), f"queued resource {qr} and its node {node.name} (force)"
+                except NotFoundError:
+                    pass  # gone between the get and the delete: the node alone is left
+        return recreate.start_delete(tpu, node, self.pcfg.job, adopt=self.flags.adopt), node.name
+
+    def _qr_clear(self, tpu: TpuApi) -> list[str]:
+        """Delete the job's queued resource when it FAILED or was SUSPENDED; what was done."""
+        qr = self._qr_id()
+        api = self._qr_api(tpu)
+        status = recreate.queued_status(api, qr)
+        if status.state not in QR_GIVEN_UP:
+            return []
+        try:
+            op = recreate.start_qr_delete(api, qr)
+        except NotFoundError:
+            return []
+        return [f"started deleting queued resource {qr} ({status.state}) so it can be created again: {op}"]
+
+    def _qr_create(self, tpu: TpuApi, zone: str, *, resumed: bool) -> str:
+        """Start creating the queued resource; "" when this job's earlier request still stands.
+
+        A request that FAILED (or was SUSPENDED) keeps its name until deleted, and a force
+        delete removes the node before the request: either way the name is not free yet, so the
+        create is refused as queueable and the policy retries it after its backoff.
+        """
+        qr = self._qr_id()
+        api = self._qr_api(tpu)
+        status = recreate.queued_status(api, qr)
+        if status.state in QR_GIVEN_UP:
+            done = self._qr_clear(tpu)
+            raise recreate.CreateRejected(recreate.CreateFailure(
+                "queueable", "unavailable", "ABORTED",
+                f"queued resource {qr} is {status.state}"
+                + ("; deleting it before the next create" if done else "")), zone)
+        if status.state == "DELETING":
+            raise recreate.CreateRejected(recreate.CreateFailure(
+                "queueable", "unavailable", "ABORTED",
+                f"queued resource {qr} is still being deleted; it is created again once it is gone"), zone)
+        if status.state and resumed:
+            return ""  # this job's own request (the journal was in CREATING): follow it, no second call
+        return recreate.start_qr_create(api, self.cfg, zone, resumed=resumed)
 
     def _launch(self, node: NodeSnapshot, probes: Sequence[WorkerProbe] | None, action: Launch) -> str:
         # Clean every worker not already running this attempt (old process group, device holders,
@@ -458,7 +550,10 @@ class Reconciler:
         # when the node is ours: that is success, not a conflict.
         resumed = before.phase is Phase.CREATING
         try:
-            name = recreate.start_create(tpu, self.cfg, action.zone, resumed=resumed)
+            if self._qr_id():
+                name = self._qr_create(tpu, action.zone, resumed=resumed)
+            else:
+                name = recreate.start_create(tpu, self.cfg, action.zone, resumed=resumed)
         except recreate.CreateRejected as exc:
             text = f"create in {action.zone} refused: {exc.message}"
             if not again:
@@ -470,7 +565,8 @@ class Reconciler:
             more, d2 = self._act(d2, obs2, decision.memory, now, again=False)
             return [text, *more], d2
         mem = self.journal.record_operation(now, decision.memory, name, "create", action.zone)
-        return ([f"started creating {action.name} in {action.zone} ({name or 'already exists'}): "
+        through = f" through queued resource {self._qr_id()}" if self._qr_id() else ""
+        return ([f"started creating {action.name}{through} in {action.zone} ({name or 'already exists'}): "
                  f"{action.reason}"], replace(decision, memory=mem))
 
 
