@@ -1,0 +1,207 @@
+"""Chaos: `tpuwatch watch` SIGKILLed at seeded moments of launch, delete, create and queued
+phases, and started again, while the simulator plays maintenance, recreation and stockout.
+
+The invariants are read from the world, never from tpuwatch's words: exactly one node at the
+end, the job done from the right checkpoint (each attempt resumed from the newest complete
+checkpoint present at its launch), never two trainers on a worker nor two attempts alive at
+once (sampled every 100 ms all along), and a journal that opens and passes SQLite's check
+after every kill. The three scenarios run at once on one simulator, each on its own node (the
+stockouts in a zone of their own). TPUWATCH_CHAOS_SEED changes the kill moments; the kill
+points are printed (pytest -s) for docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from chaos.harness import KillPoint, Watched
+
+from tpuwatch.sim.simulator import Simulator
+
+pytestmark = pytest.mark.slow
+
+SEED = int(os.environ.get("TPUWATCH_CHAOS_SEED", "9"))
+# kill points each scenario must land in its phase (>= 50 in all)
+LAUNCH_KILLS = 16
+DELETE_KILLS = 10
+CREATE_KILLS = 10
+QUEUED_KILLS = 14
+TOTALS: Counter[str] = Counter()
+QUEUED_ZONE = "us-central2-c"  # its stockouts must not stop the other scenario's creates
+
+
+def test_kills_in_launch_delete_create_and_queued_phases(tmp_path: Path) -> None:
+    """The three scenarios at once on one simulator (they only wait on their own nodes)."""
+    with Simulator(root=tmp_path / "sim", speed=600, seed=SEED) as sim:
+        sim.world.delays.update(delete=600.0, create=600.0)  # 1 s each: room for kills inside them
+        scenarios = (launch_kills, recreate_kills, queued_kills)
+        with ThreadPoolExecutor(len(scenarios)) as pool:
+            futures = [pool.submit(fn, sim, tmp_path / fn.__name__) for fn in scenarios]
+            errors = [f.exception() for f in futures]
+        print(f"\nchaos kill points survived (seed {SEED}): {dict(TOTALS)}, total {sum(TOTALS.values())}")
+        for err in errors:
+            if err is not None:
+                raise err
+        assert sim.world.scheduler_errors == [], "a simulator step raised"
+        assert sim.world.host_errors == [], "an effect on the simulated hosts failed"
+    phases = ("launch", "delete", "create", "queued")
+    assert sum(TOTALS[p] for p in phases) >= 50, TOTALS
+
+
+def counted(kills: list[KillPoint], phase: str) -> int:
+    return sum(1 for k in kills if k.phase == phase)
+
+
+def report(job: Watched) -> None:
+    by = Counter(k.phase for k in job.kills)
+    TOTALS.update(by)
+    print(f"\n{job.name}: {len(job.kills)} kills {dict(by)}, watcher started {job.starts} times, "
+          f"{job.sampler.samples} process samples, max trainers per worker {job.sampler.max_per_worker}, "
+          f"max attempts alive {job.sampler.max_attempts}")
+    print("  " + ", ".join(f"{k.phase}@{k.delay:.2f}s" for k in job.kills))
+
+
+def usable(job: Watched) -> bool:
+    node = job.node()
+    return node is not None and node.state == "READY" and node.health == "HEALTHY"
+
+
+def finish_at(job: Watched, extra: int) -> None:
+    """From now on the job ends `extra` steps past its newest checkpoint: rewrite the config and
+    restart the watcher on it (a kill of a running job, counted as such)."""
+    job.set_steps((job.steps_done() or [0])[-1] + extra)
+    job.kill(job.started_at)
+
+
+def launch_kills(sim: Simulator, tmp_path: Path) -> None:
+    """Healed maintenance, again and again; kills while the watcher relaunches the job."""
+    job = Watched(sim, tmp_path, "chaos-launch", seed=SEED * 101 + 1)
+    try:
+        job.start()
+        job.running_with_progress()
+        cycles = 0
+        final = False
+        while True:
+            if counted(job.kills, "launch") >= LAUNCH_KILLS and not final:
+                finish_at(job, 150)  # the next relaunch runs to the end
+                final = True
+            # As in real life, the watcher is up and looking when the maintenance comes: it sees
+            # the node unhealthy (maintenance no watcher ever saw is the audit log's to report).
+            job.wait(lambda: time.monotonic() - job.started_at > 1.2, what="the watcher up")
+            sim.inject("maintenance", node=job.name, heal_after=600)  # 1 s
+            job.wait(lambda: not usable(job), what="maintenance to start")
+            since = job.wait(lambda: usable(job), what="the node to heal")
+            for _ in range(3):  # while the relaunch has not reached every worker
+                if job.workers_running() == job.node().n_workers:
+                    break
+                job.kill_after(since, 0.0, 0.9)
+                since = job.started_at
+            cycles += 1
+            if final:
+                break
+            job.running_with_progress()
+        rc = job.finish()
+        report(job)
+        result = job.assert_invariants(rc)
+        assert counted(job.kills, "launch") >= LAUNCH_KILLS, job.kills
+        attempts = result["attempts"]
+        assert not any(a["charged"] for a in attempts), attempts  # maintenance is never charged
+        assert len(attempts) >= cycles, (cycles, attempts)
+    finally:
+        job.close()
+
+
+def recreate_kills(sim: Simulator, tmp_path: Path) -> None:
+    """Maintenance that never heals, again and again; kills while deleting and creating."""
+    job = Watched(sim, tmp_path, "chaos-recreate", seed=SEED * 101 + 2, recreatable=True,
+                  repair_timeout="0.5s")
+    try:
+        job.start()
+        job.running_with_progress()
+        cycles = 0
+        final = False
+        while True:
+            if counted(job.kills, "delete") >= DELETE_KILLS and counted(job.kills, "create") >= CREATE_KILLS:
+                finish_at(job, 150)
+                final = True
+            old = job.node().id
+            sim.inject("maintenance", node=job.name, stuck="REPAIRING")
+            since = job.wait(lambda: job.node() is None or job.node().state == "DELETING", timeout=30,
+                             what="the delete to start")
+
+            def replaced(old: int = old) -> bool:
+                node = job.node()
+                return node is not None and node.id != old and node.state == "READY"
+
+            for _ in range(job.rng.choice((2, 3))):  # while deleting
+                job.kill_after(since, 0.1, 0.6)
+                since = job.started_at
+            def creating(old: int = old) -> bool:
+                node = job.node()
+                return job.journal_phase() == "creating" or (node is not None and node.id != old)
+
+            since = job.wait(creating, timeout=30, what="the create to start")
+            for _ in range(job.rng.choice((2, 3))):  # while creating (and booting)
+                if replaced():
+                    break
+                job.kill_after(since, 0.1, 0.6)
+                since = job.started_at
+            job.wait(replaced, timeout=30, what="the new node")
+            cycles += 1
+            if final:
+                break
+            job.running_with_progress()
+        rc = job.finish()
+        report(job)
+        result = job.assert_invariants(rc)
+        assert counted(job.kills, "delete") >= DELETE_KILLS and counted(job.kills, "create") >= CREATE_KILLS
+        # One accepted create per recreate: a kill between a create call and its journal line
+        # makes the next watcher ask again, and that repeat is answered ALREADY_EXISTS.
+        ops = sim.world.list_operations(f"projects/{sim.project}/locations/{sim.zone}")
+        creates = [o for o in ops if o.verb == "create" and o.target.endswith(f"/nodes/{job.name}")]
+        assert len(creates) == cycles, (cycles, [(o.name, o.done, o.error) for o in creates])
+        assert not any(a["charged"] for a in result["attempts"]), result["attempts"]
+    finally:
+        job.close()
+
+
+def queued_kills(sim: Simulator, tmp_path: Path) -> None:
+    """Preemption into a stockout of its own zone, again and again; kills while queued."""
+    job = Watched(sim, tmp_path, "chaos-queued", seed=SEED * 101 + 3, recreatable=True, spot=True,
+                  queue_timeout="1h", zone=QUEUED_ZONE)
+    try:
+        job.start()
+        job.running_with_progress()
+        final = False
+        while True:
+            if counted(job.kills, "queued") >= QUEUED_KILLS:
+                finish_at(job, 150)
+                final = True
+            stockout = 5.0 + job.rng.random()  # real seconds
+            sim.inject("stockout", zone=QUEUED_ZONE, duration=f"{stockout * sim.speed:.0f}s")
+            over = time.monotonic() + stockout
+            sim.inject("preempt", node=job.name, zone=QUEUED_ZONE)
+            while time.monotonic() < over - 0.5:
+                # each kill lands a seeded moment after the journal says queued (a watcher saw the
+                # create fail and waits to retry it)
+                since = job.wait(lambda over=over: job.journal_phase() == "queued" or time.monotonic() > over,
+                                 timeout=20, what="queued")
+                if time.monotonic() > over - 0.5:
+                    break
+                job.kill_after(since, 0.05, 0.6)
+            job.wait(lambda: usable(job), timeout=30, what="the node back after the stockout")
+            if final:
+                break
+            job.running_with_progress()
+        rc = job.finish()
+        report(job)
+        result = job.assert_invariants(rc)
+        assert counted(job.kills, "queued") >= QUEUED_KILLS
+        assert not any(a["charged"] for a in result["attempts"]), result["attempts"]
+    finally:
+        job.close()
