@@ -167,3 +167,27 @@ def test_a_node_not_owned_is_never_deleted(sim: Simulator, tmp_path: Path) -> No
     assert sim.world.call_count("DeleteNode") == 0 and sim.world.call_count("CreateNode") == 0
     assert sim.world.node("pod").state == "REPAIRING"
     assert "--adopt" in out, out
+
+
+def test_the_startup_script_resumes_the_job_at_boot_and_watch_follows_it(sim: Simulator, tmp_path: Path) -> None:
+    """startup-scripts/resume-training.sh on the recreated node starts the next attempt from the
+    newest checkpoint before the watcher reconnects; the watcher follows it, never a second copy."""
+    script = Path(__file__).resolve().parent.parent / "startup-scripts" / "resume-training.sh"
+    job = Job(sim, tmp_path, accelerator="v4-16", spot=True, recreatable=True, steps=80,
+              tpu={"startup_script": str(script)})
+    proc = job.watch()
+    job.wait(lambda: len(job.steps_done()) >= 2, what="two checkpoints")
+    sim.inject("preempt", node="pod")
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    key = sim.node_key("pod")
+    node = sim.world.node("pod")
+    for w in range(node.n_workers):
+        log = (sim.hosts.worker_home(key, w) / "startup-script.log").read_text()
+        assert f"launched attempt 2 of pod on worker {w}" in log, log
+    events = job.history()["events"]
+    launches = [e for e in events if e["kind"] == "launch"]
+    assert [e["data"].get("attempt") for e in launches] == [1], launches  # attempt 2 came from the boot
+    attempts = job.history()["attempts"]
+    assert [a["attempt"] for a in attempts] == [1, 2] and attempts[1]["outcome"] == "success", attempts
+    assert job.steps_done()[-1] == 80

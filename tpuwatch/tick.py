@@ -25,7 +25,7 @@ import json
 import random
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, cast
@@ -488,7 +488,7 @@ class Reconciler:
             return []
         return [f"started deleting queued resource {qr} ({status.state}) so it can be created again: {op}"]
 
-    def _qr_create(self, tpu: TpuApi, zone: str, *, resumed: bool) -> str:
+    def _qr_create(self, tpu: TpuApi, zone: str, *, resumed: bool, launch: Mapping[str, str]) -> str:
         """Start creating the queued resource; "" when this job's earlier request still stands.
 
         A request that FAILED (or was SUSPENDED) keeps its name until deleted, and a force
@@ -510,7 +510,7 @@ class Reconciler:
                 f"queued resource {qr} is still being deleted; it is created again once it is gone"), zone)
         if status.state and resumed:
             return ""  # this job's own request (the journal was in CREATING): follow it, no second call
-        return recreate.start_qr_create(api, self.cfg, zone, resumed=resumed)
+        return recreate.start_qr_create(api, self.cfg, zone, resumed=resumed, launch=launch)
 
     def _launch(self, node: NodeSnapshot, probes: Sequence[WorkerProbe] | None, action: Launch) -> str:
         # Clean every worker not already running this attempt (old process group, device holders,
@@ -549,11 +549,17 @@ class Reconciler:
         # A create this job started earlier (the journal was in CREATING) answers ALREADY_EXISTS
         # when the node is ours: that is success, not a conflict.
         resumed = before.phase is Phase.CREATING
+        # The new node's startup script (startup-scripts/resume-training.sh) can start the job at
+        # boot, before the watcher reconnects: as the next attempt, from the newest complete
+        # checkpoint, which the policy then follows instead of launching it a second time.
+        launch = {"attempt": str(decision.memory.attempt + 1)}
+        if obs.checkpoint is not None:
+            launch.update(checkpoint=obs.checkpoint.path, step=str(obs.checkpoint.step))
         try:
             if self._qr_id():
-                name = self._qr_create(tpu, action.zone, resumed=resumed)
+                name = self._qr_create(tpu, action.zone, resumed=resumed, launch=launch)
             else:
-                name = recreate.start_create(tpu, self.cfg, action.zone, resumed=resumed)
+                name = recreate.start_create(tpu, self.cfg, action.zone, resumed=resumed, launch=launch)
         except recreate.CreateRejected as exc:
             text = f"create in {action.zone} refused: {exc.message}"
             if not again:
