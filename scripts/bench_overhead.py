@@ -1,0 +1,428 @@
+#!/usr/bin/env python3
+"""What tpuwatch costs while nothing goes wrong: start-up time, memory, CPU and cloud API calls.
+
+    python scripts/bench_overhead.py                 # the default measurements, a table
+    python scripts/bench_overhead.py --json
+    python scripts/bench_overhead.py --runs 5 --ticks 10 --virtual-ticks 40 --nodes 50
+
+Measured, against the simulator (tpuwatch.sim.Simulator) with a steady job (the toy trainer on
+every worker, started by `tpuwatch watch` itself):
+1. start-up: `tpuwatch --help` and `tpuwatch check -c ...` as cold processes, median of --runs;
+   for check also the time from spawn to its first API call (imports, config, clients);
+2. the watcher while idle: `tpuwatch watch` with poll_interval --poll (scaled down from the
+   default 30 s so that --ticks polls take seconds): VmRSS and VmHWM from /proc/<pid>/status,
+   CPU seconds per poll from /proc/<pid>/stat (its own and its reaped ssh children's), then
+   extrapolated to 10 minutes at the default 30 s poll (20 polls; the sleep between costs none);
+3. API calls per hour for one node at the default poll: the real Reconciler with the real
+   adapters, SSH and simulator, driven --virtual-ticks times by a clock that advances 30 s per
+   tick (so the audit-log cadence, once per 60 s unless something looks wrong, is the real one);
+   counted with the simulator's call counters (sim.world.calls);
+4. 200 nodes in one zone: `status --all` (calls and time per run), and --watchers `watch`
+   processes of separate jobs in that zone at the scaled poll: calls per tick per job, so the
+   hourly cost of watching N jobs is N times one job's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_recovery import JOB, write_config  # noqa: E402
+
+from tpuwatch.sim.simulator import Simulator  # noqa: E402
+
+DEFAULT_POLL = 30.0  # the shipped recovery.poll_interval
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+TPU_CALL = re.compile(r"google\.cloud\.tpu\.|google\.longrunning\.")
+AUDIT_CALL = "ListLogEntries"
+
+
+def tpuwatch_argv() -> list[str]:
+    """The console script users run, else the module."""
+    script = Path(sys.executable).parent / "tpuwatch"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "tpuwatch.cli"]
+
+
+def timed(argv: list[str], env: dict[str, str], runs: int) -> tuple[list[float], list[subprocess.CompletedProcess[str]]]:
+    times, outs = [], []
+    for _ in range(runs):
+        t = time.perf_counter()
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+        times.append(time.perf_counter() - t)
+        outs.append(out)
+    return times, outs
+
+
+def slowest_imports(argv_tail: list[str], env: dict[str, str], top: int = 8) -> list[tuple[str, float]]:
+    """The heaviest top-level imports of a cold `tpuwatch ...` (python -X importtime)."""
+    code = f"import sys; sys.argv = ['tpuwatch', *{argv_tail!r}]\nfrom tpuwatch.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass"
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", code], env=env, capture_output=True, text=True)
+    rows = []
+    for line in out.stderr.splitlines():
+        m = re.match(r"import time:\s+\d+\s+\|\s+(\d+)\s+\|( *)(\S+)", line)
+        if m and len(m.group(2)) <= 2:  # top level (and one below, for packages)
+            rows.append((m.group(3), int(m.group(1)) / 1e6))
+    return sorted(rows, key=lambda r: -r[1])[:top]
+
+
+def proc_cpu(pid: int) -> tuple[float, float]:
+    """(own CPU seconds, reaped children's CPU seconds) of `pid`."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
+    return (utime + stime) / CLK_TCK, (cutime + cstime) / CLK_TCK
+
+
+def proc_mem(pid: int) -> dict[str, float]:
+    """VmRSS and VmHWM of `pid`, in MB."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(value.split()[0]) / 1024
+    return out
+
+
+class Watch:
+    """A `tpuwatch watch --json` subprocess whose lines are collected by a thread."""
+
+    def __init__(self, cfg: Path, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen([*tpuwatch_argv(), "watch", "-c", str(cfg), "--json"], env=env, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.lines: list[dict[str, Any]] = []
+        self.raw: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.raw.append(line)
+            try:
+                self.lines.append(json.loads(line))
+            except ValueError:
+                pass
+
+    def wait_running(self, timeout: float = 90) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if any(ln.get("row") == "running" for ln in self.lines):
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError("watch did not reach a steady running job; its output ends:\n" + "".join(self.raw[-6:]))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # leaves the job running, like Ctrl-C
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
+        self.a = args
+        self.tmp = tmp
+        self.sim = Simulator(root=tmp / "sim", speed=600, seed=args.seed)
+        self.sim.start()
+        self.ck = self.sim.bucket / "ck"
+
+    def close(self) -> None:
+        self.sim.close()
+
+    def job(self, name: str, accelerator: str, poll: float) -> tuple[Path, dict[str, str]]:
+        """A config and environment for a steady job of the toy trainer on node `name`."""
+        if not self.sim.world.has_node(name):
+            self.sim.create_node(name, accelerator, labels={"tpuwatch-job": name})
+        ck = self.sim.bucket / f"ck-{name}"
+        command = (f"python3 -m tpuwatch.sim.trainer --steps 100000000 --step-time 0.1 --ckpt-every 50 "
+                   f"--ckpt-dir {ck} --resume {{checkpoint}}")
+        d = self.tmp / name
+        d.mkdir(parents=True, exist_ok=True)
+        cfg = write_config(d / "tpuwatch.toml", self.sim, command, ck, accelerator=accelerator, spot=False,
+                           recovery={"poll_interval": f"{poll:g}s"}, extra=tuple(self.a.config))
+        text = cfg.read_text().replace(f'name = "{JOB}"', f'name = "{name}"', 1)
+        cfg.write_text(text)
+        env = {**os.environ, **self.sim.env, "TPUWATCH_STATE_DIR": str(d / "state")}
+        return cfg, env
+
+    def calls(self) -> Counter[str]:
+        with self.sim.world._lock:
+            return Counter(self.sim.world.calls)
+
+    def first_call_after(self, t0: float) -> float | None:
+        """Monotonic time of the first API call after `t0` (the simulator keeps call times)."""
+        with self.sim.world._lock:
+            times = [t for q in self.sim.world._call_times.values() for t, _ in q if t > t0]
+        return min(times) if times else None
+
+
+def split(calls: Counter[str]) -> dict[str, int]:
+    tpu = sum(n for m, n in calls.items() if TPU_CALL.search(m))
+    audit = sum(n for m, n in calls.items() if m.endswith(AUDIT_CALL))
+    return {"tpu": tpu, "audit": audit, "other": sum(calls.values()) - tpu - audit}
+
+
+def delta(after: Counter[str], before: Counter[str]) -> Counter[str]:
+    return Counter({m: n - before.get(m, 0) for m, n in after.items() if n - before.get(m, 0)})
+
+
+def measure(a: argparse.Namespace, log: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"settings": {k: v for k, v in vars(a).items() if k not in ("json", "json_out", "quiet")}}
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("TPUWATCH_")}
+
+    log("start-up: tpuwatch --help")
+    times, outs = timed([*tpuwatch_argv(), "--help"], base_env, a.runs)
+    assert all(o.returncode == 0 for o in outs), outs[-1].stderr
+    out["help"] = {"median": statistics.median(times), "min": min(times), "max": max(times), "runs": len(times),
+                   "slowest_imports": slowest_imports(["--help"], base_env)}
+
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmpd:
+        b = Bench(a, Path(tmpd))
+        try:
+            cfg, env = b.job(JOB, a.accelerator, a.poll)
+
+            log(f"idle watcher: watch with poll {a.poll:g}s, {a.ticks} polls")
+            w = Watch(cfg, env)
+            w.wait_running()
+            time.sleep(a.poll * 2)  # settle: the launch tick and the first audit read are behind it
+            c0, t0, n0 = b.calls(), time.monotonic(), len(w.lines)
+            cpu0 = proc_cpu(w.proc.pid)
+            mem0 = proc_mem(w.proc.pid)
+            gets0 = c0.get("google.cloud.tpu.v2.Tpu/GetNode", 0) + c0.get("google.cloud.tpu.v2alpha1.Tpu/GetNode", 0)
+            samples = [mem0["VmRSS"]]
+            while True:
+                c = b.calls()
+                gets = c.get("google.cloud.tpu.v2.Tpu/GetNode", 0) + c.get("google.cloud.tpu.v2alpha1.Tpu/GetNode", 0)
+                if gets - gets0 >= a.ticks:
+                    break
+                if w.proc.poll() is not None:
+                    raise RuntimeError("watch exited:\n" + "".join(w.raw[-6:]))
+                samples.append(proc_mem(w.proc.pid)["VmRSS"])
+                time.sleep(min(a.poll / 4, 0.25))
+            c1, t1 = b.calls(), time.monotonic()
+            cpu1 = proc_cpu(w.proc.pid)
+            mem1 = proc_mem(w.proc.pid)
+            ticks = gets - gets0
+            # watch prints a line only when something changes: none while the job stays steady
+            rows = [ln.get("row") for ln in w.lines[n0:]]
+            w.stop()
+            own = (cpu1[0] - cpu0[0]) / ticks
+            kids = (cpu1[1] - cpu0[1]) / ticks
+            d = delta(c1, c0)
+            polls_10min = 600 / DEFAULT_POLL
+            out["idle"] = {
+                "poll": a.poll, "ticks": ticks, "seconds": t1 - t0,
+                "rss_mb": mem1["VmRSS"], "rss_start_mb": mem0["VmRSS"], "rss_max_mb": max(samples + [mem1["VmRSS"]]),
+                "hwm_mb": mem1["VmHWM"],
+                "cpu_per_poll": own, "ssh_cpu_per_poll": kids,
+                "cpu_10min_default": own * polls_10min, "ssh_cpu_10min_default": kids * polls_10min,
+                "core_share_default": (own + kids) / DEFAULT_POLL,
+                "calls_per_tick": {m.rsplit("/", 1)[-1]: n / ticks for m, n in sorted(d.items())},
+                "rows": sorted(set(r for r in rows if r)),
+            }
+
+            log(f"start-up: tpuwatch check, {a.runs} runs")
+            check_times, first_call = [], []
+            for _ in range(a.runs):
+                t = time.monotonic()
+                r = subprocess.run([*tpuwatch_argv(), "check", "-c", str(cfg)], env=env, capture_output=True,
+                                   text=True, stdin=subprocess.DEVNULL, timeout=120)
+                check_times.append(time.monotonic() - t)
+                if r.returncode != 0:
+                    raise RuntimeError(f"check exited {r.returncode}: {r.stdout}{r.stderr}")
+                fc = b.first_call_after(t)
+                if fc is not None:
+                    first_call.append(fc - t)
+            out["check"] = {"median": statistics.median(check_times), "min": min(check_times),
+                            "max": max(check_times), "runs": len(check_times),
+                            "to_first_api_call": statistics.median(first_call) if first_call else None,
+                            "slowest_imports": slowest_imports(["check", "--help"], base_env)}
+
+            log(f"API per hour, one node: {a.virtual_ticks} ticks of the real Reconciler, 30 s apart in virtual time")
+            out["one_node"] = virtual_hour(b, cfg, env, a.virtual_ticks)
+
+            log(f"{a.nodes} nodes in one zone: status --all, and {a.watchers} watchers")
+            out["zone"] = zone(b, a)
+        finally:
+            b.close()
+    return out
+
+
+def virtual_hour(b: Bench, cfg: Path, env: dict[str, str], ticks: int) -> dict[str, Any]:
+    """Drive the real Reconciler with a clock that advances DEFAULT_POLL per tick."""
+    from tpuwatch.journal import Journal
+    from tpuwatch.tick import Reconciler
+    from tpuwatch.wiring import load_job, real_ports
+
+    saved = dict(os.environ)
+    os.environ.update({k: v for k, v in env.items() if k.startswith(("TPUWATCH_", "CLOUDSDK_"))})
+    try:
+        job = load_job(cfg)
+        clock = [datetime.now(timezone.utc)]
+        ports = replace(real_ports(job), now=lambda: clock[0])
+        with Journal.open(job.cfg.state_dir, job.name, job.pcfg.tpu_name) as journal:
+            rec = Reconciler(job.cfg, job.pcfg, ports, journal)
+            c0 = b.calls()
+            rows: Counter[str] = Counter()
+            t = time.monotonic()
+            for _ in range(ticks):
+                report = rec.tick()
+                rows[report.decision.row] += 1
+                clock[0] += timedelta(seconds=DEFAULT_POLL)
+            seconds = time.monotonic() - t
+            d = delta(b.calls(), c0)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    per_hour = 3600 / (ticks * DEFAULT_POLL)
+    s = split(d)
+    return {"ticks": ticks, "virtual_hours": ticks * DEFAULT_POLL / 3600, "real_seconds": seconds,
+            "rows": dict(rows), "calls": {m.rsplit("/", 1)[-1]: n for m, n in sorted(d.items())},
+            "tpu_per_hour": s["tpu"] * per_hour, "audit_per_hour": s["audit"] * per_hour,
+            "other_per_hour": s["other"] * per_hour}
+
+
+def zone(b: Bench, a: argparse.Namespace) -> dict[str, Any]:
+    sim = b.sim
+    have = len(sim.world.list_nodes(sim.project, sim.zone))
+    for i in range(have, a.nodes):
+        sim.create_node(f"node-{i:03d}", "v4-8")
+    n = len(sim.world.list_nodes(sim.project, sim.zone))
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("TPUWATCH_")}, **sim.env}
+    times, per_run = [], []
+    for _ in range(a.runs):
+        c0 = b.calls()
+        t = time.perf_counter()
+        r = subprocess.run([*tpuwatch_argv(), "status", "--all", "--json"], env=env, capture_output=True, text=True,
+                           timeout=120)
+        times.append(time.perf_counter() - t)
+        if r.returncode != 0:
+            raise RuntimeError(f"status --all exited {r.returncode}: {r.stderr}")
+        shown = len(json.loads(r.stdout)["nodes"])
+        per_run.append(delta(b.calls(), c0))
+    calls = per_run[-1]
+    status = {"nodes": n, "shown": shown, "median_seconds": statistics.median(times),
+              "calls_per_run": {m.rsplit("/", 1)[-1]: k for m, k in sorted(calls.items())},
+              "per_hour_every_poll": sum(calls.values()) * 3600 / DEFAULT_POLL}
+
+    watchers = []
+    for i in range(a.watchers):
+        name = f"job-{i}"
+        cfg, env_i = b.job(name, "v4-8", a.poll)
+        watchers.append(Watch(cfg, env_i))
+    try:
+        for w in watchers:
+            w.wait_running()
+        time.sleep(a.poll * 2)
+        c0, t0 = b.calls(), time.monotonic()
+        time.sleep(a.watch_seconds)
+        d = delta(b.calls(), c0)
+        seconds = time.monotonic() - t0
+    finally:
+        for w in watchers:
+            w.stop()
+    s = split(d)
+    ticks = sum(n for m, n in d.items() if m.endswith("/GetNode"))
+    tpu_per_tick = s["tpu"] / max(ticks, 1)
+    return {
+        "status_all": status,
+        "watchers": {"jobs": a.watchers, "seconds": seconds, "ticks": ticks,
+                     "calls": {m.rsplit("/", 1)[-1]: k for m, k in sorted(d.items())},
+                     "tpu_calls_per_tick": tpu_per_tick,
+                     "tpu_per_hour_per_job_default": tpu_per_tick * 3600 / DEFAULT_POLL},
+    }
+
+
+def render(r: dict[str, Any]) -> str:
+    h, c, idle, one, z = r["help"], r["check"], r["idle"], r["one_node"], r["zone"]
+    st, wt = z["status_all"], z["watchers"]
+    jobs = st["nodes"]
+    per_job = one["tpu_per_hour"] + one["audit_per_hour"]
+    lines = [
+        "overhead of tpuwatch (simulator, steady job)",
+        "",
+        f"start-up  tpuwatch --help          median {h['median']:.3f}s (min {h['min']:.3f}, max {h['max']:.3f}, "
+        f"{h['runs']} cold runs)   target < 0.3 s",
+        f"          tpuwatch check -c ...    median {c['median']:.3f}s for a whole tick; first API call "
+        f"{c['to_first_api_call']:.3f}s after spawn" if c["to_first_api_call"] is not None else
+        f"          tpuwatch check -c ...    median {c['median']:.3f}s for a whole tick",
+        f"idle      watch, {idle['ticks']} polls at {idle['poll']:g}s   RSS {idle['rss_mb']:.1f} MB "
+        f"(start {idle['rss_start_mb']:.1f}, peak {idle['hwm_mb']:.1f})   target < 80 MB",
+        f"          CPU per poll {idle['cpu_per_poll'] * 1000:.1f} ms (+{idle['ssh_cpu_per_poll'] * 1000:.1f} ms in ssh "
+        f"children) -> 10 min at 30 s: {idle['cpu_10min_default']:.2f} s (+{idle['ssh_cpu_10min_default']:.2f} s), "
+        f"{idle['core_share_default']:.2%} of a core",
+        f"API/hour  one node, 30 s poll      TPU {one['tpu_per_hour']:.0f} (target <= 130), audit-log reads "
+        f"{one['audit_per_hour']:.0f} (target <= 60), other {one['other_per_hour']:.0f}   "
+        f"[{one['ticks']} ticks of the real Reconciler, {one['virtual_hours']:.2f} h of virtual time]",
+        f"          {jobs} nodes, status --all   {sum(st['calls_per_run'].values())} calls per run "
+        f"({', '.join(f'{k} {v}' for k, v in st['calls_per_run'].items())}), {st['median_seconds']:.2f}s; "
+        f"every 30 s: {st['per_hour_every_poll']:.0f}/hour",
+        f"          {wt['jobs']} watchers at once  {wt['tpu_calls_per_tick']:.2f} TPU calls per tick per job -> "
+        f"{wt['tpu_per_hour_per_job_default']:.0f}/hour per job at 30 s",
+        f"          {jobs} nodes each watched  TPU {one['tpu_per_hour'] * jobs:.0f}/hour, audit-log reads "
+        f"{one['audit_per_hour'] * jobs:.0f}/hour = {one['audit_per_hour'] * jobs / 60:.0f}/min "
+        f"(Logging read quota: 60/min per project); {per_job * jobs:.0f} calls/hour in all",
+        "",
+        "slowest imports of `tpuwatch --help`: " + ", ".join(f"{m} {s * 1000:.0f} ms" for m, s in h["slowest_imports"][:5]),
+        "slowest imports of `tpuwatch check --help`: "
+        + ", ".join(f"{m} {s * 1000:.0f} ms" for m, s in c["slowest_imports"][:5]),
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=10, help="cold runs of --help / check / status --all (%(default)s)")
+    p.add_argument("--poll", type=float, default=0.3, help="scaled poll_interval of the idle watcher (%(default)s)")
+    p.add_argument("--ticks", type=int, default=20, help="polls of the idle watcher: 20 = 10 min at 30 s (%(default)s)")
+    p.add_argument("--virtual-ticks", type=int, default=120,
+                   help="Reconciler ticks 30 s apart in virtual time: 120 = one hour (%(default)s)")
+    p.add_argument("--nodes", type=int, default=200, help="nodes in the zone (%(default)s)")
+    p.add_argument("--watchers", type=int, default=4, help="watch processes of separate jobs in that zone (%(default)s)")
+    p.add_argument("--watch-seconds", type=float, default=10.0, help="how long they are counted (%(default)s)")
+    p.add_argument("--accelerator", default="v4-16", help="the idle job's node type (%(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--config", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="extra tpuwatch.toml setting (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--json-out", metavar="PATH", help="also write the JSON object to PATH")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    a = p.parse_args(argv)
+    if min(a.runs, a.ticks, a.virtual_ticks, a.nodes) < 1 or a.watchers < 0 or a.poll <= 0:
+        p.error("--runs, --ticks, --virtual-ticks and --nodes must be at least 1, --poll positive")
+
+    def log(text: str) -> None:
+        if not a.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    started = time.monotonic()
+    result = measure(a, log)
+    result["seconds"] = round(time.monotonic() - started, 1)
+    text = json.dumps(result, indent=2, sort_keys=True)
+    if a.json_out:
+        Path(a.json_out).write_text(text + "\n")
+    print(text if a.json else render(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
