@@ -68,9 +68,9 @@ class Worker:
         return protocol.parse_records(r.stdout.decode())
 
     def launch(self, attempt: int, command: str, checkpoint: Checkpoint | None = None,
-               env: dict[str, str] | None = None) -> dict[str, str]:
+               env: dict[str, str] | None = None, clean_grace: float | None = None) -> dict[str, str]:
         return self.run(protocol.launch_script(JOB, attempt=attempt, worker=3, checkpoint=checkpoint,
-                                               command=command, env=env))
+                                               command=command, env=env, clean_grace=clean_grace))
 
     def probe(self) -> dict[str, str]:
         return self.run(protocol.probe_script(JOB))
@@ -193,6 +193,37 @@ def test_stop_clears_the_job_its_escapees_device_holders_and_a_stale_lockfile(wo
     p = worker.probe()
     assert p["state"] == "exited" and p["exit_code"] == "143"  # TERM reached the command
     assert worker.launch(2, "true")["result"] == "launched"  # the lock is free again
+
+
+def test_a_cleaning_launch_stops_the_older_attempt_and_its_leftovers_in_one_connection(worker: Worker) -> None:
+    accel = worker.root / "dev" / "accel1"
+    worker.launch(1, "(trap '' TERM; exec sleep 311) & exec sleep 312")
+    def old() -> list[int]:
+        return worker.pids(b"sleep\x00311") + worker.pids(b"sleep\x00312")
+
+    wait_for(lambda: len(old()) == 2, what="attempt 1's processes")
+    with open(accel) as dev:  # an orphan of some earlier run holding the TPU
+        orphan = subprocess.Popen(["sleep", "313"], stdin=dev, start_new_session=True, env=worker.env)
+    (worker.root / "tmp" / "libtpu_lockfile").touch()
+    # Without cleaning, attempt 2 is refused while attempt 1 holds the lock.
+    assert worker.launch(2, "sleep 314")["result"] == "busy"
+    res = worker.launch(2, "sleep 314", clean_grace=0.3)
+    assert res["result"] == "launched" and res["attempt"] == "2", res
+    cleanup = protocol.parse_launch(3, res).cleanup
+    assert cleanup is not None and cleanup.ok and len(cleanup.stopped) >= 2, res
+    assert orphan.pid in cleanup.device_holders and cleanup.libtpu_lockfile == "removed"
+    orphan.wait(5)
+    assert old() == [] and len(worker.pids(b"sleep\x00314")) == 1
+    # A repeat of the same attempt (a retry after a dropped connection) cleans nothing: the
+    # attempt it would find is its own.
+    again = worker.launch(2, "sleep 314", clean_grace=0.3)
+    assert again["result"] == "running" and "cleanup_result" not in again
+    assert protocol.parse_launch(3, again).cleanup is None
+    assert len(worker.pids(b"sleep\x00314")) == 1
+    # An older attempt number never cleans up a newer one.
+    older = worker.launch(1, "true", clean_grace=0.3)
+    assert older["result"] == "busy" and "cleanup_result" not in older  # refused, nothing stopped
+    assert len(worker.pids(b"sleep\x00314")) == 1
 
 
 def test_stop_keeps_a_lockfile_in_use_and_never_kills_its_own_shell(worker: Worker) -> None:

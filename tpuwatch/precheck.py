@@ -40,6 +40,7 @@ from tpuwatch.model import (
     NodeSnapshot,
     PrecheckReport,
     WorkerEndpoint,
+    WorkerProbe,
 )
 
 if TYPE_CHECKING:
@@ -450,7 +451,6 @@ class Prechecker:
     def run(self, node: NodeSnapshot, context: Context = "launch",
             now: datetime | None = None) -> PrecheckReport:
         """Every check on every selected worker: unreachable workers are listed, not raised."""
-        from tpuwatch.workers import _raise_if_fatal
         from tpuwatch.workers.ssh import run_on_workers
 
         eps = self.workers.endpoints(node)
@@ -458,6 +458,37 @@ class Prechecker:
         transport.check()
         results = run_on_workers(transport, node, eps, lambda w: self.script_for(node, w),
                                  remote_command="bash -s", timeout=self.settings.timeout())
+        return self._report(node, results, context, now)
+
+    def probe_and_run(self, node: NodeSnapshot, context: Context = "launch",
+                      now: datetime | None = None) -> tuple[list[WorkerProbe], PrecheckReport]:
+        """The workers' probe (SshWorkers.probe) and the checks in ONE connection per worker.
+
+        Before a launch the tick needs both; sent together they cost one SSH round trip, not
+        two. The probe runs first, in its own subshell, so the checks cannot disturb it.
+        """
+        from tpuwatch.workers import _probe_of, _raise_if_fatal
+        from tpuwatch.workers.protocol import probe_script
+        from tpuwatch.workers.ssh import run_on_workers
+
+        eps = self.workers.endpoints(node)
+        transport = self.workers.transport
+        transport.check()
+        probe = probe_script(self.workers.job)
+
+        def both(w: WorkerEndpoint) -> bytes:
+            return b"(\n" + probe + b")\n(\n" + self.script_for(node, w) + b")\n"
+
+        results = run_on_workers(transport, node, eps, both, remote_command="bash -s",
+                                 timeout=self.settings.timeout())
+        for r in results:
+            _raise_if_fatal(r)
+        return [_probe_of(r) for r in results], self._report(node, results, context, now)
+
+    def _report(self, node: NodeSnapshot, results: Sequence[SshResult], context: Context,
+                now: datetime | None) -> PrecheckReport:
+        from tpuwatch.workers import _raise_if_fatal
+
         chips = chips_per_host(node.accelerator_type)
         items: list[CheckItem] = []
         unreachable: list[tuple[int, str]] = []

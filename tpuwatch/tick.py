@@ -188,12 +188,12 @@ class Reconciler:
         mem = self.journal.load_memory() or Memory.initial(self.pcfg.zones[0])
         tpu = self.ports.tpu_for(mem.zone or self.pcfg.zones[0])
         node = tpu.get_node(self.pcfg.tpu_name)
-        probes = self._probe(node)
+        probes, launch_checks = self._probe(node, mem, now)
         operation, create_failure = self._operation(mem, tpu, node)
         checkpoint = self.ports.checkpoints.latest() if self.ports.checkpoints is not None else None
         warnings: list[str] = []
         events, cursor = self._audit(now, mem, node, probes, warnings)
-        pre = self._precheck_due(now, mem, node, probes)
+        pre = launch_checks or self._precheck_due(now, mem, node, probes)
         obs = Observation(
             node=node, events=tuple(events), probes=probes, checkpoint=checkpoint,
             operation=operation, create_failure=create_failure,
@@ -352,11 +352,22 @@ class Reconciler:
 
     # -- observe ------------------------------------------------------------------------------
 
-    def _probe(self, node: NodeSnapshot | None) -> tuple[WorkerProbe, ...] | None:
-        """Every selected worker's job files, when the node is READY (healthy or not)."""
+    def _probe(self, node: NodeSnapshot | None, mem: Memory,
+               now: datetime) -> tuple[tuple[WorkerProbe, ...] | None, PrecheckReport | None]:
+        """Every selected worker's job files, when the node is READY (healthy or not).
+
+        When this tick will probably launch (no attempt alive, the node usable), the
+        launch-time environment checks ride along in the probe's connection: a relaunch then
+        costs two SSH rounds (this one and the launch, which cleans up itself), not four.
+        """
         if node is None or node.state != "READY" or not node.workers:
-            return None
-        return tuple(self.ports.workers.probe(node))
+            return None, None
+        likely = mem.phase in (Phase.IDLE, Phase.WAITING_NODE) or (
+            mem.phase is Phase.BACKOFF and (mem.backoff_until is None or mem.backoff_until <= now))
+        if likely and node.usable and self.ports.precheck is not None and self.cfg.precheck["enabled"]:
+            probes, report = self.ports.precheck.probe_and_run(node, "launch", now=now)
+            return tuple(probes), report
+        return tuple(self.ports.workers.probe(node)), None
 
     def _operation(self, mem: Memory, tpu: TpuApi,
                    node: NodeSnapshot | None = None) -> tuple[OperationStatus | None, Any]:
@@ -398,11 +409,12 @@ class Reconciler:
                 since = (now - datetime.fromisoformat(last_text)).total_seconds()
             except ValueError:
                 since = None
-        # Sooner only while an attempt runs and something looks wrong: that is when a
-        # terminate/restart entry decides whether its end is charged. A node being repaired or
-        # recreated is judged by its state; the log can wait for the minute.
+        # Sooner only while an attempt runs and something looks wrong on a node that looks
+        # fine: that is when a terminate/restart entry decides whether its end is charged. A
+        # node that is down, being repaired or recreated is evidence enough by its state; the
+        # log can wait for the minute.
         wrong = mem.phase is Phase.RUNNING and (
-            node is None or not node.usable or any(p.state != "running" for p in probes or ()))
+            node is None or (node.usable and any(p.state != "running" for p in probes or ())))
         due = since is None or since >= self.audit_interval or (wrong and since >= MIN_AUDIT_GAP)
         if not due:
             return [], None
@@ -422,7 +434,7 @@ class Reconciler:
         node = obs.node
         for action in decision.actions:
             if isinstance(action, Launch) and node is not None:
-                done.append(self._launch(node, obs.probes, action))
+                done.append(self._launch(node, action))
             elif isinstance(action, StopWorkers):
                 done.append(self._stop(node, action.reason))
             elif isinstance(action, DeleteNode) and node is not None:
@@ -512,19 +524,17 @@ class Reconciler:
             return ""  # this job's own request (the journal was in CREATING): follow it, no second call
         return recreate.start_qr_create(api, self.cfg, zone, resumed=resumed, launch=launch)
 
-    def _launch(self, node: NodeSnapshot, probes: Sequence[WorkerProbe] | None, action: Launch) -> str:
-        # Clean every worker not already running this attempt (old process group, device holders,
-        # a stale libtpu lockfile), then launch; the worker-side lock makes a repeat harmless.
-        keep = {p.worker for p in probes or () if p.state == "running" and p.attempt == action.attempt}
-        others = [w.index for w in node.workers if w.index not in keep]
-        problems = []
-        if others:
-            for r in self.ports.workers.stop(node, others):
-                if not getattr(r, "ok", True):
-                    problems.append(f"w{r.worker}: cleanup: {r.describe()}")
-        results = self.ports.workers.launch(node, action.attempt, action.checkpoint)
+    def _launch(self, node: NodeSnapshot, action: Launch) -> str:
+        # Each worker not already running this attempt cleans up first (old process group,
+        # device holders, a stale libtpu lockfile), in the launch's own connection; the
+        # worker-side lock makes a repeat harmless.
+        results = self.ports.workers.launch(node, action.attempt, action.checkpoint, clean=True)
         started = [r for r in results if r.started]
+        problems = []
         for r in results:
+            cleanup = getattr(r, "cleanup", None)
+            if cleanup is not None and not cleanup.ok:
+                problems.append(f"w{r.worker}: cleanup: {cleanup.describe()}")
             if not r.started:
                 problems.append(f"w{r.worker}: {r.describe()}")
         where = (f"from {action.checkpoint.path} (step {action.checkpoint.step})"

@@ -144,13 +144,18 @@ class BenchWorkers:
         return [WorkerProbe(w, state, attempt=no, exit_code=code)  # type: ignore[arg-type]
                 for w, state, no, code in self.world.probe()]
 
-    def launch(self, node: NodeSnapshot, attempt: int, checkpoint: Checkpoint | None) -> Sequence[LaunchResult]:
+    def launch(self, node: NodeSnapshot, attempt: int, checkpoint: Checkpoint | None,
+               clean: bool = False) -> Sequence[LaunchResult]:
         w = self.world
         n = len(node.workers)
         self.meter.ssh += n
         live = w.live()
         if w.node is None or w.node.state != "READY" or not w.hosts_up:
             return [LaunchResult(i, "unreachable", detail="connection timed out") for i in range(n)]
+        if clean and live is not None and live.no < attempt:
+            # remote.sh's TW_CLEAN_MS: an older attempt is stopped in the launch's connection.
+            w.stop_job()
+            live = w.live()
         if live is not None:
             outcome = "running" if live.no == attempt else "busy"
             return [LaunchResult(i, outcome, attempt=live.no, pid=1000 + i) for i in range(n)]  # type: ignore[arg-type]

@@ -69,6 +69,7 @@ class _Worker:
     acceptor: Any = None  # asyncssh.SSHAcceptor while listening
     md_server: asyncio.AbstractServer | None = None  # the metadata server while listening
     conns: set[Any] = field(default_factory=set)  # asyncssh.SSHServerConnection
+    accepted: int = 0  # SSH connections accepted since the worker was created (benchmarks, tests)
     reset: _Reset | None = None
     startup: asyncio.Task[None] | None = None
     faults: dict[str, Any] = field(default_factory=dict)  # host faults (hostfaults.py); gone on recreate
@@ -283,6 +284,10 @@ class Hosts:
     def connections(self, node_key: str, worker: int) -> int:
         """Open SSH connections to this worker."""
         return len(self._worker(node_key, worker).conns)
+
+    def accepted(self, node_key: str, worker: int) -> int:
+        """SSH connections this worker has accepted (open or closed) since it was created."""
+        return self._worker(node_key, worker).accepted
 
     def startup_status(self, node_key: str, worker: int) -> int | None:
         """The startup script's exit status on this worker, or None while it has not ended."""
@@ -645,6 +650,7 @@ class _WorkerServer(asyncssh.SSHServer):
         if not self._worker.listening:
             conn.abort()
             return
+        self._worker.accepted += 1
         self._worker.conns.add(conn)
 
     def connection_lost(self, exc: Exception | None) -> None:

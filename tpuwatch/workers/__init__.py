@@ -127,11 +127,13 @@ class SshWorkers:
         results = self._run(node, workers, protocol.probe_script(self.job))
         return [_probe_of(r) for r in results]
 
-    def launch(self, node: NodeSnapshot, attempt: int,
-               checkpoint: Checkpoint | None) -> list[LaunchResult]:
+    def launch(self, node: NodeSnapshot, attempt: int, checkpoint: Checkpoint | None,
+               clean: bool = False) -> list[LaunchResult]:
         """Start `attempt` on every selected worker; workers whose connection failed are retried.
 
         Safe to repeat: a worker that already runs (or ran) this attempt is not started again.
+        With `clean`, each worker first stops what an older attempt left (processes, device
+        holders, a stale libtpu lockfile; `LaunchResult.cleanup`) in the same connection.
         """
         workers = self.endpoints(node)
         scripts = {
@@ -140,15 +142,16 @@ class SshWorkers:
                 command=protocol.render_command(
                     self.command, checkpoint=checkpoint.path if checkpoint else "",
                     step=checkpoint.step if checkpoint else None, attempt=attempt, worker=w.index),
-                env=self.env)
+                env=self.env, clean_grace=self.stop_grace if clean else None)
             for w in workers
         }
+        timeout = self.timeout + 2 * self.stop_grace + 10 if clean else None
         done: dict[int, LaunchResult] = {}
         pending = list(workers)
         for n in range(self.launch_tries):
             if n:
                 self._sleep(self.retry_wait * (2 ** (n - 1)))
-            results = self._run(node, pending, lambda w: scripts[w.index])
+            results = self._run(node, pending, lambda w: scripts[w.index], timeout)
             retry = []
             for w, r in zip(pending, results, strict=True):
                 res, answered = _launch_of(r)

@@ -178,9 +178,16 @@ def probe_script(job: str) -> bytes:
 
 def launch_script(
     job: str, *, attempt: int, worker: int, checkpoint: Checkpoint | None, command: str,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None, clean_grace: float | None = None,
 ) -> bytes:
-    """Launch `command` (already rendered for this worker) as attempt `attempt`."""
+    """Launch `command` (already rendered for this worker) as attempt `attempt`.
+
+    With `clean_grace`, the worker first stops what an older attempt left (as `stop_script`
+    does, with that grace) in the same connection: one SSH round trip instead of two.
+    """
+    extra: dict[str, str | int | float | list[str]] = {}
+    if clean_grace is not None:
+        extra["clean_ms"] = max(0, int(clean_grace * 1000))
     pairs = []
     for name, value in (env or {}).items():
         if not _ENV_NAME.match(name):
@@ -190,7 +197,7 @@ def launch_script(
         "launch", job, attempt=attempt, worker=worker,
         checkpoint=checkpoint.path if checkpoint else "",
         step="" if checkpoint is None else str(checkpoint.step),
-        command=command, env=pairs,
+        command=command, env=pairs, **extra,
     )
 
 
@@ -257,6 +264,7 @@ class LaunchResult:
     pid: int | None = None
     exit_code: int | None = None
     detail: str = ""
+    cleanup: StopResult | None = None  # what the launch's own cleanup did (clean_grace), if it ran
 
     @property
     def started(self) -> bool:
@@ -281,6 +289,7 @@ def parse_launch(worker: int, records: Mapping[str, str]) -> LaunchResult:
     if result not in _OUTCOMES:
         return LaunchResult(worker, "error", detail=records.get("detail") or "no answer from the worker-side script")
     outcome: LaunchOutcome = result  # type: ignore[assignment]
+    cleaned = {k[len("cleanup_"):]: v for k, v in records.items() if k.startswith("cleanup_")}
     return LaunchResult(
         worker=worker,
         outcome=outcome,
@@ -288,6 +297,7 @@ def parse_launch(worker: int, records: Mapping[str, str]) -> LaunchResult:
         pid=_int(records.get("pid")),
         exit_code=_int(records.get("exit_code")),
         detail=records.get("detail", ""),
+        cleanup=parse_stop(worker, cleaned) if cleaned else None,
     )
 
 

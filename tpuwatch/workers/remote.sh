@@ -17,7 +17,8 @@
 #
 # Inputs (preamble): TW_ACTION probe|launch|stop|follow, TW_JOB, and per action TW_ATTEMPT,
 # TW_WORKER, TW_CHECKPOINT, TW_STEP, TW_COMMAND (already rendered), TW_ENV (array NAME=value),
-# TW_GRACE_MS (stop's TERM-to-KILL grace), TW_OFFSET (bytes), TW_POLL (seconds).
+# TW_GRACE_MS (stop's TERM-to-KILL grace), TW_CLEAN_MS (launch: run stop first, with this
+# grace, when an older attempt or none was launched here), TW_OFFSET (bytes), TW_POLL (seconds).
 # Output: lines "@tpuwatch key=value" on stdout (stderr for follow, whose stdout is the log);
 # everything else (a chatty .bashrc, say) is ignored by tpuwatch.
 # This script knows nothing of the cloud, of nodes or of other workers.
@@ -261,6 +262,13 @@ tw_launch() {
     return 1
   }
   chmod 700 -- "$HOME/.tpuwatch" "$TW_DIR" 2>/dev/null
+  # With TW_CLEAN_MS, first clean up what an older attempt left (its processes, device
+  # holders, a stale libtpu lockfile) in this same connection, reported as cleanup_* fields.
+  # Never when this attempt (or a newer one) was launched here: that is not left over.
+  cur=$(tw_read_num "$TW_DIR/attempt")
+  if [ -n "${TW_CLEAN_MS:-}" ] && { [ -z "$cur" ] || [ "$cur" -lt "$TW_ATTEMPT" ]; }; then
+    TW_GRACE_MS=$TW_CLEAN_MS TW_STOP_PREFIX=cleanup_ tw_stop
+  fi
   exec 9>>"$TW_DIR/lock" || {
     tw_emit result=error "detail=cannot open $TW_DIR/lock"
     return 1
@@ -378,8 +386,9 @@ tw_stop() {
     fi
   fi
   left=$(echo $left)
-  tw_emit "result=$([ -z "$left" ] && echo ok || echo leftover)" "stopped=$ours" \
-    "device_holders=$holders" "libtpu_lockfile=$lstate" "leftover=$left"
+  local k=${TW_STOP_PREFIX:-}
+  tw_emit "${k}result=$([ -z "$left" ] && echo ok || echo leftover)" "${k}stopped=$ours" \
+    "${k}device_holders=$holders" "${k}libtpu_lockfile=$lstate" "${k}leftover=$left"
 }
 
 tw_follow() {
