@@ -11,7 +11,7 @@ from test_policy_support import CFG, absent, at, ckpt, exited, kinds, obs, run_m
 
 from tpuwatch.config import validate
 from tpuwatch.errors import ConfigError
-from tpuwatch.model import Checkpoint
+from tpuwatch.model import Checkpoint, WorkerProbe
 from tpuwatch.policy import Launch, Memory, Phase, PolicyConfig
 
 HOUR = 3600.0
@@ -100,12 +100,121 @@ def test_not_hung_while_a_worker_is_not_running() -> None:
 
 
 def test_config_key() -> None:
-    raw = {"tpu": {"name": "pod", "zone": "us-central2-b"}, "job": {"command": "train"}}
-    assert validate(raw)["recovery"]["hang_timeout"] == 0.0
-    values = validate({**raw, "recovery": {"hang_timeout": "90m"}})
-    assert values["recovery"]["hang_timeout"] == 5400.0
     from tpuwatch.config import Config
 
-    assert PolicyConfig.from_config(Config(values=values)).hang_timeout == 5400.0
-    with pytest.raises(ConfigError, match="recovery.hang_timeout"):
-        validate({**raw, "recovery": {"hang_timeout": "soon"}})
+    raw = {"tpu": {"name": "pod", "zone": "us-central2-b"}, "job": {"command": "train"}}
+    assert validate(raw)["recovery"]["hang_timeout"] == "auto"  # the default
+    default = PolicyConfig.from_config(Config(values=validate(raw)))
+    assert default.hang_auto and default.hang_timeout == 0.0
+    values = validate({**raw, "recovery": {"hang_timeout": "90m"}})
+    assert values["recovery"]["hang_timeout"] == 5400.0
+    fixed = PolicyConfig.from_config(Config(values=values))
+    assert fixed.hang_timeout == 5400.0 and not fixed.hang_auto
+    off = PolicyConfig.from_config(Config(values=validate({**raw, "recovery": {"hang_timeout": "0s"}})))
+    assert off.hang_timeout == 0.0 and not off.hang_auto
+    for bad in ("soon", "-5m", True, [1]):
+        with pytest.raises(ConfigError, match=r'recovery.hang_timeout.*or "auto"'):
+            validate({**raw, "recovery": {"hang_timeout": bad}})
+
+
+# -- hang_timeout = "auto" ------------------------------------------------------------------
+
+AUTO = replace(CFG, hang_auto=True, stable_run=100 * HOUR)
+MIN = 60.0
+
+
+def talking(attempt: int, log_bytes: int, workers: int = 2) -> tuple[WorkerProbe, ...]:
+    """Every worker running `attempt`, their logs `log_bytes` long together."""
+    per = [log_bytes // workers + (1 if w < log_bytes % workers else 0) for w in range(workers)]
+    return tuple(WorkerProbe(w, "running", attempt=attempt, pid=100 + w, log_bytes=per[w]) for w in range(workers))
+
+
+def learn(m: Memory, *, every: float, first: float, saves: int, poll: float = 30.0,
+          cfg: PolicyConfig = AUTO) -> tuple[Memory, float]:
+    """Tick a talking job that resumed from step 100 and saves after `first`, then every
+    `every` seconds, `saves` times; returns the memory and the time of the last save."""
+    now, t, step, last = 0.0, first, 100, 0.0
+    while saves:
+        now += poll
+        if now >= t:
+            step, last, t, saves = step + 10, t, t + every, saves - 1
+        d = tick(obs(probes=talking(1, int(now)), checkpoint=timed(step, last) if step > 100 else ckpt(100)),
+                 m, now=now, cfg=cfg)
+        assert d.row == "running", d.summary
+        m = d.memory
+    return m, last
+
+
+def test_auto_learns_the_checkpoint_interval_and_the_time_to_the_first_checkpoint() -> None:
+    m, _ = learn(run_mem(start=0.0, step=100), every=40 * MIN, first=50 * MIN, saves=4)
+    assert (m.ckpt_first, m.ckpt_gap) == (50 * MIN, 40 * MIN)
+    # the memory survives the journal
+    assert Memory.from_dict(m.to_dict()) == m
+
+
+def test_auto_judges_nothing_before_it_knows_the_interval() -> None:
+    # no checkpoint ever, the logs silent for days: "auto" does not know what normal is
+    m = run_mem(start=0.0, step=100)
+    for day in (1, 5, 30):
+        d = tick(obs(probes=talking(1, 0), checkpoint=ckpt(100)), m, now=day * 86400, cfg=AUTO)
+        assert d.row == "running" and d.actions == ()
+        m = d.memory
+
+
+def test_auto_stops_a_silent_job_after_three_intervals_without_a_checkpoint() -> None:
+    m, last = learn(run_mem(start=0.0, step=100), every=40 * MIN, first=50 * MIN, saves=3)
+    # it hangs right after that save: no checkpoint, no output (the log stays at its size)
+    size = m.log_bytes
+    assert size is not None
+    now = last + 30.0
+    while True:
+        d = tick(obs(probes=talking(1, size), checkpoint=timed(120, last)), m, now=now, cfg=AUTO)
+        m = d.memory
+        if d.row != "running":
+            break
+        now += 30.0
+    assert d.row == "hung" and kinds(d) == ["stop", "wait"]
+    # 3 x 40m after the last checkpoint, the logs having grown last just before it
+    assert last + 120 * MIN <= now <= last + 121 * MIN
+    reason = d.ended[0].reason
+    assert "hung: no new checkpoint for 2h00m and no output for" in reason
+    assert "auto: 3x the 40m00s checkpoint interval seen" in reason and d.ended[0].charged
+
+
+def test_auto_never_stops_a_job_whose_logs_keep_growing() -> None:
+    """A long evaluation: no checkpoint for hours, but the job prints."""
+    m, last = learn(run_mem(start=0.0, step=100), every=40 * MIN, first=50 * MIN, saves=3)
+    now = last
+    for _ in range(24 * 60):  # a day of ticks, the log growing by a line each
+        now += 60.0
+        d = tick(obs(probes=talking(1, int(now)), checkpoint=timed(120, last)), m, now=now, cfg=AUTO)
+        assert d.row == "running", d.summary
+        m = d.memory
+
+
+def test_auto_has_a_floor_and_from_a_launch_allows_the_time_to_the_first_checkpoint() -> None:
+    # a job saving every 5 minutes: 3 x 5m = 15m, but never less than 30 minutes
+    m, last = learn(run_mem(start=0.0, step=100), every=5 * MIN, first=20 * MIN, saves=4)
+    assert m.ckpt_gap == 5 * MIN and AUTO.hang_timeout == 0.0
+    size = m.log_bytes
+    assert size is not None
+    silent = obs(probes=talking(1, size), checkpoint=timed(130, last))
+    assert tick(silent, m, now=last + 29 * MIN, cfg=AUTO).row == "running"
+    assert tick(silent, m, now=last + 31 * MIN, cfg=AUTO).row == "hung"
+    # the next attempt, launched at 10h from step 130, is given first-checkpoint + 2 intervals
+    m2, _ = learn(run_mem(start=0.0, step=100), every=30 * MIN, first=70 * MIN, saves=2)
+    m2 = replace(m2, attempt=2, attempt_start=at(10 * HOUR), attempt_start_step=130)
+    d = tick(obs(probes=talking(2, 0), checkpoint=timed(130, None)), m2, now=10 * HOUR, cfg=AUTO)
+    m2 = d.memory
+    limit = 70 * MIN + 2 * 30 * MIN
+    assert tick(obs(probes=talking(2, 0), checkpoint=timed(130, None)), m2, now=10 * HOUR + limit - 60,
+                cfg=AUTO).row == "running"
+    assert tick(obs(probes=talking(2, 0), checkpoint=timed(130, None)), m2, now=10 * HOUR + limit,
+                cfg=AUTO).row == "hung"
+
+
+def test_auto_without_log_sizes_judges_nothing() -> None:
+    """A worker whose log size is unknown cannot show silence: no hang is declared."""
+    m, last = learn(run_mem(start=0.0, step=100), every=40 * MIN, first=50 * MIN, saves=3)
+    d = tick(obs(probes=running(1), checkpoint=timed(120, last)), m, now=last + 10 * HOUR, cfg=AUTO)
+    assert d.row == "running"

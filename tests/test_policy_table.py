@@ -63,7 +63,11 @@ def test_row_running() -> None:
     d = tick(obs(probes=running(1), checkpoint=ckpt(200)), m, now=300)
     assert d.row == "running"
     assert d.actions == ()
-    assert d.memory == m
+    # the new checkpoint is remembered (hang detection), nothing else changes
+    assert d.memory == replace(m, progress_step=200, progress_at=at(300), progress_time=at(300), ckpt_first=300.0)
+    # and a tick that sees nothing new leaves the memory as it was
+    again = tick(obs(probes=running(1), checkpoint=ckpt(200)), d.memory, now=330)
+    assert again.row == "running" and again.memory == d.memory
     assert "attempt 1 running on 2 worker(s)" in d.summary and "step 200" in d.summary
 
 

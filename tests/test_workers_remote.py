@@ -136,6 +136,7 @@ def test_exit_code_and_already_ran(worker: Worker) -> None:
     p = worker.probe()
     assert (p["state"], p["attempt"], p["exit_code"]) == ("exited", "1", "7")
     assert (worker.dir / "attempt-1.log").read_text() == "out\nerr\n"
+    assert protocol.parse_probe(3, p).log_bytes == 8  # the log's size: its activity, for hang detection
     ran = worker.launch(1, "touch should-not-run")
     assert (ran["result"], ran["exit_code"]) == ("ran", "7")
     assert worker.launch(0, "true")["result"] == "newer"

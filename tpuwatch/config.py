@@ -97,6 +97,16 @@ def _duration(min_seconds: float = 0.0) -> Callable[[str, Any], float]:
     return check
 
 
+def _duration_or_auto(key: str, value: Any) -> float | str:
+    """A duration, or "auto" (tpuwatch derives it from what it sees of the job)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return _duration(0)(key, value)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; or \"auto\"") from None
+
+
 def _exit_codes(key: str, value: Any) -> frozenset[int]:
     if not isinstance(value, list):
         raise ConfigError(f"{key}: expected a list of exit codes such as [1, 134], got {value!r}")
@@ -310,8 +320,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "min_uptime": Field(_duration(0), 120.0, "an attempt shorter than this is a failed start"),
         "queue_timeout": Field(_duration(0), 2 * 3600.0, "keep retrying create this long on stockout/quota"),
         "operation_timeout": Field(_duration(1), 3600.0, "a delete or create operation not done after this long fails the job"),
-        "hang_timeout": Field(_duration(0), 0.0, "no new checkpoint this long while every worker runs: stop the job, a charged failure; "
-                              "0s = off. Set it to 2-3x the checkpoint interval"),
+        "hang_timeout": Field(_duration_or_auto, "auto", "no new checkpoint this long while every worker runs: stop the job, a "
+                              "charged failure. \"auto\": 3x the checkpoint interval seen (at least 30m), and only while "
+                              "the workers' logs are silent too; 0s = off"),
         "fail_fast_exit_codes": Field(_exit_codes, frozenset(), "exit codes that fail the job at once"),
         "retryable_exit_codes": Field(_exit_codes, frozenset({6, 134, 11, 139, 137, 143, 255}), "exit codes charged and retried"),
         "backoff_base": Field(_duration(0), 10.0, "first wait between charged restarts"),

@@ -118,6 +118,7 @@ class WorkerProbe:
     exit_code: int | None = None
     pid: int | None = None
     detail: str = ""  # e.g. the ssh error for "unreachable"
+    log_bytes: int | None = None  # size of the attempt's output log (its activity, for hang detection)
 
 
 @dataclass(frozen=True)

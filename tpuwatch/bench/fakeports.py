@@ -131,6 +131,9 @@ class Transport:
     port: int = 22
 
 
+LOG_BANNER, LOG_LINE = 2000, 80  # bytes a launch prints, then per training step
+
+
 class BenchWorkers:
     """The workers (tpuwatch.ports.Workers plus `stop(node, workers)`) over the World's job."""
 
@@ -141,8 +144,18 @@ class BenchWorkers:
 
     def probe(self, node: NodeSnapshot) -> list[WorkerProbe]:
         self.meter.ssh += len(node.workers)
-        return [WorkerProbe(w, state, attempt=no, exit_code=code)  # type: ignore[arg-type]
+        return [WorkerProbe(w, state, attempt=no, exit_code=code,  # type: ignore[arg-type]
+                            log_bytes=self._log_bytes(no) if state != "unreachable" else None)
                 for w, state, no, code in self.world.probe()]
+
+    def _log_bytes(self, attempt: int | None) -> int | None:
+        """The attempt log's size: a start-up banner, then a line per step; it stops growing
+        when progress stops (a hang, a crash, the bug's exit)."""
+        a = self.world.attempt
+        if attempt is None or a is None or a.no != attempt:
+            return None
+        step, _, _ = a.progress(self.world.now)
+        return LOG_BANNER + LOG_LINE * (step - a.s0)
 
     def launch(self, node: NodeSnapshot, attempt: int, checkpoint: Checkpoint | None,
                clean: bool = False) -> Sequence[LaunchResult]:

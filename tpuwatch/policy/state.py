@@ -118,10 +118,19 @@ class Memory:
     retry_at: datetime | None = None
     # environment checks (tpuwatch.precheck) failing before a launch, since when (not charged)
     env_failing_since: datetime | None = None
-    # hang detection (recovery.hang_timeout): the newest checkpoint step seen during the attempt
-    # and when a tick first saw it, for stores that give no checkpoint time
+    # hang detection (recovery.hang_timeout): the newest checkpoint step seen during the attempt,
+    # when a tick first saw it (for stores that give no checkpoint time), and its time
     progress_step: int | None = None
     progress_at: datetime | None = None
+    progress_time: datetime | None = None
+    # what hang_timeout = "auto" learns of the job (longest seen, in seconds): the interval
+    # between two checkpoints of one attempt, and an attempt's start to its first checkpoint
+    ckpt_gap: float = 0.0
+    ckpt_first: float = 0.0
+    # the attempt's output: its workers' total log size, and when a tick last saw it grow
+    # (recorded at most every LOG_GRAIN, so the memory does not change on every tick)
+    log_bytes: int | None = None
+    log_at: datetime | None = None
 
     @classmethod
     def initial(cls, zone: str) -> Memory:
@@ -224,6 +233,12 @@ def _opt_int(v: Any) -> int | None:
     return v
 
 
+def _seconds(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+        raise TypeError(f"expected seconds >= 0, got {v!r}")
+    return float(v)
+
+
 def _text(v: Any) -> str:
     if not isinstance(v, str):
         raise TypeError(f"expected text, got {v!r}")
@@ -295,4 +310,9 @@ _LOAD: dict[str, Any] = {
     "env_failing_since": _opt_time,
     "progress_step": _opt_int,
     "progress_at": _opt_time,
+    "progress_time": _opt_time,
+    "ckpt_gap": _seconds,
+    "ckpt_first": _seconds,
+    "log_bytes": _opt_int,
+    "log_at": _opt_time,
 }

@@ -68,6 +68,11 @@ from tpuwatch.spec import OWNER_LABEL
 
 NOT_FOUND = 5  # google.rpc.Code: a delete that finds nothing has done its job
 DISRUPTING_EVENTS = frozenset({"terminate", "restart"})  # AuditEvent.kind values that are evidence
+# hang_timeout = "auto": never judge a hang sooner than this, whatever the checkpoint interval
+# (a job that saves every 5 minutes may still pause for an evaluation); and the workers' log
+# growth is recorded at most this often.
+HANG_AUTO_FLOOR = 30 * 60.0
+LOG_GRAIN = 10 * 60.0
 
 
 @dataclass(frozen=True)
@@ -140,7 +145,8 @@ ROWS: tuple[Row, ...] = (
         "launch the same attempt number again (launch_tries), then charge a failed start"),
     Row("terminal", "DONE or FAILED", "report the end again; stop workers still running"),
     Row("hung", "every worker runs the attempt, but no new checkpoint for recovery.hang_timeout "
-        "(from the attempt's start or its newest checkpoint; 0s = off)",
+        "(from the attempt's start or its newest checkpoint; 0s = off; \"auto\": 3x the checkpoint interval "
+        "seen, at least 30m, and the workers' logs silent as long)",
         "stop all workers; a charged failure (\"hung: no new checkpoint for ...\"), counted in the "
         "no-progress streak when the attempt added no checkpoint; backoff, then relaunch"),
     # Environment checks (issue 10; tpuwatch.precheck). A failing check is evidence against the
@@ -547,31 +553,73 @@ class _Tick:
         mem = replace(mem, unreachable_since=None)
         start = mem.attempt_start
         assert start is not None
-        if cfg.hang_timeout > 0 and len(alive) == len(probes):
-            mem, quiet = self.quiet(mem, start)
-            if quiet >= cfg.hang_timeout:
-                return self.hung(mem, quiet)
+        if len(alive) == len(probes):
+            mem, quiet, from_start = self.quiet(mem, start)
+            mem, silent = self.silence(mem, start)
+            limit = self.hang_limit(mem, from_start)
+            # "auto" also wants the logs silent: a long evaluation that prints is not a hang.
+            if limit > 0 and quiet >= limit and (not cfg.hang_auto or silent >= limit):
+                return self.hung(mem, quiet, silent if cfg.hang_auto else None)
         return self.out(mem, "running", f"attempt {n} running on {len(alive)} worker(s) for "
                                         f"{human(_secs(self.now - start))}; {_ckpt_text(self.obs.checkpoint, self.now)}")
 
-    def quiet(self, mem: Memory, start: datetime) -> tuple[Memory, float]:
-        """Seconds since the attempt last showed progress: since its start, or since its newest
-        checkpoint when that is newer than the one it resumed from (the checkpoint's own time
-        when the store gives one, else when a tick first saw it, kept in the memory)."""
+    def quiet(self, mem: Memory, start: datetime) -> tuple[Memory, float, bool]:
+        """Seconds since the attempt last showed progress, and whether that is since its start.
+
+        Progress is its newest checkpoint when newer than the one it resumed from (the
+        checkpoint's own time when the store gives one, else when a tick first saw it). Each
+        new one also teaches the memory the job's checkpoint interval (for "auto")."""
         ckpt, now, since = self.obs.checkpoint, self.now, start
         if ckpt is not None and (mem.attempt_start_step is None or ckpt.step > mem.attempt_start_step):
-            if mem.progress_step != ckpt.step or mem.progress_at is None or mem.progress_at < start:
-                mem = replace(mem, progress_step=ckpt.step, progress_at=now)
-            seen = ckpt.time if ckpt.time is not None else mem.progress_at
-            since = max(since, seen or since)
-        return mem, max(0.0, _secs(now - since))
+            this_attempt = mem.progress_at is not None and mem.progress_at >= start
+            if mem.progress_step != ckpt.step or not this_attempt:
+                seen = ckpt.time if ckpt.time is not None else now
+                if this_attempt and mem.progress_time is not None and (mem.progress_step or 0) < ckpt.step:
+                    mem = replace(mem, ckpt_gap=max(mem.ckpt_gap, _secs(seen - mem.progress_time)))
+                elif not this_attempt:
+                    mem = replace(mem, ckpt_first=max(mem.ckpt_first, _secs(seen - start)))
+                mem = replace(mem, progress_step=ckpt.step, progress_at=now, progress_time=seen)
+            seen = mem.progress_time or mem.progress_at or since
+            since = max(since, seen)
+        return mem, max(0.0, _secs(now - since)), since == start
 
-    def hung(self, mem: Memory, quiet: float) -> Decision:
+    def silence(self, mem: Memory, start: datetime) -> tuple[Memory, float]:
+        """Seconds the attempt's workers have written no output (0 when a size is unknown).
+
+        The growth is recorded at most every LOG_GRAIN: the silence can be underestimated by
+        that much, never overestimated, and the memory does not change on every tick."""
+        sizes = [p.log_bytes for p in self.obs.probes or ()]
+        if not sizes or any(b is None for b in sizes):
+            return mem, 0.0
+        total, now = sum(b for b in sizes if b is not None), self.now
+        first = mem.log_at is None or mem.log_at < start or mem.log_bytes is None or total < mem.log_bytes
+        if first or (total != mem.log_bytes and _secs(now - mem.log_at) >= LOG_GRAIN):  # type: ignore[operator]
+            mem = replace(mem, log_bytes=total, log_at=now)
+        assert mem.log_at is not None
+        return mem, max(0.0, _secs(now - mem.log_at))
+
+    def hang_limit(self, mem: Memory, from_start: bool) -> float:
+        """How long without a checkpoint makes the attempt hung; 0 = not judged (off, or "auto"
+        before it has seen the job's checkpoint interval)."""
+        cfg = self.cfg
+        if not cfg.hang_auto:
+            return cfg.hang_timeout
+        if mem.ckpt_gap <= 0:
+            return 0.0
+        base = (max(mem.ckpt_first, mem.ckpt_gap) + 2 * mem.ckpt_gap) if from_start else 3 * mem.ckpt_gap
+        return max(HANG_AUTO_FLOOR, base)
+
+    def hung(self, mem: Memory, quiet: float, silent: float | None) -> Decision:
         """Every worker runs, yet no checkpoint for hang_timeout: stop it, charged (row `hung`)."""
         why = f"hung: no new checkpoint for {human(quiet)}"
+        if silent is None:
+            setting = f"recovery.hang_timeout {human(self.cfg.hang_timeout)}"
+        else:
+            why += f" and no output for {human(silent)}"
+            setting = (f"recovery.hang_timeout auto: 3x the {human(mem.ckpt_gap)} checkpoint interval seen, "
+                       f"at least {human(HANG_AUTO_FLOOR)}")
         mem, line, final = self.finish(
-            mem, {}, reachable=True,
-            hung=f"{why} while every worker ran (recovery.hang_timeout {human(self.cfg.hang_timeout)})")
+            mem, {}, reachable=True, hung=f"{why} while every worker ran ({setting})")
         if final is not None:
             return final
         wait = Wait(mem.backoff_until, "backoff before the next attempt") if mem.phase is Phase.BACKOFF else None

@@ -69,6 +69,9 @@ class PolicyConfig:
     operation_timeout: float = 3600.0
     # No new checkpoint for this long while every worker runs: the job is hung (0 = never).
     hang_timeout: float = 0.0
+    # hang_timeout = "auto": learned from the job's checkpoint interval, and only while the
+    # workers' logs are silent too (see _Tick.hang_limit). hang_timeout is then 0.
+    hang_auto: bool = False
 
     def __post_init__(self) -> None:
         if not self.zones:
@@ -100,7 +103,8 @@ class PolicyConfig:
             primary_worker=0 if workers == "all" else min(workers),
             unreachable_grace=float(r["poll_interval"]),
             operation_timeout=float(r["operation_timeout"]),
-            hang_timeout=float(r["hang_timeout"]),
+            hang_timeout=0.0 if r["hang_timeout"] == "auto" else float(r["hang_timeout"]),
+            hang_auto=r["hang_timeout"] == "auto",
         )
 
 

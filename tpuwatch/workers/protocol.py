@@ -242,6 +242,7 @@ def parse_probe(worker: int, records: Mapping[str, str]) -> WorkerProbe:
         exit_code=_int(records.get("exit_code")),
         pid=_int(records.get("pid")),
         detail=records.get("detail", ""),
+        log_bytes=_int(records.get("log_bytes")),
     )
 
 

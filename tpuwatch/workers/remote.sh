@@ -215,7 +215,7 @@ tw_attempt_alive() {  # a process of the current attempt lives: lock holder or p
 # ---- actions --------------------------------------------------------------------------------
 
 tw_probe() {
-  local attempt pid code state detail=""
+  local attempt pid code state detail="" size=""
   if [ ! -d "$TW_DIR" ]; then
     tw_emit result=ok state=absent "detail=no job directory"
     return 0
@@ -235,7 +235,12 @@ tw_probe() {
     state=absent
     detail="never launched"
   fi
-  tw_emit result=ok "state=$state" "attempt=$attempt" "pid=$pid" "exit_code=$code" "detail=$detail"
+  # The log's size tells tpuwatch whether a running attempt still says anything (hang detection).
+  if [ -n "$attempt" ]; then
+    size=$(stat -c %s -- "$TW_DIR/attempt-$attempt.log" 2>/dev/null) || size=""
+  fi
+  tw_emit result=ok "state=$state" "attempt=$attempt" "pid=$pid" "exit_code=$code" "log_bytes=$size" \
+    "detail=$detail"
 }
 
 # The wrapper: the attempt's session leader. It runs the command in the foreground so TERM
