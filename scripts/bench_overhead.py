@@ -18,8 +18,11 @@ every worker, started by `tpuwatch watch` itself):
    tick (so the audit-log cadence, once per 60 s unless something looks wrong, is the real one);
    counted with the simulator's call counters (sim.world.calls);
 4. 200 nodes in one zone: `status --all` (calls and time per run), and --watchers `watch`
-   processes of separate jobs in that zone at the scaled poll: calls per tick per job, so the
-   hourly cost of watching N jobs is N times one job's.
+   processes of separate jobs in that zone at the scaled poll: TPU calls per tick per job, so the
+   hourly TPU cost of watching N jobs is N times one job's; and their audit-log queries
+   (ListLogEntries) per minute, which they share through one state dir (one query per project per
+   15 s at most; --separate-state-dirs gives each its own, as before sharing). The tick reads the
+   audit log once a minute of wall time, so --watch-seconds of 60 or more shows the steady rate.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ DEFAULT_POLL = 30.0  # the shipped recovery.poll_interval
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 TPU_CALL = re.compile(r"google\.cloud\.tpu\.|google\.longrunning\.")
 AUDIT_CALL = "ListLogEntries"
+SHARED_AUDIT_PER_HOUR = 3600 / 15  # SharedAuditLog: one query per project per max_age (15 s) while all is quiet
 
 
 def tpuwatch_argv() -> list[str]:
@@ -268,6 +272,7 @@ def measure(a: argparse.Namespace, log: Any) -> dict[str, Any]:
 
 def virtual_hour(b: Bench, cfg: Path, env: dict[str, str], ticks: int) -> dict[str, Any]:
     """Drive the real Reconciler with a clock that advances DEFAULT_POLL per tick."""
+    from tpuwatch.cloud.auditcache import SharedAuditLog
     from tpuwatch.journal import Journal
     from tpuwatch.tick import Reconciler
     from tpuwatch.wiring import load_job, real_ports
@@ -277,7 +282,11 @@ def virtual_hour(b: Bench, cfg: Path, env: dict[str, str], ticks: int) -> dict[s
     try:
         job = load_job(cfg)
         clock = [datetime.now(timezone.utc)]
-        ports = replace(real_ports(job), now=lambda: clock[0])
+        # The shared audit cache's age on the same virtual clock: one watcher's reads 60 s apart
+        # are each a query, as in real time (with a wall clock it would answer them from cache).
+        audit = SharedAuditLog(job.location.project, job.cfg.state_dir, zone=job.location.zone,
+                               now=lambda: clock[0])
+        ports = replace(real_ports(job), now=lambda: clock[0], audit=audit)
         with Journal.open(job.cfg.state_dir, job.name, job.pcfg.tpu_name) as journal:
             rec = Reconciler(job.cfg, job.pcfg, ports, journal)
             c0 = b.calls()
@@ -324,9 +333,13 @@ def zone(b: Bench, a: argparse.Namespace) -> dict[str, Any]:
               "per_hour_every_poll": sum(calls.values()) * 3600 / DEFAULT_POLL}
 
     watchers = []
+    shared_state = b.tmp / "watchers-state"  # one user's state dir, as on one machine by default
+    c_start, t_start = b.calls(), time.monotonic()
     for i in range(a.watchers):
         name = f"job-{i}"
         cfg, env_i = b.job(name, "v4-8", a.poll)
+        if not a.separate_state_dirs:
+            env_i["TPUWATCH_STATE_DIR"] = str(shared_state)
         watchers.append(Watch(cfg, env_i))
     try:
         for w in watchers:
@@ -334,12 +347,14 @@ def zone(b: Bench, a: argparse.Namespace) -> dict[str, Any]:
         time.sleep(a.poll * 2)
         c0, t0 = b.calls(), time.monotonic()
         time.sleep(a.watch_seconds)
-        d = delta(b.calls(), c0)
-        seconds = time.monotonic() - t0
+        c1, t1 = b.calls(), time.monotonic()
+        d, seconds = delta(c1, c0), t1 - t0
+        d_all, seconds_all = delta(c1, c_start), t1 - t_start
     finally:
         for w in watchers:
             w.stop()
     s = split(d)
+    audit_all = split(d_all)["audit"]
     ticks = sum(n for m, n in d.items() if m.endswith("/GetNode"))
     tpu_per_tick = s["tpu"] / max(ticks, 1)
     return {
@@ -347,7 +362,11 @@ def zone(b: Bench, a: argparse.Namespace) -> dict[str, Any]:
         "watchers": {"jobs": a.watchers, "seconds": seconds, "ticks": ticks,
                      "calls": {m.rsplit("/", 1)[-1]: k for m, k in sorted(d.items())},
                      "tpu_calls_per_tick": tpu_per_tick,
-                     "tpu_per_hour_per_job_default": tpu_per_tick * 3600 / DEFAULT_POLL},
+                     "tpu_per_hour_per_job_default": tpu_per_tick * 3600 / DEFAULT_POLL,
+                     "state_dirs": "separate" if a.separate_state_dirs else "shared",
+                     "audit_calls": s["audit"], "audit_per_minute": s["audit"] * 60 / seconds,
+                     "audit_calls_since_start": audit_all, "seconds_since_start": seconds_all,
+                     "audit_per_minute_since_start": audit_all * 60 / seconds_all},
     }
 
 
@@ -355,7 +374,7 @@ def render(r: dict[str, Any]) -> str:
     h, c, idle, one, z = r["help"], r["check"], r["idle"], r["one_node"], r["zone"]
     st, wt = z["status_all"], z["watchers"]
     jobs = st["nodes"]
-    per_job = one["tpu_per_hour"] + one["audit_per_hour"]
+    shared_audit = min(one["audit_per_hour"] * jobs, SHARED_AUDIT_PER_HOUR)
     lines = [
         "overhead of tpuwatch (simulator, steady job)",
         "",
@@ -377,9 +396,14 @@ def render(r: dict[str, Any]) -> str:
         f"every 30 s: {st['per_hour_every_poll']:.0f}/hour",
         f"          {wt['jobs']} watchers at once  {wt['tpu_calls_per_tick']:.2f} TPU calls per tick per job -> "
         f"{wt['tpu_per_hour_per_job_default']:.0f}/hour per job at 30 s",
-        f"          {jobs} nodes each watched  TPU {one['tpu_per_hour'] * jobs:.0f}/hour, audit-log reads "
-        f"{one['audit_per_hour'] * jobs:.0f}/hour = {one['audit_per_hour'] * jobs / 60:.0f}/min "
-        f"(Logging read quota: 60/min per project); {per_job * jobs:.0f} calls/hour in all",
+        f"          {wt['jobs']} watchers, {wt.get('state_dirs', 'separate')} state dir(s)  audit-log queries "
+        f"{wt.get('audit_calls', 0)} in {wt['seconds']:.0f} s = {wt.get('audit_per_minute', 0.0):.1f}/min; "
+        f"{wt.get('audit_calls_since_start', 0)} since they started "
+        f"({wt.get('audit_per_minute_since_start', 0.0):.1f}/min over {wt.get('seconds_since_start', 0.0):.0f} s)",
+        f"          {jobs} nodes each watched  TPU {one['tpu_per_hour'] * jobs:.0f}/hour; audit-log queries "
+        f"{shared_audit:.0f}/hour at most with one shared state dir "
+        f"({one['audit_per_hour'] * jobs / 60:.0f}/min if each job queried for itself; Logging read quota: "
+        f"60/min per project); {one['tpu_per_hour'] * jobs + shared_audit:.0f} calls/hour in all",
         "",
         "slowest imports of `tpuwatch --help`: " + ", ".join(f"{m} {s * 1000:.0f} ms" for m, s in h["slowest_imports"][:5]),
         "slowest imports of `tpuwatch check --help`: "
@@ -398,7 +422,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="Reconciler ticks 30 s apart in virtual time: 120 = one hour (%(default)s)")
     p.add_argument("--nodes", type=int, default=200, help="nodes in the zone (%(default)s)")
     p.add_argument("--watchers", type=int, default=4, help="watch processes of separate jobs in that zone (%(default)s)")
-    p.add_argument("--watch-seconds", type=float, default=10.0, help="how long they are counted (%(default)s)")
+    p.add_argument("--watch-seconds", type=float, default=10.0,
+                   help="how long they are counted; 60 or more for a steady audit-log rate (%(default)s)")
+    p.add_argument("--separate-state-dirs", action="store_true",
+                   help="give each watcher its own state dir, so none shares the audit-log query")
     p.add_argument("--accelerator", default="v4-16", help="the idle job's node type (%(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--config", action="append", default=[], metavar="SECTION.KEY=VALUE",

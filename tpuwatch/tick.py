@@ -424,6 +424,10 @@ class Reconciler:
             # The job can be kept alive without the audit log; it only loses one kind of evidence.
             warnings.append(f"audit log not read: {exc.message}")
             return [], None
+        finally:
+            # The shared reader (cloud/auditcache.py) says once when it cannot use its cache.
+            take = getattr(self.ports.audit, "take_warnings", None)
+            warnings.extend(take() if take is not None else ())
         return list(events), cursor
 
     # -- act ----------------------------------------------------------------------------------

@@ -36,9 +36,9 @@ def load_job(config_path: str | Path, project: str | None = None, zone: str | No
 
 
 def real_ports(job: Job) -> Ports:
-    """The real adapters: google-cloud-tpu, google-cloud-logging, OpenSSH/gcloud, checkpoints."""
+    """The real adapters: google-cloud-tpu, google-cloud-logging (shared per project), OpenSSH/gcloud, checkpoints."""
     from tpuwatch.checkpoints import CheckpointDir
-    from tpuwatch.cloud.logs import AuditLogReader
+    from tpuwatch.cloud.auditcache import SharedAuditLog
     from tpuwatch.cloud.tpu import TpuAdapter
     from tpuwatch.workers import SshWorkers
 
@@ -60,6 +60,8 @@ def real_ports(job: Job) -> Ports:
         tpu_for=tpu_for,
         workers=workers,
         checkpoints=checkpoints,
-        audit=AuditLogReader(loc.project, zone=loc.zone),
+        # One audit-log query per project per 15 s, shared by every watcher using this state dir
+        # (the Logging read quota is 60/min/project). Its warnings reach the tick's report.
+        audit=SharedAuditLog(loc.project, cfg.state_dir, zone=loc.zone),
         precheck=Prechecker.from_config(cfg, workers) if cfg.precheck["enabled"] else None,
     )

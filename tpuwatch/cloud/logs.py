@@ -16,6 +16,8 @@ exactly (node level ".../nodes/a" or worker level ".../nodes/a/workers/0"), neve
 The cursor is an opaque string: the newest entry time seen and the (time, insertId) keys of the
 entries seen in the last `overlap`. The next read starts `overlap` before that time, so an entry
 that reaches the log late is still found, and the keys make sure none is returned twice.
+`watch` shares one project-wide query (`build_filter(project, None, ...)`) among the watchers of
+a state dir through auditcache.SharedAuditLog; `status`, `events` and `history` use this reader.
 This module knows the Logging and AuditLog messages; it knows nothing of the policy.
 """
 
@@ -25,7 +27,7 @@ import json
 import re
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from tpuwatch.cloud import clients
 from tpuwatch.cloud.errors import Call, is_transient, translate
@@ -67,14 +69,27 @@ def from_ns(ns: int) -> datetime:
     return datetime.fromtimestamp(secs, tz=timezone.utc) + timedelta(microseconds=frac // 1000)
 
 
-def build_filter(project: str, nodes: Iterable[str], start_ns: int) -> str:
-    """The one Logging filter covering every node in `nodes` from `start_ns` on."""
+def check_nodes(nodes: Iterable[str]) -> list[str]:
+    """The distinct node names of `nodes`, sorted; UsageError for one that is not a TPU name."""
     names = sorted(set(nodes))
     for n in names:
         if not _NODE_NAME.match(n):
             raise UsageError(f"{n!r} is not a TPU name (lowercase letters, digits and hyphens)")
+    return names
+
+
+def build_filter(project: str, nodes: Iterable[str] | None, start_ns: int) -> str:
+    """The one Logging filter covering every node in `nodes` from `start_ns` on.
+
+    `nodes` None covers every TPU node of the project (the shared query of auditcache.py):
+    the resource clause is then `nodes/`, which every TPU resource name holds and a Compute
+    Engine instance's (`.../instances/I`) does not.
+    """
     methods = " OR ".join(f'"{m}"' for m in METHODS)
-    resources = " OR ".join(f'protoPayload.resourceName:"nodes/{n}"' for n in names)
+    if nodes is None:
+        resources = 'protoPayload.resourceName:"nodes/"'
+    else:
+        resources = " OR ".join(f'protoPayload.resourceName:"nodes/{n}"' for n in check_nodes(nodes))
     return (
         f'logName="projects/{project}/logs/{SYSTEM_EVENT_LOG}" '
         f"AND protoPayload.methodName=({methods}) "
@@ -137,34 +152,65 @@ def _payload(entry_pb: Any) -> tuple[str, str, dict[str, Any]] | None:
     return None
 
 
-def to_event(entry: Any, nodes: Iterable[str], zone: str | None = None) -> tuple[int, AuditEvent] | None:
-    """(time in ns, AuditEvent) of a LogEntry about one of `nodes`; None for anything else."""
+class RawEntry(NamedTuple):
+    """What an AuditEvent is rebuilt from for any node: one system-event entry as plain data."""
+
+    ns: int
+    insert_id: str
+    method: str
+    resource_name: str
+    worker_label: str | None  # the entry's resource label worker_id
+    reason: str  # metadata.terminateReason as text
+
+
+def raw_entry(entry: Any) -> RawEntry | None:
+    """The RawEntry of a LogEntry (proto-plus or protobuf); None when it holds no AuditLog."""
     pb = type(entry).pb(entry) if not hasattr(entry, "DESCRIPTOR") else entry
     payload = _payload(pb)
     if payload is None:
         return None
     method, resource, meta = payload
-    matched = match_resource(resource, nodes, zone)
+    return RawEntry(
+        ns=pb.timestamp.seconds * _NS + pb.timestamp.nanos,
+        insert_id=pb.insert_id,
+        method=method,
+        resource_name=resource,
+        worker_label=pb.resource.labels.get("worker_id") or None,
+        reason=_struct_text(meta.get("terminateReason")),
+    )
+
+
+def event_of(raw: RawEntry, nodes: Iterable[str], zone: str | None = None) -> AuditEvent | None:
+    """The AuditEvent of `raw` when it is about one of `nodes` (in `zone`); None otherwise."""
+    matched = match_resource(raw.resource_name, nodes, zone)
     if matched is None:
         return None
     node, worker = matched
     if worker is None:
-        worker = pb.resource.labels.get("worker_id") or None
+        worker = raw.worker_label
     kind: AuditKind = "other"
     for suffix, k in METHODS.items():
-        if method == suffix or method.endswith("." + suffix):
+        if raw.method == suffix or raw.method.endswith("." + suffix):
             kind = k
-    ns = pb.timestamp.seconds * _NS + pb.timestamp.nanos
-    return ns, AuditEvent(
-        time=from_ns(ns),
+    return AuditEvent(
+        time=from_ns(raw.ns),
         kind=kind,
         node=node,
         worker=worker,
-        method=method,
-        reason=_struct_text(meta.get("terminateReason")),
-        insert_id=pb.insert_id,
-        resource_name=resource,
+        method=raw.method,
+        reason=raw.reason,
+        insert_id=raw.insert_id,
+        resource_name=raw.resource_name,
     )
+
+
+def to_event(entry: Any, nodes: Iterable[str], zone: str | None = None) -> tuple[int, AuditEvent] | None:
+    """(time in ns, AuditEvent) of a LogEntry about one of `nodes`; None for anything else."""
+    raw = raw_entry(entry)
+    if raw is None:
+        return None
+    ev = event_of(raw, nodes, zone)
+    return None if ev is None else (raw.ns, ev)
 
 
 def take_new(
@@ -211,8 +257,12 @@ class AuditLogReader:
         self.now = now
         self._client: Any = None
 
-    def _query(self, nodes: list[str], start_ns: int) -> list[tuple[int, AuditEvent]]:
-        """Every matching entry from start_ns on, oldest first: one query, all its pages."""
+    def query_raw(self, nodes: list[str] | None, start_ns: int) -> list[RawEntry]:
+        """Every system-event entry from start_ns on, oldest first: one query, all its pages.
+
+        `nodes` None: every TPU node of the project (no resource-name clause per node); the
+        caller matches entries to nodes (event_of). Errors are CloudError, as for `read`.
+        """
         from google.cloud.logging_v2.types import ListLogEntriesRequest
 
         if self._client is None:
@@ -221,7 +271,7 @@ class AuditLogReader:
         flt = build_filter(self.project, nodes, start_ns)
         call = Call("Logging API", "list_log_entries", f"projects/{self.project}",
                     "logging.logEntries.list", "logging.googleapis.com", "roles/logging.viewer")
-        out: list[tuple[int, AuditEvent]] = []
+        out: list[RawEntry] = []
         token = ""
         while True:
             req = ListLogEntriesRequest(
@@ -241,13 +291,22 @@ class AuditLogReader:
             except Exception as exc:
                 raise translate(exc, call, project=self.project) from None
             for entry in page.entries:
-                ev = to_event(entry, nodes, self.zone)
-                if ev is not None:
-                    out.append(ev)
+                raw = raw_entry(entry)
+                if raw is not None:
+                    out.append(raw)
             token = page.next_page_token
             if not token:
                 break
-        out.sort(key=lambda pair: pair[0])  # stable: keeps the API's order within a timestamp
+        out.sort(key=lambda r: r.ns)  # stable: keeps the API's order within a timestamp
+        return out
+
+    def _query(self, nodes: list[str], start_ns: int) -> list[tuple[int, AuditEvent]]:
+        """Every matching entry about `nodes` from start_ns on, oldest first (one query)."""
+        out: list[tuple[int, AuditEvent]] = []
+        for raw in self.query_raw(nodes, start_ns):
+            ev = event_of(raw, nodes, self.zone)
+            if ev is not None:
+                out.append((raw.ns, ev))
         return out
 
     def read(self, nodes: Iterable[str], cursor: str | None) -> tuple[list[AuditEvent], str | None]:
