@@ -212,6 +212,9 @@ def config_bytes(section: str, key: str, raw: bytes, key_path: Path) -> bytes:
 ACCEPTS_A_LIST = {"job.workers"}  # "all" or a list of worker numbers
 
 
+DURATION_OR_AUTO = {"recovery.hang_timeout"}  # a duration, or "auto" (its default)
+
+
 def bad_values(dotted: str, default: object) -> list[tuple[str, bytes, bool]]:
     """(kind, TOML value bytes, must_refuse) for a key whose default is `default`."""
     text_ok = isinstance(default, str) or default is None  # free text may take metacharacters
@@ -229,7 +232,7 @@ def bad_values(dotted: str, default: object) -> list[tuple[str, bytes, bool]]:
         # Every whole-number key is a count, a budget or a port: below zero is out of range for
         # all of them; a huge value is for most (and harmless for an unbounded minimum).
         out += [("out of range", b"-1", True), ("out of range", b"10000000000", False)]
-    elif isinstance(default, float):  # durations and sizes
+    elif isinstance(default, float) or dotted in DURATION_OR_AUTO:  # durations and sizes
         out += [("wrong type", v, True) for v in (b"true", b"[]", b"{ a = 1 }")]
         out += [("out of range", v, True) for v in (b'"-5s"', b"-1", b'"5 parsecs"')]
     elif isinstance(default, (tuple, frozenset)):

@@ -247,6 +247,25 @@ def test_an_unreachable_worker_is_a_result_not_a_crash(cluster: Cluster) -> None
     assert all(s.unreachable for s in stops)
 
 
+def test_a_command_that_hangs_is_cut_at_ssh_command_timeout(cluster: Cluster, tmp_path: Path) -> None:
+    # Worker 1's job lock is a FIFO nobody writes: opening it blocks, as on a hung file system.
+    job_dir = cluster.hosts.worker_home(cluster.key, 1) / ".tpuwatch" / "j"
+    job_dir.mkdir(parents=True)
+    os.mkfifo(job_dir / "lock")
+    cfg = tmp_path / "tpuwatch.toml"
+    cfg.write_text('[tpu]\nname = "pod"\nzone = "us-central2-b"\n[job]\nname = "j"\ncommand = "true"\n'
+                   '[ssh]\ncommand_timeout = "5s"\n')
+    from tpuwatch.config import load_config
+
+    assert SshWorkers.from_config(load_config(cfg)).timeout == 5.0
+    workers = SshWorkers(cluster.transport(), job="j", command="true", timeout=2.0)
+    t0 = time.monotonic()
+    probes = workers.probe(cluster.node)
+    assert time.monotonic() - t0 < 10
+    assert probes[0].state == "absent"
+    assert probes[1].state == "unreachable" and "ssh.command_timeout" in probes[1].detail, probes[1]
+
+
 @needs_ssh
 def test_a_refused_login_is_a_config_error(cluster: Cluster, tmp_path: Path) -> None:
     import asyncssh

@@ -337,6 +337,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "internal_ip": Field(_bool, False, "connect to workers' internal IPs"),
         "transport": Field(_choice(TRANSPORTS), "openssh", "openssh, or gcloud (gcloud compute tpus tpu-vm ssh)"),
         "connect_timeout": Field(_duration(1), 10.0, "ssh ConnectTimeout"),
+        "command_timeout": Field(_duration(5), 60.0, "longest a probe or launch over SSH may take before the worker "
+                                 "counts as unreachable this tick (a launch's cleanup adds 2x recovery.stop_grace)"),
         "known_hosts": Field(_path, "", "known_hosts file; default one per job in the state dir, pinned per node id"),
         "options": Field(_str_list, (), "extra ssh -o options, e.g. [\"ProxyJump=bastion\"]"),
     },

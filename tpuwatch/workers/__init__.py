@@ -87,6 +87,7 @@ class SshWorkers:
             env=cfg.job.get("env", {}),
             workers=cfg.job.get("workers", "all"),
             stop_grace=float(cfg.recovery.get("stop_grace", 30.0)),
+            timeout=float(cfg.ssh.get("command_timeout", 60.0)),
             **kw,
         )
 

@@ -244,7 +244,8 @@ class OpenSsh:
                 "in the project or node metadata (or use ssh.transport = \"gcloud\" with OS Login)"
             )
         if failure == "timeout":
-            return f"{where} ({address}) did not finish in time ({last or 'no output'})"
+            return (f"{where} ({address}) did not finish in time ({last or 'no output'}); a slow link or a "
+                    "loaded worker may need a longer ssh.command_timeout")
         if failure == "missing":
             return f"cannot run {self.binary!r}: {last}; install the OpenSSH client"
         hint = "" if self.internal_ip else "; if tpuwatch runs inside the VPC, set ssh.internal_ip = true"
