@@ -27,7 +27,7 @@ from tpuwatch.policy import PolicyConfig
 
 CONFIG = tpuwatch_config()
 CFG = PolicyConfig.from_config(CONFIG)
-TUNED = tpuwatch_config(hang_timeout="1h", queue_timeout="24h")
+TUNED = tpuwatch_config(hang_timeout="1h")
 TOOLS = {t.key: t for t in make_tools(CONFIG, TUNED)}
 
 

@@ -318,7 +318,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "max_recreates": Field(_int_range(0, 1000), 3, "delete + create cycles allowed since the last run of stable_run"),
         "no_progress_limit": Field(_int_range(1, 1000), 3, "consecutive attempts that add no checkpoint => failed"),
         "min_uptime": Field(_duration(0), 120.0, "an attempt shorter than this is a failed start"),
-        "queue_timeout": Field(_duration(0), 2 * 3600.0, "keep retrying create this long on stockout/quota"),
+        "queue_timeout": Field(_duration(0), 24 * 3600.0, "keep retrying create this long in each zone on stockout/quota "
+                               "(with fallback_zones, set it shorter to move on sooner)"),
         "operation_timeout": Field(_duration(1), 3600.0, "a delete or create operation not done after this long fails the job"),
         "hang_timeout": Field(_duration_or_auto, "auto", "no new checkpoint this long while every worker runs: stop the job, a "
                               "charged failure. \"auto\": 3x the checkpoint interval seen (at least 30m), and only while "

@@ -480,7 +480,7 @@ _TAIL = """\
 # max_recreates = 3
 # no_progress_limit = 3     # consecutive attempts that add no checkpoint => failed
 # min_uptime = "2m"         # an attempt shorter than this is a failed start
-# queue_timeout = "2h"      # stockout/quota: keep retrying create this long, then fallback_zones
+# queue_timeout = "24h"     # stockout/quota: keep retrying create this long, then fallback_zones
 # fail_fast_exit_codes = []
 # retryable_exit_codes = [6, 134, 11, 139, 137, 143, 255]
 

@@ -51,7 +51,7 @@ class PolicyConfig:
     max_recreates: int = 3
     no_progress_limit: int = 3
     min_uptime: float = 120.0
-    queue_timeout: float = 7200.0
+    queue_timeout: float = 86400.0
     fail_fast_exit_codes: frozenset[int] = frozenset()
     retryable_exit_codes: frozenset[int] = frozenset({6, 134, 11, 139, 137, 143, 255})
     backoff_base: float = 10.0
