@@ -19,6 +19,9 @@
 #   tpuwatch-worker-script  tpuwatch's worker-side protocol script                       (required)
 #   tpuwatch-user           user the job runs as: the user tpuwatch connects as over SSH
 #   tpuwatch-env            extra environment, one NAME='shell-quoted value' per line
+#                           (only with [job] env_in_metadata = true)
+#   tpuwatch-env-withheld   "true": [job] env is set but kept out of metadata, so only set
+#                           up; the watcher starts the job over SSH
 #   tpuwatch-checkpoint-dir [job] checkpoint_dir, exported as TPUWATCH_CHECKPOINT_DIR
 #   tpuwatch-attempt        attempt number to launch; tpuwatch-checkpoint and
 #   tpuwatch-checkpoint     tpuwatch-step are the newest complete checkpoint when
@@ -87,6 +90,7 @@ get tpuwatch-step STEP
 get tpuwatch-setup SETUP
 get tpuwatch-pip PIP_ARGS
 get tpuwatch-launch LAUNCH
+get tpuwatch-env-withheld WITHHELD
 get agent-worker-number WORKER
 
 if [ -z "$WORKER" ]; then
@@ -134,6 +138,10 @@ fi
 
 if [ "$LAUNCH" = false ]; then
   log "tpuwatch-launch is false: set up only"
+  exit 0
+fi
+if [ "$WITHHELD" = true ]; then
+  log "the job's [job] env is kept out of the node's metadata (job.env_in_metadata = false): set up only; the watcher starts the job"
   exit 0
 fi
 if [ -z "$JOB" ] || [ -z "$TEMPLATE" ] || [ -z "$WORKER_SCRIPT" ]; then

@@ -93,3 +93,26 @@ def test_classify_exception_reads_through_the_adapters_wrapper() -> None:
     direct = rc.classify_exception(gexc.FailedPrecondition(RESERVATION), started_by_us=False)
     assert direct.reason == "reservation"
     assert rc.classify_exception(ValueError("boom"), started_by_us=False).kind == "fatal"
+
+
+def _cfg(**job: object) -> object:
+    from tpuwatch.config import Config, validate
+
+    raw = {"tpu": {"name": "pod", "zone": "us-central2-b"}, "job": {"command": "python3 train.py", **job},
+           "ssh": {"user": "me"}}
+    return Config(values=validate(raw))
+
+
+def test_job_env_stays_out_of_node_metadata_unless_asked() -> None:
+    """Node metadata is readable by anyone with tpu.nodes.get: an API key in [job] env must not
+    land there by default. The startup script then only sets up; the watcher starts the job."""
+    launch = {"attempt": "4", "checkpoint": "gs://b/ck/900", "step": "900"}
+    meta = rc.launch_metadata(_cfg(env={"WANDB_API_KEY": "s3cret"}), launch)  # type: ignore[arg-type]
+    assert "s3cret" not in repr(meta) and "tpuwatch-env" not in meta
+    assert meta["tpuwatch-env-withheld"] == "true"
+    assert not {"tpuwatch-attempt", "tpuwatch-checkpoint", "tpuwatch-step"} & set(meta)
+    opted = rc.launch_metadata(_cfg(env={"WANDB_API_KEY": "s3cret"}, env_in_metadata=True), launch)  # type: ignore[arg-type]
+    assert opted["tpuwatch-env"] == "WANDB_API_KEY=s3cret\n" and "tpuwatch-env-withheld" not in opted
+    assert (opted["tpuwatch-attempt"], opted["tpuwatch-step"]) == ("4", "900")
+    plain = rc.launch_metadata(_cfg(), launch)  # type: ignore[arg-type]
+    assert "tpuwatch-env-withheld" not in plain and plain["tpuwatch-attempt"] == "4"

@@ -69,6 +69,10 @@ def test_no_secret_is_printed_or_journaled_in_any_flow(sim: Simulator, tmp_path:
         outputs["watch"] = job.output()
         assert rc == 0, outputs["watch"][-3000:]
         assert sim.world.node("pod").spec.labels.get("tpuwatch-job") == "pod"
+        # the recreated node's metadata (readable by anyone with tpu.nodes.get) holds no key:
+        # its startup script only set up, and the watcher started the job over SSH
+        outputs["recreated node metadata"] = repr(sim.world.node("pod").spec.metadata)
+        assert sim.world.node("pod").spec.metadata.get("tpuwatch-env-withheld") == "true"
         for args in (["check", "-c", str(job.cfg), "--json"], ["check", "-c", str(job.cfg), "--dry-run"],
                      ["history", "-c", str(job.cfg)], ["history", "-c", str(job.cfg), "--json"],
                      ["status", "pod", "--json"], ["status", "pod", "-c", str(job.cfg)],

@@ -196,6 +196,15 @@ def test_setup_failure_stops_before_the_job_and_missing_settings_launch_nothing(
     assert not (vm.home / ".tpuwatch").exists()
 
 
+def test_env_withheld_from_metadata_means_set_up_only(vm: Vm) -> None:
+    with metadata_server(settings(vm, **{"tpuwatch-env": "<absent>", "tpuwatch-env-withheld": "true"})) as md:
+        r = vm.boot(RESUME, md)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "kept out of the node's metadata" in r.stdout and "the watcher starts the job" in r.stdout
+    assert (vm.home / "setup-ran").exists()  # set up all the same
+    assert not vm.job_file("train", "attempt").exists()  # and nothing started
+
+
 def test_unreachable_metadata_server_fails_with_a_message(vm: Vm) -> None:
     with metadata_server({}) as md:
         dead = md  # the server is gone once the block ends

@@ -309,6 +309,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "checkpoint_layout": Field(_choice(CHECKPOINT_LAYOUTS), "auto", "force a checkpoint layout; auto-detected by default"),
         "workers": Field(_workers, "all", "\"all\" or a list of worker numbers"),
         "env": Field(_env_table, {}, "extra environment variables for the command"),
+        "env_in_metadata": Field(_bool, False, "write [job] env into a recreated node's metadata so its startup script "
+                                 "can start the job at boot (anyone with tpu.nodes.get can read it); off: with env "
+                                 "set, the startup script only sets up and the watcher starts the job over SSH"),
         "checkpoint_warn_age": Field(_duration(1), 75 * 60.0, "warn when the newest checkpoint is older than this"),
     },
     "recovery": {

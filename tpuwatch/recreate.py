@@ -118,18 +118,25 @@ def launch_metadata(cfg: Config, launch: Mapping[str, str] | None = None) -> dic
     """
     job = cfg.job
     env = job.get("env") or {}
+    # Node metadata is readable by anyone with tpu.nodes.get: [job] env (API keys, often) goes
+    # there only when the user says so. Without it the startup script cannot start the job as
+    # configured, so it only sets up, and the watcher starts the job over SSH (a tick later).
+    withheld = bool(env) and not job.get("env_in_metadata", False)
     meta = {
         "tpuwatch-job": cfg.job_name,
         "tpuwatch-command": str(job.get("command") or ""),
         "tpuwatch-checkpoint-dir": str(job.get("checkpoint_dir") or ""),
-        "tpuwatch-env": "".join(f"{k}={shlex.quote(v)}\n" for k, v in sorted(env.items())),
+        "tpuwatch-env": "" if withheld else "".join(f"{k}={shlex.quote(v)}\n" for k, v in sorted(env.items())),
         # the job runs as the user tpuwatch connects as, so both see the same ~/.tpuwatch/<job>
         "tpuwatch-user": str(cfg.ssh.get("user") or getpass.getuser()),
     }
     meta["tpuwatch-worker-script"] = worker_script_text()
-    for key in ("attempt", "checkpoint", "step"):
-        if launch and launch.get(key) not in (None, ""):
-            meta[f"tpuwatch-{key}"] = str(launch[key])
+    if withheld:
+        meta["tpuwatch-env-withheld"] = "true"
+    else:
+        for key in ("attempt", "checkpoint", "step"):
+            if launch and launch.get(key) not in (None, ""):
+                meta[f"tpuwatch-{key}"] = str(launch[key])
     return {k: v for k, v in meta.items() if v != ""}
 
 

@@ -37,7 +37,7 @@ STARTUP_SCRIPT_KEY = "startup-script"
 GENERATED_METADATA = frozenset({
     "tpuwatch-job", "tpuwatch-command", "tpuwatch-checkpoint-dir", "tpuwatch-env",
     "tpuwatch-worker-script", "tpuwatch-attempt", "tpuwatch-checkpoint", "tpuwatch-step",
-    "tpuwatch-user",
+    "tpuwatch-user", "tpuwatch-env-withheld",
 })
 
 METADATA_VALUE_MAX = 262_144  # bytes, per value
