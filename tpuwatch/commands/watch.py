@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,38 @@ def next_delay(report: Any, poll: float) -> float:
     return max(poll if steady else min(poll, max(poll / 6, 1.0) if poll >= 1 else poll), 0.05)
 
 
+def tick_loop(rec: Any, view: Any, poll: float, *, wait: Callable[[Any, float], object],
+              stop: Callable[[Any], bool], on_report: Callable[[Any], None] | None = None,
+              first_failure_fatal: bool = True) -> Any:
+    """Tick (Reconciler.tick) until `stop(report)`; show each report; `wait(report, delay)` between.
+
+    The one loop of `watch` and the demo. A cloud API that fails after its own retries is
+    survived for MAX_CLOUD_FAILURES ticks in a row (a warning each), except on the very first
+    tick when `first_failure_fatal` (a wrong project is better said at once); errors that are
+    not the cloud's (exit codes other than 3) end it at once.
+    """
+    failures = 0
+    while True:
+        try:
+            report = rec.tick()
+            failures = 0
+        except CloudError as exc:
+            failures += 1
+            if (first_failure_fatal and failures == 1 and view.ticks == 0) or failures >= MAX_CLOUD_FAILURES \
+                    or exc.exit_code != EXIT_CLOUD:
+                raise
+            view.warn(f"cloud API failed ({failures}/{MAX_CLOUD_FAILURES}): {exc.message}")
+            time.sleep(poll)
+            continue
+        if on_report is not None:
+            on_report(report)
+        delay = next_delay(report, poll)
+        view.show(report, report.time + timedelta(seconds=delay))
+        if stop(report):
+            return report
+        wait(report, delay)
+
+
 @click.command(epilog=EPILOG)
 @job_options
 @click.option("--json", "as_json", is_flag=True, help="JSON lines, one per change.")
@@ -61,28 +94,17 @@ def command(config_path: Path, project: str | None, zone: str | None, adopt: boo
         rec = Reconciler(job.cfg, job.pcfg, real_ports(job), journal,
                          tick_flags(adopt, recreate_missing, dry_run))
         view = _view(job, journal, live, as_json)
-        failures = 0
+
+        def stop(report: Any) -> bool:
+            # HALTED needs a person (exit 1): return so a wrapper or unit sees it; the journal
+            # keeps everything, and the next watch resumes once it is fixed.
+            return bool(report.decision.terminal or report.memory.phase is Phase.HALTED or dry_run)
+
         try:
             with view:
-                while True:
-                    try:
-                        report = rec.tick()
-                        failures = 0
-                    except CloudError as exc:
-                        failures += 1
-                        if failures == 1 and view.ticks == 0 or failures >= MAX_CLOUD_FAILURES \
-                                or exc.exit_code != EXIT_CLOUD:
-                            raise
-                        view.warn(f"cloud API failed ({failures}/{MAX_CLOUD_FAILURES}): {exc.message}")
-                        time.sleep(poll)
-                        continue
-                    delay = next_delay(report, poll)
-                    view.show(report, report.time + timedelta(seconds=delay))
-                    # HALTED needs a person (exit 1): return so a wrapper or unit sees it; the
-                    # journal keeps everything, and the next watch resumes once it is fixed.
-                    if report.decision.terminal or report.memory.phase is Phase.HALTED or dry_run:
-                        return report.exit_code
-                    rec.wait(report, delay)  # probes a down node cheaply between API polls
+                # rec.wait probes a down node cheaply between API polls
+                report = tick_loop(rec, view, poll, wait=rec.wait, stop=stop)
+                return int(report.exit_code)
         except KeyboardInterrupt:
             click.echo(f"stopped watching {job.name}; the job keeps running on the workers. "
                        f"Resume with `tpuwatch watch -c {config_path}`.", err=True)

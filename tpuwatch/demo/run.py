@@ -18,7 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -26,7 +26,6 @@ from typing import Any
 import click
 
 from tpuwatch.demo.story import ACCELERATOR, CRASH_WORKER, JOB, NODE, Director, Pace, story
-from tpuwatch.errors import EXIT_CLOUD, CloudError
 from tpuwatch.spec import OWNER_LABEL
 
 EXIT_INTERRUPTED = 130
@@ -188,7 +187,7 @@ def run_demo(pace: Pace, *, keep: bool = False, live: bool = False,
 def _play(held: _Held, tmp: Path, pace: Pace, live: bool, say: Callable[[str], None], keep: bool) -> int:
     from rich.console import Console
 
-    from tpuwatch.commands.watch import MAX_CLOUD_FAILURES, next_delay
+    from tpuwatch.commands.watch import tick_loop
     from tpuwatch.demo.story import checkpoint_times
     from tpuwatch.demo.summary import render, summarize
     from tpuwatch.journal import Journal
@@ -213,46 +212,39 @@ def _play(held: _Held, tmp: Path, pace: Pace, live: bool, say: Callable[[str], N
     acts = story(pace)
     started = time.monotonic()
     deadline = started + pace.deadline
-    how = ""
     tick_end: dict[datetime, datetime] = {}
-    failures = 0
+
+    def stop(report: Any) -> bool:
+        return bool(report.decision.terminal or report.memory.phase is Phase.HALTED
+                    or time.monotonic() > deadline)
+
+    def wait(report: Any, delay: float) -> None:
+        # Between ticks the director plays the story's next disruption when its time comes.
+        end = time.monotonic() + delay
+        while True:
+            director.poll(journal)
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(DIRECTOR_LOOK, left))
+
+    def on_report(report: Any) -> None:
+        tick_end[report.time] = datetime.now(timezone.utc)
+
     with view:
         view.note(f"a simulated {ACCELERATOR} spot TPU {NODE!r} (4 workers) runs the toy trainer to "
                   f"step {pace.steps}; {len(acts)} disruptions follow, each detected and recovered "
                   f"by tpuwatch ({pace.name} pace; files in {tmp}{', kept' if keep else ''})")
-        while True:
-            try:
-                report = rec.tick()
-                failures = 0
-            except CloudError as exc:
-                # As `watch` does: a few failed ticks in a row (after the client's own retries)
-                # are survivable; the simulator is local, so more than that is a real fault.
-                failures += 1
-                if failures >= MAX_CLOUD_FAILURES or exc.exit_code != EXIT_CLOUD:
-                    raise
-                view.warn(f"cloud API failed ({failures}/{MAX_CLOUD_FAILURES}): {exc.message}")
-                time.sleep(pace.poll_interval)
-                continue
-            tick_end[report.time] = datetime.now(timezone.utc)
-            delay = next_delay(report, pace.poll_interval)
-            view.show(report, report.time + timedelta(seconds=delay))
-            mem = report.memory
-            if report.decision.terminal:
-                how = "job done" if mem.phase is Phase.DONE else f"job failed: {report.decision.summary}"
-                break
-            if mem.phase is Phase.HALTED:
-                how = f"needs a person: {report.decision.summary}"
-                break
-            if time.monotonic() > deadline:
-                how = f"the demo's deadline ({pace.deadline:g}s) passed: {report.decision.summary}"
-                break
-            end = time.monotonic() + delay
-            while True:
-                director.poll(journal)
-                left = end - time.monotonic()
-                if left <= 0:
-                    break
-                time.sleep(min(DIRECTOR_LOOK, left))
+        # `watch`'s own loop; a failed first tick is survived too (the simulator is local).
+        report = tick_loop(rec, view, pace.poll_interval, wait=wait, stop=stop, on_report=on_report,
+                           first_failure_fatal=False)
+    mem = report.memory
+    if report.decision.terminal:
+        how = "job done" if mem.phase is Phase.DONE else f"job failed: {report.decision.summary}"
+    elif mem.phase is Phase.HALTED:
+        how = f"needs a person: {report.decision.summary}"
+    else:
+        how = f"the demo's deadline ({pace.deadline:g}s) passed: {report.decision.summary}"
     summary = summarize(director.played, [a.title for a in acts], journal.events(), journal.attempts(),
                         checkpoint_times(ckpt_dir), pace, done=how == "job done", how_it_ended=how,
                         tick_end=tick_end)
