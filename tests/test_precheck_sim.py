@@ -262,3 +262,7 @@ def test_a_relaunch_after_maintenance_costs_two_connections_per_worker(sim: Simu
     assert [a - b for a, b in zip(accepted(), before, strict=True)] == [2, 2, 2, 2]
     job.wait(lambda: len(job.job_processes()) == 4, what="attempt 2 on every worker")
     assert [a["charged"] for a in job.history()["attempts"]] == [False, None]  # uncharged; 2 runs
+    # a steady tick reports what hang detection knows, and each worker's log size
+    steady = json.loads(job.cli("check", "-c", str(job.cfg), "--json").stdout)
+    assert steady["row"] == "running" and steady["hang"]["timeout"] == "auto", steady
+    assert all(isinstance(w["log_bytes"], int) for w in steady["workers"]), steady["workers"]

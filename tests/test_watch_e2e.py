@@ -7,6 +7,7 @@ alone.
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -131,3 +132,24 @@ def test_kill_9_of_watch_mid_recovery_then_restart_gives_no_duplicate_launch(
     numbers = [a["attempt"] for a in job.history()["attempts"]]
     assert numbers == sorted(set(numbers)), numbers
     assert job.steps_done()[-1] == 80
+
+
+def test_a_node_under_maintenance_gets_no_ssh_beyond_the_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the API still says READY (health UNHEALTHY_MAINTENANCE) the workers refuse SSH: the
+    tick's probe learns that, and the stop that goes with the disruption is not tried (it would
+    fail the same way); the relaunch cleans up instead. A slow simulator (speed 10) keeps the node
+    READY for 6 s of the maintenance so that a tick lands there."""
+    with Simulator(root=tmp_path / "sim", speed=10, workers=True) as slow:
+        for key, value in slow.env.items():
+            monkeypatch.setenv(key, value)
+        job = Job(slow, tmp_path, steps=100000)
+        first = json.loads(job.cli("check", "-c", str(job.cfg), "--json").stdout)
+        assert first["row"] == "launch", first
+        job.wait(lambda: len(job.job_processes()) == 4, what="the trainer on every worker")
+        slow.inject("maintenance", node="pod", heal_after=600)  # READY+UNHEALTHY for 60 sim s = 6 s
+        job.wait(lambda: slow.world.node("pod").health != "HEALTHY", what="maintenance under way")
+        down = json.loads(job.cli("check", "-c", str(job.cfg), "--json").stdout)
+        assert (down["node"]["state"], down["node"]["health"]) == ("READY", "UNHEALTHY_MAINTENANCE"), down
+        assert {w["state"] for w in down["workers"]} == {"unreachable"}, down["workers"]
+        assert down["phase"] == "waiting_node" and not down["budgets"]["restarts"], down
+        assert any("did not stop workers: none answered this tick's probe" in d for d in down["done"]), down["done"]

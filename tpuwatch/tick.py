@@ -55,6 +55,7 @@ from tpuwatch.policy import (
     StopWorkers,
     action_dict,
     decide,
+    hang_limit,
 )
 from tpuwatch.ports import AuditLog, CheckpointStore, TpuApi
 
@@ -121,6 +122,7 @@ class TickReport:
     dry_run: bool = False
     port_probes: int = 0  # TCP probes of a down node's SSH port made by this process so far
     precheck: PrecheckReport | None = None  # this tick's environment checks, else the last journaled
+    pcfg: PolicyConfig | None = None  # the job's policy settings (for what hang detection knows)
 
     @property
     def exit_code(self) -> int:
@@ -151,7 +153,7 @@ class TickReport:
             },
             "workers": None if self.probes is None else [
                 {"worker": p.worker, "state": p.state, "attempt": p.attempt, "exit_code": p.exit_code,
-                 "detail": p.detail} for p in self.probes
+                 "log_bytes": p.log_bytes, "detail": p.detail} for p in self.probes
             ],
             "checkpoint": None if self.checkpoint is None else {
                 "path": self.checkpoint.path, "step": self.checkpoint.step, "layout": self.checkpoint.layout,
@@ -167,6 +169,13 @@ class TickReport:
             "dry_run": self.dry_run,
             "port_probes": self.port_probes,
             "precheck": None if self.precheck is None else precheck.report_dict(self.precheck),
+            # what hang detection knows: "auto" learns the interval; the limit counts from the
+            # newest checkpoint of the attempt (0 = not judged yet, or off)
+            "hang": None if self.pcfg is None else {
+                "timeout": "auto" if self.pcfg.hang_auto else self.pcfg.hang_timeout,
+                "checkpoint_interval_seen": mem.ckpt_gap or None,
+                "first_checkpoint_seen": mem.ckpt_first or None,
+                "limit": hang_limit(self.pcfg, mem) or None},
         }
 
 
@@ -216,7 +225,7 @@ class Reconciler:
             warnings.append(ck_warning)
         report = TickReport(now, node, probes, checkpoint, tuple(events), decision,
                             warnings=tuple(warnings), dry_run=self.flags.dry_run,
-                            port_probes=self.port_probes, precheck=pre or self._last_precheck())
+                            port_probes=self.port_probes, precheck=pre or self._last_precheck(), pcfg=self.pcfg)
         if self.flags.dry_run:
             return replace(report, done=tuple(f"would {_describe(a)}" for a in decision.actions))
         with self.journal.transaction():
@@ -440,7 +449,7 @@ class Reconciler:
             if isinstance(action, Launch) and node is not None:
                 done.append(self._launch(node, action))
             elif isinstance(action, StopWorkers):
-                done.append(self._stop(node, action.reason))
+                done.append(self._stop(node, action.reason, obs.probes))
             elif isinstance(action, DeleteNode) and node is not None:
                 tpu = self.ports.tpu_for(action.zone)
                 what = action.name
@@ -546,10 +555,15 @@ class Reconciler:
         text = f"launched attempt {action.attempt} on {len(started)}/{len(results)} workers {where}"
         return text + ("; " + "; ".join(problems) if problems else "")
 
-    def _stop(self, node: NodeSnapshot | None, reason: str) -> str:
+    def _stop(self, node: NodeSnapshot | None, reason: str, probes: Sequence[WorkerProbe] | None = None) -> str:
         if node is None or node.state != "READY":
             state = "missing" if node is None else node.state
             return f"did not stop workers: node is {state}, its workers cannot be reached ({reason})"
+        if probes and all(p.state == "unreachable" for p in probes):
+            # This tick's probe reached none of them (a node under maintenance refuses SSH): a
+            # stop would fail the same way. What they left is stopped when they answer again
+            # (stale_workers) or by the next launch's own cleanup.
+            return f"did not stop workers: none answered this tick's probe ({reason})"
         results = self.ports.workers.stop(node)
         failed = [r for r in results if not getattr(r, "ok", True)]
         text = f"stopped the job on {len(results) - len(failed)}/{len(results)} workers: {reason}"

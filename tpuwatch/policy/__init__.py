@@ -51,7 +51,15 @@ from tpuwatch.policy.state import (
     Memory,
     Phase,
 )
-from tpuwatch.policy.table import ROWS, Cond, Row, decide, node_condition, operation_started
+from tpuwatch.policy.table import (
+    ROWS,
+    Cond,
+    Row,
+    decide,
+    hang_limit,
+    node_condition,
+    operation_started,
+)
 from tpuwatch.policy.values import (
     Action,
     CreateNode,
@@ -75,5 +83,5 @@ __all__ = [
     "Decision", "DeleteNode", "Evidence", "Fail", "FollowOperation", "IllegalTransition",
     "ImpossibleObservation", "Launch", "MarkDone", "Memory", "NeedsPerson", "Observation", "Outcome",
     "Phase", "PolicyConfig", "Row", "StopWorkers", "Verdict", "Wait", "action_dict", "backoff_delay",
-    "classify", "decide", "describe_exit", "next_level", "node_condition", "operation_started",
+    "classify", "decide", "describe_exit", "hang_limit", "next_level", "node_condition", "operation_started",
 ]

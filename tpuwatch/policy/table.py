@@ -208,6 +208,18 @@ def node_condition(node: NodeSnapshot | None) -> Cond:
     return cond
 
 
+def hang_limit(cfg: PolicyConfig, mem: Memory, from_start: bool = False) -> float:
+    """How long without a checkpoint makes an attempt hung (from its start when `from_start`,
+    else from its newest checkpoint); 0 = not judged (off, or "auto" before it has seen the
+    job's checkpoint interval). With "auto" the logs must also have been silent that long."""
+    if not cfg.hang_auto:
+        return cfg.hang_timeout
+    if mem.ckpt_gap <= 0:
+        return 0.0
+    base = (max(mem.ckpt_first, mem.ckpt_gap) + 2 * mem.ckpt_gap) if from_start else 3 * mem.ckpt_gap
+    return max(HANG_AUTO_FLOOR, base)
+
+
 def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> Decision:
     """The decision for one tick. Pure: the same arguments always give the same Decision."""
     _check(obs, mem, cfg, now)
@@ -599,15 +611,7 @@ class _Tick:
         return mem, max(0.0, _secs(now - mem.log_at))
 
     def hang_limit(self, mem: Memory, from_start: bool) -> float:
-        """How long without a checkpoint makes the attempt hung; 0 = not judged (off, or "auto"
-        before it has seen the job's checkpoint interval)."""
-        cfg = self.cfg
-        if not cfg.hang_auto:
-            return cfg.hang_timeout
-        if mem.ckpt_gap <= 0:
-            return 0.0
-        base = (max(mem.ckpt_first, mem.ckpt_gap) + 2 * mem.ckpt_gap) if from_start else 3 * mem.ckpt_gap
-        return max(HANG_AUTO_FLOOR, base)
+        return hang_limit(self.cfg, mem, from_start)
 
     def hung(self, mem: Memory, quiet: float, silent: float | None) -> Decision:
         """Every worker runs, yet no checkpoint for hang_timeout: stop it, charged (row `hung`)."""
