@@ -33,7 +33,7 @@ from tpuwatch.config import SCHEMA
 from tpuwatch.durations import human, parse_duration
 from tpuwatch.errors import TpuwatchError, UsageError
 
-# The "tuned for 30 days" row: tpuwatch's defaults plus these [recovery] keys (docs/benchmarks.md
+# The "tuned" row: tpuwatch's defaults plus these [recovery] keys (docs/benchmarks.md
 # says why each); --tuned KEY=VALUE changes or adds one.
 TUNED: dict[str, str | int] = {"hang_timeout": "1h"}
 RECOVERY_FLAGS = ("poll_interval", "repair_timeout", "max_restarts", "max_recreates", "no_progress_limit",
@@ -109,7 +109,7 @@ def parser() -> argparse.ArgumentParser:
                    help="push the buggy code at this fraction of the run ('none': never)")
     g = ap.add_argument_group(
         "tpuwatch: [recovery] keys of both tpuwatch rows (default: the product's own default); the "
-        "'tuned for 30 days' row also sets " + ", ".join(f"{k}={v}" for k, v in TUNED.items()))
+        "'tuned' row also sets " + ", ".join(f"{k}={v}" for k, v in TUNED.items()))
     for key in RECOVERY_FLAGS:
         flag = "--poll" if key == "poll_interval" else "--" + key.replace("_", "-")
         kind = int if key in ("max_restarts", "max_recreates", "no_progress_limit") else _duration(flag)

@@ -591,7 +591,7 @@ def make_tools(cfg: Config, tuned: Config, skypilot_restarts: int = 0, skip_idle
         Tool("ideal", "ideal bound", lambda run: [ideal(run)],
              "oracle: instant detection, best of heal or recreate, stops at the bug's first failure"),
         tpuwatch_tool("tpuwatch", "tpuwatch (defaults)", cfg, describe(cfg), skip_idle),
-        tpuwatch_tool("tpuwatch-30d", "tpuwatch (tuned for 30 days)", tuned, describe(tuned), skip_idle),
+        tpuwatch_tool("tpuwatch-30d", "tpuwatch (tuned)", tuned, describe(tuned), skip_idle),
         Tool("bash", "bash loop (docs)", lambda run: [bash_loop(run)],
              "reruns every 1 s forever; never recreates"),
         Tool("retry.sh", "TF retry.sh + bash loop", _with_loop(retry_sh),
