@@ -477,7 +477,9 @@ class Prechecker:
         probe = probe_script(self.workers.job)
 
         def both(w: WorkerEndpoint) -> bytes:
-            return b"(\n" + probe + b")\n(\n" + self.script_for(node, w) + b")\n"
+            # The probe reads nothing from stdin, where the rest of the script still waits: its
+            # stdin is /dev/null, so no command of it can swallow the checks.
+            return b"(\n" + probe + b") </dev/null\n(\n" + self.script_for(node, w) + b") </dev/null\n"
 
         results = run_on_workers(transport, node, eps, both, remote_command="bash -s",
                                  timeout=self.settings.timeout())
