@@ -21,6 +21,7 @@ the world's knowledge of the future: when the current maintenance heals, when st
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import sys
@@ -130,12 +131,7 @@ def spin_until_change(run: Run, period: float) -> Process:
 
 def bash_loop(run: Run) -> Process:
     """`while ! gcloud compute tpus tpu-vm ssh $TPU --worker=all --command "python3 train.py"; do sleep 1; done`."""
-    n = 0
-
-    def nxt() -> int:
-        nonlocal n
-        n += 1
-        return n
+    nxt = itertools.count(1).__next__  # the attempt numbers a loop's relaunches carry
 
     while True:
         rc = yield from gcloud_ssh(run, nxt)
@@ -222,12 +218,7 @@ def levanter(run: Run) -> Process:
     retried every 5 s forever, then setup); any state but READY -> delete; READY -> rerun the
     command with --worker=all. Unlimited retries, no failure/preemption split."""
     w, m, p = run.world, run.meter, run.world.p
-    n = 0
-
-    def nxt() -> int:
-        nonlocal n
-        n += 1
-        return n
+    nxt = itertools.count(1).__next__  # the attempt numbers a loop's relaunches carry
 
     while True:
         m.tpu += 1

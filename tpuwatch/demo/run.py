@@ -97,23 +97,23 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 @contextmanager
 def _signals() -> Iterator[None]:
     """SIGTERM/SIGHUP end the demo as Ctrl-C does; the previous handlers come back after."""
-    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
-    for s in old:
-        signal.signal(s, _raise_stop)
-    try:
+    with _handling((signal.SIGTERM, signal.SIGHUP), _raise_stop):
         yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 @contextmanager
 def _shielded() -> Iterator[None]:
     """Cleanup must finish: a second Ctrl-C (or SIGTERM) during it is ignored."""
-    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    with _handling((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), signal.SIG_IGN):
+        yield
+
+
+@contextmanager
+def _handling(sigs: tuple[signal.Signals, ...], handler: Any) -> Iterator[None]:
+    """`handler` for `sigs` inside the block, the previous handlers after it."""
     old = {s: signal.getsignal(s) for s in sigs}
     for s in sigs:
-        signal.signal(s, signal.SIG_IGN)
+        signal.signal(s, handler)
     try:
         yield
     finally:

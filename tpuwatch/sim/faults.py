@@ -38,6 +38,11 @@ class Param:
     cli: str = ""  # the CLI flag when it differs from --name-with-dashes
 
 
+# Parameters many faults share.
+_METHODS = Param("methods", "list", "only methods containing one of these (default: all)", default=[])
+_UNTIL_CLEARED = Param("duration", "duration", "how long (default: until cleared)")
+
+
 @dataclass(frozen=True)
 class Fault:
     name: str
@@ -141,13 +146,8 @@ FAULTS: dict[str, Fault] = {
             (
                 Param("latency", "duration", "how late each matching call answers", required=True),
                 Param("jitter", "float", "spread as a share of the latency, 0..1", default=0.5),
-                Param(
-                    "methods",
-                    "list",
-                    "only methods containing one of these (default: all)",
-                    default=[],
-                ),
-                Param("duration", "duration", "how long (default: until cleared)"),
+                _METHODS,
+                _UNTIL_CLEARED,
             ),
         ),
         Fault(
@@ -156,13 +156,8 @@ FAULTS: dict[str, Fault] = {
             (
                 Param("rate", "float", "fraction of calls, 0..1", required=True),
                 Param("codes", "list", "status codes to answer with", default=["DEADLINE_EXCEEDED"]),
-                Param(
-                    "methods",
-                    "list",
-                    "only methods containing one of these (default: all)",
-                    default=[],
-                ),
-                Param("duration", "duration", "how long (default: until cleared)"),
+                _METHODS,
+                _UNTIL_CLEARED,
             ),
         ),
         Fault(
@@ -225,7 +220,7 @@ FAULTS: dict[str, Fault] = {
             "Creates in a zone fail with the no-capacity error.",
             (
                 Param("zone", "str", 'zone ("*" = all; default: the simulator\'s zone)'),
-                Param("duration", "duration", "how long (default: until cleared)"),
+                _UNTIL_CLEARED,
             ),
             target="zone",
         ),
@@ -234,7 +229,7 @@ FAULTS: dict[str, Fault] = {
             "CreateNode in a zone is refused: RESOURCE_EXHAUSTED quota exceeded.",
             (
                 Param("zone", "str", 'zone ("*" = all; default: the simulator\'s zone)'),
-                Param("duration", "duration", "how long (default: until cleared)"),
+                _UNTIL_CLEARED,
                 Param("limit", "str", "quota limit name in the message", default=""),
             ),
             target="zone",
@@ -245,26 +240,16 @@ FAULTS: dict[str, Fault] = {
             (
                 Param("rate", "float", "fraction of calls to fail, 0..1", required=True),
                 Param("codes", "list", "status codes to use", default=["UNAVAILABLE"]),
-                Param(
-                    "methods",
-                    "list",
-                    "only methods containing one of these (default: all)",
-                    default=[],
-                ),
-                Param("duration", "duration", "how long (default: until cleared)"),
+                _METHODS,
+                _UNTIL_CLEARED,
             ),
         ),
         Fault(
             "permission-denied",
             "Matching calls fail PERMISSION_DENIED.",
             (
-                Param(
-                    "methods",
-                    "list",
-                    "only methods containing one of these (default: all)",
-                    default=[],
-                ),
-                Param("duration", "duration", "how long (default: until cleared)"),
+                _METHODS,
+                _UNTIL_CLEARED,
             ),
         ),
         Fault("clear-errors", "Lift injected API errors, denials, stockouts and quota errors.", ()),

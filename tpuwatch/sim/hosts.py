@@ -417,14 +417,7 @@ class Hosts:
 
     async def _ssh_fault(self, w: _Worker, mode: str) -> None:
         await self._close_blackhole(w)
-        acceptor, w.acceptor = w.acceptor, None
-        if acceptor is not None:
-            acceptor.close()
-            with contextlib.suppress(Exception):
-                await acceptor.wait_closed()
-        for conn in list(w.conns):
-            conn.abort()
-        w.conns.clear()
+        await self._close_ssh(w)
         w.ssh_mode = mode
         if mode == "":
             await self._listen_ssh(w)
@@ -500,6 +493,10 @@ class Hosts:
         server, w.md_server = w.md_server, None
         if server is not None:
             server.close()
+        await self._close_ssh(w)
+
+    async def _close_ssh(self, w: _Worker) -> None:
+        """Stop listening for SSH on this worker and drop its open connections."""
         acceptor, w.acceptor = w.acceptor, None
         if acceptor is not None:
             acceptor.close()

@@ -1555,18 +1555,9 @@ class World:
         duration: float | None = None,
     ) -> None:
         """Fail this fraction of API calls (seeded) with these codes; methods filter by substring."""
-        codes = tuple(c.upper() for c in codes) or ("UNAVAILABLE",)
-        bad = [c for c in codes if c not in INJECTABLE_CODES]
-        if bad:
-            raise UsageError(
-                f"codes: {', '.join(bad)} cannot be injected; use {', '.join(sorted(INJECTABLE_CODES))}"
-            )
-        if not 0.0 <= rate <= 1.0:
-            raise UsageError(f"rate must be between 0 and 1, got {rate!r}")
+        window = self._error_window(rate, codes, "UNAVAILABLE", methods, duration)
         with self._lock:
-            self._api_errors = _Window(
-                self._until(duration), {"rate": rate, "codes": codes, "methods": tuple(methods)}
-            )
+            self._api_errors = window
 
     def lose_responses(
         self,
@@ -1578,18 +1569,22 @@ class World:
     ) -> None:
         """Serve this fraction of matching calls (seeded), then answer with an error: the call
         took effect but the client never hears so, as after a deadline or a dropped connection."""
-        codes = tuple(c.upper() for c in codes) or ("DEADLINE_EXCEEDED",)
-        bad = [c for c in codes if c not in INJECTABLE_CODES]
+        window = self._error_window(rate, codes, "DEADLINE_EXCEEDED", methods, duration)
+        with self._lock:
+            self._lost = window
+
+    def _error_window(self, rate: float, codes: Iterable[str], default: str, methods: Iterable[str],
+                      duration: float | None) -> _Window:
+        """The window of an error-answering fault; UsageError for a code or rate it cannot use."""
+        chosen = tuple(c.upper() for c in codes) or (default,)
+        bad = [c for c in chosen if c not in INJECTABLE_CODES]
         if bad:
             raise UsageError(
                 f"codes: {', '.join(bad)} cannot be injected; use {', '.join(sorted(INJECTABLE_CODES))}"
             )
         if not 0.0 <= rate <= 1.0:
             raise UsageError(f"rate must be between 0 and 1, got {rate!r}")
-        with self._lock:
-            self._lost = _Window(
-                self._until(duration), {"rate": rate, "codes": codes, "methods": tuple(methods)}
-            )
+        return _Window(self._until(duration), {"rate": rate, "codes": chosen, "methods": tuple(methods)})
 
     def slow_calls(
         self,
