@@ -67,3 +67,13 @@ def test_importing_config_does_not_import_the_spec_module() -> None:
     code = "import sys, tpuwatch.config; print('tpuwatch.spec' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_a_removed_key_says_why_it_went_and_what_to_do(tmp_path: Path) -> None:
+
+    cfg = tmp_path / "tpuwatch.toml"
+    cfg.write_text('[tpu]\nname = "pod"\n[job]\ncommand = "true"\n[recovery]\nretryable_exit_codes = [139]\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg)
+    assert "recovery.retryable_exit_codes: no longer a setting" in err.value.message
+    assert "delete the line" in err.value.message

@@ -24,7 +24,7 @@ def test_from_config(tmp_path: Path) -> None:
     assert cfg.zones == ("us-central2-b", "us-east1-d")  # the zone first, no repeats
     assert (cfg.repair_timeout, cfg.min_uptime, cfg.backoff_base, cfg.backoff_max) == (600.0, 90.0, 5.0, 60.0)
     assert (cfg.max_restarts, cfg.max_recreates, cfg.no_progress_limit) == (7, 3, 3)
-    assert cfg.fail_fast_exit_codes == frozenset({3}) and 3 not in cfg.retryable_exit_codes
+    assert cfg.fail_fast_exit_codes == frozenset({3})
     assert cfg.primary_worker == 1  # the lowest worker the job runs on
     assert cfg.unreachable_grace == 15.0
 

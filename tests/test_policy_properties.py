@@ -87,7 +87,6 @@ def observations(draw: st.DrawFn, mem: Memory, now: float) -> Observation:
         checkpoint=ckpt(step) if step is not None else None,
         operation=operation,
         create_failure=create_failure,
-        owned=n is not None and n.labels.get("tpuwatch-job") == CFG.job,
         jitter=draw(st.floats(0, 1, exclude_max=True)),
         adopt=draw(st.integers(0, 9)) == 0,
         recreate_missing=draw(st.integers(0, 4)) == 0,
@@ -185,7 +184,7 @@ def test_never_deletes_a_ready_healthy_node_nor_one_it_does_not_own(data: st.Dat
         for a in s.decision.actions:
             if isinstance(a, DeleteNode):
                 assert s.obs.node is not None and not s.obs.node.usable, s.decision.summary
-                assert s.obs.owned or s.obs.adopt, s.decision.summary
+                assert s.obs.node.owned_by(CFG.job) or s.obs.adopt, s.decision.summary
                 assert a.name == NAME
 
 
@@ -232,7 +231,7 @@ def test_backoff_waits_are_within_the_cap() -> None:
     # a deterministic corner: the longest wait the default config can produce
     mem = replace(Memory.initial(ZONES[0]), phase=Phase.RUNNING, attempt=9, attempt_start=at(0),
                   attempt_node_id="n1", attempt_start_step=1, attempt_seen=True, backoff_level=40)
-    o = Observation(node=node(), probes=(WorkerProbe(0, "exited", 9, 1),), checkpoint=ckpt(2), owned=True,
+    o = Observation(node=node(), probes=(WorkerProbe(0, "exited", 9, 1),), checkpoint=ckpt(2),
                     jitter=0.999999)
     d = decide(o, mem, replace(CFG, max_restarts=100), at(500))
     assert d.memory.backoff_until is not None

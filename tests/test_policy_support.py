@@ -113,8 +113,7 @@ def op(name: str, done: bool = True, code: int = 0, message: str = "") -> Operat
 def obs(n: NodeSnapshot | None = None, *, missing: bool = False, **kw: Any) -> Observation:
     """An observation of node `n` (default READY+HEALTHY, owned), or of no node when `missing`."""
     the_node = None if missing else (n if n is not None else node())
-    owned = kw.pop("owned", the_node is not None and the_node.labels.get("tpuwatch-job") == JOB)
-    return Observation(node=the_node, owned=owned, **kw)
+    return Observation(node=the_node, **kw)
 
 
 def idle(**kw: Any) -> Memory:

@@ -27,6 +27,7 @@ from test_policy_support import (
     tick,
 )
 
+from tpuwatch.model import QueuedStatus
 from tpuwatch.policy import (
     ROWS,
     CreateNode,
@@ -201,6 +202,43 @@ def test_row_recreate_missing() -> None:
     assert d.row == "recreate_missing"
     assert d.actions == (CreateNode(NAME, ZONES[0], d.actions[0].reason),)  # type: ignore[union-attr]
     assert (d.memory.phase, d.memory.recreates, d.memory.pending_kind) == (Phase.CREATING, 1, "create")
+
+
+QR_NAME = "projects/p/locations/us-central2-b/queuedResources/pod-qr"
+
+
+@pytest.mark.parametrize("state", ["SUSPENDING", "SUSPENDED", "FAILED"])
+def test_row_queued_preempted(state: str) -> None:
+    taken = QueuedStatus(QR_NAME, state)
+    # The node is being deleted by the service while the job runs: a disruption, not a halt.
+    d = tick(obs(node("DELETING"), probes=None, queued=taken), run_mem(), now=500)
+    assert d.row == "queued_preempted" and d.exit_code == 0
+    assert kinds(d) == ["delete"] and d.memory.phase is Phase.DELETING and d.memory.recreates == 1
+    assert d.ended[0].outcome == "disruption" and d.memory.restarts == 0
+    assert f"pod-qr is {state}" in d.summary and "not charged" in d.summary
+    # Already gone (a cron tick came late): the request alone is deleted, then followed to its end.
+    gone = tick(obs(missing=True, queued=taken), run_mem(), now=500)
+    assert gone.row == "queued_preempted" and kinds(gone) == ["delete"] and gone.memory.deleting_node_id == ""
+    follow = tick(obs(missing=True, queued=QueuedStatus(QR_NAME, "DELETING")),
+                  replace(gone.memory, pending_op="op-1"), now=510)
+    assert follow.row == "deleting" and kinds(follow) == ["follow"]
+    after = tick(obs(missing=True, queued=QueuedStatus(QR_NAME, ""), operation=op("op-1")),
+                 replace(gone.memory, pending_op="op-1"), now=520)
+    assert after.row == "create_after_delete" and kinds(after) == ["create"]
+    # A request a person deleted (none left) keeps the node a person's business.
+    person = tick(obs(missing=True, queued=QueuedStatus(QR_NAME, "")), run_mem(), now=500)
+    assert person.row == "node_missing" and person.exit_code == 1
+    # While the request still stands (ACTIVE), a deleting node is someone else's doing.
+    active = tick(obs(node("DELETING"), queued=QueuedStatus(QR_NAME, "ACTIVE")), idle(), now=5)
+    assert active.row == "someone_deleting"
+
+
+def test_a_queued_resource_given_up_while_its_create_is_followed_is_queued() -> None:
+    creating = replace(idle(), phase=Phase.CREATING, pending_op="op-9", zone=ZONES[0])
+    d = tick(obs(missing=True, operation=op("op-9"), queued=QueuedStatus(QR_NAME, "FAILED", 8, "Quota limit hit")),
+             creating, now=50)
+    assert d.row == "no_capacity" and d.memory.phase is Phase.QUEUED
+    assert "queued resource pod-qr FAILED: Quota limit hit" in d.summary
 
 
 def test_row_someone_deleting() -> None:

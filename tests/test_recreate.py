@@ -6,7 +6,6 @@ from datetime import datetime, timezone
 
 import pytest
 from google.api_core import exceptions as gexc
-from google.cloud import tpu_v2
 
 from tpuwatch import recreate as rc
 from tpuwatch.cloud.errors import Call, translate
@@ -38,8 +37,7 @@ def snap(labels: dict[str, str]) -> NodeSnapshot:
     ],
 )
 def test_owned_means_the_label_value_is_exactly_the_job(labels: dict[str, str], job: str, expected: bool) -> None:
-    assert rc.owned(snap(labels), job) is expected
-    assert rc.owned(tpu_v2.Node(labels=labels), job) is expected  # a Node message works too
+    assert snap(labels).owned_by(job) is expected
 
 
 def test_ownership_error_names_the_label_and_the_ways_out() -> None:

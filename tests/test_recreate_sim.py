@@ -16,6 +16,7 @@ from test_startup_scripts import wait_for  # sibling test module (rootdir on sys
 
 from tpuwatch import recreate as rc
 from tpuwatch.cli import main
+from tpuwatch.cloud.lifecycle import Lifecycle
 from tpuwatch.config import load_config
 from tpuwatch.sim.simulator import Simulator
 from tpuwatch.spec import OWNER_LABEL
@@ -167,7 +168,7 @@ def test_stockout_is_queueable_with_the_api_text_and_fallback_zone_is_used(
 
     env.world.stockout(ZONE_B)
     api = TpuAdapter(env.project, ZONE_B)
-    op = rc.start_create(api, cfg, ZONE_B)
+    op = rc.start_create(Lifecycle(api), cfg, ZONE_B)
     failure = rc.classify_operation(rc.wait_operation(api, op, timeout=30))
     assert failure is not None and failure.queueable and failure.reason == "no_capacity"
     assert failure.message.startswith(f'There is no more capacity in the zone "{ZONE_B}"')
@@ -190,7 +191,7 @@ def test_quota_refusal_is_queueable_and_everywhere_out_fails_with_exit_1(
 
     env.world.quota(ZONE_A)
     with pytest.raises(rc.CreateRejected) as refused:
-        rc.start_create(TpuAdapter(env.project, ZONE_A), load_config(cfg_path), ZONE_A)
+        rc.start_create(Lifecycle(TpuAdapter(env.project, ZONE_A)), load_config(cfg_path), ZONE_A)
     assert refused.value.failure.queueable and refused.value.failure.reason == "quota"
     assert refused.value.failure.message.startswith("Quota limit 'TPUV4PerProjectPerRegionForTPUAPI' has been exceeded")
 

@@ -1,8 +1,8 @@
-"""`Reconciler.wait`: between ticks, a down node is probed by TCP connects, not by API calls.
+"""`loop.Pacer.wait`: between ticks, a down node is probed by TCP connects, not by API calls.
 
 A real local socket plays worker 0's SSH port: bound but not listening (connection refused,
 as from a host under maintenance) until a virtual clock reaches the moment it "heals", then
-listening. The clock and sleep are the Reconciler's ports, so no test waits in real time.
+listening. The clock and sleep are the Pacer's ports, so no test waits in real time.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tpuwatch.journal import Journal
+from tpuwatch.loop import PORT_PROBE_EVERY, Pacer
 from tpuwatch.model import NodeSnapshot, WorkerEndpoint
 from tpuwatch.policy import Decision, Memory, Phase, Wait
 from tpuwatch.ports import TpuApi
-from tpuwatch.tick import PORT_PROBE_EVERY, Ports, Reconciler, TickReport
+from tpuwatch.tick import Ports, TickReport
 from tpuwatch.wiring import load_job
 from tpuwatch.workers import SshWorkers
 
@@ -74,7 +74,7 @@ def no_api(zone: str) -> TpuApi:
 
 
 def reconciler(tmp_path: Path, port: int, clock: Clock, monkeypatch: pytest.MonkeyPatch,
-               transport: str = "openssh") -> Reconciler:
+               transport: str = "openssh") -> Pacer:
     tmp_path.mkdir(parents=True, exist_ok=True)
     monkeypatch.setenv("TPUWATCH_STATE_DIR", str(tmp_path / "state"))
     key = tmp_path / "id"
@@ -90,8 +90,7 @@ def reconciler(tmp_path: Path, port: int, clock: Clock, monkeypatch: pytest.Monk
     job = load_job(cfg, "sim-project", "us-central2-b")
     ports = Ports(tpu_for=no_api, workers=SshWorkers.from_config(job.cfg), checkpoints=None,
                   sleep=clock.sleep, clock=clock.clock)
-    journal = Journal.open(tmp_path / "state", job.name, "pod")
-    return Reconciler(job.cfg, job.pcfg, ports, journal)
+    return Pacer(ports, job.pcfg.poll_interval)
 
 
 def report(state: str = "REPAIRING", health: str = "UNHEALTHY_MAINTENANCE", phase: Phase = Phase.WAITING_NODE,

@@ -328,7 +328,6 @@ SCHEMA: dict[str, dict[str, Field]] = {
                               "charged failure. \"auto\": 3x the checkpoint interval seen (at least 30m), and only while "
                               "the workers' logs are silent too; 0s = off"),
         "fail_fast_exit_codes": Field(_exit_codes, frozenset(), "exit codes that fail the job at once"),
-        "retryable_exit_codes": Field(_exit_codes, frozenset({6, 134, 11, 139, 137, 143, 255}), "exit codes charged and retried"),
         "backoff_base": Field(_duration(0), 10.0, "first wait between charged restarts"),
         "backoff_max": Field(_duration(0), 300.0, "longest wait between charged restarts"),
         "stop_grace": Field(_duration(0), 30.0, "SIGTERM to SIGKILL grace when stopping workers"),
@@ -443,6 +442,8 @@ def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[st
     for section, fields in SCHEMA.items():
         given = dict(raw.get(section, {}))
         for key in given:
+            if (section, key) in REMOVED:
+                raise ConfigError(f"{section}.{key}: {REMOVED[section, key]}")
             if key not in fields:
                 raise ConfigError(
                     f"{section}.{key}: unknown key{_did_you_mean(key, list(fields))}; "
@@ -464,14 +465,6 @@ def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[st
     r = out["recovery"]
     if r["backoff_max"] < r["backoff_base"]:
         raise ConfigError("recovery.backoff_max: must not be shorter than recovery.backoff_base")
-    both = r["fail_fast_exit_codes"] & r["retryable_exit_codes"]
-    if both and "retryable_exit_codes" in raw.get("recovery", {}):
-        raise ConfigError(
-            f"recovery.fail_fast_exit_codes: {sorted(both)} also listed in recovery.retryable_exit_codes; "
-            "an exit code is either fail-fast or retryable"
-        )
-    if both:  # fail-fast wins over the default retryable list
-        r["retryable_exit_codes"] = r["retryable_exit_codes"] - both
     known_checks = [*PRECHECK_IDS, *(c["name"] for c in out["precheck"]["custom"])]
     unknown_checks = set(out["precheck"]["skip"]) - set(known_checks)
     if unknown_checks:
@@ -483,6 +476,12 @@ def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[st
     return out
 
 
+# Keys an older tpuwatch accepted, and why they went: said plainly instead of "unknown key".
+REMOVED = {
+    ("recovery", "retryable_exit_codes"): (
+        "no longer a setting (it changed nothing: every non-zero exit that is not a disruption and "
+        "not in recovery.fail_fast_exit_codes is charged and retried); delete the line"),
+}
 PRECHECK_IDS = ("disk", "shm", "cache", "ulimit", "dns", "devices", "device_holders", "libtpu_lock", "interpreter")
 
 

@@ -13,14 +13,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-# Node.State names that mean "the service is working on it; wait up to repair_timeout".
-REPAIR_STATES = frozenset({"REPAIRING", "RESTARTING", "UNKNOWN", "REIMAGING", "STARTING", "CREATING"})
-# Health values that mean the node is not usable now.
+# Health values that mean the node is not usable now (NodeSnapshot.usable).
 UNHEALTHY = frozenset({"TIMEOUT", "UNHEALTHY_TENSORFLOW", "UNHEALTHY_MAINTENANCE"})
-# States a person caused; tpuwatch leaves the node alone.
-PERSON_STATES = frozenset({"STOPPED", "STOPPING", "HIDDEN", "HIDING", "UNHIDING"})
-# States from which the node never comes back by itself.
-DEAD_STATES = frozenset({"PREEMPTED", "TERMINATED"})
+# The label that marks a node as a job's: tpuwatch deletes a node only when it says that job.
+OWNER_LABEL = "tpuwatch-job"
 
 
 @dataclass(frozen=True)
@@ -86,6 +82,16 @@ class NodeSnapshot:
     def usable(self) -> bool:
         """READY and not reported unhealthy: a job may run here."""
         return self.state == "READY" and self.health not in UNHEALTHY
+
+    @property
+    def owner(self) -> str | None:
+        """The value of the ownership label, or None."""
+        value = self.labels.get(OWNER_LABEL)
+        return None if value is None else str(value)
+
+    def owned_by(self, job: str) -> bool:
+        """True only when the ownership label equals `job` exactly (`myjob-2` is not `myjob`'s)."""
+        return bool(job) and self.owner == job
 
 
 AuditKind = Literal["terminate", "restart", "upcoming_maintenance", "other"]
@@ -197,3 +203,96 @@ class PrecheckReport:
         """Something failed, and tpuwatch can fix every failing item itself."""
         failing = self.failing
         return bool(failing) and all(i.fixable for i in failing)
+
+
+# -- what the workers answered to a launch or a stop ------------------------------------------
+
+LaunchOutcome = Literal["launched", "running", "ran", "busy", "newer", "error", "unreachable"]
+
+
+@dataclass(frozen=True)
+class StopResult:
+    """What one worker's stop did: processes stopped, device holders, the libtpu lockfile."""
+
+    worker: int
+    ok: bool
+    stopped: tuple[int, ...] = ()
+    device_holders: tuple[int, ...] = ()
+    libtpu_lockfile: str = "absent"  # absent, removed, held by PIDS, stale, cannot remove
+    leftover: tuple[int, ...] = ()
+    detail: str = ""
+    unreachable: bool = False
+
+    def describe(self) -> str:
+        if self.unreachable:
+            return f"worker {self.worker}: unreachable ({self.detail})"
+        bits = []
+        if self.stopped:
+            bits.append(f"stopped {len(self.stopped)} job process(es)")
+        if self.device_holders:
+            bits.append("stopped TPU device holder(s) " + " ".join(map(str, self.device_holders)))
+        if self.libtpu_lockfile not in ("absent", ""):
+            bits.append(f"libtpu lockfile {self.libtpu_lockfile}")
+        if self.leftover:
+            bits.append("still alive after KILL: " + " ".join(map(str, self.leftover)))
+        if self.detail:
+            bits.append(self.detail)
+        return f"worker {self.worker}: " + ("; ".join(bits) or "nothing to stop")
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """What one worker did with a launch request.
+
+    launched: started now. running: this very attempt already runs (an earlier try got
+    through). ran: this attempt already ran and ended. busy: another attempt's processes hold
+    the lock. newer: a newer attempt was launched here. error / unreachable: see detail.
+    """
+
+    worker: int
+    outcome: LaunchOutcome
+    attempt: int | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    detail: str = ""
+    cleanup: StopResult | None = None  # what the launch's own cleanup did (clean_grace), if it ran
+
+    @property
+    def started(self) -> bool:
+        """The attempt runs on this worker now (launched by this call or by an earlier try)."""
+        return self.outcome in ("launched", "running")
+
+    def describe(self) -> str:
+        what = {
+            "launched": f"launched attempt {self.attempt} (pid {self.pid})",
+            "running": f"attempt {self.attempt} already running (pid {self.pid}), not started again",
+            "ran": f"attempt {self.attempt} already ran (exit code {self.exit_code}), not started again",
+            "busy": f"refused: attempt {self.attempt} still holds the job lock",
+            "newer": f"refused: a newer attempt {self.attempt} was launched here",
+            "error": "failed",
+            "unreachable": "unreachable",
+        }[self.outcome]
+        return f"worker {self.worker}: {what}" + (f" ({self.detail})" if self.detail else "")
+
+
+# -- queued resources ---------------------------------------------------------------------------
+
+# QueuedResourceState names after which the request never makes (or keeps) its node: the service
+# gave up on it (FAILED), or deleted its node ("initiated by the user, or the Cloud TPU service",
+# e.g. a spot preemption: SUSPENDING, then SUSPENDED).
+QR_ENDED = frozenset({"FAILED", "SUSPENDING", "SUSPENDED"})
+
+
+@dataclass(frozen=True)
+class QueuedStatus:
+    """A queued resource as last seen."""
+
+    name: str  # full name
+    state: str  # QueuedResourceState.State name; "" when it does not exist
+    error_code: int = 0  # google.rpc.Code of a FAILED request
+    error_message: str = ""
+
+    @property
+    def ended(self) -> bool:
+        return self.state in QR_ENDED
+

@@ -1,23 +1,34 @@
-"""The small protocols the tick talks to; one real adapter each, plus fakes in tests.
+"""The small protocols the tick talks to; one real adapter each, plus fakes in tests and benchmarks.
 
-The policy never sees these: the tick calls them to observe and to act, and hands the
-policy plain values from `tpuwatch.model`.
+Every outside system has one typed door here, so the tick needs no `Any`, `getattr` or `cast`
+to use it. The policy never sees these: the tick calls them to observe and to act, and hands
+the policy plain values from `tpuwatch.model`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
-from tpuwatch.model import AuditEvent, Checkpoint, NodeSnapshot, OperationStatus, WorkerProbe
+from tpuwatch.model import (
+    AuditEvent,
+    Checkpoint,
+    LaunchResult,
+    NodeSnapshot,
+    OperationStatus,
+    PrecheckReport,
+    QueuedStatus,
+    StopResult,
+    WorkerProbe,
+)
 
-
-class Clock(Protocol):
-    def now(self) -> datetime: ...
+CheckContext = Literal["launch", "running"]
 
 
 class TpuApi(Protocol):
+    """Nodes and operations of one project and zone (tpuwatch.cloud.tpu.TpuAdapter)."""
+
     def get_node(self, name: str) -> NodeSnapshot | None:
         """The node, or None when it does not exist."""
 
@@ -32,18 +43,63 @@ class TpuApi(Protocol):
     def get_operation(self, name: str) -> OperationStatus: ...
 
 
+class NodeLifecycle(Protocol):
+    """Delete and create the job's node, plainly or through its queued resource
+    (tpuwatch.cloud.lifecycle.Lifecycle)."""
+
+    queued_resource: str  # the queued resource's id; "" for a plain node
+
+    def status(self) -> QueuedStatus | None:
+        """The queued resource's state; None for a plain node."""
+
+    def delete(self, node: NodeSnapshot | None) -> tuple[str, str]:
+        """Start deleting (no node: its queued resource alone); (operation name, what is deleted).
+        NotFoundError when nothing is left."""
+
+    def clear_ended(self) -> str:
+        """Delete a queued resource the service gave up on; what was done ("": nothing)."""
+
+    def create(self, name: str, node: Mapping[str, Any], zone: str, *, resumed: bool = False,
+               tier: str = "", reservation: str = "") -> str:
+        """Start a create; the operation name ("" when this job's own earlier create stands)."""
+
+
 class AuditLog(Protocol):
     def read(self, nodes: Iterable[str], cursor: str | None) -> tuple[list[AuditEvent], str | None]:
         """Events about `nodes` after `cursor`, oldest first, and the new cursor (one query)."""
 
+    def take_warnings(self) -> list[str]:
+        """Warnings about the reader itself since the last call (e.g. a shared cache not usable)."""
+
 
 class Workers(Protocol):
-    def probe(self, node: NodeSnapshot) -> list[WorkerProbe]: ...
+    """The job on the workers over SSH (tpuwatch.workers.SshWorkers)."""
+
+    def probe(self, node: NodeSnapshot) -> Sequence[WorkerProbe]: ...
 
     def launch(self, node: NodeSnapshot, attempt: int, checkpoint: Checkpoint | None,
-               clean: bool = False) -> Sequence[Any]: ...
+               clean: bool = False) -> Sequence[LaunchResult]: ...
 
-    def stop(self, node: NodeSnapshot) -> Sequence[Any]: ...
+    def stop(self, node: NodeSnapshot, workers: Sequence[int] | None = None) -> Sequence[StopResult]: ...
+
+    def port_target(self, node: NodeSnapshot) -> tuple[str, int] | None:
+        """Worker 0's SSH address, when a TCP connect there tells whether its sshd is up; None when
+        the transport reaches the workers by a path a TCP probe cannot follow (gcloud, IAP)."""
+
+
+class Prechecker(Protocol):
+    """The environment checks of the workers (tpuwatch.precheck.Prechecker)."""
+
+    @property
+    def enabled(self) -> bool:
+        """precheck.enabled"""
+
+    def run(self, node: NodeSnapshot, context: CheckContext = "launch", *,
+            now: datetime | None = None) -> PrecheckReport: ...
+
+    def probe_and_run(self, node: NodeSnapshot, context: CheckContext = "launch", *,
+                      now: datetime | None = None) -> tuple[Sequence[WorkerProbe], PrecheckReport]:
+        """The probe and the checks in one connection per worker."""
 
 
 class CheckpointStore(Protocol):

@@ -440,6 +440,11 @@ class Prechecker:
         self.settings = settings
         self.interpreter = interpreter_of(workers.command) if workers.command else ""
 
+    @property
+    def enabled(self) -> bool:
+        """precheck.enabled: the tick runs no check when it is off."""
+        return self.settings.enabled
+
     @classmethod
     def from_config(cls, cfg: Config, workers: SshWorkers) -> Prechecker:
         return cls(workers, Settings.from_config(cfg))

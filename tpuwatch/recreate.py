@@ -5,19 +5,19 @@ The tick (and `tpuwatch recreate`) call these; the policy decides *when*. Rules 
   caller passes an explicit adopt (`--adopt`). `myjob-2` does not belong to `myjob`.
 - A create request is built and validated (spec, startup script, metadata limits) before
   anything is deleted, so a bad config never leaves the user with no TPU.
-- A failed create is classified from the API's own code and text (REFERENCE.md "Errors seen
-  when creating"): no capacity, quota and reservation shortfalls are worth queueing; an
+- A failed create is classified from the API's own code and text: no capacity, quota and
+  reservation shortfalls are worth queueing; an
   ALREADY_EXISTS answer to a create tpuwatch itself started is success; everything else is fatal
   and shown as the API said it.
-This module knows the TPU API through its public adapter methods (`RecreateApi`: the TpuApi
-port plus queued resources and labels), the config and the spec; it holds no loop, clock or
-policy, and it builds requests but never sends one except through those methods.
+This module knows the TPU API through the ports (`NodeLifecycle` deletes and creates, plainly
+or through a queued resource), the config and the spec; it holds no clock or policy, and it
+builds requests but never sends one except through those ports. The only loop is `poll_until`,
+for `tpuwatch recreate` and `init`, which wait where the tick never does.
 """
 
 from __future__ import annotations
 
 import getpass
-import json
 import shlex
 import time
 from collections.abc import Callable, Mapping
@@ -26,63 +26,27 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from tpuwatch import spec as specmod
+from tpuwatch.cloud.errors import CODE_NAMES, CODE_NUMBERS
+from tpuwatch.cloud.lifecycle import queued_id, queued_request
 from tpuwatch.config import Config
-from tpuwatch.errors import ConfigError, JobFailed, NotFoundError, TpuwatchError
-from tpuwatch.model import NodeSnapshot, OperationStatus
-from tpuwatch.ports import TpuApi
-
-OWNER_LABEL = specmod.OWNER_LABEL
+from tpuwatch.errors import ConfigError, JobFailed, TpuwatchError
+from tpuwatch.model import OWNER_LABEL, NodeSnapshot, OperationStatus, QueuedStatus
+from tpuwatch.ports import NodeLifecycle, TpuApi
 
 
-class RecreateApi(TpuApi, Protocol):
-    """What recreate and init need of the TPU API beyond the TpuApi port (tpuwatch.cloud.tpu.TpuAdapter)."""
-
-    project: str
-    zone: str
-
-    def get_node_message(self, name: str) -> Any | None: ...
+class LabelApi(TpuApi, Protocol):
+    """What `tpuwatch init --adopt` needs of the TPU API beyond the TpuApi port."""
 
     def set_labels(self, name: str, labels: Mapping[str, str]) -> str: ...
-
-    def get_queued_resource(self, name: str) -> Any | None: ...
-
-    def queued_resource_name(self, name: str, zone: str | None = None) -> str: ...
-
-    def create_queued_resource(self, qr_id: str, queued_resource: Mapping[str, Any],
-                               zone: str | None = None) -> str: ...
-
-    def delete_queued_resource(self, name: str, *, force: bool = True, zone: str | None = None) -> str: ...
-
-# google.rpc.Code numbers
-CODE_NAMES = {
-    0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED", 5: "NOT_FOUND",
-    6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION",
-    10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED", 13: "INTERNAL", 14: "UNAVAILABLE",
-    15: "DATA_LOSS", 16: "UNAUTHENTICATED",
-}
-CODE_NUMBERS = {name: number for number, name in CODE_NAMES.items()}
 
 
 # ---------------------------------------------------------------------------------------------
 # ownership
 
 
-def owner_of(node: Any) -> str | None:
-    """The value of the ownership label, or None. Takes a NodeSnapshot or a Node message."""
-    labels = getattr(node, "labels", None) or {}
-    value = labels.get(OWNER_LABEL) if hasattr(labels, "get") else None
-    return None if value is None else str(value)
-
-
-def owned(node: Any, job: str) -> bool:
-    """True only when the node's `tpuwatch-job` label equals `job` exactly."""
-    return bool(job) and owner_of(node) == job
-
-
-def ownership_error(node: NodeSnapshot | Any, job: str) -> JobFailed:
-    name = getattr(node, "name", "?").rsplit("/", 1)[-1]
-    zone = getattr(node, "zone", "") or "ZONE"
-    have = owner_of(node)
+def ownership_error(node: NodeSnapshot, job: str) -> JobFailed:
+    name, zone = node.name, node.zone or "ZONE"
+    have = node.owner
     why = "has no tpuwatch-job label" if have is None else f"has {OWNER_LABEL}={have}, not {OWNER_LABEL}={job}"
     return JobFailed(
         f"refusing to delete TPU {name}: it {why}, so tpuwatch does not own it. To let tpuwatch "
@@ -92,11 +56,12 @@ def ownership_error(node: NodeSnapshot | Any, job: str) -> JobFailed:
     )
 
 
-def start_delete(api: TpuApi, node: NodeSnapshot, job: str, adopt: bool = False) -> str:
-    """Start deleting an owned node; the operation name. JobFailed (exit 1) when not owned."""
-    if not adopt and not owned(node, job):
+def start_delete(life: NodeLifecycle, node: NodeSnapshot, job: str, adopt: bool = False) -> tuple[str, str]:
+    """Start deleting an owned node (through its queued resource when it came from one);
+    (operation name, what is deleted). JobFailed (exit 1) when not owned."""
+    if not adopt and not node.owned_by(job):
         raise ownership_error(node, job)
-    return api.delete_node(node.name)
+    return life.delete(node)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,35 +159,39 @@ def _redact_env(text: str) -> str:
     return "".join(f"{line.split('=', 1)[0]}=<redacted>\n" for line in text.splitlines() if line.strip())
 
 
-def start_create(api: TpuApi, cfg: Config, zone: str, *, resumed: bool = False,
+def start_create(life: NodeLifecycle, cfg: Config, zone: str, *, resumed: bool = False,
                  launch: Mapping[str, str] | None = None) -> str:
-    """Start creating the node from the spec in `zone`; the operation name.
+    """Start creating the node from the spec in `zone` (through its queued resource when it came
+    from one, with the same tier and reservation); the operation name.
 
     "" means the node already exists because of a create tpuwatch started earlier (`resumed`:
     the journal says a create of this name is ours); that is success. A refused create raises
     CreateRejected carrying its classification.
     """
-    node = build_request(cfg, launch)
+    node = specmod.node_to_json(build_request(cfg, launch))
+    spec = cfg.tpu.get("spec") or {}
     try:
-        return api.create_node(cfg.tpu_name, specmod.node_to_json(node), zone)
+        return life.create(cfg.tpu_name, node, zone, resumed=resumed,
+                           tier=str(spec.get("queued_resource_tier", "")),
+                           reservation=str(spec.get("reservation_name", "")))
     except TpuwatchError as exc:
         failure = classify_exception(exc, started_by_us=resumed)
         if failure.kind == "exists":
             return ""
-        if failure.reason == "already_exists" and _ours(api, cfg):
+        if failure.reason == "already_exists" and not life.queued_resource and _ours(life, cfg):
             # A create whose answer was lost (a deadline, a dropped connection) is retried by
             # the adapter and meets the node it made itself: it carries this job's label.
             return ""
         raise CreateRejected(failure, zone) from None
 
 
-def _ours(api: TpuApi, cfg: Config) -> bool:
+def _ours(life: NodeLifecycle, cfg: Config) -> bool:
     """The node named like the job's TPU exists and carries tpuwatch-job=<this job>."""
     try:
-        existing = api.get_node(cfg.tpu_name)
+        existing = life.tpu.get_node(cfg.tpu_name)  # type: ignore[attr-defined]
     except TpuwatchError:
         return False  # cannot tell: the refusal stands
-    return existing is not None and owned(existing, cfg.job_name)
+    return existing is not None and existing.owned_by(cfg.job_name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,157 +290,84 @@ def classify_exception(exc: BaseException, *, started_by_us: bool) -> CreateFail
 
 
 # ---------------------------------------------------------------------------------------------
-# waiting (for `tpuwatch recreate`; the tick never waits, it follows operations across ticks)
+# waiting (for `tpuwatch recreate` and `init`; the tick never waits, it follows operations across ticks)
+
+
+def poll_until(done: Callable[[], bool], message: str, *, timeout: float,
+               sleep: Callable[[float], None] = time.sleep) -> None:
+    """Call `done` until it is true: first after 0.25 s, then at most every 10 s (x1.6 each time).
+
+    JobFailed(message) once `timeout` seconds have passed.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.25
+    while not done():
+        if time.monotonic() > deadline:
+            raise JobFailed(message)
+        sleep(delay)
+        delay = min(delay * 1.6, 10.0)
 
 
 def wait_operation(api: TpuApi, name: str, *, timeout: float = 3600.0, what: str = "operation",
                    sleep: Callable[[float], None] = time.sleep,
                    on_poll: Callable[[OperationStatus], None] | None = None) -> OperationStatus:
-    """Poll an operation until done: first after 0.25 s, then at most every 10 s."""
-    deadline = time.monotonic() + timeout
-    delay = 0.25
-    while True:
+    """Poll an operation until done."""
+    seen: list[OperationStatus] = []
+
+    def done() -> bool:
         op = api.get_operation(name)
         if on_poll is not None:
             on_poll(op)
-        if op.done:
-            return op
-        if time.monotonic() > deadline:
-            raise JobFailed(f"{what} {name} still running after {timeout:g}s; check it with "
-                            "`tpuwatch status` and run the command again")
-        sleep(delay)
-        delay = min(delay * 1.6, 10.0)
+        seen.append(op)
+        return op.done
+
+    poll_until(done, f"{what} {name} still running after {timeout:g}s; check it with `tpuwatch status` "
+                     "and run the command again", timeout=timeout, sleep=sleep)
+    return seen[-1]
 
 
 def wait_node_gone(api: TpuApi, name: str, *, timeout: float = 600.0,
                    sleep: Callable[[float], None] = time.sleep) -> None:
     """After a delete operation ends, the name is free once get_node says NOT_FOUND."""
-    deadline = time.monotonic() + timeout
-    delay = 0.25
-    while api.get_node(name) is not None:
-        if time.monotonic() > deadline:
-            raise JobFailed(f"TPU {name} still exists {timeout:g}s after its delete finished")
-        sleep(delay)
-        delay = min(delay * 1.6, 10.0)
-
-
-def require(api: TpuApi, name: str, where: str) -> NodeSnapshot:
-    node = api.get_node(name)
-    if node is None:
-        raise NotFoundError(f"no TPU named {name} in {where}")
-    return node
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, indent=2, sort_keys=False)
+    poll_until(lambda: api.get_node(name) is None,
+               f"TPU {name} still exists {timeout:g}s after its delete finished", timeout=timeout, sleep=sleep)
 
 
 # ---------------------------------------------------------------------------------------------
 # Ownership label on a live node (`tpuwatch init --adopt`)
 
 
-def set_owner_label(api: RecreateApi, name: str, labels: Mapping[str, str], job: str) -> str:
+def set_owner_label(api: LabelApi, name: str, labels: Mapping[str, str], job: str) -> str:
     """Start an update_node that sets `tpuwatch-job=<job>` (other labels kept); the operation name."""
     return api.set_labels(name, {**dict(labels), OWNER_LABEL: job})
 
 
 # ---------------------------------------------------------------------------------------------
-# Queued resources: a node made through one is recreated through one, same tier and node spec.
-# Delete with force removes the node first; the new request follows
-# CREATING/WAITING_FOR_RESOURCES -> ACCEPTED -> PROVISIONING -> ACTIVE, or FAILED/SUSPENDED.
-
-QR_DONE_OK = frozenset({"ACTIVE"})
-QR_DONE_BAD = frozenset({"FAILED", "SUSPENDING", "SUSPENDED"})
-
-
-@dataclass(frozen=True)
-class QueuedStatus:
-    name: str
-    state: str  # QueuedResourceState.State name; "" when it does not exist
-    error_code: int = 0
-    error_message: str = ""
-
-
-def qr_full_name(api: RecreateApi, name: str, zone: str | None = None) -> str:
-    return api.queued_resource_name(name, zone)
-
-
-def queued_status(api: RecreateApi, name: str, zone: str | None = None) -> QueuedStatus:
-    full = qr_full_name(api, name, zone)
-    qr = api.get_queued_resource(full)
-    if qr is None:
-        return QueuedStatus(full, "")
-    state = qr.state.state.name
-    code, message = 0, ""
-    if "failed_data" in qr.state:
-        code, message = int(qr.state.failed_data.error.code), qr.state.failed_data.error.message
-    return QueuedStatus(full, state, code, message)
-
-
-def start_qr_delete(api: RecreateApi, name: str) -> str:
-    """Delete the queued resource with force (its node goes first); the operation name."""
-    return api.delete_queued_resource(qr_full_name(api, name), force=True)
-
-
-def qr_request(cfg: Config, zone: str, project: str, launch: Mapping[str, str] | None = None) -> Any:
-    """The CreateQueuedResource request: same name, tier and node spec as the saved one.
-
-    A tpu_v2 request, or tpu_v2alpha1 when the node spec has v2alpha1-only fields.
-    """
-    from google.cloud import tpu_v2, tpu_v2alpha1
-
-    node = build_request(cfg, launch)
-    tpu: Any = tpu_v2alpha1 if _api_version(node) == "v2alpha1" else tpu_v2
-    spec = cfg.tpu.get("spec") or {}
-    parent = f"projects/{project}/locations/{zone}"
-    qr = tpu.QueuedResource(
-        tpu=tpu.QueuedResource.Tpu(node_spec=[
-            tpu.QueuedResource.Tpu.NodeSpec(parent=parent, node_id=cfg.tpu_name, node=node)
-        ]),
-    )
-    tier = spec.get("queued_resource_tier", "")
-    if tier == "spot":
-        qr.spot = tpu.QueuedResource.Spot()
-    elif tier == "guaranteed":
-        qr.guaranteed = tpu.QueuedResource.Guaranteed()
-    if spec.get("reservation_name"):
-        qr.reservation_name = spec["reservation_name"]
-    qr_id = str(cfg.tpu["queued_resource"]).rsplit("/", 1)[-1]
-    return tpu.CreateQueuedResourceRequest(parent=parent, queued_resource_id=qr_id, queued_resource=qr)
-
-
-def _json(message: Any) -> dict[str, Any]:
-    from google.protobuf.json_format import MessageToDict
-
-    result: dict[str, Any] = MessageToDict(type(message).pb(message))
-    return result
+# Queued resources (the requests themselves: tpuwatch.cloud.lifecycle)
 
 
 def qr_request_json(cfg: Config, zone: str, project: str,
                     launch: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The exact CreateQueuedResource request (REST JSON) `start_qr_create` would send: for --dry-run."""
-    request = qr_request(cfg, zone, project, launch)
-    return {"method": f"google.cloud.tpu.{_api_version(request)}.Tpu.CreateQueuedResource", **_json(request)}
-
-
-def start_qr_create(api: RecreateApi, cfg: Config, zone: str, *, resumed: bool = False,
-                    launch: Mapping[str, str] | None = None) -> str:
-    """Create the queued resource again in `zone`; the operation name ("" = ours exists already)."""
-    request = qr_request(cfg, zone, api.project, launch)
-    try:
-        return api.create_queued_resource(request.queued_resource_id, _json(request.queued_resource), zone)
-    except TpuwatchError as exc:
-        failure = classify_exception(exc, started_by_us=resumed)
-        if failure.kind == "exists":
-            return ""
-        raise CreateRejected(failure, zone) from None
+    """The CreateQueuedResource request (REST JSON) a create through the queued resource sends:
+    for --dry-run. Same name, tier, reservation and node spec as the saved one."""
+    node = build_request(cfg, launch)
+    spec = cfg.tpu.get("spec") or {}
+    parent = f"projects/{project}/locations/{zone}"
+    return {
+        "method": f"google.cloud.tpu.{_api_version(node)}.Tpu.CreateQueuedResource",
+        "parent": parent,
+        "queuedResourceId": queued_id(str(cfg.tpu["queued_resource"])),
+        "queuedResource": queued_request(parent, cfg.tpu_name, specmod.node_to_json(node),
+                                         str(spec.get("queued_resource_tier", "")),
+                                         str(spec.get("reservation_name", ""))),
+    }
 
 
 def classify_queued(status: QueuedStatus) -> CreateFailure | None:
-    """None while provisioning or ACTIVE; a failure for FAILED / SUSPENDED."""
-    if status.state in QR_DONE_BAD:
-        if status.state == "FAILED":
-            return classify_create_error(status.error_code or 2, status.error_message or "queued resource FAILED",
-                                         started_by_us=True)
-        return CreateFailure("fatal", "other", status.state, f"queued resource {status.name} is {status.state}")
-    return None
+    """None while provisioning or ACTIVE; a failure for FAILED / SUSPENDING / SUSPENDED."""
+    if not status.ended:
+        return None
+    if status.state == "FAILED":
+        return classify_create_error(status.error_code or 2, status.error_message or "queued resource FAILED",
+                                     started_by_us=True)
+    return CreateFailure("fatal", "other", status.state, f"queued resource {status.name} is {status.state}")

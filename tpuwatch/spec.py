@@ -481,8 +481,7 @@ _TAIL = """\
 # no_progress_limit = 3     # consecutive attempts that add no checkpoint => failed
 # min_uptime = "2m"         # an attempt shorter than this is a failed start
 # queue_timeout = "24h"     # stockout/quota: keep retrying create this long, then fallback_zones
-# fail_fast_exit_codes = []
-# retryable_exit_codes = [6, 134, 11, 139, 137, 143, 255]
+# fail_fast_exit_codes = []  # exit codes that fail the job at once (any other is retried)
 
 # [ssh]
 # user = ""                 # default: the local user name, as gcloud does

@@ -1,22 +1,20 @@
-"""One reconcile tick, shared by `watch` (tick after tick) and `check` (one tick from cron).
+"""One reconcile tick, shared by `watch` (tick after tick, tpuwatch/loop.py) and `check` (one tick).
 
 Rules of this module:
-- Level-triggered (STYLE.md section 4): every tick re-reads the node, the workers, the newest
-  complete checkpoint and the audit log. Memory comes only from the journal.
+- Observe -> decide -> journal -> act, and nothing else: what to do, and what more to observe
+  before deciding, is tpuwatch.policy's to say (policy/observe.py); no branch here names a row.
+- Level-triggered: every tick re-reads the node, the workers, the newest complete checkpoint and
+  the audit log. Memory comes only from the journal.
 - Write-ahead: the decision is journaled before any action is carried out, and an operation's
   name right after the call that started it. A process killed between any two lines resumes
   from what it meant to do; the worker-side lock (a relaunch of attempt n is refused while or
   after it ran) and ALREADY_EXISTS-is-success cover the gap between a call and its journal line.
 - Never blocks on a long cloud operation: it starts it, and a later tick follows it up.
-- API cost per tick: one node get, one operation get while one is in flight, the audit log at
-  most once per `audit_interval` unless something looks wrong (and never twice within
-  MIN_AUDIT_GAP); worker probes go over SSH and cost no API quota. A TPU made through a queued
-  resource ([tpu] queued_resource) is deleted (force) and created through it, and while its
-  node is awaited the request's state is read once a tick.
-- Between ticks (`Reconciler.wait`), while the node is down and being waited for, the API is
-  asked once per poll_interval only; a TCP connect to worker 0's SSH port, which costs no quota,
-  runs every second or so, and the moment the port answers the next tick confirms with the API.
-- No recovery rule lives here: what to do is tpuwatch.policy's to say.
+- API cost per tick: one node get, one operation get while one is in flight, the queued
+  resource's state while it matters (a node made through one that is missing or deleting, or a
+  create through it followed), the audit log at most once per `audit_interval` unless something
+  looks wrong; worker probes go over SSH and cost no API quota.
+- `decide` is called at most four times a tick (policy/observe.py says when).
 """
 
 from __future__ import annotations
@@ -25,12 +23,13 @@ import json
 import random
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any, cast
+from typing import Any
 
 from tpuwatch import precheck, recreate
+from tpuwatch.cloud.lifecycle import Lifecycle
 from tpuwatch.config import Config
 from tpuwatch.durations import human
 from tpuwatch.errors import CloudError, NotFoundError
@@ -41,6 +40,7 @@ from tpuwatch.model import (
     NodeSnapshot,
     OperationStatus,
     PrecheckReport,
+    QueuedStatus,
     WorkerProbe,
 )
 from tpuwatch.policy import (
@@ -57,13 +57,8 @@ from tpuwatch.policy import (
     decide,
     hang_limit,
 )
-from tpuwatch.ports import AuditLog, CheckpointStore, TpuApi
-
-MIN_AUDIT_GAP = 2.0  # seconds: 30 reads a minute at most, half the Logging API's read quota
-PORT_PROBE_EVERY = 0.5  # seconds between TCP probes of a down node: quicker than a 1 s retry loop
-# Queued resource states that will never make the node: a failed create, for the policy.
-QR_GIVEN_UP = frozenset({"FAILED", "SUSPENDING", "SUSPENDED"})
-RESOURCE_EXHAUSTED = 8  # google.rpc.Code: how a given-up queued resource is shown as a failed create
+from tpuwatch.policy.observe import audit_due, launch_likely, precheck_due
+from tpuwatch.ports import AuditLog, CheckpointStore, NodeLifecycle, Prechecker, TpuApi, Workers
 
 
 def port_open(host: str, port: int, timeout: float) -> bool:
@@ -90,21 +85,28 @@ class Flags:
 
 @dataclass
 class Ports:
-    """The adapters one tick talks to; real ones in `tpuwatch.wiring`, fakes in tests."""
+    """The adapters one tick talks to; real ones in `tpuwatch.wiring`, fakes in tests and benchmarks."""
 
     tpu_for: Callable[[str], TpuApi]  # zone -> TPU API of that zone
-    workers: Any  # tpuwatch.workers.SshWorkers (ports.Workers plus stop(node, workers))
+    workers: Workers
     checkpoints: CheckpointStore | None
     audit: AuditLog | None = None
     now: Callable[[], datetime] = utcnow
     jitter: Callable[[], float] = random.random
-    sleep: Callable[[float], None] = time.sleep  # between ticks (Reconciler.wait)
+    sleep: Callable[[float], None] = time.sleep  # between ticks (loop.Pacer)
     clock: Callable[[], float] = time.monotonic
-    # tpuwatch.precheck.Prechecker: environment checks before launches and while running
-    precheck: Any = None
-    # TCP probe of a down node's SSH port between ticks (`wait`); a benchmark in virtual time
-    # answers from its simulated hosts
+    # Environment checks before launches and while running; None: not run
+    precheck: Prechecker | None = None
+    # TCP probe of a down node's SSH port between ticks (loop.Pacer); a benchmark in virtual
+    # time answers from its simulated hosts
     port_open: Callable[[str, int, float], bool] = port_open
+    # zone -> delete/create of the job's node there; default: a plain node through tpu_for
+    lifecycle_for: Callable[[str], NodeLifecycle] | None = None
+
+    def lifecycle(self, zone: str) -> NodeLifecycle:
+        if self.lifecycle_for is not None:
+            return self.lifecycle_for(zone)
+        return Lifecycle(self.tpu_for(zone))
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,7 @@ class TickReport:
     done: tuple[str, ...] = ()  # what was carried out, one line each
     warnings: tuple[str, ...] = ()
     dry_run: bool = False
-    port_probes: int = 0  # TCP probes of a down node's SSH port made by this process so far
+    port_probes: int = 0  # TCP probes of a down node's SSH port made so far (stamped by loop.tick_loop)
     precheck: PrecheckReport | None = None  # this tick's environment checks, else the last journaled
     pcfg: PolicyConfig | None = None  # the job's policy settings (for what hang detection knows)
 
@@ -189,33 +191,33 @@ class Reconciler:
     journal: Journal
     flags: Flags = field(default_factory=Flags)
     audit_interval: float = 60.0
-    port_probes: int = 0  # TCP probes made by `wait` (they cost no API quota)
-    _port_closed_seen: bool = field(default=False, init=False, repr=False)  # a probe found it closed
 
     def tick(self) -> TickReport:
         now = self.ports.now()
         mem = self.journal.load_memory() or Memory.initial(self.pcfg.zones[0])
-        tpu = self.ports.tpu_for(mem.zone or self.pcfg.zones[0])
+        zone = mem.zone or self.pcfg.zones[0]
+        tpu = self.ports.tpu_for(zone)
+        life = self.ports.lifecycle(zone)
         node = tpu.get_node(self.pcfg.tpu_name)
-        probes, launch_checks = self._probe(node, mem, now)
-        operation, create_failure = self._operation(mem, tpu, node)
+        probes, pre = self._probe(node, mem, now)
+        operation, create_failure = self._operation(mem, tpu)
         checkpoint = self.ports.checkpoints.latest() if self.ports.checkpoints is not None else None
         warnings: list[str] = []
         events, cursor = self._audit(now, mem, node, probes, warnings)
-        pre = launch_checks or self._precheck_due(now, mem, node, probes)
+        pre = pre or self._periodic_precheck(now, mem, node, probes)
         obs = Observation(
             node=node, events=tuple(events), probes=probes, checkpoint=checkpoint,
-            operation=operation, create_failure=create_failure,
-            owned=node is not None and recreate.owned(node, self.pcfg.job),
+            operation=operation, create_failure=create_failure, queued=self._queued(life, mem, node),
             jitter=min(max(self.ports.jitter(), 0.0), 0.999999),
             adopt=self.flags.adopt, recreate_missing=self.flags.recreate_missing,
-            dry_run=self.flags.dry_run, precheck=pre,
+            dry_run=self.flags.dry_run, precheck=pre, checks=self._checks() is not None,
         )
         decision = decide(obs, mem, self.pcfg, now)
-        if node is not None and self._checks_before(decision, obs):
-            # The policy wants to launch: check the workers' environment first and decide
-            # again with what the checks found (a bad node is waited for, never charged).
-            pre = self._run_precheck(node, "launch", now)
+        checker = self._checks()
+        if decision.check_first and node is not None and checker is not None:
+            # It would launch: check the workers' environment first and decide again with what
+            # the checks found (a bad node is waited for, never charged).
+            pre = checker.run(node, "launch", now=now)
             obs = replace(obs, precheck=pre)
             decision = decide(obs, mem, self.pcfg, now)
         if pre is not None and pre.context == "running":
@@ -225,7 +227,7 @@ class Reconciler:
             warnings.append(ck_warning)
         report = TickReport(now, node, probes, checkpoint, tuple(events), decision,
                             warnings=tuple(warnings), dry_run=self.flags.dry_run,
-                            port_probes=self.port_probes, precheck=pre or self._last_precheck(), pcfg=self.pcfg)
+                            precheck=pre or self._last_precheck(), pcfg=self.pcfg)
         if self.flags.dry_run:
             return replace(report, done=tuple(f"would {_describe(a)}" for a in decision.actions))
         with self.journal.transaction():
@@ -237,9 +239,9 @@ class Reconciler:
             self.journal.set_cursor("checkpoint_warning", json.dumps({"time": now.isoformat(), "text": ck_warning})
                                     if ck_warning else None)
         done, decision = self._act(decision, obs, mem, now)
-        if decision.row == "precheck_fix" and node is not None and not obs.precheck_fixed:
+        if decision.check_after and node is not None and checker is not None:
             # The cleanup ran (StopWorkers): check again and decide, in this same tick.
-            pre = self._run_precheck(node, "launch", now)
+            pre = checker.run(node, "launch", now=now)
             obs = replace(obs, precheck=pre, precheck_fixed=True)
             again = decide(obs, decision.memory, self.pcfg, now)
             with self.journal.transaction():
@@ -252,31 +254,29 @@ class Reconciler:
 
     # -- environment checks (tpuwatch.precheck) -----------------------------------------------
 
-    def _checks_before(self, decision: Decision, obs: Observation) -> bool:
-        """The decision launches, and the launch-time checks have not been run yet."""
-        return (self.ports.precheck is not None and bool(self.cfg.precheck["enabled"])
-                and any(isinstance(a, Launch) for a in decision.actions)
-                and (obs.precheck is None or obs.precheck.context != "launch"))
+    def _checks(self) -> Prechecker | None:
+        checker = self.ports.precheck
+        return checker if checker is not None and checker.enabled else None
 
-    def _run_precheck(self, node: NodeSnapshot, context: precheck.Context, now: datetime) -> PrecheckReport:
-        report: PrecheckReport = self.ports.precheck.run(node, context, now=now)
-        return report
-
-    def _precheck_due(self, now: datetime, mem: Memory, node: NodeSnapshot | None,
-                      probes: Sequence[WorkerProbe] | None) -> PrecheckReport | None:
+    def _periodic_precheck(self, now: datetime, mem: Memory, node: NodeSnapshot | None,
+                           probes: Sequence[WorkerProbe] | None) -> PrecheckReport | None:
         """The periodic checks while the attempt runs, every precheck.interval."""
-        if (self.ports.precheck is None or not self.cfg.precheck["enabled"] or mem.phase is not Phase.RUNNING
-                or node is None or not node.usable or not probes
-                or not any(p.state == "running" for p in probes)):
+        checker = self._checks()
+        if checker is None or node is None:
             return None
-        last = self.journal.cursor("precheck_at")
-        if last:
-            try:
-                if (now - datetime.fromisoformat(last)).total_seconds() < float(self.cfg.precheck["interval"]):
-                    return None
-            except ValueError:
-                pass
-        return self._run_precheck(node, "running", now)
+        if not precheck_due(mem, node, probes, self._since(now, "precheck_at"), float(self.cfg.precheck["interval"])):
+            return None
+        return checker.run(node, "running", now=now)
+
+    def _since(self, now: datetime, cursor: str) -> float | None:
+        """Seconds since the time the journal keeps under `cursor`; None when it keeps none."""
+        text = self.journal.cursor(cursor)
+        if not text:
+            return None
+        try:
+            return (now - datetime.fromisoformat(text)).total_seconds()
+        except ValueError:
+            return None
 
     def _last_precheck(self) -> PrecheckReport | None:
         text = self.journal.cursor("precheck_last")
@@ -303,99 +303,24 @@ class Reconciler:
             data["items"] = [i for i in data["items"] if i["verdict"] in ("fail", "warn")]
             self.journal.add_event(now, "precheck", precheck.summary(pre), data)
 
-    # -- between ticks ------------------------------------------------------------------------
-
-    def wait(self, report: TickReport, delay: float) -> float:
-        """Sleep until the next tick, `delay` seconds at most; return the seconds waited.
-
-        While the node is down and the job waits for it to heal, a tick every `delay` would ask
-        the API every few seconds for an answer that rarely changes. Instead the API is asked
-        once per poll_interval (or at the policy's own deadline, whichever is sooner), and in
-        between worker 0's SSH port gets a TCP connect every PORT_PROBE_EVERY seconds. When
-        the port answers after having been closed, the wait ends at once, so the next tick
-        confirms with the API and relaunches without waiting out the poll.
-        """
-        start = self.ports.clock()
-        target = self._probe_target(report)
-        if target is None:
-            self._port_closed_seen = False
-            self.ports.sleep(delay)
-            return self.ports.clock() - start
-        host, port = target
-        poll = self.pcfg.poll_interval
-        every = min(PORT_PROBE_EVERY, max(poll / 6, 0.05))
-        longest = max(delay, _until_cap(report, poll))
-        while True:
-            self.port_probes += 1
-            if self.ports.port_open(host, port, max(0.2, min(every, 1.0))):
-                if self._port_closed_seen:
-                    self._port_closed_seen = False
-                    return self.ports.clock() - start
-                # The port answers while the API says the node is down: probes tell nothing
-                # new, so wait as before and let the API decide.
-                left = delay - (self.ports.clock() - start)
-                if left > 0:
-                    self.ports.sleep(left)
-                return self.ports.clock() - start
-            self._port_closed_seen = True
-            left = longest - (self.ports.clock() - start)
-            if left <= 0:
-                return self.ports.clock() - start
-            self.ports.sleep(min(every, left))
-
-    def _probe_target(self, report: TickReport) -> tuple[str, int] | None:
-        """Worker 0's SSH address while the job waits for a down node, when OpenSSH reaches it."""
-        node = report.node
-        if (node is None or node.usable or not node.workers or self.flags.dry_run
-                or report.memory.phase is not Phase.WAITING_NODE):
-            return None
-        transport = getattr(self.ports.workers, "transport", None)
-        # Only a direct OpenSSH connection goes where a TCP probe can follow; gcloud (IAP,
-        # OS Login) may reach the worker by a path the probe cannot see.
-        if getattr(transport, "name", "") != "openssh":
-            return None
-        first = min(node.workers, key=lambda w: w.index)
-        host = first.address(bool(getattr(transport, "internal_ip", False)))
-        port = int(getattr(transport, "port", 22))
-        return (host, port) if host else None
-
     # -- observe ------------------------------------------------------------------------------
 
     def _probe(self, node: NodeSnapshot | None, mem: Memory,
                now: datetime) -> tuple[tuple[WorkerProbe, ...] | None, PrecheckReport | None]:
-        """Every selected worker's job files, when the node is READY (healthy or not).
-
-        When this tick will probably launch (no attempt alive, the node usable), the
-        launch-time environment checks ride along in the probe's connection: a relaunch then
-        costs two SSH rounds (this one and the launch, which cleans up itself), not four.
-        """
+        """Every selected worker's job files, when the node is READY (healthy or not); with the
+        launch-time checks in the same connection when a launch is likely (policy/observe.py)."""
         if node is None or node.state != "READY" or not node.workers:
             return None, None
-        likely = mem.phase in (Phase.IDLE, Phase.WAITING_NODE) or (
-            mem.phase is Phase.BACKOFF and (mem.backoff_until is None or mem.backoff_until <= now))
-        if likely and node.usable and self.ports.precheck is not None and self.cfg.precheck["enabled"]:
-            probes, report = self.ports.precheck.probe_and_run(node, "launch", now=now)
+        checker = self._checks()
+        if checker is not None and launch_likely(mem, node, now):
+            probes, report = checker.probe_and_run(node, "launch", now=now)
             return tuple(probes), report
         return tuple(self.ports.workers.probe(node)), None
 
-    def _operation(self, mem: Memory, tpu: TpuApi,
-                   node: NodeSnapshot | None = None) -> tuple[OperationStatus | None, Any]:
+    def _operation(self, mem: Memory, tpu: TpuApi) -> tuple[OperationStatus | None, Any]:
         if not mem.pending_op or mem.phase not in (Phase.DELETING, Phase.CREATING):
             return None, None
         op = tpu.get_operation(mem.pending_op)
-        qr = self._qr_id()
-        if qr and mem.phase is Phase.CREATING and op.done and not op.error_code and node is None:
-            # The queued resource's create operation ends when the request is accepted; the node
-            # comes minutes (or hours) later. Its state, read once a tick, says whether it still
-            # will: a FAILED or SUSPENDED request never makes the node, so the policy sees a
-            # failed create it may queue and retry (the request is deleted before the retry).
-            status = recreate.queued_status(self._qr_api(tpu), qr)
-            if status.state in QR_GIVEN_UP:
-                detail = status.error_message or (
-                    f"code {recreate.CODE_NAMES.get(status.error_code, status.error_code)}"
-                    if status.error_code else "no detail given")
-                return (replace(op, error_code=RESOURCE_EXHAUSTED,
-                                error_message=f"queued resource {qr} {status.state}: {detail}"), "queueable")
         if not op.done:  # its age, for recovery.operation_timeout: when the journal recorded it
             started = next((r.started for r in self.journal.operations(pending_only=True)
                             if r.name == mem.pending_op), None)
@@ -406,37 +331,31 @@ class Reconciler:
             failure = classified.kind if classified is not None else None
         return op, failure
 
+    @staticmethod
+    def _queued(life: NodeLifecycle, mem: Memory, node: NodeSnapshot | None) -> QueuedStatus | None:
+        """The queued resource's state, read only while it can change the decision: the node is
+        missing or being deleted, or tpuwatch follows a delete or create through it."""
+        if not life.queued_resource:
+            return None
+        if node is not None and node.state != "DELETING" and mem.phase not in (Phase.DELETING, Phase.CREATING):
+            return None
+        return life.status()
+
     def _audit(self, now: datetime, mem: Memory, node: NodeSnapshot | None,
                probes: Sequence[WorkerProbe] | None, warnings: list[str]) -> tuple[list[AuditEvent], str | None]:
-        """New audit events, read once per audit_interval, or sooner when something looks wrong."""
-        if self.ports.audit is None:
-            return [], None
-        last_text = self.journal.cursor("audit_read_at")
-        since = None
-        if last_text:
-            try:
-                since = (now - datetime.fromisoformat(last_text)).total_seconds()
-            except ValueError:
-                since = None
-        # Sooner only while an attempt runs and something looks wrong on a node that looks
-        # fine: that is when a terminate/restart entry decides whether its end is charged. A
-        # node that is down, being repaired or recreated is evidence enough by its state; the
-        # log can wait for the minute.
-        wrong = mem.phase is Phase.RUNNING and (
-            node is None or (node.usable and any(p.state != "running" for p in probes or ())))
-        due = since is None or since >= self.audit_interval or (wrong and since >= MIN_AUDIT_GAP)
-        if not due:
+        """New audit events, when policy/observe.py says they are due."""
+        audit = self.ports.audit
+        if audit is None or not audit_due(mem, node, probes, self._since(now, "audit_read_at"), self.audit_interval):
             return [], None
         try:
-            events, cursor = self.ports.audit.read([self.pcfg.tpu_name], self.journal.audit_cursor())
+            events, cursor = audit.read([self.pcfg.tpu_name], self.journal.audit_cursor())
         except CloudError as exc:
             # The job can be kept alive without the audit log; it only loses one kind of evidence.
             warnings.append(f"audit log not read: {exc.message}")
             return [], None
         finally:
             # The shared reader (cloud/auditcache.py) says once when it cannot use its cache.
-            take = getattr(self.ports.audit, "take_warnings", None)
-            warnings.extend(take() if take is not None else ())
+            warnings.extend(audit.take_warnings())
         return list(events), cursor
 
     # -- act ----------------------------------------------------------------------------------
@@ -450,92 +369,30 @@ class Reconciler:
                 done.append(self._launch(node, action))
             elif isinstance(action, StopWorkers):
                 done.append(self._stop(node, action.reason, obs.probes))
-            elif isinstance(action, DeleteNode) and node is not None:
-                tpu = self.ports.tpu_for(action.zone)
-                what = action.name
-                try:
-                    name, what = self._delete(tpu, node)
-                except NotFoundError:
-                    name = ""  # already gone: the next tick sees it missing and creates
-                self.journal.record_operation(now, decision.memory, name, "delete", action.zone)
-                done.append(f"started deleting {what} in {action.zone} ({name or 'already gone'}): "
-                            f"{action.reason}")
+            elif isinstance(action, DeleteNode):
+                done.append(self._delete(action, decision.memory, node, now))
             elif isinstance(action, CreateNode):
                 created, decision = self._create(action, decision, obs, before, now, again=again)
                 done.extend(created)
-        if (self._qr_id() and before.phase is Phase.CREATING and decision.memory.phase is Phase.QUEUED
-                and obs.operation is not None and obs.operation.error_code):
-            # The failed request keeps the name: delete it now (after the decision is journaled),
-            # so it is gone by the retry's create. A tick killed before this line leaves it to
-            # the retry (`_qr_create`), which deletes it then.
-            done.extend(self._qr_clear(self.ports.tpu_for(before.zone or self.pcfg.zones[0])))
+        if before.phase is Phase.CREATING and decision.memory.phase is Phase.QUEUED:
+            # A queued resource the service gave up on keeps the name: delete it now (after the
+            # decision is journaled), so it is gone by the retry's create. A tick killed before
+            # this line leaves it to the retry's create, which deletes it then.
+            cleared = self.ports.lifecycle(before.zone or self.pcfg.zones[0]).clear_ended()
+            if cleared:
+                done.append(cleared)
         return done, decision
 
-    # -- queued resources: a node made through one is recreated through one ---------------------
-
-    def _qr_id(self) -> str:
-        """The queued resource id from [tpu] queued_resource ("" for a plain node).
-
-        A full name keeps only its id: the zone is the one the create goes to.
-        """
-        return str(self.cfg.tpu.get("queued_resource") or "").rsplit("/", 1)[-1]
-
-    @staticmethod
-    def _qr_api(tpu: TpuApi) -> recreate.RecreateApi:
-        # tpuwatch.cloud.tpu.TpuAdapter (and the simulator behind it) serves queued resources;
-        # the narrower TpuApi port is what ticks of a plain node need.
-        return cast(recreate.RecreateApi, tpu)
-
-    def _delete(self, tpu: TpuApi, node: NodeSnapshot) -> tuple[str, str]:
-        """Start deleting the node, through its queued resource (force) when it came from one."""
-        qr = self._qr_id()
-        if qr:
-            if not self.flags.adopt and not recreate.owned(node, self.pcfg.job):
-                raise recreate.ownership_error(node, self.pcfg.job)
-            api = self._qr_api(tpu)
-            if recreate.queued_status(api, qr).state:
-                try:
-                    return recreate.start_qr_delete(api, qr), f"queued resource {qr} and its node {node.name} (force)"
-                except NotFoundError:
-                    pass  # gone between the get and the delete: the node alone is left
-        return recreate.start_delete(tpu, node, self.pcfg.job, adopt=self.flags.adopt), node.name
-
-    def _qr_clear(self, tpu: TpuApi) -> list[str]:
-        """Delete the job's queued resource when it FAILED or was SUSPENDED; what was done."""
-        qr = self._qr_id()
-        api = self._qr_api(tpu)
-        status = recreate.queued_status(api, qr)
-        if status.state not in QR_GIVEN_UP:
-            return []
+    def _delete(self, action: DeleteNode, mem: Memory, node: NodeSnapshot | None, now: datetime) -> str:
+        if node is not None and not self.flags.adopt and not node.owned_by(self.pcfg.job):
+            raise recreate.ownership_error(node, self.pcfg.job)  # the policy checked; kept next to the act
+        what = action.name
         try:
-            op = recreate.start_qr_delete(api, qr)
+            name, what = self.ports.lifecycle(action.zone).delete(node)
         except NotFoundError:
-            return []
-        return [f"started deleting queued resource {qr} ({status.state}) so it can be created again: {op}"]
-
-    def _qr_create(self, tpu: TpuApi, zone: str, *, resumed: bool, launch: Mapping[str, str]) -> str:
-        """Start creating the queued resource; "" when this job's earlier request still stands.
-
-        A request that FAILED (or was SUSPENDED) keeps its name until deleted, and a force
-        delete removes the node before the request: either way the name is not free yet, so the
-        create is refused as queueable and the policy retries it after its backoff.
-        """
-        qr = self._qr_id()
-        api = self._qr_api(tpu)
-        status = recreate.queued_status(api, qr)
-        if status.state in QR_GIVEN_UP:
-            done = self._qr_clear(tpu)
-            raise recreate.CreateRejected(recreate.CreateFailure(
-                "queueable", "unavailable", "ABORTED",
-                f"queued resource {qr} is {status.state}"
-                + ("; deleting it before the next create" if done else "")), zone)
-        if status.state == "DELETING":
-            raise recreate.CreateRejected(recreate.CreateFailure(
-                "queueable", "unavailable", "ABORTED",
-                f"queued resource {qr} is still being deleted; it is created again once it is gone"), zone)
-        if status.state and resumed:
-            return ""  # this job's own request (the journal was in CREATING): follow it, no second call
-        return recreate.start_qr_create(api, self.cfg, zone, resumed=resumed, launch=launch)
+            name = ""  # already gone: the next tick sees it missing and creates
+        self.journal.record_operation(now, mem, name, "delete", action.zone)
+        return f"started deleting {what} in {action.zone} ({name or 'already gone'}): {action.reason}"
 
     def _launch(self, node: NodeSnapshot, action: Launch) -> str:
         # Each worker not already running this attempt cleans up first (old process group,
@@ -545,9 +402,8 @@ class Reconciler:
         started = [r for r in results if r.started]
         problems = []
         for r in results:
-            cleanup = getattr(r, "cleanup", None)
-            if cleanup is not None and not cleanup.ok:
-                problems.append(f"w{r.worker}: cleanup: {cleanup.describe()}")
+            if r.cleanup is not None and not r.cleanup.ok:
+                problems.append(f"w{r.worker}: cleanup: {r.cleanup.describe()}")
             if not r.started:
                 problems.append(f"w{r.worker}: {r.describe()}")
         where = (f"from {action.checkpoint.path} (step {action.checkpoint.step})"
@@ -565,7 +421,7 @@ class Reconciler:
             # (stale_workers) or by the next launch's own cleanup.
             return f"did not stop workers: none answered this tick's probe ({reason})"
         results = self.ports.workers.stop(node)
-        failed = [r for r in results if not getattr(r, "ok", True)]
+        failed = [r for r in results if not r.ok]
         text = f"stopped the job on {len(results) - len(failed)}/{len(results)} workers: {reason}"
         if failed:
             text += "; " + "; ".join(f"w{r.worker}: {r.describe()}" for r in failed)
@@ -573,7 +429,7 @@ class Reconciler:
 
     def _create(self, action: CreateNode, decision: Decision, obs: Observation, before: Memory,
                 now: datetime, *, again: bool) -> tuple[list[str], Decision]:
-        tpu = self.ports.tpu_for(action.zone)
+        life = self.ports.lifecycle(action.zone)
         # A create this job started earlier (the journal was in CREATING) answers ALREADY_EXISTS
         # when the node is ours: that is success, not a conflict.
         resumed = before.phase is Phase.CREATING
@@ -584,10 +440,7 @@ class Reconciler:
         if obs.checkpoint is not None:
             launch.update(checkpoint=obs.checkpoint.path, step=str(obs.checkpoint.step))
         try:
-            if self._qr_id():
-                name = self._qr_create(tpu, action.zone, resumed=resumed, launch=launch)
-            else:
-                name = recreate.start_create(tpu, self.cfg, action.zone, resumed=resumed, launch=launch)
+            name = recreate.start_create(life, self.cfg, action.zone, resumed=resumed, launch=launch)
         except recreate.CreateRejected as exc:
             text = f"create in {action.zone} refused: {exc.message}"
             if not again:
@@ -599,18 +452,9 @@ class Reconciler:
             more, d2 = self._act(d2, obs2, decision.memory, now, again=False)
             return [text, *more], d2
         mem = self.journal.record_operation(now, decision.memory, name, "create", action.zone)
-        through = f" through queued resource {self._qr_id()}" if self._qr_id() else ""
+        through = f" through queued resource {life.queued_resource}" if life.queued_resource else ""
         return ([f"started creating {action.name}{through} in {action.zone} ({name or 'already exists'}): "
                  f"{action.reason}"], replace(decision, memory=mem))
-
-
-def _until_cap(report: TickReport, limit: float) -> float:
-    """`limit` seconds, or less when an action of the decision has a deadline (`until`) sooner."""
-    for action in report.decision.actions:
-        until = getattr(action, "until", None)
-        if isinstance(until, datetime):
-            limit = min(limit, max((until - report.time).total_seconds(), 0.05))
-    return limit
 
 
 def _describe(action: Any) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tpuwatch.cloud.location import Location, resolve
 from tpuwatch.config import Config, load_config
@@ -39,18 +38,22 @@ def real_ports(job: Job) -> Ports:
     """The real adapters: google-cloud-tpu, google-cloud-logging (shared per project), OpenSSH/gcloud, checkpoints."""
     from tpuwatch.checkpoints import CheckpointDir
     from tpuwatch.cloud.auditcache import SharedAuditLog
+    from tpuwatch.cloud.lifecycle import Lifecycle
     from tpuwatch.cloud.tpu import TpuAdapter
     from tpuwatch.workers import SshWorkers
 
     cfg, loc = job.cfg, job.location
     workers = SshWorkers.from_config(cfg)
     workers.transport.check()  # an unreadable key is exit 2 before any cloud call
-    adapters: dict[str, Any] = {}
+    adapters: dict[str, TpuAdapter] = {}
 
-    def tpu_for(zone: str) -> Any:
+    def tpu_for(zone: str) -> TpuAdapter:
         if zone not in adapters:
             adapters[zone] = TpuAdapter(loc.project, zone)
         return adapters[zone]
+
+    def lifecycle_for(zone: str) -> Lifecycle:
+        return Lifecycle(tpu_for(zone), str(cfg.tpu["queued_resource"]))
 
     ckpt_dir = cfg.job["checkpoint_dir"]
     checkpoints = CheckpointDir(ckpt_dir, cfg.job["checkpoint_layout"]) if ckpt_dir else None
@@ -64,4 +67,5 @@ def real_ports(job: Job) -> Ports:
         # (the Logging read quota is 60/min/project). Its warnings reach the tick's report.
         audit=SharedAuditLog(loc.project, cfg.state_dir, zone=loc.zone),
         precheck=Prechecker.from_config(cfg, workers) if cfg.precheck["enabled"] else None,
+        lifecycle_for=lifecycle_for,
     )

@@ -14,7 +14,6 @@ This module holds no recovery rule and no loop: it only answers calls from what 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -121,26 +120,25 @@ class BenchAudit:
         ]
         return events, str(end)
 
-
-@dataclass(frozen=True)
-class Transport:
-    """What `Reconciler.wait` reads of the ssh transport: OpenSSH to the external IPs, port 22."""
-
-    name: str = "openssh"
-    internal_ip: bool = False
-    port: int = 22
+    def take_warnings(self) -> list[str]:
+        return []
 
 
 LOG_BANNER, LOG_LINE = 2000, 80  # bytes a launch prints, then per training step
 
 
 class BenchWorkers:
-    """The workers (tpuwatch.ports.Workers plus `stop(node, workers)`) over the World's job."""
+    """The workers (tpuwatch.ports.Workers) over the World's job."""
 
     def __init__(self, world: World, meter: Meter) -> None:
         self.world = world
         self.meter = meter
-        self.transport = Transport()
+
+    def port_target(self, node: NodeSnapshot) -> tuple[str, int] | None:
+        """As OpenSSH to the external IPs, port 22."""
+        first = min(node.workers, key=lambda w: w.index) if node.workers else None
+        host = first.address(False) if first is not None else ""
+        return (host, 22) if host else None
 
     def probe(self, node: NodeSnapshot) -> list[WorkerProbe]:
         self.meter.ssh += len(node.workers)

@@ -2,8 +2,8 @@
 
 - `tpuwatch`: the product itself. `TpuwatchDriver` is `tpuwatch watch`'s loop without its view:
   `tpuwatch.tick.Reconciler.tick()` (observe -> decide -> journal -> act, with the real policy,
-  config, journal and audit-log cadence), then `tpuwatch.commands.watch.next_delay` and
-  `Reconciler.wait`, against in-memory ports over the World (`tpuwatch.bench.fakeports`) and
+  config, journal and audit-log cadence), then `tpuwatch.loop.next_delay` and
+  `loop.Pacer.wait`, against in-memory ports over the World (`tpuwatch.bench.fakeports`) and
   the World's virtual clock. No rule and no cadence is copied here.
 - the baselines of REFERENCE.md ("What existing tools do"), modelled as their scripts are
   written: the docs' bash loop, TensorFlow's retry.sh, tpunicorn `pu babysit`, Levanter's
@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpuwatch import recreate
 from tpuwatch.bench.engine import OK, SSH_LOST, Meter, Process, Sim, World
 from tpuwatch.bench.fakeports import (
     PROJECT,
@@ -43,10 +42,10 @@ from tpuwatch.bench.fakeports import (
     BenchWorkers,
     at,
 )
-from tpuwatch.commands.watch import next_delay
 from tpuwatch.config import Config, validate
 from tpuwatch.durations import human
 from tpuwatch.journal import Journal
+from tpuwatch.loop import Pacer, next_delay
 from tpuwatch.policy import Memory, Observation, Phase, PolicyConfig, decide
 from tpuwatch.tick import Flags, Ports, Reconciler, TickReport
 
@@ -349,7 +348,7 @@ def ideal(run: Run) -> Process:
 
 
 class _Horizon(Exception):
-    """The run's end was reached while `Reconciler.wait` slept."""
+    """The run's end was reached while `loop.Pacer.wait` slept."""
 
 
 def tpuwatch_toml(**recovery: Any) -> str:
@@ -393,7 +392,7 @@ class _Anchor:
 
 class TpuwatchDriver:
     """`tpuwatch watch` without its view: `Reconciler.tick()`, then `next_delay`, then
-    `Reconciler.wait` (which probes a down node's SSH port every 0.5 s and asks the API once a
+    `loop.Pacer.wait` (which probes a down node's SSH port every 0.5 s and asks the API once a
     poll), until the job is done, failed or needs a person, against BenchTpu & co. with a real
     Journal (SQLite) in a temporary directory and the World's virtual clock.
 
@@ -452,7 +451,9 @@ class TpuwatchDriver:
             # durability is not what is measured; this keeps a tick at ~0.3 ms).
             journal.connection.execute("PRAGMA synchronous=OFF")
             journal.connection.execute("PRAGMA journal_mode=MEMORY")
-            rec = Reconciler(self.cfg, self.pcfg, self.ports(), journal, Flags())
+            ports = self.ports()
+            rec = Reconciler(self.cfg, self.pcfg, ports, journal, Flags())
+            pacer = Pacer(ports, poll)
             last: TickReport | None = None
             seen = w.changed
             anchor: _Anchor | None = None
@@ -485,11 +486,11 @@ class TpuwatchDriver:
                         if anchor is not None:
                             self._skip(anchor, report, journal)
                         anchor = _Anchor(sim.now, _meter(self.run.meter), self.ticks, self.draws)
-                    rec.wait(report, delay)
+                    pacer.wait(report, delay)
             except _Horizon:
                 pass
             finally:
-                self.port_probes = rec.port_probes
+                self.port_probes = pacer.port_probes
 
     def _skip(self, anchor: _Anchor, report: TickReport, journal: Journal) -> None:
         """Replay the steady period since `anchor`, whole periods, up to the next change."""
@@ -521,7 +522,7 @@ class TpuwatchDriver:
         k periods from now (time-based rules are monotone in time, so k splits cleanly)."""
         node = report.node
         obs = Observation(node=node, probes=report.probes, checkpoint=report.checkpoint,
-                          owned=node is not None and recreate.owned(node, self.pcfg.job), jitter=0.5)
+                          jitter=0.5)
         lo, hi = 0, n
         while lo < hi:
             k = (lo + hi + 1) // 2

@@ -27,6 +27,15 @@ _PERMISSION_RX = re.compile(
 )
 _SERVICE_DISABLED_RX = re.compile(r"has not been used in project|is disabled|SERVICE_DISABLED")
 
+# google.rpc.Code numbers: the only table of them (operations and queued resources carry numbers).
+CODE_NAMES = {
+    0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED", 5: "NOT_FOUND",
+    6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION",
+    10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED", 13: "INTERNAL", 14: "UNAVAILABLE",
+    15: "DATA_LOSS", 16: "UNAUTHENTICATED",
+}
+CODE_NUMBERS = {name: number for number, name in CODE_NAMES.items()}
+
 LOGIN_HINT = "run `gcloud auth application-default login` (or set GOOGLE_APPLICATION_CREDENTIALS)"
 
 

@@ -309,6 +309,10 @@ class AuditLogReader:
                 out.append((raw.ns, ev))
         return out
 
+    def take_warnings(self) -> list[str]:
+        """A direct reader has no cache to warn about."""
+        return []
+
     def read(self, nodes: Iterable[str], cursor: str | None) -> tuple[list[AuditEvent], str | None]:
         """Events about `nodes` not returned before under `cursor`, oldest first, and the new cursor.
 

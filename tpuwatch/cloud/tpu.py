@@ -8,8 +8,9 @@ through v2alpha1 rather than losing them. Every request is one RPC under `tpuwat
 (the client's own retry is off), so call counts are exact.
 
 Public calls: get_node / require_node / list_nodes / get_node_message (reads), create_node /
-delete_node / set_labels / update_node (nodes), get_queued_resource / create_queued_resource /
-delete_queued_resource / queued_resource_name (queued resources), get_operation.
+delete_node / set_labels / update_node (nodes), get_queued_resource / queued_status /
+create_queued_resource / delete_queued_resource / queued_resource_name (queued resources),
+get_operation. Queued resources are used through tpuwatch.cloud.lifecycle.
 
 This module turns Google messages into `tpuwatch.model` values and Google errors into tpuwatch
 errors; nothing outside `cloud/` sees a protobuf. Enum fields become their names; a number
@@ -32,6 +33,7 @@ from tpuwatch.errors import NotFoundError, TpuwatchError, UsageError
 from tpuwatch.model import (
     NodeSnapshot,
     OperationStatus,
+    QueuedStatus,
     Symptom,
     UpcomingMaintenance,
     WorkerEndpoint,
@@ -327,6 +329,18 @@ class TpuAdapter:
                 return None
 
         return self._call(call, get, read=True)
+
+    def queued_status(self, name: str, zone: str | None = None) -> QueuedStatus:
+        """The queued resource's state as a model value (state "" when it does not exist)."""
+        full = self.queued_resource_name(name, zone)
+        qr = self.get_queued_resource(full)
+        if qr is None:
+            return QueuedStatus(full, "")
+        state = _pb(qr).state
+        code, message = 0, ""
+        if state.HasField("failed_data"):
+            code, message = int(state.failed_data.error.code), state.failed_data.error.message
+        return QueuedStatus(full, enum_name(state, "state"), code, message)
 
     def require_node(self, name: str) -> NodeSnapshot:
         """get_node, or NotFoundError (exit 1) saying where tpuwatch looked."""

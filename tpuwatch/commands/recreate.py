@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -56,8 +55,6 @@ def _latest_checkpoint(cfg: Any) -> dict[str, str]:
             latest = None
         if latest is not None:
             out["checkpoint"], out["step"] = latest.path, str(latest.step)
-    # TODO(journal): when tpuwatch/journal.py exists, add "attempt" = the journal's next attempt
-    # number, so the boot-time launch and the watcher's launch are the same attempt.
     return out
 
 
@@ -82,6 +79,7 @@ Examples:
 def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool, project: str | None,
             zone: str | None, as_json: bool) -> None:
     from tpuwatch import recreate as rc
+    from tpuwatch.cloud.lifecycle import Lifecycle
     from tpuwatch.cloud.location import resolve
     from tpuwatch.cloud.tpu import TpuAdapter
     from tpuwatch.config import load_config
@@ -110,10 +108,11 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
             raise UsageError(f"tpu.fallback_zones: {z!r} cannot be used: {exc}") from None
 
     node = api.get_node(name)
-    if node is not None and not adopt and not rc.owned(node, job):
+    if node is not None and not adopt and not node.owned_by(job):
         raise rc.ownership_error(node, job)
     delete: dict[str, Any] | None = None
-    qr_now = rc.queued_status(api, queued) if queued else None
+    life = Lifecycle(api, queued)
+    qr_now = life.status()
     if qr_now is not None and qr_now.state:
         delete = {"method": "google.cloud.tpu.v2.Tpu.DeleteQueuedResource", "name": qr_now.name, "force": True}
     elif node is not None:
@@ -132,8 +131,12 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
         click.confirm(f"{what} from {config_path}?", abort=True)
 
     # The job's journal, held for the whole recreate: no `watch` or cron `check` acts on the job
-    # meanwhile, and the next one reads what was done here.
+    # meanwhile, and the next one reads what was done here. This command does what the next
+    # tick will read: the journal gets each step as an event, and the attempt to start at boot.
     journal = _open_journal(cfg)
+    mem = journal.load_memory()
+    if mem is not None:
+        launch["attempt"] = str(mem.attempt + 1)
     try:
         echo = (lambda text: click.echo(text, err=True)) if as_json else click.echo
 
@@ -146,15 +149,15 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
 
         old_id = node.id if node is not None else None
         if qr_now is not None and qr_now.state:
-            if node is not None and not adopt and not rc.owned(node, job):  # checked above; kept next to the act
+            if node is not None and not adopt and not node.owned_by(job):  # checked above; kept next to the act
                 raise rc.ownership_error(node, job)
-            op = rc.start_qr_delete(api, queued)
-            say(f"deleting queued resource {queued} and its TPU {name} (force): {op}")
+            op = api.delete_queued_resource(queued, force=True)
+            say(f"deleting queued resource {life.queued_resource} and its TPU {name} (force): {op}")
             _wait_done(rc, api, op, f"delete of queued resource {queued}")
-            _wait_until(lambda: not rc.queued_status(api, queued).state and api.get_node(name) is None,
-                        f"queued resource {queued} still exists after its delete finished")
+            rc.poll_until(lambda: not _queued_state(life) and api.get_node(name) is None,
+                          f"queued resource {queued} still exists after its delete finished", timeout=1800.0)
         elif node is not None:
-            op = rc.start_delete(api, node, job, adopt=adopt)
+            op, _ = rc.start_delete(life, node, job, adopt=adopt)
             say(f"deleting {name} (id {node.id}): {op}")
             _wait_done(rc, api, op, f"delete of {name}")
             rc.wait_node_gone(api, name)
@@ -162,8 +165,9 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
         failures: list[str] = []
         for z in zones:
             zapi = TpuAdapter(loc.project, z)
+            zlife = Lifecycle(zapi, queued)
             try:
-                op = rc.start_qr_create(zapi, cfg, z, launch=launch) if queued else rc.start_create(api, cfg, z, launch=launch)
+                op = rc.start_create(zlife, cfg, z, launch=launch)
             except rc.CreateRejected as exc:
                 if not exc.failure.queueable:
                     raise
@@ -176,7 +180,7 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
                 status = rc.wait_operation(api, op, timeout=3600, what=f"create of {name} in {z}")
                 failure = rc.classify_operation(status, started_by_us=True)
             if queued and failure is None:
-                failure = _wait_queued(rc, zapi, queued, z)
+                failure = _wait_queued(rc, zlife, z)
             if failure is None or failure.kind == "exists":
                 new = zapi.get_node(name)
                 new_id = new.id if new is not None else ""
@@ -218,23 +222,18 @@ def _wait_done(rc: Any, api: Any, op: str, what: str) -> None:
                         f"{status.error_message}; the TPU was not recreated")
 
 
-def _wait_until(done: Any, message: str, timeout: float = 1800.0) -> None:
-    deadline = time.monotonic() + timeout
-    delay = 0.25
-    while not done():
-        if time.monotonic() > deadline:
-            raise JobFailed(message)
-        time.sleep(delay)
-        delay = min(delay * 1.6, 10.0)
+def _queued_state(life: Any) -> str:
+    status = life.status()
+    return "" if status is None else str(status.state)
 
 
-def _wait_queued(rc: Any, api: Any, queued: str, zone: str, timeout: float = 6 * 3600.0) -> Any:
-    """Follow the queued resource until ACTIVE (None) or FAILED/SUSPENDED (its classification)."""
+def _wait_queued(rc: Any, life: Any, zone: str, timeout: float = 6 * 3600.0) -> Any:
+    """Follow the queued resource until ACTIVE (None) or given up (its classification)."""
     result: list[Any] = []
 
     def settled() -> bool:
-        status = rc.queued_status(api, queued, zone)
-        if status.state in rc.QR_DONE_OK:
+        status = life.status()
+        if status.state == "ACTIVE":
             return True
         failure = rc.classify_queued(status)
         if failure is not None:
@@ -242,8 +241,9 @@ def _wait_queued(rc: Any, api: Any, queued: str, zone: str, timeout: float = 6 *
             return True
         return False
 
-    _wait_until(settled, f"queued resource {queued} in {zone} not ACTIVE after {timeout:g}s", timeout)
+    rc.poll_until(settled, f"queued resource {life.queued_resource} in {zone} not ACTIVE after {timeout:g}s",
+                  timeout=timeout)
     if result and result[0].queueable:  # free the name for the next try
         with contextlib.suppress(Exception):
-            rc.start_qr_delete(api, queued)
+            life.clear_ended()
     return result[0] if result else None

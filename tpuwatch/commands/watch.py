@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import sys
-import time
-from collections.abc import Callable
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import click
 
 from tpuwatch.commands.common import job_options, open_journal_or_busy, tick_flags
-from tpuwatch.errors import EXIT_CLOUD, CloudError, JobFailed
-from tpuwatch.policy import Phase
+from tpuwatch.errors import JobFailed
 
 EPILOG = """\b
 Examples:
@@ -24,51 +20,6 @@ Examples:
 
 Ctrl-C stops watching and leaves the job running on the workers.
 """
-MAX_CLOUD_FAILURES = 10  # ticks in a row the cloud API may fail (after its own retries) before exit 3
-
-
-def next_delay(report: Any, poll: float) -> float:
-    """Seconds to the next tick: the poll interval while all is well, faster while it is not."""
-    d = report.decision
-    untils = [a.until for a in d.actions if isinstance(getattr(a, "until", None), datetime)]
-    if untils:  # the policy named its time (backoff, queued retry, repair deadline): no sooner
-        return max(min(poll, min((u - report.time).total_seconds() for u in untils)), 0.05)
-    steady = d.row in ("running", "terminal", "person_stopped")
-    return max(poll if steady else min(poll, max(poll / 6, 1.0) if poll >= 1 else poll), 0.05)
-
-
-def tick_loop(rec: Any, view: Any, poll: float, *, wait: Callable[[Any, float], object],
-              stop: Callable[[Any], bool], on_report: Callable[[Any], None] | None = None,
-              first_failure_fatal: bool = True) -> Any:
-    """Tick (Reconciler.tick) until `stop(report)`; show each report; `wait(report, delay)` between.
-
-    The one loop of `watch` and the demo. A cloud API that fails after its own retries is
-    survived for MAX_CLOUD_FAILURES ticks in a row (a warning each), except on the very first
-    tick when `first_failure_fatal` (a wrong project is better said at once); errors that are
-    not the cloud's (exit codes other than 3) end it at once.
-    """
-    failures = 0
-    while True:
-        try:
-            report = rec.tick()
-            failures = 0
-        except CloudError as exc:
-            failures += 1
-            if (first_failure_fatal and failures == 1 and view.ticks == 0) or failures >= MAX_CLOUD_FAILURES \
-                    or exc.exit_code != EXIT_CLOUD:
-                raise
-            view.warn(f"cloud API failed ({failures}/{MAX_CLOUD_FAILURES}): {exc.message}")
-            time.sleep(poll)
-            continue
-        if on_report is not None:
-            on_report(report)
-        delay = next_delay(report, poll)
-        view.show(report, report.time + timedelta(seconds=delay))
-        if stop(report):
-            return report
-        wait(report, delay)
-
-
 @click.command(epilog=EPILOG)
 @job_options
 @click.option("--json", "as_json", is_flag=True, help="JSON lines, one per change.")
@@ -81,6 +32,8 @@ def command(config_path: Path, project: str | None, zone: str | None, adopt: boo
     event. It returns when the job has finished (exit 0), or has failed or needs a person
     (exit 1: e.g. the TPU was deleted by someone else, or is not tpuwatch's to delete).
     """
+    from tpuwatch.loop import Pacer, tick_loop
+    from tpuwatch.policy import Phase
     from tpuwatch.tick import Reconciler
     from tpuwatch.wiring import load_job, real_ports
 
@@ -91,8 +44,9 @@ def command(config_path: Path, project: str | None, zone: str | None, adopt: boo
     poll = float(job.cfg.recovery["poll_interval"])
     live = sys.stdout.isatty() and not (as_json or plain)
     with journal:
-        rec = Reconciler(job.cfg, job.pcfg, real_ports(job), journal,
-                         tick_flags(adopt, recreate_missing, dry_run))
+        ports = real_ports(job)
+        rec = Reconciler(job.cfg, job.pcfg, ports, journal, tick_flags(adopt, recreate_missing, dry_run))
+        pacer = Pacer(ports, poll, dry_run=dry_run)
         view = _view(job, journal, live, as_json)
 
         def stop(report: Any) -> bool:
@@ -102,8 +56,8 @@ def command(config_path: Path, project: str | None, zone: str | None, adopt: boo
 
         try:
             with view:
-                # rec.wait probes a down node cheaply between API polls
-                report = tick_loop(rec, view, poll, wait=rec.wait, stop=stop)
+                # the pacer probes a down node cheaply between API polls
+                report = tick_loop(rec, view, poll, wait=pacer.wait, stop=stop, port_probes=lambda: pacer.port_probes)
                 return int(report.exit_code)
         except KeyboardInterrupt:
             click.echo(f"stopped watching {job.name}; the job keeps running on the workers. "

@@ -187,10 +187,10 @@ def run_demo(pace: Pace, *, keep: bool = False, live: bool = False,
 def _play(held: _Held, tmp: Path, pace: Pace, live: bool, say: Callable[[str], None], keep: bool) -> int:
     from rich.console import Console
 
-    from tpuwatch.commands.watch import tick_loop
     from tpuwatch.demo.story import checkpoint_times
     from tpuwatch.demo.summary import render, summarize
     from tpuwatch.journal import Journal
+    from tpuwatch.loop import tick_loop
     from tpuwatch.policy import Phase
     from tpuwatch.tick import Reconciler
     from tpuwatch.ui.dashboard import LineView, LiveView

@@ -1,9 +1,10 @@
 """The recovery policy: a pure function from what tpuwatch sees to what it does.
 
 Rules of this package (STYLE.md section 1):
-- Everything that decides recovery lives here: the table of DESIGN.md section 3 (`table.ROWS`),
-  the phases and their legal moves (`state.TRANSITIONS`), how an attempt's end is classified
-  (`classify`), and backoff (`backoff`).
+- Everything that decides recovery lives here: the table's rows as data (`rows.ROWS`) and
+  `decide`, which walks them (`table`), what a node's state means (`nodes`), the phases and their
+  legal moves (`state.TRANSITIONS`), how an attempt's end is classified (`classify`), backoff
+  (`backoff`), and what the tick must observe before deciding (`observe`).
 - No I/O, no clock, no randomness of its own: nothing here imports google, ssh, subprocess or
   time. `now` and a `jitter` in [0, 1) come in as arguments, so the same inputs always give the
   same Decision.
@@ -18,7 +19,8 @@ The API the tick uses (observe -> decide -> act -> journal):
     obs = Observation(node=..., events=..., probes=..., checkpoint=...,
                       operation=<status of mem.pending_op, if any>,
                       create_failure=<recreate.classify_operation(op).kind when it failed>,
-                      owned=recreate.owned(node, cfg.job), jitter=random.random(), adopt=..., ...)
+                      queued=<the queued resource's state while it matters>, jitter=random.random(),
+                      checks=<environment checks available>, adopt=..., ...)
     d = decide(obs, mem, cfg, now)
     journal.record(now, d, obs.operation)     # write-ahead: memory, events, attempts; one transaction
     for action in d.actions:                  # in order: Launch, StopWorkers, Wait, DeleteNode,
@@ -43,6 +45,8 @@ from tpuwatch.policy.classify import (
     classify,
     describe_exit,
 )
+from tpuwatch.policy.nodes import Cond, node_condition
+from tpuwatch.policy.rows import ROWS, Row
 from tpuwatch.policy.state import (
     TRANSITIONS,
     AttemptEnd,
@@ -51,15 +55,7 @@ from tpuwatch.policy.state import (
     Memory,
     Phase,
 )
-from tpuwatch.policy.table import (
-    ROWS,
-    Cond,
-    Row,
-    decide,
-    hang_limit,
-    node_condition,
-    operation_started,
-)
+from tpuwatch.policy.table import decide, hang_limit, operation_started
 from tpuwatch.policy.values import (
     Action,
     CreateNode,

@@ -9,7 +9,7 @@ saying what each outcome costs. The rules, first match wins:
                 ONGOING, the node gone. Never charged: the infrastructure ended it;
 3. fail_fast    some worker exited with a code in fail_fast_exit_codes: the job fails at once;
 4. failed_start the attempt lived less than min_uptime: charged;
-5. failure      anything else, retryable exit codes and others alike: charged.
+5. failure      any other non-zero exit, whatever its code: charged.
 """
 
 from __future__ import annotations

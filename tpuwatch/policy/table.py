@@ -12,15 +12,12 @@ Every Decision names the row that made it (`Decision.row`, one of ROWS).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
-from enum import Enum
 
 from tpuwatch.durations import human
 from tpuwatch.model import (
-    DEAD_STATES,
-    PERSON_STATES,
-    REPAIR_STATES,
+    OWNER_LABEL,
     UNHEALTHY,
     AuditEvent,
     Checkpoint,
@@ -38,6 +35,8 @@ from tpuwatch.policy.classify import (
     describe_exit,
     in_window,
 )
+from tpuwatch.policy.nodes import NODE_ROWS, OP_ROWS, Cond, node_condition
+from tpuwatch.policy.rows import ROW_IDS
 from tpuwatch.policy.state import (
     PHASE_EXIT,
     TERMINAL,
@@ -64,9 +63,9 @@ from tpuwatch.policy.values import (
     StopWorkers,
     Wait,
 )
-from tpuwatch.spec import OWNER_LABEL
 
 NOT_FOUND = 5  # google.rpc.Code: a delete that finds nothing has done its job
+RESOURCE_EXHAUSTED = 8  # google.rpc.Code: how a given-up queued resource is shown when it gave none
 DISRUPTING_EVENTS = frozenset({"terminate", "restart"})  # AuditEvent.kind values that are evidence
 # hang_timeout = "auto": never judge a hang sooner than this, whatever the checkpoint interval
 # (a job that saves every 5 minutes may still pause for an evaluation); and the workers' log
@@ -75,137 +74,6 @@ HANG_AUTO_FLOOR = 30 * 60.0
 LOG_GRAIN = 10 * 60.0
 
 
-@dataclass(frozen=True)
-class Row:
-    id: str
-    observed: str
-    decision: str
-
-
-# DESIGN.md section 3, row by row, then the rows the implementation needs between them.
-ROWS: tuple[Row, ...] = (
-    Row("launch", "READY+HEALTHY, no live attempt, backoff over",
-        "clean up workers, launch attempt n+1 from the latest complete checkpoint"),
-    Row("running", "all workers run the attempt", "nothing"),
-    Row("success", "worker 0 exits 0", "done: stop the other workers, report (exit 0)"),
-    Row("disruption", "a worker ends, with disruption evidence in the attempt",
-        "not charged; stop all workers; relaunch once the node is usable"),
-    Row("failure", "a worker exits non-zero, node healthy, no disruption evidence",
-        "charged to max_restarts; stop all workers; capped exponential backoff with jitter, then relaunch"),
-    Row("failed_start", "a worker exits non-zero before min_uptime",
-        "a failed start: charged like a failure"),
-    Row("fail_fast", "a worker exits with a code in fail_fast_exit_codes", "failed at once (exit 1)"),
-    Row("no_progress", "no_progress_limit charged attempts in a row add no newer checkpoint",
-        "failed (exit 1): a deterministic bug is not retried forever"),
-    Row("budget_spent", "a charged end with max_restarts already used", "failed (exit 1) with the reason and evidence"),
-    Row("repair_wait", "REPAIRING / RESTARTING / UNHEALTHY_MAINTENANCE / TIMEOUT / UNKNOWN",
-        "wait up to repair_timeout from first sight"),
-    Row("repair_timeout", "still not healthy after repair_timeout", "delete + create (owned nodes only)"),
-    Row("dead_node", "PREEMPTED / TERMINATED", "delete + create (owned nodes only)"),
-    Row("not_owned", "delete + create needed, node lacks tpuwatch-job=<job>",
-        "never delete it: needs a person (exit 1); pass --adopt"),
-    Row("recreate_budget_spent", "delete + create needed with max_recreates used", "failed (exit 1)"),
-    Row("node_missing", "node missing and tpuwatch did not delete it",
-        "needs a person (exit 1): never recreate a node a person deleted"),
-    Row("recreate_missing", "node missing, --recreate-missing", "create it from the saved spec"),
-    Row("someone_deleting", "node DELETING and tpuwatch did not delete it", "needs a person (exit 1)"),
-    Row("person_stopped", "STOPPED / STOPPING / HIDDEN", "leave it alone; report that a person stopped it"),
-    Row("unknown_state", "a state this tpuwatch does not know",
-        "wait up to repair_timeout, then needs a person; never delete"),
-    Row("unhealthy_running", "node not healthy but every worker still runs the attempt",
-        "keep following it; never delete a node under a live attempt"),
-    Row("deleting", "tpuwatch's delete in flight", "follow the operation"),
-    Row("delete_resume", "DELETING with no operation recorded and the node not deleting",
-        "the earlier tick stopped before the call: decide afresh from the node (delete again if still needed)"),
-    Row("delete_failed", "tpuwatch's delete failed", "failed (exit 1)"),
-    Row("operation_timeout", "tpuwatch's delete or create not done after recovery.operation_timeout",
-        "failed (exit 1), naming the operation; never a second delete or create beside it"),
-    Row("create_after_delete", "node gone after tpuwatch's delete", "create it in the first zone"),
-    Row("creating", "tpuwatch's create in flight", "follow the operation; never a second create"),
-    Row("create_resume", "CREATING with no operation recorded and no node",
-        "create again (an ALREADY_EXISTS answer to it is success)"),
-    Row("created", "tpuwatch's create finished (or ALREADY_EXISTS)", "resume: launch once READY+HEALTHY"),
-    Row("create_failed", "create failed for a reason other than capacity", "failed (exit 1)"),
-    Row("no_capacity", "create fails: no capacity / quota", "queued: retry with capped backoff and jitter"),
-    Row("queued", "queued, retry time not reached", "wait"),
-    Row("queue_retry", "queued, retry time reached",
-        "create again; after queue_timeout in a zone, in the next fallback zone"),
-    Row("queue_exhausted", "every zone queued for queue_timeout", "failed (exit 1)"),
-    Row("backoff", "no live attempt, backoff not over", "wait"),
-    Row("probe_failed", "node usable, workers not probed", "look again next tick"),
-    Row("workers_unreachable", "node usable; no worker answers during an attempt, or any worker before a launch",
-        "look again next tick; launch nothing"),
-    Row("unreachable_grace", "a worker unreachable while the others run",
-        "wait unreachable_grace, then stop all and classify the end"),
-    Row("stale_workers", "workers run an older attempt", "stop them; launch on a later tick"),
-    Row("adopt_running", "workers run a newer attempt than the journal knows (launch not journaled)",
-        "follow it: no duplicate launch"),
-    Row("survived", "after a disruption, every worker still runs the attempt", "follow it again"),
-    Row("launch_unseen", "the launched attempt left no trace on any worker",
-        "launch the same attempt number again (launch_tries), then charge a failed start"),
-    Row("terminal", "DONE or FAILED", "report the end again; stop workers still running"),
-    Row("hung", "every worker runs the attempt, but no new checkpoint for recovery.hang_timeout "
-        "(from the attempt's start or its newest checkpoint; 0s = off; \"auto\": 3x the checkpoint interval "
-        "seen, at least 30m, and the workers' logs silent as long)",
-        "stop all workers; a charged failure (\"hung: no new checkpoint for ...\"), counted in the "
-        "no-progress streak when the attempt added no checkpoint; backoff, then relaunch"),
-    # Environment checks (issue 10; tpuwatch.precheck). A failing check is evidence against the
-    # node, never charged to max_restarts; a job that fails with every check passing is charged
-    # as before (`failure`).
-    Row("precheck_fix", "environment checks fail before a launch, every failing item fixable "
-        "(stale libtpu lockfile, orphan device holders)",
-        "not charged: stop the holders and remove the lockfile (the worker cleanup), check again, then launch"),
-    Row("precheck_wait", "environment checks fail before a launch and tpuwatch cannot fix them "
-        "(disk or /dev/shm too small, device missing, DNS, interpreter, a custom check)",
-        "not charged: wait up to repair_timeout from the first failing check, checking again every tick"),
-    Row("precheck_recreate", "environment checks still fail after repair_timeout, node owned",
-        "not charged: delete + create (isolate the bad host)"),
-    Row("precheck_needs_person", "environment checks still fail after repair_timeout, node not owned",
-        "needs a person (exit 1) with the failing items; the job resumes once they pass"),
-)
-ROW_IDS = frozenset(r.id for r in ROWS)
-
-
-class Cond(str, Enum):
-    """What the node's state and health mean for the job."""
-
-    MISSING = "missing"
-    USABLE = "usable"
-    REPAIR = "repair"
-    DEAD = "dead"
-    PERSON = "person"
-    DELETING = "deleting"
-    UNRECOGNIZED = "unrecognized"
-
-
-STATE_CONDITION: dict[str, Cond] = {
-    "READY": Cond.USABLE,
-    "DELETING": Cond.DELETING,
-    **{s: Cond.REPAIR for s in REPAIR_STATES},
-    **{s: Cond.DEAD for s in DEAD_STATES},
-    **{s: Cond.PERSON for s in PERSON_STATES},
-}
-# condition -> the _Tick handler for it
-NODE_ROWS: dict[Cond, str] = {
-    Cond.USABLE: "usable",
-    Cond.REPAIR: "repairing",
-    Cond.UNRECOGNIZED: "repairing",
-    Cond.DEAD: "dead",
-    Cond.PERSON: "person",
-    Cond.MISSING: "missing",
-    Cond.DELETING: "someone_deleting",
-}
-# phases with a cloud operation in flight -> the _Tick handler following it
-OP_ROWS: dict[Phase, str] = {Phase.DELETING: "deleting", Phase.CREATING: "creating", Phase.QUEUED: "queued"}
-
-
-def node_condition(node: NodeSnapshot | None) -> Cond:
-    if node is None:
-        return Cond.MISSING
-    cond = STATE_CONDITION.get(node.state, Cond.UNRECOGNIZED)
-    if cond is Cond.USABLE and node.health in UNHEALTHY:
-        return Cond.REPAIR
-    return cond
 
 
 def hang_limit(cfg: PolicyConfig, mem: Memory, from_start: bool = False) -> float:
@@ -236,6 +104,12 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
             new = replace(new, evidence=merge_evidence(new.evidence, tick.signs(new)))
         handler = OP_ROWS.get(new.phase) or NODE_ROWS[node_condition(obs.node)]
         decision = getattr(tick, handler)(new)
+    if obs.checks and obs.node is not None:
+        # What more to observe in this tick (policy/observe.py lists the bounded re-decisions).
+        launches = any(isinstance(a, Launch) for a in decision.actions)
+        unchecked = obs.precheck is None or obs.precheck.context != "launch"
+        decision = replace(decision, check_first=launches and unchecked,
+                           check_after=decision.row == "precheck_fix" and not obs.precheck_fixed)
     if obs.dry_run:
         return replace(decision, memory=mem, summary=f"dry run: {decision.summary}", ended=(), operation_done=None)
     return decision
@@ -740,9 +614,9 @@ class _Tick:
         why = (f"environment checks failing for {human(waited)}, longer than recovery.repair_timeout "
                f"({human(cfg.repair_timeout)}): {shown}")
         mem = replace(mem, env_failing_since=since)
-        if not (self.obs.owned or self.obs.adopt):
-            node = self.obs.node
-            assert node is not None
+        node = self.obs.node
+        assert node is not None
+        if not (node.owned_by(cfg.job) or self.obs.adopt):
             return self.halt(mem, "precheck_needs_person",
                              f"{why}; not owned: will not delete {node.name} (label {OWNER_LABEL}={cfg.job} "
                              "missing; pass --adopt to let tpuwatch recreate it); fix the workers and the job "
@@ -808,13 +682,13 @@ class _Tick:
         mem, final = self.end_unusable(mem)
         if final is not None:
             return final
+        if self.queued_ended():
+            # Its request still holds the name: delete it (nothing is left of the node to own or
+            # lose), then create it again.
+            return self.recreate(mem, "queued_preempted", self.queued_why())
         if self.obs.recreate_missing:
-            if mem.recreates >= cfg.max_recreates:
-                return self.fail(mem, "recreate_budget_spent", f"node {cfg.tpu_name} is missing and the recreate "
-                                 f"budget is spent: {mem.recreates} of recovery.max_recreates = {cfg.max_recreates} used")
-            mem = replace(mem, recreates=mem.recreates + 1, queued_since=None, queue_tries=0)
-            return self.create(mem, 0, "recreate_missing",
-                               f"node {cfg.tpu_name} is missing; --recreate-missing: creating it in {cfg.zones[0]}")
+            return self.recreate_missing(mem, "recreate_missing", f"node {cfg.tpu_name} is missing; "
+                                                                  "--recreate-missing")
         return self.halt(
             mem, "node_missing",
             f"node {cfg.tpu_name} is missing in {mem.zone} and tpuwatch did not delete it; tpuwatch never "
@@ -824,17 +698,38 @@ class _Tick:
 
     def someone_deleting(self, mem: Memory) -> Decision:
         mem, final = self.end_unusable(mem)
+        if final is None and self.queued_ended():
+            return self.recreate(mem, "queued_preempted", self.queued_why())
         return final or self.halt(
             mem, "someone_deleting",
             f"node {self.cfg.tpu_name} is being deleted, not by tpuwatch; once it is gone, pass "
             "--recreate-missing to create it again",
         )
 
+    def recreate_missing(self, mem: Memory, row: str, why: str) -> Decision:
+        cfg = self.cfg
+        if mem.recreates >= cfg.max_recreates:
+            return self.fail(mem, "recreate_budget_spent", f"{why}; recreate budget spent: {mem.recreates} of "
+                             f"recovery.max_recreates = {cfg.max_recreates} used", (why,))
+        mem = replace(mem, recreates=mem.recreates + 1, queued_since=None, queue_tries=0)
+        return self.create(mem, 0, row, f"{why}: creating it in {cfg.zones[0]}")
+
+    def queued_ended(self) -> bool:
+        """The node's queued resource was given up by the service (FAILED, SUSPENDING, SUSPENDED)."""
+        return self.obs.queued is not None and self.obs.queued.ended
+
+    def queued_why(self) -> str:
+        q = self.obs.queued
+        assert q is not None
+        detail = f" ({q.error_message})" if q.error_message else ""
+        return (f"the Cloud TPU service took node {self.cfg.tpu_name} back: its queued resource "
+                f"{q.name.rsplit('/', 1)[-1]} is {q.state}{detail} (a spot preemption does this); not charged")
+
     def recreate(self, mem: Memory, row: str, why: str) -> Decision:
+        """Delete the node (or, when it is gone, its ended queued resource) to create it again."""
         node, cfg = self.obs.node, self.cfg
-        assert node is not None
-        if not (self.obs.owned or self.obs.adopt):
-            have = node.labels.get(OWNER_LABEL)
+        if node is not None and not (node.owned_by(cfg.job) or self.obs.adopt):
+            have = node.owner
             label = f"it has {OWNER_LABEL}={have}" if have is not None else "it has no such label"
             return self.halt(
                 mem, "not_owned",
@@ -845,10 +740,10 @@ class _Tick:
             return self.fail(mem, "recreate_budget_spent", f"{why}; recreate budget spent: {mem.recreates} of "
                              f"recovery.max_recreates = {cfg.max_recreates} used", (why,))
         mem = move(mem, Phase.DELETING, recreates=mem.recreates + 1, pending_op=None,
-                   deleting_node_id=node.id, queued_since=None, queue_tries=0, retry_at=None,
-                   env_failing_since=None)
+                   deleting_node_id=node.id if node is not None else "", queued_since=None, queue_tries=0,
+                   retry_at=None, env_failing_since=None)
         return self.out(mem, row, f"{why}: deleting it to create it again (recreate {mem.recreates} of "
-                                  f"{cfg.max_recreates})", DeleteNode(node.name, mem.zone, why))
+                                  f"{cfg.max_recreates})", DeleteNode(cfg.tpu_name, mem.zone, why))
 
     # -- operation rows ---------------------------------------------------------------------
 
@@ -865,6 +760,13 @@ class _Tick:
             if op.error_code not in (0, NOT_FOUND):
                 return self.fail(mem, "delete_failed", f"deleting node {name} failed: code {op.error_code}: "
                                                        f"{op.error_message}")
+        queued = self.obs.queued
+        if node is None and queued is not None and queued.state and not (op is not None and op.done):
+            # The node is gone and its queued resource is still being deleted: a create now
+            # would be refused (the name is taken), so follow the delete to its end.
+            return self.out(mem, "deleting", f"node {name} is deleted; its queued resource is {queued.state}, "
+                                             f"still being deleted (operation {mem.pending_op or 'not recorded'})",
+                            FollowOperation(mem.pending_op, "delete", "queued resource delete in flight"))
         if node is None:
             self.op_done = self.op_done or mem.pending_op
             return self.create(mem, 0, "create_after_delete", f"node {name} is deleted; creating it in {self.cfg.zones[0]}")
@@ -901,6 +803,14 @@ class _Tick:
                     return self.fail(mem, "create_failed", f"creating node {name} in {mem.zone} failed: code "
                                                            f"{op.error_code}: {op.error_message}")
                 # "exists": tpuwatch's own earlier create made it
+            if node is None and self.queued_ended():
+                # The request was accepted and then given up (FAILED, or SUSPENDED before its node
+                # came): it never makes the node. Queue and retry, as for no capacity.
+                q = self.obs.queued
+                assert q is not None
+                return self.queue(mem, q.error_code or RESOURCE_EXHAUSTED,
+                                  f"queued resource {q.name.rsplit('/', 1)[-1]} {q.state}: "
+                                  f"{q.error_message or 'no detail given'}")
             if node is not None:
                 return self.created(mem, node)
             return self.out(mem, "creating", f"create of {name} done; waiting for the node to appear",

@@ -17,8 +17,10 @@ from tpuwatch.model import (
     NodeSnapshot,
     OperationStatus,
     PrecheckReport,
+    QueuedStatus,
     WorkerProbe,
 )
+from tpuwatch.policy.rows import ROW_BY_ID
 from tpuwatch.policy.state import AttemptEnd, Memory, Phase
 
 if TYPE_CHECKING:
@@ -53,7 +55,6 @@ class PolicyConfig:
     min_uptime: float = 120.0
     queue_timeout: float = 86400.0
     fail_fast_exit_codes: frozenset[int] = frozenset()
-    retryable_exit_codes: frozenset[int] = frozenset({6, 134, 11, 139, 137, 143, 255})
     backoff_base: float = 10.0
     backoff_max: float = 300.0
     stable_run: float = 3600.0
@@ -95,7 +96,6 @@ class PolicyConfig:
             min_uptime=float(r["min_uptime"]),
             queue_timeout=float(r["queue_timeout"]),
             fail_fast_exit_codes=frozenset(r["fail_fast_exit_codes"]),
-            retryable_exit_codes=frozenset(r["retryable_exit_codes"]),
             backoff_base=float(r["backoff_base"]),
             backoff_max=float(r["backoff_max"]),
             stable_run=float(r["stable_run"]),
@@ -121,16 +121,19 @@ class Observation:
     operation: OperationStatus | None = None
     # When `operation` is a failed create: recreate.classify_operation(op).kind.
     create_failure: CreateFailureKind | None = None
-    owned: bool = False  # the node carries tpuwatch-job=<job> exactly (recreate.owned)
     jitter: float = 0.5  # uniform in [0, 1), drawn by the tick: the policy's only randomness
     adopt: bool = False  # --adopt: treat the node as owned
     recreate_missing: bool = False  # --recreate-missing
     dry_run: bool = False  # --dry-run: decide, but keep the memory as it was
+    checks: bool = False  # the tick can run the workers' environment checks (precheck.enabled)
     # The environment checks of the workers (tpuwatch.precheck), when this tick ran them: before
     # a launch (context "launch": the tick decides once without them, and again with them when
     # the first decision launches), or periodically while the job runs (context "running").
     precheck: PrecheckReport | None = None
     precheck_fixed: bool = False  # this tick already ran the worker cleanup for fixable items
+    # The node's queued resource ([tpu] queued_resource), read while it matters: the node is
+    # missing or being deleted, or a create through it is followed. None: not read, or a plain node.
+    queued: QueuedStatus | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,11 +235,29 @@ class Decision:
     row: str  # the id of the policy table row that decided (tpuwatch.policy.ROWS)
     ended: tuple[AttemptEnd, ...] = ()  # attempts whose end this tick classified (or re-classified)
     operation_done: str | None = None  # the pending operation this tick saw finish
+    # More to observe, in this same tick (policy/observe.py says when):
+    # check_first: it would launch, but the launch-time checks have not run; check, decide again,
+    #   and do none of these actions.
+    # check_after: do these actions (the cleanup of fixable items), then check and decide again.
+    check_first: bool = False
+    check_after: bool = False
 
     @property
     def terminal(self) -> bool:
         """The job is over (DONE or FAILED): `watch` returns."""
         return self.memory.phase in (Phase.DONE, Phase.FAILED)
+
+    @property
+    def steady(self) -> bool:
+        """All is well (the row says so): the next look may wait a whole poll_interval."""
+        row = ROW_BY_ID.get(self.row)
+        return row is not None and row.steady
+
+    @property
+    def deadline(self) -> datetime | None:
+        """The soonest time an action named (backoff, queued retry, repair deadline), if any."""
+        untils = [u for a in self.actions if isinstance(u := getattr(a, "until", None), datetime)]
+        return min(untils) if untils else None
 
     def as_dict(self) -> dict[str, Any]:
         """For `--json` and the journal's events."""

@@ -304,22 +304,6 @@ class _Window:
         return time.monotonic() < self.until
 
 
-GRPC_CODES = {
-    "OK": 0,
-    "CANCELLED": 1,
-    "UNKNOWN": 2,
-    "INVALID_ARGUMENT": 3,
-    "DEADLINE_EXCEEDED": 4,
-    "NOT_FOUND": 5,
-    "ALREADY_EXISTS": 6,
-    "PERMISSION_DENIED": 7,
-    "RESOURCE_EXHAUSTED": 8,
-    "FAILED_PRECONDITION": 9,
-    "ABORTED": 10,
-    "INTERNAL": 13,
-    "UNAVAILABLE": 14,
-}
-
 _API_ERROR_TEXT = {
     "UNAVAILABLE": "The service is currently unavailable.",
     "RESOURCE_EXHAUSTED": "Quota exceeded for quota metric 'Read requests' and limit 'Read requests per minute'.",
@@ -1271,10 +1255,16 @@ class World:
         zone: str | None = None,
         reason: str = "PREEMPTED",
     ) -> None:
-        """Spot/preemptible node preempted: PREEMPTED for good, a terminate entry, workers gone."""
+        """Spot/preemptible node preempted: PREEMPTED for good, a terminate entry, workers gone.
+
+        A node made through a queued resource is taken back by the service, as Google does: the
+        request goes SUSPENDING, its node is deleted (PREEMPTED, then DELETING, then gone), and
+        the request ends SUSPENDED, keeping its name until someone deletes it.
+        """
         with self._lock:
             rec = self._fault_node(node, project, zone)
-            if not (rec.spec.spot or rec.spec.preemptible):
+            qr = self._queued_of(rec)
+            if not (rec.spec.spot or rec.spec.preemptible or (qr is not None and qr.spot)):
                 raise UsageError(
                     f"node {rec.name} is neither spot nor preemptible, so it cannot be preempted; "
                     "create it with spot = true, or use terminate"
@@ -1284,7 +1274,38 @@ class World:
             rec.state, rec.health, rec.health_description = "PREEMPTED", "HEALTH_UNSPECIFIED", ""
             self._write_audit(rec, audit.TERMINATE, metadata={"terminateReason": reason})
             down = self._queue_hosts("down", rec.key)
+            if qr is not None:
+                qr.state = "SUSPENDING"
+                self._touch()
+                qr_key, created = f"{qr.project}/{qr.zone}/{qr.name}", qr.create_ns
         self._await(down)
+        if qr is not None:
+            self.after(self.delays["queued_accept"], lambda: self._qr_suspend(qr_key, created))
+
+    def _queued_of(self, rec: NodeRec) -> QueuedRec | None:
+        """The queued resource that made this node (and still stands), if any."""
+        if not rec.queued_resource:
+            return None
+        project, zone, name = rec.queued_resource.split("/")[1::2]
+        qr = self._queued.get(f"{project}/{zone}/{name}")
+        return qr if qr is not None and qr.full_name == rec.queued_resource else None
+
+    def _qr_suspend(self, key: str, created: int) -> None:
+        """The service deletes a SUSPENDING request's node, then the request is SUSPENDED."""
+        with self._lock:
+            qr = self._queued.get(key)
+            if qr is None or qr.create_ns != created or qr.state != "SUSPENDING":
+                return
+            node = self._nodes.get(f"{qr.project}/{qr.zone}/{qr.node_id}")
+            if node is None or node.queued_resource != qr.full_name:
+                qr.state = "SUSPENDED"
+                self._touch()
+                return
+            start_delete = node.state != "DELETING"
+            project, zone, name = qr.project, qr.zone, qr.node_id
+        if start_delete:
+            self.delete_node(project, zone, name)
+        self.after(self.delays["delete"] / 2, lambda: self._qr_suspend(key, created))
 
     def terminate(
         self,

@@ -182,6 +182,18 @@ class SshWorkers:
                 out.append(protocol.parse_stop(r.worker, protocol.parse_records(r.stdout)))
         return out
 
+    def port_target(self, node: NodeSnapshot) -> tuple[str, int] | None:
+        """Worker 0's SSH address for a TCP probe; None unless OpenSSH connects there directly.
+
+        gcloud (IAP, OS Login) may reach the worker by a path the probe cannot see.
+        """
+        transport = self.transport
+        if not isinstance(transport, OpenSsh) or not node.workers:
+            return None
+        first = min(node.workers, key=lambda w: w.index)
+        host = first.address(transport.internal_ip)
+        return (host, transport.port) if host else None
+
     # -- logs -------------------------------------------------------------------------------
     def follow(self, node: NodeSnapshot, worker: int, attempt: int, offset: int,
                on_data: Callable[[bytes], None], poll: float = 0.2) -> tuple[Stream, Callable[[], tuple[SshResult, FollowEnd]]]:

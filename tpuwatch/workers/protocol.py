@@ -19,10 +19,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import Literal
 
 from tpuwatch.errors import ConfigError, UsageError
-from tpuwatch.model import Checkpoint, WorkerProbe, WorkerState
+from tpuwatch.model import (
+    Checkpoint,
+    LaunchOutcome,
+    LaunchResult,
+    StopResult,
+    WorkerProbe,
+    WorkerState,
+)
 
 PLACEHOLDERS = ("checkpoint", "step", "attempt", "worker")
 REMOTE_COMMAND = "bash -s"  # what runs on the worker; the script arrives on its stdin
@@ -246,43 +252,7 @@ def parse_probe(worker: int, records: Mapping[str, str]) -> WorkerProbe:
     )
 
 
-LaunchOutcome = Literal["launched", "running", "ran", "busy", "newer", "error", "unreachable"]
 _OUTCOMES = ("launched", "running", "ran", "busy", "newer", "error")
-
-
-@dataclass(frozen=True)
-class LaunchResult:
-    """What one worker did with a launch request.
-
-    launched: started now. running: this very attempt already runs (an earlier try got
-    through). ran: this attempt already ran and ended. busy: another attempt's processes hold
-    the lock. newer: a newer attempt was launched here. error / unreachable: see detail.
-    """
-
-    worker: int
-    outcome: LaunchOutcome
-    attempt: int | None = None
-    pid: int | None = None
-    exit_code: int | None = None
-    detail: str = ""
-    cleanup: StopResult | None = None  # what the launch's own cleanup did (clean_grace), if it ran
-
-    @property
-    def started(self) -> bool:
-        """The attempt runs on this worker now (launched by this call or by an earlier try)."""
-        return self.outcome in ("launched", "running")
-
-    def describe(self) -> str:
-        what = {
-            "launched": f"launched attempt {self.attempt} (pid {self.pid})",
-            "running": f"attempt {self.attempt} already running (pid {self.pid}), not started again",
-            "ran": f"attempt {self.attempt} already ran (exit code {self.exit_code}), not started again",
-            "busy": f"refused: attempt {self.attempt} still holds the job lock",
-            "newer": f"refused: a newer attempt {self.attempt} was launched here",
-            "error": "failed",
-            "unreachable": "unreachable",
-        }[self.outcome]
-        return f"worker {self.worker}: {what}" + (f" ({self.detail})" if self.detail else "")
 
 
 def parse_launch(worker: int, records: Mapping[str, str]) -> LaunchResult:
@@ -304,36 +274,6 @@ def parse_launch(worker: int, records: Mapping[str, str]) -> LaunchResult:
 
 def _pids(text: str | None) -> tuple[int, ...]:
     return tuple(int(p) for p in (text or "").split() if p.isdigit())
-
-
-@dataclass(frozen=True)
-class StopResult:
-    """What one worker's stop did: processes stopped, device holders, the libtpu lockfile."""
-
-    worker: int
-    ok: bool
-    stopped: tuple[int, ...] = ()
-    device_holders: tuple[int, ...] = ()
-    libtpu_lockfile: str = "absent"  # absent, removed, held by PIDS, stale, cannot remove
-    leftover: tuple[int, ...] = ()
-    detail: str = ""
-    unreachable: bool = False
-
-    def describe(self) -> str:
-        if self.unreachable:
-            return f"worker {self.worker}: unreachable ({self.detail})"
-        bits = []
-        if self.stopped:
-            bits.append(f"stopped {len(self.stopped)} job process(es)")
-        if self.device_holders:
-            bits.append("stopped TPU device holder(s) " + " ".join(map(str, self.device_holders)))
-        if self.libtpu_lockfile not in ("absent", ""):
-            bits.append(f"libtpu lockfile {self.libtpu_lockfile}")
-        if self.leftover:
-            bits.append("still alive after KILL: " + " ".join(map(str, self.leftover)))
-        if self.detail:
-            bits.append(self.detail)
-        return f"worker {self.worker}: " + ("; ".join(bits) or "nothing to stop")
 
 
 def parse_stop(worker: int, records: Mapping[str, str]) -> StopResult:

@@ -1,0 +1,136 @@
+"""Delete and create the job's node, plainly or through its queued resource (`ports.NodeLifecycle`).
+
+The only code that knows queued resources exist. A node made through one ([tpu]
+queued_resource) is deleted by deleting the request with force (its node goes first) and
+created by creating the request again with the same node spec, tier and reservation; a plain
+node is deleted and created directly. Callers (recreate.py, the tick, `tpuwatch recreate`) see
+one delete, one create and, for a queued resource, its state as a `QueuedStatus`.
+
+Rules kept here:
+- A request the service gave up on (FAILED, SUSPENDING, SUSPENDED: "initiated by the user, or
+  the Cloud TPU service", e.g. a spot preemption) keeps its name until deleted: a create over
+  it is refused as ABORTED (transient: the caller queues it) after starting that delete.
+- Nothing here decides whether to delete; ownership and the recovery policy do that first.
+This module sends requests only through the TPU adapter's methods; it sees no protobuf.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from tpuwatch.errors import NotFoundError, TpuwatchError
+from tpuwatch.model import QR_ENDED, NodeSnapshot, QueuedStatus
+from tpuwatch.ports import TpuApi
+
+
+class QueuedApi(TpuApi, Protocol):
+    """The queued-resource calls of the TPU adapter (tpuwatch.cloud.tpu.TpuAdapter)."""
+
+    project: str
+
+    def queued_status(self, name: str, zone: str | None = None) -> QueuedStatus: ...
+
+    def create_queued_resource(self, qr_id: str, queued_resource: Mapping[str, Any],
+                               zone: str | None = None) -> str: ...
+
+    def delete_queued_resource(self, name: str, *, force: bool = True, zone: str | None = None) -> str: ...
+
+
+class Refused(TpuwatchError):
+    """A create that must wait: the job's old queued resource still holds the name (ABORTED:
+    the caller classifies it as transient and queues the create)."""
+
+    code = "ABORTED"
+
+
+def queued_id(value: str) -> str:
+    """The id in [tpu] queued_resource ("" for a plain node); a full name keeps only its id."""
+    return str(value or "").rsplit("/", 1)[-1]
+
+
+class Lifecycle:
+    """Delete / create / state of one job's node in one zone (`ports.NodeLifecycle`)."""
+
+    def __init__(self, tpu: TpuApi, queued_resource: str = "") -> None:
+        self.tpu = tpu
+        self.queued_resource = queued_id(queued_resource)
+
+    @property
+    def _qr_api(self) -> QueuedApi:
+        api: Any = self.tpu  # the real adapter (and the simulator behind it) serves queued resources
+        return api  # type: ignore[no-any-return]
+
+    def status(self) -> QueuedStatus | None:
+        """The queued resource's state (state "" when it does not exist); None for a plain node."""
+        if not self.queued_resource:
+            return None
+        return self._qr_api.queued_status(self.queued_resource)
+
+    def delete(self, node: NodeSnapshot | None) -> tuple[str, str]:
+        """Start deleting the node (through its queued resource, force); (operation, what was deleted).
+
+        With no node, only its queued resource is left to delete. NotFoundError when there is
+        nothing left to delete.
+        """
+        qr = self.queued_resource
+        if qr and self._qr_api.queued_status(qr).state:
+            try:
+                op = self._qr_api.delete_queued_resource(qr, force=True)
+                what = f"its node {node.name}" if node is not None else "no node left"
+                return op, f"queued resource {qr} and {what} (force)"
+            except NotFoundError:
+                pass  # gone between the get and the delete: the node alone is left
+        if node is None:
+            raise NotFoundError(f"nothing left to delete: no node and no queued resource {qr}")
+        return self.tpu.delete_node(node.name), node.name
+
+    def clear_ended(self) -> str:
+        """Start deleting the queued resource when the service gave up on it; what was done ("")."""
+        qr = self.queued_resource
+        if not qr:
+            return ""
+        status = self._qr_api.queued_status(qr)
+        if status.state not in QR_ENDED:
+            return ""
+        try:
+            op = self._qr_api.delete_queued_resource(qr, force=True)
+        except NotFoundError:
+            return ""
+        return f"started deleting queued resource {qr} ({status.state}) so it can be created again: {op}"
+
+    def create(self, name: str, node: Mapping[str, Any], zone: str, *, resumed: bool = False,
+               tier: str = "", reservation: str = "") -> str:
+        """Start creating `name` from a JSON-like Node spec; the operation name.
+
+        "" when this job's own earlier request still stands (`resumed`: the journal says a
+        create is ours and in flight). Refused while an ended request still holds the name.
+        """
+        qr = self.queued_resource
+        if not qr:
+            return self.tpu.create_node(name, node, zone)
+        api = self._qr_api
+        status = api.queued_status(qr, zone)
+        if status.state in QR_ENDED:
+            done = self.clear_ended()
+            raise Refused(f"queued resource {qr} is {status.state}"
+                          + ("; deleting it before the next create" if done else ""))
+        if status.state == "DELETING":
+            raise Refused(f"queued resource {qr} is still being deleted; it is created again once it is gone")
+        if status.state and resumed:
+            return ""
+        parent = f"projects/{api.project}/locations/{zone}"
+        return api.create_queued_resource(qr, queued_request(parent, name, node, tier, reservation), zone)
+
+
+def queued_request(parent: str, name: str, node: Mapping[str, Any], tier: str = "",
+                   reservation: str = "") -> dict[str, Any]:
+    """A QueuedResource (JSON-like) asking for node `name` with `node`'s spec, tier and reservation."""
+    request: dict[str, Any] = {"tpu": {"nodeSpec": [{"parent": parent, "nodeId": name, "node": dict(node)}]}}
+    if tier == "spot":
+        request["spot"] = {}
+    elif tier == "guaranteed":
+        request["guaranteed"] = {}
+    if reservation:
+        request["reservationName"] = reservation
+    return request

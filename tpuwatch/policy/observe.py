@@ -1,0 +1,57 @@
+"""What the tick must observe before it decides, and what more after a first decision.
+
+The policy decides with what it is shown; these say what is worth the cost of showing it.
+Pure functions of the memory and this tick's cheap observations: no I/O, no clock of their own.
+
+The tick calls `decide` at most four times: once; again with the launch-time checks when the
+first decision launches without them (`Decision.check_first`); again after the cleanup of
+fixable items when checks found only those (`Decision.check_after`); and again when a create
+is refused at the call (the refusal is then a failed create, which that decision queues or
+fails, with no further create in the tick).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from tpuwatch.model import NodeSnapshot, WorkerProbe
+from tpuwatch.policy.state import Memory, Phase
+
+# The audit log is read at most this often while something looks wrong: 30 reads a minute at
+# most, half the Logging API's default read quota per project.
+MIN_AUDIT_GAP = 2.0
+
+
+def launch_likely(mem: Memory, node: NodeSnapshot | None, now: datetime) -> bool:
+    """No attempt is alive and the node is usable: the launch-time checks should ride in the probe's
+    connection, so a relaunch costs two SSH rounds (probe + checks, then launch), not four."""
+    if node is None or not node.usable:
+        return False
+    return mem.phase in (Phase.IDLE, Phase.WAITING_NODE) or (
+        mem.phase is Phase.BACKOFF and (mem.backoff_until is None or mem.backoff_until <= now))
+
+
+def precheck_due(mem: Memory, node: NodeSnapshot | None, probes: Sequence[WorkerProbe] | None,
+                 since_last: float | None, interval: float) -> bool:
+    """The periodic environment checks while the attempt runs: every `interval` seconds."""
+    if mem.phase is not Phase.RUNNING or node is None or not node.usable or not probes:
+        return False
+    if not any(p.state == "running" for p in probes):
+        return False
+    return since_last is None or since_last >= interval
+
+
+def audit_due(mem: Memory, node: NodeSnapshot | None, probes: Sequence[WorkerProbe] | None,
+              since_last: float | None, interval: float) -> bool:
+    """Read the audit log now: once per `interval`, or sooner when something looks wrong.
+
+    Sooner only while an attempt runs and a worker is not running on a node that looks fine:
+    that is when a terminate/restart entry decides whether the end is charged. A node that is
+    down, being repaired or recreated is evidence enough by its state; the log can wait.
+    """
+    if since_last is None or since_last >= interval:
+        return True
+    wrong = mem.phase is Phase.RUNNING and (
+        node is None or (node.usable and any(p.state != "running" for p in probes or ())))
+    return wrong and since_last >= MIN_AUDIT_GAP

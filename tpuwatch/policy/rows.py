@@ -1,0 +1,113 @@
+"""The recovery table as data: every row the policy can decide by, with what it means.
+
+`decide` (policy/table.py) names the row of every Decision; a test walks every row. The rows
+are shown to people in docs/policy.md, and `Row.steady` tells the loop (tpuwatch/loop.py) which
+decisions mean all is well, so no caller tests row names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the recovery table: what was observed, and what is decided."""
+
+    id: str
+    observed: str
+    decision: str
+    # Nothing is wrong: the loop may wait a whole poll_interval before looking again.
+    steady: bool = False
+
+
+# The recovery table (docs/policy.md shows it to people), then the rows the implementation needs
+# between them.
+ROWS: tuple[Row, ...] = (
+    Row("launch", "READY+HEALTHY, no live attempt, backoff over",
+        "clean up workers, launch attempt n+1 from the latest complete checkpoint"),
+    Row("running", "all workers run the attempt", "nothing", steady=True),
+    Row("success", "worker 0 exits 0", "done: stop the other workers, report (exit 0)"),
+    Row("disruption", "a worker ends, with disruption evidence in the attempt",
+        "not charged; stop all workers; relaunch once the node is usable"),
+    Row("failure", "a worker exits non-zero, node healthy, no disruption evidence",
+        "charged to max_restarts; stop all workers; capped exponential backoff with jitter, then relaunch"),
+    Row("failed_start", "a worker exits non-zero before min_uptime",
+        "a failed start: charged like a failure"),
+    Row("fail_fast", "a worker exits with a code in fail_fast_exit_codes", "failed at once (exit 1)"),
+    Row("no_progress", "no_progress_limit charged attempts in a row add no newer checkpoint",
+        "failed (exit 1): a deterministic bug is not retried forever"),
+    Row("budget_spent", "a charged end with max_restarts already used", "failed (exit 1) with the reason and evidence"),
+    Row("repair_wait", "REPAIRING / RESTARTING / UNHEALTHY_MAINTENANCE / TIMEOUT / UNKNOWN",
+        "wait up to repair_timeout from first sight"),
+    Row("repair_timeout", "still not healthy after repair_timeout", "delete + create (owned nodes only)"),
+    Row("dead_node", "PREEMPTED / TERMINATED", "delete + create (owned nodes only)"),
+    Row("not_owned", "delete + create needed, node lacks tpuwatch-job=<job>",
+        "never delete it: needs a person (exit 1); pass --adopt"),
+    Row("recreate_budget_spent", "delete + create needed with max_recreates used", "failed (exit 1)"),
+    Row("node_missing", "node missing and tpuwatch did not delete it",
+        "needs a person (exit 1): never recreate a node a person deleted"),
+    Row("recreate_missing", "node missing, --recreate-missing", "create it from the saved spec"),
+    Row("someone_deleting", "node DELETING and tpuwatch did not delete it", "needs a person (exit 1)"),
+    Row("queued_preempted", "node DELETING or missing while its queued resource is SUSPENDING, SUSPENDED or "
+        "FAILED (the service took it back, e.g. a spot preemption)",
+        "a disruption, not charged to max_restarts: delete the queued resource (force) and create it again "
+        "with the same spec and tier, then resume (a recreate, within max_recreates)"),
+    Row("person_stopped", "STOPPED / STOPPING / HIDDEN", "leave it alone; report that a person stopped it",
+        steady=True),
+    Row("unknown_state", "a state this tpuwatch does not know",
+        "wait up to repair_timeout, then needs a person; never delete"),
+    Row("unhealthy_running", "node not healthy but every worker still runs the attempt",
+        "keep following it; never delete a node under a live attempt"),
+    Row("deleting", "tpuwatch's delete in flight", "follow the operation"),
+    Row("delete_resume", "DELETING with no operation recorded and the node not deleting",
+        "the earlier tick stopped before the call: decide afresh from the node (delete again if still needed)"),
+    Row("delete_failed", "tpuwatch's delete failed", "failed (exit 1)"),
+    Row("operation_timeout", "tpuwatch's delete or create not done after recovery.operation_timeout",
+        "failed (exit 1), naming the operation; never a second delete or create beside it"),
+    Row("create_after_delete", "node gone after tpuwatch's delete (and its queued resource, if it came from one)",
+        "create it in the first zone"),
+    Row("creating", "tpuwatch's create in flight", "follow the operation; never a second create"),
+    Row("create_resume", "CREATING with no operation recorded and no node",
+        "create again (an ALREADY_EXISTS answer to it is success)"),
+    Row("created", "tpuwatch's create finished (or ALREADY_EXISTS)", "resume: launch once READY+HEALTHY"),
+    Row("create_failed", "create failed for a reason other than capacity", "failed (exit 1)"),
+    Row("no_capacity", "create fails: no capacity / quota", "queued: retry with capped backoff and jitter"),
+    Row("queued", "queued, retry time not reached", "wait"),
+    Row("queue_retry", "queued, retry time reached",
+        "create again; after queue_timeout in a zone, in the next fallback zone"),
+    Row("queue_exhausted", "every zone queued for queue_timeout", "failed (exit 1)"),
+    Row("backoff", "no live attempt, backoff not over", "wait"),
+    Row("probe_failed", "node usable, workers not probed", "look again next tick"),
+    Row("workers_unreachable", "node usable; no worker answers during an attempt, or any worker before a launch",
+        "look again next tick; launch nothing"),
+    Row("unreachable_grace", "a worker unreachable while the others run",
+        "wait unreachable_grace, then stop all and classify the end"),
+    Row("stale_workers", "workers run an older attempt", "stop them; launch on a later tick"),
+    Row("adopt_running", "workers run a newer attempt than the journal knows (launch not journaled)",
+        "follow it: no duplicate launch"),
+    Row("survived", "after a disruption, every worker still runs the attempt", "follow it again"),
+    Row("launch_unseen", "the launched attempt left no trace on any worker",
+        "launch the same attempt number again (launch_tries), then charge a failed start"),
+    Row("terminal", "DONE or FAILED", "report the end again; stop workers still running", steady=True),
+    Row("hung", "every worker runs the attempt, but no new checkpoint for recovery.hang_timeout "
+        "(from the attempt's start or its newest checkpoint; 0s = off; \"auto\": 3x the checkpoint interval "
+        "seen, at least 30m, and the workers' logs silent as long)",
+        "stop all workers; a charged failure (\"hung: no new checkpoint for ...\"), counted in the "
+        "no-progress streak when the attempt added no checkpoint; backoff, then relaunch"),
+    # Environment checks (tpuwatch.precheck). A failing check is evidence against the
+    # node, never charged to max_restarts; a job that fails with every check passing is charged
+    # as before (`failure`).
+    Row("precheck_fix", "environment checks fail before a launch, every failing item fixable "
+        "(stale libtpu lockfile, orphan device holders)",
+        "not charged: stop the holders and remove the lockfile (the worker cleanup), check again, then launch"),
+    Row("precheck_wait", "environment checks fail before a launch and tpuwatch cannot fix them "
+        "(disk or /dev/shm too small, device missing, DNS, interpreter, a custom check)",
+        "not charged: wait up to repair_timeout from the first failing check, checking again every tick"),
+    Row("precheck_recreate", "environment checks still fail after repair_timeout, node owned",
+        "not charged: delete + create (isolate the bad host)"),
+    Row("precheck_needs_person", "environment checks still fail after repair_timeout, node not owned",
+        "needs a person (exit 1) with the failing items; the job resumes once they pass"),
+)
+ROW_IDS = frozenset(r.id for r in ROWS)
+ROW_BY_ID = {r.id: r for r in ROWS}
