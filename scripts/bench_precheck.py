@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How long `tpuwatch precheck` takes on a healthy simulated node (issue 10: under 3 s for 4 workers).
+"""How long `tpuwatch precheck` takes on a healthy simulated node (target: under 3 s for 4 workers).
 
     python scripts/bench_precheck.py                 # v4-32 (4 workers), 5 runs, a table
     python scripts/bench_precheck.py --type v4-128 --runs 3 --json

@@ -1,4 +1,4 @@
-"""Bad input (issue 9, item 5): every config key, every CLI flag and argument of every command,
+"""Bad input: every config key, every CLI flag and argument of every command,
 and tpuwatch's environment variables, fed wrong types, out-of-range values, unknown keys, empty
 strings, very long strings, non-UTF-8 bytes and shell metacharacters.
 

@@ -1,4 +1,4 @@
-"""Cloud API faults (issue 9, item 2): errors at a rate, slow and lost answers, operations that
+"""Cloud API faults: errors at a rate, slow and lost answers, operations that
 never end or fail. `tpuwatch watch` runs a recreate scenario against the simulator while the
 faults are on; the outcome must be the one without faults, and the calls it took bounded.
 """

@@ -1,4 +1,4 @@
-"""SSH faults (issue 9, item 3) end to end: `tpuwatch watch`/`check` over the real OpenSSH client
+"""SSH faults end to end: `tpuwatch watch`/`check` over the real OpenSSH client
 against simulated workers whose SSH servers refuse, hang (accept and never answer), drop the
 connection mid-command, or present a new host key under the same node id.
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tpuwatch.cloud.tpu import TpuAdapter
-from tpuwatch.recreate import owned, ownership_error
+from tpuwatch.recreate import ownership_error
 from tpuwatch.sim import gcloudcfg
 from tpuwatch.sim.rest import RestFace
 from tpuwatch.sim.simulator import Simulator
@@ -144,7 +144,7 @@ def test_the_update_labels_command_tpuwatch_suggests_marks_a_node_as_owned(gclou
     r = gcloud(*command)
     assert r.returncode == 0, r.stderr
     assert sim.world.node("mine").spec.labels == {"team": "x", "tpuwatch-job": "job-1"}
-    assert owned(TpuAdapter(sim.project, sim.zone).require_node("mine"), "job-1")
+    assert TpuAdapter(sim.project, sim.zone).require_node("mine").owned_by("job-1")
 
 
 def test_ssh_worker_all_reaches_every_worker_and_passes_a_failure_on(gcloud: Gcloud) -> None:

@@ -1,4 +1,4 @@
-"""Environment checks (issue 10): precheck.sh run by a local bash exactly as a worker runs it,
+"""Environment checks: precheck.sh run by a local bash exactly as a worker runs it,
 the verdicts tpuwatch.precheck draws from its answers, and the [precheck] config.
 
 HOME and TPUWATCH_HOST_ROOT point into tmp_path, so the fake /dev/accel*, /dev/shm and

@@ -1,4 +1,4 @@
-"""The policy with environment checks (issue 10), beyond the four precheck_* rows of
+"""The policy with environment checks, beyond the four precheck_* rows of
 test_policy_table.py: failing checks are evidence against the node, passing ones change nothing."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Environment checks end to end (issue 10): `tpuwatch precheck`, `watch` and `check` against the
+"""Environment checks end to end: `tpuwatch precheck`, `watch` and `check` against the
 simulator over real OpenSSH, with the simulator's host faults (disk nearly full, small /dev/shm,
 device missing, stale lockfile, DNS failure, an orphan holding a device).
 

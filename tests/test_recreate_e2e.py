@@ -1,4 +1,4 @@
-"""End to end: `tpuwatch watch` deletes and recreates a TPU that will not heal (issue 6).
+"""End to end: `tpuwatch watch` deletes and recreates a TPU that will not heal.
 
 The simulator serves the real create/delete operations; outcomes are read from the simulator's
 world (node ids, labels, metadata, call counters), the workers' homes (startup script ran) and

@@ -269,7 +269,7 @@ def test_an_unreachable_worker_or_unusable_node_is_exit_1(sim: Simulator, tmp_pa
 
 @pytest.mark.slow
 def test_run_checks_the_workers_before_it_launches(sim: Simulator, tmp_path: Path, env: dict[str, str]) -> None:
-    """Issue 10: the environment checks run before every launch, `run`'s included. A stale libtpu
+    """The environment checks run before every launch, `run`'s included. A stale libtpu
     lockfile is fixed by the cleanup and the launch goes ahead; a missing device is not fixable,
     and `run` (which does not recover) stops before launching, naming the worker."""
     sim.create_node("pod", "v4-32")

@@ -1,4 +1,4 @@
-"""Security (issue 9, item 6): secrets never printed or journaled, every value quoted on its way
+"""Security: secrets never printed or journaled, every value quoted on its way
 to a remote shell, private files on the workers and in the state dir, and an ownership rule
 that a look-alike label cannot pass.
 """

@@ -1,4 +1,4 @@
-"""The journal after a crash, on a full disk, and shared by processes (issue 9, item 4).
+"""The journal after a crash, on a full disk, and shared by processes.
 
 A writer SIGKILLed inside a transaction, a state dir whose filesystem is full, two `watch`
 processes and two cron `check`s on one job: each ends in a clear message and an intact journal.

@@ -1,6 +1,6 @@
 """End to end: `tpuwatch watch` and `tpuwatch check` against the simulator, real ssh, the toy trainer.
 
-Each test plays one scenario of issue 5 and reads the outcome from the journal (`history
+Each test plays one recovery scenario and reads the outcome from the journal (`history
 --json`), the trainer's checkpoints and the workers' processes, never from tpuwatch's own words
 alone.
 """

@@ -5,7 +5,7 @@ is complete, and two tiny stores (local filesystem, Google Cloud Storage) that c
 level of a directory and look at one object. It must not know about SSH, workers, the policy
 or the journal, and it never hands a name to a shell: names are data, returned verbatim.
 
-Layouts and when a step counts as complete (REFERENCE.md "Checkpoint layouts"):
+Layouts and when a step counts as complete (docs/design.md, "Checkpoint layouts"):
 
 - orbax: `<step>/` or `<prefix>_<step>/` (e.g. `step_100`; zero padding allowed). Temporary
   names `<name>.orbax-checkpoint-tmp` and `…-tmp-<timestamp|counter>` are never chosen. On

@@ -1,7 +1,7 @@
 """The `tpuwatch` command line: a click group whose commands load on demand.
 
-Expected errors (`TpuwatchError`) print one line and exit with their code (DESIGN.md
-section 1); a traceback appears only with `--debug`.
+Expected errors (`TpuwatchError`) print one line and exit with their code (the README's
+exit-code table); a traceback appears only with `--debug`.
 """
 
 from __future__ import annotations

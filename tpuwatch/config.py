@@ -20,6 +20,7 @@ from typing import Any
 
 from tpuwatch.durations import parse_duration
 from tpuwatch.errors import ConfigError
+from tpuwatch.model import NODE_NAME
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,7 +31,6 @@ PLACEHOLDERS = ("checkpoint", "step", "attempt", "worker")
 CHECKPOINT_LAYOUTS = ("auto", "orbax", "flax", "t5x", "levanter", "pytorch_xla")
 TRANSPORTS = ("openssh", "gcloud")
 MAX_STRING = 4096
-_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")  # TPU node names
 _LABEL_VALUE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,62})$")  # GCP label values (ownership label)
 _ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 _PROJECT = re.compile(r"^[a-z][-a-z0-9:.]{4,61}[a-z0-9]$")
@@ -294,7 +294,7 @@ class Field:
 # The whole config surface. README's config reference is written from this table.
 SCHEMA: dict[str, dict[str, Field]] = {
     "tpu": {
-        "name": Field(_pattern(_NAME, "TPU name (lowercase letters, digits, hyphens; starts with a letter)"), None, "TPU node name (required)"),
+        "name": Field(_pattern(NODE_NAME, "TPU name (lowercase letters, digits, hyphens; starts with a letter)"), None, "TPU node name (required)"),
         "project": Field(_pattern(_PROJECT, "project id", allow_empty=True), "", "GCP project; default from flags, env or gcloud"),
         "zone": Field(_pattern(_ZONE, "zone (such as us-central2-b)", allow_empty=True), "", "zone; default from flags, env or gcloud"),
         "fallback_zones": Field(_zones, (), "zones tried in order when the zone has no capacity"),
@@ -545,13 +545,3 @@ def load_config(
             _set_override(raw, dotted, value)
     values = validate(raw, require_command=require_command)
     return Config(values=values, path=p, state_dir=default_state_dir())
-
-
-def describe_schema() -> list[tuple[str, str, str]]:
-    """(dotted key, default as TOML-ish text, meaning) for every key: the README reference."""
-    rows = []
-    for section, fields in SCHEMA.items():
-        for key, spec in fields.items():
-            default = "required" if spec.default is None else repr(spec.default)
-            rows.append((f"{section}.{key}", default, spec.doc))
-    return rows

@@ -1,4 +1,4 @@
-"""Expected errors and the exit codes they map to (DESIGN.md section 1).
+"""Expected errors and the exit codes they map to (the README's exit-code table).
 
 Every error a user can cause or meet carries its exit code and a message that names the
 key, flag or call at fault and what to do. The CLI renders these without a traceback.

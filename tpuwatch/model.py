@@ -8,11 +8,14 @@ version does not know is kept as "UNKNOWN_ENUM_<n>" rather than crashing.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
+# A TPU node (or queued resource) id: lowercase letters, digits and hyphens, starting with a letter.
+NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 # Health values that mean the node is not usable now (NodeSnapshot.usable).
 UNHEALTHY = frozenset({"TIMEOUT", "UNHEALTHY_TENSORFLOW", "UNHEALTHY_MAINTENANCE"})
 # The label that marks a node as a job's: tpuwatch deletes a node only when it says that job.

@@ -1,4 +1,4 @@
-"""Environment checks on the workers (issue 10): what to ask, and what the answers mean.
+"""Environment checks on the workers: what to ask, and what the answers mean.
 
 Before every launch, and every `precheck.interval` while the job runs, each selected worker
 runs `workers/precheck.sh` in one SSH round trip. The script only measures (free space, ulimits,
@@ -100,10 +100,10 @@ class Settings:
             min_shm=float(p["min_shm"]),
             cache_path=str(p["cache_path"]),
             min_cache=float(p["min_cache"]),
-            min_open_files=int(p.get("min_open_files", 0)),
-            min_locked_memory=float(p.get("min_locked_memory", 0.0)),
-            min_processes=int(p.get("min_processes", 0)),
-            min_stack=float(p.get("min_stack", 0.0)),
+            min_open_files=int(p["min_open_files"]),
+            min_locked_memory=float(p["min_locked_memory"]),
+            min_processes=int(p["min_processes"]),
+            min_stack=float(p["min_stack"]),
             custom=tuple(CustomCheck(c["name"], c["command"], float(c["timeout"])) for c in p["custom"]),
         )
 
@@ -578,7 +578,7 @@ def summary(report: PrecheckReport) -> str:
     return "; ".join(parts)
 
 
-# ---- checkpoint age (issue 10, item 4) ------------------------------------------------------
+# ---- checkpoint age ---------------------------------------------------------------------
 
 
 def checkpoint_warning(checkpoint: Checkpoint | None, mem: Memory, warn_age: float,

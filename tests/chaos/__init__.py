@@ -1,1 +1,1 @@
-"""Helpers for the hardening tests (issue 9): the kill-and-restart harness (harness.py)."""
+"""Helpers for the hardening tests: the kill-and-restart harness (harness.py)."""

@@ -2,7 +2,7 @@
 
 - `engine`: the discrete-event clock and the simulated slice, job, bucket, audit log and zone;
 - `trace`: the seeded fault trace every tool replays;
-- `tools`: `tpuwatch watch`'s loop over the real tick, the baselines of REFERENCE.md, the ideal;
+- `tools`: `tpuwatch watch`'s loop over the real tick, the baselines (docs/benchmarks.md), the ideal;
 - `fakeports`: the TPU API, audit log, workers and checkpoint store of the World, for the tick;
 - `goodput`: run a trace under each tool, measure, and present the results.
 

@@ -5,7 +5,7 @@
   config, journal and audit-log cadence), then `tpuwatch.loop.next_delay` and
   `loop.Pacer.wait`, against in-memory ports over the World (`tpuwatch.bench.fakeports`) and
   the World's virtual clock. No rule and no cadence is copied here.
-- the baselines of REFERENCE.md ("What existing tools do"), modelled as their scripts are
+- the baselines (docs/benchmarks.md, "The baselines"), modelled as their scripts are
   written: the docs' bash loop, TensorFlow's retry.sh, tpunicorn `pu babysit`, Levanter's
   babysit-tpu-vm.sh and SkyPilot's managed-job controller;
 - `ideal`: an oracle that knows the trace and reacts at once, the bound for all of them.
@@ -56,7 +56,7 @@ else:  # pragma: no cover
 
 JOB = "bench"
 # States in which `gcloud compute tpus tpu-vm ssh` tries to connect; it refuses the others
-# (REFERENCE.md: PREEMPTED/TERMINATED/STOPPED; a node being created or deleted has no endpoints).
+# (gcloud's TPU ssh code: PREEMPTED/TERMINATED/STOPPED; a node being created or deleted has no endpoints).
 SSH_STATES = frozenset({"READY", "REPAIRING", "RESTARTING", "UNKNOWN"})
 GCLOUD_SSH_TRIES = 10  # gcloud retries ssh exit 255 up to 10 times, 5 s apart
 GCLOUD_SSH_RETRY_WAIT = 5.0
@@ -282,7 +282,7 @@ def skypilot(run: Run, restarts_on_errors: int = 0) -> Process:
                           f"(max_restarts_on_errors = {restarts_on_errors})", "FAILED (user error)")
                 return
             errors += 1
-        yield 120.0  # ~2.5 min from "preempted" to "recovering" (REFERENCE.md)
+        yield 120.0  # ~2.5 min from "preempted" to "recovering" (in a SkyPilot user's log)
         if w.node is not None:
             yield from gcloud_delete(run)
         backoff = 60.0

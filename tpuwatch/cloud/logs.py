@@ -33,7 +33,7 @@ from tpuwatch.cloud import clients
 from tpuwatch.cloud.errors import Call, is_transient, translate
 from tpuwatch.cloud.retry import RetryPolicy
 from tpuwatch.errors import TpuwatchError, UsageError
-from tpuwatch.model import AuditEvent, AuditKind
+from tpuwatch.model import NODE_NAME, AuditEvent, AuditKind
 
 SYSTEM_EVENT_LOG = "cloudaudit.googleapis.com%2Fsystem_event"
 METHODS: dict[str, AuditKind] = {
@@ -44,7 +44,6 @@ METHODS: dict[str, AuditKind] = {
 RPC_TIMEOUT = 30.0
 PAGE_SIZE = 1000
 CURSOR_VERSION = "v1"
-_NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _RESOURCE = re.compile(r"(?:^|/)nodes/(?P<node>[^/]+)(?:/workers/(?P<worker>[^/]+))?(?:/|$)")
 _LOCATION = re.compile(r"(?:^|/)(?:locations|zones)/(?P<zone>[^/]+)/")
 _NS = 1_000_000_000
@@ -73,7 +72,7 @@ def check_nodes(nodes: Iterable[str]) -> list[str]:
     """The distinct node names of `nodes`, sorted; UsageError for one that is not a TPU name."""
     names = sorted(set(nodes))
     for n in names:
-        if not _NODE_NAME.match(n):
+        if not NODE_NAME.match(n):
             raise UsageError(f"{n!r} is not a TPU name (lowercase letters, digits and hyphens)")
     return names
 
@@ -202,15 +201,6 @@ def event_of(raw: RawEntry, nodes: Iterable[str], zone: str | None = None) -> Au
         insert_id=raw.insert_id,
         resource_name=raw.resource_name,
     )
-
-
-def to_event(entry: Any, nodes: Iterable[str], zone: str | None = None) -> tuple[int, AuditEvent] | None:
-    """(time in ns, AuditEvent) of a LogEntry about one of `nodes`; None for anything else."""
-    raw = raw_entry(entry)
-    if raw is None:
-        return None
-    ev = event_of(raw, nodes, zone)
-    return None if ev is None else (raw.ns, ev)
 
 
 def take_new(

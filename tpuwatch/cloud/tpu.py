@@ -31,6 +31,7 @@ from tpuwatch.cloud.errors import Call, is_transient, translate
 from tpuwatch.cloud.retry import RetryPolicy
 from tpuwatch.errors import NotFoundError, TpuwatchError, UsageError
 from tpuwatch.model import (
+    NODE_NAME,
     NodeSnapshot,
     OperationStatus,
     QueuedStatus,
@@ -42,7 +43,6 @@ from tpuwatch.model import (
 T = TypeVar("T")
 RPC_TIMEOUT = 30.0  # seconds per request; the retry policy bounds the total
 PAGE_SIZE = 500
-_NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 # RFC 3339 with any number of fractional digits ("...T03:44:36.265703305Z", "+02:00").
 _RFC3339 = re.compile(
@@ -247,7 +247,7 @@ class TpuAdapter:
     def _full(self, name: str) -> str:
         if name.startswith("projects/"):
             return name
-        if not _NODE_NAME.match(name):
+        if not NODE_NAME.match(name):
             raise UsageError(
                 f"{name!r} is not a TPU name (lowercase letters, digits and hyphens, starting with a letter)"
             )
@@ -398,7 +398,7 @@ class TpuAdapter:
         RESOURCE_EXHAUSTED (no capacity, quota) is not retried here: it raises ApiError with
         code "RESOURCE_EXHAUSTED" for the caller's policy to decide.
         """
-        if not _NODE_NAME.match(name):
+        if not NODE_NAME.match(name):
             raise UsageError(f"tpu.name: {name!r} is not a TPU name")
         parent = self._parent(zone)
         version, msg = parse_message("Node", node, "tpu.spec")
@@ -458,7 +458,7 @@ class TpuAdapter:
         Like create_node: v2, or v2alpha1 when the node spec needs it; RESOURCE_EXHAUSTED is raised
         (not retried) for the caller to classify.
         """
-        if not _NODE_NAME.match(qr_id):
+        if not NODE_NAME.match(qr_id):
             raise UsageError(f"tpu.queued_resource: {qr_id!r} is not a queued resource id")
         parent = self._parent(zone)
         version, msg = parse_message("QueuedResource", queued_resource, "tpu.spec")

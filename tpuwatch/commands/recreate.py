@@ -48,7 +48,7 @@ def _latest_checkpoint(cfg: Any) -> dict[str, str]:
         from tpuwatch.errors import TpuwatchError
 
         try:
-            latest = CheckpointDir(ckdir, cfg.job.get("checkpoint_layout", "auto")).latest()
+            latest = CheckpointDir(ckdir, cfg.job["checkpoint_layout"]).latest()
         except TpuwatchError as exc:
             click.echo(f"warning: checkpoints not read ({exc}); the startup script will start "
                        "without a checkpoint", err=True)
@@ -99,7 +99,7 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
     else:
         create = rc.create_request_json(cfg, loc.zone, loc.project, launch)
 
-    zones = [loc.zone, *[z for z in cfg.tpu.get("fallback_zones", ()) if z != loc.zone]]
+    zones = [loc.zone, *[z for z in cfg.tpu["fallback_zones"] if z != loc.zone]]
     for z in zones[1:]:
         # An unknown fallback zone must stop us before the delete, not after it.
         try:

@@ -8,7 +8,7 @@ not restarted. Ctrl-C detaches; --stop-on-exit stops the job instead.
 
 Exit codes: 0 worker 0 exited 0 (or detached by Ctrl-C); 1 the job failed, a worker is
 unreachable or the node is not usable (a person or `tpuwatch watch` must act: exit 3 is kept
-for the cloud API itself, per DESIGN.md); 2 bad config (unknown placeholder, unreadable key);
+for the cloud API itself, as everywhere); 2 bad config (unknown placeholder, unreadable key);
 3 the TPU API or the checkpoint bucket cannot be used.
 This module holds the command's flow; SSH lives in tpuwatch.workers, the API in tpuwatch.cloud.
 """

@@ -1,6 +1,6 @@
 """The recovery policy: a pure function from what tpuwatch sees to what it does.
 
-Rules of this package (STYLE.md section 1):
+Rules of this package:
 - Everything that decides recovery lives here: the table's rows as data (`rows.ROWS`) and
   `decide`, which walks them (`table`), what a node's state means (`nodes`), the phases and their
   legal moves (`state.TRANSITIONS`), how an attempt's end is classified (`classify`), backoff

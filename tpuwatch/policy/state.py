@@ -1,6 +1,6 @@
 """The policy's memory: its phases, the legal moves between them, and what it must remember.
 
-Memory holds only what cannot be observed again (STYLE.md section 4): budgets spent, when an
+Memory holds only what cannot be observed again (the tick is level-triggered: docs/design.md): budgets spent, when an
 attempt started and from which checkpoint, disruption evidence seen during it, when an unhealthy
 state was first seen, the cloud operation in flight. Everything else is re-observed every tick.
 The journal stores it with `to_dict` / `from_dict`; this module does no I/O itself.

@@ -1,4 +1,4 @@
-"""The recovery table of DESIGN.md section 3: the rows as data, and `decide`, which walks them.
+"""`decide`: the recovery table (policy/rows.py; docs/policy.md shows it) walked for one tick.
 
 How a decision is found, in order:
 1. a terminal phase (DONE, FAILED) stays as it is;
@@ -580,7 +580,7 @@ class _Tick:
                     attempt_start_step=step, attempt_seen=True, launch_tries=0, evidence=(),
                     unreachable_since=None, backoff_until=None)
 
-    # -- environment checks (issue 10) ------------------------------------------------------
+    # -- environment checks -------------------------------------------------------------------
 
     def prechecked(self, mem: Memory) -> Decision | None:
         """Before a launch: None when the environment checks pass (or were not run), else the

@@ -253,7 +253,7 @@ FAULTS: dict[str, Fault] = {
             ),
         ),
         Fault("clear-errors", "Lift injected API errors, denials, stockouts and quota errors.", ()),
-        # Host faults (issue 10): each makes one environment check fail on one worker.
+        # Host faults: each makes one environment check fail on one worker.
         Fault(
             "device-missing",
             "A chip's device file vanishes on one worker (stays gone across reboots; a recreate fixes it).",

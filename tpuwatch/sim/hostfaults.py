@@ -1,5 +1,5 @@
 """Host faults of the simulated workers: what makes each environment check fail on one worker
-(issue 10; the checks are tpuwatch/workers/precheck.sh).
+(the checks are tpuwatch/workers/precheck.sh).
 
 Each fault changes what the worker-side script measures, by the same means a real host would:
 

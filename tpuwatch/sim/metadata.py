@@ -15,7 +15,7 @@ handler speaking just enough HTTP/1.1 for curl, urllib and requests). Rules kept
   (`?recursive=true` gives JSON); anything else is 404.
 - `instance/upcoming-maintenance` is the notice as JSON (snake_case field names, as the Cloud TPU
   documentation's example shows), or `{"error": "no notifications have been received yet, try
-  again later"}` when there is none (REFERENCE.md). The documentation does not say which HTTP
+  again later"}` when there is none (as Google documents it). The documentation does not say which HTTP
   status comes with that error text; 200 is served.
 
 This module knows neither the world model nor SSH: the world builds an `Instance` for a node's

@@ -1,7 +1,7 @@
 """A toy training job for simulated workers: `python -m tpuwatch.sim.trainer`.
 
 It runs on every worker (worker id from `TPUWATCH_WORKER_ID`, else the simulated host's), makes steps, and worker 0 writes
-checkpoints in the local Orbax layout (REFERENCE.md): everything goes into
+checkpoints in the local Orbax layout (tpuwatch/checkpoints.py): everything goes into
 `<dir>/<step>.orbax-checkpoint-tmp-<counter>/`, `commit_success.txt` is written last, then the
 directory is renamed to `<dir>/<step>/`. A kill at any instant leaves either a complete checkpoint
 or a temporary directory, never a half-written `<dir>/<step>/`.

@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tpuwatch.errors import UsageError
+from tpuwatch.model import NODE_NAME
 from tpuwatch.sim import audit, logfilter, metadata
 from tpuwatch.sim.scheduler import Scheduler, Timer
 
 log = logging.getLogger(__name__)
 
 ZONE_RE = re.compile(r"^[a-z]+-[a-z]+\d+-[a-z]$")
-NODE_ID_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 TPU_RUNTIME_PORT = 8470
 
 # Simulated seconds each operation takes (scaled by speed).
@@ -63,7 +63,7 @@ INJECTABLE_CODES = frozenset(
     }
 )
 STUCK_MODES = ("REPAIRING", "UNHEALTHY_MAINTENANCE", "UNKNOWN")
-# Node.State and Node.Health names (REFERENCE.md), for `set_state`.
+# Node.State and Node.Health names (as google-cloud-tpu defines them), for `set_state`.
 NODE_STATES = (
     "STATE_UNSPECIFIED", "CREATING", "READY", "RESTARTING", "REIMAGING", "DELETING", "REPAIRING",
     "STOPPED", "STOPPING", "STARTING", "PREEMPTED", "TERMINATED", "HIDING", "HIDDEN", "UNHIDING",
@@ -678,7 +678,7 @@ class World:
     ) -> OperationRec:
         with self._lock:
             self.check_zone(project, zone)
-            if not NODE_ID_RE.match(node_id or ""):
+            if not NODE_NAME.match(node_id or ""):
                 raise ApiError(
                     "INVALID_ARGUMENT",
                     f"Invalid node_id {node_id!r}: it must start with a lowercase letter, contain only "
@@ -939,7 +939,7 @@ class World:
         """UpdateNode: the masked `paths` of `fields` (labels, metadata, description) are applied
         when the operation ends. Errors as the API gives them: no mask or an unknown path is
         INVALID_ARGUMENT, and so is a node not READY or STOPPED ("update is not supported while
-        in state PREEMPTED", REFERENCE.md)."""
+        in state PREEMPTED", as Google answers)."""
         wanted = [p.strip() for p in paths if p.strip()]
         with self._lock:
             rec = self._require(project, zone, name)
@@ -1647,7 +1647,7 @@ class World:
             n_workers = worker_count(spec.accelerator_type)
         except ValueError as exc:
             raise UsageError(str(exc))
-        if not NODE_ID_RE.match(name):
+        if not NODE_NAME.match(name):
             raise UsageError(
                 f"node name {name!r} must be lowercase letters, digits and hyphens, starting with a letter"
             )
@@ -1700,9 +1700,9 @@ class World:
     ) -> OperationRec:
         with self._lock:
             self.check_zone(project, zone)
-            if not NODE_ID_RE.match(qr_id or ""):
+            if not NODE_NAME.match(qr_id or ""):
                 raise ApiError("INVALID_ARGUMENT", f"Invalid queued_resource_id {qr_id!r}")
-            if not NODE_ID_RE.match(node_id or ""):
+            if not NODE_NAME.match(node_id or ""):
                 raise ApiError(
                     "INVALID_ARGUMENT",
                     f"Invalid node_id {node_id!r} in the queued resource's node spec",

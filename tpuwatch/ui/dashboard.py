@@ -229,7 +229,7 @@ MAX_CHECK_LINES = 4
 
 
 def checks_lines(pre: PrecheckReport, now: datetime, text_width: int = TEXT_WIDTH) -> list[Text]:
-    """The environment checks (issue 10): one red line per failing item with worker and value,
+    """The environment checks: one red line per failing item with worker and value,
     or one green line when everything passed."""
     age = human(max(0.0, (now - pre.time).total_seconds()))
     failing = [i.line() for i in pre.failing] + [f"w{w} not checked: {d}" for w, d in pre.unreachable]

@@ -84,10 +84,10 @@ class SshWorkers:
             transport,
             job=cfg.job_name,
             command=cfg.job["command"],
-            env=cfg.job.get("env", {}),
-            workers=cfg.job.get("workers", "all"),
-            stop_grace=float(cfg.recovery.get("stop_grace", 30.0)),
-            timeout=float(cfg.ssh.get("command_timeout", 60.0)),
+            env=cfg.job["env"],
+            workers=cfg.job["workers"],
+            stop_grace=float(cfg.recovery["stop_grace"]),
+            timeout=float(cfg.ssh["command_timeout"]),
             **kw,
         )
 

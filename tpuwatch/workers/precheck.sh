@@ -1,4 +1,4 @@
-# tpuwatch worker-side environment checks (issue 10; DESIGN.md section 1, "Worker-side protocol").
+# tpuwatch worker-side environment checks (docs/precheck.md; docs/design.md, "Worker-side protocol").
 #
 # Shipped inside the package and sent over the SSH connection as the stdin of `bash -s`, like
 # remote.sh: nothing is installed on the workers. tpuwatch.precheck wraps it in one `{ ... }`

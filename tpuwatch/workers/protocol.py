@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
+from tpuwatch.config import PLACEHOLDERS
 from tpuwatch.errors import ConfigError, UsageError
 from tpuwatch.model import (
     Checkpoint,
@@ -30,7 +31,6 @@ from tpuwatch.model import (
     WorkerState,
 )
 
-PLACEHOLDERS = ("checkpoint", "step", "attempt", "worker")
 REMOTE_COMMAND = "bash -s"  # what runs on the worker; the script arrives on its stdin
 MARK = "@tpuwatch "
 _JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")

@@ -1,4 +1,4 @@
-# tpuwatch worker-side script (DESIGN.md section 1, "Worker-side protocol").
+# tpuwatch worker-side script (docs/design.md, "Worker-side protocol").
 #
 # Shipped inside the package and sent over the SSH connection on every call, as the stdin of
 # `bash -s`: nothing is installed on the workers. tpuwatch.workers.protocol wraps it in one

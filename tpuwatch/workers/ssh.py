@@ -36,15 +36,8 @@ SSH_ERROR = 255
 STDERR_TAIL = 4000
 MAX_PARALLEL = 64
 
-# ssh's own words for "could not talk to the host at all" (and for a connection that broke)
-_UNREACHABLE = re.compile(
-    r"Connection refused|Connection timed out|timed out|No route to host|Network is unreachable"
-    r"|Could not resolve hostname|Name or service not known|Temporary failure in name resolution"
-    r"|Connection closed by|Connection reset|closed by remote host|Broken pipe"
-    r"|kex_exchange_identification|Timeout, server .* not responding|Host is down"
-    r"|connect to host|Connection to .* closed|client_loop: send disconnect",
-    re.IGNORECASE,
-)
+# ssh's own words for a refused host key and a refused login; any other exit 255 is a worker
+# that could not be reached
 _HOST_KEY = re.compile(
     r"REMOTE HOST IDENTIFICATION HAS CHANGED|Host key verification failed|Host key for .* has changed",
     re.IGNORECASE,
