@@ -366,6 +366,18 @@ def test_the_metrics_example_selects_the_watcher_and_names_its_port(tmp_path: Pa
     assert {e["port"] for e in mon["spec"]["endpoints"]} <= {p["name"] for p in svc["spec"]["ports"]}
 
 
+def test_naming_the_image_as_the_comments_say_reaches_every_container(tmp_path: Path) -> None:
+    dest = tmp_path / "kubernetes"
+    shutil.copytree(K8S, dest)
+    commented = '# images:\n#   - name: tpuwatch\n#     newName: REGISTRY/tpuwatch\n#     newTag: "0.1.0"'
+    for kfile in (dest / "base" / "kustomization.yaml", dest / "overlays" / "cronjob" / "kustomization.yaml"):
+        text = kfile.read_text()
+        assert commented in text, f"{kfile.relative_to(tmp_path)} no longer shows where to name the image"
+        kfile.write_text(text.replace(commented, commented.replace("# ", "").replace("#", "")))
+    for path, kind in ((dest, "Deployment"), (dest / "overlays" / "cronjob", "CronJob")):
+        assert container(one(kustomize(path), kind))["image"] == "REGISTRY/tpuwatch:0.1.0", kind
+
+
 # ---------------------------------------------------------------------------------------------
 # the command lines and the config
 
