@@ -509,6 +509,29 @@ def test_a_ticking_watcher_keeps_the_liveness_probe_passing_and_a_stuck_one_fail
         proc.communicate(timeout=60)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_restarted_watcher_never_relaunches_a_failed_job(sim: Simulator, tmp_path: Path) -> None:
+    """A Deployment restarts its container on exit 1 too: the next watch must only report the end."""
+    job = Job(sim, tmp_path, "--crash-at 0 --exit-code 1", no_progress_limit=2, max_restarts=10)
+    args = [a if a != "/etc/tpuwatch/tpuwatch.toml" else str(job.cfg)
+            for a in container(one(kustomize(K8S), "Deployment"))["args"]]
+
+    def watch() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tpuwatch.cli", *args], env=job.env, text=True,
+                              capture_output=True, timeout=240, stdin=subprocess.DEVNULL)
+
+    first = watch()
+    assert first.returncode == errors.EXIT_JOB_FAILED, first.stdout + first.stderr
+    attempts = job.history()["attempts"]
+    assert len(attempts) == 2, attempts
+    for _ in range(2):  # restarted, as the kubelet would, twice
+        again = watch()
+        assert again.returncode == errors.EXIT_JOB_FAILED, again.stdout + again.stderr
+    assert job.history()["attempts"] == attempts
+    assert job.job_processes() == {}
+
+
 @pytest.fixture
 def other_user() -> Iterator[pwd.struct_passwd]:
     if os.getuid() != 0:
