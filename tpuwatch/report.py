@@ -33,10 +33,11 @@ import re
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from statistics import median
 from typing import Any
 
+from tpuwatch.durations import human
 from tpuwatch.journal import AttemptRow, JournalEvent
 from tpuwatch.policy.classify import describe_exit
 from tpuwatch.policy.table import HUNG
@@ -101,6 +102,17 @@ class Cause:
 
 
 @dataclass(frozen=True)
+class Run:
+    """An attempt as the timeline shows it (clipped to the report's window)."""
+
+    number: int
+    start: datetime
+    end: datetime
+    outcome: str  # success, disruption, failure, failed_start, fail_fast, hung, or running
+    reason: str
+
+
+@dataclass(frozen=True)
 class Report:
     job: str
     start: datetime | None  # None: nothing journaled in the window
@@ -109,13 +121,17 @@ class Report:
     spans: tuple[Span, ...]
     marks: tuple[Mark, ...]
     causes: tuple[Cause, ...]  # costliest first
-    attempts: int  # attempts that ran in the window
+    runs: tuple[Run, ...]  # the attempts that ran in the window
     step_seconds: float | None  # the job's pace, when measured
     notes: tuple[str, ...] = field(default=())
 
     @property
     def wall(self) -> float:
         return 0.0 if self.start is None or self.end is None else (self.end - self.start).total_seconds()
+
+    @property
+    def attempts(self) -> int:
+        return len(self.runs)
 
     def seconds(self) -> dict[str, float]:
         out = dict.fromkeys(CATEGORIES, 0.0)
@@ -141,7 +157,8 @@ class Report:
             "top_causes": [{"what": c.what, "at": c.at.isoformat(), "seconds": round(c.seconds, 3),
                             "parts": {k: round(v, 3) for k, v in c.parts.items() if v > 0}}
                            for c in self.causes],
-            "attempts": self.attempts,
+            "attempts": [{"attempt": r.number, "start": r.start.isoformat(), "end": r.end.isoformat(),
+                          "outcome": r.outcome, "reason": r.reason} for r in self.runs],
             "step_seconds": self.step_seconds,
             "timeline": [{"category": s.category, "start": s.start.isoformat(), "end": s.end.isoformat(),
                           "attempt": s.attempt, "why": s.why} for s in self.spans],
@@ -163,7 +180,7 @@ def compute(job: str, events: Sequence[JournalEvent], attempts: Sequence[Attempt
     attempts = sorted(attempts, key=lambda a: a.number)
     times = [e.time for e in events] + [a.start for a in attempts]
     if not times:
-        return Report(job, None, None, "new", (), (), (), 0, None, ("the journal holds nothing yet",))
+        return Report(job, None, None, "new", (), (), (), (), None, ("the journal holds nothing yet",))
     t0 = min(times)
     end, state = _end(events, now)
     ckpts = _checkpoints(events)
@@ -185,13 +202,15 @@ def compute(job: str, events: Sequence[JournalEvent], attempts: Sequence[Attempt
     for a in attempts:
         spans += _attempt_spans(a, per_attempt[a.number], measured.get(a.number, typical), end)
     spans += _gap_spans(events, attempts, t0, end)
-    spans = sorted((s for s in spans if s.end > s.start), key=lambda s: s.start)
+    spans = _merged(sorted((s for s in spans if s.end > s.start), key=lambda s: s.start))
     start = t0 if since is None else max(t0, min(since, end))
     kept = tuple(c for c in (_clip(s, start, end) for s in spans) if c is not None)
     marks = tuple(m for m in _marks(events, attempts, ckpts) if start <= m.time <= end)
     causes = _causes(attempts, kept, t0)
-    count = sum(1 for a in attempts if a.start < end and (a.end is None or a.end > start))
-    return Report(job, start, end, state, kept, marks, causes, count, pace, tuple(notes))
+    runs = tuple(Run(a.number, max(a.start, start), min(a.end or end, end),
+                     "hung" if hung(a) else (a.outcome or "running"), a.reason or "running")
+                 for a in attempts if a.start < end and (a.end is None or a.end > start))
+    return Report(job, start, end, state, kept, marks, causes, runs, pace, tuple(notes))
 
 
 def _end(events: Sequence[JournalEvent], now: datetime) -> tuple[datetime, str]:
@@ -342,6 +361,18 @@ def _gap_category(phase: str, prev: AttemptRow | None, recreated: bool) -> tuple
     return "heal", f"node not usable yet{after}"
 
 
+def _merged(spans: list[Span]) -> list[Span]:
+    """Neighbours of one category and attempt as one span (a queue's many retries are one stretch)."""
+    out: list[Span] = []
+    for s in spans:
+        last = out[-1] if out else None
+        if last is not None and (last.category, last.attempt, last.end) == (s.category, s.attempt, s.start):
+            out[-1] = Span(last.category, last.start, s.end, last.attempt, last.why)
+        else:
+            out.append(s)
+    return out
+
+
 def _clip(s: Span, start: datetime, end: datetime) -> Span | None:
     a, b = max(s.start, start), min(s.end, end)
     return Span(s.category, a, b, s.attempt, s.why) if b > a else None
@@ -397,3 +428,28 @@ def _causes(attempts: Sequence[AttemptRow], spans: Sequence[Span], t0: datetime)
         if sum(parts.values()) > 0:
             out.append(Cause(what, at, parts))
     return tuple(sorted(out, key=lambda c: -c.seconds))
+
+
+def text(report: Report, top: int = 5) -> str:
+    """The report for people: the split of wall time, goodput, the costliest incidents."""
+    if report.start is None or report.end is None:
+        return f"job {report.job}: nothing journaled yet"
+    wall, secs = report.wall, report.seconds()
+    when = f"{_utc(report.start)} to {_utc(report.end)}"
+    gp = "-" if report.goodput is None else f"{report.goodput:.1%}"
+    lines = [f"job {report.job}: {when} ({report.state}), {report.attempts} attempts, wall time {human(wall)}",
+             f"goodput {gp} (productive training / wall time)", "",
+             f"{'where the time went':<38} {'time':>8} {'share':>6}"]
+    for k, v in secs.items():
+        lines.append(f"{CATEGORIES[k]:<38} {human(v):>8} {(v / wall if wall else 0):>6.1%}")
+    if report.causes:
+        lines += ["", "top causes (from an attempt's end until the next one trains again)"]
+        for c in report.causes[:top]:
+            parts = ", ".join(f"{CATEGORIES[k]} {human(v)}" for k, v in c.parts.items() if v > 0)
+            lines.append(f"  {human(c.seconds):>8}  {c.what} at {_utc(c.at)}: {parts}")
+    lines += [f"note: {n}" for n in report.notes]
+    return "\n".join(lines)
+
+
+def _utc(t: datetime) -> str:
+    return f"{t.astimezone(timezone.utc):%Y-%m-%dT%H:%M:%SZ}"
