@@ -69,11 +69,17 @@ def _check_html(path: Path) -> None:
 
     if not available():
         raise UsageError(f"--html: the HTML report needs the plotting extra; install it with: {PIP_EXTRA}")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"--html: {str(parent)!r} is not a directory; give a file in a directory that exists")
-    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise UsageError(f"--html: cannot write {str(path)!r} (permission denied); give a path you can write")
+    shown = repr(str(path)[:200])
+    try:
+        if not path.name or path.is_dir():
+            raise UsageError(f"--html: {shown} is not a file name; give one, e.g. --html report.html")
+        parent = path.parent if str(path.parent) else Path(".")
+        if not parent.is_dir():
+            raise UsageError(f"--html: {shown} is not in an existing directory; give a file in one")
+        if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+            raise UsageError(f"--html: cannot write {shown} (permission denied); give a path you can write")
+    except OSError as exc:  # a name too long, a loop of links, ...
+        raise UsageError(f"--html: cannot use {shown}: {exc.strerror or exc}; give a path you can write") from None
 
 
 def write_html(report: Report, path: Path) -> None:
@@ -92,4 +98,5 @@ def write_html(report: Report, path: Path) -> None:
             Path(tmp).unlink(missing_ok=True)
             raise
     except OSError as exc:
-        raise UsageError(f"--html: cannot write {str(path)!r}: {exc.strerror or exc}; give a path you can write")
+        raise UsageError(f"--html: cannot write {str(path)[:200]!r}: {exc.strerror or exc}; "
+                         "give a path you can write") from None
