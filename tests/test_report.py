@@ -213,3 +213,18 @@ def test_json_names_every_category_with_its_label() -> None:
     assert d["goodput"] == pytest.approx(1300 / 3800, abs=1e-6)
     assert d["top_causes"][0]["parts"] == {"lost": 100, "heal": 1200, "recreate": 900, "startup": 50}
     assert d["wall_seconds"] == 3800
+
+
+def test_a_checkpoint_seen_only_by_the_next_launch_is_placed_at_its_save_time() -> None:
+    """No tick saw attempt 1's step 30 while it ran; the launch of attempt 2 records it, with the
+    time it was saved (700): the work lost is still 800 - 700, not 0."""
+    j = story()
+    j.events = [e for e in j.events if not (e.kind == "checkpoint" and e.data["step"] == 30)]
+    j.event(2900, "launch", "launching attempt 2", attempt=2,
+            checkpoint={"path": "/ck/30", "step": 30, "layout": "orbax", "time": at(700).isoformat()})
+    r = compute("pod", j.events, j.attempts, now=at(99999))
+    assert r.seconds()["lost"] == pytest.approx(100)
+    assert r.seconds()["productive"] == pytest.approx(1300)
+    assert at(700) in [m.time for m in r.marks if m.kind == "checkpoint"]
+    j.events = j.events[:-1]  # without it, the step is taken as saved at the attempt's end
+    assert compute("pod", j.events, j.attempts, now=at(99999)).seconds()["lost"] == 0

@@ -183,7 +183,7 @@ def compute(job: str, events: Sequence[JournalEvent], attempts: Sequence[Attempt
         return Report(job, None, None, "new", (), (), (), (), None, ("the journal holds nothing yet",))
     t0 = min(times)
     end, state = _end(events, now)
-    ckpts = _checkpoints(events)
+    ckpts = _checkpoints(events, attempts)
     pace = _pace(attempts, ckpts)
     notes: list[str] = []
     if pace is None:
@@ -227,23 +227,38 @@ def _end(events: Sequence[JournalEvent], now: datetime) -> tuple[datetime, str]:
     return now, phase
 
 
-def _checkpoints(events: Iterable[JournalEvent]) -> dict[int, list[_Ckpt]]:
-    """attempt -> the checkpoints the journal saw it save, oldest first (the save time, when known)."""
+def _checkpoints(events: Iterable[JournalEvent], attempts: Sequence[AttemptRow]) -> dict[int, list[_Ckpt]]:
+    """attempt -> the checkpoints the journal saw it save, oldest first, at their save times.
+
+    Two records tell: a `checkpoint` event (seen while the attempt ran), and a launch's
+    checkpoint (the one the next attempt resumed from, often saved after the last tick looked),
+    which belongs to the attempt that was running when it was saved."""
     out: dict[int, dict[int, datetime]] = {}
-    for e in events:
-        if e.kind != "checkpoint":
-            continue
-        attempt, step = e.data.get("attempt"), e.data.get("step")
-        if not isinstance(attempt, int) or not isinstance(step, int):
-            continue
+
+    def add(attempt: int, step: object, when: object, fallback: datetime) -> None:
+        if not isinstance(step, int):
+            return
         try:
-            t = datetime.fromisoformat(str(e.data.get("time")))
+            t = datetime.fromisoformat(str(when))
         except ValueError:
-            t = e.time
+            t = fallback
         if t.tzinfo is None:
-            t = e.time
+            t = fallback
         seen = out.setdefault(attempt, {})
         seen[step] = min(seen.get(step, t), t)
+
+    for e in events:
+        if e.kind == "checkpoint" and isinstance(e.data.get("attempt"), int):
+            add(e.data["attempt"], e.data.get("step"), e.data.get("time"), e.time)
+        elif e.kind == "launch" and isinstance(e.data.get("checkpoint"), dict):
+            ck = e.data["checkpoint"]
+            if not isinstance(ck.get("time"), str):
+                continue
+            t = datetime.fromisoformat(ck["time"])
+            owner = next((a for a in attempts if t.tzinfo is not None and a.start <= t
+                          and (a.end is None or t <= a.end)), None)
+            if owner is not None:
+                add(owner.number, ck.get("step"), ck["time"], e.time)
     return {n: [_Ckpt(t, s) for s, t in sorted(steps.items())] for n, steps in out.items()}
 
 
