@@ -128,3 +128,20 @@ def _config_with_a_journal(tmp_path: Path) -> Path:
         j.add_event(t + timedelta(minutes=5), "checkpoint", "step 10",
                     {"attempt": 1, "step": 10, "time": (t + timedelta(minutes=5)).isoformat()})
     return cfg
+
+
+def test_the_demo_names_the_pip_command_without_the_extra(tmp_path: Path) -> None:
+    # As above, a plotly that fails to import stands in for a core install.
+    shim = tmp_path / "shim" / "plotly"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ImportError(\"No module named 'plotly'\")\n")
+    _config_with_a_journal(tmp_path)
+    code = ("import sys; from pathlib import Path; from tpuwatch.journal import Journal; "
+            "from tpuwatch.demo.run import _report; "
+            "_report(Journal.open(Path(sys.argv[1]), 'pod', 'pod', readonly=True), 'pod', Path(sys.argv[2]), print)")
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "state"), str(tmp_path / "r.html")],
+                         env={**os.environ, "PYTHONPATH": str(shim.parent)}, text=True, capture_output=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "where the time went" in res.stdout and PIP in res.stdout, res.stdout
+    assert not (tmp_path / "r.html").exists()
