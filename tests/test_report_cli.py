@@ -145,3 +145,13 @@ def test_the_demo_names_the_pip_command_without_the_extra(tmp_path: Path) -> Non
     assert res.returncode == 0, res.stderr
     assert "where the time went" in res.stdout and PIP in res.stdout, res.stdout
     assert not (tmp_path / "r.html").exists()
+
+
+def test_bench_report_finds_the_goodput_its_journal_was_built_with(tmp_path: Path) -> None:
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_report.py"
+    res = subprocess.run([sys.executable, str(script), "--attempts", "6", "--runs", "1", "--json"],
+                         text=True, capture_output=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = json.loads(res.stdout)
+    assert out["goodput"] == pytest.approx(out["goodput_by_construction"], abs=1e-6)
+    assert out["html_bytes"] > 0 and out["events"] > 6 * 24

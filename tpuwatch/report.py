@@ -30,7 +30,7 @@ an attempt's end is taken as saved at the end (the least work lost it can have b
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -342,21 +342,24 @@ def _gap_spans(events: Sequence[JournalEvent], attempts: Sequence[AttemptRow], t
         cursor = max(cursor, e)
     if cursor < end:
         gaps.append((cursor, end))
-    phases = [(e.time, str(e.data.get("to"))) for e in events if e.kind == "phase"]
+    phases = sorted(((e.time, str(e.data.get("to"))) for e in events if e.kind == "phase"), key=lambda p: p[0])
     phase_times = [t for t, _ in phases]
     recreating = sorted(e.time for e in events if e.kind in ("delete", "create")
                         or (e.kind == "phase" and PHASE_CATEGORY.get(str(e.data.get("to"))) == "recreate"))
-    ended = sorted((a.end, a) for a in attempts if a.end is not None)
+    ended = sorted(((a.end, a) for a in attempts if a.end is not None), key=lambda p: (p[0], p[1].number))
+    end_times = [t for t, _ in ended]
     out = []
     for g0, g1 in gaps:
-        cuts = [g0, *(t for t in phase_times if g0 < t < g1), g1]
+        cuts = [g0, *phase_times[bisect_right(phase_times, g0):bisect_left(phase_times, g1)], g1]
         for p0, p1 in zip(cuts, cuts[1:], strict=False):
+            if p1 <= p0:
+                continue
             i = bisect_right(phase_times, p0)
             phase = phases[i - 1][1] if i else "idle"
-            before = [a for t, a in ended if t <= p0]
-            prev = before[-1] if before else None
+            k = bisect_right(end_times, p0)
+            prev = ended[k - 1][1] if k else None
             since = prev.end if prev is not None and prev.end is not None else t0
-            recreated = any(since <= t <= p0 for t in recreating)
+            recreated = bisect_right(recreating, p0) > bisect_left(recreating, since)
             category, why = _gap_category(phase, prev, recreated)
             out.append(Span(category, p0, p1, None, why))
     return out
@@ -427,17 +430,23 @@ def _causes(attempts: Sequence[AttemptRow], spans: Sequence[Span], t0: datetime)
         nxt = ordered[i + 1] if i + 1 < len(ordered) else None
         incidents.append((cause(a), a.end, a.number, a.end, nxt.start if nxt else None,
                           nxt.number if nxt else None))
+    between = sorted((s for s in spans if s.attempt is None), key=lambda s: s.start)
+    starts = [s.start for s in between]
+    by_attempt: dict[int, list[Span]] = {}
+    for s in spans:
+        if s.attempt is not None:
+            by_attempt.setdefault(s.attempt, []).append(s)
     out = []
     for what, at, ended, g0, g1, nxt_n in incidents:
         parts = dict.fromkeys(CATEGORIES, 0.0)
-        for s in spans:
-            if s.attempt is None:
-                mine = s.start >= g0 and (g1 is None or s.end <= g1)
-            else:
-                mine = (s.attempt == ended and s.category in ("lost", "hung", "charged")) or (
-                    s.attempt == nxt_n and s.category == "startup")
-            if mine:
-                parts[s.category] += s.seconds
+        hi = len(between) if g1 is None else bisect_left(starts, g1)
+        mine = [s for s in between[bisect_left(starts, g0):hi] if g1 is None or s.end <= g1]
+        if ended is not None:
+            mine += [s for s in by_attempt.get(ended, []) if s.category in ("lost", "hung", "charged")]
+        if nxt_n is not None:
+            mine += [s for s in by_attempt.get(nxt_n, []) if s.category == "startup"]
+        for s in mine:
+            parts[s.category] += s.seconds
         if parts["recreate"] > 0 and ended is not None:
             what += ", node recreated"
         if sum(parts.values()) > 0:
