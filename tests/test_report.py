@@ -228,3 +228,26 @@ def test_a_checkpoint_seen_only_by_the_next_launch_is_placed_at_its_save_time() 
     assert at(700) in [m.time for m in r.marks if m.kind == "checkpoint"]
     j.events = j.events[:-1]  # without it, the step is taken as saved at the attempt's end
     assert compute("pod", j.events, j.attempts, now=at(99999)).seconds()["lost"] == 0
+
+
+def test_the_policy_s_own_attempt_ends_get_their_causes() -> None:
+    """The reasons the policy writes (not hand-written ones): a hang, a segfault, a preemption."""
+    from dataclasses import replace
+
+    from test_policy_support import CFG, ckpt, exited, node, obs, run_mem, running, tick
+
+    from tpuwatch.report import cause, hung
+
+    def row(d: Any) -> AttemptRow:
+        e = d.ended[0]
+        return AttemptRow(e.attempt, e.start, e.end, e.node_id, e.start_step, e.end_step, e.outcome, e.charged,
+                          e.exit_code, e.reason)
+
+    m = run_mem(start=0.0, step=100)
+    stuck = row(tick(obs(probes=running(1), checkpoint=ckpt(100)), m, now=7200,
+                     cfg=replace(CFG, hang_timeout=7200.0, stable_run=36000.0)))
+    assert hung(stuck) and cause(stuck) == "hung: no new checkpoint"
+    crash = row(tick(obs(probes=exited({1: 139}), checkpoint=ckpt(100)), m, now=7200))
+    assert not hung(crash) and cause(crash) == "failure: exit code 139 (SIGSEGV)"
+    gone = row(tick(obs(node("PREEMPTED"), probes=None), m, now=7200))
+    assert gone.outcome == "disruption" and cause(gone) == "disruption: node state PREEMPTED"
