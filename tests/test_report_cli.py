@@ -84,6 +84,15 @@ def test_since_that_is_not_a_duration_exits_2_naming_the_flag(tmp_path: Path) ->
     assert res.returncode == 2 and "--since" in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
+@pytest.mark.parametrize("command", ["report", "history"])
+def test_since_a_time_without_a_time_zone_exits_2_naming_the_flag(tmp_path: Path, command: str) -> None:
+    cfg = _config_with_a_journal(tmp_path)
+    res = cli(command, "-c", str(cfg), "--since", "2026-11-01T00:00:00", env={"TPUWATCH_STATE_DIR": str(tmp_path / "state")})
+    assert res.returncode == 2 and "--since" in res.stderr and "time zone" in res.stderr, res.stderr
+    ok = cli(command, "-c", str(cfg), "--since", "2026-11-01T00:00:00Z", env={"TPUWATCH_STATE_DIR": str(tmp_path / "state")})
+    assert ok.returncode == 0, ok.stderr
+
+
 @pytest.mark.parametrize("where", ["missing-dir/report.html", "a-file/report.html", "/proc/tpuwatch-report.html"])
 def test_an_unwritable_html_path_exits_2_naming_the_flag(tmp_path: Path, where: str) -> None:
     (tmp_path / "a-file").write_text("not a directory\n")

@@ -65,9 +65,13 @@ def since_time(text: str | None) -> datetime | None:
     if text is None:
         return None
     try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         pass
+    else:
+        if when.tzinfo is None:
+            raise UsageError(f"--since: {text[:100]!r} has no time zone; add one, e.g. {when.isoformat()}Z")
+        return when
     try:
         seconds = parse_duration(text, key="--since")
     except UsageError:
