@@ -63,7 +63,8 @@ class Demo:
     def __init__(self, tmp_path: Path) -> None:
         self.tmpdir = tmp_path / "t"
         self.tmpdir.mkdir()
-        env = {**os.environ, "TMPDIR": str(self.tmpdir), "TPUWATCH_STATE_DIR": str(tmp_path / "unused")}
+        self.state_dir = tmp_path / "state"  # only the report's HTML goes there
+        env = {**os.environ, "TMPDIR": str(self.tmpdir), "TPUWATCH_STATE_DIR": str(self.state_dir)}
         for key in ("TPUWATCH_EMULATOR_HOST", "CLOUDSDK_CORE_PROJECT", "CLOUDSDK_COMPUTE_ZONE"):
             env.pop(key, None)
         self.proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "demo", "--fast"], env=env,
@@ -135,6 +136,11 @@ def test_fast_demo_recovers_every_disruption_and_leaves_nothing_behind(tmp_path:
     events = demo.lines[: demo.lines.index("") if "" in demo.lines else len(demo.lines)]
     assert events and all(re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ demo (state|audit|did|warning|note): ", ln)
                           for ln in events), events
+    # it ends with `tpuwatch report` of its journal, and the HTML timeline (plotly is a test extra)
+    assert "tpuwatch report: where the demo's wall time went" in out and "work lost since the last checkpoint" in out
+    html = re.search(r"^the report's HTML timeline: (.+)$", out, re.M)
+    assert html and Path(html.group(1)) == demo.state_dir / "demo-report.html", out
+    assert Path(html.group(1)).read_text().startswith("<!doctype html>")
     demo.assert_nothing_left()
 
 

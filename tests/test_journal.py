@@ -24,6 +24,7 @@ from test_policy_support import (
     obs,
     op,
     run_mem,
+    running,
     tick,
 )
 
@@ -271,9 +272,27 @@ def test_record_a_launch_a_failure_and_a_late_refund(tmp_path: Path) -> None:
         assert (first.number, first.outcome, first.charged) == (1, "disruption", False)
         assert (second.number, second.outcome, second.start) == (2, None, at(505))  # no backoff any more
         assert j.load_memory() == late.memory
-        kinds = [e.kind for e in j.events()]
+        kinds = [e.kind for e in j.events() if e.kind != "phase"]
         assert kinds == ["launch", "attempt_end", "stop", "wait", "attempt_end", "launch"]
-        assert j.events()[0].data["attempt"] == 1 and j.events()[0].data["checkpoint"]["step"] == 100
+        launched = next(e for e in j.events() if e.kind == "launch")
+        assert launched.data["attempt"] == 1 and launched.data["checkpoint"]["step"] == 100
+        # each change of phase, for `tpuwatch report` (what the memory alone forgets)
+        moves = [(e.time, e.data["from"], e.data["to"]) for e in j.events() if e.kind == "phase"]
+        assert moves == [(at(0), None, "running"), (at(500), "running", "backoff"), (at(505), "backoff", "running")]
+
+
+def test_a_new_checkpoint_of_the_running_attempt_is_recorded_once_with_its_time(tmp_path: Path) -> None:
+    saved = replace(ckpt(120), time=at(290))
+    with _open(tmp_path) as j:
+        launch = tick(obs(probes=absent(), checkpoint=ckpt(100)), Memory.initial("us-central2-b"), now=0)
+        j.record(at(0), launch)
+        first = tick(obs(probes=running(1), checkpoint=ckpt(100)), launch.memory, now=100)
+        j.record(at(100), first)
+        seen = tick(obs(probes=running(1), checkpoint=saved), first.memory, now=300)
+        j.record(at(300), seen)
+        j.record(at(330), tick(obs(probes=running(1), checkpoint=saved), seen.memory, now=330))
+        marks = [(e.time, e.data) for e in j.events() if e.kind == "checkpoint"]
+        assert marks == [(at(300), {"attempt": 1, "step": 120, "time": at(290).isoformat()})]
 
 
 def test_repeated_waits_are_recorded_once(tmp_path: Path) -> None:
@@ -284,7 +303,7 @@ def test_repeated_waits_are_recorded_once(tmp_path: Path) -> None:
         j.record(at(30), again)
         j.record(at(60), tick(obs(node("REPAIRING")), again.memory, now=60))
         events = j.events()
-        assert [e.kind for e in events] == ["wait"] and "waiting for it to heal" in events[0].reason
+        assert [e.kind for e in events] == ["phase", "wait"] and "waiting for it to heal" in events[1].reason
         assert j.load_memory() == again.memory
 
 

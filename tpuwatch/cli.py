@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("status", "Show a TPU's state, health, maintenance, workers and recent events."),
     "events": ("events", "Show the maintenance / terminate / restart timeline from the audit log."),
     "history": ("history", "Show a job's journal as a timeline."),
+    "report": ("report", "Show where the job's wall time went, and its goodput (--html: a timeline)."),
     "run": ("run", "Launch the command once on all workers from the latest checkpoint and follow it."),
     "recreate": ("recreate", "Delete and create the TPU again from the saved spec."),
     "init": ("init", "Read an existing TPU and write tpuwatch.toml with its spec captured."),

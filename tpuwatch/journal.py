@@ -395,7 +395,9 @@ class Journal:
         with self.transaction():
             previous = self._read("SELECT value FROM meta WHERE key = 'last_row'")
             row_changed = not previous or previous[0][0] != decision.row
+            before = self.load_memory()
             self.save_memory(decision.memory)
+            self._note_progress(now, before, decision)
             noted = False
             for end in decision.ended:
                 self.end_attempt(end)
@@ -421,6 +423,22 @@ class Journal:
                 self.add_event(now, "status", decision.summary, {"row": decision.row,
                                                                  "phase": decision.memory.phase.value})
             self._write("INSERT OR REPLACE INTO meta (key, value) VALUES ('last_row', ?)", (decision.row,))
+
+    def _note_progress(self, now: datetime, before: Memory | None, decision: Decision) -> None:
+        """A `phase` event when the phase changes and a `checkpoint` event when the running
+        attempt shows a newer checkpoint: what `tpuwatch report` needs to say where time went,
+        since neither can be observed again later."""
+        mem = decision.memory
+        old = before.phase.value if before is not None else None
+        if old != mem.phase.value:
+            self.add_event(now, "phase", f"{old or 'start'} -> {mem.phase.value}",
+                           {"from": old, "to": mem.phase.value, "row": decision.row})
+        seen = (mem.progress_step, mem.progress_time)
+        if mem.progress_step is not None and mem.progress_time is not None and (
+                before is None or (before.progress_step, before.progress_time) != seen):
+            self.add_event(now, "checkpoint", f"attempt {mem.attempt} saved checkpoint step {mem.progress_step}",
+                           {"attempt": mem.attempt, "step": mem.progress_step,
+                            "time": mem.progress_time.isoformat()})
 
     def record_operation(self, now: datetime, memory: Memory, name: str, kind: str, zone: str) -> Memory:
         """After DeleteNode/CreateNode returned operation `name`: journal it; the memory to carry on."""

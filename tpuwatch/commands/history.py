@@ -30,7 +30,7 @@ def command(config_path: Path, since: str | None, limit: int | None, as_json: bo
     from tpuwatch.journal import Journal
 
     cfg = load_config(config_path, require_command=False)
-    start = _since(since)
+    start = since_time(since)
     with Journal.open(cfg.state_dir, cfg.job_name, cfg.tpu_name, readonly=True) as journal:
         events = journal.events(since=start, limit=limit)
         attempts = journal.attempts()
@@ -60,13 +60,18 @@ def command(config_path: Path, since: str | None, limit: int | None, as_json: bo
     return 0
 
 
-def _since(text: str | None) -> datetime | None:
+def since_time(text: str | None) -> datetime | None:
+    """--since: a duration back from now (24h, 7d) or an RFC 3339 time; exit 2 naming the flag."""
     if text is None:
         return None
     try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         pass
+    else:
+        if when.tzinfo is None:
+            raise UsageError(f"--since: {text[:100]!r} has no time zone; add one, e.g. {when.isoformat()}Z")
+        return when
     try:
         seconds = parse_duration(text, key="--since")
     except UsageError:

@@ -150,7 +150,10 @@ def run_demo(pace: Pace, *, keep: bool = False, live: bool = False,
     # gRPC's C core logs the GOAWAY that stopping the simulator's server sends to our own open
     # channels at INFO; nothing is wrong, so keep it off the demo's screen.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    kept_html = _user_state_dir() / "demo-report.html"  # before any file is made: it may refuse
     tmp = Path(tempfile.mkdtemp(prefix="tpuwatch-demo-"))
+    # The report's HTML outlives the demo's files: it goes to the user's state dir (or with them).
+    html = tmp / "report.html" if keep else kept_html
     held = _Held()
     interrupted = False
     try:
@@ -163,7 +166,7 @@ def run_demo(pace: Pace, *, keep: bool = False, live: bool = False,
                 env = {**held.sim.env, "TPUWATCH_STATE_DIR": str(tmp / "state"),
                        "CLOUDSDK_CONFIG": str(tmp / "gcloud")}  # never the user's gcloud settings
                 with _environ(env):
-                    return _play(held, tmp, pace, live, say, keep)
+                    return _play(held, tmp, pace, live, say, keep, html)
             except KeyboardInterrupt:
                 interrupted = True
                 return EXIT_INTERRUPTED
@@ -184,7 +187,8 @@ def run_demo(pace: Pace, *, keep: bool = False, live: bool = False,
                     + ("" if keep else f", removed {tmp}"))
 
 
-def _play(held: _Held, tmp: Path, pace: Pace, live: bool, say: Callable[[str], None], keep: bool) -> int:
+def _play(held: _Held, tmp: Path, pace: Pace, live: bool, say: Callable[[str], None], keep: bool,
+          html: Path) -> int:
     from rich.console import Console
 
     from tpuwatch.demo.story import checkpoint_times
@@ -260,7 +264,38 @@ def _play(held: _Held, tmp: Path, pace: Pace, live: bool, say: Callable[[str], N
         for line in cap.get().rstrip("\n").split("\n"):
             say(line.rstrip())
         say(took)
+    _report(journal, job.name, html, (lambda line: console.print(line, markup=False)) if live else say)
     return 0 if summary.ok else 1
+
+
+def _report(journal: Any, job: str, html: Path, say: Callable[[str], None]) -> None:
+    """`tpuwatch report` of the demo's journal, and its HTML timeline when plotly is installed."""
+    from tpuwatch.commands.report import write_html
+    from tpuwatch.errors import UsageError
+    from tpuwatch.report import compute, text
+    from tpuwatch.ui.report_html import PIP_EXTRA, available
+
+    report = compute(job, journal.events(), journal.attempts(), datetime.now(timezone.utc))
+    say("")
+    say("tpuwatch report: where the demo's wall time went")
+    for line in text(report).split("\n"):
+        say(line)
+    if not available():
+        say(f"the report's HTML timeline needs the plotting extra: {PIP_EXTRA}")
+        return
+    try:
+        html.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_html(report, html)
+    except (OSError, UsageError) as exc:
+        say(f"could not write the report's HTML timeline: {exc}")
+        return
+    say(f"the report's HTML timeline: {html}")
+
+
+def _user_state_dir() -> Path:
+    from tpuwatch.config import default_state_dir
+
+    return default_state_dir()
 
 
 def human_elapsed(seconds: float) -> str:

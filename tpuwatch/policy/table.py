@@ -72,6 +72,7 @@ DISRUPTING_EVENTS = frozenset({"terminate", "restart"})  # AuditEvent.kind value
 # growth is recorded at most this often.
 HANG_AUTO_FLOOR = 30 * 60.0
 LOG_GRAIN = 10 * 60.0
+HUNG = "hung: no new checkpoint"  # how a hung attempt's reason begins (after "attempt <n>: ")
 
 
 
@@ -489,7 +490,7 @@ class _Tick:
 
     def hung(self, mem: Memory, quiet: float, silent: float | None) -> Decision:
         """Every worker runs, yet no checkpoint for hang_timeout: stop it, charged (row `hung`)."""
-        why = f"hung: no new checkpoint for {human(quiet)}"
+        why = f"{HUNG} for {human(quiet)}"
         if silent is None:
             setting = f"recovery.hang_timeout {human(self.cfg.hang_timeout)}"
         else:

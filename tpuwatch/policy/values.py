@@ -278,7 +278,8 @@ def action_dict(action: Action) -> dict[str, Any]:
         if isinstance(value, datetime):
             value = value.isoformat()
         elif isinstance(value, Checkpoint):
-            value = {"path": value.path, "step": value.step, "layout": value.layout}
+            value = {"path": value.path, "step": value.step, "layout": value.layout,
+                     "time": value.time.isoformat() if value.time is not None else None}
         elif isinstance(value, tuple):
             value = list(value)
         out[name] = value

@@ -372,5 +372,7 @@ class LiveView:
         self.ticks += 1
         mem = report.memory
         self.progress.update(mem.attempt, mem.attempt_start, report.checkpoint, report.time)
-        self._state = (report, self.journal.events(limit=RECENT_EVENTS), next_tick)
+        # phase changes are for `tpuwatch report`; the state line already shows the phase
+        recent = [e for e in self.journal.events(limit=3 * RECENT_EVENTS) if e.kind != "phase"]
+        self._state = (report, recent[-RECENT_EVENTS:], next_tick)
         self.live.refresh()

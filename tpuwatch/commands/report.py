@@ -1,0 +1,102 @@
+"""`tpuwatch report`: where the job's wall time went, from its journal (tpuwatch.report)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from tpuwatch.commands.common import CONFIG_OPTION
+from tpuwatch.errors import UsageError
+
+if TYPE_CHECKING:
+    from tpuwatch.report import Report
+
+EPILOG = """\b
+Examples:
+  tpuwatch report -c tpuwatch.toml
+  tpuwatch report -c tpuwatch.toml --since 7d --html report.html
+  tpuwatch report -c tpuwatch.toml --json
+
+--html needs the plotting extra: pip install 'tpuwatch[report]'
+"""
+
+
+@click.command(epilog=EPILOG)
+@CONFIG_OPTION
+@click.option("--since", help="Only wall time after this: a duration back from now (24h, 7d) or an RFC 3339 time.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: categories, goodput, causes, timeline.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Also write one self-contained HTML file with a timeline to this path.")
+def command(config_path: Path, since: str | None, as_json: bool, html_path: Path | None) -> int:
+    """Show where the job's wall time went: productive training, work lost since the last
+    checkpoint, waiting for the node to heal, recreating or queued, start-up and restore, hung,
+    charged failures, and stopped by a person; the job's goodput and its costliest incidents."""
+    from tpuwatch.commands.history import since_time
+    from tpuwatch.config import load_config
+    from tpuwatch.journal import Journal
+    from tpuwatch.report import compute, text
+
+    start = since_time(since)
+    if html_path is not None:
+        _check_html(html_path)
+    cfg = load_config(config_path, require_command=False)
+    with Journal.open(cfg.state_dir, cfg.job_name, cfg.tpu_name, readonly=True) as journal:
+        events, attempts = journal.events(), journal.attempts()
+    report = compute(cfg.job_name, events, attempts, datetime.now(timezone.utc), since=start)
+    if html_path is not None:
+        write_html(report, html_path)
+    if as_json:
+        out = report.as_dict()
+        if html_path is not None:
+            out["html"] = str(html_path)
+        click.echo(json.dumps(out, sort_keys=True))
+        return 0
+    click.echo(text(report))
+    if html_path is not None:
+        click.echo(f"\nwrote {html_path}")
+    return 0
+
+
+def _check_html(path: Path) -> None:
+    """Before any work: the plotting extra is installed and the path can be written."""
+    from tpuwatch.ui.report_html import PIP_EXTRA, available
+
+    if not available():
+        raise UsageError(f"--html: the HTML report needs the plotting extra; install it with: {PIP_EXTRA}")
+    shown = repr(str(path)[:200])
+    try:
+        if not path.name or path.is_dir():
+            raise UsageError(f"--html: {shown} is not a file name; give one, e.g. --html report.html")
+        parent = path.parent if str(path.parent) else Path(".")
+        if not parent.is_dir():
+            raise UsageError(f"--html: {shown} is not in an existing directory; give a file in one")
+        if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+            raise UsageError(f"--html: cannot write {shown} (permission denied); give a path you can write")
+    except OSError as exc:  # a name too long, a loop of links, ...
+        raise UsageError(f"--html: cannot use {shown}: {exc.strerror or exc}; give a path you can write") from None
+
+
+def write_html(report: Report, path: Path) -> None:
+    """Render and write the HTML atomically (a reader never sees half a file); exit 2 naming --html."""
+    from tpuwatch.ui.report_html import render
+
+    page = render(report)
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(page)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise UsageError(f"--html: cannot write {str(path)[:200]!r}: {exc.strerror or exc}; "
+                         "give a path you can write") from None
