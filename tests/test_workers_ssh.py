@@ -18,6 +18,7 @@ from tpuwatch.errors import ConfigError, JobFailed
 from tpuwatch.model import NodeSnapshot, WorkerEndpoint
 from tpuwatch.sim.hosts import Hosts
 from tpuwatch.workers import GcloudSsh, OpenSsh, SshWorkers, protocol
+from tpuwatch.workers.gcloud import LEARN_COMMAND, Login, gcloud_failure, parse_login
 from tpuwatch.workers.ssh import classify
 
 SSH = "/usr/bin/ssh"
@@ -116,17 +117,41 @@ def test_openssh_argv_pins_host_keys_per_node_id_and_worker(tmp_path: Path) -> N
     assert external.argv(node, node.workers[0], "x")[-2] == "34.1.2.3"
 
 
-def test_gcloud_argv() -> None:
-    t = GcloudSsh(user="alice", identity_file="/k/id", internal_ip=True, connect_timeout=9,
-                  options=["ProxyJump=b"])
+def test_gcloud_prepares_with_gcloud_once_then_connects_with_openssh_as_the_learned_user(tmp_path: Path) -> None:
+    ssh = OpenSsh(known_hosts=tmp_path / "kh", user="alice", identity_file="/k/id", port=2222, internal_ip=True)
+    t = GcloudSsh(openssh=ssh, user="alice", identity_file="/k/id", internal_ip=True, connect_timeout=9,
+                  options=("ProxyJump=b",))
     node = node_of(["10.0.0.2", "10.0.0.3"], "1234", name="llm-pod")
-    argv = t.argv(node, node.workers[1], "bash -s")
+    argv = t.prepare_argv(node, node.workers[0])
     assert argv[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "alice@llm-pod"]
-    for a in ("--zone=us-central2-b", "--project=proj", "--worker=1", "--command=bash -s",
+    for a in ("--zone=us-central2-b", "--project=proj", "--worker=0", f"--command={LEARN_COMMAND}",
               "--internal-ip", "--ssh-key-file=/k/id", "--ssh-flag=-oBatchMode=yes",
-              "--ssh-flag=-oConnectTimeout=9", "--ssh-flag=-oProxyJump=b", "--quiet"):
+              "--ssh-flag=-oConnectTimeout=9", "--ssh-flag=-oProxyJump=b", "--ssh-flag=-oPort=2222", "--quiet"):
         assert a in argv
-    assert "--internal-ip" not in GcloudSsh().argv(node, node.workers[0], "x")
+    # what the learn command prints on a worker whose OS Login name is not the local one
+    assert parse_login("1234", "motd\n@tpuwatch login user=alice_example_com home=/home/alice_example_com\n") \
+        == Login("1234", "alice_example_com", "/home/alice_example_com")
+    assert parse_login("1234", "@tpuwatch login user=a;rm home=/\n") is None  # never a shell word
+    t.remember(Login("1234", "alice_example_com"))
+    argv = t.argv(node, node.workers[1], "bash -s")
+    assert argv[:2] == ["ssh", "-T"] and argv[-3:] == ["--", "10.0.0.3", "bash -s"]
+    assert argv[argv.index("-l") + 1] == "alice_example_com"
+    assert t.prepare(node) is None and t.prepare_calls == 0  # known for this node id: no gcloud
+
+
+def test_gcloud_own_failures_are_told_from_ssh_and_remote_exit_codes() -> None:
+    expired = ("ERROR: (gcloud.compute.tpus.tpu-vm.ssh) There was a problem refreshing your current auth "
+               "tokens: Reauthentication failed. cannot prompt during non-interactive execution.\n"
+               "Please run:\n\n  $ gcloud auth login\n")
+    assert gcloud_failure(1, expired)[0] == "credentials"
+    unusable = 'ERROR: (gcloud.compute.tpus.tpu-vm.ssh) This TPU has state "STOPPED", so it cannot be currently connected to.\n'
+    assert gcloud_failure(1, unusable) == ("unreachable", unusable.strip())
+    refused = ("alice_example_com@10.0.0.2: Permission denied (publickey).\n"
+               "ERROR: (gcloud.compute.tpus.tpu-vm.ssh) [/usr/bin/ssh] exited with return code [255].\n")
+    assert gcloud_failure(1, refused)[0] == "auth"
+    down = ("ssh: connect to host 10.0.0.2 port 22: Connection refused\n"
+            "ERROR: (gcloud.compute.tpus.tpu-vm.ssh) [/usr/bin/ssh] exited with return code [255].\n")
+    assert gcloud_failure(1, down)[0] == "unreachable"
 
 
 def test_ssh_failures_are_told_apart_from_remote_exit_codes() -> None:

@@ -58,6 +58,7 @@ from tpuwatch.policy import (
     hang_limit,
 )
 from tpuwatch.ports import AuditLog, CheckpointStore, TpuApi
+from tpuwatch.workers import login
 
 MIN_AUDIT_GAP = 2.0  # seconds: 30 reads a minute at most, half the Logging API's read quota
 PORT_PROBE_EVERY = 0.5  # seconds between TCP probes of a down node: quicker than a 1 s retry loop
@@ -195,6 +196,7 @@ class Reconciler:
     def tick(self) -> TickReport:
         now = self.ports.now()
         mem = self.journal.load_memory() or Memory.initial(self.pcfg.zones[0])
+        login.restore(self.ports.workers, self.journal)  # the user learned for this node id
         tpu = self.ports.tpu_for(mem.zone or self.pcfg.zones[0])
         node = tpu.get_node(self.pcfg.tpu_name)
         probes, launch_checks = self._probe(node, mem, now)
@@ -234,6 +236,7 @@ class Reconciler:
                 self.journal.set_audit_cursor(cursor)
                 self.journal.set_cursor("audit_read_at", now.isoformat())
             self._journal_precheck(now, pre)
+            login.record(self.ports.workers, node, self.journal, now)
             self.journal.set_cursor("checkpoint_warning", json.dumps({"time": now.isoformat(), "text": ck_warning})
                                     if ck_warning else None)
         done, decision = self._act(decision, obs, mem, now)
@@ -581,6 +584,8 @@ class Reconciler:
         # boot, before the watcher reconnects: as the next attempt, from the newest complete
         # checkpoint, which the policy then follows instead of launching it a second time.
         launch = {"attempt": str(decision.memory.attempt + 1)}
+        if user := login.user_for_create(self.journal):  # the user the watcher logs in as
+            launch["user"] = user
         if obs.checkpoint is not None:
             launch.update(checkpoint=obs.checkpoint.path, step=str(obs.checkpoint.step))
         try:

@@ -24,6 +24,7 @@ from typing import Any
 import click
 
 from tpuwatch.errors import JobFailed, UsageError
+from tpuwatch.workers import login
 
 HELP = """Delete the TPU and create it again from [tpu.spec] in the config, with
 tpu.startup_script as its startup-script metadata. Asks for confirmation unless --yes.
@@ -135,6 +136,8 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
     # meanwhile, and the next one reads what was done here.
     journal = _open_journal(cfg)
     try:
+        if user := login.user_for_create(journal):  # the user the watcher last logged in as
+            launch = {**launch, "user": user}
         echo = (lambda text: click.echo(text, err=True)) if as_json else click.echo
 
         def say(text: str) -> None:
