@@ -19,7 +19,7 @@ from tpuwatch.model import NodeSnapshot, WorkerEndpoint
 from tpuwatch.sim.hosts import Hosts
 from tpuwatch.workers import GcloudSsh, OpenSsh, SshWorkers, protocol
 from tpuwatch.workers.gcloud import LEARN_COMMAND, Login, gcloud_failure, parse_login
-from tpuwatch.workers.ssh import classify
+from tpuwatch.workers.ssh import classify, run_one
 
 SSH = "/usr/bin/ssh"
 needs_ssh = pytest.mark.skipif(not os.path.exists(SSH), reason="needs the OpenSSH client")
@@ -313,3 +313,24 @@ def test_follow_streams_the_log_over_ssh(cluster: Cluster) -> None:
     assert result.ok and (end.result, end.exit_code) == ("ok", 3)
     assert b"".join(got) == b"w1 1\nw1 2\nw1 3\n"
     assert protocol.REMOTE_COMMAND == "bash -s"
+
+
+def test_a_timeout_ends_the_clients_whole_process_group(tmp_path: Path) -> None:
+    # ssh's ProxyCommand is a child of ssh (gcloud's ssh is a child of gcloud): killing only the
+    # client left it running, holding the connection. Nothing listens: the proxy just waits.
+    pidfile = tmp_path / "proxy.pid"
+    proxy = f"ProxyCommand=sh -c 'echo $$ > {pidfile}; exec sleep 300'"
+    t = OpenSsh(known_hosts=tmp_path / "kh", user="u", options=[proxy], connect_timeout=60)
+    node = node_of(["10.0.0.2"], "1")
+    r = run_one(t, node, node.workers[0], b"", remote_command="true", timeout=1.5)
+    assert r.failure == "timeout" and r.exit_code is None
+    pid = int(pidfile.read_text())
+    wait_for(lambda: not _alive(pid), 5, "the ProxyCommand to be gone")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
