@@ -306,6 +306,10 @@ def _pids(text: str | None) -> tuple[int, ...]:
     return tuple(int(p) for p in (text or "").split() if p.isdigit())
 
 
+OWN_SCAN = ("other users' TPU device holders not seen: the login user is not root and `sudo -n` is "
+            "not allowed (give it passwordless sudo to see and stop them)")
+
+
 @dataclass(frozen=True)
 class StopResult:
     """What one worker's stop did: processes stopped, device holders, the libtpu lockfile."""
@@ -318,6 +322,8 @@ class StopResult:
     leftover: tuple[int, ...] = ()
     detail: str = ""
     unreachable: bool = False
+    # how device holders were found: root, sudo (sudo -n), own (other users' processes unseen)
+    device_scan: str = ""
 
     def describe(self) -> str:
         if self.unreachable:
@@ -331,6 +337,8 @@ class StopResult:
             bits.append(f"libtpu lockfile {self.libtpu_lockfile}")
         if self.leftover:
             bits.append("still alive after KILL: " + " ".join(map(str, self.leftover)))
+        if self.device_scan == "own":
+            bits.append(OWN_SCAN)
         if self.detail:
             bits.append(self.detail)
         return f"worker {self.worker}: " + ("; ".join(bits) or "nothing to stop")
@@ -347,6 +355,7 @@ def parse_stop(worker: int, records: Mapping[str, str]) -> StopResult:
         device_holders=_pids(records.get("device_holders")),
         libtpu_lockfile=records.get("libtpu_lockfile", "absent"),
         leftover=_pids(records.get("leftover")),
+        device_scan=records.get("device_scan", ""),
     )
 
 
