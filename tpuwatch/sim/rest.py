@@ -19,7 +19,8 @@ messages are rendered by the gRPC face's own functions, then mapped to JSON by p
 mapping with enum *names* and no default-valued fields (gcloud's apitools cannot read integer
 enums). Errors have the Google API error shape, `{"error": {"code", "message", "status"}}`.
 
-This module translates HTTP to the world's calls and back; it holds no state of its own and knows
+This module translates HTTP to the world's calls and back; it holds no state but a count of the calls
+it served (`RestFace.calls`: gcloud's, where `World.calls` counts both faces), and knows
 nothing of SSH beyond reading the simulated hosts' public client and host keys.
 """
 
@@ -31,6 +32,7 @@ import json
 import logging
 import re
 import threading
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -140,6 +142,9 @@ class RestFace:
         self._ssh_keys = ssh_keys
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        # calls served through this face (gcloud's), by method; the world counts both faces
+        self.calls: Counter[str] = Counter()
+        self._calls_lock = threading.Lock()
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -249,6 +254,8 @@ class RestFace:
                           "(it serves TPU v2/v2alpha1 nodes and operations, and compute/v1 projects)")
 
     def _call(self, method: str, resource: str) -> None:
+        with self._calls_lock:
+            self.calls[method] += 1
         injected = self.world.before_call(method, resource)
         if injected is not None:
             raise injected
