@@ -72,3 +72,13 @@ def test_bench_overhead_measures_start_up_memory_and_api_calls(tmp_path: Path) -
     assert status["nodes"] == 5 and status["shown"] == 5
     assert status["calls_per_run"] == {"ListNodes": 1, "ListLogEntries": 1}
     assert doc["zone"]["watchers"]["ticks"] >= 1
+
+
+def test_bench_gcloud_calls_counts_one_gcloud_run_per_node_incarnation(tmp_path: Path) -> None:
+    table, doc = run("bench_gcloud_calls.py", tmp_path, "--workers", "2", "--ticks", "3")
+    assert "gcloud calls" in table
+    assert doc["per_gcloud_ssh"].get("oslogin.v1.Users/GetLoginProfile") == 1  # OS Login is on
+    runs = [t["gcloud_runs"] for t in doc["ticks"]]
+    assert runs == [1, 0, 0], doc["ticks"]  # once for the node, then OpenSSH only
+    assert all(t["gcloud_calls"] == 0 for t in doc["ticks"][1:])
+    assert sum(t["gcloud_runs"] for t in doc["recreate"]) == 1  # once more for the new node

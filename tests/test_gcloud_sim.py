@@ -24,7 +24,7 @@ from tpuwatch.recreate import ownership_error
 from tpuwatch.sim import gcloudcfg
 from tpuwatch.sim.rest import RestFace
 from tpuwatch.sim.simulator import Simulator
-from tpuwatch.workers import GcloudSsh, SshWorkers, protocol
+from tpuwatch.workers import GcloudSsh, OpenSsh, SshWorkers, protocol
 
 GCLOUD = shutil.which("gcloud") or "/usr/bin/gcloud"
 pytestmark = [
@@ -241,10 +241,12 @@ def test_tpuwatch_gcloud_transport_launch_probe_stop_on_all_workers(
         monkeypatch.setenv(k, v)  # GcloudSsh runs `gcloud` with this process's environment
     node = TpuAdapter(sim.project, sim.zone).require_node("pod")  # over gRPC: one world, two faces
     assert [w.index for w in node.workers] == [0, 1]
-    workers = SshWorkers(GcloudSsh(options=[f"Port={sim.ssh_port}"]), job="train",
-                         command="sleep 300", stop_grace=0.5, timeout=90, retry_wait=0.1)
+    ssh = OpenSsh(known_hosts=gcloud.cfg.home / "kh", identity_file=str(sim.ssh_key),  # type: ignore[operator]
+                  port=sim.ssh_port, internal_ip=True)
+    transport = GcloudSsh(openssh=ssh, identity_file=str(sim.ssh_key), internal_ip=True)
+    workers = SshWorkers(transport, job="train", command="sleep 300", stop_grace=0.5, timeout=90, retry_wait=0.1)
 
-    sim.hosts.reset_connections(key, 1)  # gcloud retries worker 1 (exit 255); stdin is gone by then
+    sim.hosts.reset_connections(key, 1)  # the launch is retried on worker 1; the lock keeps one job
     launched = workers.launch(node, 1, None)
     assert [(r.worker, r.started, r.attempt) for r in launched] == [(0, True, 1), (1, True, 1)], launched
     assert settled_counts(sim, "pod", 2, "sleep 300") == [1, 1]
@@ -258,3 +260,4 @@ def test_tpuwatch_gcloud_transport_launch_probe_stop_on_all_workers(
     assert [len(job_pids(sim, "pod", i, "sleep 300")) for i in range(2)] == [0, 0]
     probes = workers.probe(node)
     assert [(p.state, p.attempt, p.exit_code) for p in probes] == [("exited", 1, 143)] * 2, probes
+    assert transport.prepare_calls == 1  # gcloud ran once for the node; OpenSSH did the rest

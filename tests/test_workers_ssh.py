@@ -18,7 +18,8 @@ from tpuwatch.errors import ConfigError, JobFailed
 from tpuwatch.model import NodeSnapshot, WorkerEndpoint
 from tpuwatch.sim.hosts import Hosts
 from tpuwatch.workers import GcloudSsh, OpenSsh, SshWorkers, protocol
-from tpuwatch.workers.ssh import classify
+from tpuwatch.workers.gcloud import LEARN_COMMAND, Login, gcloud_failure, parse_login
+from tpuwatch.workers.ssh import classify, run_one
 
 SSH = "/usr/bin/ssh"
 needs_ssh = pytest.mark.skipif(not os.path.exists(SSH), reason="needs the OpenSSH client")
@@ -116,17 +117,41 @@ def test_openssh_argv_pins_host_keys_per_node_id_and_worker(tmp_path: Path) -> N
     assert external.argv(node, node.workers[0], "x")[-2] == "34.1.2.3"
 
 
-def test_gcloud_argv() -> None:
-    t = GcloudSsh(user="alice", identity_file="/k/id", internal_ip=True, connect_timeout=9,
-                  options=["ProxyJump=b"])
+def test_gcloud_prepares_with_gcloud_once_then_connects_with_openssh_as_the_learned_user(tmp_path: Path) -> None:
+    ssh = OpenSsh(known_hosts=tmp_path / "kh", user="alice", identity_file="/k/id", port=2222, internal_ip=True)
+    t = GcloudSsh(openssh=ssh, user="alice", identity_file="/k/id", internal_ip=True, connect_timeout=9,
+                  options=("ProxyJump=b",))
     node = node_of(["10.0.0.2", "10.0.0.3"], "1234", name="llm-pod")
-    argv = t.argv(node, node.workers[1], "bash -s")
+    argv = t.prepare_argv(node, node.workers[0])
     assert argv[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "alice@llm-pod"]
-    for a in ("--zone=us-central2-b", "--project=proj", "--worker=1", "--command=bash -s",
+    for a in ("--zone=us-central2-b", "--project=proj", "--worker=0", f"--command={LEARN_COMMAND}",
               "--internal-ip", "--ssh-key-file=/k/id", "--ssh-flag=-oBatchMode=yes",
-              "--ssh-flag=-oConnectTimeout=9", "--ssh-flag=-oProxyJump=b", "--quiet"):
+              "--ssh-flag=-oConnectTimeout=9", "--ssh-flag=-oProxyJump=b", "--ssh-flag=-oPort=2222", "--quiet"):
         assert a in argv
-    assert "--internal-ip" not in GcloudSsh().argv(node, node.workers[0], "x")
+    # what the learn command prints on a worker whose OS Login name is not the local one
+    assert parse_login("1234", "motd\n@tpuwatch login user=alice_example_com home=/home/alice_example_com\n") \
+        == Login("1234", "alice_example_com", "/home/alice_example_com")
+    assert parse_login("1234", "@tpuwatch login user=a;rm home=/\n") is None  # never a shell word
+    t.remember(Login("1234", "alice_example_com"))
+    argv = t.argv(node, node.workers[1], "bash -s")
+    assert argv[:2] == ["ssh", "-T"] and argv[-3:] == ["--", "10.0.0.3", "bash -s"]
+    assert argv[argv.index("-l") + 1] == "alice_example_com"
+    assert t.prepare(node) is None and t.prepare_calls == 0  # known for this node id: no gcloud
+
+
+def test_gcloud_own_failures_are_told_from_ssh_and_remote_exit_codes() -> None:
+    expired = ("ERROR: (gcloud.compute.tpus.tpu-vm.ssh) There was a problem refreshing your current auth "
+               "tokens: Reauthentication failed. cannot prompt during non-interactive execution.\n"
+               "Please run:\n\n  $ gcloud auth login\n")
+    assert gcloud_failure(1, expired)[0] == "credentials"
+    unusable = 'ERROR: (gcloud.compute.tpus.tpu-vm.ssh) This TPU has state "STOPPED", so it cannot be currently connected to.\n'
+    assert gcloud_failure(1, unusable) == ("unreachable", unusable.strip())
+    refused = ("alice_example_com@10.0.0.2: Permission denied (publickey).\n"
+               "ERROR: (gcloud.compute.tpus.tpu-vm.ssh) [/usr/bin/ssh] exited with return code [255].\n")
+    assert gcloud_failure(1, refused)[0] == "auth"
+    down = ("ssh: connect to host 10.0.0.2 port 22: Connection refused\n"
+            "ERROR: (gcloud.compute.tpus.tpu-vm.ssh) [/usr/bin/ssh] exited with return code [255].\n")
+    assert gcloud_failure(1, down)[0] == "unreachable"
 
 
 def test_ssh_failures_are_told_apart_from_remote_exit_codes() -> None:
@@ -288,3 +313,24 @@ def test_follow_streams_the_log_over_ssh(cluster: Cluster) -> None:
     assert result.ok and (end.result, end.exit_code) == ("ok", 3)
     assert b"".join(got) == b"w1 1\nw1 2\nw1 3\n"
     assert protocol.REMOTE_COMMAND == "bash -s"
+
+
+def test_a_timeout_ends_the_clients_whole_process_group(tmp_path: Path) -> None:
+    # ssh's ProxyCommand is a child of ssh (gcloud's ssh is a child of gcloud): killing only the
+    # client left it running, holding the connection. Nothing listens: the proxy just waits.
+    pidfile = tmp_path / "proxy.pid"
+    proxy = f"ProxyCommand=sh -c 'echo $$ > {pidfile}; exec sleep 300'"
+    t = OpenSsh(known_hosts=tmp_path / "kh", user="u", options=[proxy], connect_timeout=60)
+    node = node_of(["10.0.0.2"], "1")
+    r = run_one(t, node, node.workers[0], b"", remote_command="true", timeout=1.5)
+    assert r.failure == "timeout" and r.exit_code is None
+    pid = int(pidfile.read_text())
+    wait_for(lambda: not _alive(pid), 5, "the ProxyCommand to be gone")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False

@@ -334,11 +334,13 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "stable_run": Field(_duration(0), 3600.0, "an attempt running this long resets the backoff and the restart/recreate budgets"),
     },
     "ssh": {
-        "user": Field(_pattern(_USER, "user name", allow_empty=True), "", "remote user; default the local user, as gcloud does"),
+        "user": Field(_pattern(_USER, "user name", allow_empty=True), "", "remote user; default the local user, as gcloud does. "
+                      "With transport = \"gcloud\" OS Login may log in under another name: tpuwatch learns it"),
         "identity_file": Field(_path, "~/.ssh/google_compute_engine", "private key"),
         "port": Field(_int_range(1, 65535), 22, "SSH port"),
         "internal_ip": Field(_bool, False, "connect to workers' internal IPs"),
-        "transport": Field(_choice(TRANSPORTS), "openssh", "openssh, or gcloud (gcloud compute tpus tpu-vm ssh)"),
+        "transport": Field(_choice(TRANSPORTS), "openssh", "openssh, or gcloud: `gcloud compute tpus tpu-vm ssh` once "
+                           "per node to prepare keys and learn the user (OS Login), then OpenSSH"),
         "connect_timeout": Field(_duration(1), 10.0, "ssh ConnectTimeout"),
         "command_timeout": Field(_duration(5), 60.0, "longest a probe or launch over SSH may take before the worker "
                                  "counts as unreachable this tick (a launch's cleanup adds 2x recovery.stop_grace)"),

@@ -351,6 +351,20 @@ class Journal:
     def set_audit_cursor(self, cursor: str | None) -> None:
         self.set_cursor("audit", cursor)
 
+    # -- the SSH login -------------------------------------------------------------------------
+
+    def login(self) -> dict[str, Any] | None:
+        """The user the watcher last logged in as ({"node_id", "user", "home", "via"}), or None."""
+        text = self.cursor("ssh_login")
+        try:
+            data = json.loads(text) if text else None
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
+
+    def set_login(self, data: Mapping[str, Any]) -> None:
+        self.set_cursor("ssh_login", json.dumps(dict(data), sort_keys=True))
+
     # -- cloud operations -----------------------------------------------------------------------
 
     def add_operation(self, name: str, kind: str, zone: str, started: datetime) -> None:

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 # A TPU node (or queued resource) id: lowercase letters, digits and hyphens, starting with a letter.
 NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -210,6 +210,8 @@ class PrecheckReport:
 
 # -- what the workers answered to a launch or a stop ------------------------------------------
 
+OWN_SCAN = ("other users' TPU device holders not seen: the login user is not root and `sudo -n` is "
+            "not allowed (give it passwordless sudo to see and stop them)")
 LaunchOutcome = Literal["launched", "running", "ran", "busy", "newer", "error", "unreachable"]
 
 
@@ -225,6 +227,8 @@ class StopResult:
     leftover: tuple[int, ...] = ()
     detail: str = ""
     unreachable: bool = False
+    # how device holders were found: root, sudo (sudo -n), own (other users' processes unseen)
+    device_scan: str = ""
 
     def describe(self) -> str:
         if self.unreachable:
@@ -238,6 +242,8 @@ class StopResult:
             bits.append(f"libtpu lockfile {self.libtpu_lockfile}")
         if self.leftover:
             bits.append("still alive after KILL: " + " ".join(map(str, self.leftover)))
+        if self.device_scan == "own":
+            bits.append(OWN_SCAN)
         if self.detail:
             bits.append(self.detail)
         return f"worker {self.worker}: " + ("; ".join(bits) or "nothing to stop")
@@ -299,3 +305,27 @@ class QueuedStatus:
     def ended(self) -> bool:
         return self.state in QR_ENDED
 
+
+# -- who the watcher is on the workers ----------------------------------------------------------
+
+LOGIN_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")  # a POSIX login name, as OS Login makes them
+
+
+@dataclass(frozen=True)
+class Login:
+    """Who the watcher is on a node incarnation, learned over SSH."""
+
+    node_id: str
+    user: str
+    home: str = ""
+    via: str = "gcloud"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"node_id": self.node_id, "user": self.user, "home": self.home, "via": self.via}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Login | None:
+        user, node_id = str(data.get("user") or ""), str(data.get("node_id") or "")
+        if not user or not LOGIN_USER.fullmatch(user):
+            return None
+        return cls(node_id, user, str(data.get("home") or ""), str(data.get("via") or "gcloud"))

@@ -15,6 +15,7 @@ from tpuwatch.model import (
     AuditEvent,
     Checkpoint,
     LaunchResult,
+    Login,
     NodeSnapshot,
     OperationStatus,
     PrecheckReport,
@@ -81,6 +82,12 @@ class Workers(Protocol):
                clean: bool = False) -> Sequence[LaunchResult]: ...
 
     def stop(self, node: NodeSnapshot, workers: Sequence[int] | None = None) -> Sequence[StopResult]: ...
+
+    def login(self, node: NodeSnapshot) -> Login | None:
+        """The user the watcher logs in as on this node incarnation, once known."""
+
+    def remember(self, login: Login) -> None:
+        """A login an earlier watcher learned (the journal keeps it)."""
 
     def port_target(self, node: NodeSnapshot) -> tuple[str, int] | None:
         """Worker 0's SSH address, when a TCP connect there tells whether its sshd is up; None when

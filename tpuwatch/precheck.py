@@ -391,6 +391,10 @@ def _evaluate_one(check: str, worker: int, rec: Mapping[str, str], s: Settings, 
         if foreign:
             return CheckItem("device_holders", worker, "fail", f"held by {foreign}", "only the job's processes",
                              "a process outside the job holds the TPU")
+        if rec.get("scan") == "own":  # other users' holders are invisible to a plain user
+            return CheckItem("device_holders", worker, "warn", f"held by the job ({ours})" if ours else "free",
+                             "no foreign holder", "other users' processes not seen: not root and `sudo -n` "
+                             "is not allowed")
         return CheckItem("device_holders", worker, "pass", f"held by the job ({ours})" if ours else "free",
                          "no foreign holder")
     if check == "libtpu_lock":

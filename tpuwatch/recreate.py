@@ -79,7 +79,9 @@ def launch_metadata(cfg: Config, launch: Mapping[str, str] | None = None) -> dic
     """The `tpuwatch-*` metadata every create writes for the startup script to read.
 
     `launch` may add `attempt`, `checkpoint` and `step`: at create time the job is not running
-    anywhere, so the newest complete checkpoint cannot change before the new node boots.
+    anywhere, so the newest complete checkpoint cannot change before the new node boots. Its
+    `user` is the user the watcher was last seen to log in as (OS Login may give another name
+    than ssh.user), so the job the startup script starts and the watcher's share one home.
     """
     job = cfg.job
     env = job.get("env") or {}
@@ -93,7 +95,7 @@ def launch_metadata(cfg: Config, launch: Mapping[str, str] | None = None) -> dic
         "tpuwatch-checkpoint-dir": str(job.get("checkpoint_dir") or ""),
         "tpuwatch-env": "" if withheld else "".join(f"{k}={shlex.quote(v)}\n" for k, v in sorted(env.items())),
         # the job runs as the user tpuwatch connects as, so both see the same ~/.tpuwatch/<job>
-        "tpuwatch-user": str(cfg.ssh.get("user") or getpass.getuser()),
+        "tpuwatch-user": str((launch or {}).get("user") or cfg.ssh.get("user") or getpass.getuser()),
     }
     meta["tpuwatch-worker-script"] = worker_script_text()
     if withheld:

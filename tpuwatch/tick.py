@@ -59,6 +59,7 @@ from tpuwatch.policy import (
 )
 from tpuwatch.policy.observe import audit_due, launch_likely, precheck_due
 from tpuwatch.ports import AuditLog, CheckpointStore, NodeLifecycle, Prechecker, TpuApi, Workers
+from tpuwatch.workers import login
 
 
 def port_open(host: str, port: int, timeout: float) -> bool:
@@ -195,6 +196,7 @@ class Reconciler:
     def tick(self) -> TickReport:
         now = self.ports.now()
         mem = self.journal.load_memory() or Memory.initial(self.pcfg.zones[0])
+        login.restore(self.ports.workers, self.journal)  # the user learned for this node id
         zone = mem.zone or self.pcfg.zones[0]
         tpu = self.ports.tpu_for(zone)
         life = self.ports.lifecycle(zone)
@@ -236,6 +238,7 @@ class Reconciler:
                 self.journal.set_audit_cursor(cursor)
                 self.journal.set_cursor("audit_read_at", now.isoformat())
             self._journal_precheck(now, pre)
+            login.record(self.ports.workers, node, self.journal, now)
             self.journal.set_cursor("checkpoint_warning", json.dumps({"time": now.isoformat(), "text": ck_warning})
                                     if ck_warning else None)
         done, decision = self._act(decision, obs, mem, now)
@@ -437,6 +440,8 @@ class Reconciler:
         # boot, before the watcher reconnects: as the next attempt, from the newest complete
         # checkpoint, which the policy then follows instead of launching it a second time.
         launch = {"attempt": str(decision.memory.attempt + 1)}
+        if user := login.user_for_create(self.journal):  # the user the watcher logs in as
+            launch["user"] = user
         if obs.checkpoint is not None:
             launch.update(checkpoint=obs.checkpoint.path, step=str(obs.checkpoint.step))
         try:

@@ -23,6 +23,7 @@ from tpuwatch.errors import NotFoundError
 from tpuwatch.model import (
     AuditEvent,
     Checkpoint,
+    Login,
     NodeSnapshot,
     OperationStatus,
     WorkerEndpoint,
@@ -133,6 +134,12 @@ class BenchWorkers:
     def __init__(self, world: World, meter: Meter) -> None:
         self.world = world
         self.meter = meter
+
+    def login(self, node: NodeSnapshot) -> Login | None:
+        return None
+
+    def remember(self, login: Login) -> None:
+        pass
 
     def port_target(self, node: NodeSnapshot) -> tuple[str, int] | None:
         """As OpenSSH to the external IPs, port 22."""

@@ -23,6 +23,7 @@ from typing import Any
 import click
 
 from tpuwatch.errors import JobFailed, UsageError
+from tpuwatch.workers import login
 
 HELP = """Delete the TPU and create it again from [tpu.spec] in the config, with
 tpu.startup_script as its startup-script metadata. Asks for confirmation unless --yes.
@@ -138,6 +139,8 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
     if mem is not None:
         launch["attempt"] = str(mem.attempt + 1)
     try:
+        if user := login.user_for_create(journal):  # the user the watcher last logged in as
+            launch = {**launch, "user": user}
         echo = (lambda text: click.echo(text, err=True)) if as_json else click.echo
 
         def say(text: str) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,7 +14,7 @@ from tpuwatch.commands.common import CONFIG_OPTION
 from tpuwatch.errors import UsageError
 
 if TYPE_CHECKING:
-    from tpuwatch.report import Report
+    pass
 
 EPILOG = """\b
 Examples:
@@ -41,6 +40,7 @@ def command(config_path: Path, since: str | None, as_json: bool, html_path: Path
     from tpuwatch.config import load_config
     from tpuwatch.journal import Journal
     from tpuwatch.report import compute, text
+    from tpuwatch.ui import report_html
 
     start = since_time(since)
     if html_path is not None:
@@ -50,7 +50,7 @@ def command(config_path: Path, since: str | None, as_json: bool, html_path: Path
         events, attempts = journal.events(), journal.attempts()
     report = compute(cfg.job_name, events, attempts, datetime.now(timezone.utc), since=start)
     if html_path is not None:
-        write_html(report, html_path)
+        report_html.write(report, html_path)
     if as_json:
         out = report.as_dict()
         if html_path is not None:
@@ -80,23 +80,3 @@ def _check_html(path: Path) -> None:
             raise UsageError(f"--html: cannot write {shown} (permission denied); give a path you can write")
     except OSError as exc:  # a name too long, a loop of links, ...
         raise UsageError(f"--html: cannot use {shown}: {exc.strerror or exc}; give a path you can write") from None
-
-
-def write_html(report: Report, path: Path) -> None:
-    """Render and write the HTML atomically (a reader never sees half a file); exit 2 naming --html."""
-    from tpuwatch.ui.report_html import render
-
-    page = render(report)
-    parent = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(page)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError as exc:
-        raise UsageError(f"--html: cannot write {str(path)[:200]!r}: {exc.strerror or exc}; "
-                         "give a path you can write") from None

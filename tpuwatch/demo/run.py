@@ -270,10 +270,9 @@ def _play(held: _Held, tmp: Path, pace: Pace, live: bool, say: Callable[[str], N
 
 def _report(journal: Any, job: str, html: Path, say: Callable[[str], None]) -> None:
     """`tpuwatch report` of the demo's journal, and its HTML timeline when plotly is installed."""
-    from tpuwatch.commands.report import write_html
     from tpuwatch.errors import UsageError
     from tpuwatch.report import compute, text
-    from tpuwatch.ui.report_html import PIP_EXTRA, available
+    from tpuwatch.ui.report_html import PIP_EXTRA, available, write
 
     report = compute(job, journal.events(), journal.attempts(), datetime.now(timezone.utc))
     say("")
@@ -285,7 +284,7 @@ def _report(journal: Any, job: str, html: Path, say: Callable[[str], None]) -> N
         return
     try:
         html.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_html(report, html)
+        write(report, html)
     except (OSError, UsageError) as exc:
         say(f"could not write the report's HTML timeline: {exc}")
         return

@@ -252,6 +252,12 @@ FAULTS: dict[str, Fault] = {
                 _UNTIL_CLEARED,
             ),
         ),
+        Fault(
+            "os-login",
+            "OS Login: workers accept only this POSIX user (not the local name); gcloud learns it.",
+            (Param("user", "str", "the OS Login user name", default="tpuwatch_sim_example_com"),),
+            target="user",
+        ),
         Fault("clear-errors", "Lift injected API errors, denials, stockouts and quota errors.", ()),
         # Host faults: each makes one environment check fail on one worker.
         Fault(
@@ -504,6 +510,8 @@ def apply(world: World, fault: str, params: Mapping[str, Any]) -> Any:
             methods=p.get("methods", []),
             duration=p.get("duration"),
         )
+    elif fault == "os-login":
+        world.os_login(str(p.get("user") or "tpuwatch_sim_example_com"))
     elif fault == "ssh":
         world.ssh_fault(p.pop("node"), p.pop("worker", 0), str(p.pop("mode", "HANG")).lower(), **where)
     elif fault == "slow-api":

@@ -1,7 +1,7 @@
 """A private gcloud configuration directory (`CLOUDSDK_CONFIG`) that points gcloud at the simulator.
 
 `write_config()` writes the directory's `active_config` and `configurations/config_default`:
-`api_endpoint_overrides/tpu` and `/compute` at the simulator's REST face, `auth/disable_credentials`
+`api_endpoint_overrides/tpu`, `/compute` and `/oslogin` at the simulator's REST face, `auth/disable_credentials`
 (no account needed), `core/project`, `compute/zone`, and the settings that keep gcloud from
 probing the GCE metadata server, checking for updates or prompting. Writing the INI files
 directly, rather than running `gcloud config set` five times, costs nothing and needs no gcloud.
@@ -24,6 +24,7 @@ from tpuwatch.errors import UsageError
 
 CONFIG_NAME = "default"
 KEY_NAME = "google_compute_engine"
+ACCOUNT = "tpuwatch-sim@example.com"
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,15 @@ def render_config(*, url: str, project: str, zone: str, compute_url: str | None 
         "disable_usage_reporting": "True",
         "check_gce_metadata": "False",  # no 169.254.169.254 probe (seconds lost off GCE)
         "disable_prompts": "True",
+        # the Google account OS Login knows (credentials stay disabled)
+        "account": ACCOUNT,
     }
     cfg["compute"] = {"zone": zone, "region": zone.rsplit("-", 1)[0]}
     cfg["auth"] = {"disable_credentials": "True"}
     cfg["api_endpoint_overrides"] = {
         "tpu": base,
         "compute": compute_url or f"{base}compute/v1/",
+        "oslogin": f"{base}oslogin/",
     }
     cfg["component_manager"] = {"disable_update_check": "True"}
     cfg["survey"] = {"disable_prompts": "True"}

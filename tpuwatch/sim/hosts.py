@@ -259,6 +259,11 @@ class Hosts:
         w = self._worker(node_key, worker)
         self._call(lambda: self._ssh_fault(w, "" if mode == "serve" else mode))
 
+    def set_user(self, user: str) -> None:
+        """From now on every worker accepts the client key only for `user` (OS Login gives the
+        workers a POSIX name of its own); a login under any other name is refused."""
+        self.ssh_user = user
+
     # ---- queries -----------------------------------------------------------------------------
 
     def worker_home(self, node_key: str, worker: int) -> Path:

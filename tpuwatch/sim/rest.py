@@ -7,7 +7,11 @@ Served, for the paths gcloud 528 calls (`api_endpoint_overrides/tpu` = `url`,
   (`?updateMask=labels,metadata,description`, what `tpu-vm update` sends),
   `:getGuestAttributes`, `:simulateMaintenanceEvent` (v2alpha1); operations get and list;
 - Compute `v1`: `projects/P` (get), whose `commonInstanceMetadata` holds an `ssh-keys` item with
-  the simulated workers' client key, so `gcloud ... tpu-vm ssh` adds no key to the node.
+  the simulated workers' client key, so `gcloud ... tpu-vm ssh` adds no key to the node; with
+  the os-login fault it also holds `enable-oslogin=TRUE`;
+- OS Login `v1` (`api_endpoint_overrides/oslogin` = `url + "oslogin/"`): `users/U/loginProfile`
+  and `users/U:importSshPublicKey`, whose primary POSIX account is the world's OS Login user, so
+  gcloud logs in under that name as it does on Google Cloud.
 
 It shares one `World` with the gRPC face: every request is counted and may fail by injection
 under the same method name as its gRPC twin (`google.cloud.tpu.v2.Tpu/GetNode`, ...), and
@@ -15,7 +19,8 @@ messages are rendered by the gRPC face's own functions, then mapped to JSON by p
 mapping with enum *names* and no default-valued fields (gcloud's apitools cannot read integer
 enums). Errors have the Google API error shape, `{"error": {"code", "message", "status"}}`.
 
-This module translates HTTP to the world's calls and back; it holds no state of its own and knows
+This module translates HTTP to the world's calls and back; it holds no state but a count of the calls
+it served (`RestFace.calls`: gcloud's, where `World.calls` counts both faces), and knows
 nothing of SSH beyond reading the simulated hosts' public client and host keys.
 """
 
@@ -27,6 +32,7 @@ import json
 import logging
 import re
 import threading
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -53,6 +59,8 @@ log = logging.getLogger(__name__)
 _VERSIONS: dict[str, Any] = {"v2": tpu_v2, "v2alpha1": tpu_v2alpha1}
 _SERVICES = {"v2": TPU_V2, "v2alpha1": TPU_V2ALPHA1}
 COMPUTE_PROJECTS_GET = "compute.v1.Projects/Get"
+OSLOGIN_GET_PROFILE = "oslogin.v1.Users/GetLoginProfile"
+OSLOGIN_IMPORT_KEY = "oslogin.v1.Users/ImportSshPublicKey"
 
 # google.rpc code name -> HTTP status, as Google's HTTP/JSON front ends map them.
 HTTP_STATUS = {
@@ -89,6 +97,8 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(_LOC + r"/operations$"), "list_operations"),
     ("GET", re.compile(_LOC + rf"/operations/{_SEG}$"), "get_operation"),
     ("GET", re.compile(rf"^/compute/v1/projects/{_SEG}$"), "compute_project"),
+    ("GET", re.compile(rf"^/oslogin/v1/users/{_SEG}/loginProfile$"), "login_profile"),
+    ("POST", re.compile(rf"^/oslogin/v1/users/{_SEG}:importSshPublicKey$"), "import_ssh_key"),
 ]
 
 
@@ -132,6 +142,9 @@ class RestFace:
         self._ssh_keys = ssh_keys
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        # calls served through this face (gcloud's), by method; the world counts both faces
+        self.calls: Counter[str] = Counter()
+        self._calls_lock = threading.Lock()
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -241,6 +254,8 @@ class RestFace:
                           "(it serves TPU v2/v2alpha1 nodes and operations, and compute/v1 projects)")
 
     def _call(self, method: str, resource: str) -> None:
+        with self._calls_lock:
+            self.calls[method] += 1
         injected = self.world.before_call(method, resource)
         if injected is not None:
             raise injected
@@ -359,6 +374,9 @@ class RestFace:
         keys = self.ssh_keys()
         number = project_number(p)
         fingerprint = base64.b64encode(hashlib.sha256(keys.encode()).digest()[:8]).decode()
+        items = [{"key": "ssh-keys", "value": keys}]
+        if self.world.os_login_user:
+            items.append({"key": "enable-oslogin", "value": "TRUE"})
         return {
             "kind": "compute#project",
             "id": str(number),
@@ -366,12 +384,43 @@ class RestFace:
             "commonInstanceMetadata": {
                 "kind": "compute#metadata",
                 "fingerprint": fingerprint,
-                "items": [{"key": "ssh-keys", "value": keys}],
+                "items": items,
             },
             "defaultServiceAccount": f"{number}-compute@developer.gserviceaccount.com",
             "xpnProjectStatus": "UNSPECIFIED_XPN_PROJECT_STATUS",
             "selfLink": f"https://www.googleapis.com/compute/v1/projects/{p}",
         }
+
+
+    # OS Login
+
+    def _profile(self, email: str, project: str) -> dict[str, Any]:
+        user = self.world.os_login_user
+        if not user:
+            raise ApiError("FAILED_PRECONDITION", "OS Login is not enabled in the simulator (inject os-login)")
+        keys = {hashlib.sha256(k.encode()).hexdigest(): {"key": k, "fingerprint": hashlib.sha256(k.encode()).hexdigest(),
+                                                          "name": f"users/{email}/sshPublicKeys/x"}
+                for k in self.world.os_login_keys}
+        uid = str(1000 + int(project_number(project or self.world.project)) % 100000)
+        return {
+            "name": email,
+            "posixAccounts": [{"primary": True, "username": user, "uid": uid, "gid": uid,
+                               "homeDirectory": f"/home/{user}", "operatingSystemType": "LINUX",
+                               "accountId": project or self.world.project,
+                               "name": f"users/{email}/projects/{project or self.world.project}"}],
+            "sshPublicKeys": keys,
+        }
+
+    def _login_profile(self, email: str, *, query: dict[str, str], **_: Any) -> dict[str, Any]:
+        self._call(OSLOGIN_GET_PROFILE, f"users/{email}")
+        return self._profile(email, query.get("projectId", ""))
+
+    def _import_ssh_key(self, email: str, *, query: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
+        self._call(OSLOGIN_IMPORT_KEY, f"users/{email}")
+        key = str(body.get("key") or "").strip()
+        if key and key not in self.world.os_login_keys:
+            self.world.os_login_keys.append(key)
+        return {"loginProfile": self._profile(email, query.get("projectId", ""))}
 
 
 def _int(text: str, what: str) -> int:

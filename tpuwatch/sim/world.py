@@ -115,6 +115,8 @@ class HostsLike(Protocol):
     def host_fault(self, node_key: str, worker: int, kind: str, params: Mapping[str, Any] | None = None) -> None: ...
     def ssh_fault(self, node_key: str, worker: int, mode: str) -> None: ...
 
+    def set_user(self, user: str) -> None: ...
+
 
 # --- accelerator types --------------------------------------------------------------------
 
@@ -371,6 +373,10 @@ class World:
         self.injected: Counter[str] = Counter()  # method -> calls failed by injection
         self.lost: Counter[str] = Counter()  # method -> calls served whose answer was an error
         self.host_errors: list[str] = []  # effects on the simulated hosts that failed
+        # OS Login (the os-login fault): the POSIX name the workers know the user by, and the
+        # public keys imported into the user's login profile (gcloud imports its key once)
+        self.os_login_user: str | None = None
+        self.os_login_keys: list[str] = []
         self._started = False
 
     # --- lifecycle --------------------------------------------------------------------
@@ -1392,6 +1398,17 @@ class World:
         if self.hosts is None:
             raise UsageError("ssh faults need the simulated workers (the simulator runs without them)")
         self.hosts.ssh_fault(key, worker, mode)
+
+    def os_login(self, user: str) -> None:
+        """OS Login on: the workers accept only `user` (the OS Login POSIX name, not the local
+        name), the project metadata says enable-oslogin=TRUE and the OS Login API answers with a
+        login profile whose primary account is `user`, as Google does for a Google account."""
+        if not re.fullmatch(r"[a-z_][a-z0-9_.-]{0,31}", user):
+            raise UsageError(f"os-login user {user!r} is not a POSIX user name (e.g. alice_example_com)")
+        with self._lock:
+            self.os_login_user = user
+        if self.hosts is not None:
+            self.hosts.set_user(user)
 
     def add_symptom(
         self,

@@ -8,10 +8,14 @@ This module only draws what tpuwatch.report computed; it decides nothing.
 from __future__ import annotations
 
 import html
+import os
+import tempfile
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from tpuwatch.durations import human
+from tpuwatch.errors import UsageError
 from tpuwatch.report import CATEGORIES, Report
 
 PIP_EXTRA = "pip install 'tpuwatch[report]'"
@@ -159,3 +163,21 @@ def _page(report: Report, chart: str) -> str:
 {notes}
 </body></html>
 """
+
+
+def write(report: Report, path: Path) -> None:
+    """Render and write the HTML atomically (a reader never sees half a file); exit 2 naming --html."""
+    page = render(report)
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(page)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise UsageError(f"--html: cannot write {str(path)[:200]!r}: {exc.strerror or exc}; "
+                         "give a path you can write") from None

@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING, Any
 from tpuwatch.errors import ConfigError, JobFailed
 from tpuwatch.model import Checkpoint, NodeSnapshot, WorkerEndpoint, WorkerProbe
 from tpuwatch.workers import protocol
+from tpuwatch.workers.gcloud import GcloudSsh, Login, raise_if_gcloud_fatal
 from tpuwatch.workers.protocol import FollowEnd, LaunchResult, StopResult
 from tpuwatch.workers.ssh import (
-    GcloudSsh,
     OpenSsh,
     SshResult,
     Stream,
     Transport,
+    prepare,
     run_on_workers,
     transport_from_config,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "FollowEnd",
     "GcloudSsh",
     "LaunchResult",
+    "Login",
     "OpenSsh",
     "SshResult",
     "SshWorkers",
@@ -194,6 +196,19 @@ class SshWorkers:
         host = first.address(transport.internal_ip)
         return (host, transport.port) if host else None
 
+    # -- who the watcher is on the workers ------------------------------------------------
+    def login(self, node: NodeSnapshot) -> Login | None:
+        """The user the watcher logs in as on this node incarnation, once known.
+
+        With gcloud it is learned over SSH (OS Login may give another name than the one asked
+        for); with OpenSSH it is the user ssh is told to log in as.
+        """
+        return self.transport.login(node)
+
+    def remember(self, login: Login) -> None:
+        """A login learned by an earlier watcher (the journal's): gcloud need not run again."""
+        self.transport.remember(login)
+
     # -- logs -------------------------------------------------------------------------------
     def follow(self, node: NodeSnapshot, worker: int, attempt: int, offset: int,
                on_data: Callable[[bytes], None], poll: float = 0.2) -> tuple[Stream, Callable[[], tuple[SshResult, FollowEnd]]]:
@@ -203,6 +218,9 @@ class SshWorkers:
         """
         self.transport.check()
         ep = self._endpoint(node, worker)
+        failed = prepare(self.transport, node)
+        if failed is not None:
+            _raise_if_fatal(failed)
         stream = Stream(self.transport, node, ep, protocol.follow_script(self.job, attempt, offset, poll),
                         remote_command=protocol.REMOTE_COMMAND)
 
@@ -216,6 +234,7 @@ class SshWorkers:
 
 
 def _raise_if_fatal(r: SshResult) -> None:
+    raise_if_gcloud_fatal(r)
     if r.failure == "host_key":
         raise JobFailed(r.message)
     if r.failure in ("auth", "missing"):

@@ -214,8 +214,18 @@ twp_is_ours() {  # pid $1 runs with TPUWATCH_JOB=$TW_JOB in its environment
 
 twp_glob_escape() { printf '%s' "$1" | sed 's/[][*?\\]/\\&/g'; }
 
+# A plain user cannot read other users' /proc/<pid>/fd: scan as root, through `sudo -n` where
+# allowed, or else only our own processes (the device_holders record says which: scan=).
+twp_fd_scan=own
+if [ "$(id -u)" = 0 ]; then
+  twp_fd_scan=root
+elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+  twp_fd_scan=sudo
+fi
+
 twp_holders() {  # live pids (not us) with an open fd on one of the given paths
-  local args=() f line p out=" "
+  local args=() f line p out=" " find=(find)
+  [ "$twp_fd_scan" = sudo ] && find=(sudo -n find)
   for f in "$@"; do
     [ ${#args[@]} -gt 0 ] && args+=(-o)
     args+=(-lname "$(twp_glob_escape "$f")")
@@ -228,7 +238,7 @@ twp_holders() {  # live pids (not us) with an open fd on one of the given paths
     case "$twp_ancestors$out" in *" $p "*) continue ;; esac
     twp_alive "$p" || continue
     out="$out$p "
-  done < <(find /proc/[0-9]*/fd -mindepth 1 -maxdepth 1 \( "${args[@]}" \) -print 2>/dev/null)
+  done < <("${find[@]}" /proc/[0-9]*/fd -mindepth 1 -maxdepth 1 \( "${args[@]}" \) -print 2>/dev/null)
   out=${out# }
   printf '%s' "${out% }"
 }
@@ -248,7 +258,7 @@ twp_device_holders() {
   for p in $holders; do
     if twp_is_ours "$p"; then ours="$ours $p"; else foreign="$foreign $p"; fi
   done
-  twp_emit device_holders "ours=${ours# }" "foreign=$(twp_describe_pids "$foreign")"
+  twp_emit device_holders "ours=${ours# }" "foreign=$(twp_describe_pids "$foreign")" "scan=$twp_fd_scan"
 }
 
 twp_libtpu_lock() {

@@ -287,6 +287,7 @@ def parse_stop(worker: int, records: Mapping[str, str]) -> StopResult:
         device_holders=_pids(records.get("device_holders")),
         libtpu_lockfile=records.get("libtpu_lockfile", "absent"),
         leftover=_pids(records.get("leftover")),
+        device_scan=records.get("device_scan", ""),
     )
 
 

@@ -123,8 +123,25 @@ tw_glob_escape() {  # $1 with find -lname's wildcard characters made literal
   printf '%s' "$1" | sed 's/[][*?\\]/\\&/g'
 }
 
+# A plain user cannot read other users' /proc/<pid>/fd: their device holders are invisible. Scan
+# as root, or through `sudo -n` where it is allowed without a password, or else only our own
+# processes, and say which in the result (device_scan=root|sudo|own).
+tw_fd_scan=""
+tw_scan_how() {
+  [ -n "$tw_fd_scan" ] && return 0
+  if [ "$(id -u)" = 0 ]; then
+    tw_fd_scan=root
+  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    tw_fd_scan=sudo
+  else
+    tw_fd_scan=own
+  fi
+}
+
 tw_holders() {  # live pids (not us, not our ancestors) with an open fd matching a -lname glob
-  local args=() g line p out=" "
+  local args=() g line p out=" " find=(find)
+  tw_scan_how
+  [ "$tw_fd_scan" = sudo ] && find=(sudo -n find)
   for g in "$@"; do
     [ ${#args[@]} -gt 0 ] && args+=(-o)
     args+=(-lname "$g")
@@ -137,7 +154,7 @@ tw_holders() {  # live pids (not us, not our ancestors) with an open fd matching
     case "$tw_ancestors$out" in *" $p "*) continue ;; esac
     tw_alive "$p" || continue
     out="$out$p "
-  done < <(find /proc/[0-9]*/fd -mindepth 1 -maxdepth 1 \( "${args[@]}" \) -print 2>/dev/null)
+  done < <("${find[@]}" /proc/[0-9]*/fd -mindepth 1 -maxdepth 1 \( "${args[@]}" \) -print 2>/dev/null)
   out=${out# }
   printf '%s' "${out% }"
 }
@@ -333,6 +350,7 @@ tw_stop() {
   local pid="" members="" group="" p ours="" left="" holders="" lockf lstate=absent
   local grace=${TW_GRACE_MS:-30000}
   tw_find_ancestors
+  tw_scan_how
   tw_need flock || return 1
   if [ -d "$TW_DIR" ]; then
     pid=$(tw_read_num "$TW_DIR/pid")
@@ -393,7 +411,7 @@ tw_stop() {
   left=$(echo $left)
   local k=${TW_STOP_PREFIX:-}
   tw_emit "${k}result=$([ -z "$left" ] && echo ok || echo leftover)" "${k}stopped=$ours" \
-    "${k}device_holders=$holders" "${k}libtpu_lockfile=$lstate" "${k}leftover=$left"
+    "${k}device_holders=$holders" "${k}device_scan=$tw_fd_scan" "${k}libtpu_lockfile=$lstate" "${k}leftover=$left"
 }
 
 tw_follow() {

@@ -1,10 +1,12 @@
-"""Running one remote command on many workers at once: the OpenSSH and gcloud transports.
+"""Running one remote command on many workers at once over OpenSSH.
 
 A transport turns (node, worker, remote command) into an argv; `run_on_workers` runs those in
 parallel threads with each worker's stdin, and `stream` follows one long-running session.
 Results are per worker (exit code, stdout, stderr tail) with ssh's own failures told apart
 from the remote command's: unreachable (exit 255 and a connection error), authentication,
-a changed host key, a timeout.
+a changed host key, a timeout. A client that times out is ended with its whole process
+group (proc.py). The gcloud transport (gcloud.py) runs gcloud once per node incarnation, then
+this OpenSSH.
 
 OpenSSH pins host keys per node id: its own known_hosts file (in the state dir) and
 `HostKeyAlias=tpuwatch-<node id>-w<i>` with `StrictHostKeyChecking=accept-new`. A recreated node
@@ -21,17 +23,18 @@ import re
 import shlex
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from tpuwatch.errors import ConfigError
-from tpuwatch.model import NodeSnapshot, WorkerEndpoint
+from tpuwatch.model import Login, NodeSnapshot, WorkerEndpoint
+from tpuwatch.workers import proc as procgroup
 
-Failure = Literal["", "unreachable", "auth", "host_key", "timeout", "missing"]
+# "credentials": the gcloud transport's Google credentials are expired or refused (gcloud.py)
+Failure = Literal["", "unreachable", "auth", "host_key", "timeout", "missing", "credentials"]
 SSH_ERROR = 255
 STDERR_TAIL = 4000
 MAX_PARALLEL = 64
@@ -86,6 +89,12 @@ class Transport(Protocol):
 
     def describe_failure(self, node: NodeSnapshot, worker: WorkerEndpoint, failure: Failure,
                          stderr: str) -> str: ...
+
+    def login(self, node: NodeSnapshot) -> Login | None:
+        """The user this transport logs in as on the node, once known."""
+
+    def remember(self, login: Login) -> None:
+        """A login an earlier watcher learned (the journal's), so it need not be learned again."""
 
 
 def check_identity_file(path: str, key: str = "ssh.identity_file") -> None:
@@ -147,7 +156,7 @@ class OpenSsh:
         binary: str = "ssh",
     ) -> None:
         self.known_hosts = Path(os.path.expanduser(str(known_hosts)))
-        self.user = user or getpass.getuser()
+        self.user = user or getpass.getuser()  # ssh.user, else the local user, as gcloud does
         self.identity_file = os.path.expanduser(identity_file) if identity_file else ""
         self.port = port
         self.internal_ip = internal_ip
@@ -156,6 +165,13 @@ class OpenSsh:
         self.server_alive_interval = server_alive_interval
         self.server_alive_count = server_alive_count
         self.binary = binary
+
+    def login(self, node: NodeSnapshot) -> Login | None:
+        """The user ssh is told to log in as: nothing is learned."""
+        return Login(node.id, self.user, via=self.name)
+
+    def remember(self, login: Login) -> None:
+        """Nothing to remember: the user is the configured one."""
 
     @classmethod
     def from_config(cls, ssh: Mapping[str, Any], state_dir: Path, **kw: Any) -> OpenSsh:
@@ -185,7 +201,9 @@ class OpenSsh:
     def host_alias(node: NodeSnapshot, worker: WorkerEndpoint) -> str:
         return f"tpuwatch-{node.id or node.name}-w{worker.index}"
 
-    def argv(self, node: NodeSnapshot, worker: WorkerEndpoint, remote_command: str) -> list[str]:
+    def argv(self, node: NodeSnapshot, worker: WorkerEndpoint, remote_command: str, *,
+             user: str = "") -> list[str]:
+        """`user`: log in as this user instead of ssh.user (the one gcloud learned, gcloud.py)."""
         address = worker.address(self.internal_ip)
         opts = [
             "BatchMode=yes",
@@ -203,7 +221,7 @@ class OpenSsh:
         ]
         if self.identity_file:
             opts.append("IdentitiesOnly=yes")
-        argv = [self.binary, "-T", "-p", str(self.port), "-l", self.user]
+        argv = [self.binary, "-T", "-p", str(self.port), "-l", user or self.user]
         if self.identity_file:
             argv += ["-i", self.identity_file]
         # User options first: for ssh the first value of an option wins, so the user can
@@ -248,94 +266,18 @@ class OpenSsh:
         )
 
 
-class GcloudSsh:
-    """`gcloud compute tpus tpu-vm ssh NAME --worker=N --command ...` for OS Login / IAP users.
-
-    gcloud manages keys and host keys itself (it pins them per node id and worker too). Not
-    exercised against the simulator: it reaches the TPU API over REST, which the simulator
-    does not serve yet.
-    """
-
-    name = "gcloud"
-
-    def __init__(
-        self,
-        *,
-        user: str = "",
-        identity_file: str = "",
-        internal_ip: bool = False,
-        connect_timeout: float = 10.0,
-        options: Sequence[str] = (),
-        server_alive_interval: int = 15,
-        server_alive_count: int = 3,
-        binary: str = "gcloud",
-    ) -> None:
-        self.user = user
-        self.identity_file = os.path.expanduser(identity_file) if identity_file else ""
-        self.internal_ip = internal_ip
-        self.connect_timeout = connect_timeout
-        self.options = tuple(options)
-        self.server_alive_interval = server_alive_interval
-        self.server_alive_count = server_alive_count
-        self.binary = binary
-
-    @classmethod
-    def from_config(cls, ssh: Mapping[str, Any], **kw: Any) -> GcloudSsh:
-        return cls(
-            user=ssh.get("user", ""),
-            identity_file=ssh.get("identity_file", ""),
-            internal_ip=bool(ssh.get("internal_ip", False)),
-            connect_timeout=float(ssh.get("connect_timeout", 10.0)),
-            options=tuple(ssh.get("options", ())),
-            **kw,
-        )
-
-    def check(self) -> None:
-        # gcloud creates ~/.ssh/google_compute_engine itself when it is missing; only a key
-        # that exists and cannot be read is an error here.
-        if self.identity_file and os.path.exists(self.identity_file):
-            check_identity_file(self.identity_file)
-
-    def argv(self, node: NodeSnapshot, worker: WorkerEndpoint, remote_command: str) -> list[str]:
-        target = f"{self.user}@{node.name}" if self.user else node.name
-        argv = [
-            self.binary, "compute", "tpus", "tpu-vm", "ssh", target,
-            f"--zone={node.zone}", f"--project={node.project}", f"--worker={worker.index}",
-            f"--command={remote_command}", "--quiet",
-        ]
-        if self.internal_ip:
-            argv.append("--internal-ip")
-        if self.identity_file:
-            argv.append(f"--ssh-key-file={self.identity_file}")
-        flags = [
-            "-T",
-            "-oBatchMode=yes",
-            f"-oConnectTimeout={max(1, int(self.connect_timeout))}",
-            f"-oServerAliveInterval={self.server_alive_interval}",
-            f"-oServerAliveCountMax={self.server_alive_count}",
-            "-oLogLevel=ERROR",
-        ] + [f"-o{o}" for o in self.options]
-        argv += [f"--ssh-flag={f}" for f in flags]
-        return argv
-
-    def describe_failure(self, node: NodeSnapshot, worker: WorkerEndpoint, failure: Failure,
-                         stderr: str) -> str:
-        last = _last_line(stderr)
-        where = f"worker {worker.index} of {node.name}"
-        if failure == "host_key":
-            return (f"{where}: gcloud refused a changed host key ({last}); see "
-                    "~/.ssh/google_compute_known_hosts")
-        if failure == "auth":
-            return f"{where}: login refused ({last}); check OS Login / gcloud auth and ssh.user"
-        if failure == "missing":
-            return f"cannot run {self.binary!r}: {last}; install the Google Cloud CLI"
-        return f"{where} unreachable through gcloud ({last or 'exit 255'})"
-
-
-def transport_from_config(ssh: Mapping[str, Any], state_dir: Path, **kw: Any) -> OpenSsh | GcloudSsh:
+def transport_from_config(ssh: Mapping[str, Any], state_dir: Path, **kw: Any) -> Transport:
     if ssh.get("transport", "openssh") == "gcloud":
-        return GcloudSsh.from_config(ssh, **kw)
+        from tpuwatch.workers.gcloud import GcloudSsh
+
+        return GcloudSsh.from_config(ssh, state_dir, **kw)
     return OpenSsh.from_config(ssh, state_dir, **kw)
+
+
+def prepare(transport: Transport, node: NodeSnapshot) -> SshResult | None:
+    """A transport that prepares each node first (gcloud.py): None when ready, else why not."""
+    step = getattr(transport, "prepare", None)
+    return step(node) if step is not None else None
 
 
 def _last_line(text: str) -> str:
@@ -359,21 +301,19 @@ def run_one(
     argv = transport.argv(node, worker, remote_command)
     address = worker.address(getattr(transport, "internal_ip", False))
     try:
-        # Own session: a Ctrl-C meant for tpuwatch must not kill a launch half-way.
-        proc = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout,
-                              start_new_session=True)
-    except subprocess.TimeoutExpired as exc:
-        err = _decode(exc.stderr if isinstance(exc.stderr, bytes) else None)
-        return SshResult(worker.index, address, None, _decode(exc.stdout if isinstance(exc.stdout, bytes) else None),
-                         err[-STDERR_TAIL:], "timeout",
-                         transport.describe_failure(node, worker, "timeout", err))
+        # A group of its own, ended whole on timeout (proc.py)
+        done = procgroup.run(argv, stdin, timeout)
     except OSError as exc:
         return SshResult(worker.index, address, None, "", str(exc), "missing",
                          transport.describe_failure(node, worker, "missing", str(exc)))
-    err = _decode(proc.stderr)
-    failure = classify(proc.returncode, err)
+    if done.timed_out:
+        err = _decode(done.stderr)
+        return SshResult(worker.index, address, None, _decode(done.stdout), err[-STDERR_TAIL:], "timeout",
+                         transport.describe_failure(node, worker, "timeout", err))
+    err = _decode(done.stderr)
+    failure = classify(done.returncode, err)
     message = transport.describe_failure(node, worker, failure, err) if failure else ""
-    return SshResult(worker.index, address, proc.returncode, _decode(proc.stdout),
+    return SshResult(worker.index, address, done.returncode, _decode(done.stdout),
                      err[-STDERR_TAIL:], failure, message)
 
 
@@ -389,6 +329,10 @@ def run_on_workers(
     """Run `remote_command` on every worker at once; results in the order of `workers`."""
     if not workers:
         return []
+    failed = prepare(transport, node)
+    if failed is not None:  # the transport could not get ready (gcloud failed): no worker tried
+        return [replace(failed, worker=w.index, address=w.address(getattr(transport, "internal_ip", False)))
+                for w in workers]
 
     def one(w: WorkerEndpoint) -> SshResult:
         data = stdin(w) if callable(stdin) else stdin
@@ -473,11 +417,6 @@ class Stream:
         """End the session from our side (the remote job is not touched)."""
         with self._lock:
             self._closed = True
-            proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            deadline = time.monotonic() + 2
-            while proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.02)
-            if proc.poll() is None:
-                proc.kill()
+            popen = self._proc
+        if popen is not None and popen.poll() is None:
+            procgroup.kill_group(popen)

@@ -1,0 +1,260 @@
+"""The gcloud transport: `gcloud compute tpus tpu-vm ssh` once per node incarnation, then OpenSSH.
+
+What gcloud's TPU ssh does on every call (gcloud 528, command_lib/compute/tpus/tpu_vm/ssh.py):
+get the node, refuse a node in an unusable state (exit 1, "This TPU has state ..."), read the
+workers' guest attributes, get the Compute project, and with OS Login on (`enable-oslogin`) read
+the user's login profile, import the key if it is not there, and log in as the profile's POSIX
+name (`alice_example_com`) instead of the local one; without OS Login it adds the key to the
+node's `ssh-keys` metadata if the project has not got it. Then it runs ssh, retrying 10 times
+5 s apart, and exits with ssh's status: 1 means gcloud failed or the command exited 1.
+
+So one gcloud call per worker per probe costs four or five API calls each and cannot tell its
+own failures from the job's. Here gcloud runs once per node id (a new node, a new incarnation),
+on worker 0, to prepare the keys and the user; its remote command prints the user the worker
+really logged it in as. Every later connection is OpenSSH (ssh.py) as that user with gcloud's
+key, pinned and classified as the openssh transport does. gcloud's own failures are told apart:
+no `@tpuwatch login` line means the command never ran, and gcloud's words say why.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tpuwatch.errors import CloudError
+from tpuwatch.model import LOGIN_USER, Login, NodeSnapshot, WorkerEndpoint
+from tpuwatch.workers import proc as procgroup
+from tpuwatch.workers.ssh import (
+    STDERR_TAIL,
+    Failure,
+    OpenSsh,
+    SshResult,
+    _decode,
+    _last_line,
+    classify,
+)
+
+DEFAULT_KEY = "~/.ssh/google_compute_engine"  # the key gcloud makes and uses
+PREPARE_WORKER = 0  # keys and the user are node-wide (metadata) or project-wide (OS Login)
+LOGIN_RECORD = "@tpuwatch login "
+# sshd sets USER and LOGNAME to the account it logged us in as
+LEARN_COMMAND = "printf '@tpuwatch login user=%s home=%s\\n' \"${USER:-$(id -un)}\" \"$HOME\""
+
+# gcloud's own failures, in its own words
+_CREDENTIALS = re.compile(
+    r"problem refreshing your current auth tokens|Reauthentication (failed|required)"
+    r"|do not currently have an active account selected|gcloud auth login|invalid_grant"
+    r"|Request had invalid authentication credentials|UNAUTHENTICATED",
+    re.IGNORECASE,
+)
+_UNUSABLE = re.compile(r"This TPU has (terminal )?state|going through a maintenance event", re.IGNORECASE)
+_NOT_FOUND = re.compile(r"NOT_FOUND|was not found", re.IGNORECASE)
+_PERMISSION = re.compile(r"PERMISSION_DENIED|Permission .* denied on|Required '.*' permission", re.IGNORECASE)
+_SSH_EXIT = re.compile(r"\[[^\]]*ssh\] exited with return code \[(\d+)\]")
+
+
+
+
+def parse_login(node_id: str, stdout: str) -> Login | None:
+    """The `@tpuwatch login user=... home=...` line of the learn command, or None."""
+    for line in stdout.splitlines():
+        if not line.startswith(LOGIN_RECORD):
+            continue
+        fields = dict(part.split("=", 1) for part in line[len(LOGIN_RECORD):].split(" ") if "=" in part)
+        user = fields.get("user", "")
+        if LOGIN_USER.fullmatch(user):
+            return Login(node_id, user, fields.get("home", ""))
+    return None
+
+
+def gcloud_failure(rc: int | None, stderr: str) -> tuple[Failure, str]:
+    """Why a prepare run printed no login line: a failure kind and gcloud's own last words.
+
+    "credentials" needs a person (`gcloud auth login`); a node gcloud calls unusable or cannot
+    find is "unreachable" (the watcher sees its state through the API); an ssh failure after
+    gcloud's own retries is classified from ssh's words.
+    """
+    last = _gcloud_last(stderr)
+    if _CREDENTIALS.search(stderr):
+        return "credentials", last
+    m = _SSH_EXIT.search(stderr)
+    if m is not None:
+        return (classify(int(m.group(1)), stderr) or "unreachable"), last
+    if _UNUSABLE.search(stderr) or _NOT_FOUND.search(stderr):
+        return "unreachable", last
+    if _PERMISSION.search(stderr):
+        return "credentials", last
+    return "unreachable", last
+
+
+def _gcloud_last(stderr: str) -> str:
+    errors = [ln.strip() for ln in stderr.splitlines() if ln.strip().startswith("ERROR:")]
+    return errors[-1] if errors else _last_line(stderr)
+
+
+class GcloudSsh:
+    """ssh.transport = "gcloud": gcloud prepares each node incarnation, OpenSSH connects.
+
+    The OpenSSH side is the openssh transport itself (host keys pinned per node id in the job's
+    own known_hosts), with the user gcloud logged in as and gcloud's key.
+    """
+
+    name = "gcloud"
+
+    def __init__(
+        self,
+        *,
+        openssh: OpenSsh,
+        user: str = "",
+        identity_file: str = "",
+        internal_ip: bool = False,
+        connect_timeout: float = 10.0,
+        options: tuple[str, ...] = (),
+        prepare_timeout: float = 120.0,
+        binary: str = "gcloud",
+    ) -> None:
+        self.ssh = openssh
+        self.user = user  # asked for; OS Login may swap in another name
+        self.identity_file = identity_file
+        self.internal_ip = internal_ip
+        self.connect_timeout = connect_timeout
+        self.options = tuple(options)
+        self.prepare_timeout = prepare_timeout
+        self.binary = binary
+        self.port = openssh.port
+        self.prepare_calls = 0  # gcloud runs so far (tests, benchmarks)
+        self._logins: dict[str, Login] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, ssh: Mapping[str, Any], state_dir: Path, **kw: Any) -> GcloudSsh:
+        key = str(ssh.get("identity_file") or DEFAULT_KEY)
+        openssh = OpenSsh.from_config({**ssh, "identity_file": key}, state_dir)
+        return cls(
+            openssh=openssh,
+            user=str(ssh.get("user") or ""),
+            identity_file=openssh.identity_file,
+            internal_ip=bool(ssh.get("internal_ip", False)),
+            connect_timeout=float(ssh.get("connect_timeout", 10.0)),
+            options=tuple(ssh.get("options", ())),
+            # gcloud retries ssh itself (10 x 5 s) while new keys propagate: let it
+            prepare_timeout=max(120.0, float(ssh.get("command_timeout", 60.0))),
+            **kw,
+        )
+
+    # -- what the watcher has learned -----------------------------------------------------
+    def login(self, node: NodeSnapshot) -> Login | None:
+        """The login learned for this node incarnation, if any."""
+        with self._lock:
+            return self._logins.get(_incarnation(node))
+
+    def remember(self, login: Login) -> None:
+        """A login learned earlier (the journal's): no gcloud run for that incarnation."""
+        if login.via == "gcloud" and login.node_id:
+            with self._lock:
+                self._logins.setdefault(login.node_id, login)
+
+    def forget(self, node: NodeSnapshot) -> None:
+        """Prepare again on next use (the login was refused: keys gone, user changed)."""
+        with self._lock:
+            self._logins.pop(_incarnation(node), None)
+
+    # -- Transport -----------------------------------------------------------------------
+    def check(self) -> None:
+        # gcloud creates ~/.ssh/google_compute_engine itself on its first run: only a key that
+        # exists and cannot be read is an error here.
+        if Path(self.identity_file).exists():
+            self.ssh.check()
+
+    def prepare(self, node: NodeSnapshot) -> SshResult | None:
+        """Run gcloud once for this node incarnation; None when ready, else the failure."""
+        key = _incarnation(node)
+        with self._lock:  # one gcloud run at a time; the other workers' threads wait for it
+            if key in self._logins:
+                return None
+            workers = sorted(node.workers, key=lambda w: w.index)
+            worker = next((w for w in workers if w.index == PREPARE_WORKER), workers[0] if workers else None)
+            if worker is None:
+                return SshResult(0, "", None, "", "", "unreachable", f"{node.name} has no workers yet")
+            self.prepare_calls += 1
+            argv = self.prepare_argv(node, worker)
+            address = worker.address(self.internal_ip)
+            try:
+                done = procgroup.run(argv, b"", self.prepare_timeout)
+            except OSError as exc:
+                return SshResult(worker.index, address, None, "", str(exc), "missing",
+                                 f"cannot run {self.binary!r}: {exc}; install the Google Cloud CLI")
+            out, err = _decode(done.stdout), _decode(done.stderr)
+            login = parse_login(key, out) if not done.timed_out else None
+            if login is not None:
+                self._logins[key] = login
+                return None
+            if done.timed_out:
+                return SshResult(worker.index, address, None, out, err[-STDERR_TAIL:], "timeout",
+                                 f"`gcloud compute tpus tpu-vm ssh {node.name}` did not finish in "
+                                 f"{self.prepare_timeout:.0f}s ({_gcloud_last(err) or 'no output'}); it is "
+                                 "ended with every process it started and tried again next tick")
+            failure, last = gcloud_failure(done.returncode, err)
+            return SshResult(worker.index, address, done.returncode, out, err[-STDERR_TAIL:], failure,
+                             self._describe_prepare(node, failure, done.returncode, last))
+
+    def prepare_argv(self, node: NodeSnapshot, worker: WorkerEndpoint) -> list[str]:
+        target = f"{self.user}@{node.name}" if self.user else node.name
+        argv = [
+            self.binary, "compute", "tpus", "tpu-vm", "ssh", target,
+            f"--zone={node.zone}", f"--project={node.project}", f"--worker={worker.index}",
+            f"--command={LEARN_COMMAND}", "--quiet",
+        ]
+        if self.internal_ip:
+            argv.append("--internal-ip")
+        argv.append(f"--ssh-key-file={self.identity_file}")
+        # the user's options first: for ssh the first value of an option wins
+        flags = ["-T", *[f"-o{o}" for o in self.options], "-oBatchMode=yes",
+                 f"-oConnectTimeout={max(1, int(self.connect_timeout))}", "-oLogLevel=ERROR", f"-oPort={self.port}"]
+        return argv + [f"--ssh-flag={f}" for f in flags]
+
+    def argv(self, node: NodeSnapshot, worker: WorkerEndpoint, remote_command: str) -> list[str]:
+        login = self.login(node)
+        if login is None:  # a caller that did not prepare (a log stream): do it now
+            self.prepare(node)
+            login = self.login(node)
+        user = login.user if login is not None else (self.user or self.ssh.user)
+        return self.ssh.argv(node, worker, remote_command, user=user)
+
+    def describe_failure(self, node: NodeSnapshot, worker: WorkerEndpoint, failure: Failure,
+                         stderr: str) -> str:
+        login = self.login(node)
+        if failure == "auth" and login is not None:
+            self.forget(node)  # prepare again next time: gcloud adds the key back
+            return (f"worker {worker.index} of {node.name} refused the login as {login.user!r} that gcloud "
+                    f"prepared ({_last_line(stderr)}); gcloud prepares the node again on the next try")
+        return self.ssh.describe_failure(node, worker, failure, stderr)
+
+    def _describe_prepare(self, node: NodeSnapshot, failure: Failure, rc: int | None, last: str) -> str:
+        said = f"gcloud exited {rc}: {last}" if last else f"gcloud exited {rc}"
+        cmd = f"`gcloud compute tpus tpu-vm ssh {node.name} --zone={node.zone}`"
+        if failure == "credentials":
+            return (f"{cmd} cannot use your Google credentials ({said}); run `gcloud auth login` "
+                    "(or fix the account's permissions) and tpuwatch goes on by itself")
+        if failure == "auth":
+            return (f"{cmd} could not log in to worker {PREPARE_WORKER} ({said}); check OS Login "
+                    "(roles/compute.osAdminLogin) or the key in ssh.identity_file")
+        if failure == "host_key":
+            return f"{cmd} refused worker {PREPARE_WORKER}'s host key ({said})"
+        return f"{cmd} did not reach worker {PREPARE_WORKER} ({said}); tried again next tick"
+
+
+def _incarnation(node: NodeSnapshot) -> str:
+    return node.id or f"{node.zone}/{node.name}"
+
+
+def raise_if_gcloud_fatal(r: SshResult) -> None:
+    """Expired or missing Google credentials: a person must run `gcloud auth login` (exit 3)."""
+    if r.failure == "credentials":
+        raise CloudError(r.message)
+
+
+__all__ = ["GcloudSsh", "Login", "gcloud_failure", "parse_login", "raise_if_gcloud_fatal"]
