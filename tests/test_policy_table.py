@@ -514,7 +514,7 @@ def test_not_owned_message_names_the_label_it_has() -> None:
     assert isinstance(person, NeedsPerson) and person.evidence == ("it has tpuwatch-job=job-2",)
 
 
-# -- environment checks: tpuwatch.precheck results in Observation.precheck ----------
+# -- environment checks: tpuwatch.workers.precheck results in Observation.precheck ----------
 
 
 def test_row_precheck_fix() -> None:

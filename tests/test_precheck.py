@@ -1,5 +1,5 @@
 """Environment checks: precheck.sh run by a local bash exactly as a worker runs it,
-the verdicts tpuwatch.precheck draws from its answers, and the [precheck] config.
+the verdicts tpuwatch.workers.precheck draws from its answers, and the [precheck] config.
 
 HOME and TPUWATCH_HOST_ROOT point into tmp_path, so the fake /dev/accel*, /dev/shm and
 /tmp/libtpu_lockfile are private to each test. The SSH path is in test_precheck_sim.py.
@@ -21,7 +21,7 @@ from tpuwatch.config import validate
 from tpuwatch.errors import ConfigError
 from tpuwatch.model import CheckItem, Checkpoint
 from tpuwatch.policy import Memory, Phase
-from tpuwatch.precheck import (
+from tpuwatch.workers.precheck import (
     CustomCheck,
     Settings,
     checkpoint_warning,

@@ -156,7 +156,7 @@ CheckVerdict = Literal["pass", "fail", "warn", "skip"]
 
 @dataclass(frozen=True)
 class CheckItem:
-    """One environment check on one worker (tpuwatch.precheck): what was measured, against what."""
+    """One environment check on one worker (tpuwatch.workers.precheck): what was measured, against what."""
 
     check: str  # disk, shm, cache, ulimit, dns, devices, device_holders, libtpu_lock, interpreter, custom:<name>
     worker: int

@@ -95,7 +95,7 @@ class Workers(Protocol):
 
 
 class Prechecker(Protocol):
-    """The environment checks of the workers (tpuwatch.precheck.Prechecker)."""
+    """The environment checks of the workers (tpuwatch.workers.precheck.Prechecker)."""
 
     @property
     def enabled(self) -> bool:

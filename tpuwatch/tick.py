@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from tpuwatch import precheck, recreate
+from tpuwatch import recreate
 from tpuwatch.cloud.lifecycle import Lifecycle
 from tpuwatch.config import Config
 from tpuwatch.durations import human
@@ -59,7 +59,7 @@ from tpuwatch.policy import (
 )
 from tpuwatch.policy.observe import audit_due, launch_likely, precheck_due
 from tpuwatch.ports import AuditLog, CheckpointStore, NodeLifecycle, Prechecker, TpuApi, Workers
-from tpuwatch.workers import login
+from tpuwatch.workers import login, precheck
 
 
 def port_open(host: str, port: int, timeout: float) -> bool:
@@ -255,7 +255,7 @@ class Reconciler:
             report = replace(report, precheck=pre)
         return replace(report, decision=decision, done=tuple(done))
 
-    # -- environment checks (tpuwatch.precheck) -----------------------------------------------
+    # -- environment checks (tpuwatch.workers.precheck) -----------------------------------------------
 
     def _checks(self) -> Prechecker | None:
         checker = self.ports.precheck

@@ -57,7 +57,7 @@ def real_ports(job: Job) -> Ports:
 
     ckpt_dir = cfg.job["checkpoint_dir"]
     checkpoints = CheckpointDir(ckpt_dir, cfg.job["checkpoint_layout"]) if ckpt_dir else None
-    from tpuwatch.precheck import Prechecker
+    from tpuwatch.workers.precheck import Prechecker
 
     return Ports(
         tpu_for=tpu_for,

@@ -163,7 +163,7 @@ class Runner:
         poll: float = 2.0,
         debug: bool = False,
         reconnect_wait: float = 1.0,
-        prechecker: Any = None,  # tpuwatch.precheck.Prechecker, or None (checks off)
+        prechecker: Any = None,  # tpuwatch.workers.precheck.Prechecker, or None (checks off)
     ) -> None:
         self.workers = workers
         self.prechecker = prechecker
@@ -250,7 +250,7 @@ class Runner:
         that fails one is not launched on; `run` does not recover it, `watch` would."""
         if self.prechecker is None:
             return
-        from tpuwatch.precheck import failing_lines, summary
+        from tpuwatch.workers.precheck import failing_lines, summary
 
         report = self.prechecker.run(node, context="launch")
         self.out.note(summary(report), event="precheck", ok=report.ok)
@@ -440,7 +440,7 @@ def command(ctx: click.Context, config_path: Path, project: str | None, zone: st
         checkpoints = CheckpointDir(label, cfg.job["checkpoint_layout"])
     prechecker = None
     if cfg.precheck["enabled"]:
-        from tpuwatch.precheck import Prechecker
+        from tpuwatch.workers.precheck import Prechecker
 
         prechecker = Prechecker.from_config(cfg, workers)
     runner = Runner(workers, checkpoints=checkpoints, checkpoint_label=label, prechecker=prechecker,

@@ -64,7 +64,7 @@ def job_rows(node: NodeSnapshot) -> list[tuple[str, str]]:
     rows = [("job", facts["job"])]
     pre = facts["precheck"]
     if pre is not None:
-        from tpuwatch.precheck import failing_lines, report_from_dict, summary
+        from tpuwatch.workers.precheck import failing_lines, report_from_dict, summary
 
         report = report_from_dict(pre)
         age = human(max(0.0, (datetime.now(timezone.utc) - report.time).total_seconds()))

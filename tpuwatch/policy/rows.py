@@ -95,7 +95,7 @@ ROWS: tuple[Row, ...] = (
         "seen, at least 30m, and the workers' logs silent as long)",
         "stop all workers; a charged failure (\"hung: no new checkpoint for ...\"), counted in the "
         "no-progress streak when the attempt added no checkpoint; backoff, then relaunch"),
-    # Environment checks (tpuwatch.precheck). A failing check is evidence against the
+    # Environment checks (tpuwatch.workers.precheck). A failing check is evidence against the
     # node, never charged to max_restarts; a job that fails with every check passing is charged
     # as before (`failure`).
     Row("precheck_fix", "environment checks fail before a launch, every failing item fixable "

@@ -116,7 +116,7 @@ class Memory:
     queued_since: datetime | None = None
     queue_tries: int = 0
     retry_at: datetime | None = None
-    # environment checks (tpuwatch.precheck) failing before a launch, since when (not charged)
+    # environment checks (tpuwatch.workers.precheck) failing before a launch, since when (not charged)
     env_failing_since: datetime | None = None
     # hang detection (recovery.hang_timeout): the newest checkpoint step seen during the attempt,
     # when a tick first saw it (for stores that give no checkpoint time), and its time

@@ -126,7 +126,7 @@ class Observation:
     recreate_missing: bool = False  # --recreate-missing
     dry_run: bool = False  # --dry-run: decide, but keep the memory as it was
     checks: bool = False  # the tick can run the workers' environment checks (precheck.enabled)
-    # The environment checks of the workers (tpuwatch.precheck), when this tick ran them: before
+    # The environment checks of the workers (tpuwatch.workers.precheck), when this tick ran them: before
     # a launch (context "launch": the tick decides once without them, and again with them when
     # the first decision launches), or periodically while the job runs (context "running").
     precheck: PrecheckReport | None = None

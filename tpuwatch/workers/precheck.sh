@@ -1,7 +1,7 @@
 # tpuwatch worker-side environment checks (docs/precheck.md; docs/design.md, "Worker-side protocol").
 #
 # Shipped inside the package and sent over the SSH connection as the stdin of `bash -s`, like
-# remote.sh: nothing is installed on the workers. tpuwatch.precheck wraps it in one `{ ... }`
+# remote.sh: nothing is installed on the workers. tpuwatch.workers.precheck wraps it in one `{ ... }`
 # group behind shell-quoted TW_* assignments, so a truncated upload runs nothing.
 #
 # It MEASURES and reports; it decides nothing. Thresholds are applied by tpuwatch (precheck.py),
@@ -182,27 +182,6 @@ twp_devices() {
   twp_emit devices "count=${#twp_devices[@]}" "found=${names# }"
 }
 
-twp_ancestors=" "
-twp_find_ancestors() {
-  local p=$BASHPID s
-  twp_ancestors=" $$ $BASHPID "
-  while [ -n "$p" ] && [ "$p" != 0 ] && [ "$p" != 1 ]; do
-    IFS= read -r s 2>/dev/null <"/proc/$p/stat" || break
-    s=${s##*) }
-    read -r _ p _ <<<"$s"
-    twp_ancestors="$twp_ancestors$p "
-  done
-}
-
-twp_alive() {
-  local s st
-  IFS= read -r s 2>/dev/null <"/proc/$1/stat" || return 1
-  s=${s##*) }
-  read -r st _ <<<"$s"
-  case $st in Z | X | x) return 1 ;; esac
-  return 0
-}
-
 twp_is_ours() {  # pid $1 runs with TPUWATCH_JOB=$TW_JOB in its environment
   local e
   e=$(tr '\0' '\n' <"/proc/$1/environ" 2>/dev/null) || return 1
@@ -212,35 +191,10 @@ twp_is_ours() {  # pid $1 runs with TPUWATCH_JOB=$TW_JOB in its environment
   return 1
 }
 
-twp_glob_escape() { printf '%s' "$1" | sed 's/[][*?\\]/\\&/g'; }
-
-# A plain user cannot read other users' /proc/<pid>/fd: scan as root, through `sudo -n` where
-# allowed, or else only our own processes (the device_holders record says which: scan=).
-twp_fd_scan=own
-if [ "$(id -u)" = 0 ]; then
-  twp_fd_scan=root
-elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-  twp_fd_scan=sudo
-fi
-
 twp_holders() {  # live pids (not us) with an open fd on one of the given paths
-  local args=() f line p out=" " find=(find)
-  [ "$twp_fd_scan" = sudo ] && find=(sudo -n find)
-  for f in "$@"; do
-    [ ${#args[@]} -gt 0 ] && args+=(-o)
-    args+=(-lname "$(twp_glob_escape "$f")")
-  done
-  [ ${#args[@]} -gt 0 ] || return 0
-  while IFS= read -r line; do
-    p=${line#/proc/}
-    p=${p%%/*}
-    case $p in '' | *[!0-9]*) continue ;; esac
-    case "$twp_ancestors$out" in *" $p "*) continue ;; esac
-    twp_alive "$p" || continue
-    out="$out$p "
-  done < <("${find[@]}" /proc/[0-9]*/fd -mindepth 1 -maxdepth 1 \( "${args[@]}" \) -print 2>/dev/null)
-  out=${out# }
-  printf '%s' "${out% }"
+  local globs=() f
+  for f in "$@"; do globs+=("$(tw_glob_escape "$f")"); done
+  tw_holders "${globs[@]}"
 }
 
 twp_describe_pids() {  # "pid:comm pid:comm" for pids $1
@@ -258,7 +212,7 @@ twp_device_holders() {
   for p in $holders; do
     if twp_is_ours "$p"; then ours="$ours $p"; else foreign="$foreign $p"; fi
   done
-  twp_emit device_holders "ours=${ours# }" "foreign=$(twp_describe_pids "$foreign")" "scan=$twp_fd_scan"
+  twp_emit device_holders "ours=${ours# }" "foreign=$(twp_describe_pids "$foreign")" "scan=$tw_fd_scan"
 }
 
 twp_libtpu_lock() {
@@ -326,7 +280,7 @@ twp_custom() {
 }
 
 twp_main() {
-  twp_find_ancestors
+  tw_find_ancestors
   twp_find_devices
   twp_wants disk && twp_disk
   twp_wants shm && twp_shm

@@ -38,9 +38,16 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @lru_cache(maxsize=1)
+def packaged(name: str) -> str:
+    """The text of a worker-side script as shipped in the package, behind the shared process
+    helpers (procs.sh) it uses."""
+    files = resources.files("tpuwatch.workers")
+    return files.joinpath("procs.sh").read_text(encoding="utf-8") + "\n" + files.joinpath(name).read_text(encoding="utf-8")
+
+
 def remote_script() -> str:
-    """The text of remote.sh as shipped in the package."""
-    return resources.files("tpuwatch.workers").joinpath("remote.sh").read_text(encoding="utf-8")
+    """remote.sh (probe, launch, stop, follow) as it runs on a worker."""
+    return packaged("remote.sh")
 
 
 # ---- the command template -------------------------------------------------------------------
@@ -162,20 +169,39 @@ def _word(name: str, value: str) -> str:
     return shlex.quote(value)
 
 
-def script(action: str, job: str, **values: str | int | float | list[str]) -> bytes:
-    """remote.sh for one action, behind `TW_*=<quoted>` assignments, as one `{ ... }` group."""
+Value = str | int | float | list[str]
+
+
+def wrap(body: str, job: str, inputs: Mapping[str, tuple[str, Value]]) -> bytes:
+    """`body` behind `TW_JOB` and `TW_<NAME>=<quoted>` assignments, as one `{ ... }` group, so a
+    truncated upload runs nothing. `inputs` maps NAME to (the key to name in an error, value);
+    a list becomes a bash array. Every value reaches bash only as a quoted word."""
     if not _JOB.match(job):
         raise UsageError(f"job.name: {job!r} cannot name a directory on the workers")
-    lines = ["{", f"TW_ACTION={_word('action', action)}", f"TW_JOB={_word('job.name', job)}"]
-    for name, value in values.items():
-        var = "TW_" + name.upper()
+    lines = ["{", f"TW_JOB={_word('job.name', job)}"]
+    for name, (key, value) in inputs.items():
         if isinstance(value, list):
-            lines.append(f"{var}=(" + " ".join(_word(name, v) for v in value) + ")")
+            lines.append(f"TW_{name.upper()}=(" + " ".join(_word(key, v) for v in value) + ")")
         else:
-            lines.append(f"{var}={_word(name, str(value))}")
-    lines.append(remote_script().rstrip("\n"))
+            lines.append(f"TW_{name.upper()}={_word(key, str(value))}")
+    lines.append(body.rstrip("\n"))
     lines.append("}")
     return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def env_pairs(env: Mapping[str, str] | None) -> list[str]:
+    """[job] env as NAME=value words; ConfigError naming a key that is not a variable name."""
+    pairs = []
+    for name, value in (env or {}).items():
+        if not _ENV_NAME.match(name):
+            raise ConfigError(f"job.env.{name}: not a valid environment variable name")
+        pairs.append(f"{name}={value}")
+    return pairs
+
+
+def script(action: str, job: str, **values: Value) -> bytes:
+    """remote.sh for one action, behind its `TW_*=<quoted>` inputs."""
+    return wrap(remote_script(), job, {"action": ("action", action), **{k: (k, v) for k, v in values.items()}})
 
 
 def probe_script(job: str) -> bytes:
@@ -194,16 +220,11 @@ def launch_script(
     extra: dict[str, str | int | float | list[str]] = {}
     if clean_grace is not None:
         extra["clean_ms"] = max(0, int(clean_grace * 1000))
-    pairs = []
-    for name, value in (env or {}).items():
-        if not _ENV_NAME.match(name):
-            raise ConfigError(f"job.env.{name}: not a valid environment variable name")
-        pairs.append(f"{name}={value}")
     return script(
         "launch", job, attempt=attempt, worker=worker,
         checkpoint=checkpoint.path if checkpoint else "",
         step="" if checkpoint is None else str(checkpoint.step),
-        command=command, env=pairs, **extra,
+        command=command, env=env_pairs(env), **extra,
     )
 
 

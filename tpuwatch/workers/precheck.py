@@ -27,12 +27,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import lru_cache
-from importlib import resources
 from typing import TYPE_CHECKING, Any, Literal
 
 from tpuwatch.config import PRECHECK_IDS
 from tpuwatch.durations import human
-from tpuwatch.errors import ConfigError, UsageError
 from tpuwatch.model import (
     CheckItem,
     Checkpoint,
@@ -42,6 +40,7 @@ from tpuwatch.model import (
     WorkerEndpoint,
     WorkerProbe,
 )
+from tpuwatch.workers import protocol
 
 if TYPE_CHECKING:
     from tpuwatch.config import Config
@@ -53,16 +52,14 @@ Context = Literal["launch", "running"]
 MARK = "@tpuwatch-check "
 END = "@tpuwatch-check-end"
 BASE_TIMEOUT = 30.0  # seconds for the built-in checks of one worker (they take well under one)
-_JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PYTHON = re.compile(r"^(python|python[23](\.\d+)?|pypy3?)$")
 _SEPARATORS = frozenset({";", "&&", "||", "|", "&", "(", ")", "\n", "|&"})
 
 
 @lru_cache(maxsize=1)
 def precheck_script() -> str:
-    """The text of precheck.sh as shipped in the package."""
-    return resources.files("tpuwatch.workers").joinpath("precheck.sh").read_text(encoding="utf-8")
+    """precheck.sh as it runs on a worker."""
+    return protocol.packaged("precheck.sh")
 
 
 @dataclass(frozen=True)
@@ -174,42 +171,20 @@ def interpreter_of(command: str) -> str:
 # ---- what is sent ---------------------------------------------------------------------------
 
 
-def _word(name: str, value: str) -> str:
-    if "\x00" in value:
-        raise UsageError(f"{name}: contains a NUL character, which cannot be passed to a command")
-    return shlex.quote(value)
-
-
-def _array(name: str, values: Sequence[str]) -> str:
-    return "(" + " ".join(_word(name, v) for v in values) + ")"
-
-
 def script(settings: Settings, *, job: str, peers: Sequence[str], interpreter: str = "",
            env: Mapping[str, str] | None = None) -> bytes:
-    """precheck.sh for one worker, behind its TW_* inputs, as one `{ ... }` group."""
-    if not _JOB.match(job):
-        raise UsageError(f"job.name: {job!r} cannot name a job on the workers")
-    pairs = []
-    for name, value in (env or {}).items():
-        if not _ENV_NAME.match(name):
-            raise ConfigError(f"job.env.{name}: not a valid environment variable name")
-        pairs.append(f"{name}={value}")
+    """precheck.sh for one worker, behind its TW_* inputs (the protocol's own wrapper)."""
     custom = settings.custom_checks
-    lines = [
-        "{",
-        f"TW_JOB={_word('job.name', job)}",
-        f"TW_CHECKS={_word('precheck.skip', ' '.join(settings.checks))}",
-        f"TW_CACHE_PATH={_word('precheck.cache_path', settings.cache_path)}",
-        f"TW_PEERS={_array('peers', list(peers))}",
-        f"TW_INTERPRETER={_word('job.command', interpreter)}",
-        f"TW_ENV={_array('job.env', pairs)}",
-        f"TW_CUSTOM_NAME={_array('precheck.custom.name', [c.name for c in custom])}",
-        f"TW_CUSTOM_CMD={_array('precheck.custom.command', [c.command for c in custom])}",
-        f"TW_CUSTOM_TIMEOUT={_array('precheck.custom.timeout', [f'{c.timeout:g}s' for c in custom])}",
-        precheck_script().rstrip("\n"),
-        "}",
-    ]
-    return ("\n".join(lines) + "\n").encode("utf-8")
+    return protocol.wrap(precheck_script(), job, {
+        "checks": ("precheck.skip", " ".join(settings.checks)),
+        "cache_path": ("precheck.cache_path", settings.cache_path),
+        "peers": ("peers", list(peers)),
+        "interpreter": ("job.command", interpreter),
+        "env": ("job.env", protocol.env_pairs(env)),
+        "custom_name": ("precheck.custom.name", [c.name for c in custom]),
+        "custom_cmd": ("precheck.custom.command", [c.command for c in custom]),
+        "custom_timeout": ("precheck.custom.timeout", [f"{c.timeout:g}s" for c in custom]),
+    })
 
 
 # ---- what comes back ------------------------------------------------------------------------

@@ -1,0 +1,69 @@
+# tpuwatch worker-side process helpers, shared by remote.sh and precheck.sh: sent in front of
+# each (tpuwatch/workers/protocol.py), never run alone. Which processes are alive, which are our
+# own shell and its ancestors (never signalled), and which hold a file open.
+
+tw_stat() {  # sets TW_STATE TW_PPID TW_PGRP TW_SESS for pid $1 (no fork), or fails
+  local s
+  IFS= read -r s 2>/dev/null <"/proc/$1/stat" || return 1
+  s=${s##*) }
+  read -r TW_STATE TW_PPID TW_PGRP TW_SESS _ <<<"$s"
+}
+
+tw_alive() {  # pid $1 exists and is not a zombie
+  tw_stat "$1" || return 1
+  case $TW_STATE in
+    Z | X | x) return 1 ;;
+  esac
+  return 0
+}
+
+tw_ancestors=" "
+tw_find_ancestors() {  # our own shell and everything above it: never signalled
+  local p=$BASHPID
+  tw_ancestors=" $$ $BASHPID "
+  while [ -n "$p" ] && [ "$p" != 0 ] && [ "$p" != 1 ]; do
+    tw_stat "$p" || break
+    p=$TW_PPID
+    tw_ancestors="$tw_ancestors$p "
+  done
+}
+
+tw_glob_escape() {  # $1 with find -lname's wildcard characters made literal
+  printf '%s' "$1" | sed 's/[][*?\\]/\\&/g'
+}
+
+# A plain user cannot read other users' /proc/<pid>/fd: their device holders are invisible. Scan
+# as root, or through `sudo -n` where it is allowed without a password, or else only our own
+# processes, and say which in the result (device_scan=root|sudo|own).
+tw_fd_scan=""
+tw_scan_how() {
+  [ -n "$tw_fd_scan" ] && return 0
+  if [ "$(id -u)" = 0 ]; then
+    tw_fd_scan=root
+  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    tw_fd_scan=sudo
+  else
+    tw_fd_scan=own
+  fi
+}
+
+tw_holders() {  # live pids (not us, not our ancestors) with an open fd matching a -lname glob
+  local args=() g line p out=" " find=(find)
+  tw_scan_how
+  [ "$tw_fd_scan" = sudo ] && find=(sudo -n find)
+  for g in "$@"; do
+    [ ${#args[@]} -gt 0 ] && args+=(-o)
+    args+=(-lname "$g")
+  done
+  [ ${#args[@]} -gt 0 ] || return 0
+  while IFS= read -r line; do
+    p=${line#/proc/}
+    p=${p%%/*}
+    case $p in '' | *[!0-9]*) continue ;; esac
+    case "$tw_ancestors$out" in *" $p "*) continue ;; esac
+    tw_alive "$p" || continue
+    out="$out$p "
+  done < <("${find[@]}" /proc/[0-9]*/fd -mindepth 1 -maxdepth 1 \( "${args[@]}" \) -print 2>/dev/null)
+  out=${out# }
+  printf '%s' "${out% }"
+}
