@@ -79,7 +79,7 @@ def test_a_hanging_webhook_never_holds_up_a_tick(tmp_path: Path) -> None:
         assert n.after_tick(None) == 1
         assert not hook.release.is_set() and len(hook.requests) == 1
         assert [r.kind for r in j.deliveries(pending_only=True)] == ["needs_person", "done"]
-        n._stop.set()  # no flush: the hook still holds the request
+        n.close(0)  # no flush: the hook still holds the request, and close does not wait for it
         hook.release.set()
 
 
@@ -137,7 +137,8 @@ def test_a_crash_before_sending_loses_nothing_and_the_next_start_sends_it_once(t
             assert n.flush(60)
             n.close(5)
         assert len(hook.answered) == 1
-        assert "preemption: attempt 2 was ended by a disruption" in hook.answered[0]["body"]["text"]
+        assert "preemption: attempt 2 ended by a disruption (node state PREEMPTED at x), not charged" in \
+            hook.answered[0]["body"]["text"]
 
 
 def test_a_new_notify_table_does_not_send_the_journal_s_history(tmp_path: Path) -> None:
@@ -161,7 +162,7 @@ def test_only_the_kinds_a_target_asks_for_reach_it(tmp_path: Path) -> None:
         n.close(5)
         assert [r["body"]["kind"] for r in a.answered] == ["done"]
         assert [r["body"]["kind"] for r in b.answered] == ["resumed"]
-        assert "launched attempt 2 from checkpoint step 40" in b.answered[0]["body"]["text"]
+        assert "resuming: launching attempt 2 from checkpoint step 40" in b.answered[0]["body"]["text"]
 
 
 @pytest.mark.parametrize("fmt", ["slack", "chat", "json"])
@@ -202,7 +203,7 @@ def test_maintenance_notices_alert_once_per_status(tmp_path: Path) -> None:
         assert n.after_tick(report("PENDING")) == 0  # tick after tick: the same notice
         assert n.after_tick(report("ONGOING")) == 1
         texts = [r.text for r in j.deliveries()]
-        assert "scheduled maintenance scheduled, window 2026-12-01T03:00Z to 2026-12-01T05:00Z" in texts[0]
+        assert "scheduled maintenance planned, window 2026-12-01T03:00Z to 2026-12-01T05:00Z" in texts[0]
         assert "under way" in texts[1]
 
 

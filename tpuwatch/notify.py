@@ -250,9 +250,9 @@ class Notifier:
         journal = self.journal.companion()
         try:
             while not self._stop.is_set():
+                self._wake.clear()  # before reading the generation: a flush asked after this wakes the next wait
                 with self._cond:
                     generation = self._asked
-                self._wake.clear()
                 try:
                     wait = self._round(journal)
                 except Exception as exc:  # a locked or full journal: say so, keep the thread, try again

@@ -53,7 +53,9 @@ def command(config_path: Path, project: str | None, zone: str | None, adopt: boo
         notes = outputs.after_tick(report)
         notes += outputs.close(report)
     if as_json:
-        click.echo(json.dumps(report.as_dict(), sort_keys=True))
+        out = report.as_dict()
+        out["warnings"] = [*out["warnings"], *notes]  # alerts not sent yet, or given up
+        click.echo(json.dumps(out, sort_keys=True))
     else:
         click.echo(f"{job.name}: {report.line()}")
         for line in (*report.done, *report.warnings, *notes):

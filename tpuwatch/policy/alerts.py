@@ -65,6 +65,12 @@ def disruption_kind(reason: str) -> str:
     return "other"
 
 
+def _sign(reason: str) -> str:
+    """The sign named in "attempt n: ..., ended by a disruption (<sign>)", else the whole reason."""
+    head, found, tail = reason.partition("ended by a disruption (")
+    return tail[:-1] if found and tail.endswith(")") else reason
+
+
 def _step(data: Mapping[str, Any]) -> str:
     ck = data.get("checkpoint")
     return f"checkpoint step {ck.get('step')}" if isinstance(ck, dict) else "scratch (no checkpoint yet)"
@@ -90,14 +96,15 @@ RULES: tuple[Rule, ...] = (
     Rule("fail", _always, "failed",
          lambda r, d: f"job FAILED: {r}. tpuwatch has stopped; a person must look (`tpuwatch history`)"),
     Rule("needs_person", _always, "needs_person",
-         lambda r, d: f"needs a person: {r}. The job resumes from its journal once it is fixed"),
+         lambda r, d: f"needs a person: {r}. Fix it; the next `tpuwatch watch` or `check` resumes from the journal"),
     Rule("attempt_end", lambda d: d.get("outcome") == "disruption", "disruption",
-         lambda r, d: f"{disruption_kind(r)}: attempt {d.get('attempt')} was ended by a disruption ({r}). Not "
-                      "charged; tpuwatch relaunches it from the newest checkpoint when the node is back"),
+         lambda r, d: f"{disruption_kind(r)}: attempt {d.get('attempt')} ended by a disruption ({_sign(r)}), not "
+                      "charged. tpuwatch gets the node back (waits for it to heal, or recreates it) and relaunches "
+                      "from the newest checkpoint"),
     Rule("wait", lambda d: d.get("reason") == "node created", "recreated",
          lambda r, d: f"node recreated: {r}"),
     Rule("launch", lambda d: int(d.get("attempt") or 0) > 1, "resumed",
-         lambda r, d: f"resumed: launched attempt {d.get('attempt')} from {_step(d)}"),
+         lambda r, d: f"resuming: launching attempt {d.get('attempt')} from {_step(d)}"),
     Rule("done", _always, "done", lambda r, d: f"job done: {r}"),
 )
 
@@ -127,7 +134,7 @@ def from_maintenance(where: Where, node_id: str, notice: UpcomingMaintenance | N
     end = notice.window_end.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%MZ") if notice.window_end else "?"
     stamp = int(notice.window_start.timestamp()) if notice.window_start else 0
     key = f"tpuwatch-{where.job}-maintenance-{node_id}-{stamp}-{notice.status.lower()}"
-    what = "under way" if notice.status == "ONGOING" else "scheduled"
+    what = "under way" if notice.status == "ONGOING" else "planned"
     early = " It can be started early (can_reschedule)." if notice.can_reschedule else ""
     text = (f"{where.prefix()}: {notice.type.lower()} maintenance {what}, window {start} to {end}. tpuwatch "
             f"relaunches the job from its newest checkpoint when the node is back; nothing to do.{early}")
