@@ -100,3 +100,19 @@ def test_an_unset_webhook_variable_is_exit_2_naming_the_key(sim: Simulator, tmp_
         assert not (tmp_path / "state" / "pod.db").exists()  # refused before anything was done
         # Commands that send no alerts do not need the secret.
         assert job.cli("history", "-c", str(job.cfg)).returncode == 1  # no journal yet, not exit 2
+
+
+def test_an_upcoming_maintenance_notice_is_alerted_once_however_often_cron_looks(
+        sim: Simulator, tmp_path: Path) -> None:
+    with Hook() as hook:
+        job = Job(sim, tmp_path, steps=10_000)
+        with_notify(job, hook, on='["maintenance"]')
+        sim.inject("upcoming-maintenance", node="pod")  # a week's notice (the default): PENDING throughout
+        for _ in range(3):
+            r = job.cli("check", "-c", str(job.cfg))
+            assert r.returncode == 0, r.stdout + r.stderr
+        (alert,) = hook.answered
+        body = alert["body"]
+        assert body["kind"] == "maintenance" and body["status"] == "PENDING" and body["type"] == "SCHEDULED"
+        assert body["text"].startswith("tpuwatch pod (node pod, us-central2-b): scheduled maintenance planned, "
+                                       "window "), body["text"]
