@@ -45,7 +45,7 @@ SNAP = metrics.Snapshot(
     job="llm", time=at(1000), phase="running", attempt=3, restarts=1, max_restarts=5, recreates=1,
     max_recreates=3, restarts_charged_total=1, recreates_total=1,
     disruptions={"maintenance": 1, "preemption": 1}, checkpoint_step=120, checkpoint_time=at(900),
-    resumes=(25.0, 400.0), goodput=0.8, api_requests={("TPU API", "get_node"): 42, ("Logging API", "list_log_entries"): 3})
+    resumes=(25.0, 400.0), goodput=0.8, api_requests={("tpu.googleapis.com", "get_node"): 42, ("logging.googleapis.com", "list_log_entries"): 3})
 
 
 def test_every_metric_is_named_by_prometheus_conventions_and_parses() -> None:
@@ -58,26 +58,26 @@ def test_every_metric_is_named_by_prometheus_conventions_and_parses() -> None:
         assert fam.name.startswith("tpuwatch_"), fam.name
         if fam.type == "counter":
             assert all(s.name.endswith(("_total", "_created")) for s in fam.samples), fam.samples
-        assert all(s.labels.get("job") == "llm" for s in fam.samples), fam.name
+        assert all(s.labels.get("job_name") == "llm" for s in fam.samples), fam.name
     got = samples(text)
-    job = (("job", "llm"),)
-    assert got[("tpuwatch_job_phase", (("job", "llm"), ("phase", "running")))] == 1
-    assert got[("tpuwatch_job_phase", (("job", "llm"), ("phase", "failed")))] == 0
+    job = (("job_name", "llm"),)
+    assert got[("tpuwatch_job_phase", (("job_name", "llm"), ("phase", "running")))] == 1
+    assert got[("tpuwatch_job_phase", (("job_name", "llm"), ("phase", "failed")))] == 0
     assert got[("tpuwatch_job_attempt", job)] == 3
     assert got[("tpuwatch_restart_budget_used", job)] == 1 and got[("tpuwatch_restart_budget", job)] == 5
     assert got[("tpuwatch_recreate_budget_used", job)] == 1 and got[("tpuwatch_recreate_budget", job)] == 3
     assert got[("tpuwatch_restarts_charged_total", job)] == 1
     assert got[("tpuwatch_recreates_total", job)] == 1
-    assert got[("tpuwatch_disruptions_total", (("job", "llm"), ("kind", "preemption")))] == 1
+    assert got[("tpuwatch_disruptions_total", (("job_name", "llm"), ("kind", "preemption")))] == 1
     assert got[("tpuwatch_checkpoint_step", job)] == 120
     assert got[("tpuwatch_checkpoint_age_seconds", job)] == 100
     assert got[("tpuwatch_goodput_ratio", job)] == pytest.approx(0.8)
-    assert got[("tpuwatch_api_requests_total", (("api", "TPU API"), ("job", "llm"), ("method", "get_node")))] == 42
+    assert got[("tpuwatch_api_requests_total", (("api", "tpu.googleapis.com"), ("job_name", "llm"), ("method", "get_node")))] == 42
     # the histogram: cumulative buckets, count and sum
-    assert got[("tpuwatch_time_to_resume_seconds_bucket", (("job", "llm"), ("le", "10.0")))] == 0
-    assert got[("tpuwatch_time_to_resume_seconds_bucket", (("job", "llm"), ("le", "30.0")))] == 1
-    assert got[("tpuwatch_time_to_resume_seconds_bucket", (("job", "llm"), ("le", "600.0")))] == 2
-    assert got[("tpuwatch_time_to_resume_seconds_bucket", (("job", "llm"), ("le", "+Inf")))] == 2
+    assert got[("tpuwatch_time_to_resume_seconds_bucket", (("job_name", "llm"), ("le", "10.0")))] == 0
+    assert got[("tpuwatch_time_to_resume_seconds_bucket", (("job_name", "llm"), ("le", "30.0")))] == 1
+    assert got[("tpuwatch_time_to_resume_seconds_bucket", (("job_name", "llm"), ("le", "600.0")))] == 2
+    assert got[("tpuwatch_time_to_resume_seconds_bucket", (("job_name", "llm"), ("le", "+Inf")))] == 2
     assert got[("tpuwatch_time_to_resume_seconds_count", job)] == 2
     assert got[("tpuwatch_time_to_resume_seconds_sum", job)] == 425
 
@@ -130,7 +130,7 @@ def test_healthz_is_200_while_ticks_come_and_503_once_they_stop() -> None:
         ex.update(SNAP)
         assert get(base + "/healthz")[0] == 200
         code, text = get(base + "/metrics")
-        assert code == 200 and ("tpuwatch_job_attempt", (("job", "llm"),)) in samples(text)
+        assert code == 200 and ("tpuwatch_job_attempt", (("job_name", "llm"),)) in samples(text)
         assert get(base + "/other")[0] == 404
     finally:
         ex.close()

@@ -33,7 +33,7 @@ def parse(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
 
 
 def value(got: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float | None:
-    return got.get((name, frozenset({"job": "pod", **labels}.items())))
+    return got.get((name, frozenset({"job_name": "pod", **labels}.items())))
 
 
 def scrape(port: int, path: str = "/metrics") -> tuple[int, str]:
@@ -73,7 +73,7 @@ def test_watch_serves_metrics_that_follow_the_job_through_a_maintenance(sim: Sim
         assert value(got, "tpuwatch_disruptions_total", kind="maintenance") == 1, got
         assert (value(got, "tpuwatch_job_attempt") or 0) >= 2
         assert value(got, "tpuwatch_restarts_charged_total") == 0  # a disruption is never charged
-        assert (value(got, "tpuwatch_api_requests_total", api="TPU API", method="get_node") or 0) >= 2
+        assert (value(got, "tpuwatch_api_requests_total", api="tpu.googleapis.com", method="get_node") or 0) >= 2
         assert 0 < (value(got, "tpuwatch_goodput_ratio") or 0) <= 1
         assert (value(got, "tpuwatch_checkpoint_age_seconds") or -1) >= 0
         rc, out = finish(proc)
@@ -99,7 +99,7 @@ def test_check_writes_a_textfile_for_node_exporter_atomically_and_its_counters_g
         assert r.returncode == 0, r.stdout + r.stderr
         got = parse(prom.read_text())
         assert sorted(p.name for p in folder.iterdir()) == ["tpuwatch.prom"]  # no temporary file left
-        calls.append(value(got, "tpuwatch_api_requests_total", api="TPU API", method="get_node") or 0)
+        calls.append(value(got, "tpuwatch_api_requests_total", api="tpu.googleapis.com", method="get_node") or 0)
         assert value(got, "tpuwatch_job_attempt") == 1
         assert value(got, "tpuwatch_job_phase", phase="running") == 1
     # a counter over cron runs: each run adds its own requests to the earlier ones

@@ -5,7 +5,8 @@ Rules of this module:
   thread makes an immutable `Snapshot` and the exporter serves the newest one, so a scrape never
   touches the journal (whose connection belongs to the main thread) and never waits on a tick.
 - Names follow Prometheus conventions: `tpuwatch_` prefix, base units in the name (`_seconds`,
-  `_ratio`), `_total` for counters; every series carries `job`.
+  `_ratio`), `_total` for counters; every series carries `job_name` (Prometheus' own `job` label
+  names the scrape job).
 - `/healthz` answers 200 while ticks keep coming and 503 once the last one is older than
   HEALTHY_POLLS poll intervals plus twice ssh.command_timeout (a tick's slowest honest length).
 - It serves no secret: no URL, no token, no command line.
@@ -134,7 +135,7 @@ def families(s: Snapshot, now: datetime) -> Iterator[Metric]:
     """The metric families of a snapshot; `now` for ages."""
     job = [s.job]
     phase = GaugeMetricFamily("tpuwatch_job_phase", "1 for the phase the job is in (tpuwatch policy phases)",
-                              labels=["job", "phase"])
+                              labels=["job_name", "phase"])
     for p in Phase:
         phase.add_metric([s.job, p.value], 1.0 if p.value == s.phase else 0.0)
     yield phase
@@ -148,7 +149,7 @@ def families(s: Snapshot, now: datetime) -> Iterator[Metric]:
     yield _counter("tpuwatch_restarts_charged", "attempt ends charged as failures", s.restarts_charged_total, job)
     yield _counter("tpuwatch_recreates", "nodes tpuwatch created again", s.recreates_total, job)
     dis = CounterMetricFamily("tpuwatch_disruptions", "attempts ended by a disruption (never charged), by kind",
-                              labels=["job", "kind"])
+                              labels=["job_name", "kind"])
     for kind, n in sorted(s.disruptions.items()):
         dis.add_metric([s.job, kind], float(n))
     yield dis
@@ -160,7 +161,7 @@ def families(s: Snapshot, now: datetime) -> Iterator[Metric]:
         yield _gauge("tpuwatch_checkpoint_timestamp_seconds", "when the newest complete checkpoint was written",
                      s.checkpoint_time.timestamp(), job)
     hist = HistogramMetricFamily("tpuwatch_time_to_resume_seconds", "from the end of an attempt that did not "
-                                 "succeed to the launch of the next one", labels=["job"])
+                                 "succeed to the launch of the next one", labels=["job_name"])
     buckets = [(floatToGoString(le), float(sum(1 for r in s.resumes if r <= le))) for le in RESUME_BUCKETS]
     buckets.append(("+Inf", float(len(s.resumes))))
     hist.add_metric(job, buckets, sum_value=float(sum(s.resumes)))
@@ -169,7 +170,7 @@ def families(s: Snapshot, now: datetime) -> Iterator[Metric]:
         yield _gauge("tpuwatch_goodput_ratio", "productive step time / wall time since the first launch "
                      "(checkpointed steps x the fastest step time seen)", s.goodput, job)
     api = CounterMetricFamily("tpuwatch_api_requests", "requests sent to Google APIs (retries included)",
-                              labels=["job", "api", "method"])
+                              labels=["job_name", "api", "method"])
     for (name, method), n in sorted(s.api_requests.items()):
         api.add_metric([s.job, name, method], float(n))
     yield api
@@ -177,13 +178,13 @@ def families(s: Snapshot, now: datetime) -> Iterator[Metric]:
 
 
 def _gauge(name: str, doc: str, value: float, labels: list[str]) -> GaugeMetricFamily:
-    g = GaugeMetricFamily(name, doc, labels=["job"])
+    g = GaugeMetricFamily(name, doc, labels=["job_name"])
     g.add_metric(labels, float(value))
     return g
 
 
 def _counter(name: str, doc: str, value: float, labels: list[str]) -> CounterMetricFamily:
-    c = CounterMetricFamily(name, doc, labels=["job"])
+    c = CounterMetricFamily(name, doc, labels=["job_name"])
     c.add_metric(labels, float(value))
     return c
 
