@@ -115,14 +115,14 @@ def get(url: str) -> tuple[int, str]:
 def test_healthz_is_200_while_ticks_come_and_503_once_they_stop() -> None:
     clock = Clock()
     pcfg = PolicyConfig(job="llm", tpu_name="llm", zones=("us-central2-b",), poll_interval=30.0)
-    ex = metrics.Exporter(0, "--metrics-port", pcfg, command_timeout=60.0, clock=clock)
+    ex = metrics.Exporter(0, "--metrics-port", pcfg, command_timeout=60.0, stop_grace=30.0, clock=clock)
     try:
         base = f"http://127.0.0.1:{ex.port}"
         assert get(base + "/healthz")[0] == 200  # starting up
         assert get(base + "/metrics") == (200, "")  # nothing before the first tick
         ex.update(SNAP)
-        clock.t = ex.stale_after  # 3 polls + 2 ssh command timeouts
-        assert ex.stale_after == 3 * 30 + 2 * 60
+        clock.t = ex.stale_after  # 3 polls + 2 SSH rounds, each a command timeout and a launch's cleanup
+        assert ex.stale_after == 3 * 30 + 2 * (60 + 2 * 30)
         assert get(base + "/healthz")[0] == 200
         clock.t = ex.stale_after + 1
         code, text = get(base + "/healthz")

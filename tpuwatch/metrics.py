@@ -7,8 +7,9 @@ Rules of this module:
 - Names follow Prometheus conventions: `tpuwatch_` prefix, base units in the name (`_seconds`,
   `_ratio`), `_total` for counters; every series carries `job_name` (Prometheus' own `job` label
   names the scrape job).
-- `/healthz` answers 200 while ticks keep coming and 503 once the last one is older than
-  HEALTHY_POLLS poll intervals plus twice ssh.command_timeout (a tick's slowest honest length).
+- `/healthz` answers 200 while ticks keep coming and 503 once the last one began longer ago
+  than HEALTHY_POLLS poll intervals plus a tick's slowest honest length: two SSH rounds (probe,
+  launch), each up to ssh.command_timeout plus the launch's cleanup (2x recovery.stop_grace).
 - It serves no secret: no URL, no token, no command line.
 """
 
@@ -261,10 +262,10 @@ def write_textfile(path: Path, report: Any, journal: Journal, pcfg: PolicyConfig
 class Exporter:
     """`/metrics` and `/healthz` over HTTP on all interfaces, in a thread of its own."""
 
-    def __init__(self, port: int, source: str, pcfg: PolicyConfig, command_timeout: float,
+    def __init__(self, port: int, source: str, pcfg: PolicyConfig, command_timeout: float, stop_grace: float,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], datetime] = _utcnow) -> None:
         self.registry, self.collector = registry_for(None, wall)
-        self.stale_after = HEALTHY_POLLS * pcfg.poll_interval + 2 * command_timeout
+        self.stale_after = HEALTHY_POLLS * pcfg.poll_interval + 2 * (command_timeout + 2 * stop_grace)
         self.clock = clock
         self.last_tick = clock()  # starting up counts as ticking
         exporter = self

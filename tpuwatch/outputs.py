@@ -36,7 +36,8 @@ class Outputs:
         exporter = None
         if port:
             source = "--metrics-port" if metrics_port is not None else "metrics.port"
-            exporter = metrics.Exporter(port, source, job.pcfg, float(job.cfg.ssh["command_timeout"]))
+            exporter = metrics.Exporter(port, source, job.pcfg, float(job.cfg.ssh["command_timeout"]),
+                                        float(job.cfg.recovery["stop_grace"]))
         path = metrics.check_textfile_path(metrics_file) if metrics_file is not None else None
         return cls(job, () if dry_run else targets, exporter, path, dry_run)
 
