@@ -8,7 +8,7 @@ knows nothing of either. With --dry-run nothing is sent or written.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ class Outputs:
     dry_run: bool
     notifier: notify.Notifier | None = None
     journal: Journal | None = None
-    warnings: list[str] = field(default_factory=list)
+    closed: bool = False
 
     @classmethod
     def prepare(cls, job: Any, *, dry_run: bool, metrics_port: int | None = None, serve: bool = False,
@@ -63,7 +63,11 @@ class Outputs:
         return out
 
     def close(self, report: Any = None, flush: float = notify.FLUSH_SECONDS) -> list[str]:
-        """Send what is due (for `flush` s at most), write the metrics file (check), stop serving."""
+        """Send what is due (for `flush` s at most), write the metrics file (check), stop serving.
+        A second call does nothing."""
+        if self.closed:
+            return []
+        self.closed = True
         if self.notifier is not None:
             self.notifier.close(flush)
         if self.metrics_file is not None and report is not None and not self.dry_run and self.journal is not None:

@@ -119,10 +119,11 @@ def command(config_path: Path, project: str | None, zone: str | None, adopt: boo
                     view.warn(line)
                 return int(report.exit_code)
         except KeyboardInterrupt:
-            outputs.close(flush=2.0)  # what is unsent goes out when watch is started again
             click.echo(f"stopped watching {job.name}; the job keeps running on the workers. "
                        f"Resume with `tpuwatch watch -c {config_path}`.", err=True)
             return 0
+        finally:  # Ctrl-C or an error: what is unsent goes out when watch is started again
+            outputs.close(flush=2.0)
 
 
 def _view(job: Any, journal: Any, live: bool, as_json: bool) -> Any:
