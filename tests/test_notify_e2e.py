@@ -116,3 +116,41 @@ def test_an_upcoming_maintenance_notice_is_alerted_once_however_often_cron_looks
         assert body["kind"] == "maintenance" and body["status"] == "PENDING" and body["type"] == "SCHEDULED"
         assert body["text"].startswith("tpuwatch pod (node pod, us-central2-b): scheduled maintenance planned, "
                                        "window "), body["text"]
+
+
+def test_a_preempted_spot_node_alerts_disruption_recreated_resumed_and_done_once_each(
+        sim: Simulator, tmp_path: Path) -> None:
+    with Hook() as hook:
+        job = Job(sim, tmp_path, accelerator="v4-16", spot=True, recreatable=True)
+        with_notify(job, hook)
+        proc = job.watch()
+        job.wait(lambda: len(job.steps_done()) >= 2, what="two checkpoints")
+        sim.inject("preempt", node="pod")
+        rc, out = finish(proc, timeout=120)
+        assert rc == 0, out
+        hist = job.history()
+        expected = Counter({
+            "disruption": sum(1 for a in hist["attempts"] if a["outcome"] == "disruption"),
+            "recreated": sum(1 for e in hist["events"] if e["kind"] == "wait" and e["data"].get("reason") == "node created"),
+            "resumed": sum(1 for e in hist["events"] if e["kind"] == "launch" and e["data"]["attempt"] > 1),
+            "done": 1})
+        assert expected["disruption"] >= 1 and expected["recreated"] == 1, hist["events"]
+        assert Counter(r["body"]["kind"] for r in hook.answered) == expected, out
+        texts = {r["body"]["kind"]: r["body"]["text"] for r in hook.answered}
+        assert "preemption: attempt 1 ended by a disruption (node state PREEMPTED" in texts["disruption"], texts
+        assert "node recreated: node pod exists in us-central2-b" in texts["recreated"], texts
+
+
+def test_a_node_deleted_by_hand_alerts_that_a_person_is_needed(sim: Simulator, tmp_path: Path) -> None:
+    with Hook() as hook:
+        job = Job(sim, tmp_path, recreatable=True, steps=400)
+        with_notify(job, hook)
+        proc = job.watch()
+        job.wait(lambda: len(job.steps_done()) >= 1, what="a checkpoint")
+        sim.inject("delete-node", node="pod")
+        rc, out = finish(proc, timeout=60)
+        assert rc == 1, out
+        kinds = [r["body"]["kind"] for r in hook.answered]
+        assert kinds.count("needs_person") == 1, kinds
+        text = next(r["body"]["text"] for r in hook.answered if r["body"]["kind"] == "needs_person")
+        assert text.startswith("tpuwatch pod (node pod, us-central2-b): needs a person: ") and "deleted" in text, text

@@ -109,7 +109,7 @@ def payload(target: Target, row: DeliveryRow) -> dict[str, Any]:
     """The request body: Slack and Google Chat show `text`; json gets every field."""
     if target.format in ("slack", "chat"):
         return {"text": row.text}
-    return {"id": row.key, "kind": row.kind, "time": row.time.isoformat(), "text": row.text, **row.data}
+    return {**row.data, "id": row.key, "kind": row.kind, "time": row.time.isoformat(), "text": row.text}
 
 
 def _scrub(text: str, url: str) -> str:
