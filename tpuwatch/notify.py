@@ -172,7 +172,6 @@ class Notifier:
         self._done = 0
         self._warnings: list[str] = []
         self._thread: threading.Thread | None = None
-        self.sent = 0
         with journal.transaction():  # a new [[notify]] on an old journal: from now on, not its history
             if journal.cursor(CURSOR) is None:
                 last = journal.events(limit=1)
@@ -234,7 +233,8 @@ class Notifier:
         """Send what is due (up to `timeout` s), then stop the thread; the rest waits for the next run."""
         if self._thread is None:
             return
-        self.flush(timeout)
+        if timeout > 0 and not self.flush(timeout):
+            self._warn(f"alerts still being sent after {timeout:g}s; what is unsent goes out with the next run")
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=1.0)  # a request in flight ends by its own timeout; the thread is a daemon
@@ -330,8 +330,6 @@ class Notifier:
             return delay
         with journal.transaction():
             journal.delivery_tried(row.key, tries, sent=self.now())
-        with self._cond:
-            self.sent += 1
         return None
 
     def _warn(self, text: str) -> None:
