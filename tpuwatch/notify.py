@@ -323,7 +323,7 @@ class Notifier:
                     journal.delivery_tried(row.key, tries, gave_up=now, error=exc.detail)
                 self._warn(f"alert to {target.name} given up ({why}: {exc.detail}): {row.kind}")
                 return None
-            delay = max(exc.retry_after or 0.0, min(60.0 * 2 ** (tries // TRIES_PER_ROUND), 1800.0) * self.backoff)
+            delay = max(exc.retry_after or 0.0, min(60.0 * 2 ** max(tries // TRIES_PER_ROUND - 1, 0), 1800.0) * self.backoff)
             with journal.transaction():
                 journal.delivery_tried(row.key, tries, next_try=now + timedelta(seconds=delay), error=exc.detail)
             self._warn(f"alert to {target.name} not sent yet ({exc.detail}); trying again in {delay:.0f}s")
