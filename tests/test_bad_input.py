@@ -29,7 +29,7 @@ import click
 import pytest
 
 from tpuwatch import cli as climod
-from tpuwatch.config import SCHEMA
+from tpuwatch.config import SCHEMA, TABLE_ARRAYS
 
 MARKER_NAME = "tpuwatch-pwned"
 TRIED: Counter[str] = Counter()
@@ -199,13 +199,18 @@ BASE = {
 }
 
 
+# The required keys of sections that are not in BASE, so a case fails on the key it tests.
+REQUIRED = {"notify": {"url": '"https://hooks.example.com/x"'}}
+
+
 def config_bytes(section: str, key: str, raw: bytes, key_path: Path) -> bytes:
     sections: dict[str, dict[str, bytes]] = {s: {k: v.encode() for k, v in kv.items()} for s, kv in BASE.items()}
     sections["ssh"]["identity_file"] = toml_str(str(key_path)).encode()
-    sections.setdefault(section, {})[key] = raw
+    sections.setdefault(section, {k: v.encode() for k, v in REQUIRED.get(section, {}).items()})[key] = raw
     out = b""
     for s, kv in sections.items():
-        out += f"[{s}]\n".encode() + b"".join(k.encode() + b" = " + v + b"\n" for k, v in kv.items())
+        head = f"[[{s}]]" if s in TABLE_ARRAYS else f"[{s}]"  # [[notify]]: an array of tables
+        out += f"{head}\n".encode() + b"".join(k.encode() + b" = " + v + b"\n" for k, v in kv.items())
     return out
 
 
@@ -249,14 +254,16 @@ def bad_values(dotted: str, default: object) -> list[tuple[str, bytes, bool]]:
 
 def config_cases(key_path: Path) -> Iterator[Case]:
     for section, fields in SCHEMA.items():
+        # a key of an array of tables is named with the table's position: notify[0].url
+        at = f"{section}[0]" if section in TABLE_ARRAYS else section
         for key, field in fields.items():
             dotted = f"{section}.{key}"
             for kind, raw, refuse in bad_values(dotted, field.default):
-                yield Case(f"{dotted} ({kind})", (dotted,), ("history", "-c", "@CFG@"),
+                yield Case(f"{dotted} ({kind})", (dotted, f"{at}.{key}"), ("history", "-c", "@CFG@"),
                            config=config_bytes(section, key, raw, key_path), must_refuse=refuse)
             near = key[:-1] + ("x" if key[-1] != "x" else "y")  # a typo of the key
-            yield Case(f"{dotted} (unknown key {near})", (f"{section}.{near}",), ("history", "-c", "@CFG@"),
-                       config=config_bytes(section, near, b"1", key_path))
+            yield Case(f"{dotted} (unknown key {near})", (f"{section}.{near}", f"{at}.{near}"),
+                       ("history", "-c", "@CFG@"), config=config_bytes(section, near, b"1", key_path))
         yield Case(f"[{section}x] (unknown section)", (f"{section}x",), ("history", "-c", "@CFG@"),
                    config=config_bytes(section + "x", "a", b"1", key_path))
 

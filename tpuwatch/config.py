@@ -30,6 +30,14 @@ else:  # pragma: no cover
 PLACEHOLDERS = ("checkpoint", "step", "attempt", "worker")
 CHECKPOINT_LAYOUTS = ("auto", "orbax", "flax", "t5x", "levanter", "pytorch_xla")
 TRANSPORTS = ("openssh", "gcloud")
+NOTIFY_FORMATS = ("slack", "chat", "json")
+# What a [[notify]] table may be told about (tpuwatch.policy.alerts derives them from the journal).
+ALERT_KINDS = ("failed", "needs_person", "recreated", "disruption", "resumed", "done", "maintenance")
+# By default, what needs or concerns a person; disruptions and resumes are routine on spot nodes.
+DEFAULT_ALERTS = ("failed", "needs_person", "done", "maintenance")
+# Sections written as arrays of tables ([[notify]]): SCHEMA names the keys of each table.
+TABLE_ARRAYS = ("notify",)
+_ENV_REF = re.compile(r"\$\{([^}]*)\}")
 MAX_STRING = 4096
 _LABEL_VALUE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,62})$")  # GCP label values (ownership label)
 _ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
@@ -284,6 +292,88 @@ def _count(key: str, value: Any) -> int:
     return value
 
 
+class Secret:
+    """A value that must never be shown (a webhook URL carries its token): str() and repr() hide it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        """The value itself, for the one place that uses it (the HTTP request)."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret(<hidden>)"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+def _webhook_url(key: str, value: Any) -> Secret:
+    """A webhook URL, or a template with ${VAR} references; the references are read from the
+    environment by `resolve_webhook` when alerts are sent (watch, check), so commands that send
+    none do not need the secret. Errors never show the value."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: expected a string such as \"${{SLACK_WEBHOOK_URL}}\", got {type(value).__name__}")
+    text = _text(key, value)
+    for name in _ENV_REF.findall(text):
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+            raise ConfigError(f"{key}: ${{{name[:40]}}} is not an environment variable reference; write ${{NAME}} "
+                              "with letters, digits and _")
+    if "$" in _ENV_REF.sub("", text):
+        raise ConfigError(f"{key}: write an environment variable as ${{NAME}} (with braces)")
+    if not _ENV_REF.search(text):
+        _check_url(key, text, expanded=False)
+    return Secret(text)
+
+
+def _check_url(key: str, url: str, *, expanded: bool) -> None:
+    scheme, _, rest = url.partition("://")
+    host = rest.split("/", 1)[0].split("?", 1)[0].rsplit("@", 1)[-1]
+    if scheme.lower() not in ("http", "https") or not host or any(c.isspace() for c in url):
+        where = "after reading the environment, " if expanded else ""
+        raise ConfigError(f"{key}: {where}the value is not an http:// or https:// URL with a host; set it to the "
+                          "webhook URL your chat or alerting tool gave you (the value itself is not shown)")
+
+
+def resolve_webhook(key: str, template: Secret) -> Secret:
+    """The URL with its ${VAR} references read from the environment (ConfigError, exit 2, naming
+    the key and the variable when one is unset)."""
+
+    def expand(m: re.Match[str]) -> str:
+        name = m.group(1)
+        got = os.environ.get(name)
+        if not got:
+            raise ConfigError(f"{key}: the environment variable {name} is not set (or empty); export {name}=<the "
+                              "webhook URL> where tpuwatch runs (cron and systemd start it with an almost empty "
+                              "environment)")
+        return got
+
+    text = template.reveal()
+    url = _ENV_REF.sub(expand, text)
+    _check_url(key, url, expanded=url != text)
+    return Secret(url)
+
+
+def _alert_kinds(key: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{key}: expected a list of event kinds such as [\"failed\", \"needs_person\"]; "
+                          f"kinds are {', '.join(ALERT_KINDS)}")
+    for item in value:
+        text = _text(key, item)
+        if text not in ALERT_KINDS:
+            raise ConfigError(f"{key}: unknown event kind {text!r}{_did_you_mean(text, list(ALERT_KINDS))}; "
+                              f"kinds are {', '.join(ALERT_KINDS)}")
+    return tuple(dict.fromkeys(value))
+
+
 @dataclass(frozen=True)
 class Field:
     check: Callable[[str, Any], Any]
@@ -361,6 +451,17 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "min_stack": Field(_size_or_unlimited, 0, "ulimit -s (stack) minimum, a size or \"unlimited\"; 0 = report only"),
         "custom": Field(_checks, (), "[[precheck.custom]] name, command, timeout"),
     },
+    # [[notify]]: one table per destination (an array of tables; see TABLE_ARRAYS)
+    "notify": {
+        "url": Field(_webhook_url, None, "webhook URL, required in each [[notify]] table; write secrets as ${VAR}, read from the environment "
+                     "(never printed, logged or journaled)"),
+        "format": Field(_choice(NOTIFY_FORMATS), "json", "slack, chat (Google Chat) or json (anything else)"),
+        "on": Field(_alert_kinds, DEFAULT_ALERTS, "event kinds to send: " + ", ".join(ALERT_KINDS)),
+    },
+    "metrics": {
+        "port": Field(_int_range(0, 65535), 0, "watch serves Prometheus metrics and /healthz on this port, all "
+                      "interfaces (0 = off; --metrics-port overrides)"),
+    },
 }
 
 
@@ -378,7 +479,7 @@ def _spec(key: str, value: Any) -> dict[str, Any]:
 class Config:
     """A validated config: `cfg.get("recovery.max_restarts")` or the section dicts."""
 
-    values: Mapping[str, Mapping[str, Any]]
+    values: Mapping[str, Any]  # section -> key -> value; an array of tables ([[notify]]) -> a tuple of those
     path: Path | None = None
     state_dir: Path = field(default_factory=lambda: default_state_dir())
 
@@ -414,6 +515,15 @@ class Config:
     def precheck(self) -> Mapping[str, Any]:
         return self.values["precheck"]
 
+    @property
+    def notify(self) -> tuple[Mapping[str, Any], ...]:
+        """The [[notify]] tables: url (a Secret), format, on."""
+        return tuple(self.values.get("notify", ()))
+
+    @property
+    def metrics(self) -> Mapping[str, Any]:
+        return self.values.get("metrics", {"port": 0})
+
 
 def default_state_dir() -> Path:
     env = os.environ.get("TPUWATCH_STATE_DIR")
@@ -430,40 +540,53 @@ def _did_you_mean(word: str, options: list[str]) -> str:
     return f" (did you mean {hint[0]!r}?)" if hint else ""
 
 
-def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[str, dict[str, Any]]:
+def _table(section: str, where: str, given: Mapping[str, Any], require_command: bool) -> dict[str, Any]:
+    """One table's keys checked against SCHEMA[section]; `where` names it in messages."""
+    fields = SCHEMA[section]
+    head = f"[[{section}]]" if section in TABLE_ARRAYS else f"[{section}]"
+    for key in given:
+        if (section, key) in REMOVED:
+            raise ConfigError(f"{where}.{key}: {REMOVED[section, key]}")
+        if key not in fields:
+            raise ConfigError(
+                f"{where}.{key}: unknown key{_did_you_mean(key, list(fields))}; "
+                f"{head} accepts {', '.join(fields)}"
+            )
+    values: dict[str, Any] = {}
+    for key, spec in fields.items():
+        dotted = f"{where}.{key}"
+        if key in given:
+            values[key] = spec.check(dotted, given[key])
+        elif spec.default is None:
+            if dotted == "job.command" and not require_command:
+                values[key] = ""
+                continue
+            raise ConfigError(f"{dotted}: missing; add `{key} = ...` under {head}")
+        else:
+            values[key] = spec.default
+    return values
+
+
+def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[str, Any]:
     """Check every key of a parsed TOML document against SCHEMA; return values with defaults."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, Any] = {}
     for section in raw:
         if section not in SCHEMA:
             raise ConfigError(
                 f"unknown section [{section}]{_did_you_mean(section, list(SCHEMA))}; "
                 f"sections are {', '.join('[' + s + ']' for s in SCHEMA)}"
             )
-        if not isinstance(raw[section], dict):
+        if section in TABLE_ARRAYS:
+            if not isinstance(raw[section], list) or not all(isinstance(t, dict) for t in raw[section]):
+                raise ConfigError(f"{section}: expected [[{section}]] tables (two brackets: there may be several)")
+        elif not isinstance(raw[section], dict):
             raise ConfigError(f"{section}: expected a [{section}] table")
-    for section, fields in SCHEMA.items():
-        given = dict(raw.get(section, {}))
-        for key in given:
-            if (section, key) in REMOVED:
-                raise ConfigError(f"{section}.{key}: {REMOVED[section, key]}")
-            if key not in fields:
-                raise ConfigError(
-                    f"{section}.{key}: unknown key{_did_you_mean(key, list(fields))}; "
-                    f"[{section}] accepts {', '.join(fields)}"
-                )
-        values: dict[str, Any] = {}
-        for key, spec in fields.items():
-            dotted = f"{section}.{key}"
-            if key in given:
-                values[key] = spec.check(dotted, given[key])
-            elif spec.default is None:
-                if dotted == "job.command" and not require_command:
-                    values[key] = ""
-                    continue
-                raise ConfigError(f"{dotted}: missing; add `{key} = ...` under [{section}]")
-            else:
-                values[key] = spec.default
-        out[section] = values
+    for section in SCHEMA:
+        if section in TABLE_ARRAYS:
+            out[section] = tuple(_table(section, f"{section}[{i}]", t, require_command)
+                                 for i, t in enumerate(raw.get(section, [])))
+        else:
+            out[section] = _table(section, section, dict(raw.get(section, {})), require_command)
     r = out["recovery"]
     if r["backoff_max"] < r["backoff_base"]:
         raise ConfigError("recovery.backoff_max: must not be shorter than recovery.backoff_base")

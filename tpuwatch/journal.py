@@ -58,6 +58,14 @@ CREATE TABLE operations (
     finished TEXT, error_code INTEGER, error_message TEXT);
 CREATE TABLE spec (id INTEGER PRIMARY KEY CHECK (id = 1), data TEXT NOT NULL);
 """
+# Tables added since schema 1 was fixed: created when a writer opens the journal, so older
+# journals gain them and older tpuwatch versions (which ignore unknown tables) still read them.
+_ADDED = """
+CREATE TABLE IF NOT EXISTS deliveries (
+    key TEXT PRIMARY KEY, target INTEGER NOT NULL, kind TEXT NOT NULL, time TEXT NOT NULL,
+    text TEXT NOT NULL, data TEXT NOT NULL DEFAULT '{}', tries INTEGER NOT NULL DEFAULT 0,
+    next_try TEXT, sent TEXT, gave_up TEXT, last_error TEXT NOT NULL DEFAULT '');
+"""
 
 
 class JournalError(TpuwatchError):
@@ -91,6 +99,27 @@ class AttemptRow:
     charged: bool | None
     exit_code: int | None
     reason: str
+
+
+@dataclass(frozen=True)
+class DeliveryRow:
+    """One alert to one [[notify]] target (by its position), written before it is sent.
+
+    `key` is the idempotency key (derived from the journal event it reports), so deriving the
+    same alert twice adds nothing. Never holds the URL: the target is its position in the config.
+    """
+
+    key: str
+    target: int
+    kind: str
+    time: datetime
+    text: str
+    data: dict[str, Any]
+    tries: int
+    next_try: datetime | None
+    sent: datetime | None
+    gave_up: datetime | None
+    last_error: str
 
 
 @dataclass(frozen=True)
@@ -177,6 +206,7 @@ class Journal:
                 if fresh or _is_empty(conn, path):
                     _create(conn, path, job, tpu_name)
                 _validate(conn, path, job, tpu_name)
+                _add_tables(conn, path)
             except BaseException:
                 conn.close()
                 raise
@@ -197,6 +227,15 @@ class Journal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def companion(self) -> Journal:
+        """Another connection to this journal, for a thread of the process that holds its lock
+        (an SQLite connection serves the thread that made it): open it in that thread, close it
+        there. It takes no lock of its own; writes wait for the other connection's transaction."""
+        if self.readonly:
+            raise RuntimeError("journal opened read-only")
+        return Journal(_connect(self.path, readonly=False), self.path, self.job, self.tpu_name, None,
+                       readonly=False)
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -303,6 +342,11 @@ class Journal:
         rows = self._read(sql, params)
         return [JournalEvent(i, datetime.fromisoformat(t), k, r, json.loads(d)) for i, t, k, r, d in reversed(rows)]
 
+    def events_after(self, event_id: int) -> list[JournalEvent]:
+        """Events with an id above `event_id`, oldest first."""
+        rows = self._read("SELECT id, time, kind, reason, data FROM events WHERE id > ? ORDER BY id", (event_id,))
+        return [JournalEvent(i, datetime.fromisoformat(t), k, r, json.loads(d)) for i, t, k, r, d in rows]
+
     # -- attempts -------------------------------------------------------------------------------
 
     def start_attempt(self, number: int, start: datetime, node_id: str, start_step: int | None) -> None:
@@ -381,6 +425,34 @@ class Journal:
             sql += " WHERE finished IS NULL"
         rows = self._read(sql + " ORDER BY started, name")
         return [OperationRow(n, k, z, datetime.fromisoformat(s), _time(f), c, m) for n, k, z, s, f, c, m in rows]
+
+    # -- alert deliveries ([[notify]]) ------------------------------------------------------------
+
+    def add_delivery(self, key: str, target: int, kind: str, time: datetime, text: str,
+                     data: Mapping[str, Any] | None = None) -> bool:
+        """Record an alert to send (write-ahead); False when `key` was recorded before."""
+        before = self._conn.total_changes
+        self._write("INSERT OR IGNORE INTO deliveries (key, target, kind, time, text, data) VALUES (?, ?, ?, ?, ?, ?)",
+                    (key, target, kind, _utc(time), text, json.dumps(dict(data or {}), sort_keys=True, default=str)))
+        return self._conn.total_changes > before
+
+    def deliveries(self, pending_only: bool = False) -> list[DeliveryRow]:
+        """Deliveries oldest first; `pending_only`: neither sent nor given up."""
+        sql = ("SELECT key, target, kind, time, text, data, tries, next_try, sent, gave_up, last_error "
+               "FROM deliveries")
+        if pending_only:
+            sql += " WHERE sent IS NULL AND gave_up IS NULL"
+        rows = self._read(sql + " ORDER BY time, key")
+        return [DeliveryRow(k, t, kind, datetime.fromisoformat(tm), text, json.loads(d), n, _time(nt), _time(s),
+                            _time(g), e) for k, t, kind, tm, text, d, n, nt, s, g, e in rows]
+
+    def delivery_tried(self, key: str, tries: int, *, sent: datetime | None = None, gave_up: datetime | None = None,
+                       next_try: datetime | None = None, error: str = "") -> None:
+        """Record what sending `key` came to: sent, given up, or to be tried again at `next_try`."""
+        self._write("UPDATE deliveries SET tries = ?, sent = ?, gave_up = ?, next_try = ?, last_error = ? "
+                    "WHERE key = ?",
+                    (tries, _utc(sent) if sent else None, _utc(gave_up) if gave_up else None,
+                     _utc(next_try) if next_try else None, error[:500], key))
 
     # -- saved spec -----------------------------------------------------------------------------
 
@@ -577,6 +649,24 @@ def _create(conn: sqlite3.Connection, path: Path, job: str, tpu_name: str) -> No
             raise JournalError(f"cannot create journal {path}: the disk is full. Free space in {path.parent} "
                                "and run again") from None
         raise JournalError(f"cannot create journal {path}: {exc}") from None
+
+
+def _add_tables(conn: sqlite3.Connection, path: Path) -> None:
+    """Create the tables of _ADDED a journal lacks (nothing is written when it has them)."""
+    try:
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'deliveries'").fetchone():
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        for statement in _ADDED.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+        raise JournalError(f"cannot update journal {path}: {exc}") from None
 
 
 def _validate(conn: sqlite3.Connection, path: Path, job: str, tpu_name: str | None) -> str:

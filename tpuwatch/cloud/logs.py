@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
-from tpuwatch.cloud import clients
+from tpuwatch.cloud import calls, clients
 from tpuwatch.cloud.errors import Call, is_transient, translate
 from tpuwatch.cloud.retry import RetryPolicy
 from tpuwatch.errors import TpuwatchError, UsageError
@@ -275,7 +275,7 @@ class AuditLogReader:
                 return client.list_log_entries(request=req, retry=None, timeout=RPC_TIMEOUT)
 
             try:
-                page = self.retry.call(one_page, transient=lambda e: is_transient(e, read=True))
+                page = self.retry.call(calls.counted(call, one_page), transient=lambda e: is_transient(e, read=True))
             except TpuwatchError:
                 raise
             except Exception as exc:

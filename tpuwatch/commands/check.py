@@ -13,6 +13,7 @@ EPILOG = """\b
 Examples:
   tpuwatch check -c ~/tpuwatch.toml
   */2 * * * * tpuwatch check -c $HOME/tpuwatch.toml || echo "tpuwatch needs you"
+  tpuwatch check -c ~/tpuwatch.toml --metrics-file /var/lib/node_exporter/textfile/tpuwatch.prom
 
 Exit codes: 0 running, recovering or finished (also when another tpuwatch holds the job);
 1 the job failed or needs a person; 2 bad config or flags; 3 the cloud API cannot be used.
@@ -22,29 +23,41 @@ Exit codes: 0 running, recovering or finished (also when another tpuwatch holds 
 @click.command(epilog=EPILOG)
 @job_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: what was seen, decided, done.")
+@click.option("--metrics-file", type=click.Path(path_type=Path), default=None,
+              help="Also write the job's Prometheus metrics to this *.prom file (node_exporter's textfile "
+                   "collector), atomically.")
 def command(config_path: Path, project: str | None, zone: str | None, adopt: bool,
-            recreate_missing: bool, dry_run: bool, as_json: bool) -> int:
+            recreate_missing: bool, dry_run: bool, as_json: bool, metrics_file: Path | None) -> int:
     """Run one tick: look at the TPU, the workers and the checkpoints, act, journal, exit.
 
     It never waits for a long cloud operation: it starts it, journals it, and the next
     check follows it up. Safe to overlap: a second check while one runs exits 0 at once.
+    Alerts ([[notify]]) of this tick are sent once, for at most 15 s; what is not sent by then
+    is sent by the next check.
     """
+    from tpuwatch.outputs import Outputs
     from tpuwatch.tick import Reconciler
     from tpuwatch.wiring import load_job, real_ports
 
     job = load_job(config_path, project, zone)
+    outputs = Outputs.prepare(job, dry_run=dry_run, metrics_file=metrics_file)
     journal = open_journal_or_busy(job)
     if journal is None:
         click.echo(f"another tpuwatch is working on {job.name}; nothing to do")
         return 0
     with journal:
+        outputs.start(journal)
         rec = Reconciler(job.cfg, job.pcfg, real_ports(job), journal,
                          tick_flags(adopt, recreate_missing, dry_run))
         report = rec.tick()
+        notes = outputs.after_tick(report)
+        notes += outputs.close(report)
     if as_json:
-        click.echo(json.dumps(report.as_dict(), sort_keys=True))
+        out = report.as_dict()
+        out["warnings"] = [*out["warnings"], *notes]  # alerts not sent yet, or given up
+        click.echo(json.dumps(out, sort_keys=True))
     else:
         click.echo(f"{job.name}: {report.line()}")
-        for line in (*report.done, *report.warnings):
+        for line in (*report.done, *report.warnings, *notes):
             click.echo(f"  - {line}")
     return report.exit_code

@@ -16,16 +16,21 @@ Examples:
   tpuwatch watch -c tpuwatch.toml            # live dashboard on a terminal
   tpuwatch watch -c tpuwatch.toml --json     # one JSON object per change
   tpuwatch watch -c tpuwatch.toml --plain    # timestamped lines on a terminal
+  tpuwatch watch -c tpuwatch.toml --metrics-port 9464   # Prometheus /metrics and /healthz
   nohup tpuwatch watch -c tpuwatch.toml >> watch.log 2>&1 & # to a file
 
 Ctrl-C stops watching and leaves the job running on the workers.
 """
+
+
 @click.command(epilog=EPILOG)
 @job_options
 @click.option("--json", "as_json", is_flag=True, help="JSON lines, one per change.")
 @click.option("--plain", is_flag=True, help="Plain timestamped lines even on a terminal.")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
+              help="Serve Prometheus /metrics and /healthz on this port (default: [metrics] port).")
 def command(config_path: Path, project: str | None, zone: str | None, adopt: bool,
-            recreate_missing: bool, dry_run: bool, as_json: bool, plain: bool) -> int:
+            recreate_missing: bool, dry_run: bool, as_json: bool, plain: bool, metrics_port: int | None) -> int:
     """Keep the job alive: watch the TPU, its audit log and the workers, and recover.
 
     On a terminal it shows a live dashboard; otherwise it prints one timestamped line per
@@ -33,11 +38,13 @@ def command(config_path: Path, project: str | None, zone: str | None, adopt: boo
     (exit 1: e.g. the TPU was deleted by someone else, or is not tpuwatch's to delete).
     """
     from tpuwatch.loop import Pacer, tick_loop
+    from tpuwatch.outputs import Outputs
     from tpuwatch.policy import Phase
     from tpuwatch.tick import Reconciler
     from tpuwatch.wiring import load_job, real_ports
 
     job = load_job(config_path, project, zone)
+    outputs = Outputs.prepare(job, dry_run=dry_run, metrics_port=metrics_port, serve=True)
     journal = open_journal_or_busy(job)
     if journal is None:
         raise JobFailed(f"another tpuwatch is working on {job.name}; stop it first (only one may watch a job)")
@@ -54,15 +61,26 @@ def command(config_path: Path, project: str | None, zone: str | None, adopt: boo
             # keeps everything, and the next watch resumes once it is fixed.
             return bool(report.decision.terminal or report.memory.phase is Phase.HALTED or dry_run)
 
+        outputs.start(journal)
+
+        def after_tick(report: Any) -> None:  # [[notify]] alerts and metrics
+            for line in outputs.after_tick(report):
+                view.warn(line)
+
         try:
             with view:
                 # the pacer probes a down node cheaply between API polls
-                report = tick_loop(rec, view, poll, wait=pacer.wait, stop=stop, port_probes=lambda: pacer.port_probes)
+                report = tick_loop(rec, view, poll, wait=pacer.wait, stop=stop, on_report=after_tick,
+                                   port_probes=lambda: pacer.port_probes)
+                for line in outputs.close(report):
+                    view.warn(line)
                 return int(report.exit_code)
         except KeyboardInterrupt:
             click.echo(f"stopped watching {job.name}; the job keeps running on the workers. "
                        f"Resume with `tpuwatch watch -c {config_path}`.", err=True)
             return 0
+        finally:  # Ctrl-C or an error: what is unsent goes out when watch is started again
+            outputs.close(flush=2.0)
 
 
 def _view(job: Any, journal: Any, live: bool, as_json: bool) -> Any:

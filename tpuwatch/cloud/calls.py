@@ -1,0 +1,35 @@
+"""Requests this process has sent to Google's APIs, by service and method (`tpuwatch_api_requests_total`).
+
+Counted per request, retries included, where `tpuwatch.cloud.tpu` and `tpuwatch.cloud.logs` hand
+one to the retry policy. Thread-safe; it knows nothing of what the requests were about.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from typing import TypeVar
+
+from tpuwatch.cloud.errors import Call
+
+T = TypeVar("T")
+_lock = threading.Lock()
+_counts: Counter[tuple[str, str]] = Counter()
+
+
+def counted(call: Call, fn: Callable[[], T]) -> Callable[[], T]:
+    """`fn`, counting each time it is called (each is one request) under (call.service, call.method)."""
+
+    def request() -> T:
+        with _lock:
+            _counts[(call.service, call.method)] += 1
+        return fn()
+
+    return request
+
+
+def counts() -> dict[tuple[str, str], int]:
+    """{(service, method): requests} so far in this process, e.g. ("tpu.googleapis.com", "get_node")."""
+    with _lock:
+        return dict(_counts)

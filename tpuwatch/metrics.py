@@ -1,0 +1,315 @@
+"""Prometheus metrics of one job: served by `watch --metrics-port`, written by `check --metrics-file`.
+
+Rules of this module:
+- The numbers come from what the tick reports and the journal keeps; after each tick the main
+  thread makes an immutable `Snapshot` and the exporter serves the newest one, so a scrape never
+  touches the journal (whose connection belongs to the main thread) and never waits on a tick.
+- Names follow Prometheus conventions: `tpuwatch_` prefix, base units in the name (`_seconds`,
+  `_ratio`), `_total` for counters; every series carries `job_name` (Prometheus' own `job` label
+  names the scrape job).
+- `/healthz` answers 200 while ticks keep coming and 503 once the last one began longer ago
+  than HEALTHY_POLLS poll intervals plus a tick's slowest honest length: two SSH rounds (probe,
+  launch), each up to ssh.command_timeout plus the launch's cleanup (2x recovery.stop_grace).
+- It serves no secret: no URL, no token, no command line.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, write_to_textfile
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.utils import floatToGoString
+
+from tpuwatch.cloud import calls
+from tpuwatch.errors import UsageError
+from tpuwatch.journal import AttemptRow, Journal
+from tpuwatch.policy import Phase, PolicyConfig
+from tpuwatch.policy.alerts import disruption_kind
+
+# time from an attempt's end (not a success) to the next launch, seconds
+RESUME_BUCKETS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0)
+HEALTHY_POLLS = 3
+API_CURSOR = "metrics_api_requests"  # check: requests of earlier runs, so the counter keeps growing
+MIN_RATE_SPAN = 1.0  # seconds: an attempt shorter than this tells nothing of the step time
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One job's numbers after a tick."""
+
+    job: str
+    time: datetime  # of the tick
+    phase: str
+    attempt: int
+    restarts: int  # budget in use (since the last stable run)
+    max_restarts: int
+    recreates: int
+    max_recreates: int
+    restarts_charged_total: int  # charged attempt ends, ever
+    recreates_total: int  # nodes created by tpuwatch, ever
+    disruptions: Mapping[str, int]  # kind -> attempts ended by one
+    checkpoint_step: int | None
+    checkpoint_time: datetime | None
+    resumes: tuple[float, ...]  # seconds from each interrupted attempt's end to the next launch
+    goodput: float | None
+    api_requests: Mapping[tuple[str, str], int] = field(default_factory=dict)
+
+
+def _rate(a: AttemptRow, end: datetime, end_step: int | None) -> float:
+    """Checkpointed steps per second of one attempt (start-up included, so it errs low)."""
+    span = (end - a.start).total_seconds()
+    steps = (end_step or 0) - (a.start_step or 0)
+    return steps / span if span >= MIN_RATE_SPAN and steps > 0 else 0.0
+
+
+def goodput(attempts: Sequence[AttemptRow], step: int | None, now: datetime) -> float | None:
+    """Productive time over wall time since the first launch, as the demo and benchmarks count it:
+    steps checkpointed so far x the fastest step time an attempt showed, / wall time. Work not yet
+    checkpointed, restarts, waits and recreates all count as lost. None before a rate is known."""
+    if not attempts:
+        return None
+    rates = [_rate(a, a.end, a.end_step) for a in attempts if a.end is not None]
+    last = attempts[-1]
+    if last.end is None:
+        rates.append(_rate(last, now, step))
+    best = max(rates, default=0.0)
+    ends = [a.end for a in attempts if a.end is not None]
+    end = now if last.end is None else max(ends)
+    wall = (end - attempts[0].start).total_seconds()
+    newest = max([step or 0, *(a.end_step or 0 for a in attempts)])
+    if best <= 0 or wall <= 0:
+        return None
+    return min(1.0, newest / best / wall)
+
+
+def resumes(attempts: Sequence[AttemptRow]) -> tuple[float, ...]:
+    """Seconds from each attempt that ended other than in success to the next launch."""
+    out = []
+    for a, b in zip(attempts, attempts[1:], strict=False):
+        if a.end is not None and a.outcome != "success":
+            out.append(max(0.0, (b.start - a.end).total_seconds()))
+    return tuple(out)
+
+
+def snapshot(report: Any, journal: Journal, pcfg: PolicyConfig,
+             api_requests: Mapping[tuple[str, str], int] | None = None) -> Snapshot:
+    """The numbers after a tick (`report`: tpuwatch.tick.TickReport), from it and the journal."""
+    attempts = journal.attempts()
+    mem = report.memory
+    disruptions: dict[str, int] = {}
+    for a in attempts:
+        if a.outcome == "disruption":
+            kind = disruption_kind(a.reason)
+            disruptions[kind] = disruptions.get(kind, 0) + 1
+    created = sum(1 for op in journal.operations() if op.kind == "create" and op.finished and not op.error_code)
+    ck = report.checkpoint
+    return Snapshot(
+        job=pcfg.job, time=report.time, phase=mem.phase.value, attempt=mem.attempt,
+        restarts=mem.restarts, max_restarts=pcfg.max_restarts, recreates=mem.recreates,
+        max_recreates=pcfg.max_recreates,
+        restarts_charged_total=sum(1 for a in attempts if a.charged),
+        recreates_total=created, disruptions=disruptions,
+        checkpoint_step=ck.step if ck is not None else None, checkpoint_time=ck.time if ck is not None else None,
+        resumes=resumes(attempts), goodput=goodput(attempts, ck.step if ck is not None else None, report.time),
+        api_requests=dict(calls.counts() if api_requests is None else api_requests),
+    )
+
+
+def families(s: Snapshot, now: datetime) -> Iterator[Metric]:
+    """The metric families of a snapshot; `now` for ages."""
+    job = [s.job]
+    phase = GaugeMetricFamily("tpuwatch_job_phase", "1 for the phase the job is in (tpuwatch policy phases)",
+                              labels=["job_name", "phase"])
+    for p in Phase:
+        phase.add_metric([s.job, p.value], 1.0 if p.value == s.phase else 0.0)
+    yield phase
+    yield _gauge("tpuwatch_job_attempt", "number of the latest attempt launched", s.attempt, job)
+    yield _gauge("tpuwatch_restart_budget_used", "charged restarts counted against recovery.max_restarts "
+                 "(since the last stable run)", s.restarts, job)
+    yield _gauge("tpuwatch_restart_budget", "recovery.max_restarts", s.max_restarts, job)
+    yield _gauge("tpuwatch_recreate_budget_used", "delete+create cycles counted against recovery.max_recreates "
+                 "(since the last stable run)", s.recreates, job)
+    yield _gauge("tpuwatch_recreate_budget", "recovery.max_recreates", s.max_recreates, job)
+    yield _counter("tpuwatch_restarts_charged", "attempt ends charged as failures", s.restarts_charged_total, job)
+    yield _counter("tpuwatch_recreates", "nodes tpuwatch created again", s.recreates_total, job)
+    dis = CounterMetricFamily("tpuwatch_disruptions", "attempts ended by a disruption (never charged), by kind",
+                              labels=["job_name", "kind"])
+    for kind, n in sorted(s.disruptions.items()):
+        dis.add_metric([s.job, kind], float(n))
+    yield dis
+    if s.checkpoint_step is not None:
+        yield _gauge("tpuwatch_checkpoint_step", "step of the newest complete checkpoint", s.checkpoint_step, job)
+    if s.checkpoint_time is not None:
+        yield _gauge("tpuwatch_checkpoint_age_seconds", "age of the newest complete checkpoint",
+                     max(0.0, (now - s.checkpoint_time).total_seconds()), job)
+        yield _gauge("tpuwatch_checkpoint_timestamp_seconds", "when the newest complete checkpoint was written",
+                     s.checkpoint_time.timestamp(), job)
+    hist = HistogramMetricFamily("tpuwatch_time_to_resume_seconds", "from the end of an attempt that did not "
+                                 "succeed to the launch of the next one", labels=["job_name"])
+    buckets = [(floatToGoString(le), float(sum(1 for r in s.resumes if r <= le))) for le in RESUME_BUCKETS]
+    buckets.append(("+Inf", float(len(s.resumes))))
+    hist.add_metric(job, buckets, sum_value=float(sum(s.resumes)))
+    yield hist
+    if s.goodput is not None:
+        yield _gauge("tpuwatch_goodput_ratio", "productive step time / wall time since the first launch "
+                     "(checkpointed steps x the fastest step time seen)", s.goodput, job)
+    api = CounterMetricFamily("tpuwatch_api_requests", "requests sent to Google APIs (retries included)",
+                              labels=["job_name", "api", "method"])
+    for (name, method), n in sorted(s.api_requests.items()):
+        api.add_metric([s.job, name, method], float(n))
+    yield api
+    yield _gauge("tpuwatch_last_tick_timestamp_seconds", "when the last tick began", s.time.timestamp(), job)
+
+
+def _gauge(name: str, doc: str, value: float, labels: list[str]) -> GaugeMetricFamily:
+    g = GaugeMetricFamily(name, doc, labels=["job_name"])
+    g.add_metric(labels, float(value))
+    return g
+
+
+def _counter(name: str, doc: str, value: float, labels: list[str]) -> CounterMetricFamily:
+    c = CounterMetricFamily(name, doc, labels=["job_name"])
+    c.add_metric(labels, float(value))
+    return c
+
+
+class _Collector:
+    """A prometheus_client collector over the newest snapshot (None before the first tick)."""
+
+    def __init__(self, clock: Callable[[], datetime]) -> None:
+        self.snap: Snapshot | None = None
+        self.clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snap
+        if snap is not None:
+            yield from families(snap, self.clock())
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def registry_for(snap: Snapshot | None, clock: Callable[[], datetime] = _utcnow) -> tuple[CollectorRegistry, _Collector]:
+    registry = CollectorRegistry(auto_describe=False)
+    collector = _Collector(clock)
+    collector.snap = snap
+    registry.register(collector)  # type: ignore[arg-type]
+    return registry, collector
+
+
+# -- check --metrics-file ----------------------------------------------------------------------
+
+
+def check_textfile_path(path: Path) -> Path:
+    """Refuse a path that cannot work before the tick runs (exit 2 naming the flag)."""
+    if not path.name.endswith(".prom"):
+        raise UsageError(f"--metrics-file {str(path)!r}: node_exporter's textfile collector reads only *.prom "
+                         "files; name it e.g. tpuwatch.prom")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"--metrics-file {str(path)!r}: directory {str(parent)!r} does not exist; create it or "
+                         "point at node_exporter's --collector.textfile.directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--metrics-file {str(path)!r}: directory {str(parent)!r} is not writable")
+    if path.is_dir():
+        raise UsageError(f"--metrics-file {str(path)!r} is a directory; name a file such as tpuwatch.prom")
+    return path
+
+
+def write_textfile(path: Path, report: Any, journal: Journal, pcfg: PolicyConfig) -> None:
+    """Write the job's metrics in node_exporter's textfile format, atomically (a temporary file in
+    the same directory, then a rename). API requests add up over runs (kept in the journal)."""
+    earlier: dict[tuple[str, str], int] = {}
+    text = journal.cursor(API_CURSOR)
+    if text:
+        try:
+            earlier = {(a, m): int(n) for a, m, n in json.loads(text)}
+        except (ValueError, TypeError):
+            earlier = {}
+    total = dict(earlier)
+    for k, n in calls.counts().items():
+        total[k] = total.get(k, 0) + n
+    with journal.transaction():
+        journal.set_cursor(API_CURSOR, json.dumps(sorted([a, m, n] for (a, m), n in total.items())))
+    registry, _ = registry_for(snapshot(report, journal, pcfg, total))
+    try:
+        write_to_textfile(str(path), registry)
+    except OSError as exc:
+        raise UsageError(f"--metrics-file {str(path)!r}: cannot write it: {exc.strerror or exc}") from None
+
+
+# -- watch --metrics-port ----------------------------------------------------------------------
+
+
+class Exporter:
+    """`/metrics` and `/healthz` over HTTP on all interfaces, in a thread of its own."""
+
+    def __init__(self, port: int, source: str, pcfg: PolicyConfig, command_timeout: float, stop_grace: float,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], datetime] = _utcnow) -> None:
+        self.registry, self.collector = registry_for(None, wall)
+        self.stale_after = HEALTHY_POLLS * pcfg.poll_interval + 2 * (command_timeout + 2 * stop_grace)
+        self.clock = clock
+        self.last_tick = clock()  # starting up counts as ticking
+        exporter = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._send(200, CONTENT_TYPE_LATEST, generate_latest(exporter.registry))
+                elif path == "/healthz":
+                    age = exporter.clock() - exporter.last_tick
+                    ok = age <= exporter.stale_after
+                    text = f"{'ok' if ok else 'stale'}: last tick {age:.0f}s ago (limit {exporter.stale_after:.0f}s)\n"
+                    self._send(200 if ok else 503, "text/plain; charset=utf-8", text.encode())
+                else:
+                    self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics or /healthz\n")
+
+            def _send(self, code: int, ctype: str, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                pass  # scrapes every 15 s would drown the watch's own lines
+
+        try:
+            self.server = ThreadingHTTPServer(("", port), Handler)
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                why = "is in use" if exc.errno == errno.EADDRINUSE else "may not be bound by this user"
+                raise UsageError(f"{source} {port}: the port {why} ({exc.strerror}); choose another port "
+                                 "(or stop what listens there)") from None
+            raise UsageError(f"{source} {port}: cannot listen: {exc.strerror or exc}") from None
+        self.server.daemon_threads = True
+        self.port = int(self.server.server_address[1])
+        self._thread = threading.Thread(target=self.server.serve_forever, name="tpuwatch-metrics", daemon=True)
+        self._thread.start()
+
+    def update(self, snap: Snapshot) -> None:
+        self.collector.snap = snap
+        self.last_tick = self.clock()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,77 @@
+"""What `watch` and `check` tell the world besides their own lines: [[notify]] alerts and metrics.
+
+The commands call three things: `Outputs.prepare` before the journal is opened (an unset
+${VAR}, a port in use or a bad --metrics-file is exit 2 before anything is done), `start` with
+the open journal, `after_tick(report)` after each tick, and `close` at the end. The tick itself
+knows nothing of either. With --dry-run nothing is sent or written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tpuwatch import metrics, notify
+from tpuwatch.journal import Journal
+
+
+@dataclass
+class Outputs:
+    job: Any  # tpuwatch.wiring.Job
+    targets: tuple[notify.Target, ...]
+    exporter: metrics.Exporter | None
+    metrics_file: Path | None
+    dry_run: bool
+    notifier: notify.Notifier | None = None
+    journal: Journal | None = None
+    closed: bool = False
+
+    @classmethod
+    def prepare(cls, job: Any, *, dry_run: bool, metrics_port: int | None = None, serve: bool = False,
+                metrics_file: Path | None = None) -> Outputs:
+        """Check everything the user gave; bind the metrics port (`serve`: watch, which also reads [metrics] port)."""
+        targets = notify.targets_from_config(job.cfg)
+        port = metrics_port if metrics_port is not None else (int(job.cfg.metrics["port"]) if serve else 0)
+        exporter = None
+        if port:
+            source = "--metrics-port" if metrics_port is not None else "metrics.port"
+            exporter = metrics.Exporter(port, source, job.pcfg, float(job.cfg.ssh["command_timeout"]),
+                                        float(job.cfg.recovery["stop_grace"]))
+        path = metrics.check_textfile_path(metrics_file) if metrics_file is not None else None
+        return cls(job, () if dry_run else targets, exporter, path, dry_run)
+
+    def start(self, journal: Journal) -> Outputs:
+        """Begin: the sender first sends what an earlier run left unsent."""
+        self.journal = journal
+        if self.targets:
+            self.notifier = notify.Notifier(journal, self.targets, self.job.name, self.job.cfg.tpu_name,
+                                            str(self.job.location.zone or "")).start()
+        return self
+
+    def after_tick(self, report: Any) -> list[str]:
+        """Alerts journaled and handed to the sender, metrics updated; warnings to show."""
+        assert self.journal is not None, "Outputs.start first"
+        if self.notifier is not None and not self.dry_run:
+            self.notifier.after_tick(report)
+        if self.exporter is not None:
+            self.exporter.update(metrics.snapshot(report, self.journal, self.job.pcfg))
+        return self.take_warnings()
+
+    def take_warnings(self) -> list[str]:
+        out = self.notifier.take_warnings() if self.notifier is not None else []
+        return out
+
+    def close(self, report: Any = None, flush: float = notify.FLUSH_SECONDS) -> list[str]:
+        """Send what is due (for `flush` s at most), write the metrics file (check), stop serving.
+        A second call does nothing."""
+        if self.closed:
+            return []
+        self.closed = True
+        if self.notifier is not None:
+            self.notifier.close(flush)
+        if self.metrics_file is not None and report is not None and not self.dry_run and self.journal is not None:
+            metrics.write_textfile(self.metrics_file, report, self.journal, self.job.pcfg)
+        if self.exporter is not None:
+            self.exporter.close()
+        return self.take_warnings()
