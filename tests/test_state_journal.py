@@ -188,14 +188,16 @@ def test_two_cron_checks_at_once_one_acts_the_other_exits_0(sim: Simulator, tmp_
     try:
         first = job.cli("check", "-c", str(job.cfg))  # the job is launched
         assert first.returncode == 0, first.stdout + first.stderr
-        sim.inject("slow-api", latency="600s", jitter=0)  # 1 s per call: a tick of a few seconds
+        # 5 s per call: the first check's tick lasts well past the second's start-up, even on a
+        # busy machine where starting a Python process takes seconds
+        sim.inject("slow-api", latency="3000s", jitter=0)
         base = sim.world.call_count("GetNode")
         a = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "check", "-c", str(job.cfg)], env=job.env,
                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
         # the first check holds the job's lock while it waits for the (slow) API
         job.wait(lambda: sim.world.call_count("GetNode") > base, timeout=30, what="the first check's tick")
         b = job.cli("check", "-c", str(job.cfg))
-        out_a, err_a = a.communicate(timeout=60)
+        out_a, err_a = a.communicate(timeout=120)
         assert a.returncode == 0 and "another tpuwatch" not in out_a, out_a + err_a
         assert "running" in out_a, out_a  # it looked and reported
         assert b.returncode == 0, b.stdout + b.stderr

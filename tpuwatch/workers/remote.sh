@@ -84,15 +84,6 @@ tw_session_members() {  # live pids whose session or process group is $1
   done
 }
 
-tw_is_ours() {  # pid $1 runs with TPUWATCH_JOB=$TW_JOB in its environment
-  local e
-  e=$(tr '\0' '\n' <"/proc/$1/environ" 2>/dev/null) || return 1
-  case $'\n'"$e"$'\n' in
-    *$'\n'"TPUWATCH_JOB=$TW_JOB"$'\n'*) return 0 ;;
-  esac
-  return 1
-}
-
 tw_wait_gone() {  # wait up to $1 ms for all pids in $2 to die; prints the survivors
   local deadline left p
   deadline=$(($(tw_now_ms) + $1))
