@@ -878,59 +878,46 @@ class World:
     def stop_node(
         self, project: str, zone: str, name: str, api_version: str = "v2"
     ) -> OperationRec:
-        with self._lock:
-            rec = self._require(project, zone, name)
-            if rec.state != "READY":
-                raise ApiError(
-                    "FAILED_PRECONDITION", f"stop is not supported while in state {rec.state}"
-                )
-            rec.state, rec.epoch = "STOPPING", rec.epoch + 1
-            op = self._new_op(project, zone, "stop", rec.full_name, api_version)
-            key, node_id, epoch = rec.key, rec.id, rec.epoch
-            self._touch()
-
-        def finish() -> None:
-            self._hosts_call("down", key)
-            with self._lock:
-                rec = self._nodes.get(key)
-                if rec is not None and rec.id == node_id and rec.epoch == epoch:
-                    rec.state, rec.health = "STOPPED", "HEALTH_UNSPECIFIED"
-                    self._end_op(op.name, response=rec)
-                else:
-                    self._end_op(
-                        op.name, error=(10, "The node changed while it was being stopped.")
-                    )
-
-        self.after(self.delays["stop"], finish)
-        return copy.deepcopy(op)
+        return self._transition(project, zone, name, api_version, "stop", "READY",
+                                ("STOPPING", "STOPPED", "HEALTH_UNSPECIFIED"), hosts="down")
 
     def start_node(
         self, project: str, zone: str, name: str, api_version: str = "v2"
     ) -> OperationRec:
+        return self._transition(project, zone, name, api_version, "start", "STOPPED",
+                                ("STARTING", "READY", "HEALTHY"), hosts="up")
+
+    def _transition(
+        self, project: str, zone: str, name: str, api_version: str, verb: str, from_state: str,
+        states: tuple[str, str, str], *, hosts: str,
+    ) -> OperationRec:
+        """A node operation that moves `from_state` -> states[0] now and, after delays[verb],
+        -> states[1] with health states[2] (the hosts go `hosts` first); refused in any other
+        state, as the API refuses it, and failed if the node changed meanwhile."""
+        during, after, health = states
         with self._lock:
             rec = self._require(project, zone, name)
-            if rec.state != "STOPPED":
+            if rec.state != from_state:
                 raise ApiError(
-                    "FAILED_PRECONDITION", f"start is not supported while in state {rec.state}"
+                    "FAILED_PRECONDITION", f"{verb} is not supported while in state {rec.state}"
                 )
-            rec.state, rec.epoch = "STARTING", rec.epoch + 1
-            op = self._new_op(project, zone, "start", rec.full_name, api_version)
+            rec.state, rec.epoch = during, rec.epoch + 1
+            op = self._new_op(project, zone, verb, rec.full_name, api_version)
             key, node_id, epoch = rec.key, rec.id, rec.epoch
             self._touch()
 
         def finish() -> None:
-            self._hosts_call("up", key)
+            self._hosts_call(hosts, key)
             with self._lock:
                 rec = self._nodes.get(key)
                 if rec is not None and rec.id == node_id and rec.epoch == epoch:
-                    rec.state, rec.health = "READY", "HEALTHY"
+                    rec.state, rec.health = after, health
                     self._end_op(op.name, response=rec)
                 else:
-                    self._end_op(
-                        op.name, error=(10, "The node changed while it was being started.")
-                    )
+                    gerund = {"stop": "stopped", "start": "started"}.get(verb, verb)
+                    self._end_op(op.name, error=(10, f"The node changed while it was being {gerund}."))
 
-        self.after(self.delays["start"], finish)
+        self.after(self.delays[verb], finish)
         return copy.deepcopy(op)
 
     def update_node(
