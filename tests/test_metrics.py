@@ -18,8 +18,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tpuwatch import metrics
-from tpuwatch.journal import AttemptRow
+from tpuwatch.journal import AttemptRow, JournalEvent
 from tpuwatch.policy import PolicyConfig
+from tpuwatch.report import compute
 
 T0 = datetime(2026, 11, 24, 0, 0, tzinfo=timezone.utc)
 
@@ -88,12 +89,24 @@ def test_time_to_resume_counts_from_each_interrupted_end_to_the_next_launch() ->
     assert metrics.resumes(attempts) == (30.0, 10.0)  # a success is not a resume
 
 
-def test_goodput_is_checkpointed_steps_at_the_best_rate_over_wall_time() -> None:
-    # attempt 1: 100 steps in 100 s (1 step/s), lost 50 s waiting; attempt 2 running: 50 more steps in 50 s
-    attempts = [row(1, 0, 100, None, 100, "disruption"), row(2, 150, None, 100, None, None)]
-    assert metrics.goodput(attempts, 150, at(200)) == pytest.approx(150 / 200)
-    assert metrics.goodput([], None, at(10)) is None
-    assert metrics.goodput([row(1, 0, None, None, None, None)], None, at(10)) is None  # no checkpoint yet
+def test_goodput_is_the_reports_productive_share_of_wall_time() -> None:
+    # attempt 1 saves at 60 s and 120 s and is ended by a disruption at 150 s; 50 s pass before
+    # attempt 2 launches and saves once at 260 s. The report counts from the first launch.
+    events = [JournalEvent(1, at(0), "phase", "idle -> running", {"from": "idle", "to": "running", "row": "launch"}),
+              JournalEvent(2, at(65), "checkpoint", "step 10", {"attempt": 1, "step": 10, "time": at(60).isoformat()}),
+              JournalEvent(3, at(125), "checkpoint", "step 20", {"attempt": 1, "step": 20, "time": at(120).isoformat()}),
+              JournalEvent(4, at(150), "phase", "running -> waiting_node",
+                           {"from": "running", "to": "waiting_node", "row": "disruption"}),
+              JournalEvent(5, at(200), "phase", "waiting_node -> running",
+                           {"from": "waiting_node", "to": "running", "row": "launch"}),
+              JournalEvent(6, at(265), "checkpoint", "step 30", {"attempt": 2, "step": 30, "time": at(260).isoformat()})]
+    attempts = [row(1, 0, 150, None, 20, "disruption"), row(2, 200, None, 20, None, None)]
+    got = metrics.goodput("llm", events, attempts, at(300))
+    want = compute("llm", events, attempts, at(300)).goodput
+    assert got is not None and got == want
+    # lost: the 30 s after attempt 1's last save and the 50 s wait; attempt 2 still runs (not lost yet)
+    assert got == pytest.approx((300 - 30 - 50) / 300)
+    assert metrics.goodput("llm", [], [], at(10)) is None
 
 
 class Clock:
