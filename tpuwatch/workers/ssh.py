@@ -7,8 +7,9 @@ from the remote command's: unreachable (exit 255 and a connection error), authen
 a changed host key, a timeout.
 
 OpenSSH pins host keys per node id: its own known_hosts file (in the state dir) and
-`HostKeyAlias=tpuwatch-<node id>-w<i>` with `StrictHostKeyChecking=accept-new`. A recreated node
-has a new id, so its new keys are accepted once; a changed key under the same id is refused.
+`HostKeyAlias=tpuwatch-<node id>-w<i>`. With `pins` (hostkeys.py) the keys come from the
+workers' guest attributes and ssh checks strictly; a worker that publishes none is trusted on
+first use (`StrictHostKeyChecking=accept-new`), as is every worker without `pins`.
 
 This module knows nothing of what the command does (see protocol.py) nor of jobs or policy.
 """
@@ -30,6 +31,7 @@ from typing import Any, Literal, Protocol
 
 from tpuwatch.errors import ConfigError
 from tpuwatch.model import NodeSnapshot, WorkerEndpoint
+from tpuwatch.workers import hostkeys
 
 Failure = Literal["", "unreachable", "auth", "host_key", "timeout", "missing"]
 SSH_ERROR = 255
@@ -163,6 +165,7 @@ class OpenSsh:
         self.server_alive_interval = server_alive_interval
         self.server_alive_count = server_alive_count
         self.binary = binary
+        self.pins: hostkeys.PinnedHostKeys | None = None  # host keys from the API (SshWorkers sets it)
 
     @classmethod
     def from_config(cls, ssh: Mapping[str, Any], state_dir: Path, **kw: Any) -> OpenSsh:
@@ -190,10 +193,12 @@ class OpenSsh:
 
     @staticmethod
     def host_alias(node: NodeSnapshot, worker: WorkerEndpoint) -> str:
-        return f"tpuwatch-{node.id or node.name}-w{worker.index}"
+        return hostkeys.alias(node, worker)
 
     def argv(self, node: NodeSnapshot, worker: WorkerEndpoint, remote_command: str) -> list[str]:
         address = worker.address(self.internal_ip)
+        alias = self.host_alias(node, worker)
+        strict = "yes" if self.pins is not None and self.pins.strict(alias) else "accept-new"
         opts = [
             "BatchMode=yes",
             f"ConnectTimeout={max(1, int(self.connect_timeout))}",
@@ -201,8 +206,8 @@ class OpenSsh:
             f"ServerAliveCountMax={self.server_alive_count}",
             f"UserKnownHostsFile={self.known_hosts}",
             "GlobalKnownHostsFile=/dev/null",
-            f"HostKeyAlias={self.host_alias(node, worker)}",
-            "StrictHostKeyChecking=accept-new",
+            f"HostKeyAlias={alias}",
+            f"StrictHostKeyChecking={strict}",
             "HashKnownHosts=no",
             "UpdateHostKeys=no",
             "CheckHostIP=no",
@@ -227,6 +232,8 @@ class OpenSsh:
         where = f"worker {worker.index} of {node.name}"
         address = worker.address(self.internal_ip)
         last = _last_line(stderr)
+        if failure == "host_key" and self.pins is not None:
+            return self.pins.describe_mismatch(node, worker, address, stderr)
         if failure == "host_key":
             alias = self.host_alias(node, worker)
             return (
