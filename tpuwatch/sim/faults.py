@@ -146,7 +146,8 @@ FAULTS: dict[str, Fault] = {
             "for DELAY: keys reach a new VM after sshd listens.",
             (
                 _NODE,
-                Param("delay", "duration", "how long after each boot keys are refused (0 ends the fault)",
+                Param("delay", "duration", "how long after each boot keys are refused (0: the keys arrive now, "
+                      "and the fault ends)",
                       default=60.0),
                 *_WHERE,
             ),

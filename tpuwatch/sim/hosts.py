@@ -270,13 +270,17 @@ class Hosts:
     def keys_late(self, node_key: str, delay: float) -> None:
         """Fault: from the next boot on (create, reboot), the node's workers refuse every client key
         for `delay` simulated seconds, as a VM whose guest agent has not installed the project's
-        keys yet answers `Permission denied (publickey)`. 0 ends it; it outlives a recreate."""
+        keys yet answers `Permission denied (publickey)`. It outlives a recreate; 0 ends it, and
+        the keys of the boot under way arrive now."""
         if delay < 0:
             raise UsageError(f"keys-late: delay must be 0 or more, not {delay}")
         if delay:
             self._keys_late[node_key] = float(delay)
-        else:
-            self._keys_late.pop(node_key, None)
+            return
+        self._keys_late.pop(node_key, None)
+        node = self._nodes.get(node_key)
+        for w in node.workers if node is not None else ():
+            w.keys_at = 0.0
 
     def rotate_keys_on_reboot(self, node_key: str, on: bool = True) -> None:
         """Fault: every later reboot (a heal) gives the node's workers new host keys, published in
