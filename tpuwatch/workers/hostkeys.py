@@ -21,6 +21,7 @@ import fcntl
 import hashlib
 import os
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -29,6 +30,9 @@ from tpuwatch.model import NodeSnapshot, WorkerEndpoint
 # node -> worker index -> ("ssh-ed25519 AAAA...", ...); workers that publish none are absent
 HostKeySource = Callable[[NodeSnapshot], Mapping[int, Sequence[str]]]
 MARK = "tpuwatch-published"  # the comment on known_hosts lines written from the API
+# A worker that published no keys is asked again this often: its guest agent may publish them
+# late, and from then on its keys are checked strictly.
+REREAD_UNPUBLISHED = 600.0
 _PRESENTED = re.compile(r"key sent by the remote host is\s+(SHA256:[A-Za-z0-9+/=]+)")
 
 
@@ -57,11 +61,13 @@ def presented_fingerprint(stderr: str) -> str:
 class PinnedHostKeys:
     """The known_hosts file of one transport, kept in step with the workers' published keys."""
 
-    def __init__(self, known_hosts: Path, source: HostKeySource) -> None:
+    def __init__(self, known_hosts: Path, source: HostKeySource,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.known_hosts = known_hosts
         self.source = source
+        self.clock = clock
         self.published: dict[str, tuple[str, ...]] = {}  # alias -> keys the API published
-        self.unpublished: set[str] = set()  # aliases whose worker published no keys when last read
+        self.unpublished: dict[str, float] = {}  # alias -> when the API last published none for it
         self.notes: list[str] = []  # for the person watching (trust on first use), taken by the caller
 
     def strict(self, name: str) -> bool:
@@ -75,7 +81,10 @@ class PinnedHostKeys:
         todo = False
         for w in workers:
             name = alias(node, w)
-            if name in self.published or name in self.unpublished:
+            if name in self.unpublished:
+                todo = todo or self.clock() - self.unpublished[name] >= REREAD_UNPUBLISHED
+                continue
+            if name in self.published:
                 continue
             keys = tuple(k for k, marked in on_file.get(name, ()) if marked)
             if keys:
@@ -95,11 +104,12 @@ class PinnedHostKeys:
             name = alias(node, w)
             if keys.get(w.index):
                 fresh[name] = keys[w.index]
-                self.unpublished.discard(name)
-            elif name not in self.unpublished:
-                self.unpublished.add(name)
+                self.unpublished.pop(name, None)
+                continue
+            if name not in self.unpublished:
                 self.published.pop(name, None)
                 newly_unpublished.append(w.index)
+            self.unpublished[name] = self.clock()
         if newly_unpublished:
             self.notes.append(
                 f"node {node.name} (id {node.id}) publishes no SSH host keys for worker(s) "
