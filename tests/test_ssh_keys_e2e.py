@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,7 @@ def _login_grace(job: Watched, grace: str) -> None:
 def test_keys_not_there_yet_after_a_boot_are_waited_for_then_the_job_resumes(
         sim: Simulator, tmp_path: Path, how: str) -> None:
     recreate = how == "recreate"
-    job = Watched(sim, tmp_path, "pod", seed=21, steps=200, recreatable=recreate, spot=recreate)
+    job = Watched(sim, tmp_path, "pod", seed=21, steps=400, recreatable=recreate, spot=recreate)
     first_id = job.node().id
     try:
         job.start()
@@ -47,6 +48,10 @@ def test_keys_not_there_yet_after_a_boot_are_waited_for_then_the_job_resumes(
             sim.inject("maintenance", node="pod", heal_after="60s")
         job.wait(lambda: "keys not there yet" in job.output(), 90, "the watcher to wait for the keys")
         sim.inject("keys-late", node="pod", delay="0s")  # the guest agent has installed them
+        t_keys = time.monotonic()
+        n = job.node().n_workers
+        resumed = job.wait(lambda: job.workers_running() == n, 90, "the job running again")
+        print(f"\n{how}: job running on every worker {resumed - t_keys:.2f} s after the keys arrived")
         rc = job.finish(timeout=150)
         result = job.assert_invariants(rc)  # exit 0, the job finished, never two trainers
         out = job.output()
