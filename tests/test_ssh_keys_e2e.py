@@ -103,7 +103,8 @@ def test_a_host_key_the_api_does_not_publish_is_refused_and_nothing_runs(sim: Si
         assert job.steps_done() == []
         # the job's known_hosts holds what the API publishes, not what the worker presented
         known = (job.state_dir / "known_hosts").read_text()
-        assert published.split(":")[0] and sim.hosts.published_host_keys(key, 1)["ssh-ed25519"] in known
+        assert sim.hosts.published_host_keys(key, 1)["ssh-ed25519"] in known
+        assert sim.hosts._worker(key, 1).served_key.export_public_key("openssh").decode().split()[1] not in known
     finally:
         job.close()
 
