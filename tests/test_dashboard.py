@@ -168,3 +168,21 @@ def test_plain_lines_are_one_parseable_timestamped_line_per_change() -> None:
 def test_state_line_without_a_checkpoint() -> None:
     assert state_line(report(n=MISSING, phase=Phase.HALTED, summary="node llm-pod is missing")) == (
         "node missing | halted | attempt 3: node llm-pod is missing")
+
+
+def test_workers_whose_keys_are_not_there_yet_say_so() -> None:
+    """Right after a boot the workers refuse the login until the keys arrive: the dashboard
+    shows why they are unreachable and the policy's word for it, not a bare "unreachable"."""
+    from tpuwatch.policy import Observation, decide
+
+    detail = ("login refused: worker 0 of llm-pod (10.0.0.0) refused the login as 'alice' with "
+              "/home/alice/.ssh/google_compute_engine (Permission denied (publickey).)")
+    probes = [WorkerProbe(i, "unreachable", None, detail=detail.replace("worker 0", f"worker {i}"),
+                          login_refused=True) for i in range(4)]
+    d = decide(Observation(node=node(), probes=tuple(probes)), Memory(zone="us-central2-b", node_seen="111"),
+               PCFG, T0 + timedelta(seconds=40))
+    assert d.row == "keys_not_there_yet"
+    r = report(phase=Phase.IDLE, probes=probes, summary=d.summary, at=T0 + timedelta(seconds=40))
+    body = render(dashboard(r, "llm", PCFG, [], T0 + timedelta(seconds=50), T0))
+    assert body.count("unreachable: login refused") == 4, body
+    assert "keys not there yet" in body, body

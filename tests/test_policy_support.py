@@ -117,13 +117,14 @@ def obs(n: NodeSnapshot | None = None, *, missing: bool = False, **kw: Any) -> O
 
 
 def idle(**kw: Any) -> Memory:
-    return replace(Memory.initial(ZONES[0]), **kw)
+    """Memory with no attempt alive, that has seen node n1 before (no boot of its own to count)."""
+    return replace(Memory.initial(ZONES[0]), **{"node_seen": "n1", **kw})
 
 
 def run_mem(attempt: int = 1, start: float = 0.0, step: int | None = 100, **kw: Any) -> Memory:
     """Memory following attempt `attempt`, started at at(start) from checkpoint `step` on node n1."""
     base = dict(phase=Phase.RUNNING, attempt=attempt, attempt_start=at(start), attempt_node_id="n1",
-                attempt_start_step=step, attempt_seen=True)
+                attempt_start_step=step, attempt_seen=True, node_seen="n1")
     base.update(kw)
     return replace(Memory.initial(ZONES[0]), **base)
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 from test_policy_support import (
+    CFG,
     NAME,
     ZONES,
     absent,
@@ -27,7 +28,7 @@ from test_policy_support import (
     tick,
 )
 
-from tpuwatch.model import QueuedStatus
+from tpuwatch.model import QueuedStatus, WorkerProbe
 from tpuwatch.policy import (
     ROWS,
     CreateNode,
@@ -412,6 +413,54 @@ def test_row_workers_unreachable() -> None:
     # nor is anything launched while a worker cannot be cleaned up
     d2 = tick(obs(probes=(probe(0, "absent", None), probe(1, "unreachable", None))), idle(), now=100)
     assert d2.row == "workers_unreachable" and "launch" not in kinds(d2)
+
+
+def _refused(worker: int) -> WorkerProbe:
+    return WorkerProbe(worker, "unreachable", detail="login refused: worker 1 of pod refused the login as 'alice' "
+                       "with /k (Permission denied (publickey).); check ssh.user", login_refused=True)
+
+
+def test_row_keys_not_there_yet() -> None:
+    probes = (probe(0, "absent", None), _refused(1))
+    # 60 s after the node's create time (T0): keys not there yet; nothing launched, not halted
+    d = tick(obs(probes=probes), idle(), now=60)
+    assert d.row == "keys_not_there_yet" and kinds(d) == ["wait"] and d.exit_code == 0
+    assert "keys not there yet" in d.summary and d.memory.phase is Phase.IDLE
+    # a heal long after the create: the maintenance time in health_description is the boot
+    healed = replace(node(), maintenance_time=at(10_000))
+    assert tick(obs(healed, probes=probes), idle(), now=10_100).row == "keys_not_there_yet"
+    # a boot the policy saw: the node was not usable on the last tick, and is now
+    down = tick(obs(node(health="UNHEALTHY_MAINTENANCE")), idle(), now=20_000).memory
+    assert down.node_down and down.node_seen == "n1"
+    up = tick(obs(probes=probes), down, now=20_050)
+    assert up.row == "keys_not_there_yet" and up.memory.booted_at == at(20_050)
+    # a node id other than the one it knew (recreated by someone else): a boot too
+    d = tick(obs(node(id="n2"), probes=probes), idle(), now=30_000)
+    assert d.row == "keys_not_there_yet" and d.memory.booted_at == at(30_000)
+    # the first node it ever sees is no boot of its own: its create time counts
+    first = tick(obs(probes=probes), idle(node_seen=""), now=30_000)
+    assert first.memory.booted_at is None and first.row == "login_refused"
+    # a launched attempt no worker shows yet, refused within the grace: waits as well
+    d = tick(obs(probes=probes), run_mem(start=30, attempt_seen=False), now=90)
+    assert d.row == "keys_not_there_yet" and d.ended == () and "launch" not in kinds(d)
+
+
+def test_row_login_refused() -> None:
+    probes = (probe(0, "absent", None), _refused(1))
+    d = tick(obs(probes=probes), idle(), now=301)  # login_grace is 300 s after the create (T0)
+    assert d.row == "login_refused" and d.exit_code == 1 and d.memory.phase is Phase.HALTED
+    (action,) = d.actions
+    assert isinstance(action, NeedsPerson)
+    assert "'alice'" in action.reason and "/k" in action.reason and "check ssh.user" in action.reason
+    assert "ssh.login_grace" in action.reason
+    # once it logs in, the job goes on (launch)
+    again = tick(obs(probes=absent()), d.memory, now=400)
+    assert again.row == "launch"
+    # a launched attempt that never showed up, past the grace: the same stop
+    d = tick(obs(probes=probes), run_mem(start=30, attempt_seen=False), now=1000)
+    assert d.row == "login_refused" and d.exit_code == 1
+    # ssh.login_grace = 0: no wait at all
+    assert tick(obs(probes=probes), idle(), now=1, cfg=replace(CFG, login_grace=0.0)).row == "login_refused"
 
 
 def test_row_unreachable_grace() -> None:

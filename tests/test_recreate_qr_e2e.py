@@ -85,7 +85,8 @@ def test_a_spot_node_the_service_takes_back_through_its_queued_resource_recovers
     """Google preempts a spot node made through a queued resource by deleting the node: the
     request goes SUSPENDING, then SUSPENDED, and the node is gone before any watcher looks.
     From cron (`check`), the next tick must see a disruption, not "a person deleted the node"."""
-    job = Job(sim, tmp_path, accelerator="v4-16", spot=True, recreatable=True, queued=QR)
+    # a long job, so it is still training when the service takes the node back however slow the box
+    job = Job(sim, tmp_path, steps=100_000, accelerator="v4-16", spot=True, recreatable=True, queued=QR)
     old = sim.world.node("pod")
     assert job.cli("check", "-c", str(job.cfg)).returncode == 0
     job.wait(lambda: len(job.steps_done()) >= 2, what="two checkpoints")
@@ -95,7 +96,7 @@ def test_a_spot_node_the_service_takes_back_through_its_queued_resource_recovers
                        and not w.has_node("pod"), timeout=60)
     rows: list[str] = []  # the row of each cron tick until the job runs again on a new node
     deadline = time.monotonic() + 120
-    while not rows or rows[-1] not in ("running", "terminal", "launch"):
+    while not rows or rows[-1] not in ("running", "launch"):
         assert time.monotonic() < deadline, f"not running again after 120 s; rows: {rows}"
         r = job.cli("check", "-c", str(job.cfg), "--json")
         assert r.returncode == 0, r.stdout + r.stderr  # never "needs a person" (exit 1)
@@ -108,12 +109,10 @@ def test_a_spot_node_the_service_takes_back_through_its_queued_resource_recovers
     assert sim.world.get_queued_resource(sim.project, sim.zone, QR).state == "ACTIVE"
     assert sim.world.call_count("DeleteQueuedResource") == 1 and sim.world.call_count("CreateQueuedResource") == 1
     assert sim.world.call_count("CreateNode") == 0 and sim.world.call_count("DeleteNode") == 0
-    proc = job.watch()
-    rc, out = finish(proc, timeout=120)
-    assert rc == 0, out
+    job.wait(lambda: any(a["start_step"] for a in job.history()["attempts"][1:]), what="the relaunch journaled")
     attempts = job.history()["attempts"]
     assert attempts[0]["outcome"] == "disruption" and not any(a["charged"] for a in attempts), attempts
-    assert job.steps_done()[-1] == STEPS
+    assert attempts[1]["node_id"] == str(node.id) and attempts[1]["start_step"] >= 10  # from its checkpoint
 
 
 def test_a_queued_resource_a_person_deleted_stays_a_needs_person_stop(sim: Simulator, tmp_path: Path) -> None:
@@ -126,4 +125,4 @@ def test_a_queued_resource_a_person_deleted_stays_a_needs_person_stop(sim: Simul
     r = job.cli("check", "-c", str(job.cfg))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "tpuwatch never recreates a node a person deleted" in r.stdout + r.stderr
-    assert sim.world.call_count("CreateQueuedResource") == 1  # only the one that made the node
+    assert sim.world.call_count("CreateQueuedResource") == 0  # tpuwatch created nothing

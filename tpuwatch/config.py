@@ -434,7 +434,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "connect_timeout": Field(_duration(1), 10.0, "ssh ConnectTimeout"),
         "command_timeout": Field(_duration(5), 60.0, "longest a probe or launch over SSH may take before the worker "
                                  "counts as unreachable this tick (a launch's cleanup adds 2x recovery.stop_grace)"),
-        "known_hosts": Field(_path, "", "known_hosts file; default one per job in the state dir, pinned per node id"),
+        "known_hosts": Field(_path, "", "known_hosts file; default one per job in the state dir; host keys pinned "
+                             "from the workers' guest attributes, per node id"),
+        "login_grace": Field(_duration(0), 300.0, "a login refused this soon after the node booted is keys not there "
+                             "yet (wait); later it needs a person"),
         "options": Field(_str_list, (), "extra ssh -o options, e.g. [\"ProxyJump=bastion\"]"),
     },
     "precheck": {

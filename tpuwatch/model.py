@@ -128,6 +128,7 @@ class WorkerProbe:
     pid: int | None = None
     detail: str = ""  # e.g. the ssh error for "unreachable"
     log_bytes: int | None = None  # size of the attempt's output log (its activity, for hang detection)
+    login_refused: bool = False  # "unreachable" because ssh's login was refused (Permission denied)
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,9 @@ class Workers(Protocol):
     def remember(self, login: Login) -> None:
         """A login an earlier watcher learned (the journal keeps it)."""
 
+    def take_notes(self) -> list[str]:
+        """What the person watching should know, once (e.g. host keys trusted on first use)."""
+
     def port_target(self, node: NodeSnapshot) -> tuple[str, int] | None:
         """Worker 0's SSH address, when a TCP connect there tells whether its sshd is up; None when
         the transport reaches the workers by a path a TCP probe cannot follow (gcloud, IAP)."""

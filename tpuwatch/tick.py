@@ -224,6 +224,7 @@ class Reconciler:
             decision = decide(obs, mem, self.pcfg, now)
         if pre is not None and pre.context == "running":
             warnings.extend(f"environment check failed: {line}" for line in precheck.failing_lines(pre))
+        warnings.extend(self.ports.workers.take_notes())  # e.g. host keys trusted on first use
         ck_warning = precheck.checkpoint_warning(checkpoint, mem, float(self.cfg.job["checkpoint_warn_age"]), now)
         if ck_warning:
             warnings.append(ck_warning)

@@ -43,8 +43,6 @@ def real_ports(job: Job) -> Ports:
     from tpuwatch.workers import SshWorkers
 
     cfg, loc = job.cfg, job.location
-    workers = SshWorkers.from_config(cfg)
-    workers.transport.check()  # an unreadable key is exit 2 before any cloud call
     adapters: dict[str, TpuAdapter] = {}
 
     def tpu_for(zone: str) -> TpuAdapter:
@@ -54,6 +52,10 @@ def real_ports(job: Job) -> Ports:
 
     def lifecycle_for(zone: str) -> Lifecycle:
         return Lifecycle(tpu_for(zone), str(cfg.tpu["queued_resource"]))
+
+    # the workers' host keys as their guest attributes publish them: the known hosts
+    workers = SshWorkers.from_config(cfg, host_keys=lambda node: tpu_for(node.zone).host_keys(node.name))
+    workers.transport.check()  # an unreadable key is exit 2 before any cloud call
 
     ckpt_dir = cfg.job["checkpoint_dir"]
     checkpoints = CheckpointDir(ckpt_dir, cfg.job["checkpoint_layout"]) if ckpt_dir else None

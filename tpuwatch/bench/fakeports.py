@@ -141,6 +141,9 @@ class BenchWorkers:
     def remember(self, login: Login) -> None:
         pass
 
+    def take_notes(self) -> list[str]:
+        return []
+
     def port_target(self, node: NodeSnapshot) -> tuple[str, int] | None:
         """As OpenSSH to the external IPs, port 22."""
         first = min(node.workers, key=lambda w: w.index) if node.workers else None

@@ -7,7 +7,7 @@ spec has fields only v2alpha1 knows (boot_disk_config, autocheckpoint_enabled), 
 through v2alpha1 rather than losing them. Every request is one RPC under `tpuwatch.cloud.retry`
 (the client's own retry is off), so call counts are exact.
 
-Public calls: get_node / require_node / list_nodes / get_node_message (reads), create_node /
+Public calls: get_node / require_node / list_nodes / get_node_message / host_keys (reads), create_node /
 delete_node / set_labels / update_node (nodes), get_queued_resource / queued_status /
 create_queued_resource / delete_queued_resource / queued_resource_name (queued resources),
 get_operation. Queued resources are used through tpuwatch.cloud.lifecycle.
@@ -310,6 +310,38 @@ class TpuAdapter:
                 return None
 
         return self._read("get_node", full, "tpu.nodes.get", get)
+
+    def host_keys(self, name: str) -> dict[int, tuple[str, ...]]:
+        """Each worker's SSH host keys as its guest attributes publish them (query path
+        `hostkeys/`): worker index -> ("ssh-ed25519 AAAA...", ...). One request for every worker;
+        the answer lists the workers in index order, as gcloud reads it.
+
+        Empty when the node publishes none: it is gone, or guest attributes are not readable
+        (the `compute.disableGuestAttributesAccess` organization policy, a VM older than the
+        feature); other errors raise as every read does.
+        """
+        full = self._full(name)
+
+        def get(client: Any, types: Any) -> Any:
+            try:
+                return client.get_guest_attributes(
+                    request=types.GetGuestAttributesRequest(name=full, query_path="hostkeys/"),
+                    retry=None, timeout=RPC_TIMEOUT)
+            except gexc.NotFound as exc:
+                if _zone_not_found(exc):
+                    raise
+                return None
+            except (gexc.PermissionDenied, gexc.FailedPrecondition):
+                return None
+
+        answer = self._read("get_guest_attributes", full, "tpu.nodes.getGuestAttributes", get)
+        out: dict[int, tuple[str, ...]] = {}
+        for worker, attrs in enumerate(answer.guest_attributes if answer is not None else ()):
+            keys = tuple(f"{item.key} {item.value}" for item in attrs.query_value.items
+                         if item.namespace == "hostkeys" and item.key and item.value)
+            if keys:
+                out[worker] = keys
+        return out
 
     def get_queued_resource(self, name: str) -> Any | None:
         """A `tpu_v2.QueuedResource` by short or full name, or None when it does not exist."""

@@ -422,7 +422,7 @@ def command(ctx: click.Context, config_path: Path, project: str | None, zone: st
 
     debug = bool((ctx.obj or {}).get("debug"))
     cfg = load_config(config_path)
-    workers = SshWorkers.from_config(cfg)
+    workers = SshWorkers.from_config(cfg, host_keys=lambda n: TpuAdapter(n.project, n.zone).host_keys(n.name))
     workers.transport.check()  # an unreadable key is exit 2 before any call
     loc = resolve(project, zone, config_project=cfg.tpu["project"], config_zone=cfg.tpu["zone"])
     assert loc.zone is not None

@@ -131,6 +131,11 @@ class Memory:
     # (recorded at most every LOG_GRAIN, so the memory does not change on every tick)
     log_bytes: int | None = None
     log_at: datetime | None = None
+    # when this policy saw the node boot (a node id other than the one it knew, or usable again
+    # after it saw it not usable): a login refused soon after a boot is keys not there yet
+    node_seen: str = ""  # the node id last seen
+    node_down: bool = False  # that node was last seen not usable
+    booted_at: datetime | None = None
 
     @classmethod
     def initial(cls, zone: str) -> Memory:
@@ -315,4 +320,7 @@ _LOAD: dict[str, Any] = {
     "ckpt_first": _seconds,
     "log_bytes": _opt_int,
     "log_at": _opt_time,
+    "node_seen": _text,
+    "node_down": _flag,
+    "booted_at": _opt_time,
 }

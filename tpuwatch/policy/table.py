@@ -100,7 +100,7 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
         stop = (StopWorkers(f"job {word}: stopping leftover workers {_workers(left)}"),) if left else ()
         decision = tick.out(mem, "terminal", f"job {word}: {mem.reason}", *stop)
     else:
-        new = tick.refund(mem)
+        new = tick.refund(boots_seen(obs.node, mem, now))
         if new.phase is Phase.RUNNING:
             new = replace(new, evidence=merge_evidence(new.evidence, tick.signs(new)))
         handler = OP_ROWS.get(new.phase) or NODE_ROWS[node_condition(obs.node)]
@@ -114,6 +114,25 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
     if obs.dry_run:
         return replace(decision, memory=mem, summary=f"dry run: {decision.summary}", ended=(), operation_done=None)
     return decision
+
+
+def boots_seen(node: NodeSnapshot | None, mem: Memory, now: datetime) -> Memory:
+    """Memory that knows when this policy last saw the node boot: a node id other than the one it
+    knew (not the first one it sees), or usable again after it saw it not usable."""
+    if node is None:
+        return mem
+    up = node.usable
+    if node.id != mem.node_seen:
+        return replace(mem, node_seen=node.id, node_down=not up, booted_at=now if mem.node_seen else None)
+    if up == mem.node_down:  # a change: down now, or up again
+        return replace(mem, node_down=not up, booted_at=now if up else mem.booted_at)
+    return mem
+
+
+def boot_time(node: NodeSnapshot, mem: Memory) -> datetime | None:
+    """The node's latest boot known: its create time, its last maintenance, or a boot seen."""
+    times = [t for t in (node.create_time, node.maintenance_time, mem.booted_at) if t is not None]
+    return max(times) if times else None
 
 
 def operation_started(mem: Memory, name: str) -> Memory:
@@ -512,6 +531,9 @@ class _Tick:
         if older:
             return self.out(mem, "stale_workers", f"workers {_workers(older)} still run an older attempt; "
                                                   f"stopping them before attempt {n}", StopWorkers("older attempt still running"))
+        refused = [p for p in probes if p.login_refused]
+        if refused:
+            return self.login_refused(mem, refused)
         unreachable = [p for p in probes if p.state == "unreachable"]
         if unreachable:
             return self.out(mem, "workers_unreachable", f"cannot reach workers {_workers(unreachable)}; "
@@ -556,6 +578,9 @@ class _Tick:
             return self.out(mem, "backoff", f"backoff: attempt {mem.attempt + 1} starts in "
                                             f"{human(_secs(mem.backoff_until - now))} ({mem.restarts} charged restarts)",
                             Wait(mem.backoff_until, "backoff between charged restarts"))
+        refused = [p for p in probes if p.login_refused]
+        if refused:
+            return self.login_refused(mem, refused)
         unreachable = [p for p in probes if p.state == "unreachable"]
         if unreachable:
             return self.out(mem, "workers_unreachable", f"cannot reach workers {_workers(unreachable)}; launching "
@@ -570,6 +595,27 @@ class _Tick:
                    unreachable_since=None, backoff_until=None, env_failing_since=None)
         why = f"launching attempt {n} from {_ckpt_text(ckpt, now)}"
         return self.out(mem, "launch", f"{why} on node {node.id}", Launch(n, ckpt, why))
+
+    def login_refused(self, mem: Memory, refused: list[WorkerProbe]) -> Decision:
+        """Workers refuse the login before anything runs there. Soon after a boot that is the
+        keys not installed yet (the guest agent adds them after sshd listens); later, the user or
+        the key is wrong and no wait will fix it."""
+        node, cfg, now = self.obs.node, self.cfg, self.now
+        assert node is not None
+        boot = boot_time(node, mem)
+        since = _secs(now - boot) if boot is not None else None
+        if since is not None and since < cfg.login_grace:
+            until = boot + timedelta(seconds=cfg.login_grace) if boot is not None else now
+            return self.out(mem, "keys_not_there_yet",
+                            f"workers {_workers(refused)} refuse the login {human(max(0.0, since))} after the node "
+                            f"booted: keys not there yet (they reach a new VM after sshd listens); launching "
+                            f"nothing, looking again until {until.isoformat()} (ssh.login_grace)",
+                            Wait(None, "keys not there yet"))
+        when = f"{human(since)} after the node booted" if since is not None else "and the node's boot time is unknown"
+        detail = refused[0].detail
+        reason = (f"workers {_workers(refused)} still refuse the login {when} (ssh.login_grace "
+                  f"{human(cfg.login_grace)}): {detail}")
+        return self.halt(mem, "login_refused", reason, tuple(p.detail for p in refused[:4]))
 
     def _step(self) -> int | None:
         return self.obs.checkpoint.step if self.obs.checkpoint is not None else None

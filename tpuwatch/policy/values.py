@@ -73,6 +73,10 @@ class PolicyConfig:
     # hang_timeout = "auto": learned from the job's checkpoint interval, and only while the
     # workers' logs are silent too (see _Tick.hang_limit). hang_timeout is then 0.
     hang_auto: bool = False
+    # A worker refusing the login this soon after the node booted (created, healed, a new node
+    # id): the keys have not reached the VM yet, so it counts as unreachable; later, a person
+    # must fix the user or key.
+    login_grace: float = 300.0
 
     def __post_init__(self) -> None:
         if not self.zones:
@@ -105,6 +109,7 @@ class PolicyConfig:
             operation_timeout=float(r["operation_timeout"]),
             hang_timeout=0.0 if r["hang_timeout"] == "auto" else float(r["hang_timeout"]),
             hang_auto=r["hang_timeout"] == "auto",
+            login_grace=float(cfg.ssh["login_grace"]),
         )
 
 

@@ -321,6 +321,11 @@ class Services:
                         namespace="guestInventory", key="InternalIP", value=ip
                     ),
                 ]
+                # each worker publishes its SSH host keys; tpuwatch pins them from here
+                items += [
+                    mod.GuestAttributesEntry(namespace="hostkeys", key=k, value=v)
+                    for k, v in w.host_keys(rec, i).items()
+                ]
                 if req.query_path:
                     items = [
                         e

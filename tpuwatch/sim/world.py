@@ -114,6 +114,10 @@ class HostsLike(Protocol):
     def hang(self, node_key: str, worker: int | None = None) -> None: ...
     def host_fault(self, node_key: str, worker: int, kind: str, params: Mapping[str, Any] | None = None) -> None: ...
     def ssh_fault(self, node_key: str, worker: int, mode: str) -> None: ...
+    def keys_late(self, node_key: str, delay: float) -> None: ...
+    def rotate_keys_on_reboot(self, node_key: str, on: bool = True) -> None: ...
+    def wrong_host_key(self, node_key: str, worker: int) -> None: ...
+    def published_host_keys(self, node_key: str, worker: int) -> dict[str, str]: ...
 
     def set_user(self, user: str) -> None: ...
 
@@ -1396,6 +1400,46 @@ class World:
             self.os_login_user = user
         if self.hosts is not None:
             self.hosts.set_user(user)
+
+    def _ssh_hosts(self, what: str) -> HostsLike:
+        if self.hosts is None:
+            raise UsageError(f"{what}: the simulator runs without workers (hosts)")
+        return self.hosts
+
+    def keys_late(self, node: str, delay: float, *, project: str | None = None,
+                  zone: str | None = None) -> None:
+        """From the node's next boot on (a create, a heal), its workers refuse every SSH key for
+        `delay` simulated seconds: the guest agent installs keys after sshd listens."""
+        with self._lock:
+            key = self._fault_node(node, project, zone).key
+        self._ssh_hosts("keys-late").keys_late(key, delay)
+
+    def rotate_host_keys(self, node: str, *, project: str | None = None, zone: str | None = None) -> None:
+        """Every later heal of the node gives its workers new host keys (published as guest
+        attributes); a recreate always does."""
+        with self._lock:
+            key = self._fault_node(node, project, zone).key
+        self._ssh_hosts("rotate-host-keys").rotate_keys_on_reboot(key)
+
+    def wrong_host_key(self, node: str, worker: int = 0, *, project: str | None = None,
+                       zone: str | None = None) -> None:
+        """One worker presents a host key that its guest attributes do not publish."""
+        with self._lock:
+            rec = self._fault_node(node, project, zone)
+            if not 0 <= worker < rec.n_workers:
+                raise UsageError(f"node {node} has workers 0..{rec.n_workers - 1}, not {worker}")
+            key = rec.key
+        self._ssh_hosts("wrong-host-key").wrong_host_key(key, worker)
+
+    def host_keys(self, rec: NodeRec, worker: int) -> dict[str, str]:
+        """The worker's host keys as its guest attributes (namespace hostkeys) publish them:
+        key type -> base64; none while it has no running host (booting, deleted)."""
+        if self.hosts is None or rec.state in ("CREATING", "DELETING"):
+            return {}
+        try:
+            return self.hosts.published_host_keys(rec.key, worker)
+        except UsageError:
+            return {}
 
     def add_symptom(
         self,

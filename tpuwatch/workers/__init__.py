@@ -5,9 +5,12 @@
 back as model values. Launch is idempotent per attempt and retried when a connection drops,
 so a retry never starts a job twice; probe is one round trip per worker.
 
-Errors no retry can fix raise: a changed host key (JobFailed, exit 1: a person must decide)
-and a refused login (ConfigError, exit 2: ssh.user / ssh.identity_file). Unreachable workers
-are results, not errors: the caller decides.
+Host keys are pinned from the workers' guest attributes (hostkeys.py) when a source of them is
+given: a key that does not match is read again from the API before anything is decided, and
+still unmatched it raises JobFailed (exit 1: a person must decide), naming the worker and the
+fingerprints. A refused login is a result, not an error: an "unreachable" probe with
+`login_refused`, since keys reach a new VM after sshd listens (the policy decides how long to
+wait). Unreachable workers are results too: the caller decides.
 This package knows nothing of the TPU API, the journal or the recovery policy.
 """
 
@@ -20,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpuwatch.errors import ConfigError, JobFailed
 from tpuwatch.model import Checkpoint, NodeSnapshot, WorkerEndpoint, WorkerProbe
-from tpuwatch.workers import protocol
+from tpuwatch.workers import hostkeys, protocol
 from tpuwatch.workers.gcloud import GcloudSsh, Login, raise_if_gcloud_fatal
 from tpuwatch.workers.protocol import FollowEnd, LaunchResult, StopResult
 from tpuwatch.workers.ssh import (
@@ -78,10 +81,15 @@ class SshWorkers:
             protocol.check_template(command)
 
     @classmethod
-    def from_config(cls, cfg: Any, **kw: Any) -> SshWorkers:
-        """From a tpuwatch.config.Config: [job], [ssh] and recovery.stop_grace."""
+    def from_config(cls, cfg: Any, host_keys: hostkeys.HostKeySource | None = None, **kw: Any) -> SshWorkers:
+        """From a tpuwatch.config.Config: [job], [ssh] and recovery.stop_grace. `host_keys`: the
+        workers' published host keys (TpuAdapter.host_keys), pinned instead of trusted on first use."""
         state_dir = Path(cfg.state_dir)
         transport = transport_from_config(cfg.ssh, state_dir)
+        if host_keys is not None:  # gcloud prepares, then the same OpenSSH connects: pinned alike
+            openssh = transport.ssh if isinstance(transport, GcloudSsh) else transport
+            if isinstance(openssh, OpenSsh):
+                openssh.pins = hostkeys.PinnedHostKeys(openssh.known_hosts, host_keys)
         return cls(
             transport,
             job=cfg.job_name,
@@ -115,13 +123,37 @@ class SshWorkers:
 
     def _run(self, node: NodeSnapshot, workers: Sequence[WorkerEndpoint],
              stdin: bytes | Callable[[WorkerEndpoint], bytes], timeout: float | None = None) -> list[SshResult]:
-        self.transport.check()
-        results = run_on_workers(self.transport, node, workers, stdin,
-                                 remote_command=protocol.REMOTE_COMMAND,
+        return self.run_commands(node, workers, stdin, remote_command=protocol.REMOTE_COMMAND,
                                  timeout=timeout or self.timeout)
+
+    def run_commands(self, node: NodeSnapshot, workers: Sequence[WorkerEndpoint],
+                     stdin: bytes | Callable[[WorkerEndpoint], bytes], *, remote_command: str,
+                     timeout: float) -> list[SshResult]:
+        """`remote_command` on every worker at once, host keys pinned; raises what no retry fixes.
+
+        A host key that does not match may be a new one the API publishes: the keys are read
+        again and those workers asked once more (ssh refused before the login, so nothing ran).
+        """
+        self.transport.check()
+        pins = self.transport.pins
+        if pins is not None:
+            pins.prepare(node, workers)
+        results = run_on_workers(self.transport, node, workers, stdin, remote_command=remote_command, timeout=timeout)
+        mismatched = [i for i, r in enumerate(results) if r.failure == "host_key"]
+        if mismatched and pins is not None:
+            pins.refresh(node)
+            again = run_on_workers(self.transport, node, [workers[i] for i in mismatched], stdin,
+                                   remote_command=remote_command, timeout=timeout)
+            for i, r in zip(mismatched, again, strict=True):
+                results[i] = r
         for r in results:
             _raise_if_fatal(r)
         return results
+
+    def take_notes(self) -> list[str]:
+        """What the person watching should know, once (a node trusted on first use)."""
+        pins = self.transport.pins
+        return pins.take_notes() if pins is not None else []
 
     # -- ports.Workers ----------------------------------------------------------------------
     def probe(self, node: NodeSnapshot) -> list[WorkerProbe]:
@@ -237,11 +269,14 @@ def _raise_if_fatal(r: SshResult) -> None:
     raise_if_gcloud_fatal(r)
     if r.failure == "host_key":
         raise JobFailed(r.message)
-    if r.failure in ("auth", "missing"):
+    if r.failure == "missing":
         raise ConfigError(r.message)
 
 
 def _probe_of(r: SshResult) -> WorkerProbe:
+    if r.failure == "auth":
+        return WorkerProbe(worker=r.worker, state="unreachable", detail=f"login refused: {r.message}",
+                           login_refused=True)
     if not r.reached:
         return WorkerProbe(worker=r.worker, state="unreachable", detail=r.message)
     return protocol.parse_probe(r.worker, protocol.parse_records(r.stdout))

@@ -9,8 +9,9 @@ group (proc.py). The gcloud transport (gcloud.py) runs gcloud once per node inca
 this OpenSSH.
 
 OpenSSH pins host keys per node id: its own known_hosts file (in the state dir) and
-`HostKeyAlias=tpuwatch-<node id>-w<i>` with `StrictHostKeyChecking=accept-new`. A recreated node
-has a new id, so its new keys are accepted once; a changed key under the same id is refused.
+`HostKeyAlias=tpuwatch-<node id>-w<i>`. With `pins` (hostkeys.py) the keys come from the
+workers' guest attributes and ssh checks strictly; a worker that publishes none is trusted on
+first use (`StrictHostKeyChecking=accept-new`), as is every worker without `pins`.
 
 This module knows nothing of what the command does (see protocol.py) nor of jobs or policy.
 """
@@ -31,6 +32,7 @@ from typing import Any, Literal, Protocol
 
 from tpuwatch.errors import ConfigError
 from tpuwatch.model import Login, NodeSnapshot, WorkerEndpoint
+from tpuwatch.workers import hostkeys
 from tpuwatch.workers import proc as procgroup
 
 # "credentials": the gcloud transport's Google credentials are expired or refused (gcloud.py)
@@ -89,6 +91,10 @@ class Transport(Protocol):
 
     def describe_failure(self, node: NodeSnapshot, worker: WorkerEndpoint, failure: Failure,
                          stderr: str) -> str: ...
+
+    @property
+    def pins(self) -> hostkeys.PinnedHostKeys | None:
+        """The host keys the API publishes, pinned (None: trust on first use)."""
 
     def login(self, node: NodeSnapshot) -> Login | None:
         """The user this transport logs in as on the node, once known."""
@@ -165,6 +171,7 @@ class OpenSsh:
         self.server_alive_interval = server_alive_interval
         self.server_alive_count = server_alive_count
         self.binary = binary
+        self.pins: hostkeys.PinnedHostKeys | None = None  # host keys from the API (SshWorkers sets it)
 
     def login(self, node: NodeSnapshot) -> Login | None:
         """The user ssh is told to log in as: nothing is learned."""
@@ -199,12 +206,14 @@ class OpenSsh:
 
     @staticmethod
     def host_alias(node: NodeSnapshot, worker: WorkerEndpoint) -> str:
-        return f"tpuwatch-{node.id or node.name}-w{worker.index}"
+        return hostkeys.alias(node, worker)
 
     def argv(self, node: NodeSnapshot, worker: WorkerEndpoint, remote_command: str, *,
              user: str = "") -> list[str]:
         """`user`: log in as this user instead of ssh.user (the one gcloud learned, gcloud.py)."""
         address = worker.address(self.internal_ip)
+        alias = self.host_alias(node, worker)
+        strict = "yes" if self.pins is not None and self.pins.strict(alias) else "accept-new"
         opts = [
             "BatchMode=yes",
             f"ConnectTimeout={max(1, int(self.connect_timeout))}",
@@ -212,8 +221,8 @@ class OpenSsh:
             f"ServerAliveCountMax={self.server_alive_count}",
             f"UserKnownHostsFile={self.known_hosts}",
             "GlobalKnownHostsFile=/dev/null",
-            f"HostKeyAlias={self.host_alias(node, worker)}",
-            "StrictHostKeyChecking=accept-new",
+            f"HostKeyAlias={alias}",
+            f"StrictHostKeyChecking={strict}",
             "HashKnownHosts=no",
             "UpdateHostKeys=no",
             "CheckHostIP=no",
@@ -238,6 +247,8 @@ class OpenSsh:
         where = f"worker {worker.index} of {node.name}"
         address = worker.address(self.internal_ip)
         last = _last_line(stderr)
+        if failure == "host_key" and self.pins is not None:
+            return self.pins.describe_mismatch(node, worker, address, stderr)
         if failure == "host_key":
             alias = self.host_alias(node, worker)
             return (
