@@ -505,9 +505,9 @@ class _Tick:
         """The first sight of an end that would be charged, when no worker exited with a code of
         its own: wait one tick before charging it (row `end_confirm`), else None.
 
-        This tick read the node before it probed the workers, so a maintenance that began in
-        between killed the job on a node this tick saw as healthy; and the API may report a
-        host going away after its processes died. The next tick's node read comes after this
+        This tick read the node before it probed the workers: a maintenance that began in
+        between killed the job on a node this tick saw as healthy (and the API may report a
+        host going away after its processes died). The next tick's node read comes after this
         sighting: what it shows (the node's state and health, its health description's
         maintenance time, a terminate entry) then explains the end, however late that tick is.
         """
