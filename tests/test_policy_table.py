@@ -477,6 +477,23 @@ def test_row_unreachable_grace() -> None:
     assert back.row == "running" and back.memory.unreachable_since is None
 
 
+def test_row_end_confirm() -> None:
+    # worker 0's process vanished (no exit code) on a node this tick saw READY+HEALTHY
+    vanished = (probe(0, "absent", 1), probe(1, "running", 1))
+    d = tick(obs(probes=vanished, checkpoint=ckpt(150)), run_mem(), now=500)
+    assert d.row == "end_confirm" and kinds(d) == ["wait"] and d.ended == ()
+    assert d.memory.phase is Phase.RUNNING and d.memory.end_seen == at(500) and d.memory.restarts == 0
+    assert "nothing charged yet" in d.summary
+    # the next tick still sees nothing that explains it: charged then, its run time to the sighting
+    again = tick(obs(probes=vanished, checkpoint=ckpt(150), jitter=0.0), d.memory, now=510)
+    assert again.row == "failure" and again.ended[0].charged and again.memory.restarts == 1
+    assert again.ended[0].end == at(510) and "after 8m20s" in again.ended[0].reason
+    assert again.memory.end_seen is None
+    # an exit code of the job's own is charged at once, as before
+    own = tick(obs(probes=exited({0: 1}), checkpoint=ckpt(150)), run_mem(), now=500)
+    assert own.row == "failure" and own.ended[0].charged
+
+
 def test_row_stale_workers() -> None:
     m = idle(phase=Phase.BACKOFF, attempt=2, restarts=1, backoff_until=at(0), last_end=last_end(attempt=2))
     d = tick(obs(probes=(probe(0, "exited", 2, 1), probe(1, "running", 2))), m, now=100)

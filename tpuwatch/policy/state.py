@@ -99,6 +99,9 @@ class Memory:
     launch_tries: int = 0  # launches of this attempt number that left no trace
     evidence: tuple[Evidence, ...] = ()
     unreachable_since: datetime | None = None
+    # when a tick first saw the attempt end with nothing yet to explain it; the end is charged
+    # only on a later tick, whose node read comes after that sighting (table._Tick.confirm_end)
+    end_seen: datetime | None = None
     last_end: AttemptEnd | None = None
     # budgets and counters
     restarts: int = 0  # charged restarts used (<= max_restarts)
@@ -297,6 +300,7 @@ _LOAD: dict[str, Any] = {
     "launch_tries": _int,
     "evidence": _evidence,
     "unreachable_since": _opt_time,
+    "end_seen": _opt_time,
     "last_end": _attempt_end,
     "restarts": _int,
     "disruptions": _int,

@@ -28,6 +28,7 @@ from tpuwatch.model import (
 from tpuwatch.policy.backoff import backoff_delay, next_level
 from tpuwatch.policy.classify import (
     OUTCOMES,
+    STOP_CODES,
     AttemptFacts,
     Outcome,
     Verdict,
@@ -278,6 +279,9 @@ class _Tick:
         for s in node.symptoms:
             if s.time is not None and start <= s.time:
                 out.append(Evidence(min(s.time, now), f"symptom {s.type} on worker {s.worker_id or '?'}"))
+        if node.maintenance_time is not None and start <= node.maintenance_time:
+            # "The TPU had a maintenance event at ...": what a healed node still says afterwards
+            out.append(Evidence(min(node.maintenance_time, now), "node health description: a maintenance event"))
         um = node.upcoming_maintenance
         if um is not None and um.status == "ONGOING":
             out.append(Evidence(now, f"{um.type.lower()} maintenance ONGOING"))
@@ -288,16 +292,23 @@ class _Tick:
                        for i in pre.failing)
         return out
 
+    def late_signs(self, last: AttemptEnd) -> list[tuple[datetime, str]]:
+        """Signs that can still explain an attempt after its end: the audit log's terminate and
+        restart entries, and the maintenance time a healed node's health description gives."""
+        out = [(ev.time, _event_text(ev)) for ev in self._disrupting() if self.explains(ev, last.start)]
+        node = self.obs.node
+        if node is not None and node.id == last.node_id and node.maintenance_time is not None:
+            out.append((node.maintenance_time, f"node had a maintenance event at {node.maintenance_time.isoformat()}"))
+        return out
+
     def refund(self, mem: Memory) -> Memory:
-        """A terminate/restart event that arrives after the charged end it explains refunds it."""
+        """A sign that arrives after the charged end it explains refunds it."""
         last = mem.last_end
         if last is None or not last.charged:
             return mem
-        for ev in self._disrupting():
-            if not self.explains(ev, last.start) or not in_window(
-                    min(ev.time, self.now), last.start, last.end, self.cfg.evidence_window):
+        for t, text in self.late_signs(last):
+            if not in_window(min(t, self.now), last.start, last.end, self.cfg.evidence_window):
                 continue
-            text = _event_text(ev)
             fixed = replace(last, outcome=Outcome.DISRUPTION.value, charged=False, streak_added=False,
                             reason=f"{last.reason}; re-classified as a disruption: {text} arrived late")
             self.ended.append(fixed)
@@ -331,7 +342,7 @@ class _Tick:
         start = mem.attempt_start
         assert start is not None  # checked in _check
         verdict = Verdict(Outcome.FAILURE, None, hung, ()) if hung else classify(
-            AttemptFacts(start, now, codes, cfg.primary_worker, mem.evidence),
+            AttemptFacts(start, now, codes, cfg.primary_worker, mem.evidence, seen=mem.end_seen),
             min_uptime=cfg.min_uptime, fail_fast=cfg.fail_fast_exit_codes, window=cfg.evidence_window,
         )
         cost = OUTCOMES[verdict.outcome]
@@ -344,7 +355,7 @@ class _Tick:
                          verdict.outcome.value, cost.charged, verdict.exit_code, reason, streak_added)
         self.ended.append(end)
         mem = replace(
-            mem, last_end=end, evidence=(), unreachable_since=None,
+            mem, last_end=end, evidence=(), unreachable_since=None, end_seen=None,
             no_progress=0 if progressed else mem.no_progress + int(streak_added),
             disruptions=mem.disruptions + int(verdict.outcome is Outcome.DISRUPTION),
         )
@@ -379,6 +390,32 @@ class _Tick:
                    backoff_until=now + timedelta(seconds=delay))
         return mem, (f"{reason}; charged (restart {mem.restarts} of {cfg.max_restarts}), "
                      f"relaunching in {human(delay)}"), None
+
+    def confirm_end(self, mem: Memory, codes: dict[int, int | None]) -> Decision | None:
+        """The first sight of an end that would be charged, when no worker exited with a code of
+        its own: wait one tick before charging it (row `end_confirm`), else None.
+
+        This tick read the node before it probed the workers: a maintenance that began in
+        between killed the job on a node this tick saw as healthy (and the API may report a
+        host going away after its processes died). The next tick's node read comes after this
+        sighting: what it shows (the node's state and health, its health description's
+        maintenance time, a terminate entry) then explains the end, however late that tick is.
+        """
+        cfg = self.cfg
+        start = mem.attempt_start
+        assert start is not None  # checked in _check
+        if mem.end_seen is not None or codes.get(cfg.primary_worker) == 0:
+            return None
+        if any(c is not None and c != 0 and c not in STOP_CODES for c in codes.values()):
+            return None  # a worker's own exit code: the job ended itself
+        verdict = classify(AttemptFacts(start, self.now, codes, cfg.primary_worker, mem.evidence),
+                           min_uptime=cfg.min_uptime, fail_fast=cfg.fail_fast_exit_codes, window=cfg.evidence_window)
+        if not OUTCOMES[verdict.outcome].charged:
+            return None
+        return self.out(replace(mem, end_seen=self.now), "end_confirm",
+                        f"attempt {mem.attempt}: {verdict.reason}; nothing charged yet: a host taken down looks "
+                        "the same before the node says so, so the next tick looks at the node again first",
+                        Wait(None, "confirming how the attempt ended"))
 
     def end_usable(self, mem: Memory, codes: dict[int, int | None], detail: str = "") -> Decision:
         mem, line, final = self.finish(mem, codes, reachable=True, detail=detail)
@@ -441,7 +478,7 @@ class _Tick:
         if codes.get(cfg.primary_worker) == 0 or any(
             c != 0 for w, c in codes.items() if w not in {p.worker for p in unreachable}
         ):
-            return self.end_usable(mem, codes)
+            return self.confirm_end(mem, codes) or self.end_usable(mem, codes)
         alive = [p for p in probes if p.state == "running" and p.attempt == n]
         if unreachable and not alive:
             return self.out(mem, "workers_unreachable",
@@ -456,7 +493,7 @@ class _Tick:
             return self.out(replace(mem, unreachable_since=since), "unreachable_grace",
                             f"worker {_workers(unreachable)} unreachable while the others run attempt {n}; "
                             f"ending it at {until.isoformat()} if it stays so", Wait(until, "unreachable worker"))
-        mem = replace(mem, unreachable_since=None)
+        mem = replace(mem, unreachable_since=None, end_seen=None)
         start = mem.attempt_start
         assert start is not None
         if len(alive) == len(probes):
@@ -592,7 +629,7 @@ class _Tick:
         ckpt = self.obs.checkpoint
         mem = move(mem, Phase.RUNNING, attempt=n, attempt_start=now, attempt_node_id=node.id,
                    attempt_start_step=self._step(), attempt_seen=False, launch_tries=0, evidence=(),
-                   unreachable_since=None, backoff_until=None, env_failing_since=None)
+                   unreachable_since=None, end_seen=None, backoff_until=None, env_failing_since=None)
         why = f"launching attempt {n} from {_ckpt_text(ckpt, now)}"
         return self.out(mem, "launch", f"{why} on node {node.id}", Launch(n, ckpt, why))
 
@@ -625,7 +662,7 @@ class _Tick:
         assert node is not None
         return move(mem, Phase.RUNNING, attempt=attempt, attempt_start=start, attempt_node_id=node.id,
                     attempt_start_step=step, attempt_seen=True, launch_tries=0, evidence=(),
-                    unreachable_since=None, backoff_until=None)
+                    unreachable_since=None, end_seen=None, backoff_until=None)
 
     # -- environment checks -------------------------------------------------------------------
 
