@@ -33,7 +33,6 @@ from tpuwatch.workers.ssh import (
     Transport,
     prepare,
     run_on_workers,
-    transport_from_config,
 )
 
 __all__ = [
@@ -48,6 +47,13 @@ __all__ = [
     "Transport",
     "protocol",
 ]
+
+
+def transport_from_config(ssh: Mapping[str, Any], state_dir: Path, **kw: Any) -> Transport:
+    """The transport [ssh] transport names: OpenSSH, or gcloud once per node then OpenSSH."""
+    if ssh.get("transport", "openssh") == "gcloud":
+        return GcloudSsh.from_config(ssh, state_dir, **kw)
+    return OpenSsh.from_config(ssh, state_dir, **kw)
 
 
 class SshWorkers:

@@ -96,6 +96,9 @@ class Transport(Protocol):
     def pins(self) -> hostkeys.PinnedHostKeys | None:
         """The host keys the API publishes, pinned (None: trust on first use)."""
 
+    def prepare(self, node: NodeSnapshot) -> SshResult | None:
+        """Get ready to connect to this node incarnation: None when ready, else why not."""
+
     def login(self, node: NodeSnapshot) -> Login | None:
         """The user this transport logs in as on the node, once known."""
 
@@ -179,6 +182,10 @@ class OpenSsh:
 
     def remember(self, login: Login) -> None:
         """Nothing to remember: the user is the configured one."""
+
+    def prepare(self, node: NodeSnapshot) -> SshResult | None:
+        """Nothing to prepare: ssh connects as it is."""
+        return None
 
     @classmethod
     def from_config(cls, ssh: Mapping[str, Any], state_dir: Path, **kw: Any) -> OpenSsh:
@@ -277,18 +284,9 @@ class OpenSsh:
         )
 
 
-def transport_from_config(ssh: Mapping[str, Any], state_dir: Path, **kw: Any) -> Transport:
-    if ssh.get("transport", "openssh") == "gcloud":
-        from tpuwatch.workers.gcloud import GcloudSsh
-
-        return GcloudSsh.from_config(ssh, state_dir, **kw)
-    return OpenSsh.from_config(ssh, state_dir, **kw)
-
-
 def prepare(transport: Transport, node: NodeSnapshot) -> SshResult | None:
     """A transport that prepares each node first (gcloud.py): None when ready, else why not."""
-    step = getattr(transport, "prepare", None)
-    return step(node) if step is not None else None
+    return transport.prepare(node)
 
 
 def _last_line(text: str) -> str:
