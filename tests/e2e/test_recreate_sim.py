@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_startup_scripts import wait_for  # sibling test module (rootdir on sys.path)
+from e2e_helpers import wait_for
 
 from tpuwatch import recreate as rc
 from tpuwatch.cli import main
@@ -21,7 +21,7 @@ from tpuwatch.config import load_config
 from tpuwatch.sim.simulator import Simulator
 from tpuwatch.spec import OWNER_LABEL
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RESUME = REPO / "startup-scripts" / "resume-training.sh"
 ZONE_A, ZONE_B = "us-central2-b", "us-central2-a"
 

@@ -6,7 +6,7 @@ policy's own values, the journal and worker state a SIGKILL left, and checks the
 
 from __future__ import annotations
 
-from test_policy_support import at, ckpt, event, obs, probe, run_mem, tick
+from policy_support import at, ckpt, event, obs, probe, run_mem, tick
 
 from tpuwatch.policy import Launch
 

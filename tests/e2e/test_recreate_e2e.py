@@ -172,7 +172,7 @@ def test_a_node_not_owned_is_never_deleted(sim: Simulator, tmp_path: Path) -> No
 def test_the_startup_script_resumes_the_job_at_boot_and_watch_follows_it(sim: Simulator, tmp_path: Path) -> None:
     """startup-scripts/resume-training.sh on the recreated node starts the next attempt from the
     newest checkpoint before the watcher reconnects; the watcher follows it, never a second copy."""
-    script = Path(__file__).resolve().parent.parent / "startup-scripts" / "resume-training.sh"
+    script = Path(__file__).resolve().parents[2] / "startup-scripts" / "resume-training.sh"
     job = Job(sim, tmp_path, accelerator="v4-16", spot=True, recreatable=True, steps=80,
               tpu={"startup_script": str(script)})
     proc = job.watch()

@@ -6,7 +6,7 @@ import sys
 from dataclasses import replace
 
 import pytest
-from test_policy_support import (
+from policy_support import (
     CFG,
     NAME,
     ZONES,
@@ -637,7 +637,7 @@ def test_row_precheck_needs_person() -> None:
 
 
 def test_row_hung() -> None:
-    from test_policy_support import CFG
+    from policy_support import CFG
 
     cfg = replace(CFG, hang_timeout=3600.0)
     m = run_mem(start=0.0, step=100)

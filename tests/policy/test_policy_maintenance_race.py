@@ -14,7 +14,7 @@ from dataclasses import replace
 from datetime import datetime
 
 import pytest
-from test_policy_support import at, ckpt, event, kinds, last_end, node, obs, probe, run_mem, tick
+from policy_support import at, ckpt, event, kinds, last_end, node, obs, probe, run_mem, tick
 
 from tpuwatch.model import NodeSnapshot
 from tpuwatch.policy import Memory, Phase

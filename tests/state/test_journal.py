@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_policy_support import (
+from policy_support import (
     CFG,
     absent,
     at,

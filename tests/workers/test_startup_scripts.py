@@ -13,16 +13,16 @@ import shlex
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from e2e_helpers import wait_for
 
 from tpuwatch.workers import protocol
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RESUME = REPO / "startup-scripts" / "resume-training.sh"
 SETUP = REPO / "startup-scripts" / "setup-env.sh"
 PREFIX = "/computeMetadata/v1/instance/attributes/"
@@ -73,14 +73,6 @@ def metadata_server(attrs: dict[str, str]) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 class Vm:

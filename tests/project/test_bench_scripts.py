@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 def run(script: str, tmp: Path, *args: str) -> tuple[str, dict[str, Any]]:

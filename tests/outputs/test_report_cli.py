@@ -157,7 +157,7 @@ def test_the_demo_names_the_pip_command_without_the_extra(tmp_path: Path) -> Non
 
 
 def test_bench_report_finds_the_goodput_its_journal_was_built_with(tmp_path: Path) -> None:
-    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_report.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_report.py"
     res = subprocess.run([sys.executable, str(script), "--attempts", "6", "--runs", "1", "--json"],
                          text=True, capture_output=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -234,7 +234,7 @@ def test_the_policy_s_own_attempt_ends_get_their_causes() -> None:
     """The reasons the policy writes (not hand-written ones): a hang, a segfault, a preemption."""
     from dataclasses import replace
 
-    from test_policy_support import CFG, ckpt, exited, node, obs, run_mem, running, tick
+    from policy_support import CFG, ckpt, exited, node, obs, run_mem, running, tick
 
     from tpuwatch.report import cause, hung
 

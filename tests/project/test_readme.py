@@ -28,7 +28,7 @@ from click.testing import CliRunner
 
 from tpuwatch.cli import COMMANDS, cli
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 OPT_IN = "TPUWATCH_README_TEST"
 

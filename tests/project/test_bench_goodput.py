@@ -201,7 +201,7 @@ def test_script_json(capsys: pytest.CaptureFixture[str]) -> None:
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_goodput.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_goodput.py"
     spec = importlib.util.spec_from_file_location("bench_goodput", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from test_policy_support import (
+from policy_support import (
     CFG,
     absent,
     at,

@@ -7,7 +7,7 @@ from dataclasses import replace
 from datetime import datetime
 
 import pytest
-from test_policy_support import CFG, absent, at, ckpt, exited, kinds, obs, run_mem, running, tick
+from policy_support import CFG, absent, at, ckpt, exited, kinds, obs, run_mem, running, tick
 
 from tpuwatch.config import validate
 from tpuwatch.errors import ConfigError

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_outputs.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_outputs.py"
 
 
 def test_bench_outputs_prints_its_three_figures() -> None:

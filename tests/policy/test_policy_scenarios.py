@@ -6,7 +6,7 @@ decisions themselves and run in milliseconds.)
 
 from __future__ import annotations
 
-from test_policy_support import (
+from policy_support import (
     absent,
     at,
     ckpt,

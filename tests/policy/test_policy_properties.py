@@ -13,7 +13,7 @@ from datetime import timedelta
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_policy_support import CFG, NAME, ZONES, at, ckpt, event, node, ongoing, symptom
+from policy_support import CFG, NAME, ZONES, at, ckpt, event, node, ongoing, symptom
 
 from tpuwatch.model import OperationStatus, WorkerProbe
 from tpuwatch.policy import (

@@ -54,7 +54,7 @@ from tpuwatch.workers import SshWorkers
 from tpuwatch.workers.precheck import BASE_TIMEOUT
 from tpuwatch.workers.ssh import check_identity_file
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "kubernetes"
 SYSTEMD = REPO / "deploy" / "systemd"
 DOCKERFILE = REPO / "Dockerfile"

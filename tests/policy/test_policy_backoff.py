@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from hypothesis import given
 from hypothesis import strategies as st
-from test_policy_support import CFG, absent, at, ckpt, exited, obs, run_mem, tick
+from policy_support import CFG, absent, at, ckpt, exited, obs, run_mem, tick
 
 from tpuwatch.policy import Phase, backoff_delay, next_level
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tpuwatch.config import SCHEMA
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_readme_config_reference_is_generated_from_the_schema() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from test_policy_support import (
+from policy_support import (
     CFG,
     absent,
     at,
