@@ -1,8 +1,9 @@
 """The shared audit-log reader (ports.AuditLog): one Logging query per project per `max_age`.
 
 Every `tpuwatch watch` reads the system-event audit log for its own node about once a minute,
-and the Logging read quota is 60 requests/min/project and cannot be raised, so a few dozen
-watchers of one project would be throttled. `SharedAuditLog` makes their reads share one
+and the Logging read quota is 60 requests/min/project by default (an increase can be
+requested, but tpuwatch must work without one), so a few dozen watchers of one project would
+be throttled. `SharedAuditLog` makes their reads share one
 query: the TPU system events of the whole project are kept in a small SQLite file in the state
 directory (`audit.<project>.db`, private like the journals), and a read is answered from it
 while it is at most `max_age` old (15 s; 2 s for a reader that reads again within 30 s, as the

@@ -1,7 +1,8 @@
 """The audit-log adapter (ports.AuditLog): TPU system events as `AuditEvent`s.
 
 One ListLogEntries query per read covers every watched node (it may follow that query's
-pages): the Logging read quota is 60 requests/min/project and cannot be raised. The filter is
+pages): the Logging read quota is 60 requests/min/project by default (raisable on request, but
+not to be counted on). The filter is
 the subset the simulator implements:
 
     logName="projects/P/logs/cloudaudit.googleapis.com%2Fsystem_event"
