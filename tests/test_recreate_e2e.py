@@ -191,3 +191,22 @@ def test_the_startup_script_resumes_the_job_at_boot_and_watch_follows_it(sim: Si
     attempts = job.history()["attempts"]
     assert [a["attempt"] for a in attempts] == [1, 2] and attempts[1]["outcome"] == "success", attempts
     assert job.steps_done()[-1] == 80
+
+
+def test_a_reservation_shortfall_with_code_8_is_queued_and_named_a_reservation_shortfall(
+        sim: Simulator, tmp_path: Path) -> None:
+    # The create operation fails with code 8 and "Insufficient reserved capacity" (as users see
+    # it); for 20 simulated minutes (2 s), then the create goes through in the same zone.
+    job = Job(sim, tmp_path, accelerator="v4-16", spot=True, recreatable=True)
+    proc = job.watch()
+    job.wait(lambda: len(job.steps_done()) >= 1, what="a checkpoint")
+    sim.inject("reservation-shortfall", zone=sim.zone, duration="20m")
+    sim.inject("preempt", node="pod")
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    assert sim.world.node("pod").state == "READY"
+    assert sim.world.call_count("CreateNode") >= 2  # one refused at least, then the one that made it
+    reasons = [e["reason"] for e in job.history()["events"]]
+    queued = [r for r in reasons if "Insufficient reserved capacity" in r]
+    assert queued and all(r.startswith("reservation shortfall") for r in queued), reasons
+    assert job.steps_done()[-1] == STEPS

@@ -280,14 +280,15 @@ def classify_create_error(code: int | str, message: str, *, started_by_us: bool)
     name = _code_name(code)
     text = message or ""
     low = text.lower()
+    if "reserved capacity" in low and name in ("RESOURCE_EXHAUSTED", "FAILED_PRECONDITION"):
+        # "Insufficient reserved capacity" comes with code 9 and with code 8: the text decides.
+        return CreateFailure("queueable", "reservation", name, text)
     if name == "RESOURCE_EXHAUSTED" and "quota" in low:
         return CreateFailure("queueable", "quota", name, text)
     if name == "RESOURCE_EXHAUSTED":
         # "There is no more capacity in the zone ..."; any other exhaustion of a create is also
         # a shortage that may end, and queue_timeout bounds how long it is waited for.
         return CreateFailure("queueable", "no_capacity", name, text)
-    if name == "FAILED_PRECONDITION" and "reserved capacity" in low:
-        return CreateFailure("queueable", "reservation", name, text)
     if name in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED") or name == "INTERNAL" and "try again" in low:
         return CreateFailure("queueable", "unavailable", name, text)
     if name == "ALREADY_EXISTS":
@@ -300,6 +301,12 @@ def classify_operation(op: OperationStatus, *, started_by_us: bool = True) -> Cr
     if not op.done or op.error_code == 0:
         return None
     return classify_create_error(op.error_code, op.error_message, started_by_us=started_by_us)
+
+
+def failure_reason(op: OperationStatus | None) -> str:
+    """The CreateFailure reason of a failed create operation ("" when it did not fail)."""
+    failure = classify_operation(op) if op is not None else None
+    return failure.reason if failure is not None else ""
 
 
 def classify_exception(exc: BaseException, *, started_by_us: bool) -> CreateFailure:

@@ -206,6 +206,7 @@ class Reconciler:
         obs = Observation(
             node=node, events=tuple(events), probes=probes, checkpoint=checkpoint,
             operation=operation, create_failure=create_failure,
+            create_reason=recreate.failure_reason(operation) if create_failure else "",
             owned=node is not None and recreate.owned(node, self.pcfg.job),
             jitter=min(max(self.ports.jitter(), 0.0), 0.999999),
             adopt=self.flags.adopt, recreate_missing=self.flags.recreate_missing,
@@ -593,7 +594,8 @@ class Reconciler:
             if not again:
                 return [text], decision
             # Refused at the call: the policy decides again with the refusal as a failed operation.
-            obs2 = replace(obs, operation=exc.as_operation(), create_failure=exc.failure.kind)
+            obs2 = replace(obs, operation=exc.as_operation(), create_failure=exc.failure.kind,
+                           create_reason=exc.failure.reason)
             d2 = decide(obs2, decision.memory, self.pcfg, now)
             self.journal.record(now, d2, obs2.operation)
             more, d2 = self._act(d2, obs2, decision.memory, now, again=False)

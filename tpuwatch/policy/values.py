@@ -121,6 +121,8 @@ class Observation:
     operation: OperationStatus | None = None
     # When `operation` is a failed create: recreate.classify_operation(op).kind.
     create_failure: CreateFailureKind | None = None
+    # And its recreate.CreateFailure reason (no_capacity, quota, reservation, ...): words only.
+    create_reason: str = ""
     owned: bool = False  # the node carries tpuwatch-job=<job> exactly (recreate.owned)
     jitter: float = 0.5  # uniform in [0, 1), drawn by the tick: the policy's only randomness
     adopt: bool = False  # --adopt: treat the node as owned

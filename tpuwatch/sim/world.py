@@ -295,6 +295,9 @@ class QueuedRec:
         return f"projects/{self.project}/locations/{self.zone}/queuedResources/{self.name}"
 
 
+RESERVATION_SHORTFALL = "Insufficient reserved capacity. Contact customer support to increase your reservation."
+
+
 @dataclass
 class _Window:
     until: float  # monotonic; inf = until cleared
@@ -682,6 +685,13 @@ class World:
         win = self._stockouts.get(zone) or self._stockouts.get("*")
         return win is not None and win.active()
 
+    def _create_failure_text(self, zone: str) -> str:
+        win = self._stockouts.get(zone) or self._stockouts.get("*")
+        if win is not None and win.data.get("reservation"):
+            # Seen by users with code 8, like a stockout, though the docs show it with code 9.
+            return RESERVATION_SHORTFALL
+        return self.stockout_text(zone)
+
     def create_node(
         self,
         project: str,
@@ -779,7 +789,7 @@ class World:
             zone = key.split("/")[1]
             if rec is not None and rec.id == node_id:
                 del self._nodes[key]
-            self._end_op(op_name, error=(8, self.stockout_text(zone)))
+            self._end_op(op_name, error=(8, self._create_failure_text(zone)))
 
     def _finish_create(self, key: str, node_id: int, epoch: int, op_name: str) -> None:
         with self._lock:
@@ -1534,6 +1544,15 @@ class World:
             raise UsageError(f"zone {z!r} is not a zone name such as us-central2-b")
         with self._lock:
             self._stockouts[z] = _Window(self._until(duration))
+            self._touch()
+
+    def reservation_shortfall(self, zone: str | None = None, duration: float | None = None) -> None:
+        """Creates in `zone` ("*" = every zone) end with code 8 "Insufficient reserved capacity"."""
+        z = zone or self.zone
+        if z != "*" and not ZONE_RE.match(z):
+            raise UsageError(f"zone {z!r} is not a zone name such as us-central2-b")
+        with self._lock:
+            self._stockouts[z] = _Window(self._until(duration), {"reservation": True})
             self._touch()
 
     def quota(
