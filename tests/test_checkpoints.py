@@ -80,6 +80,21 @@ CASES = [
         "100", 100, "orbax", skipped=("200",), only="gcs",
     ),
     Case(
+        "orbax-gcs-atomic-rename-no-commit-file-anywhere",
+        {
+            # Orbax with atomic-rename temporary paths on GCS: no step has commit_success.txt;
+            # the final name is the commit, and a save in progress has a temporary name.
+            "100/_CHECKPOINT_METADATA": "{}",
+            "100/default/d/0": "x",
+            "200/_CHECKPOINT_METADATA": "{}",
+            "200/default/d/0": "x",
+            "300.orbax-checkpoint-tmp-1714550000/_CHECKPOINT_METADATA": "{}",
+            "300.orbax-checkpoint-tmp-1714550000/default/d/0": "x",
+            "400/default/d/0": "x",  # no metadata: still being written or half copied
+        },
+        "200", 200, "orbax", skipped=("300.orbax-checkpoint-tmp-1714550000", "400"), only="gcs",
+    ),
+    Case(
         "orbax-local-marker-beats-half-copied",
         {
             "100/_CHECKPOINT_METADATA": "{}",

@@ -10,7 +10,9 @@ Layouts and when a step counts as complete (REFERENCE.md "Checkpoint layouts"):
 - orbax: `<step>/` or `<prefix>_<step>/` (e.g. `step_100`; zero padding allowed). Temporary
   names `<name>.orbax-checkpoint-tmp` and `…-tmp-<timestamp|counter>` are never chosen. On
   GCS Orbax writes in place, so a step is complete only when `commit_success.txt` exists
-  (Orbax's own rule). Locally Orbax renames the temporary directory when it finishes, but a
+  (Orbax's own rule) — unless the user switched Orbax to atomic-rename temporary paths, which
+  write no commit file: when *no* step of the directory has `commit_success.txt`, a final
+  (non-temporary) name with `_CHECKPOINT_METADATA` is complete, as locally. Locally Orbax renames the temporary directory when it finishes, but a
   plain name alone cannot tell a finished save from a half-copied directory, so a local step
   is complete when it has `commit_success.txt` or `_CHECKPOINT_METADATA` (recent Orbax writes
   the latter into every step, the former on every backend). Only when *no* step of the
@@ -38,7 +40,7 @@ is T5X when it has a `checkpoint` file and Flax (Orbax-backed) otherwise.
 
 Cost on GCS: one prefix+delimiter listing of `checkpoint_dir` (pages of 1000 names), then for
 each candidate, newest first, one or two single-object reads of its markers, stopping at the
-first complete one. Nothing is ever listed recursively. (google-cloud-storage 3.x also makes
+first committed one (in a directory with no commit file at all, every step is looked at once). Nothing is ever listed recursively. (google-cloud-storage 3.x also makes
 one background `buckets.get` per client for its tracing attributes; that is the library's.)
 """
 
@@ -348,6 +350,9 @@ class _Verdict:
     reason: str = ""
     time: datetime | None = None
     weak: bool = False  # an unmarked local Orbax step: chosen only if no step has a marker
+    # A GCS Orbax step with no commit file: complete if this marker exists and no step of the
+    # directory is committed (atomic-rename temporary paths).
+    unproven: str = ""
 
 
 @dataclass
@@ -416,16 +421,21 @@ def _check(store: _Store, cand: _Candidate, rel: str) -> _Verdict:
     base = f"{rel}/{cand.name}" if rel else cand.name
     reasons: list[str] = []
     weak: _Verdict | None = None
+    unproven: _Verdict | None = None
     for kind in cand.kinds:
         verdict = _CHECKS[kind](store, cand, base)
         if verdict.complete and not verdict.weak:
             return verdict
         if verdict.weak and weak is None:
             weak = verdict
+        if verdict.unproven and unproven is None:
+            unproven = verdict
         reasons.append(verdict.reason)
     reason = "; ".join(r for r in reasons if r)
     if weak is not None:
         return _Verdict(True, weak.layout, reason, weak.time, weak=True)
+    if unproven is not None:
+        return _Verdict(False, unproven.layout, reason, unproven=unproven.unproven)
     return _Verdict(False, cand.kinds[0], reason)
 
 
@@ -434,7 +444,10 @@ def _check_orbax(store: _Store, cand: _Candidate, base: str, label: str = "orbax
     if commit is not None:
         return _Verdict(True, label, time=commit.time)
     if store.is_gcs:
-        return _Verdict(False, label, f"no {ORBAX_COMMIT}: an Orbax save on GCS not committed")
+        # Atomic-rename temporary paths write no commit file: the final name is the commit when
+        # no step of the directory has one. Its metadata is read only then (_scan_level).
+        return _Verdict(False, label, f"no {ORBAX_COMMIT}: an Orbax save on GCS not committed",
+                        unproven=f"{base}/{ORBAX_METADATA}")
     meta = store.stat(f"{base}/{ORBAX_METADATA}")
     if meta is not None:
         return _Verdict(True, label, time=meta.time)
@@ -503,6 +516,7 @@ def _scan_level(store: _Store, rel: str, layout: str) -> tuple[Scan, _Classified
     found = _classify(listing, layout, store, rel)
     chosen: Checkpoint | None = None
     fallback: tuple[Checkpoint, int] | None = None  # (checkpoint, index of its skip)
+    unproven: list[tuple[_Candidate, str, _Verdict, int]] = []  # newest first
     skips: list[Skip] = []
     for cand in sorted(found.candidates, key=lambda c: (c.step, c.name), reverse=True):
         path = store.uri(f"{rel}/{cand.name}" if rel else cand.name)
@@ -512,11 +526,21 @@ def _scan_level(store: _Store, rel: str, layout: str) -> tuple[Scan, _Classified
             break
         if verdict.weak and fallback is None:
             fallback = (Checkpoint(path, cand.step, verdict.layout, verdict.time), len(skips))
+        if verdict.unproven:
+            unproven.append((cand, path, verdict, len(skips)))
         skips.append(Skip(path, cand.step, verdict.reason))
     if chosen is None and fallback is not None:
         # No step carries a marker at all: an Orbax that predates them; its rename is the commit.
         chosen, index = fallback
         del skips[index]
+    for cand, path, verdict, index in unproven if chosen is None else ():
+        # No step is committed: Orbax with atomic-rename temporary paths on GCS.
+        meta = store.stat(verdict.unproven)
+        if meta is not None:
+            chosen = Checkpoint(path=path, step=cand.step, layout=verdict.layout, time=meta.time)
+            del skips[index]
+            break
+        skips[index] = Skip(path, cand.step, f"{verdict.reason}; no {ORBAX_METADATA} either")
     for step in sorted(found.gda, reverse=True):
         if not any(c.step == step and not c.is_dir for c in found.candidates):
             skips.append(Skip(store.uri(f"{rel}/checkpoint_{step}_gda" if rel else
