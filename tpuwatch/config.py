@@ -301,6 +301,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "queued_resource": Field(_str, "", "set when the TPU was made through a queued resource"),
         "startup_script": Field(_path, "", "file sent as metadata startup-script on create"),
         "spec": Field(lambda k, v: _spec(k, v), {}, "the node spec used by recreate (written by tpuwatch init)"),
+        "zone_overrides": Field(lambda k, v: _zone_overrides(v), {},
+                                "per fallback zone, the spec's regional and zonal keys there: [tpu.zone_overrides.\"ZONE\"] "
+                                "subnetwork, network_configs, data_disks, reservation_name"),
     },
     "job": {
         "name": Field(_pattern(_LABEL_VALUE, "job name (lowercase letters, digits, - and _, up to 63)", allow_empty=True), "", "job name; default the TPU name. Names the journal and the ownership label"),
@@ -371,6 +374,12 @@ def _spec(key: str, value: Any) -> dict[str, Any]:
     from tpuwatch.spec import validate_spec  # here, so that importing config stays light
 
     return validate_spec(value, key=key)
+
+
+def _zone_overrides(value: Any) -> dict[str, dict[str, Any]]:
+    from tpuwatch import zonespec
+
+    return zonespec.check_overrides(value)
 
 
 @dataclass(frozen=True)
@@ -472,6 +481,10 @@ def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[st
         )
     if both:  # fail-fast wins over the default retryable list
         r["retryable_exit_codes"] = r["retryable_exit_codes"] - both
+    from tpuwatch import zonespec
+
+    t = out["tpu"]
+    zonespec.check(t["spec"], t["zone_overrides"], t["zone"], t["fallback_zones"])
     known_checks = [*PRECHECK_IDS, *(c["name"] for c in out["precheck"]["custom"])]
     unknown_checks = set(out["precheck"]["skip"]) - set(known_checks)
     if unknown_checks:

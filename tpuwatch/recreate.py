@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from tpuwatch import spec as specmod
+from tpuwatch import zonespec
 from tpuwatch.config import Config
 from tpuwatch.errors import ConfigError, JobFailed, NotFoundError, TpuwatchError
 from tpuwatch.model import NodeSnapshot, OperationStatus
@@ -145,9 +146,9 @@ def config_base(cfg: Config) -> Path | None:
     return cfg.path.parent if cfg.path is not None else None
 
 
-def build_request(cfg: Config, launch: Mapping[str, str] | None = None) -> Any:
-    """The validated create request's Node for this config (nothing is sent)."""
-    raw_spec = cfg.tpu.get("spec") or {}
+def build_request(cfg: Config, launch: Mapping[str, str] | None = None, zone: str = "") -> Any:
+    """The validated create request's Node for this config in `zone` (nothing is sent)."""
+    raw_spec = zone_spec(cfg, zone)
     if not raw_spec:
         raise ConfigError(
             f"tpu.spec: missing; run `tpuwatch init {cfg.tpu_name}` to capture the TPU's spec "
@@ -159,6 +160,11 @@ def build_request(cfg: Config, launch: Mapping[str, str] | None = None) -> Any:
     return specmod.build_node(raw_spec, script, job=cfg.job_name, extra_metadata=launch_metadata(cfg, launch))
 
 
+def zone_spec(cfg: Config, zone: str) -> dict[str, Any]:
+    """[tpu.spec] as a create in `zone` sends it: with [tpu.zone_overrides] for that zone."""
+    return zonespec.for_zone(cfg.tpu.get("spec") or {}, cfg.tpu.get("zone_overrides") or {}, zone)
+
+
 def _api_version(message: Any) -> str:
     """"v2alpha1" for a tpu_v2alpha1 message, else "v2" (for the method names --dry-run prints)."""
     return "v2alpha1" if "v2alpha1" in type(message).__module__ else "v2"
@@ -167,7 +173,7 @@ def _api_version(message: Any) -> str:
 def create_request_json(cfg: Config, zone: str, project: str,
                         launch: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The exact CreateNode request (REST JSON) `start_create` would send: for --dry-run."""
-    node = build_request(cfg, launch)
+    node = build_request(cfg, launch, zone)
     return {
         "method": f"google.cloud.tpu.{_api_version(node)}.Tpu.CreateNode",
         "parent": f"projects/{project}/locations/{zone}",
@@ -202,7 +208,7 @@ def start_create(api: TpuApi, cfg: Config, zone: str, *, resumed: bool = False,
     the journal says a create of this name is ours); that is success. A refused create raises
     CreateRejected carrying its classification.
     """
-    node = build_request(cfg, launch)
+    node = build_request(cfg, launch, zone)
     try:
         return api.create_node(cfg.tpu_name, specmod.node_to_json(node), zone)
     except TpuwatchError as exc:
@@ -427,9 +433,9 @@ def qr_request(cfg: Config, zone: str, project: str, launch: Mapping[str, str] |
     """
     from google.cloud import tpu_v2, tpu_v2alpha1
 
-    node = build_request(cfg, launch)
+    node = build_request(cfg, launch, zone)
     tpu: Any = tpu_v2alpha1 if _api_version(node) == "v2alpha1" else tpu_v2
-    spec = cfg.tpu.get("spec") or {}
+    spec = zone_spec(cfg, zone)
     parent = f"projects/{project}/locations/{zone}"
     qr = tpu.QueuedResource(
         tpu=tpu.QueuedResource.Tpu(node_spec=[

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from tpuwatch import zonespec
 from tpuwatch.errors import ConfigError, JobFailed
 from tpuwatch.model import (
     AuditEvent,
@@ -83,6 +84,8 @@ class PolicyConfig:
         r = cfg.recovery
         primary = zone or str(cfg.tpu["zone"])
         zones = tuple(dict.fromkeys(z for z in (primary, *cfg.tpu["fallback_zones"]) if z))
+        if primary and not cfg.tpu["zone"]:  # the zone came from flags or gcloud: check it now
+            zonespec.check(cfg.tpu["spec"], cfg.tpu["zone_overrides"], primary, cfg.tpu["fallback_zones"])
         workers = cfg.job["workers"]
         return cls(
             job=cfg.job_name,

@@ -17,6 +17,7 @@ Errors an API call would return are `ApiError(code name, message)`; errors in a 
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import random
 import re
@@ -182,6 +183,36 @@ def accelerator_generation(accelerator_type: str) -> str:
 
 def region_of(zone: str) -> str:
     return zone.rsplit("-", 1)[0]
+
+
+_REGION_PART = re.compile(r"(?:^|/)regions/([^/]+)/")
+_ZONE_PART = re.compile(r"(?:^|/)(?:zones|locations)/([^/]+)/")
+
+
+def misplaced(zone: str, node_json: str, reservation: str = "") -> str:
+    """The INVALID_ARGUMENT text for a create in `zone` naming another region's subnetwork or
+    another zone's disk or reservation (what Google answers); "" when all is in place."""
+    try:
+        node = json.loads(node_json) if node_json else {}
+    except ValueError:
+        node = {}
+    region = region_of(zone)
+    nets = [node.get("networkConfig") or {}, *(node.get("networkConfigs") or [])]
+    for net in nets:
+        m = _REGION_PART.search(str(net.get("subnetwork", "")))
+        if m and m.group(1) != region:
+            return (f"Invalid value for field 'subnetwork': '{net['subnetwork']}'. The subnetwork must be in "
+                    f"region '{region}' of zone '{zone}'.")
+    for disk in node.get("dataDisks") or []:
+        src = str(disk.get("sourceDisk", ""))
+        m = _REGION_PART.search(src)
+        z = _ZONE_PART.search(src)
+        if (m and m.group(1) != region) or (not m and z and z.group(1) != zone):
+            return f"Invalid value for field 'source_disk': '{src}'. The disk must be in zone '{zone}'."
+    z = _ZONE_PART.search(reservation)
+    if z and z.group(1) != zone:
+        return f"Invalid value for field 'reservation_name': '{reservation}'. The reservation must be in zone '{zone}'."
+    return ""
 
 
 def rfc3339_ns(ns: int) -> str:
@@ -651,7 +682,10 @@ class World:
 
     # --- create / delete / stop / start ----------------------------------------------
 
-    def _validate_spec(self, zone: str, spec: NodeSpec) -> int:
+    def _validate_spec(self, zone: str, spec: NodeSpec, reservation: str = "") -> int:
+        bad = misplaced(zone, spec.spec_json, reservation)
+        if bad:
+            raise ApiError("INVALID_ARGUMENT", bad)
         try:
             return worker_count(spec.accelerator_type)
         except ValueError:
@@ -1705,7 +1739,11 @@ class World:
                     "INVALID_ARGUMENT",
                     f"Invalid node_id {node_id!r} in the queued resource's node spec",
                 )
-            self._validate_spec(zone, spec)
+            try:
+                reservation = str(json.loads(spec_json or "{}").get("reservationName", ""))
+            except ValueError:
+                reservation = ""
+            self._validate_spec(zone, spec, reservation)
             key = f"{project}/{zone}/{qr_id}"
             if key in self._queued:
                 raise ApiError(
