@@ -283,6 +283,46 @@ class _GcsStore:
         return self._bucket_name
 
 
+class _ListingStore:
+    """A local directory as a worker listed it (remote.sh `ckpt_listing`): one level of the
+    root (and of `checkpoints/`), one level of each directory there, small metadata.json texts."""
+
+    is_gcs = False
+
+    def __init__(self, root: str, listing: dict[str, Any]) -> None:
+        self.root = root
+        dirs = listing.get("dirs")
+        reads = listing.get("reads")
+        self._dirs: dict[str, dict[str, Any]] = dirs if isinstance(dirs, dict) else {}
+        self._reads: dict[str, str] = reads if isinstance(reads, dict) else {}
+
+    def uri(self, rel: str) -> str:
+        return os.path.join(self.root, rel) if rel else self.root
+
+    def list_dir(self, rel: str) -> _Listing | None:
+        level = self._dirs.get(rel)
+        if not isinstance(level, dict):
+            return None
+        files: dict[str, datetime | None] = {n: _mtime(m) for n, m in level.items() if isinstance(m, (int, float))}
+        return _Listing(frozenset(n for n, m in level.items() if m is None), files)
+
+    def stat(self, rel: str) -> _Stat | None:
+        parent, _, name = rel.rpartition("/")
+        level = self._dirs.get(parent)
+        if not isinstance(level, dict) or name not in level:
+            return None
+        m = level[name]
+        return _Stat(_mtime(m) if isinstance(m, (int, float)) else None)
+
+    def read(self, rel: str, limit: int) -> bytes | None:
+        text = self._reads.get(rel)
+        return None if not isinstance(text, str) else text.encode("utf-8")[: limit + 1]
+
+    def has_subdir(self, rel: str) -> bool:
+        listing = self.list_dir(rel)
+        return bool(listing and listing.dirs)
+
+
 @contextmanager
 def _gcs_errors(store: _GcsStore, verb: str, uri: str) -> Iterator[None]:
     """Turns google-cloud-storage and google-auth failures into tpuwatch errors."""
@@ -673,6 +713,51 @@ class CheckpointDir:
         return f"CheckpointDir({self.root!r}, layout={self.layout!r})"
 
 
+class WorkerCheckpoints:
+    """The `CheckpointStore` port for a local `checkpoint_dir`: the path is on the TPU VM.
+
+    The job writes it on its worker, not on the watcher's machine, so the first selected
+    worker's probe lists it (workers.SshWorkers.on_listing feeds `feed`) and the layout rules
+    above run on that listing. `latest` is what the newest probe of the node showed; a probe
+    that could not read the directory keeps the last good answer for the same node.
+    """
+
+    def __init__(self, path: str, layout: str = "auto") -> None:
+        self.root, bucket, _ = _parse_location(path)
+        if bucket is not None:
+            raise ConfigError(f"{DIR_KEY} = {path!r}: a gs:// location is read with CheckpointDir")
+        self.layout = normalize_layout(layout)
+        self._scan: Scan | None = None
+        self._node_id = ""
+
+    def feed(self, node: Any, listing: str) -> None:
+        """Take a worker's listing of the directory (remote.sh `ckpt_listing`) of `node`."""
+        try:
+            data = json.loads(listing)
+        except ValueError:
+            data = {"error": "the worker's answer is not JSON"}
+        if not isinstance(data, dict) or "error" in data:
+            why = data.get("error") if isinstance(data, dict) else "the worker's answer is not a table"
+            if self._scan is not None and self._node_id == node.id and self._scan.latest is not None:
+                return  # keep the last good answer of this node
+            self._scan = Scan(None, (Skip(self.root, None, f"cannot be read on the worker: {why}"),))
+        else:
+            self._scan = _scan(_ListingStore(self.root, data), self.layout)
+        self._node_id = node.id
+
+    def scan(self) -> Scan:
+        if self._scan is None:
+            return Scan(None, (Skip(self.root, None, "not read yet: a local checkpoint_dir is read on the "
+                                    "job's first worker, by the probe of `watch` or `check`"),))
+        return self._scan
+
+    def latest(self) -> Checkpoint | None:
+        return self.scan().latest
+
+    def __repr__(self) -> str:
+        return f"WorkerCheckpoints({self.root!r}, layout={self.layout!r})"
+
+
 def find_latest(
     checkpoint_dir: str,
     *,
@@ -691,6 +776,7 @@ __all__ = [
     "LAYOUT_CHOICES",
     "Scan",
     "Skip",
+    "WorkerCheckpoints",
     "find_latest",
     "normalize_layout",
 ]

@@ -308,7 +308,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "job": {
         "name": Field(_pattern(_LABEL_VALUE, "job name (lowercase letters, digits, - and _, up to 63)", allow_empty=True), "", "job name; default the TPU name. Names the journal and the ownership label"),
         "command": Field(_command, None, "shell command run on every worker; {checkpoint} {step} {attempt} {worker} substituted"),
-        "checkpoint_dir": Field(_checkpoint_dir, "", "absolute path or gs:// URI where the job saves checkpoints"),
+        "checkpoint_dir": Field(_checkpoint_dir, "", "absolute path or gs:// URI where the job saves checkpoints; a path is on the TPU VM and "
+                               "is read on the job's first worker, by the probe of watch/check (needs python3 there)"),
         "checkpoint_layout": Field(_choice(CHECKPOINT_LAYOUTS), "auto", "force a checkpoint layout; auto-detected by default"),
         "workers": Field(_workers, "all", "\"all\" or a list of worker numbers"),
         "env": Field(_env_table, {}, "extra environment variables for the command"),

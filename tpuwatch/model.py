@@ -119,6 +119,8 @@ class WorkerProbe:
     pid: int | None = None
     detail: str = ""  # e.g. the ssh error for "unreachable"
     log_bytes: int | None = None  # size of the attempt's output log (its activity, for hang detection)
+    # JSON: a local job.checkpoint_dir as the first worker sees it (checkpoints.WorkerCheckpoints)
+    checkpoint_listing: str = ""
 
 
 @dataclass(frozen=True)

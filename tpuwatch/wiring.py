@@ -37,7 +37,7 @@ def load_job(config_path: str | Path, project: str | None = None, zone: str | No
 
 def real_ports(job: Job) -> Ports:
     """The real adapters: google-cloud-tpu, google-cloud-logging (shared per project), OpenSSH/gcloud, checkpoints."""
-    from tpuwatch.checkpoints import CheckpointDir
+    from tpuwatch.checkpoints import CheckpointDir, WorkerCheckpoints
     from tpuwatch.cloud.auditcache import SharedAuditLog
     from tpuwatch.cloud.tpu import TpuAdapter
     from tpuwatch.workers import SshWorkers
@@ -53,7 +53,11 @@ def real_ports(job: Job) -> Ports:
         return adapters[zone]
 
     ckpt_dir = cfg.job["checkpoint_dir"]
-    checkpoints = CheckpointDir(ckpt_dir, cfg.job["checkpoint_layout"]) if ckpt_dir else None
+    checkpoints: Any = CheckpointDir(ckpt_dir, cfg.job["checkpoint_layout"]) if ckpt_dir else None
+    if ckpt_dir and not ckpt_dir.startswith("gs://"):
+        # A local path is on the TPU VM: read it there, in the first worker's probe.
+        checkpoints = WorkerCheckpoints(ckpt_dir, cfg.job["checkpoint_layout"])
+        workers.checkpoint_dir, workers.on_listing = checkpoints.root, checkpoints.feed
     from tpuwatch.precheck import Prechecker
 
     return Ports(
