@@ -33,8 +33,10 @@ class TpuApi(Protocol):
 
 
 class AuditLog(Protocol):
-    def read(self, nodes: Iterable[str], cursor: str | None) -> tuple[list[AuditEvent], str | None]:
-        """Events about `nodes` after `cursor`, oldest first, and the new cursor (one query)."""
+    def read(self, nodes: Iterable[str], cursor: str | None,
+             instances: Mapping[str, tuple[str, str]] | None = None) -> tuple[list[AuditEvent], str | None]:
+        """Events about `nodes` (and their worker VMs, `instances`: NodeSnapshot.instances)
+        after `cursor`, oldest first, and the new cursor (one query)."""
 
 
 class Workers(Protocol):

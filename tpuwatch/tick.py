@@ -429,7 +429,8 @@ class Reconciler:
         if not due:
             return [], None
         try:
-            events, cursor = self.ports.audit.read([self.pcfg.tpu_name], self.journal.audit_cursor())
+            events, cursor = self.ports.audit.read([self.pcfg.tpu_name], self.journal.audit_cursor(),
+                                                   node.instances if node is not None else None)
         except CloudError as exc:
             # The job can be kept alive without the audit log; it only loses one kind of evidence.
             warnings.append(f"audit log not read: {exc.message}")

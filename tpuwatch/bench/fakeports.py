@@ -108,7 +108,8 @@ class BenchAudit:
         self.world = world
         self.meter = meter
 
-    def read(self, nodes: Iterable[str], cursor: str | None) -> tuple[list[AuditEvent], str | None]:
+    def read(self, nodes: Iterable[str], cursor: str | None,
+             instances: Mapping[str, tuple[str, str]] | None = None) -> tuple[list[AuditEvent], str | None]:
         self.meter.log += 1
         w = self.world
         recs, end = w.audit_since(int(cursor) if cursor else 0)

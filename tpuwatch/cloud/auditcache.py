@@ -37,7 +37,7 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -133,10 +133,12 @@ class SharedAuditLog:
 
     # -- the port ---------------------------------------------------------------------------------
 
-    def read(self, nodes: Iterable[str], cursor: str | None) -> tuple[list[AuditEvent], str | None]:
+    def read(self, nodes: Iterable[str], cursor: str | None,
+             instances: Mapping[str, tuple[str, str]] | None = None) -> tuple[list[AuditEvent], str | None]:
         """Events about `nodes` not returned before under `cursor`, oldest first, and the new cursor.
 
-        As AuditLogReader.read, but answered from the shared cache when it is fresh.
+        As AuditLogReader.read, but answered from the shared cache when it is fresh (the shared
+        query holds every TPU node's entries and every TPU worker VM's).
         """
         names = check_nodes(nodes)
         now_ns = to_ns(self.now())
@@ -161,10 +163,10 @@ class SharedAuditLog:
             self._warn("direct", f"shared audit-log cache {self.path} not used ({exc}); "
                                  "this watcher queries the audit log itself")
             self.queries += 1
-            return self.direct.read(names, cursor)
+            return self.direct.read(names, cursor, instances)
         found: list[tuple[int, AuditEvent]] = []
         for raw in rows:
-            ev = event_of(raw, names, self.zone)
+            ev = event_of(raw, names, self.zone, instances)
             if ev is not None:
                 found.append((raw.ns, ev))
         fresh, high, seen = take_new(found, high, seen, self.overlap_ns)

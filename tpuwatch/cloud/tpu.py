@@ -18,7 +18,9 @@ this client does not know becomes "UNKNOWN_ENUM_<n>" instead of an exception.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
@@ -38,6 +40,7 @@ from tpuwatch.model import (
 )
 
 T = TypeVar("T")
+INSTANCES_RETRY = 300.0  # seconds between guest-attribute reads of a node whose workers have not all published
 RPC_TIMEOUT = 30.0  # seconds per request; the retry policy bounds the total
 PAGE_SIZE = 500
 _NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -232,6 +235,8 @@ class TpuAdapter:
         self.page_size = page_size
         self._read_version = "v2alpha1"
         self._clients: dict[str, Any] = {}
+        self._instances: dict[str, tuple[str, ...]] = {}  # node id -> its workers' instance names
+        self._instances_tried: dict[str, float] = {}  # node id -> when a read found them incomplete
 
     # -- plumbing ---------------------------------------------------------------------------
     def _client(self, version: str) -> Any:
@@ -287,9 +292,43 @@ class TpuAdapter:
 
     # -- ports.TpuApi -----------------------------------------------------------------------
     def get_node(self, name: str) -> NodeSnapshot | None:
-        """The node, or None when the API says NOT_FOUND."""
+        """The node, or None when the API says NOT_FOUND; with its workers' instance names."""
         node = self.get_node_message(name)
-        return None if node is None else snapshot(node, project=self.project, zone=self.zone)
+        if node is None:
+            return None
+        snap = snapshot(node, project=self.project, zone=self.zone)
+        names = self.instance_names(snap)
+        return dataclasses.replace(snap, instance_names=names) if names else snap
+
+    def instance_names(self, node: NodeSnapshot) -> tuple[str, ...]:
+        """The workers' Compute Engine instance names (guest attribute `hostname`, as gcloud
+        reads it): one GetGuestAttributes per node id, while READY; () until every worker has
+        published one (retried every INSTANCES_RETRY s), and when the call fails (the audit log
+        then only misses upcoming-maintenance entries)."""
+        if not node.id or node.state != "READY" or not node.workers:
+            return self._instances.get(node.id, ())
+        if node.id in self._instances:
+            return self._instances[node.id]
+        tried = self._instances_tried.get(node.id)
+        if tried is not None and time.monotonic() - tried < INSTANCES_RETRY:
+            return ()
+        self._instances_tried[node.id] = time.monotonic()
+        full = self._full(node.name)
+
+        def get(client: Any, types: Any) -> Any:
+            return client.get_guest_attributes(request=types.GetGuestAttributesRequest(name=full),
+                                               retry=None, timeout=RPC_TIMEOUT)
+
+        try:
+            response = self._read("get_guest_attributes", full, "tpu.nodes.get", get)
+        except TpuwatchError:
+            return ()
+        names = tuple(next((str(item.value) for item in ga.query_value.items if item.key == "hostname"), "")
+                      for ga in response.guest_attributes)
+        if len(names) != len(node.workers) or not all(names):
+            return ()
+        self._instances[node.id] = names
+        return names
 
     def get_node_message(self, name: str) -> Any | None:
         """The node as the API's v2alpha1 (or v2) `Node` message with every field; None when missing.

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from tpuwatch.errors import UsageError
 from tpuwatch.sim import audit, logfilter, metadata
+from tpuwatch.sim.metadata import worker_hostname, worker_instance_id
 from tpuwatch.sim.scheduler import Scheduler, Timer
 
 log = logging.getLogger(__name__)
@@ -1088,6 +1089,7 @@ class World:
         metadata: Mapping[str, Any] | None = None,
         severity: str = "NOTICE",
         at_ns: int | None = None,
+        instance: str = "",
     ) -> audit.AuditRecord:
         ts = at_ns if at_ns is not None else time.time_ns()
         while True:
@@ -1107,10 +1109,18 @@ class World:
             insert_id=insert_id,
             severity=severity,
             metadata=dict(metadata or {}),
+            instance=instance,
+            instance_id=worker_instance_id(rec.id, worker or 0) if instance else "",
         )
         self._audit.append(entry)
         self._touch()
         return entry
+
+    def system_event(self, node: str, method: str, *, worker: int | None = None,
+                     project: str | None = None, zone: str | None = None) -> None:
+        """Write one system-event entry about a node and do nothing else (for tests)."""
+        with self._lock:
+            self._write_audit(self._fault_node(node, project, zone), method, worker=worker)
 
     def audit_entries(self) -> list[audit.AuditRecord]:
         """Every entry written so far, visible or not (for tests)."""
@@ -1468,18 +1478,22 @@ class World:
                 self.real(window if window is not None else self.delays["maintenance_window"]) * 1e9
             )
             rec.upcoming = UpcomingRec(kind, "PENDING", can_reschedule, start, end, start)
-            self._write_audit(
-                rec,
-                audit.UPCOMING_MAINTENANCE,
-                severity="INFO",
-                metadata={
-                    "maintenanceStatus": "PENDING",
-                    "type": kind,
-                    "windowStartTime": rfc3339_ns(start),
-                    "windowEndTime": rfc3339_ns(end),
-                    "canReschedule": can_reschedule,
-                },
-            )
+            for w in range(rec.n_workers):  # a Compute Engine entry about each worker VM
+                self._write_audit(
+                    rec,
+                    audit.UPCOMING_MAINTENANCE,
+                    worker=w,
+                    instance=worker_hostname(rec.id, w),
+                    severity="INFO",
+                    metadata={
+                        "maintenanceStatus": "PENDING",
+                        "type": kind,
+                        "windowStartTime": rfc3339_ns(start),
+                        "windowEndTime": rfc3339_ns(end),
+                        "latestWindowStartTime": rfc3339_ns(start),
+                        "canReschedule": can_reschedule,
+                    },
+                )
             key, ident = rec.key, rec.id
             self._touch()
 
