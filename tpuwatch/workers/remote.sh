@@ -254,9 +254,13 @@ tw_ckpt_listing() {
     tw_emit "ckpt_error=python3 not found on the worker, needed to read $TW_CKPT_DIR"
     return 0
   fi
-  out=$(python3 - "${TPUWATCH_HOST_ROOT:-}$TW_CKPT_DIR" <<'TW_PY' 2>&1
+  # Under $TPUWATCH_HOST_ROOT (the simulator's VM disk) when it is there, else as given (a
+  # mount the watcher shares, or a real VM).
+  out=$(python3 - "$TW_CKPT_DIR" "${TPUWATCH_HOST_ROOT:-}" <<'TW_PY' 2>&1
 import json, os, sys
 root = sys.argv[1]
+if sys.argv[2] and os.path.isdir(sys.argv[2] + root):
+    root = sys.argv[2] + root
 MAX_ENTRIES, MAX_READ = 2000, 65536
 def level(path):
     out = {}
