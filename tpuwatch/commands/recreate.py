@@ -103,7 +103,8 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
         create = rc.create_request_json(cfg, loc.zone, loc.project, launch)
 
     zones = [loc.zone, *[z for z in cfg.tpu.get("fallback_zones", ()) if z != loc.zone]]
-    zonespec.check(cfg.tpu["spec"], cfg.tpu["zone_overrides"], loc.zone, cfg.tpu["fallback_zones"])
+    zonespec.check(cfg.tpu.get("spec") or {}, cfg.tpu.get("zone_overrides") or {}, loc.zone,
+                   cfg.tpu.get("fallback_zones", ()))
     for z in zones[1:]:
         # An unknown fallback zone must stop us before the delete, not after it.
         try:

@@ -85,7 +85,8 @@ class PolicyConfig:
         primary = zone or str(cfg.tpu["zone"])
         zones = tuple(dict.fromkeys(z for z in (primary, *cfg.tpu["fallback_zones"]) if z))
         if primary and not cfg.tpu["zone"]:  # the zone came from flags or gcloud: check it now
-            zonespec.check(cfg.tpu["spec"], cfg.tpu["zone_overrides"], primary, cfg.tpu["fallback_zones"])
+            zonespec.check(cfg.tpu.get("spec") or {}, cfg.tpu.get("zone_overrides") or {}, primary,
+                           cfg.tpu["fallback_zones"])
         workers = cfg.job["workers"]
         return cls(
             job=cfg.job_name,
