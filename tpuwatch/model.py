@@ -77,14 +77,6 @@ class NodeSnapshot:
     preemptible: bool = False
     labels: Mapping[str, str] = field(default_factory=dict)
     metadata_keys: tuple[str, ...] = ()
-    # Each worker's Compute Engine instance name (t1v-n-<hex>-w-<i>, guest attribute `hostname`),
-    # by worker index; () when not known. Upcoming-maintenance audit entries name these.
-    instance_names: tuple[str, ...] = ()
-
-    @property
-    def instances(self) -> dict[str, tuple[str, str]]:
-        """Instance name -> (node name, worker id), for matching Compute Engine audit entries."""
-        return {inst: (self.name, str(i)) for i, inst in enumerate(self.instance_names) if inst}
 
     @property
     def full_name(self) -> str:

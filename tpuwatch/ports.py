@@ -35,7 +35,7 @@ class TpuApi(Protocol):
 class AuditLog(Protocol):
     def read(self, nodes: Iterable[str], cursor: str | None,
              instances: Mapping[str, tuple[str, str]] | None = None) -> tuple[list[AuditEvent], str | None]:
-        """Events about `nodes` (and their worker VMs, `instances`: NodeSnapshot.instances)
+        """Events about `nodes` (and their worker VMs, `instances`: instance name -> (node, worker id), as TpuAdapter.worker_instances gives it)
         after `cursor`, oldest first, and the new cursor (one query)."""
 
 

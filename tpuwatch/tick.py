@@ -407,6 +407,11 @@ class Reconciler:
             failure = classified.kind if classified is not None else None
         return op, failure
 
+    def _worker_instances(self, node: NodeSnapshot | None) -> Any:
+        """The node's worker VMs for the audit reader (read lazily by the TPU adapter), or None."""
+        lookup = getattr(self.ports.tpu_for(node.zone), "worker_instances", None) if node is not None else None
+        return lookup(node) if lookup is not None else None
+
     def _audit(self, now: datetime, mem: Memory, node: NodeSnapshot | None,
                probes: Sequence[WorkerProbe] | None, warnings: list[str]) -> tuple[list[AuditEvent], str | None]:
         """New audit events, read once per audit_interval, or sooner when something looks wrong."""
@@ -430,7 +435,7 @@ class Reconciler:
             return [], None
         try:
             events, cursor = self.ports.audit.read([self.pcfg.tpu_name], self.journal.audit_cursor(),
-                                                   node.instances if node is not None else None)
+                                                   self._worker_instances(node))
         except CloudError as exc:
             # The job can be kept alive without the audit log; it only loses one kind of evidence.
             warnings.append(f"audit log not read: {exc.message}")

@@ -16,8 +16,9 @@ the subset the simulator implements:
 exactly (node level ".../nodes/a" or worker level ".../nodes/a/workers/0"), never "nodes/ab".
 Upcoming maintenance is a Compute Engine entry about one worker VM,
 `projects/P/zones/Z/instances/t1v-n-<hex>-w-<worker>`: it is matched through the node's
-instance names (NodeSnapshot.instances, from the guest attribute `hostname`), passed as
-`instances`; without them such entries are not attributed to any node.
+instance names (TpuAdapter.worker_instances, from the guest attribute `hostname`, read only
+when such an entry is seen), passed as `instances`; without them such entries are not
+attributed to any node.
 
 The cursor is an opaque string: the newest entry time seen and the (time, insertId) keys of the
 entries seen in the last `overlap`. The next read starts `overlap` before that time, so an entry
@@ -337,7 +338,7 @@ class AuditLogReader:
         """Events about `nodes` not returned before under `cursor`, oldest first, and the new cursor.
 
         With no (or an unreadable) cursor, reading starts `initial_lookback` ago. `instances`:
-        the nodes' worker VMs (NodeSnapshot.instances), for upcoming-maintenance entries.
+        the nodes' worker VMs (TpuAdapter.worker_instances), for upcoming-maintenance entries.
         """
         names = sorted(set(nodes))
         state = decode_cursor(cursor)

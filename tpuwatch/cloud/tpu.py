@@ -18,10 +18,9 @@ this client does not know becomes "UNKNOWN_ENUM_<n>" instead of an exception.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
@@ -224,6 +223,28 @@ def operation_status(op: Any) -> OperationStatus:
     return OperationStatus(name=op.name, done=done, error_code=code, error_message=message)
 
 
+class _LazyInstances(Mapping[str, tuple[str, str]]):
+    """A mapping computed on its first use."""
+
+    def __init__(self, make: Callable[[], dict[str, tuple[str, str]]]) -> None:
+        self._make = make
+        self._value: dict[str, tuple[str, str]] | None = None
+
+    def _get(self) -> dict[str, tuple[str, str]]:
+        if self._value is None:
+            self._value = self._make()
+        return self._value
+
+    def __getitem__(self, key: str) -> tuple[str, str]:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+
 class TpuAdapter:
     """ports.TpuApi over google-cloud-tpu for one project and zone."""
 
@@ -292,13 +313,18 @@ class TpuAdapter:
 
     # -- ports.TpuApi -----------------------------------------------------------------------
     def get_node(self, name: str) -> NodeSnapshot | None:
-        """The node, or None when the API says NOT_FOUND; with its workers' instance names."""
+        """The node, or None when the API says NOT_FOUND."""
         node = self.get_node_message(name)
-        if node is None:
-            return None
-        snap = snapshot(node, project=self.project, zone=self.zone)
-        names = self.instance_names(snap)
-        return dataclasses.replace(snap, instance_names=names) if names else snap
+        return None if node is None else snapshot(node, project=self.project, zone=self.zone)
+
+    def worker_instances(self, node: NodeSnapshot) -> Mapping[str, tuple[str, str]]:
+        """Instance name -> (node, worker id) for the audit readers (logs.match_resource).
+
+        Lazy: the guest attributes are read on the first lookup, which a reader makes only when
+        the log holds an entry about a TPU worker VM (an upcoming-maintenance notice).
+        """
+        return _LazyInstances(lambda: {inst: (node.name, str(i))
+                                       for i, inst in enumerate(self.instance_names(node)) if inst})
 
     def instance_names(self, node: NodeSnapshot) -> tuple[str, ...]:
         """The workers' Compute Engine instance names (guest attribute `hostname`, as gcloud

@@ -75,11 +75,12 @@ def _instances(project: str, zone: str | None, name: str) -> dict[str, tuple[str
     """The node's worker VMs, whose upcoming-maintenance entries name them; {} when unknown."""
     if not zone:
         return {}
+    adapter = TpuAdapter(project, zone)
     try:
-        node = TpuAdapter(project, zone).get_node(name)
+        node = adapter.get_node(name)
     except TpuwatchError:
         return {}  # the node's own entries are still shown
-    return node.instances if node is not None else {}
+    return dict(adapter.worker_instances(node)) if node is not None else {}
 
 
 @click.command(name="events", help=HELP, epilog=EPILOG)
