@@ -56,8 +56,8 @@ def ids(sim: Simulator, node: str, zone: str | None = None) -> list[str]:
 
 
 def announce(sim: Simulator, node: str, zone: str | None = None) -> None:
-    """One audit entry about `node` (upcoming maintenance, a week away: nothing else happens)."""
-    sim.world.upcoming_maintenance(node, zone=zone)
+    """One audit entry about `node`, and nothing else happens."""
+    sim.world.system_event(node, "tpu.nodes.restart", zone=zone)
 
 
 def test_many_readers_share_one_query_and_get_only_their_node(sim_api: Simulator, tmp_path: Path) -> None:

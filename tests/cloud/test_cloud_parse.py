@@ -116,6 +116,21 @@ def test_resource_names_match_exactly() -> None:
     assert logs.match_resource(base + "a", ["a"], zone="europe-west4-a") is None
 
 
+def test_upcoming_maintenance_entries_name_a_worker_vm_and_match_through_its_instance_name() -> None:
+    # The shape of Google's example entry: a Compute Engine instance, not nodes/<name>.
+    vm = "projects/p/zones/us-central2-b/instances/t1v-n-9472280f-w-1"
+    instances = {"t1v-n-9472280f-w-0": ("a", "0"), "t1v-n-9472280f-w-1": ("a", "1")}
+    assert logs.match_resource(vm, ["a"], "us-central2-b", instances) == ("a", "1")
+    assert logs.match_resource(vm, ["a"]) is None  # without the node's instance names: nobody's
+    assert logs.match_resource(vm, ["b"], None, instances) is None
+    assert logs.match_resource(vm, ["a"], "europe-west4-a", instances) is None
+    start = logs.to_ns(datetime(2024, 5, 1, tzinfo=UTC))
+    assert logs.build_filter("p", ["a"], start, ["t1v-n-9472280f-w-0"]).endswith(
+        '(protoPayload.resourceName:"nodes/a" OR protoPayload.resourceName:"instances/t1v-n-9472280f-w-0")')
+    assert logs.build_filter("p", None, start).endswith(
+        '(protoPayload.resourceName:"nodes/" OR protoPayload.resourceName:"instances/t1v-n-")')
+
+
 def test_cursor_round_trips_and_tolerates_garbage() -> None:
     c = logs.encode_cursor(123, [(120, "x"), (123, "y")])
     assert logs.decode_cursor(c) == (123, {(120, "x"), (123, "y")})

@@ -7,6 +7,7 @@ the journal, not from tpuwatch's own output.
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -191,3 +192,63 @@ def test_the_startup_script_resumes_the_job_at_boot_and_watch_follows_it(sim: Si
     attempts = job.history()["attempts"]
     assert [a["attempt"] for a in attempts] == [1, 2] and attempts[1]["outcome"] == "success", attempts
     assert job.steps_done()[-1] == 80
+
+
+def test_a_reservation_shortfall_with_code_8_is_queued_and_named_a_reservation_shortfall(
+        sim: Simulator, tmp_path: Path) -> None:
+    # The create operation fails with code 8 and "Insufficient reserved capacity" (as users see
+    # it); for 20 simulated minutes (2 s), then the create goes through in the same zone.
+    job = Job(sim, tmp_path, accelerator="v4-16", spot=True, recreatable=True)
+    proc = job.watch()
+    job.wait(lambda: len(job.steps_done()) >= 1, what="a checkpoint")
+    sim.inject("reservation-shortfall", zone=sim.zone, duration="20m")
+    sim.inject("preempt", node="pod")
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    assert sim.world.node("pod").state == "READY"
+    assert sim.world.call_count("CreateNode") >= 2  # one refused at least, then the one that made it
+    reasons = [e["reason"] for e in job.history()["events"]]
+    queued = [r for r in reasons if "Insufficient reserved capacity" in r]
+    assert queued and all(r.startswith("reservation shortfall") for r in queued), reasons
+    assert job.steps_done()[-1] == STEPS
+
+
+OTHER_REGION = "us-east5-a"
+
+
+def with_subnetwork(job: Job, sim: Simulator, overrides: str = "") -> str:
+    """Give the job's spec a subnetwork of the simulator's region; return it."""
+    subnet = f"projects/{sim.project}/regions/{sim.zone.rsplit('-', 1)[0]}/subnetworks/tpu-net"
+    text = job.cfg.read_text().replace("[tpu.spec]\n", f'[tpu.spec]\nsubnetwork = "{subnet}"\n', 1)
+    job.cfg.write_text(text + overrides)
+    return subnet
+
+
+def test_a_fallback_zone_in_another_region_with_a_regional_subnetwork_stops_at_load_with_exit_2(
+        sim: Simulator, tmp_path: Path) -> None:
+    job = Job(sim, tmp_path, recreatable=True, tpu={"zone": sim.zone, "fallback_zones": [OTHER_REGION]})
+    with_subnetwork(job, sim)
+    out = job.cli("watch", "-c", str(job.cfg), timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "tpu.fallback_zones: us-east5-a" in out.stderr and "tpu.spec.subnetwork" in out.stderr, out.stderr
+    assert f'[tpu.zone_overrides."{OTHER_REGION}"]' in out.stderr and "Traceback" not in out.stderr
+    assert sim.world.call_count("GetNode") == 0 and job.steps_done() == []  # nothing was started
+
+
+def test_with_a_zone_override_a_stocked_out_node_is_recreated_in_another_region_with_its_subnetwork(
+        sim: Simulator, tmp_path: Path) -> None:
+    east = f"projects/{sim.project}/regions/us-east5/subnetworks/tpu-net-east"
+    job = Job(sim, tmp_path, accelerator="v4-16", spot=True, recreatable=True, queue_timeout="12s",
+              tpu={"zone": sim.zone, "fallback_zones": [OTHER_REGION]})
+    with_subnetwork(job, sim, f'[tpu.zone_overrides."{OTHER_REGION}"]\nsubnetwork = "{east}"\n')
+    proc = job.watch()
+    job.wait(lambda: len(job.steps_done()) >= 1, what="a checkpoint")
+    sim.inject("stockout", zone=sim.zone, duration="6h")
+    sim.inject("preempt", node="pod")
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    node = sim.world.node("pod", zone=OTHER_REGION)
+    assert node.state == "READY"
+    # The simulator refuses, as Google does, a subnetwork of another region: this one is the override.
+    assert json.loads(node.spec.spec_json)["networkConfig"]["subnetwork"] == east
+    assert job.steps_done()[-1] == STEPS

@@ -75,7 +75,7 @@ def test_a_queued_resource_that_fails_is_deleted_queued_and_created_again(sim: S
     assert creates >= 2 and sim.world.call_count("DeleteQueuedResource") == creates
     assert sim.world.call_count("CreateNode") == 0
     # The policy was shown the failed request as a failed create and queued it.
-    queued = [e["reason"] for e in job.history()["events"] if "no capacity or quota" in e["reason"]]
+    queued = [e["reason"] for e in job.history()["events"] if e["reason"].startswith("out of quota in")]
     assert any(f"queued resource {QR} FAILED: Quota limit" in r for r in queued), queued
     assert job.steps_done()[-1] == STEPS
 

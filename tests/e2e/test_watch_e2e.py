@@ -153,3 +153,44 @@ def test_a_node_under_maintenance_gets_no_ssh_beyond_the_probe(tmp_path: Path, m
         assert {w["state"] for w in down["workers"]} == {"unreachable"}, down["workers"]
         assert down["phase"] == "waiting_node" and not down["budgets"]["restarts"], down
         assert any("did not stop workers: none answered this tick's probe" in d for d in down["done"]), down["done"]
+
+
+def test_a_local_checkpoint_dir_is_read_on_worker_0_and_a_healed_maintenance_resumes_from_it(
+        sim: Simulator, tmp_path: Path) -> None:
+    # A single-host TPU whose job saves on the VM's own disk (for a simulated worker: under its
+    # $TPUWATCH_HOST_ROOT). That path does not exist on the watcher's machine.
+    vm_dir = "/tpuwatch-test-vm-disk/ck"
+    assert not Path(vm_dir).exists()
+    job = Job(sim, tmp_path, accelerator="v4-8")
+    text = job.cfg.read_text().replace(str(job.ck), vm_dir)
+    job.cfg.write_text(text.replace("tpuwatch.sim.trainer ", "tpuwatch.sim.trainer --vm-paths ", 1))
+    job.ck = sim.hosts.host_root(sim.node_key("pod"), 0) / vm_dir.lstrip("/")
+    proc = job.watch()
+    job.wait(lambda: len(job.steps_done()) >= 2, what="two checkpoints on worker 0")
+    sim.inject("maintenance", node="pod", heal_after=1800)  # 3 s at speed 600
+    rc, out = finish(proc)
+    assert rc == 0, out
+    attempts = job.history()["attempts"]
+    assert len(attempts) >= 2 and not any(a["charged"] for a in attempts), attempts
+    # The relaunch resumed from a checkpoint that exists only on worker 0.
+    assert attempts[1]["start_step"] is not None and attempts[1]["start_step"] >= 10, attempts
+    assert job.steps_done()[-1] == STEPS
+
+
+def test_upcoming_maintenance_entries_about_the_worker_vms_reach_check_and_events(
+        sim: Simulator, tmp_path: Path) -> None:
+    # Google writes upcoming maintenance as Compute Engine entries about each worker VM
+    # (projects/P/zones/Z/instances/t1v-n-<hex>-w-<i>), not about nodes/<name>.
+    job = Job(sim, tmp_path)
+    sim.inject("upcoming-maintenance", node="pod", starts_in="7d")
+    n_workers = sim.world.node("pod").n_workers
+    entries = [e for e in sim.world.audit_entries() if e.method == "compute.instances.upcomingMaintenance"]
+    assert len(entries) == n_workers and all("/instances/t1v-n-" in e.resource_name for e in entries)
+    out = job.cli("check", "-c", str(job.cfg), "--json", timeout=120)
+    assert out.returncode in (0, 1), out.stderr
+    seen = [e for e in json.loads(out.stdout)["events"] if e["kind"] == "upcoming_maintenance"]
+    assert sorted(e["worker"] for e in seen) == [str(w) for w in range(n_workers)], out.stdout
+    ev = job.cli("events", "pod", "--zone", sim.zone, "--json", timeout=120)
+    assert ev.returncode == 0, ev.stderr
+    kinds = [e["kind"] for e in json.loads(ev.stdout)["events"]]
+    assert kinds.count("upcoming_maintenance") == n_workers, ev.stdout

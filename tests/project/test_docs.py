@@ -20,3 +20,13 @@ def test_readme_config_reference_is_generated_from_the_schema() -> None:
     for section, fields in SCHEMA.items():
         for key in fields:
             assert f"`{section}.{key}`" in readme, f"{section}.{key} is not documented in README.md"
+
+
+def test_nothing_says_the_logging_read_quota_cannot_be_raised() -> None:
+    # Google's Logging quotas page: the API's quotas can be raised on request; only the entry
+    # size and similar limits are fixed. The shared audit reader is still needed by default.
+    wrong = ("cannot be raised", "not raisable", "can't be raised", "can not be raised")
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "tpuwatch").rglob("*.py"))]
+    said = [f"{f.relative_to(ROOT)}: {w!r}" for f in files for w in wrong if w in f.read_text().lower()]
+    assert not said, said
+    assert "an increase can be requested" in (ROOT / "README.md").read_text()

@@ -28,9 +28,9 @@ from typing import Any
 import pytest
 import requests
 
-from tpuwatch.checkpoints import LAYOUT_CHOICES, CheckpointDir, Scan, find_latest
+from tpuwatch.checkpoints import LAYOUT_CHOICES, CheckpointDir, Scan, WorkerCheckpoints, find_latest
 from tpuwatch.errors import EXIT_CLOUD, EXIT_USAGE, CloudError, ConfigError, NotFoundError
-from tpuwatch.model import Checkpoint
+from tpuwatch.model import Checkpoint, NodeSnapshot
 from tpuwatch.ports import CheckpointStore
 
 BUCKET = "tpuwatch-ckpt-test"
@@ -78,6 +78,21 @@ CASES = [
             "200/default/d/0": "x",
         },
         "100", 100, "orbax", skipped=("200",), only="gcs",
+    ),
+    Case(
+        "orbax-gcs-atomic-rename-no-commit-file-anywhere",
+        {
+            # Orbax with atomic-rename temporary paths on GCS: no step has commit_success.txt;
+            # the final name is the commit, and a save in progress has a temporary name.
+            "100/_CHECKPOINT_METADATA": "{}",
+            "100/default/d/0": "x",
+            "200/_CHECKPOINT_METADATA": "{}",
+            "200/default/d/0": "x",
+            "300.orbax-checkpoint-tmp-1714550000/_CHECKPOINT_METADATA": "{}",
+            "300.orbax-checkpoint-tmp-1714550000/default/d/0": "x",
+            "400/default/d/0": "x",  # no metadata: still being written or half copied
+        },
+        "200", 200, "orbax", skipped=("300.orbax-checkpoint-tmp-1714550000", "400"), only="gcs",
     ),
     Case(
         "orbax-local-marker-beats-half-copied",
@@ -642,3 +657,42 @@ def test_gcs_bucket_root_as_checkpoint_dir(gcs_env: Any) -> None:
     assert scan.explain()[-1] == (
         "latest complete checkpoint: gs://tpuwatch-root-ckpt/step-3 (step 3, levanter)"
     )
+
+
+def _listed_on_a_worker(root: str, home: Path) -> str:
+    """The `ckpt_listing` answer of the real probe script (remote.sh) run by bash on this host."""
+    import subprocess
+
+    from tpuwatch.workers import protocol
+
+    env = {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    out = subprocess.run(["bash", "-s"], input=protocol.probe_script("job", root), env=env,
+                         capture_output=True, timeout=60, check=True).stdout.decode()
+    records = protocol.parse_records(out)
+    assert records.get("result") == "ok", out
+    return protocol.parse_probe(0, records).checkpoint_listing
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.only in (None, "local")], ids=lambda c: c.id)
+def test_a_local_directory_read_on_the_worker_gives_the_same_answer(case: Case, tmp_path: Path) -> None:
+    root = tmp_path / "ckpt root"
+    for rel, content in case.tree.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(content)
+    where = str(root / case.sub) if case.sub else str(root)
+    here = find_latest(where)
+    remote = WorkerCheckpoints(where)
+    remote.feed(NodeSnapshot("pod", "p", "z", "1", None, "READY", "HEALTHY", "", None),
+                _listed_on_a_worker(where, tmp_path))
+    got, want = remote.latest(), here.latest
+    assert got is not None if case.expect else got is None
+    assert (got.path, got.step, got.layout) == (want.path, want.step, want.layout) if got and want else got == want
+    assert [s.path for s in remote.scan().skipped] == [s.path for s in here.skipped]
+
+
+def test_a_missing_local_directory_on_the_worker_is_a_fresh_start(tmp_path: Path) -> None:
+    remote = WorkerCheckpoints(str(tmp_path / "nothing"))
+    assert "not read yet" in remote.scan().explain()[0]
+    node = NodeSnapshot("pod", "p", "z", "1", None, "READY", "HEALTHY", "", None)
+    remote.feed(node, _listed_on_a_worker(str(tmp_path / "nothing"), tmp_path))
+    assert remote.latest() is None and "does not exist yet" in remote.scan().explain()[0]

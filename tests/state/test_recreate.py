@@ -55,6 +55,7 @@ def test_ownership_error_names_the_label_and_the_ways_out() -> None:
         ("RESOURCE_EXHAUSTED", QUOTA, False, "queueable", "quota"),
         ("429", QUOTA, False, "queueable", "quota"),
         (9, RESERVATION, False, "queueable", "reservation"),
+        (8, RESERVATION, False, "queueable", "reservation"),  # as users see it: the text decides
         (14, "The service is currently unavailable.", False, "queueable", "unavailable"),
         (6, "Resource 'projects/p/locations/z/nodes/pod' already exists", True, "exists", "already_exists"),
         (6, "Resource 'projects/p/locations/z/nodes/pod' already exists", False, "fatal", "already_exists"),

@@ -432,12 +432,15 @@ def command(ctx: click.Context, config_path: Path, project: str | None, zone: st
             f"no TPU named {cfg.tpu_name} in {loc.project}/{loc.zone} (tpu.name in {config_path}); "
             "create it, or fix --project/--zone"
         )
-    checkpoints = None
+    checkpoints: Any = None
     label = cfg.job["checkpoint_dir"]
     if label:
-        from tpuwatch.checkpoints import CheckpointDir
+        from tpuwatch.checkpoints import CheckpointDir, WorkerCheckpoints
 
         checkpoints = CheckpointDir(label, cfg.job["checkpoint_layout"])
+        if not label.startswith("gs://"):  # a path on the TPU VM: read by the probe, on the worker
+            checkpoints = WorkerCheckpoints(label, cfg.job["checkpoint_layout"])
+            workers.checkpoint_dir, workers.on_listing = checkpoints.root, checkpoints.feed
     prechecker = None
     if cfg.precheck["enabled"]:
         from tpuwatch.workers.precheck import Prechecker

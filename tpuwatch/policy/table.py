@@ -67,6 +67,13 @@ from tpuwatch.policy.values import (
 
 NOT_FOUND = 5  # google.rpc.Code: a delete that finds nothing has done its job
 RESOURCE_EXHAUSTED = 8  # google.rpc.Code: how a given-up queued resource is shown when it gave none
+# What a queueable create failure is called, by its recreate.CreateFailure reason.
+SHORTFALLS = {
+    "no_capacity": "no capacity",
+    "quota": "out of quota",
+    "reservation": "reservation shortfall (not enough reserved capacity)",
+    "unavailable": "create failed for a transient reason",
+}
 DISRUPTING_EVENTS = frozenset({"terminate", "restart"})  # AuditEvent.kind values that are evidence
 # hang_timeout = "auto": never judge a hang sooner than this, whatever the checkpoint interval
 # (a job that saves every 5 minutes may still pause for an evaluation); and the workers' log
@@ -942,7 +949,8 @@ class _Tick:
         retry_at = now + timedelta(seconds=delay)
         mem = move(mem, Phase.QUEUED, pending_op=None, queued_since=since, queue_tries=tries,
                    retry_at=retry_at)
-        return self.out(mem, "no_capacity", f"no capacity or quota in {mem.zone} (code {code}: {message}); "
+        what = SHORTFALLS.get(self.obs.create_reason, "no capacity or quota")
+        return self.out(mem, "no_capacity", f"{what} in {mem.zone} (code {code}: {message}); "
                                             f"queued {human(_secs(now - since))} of {human(cfg.queue_timeout)}, next "
                                             f"create in {human(delay)}", Wait(retry_at, "no capacity"))
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from tpuwatch import zonespec
 from tpuwatch.errors import ConfigError, JobFailed
 from tpuwatch.model import (
     AuditEvent,
@@ -88,6 +89,9 @@ class PolicyConfig:
         r = cfg.recovery
         primary = zone or str(cfg.tpu["zone"])
         zones = tuple(dict.fromkeys(z for z in (primary, *cfg.tpu["fallback_zones"]) if z))
+        if primary and not cfg.tpu["zone"]:  # the zone came from flags or gcloud: check it now
+            zonespec.check(cfg.tpu.get("spec") or {}, cfg.tpu.get("zone_overrides") or {}, primary,
+                           cfg.tpu["fallback_zones"])
         workers = cfg.job["workers"]
         return cls(
             job=cfg.job_name,
@@ -126,6 +130,8 @@ class Observation:
     operation: OperationStatus | None = None
     # When `operation` is a failed create: recreate.classify_operation(op).kind.
     create_failure: CreateFailureKind | None = None
+    # And its recreate.CreateFailure reason (no_capacity, quota, reservation, ...): words only.
+    create_reason: str = ""
     jitter: float = 0.5  # uniform in [0, 1), drawn by the tick: the policy's only randomness
     adopt: bool = False  # --adopt: treat the node as owned
     recreate_missing: bool = False  # --recreate-missing

@@ -250,6 +250,15 @@ FAULTS: dict[str, Fault] = {
             target="zone",
         ),
         Fault(
+            "reservation-shortfall",
+            "Creates in a zone fail with code 8 and \"Insufficient reserved capacity\" (a reservation too small).",
+            (
+                Param("zone", "str", 'zone ("*" = all; default: the simulator\'s zone)'),
+                _UNTIL_CLEARED,
+            ),
+            target="zone",
+        ),
+        Fault(
             "quota",
             "CreateNode in a zone is refused: RESOURCE_EXHAUSTED quota exceeded.",
             (
@@ -486,7 +495,7 @@ def apply(world: World, fault: str, params: Mapping[str, Any]) -> Any:
     p = dict(params)
     where = (
         {"project": p.pop("project", None), "zone": p.pop("zone", None)}
-        if fault not in ("stockout", "quota")
+        if fault not in ("stockout", "reservation-shortfall", "quota")
         else {}
     )
     if fault == "maintenance":
@@ -526,6 +535,8 @@ def apply(world: World, fault: str, params: Mapping[str, Any]) -> Any:
         world.remove_node(p.pop("node"), **where)
     elif fault == "stockout":
         world.stockout(p.get("zone"), p.get("duration"))
+    elif fault == "reservation-shortfall":
+        world.reservation_shortfall(p.get("zone"), p.get("duration"))
     elif fault == "quota":
         world.quota(p.get("zone"), p.get("duration"), p.get("limit", ""))
     elif fault == "api-errors":

@@ -314,7 +314,7 @@ class Services:
                 items = [
                     mod.GuestAttributesEntry(
                         namespace="guestInventory",
-                        key="Hostname",
+                        key="hostname",  # gcloud's TPU ssh reads the instance name by this key
                         value=worker_hostname(rec.id, i),
                     ),
                     mod.GuestAttributesEntry(

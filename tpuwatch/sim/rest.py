@@ -324,7 +324,9 @@ class RestFace:
             if i not in wanted:
                 continue
             items = [
-                mod.GuestAttributesEntry(namespace="guestInventory", key="Hostname",
+                # The worker VM's instance name; gcloud's TPU ssh reads it by the key `hostname`
+                # alone (the namespace here is the simulator's choice).
+                mod.GuestAttributesEntry(namespace="guestInventory", key="hostname",
                                          value=worker_hostname(rec.id, i)),
                 mod.GuestAttributesEntry(namespace="guestInventory", key="InternalIP", value=ip),
             ]

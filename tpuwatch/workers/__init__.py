@@ -83,6 +83,10 @@ class SshWorkers:
         self.launch_tries = max(1, launch_tries)
         self.retry_wait = retry_wait
         self._sleep = sleep
+        # A local job.checkpoint_dir is on the workers: the first selected worker's probe lists
+        # it, and the listing goes to `on_listing` (checkpoints.WorkerCheckpoints.feed).
+        self.checkpoint_dir = ""
+        self.on_listing: Callable[[NodeSnapshot, str], None] | None = None
         if command:
             protocol.check_template(command)
 
@@ -165,8 +169,25 @@ class SshWorkers:
     def probe(self, node: NodeSnapshot) -> list[WorkerProbe]:
         """running / exited(code) / absent / unreachable for every selected worker."""
         workers = self.endpoints(node)
-        results = self._run(node, workers, protocol.probe_script(self.job))
-        return [_probe_of(r) for r in results]
+        results = self._run(node, workers, self.probe_stdin(workers))
+        return self.probes_of(node, results)
+
+    def probe_stdin(self, workers: Sequence[WorkerEndpoint]) -> Callable[[WorkerEndpoint], bytes]:
+        """The probe script per worker: the first one also lists a local checkpoint_dir."""
+        plain = protocol.probe_script(self.job)
+        if not self.checkpoint_dir or not workers:
+            return lambda w: plain
+        first = min(w.index for w in workers)
+        listing = protocol.probe_script(self.job, self.checkpoint_dir)
+        return lambda w: listing if w.index == first else plain
+
+    def probes_of(self, node: NodeSnapshot, results: Sequence[SshResult]) -> list[WorkerProbe]:
+        """The probe answers; a checkpoint listing among them goes to `on_listing`."""
+        probes = [_probe_of(r) for r in results]
+        for p in probes:
+            if p.checkpoint_listing and self.on_listing is not None:
+                self.on_listing(node, p.checkpoint_listing)
+        return probes
 
     def launch(self, node: NodeSnapshot, attempt: int, checkpoint: Checkpoint | None,
                clean: bool = False) -> list[LaunchResult]:

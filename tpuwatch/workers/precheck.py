@@ -447,20 +447,17 @@ class Prechecker:
         Before a launch the tick needs both; sent together they cost one SSH round trip, not
         two. The probe runs first, in its own subshell, so the checks cannot disturb it.
         """
-        from tpuwatch.workers import _probe_of
-        from tpuwatch.workers.protocol import probe_script
-
         eps = self.workers.endpoints(node)
-        probe = probe_script(self.workers.job)
+        probe = self.workers.probe_stdin(eps)
 
         def both(w: WorkerEndpoint) -> bytes:
             # The probe reads nothing from stdin, where the rest of the script still waits: its
             # stdin is /dev/null, so no command of it can swallow the checks.
-            return b"(\n" + probe + b") </dev/null\n(\n" + self.script_for(node, w) + b") </dev/null\n"
+            return b"(\n" + probe(w) + b") </dev/null\n(\n" + self.script_for(node, w) + b") </dev/null\n"
 
         results = self.workers.run_commands(node, eps, both, remote_command="bash -s",
                                             timeout=self.settings.timeout())
-        return [_probe_of(r) for r in results], self._report(node, results, context, now)
+        return self.workers.probes_of(node, results), self._report(node, results, context, now)
 
     def _report(self, node: NodeSnapshot, results: Sequence[SshResult], context: Context,
                 now: datetime | None) -> PrecheckReport:
