@@ -378,6 +378,12 @@ def qr_request_json(cfg: Config, zone: str, project: str,
     }
 
 
+def queued_reason(status: QueuedStatus | None) -> str:
+    """The CreateFailure reason of a queued resource the service gave up on ("" otherwise)."""
+    failure = classify_queued(status) if status is not None else None
+    return failure.reason if failure is not None else ""
+
+
 def classify_queued(status: QueuedStatus) -> CreateFailure | None:
     """None while provisioning or ACTIVE; a failure for FAILED / SUSPENDING / SUSPENDED."""
     if not status.ended:

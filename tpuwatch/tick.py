@@ -207,10 +207,11 @@ class Reconciler:
         warnings: list[str] = []
         events, cursor = self._audit(now, mem, node, probes, warnings)
         pre = pre or self._periodic_precheck(now, mem, node, probes)
+        queued = self._queued(life, mem, node)
         obs = Observation(
             node=node, events=tuple(events), probes=probes, checkpoint=checkpoint,
-            operation=operation, create_failure=create_failure, queued=self._queued(life, mem, node),
-            create_reason=recreate.failure_reason(operation) if create_failure else "",
+            operation=operation, create_failure=create_failure, queued=queued,
+            create_reason=recreate.failure_reason(operation) if create_failure else recreate.queued_reason(queued),
             jitter=min(max(self.ports.jitter(), 0.0), 0.999999),
             adopt=self.flags.adopt, recreate_missing=self.flags.recreate_missing,
             dry_run=self.flags.dry_run, precheck=pre, checks=self._checks() is not None,

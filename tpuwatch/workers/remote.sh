@@ -441,6 +441,10 @@ tw_follow() {
     fi
     tw_sleep "$poll"
   done
+  # Read them again: the attempt may have written its exit code and ended between the reads
+  # above and the liveness check that ended the loop.
+  code=$(tw_read_num "$TW_DIR/exit_code")
+  cur=$(tw_read_num "$TW_DIR/attempt")
   if [ "$cur" != "$TW_ATTEMPT" ]; then
     tw_emit result=replaced "attempt=$cur" >&2
   elif [ -n "$code" ]; then
