@@ -44,6 +44,7 @@ from tpuwatch.model import (
     WorkerProbe,
 )
 from tpuwatch.policy import (
+    Action,
     CreateNode,
     Decision,
     DeleteNode,
@@ -58,6 +59,7 @@ from tpuwatch.policy import (
     hang_limit,
 )
 from tpuwatch.policy.observe import audit_due, launch_likely, precheck_due
+from tpuwatch.policy.values import CreateFailureKind
 from tpuwatch.ports import AuditLog, CheckpointStore, NodeLifecycle, Prechecker, TpuApi, Workers
 from tpuwatch.workers import login, precheck
 
@@ -323,7 +325,7 @@ class Reconciler:
             return tuple(probes), report
         return tuple(self.ports.workers.probe(node)), None
 
-    def _operation(self, mem: Memory, tpu: TpuApi) -> tuple[OperationStatus | None, Any]:
+    def _operation(self, mem: Memory, tpu: TpuApi) -> tuple[OperationStatus | None, CreateFailureKind | None]:
         if not mem.pending_op or mem.phase not in (Phase.DELETING, Phase.CREATING):
             return None, None
         op = tpu.get_operation(mem.pending_op)
@@ -471,7 +473,7 @@ class Reconciler:
                  f"{action.reason}"], replace(decision, memory=mem))
 
 
-def _describe(action: Any) -> str:
+def _describe(action: Action) -> str:
     d = action_dict(action)
     kind = d.pop("kind")
     reason = d.pop("reason", "")
