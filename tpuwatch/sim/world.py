@@ -248,6 +248,9 @@ class NodeRec:
     ips: list[str] = field(default_factory=list)
     symptoms: list[SymptomRec] = field(default_factory=list)
     upcoming: UpcomingRec | None = None
+    # What the workers' metadata servers say shortly before the host stops (the notice).
+    maintenance_event: str = "NONE"
+    preempt_notice: bool = False
     queued_resource: str = ""
     api_version: str = "v2"
     epoch: int = 0  # bumped by every fault and lifecycle change; stale timers check it
@@ -609,9 +612,10 @@ class World:
                 worker=worker,
                 metadata=rec.spec.metadata,
                 accelerator_type=rec.spec.accelerator_type,
-                preempted=rec.state == "PREEMPTED",
+                preempted=rec.state == "PREEMPTED" or rec.preempt_notice,
                 upcoming_maintenance=notice,
                 ip=rec.ips[worker] if worker < len(rec.ips) else "",
+                maintenance_event=rec.maintenance_event,
             )
 
     def has_node(self, name: str, *, project: str | None = None, zone: str | None = None) -> bool:
@@ -1136,15 +1140,24 @@ class World:
         project: str | None = None,
         zone: str | None = None,
         op_name: str | None = None,
+        notice: float = 0.0,
     ) -> None:
         """Start maintenance: job killed, SSH refused, health UNHEALTHY_MAINTENANCE then REPAIRING.
 
         With `heal_after` (simulated seconds) the node comes back READY+HEALTHY with
         "The TPU had a maintenance event at ..." and a restart entry; with `stuck` it never does
-        (REPAIRING, UNHEALTHY_MAINTENANCE, or UNKNOWN after a failed repair).
+        (REPAIRING, UNHEALTHY_MAINTENANCE, or UNKNOWN after a failed repair). With `notice`
+        (simulated seconds; Compute Engine gives about 60), the workers' metadata servers say
+        `maintenance-event` TERMINATE_ON_HOST_MAINTENANCE that long before the host stops.
         """
         if stuck is not None and stuck not in STUCK_MODES:
             raise UsageError(f"stuck must be one of {', '.join(STUCK_MODES)}, got {stuck!r}")
+        if notice > 0:
+            def stop() -> None:
+                self.maintenance(node, heal_after=heal_after, stuck=stuck, worker=worker, reason=reason,
+                                 project=project, zone=zone, op_name=op_name)
+            self._give_notice(node, project, zone, "maintenance", notice, stop)
+            return
         with self._lock:
             rec = self._fault_node(node, project, zone)
             self._ensure_live(rec, "maintenance")
@@ -1174,6 +1187,32 @@ class World:
             if stuck is None and heal_after is not None:
                 self.after(heal_after, lambda: self._heal(key, ident, epoch, t0, worker, op_name))
         self._await(down)
+
+    def _give_notice(self, node: str, project: str | None, zone: str | None, what: str, notice: float,
+                     then: Callable[[], None]) -> None:
+        """Post the metadata server's notice of `what` (maintenance or preemption) now, and run
+        `then` (the fault itself) `notice` simulated seconds later if the node is still the same."""
+        with self._lock:
+            rec = self._fault_node(node, project, zone)
+            self._ensure_live(rec, what)
+            if what == "maintenance":
+                rec.maintenance_event = "TERMINATE_ON_HOST_MAINTENANCE"
+            else:
+                rec.preempt_notice = True
+            key, ident = rec.key, rec.id
+            self._touch()
+
+        def due() -> None:
+            with self._lock:
+                rec = self._nodes.get(key)
+                if rec is None or rec.id != ident:
+                    return
+            try:
+                then()
+            except UsageError:
+                pass  # the node changed state before the notice ran out
+
+        self.after(notice, due)
 
     def set_state(
         self,
@@ -1233,6 +1272,7 @@ class World:
             if rec is None or rec.id != ident or rec.epoch != epoch:
                 return
             rec.state, rec.health = "READY", "HEALTHY"
+            rec.maintenance_event = "NONE"
             if event_ns is not None:
                 rec.health_description = (
                     f"The TPU had a maintenance event at {rfc3339_ns(event_ns)}"
@@ -1260,12 +1300,15 @@ class World:
         project: str | None = None,
         zone: str | None = None,
         reason: str = "PREEMPTED",
+        notice: float = 0.0,
     ) -> None:
         """Spot/preemptible node preempted: PREEMPTED for good, a terminate entry, workers gone.
 
         A node made through a queued resource is taken back by the service, as Google does: the
         request goes SUSPENDING, its node is deleted (PREEMPTED, then DELETING, then gone), and
-        the request ends SUSPENDED, keeping its name until someone deletes it.
+        the request ends SUSPENDED, keeping its name until someone deletes it. With `notice`
+        (simulated seconds; about 30 on Compute Engine) the workers' metadata servers say
+        `preempted` TRUE that long before.
         """
         with self._lock:
             rec = self._fault_node(node, project, zone)
@@ -1275,6 +1318,14 @@ class World:
                     f"node {rec.name} is neither spot nor preemptible, so it cannot be preempted; "
                     "create it with spot = true, or use terminate"
                 )
+            self._ensure_live(rec, "preemption")
+        if notice > 0:
+            self._give_notice(node, project, zone, "preemption", notice,
+                              lambda: self.preempt(node, project=project, zone=zone, reason=reason))
+            return
+        with self._lock:
+            rec = self._fault_node(node, project, zone)
+            qr = self._queued_of(rec)
             self._ensure_live(rec, "preemption")
             rec.epoch += 1
             rec.state, rec.health, rec.health_description = "PREEMPTED", "HEALTH_UNSPECIFIED", ""
@@ -1448,9 +1499,10 @@ class World:
         can_reschedule: bool = True,
         project: str | None = None,
         zone: str | None = None,
+        notice: float = 0.0,
     ) -> None:
         """Announce maintenance `starts_in` from now (v2alpha1 upcoming_maintenance + audit entry);
-        when the window opens, run it (healing after `heal_after`)."""
+        when the window opens, run it (healing after `heal_after`), after the workers' `notice`."""
         if kind not in ("SCHEDULED", "UNSCHEDULED"):
             raise UsageError(f"maintenance type must be SCHEDULED or UNSCHEDULED, got {kind!r}")
         with self._lock:
@@ -1490,7 +1542,7 @@ class World:
                 rec.upcoming.status = "ONGOING"
                 name, project_, zone_ = rec.name, rec.project, rec.zone
             try:
-                self.maintenance(name, heal_after=heal_after, project=project_, zone=zone_)
+                self.maintenance(name, heal_after=heal_after, project=project_, zone=zone_, notice=notice)
             except UsageError:
                 pass  # the node went away or changed state before the window
 
