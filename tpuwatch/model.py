@@ -117,6 +117,10 @@ class AuditEvent:
 WorkerState = Literal["running", "exited", "absent", "unreachable"]
 
 
+# The notices the relay beside an attempt passes on (instance/maintenance-event, instance/preempted).
+NOTICES = ("TERMINATE_ON_HOST_MAINTENANCE", "PREEMPTED")
+
+
 @dataclass(frozen=True)
 class WorkerProbe:
     """What one worker's job files say right now."""
@@ -128,6 +132,8 @@ class WorkerProbe:
     pid: int | None = None
     detail: str = ""  # e.g. the ssh error for "unreachable"
     log_bytes: int | None = None  # size of the attempt's output log (its activity, for hang detection)
+    # what the relay beside this attempt passed on from the metadata server: a NOTICES value, or ""
+    notice: str = ""
 
 
 @dataclass(frozen=True)

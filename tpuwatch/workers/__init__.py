@@ -63,6 +63,7 @@ class SshWorkers:
         launch_tries: int = 4,
         retry_wait: float = 1.0,
         sleep: Callable[[float], None] = time.sleep,
+        notify_signal: str = "SIGTERM",
     ) -> None:
         self.transport = transport
         self.job = job
@@ -74,6 +75,7 @@ class SshWorkers:
         self.launch_tries = max(1, launch_tries)
         self.retry_wait = retry_wait
         self._sleep = sleep
+        self.notify_signal = notify_signal
         if command:
             protocol.check_template(command)
 
@@ -90,6 +92,7 @@ class SshWorkers:
             workers=cfg.job["workers"],
             stop_grace=float(cfg.recovery["stop_grace"]),
             timeout=float(cfg.ssh["command_timeout"]),
+            notify_signal=cfg.get("maintenance.notify_signal"),
             **kw,
         )
 
@@ -145,7 +148,7 @@ class SshWorkers:
                 command=protocol.render_command(
                     self.command, checkpoint=checkpoint.path if checkpoint else "",
                     step=checkpoint.step if checkpoint else None, attempt=attempt, worker=w.index),
-                env=self.env, clean_grace=self.stop_grace if clean else None)
+                env=self.env, clean_grace=self.stop_grace if clean else None, notify_signal=self.notify_signal)
             for w in workers
         }
         timeout = self.timeout + 2 * self.stop_grace + 10 if clean else None
