@@ -27,7 +27,7 @@ from test_policy_support import (
     tick,
 )
 
-from tpuwatch.model import QueuedStatus
+from tpuwatch.model import QueuedStatus, WorkerProbe
 from tpuwatch.policy import (
     ROWS,
     CreateNode,
@@ -90,6 +90,54 @@ def test_row_disruption() -> None:
     end = d.ended[0]
     assert (end.outcome, end.charged, end.exit_code) == ("disruption", False, 1)
     assert "tpu.nodes.terminate" in end.reason and "MAINTENANCE" in end.reason
+
+
+def _noticed(codes: dict[int, int], notice: str = "TERMINATE_ON_HOST_MAINTENANCE") -> tuple[WorkerProbe, ...]:
+    """Workers that exited with `codes` after the relay passed a metadata notice to the job."""
+    return tuple(replace(p, notice=notice) for p in exited(codes))
+
+
+def test_row_notice_end() -> None:
+    # Worker 0 exited 0 after the notice (a job that saves on SIGTERM and ends its loop): not done.
+    d = tick(obs(probes=_noticed({0: 0, 1: 0}), checkpoint=ckpt(150)), run_mem(), now=500)
+    assert d.row == "notice_end" and kinds(d) == ["stop"]
+    m = d.memory
+    assert (m.phase, m.restarts, m.disruptions) == (Phase.IDLE, 0, 1)
+    assert m.notice_hold is not None and m.notice_hold > at(500)
+    end = d.ended[0]
+    assert (end.outcome, end.charged, end.exit_code) == ("disruption", False, 0)
+    assert "notice of maintenance (TERMINATE_ON_HOST_MAINTENANCE) on worker 0" in end.reason, end.reason
+    # the same exit with no notice is the job's success
+    assert tick(obs(probes=exited({0: 0, 1: 0}), checkpoint=ckpt(150)), run_mem(), now=500).row == "success"
+
+
+def test_notice_from_a_preemption_ends_a_crash_uncharged_too() -> None:
+    d = tick(obs(probes=_noticed({1: 1}, "PREEMPTED"), checkpoint=ckpt(150)), run_mem(), now=500)
+    assert d.row == "notice_end" and not d.ended[0].charged
+    assert "preemption (preempted TRUE) on worker 0" in d.ended[0].reason
+
+
+def test_a_notice_for_an_older_attempt_is_no_evidence() -> None:
+    probes = tuple(replace(p, notice="PREEMPTED") for p in exited({0: 0, 1: 0}, attempt=1))
+    d = tick(obs(probes=probes, checkpoint=ckpt(150)), run_mem(attempt=2), now=500)
+    assert d.row != "notice_end" and not any("notice" in e.what for e in d.memory.evidence)
+
+
+def test_row_notice_hold() -> None:
+    ended = tick(obs(probes=_noticed({0: 0, 1: 0}), checkpoint=ckpt(150)), run_mem(), now=500).memory
+    d = tick(obs(probes=absent(), checkpoint=ckpt(150)), ended, now=510)
+    assert d.row == "notice_hold" and kinds(d) == ["wait"]
+    # the node went down (maintenance) and came back: launch from the checkpoint at once
+    down = tick(obs(node(health="UNHEALTHY_MAINTENANCE"), probes=None), d.memory, now=520)
+    assert down.row == "repair_wait"
+    back = tick(obs(probes=absent(), checkpoint=ckpt(150)), down.memory, now=530)
+    assert back.row == "launch" and back.memory.attempt == 2 and back.memory.attempt_start_step == 150
+    # it never went down: the hold ends on its own
+    assert ended.notice_hold is not None
+    late = (ended.notice_hold - at(0)).total_seconds() + 1
+    assert tick(obs(probes=absent(), checkpoint=ckpt(150)), ended, now=late).row == "launch"
+    # another node (recreated): no hold
+    assert tick(obs(node(id="n2"), probes=absent(), checkpoint=ckpt(150)), ended, now=510).row == "launch"
 
 
 def test_row_failure() -> None:

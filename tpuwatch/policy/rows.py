@@ -30,6 +30,12 @@ ROWS: tuple[Row, ...] = (
     Row("success", "worker 0 exits 0", "done: stop the other workers, report (exit 0)"),
     Row("disruption", "a worker ends, with disruption evidence in the attempt",
         "not charged; stop all workers; relaunch once the node is usable"),
+    Row("notice_end", "an attempt ends after a worker's metadata server gave notice of maintenance or preemption "
+        "(the relay passed it to the job), whatever the exit codes, 0 included",
+        "a disruption, never done and not charged; stop all workers; no launch on that node until it has gone "
+        "down and come back (or 5 min)"),
+    Row("notice_hold", "no live attempt; the last one ended on a notice and the node has not gone down yet",
+        "wait: the node is about to stop"),
     Row("failure", "a worker exits non-zero, node healthy, no disruption evidence",
         "charged to max_restarts; stop all workers; capped exponential backoff with jitter, then relaunch"),
     Row("failed_start", "a worker exits non-zero before min_uptime",

@@ -107,6 +107,9 @@ class Memory:
     no_progress: int = 0  # charged attempts in a row that added no checkpoint
     backoff_level: int = 0
     backoff_until: datetime | None = None
+    # after an attempt ended by a maintenance or preemption notice: no launch on that node until
+    # then, or until it has gone down and come back (the notice says it is about to stop)
+    notice_hold: datetime | None = None
     # node repair and recreation
     unhealthy_since: datetime | None = None
     zone: str = ""  # where the node lives (or is being created)
@@ -299,6 +302,7 @@ _LOAD: dict[str, Any] = {
     "no_progress": _int,
     "backoff_level": _int,
     "backoff_until": _opt_time,
+    "notice_hold": _opt_time,
     "unhealthy_since": _opt_time,
     "zone": _text,
     "zone_try": _int,

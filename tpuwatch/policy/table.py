@@ -34,6 +34,8 @@ from tpuwatch.policy.classify import (
     classify,
     describe_exit,
     in_window,
+    is_notice,
+    notice_evidence,
 )
 from tpuwatch.policy.nodes import NODE_ROWS, OP_ROWS, Cond, node_condition
 from tpuwatch.policy.rows import ROW_IDS
@@ -73,6 +75,10 @@ DISRUPTING_EVENTS = frozenset({"terminate", "restart"})  # AuditEvent.kind value
 HANG_AUTO_FLOOR = 30 * 60.0
 LOG_GRAIN = 10 * 60.0
 HUNG = "hung: no new checkpoint"  # how a hung attempt's reason begins (after "attempt <n>: ")
+# After a notice ended an attempt, the node is about to stop (Compute Engine gives about 60 s
+# before maintenance, 30 s before a preemption): launch there again only once it went down and
+# came back, or after this long if it never went down.
+NOTICE_HOLD = 5 * 60.0
 
 
 
@@ -262,6 +268,9 @@ class _Tick:
         um = node.upcoming_maintenance
         if um is not None and um.status == "ONGOING":
             out.append(Evidence(now, f"{um.type.lower()} maintenance ONGOING"))
+        for p in self.obs.probes or ():
+            if p.notice and p.attempt == mem.attempt:
+                out.append(notice_evidence(now, p.notice, p.worker))
         pre = self.obs.precheck
         if pre is not None and pre.context == "running" and pre.node_id in ("", node.id):
             # The same text for the same item every time: one evidence entry per failing item.
@@ -316,6 +325,7 @@ class _Tick:
             min_uptime=cfg.min_uptime, fail_fast=cfg.fail_fast_exit_codes, window=cfg.evidence_window,
         )
         cost = OUTCOMES[verdict.outcome]
+        mem_evidence = mem.evidence
         ckpt = self.obs.checkpoint
         end_step = ckpt.step if ckpt is not None else None
         progressed = end_step is not None and (mem.attempt_start_step is None or end_step > mem.attempt_start_step)
@@ -343,7 +353,9 @@ class _Tick:
         if verdict.outcome is Outcome.FAIL_FAST:
             return mem, reason, self.fail(mem, "fail_fast", reason, verdict.evidence)
         if verdict.outcome is Outcome.DISRUPTION:
-            return move(mem, Phase.IDLE), f"{reason}; not charged", None
+            noticed = any(is_notice(e) for e in mem_evidence)
+            hold = now + timedelta(seconds=NOTICE_HOLD) if noticed else None
+            return move(mem, Phase.IDLE, notice_hold=hold), f"{reason}; not charged", None
         # charged: failed start or failure
         since = f"step {mem.attempt_start_step}" if mem.attempt_start_step is not None else "no checkpoint"
         if mem.no_progress >= cfg.no_progress_limit:
@@ -367,8 +379,8 @@ class _Tick:
             return final
         last = mem.last_end
         assert last is not None
-        row = {Outcome.DISRUPTION.value: "disruption", Outcome.FAILED_START.value: "failed_start"}.get(
-            last.outcome, "failure")
+        row = {Outcome.DISRUPTION.value: "notice_end" if mem.notice_hold else "disruption",
+               Outcome.FAILED_START.value: "failed_start"}.get(last.outcome, "failure")
         wait = Wait(mem.backoff_until, "backoff before the next attempt") if mem.phase is Phase.BACKOFF else None
         return self.out(mem, row, line, *([wait] if wait else []))
 
@@ -394,7 +406,8 @@ class _Tick:
             mem = replace(mem, unhealthy_since=None)
         if mem.phase in (Phase.WAITING_NODE, Phase.PAUSED, Phase.HALTED):
             self.notes.append(f"node {node.name} is READY+HEALTHY")
-            mem = move(mem, Phase.IDLE, reason="")
+            # A notice's hold ends too: the node went down and came back.
+            mem = move(mem, Phase.IDLE, reason="", notice_hold=None)
         if not self.obs.probes:
             return self.out(mem, "probe_failed", "could not probe the workers; looking again next tick",
                             Wait(None, "workers not probed"))
@@ -552,6 +565,13 @@ class _Tick:
                                                  "following it again")
             return self.out(mem, "stale_workers", f"workers {_workers(running)} still run attempt {top}; stopping "
                                                   "them before the next launch", StopWorkers("old attempt still running"))
+        last = mem.last_end
+        if (mem.notice_hold is not None and now < mem.notice_hold and last is not None
+                and last.node_id == node.id):
+            return self.out(mem, "notice_hold", f"attempt {last.attempt} ended on a maintenance or preemption notice: "
+                                                f"node {node.name} is about to stop; not launching there until it "
+                                                f"has gone down and come back, or {human(_secs(mem.notice_hold - now))}",
+                            Wait(mem.notice_hold, "node about to stop"))
         if mem.backoff_until is not None and now < mem.backoff_until:
             return self.out(mem, "backoff", f"backoff: attempt {mem.attempt + 1} starts in "
                                             f"{human(_secs(mem.backoff_until - now))} ({mem.restarts} charged restarts)",
@@ -567,7 +587,7 @@ class _Tick:
         ckpt = self.obs.checkpoint
         mem = move(mem, Phase.RUNNING, attempt=n, attempt_start=now, attempt_node_id=node.id,
                    attempt_start_step=self._step(), attempt_seen=False, launch_tries=0, evidence=(),
-                   unreachable_since=None, backoff_until=None, env_failing_since=None)
+                   unreachable_since=None, backoff_until=None, env_failing_since=None, notice_hold=None)
         why = f"launching attempt {n} from {_ckpt_text(ckpt, now)}"
         return self.out(mem, "launch", f"{why} on node {node.id}", Launch(n, ckpt, why))
 
