@@ -1589,16 +1589,77 @@ class World:
             with self._lock:
                 self._end_op(op.name, error=(9, str(exc)))
 
+    def _check_manual_maintenance(self, rec: NodeRec) -> None:
+        """Google documents starting maintenance by hand for v6e slices of 8 chips (2x4) and
+        larger; elsewhere, and without a pending notice that may be rescheduled, it is refused."""
+        m = _ACCEL_RE.match(rec.spec.accelerator_type.strip().lower())
+        if m is None or m.group(1) != "v6e" or int(m.group(2)) < 8:
+            raise ApiError(
+                "UNIMPLEMENTED",
+                f"Manual maintenance is not supported for accelerator type {rec.spec.accelerator_type}",
+            )
+        if rec.upcoming is None or rec.upcoming.status != "PENDING":
+            raise ApiError(
+                "FAILED_PRECONDITION", f"There is no pending maintenance for {rec.full_name}"
+            )
+        if not rec.upcoming.can_reschedule:
+            raise ApiError(
+                "FAILED_PRECONDITION", f"The maintenance of {rec.full_name} cannot be rescheduled"
+            )
+
     def perform_maintenance(self, project: str, zone: str, name: str) -> OperationRec:
+        """v2alpha1 nodes.performMaintenance: start the node's pending maintenance now."""
         with self._lock:
             rec = self._require(project, zone, name)
-            if rec.upcoming is None or rec.upcoming.status != "PENDING":
-                raise ApiError(
-                    "FAILED_PRECONDITION", f"There is no pending maintenance for {rec.full_name}"
-                )
+            self._check_manual_maintenance(rec)
+            assert rec.upcoming is not None
             rec.upcoming.status = "ONGOING"
             op = self._new_op(project, zone, "performMaintenance", rec.full_name, "v2alpha1")
         self._start_op_maintenance(op, name, None)
+        return self.get_operation(op.name)
+
+    def perform_maintenance_queued_resource(
+        self, project: str, zone: str, name: str, node_names: list[str]
+    ) -> OperationRec:
+        """v2alpha1 queuedResources.performMaintenanceQueuedResource: start the pending
+        maintenance of the named nodes of the queued resource (full node names)."""
+        with self._lock:
+            qr = self._queued.get(f"{project}/{zone}/{name}")
+            if qr is None:
+                self.check_zone(project, zone)
+                raise ApiError(
+                    "NOT_FOUND",
+                    f"Resource 'projects/{project}/locations/{zone}/queuedResources/{name}' was not found",
+                )
+            if not node_names:
+                raise ApiError("INVALID_ARGUMENT", "node_names must name at least one node")
+            recs = []
+            for full in node_names:
+                short = full.rsplit("/", 1)[-1]
+                rec = self._nodes.get(f"{project}/{zone}/{short}")
+                if rec is None or rec.queued_resource != qr.full_name:
+                    raise ApiError(
+                        "INVALID_ARGUMENT", f"node {full!r} is not a node of {qr.full_name}"
+                    )
+                self._check_manual_maintenance(rec)
+                recs.append(rec)
+            for rec in recs:
+                assert rec.upcoming is not None
+                rec.upcoming.status = "ONGOING"
+            op = self._new_op(
+                project, zone, "performMaintenanceQueuedResource", qr.full_name, "v2alpha1",
+                response_kind="queued_resource",
+            )
+            names, qr_key = [rec.name for rec in recs], f"{project}/{zone}/{name}"
+        heal = self.delays["simulated_maintenance_heal"]
+        for n in names:
+            self.maintenance(n, heal_after=heal, project=project, zone=zone)
+
+        def done() -> None:  # the operation's answer is the queued resource, once its nodes are back
+            with self._lock:
+                self._end_op(op.name, response=self._queued.get(qr_key))
+
+        self.after(heal, done)
         return self.get_operation(op.name)
 
     def remove_node(
