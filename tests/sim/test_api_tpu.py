@@ -217,7 +217,7 @@ def test_permission_denied_and_method_filter(sim_api: Simulator) -> None:
 
 
 def test_v2alpha1_upcoming_and_simulated_maintenance(sim_api: Simulator, lro_polling: Any) -> None:
-    sim_api.create_node("pod", "v6e-16")  # manual maintenance is documented for v6e 2x4 and larger
+    sim_api.create_node("pod", "v4-32")  # manual maintenance is documented for any v4
     sim_api.world.delays["simulated_maintenance_heal"] = 120.0  # 0.2 s at speed 600
     c = tpu_client("v2alpha1")
     name = f"{parent(sim_api)}/nodes/pod"
@@ -290,12 +290,12 @@ def test_preempt_terminate_and_symptoms(sim_api: Simulator) -> None:
 
 
 def test_perform_maintenance_refusals_as_google_documents_them(sim_api: Simulator, lro_polling: Any) -> None:
-    sim_api.create_node("old", "v4-32")
+    sim_api.create_node("old", "v3-32")
     sim_api.create_node("new", "v6e-8")
     c = tpu_client("v2alpha1")
     for n in ("old", "new"):
         sim_api.world.upcoming_maintenance(n, starts_in=7 * 86400, can_reschedule=n == "old")
-    with pytest.raises(exceptions.MethodNotImplemented, match="not supported for accelerator type v4-32"):
+    with pytest.raises(exceptions.MethodNotImplemented, match="not supported for accelerator type v3-32"):
         c.perform_maintenance(request={"name": f"{parent(sim_api)}/nodes/old"})
     with pytest.raises(exceptions.FailedPrecondition, match="cannot be rescheduled"):
         c.perform_maintenance(request={"name": f"{parent(sim_api)}/nodes/new"})

@@ -1590,10 +1590,12 @@ class World:
                 self._end_op(op.name, error=(9, str(exc)))
 
     def _check_manual_maintenance(self, rec: NodeRec) -> None:
-        """Google documents starting maintenance by hand for v6e slices of 8 chips (2x4) and
-        larger; elsewhere, and without a pending notice that may be rescheduled, it is refused."""
+        """Google documents starting maintenance by hand for any v4 or v5p, and for v5e or v6e
+        slices of 8 chips (2x4) or more; elsewhere, and without a pending notice that may be
+        rescheduled (canReschedule, PENDING), it is refused."""
         m = _ACCEL_RE.match(rec.spec.accelerator_type.strip().lower())
-        if m is None or m.group(1) != "v6e" or int(m.group(2)) < 8:
+        family, size = (m.group(1), int(m.group(2))) if m else ("", 0)
+        if not (family in ("v4", "v5p") or (family in ("v5litepod", "v6e") and size >= 8)):
             raise ApiError(
                 "UNIMPLEMENTED",
                 f"Manual maintenance is not supported for accelerator type {rec.spec.accelerator_type}",
