@@ -127,8 +127,13 @@ def test_an_announced_maintenance_shows_its_window_in_local_and_relative_time_an
     body = " ".join(line.strip("│ ") for line in lines)
     # 15:05Z is 00:05 the next day in Tokyo
     assert "maint.     SCHEDULED PENDING in 3h05m: Thu 02 May 00:05 JST to 01:05 JST" in text, text
-    assert "may be started early; signals the job on the ~60 s notice (maintenance.notify_signal), resumes it " \
-           "after; not charged" in body, body
+    assert "may be started early; starts it after the job's next checkpoint, then resumes the job from there; " \
+           "not charged" in body, body
+    # with maintenance.start_early = false: the notice goes to the job
+    r = report(n=replace(node(), upcoming_maintenance=um))
+    body = " ".join(line.strip("│ ") for line in render(dashboard(r, "llm", replace(PCFG, start_early=False), [],
+                                                                  None, T0)).split("\n"))
+    assert "may be started early; signals the job on the ~60 s notice (maintenance.notify_signal)" in body, body
     # cannot be started early once under way
     r = report(n=replace(node(), upcoming_maintenance=replace(um, status="ONGOING")))
     body = render(dashboard(r, "llm", PCFG, [], None, T0))
@@ -204,3 +209,12 @@ def test_plain_lines_are_one_parseable_timestamped_line_per_change() -> None:
 def test_state_line_without_a_checkpoint() -> None:
     assert state_line(report(n=MISSING, phase=Phase.HALTED, summary="node llm-pod is missing")) == (
         "node missing | halted | attempt 3: node llm-pod is missing")
+
+
+def test_the_plan_names_the_time_to_the_next_checkpoint_when_the_interval_is_known() -> None:
+    from tpuwatch.policy.maintenance import maintenance_plan
+
+    um = UpcomingMaintenance("SCHEDULED", "PENDING", True, T0 + timedelta(days=7), None, None)
+    assert maintenance_plan(um, watched=True, next_checkpoint_in=720).startswith(
+        "starts it after the job's next checkpoint (~12m00s)")
+    assert "notify_signal" in maintenance_plan(replace(um, can_reschedule=False), watched=True, next_checkpoint_in=720)

@@ -88,14 +88,14 @@ def test_the_announced_window_is_shown_with_whether_it_may_start_early_and_the_p
     data = events_json(["pod", "--zone", log_sim.zone], env)
     um = data["upcoming_maintenance"]
     assert (um["type"], um["status"], um["can_start_early"]) == ("SCHEDULED", "PENDING", True), data
-    assert "signals the job on the ~60 s notice" in um["plan"] and data["upcoming_error"] is None
+    assert "starts it after the job's next checkpoint" in um["plan"] and data["upcoming_error"] is None
     assert [e["kind"] for e in data["events"]] == ["upcoming_maintenance"]
     code, out, _ = run(["events", "pod", "--zone", log_sim.zone], env)
     assert code == 0
     first = out.splitlines()[0]
     assert first.startswith("upcoming  SCHEDULED PENDING in 2d23h") or first.startswith(
         "upcoming  SCHEDULED PENDING in 3d"), out  # relative, then the local time
-    assert "may be started early; tpuwatch signals the job" in out
+    assert "may be started early; tpuwatch starts it after the job's next checkpoint" in " ".join(out.split())
     # without the zone the node is not read (the timeline alone)
     assert events_json(["pod"], {**env, "CLOUDSDK_COMPUTE_ZONE": None})["upcoming_maintenance"] is None
 

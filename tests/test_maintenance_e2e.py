@@ -49,3 +49,49 @@ def test_a_maintenance_notice_costs_no_finished_step_and_no_restart(
         assert "notice of maintenance (TERMINATE_ON_HOST_MAINTENANCE)" in first["reason"], first
         assert not second["charged"] and job.steps_done()[-1] == STEPS
         assert sim.world.scheduler_errors == [] and sim.world.host_errors == []
+
+
+def test_a_reschedulable_maintenance_starts_early_at_a_checkpoint_boundary(
+        sim: Simulator, tmp_path: Path) -> None:
+    # v6e 2x4 and larger (and any v4, v5p) may start maintenance by hand; the window opens in 7 simulated days
+    # (about 17 min of real time), long after the job would have finished without it.
+    sim.world.delays["simulated_maintenance_heal"] = 600.0  # 1 s at speed 600
+    job = Job(sim, tmp_path, steps=100, accelerator="v6e-16")
+    proc = job.watch()
+    job.wait(lambda: len(job.job_processes()) == 4, what="the trainer on every worker")
+    job.wait(lambda: bool(job.steps_done()), what="a first checkpoint")
+    announced_at = job.steps_done()[-1]
+    sim.inject("upcoming-maintenance", node="pod", starts_in="7d", heal_after="10m")
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    hist = job.history()
+    first, second = hist["attempts"][:2]
+    assert (first["outcome"], first["charged"]) == ("disruption", False), first
+    assert "maintenance started early by tpuwatch (checkpoint step" in first["reason"], first
+    # It waited for a checkpoint newer than the one at the notice and resumed from it (or from
+    # a newer one, saved while the stop reached the workers).
+    assert first["end_step"] > announced_at and second["start_step"] >= first["end_step"], hist["attempts"]
+    started = [e for e in hist["events"] if e["kind"] == "maintenance_started"]
+    assert len(started) == 1 and started[0]["data"]["operation"], hist["events"]
+    kinds = [e["kind"] for e in hist["events"]]
+    assert kinds.index("start_maintenance") < kinds.index("maintenance_started")  # journaled before the call
+    assert sim.world.node("pod").upcoming is None  # done, before its window
+    assert not any(a["charged"] for a in hist["attempts"]) and job.steps_done()[-1] == 100
+
+
+def test_a_refused_early_start_falls_back_to_the_notice_and_is_noted_once(
+        sim: Simulator, tmp_path: Path) -> None:
+    # v3 does not offer starting maintenance by hand: UNIMPLEMENTED.
+    job = Job(sim, tmp_path, steps=100, accelerator="v3-32")
+    proc = job.watch()
+    job.wait(lambda: bool(job.steps_done()), what="a first checkpoint")
+    sim.inject("upcoming-maintenance", node="pod", starts_in="7d")
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    hist = job.history()
+    refusals = [e for e in hist["events"] if "could not be started early" in e["reason"]]
+    assert len(refusals) == 1 and "UNIMPLEMENTED" in refusals[0]["reason"], hist["events"]
+    first, second = hist["attempts"][:2]
+    assert (first["outcome"], first["charged"]) == ("disruption", False)
+    assert second["start_step"] >= first["end_step"] and len(hist["attempts"]) == 2, hist["attempts"]
+    assert sim.world.node("pod").upcoming is not None  # still announced: it comes in its window

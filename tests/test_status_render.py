@@ -93,7 +93,7 @@ def test_panel_shows_the_facts_with_countdowns() -> None:
     assert "SCHEDULED PENDING" in text and "may be started early" in text
     assert "tpuwatch: nothing: the node has no" in text  # no tpuwatch-job label: nobody acts on it
     watched = render(replace(full_node("READY", "HEALTHY"), labels={"tpuwatch-job": "llm"}), ev)
-    assert "tpuwatch: signals the job on the ~60 s" in watched
+    assert "tpuwatch: starts it after the job's next" in watched
     assert "10.130.0.5" in text and "34.125.77.13" in text
     assert "EXECUTE_TIMED_OUT worker 3" in text
     lines = text.splitlines()

@@ -37,6 +37,7 @@ from tpuwatch.policy.classify import (
     is_notice,
     notice_evidence,
 )
+from tpuwatch.policy.maintenance import can_start_early
 from tpuwatch.policy.nodes import NODE_ROWS, OP_ROWS, Cond, node_condition
 from tpuwatch.policy.rows import ROW_IDS
 from tpuwatch.policy.state import (
@@ -62,6 +63,7 @@ from tpuwatch.policy.values import (
     NeedsPerson,
     Observation,
     PolicyConfig,
+    StartMaintenance,
     StopWorkers,
     Wait,
 )
@@ -79,6 +81,8 @@ HUNG = "hung: no new checkpoint"  # how a hung attempt's reason begins (after "a
 # before maintenance, 30 s before a preemption): launch there again only once it went down and
 # came back, or after this long if it never went down.
 NOTICE_HOLD = 5 * 60.0
+# maintenance.start_early: when no new checkpoint lands first, start it this long before its window.
+EARLY_MARGIN = 10 * 60.0
 
 
 
@@ -105,6 +109,8 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
         left = [p for p in obs.probes or () if p.state == "running"]
         stop = (StopWorkers(f"job {word}: stopping leftover workers {_workers(left)}"),) if left else ()
         decision = tick.out(mem, "terminal", f"job {word}: {mem.reason}", *stop)
+    elif obs.maintenance_refused:
+        decision = tick.early_refused(mem)
     else:
         new = tick.refund(mem)
         if new.phase is Phase.RUNNING:
@@ -460,8 +466,57 @@ class _Tick:
             # "auto" also wants the logs silent: a long evaluation that prints is not a hang.
             if limit > 0 and quiet >= limit and (not cfg.hang_auto or silent >= limit):
                 return self.hung(mem, quiet, silent if cfg.hang_auto else None)
+            early = self.early(mem, probes)
+            if early is not None:
+                return early
         return self.out(mem, "running", f"attempt {n} running on {len(alive)} worker(s) for "
                                         f"{human(_secs(self.now - start))}; {_ckpt_text(self.obs.checkpoint, self.now)}")
+
+    # -- announced maintenance, started early (maintenance.start_early) ---------------------
+
+    def early(self, mem: Memory, probes: tuple[WorkerProbe, ...]) -> Decision | None:
+        """While every worker runs on an owned node whose announced maintenance may start early:
+        wait for the next complete checkpoint, then end the attempt (uncharged), stop the job and
+        start the maintenance. None when there is nothing to do about maintenance."""
+        node, cfg, now, ck = self.obs.node, self.cfg, self.now, self.obs.checkpoint
+        assert node is not None
+        um = node.upcoming_maintenance
+        if (not cfg.start_early or um is None or not can_start_early(um)
+                or not (self.obs.adopt or node.owned_by(cfg.job))
+                or (mem.early_refused is not None and mem.early_refused == um.window_start)):
+            return None
+        if mem.early_window != um.window_start or mem.early_window is None:
+            mem = replace(mem, early_window=um.window_start, early_step=ck.step if ck is not None else None)
+        saved = ck is not None and (mem.early_step is None or ck.step > mem.early_step)
+        latest = um.window_start - timedelta(seconds=EARLY_MARGIN) if um.window_start is not None else now
+        window = um.window_start.isoformat() if um.window_start is not None else "not given"
+        if not saved and now < latest:
+            after = f"newer than step {mem.early_step}" if mem.early_step is not None else "its first"
+            return self.out(mem, "early_wait", f"attempt {mem.attempt} running; {um.type.lower()} maintenance "
+                                               f"(window {window}) may start early: starting it after the next "
+                                               f"checkpoint ({after}), at the latest at {latest.isoformat()}",
+                            Wait(latest, "maintenance to start after the next checkpoint"))
+        why = (f"checkpoint step {ck.step} saved after the maintenance notice" if saved and ck is not None
+               else f"no new checkpoint {human(EARLY_MARGIN)} before the window ({window})")
+        sign = Evidence(now, f"maintenance started early by tpuwatch ({why})")
+        mem = replace(mem, evidence=merge_evidence(mem.evidence, [sign]))
+        mem, line, final = self.finish(mem, {p.worker: None for p in probes}, reachable=True)
+        if final is not None:
+            return final
+        # The node is about to go down: no launch there until it has gone down and come back.
+        mem = replace(mem, notice_hold=now + timedelta(seconds=NOTICE_HOLD))
+        return self.out(mem, "early_start", f"{line}; starting the maintenance of node {node.name} now ({why})",
+                        StartMaintenance(node.name, f"{why}: starting the {um.type.lower()} maintenance "
+                                                    f"(window {window}) now"))
+
+    def early_refused(self, mem: Memory) -> Decision:
+        node = self.obs.node
+        um = node.upcoming_maintenance if node is not None else None
+        mem = replace(mem, early_refused=um.window_start if um is not None else mem.early_window, notice_hold=None)
+        return self.out(mem, "early_refused", f"the maintenance could not be started early "
+                                              f"({self.obs.maintenance_refused}); relaunching, and the job "
+                                              "gets the last-minute notice instead",
+                        Wait(None, "relaunch after the refused early maintenance"))
 
     def quiet(self, mem: Memory, start: datetime) -> tuple[Memory, float, bool]:
         """Seconds since the attempt last showed progress, and whether that is since its start.

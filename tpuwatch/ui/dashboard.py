@@ -180,7 +180,11 @@ def dashboard(report: TickReport, job: str, pcfg: PolicyConfig, events: Sequence
             head.add_row("", Text(_clip(node.health_description, text_width), style="dim"))
         if node.upcoming_maintenance is not None:
             # The announced window (local time), whether it may start early, what tpuwatch will do.
-            window, early, plan = window_lines(node.upcoming_maintenance, now, watched=True)
+            gap, ck_now = report.memory.ckpt_gap, report.checkpoint
+            soon = (max(0.0, (ck_now.time - now).total_seconds() + gap)
+                    if gap > 0 and ck_now is not None and ck_now.time is not None else None)
+            window, early, plan = window_lines(node.upcoming_maintenance, now, watched=True,
+                                               start_early=pcfg.start_early, next_checkpoint_in=soon)
             head.add_row("maint.", Text(_clip(window, text_width), style=WAIT))
             head.add_row("", Text(_clip(f"{early}; {plan}", 2 * text_width), style="dim"))
             shown_events -= 3  # the rows these take, so the view still fits a 24-row terminal

@@ -73,7 +73,8 @@ def local(t: datetime) -> str:
     return t.astimezone().strftime("%a %d %b %H:%M %Z")
 
 
-def window_lines(um: UpcomingMaintenance, now: datetime, *, watched: bool) -> list[str]:
+def window_lines(um: UpcomingMaintenance, now: datetime, *, watched: bool, start_early: bool = True,
+                 next_checkpoint_in: float | None = None) -> list[str]:
     """The announced window in local and relative time, whether it can be started early, and
     what tpuwatch will do: the lines `status`, the dashboard and `events` show."""
     lines = []
@@ -87,7 +88,8 @@ def window_lines(um: UpcomingMaintenance, now: datetime, *, watched: bool) -> li
     else:
         lines.append(f"{um.type} {um.status}, window not given")
     lines.append("may be started early" if can_start_early(um) else "cannot be started early")
-    lines.append(maintenance_plan(um, watched=watched))
+    lines.append(maintenance_plan(um, watched=watched, start_early=start_early,
+                                  next_checkpoint_in=next_checkpoint_in))
     return lines
 
 
