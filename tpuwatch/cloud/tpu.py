@@ -507,6 +507,20 @@ class TpuAdapter:
                         read=False)
         return str(op.operation.name)
 
+    def simulate_maintenance_event(self, name: str, worker_ids: list[str]) -> str:
+        """A fire drill: v2alpha1 nodes.simulateMaintenanceEvent on `worker_ids` (Google uses the
+        first listed worker today); the operation name."""
+        from google.cloud import tpu_v2alpha1
+
+        full = self._full(name)
+        call = Call("TPU API", "simulate_maintenance_event", full, "tpu.nodes.simulateMaintenanceEvent",
+                    "tpu.googleapis.com", "roles/tpu.admin")
+        client = self._client("v2alpha1")
+        request = tpu_v2alpha1.SimulateMaintenanceEventRequest(name=full, worker_ids=worker_ids)
+        op = self._call(call, lambda: client.simulate_maintenance_event(request=request, retry=None,
+                                                                        timeout=RPC_TIMEOUT), read=False)
+        return str(op.operation.name)
+
     def perform_maintenance_queued_resource(self, name: str, node_names: list[str]) -> str:
         """Start the announced maintenance of the queued resource's nodes `node_names` (short
         names) now (v2alpha1 queuedResources.performMaintenanceQueuedResource); the operation name."""
