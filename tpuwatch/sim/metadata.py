@@ -247,7 +247,11 @@ async def _wait_for_change(reader: asyncio.StreamReader, first: Response, query:
                 return None
         except asyncio.TimeoutError:
             pass
-        response = answer(await instance(), path, headers, method)
+        try:
+            current = await instance()
+        except RuntimeError:  # the simulator is shutting down (its executor is gone)
+            return None
+        response = answer(current, path, headers, method)
         if response.status != 200 or response.etag != since:
             return response
 
