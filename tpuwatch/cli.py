@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "recreate": ("recreate", "Delete and create the TPU again from the saved spec."),
     "init": ("init", "Read an existing TPU and write tpuwatch.toml with its spec captured."),
     "precheck": ("precheck", "Run the environment checks on every worker now."),
+    "drill": ("drill", "A maintenance fire drill on the job's TPU: simulate one, time the recovery."),
     "sim": ("sim", "The local TPU simulator: serve, inject faults."),
     "demo": ("demo", "A simulated pod slice end to end: faults injected, recovered, summarised."),
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import signal
 import string
 import sys
 from collections.abc import Callable, Mapping
@@ -374,6 +375,18 @@ def _alert_kinds(key: str, value: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(value))
 
 
+def _signal_name(key: str, value: Any) -> str:
+    text = _text(key, value)
+    if text == "":
+        return text
+    names = sorted(s.name for s in signal.Signals if s.name.startswith("SIG") and not s.name.startswith("SIG_")
+                   and s not in (signal.SIGKILL, signal.SIGSTOP))
+    if text not in names:
+        raise ConfigError(f"{key}: {text!r} is not a signal a job can catch; use a name such as \"SIGTERM\" or "
+                          f"\"SIGUSR1\", or \"\" for none{_did_you_mean(text.upper(), names)}")
+    return text
+
+
 @dataclass(frozen=True)
 class Field:
     check: Callable[[str, Any], Any]
@@ -464,6 +477,14 @@ SCHEMA: dict[str, dict[str, Field]] = {
                      "(never printed, logged or journaled)"),
         "format": Field(_choice(NOTIFY_FORMATS), "json", "slack, chat (Google Chat) or json (anything else)"),
         "on": Field(_alert_kinds, DEFAULT_ALERTS, "event kinds to send: " + ", ".join(ALERT_KINDS)),
+    },
+    "maintenance": {
+        "start_early": Field(_bool, True, "when the node tpuwatch owns announces maintenance that may start early "
+                             "(canReschedule), start it right after the job's next checkpoint (at the latest 10 min "
+                             "before its window) instead of losing work to it; refused: falls back to notify_signal"),
+        "notify_signal": Field(_signal_name, "SIGTERM", "signal sent to the job's process group when a worker's metadata "
+                               "server gives notice of maintenance or preemption (about 60 s / 30 s ahead); \"\" = none "
+                               "(the notice is still written to ~/.tpuwatch/<job>/maintenance)"),
     },
     "metrics": {
         "port": Field(_int_range(0, 65535), 0, "watch serves Prometheus metrics and /healthz on this port, all "

@@ -117,6 +117,10 @@ class AuditEvent:
 WorkerState = Literal["running", "exited", "absent", "unreachable"]
 
 
+# The notices the relay beside an attempt passes on (instance/maintenance-event, instance/preempted).
+NOTICES = ("TERMINATE_ON_HOST_MAINTENANCE", "PREEMPTED")
+
+
 @dataclass(frozen=True)
 class WorkerProbe:
     """What one worker's job files say right now."""
@@ -131,6 +135,8 @@ class WorkerProbe:
     login_refused: bool = False  # "unreachable" because ssh's login was refused (Permission denied)
     # JSON: a local job.checkpoint_dir as the first worker sees it (checkpoints.WorkerCheckpoints)
     checkpoint_listing: str = ""
+    # what the relay beside this attempt passed on from the metadata server: a NOTICES value, or ""
+    notice: str = ""
 
 
 @dataclass(frozen=True)

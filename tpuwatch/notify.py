@@ -200,7 +200,9 @@ class Notifier:
                 if alert is not None:
                     found.append(alert)
             if node is not None:
-                notice = alerts.from_maintenance(where, node.id, node.upcoming_maintenance, now)
+                pcfg = getattr(report, "pcfg", None)
+                notice = alerts.from_maintenance(where, node.id, node.upcoming_maintenance, now,
+                                                 start_early=bool(getattr(pcfg, "start_early", True)))
                 if notice is not None:
                     found.append(notice)
             for alert in found:

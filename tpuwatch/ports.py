@@ -64,6 +64,10 @@ class NodeLifecycle(Protocol):
     def clear_ended(self) -> str:
         """Delete a queued resource the service gave up on; what was done ("": nothing)."""
 
+    def start_maintenance(self, node: NodeSnapshot) -> tuple[str, str]:
+        """Start the node's announced maintenance now (v2alpha1; through its queued resource when
+        it has one); (operation name, what). ApiError with the service's code when refused."""
+
     def create(self, name: str, node: Mapping[str, Any], zone: str, *, resumed: bool = False,
                tier: str = "", reservation: str = "") -> str:
         """Start a create; the operation name ("" when this job's own earlier create stands)."""

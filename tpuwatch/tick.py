@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from tpuwatch import recreate
+from tpuwatch.cloud.errors import ApiError
 from tpuwatch.cloud.lifecycle import Lifecycle
 from tpuwatch.config import Config
 from tpuwatch.durations import human
@@ -53,6 +54,7 @@ from tpuwatch.policy import (
     Observation,
     Phase,
     PolicyConfig,
+    StartMaintenance,
     StopWorkers,
     action_dict,
     decide,
@@ -62,6 +64,10 @@ from tpuwatch.policy.observe import audit_due, launch_likely, precheck_due
 from tpuwatch.policy.values import CreateFailureKind
 from tpuwatch.ports import AuditLog, CheckpointStore, NodeLifecycle, Prechecker, TpuApi, Workers
 from tpuwatch.workers import login, precheck
+
+# How the service refuses to start a maintenance early: not offered for this TPU type, or nothing
+# (reschedulable) pending. Anything else is an API failure like any other.
+MAINTENANCE_REFUSALS = frozenset({"UNIMPLEMENTED", "FAILED_PRECONDITION"})
 
 
 def port_open(host: str, port: int, timeout: float) -> bool:
@@ -387,6 +393,9 @@ class Reconciler:
             elif isinstance(action, CreateNode):
                 created, decision = self._create(action, decision, obs, before, now, again=again)
                 done.extend(created)
+            elif isinstance(action, StartMaintenance) and node is not None:
+                started, decision = self._start_maintenance(action, decision, obs, node, now, again=again)
+                done.extend(started)
         if before.phase is Phase.CREATING and decision.memory.phase is Phase.QUEUED:
             # A queued resource the service gave up on keeps the name: delete it now (after the
             # decision is journaled), so it is gone by the retry's create. A tick killed before
@@ -406,6 +415,31 @@ class Reconciler:
             name = ""  # already gone: the next tick sees it missing and creates
         self.journal.record_operation(now, mem, name, "delete", action.zone)
         return f"started deleting {what} in {action.zone} ({name or 'already gone'}): {action.reason}"
+
+    def _start_maintenance(self, action: StartMaintenance, decision: Decision, obs: Observation,
+                           node: NodeSnapshot, now: datetime, *, again: bool) -> tuple[list[str], Decision]:
+        if not self.flags.adopt and not node.owned_by(self.pcfg.job):
+            raise recreate.ownership_error(node, self.pcfg.job)  # the policy checked; kept next to the act
+        zone = decision.memory.zone or self.pcfg.zones[0]
+        try:
+            name, what = self.ports.lifecycle(zone).start_maintenance(node)
+        except ApiError as exc:
+            if exc.code not in MAINTENANCE_REFUSALS:
+                raise
+            text = f"starting the maintenance of {node.name} early was refused: {exc.message}"
+            if not again:
+                return [text], decision
+            # Refused at the call: the policy decides again with the refusal (it notes it once).
+            obs2 = replace(obs, maintenance_refused=f"{exc.code}: {exc.message}")
+            d2 = decide(obs2, decision.memory, self.pcfg, now)
+            with self.journal.transaction():
+                self.journal.record(now, d2, None)
+            more, d2 = self._act(d2, obs2, decision.memory, now, again=False)
+            return [text, *more], d2
+        with self.journal.transaction():
+            self.journal.add_event(now, "maintenance_started", f"started the maintenance of {what}: {action.reason}",
+                                   {"operation": name, "node": node.name, "node_id": node.id})
+        return [f"started the maintenance of {what} ({name}): {action.reason}"], decision
 
     def _launch(self, node: NodeSnapshot, action: Launch) -> str:
         # Each worker not already running this attempt cleans up first (old process group,

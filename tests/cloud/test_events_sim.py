@@ -80,6 +80,28 @@ def test_healed_maintenance_timeline(log_sim: Simulator, tmp_path: Path) -> None
     assert max(len(line) for line in out.splitlines()) <= 80
 
 
+def test_the_announced_window_is_shown_with_whether_it_may_start_early_and_the_plan(
+        log_sim: Simulator, tmp_path: Path) -> None:
+    log_sim.create_node("pod", "v4-16", labels={"tpuwatch-job": "pod"})
+    log_sim.world.upcoming_maintenance("pod", starts_in=3 * 86400.0 * 600, kind="SCHEDULED", can_reschedule=True)
+    env = cli_env(log_sim, tmp_path)
+    data = events_json(["pod", "--zone", log_sim.zone], env)
+    um = data["upcoming_maintenance"]
+    assert (um["type"], um["status"], um["can_start_early"]) == ("SCHEDULED", "PENDING", True), data
+    assert "starts it after the job's next checkpoint" in um["plan"] and data["upcoming_error"] is None
+    # one Compute Engine entry per worker VM of the v4-16, as the real log has them
+    assert [(e["kind"], e["worker"]) for e in data["events"]] == [("upcoming_maintenance", "0"),
+                                                                   ("upcoming_maintenance", "1")], data["events"]
+    code, out, _ = run(["events", "pod", "--zone", log_sim.zone], env)
+    assert code == 0
+    first = out.splitlines()[0]
+    assert first.startswith("upcoming  SCHEDULED PENDING in 2d23h") or first.startswith(
+        "upcoming  SCHEDULED PENDING in 3d"), out  # relative, then the local time
+    assert "may be started early; tpuwatch starts it after the job's next checkpoint" in " ".join(out.split())
+    # without the zone the node is not read (the timeline alone)
+    assert events_json(["pod"], {**env, "CLOUDSDK_COMPUTE_ZONE": None})["upcoming_maintenance"] is None
+
+
 def test_no_duplicates_or_gaps_across_pages_and_polls(log_sim: Simulator) -> None:
     for n in ("a", "ab", "b"):
         log_sim.create_node(n)

@@ -250,7 +250,7 @@ def test_upcoming_maintenance_with_countdown(tpu_sim: Simulator, tmp_path: Path)
     start = datetime.fromisoformat(um["window_start"].replace("Z", "+00:00"))
     assert timedelta(minutes=16) < start - datetime.now(timezone.utc) <= timedelta(minutes=17)
     code, out, _ = run(["status", "pod"], env)
-    assert code == 0 and "SCHEDULED PENDING" in out and "(in 16m" in out and "cannot be rescheduled" in out
+    assert code == 0 and "SCHEDULED PENDING" in out and "(in 16m" in out and "cannot be started early" in out
 
 
 def test_config_file_gives_name_project_and_zone(tpu_sim: Simulator, tmp_path: Path) -> None:

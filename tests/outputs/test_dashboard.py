@@ -9,13 +9,23 @@ from __future__ import annotations
 
 import io
 import re
+import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
+import pytest
 from rich.console import Console
 
 from tpuwatch.journal import JournalEvent
-from tpuwatch.model import AuditEvent, Checkpoint, NodeSnapshot, WorkerEndpoint, WorkerProbe
+from tpuwatch.model import (
+    AuditEvent,
+    Checkpoint,
+    NodeSnapshot,
+    UpcomingMaintenance,
+    WorkerEndpoint,
+    WorkerProbe,
+)
 from tpuwatch.policy import Decision, Memory, Phase, PolicyConfig, Wait
 from tpuwatch.tick import TickReport
 from tpuwatch.ui.dashboard import (
@@ -97,6 +107,37 @@ def test_the_dashboard_fits_80_columns_and_a_24_row_terminal_even_for_a_big_slic
     assert "restarts 1/5" in body and "recreates 0/3" in body
     assert "next look in 30s" in body
     assert body.count("node REPAIRING for 31m") == 5  # the last five events, one line each
+
+
+def test_an_announced_maintenance_shows_its_window_in_local_and_relative_time_and_the_plan(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TZ", "Asia/Tokyo")  # UTC+9, no daylight saving
+    time.tzset()
+    try:
+        um = UpcomingMaintenance("SCHEDULED", "PENDING", True, T0 + timedelta(hours=3, minutes=5),
+                                 T0 + timedelta(hours=4, minutes=5), T0 + timedelta(days=2))
+        big = node(workers=64, desc="The TPU had a maintenance event at 2024-05-01T11:00:00Z " * 3)
+        r = report(n=replace(big, upcoming_maintenance=um), summary="a very long decision summary " * 12)
+        text = render(dashboard(r, "llm", PCFG, events(9), T0 + timedelta(seconds=30), T0))
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    lines = text.rstrip("\n").split("\n")
+    assert len(lines) <= 20 and all(len(line) <= 80 for line in lines), text
+    body = " ".join(line.strip("│ ") for line in lines)
+    # 15:05Z is 00:05 the next day in Tokyo
+    assert "maint.     SCHEDULED PENDING in 3h05m: Thu 02 May 00:05 JST to 01:05 JST" in text, text
+    assert "may be started early; starts it after the job's next checkpoint, then resumes the job from there; " \
+           "not charged" in body, body
+    # with maintenance.start_early = false: the notice goes to the job
+    r = report(n=replace(node(), upcoming_maintenance=um))
+    body = " ".join(line.strip("│ ") for line in render(dashboard(r, "llm", replace(PCFG, start_early=False), [],
+                                                                  None, T0)).split("\n"))
+    assert "may be started early; signals the job on the ~60 s notice (maintenance.notify_signal)" in body, body
+    # cannot be started early once under way
+    r = report(n=replace(node(), upcoming_maintenance=replace(um, status="ONGOING")))
+    body = render(dashboard(r, "llm", PCFG, [], None, T0))
+    assert "cannot be started early; waits for the node" in body
 
 
 def test_each_colour_means_one_thing() -> None:
@@ -186,3 +227,12 @@ def test_workers_whose_keys_are_not_there_yet_say_so() -> None:
     body = render(dashboard(r, "llm", PCFG, [], T0 + timedelta(seconds=50), T0))
     assert body.count("unreachable: login refused") == 4, body
     assert "keys not there yet" in body, body
+
+
+def test_the_plan_names_the_time_to_the_next_checkpoint_when_the_interval_is_known() -> None:
+    from tpuwatch.policy.maintenance import maintenance_plan
+
+    um = UpcomingMaintenance("SCHEDULED", "PENDING", True, T0 + timedelta(days=7), None, None)
+    assert maintenance_plan(um, watched=True, next_checkpoint_in=720).startswith(
+        "starts it after the job's next checkpoint (~12m00s)")
+    assert "notify_signal" in maintenance_plan(replace(um, can_reschedule=False), watched=True, next_checkpoint_in=720)

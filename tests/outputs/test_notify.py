@@ -207,6 +207,9 @@ def test_maintenance_notices_alert_once_per_status(tmp_path: Path) -> None:
         texts = [r.text for r in j.deliveries()]
         assert "scheduled maintenance planned, window 2026-12-01T03:00Z to 2026-12-01T05:00Z" in texts[0]
         assert "under way" in texts[1]
+        # what tpuwatch will do: start it early (PENDING, may be rescheduled), then wait for the node
+        assert "tpuwatch starts it after the job's next checkpoint" in texts[0], texts[0]
+        assert "tpuwatch waits for the node" in texts[1], texts[1]
 
 
 def test_the_url_and_token_are_never_journaled_or_shown(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -89,7 +90,10 @@ def test_panel_shows_the_facts_with_countdowns() -> None:
     text = render(full_node("READY", "HEALTHY"), ev)
     assert "2024-05-01 11:00:00Z (1h00m ago)" in text  # parsed maintenance time
     assert "(in 3h00m)" in text  # upcoming window countdown
-    assert "SCHEDULED PENDING" in text and "can be rescheduled" in text
+    assert "SCHEDULED PENDING" in text and "may be started early" in text
+    assert "tpuwatch: nothing: the node has no" in text  # no tpuwatch-job label: nobody acts on it
+    watched = render(replace(full_node("READY", "HEALTHY"), labels={"tpuwatch-job": "llm"}), ev)
+    assert "tpuwatch: starts it after the job's next" in watched
     assert "10.130.0.5" in text and "34.125.77.13" in text
     assert "EXECUTE_TIMED_OUT worker 3" in text
     lines = text.splitlines()

@@ -28,7 +28,7 @@ from policy_support import (
     tick,
 )
 
-from tpuwatch.model import QueuedStatus, WorkerProbe
+from tpuwatch.model import NodeSnapshot, QueuedStatus, UpcomingMaintenance, WorkerProbe
 from tpuwatch.policy import (
     ROWS,
     CreateNode,
@@ -41,6 +41,7 @@ from tpuwatch.policy import (
     Phase,
     StopWorkers,
     Wait,
+    decide,
 )
 
 
@@ -91,6 +92,122 @@ def test_row_disruption() -> None:
     end = d.ended[0]
     assert (end.outcome, end.charged, end.exit_code) == ("disruption", False, 1)
     assert "tpu.nodes.terminate" in end.reason and "MAINTENANCE" in end.reason
+
+
+def _noticed(codes: dict[int, int], notice: str = "TERMINATE_ON_HOST_MAINTENANCE") -> tuple[WorkerProbe, ...]:
+    """Workers that exited with `codes` after the relay passed a metadata notice to the job."""
+    return tuple(replace(p, notice=notice) for p in exited(codes))
+
+
+def test_row_notice_end() -> None:
+    # Worker 0 exited 0 after the notice (a job that saves on SIGTERM and ends its loop): not done.
+    d = tick(obs(probes=_noticed({0: 0, 1: 0}), checkpoint=ckpt(150)), run_mem(), now=500)
+    assert d.row == "notice_end" and kinds(d) == ["stop"]
+    m = d.memory
+    assert (m.phase, m.restarts, m.disruptions) == (Phase.IDLE, 0, 1)
+    assert m.notice_hold is not None and m.notice_hold > at(500)
+    end = d.ended[0]
+    assert (end.outcome, end.charged, end.exit_code) == ("disruption", False, 0)
+    assert "notice of maintenance (TERMINATE_ON_HOST_MAINTENANCE) on worker 0" in end.reason, end.reason
+    # the same exit with no notice is the job's success
+    assert tick(obs(probes=exited({0: 0, 1: 0}), checkpoint=ckpt(150)), run_mem(), now=500).row == "success"
+
+
+def test_notice_from_a_preemption_ends_a_crash_uncharged_too() -> None:
+    d = tick(obs(probes=_noticed({1: 1}, "PREEMPTED"), checkpoint=ckpt(150)), run_mem(), now=500)
+    assert d.row == "notice_end" and not d.ended[0].charged
+    assert "preemption (preempted TRUE) on worker 0" in d.ended[0].reason
+
+
+def test_a_notice_for_an_older_attempt_is_no_evidence() -> None:
+    probes = tuple(replace(p, notice="PREEMPTED") for p in exited({0: 0, 1: 0}, attempt=1))
+    d = tick(obs(probes=probes, checkpoint=ckpt(150)), run_mem(attempt=2), now=500)
+    assert d.row != "notice_end" and not any("notice" in e.what for e in d.memory.evidence)
+
+
+def test_row_notice_hold() -> None:
+    ended = tick(obs(probes=_noticed({0: 0, 1: 0}), checkpoint=ckpt(150)), run_mem(), now=500).memory
+    d = tick(obs(probes=absent(), checkpoint=ckpt(150)), ended, now=510)
+    assert d.row == "notice_hold" and kinds(d) == ["wait"]
+    # the node went down (maintenance) and came back: launch from the checkpoint at once
+    down = tick(obs(node(health="UNHEALTHY_MAINTENANCE"), probes=None), d.memory, now=520)
+    assert down.row == "repair_wait"
+    back = tick(obs(probes=absent(), checkpoint=ckpt(150)), down.memory, now=530)
+    assert back.row == "launch" and back.memory.attempt == 2 and back.memory.attempt_start_step == 150
+    # it never went down: the hold ends on its own
+    assert ended.notice_hold is not None
+    late = (ended.notice_hold - at(0)).total_seconds() + 1
+    assert tick(obs(probes=absent(), checkpoint=ckpt(150)), ended, now=late).row == "launch"
+    # another node (recreated): no hold
+    assert tick(obs(node(id="n2"), probes=absent(), checkpoint=ckpt(150)), ended, now=510).row == "launch"
+
+
+def _announced(can_reschedule: bool = True, start: float = 7 * 86400, status: str = "PENDING",
+               owned: bool = True) -> NodeSnapshot:
+    """Node n1 with a SCHEDULED maintenance whose window opens at at(start)."""
+    um = UpcomingMaintenance("SCHEDULED", status, can_reschedule, at(start), at(start + 3600), at(start))
+    return replace(node(owned=owned), upcoming_maintenance=um)
+
+
+def test_row_early_wait() -> None:
+    d = tick(obs(_announced(), probes=running(1), checkpoint=ckpt(150)), run_mem(), now=500)
+    assert d.row == "early_wait" and kinds(d) == ["wait"] and not d.ended
+    assert (d.memory.early_window, d.memory.early_step) == (at(7 * 86400), 150)
+    assert d.actions[0].until == at(7 * 86400 - 600)  # type: ignore[union-attr]  # 10 min before the window
+    again = tick(obs(_announced(), probes=running(1), checkpoint=ckpt(150)), d.memory, now=600)
+    assert again.row == "early_wait" and again.memory.early_step == 150  # the step at first sight is kept
+
+
+def test_row_early_start() -> None:
+    waiting = tick(obs(_announced(), probes=running(1), checkpoint=ckpt(150)), run_mem(), now=500).memory
+    d = tick(obs(_announced(), probes=running(1), checkpoint=ckpt(160)), waiting, now=700)
+    assert d.row == "early_start" and kinds(d) == ["stop", "start_maintenance"]
+    end = d.ended[0]
+    assert (end.outcome, end.charged, end.end_step) == ("disruption", False, 160)
+    assert "maintenance started early by tpuwatch (checkpoint step 160 saved after the maintenance notice)" \
+        in end.reason, end.reason
+    m = d.memory
+    assert (m.phase, m.restarts) == (Phase.IDLE, 0) and m.notice_hold is not None
+    # no launch while the node is about to go down; after it went down and came back, from step 160
+    assert tick(obs(_announced(), probes=absent(), checkpoint=ckpt(160)), m, now=710).row == "notice_hold"
+    down = tick(obs(_announced(status="ONGOING"), probes=None), m, now=720)
+    down = tick(obs(node(health="UNHEALTHY_MAINTENANCE"), probes=None), down.memory, now=730)
+    back = tick(obs(probes=absent(), checkpoint=ckpt(160)), down.memory, now=900)
+    assert back.row == "launch" and back.memory.attempt_start_step == 160
+
+
+def test_early_start_at_the_margin_when_no_checkpoint_lands() -> None:
+    waiting = tick(obs(_announced(start=5000), probes=running(1), checkpoint=ckpt(150)), run_mem(), now=500).memory
+    d = tick(obs(_announced(start=5000), probes=running(1), checkpoint=ckpt(150)), waiting, now=4400)
+    assert d.row == "early_start" and "no new checkpoint 10m00s before the window" in d.summary, d.summary
+
+
+@pytest.mark.parametrize(("n", "start_early", "why"), [
+    (_announced(can_reschedule=False), True, "cannot be rescheduled"),
+    (_announced(status="ONGOING"), True, "already under way"),
+    (_announced(owned=False), True, "not tpuwatch's node"),
+    (_announced(), False, "maintenance.start_early = false"),
+])
+def test_no_early_start(n: NodeSnapshot, start_early: bool, why: str) -> None:
+    d = tick(obs(n, probes=running(1), checkpoint=ckpt(160)), run_mem(early_step=150, early_window=at(7 * 86400)),
+             now=700, cfg=replace(CFG, start_early=start_early))
+    assert d.row == "running", why
+
+
+def test_row_early_refused() -> None:
+    waiting = tick(obs(_announced(), probes=running(1), checkpoint=ckpt(150)), run_mem(), now=500).memory
+    started = tick(obs(_announced(), probes=running(1), checkpoint=ckpt(160)), waiting, now=700)
+    refused = decide(obs(_announced(), probes=running(1), checkpoint=ckpt(160),
+                         maintenance_refused="UNIMPLEMENTED: not supported for v4-32"), started.memory, CFG, at(700))
+    assert refused.row == "early_refused" and "UNIMPLEMENTED" in refused.summary
+    m = refused.memory
+    assert m.early_refused == at(7 * 86400) and m.notice_hold is None
+    relaunch = tick(obs(_announced(), probes=absent(), checkpoint=ckpt(160)), m, now=710)
+    assert relaunch.row == "launch" and relaunch.memory.attempt_start_step == 160
+    # noted once: the same window is not tried again; the job runs on until the notice
+    running_again = tick(obs(_announced(), probes=running(2), checkpoint=ckpt(170)),
+                         relaunch.memory, now=800)
+    assert running_again.row == "running"
 
 
 def test_row_failure() -> None:

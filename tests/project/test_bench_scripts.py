@@ -82,3 +82,16 @@ def test_bench_gcloud_calls_counts_one_gcloud_run_per_node_incarnation(tmp_path:
     assert runs == [1, 0, 0], doc["ticks"]  # once for the node, then OpenSSH only
     assert all(t["gcloud_calls"] == 0 for t in doc["ticks"][1:])
     assert sum(t["gcloud_runs"] for t in doc["recreate"]) == 1  # once more for the new node
+
+
+def test_bench_maintenance_measures_the_work_lost_to_an_announced_maintenance() -> None:
+    r = subprocess.run([sys.executable, str(SCRIPTS / "bench_maintenance.py"), "--modes", "notice,early",
+                        "--repeat", "1", "--json"], capture_output=True, text=True, timeout=300,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert [row["mode"] for row in rows] == ["notice", "early"]
+    for row in rows:  # facts on any machine: the event is a disruption, uncharged, resumed from a checkpoint
+        assert (row["outcome"], row["charged"]) == ("disruption", False) and row["resumed_step"] > 0, row
+        assert row["lost_seconds"] >= 0
+    assert "share of interval" in r.stdout

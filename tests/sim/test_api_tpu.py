@@ -236,7 +236,7 @@ def test_permission_denied_and_method_filter(sim_api: Simulator) -> None:
 
 
 def test_v2alpha1_upcoming_and_simulated_maintenance(sim_api: Simulator, lro_polling: Any) -> None:
-    sim_api.create_node("pod", "v4-32")
+    sim_api.create_node("pod", "v4-32")  # manual maintenance is documented for any v4
     sim_api.world.delays["simulated_maintenance_heal"] = 120.0  # 0.2 s at speed 600
     c = tpu_client("v2alpha1")
     name = f"{parent(sim_api)}/nodes/pod"
@@ -306,6 +306,43 @@ def test_preempt_terminate_and_symptoms(sim_api: Simulator) -> None:
         "oom",
     )
     assert w2.state == "READY"
+
+
+def test_perform_maintenance_refusals_as_google_documents_them(sim_api: Simulator, lro_polling: Any) -> None:
+    sim_api.create_node("old", "v3-32")
+    sim_api.create_node("new", "v6e-8")
+    c = tpu_client("v2alpha1")
+    for n in ("old", "new"):
+        sim_api.world.upcoming_maintenance(n, starts_in=7 * 86400, can_reschedule=n == "old")
+    with pytest.raises(exceptions.MethodNotImplemented, match="not supported for accelerator type v3-32"):
+        c.perform_maintenance(request={"name": f"{parent(sim_api)}/nodes/old"})
+    with pytest.raises(exceptions.FailedPrecondition, match="cannot be rescheduled"):
+        c.perform_maintenance(request={"name": f"{parent(sim_api)}/nodes/new"})
+    sim_api.create_node("idle", "v6e-8")
+    with pytest.raises(exceptions.FailedPrecondition, match="no pending maintenance"):
+        c.perform_maintenance(request={"name": f"{parent(sim_api)}/nodes/idle"})
+    assert sim_api.world.node("old").upcoming.status == "PENDING"  # type: ignore[union-attr]
+
+
+def test_perform_maintenance_of_a_queued_resources_node(sim_api: Simulator, lro_polling: Any) -> None:
+    c = tpu_client("v2alpha1")
+    qr = tpu_v2alpha1.QueuedResource(tpu=tpu_v2alpha1.QueuedResource.Tpu(node_spec=[
+        tpu_v2alpha1.QueuedResource.Tpu.NodeSpec(
+            parent=parent(sim_api), node_id="pod",
+            node=tpu_v2alpha1.Node(accelerator_type="v6e-16", runtime_version="v2-alpha-tpuv6e"))]))
+    c.create_queued_resource(parent=parent(sim_api), queued_resource_id="qr", queued_resource=qr
+                             ).result(polling=lro_polling)
+    sim_api.world.wait_for(lambda w: w.has_node("pod") and w.node("pod").state == "READY", what="the node")
+    sim_api.world.delays["simulated_maintenance_heal"] = 120.0  # 0.2 s at speed 600
+    sim_api.world.upcoming_maintenance("pod", starts_in=7 * 86400)
+    qname = f"{parent(sim_api)}/queuedResources/qr"
+    with pytest.raises(exceptions.InvalidArgument):
+        c.perform_maintenance_queued_resource(request={"name": qname, "node_names": ["projects/x/nodes/other"]})
+    op = c.perform_maintenance_queued_resource(request={"name": qname, "node_names": [f"{parent(sim_api)}/nodes/pod"]})
+    assert c.get_node(name=f"{parent(sim_api)}/nodes/pod").health == tpu_v2alpha1.Node.Health.UNHEALTHY_MAINTENANCE
+    op.result(polling=lro_polling)
+    healed = c.get_node(name=f"{parent(sim_api)}/nodes/pod")
+    assert healed.health == tpu_v2alpha1.Node.Health.HEALTHY and "upcoming_maintenance" not in healed
 
 
 def test_queued_resource_provisions_and_force_delete(sim_api: Simulator, lro_polling: Any) -> None:

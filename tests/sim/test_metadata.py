@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -96,6 +97,47 @@ def test_preempted_flips_to_true_and_the_server_goes_down_with_the_host(sim: Sim
         get(address, "instance/preempted")
     assert sim.world.instance_metadata(key, 1) is None  # a v4-8 has one worker
     assert sim.world.instance_metadata("no/such/node", 0) is None
+
+
+def get_etag(address: str, path: str, timeout: float = 30) -> tuple[str, str]:
+    """(body, ETag) of a GET, which may wait (wait_for_change)."""
+    req = urllib.request.Request(f"http://{address}/computeMetadata/v1/{path}", headers=FLAVOR)
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return resp.read().decode(), resp.headers["ETag"]
+
+
+def test_wait_for_change_returns_the_maintenance_notice_before_the_host_stops(sim: Simulator) -> None:
+    sim.create_node("maint", "v4-8")
+    key = sim.node_key("maint")
+    address = sim.hosts.metadata_address(key, 0)
+    body, etag = get_etag(address, "instance/maintenance-event")
+    assert body == "NONE" and etag
+    # no change: timeout_sec gives the same value back; a stale last_etag answers at once
+    assert get_etag(address, f"instance/maintenance-event?wait_for_change=true&timeout_sec=0.3&last_etag={etag}") \
+        == ("NONE", etag)
+    assert get_etag(address, "instance/maintenance-event?wait_for_change=true&last_etag=0000")[0] == "NONE"
+    seen: list[tuple[str, str]] = []
+    waiter = threading.Thread(target=lambda: seen.append(
+        (get_etag(address, f"instance/maintenance-event?wait_for_change=true&last_etag={etag}")[0],
+         sim.world.node("maint").health)))
+    waiter.start()
+    time.sleep(0.3)
+    assert not seen  # still waiting
+    sim.inject("maintenance", node="maint", notice="60s", heal_after="1h")  # 0.1 s of real time at speed 600
+    waiter.join(30)
+    # the notice came while the node was still healthy; the host stops after it
+    assert seen == [("TERMINATE_ON_HOST_MAINTENANCE", "HEALTHY")]
+    sim.world.wait_for(lambda w: w.node("maint").health == "UNHEALTHY_MAINTENANCE", timeout=30, what="the stop")
+
+
+def test_a_preemption_notice_comes_before_the_preemption(sim: Simulator) -> None:
+    sim.create_node("spot", "v4-8", spot=True)
+    key = sim.node_key("spot")
+    address = sim.hosts.metadata_address(key, 0)
+    sim.inject("preempt", node="spot", notice="1h")  # 6 s of real time at speed 600
+    assert get(address, "instance/preempted")[1] == "TRUE"
+    assert sim.world.node("spot").state == "READY"
+    sim.world.wait_for(lambda w: w.node("spot").state == "PREEMPTED", timeout=30, what="the preemption")
 
 
 def test_upcoming_maintenance_is_the_notice_as_json(sim: Simulator) -> None:

@@ -109,6 +109,23 @@ def test_sigterm_exits_143_promptly_when_hung(tmp_path: Path) -> None:
         assert proc.wait(timeout=10) == 143
 
 
+def test_save_on_term_saves_the_step_it_reached_and_exits_0(tmp_path: Path) -> None:
+    # As a JAX loop with Orbax's save-on-preemption: the SIGTERM step is saved, the loop ends (exit 0).
+    ckpt = tmp_path / "ckpt"
+    with subprocess.Popen(trainer_cmd("--steps", "100000", "--ckpt-every", "100000", "--ckpt-dir", str(ckpt),
+                                      "--save-on-term", "1", "--step-time", "0.01", "--resume", ""),
+                          stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        while "training to step" not in proc.stdout.readline():
+            pass
+        proc.send_signal(signal.SIGTERM)
+        out = proc.stdout.read()
+        assert proc.wait(timeout=20) == 0, out
+    saved = [int(p.name) for p in ckpt.iterdir() if p.name.isdigit() and int(p.name) > 0]
+    assert len(saved) == 1 and f"saved {ckpt / str(saved[0])} at step {saved[0]}" in out, out
+    assert stored_step(ckpt / str(saved[0]))["step"] == saved[0]
+
+
 def test_crash_at_exits_with_the_code_before_saving(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     r = run("--steps", "20", "--ckpt-every", "5", "--ckpt-dir", str(ckpt),

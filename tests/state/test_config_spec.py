@@ -77,3 +77,26 @@ def test_a_removed_key_says_why_it_went_and_what_to_do(tmp_path: Path) -> None:
         load_config(cfg)
     assert "recovery.retryable_exit_codes: no longer a setting" in err.value.message
     assert "delete the line" in err.value.message
+
+
+@pytest.mark.parametrize(("value", "loaded"), [('"SIGTERM"', "SIGTERM"), ('"SIGUSR1"', "SIGUSR1"), ('""', "")])
+def test_maintenance_notify_signal_takes_a_signal_name_or_nothing(tmp_path: Path, value: str, loaded: str) -> None:
+    path = tmp_path / "tpuwatch.toml"
+    path.write_text(HEAD + f"[maintenance]\nnotify_signal = {value}\n")
+    assert load_config(path).get("maintenance.notify_signal") == loaded
+    path.write_text(HEAD)
+    assert load_config(path).get("maintenance.notify_signal") == "SIGTERM"  # the default
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ('"TERM"', "maintenance.notify_signal: 'TERM' is not a signal a job can catch"),
+    ('"SIGTREM"', "(did you mean 'SIGTERM'?)"),
+    ('"SIGKILL"', "maintenance.notify_signal: 'SIGKILL' is not a signal a job can catch"),
+    ("15", "maintenance.notify_signal: expected a string"),
+])
+def test_a_bad_notify_signal_is_refused_naming_the_key(tmp_path: Path, value: str, message: str) -> None:
+    path = tmp_path / "tpuwatch.toml"
+    path.write_text(HEAD + f"[maintenance]\nnotify_signal = {value}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert message in err.value.message and err.value.exit_code == 2

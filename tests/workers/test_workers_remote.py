@@ -6,18 +6,22 @@ HOME and TPUWATCH_HOST_ROOT point into tmp_path, so the job files, the fake /dev
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import secrets
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 
 from tpuwatch.model import Checkpoint
+from tpuwatch.sim import metadata as md
 from tpuwatch.workers import protocol
 
 JOB = "job"
@@ -51,6 +55,7 @@ class Worker:
     home: Path
     root: Path
     mark: str
+    extra: dict[str, str] = field(default_factory=dict)
 
     @property
     def dir(self) -> Path:
@@ -59,7 +64,7 @@ class Worker:
     @property
     def env(self) -> dict[str, str]:
         return {"PATH": os.environ["PATH"], "HOME": str(self.home),
-                "TPUWATCH_HOST_ROOT": str(self.root), "TWTEST_MARK": self.mark}
+                "TPUWATCH_HOST_ROOT": str(self.root), "TWTEST_MARK": self.mark, **self.extra}
 
     def run(self, data: bytes, prefix: str = "") -> dict[str, str]:
         argv = ["/bin/bash", "-c", prefix + "bash -s"] if prefix else ["/bin/bash", "-s"]
@@ -68,9 +73,11 @@ class Worker:
         return protocol.parse_records(r.stdout.decode())
 
     def launch(self, attempt: int, command: str, checkpoint: Checkpoint | None = None,
-               env: dict[str, str] | None = None, clean_grace: float | None = None) -> dict[str, str]:
+               env: dict[str, str] | None = None, clean_grace: float | None = None,
+               notify_signal: str = "SIGTERM") -> dict[str, str]:
         return self.run(protocol.launch_script(JOB, attempt=attempt, worker=3, checkpoint=checkpoint,
-                                               command=command, env=env, clean_grace=clean_grace))
+                                               command=command, env=env, clean_grace=clean_grace,
+                                               notify_signal=notify_signal))
 
     def probe(self) -> dict[str, str]:
         return self.run(protocol.probe_script(JOB))
@@ -266,3 +273,93 @@ def test_follow_streams_from_an_offset_and_reports_the_exit_code(worker: Worker)
     wrong = subprocess.run(["/bin/bash", "-s"], input=protocol.follow_script(JOB, 9), capture_output=True,
                            env=worker.env, timeout=30)
     assert protocol.parse_follow_end(wrong.stderr.decode()).result == "error"
+
+
+class MetadataServer:
+    """The simulator's metadata server (tpuwatch.sim.metadata) on a loopback port, serving an
+    instance the test changes, as Compute Engine changes it before a maintenance or preemption."""
+
+    def __init__(self) -> None:
+        self.instance = md.make_instance(project="proj", zone="us-central2-b", node_id=7, worker=0, metadata={})
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+        async def current() -> md.Instance:
+            return self.instance
+
+        async def start() -> asyncio.AbstractServer:
+            return await asyncio.start_server(lambda r, w: md.serve(r, w, current), "127.0.0.1", 0)
+
+        self.server = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+        self.address = f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.server.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture
+def metadata(worker: Worker) -> Iterator[MetadataServer]:
+    server = MetadataServer()
+    worker.extra["GCE_METADATA_HOST"] = server.address
+    yield server
+    server.close()
+
+
+# A job that saves when told to stop (as Orbax does on SIGTERM) and then ends its loop: exit 0.
+SAVES_ON_TERM = "trap 'echo saved-on-term; exit 0' TERM; echo started; while :; do sleep 0.05; done"
+
+
+def _notice(worker: Worker) -> dict[str, object]:
+    data: dict[str, object] = json.loads((worker.dir / "maintenance").read_text())
+    return data
+
+
+def test_the_relay_passes_a_maintenance_notice_to_the_job(worker: Worker, metadata: MetadataServer) -> None:
+    window = {"type": "SCHEDULED", "can_reschedule": False, "window_start_time": "2026-01-01T00:00:00Z"}
+    metadata.instance = replace(metadata.instance, upcoming_maintenance=window)
+    assert worker.launch(1, SAVES_ON_TERM)["result"] == "launched"
+    log = worker.dir / "attempt-1.log"
+    wait_for(lambda: "started" in log.read_text(), what="the job")
+    time.sleep(0.5)  # the relay is waiting now; no notice yet, nothing happens
+    assert worker.probe()["state"] == "running" and not (worker.dir / "maintenance").exists()
+    metadata.instance = replace(metadata.instance, maintenance_event="TERMINATE_ON_HOST_MAINTENANCE")
+    wait_for(lambda: (worker.dir / "exit_code").exists(), what="the job to end on the notice")
+    p = worker.probe()
+    assert (p["state"], p["exit_code"], p["notice"]) == ("exited", "0", "TERMINATE_ON_HOST_MAINTENANCE"), p
+    assert "saved-on-term" in log.read_text()
+    note = _notice(worker)
+    assert (note["what"], note["attempt"], note["signal"], note["window"]) == (
+        "TERMINATE_ON_HOST_MAINTENANCE", 1, "SIGTERM", window)
+    assert str(note["when"]).endswith("Z")
+    assert worker.pids(b"\0tpuwatch-relay\0") == []  # it ended with the attempt
+    # the host came back (the notice is over): the next attempt starts with no notice. An attempt
+    # started while the notice still stands is told at once, by design: its host is going away.
+    metadata.instance = replace(metadata.instance, maintenance_event="NONE")
+    assert worker.launch(2, "sleep 30", clean_grace=0.5)["result"] == "launched"
+    p = worker.probe()
+    assert p["state"] == "running" and p["notice"] == ""
+
+
+def test_a_preemption_notice_with_no_signal_only_writes_the_file(worker: Worker, metadata: MetadataServer) -> None:
+    assert worker.launch(1, SAVES_ON_TERM, notify_signal="")["result"] == "launched"
+    wait_for(lambda: "started" in (worker.dir / "attempt-1.log").read_text(), what="the job")
+    metadata.instance = replace(metadata.instance, preempted=True)
+    wait_for(lambda: (worker.dir / "maintenance").exists(), what="the notice file")
+    note = _notice(worker)
+    assert (note["what"], note["signal"], note["window"]) == ("PREEMPTED", "", None)
+    time.sleep(0.5)
+    p = worker.probe()
+    assert (p["state"], p["notice"]) == ("running", "PREEMPTED")  # not signalled
+    assert "saved-on-term" not in (worker.dir / "attempt-1.log").read_text()
+
+
+def test_without_a_metadata_server_the_relay_ends_and_the_job_runs_on(worker: Worker) -> None:
+    worker.extra["GCE_METADATA_HOST"] = "127.0.0.1:9"  # nothing listens there
+    assert worker.launch(1, SAVES_ON_TERM)["result"] == "launched"
+    log = worker.dir / "attempt-1.log"
+    wait_for(lambda: "maintenance notices are not relayed" in log.read_text(), what="the relay's note")
+    wait_for(lambda: worker.pids(b"\0tpuwatch-relay\0") == [], what="the relay to end")
+    assert worker.probe()["state"] == "running"

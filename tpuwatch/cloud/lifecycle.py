@@ -36,6 +36,10 @@ class QueuedApi(TpuApi, Protocol):
 
     def delete_queued_resource(self, name: str, *, force: bool = True, zone: str | None = None) -> str: ...
 
+    def perform_maintenance(self, name: str) -> str: ...
+
+    def perform_maintenance_queued_resource(self, name: str, node_names: list[str]) -> str: ...
+
 
 class Refused(TpuwatchError):
     """A create that must wait: the job's old queued resource still holds the name (ABORTED:
@@ -84,6 +88,16 @@ class Lifecycle:
         if node is None:
             raise NotFoundError(f"nothing left to delete: no node and no queued resource {qr}")
         return self.tpu.delete_node(node.name), node.name
+
+    def start_maintenance(self, node: NodeSnapshot) -> tuple[str, str]:
+        """Start the node's announced maintenance now; (operation, what was asked). Through its
+        queued resource (performMaintenanceQueuedResource naming the node) when it has one.
+        ApiError with the service's code when refused (UNIMPLEMENTED, FAILED_PRECONDITION)."""
+        api = self._qr_api
+        if self.queued_resource:
+            op = api.perform_maintenance_queued_resource(self.queued_resource, [node.name])
+            return op, f"queued resource {self.queued_resource}'s node {node.name}"
+        return api.perform_maintenance(node.name), node.name
 
     def clear_ended(self) -> str:
         """Start deleting the queued resource when the service gave up on it; what was done ("")."""

@@ -589,6 +589,50 @@ class TpuAdapter:
             raise
         return str(op.operation.name)
 
+    def perform_maintenance(self, name: str) -> str:
+        """Start the node's announced maintenance now (v2alpha1 nodes.performMaintenance); the
+        operation name. A refusal (UNIMPLEMENTED for a TPU type that does not offer it,
+        FAILED_PRECONDITION with nothing pending) raises ApiError with that code, unretried."""
+        from google.cloud import tpu_v2alpha1
+
+        full = self._full(name)
+        call = Call("TPU API", "perform_maintenance", full, "tpu.nodes.performMaintenance", "tpu.googleapis.com",
+                    "roles/tpu.admin")
+        client = self._client("v2alpha1")
+        request = tpu_v2alpha1.PerformMaintenanceRequest(name=full)
+        op = self._call(call, lambda: client.perform_maintenance(request=request, retry=None, timeout=RPC_TIMEOUT),
+                        read=False)
+        return str(op.operation.name)
+
+    def simulate_maintenance_event(self, name: str, worker_ids: list[str]) -> str:
+        """A fire drill: v2alpha1 nodes.simulateMaintenanceEvent on `worker_ids` (Google uses the
+        first listed worker today); the operation name."""
+        from google.cloud import tpu_v2alpha1
+
+        full = self._full(name)
+        call = Call("TPU API", "simulate_maintenance_event", full, "tpu.nodes.simulateMaintenanceEvent",
+                    "tpu.googleapis.com", "roles/tpu.admin")
+        client = self._client("v2alpha1")
+        request = tpu_v2alpha1.SimulateMaintenanceEventRequest(name=full, worker_ids=worker_ids)
+        op = self._call(call, lambda: client.simulate_maintenance_event(request=request, retry=None,
+                                                                        timeout=RPC_TIMEOUT), read=False)
+        return str(op.operation.name)
+
+    def perform_maintenance_queued_resource(self, name: str, node_names: list[str]) -> str:
+        """Start the announced maintenance of the queued resource's nodes `node_names` (short
+        names) now (v2alpha1 queuedResources.performMaintenanceQueuedResource); the operation name."""
+        from google.cloud import tpu_v2alpha1
+
+        full = self.queued_resource_name(name)
+        call = Call("TPU API", "perform_maintenance_queued_resource", full,
+                    "tpu.queuedResources.performMaintenanceQueuedResource", "tpu.googleapis.com", "roles/tpu.admin")
+        client = self._client("v2alpha1")
+        request = tpu_v2alpha1.PerformMaintenanceQueuedResourceRequest(
+            name=full, node_names=[self._full(n) for n in node_names])
+        op = self._call(call, lambda: client.perform_maintenance_queued_resource(
+            request=request, retry=None, timeout=RPC_TIMEOUT), read=False)
+        return str(op.operation.name)
+
     def get_operation(self, name: str) -> OperationStatus:
         from google.longrunning import operations_pb2
 

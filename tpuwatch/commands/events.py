@@ -1,7 +1,9 @@
 """`tpuwatch events NAME [--since 24h|7d|RFC3339]`: the node's maintenance timeline.
 
 One audit-log query (all its pages), oldest event first, with terminateReason as the log
-gives it. Read-only; the zone, when known, only narrows matches to that zone's node.
+gives it; when the zone is known, one v2alpha1 get of the node for its announced maintenance
+(the window in local and relative time, whether it may start early, what tpuwatch will do).
+Read-only; the zone, when known, also narrows matches to that zone's node.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from tpuwatch.cloud.location import resolve
 from tpuwatch.cloud.logs import AuditLogReader
 from tpuwatch.cloud.tpu import TpuAdapter, parse_rfc3339
 from tpuwatch.durations import parse_duration
-from tpuwatch.errors import ConfigError, TpuwatchError, UsageError
-from tpuwatch.ui.node import relative
-from tpuwatch.ui.serialize import event_json, rfc3339
+from tpuwatch.errors import CloudError, ConfigError, NotFoundError, TpuwatchError, UsageError
+from tpuwatch.model import NodeSnapshot
+from tpuwatch.ui.node import relative, window_lines
+from tpuwatch.ui.serialize import event_json, rfc3339, upcoming_json
 
 _LOOKS_LIKE_DATE = re.compile(r"^\d{4}-")
 _FULL_RFC3339 = re.compile(r"^\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d:\d\d(\.\d+)?([Zz]|[+-]\d\d:?\d\d)$")
@@ -35,10 +38,23 @@ compute.instances.upcomingMaintenance entries, oldest first.
 --since takes a duration back from now (90m, 24h, 7d) or an RFC 3339 time
 (2024-05-01T00:00:00Z). Default 24h.
 --json prints {"project", "zone", "node", "since", "events": [{time, kind, node,
-worker, method, reason, insert_id, resource_name}]}.
+worker, method, reason, insert_id, resource_name}], "upcoming_maintenance"
+(as in status --json, or null), "upcoming_error"}. The upcoming maintenance
+is read only when the zone is known.
 
 Exit codes: 0 shown, 2 bad usage (e.g. a malformed --since), 3 cloud API error.
 """
+
+
+def _node(project: str, zone: str | None, name: str) -> tuple[NodeSnapshot | None, str | None]:
+    """The node (for its announced maintenance), when the zone is known; a failed read is told,
+    not fatal: the timeline is this command's answer."""
+    if not zone:
+        return None, None
+    try:
+        return TpuAdapter(project, zone).get_node(name), None
+    except (CloudError, NotFoundError) as exc:
+        return None, str(exc)
 
 
 def parse_since(text: str, now: datetime) -> datetime:
@@ -96,6 +112,9 @@ def command(name: str, since_text: str, project: str | None, zone: str | None, a
     loc = resolve(project, zone, need_zone=False)
     reader = AuditLogReader(loc.project, zone=loc.zone)
     events = reader.since([name], start, _instances(loc.project, loc.zone, name))
+    node, upcoming_error = _node(loc.project, loc.zone, name)
+    um = node.upcoming_maintenance if node is not None else None
+    watched = node is not None and node.owner is not None
     if as_json:
         click.echo(json.dumps({
             "project": loc.project,
@@ -103,10 +122,18 @@ def command(name: str, since_text: str, project: str | None, zone: str | None, a
             "node": name,
             "since": rfc3339(start),
             "events": [event_json(e) for e in events],
+            "upcoming_maintenance": upcoming_json(um, watched=watched),
+            "upcoming_error": upcoming_error,
         }, indent=2))
         return
     console = Console(highlight=False)
     where = f"{loc.project}/{loc.zone}" if loc.zone else loc.project
+    if um is not None:
+        window, early, plan = window_lines(um, now, watched=watched)
+        console.print(Text(f"upcoming  {window}", style="yellow"))
+        console.print(f"          {early}; tpuwatch {plan}")
+    elif upcoming_error:
+        console.print(Text(f"upcoming maintenance unknown: {upcoming_error}", style="dim"))
     if not events:
         console.print(f"no maintenance events for {name} in {where} since {rfc3339(start)}")
         return

@@ -69,6 +69,7 @@ from tpuwatch.policy.values import (
     NeedsPerson,
     Observation,
     PolicyConfig,
+    StartMaintenance,
     StopWorkers,
     Wait,
     action_dict,
@@ -78,6 +79,6 @@ __all__ = [
     "OUTCOMES", "ROWS", "TRANSITIONS", "Action", "AttemptEnd", "AttemptFacts", "Cond", "CreateNode",
     "Decision", "DeleteNode", "Evidence", "Fail", "FollowOperation", "IllegalTransition",
     "ImpossibleObservation", "Launch", "MarkDone", "Memory", "NeedsPerson", "Observation", "Outcome",
-    "Phase", "PolicyConfig", "Row", "StopWorkers", "Verdict", "Wait", "action_dict", "backoff_delay",
+    "Phase", "PolicyConfig", "Row", "StartMaintenance", "StopWorkers", "Verdict", "Wait", "action_dict", "backoff_delay",
     "classify", "decide", "describe_exit", "hang_limit", "next_level", "node_condition", "operation_started",
 ]

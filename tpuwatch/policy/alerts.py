@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from tpuwatch.model import UpcomingMaintenance
+from tpuwatch.policy.maintenance import maintenance_plan
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def from_event(where: Where, event_id: int, kind: str, time: datetime, reason: s
 
 
 def from_maintenance(where: Where, node_id: str, notice: UpcomingMaintenance | None,
-                     now: datetime) -> Alert | None:
+                     now: datetime, start_early: bool = True) -> Alert | None:
     """One alert per maintenance notice and status (PENDING, then ONGOING) of the node."""
     if notice is None:
         return None
@@ -136,8 +137,9 @@ def from_maintenance(where: Where, node_id: str, notice: UpcomingMaintenance | N
     key = f"tpuwatch-{where.job}-maintenance-{node_id}-{stamp}-{notice.status.lower()}"
     what = "under way" if notice.status == "ONGOING" else "planned"
     early = " It can be started early (can_reschedule)." if notice.can_reschedule else ""
+    plan = maintenance_plan(notice, watched=True, start_early=start_early)
     text = (f"{where.prefix()}: {notice.type.lower()} maintenance {what}, window {start} to {end}. tpuwatch "
-            f"relaunches the job from its newest checkpoint when the node is back; nothing to do.{early}")
+            f"{plan}; nothing to do.{early}")
     return Alert(key, "maintenance", now, text, {
         "type": notice.type, "status": notice.status, "can_reschedule": notice.can_reschedule,
         "window_start": notice.window_start.isoformat() if notice.window_start else None,

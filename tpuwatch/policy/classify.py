@@ -3,6 +3,10 @@
 One small pure function, `classify`, over the facts of one attempt, and the table `OUTCOMES`
 saying what each outcome costs. The rules, first match wins:
 
+0. notice       a worker's metadata server gave notice of maintenance or preemption during the
+                attempt (the relay beside the job passed it on, `notice_evidence`): a disruption,
+                never charged and never a success, even when worker 0 exited 0 (a job that saves
+                on SIGTERM and ends its loop exits 0 with its work unfinished);
 1. success      the primary worker (worker 0) exited 0;
 2. disruption   evidence in the attempt's window: a terminate/restart audit event, a health or
                 state change, a node-id change, PREEMPTED/TERMINATED, a symptom, maintenance
@@ -77,6 +81,21 @@ class Verdict:
     evidence: tuple[str, ...]  # what the reason rests on
 
 
+# How a notice reads as evidence: the relay's notice is the one kind of evidence that outranks an exit 0.
+NOTICE_EVIDENCE = "notice "
+NOTICE_TEXT = {"TERMINATE_ON_HOST_MAINTENANCE": "maintenance (TERMINATE_ON_HOST_MAINTENANCE)",
+               "PREEMPTED": "preemption (preempted TRUE)"}
+
+
+def notice_evidence(time: datetime, notice: str, worker: int) -> Evidence:
+    """The evidence for a notice the relay passed to the job on `worker` (a model.NOTICES value)."""
+    return Evidence(time, f"{NOTICE_EVIDENCE}of {NOTICE_TEXT.get(notice, notice)} on worker {worker}")
+
+
+def is_notice(ev: Evidence) -> bool:
+    return ev.what.startswith(NOTICE_EVIDENCE)
+
+
 def in_window(t: datetime, start: datetime, end: datetime, window: float) -> bool:
     """True when `t` falls in the attempt and at most `window` seconds before its end.
 
@@ -115,10 +134,16 @@ def classify(
 ) -> Verdict:
     """The outcome of one ended attempt (rules in the module docstring, first match wins)."""
     ran = max(0.0, ((facts.seen or facts.end) - facts.start).total_seconds())
-    if facts.exit_codes.get(facts.primary) == 0:
-        return Verdict(Outcome.SUCCESS, 0, f"worker {facts.primary} exited 0", ())
     worker, code = naming_code(facts.exit_codes)
     which = f"worker {worker} {describe_exit(code)}" if worker is not None else "the attempt ended"
+    notices = tuple(f"{e.what} at {e.time.isoformat()}" for e in facts.evidence
+                    if is_notice(e) and facts.start <= e.time <= facts.end)
+    if notices:
+        if worker is None and facts.exit_codes.get(facts.primary) == 0:
+            which, code = f"worker {facts.primary} exited 0", 0
+        return Verdict(Outcome.DISRUPTION, code, f"{which} after the {notices[0]}", notices)
+    if facts.exit_codes.get(facts.primary) == 0:
+        return Verdict(Outcome.SUCCESS, 0, f"worker {facts.primary} exited 0", ())
     signs = tuple(
         f"{e.what} at {e.time.isoformat()}"
         for e in facts.evidence

@@ -30,6 +30,20 @@ ROWS: tuple[Row, ...] = (
     Row("success", "worker 0 exits 0", "done: stop the other workers, report (exit 0)"),
     Row("disruption", "a worker ends, with disruption evidence in the attempt",
         "not charged; stop all workers; relaunch once the node is usable"),
+    Row("notice_end", "an attempt ends after a worker's metadata server gave notice of maintenance or preemption "
+        "(the relay passed it to the job), whatever the exit codes, 0 included",
+        "a disruption, never done and not charged; stop all workers; no launch on that node until it has gone "
+        "down and come back (or 5 min)"),
+    Row("notice_hold", "no live attempt; the last one ended on a notice and the node has not gone down yet",
+        "wait: the node is about to stop"),
+    Row("early_wait", "every worker runs; the owned node announces maintenance that may start early "
+        "(canReschedule, PENDING); maintenance.start_early",
+        "keep running until the next complete checkpoint (at the latest 10 min before the window opens)"),
+    Row("early_start", "that checkpoint landed (or the window opens in 10 min)",
+        "a disruption, not charged: stop every worker, start the maintenance now (journaled first, like a "
+        "delete); relaunch from that checkpoint when the node is READY+HEALTHY again"),
+    Row("early_refused", "the service refused to start it (UNIMPLEMENTED, FAILED_PRECONDITION)",
+        "noted once; relaunch, and let the relay pass the last-minute notice to the job"),
     Row("failure", "a worker exits non-zero, node healthy, no disruption evidence",
         "charged to max_restarts; stop all workers; capped exponential backoff with jitter, then relaunch"),
     Row("failed_start", "a worker exits non-zero before min_uptime",

@@ -35,7 +35,10 @@ from tpuwatch.policy.classify import (
     classify,
     describe_exit,
     in_window,
+    is_notice,
+    notice_evidence,
 )
+from tpuwatch.policy.maintenance import can_start_early
 from tpuwatch.policy.nodes import NODE_ROWS, OP_ROWS, Cond, node_condition
 from tpuwatch.policy.rows import ROW_IDS
 from tpuwatch.policy.state import (
@@ -61,6 +64,7 @@ from tpuwatch.policy.values import (
     NeedsPerson,
     Observation,
     PolicyConfig,
+    StartMaintenance,
     StopWorkers,
     Wait,
 )
@@ -81,6 +85,12 @@ DISRUPTING_EVENTS = frozenset({"terminate", "restart"})  # AuditEvent.kind value
 HANG_AUTO_FLOOR = 30 * 60.0
 LOG_GRAIN = 10 * 60.0
 HUNG = "hung: no new checkpoint"  # how a hung attempt's reason begins (after "attempt <n>: ")
+# After a notice ended an attempt, the node is about to stop (Compute Engine gives about 60 s
+# before maintenance, 30 s before a preemption): launch there again only once it went down and
+# came back, or after this long if it never went down.
+NOTICE_HOLD = 5 * 60.0
+# maintenance.start_early: when no new checkpoint lands first, start it this long before its window.
+EARLY_MARGIN = 10 * 60.0
 
 
 
@@ -107,6 +117,8 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
         left = [p for p in obs.probes or () if p.state == "running"]
         stop = (StopWorkers(f"job {word}: stopping leftover workers {_workers(left)}"),) if left else ()
         decision = tick.out(mem, "terminal", f"job {word}: {mem.reason}", *stop)
+    elif obs.maintenance_refused:
+        decision = tick.early_refused(mem)
     else:
         new = tick.refund(boots_seen(obs.node, mem, now))
         if new.phase is Phase.RUNNING:
@@ -292,6 +304,9 @@ class _Tick:
         um = node.upcoming_maintenance
         if um is not None and um.status == "ONGOING":
             out.append(Evidence(now, f"{um.type.lower()} maintenance ONGOING"))
+        for p in self.obs.probes or ():
+            if p.notice and p.attempt == mem.attempt:
+                out.append(notice_evidence(now, p.notice, p.worker))
         pre = self.obs.precheck
         if pre is not None and pre.context == "running" and pre.node_id in ("", node.id):
             # The same text for the same item every time: one evidence entry per failing item.
@@ -353,6 +368,7 @@ class _Tick:
             min_uptime=cfg.min_uptime, fail_fast=cfg.fail_fast_exit_codes, window=cfg.evidence_window,
         )
         cost = OUTCOMES[verdict.outcome]
+        mem_evidence = mem.evidence
         ckpt = self.obs.checkpoint
         end_step = ckpt.step if ckpt is not None else None
         progressed = end_step is not None and (mem.attempt_start_step is None or end_step > mem.attempt_start_step)
@@ -380,7 +396,9 @@ class _Tick:
         if verdict.outcome is Outcome.FAIL_FAST:
             return mem, reason, self.fail(mem, "fail_fast", reason, verdict.evidence)
         if verdict.outcome is Outcome.DISRUPTION:
-            return move(mem, Phase.IDLE), f"{reason}; not charged", None
+            noticed = any(is_notice(e) for e in mem_evidence)
+            hold = now + timedelta(seconds=NOTICE_HOLD) if noticed else None
+            return move(mem, Phase.IDLE, notice_hold=hold), f"{reason}; not charged", None
         # charged: failed start or failure
         since = f"step {mem.attempt_start_step}" if mem.attempt_start_step is not None else "no checkpoint"
         if mem.no_progress >= cfg.no_progress_limit:
@@ -430,8 +448,8 @@ class _Tick:
             return final
         last = mem.last_end
         assert last is not None
-        row = {Outcome.DISRUPTION.value: "disruption", Outcome.FAILED_START.value: "failed_start"}.get(
-            last.outcome, "failure")
+        row = {Outcome.DISRUPTION.value: "notice_end" if mem.notice_hold else "disruption",
+               Outcome.FAILED_START.value: "failed_start"}.get(last.outcome, "failure")
         wait = Wait(mem.backoff_until, "backoff before the next attempt") if mem.phase is Phase.BACKOFF else None
         return self.out(mem, row, line, *([wait] if wait else []))
 
@@ -457,7 +475,8 @@ class _Tick:
             mem = replace(mem, unhealthy_since=None)
         if mem.phase in (Phase.WAITING_NODE, Phase.PAUSED, Phase.HALTED):
             self.notes.append(f"node {node.name} is READY+HEALTHY")
-            mem = move(mem, Phase.IDLE, reason="")
+            # A notice's hold ends too: the node went down and came back.
+            mem = move(mem, Phase.IDLE, reason="", notice_hold=None)
         if not self.obs.probes:
             return self.out(mem, "probe_failed", "could not probe the workers; looking again next tick",
                             Wait(None, "workers not probed"))
@@ -510,8 +529,57 @@ class _Tick:
             # "auto" also wants the logs silent: a long evaluation that prints is not a hang.
             if limit > 0 and quiet >= limit and (not cfg.hang_auto or silent >= limit):
                 return self.hung(mem, quiet, silent if cfg.hang_auto else None)
+            early = self.early(mem, probes)
+            if early is not None:
+                return early
         return self.out(mem, "running", f"attempt {n} running on {len(alive)} worker(s) for "
                                         f"{human(_secs(self.now - start))}; {_ckpt_text(self.obs.checkpoint, self.now)}")
+
+    # -- announced maintenance, started early (maintenance.start_early) ---------------------
+
+    def early(self, mem: Memory, probes: tuple[WorkerProbe, ...]) -> Decision | None:
+        """While every worker runs on an owned node whose announced maintenance may start early:
+        wait for the next complete checkpoint, then end the attempt (uncharged), stop the job and
+        start the maintenance. None when there is nothing to do about maintenance."""
+        node, cfg, now, ck = self.obs.node, self.cfg, self.now, self.obs.checkpoint
+        assert node is not None
+        um = node.upcoming_maintenance
+        if (not cfg.start_early or um is None or not can_start_early(um)
+                or not (self.obs.adopt or node.owned_by(cfg.job))
+                or (mem.early_refused is not None and mem.early_refused == um.window_start)):
+            return None
+        if mem.early_window != um.window_start or mem.early_window is None:
+            mem = replace(mem, early_window=um.window_start, early_step=ck.step if ck is not None else None)
+        saved = ck is not None and (mem.early_step is None or ck.step > mem.early_step)
+        latest = um.window_start - timedelta(seconds=EARLY_MARGIN) if um.window_start is not None else now
+        window = um.window_start.isoformat() if um.window_start is not None else "not given"
+        if not saved and now < latest:
+            after = f"newer than step {mem.early_step}" if mem.early_step is not None else "its first"
+            return self.out(mem, "early_wait", f"attempt {mem.attempt} running; {um.type.lower()} maintenance "
+                                               f"(window {window}) may start early: starting it after the next "
+                                               f"checkpoint ({after}), at the latest at {latest.isoformat()}",
+                            Wait(latest, "maintenance to start after the next checkpoint"))
+        why = (f"checkpoint step {ck.step} saved after the maintenance notice" if saved and ck is not None
+               else f"no new checkpoint {human(EARLY_MARGIN)} before the window ({window})")
+        sign = Evidence(now, f"maintenance started early by tpuwatch ({why})")
+        mem = replace(mem, evidence=merge_evidence(mem.evidence, [sign]))
+        mem, line, final = self.finish(mem, {p.worker: None for p in probes}, reachable=True)
+        if final is not None:
+            return final
+        # The node is about to go down: no launch there until it has gone down and come back.
+        mem = replace(mem, notice_hold=now + timedelta(seconds=NOTICE_HOLD))
+        return self.out(mem, "early_start", f"{line}; starting the maintenance of node {node.name} now ({why})",
+                        StartMaintenance(node.name, f"{why}: starting the {um.type.lower()} maintenance "
+                                                    f"(window {window}) now"))
+
+    def early_refused(self, mem: Memory) -> Decision:
+        node = self.obs.node
+        um = node.upcoming_maintenance if node is not None else None
+        mem = replace(mem, early_refused=um.window_start if um is not None else mem.early_window, notice_hold=None)
+        return self.out(mem, "early_refused", f"the maintenance could not be started early "
+                                              f"({self.obs.maintenance_refused}); relaunching, and the job "
+                                              "gets the last-minute notice instead",
+                        Wait(None, "relaunch after the refused early maintenance"))
 
     def quiet(self, mem: Memory, start: datetime) -> tuple[Memory, float, bool]:
         """Seconds since the attempt last showed progress, and whether that is since its start.
@@ -618,6 +686,13 @@ class _Tick:
                                                  "following it again")
             return self.out(mem, "stale_workers", f"workers {_workers(running)} still run attempt {top}; stopping "
                                                   "them before the next launch", StopWorkers("old attempt still running"))
+        last = mem.last_end
+        if (mem.notice_hold is not None and now < mem.notice_hold and last is not None
+                and last.node_id == node.id):
+            return self.out(mem, "notice_hold", f"attempt {last.attempt} ended on a maintenance or preemption notice: "
+                                                f"node {node.name} is about to stop; not launching there until it "
+                                                f"has gone down and come back, or {human(_secs(mem.notice_hold - now))}",
+                            Wait(mem.notice_hold, "node about to stop"))
         if mem.backoff_until is not None and now < mem.backoff_until:
             return self.out(mem, "backoff", f"backoff: attempt {mem.attempt + 1} starts in "
                                             f"{human(_secs(mem.backoff_until - now))} ({mem.restarts} charged restarts)",
@@ -636,7 +711,8 @@ class _Tick:
         ckpt = self.obs.checkpoint
         mem = move(mem, Phase.RUNNING, attempt=n, attempt_start=now, attempt_node_id=node.id,
                    attempt_start_step=self._step(), attempt_seen=False, launch_tries=0, evidence=(),
-                   unreachable_since=None, end_seen=None, backoff_until=None, env_failing_since=None)
+                   unreachable_since=None, end_seen=None, backoff_until=None, env_failing_since=None,
+                   notice_hold=None)
         why = f"launching attempt {n} from {_ckpt_text(ckpt, now)}"
         return self.out(mem, "launch", f"{why} on node {node.id}", Launch(n, ckpt, why))
 

@@ -78,6 +78,9 @@ class PolicyConfig:
     # id): the keys have not reached the VM yet, so it counts as unreachable; later, a person
     # must fix the user or key.
     login_grace: float = 300.0
+    # [maintenance] start_early: start a reschedulable announced maintenance at the job's next
+    # checkpoint instead of waiting for its window.
+    start_early: bool = True
 
     def __post_init__(self) -> None:
         if not self.zones:
@@ -114,6 +117,7 @@ class PolicyConfig:
             hang_timeout=0.0 if r["hang_timeout"] == "auto" else float(r["hang_timeout"]),
             hang_auto=r["hang_timeout"] == "auto",
             login_grace=float(cfg.ssh["login_grace"]),
+            start_early=bool(cfg.get("maintenance.start_early")),
         )
 
 
@@ -142,6 +146,8 @@ class Observation:
     # the first decision launches), or periodically while the job runs (context "running").
     precheck: PrecheckReport | None = None
     precheck_fixed: bool = False  # this tick already ran the worker cleanup for fixable items
+    # The service refused this tick's StartMaintenance at the call ("CODE: message"); decide again.
+    maintenance_refused: str = ""
     # The node's queued resource ([tpu] queued_resource), read while it matters: the node is
     # missing or being deleted, or a create through it is followed. None: not read, or a plain node.
     queued: QueuedStatus | None = None
@@ -232,7 +238,19 @@ class NeedsPerson:
     kind: ClassVar[str] = "needs_person"
 
 
-Action = Launch | StopWorkers | Wait | DeleteNode | CreateNode | FollowOperation | MarkDone | Fail | NeedsPerson
+@dataclass(frozen=True)
+class StartMaintenance:
+    """Start the node's announced maintenance now (v2alpha1 performMaintenance, or through its
+    queued resource); journaled before the call, like a delete. A refusal is fed back as
+    `Observation.maintenance_refused`."""
+
+    name: str
+    reason: str
+    kind: ClassVar[str] = "start_maintenance"
+
+
+Action = (Launch | StopWorkers | Wait | DeleteNode | CreateNode | FollowOperation | MarkDone | Fail | NeedsPerson
+          | StartMaintenance)
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,8 @@ FAULTS: dict[str, Fault] = {
                 Param("stuck", "choice", "never heal, stuck in this state", choices=STUCK_MODES),
                 Param("worker", "int", "worker the event is on (worker-level audit entries)"),
                 Param("reason", "str", "terminateReason in the audit entry", default="MAINTENANCE"),
+                Param("notice", "duration",
+                      "simulated time the workers' metadata servers announce it before the host stops", default=0.0),
                 *_WHERE,
             ),
             target="node",
@@ -89,6 +91,8 @@ FAULTS: dict[str, Fault] = {
             (
                 _NODE,
                 Param("reason", "str", "terminateReason in the audit entry", default="PREEMPTED"),
+                Param("notice", "duration",
+                      "simulated time the workers' metadata servers announce it before the host stops", default=0.0),
                 *_WHERE,
             ),
             target="node",
@@ -224,6 +228,8 @@ FAULTS: dict[str, Fault] = {
                     choices=("SCHEDULED", "UNSCHEDULED"),
                 ),
                 Param("can_reschedule", "bool", "whether it can be rescheduled", default=True),
+                Param("notice", "duration",
+                      "simulated time the workers' metadata servers announce it before the host stops", default=0.0),
                 *_WHERE,
             ),
             target="node",
@@ -524,6 +530,7 @@ def apply(world: World, fault: str, params: Mapping[str, Any]) -> Any:
             heal_after=p.get("heal_after"),
             kind=p.get("type", "SCHEDULED"),
             can_reschedule=p.get("can_reschedule", True),
+            notice=p.get("notice", 0.0),
             **where,
         )
     elif fault in HOST_FAULTS:

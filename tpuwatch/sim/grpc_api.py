@@ -396,6 +396,18 @@ class Services:
                 op_ser,
             )
 
+            def perform_qr(req: Any) -> Any:
+                p, z, n = _child(req.name, "queuedResources")
+                return render_operation(
+                    w.perform_maintenance_queued_resource(p, z, n, list(req.node_names))
+                )
+
+            table["PerformMaintenanceQueuedResource"] = (
+                perform_qr,
+                mod.PerformMaintenanceQueuedResourceRequest.deserialize,
+                op_ser,
+            )
+
         def create_qr(req: Any) -> Any:
             p, z = _parent(req.parent)
             w.check_zone(p, z)

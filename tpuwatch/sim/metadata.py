@@ -17,6 +17,12 @@ handler speaking just enough HTTP/1.1 for curl, urllib and requests). Rules kept
   documentation's example shows), or `{"error": "no notifications have been received yet, try
   again later"}` when there is none (as Google documents it). The documentation does not say which HTTP
   status comes with that error text; 200 is served.
+- `instance/maintenance-event` is `NONE`, then `TERMINATE_ON_HOST_MAINTENANCE` for the short
+  notice before the host stops; `instance/preempted` turns `TRUE` shortly before a spot VM stops.
+- `?wait_for_change=true` blocks until the value (or, for a directory, anything under it)
+  differs from the one whose ETag is `last_etag` (without it: from the value when the request
+  came), or `timeout_sec` seconds pass; then answers with the value then. Every answer carries an
+  `ETag` header, a hash of its body.
 
 This module knows neither the world model nor SSH: the world builds an `Instance` for a node's
 worker (`World.instance_metadata`) and the hosts layer serves it on that worker's own address.
@@ -39,6 +45,7 @@ NO_NOTICE = {"error": "no notifications have been received yet, try again later"
 WORKER_NUMBER = "agent-worker-number"
 ACCELERATOR = "accelerator-type"
 _MAX_HEADER = 64 * 1024
+_WAIT_POLL = 0.05  # seconds between looks at the instance while a wait_for_change request waits
 
 
 def project_number(project: str) -> str:
@@ -73,6 +80,7 @@ class Instance:
     preempted: bool = False
     upcoming_maintenance: Mapping[str, Any] | None = None
     ip: str = ""
+    maintenance_event: str = "NONE"
 
     @property
     def hostname(self) -> str:
@@ -82,7 +90,8 @@ class Instance:
 
 def make_instance(*, project: str, zone: str, node_id: str | int, worker: int,
                   metadata: Mapping[str, str], accelerator_type: str = "", preempted: bool = False,
-                  upcoming_maintenance: Mapping[str, Any] | None = None, ip: str = "") -> Instance:
+                  upcoming_maintenance: Mapping[str, Any] | None = None, ip: str = "",
+                  maintenance_event: str = "NONE") -> Instance:
     """An Instance for worker `worker` of a node: its metadata plus what a TPU VM adds itself."""
     attributes = dict(metadata)
     # Set by the TPU service on every worker; a user's metadata cannot override them.
@@ -92,7 +101,7 @@ def make_instance(*, project: str, zone: str, node_id: str | int, worker: int,
     return Instance(project=project, zone=zone, worker=worker,
                     instance_id=worker_instance_id(node_id, worker),
                     name=worker_hostname(node_id, worker), attributes=attributes, preempted=preempted,
-                    upcoming_maintenance=upcoming_maintenance, ip=ip)
+                    upcoming_maintenance=upcoming_maintenance, ip=ip, maintenance_event=maintenance_event)
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,10 @@ class Response:
     @property
     def text(self) -> str:
         return self.body.decode()
+
+    @property
+    def etag(self) -> str:
+        return hashlib.sha256(self.body).hexdigest()[:16]
 
 
 def _text(value: str) -> Response:
@@ -131,7 +144,7 @@ def _tree(inst: Instance) -> dict[str, Any]:
             "attributes": dict(sorted(inst.attributes.items())),
             "hostname": inst.hostname,
             "id": inst.instance_id,
-            "maintenance-event": "NONE",
+            "maintenance-event": inst.maintenance_event,
             "name": inst.name,
             "network-interfaces": {"0": {"ip": inst.ip}} if inst.ip else {},
             "preempted": "TRUE" if inst.preempted else "FALSE",
@@ -203,10 +216,44 @@ def http_bytes(response: Response, method: str = "GET") -> bytes:
         f"{FLAVOR[0]}: {FLAVOR[1]}\r\n"
         f"Content-Type: {response.content_type}\r\n"
         f"Content-Length: {len(response.body)}\r\n"
+        f"ETag: {response.etag}\r\n"
         "Server: Metadata Server for VM\r\n"
         "Connection: close\r\n\r\n"
     )
     return head.encode() + (b"" if method == "HEAD" else response.body)
+
+
+async def _wait_for_change(reader: asyncio.StreamReader, first: Response, query: Mapping[str, str], path: str,
+                           headers: Mapping[str, str], method: str,
+                           instance: Callable[[], Awaitable[Instance]]) -> Response | None:
+    """The answer to a `wait_for_change` request: the first value whose ETag differs from the
+    one waited on, or the current value after `timeout_sec`; None when the client hung up."""
+    since = query.get("last_etag") or first.etag
+    if first.etag != since:
+        return first
+    try:
+        timeout = float(query.get("timeout_sec", "") or "inf")
+    except ValueError:
+        return Response(400, b"timeout_sec must be a number\n", "text/html")
+    deadline = asyncio.get_running_loop().time() + max(timeout, 0.0)
+    response = first
+    while True:
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            return response
+        try:
+            # Waiting on the connection doubles as the pause: EOF means the client is gone.
+            if await asyncio.wait_for(reader.read(1), timeout=min(_WAIT_POLL, left)) == b"":
+                return None
+        except asyncio.TimeoutError:
+            pass
+        try:
+            current = await instance()
+        except RuntimeError:  # the simulator is shutting down (its executor is gone)
+            return None
+        response = answer(current, path, headers, method)
+        if response.status != 200 or response.etag != since:
+            return response
 
 
 async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -219,6 +266,12 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
         else:
             method, path, headers = request
             response = answer(await instance(), path, headers, method)
+            query = {k: v[-1] for k, v in parse_qs(urlsplit(path).query).items()}
+            if response.status == 200 and query.get("wait_for_change", "").lower() == "true":
+                waited = await _wait_for_change(reader, response, query, path, headers, method, instance)
+                if waited is None:
+                    return  # the client went away
+                response = waited
             writer.write(http_bytes(response, method))
         await writer.drain()
     except (ConnectionError, asyncio.CancelledError):

@@ -44,6 +44,7 @@ ENV = {
     "segfault_at": "TRAINER_SEGFAULT_AT",
     "hang_at": "TRAINER_HANG_AT",
     "fault_worker": "TRAINER_FAULT_WORKER",
+    "save_on_term": "TRAINER_SAVE_ON_TERM",
 }
 
 
@@ -100,6 +101,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--vm-paths", action="store_true",
                    help="--ckpt-dir and --resume are paths on the TPU VM: on a simulated worker they "
                    "are under its $TPUWATCH_HOST_ROOT")
+    p.add_argument("--save-on-term", type=int, choices=(0, 1), default=_env_default("save_on_term", int, 0),
+                   help="1: on SIGTERM finish the step, save a checkpoint and exit 0, as a JAX loop with "
+                   "Orbax's save-on-preemption does; 0: exit 143 at once (TRAINER_SAVE_ON_TERM)")
     args = p.parse_args(argv)
     if args.vm_paths:
         root = os.environ.get("TPUWATCH_HOST_ROOT", "")
@@ -212,12 +216,19 @@ def _faults(args: argparse.Namespace, worker: int, step: int) -> None:
               file=sys.stderr, flush=True)
         sys.exit(args.exit_code)
     if args.hang_at == step:
+        _term["hung"] = True
         print(f"worker {worker}: hanging at step {step}", flush=True)
         while True:
             time.sleep(3600)
 
 
+_term = {"save": False, "asked": False, "hung": False}
+
+
 def _on_term(signum: int, frame: FrameType | None) -> None:
+    if _term["save"] and not _term["hung"]:
+        _term["asked"] = True  # the loop saves at the end of this step, then exits
+        return
     # A real job told to stop exits at once with 128+TERM; no cleanup, like a killed save.
     sys.stdout.flush()
     os._exit(128 + signal.SIGTERM)
@@ -230,6 +241,7 @@ def train(args: argparse.Namespace) -> int:
     ckpt_dir = Path(args.ckpt_dir) if args.ckpt_dir else None
     step = read_step(Path(args.resume)) if args.resume else 0
     started_from = step
+    _term["save"] = bool(args.save_on_term)
     how = f"resumed from {args.resume} at step {step}" if args.resume else "fresh start"
     print(f"worker {worker}: {how}, training to step {args.steps}", flush=True)
     t0 = time.monotonic()
@@ -239,6 +251,13 @@ def train(args: argparse.Namespace) -> int:
     while step < args.steps:
         time.sleep(args.step_time)
         step += 1
+        if _term["asked"]:
+            # Orbax's save-on-preemption: one agreed step, saved, then the loop ends normally.
+            final = save(ckpt_dir, step, args.ckpt_write_time, started_from) \
+                if ckpt_dir is not None and worker == 0 else None
+            print(f"worker {worker}: SIGTERM: {'saved ' + str(final) if final else 'no save'} at step {step}, "
+                  "exiting", flush=True)
+            return 0
         _faults(args, worker, step)
         if step % args.ckpt_every == 0 or step == args.steps:
             rate = (step - started_from) / max(time.monotonic() - t0, 1e-9)

@@ -284,6 +284,9 @@ class NodeRec:
     ips: list[str] = field(default_factory=list)
     symptoms: list[SymptomRec] = field(default_factory=list)
     upcoming: UpcomingRec | None = None
+    # What the workers' metadata servers say shortly before the host stops (the notice).
+    maintenance_event: str = "NONE"
+    preempt_notice: bool = False
     queued_resource: str = ""
     api_version: str = "v2"
     epoch: int = 0  # bumped by every fault and lifecycle change; stale timers check it
@@ -648,9 +651,10 @@ class World:
                 worker=worker,
                 metadata=rec.spec.metadata,
                 accelerator_type=rec.spec.accelerator_type,
-                preempted=rec.state == "PREEMPTED",
+                preempted=rec.state == "PREEMPTED" or rec.preempt_notice,
                 upcoming_maintenance=notice,
                 ip=rec.ips[worker] if worker < len(rec.ips) else "",
+                maintenance_event=rec.maintenance_event,
             )
 
     def has_node(self, name: str, *, project: str | None = None, zone: str | None = None) -> bool:
@@ -1181,15 +1185,24 @@ class World:
         project: str | None = None,
         zone: str | None = None,
         op_name: str | None = None,
+        notice: float = 0.0,
     ) -> None:
         """Start maintenance: job killed, SSH refused, health UNHEALTHY_MAINTENANCE then REPAIRING.
 
         With `heal_after` (simulated seconds) the node comes back READY+HEALTHY with
         "The TPU had a maintenance event at ..." and a restart entry; with `stuck` it never does
-        (REPAIRING, UNHEALTHY_MAINTENANCE, or UNKNOWN after a failed repair).
+        (REPAIRING, UNHEALTHY_MAINTENANCE, or UNKNOWN after a failed repair). With `notice`
+        (simulated seconds; Compute Engine gives about 60), the workers' metadata servers say
+        `maintenance-event` TERMINATE_ON_HOST_MAINTENANCE that long before the host stops.
         """
         if stuck is not None and stuck not in STUCK_MODES:
             raise UsageError(f"stuck must be one of {', '.join(STUCK_MODES)}, got {stuck!r}")
+        if notice > 0:
+            def stop() -> None:
+                self.maintenance(node, heal_after=heal_after, stuck=stuck, worker=worker, reason=reason,
+                                 project=project, zone=zone, op_name=op_name)
+            self._give_notice(node, project, zone, "maintenance", notice, stop)
+            return
         with self._lock:
             rec = self._fault_node(node, project, zone)
             self._ensure_live(rec, "maintenance")
@@ -1219,6 +1232,32 @@ class World:
             if stuck is None and heal_after is not None:
                 self.after(heal_after, lambda: self._heal(key, ident, epoch, t0, worker, op_name))
         self._await(down)
+
+    def _give_notice(self, node: str, project: str | None, zone: str | None, what: str, notice: float,
+                     then: Callable[[], None]) -> None:
+        """Post the metadata server's notice of `what` (maintenance or preemption) now, and run
+        `then` (the fault itself) `notice` simulated seconds later if the node is still the same."""
+        with self._lock:
+            rec = self._fault_node(node, project, zone)
+            self._ensure_live(rec, what)
+            if what == "maintenance":
+                rec.maintenance_event = "TERMINATE_ON_HOST_MAINTENANCE"
+            else:
+                rec.preempt_notice = True
+            key, ident = rec.key, rec.id
+            self._touch()
+
+        def due() -> None:
+            with self._lock:
+                rec = self._nodes.get(key)
+                if rec is None or rec.id != ident:
+                    return
+            try:
+                then()
+            except UsageError:
+                pass  # the node changed state before the notice ran out
+
+        self.after(notice, due)
 
     def set_state(
         self,
@@ -1278,6 +1317,7 @@ class World:
             if rec is None or rec.id != ident or rec.epoch != epoch:
                 return
             rec.state, rec.health = "READY", "HEALTHY"
+            rec.maintenance_event = "NONE"
             if event_ns is not None:
                 rec.health_description = (
                     f"The TPU had a maintenance event at {rfc3339_ns(event_ns)}"
@@ -1305,12 +1345,15 @@ class World:
         project: str | None = None,
         zone: str | None = None,
         reason: str = "PREEMPTED",
+        notice: float = 0.0,
     ) -> None:
         """Spot/preemptible node preempted: PREEMPTED for good, a terminate entry, workers gone.
 
         A node made through a queued resource is taken back by the service, as Google does: the
         request goes SUSPENDING, its node is deleted (PREEMPTED, then DELETING, then gone), and
-        the request ends SUSPENDED, keeping its name until someone deletes it.
+        the request ends SUSPENDED, keeping its name until someone deletes it. With `notice`
+        (simulated seconds; about 30 on Compute Engine) the workers' metadata servers say
+        `preempted` TRUE that long before.
         """
         with self._lock:
             rec = self._fault_node(node, project, zone)
@@ -1320,6 +1363,14 @@ class World:
                     f"node {rec.name} is neither spot nor preemptible, so it cannot be preempted; "
                     "create it with spot = true, or use terminate"
                 )
+            self._ensure_live(rec, "preemption")
+        if notice > 0:
+            self._give_notice(node, project, zone, "preemption", notice,
+                              lambda: self.preempt(node, project=project, zone=zone, reason=reason))
+            return
+        with self._lock:
+            rec = self._fault_node(node, project, zone)
+            qr = self._queued_of(rec)
             self._ensure_live(rec, "preemption")
             rec.epoch += 1
             rec.state, rec.health, rec.health_description = "PREEMPTED", "HEALTH_UNSPECIFIED", ""
@@ -1533,9 +1584,10 @@ class World:
         can_reschedule: bool = True,
         project: str | None = None,
         zone: str | None = None,
+        notice: float = 0.0,
     ) -> None:
         """Announce maintenance `starts_in` from now (v2alpha1 upcoming_maintenance + audit entry);
-        when the window opens, run it (healing after `heal_after`)."""
+        when the window opens, run it (healing after `heal_after`), after the workers' `notice`."""
         if kind not in ("SCHEDULED", "UNSCHEDULED"):
             raise UsageError(f"maintenance type must be SCHEDULED or UNSCHEDULED, got {kind!r}")
         with self._lock:
@@ -1579,7 +1631,7 @@ class World:
                 rec.upcoming.status = "ONGOING"
                 name, project_, zone_ = rec.name, rec.project, rec.zone
             try:
-                self.maintenance(name, heal_after=heal_after, project=project_, zone=zone_)
+                self.maintenance(name, heal_after=heal_after, project=project_, zone=zone_, notice=notice)
             except UsageError:
                 pass  # the node went away or changed state before the window
 
@@ -1626,16 +1678,79 @@ class World:
             with self._lock:
                 self._end_op(op.name, error=(9, str(exc)))
 
+    def _check_manual_maintenance(self, rec: NodeRec) -> None:
+        """Google documents starting maintenance by hand for any v4 or v5p, and for v5e or v6e
+        slices of 8 chips (2x4) or more; elsewhere, and without a pending notice that may be
+        rescheduled (canReschedule, PENDING), it is refused."""
+        m = _ACCEL_RE.match(rec.spec.accelerator_type.strip().lower())
+        family, size = (m.group(1), int(m.group(2))) if m else ("", 0)
+        if not (family in ("v4", "v5p") or (family in ("v5litepod", "v6e") and size >= 8)):
+            raise ApiError(
+                "UNIMPLEMENTED",
+                f"Manual maintenance is not supported for accelerator type {rec.spec.accelerator_type}",
+            )
+        if rec.upcoming is None or rec.upcoming.status != "PENDING":
+            raise ApiError(
+                "FAILED_PRECONDITION", f"There is no pending maintenance for {rec.full_name}"
+            )
+        if not rec.upcoming.can_reschedule:
+            raise ApiError(
+                "FAILED_PRECONDITION", f"The maintenance of {rec.full_name} cannot be rescheduled"
+            )
+
     def perform_maintenance(self, project: str, zone: str, name: str) -> OperationRec:
+        """v2alpha1 nodes.performMaintenance: start the node's pending maintenance now."""
         with self._lock:
             rec = self._require(project, zone, name)
-            if rec.upcoming is None or rec.upcoming.status != "PENDING":
-                raise ApiError(
-                    "FAILED_PRECONDITION", f"There is no pending maintenance for {rec.full_name}"
-                )
+            self._check_manual_maintenance(rec)
+            assert rec.upcoming is not None
             rec.upcoming.status = "ONGOING"
             op = self._new_op(project, zone, "performMaintenance", rec.full_name, "v2alpha1")
         self._start_op_maintenance(op, name, None)
+        return self.get_operation(op.name)
+
+    def perform_maintenance_queued_resource(
+        self, project: str, zone: str, name: str, node_names: list[str]
+    ) -> OperationRec:
+        """v2alpha1 queuedResources.performMaintenanceQueuedResource: start the pending
+        maintenance of the named nodes of the queued resource (full node names)."""
+        with self._lock:
+            qr = self._queued.get(f"{project}/{zone}/{name}")
+            if qr is None:
+                self.check_zone(project, zone)
+                raise ApiError(
+                    "NOT_FOUND",
+                    f"Resource 'projects/{project}/locations/{zone}/queuedResources/{name}' was not found",
+                )
+            if not node_names:
+                raise ApiError("INVALID_ARGUMENT", "node_names must name at least one node")
+            recs = []
+            for full in node_names:
+                short = full.rsplit("/", 1)[-1]
+                rec = self._nodes.get(f"{project}/{zone}/{short}")
+                if rec is None or rec.queued_resource != qr.full_name:
+                    raise ApiError(
+                        "INVALID_ARGUMENT", f"node {full!r} is not a node of {qr.full_name}"
+                    )
+                self._check_manual_maintenance(rec)
+                recs.append(rec)
+            for rec in recs:
+                assert rec.upcoming is not None
+                rec.upcoming.status = "ONGOING"
+            op = self._new_op(
+                project, zone, "performMaintenanceQueuedResource", qr.full_name, "v2alpha1",
+                response_kind="queued_resource",
+            )
+            names, qr_key = [rec.name for rec in recs], f"{project}/{zone}/{name}"
+        heal = self.delays["simulated_maintenance_heal"]
+        for n in names:
+            self.maintenance(n, heal_after=heal, project=project, zone=zone)
+
+        def done() -> None:  # the operation's answer is the queued resource, once its nodes are back
+            with self._lock:
+                self._end_op(op.name, response=self._queued.get(qr_key))
+
+        self.after(heal, done)
         return self.get_operation(op.name)
 
     def remove_node(

@@ -31,7 +31,7 @@ from tpuwatch.journal import JournalEvent
 from tpuwatch.model import Checkpoint, PrecheckReport, WorkerProbe
 from tpuwatch.policy import Phase, PolicyConfig
 from tpuwatch.tick import TickReport
-from tpuwatch.ui.node import BAD, OK, WAIT, health_style, state_style
+from tpuwatch.ui.node import BAD, OK, WAIT, health_style, state_style, window_lines
 
 WIDTH = 80
 TEXT_WIDTH = WIDTH - 4 - 11  # inside the frame and padding, right of the label column
@@ -167,6 +167,7 @@ def dashboard(report: TickReport, job: str, pcfg: PolicyConfig, events: Sequence
     head.add_column(style="bold", no_wrap=True, min_width=10)
     head.add_column(overflow="fold")
     node = report.node
+    shown_events = RECENT_EVENTS
     if node is None:
         head.add_row("node", Text(f"{pcfg.tpu_name}: not found", style=BAD))
     else:
@@ -177,6 +178,16 @@ def dashboard(report: TickReport, job: str, pcfg: PolicyConfig, events: Sequence
         head.add_row("node", line)
         if node.health_description:
             head.add_row("", Text(_clip(node.health_description, text_width), style="dim"))
+        if node.upcoming_maintenance is not None:
+            # The announced window (local time), whether it may start early, what tpuwatch will do.
+            gap, ck_now = report.memory.ckpt_gap, report.checkpoint
+            soon = (max(0.0, (ck_now.time - now).total_seconds() + gap)
+                    if gap > 0 and ck_now is not None and ck_now.time is not None else None)
+            window, early, plan = window_lines(node.upcoming_maintenance, now, watched=True,
+                                               start_early=pcfg.start_early, next_checkpoint_in=soon)
+            head.add_row("maint.", Text(_clip(window, text_width), style=WAIT))
+            head.add_row("", Text(_clip(f"{early}; {plan}", 2 * text_width), style="dim"))
+            shown_events -= 3  # the rows these take, so the view still fits a 24-row terminal
     if report.probes:
         head.add_row("workers", workers_line(report.probes))
     job_line = Text(PHASE_WORDS.get(mem.phase, mem.phase.value), style=phase_style)
@@ -210,7 +221,7 @@ def dashboard(report: TickReport, job: str, pcfg: PolicyConfig, events: Sequence
     if events:
         parts.append(Rule("last events (UTC)", align="left", style="dim"))
         log = Table.grid(padding=(0, 1))
-        recent = events[-RECENT_EVENTS:]
+        recent = events[-shown_events:]
         kind_width = max(len(e.kind) for e in recent)
         room = width - 4 - 9 - kind_width - 1  # frame and padding, time, kind, gaps
         log.add_column(style="dim", no_wrap=True)

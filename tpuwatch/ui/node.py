@@ -18,6 +18,7 @@ from rich.text import Text
 
 from tpuwatch.durations import human
 from tpuwatch.model import AuditEvent, NodeSnapshot, UpcomingMaintenance
+from tpuwatch.policy.maintenance import can_start_early, maintenance_plan
 
 OK, WAIT, BAD = "green", "yellow", "red"
 
@@ -66,16 +67,44 @@ def relative(t: datetime, now: datetime) -> str:
     return f"in {human(delta)}" if delta > 0 else f"{human(-delta)} ago"
 
 
-def _upcoming(um: UpcomingMaintenance, now: datetime) -> Text:
+def local(t: datetime) -> str:
+    """`Wed 01 May 17:00 CEST`: the time in this machine's time zone (TZ), for people."""
+    t = t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    return t.astimezone().strftime("%a %d %b %H:%M %Z")
+
+
+def window_lines(um: UpcomingMaintenance, now: datetime, *, watched: bool, start_early: bool = True,
+                 next_checkpoint_in: float | None = None) -> list[str]:
+    """The announced window in local and relative time, whether it can be started early, and
+    what tpuwatch will do: the lines `status`, the dashboard and `events` show."""
+    lines = []
+    if um.window_start is not None:
+        span = local(um.window_start)
+        if um.window_end is not None:
+            end = local(um.window_end)
+            same_day = span[:len("Wed 01 May")] == end[:len("Wed 01 May")]
+            span += " to " + (end[len("Wed 01 May "):] if same_day else end)
+        lines.append(f"{um.type} {um.status} {relative(um.window_start, now)}: {span}")
+    else:
+        lines.append(f"{um.type} {um.status}, window not given")
+    lines.append("may be started early" if can_start_early(um) else "cannot be started early")
+    lines.append(maintenance_plan(um, watched=watched, start_early=start_early,
+                                  next_checkpoint_in=next_checkpoint_in))
+    return lines
+
+
+def _upcoming(um: UpcomingMaintenance, now: datetime, watched: bool) -> Text:
     text = Text()
     text.append(f"{um.type} {um.status}", style=WAIT)
     if um.window_start is not None:
         text.append(f"\nwindow {when(um.window_start, now)}")
+        text.append(f"\n  local {local(um.window_start)}")
         if um.window_end is not None:
             text.append(f"\n  to {when(um.window_end, now)}")
     if um.latest_window_start is not None:
         text.append(f"\nlatest start {when(um.latest_window_start, now)}")
-    text.append("\ncan be rescheduled" if um.can_reschedule else "\ncannot be rescheduled")
+    _, early, plan = window_lines(um, now, watched=watched)
+    text.append(f"\n{early}\ntpuwatch: {plan}")
     return text
 
 
@@ -127,7 +156,7 @@ def node_panel(
         ident += f", created {when(node.create_time, now)}"
     grid.add_row("id", ident)
     if node.upcoming_maintenance is not None:
-        grid.add_row("upcoming", _upcoming(node.upcoming_maintenance, now))
+        grid.add_row("upcoming", _upcoming(node.upcoming_maintenance, now, node.owner is not None))
     if node.symptoms:
         rows = []
         newest = sorted(node.symptoms, key=lambda s: s.time or datetime.min.replace(tzinfo=timezone.utc))

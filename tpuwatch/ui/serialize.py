@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from tpuwatch.model import AuditEvent, NodeSnapshot, UpcomingMaintenance
+from tpuwatch.policy.maintenance import can_start_early, maintenance_plan
 
 
 def rfc3339(t: datetime | None) -> str | None:
@@ -20,7 +21,7 @@ def rfc3339(t: datetime | None) -> str | None:
     return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def upcoming_json(um: UpcomingMaintenance | None) -> dict[str, Any] | None:
+def upcoming_json(um: UpcomingMaintenance | None, *, watched: bool) -> dict[str, Any] | None:
     if um is None:
         return None
     return {
@@ -30,6 +31,8 @@ def upcoming_json(um: UpcomingMaintenance | None) -> dict[str, Any] | None:
         "window_start": rfc3339(um.window_start),
         "window_end": rfc3339(um.window_end),
         "latest_window_start": rfc3339(um.latest_window_start),
+        "can_start_early": can_start_early(um),
+        "plan": maintenance_plan(um, watched=watched),
     }
 
 
@@ -63,7 +66,7 @@ def node_json(node: NodeSnapshot) -> dict[str, Any]:
             {"type": s.type, "worker_id": s.worker_id, "time": rfc3339(s.time), "details": s.details}
             for s in node.symptoms
         ],
-        "upcoming_maintenance": upcoming_json(node.upcoming_maintenance),
+        "upcoming_maintenance": upcoming_json(node.upcoming_maintenance, watched=node.owner is not None),
         "workers": [
             {"index": w.index, "internal_ip": w.internal_ip, "external_ip": w.external_ip}
             for w in node.workers

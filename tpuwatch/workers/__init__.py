@@ -72,6 +72,7 @@ class SshWorkers:
         launch_tries: int = 4,
         retry_wait: float = 1.0,
         sleep: Callable[[float], None] = time.sleep,
+        notify_signal: str = "SIGTERM",
     ) -> None:
         self.transport = transport
         self.job = job
@@ -87,6 +88,7 @@ class SshWorkers:
         # it, and the listing goes to `on_listing` (checkpoints.WorkerCheckpoints.feed).
         self.checkpoint_dir = ""
         self.on_listing: Callable[[NodeSnapshot, str], None] | None = None
+        self.notify_signal = notify_signal
         if command:
             protocol.check_template(command)
 
@@ -108,6 +110,7 @@ class SshWorkers:
             workers=cfg.job["workers"],
             stop_grace=float(cfg.recovery["stop_grace"]),
             timeout=float(cfg.ssh["command_timeout"]),
+            notify_signal=cfg.get("maintenance.notify_signal"),
             **kw,
         )
 
@@ -204,7 +207,7 @@ class SshWorkers:
                 command=protocol.render_command(
                     self.command, checkpoint=checkpoint.path if checkpoint else "",
                     step=checkpoint.step if checkpoint else None, attempt=attempt, worker=w.index),
-                env=self.env, clean_grace=self.stop_grace if clean else None)
+                env=self.env, clean_grace=self.stop_grace if clean else None, notify_signal=self.notify_signal)
             for w in workers
         }
         timeout = self.timeout + 2 * self.stop_grace + 10 if clean else None

@@ -24,6 +24,7 @@ from importlib import resources
 from tpuwatch.config import PLACEHOLDERS
 from tpuwatch.errors import ConfigError, UsageError
 from tpuwatch.model import (
+    NOTICES,
     Checkpoint,
     LaunchOutcome,
     LaunchResult,
@@ -212,14 +213,16 @@ def probe_script(job: str, checkpoint_dir: str = "") -> bytes:
 
 def launch_script(
     job: str, *, attempt: int, worker: int, checkpoint: Checkpoint | None, command: str,
-    env: Mapping[str, str] | None = None, clean_grace: float | None = None,
+    env: Mapping[str, str] | None = None, clean_grace: float | None = None, notify_signal: str = "SIGTERM",
 ) -> bytes:
     """Launch `command` (already rendered for this worker) as attempt `attempt`.
 
     With `clean_grace`, the worker first stops what an older attempt left (as `stop_script`
     does, with that grace) in the same connection: one SSH round trip instead of two.
+    `notify_signal` ("" for none) is what the relay beside the job sends it on a maintenance
+    or preemption notice from the metadata server.
     """
-    extra: dict[str, str | int | float | list[str]] = {}
+    extra: dict[str, str | int | float | list[str]] = {"notify": notify_signal.removeprefix("SIG")}
     if clean_grace is not None:
         extra["clean_ms"] = max(0, int(clean_grace * 1000))
     return script(
@@ -274,6 +277,7 @@ def parse_probe(worker: int, records: Mapping[str, str]) -> WorkerProbe:
         log_bytes=_int(records.get("log_bytes")),
         checkpoint_listing=records.get("ckpt_listing") or (
             json.dumps({"error": records["ckpt_error"]}) if records.get("ckpt_error") else ""),
+        notice=records.get("notice", "") if records.get("notice", "") in NOTICES else "",
     )
 
 

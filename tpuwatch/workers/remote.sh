@@ -12,13 +12,16 @@
 #   pid              the attempt's wrapper: session and process-group leader (setsid)
 #   exit_code        written by the wrapper when the command ends
 #   attempt-<n>.log  stdout+stderr of attempt n
+#   maintenance      written by the relay when the metadata server gave notice (JSON: what, when,
+#                    window, attempt, signal); removed at each launch
 # Host paths (/dev/accel*, /dev/vfio/*, /tmp/libtpu_lockfile) are looked up under
 # $TPUWATCH_HOST_ROOT when it is set (the simulator), else under /.
 #
 # Inputs (preamble): TW_ACTION probe|launch|stop|follow, TW_JOB, and per action TW_ATTEMPT,
 # TW_WORKER, TW_CHECKPOINT, TW_STEP, TW_COMMAND (already rendered), TW_ENV (array NAME=value),
 # TW_GRACE_MS (stop's TERM-to-KILL grace), TW_CLEAN_MS (launch: run stop first, with this
-# grace, when an older attempt or none was launched here), TW_OFFSET (bytes), TW_POLL (seconds).
+# grace, when an older attempt or none was launched here), TW_OFFSET (bytes), TW_POLL (seconds),
+# TW_NOTIFY (launch: the signal the relay sends on a notice, such as TERM; empty for none).
 # Output: lines "@tpuwatch key=value" on stdout (stderr for follow, whose stdout is the log);
 # everything else (a chatty .bashrc, say) is ignored by tpuwatch.
 # This script knows nothing of the cloud, of nodes or of other workers.
@@ -156,8 +159,16 @@ tw_attempt_alive() {  # a process of the current attempt lives: lock holder or p
 
 # ---- actions --------------------------------------------------------------------------------
 
+tw_notice() {  # what the relay passed on to attempt $1 (TERMINATE_ON_HOST_MAINTENANCE, PREEMPTED)
+  local m
+  m=$(tw_read "$TW_DIR/maintenance")
+  if [[ $m == *"\"attempt\": $1,"* && $m =~ \"what\":\ \"([A-Z_]+)\" ]]; then
+    printf '%s' "${BASH_REMATCH[1]}"
+  fi
+}
+
 tw_probe() {
-  local attempt pid code state detail="" size=""
+  local attempt pid code state detail="" size="" notice=""
   if [ ! -d "$TW_DIR" ]; then
     tw_emit result=ok state=absent "detail=no job directory"
     if [ -n "${TW_CKPT_DIR:-}" ]; then tw_ckpt_listing; fi
@@ -181,9 +192,10 @@ tw_probe() {
   # The log's size tells tpuwatch whether a running attempt still says anything (hang detection).
   if [ -n "$attempt" ]; then
     size=$(stat -c %s -- "$TW_DIR/attempt-$attempt.log" 2>/dev/null) || size=""
+    notice=$(tw_notice "$attempt")
   fi
   tw_emit result=ok "state=$state" "attempt=$attempt" "pid=$pid" "exit_code=$code" "log_bytes=$size" \
-    "detail=$detail"
+    "notice=$notice" "detail=$detail"
   if [ -n "${TW_CKPT_DIR:-}" ]; then tw_ckpt_listing; fi
 }
 
@@ -255,18 +267,97 @@ TW_PY
   esac
 }
 
+# The relay: beside the command for its whole life, it waits on this worker's metadata server
+# (wait_for_change, so no polling load) for the notice Compute Engine gives shortly before it
+# stops the VM: instance/maintenance-event turning to TERMINATE_ON_HOST_MAINTENANCE (about 60 s
+# ahead) or instance/preempted to TRUE (spot, about 30 s). It then writes $dir/maintenance
+# for jobs that poll a file, and sends signal $3 (none when empty) to the attempt's process
+# group $2, so a job that saves on SIGTERM (Orbax, PyTorch/XLA) saves before the host stops.
+# No metadata server (not a Compute Engine VM): it says so in the log and ends.
+tw_relay() {
+  local dir=$1 group=$2 sig=$3 attempt=$4 base etag="" q tries=0 ev pre what window
+  local out="$dir/.relay.$BASHPID" hdr="$dir/.relay-h.$BASHPID"
+  exec 9>&-  # not the job: the relay never holds the job's lock
+  base="http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1/instance"
+  TW_CURL=""
+  trap '[ -n "$TW_CURL" ] && kill "$TW_CURL" 2>/dev/null; rm -f -- "$out" "$hdr"; exit 0' TERM INT
+  tw_md() {  # GET $base/$1 into $out (headers into $hdr) as a child, so TERM ends both at once
+    curl -sSf --connect-timeout 5 --max-time "${2:-10}" -H 'Metadata-Flavor: Google' -D "$hdr" -o "$out" \
+      -- "$base/$1" 2>/dev/null &
+    TW_CURL=$!
+    wait "$TW_CURL"
+  }
+  if ! command -v curl >/dev/null 2>&1; then
+    echo "tpuwatch: curl is not installed: maintenance notices are not relayed to the job"
+    return 0
+  fi
+  while :; do
+    [ -d "/proc/$group" ] || return 0  # the attempt's wrapper is gone (killed): nothing to tell
+    # The first look is at once; then anything under instance/ changing wakes us, and last_etag
+    # makes a change between two waits count.
+    q="?recursive=true"
+    case $etag in
+      '') ;;
+      -) q="$q&wait_for_change=true&timeout_sec=60" ;;  # no ETag given: wait for a change from now
+      *) q="$q&wait_for_change=true&timeout_sec=60&last_etag=$etag" ;;
+    esac
+    if ! tw_md "$q" 75; then
+      if [ -z "$etag" ] && [ "$tries" -ge 2 ]; then
+        echo "tpuwatch: no metadata server at ${base%/instance}: maintenance notices are not relayed"
+        rm -f -- "$out" "$hdr"
+        return 0
+      fi
+      tries=$((tries + 1))
+      tw_sleep 1
+      continue
+    fi
+    etag=$(sed -n 's/^[Ee][Tt][Aa][Gg]: *\([^[:space:]]*\).*/\1/p' "$hdr" | tail -n 1)
+    etag=${etag:--}
+    ev="" pre="" what=""
+    tw_md maintenance-event && ev=$(tw_read "$out")
+    tw_md preempted && pre=$(tw_read "$out")
+    if [ "$ev" = TERMINATE_ON_HOST_MAINTENANCE ]; then
+      what=$ev
+    elif [ "$pre" = TRUE ]; then
+      what=PREEMPTED
+    fi
+    [ -n "$what" ] && break
+  done
+  window=null
+  if tw_md upcoming-maintenance; then
+    window=$(tr -d '\n' <"$out")
+    case $window in '{'*'}') ;; *) window=null ;; esac
+    case $window in *'"error"'*) window=null ;; esac
+  fi
+  rm -f -- "$out" "$hdr"
+  tw_write "$dir/maintenance" "{\"what\": \"$what\", \"when\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\", \"attempt\": $attempt, \"signal\": \"${sig:+SIG$sig}\", \"window\": $window}"
+  echo "tpuwatch: the metadata server says $what: ${sig:+sending SIG$sig to the job and }wrote $dir/maintenance"
+  if [ -n "$sig" ]; then
+    trap '' "$sig"  # the relay is in the group it signals
+    kill -s "$sig" -- "-$group" 2>/dev/null
+  fi
+  return 0
+}
+
 # The wrapper: the attempt's session leader. It runs the command in the foreground so TERM
 # (trapped here, default in the command) reaches the command, then records its exit code.
+# The relay runs beside it and is ended before the exit code is written.
 tw_wrapper() {
-  local dir=$1 rc
+  local dir=$1 rc mask=${3:-} relay
   tw_write "$dir/pid" "$$"
   trap ':' TERM INT
-  case ${3:-} in
+  case $mask in
     [0-7][0-7][0-7] | [0-7][0-7][0-7][0-7]) ;;
-    *) set -- "$1" "$2" 0022 ;;
+    *) mask=0022 ;;
   esac
-  (umask "$3" && exec bash -c "$2")
+  # Its own process, without TPUWATCH_JOB: it never counts as the attempt being alive.
+  env -u TPUWATCH_JOB bash -c "$(declare -f tw_write tw_read tw_sleep tw_relay); tw_relay \"\$@\"" \
+    tpuwatch-relay "$dir" "$$" "${4:-}" "${5:-0}" &
+  relay=$!
+  (umask "$mask" && exec bash -c "$2")
   rc=$?
+  kill -TERM "$relay" 2>/dev/null
+  wait "$relay" 2>/dev/null
   tw_write "$dir/exit_code" "$rc"
   exit "$rc"
 }
@@ -315,7 +406,7 @@ tw_launch() {
     fi
     return 0
   fi
-  rm -f -- "$TW_DIR/exit_code" "$TW_DIR/pid"
+  rm -f -- "$TW_DIR/exit_code" "$TW_DIR/pid" "$TW_DIR/maintenance"
   tw_write "$TW_DIR/attempt" "$TW_ATTEMPT" || {
     exec 9>&-
     tw_emit result=error "detail=cannot write $TW_DIR/attempt"
@@ -329,8 +420,8 @@ tw_launch() {
   env -- "${TW_ENV[@]}" \
     "TPUWATCH_JOB=$TW_JOB" "TPUWATCH_ATTEMPT=$TW_ATTEMPT" "TPUWATCH_WORKER_ID=$TW_WORKER" \
     "TPUWATCH_CHECKPOINT=$TW_CHECKPOINT" "TPUWATCH_STEP=$TW_STEP" \
-    setsid nohup bash -c "$(declare -f tw_write tw_wrapper); tw_wrapper \"\$@\"" \
-    tpuwatch-job "$TW_DIR" "$TW_COMMAND" "$TW_UMASK" </dev/null >>"$log" 2>&1 &
+    setsid nohup bash -c "$(declare -f tw_write tw_read tw_sleep tw_relay tw_wrapper); tw_wrapper \"\$@\"" \
+    tpuwatch-job "$TW_DIR" "$TW_COMMAND" "$TW_UMASK" "${TW_NOTIFY:-}" "$TW_ATTEMPT" </dev/null >>"$log" 2>&1 &
   exec 9>&-
   pid=""
   for i in $(seq 1 100); do

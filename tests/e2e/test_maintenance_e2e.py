@@ -1,0 +1,97 @@
+"""End to end: a maintenance announced on the workers' metadata servers, real ssh, the toy trainer.
+
+The relay beside each attempt passes the ~60 s notice to the job as SIGTERM; the trainer saves
+the step it reached and exits 0 (as Orbax's save-on-preemption does); tpuwatch classifies the
+end as a disruption (not done, not charged), holds the launch until the node has gone down and
+come back, and resumes from the checkpoint saved at the notice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from e2e_helpers import Job, finish
+
+from tpuwatch.sim.simulator import Simulator
+
+pytestmark = pytest.mark.slow
+
+STEPS = 200  # 8 s of training at 0.04 s a step
+
+
+def test_a_maintenance_notice_costs_no_finished_step_and_no_restart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Speed 20: the 60 s notice lasts 3 s of real time, so the probe can see the exit 0 before
+    # the host stops, however busy the machine; the node is back 5 s after it stops.
+    with Simulator(root=tmp_path / "sim", speed=20, workers=True) as sim:
+        for key, value in sim.env.items():
+            monkeypatch.setenv(key, value)
+        # Only the fresh-start checkpoint (step 0) and the last one are periodic: any other
+        # checkpoint was saved because of the notice.
+        job = Job(sim, tmp_path, f"--save-on-term 1 --ckpt-every {10 * STEPS}", steps=STEPS)
+        proc = job.watch()
+        job.wait(lambda: len(job.job_processes()) == 4, what="the trainer on every worker")
+        job.wait(lambda: job.steps_done() == [0], what="the fresh start's checkpoint")
+        sim.inject("maintenance", node="pod", notice="60s", heal_after="100s")
+        rc, out = finish(proc, timeout=120)
+        assert rc == 0, out
+        attempts = job.history()["attempts"]
+        assert len(attempts) == 2, attempts
+        first, second = attempts
+        # Saved at the notice: the step the job had reached, not a periodic checkpoint.
+        saved = [s for s in job.steps_done() if s not in (0, STEPS)]
+        assert len(saved) == 1 and saved[0] > 0, job.steps_done()
+        assert second["start_step"] == saved[0], attempts
+        assert first["end_step"] == saved[0], attempts
+        # Worker 0 exited 0 after the notice: a disruption, neither done nor charged.
+        assert (first["outcome"], first["charged"]) == ("disruption", False), first
+        assert "notice of maintenance (TERMINATE_ON_HOST_MAINTENANCE)" in first["reason"], first
+        assert not second["charged"] and job.steps_done()[-1] == STEPS
+        assert sim.world.scheduler_errors == [] and sim.world.host_errors == []
+
+
+def test_a_reschedulable_maintenance_starts_early_at_a_checkpoint_boundary(
+        sim: Simulator, tmp_path: Path) -> None:
+    # v6e 2x4 and larger (and any v4, v5p) may start maintenance by hand; the window opens in 7 simulated days
+    # (about 17 min of real time), long after the job would have finished without it.
+    sim.world.delays["simulated_maintenance_heal"] = 600.0  # 1 s at speed 600
+    job = Job(sim, tmp_path, steps=100, accelerator="v6e-16")
+    proc = job.watch()
+    job.wait(lambda: len(job.job_processes()) == 4, what="the trainer on every worker")
+    job.wait(lambda: bool(job.steps_done()), what="a first checkpoint")
+    announced_at = job.steps_done()[-1]
+    sim.inject("upcoming-maintenance", node="pod", starts_in="7d", heal_after="10m")
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    hist = job.history()
+    first, second = hist["attempts"][:2]
+    assert (first["outcome"], first["charged"]) == ("disruption", False), first
+    assert "maintenance started early by tpuwatch (checkpoint step" in first["reason"], first
+    # It waited for a checkpoint newer than the one at the notice and resumed from it (or from
+    # a newer one, saved while the stop reached the workers).
+    assert first["end_step"] > announced_at and second["start_step"] >= first["end_step"], hist["attempts"]
+    started = [e for e in hist["events"] if e["kind"] == "maintenance_started"]
+    assert len(started) == 1 and started[0]["data"]["operation"], hist["events"]
+    kinds = [e["kind"] for e in hist["events"]]
+    assert kinds.index("start_maintenance") < kinds.index("maintenance_started")  # journaled before the call
+    assert sim.world.node("pod").upcoming is None  # done, before its window
+    assert not any(a["charged"] for a in hist["attempts"]) and job.steps_done()[-1] == 100
+
+
+def test_a_refused_early_start_falls_back_to_the_notice_and_is_noted_once(
+        sim: Simulator, tmp_path: Path) -> None:
+    # v3 does not offer starting maintenance by hand: UNIMPLEMENTED.
+    job = Job(sim, tmp_path, steps=100, accelerator="v3-32")
+    proc = job.watch()
+    job.wait(lambda: bool(job.steps_done()), what="a first checkpoint")
+    sim.inject("upcoming-maintenance", node="pod", starts_in="7d")
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    hist = job.history()
+    refusals = [e for e in hist["events"] if "could not be started early" in e["reason"]]
+    assert len(refusals) == 1 and "UNIMPLEMENTED" in refusals[0]["reason"], hist["events"]
+    first, second = hist["attempts"][:2]
+    assert (first["outcome"], first["charged"]) == ("disruption", False)
+    assert second["start_step"] >= first["end_step"] and len(hist["attempts"]) == 2, hist["attempts"]
+    assert sim.world.node("pod").upcoming is not None  # still announced: it comes in its window
