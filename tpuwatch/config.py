@@ -436,6 +436,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                  "counts as unreachable this tick (a launch's cleanup adds 2x recovery.stop_grace)"),
         "known_hosts": Field(_path, "", "known_hosts file; default one per job in the state dir, pinned per node id"),
         "options": Field(_str_list, (), "extra ssh -o options, e.g. [\"ProxyJump=bastion\"]"),
+        "multiplex": Field(_bool, True, "one OpenSSH master connection per worker (ControlMaster), shared by every "
+                           "probe, launch and follow; false for a bastion or proxy that cannot carry it"),
     },
     "precheck": {
         "enabled": Field(_bool, True, "run environment checks before launch and periodically"),
