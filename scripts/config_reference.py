@@ -3,7 +3,7 @@
 
 README.md holds the config table (from config.SCHEMA) between `<!-- config-reference -->` and
 `<!-- /config-reference -->`, and the `[tpu.spec]` table (from spec.SPEC_KEYS) between
-`<!-- spec-reference -->` and `<!-- /spec-reference -->`; tests/test_docs.py fails when
+`<!-- spec-reference -->` and `<!-- /spec-reference -->`; tests/project/test_docs.py fails when
 either drifts from the code.
 """
 

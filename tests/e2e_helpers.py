@@ -159,3 +159,11 @@ def finish(proc: subprocess.Popen[str], timeout: float = 90) -> tuple[int, str]:
         out, _ = proc.communicate()
         raise AssertionError(f"watch did not finish:\n{out}") from None
     return proc.returncode, out
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)

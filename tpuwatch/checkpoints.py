@@ -10,7 +10,9 @@ Layouts and when a step counts as complete (docs/design.md, "Checkpoint layouts"
 - orbax: `<step>/` or `<prefix>_<step>/` (e.g. `step_100`; zero padding allowed). Temporary
   names `<name>.orbax-checkpoint-tmp` and `…-tmp-<timestamp|counter>` are never chosen. On
   GCS Orbax writes in place, so a step is complete only when `commit_success.txt` exists
-  (Orbax's own rule). Locally Orbax renames the temporary directory when it finishes, but a
+  (Orbax's own rule) — unless the user switched Orbax to atomic-rename temporary paths, which
+  write no commit file: when *no* step of the directory has `commit_success.txt`, a final
+  (non-temporary) name with `_CHECKPOINT_METADATA` is complete, as locally. Locally Orbax renames the temporary directory when it finishes, but a
   plain name alone cannot tell a finished save from a half-copied directory, so a local step
   is complete when it has `commit_success.txt` or `_CHECKPOINT_METADATA` (recent Orbax writes
   the latter into every step, the former on every backend). Only when *no* step of the
@@ -38,7 +40,7 @@ is T5X when it has a `checkpoint` file and Flax (Orbax-backed) otherwise.
 
 Cost on GCS: one prefix+delimiter listing of `checkpoint_dir` (pages of 1000 names), then for
 each candidate, newest first, one or two single-object reads of its markers, stopping at the
-first complete one. Nothing is ever listed recursively. (google-cloud-storage 3.x also makes
+first committed one (in a directory with no commit file at all, every step is looked at once). Nothing is ever listed recursively. (google-cloud-storage 3.x also makes
 one background `buckets.get` per client for its tracing attributes; that is the library's.)
 """
 
@@ -281,6 +283,46 @@ class _GcsStore:
         return self._bucket_name
 
 
+class _ListingStore:
+    """A local directory as a worker listed it (remote.sh `ckpt_listing`): one level of the
+    root (and of `checkpoints/`), one level of each directory there, small metadata.json texts."""
+
+    is_gcs = False
+
+    def __init__(self, root: str, listing: dict[str, Any]) -> None:
+        self.root = root
+        dirs = listing.get("dirs")
+        reads = listing.get("reads")
+        self._dirs: dict[str, dict[str, Any]] = dirs if isinstance(dirs, dict) else {}
+        self._reads: dict[str, str] = reads if isinstance(reads, dict) else {}
+
+    def uri(self, rel: str) -> str:
+        return os.path.join(self.root, rel) if rel else self.root
+
+    def list_dir(self, rel: str) -> _Listing | None:
+        level = self._dirs.get(rel)
+        if not isinstance(level, dict):
+            return None
+        files: dict[str, datetime | None] = {n: _mtime(m) for n, m in level.items() if isinstance(m, (int, float))}
+        return _Listing(frozenset(n for n, m in level.items() if m is None), files)
+
+    def stat(self, rel: str) -> _Stat | None:
+        parent, _, name = rel.rpartition("/")
+        level = self._dirs.get(parent)
+        if not isinstance(level, dict) or name not in level:
+            return None
+        m = level[name]
+        return _Stat(_mtime(m) if isinstance(m, (int, float)) else None)
+
+    def read(self, rel: str, limit: int) -> bytes | None:
+        text = self._reads.get(rel)
+        return None if not isinstance(text, str) else text.encode("utf-8")[: limit + 1]
+
+    def has_subdir(self, rel: str) -> bool:
+        listing = self.list_dir(rel)
+        return bool(listing and listing.dirs)
+
+
 @contextmanager
 def _gcs_errors(store: _GcsStore, verb: str, uri: str) -> Iterator[None]:
     """Turns google-cloud-storage and google-auth failures into tpuwatch errors."""
@@ -348,6 +390,9 @@ class _Verdict:
     reason: str = ""
     time: datetime | None = None
     weak: bool = False  # an unmarked local Orbax step: chosen only if no step has a marker
+    # A GCS Orbax step with no commit file: complete if this marker exists and no step of the
+    # directory is committed (atomic-rename temporary paths).
+    unproven: str = ""
 
 
 @dataclass
@@ -416,16 +461,21 @@ def _check(store: _Store, cand: _Candidate, rel: str) -> _Verdict:
     base = f"{rel}/{cand.name}" if rel else cand.name
     reasons: list[str] = []
     weak: _Verdict | None = None
+    unproven: _Verdict | None = None
     for kind in cand.kinds:
         verdict = _CHECKS[kind](store, cand, base)
         if verdict.complete and not verdict.weak:
             return verdict
         if verdict.weak and weak is None:
             weak = verdict
+        if verdict.unproven and unproven is None:
+            unproven = verdict
         reasons.append(verdict.reason)
     reason = "; ".join(r for r in reasons if r)
     if weak is not None:
         return _Verdict(True, weak.layout, reason, weak.time, weak=True)
+    if unproven is not None:
+        return _Verdict(False, unproven.layout, reason, unproven=unproven.unproven)
     return _Verdict(False, cand.kinds[0], reason)
 
 
@@ -434,7 +484,10 @@ def _check_orbax(store: _Store, cand: _Candidate, base: str, label: str = "orbax
     if commit is not None:
         return _Verdict(True, label, time=commit.time)
     if store.is_gcs:
-        return _Verdict(False, label, f"no {ORBAX_COMMIT}: an Orbax save on GCS not committed")
+        # Atomic-rename temporary paths write no commit file: the final name is the commit when
+        # no step of the directory has one. Its metadata is read only then (_scan_level).
+        return _Verdict(False, label, f"no {ORBAX_COMMIT}: an Orbax save on GCS not committed",
+                        unproven=f"{base}/{ORBAX_METADATA}")
     meta = store.stat(f"{base}/{ORBAX_METADATA}")
     if meta is not None:
         return _Verdict(True, label, time=meta.time)
@@ -503,6 +556,7 @@ def _scan_level(store: _Store, rel: str, layout: str) -> tuple[Scan, _Classified
     found = _classify(listing, layout, store, rel)
     chosen: Checkpoint | None = None
     fallback: tuple[Checkpoint, int] | None = None  # (checkpoint, index of its skip)
+    unproven: list[tuple[_Candidate, str, _Verdict, int]] = []  # newest first
     skips: list[Skip] = []
     for cand in sorted(found.candidates, key=lambda c: (c.step, c.name), reverse=True):
         path = store.uri(f"{rel}/{cand.name}" if rel else cand.name)
@@ -512,11 +566,21 @@ def _scan_level(store: _Store, rel: str, layout: str) -> tuple[Scan, _Classified
             break
         if verdict.weak and fallback is None:
             fallback = (Checkpoint(path, cand.step, verdict.layout, verdict.time), len(skips))
+        if verdict.unproven:
+            unproven.append((cand, path, verdict, len(skips)))
         skips.append(Skip(path, cand.step, verdict.reason))
     if chosen is None and fallback is not None:
         # No step carries a marker at all: an Orbax that predates them; its rename is the commit.
         chosen, index = fallback
         del skips[index]
+    for cand, path, verdict, index in unproven if chosen is None else ():
+        # No step is committed: Orbax with atomic-rename temporary paths on GCS.
+        meta = store.stat(verdict.unproven)
+        if meta is not None:
+            chosen = Checkpoint(path=path, step=cand.step, layout=verdict.layout, time=meta.time)
+            del skips[index]
+            break
+        skips[index] = Skip(path, cand.step, f"{verdict.reason}; no {ORBAX_METADATA} either")
     for step in sorted(found.gda, reverse=True):
         if not any(c.step == step and not c.is_dir for c in found.candidates):
             skips.append(Skip(store.uri(f"{rel}/checkpoint_{step}_gda" if rel else
@@ -649,6 +713,51 @@ class CheckpointDir:
         return f"CheckpointDir({self.root!r}, layout={self.layout!r})"
 
 
+class WorkerCheckpoints:
+    """The `CheckpointStore` port for a local `checkpoint_dir`: the path is on the TPU VM.
+
+    The job writes it on its worker, not on the watcher's machine, so the first selected
+    worker's probe lists it (workers.SshWorkers.on_listing feeds `feed`) and the layout rules
+    above run on that listing. `latest` is what the newest probe of the node showed; a probe
+    that could not read the directory keeps the last good answer for the same node.
+    """
+
+    def __init__(self, path: str, layout: str = "auto") -> None:
+        self.root, bucket, _ = _parse_location(path)
+        if bucket is not None:
+            raise ConfigError(f"{DIR_KEY} = {path!r}: a gs:// location is read with CheckpointDir")
+        self.layout = normalize_layout(layout)
+        self._scan: Scan | None = None
+        self._node_id = ""
+
+    def feed(self, node: Any, listing: str) -> None:
+        """Take a worker's listing of the directory (remote.sh `ckpt_listing`) of `node`."""
+        try:
+            data = json.loads(listing)
+        except ValueError:
+            data = {"error": "the worker's answer is not JSON"}
+        if not isinstance(data, dict) or "error" in data:
+            why = data.get("error") if isinstance(data, dict) else "the worker's answer is not a table"
+            if self._scan is not None and self._node_id == node.id and self._scan.latest is not None:
+                return  # keep the last good answer of this node
+            self._scan = Scan(None, (Skip(self.root, None, f"cannot be read on the worker: {why}"),))
+        else:
+            self._scan = _scan(_ListingStore(self.root, data), self.layout)
+        self._node_id = node.id
+
+    def scan(self) -> Scan:
+        if self._scan is None:
+            return Scan(None, (Skip(self.root, None, "not read yet: a local checkpoint_dir is read on the "
+                                    "job's first worker, by the probe of `watch` or `check`"),))
+        return self._scan
+
+    def latest(self) -> Checkpoint | None:
+        return self.scan().latest
+
+    def __repr__(self) -> str:
+        return f"WorkerCheckpoints({self.root!r}, layout={self.layout!r})"
+
+
 def find_latest(
     checkpoint_dir: str,
     *,
@@ -667,6 +776,7 @@ __all__ = [
     "LAYOUT_CHOICES",
     "Scan",
     "Skip",
+    "WorkerCheckpoints",
     "find_latest",
     "normalize_layout",
 ]

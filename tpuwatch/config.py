@@ -391,11 +391,15 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "queued_resource": Field(_str, "", "set when the TPU was made through a queued resource"),
         "startup_script": Field(_path, "", "file sent as metadata startup-script on create"),
         "spec": Field(lambda k, v: _spec(k, v), {}, "the node spec used by recreate (written by tpuwatch init)"),
+        "zone_overrides": Field(lambda k, v: _zone_overrides(v), {},
+                                "per fallback zone, the spec's regional and zonal keys there: [tpu.zone_overrides.\"ZONE\"] "
+                                "subnetwork, network_configs, data_disks, reservation_name"),
     },
     "job": {
         "name": Field(_pattern(_LABEL_VALUE, "job name (lowercase letters, digits, - and _, up to 63)", allow_empty=True), "", "job name; default the TPU name. Names the journal and the ownership label"),
         "command": Field(_command, None, "shell command run on every worker; {checkpoint} {step} {attempt} {worker} substituted"),
-        "checkpoint_dir": Field(_checkpoint_dir, "", "absolute path or gs:// URI where the job saves checkpoints"),
+        "checkpoint_dir": Field(_checkpoint_dir, "", "absolute path or gs:// URI where the job saves checkpoints; a path is on the TPU VM and "
+                               "is read on the job's first worker, by the probe of watch/check (needs python3 there)"),
         "checkpoint_layout": Field(_choice(CHECKPOINT_LAYOUTS), "auto", "force a checkpoint layout; auto-detected by default"),
         "workers": Field(_workers, "all", "\"all\" or a list of worker numbers"),
         "env": Field(_env_table, {}, "extra environment variables for the command"),
@@ -434,7 +438,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "connect_timeout": Field(_duration(1), 10.0, "ssh ConnectTimeout"),
         "command_timeout": Field(_duration(5), 60.0, "longest a probe or launch over SSH may take before the worker "
                                  "counts as unreachable this tick (a launch's cleanup adds 2x recovery.stop_grace)"),
-        "known_hosts": Field(_path, "", "known_hosts file; default one per job in the state dir, pinned per node id"),
+        "known_hosts": Field(_path, "", "known_hosts file; default one per job in the state dir; host keys pinned "
+                             "from the workers' guest attributes, per node id"),
+        "login_grace": Field(_duration(0), 300.0, "a login refused this soon after the node booted is keys not there "
+                             "yet (wait); later it needs a person"),
         "options": Field(_str_list, (), "extra ssh -o options, e.g. [\"ProxyJump=bastion\"]"),
         "multiplex": Field(_bool, True, "one OpenSSH master connection per worker (ControlMaster), shared by every "
                            "probe, launch and follow; false for a bastion or proxy that cannot carry it"),
@@ -475,6 +482,12 @@ def _spec(key: str, value: Any) -> dict[str, Any]:
     from tpuwatch.spec import validate_spec  # here, so that importing config stays light
 
     return validate_spec(value, key=key)
+
+
+def _zone_overrides(value: Any) -> dict[str, dict[str, Any]]:
+    from tpuwatch import zonespec
+
+    return zonespec.check_overrides(value)
 
 
 @dataclass(frozen=True)
@@ -592,6 +605,10 @@ def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[st
     r = out["recovery"]
     if r["backoff_max"] < r["backoff_base"]:
         raise ConfigError("recovery.backoff_max: must not be shorter than recovery.backoff_base")
+    from tpuwatch import zonespec
+
+    t = out["tpu"]
+    zonespec.check(t["spec"], t["zone_overrides"], t["zone"], t["fallback_zones"])
     known_checks = [*PRECHECK_IDS, *(c["name"] for c in out["precheck"]["custom"])]
     unknown_checks = set(out["precheck"]["skip"]) - set(known_checks)
     if unknown_checks:

@@ -630,25 +630,9 @@ def _is_empty(conn: sqlite3.Connection, path: Path) -> bool:
 
 
 def _create(conn: sqlite3.Connection, path: Path, job: str, tpu_name: str) -> None:
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        for statement in _SCHEMA.split(";"):
-            if statement.strip():
-                conn.execute(statement)
-        conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", [
-            ("schema_version", str(SCHEMA_VERSION)), ("tpu_name", tpu_name), ("job", job),
-            ("created_by", f"tpuwatch {__version__}"),
-        ])
-        conn.execute("COMMIT")
-    except sqlite3.Error as exc:
-        try:
-            conn.execute("ROLLBACK")
-        except sqlite3.Error:
-            pass
-        if "full" in str(exc):
-            raise JournalError(f"cannot create journal {path}: the disk is full. Free space in {path.parent} "
-                               "and run again") from None
-        raise JournalError(f"cannot create journal {path}: {exc}") from None
+    meta = [("schema_version", str(SCHEMA_VERSION)), ("tpu_name", tpu_name), ("job", job),
+            ("created_by", f"tpuwatch {__version__}")]
+    _ddl(conn, path, _SCHEMA, meta, what="create")
 
 
 def _add_tables(conn: sqlite3.Connection, path: Path) -> None:
@@ -656,17 +640,30 @@ def _add_tables(conn: sqlite3.Connection, path: Path) -> None:
     try:
         if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'deliveries'").fetchone():
             return
+    except sqlite3.Error as exc:
+        raise JournalError(f"cannot update journal {path}: {exc}") from None
+    _ddl(conn, path, _ADDED, [], what="update")
+
+
+def _ddl(conn: sqlite3.Connection, path: Path, statements: str, meta: list[tuple[str, str]], *, what: str) -> None:
+    """Run `statements` (and insert `meta`) in one transaction; JournalError naming the file."""
+    try:
         conn.execute("BEGIN IMMEDIATE")
-        for statement in _ADDED.split(";"):
+        for statement in statements.split(";"):
             if statement.strip():
                 conn.execute(statement)
+        if meta:
+            conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", meta)
         conn.execute("COMMIT")
     except sqlite3.Error as exc:
         try:
             conn.execute("ROLLBACK")
         except sqlite3.Error:
             pass
-        raise JournalError(f"cannot update journal {path}: {exc}") from None
+        if "full" in str(exc):
+            raise JournalError(f"cannot {what} journal {path}: the disk is full. Free space in {path.parent} "
+                               "and run again") from None
+        raise JournalError(f"cannot {what} journal {path}: {exc}") from None
 
 
 def _validate(conn: sqlite3.Connection, path: Path, job: str, tpu_name: str | None) -> str:

@@ -39,9 +39,10 @@ from prometheus_client.utils import floatToGoString
 
 from tpuwatch.cloud import calls
 from tpuwatch.errors import UsageError
-from tpuwatch.journal import AttemptRow, Journal
+from tpuwatch.journal import AttemptRow, Journal, JournalEvent
 from tpuwatch.policy import Phase, PolicyConfig
 from tpuwatch.policy.alerts import disruption_kind
+from tpuwatch.report import compute
 
 # time from an attempt's end (not a success) to the next launch, seconds
 RESUME_BUCKETS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0)
@@ -72,31 +73,10 @@ class Snapshot:
     api_requests: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
-def _rate(a: AttemptRow, end: datetime, end_step: int | None) -> float:
-    """Checkpointed steps per second of one attempt (start-up included, so it errs low)."""
-    span = (end - a.start).total_seconds()
-    steps = (end_step or 0) - (a.start_step or 0)
-    return steps / span if span >= MIN_RATE_SPAN and steps > 0 else 0.0
-
-
-def goodput(attempts: Sequence[AttemptRow], step: int | None, now: datetime) -> float | None:
-    """Productive time over wall time since the first launch, as the demo and benchmarks count it:
-    steps checkpointed so far x the fastest step time an attempt showed, / wall time. Work not yet
-    checkpointed, restarts, waits and recreates all count as lost. None before a rate is known."""
-    if not attempts:
-        return None
-    rates = [_rate(a, a.end, a.end_step) for a in attempts if a.end is not None]
-    last = attempts[-1]
-    if last.end is None:
-        rates.append(_rate(last, now, step))
-    best = max(rates, default=0.0)
-    ends = [a.end for a in attempts if a.end is not None]
-    end = now if last.end is None else max(ends)
-    wall = (end - attempts[0].start).total_seconds()
-    newest = max([step or 0, *(a.end_step or 0 for a in attempts)])
-    if best <= 0 or wall <= 0:
-        return None
-    return min(1.0, newest / best / wall)
+def goodput(job: str, events: Sequence[JournalEvent], attempts: Sequence[AttemptRow], now: datetime) -> float | None:
+    """The job's goodput as `tpuwatch report` computes it (productive training over wall time,
+    tpuwatch/report.py): one definition, so a dashboard and the report never disagree."""
+    return compute(job, events, attempts, now).goodput
 
 
 def resumes(attempts: Sequence[AttemptRow]) -> tuple[float, ...]:
@@ -127,7 +107,7 @@ def snapshot(report: Any, journal: Journal, pcfg: PolicyConfig,
         restarts_charged_total=sum(1 for a in attempts if a.charged),
         recreates_total=created, disruptions=disruptions,
         checkpoint_step=ck.step if ck is not None else None, checkpoint_time=ck.time if ck is not None else None,
-        resumes=resumes(attempts), goodput=goodput(attempts, ck.step if ck is not None else None, report.time),
+        resumes=resumes(attempts), goodput=goodput(pcfg.job, journal.events(), attempts, report.time),
         api_requests=dict(calls.counts() if api_requests is None else api_requests),
     )
 
@@ -168,8 +148,8 @@ def families(s: Snapshot, now: datetime) -> Iterator[Metric]:
     hist.add_metric(job, buckets, sum_value=float(sum(s.resumes)))
     yield hist
     if s.goodput is not None:
-        yield _gauge("tpuwatch_goodput_ratio", "productive step time / wall time since the first launch "
-                     "(checkpointed steps x the fastest step time seen)", s.goodput, job)
+        yield _gauge("tpuwatch_goodput_ratio", "productive training time / wall time since the first launch, as `tpuwatch report` "
+                     "computes it", s.goodput, job)
     api = CounterMetricFamily("tpuwatch_api_requests", "requests sent to Google APIs (retries included)",
                               labels=["job_name", "api", "method"])
     for (name, method), n in sorted(s.api_requests.items()):

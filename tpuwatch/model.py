@@ -128,6 +128,9 @@ class WorkerProbe:
     pid: int | None = None
     detail: str = ""  # e.g. the ssh error for "unreachable"
     log_bytes: int | None = None  # size of the attempt's output log (its activity, for hang detection)
+    login_refused: bool = False  # "unreachable" because ssh's login was refused (Permission denied)
+    # JSON: a local job.checkpoint_dir as the first worker sees it (checkpoints.WorkerCheckpoints)
+    checkpoint_listing: str = ""
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,10 @@ class TpuApi(Protocol):
 
     def get_operation(self, name: str) -> OperationStatus: ...
 
+    def worker_instances(self, node: NodeSnapshot) -> Mapping[str, tuple[str, str]]:
+        """The node's worker VMs by Compute Engine instance name -> (node, worker id), for the
+        audit log's upcoming-maintenance entries; read lazily, on the first lookup."""
+
 
 class NodeLifecycle(Protocol):
     """Delete and create the job's node, plainly or through its queued resource
@@ -66,8 +70,10 @@ class NodeLifecycle(Protocol):
 
 
 class AuditLog(Protocol):
-    def read(self, nodes: Iterable[str], cursor: str | None) -> tuple[list[AuditEvent], str | None]:
-        """Events about `nodes` after `cursor`, oldest first, and the new cursor (one query)."""
+    def read(self, nodes: Iterable[str], cursor: str | None,
+             instances: Mapping[str, tuple[str, str]] | None = None) -> tuple[list[AuditEvent], str | None]:
+        """Events about `nodes` (and their worker VMs, `instances`: instance name -> (node, worker id), as TpuAdapter.worker_instances gives it)
+        after `cursor`, oldest first, and the new cursor (one query)."""
 
     def take_warnings(self) -> list[str]:
         """Warnings about the reader itself since the last call (e.g. a shared cache not usable)."""
@@ -88,6 +94,9 @@ class Workers(Protocol):
 
     def remember(self, login: Login) -> None:
         """A login an earlier watcher learned (the journal keeps it)."""
+
+    def take_notes(self) -> list[str]:
+        """What the person watching should know, once (e.g. host keys trusted on first use)."""
 
     def port_target(self, node: NodeSnapshot) -> tuple[str, int] | None:
         """Worker 0's SSH address, when a TCP connect there tells whether its sshd is up; None when

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from tpuwatch import spec as specmod
+from tpuwatch import zonespec
 from tpuwatch.cloud.errors import CODE_NAMES, CODE_NUMBERS
 from tpuwatch.cloud.lifecycle import queued_id, queued_request
 from tpuwatch.config import Config
@@ -112,9 +113,9 @@ def config_base(cfg: Config) -> Path | None:
     return cfg.path.parent if cfg.path is not None else None
 
 
-def build_request(cfg: Config, launch: Mapping[str, str] | None = None) -> Any:
-    """The validated create request's Node for this config (nothing is sent)."""
-    raw_spec = cfg.tpu.get("spec") or {}
+def build_request(cfg: Config, launch: Mapping[str, str] | None = None, zone: str = "") -> Any:
+    """The validated create request's Node for this config in `zone` (nothing is sent)."""
+    raw_spec = zone_spec(cfg, zone)
     if not raw_spec:
         raise ConfigError(
             f"tpu.spec: missing; run `tpuwatch init {cfg.tpu_name}` to capture the TPU's spec "
@@ -126,6 +127,11 @@ def build_request(cfg: Config, launch: Mapping[str, str] | None = None) -> Any:
     return specmod.build_node(raw_spec, script, job=cfg.job_name, extra_metadata=launch_metadata(cfg, launch))
 
 
+def zone_spec(cfg: Config, zone: str) -> dict[str, Any]:
+    """[tpu.spec] as a create in `zone` sends it: with [tpu.zone_overrides] for that zone."""
+    return zonespec.for_zone(cfg.tpu.get("spec") or {}, cfg.tpu.get("zone_overrides") or {}, zone)
+
+
 def _api_version(message: Any) -> str:
     """"v2alpha1" for a tpu_v2alpha1 message, else "v2" (for the method names --dry-run prints)."""
     return "v2alpha1" if "v2alpha1" in type(message).__module__ else "v2"
@@ -134,7 +140,7 @@ def _api_version(message: Any) -> str:
 def create_request_json(cfg: Config, zone: str, project: str,
                         launch: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The exact CreateNode request (REST JSON) `start_create` would send: for --dry-run."""
-    node = build_request(cfg, launch)
+    node = build_request(cfg, launch, zone)
     return {
         "method": f"google.cloud.tpu.{_api_version(node)}.Tpu.CreateNode",
         "parent": f"projects/{project}/locations/{zone}",
@@ -170,8 +176,8 @@ def start_create(life: NodeLifecycle, cfg: Config, zone: str, *, resumed: bool =
     the journal says a create of this name is ours); that is success. A refused create raises
     CreateRejected carrying its classification.
     """
-    node = specmod.node_to_json(build_request(cfg, launch))
-    spec = cfg.tpu.get("spec") or {}
+    node = specmod.node_to_json(build_request(cfg, launch, zone))
+    spec = zone_spec(cfg, zone)
     try:
         return life.create(cfg.tpu_name, node, zone, resumed=resumed,
                            tier=str(spec.get("queued_resource_tier", "")),
@@ -251,14 +257,15 @@ def classify_create_error(code: int | str, message: str, *, started_by_us: bool)
     name = _code_name(code)
     text = message or ""
     low = text.lower()
+    if "reserved capacity" in low and name in ("RESOURCE_EXHAUSTED", "FAILED_PRECONDITION"):
+        # "Insufficient reserved capacity" comes with code 9 and with code 8: the text decides.
+        return CreateFailure("queueable", "reservation", name, text)
     if name == "RESOURCE_EXHAUSTED" and "quota" in low:
         return CreateFailure("queueable", "quota", name, text)
     if name == "RESOURCE_EXHAUSTED":
         # "There is no more capacity in the zone ..."; any other exhaustion of a create is also
         # a shortage that may end, and queue_timeout bounds how long it is waited for.
         return CreateFailure("queueable", "no_capacity", name, text)
-    if name == "FAILED_PRECONDITION" and "reserved capacity" in low:
-        return CreateFailure("queueable", "reservation", name, text)
     if name in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED") or name == "INTERNAL" and "try again" in low:
         return CreateFailure("queueable", "unavailable", name, text)
     if name == "ALREADY_EXISTS":
@@ -271,6 +278,12 @@ def classify_operation(op: OperationStatus, *, started_by_us: bool = True) -> Cr
     if not op.done or op.error_code == 0:
         return None
     return classify_create_error(op.error_code, op.error_message, started_by_us=started_by_us)
+
+
+def failure_reason(op: OperationStatus | None) -> str:
+    """The CreateFailure reason of a failed create operation ("" when it did not fail)."""
+    failure = classify_operation(op) if op is not None else None
+    return failure.reason if failure is not None else ""
 
 
 def classify_exception(exc: BaseException, *, started_by_us: bool) -> CreateFailure:
@@ -352,8 +365,8 @@ def qr_request_json(cfg: Config, zone: str, project: str,
                     launch: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The CreateQueuedResource request (REST JSON) a create through the queued resource sends:
     for --dry-run. Same name, tier, reservation and node spec as the saved one."""
-    node = build_request(cfg, launch)
-    spec = cfg.tpu.get("spec") or {}
+    node = build_request(cfg, launch, zone)
+    spec = zone_spec(cfg, zone)
     parent = f"projects/{project}/locations/{zone}"
     return {
         "method": f"google.cloud.tpu.{_api_version(node)}.Tpu.CreateQueuedResource",

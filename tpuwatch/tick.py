@@ -23,7 +23,7 @@ import json
 import random
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -210,6 +210,7 @@ class Reconciler:
         obs = Observation(
             node=node, events=tuple(events), probes=probes, checkpoint=checkpoint,
             operation=operation, create_failure=create_failure, queued=self._queued(life, mem, node),
+            create_reason=recreate.failure_reason(operation) if create_failure else "",
             jitter=min(max(self.ports.jitter(), 0.0), 0.999999),
             adopt=self.flags.adopt, recreate_missing=self.flags.recreate_missing,
             dry_run=self.flags.dry_run, precheck=pre, checks=self._checks() is not None,
@@ -224,6 +225,7 @@ class Reconciler:
             decision = decide(obs, mem, self.pcfg, now)
         if pre is not None and pre.context == "running":
             warnings.extend(f"environment check failed: {line}" for line in precheck.failing_lines(pre))
+        warnings.extend(self.ports.workers.take_notes())  # e.g. host keys trusted on first use
         ck_warning = precheck.checkpoint_warning(checkpoint, mem, float(self.cfg.job["checkpoint_warn_age"]), now)
         if ck_warning:
             warnings.append(ck_warning)
@@ -344,6 +346,10 @@ class Reconciler:
             return None
         return life.status()
 
+    def _worker_instances(self, node: NodeSnapshot | None) -> Mapping[str, tuple[str, str]] | None:
+        """The node's worker VMs for the audit reader (read lazily by the TPU adapter), or None."""
+        return self.ports.tpu_for(node.zone).worker_instances(node) if node is not None else None
+
     def _audit(self, now: datetime, mem: Memory, node: NodeSnapshot | None,
                probes: Sequence[WorkerProbe] | None, warnings: list[str]) -> tuple[list[AuditEvent], str | None]:
         """New audit events, when policy/observe.py says they are due."""
@@ -351,7 +357,8 @@ class Reconciler:
         if audit is None or not audit_due(mem, node, probes, self._since(now, "audit_read_at"), self.audit_interval):
             return [], None
         try:
-            events, cursor = audit.read([self.pcfg.tpu_name], self.journal.audit_cursor())
+            events, cursor = audit.read([self.pcfg.tpu_name], self.journal.audit_cursor(),
+                                        self._worker_instances(node))
         except CloudError as exc:
             # The job can be kept alive without the audit log; it only loses one kind of evidence.
             warnings.append(f"audit log not read: {exc.message}")
@@ -451,7 +458,8 @@ class Reconciler:
             if not again:
                 return [text], decision
             # Refused at the call: the policy decides again with the refusal as a failed operation.
-            obs2 = replace(obs, operation=exc.as_operation(), create_failure=exc.failure.kind)
+            obs2 = replace(obs, operation=exc.as_operation(), create_failure=exc.failure.kind,
+                           create_reason=exc.failure.reason)
             d2 = decide(obs2, decision.memory, self.pcfg, now)
             self.journal.record(now, d2, obs2.operation)
             more, d2 = self._act(d2, obs2, decision.memory, now, again=False)

@@ -12,6 +12,7 @@ from pathlib import Path
 from tpuwatch.cloud.location import Location, resolve
 from tpuwatch.config import Config, load_config
 from tpuwatch.policy import PolicyConfig
+from tpuwatch.ports import CheckpointStore
 from tpuwatch.tick import Ports
 
 
@@ -36,15 +37,13 @@ def load_job(config_path: str | Path, project: str | None = None, zone: str | No
 
 def real_ports(job: Job) -> Ports:
     """The real adapters: google-cloud-tpu, google-cloud-logging (shared per project), OpenSSH/gcloud, checkpoints."""
-    from tpuwatch.checkpoints import CheckpointDir
+    from tpuwatch.checkpoints import CheckpointDir, WorkerCheckpoints
     from tpuwatch.cloud.auditcache import SharedAuditLog
     from tpuwatch.cloud.lifecycle import Lifecycle
     from tpuwatch.cloud.tpu import TpuAdapter
     from tpuwatch.workers import SshWorkers
 
     cfg, loc = job.cfg, job.location
-    workers = SshWorkers.from_config(cfg)
-    workers.transport.check()  # an unreadable key is exit 2 before any cloud call
     adapters: dict[str, TpuAdapter] = {}
 
     def tpu_for(zone: str) -> TpuAdapter:
@@ -55,8 +54,19 @@ def real_ports(job: Job) -> Ports:
     def lifecycle_for(zone: str) -> Lifecycle:
         return Lifecycle(tpu_for(zone), str(cfg.tpu["queued_resource"]))
 
+    # the workers' host keys as their guest attributes publish them: the known hosts
+    workers = SshWorkers.from_config(cfg, host_keys=lambda node: tpu_for(node.zone).host_keys(node.name))
+    workers.transport.check()  # an unreadable key is exit 2 before any cloud call
+
     ckpt_dir = cfg.job["checkpoint_dir"]
-    checkpoints = CheckpointDir(ckpt_dir, cfg.job["checkpoint_layout"]) if ckpt_dir else None
+    checkpoints: CheckpointStore | None = None
+    if ckpt_dir and not ckpt_dir.startswith("gs://"):
+        # A local path is on the TPU VM: read it there, in the first worker's probe.
+        on_vm = WorkerCheckpoints(ckpt_dir, cfg.job["checkpoint_layout"])
+        workers.checkpoint_dir, workers.on_listing = on_vm.root, on_vm.feed
+        checkpoints = on_vm
+    elif ckpt_dir:
+        checkpoints = CheckpointDir(ckpt_dir, cfg.job["checkpoint_layout"])
     from tpuwatch.workers.precheck import Prechecker
 
     return Ports(

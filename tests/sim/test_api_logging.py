@@ -12,6 +12,7 @@ from google.cloud.audit import audit_log_pb2
 
 from tpuwatch.cloud.clients import logging_client
 from tpuwatch.sim import logfilter
+from tpuwatch.sim.metadata import worker_hostname
 from tpuwatch.sim.simulator import Simulator
 from tpuwatch.sim.world import rfc3339_ns
 
@@ -90,7 +91,8 @@ def test_the_audit_adapters_filter_form(sim_api: Simulator) -> None:
     w.preempt("a")
     w.terminate("b", reason="HOST_ERROR")
     w.preempt("c")
-    w.upcoming_maintenance("ab", starts_in=86400)
+    w.system_event("ab", "tpu.nodes.restart")
+    w.upcoming_maintenance("ab", starts_in=86400)  # Compute Engine entries: instances/, not nodes/
     project = sim_api.project
     flt = (
         f'logName="projects/{project}/logs/{LOG}" AND protoPayload.methodName=("tpu.nodes.terminate" OR '
@@ -105,8 +107,17 @@ def test_the_audit_adapters_filter_form(sim_api: Simulator) -> None:
     assert got == [
         ("a", "tpu.nodes.terminate"),
         ("b", "tpu.nodes.terminate"),
-        ("ab", "compute.instances.upcomingMaintenance"),
+        ("ab", "tpu.nodes.restart"),
     ]
+    # Upcoming maintenance is about each worker VM, in the shape of Google's example entry.
+    hostname = worker_hostname(w.node("ab").id, 0)
+    flt_vm = (f'protoPayload.methodName="compute.instances.upcomingMaintenance" AND '
+              f'protoPayload.resourceName:"instances/{hostname}"')
+    (entry,) = read(sim_api, flt_vm)
+    assert payload(entry).resource_name == f"projects/{project}/zones/{sim_api.zone}/instances/{hostname}"
+    assert payload(entry).service_name == "compute.googleapis.com" and entry.resource.type == "gce_instance"
+    assert set(payload(entry).metadata) >= {"type", "windowStartTime", "windowEndTime", "latestWindowStartTime",
+                                            "canReschedule", "maintenanceStatus"}
     reasons = [
         payload(e).metadata["terminateReason"]
         for e in read(sim_api, flt + ' AND protoPayload.methodName="tpu.nodes.terminate"')

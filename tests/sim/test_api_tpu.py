@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -97,6 +98,24 @@ def test_create_get_list_delete_with_the_real_client(sim_api: Simulator, lro_pol
 
     again = create(c, sim_api, "pod", "v4-32").result(polling=lro_polling)
     assert again.id != node.id and again.create_time > node.create_time
+
+
+def test_reservation_shortfall_from_a_scenario_step_fails_the_create_with_code_8(
+    sim_api: Simulator, lro_polling: Any, tmp_path: Path
+) -> None:
+    from tpuwatch.sim import scenario
+    from tpuwatch.sim.faults import apply
+
+    path = tmp_path / "s.toml"
+    path.write_text('[[step]]\nat = "0s"\nfault = "reservation-shortfall"\nduration = "1h"\n')
+    (step,) = scenario.load(path).steps
+    apply(sim_api.world, step.fault, step.params)
+    op = create(tpu_client(), sim_api, "pod")
+    with pytest.raises(exceptions.ResourceExhausted):
+        op.result(polling=lro_polling)
+    # As users see it: code 8, like a stockout, with the reservation's own words.
+    assert op.operation.error.code == 8
+    assert op.operation.error.message.startswith("Insufficient reserved capacity.")
 
 
 def test_stockout_fails_the_create_operation_with_code_8(

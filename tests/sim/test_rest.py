@@ -1,6 +1,6 @@
 """The simulator's REST face over plain HTTP (no gcloud): routes, JSON shape, errors, one world.
 
-gcloud itself against this face is tested in tests/test_gcloud_sim.py.
+gcloud itself against this face is tested in tests/e2e/test_gcloud_sim.py.
 """
 
 from __future__ import annotations

@@ -70,6 +70,9 @@ class BenchTpu:
             )
         return self._snap
 
+    def worker_instances(self, node: NodeSnapshot) -> Mapping[str, tuple[str, str]]:
+        return {}  # the benchmark's audit log has no worker-VM entries
+
     def get_node(self, name: str) -> NodeSnapshot | None:
         self.meter.tpu += 1
         return self.snapshot() if name == self.world.name else None
@@ -108,7 +111,8 @@ class BenchAudit:
         self.world = world
         self.meter = meter
 
-    def read(self, nodes: Iterable[str], cursor: str | None) -> tuple[list[AuditEvent], str | None]:
+    def read(self, nodes: Iterable[str], cursor: str | None,
+             instances: Mapping[str, tuple[str, str]] | None = None) -> tuple[list[AuditEvent], str | None]:
         self.meter.log += 1
         w = self.world
         recs, end = w.audit_since(int(cursor) if cursor else 0)
@@ -140,6 +144,9 @@ class BenchWorkers:
 
     def remember(self, login: Login) -> None:
         pass
+
+    def take_notes(self) -> list[str]:
+        return []
 
     def port_target(self, node: NodeSnapshot) -> tuple[str, int] | None:
         """As OpenSSH to the external IPs, port 22."""

@@ -405,7 +405,7 @@ class TpuwatchDriver:
     tick reads the audit log exactly when it would have. It asks the policy itself (`decide`
     is pure) whether the decision at the end of the jump is still `running` with the same
     memory, so a time-based rule (hang_timeout) fires on time. Runs with and without it give the
-    same figures (tests/test_bench_goodput.py checks it); `skip_idle=False` runs every tick.
+    same figures (tests/project/test_bench_goodput.py checks it); `skip_idle=False` runs every tick.
     """
 
     def __init__(self, run: Run, cfg: Config, skip_idle: bool = True) -> None:

@@ -1,8 +1,9 @@
 """The shared audit-log reader (ports.AuditLog): one Logging query per project per `max_age`.
 
 Every `tpuwatch watch` reads the system-event audit log for its own node about once a minute,
-and the Logging read quota is 60 requests/min/project and cannot be raised, so a few dozen
-watchers of one project would be throttled. `SharedAuditLog` makes their reads share one
+and the Logging read quota is 60 requests/min/project by default (an increase can be
+requested, but tpuwatch must work without one), so a few dozen watchers of one project would
+be throttled. `SharedAuditLog` makes their reads share one
 query: the TPU system events of the whole project are kept in a small SQLite file in the state
 directory (`audit.<project>.db`, private like the journals), and a read is answered from it
 while it is at most `max_age` old (15 s; 2 s for a reader that reads again within 30 s, as the
@@ -36,7 +37,7 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -132,10 +133,12 @@ class SharedAuditLog:
 
     # -- the port ---------------------------------------------------------------------------------
 
-    def read(self, nodes: Iterable[str], cursor: str | None) -> tuple[list[AuditEvent], str | None]:
+    def read(self, nodes: Iterable[str], cursor: str | None,
+             instances: Mapping[str, tuple[str, str]] | None = None) -> tuple[list[AuditEvent], str | None]:
         """Events about `nodes` not returned before under `cursor`, oldest first, and the new cursor.
 
-        As AuditLogReader.read, but answered from the shared cache when it is fresh.
+        As AuditLogReader.read, but answered from the shared cache when it is fresh (the shared
+        query holds every TPU node's entries and every TPU worker VM's).
         """
         names = check_nodes(nodes)
         now_ns = to_ns(self.now())
@@ -160,10 +163,10 @@ class SharedAuditLog:
             self._warn("direct", f"shared audit-log cache {self.path} not used ({exc}); "
                                  "this watcher queries the audit log itself")
             self.queries += 1
-            return self.direct.read(names, cursor)
+            return self.direct.read(names, cursor, instances)
         found: list[tuple[int, AuditEvent]] = []
         for raw in rows:
-            ev = event_of(raw, names, self.zone)
+            ev = event_of(raw, names, self.zone, instances)
             if ev is not None:
                 found.append((raw.ns, ev))
         fresh, high, seen = take_new(found, high, seen, self.overlap_ns)

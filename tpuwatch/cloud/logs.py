@@ -1,17 +1,24 @@
 """The audit-log adapter (ports.AuditLog): TPU system events as `AuditEvent`s.
 
 One ListLogEntries query per read covers every watched node (it may follow that query's
-pages): the Logging read quota is 60 requests/min/project and cannot be raised. The filter is
+pages): the Logging read quota is 60 requests/min/project by default (raisable on request, but
+not to be counted on). The filter is
 the subset the simulator implements:
 
     logName="projects/P/logs/cloudaudit.googleapis.com%2Fsystem_event"
     AND protoPayload.methodName=("tpu.nodes.terminate" OR "tpu.nodes.restart" OR
                                  "compute.instances.upcomingMaintenance")
     AND timestamp>="<RFC 3339>"
-    AND (protoPayload.resourceName:"nodes/a" OR protoPayload.resourceName:"nodes/b")
+    AND (protoPayload.resourceName:"nodes/a" OR protoPayload.resourceName:"nodes/b"
+         OR protoPayload.resourceName:"instances/t1v-n-0123abcd-w-0" OR ...)
 
 `:` is a substring match, so every entry is checked again here: "nodes/a" must name node "a"
 exactly (node level ".../nodes/a" or worker level ".../nodes/a/workers/0"), never "nodes/ab".
+Upcoming maintenance is a Compute Engine entry about one worker VM,
+`projects/P/zones/Z/instances/t1v-n-<hex>-w-<worker>`: it is matched through the node's
+instance names (TpuAdapter.worker_instances, from the guest attribute `hostname`, read only
+when such an entry is seen), passed as `instances`; without them such entries are not
+attributed to any node.
 
 The cursor is an opaque string: the newest entry time seen and the (time, insertId) keys of the
 entries seen in the last `overlap`. The next read starts `overlap` before that time, so an entry
@@ -25,7 +32,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
@@ -45,6 +52,8 @@ RPC_TIMEOUT = 30.0
 PAGE_SIZE = 1000
 CURSOR_VERSION = "v1"
 _RESOURCE = re.compile(r"(?:^|/)nodes/(?P<node>[^/]+)(?:/workers/(?P<worker>[^/]+))?(?:/|$)")
+_INSTANCE = re.compile(r"(?:^|/)zones/(?P<zone>[^/]+)/instances/(?P<instance>[^/]+)$")
+INSTANCE_PREFIX = "instances/t1v-n-"  # TPU worker VMs; the shared query's clause for them
 _LOCATION = re.compile(r"(?:^|/)(?:locations|zones)/(?P<zone>[^/]+)/")
 _NS = 1_000_000_000
 
@@ -77,18 +86,23 @@ def check_nodes(nodes: Iterable[str]) -> list[str]:
     return names
 
 
-def build_filter(project: str, nodes: Iterable[str] | None, start_ns: int) -> str:
-    """The one Logging filter covering every node in `nodes` from `start_ns` on.
+def build_filter(project: str, nodes: Iterable[str] | None, start_ns: int,
+                 instances: Iterable[str] = ()) -> str:
+    """The one Logging filter covering every node in `nodes` (and worker VM in `instances`)
+    from `start_ns` on.
 
     `nodes` None covers every TPU node of the project (the shared query of auditcache.py):
-    the resource clause is then `nodes/`, which every TPU resource name holds and a Compute
-    Engine instance's (`.../instances/I`) does not.
+    the resource clauses are then `nodes/`, which every TPU resource name holds, and
+    `instances/t1v-n-`, which every TPU worker VM's Compute Engine name holds.
     """
     methods = " OR ".join(f'"{m}"' for m in METHODS)
     if nodes is None:
-        resources = 'protoPayload.resourceName:"nodes/"'
+        resources = f'protoPayload.resourceName:"nodes/" OR protoPayload.resourceName:"{INSTANCE_PREFIX}"'
     else:
-        resources = " OR ".join(f'protoPayload.resourceName:"nodes/{n}"' for n in check_nodes(nodes))
+        clauses = [f'protoPayload.resourceName:"nodes/{n}"' for n in check_nodes(nodes)]
+        clauses += [f'protoPayload.resourceName:"instances/{i}"' for i in sorted(set(instances))
+                    if NODE_NAME.match(i)]
+        resources = " OR ".join(clauses)
     return (
         f'logName="projects/{project}/logs/{SYSTEM_EVENT_LOG}" '
         f"AND protoPayload.methodName=({methods}) "
@@ -97,9 +111,17 @@ def build_filter(project: str, nodes: Iterable[str] | None, start_ns: int) -> st
     )
 
 
-def match_resource(resource_name: str, nodes: Iterable[str], zone: str | None = None) -> tuple[str, str | None] | None:
-    """(node, worker) when the resource name is exactly one of `nodes` (node or worker level)."""
+def match_resource(resource_name: str, nodes: Iterable[str], zone: str | None = None,
+                   instances: Mapping[str, tuple[str, str]] | None = None) -> tuple[str, str | None] | None:
+    """(node, worker) when the resource name is exactly one of `nodes` (node or worker level),
+    or a worker VM of one of them (`instances`: instance name -> (node, worker))."""
     wanted = set(nodes)
+    m = _INSTANCE.search(resource_name)
+    if m:
+        owner = (instances or {}).get(m.group("instance"))
+        if owner is None or owner[0] not in wanted or (zone and m.group("zone") != zone):
+            return None
+        return owner
     for m in _RESOURCE.finditer(resource_name):
         if m.group("node") in wanted:
             loc = _LOCATION.search(resource_name[: m.start() + 1])
@@ -179,9 +201,10 @@ def raw_entry(entry: Any) -> RawEntry | None:
     )
 
 
-def event_of(raw: RawEntry, nodes: Iterable[str], zone: str | None = None) -> AuditEvent | None:
+def event_of(raw: RawEntry, nodes: Iterable[str], zone: str | None = None,
+             instances: Mapping[str, tuple[str, str]] | None = None) -> AuditEvent | None:
     """The AuditEvent of `raw` when it is about one of `nodes` (in `zone`); None otherwise."""
-    matched = match_resource(raw.resource_name, nodes, zone)
+    matched = match_resource(raw.resource_name, nodes, zone, instances)
     if matched is None:
         return None
     node, worker = matched
@@ -247,7 +270,7 @@ class AuditLogReader:
         self.now = now
         self._client: Any = None
 
-    def query_raw(self, nodes: list[str] | None, start_ns: int) -> list[RawEntry]:
+    def query_raw(self, nodes: list[str] | None, start_ns: int, instances: Iterable[str] = ()) -> list[RawEntry]:
         """Every system-event entry from start_ns on, oldest first: one query, all its pages.
 
         `nodes` None: every TPU node of the project (no resource-name clause per node); the
@@ -258,7 +281,7 @@ class AuditLogReader:
         if self._client is None:
             self._client = clients.logging_client()
         client = self._client
-        flt = build_filter(self.project, nodes, start_ns)
+        flt = build_filter(self.project, nodes, start_ns, instances)
         call = Call("Logging API", "list_log_entries", f"projects/{self.project}",
                     "logging.logEntries.list", "logging.googleapis.com", "roles/logging.viewer")
         out: list[RawEntry] = []
@@ -290,11 +313,12 @@ class AuditLogReader:
         out.sort(key=lambda r: r.ns)  # stable: keeps the API's order within a timestamp
         return out
 
-    def _query(self, nodes: list[str], start_ns: int) -> list[tuple[int, AuditEvent]]:
+    def _query(self, nodes: list[str], start_ns: int,
+               instances: Mapping[str, tuple[str, str]] | None = None) -> list[tuple[int, AuditEvent]]:
         """Every matching entry about `nodes` from start_ns on, oldest first (one query)."""
         out: list[tuple[int, AuditEvent]] = []
-        for raw in self.query_raw(nodes, start_ns):
-            ev = event_of(raw, nodes, self.zone)
+        for raw in self.query_raw(nodes, start_ns, instances or {}):
+            ev = event_of(raw, nodes, self.zone, instances)
             if ev is not None:
                 out.append((raw.ns, ev))
         return out
@@ -303,10 +327,12 @@ class AuditLogReader:
         """A direct reader has no cache to warn about."""
         return []
 
-    def read(self, nodes: Iterable[str], cursor: str | None) -> tuple[list[AuditEvent], str | None]:
+    def read(self, nodes: Iterable[str], cursor: str | None,
+             instances: Mapping[str, tuple[str, str]] | None = None) -> tuple[list[AuditEvent], str | None]:
         """Events about `nodes` not returned before under `cursor`, oldest first, and the new cursor.
 
-        With no (or an unreadable) cursor, reading starts `initial_lookback` ago.
+        With no (or an unreadable) cursor, reading starts `initial_lookback` ago. `instances`:
+        the nodes' worker VMs (TpuAdapter.worker_instances), for upcoming-maintenance entries.
         """
         names = sorted(set(nodes))
         state = decode_cursor(cursor)
@@ -317,18 +343,19 @@ class AuditLogReader:
             high, seen = state
         if not names:
             return [], encode_cursor(high, seen)
-        found = self._query(names, max(0, high - self.overlap_ns))
+        found = self._query(names, max(0, high - self.overlap_ns), instances)
         fresh, high, seen = take_new(found, high, seen, self.overlap_ns)
         return fresh, encode_cursor(high, seen)
 
-    def since(self, nodes: Iterable[str], start_time: datetime) -> list[AuditEvent]:
-        """Every event about `nodes` from `start_time` on, oldest first (one query)."""
+    def since(self, nodes: Iterable[str], start_time: datetime,
+              instances: Mapping[str, tuple[str, str]] | None = None) -> list[AuditEvent]:
+        """Every event about `nodes` (and their worker VMs) from `start_time` on, oldest first."""
         names = sorted(set(nodes))
         if not names:
             return []
         out: list[AuditEvent] = []
         keys: set[tuple[int, str]] = set()
-        for ns, ev in self._query(names, to_ns(start_time)):
+        for ns, ev in self._query(names, to_ns(start_time), instances):
             if (ns, ev.insert_id) not in keys:
                 keys.add((ns, ev.insert_id))
                 out.append(ev)

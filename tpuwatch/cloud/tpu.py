@@ -7,7 +7,7 @@ spec has fields only v2alpha1 knows (boot_disk_config, autocheckpoint_enabled), 
 through v2alpha1 rather than losing them. Every request is one RPC under `tpuwatch.cloud.retry`
 (the client's own retry is off), so call counts are exact.
 
-Public calls: get_node / require_node / list_nodes / get_node_message (reads), create_node /
+Public calls: get_node / require_node / list_nodes / get_node_message / host_keys (reads), create_node /
 delete_node / set_labels / update_node (nodes), get_queued_resource / queued_status /
 create_queued_resource / delete_queued_resource / queued_resource_name (queued resources),
 get_operation. Queued resources are used through tpuwatch.cloud.lifecycle.
@@ -20,7 +20,8 @@ this client does not know becomes "UNKNOWN_ENUM_<n>" instead of an exception.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
@@ -41,6 +42,7 @@ from tpuwatch.model import (
 )
 
 T = TypeVar("T")
+INSTANCES_RETRY = 300.0  # seconds between guest-attribute reads of a node whose workers have not all published
 RPC_TIMEOUT = 30.0  # seconds per request; the retry policy bounds the total
 PAGE_SIZE = 500
 
@@ -223,6 +225,28 @@ def operation_status(op: Any) -> OperationStatus:
     return OperationStatus(name=op.name, done=done, error_code=code, error_message=message)
 
 
+class _LazyInstances(Mapping[str, tuple[str, str]]):
+    """A mapping computed on its first use."""
+
+    def __init__(self, make: Callable[[], dict[str, tuple[str, str]]]) -> None:
+        self._make = make
+        self._value: dict[str, tuple[str, str]] | None = None
+
+    def _get(self) -> dict[str, tuple[str, str]]:
+        if self._value is None:
+            self._value = self._make()
+        return self._value
+
+    def __getitem__(self, key: str) -> tuple[str, str]:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+
 class TpuAdapter:
     """ports.TpuApi over google-cloud-tpu for one project and zone."""
 
@@ -234,6 +258,8 @@ class TpuAdapter:
         self.page_size = page_size
         self._read_version = "v2alpha1"
         self._clients: dict[str, Any] = {}
+        self._instances: dict[str, tuple[str, ...]] = {}  # node id -> its workers' instance names
+        self._instances_tried: dict[str, float] = {}  # node id -> when a read found them incomplete
 
     # -- plumbing ---------------------------------------------------------------------------
     def _client(self, version: str) -> Any:
@@ -293,6 +319,45 @@ class TpuAdapter:
         node = self.get_node_message(name)
         return None if node is None else snapshot(node, project=self.project, zone=self.zone)
 
+    def worker_instances(self, node: NodeSnapshot) -> Mapping[str, tuple[str, str]]:
+        """Instance name -> (node, worker id) for the audit readers (logs.match_resource).
+
+        Lazy: the guest attributes are read on the first lookup, which a reader makes only when
+        the log holds an entry about a TPU worker VM (an upcoming-maintenance notice).
+        """
+        return _LazyInstances(lambda: {inst: (node.name, str(i))
+                                       for i, inst in enumerate(self.instance_names(node)) if inst})
+
+    def instance_names(self, node: NodeSnapshot) -> tuple[str, ...]:
+        """The workers' Compute Engine instance names (guest attribute `hostname`, as gcloud
+        reads it): one GetGuestAttributes per node id, while READY; () until every worker has
+        published one (retried every INSTANCES_RETRY s), and when the call fails (the audit log
+        then only misses upcoming-maintenance entries)."""
+        if not node.id or node.state != "READY" or not node.workers:
+            return self._instances.get(node.id, ())
+        if node.id in self._instances:
+            return self._instances[node.id]
+        tried = self._instances_tried.get(node.id)
+        if tried is not None and time.monotonic() - tried < INSTANCES_RETRY:
+            return ()
+        self._instances_tried[node.id] = time.monotonic()
+        full = self._full(node.name)
+
+        def get(client: Any, types: Any) -> Any:
+            return client.get_guest_attributes(request=types.GetGuestAttributesRequest(name=full),
+                                               retry=None, timeout=RPC_TIMEOUT)
+
+        try:
+            response = self._read("get_guest_attributes", full, "tpu.nodes.get", get)
+        except TpuwatchError:
+            return ()
+        names = tuple(next((str(item.value) for item in ga.query_value.items if item.key == "hostname"), "")
+                      for ga in response.guest_attributes)
+        if len(names) != len(node.workers) or not all(names):
+            return ()
+        self._instances[node.id] = names
+        return names
+
     def get_node_message(self, name: str) -> Any | None:
         """The node as the API's v2alpha1 (or v2) `Node` message with every field; None when missing.
 
@@ -310,6 +375,38 @@ class TpuAdapter:
                 return None
 
         return self._read("get_node", full, "tpu.nodes.get", get)
+
+    def host_keys(self, name: str) -> dict[int, tuple[str, ...]]:
+        """Each worker's SSH host keys as its guest attributes publish them (query path
+        `hostkeys/`): worker index -> ("ssh-ed25519 AAAA...", ...). One request for every worker;
+        the answer lists the workers in index order, as gcloud reads it.
+
+        Empty when the node publishes none: it is gone, or guest attributes are not readable
+        (the `compute.disableGuestAttributesAccess` organization policy, a VM older than the
+        feature); other errors raise as every read does.
+        """
+        full = self._full(name)
+
+        def get(client: Any, types: Any) -> Any:
+            try:
+                return client.get_guest_attributes(
+                    request=types.GetGuestAttributesRequest(name=full, query_path="hostkeys/"),
+                    retry=None, timeout=RPC_TIMEOUT)
+            except gexc.NotFound as exc:
+                if _zone_not_found(exc):
+                    raise
+                return None
+            except (gexc.PermissionDenied, gexc.FailedPrecondition):
+                return None
+
+        answer = self._read("get_guest_attributes", full, "tpu.nodes.getGuestAttributes", get)
+        out: dict[int, tuple[str, ...]] = {}
+        for worker, attrs in enumerate(answer.guest_attributes if answer is not None else ()):
+            keys = tuple(f"{item.key} {item.value}" for item in attrs.query_value.items
+                         if item.namespace == "hostkeys" and item.key and item.value)
+            if keys:
+                out[worker] = keys
+        return out
 
     def get_queued_resource(self, name: str) -> Any | None:
         """A `tpu_v2.QueuedResource` by short or full name, or None when it does not exist."""

@@ -17,9 +17,9 @@ from rich.text import Text
 
 from tpuwatch.cloud.location import resolve
 from tpuwatch.cloud.logs import AuditLogReader
-from tpuwatch.cloud.tpu import parse_rfc3339
+from tpuwatch.cloud.tpu import TpuAdapter, parse_rfc3339
 from tpuwatch.durations import parse_duration
-from tpuwatch.errors import ConfigError, UsageError
+from tpuwatch.errors import ConfigError, TpuwatchError, UsageError
 from tpuwatch.ui.node import relative
 from tpuwatch.ui.serialize import event_json, rfc3339
 
@@ -71,6 +71,18 @@ Examples:
 """
 
 
+def _instances(project: str, zone: str | None, name: str) -> dict[str, tuple[str, str]]:
+    """The node's worker VMs, whose upcoming-maintenance entries name them; {} when unknown."""
+    if not zone:
+        return {}
+    adapter = TpuAdapter(project, zone)
+    try:
+        node = adapter.get_node(name)
+    except TpuwatchError:
+        return {}  # the node's own entries are still shown
+    return dict(adapter.worker_instances(node)) if node is not None else {}
+
+
 @click.command(name="events", help=HELP, epilog=EPILOG)
 @click.argument("name")
 @click.option("--since", "since_text", default="24h", show_default=True,
@@ -83,7 +95,7 @@ def command(name: str, since_text: str, project: str | None, zone: str | None, a
     start = parse_since(since_text, now)
     loc = resolve(project, zone, need_zone=False)
     reader = AuditLogReader(loc.project, zone=loc.zone)
-    events = reader.since([name], start)
+    events = reader.since([name], start, _instances(loc.project, loc.zone, name))
     if as_json:
         click.echo(json.dumps({
             "project": loc.project,

@@ -60,7 +60,7 @@ def command(name: str | None, config_path: Path, project: str | None, zone: str 
     cfg = load_config(config_path, overrides, require_command=False)
     loc = resolve(project, zone, config_project=cfg.tpu["project"], config_zone=cfg.tpu["zone"])
     assert loc.zone is not None
-    workers = SshWorkers.from_config(cfg)
+    workers = SshWorkers.from_config(cfg, host_keys=lambda n: TpuAdapter(n.project, n.zone).host_keys(n.name))
     workers.transport.check()  # an unreadable key is exit 2 before any cloud call
     node = TpuAdapter(loc.project, loc.zone).get_node(cfg.tpu_name)
     if node is None:

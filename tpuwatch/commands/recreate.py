@@ -22,6 +22,7 @@ from typing import Any
 
 import click
 
+from tpuwatch import zonespec
 from tpuwatch.errors import JobFailed, UsageError
 from tpuwatch.workers import login
 
@@ -101,6 +102,7 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
         create = rc.create_request_json(cfg, loc.zone, loc.project, launch)
 
     zones = [loc.zone, *[z for z in cfg.tpu["fallback_zones"] if z != loc.zone]]
+    zonespec.check(cfg.tpu["spec"], cfg.tpu["zone_overrides"], loc.zone, cfg.tpu["fallback_zones"])
     for z in zones[1:]:
         # An unknown fallback zone must stop us before the delete, not after it.
         try:

@@ -64,6 +64,9 @@ class AttemptFacts:
     exit_codes: Mapping[int, int | None]
     primary: int  # the worker whose exit 0 means success (worker 0)
     evidence: tuple[Evidence, ...]
+    # when a tick first saw the end, if an earlier tick than the one classifying it (`end`):
+    # the attempt's run time counts to then; evidence counts up to `end`
+    seen: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,7 @@ def classify(
     window: float,
 ) -> Verdict:
     """The outcome of one ended attempt (rules in the module docstring, first match wins)."""
-    ran = max(0.0, (facts.end - facts.start).total_seconds())
+    ran = max(0.0, ((facts.seen or facts.end) - facts.start).total_seconds())
     if facts.exit_codes.get(facts.primary) == 0:
         return Verdict(Outcome.SUCCESS, 0, f"worker {facts.primary} exited 0", ())
     worker, code = naming_code(facts.exit_codes)

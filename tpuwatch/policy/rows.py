@@ -81,8 +81,17 @@ ROWS: tuple[Row, ...] = (
     Row("probe_failed", "node usable, workers not probed", "look again next tick"),
     Row("workers_unreachable", "node usable; no worker answers during an attempt, or any worker before a launch",
         "look again next tick; launch nothing"),
+    Row("keys_not_there_yet", "before a launch, a worker refuses the login within ssh.login_grace of the node's "
+        "create time, a boot or a node-id change",
+        "unreachable: the keys reach a new VM after sshd listens; look again next tick, launch nothing"),
+    Row("login_refused", "before a launch, a worker still refuses the login after ssh.login_grace",
+        "needs a person (exit 1), naming the user, the key and the likely fix; the job resumes once it logs in"),
     Row("unreachable_grace", "a worker unreachable while the others run",
         "wait unreachable_grace, then stop all and classify the end"),
+    Row("end_confirm", "first sight of an end no evidence explains yet, on a node that looks usable, where no "
+        "worker exited with a code of its own (its process vanished, or SIGTERM/SIGKILL ended it)",
+        "charge nothing yet: classify it on the next tick, whose look at the node comes after this sighting "
+        "(a host taken down for maintenance looks like this before the node says so)"),
     Row("stale_workers", "workers run an older attempt", "stop them; launch on a later tick"),
     Row("adopt_running", "workers run a newer attempt than the journal knows (launch not journaled)",
         "follow it: no duplicate launch"),

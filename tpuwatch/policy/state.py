@@ -99,6 +99,9 @@ class Memory:
     launch_tries: int = 0  # launches of this attempt number that left no trace
     evidence: tuple[Evidence, ...] = ()
     unreachable_since: datetime | None = None
+    # when a tick first saw the attempt end with nothing yet to explain it; the end is charged
+    # only on a later tick, whose node read comes after that sighting (table._Tick.confirm_end)
+    end_seen: datetime | None = None
     last_end: AttemptEnd | None = None
     # budgets and counters
     restarts: int = 0  # charged restarts used (<= max_restarts)
@@ -131,6 +134,11 @@ class Memory:
     # (recorded at most every LOG_GRAIN, so the memory does not change on every tick)
     log_bytes: int | None = None
     log_at: datetime | None = None
+    # when this policy saw the node boot (a node id other than the one it knew, or usable again
+    # after it saw it not usable): a login refused soon after a boot is keys not there yet
+    node_seen: str = ""  # the node id last seen
+    node_down: bool = False  # that node was last seen not usable
+    booted_at: datetime | None = None
 
     @classmethod
     def initial(cls, zone: str) -> Memory:
@@ -292,6 +300,7 @@ _LOAD: dict[str, Any] = {
     "launch_tries": _int,
     "evidence": _evidence,
     "unreachable_since": _opt_time,
+    "end_seen": _opt_time,
     "last_end": _attempt_end,
     "restarts": _int,
     "disruptions": _int,
@@ -315,4 +324,7 @@ _LOAD: dict[str, Any] = {
     "ckpt_first": _seconds,
     "log_bytes": _opt_int,
     "log_at": _opt_time,
+    "node_seen": _text,
+    "node_down": _flag,
+    "booted_at": _opt_time,
 }

@@ -28,6 +28,7 @@ from tpuwatch.model import (
 from tpuwatch.policy.backoff import backoff_delay, next_level
 from tpuwatch.policy.classify import (
     OUTCOMES,
+    STOP_CODES,
     AttemptFacts,
     Outcome,
     Verdict,
@@ -66,6 +67,13 @@ from tpuwatch.policy.values import (
 
 NOT_FOUND = 5  # google.rpc.Code: a delete that finds nothing has done its job
 RESOURCE_EXHAUSTED = 8  # google.rpc.Code: how a given-up queued resource is shown when it gave none
+# What a queueable create failure is called, by its recreate.CreateFailure reason.
+SHORTFALLS = {
+    "no_capacity": "no capacity",
+    "quota": "out of quota",
+    "reservation": "reservation shortfall (not enough reserved capacity)",
+    "unavailable": "create failed for a transient reason",
+}
 DISRUPTING_EVENTS = frozenset({"terminate", "restart"})  # AuditEvent.kind values that are evidence
 # hang_timeout = "auto": never judge a hang sooner than this, whatever the checkpoint interval
 # (a job that saves every 5 minutes may still pause for an evaluation); and the workers' log
@@ -100,7 +108,7 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
         stop = (StopWorkers(f"job {word}: stopping leftover workers {_workers(left)}"),) if left else ()
         decision = tick.out(mem, "terminal", f"job {word}: {mem.reason}", *stop)
     else:
-        new = tick.refund(mem)
+        new = tick.refund(boots_seen(obs.node, mem, now))
         if new.phase is Phase.RUNNING:
             new = replace(new, evidence=merge_evidence(new.evidence, tick.signs(new)))
         handler = OP_ROWS.get(new.phase) or NODE_ROWS[node_condition(obs.node)]
@@ -114,6 +122,25 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
     if obs.dry_run:
         return replace(decision, memory=mem, summary=f"dry run: {decision.summary}", ended=(), operation_done=None)
     return decision
+
+
+def boots_seen(node: NodeSnapshot | None, mem: Memory, now: datetime) -> Memory:
+    """Memory that knows when this policy last saw the node boot: a node id other than the one it
+    knew (not the first one it sees), or usable again after it saw it not usable."""
+    if node is None:
+        return mem
+    up = node.usable
+    if node.id != mem.node_seen:
+        return replace(mem, node_seen=node.id, node_down=not up, booted_at=now if mem.node_seen else None)
+    if up == mem.node_down:  # a change: down now, or up again
+        return replace(mem, node_down=not up, booted_at=now if up else mem.booted_at)
+    return mem
+
+
+def boot_time(node: NodeSnapshot, mem: Memory) -> datetime | None:
+    """The node's latest boot known: its create time, its last maintenance, or a boot seen."""
+    times = [t for t in (node.create_time, node.maintenance_time, mem.booted_at) if t is not None]
+    return max(times) if times else None
 
 
 def operation_started(mem: Memory, name: str) -> Memory:
@@ -259,6 +286,9 @@ class _Tick:
         for s in node.symptoms:
             if s.time is not None and start <= s.time:
                 out.append(Evidence(min(s.time, now), f"symptom {s.type} on worker {s.worker_id or '?'}"))
+        if node.maintenance_time is not None and start <= node.maintenance_time:
+            # "The TPU had a maintenance event at ...": what a healed node still says afterwards
+            out.append(Evidence(min(node.maintenance_time, now), "node health description: a maintenance event"))
         um = node.upcoming_maintenance
         if um is not None and um.status == "ONGOING":
             out.append(Evidence(now, f"{um.type.lower()} maintenance ONGOING"))
@@ -269,16 +299,23 @@ class _Tick:
                        for i in pre.failing)
         return out
 
+    def late_signs(self, last: AttemptEnd) -> list[tuple[datetime, str]]:
+        """Signs that can still explain an attempt after its end: the audit log's terminate and
+        restart entries, and the maintenance time a healed node's health description gives."""
+        out = [(ev.time, _event_text(ev)) for ev in self._disrupting() if self.explains(ev, last.start)]
+        node = self.obs.node
+        if node is not None and node.id == last.node_id and node.maintenance_time is not None:
+            out.append((node.maintenance_time, f"node had a maintenance event at {node.maintenance_time.isoformat()}"))
+        return out
+
     def refund(self, mem: Memory) -> Memory:
-        """A terminate/restart event that arrives after the charged end it explains refunds it."""
+        """A sign that arrives after the charged end it explains refunds it."""
         last = mem.last_end
         if last is None or not last.charged:
             return mem
-        for ev in self._disrupting():
-            if not self.explains(ev, last.start) or not in_window(
-                    min(ev.time, self.now), last.start, last.end, self.cfg.evidence_window):
+        for t, text in self.late_signs(last):
+            if not in_window(min(t, self.now), last.start, last.end, self.cfg.evidence_window):
                 continue
-            text = _event_text(ev)
             fixed = replace(last, outcome=Outcome.DISRUPTION.value, charged=False, streak_added=False,
                             reason=f"{last.reason}; re-classified as a disruption: {text} arrived late")
             self.ended.append(fixed)
@@ -312,7 +349,7 @@ class _Tick:
         start = mem.attempt_start
         assert start is not None  # checked in _check
         verdict = Verdict(Outcome.FAILURE, None, hung, ()) if hung else classify(
-            AttemptFacts(start, now, codes, cfg.primary_worker, mem.evidence),
+            AttemptFacts(start, now, codes, cfg.primary_worker, mem.evidence, seen=mem.end_seen),
             min_uptime=cfg.min_uptime, fail_fast=cfg.fail_fast_exit_codes, window=cfg.evidence_window,
         )
         cost = OUTCOMES[verdict.outcome]
@@ -325,7 +362,7 @@ class _Tick:
                          verdict.outcome.value, cost.charged, verdict.exit_code, reason, streak_added)
         self.ended.append(end)
         mem = replace(
-            mem, last_end=end, evidence=(), unreachable_since=None,
+            mem, last_end=end, evidence=(), unreachable_since=None, end_seen=None,
             no_progress=0 if progressed else mem.no_progress + int(streak_added),
             disruptions=mem.disruptions + int(verdict.outcome is Outcome.DISRUPTION),
         )
@@ -360,6 +397,32 @@ class _Tick:
                    backoff_until=now + timedelta(seconds=delay))
         return mem, (f"{reason}; charged (restart {mem.restarts} of {cfg.max_restarts}), "
                      f"relaunching in {human(delay)}"), None
+
+    def confirm_end(self, mem: Memory, codes: dict[int, int | None]) -> Decision | None:
+        """The first sight of an end that would be charged, when no worker exited with a code of
+        its own: wait one tick before charging it (row `end_confirm`), else None.
+
+        This tick read the node before it probed the workers: a maintenance that began in
+        between killed the job on a node this tick saw as healthy (and the API may report a
+        host going away after its processes died). The next tick's node read comes after this
+        sighting: what it shows (the node's state and health, its health description's
+        maintenance time, a terminate entry) then explains the end, however late that tick is.
+        """
+        cfg = self.cfg
+        start = mem.attempt_start
+        assert start is not None  # checked in _check
+        if mem.end_seen is not None or codes.get(cfg.primary_worker) == 0:
+            return None
+        if any(c is not None and c != 0 and c not in STOP_CODES for c in codes.values()):
+            return None  # a worker's own exit code: the job ended itself
+        verdict = classify(AttemptFacts(start, self.now, codes, cfg.primary_worker, mem.evidence),
+                           min_uptime=cfg.min_uptime, fail_fast=cfg.fail_fast_exit_codes, window=cfg.evidence_window)
+        if not OUTCOMES[verdict.outcome].charged:
+            return None
+        return self.out(replace(mem, end_seen=self.now), "end_confirm",
+                        f"attempt {mem.attempt}: {verdict.reason}; nothing charged yet: a host taken down looks "
+                        "the same before the node says so, so the next tick looks at the node again first",
+                        Wait(None, "confirming how the attempt ended"))
 
     def end_usable(self, mem: Memory, codes: dict[int, int | None], detail: str = "") -> Decision:
         mem, line, final = self.finish(mem, codes, reachable=True, detail=detail)
@@ -422,7 +485,7 @@ class _Tick:
         if codes.get(cfg.primary_worker) == 0 or any(
             c != 0 for w, c in codes.items() if w not in {p.worker for p in unreachable}
         ):
-            return self.end_usable(mem, codes)
+            return self.confirm_end(mem, codes) or self.end_usable(mem, codes)
         alive = [p for p in probes if p.state == "running" and p.attempt == n]
         if unreachable and not alive:
             return self.out(mem, "workers_unreachable",
@@ -437,7 +500,7 @@ class _Tick:
             return self.out(replace(mem, unreachable_since=since), "unreachable_grace",
                             f"worker {_workers(unreachable)} unreachable while the others run attempt {n}; "
                             f"ending it at {until.isoformat()} if it stays so", Wait(until, "unreachable worker"))
-        mem = replace(mem, unreachable_since=None)
+        mem = replace(mem, unreachable_since=None, end_seen=None)
         start = mem.attempt_start
         assert start is not None
         if len(alive) == len(probes):
@@ -512,6 +575,9 @@ class _Tick:
         if older:
             return self.out(mem, "stale_workers", f"workers {_workers(older)} still run an older attempt; "
                                                   f"stopping them before attempt {n}", StopWorkers("older attempt still running"))
+        refused = [p for p in probes if p.login_refused]
+        if refused:
+            return self.login_refused(mem, refused)
         unreachable = [p for p in probes if p.state == "unreachable"]
         if unreachable:
             return self.out(mem, "workers_unreachable", f"cannot reach workers {_workers(unreachable)}; "
@@ -556,6 +622,9 @@ class _Tick:
             return self.out(mem, "backoff", f"backoff: attempt {mem.attempt + 1} starts in "
                                             f"{human(_secs(mem.backoff_until - now))} ({mem.restarts} charged restarts)",
                             Wait(mem.backoff_until, "backoff between charged restarts"))
+        refused = [p for p in probes if p.login_refused]
+        if refused:
+            return self.login_refused(mem, refused)
         unreachable = [p for p in probes if p.state == "unreachable"]
         if unreachable:
             return self.out(mem, "workers_unreachable", f"cannot reach workers {_workers(unreachable)}; launching "
@@ -567,9 +636,30 @@ class _Tick:
         ckpt = self.obs.checkpoint
         mem = move(mem, Phase.RUNNING, attempt=n, attempt_start=now, attempt_node_id=node.id,
                    attempt_start_step=self._step(), attempt_seen=False, launch_tries=0, evidence=(),
-                   unreachable_since=None, backoff_until=None, env_failing_since=None)
+                   unreachable_since=None, end_seen=None, backoff_until=None, env_failing_since=None)
         why = f"launching attempt {n} from {_ckpt_text(ckpt, now)}"
         return self.out(mem, "launch", f"{why} on node {node.id}", Launch(n, ckpt, why))
+
+    def login_refused(self, mem: Memory, refused: list[WorkerProbe]) -> Decision:
+        """Workers refuse the login before anything runs there. Soon after a boot that is the
+        keys not installed yet (the guest agent adds them after sshd listens); later, the user or
+        the key is wrong and no wait will fix it."""
+        node, cfg, now = self.obs.node, self.cfg, self.now
+        assert node is not None
+        boot = boot_time(node, mem)
+        since = _secs(now - boot) if boot is not None else None
+        if since is not None and since < cfg.login_grace:
+            until = boot + timedelta(seconds=cfg.login_grace) if boot is not None else now
+            return self.out(mem, "keys_not_there_yet",
+                            f"workers {_workers(refused)} refuse the login {human(max(0.0, since))} after the node "
+                            f"booted: keys not there yet (they reach a new VM after sshd listens); launching "
+                            f"nothing, looking again until {until.isoformat()} (ssh.login_grace)",
+                            Wait(None, "keys not there yet"))
+        when = f"{human(since)} after the node booted" if since is not None else "and the node's boot time is unknown"
+        detail = refused[0].detail
+        reason = (f"workers {_workers(refused)} still refuse the login {when} (ssh.login_grace "
+                  f"{human(cfg.login_grace)}): {detail}")
+        return self.halt(mem, "login_refused", reason, tuple(p.detail for p in refused[:4]))
 
     def _step(self) -> int | None:
         return self.obs.checkpoint.step if self.obs.checkpoint is not None else None
@@ -579,7 +669,7 @@ class _Tick:
         assert node is not None
         return move(mem, Phase.RUNNING, attempt=attempt, attempt_start=start, attempt_node_id=node.id,
                     attempt_start_step=step, attempt_seen=True, launch_tries=0, evidence=(),
-                    unreachable_since=None, backoff_until=None)
+                    unreachable_since=None, end_seen=None, backoff_until=None)
 
     # -- environment checks -------------------------------------------------------------------
 
@@ -859,7 +949,8 @@ class _Tick:
         retry_at = now + timedelta(seconds=delay)
         mem = move(mem, Phase.QUEUED, pending_op=None, queued_since=since, queue_tries=tries,
                    retry_at=retry_at)
-        return self.out(mem, "no_capacity", f"no capacity or quota in {mem.zone} (code {code}: {message}); "
+        what = SHORTFALLS.get(self.obs.create_reason, "no capacity or quota")
+        return self.out(mem, "no_capacity", f"{what} in {mem.zone} (code {code}: {message}); "
                                             f"queued {human(_secs(now - since))} of {human(cfg.queue_timeout)}, next "
                                             f"create in {human(delay)}", Wait(retry_at, "no capacity"))
 

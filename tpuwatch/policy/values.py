@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from tpuwatch import zonespec
 from tpuwatch.errors import ConfigError, JobFailed
 from tpuwatch.model import (
     AuditEvent,
@@ -73,6 +74,10 @@ class PolicyConfig:
     # hang_timeout = "auto": learned from the job's checkpoint interval, and only while the
     # workers' logs are silent too (see _Tick.hang_limit). hang_timeout is then 0.
     hang_auto: bool = False
+    # A worker refusing the login this soon after the node booted (created, healed, a new node
+    # id): the keys have not reached the VM yet, so it counts as unreachable; later, a person
+    # must fix the user or key.
+    login_grace: float = 300.0
 
     def __post_init__(self) -> None:
         if not self.zones:
@@ -84,6 +89,9 @@ class PolicyConfig:
         r = cfg.recovery
         primary = zone or str(cfg.tpu["zone"])
         zones = tuple(dict.fromkeys(z for z in (primary, *cfg.tpu["fallback_zones"]) if z))
+        if primary and not cfg.tpu["zone"]:  # the zone came from flags or gcloud: check it now
+            zonespec.check(cfg.tpu.get("spec") or {}, cfg.tpu.get("zone_overrides") or {}, primary,
+                           cfg.tpu["fallback_zones"])
         workers = cfg.job["workers"]
         return cls(
             job=cfg.job_name,
@@ -105,6 +113,7 @@ class PolicyConfig:
             operation_timeout=float(r["operation_timeout"]),
             hang_timeout=0.0 if r["hang_timeout"] == "auto" else float(r["hang_timeout"]),
             hang_auto=r["hang_timeout"] == "auto",
+            login_grace=float(cfg.ssh["login_grace"]),
         )
 
 
@@ -121,6 +130,8 @@ class Observation:
     operation: OperationStatus | None = None
     # When `operation` is a failed create: recreate.classify_operation(op).kind.
     create_failure: CreateFailureKind | None = None
+    # And its recreate.CreateFailure reason (no_capacity, quota, reservation, ...): words only.
+    create_reason: str = ""
     jitter: float = 0.5  # uniform in [0, 1), drawn by the tick: the policy's only randomness
     adopt: bool = False  # --adopt: treat the node as owned
     recreate_missing: bool = False  # --recreate-missing

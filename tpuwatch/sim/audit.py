@@ -1,5 +1,10 @@
 """System-event audit log entries the simulated TPU service writes, in the real shape.
 
+TPU entries name the node (`projects/P/locations/Z/nodes/N[/workers/W]`, a `tpu_worker`
+resource); upcoming maintenance is a Compute Engine entry about one worker VM
+(`projects/P/zones/Z/instances/t1v-n-<hex>-w-<W>`, service compute.googleapis.com, a
+`gce_instance` resource), as in Google's "View maintenance notifications" example.
+
 An `AuditRecord` is one entry as plain data; `to_log_entry` renders it as the
 `google.logging.v2.LogEntry` the Logging API returns (a `tpu_worker` resource, an `AuditLog`
 packed in `proto_payload`), and `filter_fields` gives the flat field view the Logging filter
@@ -13,6 +18,7 @@ from typing import Any
 
 SYSTEM_EVENT_LOG = "cloudaudit.googleapis.com%2Fsystem_event"
 SERVICE = "tpu.googleapis.com"
+COMPUTE_SERVICE = "compute.googleapis.com"
 AUDIT_TYPE = "type.googleapis.com/google.cloud.audit.AuditLog"
 
 TERMINATE = "tpu.nodes.terminate"
@@ -33,6 +39,16 @@ class AuditRecord:
     insert_id: str
     severity: str = "NOTICE"
     metadata: dict[str, Any] = field(default_factory=dict)
+    instance: str = ""  # a Compute Engine entry about this worker VM (upcoming maintenance)
+    instance_id: str = ""  # its numeric instance id (resource label)
+
+    @property
+    def service(self) -> str:
+        return COMPUTE_SERVICE if self.instance else SERVICE
+
+    @property
+    def resource_type(self) -> str:
+        return "gce_instance" if self.instance else "tpu_worker"
 
     @property
     def log_name(self) -> str:
@@ -40,11 +56,15 @@ class AuditRecord:
 
     @property
     def resource_name(self) -> str:
+        if self.instance:
+            return f"projects/{self.project}/zones/{self.zone}/instances/{self.instance}"
         base = f"projects/{self.project}/locations/{self.zone}/nodes/{self.node}"
         return f"{base}/workers/{self.worker}" if self.worker is not None else base
 
     @property
     def resource_labels(self) -> dict[str, str]:
+        if self.instance:
+            return {"project_id": self.project, "zone": self.zone, "instance_id": self.instance_id}
         labels = {"project_id": self.project, "zone": self.zone, "node_id": self.node}
         if self.worker is not None:
             labels["worker_id"] = self.worker
@@ -59,11 +79,11 @@ def filter_fields(rec: AuditRecord) -> dict[str, str | int]:
         "receiveTimestamp": rec.receive_ns,
         "insertId": rec.insert_id,
         "severity": rec.severity,
-        "resource.type": "tpu_worker",
+        "resource.type": rec.resource_type,
         "protoPayload.@type": AUDIT_TYPE,
         "protoPayload.methodName": rec.method,
         "protoPayload.resourceName": rec.resource_name,
-        "protoPayload.serviceName": SERVICE,
+        "protoPayload.serviceName": rec.service,
     }
     for k, v in rec.resource_labels.items():
         out[f"resource.labels.{k}"] = v
@@ -88,7 +108,7 @@ def to_log_entry(rec: AuditRecord) -> Any:
     from google.protobuf import any_pb2, struct_pb2
 
     payload = audit_log_pb2.AuditLog(
-        service_name=SERVICE,
+        service_name=rec.service,
         method_name=rec.method,
         resource_name=rec.resource_name,
     )
@@ -101,7 +121,7 @@ def to_log_entry(rec: AuditRecord) -> Any:
     entry = LogEntry.pb()(
         log_name=rec.log_name,
         resource=monitored_resource_pb2.MonitoredResource(
-            type="tpu_worker", labels=rec.resource_labels
+            type=rec.resource_type, labels=rec.resource_labels
         ),
         proto_payload=packed,
         timestamp=_timestamp(rec.time_ns),

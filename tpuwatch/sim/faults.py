@@ -141,6 +141,31 @@ FAULTS: dict[str, Fault] = {
             target="node",
         ),
         Fault(
+            "keys-late",
+            "From the node's next boot on (create, heal, recreate), its workers refuse every SSH key "
+            "for DELAY: keys reach a new VM after sshd listens.",
+            (
+                _NODE,
+                Param("delay", "duration", "how long after each boot keys are refused (0: the keys arrive now, "
+                      "and the fault ends)",
+                      default=60.0),
+                *_WHERE,
+            ),
+            target="node",
+        ),
+        Fault(
+            "rotate-host-keys",
+            "Every later heal of the node gives its workers new host keys (published in their guest attributes).",
+            (_NODE, *_WHERE),
+            target="node",
+        ),
+        Fault(
+            "wrong-host-key",
+            "One worker presents an SSH host key its guest attributes do not publish (until a recreate).",
+            (_NODE, _WORKER, *_WHERE),
+            target="node",
+        ),
+        Fault(
             "slow-api",
             "API calls answer late (latency in simulated time, jittered).",
             (
@@ -218,6 +243,15 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "stockout",
             "Creates in a zone fail with the no-capacity error.",
+            (
+                Param("zone", "str", 'zone ("*" = all; default: the simulator\'s zone)'),
+                _UNTIL_CLEARED,
+            ),
+            target="zone",
+        ),
+        Fault(
+            "reservation-shortfall",
+            "Creates in a zone fail with code 8 and \"Insufficient reserved capacity\" (a reservation too small).",
             (
                 Param("zone", "str", 'zone ("*" = all; default: the simulator\'s zone)'),
                 _UNTIL_CLEARED,
@@ -461,7 +495,7 @@ def apply(world: World, fault: str, params: Mapping[str, Any]) -> Any:
     p = dict(params)
     where = (
         {"project": p.pop("project", None), "zone": p.pop("zone", None)}
-        if fault not in ("stockout", "quota")
+        if fault not in ("stockout", "reservation-shortfall", "quota")
         else {}
     )
     if fault == "maintenance":
@@ -501,6 +535,8 @@ def apply(world: World, fault: str, params: Mapping[str, Any]) -> Any:
         world.remove_node(p.pop("node"), **where)
     elif fault == "stockout":
         world.stockout(p.get("zone"), p.get("duration"))
+    elif fault == "reservation-shortfall":
+        world.reservation_shortfall(p.get("zone"), p.get("duration"))
     elif fault == "quota":
         world.quota(p.get("zone"), p.get("duration"), p.get("limit", ""))
     elif fault == "api-errors":
@@ -514,6 +550,12 @@ def apply(world: World, fault: str, params: Mapping[str, Any]) -> Any:
         world.os_login(str(p.get("user") or "tpuwatch_sim_example_com"))
     elif fault == "ssh":
         world.ssh_fault(p.pop("node"), p.pop("worker", 0), str(p.pop("mode", "HANG")).lower(), **where)
+    elif fault == "keys-late":
+        world.keys_late(p.pop("node"), float(p.pop("delay", 60.0)), **where)
+    elif fault == "rotate-host-keys":
+        world.rotate_host_keys(p.pop("node"), **where)
+    elif fault == "wrong-host-key":
+        world.wrong_host_key(p.pop("node"), p.pop("worker", 0), **where)
     elif fault == "slow-api":
         world.slow_calls(
             p["latency"],

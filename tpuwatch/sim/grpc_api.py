@@ -314,12 +314,17 @@ class Services:
                 items = [
                     mod.GuestAttributesEntry(
                         namespace="guestInventory",
-                        key="Hostname",
+                        key="hostname",  # gcloud's TPU ssh reads the instance name by this key
                         value=worker_hostname(rec.id, i),
                     ),
                     mod.GuestAttributesEntry(
                         namespace="guestInventory", key="InternalIP", value=ip
                     ),
+                ]
+                # each worker publishes its SSH host keys; tpuwatch pins them from here
+                items += [
+                    mod.GuestAttributesEntry(namespace="hostkeys", key=k, value=v)
+                    for k, v in w.host_keys(rec, i).items()
                 ]
                 if req.query_path:
                     items = [

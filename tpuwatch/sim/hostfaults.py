@@ -27,13 +27,48 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tpuwatch.errors import UsageError
 
-if TYPE_CHECKING:
-    from tpuwatch.sim.hosts import Hosts, _Worker
+
+# What the faults need of a simulated host and its node (tpuwatch.sim.hosts, which calls this
+# module): protocols here, so the two modules do not import each other.
+class _Peer(Protocol):
+    ip: str
+    index: int
+
+
+class _Node(Protocol):
+    key: str
+    node_id: str
+    vfio: bool
+    chips_per_host: int
+
+    @property
+    def workers(self) -> Sequence[_Peer]: ...
+
+
+class _Worker(Protocol):
+    index: int
+    faults: dict[str, Any]
+
+    @property
+    def home(self) -> Path: ...
+
+    @property
+    def host_root(self) -> Path: ...
+
+    @property
+    def node(self) -> _Node: ...
+
+
+class Hosts(Protocol):
+    def _env(self, w: Any) -> dict[str, str]: ...
+
+    def _make_host_root(self, w: Any) -> None: ...
 
 KINDS = ("device-missing", "stale-lockfile", "dns-failure", "orphan-holder", "disk-full", "small-shm")
 MOUNT_KINDS = ("disk-full", "small-shm")

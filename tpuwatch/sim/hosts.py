@@ -11,7 +11,10 @@ can be found and killed through /proc even after they `setsid` away from their p
 Booting a node makes fresh homes and new host keys and runs its startup script in the background,
 as a TPU VM runs its `startup-script` metadata on boot. The metadata server answers from
 `metadata_source(node_key, worker)` (the simulator wires the world's live values in), or else
-from the metadata given at boot; `down`/`up` model a host going away and
+from the metadata given at boot. SSH faults of the real cloud: keys that arrive a while after
+sshd listens (`keys_late`), host keys that change on a reboot (`rotate_keys_on_reboot`), and a
+worker presenting a key its guest attributes do not publish (`wrong_host_key`);
+`down`/`up` model a host going away and
 coming back (maintenance), `destroy` deletes it. All asyncio work happens on one loop in a daemon
 thread; the public methods are synchronous and thread-safe.
 
@@ -65,7 +68,9 @@ class _Worker:
     index: int
     ip: str
     dir: Path
-    host_key: Any  # asyncssh.SSHKey
+    host_key: Any  # asyncssh.SSHKey: the worker's own key, the one its guest attributes publish
+    served_key: Any = None  # a fault: the key the SSH server presents instead (None: host_key)
+    keys_at: float = 0.0  # time.monotonic() before which every client key is refused
     acceptor: Any = None  # asyncssh.SSHAcceptor while listening
     md_server: asyncio.AbstractServer | None = None  # the metadata server while listening
     conns: set[Any] = field(default_factory=set)  # asyncssh.SSHServerConnection
@@ -137,6 +142,9 @@ class Hosts:
         self.metadata_port = self._free_port(avoid=self.ssh_port)
         self._nodes: dict[str, _Node] = {}
         self._slots: dict[str, int] = {}  # node_key -> third octet; kept so a recreate keeps IPs
+        # SSH faults that outlive a recreate (keyed by node_key, not by the hosts of one boot):
+        self._keys_late: dict[str, float] = {}  # simulated seconds every boot refuses all keys
+        self._rotate_on_reboot: set[str] = set()  # a reboot gives the workers new host keys
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -265,6 +273,47 @@ class Hosts:
         workers a POSIX name of its own); a login under any other name is refused."""
         self.ssh_user = user
 
+    def keys_late(self, node_key: str, delay: float) -> None:
+        """Fault: from the next boot on (create, reboot), the node's workers refuse every client key
+        for `delay` simulated seconds, as a VM whose guest agent has not installed the project's
+        keys yet answers `Permission denied (publickey)`. It outlives a recreate; 0 ends it, and
+        the keys of the boot under way arrive now."""
+        if delay < 0:
+            raise UsageError(f"keys-late: delay must be 0 or more, not {delay}")
+        if delay:
+            self._keys_late[node_key] = float(delay)
+            return
+        self._keys_late.pop(node_key, None)
+        node = self._nodes.get(node_key)
+        for w in node.workers if node is not None else ():
+            w.keys_at = 0.0
+
+    def rotate_keys_on_reboot(self, node_key: str, on: bool = True) -> None:
+        """Fault: every later reboot (a heal) gives the node's workers new host keys, published in
+        their guest attributes as on a re-imaged VM. A recreate always gives new keys."""
+        if on:
+            self._rotate_on_reboot.add(node_key)
+        else:
+            self._rotate_on_reboot.discard(node_key)
+
+    def wrong_host_key(self, node_key: str, worker: int) -> None:
+        """Fault: one worker's SSH server presents a host key its guest attributes do not publish
+        (a man in the middle, or a VM that is not the one the API describes), until a recreate."""
+        w = self._worker(node_key, worker)
+
+        async def run() -> None:
+            w.served_key = asyncssh.generate_private_key("ssh-ed25519", comment="not the published key")
+            if w.listening:
+                await self._close_ssh(w)
+                await self._listen_ssh(w)
+
+        self._call(run)
+
+    def published_host_keys(self, node_key: str, worker: int) -> dict[str, str]:
+        """The worker's host keys as its guest attributes publish them: key type -> base64 data."""
+        kind, data = self._worker(node_key, worker).host_key.export_public_key("openssh").decode().split()[:2]
+        return {kind: data}
+
     # ---- queries -----------------------------------------------------------------------------
 
     def worker_home(self, node_key: str, worker: int) -> Path:
@@ -391,11 +440,10 @@ class Hosts:
         node = _Node(self, node_key, node_id, slot, node_dir, script, chips, vfio, metadata)
         for i in range(n):
             wdir = node_dir / f"worker-{i}"
-            key = asyncssh.generate_private_key("ssh-ed25519", comment=f"{node_key} worker {i}")
-            w = _Worker(node, i, self._ip(slot, i), wdir, key)
+            w = _Worker(node, i, self._ip(slot, i), wdir, None)
             w.home.mkdir(parents=True)
-            key.write_private_key(str(wdir / "ssh_host_ed25519_key"))
-            key.write_public_key(str(wdir / "ssh_host_ed25519_key.pub"))
+            self._new_host_key(w)
+            self._keys_arrive_later(w)
             self._make_host_root(w)
             node.workers.append(w)
         for w in node.workers:  # every worker's hosts file names all of them
@@ -409,6 +457,17 @@ class Hosts:
             raise
         self._start_startup_scripts(node)
         return [w.ip for w in node.workers]
+
+    @staticmethod
+    def _new_host_key(w: _Worker) -> None:
+        key = asyncssh.generate_private_key("ssh-ed25519", comment=f"{w.node.key} worker {w.index}")
+        w.host_key, w.served_key = key, None
+        key.write_private_key(str(w.dir / "ssh_host_ed25519_key"))
+        key.write_public_key(str(w.dir / "ssh_host_ed25519_key.pub"))
+
+    def _keys_arrive_later(self, w: _Worker) -> None:
+        """At a boot: with the keys-late fault, no client key is accepted for a while."""
+        w.keys_at = time.monotonic() + self._keys_late.get(w.node.key, 0.0) / self.speed
 
     def _make_host_root(self, w: _Worker) -> None:
         dev = w.host_root / "dev"
@@ -456,7 +515,7 @@ class Hosts:
             w.acceptor = await asyncssh.listen(
                 w.ip, self.ssh_port,
                 server_factory=lambda: _WorkerServer(self, w),
-                server_host_keys=[w.host_key],
+                server_host_keys=[w.served_key or w.host_key],
                 encoding=None,
                 line_editor=False,
                 reuse_address=True,
@@ -533,6 +592,9 @@ class Hosts:
                 shutil.rmtree(w.host_root / "tmp", ignore_errors=True)
                 shutil.rmtree(w.host_root / "dev" / "shm", ignore_errors=True)
                 self._make_host_root(w)
+                if node.key in self._rotate_on_reboot:
+                    self._new_host_key(w)
+                self._keys_arrive_later(w)
             await self._listen(w)
         if reboot:
             self._start_startup_scripts(node)
@@ -673,6 +735,8 @@ class _WorkerServer(asyncssh.SSHServer):
         return True
 
     def validate_public_key(self, username: str, key: Any) -> bool:
+        if time.monotonic() < self._worker.keys_at:
+            return False  # booted, but the guest agent has not installed the keys yet
         client: Any = self._hosts._client_pub
         return bool(username == self._hosts.ssh_user and key.public_data == client.public_data)
 

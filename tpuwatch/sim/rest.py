@@ -209,17 +209,6 @@ class RestFace:
             return ""
         return f"{user}:{kind} {data} {user}"
 
-    def _host_key(self, node_key: str, worker: int) -> str | None:
-        """The base64 data of a worker's ed25519 host key, as guest attributes publish it."""
-        hosts = self.world.hosts
-        if hosts is None or not hasattr(hosts, "worker_home"):
-            return None
-        try:
-            pub = Path(hosts.worker_home(node_key, worker)).parent / "ssh_host_ed25519_key.pub"
-            return pub.read_text().split()[1]
-        except Exception:  # no such worker (booting, deleted) or no key yet: publish none
-            return None
-
     # --- request handling ------------------------------------------------------------------
 
     def handle(self, method: str, raw_path: str, body: bytes) -> tuple[int, dict[str, Any]]:
@@ -335,14 +324,15 @@ class RestFace:
             if i not in wanted:
                 continue
             items = [
-                mod.GuestAttributesEntry(namespace="guestInventory", key="Hostname",
+                # The worker VM's instance name; gcloud's TPU ssh reads it by the key `hostname`
+                # alone (the namespace here is the simulator's choice).
+                mod.GuestAttributesEntry(namespace="guestInventory", key="hostname",
                                          value=worker_hostname(rec.id, i)),
                 mod.GuestAttributesEntry(namespace="guestInventory", key="InternalIP", value=ip),
             ]
-            host_key = self._host_key(rec.key, i)
-            if host_key:
-                # gcloud names the worker's known_hosts alias after this key's last 6 characters
-                items.append(mod.GuestAttributesEntry(namespace="hostkeys", key="ssh-ed25519", value=host_key))
+            # gcloud names the worker's known_hosts alias after the ed25519 key's last 6 characters
+            items += [mod.GuestAttributesEntry(namespace="hostkeys", key=k, value=v)
+                      for k, v in self.world.host_keys(rec, i).items()]
             if query_path:
                 items = [e for e in items if f"{e.namespace}/{e.key}".startswith(query_path.strip("/"))]
             out.append(mod.GuestAttributes(query_path=query_path,

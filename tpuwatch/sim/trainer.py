@@ -97,7 +97,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="stop making progress on reaching this step (TRAINER_HANG_AT)")
     p.add_argument("--fault-worker", type=int, default=_env_default("fault_worker", int, None),
                    help="only this worker has the faults; default all (TRAINER_FAULT_WORKER)")
+    p.add_argument("--vm-paths", action="store_true",
+                   help="--ckpt-dir and --resume are paths on the TPU VM: on a simulated worker they "
+                   "are under its $TPUWATCH_HOST_ROOT")
     args = p.parse_args(argv)
+    if args.vm_paths:
+        root = os.environ.get("TPUWATCH_HOST_ROOT", "")
+        args.ckpt_dir = root + args.ckpt_dir if args.ckpt_dir else ""
+        args.resume = root + args.resume if args.resume else ""
     if args.steps < 0:
         raise TrainerError(f"--steps must be >= 0, not {args.steps}")
     if args.ckpt_every <= 0:

@@ -17,6 +17,7 @@ Errors an API call would return are `ApiError(code name, message)`; errors in a 
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import random
 import re
@@ -30,6 +31,7 @@ from typing import Any, Protocol
 from tpuwatch.errors import UsageError
 from tpuwatch.model import NODE_NAME
 from tpuwatch.sim import audit, logfilter, metadata
+from tpuwatch.sim.metadata import worker_hostname, worker_instance_id
 from tpuwatch.sim.scheduler import Scheduler, Timer
 
 log = logging.getLogger(__name__)
@@ -114,6 +116,10 @@ class HostsLike(Protocol):
     def hang(self, node_key: str, worker: int | None = None) -> None: ...
     def host_fault(self, node_key: str, worker: int, kind: str, params: Mapping[str, Any] | None = None) -> None: ...
     def ssh_fault(self, node_key: str, worker: int, mode: str) -> None: ...
+    def keys_late(self, node_key: str, delay: float) -> None: ...
+    def rotate_keys_on_reboot(self, node_key: str, on: bool = True) -> None: ...
+    def wrong_host_key(self, node_key: str, worker: int) -> None: ...
+    def published_host_keys(self, node_key: str, worker: int) -> dict[str, str]: ...
 
     def set_user(self, user: str) -> None: ...
 
@@ -184,6 +190,36 @@ def accelerator_generation(accelerator_type: str) -> str:
 
 def region_of(zone: str) -> str:
     return zone.rsplit("-", 1)[0]
+
+
+_REGION_PART = re.compile(r"(?:^|/)regions/([^/]+)/")
+_ZONE_PART = re.compile(r"(?:^|/)(?:zones|locations)/([^/]+)/")
+
+
+def misplaced(zone: str, node_json: str, reservation: str = "") -> str:
+    """The INVALID_ARGUMENT text for a create in `zone` naming another region's subnetwork or
+    another zone's disk or reservation (what Google answers); "" when all is in place."""
+    try:
+        node = json.loads(node_json) if node_json else {}
+    except ValueError:
+        node = {}
+    region = region_of(zone)
+    nets = [node.get("networkConfig") or {}, *(node.get("networkConfigs") or [])]
+    for net in nets:
+        m = _REGION_PART.search(str(net.get("subnetwork", "")))
+        if m and m.group(1) != region:
+            return (f"Invalid value for field 'subnetwork': '{net['subnetwork']}'. The subnetwork must be in "
+                    f"region '{region}' of zone '{zone}'.")
+    for disk in node.get("dataDisks") or []:
+        src = str(disk.get("sourceDisk", ""))
+        m = _REGION_PART.search(src)
+        z = _ZONE_PART.search(src)
+        if (m and m.group(1) != region) or (not m and z and z.group(1) != zone):
+            return f"Invalid value for field 'source_disk': '{src}'. The disk must be in zone '{zone}'."
+    z = _ZONE_PART.search(reservation)
+    if z and z.group(1) != zone:
+        return f"Invalid value for field 'reservation_name': '{reservation}'. The reservation must be in zone '{zone}'."
+    return ""
 
 
 def rfc3339_ns(ns: int) -> str:
@@ -295,6 +331,9 @@ class QueuedRec:
     @property
     def full_name(self) -> str:
         return f"projects/{self.project}/locations/{self.zone}/queuedResources/{self.name}"
+
+
+RESERVATION_SHORTFALL = "Insufficient reserved capacity. Contact customer support to increase your reservation."
 
 
 @dataclass
@@ -638,7 +677,10 @@ class World:
 
     # --- create / delete / stop / start ----------------------------------------------
 
-    def _validate_spec(self, zone: str, spec: NodeSpec) -> int:
+    def _validate_spec(self, zone: str, spec: NodeSpec, reservation: str = "") -> int:
+        bad = misplaced(zone, spec.spec_json, reservation)
+        if bad:
+            raise ApiError("INVALID_ARGUMENT", bad)
         try:
             return worker_count(spec.accelerator_type)
         except ValueError:
@@ -671,6 +713,13 @@ class World:
     def _in_stockout(self, zone: str) -> bool:
         win = self._stockouts.get(zone) or self._stockouts.get("*")
         return win is not None and win.active()
+
+    def _create_failure_text(self, zone: str) -> str:
+        win = self._stockouts.get(zone) or self._stockouts.get("*")
+        if win is not None and win.data.get("reservation"):
+            # Seen by users with code 8, like a stockout, though the docs show it with code 9.
+            return RESERVATION_SHORTFALL
+        return self.stockout_text(zone)
 
     def create_node(
         self,
@@ -769,7 +818,7 @@ class World:
             zone = key.split("/")[1]
             if rec is not None and rec.id == node_id:
                 del self._nodes[key]
-            self._end_op(op_name, error=(8, self.stockout_text(zone)))
+            self._end_op(op_name, error=(8, self._create_failure_text(zone)))
 
     def _finish_create(self, key: str, node_id: int, epoch: int, op_name: str) -> None:
         with self._lock:
@@ -878,59 +927,46 @@ class World:
     def stop_node(
         self, project: str, zone: str, name: str, api_version: str = "v2"
     ) -> OperationRec:
-        with self._lock:
-            rec = self._require(project, zone, name)
-            if rec.state != "READY":
-                raise ApiError(
-                    "FAILED_PRECONDITION", f"stop is not supported while in state {rec.state}"
-                )
-            rec.state, rec.epoch = "STOPPING", rec.epoch + 1
-            op = self._new_op(project, zone, "stop", rec.full_name, api_version)
-            key, node_id, epoch = rec.key, rec.id, rec.epoch
-            self._touch()
-
-        def finish() -> None:
-            self._hosts_call("down", key)
-            with self._lock:
-                rec = self._nodes.get(key)
-                if rec is not None and rec.id == node_id and rec.epoch == epoch:
-                    rec.state, rec.health = "STOPPED", "HEALTH_UNSPECIFIED"
-                    self._end_op(op.name, response=rec)
-                else:
-                    self._end_op(
-                        op.name, error=(10, "The node changed while it was being stopped.")
-                    )
-
-        self.after(self.delays["stop"], finish)
-        return copy.deepcopy(op)
+        return self._transition(project, zone, name, api_version, "stop", "READY",
+                                ("STOPPING", "STOPPED", "HEALTH_UNSPECIFIED"), hosts="down")
 
     def start_node(
         self, project: str, zone: str, name: str, api_version: str = "v2"
     ) -> OperationRec:
+        return self._transition(project, zone, name, api_version, "start", "STOPPED",
+                                ("STARTING", "READY", "HEALTHY"), hosts="up")
+
+    def _transition(
+        self, project: str, zone: str, name: str, api_version: str, verb: str, from_state: str,
+        states: tuple[str, str, str], *, hosts: str,
+    ) -> OperationRec:
+        """A node operation that moves `from_state` -> states[0] now and, after delays[verb],
+        -> states[1] with health states[2] (the hosts go `hosts` first); refused in any other
+        state, as the API refuses it, and failed if the node changed meanwhile."""
+        during, after, health = states
         with self._lock:
             rec = self._require(project, zone, name)
-            if rec.state != "STOPPED":
+            if rec.state != from_state:
                 raise ApiError(
-                    "FAILED_PRECONDITION", f"start is not supported while in state {rec.state}"
+                    "FAILED_PRECONDITION", f"{verb} is not supported while in state {rec.state}"
                 )
-            rec.state, rec.epoch = "STARTING", rec.epoch + 1
-            op = self._new_op(project, zone, "start", rec.full_name, api_version)
+            rec.state, rec.epoch = during, rec.epoch + 1
+            op = self._new_op(project, zone, verb, rec.full_name, api_version)
             key, node_id, epoch = rec.key, rec.id, rec.epoch
             self._touch()
 
         def finish() -> None:
-            self._hosts_call("up", key)
+            self._hosts_call(hosts, key)
             with self._lock:
                 rec = self._nodes.get(key)
                 if rec is not None and rec.id == node_id and rec.epoch == epoch:
-                    rec.state, rec.health = "READY", "HEALTHY"
+                    rec.state, rec.health = after, health
                     self._end_op(op.name, response=rec)
                 else:
-                    self._end_op(
-                        op.name, error=(10, "The node changed while it was being started.")
-                    )
+                    gerund = {"stop": "stopped", "start": "started"}.get(verb, verb)
+                    self._end_op(op.name, error=(10, f"The node changed while it was being {gerund}."))
 
-        self.after(self.delays["start"], finish)
+        self.after(self.delays[verb], finish)
         return copy.deepcopy(op)
 
     def update_node(
@@ -1034,6 +1070,7 @@ class World:
         metadata: Mapping[str, Any] | None = None,
         severity: str = "NOTICE",
         at_ns: int | None = None,
+        instance: str = "",
     ) -> audit.AuditRecord:
         ts = at_ns if at_ns is not None else time.time_ns()
         while True:
@@ -1053,10 +1090,18 @@ class World:
             insert_id=insert_id,
             severity=severity,
             metadata=dict(metadata or {}),
+            instance=instance,
+            instance_id=worker_instance_id(rec.id, worker or 0) if instance else "",
         )
         self._audit.append(entry)
         self._touch()
         return entry
+
+    def system_event(self, node: str, method: str, *, worker: int | None = None,
+                     project: str | None = None, zone: str | None = None) -> None:
+        """Write one system-event entry about a node and do nothing else (for tests)."""
+        with self._lock:
+            self._write_audit(self._fault_node(node, project, zone), method, worker=worker)
 
     def audit_entries(self) -> list[audit.AuditRecord]:
         """Every entry written so far, visible or not (for tests)."""
@@ -1410,6 +1455,46 @@ class World:
         if self.hosts is not None:
             self.hosts.set_user(user)
 
+    def _ssh_hosts(self, what: str) -> HostsLike:
+        if self.hosts is None:
+            raise UsageError(f"{what}: the simulator runs without workers (hosts)")
+        return self.hosts
+
+    def keys_late(self, node: str, delay: float, *, project: str | None = None,
+                  zone: str | None = None) -> None:
+        """From the node's next boot on (a create, a heal), its workers refuse every SSH key for
+        `delay` simulated seconds: the guest agent installs keys after sshd listens."""
+        with self._lock:
+            key = self._fault_node(node, project, zone).key
+        self._ssh_hosts("keys-late").keys_late(key, delay)
+
+    def rotate_host_keys(self, node: str, *, project: str | None = None, zone: str | None = None) -> None:
+        """Every later heal of the node gives its workers new host keys (published as guest
+        attributes); a recreate always does."""
+        with self._lock:
+            key = self._fault_node(node, project, zone).key
+        self._ssh_hosts("rotate-host-keys").rotate_keys_on_reboot(key)
+
+    def wrong_host_key(self, node: str, worker: int = 0, *, project: str | None = None,
+                       zone: str | None = None) -> None:
+        """One worker presents a host key that its guest attributes do not publish."""
+        with self._lock:
+            rec = self._fault_node(node, project, zone)
+            if not 0 <= worker < rec.n_workers:
+                raise UsageError(f"node {node} has workers 0..{rec.n_workers - 1}, not {worker}")
+            key = rec.key
+        self._ssh_hosts("wrong-host-key").wrong_host_key(key, worker)
+
+    def host_keys(self, rec: NodeRec, worker: int) -> dict[str, str]:
+        """The worker's host keys as its guest attributes (namespace hostkeys) publish them:
+        key type -> base64; none while it has no running host (booting, deleted)."""
+        if self.hosts is None or rec.state in ("CREATING", "DELETING"):
+            return {}
+        try:
+            return self.hosts.published_host_keys(rec.key, worker)
+        except UsageError:
+            return {}
+
     def add_symptom(
         self,
         node: str,
@@ -1462,18 +1547,22 @@ class World:
                 self.real(window if window is not None else self.delays["maintenance_window"]) * 1e9
             )
             rec.upcoming = UpcomingRec(kind, "PENDING", can_reschedule, start, end, start)
-            self._write_audit(
-                rec,
-                audit.UPCOMING_MAINTENANCE,
-                severity="INFO",
-                metadata={
-                    "maintenanceStatus": "PENDING",
-                    "type": kind,
-                    "windowStartTime": rfc3339_ns(start),
-                    "windowEndTime": rfc3339_ns(end),
-                    "canReschedule": can_reschedule,
-                },
-            )
+            for w in range(rec.n_workers):  # a Compute Engine entry about each worker VM
+                self._write_audit(
+                    rec,
+                    audit.UPCOMING_MAINTENANCE,
+                    worker=w,
+                    instance=worker_hostname(rec.id, w),
+                    severity="INFO",
+                    metadata={
+                        "maintenanceStatus": "PENDING",
+                        "type": kind,
+                        "windowStartTime": rfc3339_ns(start),
+                        "windowEndTime": rfc3339_ns(end),
+                        "latestWindowStartTime": rfc3339_ns(start),
+                        "canReschedule": can_reschedule,
+                    },
+                )
             key, ident = rec.key, rec.id
             self._touch()
 
@@ -1572,6 +1661,15 @@ class World:
             raise UsageError(f"zone {z!r} is not a zone name such as us-central2-b")
         with self._lock:
             self._stockouts[z] = _Window(self._until(duration))
+            self._touch()
+
+    def reservation_shortfall(self, zone: str | None = None, duration: float | None = None) -> None:
+        """Creates in `zone` ("*" = every zone) end with code 8 "Insufficient reserved capacity"."""
+        z = zone or self.zone
+        if z != "*" and not ZONE_RE.match(z):
+            raise UsageError(f"zone {z!r} is not a zone name such as us-central2-b")
+        with self._lock:
+            self._stockouts[z] = _Window(self._until(duration), {"reservation": True})
             self._touch()
 
     def quota(
@@ -1724,7 +1822,11 @@ class World:
                     "INVALID_ARGUMENT",
                     f"Invalid node_id {node_id!r} in the queued resource's node spec",
                 )
-            self._validate_spec(zone, spec)
+            try:
+                reservation = str(json.loads(spec_json or "{}").get("reservationName", ""))
+            except ValueError:
+                reservation = ""
+            self._validate_spec(zone, spec, reservation)
             key = f"{project}/{zone}/{qr_id}"
             if key in self._queued:
                 raise ApiError(

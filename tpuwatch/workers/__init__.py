@@ -5,9 +5,12 @@
 back as model values. Launch is idempotent per attempt and retried when a connection drops,
 so a retry never starts a job twice; probe is one round trip per worker.
 
-Errors no retry can fix raise: a changed host key (JobFailed, exit 1: a person must decide)
-and a refused login (ConfigError, exit 2: ssh.user / ssh.identity_file). Unreachable workers
-are results, not errors: the caller decides.
+Host keys are pinned from the workers' guest attributes (hostkeys.py) when a source of them is
+given: a key that does not match is read again from the API before anything is decided, and
+still unmatched it raises JobFailed (exit 1: a person must decide), naming the worker and the
+fingerprints. A refused login is a result, not an error: an "unreachable" probe with
+`login_refused`, since keys reach a new VM after sshd listens (the policy decides how long to
+wait). Unreachable workers are results too: the caller decides.
 This package knows nothing of the TPU API, the journal or the recovery policy.
 """
 
@@ -20,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpuwatch.errors import ConfigError, JobFailed
 from tpuwatch.model import Checkpoint, NodeSnapshot, WorkerEndpoint, WorkerProbe
-from tpuwatch.workers import protocol
+from tpuwatch.workers import hostkeys, protocol
 from tpuwatch.workers.ends import AttemptEnds
 from tpuwatch.workers.gcloud import GcloudSsh, Login, raise_if_gcloud_fatal
 from tpuwatch.workers.protocol import FollowEnd, LaunchResult, StopResult
@@ -31,7 +34,6 @@ from tpuwatch.workers.ssh import (
     Transport,
     prepare,
     run_on_workers,
-    transport_from_config,
 )
 
 __all__ = [
@@ -46,6 +48,13 @@ __all__ = [
     "Transport",
     "protocol",
 ]
+
+
+def transport_from_config(ssh: Mapping[str, Any], state_dir: Path, **kw: Any) -> Transport:
+    """The transport [ssh] transport names: OpenSSH, or gcloud once per node then OpenSSH."""
+    if ssh.get("transport", "openssh") == "gcloud":
+        return GcloudSsh.from_config(ssh, state_dir, **kw)
+    return OpenSsh.from_config(ssh, state_dir, **kw)
 
 
 class SshWorkers:
@@ -75,15 +84,24 @@ class SshWorkers:
         self.launch_tries = max(1, launch_tries)
         self.retry_wait = retry_wait
         self._sleep = sleep
+        # A local job.checkpoint_dir is on the workers: the first selected worker's probe lists
+        # it, and the listing goes to `on_listing` (checkpoints.WorkerCheckpoints.feed).
+        self.checkpoint_dir = ""
+        self.on_listing: Callable[[NodeSnapshot, str], None] | None = None
         self.ends = AttemptEnds(transport, job)
         if command:
             protocol.check_template(command)
 
     @classmethod
-    def from_config(cls, cfg: Any, **kw: Any) -> SshWorkers:
-        """From a tpuwatch.config.Config: [job], [ssh] and recovery.stop_grace."""
+    def from_config(cls, cfg: Any, host_keys: hostkeys.HostKeySource | None = None, **kw: Any) -> SshWorkers:
+        """From a tpuwatch.config.Config: [job], [ssh] and recovery.stop_grace. `host_keys`: the
+        workers' published host keys (TpuAdapter.host_keys), pinned instead of trusted on first use."""
         state_dir = Path(cfg.state_dir)
         transport = transport_from_config(cfg.ssh, state_dir)
+        if host_keys is not None:  # gcloud prepares, then the same OpenSSH connects: pinned alike
+            openssh = transport.ssh if isinstance(transport, GcloudSsh) else transport
+            if isinstance(openssh, OpenSsh):
+                openssh.pins = hostkeys.PinnedHostKeys(openssh.known_hosts, host_keys)
         return cls(
             transport,
             job=cfg.job_name,
@@ -117,20 +135,61 @@ class SshWorkers:
 
     def _run(self, node: NodeSnapshot, workers: Sequence[WorkerEndpoint],
              stdin: bytes | Callable[[WorkerEndpoint], bytes], timeout: float | None = None) -> list[SshResult]:
-        self.transport.check()
-        results = run_on_workers(self.transport, node, workers, stdin,
-                                 remote_command=protocol.REMOTE_COMMAND,
+        return self.run_commands(node, workers, stdin, remote_command=protocol.REMOTE_COMMAND,
                                  timeout=timeout or self.timeout)
+
+    def run_commands(self, node: NodeSnapshot, workers: Sequence[WorkerEndpoint],
+                     stdin: bytes | Callable[[WorkerEndpoint], bytes], *, remote_command: str,
+                     timeout: float) -> list[SshResult]:
+        """`remote_command` on every worker at once, host keys pinned; raises what no retry fixes.
+
+        A host key that does not match may be a new one the API publishes: the keys are read
+        again and those workers asked once more (ssh refused before the login, so nothing ran).
+        """
+        self.transport.check()
+        pins = self.transport.pins
+        if pins is not None:
+            pins.prepare(node, workers)
+        results = run_on_workers(self.transport, node, workers, stdin, remote_command=remote_command, timeout=timeout)
+        mismatched = [i for i, r in enumerate(results) if r.failure == "host_key"]
+        if mismatched and pins is not None:
+            pins.refresh(node)
+            again = run_on_workers(self.transport, node, [workers[i] for i in mismatched], stdin,
+                                   remote_command=remote_command, timeout=timeout)
+            for i, r in zip(mismatched, again, strict=True):
+                results[i] = r
         for r in results:
             _raise_if_fatal(r)
         return results
+
+    def take_notes(self) -> list[str]:
+        """What the person watching should know, once (a node trusted on first use)."""
+        pins = self.transport.pins
+        return pins.take_notes() if pins is not None else []
 
     # -- ports.Workers ----------------------------------------------------------------------
     def probe(self, node: NodeSnapshot) -> list[WorkerProbe]:
         """running / exited(code) / absent / unreachable for every selected worker."""
         workers = self.endpoints(node)
-        results = self._run(node, workers, protocol.probe_script(self.job))
-        return [_probe_of(r) for r in results]
+        results = self._run(node, workers, self.probe_stdin(workers))
+        return self.probes_of(node, results)
+
+    def probe_stdin(self, workers: Sequence[WorkerEndpoint]) -> Callable[[WorkerEndpoint], bytes]:
+        """The probe script per worker: the first one also lists a local checkpoint_dir."""
+        plain = protocol.probe_script(self.job)
+        if not self.checkpoint_dir or not workers:
+            return lambda w: plain
+        first = min(w.index for w in workers)
+        listing = protocol.probe_script(self.job, self.checkpoint_dir)
+        return lambda w: listing if w.index == first else plain
+
+    def probes_of(self, node: NodeSnapshot, results: Sequence[SshResult]) -> list[WorkerProbe]:
+        """The probe answers; a checkpoint listing among them goes to `on_listing`."""
+        probes = [_probe_of(r) for r in results]
+        for p in probes:
+            if p.checkpoint_listing and self.on_listing is not None:
+                self.on_listing(node, p.checkpoint_listing)
+        return probes
 
     def launch(self, node: NodeSnapshot, attempt: int, checkpoint: Checkpoint | None,
                clean: bool = False) -> list[LaunchResult]:
@@ -256,11 +315,14 @@ def _raise_if_fatal(r: SshResult) -> None:
     raise_if_gcloud_fatal(r)
     if r.failure == "host_key":
         raise JobFailed(r.message)
-    if r.failure in ("auth", "missing"):
+    if r.failure == "missing":
         raise ConfigError(r.message)
 
 
 def _probe_of(r: SshResult) -> WorkerProbe:
+    if r.failure == "auth":
+        return WorkerProbe(worker=r.worker, state="unreachable", detail=f"login refused: {r.message}",
+                           login_refused=True)
     if not r.reached:
         return WorkerProbe(worker=r.worker, state="unreachable", detail=r.message)
     return protocol.parse_probe(r.worker, protocol.parse_records(r.stdout))

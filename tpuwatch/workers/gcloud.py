@@ -27,6 +27,7 @@ from typing import Any
 from tpuwatch.errors import CloudError
 from tpuwatch.model import LOGIN_USER, Login, NodeSnapshot, WorkerEndpoint
 from tpuwatch.workers import proc as procgroup
+from tpuwatch.workers.hostkeys import PinnedHostKeys
 from tpuwatch.workers.ssh import (
     STDERR_TAIL,
     Failure,
@@ -128,6 +129,11 @@ class GcloudSsh:
         self.prepare_calls = 0  # gcloud runs so far (tests, benchmarks)
         self._logins: dict[str, Login] = {}
         self._lock = threading.Lock()
+
+    @property
+    def pins(self) -> PinnedHostKeys | None:
+        """The OpenSSH side's pinned host keys."""
+        return self.ssh.pins
 
     @classmethod
     def from_config(cls, ssh: Mapping[str, Any], state_dir: Path, **kw: Any) -> GcloudSsh:

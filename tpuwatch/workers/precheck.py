@@ -435,13 +435,9 @@ class Prechecker:
     def run(self, node: NodeSnapshot, context: Context = "launch",
             now: datetime | None = None) -> PrecheckReport:
         """Every check on every selected worker: unreachable workers are listed, not raised."""
-        from tpuwatch.workers.ssh import run_on_workers
-
         eps = self.workers.endpoints(node)
-        transport = self.workers.transport
-        transport.check()
-        results = run_on_workers(transport, node, eps, lambda w: self.script_for(node, w),
-                                 remote_command="bash -s", timeout=self.settings.timeout())
+        results = self.workers.run_commands(node, eps, lambda w: self.script_for(node, w),
+                                            remote_command="bash -s", timeout=self.settings.timeout())
         return self._report(node, results, context, now)
 
     def probe_and_run(self, node: NodeSnapshot, context: Context = "launch",
@@ -451,25 +447,17 @@ class Prechecker:
         Before a launch the tick needs both; sent together they cost one SSH round trip, not
         two. The probe runs first, in its own subshell, so the checks cannot disturb it.
         """
-        from tpuwatch.workers import _probe_of, _raise_if_fatal
-        from tpuwatch.workers.protocol import probe_script
-        from tpuwatch.workers.ssh import run_on_workers
-
         eps = self.workers.endpoints(node)
-        transport = self.workers.transport
-        transport.check()
-        probe = probe_script(self.workers.job)
+        probe = self.workers.probe_stdin(eps)
 
         def both(w: WorkerEndpoint) -> bytes:
             # The probe reads nothing from stdin, where the rest of the script still waits: its
             # stdin is /dev/null, so no command of it can swallow the checks.
-            return b"(\n" + probe + b") </dev/null\n(\n" + self.script_for(node, w) + b") </dev/null\n"
+            return b"(\n" + probe(w) + b") </dev/null\n(\n" + self.script_for(node, w) + b") </dev/null\n"
 
-        results = run_on_workers(transport, node, eps, both, remote_command="bash -s",
-                                 timeout=self.settings.timeout())
-        for r in results:
-            _raise_if_fatal(r)
-        return [_probe_of(r) for r in results], self._report(node, results, context, now)
+        results = self.workers.run_commands(node, eps, both, remote_command="bash -s",
+                                            timeout=self.settings.timeout())
+        return self.workers.probes_of(node, results), self._report(node, results, context, now)
 
     def _report(self, node: NodeSnapshot, results: Sequence[SshResult], context: Context,
                 now: datetime | None) -> PrecheckReport:

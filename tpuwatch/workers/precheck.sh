@@ -182,15 +182,6 @@ twp_devices() {
   twp_emit devices "count=${#twp_devices[@]}" "found=${names# }"
 }
 
-twp_is_ours() {  # pid $1 runs with TPUWATCH_JOB=$TW_JOB in its environment
-  local e
-  e=$(tr '\0' '\n' <"/proc/$1/environ" 2>/dev/null) || return 1
-  case $'\n'"$e"$'\n' in
-    *$'\n'"TPUWATCH_JOB=$TW_JOB"$'\n'*) return 0 ;;
-  esac
-  return 1
-}
-
 twp_holders() {  # live pids (not us) with an open fd on one of the given paths
   local globs=() f
   for f in "$@"; do globs+=("$(tw_glob_escape "$f")"); done
@@ -210,7 +201,7 @@ twp_device_holders() {
   local holders p ours="" foreign=""
   holders=$(twp_holders "${twp_devices[@]}")
   for p in $holders; do
-    if twp_is_ours "$p"; then ours="$ours $p"; else foreign="$foreign $p"; fi
+    if tw_is_ours "$p"; then ours="$ours $p"; else foreign="$foreign $p"; fi
   done
   twp_emit device_holders "ours=${ours# }" "foreign=$(twp_describe_pids "$foreign")" "scan=$tw_fd_scan"
 }
@@ -233,7 +224,7 @@ twp_libtpu_lock() {
   fi
   local p ours="" foreign=""
   for p in $holders; do
-    if twp_is_ours "$p"; then ours="$ours $p"; else foreign="$foreign $p"; fi
+    if tw_is_ours "$p"; then ours="$ours $p"; else foreign="$foreign $p"; fi
   done
   twp_emit libtpu_lock "state=$state" "path=${f#"$twp_root"}" "ours=${ours# }" \
     "foreign=$(twp_describe_pids "$foreign")"

@@ -67,3 +67,12 @@ tw_holders() {  # live pids (not us, not our ancestors) with an open fd matching
   out=${out# }
   printf '%s' "${out% }"
 }
+
+tw_is_ours() {  # pid $1 runs with TPUWATCH_JOB=$TW_JOB in its environment
+  local e
+  e=$(tr '\0' '\n' <"/proc/$1/environ" 2>/dev/null) || return 1
+  case $'\n'"$e"$'\n' in
+    *$'\n'"TPUWATCH_JOB=$TW_JOB"$'\n'*) return 0 ;;
+  esac
+  return 1
+}

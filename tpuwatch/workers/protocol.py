@@ -12,6 +12,7 @@ This module knows nothing of SSH, nodes or the cloud: strings in, bytes out, byt
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import string
@@ -204,8 +205,9 @@ def script(action: str, job: str, **values: Value) -> bytes:
     return wrap(remote_script(), job, {"action": ("action", action), **{k: (k, v) for k, v in values.items()}})
 
 
-def probe_script(job: str) -> bytes:
-    return script("probe", job)
+def probe_script(job: str, checkpoint_dir: str = "") -> bytes:
+    """The probe; with `checkpoint_dir` (a local path) it also lists that directory."""
+    return script("probe", job, ckpt_dir=checkpoint_dir) if checkpoint_dir else script("probe", job)
 
 
 def launch_script(
@@ -275,6 +277,8 @@ def parse_probe(worker: int, records: Mapping[str, str]) -> WorkerProbe:
         pid=_int(records.get("pid")),
         detail=records.get("detail", ""),
         log_bytes=_int(records.get("log_bytes")),
+        checkpoint_listing=records.get("ckpt_listing") or (
+            json.dumps({"error": records["ckpt_error"]}) if records.get("ckpt_error") else ""),
     )
 
 

@@ -84,15 +84,6 @@ tw_session_members() {  # live pids whose session or process group is $1
   done
 }
 
-tw_is_ours() {  # pid $1 runs with TPUWATCH_JOB=$TW_JOB in its environment
-  local e
-  e=$(tr '\0' '\n' <"/proc/$1/environ" 2>/dev/null) || return 1
-  case $'\n'"$e"$'\n' in
-    *$'\n'"TPUWATCH_JOB=$TW_JOB"$'\n'*) return 0 ;;
-  esac
-  return 1
-}
-
 tw_wait_gone() {  # wait up to $1 ms for all pids in $2 to die; prints the survivors
   local deadline left p
   deadline=$(($(tw_now_ms) + $1))
@@ -169,6 +160,7 @@ tw_probe() {
   local attempt pid code state detail="" size=""
   if [ ! -d "$TW_DIR" ]; then
     tw_emit result=ok state=absent "detail=no job directory"
+    if [ -n "${TW_CKPT_DIR:-}" ]; then tw_ckpt_listing; fi
     return 0
   fi
   attempt=$(tw_read_num "$TW_DIR/attempt")
@@ -192,6 +184,75 @@ tw_probe() {
   fi
   tw_emit result=ok "state=$state" "attempt=$attempt" "pid=$pid" "exit_code=$code" "log_bytes=$size" \
     "detail=$detail"
+  if [ -n "${TW_CKPT_DIR:-}" ]; then tw_ckpt_listing; fi
+}
+
+# A local job.checkpoint_dir is on the worker, not on the watcher's machine: the probe of the
+# first worker lists it (one level, and one level of each entry: the checkpoint markers) as
+# one line of JSON, `ckpt_listing=...`; tpuwatch.checkpoints applies its layout rules to that.
+tw_ckpt_listing() {
+  local out
+  if ! command -v python3 >/dev/null 2>&1; then
+    tw_emit "ckpt_error=python3 not found on the worker, needed to read $TW_CKPT_DIR"
+    return 0
+  fi
+  # Under $TPUWATCH_HOST_ROOT (the simulator's VM disk) when it is there, else as given (a
+  # mount the watcher shares, or a real VM).
+  out=$(python3 - "$TW_CKPT_DIR" "${TPUWATCH_HOST_ROOT:-}" <<'TW_PY' 2>&1
+import json, os, sys
+root = sys.argv[1]
+if sys.argv[2] and os.path.isdir(sys.argv[2] + root):
+    root = sys.argv[2] + root
+MAX_ENTRIES, MAX_READ = 2000, 65536
+def level(path):
+    out = {}
+    with os.scandir(path) as it:
+        for i, e in enumerate(it):
+            if i >= MAX_ENTRIES:
+                break
+            try:
+                d = e.is_dir()
+                out[e.name] = None if d else e.stat().st_mtime
+            except OSError:
+                continue
+    return out
+dirs, reads = {}, {}
+try:
+    dirs[""] = level(root)
+except FileNotFoundError:
+    print(json.dumps({"exists": False}))
+    sys.exit(0)
+except OSError as exc:
+    print(json.dumps({"error": f"cannot list {root}: {exc.strerror}"}))
+    sys.exit(0)
+if dirs[""].get("checkpoints", 0) is None:
+    try:
+        dirs["checkpoints"] = level(os.path.join(root, "checkpoints"))
+    except OSError:
+        pass
+for base in list(dirs):
+    for name, mtime in list(dirs[base].items()):
+        if mtime is not None:
+            continue
+        rel = f"{base}/{name}" if base else name
+        try:
+            dirs[rel] = level(os.path.join(root, rel))
+        except OSError:
+            continue
+        meta = os.path.join(root, rel, "metadata.json")
+        if dirs[rel].get("metadata.json") is not None:
+            try:
+                with open(meta, "rb") as f:
+                    reads[rel + "/metadata.json"] = f.read(MAX_READ).decode("utf-8", "replace")
+            except OSError:
+                pass
+print(json.dumps({"exists": True, "dirs": dirs, "reads": reads}, separators=(",", ":")))
+TW_PY
+  ) || true
+  case $out in
+    '{'*) tw_emit "ckpt_listing=$out" ;;
+    *) tw_emit "ckpt_error=listing $TW_CKPT_DIR failed: ${out:0:300}" ;;
+  esac
 }
 
 # The wrapper: the attempt's session leader. It runs the command in the foreground so TERM

@@ -9,8 +9,9 @@ group (proc.py). The gcloud transport (gcloud.py) runs gcloud once per node inca
 this OpenSSH.
 
 OpenSSH pins host keys per node id: its own known_hosts file (in the state dir) and
-`HostKeyAlias=tpuwatch-<node id>-w<i>` with `StrictHostKeyChecking=accept-new`. A recreated node
-has a new id, so its new keys are accepted once; a changed key under the same id is refused.
+`HostKeyAlias=tpuwatch-<node id>-w<i>`. With `pins` (hostkeys.py) the keys come from the
+workers' guest attributes and ssh checks strictly; a worker that publishes none is trusted on
+first use (`StrictHostKeyChecking=accept-new`), as is every worker without `pins`.
 
 With `multiplex` (ssh.multiplex), each worker gets one OpenSSH master connection
 (ControlMaster=auto, ControlPersist) and every probe, launch, stop or follow is a channel on it,
@@ -35,7 +36,7 @@ from typing import Any, Literal, Protocol
 
 from tpuwatch.errors import ConfigError
 from tpuwatch.model import Login, NodeSnapshot, WorkerEndpoint
-from tpuwatch.workers import mux
+from tpuwatch.workers import hostkeys, mux
 from tpuwatch.workers import proc as procgroup
 
 # "credentials": the gcloud transport's Google credentials are expired or refused (gcloud.py)
@@ -94,6 +95,13 @@ class Transport(Protocol):
 
     def describe_failure(self, node: NodeSnapshot, worker: WorkerEndpoint, failure: Failure,
                          stderr: str) -> str: ...
+
+    @property
+    def pins(self) -> hostkeys.PinnedHostKeys | None:
+        """The host keys the API publishes, pinned (None: trust on first use)."""
+
+    def prepare(self, node: NodeSnapshot) -> SshResult | None:
+        """Get ready to connect to this node incarnation: None when ready, else why not."""
 
     def login(self, node: NodeSnapshot) -> Login | None:
         """The user this transport logs in as on the node, once known."""
@@ -182,6 +190,7 @@ class OpenSsh:
         # One master connection per worker; its socket beside the known_hosts file by default
         self.mux = mux.Masters(Path(control_dir) if control_dir else self.known_hosts.parent / "ssh",
                                binary) if multiplex else None
+        self.pins: hostkeys.PinnedHostKeys | None = None  # host keys from the API (SshWorkers sets it)
 
     def login(self, node: NodeSnapshot) -> Login | None:
         """The user ssh is told to log in as: nothing is learned."""
@@ -189,6 +198,10 @@ class OpenSsh:
 
     def remember(self, login: Login) -> None:
         """Nothing to remember: the user is the configured one."""
+
+    def prepare(self, node: NodeSnapshot) -> SshResult | None:
+        """Nothing to prepare: ssh connects as it is."""
+        return None
 
     @classmethod
     def from_config(cls, ssh: Mapping[str, Any], state_dir: Path, **kw: Any) -> OpenSsh:
@@ -233,12 +246,14 @@ class OpenSsh:
 
     @staticmethod
     def host_alias(node: NodeSnapshot, worker: WorkerEndpoint) -> str:
-        return f"tpuwatch-{node.id or node.name}-w{worker.index}"
+        return hostkeys.alias(node, worker)
 
     def argv(self, node: NodeSnapshot, worker: WorkerEndpoint, remote_command: str, *,
              user: str = "") -> list[str]:
         """`user`: log in as this user instead of ssh.user (the one gcloud learned, gcloud.py)."""
         address = worker.address(self.internal_ip)
+        alias = self.host_alias(node, worker)
+        strict = "yes" if self.pins is not None and self.pins.strict(alias) else "accept-new"
         opts = [
             "BatchMode=yes",
             f"ConnectTimeout={max(1, int(self.connect_timeout))}",
@@ -246,8 +261,8 @@ class OpenSsh:
             f"ServerAliveCountMax={self.server_alive_count}",
             f"UserKnownHostsFile={self.known_hosts}",
             "GlobalKnownHostsFile=/dev/null",
-            f"HostKeyAlias={self.host_alias(node, worker)}",
-            "StrictHostKeyChecking=accept-new",
+            f"HostKeyAlias={alias}",
+            f"StrictHostKeyChecking={strict}",
             "HashKnownHosts=no",
             "UpdateHostKeys=no",
             "CheckHostIP=no",
@@ -274,6 +289,8 @@ class OpenSsh:
         where = f"worker {worker.index} of {node.name}"
         address = worker.address(self.internal_ip)
         last = _last_line(stderr)
+        if failure == "host_key" and self.pins is not None:
+            return self.pins.describe_mismatch(node, worker, address, stderr)
         if failure == "host_key":
             alias = self.host_alias(node, worker)
             return (
@@ -302,18 +319,9 @@ class OpenSsh:
         )
 
 
-def transport_from_config(ssh: Mapping[str, Any], state_dir: Path, **kw: Any) -> Transport:
-    if ssh.get("transport", "openssh") == "gcloud":
-        from tpuwatch.workers.gcloud import GcloudSsh
-
-        return GcloudSsh.from_config(ssh, state_dir, **kw)
-    return OpenSsh.from_config(ssh, state_dir, **kw)
-
-
 def prepare(transport: Transport, node: NodeSnapshot) -> SshResult | None:
     """A transport that prepares each node first (gcloud.py): None when ready, else why not."""
-    step = getattr(transport, "prepare", None)
-    return step(node) if step is not None else None
+    return transport.prepare(node)
 
 
 def _last_line(text: str) -> str:

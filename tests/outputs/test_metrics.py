@@ -1,0 +1,190 @@
+"""Prometheus metrics (tpuwatch.metrics): names and values, scraped and parsed with
+prometheus_client's own parser; /healthz; the goodput and time-to-resume arithmetic; a port in
+use. The end-to-end scrape of a watched job on the simulator is in test_metrics_e2e.py.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tpuwatch import metrics
+from tpuwatch.journal import AttemptRow, JournalEvent
+from tpuwatch.policy import PolicyConfig
+from tpuwatch.report import compute
+
+T0 = datetime(2026, 11, 24, 0, 0, tzinfo=timezone.utc)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def row(n: int, start: float, end: float | None, s0: int | None, s1: int | None, outcome: str | None,
+        charged: bool = False, reason: str = "") -> AttemptRow:
+    return AttemptRow(n, at(start), None if end is None else at(end), "id", s0, s1, outcome, charged, None, reason)
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+SNAP = metrics.Snapshot(
+    job="llm", time=at(1000), phase="running", attempt=3, restarts=1, max_restarts=5, recreates=1,
+    max_recreates=3, restarts_charged_total=1, recreates_total=1,
+    disruptions={"maintenance": 1, "preemption": 1}, checkpoint_step=120, checkpoint_time=at(900),
+    resumes=(25.0, 400.0), goodput=0.8, api_requests={("tpu.googleapis.com", "get_node"): 42, ("logging.googleapis.com", "list_log_entries"): 3})
+
+
+def test_every_metric_is_named_by_prometheus_conventions_and_parses() -> None:
+    registry, _ = metrics.registry_for(SNAP, clock=lambda: at(1000))
+    from prometheus_client.exposition import generate_latest
+
+    text = generate_latest(registry).decode()
+    fams = list(text_string_to_metric_families(text))
+    for fam in fams:
+        assert fam.name.startswith("tpuwatch_"), fam.name
+        if fam.type == "counter":
+            assert all(s.name.endswith(("_total", "_created")) for s in fam.samples), fam.samples
+        assert all(s.labels.get("job_name") == "llm" for s in fam.samples), fam.name
+    got = samples(text)
+    job = (("job_name", "llm"),)
+    assert got[("tpuwatch_job_phase", (("job_name", "llm"), ("phase", "running")))] == 1
+    assert got[("tpuwatch_job_phase", (("job_name", "llm"), ("phase", "failed")))] == 0
+    assert got[("tpuwatch_job_attempt", job)] == 3
+    assert got[("tpuwatch_restart_budget_used", job)] == 1 and got[("tpuwatch_restart_budget", job)] == 5
+    assert got[("tpuwatch_recreate_budget_used", job)] == 1 and got[("tpuwatch_recreate_budget", job)] == 3
+    assert got[("tpuwatch_restarts_charged_total", job)] == 1
+    assert got[("tpuwatch_recreates_total", job)] == 1
+    assert got[("tpuwatch_disruptions_total", (("job_name", "llm"), ("kind", "preemption")))] == 1
+    assert got[("tpuwatch_checkpoint_step", job)] == 120
+    assert got[("tpuwatch_checkpoint_age_seconds", job)] == 100
+    assert got[("tpuwatch_goodput_ratio", job)] == pytest.approx(0.8)
+    assert got[("tpuwatch_api_requests_total", (("api", "tpu.googleapis.com"), ("job_name", "llm"), ("method", "get_node")))] == 42
+    # the histogram: cumulative buckets, count and sum
+    assert got[("tpuwatch_time_to_resume_seconds_bucket", (("job_name", "llm"), ("le", "10.0")))] == 0
+    assert got[("tpuwatch_time_to_resume_seconds_bucket", (("job_name", "llm"), ("le", "30.0")))] == 1
+    assert got[("tpuwatch_time_to_resume_seconds_bucket", (("job_name", "llm"), ("le", "600.0")))] == 2
+    assert got[("tpuwatch_time_to_resume_seconds_bucket", (("job_name", "llm"), ("le", "+Inf")))] == 2
+    assert got[("tpuwatch_time_to_resume_seconds_count", job)] == 2
+    assert got[("tpuwatch_time_to_resume_seconds_sum", job)] == 425
+
+
+def test_time_to_resume_counts_from_each_interrupted_end_to_the_next_launch() -> None:
+    attempts = [row(1, 0, 100, None, 30, "disruption"), row(2, 130, 200, 30, 40, "failure", charged=True),
+                row(3, 210, 300, 40, 60, "success"), row(4, 5000, None, 60, None, None)]
+    assert metrics.resumes(attempts) == (30.0, 10.0)  # a success is not a resume
+
+
+def test_goodput_is_the_reports_productive_share_of_wall_time() -> None:
+    # attempt 1 saves at 60 s and 120 s and is ended by a disruption at 150 s; 50 s pass before
+    # attempt 2 launches and saves once at 260 s. The report counts from the first launch.
+    events = [JournalEvent(1, at(0), "phase", "idle -> running", {"from": "idle", "to": "running", "row": "launch"}),
+              JournalEvent(2, at(65), "checkpoint", "step 10", {"attempt": 1, "step": 10, "time": at(60).isoformat()}),
+              JournalEvent(3, at(125), "checkpoint", "step 20", {"attempt": 1, "step": 20, "time": at(120).isoformat()}),
+              JournalEvent(4, at(150), "phase", "running -> waiting_node",
+                           {"from": "running", "to": "waiting_node", "row": "disruption"}),
+              JournalEvent(5, at(200), "phase", "waiting_node -> running",
+                           {"from": "waiting_node", "to": "running", "row": "launch"}),
+              JournalEvent(6, at(265), "checkpoint", "step 30", {"attempt": 2, "step": 30, "time": at(260).isoformat()})]
+    attempts = [row(1, 0, 150, None, 20, "disruption"), row(2, 200, None, 20, None, None)]
+    got = metrics.goodput("llm", events, attempts, at(300))
+    want = compute("llm", events, attempts, at(300)).goodput
+    assert got is not None and got == want
+    # lost: the 30 s after attempt 1's last save and the 50 s wait; attempt 2 still runs (not lost yet)
+    assert got == pytest.approx((300 - 30 - 50) / 300)
+    assert metrics.goodput("llm", [], [], at(10)) is None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_healthz_is_200_while_ticks_come_and_503_once_they_stop() -> None:
+    clock = Clock()
+    pcfg = PolicyConfig(job="llm", tpu_name="llm", zones=("us-central2-b",), poll_interval=30.0)
+    ex = metrics.Exporter(0, "--metrics-port", pcfg, command_timeout=60.0, stop_grace=30.0, clock=clock)
+    try:
+        base = f"http://127.0.0.1:{ex.port}"
+        assert get(base + "/healthz")[0] == 200  # starting up
+        assert get(base + "/metrics") == (200, "")  # nothing before the first tick
+        ex.update(SNAP)
+        clock.t = ex.stale_after  # 3 polls + 2 SSH rounds, each a command timeout and a launch's cleanup
+        assert ex.stale_after == 3 * 30 + 2 * (60 + 2 * 30)
+        assert get(base + "/healthz")[0] == 200
+        clock.t = ex.stale_after + 1
+        code, text = get(base + "/healthz")
+        assert code == 503 and "stale" in text
+        ex.update(SNAP)
+        assert get(base + "/healthz")[0] == 200
+        code, text = get(base + "/metrics")
+        assert code == 200 and ("tpuwatch_job_attempt", (("job_name", "llm"),)) in samples(text)
+        assert get(base + "/other")[0] == 404
+    finally:
+        ex.close()
+
+
+def _config(tmp_path: Path, extra: str = "") -> Path:
+    cfg = tmp_path / "tpuwatch.toml"
+    cfg.write_text('[tpu]\nname = "pod"\nproject = "sim-project"\nzone = "us-central2-b"\n'
+                   '[job]\ncommand = "python3 train.py"\n' + extra)
+    return cfg
+
+
+def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TPUWATCH_STATE_DIR": str(tmp_path / "state"), "TPUWATCH_EMULATOR_HOST": "127.0.0.1:9"}
+    return subprocess.run([sys.executable, "-m", "tpuwatch.cli", *args], env=env, text=True, capture_output=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("where", ["flag", "config"])
+def test_a_port_in_use_is_exit_2_naming_the_flag_or_key(tmp_path: Path, where: str) -> None:
+    busy = socket.socket()
+    busy.bind(("", 0))
+    busy.listen(1)
+    port = busy.getsockname()[1]
+    try:
+        if where == "flag":
+            out = _run(tmp_path, "watch", "-c", str(_config(tmp_path)), "--metrics-port", str(port))
+            name = "--metrics-port"
+        else:
+            out = _run(tmp_path, "watch", "-c", str(_config(tmp_path, f"[metrics]\nport = {port}\n")))
+            name = "metrics.port"
+    finally:
+        busy.close()
+    assert out.returncode == 2, out
+    assert f"{name} {port}: the port is in use" in out.stderr and "choose another port" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "state" / "pod.db").exists()  # refused before anything was done
+
+
+@pytest.mark.parametrize(("path", "says"), [("x.txt", "reads only *.prom"), ("missing/x.prom", "does not exist")])
+def test_a_bad_metrics_file_is_exit_2_naming_the_flag(tmp_path: Path, path: str, says: str) -> None:
+    out = _run(tmp_path, "check", "-c", str(_config(tmp_path)), "--metrics-file", str(tmp_path / path))
+    assert out.returncode == 2 and "--metrics-file" in out.stderr and says in out.stderr, out
+    assert not (tmp_path / "state" / "pod.db").exists()

@@ -1,0 +1,238 @@
+"""Properties of the policy over random walks of observations (hypothesis).
+
+Each walk starts from a fresh Memory and feeds decide() one random observation per tick,
+carrying the memory forward as the tick would (including recording operation names). After
+every tick the invariants below must hold.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from datetime import timedelta
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from policy_support import CFG, NAME, ZONES, at, ckpt, event, node, ongoing, symptom
+
+from tpuwatch.model import OperationStatus, WorkerProbe
+from tpuwatch.policy import (
+    CreateNode,
+    Decision,
+    DeleteNode,
+    ImpossibleObservation,
+    Launch,
+    Memory,
+    Observation,
+    Phase,
+    PolicyConfig,
+    StopWorkers,
+    decide,
+    operation_started,
+)
+from tpuwatch.policy.classify import in_window
+from tpuwatch.policy.state import TERMINAL
+from tpuwatch.recreate import classify_operation
+
+STATES = ["READY"] * 12 + ["REPAIRING", "PREEMPTED", "TERMINATED", "STOPPED", "DELETING", "CREATING",
+                           "UNKNOWN", "UNKNOWN_ENUM_77"]
+HEALTHS = ["HEALTHY"] * 10 + ["UNHEALTHY_MAINTENANCE", "TIMEOUT", ""]
+CODES = [0, 1, 1, 42, 139, 143, None]
+WORKER_STATES = ["running"] * 4 + ["exited", "absent", "unreachable"]
+OPERATING = (Phase.DELETING, Phase.CREATING, Phase.QUEUED)
+
+
+@st.composite
+def observations(draw: st.DrawFn, mem: Memory, now: float) -> Observation:
+    """A random observation, loosely shaped by the phase so that every row gets visited."""
+    n = None
+    if draw(st.integers(0, 2 if mem.phase in OPERATING else 19)) > 0:
+        n = node(
+            state=draw(st.sampled_from(STATES)),
+            health=draw(st.sampled_from(HEALTHS)),
+            id=draw(st.sampled_from(["n1", "n1", "n1", "n2"])),
+            owned=draw(st.integers(0, 5)) > 0,
+            symptoms=(symptom(at(now - draw(st.integers(0, 3000)))),) if draw(st.integers(0, 19)) == 0 else (),
+            upcoming_maintenance=ongoing() if draw(st.integers(0, 29)) == 0 else None,
+        )
+    events = tuple(
+        event(draw(st.sampled_from(["terminate", "restart", "other"])), at(now - draw(st.integers(0, 2500))))
+        for _ in range(draw(st.integers(0, 2)) if draw(st.integers(0, 5)) == 0 else 0)
+    )
+    probes = None
+    if draw(st.integers(0, 5)) > 0:
+        attempts = [None, max(0, mem.attempt - 1)] + [mem.attempt] * 6 + [mem.attempt + 1]
+        probes = tuple(
+            WorkerProbe(
+                w,
+                draw(st.sampled_from(WORKER_STATES)),
+                attempt=draw(st.sampled_from(attempts)),
+                exit_code=draw(st.sampled_from(CODES)),
+            )
+            for w in range(draw(st.integers(1, 3)))
+        )
+    operation = None
+    create_failure = None
+    if mem.pending_op is not None and draw(st.integers(0, 3)) > 0:
+        operation = OperationStatus(mem.pending_op, done=draw(st.integers(0, 3)) > 0,
+                                    error_code=draw(st.sampled_from([0, 0, 5, 6, 8, 8, 8, 3])),
+                                    error_message="There is no more capacity in the zone")
+        failure = classify_operation(operation, started_by_us=True)
+        create_failure = failure.kind if failure is not None else None
+    step = draw(st.sampled_from([None, 100, 100, 200, 300]))
+    return Observation(
+        node=n,
+        events=events,
+        probes=probes,
+        checkpoint=ckpt(step) if step is not None else None,
+        operation=operation,
+        create_failure=create_failure,
+        jitter=draw(st.floats(0, 1, exclude_max=True)),
+        adopt=draw(st.integers(0, 9)) == 0,
+        recreate_missing=draw(st.integers(0, 4)) == 0,
+    )
+
+
+@dataclass
+class Step:
+    obs: Observation
+    before: Memory
+    decision: Decision
+    now: float
+
+
+def walk(data: st.DataObject, cfg: PolicyConfig, ticks: int) -> list[Step]:
+    mem = Memory.initial(ZONES[0])
+    now = 0.0
+    steps: list[Step] = []
+    ops = 0
+    for _ in range(ticks):
+        now += data.draw(st.sampled_from([1.0, 1.0, 3.0, 10.0, 30.0, 61.0, 300.0, 700.0, 2000.0, 4000.0]))
+        o = data.draw(observations(mem, now))
+        try:
+            d = decide(o, mem, cfg, at(now))
+        except ImpossibleObservation:
+            continue  # the random observation contradicted the memory; the tick would stop here
+        steps.append(Step(o, mem, d, now))
+        mem = d.memory
+        for a in d.actions:
+            if isinstance(a, (DeleteNode, CreateNode)) and data.draw(st.integers(0, 3)) > 0:
+                ops += 1
+                mem = operation_started(mem, f"op-{ops}")
+    return steps
+
+
+CFGS = [CFG, replace(CFG, max_restarts=0, max_recreates=0, unreachable_grace=0.0),
+        replace(CFG, repair_timeout=0.0, queue_timeout=0.0, no_progress_limit=1),
+        replace(CFG, max_restarts=1, max_recreates=10, no_progress_limit=50, queue_timeout=20.0)]
+
+fast = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _all_steps(data: st.DataObject) -> list[tuple[PolicyConfig, Step]]:
+    cfg = data.draw(st.sampled_from(CFGS))
+    return [(cfg, s) for s in walk(data, cfg, data.draw(st.integers(5, 30)))]
+
+
+@fast
+@given(st.data())
+def test_never_launches_while_an_attempt_is_alive(data: st.DataObject) -> None:
+    for _, s in _all_steps(data):
+        if any(isinstance(a, Launch) for a in s.decision.actions):
+            assert s.obs.probes, "launched without knowing the workers"
+            assert all(p.state not in ("running", "unreachable") for p in s.obs.probes), s.decision.summary
+            assert s.obs.node is not None and s.obs.node.usable
+
+
+@fast
+@given(st.data())
+def test_never_charges_a_disruption(data: st.DataObject) -> None:
+    for cfg, s in _all_steps(data):
+        for end in s.decision.ended:
+            if end.outcome == "disruption":
+                assert not end.charged
+        ended_now = [e for e in s.decision.ended if e.attempt == s.before.attempt and e.end == at(s.now)]
+        if not ended_now or s.before.attempt_start is None:
+            continue
+        start, n, o = s.before.attempt_start, s.obs.node, s.obs
+        evidence = (
+            n is None or not n.usable or n.id != s.before.attempt_node_id
+            or any(e.kind in ("terminate", "restart") and in_window(e.time, start, at(s.now), cfg.evidence_window)
+                   for e in o.events)
+        )
+        if evidence:
+            assert s.decision.memory.restarts <= s.before.restarts, s.decision.summary
+
+
+@fast
+@given(st.data())
+def test_never_exceeds_a_budget(data: st.DataObject) -> None:
+    for cfg, s in _all_steps(data):
+        m = s.decision.memory
+        assert 0 <= m.restarts <= cfg.max_restarts
+        assert 0 <= m.recreates <= cfg.max_recreates
+        if any(isinstance(a, DeleteNode) for a in s.decision.actions) and s.before.phase is not Phase.DELETING:
+            # every new delete+create cycle is counted, from 0 when a stable run ended this tick
+            stable = any((e.end - e.start).total_seconds() >= cfg.stable_run for e in s.decision.ended)
+            assert m.recreates == (0 if stable else s.before.recreates) + 1
+
+
+@fast
+@given(st.data())
+def test_never_deletes_a_ready_healthy_node_nor_one_it_does_not_own(data: st.DataObject) -> None:
+    for _, s in _all_steps(data):
+        for a in s.decision.actions:
+            if isinstance(a, DeleteNode):
+                assert s.obs.node is not None and not s.obs.node.usable, s.decision.summary
+                assert s.obs.node.owned_by(CFG.job) or s.obs.adopt, s.decision.summary
+                assert a.name == NAME
+
+
+@fast
+@given(st.data())
+def test_never_two_creates(data: st.DataObject) -> None:
+    for _, s in _all_steps(data):
+        creates = [a for a in s.decision.actions if isinstance(a, CreateNode)]
+        deletes = [a for a in s.decision.actions if isinstance(a, DeleteNode)]
+        assert len(creates) + len(deletes) <= 1
+        if creates:
+            assert s.obs.node is None, "create while the node exists"
+            op = s.obs.operation
+            in_flight = s.before.pending_kind == "create" and s.before.pending_op is not None and (
+                op is None or not op.done)
+            assert not in_flight, "a second create while one is in flight"
+            assert s.before.pending_kind != "delete" or s.obs.node is None
+
+
+@fast
+@given(st.data())
+def test_same_inputs_same_decision_and_memory_round_trips(data: st.DataObject) -> None:
+    for cfg, s in _all_steps(data):
+        assert decide(s.obs, s.before, cfg, at(s.now)) == s.decision
+        m = s.decision.memory
+        assert Memory.from_dict(json.loads(json.dumps(m.to_dict()))) == m
+        assert s.decision.exit_code in (0, 1) and s.decision.summary
+        assert all(a.reason for a in s.decision.actions)
+        if s.before.phase in TERMINAL:
+            assert s.decision.memory == s.before
+            assert all(isinstance(a, StopWorkers) for a in s.decision.actions)
+
+
+@fast
+@given(st.data())
+def test_dry_run_changes_no_memory(data: st.DataObject) -> None:
+    for cfg, s in _all_steps(data):
+        dry = decide(replace(s.obs, dry_run=True), s.before, cfg, at(s.now))
+        assert dry.memory == s.before and dry.ended == ()
+        assert [a.kind for a in dry.actions] == [a.kind for a in s.decision.actions]
+
+
+def test_backoff_waits_are_within_the_cap() -> None:
+    # a deterministic corner: the longest wait the default config can produce
+    mem = replace(Memory.initial(ZONES[0]), phase=Phase.RUNNING, attempt=9, attempt_start=at(0),
+                  attempt_node_id="n1", attempt_start_step=1, attempt_seen=True, backoff_level=40)
+    o = Observation(node=node(), probes=(WorkerProbe(0, "exited", 9, 1),), checkpoint=ckpt(2),
+                    jitter=0.999999)
+    d = decide(o, mem, replace(CFG, max_restarts=100), at(500))
+    assert d.memory.backoff_until is not None
+    assert d.memory.backoff_until - at(500) <= timedelta(seconds=CFG.backoff_max)

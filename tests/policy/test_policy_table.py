@@ -1,0 +1,651 @@
+"""One test per row of the recovery table (tpuwatch.policy.ROWS), each named test_row_<id>."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+import pytest
+from policy_support import (
+    CFG,
+    NAME,
+    ZONES,
+    absent,
+    at,
+    ckpt,
+    event,
+    exited,
+    idle,
+    kinds,
+    last_end,
+    node,
+    obs,
+    op,
+    pre,
+    probe,
+    run_mem,
+    running,
+    tick,
+)
+
+from tpuwatch.model import QueuedStatus, WorkerProbe
+from tpuwatch.policy import (
+    ROWS,
+    CreateNode,
+    DeleteNode,
+    Fail,
+    FollowOperation,
+    ImpossibleObservation,
+    Launch,
+    NeedsPerson,
+    Phase,
+    StopWorkers,
+    Wait,
+)
+
+
+def test_every_row_has_a_test() -> None:
+    here = sys.modules[__name__]
+    missing = [r.id for r in ROWS if not hasattr(here, f"test_row_{r.id}")]
+    assert missing == []
+
+
+def test_row_launch() -> None:
+    d = tick(obs(probes=absent(), checkpoint=ckpt(100)), idle(), now=5)
+    assert d.row == "launch"
+    assert d.actions == (Launch(1, ckpt(100), d.actions[0].reason),)  # type: ignore[union-attr]
+    m = d.memory
+    assert (m.phase, m.attempt, m.attempt_start, m.attempt_start_step, m.attempt_node_id) == (
+        Phase.RUNNING, 1, at(5), 100, "n1")
+    assert d.exit_code == 0
+
+
+def test_row_running() -> None:
+    m = run_mem()
+    d = tick(obs(probes=running(1), checkpoint=ckpt(200)), m, now=300)
+    assert d.row == "running"
+    assert d.actions == ()
+    # the new checkpoint is remembered (hang detection), nothing else changes
+    assert d.memory == replace(m, progress_step=200, progress_at=at(300), progress_time=at(300), ckpt_first=300.0)
+    # and a tick that sees nothing new leaves the memory as it was
+    again = tick(obs(probes=running(1), checkpoint=ckpt(200)), d.memory, now=330)
+    assert again.row == "running" and again.memory == d.memory
+    assert "attempt 1 running on 2 worker(s)" in d.summary and "step 200" in d.summary
+
+
+def test_row_success() -> None:
+    d = tick(obs(probes=exited({0: 0}), checkpoint=ckpt(900)), run_mem(), now=3000)
+    assert d.row == "success"
+    assert kinds(d) == ["stop", "done"]
+    assert d.memory.phase is Phase.DONE and d.terminal and d.exit_code == 0
+    assert d.ended[0].outcome == "success" and d.ended[0].end_step == 900
+
+
+def test_row_disruption() -> None:
+    o = obs(probes=exited({1: 1}), events=(event("terminate", at(400), "MAINTENANCE"),), checkpoint=ckpt(150))
+    d = tick(o, run_mem(), now=500)
+    assert d.row == "disruption"
+    assert kinds(d) == ["stop"]
+    m = d.memory
+    assert (m.phase, m.restarts, m.disruptions, m.backoff_until) == (Phase.IDLE, 0, 1, None)
+    end = d.ended[0]
+    assert (end.outcome, end.charged, end.exit_code) == ("disruption", False, 1)
+    assert "tpu.nodes.terminate" in end.reason and "MAINTENANCE" in end.reason
+
+
+def test_row_failure() -> None:
+    d = tick(obs(probes=exited({1: 139}), checkpoint=ckpt(150), jitter=0.0), run_mem(), now=500)
+    assert d.row == "failure"
+    assert kinds(d) == ["stop", "wait"]
+    m = d.memory
+    assert (m.phase, m.restarts, m.backoff_level) == (Phase.BACKOFF, 1, 1)
+    assert m.backoff_until == at(505)  # base 10s, jitter 0 -> half of it
+    assert d.ended[0].charged and "exit code 139 (SIGSEGV)" in d.ended[0].reason
+
+
+def test_row_failed_start() -> None:
+    d = tick(obs(probes=exited({0: 1}), checkpoint=ckpt(100)), run_mem(), now=20)
+    assert d.row == "failed_start"
+    assert d.memory.phase is Phase.BACKOFF and d.memory.restarts == 1
+    assert d.ended[0].outcome == "failed_start" and "min_uptime" in d.ended[0].reason
+    assert d.memory.no_progress == 1  # no newer checkpoint than step 100
+
+
+def test_row_fail_fast() -> None:
+    d = tick(obs(probes=exited({1: 42}), checkpoint=ckpt(500)), run_mem(), now=5000)
+    assert d.row == "fail_fast"
+    assert kinds(d) == ["stop", "fail"]
+    assert d.memory.phase is Phase.FAILED and d.exit_code == 1 and d.terminal
+    assert "exit code 42" in d.memory.reason and "fail_fast_exit_codes" in d.memory.reason
+
+
+def test_row_no_progress() -> None:
+    d = tick(obs(probes=exited({0: 1}), checkpoint=ckpt(100)), run_mem(no_progress=2), now=500)
+    assert d.row == "no_progress"
+    assert d.memory.phase is Phase.FAILED and d.exit_code == 1
+    fail = d.actions[-1]
+    assert isinstance(fail, Fail)
+    assert "3 attempts in a row" in fail.reason and "step 100" in fail.reason
+    assert "exit code 1" in fail.reason and "deterministic bug" in fail.reason
+
+
+def test_row_budget_spent() -> None:
+    d = tick(obs(probes=exited({0: 1}), checkpoint=ckpt(300)), run_mem(restarts=2), now=500)
+    assert d.row == "budget_spent"
+    assert d.memory.phase is Phase.FAILED and d.memory.restarts == 2 and d.exit_code == 1
+    fail = d.actions[-1]
+    assert isinstance(fail, Fail)
+    assert "restart budget spent" in fail.reason and "max_restarts = 2" in fail.reason
+    assert fail.evidence and "exit code 1" in fail.evidence[0]
+
+
+@pytest.mark.parametrize("state,health", [
+    ("REPAIRING", "HEALTHY"), ("RESTARTING", ""), ("UNKNOWN", ""),
+    ("READY", "UNHEALTHY_MAINTENANCE"), ("READY", "TIMEOUT"),
+])
+def test_row_repair_wait(state: str, health: str) -> None:
+    d = tick(obs(node(state, health)), idle(), now=100)
+    assert d.row == "repair_wait"
+    assert d.memory.phase is Phase.WAITING_NODE and d.memory.unhealthy_since == at(100)
+    assert d.actions == (Wait(at(700), d.actions[0].reason),)  # type: ignore[union-attr]
+    # first sight is kept: a later tick waits for the same deadline
+    d2 = tick(obs(node(state, health)), d.memory, now=400)
+    assert d2.row == "repair_wait" and d2.memory.unhealthy_since == at(100)
+
+
+def test_row_repair_timeout() -> None:
+    m = idle(phase=Phase.WAITING_NODE, unhealthy_since=at(0))
+    d = tick(obs(node("REPAIRING")), m, now=600)
+    assert d.row == "repair_timeout"
+    assert d.actions == (DeleteNode(NAME, ZONES[0], d.actions[0].reason),)  # type: ignore[union-attr]
+    assert (d.memory.phase, d.memory.recreates, d.memory.pending_kind) == (Phase.DELETING, 1, "delete")
+
+
+@pytest.mark.parametrize("state", ["PREEMPTED", "TERMINATED"])
+def test_row_dead_node(state: str) -> None:
+    d = tick(obs(node(state), probes=None), run_mem(), now=500)
+    assert d.row == "dead_node"
+    assert kinds(d) == ["delete"]  # no stop: the workers are gone with the node
+    assert d.ended[0].outcome == "disruption" and d.memory.restarts == 0 and d.memory.disruptions == 1
+    assert d.memory.phase is Phase.DELETING and d.memory.deleting_node_id == "n1"
+
+
+def test_row_not_owned() -> None:
+    d = tick(obs(node("PREEMPTED", owned=False)), idle(), now=10)
+    assert d.row == "not_owned"
+    assert kinds(d) == ["needs_person"] and d.exit_code == 1
+    assert "not owned: will not delete pod (label tpuwatch-job=job missing); pass --adopt" in d.summary
+    assert d.memory.phase is Phase.HALTED and d.memory.recreates == 0
+    adopted = tick(obs(node("PREEMPTED", owned=False), adopt=True), idle(), now=10)
+    assert adopted.row == "dead_node" and kinds(adopted) == ["delete"]
+
+
+def test_row_recreate_budget_spent() -> None:
+    d = tick(obs(node("TERMINATED")), idle(recreates=2), now=10)
+    assert d.row == "recreate_budget_spent"
+    assert kinds(d) == ["fail"] and d.memory.phase is Phase.FAILED and d.exit_code == 1
+    assert "max_recreates = 2" in d.memory.reason
+
+
+def test_row_node_missing() -> None:
+    d = tick(obs(missing=True), run_mem(), now=500)
+    assert d.row == "node_missing"
+    assert kinds(d) == ["needs_person"] and d.exit_code == 1
+    assert d.memory.phase is Phase.HALTED and "--recreate-missing" in d.summary
+    assert d.ended[0].outcome == "disruption"
+    # not sticky: once the node is back, the job resumes
+    back = tick(obs(probes=absent(), checkpoint=ckpt(100)), d.memory, now=600)
+    assert back.row == "launch" and back.memory.attempt == 2
+
+
+def test_row_recreate_missing() -> None:
+    d = tick(obs(missing=True, recreate_missing=True), idle(), now=5)
+    assert d.row == "recreate_missing"
+    assert d.actions == (CreateNode(NAME, ZONES[0], d.actions[0].reason),)  # type: ignore[union-attr]
+    assert (d.memory.phase, d.memory.recreates, d.memory.pending_kind) == (Phase.CREATING, 1, "create")
+
+
+QR_NAME = "projects/p/locations/us-central2-b/queuedResources/pod-qr"
+
+
+@pytest.mark.parametrize("state", ["SUSPENDING", "SUSPENDED", "FAILED"])
+def test_row_queued_preempted(state: str) -> None:
+    taken = QueuedStatus(QR_NAME, state)
+    # The node is being deleted by the service while the job runs: a disruption, not a halt.
+    d = tick(obs(node("DELETING"), probes=None, queued=taken), run_mem(), now=500)
+    assert d.row == "queued_preempted" and d.exit_code == 0
+    assert kinds(d) == ["delete"] and d.memory.phase is Phase.DELETING and d.memory.recreates == 1
+    assert d.ended[0].outcome == "disruption" and d.memory.restarts == 0
+    assert f"pod-qr is {state}" in d.summary and "not charged" in d.summary
+    # Already gone (a cron tick came late): the request alone is deleted, then followed to its end.
+    gone = tick(obs(missing=True, queued=taken), run_mem(), now=500)
+    assert gone.row == "queued_preempted" and kinds(gone) == ["delete"] and gone.memory.deleting_node_id == ""
+    follow = tick(obs(missing=True, queued=QueuedStatus(QR_NAME, "DELETING")),
+                  replace(gone.memory, pending_op="op-1"), now=510)
+    assert follow.row == "deleting" and kinds(follow) == ["follow"]
+    after = tick(obs(missing=True, queued=QueuedStatus(QR_NAME, ""), operation=op("op-1")),
+                 replace(gone.memory, pending_op="op-1"), now=520)
+    assert after.row == "create_after_delete" and kinds(after) == ["create"]
+    # A request a person deleted (none left) keeps the node a person's business.
+    person = tick(obs(missing=True, queued=QueuedStatus(QR_NAME, "")), run_mem(), now=500)
+    assert person.row == "node_missing" and person.exit_code == 1
+    # While the request still stands (ACTIVE), a deleting node is someone else's doing.
+    active = tick(obs(node("DELETING"), queued=QueuedStatus(QR_NAME, "ACTIVE")), idle(), now=5)
+    assert active.row == "someone_deleting"
+
+
+def test_a_queued_resource_given_up_while_its_create_is_followed_is_queued() -> None:
+    creating = replace(idle(), phase=Phase.CREATING, pending_op="op-9", zone=ZONES[0])
+    d = tick(obs(missing=True, operation=op("op-9"), queued=QueuedStatus(QR_NAME, "FAILED", 8, "Quota limit hit")),
+             creating, now=50)
+    assert d.row == "no_capacity" and d.memory.phase is Phase.QUEUED
+    assert "queued resource pod-qr FAILED: Quota limit hit" in d.summary
+
+
+def test_row_someone_deleting() -> None:
+    d = tick(obs(node("DELETING")), idle(), now=5)
+    assert d.row == "someone_deleting"
+    assert kinds(d) == ["needs_person"] and d.memory.phase is Phase.HALTED and d.exit_code == 1
+
+
+@pytest.mark.parametrize("state", ["STOPPED", "STOPPING", "HIDDEN"])
+def test_row_person_stopped(state: str) -> None:
+    d = tick(obs(node(state)), run_mem(), now=500)
+    assert d.row == "person_stopped"
+    assert kinds(d) == ["wait"] and d.exit_code == 0
+    assert d.memory.phase is Phase.PAUSED and "a person stopped it" in d.summary
+    assert d.ended[0].outcome == "disruption" and d.memory.restarts == 0
+    # long after repair_timeout it is still left alone
+    later = tick(obs(node(state)), d.memory, now=50_000)
+    assert later.row == "person_stopped" and "delete" not in kinds(later)
+
+
+def test_row_unknown_state() -> None:
+    d = tick(obs(node("UNKNOWN_ENUM_99")), idle(), now=0)
+    assert d.row == "unknown_state" and d.memory.phase is Phase.WAITING_NODE
+    late = tick(obs(node("UNKNOWN_ENUM_99")), d.memory, now=600)
+    assert late.row == "unknown_state"
+    assert kinds(late) == ["needs_person"] and late.memory.phase is Phase.HALTED
+
+
+def test_row_unhealthy_running() -> None:
+    d = tick(obs(node("READY", "UNHEALTHY_MAINTENANCE"), probes=running(1)), run_mem(), now=100)
+    assert d.row == "unhealthy_running"
+    assert d.actions == () and d.memory.phase is Phase.RUNNING
+    assert any("UNHEALTHY_MAINTENANCE" in e.what for e in d.memory.evidence)
+    # far past repair_timeout, a live attempt is still not killed
+    later = tick(obs(node("READY", "UNHEALTHY_MAINTENANCE"), probes=running(1)), d.memory, now=5000)
+    assert later.row == "unhealthy_running" and later.actions == ()
+
+
+def _deleting(pending: str | None = "op-del") -> object:
+    return idle(phase=Phase.DELETING, pending_op=pending, recreates=1,
+                deleting_node_id="n1")
+
+
+def test_row_deleting() -> None:
+    d = tick(obs(node("DELETING"), operation=op("op-del", done=False)), _deleting(), now=5)  # type: ignore[arg-type]
+    assert d.row == "deleting"
+    assert d.actions == (FollowOperation("op-del", "delete", d.actions[0].reason),)  # type: ignore[union-attr]
+
+
+def test_row_delete_resume() -> None:
+    d = tick(obs(node("PREEMPTED")), _deleting(pending=None), now=5)  # type: ignore[arg-type]
+    assert d.row == "delete_resume" and kinds(d) == ["delete"]
+    assert d.memory.recreates == 1  # the same recreate, not a new one
+
+
+def test_row_delete_failed() -> None:
+    d = tick(obs(node("PREEMPTED"), operation=op("op-del", code=7, message="denied")), _deleting(), now=5)  # type: ignore[arg-type]
+    assert d.row == "delete_failed" and d.memory.phase is Phase.FAILED and "denied" in d.summary
+
+
+def test_row_operation_timeout() -> None:
+    # CFG.operation_timeout is the default hour; the operations were journaled at at(0)
+    late_del = replace(op("op-del", done=False), started=at(0))
+    d = tick(obs(node("DELETING"), operation=late_del), _deleting(), now=3599)  # type: ignore[arg-type]
+    assert d.row == "deleting" and d.memory.phase is Phase.DELETING
+    d = tick(obs(node("DELETING"), operation=late_del), _deleting(), now=3600)  # type: ignore[arg-type]
+    assert d.row == "operation_timeout" and d.memory.phase is Phase.FAILED and d.exit_code == 1
+    assert "op-del" in d.summary and "recovery.operation_timeout" in d.summary
+    assert not any(isinstance(a, (DeleteNode, CreateNode)) for a in d.actions)
+    late_create = replace(op("op-c", done=False), started=at(0))
+    c = tick(obs(missing=True, operation=late_create), _creating(), now=7200)  # type: ignore[arg-type]
+    assert c.row == "operation_timeout" and "the create of node" in c.summary
+    unknown_age = op("op-c", done=False)  # no journal row: never timed out on a guess
+    assert tick(obs(missing=True, operation=unknown_age), _creating(), now=10**6).row == "creating"  # type: ignore[arg-type]
+
+
+def test_row_create_after_delete() -> None:
+    d = tick(obs(missing=True, operation=op("op-del")), _deleting(), now=5)  # type: ignore[arg-type]
+    assert d.row == "create_after_delete"
+    assert d.actions == (CreateNode(NAME, ZONES[0], d.actions[0].reason),)  # type: ignore[union-attr]
+    assert d.operation_done == "op-del"
+    assert (d.memory.phase, d.memory.pending_op, d.memory.pending_kind) == (Phase.CREATING, None, "create")
+
+
+def _creating(pending: str | None = "op-c", zone_try: int = 0) -> object:
+    return idle(phase=Phase.CREATING, pending_op=pending, recreates=1,
+                zone=ZONES[zone_try], zone_try=zone_try)
+
+
+def test_row_creating() -> None:
+    d = tick(obs(missing=True, operation=op("op-c", done=False)), _creating(), now=5)  # type: ignore[arg-type]
+    assert d.row == "creating"
+    assert d.actions == (FollowOperation("op-c", "create", d.actions[0].reason),)  # type: ignore[union-attr]
+
+
+def test_row_create_resume() -> None:
+    d = tick(obs(missing=True), _creating(pending=None), now=5)  # type: ignore[arg-type]
+    assert d.row == "create_resume" and kinds(d) == ["create"]
+
+
+def test_row_created() -> None:
+    d = tick(obs(node("CREATING", id="n2"), operation=op("op-c")), _creating(), now=5)  # type: ignore[arg-type]
+    assert d.row == "created" and d.memory.phase is Phase.IDLE and d.operation_done == "op-c"
+    assert d.memory.pending_kind == "" and d.memory.pending_op is None
+    # ALREADY_EXISTS from tpuwatch's own create is success
+    exists = tick(obs(node(id="n2"), operation=op("op-c", code=6, message="exists"), create_failure="exists"),
+                  _creating(), now=5)  # type: ignore[arg-type]
+    assert exists.row == "created" and exists.memory.phase is Phase.IDLE
+
+
+def test_row_create_failed() -> None:
+    o = obs(missing=True, operation=op("op-c", code=3, message="bad accelerator"), create_failure="fatal")
+    d = tick(o, _creating(), now=5)  # type: ignore[arg-type]
+    assert d.row == "create_failed" and d.memory.phase is Phase.FAILED and "bad accelerator" in d.summary
+
+
+def test_row_no_capacity() -> None:
+    o = obs(missing=True, operation=op("op-c", code=8, message="There is no more capacity in the zone"),
+            create_failure="queueable", jitter=0.0)
+    d = tick(o, _creating(), now=100)  # type: ignore[arg-type]
+    assert d.row == "no_capacity" and kinds(d) == ["wait"]
+    m = d.memory
+    assert (m.phase, m.queued_since, m.queue_tries, m.retry_at) == (Phase.QUEUED, at(100), 1, at(105))
+    assert m.pending_kind == "" and d.exit_code == 0
+
+
+def _queued(since: float, retry: float, zone_try: int = 0) -> object:
+    return idle(phase=Phase.QUEUED, queued_since=at(since), retry_at=at(retry), queue_tries=3,
+                zone=ZONES[zone_try], zone_try=zone_try, recreates=1)
+
+
+def test_row_queued() -> None:
+    d = tick(obs(missing=True), _queued(0, 100), now=50)  # type: ignore[arg-type]
+    assert d.row == "queued" and d.actions == (Wait(at(100), d.actions[0].reason),)  # type: ignore[union-attr]
+
+
+def test_row_queue_retry() -> None:
+    same = tick(obs(missing=True), _queued(0, 100), now=100)  # type: ignore[arg-type]
+    assert same.row == "queue_retry"
+    assert same.actions == (CreateNode(NAME, ZONES[0], same.actions[0].reason),)  # type: ignore[union-attr]
+    assert same.memory.queue_tries == 3  # the backoff keeps growing in this zone
+    moved = tick(obs(missing=True), _queued(0, 3600), now=3600)  # type: ignore[arg-type]
+    assert moved.row == "queue_retry"
+    assert moved.actions == (CreateNode(NAME, ZONES[1], moved.actions[0].reason),)  # type: ignore[union-attr]
+    assert (moved.memory.zone, moved.memory.zone_try, moved.memory.queue_tries) == (ZONES[1], 1, 0)
+
+
+def test_row_queue_exhausted() -> None:
+    d = tick(obs(missing=True), _queued(0, 3600, zone_try=1), now=3600)  # type: ignore[arg-type]
+    assert d.row == "queue_exhausted" and d.memory.phase is Phase.FAILED
+    assert ZONES[0] in d.summary and ZONES[1] in d.summary
+
+
+def test_row_backoff() -> None:
+    m = idle(phase=Phase.BACKOFF, attempt=1, restarts=1, backoff_until=at(200), last_end=last_end())
+    d = tick(obs(probes=absent()), m, now=150)
+    assert d.row == "backoff" and d.actions == (Wait(at(200), d.actions[0].reason),)  # type: ignore[union-attr]
+    after = tick(obs(probes=absent()), m, now=200)
+    assert after.row == "launch" and after.memory.attempt == 2
+
+
+def test_row_probe_failed() -> None:
+    d = tick(obs(probes=None), run_mem(), now=100)
+    assert d.row == "probe_failed" and kinds(d) == ["wait"] and d.memory == run_mem()
+
+
+def test_row_workers_unreachable() -> None:
+    all_gone = (probe(0, "unreachable", None), probe(1, "unreachable", None))
+    d = tick(obs(probes=all_gone), run_mem(), now=100)
+    assert d.row == "workers_unreachable" and kinds(d) == ["wait"] and d.ended == ()
+    # nor is anything launched while a worker cannot be cleaned up
+    d2 = tick(obs(probes=(probe(0, "absent", None), probe(1, "unreachable", None))), idle(), now=100)
+    assert d2.row == "workers_unreachable" and "launch" not in kinds(d2)
+
+
+def _refused(worker: int) -> WorkerProbe:
+    return WorkerProbe(worker, "unreachable", detail="login refused: worker 1 of pod refused the login as 'alice' "
+                       "with /k (Permission denied (publickey).); check ssh.user", login_refused=True)
+
+
+def test_row_keys_not_there_yet() -> None:
+    probes = (probe(0, "absent", None), _refused(1))
+    # 60 s after the node's create time (T0): keys not there yet; nothing launched, not halted
+    d = tick(obs(probes=probes), idle(), now=60)
+    assert d.row == "keys_not_there_yet" and kinds(d) == ["wait"] and d.exit_code == 0
+    assert "keys not there yet" in d.summary and d.memory.phase is Phase.IDLE
+    # a heal long after the create: the maintenance time in health_description is the boot
+    healed = replace(node(), maintenance_time=at(10_000))
+    assert tick(obs(healed, probes=probes), idle(), now=10_100).row == "keys_not_there_yet"
+    # a boot the policy saw: the node was not usable on the last tick, and is now
+    down = tick(obs(node(health="UNHEALTHY_MAINTENANCE")), idle(), now=20_000).memory
+    assert down.node_down and down.node_seen == "n1"
+    up = tick(obs(probes=probes), down, now=20_050)
+    assert up.row == "keys_not_there_yet" and up.memory.booted_at == at(20_050)
+    # a node id other than the one it knew (recreated by someone else): a boot too
+    d = tick(obs(node(id="n2"), probes=probes), idle(), now=30_000)
+    assert d.row == "keys_not_there_yet" and d.memory.booted_at == at(30_000)
+    # the first node it ever sees is no boot of its own: its create time counts
+    first = tick(obs(probes=probes), idle(node_seen=""), now=30_000)
+    assert first.memory.booted_at is None and first.row == "login_refused"
+    # a launched attempt no worker shows yet, refused within the grace: waits as well
+    d = tick(obs(probes=probes), run_mem(start=30, attempt_seen=False), now=90)
+    assert d.row == "keys_not_there_yet" and d.ended == () and "launch" not in kinds(d)
+
+
+def test_row_login_refused() -> None:
+    probes = (probe(0, "absent", None), _refused(1))
+    d = tick(obs(probes=probes), idle(), now=301)  # login_grace is 300 s after the create (T0)
+    assert d.row == "login_refused" and d.exit_code == 1 and d.memory.phase is Phase.HALTED
+    (action,) = d.actions
+    assert isinstance(action, NeedsPerson)
+    assert "'alice'" in action.reason and "/k" in action.reason and "check ssh.user" in action.reason
+    assert "ssh.login_grace" in action.reason
+    # once it logs in, the job goes on (launch)
+    again = tick(obs(probes=absent()), d.memory, now=400)
+    assert again.row == "launch"
+    # a launched attempt that never showed up, past the grace: the same stop
+    d = tick(obs(probes=probes), run_mem(start=30, attempt_seen=False), now=1000)
+    assert d.row == "login_refused" and d.exit_code == 1
+    # ssh.login_grace = 0: no wait at all
+    assert tick(obs(probes=probes), idle(), now=1, cfg=replace(CFG, login_grace=0.0)).row == "login_refused"
+
+
+def test_row_unreachable_grace() -> None:
+    probes = (probe(0, "running", 1), probe(1, "unreachable", None))
+    d = tick(obs(probes=probes), run_mem(), now=100)
+    assert d.row == "unreachable_grace" and d.memory.unreachable_since == at(100) and d.ended == ()
+    still = tick(obs(probes=probes), d.memory, now=129)
+    assert still.row == "unreachable_grace"
+    ended = tick(obs(probes=probes, checkpoint=ckpt(120)), still.memory, now=130)
+    assert ended.row == "failure" and kinds(ended) == ["stop", "wait"]
+    assert "unreachable" in ended.ended[0].reason
+    # the worker answering again clears the clock
+    back = tick(obs(probes=running(1)), d.memory, now=110)
+    assert back.row == "running" and back.memory.unreachable_since is None
+
+
+def test_row_end_confirm() -> None:
+    # worker 0's process vanished (no exit code) on a node this tick saw READY+HEALTHY
+    vanished = (probe(0, "absent", 1), probe(1, "running", 1))
+    d = tick(obs(probes=vanished, checkpoint=ckpt(150)), run_mem(), now=500)
+    assert d.row == "end_confirm" and kinds(d) == ["wait"] and d.ended == ()
+    assert d.memory.phase is Phase.RUNNING and d.memory.end_seen == at(500) and d.memory.restarts == 0
+    assert "nothing charged yet" in d.summary
+    # the next tick still sees nothing that explains it: charged then, its run time to the sighting
+    again = tick(obs(probes=vanished, checkpoint=ckpt(150), jitter=0.0), d.memory, now=510)
+    assert again.row == "failure" and again.ended[0].charged and again.memory.restarts == 1
+    assert again.ended[0].end == at(510) and "after 8m20s" in again.ended[0].reason
+    assert again.memory.end_seen is None
+    # an exit code of the job's own is charged at once, as before
+    own = tick(obs(probes=exited({0: 1}), checkpoint=ckpt(150)), run_mem(), now=500)
+    assert own.row == "failure" and own.ended[0].charged
+
+
+def test_row_stale_workers() -> None:
+    m = idle(phase=Phase.BACKOFF, attempt=2, restarts=1, backoff_until=at(0), last_end=last_end(attempt=2))
+    d = tick(obs(probes=(probe(0, "exited", 2, 1), probe(1, "running", 2))), m, now=100)
+    assert d.row == "stale_workers" and kinds(d) == ["stop"]
+
+
+def test_row_adopt_running() -> None:
+    d = tick(obs(probes=running(4), checkpoint=ckpt(70)), idle(attempt=3), now=100)
+    assert d.row == "adopt_running" and d.actions == ()
+    m = d.memory
+    assert (m.phase, m.attempt, m.attempt_seen, m.attempt_start_step) == (Phase.RUNNING, 4, True, 70)
+
+
+def test_row_survived() -> None:
+    m = idle(attempt=1, disruptions=1, last_end=last_end(outcome="disruption", charged=False, start=10))
+    d = tick(obs(probes=running(1)), m, now=900)
+    assert d.row == "survived" and d.actions == ()
+    assert (d.memory.phase, d.memory.attempt, d.memory.attempt_start) == (Phase.RUNNING, 1, at(10))
+
+
+def test_row_launch_unseen() -> None:
+    m = run_mem(attempt_seen=False)
+    d = tick(obs(probes=absent(), checkpoint=ckpt(100)), m, now=30)
+    assert d.row == "launch_unseen"
+    assert d.actions == (Launch(1, ckpt(100), d.actions[0].reason),)  # type: ignore[union-attr]
+    assert d.memory.launch_tries == 1 and d.memory.restarts == 0
+    spent = tick(obs(probes=absent(), checkpoint=ckpt(100)), run_mem(attempt_seen=False, launch_tries=3), now=30)
+    assert spent.row == "failed_start" and spent.memory.restarts == 1
+    assert "never started" in spent.ended[0].reason
+
+
+def test_row_terminal() -> None:
+    done = idle(phase=Phase.DONE, reason="attempt 3: worker 0 exited 0")
+    d = tick(obs(node("PREEMPTED")), done, now=5)
+    assert d.row == "terminal" and d.actions == () and d.exit_code == 0 and d.memory == done
+    failed = idle(phase=Phase.FAILED, reason="restart budget spent")
+    f = tick(obs(probes=absent()), failed, now=5)
+    assert f.row == "terminal" and f.actions == () and f.exit_code == 1 and "restart budget spent" in f.summary
+    # a worker left running (the tick that ended the job was killed before its stop) is stopped
+    left = tick(obs(probes=(probe(0, "exited", 3, 42), probe(1, "running", 3))), failed, now=5)
+    assert left.row == "terminal" and kinds(left) == ["stop"] and left.memory == failed
+
+
+# --- impossible observations name the phase and the evidence ---------------------------------
+
+
+def test_impossible_newer_attempt_on_a_worker() -> None:
+    with pytest.raises(ImpossibleObservation) as exc:
+        tick(obs(probes=running(7)), run_mem(attempt=2), now=10)
+    assert "phase running" in str(exc.value) and "attempt 7" in str(exc.value)
+
+
+def test_impossible_operation_without_pending() -> None:
+    with pytest.raises(ImpossibleObservation) as exc:
+        tick(obs(operation=op("op-x")), idle(), now=10)
+    assert "phase idle" in str(exc.value) and "op-x" in str(exc.value)
+
+
+def test_impossible_other_node_and_jitter() -> None:
+    with pytest.raises(ImpossibleObservation, match="watches 'pod'"):
+        tick(obs(replace(node(), name="other")), idle(), now=10)
+    with pytest.raises(ImpossibleObservation, match="jitter"):
+        tick(obs(jitter=1.0), idle(), now=10)
+    with pytest.raises(ImpossibleObservation, match="two probes"):
+        tick(obs(probes=(probe(0, "absent"), probe(0, "absent"))), idle(), now=10)
+
+
+def test_failed_create_must_be_classified() -> None:
+    with pytest.raises(ImpossibleObservation, match="create_failure"):
+        tick(obs(missing=True, operation=op("op-c", code=8)), _creating(), now=5)  # type: ignore[arg-type]
+
+
+def test_stop_comes_before_the_end_of_the_job() -> None:
+    """The tick carries actions out in order: the other workers are stopped, then done is marked."""
+    d = tick(obs(probes=exited({0: 0}, workers=4)), run_mem(), now=3000)
+    assert isinstance(d.actions[0], StopWorkers) and kinds(d) == ["stop", "done"]
+
+
+def test_not_owned_message_names_the_label_it_has() -> None:
+    n = replace(node("PREEMPTED"), labels={"tpuwatch-job": "job-2"})
+    d = tick(obs(n), idle(), now=5)
+    assert d.row == "not_owned"
+    person = d.actions[0]
+    assert isinstance(person, NeedsPerson) and person.evidence == ("it has tpuwatch-job=job-2",)
+
+
+# -- environment checks: tpuwatch.workers.precheck results in Observation.precheck ----------
+
+
+def test_row_precheck_fix() -> None:
+    o = obs(probes=absent(), checkpoint=ckpt(100), precheck=pre(("libtpu_lock", 1, True)))
+    d = tick(o, idle(), now=5)
+    assert d.row == "precheck_fix"
+    assert kinds(d) == ["stop"] and "w1 libtpu_lock" in d.actions[0].reason  # type: ignore[union-attr]
+    assert d.memory.phase is Phase.IDLE and d.memory.restarts == 0 and d.exit_code == 0
+    # the tick cleaned up and checked again: all green now, so it launches
+    again = tick(replace(o, precheck=pre(), precheck_fixed=True), idle(), now=5)
+    assert again.row == "launch" and kinds(again) == ["launch"]
+    # still failing after the cleanup: not fixable after all, so it waits like any bad node
+    stuck = tick(replace(o, precheck_fixed=True), idle(), now=5)
+    assert stuck.row == "precheck_wait"
+
+
+def test_row_precheck_wait() -> None:
+    o = obs(probes=absent(), checkpoint=ckpt(100), precheck=pre(("devices", 1, False)))
+    d = tick(o, idle(restarts=1), now=100)
+    assert d.row == "precheck_wait"
+    assert kinds(d) == ["wait"] and d.actions[0].until == at(700)  # type: ignore[union-attr]
+    m = d.memory
+    assert (m.phase, m.env_failing_since, m.restarts, m.attempt) == (Phase.WAITING_NODE, at(100), 1, 0)
+    assert "w1 devices: bad devices" in d.summary and d.exit_code == 0
+    # the node is usable, so the next tick tries again: the wait counts from the first failure
+    d2 = tick(o, m, now=400)
+    assert d2.row == "precheck_wait" and d2.memory.env_failing_since == at(100)
+    # fixed by someone: launch, and the failure is forgotten
+    d3 = tick(replace(o, precheck=pre()), d2.memory, now=500)
+    assert d3.row == "launch" and d3.memory.env_failing_since is None and d3.memory.restarts == 1
+
+
+def test_row_precheck_recreate() -> None:
+    o = obs(probes=absent(), checkpoint=ckpt(100), precheck=pre(("disk", 0, False)))
+    d = tick(o, idle(phase=Phase.WAITING_NODE, env_failing_since=at(0)), now=600)
+    assert d.row == "precheck_recreate"
+    assert kinds(d) == ["delete"]
+    m = d.memory
+    assert (m.phase, m.recreates, m.restarts, m.env_failing_since) == (Phase.DELETING, 1, 0, None)
+    assert "w0 disk" in d.actions[0].reason and "repair_timeout" in d.actions[0].reason  # type: ignore[union-attr]
+
+
+def test_row_precheck_needs_person() -> None:
+    o = obs(node(owned=False), probes=absent(), checkpoint=ckpt(100), precheck=pre(("devices", 1, False)))
+    d = tick(o, idle(env_failing_since=at(0)), now=700)
+    assert d.row == "precheck_needs_person"
+    assert d.memory.phase is Phase.HALTED and d.exit_code == 1
+    person = d.actions[-1]
+    assert isinstance(person, NeedsPerson)
+    assert person.evidence == ("w1 devices: bad devices, need good devices",)
+    assert "--adopt" in person.reason
+    # --adopt lets tpuwatch isolate the node instead
+    assert tick(replace(o, adopt=True), idle(env_failing_since=at(0)), now=700).row == "precheck_recreate"
+
+
+def test_row_hung() -> None:
+    from policy_support import CFG
+
+    cfg = replace(CFG, hang_timeout=3600.0)
+    m = run_mem(start=0.0, step=100)
+    assert tick(obs(probes=running(1), checkpoint=ckpt(100)), m, now=3599, cfg=cfg).row == "running"
+    d = tick(obs(probes=running(1), checkpoint=ckpt(100)), m, now=3600, cfg=cfg)
+    assert d.row == "hung" and kinds(d) == ["stop", "wait"]
+    end = d.ended[0]
+    assert end.charged and end.outcome == "failure" and "hung: no new checkpoint for 1h00m" in end.reason
+    assert (d.memory.phase, d.memory.restarts, d.memory.no_progress) == (Phase.BACKOFF, 1, 1)
+    # off by default: the same attempt is followed for ever
+    assert tick(obs(probes=running(1), checkpoint=ckpt(100)), m, now=10 * 86400).row == "running"

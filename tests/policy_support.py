@@ -1,0 +1,159 @@
+"""Builders shared by the policy tests: nodes, probes, observations and memories in a few words.
+
+No tests here; the policy is pure, so these are plain values and no simulator is needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from tpuwatch.model import (
+    AuditEvent,
+    CheckItem,
+    Checkpoint,
+    NodeSnapshot,
+    OperationStatus,
+    PrecheckReport,
+    Symptom,
+    UpcomingMaintenance,
+    WorkerProbe,
+)
+from tpuwatch.policy import (
+    AttemptEnd,
+    Decision,
+    Memory,
+    Observation,
+    Phase,
+    PolicyConfig,
+    decide,
+)
+
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
+NAME = "pod"
+JOB = "job"
+ZONES = ("us-central2-b", "us-east1-d")
+
+CFG = PolicyConfig(
+    job=JOB,
+    tpu_name=NAME,
+    zones=ZONES,
+    repair_timeout=600.0,
+    max_restarts=2,
+    max_recreates=2,
+    no_progress_limit=3,
+    min_uptime=60.0,
+    queue_timeout=3600.0,
+    fail_fast_exit_codes=frozenset({42}),
+    backoff_base=10.0,
+    backoff_max=80.0,
+    stable_run=1000.0,
+    poll_interval=10.0,
+    unreachable_grace=30.0,
+    evidence_window=1800.0,
+)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def node(state: str = "READY", health: str = "HEALTHY", id: str = "n1", owned: bool = True,
+         **kw: Any) -> NodeSnapshot:
+    return NodeSnapshot(
+        name=NAME, project="proj", zone=ZONES[0], id=id, create_time=T0, state=state, health=health,
+        health_description="", maintenance_time=None,
+        labels={"tpuwatch-job": JOB} if owned else {}, **kw,
+    )
+
+
+def ckpt(step: int) -> Checkpoint:
+    return Checkpoint(path=f"/ckpt/{step}", step=step, layout="orbax", time=None)
+
+
+def running(attempt: int, workers: int = 2) -> tuple[WorkerProbe, ...]:
+    return tuple(WorkerProbe(w, "running", attempt=attempt, pid=100 + w) for w in range(workers))
+
+
+def absent(workers: int = 2) -> tuple[WorkerProbe, ...]:
+    return tuple(WorkerProbe(w, "absent") for w in range(workers))
+
+
+def probe(worker: int, state: str, attempt: int | None = 1, code: int | None = None) -> WorkerProbe:
+    return WorkerProbe(worker, state, attempt=attempt, exit_code=code)  # type: ignore[arg-type]
+
+
+def exited(codes: dict[int, int], attempt: int = 1, workers: int = 2) -> tuple[WorkerProbe, ...]:
+    """Workers in `codes` exited with their code; the others still run `attempt`."""
+    return tuple(
+        probe(w, "exited", attempt, codes[w]) if w in codes else probe(w, "running", attempt)
+        for w in range(workers)
+    )
+
+
+def event(kind: str, t: datetime, reason: str = "") -> AuditEvent:
+    method = {"terminate": "tpu.nodes.terminate", "restart": "tpu.nodes.restart"}.get(kind, "x")
+    return AuditEvent(time=t, kind=kind, node=NAME, worker=None, method=method,  # type: ignore[arg-type]
+                      reason=reason, insert_id=f"{kind}-{t.isoformat()}", resource_name=f"nodes/{NAME}")
+
+
+def symptom(t: datetime) -> Symptom:
+    return Symptom(type="EXECUTE_TIMED_OUT", worker_id="1", time=t, details="")
+
+
+def ongoing() -> UpcomingMaintenance:
+    return UpcomingMaintenance("UNSCHEDULED", "ONGOING", False, None, None, None)
+
+
+def op(name: str, done: bool = True, code: int = 0, message: str = "") -> OperationStatus:
+    return OperationStatus(name=name, done=done, error_code=code, error_message=message)
+
+
+def obs(n: NodeSnapshot | None = None, *, missing: bool = False, **kw: Any) -> Observation:
+    """An observation of node `n` (default READY+HEALTHY, owned), or of no node when `missing`."""
+    the_node = None if missing else (n if n is not None else node())
+    return Observation(node=the_node, **kw)
+
+
+def idle(**kw: Any) -> Memory:
+    """Memory with no attempt alive, that has seen node n1 before (no boot of its own to count)."""
+    return replace(Memory.initial(ZONES[0]), **{"node_seen": "n1", **kw})
+
+
+def run_mem(attempt: int = 1, start: float = 0.0, step: int | None = 100, **kw: Any) -> Memory:
+    """Memory following attempt `attempt`, started at at(start) from checkpoint `step` on node n1."""
+    base = dict(phase=Phase.RUNNING, attempt=attempt, attempt_start=at(start), attempt_node_id="n1",
+                attempt_start_step=step, attempt_seen=True, node_seen="n1")
+    base.update(kw)
+    return replace(Memory.initial(ZONES[0]), **base)
+
+
+def last_end(attempt: int = 1, outcome: str = "failure", charged: bool = True, start: float = 0.0,
+             end: float = 500.0, streak_added: bool = False) -> AttemptEnd:
+    return AttemptEnd(attempt, at(start), at(end), "n1", 100, 100, outcome, charged, 1, "test end", streak_added)
+
+
+def tick(o: Observation, m: Memory, now: float, cfg: PolicyConfig = CFG) -> Decision:
+    return decide(o, m, cfg, at(now))
+
+
+def kinds(d: Decision) -> list[str]:
+    return [a.kind for a in d.actions]
+
+
+def pre(*failing: tuple[str, int, bool], context: str = "launch", t: float = 0.0, node_id: str = "n1",
+        workers: int = 2, unreachable: tuple[int, ...] = ()) -> PrecheckReport:
+    """Environment checks: every check passes on every worker but the (check, worker, fixable) given."""
+    bad = {(c, w): f for c, w, f in failing}
+    items = []
+    for w in range(workers):
+        if w in unreachable:
+            continue
+        for c in ("disk", "devices", "libtpu_lock"):
+            if (c, w) in bad:
+                items.append(CheckItem(c, w, "fail", f"bad {c}", f"good {c}", fixable=bad[(c, w)]))
+            else:
+                items.append(CheckItem(c, w, "pass", f"good {c}", f"good {c}"))
+    return PrecheckReport(time=at(t), context=context, node_id=node_id,  # type: ignore[arg-type]
+                          items=tuple(items), unreachable=tuple((w, "ssh: connection refused") for w in unreachable))

@@ -1,0 +1,224 @@
+"""The goodput benchmark's engine, its tpuwatch driver (the real tick over in-memory ports) and
+its baseline models (tpuwatch.bench)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tpuwatch.bench import (
+    Fault,
+    Params,
+    Trace,
+    TraceConfig,
+    as_json,
+    make_tools,
+    make_trace,
+    run_all,
+    run_tool,
+    tpuwatch_config,
+)
+from tpuwatch.bench.tools import Tool, tpuwatch_tool
+from tpuwatch.bench.trace import make_bug_trace
+from tpuwatch.config import validate
+from tpuwatch.policy import PolicyConfig
+
+CONFIG = tpuwatch_config()
+CFG = PolicyConfig.from_config(CONFIG)
+TUNED = tpuwatch_config(hang_timeout="1h")
+TOOLS = {t.key: t for t in make_tools(CONFIG, TUNED)}
+
+
+def tool(key: str) -> Tool:
+    return TOOLS[key]
+
+
+def test_same_seed_same_figures_and_other_seed_other_trace() -> None:
+    p = Params(days=3)
+    a = run_all(list(TOOLS.values()), make_trace(3, p.days, p.workers), p)
+    b = run_all(list(TOOLS.values()), make_trace(3, p.days, p.workers), p)
+    ja, jb = as_json(a), as_json(b)
+    ja.pop("seconds"), jb.pop("seconds")
+    assert ja == jb
+    assert make_trace(3, 30, 4) == make_trace(3, 30, 4)
+    assert make_trace(3, 30, 4).faults != make_trace(4, 30, 4).faults
+
+
+@pytest.mark.parametrize("heal_after", [600.0, 617.0])
+def test_tpuwatch_stops_on_the_deterministic_bug_within_no_progress_limit(heal_after: float) -> None:
+    p = Params(days=2)
+    # 600 s: the node's restart entry carries the relaunch's own second, which must not excuse it
+    trace = make_bug_trace(p.days, heal_after=heal_after)
+    r = run_tool(tool("tpuwatch"), trace, p)
+    assert r.error == ""
+    assert r.memory is not None and r.memory["phase"] == "failed"
+    assert r.rows.get("no_progress") == 1
+    assert r.bad_launches == CFG.no_progress_limit
+    assert r.bug_seen_day is not None and r.stopped_day is not None
+    # stopped within a few minutes of the first failing launch: backoffs of 10-20 s plus polls
+    assert (r.stopped_day - r.bug_seen_day) * 86400 < CFG.no_progress_limit * (p.bug_exit_after + 2 * CFG.poll_interval)
+    assert r.bug_waste_vm_hours is not None and r.bug_waste_vm_hours < 0.5
+
+
+def test_bash_loop_never_stops_on_the_bug() -> None:
+    p = Params(days=2)
+    trace = make_bug_trace(p.days, heal_after=617.0)
+    r = run_tool(tool("bash"), trace, p)
+    assert r.stopped_day is None
+    assert r.bug_seen_day is not None
+    hours = (p.days - r.bug_seen_day) * 24
+    # it relaunches the bug about once a minute (exit after 60 s, gcloud start-up, sleep 1)
+    assert r.bad_launches > 0.9 * hours * 3600 / (p.bug_exit_after + p.gcloud_overhead + 1 + 1)
+    assert r.bug_waste_vm_hours == pytest.approx(hours * p.workers, rel=1e-6)
+    assert r.productive_steps == r.steps_run - r.steps_lost
+
+
+def test_a_healed_maintenance_is_not_charged() -> None:
+    p = Params(days=1)
+    t = 6 * 3600.0 + 11.0
+    trace = Trace(1, p.horizon, (Fault(t, "maintenance", heal_after=700.0),), ())
+    r = run_tool(tool("tpuwatch"), trace, p)
+    assert r.error == ""
+    assert r.memory is not None
+    assert (r.memory["restarts"], r.memory["disruptions"], r.memory["recreates"]) == (0, 1, 0)
+    assert r.memory["phase"] == "running" and r.memory["attempt"] == 2
+    n, median, _, never = r.resume_stats("maintenance")
+    assert (n, never) == (1, 0)
+    assert median is not None and 700.0 <= median <= 700.0 + CFG.poll_interval
+    assert r.rows.get("repair_wait", 0) > 0 and "failure" not in r.rows
+
+
+def test_goodput_never_beats_the_ideal_bound() -> None:
+    p = Params(days=6)
+    dense = TraceConfig(maintenance=40, stuck=10, preemptions=20, stockouts=10, crashes=20, hangs=10)
+    for seed in (0, 1):
+        report = run_all(list(TOOLS.values()), make_trace(seed, p.days, p.workers, dense), p)
+        ideal = report.ideal
+        assert ideal is not None and 0 < ideal.goodput < 1
+        for r in report.results:
+            assert r.error == "", (seed, r.key, r.error)
+            assert r.goodput <= ideal.goodput + 1e-9, (seed, r.key, r.goodput, ideal.goodput)
+            assert r.steps_lost >= 0 and r.productive_steps <= p.total_steps
+
+
+def test_a_job_that_finishes_ends_every_tool() -> None:
+    p = Params(days=1, steps=9000)  # 5 h of steps and saves, no faults
+    report = run_all(list(TOOLS.values()), Trace(2, p.horizon, (), ()), p)
+    for r in report.results:
+        assert r.productive_steps == 9000, r.key
+        assert r.stop_reason in ("job done", "done (success): attempt 1: worker 0 exited 0"), (r.key, r.stop_reason)
+        assert r.wall_hours < 6 and r.goodput > 0.9
+    assert min(r.wall_hours for r in report.results) == report.ideal.wall_hours  # type: ignore[union-attr]
+
+
+def test_one_quiet_node_costs_one_tpu_call_per_poll_and_one_log_read_a_minute() -> None:
+    """The real tick's cadence: the node every poll, the audit log once per audit_interval."""
+    p = Params(days=1)
+    r = run_tool(tool("tpuwatch"), Trace(5, p.horizon, (), ()), p)
+    assert r.tpu_per_hour == pytest.approx(3600 / CFG.poll_interval, rel=0.01)
+    assert r.log_per_hour == pytest.approx(60, rel=0.01)
+    assert r.ticks == pytest.approx(p.horizon / CFG.poll_interval, abs=2)
+    assert set(r.rows) == {"launch", "running"}
+
+
+def test_the_benchmark_config_keeps_the_product_defaults() -> None:
+    minimal = {"tpu": {"name": "llm-pod"}, "job": {"command": "x"}}
+    assert dict(CONFIG.recovery) == validate(minimal)["recovery"]
+    assert TUNED.recovery["hang_timeout"] == 3600.0 and CONFIG.recovery["hang_timeout"] == "auto"
+
+
+def test_fast_forward_gives_the_figures_of_every_tick() -> None:
+    """Skipping idle ticks replays measured periods: the same world, decisions and API counts."""
+    p = Params(days=2)
+    dense = TraceConfig(maintenance=60, stuck=15, preemptions=30, stockouts=15, crashes=30, hangs=45, bug_at=None)
+    trace = make_trace(11, p.days, p.workers, dense)
+    for cfg in (CONFIG, TUNED):
+        fast = run_tool(tpuwatch_tool("t", "t", cfg, ""), trace, p)
+        slow = run_tool(tpuwatch_tool("t", "t", cfg, "", skip_idle=False), trace, p)
+        assert fast.error == slow.error == ""
+        assert (fast.goodput, fast.meter, fast.rows, fast.ticks, fast.resume, fast.memory, fast.port_probes) == (
+            slow.goodput, slow.meter, slow.rows, slow.ticks, slow.resume, slow.memory, slow.port_probes)
+        # and it does skip (each jump ends where "auto" hang detection records the logs' growth,
+        # every 10 minutes, so about one tick in four or five still runs on this dense trace)
+        assert fast.real_ticks < slow.real_ticks / 2 and slow.real_ticks == slow.ticks
+
+
+def test_hang_timeout_stops_a_hung_job_and_resumes_it() -> None:
+    p = Params(days=1)
+    t = 5 * 3600.0 + 600.0  # 10 min after a checkpoint (every 1830 s from 120 s)
+    trace = Trace(8, p.horizon, (Fault(t, "hang"),), ())
+    r = run_tool(tool("tpuwatch-30d"), trace, p)
+    assert r.error == "" and r.rows.get("hung") == 1
+    assert r.memory is not None and r.memory["restarts"] == 1 and r.memory["phase"] == "running"
+    _, median, _, never = r.resume_stats("hang")
+    last_ckpt = 120.0 + (t - 120.0) // 1830.0 * 1830.0
+    assert never == 0 and median is not None
+    assert last_ckpt + 3600.0 - t <= median <= last_ckpt + 3600.0 - t + CFG.poll_interval + CFG.backoff_base + 10
+    # the defaults ("auto") stop it too, later: 3 x the 1830 s interval after that checkpoint,
+    # once the log has been silent as long (its growth is recorded every 10 minutes)
+    r = run_tool(tool("tpuwatch"), trace, p)
+    assert r.error == "" and r.rows.get("hung") == 1
+    _, median, _, never = r.resume_stats("hang")
+    assert never == 0 and median is not None
+    assert last_ckpt + 3 * 1830.0 - t <= median <= last_ckpt + 3 * 1830.0 - t + 600 + CFG.poll_interval + CFG.backoff_base + 10
+    # with hang detection off, nothing notices, and the job never runs again
+    assert run_tool(tpuwatch_tool("t", "t", tpuwatch_config(hang_timeout="0s"), ""), trace, p).resume_stats("hang")[3] == 1
+
+
+def test_preemption_with_stockout_waits_for_capacity() -> None:
+    p = Params(days=1)
+    t = 4 * 3600.0
+    trace = Trace(6, p.horizon, (Fault(t, "preemption"),), ((t, t + 3000.0),))
+    for key in ("ideal", "tpuwatch", "levanter", "skypilot"):
+        r = run_tool(tool(key), trace, p)
+        n, median, _, never = r.resume_stats("preemption")
+        assert (n, never) == (1, 0), key
+        assert median is not None and median >= 3000.0 + p.create_time, key
+    # tpunicorn tries the create once, meets the stockout, and never creates again
+    r = run_tool(tool("tpunicorn"), trace, p)
+    assert r.resume_stats("preemption")[3] == 1
+
+
+def test_stuck_maintenance_is_recreated_after_repair_timeout() -> None:
+    p = Params(days=1)
+    t = 3 * 3600.0 + 7.0
+    trace = Trace(7, p.horizon, (Fault(t, "stuck", stuck="UNKNOWN"),), ())
+    r = run_tool(tool("tpuwatch"), trace, p)
+    assert r.memory is not None and r.memory["recreates"] == 1 and r.memory["restarts"] == 0
+    _, median, _, _ = r.resume_stats("stuck")
+    floor = CFG.repair_timeout + p.delete_time + p.create_time
+    assert median is not None and floor <= median <= floor + 3 * CFG.poll_interval
+    # retry.sh sees UNHEALTHY_MAINTENANCE in its first 30 s poll and recreates at once;
+    # tpunicorn recreates only PREEMPTED nodes, so the job never runs again
+    quick = run_tool(tool("retry.sh"), trace, p).resume_stats("stuck")[1]
+    assert quick is not None and quick < p.delete_time + p.create_time + 60
+    assert math.isinf(run_tool(tool("tpunicorn"), trace, p).resume_stats("stuck")[1] or 0.0)
+
+
+def test_script_json(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_goodput.py"
+    spec = importlib.util.spec_from_file_location("bench_goodput", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--days", "3", "--seed", "2", "--json", "--tools", "ideal,tpuwatch,bash"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [t["tool"] for t in out["tools"]] == ["ideal", "tpuwatch", "bash"]
+    assert out["params"]["days"] == 3 and out["trace"]["seed"] == 2
+    assert {"goodput", "resume", "steps_lost", "bug_waste_tpu_vm_hours", "tpu_api_calls_per_hour"} <= set(out["tools"][1])
+    assert [b["tool"] for b in out["permanent_bug"]] == ["ideal", "tpuwatch", "bash"]
+    with pytest.raises(SystemExit):
+        mod.main(["--bug-at", "2"])
+
+
+def test_trace_counts_scale_with_days() -> None:
+    tc = TraceConfig()
+    t = make_trace(9, 60, 4, tc)
+    assert t.count("maintenance") == 16 and t.count("stuck") == 4 and t.count("bug") == 1
+    assert all(0 < f.time < t.horizon for f in t.faults)
+    assert make_trace(9, 30, 4, TraceConfig(bug_at=None, hangs=0)).count("bug") == 0

@@ -1,0 +1,35 @@
+"""The package's import graph: no two modules import each other, directly or through others.
+
+The layers themselves are import-linter contracts in pyproject.toml (`lint-imports`, run by the
+README's test command); a cycle inside one layer is what those contracts cannot see.
+"""
+
+from __future__ import annotations
+
+import grimp
+
+
+def cycles(graph: grimp.ImportGraph) -> list[tuple[str, str]]:
+    """Every pair (a, b) where a imports b and b reaches a again."""
+    found = set()
+    for module in graph.modules:
+        for imported in graph.find_modules_directly_imported_by(module):
+            if imported != module and graph.chain_exists(importer=imported, imported=module):
+                found.add(tuple(sorted((module, imported))))
+    return sorted(found)  # type: ignore[arg-type]
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    graph = grimp.build_graph("tpuwatch")  # lazy imports and TYPE_CHECKING imports count too
+    assert cycles(graph) == []
+
+
+def test_the_check_finds_a_cycle_when_there_is_one() -> None:
+    graph = grimp.ImportGraph()
+    for name in ("pkg", "pkg.a", "pkg.b", "pkg.c"):
+        graph.add_module(name)
+    graph.add_import(importer="pkg.a", imported="pkg.b")
+    graph.add_import(importer="pkg.b", imported="pkg.c")
+    assert cycles(graph) == []
+    graph.add_import(importer="pkg.c", imported="pkg.a")
+    assert ("pkg.a", "pkg.b") in cycles(graph) and ("pkg.a", "pkg.c") in cycles(graph)

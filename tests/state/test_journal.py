@@ -1,0 +1,331 @@
+"""The journal: private files, memory round trip, transactions, the writer lock, refusing
+files it cannot trust (newer, corrupt, another TPU's) without touching them, a full disk, and
+recording the policy's decisions."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from policy_support import (
+    CFG,
+    absent,
+    at,
+    ckpt,
+    event,
+    exited,
+    node,
+    obs,
+    op,
+    run_mem,
+    running,
+    tick,
+)
+
+from tpuwatch.errors import NotFoundError
+from tpuwatch.journal import SCHEMA_VERSION, Busy, Journal, JournalError, journal_path
+from tpuwatch.policy import Memory, Phase
+
+
+def _open(state: Path, tpu: str = "pod", **kw: object) -> Journal:
+    return Journal.open(state, "job", tpu, **kw)  # type: ignore[arg-type]
+
+
+def _snapshot(path: Path) -> tuple[bytes, int]:
+    return path.read_bytes(), path.stat().st_mtime_ns
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_new_journal_is_private(tmp_path: Path) -> None:
+    state = tmp_path / "a" / "state"
+    with _open(state) as j:
+        assert j.path == journal_path(state, "job") == state / "job.db"
+    assert _mode(state) == 0o700
+    assert _mode(state / "job.db") == 0o600
+    assert _mode(state / "job.lock") == 0o600
+
+
+def test_group_writable_state_dir_is_refused(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chmod(state, 0o770)
+    with pytest.raises(JournalError) as exc:
+        _open(state)
+    assert exc.value.exit_code == 2
+    assert str(state) in str(exc.value) and "chmod go-w" in str(exc.value)
+    assert not (state / "job.db").exists()
+
+
+def _rich_memory() -> Memory:
+    """A memory with every kind of field filled: times, evidence, a last end, an operation."""
+    sick = tick(obs(node("READY", "UNHEALTHY_MAINTENANCE"), probes=exited({}, attempt=1),
+                    events=(event("terminate", at(90), "MAINTENANCE"),)), run_mem(), now=100)
+    ended = tick(obs(node("READY", "UNHEALTHY_MAINTENANCE"), probes=exited({1: 1})), sick.memory, now=120)
+    return replace(ended.memory, restarts=1, recreates=1, pending_op="op-1", backoff_until=at(130),
+                   evidence=sick.memory.evidence)
+
+
+def test_memory_round_trip(tmp_path: Path) -> None:
+    mem = _rich_memory()
+    assert mem.evidence and mem.last_end is not None and mem.unhealthy_since is not None
+    with _open(tmp_path) as j:
+        assert j.load_memory() is None
+        with j.transaction():
+            j.save_memory(mem)
+    with _open(tmp_path) as j:
+        assert j.load_memory() == mem
+
+
+def test_transaction_is_all_or_nothing(tmp_path: Path) -> None:
+    before = run_mem()
+    with _open(tmp_path) as j:
+        with j.transaction():
+            j.save_memory(before)
+            j.set_audit_cursor("c1")
+        with pytest.raises(ZeroDivisionError), j.transaction():
+            j.save_memory(replace(before, phase=Phase.FAILED, reason="x"))
+            j.set_audit_cursor("c2")
+            j.add_event(at(1), "launch", "half a tick")
+            j.start_attempt(2, at(1), "n1", 100)
+            1 / 0  # noqa: B018 - the tick dies mid-transaction
+        assert j.load_memory() == before and j.audit_cursor() == "c1"
+        assert j.events() == [] and j.attempts() == []
+    with _open(tmp_path) as j:
+        assert j.load_memory() == before and j.audit_cursor() == "c1"
+
+
+def test_writes_outside_a_transaction_are_refused(tmp_path: Path) -> None:
+    with _open(tmp_path) as j, pytest.raises(RuntimeError, match="transaction"):
+        j.save_memory(run_mem())
+
+
+def test_second_opener_gets_busy(tmp_path: Path) -> None:
+    with _open(tmp_path, wait=False):
+        with pytest.raises(Busy) as exc:
+            _open(tmp_path, wait=False)
+        assert exc.value.exit_code == 0
+        assert str(exc.value) == f"another tpuwatch (pid {os.getpid()}) is working on job; nothing to do"
+        # another process, as a second `tpuwatch check` from cron would be
+        code = (
+            "import sys\n"
+            "from tpuwatch.journal import Journal, Busy\n"
+            "try:\n"
+            f"    Journal.open({str(tmp_path)!r}, 'job', 'pod', wait=False)\n"
+            "except Busy as e:\n"
+            "    print(e); sys.exit(e.exit_code)\n"
+            "sys.exit(9)\n"
+        )
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert "is working on job" in proc.stdout
+    with _open(tmp_path, wait=False) as j:  # released on close
+        assert j.load_memory() is None
+
+
+def test_newer_version_is_refused_and_left_alone(tmp_path: Path) -> None:
+    with _open(tmp_path):
+        pass
+    path = tmp_path / "job.db"
+    db = sqlite3.connect(path)
+    db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+    db.commit()
+    db.close()
+    before = _snapshot(path)
+    with pytest.raises(JournalError) as exc:
+        _open(tmp_path)
+    assert exc.value.exit_code == 2
+    assert str(path) in str(exc.value) and "newer tpuwatch" in str(exc.value)
+    assert _snapshot(path) == before
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(b"this is a text file, not a journal\n" * 40)
+
+
+def _broken_pages(path: Path) -> None:
+    with sqlite3.connect(path) as db:
+        db.execute("INSERT INTO events (time, kind, reason) VALUES ('t', 'k', ?)", ("x" * 9000,))
+    data = bytearray(path.read_bytes())
+    page = 4096
+    data[page:page * 3] = b"\xff" * (page * 2)  # the root pages of the first tables
+    path.write_bytes(bytes(data))
+
+
+def _other_app(path: Path) -> None:
+    path.unlink()
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE notes (body TEXT)")
+
+
+@pytest.mark.parametrize("damage", [_garbage, _broken_pages, _other_app])
+def test_corrupt_journal_is_refused_and_never_overwritten(tmp_path: Path, damage: object) -> None:
+    with _open(tmp_path) as j, j.transaction():
+        j.save_memory(run_mem())
+    path = tmp_path / "job.db"
+    damage(path)  # type: ignore[operator]
+    before = _snapshot(path)
+    with pytest.raises(JournalError) as exc:
+        _open(tmp_path)
+    message = str(exc.value)
+    assert exc.value.exit_code == 1
+    assert str(path) in message and "will not overwrite it" in message
+    assert _snapshot(path) == before
+    with pytest.raises(JournalError):
+        Journal.open(tmp_path, "job", None, readonly=True)
+    assert _snapshot(path) == before
+
+
+def test_journal_of_another_tpu_is_refused_and_left_alone(tmp_path: Path) -> None:
+    with _open(tmp_path, tpu="pod-a") as j, j.transaction():
+        j.save_memory(run_mem())
+    path = tmp_path / "job.db"
+    before = _snapshot(path)
+    with pytest.raises(JournalError) as exc:
+        _open(tmp_path, tpu="pod-b")
+    assert exc.value.exit_code == 2
+    assert "belongs to TPU 'pod-a', not 'pod-b'" in str(exc.value) and "job.name" in str(exc.value)
+    assert _snapshot(path) == before
+
+
+def test_interrupted_creation_starts_afresh(tmp_path: Path) -> None:
+    (tmp_path / "job.db").touch(mode=0o600)  # killed after creating the file, before the schema
+    with _open(tmp_path) as j:
+        assert j.load_memory() is None
+        with j.transaction():
+            j.save_memory(run_mem())
+    with _open(tmp_path) as j:
+        assert j.load_memory() == run_mem()
+
+
+def test_full_disk_is_a_clear_error_and_corrupts_nothing(tmp_path: Path) -> None:
+    mem = run_mem()
+    with _open(tmp_path) as j:
+        with j.transaction():
+            j.save_memory(mem)
+        pages = j.connection.execute("PRAGMA page_count").fetchone()[0]
+        j.connection.execute(f"PRAGMA max_page_count = {pages}")  # no room to grow: SQLITE_FULL
+        with pytest.raises(JournalError) as exc, j.transaction():
+            j.save_memory(replace(mem, phase=Phase.FAILED, reason="x"))
+            for i in range(50):
+                j.add_event(at(i), "launch", "y" * 4000)
+        assert "disk is full" in str(exc.value) and str(j.path) in str(exc.value)
+        assert "unchanged" in str(exc.value)
+    with _open(tmp_path) as j:
+        assert j.load_memory() == mem and j.events() == []
+        assert j.connection.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_readonly_open_reads_beside_a_writer(tmp_path: Path) -> None:
+    with pytest.raises(NotFoundError):
+        Journal.open(tmp_path, "job", None, readonly=True)
+    with _open(tmp_path, wait=False) as writer:
+        with writer.transaction():
+            writer.save_memory(run_mem())
+        with Journal.open(tmp_path, "job", None, readonly=True) as reader:
+            assert reader.tpu_name == "pod" and reader.load_memory() == run_mem()
+            with pytest.raises(RuntimeError), reader.transaction():
+                pass
+
+
+def test_cursor_spec_and_operations(tmp_path: Path) -> None:
+    with _open(tmp_path) as j:
+        assert j.audit_cursor() is None and j.load_spec() is None
+        with j.transaction():
+            j.set_audit_cursor("2025-03-01T12:00:00Z/abc")
+            j.save_spec({"accelerator_type": "v4-32", "labels": {"tpuwatch-job": "job"}})
+            j.add_operation("op-1", "delete", "us-central2-b", at(0))
+            j.add_operation("op-2", "create", "us-central2-b", at(5))
+            j.finish_operation("op-1", at(3))
+        assert j.audit_cursor() == "2025-03-01T12:00:00Z/abc"
+        assert j.load_spec() == {"accelerator_type": "v4-32", "labels": {"tpuwatch-job": "job"}}
+        assert [o.name for o in j.operations()] == ["op-1", "op-2"]
+        assert [o.name for o in j.operations(pending_only=True)] == ["op-2"]
+        assert j.operations()[0].finished == at(3)
+
+
+# --- recording decisions -------------------------------------------------------------------------
+
+
+def test_record_a_launch_a_failure_and_a_late_refund(tmp_path: Path) -> None:
+    with _open(tmp_path) as j:
+        launch = tick(obs(probes=absent(), checkpoint=ckpt(100)), Memory.initial("us-central2-b"), now=0)
+        j.record(at(0), launch)
+        [row] = j.attempts()
+        assert (row.number, row.start, row.node_id, row.start_step, row.outcome) == (1, at(0), "n1", 100, None)
+        failed = tick(obs(probes=exited({1: 139}), checkpoint=ckpt(100)), launch.memory, now=500)
+        j.record(at(500), failed)
+        [row] = j.attempts()
+        assert (row.outcome, row.charged, row.exit_code, row.end) == ("failure", True, 139, at(500))
+        late = tick(obs(probes=absent(), events=(event("terminate", at(480)),), checkpoint=ckpt(100)),
+                    failed.memory, now=505)
+        j.record(at(505), late)
+        first, second = j.attempts()
+        assert (first.number, first.outcome, first.charged) == (1, "disruption", False)
+        assert (second.number, second.outcome, second.start) == (2, None, at(505))  # no backoff any more
+        assert j.load_memory() == late.memory
+        kinds = [e.kind for e in j.events() if e.kind != "phase"]
+        assert kinds == ["launch", "attempt_end", "stop", "wait", "attempt_end", "launch"]
+        launched = next(e for e in j.events() if e.kind == "launch")
+        assert launched.data["attempt"] == 1 and launched.data["checkpoint"]["step"] == 100
+        # each change of phase, for `tpuwatch report` (what the memory alone forgets)
+        moves = [(e.time, e.data["from"], e.data["to"]) for e in j.events() if e.kind == "phase"]
+        assert moves == [(at(0), None, "running"), (at(500), "running", "backoff"), (at(505), "backoff", "running")]
+
+
+def test_a_new_checkpoint_of_the_running_attempt_is_recorded_once_with_its_time(tmp_path: Path) -> None:
+    saved = replace(ckpt(120), time=at(290))
+    with _open(tmp_path) as j:
+        launch = tick(obs(probes=absent(), checkpoint=ckpt(100)), Memory.initial("us-central2-b"), now=0)
+        j.record(at(0), launch)
+        first = tick(obs(probes=running(1), checkpoint=ckpt(100)), launch.memory, now=100)
+        j.record(at(100), first)
+        seen = tick(obs(probes=running(1), checkpoint=saved), first.memory, now=300)
+        j.record(at(300), seen)
+        j.record(at(330), tick(obs(probes=running(1), checkpoint=saved), seen.memory, now=330))
+        marks = [(e.time, e.data) for e in j.events() if e.kind == "checkpoint"]
+        assert marks == [(at(300), {"attempt": 1, "step": 120, "time": at(290).isoformat()})]
+
+
+def test_repeated_waits_are_recorded_once(tmp_path: Path) -> None:
+    waiting = tick(obs(node("REPAIRING")), Memory.initial("us-central2-b"), now=0)
+    with _open(tmp_path) as j:
+        j.record(at(0), waiting)
+        again = tick(obs(node("REPAIRING")), waiting.memory, now=30)
+        j.record(at(30), again)
+        j.record(at(60), tick(obs(node("REPAIRING")), again.memory, now=60))
+        events = j.events()
+        assert [e.kind for e in events] == ["phase", "wait"] and "waiting for it to heal" in events[1].reason
+        assert j.load_memory() == again.memory
+
+
+def test_record_operation_follows_it_to_its_end(tmp_path: Path) -> None:
+    dead = tick(obs(node("PREEMPTED")), Memory.initial("us-central2-b"), now=0)
+    assert dead.memory.phase is Phase.DELETING
+    with _open(tmp_path) as j:
+        j.record(at(0), dead)
+        mem = j.record_operation(at(1), dead.memory, "op-del-1", "delete", "us-central2-b")
+        assert mem.pending_op == "op-del-1" and j.load_memory() == mem
+        assert [o.name for o in j.operations(pending_only=True)] == ["op-del-1"]
+        status = op("op-del-1")
+        gone = tick(obs(missing=True, operation=status), mem, now=60)
+        j.record(at(60), gone, operation=status)
+        assert j.operations(pending_only=True) == []
+        assert j.load_memory() == gone.memory and gone.memory.phase is Phase.CREATING
+
+
+def test_config_is_not_needed_to_read_the_history(tmp_path: Path) -> None:
+    """`history` reads by job name alone."""
+    with _open(tmp_path) as j:
+        j.record(at(0), tick(obs(probes=absent()), Memory.initial(CFG.zones[0]), now=0))
+    with Journal.open(tmp_path, "job", None, readonly=True) as r:
+        assert [e.kind for e in r.events(limit=1)] == ["launch"]
+        assert r.events(since=at(1)) == []

@@ -1,0 +1,87 @@
+"""tpuwatch.workers.hostkeys on its own: the known_hosts file it keeps, fingerprints, and when it
+asks the API again. The keys come in through its source (the TPU adapter's `host_keys` in real
+use, a function here: the file and the timing are what is tested, and test_hostkeys_sim.py
+drives it through the simulator's API)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import asyncssh
+
+from tpuwatch.model import NodeSnapshot, WorkerEndpoint
+from tpuwatch.workers import hostkeys
+
+
+def _node(node_id: str = "77", n: int = 2) -> NodeSnapshot:
+    return NodeSnapshot(name="pod", project="p", zone="us-central2-b", id=node_id, create_time=None,
+                        state="READY", health="HEALTHY", health_description="", maintenance_time=None,
+                        workers=tuple(WorkerEndpoint(i, f"10.0.0.{i}", "") for i in range(n)))
+
+
+def _key() -> str:
+    """A new key as guest attributes publish it: "ssh-ed25519 AAAA..." (no comment)."""
+    return " ".join(asyncssh.generate_private_key("ssh-ed25519").export_public_key("openssh").decode().split()[:2])
+
+
+def test_fingerprints_are_what_ssh_prints() -> None:
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    text = key.export_public_key("openssh").decode()
+    assert hostkeys.fingerprint(text) == key.get_fingerprint("sha256")
+    assert hostkeys.fingerprint("ssh-ed25519 not-base64!") == "(not a key)"
+    warning = ("The fingerprint for the ED25519 key sent by the remote host is\n"
+               "SHA256:pjxUWG6b+s0Jw4Hvw2B1Bmjr/nrCqWPBxzzIROhEJr8.\nPlease contact your system administrator.")
+    assert hostkeys.presented_fingerprint(warning) == "SHA256:pjxUWG6b+s0Jw4Hvw2B1Bmjr/nrCqWPBxzzIROhEJr8"
+
+
+def test_published_keys_replace_an_aliases_lines_and_keep_everyone_elses(tmp_path: Path) -> None:
+    kh = tmp_path / "known_hosts"
+    other = "tpuwatch-5-w0 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOther"
+    kh.write_text(f"{other}\ntpuwatch-77-w1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIStale\n")
+    keys = {0: (_key(),), 1: (_key(),)}
+    pins = hostkeys.PinnedHostKeys(kh, lambda n: keys)
+    node = _node()
+    pins.prepare(node, node.workers)
+    lines = kh.read_text().splitlines()
+    assert other in lines and not any("Stale" in ln for ln in lines)
+    assert f"tpuwatch-77-w0 {keys[0][0]} {hostkeys.MARK}" in lines
+    assert f"tpuwatch-77-w1 {keys[1][0]} {hostkeys.MARK}" in lines
+    assert pins.strict("tpuwatch-77-w0") and pins.strict("tpuwatch-77-w1") and not pins.strict("tpuwatch-5-w0")
+    assert kh.stat().st_mode & 0o777 == 0o600 and pins.take_notes() == []
+
+
+def test_a_worker_publishing_no_keys_is_trusted_on_first_use_said_once_and_asked_again_later(
+        tmp_path: Path) -> None:
+    now = [0.0]
+    calls = []
+    published: dict[int, tuple[str, ...]] = {0: (_key(),)}
+
+    def source(node: NodeSnapshot) -> dict[int, tuple[str, ...]]:
+        calls.append(node.id)
+        return dict(published)
+
+    pins = hostkeys.PinnedHostKeys(tmp_path / "kh", source, clock=lambda: now[0])
+    node = _node()
+    pins.prepare(node, node.workers)
+    assert not pins.strict("tpuwatch-77-w1") and pins.strict("tpuwatch-77-w0")
+    (note,) = pins.take_notes()
+    assert "publishes no SSH host keys for worker(s) 1" in note and "trust on first use" in note
+    pins.prepare(node, node.workers)
+    assert len(calls) == 1 and pins.take_notes() == []  # not asked again at once, not said twice
+    published[1] = (_key(),)  # the guest agent publishes it late
+    now[0] = hostkeys.REREAD_UNPUBLISHED
+    pins.prepare(node, node.workers)
+    assert len(calls) == 2 and pins.strict("tpuwatch-77-w1")
+    assert published[1][0] in (tmp_path / "kh").read_text()
+
+
+def test_the_refusal_names_worker_alias_and_both_fingerprints(tmp_path: Path) -> None:
+    key = _key()
+    pins = hostkeys.PinnedHostKeys(tmp_path / "kh", lambda n: {0: (key,)})
+    node = _node(n=1)
+    pins.refresh(node)
+    msg = pins.describe_mismatch(node, node.workers[0], "10.0.0.0",
+                                 "key sent by the remote host is\nSHA256:abc+/def.")
+    for words in ("worker 0 of pod", "node id 77", "alias tpuwatch-77-w0", "presented SHA256:abc+/def",
+                  hostkeys.fingerprint(key), "nothing was run there"):
+        assert words in msg, (words, msg)
