@@ -5,6 +5,7 @@ workers. `Hosts.accepted` counts the SSH connections (handshakes) each worker ac
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
@@ -14,15 +15,60 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_workers_ssh import SSH, Cluster, node_of, wait_for
+from e2e_helpers import wait_for
 
 from tpuwatch.config import load_config
 from tpuwatch.errors import ConfigError
+from tpuwatch.model import NodeSnapshot, WorkerEndpoint
 from tpuwatch.sim.hosts import Hosts
 from tpuwatch.workers import OpenSsh, SshWorkers
 from tpuwatch.workers import mux as muxmod
 
+SSH = "/usr/bin/ssh"
 pytestmark = pytest.mark.skipif(not os.path.exists(SSH), reason="needs the OpenSSH client")
+_keys = itertools.count()
+
+
+def node_of(ips: list[str], node_id: str) -> NodeSnapshot:
+    return NodeSnapshot(
+        name="pod", project="proj", zone="us-central2-b", id=node_id, create_time=None,
+        state="READY", health="HEALTHY", health_description="", maintenance_time=None,
+        workers=tuple(WorkerEndpoint(i, ip, "") for i, ip in enumerate(ips)))
+
+
+class Cluster:
+    """One booted two-worker node of the simulated hosts, and SshWorkers pointed at it."""
+
+    def __init__(self, hosts: Hosts, tmp: Path) -> None:
+        self.hosts = hosts
+        self.key = f"proj/us-central2-b/m{next(_keys)}"
+        self.node_id = f"{next(_keys)}0000"
+        self.node = node_of(hosts.boot(self.key, self.node_id, 2, None), self.node_id)
+        self.known_hosts = tmp / "known_hosts"
+        self.workers = self.make("sleep 300")
+
+    def transport(self, **kw: object) -> OpenSsh:
+        args: dict[str, object] = dict(known_hosts=self.known_hosts, user=self.hosts.ssh_user,
+                                       identity_file=str(self.hosts.client_key), port=self.hosts.ssh_port,
+                                       connect_timeout=5)
+        args.update(kw)
+        return OpenSsh(**args)  # type: ignore[arg-type]
+
+    def make(self, command: str, **kw: object) -> SshWorkers:
+        return SshWorkers(self.transport(**kw), job="j", command=command, stop_grace=0.5, retry_wait=0.01)
+
+    def job_pids(self, w: int, needle: bytes = b"") -> list[int]:
+        """Live processes of job "j" on worker w whose command line holds `needle`."""
+        out = []
+        for pid in self.hosts.pids(self.key, w):
+            try:
+                env = b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"\0TPUWATCH_JOB=j\0" in env and needle in cmd:
+                out.append(pid)
+        return out
 
 
 @pytest.fixture(scope="module")
