@@ -118,6 +118,9 @@ def test_socket_paths_fit_the_unix_socket_limit_even_under_a_long_state_dir(tmp_
             assert (Path(path).parent == tmp_path / "ssh") is inside
         t.check()
         assert os.stat(t.mux.dir).st_mode & 0o777 == 0o700
+        t.argv(node, node.workers[0], "x")
+        t.close()
+        assert t.mux.dir.exists() is inside  # a /tmp stand-in is removed on close once empty
     # a recreated node (new id) behind the same address never shares the old node's connection
     again = node_of(["10.0.0.2", "10.0.0.3"], "5678")
     assert short.argv(node, node.workers[0], "x") != short.argv(again, again.workers[0], "x")

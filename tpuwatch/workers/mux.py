@@ -98,6 +98,9 @@ class Masters:
             return
         with ThreadPoolExecutor(max_workers=min(32, len(paths)), thread_name_prefix="tpuwatch-mux") as pool:
             list(pool.map(self._exit, paths))
+        if self.dir != self.wanted:  # the short directory under /tmp goes too, once empty
+            with contextlib.suppress(OSError):
+                self.dir.rmdir()
 
     def _exit(self, path: str) -> None:
         if not os.path.exists(path):
