@@ -331,4 +331,5 @@ def test_fault_options_are_checked_like_scenario_keys() -> None:
         "stuck": "UNKNOWN",
         "heal_after": None,
         "reason": "MAINTENANCE",
+        "notice": 0.0,  # no notice on the metadata server before it (the default)
     }
