@@ -110,7 +110,8 @@ def launch_kills(sim: Simulator, tmp_path: Path) -> None:
         result = job.assert_invariants(rc)
         assert counted(job.kills, "launch") >= LAUNCH_KILLS, job.kills
         attempts = result["attempts"]
-        assert not any(a["charged"] for a in attempts), attempts  # maintenance is never charged
+        charged = [(a["attempt"], a.get("exit_code"), a.get("reason")) for a in attempts if a["charged"]]
+        assert not charged, charged  # maintenance is never charged
         assert len(attempts) >= cycles, (cycles, attempts)
     finally:
         job.close()
