@@ -57,10 +57,11 @@ def ownership_error(node: NodeSnapshot, job: str) -> JobFailed:
     )
 
 
-def start_delete(life: NodeLifecycle, node: NodeSnapshot, job: str, adopt: bool = False) -> tuple[str, str]:
-    """Start deleting an owned node (through its queued resource when it came from one);
-    (operation name, what is deleted). JobFailed (exit 1) when not owned."""
-    if not adopt and not node.owned_by(job):
+def start_delete(life: NodeLifecycle, node: NodeSnapshot | None, job: str, adopt: bool = False) -> tuple[str, str]:
+    """Start deleting an owned node (through its queued resource when it came from one; with no
+    node, its queued resource alone); (operation name, what is deleted). The one guarded path
+    to a delete: JobFailed (exit 1) when the node is not owned, NotFoundError when nothing is left."""
+    if node is not None and not adopt and not node.owned_by(job):
         raise ownership_error(node, job)
     return life.delete(node)
 

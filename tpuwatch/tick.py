@@ -406,11 +406,11 @@ class Reconciler:
         return done, decision
 
     def _delete(self, action: DeleteNode, mem: Memory, node: NodeSnapshot | None, now: datetime) -> str:
-        if node is not None and not self.flags.adopt and not node.owned_by(self.pcfg.job):
-            raise recreate.ownership_error(node, self.pcfg.job)  # the policy checked; kept next to the act
         what = action.name
         try:
-            name, what = self.ports.lifecycle(action.zone).delete(node)
+            # The policy checked ownership; start_delete checks it again next to the act.
+            name, what = recreate.start_delete(self.ports.lifecycle(action.zone), node, self.pcfg.job,
+                                               adopt=self.flags.adopt)
         except NotFoundError:
             name = ""  # already gone: the next tick sees it missing and creates
         self.journal.record_operation(now, mem, name, "delete", action.zone)
