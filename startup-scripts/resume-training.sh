@@ -31,7 +31,8 @@
 #                           (clone the code, `pip install -r requirements.txt`, ...); a
 #                           failure stops the script before the job starts
 #   tpuwatch-pip            arguments for `python3 -m pip install --user` (e.g. "-r ~/repo/req.txt")
-#   tpuwatch-launch         "false": only set up; the watcher starts the job
+#   tpuwatch-launch         "false": only set up; the watcher starts the job (`tpuwatch
+#                           recreate` sets it when [job] checkpoint_dir is a path on the VM)
 # The TPU VM provides agent-worker-number (this worker's index, 0 on worker 0).
 #
 # Which attempt starts at boot, so a reboot never rewinds the job: with tpuwatch-attempt, that
@@ -137,7 +138,7 @@ if [ -n "$SETUP" ]; then
 fi
 
 if [ "$LAUNCH" = false ]; then
-  log "tpuwatch-launch is false: set up only"
+  log "tpuwatch-launch is false: set up only; the watcher starts the job"
   exit 0
 fi
 if [ "$WITHHELD" = true ]; then
@@ -159,6 +160,16 @@ if [ -z "$ATTEMPT" ]; then
   ATTEMPT=1
 fi
 case $ATTEMPT in *[!0-9]* | '') log "tpuwatch-attempt is not a number: $ATTEMPT"; exit 1 ;; esac
+# A checkpoint path (not gs://) from the old VM is here only if its disk was shared or kept
+# (NFS, a data disk); on a new boot disk it is gone, and only the watcher, reading this VM, knows
+# where to resume.
+case $CHECKPOINT in
+  '' | gs://*) ;;
+  *) if ! as_user test -e "$CHECKPOINT"; then
+       log "checkpoint $CHECKPOINT is not on this VM (a local checkpoint_dir does not outlive the VM's disk): set up only; the watcher starts the job"
+       exit 0
+     fi ;;
+esac
 
 # The launch request, exactly as tpuwatch sends it over SSH: TW_* assignments (each value one
 # shell-quoted word) before remote.sh, in one { ... } group. The command template is rendered

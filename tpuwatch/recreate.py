@@ -80,7 +80,7 @@ def worker_script_text() -> str:
 def launch_metadata(cfg: Config, launch: Mapping[str, str] | None = None) -> dict[str, str]:
     """The `tpuwatch-*` metadata every create writes for the startup script to read.
 
-    `launch` may add `attempt`, `checkpoint` and `step`: at create time the job is not running
+    `launch` may add `attempt`, `checkpoint` and `step` (or `launch = "false"`: set up only): at create time the job is not running
     anywhere, so the newest complete checkpoint cannot change before the new node boots. Its
     `user` is the user the watcher was last seen to log in as (OS Login may give another name
     than ssh.user), so the job the startup script starts and the watcher's share one home.
@@ -102,6 +102,8 @@ def launch_metadata(cfg: Config, launch: Mapping[str, str] | None = None) -> dic
     meta["tpuwatch-worker-script"] = worker_script_text()
     if withheld:
         meta["tpuwatch-env-withheld"] = "true"
+    elif launch and launch.get("launch") == "false":
+        meta["tpuwatch-launch"] = "false"  # set up only: the watcher starts the job
     else:
         for key in ("attempt", "checkpoint", "step"):
             if launch and launch.get(key) not in (None, ""):

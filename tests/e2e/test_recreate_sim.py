@@ -139,6 +139,20 @@ def test_recreate_an_owned_node_gives_a_new_node_that_runs_the_startup_script(
         env: Simulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     env.create_node("own", "v4-16", labels={OWNER_LABEL: "own", "team": "x"}, metadata={"k": "v"})
     cfg = write_config(env, tmp_path, "own", capsys)
+    # A checkpoint_dir on the TPU VM cannot be read from here: the startup script only sets up.
+    code, out, err = tw(capsys, "recreate", "own", "-c", str(cfg), "--yes", "--json")
+    assert code == 0, err
+    assert "is on the TPU VM" in err and "starts the job from what it finds there" in err
+    key = env.node_key("own")
+    rec = env.world.node("own")
+    assert rec.spec.metadata["tpuwatch-launch"] == "false" and "tpuwatch-attempt" not in rec.spec.metadata
+    for w in range(rec.n_workers):
+        wait_for(lambda w=w: env.hosts.startup_status(key, w) is not None, what=f"startup script on worker {w}")
+        log = (env.hosts.worker_home(key, w) / "startup-script.log").read_text()
+        assert "set up only; the watcher starts the job" in log, log
+        assert not (env.hosts.worker_home(key, w) / "resumed").exists()
+    # With no checkpoint_dir (or gs://) the new node's startup script starts the job at boot.
+    cfg.write_text(re.sub(r"(?m)^checkpoint_dir = .*$", 'checkpoint_dir = ""', cfg.read_text()))
     before = env.world.node("own").id
     code, out, err = tw(capsys, "recreate", "own", "-c", str(cfg), "--yes", "--json")
     assert code == 0, err

@@ -123,9 +123,9 @@ def settings(vm: Vm, **extra: str) -> dict[str, str]:
         "tpuwatch-worker-script": protocol.remote_script(),
         "tpuwatch-user": "",
         "tpuwatch-env": "FOO=" + shlex.quote("a b") + "\n",
-        "tpuwatch-checkpoint-dir": "/ckpts",
+        "tpuwatch-checkpoint-dir": "gs://b/ckpts",
         "tpuwatch-attempt": "3",
-        "tpuwatch-checkpoint": "/ckpts/500",
+        "tpuwatch-checkpoint": "gs://b/ckpts/500",
         "tpuwatch-step": "500",
         "tpuwatch-setup": 'echo set up in "$PWD" > "$HOME/setup-ran"',
         "agent-worker-number": "2",
@@ -142,7 +142,7 @@ def test_resume_training_launches_through_the_worker_protocol_once(vm: Vm) -> No
         assert (vm.home / "setup-ran").read_text().strip() == f"set up in {vm.home}"
         wait_for(lambda: (vm.home / "started").exists(), what="the job to start")
         assert (vm.home / "started").read_text() == (
-            "attempt=3 worker=2 ckpt=/ckpts/500 step=500 foo=a b dir=/ckpts\n")
+            "attempt=3 worker=2 ckpt=gs://b/ckpts/500 step=500 foo=a b dir=gs://b/ckpts\n")
         assert vm.job_file("train", "attempt").read_text().strip() == "3"
         pid = vm.job_file("train", "pid").read_text().strip()
 
@@ -195,6 +195,34 @@ def test_env_withheld_from_metadata_means_set_up_only(vm: Vm) -> None:
         assert "kept out of the node's metadata" in r.stdout and "the watcher starts the job" in r.stdout
     assert (vm.home / "setup-ran").exists()  # set up all the same
     assert not vm.job_file("train", "attempt").exists()  # and nothing started
+
+
+def test_a_local_checkpoint_is_resumed_at_boot_only_where_the_new_vm_has_it(vm: Vm, tmp_path: Path) -> None:
+    """A checkpoint path from the old VM exists on the new one only on a shared or kept disk; on a
+    new boot disk it is gone, and the job must not be started from a path that is not there."""
+    kept = tmp_path / "nfs" / "500"
+    kept.mkdir(parents=True)
+    with metadata_server(settings(vm, **{"tpuwatch-checkpoint-dir": str(kept.parent),
+                                         "tpuwatch-checkpoint": "/gone/with/the/old/disk/500"})) as md:
+        r = vm.boot(RESUME, md)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "is not on this VM" in r.stdout and "the watcher starts the job" in r.stdout
+    assert (vm.home / "setup-ran").exists() and not vm.job_file("train", "attempt").exists()
+    with metadata_server(settings(vm, **{"tpuwatch-checkpoint-dir": str(kept.parent),
+                                         "tpuwatch-checkpoint": str(kept)})) as md:
+        r = vm.boot(RESUME, md)
+        assert "launched attempt 3 of train on worker 2" in r.stdout, r.stdout + r.stderr
+    assert f"ckpt={kept} step=500" in (vm.home / "started").read_text()
+
+
+def test_launch_false_means_set_up_only(vm: Vm) -> None:
+    """What `tpuwatch recreate` writes for a local checkpoint_dir (it cannot read the TPU VM)."""
+    with metadata_server(settings(vm, **{"tpuwatch-launch": "false"})) as md:
+        r = vm.boot(RESUME, md)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "set up only; the watcher starts the job" in r.stdout
+    assert (vm.home / "setup-ran").exists()
+    assert not vm.job_file("train", "attempt").exists()
 
 
 def test_unreachable_metadata_server_fails_with_a_message(vm: Vm) -> None:

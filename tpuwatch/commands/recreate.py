@@ -45,6 +45,12 @@ def _latest_checkpoint(cfg: Any) -> dict[str, str]:
     """attempt/checkpoint/step for the startup script, as far as they are known here."""
     out: dict[str, str] = {}
     ckdir = str(cfg.job.get("checkpoint_dir") or "")
+    if ckdir and not ckdir.startswith("gs://"):
+        # A path is on the TPU VM, not on this machine: only a watcher, reading the new node,
+        # knows where to resume, so the startup script only sets up.
+        click.echo(f"note: job.checkpoint_dir {ckdir} is on the TPU VM: the new node's startup script "
+                   "only sets up, and `tpuwatch watch`/`check` starts the job from what it finds there", err=True)
+        return {"launch": "false"}
     if ckdir:
         from tpuwatch.checkpoints import CheckpointDir
         from tpuwatch.errors import TpuwatchError
@@ -138,7 +144,7 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
     # tick will read: the journal gets each step as an event, and the attempt to start at boot.
     journal = _open_journal(cfg)
     mem = journal.load_memory()
-    if mem is not None:
+    if mem is not None and "launch" not in launch:
         launch["attempt"] = str(mem.attempt + 1)
     try:
         if user := login.user_for_create(journal):  # the user the watcher last logged in as
