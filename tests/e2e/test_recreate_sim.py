@@ -412,6 +412,14 @@ def test_a_slice_of_a_multislice_request_is_never_deleted_or_recreated_alone(
         life.delete(api.require_node("msn-0"))
     with pytest.raises(JobFailed, match="--node-count"):
         life.create("msn-0", {"acceleratorType": "v4-8", "runtimeVersion": "tpu-ubuntu2204-base"}, ZONE_A)
+    # A config written by hand for the slice: `recreate` refuses before showing a plan.
+    env.create_node("msx", "v4-8", labels={OWNER_LABEL: "msx"})
+    text = write_config(env, tmp_path, "msx", capsys).read_text()
+    hand = tmp_path / "hand.toml"
+    hand.write_text(re.sub(r'(?m)^queued_resource = .*$', 'queued_resource = "msq"',
+                           re.sub(r'(?m)^name = "msx"$', 'name = "msn-0"', text)))
+    code, out, err = tw(capsys, "recreate", "msn-0", "-c", str(hand), "--dry-run", "--adopt")
+    assert code == 1 and "multislice request (2 nodes)" in err and out == ""
     assert env.world.get_queued_resource(env.project, ZONE_A, "msq").state == "ACTIVE"
     assert {env.world.node(n, zone=ZONE_A).state for n in ("msn-0", "msn-1")} == {"READY"}
 
