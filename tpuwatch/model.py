@@ -309,6 +309,7 @@ class QueuedStatus:
     state: str  # QueuedResourceState.State name; "" when it does not exist
     error_code: int = 0  # google.rpc.Code of a FAILED request
     error_message: str = ""
+    node_count: int = 0  # a multislice request's number of nodes (slices); 0 for one node
 
     @property
     def ended(self) -> bool:

@@ -3,7 +3,7 @@
 Each test starts a Simulator with SSH workers, a RestFace on its world, and a private gcloud
 configuration (CLOUDSDK_CONFIG) plus a HOME holding the workers' key as
 ~/.ssh/google_compute_engine. gcloud takes about a second per call, so the number of calls is
-kept small (about 20 in this file); `GCLOUD_CALLS` counts the ones made directly.
+kept small (about 25 in this file); `GCLOUD_CALLS` counts the ones made directly.
 """
 
 from __future__ import annotations
@@ -261,3 +261,25 @@ def test_tpuwatch_gcloud_transport_launch_probe_stop_on_all_workers(
     probes = workers.probe(node)
     assert [(p.state, p.attempt, p.exit_code) for p in probes] == [("exited", 1, 143)] * 2, probes
     assert transport.prepare_calls == 1  # gcloud ran once for the node; OpenSSH did the rest
+
+
+def test_queued_resources_multislice_create_describe_list_delete(gcloud: Gcloud) -> None:
+    """`gcloud compute tpus queued-resources create --node-count 2 --node-prefix np` (v2
+    multisliceParams) provisions np-0 and np-1; describe shows them, delete --force removes all."""
+    z = f"--zone={gcloud.sim.zone}"
+    made = gcloud("compute", "tpus", "queued-resources", "create", "ms", z, "--node-count=2", "--node-prefix=np",
+                  "--accelerator-type=v4-8", "--runtime-version=tpu-ubuntu2204-base", "--spot")
+    assert made.returncode == 0, made.stderr
+    world = gcloud.sim.world
+    world.wait_for(lambda w: w.get_queued_resource(gcloud.sim.project, gcloud.sim.zone, "ms").state == "ACTIVE",
+                   what="the request ACTIVE", timeout=60)
+    assert sorted(n.name for n in world.nodes()) == ["np-0", "np-1"] and all(n.spec.spot for n in world.nodes())
+    shown = gcloud("compute", "tpus", "queued-resources", "describe", "ms", z,
+                   "--format=value(state.state,tpu.nodeSpec[0].multisliceParams.nodeCount)")
+    assert shown.returncode == 0 and shown.stdout.split() == ["ACTIVE", "2"], shown.stderr
+    listed = gcloud("compute", "tpus", "queued-resources", "list", z, "--format=value(name)")
+    assert listed.returncode == 0 and listed.stdout.split() == ["ms"], listed.stderr
+    gone = gcloud("compute", "tpus", "queued-resources", "delete", "ms", z, "--force", "--quiet")
+    assert gone.returncode == 0, gone.stderr
+    world.wait_for(lambda w: not w.nodes() and not w.list_queued_resources(gcloud.sim.project, gcloud.sim.zone),
+                   what="every node and the request gone", timeout=60)

@@ -402,3 +402,43 @@ def test_recreate_journals_each_step_and_refuses_while_a_watcher_holds_the_job(
     assert any(line.startswith("deleting jrn") and "operations/" in line for line in lines), lines
     assert any(line.startswith("creating jrn") and "operations/" in line for line in lines), lines
     assert any(line.startswith("recreated jrn") and str(env.world.node("jrn").id) in line for line in lines), lines
+
+
+def test_a_slice_of_a_multislice_request_is_never_deleted_or_recreated_alone(
+        env: Simulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Deleting a multislice request with force takes every slice, and creating it again as one
+    node's request would shrink the job: `init` refuses the slice, the lifecycle refuses the request."""
+    from tpuwatch.cloud.tpu import TpuAdapter
+    from tpuwatch.errors import JobFailed
+    from tpuwatch.sim.world import NodeSpec
+
+    env.world.queue_resource("msq", NodeSpec(accelerator_type="v4-8", spot=True), node_count=2,
+                             node_prefix="msn", zone=ZONE_A)
+    env.world.wait_for(lambda w: w.get_queued_resource(env.project, ZONE_A, "msq").state == "ACTIVE", timeout=30)
+    out = tmp_path / "msn.toml"
+    code, _, err = tw(capsys, "init", "msn-0", "-o", str(out))
+    assert code == 2 and "one slice of msq" in err and not out.exists()
+
+    api = TpuAdapter(env.project, ZONE_A)
+    assert api.queued_status("msq").node_count == 2
+    life = Lifecycle(api, "msq")
+    with pytest.raises(JobFailed, match="multislice request \\(2 nodes\\)"):
+        life.delete(api.require_node("msn-0"))
+    with pytest.raises(JobFailed, match="--node-count"):
+        life.create("msn-0", {"acceleratorType": "v4-8", "runtimeVersion": "tpu-ubuntu2204-base"}, ZONE_A)
+    # A config written by hand for the slice: `recreate` refuses before showing a plan.
+    env.create_node("msx", "v4-8", labels={OWNER_LABEL: "msx"})
+    text = write_config(env, tmp_path, "msx", capsys).read_text()
+    hand = tmp_path / "hand.toml"
+    hand.write_text(re.sub(r'(?m)^queued_resource = .*$', 'queued_resource = "msq"',
+                           re.sub(r'(?m)^name = "msx"$', 'name = "msn-0"', text)))
+    code, out, err = tw(capsys, "recreate", "msn-0", "-c", str(hand), "--dry-run", "--adopt")
+    assert code == 1 and "multislice request (2 nodes)" in err and out == ""
+    assert env.world.get_queued_resource(env.project, ZONE_A, "msq").state == "ACTIVE"
+    assert {env.world.node(n, zone=ZONE_A).state for n in ("msn-0", "msn-1")} == {"READY"}
+
+    env.world.preempt("msn-1", zone=ZONE_A)
+    env.world.wait_for(lambda w: w.get_queued_resource(env.project, ZONE_A, "msq").state == "SUSPENDED", timeout=30)
+    with pytest.raises(JobFailed, match="multislice"):
+        life.clear_ended()
+    assert env.world.get_queued_resource(env.project, ZONE_A, "msq").state == "SUSPENDED"  # left to a person

@@ -11,6 +11,9 @@ Rules kept here:
   the Cloud TPU service", e.g. a spot preemption) keeps its name until deleted: a create over
   it is refused as ABORTED (transient: the caller queues it) after starting that delete.
 - Nothing here decides whether to delete; ownership and the recovery policy do that first.
+- A multislice request (`node_count` > 1) is never deleted or created here: deleting it with
+  force takes every slice, and creating it again as this one node's request would shrink the
+  job to one slice. It needs a person (JobFailed).
 This module sends requests only through the TPU adapter's methods; it sees no protobuf.
 """
 
@@ -19,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from tpuwatch.errors import NotFoundError, TpuwatchError
+from tpuwatch.errors import JobFailed, NotFoundError, TpuwatchError
 from tpuwatch.model import QR_ENDED, NodeSnapshot, QueuedStatus
 from tpuwatch.ports import TpuApi
 
@@ -46,6 +49,18 @@ class Refused(TpuwatchError):
     the caller classifies it as transient and queues the create)."""
 
     code = "ABORTED"
+
+
+def refuse_multislice(status: QueuedStatus) -> None:
+    """JobFailed when `status` is a multislice request, which this one node's lifecycle must not touch."""
+    if status.node_count > 1:
+        qr = status.name.rsplit("/", 1)[-1]
+        raise JobFailed(
+            f"queued resource {qr} is a multislice request ({status.node_count} nodes): tpuwatch keeps "
+            "one node alive and will not delete it (force would take every slice) or create it again "
+            f"as one node; recreate it by hand (gcloud compute tpus queued-resources delete {qr} --force, "
+            "then create it with the same --node-count)"
+        )
 
 
 def queued_id(value: str) -> str:
@@ -78,7 +93,9 @@ class Lifecycle:
         nothing left to delete.
         """
         qr = self.queued_resource
-        if qr and self._qr_api.queued_status(qr).state:
+        status = self._qr_api.queued_status(qr) if qr else None
+        if status is not None and status.state:
+            refuse_multislice(status)
             try:
                 op = self._qr_api.delete_queued_resource(qr, force=True)
                 what = f"its node {node.name}" if node is not None else "no node left"
@@ -107,6 +124,7 @@ class Lifecycle:
         status = self._qr_api.queued_status(qr)
         if status.state not in QR_ENDED:
             return ""
+        refuse_multislice(status)
         try:
             op = self._qr_api.delete_queued_resource(qr, force=True)
         except NotFoundError:
@@ -125,6 +143,7 @@ class Lifecycle:
             return self.tpu.create_node(name, node, zone)
         api = self._qr_api
         status = api.queued_status(qr, zone)
+        refuse_multislice(status)
         if status.state in QR_ENDED:
             done = self.clear_ended()
             raise Refused(f"queued resource {qr} is {status.state}"

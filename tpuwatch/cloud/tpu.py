@@ -433,11 +433,14 @@ class TpuAdapter:
         qr = self.get_queued_resource(full)
         if qr is None:
             return QueuedStatus(full, "")
-        state = _pb(qr).state
+        pb = _pb(qr)
+        state = pb.state
         code, message = 0, ""
         if state.HasField("failed_data"):
             code, message = int(state.failed_data.error.code), state.failed_data.error.message
-        return QueuedStatus(full, enum_name(state, "state"), code, message)
+        specs = pb.tpu.node_spec
+        count = specs[0].multislice_params.node_count if specs and specs[0].HasField("multislice_params") else 0
+        return QueuedStatus(full, enum_name(state, "state"), code, message, int(count))
 
     def require_node(self, name: str) -> NodeSnapshot:
         """get_node, or NotFoundError (exit 1) saying where tpuwatch looked."""

@@ -99,6 +99,12 @@ def command(name: str, output: Path, job: str | None, adopt: bool, force: bool, 
             f"no TPU named {name} in {loc.project}/{loc.zone} (check the name, --project and --zone; "
             "`tpuwatch status --all` lists the zone)"
         )
+    if node.multislice_node:
+        qr = node.queued_resource.rsplit("/", 1)[-1] or "a multislice queued resource"
+        raise UsageError(
+            f"TPU {name} is one slice of {qr}: tpuwatch keeps one node alive, and recreating this "
+            "slice alone would break the multislice job; tpuwatch does not take on a multislice slice"
+        )
     have = specmod.OWNER_LABEL in node.labels and node.labels[specmod.OWNER_LABEL]
     if adopt and have and have != job_name:
         raise JobFailed(

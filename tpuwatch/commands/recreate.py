@@ -87,7 +87,7 @@ Examples:
 def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool, project: str | None,
             zone: str | None, as_json: bool) -> None:
     from tpuwatch import recreate as rc
-    from tpuwatch.cloud.lifecycle import Lifecycle
+    from tpuwatch.cloud.lifecycle import Lifecycle, refuse_multislice
     from tpuwatch.cloud.location import resolve
     from tpuwatch.cloud.tpu import TpuAdapter
     from tpuwatch.config import load_config
@@ -122,6 +122,8 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
     delete: dict[str, Any] | None = None
     life = Lifecycle(api, queued)
     qr_now = life.status()
+    if qr_now is not None:
+        refuse_multislice(qr_now)  # before the plan is shown or asked about, not at the delete
     if qr_now is not None and qr_now.state:
         delete = {"method": "google.cloud.tpu.v2.Tpu.DeleteQueuedResource", "name": qr_now.name, "force": True}
     elif node is not None:

@@ -309,7 +309,7 @@ def _make_fault_command(name: str) -> click.Command:
         payload = normalize(name, raw, base_dir=Path.cwd())
         host = _host(ctx.obj.get("sim_host") if ctx.obj else None)
         result = _call(host, "Inject", {"fault": name, "params": payload})
-        if name == "create-node":
+        if name in ("create-node", "create-queued-resource"):
             click.echo(json.dumps(result))
         else:
             target = raw.get(fault.target or "", "")

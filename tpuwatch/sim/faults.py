@@ -343,6 +343,23 @@ FAULTS: dict[str, Fault] = {
             target="node",
         ),
         Fault(
+            "create-queued-resource",
+            "Queue a request for a node, or with --node-count for a multislice (<prefix>-0, -1, …), "
+            "provisioned all or none.",
+            (
+                Param("name", "str", "queued resource id (and the node's name without --node-count)",
+                      required=True),
+                Param("accelerator_type", "str", "accelerator type of each node", default="v4-8", cli="--type"),
+                Param("runtime_version", "str", "runtime version", default="tpu-ubuntu2204-base"),
+                Param("node_count", "int", "multislice: how many nodes (more than 1)", default=0),
+                Param("node_prefix", "str", "multislice: node id prefix (default: the queued resource id)",
+                      default=""),
+                Param("spot", "bool", "Spot tier (its nodes can be preempted)", default=False),
+                *_WHERE,
+            ),
+            target="name",
+        ),
+        Fault(
             "create-node",
             "Create a READY node now (no operation).",
             (
@@ -493,6 +510,18 @@ def normalize(
                 raise UsageError(
                     f"{where + '.' if where else ''}startup_script: cannot read {str(path)!r}: {exc.strerror}"
                 )
+    if fault == "create-queued-resource":
+        at = where + "." if where else ""
+        try:
+            worker_count(out["accelerator_type"])
+        except ValueError as exc:
+            raise UsageError(f"{at}accelerator_type: {exc}")
+        if out["node_count"] == 1 or out["node_count"] < 0:
+            raise UsageError(
+                f"{at}node_count: a multislice has more than 1 node (0 queues one node), got {out['node_count']}"
+            )
+        if out["node_prefix"] and not out["node_count"]:
+            raise UsageError(f"{at}node_prefix: only for a multislice; give node_count too")
     return out
 
 
@@ -581,6 +610,17 @@ def apply(world: World, fault: str, params: Mapping[str, Any]) -> Any:
         world.deny(methods=p.get("methods", []), duration=p.get("duration"))
     elif fault == "clear-errors":
         world.clear_errors()
+    elif fault == "create-queued-resource":
+        count = int(p.get("node_count", 0))
+        spec = NodeSpec(
+            accelerator_type=p["accelerator_type"],
+            runtime_version=p.get("runtime_version", "tpu-ubuntu2204-base"),
+            spot=p.get("spot", False),
+        )
+        qr = world.queue_resource(
+            p["name"], spec, node_count=count, node_prefix=p.get("node_prefix", ""), **where
+        )
+        return {"name": qr.full_name, "nodes": qr.node_ids, "state": qr.state}
     elif fault == "create-node":
         spec = NodeSpec(
             accelerator_type=p["accelerator_type"],

@@ -113,6 +113,7 @@ def render_node(rec: NodeRec, version: str) -> Any:
         sched.reserved = node.scheduling_config.reserved
     node.scheduling_config = sched
     node.queued_resource = rec.queued_resource
+    node.multislice_node = rec.multislice_node
     node.network_endpoints = [
         mod.NetworkEndpoint(
             ip_address=ip, port=8470, access_config=mod.AccessConfig(external_ip=ip)
@@ -152,6 +153,18 @@ def render_queued(qr: QueuedRec, version: str = "v2") -> Any:
     )
     out.name = qr.full_name
     out.create_time = _ts(qr.create_ns)
+    if qr.node_count and out.tpu.node_spec:
+        # Echo the multislice parameters under this version's name for them, as Google
+        # does, with the prefix it defaulted (the request's id when none was given).
+        ns = out.tpu.node_spec[0]
+        params_type = (
+            mod.QueuedResource.Tpu.NodeSpec.MultisliceParams
+            if version == "v2"
+            else mod.QueuedResource.Tpu.NodeSpec.MultiNodeParams
+        )
+        setattr(ns, _multislice_field(version),
+                params_type(node_count=qr.node_count, node_id_prefix=qr.node_prefix))
+        out.tpu.node_spec = [ns]
     state = mod.QueuedResourceState(state=mod.QueuedResourceState.State[qr.state])
     if qr.state == "FAILED":
         state.failed_data = mod.QueuedResourceState.FailedData(
@@ -159,6 +172,41 @@ def render_queued(qr: QueuedRec, version: str = "v2") -> Any:
         )
     out.state = state
     return out
+
+
+def _multislice_field(version: str) -> str:
+    """v2 calls the node spec's multislice parameters `multislice_params`; v2alpha1 calls the
+    same message `multi_node_params` (gcloud's queued-resources util says so too)."""
+    return "multislice_params" if version == "v2" else "multi_node_params"
+
+
+def create_queued(w: World, version: str, p: str, z: str, qr_id: str, qr: Any) -> OperationRec:
+    """Create a queued resource from a `QueuedResource` message of `version` (gRPC or REST)."""
+    w.check_zone(p, z)
+    specs = list(qr.tpu.node_spec)
+    if len(specs) != 1:
+        raise ApiError(
+            "INVALID_ARGUMENT",
+            "the simulator supports queued resources with exactly one tpu.node_spec",
+        )
+    ns = specs[0]
+    spec = spec_from_node(ns.node, z)
+    if "spot" in qr:
+        spec.spot = True
+    multi = _multislice_field(version)
+    params = getattr(ns, multi) if multi in ns else None
+    return w.create_queued_resource(
+        p,
+        z,
+        qr_id,
+        ns.node_id,
+        spec,
+        spec.spot,
+        type(qr).to_json(qr),
+        api_version=version,
+        node_count=params.node_count if params is not None else 0,
+        node_prefix=params.node_id_prefix if params is not None else "",
+    )
 
 
 def render_operation(op: OperationRec) -> operations_pb2.Operation:
@@ -410,29 +458,8 @@ class Services:
 
         def create_qr(req: Any) -> Any:
             p, z = _parent(req.parent)
-            w.check_zone(p, z)
-            qr = req.queued_resource
-            specs = list(qr.tpu.node_spec)
-            if len(specs) != 1:
-                raise ApiError(
-                    "INVALID_ARGUMENT",
-                    "the simulator supports queued resources with exactly one tpu.node_spec",
-                )
-            ns = specs[0]
-            spec = spec_from_node(ns.node, z)
-            if "spot" in qr:
-                spec.spot = True
             return render_operation(
-                w.create_queued_resource(
-                    p,
-                    z,
-                    req.queued_resource_id,
-                    ns.node_id,
-                    spec,
-                    spec.spot,
-                    mod.QueuedResource.to_json(qr),
-                    api_version=version,
-                )
+                create_queued(w, version, p, z, req.queued_resource_id, req.queued_resource)
             )
 
         def get_qr(req: Any) -> Any:

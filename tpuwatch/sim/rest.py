@@ -5,7 +5,9 @@ Served, for the paths gcloud 528 calls (`api_endpoint_overrides/tpu` = `url`,
 
 - TPU `v2` and `v2alpha1`: nodes get, list, create (`?nodeId=`), delete, stop, start, patch
   (`?updateMask=labels,metadata,description`, what `tpu-vm update` sends),
-  `:getGuestAttributes`, `:simulateMaintenanceEvent` (v2alpha1); operations get and list;
+  `:getGuestAttributes`, `:simulateMaintenanceEvent` (v2alpha1); queued resources get, list,
+  create (`?queuedResourceId=`, one node or multislice), delete (`?force=true`),
+  `:performMaintenanceQueuedResource` (v2alpha1); operations get and list;
 - Compute `v1`: `projects/P` (get), whose `commonInstanceMetadata` holds an `ssh-keys` item with
   the simulated workers' client key, so `gcloud ... tpu-vm ssh` adds no key to the node; with
   the os-login fault it also holds `enable-oslogin=TRUE`;
@@ -47,8 +49,10 @@ from tpuwatch.sim.grpc_api import (
     OPERATIONS,
     TPU_V2,
     TPU_V2ALPHA1,
+    create_queued,
     render_node,
     render_operation,
+    render_queued,
     spec_from_node,
 )
 from tpuwatch.sim.metadata import project_number, worker_hostname
@@ -94,6 +98,12 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("POST", re.compile(_LOC + rf"/nodes/{_SEG}:stop$"), "stop_node"),
     ("POST", re.compile(_LOC + rf"/nodes/{_SEG}:start$"), "start_node"),
     ("POST", re.compile(_LOC + rf"/nodes/{_SEG}:simulateMaintenanceEvent$"), "simulate_maintenance"),
+    ("GET", re.compile(_LOC + r"/queuedResources$"), "list_queued"),
+    ("POST", re.compile(_LOC + r"/queuedResources$"), "create_queued"),
+    ("GET", re.compile(_LOC + rf"/queuedResources/{_SEG}$"), "get_queued"),
+    ("DELETE", re.compile(_LOC + rf"/queuedResources/{_SEG}$"), "delete_queued"),
+    ("POST", re.compile(_LOC + rf"/queuedResources/{_SEG}:performMaintenanceQueuedResource$"),
+     "perform_maintenance_queued"),
     ("GET", re.compile(_LOC + r"/operations$"), "list_operations"),
     ("GET", re.compile(_LOC + rf"/operations/{_SEG}$"), "get_operation"),
     ("GET", re.compile(rf"^/compute/v1/projects/{_SEG}$"), "compute_project"),
@@ -240,7 +250,7 @@ class RestFace:
         if any(p.match(path) for _, p, _ in ROUTES):
             return error_body("UNIMPLEMENTED", f"{method} {path} is not supported by the simulator")
         return error_body("NOT_FOUND", f"{method} {path}: no such method in the simulator's REST face "
-                          "(it serves TPU v2/v2alpha1 nodes and operations, and compute/v1 projects)")
+                          "(it serves TPU v2/v2alpha1 nodes, queued resources and operations, and compute/v1 projects)")
 
     def _call(self, method: str, resource: str) -> None:
         with self._calls_lock:
@@ -340,6 +350,52 @@ class RestFace:
         return to_json_dict(mod.GetGuestAttributesResponse(guest_attributes=out))
 
     # operations
+
+    # Queued resources (`gcloud compute tpus queued-resources` create, describe, list, delete)
+
+    def _create_queued(self, version: str, p: str, z: str, *, query: dict[str, str],
+                       body: dict[str, Any]) -> dict[str, Any]:
+        self._call(f"{_SERVICES[version]}/CreateQueuedResource", f"projects/{p}/locations/{z}")
+        mod = _VERSIONS[version]
+        try:
+            qr = mod.QueuedResource.from_json(json.dumps(body), ignore_unknown_fields=True)
+        except json_format.ParseError as exc:
+            raise ApiError("INVALID_ARGUMENT", f"Invalid JSON payload received. {exc}")
+        op = create_queued(self.world, version, p, z, query.get("queuedResourceId", ""), qr)
+        return to_json_dict(render_operation(op))
+
+    def _get_queued(self, version: str, p: str, z: str, n: str, **_: Any) -> dict[str, Any]:
+        self._call(f"{_SERVICES[version]}/GetQueuedResource", f"projects/{p}/locations/{z}/queuedResources/{n}")
+        return to_json_dict(render_queued(self.world.get_queued_resource(p, z, n), version))
+
+    def _list_queued(self, version: str, p: str, z: str, *, query: dict[str, str], **_: Any) -> dict[str, Any]:
+        self._call(f"{_SERVICES[version]}/ListQueuedResources", f"projects/{p}/locations/{z}")
+        items = self.world.list_queued_resources(p, z)
+        start = _page_start(query.get("pageToken", ""))
+        size = _int(query.get("pageSize", "0"), "pageSize") or 1000
+        token = str(start + size) if start + size < len(items) else ""
+        return to_json_dict(_VERSIONS[version].ListQueuedResourcesResponse(
+            queued_resources=[render_queued(q, version) for q in items[start:start + size]],
+            next_page_token=token))
+
+    def _delete_queued(self, version: str, p: str, z: str, n: str, *, query: dict[str, str],
+                       **_: Any) -> dict[str, Any]:
+        self._call(f"{_SERVICES[version]}/DeleteQueuedResource", f"projects/{p}/locations/{z}/queuedResources/{n}")
+        force = query.get("force", "false").lower() == "true"
+        return to_json_dict(render_operation(
+            self.world.delete_queued_resource(p, z, n, force, api_version=version)))
+
+    def _perform_maintenance_queued(self, version: str, p: str, z: str, n: str, *,
+                                    body: dict[str, Any], **_: Any) -> dict[str, Any]:
+        if version != "v2alpha1":
+            raise ApiError("NOT_FOUND", "performMaintenanceQueuedResource is a v2alpha1 method")
+        self._call(f"{TPU_V2ALPHA1}/PerformMaintenanceQueuedResource",
+                   f"projects/{p}/locations/{z}/queuedResources/{n}")
+        names = body.get("nodeNames", [])
+        if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
+            raise ApiError("INVALID_ARGUMENT", "nodeNames must be a list of node names")
+        return to_json_dict(render_operation(
+            self.world.perform_maintenance_queued_resource(p, z, n, list(names))))
 
     def _get_operation(self, version: str, p: str, z: str, o: str, **_: Any) -> dict[str, Any]:
         name = f"projects/{p}/locations/{z}/operations/{o}"

@@ -288,6 +288,7 @@ class NodeRec:
     maintenance_event: str = "NONE"
     preempt_notice: bool = False
     queued_resource: str = ""
+    multislice_node: bool = False  # one of the nodes of a multislice queued resource
     api_version: str = "v2"
     epoch: int = 0  # bumped by every fault and lifecycle change; stale timers check it
 
@@ -321,7 +322,7 @@ class QueuedRec:
     project: str
     zone: str
     name: str
-    node_id: str
+    node_id: str  # "" for a multislice request
     spec: NodeSpec
     spot: bool
     create_ns: int
@@ -330,11 +331,23 @@ class QueuedRec:
     spec_json: str = ""
     epoch: int = 0
     api_version: str = "v2"
+    node_count: int = 0  # multislice: how many nodes (> 1), named `<node_prefix>-<i>`
+    node_prefix: str = ""
 
     @property
     def full_name(self) -> str:
         return f"projects/{self.project}/locations/{self.zone}/queuedResources/{self.name}"
 
+    @property
+    def node_ids(self) -> list[str]:
+        """The nodes this request provisions, as Google names them."""
+        if self.node_count:
+            return [f"{self.node_prefix}-{i}" for i in range(self.node_count)]
+        return [self.node_id]
+
+
+# `QueuedResource.Tpu.NodeSpec.MultisliceParams.node_id_prefix`, as google-cloud-tpu documents it.
+MULTISLICE_PREFIX = re.compile(r"^[A-Za-z0-9_.+%-]+$")
 
 RESERVATION_SHORTFALL = "Insufficient reserved capacity. Contact customer support to increase your reservation."
 
@@ -734,6 +747,7 @@ class World:
         api_version: str = "v2",
         *,
         queued_resource: str = "",
+        multislice_node: bool = False,
     ) -> OperationRec:
         with self._lock:
             self.check_zone(project, zone)
@@ -763,6 +777,7 @@ class World:
                 n_workers,
                 api_version=api_version,
                 queued_resource=queued_resource,
+                multislice_node=multislice_node,
             )
             self._nodes[key] = rec
             op = self._new_op(project, zone, "create", rec.full_name, api_version)
@@ -1351,7 +1366,9 @@ class World:
 
         A node made through a queued resource is taken back by the service, as Google does: the
         request goes SUSPENDING, its node is deleted (PREEMPTED, then DELETING, then gone), and
-        the request ends SUSPENDED, keeping its name until someone deletes it. With `notice`
+        the request ends SUSPENDED, keeping its name until someone deletes it. One slice of a
+        multislice request takes the whole request with it: the request was provisioned as one,
+        and SUSPENDED means all of its resources are gone, so the other slices are deleted too. With `notice`
         (simulated seconds; about 30 on Compute Engine) the workers' metadata servers say
         `preempted` TRUE that long before.
         """
@@ -1392,20 +1409,24 @@ class World:
         qr = self._queued.get(f"{project}/{zone}/{name}")
         return qr if qr is not None and qr.full_name == rec.queued_resource else None
 
+    def _nodes_of(self, qr: QueuedRec) -> list[NodeRec]:
+        """The nodes this request made that still exist (any of them may already be gone)."""
+        found = (self._nodes.get(f"{qr.project}/{qr.zone}/{n}") for n in qr.node_ids)
+        return [n for n in found if n is not None and n.queued_resource == qr.full_name]
+
     def _qr_suspend(self, key: str, created: int) -> None:
-        """The service deletes a SUSPENDING request's node, then the request is SUSPENDED."""
+        """The service deletes a SUSPENDING request's nodes, then the request is SUSPENDED."""
         with self._lock:
             qr = self._queued.get(key)
             if qr is None or qr.create_ns != created or qr.state != "SUSPENDING":
                 return
-            node = self._nodes.get(f"{qr.project}/{qr.zone}/{qr.node_id}")
-            if node is None or node.queued_resource != qr.full_name:
+            nodes = self._nodes_of(qr)
+            if not nodes:
                 qr.state = "SUSPENDED"
                 self._touch()
                 return
-            start_delete = node.state != "DELETING"
-            project, zone, name = qr.project, qr.zone, qr.node_id
-        if start_delete:
+            to_delete = [(n.project, n.zone, n.name) for n in nodes if n.state != "DELETING"]
+        for project, zone, name in to_delete:
             self.delete_node(project, zone, name)
         self.after(self.delays["delete"] / 2, lambda: self._qr_suspend(key, created))
 
@@ -1914,6 +1935,42 @@ class World:
             self._touch()
             return copy.deepcopy(rec)
 
+    def queue_resource(
+        self,
+        name: str,
+        spec: NodeSpec,
+        *,
+        node_count: int = 0,
+        node_prefix: str = "",
+        project: str | None = None,
+        zone: str | None = None,
+    ) -> QueuedRec:
+        """Queue a request for one node named like it or, with `node_count`, a multislice of
+        `<node_prefix or name>-0` …, as a client would (v2); it provisions as any other does."""
+        project, zone = project or self.project, zone or self.zone
+        node: dict[str, Any] = {
+            "acceleratorType": spec.accelerator_type,
+            "runtimeVersion": spec.runtime_version,
+            "labels": dict(spec.labels),
+            "metadata": dict(spec.metadata),
+        }
+        node_spec: dict[str, Any] = {"parent": f"projects/{project}/locations/{zone}", "node": node}
+        if node_count:
+            node_spec["multisliceParams"] = {"nodeCount": node_count, "nodeIdPrefix": node_prefix}
+        else:
+            node_spec["nodeId"] = name
+        request: dict[str, Any] = {"tpu": {"nodeSpec": [node_spec]}}
+        if spec.spot:
+            request["spot"] = {}
+        try:
+            self.create_queued_resource(
+                project, zone, name, "" if node_count else name, spec, spec.spot,
+                json.dumps(request), node_count=node_count, node_prefix=node_prefix,
+            )
+        except ApiError as exc:
+            raise UsageError(f"queued resource {name!r}: {exc.message}")
+        return self.get_queued_resource(project, zone, name)
+
     # --- queued resources ---------------------------------------------------------------
 
     def create_queued_resource(
@@ -1927,16 +1984,37 @@ class World:
         spec_json: str,
         *,
         api_version: str = "v2",
+        node_count: int = 0,
+        node_prefix: str = "",
     ) -> OperationRec:
+        """Queue a request for one node (`node_id`) or, multislice, `node_count` nodes named
+        `<node_prefix>-0` … (the prefix defaults to the request's id), provisioned all or none."""
         with self._lock:
             self.check_zone(project, zone)
             if not NODE_NAME.match(qr_id or ""):
                 raise ApiError("INVALID_ARGUMENT", f"Invalid queued_resource_id {qr_id!r}")
-            if not NODE_NAME.match(node_id or ""):
-                raise ApiError(
-                    "INVALID_ARGUMENT",
-                    f"Invalid node_id {node_id!r} in the queued resource's node spec",
-                )
+            if node_count or node_prefix:  # node_id and these are one oneof in the request
+                if node_count <= 1:
+                    raise ApiError(
+                        "INVALID_ARGUMENT",
+                        f"multislice_params.node_count must be greater than 1, got {node_count}",
+                    )
+                node_prefix = node_prefix or qr_id
+                if not MULTISLICE_PREFIX.match(node_prefix):
+                    raise ApiError(
+                        "INVALID_ARGUMENT",
+                        f"Invalid multislice_params.node_id_prefix {node_prefix!r}: "
+                        "it must match ^[A-Za-z0-9_.+%-]+$",
+                    )
+            node_ids = (
+                [f"{node_prefix}-{i}" for i in range(node_count)] if node_count else [node_id]
+            )
+            for nid in node_ids:
+                if not NODE_NAME.match(nid or ""):
+                    raise ApiError(
+                        "INVALID_ARGUMENT",
+                        f"Invalid node_id {nid!r} in the queued resource's node spec",
+                    )
             try:
                 reservation = str(json.loads(spec_json or "{}").get("reservationName", ""))
             except ValueError:
@@ -1952,12 +2030,14 @@ class World:
                 project,
                 zone,
                 qr_id,
-                node_id,
+                "" if node_count else node_id,
                 copy.deepcopy(spec),
                 spot,
                 time.time_ns(),
                 spec_json=spec_json,
                 api_version=api_version,
+                node_count=node_count,
+                node_prefix=node_prefix if node_count else "",
             )
             self._queued[key] = qr
             op = self._new_op(
@@ -1990,37 +2070,48 @@ class World:
                     qr.state, qr.error = "FAILED", quota.message
                     self._touch()
                     return
-                try:
-                    op = self.create_node(
-                        qr.project,
-                        qr.zone,
-                        qr.node_id,
-                        qr.spec,
-                        qr.api_version,
-                        queued_resource=qr.full_name,
-                    )
-                except ApiError as exc:
-                    qr.state, qr.error = "FAILED", exc.message
-                    self._touch()
-                    return
+                ops: list[str] = []
+                for nid in qr.node_ids:
+                    try:
+                        ops.append(self.create_node(
+                            qr.project,
+                            qr.zone,
+                            nid,
+                            qr.spec,
+                            qr.api_version,
+                            queued_resource=qr.full_name,
+                            multislice_node=qr.node_count > 0,
+                        ).name)
+                    except ApiError as exc:
+                        self._qr_fail(qr, exc.message)
+                        return
                 self._touch()
-                self.after(self.delays["create"] + 1, lambda: self._qr_check(key, created, op.name))
+                self.after(self.delays["create"] + 1, lambda: self._qr_check(key, created, ops))
 
-    def _qr_check(self, key: str, created: int, op_name: str) -> None:
+    def _qr_fail(self, qr: QueuedRec, error: str) -> None:
+        """All or nothing: a request that could not get every node gives back those it got."""
+        qr.state, qr.error = "FAILED", error
+        self._touch()
+        for node in self._nodes_of(qr):
+            if node.state != "DELETING":
+                self.delete_node(node.project, node.zone, node.name)
+
+    def _qr_check(self, key: str, created: int, op_names: list[str]) -> None:
         with self._lock:
             qr = self._queued.get(key)
-            op = self._ops.get(op_name)
-            if qr is None or qr.create_ns != created or op is None:
+            ops = [self._ops.get(name) for name in op_names]
+            if qr is None or qr.create_ns != created or qr.state != "PROVISIONING" or None in ops:
                 return
-            if not op.done:
+            failed = next((op for op in ops if op is not None and op.error), None)
+            if failed is not None and failed.error is not None:
+                self._qr_fail(qr, failed.error[1])
+                return
+            if not all(op is not None and op.done for op in ops):
                 self.after(
-                    self.delays["queued_accept"], lambda: self._qr_check(key, created, op_name)
+                    self.delays["queued_accept"], lambda: self._qr_check(key, created, op_names)
                 )
                 return
-            if op.error:
-                qr.state, qr.error = "FAILED", op.error[1]
-            else:
-                qr.state = "ACTIVE"
+            qr.state = "ACTIVE"
             self._touch()
 
     def get_queued_resource(self, project: str, zone: str, name: str) -> QueuedRec:
@@ -2055,13 +2146,11 @@ class World:
                     "NOT_FOUND",
                     f"Resource 'projects/{project}/locations/{zone}/queuedResources/{name}' was not found",
                 )
-            node_key = f"{project}/{zone}/{qr.node_id}"
-            node = self._nodes.get(node_key)
-            has_node = node is not None and node.queued_resource == qr.full_name
-            if has_node and not force:
+            nodes = self._nodes_of(qr)
+            if nodes and not force:
                 raise ApiError(
                     "FAILED_PRECONDITION",
-                    f"Cannot delete queued resource {qr.full_name} while its node {qr.node_id} exists; "
+                    f"Cannot delete queued resource {qr.full_name} while its node {nodes[0].name} exists; "
                     "delete the node first or use force",
                 )
             qr.state = "DELETING"
@@ -2069,13 +2158,15 @@ class World:
                 project, zone, "delete", qr.full_name, api_version, response_kind="empty"
             )
             key = f"{project}/{zone}/{name}"
+            node_ids = {n.id for n in nodes}
             self._touch()
-        if has_node:
-            self.delete_node(project, zone, qr.node_id)
+        for node in nodes:  # force: every node first, then the request
+            if node.state != "DELETING":
+                self.delete_node(project, zone, node.name)
 
         def finish() -> None:
             with self._lock:
-                if node_key in self._nodes and has_node:
+                if any(n.id in node_ids for n in self._nodes.values()):
                     self.after(self.delays["delete"] / 2, finish)
                     return
                 self._queued.pop(key, None)
