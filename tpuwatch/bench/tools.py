@@ -445,6 +445,8 @@ class TpuwatchDriver:
     def drive(self) -> None:
         w, sim = self.run.world, self.run.sim
         poll = self.pcfg.poll_interval
+        # The launch puts the notice relay beside each attempt when notify_signal names a signal.
+        w.relay = bool(self.cfg.get("maintenance.notify_signal"))
         with tempfile.TemporaryDirectory(prefix="tpuwatch-bench-") as state, \
                 Journal.open(Path(state), self.cfg.job_name, self.cfg.tpu_name, wait=False) as journal:
             # A throwaway journal: no fsync and no rollback file per tick (the product's
