@@ -4,6 +4,7 @@
     python scripts/bench_goodput.py                      # the default trace, seed 0, a table
     python scripts/bench_goodput.py --seed 7 --json      # another trace, as JSON
     python scripts/bench_goodput.py --hangs 0 --bug-at none --workers 16 --ckpt-every 1800
+    python scripts/bench_goodput.py --maintenance 0 --scheduled 4 --unscheduled 2 --notice-only 2
 
 Every tool replays the same trace (tpuwatch.bench): tpuwatch itself (`watch`'s loop over the real
 tick, policy, config and journal, against in-memory ports), the bash loop of the TPU docs,

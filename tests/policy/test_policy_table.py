@@ -172,12 +172,16 @@ def test_early_wait_looks_often_only_when_the_checkpoint_is_nearly_due() -> None
     assert early.actions[0].until == at(300 + 0.9 * 1800)  # type: ignore[union-attr]  # the last tenth
     close = tick(obs(_announced(), probes=running(1), checkpoint=saved), early.memory, now=2000)
     step = (close.actions[0].until - at(2000)).total_seconds()  # type: ignore[union-attr]
-    assert 0 < step <= 0.001 * 1800 < CFG.poll_interval
+    assert step == 0.001 * 1800 < CFG.poll_interval
     late = tick(obs(_announced(), probes=running(1), checkpoint=saved), close.memory, now=2200)
     assert (late.actions[0].until - at(2200)).total_seconds() == step  # type: ignore[union-attr]
     landed = tick(obs(_announced(), probes=running(1), checkpoint=replace(ckpt(160), time=at(2130))),
                   late.memory, now=2200 + step)
     assert landed.row == "early_start"
+    # a short interval: never more often than every second (each tick probes every worker over SSH)
+    short = run_mem(ckpt_gap=5.0, progress_step=150, progress_time=at(300), progress_at=at(300))
+    fast = tick(obs(_announced(), probes=running(1), checkpoint=saved), short, now=304.9)
+    assert fast.actions[0].until == at(305.9)  # type: ignore[union-attr]
 
 
 def test_row_early_start() -> None:

@@ -8,7 +8,9 @@
 - the baselines (docs/benchmarks.md, "The baselines"), modelled as their scripts are
   written: the docs' bash loop, TensorFlow's retry.sh, tpunicorn `pu babysit`, Levanter's
   babysit-tpu-vm.sh and SkyPilot's managed-job controller;
-- `ideal`: an oracle that knows the trace and reacts at once, the bound for all of them.
+- `ideal`: an oracle that knows the trace and reacts at once, the bound for all of them; a
+  reactive bound: like the baselines it neither reads upcomingMaintenance nor relays the
+  metadata server's notice, so an announced maintenance is to all of them an unannounced one.
 
 Every tool counts what it spends in a Meter: TPU API calls (one per gcloud describe, list,
 create, delete, and one per gcloud ssh, which looks the node up first; for tpuwatch, one per

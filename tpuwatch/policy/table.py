@@ -92,11 +92,13 @@ NOTICE_HOLD = 5 * 60.0
 # maintenance.start_early: when no new checkpoint lands first, start it this long before its window.
 EARLY_MARGIN = 10 * 60.0
 # While an early start waits for the job's next checkpoint: from EARLY_LEAD of the checkpoint
-# interval before it is due, look every EARLY_CHECK of the interval (at least every 50 ms, at most
-# every poll), so the job is stopped within ~0.1 % of an interval of its save instead of within a
-# poll (a 30 s poll is 1.6 % of a 30 min interval). Ticks are spent only while one is pending.
+# interval before it is due, look every EARLY_CHECK of the interval (never more often than every
+# EARLY_CHECK_MIN seconds: a tick probes every worker over SSH; never less often than a poll), so
+# the job is stopped within ~0.1 % of a 30 min interval of its save instead of within a poll (a
+# 30 s poll is 1.6 % of it). These ticks are spent only in one stretch per announced maintenance.
 EARLY_LEAD = 0.1
 EARLY_CHECK = 0.001
+EARLY_CHECK_MIN = 1.0
 
 
 
@@ -588,7 +590,7 @@ class _Tick:
         close = last + timedelta(seconds=gap * (1 - EARLY_LEAD))
         if now < close:
             return close
-        return now + timedelta(seconds=min(self.cfg.poll_interval, max(0.05, gap * EARLY_CHECK)))
+        return now + timedelta(seconds=min(self.cfg.poll_interval, max(EARLY_CHECK_MIN, gap * EARLY_CHECK)))
 
     def early_refused(self, mem: Memory) -> Decision:
         node = self.obs.node
