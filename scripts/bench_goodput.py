@@ -4,6 +4,7 @@
     python scripts/bench_goodput.py                      # the default trace, seed 0, a table
     python scripts/bench_goodput.py --seed 7 --json      # another trace, as JSON
     python scripts/bench_goodput.py --hangs 0 --bug-at none --workers 16 --ckpt-every 1800
+    python scripts/bench_goodput.py --maintenance 0 --scheduled 4 --unscheduled 2 --notice-only 2
 
 Every tool replays the same trace (tpuwatch.bench): tpuwatch itself (`watch`'s loop over the real
 tick, policy, config and journal, against in-memory ports), the bash loop of the TPU docs,
@@ -107,6 +108,19 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--hangs", type=float, default=t.hangs, help="progress stops, processes live")
     g.add_argument("--bug-at", type=_fraction, default=t.bug_at,
                    help="push the buggy code at this fraction of the run ('none': never)")
+    g = ap.add_argument_group("announced maintenance per 30 days (each heals; none by default)")
+    g.add_argument("--scheduled", type=float, default=t.scheduled,
+                   help="SCHEDULED, canReschedule: upcomingMaintenance --scheduled-lead ahead, then the notice")
+    g.add_argument("--unscheduled", type=float, default=t.unscheduled,
+                   help="UNSCHEDULED, canReschedule: upcomingMaintenance --unscheduled-lead ahead, then the notice")
+    g.add_argument("--notice-only", type=float, default=t.notice_only,
+                   help="not reschedulable: only the metadata server's termination notice, --notice-lead ahead")
+    g.add_argument("--scheduled-lead", type=_duration("--scheduled-lead"), default=t.scheduled_lead)
+    g.add_argument("--unscheduled-lead", type=_duration("--unscheduled-lead"), default=t.unscheduled_lead)
+    g.add_argument("--notice-lead", type=_duration("--notice-lead"), default=d.notice_lead,
+                   help="TERMINATE_ON_HOST_MAINTENANCE comes this long before the host goes down")
+    g.add_argument("--no-save-on-term", dest="save_on_term", action="store_false",
+                   help="the job does not save a checkpoint when signalled (it dies of the signal)")
     g = ap.add_argument_group(
         "tpuwatch: [recovery] keys of both tpuwatch rows (default: the product's own default); the "
         "'tuned' row also sets " + ", ".join(f"{k}={v}" for k, v in TUNED.items()))
@@ -134,14 +148,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.days <= 0 or args.workers < 1 or args.step_time <= 0 or args.ckpt_every < 1:
         raise UsageError("--days, --step-time must be > 0; --workers, --ckpt-every at least 1")
+    if min(args.scheduled, args.unscheduled, args.notice_only) < 0 or args.notice_lead < 0:
+        raise UsageError("--scheduled, --unscheduled, --notice-only and --notice-lead must not be negative")
     p = Params(days=args.days, workers=args.workers, step_time=args.step_time, ckpt_every=args.ckpt_every,
                ckpt_save=args.ckpt_save, steps=args.steps, startup=args.startup, create_time=args.create_time,
-               delete_time=args.delete_time, audit_delay=args.audit_delay)
+               delete_time=args.delete_time, audit_delay=args.audit_delay, notice_lead=args.notice_lead,
+               save_on_term=args.save_on_term)
     tc = TraceConfig(maintenance=args.maintenance, stuck=args.stuck, preemptions=args.preemptions,
                      stockout_after_preemption=args.stockout_after_preemption, stockouts=args.stockouts,
                      crashes=args.crashes, hangs=args.hangs, bug_at=args.bug_at, heal_median=args.heal_median,
                      heal_sigma=args.heal_sigma, stockout_median=args.stockout_median,
-                     stockout_sigma=args.stockout_sigma)
+                     stockout_sigma=args.stockout_sigma, scheduled=args.scheduled, unscheduled=args.unscheduled,
+                     notice_only=args.notice_only, scheduled_lead=args.scheduled_lead,
+                     unscheduled_lead=args.unscheduled_lead)
     common = {k: getattr(args, k) for k in RECOVERY_FLAGS if getattr(args, k, None) is not None}
     tuned_keys: dict[str, Any] = dict(TUNED)
     for item in args.tuned:

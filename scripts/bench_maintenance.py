@@ -19,8 +19,10 @@ seconds and as a share of the checkpoint interval. Modes:
   maintenance right after the next checkpoint.
 
 Durations are real; the simulator's own delays run at --speed. The early mode's loss is the
-time from a checkpoint's commit to tpuwatch's stop: about one poll interval plus one SSH stop,
-so its share of the interval shrinks as checkpoints get further apart than the poll.
+time from a checkpoint's commit to tpuwatch's stop: in the last tenth of the checkpoint interval
+tpuwatch looks every 0.1 % of it (1 s at least, the poll at most), so the loss is about half of
+that look's spacing plus one tick and one SSH stop, whatever the interval: its share shrinks as
+checkpoints get further apart.
 """
 
 from __future__ import annotations

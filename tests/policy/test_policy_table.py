@@ -153,9 +153,35 @@ def test_row_early_wait() -> None:
     d = tick(obs(_announced(), probes=running(1), checkpoint=ckpt(150)), run_mem(), now=500)
     assert d.row == "early_wait" and kinds(d) == ["wait"] and not d.ended
     assert (d.memory.early_window, d.memory.early_step) == (at(7 * 86400), 150)
-    assert d.actions[0].until == at(7 * 86400 - 600)  # type: ignore[union-attr]  # 10 min before the window
+    # the job's checkpoint interval is not known yet: look again in a poll
+    assert d.actions[0].until == at(500 + CFG.poll_interval)  # type: ignore[union-attr]
     again = tick(obs(_announced(), probes=running(1), checkpoint=ckpt(150)), d.memory, now=600)
     assert again.row == "early_wait" and again.memory.early_step == 150  # the step at first sight is kept
+    # the window is near: no later than 10 min before it
+    near = tick(obs(_announced(start=1000), probes=running(1), checkpoint=ckpt(150)), run_mem(), now=390)
+    assert near.actions[0].until == at(400)  # type: ignore[union-attr]
+
+
+def test_early_wait_looks_often_only_when_the_checkpoint_is_nearly_due() -> None:
+    """Checkpoint 150 saved at 300 s, every 1800 s: due at 2100 s. The stop must follow the
+    save within a small share of the interval, not within a poll."""
+    mem = run_mem(ckpt_gap=1800.0, progress_step=150, progress_time=at(300), progress_at=at(300))
+    saved = replace(ckpt(150), time=at(300))
+    early = tick(obs(_announced(), probes=running(1), checkpoint=saved), mem, now=500)
+    assert early.row == "early_wait"
+    assert early.actions[0].until == at(300 + 0.9 * 1800)  # type: ignore[union-attr]  # the last tenth
+    close = tick(obs(_announced(), probes=running(1), checkpoint=saved), early.memory, now=2000)
+    step = (close.actions[0].until - at(2000)).total_seconds()  # type: ignore[union-attr]
+    assert step == 0.001 * 1800 < CFG.poll_interval
+    late = tick(obs(_announced(), probes=running(1), checkpoint=saved), close.memory, now=2200)
+    assert (late.actions[0].until - at(2200)).total_seconds() == step  # type: ignore[union-attr]
+    landed = tick(obs(_announced(), probes=running(1), checkpoint=replace(ckpt(160), time=at(2130))),
+                  late.memory, now=2200 + step)
+    assert landed.row == "early_start"
+    # a short interval: never more often than every second (each tick probes every worker over SSH)
+    short = run_mem(ckpt_gap=5.0, progress_step=150, progress_time=at(300), progress_at=at(300))
+    fast = tick(obs(_announced(), probes=running(1), checkpoint=saved), short, now=304.9)
+    assert fast.actions[0].until == at(305.9)  # type: ignore[union-attr]
 
 
 def test_row_early_start() -> None:

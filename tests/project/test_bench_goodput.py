@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -21,14 +23,20 @@ from tpuwatch.bench import (
     tpuwatch_config,
 )
 from tpuwatch.bench.tools import Tool, tpuwatch_tool
-from tpuwatch.bench.trace import make_bug_trace
-from tpuwatch.config import validate
+from tpuwatch.bench.trace import ANNOUNCED, make_bug_trace
+from tpuwatch.config import Config, validate
 from tpuwatch.policy import PolicyConfig
 
 CONFIG = tpuwatch_config()
 CFG = PolicyConfig.from_config(CONFIG)
 TUNED = tpuwatch_config(hang_timeout="1h")
 TOOLS = {t.key: t for t in make_tools(CONFIG, TUNED)}
+
+
+def tpuwatch_config_with(**maintenance: Any) -> Config:
+    """The benchmark's config with [maintenance] keys changed."""
+    values = {**CONFIG.values, "maintenance": {**CONFIG.values["maintenance"], **maintenance}}
+    return Config(values=values, path=None)
 
 
 def tool(key: str) -> Tool:
@@ -222,3 +230,83 @@ def test_trace_counts_scale_with_days() -> None:
     assert t.count("maintenance") == 16 and t.count("stuck") == 4 and t.count("bug") == 1
     assert all(0 < f.time < t.horizon for f in t.faults)
     assert make_trace(9, 30, 4, TraceConfig(bug_at=None, hangs=0)).count("bug") == 0
+
+
+# -- announced maintenance (trace kinds "scheduled", "unscheduled", "notice") ------------------
+
+INTERVAL = Params().ckpt_every * Params().step_time + Params().ckpt_save  # 1830 s
+
+
+def _announced_trace(p: Params, kind: str, lead: float) -> Trace:
+    """One announced maintenance at 6 h + 1500 s (17 min after a checkpoint), healing in 10 min."""
+    return Trace(1, p.horizon, (Fault(6 * 3600.0 + 1500.0, kind, heal_after=600.0, lead=lead),), ())
+
+
+def test_announced_maintenance_off_leaves_the_trace_as_it_was() -> None:
+    """The flags are drawn after everything else: off, the default trace (and its figures) stay."""
+    plain = make_trace(0, 30, 4)
+    both = make_trace(0, 30, 4, TraceConfig(scheduled=4, unscheduled=2, notice_only=2))
+    assert [f for f in both.faults if f.kind not in ANNOUNCED] == list(plain.faults)
+    assert (both.count("scheduled"), both.count("unscheduled"), both.count("notice")) == (4, 2, 2)
+    assert make_trace(0, 30, 4, TraceConfig(scheduled=0.0)) == plain
+    assert "announced_maintenance" not in as_json(run_all([tool("ideal")], Trace(1, 86400.0, (), ()),
+                                                          Params(days=1)))["tools"][0]
+
+
+@pytest.mark.parametrize(("kind", "lead"), [("scheduled", 7 * 86400.0), ("unscheduled", 3600.0)])
+def test_a_reschedulable_maintenance_is_started_at_the_next_checkpoint(kind: str, lead: float) -> None:
+    p = Params(days=1)
+    trace = _announced_trace(p, kind, lead)
+    r = run_tool(tool("tpuwatch"), trace, p)
+    assert r.error == "" and r.rows.get("early_start") == 1 and "notice_end" not in r.rows
+    assert r.memory is not None and (r.memory["restarts"], r.memory["disruptions"]) == (0, 1)
+    ((k, lost, how),) = r.announced
+    assert (k, how) == (kind, "early")
+    assert lost * p.step_time < 0.01 * INTERVAL  # the target: under 1 % of a checkpoint interval
+    # the reactive bound loses the 17 minutes since the checkpoint; tpuwatch beats it
+    ideal = run_tool(tool("ideal"), trace, p)
+    ((_, ideal_lost, ideal_how),) = ideal.announced
+    assert ideal_how == "down" and ideal_lost * p.step_time > 900
+    assert r.goodput > ideal.goodput
+
+
+def test_the_termination_notice_reaches_a_job_that_saves_on_sigterm() -> None:
+    p = Params(days=1)
+    trace = _announced_trace(p, "notice", 0.0)
+    r = run_tool(tool("tpuwatch"), trace, p)
+    assert r.error == "" and r.rows.get("notice_end") == 1 and "early_start" not in r.rows
+    assert r.memory is not None and r.memory["restarts"] == 0  # its exit 0 is neither done nor charged
+    ((_, lost, how),) = r.announced
+    assert how == "notice" and lost * p.step_time < 60  # the target: under 60 s of work
+    assert r.goodput > run_tool(tool("ideal"), trace, p).goodput
+    # a job that does not save on the signal dies of it: the checkpoint's age is lost, as reactively
+    dies = run_tool(tool("tpuwatch"), trace, replace(p, save_on_term=False))
+    assert dies.announced[0][1] * p.step_time > 900
+    # and without a relay (notify_signal = "") nothing reaches the job
+    silent = run_tool(tpuwatch_tool("t", "t", tpuwatch_config_with(notify_signal=""), ""), trace, p)
+    assert silent.announced[0][2] == "down" and silent.announced[0][1] * p.step_time > 900
+
+
+@pytest.mark.parametrize("kind", ["scheduled", "notice"])
+def test_the_baselines_and_the_bound_do_not_act_on_announcements(kind: str) -> None:
+    """For every tool but tpuwatch an announced maintenance is the same as an unannounced one."""
+    p = Params(days=1)
+    announced = _announced_trace(p, kind, 86400.0)
+    plain = Trace(1, p.horizon, (Fault(6 * 3600.0 + 1500.0, "maintenance", heal_after=600.0),), ())
+    for key in ("ideal", "bash", "retry.sh", "tpunicorn", "levanter", "skypilot"):
+        a, b = run_tool(tool(key), announced, p), run_tool(tool(key), plain, p)
+        assert (a.goodput, a.steps_lost, a.meter) == (b.goodput, b.steps_lost, b.meter), key
+        assert [how for _, _, how in a.announced] == ["down"], key
+
+
+def test_fast_forward_gives_the_figures_of_every_tick_with_announced_maintenance() -> None:
+    p = Params(days=2)
+    dense = TraceConfig(maintenance=30, crashes=15, hangs=15, bug_at=None, scheduled=45, unscheduled=45,
+                        notice_only=45, unscheduled_lead=7200.0)
+    trace = make_trace(12, p.days, p.workers, dense)
+    fast = run_tool(tpuwatch_tool("t", "t", CONFIG, ""), trace, p)
+    slow = run_tool(tpuwatch_tool("t", "t", CONFIG, "", skip_idle=False), trace, p)
+    assert fast.error == slow.error == ""
+    assert fast.rows.get("early_start") and fast.rows.get("notice_end")
+    assert (fast.goodput, fast.meter, fast.rows, fast.ticks, fast.announced, fast.memory) == (
+        slow.goodput, slow.meter, slow.rows, slow.ticks, slow.announced, slow.memory)

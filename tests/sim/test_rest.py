@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_helpers import create_through_queued_resource
 from google.cloud import tpu_v2
 
 from tpuwatch.cloud.clients import tpu_client
@@ -185,6 +186,47 @@ def test_v2alpha1_shows_upcoming_maintenance_and_simulates_it(sim_api: Simulator
     assert http("GET", f"{http.loc}/nodes/pod")[1]["health"] == "UNHEALTHY_MAINTENANCE"
     status, err = http("POST", f"{http.loc}/nodes/pod:simulateMaintenanceEvent", {})
     assert status == 404
+
+
+def test_v2alpha1_performs_maintenance_of_a_node_and_refuses_as_grpc_does(sim_api: Simulator, http: Http) -> None:
+    sim_api.create_node("pod", "v6e-16")
+    sim_api.create_node("old", "v3-32")
+    for n in ("pod", "old"):
+        sim_api.world.upcoming_maintenance(n, starts_in=7 * 86400)
+    loc = http.loc.replace("/v2/", "/v2alpha1/")
+    status, err = http("POST", f"{loc}/nodes/old:performMaintenance", {})
+    assert (status, err["error"]["status"]) == (501, "UNIMPLEMENTED")
+    assert "v3-32" in err["error"]["message"]
+    assert http("POST", f"{http.loc}/nodes/pod:performMaintenance", {})[0] == 404  # v2 has no such method
+    status, op = http("POST", f"{loc}/nodes/pod:performMaintenance", {})
+    assert status == 200 and op["metadata"]["verb"] == "performMaintenance"
+    assert op["metadata"]["@type"].endswith("v2alpha1.OperationMetadata")
+    assert http("GET", f"{loc}/nodes/pod")[1]["upcomingMaintenance"]["maintenanceStatus"] == "ONGOING"
+    status, err = http("POST", f"{loc}/nodes/pod:performMaintenance", {})  # nothing PENDING any more
+    assert (status, err["error"]["status"]) == (400, "FAILED_PRECONDITION")
+    assert status == 400 and "no pending maintenance" in err["error"]["message"]
+    assert http("POST", f"{loc}/nodes/absent:performMaintenance", {})[0] == 404
+
+
+def test_v2alpha1_performs_maintenance_of_a_queued_resources_node(sim_api: Simulator, http: Http) -> None:
+    create_through_queued_resource(sim_api, "qr", "v6e-16", {}, spot=False)
+    sim_api.world.delays["simulated_maintenance_heal"] = 120.0
+    sim_api.world.upcoming_maintenance("pod", starts_in=7 * 86400)
+    loc = http.loc.replace("/v2/", "/v2alpha1/")
+    url = f"{loc}/queuedResources/qr:performMaintenanceQueuedResource"
+    status, err = http("POST", url, {"nodeNames": ["projects/x/locations/y/nodes/other"]})
+    assert (status, err["error"]["status"]) == (400, "INVALID_ARGUMENT")
+    assert http("POST", url, {"nodeNames": "pod"})[1]["error"]["status"] == "INVALID_ARGUMENT"
+    assert http("POST", f"{loc}/queuedResources/none:performMaintenanceQueuedResource",
+                {"nodeNames": ["pod"]})[0] == 404
+    assert sim_api.world.node("pod").upcoming.status == "PENDING"  # type: ignore[union-attr]
+    status, op = http("POST", url, {"nodeNames": [f"{http.loc[4:]}/nodes/pod"]})
+    assert status == 200 and op["metadata"]["verb"] == "performMaintenanceQueuedResource"
+    assert http("GET", f"{loc}/nodes/pod")[1]["health"] == "UNHEALTHY_MAINTENANCE"
+    done = http.wait_op(op["name"], timeout=30)
+    assert "error" not in done and done["response"]["@type"].endswith("QueuedResource")
+    healed = http("GET", f"{loc}/nodes/pod")[1]
+    assert healed["health"] == "HEALTHY" and "upcomingMaintenance" not in healed
 
 
 def test_operations_list_and_stop_start(sim_api: Simulator, http: Http) -> None:

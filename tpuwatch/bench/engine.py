@@ -154,6 +154,11 @@ class Params:
     bug_exit_after: float = 60.0  # the deterministic bug: every worker exits 1 this long after launch
     audit_delay: float = 30.0  # an audit entry is readable this long after the event
     gcloud_overhead: float = 2.0  # start-up of one gcloud invocation
+    # Announced maintenance (trace kinds "scheduled", "unscheduled", "notice"): the metadata
+    # server's TERMINATE_ON_HOST_MAINTENANCE comes this long before the host goes down; a job
+    # told of it by a signal saves a checkpoint (Orbax's save-on-preemption) when save_on_term.
+    notice_lead: float = 60.0
+    save_on_term: bool = True
 
     @property
     def horizon(self) -> float:
@@ -182,6 +187,10 @@ class Attempt:
     end_time: float | None = None
     end_sig: Signal = field(default_factory=Signal)
     done_at: float | None = None  # when it would finish the job, if it runs undisturbed
+    notice: str = ""  # what the relay beside it passed on (model.NOTICES), "" none
+    saved_step: int | None = None  # the checkpoint it saves on a signal, complete at saved_at
+    saved_at: float | None = None
+    lost: int = 0  # at its end: steps run past the newest complete checkpoint (redone later)
 
     def __post_init__(self) -> None:
         if not self.bad:
@@ -203,6 +212,7 @@ class Attempt:
 
     def progress(self, t: float) -> tuple[int, int, float | None]:
         """(step reached, newest complete checkpoint step, when it completed) at time `t`."""
+        saved = self.saved_step is not None and self.saved_at is not None and t >= self.saved_at
         if self.frozen is not None:
             t = min(t, self.frozen)
         if self.bad or t <= self.run_start:
@@ -216,7 +226,36 @@ class Attempt:
         r = u - n * c
         step = min(p.total_steps, self.s0 + n * p.ckpt_every + min(p.ckpt_every, int(r // p.step_time)))
         ck = self.s0 + n * p.ckpt_every
-        return step, ck, (self.run_start + n * c) if n > 0 else None
+        ckt = (self.run_start + n * c) if n > 0 else None
+        if saved and self.saved_step is not None and self.saved_step > ck:
+            ck, ckt = self.saved_step, self.saved_at
+        return step, ck, ckt
+
+
+@dataclass
+class Upcoming:
+    """A maintenance announced on a node: v2alpha1 `upcomingMaintenance` when `shown`; the
+    metadata server's notice `notice_lead` before `start` in any case."""
+
+    kind: str  # trace kind: scheduled, unscheduled, notice
+    type: str  # SCHEDULED / UNSCHEDULED
+    start: float  # window start: the host goes down then unless started earlier
+    heal_after: float
+    can_reschedule: bool
+    shown: bool  # in the node's upcomingMaintenance (notice-only events are not)
+    status: str = "PENDING"  # PENDING, ONGOING
+    attempt: Attempt | None = None  # the attempt the notice reached
+    done: bool = False  # its work lost is recorded
+
+
+@dataclass
+class AnnouncedHit:
+    """An announced maintenance that found a job making progress, and the work it cost."""
+
+    kind: str
+    time: float
+    lost_steps: int
+    how: str  # early (started by the tool), notice (the job saved/stopped on it), down (killed)
 
 
 @dataclass
@@ -299,6 +338,21 @@ class World:
         self.changed = Signal()  # fired on every change a supervisor could observe
         self.heal_at: float | None = None  # the current maintenance heals then (None: never / none)
         self.maintenance: bool = False  # the node is in a maintenance fault now
+        # A relay beside each attempt passes the metadata server's notice to the job as a signal
+        # (tpuwatch's maintenance.notify_signal); no baseline has one.
+        self.relay = False
+        self.announced: list[AnnouncedHit] = []
+        self._stopped_now: Attempt | None = None  # the attempt a supervisor stopped last (early start)
+        # Announced and not over. Like every fault of the trace they strike the slice's node of
+        # the moment: a node recreated in between has them too.
+        self.upcomings: list[Upcoming] = []
+
+    @property
+    def upcoming(self) -> Upcoming | None:
+        """What the node's upcomingMaintenance shows: the one under way, else the soonest announced."""
+        shown = [u for u in self.upcomings if u.shown]
+        ongoing = [u for u in shown if u.status == "ONGOING"]
+        return ongoing[0] if ongoing else min(shown, key=lambda u: u.start, default=None)
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -418,6 +472,7 @@ class World:
         self.steps_run += step - a.s0
         if ck > self.ckpt_step:
             self.ckpt_step, self.ckpt_time = ck, ckt
+        a.lost = max(0, step - max(ck, self.ckpt_step))
         if lost:
             rc = SSH_LOST
         else:
@@ -436,6 +491,7 @@ class World:
         for w in range(self.p.workers):
             a.exits.setdefault(w, EXIT_TERM)
         self._end(a)
+        self._stopped_now = a
         return True
 
     def _hosts_down(self) -> None:
@@ -586,6 +642,7 @@ class World:
         self.audit.append(AuditRec(self.now, "restart", node.id, ""))
         self.hosts_up = True
         self.maintenance, self.heal_at = False, None
+        self.upcomings = [u for u in self.upcomings if u.status != "ONGOING"]
         self._touch()
 
     def preempt(self) -> bool:
@@ -625,6 +682,79 @@ class World:
         a.frozen = self.now
         self._touch()
         return True
+
+    # -- announced maintenance ---------------------------------------------------------------
+
+    def announce(self, kind: str, start: float, heal_after: float) -> bool:
+        """A maintenance of the node is announced now for `start`: "scheduled" / "unscheduled"
+        may be started early (canReschedule) and show in upcomingMaintenance; "notice" gives only
+        the metadata server's notice. Then the notice `notice_lead` before, and the host goes down."""
+        up = Upcoming(kind, "SCHEDULED" if kind == "scheduled" else "UNSCHEDULED", start, heal_after,
+                      can_reschedule=kind != "notice", shown=kind != "notice")
+        self.upcomings.append(up)
+        self.sim.at(start - self.p.notice_lead, self._notice, up)
+        self.sim.at(start, self._announced_start, up)
+        self._touch()
+        return True
+
+    def _pending(self, up: Upcoming) -> bool:
+        return up in self.upcomings and up.status == "PENDING"
+
+    def _notice(self, up: Upcoming) -> None:
+        """TERMINATE_ON_HOST_MAINTENANCE on every worker's metadata server. Only a relay passes
+        it on: the job then saves (save_on_term) and exits 0, or dies of the signal."""
+        if not self._pending(up) or not self.relay or not self.hosts_up or not self._running():
+            return
+        a = self.live()
+        assert a is not None
+        a.notice, up.attempt = "TERMINATE_ON_HOST_MAINTENANCE", a
+        a.frozen = self.now
+        if self.p.save_on_term:
+            a.saved_step, a.saved_at = a.progress(self.now)[0], self.now + self.p.ckpt_save
+            self.sim.at(a.saved_at, self._saved_exit, a)
+        else:
+            for w in range(self.p.workers):
+                a.exits.setdefault(w, EXIT_TERM)
+            self._end(a)
+        self._touch()
+
+    def _saved_exit(self, a: Attempt) -> None:
+        """The job saved on the signal and exits 0 (not the job's end: the relay noted why)."""
+        if a.ended:
+            return
+        for w in range(self.p.workers):
+            a.exits.setdefault(w, 0)
+        self._end(a)
+
+    def _announced_start(self, up: Upcoming) -> None:
+        if self._pending(up):
+            self._maintain(up, "down")
+
+    def _maintain(self, up: Upcoming, how: str) -> None:
+        """The announced maintenance takes the host down now; record the work it cost a job that
+        was making progress when it was announced."""
+        up.status = "ONGOING"
+        running = self.live() if self._running() else None
+        if not self.maintenance_event(up.kind, up.heal_after):
+            self.upcomings.remove(up)  # the node was down already: the maintenance happened unseen
+            return
+        a = up.attempt or running
+        if how == "early":
+            a = self._stopped_now if self._stopped_now is not None and self._stopped_now.end_time == self.now else a
+        if a is not None and a.ended and not up.done:
+            up.done = True
+            self.announced.append(AnnouncedHit(up.kind, self.now, a.lost, "notice" if up.attempt else how))
+
+    def perform_maintenance(self) -> OpRec | None:
+        """v2alpha1 performMaintenance: start the node's announced maintenance now; None when
+        there is none that may be started early (the service refuses)."""
+        up = self.upcoming
+        if self.node is None or up is None or not up.can_reschedule or not self._pending(up):
+            return None
+        op = self._op("maintenance")
+        self._maintain(up, "early")
+        self.sim.after(up.heal_after, self._finish_op, op)
+        return op
 
     def push_bug(self) -> bool:
         self.pushed = True

@@ -26,6 +26,7 @@ from tpuwatch.model import (
     Login,
     NodeSnapshot,
     OperationStatus,
+    UpcomingMaintenance,
     WorkerEndpoint,
     WorkerProbe,
 )
@@ -58,15 +59,21 @@ class BenchTpu:
         w, node = self.world, self.world.node
         if node is None:
             return None
-        key = (node.id, node.state, node.health, node.description, node.maintenance_time)
+        up = w.upcoming
+        key = (node.id, node.state, node.health, node.description, node.maintenance_time,
+               (up.status, up.start) if up is not None else None)
         if key != self._key:
             self._key = key
+            um = None
+            if up is not None:  # v2alpha1 upcomingMaintenance; canReschedule only while PENDING
+                um = UpcomingMaintenance(up.type, up.status, up.can_reschedule and up.status == "PENDING",
+                                         at(up.start), at(up.start + 3600.0), at(up.start))
             self._snap = NodeSnapshot(
                 name=w.name, project=PROJECT, zone=self.zone, id=str(node.id), create_time=at(node.created),
                 state=node.state, health=node.health, health_description=node.description,
                 maintenance_time=at(node.maintenance_time) if node.maintenance_time is not None else None,
                 workers=tuple(WorkerEndpoint(i, f"10.0.0.{i + 2}", "") for i in range(w.p.workers)),
-                accelerator_type="v4-32", spot=True, labels={OWNER_LABEL: self.job},
+                accelerator_type="v4-32", spot=True, labels={OWNER_LABEL: self.job}, upcoming_maintenance=um,
             )
         return self._snap
 
@@ -96,6 +103,17 @@ class BenchTpu:
                         "tpu.nodes.create", "tpu.googleapis.com")
             raise ApiError(f"{call}: ALREADY_EXISTS: node {name} already exists", call=call, code="ALREADY_EXISTS")
         return self.world.create_node().name
+
+    def perform_maintenance(self, name: str) -> str:
+        """v2alpha1 performMaintenance (what `Lifecycle.start_maintenance` calls for a plain node)."""
+        self.meter.tpu += 1
+        op = self.world.perform_maintenance() if name == self.world.name else None
+        if op is None:
+            call = Call("TPU API", "perform_maintenance", f"projects/{PROJECT}/locations/{self.zone}/nodes/{name}",
+                        "tpu.nodes.performMaintenance", "tpu.googleapis.com")
+            raise ApiError(f"{call}: FAILED_PRECONDITION: there is no pending maintenance for {name}", call=call,
+                           code="FAILED_PRECONDITION")
+        return op.name
 
     def get_operation(self, name: str) -> OperationStatus:
         self.meter.tpu += 1
@@ -156,8 +174,11 @@ class BenchWorkers:
 
     def probe(self, node: NodeSnapshot) -> list[WorkerProbe]:
         self.meter.ssh += len(node.workers)
+        a = self.world.attempt
+        notice = a.notice if a is not None else ""  # the relay's file beside that attempt
         return [WorkerProbe(w, state, attempt=no, exit_code=code,  # type: ignore[arg-type]
-                            log_bytes=self._log_bytes(no) if state != "unreachable" else None)
+                            log_bytes=self._log_bytes(no) if state != "unreachable" else None,
+                            notice=notice if a is not None and no == a.no and state != "unreachable" else "")
                 for w, state, no, code in self.world.probe()]
 
     def _log_bytes(self, attempt: int | None) -> int | None:

@@ -29,7 +29,7 @@ from typing import Any
 
 from tpuwatch.bench.engine import Meter, Params, Sim, World
 from tpuwatch.bench.tools import Run, Tool, TpuwatchDriver
-from tpuwatch.bench.trace import KINDS, Fault, Trace
+from tpuwatch.bench.trace import ANNOUNCED, KINDS, Fault, Trace
 
 
 @dataclass
@@ -60,6 +60,15 @@ class ToolResult:
     ticks: int = 0  # tpuwatch: ticks, fast-forwarded ones included
     real_ticks: int = 0  # tpuwatch: ticks actually run (TpuwatchDriver.skip_idle)
     port_probes: int = 0  # tpuwatch: TCP probes of a down node's SSH port between ticks
+    announced: list[tuple[str, int, str]] = field(default_factory=list)  # (kind, steps lost, how) per event
+
+    def announced_stats(self, kind: str | None = None) -> tuple[int, float | None, int | None]:
+        """(events that found the job making progress, mean steps lost, most steps lost) for an
+        announced kind (None: all of them)."""
+        xs = [lost for k, lost, _ in self.announced if kind is None or k == kind]
+        if not xs:
+            return 0, None, None
+        return len(xs), statistics.fmean(xs), max(xs)
 
     @property
     def tpu_per_hour(self) -> float:
@@ -91,6 +100,8 @@ def _apply(world: World, fault: Fault) -> None:
         world.hang()
     elif fault.kind == "bug":
         world.push_bug()
+    elif fault.kind in ANNOUNCED:
+        world.announce(fault.kind, fault.time, fault.heal_after or 0.0)
     else:
         raise ValueError(f"unknown fault kind {fault.kind!r}")
 
@@ -103,7 +114,9 @@ def run_tool(tool: Tool, trace: Trace, p: Params) -> ToolResult:
     rng = random.Random(trace.seed * 1000003 + zlib.crc32(tool.key.encode()))
     run = Run(sim, world, meter, rng)
     for f in trace.faults:
-        sim.at(f.time, _apply, world, f)
+        # an announced maintenance: its notice comes notice_lead before it, however late it is announced
+        when = max(0.0, f.time - max(f.lead, p.notice_lead)) if f.kind in ANNOUNCED else f.time
+        sim.at(when, _apply, world, f)
     for i, proc in enumerate(tool.start(run)):
         sim.spawn(proc, f"{tool.key}-{i}")
     if tool.drive is not None:
@@ -120,7 +133,7 @@ def _result(tool: Tool, run: Run) -> ToolResult:
     resume: dict[str, list[float]] = {k: [] for k in KINDS}
     for hit in w.hits:
         if hit.interrupted:
-            resume[hit.kind].append(hit.resumed - hit.time if hit.resumed is not None else math.inf)
+            resume.setdefault(hit.kind, []).append(hit.resumed - hit.time if hit.resumed is not None else math.inf)
     stop = w.stopped if w.stopped is not None else p.horizon
     waste = None
     if w.bug_seen is not None:
@@ -157,6 +170,7 @@ def _result(tool: Tool, run: Run) -> ToolResult:
         ticks=tick.ticks if tick is not None else 0,
         real_ticks=tick.real_ticks if tick is not None else 0,
         port_probes=tick.port_probes if tick is not None else 0,
+        announced=[(h.kind, h.lost_steps, h.how) for h in w.announced],
     )
 
 
@@ -197,9 +211,10 @@ def _dur(x: float | None) -> str:
 def trace_summary(trace: Trace) -> dict[str, Any]:
     heals = sorted(f.heal_after for f in trace.faults if f.kind == "maintenance" and f.heal_after is not None)
     bug = next((f.time for f in trace.faults if f.kind == "bug"), None)
+    announced = {k: trace.count(k) for k in ANNOUNCED if trace.count(k)}
     return {
         "seed": trace.seed,
-        "counts": {k: trace.count(k) for k in KINDS},
+        "counts": {k: trace.count(k) for k in KINDS} | announced,
         "bug_push_day": bug / 86400.0 if bug is not None else None,
         "heal_minutes": [round(h / 60, 1) for h in heals],
         "stockouts": [[round(a / 86400, 3), round((b - a) / 60, 1)] for a, b in trace.stockouts],
@@ -231,8 +246,49 @@ def as_json(report: Report) -> dict[str, Any]:
             "policy_memory": r.memory, "policy_rows": r.rows, "error": r.error,
             "ticks": r.ticks, "ticks_run": r.real_ticks, "port_probes": r.port_probes,
         })
+        if any(report.trace.count(k) for k in ANNOUNCED):  # only then: the default output keeps its shape
+            tools[-1]["announced_maintenance"] = announced_json(r, report.params)
     return {"params": asdict(report.params), "trace": trace_summary(report.trace), "tools": tools,
             "seconds": round(report.seconds, 2)}
+
+
+def announced_json(r: ToolResult, p: Params) -> dict[str, Any]:
+    """Work lost per announced maintenance that found the job making progress, by kind and in all."""
+    interval = p.ckpt_every * p.step_time + p.ckpt_save
+    out: dict[str, Any] = {}
+    for kind in (*ANNOUNCED, None):
+        n, mean, most = r.announced_stats(kind)
+        out[kind or "all"] = {
+            "events": n, "lost_steps_mean": _round(mean, 2), "lost_steps_max": most,
+            "lost_seconds_mean": _round(mean * p.step_time if mean is not None else None, 1),
+            "share_of_interval": _round(mean * p.step_time / interval if mean is not None else None, 5),
+            "how": dict(Counter(h for k, _, h in r.announced if kind is None or k == kind)),
+        }
+    return out
+
+
+def render_announced(report: Report) -> Any:
+    """The table of work lost per announced maintenance (None when the trace has none)."""
+    from rich.table import Table
+
+    if not any(report.trace.count(k) for k in ANNOUNCED):
+        return None
+    p = report.params
+    interval = p.ckpt_every * p.step_time + p.ckpt_save
+    t = Table(title=f"Announced maintenance: work lost per event that found the job running "
+                    f"(mean / max steps; share of the {interval / 60:.1f}-min checkpoint interval)")
+    t.add_column("tool")
+    for name in (*ANNOUNCED, "all"):
+        t.add_column(f"{name} (n={report.trace.count(name)})" if name != "all" else "all", justify="right")
+    for r in report.results:
+        cells = []
+        for kind in (*ANNOUNCED, None):
+            n, mean, most = r.announced_stats(kind)
+            cells.append("-" if mean is None else
+                         f"{mean:,.1f} / {most:,} ({100 * mean * p.step_time / interval:.2f} %, n={n})")
+        label = f"{r.label} (reactive)" if r.key == "ideal" else r.label
+        t.add_row(label, *cells)
+    return t
 
 
 @dataclass
@@ -395,6 +451,9 @@ def render(report: Report) -> list[Any]:
             cells.append("-" if n == 0 else f"{_dur(med)} / {_dur(p95)} (n={n})")
         t2.add_row(r.label, *cells)
     out: list[Any] = [t1, t2]
+    announced = render_announced(report)
+    if announced is not None:
+        out.append(announced)
     errors = [r for r in report.results if r.error]
     for r in errors:
         out.append(Text(f"POLICY ERROR in {r.label}: {r.error}", style="bold red"))

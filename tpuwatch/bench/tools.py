@@ -8,7 +8,9 @@
 - the baselines (docs/benchmarks.md, "The baselines"), modelled as their scripts are
   written: the docs' bash loop, TensorFlow's retry.sh, tpunicorn `pu babysit`, Levanter's
   babysit-tpu-vm.sh and SkyPilot's managed-job controller;
-- `ideal`: an oracle that knows the trace and reacts at once, the bound for all of them.
+- `ideal`: an oracle that knows the trace and reacts at once, the bound for all of them; a
+  reactive bound: like the baselines it neither reads upcomingMaintenance nor relays the
+  metadata server's notice, so an announced maintenance is to all of them an unannounced one.
 
 Every tool counts what it spends in a Meter: TPU API calls (one per gcloud describe, list,
 create, delete, and one per gcloud ssh, which looks the node up first; for tpuwatch, one per
@@ -445,6 +447,8 @@ class TpuwatchDriver:
     def drive(self) -> None:
         w, sim = self.run.world, self.run.sim
         poll = self.pcfg.poll_interval
+        # The launch puts the notice relay beside each attempt when notify_signal names a signal.
+        w.relay = bool(self.cfg.get("maintenance.notify_signal"))
         with tempfile.TemporaryDirectory(prefix="tpuwatch-bench-") as state, \
                 Journal.open(Path(state), self.cfg.job_name, self.cfg.tpu_name, wait=False) as journal:
             # A throwaway journal: no fsync and no rollback file per tick (the product's

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 # Fault kinds in report order; "bug" is the code push after which every launch exits 1.
 KINDS = ("maintenance", "stuck", "preemption", "crash", "hang")
+# Announced maintenance (all heal): "scheduled" and "unscheduled" may be started early
+# (canReschedule; a window days or hours ahead), "notice" gives only the ~60 s termination notice.
+ANNOUNCED = ("scheduled", "unscheduled", "notice")
 STUCK_MODES = ("REPAIRING", "UNKNOWN")
 
 
@@ -27,6 +30,7 @@ class Fault:
     heal_after: float | None = None  # maintenance: repair time
     stuck: str = "REPAIRING"  # stuck: the state the node stays in
     worker: int = 0  # crash: the worker that exits 139
+    lead: float = 0.0  # announced maintenance: announced this long before `time` (its window start)
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,12 @@ class TraceConfig:
     heal_sigma: float = 0.6
     stockout_median: float = 2400.0
     stockout_sigma: float = 0.8
+    # announced maintenance per 30 days (0: none, and the trace is drawn as without them)
+    scheduled: float = 0.0
+    unscheduled: float = 0.0
+    notice_only: float = 0.0
+    scheduled_lead: float = 7 * 86400.0  # SCHEDULED: about 7 days' notice
+    unscheduled_lead: float = 86400.0  # UNSCHEDULED: less
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,14 @@ def make_trace(seed: int, days: float, workers: int, tc: TraceConfig | None = No
         faults.append(Fault(when(), "hang"))
     if tc.bug_at is not None:
         faults.append(Fault(tc.bug_at * horizon, "bug"))
+    # Drawn last, and only when asked for, so a trace without them is the same as before.
+    for kind, rate, lead in (("scheduled", tc.scheduled, tc.scheduled_lead),
+                             ("unscheduled", tc.unscheduled, tc.unscheduled_lead),
+                             ("notice", tc.notice_only, 0.0)):
+        if rate > 0:
+            for _ in range(_count(rng, rate, days)):
+                faults.append(Fault(when(), kind, heal_after=_lognormal(rng, tc.heal_median, tc.heal_sigma),
+                                    lead=lead))
     faults.sort(key=lambda f: (f.time, f.kind))
     return Trace(seed, horizon, tuple(faults), tuple(sorted(stockouts)))
 

@@ -38,7 +38,8 @@ ROWS: tuple[Row, ...] = (
         "wait: the node is about to stop"),
     Row("early_wait", "every worker runs; the owned node announces maintenance that may start early "
         "(canReschedule, PENDING); maintenance.start_early",
-        "keep running until the next complete checkpoint (at the latest 10 min before the window opens)"),
+        "keep running until the next complete checkpoint (at the latest 10 min before the window opens); in the "
+        "last tenth of the interval the job has shown, look every 0.1 % of it (1 s at least), not every poll"),
     Row("early_start", "that checkpoint landed (or the window opens in 10 min)",
         "a disruption, not charged: stop every worker, start the maintenance now (journaled first, like a "
         "delete); relaunch from that checkpoint when the node is READY+HEALTHY again"),

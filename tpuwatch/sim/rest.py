@@ -5,9 +5,10 @@ Served, for the paths gcloud 528 calls (`api_endpoint_overrides/tpu` = `url`,
 
 - TPU `v2` and `v2alpha1`: nodes get, list, create (`?nodeId=`), delete, stop, start, patch
   (`?updateMask=labels,metadata,description`, what `tpu-vm update` sends),
-  `:getGuestAttributes`, `:simulateMaintenanceEvent` (v2alpha1); queued resources get, list,
-  create (`?queuedResourceId=`, one node or multislice), delete (`?force=true`),
-  `:performMaintenanceQueuedResource` (v2alpha1); operations get and list;
+  `:getGuestAttributes`; v2alpha1 alone: `:simulateMaintenanceEvent`, `:performMaintenance` and
+  `queuedResources/Q:performMaintenanceQueuedResource` (`{"nodeNames": [...]}`), refused as the
+  gRPC face refuses them; queued resources get, list, create (`?queuedResourceId=`, one node or
+  multislice), delete (`?force=true`); operations get and list;
 - Compute `v1`: `projects/P` (get), whose `commonInstanceMetadata` holds an `ssh-keys` item with
   the simulated workers' client key, so `gcloud ... tpu-vm ssh` adds no key to the node; with
   the os-login fault it also holds `enable-oslogin=TRUE`;
@@ -102,8 +103,9 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("POST", re.compile(_LOC + r"/queuedResources$"), "create_queued"),
     ("GET", re.compile(_LOC + rf"/queuedResources/{_SEG}$"), "get_queued"),
     ("DELETE", re.compile(_LOC + rf"/queuedResources/{_SEG}$"), "delete_queued"),
+    ("POST", re.compile(_LOC + rf"/nodes/{_SEG}:performMaintenance$"), "perform_maintenance"),
     ("POST", re.compile(_LOC + rf"/queuedResources/{_SEG}:performMaintenanceQueuedResource$"),
-     "perform_maintenance_queued"),
+     "perform_maintenance_queued_resource"),
     ("GET", re.compile(_LOC + r"/operations$"), "list_operations"),
     ("GET", re.compile(_LOC + rf"/operations/{_SEG}$"), "get_operation"),
     ("GET", re.compile(rf"^/compute/v1/projects/{_SEG}$"), "compute_project"),
@@ -321,6 +323,22 @@ class RestFace:
         workers = [str(w) for w in body.get("workerIds") or []]
         return to_json_dict(render_operation(self.world.simulate_maintenance_event(p, z, n, workers)))
 
+    def _perform_maintenance(self, version: str, p: str, z: str, n: str, **_: Any) -> dict[str, Any]:
+        if version != "v2alpha1":
+            raise ApiError("NOT_FOUND", "performMaintenance is a v2alpha1 method")
+        self._call(f"{TPU_V2ALPHA1}/PerformMaintenance", f"projects/{p}/locations/{z}/nodes/{n}")
+        return to_json_dict(render_operation(self.world.perform_maintenance(p, z, n)))
+
+    def _perform_maintenance_queued_resource(self, version: str, p: str, z: str, q: str, *,
+                                             body: dict[str, Any], **_: Any) -> dict[str, Any]:
+        if version != "v2alpha1":
+            raise ApiError("NOT_FOUND", "performMaintenanceQueuedResource is a v2alpha1 method")
+        self._call(f"{TPU_V2ALPHA1}/PerformMaintenanceQueuedResource", f"projects/{p}/locations/{z}/queuedResources/{q}")
+        names = body.get("nodeNames") or []
+        if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
+            raise ApiError("INVALID_ARGUMENT", "Invalid value at 'node_names': expected a list of strings")
+        return to_json_dict(render_operation(self.world.perform_maintenance_queued_resource(p, z, q, names)))
+
     def _guest_attributes(self, version: str, p: str, z: str, n: str, *,
                           body: dict[str, Any], **_: Any) -> dict[str, Any]:
         self._call(f"{_SERVICES[version]}/GetGuestAttributes", f"projects/{p}/locations/{z}/nodes/{n}")
@@ -384,18 +402,6 @@ class RestFace:
         force = query.get("force", "false").lower() == "true"
         return to_json_dict(render_operation(
             self.world.delete_queued_resource(p, z, n, force, api_version=version)))
-
-    def _perform_maintenance_queued(self, version: str, p: str, z: str, n: str, *,
-                                    body: dict[str, Any], **_: Any) -> dict[str, Any]:
-        if version != "v2alpha1":
-            raise ApiError("NOT_FOUND", "performMaintenanceQueuedResource is a v2alpha1 method")
-        self._call(f"{TPU_V2ALPHA1}/PerformMaintenanceQueuedResource",
-                   f"projects/{p}/locations/{z}/queuedResources/{n}")
-        names = body.get("nodeNames", [])
-        if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
-            raise ApiError("INVALID_ARGUMENT", "nodeNames must be a list of node names")
-        return to_json_dict(render_operation(
-            self.world.perform_maintenance_queued_resource(p, z, n, list(names))))
 
     def _get_operation(self, version: str, p: str, z: str, o: str, **_: Any) -> dict[str, Any]:
         name = f"projects/{p}/locations/{z}/operations/{o}"
