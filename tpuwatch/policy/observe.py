@@ -55,3 +55,20 @@ def audit_due(mem: Memory, node: NodeSnapshot | None, probes: Sequence[WorkerPro
     wrong = mem.phase is Phase.RUNNING and (
         node is None or (node.usable and any(p.state != "running" for p in probes or ())))
     return wrong and since_last >= MIN_AUDIT_GAP
+
+
+def follow_workers(mem: Memory, node: NodeSnapshot | None, probes: Sequence[WorkerProbe] | None) -> tuple[int, ...]:
+    """The workers whose end of the running attempt should wake the watcher between ticks.
+
+    Only while the attempt runs: the node usable and every probed worker running this attempt,
+    or probed before this tick launched it. Anything else already has the watcher's attention
+    (it ticks sooner, or waits for a node or a backoff), and an end the probe saw must not be
+    reported again.
+    """
+    if mem.phase is not Phase.RUNNING or node is None or not node.usable or not probes:
+        return ()
+    if any(p.attempt == mem.attempt and p.state != "running" for p in probes):
+        return ()
+    if any(p.state == "unreachable" or (p.attempt is not None and p.attempt > mem.attempt) for p in probes):
+        return ()
+    return tuple(p.worker for p in probes)

@@ -75,6 +75,7 @@ class _Worker:
     md_server: asyncio.AbstractServer | None = None  # the metadata server while listening
     conns: set[Any] = field(default_factory=set)  # asyncssh.SSHServerConnection
     accepted: int = 0  # SSH connections accepted since the worker was created (benchmarks, tests)
+    sessions: int = 0  # SSH sessions (channels running a command) opened on them
     reset: _Reset | None = None
     startup: asyncio.Task[None] | None = None
     faults: dict[str, Any] = field(default_factory=dict)  # host faults (hostfaults.py); gone on recreate
@@ -342,6 +343,10 @@ class Hosts:
     def accepted(self, node_key: str, worker: int) -> int:
         """SSH connections this worker has accepted (open or closed) since it was created."""
         return self._worker(node_key, worker).accepted
+
+    def sessions(self, node_key: str, worker: int) -> int:
+        """SSH sessions (one command each) opened on this worker's connections since it was created."""
+        return self._worker(node_key, worker).sessions
 
     def startup_status(self, node_key: str, worker: int) -> int | None:
         """The startup script's exit status on this worker, or None while it has not ended."""
@@ -736,6 +741,7 @@ class _WorkerServer(asyncssh.SSHServer):
         return bool(username == self._hosts.ssh_user and key.public_data == client.public_data)
 
     def session_requested(self) -> _ExecSession:
+        self._worker.sessions += 1
         return _ExecSession(self._hosts, self._worker, self._conn)
 
 

@@ -17,7 +17,7 @@
 # Host paths (/dev/accel*, /dev/vfio/*, /tmp/libtpu_lockfile) are looked up under
 # $TPUWATCH_HOST_ROOT when it is set (the simulator), else under /.
 #
-# Inputs (preamble): TW_ACTION probe|launch|stop|follow, TW_JOB, and per action TW_ATTEMPT,
+# Inputs (preamble): TW_ACTION probe|launch|stop|follow|wait, TW_JOB, and per action TW_ATTEMPT,
 # TW_WORKER, TW_CHECKPOINT, TW_STEP, TW_COMMAND (already rendered), TW_ENV (array NAME=value),
 # TW_GRACE_MS (stop's TERM-to-KILL grace), TW_CLEAN_MS (launch: run stop first, with this
 # grace, when an older attempt or none was launched here), TW_OFFSET (bytes), TW_POLL (seconds),
@@ -545,6 +545,49 @@ tw_follow() {
   fi
 }
 
+tw_wait() {
+  # Return the moment attempt TW_ATTEMPT ends here: "@tpuwatch result=ok exit_code=N" (it
+  # ended with a code), "result=gone" (it died without one: killed, say), "result=replaced"
+  # (a newer attempt was launched). It blocks on the job lock, which every process of the
+  # attempt holds, so it costs no CPU while the attempt runs; every TW_POLL seconds it also
+  # reads the exit code (a command whose orphans keep the lock has still ended) and writes one
+  # byte (a newline), so that it dies of SIGPIPE once nobody reads it (a multiplexed connection outlives
+  # the channel: the shell is never reparented).
+  local code cur poll=${TW_POLL:-1}
+  cur=$(tw_read_num "$TW_DIR/attempt")
+  if [ "$cur" != "$TW_ATTEMPT" ] || [ ! -e "$TW_DIR/lock" ]; then
+    tw_emit result=replaced "attempt=$cur"
+    return 0
+  fi
+  tw_need flock || return 1
+  exec 8<"$TW_DIR/lock" || return 1
+  while :; do
+    code=$(tw_read_num "$TW_DIR/exit_code")
+    cur=$(tw_read_num "$TW_DIR/attempt")
+    if [ "$cur" != "$TW_ATTEMPT" ]; then
+      tw_emit result=replaced "attempt=$cur"
+      return 0
+    fi
+    if [ -n "$code" ]; then
+      tw_emit result=ok "exit_code=$code"
+      return 0
+    fi
+    if flock -s -w "$poll" 8; then  # nobody holds the lock: nothing of the attempt lives
+      flock -u 8
+      code=$(tw_read_num "$TW_DIR/exit_code")
+      if [ -n "$code" ]; then
+        tw_emit result=ok "exit_code=$code"
+      elif tw_attempt_alive; then
+        continue  # a process of it closed the lock's fd but lives on: not over
+      else
+        tw_emit result=gone "detail=attempt $TW_ATTEMPT ended without an exit code"
+      fi
+      return 0
+    fi
+    printf '\n' || return 5
+  done
+}
+
 tw_main() {
   case ${TW_JOB:-} in
     '' | . | .. | */*)
@@ -558,6 +601,7 @@ tw_main() {
     launch) tw_launch ;;
     stop) tw_stop ;;
     follow) tw_follow ;;
+    wait) tw_wait ;;
     *)
       tw_emit result=error "detail=unknown action ${TW_ACTION:-}"
       return 2
