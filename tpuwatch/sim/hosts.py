@@ -1,8 +1,9 @@
 """Simulated TPU VM workers: one SSH server (asyncssh) per worker, each on its own loopback IP.
 
 A worker is a home directory, a host root (its `/dev/accel*`, `/tmp`, `/dev/shm`, found through
-`TPUWATCH_HOST_ROOT`), an ed25519 host key, an SSH listener on `127.<b>.<node>.<worker+1>`
-(Linux routes all of 127/8 to `lo`) and a metadata server on the same address (another port
+`TPUWATCH_HOST_ROOT`), an ed25519 host key, an SSH listener on `127.<b>.<node>.<worker>`
+(Linux routes all of 127/8 to `lo`, so `.0` and `.255` are ordinary addresses there and a node
+holds up to 256 workers, a v5p-2048) and a metadata server on the same address (another port
 shared by all workers; `GCE_METADATA_HOST=<worker ip>:<port>` in every process's environment, so
 each worker reads its own values, see metadata.py). Commands run as local processes under `/bin/bash -c`; every
 process a worker starts carries a marker variable in its environment, so the worker's processes
@@ -52,6 +53,7 @@ from tpuwatch.sim import metadata as md
 MARKER = "TPUWATCH_SIM_WORKER"
 STARTUP_LOG = "startup-script.log"
 STARTUP_EXIT = "startup-script.exit"  # written when the startup script ends: its exit status
+MAX_WORKERS = 256  # the last octet of a worker's address (a v5p-2048 has 256 hosts)
 _PORT_RANGE = (20000, 32000)  # below Linux's default ephemeral range (32768-60999)
 _CALL_TIMEOUT = 60.0
 T = TypeVar("T")
@@ -202,8 +204,8 @@ class Hosts:
         unless `metadata_source` knows better (it holds the startup script too; `startup_script`
         is what runs).
         """
-        if not 1 <= n_workers <= 254:
-            raise UsageError(f"a simulated node has 1 to 254 workers, not {n_workers}")
+        if not 1 <= n_workers <= MAX_WORKERS:
+            raise UsageError(f"a simulated node has 1 to {MAX_WORKERS} workers, not {n_workers}")
         meta = dict(metadata or {})
         return self._call(lambda: self._boot(node_key, node_id, n_workers, startup_script,
                                              chips_per_host, vfio, meta))
@@ -425,7 +427,7 @@ class Hosts:
         return self._slots[node_key]
 
     def _ip(self, slot: int, index: int) -> str:
-        return f"127.{self._base}.{slot}.{index + 1}"
+        return f"127.{self._base}.{slot}.{index}"
 
     # ---- internals: node lifecycle (on the loop) ---------------------------------------------
 
