@@ -55,7 +55,7 @@ def test_bench_recovery_times_a_healed_maintenance_for_tpuwatch_and_the_ssh_loop
 
 def test_bench_overhead_measures_start_up_memory_and_api_calls(tmp_path: Path) -> None:
     table, doc = run("bench_overhead.py", tmp_path, "--runs", "1", "--ticks", "3", "--virtual-ticks", "4",
-                     "--nodes", "5", "--watchers", "1", "--watch-seconds", "1")
+                     "--nodes", "5", "--watchers", "1", "--watch-seconds", "1", "--pod-sizes", "2", "--pod-ticks", "2")
     for word in ("tpuwatch --help", "tpuwatch check", "RSS", "CPU per poll", "API/hour", "status --all",
                  "watchers at once"):
         assert word in table, table
@@ -72,6 +72,11 @@ def test_bench_overhead_measures_start_up_memory_and_api_calls(tmp_path: Path) -
     assert status["nodes"] == 5 and status["shown"] == 5
     assert status["calls_per_run"] == {"ListNodes": 1, "ListLogEntries": 1}
     assert doc["zone"]["watchers"]["ticks"] >= 1
+    # a pod of 2 workers: a steady tick is one channel per worker on its open connection, one node get
+    pod = doc["pods"][0]
+    assert pod["workers"] == 2 and pod["rows"] == ["running"], pod
+    assert pod["handshakes_per_tick"] == 0 and pod["channels_per_tick"] == 2 and pod["tpu_calls_per_tick"] == 1
+    assert 0 < pod["heal_to_relaunch"] <= pod["heal_to_all_running"]
 
 
 def test_bench_gcloud_calls_counts_one_gcloud_run_per_node_incarnation(tmp_path: Path) -> None:
