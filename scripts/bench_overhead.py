@@ -4,6 +4,7 @@
     python scripts/bench_overhead.py                 # the default measurements, a table
     python scripts/bench_overhead.py --json
     python scripts/bench_overhead.py --runs 5 --ticks 10 --virtual-ticks 40 --nodes 50
+    python scripts/bench_overhead.py --pods-only --pod-sizes 4,32,128,256
 
 Measured, against the simulator (tpuwatch.sim.Simulator) with a steady job (the toy trainer on
 every worker, started by `tpuwatch watch` itself):
@@ -22,12 +23,20 @@ every worker, started by `tpuwatch watch` itself):
    hourly TPU cost of watching N jobs is N times one job's; and their audit-log queries
    (ListLogEntries) per minute, which they share through one state dir (one query per project per
    15 s at most; --separate-state-dirs gives each its own, as before sharing). The tick reads the
-   audit log once a minute of wall time, so --watch-seconds of 60 or more shows the steady rate.
+   audit log once a minute of wall time, so --watch-seconds of 60 or more shows the steady rate;
+5. pods of --pod-sizes workers (4, 32, 128, 256: v5p-32 to v5p-2048), each running a job that
+   costs nothing (`exec sleep`), watched by the loop of `watch` without its view (tick, then
+   Pacer.wait, which holds one follow channel per worker) in a process of its own: per steady
+   tick its wall time, SSH handshakes and channels (counted by the simulated workers), CPU (the
+   watcher, its reaped ssh clients, and its live master connections and follow channels) and TPU
+   calls; then a maintenance that heals, and the time from the node READY again to the relaunch
+   and to a probe finding every worker running. `--pods-only` runs just this part.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -191,6 +200,14 @@ def delta(after: Counter[str], before: Counter[str]) -> Counter[str]:
 def measure(a: argparse.Namespace, log: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"settings": {k: v for k, v in vars(a).items() if k not in ("json", "json_out", "quiet")}}
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("TPUWATCH_")}
+    if a.pods_only:
+        with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmpd:
+            b = Bench(a, Path(tmpd))
+            try:
+                out["pods"] = pods(b, a, log)
+            finally:
+                b.close()
+        return out
 
     log("start-up: tpuwatch --help")
     times, outs = timed([*tpuwatch_argv(), "--help"], base_env, a.runs)
@@ -265,6 +282,7 @@ def measure(a: argparse.Namespace, log: Any) -> dict[str, Any]:
 
             log(f"{a.nodes} nodes in one zone: status --all, and {a.watchers} watchers")
             out["zone"] = zone(b, a)
+            out["pods"] = pods(b, a, log)
         finally:
             b.close()
     return out
@@ -370,7 +388,233 @@ def zone(b: Bench, a: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# ---- pods: the cost of a tick as the node grows ------------------------------------------------
+
+POD_COMMAND = "exec sleep 100000000"  # every worker runs something that costs nothing while it runs
+
+
+def pod_driver(cfg: str) -> int:
+    """The loop of `watch` without its view (tick, then Pacer.wait, which holds the follow
+    channels), one JSON line per tick on stdout: its wall time, this process's CPU so far (own
+    and reaped ssh clients), the attempt and how many workers the probe found running. Ends on
+    SIGTERM, closing the follow channels and shared connections as `watch` does."""
+    import resource
+
+    from tpuwatch.journal import Journal
+    from tpuwatch.loop import Pacer, next_delay
+    from tpuwatch.tick import Reconciler
+    from tpuwatch.wiring import load_job, real_ports
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    job = load_job(cfg)
+    ports = real_ports(job)
+    poll = float(job.cfg.recovery["poll_interval"])
+    try:
+        with Journal.open(job.cfg.state_dir, job.name, job.pcfg.tpu_name) as journal:
+            rec = Reconciler(job.cfg, job.pcfg, ports, journal)
+            pacer = Pacer(ports, poll)
+            while not stop.is_set():
+                t = time.monotonic()
+                report = rec.tick()
+                wall = time.monotonic() - t
+                me = resource.getrusage(resource.RUSAGE_SELF)
+                kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+                running = sum(1 for p in report.probes or () if p.state == "running")
+                print(json.dumps({"t": time.time(), "wall": wall, "row": report.decision.row,
+                                  "attempt": report.memory.attempt, "running": running,
+                                  "own": me.ru_utime + me.ru_stime, "kids": kids.ru_utime + kids.ru_stime}),
+                      flush=True)
+                if not stop.is_set():
+                    pacer.wait(report, next_delay(report, poll))
+    finally:
+        ports.workers.close()
+    return 0
+
+
+def ssh_cpu(marker: str) -> float:
+    """CPU seconds of the live ssh processes whose command line holds `marker` (the watcher's
+    control socket directory): the detached master connections and the follow channels."""
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if marker.encode() not in Path(f"/proc/{entry}/cmdline").read_bytes():
+                continue
+            total += sum(proc_cpu(int(entry)))
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+class PodDriver:
+    """A pod_driver subprocess and its lines, read by a thread."""
+
+    def __init__(self, cfg: Path, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--pod-driver", str(cfg)],
+                                     env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL)
+        self.lines: list[dict[str, Any]] = []
+        self.err: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read_err, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with contextlib.suppress(ValueError):
+                self.lines.append(json.loads(line))
+
+    def _read_err(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.err.append(line)
+
+    def until(self, pred: Any, timeout: float, what: str) -> int:
+        """Index of the first line from now on that satisfies `pred`."""
+        start = len(self.lines)
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            for i in range(start, len(self.lines)):
+                if pred(self.lines[i]):
+                    return i
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        raise RuntimeError(f"pod driver: no tick {what} within {timeout:.0f}s; last lines "
+                           f"{self.lines[-3:]}; stderr: {''.join(self.err[-8:])}")
+
+    def at(self, i: int, timeout: float) -> int:
+        """Wait for line `i`."""
+        end = time.monotonic() + timeout
+        while len(self.lines) <= i:
+            if time.monotonic() > end or self.proc.poll() is not None:
+                raise RuntimeError(f"pod driver: no tick {i} within {timeout:.0f}s; stderr: {''.join(self.err[-8:])}")
+            time.sleep(0.02)
+        return i
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def pod(b: Bench, a: argparse.Namespace, n: int) -> dict[str, Any]:
+    """One node of `n` workers (v5p-<8n>): a steady job on every worker, watched by pod_driver."""
+    from tpuwatch.workers import mux
+
+    sim, name = b.sim, f"pod{n}"
+    accel = f"v5p-{8 * n}"
+    t = time.monotonic()
+    sim.create_node(name, accel, labels={"tpuwatch-job": name})
+    boot = time.monotonic() - t
+    d = b.tmp / name
+    d.mkdir(parents=True, exist_ok=True)
+    # The launch-time environment checks scan every process's open files on each worker: one VM's
+    # processes on a real pod, but every worker's here, where they share one machine (n² work
+    # that a real pod does not do). Off unless --config precheck.enabled=true.
+    cfg = write_config(d / "tpuwatch.toml", sim, POD_COMMAND, sim.bucket / f"ck-{name}", accelerator=accel, spot=False,
+                       recovery={"poll_interval": f"{a.pod_poll:g}s", "hang_timeout": "0s"},
+                       extra=("precheck.enabled=false", *a.config))
+    cfg.write_text(cfg.read_text().replace(f'name = "{JOB}"', f'name = "{name}"', 1))
+    state = d / "state"
+    env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(state)}
+    marker = str(mux.short_dir(state / "ssh"))
+    key = sim.node_key(name)
+
+    def counters() -> tuple[int, int]:
+        hosts = sim.hosts
+        return (sum(hosts.accepted(key, w) for w in range(n)), sum(hosts.sessions(key, w) for w in range(n)))
+
+    drv = PodDriver(cfg, env)
+    try:
+        first = drv.until(lambda ln: ln["running"] == n, 600, f"with all {n} workers running")
+        launched = drv.lines[first]["t"]
+        # steady: counted from the end of one tick to the end of the tick --pod-ticks later
+        i0 = drv.until(lambda ln: ln["running"] == n, 120, "steady")
+        c0, s0, x0 = counters(), b.calls(), ssh_cpu(marker)
+        i1 = drv.at(i0 + a.pod_ticks, 60 + 30 * a.pod_ticks)
+        c1, s1, x1 = counters(), b.calls(), ssh_cpu(marker)
+        lo, hi = drv.lines[i0], drv.lines[i1]
+        ticks = i1 - i0
+        walls = [ln["wall"] for ln in drv.lines[i0 + 1:i1 + 1]]
+        own, kids, live = hi["own"] - lo["own"], hi["kids"] - lo["kids"], max(x1 - x0, 0.0)
+        api = split(delta(s1, s0))
+        rows = sorted({ln["row"] for ln in drv.lines[i0 + 1:i1 + 1]})
+        # heal: a maintenance that heals; from the node READY again to every worker running
+        attempt = hi["attempt"]
+        sim.world.maintenance(name, heal_after=a.pod_heal_after)
+        down_seen = False
+        t_heal = None
+        end = time.monotonic() + 600
+        while time.monotonic() < end:
+            st = sim.world.get_node(sim.project, sim.zone, name).state
+            if st != "READY":
+                down_seen = True
+            elif down_seen:
+                t_heal = time.time()
+                break
+            time.sleep(0.01)
+        if t_heal is None:
+            raise RuntimeError(f"{name} did not heal")
+        relaunch = drv.until(lambda ln: ln["attempt"] > attempt, 600, "relaunching")
+        back = drv.until(lambda ln: ln["attempt"] > attempt and ln["running"] == n, 600, "with all running again")
+        out = {
+            "workers": n, "accelerator": accel, "boot_seconds": boot, "first_all_running_after": launched - drv.lines[0]["t"],
+            "ticks": ticks, "rows": rows,
+            "tick_wall_median": statistics.median(walls), "tick_wall_max": max(walls),
+            "handshakes_per_tick": (c1[0] - c0[0]) / ticks, "channels_per_tick": (c1[1] - c0[1]) / ticks,
+            "cpu_per_tick": (own + kids + live) / ticks,
+            "cpu_own_per_tick": own / ticks, "cpu_ssh_per_tick": (kids + live) / ticks,
+            "cpu_per_worker_per_tick": (own + kids + live) / ticks / n,
+            "tpu_calls_per_tick": api["tpu"] / ticks, "audit_calls_per_tick": api["audit"] / ticks,
+            "heal_to_relaunch": drv.lines[relaunch]["t"] - t_heal,
+            "heal_to_all_running": drv.lines[back]["t"] - t_heal,
+            # the ticks from the heal on: (seconds after the heal at the tick's end, row, tick wall time)
+            "heal_ticks": [(round(ln["t"] - t_heal, 2), ln["row"], round(ln["wall"], 2))
+                           for ln in drv.lines[i1 + 1:back + 1] if ln["t"] >= t_heal - 5],
+        }
+    finally:
+        drv.stop()
+        sim.world.delete_node(sim.project, sim.zone, name)
+        end = time.monotonic() + 120
+        while sim.world.has_node(name) and time.monotonic() < end:  # its processes gone before the next size
+            time.sleep(0.05)
+    return out
+
+
+def pods(b: Bench, a: argparse.Namespace, log: Any) -> list[dict[str, Any]]:
+    out = []
+    for n in a.pod_sizes:
+        log(f"pod of {n} workers: {a.pod_ticks} steady ticks at poll {a.pod_poll:g}s, then a heal")
+        out.append(pod(b, a, n))
+    return out
+
+
+def render_pods(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["", "pods: one steady job on every worker (ssh.multiplex on, follow channels held)",
+             f"{'workers':>7} {'tick wall':>10} {'(max)':>7} {'handshakes':>10} {'channels':>8} {'CPU/tick':>9} "
+             f"{'(ssh)':>7} {'CPU/worker':>10} {'TPU calls':>9} {'heal->relaunch':>14} {'heal->all running':>17}"]
+    for p in rows:
+        lines.append(
+            f"{p['workers']:>7} {p['tick_wall_median']:>9.2f}s {p['tick_wall_max']:>6.2f}s {p['handshakes_per_tick']:>10.2f} "
+            f"{p['channels_per_tick']:>8.1f} {p['cpu_per_tick'] * 1000:>7.0f}ms {p['cpu_ssh_per_tick'] * 1000:>5.0f}ms "
+            f"{p['cpu_per_worker_per_tick'] * 1000:>8.2f}ms {p['tpu_calls_per_tick']:>9.2f} {p['heal_to_relaunch']:>13.2f}s "
+            f"{p['heal_to_all_running']:>16.2f}s")
+    lines.append("(per tick, medians of the steady ticks; CPU = the watcher, its ssh clients and its master connections)")
+    return lines
+
+
 def render(r: dict[str, Any]) -> str:
+    if "help" not in r:  # --pods-only
+        return "\n".join(render_pods(r["pods"])[1:])
     h, c, idle, one, z = r["help"], r["check"], r["idle"], r["one_node"], r["zone"]
     st, wt = z["status_all"], z["watchers"]
     jobs = st["nodes"]
@@ -409,7 +653,17 @@ def render(r: dict[str, Any]) -> str:
         "slowest imports of `tpuwatch check --help`: "
         + ", ".join(f"{m} {s * 1000:.0f} ms" for m, s in c["slowest_imports"][:5]),
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + render_pods(r.get("pods", [])))
+
+
+def sizes(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected worker counts like 4,32,128, got {text!r}") from None
+    if any(not 1 <= n <= 256 for n in out):
+        raise argparse.ArgumentTypeError(f"a simulated node has 1 to 256 workers: {text!r}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -427,6 +681,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--separate-state-dirs", action="store_true",
                    help="give each watcher its own state dir, so none shares the audit-log query")
     p.add_argument("--accelerator", default="v4-16", help="the idle job's node type (%(default)s)")
+    p.add_argument("--pod-sizes", type=sizes, default=[4, 32, 128, 256], metavar="N,N,...",
+                   help="workers per node for the pod measurements, 1-256 each, '' for none (4,32,128,256)")
+    p.add_argument("--pod-ticks", type=int, default=5, help="steady ticks measured per pod size (%(default)s)")
+    p.add_argument("--pod-poll", type=float, default=2.0, help="the pods' scaled poll_interval (%(default)s)")
+    p.add_argument("--pod-heal-after", type=float, default=600.0,
+                   help="simulated seconds a pod's maintenance lasts (600 = 1 s at the speed of 600)")
+    p.add_argument("--pods-only", action="store_true", help="only the pod measurements")
+    p.add_argument("--pod-driver", metavar="CONFIG", help=argparse.SUPPRESS)  # internal: the watcher process
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--config", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="extra tpuwatch.toml setting (repeatable)")
@@ -434,6 +696,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json-out", metavar="PATH", help="also write the JSON object to PATH")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     a = p.parse_args(argv)
+    if a.pod_driver:
+        return pod_driver(a.pod_driver)
+    if a.pod_ticks < 1 or a.pod_poll <= 0:
+        p.error("--pod-ticks must be at least 1, --pod-poll positive")
     if min(a.runs, a.ticks, a.virtual_ticks, a.nodes) < 1 or a.watchers < 0 or a.poll <= 0:
         p.error("--runs, --ticks, --virtual-ticks and --nodes must be at least 1, --poll positive")
 

@@ -456,6 +456,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "login_grace": Field(_duration(0), 300.0, "a login refused this soon after the node booted is keys not there "
                              "yet (wait); later it needs a person"),
         "options": Field(_str_list, (), "extra ssh -o options, e.g. [\"ProxyJump=bastion\"]"),
+        "multiplex": Field(_bool, True, "one OpenSSH master connection per worker (ControlMaster), shared by every "
+                           "probe, launch and follow; false for a bastion or proxy that cannot carry it"),
     },
     "precheck": {
         "enabled": Field(_bool, True, "run environment checks before launch and periodically"),

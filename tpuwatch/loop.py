@@ -7,6 +7,9 @@
   between worker 0's SSH port gets a TCP connect every PORT_PROBE_EVERY seconds, which costs no
   API quota. When the port answers after having been closed, the wait ends at once, so the next
   tick confirms with the API and relaunches without waiting out the poll.
+  While the attempt runs steadily (policy/observe.py `follow_workers`), the workers hold one
+  follow channel each (`Workers.follow_ends`), and the wait ends the moment one reports its
+  attempt's end: the next tick probes, stops the others and decides at once, not at the poll.
 - `tick_loop`: tick, show, stop or wait; a cloud API that fails after its own retries is
   survived for MAX_CLOUD_FAILURES ticks in a row.
 No recovery rule lives here: what to do is tpuwatch.policy's to say; this only paces.
@@ -14,6 +17,7 @@ No recovery rule lives here: what to do is tpuwatch.policy's to say; this only p
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -22,6 +26,7 @@ from typing import Protocol
 
 from tpuwatch.errors import EXIT_CLOUD, CloudError
 from tpuwatch.policy import Phase
+from tpuwatch.policy.observe import follow_workers
 from tpuwatch.tick import Ports, TickReport
 
 MAX_CLOUD_FAILURES = 10  # ticks in a row the cloud API may fail (after its own retries) before exit 3
@@ -56,12 +61,20 @@ class Pacer:
         self.poll = poll_interval
         self.dry_run = dry_run
         self.port_probes = 0  # TCP probes made so far (they cost no API quota)
+        self.woken = 0  # waits ended early by a worker's attempt ending
         self._closed_seen = False  # a probe found the port closed since it last answered
+        self._ended = threading.Event()  # set from a follow channel's thread
 
     def wait(self, report: TickReport, delay: float) -> float:
         """Sleep until the next tick, `delay` seconds at most; return the seconds waited."""
         ports = self.ports
         start = ports.clock()
+        if self._follow(report):
+            # An end seen during the tick has set it already: then the next tick is now.
+            if self._ended.wait(max(delay, 0.0)):
+                self._ended.clear()
+                self.woken += 1
+            return ports.clock() - start
         target = self._probe_target(report)
         if target is None:
             self._closed_seen = False
@@ -87,6 +100,15 @@ class Pacer:
             if left <= 0:
                 return ports.clock() - start
             ports.sleep(min(every, left))
+
+    def _follow(self, report: TickReport) -> bool:
+        """Hold the follow channels the policy asks for; True when an end can wake this wait."""
+        workers = () if self.dry_run else follow_workers(report.memory, report.node, report.probes)
+        if not workers or report.node is None:
+            self.ports.workers.unfollow()
+            self._ended.clear()  # an end of what is no longer followed: the tick has seen it
+            return False
+        return self.ports.workers.follow_ends(report.node, report.memory.attempt, workers, self._ended.set)
 
     def _until_deadline(self, report: TickReport) -> float:
         """A poll, or less when the decision has a deadline sooner."""

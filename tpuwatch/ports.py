@@ -7,7 +7,7 @@ the policy plain values from `tpuwatch.model`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
@@ -105,6 +105,19 @@ class Workers(Protocol):
     def port_target(self, node: NodeSnapshot) -> tuple[str, int] | None:
         """Worker 0's SSH address, when a TCP connect there tells whether its sshd is up; None when
         the transport reaches the workers by a path a TCP probe cannot follow (gcloud, IAP)."""
+
+    def follow_ends(self, node: NodeSnapshot, attempt: int, workers: Sequence[int],
+                    wake: Callable[[], None]) -> bool:
+        """Hold one cheap channel per worker of `workers` that calls `wake()` (from another
+        thread) the moment `attempt` ends there; channels of another node or attempt are closed.
+        False when nothing can wake the caller (it then sleeps as before). A channel that drops
+        is not an end: only the probe says what happened."""
+
+    def unfollow(self) -> None:
+        """Close those channels."""
+
+    def close(self) -> None:
+        """Close the channels and every shared connection (when the watcher exits)."""
 
 
 class Prechecker(Protocol):

@@ -234,21 +234,25 @@ def test_sim_inject_cli_and_a_worker_out_of_range(sim: Simulator, tmp_path: Path
     assert r.returncode == 2 and "worker must be 0..1" in r.stderr, r.stderr
 
 
-def test_a_relaunch_after_maintenance_costs_two_connections_per_worker(sim: Simulator, tmp_path: Path) -> None:
-    """The launch-time checks ride along in the probe's connection, and the cleanup in the
-    launch's: one round to look, one to start (counted by the workers' SSH servers)."""
+def test_a_relaunch_after_maintenance_costs_two_sessions_on_one_connection_per_worker(sim: Simulator, tmp_path: Path) -> None:
+    """The launch-time checks ride along in the probe's session, and the cleanup in the
+    launch's: one round to look, one to start, as two channels on one connection per worker
+    (counted by the workers' SSH servers)."""
     job = Job(sim, tmp_path, steps=100000)
     add_precheck(job)
     key = sim.node_key("pod")
     workers = range(sim.world.node("pod").n_workers)
 
-    def accepted() -> list[int]:
-        return [sim.hosts.accepted(key, w) for w in workers]
+    def accepted() -> list[tuple[int, int]]:  # (connections, sessions) per worker
+        return [(sim.hosts.accepted(key, w), sim.hosts.sessions(key, w)) for w in workers]
+
+    def delta(now: list[tuple[int, int]], before: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        return [(a - b, c - d) for (a, c), (b, d) in zip(now, before, strict=True)]
 
     before = accepted()
     first = json.loads(job.cli("check", "-c", str(job.cfg), "--json").stdout)
     assert first["row"] == "launch" and first["precheck"]["context"] == "launch", first
-    assert [a - b for a, b in zip(accepted(), before, strict=True)] == [2, 2, 2, 2]
+    assert delta(accepted(), before) == [(1, 2)] * 4
     job.wait(lambda: len(job.job_processes()) == 4, what="the trainer on every worker")
     sim.inject("maintenance", node="pod", heal_after=1200)  # 2 s
     job.wait(lambda: sim.world.node("pod").health != "HEALTHY", what="maintenance under way")
@@ -259,7 +263,7 @@ def test_a_relaunch_after_maintenance_costs_two_connections_per_worker(sim: Simu
     before = accepted()
     back = json.loads(job.cli("check", "-c", str(job.cfg), "--json").stdout)
     assert back["row"] == "launch" and back["attempt"] == 2 and back["precheck"]["ok"], back
-    assert [a - b for a, b in zip(accepted(), before, strict=True)] == [2, 2, 2, 2]
+    assert delta(accepted(), before) == [(1, 2)] * 4
     job.wait(lambda: len(job.job_processes()) == 4, what="attempt 2 on every worker")
     assert [a["charged"] for a in job.history()["attempts"]] == [False, None]  # uncharged; 2 runs
     # a steady tick reports what hang detection knows, and each worker's log size

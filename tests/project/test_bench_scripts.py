@@ -55,7 +55,7 @@ def test_bench_recovery_times_a_healed_maintenance_for_tpuwatch_and_the_ssh_loop
 
 def test_bench_overhead_measures_start_up_memory_and_api_calls(tmp_path: Path) -> None:
     table, doc = run("bench_overhead.py", tmp_path, "--runs", "1", "--ticks", "3", "--virtual-ticks", "4",
-                     "--nodes", "5", "--watchers", "1", "--watch-seconds", "1")
+                     "--nodes", "5", "--watchers", "1", "--watch-seconds", "1", "--pod-sizes", "2", "--pod-ticks", "2")
     for word in ("tpuwatch --help", "tpuwatch check", "RSS", "CPU per poll", "API/hour", "status --all",
                  "watchers at once"):
         assert word in table, table
@@ -72,6 +72,11 @@ def test_bench_overhead_measures_start_up_memory_and_api_calls(tmp_path: Path) -
     assert status["nodes"] == 5 and status["shown"] == 5
     assert status["calls_per_run"] == {"ListNodes": 1, "ListLogEntries": 1}
     assert doc["zone"]["watchers"]["ticks"] >= 1
+    # a pod of 2 workers: a steady tick is one channel per worker on its open connection, one node get
+    pod = doc["pods"][0]
+    assert pod["workers"] == 2 and pod["rows"] == ["running"], pod
+    assert pod["handshakes_per_tick"] == 0 and pod["channels_per_tick"] == 2 and pod["tpu_calls_per_tick"] == 1
+    assert 0 < pod["heal_to_relaunch"] <= pod["heal_to_all_running"]
 
 
 def test_bench_gcloud_calls_counts_one_gcloud_run_per_node_incarnation(tmp_path: Path) -> None:
@@ -95,3 +100,23 @@ def test_bench_maintenance_measures_the_work_lost_to_an_announced_maintenance() 
         assert (row["outcome"], row["charged"]) == ("disruption", False) and row["resumed_step"] > 0, row
         assert row["lost_seconds"] >= 0
     assert "share of interval" in r.stdout
+
+
+def test_bench_recovery_reports_crash_medians_and_p95_against_the_3_second_target() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_recovery", SCRIPTS / "bench_recovery.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["bench_recovery"] = bench  # dataclasses look their module up
+    spec.loader.exec_module(bench)
+    assert bench.p95([1.0, 2.0, 3.0]) == 3.0
+    assert bench.p95([float(i) for i in range(1, 21)]) == 19.0  # nearest rank: the 19th of 20
+    assert bench.p95([1.0, None]) is None  # a run that never recovered
+    st = bench.Settings(faults=("crash",), contestants=("tpuwatch", "ssh"), repeat=3)
+    rs = [bench.Result("crash", "tpuwatch", i, 0.0, noticed=0.1, running=r) for i, r in enumerate((1.5, 2.0, 9.0))]
+    rs += [bench.Result("crash", "ssh", i, 0.0, noticed=1.0, running=1.1) for i in range(3)]
+    rows = bench.summarize(rs)
+    (target,) = bench.targets(rows, st, {"delete": 60.0, "create": 120.0})
+    assert target["met"] and "tpuwatch 2.0s median, 9.0s p95 over 3 run(s)" in target["measured"], target
+    assert "ssh loop 1.1s median" in target["measured"]

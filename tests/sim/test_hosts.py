@@ -302,8 +302,10 @@ def test_close_leaves_no_process(tmp_path: Path) -> None:
 
 
 def test_bad_input(hosts: Hosts) -> None:
-    with pytest.raises(UsageError, match="1 to 254 workers"):
+    with pytest.raises(UsageError, match="1 to 256 workers"):
         hosts.boot(NODE, "1", 0, None)
+    with pytest.raises(UsageError, match="1 to 256 workers, not 257"):
+        hosts.boot(NODE, "1", 257, None)
     with pytest.raises(UsageError, match="boot it first"):
         hosts.down("proj/zone/missing")
     hosts.boot(NODE, "1", 2, None)

@@ -13,7 +13,7 @@ This module holds no recovery rule and no loop: it only answers calls from what 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -171,6 +171,17 @@ class BenchWorkers:
         first = min(node.workers, key=lambda w: w.index) if node.workers else None
         host = first.address(False) if first is not None else ""
         return (host, 22) if host else None
+
+    def follow_ends(self, node: NodeSnapshot, attempt: int, workers: Sequence[int],
+                    wake: Callable[[], None]) -> bool:
+        """No follow channels in virtual time: the loop sleeps to its next tick, as it did."""
+        return False
+
+    def unfollow(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
     def probe(self, node: NodeSnapshot) -> list[WorkerProbe]:
         self.meter.ssh += len(node.workers)

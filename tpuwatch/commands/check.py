@@ -47,9 +47,12 @@ def command(config_path: Path, project: str | None, zone: str | None, adopt: boo
         return 0
     with journal:
         outputs.start(journal)
-        rec = Reconciler(job.cfg, job.pcfg, real_ports(job), journal,
-                         tick_flags(adopt, recreate_missing, dry_run))
-        report = rec.tick()
+        ports = real_ports(job)
+        rec = Reconciler(job.cfg, job.pcfg, ports, journal, tick_flags(adopt, recreate_missing, dry_run))
+        try:
+            report = rec.tick()
+        finally:
+            ports.workers.close()  # the shared SSH connections end with the run
         notes = outputs.after_tick(report)
         notes += outputs.close(report)
     if as_json:

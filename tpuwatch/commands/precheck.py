@@ -67,7 +67,10 @@ def command(name: str | None, config_path: Path, project: str | None, zone: str 
         raise NotFoundError(f"no TPU named {cfg.tpu_name} in {loc.project}/{loc.zone}")
     if node.state != "READY" or not node.workers:
         raise JobFailed(f"TPU {cfg.tpu_name} is {node.state}: its workers cannot be checked until it is READY")
-    report = Prechecker.from_config(cfg, workers).run(node, "launch")
+    try:
+        report = Prechecker.from_config(cfg, workers).run(node, "launch")
+    finally:
+        workers.close()  # the shared SSH connections end with the run
     if as_json:
         click.echo(json.dumps({"node": node.name, "zone": node.zone, **report_dict(report)}, sort_keys=True))
         return 0 if report.ok else 1

@@ -450,7 +450,10 @@ def command(ctx: click.Context, config_path: Path, project: str | None, zone: st
                     out=Output(as_json=as_json), all_logs=all_logs, stop_on_exit=stop_on_exit,
                     poll=min(float(cfg.recovery["poll_interval"]), MAX_POLL), debug=debug)
     with _sigterm_as_interrupt():
-        return runner.run(node)
+        try:
+            return runner.run(node)
+        finally:
+            workers.close()  # the shared SSH connections end with the run
 
 
 class _sigterm_as_interrupt:

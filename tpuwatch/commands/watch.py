@@ -81,6 +81,7 @@ def command(config_path: Path, project: str | None, zone: str | None, adopt: boo
             return 0
         finally:  # Ctrl-C or an error: what is unsent goes out when watch is started again
             outputs.close(flush=2.0)
+            ports.workers.close()  # follow channels and shared SSH connections
 
 
 def _view(job: Any, journal: Any, live: bool, as_json: bool) -> Any:

@@ -55,3 +55,19 @@ def audit_due(mem: Memory, node: NodeSnapshot | None, probes: Sequence[WorkerPro
     wrong = mem.phase is Phase.RUNNING and (
         node is None or (node.usable and any(p.state != "running" for p in probes or ())))
     return wrong and since_last >= MIN_AUDIT_GAP
+
+
+def follow_workers(mem: Memory, node: NodeSnapshot | None, probes: Sequence[WorkerProbe] | None) -> tuple[int, ...]:
+    """The workers whose end of the running attempt should wake the watcher between ticks.
+
+    Only while the attempt runs on a usable node: every probed worker still running it, or probed
+    before this tick launched it. A worker whose end the probe already saw is not followed (its
+    end must not be reported again), but the others are: a worker other than the primary may end
+    first (exit 0) while the job runs on, and the primary's end must still wake the watcher.
+    Anything else already has the watcher's attention (it ticks sooner, or waits for a node).
+    """
+    if mem.phase is not Phase.RUNNING or node is None or not node.usable or not probes:
+        return ()
+    if any(p.state == "unreachable" or (p.attempt is not None and p.attempt > mem.attempt) for p in probes):
+        return ()
+    return tuple(p.worker for p in probes if not (p.attempt == mem.attempt and p.state != "running"))

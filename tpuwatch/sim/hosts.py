@@ -1,8 +1,9 @@
 """Simulated TPU VM workers: one SSH server (asyncssh) per worker, each on its own loopback IP.
 
 A worker is a home directory, a host root (its `/dev/accel*`, `/tmp`, `/dev/shm`, found through
-`TPUWATCH_HOST_ROOT`), an ed25519 host key, an SSH listener on `127.<b>.<node>.<worker+1>`
-(Linux routes all of 127/8 to `lo`) and a metadata server on the same address (another port
+`TPUWATCH_HOST_ROOT`), an ed25519 host key, an SSH listener on `127.<b>.<node>.<worker>`
+(Linux routes all of 127/8 to `lo`, so `.0` and `.255` are ordinary addresses there and a node
+holds up to 256 workers, a v5p-2048) and a metadata server on the same address (another port
 shared by all workers; `GCE_METADATA_HOST=<worker ip>:<port>` in every process's environment, so
 each worker reads its own values, see metadata.py). Commands run as local processes under `/bin/bash -c`; every
 process a worker starts carries a marker variable in its environment, so the worker's processes
@@ -52,6 +53,7 @@ from tpuwatch.sim import metadata as md
 MARKER = "TPUWATCH_SIM_WORKER"
 STARTUP_LOG = "startup-script.log"
 STARTUP_EXIT = "startup-script.exit"  # written when the startup script ends: its exit status
+MAX_WORKERS = 256  # the last octet of a worker's address (a v5p-2048 has 256 hosts)
 _PORT_RANGE = (20000, 32000)  # below Linux's default ephemeral range (32768-60999)
 _CALL_TIMEOUT = 60.0
 T = TypeVar("T")
@@ -75,6 +77,7 @@ class _Worker:
     md_server: asyncio.AbstractServer | None = None  # the metadata server while listening
     conns: set[Any] = field(default_factory=set)  # asyncssh.SSHServerConnection
     accepted: int = 0  # SSH connections accepted since the worker was created (benchmarks, tests)
+    sessions: int = 0  # SSH sessions (channels running a command) opened on them
     reset: _Reset | None = None
     startup: asyncio.Task[None] | None = None
     faults: dict[str, Any] = field(default_factory=dict)  # host faults (hostfaults.py); gone on recreate
@@ -201,8 +204,8 @@ class Hosts:
         unless `metadata_source` knows better (it holds the startup script too; `startup_script`
         is what runs).
         """
-        if not 1 <= n_workers <= 254:
-            raise UsageError(f"a simulated node has 1 to 254 workers, not {n_workers}")
+        if not 1 <= n_workers <= MAX_WORKERS:
+            raise UsageError(f"a simulated node has 1 to {MAX_WORKERS} workers, not {n_workers}")
         meta = dict(metadata or {})
         return self._call(lambda: self._boot(node_key, node_id, n_workers, startup_script,
                                              chips_per_host, vfio, meta))
@@ -230,10 +233,12 @@ class Hosts:
     def hang(self, node_key: str, worker: int | None = None) -> None:
         """SIGSTOP the processes of one worker (all workers when None); SSH still answers."""
         node = self._node(node_key)
-        for w in node.workers if worker is None else [self._worker(node_key, worker)]:
-            for pid in self._marked(w.marker):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGSTOP)
+        # one scan of /proc for the whole node, not one per worker (hundreds on a pod)
+        pids = (self._marked(self._node_marker(node), prefix=True) if worker is None
+                else self._marked(self._worker(node_key, worker).marker))
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGSTOP)
 
     def host_fault(self, node_key: str, worker: int, kind: str, params: Mapping[str, Any] | None = None) -> None:
         """A fault of one worker's host that an environment check sees (tpuwatch.sim.hostfaults):
@@ -343,6 +348,10 @@ class Hosts:
         """SSH connections this worker has accepted (open or closed) since it was created."""
         return self._worker(node_key, worker).accepted
 
+    def sessions(self, node_key: str, worker: int) -> int:
+        """SSH sessions (one command each) opened on this worker's connections since it was created."""
+        return self._worker(node_key, worker).sessions
+
     def startup_status(self, node_key: str, worker: int) -> int | None:
         """The startup script's exit status on this worker, or None while it has not ended."""
         f = self._worker(node_key, worker).home / STARTUP_EXIT
@@ -420,7 +429,7 @@ class Hosts:
         return self._slots[node_key]
 
     def _ip(self, slot: int, index: int) -> str:
-        return f"127.{self._base}.{slot}.{index + 1}"
+        return f"127.{self._base}.{slot}.{index}"
 
     # ---- internals: node lifecycle (on the loop) ---------------------------------------------
 
@@ -575,8 +584,13 @@ class Hosts:
             await self._unlisten(w)
             if w.startup is not None:
                 w.startup.cancel()
-        for w in node.workers:
-            self._kill_marked(w.marker)
+        # Every worker's processes in one scan of /proc: a scan per worker made a pod's
+        # maintenance O(workers x processes), past a minute for 256 workers.
+        self._kill_marked(self._node_marker(node), prefix=True)
+
+    def _node_marker(self, node: _Node) -> str:
+        """The start of every marker of the node's workers (`_Worker.marker`)."""
+        return f"{self.instance}/{node.key}/"
 
     async def _up(self, node: _Node, reboot: bool) -> None:
         down = [w for w in node.workers if not w.listening and not w.ssh_mode]
@@ -736,6 +750,7 @@ class _WorkerServer(asyncssh.SSHServer):
         return bool(username == self._hosts.ssh_user and key.public_data == client.public_data)
 
     def session_requested(self) -> _ExecSession:
+        self._worker.sessions += 1
         return _ExecSession(self._hosts, self._worker, self._conn)
 
 

@@ -870,7 +870,7 @@ class World:
         n_workers = worker_count(spec.accelerator_type)
         if self.hosts is None:
             idx = self._fake_ips.setdefault(key, len(self._fake_ips) + 1)
-            return [f"127.{1 + idx // 250}.{idx % 250}.{w + 1}" for w in range(n_workers)]
+            return [f"127.{1 + idx // 250}.{idx % 250}.{w}" for w in range(n_workers)]
         chips, vfio = host_shape(spec.accelerator_type)
         return list(
             self.hosts.boot(

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from tpuwatch.errors import ConfigError, JobFailed
 from tpuwatch.model import Checkpoint, NodeSnapshot, WorkerEndpoint, WorkerProbe
 from tpuwatch.workers import hostkeys, protocol
+from tpuwatch.workers.ends import AttemptEnds
 from tpuwatch.workers.gcloud import GcloudSsh, Login, raise_if_gcloud_fatal
 from tpuwatch.workers.protocol import FollowEnd, LaunchResult, StopResult
 from tpuwatch.workers.ssh import (
@@ -89,6 +90,7 @@ class SshWorkers:
         self.checkpoint_dir = ""
         self.on_listing: Callable[[NodeSnapshot, str], None] | None = None
         self.notify_signal = notify_signal
+        self.ends = AttemptEnds(transport, job)
         if command:
             protocol.check_template(command)
 
@@ -257,6 +259,23 @@ class SshWorkers:
         first = min(node.workers, key=lambda w: w.index)
         host = first.address(transport.internal_ip)
         return (host, transport.port) if host else None
+
+    def follow_ends(self, node: NodeSnapshot, attempt: int, workers: Sequence[int],
+                    wake: Callable[[], None]) -> bool:
+        """Hold one follow channel per worker of `workers` while `attempt` runs (ends.py):
+        `wake()` the moment one of them ends. True: the caller may wait for it."""
+        eps = [w for w in self.endpoints(node) if w.index in set(workers)]
+        self.ends.hold(node, attempt, eps, wake)
+        return True
+
+    def unfollow(self) -> None:
+        """Close the follow channels."""
+        self.ends.release()
+
+    def close(self) -> None:
+        """Close the follow channels and the shared connections (on exit)."""
+        self.ends.release()
+        self.transport.close()
 
     # -- who the watcher is on the workers ------------------------------------------------
     def login(self, node: NodeSnapshot) -> Login | None:

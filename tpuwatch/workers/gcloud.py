@@ -230,6 +230,13 @@ class GcloudSsh:
         user = login.user if login is not None else (self.user or self.ssh.user)
         return self.ssh.argv(node, worker, remote_command, user=user)
 
+    def drop_connection(self, node: NodeSnapshot, worker: WorkerEndpoint) -> None:
+        login = self.login(node)
+        self.ssh.drop_connection(node, worker, user=login.user if login is not None else self.user)
+
+    def close(self) -> None:
+        self.ssh.close()
+
     def describe_failure(self, node: NodeSnapshot, worker: WorkerEndpoint, failure: Failure,
                          stderr: str) -> str:
         login = self.login(node)

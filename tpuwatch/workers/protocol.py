@@ -241,6 +241,11 @@ def follow_script(job: str, attempt: int, offset: int = 0, poll: float = 0.2) ->
     return script("follow", job, attempt=attempt, offset=max(0, offset), poll=f"{poll:g}")
 
 
+def wait_script(job: str, attempt: int, poll: float = 1.0) -> bytes:
+    """Block until `attempt` ends on the worker (remote.sh `wait`), answering as `parse_wait` reads."""
+    return script("wait", job, attempt=attempt, poll=f"{poll:g}")
+
+
 # ---- what comes back ------------------------------------------------------------------------
 
 
@@ -328,6 +333,11 @@ class FollowEnd:
     exit_code: int | None = None
     attempt: int | None = None
     detail: str = ""
+
+
+def parse_wait(stdout: str) -> FollowEnd:
+    """A `wait` answer: result ok (exit_code), gone, replaced; "" when the channel broke first."""
+    return parse_follow_end(stdout)
 
 
 def parse_follow_end(stderr: str) -> FollowEnd:

@@ -17,7 +17,7 @@
 # Host paths (/dev/accel*, /dev/vfio/*, /tmp/libtpu_lockfile) are looked up under
 # $TPUWATCH_HOST_ROOT when it is set (the simulator), else under /.
 #
-# Inputs (preamble): TW_ACTION probe|launch|stop|follow, TW_JOB, and per action TW_ATTEMPT,
+# Inputs (preamble): TW_ACTION probe|launch|stop|follow|wait, TW_JOB, and per action TW_ATTEMPT,
 # TW_WORKER, TW_CHECKPOINT, TW_STEP, TW_COMMAND (already rendered), TW_ENV (array NAME=value),
 # TW_GRACE_MS (stop's TERM-to-KILL grace), TW_CLEAN_MS (launch: run stop first, with this
 # grace, when an older attempt or none was launched here), TW_OFFSET (bytes), TW_POLL (seconds),
@@ -47,13 +47,17 @@ tw_read() {  # first line of a small file, or nothing
   printf '%s' "$line"
 }
 
-tw_read_num() {  # like tw_read, but only a whole number counts
-  local v
-  v=$(tw_read "$1")
-  case $v in
-    '' | *[!0-9]*) ;;
-    *) printf '%s' "$v" ;;
+tw_num() {  # variable $1 := the whole number on the first line of file $2, else empty
+  # No command substitution, so no fork: a probe and every follow channel's loop read these
+  # files, and a simulated pod runs hundreds of them on one machine.
+  local _tw_v=
+  if [ -f "$2" ]; then
+    IFS= read -r _tw_v <"$2" 2>/dev/null
+  fi
+  case $_tw_v in
+    '' | *[!0-9]*) _tw_v= ;;
   esac
+  printf -v "$1" '%s' "$_tw_v"
 }
 
 tw_write() {  # replace file $1 by the line $2 atomically (readers never see half a file)
@@ -148,7 +152,7 @@ tw_lock_held() {  # some process holds the job lock (probing takes a shared lock
 tw_attempt_alive() {  # a process of the current attempt lives: lock holder or pid's session
   local pid members p
   tw_lock_held && return 0
-  pid=$(tw_read_num "$TW_DIR/pid")
+  tw_num pid "$TW_DIR/pid"
   [ -n "$pid" ] || return 1
   members=$(tw_session_members "$pid")
   for p in $members; do
@@ -159,11 +163,13 @@ tw_attempt_alive() {  # a process of the current attempt lives: lock holder or p
 
 # ---- actions --------------------------------------------------------------------------------
 
-tw_notice() {  # what the relay passed on to attempt $1 (TERMINATE_ON_HOST_MAINTENANCE, PREEMPTED)
-  local m
-  m=$(tw_read "$TW_DIR/maintenance")
-  if [[ $m == *"\"attempt\": $1,"* && $m =~ \"what\":\ \"([A-Z_]+)\" ]]; then
-    printf '%s' "${BASH_REMATCH[1]}"
+tw_notice() {  # variable $1 := what the relay passed on to attempt $2 (TERMINATE_ON_HOST_MAINTENANCE,
+  # PREEMPTED), else empty; no fork
+  local m=
+  [ -f "$TW_DIR/maintenance" ] && IFS= read -r m <"$TW_DIR/maintenance" 2>/dev/null
+  printf -v "$1" '%s' ""
+  if [[ $m == *"\"attempt\": $2,"* && $m =~ \"what\":\ \"([A-Z_]+)\" ]]; then
+    printf -v "$1" '%s' "${BASH_REMATCH[1]}"
   fi
 }
 
@@ -174,9 +180,9 @@ tw_probe() {
     if [ -n "${TW_CKPT_DIR:-}" ]; then tw_ckpt_listing; fi
     return 0
   fi
-  attempt=$(tw_read_num "$TW_DIR/attempt")
-  pid=$(tw_read_num "$TW_DIR/pid")
-  code=$(tw_read_num "$TW_DIR/exit_code")
+  tw_num attempt "$TW_DIR/attempt"
+  tw_num pid "$TW_DIR/pid"
+  tw_num code "$TW_DIR/exit_code"
   if [ -n "$code" ]; then
     state=exited
     if tw_attempt_alive; then detail="the command ended but some of its processes live on"; fi
@@ -192,7 +198,7 @@ tw_probe() {
   # The log's size tells tpuwatch whether a running attempt still says anything (hang detection).
   if [ -n "$attempt" ]; then
     size=$(stat -c %s -- "$TW_DIR/attempt-$attempt.log" 2>/dev/null) || size=""
-    notice=$(tw_notice "$attempt")
+    tw_notice notice "$attempt"
   fi
   tw_emit result=ok "state=$state" "attempt=$attempt" "pid=$pid" "exit_code=$code" "log_bytes=$size" \
     "notice=$notice" "detail=$detail"
@@ -373,7 +379,7 @@ tw_launch() {
   # With TW_CLEAN_MS, first clean up what an older attempt left (its processes, device
   # holders, a stale libtpu lockfile) in this same connection, reported as cleanup_* fields.
   # Never when this attempt (or a newer one) was launched here: that is not left over.
-  cur=$(tw_read_num "$TW_DIR/attempt")
+  tw_num cur "$TW_DIR/attempt"
   if [ -n "${TW_CLEAN_MS:-}" ] && { [ -z "$cur" ] || [ "$cur" -lt "$TW_ATTEMPT" ]; }; then
     TW_GRACE_MS=$TW_CLEAN_MS TW_STOP_PREFIX=cleanup_ tw_stop
   fi
@@ -385,9 +391,9 @@ tw_launch() {
   # holds the lock for its whole life, so this still refuses it.
   if ! flock -w 0.5 9; then
     exec 9>&-
-    cur=$(tw_read_num "$TW_DIR/attempt")
-    code=$(tw_read_num "$TW_DIR/exit_code")
-    pid=$(tw_read_num "$TW_DIR/pid")
+    tw_num cur "$TW_DIR/attempt"
+    tw_num code "$TW_DIR/exit_code"
+    tw_num pid "$TW_DIR/pid"
     if [ "$cur" = "$TW_ATTEMPT" ] && [ -z "$code" ]; then
       tw_emit result=running "attempt=$cur" "pid=$pid"
     else
@@ -396,11 +402,12 @@ tw_launch() {
     fi
     return 0
   fi
-  cur=$(tw_read_num "$TW_DIR/attempt")
+  tw_num cur "$TW_DIR/attempt"
   if [ -n "$cur" ] && [ "$cur" -ge "$TW_ATTEMPT" ]; then
     exec 9>&-
     if [ "$cur" = "$TW_ATTEMPT" ]; then
-      tw_emit result=ran "attempt=$cur" "exit_code=$(tw_read_num "$TW_DIR/exit_code")"
+      tw_num code "$TW_DIR/exit_code"
+      tw_emit result=ran "attempt=$cur" "exit_code=$code"
     else
       tw_emit result=newer "attempt=$cur"
     fi
@@ -425,7 +432,7 @@ tw_launch() {
   exec 9>&-
   pid=""
   for i in $(seq 1 100); do
-    pid=$(tw_read_num "$TW_DIR/pid")
+    tw_num pid "$TW_DIR/pid"
     [ -n "$pid" ] && break
     tw_sleep 0.05
   done
@@ -439,7 +446,7 @@ tw_stop() {
   tw_scan_how
   tw_need flock || return 1
   if [ -d "$TW_DIR" ]; then
-    pid=$(tw_read_num "$TW_DIR/pid")
+    tw_num pid "$TW_DIR/pid"
     if [ -n "$pid" ]; then
       # The attempt's session, only while it is still ours (the lock is held, or a member
       # carries our TPUWATCH_JOB): a pid reused by another program never gets a signal.
@@ -507,7 +514,7 @@ tw_follow() {
   local log="$TW_DIR/attempt-$TW_ATTEMPT.log" off=${TW_OFFSET:-0} size code cur final=0
   local poll=${TW_POLL:-0.2} parent
   tw_stat "$BASHPID" && parent=$TW_PPID
-  cur=$(tw_read_num "$TW_DIR/attempt")
+  tw_num cur "$TW_DIR/attempt"
   if [ "$cur" != "$TW_ATTEMPT" ] || [ ! -f "$log" ]; then
     tw_emit result=error "detail=attempt $TW_ATTEMPT is not the current attempt here (${cur:-none})" >&2
     return 3
@@ -520,8 +527,8 @@ tw_follow() {
       continue
     fi
     [ $final = 1 ] && break
-    code=$(tw_read_num "$TW_DIR/exit_code")
-    cur=$(tw_read_num "$TW_DIR/attempt")
+    tw_num code "$TW_DIR/exit_code"
+    tw_num cur "$TW_DIR/attempt"
     if [ -n "$code" ] || [ "$cur" != "$TW_ATTEMPT" ] || ! tw_attempt_alive; then
       final=1  # one more read: the last output may have landed just before the exit code
       continue
@@ -534,8 +541,8 @@ tw_follow() {
   done
   # Read them again: the attempt may have written its exit code and ended between the reads
   # above and the liveness check that ended the loop.
-  code=$(tw_read_num "$TW_DIR/exit_code")
-  cur=$(tw_read_num "$TW_DIR/attempt")
+  tw_num code "$TW_DIR/exit_code"
+  tw_num cur "$TW_DIR/attempt"
   if [ "$cur" != "$TW_ATTEMPT" ]; then
     tw_emit result=replaced "attempt=$cur" >&2
   elif [ -n "$code" ]; then
@@ -543,6 +550,49 @@ tw_follow() {
   else
     tw_emit result=gone "detail=attempt $TW_ATTEMPT ended without an exit code" >&2
   fi
+}
+
+tw_wait() {
+  # Return the moment attempt TW_ATTEMPT ends here: "@tpuwatch result=ok exit_code=N" (it
+  # ended with a code), "result=gone" (it died without one: killed, say), "result=replaced"
+  # (a newer attempt was launched). It blocks on the job lock, which every process of the
+  # attempt holds, so it costs no CPU while the attempt runs; every TW_POLL seconds it also
+  # reads the exit code (a command whose orphans keep the lock has still ended) and writes one
+  # byte (a newline), so that it dies of SIGPIPE once nobody reads it (a multiplexed connection outlives
+  # the channel: the shell is never reparented).
+  local code cur poll=${TW_POLL:-1}
+  tw_num cur "$TW_DIR/attempt"
+  if [ "$cur" != "$TW_ATTEMPT" ] || [ ! -e "$TW_DIR/lock" ]; then
+    tw_emit result=replaced "attempt=$cur"
+    return 0
+  fi
+  tw_need flock || return 1
+  exec 8<"$TW_DIR/lock" || return 1
+  while :; do
+    tw_num code "$TW_DIR/exit_code"
+    tw_num cur "$TW_DIR/attempt"
+    if [ "$cur" != "$TW_ATTEMPT" ]; then
+      tw_emit result=replaced "attempt=$cur"
+      return 0
+    fi
+    if [ -n "$code" ]; then
+      tw_emit result=ok "exit_code=$code"
+      return 0
+    fi
+    if flock -s -w "$poll" 8; then  # nobody holds the lock: nothing of the attempt lives
+      flock -u 8
+      tw_num code "$TW_DIR/exit_code"
+      if [ -n "$code" ]; then
+        tw_emit result=ok "exit_code=$code"
+      elif tw_attempt_alive; then
+        continue  # a process of it closed the lock's fd but lives on: not over
+      else
+        tw_emit result=gone "detail=attempt $TW_ATTEMPT ended without an exit code"
+      fi
+      return 0
+    fi
+    printf '\n' || return 5
+  done
 }
 
 tw_main() {
@@ -558,6 +608,7 @@ tw_main() {
     launch) tw_launch ;;
     stop) tw_stop ;;
     follow) tw_follow ;;
+    wait) tw_wait ;;
     *)
       tw_emit result=error "detail=unknown action ${TW_ACTION:-}"
       return 2

@@ -13,6 +13,10 @@ OpenSSH pins host keys per node id: its own known_hosts file (in the state dir) 
 workers' guest attributes and ssh checks strictly; a worker that publishes none is trusted on
 first use (`StrictHostKeyChecking=accept-new`), as is every worker without `pins`.
 
+With `multiplex` (ssh.multiplex), each worker gets one OpenSSH master connection
+(ControlMaster=auto, ControlPersist) and every probe, launch, stop or follow is a channel on it,
+not a new handshake (mux.py: the socket paths and their cleanup).
+
 This module knows nothing of what the command does (see protocol.py) nor of jobs or policy.
 """
 
@@ -32,7 +36,7 @@ from typing import Any, Literal, Protocol
 
 from tpuwatch.errors import ConfigError
 from tpuwatch.model import Login, NodeSnapshot, WorkerEndpoint
-from tpuwatch.workers import hostkeys
+from tpuwatch.workers import hostkeys, mux
 from tpuwatch.workers import proc as procgroup
 
 # "credentials": the gcloud transport's Google credentials are expired or refused (gcloud.py)
@@ -105,6 +109,13 @@ class Transport(Protocol):
     def remember(self, login: Login) -> None:
         """A login an earlier watcher learned (the journal's), so it need not be learned again."""
 
+    def drop_connection(self, node: NodeSnapshot, worker: WorkerEndpoint) -> None:
+        """A call to this worker timed out or could not reach it: end its shared connection, if
+        any, so that the next call connects afresh instead of waiting on a dead one."""
+
+    def close(self) -> None:
+        """End every shared connection this transport opened (on exit)."""
+
 
 def check_identity_file(path: str, key: str = "ssh.identity_file") -> None:
     """ConfigError naming `key` when the private key cannot be used by ssh."""
@@ -163,6 +174,8 @@ class OpenSsh:
         server_alive_interval: int = 15,
         server_alive_count: int = 3,
         binary: str = "ssh",
+        multiplex: bool = True,
+        control_dir: str | Path | None = None,
     ) -> None:
         self.known_hosts = Path(os.path.expanduser(str(known_hosts)))
         self.user = user or getpass.getuser()  # ssh.user, else the local user, as gcloud does
@@ -174,6 +187,9 @@ class OpenSsh:
         self.server_alive_interval = server_alive_interval
         self.server_alive_count = server_alive_count
         self.binary = binary
+        # One master connection per worker; its socket beside the known_hosts file by default
+        self.mux = mux.Masters(Path(control_dir) if control_dir else self.known_hosts.parent / "ssh",
+                               binary) if multiplex else None
         self.pins: hostkeys.PinnedHostKeys | None = None  # host keys from the API (SshWorkers sets it)
 
     def login(self, node: NodeSnapshot) -> Login | None:
@@ -197,6 +213,8 @@ class OpenSsh:
             internal_ip=bool(ssh.get("internal_ip", False)),
             connect_timeout=float(ssh.get("connect_timeout", 10.0)),
             options=tuple(ssh.get("options", ())),
+            multiplex=bool(ssh.get("multiplex", True)),
+            control_dir=Path(state_dir) / "ssh",
             **kw,
         )
 
@@ -210,6 +228,21 @@ class OpenSsh:
                 f"ssh.known_hosts: cannot create {str(parent)!r} ({exc.strerror}); set "
                 "TPUWATCH_STATE_DIR or ssh.known_hosts to a writable place"
             ) from None
+        if self.mux is not None:
+            self.mux.check()
+
+    def drop_connection(self, node: NodeSnapshot, worker: WorkerEndpoint, *, user: str = "") -> None:
+        if self.mux is not None:
+            self.mux.drop(self._control_key(node, worker, user or self.user))
+
+    def close(self) -> None:
+        if self.mux is not None:
+            self.mux.close()
+
+    def _control_key(self, node: NodeSnapshot, worker: WorkerEndpoint, user: str) -> str:
+        # The node id is in the alias: a recreated node behind the same address never shares
+        # the old node's connection, whose host key was checked for that id.
+        return f"{user}@{worker.address(self.internal_ip)}:{self.port}/{self.host_alias(node, worker)}"
 
     @staticmethod
     def host_alias(node: NodeSnapshot, worker: WorkerEndpoint) -> str:
@@ -237,6 +270,8 @@ class OpenSsh:
         ]
         if self.identity_file:
             opts.append("IdentitiesOnly=yes")
+        if self.mux is not None:
+            opts += self.mux.options(self._control_key(node, worker, user or self.user))
         argv = [self.binary, "-T", "-p", str(self.port), "-l", user or self.user]
         if self.identity_file:
             argv += ["-i", self.identity_file]
@@ -317,10 +352,13 @@ def run_one(
                          transport.describe_failure(node, worker, "missing", str(exc)))
     if done.timed_out:
         err = _decode(done.stderr)
+        transport.drop_connection(node, worker)  # it may be waiting on a dead shared connection
         return SshResult(worker.index, address, None, _decode(done.stdout), err[-STDERR_TAIL:], "timeout",
                          transport.describe_failure(node, worker, "timeout", err))
     err = _decode(done.stderr)
     failure = classify(done.returncode, err)
+    if failure == "unreachable":
+        transport.drop_connection(node, worker)
     message = transport.describe_failure(node, worker, failure, err) if failure else ""
     return SshResult(worker.index, address, done.returncode, _decode(done.stdout),
                      err[-STDERR_TAIL:], failure, message)

@@ -1,0 +1,236 @@
+"""OpenSSH connection multiplexing (workers/mux.py) and the follow channels that notice an
+attempt's end at once (workers/ends.py), over the real OpenSSH client against the simulated
+workers. `Hosts.accepted` counts the SSH connections (handshakes) each worker accepted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e_helpers import wait_for
+
+from tpuwatch.config import load_config
+from tpuwatch.errors import ConfigError
+from tpuwatch.model import NodeSnapshot, WorkerEndpoint
+from tpuwatch.sim.hosts import Hosts
+from tpuwatch.workers import OpenSsh, SshWorkers
+from tpuwatch.workers import mux as muxmod
+
+SSH = "/usr/bin/ssh"
+pytestmark = pytest.mark.skipif(not os.path.exists(SSH), reason="needs the OpenSSH client")
+_keys = itertools.count()
+
+
+def node_of(ips: list[str], node_id: str) -> NodeSnapshot:
+    return NodeSnapshot(
+        name="pod", project="proj", zone="us-central2-b", id=node_id, create_time=None,
+        state="READY", health="HEALTHY", health_description="", maintenance_time=None,
+        workers=tuple(WorkerEndpoint(i, ip, "") for i, ip in enumerate(ips)))
+
+
+class Cluster:
+    """One booted two-worker node of the simulated hosts, and SshWorkers pointed at it."""
+
+    def __init__(self, hosts: Hosts, tmp: Path) -> None:
+        self.hosts = hosts
+        self.key = f"proj/us-central2-b/m{next(_keys)}"
+        self.node_id = f"{next(_keys)}0000"
+        self.node = node_of(hosts.boot(self.key, self.node_id, 2, None), self.node_id)
+        self.known_hosts = tmp / "known_hosts"
+        self.workers = self.make("sleep 300")
+
+    def transport(self, **kw: object) -> OpenSsh:
+        args: dict[str, object] = dict(known_hosts=self.known_hosts, user=self.hosts.ssh_user,
+                                       identity_file=str(self.hosts.client_key), port=self.hosts.ssh_port,
+                                       connect_timeout=5)
+        args.update(kw)
+        return OpenSsh(**args)  # type: ignore[arg-type]
+
+    def make(self, command: str, **kw: object) -> SshWorkers:
+        return SshWorkers(self.transport(**kw), job="j", command=command, stop_grace=0.5, retry_wait=0.01)
+
+    def job_pids(self, w: int, needle: bytes = b"") -> list[int]:
+        """Live processes of job "j" on worker w whose command line holds `needle`."""
+        out = []
+        for pid in self.hosts.pids(self.key, w):
+            try:
+                env = b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"\0TPUWATCH_JOB=j\0" in env and needle in cmd:
+                out.append(pid)
+        return out
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
+    h = Hosts(tmp_path_factory.mktemp("hosts"))
+    h.start()
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+@pytest.fixture
+def cluster(hosts: Hosts, tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(hosts, tmp_path)
+    yield c
+    c.workers.close()
+    hosts.destroy(c.key)
+
+
+def _opts(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == "-o"]
+
+
+def _master_pid(path: str) -> int:
+    out = subprocess.run([SSH, "-o", f"ControlPath={path}", "-O", "check", "x"], capture_output=True, text=True,
+                         timeout=10)
+    m = re.search(r"pid=(\d+)", out.stderr + out.stdout)
+    assert m, out
+    return int(m.group(1))
+
+
+# ---- socket paths and options (no network) ----------------------------------------------------
+
+
+def test_socket_paths_fit_the_unix_socket_limit_even_under_a_long_state_dir(tmp_path: Path) -> None:
+    short = OpenSsh(known_hosts=tmp_path / "kh", user="u", control_dir=tmp_path / "ssh")
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    long = OpenSsh(known_hosts=deep / "kh", user="u", control_dir=deep / "ssh")
+    node = node_of(["10.0.0.2", "10.0.0.3"], "1234")
+    for t, inside in ((short, True), (long, False)):
+        assert t.mux is not None
+        for w in node.workers:
+            path = next(o for o in _opts(t.argv(node, w, "x")) if o.startswith("ControlPath=")).split("=", 1)[1]
+            # ssh binds "<path>.<16 characters>" first; sun_path holds 104 bytes on macOS, NUL included
+            assert len(os.fsencode(path)) + muxmod.TEMP_SUFFIX + 1 <= muxmod.SUN_PATH
+            assert (Path(path).parent == tmp_path / "ssh") is inside
+        t.check()
+        assert os.stat(t.mux.dir).st_mode & 0o777 == 0o700
+        t.argv(node, node.workers[0], "x")
+        t.close()
+        assert t.mux.dir.exists() is inside  # a /tmp stand-in is removed on close once empty
+    # a recreated node (new id) behind the same address never shares the old node's connection
+    again = node_of(["10.0.0.2", "10.0.0.3"], "5678")
+    assert short.argv(node, node.workers[0], "x") != short.argv(again, again.workers[0], "x")
+
+
+def test_multiplex_options_and_the_config_key(tmp_path: Path) -> None:
+    node = node_of(["10.0.0.2"], "1")
+    on = OpenSsh(known_hosts=tmp_path / "kh", user="u", options=["ControlPersist=30"])
+    opts = _opts(on.argv(node, node.workers[0], "x"))
+    assert "ControlMaster=auto" in opts and any(o.startswith("ControlPath=") for o in opts)
+    assert opts[0] == "ControlPersist=30"  # the user's own value comes first, so it wins
+    off = OpenSsh(known_hosts=tmp_path / "kh", user="u", multiplex=False)
+    assert not any(o.startswith("Control") for o in _opts(off.argv(node, node.workers[0], "x")))
+    cfg = tmp_path / "tpuwatch.toml"
+    cfg.write_text('[tpu]\nname = "pod"\n[job]\ncommand = "true"\n[ssh]\nmultiplex = false\n')
+    assert SshWorkers.from_config(load_config(cfg)).transport.mux is None  # type: ignore[attr-defined]
+    cfg.write_text('[tpu]\nname = "pod"\n[job]\ncommand = "true"\n[ssh]\nmultiplex = "yes"\n')
+    with pytest.raises(ConfigError, match=r"ssh\.multiplex"):
+        load_config(cfg)
+
+
+def test_a_socket_directory_others_can_write_is_refused(tmp_path: Path) -> None:
+    d = tmp_path / "ssh"
+    d.mkdir()
+    d.chmod(0o777)
+    t = OpenSsh(known_hosts=tmp_path / "kh", user="u", control_dir=d)
+    with pytest.raises(ConfigError, match=r"ssh\.multiplex: .*only you.*ssh\.multiplex = false"):
+        t.check()
+
+
+# ---- over the simulated workers ---------------------------------------------------------------
+
+
+def test_one_handshake_per_worker_for_many_calls_and_none_left_after_close(cluster: Cluster) -> None:
+    w = cluster.workers
+    assert all(r.started for r in w.launch(cluster.node, 1, None))
+    for _ in range(3):
+        assert [p.state for p in w.probe(cluster.node)] == ["running", "running"]
+    assert all(s.ok for s in w.stop(cluster.node))
+    assert [cluster.hosts.accepted(cluster.key, i) for i in (0, 1)] == [1, 1]  # 5 calls, 1 connection each
+    mux = w.transport.mux  # type: ignore[attr-defined]
+    sockets = list(mux.dir.iterdir())
+    assert len(sockets) == 2
+    w.close()
+    assert list(mux.dir.iterdir()) == []
+    wait_for(lambda: cluster.hosts.connections(cluster.key, 0) == 0 == cluster.hosts.connections(cluster.key, 1),
+             10, "the masters' connections to close")
+    # without multiplexing, every call is a handshake
+    plain = cluster.make("true", multiplex=False)
+    before = cluster.hosts.accepted(cluster.key, 0)
+    plain.probe(cluster.node)
+    plain.probe(cluster.node)
+    assert cluster.hosts.accepted(cluster.key, 0) == before + 2
+
+
+def test_a_dead_or_stuck_master_is_replaced(cluster: Cluster) -> None:
+    w = SshWorkers(cluster.transport(), job="j", command="true", timeout=3.0)
+    w.probe(cluster.node)
+    mux = w.transport.mux  # type: ignore[attr-defined]
+    path0 = mux.path(w.transport._control_key(cluster.node, cluster.node.workers[0], w.transport.user))  # type: ignore[attr-defined]
+    # killed: its socket is left behind; ssh removes it and connects afresh
+    os.kill(_master_pid(path0), signal.SIGKILL)
+    assert [p.state for p in w.probe(cluster.node)] == ["absent", "absent"]
+    assert cluster.hosts.accepted(cluster.key, 0) == 2
+    # stuck (a connection that no longer answers): the call times out at ssh.command_timeout,
+    # the master is ended, and the next call gets a new connection
+    stuck = _master_pid(path0)
+    os.kill(stuck, signal.SIGSTOP)
+    try:
+        first = w.probe(cluster.node)
+        assert first[0].state == "unreachable" and "ssh.command_timeout" in first[0].detail, first[0]
+        assert first[1].state == "absent"
+        assert [p.state for p in w.probe(cluster.node)] == ["absent", "absent"]
+        assert cluster.hosts.accepted(cluster.key, 0) == 3
+    finally:
+        os.kill(stuck, signal.SIGKILL)
+        w.close()
+
+
+def test_a_follow_channel_wakes_the_moment_a_workers_attempt_ends(cluster: Cluster) -> None:
+    w = cluster.workers
+    assert all(r.started for r in w.launch(cluster.node, 1, None))
+    ended = threading.Event()
+    assert w.follow_ends(cluster.node, 1, [0, 1], ended.set)
+    wait_for(lambda: w.ends.opened == 2, 20, "two follow channels")
+    wait_for(lambda: bool(cluster.job_pids(0, needle=b"sleep\x00300")), what="the job")
+    assert not ended.is_set()
+    # holding it again for the same attempt opens nothing new
+    w.follow_ends(cluster.node, 1, [0, 1], ended.set)
+    assert w.ends.opened == 2
+    for pid in cluster.job_pids(0, needle=b"sleep\x00300"):
+        os.kill(pid, signal.SIGSEGV)
+    assert ended.wait(30), "the crash did not wake the watcher"
+    assert w.ends.held() == [1]  # worker 1 still runs; worker 0's end is not asked again
+    assert [cluster.hosts.accepted(cluster.key, i) for i in (0, 1)] == [1, 1]  # channels, not handshakes
+    w.unfollow()
+    assert w.ends.held() == []
+
+
+def test_a_dropped_follow_channel_is_not_an_end(cluster: Cluster) -> None:
+    w = cluster.workers
+    assert all(r.started for r in w.launch(cluster.node, 1, None))
+    ended = threading.Event()
+    w.follow_ends(cluster.node, 1, [0], ended.set)
+    wait_for(lambda: w.ends.opened == 1 and w.ends._open.get(0) is not None, 20, "the follow channel")
+    # every connection to worker 0 dropped (its master too): the job itself runs on
+    cluster.hosts.reset_connections(cluster.key, 0, after_bytes=0)
+    wait_for(lambda: w.ends.opened >= 2, 30, "the channel to be opened again")
+    assert not ended.is_set()
+    assert [p.state for p in w.probe(cluster.node)][0] == "running"  # the probe is the truth
+    for pid in cluster.job_pids(0, needle=b"sleep\x00300"):
+        os.kill(pid, signal.SIGKILL)
+    assert ended.wait(30), "the end after the reopen did not wake the watcher"
