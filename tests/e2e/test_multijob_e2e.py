@@ -172,3 +172,22 @@ def test_a_job_watched_by_another_process_is_skipped_then_taken_over(sim: Simula
     assert w.finish(120) == 0, w.text()
     assert [x["outcome"] for x in jobs.history(b)["attempts"]] == ["success"]
     assert [x["outcome"] for x in jobs.history(a)["attempts"]] == ["success"]
+
+
+def test_check_ticks_every_job_once_and_exits_with_the_most_severe_code(sim: Simulator, tmp_path: Path) -> None:
+    jobs = Jobs(sim, tmp_path)
+    d = tmp_path / "jobs"
+    d.mkdir()
+    for name in ("ja", "jb"):
+        (d / f"{name}.toml").write_text(jobs.add(name, 60).read_text())
+    (d / "jc.toml").write_text("[tpu]\nname = 'jc'\n[job]\ncommand = 'true'\nbogus = 1\n")
+    out = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "check", "--config-dir", str(d), "--json"],
+                         env=jobs.env, text=True, capture_output=True, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    objs = {o["config"]: o for o in map(json.loads, out.stdout.splitlines())}
+    assert objs[str(d / "jc.toml")]["status"] == "config_error" and "job.bogus" in objs[str(d / "jc.toml")]["error"]
+    for name in ("ja", "jb"):
+        o = objs[str(d / f"{name}.toml")]
+        assert (o["status"], o["job"], o["exit_code"]) == ("finished", name, 0), o
+        assert any(a["kind"] == "launch" for a in o["actions"]), o  # each launched its job
+    assert sim.world.call_count("ListNodes") == 1 and sim.world.call_count("/GetNode") == 0

@@ -84,6 +84,7 @@ class JobRunner:
         self.state = JobState(path=path, name=path.stem, status="starting")
         self.thread = threading.Thread(target=self._run, name=f"tpuwatch-job-{path.stem}", daemon=True)
         self.job: Job | None = None
+        self._pacer: Pacer | None = None
 
     @property
     def done(self) -> bool:
@@ -95,6 +96,8 @@ class JobRunner:
 
     def stop(self) -> None:
         self.stopping.set()
+        if self._pacer is not None:
+            self._pacer.interrupt()  # a follow-channel wait ends now, not at the poll
 
     def _set(self, **changes: object) -> None:
         self.state = replace(self.state, **changes)  # type: ignore[arg-type]
@@ -120,8 +123,6 @@ class JobRunner:
         self.job = job
         dry_run = fleet.options.flags.dry_run
         outputs = Outputs.prepare(job, dry_run=dry_run)
-        if fleet.exporter is not None:
-            outputs.share(fleet.exporter)
         journal = open_journal(job)
         while journal is None:
             if self.state.status != "busy":
@@ -131,6 +132,8 @@ class JobRunner:
                 return
             journal = open_journal(job)
         self._set(status="watching", error="")
+        if fleet.exporter is not None:  # expected to tick from now on
+            outputs.share(fleet.exporter)
         poll = float(job.cfg.recovery["poll_interval"])
         due = Due()
         with journal:
@@ -138,6 +141,7 @@ class JobRunner:
             ports.sleep = self._sleep
             rec = Reconciler(job.cfg, job.pcfg, ports, journal, fleet.options.flags)
             pacer = Pacer(ports, poll, dry_run=dry_run)
+            self._pacer = pacer
             view = _View(self, journal)
             outputs.start(journal)
 
@@ -175,7 +179,12 @@ class JobRunner:
             self._set(status="finished", exit_code=int(report.exit_code))
 
     def _sleep(self, seconds: float) -> None:
-        self.stopping.wait(seconds)
+        """Ports.sleep: cut short once when the job stops being watched (after that a plain
+        sleep, so the port-probe loop of a down node cannot spin)."""
+        if self.stopping.is_set():
+            time.sleep(seconds)
+        else:
+            self.stopping.wait(seconds)
 
 
 def open_journal(job: Job) -> Journal | None:
@@ -305,7 +314,7 @@ class Fleet:
         out = [r.state for r in self.runners.values()] + list(self.ended.values())
         return sorted(out, key=lambda s: str(s.path))
 
-    def stop_all(self, timeout: float = 30.0) -> None:
+    def stop_all(self, timeout: float = 10.0) -> None:
         for runner in self.runners.values():
             runner.stop()
         end = time.monotonic() + timeout
