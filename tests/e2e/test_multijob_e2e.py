@@ -118,18 +118,26 @@ def test_one_job_heals_a_maintenance_while_the_other_keeps_running_on_one_list_p
     assert sim.world.call_count("/GetNode") == 0, dict(sim.world.calls)
 
 
-def test_a_broken_config_is_shown_and_the_other_job_goes_on(sim: Simulator, tmp_path: Path) -> None:
+def test_a_broken_config_or_a_failing_api_call_is_shown_and_the_other_job_goes_on(
+        sim: Simulator, tmp_path: Path) -> None:
     jobs = Jobs(sim, tmp_path)
     a = jobs.add("ja", 60)
     bad = tmp_path / "jb.toml"
     bad.write_text(a.read_text().replace('name = "ja"', 'name = "jb"')
                    .replace('poll_interval = "0.3s"', 'poll_interval = "soon"'))
-    w = jobs.watch("-c", str(a), "-c", str(bad), "--json")
+    # jc's node is not in the zone's listing, so its tick asks for it with a get, which fails
+    unlisted = tmp_path / "jc.toml"
+    unlisted.write_text(a.read_text().replace('name = "ja"', 'name = "jc"'))
+    sim.inject("permission-denied", methods=["GetNode"])
+    w = jobs.watch("-c", str(a), "-c", str(bad), "-c", str(unlisted), "--json")
     rc = w.finish(120)
-    assert rc == 2, w.text()  # the most severe: a bad config (the other job finished: 0)
+    assert rc == 2, w.text()  # the most severe: a bad config (then the API: 3; the finished job: 0)
     broken = [o for o in w.objects() if o.get("config") == str(bad)]
     assert broken and broken[-1]["status"] == "config_error", w.text()
     assert "recovery.poll_interval" in broken[-1]["error"], broken[-1]
+    failed = [o for o in w.objects() if o.get("config") == str(unlisted)]
+    assert failed and (failed[-1]["status"], failed[-1]["exit_code"]) == ("failed", 3), w.text()
+    assert "tpu.nodes.get" in failed[-1]["error"], failed[-1]  # the message names the call's permission
     assert [x["outcome"] for x in jobs.history(a)["attempts"]] == ["success"]
     assert jobs.steps("ja")[-1] == 60
 
