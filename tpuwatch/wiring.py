@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpuwatch.cloud.location import Location, resolve
+from tpuwatch.cloud.logs import AuditLogReader
 from tpuwatch.cloud.zonenodes import Due, SharedTpu
 from tpuwatch.config import Config, load_config
 from tpuwatch.policy import PolicyConfig
@@ -45,6 +46,7 @@ class Sharing:
     due: Due  # this job's: when its current tick was due
     slack: float  # seconds a zone listing may have begun before the tick was due
     audit_dir: Path  # the shared audit-log cache's directory for this job's project
+    audit_reader: AuditLogReader  # the query itself, one per project and zone (one Logging client)
 
 
 def real_ports(job: Job, sharing: Sharing | None = None) -> Ports:
@@ -99,7 +101,8 @@ def real_ports(job: Job, sharing: Sharing | None = None) -> Ports:
         checkpoints=checkpoints,
         # One audit-log query per project per 15 s, shared by every watcher using this state dir
         # (the Logging read quota is 60/min/project). Its warnings reach the tick's report.
-        audit=SharedAuditLog(loc.project, cfg.state_dir if sharing is None else sharing.audit_dir, zone=loc.zone),
+        audit=SharedAuditLog(loc.project, cfg.state_dir, zone=loc.zone) if sharing is None else
+        SharedAuditLog(loc.project, sharing.audit_dir, zone=loc.zone, direct=sharing.audit_reader),
         precheck=Prechecker.from_config(cfg, workers) if cfg.precheck["enabled"] else None,
         lifecycle_for=lifecycle_for,
     )

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tpuwatch.cloud.logs import AuditLogReader
 from tpuwatch.cloud.zonenodes import Due, SharedTpu
 from tpuwatch.errors import EXIT_JOB_FAILED, EXIT_USAGE, TpuwatchError
 from tpuwatch.fleet import sources
@@ -34,6 +35,7 @@ def check_all(files: Sequence[Path], directory: Path | None, options: Options) -
     tpu = SharedTpu()
     start = time.monotonic()
     audit_dirs: dict[str, Path] = {}
+    readers: dict[tuple[str, str | None], AuditLogReader] = {}
     names: dict[str, Path] = {}
 
     def one(path: Path) -> Checked:
@@ -52,10 +54,12 @@ def check_all(files: Sequence[Path], directory: Path | None, options: Options) -
             state = JobState(path=path, name=job.name, status="watching")
             with journal:
                 outputs.start(journal)
-                audit_dir = audit_dirs.setdefault(job.location.project, Path(job.cfg.state_dir))
+                project, zone = job.location.project, job.location.zone
+                audit_dir = audit_dirs.setdefault(project, Path(job.cfg.state_dir))
+                reader = readers.setdefault((project, zone), AuditLogReader(project, zone=zone))
                 poll = float(job.cfg.recovery["poll_interval"])
-                sharing = Sharing(tpu=tpu, due=Due(start), slack=min(1.0, poll / 4),
-                                  audit_dir=audit_dir)
+                sharing = Sharing(tpu=tpu, due=Due(start), slack=min(1.0, poll / 4), audit_dir=audit_dir,
+                                  audit_reader=reader)
                 ports = real_ports(job, sharing)
                 try:
                     report = Reconciler(job.cfg, job.pcfg, ports, journal, options.flags).tick()

@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
+from tpuwatch.cloud.logs import AuditLogReader
 from tpuwatch.cloud.zonenodes import Due, SharedTpu
 from tpuwatch.errors import EXIT_CLOUD, EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, TpuwatchError
 from tpuwatch.fleet import sources
@@ -238,6 +239,7 @@ class Fleet:
         self.ended: dict[Path, JobState] = {}  # jobs whose thread ended, as last seen
         self._names: dict[str, Path] = {}
         self._audit_dirs: dict[str, Path] = {}
+        self._readers: dict[tuple[str, str | None], AuditLogReader] = {}
         self._lock = threading.Lock()
         self._seen: dict[Path, str] = {}
         self._restart: set[Path] = set()  # changed files whose old runner is still stopping
@@ -245,9 +247,11 @@ class Fleet:
     # -- shared by the jobs ----------------------------------------------------------------------
 
     def sharing(self, job: Job, due: Due, poll: float) -> Sharing:
+        project, zone = job.location.project, job.location.zone
         with self._lock:
-            audit_dir = self._audit_dirs.setdefault(job.location.project, Path(job.cfg.state_dir))
-        return Sharing(tpu=self.tpu, due=due, slack=min(1.0, poll / 4), audit_dir=audit_dir)
+            audit_dir = self._audit_dirs.setdefault(project, Path(job.cfg.state_dir))
+            reader = self._readers.setdefault((project, zone), AuditLogReader(project, zone=zone))
+        return Sharing(tpu=self.tpu, due=due, slack=min(1.0, poll / 4), audit_dir=audit_dir, audit_reader=reader)
 
     def claim(self, name: str, path: Path) -> None:
         """Two files may not name the same job (they would share a journal)."""
