@@ -31,6 +31,16 @@ every worker, started by `tpuwatch watch` itself):
    watcher, its reaped ssh clients, and its live master connections and follow channels) and TPU
    calls; then a maintenance that heals, and the time from the node READY again to the relaunch
    and to a probe finding every worker running. `--pods-only` runs just this part.
+
+With --jobs 1,10,50,100 it measures only many jobs in one watcher instead: for each count, a
+fresh simulator with that many nodes in one zone (v4-8: one worker each, the lightest the
+simulator serves, with `sleep` as the job so that 100 jobs fit the box), one `tpuwatch watch
+--config-dir` over their configs at poll_interval --jobs-poll, counted for --jobs-seconds once
+every job runs: TPU API calls per poll by method (target: one ListNodes per zone per poll, no
+GetNode), audit-log queries per minute (target: as for one job, 4 at most), the watcher's
+VmRSS/VmHWM (target: under 150 MB at 100 jobs) and its CPU seconds per poll.
+
+    python scripts/bench_overhead.py --jobs 1,10,50,100 --jobs-poll 5 --jobs-seconds 60
 """
 
 from __future__ import annotations
@@ -666,6 +676,90 @@ def sizes(text: str) -> list[int]:
     return out
 
 
+def jobs_mode(counts: list[int], poll: float, seconds: float, seed: int, log: Any) -> dict[str, Any]:
+    """Many jobs in one watcher (see the module's docstring)."""
+    out: dict[str, Any] = {"poll": poll, "seconds": seconds, "runs": []}
+    for n in counts:
+        with tempfile.TemporaryDirectory(prefix="tpuwatch-bench-jobs-") as tmp_s:
+            tmp = Path(tmp_s)
+            sim = Simulator(root=tmp / "sim", speed=600, seed=seed).start()
+            try:
+                d = tmp / "jobs"
+                d.mkdir()
+                for i in range(n):
+                    name = f"job{i:03d}"
+                    sim.create_node(name, "v4-8", labels={"tpuwatch-job": name})
+                    cfg = write_config(d / f"{name}.toml", sim, "sleep 100000", tmp / "ck" / name, accelerator="v4-8",
+                                       spot=False, recovery={"poll_interval": f"{poll:g}s"})
+                    cfg.write_text(cfg.read_text().replace(f'name = "{JOB}"', f'name = "{name}"', 1)
+                                   .replace("checkpoint_dir = ", "# checkpoint_dir = "))
+                env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp / "state")}
+                proc = subprocess.Popen([*tpuwatch_argv(), "watch", "--config-dir", str(d), "--json"], env=env,
+                                        text=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                        stdin=subprocess.DEVNULL)
+                rows: dict[str, str] = {}  # job -> its last tick's row (or status)
+
+                def read(proc: subprocess.Popen[str] = proc, rows: dict[str, str] = rows) -> None:
+                    assert proc.stdout is not None
+                    for line in proc.stdout:
+                        try:
+                            obj = json.loads(line)
+                        except ValueError:
+                            continue
+                        rows[obj["job"]] = obj.get("row") or f"{obj.get('status')}: {obj.get('error')}"
+
+                threading.Thread(target=read, daemon=True).start()
+                t0 = time.monotonic()
+                while sum(1 for r in list(rows.values()) if r == "running") < n:
+                    if proc.poll() is not None or time.monotonic() - t0 > 900:
+                        late = {j: r for j, r in sorted(rows.items()) if r != "running"}
+                        raise RuntimeError(f"not every job running when the watcher stopped or 900 s passed: {late}")
+                    time.sleep(0.2)
+                startup = time.monotonic() - t0
+                log(f"jobs {n}: all running after {startup:.1f} s; counting {seconds:g} s")
+                with sim.world._lock:
+                    before = Counter(sim.world.calls)
+                cpu0 = sum(proc_cpu(proc.pid))
+                time.sleep(seconds)
+                cpu1 = sum(proc_cpu(proc.pid))
+                mem = proc_mem(proc.pid)
+                with sim.world._lock:
+                    calls = delta(Counter(sim.world.calls), before)
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            finally:
+                sim.close()
+        polls = seconds / poll
+        tpu = {m.rsplit("/", 1)[-1]: c for m, c in calls.items() if TPU_CALL.search(m)}
+        run = {"jobs": n, "startup_seconds": round(startup, 1),
+               "list_per_poll": round(tpu.get("ListNodes", 0) / polls, 2),
+               "get_per_poll": round(tpu.get("GetNode", 0) / polls, 2),
+               "other_tpu_per_poll": round((sum(tpu.values()) - tpu.get("ListNodes", 0) - tpu.get("GetNode", 0))
+                                           / polls, 2),
+               "audit_per_minute": round(sum(c for m, c in calls.items() if m.endswith(AUDIT_CALL)) * 60 / seconds, 2),
+               "rss_mb": round(mem.get("VmRSS", 0.0), 1), "hwm_mb": round(mem.get("VmHWM", 0.0), 1),
+               "cpu_per_poll": round((cpu1 - cpu0) / polls, 3)}
+        log(f"jobs {n}: {run}")
+        out["runs"].append(run)
+    return out
+
+
+def render_jobs(r: dict[str, Any]) -> str:
+    lines = [f"many jobs in one watcher (poll {r['poll']:g} s, counted {r['seconds']:g} s once all run; "
+             "one worker per node)", "",
+             "| jobs | all running after | ListNodes / poll | GetNode / poll | other TPU / poll | audit reads / min "
+             "| RSS MB (peak) | CPU s / poll |", "|---|---|---|---|---|---|---|---|"]
+    for x in r["runs"]:
+        lines.append(f"| {x['jobs']} | {x['startup_seconds']} s | {x['list_per_poll']} | {x['get_per_poll']} | "
+                     f"{x['other_tpu_per_poll']} | {x['audit_per_minute']} | {x['rss_mb']} ({x['hwm_mb']}) | "
+                     f"{x['cpu_per_poll']} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -692,10 +786,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--config", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="extra tpuwatch.toml setting (repeatable)")
+    p.add_argument("--jobs", metavar="N,N,...", default="",
+                   help="measure only many jobs in one watcher, for each of these job counts")
+    p.add_argument("--jobs-poll", type=float, default=5.0, help="their poll_interval, seconds (%(default)s)")
+    p.add_argument("--jobs-seconds", type=float, default=60.0,
+                   help="how long each count is measured once every job runs (%(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--json-out", metavar="PATH", help="also write the JSON object to PATH")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     a = p.parse_args(argv)
+    # The watchers are stopped with SIGINT, as by Ctrl-C: a script started in the background
+    # ignores it, and so would they; a handler of our own is reset to the default at their exec.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if a.pod_driver:
         return pod_driver(a.pod_driver)
     if a.pod_ticks < 1 or a.pod_poll <= 0:
@@ -708,6 +810,20 @@ def main(argv: list[str] | None = None) -> int:
             print(text, file=sys.stderr, flush=True)
 
     started = time.monotonic()
+    if a.jobs:
+        try:
+            counts = [int(x) for x in a.jobs.split(",")]
+        except ValueError:
+            p.error(f"--jobs: expected job counts such as 1,10,50,100, got {a.jobs!r}")
+        if min(counts) < 1 or a.jobs_poll <= 0 or a.jobs_seconds <= 0:
+            p.error("--jobs counts must be at least 1, --jobs-poll and --jobs-seconds positive")
+        result = jobs_mode(counts, a.jobs_poll, a.jobs_seconds, a.seed, log)
+        result["seconds_total"] = round(time.monotonic() - started, 1)
+        text = json.dumps(result, indent=2, sort_keys=True)
+        if a.json_out:
+            Path(a.json_out).write_text(text + "\n")
+        print(text if a.json else render_jobs(result))
+        return 0
     result = measure(a, log)
     result["seconds"] = round(time.monotonic() - started, 1)
     text = json.dumps(result, indent=2, sort_keys=True)

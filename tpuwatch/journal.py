@@ -554,7 +554,8 @@ def _private_dir(state_dir: Path) -> None:
 def _private_dir_checks(state_dir: Path) -> None:
     if not state_dir.exists():
         try:
-            state_dir.mkdir(mode=0o700, parents=True)
+            # exist_ok: jobs (threads of one watcher, or watchers) starting together all create it
+            state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.chmod(state_dir, 0o700)
         except OSError as exc:
             raise JournalError(f"cannot create state dir {state_dir}: {exc.strerror}; set TPUWATCH_STATE_DIR "

@@ -101,6 +101,10 @@ class Pacer:
                 return ports.clock() - start
             ports.sleep(min(every, left))
 
+    def interrupt(self) -> None:
+        """End the current or next wait now (a watcher of several jobs stopping one of them)."""
+        self._ended.set()
+
     def _follow(self, report: TickReport) -> bool:
         """Hold the follow channels the policy asks for; True when an end can wake this wait."""
         workers = () if self.dry_run else follow_workers(report.memory, report.node, report.probes)

@@ -112,8 +112,8 @@ def snapshot(report: Any, journal: Journal, pcfg: PolicyConfig,
     )
 
 
-def families(s: Snapshot, now: datetime) -> Iterator[Metric]:
-    """The metric families of a snapshot; `now` for ages."""
+def families(s: Snapshot, now: datetime, *, api: bool = True) -> Iterator[Metric]:
+    """The metric families of a snapshot; `now` for ages (`api`: with this process's API requests)."""
     job = [s.job]
     phase = GaugeMetricFamily("tpuwatch_job_phase", "1 for the phase the job is in (tpuwatch policy phases)",
                               labels=["job_name", "phase"])
@@ -150,12 +150,35 @@ def families(s: Snapshot, now: datetime) -> Iterator[Metric]:
     if s.goodput is not None:
         yield _gauge("tpuwatch_goodput_ratio", "productive training time / wall time since the first launch, as `tpuwatch report` "
                      "computes it", s.goodput, job)
+    if api:
+        yield api_family(s.job, s.api_requests)
+    yield _gauge("tpuwatch_last_tick_timestamp_seconds", "when the last tick began", s.time.timestamp(), job)
+
+
+def api_family(job: str, requests: Mapping[tuple[str, str], int]) -> CounterMetricFamily:
     api = CounterMetricFamily("tpuwatch_api_requests", "requests sent to Google APIs (retries included)",
                               labels=["job_name", "api", "method"])
-    for (name, method), n in sorted(s.api_requests.items()):
-        api.add_metric([s.job, name, method], float(n))
-    yield api
-    yield _gauge("tpuwatch_last_tick_timestamp_seconds", "when the last tick began", s.time.timestamp(), job)
+    for (name, method), n in sorted(requests.items()):
+        api.add_metric([job, name, method], float(n))
+    return api
+
+
+def merged(snaps: Sequence[Snapshot], now: datetime) -> Iterator[Metric]:
+    """The families of several jobs of one watcher, each family once with every job's samples.
+
+    The watcher's API requests serve every job at once (one list per zone), so they are one set
+    of series with an empty `job_name`, not a copy per job.
+    """
+    out: dict[str, Metric] = {}
+    for s in snaps:
+        for fam in families(s, now, api=False):
+            if fam.name in out:
+                out[fam.name].samples.extend(fam.samples)
+            else:
+                out[fam.name] = fam
+    yield from out.values()
+    if snaps:
+        yield api_family("", max(snaps, key=lambda s: s.time).api_requests)
 
 
 def _gauge(name: str, doc: str, value: float, labels: list[str]) -> GaugeMetricFamily:
@@ -171,13 +194,18 @@ def _counter(name: str, doc: str, value: float, labels: list[str]) -> CounterMet
 
 
 class _Collector:
-    """A prometheus_client collector over the newest snapshot (None before the first tick)."""
+    """A prometheus_client collector over the newest snapshot (None before the first tick), or,
+    for a watcher of several jobs (`jobs`), the newest snapshot of each job."""
 
     def __init__(self, clock: Callable[[], datetime]) -> None:
         self.snap: Snapshot | None = None
+        self.jobs: dict[str, Snapshot] | None = None
         self.clock = clock
 
     def collect(self) -> Iterator[Metric]:
+        if self.jobs is not None:
+            yield from merged(list(self.jobs.values()), self.clock())
+            return
         snap = self.snap
         if snap is not None:
             yield from families(snap, self.clock())
@@ -239,15 +267,25 @@ def write_textfile(path: Path, report: Any, journal: Journal, pcfg: PolicyConfig
 # -- watch --metrics-port ----------------------------------------------------------------------
 
 
+def stale_limit(pcfg: PolicyConfig, command_timeout: float, stop_grace: float) -> float:
+    """Seconds without a tick after which /healthz says stale (see the module's docstring)."""
+    return HEALTHY_POLLS * pcfg.poll_interval + 2 * (command_timeout + 2 * stop_grace)
+
+
 class Exporter:
     """`/metrics` and `/healthz` over HTTP on all interfaces, in a thread of its own."""
 
-    def __init__(self, port: int, source: str, pcfg: PolicyConfig, command_timeout: float, stop_grace: float,
+    def __init__(self, port: int, source: str, pcfg: PolicyConfig | None, command_timeout: float, stop_grace: float,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], datetime] = _utcnow) -> None:
         self.registry, self.collector = registry_for(None, wall)
-        self.stale_after = HEALTHY_POLLS * pcfg.poll_interval + 2 * (command_timeout + 2 * stop_grace)
+        # pcfg None: a watcher of several jobs, each with its own limit (`expect`)
+        self.stale_after = 0.0 if pcfg is None else stale_limit(pcfg, command_timeout, stop_grace)
         self.clock = clock
         self.last_tick = clock()  # starting up counts as ticking
+        self._watched: dict[str, tuple[float, float]] = {}  # job -> (last tick, its stale limit)
+        self._lock = threading.Lock()
+        if pcfg is None:
+            self.collector.jobs = {}
         exporter = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -256,9 +294,7 @@ class Exporter:
                 if path == "/metrics":
                     self._send(200, CONTENT_TYPE_LATEST, generate_latest(exporter.registry))
                 elif path == "/healthz":
-                    age = exporter.clock() - exporter.last_tick
-                    ok = age <= exporter.stale_after
-                    text = f"{'ok' if ok else 'stale'}: last tick {age:.0f}s ago (limit {exporter.stale_after:.0f}s)\n"
+                    ok, text = exporter.health()
                     self._send(200 if ok else 503, "text/plain; charset=utf-8", text.encode())
                 else:
                     self._send(404, "text/plain; charset=utf-8", b"not found: try /metrics or /healthz\n")
@@ -287,8 +323,40 @@ class Exporter:
         self._thread.start()
 
     def update(self, snap: Snapshot) -> None:
-        self.collector.snap = snap
-        self.last_tick = self.clock()
+        jobs = self.collector.jobs
+        if jobs is None:
+            self.collector.snap = snap
+            self.last_tick = self.clock()
+            return
+        with self._lock:
+            jobs[snap.job] = snap
+            if snap.job in self._watched:
+                self._watched[snap.job] = (self.clock(), self._watched[snap.job][1])
+
+    def expect(self, job: str, pcfg: PolicyConfig, command_timeout: float, stop_grace: float) -> None:
+        """A watcher of several jobs: `job` is watched from now on (starting counts as ticking)."""
+        with self._lock:
+            self._watched[job] = (self.clock(), stale_limit(pcfg, command_timeout, stop_grace))
+
+    def forget(self, job: str) -> None:
+        """`job` is no longer watched (finished, or its config removed): its last numbers stay served,
+        its ticks are no longer expected."""
+        with self._lock:
+            self._watched.pop(job, None)
+
+    def health(self) -> tuple[bool, str]:
+        """/healthz: ticks keep coming (for several jobs: for every job watched)."""
+        now = self.clock()
+        if self.collector.jobs is None:
+            age = now - self.last_tick
+            ok = age <= self.stale_after
+            return ok, f"{'ok' if ok else 'stale'}: last tick {age:.0f}s ago (limit {self.stale_after:.0f}s)\n"
+        with self._lock:
+            watched = dict(self._watched)
+        stale = sorted(job for job, (last, limit) in watched.items() if now - last > limit)
+        if stale:
+            return False, f"stale: no tick within the limit for {', '.join(stale)}\n"
+        return True, f"ok: {len(watched)} job(s) ticking\n"
 
     def close(self) -> None:
         self.server.shutdown()

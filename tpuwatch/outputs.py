@@ -26,6 +26,7 @@ class Outputs:
     notifier: notify.Notifier | None = None
     journal: Journal | None = None
     closed: bool = False
+    owns_exporter: bool = True  # False: a watcher of several jobs shares one (`share`)
 
     @classmethod
     def prepare(cls, job: Any, *, dry_run: bool, metrics_port: int | None = None, serve: bool = False,
@@ -40,6 +41,13 @@ class Outputs:
                                         float(job.cfg.recovery["stop_grace"]))
         path = metrics.check_textfile_path(metrics_file) if metrics_file is not None else None
         return cls(job, () if dry_run else targets, exporter, path, dry_run)
+
+    def share(self, exporter: metrics.Exporter) -> Outputs:
+        """Report to the watcher's one endpoint (several jobs), which outlives this job."""
+        self.exporter, self.owns_exporter = exporter, False
+        exporter.expect(self.job.name, self.job.pcfg, float(self.job.cfg.ssh["command_timeout"]),
+                        float(self.job.cfg.recovery["stop_grace"]))
+        return self
 
     def start(self, journal: Journal) -> Outputs:
         """Begin: the sender first sends what an earlier run left unsent."""
@@ -73,5 +81,8 @@ class Outputs:
         if self.metrics_file is not None and report is not None and not self.dry_run and self.journal is not None:
             metrics.write_textfile(self.metrics_file, report, self.journal, self.job.pcfg)
         if self.exporter is not None:
-            self.exporter.close()
+            if self.owns_exporter:
+                self.exporter.close()
+            else:
+                self.exporter.forget(self.job.name)
         return self.take_warnings()

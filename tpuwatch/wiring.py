@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpuwatch.cloud.location import Location, resolve
+from tpuwatch.cloud.logs import AuditLogReader
+from tpuwatch.cloud.zonenodes import Due, SharedTpu
 from tpuwatch.config import Config, load_config
 from tpuwatch.policy import PolicyConfig
 from tpuwatch.ports import CheckpointStore
@@ -35,27 +37,51 @@ def load_job(config_path: str | Path, project: str | None = None, zone: str | No
     return Job(cfg=cfg, location=loc, pcfg=PolicyConfig.from_config(cfg, zone=loc.zone))
 
 
-def real_ports(job: Job) -> Ports:
+@dataclass(frozen=True)
+class Sharing:
+    """What the jobs of one watcher share (`watch` with several configs): the TPU API per zone
+    (one list per zone per poll), and the audit-log cache's directory per project."""
+
+    tpu: SharedTpu
+    due: Due  # this job's: when its current tick was due
+    slack: float  # seconds a zone listing may have begun before the tick was due
+    audit_dir: Path  # the shared audit-log cache's directory for this job's project
+    audit_reader: AuditLogReader  # the query itself, one per project and zone (one Logging client)
+
+
+def real_ports(job: Job, sharing: Sharing | None = None) -> Ports:
     """The real adapters: google-cloud-tpu, google-cloud-logging (shared per project), OpenSSH/gcloud, checkpoints."""
     from tpuwatch.checkpoints import CheckpointDir, WorkerCheckpoints
     from tpuwatch.cloud.auditcache import SharedAuditLog
     from tpuwatch.cloud.lifecycle import Lifecycle
     from tpuwatch.cloud.tpu import TpuAdapter
+    from tpuwatch.cloud.zonenodes import JobNodes
+    from tpuwatch.ports import TpuApi
     from tpuwatch.workers import SshWorkers
 
     cfg, loc = job.cfg, job.location
     adapters: dict[str, TpuAdapter] = {}
+    views: dict[str, JobNodes] = {}
 
-    def tpu_for(zone: str) -> TpuAdapter:
+    def adapter_for(zone: str) -> TpuAdapter:
+        if sharing is not None:
+            return sharing.tpu.adapter(loc.project, zone)
         if zone not in adapters:
             adapters[zone] = TpuAdapter(loc.project, zone)
         return adapters[zone]
 
+    def tpu_for(zone: str) -> TpuApi:
+        if sharing is None:
+            return adapter_for(zone)
+        if zone not in views:
+            views[zone] = JobNodes(sharing.tpu.zone(loc.project, zone), sharing.due, slack=sharing.slack)
+        return views[zone]
+
     def lifecycle_for(zone: str) -> Lifecycle:
-        return Lifecycle(tpu_for(zone), str(cfg.tpu["queued_resource"]))
+        return Lifecycle(adapter_for(zone), str(cfg.tpu["queued_resource"]))
 
     # the workers' host keys as their guest attributes publish them: the known hosts
-    workers = SshWorkers.from_config(cfg, host_keys=lambda node: tpu_for(node.zone).host_keys(node.name))
+    workers = SshWorkers.from_config(cfg, host_keys=lambda node: adapter_for(node.zone).host_keys(node.name))
     workers.transport.check()  # an unreadable key is exit 2 before any cloud call
 
     ckpt_dir = cfg.job["checkpoint_dir"]
@@ -75,7 +101,8 @@ def real_ports(job: Job) -> Ports:
         checkpoints=checkpoints,
         # One audit-log query per project per 15 s, shared by every watcher using this state dir
         # (the Logging read quota is 60/min/project). Its warnings reach the tick's report.
-        audit=SharedAuditLog(loc.project, cfg.state_dir, zone=loc.zone),
+        audit=SharedAuditLog(loc.project, cfg.state_dir, zone=loc.zone) if sharing is None else
+        SharedAuditLog(loc.project, sharing.audit_dir, zone=loc.zone, direct=sharing.audit_reader),
         precheck=Prechecker.from_config(cfg, workers) if cfg.precheck["enabled"] else None,
         lifecycle_for=lifecycle_for,
     )

@@ -236,3 +236,26 @@ def test_the_plan_names_the_time_to_the_next_checkpoint_when_the_interval_is_kno
     assert maintenance_plan(um, watched=True, next_checkpoint_in=720).startswith(
         "starts it after the job's next checkpoint (~12m00s)")
     assert "notify_signal" in maintenance_plan(replace(um, can_reschedule=False), watched=True, next_checkpoint_in=720)
+
+
+def test_several_jobs_get_a_row_each_and_the_one_in_trouble_its_details() -> None:
+    from pathlib import Path
+
+    from tpuwatch.ui.jobs import JobState, fleet_view
+
+    ck = Checkpoint("gs://b/ck/1200", 1200, "orbax", T0 - timedelta(minutes=4))
+    ok = JobState(Path("a.toml"), "llm", "watching", report=report(ck=ck), last_event="launch: attempt 3")
+    sick = report(phase=Phase.WAITING_NODE, summary="waiting for the node to heal",
+                  n=node("READY", "UNHEALTHY_MAINTENANCE"))
+    healing = JobState(Path("b.toml"), "vit", "watching", report=replace(sick, pcfg=PCFG))
+    broken = JobState(Path("c.toml"), "c", "config_error", error="recovery.poll_interval: not a duration",
+                      exit_code=2)
+    out = render(fleet_view([ok, healing], T0))
+    rows = {line.split()[0]: line for line in out.splitlines() if line.split() and line.split()[0] in ("llm", "vit")}
+    assert "running" in rows["llm"] and "1200" in rows["llm"] and "4m" in rows["llm"] and "launch" in rows["llm"]
+    assert "waiting for the node" in rows["vit"] and "READY maintenance" in rows["vit"]
+    assert "waiting for the node to heal" in out  # vit's dashboard below the table
+    out = render(fleet_view([ok, healing, broken], T0))
+    assert "recovery.poll_interval: not a duration" in out  # the config error comes first
+    assert "waiting for the node to heal" not in out
+    assert "3 jobs, 1 without trouble" in out

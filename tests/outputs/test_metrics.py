@@ -188,3 +188,35 @@ def test_a_bad_metrics_file_is_exit_2_naming_the_flag(tmp_path: Path, path: str,
     out = _run(tmp_path, "check", "-c", str(_config(tmp_path)), "--metrics-file", str(tmp_path / path))
     assert out.returncode == 2 and "--metrics-file" in out.stderr and says in out.stderr, out
     assert not (tmp_path / "state" / "pod.db").exists()
+
+
+def test_one_endpoint_for_several_jobs_labels_each_and_counts_api_requests_once() -> None:
+    clock = Clock()
+    pcfg = PolicyConfig(job="llm", tpu_name="llm", zones=("us-central2-b",), poll_interval=30.0)
+    ex = metrics.Exporter(0, "--metrics-port", None, 0.0, 0.0, clock=clock)
+    try:
+        base = f"http://127.0.0.1:{ex.port}"
+        for job in ("llm", "vit"):
+            ex.expect(job, pcfg, 60.0, 30.0)
+        ex.update(SNAP)
+        ex.update(metrics.Snapshot(**{**SNAP.__dict__, "job": "vit", "attempt": 7}))
+        code, text = get(base + "/metrics")
+        got = samples(text)
+        assert got[("tpuwatch_job_attempt", (("job_name", "llm"),))] == 3
+        assert got[("tpuwatch_job_attempt", (("job_name", "vit"),))] == 7
+        # one family per name (a second HELP/TYPE would make the exposition invalid)
+        assert text.count("# TYPE tpuwatch_job_attempt ") == 1
+        api = {k: v for k, v in got.items() if k[0] == "tpuwatch_api_requests_total"}
+        assert api == {("tpuwatch_api_requests_total", (("api", "tpu.googleapis.com"), ("job_name", ""),
+                                                         ("method", "get_node"))): 42,
+                       ("tpuwatch_api_requests_total", (("api", "logging.googleapis.com"), ("job_name", ""),
+                                                         ("method", "list_log_entries"))): 3}
+        limit = 3 * 30 + 2 * (60 + 2 * 30)
+        clock.t = limit + 1
+        ex.update(SNAP)  # llm ticks, vit does not
+        code, text = get(base + "/healthz")
+        assert code == 503 and "vit" in text and "llm" not in text
+        ex.forget("vit")  # its config removed: no longer expected to tick
+        assert get(base + "/healthz")[0] == 200
+    finally:
+        ex.close()

@@ -79,6 +79,15 @@ def test_bench_overhead_measures_start_up_memory_and_api_calls(tmp_path: Path) -
     assert 0 < pod["heal_to_relaunch"] <= pod["heal_to_all_running"]
 
 
+def test_bench_overhead_jobs_mode_lists_the_zone_once_per_poll_for_every_job(tmp_path: Path) -> None:
+    table, doc = run("bench_overhead.py", tmp_path, "--jobs", "3", "--jobs-poll", "1", "--jobs-seconds", "4")
+    assert "ListNodes / poll" in table and "RSS" in table, table
+    (three,) = doc["runs"]
+    assert three["jobs"] == 3 and three["rss_mb"] > 10
+    # the jobs share the zone's list: about one a poll (the window's edges may add one), no get per job
+    assert 0 < three["list_per_poll"] <= 2 and three["get_per_poll"] == 0, three
+
+
 def test_bench_gcloud_calls_counts_one_gcloud_run_per_node_incarnation(tmp_path: Path) -> None:
     table, doc = run("bench_gcloud_calls.py", tmp_path, "--workers", "2", "--ticks", "3")
     assert "gcloud calls" in table

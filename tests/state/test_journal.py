@@ -329,3 +329,30 @@ def test_config_is_not_needed_to_read_the_history(tmp_path: Path) -> None:
     with Journal.open(tmp_path, "job", None, readonly=True) as r:
         assert [e.kind for e in r.events(limit=1)] == ["launch"]
         assert r.events(since=at(1)) == []
+
+
+def test_jobs_starting_together_all_create_the_state_dir(tmp_path: Path) -> None:
+    # A watcher of several jobs opens their journals from as many threads at once.
+    import threading
+
+    from tpuwatch.journal import Journal
+
+    for round_ in range(20):
+        state = tmp_path / f"r{round_}" / "state"
+        barrier = threading.Barrier(8)
+        errors: list[BaseException] = []
+
+        def open_one(i: int, state: Path = state, barrier: threading.Barrier = barrier,
+                     errors: list[BaseException] = errors) -> None:
+            barrier.wait()
+            try:
+                Journal.open(state, f"job{i}", f"pod{i}", wait=False).close()
+            except BaseException as exc:  # noqa: BLE001 (collected for the assertion)
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_one, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert errors == [], errors

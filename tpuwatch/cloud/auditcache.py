@@ -108,13 +108,15 @@ class SharedAuditLog:
         lock_timeout: float = 20.0,
         now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
         on_warning: Callable[[str], None] | None = None,
+        direct: AuditLogReader | None = None,
     ) -> None:
         self.project = project
         self.zone = zone
         self.state_dir = Path(state_dir)
         self.path = cache_path(self.state_dir, project)
-        self.direct = AuditLogReader(project, zone=zone, retry=retry, page_size=page_size, overlap=overlap,
-                                     initial_lookback=initial_lookback, now=now)
+        # The jobs of one watcher pass one reader per project and zone: one Logging client, not one each.
+        self.direct = direct or AuditLogReader(project, zone=zone, retry=retry, page_size=page_size,
+                                               overlap=overlap, initial_lookback=initial_lookback, now=now)
         self.overlap_ns = int(overlap.total_seconds() * _NS)
         self.initial_lookback = initial_lookback
         self.max_age_ns = int(max_age.total_seconds() * _NS)

@@ -1,0 +1,147 @@
+"""Node reads shared by the jobs of one watcher: one ListNodes per zone per poll, not a get per job.
+
+`tpuwatch watch` with several jobs gives every job of a project and zone the same `ZoneNodes`
+(ports.TpuApi). A job's `get_node` is answered from the zone's newest listing when that listing
+began no earlier than `slack` seconds before the job's tick was due (`JobNodes.due`, set by the
+watcher before it waits for a free tick slot); otherwise that job lists the zone, and jobs that
+ask while the list is on its way wait for it instead of listing too. Jobs whose steady ticks
+fall on the same poll therefore share one list.
+
+ListNodes returns whole `Node` messages (the reference's `nodes[]` is the same resource as a get,
+and there is no partial view to ask for): state, health, healthDescription, symptoms and, on
+v2alpha1, upcomingMaintenance are all in it. A node the listing does not hold is confirmed
+with a get, so a listing that lags behind a create never makes a node look missing.
+
+Everything else (operations, creates, deletes, guest attributes) goes straight to the zone's
+one `TpuAdapter`, whose caches (worker instance names) the jobs share too. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tpuwatch.cloud.tpu import TpuAdapter
+from tpuwatch.model import NodeSnapshot, OperationStatus
+
+
+@dataclass
+class _Listing:
+    started: float  # monotonic time just before the request
+    done: threading.Event = field(default_factory=threading.Event)
+    nodes: dict[str, NodeSnapshot] | None = None
+    error: BaseException | None = None
+
+
+class ZoneNodes:
+    """The nodes of one project and zone, listed once for every job that asks at about the same time."""
+
+    def __init__(self, tpu: TpuAdapter, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.tpu = tpu
+        self.clock = clock
+        self.lists = 0  # ListNodes rounds this reader made (each one request per page)
+        self.gets = 0  # gets of nodes the listing did not hold
+        self._lock = threading.Lock()
+        self._newest: _Listing | None = None  # the newest listing that answered
+        self._flight: _Listing | None = None  # the listing on its way
+
+    def nodes(self, not_before: float) -> dict[str, NodeSnapshot]:
+        """The zone's nodes by short name, from a listing begun at `not_before` or later (or in flight)."""
+        with self._lock:
+            newest = self._newest
+            if newest is not None and newest.started >= not_before:
+                assert newest.nodes is not None
+                return newest.nodes
+            listing, lead = self._flight, False
+            if listing is None:
+                listing = self._flight = _Listing(self.clock())
+                lead = True
+        if lead:
+            try:
+                listing.nodes = {n.name: n for n in self.tpu.list_nodes()}
+            except BaseException as exc:  # every waiter sees the same failure, as its own get would
+                listing.error = exc
+            with self._lock:
+                self.lists += 1
+                if listing.nodes is not None:
+                    self._newest = listing
+                self._flight = None
+            listing.done.set()
+        else:
+            listing.done.wait()
+        if listing.error is not None:
+            raise listing.error
+        assert listing.nodes is not None
+        return listing.nodes
+
+    def get_node(self, name: str, not_before: float | None = None) -> NodeSnapshot | None:
+        node = self.nodes(self.clock() if not_before is None else not_before).get(name)
+        if node is not None:
+            return node
+        with self._lock:
+            self.gets += 1
+        return self.tpu.get_node(name)
+
+
+@dataclass
+class Due:
+    """When one job's current tick was due (monotonic), set by the watcher before the tick waits
+    for a free slot; None: answer as of now."""
+
+    at: float | None = None
+
+
+class JobNodes:
+    """ports.TpuApi of one job: its node from the zone's shared listing, the rest straight to the API."""
+
+    def __init__(self, zone: ZoneNodes, due: Due, *, slack: float) -> None:
+        self.zone = zone
+        self.due = due
+        self.slack = slack  # a listing begun this long before the tick was due still answers it
+
+    def get_node(self, name: str) -> NodeSnapshot | None:
+        due = self.zone.clock() if self.due.at is None else self.due.at
+        return self.zone.get_node(name, not_before=due - self.slack)
+
+    def list_nodes(self) -> list[NodeSnapshot]:
+        return self.zone.tpu.list_nodes()
+
+    def delete_node(self, name: str) -> str:
+        return self.zone.tpu.delete_node(name)
+
+    def create_node(self, name: str, node: Mapping[str, Any], zone: str | None = None) -> str:
+        return self.zone.tpu.create_node(name, node, zone)
+
+    def get_operation(self, name: str) -> OperationStatus:
+        return self.zone.tpu.get_operation(name)
+
+    def worker_instances(self, node: NodeSnapshot) -> Mapping[str, tuple[str, str]]:
+        return self.zone.tpu.worker_instances(node)
+
+
+class SharedTpu:
+    """One TpuAdapter and one ZoneNodes per project and zone, for every job of one watcher."""
+
+    def __init__(self, adapter: Callable[[str, str], TpuAdapter] = TpuAdapter) -> None:
+        self._make = adapter
+        self._lock = threading.Lock()
+        self._zones: dict[tuple[str, str], ZoneNodes] = {}
+
+    def zone(self, project: str, zone: str) -> ZoneNodes:
+        with self._lock:
+            key = (project, zone)
+            if key not in self._zones:
+                self._zones[key] = ZoneNodes(self._make(project, zone))
+            return self._zones[key]
+
+    def adapter(self, project: str, zone: str) -> TpuAdapter:
+        return self.zone(project, zone).tpu
+
+    def counts(self) -> dict[str, int]:
+        """Lists and gets of unlisted nodes so far, over every zone."""
+        with self._lock:
+            zones = list(self._zones.values())
+        return {"lists": sum(z.lists for z in zones), "gets": sum(z.gets for z in zones)}
