@@ -288,20 +288,25 @@ def test_a_launch_outlives_the_watcher_killed_while_it_runs(cluster: Cluster) ->
                                 str(cluster.hosts.client_key), str(cluster.hosts.ssh_port), w0.internal_ip, cluster.node_id],
                                stdin=subprocess.DEVNULL)
 
-    def launching() -> bool:  # the launch's shell runs on the worker: its script has arrived
+    def running(cmdline: bytes) -> bool:
         for pid in cluster.hosts.pids(cluster.key, 0):
             with contextlib.suppress(OSError):
-                if Path(f"/proc/{pid}/cmdline").read_bytes() == b"bash\x00-s\x00":
+                if Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline:
                     return True
         return False
 
+    def launching() -> bool:  # the launch's shell runs on the worker
+        return running(b"bash\x00-s\x00")
+
     try:
-        wait_for(launching, 60, "the launch to reach the worker")
+        # Its cleanup waits for attempt 1 to die (`sleep 0.1` between looks): the whole script
+        # arrived and runs; the watcher dies now, before the cleanup reports and the launch.
+        wait_for(lambda: running(b"sleep\x000.1\x00"), 120, "the launch's cleanup to run on the worker")
     finally:
         watcher.kill()
         watcher.wait()
     # The cleanup waits stop_grace for attempt 1, then reports and launches: after the kill.
-    wait_for(lambda: not launching(), 60, "the launch to end on the worker")
+    wait_for(lambda: not launching(), 120, "the launch to end on the worker")
     probe = w.probe(cluster.node)[0]
     assert (probe.attempt, probe.state) == (2, "running"), probe
     w.close()
