@@ -668,6 +668,29 @@ def test_row_launch_unseen() -> None:
     assert "never started" in spent.ended[0].reason
 
 
+def test_row_launch_partial() -> None:
+    """Attempt 2 runs on worker 0; worker 1 still shows attempt 1 (killed by a maintenance): the
+    watcher that launched 2 died between the workers. Not an end of attempt 2, never charged."""
+    m = run_mem(attempt=2, start=10, attempt_seen=False)
+    cut = (probe(0, "running", attempt=2), probe(1, "absent", attempt=1))
+    d = tick(obs(probes=cut, checkpoint=ckpt(100)), m, now=30)
+    assert d.row == "launch_partial" and d.ended == ()
+    assert d.actions == (Launch(2, ckpt(100), d.actions[0].reason),)  # type: ignore[union-attr]
+    assert "never reached workers 1" in d.actions[0].reason  # type: ignore[union-attr]
+    assert (d.memory.launch_tries, d.memory.restarts, d.memory.attempt_start) == (1, 0, at(10))
+    # once every worker runs it, it is followed as usual
+    assert tick(obs(probes=running(2), checkpoint=ckpt(100)), d.memory, now=31).row == "running"
+    # the running worker saved since (it would resume from another step), or tries spent: ended uncharged
+    for later in (tick(obs(probes=cut, checkpoint=ckpt(110)), m, now=30),
+                  tick(obs(probes=cut, checkpoint=ckpt(100)), replace(m, launch_tries=3), now=30)):
+        assert later.ended and not later.ended[0].charged and later.memory.restarts == 0, later.ended
+        assert "never reached workers 1" in later.ended[0].reason
+        assert any(isinstance(a, StopWorkers) for a in later.actions)
+    # a worker of the attempt that ended is the attempt's end, as before
+    crashed = (probe(0, "exited", attempt=2, code=139), probe(1, "absent", attempt=1))
+    assert tick(obs(probes=crashed, checkpoint=ckpt(100)), m, now=30).row != "launch_partial"
+
+
 def test_row_terminal() -> None:
     done = idle(phase=Phase.DONE, reason="attempt 3: worker 0 exited 0")
     d = tick(obs(node("PREEMPTED")), done, now=5)

@@ -5,11 +5,13 @@ workers. `Hosts.accepted` counts the SSH connections (handshakes) each worker ac
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,10 +21,11 @@ from e2e_helpers import wait_for
 
 from tpuwatch.config import load_config
 from tpuwatch.errors import ConfigError
-from tpuwatch.model import NodeSnapshot, WorkerEndpoint
+from tpuwatch.model import Login, NodeSnapshot, WorkerEndpoint
 from tpuwatch.sim.hosts import Hosts
 from tpuwatch.workers import OpenSsh, SshWorkers
 from tpuwatch.workers import mux as muxmod
+from tpuwatch.workers.gcloud import GcloudSsh
 
 SSH = "/usr/bin/ssh"
 pytestmark = pytest.mark.skipif(not os.path.exists(SSH), reason="needs the OpenSSH client")
@@ -142,6 +145,26 @@ def test_multiplex_options_and_the_config_key(tmp_path: Path) -> None:
         load_config(cfg)
 
 
+def test_the_gcloud_transport_and_a_bastion_share_masters_unless_multiplex_is_off(tmp_path: Path) -> None:
+    """gcloud runs once per node incarnation (never through a master: it runs its own ssh); the
+    OpenSSH calls after it share the worker's master, as do calls through a ProxyJump bastion
+    (the master holds the jump). `ssh.multiplex = false` is the way out for a bastion or proxy
+    that cannot carry it: no Control option reaches ssh at all."""
+    node = node_of(["10.0.0.2"], "77")
+    w = node.workers[0]
+    for multiplex in (True, False):
+        ssh = {"multiplex": multiplex, "options": ["ProxyJump=bastion"]}
+        g = GcloudSsh.from_config(ssh, tmp_path / str(multiplex))
+        g.remember(Login(node_id="77", user="alice_example_com"))
+        later = _opts(g.argv(node, w, "bash -s"))
+        assert "ProxyJump=bastion" in later
+        assert any(o.startswith("ControlPath=") for o in later) is multiplex, later
+        assert not any("Control" in a for a in g.prepare_argv(node, w))
+        plain = OpenSsh.from_config(ssh, tmp_path / str(multiplex))
+        direct = _opts(plain.argv(node, w, "bash -s"))
+        assert "ProxyJump=bastion" in direct and any(o.startswith("ControlMaster=") for o in direct) is multiplex
+
+
 def test_a_socket_directory_others_can_write_is_refused(tmp_path: Path) -> None:
     d = tmp_path / "ssh"
     d.mkdir()
@@ -234,3 +257,56 @@ def test_a_dropped_follow_channel_is_not_an_end(cluster: Cluster) -> None:
     for pid in cluster.job_pids(0, needle=b"sleep\x00300"):
         os.kill(pid, signal.SIGKILL)
     assert ended.wait(30), "the end after the reopen did not wake the watcher"
+
+
+_WATCHER = """
+import sys
+from pathlib import Path
+from tpuwatch.model import Login, NodeSnapshot, WorkerEndpoint
+from tpuwatch.workers import OpenSsh, SshWorkers
+kh, user, key, port, ip = sys.argv[1:6]
+node = NodeSnapshot(name="pod", project="proj", zone="us-central2-b", id=sys.argv[6], create_time=None,
+                    state="READY", health="HEALTHY", health_description="", maintenance_time=None,
+                    workers=(WorkerEndpoint(0, ip, ""),))
+t = OpenSsh(known_hosts=Path(kh), user=user, identity_file=key, port=int(port), connect_timeout=5)
+SshWorkers(t, job="j", command="sleep 300", stop_grace=2.0).launch(node, 2, None, clean=True)
+"""
+
+
+def test_a_launch_outlives_the_watcher_killed_while_it_runs(cluster: Cluster) -> None:
+    """A watcher SIGKILLed mid-launch (the chaos test's launch kills): its ssh client is a mux
+    client that exits when nobody reads it, and the master closes the channel. The launch on
+    the worker must still happen once its script arrived, or the next watcher finds this
+    worker without the attempt the others run and charges the job for it."""
+    w = cluster.make("trap '' TERM; sleep 300")  # attempt 1 outlives a TERM: cleanup takes stop_grace
+    assert all(r.started for r in w.launch(cluster.node, 1, None))
+    wait_for(lambda: bool(cluster.job_pids(0, needle=b"sleep\x00300")), what="attempt 1")
+    w0 = cluster.node.workers[0]
+    t = w.transport
+    assert t.mux is not None  # type: ignore[attr-defined]
+    watcher = subprocess.Popen([sys.executable, "-c", _WATCHER, str(cluster.known_hosts), cluster.hosts.ssh_user,
+                                str(cluster.hosts.client_key), str(cluster.hosts.ssh_port), w0.internal_ip, cluster.node_id],
+                               stdin=subprocess.DEVNULL)
+
+    def running(cmdline: bytes) -> bool:
+        for pid in cluster.hosts.pids(cluster.key, 0):
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline:
+                    return True
+        return False
+
+    def launching() -> bool:  # the launch's shell runs on the worker
+        return running(b"bash\x00-s\x00")
+
+    try:
+        # Its cleanup waits for attempt 1 to die (`sleep 0.1` between looks): the whole script
+        # arrived and runs; the watcher dies now, before the cleanup reports and the launch.
+        wait_for(lambda: running(b"sleep\x000.1\x00"), 120, "the launch's cleanup to run on the worker")
+    finally:
+        watcher.kill()
+        watcher.wait()
+    # The cleanup waits stop_grace for attempt 1, then reports and launches: after the kill.
+    wait_for(lambda: not launching(), 120, "the launch to end on the worker")
+    probe = w.probe(cluster.node)[0]
+    assert (probe.attempt, probe.state) == (2, "running"), probe
+    w.close()

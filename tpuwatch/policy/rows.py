@@ -113,6 +113,10 @@ ROWS: tuple[Row, ...] = (
     Row("survived", "after a disruption, every worker still runs the attempt", "follow it again"),
     Row("launch_unseen", "the launched attempt left no trace on any worker",
         "launch the same attempt number again (launch_tries), then charge a failed start"),
+    Row("launch_partial", "the launched attempt runs on some workers and never reached the others (a launch "
+        "cut short: the watcher killed between workers, a launch refused or lost on one)",
+        "launch the same attempt again from the checkpoint it started from (launch_tries); when the newest "
+        "checkpoint has moved on, or after launch_tries, end it uncharged"),
     Row("terminal", "DONE or FAILED", "report the end again; stop workers still running", steady=True),
     Row("hung", "every worker runs the attempt, but no new checkpoint for recovery.hang_timeout "
         "(from the attempt's start or its newest checkpoint; 0s = off; \"auto\": 3x the checkpoint interval "

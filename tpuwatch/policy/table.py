@@ -506,6 +506,11 @@ class _Tick:
         mine = [p for p in probes if p.attempt == n and p.state in ("running", "exited", "absent")]
         if not mem.attempt_seen and not mine:
             return self.unseen(mem, probes)
+        # Workers that never had attempt n (their attempt file is monotonic): a launch cut short
+        # (the watcher killed between workers, a launch refused or lost on one), not an end.
+        missing = [p for p in probes if p.state != "unreachable" and (p.attempt or 0) < n]
+        if not mem.attempt_seen and missing and all(p.state == "running" for p in mine):
+            return self.launch_rest(mem, missing)
         mem = replace(mem, attempt_seen=True, launch_tries=0)
         codes = _ends(probes, n)
         unreachable = [p for p in probes if p.state == "unreachable"]
@@ -735,6 +740,24 @@ class _Tick:
                    notice_hold=None)
         why = f"launching attempt {n} from {_ckpt_text(ckpt, now)}"
         return self.out(mem, "launch", f"{why} on node {node.id}", Launch(n, ckpt, why))
+
+    def launch_rest(self, mem: Memory, missing: list[WorkerProbe]) -> Decision:
+        """Attempt n runs on some workers and never reached the others (row `launch_partial`).
+
+        Launch it again (the workers that run it answer "running"; the others start it) from the
+        checkpoint it started from, launch_tries times; never charged to the job. When the newest
+        checkpoint is no longer that one, the workers would resume from different steps: end it
+        uncharged instead, and the next attempt starts everywhere from the newest."""
+        n, ckpt, cfg = mem.attempt, self.obs.checkpoint, self.cfg
+        where = f"attempt {n} never reached workers {_workers(missing)} (a launch cut short)"
+        same = (ckpt.step if ckpt is not None else None) == mem.attempt_start_step
+        if same and mem.launch_tries < cfg.launch_tries:
+            mem = replace(mem, launch_tries=mem.launch_tries + 1)
+            why = f"{where}; launching it there (try {mem.launch_tries} of {cfg.launch_tries})"
+            return self.out(mem, "launch_partial", why, Launch(n, ckpt, why))
+        sign = Evidence(self.now, where)
+        mem = replace(mem, attempt_seen=True, evidence=merge_evidence(mem.evidence, [sign]))
+        return self.end_usable(mem, {p.worker: None for p in missing}, detail=where)
 
     def login_refused(self, mem: Memory, refused: list[WorkerProbe]) -> Decision:
         """Workers refuse the login before anything runs there. Soon after a boot that is the
