@@ -819,17 +819,15 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--jobs counts must be at least 1, --jobs-poll and --jobs-seconds positive")
         result = jobs_mode(counts, a.jobs_poll, a.jobs_seconds, a.seed, log)
         result["seconds_total"] = round(time.monotonic() - started, 1)
-        text = json.dumps(result, indent=2, sort_keys=True)
-        if a.json_out:
-            Path(a.json_out).write_text(text + "\n")
-        print(text if a.json else render_jobs(result))
-        return 0
-    result = measure(a, log)
-    result["seconds"] = round(time.monotonic() - started, 1)
+        show = render_jobs
+    else:
+        result = measure(a, log)
+        result["seconds"] = round(time.monotonic() - started, 1)
+        show = render
     text = json.dumps(result, indent=2, sort_keys=True)
     if a.json_out:
         Path(a.json_out).write_text(text + "\n")
-    print(text if a.json else render(result))
+    print(text if a.json else show(result))
     return 0
 
 
