@@ -152,8 +152,10 @@ def test_config_dir_picks_up_a_new_file_and_drops_a_removed_one(sim: Simulator, 
     w = jobs.watch("--config-dir", str(d), "--json")
     wait_for(lambda: jobs.steps("ja"), 60, "ja training")
     assert not jobs.steps("jb")
-    (d / "jb.toml").write_text(staged.read_text())  # a new file: a new job
+    # a new file: a new job (its [metrics] port names one process's endpoint: said to be unused)
+    (d / "jb.toml").write_text(staged.read_text() + "\n[metrics]\nport = 9999\n")
     wait_for(lambda: jobs.steps("jb"), 60, "jb picked up and launched")
+    assert "jb warning: [metrics] port = 9999 in jb.toml is not used" in w.text(), w.text()
     (d / "ja.toml").unlink()  # removed: no longer watched, nothing deleted or stopped
     wait_for(lambda: w.seen("ja", "removed"), 30, "ja dropped")
     wait_for(lambda: w.seen("ja", "stopped"), 30, "ja's loop ended")

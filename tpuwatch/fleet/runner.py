@@ -145,6 +145,10 @@ class JobRunner:
             self._pacer = pacer
             view = _View(self, journal)
             outputs.start(journal)
+            if port := int(job.cfg.metrics["port"]):  # said, not silently dropped
+                where = "--metrics-port (a job_name label each)" if fleet.exporter is not None else "--metrics-port"
+                view.warn(f"[metrics] port = {port} in {self.path.name} is not used when one watcher watches "
+                          f"several jobs: their one endpoint is {where}")
 
             def tick() -> TickReport:
                 due.at = time.monotonic()  # the zone listing must be no older than this
