@@ -38,7 +38,7 @@ import threading
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from google.cloud import tpu_v2, tpu_v2alpha1
@@ -88,6 +88,7 @@ HTTP_STATUS = {
 }
 
 _SEG = r"([^/:]+)"
+T = TypeVar("T")
 _LOC = rf"^/(v2|v2alpha1)/projects/{_SEG}/locations/{_SEG}"
 ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(_LOC + r"/nodes$"), "list_nodes"),
@@ -269,13 +270,9 @@ class RestFace:
 
     def _list_nodes(self, version: str, p: str, z: str, *, query: dict[str, str], **_: Any) -> dict[str, Any]:
         self._call(f"{_SERVICES[version]}/ListNodes", f"projects/{p}/locations/{z}")
-        nodes = self.world.list_nodes(p, z)
-        start = _page_start(query.get("pageToken", ""))
-        size = _int(query.get("pageSize", "0"), "pageSize") or 1000
-        token = str(start + size) if start + size < len(nodes) else ""
-        mod = _VERSIONS[version]
-        return to_json_dict(mod.ListNodesResponse(
-            nodes=[render_node(n, version) for n in nodes[start:start + size]], next_page_token=token))
+        nodes, token = _page(self.world.list_nodes(p, z), query)
+        return to_json_dict(_VERSIONS[version].ListNodesResponse(
+            nodes=[render_node(n, version) for n in nodes], next_page_token=token))
 
     def _create_node(self, version: str, p: str, z: str, *, query: dict[str, str],
                      body: dict[str, Any]) -> dict[str, Any]:
@@ -388,13 +385,9 @@ class RestFace:
 
     def _list_queued(self, version: str, p: str, z: str, *, query: dict[str, str], **_: Any) -> dict[str, Any]:
         self._call(f"{_SERVICES[version]}/ListQueuedResources", f"projects/{p}/locations/{z}")
-        items = self.world.list_queued_resources(p, z)
-        start = _page_start(query.get("pageToken", ""))
-        size = _int(query.get("pageSize", "0"), "pageSize") or 1000
-        token = str(start + size) if start + size < len(items) else ""
+        items, token = _page(self.world.list_queued_resources(p, z), query)
         return to_json_dict(_VERSIONS[version].ListQueuedResourcesResponse(
-            queued_resources=[render_queued(q, version) for q in items[start:start + size]],
-            next_page_token=token))
+            queued_resources=[render_queued(q, version) for q in items], next_page_token=token))
 
     def _delete_queued(self, version: str, p: str, z: str, n: str, *, query: dict[str, str],
                        **_: Any) -> dict[str, Any]:
@@ -412,11 +405,10 @@ class RestFace:
         parent = f"projects/{p}/locations/{z}"
         self._call(f"{OPERATIONS}/ListOperations", parent)
         ops = self.world.list_operations(parent)
-        start = _page_start(query.get("pageToken", ""))
-        size = _int(query.get("pageSize", "0"), "pageSize") or 1000
-        out: dict[str, Any] = {"operations": [to_json_dict(render_operation(o)) for o in ops[start:start + size]]}
-        if start + size < len(ops):
-            out["nextPageToken"] = str(start + size)
+        page, token = _page(ops, query)
+        out: dict[str, Any] = {"operations": [to_json_dict(render_operation(o)) for o in page]}
+        if token:
+            out["nextPageToken"] = token
         return out
 
     # compute
@@ -483,6 +475,13 @@ def _int(text: str, what: str) -> int:
     if value < 0:
         raise ApiError("INVALID_ARGUMENT", f"{what} must not be negative")
     return value
+
+
+def _page(items: list[T], query: dict[str, str]) -> tuple[list[T], str]:
+    """One page of a list call (`pageToken`, `pageSize`) and the next page's token ("" at the end)."""
+    start = _page_start(query.get("pageToken", ""))
+    size = _int(query.get("pageSize", "0"), "pageSize") or 1000
+    return items[start:start + size], (str(start + size) if start + size < len(items) else "")
 
 
 def _page_start(token: str) -> int:
