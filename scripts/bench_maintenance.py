@@ -102,14 +102,16 @@ def one(mode: str, args: argparse.Namespace, root: Path, seed: int) -> dict[str,
         try:
             wait(lambda: len(trainer_pids(sim)) == 4, 60, "the job on every worker")
             # steady: a few checkpoints, then the event at a random point of an interval
-            wait(lambda: ck.exists() and sum(p.name.isdigit() for p in ck.iterdir()) >= 3, 60, "checkpoints")
+            # (two give tpuwatch the interval the job keeps; waits scale with it, for long intervals)
+            wait(lambda: ck.exists() and sum(p.name.isdigit() for p in ck.iterdir()) >= 3, 60 + 3 * interval,
+                 "checkpoints")
             time.sleep((seed * 0.37 % 1.0) * interval)
             first = trainer_pids(sim)
             if mode == "early":
                 sim.inject("upcoming-maintenance", node=JOB, starts_in="7d", heal_after=f"{args.heal}s")
             else:
                 sim.inject("maintenance", node=JOB, notice="60s", heal_after=f"{args.heal}s")
-            wait(lambda: not (trainer_pids(sim) & first), 120, "the job to stop")
+            wait(lambda: not (trainer_pids(sim) & first), 120 + 2 * interval, "the job to stop")
             stopped = time.time()
             wait(lambda: len(trainer_pids(sim) - first) == 4, 120, "the job to run again")
             hist: dict[str, Any] = {"attempts": []}

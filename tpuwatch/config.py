@@ -435,7 +435,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
                               "charged failure. \"auto\": 3x the checkpoint interval seen (at least 30m), and only while "
                               "the workers' logs are silent too; 0s = off"),
         "fail_fast_exit_codes": Field(_exit_codes, frozenset(), "exit codes that fail the job at once"),
-        "backoff_base": Field(_duration(0), 10.0, "first wait between charged restarts"),
+        "backoff_base": Field(_duration(0), 10.0, "wait before the second charged restart in a row, doubling after it (the first since a stable run is at once)"),
         "backoff_max": Field(_duration(0), 300.0, "longest wait between charged restarts"),
         "stop_grace": Field(_duration(0), 30.0, "SIGTERM to SIGKILL grace when stopping workers"),
         "stable_run": Field(_duration(0), 3600.0, "an attempt running this long resets the backoff and the restart/recreate budgets"),

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from policy_support import CFG, absent, at, ckpt, exited, obs, run_mem, tick
 
-from tpuwatch.policy import Phase, backoff_delay, next_level
+from tpuwatch.policy import Phase, backoff_delay, next_level, restart_delay
 
 
 def test_doubles_then_caps() -> None:
@@ -26,6 +26,12 @@ def test_never_above_the_cap_nor_below_half_the_step(level: int, base: float, ex
     d = backoff_delay(level, base, cap, jitter)
     full = min(cap, base * 2.0 ** min(level - 1, 60))
     assert full / 2 <= d <= cap
+
+
+def test_the_first_restart_since_a_stable_run_is_at_once_then_the_backoff_doubles() -> None:
+    assert [restart_delay(n, 10.0, 80.0, jitter=0.999999) for n in range(1, 4)] == [0.0, *(
+        backoff_delay(n, 10.0, 80.0, jitter=0.999999) for n in range(1, 3))]
+    assert restart_delay(1, 10.0, 80.0, jitter=0.5) == 0.0
 
 
 def test_next_level_resets_after_a_stable_run() -> None:
@@ -51,11 +57,11 @@ def test_waits_grow_to_the_cap_and_reset_after_a_stable_run() -> None:
     mem: object = run_mem(start=0, step=0)
     now = 0.0
     waits = []
-    for _ in range(5):
+    for _ in range(6):
         mem, wait = _fail_and_relaunch(mem, now, ran=100.0)
         now = (mem.attempt_start - at(0)).total_seconds()  # type: ignore[attr-defined]
         waits.append(round(wait))
-    assert waits == [10, 20, 40, 80, 80]
+    assert waits == [0, 10, 20, 40, 80, 80]  # a lone crash is relaunched at once; a loop backs off
     mem, wait = _fail_and_relaunch(mem, now, ran=1000.0)  # ran stable_run: back to the first step
-    assert round(wait) == 10
+    assert wait == 0
     assert mem.backoff_level == 1  # type: ignore[attr-defined]

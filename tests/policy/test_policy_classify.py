@@ -153,7 +153,7 @@ def test_worker_unreachable_while_the_node_is_unhealthy() -> None:
 
 @pytest.mark.parametrize("code", [139, 1, 255, 3])
 def test_every_code_not_fail_fast_is_charged_the_same(code: int) -> None:
-    d = tick(obs(probes=exited({1: code}), checkpoint=ckpt(200), jitter=0.3), run_mem(), now=500)
+    d = tick(obs(probes=exited({1: code}), checkpoint=ckpt(200), jitter=0.3), run_mem(backoff_level=1), now=500)
     assert _ends_as(d) == ("failure", True, 1)
     assert d.memory.backoff_until == at(500 + 10 * 0.65)
 

@@ -242,8 +242,13 @@ def test_row_failure() -> None:
     assert kinds(d) == ["stop", "wait"]
     m = d.memory
     assert (m.phase, m.restarts, m.backoff_level) == (Phase.BACKOFF, 1, 1)
-    assert m.backoff_until == at(505)  # base 10s, jitter 0 -> half of it
+    assert m.backoff_until == at(500)  # the first charged restart since a stable run: at once
+    assert "relaunching now" in d.summary
     assert d.ended[0].charged and "exit code 139 (SIGSEGV)" in d.ended[0].reason
+    again = tick(obs(probes=exited({1: 139}, attempt=2), checkpoint=ckpt(150), jitter=0.0),
+                 run_mem(attempt=2, start=510, restarts=1, backoff_level=1), now=600)
+    assert (again.row, again.memory.restarts, again.memory.backoff_level) == ("failure", 2, 2)
+    assert again.memory.backoff_until == at(605)  # the second in a row: base 10s, jitter 0 -> half of it
 
 
 def test_row_failed_start() -> None:

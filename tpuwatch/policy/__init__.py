@@ -36,7 +36,7 @@ prints the actions instead of taking them (and records nothing). A create refuse
 `create_failure=exc.failure.kind`.
 """
 
-from tpuwatch.policy.backoff import backoff_delay, next_level
+from tpuwatch.policy.backoff import backoff_delay, next_level, restart_delay
 from tpuwatch.policy.classify import (
     OUTCOMES,
     AttemptFacts,
@@ -81,4 +81,5 @@ __all__ = [
     "ImpossibleObservation", "Launch", "MarkDone", "Memory", "NeedsPerson", "Observation", "Outcome",
     "Phase", "PolicyConfig", "Row", "StartMaintenance", "StopWorkers", "Verdict", "Wait", "action_dict", "backoff_delay",
     "classify", "decide", "describe_exit", "hang_limit", "next_level", "node_condition", "operation_started",
+    "restart_delay",
 ]

@@ -19,6 +19,16 @@ def backoff_delay(level: int, base: float, cap: float, jitter: float) -> float:
     return full * (0.5 + 0.5 * jitter)
 
 
+def restart_delay(level: int, base: float, cap: float, jitter: float) -> float:
+    """Seconds before charged restart number `level` since the last stable run: the first at once,
+    then `base`, doubling, capped.
+
+    A lone crash after a good run (a bad node, a transient fault) costs only the time to notice it;
+    a crash loop still backs off from its second restart on, and is still counted.
+    """
+    return backoff_delay(level - 1, base, cap, jitter)
+
+
 def next_level(level: int, ran_for: float, stable_run: float) -> int:
     """The backoff level after a charged end: back to 1 after a run of at least `stable_run`."""
     return 1 if ran_for >= stable_run else level + 1

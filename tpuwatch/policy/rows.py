@@ -46,7 +46,8 @@ ROWS: tuple[Row, ...] = (
     Row("early_refused", "the service refused to start it (UNIMPLEMENTED, FAILED_PRECONDITION)",
         "noted once; relaunch, and let the relay pass the last-minute notice to the job"),
     Row("failure", "a worker exits non-zero, node healthy, no disruption evidence",
-        "charged to max_restarts; stop all workers; capped exponential backoff with jitter, then relaunch"),
+        "charged to max_restarts; stop all workers; relaunch at once the first time since a stable run, "
+        "then after a capped exponential backoff with jitter"),
     Row("failed_start", "a worker exits non-zero before min_uptime",
         "a failed start: charged like a failure"),
     Row("fail_fast", "a worker exits with a code in fail_fast_exit_codes", "failed at once (exit 1)"),

@@ -25,7 +25,7 @@ from tpuwatch.model import (
     PrecheckReport,
     WorkerProbe,
 )
-from tpuwatch.policy.backoff import backoff_delay, next_level
+from tpuwatch.policy.backoff import backoff_delay, next_level, restart_delay
 from tpuwatch.policy.classify import (
     OUTCOMES,
     STOP_CODES,
@@ -418,11 +418,11 @@ class _Tick:
             return mem, why, self.fail(mem, "budget_spent", why, (reason,))
         ran = _secs(now - start)
         level = next_level(mem.backoff_level, ran, cfg.stable_run)
-        delay = backoff_delay(level, cfg.backoff_base, cfg.backoff_max, self.obs.jitter)
+        delay = restart_delay(level, cfg.backoff_base, cfg.backoff_max, self.obs.jitter)
         mem = move(mem, Phase.BACKOFF, restarts=mem.restarts + 1, backoff_level=level,
                    backoff_until=now + timedelta(seconds=delay))
-        return mem, (f"{reason}; charged (restart {mem.restarts} of {cfg.max_restarts}), "
-                     f"relaunching in {human(delay)}"), None
+        when = f"relaunching in {human(delay)}" if delay else "relaunching now (the first charged restart since a stable run)"
+        return mem, f"{reason}; charged (restart {mem.restarts} of {cfg.max_restarts}), {when}", None
 
     def confirm_end(self, mem: Memory, codes: dict[int, int | None]) -> Decision | None:
         """The first sight of an end that would be charged, when no worker exited with a code of
