@@ -51,12 +51,17 @@ def test_a_maintenance_notice_costs_no_finished_step_and_no_restart(
         assert sim.world.scheduler_errors == [] and sim.world.host_errors == []
 
 
+@pytest.mark.parametrize("poll", ["default", "8s"])
 def test_a_reschedulable_maintenance_starts_early_at_a_checkpoint_boundary(
-        sim: Simulator, tmp_path: Path) -> None:
+        sim: Simulator, tmp_path: Path, poll: str) -> None:
     # v6e 2x4 and larger (and any v4, v5p) may start maintenance by hand; the window opens in 7 simulated days
     # (about 17 min of real time), long after the job would have finished without it.
+    # With an 8 s poll the 1 s maintenance is over between two ticks: the node's health description
+    # (its maintenance time) is what says it went down and came back (the job trains long enough
+    # for the notice to be seen a poll late).
     sim.world.delays["simulated_maintenance_heal"] = 600.0  # 1 s at speed 600
-    job = Job(sim, tmp_path, steps=100, accelerator="v6e-16")
+    steps = 100 if poll == "default" else 600
+    job = Job(sim, tmp_path, steps=steps, accelerator="v6e-16", **({} if poll == "default" else {"poll_interval": poll}))
     proc = job.watch()
     job.wait(lambda: len(job.job_processes()) == 4, what="the trainer on every worker")
     job.wait(lambda: bool(job.steps_done()), what="a first checkpoint")
@@ -76,7 +81,7 @@ def test_a_reschedulable_maintenance_starts_early_at_a_checkpoint_boundary(
     kinds = [e["kind"] for e in hist["events"]]
     assert kinds.index("start_maintenance") < kinds.index("maintenance_started")  # journaled before the call
     assert sim.world.node("pod").upcoming is None  # done, before its window
-    assert not any(a["charged"] for a in hist["attempts"]) and job.steps_done()[-1] == 100
+    assert not any(a["charged"] for a in hist["attempts"]) and job.steps_done()[-1] == steps
 
 
 def test_a_refused_early_start_falls_back_to_the_notice_and_is_noted_once(

@@ -200,6 +200,13 @@ def test_row_early_start() -> None:
     down = tick(obs(node(health="UNHEALTHY_MAINTENANCE"), probes=None), down.memory, now=730)
     back = tick(obs(probes=absent(), checkpoint=ckpt(160)), down.memory, now=900)
     assert back.row == "launch" and back.memory.attempt_start_step == 160
+    # a maintenance shorter than a poll, over between two ticks: the node's maintenance time says so
+    done = replace(node(), maintenance_time=at(705))
+    quick = tick(obs(done, probes=absent(), checkpoint=ckpt(160)), m, now=730)
+    assert quick.row == "launch" and quick.memory.attempt_start_step == 160
+    # a maintenance event from before the attempt explains nothing: still held
+    old = replace(node(), maintenance_time=at(-5))
+    assert tick(obs(old, probes=absent(), checkpoint=ckpt(160)), m, now=730).row == "notice_hold"
 
 
 def test_early_start_at_the_margin_when_no_checkpoint_lands() -> None:

@@ -34,7 +34,8 @@ ROWS: tuple[Row, ...] = (
         "(the relay passed it to the job), whatever the exit codes, 0 included",
         "a disruption, never done and not charged; stop all workers; no launch on that node until it has gone "
         "down and come back (or 5 min)"),
-    Row("notice_hold", "no live attempt; the last one ended on a notice and the node has not gone down yet",
+    Row("notice_hold", "no live attempt; the last one ended on a notice and the node has not gone down yet "
+        "(nor reports a maintenance event since the attempt began)",
         "wait: the node is about to stop"),
     Row("early_wait", "every worker runs; the owned node announces maintenance that may start early "
         "(canReschedule, PENDING); maintenance.start_early",

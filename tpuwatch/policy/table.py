@@ -157,6 +157,14 @@ def boots_seen(node: NodeSnapshot | None, mem: Memory, now: datetime) -> Memory:
     return mem
 
 
+def _maintained_since(node: NodeSnapshot, since: datetime) -> bool:
+    """The node reports a maintenance event (its health description's time) after `since`.
+
+    A maintenance shorter than a poll goes down and comes back between two ticks; this is how
+    the node says it happened all the same."""
+    return node.maintenance_time is not None and node.maintenance_time > since
+
+
 def boot_time(node: NodeSnapshot, mem: Memory) -> datetime | None:
     """The node's latest boot known: its create time, its last maintenance, or a boot seen."""
     times = [t for t in (node.create_time, node.maintenance_time, mem.booted_at) if t is not None]
@@ -713,7 +721,7 @@ class _Tick:
                                                   "them before the next launch", StopWorkers("old attempt still running"))
         last = mem.last_end
         if (mem.notice_hold is not None and now < mem.notice_hold and last is not None
-                and last.node_id == node.id):
+                and last.node_id == node.id and not _maintained_since(node, last.start)):
             return self.out(mem, "notice_hold", f"attempt {last.attempt} ended on a maintenance or preemption notice: "
                                                 f"node {node.name} is about to stop; not launching there until it "
                                                 f"has gone down and come back, or {human(_secs(mem.notice_hold - now))}",
