@@ -27,7 +27,8 @@ every worker, started by `tpuwatch watch` itself):
 5. pods of --pod-sizes workers (4, 32, 128, 256: v5p-32 to v5p-2048), each running a job that
    costs nothing (`exec sleep`), watched by the loop of `watch` without its view (tick, then
    Pacer.wait, which holds one follow channel per worker) in a process of its own: per steady
-   tick its wall time, SSH handshakes and channels (counted by the simulated workers), CPU (the
+   tick its wall time, SSH handshakes and channels (counted by the simulated workers), probes
+   answered on a follow channel instead of over a channel of their own, CPU (the
    watcher, its reaped ssh clients, and its live master connections and follow channels) and TPU
    calls; then a maintenance that heals, and the time from the node READY again to the relaunch
    and to a probe finding every worker running. `--pods-only` runs just this part.
@@ -417,8 +418,12 @@ def pod_driver(cfg: str) -> int:
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    from tpuwatch.workers import SshWorkers
+
     job = load_job(cfg)
     ports = real_ports(job)
+    workers = ports.workers
+    assert isinstance(workers, SshWorkers)
     poll = float(job.cfg.recovery["poll_interval"])
     try:
         with Journal.open(job.cfg.state_dir, job.name, job.pcfg.tpu_name) as journal:
@@ -433,6 +438,7 @@ def pod_driver(cfg: str) -> int:
                 running = sum(1 for p in report.probes or () if p.state == "running")
                 print(json.dumps({"t": time.time(), "wall": wall, "row": report.decision.row,
                                   "attempt": report.memory.attempt, "running": running,
+                                  "on_channel": workers.ends.answered,
                                   "own": me.ru_utime + me.ru_stime, "kids": kids.ru_utime + kids.ru_stime}),
                       flush=True)
                 if not stop.is_set():
@@ -579,6 +585,7 @@ def pod(b: Bench, a: argparse.Namespace, n: int) -> dict[str, Any]:
             "ticks": ticks, "rows": rows,
             "tick_wall_median": statistics.median(walls), "tick_wall_max": max(walls),
             "handshakes_per_tick": (c1[0] - c0[0]) / ticks, "channels_per_tick": (c1[1] - c0[1]) / ticks,
+            "probes_on_channels_per_tick": (hi["on_channel"] - lo["on_channel"]) / ticks,
             "cpu_per_tick": (own + kids + live) / ticks,
             "cpu_own_per_tick": own / ticks, "cpu_ssh_per_tick": (kids + live) / ticks,
             "cpu_per_worker_per_tick": (own + kids + live) / ticks / n,
@@ -610,15 +617,16 @@ def render_pods(rows: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     lines = ["", "pods: one steady job on every worker (ssh.multiplex on, follow channels held)",
-             f"{'workers':>7} {'tick wall':>10} {'(max)':>7} {'handshakes':>10} {'channels':>8} {'CPU/tick':>9} "
+             f"{'workers':>7} {'tick wall':>10} {'(max)':>7} {'handshakes':>10} {'channels':>8} {'on chan.':>8} {'CPU/tick':>9} "
              f"{'(ssh)':>7} {'CPU/worker':>10} {'TPU calls':>9} {'heal->relaunch':>14} {'heal->all running':>17}"]
     for p in rows:
         lines.append(
             f"{p['workers']:>7} {p['tick_wall_median']:>9.2f}s {p['tick_wall_max']:>6.2f}s {p['handshakes_per_tick']:>10.2f} "
-            f"{p['channels_per_tick']:>8.1f} {p['cpu_per_tick'] * 1000:>7.0f}ms {p['cpu_ssh_per_tick'] * 1000:>5.0f}ms "
+            f"{p['channels_per_tick']:>8.1f} {p.get('probes_on_channels_per_tick', 0):>8.1f} {p['cpu_per_tick'] * 1000:>7.0f}ms {p['cpu_ssh_per_tick'] * 1000:>5.0f}ms "
             f"{p['cpu_per_worker_per_tick'] * 1000:>8.2f}ms {p['tpu_calls_per_tick']:>9.2f} {p['heal_to_relaunch']:>13.2f}s "
             f"{p['heal_to_all_running']:>16.2f}s")
-    lines.append("(per tick, medians of the steady ticks; CPU = the watcher, its ssh clients and its master connections)")
+    lines.append("(per tick, medians of the steady ticks; on chan. = probes answered on a follow channel; "
+                 "CPU = the watcher, its ssh clients and its master connections)")
     return lines
 
 

@@ -81,9 +81,10 @@ def test_one_worker_unreachable_while_the_api_says_healthy(sim: Simulator, tmp_p
 
 
 def test_connections_reset_mid_command_never_start_a_second_copy(sim: Simulator, tmp_path: Path) -> None:
-    """For 4 s, SSH sessions to worker 1 now and then run their command but lose the connection
-    before the exit status (ssh exit 255), as a flapping network does: probes, stops and
-    launches run on the worker while tpuwatch hears nothing back, and retries them."""
+    """For 4 s, the network to worker 1 flaps: now and then its open connections drop (the
+    follow channel, which would carry the probe, with them), and SSH sessions run their command
+    but lose the connection before the exit status (ssh exit 255): probes, stops and launches
+    run on the worker while tpuwatch hears nothing back, and retries them."""
     job = Watched(sim, tmp_path, "pod", seed=8, steps=250)
     key = sim.node_key("pod")
     worker = sim.hosts._worker(key, 1)  # to see whether an armed reset was used
@@ -93,6 +94,7 @@ def test_connections_reset_mid_command_never_start_a_second_copy(sim: Simulator,
     def flap() -> None:
         nonlocal fired
         while not stop.is_set():
+            sim.hosts.ssh_fault(key, 1, "drop")
             if worker.reset is None:
                 sim.hosts.reset_connections(key, 1, None)
                 fired += 1

@@ -254,12 +254,20 @@ def test_tpuwatch_gcloud_transport_launch_probe_stop_on_all_workers(
     probes = workers.probe(node)
     assert [(p.state, p.attempt) for p in probes] == [("running", 1), ("running", 1)], probes
     assert [p.pid for p in probes] == [r.pid for r in launched]
+    # the follow channels gcloud's login opened carry the next probe: no new channel
+    workers.follow_ends(node, 1, [0, 1], lambda: None)
+    wait_for(lambda: all((c := workers.ends._open.get(i)) is not None and c.stream._writable for i in (0, 1)),
+             30, "the follow channels")
+    sessions = [sim.hosts.sessions(key, i) for i in (0, 1)]
+    assert workers.probe(node) == probes
+    assert [sim.hosts.sessions(key, i) for i in (0, 1)] == sessions and workers.ends.answered == 2
 
     stopped = workers.stop(node)
     assert all(s.ok and s.stopped for s in stopped), stopped
     assert [len(job_pids(sim, "pod", i, "sleep 300")) for i in range(2)] == [0, 0]
     probes = workers.probe(node)
     assert [(p.state, p.attempt, p.exit_code) for p in probes] == [("exited", 1, 143)] * 2, probes
+    workers.close()
     assert transport.prepare_calls == 1  # gcloud ran once for the node; OpenSSH did the rest
 
 

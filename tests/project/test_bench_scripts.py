@@ -72,10 +72,12 @@ def test_bench_overhead_measures_start_up_memory_and_api_calls(tmp_path: Path) -
     assert status["nodes"] == 5 and status["shown"] == 5
     assert status["calls_per_run"] == {"ListNodes": 1, "ListLogEntries": 1}
     assert doc["zone"]["watchers"]["ticks"] >= 1
-    # a pod of 2 workers: a steady tick is one channel per worker on its open connection, one node get
+    # a pod of 2 workers: a steady tick's probes ride the follow channels (no handshake, no new
+    # channel), one node get
     pod = doc["pods"][0]
     assert pod["workers"] == 2 and pod["rows"] == ["running"], pod
-    assert pod["handshakes_per_tick"] == 0 and pod["channels_per_tick"] == 2 and pod["tpu_calls_per_tick"] == 1
+    assert pod["handshakes_per_tick"] == 0 and pod["channels_per_tick"] == 0 and pod["tpu_calls_per_tick"] == 1
+    assert pod["probes_on_channels_per_tick"] == 2
     assert 0 < pod["heal_to_relaunch"] <= pod["heal_to_all_running"]
 
 

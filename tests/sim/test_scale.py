@@ -12,10 +12,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from e2e_helpers import write_config
+from e2e_helpers import wait_for, write_config
 
 from tpuwatch.cloud.tpu import TpuAdapter
 from tpuwatch.journal import Journal
+from tpuwatch.loop import Pacer
 from tpuwatch.sim.simulator import Simulator
 from tpuwatch.tick import Flags, Reconciler
 from tpuwatch.wiring import load_job, real_ports
@@ -114,3 +115,54 @@ def test_a_ticks_cost_per_worker_does_not_grow_with_the_node(sim: Simulator, tmp
 
     assert tpu(big) == tpu(small) == {"GetNode": 1}, (small, big)
     assert big.get("ListLogEntries", 0) <= 1 and small.get("ListLogEntries", 0) <= 1
+
+
+@pytest.mark.slow
+def test_a_steady_tick_with_the_follow_channels_held_opens_no_channel_and_runs_no_ssh(
+        sim: Simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop of `watch` (Reconciler, then Pacer.wait holding a follow channel per worker):
+    once the job runs, a tick's probe is carried on those channels, and it says what a probe
+    over SSH says."""
+    name, n = "held", 16
+    sim.create_node(name, "v5p-128", labels={"tpuwatch-job": name})
+    cfg = write_config(tmp_path / "tpuwatch.toml", sim, "exec sleep 600", tmp_path / "ck", tpu={"name": name})
+    cfg.write_text(cfg.read_text().replace('name = "pod"\n', "", 1) + "[precheck]\nenabled = false\n")
+    monkeypatch.setenv("TPUWATCH_STATE_DIR", str(tmp_path / "state"))
+    runs = tmp_path / "ssh-runs"
+    runs.write_text("")
+    counting = tmp_path / "ssh-counted"  # the real ssh, each run counted
+    counting.write_text(f"#!/bin/sh\necho x >> '{runs}'\nexec /usr/bin/ssh \"$@\"\n")
+    counting.chmod(0o755)
+    job = load_job(cfg)
+    ports = real_ports(job)
+    workers = ports.workers
+    assert isinstance(workers, SshWorkers) and isinstance(workers.transport, OpenSsh)
+    workers.transport.binary = str(counting)
+    pacer = Pacer(ports, 3600)
+    try:
+        with Journal.open(job.cfg.state_dir, job.name, job.pcfg.tpu_name) as journal:
+            rec = Reconciler(job.cfg, job.pcfg, ports, journal, Flags())
+            for _ in range(30):  # launch, then ticks until every worker runs it
+                report = rec.tick()
+                if report.probes and all(p.state == "running" for p in report.probes):
+                    break
+                pacer.wait(report, 0.2)
+            assert report.probes and all(p.state == "running" for p in report.probes), report.probes
+            pacer.wait(report, 0)  # holds the channels, as the wait after a steady tick does
+            wait_for(lambda: workers.ends.opened == n and all(
+                c is not None and c.stream._writable for c in workers.ends._open.values()), 60, "the channels")
+            c0, r0, a0 = counters(sim, name, n), len(runs.read_text().splitlines()), workers.ends.answered
+            for _ in range(2):
+                report = rec.tick()
+                pacer.wait(report, 0)
+            c1, r1 = counters(sim, name, n), len(runs.read_text().splitlines())
+            steady = report.probes
+            assert steady is not None and len(steady) == n
+            assert (c1[0] - c0[0], c1[1] - c0[1], r1 - r0) == (0, 0, 0)  # handshakes, channels, ssh processes
+            assert workers.ends.answered - a0 == 2 * n
+            workers.unfollow()
+            assert report.node is not None
+            assert tuple(workers.probe(report.node)) == tuple(steady)  # over ssh: the same answers
+            assert len(runs.read_text().splitlines()) == r1 + n
+    finally:
+        workers.close()

@@ -9,6 +9,7 @@ import contextlib
 import itertools
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from e2e_helpers import wait_for
 
 from tpuwatch.config import load_config
 from tpuwatch.errors import ConfigError
-from tpuwatch.model import Login, NodeSnapshot, WorkerEndpoint
+from tpuwatch.model import Login, NodeSnapshot, WorkerEndpoint, WorkerProbe
 from tpuwatch.sim.hosts import Hosts
 from tpuwatch.workers import OpenSsh, SshWorkers
 from tpuwatch.workers import mux as muxmod
@@ -249,8 +250,9 @@ def test_a_dropped_follow_channel_is_not_an_end(cluster: Cluster) -> None:
     ended = threading.Event()
     w.follow_ends(cluster.node, 1, [0], ended.set)
     wait_for(lambda: w.ends.opened == 1 and w.ends._open.get(0) is not None, 20, "the follow channel")
+    wait_for(lambda: cluster.hosts.sessions(cluster.key, 0) == 2, 20, "the follow channel's session")  # after the launch's
     # every connection to worker 0 dropped (its master too): the job itself runs on
-    cluster.hosts.reset_connections(cluster.key, 0, after_bytes=0)
+    cluster.hosts.ssh_fault(cluster.key, 0, "drop")
     wait_for(lambda: w.ends.opened >= 2, 30, "the channel to be opened again")
     assert not ended.is_set()
     assert [p.state for p in w.probe(cluster.node)][0] == "running"  # the probe is the truth
@@ -310,3 +312,168 @@ def test_a_launch_outlives_the_watcher_killed_while_it_runs(cluster: Cluster) ->
     probe = w.probe(cluster.node)[0]
     assert (probe.attempt, probe.state) == (2, "running"), probe
     w.close()
+
+
+# ---- probes carried on the follow channels ----------------------------------------------------
+
+
+def _counting_ssh(tmp: Path) -> tuple[Path, Path]:
+    """The real ssh behind a script that counts its runs: (the script, the count file)."""
+    count = tmp / "ssh-runs"
+    count.write_text("")
+    script = tmp / "ssh-counted"
+    script.write_text(f"#!/bin/sh\necho x >> {shlex.quote(str(count))}\nexec {SSH} \"$@\"\n")
+    script.chmod(0o755)
+    return script, count
+
+
+def _runs(count: Path) -> int:
+    return len(count.read_text().splitlines())
+
+
+def _channel(cluster: Cluster, w: int) -> dict[str, int]:
+    """Worker w's follow channel on the worker (remote.sh `wait`): its shell, and the helpers
+    its subshell runs, the cat of its stdin and the flock waiting on the job lock."""
+    found: dict[str, int] = {}
+    shells: dict[int, int] = {}  # pid -> parent
+    for pid in cluster.hosts.pids(cluster.key, w):
+        with contextlib.suppress(OSError):
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if cmd == b"bash\x00-s\x00":
+                shells[pid] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            elif cmd == b"cat\x00":
+                found["cat"] = pid
+            elif cmd.startswith(b"flock\x00-s\x00-o\x00"):
+                found["flock"] = pid
+    for pid, parent in shells.items():
+        found["subshell" if parent in shells else "shell"] = pid
+    return found
+
+
+def _channels_up(cluster: Cluster, w: SshWorkers, workers: list[int]) -> None:
+    """Wait until each worker's channel answers requests: its shell, cat and flock run."""
+    wait_for(lambda: all(len(_channel(cluster, i)) == 4 for i in workers), 30, "the follow channels")
+    wait_for(lambda: all((c := w.ends._open.get(i)) is not None and c.stream._writable for i in workers),
+             30, "the channels' stdin")
+
+
+def _io(pid: int, what: str) -> int:
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith(what + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {what} in /proc/{pid}/io")
+
+
+@pytest.mark.parametrize("multiplex", [True, False])
+def test_a_probe_rides_the_open_follow_channels_and_equals_an_ssh_probe(
+        cluster: Cluster, tmp_path: Path, multiplex: bool) -> None:
+    ssh, runs = _counting_ssh(tmp_path)
+    w = cluster.make("sleep 300", binary=str(ssh), multiplex=multiplex)
+    # a local checkpoint_dir is listed by the first worker's probe, on its channel too
+    ck = cluster.hosts.host_root(cluster.key, 0) / "ck"
+    (ck / "checkpoints" / "100").mkdir(parents=True)
+    (ck / "checkpoints" / "100" / "metadata.json").write_text('{"step": 100}')
+    listings: list[str] = []
+    w.checkpoint_dir = "/ck"
+    w.on_listing = lambda node, listing: listings.append(listing)
+    try:
+        assert all(r.started for r in w.launch(cluster.node, 1, None))
+        assert w.follow_ends(cluster.node, 1, [0, 1], lambda: None)
+        _channels_up(cluster, w, [0, 1])
+        before = ([cluster.hosts.accepted(cluster.key, i) for i in (0, 1)],
+                  [cluster.hosts.sessions(cluster.key, i) for i in (0, 1)], _runs(runs))
+        on_channel = w.probe(cluster.node)
+        # no handshake, no channel, no ssh process: both answered on the channels they had
+        assert ([cluster.hosts.accepted(cluster.key, i) for i in (0, 1)],
+                [cluster.hosts.sessions(cluster.key, i) for i in (0, 1)], _runs(runs)) == before
+        assert w.ends.answered == 2 and w.ends.rejected == 0
+        w.unfollow()
+        over_ssh = w.probe(cluster.node)
+        assert _runs(runs) == before[2] + 2
+        assert on_channel == over_ssh
+        assert [(p.state, p.attempt) for p in on_channel] == [("running", 1), ("running", 1)]
+        assert len(listings) == 2 and listings[0] == listings[1] and '"checkpoints/100"' in listings[0]
+    finally:
+        w.close()
+
+
+def test_a_channel_that_dies_or_stops_answering_leaves_its_worker_to_ssh(cluster: Cluster) -> None:
+    w = cluster.workers
+    w.ends.answer_wait = 2.0
+    assert all(r.started for r in w.launch(cluster.node, 1, None))
+    w.follow_ends(cluster.node, 1, [0, 1], lambda: None)
+    _channels_up(cluster, w, [0, 1])
+    sessions = [cluster.hosts.sessions(cluster.key, i) for i in (0, 1)]
+    assert [p.state for p in w.probe(cluster.node)] == ["running", "running"]
+    assert [cluster.hosts.sessions(cluster.key, i) for i in (0, 1)] == sessions  # on the channels
+    dead, stuck = _channel(cluster, 0)["shell"], _channel(cluster, 1)["shell"]
+    os.kill(dead, signal.SIGKILL)
+    os.kill(stuck, signal.SIGSTOP)
+    try:
+        probes = w.probe(cluster.node)
+        assert [(p.state, p.attempt) for p in probes] == [("running", 1), ("running", 1)], probes
+        assert w.ends.answered == 2  # the first probe's two; these came over ssh
+        assert cluster.hosts.sessions(cluster.key, 1) == sessions[1] + 1
+    finally:
+        os.kill(stuck, signal.SIGCONT)
+    # its late answer to that request is not trusted
+    wait_for(lambda: w.ends.rejected == 1, 30, f"the late answer {w.ends.rejected} {w.ends._open} {_channel(cluster, 1)}")
+    assert w.ends.answered == 2
+
+
+def test_an_end_during_a_probe_request_is_answered_and_still_reported_as_an_end(cluster: Cluster) -> None:
+    w = cluster.workers
+    w.ends.poll = 3600  # only the request and the lock can wake the channel's shell
+    assert all(r.started for r in w.launch(cluster.node, 1, None))
+    ended = threading.Event()
+    w.follow_ends(cluster.node, 1, [0], ended.set)
+    _channels_up(cluster, w, [0])
+    chan = _channel(cluster, 0)
+    sessions = cluster.hosts.sessions(cluster.key, 0)
+    os.kill(chan["shell"], signal.SIGSTOP)  # the request waits in its pipe
+    out: list[list[WorkerProbe]] = []
+    try:
+        relayed = _io(chan["cat"], "wchar")
+        asking = threading.Thread(target=lambda: out.append(w.probe(cluster.node)))
+        asking.start()
+        wait_for(lambda: _io(chan["cat"], "wchar") > relayed, 30, "the request to reach the shell's pipe")
+        # the attempt ends on worker 0 after the request arrived: its end is queued behind it
+        for pid in cluster.job_pids(0, needle=b"sleep\x00300"):
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not _channel(cluster, 0).get("flock"), 30, "the lock to be free")
+    finally:
+        os.kill(chan["shell"], signal.SIGCONT)
+    asking.join(60)
+    probes = out[0]
+    assert (probes[0].state, probes[0].exit_code) == ("exited", 137), probes[0]  # the truth, on the channel
+    assert w.ends.answered == 1 and cluster.hosts.sessions(cluster.key, 0) == sessions
+    assert ended.wait(30), "the end was not reported after the answer"
+    assert w.ends.held() == []  # worker 0's end was taken: it is not followed again for attempt 1
+
+
+def test_a_garbled_or_foreign_answer_on_a_channel_is_not_trusted(cluster: Cluster) -> None:
+    w = cluster.workers
+    w.ends.answer_wait = 60.0  # the garbled answer ends the wait, not the clock
+    assert all(r.started for r in w.launch(cluster.node, 1, None))
+    w.follow_ends(cluster.node, 1, [0], lambda: None)
+    _channels_up(cluster, w, [0])
+    shell = _channel(cluster, 0)["shell"]
+    os.kill(shell, signal.SIGSTOP)  # only forged answers come back
+    out: list[list[WorkerProbe]] = []
+    try:
+        asking = threading.Thread(target=lambda: out.append(w.probe(cluster.node)))
+        asking.start()
+        wait_for(lambda: bool(w.ends._requests), 30, "the request")
+        seq = w.ends._seq
+        # written to the channel's stdout on the worker, as if the shell had said it: another
+        # request's answer (a lie), then this request's number around a garbled probe
+        with open(f"/proc/{shell}/fd/1", "w") as stdout:
+            stdout.write(f"@tpuwatch probe_begin={seq + 7}\n@tpuwatch result=ok\n@tpuwatch state=exited\n"
+                         f"@tpuwatch exit_code=3\n@tpuwatch probe_end={seq + 7}\n"
+                         f"@tpuwatch probe_begin={seq}\n@tpuwatch state=exited\n@tpuwatch probe_end={seq}\n")
+        asking.join(60)
+    finally:
+        os.kill(shell, signal.SIGCONT)
+    probes = out[0]
+    assert [(p.state, p.exit_code) for p in probes] == [("running", None), ("running", None)], probes  # over ssh
+    assert (w.ends.answered, w.ends.rejected) == (0, 2)

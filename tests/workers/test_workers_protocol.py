@@ -175,3 +175,17 @@ def test_answers_are_read_from_marked_lines_only() -> None:
                                    "libtpu_lockfile": "removed"})
     assert (stop.ok, stop.stopped, stop.leftover) == (False, (1, 2), (2,))
     assert protocol.parse_follow_end("x\n@tpuwatch result=ok\n@tpuwatch exit_code=0\n").exit_code == 0
+
+
+def test_a_wait_channels_output_is_split_into_framed_answers_and_the_rest() -> None:
+    r = protocol.WaitReader()
+    assert r.feed(b"\n@tpuwatch probe_begin=4\n@tpuwatch result=ok\n@tpuwatch sta") == []
+    assert r.feed(b"te=running\n@tpuwatch probe_end=4\n") == [("4", "@tpuwatch result=ok\n@tpuwatch state=running")]
+    # a frame another begins before it ends is torn: dropped, never read as a whole answer
+    assert r.feed(b"@tpuwatch probe_begin=5\n@tpuwatch result=ok\n@tpuwatch probe_begin=6\n"
+                  b"@tpuwatch state=absent\n@tpuwatch probe_end=5\n@tpuwatch result=ok\n") == []
+    assert r.feed(b"@tpuwatch probe_begin=7\n@tpuwatch probe_end=7\n@tpuwatch result=ok\n@tpuwatch exit_code=3\n") == [("7", "")]
+    # the wait's own answer is what lies outside the frames
+    assert r.rest == ["@tpuwatch result=ok", "@tpuwatch result=ok", "@tpuwatch exit_code=3"]
+    assert (r.wait_answer().result, r.wait_answer().exit_code) == ("ok", 3)
+    assert protocol.probe_request(12, True) == b"probe 12 1\n" and protocol.probe_request(3) == b"probe 3 0\n"

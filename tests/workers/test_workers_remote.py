@@ -363,3 +363,61 @@ def test_without_a_metadata_server_the_relay_ends_and_the_job_runs_on(worker: Wo
     wait_for(lambda: "maintenance notices are not relayed" in log.read_text(), what="the relay's note")
     wait_for(lambda: worker.pids(b"\0tpuwatch-relay\0") == [], what="the relay to end")
     assert worker.probe()["state"] == "running"
+
+
+def test_wait_answers_probe_requests_on_its_stdin_and_ends_with_it(worker: Worker) -> None:
+    """remote.sh `wait` with its stdin kept open, as a follow channel holds it: each request
+    line is answered by the probe, framed by its number (the listing only when asked), the
+    attempt's end still comes at once, and a closed stdin ends the shell and its helpers."""
+    assert worker.launch(1, "sleep 300")["result"] == "launched"
+    ck = worker.root / "ck"
+    ck.mkdir()
+    (ck / "step_5").mkdir()
+    script = protocol.wait_script(JOB, 1, poll=3600, checkpoint_dir="/ck")  # no timed wake-ups
+    shell = subprocess.Popen(["/bin/bash", "-s"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, env=worker.env)
+    assert shell.stdin is not None and shell.stdout is not None
+    reader = protocol.WaitReader()
+
+    def ask(seq: int, listing: bool) -> dict[str, str]:
+        assert shell.stdin is not None and shell.stdout is not None
+        shell.stdin.write(protocol.probe_request(seq, listing))
+        shell.stdin.flush()
+        while True:
+            done = reader.feed(shell.stdout.readline())
+            if done:
+                assert [s for s, _ in done] == [str(seq)]
+                return protocol.parse_records(done[0][1])
+
+    try:
+        shell.stdin.write(script)
+        shell.stdin.flush()
+        plain = ask(41, False)
+        assert (plain["state"], plain["attempt"]) == ("running", "1") and "ckpt_listing" not in plain
+        assert plain == worker.probe()  # what the probe over its own connection says
+        listed = ask(42, True)
+        assert '"step_5"' in listed["ckpt_listing"]
+        assert reader.rest == []  # nothing but answers while the attempt runs
+        helpers = worker.pids(b"cat\x00") + worker.pids(b"flock\x00-s\x00-o")
+        assert len(helpers) == 2
+        shell.stdin.close()  # the channel closes: sshd closes the shell's stdin
+        assert shell.wait(30) == 0
+        wait_for(lambda: not any(alive(p) for p in helpers), what="the helpers to end")
+        assert reader.rest == []  # a closed channel is not an end
+    finally:
+        shell.kill()
+    # and its end is noticed the moment it happens, on the lock, not at the poll
+    shell = subprocess.Popen(["/bin/bash", "-s"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, env=worker.env)
+    assert shell.stdin is not None and shell.stdout is not None
+    shell.stdin.write(script)
+    shell.stdin.flush()
+    try:
+        wait_for(lambda: len(worker.pids(b"flock\x00-s\x00-o")) == 1, what="the lock's helper")
+        for pid in worker.pids(b"sleep\x00300"):
+            os.kill(pid, signal.SIGKILL)
+        out = shell.stdout.read()  # ends well before the hour's poll
+        assert protocol.parse_wait(out.decode()).exit_code == 137
+        assert shell.wait(30) == 0
+    finally:
+        shell.kill()

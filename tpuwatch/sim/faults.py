@@ -129,16 +129,17 @@ FAULTS: dict[str, Fault] = {
         ),
         Fault(
             "ssh",
-            "One worker's SSH server refuses, or accepts and never answers (hang); the API says healthy.",
+            "One worker's SSH server refuses, accepts and never answers (hang), or drops its open connections; "
+            "the API says healthy.",
             (
                 _NODE,
                 Param("worker", "int", "worker index", default=0),
                 Param(
                     "mode",
                     "choice",
-                    "refuse, hang, or serve (end the fault)",
+                    "refuse, hang, serve (end the fault), or drop (cut the open connections now, serve new ones)",
                     default="HANG",
-                    choices=("REFUSE", "HANG", "SERVE"),
+                    choices=("REFUSE", "HANG", "SERVE", "DROP"),
                 ),
                 *_WHERE,
             ),

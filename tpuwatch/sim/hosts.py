@@ -265,11 +265,16 @@ class Hosts:
 
         "refuse": nothing listens (connection refused); "hang": connections are accepted and
         never answered, not even with the SSH banner; "serve": back to normal (new connections
-        only). A host going down and up (maintenance, recreate) ends the fault.
+        only); "drop": every open connection is cut now (a network blip: the commands' pipes
+        close, as when a client drops) and new ones are served. A host going down and up
+        (maintenance, recreate) ends the fault.
         """
-        if mode not in ("refuse", "hang", "serve"):
-            raise UsageError(f"ssh fault mode {mode!r}: use refuse, hang or serve")
+        if mode not in ("refuse", "hang", "serve", "drop"):
+            raise UsageError(f"ssh fault mode {mode!r}: use refuse, hang, serve or drop")
         w = self._worker(node_key, worker)
+        if mode == "drop":
+            self._call(lambda: self._drop(w))
+            return
         self._call(lambda: self._ssh_fault(w, "" if mode == "serve" else mode))
 
     def set_user(self, user: str) -> None:
@@ -499,6 +504,10 @@ class Hosts:
                 w.held.append(writer)  # kept open and silent until the fault ends
 
             w.blackhole = await asyncio.start_server(hold, w.ip, self.ssh_port, reuse_address=True)
+
+    async def _drop(self, w: _Worker) -> None:
+        for conn in list(w.conns):
+            conn.abort()
 
     async def _close_blackhole(self, w: _Worker) -> None:
         server, w.blackhole = w.blackhole, None

@@ -1506,7 +1506,8 @@ class World:
         zone: str | None = None,
     ) -> None:
         """One worker's SSH server refuses connections, or accepts and never answers ("hang"),
-        or serves again ("serve"); the API keeps saying READY/HEALTHY."""
+        or serves again ("serve"), or cuts its open connections ("drop"); the API keeps saying
+        READY/HEALTHY."""
         with self._lock:
             rec = self._fault_node(node, project, zone)
             if not 0 <= worker < rec.n_workers:

@@ -172,10 +172,20 @@ class SshWorkers:
 
     # -- ports.Workers ----------------------------------------------------------------------
     def probe(self, node: NodeSnapshot) -> list[WorkerProbe]:
-        """running / exited(code) / absent / unreachable for every selected worker."""
+        """running / exited(code) / absent / unreachable for every selected worker.
+
+        A worker whose follow channel is open is asked on it (ends.py: no new channel, no ssh
+        process); every other worker, and one whose channel does not answer this request in
+        time or answers it garbled, over SSH as always.
+        """
         workers = self.endpoints(node)
-        results = self._run(node, workers, self.probe_stdin(workers))
-        return self.probes_of(node, results)
+        first = min((w.index for w in workers), default=None)
+        held = self.ends.ask(node, [w.index for w in workers], first if self.checkpoint_dir else None,
+                             self.checkpoint_dir)
+        rest = [w for w in workers if w.index not in held]
+        results = self._run(node, rest, self.probe_stdin(workers)) if rest else []
+        by_worker = {**held, **{r.worker: _probe_of(r) for r in results}}
+        return self._listed(node, [by_worker[w.index] for w in workers])
 
     def probe_stdin(self, workers: Sequence[WorkerEndpoint]) -> Callable[[WorkerEndpoint], bytes]:
         """The probe script per worker: the first one also lists a local checkpoint_dir."""
@@ -188,7 +198,9 @@ class SshWorkers:
 
     def probes_of(self, node: NodeSnapshot, results: Sequence[SshResult]) -> list[WorkerProbe]:
         """The probe answers; a checkpoint listing among them goes to `on_listing`."""
-        probes = [_probe_of(r) for r in results]
+        return self._listed(node, [_probe_of(r) for r in results])
+
+    def _listed(self, node: NodeSnapshot, probes: list[WorkerProbe]) -> list[WorkerProbe]:
         for p in probes:
             if p.checkpoint_listing and self.on_listing is not None:
                 self.on_listing(node, p.checkpoint_listing)
@@ -265,7 +277,7 @@ class SshWorkers:
         """Hold one follow channel per worker of `workers` while `attempt` runs (ends.py):
         `wake()` the moment one of them ends. True: the caller may wait for it."""
         eps = [w for w in self.endpoints(node) if w.index in set(workers)]
-        self.ends.hold(node, attempt, eps, wake)
+        self.ends.hold(node, attempt, eps, wake, self.checkpoint_dir)
         return True
 
     def unfollow(self) -> None:

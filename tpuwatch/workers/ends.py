@@ -1,4 +1,5 @@
-"""Crashes noticed at once: one follow channel per worker while an attempt runs.
+"""Crashes noticed at once, and probes without a new channel: one follow channel per worker
+while an attempt runs.
 
 Each channel runs remote.sh's `wait` (protocol.wait_script): it blocks on the job lock on the
 worker and answers the moment that worker's attempt ends (an exit code, killed, or replaced).
@@ -10,48 +11,89 @@ A channel that drops without an answer is not a crash: it is opened again (a few
 second apart, and again on the next `hold`), and the tick's probe stays the truth. Only ends
 of the attempt held now wake; a worker that has answered is not asked again for that attempt,
 so a worker that ended cannot wake the loop twice.
+
+The channel's stdin stays open, and `ask` carries a tick's probe on it: a request line with a
+number, answered by the same probe code an SSH probe runs, framed by that number. Only the
+answer to this request is used, and only a well-formed one; a worker whose channel is not
+open, ends, or does not answer within `answer_wait` is left to the caller to probe over SSH.
 This module knows nothing of the policy: the caller says which attempt and which workers.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
-from tpuwatch.model import NodeSnapshot, WorkerEndpoint
+from tpuwatch.model import NodeSnapshot, WorkerEndpoint, WorkerProbe
 from tpuwatch.workers import protocol
 from tpuwatch.workers.ssh import Stream, Transport
 
 POLL = 1.0  # seconds between the worker-side script's exit-code reads while the lock is held
 REOPEN_AFTER = 1.0  # seconds before a dropped channel is opened again
 REOPEN_TRIES = 3  # times a dropped channel is opened again before the next hold
+ANSWER_WAIT = 5.0  # seconds a probe waits for the channels' answers before the caller asks over SSH
 ENDED = ("ok", "gone", "replaced")
+
+
+@dataclass(eq=False)
+class _Channel:
+    """One worker's open follow channel."""
+
+    stream: Stream
+    checkpoint_dir: str  # what its probe requests list (the preamble's, fixed when it opened)
+    reader: protocol.WaitReader = field(default_factory=protocol.WaitReader)
+    ended: bool = False
+
+
+@dataclass(eq=False)
+class _Request:
+    """One `ask`: the workers still to answer it, and the answers trusted so far."""
+
+    waiting: set[int]
+    answers: dict[int, WorkerProbe] = field(default_factory=dict)
+
+
+def _node_key(node: NodeSnapshot) -> str:
+    return node.id or f"{node.zone}/{node.name}"
 
 
 class AttemptEnds:
     """The follow channels of one job's workers, for one (node incarnation, attempt) at a time."""
 
-    def __init__(self, transport: Transport, job: str, poll: float = POLL) -> None:
+    def __init__(self, transport: Transport, job: str, poll: float = POLL,
+                 answer_wait: float = ANSWER_WAIT) -> None:
         self.transport = transport
         self.job = job
         self.poll = poll
+        self.answer_wait = answer_wait
         self.opened = 0  # channels opened so far (tests, benchmarks)
+        self.answered = 0  # probes answered on a channel (tests, benchmarks)
+        self.rejected = 0  # answers not trusted: another request's, or garbled (tests)
         self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._key: tuple[str, int] | None = None
-        self._open: dict[int, Stream | None] = {}  # worker -> its channel (None while it starts)
+        self._checkpoint_dir = ""
+        self._open: dict[int, _Channel | None] = {}  # worker -> its channel (None while it starts)
         self._answered: set[int] = set()  # workers whose attempt ended, for this key
         self._gen = 0  # counts closes: a channel's thread of an older generation stops
         self._closed = threading.Event()  # wakes the reopen waits of older generations
+        self._seq = 0  # the number of the latest probe request
+        self._requests: dict[int, _Request] = {}
 
     def hold(self, node: NodeSnapshot, attempt: int, workers: Sequence[WorkerEndpoint],
-             wake: Callable[[], None]) -> None:
+             wake: Callable[[], None], checkpoint_dir: str = "") -> None:
         """One channel per worker of `workers` for `attempt` on `node`; channels held for another
-        node or attempt are closed. `wake()` is called from a channel's thread."""
-        key = (node.id or f"{node.zone}/{node.name}", attempt)
+        node or attempt are closed. `wake()` is called from a channel's thread. A channel opened
+        from now on lists `checkpoint_dir` when a probe request asks for the listing."""
+        key = (_node_key(node), attempt)
         with self._lock:
             if key != self._key:
                 self._close_locked()
                 self._key = key
+            self._checkpoint_dir = checkpoint_dir
             gen = self._gen
             start = [w for w in workers if w.index not in self._open and w.index not in self._answered]
             for w in start:
@@ -71,19 +113,80 @@ class AttemptEnds:
         with self._lock:
             return sorted(self._open)
 
+    def ask(self, node: NodeSnapshot, workers: Sequence[int], listing: int | None = None,
+            checkpoint_dir: str = "") -> dict[int, WorkerProbe]:
+        """This tick's probe of `workers` on the channels held for `node`: the answers to be
+        trusted, by worker. `listing`: the worker whose probe also lists `checkpoint_dir`
+        (asked on its channel only if that channel lists the same directory).
+
+        Waits `answer_wait` seconds at most; a worker missing from the answer has no open
+        channel, its channel ended or did not answer in time, or its answer was garbled.
+        """
+        with self._lock:
+            if self._key is None or self._key[0] != _node_key(node):
+                return {}
+            chans = {w: c for w in workers if (c := self._open.get(w)) is not None and not c.ended
+                     and (w != listing or c.checkpoint_dir == checkpoint_dir)}
+            if not chans:
+                return {}
+            self._seq += 1
+            seq = self._seq
+            req = _Request(waiting=set(chans))
+            self._requests[seq] = req
+        # Written outside the lock: answers may come back while the others are sent.
+        unsent = {w for w, c in chans.items() if not c.stream.send(protocol.probe_request(seq, w == listing))}
+        deadline = time.monotonic() + self.answer_wait
+        with self._cond:
+            req.waiting -= unsent
+            while req.waiting:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            del self._requests[seq]
+            self.answered += len(req.answers)
+            return dict(req.answers)
+
     def _close_locked(self) -> None:
         self._gen += 1
         self._closed.set()
         self._closed = threading.Event()
-        for stream in self._open.values():
-            if stream is not None:
-                stream.close()
+        for chan in self._open.values():
+            if chan is not None:
+                chan.stream.close()
         self._open.clear()
         self._answered.clear()
 
+    def _feed(self, worker: int, chan: _Channel, data: bytes) -> None:
+        """Output of `worker`'s channel: an answer goes to the request of its number, if any
+        still waits for this worker; any other is not trusted."""
+        done = chan.reader.feed(data)
+        if not done:
+            return
+        with self._cond:
+            for seq, text in done:
+                req = self._requests.get(int(seq)) if seq.isdigit() else None
+                if req is None or worker not in req.waiting:
+                    self.rejected += 1
+                    continue
+                req.waiting.discard(worker)
+                probe = protocol.parse_probe(worker, protocol.parse_records(text))
+                if probe.state == "unreachable":  # no well-formed probe answer: asked over SSH instead
+                    self.rejected += 1
+                else:
+                    req.answers[worker] = probe
+            self._cond.notify_all()
+
+    def _ended(self, worker: int, chan: _Channel) -> None:
+        """`worker`'s channel closed: no request waits for its answer any more."""
+        with self._cond:
+            chan.ended = True
+            for req in self._requests.values():
+                req.waiting.discard(worker)
+            self._cond.notify_all()
+
     def _follow(self, gen: int, key: tuple[str, int], node: NodeSnapshot, w: WorkerEndpoint,
                 wake: Callable[[], None]) -> None:
-        script = protocol.wait_script(self.job, key[1], self.poll)
         with self._lock:
             closed = self._closed
         for n in range(REOPEN_TRIES + 1):
@@ -92,16 +195,21 @@ class AttemptEnds:
             with self._lock:
                 if self._gen != gen:
                     return
+                checkpoint_dir = self._checkpoint_dir
             # argv may prepare the node first (gcloud): in this thread, never the caller's
-            stream = Stream(self.transport, node, w, script, remote_command=protocol.REMOTE_COMMAND)
+            stream = Stream(self.transport, node, w, protocol.wait_script(self.job, key[1], self.poll, checkpoint_dir),
+                            remote_command=protocol.REMOTE_COMMAND, keep_open=True)
+            chan = _Channel(stream, checkpoint_dir)
             with self._lock:
                 if self._gen != gen:
                     return
-                self._open[w.index] = stream
+                self._open[w.index] = chan
                 self.opened += 1
-            chunks: list[bytes] = []
-            r = stream.run(chunks.append)
-            end = protocol.parse_wait(b"".join(chunks).decode("utf-8", "replace")) if r.reached else None
+            try:
+                r = stream.run(functools.partial(self._feed, w.index, chan))
+            finally:
+                self._ended(w.index, chan)
+            end = chan.reader.wait_answer() if r.reached else None
             with self._lock:
                 if self._gen != gen:
                     return

@@ -241,9 +241,20 @@ def follow_script(job: str, attempt: int, offset: int = 0, poll: float = 0.2) ->
     return script("follow", job, attempt=attempt, offset=max(0, offset), poll=f"{poll:g}")
 
 
-def wait_script(job: str, attempt: int, poll: float = 1.0) -> bytes:
-    """Block until `attempt` ends on the worker (remote.sh `wait`), answering as `parse_wait` reads."""
-    return script("wait", job, attempt=attempt, poll=f"{poll:g}")
+def wait_script(job: str, attempt: int, poll: float = 1.0, checkpoint_dir: str = "") -> bytes:
+    """Block until `attempt` ends on the worker (remote.sh `wait`), answering as `parse_wait` reads.
+
+    Until then it answers `probe_request` lines sent on its stdin (which stays open) with the
+    probe's records framed by `probe_begin`/`probe_end` lines (`WaitReader`); a request for the
+    listing lists `checkpoint_dir`.
+    """
+    extra: dict[str, Value] = {"ckpt_dir": checkpoint_dir} if checkpoint_dir else {}
+    return script("wait", job, attempt=attempt, poll=f"{poll:g}", **extra)
+
+
+def probe_request(seq: int, listing: bool = False) -> bytes:
+    """The line that asks a wait channel for a probe, answered under the number `seq`."""
+    return f"probe {seq} {1 if listing else 0}\n".encode("ascii")
 
 
 # ---- what comes back ------------------------------------------------------------------------
@@ -333,6 +344,43 @@ class FollowEnd:
     exit_code: int | None = None
     attempt: int | None = None
     detail: str = ""
+
+
+class WaitReader:
+    """A wait channel's stdout, line by line: probe answers, and the rest (the wait's own answer).
+
+    An answer is the lines between `@tpuwatch probe_begin=<seq>` and `probe_end=<seq>` of the
+    same number; a frame that another begins before it ends is dropped, so a torn answer is
+    never read as a whole one. Which request an answer belongs to is the caller's to check.
+    """
+
+    def __init__(self) -> None:
+        self._partial = b""
+        self._frame: tuple[str, list[str]] | None = None
+        self.rest: list[str] = []
+
+    def feed(self, data: bytes) -> list[tuple[str, str]]:
+        """The answers completed by `data`: (seq as sent back, their text)."""
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        done: list[tuple[str, str]] = []
+        for raw in lines:
+            line = raw.decode("utf-8", "replace")
+            if line.startswith(MARK + "probe_begin="):
+                self._frame = (line[len(MARK + "probe_begin="):], [])
+            elif line.startswith(MARK + "probe_end="):
+                frame, self._frame = self._frame, None
+                if frame is not None and frame[0] == line[len(MARK + "probe_end="):]:
+                    done.append((frame[0], "\n".join(frame[1])))
+            elif self._frame is not None:
+                self._frame[1].append(line)
+            elif line:
+                self.rest.append(line)
+        return done
+
+    def wait_answer(self) -> FollowEnd:
+        """The wait's own answer (outside every probe answer)."""
+        return parse_wait("\n".join(self.rest))
 
 
 def parse_wait(stdout: str) -> FollowEnd:

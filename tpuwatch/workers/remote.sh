@@ -21,7 +21,8 @@
 # TW_WORKER, TW_CHECKPOINT, TW_STEP, TW_COMMAND (already rendered), TW_ENV (array NAME=value),
 # TW_GRACE_MS (stop's TERM-to-KILL grace), TW_CLEAN_MS (launch: run stop first, with this
 # grace, when an older attempt or none was launched here), TW_OFFSET (bytes), TW_POLL (seconds),
-# TW_NOTIFY (launch: the signal the relay sends on a notice, such as TERM; empty for none).
+# TW_NOTIFY (launch: the signal the relay sends on a notice, such as TERM; empty for none),
+# TW_CKPT_DIR (probe, and wait's probe requests: the local checkpoint directory to list).
 # Output: lines "@tpuwatch key=value" on stdout (stderr for follow, whose stdout is the log);
 # everything else (a chatty .bashrc, say) is ignored by tpuwatch.
 # This script knows nothing of the cloud, of nodes or of other workers.
@@ -555,44 +556,76 @@ tw_follow() {
 tw_wait() {
   # Return the moment attempt TW_ATTEMPT ends here: "@tpuwatch result=ok exit_code=N" (it
   # ended with a code), "result=gone" (it died without one: killed, say), "result=replaced"
-  # (a newer attempt was launched). It blocks on the job lock, which every process of the
-  # attempt holds, so it costs no CPU while the attempt runs; every TW_POLL seconds it also
-  # reads the exit code (a command whose orphans keep the lock has still ended) and writes one
-  # byte (a newline), so that it dies of SIGPIPE once nobody reads it (a multiplexed connection outlives
-  # the channel: the shell is never reparented).
-  local code cur poll=${TW_POLL:-1}
+  # (a newer attempt was launched). Until then it answers requests, one line each on its stdin,
+  # which the watcher keeps open: "probe <seq> <0|1>" runs tw_probe (1: with the checkpoint
+  # listing of TW_CKPT_DIR) between "@tpuwatch probe_begin=<seq>" and "probe_end=<seq>" lines.
+  #
+  # One read waits for both, so each is answered at once: fd 7 is a pipe written by two helpers,
+  # a `flock -s` on the job lock (every process of the attempt holds it) that says "free" when
+  # nothing of the attempt holds it any more, and a `cat` of stdin (the requests), followed by
+  # "closed" when stdin closes (sshd closes it with the channel: this shell ends then too). A
+  # trapped signal cannot wake the read instead: outside POSIX mode bash runs the trap and
+  # restarts `read -t`. Every TW_POLL seconds the read times out to look at the exit code (a
+  # command whose orphans keep the lock has still ended).
+  local code cur poll=${TW_POLL:-1} line part="" seq list helper="" reader="" free=0 rc
   tw_num cur "$TW_DIR/attempt"
   if [ "$cur" != "$TW_ATTEMPT" ] || [ ! -e "$TW_DIR/lock" ]; then
     tw_emit result=replaced "attempt=$cur"
     return 0
   fi
   tw_need flock || return 1
-  exec 8<"$TW_DIR/lock" || return 1
+  exec 6<&0
+  # The helpers' stderr is not the channel's: the channel closes when this shell ends.
+  exec 7< <(
+    exec 2>/dev/null
+    flock -s -o "$TW_DIR/lock" printf 'free\n' &
+    helper=$!
+    cat <&6 &
+    printf 'helpers %s %s\n' "$helper" "$!"
+    wait "$!"
+    printf 'closed\n'
+  ) || return 1
+  IFS=' ' read -r line helper reader <&7
   while :; do
     tw_num code "$TW_DIR/exit_code"
     tw_num cur "$TW_DIR/attempt"
     if [ "$cur" != "$TW_ATTEMPT" ]; then
       tw_emit result=replaced "attempt=$cur"
-      return 0
+      break
     fi
     if [ -n "$code" ]; then
       tw_emit result=ok "exit_code=$code"
-      return 0
+      break
     fi
-    if flock -s -w "$poll" 8; then  # nobody holds the lock: nothing of the attempt lives
-      flock -u 8
-      tw_num code "$TW_DIR/exit_code"
-      if [ -n "$code" ]; then
-        tw_emit result=ok "exit_code=$code"
-      elif tw_attempt_alive; then
-        continue  # a process of it closed the lock's fd but lives on: not over
-      else
-        tw_emit result=gone "detail=attempt $TW_ATTEMPT ended without an exit code"
-      fi
-      return 0
+    # The lock is free (or its helper was killed, by a stop say): over unless a process of
+    # the attempt closed the lock's fd but lives on, which is looked at again every TW_POLL.
+    if { [ $free = 1 ] || ! tw_alive "$helper"; } && ! tw_attempt_alive; then
+      tw_emit result=gone "detail=attempt $TW_ATTEMPT ended without an exit code"
+      break
     fi
-    printf '\n' || return 5
+    if IFS= read -r -t "$poll" -u 7 line; then
+      line=$part$line part=
+      case $line in
+        free) free=1 ;;
+        closed) break ;;
+        'probe '*)
+          list=${line#probe }
+          seq=${list%% *} list=${list#"$seq"}
+          case $seq in '' | *[!0-9]*) continue ;; esac
+          printf '@tpuwatch probe_begin=%s\n' "$seq"
+          if [ "$list" = ' 1' ]; then tw_probe; else TW_CKPT_DIR='' tw_probe; fi
+          printf '@tpuwatch probe_end=%s\n' "$seq"
+          ;;
+      esac
+    else
+      rc=$?
+      [ "$rc" -gt 128 ] || break  # the end of the pipe: nobody asks any more
+      # Timed out: what it read of a line so far (bash keeps it) is the start of the next one.
+      part=$part$line
+    fi
   done
+  kill "$helper" "$reader" 2>/dev/null
+  return 0
 }
 
 tw_main() {
@@ -608,7 +641,7 @@ tw_main() {
     launch) tw_launch ;;
     stop) tw_stop ;;
     follow) tw_follow ;;
-    wait) tw_wait ;;
+    wait) tw_wait; exit ;;  # stdin holds requests, not more script
     *)
       tw_emit result=error "detail=unknown action ${TW_ACTION:-}"
       return 2

@@ -22,6 +22,7 @@ This module knows nothing of what the command does (see protocol.py) nor of jobs
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import re
@@ -393,18 +394,36 @@ def run_on_workers(
 
 
 class Stream:
-    """One long-running remote command whose stdout is handed over as it arrives."""
+    """One long-running remote command whose stdout is handed over as it arrives.
+
+    With `keep_open`, its stdin stays open after the script: `send` writes request lines to
+    the command while it runs (remote.sh `wait` answers probes so).
+    """
 
     def __init__(self, transport: Transport, node: NodeSnapshot, worker: WorkerEndpoint,
-                 stdin: bytes, *, remote_command: str) -> None:
+                 stdin: bytes, *, remote_command: str, keep_open: bool = False) -> None:
         self._transport = transport
         self._node = node
         self._worker = worker
         self._stdin = stdin
+        self._keep_open = keep_open
         self._argv = transport.argv(node, worker, remote_command)
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self._writable = False  # the script is written and stdin is still open
+
+    def send(self, data: bytes) -> bool:
+        """Write `data` to the command's stdin (`keep_open`); False when it cannot take it now:
+        not started or ended, or a pipe so full that ssh is not reading it (never blocks)."""
+        with self._lock:
+            proc = self._proc
+            if not self._writable or self._closed or proc is None or proc.stdin is None:
+                return False
+            try:
+                return os.write(proc.stdin.fileno(), data) == len(data)
+            except OSError:  # BlockingIOError (full) or BrokenPipeError (ssh gone)
+                return False
 
     def run(self, on_data: Callable[[bytes], None]) -> SshResult:
         """Run to the end (or until close()), calling on_data for every chunk of stdout."""
@@ -437,7 +456,13 @@ class Stream:
         t.start()
         try:
             proc.stdin.write(self._stdin)
-            proc.stdin.close()
+            proc.stdin.flush()
+            if self._keep_open:
+                with self._lock:
+                    os.set_blocking(proc.stdin.fileno(), False)
+                    self._writable = not self._closed
+            else:
+                proc.stdin.close()
         except OSError:
             pass  # ssh died at once; its stderr says why
         fd = proc.stdout.fileno()
@@ -451,6 +476,10 @@ class Stream:
             on_data(chunk)
         rc = proc.wait()
         t.join(timeout=5)
+        with self._lock:
+            self._writable = False
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
         proc.stdout.close()
         proc.stderr.close()
         err = _decode(b"".join(err_chunks))
@@ -464,6 +493,7 @@ class Stream:
         """End the session from our side (the remote job is not touched)."""
         with self._lock:
             self._closed = True
+            self._writable = False
             popen = self._proc
         if popen is not None and popen.poll() is None:
             procgroup.kill_group(popen)
