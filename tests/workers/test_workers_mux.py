@@ -25,6 +25,7 @@ from tpuwatch.model import Login, NodeSnapshot, WorkerEndpoint
 from tpuwatch.sim.hosts import Hosts
 from tpuwatch.workers import OpenSsh, SshWorkers
 from tpuwatch.workers import mux as muxmod
+from tpuwatch.workers.ends import ANSWER_MAX, Answer
 from tpuwatch.workers.gcloud import GcloudSsh
 
 SSH = "/usr/bin/ssh"
@@ -241,6 +242,36 @@ def test_a_follow_channel_wakes_the_moment_a_workers_attempt_ends(cluster: Clust
     assert [cluster.hosts.accepted(cluster.key, i) for i in (0, 1)] == [1, 1]  # channels, not handshakes
     w.unfollow()
     assert w.ends.held() == []
+
+
+def test_a_follow_channel_keeps_its_answer_not_the_keepalives_before_it(cluster: Cluster) -> None:
+    """The worker writes a newline every poll while the attempt runs (so that it notices a
+    reader gone): a channel held for days must not keep one object per keepalive."""
+    w = cluster.workers
+    w.ends.poll = 0.02  # a keepalive every 20 ms instead of every second
+    assert all(r.started for r in w.launch(cluster.node, 1, None))
+    ended = threading.Event()
+    w.follow_ends(cluster.node, 1, [0], ended.set)
+    wait_for(lambda: w.ends.received >= 200, 60, "200 keepalives")
+    assert not ended.is_set()
+    assert w.ends.kept() == 0
+    wait_for(lambda: bool(cluster.job_pids(0, needle=b"sleep\x00300")), what="the job")
+    for pid in cluster.job_pids(0, needle=b"sleep\x00300"):
+        os.kill(pid, signal.SIGKILL)
+    assert ended.wait(30), "the answer after the keepalives did not wake the watcher"
+    assert w.ends.held() == []
+
+
+def test_an_answer_keeps_only_its_tail() -> None:
+    a = Answer()
+    for _ in range(1000):
+        a.feed(b"\n")
+    assert len(a) == 0
+    a.feed(b"noise " * 2000)
+    a.feed(b"\n@tpuwatch result=ok ")
+    a.feed(b"exit_code=3\n")
+    assert len(a) == ANSWER_MAX
+    assert a.text().endswith("@tpuwatch result=ok exit_code=3\n")
 
 
 def test_a_dropped_follow_channel_is_not_an_end(cluster: Cluster) -> None:

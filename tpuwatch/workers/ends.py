@@ -26,6 +26,34 @@ POLL = 1.0  # seconds between the worker-side script's exit-code reads while the
 REOPEN_AFTER = 1.0  # seconds before a dropped channel is opened again
 REOPEN_TRIES = 3  # times a dropped channel is opened again before the next hold
 ENDED = ("ok", "gone", "replaced")
+ANSWER_MAX = 4096  # bytes of a channel's output kept: its answer is one short record at the end
+
+
+class Answer:
+    """What a wait channel said, without its keepalives.
+
+    The worker-side script writes a newline every poll while the attempt runs (so that it dies
+    of SIGPIPE once nobody reads it): a channel held for days would otherwise keep one small
+    object per second and, for each, strand the rest of a read buffer in the allocator. The
+    newlines before the answer are dropped and at most the last ANSWER_MAX bytes are kept
+    (the answer is the last record).
+    """
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, chunk: bytes) -> None:
+        if not self._buf:
+            chunk = chunk.lstrip(b"\n")
+        self._buf += chunk
+        if len(self._buf) > ANSWER_MAX:
+            del self._buf[:-ANSWER_MAX]
+
+    def __len__(self) -> int:
+        return len(self._buf)
+
+    def text(self) -> str:
+        return self._buf.decode("utf-8", "replace")
 
 
 class AttemptEnds:
@@ -36,9 +64,11 @@ class AttemptEnds:
         self.job = job
         self.poll = poll
         self.opened = 0  # channels opened so far (tests, benchmarks)
+        self.received = 0  # bytes read from the channels so far (tests)
         self._lock = threading.Lock()
         self._key: tuple[str, int] | None = None
         self._open: dict[int, Stream | None] = {}  # worker -> its channel (None while it starts)
+        self._answers: dict[int, Answer] = {}  # worker -> what its open channel said so far
         self._answered: set[int] = set()  # workers whose attempt ended, for this key
         self._gen = 0  # counts closes: a channel's thread of an older generation stops
         self._closed = threading.Event()  # wakes the reopen waits of older generations
@@ -71,6 +101,11 @@ class AttemptEnds:
         with self._lock:
             return sorted(self._open)
 
+    def kept(self) -> int:
+        """Bytes of output the open channels keep (tests)."""
+        with self._lock:
+            return sum(len(a) for a in self._answers.values())
+
     def _close_locked(self) -> None:
         self._gen += 1
         self._closed.set()
@@ -99,10 +134,20 @@ class AttemptEnds:
                     return
                 self._open[w.index] = stream
                 self.opened += 1
-            chunks: list[bytes] = []
-            r = stream.run(chunks.append)
-            end = protocol.parse_wait(b"".join(chunks).decode("utf-8", "replace")) if r.reached else None
+            answer = Answer()
             with self._lock:
+                self._answers[w.index] = answer
+
+            def feed(chunk: bytes, answer: Answer = answer) -> None:
+                with self._lock:
+                    self.received += len(chunk)
+                    answer.feed(chunk)
+
+            r = stream.run(feed)
+            end = protocol.parse_wait(answer.text()) if r.reached else None
+            with self._lock:
+                if self._answers.get(w.index) is answer:
+                    del self._answers[w.index]
                 if self._gen != gen:
                     return
                 if end is not None and end.result in ENDED:
