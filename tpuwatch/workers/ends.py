@@ -118,7 +118,6 @@ class AttemptEnds:
 
     def _follow(self, gen: int, key: tuple[str, int], node: NodeSnapshot, w: WorkerEndpoint,
                 wake: Callable[[], None]) -> None:
-        script = protocol.wait_script(self.job, key[1], self.poll)
         with self._lock:
             closed = self._closed
         for n in range(REOPEN_TRIES + 1):
@@ -128,7 +127,8 @@ class AttemptEnds:
                 if self._gen != gen:
                     return
             # argv may prepare the node first (gcloud): in this thread, never the caller's
-            stream = Stream(self.transport, node, w, script, remote_command=protocol.REMOTE_COMMAND)
+            stream = Stream(self.transport, node, w, protocol.wait_script(self.job, key[1], self.poll),
+                            remote_command=protocol.REMOTE_COMMAND)
             with self._lock:
                 if self._gen != gen:
                     return
