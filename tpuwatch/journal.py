@@ -40,6 +40,10 @@ SCHEMA_VERSION = 1
 SQLITE_MAGIC = b"SQLite format 3\x00"
 # Actions repeated tick after tick while nothing changes: recorded only when the row changes.
 _QUIET_ACTIONS = frozenset({"wait", "follow", "needs_person"})
+# SQLite's page cache per connection, KiB. Its default (2 MB) fills as the integrity check at
+# open reads the whole file, and stays: a watcher of many jobs holds one connection per job.
+# A tick reads a few pages, which the OS keeps cached anyway.
+CACHE_KIB = 64
 
 _SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -619,6 +623,7 @@ def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
                                timeout=5.0)
     except sqlite3.Error as exc:
         raise _corrupt(path, str(exc)) from None
+    conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")  # negative: KiB, not pages
     return conn
 
 

@@ -29,7 +29,7 @@ from policy_support import (
 )
 
 from tpuwatch.errors import NotFoundError
-from tpuwatch.journal import SCHEMA_VERSION, Busy, Journal, JournalError, journal_path
+from tpuwatch.journal import CACHE_KIB, SCHEMA_VERSION, Busy, Journal, JournalError, journal_path
 from tpuwatch.policy import Memory, Phase
 
 
@@ -234,6 +234,21 @@ def test_readonly_open_reads_beside_a_writer(tmp_path: Path) -> None:
             assert reader.tpu_name == "pod" and reader.load_memory() == run_mem()
             with pytest.raises(RuntimeError), reader.transaction():
                 pass
+
+
+def test_every_connection_has_a_small_page_cache(tmp_path: Path) -> None:
+    """SQLite's default cache (2 MB) would fill from the integrity check at open and stay, per
+    job: a watcher of many jobs holds one connection each."""
+    def cache(j: Journal) -> int:
+        return int(j.connection.execute("PRAGMA cache_size").fetchone()[0])
+
+    with _open(tmp_path, wait=False) as writer:
+        companion = writer.companion()
+        try:
+            with Journal.open(tmp_path, "job", None, readonly=True) as reader:
+                assert cache(writer) == cache(companion) == cache(reader) == -CACHE_KIB
+        finally:
+            companion.close()
 
 
 def test_cursor_spec_and_operations(tmp_path: Path) -> None:

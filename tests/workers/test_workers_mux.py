@@ -232,6 +232,9 @@ def test_a_follow_channel_wakes_the_moment_a_workers_attempt_ends(cluster: Clust
     wait_for(lambda: w.ends.opened == 2, 20, "two follow channels")
     wait_for(lambda: bool(cluster.job_pids(0, needle=b"sleep\x00300")), what="the job")
     assert not ended.is_set()
+    # one thread per channel, reading both of ssh's pipes (a watcher holds one per job)
+    assert sorted(t.name for t in threading.enumerate() if t.name.startswith(("tpuwatch-ends", "tpuwatch-ssh"))) == \
+        ["tpuwatch-ends-w0", "tpuwatch-ends-w1"]
     # holding it again for the same attempt opens nothing new
     w.follow_ends(cluster.node, 1, [0, 1], ended.set)
     assert w.ends.opened == 2

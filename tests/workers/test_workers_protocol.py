@@ -189,3 +189,18 @@ def test_a_wait_channels_output_is_split_into_framed_answers_and_the_rest() -> N
     assert r.rest == ["@tpuwatch result=ok", "@tpuwatch result=ok", "@tpuwatch exit_code=3"]
     assert (r.wait_answer().result, r.wait_answer().exit_code) == ("ok", 3)
     assert protocol.probe_request(12, True) == b"probe 12 1\n" and protocol.probe_request(3) == b"probe 3 0\n"
+
+
+def test_a_wait_channel_keeps_nothing_of_the_probe_answers_it_carried() -> None:
+    """A channel held for days answers a probe every tick: what it said must not pile up."""
+    r = protocol.WaitReader()
+    for seq in range(1000):
+        done = r.feed(f"@tpuwatch probe_begin={seq}\n@tpuwatch state=running attempt=1\n"
+                      f"@tpuwatch probe_end={seq}\n".encode())
+        assert done == [(str(seq), "@tpuwatch state=running attempt=1")]
+    assert r.rest == []
+    for _ in range(1000):  # a chatty login shell, say
+        r.feed(b"noise\n")
+    r.feed(b"@tpuwatch result=ok exit_code=3\n")
+    assert len(r.rest) == protocol.REST_MAX
+    assert r.wait_answer().exit_code == 3

@@ -346,6 +346,9 @@ class FollowEnd:
     detail: str = ""
 
 
+REST_MAX = 64  # lines kept of a wait channel's output outside probe answers: its own answer is the last
+
+
 class WaitReader:
     """A wait channel's stdout, line by line: probe answers, and the rest (the wait's own answer).
 
@@ -376,6 +379,7 @@ class WaitReader:
                 self._frame[1].append(line)
             elif line:
                 self.rest.append(line)
+                del self.rest[:-REST_MAX]  # a channel held for days keeps no more than its answer needs
         return done
 
     def wait_answer(self) -> FollowEnd:

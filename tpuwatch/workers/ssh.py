@@ -26,9 +26,11 @@ import contextlib
 import getpass
 import os
 import re
+import selectors
 import shlex
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -440,20 +442,7 @@ class Stream:
             self._proc = proc
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         err_chunks: list[bytes] = []
-        err_fd = proc.stderr.fileno()
-
-        def read_err() -> None:
-            while True:
-                try:
-                    chunk = os.read(err_fd, 65536)
-                except OSError:
-                    return
-                if not chunk:
-                    return
-                err_chunks.append(chunk)
-
-        t = threading.Thread(target=read_err, name="tpuwatch-ssh-stderr", daemon=True)
-        t.start()
+        out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
         try:
             proc.stdin.write(self._stdin)
             proc.stdin.flush()
@@ -465,17 +454,32 @@ class Stream:
                 proc.stdin.close()
         except OSError:
             pass  # ssh died at once; its stderr says why
-        fd = proc.stdout.fileno()
-        while True:
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            on_data(chunk)
+        self._stdin = b""  # sent: a channel held for days need not keep its script
+        # Both pipes in this one thread, read only once readable: a channel that waits holds
+        # no second thread and no read buffer (one watcher holds one per job).
+        with selectors.DefaultSelector() as sel:
+            sel.register(out_fd, selectors.EVENT_READ)
+            sel.register(err_fd, selectors.EVENT_READ)
+            drain_until: float | None = None  # stdout ended: stderr is read for a few seconds more
+            while sel.get_map():
+                timeout = None if drain_until is None else max(0.0, drain_until - time.monotonic())
+                ready = sel.select(timeout)
+                if not ready and drain_until is not None:
+                    break  # a child of ssh holds its stderr open
+                for key, _ in ready:
+                    try:
+                        chunk = os.read(key.fd, 65536)
+                    except OSError:
+                        chunk = b""
+                    if not chunk:
+                        sel.unregister(key.fd)
+                        if key.fd == out_fd:
+                            drain_until = time.monotonic() + 5.0
+                    elif key.fd == out_fd:
+                        on_data(chunk)
+                    else:
+                        err_chunks.append(chunk)
         rc = proc.wait()
-        t.join(timeout=5)
         with self._lock:
             self._writable = False
             with contextlib.suppress(OSError):
