@@ -3,7 +3,8 @@
 `SshWorkers` joins the pieces: a transport (ssh.py) carries the worker-side script
 (protocol.py, remote.sh) to every selected worker of a node in parallel, and the answers come
 back as model values. Launch is idempotent per attempt and retried when a connection drops,
-so a retry never starts a job twice; probe is one round trip per worker.
+so a retry never starts a job twice; probe is one round trip per worker, on the worker's open
+follow channel when it has one (ends.py).
 
 Host keys are pinned from the workers' guest attributes (hostkeys.py) when a source of them is
 given: a key that does not match is read again from the API before anything is decided, and
