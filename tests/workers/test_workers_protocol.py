@@ -201,6 +201,6 @@ def test_a_wait_channel_keeps_nothing_of_the_probe_answers_it_carried() -> None:
     assert r.rest == []
     for _ in range(1000):  # a chatty login shell, say
         r.feed(b"noise\n")
-    r.feed(b"@tpuwatch result=ok exit_code=3\n")
+    r.feed(b"@tpuwatch result=ok\n@tpuwatch exit_code=3\n")
     assert len(r.rest) == protocol.REST_MAX
     assert r.wait_answer().exit_code == 3
