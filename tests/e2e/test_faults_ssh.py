@@ -42,7 +42,9 @@ def _attempt_end_after(job: Watched, t0: float, timeout: float) -> tuple[float, 
 @pytest.mark.parametrize("mode", ["refuse", "hang"])
 def test_one_worker_unreachable_while_the_api_says_healthy(sim: Simulator, tmp_path: Path, mode: str,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    job = Watched(sim, tmp_path, "pod", seed=7, steps=200)
+    # 600 steps (12 s): the job outlives two ticks' probes of the hanging worker (2 s each), so
+    # its end cannot come first and be read as the job's own
+    job = Watched(sim, tmp_path, "pod", seed=7, steps=600)
     try:
         job.start()
         job.running_with_progress()
@@ -81,11 +83,11 @@ def test_one_worker_unreachable_while_the_api_says_healthy(sim: Simulator, tmp_p
 
 
 def test_connections_reset_mid_command_never_start_a_second_copy(sim: Simulator, tmp_path: Path) -> None:
-    """For 4 s, the network to worker 1 flaps: now and then its open connections drop (the
+    """For 4 s at least, the network to worker 1 flaps: now and then its open connections drop (the
     follow channel, which would carry the probe, with them), and SSH sessions run their command
     but lose the connection before the exit status (ssh exit 255): probes, stops and launches
     run on the worker while tpuwatch hears nothing back, and retries them."""
-    job = Watched(sim, tmp_path, "pod", seed=8, steps=250)
+    job = Watched(sim, tmp_path, "pod", seed=8, steps=1000)
     key = sim.node_key("pod")
     worker = sim.hosts._worker(key, 1)  # to see whether an armed reset was used
     stop = threading.Event()
@@ -106,6 +108,9 @@ def test_connections_reset_mid_command_never_start_a_second_copy(sim: Simulator,
         flapper = threading.Thread(target=flap, daemon=True)
         flapper.start()
         time.sleep(4.0)
+        deadline = time.monotonic() + 20  # and until the resets hit five sessions (a busy box ticks slower)
+        while fired < 5 and time.monotonic() < deadline:
+            time.sleep(0.1)
         stop.set()
         flapper.join(2)
         rc = job.finish(timeout=90)

@@ -204,3 +204,13 @@ def test_a_wait_channel_keeps_nothing_of_the_probe_answers_it_carried() -> None:
     r.feed(b"@tpuwatch result=ok\n@tpuwatch exit_code=3\n")
     assert len(r.rest) == protocol.REST_MAX
     assert r.wait_answer().exit_code == 3
+
+
+def test_a_wait_channel_is_ready_only_once_its_shell_says_so() -> None:
+    """The watcher asks a channel only once the worker-side wait reads requests: one still
+    connecting (a worker that stopped answering) would hold the tick for the whole answer wait."""
+    r = protocol.WaitReader()
+    r.feed(b"Welcome to the VM\n@tpuwatch probe_begin=1\n@tpuwatch wait_ready=3\n")
+    assert not r.ready  # inside an answer's frame it is part of that answer, not the shell's word
+    r.feed(b"@tpuwatch probe_end=1\n@tpuwatch wait_ready=3\n")
+    assert r.ready and r.rest == ["Welcome to the VM"]

@@ -393,6 +393,7 @@ def test_wait_answers_probe_requests_on_its_stdin_and_ends_with_it(worker: Worke
         shell.stdin.write(script)
         shell.stdin.flush()
         plain = ask(41, False)
+        assert reader.ready  # it said it reads requests before the first answer
         assert (plain["state"], plain["attempt"]) == ("running", "1") and "ckpt_listing" not in plain
         assert plain == worker.probe()  # what the probe over its own connection says
         listed = ask(42, True)

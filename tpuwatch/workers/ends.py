@@ -125,8 +125,10 @@ class AttemptEnds:
         with self._lock:
             if self._key is None or self._key[0] != _node_key(node):
                 return {}
+            # A channel still connecting (a worker that stopped answering, say) is not asked: its
+            # request would wait out answer_wait before the SSH probe could even start.
             chans = {w: c for w in workers if (c := self._open.get(w)) is not None and not c.ended
-                     and (w != listing or c.checkpoint_dir == checkpoint_dir)}
+                     and c.reader.ready and (w != listing or c.checkpoint_dir == checkpoint_dir)}
             if not chans:
                 return {}
             self._seq += 1
@@ -145,6 +147,9 @@ class AttemptEnds:
                 self._cond.wait(left)
             del self._requests[seq]
             self.answered += len(req.answers)
+            for w in req.waiting:  # silent: not asked again; opened afresh on the next hold
+                chans[w].ended = True
+                chans[w].stream.close()
             return dict(req.answers)
 
     def _close_locked(self) -> None:

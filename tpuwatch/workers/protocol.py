@@ -361,6 +361,7 @@ class WaitReader:
         self._partial = b""
         self._frame: tuple[str, list[str]] | None = None
         self.rest: list[str] = []
+        self.ready = False  # the worker-side wait runs and reads requests (`wait_ready`)
 
     def feed(self, data: bytes) -> list[tuple[str, str]]:
         """The answers completed by `data`: (seq as sent back, their text)."""
@@ -369,7 +370,9 @@ class WaitReader:
         done: list[tuple[str, str]] = []
         for raw in lines:
             line = raw.decode("utf-8", "replace")
-            if line.startswith(MARK + "probe_begin="):
+            if line.startswith(MARK + "wait_ready=") and self._frame is None:
+                self.ready = True
+            elif line.startswith(MARK + "probe_begin="):
                 self._frame = (line[len(MARK + "probe_begin="):], [])
             elif line.startswith(MARK + "probe_end="):
                 frame, self._frame = self._frame, None

@@ -586,6 +586,7 @@ tw_wait() {
     printf 'closed\n'
   ) || return 1
   IFS=' ' read -r line helper reader <&7
+  printf '@tpuwatch wait_ready=%s\n' "$TW_ATTEMPT"  # the watcher asks only channels that said so
   while :; do
     tw_num code "$TW_DIR/exit_code"
     tw_num cur "$TW_DIR/attempt"
