@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -137,14 +136,9 @@ class AttemptEnds:
             self._requests[seq] = req
         # Written outside the lock: answers may come back while the others are sent.
         unsent = {w for w, c in chans.items() if not c.stream.send(protocol.probe_request(seq, w == listing))}
-        deadline = time.monotonic() + self.answer_wait
         with self._cond:
             req.waiting -= unsent
-            while req.waiting:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(left)
+            self._cond.wait_for(lambda: not req.waiting, self.answer_wait)
             del self._requests[seq]
             self.answered += len(req.answers)
             for w in req.waiting:  # silent: not asked again; opened afresh on the next hold
