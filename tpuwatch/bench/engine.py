@@ -1,10 +1,21 @@
 """The discrete-event engine of the goodput benchmark: a virtual clock, processes, and the world.
 
 `Sim` runs callbacks and generator processes in virtual seconds (a process yields a number of
-seconds to sleep, or a `Signal` to wait for). `World` is one pod slice and its job as the tools
-see it: the node (state, health, incarnation id), its workers' job files, the running attempt
-and its progress, the checkpoint bucket, the audit log, long-running operations and the zone's
-capacity. Tools act on the world only through its methods; faults come from a `Trace`.
+seconds to sleep, or a `Signal` to wait for). `World` is the job's pod slices and the job as the
+tools see them: each slice's node (state, health, incarnation id), its workers' job files and the
+processes last launched there, the running attempt and its progress, the checkpoint bucket, the
+audit log, long-running operations and the zone's capacity. Tools act on the world only through
+its methods; faults come from a `Trace`, each on one slice.
+
+Multislice (`Params.slices` > 1): the job is one program over every worker of every slice. An
+attempt trains only once every slice runs processes launched since the last disruption; until
+then the processes that are there wait for their peers. Any slice's disruption (its hosts going
+down, a crash, a hang, a stop) ends the attempt's progress on all slices: the processes of the
+other slices live on, blocked in their cross-slice collectives, making no progress and writing no
+checkpoint, until someone stops them (a multislice JAX job hangs silently unless
+`--megascale_abort_on_hangs` is set). Within a slice a dead worker still makes its peers abort
+after `peer_timeout`. Checkpoints are global (one bucket). With one slice all of this is the
+single-slice model: a launch is at once the attempt.
 
 A training attempt is modelled analytically rather than step by step: after `startup` seconds
 it runs `ckpt_every` steps of `step_time`, then spends `ckpt_save` seconds writing a checkpoint
@@ -159,6 +170,7 @@ class Params:
     # told of it by a signal saves a checkpoint (Orbax's save-on-preemption) when save_on_term.
     notice_lead: float = 60.0
     save_on_term: bool = True
+    slices: int = 1  # pod slices the job spans (Multislice), each of `workers` hosts
 
     @property
     def horizon(self) -> float:
@@ -172,8 +184,22 @@ class Params:
 
 
 @dataclass
+class Procs:
+    """The training processes one launch started on the workers of one slice."""
+
+    no: int  # the attempt number its launcher gave it
+    slice: int
+    node_id: int
+    t0: float
+    bad: bool  # launched after the code push: exits 1 at start
+    exits: dict[int, int | None] = field(default_factory=dict)  # slice-local worker -> code
+    ended: bool = False
+    attempt: Attempt | None = None  # the training run it joined (None: waiting for its peers)
+
+
+@dataclass
 class Attempt:
-    """One launch of the training command on every worker of one node incarnation."""
+    """One training run: processes on every worker of every slice, the slices' node incarnations."""
 
     no: int
     node_id: int
@@ -182,7 +208,8 @@ class Attempt:
     bad: bool  # launched after the code push: exits 1 at start
     p: Params
     frozen: float | None = None  # progress stopped here (hang, crash, kill, exit)
-    exits: dict[int, int | None] = field(default_factory=dict)  # worker -> code (None: killed)
+    exits: dict[int, int | None] = field(default_factory=dict)  # worker (global) -> code (None: killed)
+    procs: list[Procs] = field(default_factory=list)  # one per slice, in slice order
     ended: bool = False
     end_time: float | None = None
     end_sig: Signal = field(default_factory=Signal)
@@ -276,6 +303,19 @@ class AuditRec:
     kind: str  # terminate / restart
     node_id: int
     reason: str
+    node: str = ""  # the slice's node name
+
+
+@dataclass
+class SliceRec:
+    """One slice: its node of the moment, whether its hosts are up, its last launch."""
+
+    name: str
+    node: NodeRec | None
+    hosts_up: bool = True
+    maintenance: bool = False  # the node is in a maintenance fault now
+    heal_at: float | None = None  # the current maintenance heals then (None: never / none)
+    procs: Procs | None = None
 
 
 @dataclass
@@ -309,7 +349,12 @@ class Meter:
 
 
 class World:
-    """One slice, its job and its zone, under one fault trace, driven by one tool."""
+    """The job's slices, the job and its zone, under one fault trace, driven by one tool.
+
+    Slice `s` is `self.slices[s]`; `node`, `hosts_up`, `maintenance` and `heal_at` are slice 0's,
+    which is all there is to a single-slice job (the baselines only run on one). Workers are
+    numbered globally, slice by slice: worker `w` of slice `s` is `s * workers + w`.
+    """
 
     def __init__(self, sim: Sim, p: Params, stockouts: list[tuple[float, float]], name: str = "llm-pod") -> None:
         self.sim = sim
@@ -317,8 +362,8 @@ class World:
         self.name = name
         self.stockouts = sorted(stockouts)
         self._next_id = 1000
-        self.node: NodeRec | None = NodeRec(self._new_id(), "READY", "HEALTHY", 0.0)
-        self.hosts_up = True
+        names = [name] if p.slices == 1 else [f"{name}-{i}" for i in range(p.slices)]
+        self.slices = [SliceRec(n, NodeRec(self._new_id(), "READY", "HEALTHY", 0.0)) for n in names]
         self.attempt: Attempt | None = None
         self.attempts: list[Attempt] = []
         self.ckpt_step = 0
@@ -336,16 +381,37 @@ class World:
         self.skipped: list[tuple[str, float]] = []  # faults that found nothing to hit
         self.steps_run = 0  # steps executed by ended attempts (redone ones included)
         self.changed = Signal()  # fired on every change a supervisor could observe
-        self.heal_at: float | None = None  # the current maintenance heals then (None: never / none)
-        self.maintenance: bool = False  # the node is in a maintenance fault now
         # A relay beside each attempt passes the metadata server's notice to the job as a signal
         # (tpuwatch's maintenance.notify_signal); no baseline has one.
         self.relay = False
         self.announced: list[AnnouncedHit] = []
         self._stopped_now: Attempt | None = None  # the attempt a supervisor stopped last (early start)
         # Announced and not over. Like every fault of the trace they strike the slice's node of
-        # the moment: a node recreated in between has them too.
+        # the moment: a node recreated in between has them too. (Slice 0 only.)
         self.upcomings: list[Upcoming] = []
+        # Relaunch time: from the moment the last slice a disruption took down is usable again
+        # to the next attempt on every slice, one figure per such disruption.
+        self.relaunches: list[float] = []
+        self._down: bool = False  # a disruption took a slice down and the job has not run since
+        self._all_usable_at: float | None = None
+
+    # -- slice 0, the whole of a single-slice job --------------------------------------------
+
+    @property
+    def node(self) -> NodeRec | None:
+        return self.slices[0].node
+
+    @property
+    def hosts_up(self) -> bool:
+        return self.slices[0].hosts_up
+
+    @property
+    def maintenance(self) -> bool:
+        return self.slices[0].maintenance
+
+    @property
+    def heal_at(self) -> float | None:
+        return self.slices[0].heal_at
 
     @property
     def upcoming(self) -> Upcoming | None:
@@ -354,6 +420,10 @@ class World:
         ongoing = [u for u in shown if u.status == "ONGOING"]
         return ongoing[0] if ongoing else min(shown, key=lambda u: u.start, default=None)
 
+    def slice_of(self, name: str) -> int | None:
+        """The index of the slice whose node is named `name` (None: no such slice)."""
+        return next((i for i, sl in enumerate(self.slices) if sl.name == name), None)
+
     # -- helpers ----------------------------------------------------------------------------
 
     def _new_id(self) -> int:
@@ -361,6 +431,11 @@ class World:
         return self._next_id
 
     def _touch(self) -> None:
+        if self._down:
+            if not self.usable():
+                self._all_usable_at = None
+            elif self._all_usable_at is None:
+                self._all_usable_at = self.now
         old, self.changed = self.changed, Signal()
         self.sim.fire(old)
 
@@ -382,9 +457,13 @@ class World:
                     end, moved = b, True
         return end
 
-    def usable(self) -> bool:
-        n = self.node
-        return n is not None and n.state == "READY" and n.health == "HEALTHY" and self.hosts_up
+    def usable(self, s: int | None = None) -> bool:
+        """Slice `s` (None: every slice) is READY, HEALTHY and its hosts are up."""
+        for sl in self.slices if s is None else (self.slices[s],):
+            n = sl.node
+            if n is None or n.state != "READY" or n.health != "HEALTHY" or not sl.hosts_up:
+                return False
+        return True
 
     def live(self) -> Attempt | None:
         a = self.attempt
@@ -419,49 +498,122 @@ class World:
     # -- the job ----------------------------------------------------------------------------
 
     def launch(self, no: int, s0: int | None = None) -> Attempt | None:
-        """Start attempt `no` on every worker from checkpoint `s0` (None: the newest).
+        """Start attempt `no` on every worker of every slice from checkpoint `s0` (None: the newest).
 
-        None when the workers cannot be reached or an attempt still runs (the worker lock).
+        None when some slice's workers cannot be reached or still run processes (the worker lock).
         """
-        node = self.node
-        if node is None or node.state != "READY" or not self.hosts_up or self.live() is not None:
+        if not all(self._launchable(s) for s in range(len(self.slices))) or self.done is not None:
             return None
-        if self.done is not None:
+        for s in range(len(self.slices)):
+            self._start(s, no)
+        a = self._form(s0)
+        self._touch()
+        return a
+
+    def launch_slice(self, s: int, no: int) -> Procs | None:
+        """Start the training command (attempt `no`, its launcher's number) on slice `s` alone.
+        It joins an attempt only once every slice runs processes launched since the last
+        disruption. None when the slice's workers cannot be reached or still run processes."""
+        if not self._launchable(s) or self.done is not None:
             return None
+        pr = self._start(s, no)
+        self._form(None)
+        self._touch()
+        return pr
+
+    def _launchable(self, s: int) -> bool:
+        sl = self.slices[s]
+        node = sl.node
+        return (node is not None and node.state == "READY" and sl.hosts_up
+                and (sl.procs is None or sl.procs.ended))
+
+    def _start(self, s: int, no: int) -> Procs:
+        sl = self.slices[s]
+        assert sl.node is not None
+        pr = Procs(no, s, sl.node.id, self.now, self.pushed)
+        sl.procs = pr
+        sl.node.files = {w: no for w in range(self.p.workers)}
+        if pr.bad:
+            if self.bug_seen is None:
+                self.bug_seen = self.now
+            self.sim.after(self.p.bug_exit_after, self._bug_exit, pr)
+        return pr
+
+    def _form(self, s0: int | None) -> Attempt | None:
+        """Every slice runs processes that joined no attempt: they start one together, now."""
+        procs = [sl.procs for sl in self.slices]
+        if not all(pr is not None and not pr.ended and pr.attempt is None for pr in procs):
+            return None
+        ready = [pr for pr in procs if pr is not None]
         start = self.checkpoint()[0] if s0 is None else s0
-        a = Attempt(no, node.id, self.now, start, self.pushed, self.p)
+        a = Attempt(ready[0].no, ready[0].node_id, self.now, start, any(pr.bad for pr in ready), self.p,
+                    procs=ready)
+        for pr in ready:
+            pr.attempt = a
         self.attempt = a
         self.attempts.append(a)
-        node.files = {w: no for w in range(self.p.workers)}
         for hit in self.hits:
             if hit.resumed is None:
                 hit.resumed = self.now
-        if a.bad:
-            if self.bug_seen is None:
-                self.bug_seen = self.now
-            self.sim.after(self.p.bug_exit_after, self._exit_all, a, 1)
-        elif a.done_at is not None and a.done_at <= self.p.horizon:
+        if self._down and self._all_usable_at is not None:
+            self.relaunches.append(self.now - self._all_usable_at)
+        self._down, self._all_usable_at = False, None
+        if not a.bad and a.done_at is not None and a.done_at <= self.p.horizon:
             self.sim.at(a.done_at, self._exit_all, a, 0)
-        self._touch()
         return a
+
+    def _bug_exit(self, pr: Procs) -> None:
+        """The buggy code exits 1 on every worker of the slice."""
+        if pr.ended:
+            return
+        a = pr.attempt
+        if a is not None and a.frozen is None:
+            a.frozen = self.now
+        self._record(pr, range(self.p.workers), 1)
+        self._procs_end(pr)
+
+    def _record(self, pr: Procs, workers: range | list[int], code: int | None) -> None:
+        """Exit `code` on the slice-local `workers` of `pr` that have none yet (its attempt's too)."""
+        base = pr.slice * self.p.workers
+        for w in workers:
+            pr.exits.setdefault(w, code)
+            if pr.attempt is not None:
+                pr.attempt.exits.setdefault(base + w, code)
 
     def _exit_all(self, a: Attempt, code: int) -> None:
         if a.ended or (a.frozen is not None and code == 0):
             return
         if a.frozen is None:
             a.frozen = self.now
-        for w in range(self.p.workers):
-            a.exits.setdefault(w, code)
-        self._end(a)
+        self._end_all(a, code)
         if code == 0:
             self.done = self.now
 
+    def _end_all(self, a: Attempt, code: int) -> None:
+        """Every worker of every slice of `a` exits `code` at once."""
+        for pr in a.procs:
+            self._record(pr, range(self.p.workers), code)
+            pr.ended = True
+        self._end(a)
+
     def _exit_one(self, a: Attempt, worker: int, code: int) -> None:
-        if a.ended or worker in a.exits:
+        """Global worker `worker` of attempt `a` exits `code`."""
+        s, local = divmod(worker, self.p.workers)
+        pr = a.procs[s]
+        if pr.ended or local in pr.exits:
             return
-        a.exits[worker] = code
-        if len(a.exits) == self.p.workers:
-            self._end(a)
+        self._record(pr, [local], code)
+        if len(pr.exits) == self.p.workers:
+            self._procs_end(pr)
+        else:
+            self._touch()
+
+    def _procs_end(self, pr: Procs, lost: bool = False) -> None:
+        """A slice's processes are all gone; the attempt ends with the last of its slices'."""
+        pr.ended = True
+        a = pr.attempt
+        if a is not None and not a.ended and all(q.ended for q in a.procs):
+            self._end(a, lost)
         else:
             self._touch()
 
@@ -481,46 +633,66 @@ class World:
         self.sim.fire(a.end_sig, rc)
         self._touch()
 
-    def stop_job(self) -> bool:
-        """SIGTERM the attempt on every worker (a supervisor's stop). False: nothing ran."""
-        a = self.live()
-        if a is None or not self.hosts_up:
-            return False
-        if a.frozen is None:
-            a.frozen = self.now
-        for w in range(self.p.workers):
-            a.exits.setdefault(w, EXIT_TERM)
-        self._end(a)
-        self._stopped_now = a
-        return True
+    def stop_job(self, slices: list[int] | None = None) -> bool:
+        """SIGTERM the processes on every worker of `slices` (None: all; a supervisor's stop).
+        Stopping any slice of a live attempt ends its progress. False: nothing ran there."""
+        stopped = False
+        for s in range(len(self.slices)) if slices is None else slices:
+            sl = self.slices[s]
+            pr = sl.procs
+            if pr is None or pr.ended or not sl.hosts_up:
+                continue
+            a = pr.attempt
+            if a is not None:
+                if a.frozen is None:
+                    a.frozen = self.now
+                self._stopped_now = a
+            self._record(pr, range(self.p.workers), EXIT_TERM)
+            self._procs_end(pr)
+            stopped = True
+        return stopped
 
-    def _hosts_down(self) -> None:
-        """The hosts went away: the attempt dies with no exit code, ssh sessions drop."""
-        self.hosts_up = False
-        a = self.live()
-        if a is not None:
-            if a.frozen is None:
+    def _hosts_down(self, s: int) -> None:
+        """Slice `s`'s hosts went away: its processes die with no exit code, ssh sessions drop;
+        the attempt they were part of stops making progress on every slice."""
+        sl = self.slices[s]
+        sl.hosts_up = False
+        pr = sl.procs
+        if pr is not None and not pr.ended:
+            a = pr.attempt
+            if a is not None and a.frozen is None:
                 a.frozen = self.now
-            self._end(a, lost=True)
+            self._procs_end(pr, lost=True)
 
     # -- what a supervisor can observe -----------------------------------------------------
 
     def probe(self) -> list[tuple[int, str, int | None, int | None]]:
-        """(worker, state, attempt, exit code) per worker, as the worker-side probe answers."""
-        node = self.node
+        """(worker, state, attempt, exit code) per worker of every slice, as the worker-side probe
+        answers; workers numbered globally."""
+        out: list[tuple[int, str, int | None, int | None]] = []
+        for s in range(len(self.slices)):
+            base = s * self.p.workers
+            out += [(base + w, state, no, code) for w, state, no, code in self.probe_slice(s)]
+        return out
+
+    def probe_slice(self, s: int) -> list[tuple[int, str, int | None, int | None]]:
+        """(slice-local worker, state, attempt, exit code) per worker of slice `s`."""
+        sl = self.slices[s]
+        node = sl.node
+        pr = sl.procs
         out: list[tuple[int, str, int | None, int | None]] = []
         for w in range(self.p.workers):
-            if node is None or not self.hosts_up or node.state != "READY":
+            if node is None or not sl.hosts_up or node.state != "READY":
                 out.append((w, "unreachable", None, None))
                 continue
             no = node.files.get(w)
-            a = self.attempt
             if no is None:
                 out.append((w, "absent", None, None))
-            elif a is not None and a.no == no and a.node_id == node.id:
-                if w in a.exits and a.exits[w] is not None:
-                    out.append((w, "exited", no, a.exits[w]))
-                elif w in a.exits or a.ended:
+            elif pr is not None and pr.no == no and pr.node_id == node.id:
+                code = pr.exits.get(w)
+                if code is not None:
+                    out.append((w, "exited", no, code))
+                elif w in pr.exits or pr.ended:
                     out.append((w, "absent", no, None))
                 else:
                     out.append((w, "running", no, None))
@@ -549,133 +721,147 @@ class World:
         self.sim.fire(op.sig, op)
         self._touch()
 
-    def delete_node(self) -> OpRec | None:
-        """Start deleting the node; None when there is none."""
-        node = self.node
+    def delete_node(self, s: int = 0) -> OpRec | None:
+        """Start deleting slice `s`'s node; None when there is none."""
+        sl = self.slices[s]
+        node = sl.node
         if node is None or node.state == "DELETING":
             return None
         node.state, node.health = "DELETING", "HEALTH_UNSPECIFIED"
         node.epoch += 1
-        self.maintenance, self.heal_at = False, None
-        self._hosts_down()
+        sl.maintenance, sl.heal_at = False, None
+        self._hosts_down(s)
         op = self._op("delete")
-        self.sim.after(self.p.delete_time, self._deleted, node, op)
+        self.sim.after(self.p.delete_time, self._deleted, s, node, op)
         self._touch()
         return op
 
-    def _deleted(self, node: NodeRec, op: OpRec) -> None:
-        if self.node is node:
-            self.node = None
+    def _deleted(self, s: int, node: NodeRec, op: OpRec) -> None:
+        sl = self.slices[s]
+        if sl.node is node:
+            sl.node = None
         self._finish_op(op)
 
-    def create_node(self) -> OpRec:
-        """Start creating the node; the operation fails when the zone has no capacity."""
+    def create_node(self, s: int = 0) -> OpRec:
+        """Start creating slice `s`'s node; the operation fails when the zone has no capacity."""
+        sl = self.slices[s]
         op = self._op("create")
-        if self.node is not None:
-            self._finish_op(op, ALREADY_EXISTS, f"node {self.name} already exists")
+        if sl.node is not None:
+            self._finish_op(op, ALREADY_EXISTS, f"node {sl.name} already exists")
             return op
         if self.in_stockout(self.now):
             self.sim.after(self.p.create_fail_time, self._finish_op, op, RESOURCE_EXHAUSTED,
                            'There is no more capacity in the zone "us-central2-b"')
             return op
         node = NodeRec(self._new_id(), "CREATING", "HEALTH_UNSPECIFIED", self.now)
-        self.node = node
-        self.hosts_up = False
-        self.sim.after(self.p.create_time, self._created, node, op)
+        sl.node = node
+        sl.hosts_up = False
+        self.sim.after(self.p.create_time, self._created, s, node, op)
         self._touch()
         return op
 
-    def _created(self, node: NodeRec, op: OpRec) -> None:
-        if self.node is node and node.state == "CREATING":
+    def _created(self, s: int, node: NodeRec, op: OpRec) -> None:
+        sl = self.slices[s]
+        if sl.node is node and node.state == "CREATING":
             node.state, node.health = "READY", "HEALTHY"
-            self.hosts_up = True
+            sl.hosts_up = True
         self._finish_op(op)
 
     # -- faults -----------------------------------------------------------------------------
 
-    def _hit(self, kind: str, interrupted: bool) -> None:
+    def _hit(self, kind: str, interrupted: bool, down: bool = False) -> None:
+        """Record a fault; `down`: it takes a slice down (a relaunch waits for it to be usable)."""
         self.hits.append(FaultHit(kind, self.now, interrupted))
+        if interrupted and down:
+            self._down, self._all_usable_at = True, None
 
     def _running(self) -> bool:
         """A good attempt is making progress (or starting up)."""
         a = self.live()
         return a is not None and a.frozen is None and not a.bad
 
-    def maintenance_event(self, kind: str, heal_after: float | None, stuck: str = "REPAIRING") -> bool:
-        """UNHEALTHY_MAINTENANCE, the job killed, REPAIRING; healed after `heal_after` (None: never)."""
-        node = self.node
+    def maintenance_event(self, kind: str, heal_after: float | None, stuck: str = "REPAIRING", s: int = 0) -> bool:
+        """UNHEALTHY_MAINTENANCE on slice `s`, the job killed, REPAIRING; healed after
+        `heal_after` (None: never)."""
+        sl = self.slices[s]
+        node = sl.node
         if node is None or node.state != "READY" or node.health != "HEALTHY":
             self.skipped.append((kind, self.now))
             return False
-        self._hit(kind, self._running())
+        self._hit(kind, self._running(), down=True)
         node.epoch += 1
         node.health, node.description = "UNHEALTHY_MAINTENANCE", ""
-        self.audit.append(AuditRec(self.now, "terminate", node.id, "MAINTENANCE"))
-        self._hosts_down()
-        self.maintenance = True
-        self.heal_at = self.now + heal_after if heal_after is not None else None
+        self.audit.append(AuditRec(self.now, "terminate", node.id, "MAINTENANCE", sl.name))
+        self._hosts_down(s)
+        sl.maintenance = True
+        sl.heal_at = self.now + heal_after if heal_after is not None else None
         epoch = node.epoch
         repair_in = self.p.repairing_after if heal_after is None else min(self.p.repairing_after, heal_after / 10)
         self.sim.after(repair_in, self._set_state, node, epoch, "REPAIRING", None)
         if heal_after is None and stuck == "UNKNOWN":
             self.sim.after(self.p.unknown_after, self._set_state, node, epoch, "UNKNOWN", "HEALTH_UNSPECIFIED")
         if heal_after is not None:
-            self.sim.after(heal_after, self._heal, node, epoch)
+            self.sim.after(heal_after, self._heal, s, node, epoch)
         self._touch()
         return True
 
     def _set_state(self, node: NodeRec, epoch: int, state: str, health: str | None) -> None:
-        if self.node is not node or node.epoch != epoch:
+        if node.epoch != epoch or all(sl.node is not node for sl in self.slices):
             return
         node.state = state
         if health is not None:
             node.health = health
         self._touch()
 
-    def _heal(self, node: NodeRec, epoch: int) -> None:
-        if self.node is not node or node.epoch != epoch:
+    def _heal(self, s: int, node: NodeRec, epoch: int) -> None:
+        sl = self.slices[s]
+        if sl.node is not node or node.epoch != epoch:
             return
         node.epoch += 1
         node.state, node.health = "READY", "HEALTHY"
         node.maintenance_time = self.audit[-1].time if self.audit else None
         node.description = "The TPU had a maintenance event"
-        self.audit.append(AuditRec(self.now, "restart", node.id, ""))
-        self.hosts_up = True
-        self.maintenance, self.heal_at = False, None
-        self.upcomings = [u for u in self.upcomings if u.status != "ONGOING"]
+        self.audit.append(AuditRec(self.now, "restart", node.id, "", sl.name))
+        sl.hosts_up = True
+        sl.maintenance, sl.heal_at = False, None
+        if s == 0:
+            self.upcomings = [u for u in self.upcomings if u.status != "ONGOING"]
         self._touch()
 
-    def preempt(self) -> bool:
-        node = self.node
+    def preempt(self, s: int = 0) -> bool:
+        sl = self.slices[s]
+        node = sl.node
         if node is None or node.state != "READY":
             self.skipped.append(("preemption", self.now))
             return False
-        self._hit("preemption", self._running())
+        self._hit("preemption", self._running(), down=True)
         node.epoch += 1
         node.state, node.health, node.description = "PREEMPTED", "HEALTH_UNSPECIFIED", ""
-        self.audit.append(AuditRec(self.now, "terminate", node.id, "PREEMPTED"))
-        self.maintenance, self.heal_at = False, None
-        self._hosts_down()
+        self.audit.append(AuditRec(self.now, "terminate", node.id, "PREEMPTED", sl.name))
+        sl.maintenance, sl.heal_at = False, None
+        self._hosts_down(s)
         self._touch()
         return True
 
-    def crash(self, worker: int) -> bool:
-        """Worker `worker` exits 139 (SIGSEGV); the others abort (134) after `peer_timeout`."""
+    def crash(self, worker: int, s: int = 0) -> bool:
+        """Worker `worker` of slice `s` exits 139 (SIGSEGV); that slice's other workers abort
+        (134) after `peer_timeout`; other slices' processes hang in their collectives."""
         a = self.live()
-        if a is None or not self._running() or not self.hosts_up:
+        if a is None or not self._running() or not self.slices[s].hosts_up:
             self.skipped.append(("crash", self.now))
             return False
         self._hit("crash", True)
         a.frozen = self.now
-        self._exit_one(a, worker % self.p.workers, 139)
+        base = s * self.p.workers
+        self._exit_one(a, base + worker % self.p.workers, 139)
         for w in range(self.p.workers):
-            self.sim.after(self.p.peer_timeout, self._exit_one, a, w, 134)
+            self.sim.after(self.p.peer_timeout, self._exit_one, a, base + w, 134)
         return True
 
-    def hang(self) -> bool:
+    def hang(self, s: int = 0) -> bool:
         """Every worker stops making progress; the processes live on."""
         a = self.live()
-        if a is None or not self._running() or not self.hosts_up:
+        if a is None or not self._running() or not self.slices[s].hosts_up:
             self.skipped.append(("hang", self.now))
             return False
         self._hit("hang", True)
@@ -713,18 +899,14 @@ class World:
             a.saved_step, a.saved_at = a.progress(self.now)[0], self.now + self.p.ckpt_save
             self.sim.at(a.saved_at, self._saved_exit, a)
         else:
-            for w in range(self.p.workers):
-                a.exits.setdefault(w, EXIT_TERM)
-            self._end(a)
+            self._end_all(a, EXIT_TERM)
         self._touch()
 
     def _saved_exit(self, a: Attempt) -> None:
         """The job saved on the signal and exits 0 (not the job's end: the relay noted why)."""
         if a.ended:
             return
-        for w in range(self.p.workers):
-            a.exits.setdefault(w, 0)
-        self._end(a)
+        self._end_all(a, 0)
 
     def _announced_start(self, up: Upcoming) -> None:
         if self._pending(up):

@@ -44,70 +44,76 @@ def at(t: float) -> datetime:
 
 
 class BenchTpu:
-    """The TPU API of one zone (tpuwatch.ports.TpuApi) over the World's node and operations."""
+    """The TPU API of one zone (tpuwatch.ports.TpuApi) over the World's slices' nodes and
+    operations: each slice is a node of its own name, with its workers numbered from 0."""
 
     def __init__(self, world: World, meter: Meter, job: str, zone: str = ZONE) -> None:
         self.world = world
         self.meter = meter
         self.job = job
         self.zone = zone
-        self._key: tuple[Any, ...] | None = None
-        self._snap: NodeSnapshot | None = None
+        self._key: dict[int, tuple[Any, ...]] = {}
+        self._snap: dict[int, NodeSnapshot] = {}
 
-    def snapshot(self) -> NodeSnapshot | None:
-        """The node as the API would show it now (no call counted)."""
-        w, node = self.world, self.world.node
+    def snapshot(self, s: int = 0) -> NodeSnapshot | None:
+        """Slice `s`'s node as the API would show it now (no call counted)."""
+        w = self.world
+        sl = w.slices[s]
+        node = sl.node
         if node is None:
             return None
-        up = w.upcoming
+        up = w.upcoming if s == 0 else None
         key = (node.id, node.state, node.health, node.description, node.maintenance_time,
                (up.status, up.start) if up is not None else None)
-        if key != self._key:
-            self._key = key
+        if key != self._key.get(s):
+            self._key[s] = key
             um = None
             if up is not None:  # v2alpha1 upcomingMaintenance; canReschedule only while PENDING
                 um = UpcomingMaintenance(up.type, up.status, up.can_reschedule and up.status == "PENDING",
                                          at(up.start), at(up.start + 3600.0), at(up.start))
-            self._snap = NodeSnapshot(
-                name=w.name, project=PROJECT, zone=self.zone, id=str(node.id), create_time=at(node.created),
+            self._snap[s] = NodeSnapshot(
+                name=sl.name, project=PROJECT, zone=self.zone, id=str(node.id), create_time=at(node.created),
                 state=node.state, health=node.health, health_description=node.description,
                 maintenance_time=at(node.maintenance_time) if node.maintenance_time is not None else None,
-                workers=tuple(WorkerEndpoint(i, f"10.0.0.{i + 2}", "") for i in range(w.p.workers)),
+                workers=tuple(WorkerEndpoint(i, f"10.{s}.0.{i + 2}", "") for i in range(w.p.workers)),
                 accelerator_type="v4-32", spot=True, labels={OWNER_LABEL: self.job}, upcoming_maintenance=um,
             )
-        return self._snap
+        return self._snap[s]
 
     def worker_instances(self, node: NodeSnapshot) -> Mapping[str, tuple[str, str]]:
         return {}  # the benchmark's audit log has no worker-VM entries
 
     def get_node(self, name: str) -> NodeSnapshot | None:
         self.meter.tpu += 1
-        return self.snapshot() if name == self.world.name else None
+        s = self.world.slice_of(name)
+        return self.snapshot(s) if s is not None else None
 
     def list_nodes(self) -> list[NodeSnapshot]:
         self.meter.tpu += 1
-        snap = self.snapshot()
-        return [snap] if snap is not None else []
+        snaps = (self.snapshot(s) for s in range(len(self.world.slices)))
+        return [snap for snap in snaps if snap is not None]
 
     def delete_node(self, name: str) -> str:
         self.meter.tpu += 1
-        op = self.world.delete_node() if name == self.world.name else None
+        s = self.world.slice_of(name)
+        op = self.world.delete_node(s) if s is not None else None
         if op is None:
             raise NotFoundError(f"no TPU named {name} in {self.zone}")
         return op.name
 
     def create_node(self, name: str, node: Mapping[str, Any], zone: str | None = None) -> str:
         self.meter.tpu += 1
-        if self.world.node is not None:
+        s = self.world.slice_of(name)
+        if s is None or self.world.slices[s].node is not None:
             call = Call("TPU API", "create_node", f"projects/{PROJECT}/locations/{self.zone}/nodes/{name}",
                         "tpu.nodes.create", "tpu.googleapis.com")
             raise ApiError(f"{call}: ALREADY_EXISTS: node {name} already exists", call=call, code="ALREADY_EXISTS")
-        return self.world.create_node().name
+        return self.world.create_node(s).name
 
     def perform_maintenance(self, name: str) -> str:
         """v2alpha1 performMaintenance (what `Lifecycle.start_maintenance` calls for a plain node)."""
         self.meter.tpu += 1
-        op = self.world.perform_maintenance() if name == self.world.name else None
+        op = self.world.perform_maintenance() if name == self.world.slices[0].name else None
         if op is None:
             call = Call("TPU API", "perform_maintenance", f"projects/{PROJECT}/locations/{self.zone}/nodes/{name}",
                         "tpu.nodes.performMaintenance", "tpu.googleapis.com")
@@ -134,12 +140,13 @@ class BenchAudit:
         self.meter.log += 1
         w = self.world
         recs, end = w.audit_since(int(cursor) if cursor else 0)
+        names = set(nodes)
         events = [
-            AuditEvent(time=at(r.time), kind="terminate" if r.kind == "terminate" else "restart", node=w.name,
+            AuditEvent(time=at(r.time), kind="terminate" if r.kind == "terminate" else "restart", node=r.node,
                        worker=None, method=f"tpu.nodes.{r.kind}", reason=r.reason,
                        insert_id=f"{r.time:.3f}-{r.kind}",
-                       resource_name=f"projects/{PROJECT}/locations/{ZONE}/nodes/{w.name}")
-            for r in recs if w.name in nodes
+                       resource_name=f"projects/{PROJECT}/locations/{ZONE}/nodes/{r.node}")
+            for r in recs if r.node in names
         ]
         return events, str(end)
 
@@ -151,11 +158,13 @@ LOG_BANNER, LOG_LINE = 2000, 80  # bytes a launch prints, then per training step
 
 
 class BenchWorkers:
-    """The workers (tpuwatch.ports.Workers) over the World's job."""
+    """The workers (tpuwatch.ports.Workers) over the World's job: every slice's workers, numbered
+    globally, or (`slice`) one slice's alone, numbered from 0, for a watcher of that slice only."""
 
-    def __init__(self, world: World, meter: Meter) -> None:
+    def __init__(self, world: World, meter: Meter, slice: int | None = None) -> None:
         self.world = world
         self.meter = meter
+        self.slice = slice
 
     def login(self, node: NodeSnapshot) -> Login | None:
         return None
@@ -185,6 +194,10 @@ class BenchWorkers:
 
     def probe(self, node: NodeSnapshot) -> list[WorkerProbe]:
         self.meter.ssh += len(node.workers)
+        if self.slice is not None:
+            return [WorkerProbe(w, state, attempt=no, exit_code=code,  # type: ignore[arg-type]
+                                log_bytes=self._log_bytes(no) if state != "unreachable" else None)
+                    for w, state, no, code in self.world.probe_slice(self.slice)]
         a = self.world.attempt
         notice = a.notice if a is not None else ""  # the relay's file beside that attempt
         return [WorkerProbe(w, state, attempt=no, exit_code=code,  # type: ignore[arg-type]
@@ -195,6 +208,12 @@ class BenchWorkers:
     def _log_bytes(self, attempt: int | None) -> int | None:
         """The attempt log's size: a start-up banner, then a line per step; it stops growing
         when progress stops (a hang, a crash, the bug's exit)."""
+        if self.slice is not None:  # processes still waiting for their peers print only the banner
+            pr = self.world.slices[self.slice].procs
+            if attempt is None or pr is None or pr.no != attempt:
+                return None
+            a = pr.attempt
+            return LOG_BANNER + (LOG_LINE * (a.progress(self.world.now)[0] - a.s0) if a is not None else 0)
         a = self.world.attempt
         if attempt is None or a is None or a.no != attempt:
             return None
@@ -206,8 +225,10 @@ class BenchWorkers:
         w = self.world
         n = len(node.workers)
         self.meter.ssh += n
+        if self.slice is not None:
+            return self._launch_slice(self.slice, n, attempt, clean)
         live = w.live()
-        if w.node is None or w.node.state != "READY" or not w.hosts_up:
+        if any(sl.node is None or sl.node.state != "READY" or not sl.hosts_up for sl in w.slices):
             return [LaunchResult(i, "unreachable", detail="connection timed out") for i in range(n)]
         if clean and live is not None and live.no < attempt:
             # remote.sh's TW_CLEAN_MS: an older attempt is stopped in the launch's connection.
@@ -220,16 +241,38 @@ class BenchWorkers:
             return [LaunchResult(i, "error", detail="the job is complete") for i in range(n)]
         return [LaunchResult(i, "launched", attempt=attempt, pid=1000 + i) for i in range(n)]
 
+    def _launch_slice(self, s: int, n: int, attempt: int, clean: bool) -> Sequence[LaunchResult]:
+        w = self.world
+        sl = w.slices[s]
+        if sl.node is None or sl.node.state != "READY" or not sl.hosts_up:
+            return [LaunchResult(i, "unreachable", detail="connection timed out") for i in range(n)]
+        live = sl.procs if sl.procs is not None and not sl.procs.ended else None
+        if clean and live is not None and live.no < attempt:
+            w.stop_job([s])
+            live = None
+        if live is not None:
+            outcome = "running" if live.no == attempt else "busy"
+            return [LaunchResult(i, outcome, attempt=live.no, pid=1000 + i) for i in range(n)]  # type: ignore[arg-type]
+        if w.launch_slice(s, attempt) is None:
+            return [LaunchResult(i, "error", detail="the job is complete") for i in range(n)]
+        return [LaunchResult(i, "launched", attempt=attempt, pid=1000 + i) for i in range(n)]
+
     def stop(self, node: NodeSnapshot, workers: Sequence[int] | None = None) -> list[StopResult]:
         w = self.world
         which = list(workers) if workers is not None else [e.index for e in node.workers]
         self.meter.ssh += len(which)
-        if not w.hosts_up:
+        slices = [self.slice] if self.slice is not None else list(range(len(w.slices)))
+        if not all(w.slices[s].hosts_up for s in slices):
             return [StopResult(i, False, unreachable=True, detail="connection timed out") for i in which]
-        running = {wk for wk, state, _, _ in w.probe() if state == "running"}
-        # The job runs on every worker or on none; a stop that spares some of its workers (the
-        # launch's cleanup of the others) leaves it running.
-        stopped = bool(running) and running <= set(which) and w.stop_job()
+        # A slice's processes run on every worker of the slice or on none; a stop that spares some
+        # of them (the launch's cleanup of the others) leaves them running.
+        hit = []
+        for s in slices:
+            base = 0 if self.slice is not None else s * w.p.workers
+            running = {base + wk for wk, state, _, _ in w.probe_slice(s) if state == "running"}
+            if running and running <= set(which):
+                hit.append(s)
+        stopped = bool(hit) and w.stop_job(hit)
         return [StopResult(i, True, stopped=(2000 + i,) if stopped else ()) for i in which]
 
 

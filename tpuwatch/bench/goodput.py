@@ -88,19 +88,22 @@ class ToolResult:
 
 
 def _apply(world: World, fault: Fault) -> None:
+    s = fault.slice
     if fault.kind == "maintenance":
-        world.maintenance_event("maintenance", fault.heal_after)
+        world.maintenance_event("maintenance", fault.heal_after, s=s)
     elif fault.kind == "stuck":
-        world.maintenance_event("stuck", None, fault.stuck)
+        world.maintenance_event("stuck", None, fault.stuck, s=s)
     elif fault.kind == "preemption":
-        world.preempt()
+        world.preempt(s)
     elif fault.kind == "crash":
-        world.crash(fault.worker)
+        world.crash(fault.worker, s)
     elif fault.kind == "hang":
-        world.hang()
+        world.hang(s)
     elif fault.kind == "bug":
         world.push_bug()
     elif fault.kind in ANNOUNCED:
+        if s != 0:
+            raise ValueError("announced maintenance is modelled on a single slice only")
         world.announce(fault.kind, fault.time, fault.heal_after or 0.0)
     else:
         raise ValueError(f"unknown fault kind {fault.kind!r}")

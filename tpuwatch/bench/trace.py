@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # Fault kinds in report order; "bug" is the code push after which every launch exits 1.
 KINDS = ("maintenance", "stuck", "preemption", "crash", "hang")
@@ -31,6 +31,7 @@ class Fault:
     stuck: str = "REPAIRING"  # stuck: the state the node stays in
     worker: int = 0  # crash: the worker that exits 139
     lead: float = 0.0  # announced maintenance: announced this long before `time` (its window start)
+    slice: int = 0  # the slice it strikes (Multislice)
 
 
 @dataclass(frozen=True)
@@ -79,10 +80,30 @@ def _lognormal(rng: random.Random, median: float, sigma: float) -> float:
     return median * math.exp(sigma * rng.gauss(0.0, 1.0))
 
 
-def make_trace(seed: int, days: float, workers: int, tc: TraceConfig | None = None) -> Trace:
-    """The fault trace for `seed`: the same arguments always give the same trace."""
+def make_trace(seed: int, days: float, workers: int, tc: TraceConfig | None = None, slices: int = 1) -> Trace:
+    """The fault trace for `seed`: the same arguments always give the same trace.
+
+    With `slices` > 1 every slice has faults of its own at the same rates, so the job sees
+    `slices` times as many: slice 0's are the single-slice trace of `seed`, slice i's are drawn
+    from a source of its own, without the zone's own stockout windows and the code push, which
+    the single-slice trace already holds once for the whole job (a preemption's stockout is
+    drawn with it, on every slice).
+    """
     tc = tc or TraceConfig()
-    rng = random.Random(seed)
+    base = _slice_trace(random.Random(seed), days, workers, tc)
+    faults = list(base.faults)
+    stockouts = list(base.stockouts)
+    for i in range(1, slices):
+        more = _slice_trace(random.Random(f"{seed}/slice/{i}"), days, workers,
+                            replace(tc, stockouts=0.0, bug_at=None))
+        faults += [replace(f, slice=i) for f in more.faults]
+        stockouts += more.stockouts
+    faults.sort(key=lambda f: (f.time, f.kind, f.slice))
+    return Trace(seed, base.horizon, tuple(faults), tuple(sorted(stockouts)))
+
+
+def _slice_trace(rng: random.Random, days: float, workers: int, tc: TraceConfig) -> Trace:
+    """One slice's faults (and the stockout windows they bring) drawn from `rng`."""
     horizon = days * 86400.0
     lo, hi = min(3600.0, horizon / 10), max(horizon - 3600.0, horizon * 0.9)
 
@@ -118,7 +139,7 @@ def make_trace(seed: int, days: float, workers: int, tc: TraceConfig | None = No
                 faults.append(Fault(when(), kind, heal_after=_lognormal(rng, tc.heal_median, tc.heal_sigma),
                                     lead=lead))
     faults.sort(key=lambda f: (f.time, f.kind))
-    return Trace(seed, horizon, tuple(faults), tuple(sorted(stockouts)))
+    return Trace(0, horizon, tuple(faults), tuple(sorted(stockouts)))
 
 
 def make_bug_trace(days: float, push_at: float = 0.5, heal_after: float = 600.0) -> Trace:
