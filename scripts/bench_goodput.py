@@ -5,6 +5,7 @@
     python scripts/bench_goodput.py --seed 7 --json      # another trace, as JSON
     python scripts/bench_goodput.py --hangs 0 --bug-at none --workers 16 --ckpt-every 1800
     python scripts/bench_goodput.py --maintenance 0 --scheduled 4 --unscheduled 2 --notice-only 2
+    python scripts/bench_goodput.py --slices 4                 # one job over 4 slices (Multislice)
 
 Every tool replays the same trace (tpuwatch.bench): tpuwatch itself (`watch`'s loop over the real
 tick, policy, config and journal, against in-memory ports), the bash loop of the TPU docs,
@@ -81,7 +82,9 @@ def parser() -> argparse.ArgumentParser:
     g = ap.add_argument_group("the job and the slice")
     g.add_argument("--seed", type=int, default=0, help="fault trace seed")
     g.add_argument("--days", type=float, default=d.days, help="length of the run")
-    g.add_argument("--workers", type=int, default=d.workers, help="hosts in the slice")
+    g.add_argument("--workers", type=int, default=d.workers, help="hosts in the slice (in each slice)")
+    g.add_argument("--slices", type=int, default=d.slices,
+                   help="pod slices the job spans (Multislice); faults are drawn per slice")
     g.add_argument("--step-time", type=_duration("--step-time"), default=d.step_time, help="seconds per step")
     g.add_argument("--ckpt-every", type=int, default=d.ckpt_every, help="steps between checkpoints")
     g.add_argument("--ckpt-save", type=_duration("--ckpt-save"), default=d.ckpt_save, help="checkpoint save time")
@@ -150,10 +153,15 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError("--days, --step-time must be > 0; --workers, --ckpt-every at least 1")
     if min(args.scheduled, args.unscheduled, args.notice_only) < 0 or args.notice_lead < 0:
         raise UsageError("--scheduled, --unscheduled, --notice-only and --notice-lead must not be negative")
+    if args.slices < 1:
+        raise UsageError(f"--slices: expected 1 or more, got {args.slices}")
+    if args.slices > 1 and max(args.scheduled, args.unscheduled, args.notice_only) > 0:
+        raise UsageError("--scheduled, --unscheduled and --notice-only are modelled on one slice only: "
+                         "leave them at 0 with --slices")
     p = Params(days=args.days, workers=args.workers, step_time=args.step_time, ckpt_every=args.ckpt_every,
                ckpt_save=args.ckpt_save, steps=args.steps, startup=args.startup, create_time=args.create_time,
                delete_time=args.delete_time, audit_delay=args.audit_delay, notice_lead=args.notice_lead,
-               save_on_term=args.save_on_term)
+               save_on_term=args.save_on_term, slices=args.slices)
     tc = TraceConfig(maintenance=args.maintenance, stuck=args.stuck, preemptions=args.preemptions,
                      stockout_after_preemption=args.stockout_after_preemption, stockouts=args.stockouts,
                      crashes=args.crashes, hangs=args.hangs, bug_at=args.bug_at, heal_median=args.heal_median,
@@ -170,16 +178,17 @@ def main(argv: list[str] | None = None) -> int:
         tuned_keys[key.strip()] = int(value) if value.strip().isdigit() else value.strip()
     cfg = tpuwatch_config(**common)
     tuned = tpuwatch_config(**{**common, **tuned_keys})
-    chosen = make_tools(cfg, tuned, args.skypilot_restarts, skip_idle=not args.every_tick)
+    chosen = make_tools(cfg, tuned, args.skypilot_restarts, skip_idle=not args.every_tick, slices=args.slices)
     if args.tools:
         keys = [k.strip() for k in args.tools.split(",") if k.strip()]
         unknown = [k for k in keys if k not in {t.key for t in chosen}]
         if unknown:
-            raise UsageError(f"--tools: unknown tool {unknown[0]!r}; choose from "
+            where = f" with --slices {args.slices}" if args.slices > 1 else ""
+            raise UsageError(f"--tools: unknown tool {unknown[0]!r}{where}; choose from "
                              + ", ".join(t.key for t in chosen))
         chosen = [t for t in chosen if t.key in keys]
     if args.seeds:
-        sw = sweep(chosen, [make_trace(s, p.days, p.workers, tc) for s in args.seeds], p)
+        sw = sweep(chosen, [make_trace(s, p.days, p.workers, tc, p.slices) for s in args.seeds], p)
         if args.json:
             json.dump(sweep_json(sw), sys.stdout, indent=2)
             print()
@@ -189,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             for part in render_sweep(sw):
                 Console(width=150).print(part)
         return 1 if sw.errors else 0
-    report = run_all(chosen, make_trace(args.seed, p.days, p.workers, tc), p)
+    report = run_all(chosen, make_trace(args.seed, p.days, p.workers, tc, p.slices), p)
     bug = run_all(chosen, make_bug_trace(p.days), p)
     if args.json:
         out = as_json(report)

@@ -131,9 +131,11 @@ class Sim:
         else:
             self.after(float(y), self._step, proc, None)
 
-    def next_time(self) -> float:
-        """When the next callback is due (inf: none)."""
-        return self._heap[0][0] if self._heap else math.inf
+    def next_time(self, ignore: Callable[..., None] | None = None) -> float:
+        """When the next callback is due (inf: none), callbacks `ignore` left out."""
+        if ignore is None:
+            return self._heap[0][0] if self._heap else math.inf
+        return min((t for t, _, fn, _ in self._heap if fn != ignore), default=math.inf)
 
     def run(self, until: float) -> None:
         heap = self._heap
@@ -478,11 +480,12 @@ class World:
                 return ck, ckt
         return self.ckpt_step, self.ckpt_time
 
-    def next_change(self) -> float:
+    def next_change(self, ignore: Callable[..., None] | None = None) -> float:
         """The first time after now at which a supervisor could observe something new: a
-        scheduled event, the live attempt's next checkpoint completing, or an audit entry
-        becoming readable. Nothing observable changes before it."""
-        t = self.sim.next_time()
+        scheduled event (but `ignore`'s: the supervisors' own wake-ups), the live attempt's next
+        checkpoint completing, or an audit entry becoming readable. Nothing else observable
+        changes before it."""
+        t = self.sim.next_time(ignore)
         a = self.live()
         if a is not None and a.frozen is None and not a.bad:
             c = a._cycle()

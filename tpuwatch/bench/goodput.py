@@ -61,6 +61,15 @@ class ToolResult:
     real_ticks: int = 0  # tpuwatch: ticks actually run (TpuwatchDriver.skip_idle)
     port_probes: int = 0  # tpuwatch: TCP probes of a down node's SSH port between ticks
     announced: list[tuple[str, int, str]] = field(default_factory=list)  # (kind, steps lost, how) per event
+    # seconds from the last slice a disruption took down being usable again to the next attempt
+    relaunch: list[float] = field(default_factory=list)
+
+    def relaunch_stats(self) -> tuple[int, float | None, float | None]:
+        """(disruptions relaunched after, median s, p95 s); None when there were none."""
+        xs = sorted(self.relaunch)
+        if not xs:
+            return 0, None, None
+        return len(xs), statistics.median(xs), xs[max(0, math.ceil(0.95 * len(xs)) - 1)]
 
     def announced_stats(self, kind: str | None = None) -> tuple[int, float | None, int | None]:
         """(events that found the job making progress, mean steps lost, most steps lost) for an
@@ -140,8 +149,13 @@ def _result(tool: Tool, run: Run) -> ToolResult:
     stop = w.stopped if w.stopped is not None else p.horizon
     waste = None
     if w.bug_seen is not None:
-        waste = max(0.0, min(stop, p.horizon) - w.bug_seen) / 3600.0 * p.workers
-    tick: TpuwatchDriver | None = run.extra.get("tick")
+        waste = max(0.0, min(stop, p.horizon) - w.bug_seen) / 3600.0 * p.workers * p.slices
+    # tpuwatch: its watch loop; one per slice for tpuwatch-per-slice (memory: slice 0's watcher's)
+    ticks: list[TpuwatchDriver] = run.extra.get("ticks", [])
+    tick = ticks[0] if ticks else None
+    rows: Counter[str] = Counter()
+    for t in ticks:
+        rows.update(t.rows)
     memory = None
     if tick is not None:
         m = tick.mem
@@ -167,13 +181,14 @@ def _result(tool: Tool, run: Run) -> ToolResult:
         attempts=len(w.attempts),
         skipped=dict(Counter(k for k, _ in w.skipped)),
         memory=memory,
-        rows=dict(tick.rows) if tick is not None else {},
-        error=tick.error if tick is not None else "",
+        rows=dict(rows),
+        error="; ".join(t.error for t in ticks if t.error),
         events=run.sim.events,
-        ticks=tick.ticks if tick is not None else 0,
-        real_ticks=tick.real_ticks if tick is not None else 0,
-        port_probes=tick.port_probes if tick is not None else 0,
+        ticks=sum(t.ticks for t in ticks),
+        real_ticks=sum(t.real_ticks for t in ticks),
+        port_probes=sum(t.port_probes for t in ticks),
         announced=[(h.kind, h.lost_steps, h.how) for h in w.announced],
+        relaunch=list(w.relaunches),
     )
 
 
@@ -251,6 +266,9 @@ def as_json(report: Report) -> dict[str, Any]:
         })
         if any(report.trace.count(k) for k in ANNOUNCED):  # only then: the default output keeps its shape
             tools[-1]["announced_maintenance"] = announced_json(r, report.params)
+        if report.params.slices > 1:  # likewise
+            n, med, p95 = r.relaunch_stats()
+            tools[-1]["relaunch"] = {"disruptions": n, "median_s": _num(med), "p95_s": _num(p95)}
     return {"params": asdict(report.params), "trace": trace_summary(report.trace), "tools": tools,
             "seconds": round(report.seconds, 2)}
 
@@ -428,8 +446,9 @@ def render(report: Report) -> list[Any]:
 
     ideal = report.ideal
     p = report.params
+    hosts = f"{p.slices} slices of {p.workers} workers" if p.slices > 1 else f"{p.workers} workers"
     t1 = Table(title=f"Goodput over {p.days:g} days, seed {report.trace.seed} "
-                     f"({p.workers} workers, {p.step_time:g}s steps, checkpoint every {p.ckpt_every} steps)")
+                     f"({hosts}, {p.step_time:g}s steps, checkpoint every {p.ckpt_every} steps)")
     for col in ("tool", "goodput", "of ideal", "steps lost", "bug: launches", "bug waste (VM-h)",
                 "TPU API/h", "log reads/h", "ended"):
         t1.add_column(col, justify="left" if col in ("tool", "ended") else "right")
@@ -454,6 +473,15 @@ def render(report: Report) -> list[Any]:
             cells.append("-" if n == 0 else f"{_dur(med)} / {_dur(p95)} (n={n})")
         t2.add_row(r.label, *cells)
     out: list[Any] = [t1, t2]
+    if p.slices > 1:
+        t3 = Table(title=f"Relaunch of the {p.slices}-slice job: from the last slice a disruption took down "
+                         "being usable again to every slice running the next attempt")
+        for col in ("tool", "disruptions", "median", "p95"):
+            t3.add_column(col, justify="left" if col == "tool" else "right")
+        for r in report.results:
+            n, med, p95 = r.relaunch_stats()
+            t3.add_row(r.label, str(n), _dur(med), _dur(p95))
+        out.append(t3)
     announced = render_announced(report)
     if announced is not None:
         out.append(announced)

@@ -28,6 +28,7 @@ import math
 import random
 import sys
 import tempfile
+import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ from tpuwatch.bench.fakeports import (
     BenchWorkers,
     at,
 )
-from tpuwatch.config import Config, validate
+from tpuwatch.config import SCHEMA, Config, validate
 from tpuwatch.durations import human
 from tpuwatch.journal import Journal
 from tpuwatch.loop import Pacer, next_delay
@@ -306,7 +307,8 @@ def ideal(run: Run) -> Process:
     it heals sooner than a delete + create would give a node, recreated otherwise; a preempted
     or stuck node is deleted at once and created the moment the zone has capacity; the buggy
     code is given up on when its first attempt fails. It still pays startup, lost work since
-    the last checkpoint and the real repair / delete / create times.
+    the last checkpoint and the real repair / delete / create times. Over several slices it
+    recovers each slice so, and relaunches on all of them the moment every one is usable.
     """
     w, p = run.world, run.world.p
     n = 0
@@ -314,8 +316,8 @@ def ideal(run: Run) -> Process:
         if w.done is not None:
             w.give_up("job done")
             return
-        node = w.node
         a = w.live()
+        wait: float | None = None  # until a stockout ends
         if w.usable():
             if a is not None and a.frozen is not None and not a.bad:
                 w.stop_job()
@@ -327,22 +329,30 @@ def ideal(run: Run) -> Process:
                     return
                 n += 1
                 w.launch(n)
-        elif node is not None and node.state not in ("DELETING", "CREATING"):
-            if node.state == "PREEMPTED" or (w.maintenance and w.heal_at is None):
-                w.delete_node()
-            elif w.maintenance and w.heal_at is not None:
-                ready = w.stockout_end(w.now + p.delete_time) + p.create_time
-                if ready < w.heal_at:
-                    w.delete_node()
-            elif node.state in ("REPAIRING", "UNKNOWN"):
-                w.delete_node()
-        elif node is None:
-            t = w.stockout_end(w.now)
-            if t > w.now:
-                yield t - w.now
-                continue
-            w.create_node()
-        yield w.changed
+        else:
+            for s, sl in enumerate(w.slices):
+                node = sl.node
+                if w.usable(s):
+                    continue
+                if node is not None and node.state not in ("DELETING", "CREATING"):
+                    if node.state == "PREEMPTED" or (sl.maintenance and sl.heal_at is None):
+                        w.delete_node(s)
+                    elif sl.maintenance and sl.heal_at is not None:
+                        ready = w.stockout_end(w.now + p.delete_time) + p.create_time
+                        if ready < sl.heal_at:
+                            w.delete_node(s)
+                    elif node.state in ("REPAIRING", "UNKNOWN"):
+                        w.delete_node(s)
+                elif node is None:
+                    t = w.stockout_end(w.now)
+                    if t > w.now:
+                        wait = t if wait is None else min(wait, t)
+                    else:
+                        w.create_node(s)
+        if wait is not None:
+            yield run.sim.any_of(w.changed, wait - w.now)
+        else:
+            yield w.changed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,12 +363,14 @@ class _Horizon(Exception):
     """The run's end was reached while `loop.Pacer.wait` slept."""
 
 
-def tpuwatch_toml(**recovery: Any) -> str:
-    """A tpuwatch.toml for the benchmark's slice: `[recovery]` holds only the keys given (None
+def tpuwatch_toml(*, tpu: str = "llm-pod", names: list[str] | None = None, **recovery: Any) -> str:
+    """A tpuwatch.toml for the benchmark's job: `[recovery]` holds only the keys given (None
     values dropped), so every other key keeps the product's default. Durations may be given as
-    text ("30m") or seconds."""
+    text ("30m") or seconds. `tpu` is `[tpu] name`; `names`, the slices' node names of a
+    multislice job (`[tpu] names`)."""
     lines = [
-        "[tpu]", 'name = "llm-pod"', f'project = "{PROJECT}"', f'zone = "{ZONE}"',
+        "[tpu]", f"name = {_toml(tpu)}", f'project = "{PROJECT}"', f'zone = "{ZONE}"',
+        *([f"names = [{', '.join(_toml(n) for n in names)}]"] if names else []),
         "[tpu.spec]", 'accelerator_type = "v4-32"', 'runtime_version = "tpu-ubuntu2204-base"', "spot = true",
         "[job]", f'name = "{JOB}"', 'command = "cd ~/repo && python3 train.py --resume={checkpoint}"',
         'checkpoint_dir = "gs://bench/ckpt"',
@@ -377,9 +389,23 @@ def _toml(v: Any) -> str:
     return str(v)
 
 
-def tpuwatch_config(**recovery: Any) -> Config:
-    """A real Config from `tpuwatch_toml(**recovery)`, validated by the product's own schema."""
-    return Config(values=validate(tomllib.loads(tpuwatch_toml(**recovery))), path=None)
+def tpuwatch_config(*, tpu: str = "llm-pod", names: list[str] | None = None, **recovery: Any) -> Config:
+    """A real Config from `tpuwatch_toml(...)`, validated by the product's own schema."""
+    return Config(values=validate(tomllib.loads(tpuwatch_toml(tpu=tpu, names=names, **recovery))), path=None)
+
+
+def slice_config(cfg: Config, name: str) -> Config:
+    """`cfg` for a one-node job on the node `name` (a watcher of one slice of a multislice job)."""
+    tpu = {k: v for k, v in cfg.values["tpu"].items() if k != "names"}
+    return Config(values={**cfg.values, "tpu": {**tpu, "name": name}}, path=None)
+
+
+def job_config(cfg: Config, world: World) -> Config:
+    """`cfg` for the whole job of `world`: over several slices, `[tpu] names` lists their nodes."""
+    if len(world.slices) == 1:
+        return cfg
+    return Config(values={**cfg.values, "tpu": {**cfg.values["tpu"], "names": [sl.name for sl in world.slices]}},
+                  path=None)
 
 
 @dataclass
@@ -410,9 +436,14 @@ class TpuwatchDriver:
     same figures (tests/project/test_bench_goodput.py checks it); `skip_idle=False` runs every tick.
     """
 
-    def __init__(self, run: Run, cfg: Config, skip_idle: bool = True) -> None:
+    def __init__(self, run: Run, cfg: Config, skip_idle: bool = True, slice: int | None = None,
+                 group: Watchers | None = None) -> None:
         self.run = run
         self.cfg = cfg
+        # A watcher of one slice only (`slice`), which sleeps through its `group` when it shares
+        # the clock with others (Watchers); by default the one watcher runs the engine itself.
+        self.slice = slice
+        self.group = group
         self.pcfg = PolicyConfig.from_config(cfg)
         self.skip_idle = skip_idle
         self.mem: Memory = Memory.initial(self.pcfg.zones[0])
@@ -438,11 +469,13 @@ class TpuwatchDriver:
             sim.run(min(sim.now + max(seconds, 0.0), horizon))
 
         def port_open(host: str, port: int, timeout: float) -> bool:
-            return w.hosts_up and w.node is not None and w.node.state == "READY"
+            sl = w.slices[int(host.split(".")[1])]  # BenchTpu's addresses: 10.<slice>.0.<worker + 2>
+            return sl.hosts_up and sl.node is not None and sl.node.state == "READY"
 
-        return Ports(tpu_for=lambda zone: tpu, workers=BenchWorkers(w, m), checkpoints=BenchCheckpoints(w, m),
-                     audit=BenchAudit(w, m), now=lambda: at(sim.now), jitter=self._jitter, sleep=sleep,
-                     clock=lambda: sim.now, port_open=port_open)
+        self.sleep = self.group.sleeper(self) if self.group is not None else sleep
+        return Ports(tpu_for=lambda zone: tpu, workers=BenchWorkers(w, m, self.slice),
+                     checkpoints=BenchCheckpoints(w, m), audit=BenchAudit(w, m), now=lambda: at(sim.now),
+                     jitter=self._jitter, sleep=self.sleep, clock=lambda: sim.now, port_open=port_open)
 
     def drive(self) -> None:
         w, sim = self.run.world, self.run.sim
@@ -502,13 +535,20 @@ class TpuwatchDriver:
         period = sim.now - anchor.t
         if period <= 0:
             return
-        limit = min(w.next_change(), w.p.horizon)
+        group = self.group
+        limit = min(w.next_change(group.wake if group is not None else None), w.p.horizon)
         n = math.floor((limit - sim.now) / period)
         if sim.now + n * period >= limit:
             n -= 1  # the jump must end before the change, which a tick after it then sees
         n = self._still_running(report, period, n)
         if n <= 0:
             return
+        if group is not None:
+            # Another watcher may change the world meanwhile: the jump then ends at the first
+            # period boundary after the change, and replays the whole periods it covered.
+            start = sim.now
+            group.jump(self, n * period, period)
+            n = round((sim.now - start) / period)
         delta = [b - a for a, b in zip(anchor.meter, _meter(run.meter), strict=True)]
         m = run.meter
         m.tpu, m.log, m.storage, m.ssh = (v + n * d for v, d in zip(_meter(m), delta, strict=True))
@@ -517,7 +557,8 @@ class TpuwatchDriver:
         self.rows[report.decision.row] += ticks
         for _ in range(n * (self.draws - anchor.draws)):
             self._jitter()
-        sim.run(sim.now + n * period)
+        if group is None:
+            self.sleep(n * period)
         with journal.transaction():  # as the last replayed tick, which read the log, left it
             journal.set_cursor("audit_read_at", at(sim.now).isoformat())
 
@@ -536,6 +577,89 @@ class TpuwatchDriver:
             else:
                 hi = k - 1
         return lo
+
+
+class Watchers:
+    """Several `tpuwatch watch` loops sharing one virtual clock: one per slice of a multislice
+    job, each configured as a one-node job on its slice (`slice_config`), none aware of the
+    others. Each loop runs in a thread of its own, and only while the engine and every other loop
+    wait: its sleep schedules its wake-up in the engine and hands the baton back, so a run is as
+    deterministic as with one loop. The engine runs in the calling thread."""
+
+    def __init__(self, run: Run, cfg: Config, skip_idle: bool) -> None:
+        self.run = run
+        self.drivers = [TpuwatchDriver(run, slice_config(cfg, sl.name), skip_idle, s, self)
+                        for s, sl in enumerate(run.world.slices)]
+        self._go = {id(d): threading.Semaphore(0) for d in self.drivers}
+        self._token: dict[int, object] = {}
+        self._back = threading.Semaphore(0)
+        self._failure: BaseException | None = None
+
+    def sleeper(self, driver: TpuwatchDriver) -> Callable[[float], None]:
+        sim, horizon = self.run.sim, self.run.world.p.horizon
+
+        def sleep(seconds: float) -> None:
+            if sim.now >= horizon:
+                raise _Horizon
+            self._wait(driver, min(sim.now + max(seconds, 0.0), horizon))
+
+        return sleep
+
+    def jump(self, driver: TpuwatchDriver, total: float, period: float) -> None:
+        """Sleep `total` seconds, or less: to the first `period` boundary after a change of the world."""
+        sim, w = self.run.sim, self.run.world
+        start = sim.now
+
+        def early(_: object) -> None:
+            if self._token.get(id(driver)) is token:
+                t = start + (math.floor((sim.now - start) / period) + 1) * period
+                sim.at(min(t, start + total), self.wake, driver, token)
+
+        token = self._arm(driver, start + total)
+        w.changed.callbacks.append(early)
+        self._block(driver)
+
+    def _wait(self, driver: TpuwatchDriver, until: float) -> None:
+        self._arm(driver, until)
+        self._block(driver)
+
+    def _arm(self, driver: TpuwatchDriver, until: float) -> object:
+        token = self._token[id(driver)] = object()
+        self.run.sim.at(until, self.wake, driver, token)
+        return token
+
+    def _block(self, driver: TpuwatchDriver) -> None:
+        self._back.release()
+        self._go[id(driver)].acquire()
+
+    def wake(self, driver: TpuwatchDriver, token: object) -> None:
+        """An engine callback: let `driver` run until it sleeps again or ends (a stale token: no)."""
+        if self._token.get(id(driver)) is not token:
+            return
+        self._token.pop(id(driver))
+        self._go[id(driver)].release()
+        self._back.acquire()
+
+    def _thread(self, driver: TpuwatchDriver) -> None:
+        self._go[id(driver)].acquire()
+        try:
+            driver.drive()
+        except BaseException as exc:  # handed to the engine's thread, never lost
+            self._failure = exc
+        finally:
+            self._back.release()
+
+    def drive(self) -> None:
+        sim = self.run.sim
+        threads = [threading.Thread(target=self._thread, args=(d,), daemon=True) for d in self.drivers]
+        for d, t in zip(self.drivers, threads, strict=True):
+            t.start()
+            self._arm(d, sim.now)
+        sim.run(self.run.world.p.horizon)
+        for t in threads:
+            t.join()
+        if self._failure is not None:
+            raise self._failure
 
 
 def _idle(report: TickReport, delay: float, poll: float) -> bool:
@@ -568,11 +692,22 @@ def _with_loop(watcher: Callable[[Run], Process]) -> Callable[[Run], list[Proces
 
 def tpuwatch_tool(key: str, label: str, cfg: Config, note: str, skip_idle: bool = True) -> Tool:
     def drive(run: Run) -> None:
-        driver = TpuwatchDriver(run, cfg, skip_idle)
-        run.extra["tick"] = driver
+        driver = TpuwatchDriver(run, job_config(cfg, run.world), skip_idle)
+        run.extra["ticks"] = [driver]
         driver.drive()
 
     return Tool(key, label, lambda run: [], note, drive)
+
+
+def per_slice_tool(cfg: Config, skip_idle: bool = True) -> Tool:
+    """One tpuwatch per slice (Watchers): each relaunches its own slice, none waits for the others."""
+    def drive(run: Run) -> None:
+        group = Watchers(run, cfg, skip_idle)
+        run.extra["ticks"] = group.drivers
+        group.drive()
+
+    return Tool("tpuwatch-per-slice", "one tpuwatch per slice", lambda run: [],
+                "a one-node watcher per slice (defaults); they cannot coordinate", drive)
 
 
 def describe(cfg: Config, keys: tuple[str, ...] = ("repair_timeout", "max_restarts", "max_recreates",
@@ -581,8 +716,21 @@ def describe(cfg: Config, keys: tuple[str, ...] = ("repair_timeout", "max_restar
     return " ".join(f"{k}={human(r[k]) if isinstance(r[k], float) else r[k]}" for k in keys)
 
 
-def make_tools(cfg: Config, tuned: Config, skypilot_restarts: int = 0, skip_idle: bool = True) -> list[Tool]:
-    """Every compared tool, the bound first."""
+# tpuwatch watches a job over several slices once its config has `[tpu] names`.
+MULTISLICE = "names" in SCHEMA["tpu"]
+
+
+def make_tools(cfg: Config, tuned: Config, skypilot_restarts: int = 0, skip_idle: bool = True,
+               slices: int = 1) -> list[Tool]:
+    """Every compared tool, the bound first. Over several slices: the bound, tpuwatch (when it
+    has `[tpu] names`) and one tpuwatch per slice; the baselines are modelled on one slice only."""
+    if slices > 1:
+        return [
+            Tool("ideal", "ideal bound", lambda run: [ideal(run)],
+                 "oracle: every slice recovered at once, relaunched on all when all are usable"),
+            *([tpuwatch_tool("tpuwatch", "tpuwatch (defaults)", cfg, describe(cfg), skip_idle)] if MULTISLICE else []),
+            per_slice_tool(cfg, skip_idle),
+        ]
     return [
         Tool("ideal", "ideal bound", lambda run: [ideal(run)],
              "oracle: instant detection, best of heal or recreate, stops at the bug's first failure"),

@@ -1,0 +1,115 @@
+"""The goodput benchmark over several slices (Multislice): the engine's one-job-over-N-slices
+model, the ideal bound over N slices and the "one tpuwatch per slice" baseline (tpuwatch.bench)."""
+
+from __future__ import annotations
+
+from tpuwatch.bench import (
+    Fault,
+    Params,
+    Sim,
+    Trace,
+    World,
+    make_tools,
+    make_trace,
+    run_tool,
+    tpuwatch_config,
+)
+from tpuwatch.bench.tools import Tool, per_slice_tool
+
+CONFIG = tpuwatch_config()
+
+
+def tools(slices: int) -> dict[str, Tool]:
+    return {t.key: t for t in make_tools(CONFIG, CONFIG, slices=slices)}
+
+
+def two_slices() -> World:
+    return World(Sim(), Params(days=1, slices=2), [])
+
+
+def test_one_slice_disrupted_ends_the_attempt_on_every_slice() -> None:
+    w = two_slices()
+    a = w.launch(1)
+    assert a is not None and [pr.slice for pr in a.procs] == [0, 1]
+    w.sim.run(3 * 3600.0)
+    step = w.step_now()
+    assert step > 0 and w._running()
+    w.preempt(1)
+    assert a.frozen == w.sim.now and not w._running()
+    # slice 1's processes are gone; slice 0's live on, hung in their collectives: no progress, no checkpoint
+    assert [s for _, s, _, _ in w.probe_slice(1)] == ["unreachable"] * w.p.workers
+    assert [s for _, s, _, _ in w.probe_slice(0)] == ["running"] * w.p.workers
+    ck = w.checkpoint()
+    w.sim.run(6 * 3600.0)
+    assert w.step_now() == step and w.checkpoint() == ck and not a.ended
+    # slice 1 comes back and is relaunched alone: it joins no one
+    w.delete_node(1)
+    w.sim.run(w.sim.now + w.p.delete_time)
+    w.create_node(1)
+    w.sim.run(w.sim.now + w.p.create_time)
+    assert w.usable() and w.launch_slice(1, 2) is not None
+    assert w.attempt is a and w.live() is a
+    assert w.launch_slice(0, 2) is None  # slice 0 still runs the old processes (the worker lock)
+    # until slice 0's old processes are stopped and it is relaunched too: then the job trains again
+    assert w.stop_job([0]) and a.ended
+    b = w.launch_slice(0, 2)
+    assert b is not None and w.attempt is not a and w.attempt is not None and w.attempt.s0 == ck[0]
+    w.sim.run(w.sim.now + 3600.0)
+    assert w.step_now() > ck[0]
+
+
+def test_a_crash_on_one_slice_leaves_the_others_hung() -> None:
+    w = two_slices()
+    a = w.launch(1)
+    assert a is not None
+    w.sim.run(3600.0)
+    assert w.crash(2, s=1)
+    w.sim.run(w.sim.now + w.p.peer_timeout + 1)
+    assert a.procs[1].ended and a.procs[1].exits[2] == 139 and set(a.procs[1].exits.values()) == {139, 134}
+    assert not a.procs[0].ended and not a.ended and not w._running()
+    assert a.exits[w.p.workers + 2] == 139  # the attempt's workers are numbered globally
+
+
+def test_one_slice_trace_is_the_single_slice_trace_and_each_slice_has_its_own_faults() -> None:
+    one = make_trace(0, 30, 4)
+    assert make_trace(0, 30, 4, slices=1) == one
+    four = make_trace(0, 30, 4, slices=4)
+    assert tuple(f for f in four.faults if f.slice == 0) == one.faults
+    assert set(one.stockouts) <= set(four.stockouts)
+    for s in (1, 2, 3):
+        mine = [f for f in four.faults if f.slice == s]
+        assert mine and not any(f.kind == "bug" for f in mine)
+        assert [f.time for f in mine] != [f.time for f in one.faults if f.kind != "bug"]
+
+
+def test_the_ideal_bound_over_two_slices_beats_every_tool_on_a_short_trace() -> None:
+    p = Params(days=3, slices=2)
+    trace = make_trace(5, p.days, p.workers, slices=2)
+    assert trace.count("preemption") + trace.count("maintenance") >= 2
+    results = {k: run_tool(t, trace, p) for k, t in tools(2).items()}
+    ideal = results.pop("ideal")
+    assert 0 < ideal.goodput < 1 and results
+    for key, r in results.items():
+        assert r.error == "", (key, r.error)
+        assert r.goodput <= ideal.goodput + 1e-9, (key, r.goodput, ideal.goodput)
+
+
+def test_one_watcher_per_slice_waits_for_its_hang_detection_after_a_preemption() -> None:
+    p = Params(days=1, slices=2)
+    trace = Trace(1, p.horizon, (Fault(6 * 3600.0 + 11.0, "preemption", slice=1),), ())
+    ideal = run_tool(tools(2)["ideal"], trace, p)
+    per = run_tool(per_slice_tool(CONFIG), trace, p)
+    assert per.error == "" and ideal.relaunch and per.relaunch
+    # the preempted slice is recreated and relaunched by its own watcher, but slice 0's watcher
+    # sees its processes running until its hang detection stops them: three checkpoint intervals
+    interval = p.ckpt_every * p.step_time + p.ckpt_save
+    assert per.relaunch[0] > 2 * interval > ideal.relaunch[0]
+    assert per.goodput < ideal.goodput - 2 * interval / p.horizon
+
+
+def test_one_watcher_per_slice_of_a_one_slice_job_is_tpuwatch() -> None:
+    p = Params(days=2)
+    trace = Trace(1, p.horizon, (Fault(6 * 3600.0 + 11.0, "preemption"), Fault(20 * 3600.0, "crash")), ())
+    single = run_tool(tools(1)["tpuwatch"], trace, p)
+    per = run_tool(per_slice_tool(CONFIG), trace, p)
+    assert per.error == "" and per.goodput == single.goodput and per.attempts == single.attempts
