@@ -30,6 +30,7 @@ from tpuwatch.bench import (
     tpuwatch_config,
 )
 from tpuwatch.bench.goodput import as_json, bug_json, render_bug, render_sweep, sweep, sweep_json
+from tpuwatch.bench.tools import per_slice_tool
 from tpuwatch.bench.trace import make_bug_trace
 from tpuwatch.config import SCHEMA
 from tpuwatch.durations import human, parse_duration
@@ -180,13 +181,15 @@ def main(argv: list[str] | None = None) -> int:
     tuned = tpuwatch_config(**{**common, **tuned_keys})
     chosen = make_tools(cfg, tuned, args.skypilot_restarts, skip_idle=not args.every_tick, slices=args.slices)
     if args.tools:
+        # one tpuwatch per slice of a one-slice job is tpuwatch itself: there on request only
+        available = chosen + ([per_slice_tool(cfg, not args.every_tick)] if args.slices == 1 else [])
         keys = [k.strip() for k in args.tools.split(",") if k.strip()]
-        unknown = [k for k in keys if k not in {t.key for t in chosen}]
+        unknown = [k for k in keys if k not in {t.key for t in available}]
         if unknown:
             where = f" with --slices {args.slices}" if args.slices > 1 else ""
             raise UsageError(f"--tools: unknown tool {unknown[0]!r}{where}; choose from "
-                             + ", ".join(t.key for t in chosen))
-        chosen = [t for t in chosen if t.key in keys]
+                             + ", ".join(t.key for t in available))
+        chosen = [t for t in available if t.key in keys]
     if args.seeds:
         sw = sweep(chosen, [make_trace(s, p.days, p.workers, tc, p.slices) for s in args.seeds], p)
         if args.json:

@@ -12,6 +12,8 @@
 - bug waste: TPU VM-hours (workers x hours) from the first launch of the buggy code until the
   tool stops retrying it (the end of the run when it never does).
 - API calls per hour: over the time the tool was running.
+- relaunch time: from the moment the last slice a disruption took down (maintenance, stuck,
+  preemption) is usable again to the next attempt running on every slice.
 
 Nothing here knows how a tool decides; it only reads the World and the Meter afterwards.
 """
@@ -266,9 +268,8 @@ def as_json(report: Report) -> dict[str, Any]:
         })
         if any(report.trace.count(k) for k in ANNOUNCED):  # only then: the default output keeps its shape
             tools[-1]["announced_maintenance"] = announced_json(r, report.params)
-        if report.params.slices > 1:  # likewise
-            n, med, p95 = r.relaunch_stats()
-            tools[-1]["relaunch"] = {"disruptions": n, "median_s": _num(med), "p95_s": _num(p95)}
+        n, med, p95 = r.relaunch_stats()
+        tools[-1]["relaunch"] = {"disruptions": n, "median_s": _num(med), "p95_s": _num(p95)}
     return {"params": asdict(report.params), "trace": trace_summary(report.trace), "tools": tools,
             "seconds": round(report.seconds, 2)}
 
