@@ -43,6 +43,7 @@ from tpuwatch.model import (
     PrecheckReport,
     QueuedStatus,
     WorkerProbe,
+    combine_slices,
 )
 from tpuwatch.policy import (
     Action,
@@ -208,7 +209,7 @@ class Reconciler:
         zone = mem.zone or self.pcfg.zones[0]
         tpu = self.ports.tpu_for(zone)
         life = self.ports.lifecycle(zone)
-        node = tpu.get_node(self.pcfg.tpu_name)
+        node = self._node(tpu)
         probes, pre = self._probe(node, mem, now)
         operation, create_failure = self._operation(mem, tpu)
         checkpoint = self.ports.checkpoints.latest() if self.ports.checkpoints is not None else None
@@ -319,11 +320,17 @@ class Reconciler:
 
     # -- observe ------------------------------------------------------------------------------
 
+    def _node(self, tpu: TpuApi) -> NodeSnapshot | None:
+        """The job's node; a multislice job's slices as one (model.combine_slices)."""
+        if not self.pcfg.slices:
+            return tpu.get_node(self.pcfg.tpu_name)
+        return combine_slices(self.pcfg.tpu_name, [tpu.get_node(name) for name in self.pcfg.slices])
+
     def _probe(self, node: NodeSnapshot | None, mem: Memory,
                now: datetime) -> tuple[tuple[WorkerProbe, ...] | None, PrecheckReport | None]:
         """Every selected worker's job files, when the node is READY (healthy or not); with the
         launch-time checks in the same connection when a launch is likely (policy/observe.py)."""
-        if node is None or node.state != "READY" or not node.workers:
+        if node is None or not node.reachable or not node.workers:
             return None, None
         checker = self._checks()
         if checker is not None and launch_likely(mem, node, now):
@@ -351,7 +358,8 @@ class Reconciler:
         missing or being deleted, or tpuwatch follows a delete or create through it."""
         if not life.queued_resource:
             return None
-        if node is not None and node.state != "DELETING" and mem.phase not in (Phase.DELETING, Phase.CREATING):
+        if node is not None and node.state not in ("DELETING", "MISSING") \
+                and mem.phase not in (Phase.DELETING, Phase.CREATING):
             return None
         return life.status()
 
@@ -366,7 +374,7 @@ class Reconciler:
         if audit is None or not audit_due(mem, node, probes, self._since(now, "audit_read_at"), self.audit_interval):
             return [], None
         try:
-            events, cursor = audit.read([self.pcfg.tpu_name], self.journal.audit_cursor(),
+            events, cursor = audit.read(list(self.pcfg.slices or (self.pcfg.tpu_name,)), self.journal.audit_cursor(),
                                         self._worker_instances(node))
         except CloudError as exc:
             # The job can be kept alive without the audit log; it only loses one kind of evidence.
@@ -459,7 +467,7 @@ class Reconciler:
         return text + ("; " + "; ".join(problems) if problems else "")
 
     def _stop(self, node: NodeSnapshot | None, reason: str, probes: Sequence[WorkerProbe] | None = None) -> str:
-        if node is None or node.state != "READY":
+        if node is None or not node.reachable:
             state = "missing" if node is None else node.state
             return f"did not stop workers: node is {state}, its workers cannot be reached ({reason})"
         if probes and all(p.state == "unreachable" for p in probes):
@@ -484,9 +492,13 @@ class Reconciler:
         # boot, before the watcher reconnects: as the next attempt, from the newest complete
         # checkpoint, which the policy then follows instead of launching it a second time.
         launch = {"attempt": str(decision.memory.attempt + 1)}
+        if self.pcfg.slices:
+            # A multislice job starts only on every slice at once, with the slices' ids and the
+            # coordinator: the watcher launches it, the startup script only sets up.
+            launch = {"launch": "false"}
         if user := login.user_for_create(self.journal):  # the user the watcher logs in as
             launch["user"] = user
-        if obs.checkpoint is not None:
+        if obs.checkpoint is not None and not self.pcfg.slices:
             launch.update(checkpoint=obs.checkpoint.path, step=str(obs.checkpoint.step))
         try:
             name = recreate.start_create(life, self.cfg, action.zone, resumed=resumed, launch=launch)
