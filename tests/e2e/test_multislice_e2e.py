@@ -34,24 +34,24 @@ LONG = 200  # steps: 8 s of training, long enough to see the attempt's processes
 
 
 def multislice_job(sim: Simulator, tmp_path: Path, *, spot: bool = False, recreatable: bool = True,
-                   queued: bool = True, steps: int = STEPS) -> tuple[Path, dict[str, str]]:
+                   queued: bool = True, steps: int = STEPS, accelerator: str = "v4-16") -> tuple[Path, dict[str, str]]:
     """The request's 2 slices READY with booted workers, and a config for the job over them."""
     labels = {"tpuwatch-job": "ms"}
     if queued:
-        sim.world.queue_resource("ms", NodeSpec(accelerator_type="v4-16", spot=spot, labels=labels),
+        sim.world.queue_resource("ms", NodeSpec(accelerator_type=accelerator, spot=spot, labels=labels),
                                  node_count=2, node_prefix="np")
         sim.world.wait_for(lambda w: all(w.has_node(n) and w.node(n).state == "READY" for n in SLICES)
                            and w.get_queued_resource(sim.project, sim.zone, "ms").state == "ACTIVE", timeout=30)
     else:
         for name in SLICES:
-            sim.create_node(name, "v4-16", labels=labels)
+            sim.create_node(name, accelerator, labels=labels)
     ck = sim.bucket / "ck"
     tpu: dict[str, object] = {"names": list(SLICES)}
     spec = None
     if queued:
         tpu["queued_resource"] = "ms"
     if recreatable:
-        spec = {"accelerator_type": "v4-16", "runtime_version": "tpu-ubuntu2204-base", "labels": labels,
+        spec = {"accelerator_type": accelerator, "runtime_version": "tpu-ubuntu2204-base", "labels": labels,
                 "queued_resource_tier": "spot" if spot else ""}
     cfg = write_config(tmp_path / "tpuwatch.toml", sim, trainer(ck, steps=steps), ck, tpu=tpu, spec=spec,
                        name="ms")
@@ -189,3 +189,35 @@ def test_separately_created_slices_are_never_recreated(sim: Simulator, tmp_path:
     assert "created one by one" in out, out
     assert sim.world.call_count("DeleteNode") == 0 and sim.world.call_count("CreateNode") == 0
     assert sim.world.has_node("np-0") and sim.world.has_node("np-1")
+
+
+def test_announced_maintenance_is_started_early_one_slice_at_a_time(sim: Simulator, tmp_path: Path) -> None:
+    """A reschedulable window on each slice: each is started right after a checkpoint, through
+    the request (performMaintenanceQueuedResource naming that slice alone), one after the other;
+    the job loses one relaunch per slice and no work."""
+    sim.world.delays["simulated_maintenance_heal"] = 600.0  # 1 s at speed 600
+    cfg, env = multislice_job(sim, tmp_path, steps=LONG, accelerator="v6e-16")
+    proc = watch(cfg, env)
+    try:
+        wait(lambda: len(trainers(sim)) == 8 and len(steps(sim)) >= 1, what="the job on all 8 workers", proc=proc)
+        sim.inject("upcoming-maintenance", node="np-1", starts_in="7d", heal_after="10m")
+        sim.inject("upcoming-maintenance", node="np-0", starts_in="8d", heal_after="10m")
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    history = json.loads(cli(env, "history", "-c", str(cfg), "--json").stdout)
+    started = [e["reason"] for e in history["events"] if e["kind"] == "maintenance_started"]
+    # np-1's window opens first: it goes first, then np-0; each on its own.
+    assert len(started) == 2, started
+    assert "queued resource ms's node np-1" in started[0] and "queued resource ms's node np-0" in started[1], started
+    assert sim.world.call_count("PerformMaintenanceQueuedResource") == 2
+    ends = [a for a in history["attempts"] if a["end_step"] is not None][:2]
+    assert all(a["outcome"] == "disruption" and not a["charged"] for a in ends), history["attempts"]
+    assert all("maintenance started early by tpuwatch" in a["reason"] for a in ends), history["attempts"]
+    nxt = history["attempts"][1:3]
+    # each relaunch resumes from the checkpoint its stop was taken at (or a newer one, saved while
+    # the stop reached the workers): no step lost
+    assert all(b["start_step"] >= a["end_step"] for a, b in zip(ends, nxt, strict=True)), history["attempts"]
+    assert steps(sim)[-1] == LONG
