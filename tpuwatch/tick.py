@@ -10,7 +10,7 @@ Rules of this module:
   from what it meant to do; the worker-side lock (a relaunch of attempt n is refused while or
   after it ran) and ALREADY_EXISTS-is-success cover the gap between a call and its journal line.
 - Never blocks on a long cloud operation: it starts it, and a later tick follows it up.
-- API cost per tick: one node get, one operation get while one is in flight, the queued
+- API cost per tick: one node get (one per slice of a multislice job), one operation get while one is in flight, the queued
   resource's state while it matters (a node made through one that is missing or deleting, or a
   create through it followed), the audit log at most once per `audit_interval` unless something
   looks wrong; worker probes go over SSH and cost no API quota.
@@ -144,9 +144,17 @@ class TickReport:
     def memory(self) -> Memory:
         return self.decision.memory
 
+    def _slice_of(self, worker: int) -> dict[str, int]:
+        """{"slice": n} for a worker of a multislice job, else {}."""
+        if self.node is None or not self.node.slices:
+            return {}
+        return next(({"slice": w.slice} for w in self.node.workers if w.index == worker), {})
+
     def line(self) -> str:
         """One line for people: node, job and what happens next."""
         node = "missing" if self.node is None else f"{self.node.state}/{self.node.health or '-'}"
+        if self.node is not None and self.node.slices:
+            node += " (" + ", ".join(f"{s.name or 'missing'} {s.state}/{s.health or '-'}" for s in self.node.slices) + ")"
         mem = self.decision.memory
         parts = [f"node {node}", f"{mem.phase.value}", f"attempt {mem.attempt}"]
         if self.checkpoint is not None:
@@ -162,10 +170,14 @@ class TickReport:
                 "name": self.node.name, "zone": self.node.zone, "id": self.node.id,
                 "state": self.node.state, "health": self.node.health,
                 "health_description": self.node.health_description,
+                # a multislice job: each slice, and its workers' numbers in "workers"
+                **({"slices": [{"slice": i, "name": s.name, "id": s.id, "state": s.state, "health": s.health,
+                                "workers": [w.index for w in self.node.workers if w.slice == i]}
+                               for i, s in enumerate(self.node.slices)]} if self.node.slices else {}),
             },
             "workers": None if self.probes is None else [
                 {"worker": p.worker, "state": p.state, "attempt": p.attempt, "exit_code": p.exit_code,
-                 "log_bytes": p.log_bytes, "detail": p.detail} for p in self.probes
+                 "log_bytes": p.log_bytes, "detail": p.detail, **self._slice_of(p.worker)} for p in self.probes
             ],
             "checkpoint": None if self.checkpoint is None else {
                 "path": self.checkpoint.path, "step": self.checkpoint.step, "layout": self.checkpoint.layout,

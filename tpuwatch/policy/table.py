@@ -306,10 +306,13 @@ class _Tick:
         out = [Evidence(min(e.time, now), _event_text(e)) for e in self._disrupting() if self.explains(e, start)]
         if node is None:
             return [*out, Evidence(now, "node missing")]
-        if node.state != "READY":
-            out.append(Evidence(now, f"node state {node.state}"))
-        if node.health in UNHEALTHY:
-            out.append(Evidence(now, f"node health {node.health}"))
+        # a multislice job: which slice (node "ms" is the job's name for all of them)
+        for part in node.slices or (node,):
+            what = f"slice {part.name or '(missing)'}" if node.slices else "node"
+            if part.state != "READY":
+                out.append(Evidence(now, f"{what} state {part.state}"))
+            if part.health in UNHEALTHY:
+                out.append(Evidence(now, f"{what} health {part.health}"))
         if mem.attempt_node_id and node.id != mem.attempt_node_id:
             out.append(Evidence(now, f"node id changed from {mem.attempt_node_id} to {node.id}"))
         for s in node.symptoms:
