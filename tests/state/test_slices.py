@@ -14,7 +14,13 @@ from tpuwatch.cloud.lifecycle import due_slice, queued_request
 from tpuwatch.cloud.tpu import parse_message
 from tpuwatch.config import multislice_prefix, validate
 from tpuwatch.errors import ConfigError
-from tpuwatch.model import OWNER_LABEL, NodeSnapshot, UpcomingMaintenance, WorkerEndpoint, combine_slices
+from tpuwatch.model import (
+    OWNER_LABEL,
+    NodeSnapshot,
+    UpcomingMaintenance,
+    WorkerEndpoint,
+    combine_slices,
+)
 from tpuwatch.workers import hostkeys, megascale_env, protocol
 from tpuwatch.workers.gcloud import GcloudSsh
 from tpuwatch.workers.ssh import OpenSsh
