@@ -14,7 +14,7 @@ import re
 import signal
 import string
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-PLACEHOLDERS = ("checkpoint", "step", "attempt", "worker")
+PLACEHOLDERS = ("checkpoint", "step", "attempt", "worker", "slice")
 CHECKPOINT_LAYOUTS = ("auto", "orbax", "flax", "t5x", "levanter", "pytorch_xla")
 TRANSPORTS = ("openssh", "gcloud")
 NOTIFY_FORMATS = ("slack", "chat", "json")
@@ -235,6 +235,27 @@ def _checks(key: str, value: Any) -> tuple[dict[str, Any], ...]:
     return tuple(out)
 
 
+def _node_names(key: str, value: Any) -> tuple[str, ...]:
+    names = _str_list(key, value)
+    if len(names) == 1:
+        raise ConfigError(f"{key}: one node is not a multislice job; set tpu.name = {names[0]!r} and drop {key}")
+    for name in names:
+        if not NODE_NAME.match(name):
+            raise ConfigError(f"{key}: {name!r} is not a TPU name (lowercase letters, digits, hyphens; starts with a letter)")
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise ConfigError(f"{key}: {twice!r} is listed twice; list each slice's node once")
+    return names
+
+
+def multislice_prefix(names: Sequence[str]) -> str | None:
+    """The node id prefix of a multislice queued resource's nodes `<prefix>-0..N-1`, or None."""
+    prefix = names[0].rsplit("-", 1)[0] if names and "-" in names[0] else ""
+    if prefix and list(names) == [f"{prefix}-{i}" for i in range(len(names))]:
+        return prefix
+    return None
+
+
 def _str_list(key: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise ConfigError(f"{key}: expected a list of strings")
@@ -401,6 +422,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "project": Field(_pattern(_PROJECT, "project id", allow_empty=True), "", "GCP project; default from flags, env or gcloud"),
         "zone": Field(_pattern(_ZONE, "zone (such as us-central2-b)", allow_empty=True), "", "zone; default from flags, env or gcloud"),
         "fallback_zones": Field(_zones, (), "zones tried in order when the zone has no capacity"),
+        "names": Field(_node_names, (), "a multislice job's nodes, in slice order (2 or more; `name` then names the "
+                       "job's group of slices). Through a multislice queued resource: its `<prefix>-0`, `<prefix>-1`, ..."),
         "queued_resource": Field(_str, "", "set when the TPU was made through a queued resource"),
         "startup_script": Field(_path, "", "file sent as metadata startup-script on create"),
         "spec": Field(lambda k, v: _spec(k, v), {}, "the node spec used by recreate (written by tpuwatch init)"),
@@ -528,6 +551,11 @@ class Config:
         return str(self.values["tpu"]["name"])
 
     @property
+    def tpu_names(self) -> tuple[str, ...]:
+        """The job's nodes: a multislice job's slices, else its one node."""
+        return tuple(self.values["tpu"]["names"]) or (self.tpu_name,)
+
+    @property
     def job_name(self) -> str:
         return str(self.values["job"]["name"] or self.values["tpu"]["name"])
 
@@ -629,6 +657,10 @@ def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[st
     from tpuwatch import zonespec
 
     t = out["tpu"]
+    if t["names"] and t["queued_resource"] and multislice_prefix(t["names"]) is None:
+        raise ConfigError(
+            f"tpu.names: a multislice queued resource names its nodes <prefix>-0, <prefix>-1, ... in order; got "
+            f"{', '.join(t['names'])}. List them so, or drop tpu.queued_resource for separately created nodes")
     zonespec.check(t["spec"], t["zone_overrides"], t["zone"], t["fallback_zones"])
     known_checks = [*PRECHECK_IDS, *(c["name"] for c in out["precheck"]["custom"])]
     unknown_checks = set(out["precheck"]["skip"]) - set(known_checks)

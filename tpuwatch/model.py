@@ -9,7 +9,7 @@ version does not know is kept as "UNKNOWN_ENUM_<n>" rather than crashing.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -42,9 +42,17 @@ class UpcomingMaintenance:
 
 @dataclass(frozen=True)
 class WorkerEndpoint:
-    index: int
+    index: int  # the job's worker number: across every slice of a multislice job
     internal_ip: str
     external_ip: str
+    slice: int = 0  # which slice (node) of the job it belongs to
+    node: str = ""  # that slice's node name ("": the node itself)
+    local: int | None = None  # its worker id within that node (None: `index`)
+
+    @property
+    def worker_id(self) -> int:
+        """The worker id its own node knows it by (gcloud's --worker, TPU_WORKER_ID)."""
+        return self.index if self.local is None else self.local
 
     def address(self, internal: bool) -> str:
         """The IP to reach this worker by; falls back to the other one when empty."""
@@ -76,6 +84,8 @@ class NodeSnapshot:
     preemptible: bool = False
     labels: Mapping[str, str] = field(default_factory=dict)
     metadata_keys: tuple[str, ...] = ()
+    # A multislice job's nodes, in slice order (`combine_slices`); empty for one node
+    slices: tuple[NodeSnapshot, ...] = ()
 
     @property
     def full_name(self) -> str:
@@ -87,6 +97,24 @@ class NodeSnapshot:
         return self.state == "READY" and self.health not in UNHEALTHY
 
     @property
+    def reachable(self) -> bool:
+        """Some of its workers can be reached: it is READY, or one of its slices is."""
+        return self.state == "READY" or any(s.state == "READY" for s in self.slices)
+
+    def slice_of(self, worker: WorkerEndpoint) -> NodeSnapshot:
+        """The node `worker` runs on: its slice, or this node."""
+        if self.slices and 0 <= worker.slice < len(self.slices):
+            return self.slices[worker.slice]
+        return self
+
+    @property
+    def reachable_workers(self) -> tuple[WorkerEndpoint, ...]:
+        """The workers on READY nodes (all of them for one READY node)."""
+        if not self.slices:
+            return self.workers if self.state == "READY" else ()
+        return tuple(w for w in self.workers if self.slice_of(w).state == "READY")
+
+    @property
     def owner(self) -> str | None:
         """The value of the ownership label, or None."""
         value = self.labels.get(OWNER_LABEL)
@@ -95,6 +123,64 @@ class NodeSnapshot:
     def owned_by(self, job: str) -> bool:
         """True only when the ownership label equals `job` exactly (`myjob-2` is not `myjob`'s)."""
         return bool(job) and self.owner == job
+
+
+# The order a multislice job shows the worst of its slices' states in: going away first, READY last.
+_STATE_RANK = ("PREEMPTED", "TERMINATED", "DELETING", "HIDING", "HIDDEN", "STOPPING", "STOPPED", "REPAIRING",
+               "RESTARTING", "REIMAGING", "STARTING", "CREATING", "UNHIDING", "UNKNOWN")
+
+
+def combine_slices(name: str, nodes: Sequence[NodeSnapshot | None]) -> NodeSnapshot | None:
+    """The nodes of a multislice job as one node the policy can judge: READY and HEALTHY only
+    when every slice is, its id changing whenever any slice's does, its workers every slice's
+    workers numbered on in slice order. None while every slice is missing; a slice that is
+    missing while others exist shows as state MISSING (the job cannot run without it)."""
+    present = [n for n in nodes if n is not None]
+    if not present:
+        return None
+    first = present[0]
+    missing = [i for i, n in enumerate(nodes) if n is None]
+    states = [n.state for n in present]
+    state = "MISSING" if missing else next(
+        (s for s in _STATE_RANK if s in states), next((s for s in states if s != "READY"), "READY"))
+    unhealthy = [n for n in present if n.health in UNHEALTHY]
+    health = unhealthy[0].health if unhealthy else next((n.health for n in present if n.health), "")
+    described = "; ".join(f"{n.name}: {n.health_description}" for n in present if n.health_description)
+    if missing:
+        described = "; ".join([f"slice {i} missing" for i in missing] + ([described] if described else []))
+    workers: list[WorkerEndpoint] = []
+    slices: list[NodeSnapshot] = []
+    for i, n in enumerate(nodes):
+        part = n if n is not None else NodeSnapshot(name="", project=first.project, zone=first.zone, id="",
+                                                    create_time=None, state="MISSING", health="",
+                                                    health_description="", maintenance_time=None)
+        slices.append(part)
+        for w in sorted(part.workers, key=lambda w: w.index):
+            workers.append(WorkerEndpoint(len(workers), w.internal_ip, w.external_ip, slice=i, node=part.name,
+                                          local=w.index))
+    times = [n.maintenance_time for n in present if n.maintenance_time is not None]
+    notices = [n.upcoming_maintenance for n in present if n.upcoming_maintenance is not None]
+    owners = {n.owner for n in present}
+    labels = dict(first.labels)
+    if len(owners) != 1:  # owned only when every slice says the same job
+        labels.pop(OWNER_LABEL, None)
+    return NodeSnapshot(
+        name=name, project=first.project, zone=first.zone,
+        id="+".join(n.id if n is not None else "-" for n in nodes),
+        create_time=max((n.create_time for n in present if n.create_time is not None), default=None),
+        state=state, health=health, health_description=described,
+        maintenance_time=max(times) if times else None,
+        symptoms=tuple(s for n in present for s in n.symptoms),
+        upcoming_maintenance=min(notices, key=_window_key) if notices else None,
+        workers=tuple(workers), accelerator_type=first.accelerator_type, topology=first.topology,
+        runtime_version=first.runtime_version, spot=any(n.spot for n in present),
+        preemptible=any(n.preemptible for n in present), labels=labels, metadata_keys=first.metadata_keys,
+        slices=tuple(slices),
+    )
+
+
+def _window_key(up: UpcomingMaintenance) -> float:
+    return up.window_start.timestamp() if up.window_start is not None else float("inf")
 
 
 AuditKind = Literal["terminate", "restart", "upcoming_maintenance", "other"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -498,6 +498,7 @@ def render_config(
     *,
     name: str,
     project: str,
+    names: Sequence[str] = (),
     zone: str,
     spec: Mapping[str, Any],
     queued_resource: str = "",
@@ -520,6 +521,7 @@ def render_config(
     head += "# Reference: `tpuwatch --help`; every key is checked when the file is read.\n\n"
     tpu_table: dict[str, Any] = {
         "name": name,
+        **({"names": list(names)} if names else {}),
         "project": project,
         "zone": zone,
         "fallback_zones": [],

@@ -10,7 +10,7 @@ Rules of this module:
   from what it meant to do; the worker-side lock (a relaunch of attempt n is refused while or
   after it ran) and ALREADY_EXISTS-is-success cover the gap between a call and its journal line.
 - Never blocks on a long cloud operation: it starts it, and a later tick follows it up.
-- API cost per tick: one node get, one operation get while one is in flight, the queued
+- API cost per tick: one node get (one per slice of a multislice job), one operation get while one is in flight, the queued
   resource's state while it matters (a node made through one that is missing or deleting, or a
   create through it followed), the audit log at most once per `audit_interval` unless something
   looks wrong; worker probes go over SSH and cost no API quota.
@@ -43,6 +43,7 @@ from tpuwatch.model import (
     PrecheckReport,
     QueuedStatus,
     WorkerProbe,
+    combine_slices,
 )
 from tpuwatch.policy import (
     Action,
@@ -143,9 +144,17 @@ class TickReport:
     def memory(self) -> Memory:
         return self.decision.memory
 
+    def _slice_of(self, worker: int) -> dict[str, int]:
+        """{"slice": n} for a worker of a multislice job, else {}."""
+        if self.node is None or not self.node.slices:
+            return {}
+        return next(({"slice": w.slice} for w in self.node.workers if w.index == worker), {})
+
     def line(self) -> str:
         """One line for people: node, job and what happens next."""
         node = "missing" if self.node is None else f"{self.node.state}/{self.node.health or '-'}"
+        if self.node is not None and self.node.slices:
+            node += " (" + ", ".join(f"{s.name or 'missing'} {s.state}/{s.health or '-'}" for s in self.node.slices) + ")"
         mem = self.decision.memory
         parts = [f"node {node}", f"{mem.phase.value}", f"attempt {mem.attempt}"]
         if self.checkpoint is not None:
@@ -161,10 +170,14 @@ class TickReport:
                 "name": self.node.name, "zone": self.node.zone, "id": self.node.id,
                 "state": self.node.state, "health": self.node.health,
                 "health_description": self.node.health_description,
+                # a multislice job: each slice, and its workers' numbers in "workers"
+                **({"slices": [{"slice": i, "name": s.name, "id": s.id, "state": s.state, "health": s.health,
+                                "workers": [w.index for w in self.node.workers if w.slice == i]}
+                               for i, s in enumerate(self.node.slices)]} if self.node.slices else {}),
             },
             "workers": None if self.probes is None else [
                 {"worker": p.worker, "state": p.state, "attempt": p.attempt, "exit_code": p.exit_code,
-                 "log_bytes": p.log_bytes, "detail": p.detail} for p in self.probes
+                 "log_bytes": p.log_bytes, "detail": p.detail, **self._slice_of(p.worker)} for p in self.probes
             ],
             "checkpoint": None if self.checkpoint is None else {
                 "path": self.checkpoint.path, "step": self.checkpoint.step, "layout": self.checkpoint.layout,
@@ -208,7 +221,7 @@ class Reconciler:
         zone = mem.zone or self.pcfg.zones[0]
         tpu = self.ports.tpu_for(zone)
         life = self.ports.lifecycle(zone)
-        node = tpu.get_node(self.pcfg.tpu_name)
+        node = self._node(tpu)
         probes, pre = self._probe(node, mem, now)
         operation, create_failure = self._operation(mem, tpu)
         checkpoint = self.ports.checkpoints.latest() if self.ports.checkpoints is not None else None
@@ -319,11 +332,17 @@ class Reconciler:
 
     # -- observe ------------------------------------------------------------------------------
 
+    def _node(self, tpu: TpuApi) -> NodeSnapshot | None:
+        """The job's node; a multislice job's slices as one (model.combine_slices)."""
+        if not self.pcfg.slices:
+            return tpu.get_node(self.pcfg.tpu_name)
+        return combine_slices(self.pcfg.tpu_name, [tpu.get_node(name) for name in self.pcfg.slices])
+
     def _probe(self, node: NodeSnapshot | None, mem: Memory,
                now: datetime) -> tuple[tuple[WorkerProbe, ...] | None, PrecheckReport | None]:
         """Every selected worker's job files, when the node is READY (healthy or not); with the
         launch-time checks in the same connection when a launch is likely (policy/observe.py)."""
-        if node is None or node.state != "READY" or not node.workers:
+        if node is None or not node.reachable or not node.workers:
             return None, None
         checker = self._checks()
         if checker is not None and launch_likely(mem, node, now):
@@ -351,7 +370,8 @@ class Reconciler:
         missing or being deleted, or tpuwatch follows a delete or create through it."""
         if not life.queued_resource:
             return None
-        if node is not None and node.state != "DELETING" and mem.phase not in (Phase.DELETING, Phase.CREATING):
+        if node is not None and node.state not in ("DELETING", "MISSING") \
+                and mem.phase not in (Phase.DELETING, Phase.CREATING):
             return None
         return life.status()
 
@@ -366,7 +386,7 @@ class Reconciler:
         if audit is None or not audit_due(mem, node, probes, self._since(now, "audit_read_at"), self.audit_interval):
             return [], None
         try:
-            events, cursor = audit.read([self.pcfg.tpu_name], self.journal.audit_cursor(),
+            events, cursor = audit.read(list(self.pcfg.slices or (self.pcfg.tpu_name,)), self.journal.audit_cursor(),
                                         self._worker_instances(node))
         except CloudError as exc:
             # The job can be kept alive without the audit log; it only loses one kind of evidence.
@@ -459,7 +479,7 @@ class Reconciler:
         return text + ("; " + "; ".join(problems) if problems else "")
 
     def _stop(self, node: NodeSnapshot | None, reason: str, probes: Sequence[WorkerProbe] | None = None) -> str:
-        if node is None or node.state != "READY":
+        if node is None or not node.reachable:
             state = "missing" if node is None else node.state
             return f"did not stop workers: node is {state}, its workers cannot be reached ({reason})"
         if probes and all(p.state == "unreachable" for p in probes):
@@ -484,9 +504,13 @@ class Reconciler:
         # boot, before the watcher reconnects: as the next attempt, from the newest complete
         # checkpoint, which the policy then follows instead of launching it a second time.
         launch = {"attempt": str(decision.memory.attempt + 1)}
+        if self.pcfg.slices:
+            # A multislice job starts only on every slice at once, with the slices' ids and the
+            # coordinator: the watcher launches it, the startup script only sets up.
+            launch = {"launch": "false"}
         if user := login.user_for_create(self.journal):  # the user the watcher logs in as
             launch["user"] = user
-        if obs.checkpoint is not None:
+        if obs.checkpoint is not None and not self.pcfg.slices:
             launch.update(checkpoint=obs.checkpoint.path, step=str(obs.checkpoint.step))
         try:
             name = recreate.start_create(life, self.cfg, action.zone, resumed=resumed, launch=launch)

@@ -78,7 +78,7 @@ def real_ports(job: Job, sharing: Sharing | None = None) -> Ports:
         return views[zone]
 
     def lifecycle_for(zone: str) -> Lifecycle:
-        return Lifecycle(adapter_for(zone), str(cfg.tpu["queued_resource"]))
+        return Lifecycle(adapter_for(zone), str(cfg.tpu["queued_resource"]), tuple(cfg.tpu["names"]))
 
     # the workers' host keys as their guest attributes publish them: the known hosts
     workers = SshWorkers.from_config(cfg, host_keys=lambda node: adapter_for(node.zone).host_keys(node.name))

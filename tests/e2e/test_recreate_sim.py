@@ -407,7 +407,8 @@ def test_recreate_journals_each_step_and_refuses_while_a_watcher_holds_the_job(
 def test_a_slice_of_a_multislice_request_is_never_deleted_or_recreated_alone(
         env: Simulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Deleting a multislice request with force takes every slice, and creating it again as one
-    node's request would shrink the job: `init` refuses the slice, the lifecycle refuses the request."""
+    node's request would shrink the job: `init` on a slice captures the whole request (one job
+    over every slice), and a lifecycle for one node, or for another number of slices, refuses it."""
     from tpuwatch.cloud.tpu import TpuAdapter
     from tpuwatch.errors import JobFailed
     from tpuwatch.sim.world import NodeSpec
@@ -416,8 +417,12 @@ def test_a_slice_of_a_multislice_request_is_never_deleted_or_recreated_alone(
                              node_prefix="msn", zone=ZONE_A)
     env.world.wait_for(lambda w: w.get_queued_resource(env.project, ZONE_A, "msq").state == "ACTIVE", timeout=30)
     out = tmp_path / "msn.toml"
-    code, _, err = tw(capsys, "init", "msn-0", "-o", str(out))
-    assert code == 2 and "one slice of msq" in err and not out.exists()
+    code, said, err = tw(capsys, "init", "msn-1", "-o", str(out))
+    assert code == 0, err
+    cfg = load_config(out)
+    assert (cfg.tpu_name, cfg.tpu["names"], cfg.tpu["queued_resource"]) == ("msq", ("msn-0", "msn-1"), "msq")
+    assert cfg.job_name == "msq" and cfg.tpu["spec"]["queued_resource_tier"] == "spot"
+    assert "one job over the 2 slices of multislice request msq" in said
 
     api = TpuAdapter(env.project, ZONE_A)
     assert api.queued_status("msq").node_count == 2
@@ -426,6 +431,8 @@ def test_a_slice_of_a_multislice_request_is_never_deleted_or_recreated_alone(
         life.delete(api.require_node("msn-0"))
     with pytest.raises(JobFailed, match="--node-count"):
         life.create("msn-0", {"acceleratorType": "v4-8", "runtimeVersion": "tpu-ubuntu2204-base"}, ZONE_A)
+    with pytest.raises(JobFailed, match="tpu.names lists 3"):
+        Lifecycle(api, "msq", ("msn-0", "msn-1", "msn-2")).delete(None)
     # A config written by hand for the slice: `recreate` refuses before showing a plan.
     env.create_node("msx", "v4-8", labels={OWNER_LABEL: "msx"})
     text = write_config(env, tmp_path, "msx", capsys).read_text()

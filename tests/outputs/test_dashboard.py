@@ -259,3 +259,27 @@ def test_several_jobs_get_a_row_each_and_the_one_in_trouble_its_details() -> Non
     assert "recovery.poll_interval: not a duration" in out  # the config error comes first
     assert "waiting for the node to heal" not in out
     assert "3 jobs, 1 without trouble" in out
+
+
+def test_a_multislice_job_shows_each_slice_with_its_state_and_workers_in_the_dashboard_and_json() -> None:
+    from tpuwatch.model import combine_slices
+
+    def part(name: str, state: str, health: str, base: int) -> NodeSnapshot:
+        return replace(node(state, health, workers=2), name=name, id=str(base),
+                       workers=tuple(WorkerEndpoint(i, f"10.0.{base}.{i}", "") for i in range(2)))
+
+    both = combine_slices("llm-pod", [part("np-0", "READY", "HEALTHY", 1), part("np-1", "REPAIRING", "", 2)])
+    assert both is not None
+    r = report(n=both, probes=[WorkerProbe(0, "running", 3), WorkerProbe(1, "running", 3),
+                               WorkerProbe(2, "unreachable", detail="slice 1 (np-1) is REPAIRING"),
+                               WorkerProbe(3, "unreachable", detail="slice 1 (np-1) is REPAIRING")])
+    body = render(dashboard(r, "llm", PCFG, events(2), T0 + timedelta(seconds=30), T0))
+    assert "np-0 READY/HEALTHY (2 workers) · np-1 REPAIRING/- (2 workers)" in body, body
+    assert "llm-pod (us-central2-b) REPAIRING" in body  # the job's node: the worst of its slices
+    data = r.as_dict()
+    assert [(s["name"], s["state"], s["workers"]) for s in data["node"]["slices"]] == [
+        ("np-0", "READY", [0, 1]), ("np-1", "REPAIRING", [2, 3])]
+    assert [w["slice"] for w in data["workers"]] == [0, 0, 1, 1]
+    assert "(np-0 READY/HEALTHY, np-1 REPAIRING/-)" in r.line()
+    one = report().as_dict()
+    assert "slices" not in one["node"] and "slice" not in one["workers"][0]

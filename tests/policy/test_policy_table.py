@@ -335,6 +335,20 @@ def test_row_not_owned() -> None:
     assert adopted.row == "dead_node" and kinds(adopted) == ["delete"]
 
 
+def test_row_not_recreatable() -> None:
+    """Slices created one by one ([tpu] names, no queued resource): none is ever deleted; a
+    multislice queued resource is recreated as a whole."""
+    separate = replace(CFG, slices=("np-0", "np-1"), recreatable=False)
+    d = tick(obs(node("PREEMPTED")), idle(), now=10, cfg=separate)
+    assert d.row == "not_recreatable"
+    assert kinds(d) == ["needs_person"] and d.exit_code == 1 and d.memory.phase is Phase.HALTED
+    assert "created one by one" in d.summary and d.memory.recreates == 0
+    missing = tick(obs(missing=True, recreate_missing=True), idle(), now=10, cfg=separate)
+    assert missing.row == "not_recreatable" and kinds(missing) == ["needs_person"]
+    whole = tick(obs(node("PREEMPTED")), idle(), now=10, cfg=replace(separate, recreatable=True))
+    assert whole.row == "dead_node" and kinds(whole) == ["delete"]
+
+
 def test_row_recreate_budget_spent() -> None:
     d = tick(obs(node("TERMINATED")), idle(recreates=2), now=10)
     assert d.row == "recreate_budget_spent"

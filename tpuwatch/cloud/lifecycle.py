@@ -11,9 +11,11 @@ Rules kept here:
   the Cloud TPU service", e.g. a spot preemption) keeps its name until deleted: a create over
   it is refused as ABORTED (transient: the caller queues it) after starting that delete.
 - Nothing here decides whether to delete; ownership and the recovery policy do that first.
-- A multislice request (`node_count` > 1) is never deleted or created here: deleting it with
-  force takes every slice, and creating it again as this one node's request would shrink the
-  job to one slice. It needs a person (JobFailed).
+- A multislice request (`node_count` > 1) is deleted (force: every slice goes) and created again
+  as a whole, with the same node count and prefix, only for a job that says it spans those slices
+  ([tpu] names): the service provisions such a request all or nothing. For a one-node job it is
+  never touched: creating it again as that node's request would shrink the job to one slice. It
+  needs a person (JobFailed).
 This module sends requests only through the TPU adapter's methods; it sees no protobuf.
 """
 
@@ -51,16 +53,24 @@ class Refused(TpuwatchError):
     code = "ABORTED"
 
 
-def refuse_multislice(status: QueuedStatus) -> None:
-    """JobFailed when `status` is a multislice request, which this one node's lifecycle must not touch."""
-    if status.node_count > 1:
-        qr = status.name.rsplit("/", 1)[-1]
+def refuse_multislice(status: QueuedStatus, slices: int = 0) -> None:
+    """JobFailed when `status` is a request of another size than the job's `slices` (0: a
+    one-node job): this lifecycle must not delete or create it."""
+    count = max(status.node_count, 1)
+    if not status.state or count == max(slices, 1):
+        return
+    qr = status.name.rsplit("/", 1)[-1]
+    if slices:
         raise JobFailed(
-            f"queued resource {qr} is a multislice request ({status.node_count} nodes): tpuwatch keeps "
-            "one node alive and will not delete it (force would take every slice) or create it again "
-            f"as one node; recreate it by hand (gcloud compute tpus queued-resources delete {qr} --force, "
-            "then create it with the same --node-count)"
-        )
+            f"queued resource {qr} has {count} node(s), but tpu.names lists {slices}: tpuwatch will not "
+            "delete or create it; make tpu.names list every node of the request (`tpuwatch init` on one of "
+            "its nodes writes them)")
+    raise JobFailed(
+        f"queued resource {qr} is a multislice request ({count} nodes): tpuwatch keeps "
+        "one node alive and will not delete it (force would take every slice) or create it again "
+        f"as one node; recreate it by hand (gcloud compute tpus queued-resources delete {qr} --force, "
+        "then create it with the same --node-count)"
+    )
 
 
 def queued_id(value: str) -> str:
@@ -71,9 +81,10 @@ def queued_id(value: str) -> str:
 class Lifecycle:
     """Delete / create / state of one job's node in one zone (`ports.NodeLifecycle`)."""
 
-    def __init__(self, tpu: TpuApi, queued_resource: str = "") -> None:
+    def __init__(self, tpu: TpuApi, queued_resource: str = "", slices: tuple[str, ...] = ()) -> None:
         self.tpu = tpu
         self.queued_resource = queued_id(queued_resource)
+        self.slices = slices  # a multislice job's nodes <prefix>-0..N-1 (config.multislice_prefix)
 
     @property
     def _qr_api(self) -> QueuedApi:
@@ -95,14 +106,15 @@ class Lifecycle:
         qr = self.queued_resource
         status = self._qr_api.queued_status(qr) if qr else None
         if status is not None and status.state:
-            refuse_multislice(status)
+            refuse_multislice(status, len(self.slices))
             try:
                 op = self._qr_api.delete_queued_resource(qr, force=True)
-                what = f"its node {node.name}" if node is not None else "no node left"
+                what = (f"its {len(self.slices)} slices {', '.join(self.slices)}" if self.slices else
+                        f"its node {node.name}" if node is not None else "no node left")
                 return op, f"queued resource {qr} and {what} (force)"
             except NotFoundError:
                 pass  # gone between the get and the delete: the node alone is left
-        if node is None:
+        if node is None or self.slices:
             raise NotFoundError(f"nothing left to delete: no node and no queued resource {qr}")
         return self.tpu.delete_node(node.name), node.name
 
@@ -111,10 +123,11 @@ class Lifecycle:
         queued resource (performMaintenanceQueuedResource naming the node) when it has one.
         ApiError with the service's code when refused (UNIMPLEMENTED, FAILED_PRECONDITION)."""
         api = self._qr_api
+        name = due_slice(node)
         if self.queued_resource:
-            op = api.perform_maintenance_queued_resource(self.queued_resource, [node.name])
-            return op, f"queued resource {self.queued_resource}'s node {node.name}"
-        return api.perform_maintenance(node.name), node.name
+            op = api.perform_maintenance_queued_resource(self.queued_resource, [name])
+            return op, f"queued resource {self.queued_resource}'s node {name}"
+        return api.perform_maintenance(name), name
 
     def clear_ended(self) -> str:
         """Start deleting the queued resource when the service gave up on it; what was done ("")."""
@@ -124,7 +137,7 @@ class Lifecycle:
         status = self._qr_api.queued_status(qr)
         if status.state not in QR_ENDED:
             return ""
-        refuse_multislice(status)
+        refuse_multislice(status, len(self.slices))
         try:
             op = self._qr_api.delete_queued_resource(qr, force=True)
         except NotFoundError:
@@ -143,7 +156,7 @@ class Lifecycle:
             return self.tpu.create_node(name, node, zone)
         api = self._qr_api
         status = api.queued_status(qr, zone)
-        refuse_multislice(status)
+        refuse_multislice(status, len(self.slices))
         if status.state in QR_ENDED:
             done = self.clear_ended()
             raise Refused(f"queued resource {qr} is {status.state}"
@@ -153,13 +166,29 @@ class Lifecycle:
         if status.state and resumed:
             return ""
         parent = f"projects/{api.project}/locations/{zone}"
-        return api.create_queued_resource(qr, queued_request(parent, name, node, tier, reservation), zone)
+        return api.create_queued_resource(qr, queued_request(parent, name, node, tier, reservation, self.slices),
+                                          zone)
+
+
+def due_slice(node: NodeSnapshot) -> str:
+    """The node whose announced maintenance comes first: one slice of a multislice job (one at a
+    time, so the others keep their place), else the node itself."""
+    pending = [(up.window_start.timestamp() if up.window_start is not None else float("inf"), s.name)
+               for s in node.slices if (up := s.upcoming_maintenance) is not None and up.status != "ONGOING"]
+    return min(pending)[1] if pending else node.name
 
 
 def queued_request(parent: str, name: str, node: Mapping[str, Any], tier: str = "",
-                   reservation: str = "") -> dict[str, Any]:
-    """A QueuedResource (JSON-like) asking for node `name` with `node`'s spec, tier and reservation."""
-    request: dict[str, Any] = {"tpu": {"nodeSpec": [{"parent": parent, "nodeId": name, "node": dict(node)}]}}
+                   reservation: str = "", slices: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A QueuedResource (JSON-like) asking for node `name` with `node`'s spec, tier and reservation;
+    for a multislice job, its `slices` (`<prefix>-0..N-1`) as one request."""
+    spec: dict[str, Any] = {"parent": parent, "node": dict(node)}
+    if slices:
+        prefix = slices[0].rsplit("-", 1)[0]
+        spec["multisliceParams"] = {"nodeCount": len(slices), "nodeIdPrefix": prefix}
+    else:
+        spec["nodeId"] = name
+    request: dict[str, Any] = {"tpu": {"nodeSpec": [spec]}}
     if tier == "spot":
         request["spot"] = {}
     elif tier == "guaranteed":

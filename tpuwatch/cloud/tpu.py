@@ -202,12 +202,24 @@ def parse_message(kind: str, data: Mapping[str, Any], what: str) -> tuple[str, A
         cls = getattr(mod, kind)
         pb = cls.pb()()
         try:
-            json_format.ParseDict(dict(data), pb)
+            json_format.ParseDict(_alpha_names(data) if version == "v2alpha1" else dict(data), pb)
         except json_format.ParseError as exc:
             error = exc
             continue
         return version, cls.wrap(pb)
     raise UsageError(f"{what}: {error}; use the fields of a TPU node (see `tpuwatch init`)")
+
+
+def _alpha_names(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A QueuedResource's v2 field names as v2alpha1 spells them: its node spec's
+    `multisliceParams` is `multiNodeParams` there."""
+    out = dict(data)
+    tpu = out.get("tpu")
+    if isinstance(tpu, Mapping) and isinstance(tpu.get("nodeSpec"), list):
+        specs = [{("multiNodeParams" if k == "multisliceParams" else k): v for k, v in spec.items()}
+                 if isinstance(spec, Mapping) else spec for spec in tpu["nodeSpec"]]
+        out["tpu"] = {**tpu, "nodeSpec": specs}
+    return out
 
 
 def _types(version: str) -> Any:
@@ -320,13 +332,14 @@ class TpuAdapter:
         return None if node is None else snapshot(node, project=self.project, zone=self.zone)
 
     def worker_instances(self, node: NodeSnapshot) -> Mapping[str, tuple[str, str]]:
-        """Instance name -> (node, worker id) for the audit readers (logs.match_resource).
+        """Instance name -> (node, worker id) for the audit readers (logs.match_resource); of
+        every slice of a multislice job.
 
         Lazy: the guest attributes are read on the first lookup, which a reader makes only when
         the log holds an entry about a TPU worker VM (an upcoming-maintenance notice).
         """
-        return _LazyInstances(lambda: {inst: (node.name, str(i))
-                                       for i, inst in enumerate(self.instance_names(node)) if inst})
+        return _LazyInstances(lambda: {inst: (part.name, str(i)) for part in node.slices or (node,) if part.name
+                                       for i, inst in enumerate(self.instance_names(part)) if inst})
 
     def instance_names(self, node: NodeSnapshot) -> tuple[str, ...]:
         """The workers' Compute Engine instance names (guest attribute `hostname`, as gcloud

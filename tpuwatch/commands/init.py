@@ -88,7 +88,7 @@ def command(name: str, output: Path, job: str | None, adopt: bool, force: bool, 
         raise UsageError(f"{out} already exists; pass --force to overwrite it, or -o another file")
     if is_dir:
         raise UsageError(f"-o: {out} is a directory; give a file name such as {out / 'tpuwatch.toml'}")
-    job_name = _job_name(job, name)
+    _job_name(job, name)  # a bad --job is refused before any cloud call
     loc = resolve(project, zone)
     assert loc.zone is not None
     api = TpuAdapter(loc.project, loc.zone)
@@ -99,28 +99,42 @@ def command(name: str, output: Path, job: str | None, adopt: bool, force: bool, 
             f"no TPU named {name} in {loc.project}/{loc.zone} (check the name, --project and --zone; "
             "`tpuwatch status --all` lists the zone)"
         )
+    qr_short = node.queued_resource.rsplit("/", 1)[-1] if node.queued_resource else ""
+    qr = api.get_queued_resource(node.queued_resource) if node.queued_resource else None
+    slices: list[str] = []
     if node.multislice_node:
-        qr = node.queued_resource.rsplit("/", 1)[-1] or "a multislice queued resource"
-        raise UsageError(
-            f"TPU {name} is one slice of {qr}: tpuwatch keeps one node alive, and recreating this "
-            "slice alone would break the multislice job; tpuwatch does not take on a multislice slice"
-        )
-    have = specmod.OWNER_LABEL in node.labels and node.labels[specmod.OWNER_LABEL]
-    if adopt and have and have != job_name:
+        # One slice of a multislice request: the job is the whole request, kept alive as one.
+        params = qr.tpu.node_spec[0].multislice_params if qr is not None and qr.tpu.node_spec else None
+        if params is None or params.node_count < 2:
+            raise UsageError(
+                f"TPU {name} is one slice of a multislice request that cannot be read "
+                f"({qr_short or 'no queued resource named'}); list its nodes in tpu.names by hand")
+        prefix = params.node_id_prefix or qr_short
+        slices = [f"{prefix}-{i}" for i in range(params.node_count)]
+    group = qr_short if slices else name
+    job_name = _job_name(job, group)
+    labelled = {name: dict(node.labels)}
+    if slices:
+        found = {n: api.get_node_message(n) for n in slices}
+        gone = [n for n, m in found.items() if m is None]
+        if gone:
+            raise NotFoundError(f"multislice request {qr_short} lists {', '.join(gone)}, which does not exist "
+                                f"in {loc.project}/{loc.zone}; run init again once every slice is there")
+        labelled = {n: dict(m.labels) for n, m in found.items() if m is not None}
+    owners = {labels.get(specmod.OWNER_LABEL, "") for labels in labelled.values()}
+    have = owners.pop() if len(owners) == 1 else ""
+    others = sorted(o for o in {*owners, have} if o and o != job_name)
+    if adopt and others:
         raise JobFailed(
-            f"TPU {name} already belongs to job {have!r} ({specmod.OWNER_LABEL}={have}); "
-            f"use --job {have}, or remove that label first if the other job is gone"
+            f"TPU {name} already belongs to job {others[0]!r} ({specmod.OWNER_LABEL}={others[0]}); "
+            f"use --job {others[0]}, or remove that label first if the other job is gone"
         )
     spec = specmod.capture(node, job_name)
-    qr_short = ""
-    if node.queued_resource:
-        qr_short = node.queued_resource.rsplit("/", 1)[-1]
-        qr = api.get_queued_resource(node.queued_resource)
-        if qr is not None:
-            spec.update(specmod.capture_queued_resource(qr))
+    if qr is not None:
+        spec.update(specmod.capture_queued_resource(qr))
     metadata = dict(node.metadata)
     text = specmod.render_config(
-        name=name, project=loc.project, zone=loc.zone, spec=spec, queued_resource=qr_short,
+        name=group, names=slices, project=loc.project, zone=loc.zone, spec=spec, queued_resource=qr_short,
         command=metadata.get("tpuwatch-command", ""), checkpoint_dir=metadata.get("tpuwatch-checkpoint-dir", ""),
         source=f"projects/{loc.project}/locations/{loc.zone}/nodes/{name}", job=job_name,
     )
@@ -131,20 +145,26 @@ def command(name: str, output: Path, job: str | None, adopt: bool, force: bool, 
     load_config(out)  # what we write must load; a failure here is a bug worth a loud message
 
     adopted = False
-    if adopt and have != job_name:
-        op = set_owner_label(api, name, dict(node.labels), job_name)
-        status = wait_operation(api, op, timeout=600, what=f"labelling {name}")
+    for target, labels in labelled.items() if adopt else ():
+        if labels.get(specmod.OWNER_LABEL) == job_name:
+            continue
+        op = set_owner_label(api, target, labels, job_name)
+        status = wait_operation(api, op, timeout=600, what=f"labelling {target}")
         if status.error_code:
-            raise JobFailed(f"adding the label {specmod.OWNER_LABEL}={job_name} to {name} failed: "
+            raise JobFailed(f"adding the label {specmod.OWNER_LABEL}={job_name} to {target} failed: "
                             f"{status.error_message}")
         adopted = True
 
     if as_json:
         click.echo(json.dumps({"path": str(out), "job": job_name, "spec": spec, "queued_resource": qr_short,
+                               "slices": slices,
                                "adopted": adopted, "owned": adopted or have == job_name}, indent=2))
         return
     lines = [f"wrote {out} for TPU {name} ({loc.project}/{loc.zone}), job {job_name}"]
-    if qr_short:
+    if slices:
+        lines.append(f"  one job over the {len(slices)} slices of multislice request {qr_short} ({', '.join(slices)}): "
+                     "kept alive as one, and recreated as a whole request")
+    elif qr_short:
         lines.append(f"  came from queued resource {qr_short}; recreate will go through a queued resource too")
     if adopted:
         lines.append(f"  labelled the live TPU {specmod.OWNER_LABEL}={job_name}: tpuwatch may now recreate it")

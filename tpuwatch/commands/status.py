@@ -143,7 +143,7 @@ Examples:
 @click.option("--project", help="GCP project (default: config, env, gcloud).")
 @click.option("--zone", help="Zone, e.g. us-central2-b (default: config, env, gcloud).")
 @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="tpuwatch.toml: its [tpu] name, project and zone are the defaults.")
+              help="tpuwatch.toml: its [tpu] name (a multislice job's names), project and zone are the defaults.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (see above).")
 def command(
     names: tuple[str, ...], all_nodes: bool, project: str | None, zone: str | None,
@@ -157,7 +157,7 @@ def command(
         cfg = load_config(config_path, require_command=False)
         cfg_project, cfg_zone = cfg.tpu["project"], cfg.tpu["zone"]
         if not wanted and not all_nodes:
-            wanted = [cfg.tpu_name]
+            wanted = list(cfg.tpu_names)  # a multislice job: every slice
     if all_nodes and wanted:
         raise UsageError("status: give TPU names or --all, not both")
     if not all_nodes and not wanted:

@@ -11,8 +11,10 @@ from enum import Enum
 from tpuwatch.model import UNHEALTHY, NodeSnapshot
 from tpuwatch.policy.state import Phase
 
-# Node.State names that mean "the service is working on it; wait up to repair_timeout".
-REPAIR_STATES = frozenset({"REPAIRING", "RESTARTING", "UNKNOWN", "REIMAGING", "STARTING", "CREATING"})
+# Node.State names that mean "the service is working on it; wait up to repair_timeout". MISSING
+# is a multislice job with one slice gone while others stand (model.combine_slices): the service
+# makes a multislice request's failed slice again by itself.
+REPAIR_STATES = frozenset({"REPAIRING", "RESTARTING", "UNKNOWN", "REIMAGING", "STARTING", "CREATING", "MISSING"})
 # States a person caused; tpuwatch leaves the node alone.
 PERSON_STATES = frozenset({"STOPPED", "STOPPING", "HIDDEN", "HIDING", "UNHIDING"})
 # States from which the node never comes back by itself.

@@ -61,6 +61,8 @@ ROWS: tuple[Row, ...] = (
     Row("dead_node", "PREEMPTED / TERMINATED", "delete + create (owned nodes only)"),
     Row("not_owned", "delete + create needed, node lacks tpuwatch-job=<job>",
         "never delete it: needs a person (exit 1); pass --adopt"),
+    Row("not_recreatable", "delete + create needed on a job over separately created slices ([tpu] names "
+        "without a queued resource)", "never delete a slice: needs a person (exit 1)"),
     Row("recreate_budget_spent", "delete + create needed with max_recreates used", "failed (exit 1)"),
     Row("node_missing", "node missing and tpuwatch did not delete it",
         "needs a person (exit 1): never recreate a node a person deleted"),

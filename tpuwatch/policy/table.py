@@ -285,7 +285,8 @@ class _Tick:
     # -- evidence ---------------------------------------------------------------------------
 
     def _disrupting(self) -> list[AuditEvent]:
-        return [e for e in self.obs.events if e.kind in DISRUPTING_EVENTS and e.node == self.cfg.tpu_name]
+        names = self.cfg.slices or (self.cfg.tpu_name,)
+        return [e for e in self.obs.events if e.kind in DISRUPTING_EVENTS and e.node in names]
 
     def explains(self, ev: AuditEvent, start: datetime) -> bool:
         """Can audit event `ev` explain the end of an attempt launched at `start`?
@@ -305,10 +306,13 @@ class _Tick:
         out = [Evidence(min(e.time, now), _event_text(e)) for e in self._disrupting() if self.explains(e, start)]
         if node is None:
             return [*out, Evidence(now, "node missing")]
-        if node.state != "READY":
-            out.append(Evidence(now, f"node state {node.state}"))
-        if node.health in UNHEALTHY:
-            out.append(Evidence(now, f"node health {node.health}"))
+        # a multislice job: which slice (node "ms" is the job's name for all of them)
+        for part in node.slices or (node,):
+            what = f"slice {part.name or '(missing)'}" if node.slices else "node"
+            if part.state != "READY":
+                out.append(Evidence(now, f"{what} state {part.state}"))
+            if part.health in UNHEALTHY:
+                out.append(Evidence(now, f"{what} health {part.health}"))
         if mem.attempt_node_id and node.id != mem.attempt_node_id:
             out.append(Evidence(now, f"node id changed from {mem.attempt_node_id} to {node.id}"))
         for s in node.symptoms:
@@ -476,7 +480,8 @@ class _Tick:
         probes = self.obs.probes or ()
         codes = _ends(probes, mem.attempt)
         node = self.obs.node
-        reachable = node is not None and node.state == "READY" and bool(probes)
+        # a multislice job's slices that are still READY: the attempt is stopped there too
+        reachable = node is not None and node.reachable and bool(probes)
         mem, line, final = self.finish(mem, codes, reachable=reachable)
         if final is None:
             self.notes.append(line)
@@ -926,6 +931,11 @@ class _Tick:
 
     def recreate_missing(self, mem: Memory, row: str, why: str) -> Decision:
         cfg = self.cfg
+        if not cfg.recreatable:
+            return self.halt(mem, "not_recreatable",
+                             f"{why}; the job's slices ({', '.join(cfg.slices)}) were created one by one, not by one "
+                             "multislice queued resource: tpuwatch does not delete or create across them. Repair "
+                             "or recreate that slice: the job is launched again once every slice is READY+HEALTHY", (why,))
         if mem.recreates >= cfg.max_recreates:
             return self.fail(mem, "recreate_budget_spent", f"{why}; recreate budget spent: {mem.recreates} of "
                              f"recovery.max_recreates = {cfg.max_recreates} used", (why,))
@@ -954,6 +964,11 @@ class _Tick:
                 f"{why}; not owned: will not delete {node.name} (label {OWNER_LABEL}={cfg.job} missing); pass --adopt",
                 (label,),
             )
+        if not cfg.recreatable:
+            return self.halt(mem, "not_recreatable",
+                             f"{why}; the job's slices ({', '.join(cfg.slices)}) were created one by one, not by one "
+                             "multislice queued resource: tpuwatch does not delete or create across them. Repair "
+                             "or recreate that slice: the job is launched again once every slice is READY+HEALTHY", (why,))
         if mem.recreates >= cfg.max_recreates:
             return self.fail(mem, "recreate_budget_spent", f"{why}; recreate budget spent: {mem.recreates} of "
                              f"recovery.max_recreates = {cfg.max_recreates} used", (why,))

@@ -47,7 +47,7 @@ class PolicyConfig:
     """The `[recovery]` keys and names the policy needs, in seconds and plain values."""
 
     job: str
-    tpu_name: str
+    tpu_name: str  # the one node; for a multislice job, the name of its group of slices
     zones: tuple[str, ...]  # the zone, then fallback_zones, in the order creates try them
     repair_timeout: float = 1800.0
     max_restarts: int = 5
@@ -81,6 +81,11 @@ class PolicyConfig:
     # [maintenance] start_early: start a reschedulable announced maintenance at the job's next
     # checkpoint instead of waiting for its window.
     start_early: bool = True
+    # A multislice job's nodes, in slice order (empty: one node, `tpu_name`)
+    slices: tuple[str, ...] = ()
+    # Whether a node that will not heal can be deleted and created again: not for slices created
+    # one by one (only a multislice queued resource can be made again as a whole)
+    recreatable: bool = True
 
     def __post_init__(self) -> None:
         if not self.zones:
@@ -100,6 +105,8 @@ class PolicyConfig:
             job=cfg.job_name,
             tpu_name=cfg.tpu_name,
             zones=zones,
+            slices=tuple(cfg.tpu["names"]),
+            recreatable=not cfg.tpu["names"] or bool(cfg.tpu["queued_resource"]),
             repair_timeout=float(r["repair_timeout"]),
             max_restarts=int(r["max_restarts"]),
             max_recreates=int(r["max_recreates"]),

@@ -238,6 +238,8 @@ def train(args: argparse.Namespace) -> int:
     # tpuwatch exports TPUWATCH_WORKER_ID; a command started another way (gcloud ssh, the docs'
     # loop) still knows its worker from the simulated host, as a real job knows its TPU worker id.
     worker = int(os.environ.get("TPUWATCH_WORKER_ID") or os.environ.get("TPUWATCH_SIM_WORKER_ID") or 0)
+    # One process of the whole job saves: the first worker of the first slice (as JAX's process 0).
+    primary = worker == 0 and int(os.environ.get("TPUWATCH_SLICE_ID") or 0) == 0
     ckpt_dir = Path(args.ckpt_dir) if args.ckpt_dir else None
     step = read_step(Path(args.resume)) if args.resume else 0
     started_from = step
@@ -246,7 +248,7 @@ def train(args: argparse.Namespace) -> int:
     print(f"worker {worker}: {how}, training to step {args.steps}", flush=True)
     t0 = time.monotonic()
     _faults(args, worker, step)
-    if ckpt_dir is not None and worker == 0 and not args.resume:
+    if ckpt_dir is not None and primary and not args.resume:
         save(ckpt_dir, step, args.ckpt_write_time, started_from)
     while step < args.steps:
         time.sleep(args.step_time)
@@ -254,14 +256,14 @@ def train(args: argparse.Namespace) -> int:
         if _term["asked"]:
             # Orbax's save-on-preemption: one agreed step, saved, then the loop ends normally.
             final = save(ckpt_dir, step, args.ckpt_write_time, started_from) \
-                if ckpt_dir is not None and worker == 0 else None
+                if ckpt_dir is not None and primary else None
             print(f"worker {worker}: SIGTERM: {'saved ' + str(final) if final else 'no save'} at step {step}, "
                   "exiting", flush=True)
             return 0
         _faults(args, worker, step)
         if step % args.ckpt_every == 0 or step == args.steps:
             rate = (step - started_from) / max(time.monotonic() - t0, 1e-9)
-            if ckpt_dir is not None and worker == 0:
+            if ckpt_dir is not None and primary:
                 final = save(ckpt_dir, step, args.ckpt_write_time, started_from)
                 what = f"saved {final}" if final else "checkpoint exists, kept"
                 print(f"worker {worker}: step {step}: {what} ({rate:.1f} steps/s)", flush=True)

@@ -176,6 +176,16 @@ def dashboard(report: TickReport, job: str, pcfg: PolicyConfig, events: Sequence
         line.append(" / ")
         line.append(node.health or "-", style=health_style(node.health))
         head.add_row("node", line)
+        if node.slices:  # a multislice job: each slice's own state, and its workers
+            states = Text()
+            for i, part in enumerate(node.slices):
+                if i:
+                    states.append(" · ")
+                count = sum(1 for w in node.workers if w.slice == i)
+                states.append(f"{part.name or f'slice {i} missing'} ")
+                states.append(part.state, style=state_style(part.state))
+                states.append(f"/{part.health or '-'} ({count} workers)")
+            head.add_row("slices", states)
         if node.health_description:
             head.add_row("", Text(_clip(node.health_description, text_width), style="dim"))
         if node.upcoming_maintenance is not None:

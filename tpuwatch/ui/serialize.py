@@ -68,7 +68,8 @@ def node_json(node: NodeSnapshot) -> dict[str, Any]:
         ],
         "upcoming_maintenance": upcoming_json(node.upcoming_maintenance, watched=node.owner is not None),
         "workers": [
-            {"index": w.index, "internal_ip": w.internal_ip, "external_ip": w.external_ip}
+            {"index": w.index, "internal_ip": w.internal_ip, "external_ip": w.external_ip,
+             **({"slice": w.slice, "node": w.node, "worker_id": w.worker_id} if node.slices else {})}
             for w in node.workers
         ],
         "accelerator_type": node.accelerator_type,

@@ -119,17 +119,23 @@ class SshWorkers:
 
     # -- which workers ----------------------------------------------------------------------
     def endpoints(self, node: NodeSnapshot) -> list[WorkerEndpoint]:
-        """The selected workers of `node` (job.workers), in index order."""
+        """The selected workers of `node` (job.workers), in index order; of a multislice job,
+        those on the slices that are READY (the others cannot be reached)."""
         if isinstance(self.selection, str):  # "all"
-            return sorted(node.workers, key=lambda w: w.index)
-        by_index = {w.index: w for w in node.workers}
-        missing = [i for i in self.selection if i not in by_index]
-        if missing:
-            raise ConfigError(
-                f"job.workers: node {node.name} has workers 0..{len(node.workers) - 1}, "
-                f"not {', '.join(map(str, missing))}"
-            )
-        return [by_index[i] for i in sorted(self.selection)]
+            chosen = sorted(node.workers, key=lambda w: w.index)
+        else:
+            by_index = {w.index: w for w in node.workers}
+            missing = [i for i in self.selection if i not in by_index]
+            if missing:
+                raise ConfigError(
+                    f"job.workers: node {node.name} has workers 0..{len(node.workers) - 1}, "
+                    f"not {', '.join(map(str, missing))}"
+                )
+            chosen = [by_index[i] for i in sorted(self.selection)]
+        if node.slices:
+            up = set(node.reachable_workers)
+            chosen = [w for w in chosen if w in up]
+        return chosen
 
     def _endpoint(self, node: NodeSnapshot, worker: int) -> WorkerEndpoint:
         for w in node.workers:
@@ -186,7 +192,20 @@ class SshWorkers:
         rest = [w for w in workers if w.index not in held]
         results = self._run(node, rest, self.probe_stdin(workers)) if rest else []
         by_worker = {**held, **{r.worker: _probe_of(r) for r in results}}
-        return self._listed(node, [by_worker[w.index] for w in workers])
+        listed = self._listed(node, [by_worker[w.index] for w in workers])
+        return sorted(listed + self._down(node), key=lambda p: p.worker) if node.slices else listed
+
+    def _down(self, node: NodeSnapshot) -> list[WorkerProbe]:
+        """A multislice job's selected workers on slices that are not READY: unreachable, so
+        that no one takes the slices still up for the whole job."""
+        if not node.slices:
+            return []
+        up = {w.index for w in self.endpoints(node)}
+        everyone = sorted(node.workers, key=lambda w: w.index) if isinstance(self.selection, str) else [
+            w for w in node.workers if w.index in set(self.selection)]
+        return [WorkerProbe(w.index, "unreachable", detail=f"slice {w.slice} ({w.node or '-'}) is "
+                                                           f"{node.slice_of(w).state}")
+                for w in everyone if w.index not in up]
 
     def probe_stdin(self, workers: Sequence[WorkerEndpoint]) -> Callable[[WorkerEndpoint], bytes]:
         """The probe script per worker: the first one also lists a local checkpoint_dir."""
@@ -216,13 +235,17 @@ class SshWorkers:
         holders, a stale libtpu lockfile; `LaunchResult.cleanup`) in the same connection.
         """
         workers = self.endpoints(node)
+        slices = len(node.slices) or 1
         scripts = {
             w.index: protocol.launch_script(
-                self.job, attempt=attempt, worker=w.index, checkpoint=checkpoint,
+                self.job, attempt=attempt, worker=w.worker_id, checkpoint=checkpoint,
                 command=protocol.render_command(
                     self.command, checkpoint=checkpoint.path if checkpoint else "",
-                    step=checkpoint.step if checkpoint else None, attempt=attempt, worker=w.index),
-                env=self.env, clean_grace=self.stop_grace if clean else None, notify_signal=self.notify_signal)
+                    step=checkpoint.step if checkpoint else None, attempt=attempt, worker=w.worker_id,
+                    slice=w.slice),
+                env={**megascale_env(node, w.slice), **self.env},  # the job's own env wins
+                clean_grace=self.stop_grace if clean else None, notify_signal=self.notify_signal,
+                slice=w.slice, slices=slices)
             for w in workers
         }
         timeout = self.timeout + 2 * self.stop_grace + 10 if clean else None
@@ -325,6 +348,22 @@ class SshWorkers:
             return r, end
 
         return stream, run
+
+
+# The port a multislice job's slices reach their coordinator on (what Ray sets for JAX too)
+MEGASCALE_PORT = "8081"
+
+
+def megascale_env(node: NodeSnapshot, slice: int) -> dict[str, str]:
+    """What libtpu needs on a worker of slice `slice` to join a multislice job's slices over the
+    data-center network: the coordinator (slice 0's first worker), its port, the number of
+    slices and this slice's id. {} for one node."""
+    if not node.slices:
+        return {}
+    first = min((w for w in node.workers if w.slice == 0), key=lambda w: w.index, default=None)
+    address = first.internal_ip or first.external_ip if first is not None else ""
+    return {"MEGASCALE_COORDINATOR_ADDRESS": address, "MEGASCALE_PORT": MEGASCALE_PORT,
+            "MEGASCALE_NUM_SLICES": str(len(node.slices)), "MEGASCALE_SLICE_ID": str(slice)}
 
 
 def _raise_if_fatal(r: SshResult) -> None:

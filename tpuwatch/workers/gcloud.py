@@ -176,42 +176,54 @@ class GcloudSsh:
             self.ssh.check()
 
     def prepare(self, node: NodeSnapshot) -> SshResult | None:
-        """Run gcloud once for this node incarnation; None when ready, else the failure."""
+        """Run gcloud once for this node incarnation (once per slice of a multislice job: gcloud
+        puts the key in each node's own metadata); None when ready, else the failure."""
         key = _incarnation(node)
         with self._lock:  # one gcloud run at a time; the other workers' threads wait for it
             if key in self._logins:
                 return None
-            workers = sorted(node.workers, key=lambda w: w.index)
-            worker = next((w for w in workers if w.index == PREPARE_WORKER), workers[0] if workers else None)
-            if worker is None:
-                return SshResult(0, "", None, "", "", "unreachable", f"{node.name} has no workers yet")
-            self.prepare_calls += 1
-            argv = self.prepare_argv(node, worker)
-            address = worker.address(self.internal_ip)
-            try:
-                done = procgroup.run(argv, b"", self.prepare_timeout)
-            except OSError as exc:
-                return SshResult(worker.index, address, None, "", str(exc), "missing",
-                                 f"cannot run {self.binary!r}: {exc}; install the Google Cloud CLI")
-            out, err = _decode(done.stdout), _decode(done.stderr)
-            login = parse_login(key, out) if not done.timed_out else None
+            login: Login | None = None
+            for part in node.slices or (node,):
+                got = self._prepare_one(part, key)
+                if isinstance(got, SshResult):
+                    return got
+                login = got
             if login is not None:
                 self._logins[key] = login
-                return None
-            if done.timed_out:
-                return SshResult(worker.index, address, None, out, err[-STDERR_TAIL:], "timeout",
-                                 f"`gcloud compute tpus tpu-vm ssh {node.name}` did not finish in "
-                                 f"{self.prepare_timeout:.0f}s ({_gcloud_last(err) or 'no output'}); it is "
-                                 "ended with every process it started and tried again next tick")
-            failure, last = gcloud_failure(done.returncode, err)
-            return SshResult(worker.index, address, done.returncode, out, err[-STDERR_TAIL:], failure,
-                             self._describe_prepare(node, failure, done.returncode, last))
+            return None
+
+    def _prepare_one(self, node: NodeSnapshot, key: str) -> Login | SshResult:
+        """gcloud's ssh to one node's first worker: the login it made, or the failure."""
+        workers = sorted(node.workers, key=lambda w: w.index)
+        worker = next((w for w in workers if w.index == PREPARE_WORKER), workers[0] if workers else None)
+        if worker is None:
+            return SshResult(0, "", None, "", "", "unreachable", f"{node.name} has no workers yet")
+        self.prepare_calls += 1
+        argv = self.prepare_argv(node, worker)
+        address = worker.address(self.internal_ip)
+        try:
+            done = procgroup.run(argv, b"", self.prepare_timeout)
+        except OSError as exc:
+            return SshResult(worker.index, address, None, "", str(exc), "missing",
+                             f"cannot run {self.binary!r}: {exc}; install the Google Cloud CLI")
+        out, err = _decode(done.stdout), _decode(done.stderr)
+        login = parse_login(key, out) if not done.timed_out else None
+        if login is not None:
+            return login
+        if done.timed_out:
+            return SshResult(worker.index, address, None, out, err[-STDERR_TAIL:], "timeout",
+                             f"`gcloud compute tpus tpu-vm ssh {node.name}` did not finish in "
+                             f"{self.prepare_timeout:.0f}s ({_gcloud_last(err) or 'no output'}); it is "
+                             "ended with every process it started and tried again next tick")
+        failure, last = gcloud_failure(done.returncode, err)
+        return SshResult(worker.index, address, done.returncode, out, err[-STDERR_TAIL:], failure,
+                         self._describe_prepare(node, failure, done.returncode, last))
 
     def prepare_argv(self, node: NodeSnapshot, worker: WorkerEndpoint) -> list[str]:
         target = f"{self.user}@{node.name}" if self.user else node.name
         argv = [
             self.binary, "compute", "tpus", "tpu-vm", "ssh", target,
-            f"--zone={node.zone}", f"--project={node.project}", f"--worker={worker.index}",
+            f"--zone={node.zone}", f"--project={node.project}", f"--worker={worker.worker_id}",
             f"--command={LEARN_COMMAND}", "--quiet",
         ]
         if self.internal_ip:

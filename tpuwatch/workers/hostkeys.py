@@ -97,7 +97,12 @@ class PinnedHostKeys:
 
     def refresh(self, node: NodeSnapshot) -> None:
         """Read the node's published keys again and make them the known hosts of its workers."""
-        keys = {int(k): tuple(v) for k, v in self.source(node).items()}
+        keys: dict[int, tuple[str, ...]] = {}
+        for i, part in enumerate(node.slices or (node,)):  # a multislice job: each slice's own keys
+            published = {int(k): tuple(v) for k, v in self.source(part).items()} if part.name else {}
+            for w in node.workers:
+                if (w.slice == i or not node.slices) and published.get(w.worker_id):
+                    keys[w.index] = published[w.worker_id]
         fresh: dict[str, tuple[str, ...]] = {}
         newly_unpublished = []
         for w in node.workers:

@@ -406,9 +406,10 @@ def _evaluate_one(check: str, worker: int, rec: Mapping[str, str], s: Settings, 
 
 
 def _peers(node: NodeSnapshot, me: WorkerEndpoint) -> list[str]:
-    # Internal addresses: what the workers use to talk to each other.
+    # Internal addresses: what the workers of one slice use to talk to each other (the slices
+    # of a multislice job reach each other by address, over the data-center network).
     return [w.internal_ip or w.external_ip for w in sorted(node.workers, key=lambda w: w.index)
-            if w.index != me.index and (w.internal_ip or w.external_ip)]
+            if w.index != me.index and w.slice == me.slice and (w.internal_ip or w.external_ip)]
 
 
 class Prechecker:

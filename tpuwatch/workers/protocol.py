@@ -144,7 +144,7 @@ def check_template(template: str, key: str = "job.command") -> None:
 
 def render_command(
     template: str, *, checkpoint: str, step: int | None, attempt: int, worker: int,
-    key: str = "job.command",
+    key: str = "job.command", slice: int = 0,
 ) -> str:
     """The command for one worker: each placeholder becomes one shell word holding its value."""
     check_template(template, key)
@@ -153,6 +153,7 @@ def render_command(
         "step": "" if step is None else str(step),
         "attempt": str(attempt),
         "worker": str(worker),
+        "slice": str(slice),
     }
     parts = []
     for literal, name in _fields(template, key):
@@ -214,8 +215,10 @@ def probe_script(job: str, checkpoint_dir: str = "") -> bytes:
 def launch_script(
     job: str, *, attempt: int, worker: int, checkpoint: Checkpoint | None, command: str,
     env: Mapping[str, str] | None = None, clean_grace: float | None = None, notify_signal: str = "SIGTERM",
+    slice: int = 0, slices: int = 1,
 ) -> bytes:
-    """Launch `command` (already rendered for this worker) as attempt `attempt`.
+    """Launch `command` (already rendered for this worker) as attempt `attempt`; `worker` is its
+    id within its slice `slice` of `slices`.
 
     With `clean_grace`, the worker first stops what an older attempt left (as `stop_script`
     does, with that grace) in the same connection: one SSH round trip instead of two.
@@ -223,6 +226,8 @@ def launch_script(
     or preemption notice from the metadata server.
     """
     extra: dict[str, str | int | float | list[str]] = {"notify": notify_signal.removeprefix("SIG")}
+    if slices > 1:
+        extra.update(slice=slice, slices=slices)
     if clean_grace is not None:
         extra["clean_ms"] = max(0, int(clean_grace * 1000))
     return script(

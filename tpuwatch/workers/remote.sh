@@ -18,7 +18,7 @@
 # $TPUWATCH_HOST_ROOT when it is set (the simulator), else under /.
 #
 # Inputs (preamble): TW_ACTION probe|launch|stop|follow|wait, TW_JOB, and per action TW_ATTEMPT,
-# TW_WORKER, TW_CHECKPOINT, TW_STEP, TW_COMMAND (already rendered), TW_ENV (array NAME=value),
+# TW_WORKER (its id within its slice), TW_SLICE, TW_SLICES (launch: a multislice job's slice and number of slices), TW_CHECKPOINT, TW_STEP, TW_COMMAND (already rendered), TW_ENV (array NAME=value),
 # TW_GRACE_MS (stop's TERM-to-KILL grace), TW_CLEAN_MS (launch: run stop first, with this
 # grace, when an older attempt or none was launched here), TW_OFFSET (bytes), TW_POLL (seconds),
 # TW_NOTIFY (launch: the signal the relay sends on a notice, such as TERM; empty for none),
@@ -427,6 +427,7 @@ tw_launch() {
   # to the log. It inherits fd 9, so the lock is held as long as any process of it lives.
   env -- "${TW_ENV[@]}" \
     "TPUWATCH_JOB=$TW_JOB" "TPUWATCH_ATTEMPT=$TW_ATTEMPT" "TPUWATCH_WORKER_ID=$TW_WORKER" \
+    "TPUWATCH_SLICE_ID=${TW_SLICE:-0}" "TPUWATCH_NUM_SLICES=${TW_SLICES:-1}" \
     "TPUWATCH_CHECKPOINT=$TW_CHECKPOINT" "TPUWATCH_STEP=$TW_STEP" \
     setsid nohup bash -c "$(declare -f tw_write tw_read tw_sleep tw_relay tw_wrapper); tw_wrapper \"\$@\"" \
     tpuwatch-job "$TW_DIR" "$TW_COMMAND" "$TW_UMASK" "${TW_NOTIFY:-}" "$TW_ATTEMPT" </dev/null >>"$log" 2>&1 &

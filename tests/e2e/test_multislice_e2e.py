@@ -1,0 +1,223 @@
+"""End to end: one job over the slices of a multislice queued resource, kept alive as one.
+
+A 2-slice request "ms" (nodes np-0 and np-1, 2 workers each) runs one attempt on all 4 workers,
+each told its slice and the coordinator. One slice's maintenance ends the attempt on both
+slices (not charged) and the relaunch waits until both are READY+HEALTHY; a preempted slice
+takes the whole request, which the watcher deletes with force and creates again as a whole
+(same node count, prefix and tier), then resumes. Outcomes come from the simulated world, the
+workers' processes and the journal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_helpers import STEPS, finish, trainer, write_config
+
+from tpuwatch.cloud.tpu import TpuAdapter
+from tpuwatch.errors import UsageError
+from tpuwatch.sim.simulator import Simulator
+from tpuwatch.sim.world import NodeSpec
+
+pytestmark = pytest.mark.slow
+
+SLICES = ("np-0", "np-1")
+LONG = 200  # steps: 8 s of training, long enough to see the attempt's processes
+
+
+def multislice_job(sim: Simulator, tmp_path: Path, *, spot: bool = False, recreatable: bool = True,
+                   queued: bool = True, steps: int = STEPS, accelerator: str = "v4-16") -> tuple[Path, dict[str, str]]:
+    """The request's 2 slices READY with booted workers, and a config for the job over them."""
+    labels = {"tpuwatch-job": "ms"}
+    if queued:
+        sim.world.queue_resource("ms", NodeSpec(accelerator_type=accelerator, spot=spot, labels=labels),
+                                 node_count=2, node_prefix="np")
+        sim.world.wait_for(lambda w: all(w.has_node(n) and w.node(n).state == "READY" for n in SLICES)
+                           and w.get_queued_resource(sim.project, sim.zone, "ms").state == "ACTIVE", timeout=30)
+    else:
+        for name in SLICES:
+            sim.create_node(name, accelerator, labels=labels)
+    ck = sim.bucket / "ck"
+    tpu: dict[str, object] = {"names": list(SLICES)}
+    spec = None
+    if queued:
+        tpu["queued_resource"] = "ms"
+    if recreatable:
+        spec = {"accelerator_type": accelerator, "runtime_version": "tpu-ubuntu2204-base", "labels": labels,
+                "queued_resource_tier": "spot" if spot else ""}
+    cfg = write_config(tmp_path / "tpuwatch.toml", sim, trainer(ck, steps=steps), ck, tpu=tpu, spec=spec,
+                       name="ms")
+    env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
+    return cfg, env
+
+
+def watch(cfg: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(cfg)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tpuwatch.cli", *args], env=env, text=True, capture_output=True,
+                          timeout=60, stdin=subprocess.DEVNULL)
+
+
+def trainers(sim: Simulator) -> dict[tuple[str, int], dict[str, str]]:
+    """(slice node, worker) -> the environment of the job's trainer process running there."""
+    out: dict[tuple[str, int], dict[str, str]] = {}
+    for name in SLICES:
+        if not sim.world.has_node(name):
+            continue
+        for w in range(sim.world.node(name).n_workers):
+            try:
+                pids = sim.hosts.pids(sim.node_key(name), w)
+            except UsageError:  # its hosts are not booted (yet, or any more)
+                continue
+            for pid in pids:
+                try:
+                    raw = Path(f"/proc/{pid}/environ").read_bytes()
+                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if argv[0].rsplit(b"/", 1)[-1].startswith(b"python") and b"tpuwatch.sim.trainer" in argv:
+                    env = dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+                    if env.get("TPUWATCH_JOB") == "ms":
+                        out[(name, w)] = env
+    return out
+
+
+def steps(sim: Simulator) -> list[int]:
+    ck = sim.bucket / "ck"
+    return sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit()) if ck.exists() else []
+
+
+def wait(pred: Any, timeout: float = 60, what: str = "", proc: subprocess.Popen[str] | None = None) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.1)
+    said = ""
+    if proc is not None:  # what the watcher said, to see why
+        proc.kill()
+        said = "\n" + proc.communicate()[0][-4000:]
+    raise AssertionError(f"timed out waiting for {what}{said}")
+
+
+def test_one_attempt_runs_on_every_slice_and_one_slice_down_stops_and_restarts_them_all(
+        sim: Simulator, tmp_path: Path) -> None:
+    cfg, env = multislice_job(sim, tmp_path, steps=LONG)
+    proc = watch(cfg, env)
+    try:
+        wait(lambda: len(trainers(sim)) == 4 and len(steps(sim)) >= 2, what="the job on all 4 workers", proc=proc)
+        seen = trainers(sim)
+        coordinator = TpuAdapter(sim.project, sim.zone).require_node("np-0").workers[0].internal_ip
+        for (name, w), e in seen.items():
+            i = SLICES.index(name)
+            assert (e["TPUWATCH_SLICE_ID"], e["TPUWATCH_NUM_SLICES"], e["TPUWATCH_WORKER_ID"]) == (str(i), "2", str(w))
+            assert (e["MEGASCALE_SLICE_ID"], e["MEGASCALE_NUM_SLICES"], e["MEGASCALE_PORT"]) == (str(i), "2", "8081")
+            assert e["MEGASCALE_COORDINATOR_ADDRESS"] == coordinator
+        assert {e["TPUWATCH_ATTEMPT"] for e in seen.values()} == {"1"}
+        assert len({e["MEGASCALE_COORDINATOR_ADDRESS"] for e in seen.values()}) == 1
+
+        # Slice 1 goes into maintenance: the attempt ends on slice 0 too, and nothing is
+        # launched until slice 1 is READY+HEALTHY again.
+        sim.inject("maintenance", node="np-1", heal_after="60m")  # 6 s here
+        rc, out = finish(proc, timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    # Stopped on slice 0's 2 workers while slice 1 was down (its workers unreachable or not
+    # asked), not left to hang in the collectives until slice 1 came back; relaunched on all 4.
+    assert re.search(r"stopped the job on 2/[24] workers: attempt 1 ended", out), out
+    assert "launched attempt 2 on 4/4 workers" in out, out
+    assert out.index("node ms is READY+HEALTHY; launching attempt 2") > out.index("REPAIRING"), out
+    assert steps(sim)[-1] == LONG
+    history = cli(env, "history", "-c", str(cfg), "--json")
+    attempts = json.loads(history.stdout)["attempts"]
+    assert attempts[0]["outcome"] == "disruption" and not attempts[0]["charged"], attempts
+    assert attempts[1]["start_step"] is not None and attempts[1]["start_step"] >= 10
+    # Never a delete or a create: the slice healed.
+    assert sim.world.call_count("DeleteQueuedResource") == 0 and sim.world.call_count("CreateQueuedResource") == 0
+
+
+def test_a_preempted_slice_recreates_the_whole_request_and_the_job_resumes(sim: Simulator, tmp_path: Path) -> None:
+    cfg, env = multislice_job(sim, tmp_path, spot=True)
+    old = {n: sim.world.node(n).id for n in SLICES}
+    proc = watch(cfg, env)
+    try:
+        wait(lambda: len(trainers(sim)) == 4 and len(steps(sim)) >= 2, what="the job on all 4 workers", proc=proc)
+        sim.inject("preempt", node="np-1")
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    qr = sim.world.get_queued_resource(sim.project, sim.zone, "ms")
+    assert qr.state == "ACTIVE" and qr.spot
+    assert sorted(n.name for n in sim.world.list_nodes(sim.project, "-")) == list(SLICES)
+    assert all(sim.world.node(n).id != old[n] for n in SLICES), "both slices are new"
+    # Deleted with force and created again as one request; never a node alone.
+    assert sim.world.call_count("DeleteQueuedResource") == 1 and sim.world.call_count("CreateQueuedResource") == 1
+    assert sim.world.call_count("DeleteNode") == 0 and sim.world.call_count("CreateNode") == 0
+    assert steps(sim)[-1] == STEPS
+
+
+def test_separately_created_slices_are_never_recreated(sim: Simulator, tmp_path: Path) -> None:
+    """Nodes listed in tpu.names without a queued resource: a slice that does not come back
+    needs a person; tpuwatch deletes nothing."""
+    cfg, env = multislice_job(sim, tmp_path, queued=False, recreatable=True, steps=LONG)
+    text = cfg.read_text().replace('repair_timeout = "30s"', 'repair_timeout = "2s"')
+    cfg.write_text(text)
+    proc = watch(cfg, env)
+    try:
+        wait(lambda: len(trainers(sim)) == 4, what="the job on all 4 workers", proc=proc)
+        sim.inject("maintenance", node="np-1", stuck="REPAIRING")
+        rc, out = finish(proc, timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 1, out
+    assert "created one by one" in out, out
+    assert sim.world.call_count("DeleteNode") == 0 and sim.world.call_count("CreateNode") == 0
+    assert sim.world.has_node("np-0") and sim.world.has_node("np-1")
+
+
+def test_announced_maintenance_is_started_early_one_slice_at_a_time(sim: Simulator, tmp_path: Path) -> None:
+    """A reschedulable window on each slice: each is started right after a checkpoint, through
+    the request (performMaintenanceQueuedResource naming that slice alone), one after the other;
+    the job loses one relaunch per slice and no work."""
+    sim.world.delays["simulated_maintenance_heal"] = 600.0  # 1 s at speed 600
+    cfg, env = multislice_job(sim, tmp_path, steps=LONG, accelerator="v6e-16")
+    proc = watch(cfg, env)
+    try:
+        wait(lambda: len(trainers(sim)) == 8 and len(steps(sim)) >= 1, what="the job on all 8 workers", proc=proc)
+        sim.inject("upcoming-maintenance", node="np-1", starts_in="7d", heal_after="10m")
+        sim.inject("upcoming-maintenance", node="np-0", starts_in="8d", heal_after="10m")
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    history = json.loads(cli(env, "history", "-c", str(cfg), "--json").stdout)
+    started = [e["reason"] for e in history["events"] if e["kind"] == "maintenance_started"]
+    # np-1's window opens first: it goes first, then np-0; each on its own.
+    assert len(started) == 2, started
+    assert "queued resource ms's node np-1" in started[0] and "queued resource ms's node np-0" in started[1], started
+    assert sim.world.call_count("PerformMaintenanceQueuedResource") == 2
+    ends = [a for a in history["attempts"] if a["end_step"] is not None][:2]
+    assert all(a["outcome"] == "disruption" and not a["charged"] for a in ends), history["attempts"]
+    assert all("maintenance started early by tpuwatch" in a["reason"] for a in ends), history["attempts"]
+    nxt = history["attempts"][1:3]
+    # each relaunch resumes from the checkpoint its stop was taken at (or a newer one, saved while
+    # the stop reached the workers): no step lost
+    assert all(b["start_step"] >= a["end_step"] for a, b in zip(ends, nxt, strict=True)), history["attempts"]
+    assert steps(sim)[-1] == LONG

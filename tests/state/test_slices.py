@@ -1,0 +1,163 @@
+"""A multislice job's slices as one node: how they combine, how the config names them, and what
+each worker is told and reached by (the end-to-end behaviour is in tests/e2e/test_multislice_e2e.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import asyncssh
+import pytest
+
+from tpuwatch.cloud.lifecycle import due_slice, queued_request
+from tpuwatch.cloud.tpu import parse_message
+from tpuwatch.config import multislice_prefix, validate
+from tpuwatch.errors import ConfigError
+from tpuwatch.model import (
+    OWNER_LABEL,
+    NodeSnapshot,
+    UpcomingMaintenance,
+    WorkerEndpoint,
+    combine_slices,
+)
+from tpuwatch.workers import hostkeys, megascale_env, protocol
+from tpuwatch.workers.gcloud import GcloudSsh
+from tpuwatch.workers.ssh import OpenSsh
+
+T0 = datetime(2026, 5, 1, tzinfo=timezone.utc)
+
+
+def part(name: str, node_id: str, *, state: str = "READY", health: str = "HEALTHY", workers: int = 2,
+         owner: str = "ms", **kw: object) -> NodeSnapshot:
+    n = NodeSnapshot(name=name, project="p", zone="z", id=node_id, create_time=T0, state=state, health=health,
+                     health_description="", maintenance_time=None, labels={OWNER_LABEL: owner} if owner else {},
+                     workers=tuple(WorkerEndpoint(i, f"10.{node_id}.0.{i}", "") for i in range(workers)))
+    return replace(n, **kw)  # type: ignore[arg-type]
+
+
+def test_slices_combine_into_one_node_usable_only_when_every_slice_is() -> None:
+    a, b = part("np-0", "1"), part("np-1", "2")
+    both = combine_slices("ms", [a, b])
+    assert both is not None and both.usable and both.name == "ms" and both.id == "1+2"
+    assert [(w.index, w.slice, w.node, w.worker_id, w.internal_ip) for w in both.workers] == [
+        (0, 0, "np-0", 0, "10.1.0.0"), (1, 0, "np-0", 1, "10.1.0.1"),
+        (2, 1, "np-1", 0, "10.2.0.0"), (3, 1, "np-1", 1, "10.2.0.1")]
+    assert both.owned_by("ms") and both.reachable_workers == both.workers
+
+    down = combine_slices("ms", [a, replace(b, state="REPAIRING", health="UNHEALTHY_MAINTENANCE",
+                                            health_description="The TPU is under maintenance")])
+    assert down is not None and not down.usable and down.state == "REPAIRING"
+    assert down.health == "UNHEALTHY_MAINTENANCE" and "np-1: The TPU is under maintenance" in down.health_description
+    assert down.reachable and [w.index for w in down.reachable_workers] == [0, 1]
+    # any slice recreated: a new incarnation of the job's node
+    assert combine_slices("ms", [a, replace(b, id="3")]).id == "1+3"  # type: ignore[union-attr]
+    # one slice missing while the other stands: MISSING (the policy waits as for a repair)
+    gone = combine_slices("ms", [a, None])
+    assert gone is not None and gone.state == "MISSING" and gone.id == "1+-" and len(gone.workers) == 2
+    assert "slice 1 missing" in gone.health_description
+    assert combine_slices("ms", [None, None]) is None
+    # preempted wins over a repair: the worst state shows
+    assert combine_slices("ms", [replace(a, state="PREEMPTED"), replace(b, state="REPAIRING")]).state == "PREEMPTED"  # type: ignore[union-attr]
+    # owned only when every slice carries this job's label
+    assert not combine_slices("ms", [a, part("np-1", "2", owner="other")]).owned_by("ms")  # type: ignore[union-attr]
+    assert not combine_slices("ms", [a, part("np-1", "2", owner="")]).owned_by("ms")  # type: ignore[union-attr]
+
+
+def test_the_earliest_announced_window_is_the_jobs_and_its_slice_is_started_first() -> None:
+    def notice(days: int, status: str = "PENDING") -> UpcomingMaintenance:
+        start = T0 + timedelta(days=days)
+        return UpcomingMaintenance("SCHEDULED", status, True, start, start + timedelta(hours=1), start)
+
+    both = combine_slices("ms", [part("np-0", "1", upcoming_maintenance=notice(8)),
+                                 part("np-1", "2", upcoming_maintenance=notice(7))])
+    assert both is not None and both.upcoming_maintenance == notice(7)
+    assert due_slice(both) == "np-1"
+    later = combine_slices("ms", [part("np-0", "1", upcoming_maintenance=notice(8)),
+                                  part("np-1", "2", upcoming_maintenance=notice(7, "ONGOING"))])
+    assert due_slice(later) == "np-0"  # type: ignore[arg-type]  # np-1's is under way already
+    assert due_slice(part("pod", "9")) == "pod"
+
+
+def base(**tpu: object) -> dict[str, object]:
+    return {"tpu": {"name": "ms", "zone": "us-central2-b", **tpu}, "job": {"command": "python3 train.py"}}
+
+
+def test_tpu_names_are_checked_and_a_queued_resources_must_be_its_prefixed_nodes() -> None:
+    ok = validate(base(names=["np-0", "np-1"], queued_resource="ms"))
+    assert ok["tpu"]["names"] == ("np-0", "np-1")
+    assert validate(base(names=["alpha", "beta"]))["tpu"]["names"] == ("alpha", "beta")  # created one by one
+    for names, fix in ((["np-0"], "one node is not a multislice job"), (["np-0", "np-0"], "listed twice"),
+                       (["np-0", "Bad"], "not a TPU name"), ("np-0", "expected a list")):
+        with pytest.raises(ConfigError, match=fix) as exc:
+            validate(base(names=names))
+        assert str(exc.value).startswith("tpu.names:")
+    with pytest.raises(ConfigError, match="tpu.names: a multislice queued resource names its nodes <prefix>-0"):
+        validate(base(names=["np-1", "np-0"], queued_resource="ms"))
+    assert multislice_prefix(["np-0", "np-1", "np-2"]) == "np" and multislice_prefix(["a-b-0", "a-b-1"]) == "a-b"
+    assert multislice_prefix(["np-0", "xp-1"]) is None and multislice_prefix(["np"]) is None
+    with pytest.raises(ConfigError, match="unknown placeholder"):
+        validate({**base(), "job": {"command": "train --slice={slices}"}})
+    assert validate({**base(), "job": {"command": "train --slice={slice}"}})["job"]["command"] == "train --slice={slice}"
+
+
+def test_each_worker_is_told_its_slice_its_id_within_it_and_the_coordinator() -> None:
+    both = combine_slices("ms", [part("np-0", "1"), part("np-1", "2")])
+    assert both is not None
+    assert megascale_env(both, 1) == {"MEGASCALE_COORDINATOR_ADDRESS": "10.1.0.0", "MEGASCALE_PORT": "8081",
+                                      "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "1"}
+    assert megascale_env(part("pod", "9"), 0) == {}
+    w = both.workers[3]
+    text = protocol.launch_script("ms", attempt=4, worker=w.worker_id, checkpoint=None, slice=w.slice, slices=2,
+                                  command=protocol.render_command("train --s={slice} --w={worker}", checkpoint="",
+                                                                  step=None, attempt=4, worker=w.worker_id,
+                                                                  slice=w.slice)).decode()
+    assert "TW_SLICE=1" in text and "TW_SLICES=2" in text and "TW_WORKER=1" in text
+    assert "train --s=1 --w=1" in text
+    assert "TW_SLICE=" not in protocol.launch_script("pod", attempt=1, worker=0, checkpoint=None,
+                                                     command="x").decode()
+
+
+def test_gcloud_reaches_a_worker_through_its_own_slice_and_prepares_every_slice(tmp_path: Path) -> None:
+    ssh = OpenSsh(known_hosts=tmp_path / "kh", user="alice", identity_file="/k/id", internal_ip=True)
+    t = GcloudSsh(openssh=ssh, user="alice", identity_file="/k/id", internal_ip=True)
+    both = combine_slices("ms", [part("np-0", "1"), part("np-1", "2")])
+    assert both is not None
+    argv = t.prepare_argv(both.slice_of(both.workers[3]), both.workers[3])
+    assert "alice@np-1" in argv and "--worker=1" in argv
+
+
+def test_host_keys_are_read_from_each_slice_and_pinned_per_job_worker(tmp_path: Path) -> None:
+    keys = {name: {i: (" ".join(asyncssh.generate_private_key("ssh-ed25519").export_public_key("openssh")
+                                .decode().split()[:2]),) for i in range(2)} for name in ("np-0", "np-1")}
+    asked: list[str] = []
+
+    def source(node: NodeSnapshot) -> dict[int, tuple[str, ...]]:
+        asked.append(node.name)
+        return keys[node.name]
+
+    pins = hostkeys.PinnedHostKeys(tmp_path / "kh", source)
+    both = combine_slices("ms", [part("np-0", "1"), part("np-1", "2")])
+    assert both is not None
+    pins.prepare(both, both.workers)
+    assert asked == ["np-0", "np-1"]
+    lines = (tmp_path / "kh").read_text().splitlines()
+    # job worker 3 is np-1's worker 1
+    assert f"{hostkeys.alias(both, 3)} {keys['np-1'][1][0]} {hostkeys.MARK}" in lines
+    assert f"{hostkeys.alias(both, 0)} {keys['np-0'][0][0]} {hostkeys.MARK}" in lines
+
+
+def test_a_multislice_request_is_asked_for_as_a_whole_in_either_api_version() -> None:
+    req = queued_request("projects/p/locations/z", "ms", {"acceleratorType": "v5litepod-16",
+                                                          "runtimeVersion": "v2-alpha-tpuv5-lite"},
+                         "spot", "", ("np-0", "np-1", "np-2"))
+    spec = req["tpu"]["nodeSpec"][0]
+    assert spec["multisliceParams"] == {"nodeCount": 3, "nodeIdPrefix": "np"} and "nodeId" not in spec
+    version, msg = parse_message("QueuedResource", req, "tpu.spec")
+    assert version == "v2" and msg.tpu.node_spec[0].multislice_params.node_count == 3
+    # a node field only v2alpha1 has: the request goes as v2alpha1, whose name is multiNodeParams
+    alpha = {**req, "tpu": {"nodeSpec": [{**spec, "node": {**spec["node"], "autocheckpointEnabled": True}}]}}
+    version, msg = parse_message("QueuedResource", alpha, "tpu.spec")
+    assert version == "v2alpha1" and msg.tpu.node_spec[0].multi_node_params.node_id_prefix == "np"
+    one = queued_request("projects/p/locations/z", "pod", {"acceleratorType": "v4-8"})
+    assert one["tpu"]["nodeSpec"][0]["nodeId"] == "pod"
