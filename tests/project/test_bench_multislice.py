@@ -94,9 +94,38 @@ def test_the_ideal_bound_over_two_slices_beats_every_tool_on_a_short_trace() -> 
         assert r.goodput <= ideal.goodput + 1e-9, (key, r.goodput, ideal.goodput)
 
 
+PREEMPTED_SLICE = (Fault(6 * 3600.0 + 11.0, "preemption", slice=1),)
+
+
+def test_tpuwatch_recreates_the_multislice_request_as_a_whole_and_relaunches_every_slice() -> None:
+    p = Params(days=1, slices=2)
+    trace = Trace(1, p.horizon, PREEMPTED_SLICE, ((6 * 3600.0, 7 * 3600.0),))
+    r = run_tool(tools(2)["tpuwatch"], trace, p)
+    assert r.error == "" and r.memory is not None and r.memory["phase"] == "running"
+    assert r.rows.get("dead_node") == 1 and r.rows.get("create_after_delete") == 1
+    assert r.attempts == 2 and len(r.relaunch) == 1
+    # the request waited out the stockout, then both slices came back together and ran at once
+    n, median, _, never = r.resume_stats("preemption")
+    assert (n, never) == (1, 0) and median is not None
+    assert 3600.0 < median < 3600.0 + p.create_time + 3 * p.startup
+    assert r.relaunch[0] <= 2 * CONFIG.recovery["poll_interval"]
+
+
+def test_one_watcher_per_slice_loses_more_than_tpuwatch_when_one_slice_is_preempted() -> None:
+    p = Params(days=1, slices=2)
+    trace = Trace(1, p.horizon, PREEMPTED_SLICE, ())
+    coordinated = run_tool(tools(2)["tpuwatch"], trace, p)
+    per = run_tool(per_slice_tool(CONFIG), trace, p)
+    assert coordinated.error == per.error == ""
+    interval = p.ckpt_every * p.step_time + p.ckpt_save
+    # slice 0's watcher keeps its hung processes until its hang detection fires: hours, not seconds
+    assert per.goodput < coordinated.goodput - interval / p.horizon
+    assert per.relaunch[0] > 2 * interval > coordinated.relaunch[0]
+
+
 def test_one_watcher_per_slice_waits_for_its_hang_detection_after_a_preemption() -> None:
     p = Params(days=1, slices=2)
-    trace = Trace(1, p.horizon, (Fault(6 * 3600.0 + 11.0, "preemption", slice=1),), ())
+    trace = Trace(1, p.horizon, PREEMPTED_SLICE, ())
     ideal = run_tool(tools(2)["ideal"], trace, p)
     per = run_tool(per_slice_tool(CONFIG), trace, p)
     assert per.error == "" and ideal.relaunch and per.relaunch

@@ -396,6 +396,9 @@ class World:
         self.relaunches: list[float] = []
         self._down: bool = False  # a disruption took a slice down and the job has not run since
         self._all_usable_at: float | None = None
+        # A multislice job's slices came from one queued resource (multisliceParams, nodes
+        # <name>-0..N-1), which a tool may delete (force: every slice) and create again as a whole.
+        self.queued = "ACTIVE" if p.slices > 1 else ""  # its state; "" when there is none
 
     # -- slice 0, the whole of a single-slice job --------------------------------------------
 
@@ -769,6 +772,50 @@ class World:
             node.state, node.health = "READY", "HEALTHY"
             sl.hosts_up = True
         self._finish_op(op)
+
+    def delete_queued(self) -> OpRec | None:
+        """Delete the queued resource with force: every slice's node goes. None when there is none."""
+        if self.queued in ("", "DELETING"):
+            return None
+        self.queued = "DELETING"
+        for s in range(len(self.slices)):
+            self.delete_node(s)
+        op = self._op("delete")
+        self.sim.after(self.p.delete_time, self._queued_gone, op)
+        self._touch()
+        return op
+
+    def _queued_gone(self, op: OpRec) -> None:
+        self.queued = ""
+        self._finish_op(op)
+
+    def create_queued(self) -> OpRec | None:
+        """Queue a request for every slice (done at once, as the service's operation is): it
+        waits while the zone has no capacity, then provisions every node together. None when
+        the queued resource still exists."""
+        if self.queued:
+            return None
+        self.queued = "WAITING_FOR_RESOURCES"
+        op = self._op("create")
+        self._finish_op(op)
+        self.sim.at(self.stockout_end(self.now), self._provision)
+        return op
+
+    def _provision(self) -> None:
+        if self.queued != "WAITING_FOR_RESOURCES":
+            return
+        if self.in_stockout(self.now):  # a window that began meanwhile
+            self.sim.at(self.stockout_end(self.now), self._provision)
+            return
+        self.queued = "PROVISIONING"
+        for s in range(len(self.slices)):
+            self.create_node(s)
+        self.sim.after(self.p.create_time, self._provisioned)
+
+    def _provisioned(self) -> None:
+        if self.queued == "PROVISIONING":
+            self.queued = "ACTIVE"
+            self._touch()
 
     # -- faults -----------------------------------------------------------------------------
 

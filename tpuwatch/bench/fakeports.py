@@ -26,6 +26,7 @@ from tpuwatch.model import (
     Login,
     NodeSnapshot,
     OperationStatus,
+    QueuedStatus,
     UpcomingMaintenance,
     WorkerEndpoint,
     WorkerProbe,
@@ -52,6 +53,7 @@ class BenchTpu:
         self.meter = meter
         self.job = job
         self.zone = zone
+        self.project = PROJECT
         self._key: dict[int, tuple[Any, ...]] = {}
         self._snap: dict[int, NodeSnapshot] = {}
 
@@ -120,6 +122,37 @@ class BenchTpu:
             raise ApiError(f"{call}: FAILED_PRECONDITION: there is no pending maintenance for {name}", call=call,
                            code="FAILED_PRECONDITION")
         return op.name
+
+    # A multislice job's queued resource (tpuwatch.cloud.lifecycle.QueuedApi)
+
+    def queued_status(self, name: str, zone: str | None = None) -> QueuedStatus:
+        self.meter.tpu += 1
+        w = self.world
+        state = w.queued if name == w.name else ""
+        return QueuedStatus(f"projects/{PROJECT}/locations/{self.zone}/queuedResources/{name}", state,
+                            node_count=len(w.slices) if len(w.slices) > 1 else 0)
+
+    def delete_queued_resource(self, name: str, *, force: bool = True, zone: str | None = None) -> str:
+        self.meter.tpu += 1
+        op = self.world.delete_queued() if name == self.world.name and force else None
+        if op is None:
+            raise NotFoundError(f"no queued resource named {name} in {self.zone}")
+        return op.name
+
+    def create_queued_resource(self, qr_id: str, queued_resource: Mapping[str, Any],
+                               zone: str | None = None) -> str:
+        self.meter.tpu += 1
+        op = self.world.create_queued() if qr_id == self.world.name else None
+        if op is None:
+            call = Call("TPU API", "create_queued_resource",
+                        f"projects/{PROJECT}/locations/{self.zone}/queuedResources/{qr_id}",
+                        "tpu.queuedResources.create", "tpu.googleapis.com")
+            raise ApiError(f"{call}: ALREADY_EXISTS: queued resource {qr_id} already exists", call=call,
+                           code="ALREADY_EXISTS")
+        return op.name
+
+    def perform_maintenance_queued_resource(self, name: str, node_names: list[str]) -> str:
+        raise NotImplementedError("announced maintenance is modelled on a single slice only")
 
     def get_operation(self, name: str) -> OperationStatus:
         self.meter.tpu += 1

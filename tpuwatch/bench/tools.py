@@ -45,6 +45,7 @@ from tpuwatch.bench.fakeports import (
     BenchWorkers,
     at,
 )
+from tpuwatch.cloud.lifecycle import Lifecycle
 from tpuwatch.config import SCHEMA, Config, validate
 from tpuwatch.durations import human
 from tpuwatch.journal import Journal
@@ -396,16 +397,17 @@ def tpuwatch_config(*, tpu: str = "llm-pod", names: list[str] | None = None, **r
 
 def slice_config(cfg: Config, name: str) -> Config:
     """`cfg` for a one-node job on the node `name` (a watcher of one slice of a multislice job)."""
-    tpu = {k: v for k, v in cfg.values["tpu"].items() if k != "names"}
-    return Config(values={**cfg.values, "tpu": {**tpu, "name": name}}, path=None)
+    tpu = {**cfg.values["tpu"], "name": name, "names": (), "queued_resource": ""}
+    return Config(values={**cfg.values, "tpu": tpu}, path=None)
 
 
 def job_config(cfg: Config, world: World) -> Config:
-    """`cfg` for the whole job of `world`: over several slices, `[tpu] names` lists their nodes."""
+    """`cfg` for the whole job of `world`: over several slices, `[tpu] names` lists their nodes and
+    `[tpu] queued_resource` names the multislice request they came from."""
     if len(world.slices) == 1:
         return cfg
-    return Config(values={**cfg.values, "tpu": {**cfg.values["tpu"], "names": [sl.name for sl in world.slices]}},
-                  path=None)
+    tpu = {**cfg.values["tpu"], "names": tuple(sl.name for sl in world.slices), "queued_resource": world.name}
+    return Config(values={**cfg.values, "tpu": tpu}, path=None)
 
 
 @dataclass
@@ -473,7 +475,8 @@ class TpuwatchDriver:
             return sl.hosts_up and sl.node is not None and sl.node.state == "READY"
 
         self.sleep = self.group.sleeper(self) if self.group is not None else sleep
-        return Ports(tpu_for=lambda zone: tpu, workers=BenchWorkers(w, m, self.slice),
+        life = Lifecycle(tpu, str(self.cfg.tpu["queued_resource"]), tuple(self.cfg.tpu["names"]))
+        return Ports(tpu_for=lambda zone: tpu, lifecycle_for=lambda zone: life, workers=BenchWorkers(w, m, self.slice),
                      checkpoints=BenchCheckpoints(w, m), audit=BenchAudit(w, m), now=lambda: at(sim.now),
                      jitter=self._jitter, sleep=self.sleep, clock=lambda: sim.now, port_open=port_open)
 
