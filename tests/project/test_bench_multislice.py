@@ -121,6 +121,9 @@ def test_one_watcher_per_slice_loses_more_than_tpuwatch_when_one_slice_is_preemp
     # slice 0's watcher keeps its hung processes until its hang detection fires: hours, not seconds
     assert per.goodput < coordinated.goodput - interval / p.horizon
     assert per.relaunch[0] > 2 * interval > coordinated.relaunch[0]
+    # each watcher counts its own calls: one node read a poll each, as the one watcher reads both
+    assert 0.9 < per.tpu_per_hour / coordinated.tpu_per_hour < 1.1
+    assert per.log_per_hour == 2 * coordinated.log_per_hour
 
 
 def test_one_watcher_per_slice_waits_for_its_hang_detection_after_a_preemption() -> None:

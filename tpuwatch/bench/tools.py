@@ -446,6 +446,8 @@ class TpuwatchDriver:
         # the clock with others (Watchers); by default the one watcher runs the engine itself.
         self.slice = slice
         self.group = group
+        # its own calls: the run's meter, or, beside other watchers, its own (added to the run's at the end)
+        self.meter = Meter() if group is not None else run.meter
         self.pcfg = PolicyConfig.from_config(cfg)
         self.skip_idle = skip_idle
         self.mem: Memory = Memory.initial(self.pcfg.zones[0])
@@ -461,7 +463,7 @@ class TpuwatchDriver:
         return self.run.rng.random()
 
     def ports(self) -> Ports:
-        run, w, m, job = self.run, self.run.world, self.run.meter, self.pcfg.job
+        run, w, m, job = self.run, self.run.world, self.meter, self.pcfg.job
         sim, horizon = run.sim, w.p.horizon
         tpu = BenchTpu(w, m, job)
 
@@ -499,7 +501,7 @@ class TpuwatchDriver:
             anchor: _Anchor | None = None
             try:
                 while sim.now < w.p.horizon:
-                    reads = self.run.meter.log
+                    reads = self.meter.log
                     try:
                         report = rec.tick()
                     except Exception as exc:  # a policy or tick bug: recorded and reported, never hidden
@@ -522,10 +524,10 @@ class TpuwatchDriver:
                     last, seen = report, w.changed
                     if not steady or not self.skip_idle:
                         anchor = None
-                    elif self.run.meter.log > reads:  # this tick read the audit log
+                    elif self.meter.log > reads:  # this tick read the audit log
                         if anchor is not None:
                             self._skip(anchor, report, journal)
-                        anchor = _Anchor(sim.now, _meter(self.run.meter), self.ticks, self.draws)
+                        anchor = _Anchor(sim.now, _meter(self.meter), self.ticks, self.draws)
                     pacer.wait(report, delay)
             except _Horizon:
                 pass
@@ -534,7 +536,7 @@ class TpuwatchDriver:
 
     def _skip(self, anchor: _Anchor, report: TickReport, journal: Journal) -> None:
         """Replay the steady period since `anchor`, whole periods, up to the next change."""
-        run, sim, w = self.run, self.run.sim, self.run.world
+        sim, w = self.run.sim, self.run.world
         period = sim.now - anchor.t
         if period <= 0:
             return
@@ -552,8 +554,8 @@ class TpuwatchDriver:
             start = sim.now
             group.jump(self, n * period, period)
             n = round((sim.now - start) / period)
-        delta = [b - a for a, b in zip(anchor.meter, _meter(run.meter), strict=True)]
-        m = run.meter
+        delta = [b - a for a, b in zip(anchor.meter, _meter(self.meter), strict=True)]
+        m = self.meter
         m.tpu, m.log, m.storage, m.ssh = (v + n * d for v, d in zip(_meter(m), delta, strict=True))
         ticks = n * (self.ticks - anchor.ticks)
         self.ticks += ticks
@@ -661,6 +663,9 @@ class Watchers:
         sim.run(self.run.world.p.horizon)
         for t in threads:
             t.join()
+        m = self.run.meter
+        for d in self.drivers:
+            m.tpu, m.log, m.storage, m.ssh = (a + b for a, b in zip(_meter(m), _meter(d.meter), strict=True))
         if self._failure is not None:
             raise self._failure
 
