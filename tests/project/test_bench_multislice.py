@@ -15,6 +15,7 @@ from tpuwatch.bench import (
     tpuwatch_config,
 )
 from tpuwatch.bench.tools import Tool, per_slice_tool
+from tpuwatch.bench.trace import make_bug_trace
 
 CONFIG = tpuwatch_config()
 
@@ -145,3 +146,14 @@ def test_one_watcher_per_slice_of_a_one_slice_job_is_tpuwatch() -> None:
     single = run_tool(tools(1)["tpuwatch"], trace, p)
     per = run_tool(per_slice_tool(CONFIG), trace, p)
     assert per.error == "" and per.goodput == single.goodput and per.attempts == single.attempts
+
+
+def test_the_bug_is_counted_and_stopped_over_two_slices() -> None:
+    p = Params(days=2, slices=2)
+    trace = make_bug_trace(p.days)
+    coordinated = run_tool(tools(2)["tpuwatch"], trace, p)
+    per = run_tool(per_slice_tool(CONFIG), trace, p)
+    # one launch over both slices a try, then failed; the per-slice watchers launch their own slice
+    assert coordinated.bad_launches == CONFIG.recovery["no_progress_limit"] and coordinated.stopped_day is not None
+    assert per.bad_launches >= 2 and per.stopped_day is not None
+    assert coordinated.bug_waste_vm_hours is not None and per.bug_waste_vm_hours is not None

@@ -375,6 +375,7 @@ class World:
         self._op_seq = 0
         self.pushed = False  # the buggy code is in the repository
         self.bug_seen: float | None = None  # first launch of the buggy code
+        self.bad_launches = 0  # launches of the buggy code (on every slice, or on one)
         self.stopped: float | None = None  # the tool gave up (or finished)
         self.stop_reason = ""
         self.stop_short = ""  # a few words for tables
@@ -512,6 +513,7 @@ class World:
             return None
         for s in range(len(self.slices)):
             self._start(s, no)
+        self.bad_launches += self.pushed
         a = self._form(s0)
         self._touch()
         return a
@@ -523,6 +525,7 @@ class World:
         if not self._launchable(s) or self.done is not None:
             return None
         pr = self._start(s, no)
+        self.bad_launches += self.pushed
         self._form(None)
         self._touch()
         return pr

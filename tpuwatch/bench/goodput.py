@@ -173,7 +173,7 @@ def _result(tool: Tool, run: Run) -> ToolResult:
         steps_lost=max(0, w.steps_run - productive),
         resume=resume,
         bug_seen_day=w.bug_seen / 86400.0 if w.bug_seen is not None else None,
-        bad_launches=sum(1 for a in w.attempts if a.bad),
+        bad_launches=w.bad_launches,
         stopped_day=w.stopped / 86400.0 if w.stopped is not None else None,
         stop_reason=w.stop_reason,
         stop_short=w.stop_short,

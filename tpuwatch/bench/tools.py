@@ -736,7 +736,9 @@ def make_tools(cfg: Config, tuned: Config, skypilot_restarts: int = 0, skip_idle
         return [
             Tool("ideal", "ideal bound", lambda run: [ideal(run)],
                  "oracle: every slice recovered at once, relaunched on all when all are usable"),
-            *([tpuwatch_tool("tpuwatch", "tpuwatch (defaults)", cfg, describe(cfg), skip_idle)] if MULTISLICE else []),
+            *([tpuwatch_tool("tpuwatch", "tpuwatch (defaults)", cfg, describe(cfg), skip_idle),
+               tpuwatch_tool("tpuwatch-30d", "tpuwatch (tuned)", tuned, describe(tuned), skip_idle)]
+              if MULTISLICE else []),
             per_slice_tool(cfg, skip_idle),
         ]
     return [
