@@ -3,6 +3,12 @@ model, the ideal bound over N slices and the "one tpuwatch per slice" baseline (
 
 from __future__ import annotations
 
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
 from tpuwatch.bench import (
     Fault,
     Params,
@@ -16,6 +22,7 @@ from tpuwatch.bench import (
 )
 from tpuwatch.bench.tools import Tool, per_slice_tool
 from tpuwatch.bench.trace import make_bug_trace
+from tpuwatch.errors import UsageError
 
 CONFIG = tpuwatch_config()
 
@@ -157,3 +164,20 @@ def test_the_bug_is_counted_and_stopped_over_two_slices() -> None:
     assert coordinated.bad_launches == CONFIG.recovery["no_progress_limit"] and coordinated.stopped_day is not None
     assert per.bad_launches >= 2 and per.stopped_day is not None
     assert coordinated.bug_waste_vm_hours is not None and per.bug_waste_vm_hours is not None
+
+
+def test_script_slices(capsys: pytest.CaptureFixture[str]) -> None:
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_goodput.py"
+    spec = importlib.util.spec_from_file_location("bench_goodput", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--days", "2", "--slices", "2", "--json", "--tools", "ideal,tpuwatch"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["params"]["slices"] == 2 and [t["tool"] for t in out["tools"]] == ["ideal", "tpuwatch"]
+    assert out["trace"]["counts"] == {k: make_trace(0, 2, 4, slices=2).count(k) for k in out["trace"]["counts"]}
+    assert {"disruptions", "median_s", "p95_s"} <= set(out["tools"][1]["relaunch"])
+    for bad in (["--slices", "0"], ["--slices", "2", "--tools", "bash"], ["--slices", "2", "--scheduled", "1"]):
+        with pytest.raises(UsageError) as err:
+            mod.main(bad)
+        assert err.value.exit_code == 2 and "--" in str(err.value)
