@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpuwatch.bench.engine import OK, SSH_LOST, Meter, Process, Sim, World
+from tpuwatch.bench.engine import OK, SSH_LOST, Meter, Process, Signal, Sim, World
 from tpuwatch.bench.fakeports import (
     PROJECT,
     ZONE,
@@ -446,8 +446,10 @@ class TpuwatchDriver:
         # the clock with others (Watchers); by default the one watcher runs the engine itself.
         self.slice = slice
         self.group = group
-        # its own calls: the run's meter, or, beside other watchers, its own (added to the run's at the end)
+        # its own calls and jitter: the run's, or, beside other watchers, its own (its calls are
+        # added to the run's at the end), so that replaying its idle periods touches no other's
         self.meter = Meter() if group is not None else run.meter
+        self.rng = random.Random(run.rng.getrandbits(64)) if group is not None else run.rng
         self.pcfg = PolicyConfig.from_config(cfg)
         self.skip_idle = skip_idle
         self.mem: Memory = Memory.initial(self.pcfg.zones[0])
@@ -460,7 +462,7 @@ class TpuwatchDriver:
 
     def _jitter(self) -> float:
         self.draws += 1
-        return self.run.rng.random()
+        return self.rng.random()
 
     def ports(self) -> Ports:
         run, w, m, job = self.run, self.run.world, self.meter, self.pcfg.job
@@ -541,19 +543,16 @@ class TpuwatchDriver:
         if period <= 0:
             return
         group = self.group
-        limit = min(w.next_change(group.wake if group is not None else None), w.p.horizon)
-        n = math.floor((limit - sim.now) / period)
-        if sim.now + n * period >= limit:
-            n -= 1  # the jump must end before the change, which a tick after it then sees
+        limit = min(w.next_change(group.fire if group is not None else None), w.p.horizon)
+        n = self._periods(limit, period)
         n = self._still_running(report, period, n)
+        if group is not None and n > 0:
+            # Beside other watchers: promise to act on nothing before the tick after the jump
+            # (as long as the world does not change), and jump no further than the others promised.
+            group.promise(self, sim.now + n * period + self.pcfg.poll_interval)
+            n = min(n, self._periods(min(group.bound(self), w.p.horizon), period))
         if n <= 0:
             return
-        if group is not None:
-            # Another watcher may change the world meanwhile: the jump then ends at the first
-            # period boundary after the change, and replays the whole periods it covered.
-            start = sim.now
-            group.jump(self, n * period, period)
-            n = round((sim.now - start) / period)
         delta = [b - a for a, b in zip(anchor.meter, _meter(self.meter), strict=True)]
         m = self.meter
         m.tpu, m.log, m.storage, m.ssh = (v + n * d for v, d in zip(_meter(m), delta, strict=True))
@@ -562,10 +561,15 @@ class TpuwatchDriver:
         self.rows[report.decision.row] += ticks
         for _ in range(n * (self.draws - anchor.draws)):
             self._jitter()
-        if group is None:
-            self.sleep(n * period)
+        self.sleep(n * period)
         with journal.transaction():  # as the last replayed tick, which read the log, left it
             journal.set_cursor("audit_read_at", at(sim.now).isoformat())
+
+    def _periods(self, limit: float, period: float) -> int:
+        """Whole periods from now whose last tick comes before `limit` (the change a tick after them sees)."""
+        now = self.run.sim.now
+        n = math.floor((limit - now) / period)
+        return n - 1 if now + n * period >= limit else n
 
     def _still_running(self, report: TickReport, period: float, n: int) -> int:
         """The largest k <= n for which the policy still decides `running`, with the same memory,
@@ -589,15 +593,25 @@ class Watchers:
     job, each configured as a one-node job on its slice (`slice_config`), none aware of the
     others. Each loop runs in a thread of its own, and only while the engine and every other loop
     wait: its sleep schedules its wake-up in the engine and hands the baton back, so a run is as
-    deterministic as with one loop. The engine runs in the calling thread."""
+    deterministic as with one loop. Loops due at the same moment run in slice order. The engine
+    runs in the calling thread.
+
+    Fast-forward stays exact: a loop that replays its idle periods promises to act on nothing
+    before a time (its policy's own bound), a promise void once the world changes; a loop jumps
+    no further than every other loop's next wake-up or valid promise, so nothing another loop
+    does can fall inside a jump (`--every-tick` gives the same figures).
+    """
 
     def __init__(self, run: Run, cfg: Config, skip_idle: bool) -> None:
         self.run = run
         self.drivers = [TpuwatchDriver(run, slice_config(cfg, sl.name), skip_idle, s, self)
                         for s, sl in enumerate(run.world.slices)]
         self._go = {id(d): threading.Semaphore(0) for d in self.drivers}
-        self._token: dict[int, object] = {}
         self._back = threading.Semaphore(0)
+        self._due: dict[int, float] = {}  # driver -> when it wakes next
+        self._fires: set[float] = set()  # times a fire() is scheduled for
+        self._promises: dict[int, tuple[float, Signal]] = {}  # driver -> (no action before, world as of)
+        self._finished: set[int] = set()
         self._failure: BaseException | None = None
 
     def sleeper(self, driver: TpuwatchDriver) -> Callable[[float], None]:
@@ -606,44 +620,42 @@ class Watchers:
         def sleep(seconds: float) -> None:
             if sim.now >= horizon:
                 raise _Horizon
-            self._wait(driver, min(sim.now + max(seconds, 0.0), horizon))
+            self._arm(driver, min(sim.now + max(seconds, 0.0), horizon))
+            self._back.release()
+            self._go[id(driver)].acquire()
 
         return sleep
 
-    def jump(self, driver: TpuwatchDriver, total: float, period: float) -> None:
-        """Sleep `total` seconds, or less: to the first `period` boundary after a change of the world."""
-        sim, w = self.run.sim, self.run.world
-        start = sim.now
+    def promise(self, driver: TpuwatchDriver, until: float) -> None:
+        self._promises[id(driver)] = (until, self.run.world.changed)
 
-        def early(_: object) -> None:
-            if self._token.get(id(driver)) is token:
-                t = start + (math.floor((sim.now - start) / period) + 1) * period
-                sim.at(min(t, start + total), self.wake, driver, token)
+    def bound(self, driver: TpuwatchDriver) -> float:
+        """The first moment another loop may act: its next wake-up, or later when it promised so."""
+        out = math.inf
+        for d in self.drivers:
+            key = id(d)
+            if d is driver or key in self._finished:
+                continue
+            at_least = self._due.get(key, self.run.sim.now)
+            until, world = self._promises.get(key, (at_least, None))
+            out = min(out, max(at_least, until) if world is self.run.world.changed else at_least)
+        return out
 
-        token = self._arm(driver, start + total)
-        w.changed.callbacks.append(early)
-        self._block(driver)
+    def _arm(self, driver: TpuwatchDriver, until: float) -> None:
+        self._due[id(driver)] = until
+        if until not in self._fires:
+            self._fires.add(until)
+            self.run.sim.at(until, self.fire, until)
 
-    def _wait(self, driver: TpuwatchDriver, until: float) -> None:
-        self._arm(driver, until)
-        self._block(driver)
-
-    def _arm(self, driver: TpuwatchDriver, until: float) -> object:
-        token = self._token[id(driver)] = object()
-        self.run.sim.at(until, self.wake, driver, token)
-        return token
-
-    def _block(self, driver: TpuwatchDriver) -> None:
-        self._back.release()
-        self._go[id(driver)].acquire()
-
-    def wake(self, driver: TpuwatchDriver, token: object) -> None:
-        """An engine callback: let `driver` run until it sleeps again or ends (a stale token: no)."""
-        if self._token.get(id(driver)) is not token:
-            return
-        self._token.pop(id(driver))
-        self._go[id(driver)].release()
-        self._back.acquire()
+    def fire(self, t: float) -> None:
+        """An engine callback: run the loops due at `t`, in slice order, each until it sleeps or ends."""
+        self._fires.discard(t)
+        for d in [d for d in self.drivers if self._due.get(id(d)) == t]:
+            if self._due.get(id(d)) != t:
+                continue
+            del self._due[id(d)]
+            self._go[id(d)].release()
+            self._back.acquire()
 
     def _thread(self, driver: TpuwatchDriver) -> None:
         self._go[id(driver)].acquire()
@@ -652,6 +664,7 @@ class Watchers:
         except BaseException as exc:  # handed to the engine's thread, never lost
             self._failure = exc
         finally:
+            self._finished.add(id(driver))
             self._back.release()
 
     def drive(self) -> None:
