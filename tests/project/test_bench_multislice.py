@@ -14,6 +14,7 @@ from tpuwatch.bench import (
     Params,
     Sim,
     Trace,
+    TraceConfig,
     World,
     make_tools,
     make_trace,
@@ -181,3 +182,14 @@ def test_script_slices(capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(UsageError) as err:
             mod.main(bad)
         assert err.value.exit_code == 2 and "--" in str(err.value)
+
+
+def test_fast_forward_beside_other_watchers_gives_the_figures_of_every_tick() -> None:
+    p = Params(days=4, slices=2)
+    trace = make_trace(3, p.days, p.workers, TraceConfig(maintenance=30, preemptions=15, crashes=15, hangs=8),
+                       slices=2)
+    fast, every = (run_tool(per_slice_tool(CONFIG, skip), trace, p) for skip in (True, False))
+    assert fast.real_ticks < every.real_ticks == every.ticks
+    assert (fast.goodput, fast.attempts, fast.steps_lost, fast.meter, fast.ticks, fast.rows) == \
+        (every.goodput, every.attempts, every.steps_lost, every.meter, every.ticks, every.rows)
+    assert fast.relaunch == pytest.approx(every.relaunch)
