@@ -144,6 +144,7 @@ def test_one_attempt_runs_on_every_slice_and_one_slice_down_stops_and_restarts_t
     history = cli(env, "history", "-c", str(cfg), "--json")
     attempts = json.loads(history.stdout)["attempts"]
     assert attempts[0]["outcome"] == "disruption" and not attempts[0]["charged"], attempts
+    assert "slice np-1" in attempts[0]["reason"], attempts  # which slice ended it
     assert attempts[1]["start_step"] is not None and attempts[1]["start_step"] >= 10
     # Never a delete or a create: the slice healed.
     assert sim.world.call_count("DeleteQueuedResource") == 0 and sim.world.call_count("CreateQueuedResource") == 0
