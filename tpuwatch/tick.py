@@ -43,7 +43,7 @@ from tpuwatch.model import (
     PrecheckReport,
     QueuedStatus,
     WorkerProbe,
-    combine_slices,
+    job_node,
 )
 from tpuwatch.policy import (
     Action,
@@ -334,9 +334,7 @@ class Reconciler:
 
     def _node(self, tpu: TpuApi) -> NodeSnapshot | None:
         """The job's node; a multislice job's slices as one (model.combine_slices)."""
-        if not self.pcfg.slices:
-            return tpu.get_node(self.pcfg.tpu_name)
-        return combine_slices(self.pcfg.tpu_name, [tpu.get_node(name) for name in self.pcfg.slices])
+        return job_node(tpu.get_node, self.pcfg.tpu_name, self.pcfg.slices)
 
     def _probe(self, node: NodeSnapshot | None, mem: Memory,
                now: datetime) -> tuple[tuple[WorkerProbe, ...] | None, PrecheckReport | None]:
