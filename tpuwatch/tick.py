@@ -150,11 +150,19 @@ class TickReport:
             return {}
         return next(({"slice": w.slice} for w in self.node.workers if w.index == worker), {})
 
+    def node_text(self) -> str:
+        """`READY/HEALTHY`, `missing`; for a multislice job each slice's too, in parentheses."""
+        node = self.node
+        if node is None:
+            return "missing"
+        text = f"{node.state}/{node.health or '-'}"
+        if node.slices:
+            text += " (" + ", ".join(f"{s.name or 'missing'} {s.state}/{s.health or '-'}" for s in node.slices) + ")"
+        return text
+
     def line(self) -> str:
         """One line for people: node, job and what happens next."""
-        node = "missing" if self.node is None else f"{self.node.state}/{self.node.health or '-'}"
-        if self.node is not None and self.node.slices:
-            node += " (" + ", ".join(f"{s.name or 'missing'} {s.state}/{s.health or '-'}" for s in self.node.slices) + ")"
+        node = self.node_text()
         mem = self.decision.memory
         parts = [f"node {node}", f"{mem.phase.value}", f"attempt {mem.attempt}"]
         if self.checkpoint is not None:
