@@ -161,3 +161,13 @@ def test_a_multislice_request_is_asked_for_as_a_whole_in_either_api_version() ->
     assert version == "v2alpha1" and msg.tpu.node_spec[0].multi_node_params.node_id_prefix == "np"
     one = queued_request("projects/p/locations/z", "pod", {"acceleratorType": "v4-8"})
     assert one["tpu"]["nodeSpec"][0]["nodeId"] == "pod"
+
+
+def test_the_port_probe_of_a_multislice_job_watches_a_slice_that_is_down(tmp_path: Path) -> None:
+    from tpuwatch.workers import SshWorkers
+
+    workers = SshWorkers(OpenSsh(known_hosts=tmp_path / "kh", user="u", port=2222, internal_ip=True), job="ms",
+                         command="x")
+    down = combine_slices("ms", [part("np-0", "1"), part("np-1", "2", state="REPAIRING")])
+    assert down is not None and workers.port_target(down) == ("10.2.0.0", 2222)
+    assert workers.port_target(part("pod", "9")) == ("10.9.0.0", 2222)
