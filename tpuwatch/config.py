@@ -418,7 +418,8 @@ class Field:
 # The whole config surface. README's config reference is written from this table.
 SCHEMA: dict[str, dict[str, Field]] = {
     "tpu": {
-        "name": Field(_pattern(NODE_NAME, "TPU name (lowercase letters, digits, hyphens; starts with a letter)"), None, "TPU node name (required)"),
+        "name": Field(_pattern(NODE_NAME, "TPU name (lowercase letters, digits, hyphens; starts with a letter)"), None,
+                      "TPU node name (required); with `names`, the job's name for its slices"),
         "project": Field(_pattern(_PROJECT, "project id", allow_empty=True), "", "GCP project; default from flags, env or gcloud"),
         "zone": Field(_pattern(_ZONE, "zone (such as us-central2-b)", allow_empty=True), "", "zone; default from flags, env or gcloud"),
         "fallback_zones": Field(_zones, (), "zones tried in order when the zone has no capacity"),

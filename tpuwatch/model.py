@@ -9,7 +9,7 @@ version does not know is kept as "UNKNOWN_ENUM_<n>" rather than crashing.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -177,6 +177,14 @@ def combine_slices(name: str, nodes: Sequence[NodeSnapshot | None]) -> NodeSnaps
         preemptible=any(n.preemptible for n in present), labels=labels, metadata_keys=first.metadata_keys,
         slices=tuple(slices),
     )
+
+
+def job_node(get_node: Callable[[str], NodeSnapshot | None], name: str,
+             slices: Sequence[str] = ()) -> NodeSnapshot | None:
+    """The job's node as the tick sees it: node `name`, or a multislice job's `slices` combined."""
+    if not slices:
+        return get_node(name)
+    return combine_slices(name, [get_node(s) for s in slices])
 
 
 def _window_key(up: UpcomingMaintenance) -> float:

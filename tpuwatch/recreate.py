@@ -377,7 +377,7 @@ def qr_request_json(cfg: Config, zone: str, project: str,
         "queuedResourceId": queued_id(str(cfg.tpu["queued_resource"])),
         "queuedResource": queued_request(parent, cfg.tpu_name, specmod.node_to_json(node),
                                          str(spec.get("queued_resource_tier", "")),
-                                         str(spec.get("reservation_name", ""))),
+                                         str(spec.get("reservation_name", "")), tuple(cfg.tpu["names"])),
     }
 
 

@@ -43,7 +43,7 @@ from tpuwatch.model import (
     PrecheckReport,
     QueuedStatus,
     WorkerProbe,
-    combine_slices,
+    job_node,
 )
 from tpuwatch.policy import (
     Action,
@@ -150,11 +150,19 @@ class TickReport:
             return {}
         return next(({"slice": w.slice} for w in self.node.workers if w.index == worker), {})
 
+    def node_text(self) -> str:
+        """`READY/HEALTHY`, `missing`; for a multislice job each slice's too, in parentheses."""
+        node = self.node
+        if node is None:
+            return "missing"
+        text = f"{node.state}/{node.health or '-'}"
+        if node.slices:
+            text += " (" + ", ".join(f"{s.name or 'missing'} {s.state}/{s.health or '-'}" for s in node.slices) + ")"
+        return text
+
     def line(self) -> str:
         """One line for people: node, job and what happens next."""
-        node = "missing" if self.node is None else f"{self.node.state}/{self.node.health or '-'}"
-        if self.node is not None and self.node.slices:
-            node += " (" + ", ".join(f"{s.name or 'missing'} {s.state}/{s.health or '-'}" for s in self.node.slices) + ")"
+        node = self.node_text()
         mem = self.decision.memory
         parts = [f"node {node}", f"{mem.phase.value}", f"attempt {mem.attempt}"]
         if self.checkpoint is not None:
@@ -334,9 +342,7 @@ class Reconciler:
 
     def _node(self, tpu: TpuApi) -> NodeSnapshot | None:
         """The job's node; a multislice job's slices as one (model.combine_slices)."""
-        if not self.pcfg.slices:
-            return tpu.get_node(self.pcfg.tpu_name)
-        return combine_slices(self.pcfg.tpu_name, [tpu.get_node(name) for name in self.pcfg.slices])
+        return job_node(tpu.get_node, self.pcfg.tpu_name, self.pcfg.slices)
 
     def _probe(self, node: NodeSnapshot | None, mem: Memory,
                now: datetime) -> tuple[tuple[WorkerProbe, ...] | None, PrecheckReport | None]:

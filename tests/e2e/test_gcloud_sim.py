@@ -256,7 +256,9 @@ def test_tpuwatch_gcloud_transport_launch_probe_stop_on_all_workers(
     assert [p.pid for p in probes] == [r.pid for r in launched]
     # the follow channels gcloud's login opened carry the next probe: no new channel
     workers.follow_ends(node, 1, [0, 1], lambda: None)
-    wait_for(lambda: all((c := workers.ends._open.get(i)) is not None and c.stream._writable for i in (0, 1)),
+    # writable and ready (its wait said so): only such a channel is asked
+    wait_for(lambda: all((c := workers.ends._open.get(i)) is not None and c.stream._writable and c.reader.ready
+                         for i in (0, 1)),
              30, "the follow channels")
     sessions = [sim.hosts.sessions(key, i) for i in (0, 1)]
     assert workers.probe(node) == probes

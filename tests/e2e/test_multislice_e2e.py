@@ -113,6 +113,8 @@ def wait(pred: Any, timeout: float = 60, what: str = "", proc: subprocess.Popen[
 
 def test_one_attempt_runs_on_every_slice_and_one_slice_down_stops_and_restarts_them_all(
         sim: Simulator, tmp_path: Path) -> None:
+    # As Google documents for multislice: once a slice is back, the others restart (3 s here).
+    sim.world.delays["multislice_restart"] = 1800.0
     cfg, env = multislice_job(sim, tmp_path, steps=LONG)
     proc = watch(cfg, env)
     try:
@@ -139,11 +141,16 @@ def test_one_attempt_runs_on_every_slice_and_one_slice_down_stops_and_restarts_t
     # asked), not left to hang in the collectives until slice 1 came back; relaunched on all 4.
     assert re.search(r"stopped the job on 2/[24] workers: attempt 1 ended", out), out
     assert "launched attempt 2 on 4/4 workers" in out, out
-    assert out.index("node ms is READY+HEALTHY; launching attempt 2") > out.index("REPAIRING"), out
+    # np-1 back, np-0 restarting: still waiting; attempt 2 only once both are READY+HEALTHY
+    assert "(np-0 RESTARTING/HEALTHY, np-1 READY/HEALTHY)" in out, out
+    restarting = out.index("(np-0 RESTARTING/HEALTHY, np-1 READY/HEALTHY)")
+    assert out.index("node ms is READY+HEALTHY; launching attempt 2") > restarting > out.index("REPAIRING"), out
     assert steps(sim)[-1] == LONG
     history = cli(env, "history", "-c", str(cfg), "--json")
     attempts = json.loads(history.stdout)["attempts"]
+    assert len(attempts) == 2, attempts  # the restart of np-0 did not cost a third attempt
     assert attempts[0]["outcome"] == "disruption" and not attempts[0]["charged"], attempts
+    assert "slice np-1" in attempts[0]["reason"], attempts  # which slice ended it
     assert attempts[1]["start_step"] is not None and attempts[1]["start_step"] >= 10
     # Never a delete or a create: the slice healed.
     assert sim.world.call_count("DeleteQueuedResource") == 0 and sim.world.call_count("CreateQueuedResource") == 0
@@ -221,3 +228,47 @@ def test_announced_maintenance_is_started_early_one_slice_at_a_time(sim: Simulat
     # the stop reached the workers): no step lost
     assert all(b["start_step"] >= a["end_step"] for a, b in zip(ends, nxt, strict=True)), history["attempts"]
     assert steps(sim)[-1] == LONG
+
+
+def test_status_precheck_and_recreate_act_on_every_slice(sim: Simulator, tmp_path: Path) -> None:
+    cfg, env = multislice_job(sim, tmp_path)
+    status = cli(env, "status", "-c", str(cfg), "--json")
+    assert status.returncode == 0, status.stderr
+    assert [n["name"] for n in json.loads(status.stdout)["nodes"]] == list(SLICES)
+
+    pre = cli(env, "precheck", "-c", str(cfg), "--json")
+    assert pre.returncode in (0, 1), pre.stderr
+    assert sorted({i["worker"] for i in json.loads(pre.stdout)["items"]}) == [0, 1, 2, 3]
+
+    plan = cli(env, "recreate", "ms", "-c", str(cfg), "--dry-run")
+    assert plan.returncode == 0, plan.stderr
+    requests = json.loads(plan.stdout)
+    assert requests["delete"]["method"].endswith("DeleteQueuedResource") and requests["delete"]["force"]
+    spec = requests["create"]["queuedResource"]["tpu"]["nodeSpec"][0]
+    assert spec["multisliceParams"] == {"nodeCount": 2, "nodeIdPrefix": "np"}, spec
+    old = {n: sim.world.node(n).id for n in SLICES}
+    done = cli(env, "recreate", "ms", "-c", str(cfg), "--yes")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "deleting queued resource ms and its 2 slices np-0, np-1 (force)" in done.stdout, done.stdout
+    assert all(sim.world.node(n).id != old[n] and sim.world.node(n).state == "READY" for n in SLICES)
+    assert sim.world.call_count("CreateQueuedResource") == 1 and sim.world.call_count("CreateNode") == 0
+    # the new slices' startup script only sets up: nothing runs until a watcher launches on all
+    assert trainers(sim) == {}
+
+
+def test_a_drill_on_a_worker_of_the_second_slice_hits_that_slice_and_the_job_recovers(
+        sim: Simulator, tmp_path: Path) -> None:
+    cfg, env = multislice_job(sim, tmp_path, steps=100000)
+    assert cli(env, "check", "-c", str(cfg)).returncode == 0  # launches attempt 1
+    wait(lambda: len(trainers(sim)) == 4 and len(steps(sim)) >= 2, what="the job on all 4 workers")
+    r = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "drill", "-c", str(cfg), "--yes", "--json",
+                        "--worker", "3"], env=env, text=True, capture_output=True, timeout=120,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    assert out["ok"] and out["attempt"] == 2 and out["from_checkpoint"] >= 10, out
+    # job worker 3 is np-1's worker 1: the event hit that VM, not np-0
+    entries = {(e.node, e.worker) for e in sim.world.audit_entries() if e.method.endswith("terminate")}
+    assert entries == {("np-1", "1")}, entries
+    attempts = json.loads(cli(env, "history", "-c", str(cfg), "--json").stdout)["attempts"]
+    assert (attempts[0]["outcome"], attempts[0]["charged"]) == ("disruption", False), attempts

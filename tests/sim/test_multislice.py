@@ -265,3 +265,27 @@ def test_world_queue_resource_of_one_node_keeps_the_single_node_shape(sim_api: S
     assert qr.node_ids == ["pod"] and qr.node_count == 0
     active(sim_api, "pod")
     assert not sim_api.world.node("pod").multislice_node
+
+
+def test_a_slice_back_from_maintenance_restarts_the_other_slices(sim_api: Simulator, lro_polling: Any) -> None:
+    """Google's multislice autorepair: "all other slices in the Multislice environment are
+    restarted so training can continue" once a slice is back. RESTARTING in the same instant the
+    slice is READY again, then READY with a restart entry; `multislice_restart` 0 turns it off."""
+    tpu_client().create_queued_resource(parent=parent(sim_api), queued_resource_id="ms",
+                                        queued_resource=multislice(sim_api, 3, "np")).result(polling=lro_polling)
+    active(sim_api)
+    w = sim_api.world
+    w.delays["multislice_restart"] = 1200.0  # 2 s
+    faults.apply(w, "maintenance", faults.normalize("maintenance", {"node": "np-1", "heal_after": "60s"}))
+    w.wait_for(lambda w: w.node("np-1").state == "READY" and w.node("np-1").health == "HEALTHY",
+               what="np-1 healed", timeout=30)
+    assert {w.node("np-0").state, w.node("np-2").state} == {"RESTARTING"}
+    w.wait_for(lambda w: all(w.node(n).state == "READY" for n in ("np-0", "np-2")), what="the others back",
+               timeout=30)
+    restarts = [e.node for e in w.audit_entries() if e.method.endswith("restart")]
+    assert sorted(restarts) == ["np-0", "np-1", "np-2"], restarts
+    w.delays["multislice_restart"] = 0.0
+    faults.apply(w, "maintenance", faults.normalize("maintenance", {"node": "np-1", "heal_after": "60s"}))
+    w.wait_for(lambda w: w.node("np-1").state == "READY" and w.node("np-1").health == "HEALTHY",
+               what="np-1 healed again", timeout=30)
+    assert {w.node("np-0").state, w.node("np-2").state} == {"READY"}

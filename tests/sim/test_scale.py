@@ -150,7 +150,8 @@ def test_a_steady_tick_with_the_follow_channels_held_opens_no_channel_and_runs_n
             assert report.probes and all(p.state == "running" for p in report.probes), report.probes
             pacer.wait(report, 0)  # holds the channels, as the wait after a steady tick does
             wait_for(lambda: workers.ends.opened == n and all(
-                c is not None and c.stream._writable for c in workers.ends._open.values()), 60, "the channels")
+                c is not None and c.stream._writable and c.reader.ready for c in workers.ends._open.values()), 60,
+                "the channels, ready (their wait said so)")
             c0, r0, a0 = counters(sim, name, n), len(runs.read_text().splitlines()), workers.ends.answered
             for _ in range(2):
                 report = rec.tick()

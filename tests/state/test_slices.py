@@ -161,3 +161,37 @@ def test_a_multislice_request_is_asked_for_as_a_whole_in_either_api_version() ->
     assert version == "v2alpha1" and msg.tpu.node_spec[0].multi_node_params.node_id_prefix == "np"
     one = queued_request("projects/p/locations/z", "pod", {"acceleratorType": "v4-8"})
     assert one["tpu"]["nodeSpec"][0]["nodeId"] == "pod"
+
+
+def test_the_port_probe_of_a_multislice_job_watches_a_slice_that_is_down(tmp_path: Path) -> None:
+    from tpuwatch.workers import SshWorkers
+
+    workers = SshWorkers(OpenSsh(known_hosts=tmp_path / "kh", user="u", port=2222, internal_ip=True), job="ms",
+                         command="x")
+    down = combine_slices("ms", [part("np-0", "1"), part("np-1", "2", state="REPAIRING")])
+    assert down is not None and workers.port_target(down) == ("10.2.0.0", 2222)
+    assert workers.port_target(part("pod", "9")) == ("10.9.0.0", 2222)
+
+
+def test_gcloud_prepares_each_slice_once_it_is_up_and_then_never_again_for_the_job(tmp_path: Path) -> None:
+    # A stand-in for gcloud (the boundary: the real one would call Google): it logs each target and
+    # prints what LEARN_COMMAND prints on a worker.
+    calls = tmp_path / "calls"
+    fake = tmp_path / "gcloud"
+    fake.write_text(f"#!/bin/sh\necho \"$5\" >> {calls}\necho '@tpuwatch login user=alice_x home=/home/alice_x'\n")
+    fake.chmod(0o755)
+    ssh = OpenSsh(known_hosts=tmp_path / "kh", user="alice", identity_file="/k/id", internal_ip=True)
+    t = GcloudSsh(openssh=ssh, user="alice", identity_file="/k/id", binary=str(fake))
+    half = combine_slices("ms", [part("np-0", "1"), part("np-1", "2", state="REPAIRING")])
+    assert half is not None and t.prepare(half) is None
+    assert calls.read_text().split() == ["alice@np-0"]  # np-1 is down: prepared once it is up
+    login = t.login(half)
+    assert login is not None and login.user == "alice_x"
+    both = combine_slices("ms", [part("np-0", "1"), part("np-1", "2")])
+    assert both is not None and t.prepare(both) is None and t.prepare(both) is None
+    assert calls.read_text().split() == ["alice@np-0", "alice@np-1"]
+    whole = t.login(both)
+    assert whole is not None and whole.node_id == both.id  # what the journal keeps for the next watcher
+    later = GcloudSsh(openssh=ssh, user="alice", identity_file="/k/id", binary=str(fake))
+    later.remember(whole)
+    assert later.prepare(both) is None and later.prepare_calls == 0

@@ -356,7 +356,8 @@ def _channel(cluster: Cluster, w: int) -> dict[str, int]:
 def _channels_up(cluster: Cluster, w: SshWorkers, workers: list[int]) -> None:
     """Wait until each worker's channel answers requests: its shell, cat and flock run."""
     wait_for(lambda: all(len(_channel(cluster, i)) == 4 for i in workers), 30, "the follow channels")
-    wait_for(lambda: all((c := w.ends._open.get(i)) is not None and c.stream._writable for i in workers),
+    wait_for(lambda: all((c := w.ends._open.get(i)) is not None and c.stream._writable and c.reader.ready
+                         for i in workers),
              30, "the channels' stdin")
 
 

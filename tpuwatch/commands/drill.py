@@ -24,7 +24,7 @@ from tpuwatch.commands.common import CONFIG_OPTION, open_journal_or_busy, tick_f
 from tpuwatch.durations import human
 from tpuwatch.errors import JobFailed, NotFoundError, UsageError
 from tpuwatch.journal import Journal
-from tpuwatch.model import Checkpoint, NodeSnapshot
+from tpuwatch.model import Checkpoint, NodeSnapshot, job_node
 from tpuwatch.policy import Memory, Phase
 
 EPILOG = """\b
@@ -39,7 +39,7 @@ Examples:
 @click.option("--project", help="GCP project (default: config, env, gcloud).")
 @click.option("--zone", help="Zone, e.g. us-central2-b (default: config, env, gcloud).")
 @click.option("--worker", type=click.IntRange(min=0), default=0, show_default=True,
-              help="The worker the simulated maintenance hits.")
+              help="The worker the simulated maintenance hits (of a multislice job: numbered across its slices).")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end.")
 def command(config_path: Path, project: str | None, zone: str | None, worker: int, yes: bool,
@@ -52,9 +52,12 @@ def command(config_path: Path, project: str | None, zone: str | None, worker: in
     job = load_job(config_path, project, zone)
     ports = real_ports(job)
     tpu = TpuAdapter(job.location.project, job.location.zone or job.pcfg.zones[0])
-    node = tpu.get_node(job.cfg.tpu_name)
+    node = job_node(tpu.get_node, job.cfg.tpu_name, job.pcfg.slices)
     _check(node, job.cfg.tpu_name, job.name, worker)
     assert node is not None
+    # a multislice job's worker N: the slice it is on and its id there
+    hit = next(w for w in node.workers if w.index == worker) if node.slices else None
+    target, target_worker = (hit.node, hit.worker_id) if hit is not None else (node.name, worker)
     mem = _memory(job)
     if mem is None or mem.phase is not Phase.RUNNING:
         raise JobFailed(f"job {job.name} is not running ({'no journal yet' if mem is None else mem.phase.value}); "
@@ -62,7 +65,7 @@ def command(config_path: Path, project: str | None, zone: str | None, worker: in
     if not yes:
         if not sys.stdin.isatty():
             raise UsageError("drill: pass --yes to simulate a maintenance event without a terminal to confirm on")
-        click.confirm(f"Simulate a maintenance event on worker {worker} of {node.name} "
+        click.confirm(f"Simulate a maintenance event on worker {target_worker} of {target} "
                       f"({job.location.project}/{node.zone})? The job will be interrupted", abort=True)
     before = mem.attempt
     timeout = float(job.cfg.recovery["repair_timeout"])
@@ -71,7 +74,7 @@ def command(config_path: Path, project: str | None, zone: str | None, worker: in
     ports.workers.probe(node)  # a local checkpoint_dir is listed on worker 0, in its probe
     ck0 = store.latest() if store is not None else None
     started = utcnow()
-    operation = tpu.simulate_maintenance_event(node.name, [str(worker)])
+    operation = tpu.simulate_maintenance_event(target, [str(target_worker)])
     journal = open_journal_or_busy(job)  # None: a watcher holds it and follows the recovery
     follower = "this drill (nobody else was watching)" if journal is not None else "the running watch"
     detected: datetime | None = None
@@ -87,7 +90,7 @@ def command(config_path: Path, project: str | None, zone: str | None, worker: in
                 if report.decision.terminal:
                     break
             else:
-                now, seen, mem = utcnow(), tpu.get_node(node.name), _memory(job)
+                now, seen, mem = utcnow(), job_node(tpu.get_node, job.cfg.tpu_name, job.pcfg.slices), _memory(job)
             if detected is None and (seen is None or not seen.usable):
                 detected = now
             if (detected is not None and mem is not None and mem.phase is Phase.RUNNING

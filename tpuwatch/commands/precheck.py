@@ -17,7 +17,7 @@ from rich.text import Text
 
 from tpuwatch.commands.common import CONFIG_OPTION
 from tpuwatch.errors import JobFailed, NotFoundError
-from tpuwatch.model import CheckItem, PrecheckReport
+from tpuwatch.model import CheckItem, PrecheckReport, job_node
 
 HELP = """Run the environment checks on every worker of the job's TPU now and print a
 table: disk, shm, cache, ulimit, dns, devices, device_holders, libtpu_lock,
@@ -62,7 +62,7 @@ def command(name: str | None, config_path: Path, project: str | None, zone: str 
     assert loc.zone is not None
     workers = SshWorkers.from_config(cfg, host_keys=lambda n: TpuAdapter(n.project, n.zone).host_keys(n.name))
     workers.transport.check()  # an unreadable key is exit 2 before any cloud call
-    node = TpuAdapter(loc.project, loc.zone).get_node(cfg.tpu_name)
+    node = job_node(TpuAdapter(loc.project, loc.zone).get_node, cfg.tpu_name, cfg.tpu["names"])
     if node is None:
         raise NotFoundError(f"no TPU named {cfg.tpu_name} in {loc.project}/{loc.zone}")
     if node.state != "READY" or not node.workers:

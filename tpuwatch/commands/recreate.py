@@ -91,6 +91,7 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
     from tpuwatch.cloud.location import resolve
     from tpuwatch.cloud.tpu import TpuAdapter
     from tpuwatch.config import load_config
+    from tpuwatch.model import job_node
 
     cfg = load_config(config_path, require_command=False)
     if name != cfg.tpu_name:
@@ -102,6 +103,12 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
     job = cfg.job_name
     launch = _latest_checkpoint(cfg)
     queued = str(cfg.tpu.get("queued_resource") or "")
+    slices = tuple(cfg.tpu["names"])
+    if slices and not queued:
+        raise JobFailed(f"recreate: the slices of {name} ({', '.join(slices)}) were created one by one, not by one "
+                        "multislice queued resource; tpuwatch does not delete or create across them")
+    if slices:  # the watcher launches a multislice job on every slice at once: the new nodes only set up
+        launch = {"launch": "false"}
     if queued:  # validates before any change
         create = rc.qr_request_json(cfg, loc.zone, loc.project, launch)
     else:
@@ -116,14 +123,14 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
         except UsageError as exc:
             raise UsageError(f"tpu.fallback_zones: {z!r} cannot be used: {exc}") from None
 
-    node = api.get_node(name)
+    node = job_node(api.get_node, name, slices)
     if node is not None and not adopt and not node.owned_by(job):
         raise rc.ownership_error(node, job)
     delete: dict[str, Any] | None = None
-    life = Lifecycle(api, queued)
+    life = Lifecycle(api, queued, slices)
     qr_now = life.status()
     if qr_now is not None:
-        refuse_multislice(qr_now)  # before the plan is shown or asked about, not at the delete
+        refuse_multislice(qr_now, len(slices))  # before the plan is shown or asked about, not at the delete
     if qr_now is not None and qr_now.state:
         delete = {"method": "google.cloud.tpu.v2.Tpu.DeleteQueuedResource", "name": qr_now.name, "force": True}
     elif node is not None:
@@ -165,9 +172,10 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
             if node is not None and not adopt and not node.owned_by(job):  # checked above; kept next to the act
                 raise rc.ownership_error(node, job)
             op = api.delete_queued_resource(queued, force=True)
-            say(f"deleting queued resource {life.queued_resource} and its TPU {name} (force): {op}")
+            what = f"its {len(slices)} slices {', '.join(slices)}" if slices else f"its TPU {name}"
+            say(f"deleting queued resource {life.queued_resource} and {what} (force): {op}")
             _wait_done(rc, api, op, f"delete of queued resource {queued}")
-            rc.poll_until(lambda: not _queued_state(life) and api.get_node(name) is None,
+            rc.poll_until(lambda: not _queued_state(life) and job_node(api.get_node, name, slices) is None,
                           f"queued resource {queued} still exists after its delete finished", timeout=1800.0)
         elif node is not None:
             op, _ = rc.start_delete(life, node, job, adopt=adopt)
@@ -178,7 +186,7 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
         failures: list[str] = []
         for z in zones:
             zapi = TpuAdapter(loc.project, z)
-            zlife = Lifecycle(zapi, queued)
+            zlife = Lifecycle(zapi, queued, slices)
             try:
                 op = rc.start_create(zlife, cfg, z, launch=launch)
             except rc.CreateRejected as exc:
@@ -195,7 +203,7 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
             if queued and failure is None:
                 failure = _wait_queued(rc, zlife, z)
             if failure is None or failure.kind == "exists":
-                new = zapi.get_node(name)
+                new = job_node(zapi.get_node, name, slices)
                 new_id = new.id if new is not None else ""
                 if as_json:
                     click.echo(json.dumps({"name": name, "project": loc.project, "zone": z, "old_id": old_id,

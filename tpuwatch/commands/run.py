@@ -30,7 +30,7 @@ import click
 
 from tpuwatch.durations import human
 from tpuwatch.errors import JobFailed, NotFoundError
-from tpuwatch.model import Checkpoint, NodeSnapshot, WorkerProbe
+from tpuwatch.model import Checkpoint, NodeSnapshot, WorkerProbe, job_node
 from tpuwatch.workers import FollowEnd, SshWorkers, Stream
 
 HELP = """Launch the job once on every worker from the latest complete checkpoint, and
@@ -426,7 +426,7 @@ def command(ctx: click.Context, config_path: Path, project: str | None, zone: st
     workers.transport.check()  # an unreadable key is exit 2 before any call
     loc = resolve(project, zone, config_project=cfg.tpu["project"], config_zone=cfg.tpu["zone"])
     assert loc.zone is not None
-    node = TpuAdapter(loc.project, loc.zone).get_node(cfg.tpu_name)
+    node = job_node(TpuAdapter(loc.project, loc.zone).get_node, cfg.tpu_name, cfg.tpu["names"])
     if node is None:
         raise NotFoundError(
             f"no TPU named {cfg.tpu_name} in {loc.project}/{loc.zone} (tpu.name in {config_path}); "

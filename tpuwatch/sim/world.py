@@ -17,6 +17,7 @@ Errors an API call would return are `ApiError(code name, message)`; errors in a 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import random
@@ -52,6 +53,8 @@ DEFAULT_DELAYS: dict[str, float] = {
     "maintenance_window": 3600.0,
     "queued_accept": 10.0,
     "queued_provision": 30.0,
+    # a multislice request's other slices restart when one comes back from a fault (0: they do not)
+    "multislice_restart": 60.0,
 }
 
 INJECTABLE_CODES = frozenset(
@@ -1327,10 +1330,12 @@ class World:
                 return
         # SSH listens again before the API says READY, as on a real VM that finished booting.
         self._hosts_call("up", key)
+        down: list[Timer | None] = []
         with self._lock:
             rec = self._nodes.get(key)
             if rec is None or rec.id != ident or rec.epoch != epoch:
                 return
+            down = self._restart_peers(rec)
             rec.state, rec.health = "READY", "HEALTHY"
             rec.maintenance_event = "NONE"
             if event_ns is not None:
@@ -1342,6 +1347,44 @@ class World:
             self._write_audit(rec, audit.RESTART, worker=worker, severity="INFO")
             if op_name:
                 self._end_op(op_name, response=rec)
+            self._touch()
+        for timer in down:
+            self._await(timer)
+
+    def _restart_peers(self, rec: NodeRec) -> list[Timer | None]:
+        """Google's multislice autorepair: once a slice is back, "all other slices in the
+        Multislice environment are restarted so training can continue". The others go
+        RESTARTING (their jobs killed, SSH refused) in the same instant, and come back READY with
+        a restart entry `multislice_restart` later. Call with the lock held."""
+        qr = self._queued_of(rec) if rec.multislice_node else None
+        wait = self.delays["multislice_restart"]
+        if qr is None or wait <= 0:
+            return []
+        down = []
+        for peer in self._nodes_of(qr):
+            if peer.key == rec.key or peer.state != "READY":
+                continue
+            peer.epoch += 1
+            peer.state = "RESTARTING"
+            down.append(self._queue_hosts("down", peer.key))
+            self.after(wait, functools.partial(self._restarted, peer.key, peer.id, peer.epoch))
+        return down
+
+    def _restarted(self, key: str, ident: int, epoch: int) -> None:
+        """A restarted slice is back: SSH first, then READY+HEALTHY and a restart entry; its own
+        announced maintenance, if any, still stands."""
+        with self._lock:
+            rec = self._nodes.get(key)
+            if rec is None or rec.id != ident or rec.epoch != epoch:
+                return
+        self._hosts_call("up", key)
+        with self._lock:
+            rec = self._nodes.get(key)
+            if rec is None or rec.id != ident or rec.epoch != epoch:
+                return
+            rec.state, rec.health = "READY", "HEALTHY"
+            rec.epoch += 1
+            self._write_audit(rec, audit.RESTART, severity="INFO")
             self._touch()
 
     def heal(self, node: str, *, project: str | None = None, zone: str | None = None) -> None:

@@ -267,9 +267,8 @@ def checks_lines(pre: PrecheckReport, now: datetime, text_width: int = TEXT_WIDT
 
 def state_line(report: TickReport, rate: float | None = None) -> str:
     """One line for people and parsers: node, phase, attempt, progress, and what happens next."""
-    node = "missing" if report.node is None else f"{report.node.state}/{report.node.health or '-'}"
     mem = report.memory
-    parts = [f"node {node}", mem.phase.value, f"attempt {mem.attempt}"]
+    parts = [f"node {report.node_text()}", mem.phase.value, f"attempt {mem.attempt}"]
     ck = report.checkpoint
     if ck is not None:
         extra = []

@@ -285,14 +285,17 @@ class SshWorkers:
         return out
 
     def port_target(self, node: NodeSnapshot) -> tuple[str, int] | None:
-        """Worker 0's SSH address for a TCP probe; None unless OpenSSH connects there directly.
+        """Worker 0's SSH address for a TCP probe (of a multislice job, the first worker of a slice
+        that is down); None unless OpenSSH connects there directly.
 
         gcloud (IAP, OS Login) may reach the worker by a path the probe cannot see.
         """
         transport = self.transport
-        if not isinstance(transport, OpenSsh) or not node.workers:
+        # a multislice job: the first worker of a slice that is down (the others answer anyway)
+        candidates = [w for w in node.workers if not node.slice_of(w).usable] if node.slices else node.workers
+        if not isinstance(transport, OpenSsh) or not candidates:
             return None
-        first = min(node.workers, key=lambda w: w.index)
+        first = min(candidates, key=lambda w: w.index)
         host = first.address(transport.internal_ip)
         return (host, transport.port) if host else None
 

@@ -18,6 +18,7 @@ no `@tpuwatch login` line means the command never ran, and gcloud's words say wh
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 from collections.abc import Mapping
@@ -153,9 +154,11 @@ class GcloudSsh:
 
     # -- what the watcher has learned -----------------------------------------------------
     def login(self, node: NodeSnapshot) -> Login | None:
-        """The login learned for this node incarnation, if any."""
+        """The login learned for this node incarnation (a multislice job: or for one of its
+        slices, until every slice has one), if any."""
+        keys = [_incarnation(node), *(_incarnation(part) for part in node.slices)]
         with self._lock:
-            return self._logins.get(_incarnation(node))
+            return next((self._logins[k] for k in keys if k in self._logins), None)
 
     def remember(self, login: Login) -> None:
         """A login learned earlier (the journal's): no gcloud run for that incarnation."""
@@ -176,20 +179,33 @@ class GcloudSsh:
             self.ssh.check()
 
     def prepare(self, node: NodeSnapshot) -> SshResult | None:
-        """Run gcloud once for this node incarnation (once per slice of a multislice job: gcloud
-        puts the key in each node's own metadata); None when ready, else the failure."""
+        """Run gcloud once for this node incarnation; None when ready, else the failure.
+
+        A multislice job: once per slice incarnation (gcloud may put the key in each node's own
+        metadata), for the slices that are READY now; the job's login is kept under its own
+        incarnation once every slice has one, so a later watcher (cron) runs no gcloud at all.
+        """
         key = _incarnation(node)
         with self._lock:  # one gcloud run at a time; the other workers' threads wait for it
             if key in self._logins:
                 return None
-            login: Login | None = None
-            for part in node.slices or (node,):
-                got = self._prepare_one(part, key)
+            if not node.slices:
+                got = self._prepare_one(node, key)
                 if isinstance(got, SshResult):
                     return got
-                login = got
-            if login is not None:
-                self._logins[key] = login
+                self._logins[key] = got
+                return None
+            for part in node.slices:
+                part_key = _incarnation(part)
+                if part_key in self._logins or part.state != "READY" or not part.workers:
+                    continue  # known already, or prepared once it is up
+                got = self._prepare_one(part, part_key)
+                if isinstance(got, SshResult):
+                    return got
+                self._logins[part_key] = got
+            known = [self._logins.get(_incarnation(part)) for part in node.slices]
+            if all(known) and known[0] is not None:
+                self._logins[key] = dataclasses.replace(known[0], node_id=key)
             return None
 
     def _prepare_one(self, node: NodeSnapshot, key: str) -> Login | SshResult:
