@@ -209,8 +209,10 @@ class BenchWorkers:
         return []
 
     def port_target(self, node: NodeSnapshot) -> tuple[str, int] | None:
-        """As OpenSSH to the external IPs, port 22."""
-        first = min(node.workers, key=lambda w: w.index) if node.workers else None
+        """As OpenSSH to the external IPs, port 22 (SshWorkers.port_target: worker 0, or of a
+        multislice job the first worker of a slice that is down)."""
+        candidates = [w for w in node.workers if not node.slice_of(w).usable] if node.slices else node.workers
+        first = min(candidates, key=lambda w: w.index) if candidates else None
         host = first.address(False) if first is not None else ""
         return (host, 22) if host else None
 
