@@ -301,8 +301,12 @@ def skypilot(run: Run, restarts_on_errors: int = 0) -> Process:
 # the bound
 
 
-def ideal(run: Run) -> Process:
+def ideal(run: Run, repair_timeout: float | None = None) -> Process:
     """An oracle: it sees every fault the moment it happens and knows the future.
+
+    With `repair_timeout` it does not know the future (the reactive bound): a node down for
+    anything but a preemption is waited for that long, then recreated, as a tool without
+    foresight must choose; everything else is as instant as the oracle's.
 
     A hang or a crash is stopped and relaunched at once; a maintenance is waited out when
     it heals sooner than a delete + create would give a node, recreated otherwise; a preempted
@@ -313,12 +317,13 @@ def ideal(run: Run) -> Process:
     """
     w, p = run.world, run.world.p
     n = 0
+    down_since: dict[int, float] = {}  # slice -> when it was first seen unusable (repair_timeout)
     while True:
         if w.done is not None:
             w.give_up("job done")
             return
         a = w.live()
-        wait: float | None = None  # until a stockout ends
+        wait: float | None = None  # until a stockout ends, or a repair_timeout
         if w.usable():
             if a is not None and a.frozen is not None and not a.bad:
                 w.stop_job()
@@ -334,8 +339,17 @@ def ideal(run: Run) -> Process:
             for s, sl in enumerate(w.slices):
                 node = sl.node
                 if w.usable(s):
+                    down_since.pop(s, None)
                     continue
-                if node is not None and node.state not in ("DELETING", "CREATING"):
+                if (repair_timeout is not None and node is not None and node.state not in ("DELETING", "CREATING")
+                        and node.state != "PREEMPTED"):
+                    due = down_since.setdefault(s, w.now) + repair_timeout
+                    if w.now >= due:
+                        down_since.pop(s, None)
+                        w.delete_node(s)
+                    else:
+                        wait = due if wait is None else min(wait, due)
+                elif node is not None and node.state not in ("DELETING", "CREATING"):
                     if node.state == "PREEMPTED" or (sl.maintenance and sl.heal_at is None):
                         w.delete_node(s)
                     elif sl.maintenance and sl.heal_at is not None:
@@ -757,6 +771,9 @@ def make_tools(cfg: Config, tuned: Config, skypilot_restarts: int = 0, skip_idle
     return [
         Tool("ideal", "ideal bound", lambda run: [ideal(run)],
              "oracle: instant detection, best of heal or recreate, stops at the bug's first failure"),
+        Tool("ideal-reactive", "ideal bound without foresight",
+             lambda run: [ideal(run, float(cfg.recovery["repair_timeout"]))],
+             "as the oracle, but it cannot know how long a repair takes: recreates after repair_timeout"),
         tpuwatch_tool("tpuwatch", "tpuwatch (defaults)", cfg, describe(cfg), skip_idle),
         tpuwatch_tool("tpuwatch-30d", "tpuwatch (tuned)", tuned, describe(tuned), skip_idle),
         Tool("bash", "bash loop (docs)", lambda run: [bash_loop(run)],
