@@ -10,10 +10,10 @@ Rules of this module:
   from what it meant to do; the worker-side lock (a relaunch of attempt n is refused while or
   after it ran) and ALREADY_EXISTS-is-success cover the gap between a call and its journal line.
 - Never blocks on a long cloud operation: it starts it, and a later tick follows it up.
-- API cost per tick: one node get (one per slice of a multislice job), one operation get while one is in flight, the queued
-  resource's state while it matters (a node made through one that is missing or deleting, or a
-  create through it followed), the audit log at most once per `audit_interval` unless something
-  looks wrong; worker probes go over SSH and cost no API quota.
+- API cost per tick: one node get (one per slice of a multislice job), one operation get while
+  one is in flight, the queued resource's state while it matters (a node made through one that
+  is missing or deleting, or a create through it followed), the audit log at most once per
+  `audit_interval` unless something looks wrong; worker probes go over SSH and cost no API quota.
 - `decide` is called at most four times a tick (policy/observe.py says when).
 """
 
@@ -346,7 +346,8 @@ class Reconciler:
 
     def _probe(self, node: NodeSnapshot | None, mem: Memory,
                now: datetime) -> tuple[tuple[WorkerProbe, ...] | None, PrecheckReport | None]:
-        """Every selected worker's job files, when the node is READY (healthy or not); with the
+        """Every selected worker's job files, when the node is READY (healthy or not; of a
+        multislice job, the workers of its READY slices, the others unreachable); with the
         launch-time checks in the same connection when a launch is likely (policy/observe.py)."""
         if node is None or not node.reachable or not node.workers:
             return None, None

@@ -929,13 +929,16 @@ class _Tick:
             "--recreate-missing to create it again",
         )
 
+    def not_recreatable(self, mem: Memory, why: str) -> Decision:
+        return self.halt(mem, "not_recreatable",
+                         f"{why}; the job's slices ({', '.join(self.cfg.slices)}) were created one by one, not by one "
+                         "multislice queued resource: tpuwatch does not delete or create across them. Repair or "
+                         "recreate that slice: the job is launched again once every slice is READY+HEALTHY", (why,))
+
     def recreate_missing(self, mem: Memory, row: str, why: str) -> Decision:
         cfg = self.cfg
         if not cfg.recreatable:
-            return self.halt(mem, "not_recreatable",
-                             f"{why}; the job's slices ({', '.join(cfg.slices)}) were created one by one, not by one "
-                             "multislice queued resource: tpuwatch does not delete or create across them. Repair "
-                             "or recreate that slice: the job is launched again once every slice is READY+HEALTHY", (why,))
+            return self.not_recreatable(mem, why)
         if mem.recreates >= cfg.max_recreates:
             return self.fail(mem, "recreate_budget_spent", f"{why}; recreate budget spent: {mem.recreates} of "
                              f"recovery.max_recreates = {cfg.max_recreates} used", (why,))
@@ -965,10 +968,7 @@ class _Tick:
                 (label,),
             )
         if not cfg.recreatable:
-            return self.halt(mem, "not_recreatable",
-                             f"{why}; the job's slices ({', '.join(cfg.slices)}) were created one by one, not by one "
-                             "multislice queued resource: tpuwatch does not delete or create across them. Repair "
-                             "or recreate that slice: the job is launched again once every slice is READY+HEALTHY", (why,))
+            return self.not_recreatable(mem, why)
         if mem.recreates >= cfg.max_recreates:
             return self.fail(mem, "recreate_budget_spent", f"{why}; recreate budget spent: {mem.recreates} of "
                              f"recovery.max_recreates = {cfg.max_recreates} used", (why,))

@@ -567,7 +567,10 @@ class Hosts:
         if self.metadata_source is None:
             return self._instance(w)
         # The source may take the world's lock; a thread keeps the loop (and SSH) serving.
-        return await asyncio.get_running_loop().run_in_executor(None, self._instance, w)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, self._instance, w)
+        except RuntimeError as exc:  # the simulator stops under this request: its executor is gone
+            raise ConnectionAbortedError(f"the simulator is stopping: {exc}") from None
 
     async def _unlisten(self, w: _Worker) -> None:
         await self._close_blackhole(w)
