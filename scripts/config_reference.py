@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Print (or --write into README.md) the configuration reference, made from the code.
+"""Print (or --write into docs/configuration.md) the configuration reference, made from the code.
 
-README.md holds the config table (from config.SCHEMA) between `<!-- config-reference -->` and
+docs/configuration.md holds the config table (from config.SCHEMA) between `<!-- config-reference -->` and
 `<!-- /config-reference -->`, and the `[tpu.spec]` table (from spec.SPEC_KEYS) between
 `<!-- spec-reference -->` and `<!-- /spec-reference -->`; tests/project/test_docs.py fails when
 either drifts from the code.
@@ -61,16 +61,16 @@ def main() -> int:
     if "--write" not in sys.argv:
         print("\n\n".join(texts.values()))
         return 0
-    readme = Path(__file__).resolve().parent.parent / "README.md"
-    text = readme.read_text()
+    doc = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+    text = doc.read_text()
     for name in BLOCKS:
         start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
         text, n = re.subn(re.escape(start) + r".*?" + re.escape(end), f"{start}\n{texts[name]}\n{end}",
                           text, flags=re.S)
         if n != 1:
-            print(f"README.md has no {start} ... {end} block", file=sys.stderr)
+            print(f"docs/configuration.md has no {start} ... {end} block", file=sys.stderr)
             return 1
-    readme.write_text(text)
+    doc.write_text(text)
     return 0
 
 

@@ -12,7 +12,7 @@ What can be checked here without a container engine or a cluster is checked for 
   `tpuwatch watch` ticks against the simulator, fail once it is stuck, and pass again after;
 - the liveness probe's timings never restart a watcher in the slowest tick the code allows;
 - the SSH key's file modes as the kubelet makes them are accepted by OpenSSH and by tpuwatch;
-- the systemd units pass `systemd-analyze verify`, and the README shows them as they are.
+- the systemd units pass `systemd-analyze verify`, and docs/deploy.md shows them as they are.
 
 Not checked: `docker build` itself (no container engine on the test machines) and applying the
 manifests to a cluster. kubectl is on the project's machines; where it is missing, the tests
@@ -423,9 +423,9 @@ def test_the_example_config_loads_and_points_at_the_mounted_key(tmp_path: Path) 
     key_mount, key_vol = mount_path(dep, "secret")
     key = Path(cfg.ssh["identity_file"])
     assert key.parent == Path(key_mount), (key, key_mount)
-    # The README's `kubectl create secret` makes that key name in that Secret.
-    readme = (REPO / "README.md").read_text()
-    assert f"kubectl create secret generic {key_vol['secret']['secretName']} --from-file={key.name}=" in readme
+    # docs/deploy.md's `kubectl create secret` makes that key name in that Secret.
+    deploy_doc = (REPO / "docs" / "deploy.md").read_text()
+    assert f"kubectl create secret generic {key_vol['secret']['secretName']} --from-file={key.name}=" in deploy_doc
     assert cfg.ssh["user"], "the container's user name means nothing on the workers: set ssh.user"
 
 
@@ -713,13 +713,13 @@ def test_the_watch_unit_restarts_on_crashes_and_cloud_errors_not_on_the_jobs_end
     assert keys["ExecStart"].split()[1] == "watch"
 
 
-def test_the_readme_shows_the_unit_files_as_they_are() -> None:
-    readme = (REPO / "README.md").read_text()
+def test_the_deploy_doc_shows_the_unit_files_as_they_are() -> None:
+    deploy_doc = (REPO / "docs" / "deploy.md").read_text()
     for name in ("tpuwatch.service", "tpuwatch.timer"):
         text = (SYSTEMD / name).read_text().strip()
-        assert text in readme, f"README.md's copy of deploy/systemd/{name} differs from the file"
-    section = re.search(r"^## Run it as a service\n(.*?)(?=^## )", readme, re.M | re.S)
-    assert section, "README.md has no '## Run it as a service' section"
+        assert text in deploy_doc, f"docs/deploy.md's copy of deploy/systemd/{name} differs from the file"
+    section = re.search(r"^## Run it as a service\n(.*?)(?=^## )", deploy_doc, re.M | re.S)
+    assert section, "docs/deploy.md has no '## Run it as a service' section"
     body = section.group(1)
     for needed in ("deploy/systemd/tpuwatch-watch@.service", "deploy/kubernetes", "roles/iam.workloadIdentityUser",
                    "TPUWATCH_STATE_DIR", "Restart"):
