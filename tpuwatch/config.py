@@ -415,7 +415,7 @@ class Field:
     doc: str
 
 
-# The whole config surface. README's config reference is written from this table.
+# The whole config surface. docs/configuration.md's reference is written from this table.
 SCHEMA: dict[str, dict[str, Field]] = {
     "tpu": {
         "name": Field(_pattern(NODE_NAME, "TPU name (lowercase letters, digits, hyphens; starts with a letter)"), None,

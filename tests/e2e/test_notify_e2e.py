@@ -24,7 +24,7 @@ EVERY_KIND = '["failed", "needs_person", "recreated", "disruption", "resumed", "
 
 
 def with_notify(job: Job, hook: Hook, on: str = EVERY_KIND) -> None:
-    """A [[notify]] table whose URL comes from the environment, as the README says to write it."""
+    """A [[notify]] table whose URL comes from the environment, as docs/alerts-and-metrics.md says to write it."""
     with job.cfg.open("a") as f:
         f.write(f'[[notify]]\nurl = "${{TPUWATCH_TEST_HOOK}}"\nformat = "json"\non = {on}\n')
     job.env["TPUWATCH_TEST_HOOK"] = hook.url

@@ -1,4 +1,4 @@
-"""Which project and zone a command talks to (the README: flags, then environment, then gcloud).
+"""Which project and zone a command talks to (docs/commands.md: flags, then environment, then gcloud).
 
 Order: the flag, the config file, the environment (CLOUDSDK_CORE_PROJECT, GOOGLE_CLOUD_PROJECT;
 CLOUDSDK_COMPUTE_ZONE), then the active gcloud configuration, read directly from its INI file
@@ -95,7 +95,7 @@ def resolve(
     need_zone: bool = True,
     env: Mapping[str, str] | None = None,
 ) -> Location:
-    """Project and zone by the README's order; UsageError naming the source when missing or bad."""
+    """Project and zone by that order; UsageError naming the source when missing or bad."""
     env = os.environ if env is None else env
     for flag, value in (("--project", project_flag), ("--zone", zone_flag)):
         # `--project "$PROJECT"` with PROJECT unset must not quietly mean another project.
