@@ -71,9 +71,8 @@ class CustomCheck:
 
 @dataclass(frozen=True)
 class Settings:
-    """The [precheck] keys, in bytes and seconds."""
+    """The [precheck] keys, in bytes and seconds (precheck.enabled is the wiring's: no checker when off)."""
 
-    enabled: bool = True
     skip: frozenset[str] = frozenset()
     interval: float = 600.0
     min_disk: float = 32e9
@@ -90,7 +89,6 @@ class Settings:
     def from_config(cls, cfg: Config) -> Settings:
         p = cfg.precheck
         return cls(
-            enabled=bool(p["enabled"]),
             skip=frozenset(p["skip"]),
             interval=float(p["interval"]),
             min_disk=float(p["min_disk"]),
@@ -419,11 +417,6 @@ class Prechecker:
         self.workers = workers
         self.settings = settings
         self.interpreter = interpreter_of(workers.command) if workers.command else ""
-
-    @property
-    def enabled(self) -> bool:
-        """precheck.enabled: the tick runs no check when it is off."""
-        return self.settings.enabled
 
     @classmethod
     def from_config(cls, cfg: Config, workers: SshWorkers) -> Prechecker:
