@@ -135,7 +135,7 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
         handler = OP_ROWS.get(new.phase) or NODE_ROWS[node_condition(obs.node)]
         decision = getattr(tick, handler)(new)
     if obs.checks and obs.node is not None:
-        # What more to observe in this tick (policy/observe.py lists the bounded re-decisions).
+        # What more to observe in this tick (policy/settle.py bounds the re-decisions).
         launches = any(isinstance(a, Launch) for a in decision.actions)
         unchecked = obs.precheck is None or obs.precheck.context != "launch"
         decision = replace(decision, check_first=launches and unchecked,

@@ -296,7 +296,7 @@ class Decision:
     row: str  # the id of the policy table row that decided (tpuwatch.policy.ROWS)
     ended: tuple[AttemptEnd, ...] = ()  # attempts whose end this tick classified (or re-classified)
     operation_done: str | None = None  # the pending operation this tick saw finish
-    # More to observe, in this same tick (policy/observe.py says when):
+    # More to observe, in this same tick (policy/settle.py: decided again, bounded):
     # check_first: it would launch, but the launch-time checks have not run; check, decide again,
     #   and do none of these actions.
     # check_after: do these actions (the cleanup of fixable items), then check and decide again.
