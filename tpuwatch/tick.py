@@ -147,7 +147,7 @@ class Reconciler:
                                         lambda d, o, m: self._settle(st, d, o, m))
         return TickReport(now, node, probes, checkpoint, tuple(events), st.acted or decision,
                           done=tuple(st.done), warnings=tuple(st.warnings), dry_run=self.flags.dry_run,
-                          precheck=st.precheck or self._last_precheck(), pcfg=self.pcfg)
+                          precheck=st.precheck or precheck.last(self.journal), pcfg=self.pcfg)
 
     def _settle(self, st: _Settling, decision: Decision, obs: Observation, mem: Memory) -> Again | None:
         """Journal and act on one decision (policy/settle.py): what to decide again with, or None."""
@@ -180,7 +180,8 @@ class Reconciler:
         """Write-ahead: the decision, and with the tick's first one what it observed, in one transaction."""
         with self.journal.transaction():
             self.journal.record(st.now, decision, obs.operation)
-            self._journal_precheck(st.now, st.precheck)
+            if st.precheck is not None:
+                precheck.record(self.journal, st.now, st.precheck)
             if st.journaled:
                 return
             st.journaled = True
@@ -265,32 +266,6 @@ class Reconciler:
             return (now - datetime.fromisoformat(text)).total_seconds()
         except ValueError:
             return None
-
-    def _last_precheck(self) -> PrecheckReport | None:
-        text = self.journal.cursor("precheck_last")
-        if not text:
-            return None
-        try:
-            return precheck.report_from_dict(json.loads(text))
-        except ValueError:
-            return None
-
-    def _journal_precheck(self, now: datetime, pre: PrecheckReport | None) -> None:
-        """Keep the last report (for status and the dashboard); an event when what fails changes."""
-        if pre is None or self.flags.dry_run:
-            return
-        previous = self._last_precheck()
-        before = sorted(precheck.failing_lines(previous)) if previous is not None else None
-        now_failing = sorted(precheck.failing_lines(pre))
-        self.journal.set_cursor("precheck_at", now.isoformat())
-        self.journal.set_cursor("precheck_last", json.dumps(precheck.report_dict(pre), sort_keys=True))
-        if before != now_failing:
-            # The event keeps what did not pass; the full report stays in the cursor above.
-            data = precheck.report_dict(pre)
-            data["checked"] = len(data["items"])
-            data["items"] = [i for i in data["items"] if i["verdict"] in ("fail", "warn")]
-            self.journal.add_event(now, "precheck", precheck.summary(pre), data)
-
 
     # -- act ----------------------------------------------------------------------------------
 
