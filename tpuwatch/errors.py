@@ -53,3 +53,12 @@ class JobFailed(TpuwatchError):
     """The job failed or needs a person (exit 1)."""
 
     exit_code = EXIT_JOB_FAILED
+
+
+class MaintenanceRefused(TpuwatchError):
+    """The service refused to start a maintenance early (not offered for this TPU type, or none
+    pending): not a failure, the policy decides again with it. `code` is the service's word."""
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code = code

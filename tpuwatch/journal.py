@@ -40,6 +40,8 @@ SCHEMA_VERSION = 1
 SQLITE_MAGIC = b"SQLite format 3\x00"
 # Actions repeated tick after tick while nothing changes: recorded only when the row changes.
 _QUIET_ACTIONS = frozenset({"wait", "follow", "needs_person"})
+# Housekeeping that goes with the decision's other actions: their events say enough.
+_UNNOTED_ACTIONS = frozenset({"clear_queued"})
 # SQLite's page cache per connection, KiB. Its default (2 MB) fills as the integrity check at
 # open reads the whole file, and stays: a watcher of many jobs holds one connection per job.
 # A tick reads a few pages, which the OS keeps cached anyway.
@@ -499,6 +501,8 @@ class Journal:
                 if isinstance(action, Launch):
                     self.start_attempt(action.attempt, now, decision.memory.attempt_node_id,
                                        decision.memory.attempt_start_step)
+                if action.kind in _UNNOTED_ACTIONS:
+                    continue
                 if action.kind not in _QUIET_ACTIONS:
                     self.add_event(now, action.kind, action.reason, action_dict(action))
                     noted = True

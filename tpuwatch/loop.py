@@ -25,9 +25,9 @@ from datetime import timedelta
 from typing import Protocol
 
 from tpuwatch.errors import EXIT_CLOUD, CloudError
-from tpuwatch.policy import Phase
-from tpuwatch.policy.observe import follow_workers
-from tpuwatch.tick import Ports, TickReport
+from tpuwatch.policy.observe import follow_workers, probe_port_due
+from tpuwatch.ports import JobPorts
+from tpuwatch.tick import TickReport
 
 MAX_CLOUD_FAILURES = 10  # ticks in a row the cloud API may fail (after its own retries) before exit 3
 PORT_PROBE_EVERY = 0.5  # seconds between TCP probes of a down node: quicker than a 1 s retry loop
@@ -56,7 +56,7 @@ def next_delay(report: TickReport, poll: float) -> float:
 class Pacer:
     """The wait between ticks for one job (see the module's docstring)."""
 
-    def __init__(self, ports: Ports, poll_interval: float, *, dry_run: bool = False) -> None:
+    def __init__(self, ports: JobPorts, poll_interval: float, *, dry_run: bool = False) -> None:
         self.ports = ports
         self.poll = poll_interval
         self.dry_run = dry_run
@@ -124,8 +124,7 @@ class Pacer:
     def _probe_target(self, report: TickReport) -> tuple[str, int] | None:
         """Worker 0's SSH address while the job waits for a down node, when a TCP probe can follow."""
         node = report.node
-        if (node is None or node.usable or not node.workers or self.dry_run
-                or report.memory.phase is not Phase.WAITING_NODE):
+        if node is None or self.dry_run or not probe_port_due(report.memory, node):
             return None
         return self.ports.workers.port_target(node)
 

@@ -2,13 +2,17 @@
 
 Every outside system has one typed door here, so the tick needs no `Any`, `getattr` or `cast`
 to use it. The policy never sees these: the tick calls them to observe and to act, and hands
-the policy plain values from `tpuwatch.model`.
+the policy plain values from `tpuwatch.model`. `JobPorts` bundles one job's doors (real ones
+from `tpuwatch.wiring`), `Flags` the command-line choices that widen what the policy may do.
 """
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Literal, Protocol
 
 from tpuwatch.model import (
@@ -66,7 +70,8 @@ class NodeLifecycle(Protocol):
 
     def start_maintenance(self, node: NodeSnapshot) -> tuple[str, str]:
         """Start the node's announced maintenance now (v2alpha1; through its queued resource when
-        it has one); (operation name, what). ApiError with the service's code when refused."""
+        it has one); (operation name, what). errors.MaintenanceRefused when the service refuses
+        (not offered for this TPU type, or nothing pending)."""
 
     def create(self, name: str, node: Mapping[str, Any], zone: str, *, resumed: bool = False,
                tier: str = "", reservation: str = "") -> str:
@@ -121,11 +126,8 @@ class Workers(Protocol):
 
 
 class Prechecker(Protocol):
-    """The environment checks of the workers (tpuwatch.workers.precheck.Prechecker)."""
-
-    @property
-    def enabled(self) -> bool:
-        """precheck.enabled"""
+    """The environment checks of the workers (tpuwatch.workers.precheck.Prechecker); a job with
+    precheck.enabled off has none (`JobPorts.precheck` is None)."""
 
     def run(self, node: NodeSnapshot, context: CheckContext = "launch", *,
             now: datetime | None = None) -> PrecheckReport: ...
@@ -137,3 +139,37 @@ class Prechecker(Protocol):
 
 class CheckpointStore(Protocol):
     def latest(self) -> Checkpoint | None: ...
+
+
+def utcnow() -> datetime:
+    """The real wall clock, in UTC (`JobPorts.now`)."""
+    return datetime.now(timezone.utc)
+
+
+@dataclass(frozen=True)
+class Flags:
+    """Command-line choices that widen what the policy may do."""
+
+    adopt: bool = False  # treat the node as owned (it lacks the tpuwatch-job label)
+    recreate_missing: bool = False  # recreate a node that vanished without tpuwatch deleting it
+    dry_run: bool = False  # decide and print, change nothing
+
+
+@dataclass
+class JobPorts:
+    """The adapters one job's ticks talk to; real ones in `tpuwatch.wiring`, fakes in tests and benchmarks."""
+
+    tpu_for: Callable[[str], TpuApi]  # zone -> TPU API of that zone
+    lifecycle_for: Callable[[str], NodeLifecycle]  # zone -> delete/create of the job's node there
+    workers: Workers
+    checkpoints: CheckpointStore | None
+    # TCP probe of a down node's SSH port between ticks (loop.Pacer): workers.ssh.port_open; a
+    # benchmark in virtual time answers from its simulated hosts
+    port_open: Callable[[str, int, float], bool]
+    audit: AuditLog | None = None
+    now: Callable[[], datetime] = utcnow
+    jitter: Callable[[], float] = random.random
+    sleep: Callable[[float], None] = time.sleep  # between ticks (loop.Pacer)
+    clock: Callable[[], float] = time.monotonic
+    # Environment checks before launches and while running; None: precheck.enabled is off
+    precheck: Prechecker | None = None

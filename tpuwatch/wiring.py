@@ -14,8 +14,7 @@ from tpuwatch.cloud.logs import AuditLogReader
 from tpuwatch.cloud.zonenodes import Due, SharedTpu
 from tpuwatch.config import Config, load_config
 from tpuwatch.policy import PolicyConfig
-from tpuwatch.ports import CheckpointStore
-from tpuwatch.tick import Ports
+from tpuwatch.ports import CheckpointStore, JobPorts
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,7 @@ class Sharing:
     audit_reader: AuditLogReader  # the query itself, one per project and zone (one Logging client)
 
 
-def real_ports(job: Job, sharing: Sharing | None = None) -> Ports:
+def real_ports(job: Job, sharing: Sharing | None = None) -> JobPorts:
     """The real adapters: google-cloud-tpu, google-cloud-logging (shared per project), OpenSSH/gcloud, checkpoints."""
     from tpuwatch.checkpoints import CheckpointDir, WorkerCheckpoints
     from tpuwatch.cloud.auditcache import SharedAuditLog
@@ -58,6 +57,7 @@ def real_ports(job: Job, sharing: Sharing | None = None) -> Ports:
     from tpuwatch.cloud.zonenodes import JobNodes
     from tpuwatch.ports import TpuApi
     from tpuwatch.workers import SshWorkers
+    from tpuwatch.workers.ssh import port_open
 
     cfg, loc = job.cfg, job.location
     adapters: dict[str, TpuAdapter] = {}
@@ -95,7 +95,7 @@ def real_ports(job: Job, sharing: Sharing | None = None) -> Ports:
         checkpoints = CheckpointDir(ckpt_dir, cfg.job["checkpoint_layout"])
     from tpuwatch.workers.precheck import Prechecker
 
-    return Ports(
+    return JobPorts(
         tpu_for=tpu_for,
         workers=workers,
         checkpoints=checkpoints,
@@ -105,4 +105,5 @@ def real_ports(job: Job, sharing: Sharing | None = None) -> Ports:
         SharedAuditLog(loc.project, sharing.audit_dir, zone=loc.zone, direct=sharing.audit_reader),
         precheck=Prechecker.from_config(cfg, workers) if cfg.precheck["enabled"] else None,
         lifecycle_for=lifecycle_for,
+        port_open=port_open,
     )

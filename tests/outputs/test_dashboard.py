@@ -37,6 +37,7 @@ from tpuwatch.ui.dashboard import (
     worker_ranges,
     workers_line,
 )
+from tpuwatch.ui.tickview import tick_dict, tick_line
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
 PCFG = PolicyConfig(job="llm", tpu_name="llm-pod", zones=("us-central2-b",))
@@ -276,10 +277,10 @@ def test_a_multislice_job_shows_each_slice_with_its_state_and_workers_in_the_das
     body = render(dashboard(r, "llm", PCFG, events(2), T0 + timedelta(seconds=30), T0))
     assert "np-0 READY/HEALTHY (2 workers) · np-1 REPAIRING/- (2 workers)" in body, body
     assert "llm-pod (us-central2-b) REPAIRING" in body  # the job's node: the worst of its slices
-    data = r.as_dict()
+    data = tick_dict(r)
     assert [(s["name"], s["state"], s["workers"]) for s in data["node"]["slices"]] == [
         ("np-0", "READY", [0, 1]), ("np-1", "REPAIRING", [2, 3])]
     assert [w["slice"] for w in data["workers"]] == [0, 0, 1, 1]
-    assert "(np-0 READY/HEALTHY, np-1 REPAIRING/-)" in r.line()
-    one = report().as_dict()
+    assert "(np-0 READY/HEALTHY, np-1 REPAIRING/-)" in tick_line(r)
+    one = tick_dict(report())
     assert "slices" not in one["node"] and "slice" not in one["workers"][0]

@@ -370,7 +370,7 @@ def test_row_node_missing() -> None:
 def test_row_recreate_missing() -> None:
     d = tick(obs(missing=True, recreate_missing=True), idle(), now=5)
     assert d.row == "recreate_missing"
-    assert d.actions == (CreateNode(NAME, ZONES[0], d.actions[0].reason),)  # type: ignore[union-attr]
+    assert d.actions == (CreateNode(NAME, ZONES[0], d.actions[0].reason, {"attempt": "1"}),)  # type: ignore[union-attr]
     assert (d.memory.phase, d.memory.recreates, d.memory.pending_kind) == (Phase.CREATING, 1, "create")
 
 
@@ -488,7 +488,7 @@ def test_row_operation_timeout() -> None:
 def test_row_create_after_delete() -> None:
     d = tick(obs(missing=True, operation=op("op-del")), _deleting(), now=5)  # type: ignore[arg-type]
     assert d.row == "create_after_delete"
-    assert d.actions == (CreateNode(NAME, ZONES[0], d.actions[0].reason),)  # type: ignore[union-attr]
+    assert d.actions == (CreateNode(NAME, ZONES[0], d.actions[0].reason, {"attempt": "1"}),)  # type: ignore[union-attr]
     assert d.operation_done == "op-del"
     assert (d.memory.phase, d.memory.pending_op, d.memory.pending_kind) == (Phase.CREATING, None, "create")
 
@@ -548,11 +548,11 @@ def test_row_queued() -> None:
 def test_row_queue_retry() -> None:
     same = tick(obs(missing=True), _queued(0, 100), now=100)  # type: ignore[arg-type]
     assert same.row == "queue_retry"
-    assert same.actions == (CreateNode(NAME, ZONES[0], same.actions[0].reason),)  # type: ignore[union-attr]
+    assert same.actions == (CreateNode(NAME, ZONES[0], same.actions[0].reason, {"attempt": "1"}),)  # type: ignore[union-attr]
     assert same.memory.queue_tries == 3  # the backoff keeps growing in this zone
     moved = tick(obs(missing=True), _queued(0, 3600), now=3600)  # type: ignore[arg-type]
     assert moved.row == "queue_retry"
-    assert moved.actions == (CreateNode(NAME, ZONES[1], moved.actions[0].reason),)  # type: ignore[union-attr]
+    assert moved.actions == (CreateNode(NAME, ZONES[1], moved.actions[0].reason, {"attempt": "1"}),)  # type: ignore[union-attr]
     assert (moved.memory.zone, moved.memory.zone_try, moved.memory.queue_tries) == (ZONES[1], 1, 0)
 
 

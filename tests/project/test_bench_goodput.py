@@ -122,7 +122,7 @@ def test_a_job_that_finishes_ends_every_tool() -> None:
 
 
 def test_one_quiet_node_costs_one_tpu_call_per_poll_and_one_log_read_a_minute() -> None:
-    """The real tick's cadence: the node every poll, the audit log once per audit_interval."""
+    """The real tick's cadence: the node every poll, the audit log once per observe.AUDIT_INTERVAL."""
     p = Params(days=1)
     r = run_tool(tool("tpuwatch"), Trace(5, p.horizon, (), ()), p)
     assert r.tpu_per_hour == pytest.approx(3600 / CFG.poll_interval, rel=0.01)

@@ -17,8 +17,9 @@ from e2e_helpers import wait_for, write_config
 from tpuwatch.cloud.tpu import TpuAdapter
 from tpuwatch.journal import Journal
 from tpuwatch.loop import Pacer
+from tpuwatch.ports import Flags
 from tpuwatch.sim.simulator import Simulator
-from tpuwatch.tick import Flags, Reconciler
+from tpuwatch.tick import Reconciler
 from tpuwatch.wiring import load_job, real_ports
 from tpuwatch.workers import OpenSsh, SshWorkers, hostkeys
 

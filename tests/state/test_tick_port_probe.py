@@ -17,10 +17,11 @@ import pytest
 from tpuwatch.loop import PORT_PROBE_EVERY, Pacer
 from tpuwatch.model import NodeSnapshot, WorkerEndpoint
 from tpuwatch.policy import Decision, Memory, Phase, Wait
-from tpuwatch.ports import TpuApi
-from tpuwatch.tick import Ports, TickReport
+from tpuwatch.ports import JobPorts, NodeLifecycle, TpuApi
+from tpuwatch.tick import TickReport
 from tpuwatch.wiring import load_job
 from tpuwatch.workers import SshWorkers
+from tpuwatch.workers.ssh import port_open
 
 NOW = datetime(2025, 1, 1, tzinfo=timezone.utc)
 POLL = 30.0
@@ -73,6 +74,10 @@ def no_api(zone: str) -> TpuApi:
     raise AssertionError("waiting between ticks must not call the TPU API")
 
 
+def no_lifecycle(zone: str) -> NodeLifecycle:
+    raise AssertionError("waiting between ticks must not delete or create")
+
+
 def reconciler(tmp_path: Path, port: int, clock: Clock, monkeypatch: pytest.MonkeyPatch,
                transport: str = "openssh") -> Pacer:
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -88,8 +93,8 @@ def reconciler(tmp_path: Path, port: int, clock: Clock, monkeypatch: pytest.Monk
         f'transport = "{transport}"',
     ]) + "\n")
     job = load_job(cfg, "sim-project", "us-central2-b")
-    ports = Ports(tpu_for=no_api, workers=SshWorkers.from_config(job.cfg), checkpoints=None,
-                  sleep=clock.sleep, clock=clock.clock)
+    ports = JobPorts(tpu_for=no_api, lifecycle_for=no_lifecycle, workers=SshWorkers.from_config(job.cfg),
+                     checkpoints=None, port_open=port_open, sleep=clock.sleep, clock=clock.clock)
     return Pacer(ports, job.pcfg.poll_interval)
 
 

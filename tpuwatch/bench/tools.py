@@ -51,7 +51,8 @@ from tpuwatch.durations import human
 from tpuwatch.journal import Journal
 from tpuwatch.loop import Pacer, next_delay
 from tpuwatch.policy import Memory, Observation, Phase, PolicyConfig, decide
-from tpuwatch.tick import Flags, Ports, Reconciler, TickReport
+from tpuwatch.ports import Flags, JobPorts
+from tpuwatch.tick import Reconciler, TickReport
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -478,7 +479,7 @@ class TpuwatchDriver:
         self.draws += 1
         return self.rng.random()
 
-    def ports(self) -> Ports:
+    def ports(self) -> JobPorts:
         run, w, m, job = self.run, self.run.world, self.meter, self.pcfg.job
         sim, horizon = run.sim, w.p.horizon
         tpu = BenchTpu(w, m, job)
@@ -494,7 +495,7 @@ class TpuwatchDriver:
 
         self.sleep = self.group.sleeper(self) if self.group is not None else sleep
         life = Lifecycle(tpu, str(self.cfg.tpu["queued_resource"]), tuple(self.cfg.tpu["names"]))
-        return Ports(tpu_for=lambda zone: tpu, lifecycle_for=lambda zone: life, workers=BenchWorkers(w, m, self.slice),
+        return JobPorts(tpu_for=lambda zone: tpu, lifecycle_for=lambda zone: life, workers=BenchWorkers(w, m, self.slice),
                      checkpoints=BenchCheckpoints(w, m), audit=BenchAudit(w, m), now=lambda: at(sim.now),
                      jitter=self._jitter, sleep=self.sleep, clock=lambda: sim.now, port_open=port_open)
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from tpuwatch.errors import JobFailed, NotFoundError, TpuwatchError
+from tpuwatch.cloud.errors import ApiError
+from tpuwatch.errors import JobFailed, MaintenanceRefused, NotFoundError, TpuwatchError
 from tpuwatch.model import QR_ENDED, NodeSnapshot, QueuedStatus
 from tpuwatch.ports import TpuApi
 
@@ -71,6 +72,11 @@ def refuse_multislice(status: QueuedStatus, slices: int = 0) -> None:
         f"as one node; recreate it by hand (gcloud compute tpus queued-resources delete {qr} --force, "
         "then create it with the same --node-count)"
     )
+
+
+# How the service refuses to start a maintenance early: not offered for this TPU type, or nothing
+# (reschedulable) pending. Anything else is an API failure like any other.
+MAINTENANCE_REFUSALS = frozenset({"UNIMPLEMENTED", "FAILED_PRECONDITION"})
 
 
 def queued_id(value: str) -> str:
@@ -121,13 +127,18 @@ class Lifecycle:
     def start_maintenance(self, node: NodeSnapshot) -> tuple[str, str]:
         """Start the node's announced maintenance now; (operation, what was asked). Through its
         queued resource (performMaintenanceQueuedResource naming the node) when it has one.
-        ApiError with the service's code when refused (UNIMPLEMENTED, FAILED_PRECONDITION)."""
+        MaintenanceRefused when the service refuses (MAINTENANCE_REFUSALS)."""
         api = self._qr_api
         name = due_slice(node)
-        if self.queued_resource:
-            op = api.perform_maintenance_queued_resource(self.queued_resource, [name])
-            return op, f"queued resource {self.queued_resource}'s node {name}"
-        return api.perform_maintenance(name), name
+        try:
+            if self.queued_resource:
+                op = api.perform_maintenance_queued_resource(self.queued_resource, [name])
+                return op, f"queued resource {self.queued_resource}'s node {name}"
+            return api.perform_maintenance(name), name
+        except ApiError as exc:
+            if exc.code not in MAINTENANCE_REFUSALS:
+                raise
+            raise MaintenanceRefused(exc.message, code=exc.code) from exc
 
     def clear_ended(self) -> str:
         """Start deleting the queued resource when the service gave up on it; what was done ("")."""

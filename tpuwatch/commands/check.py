@@ -53,6 +53,7 @@ def _check_one(config_path: Path, project: str | None, zone: str | None, adopt: 
                recreate_missing: bool, dry_run: bool, as_json: bool, metrics_file: Path | None) -> int:
     from tpuwatch.outputs import Outputs
     from tpuwatch.tick import Reconciler
+    from tpuwatch.ui.tickview import tick_dict, tick_line
     from tpuwatch.wiring import load_job, real_ports
 
     job = load_job(config_path, project, zone)
@@ -72,11 +73,11 @@ def _check_one(config_path: Path, project: str | None, zone: str | None, adopt: 
         notes = outputs.after_tick(report)
         notes += outputs.close(report)
     if as_json:
-        out = report.as_dict()
+        out = tick_dict(report)
         out["warnings"] = [*out["warnings"], *notes]  # alerts not sent yet, or given up
         click.echo(json.dumps(out, sort_keys=True))
     else:
-        click.echo(f"{job.name}: {report.line()}")
+        click.echo(f"{job.name}: {tick_line(report)}")
         for line in (*report.done, *report.warnings, *notes):
             click.echo(f"  - {line}")
     return report.exit_code

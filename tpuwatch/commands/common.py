@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import click
 
 from tpuwatch.journal import Busy, Journal
-from tpuwatch.tick import Flags
+from tpuwatch.ports import Flags
 from tpuwatch.wiring import Job
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -46,7 +46,8 @@ def command(config_path: Path, project: str | None, zone: str | None, worker: in
             as_json: bool) -> int:
     """Simulate a maintenance event on the job's TPU and time how the job recovers."""
     from tpuwatch.cloud.tpu import TpuAdapter
-    from tpuwatch.tick import Reconciler, utcnow
+    from tpuwatch.ports import utcnow
+    from tpuwatch.tick import Reconciler
     from tpuwatch.wiring import load_job, real_ports
 
     job = load_job(config_path, project, zone)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from tpuwatch.errors import UsageError
-from tpuwatch.tick import Flags
+from tpuwatch.ports import Flags
 
 if TYPE_CHECKING:
     from tpuwatch.fleet.runner import Options
@@ -60,6 +60,7 @@ def check_many(files: tuple[Path, ...], config_dir: Path | None, project: str | 
                flags: Flags, *, as_json: bool) -> int:
     from tpuwatch.fleet.once import check_all
     from tpuwatch.fleet.runner import most_severe
+    from tpuwatch.ui.tickview import tick_dict, tick_line
 
     options = _options(config_dir, project, zone, flags)
     results = check_all(files, config_dir, options)
@@ -68,12 +69,12 @@ def check_many(files: tuple[Path, ...], config_dir: Path | None, project: str | 
     for r in results:
         s = r.state
         if as_json:
-            out = {**s.as_dict(), **(r.report.as_dict() if r.report is not None else {})}
+            out = {**s.as_dict(), **(tick_dict(r.report) if r.report is not None else {})}
             if r.report is not None:
                 out["warnings"] = [*out["warnings"], *r.notes]
             click.echo(json.dumps(out, sort_keys=True))
         elif r.report is not None:
-            click.echo(f"{s.name}: {r.report.line()}")
+            click.echo(f"{s.name}: {tick_line(r.report)}")
             for line in (*r.report.done, *r.report.warnings, *r.notes):
                 click.echo(f"  - {line}")
         else:

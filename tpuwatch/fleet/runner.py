@@ -34,7 +34,8 @@ from tpuwatch.loop import Pacer, tick_loop
 from tpuwatch.metrics import Exporter
 from tpuwatch.outputs import Outputs
 from tpuwatch.policy import Phase
-from tpuwatch.tick import Flags, Reconciler, TickReport
+from tpuwatch.ports import Flags
+from tpuwatch.tick import Reconciler, TickReport
 from tpuwatch.ui.jobs import JobState
 from tpuwatch.wiring import Job, Sharing, load_job, real_ports
 
@@ -184,7 +185,7 @@ class JobRunner:
             self._set(status="finished", exit_code=int(report.exit_code))
 
     def _sleep(self, seconds: float) -> None:
-        """Ports.sleep: cut short once when the job stops being watched (after that a plain
+        """JobPorts.sleep: cut short once when the job stops being watched (after that a plain
         sleep, so the port-probe loop of a down node cannot spin)."""
         if self.stopping.is_set():
             time.sleep(seconds)

@@ -4,7 +4,8 @@ Rules of this package:
 - Everything that decides recovery lives here: the table's rows as data (`rows.ROWS`) and
   `decide`, which walks them (`table`), what a node's state means (`nodes`), the phases and their
   legal moves (`state.TRANSITIONS`), how an attempt's end is classified (`classify`), backoff
-  (`backoff`), and what the tick must observe before deciding (`observe`).
+  (`backoff`), what the tick must observe before deciding (`observe`), and when it decides
+  again in the same tick (`settle`).
 - No I/O, no clock, no randomness of its own: nothing here imports google, ssh, subprocess or
   time. `now` and a `jitter` in [0, 1) come in as arguments, so the same inputs always give the
   same Decision.
@@ -12,21 +13,22 @@ Rules of this package:
   its table row (`row`). An observation that contradicts the memory raises
   ImpossibleObservation naming the phase and the evidence.
 
-The API the tick uses (observe -> decide -> act -> journal):
+The API the tick uses (observe -> decide -> journal -> act):
 
     cfg = PolicyConfig.from_config(config, zone=resolved_zone)
     mem = journal.load_memory() or Memory.initial(cfg.zones[0])   # mem.zone: where to look
     obs = Observation(node=..., events=..., probes=..., checkpoint=...,
-                      operation=<status of mem.pending_op, if any>,
+                      operation=<status of mem.pending_op, when observe.operation_due>,
                       create_failure=<recreate.classify_operation(op).kind when it failed>,
-                      queued=<the queued resource's state while it matters>, jitter=random.random(),
+                      queued=<the queued resource's state, when observe.queued_due>, jitter=random.random(),
                       checks=<environment checks available>, adopt=..., ...)
-    d = decide(obs, mem, cfg, now)
-    journal.record(now, d, obs.operation)     # write-ahead: memory, events, attempts; one transaction
-    for action in d.actions:                  # in order: Launch, StopWorkers, Wait, DeleteNode,
-        ...                                   # CreateNode, FollowOperation, MarkDone, Fail, NeedsPerson
-        # after DeleteNode / CreateNode returned an operation name:
-        mem = journal.record_operation(now, d.memory, name, action.kind, action.zone)
+    d = decide_until_settled(obs, mem, cfg, now, settle)
+    # settle(d, obs, mem), for each decision: journal.record(now, d, obs.operation) (write-ahead:
+    # memory, events, attempts; one transaction), then its actions in order: Launch, StopWorkers,
+    # Wait, DeleteNode, CreateNode, ClearQueued, FollowOperation, MarkDone, Fail, NeedsPerson,
+    # StartMaintenance; after DeleteNode / CreateNode returned an operation name:
+    #     mem = journal.record_operation(now, d.memory, name, action.kind, action.zone)
+    # and returns Again(obs, memory) when the decision asked for more (settle.py), else None.
     exit with d.exit_code; `watch` returns when d.terminal.
 
 `--dry-run`: set `Observation.dry_run`; the Decision then keeps the old memory, and the tick
@@ -47,6 +49,7 @@ from tpuwatch.policy.classify import (
 )
 from tpuwatch.policy.nodes import Cond, node_condition
 from tpuwatch.policy.rows import ROWS, Row
+from tpuwatch.policy.settle import MAX_DECIDES, Again, UnsettledTick, decide_until_settled
 from tpuwatch.policy.state import (
     TRANSITIONS,
     AttemptEnd,
@@ -58,6 +61,7 @@ from tpuwatch.policy.state import (
 from tpuwatch.policy.table import decide, hang_limit, operation_started
 from tpuwatch.policy.values import (
     Action,
+    ClearQueued,
     CreateNode,
     Decision,
     DeleteNode,
@@ -76,10 +80,11 @@ from tpuwatch.policy.values import (
 )
 
 __all__ = [
-    "OUTCOMES", "ROWS", "TRANSITIONS", "Action", "AttemptEnd", "AttemptFacts", "Cond", "CreateNode",
+    "MAX_DECIDES", "OUTCOMES", "ROWS", "TRANSITIONS", "Action", "Again", "AttemptEnd", "AttemptFacts",
+    "ClearQueued", "Cond", "CreateNode",
     "Decision", "DeleteNode", "Evidence", "Fail", "FollowOperation", "IllegalTransition",
     "ImpossibleObservation", "Launch", "MarkDone", "Memory", "NeedsPerson", "Observation", "Outcome",
     "Phase", "PolicyConfig", "Row", "StartMaintenance", "StopWorkers", "Verdict", "Wait", "action_dict", "backoff_delay",
-    "classify", "decide", "describe_exit", "hang_limit", "next_level", "node_condition", "operation_started",
+    "UnsettledTick", "classify", "decide", "decide_until_settled", "describe_exit", "hang_limit", "next_level", "node_condition", "operation_started",
     "restart_delay",
 ]

@@ -1,23 +1,23 @@
-"""What the tick must observe before it decides, and what more after a first decision.
+"""What the tick must observe before it decides, and what the loop watches between ticks.
 
 The policy decides with what it is shown; these say what is worth the cost of showing it.
 Pure functions of the memory and this tick's cheap observations: no I/O, no clock of their own.
 
-The tick calls `decide` at most four times: once; again with the launch-time checks when the
-first decision launches without them (`Decision.check_first`); again after the cleanup of
-fixable items when checks found only those (`Decision.check_after`); and again when a create
-is refused at the call (the refusal is then a failed create, which that decision queues or
-fails, with no further create in the tick).
+What more a decision asks for in the same tick, and the bound on it, is `settle.py`'s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Literal
 
 from tpuwatch.model import NodeSnapshot, WorkerProbe
 from tpuwatch.policy.state import Memory, Phase
 
+# The audit log is read at least this often (seconds), whatever the job looks like: evidence of
+# a maintenance or a preemption ahead is in it, and a minute is soon enough for that.
+AUDIT_INTERVAL = 60.0
 # The audit log is read at most this often while something looks wrong: 30 reads a minute at
 # most, half the Logging API's default read quota per project.
 MIN_AUDIT_GAP = 2.0
@@ -43,18 +43,40 @@ def precheck_due(mem: Memory, node: NodeSnapshot | None, probes: Sequence[Worker
 
 
 def audit_due(mem: Memory, node: NodeSnapshot | None, probes: Sequence[WorkerProbe] | None,
-              since_last: float | None, interval: float) -> bool:
-    """Read the audit log now: once per `interval`, or sooner when something looks wrong.
+              since_last: float | None) -> bool:
+    """Read the audit log now: once per AUDIT_INTERVAL, or sooner when something looks wrong.
 
     Sooner only while an attempt runs and a worker is not running on a node that looks fine:
     that is when a terminate/restart entry decides whether the end is charged. A node that is
     down, being repaired or recreated is evidence enough by its state; the log can wait.
     """
-    if since_last is None or since_last >= interval:
+    if since_last is None or since_last >= AUDIT_INTERVAL:
         return True
     wrong = mem.phase is Phase.RUNNING and (
         node is None or (node.usable and any(p.state != "running" for p in probes or ())))
     return wrong and since_last >= MIN_AUDIT_GAP
+
+
+def operation_due(mem: Memory) -> Literal["delete", "create"] | None:
+    """Which operation to read now: tpuwatch's delete or create in flight (its failure, for a
+    create, is classified for the policy), else None."""
+    if not mem.pending_op or mem.phase not in (Phase.DELETING, Phase.CREATING):
+        return None
+    return "create" if mem.phase is Phase.CREATING else "delete"
+
+
+def queued_due(mem: Memory, node: NodeSnapshot | None) -> bool:
+    """Read the node's queued resource (a job that has one): only while it can change the
+    decision, i.e. the node is missing or being deleted, or tpuwatch follows a delete or create."""
+    return (node is None or node.state in ("DELETING", "MISSING")
+            or mem.phase in (Phase.DELETING, Phase.CREATING))
+
+
+def probe_port_due(mem: Memory, node: NodeSnapshot | None) -> bool:
+    """Between ticks, TCP-probe worker 0's SSH port: while the job waits for a down node that
+    has workers, so the moment it answers the next tick looks (no API quota spent)."""
+    return (node is not None and not node.usable and bool(node.workers)
+            and mem.phase is Phase.WAITING_NODE)
 
 
 def follow_workers(mem: Memory, node: NodeSnapshot | None, probes: Sequence[WorkerProbe] | None) -> tuple[int, ...]:

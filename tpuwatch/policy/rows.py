@@ -91,7 +91,9 @@ ROWS: tuple[Row, ...] = (
         "create again (an ALREADY_EXISTS answer to it is success)"),
     Row("created", "tpuwatch's create finished (or ALREADY_EXISTS)", "resume: launch once READY+HEALTHY"),
     Row("create_failed", "create failed for a reason other than capacity", "failed (exit 1)"),
-    Row("no_capacity", "create fails: no capacity / quota", "queued: retry with capped backoff and jitter"),
+    Row("no_capacity", "create fails: no capacity / quota",
+        "queued: retry with capped backoff and jitter; a queued resource the service gave up on is deleted at "
+        "once, so its name is free by the retry"),
     Row("queued", "queued, retry time not reached", "wait"),
     Row("queue_retry", "queued, retry time reached",
         "create again; after queue_timeout in a zone, in the next fallback zone"),

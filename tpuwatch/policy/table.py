@@ -53,6 +53,7 @@ from tpuwatch.policy.state import (
 )
 from tpuwatch.policy.values import (
     Action,
+    ClearQueued,
     CreateNode,
     Decision,
     DeleteNode,
@@ -134,7 +135,7 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
         handler = OP_ROWS.get(new.phase) or NODE_ROWS[node_condition(obs.node)]
         decision = getattr(tick, handler)(new)
     if obs.checks and obs.node is not None:
-        # What more to observe in this tick (policy/observe.py lists the bounded re-decisions).
+        # What more to observe in this tick (policy/settle.py bounds the re-decisions).
         launches = any(isinstance(a, Launch) for a in decision.actions)
         unchecked = obs.precheck is None or obs.precheck.context != "launch"
         decision = replace(decision, check_first=launches and unchecked,
@@ -266,7 +267,7 @@ class _Tick:
             raise KeyError(f"policy bug: unknown row {row!r}")
         self.actions.extend(actions)
         return Decision(
-            actions=tuple(self.actions),
+            actions=tuple(self._stoppable(a) for a in self.actions),
             memory=mem,
             summary="; ".join([*self.notes, summary]),
             exit_code=PHASE_EXIT[mem.phase],
@@ -274,6 +275,20 @@ class _Tick:
             ended=tuple(self.ended),
             operation_done=self.op_done,
         )
+
+    def _stoppable(self, action: Action) -> Action:
+        """A stop the workers can take: one that cannot reach them says why, and is not tried."""
+        if not isinstance(action, StopWorkers) or action.blocked:
+            return action
+        node, probes = self.obs.node, self.obs.probes
+        if node is None or not node.reachable:
+            state = "missing" if node is None else node.state
+            return replace(action, blocked=f"node is {state}, its workers cannot be reached")
+        if probes and all(p.state == "unreachable" for p in probes):
+            # This tick's probe reached none of them (a node under maintenance refuses SSH): a
+            # stop would fail the same way.
+            return replace(action, blocked="none answered this tick's probe")
+        return action
 
     def fail(self, mem: Memory, row: str, reason: str, evidence: tuple[str, ...] = ()) -> Decision:
         return self.out(move(mem, Phase.FAILED, reason=reason), row, f"job failed: {reason}", Fail(reason, evidence))
@@ -984,7 +999,20 @@ class _Tick:
         zone = self.cfg.zones[zone_try]
         mem = move(mem, Phase.CREATING, pending_op=None, zone=zone, zone_try=zone_try,
                    retry_at=None, unhealthy_since=None)
-        return self.out(mem, row, why, CreateNode(self.cfg.tpu_name, zone, why))
+        return self.out(mem, row, why, self.create_node(mem, zone, why))
+
+    def create_node(self, mem: Memory, zone: str, why: str, *, resumed: bool = False) -> CreateNode:
+        """The create, with what the new node's startup script needs. It can start the job at
+        boot, before the watcher reconnects: as the next attempt, from the newest complete
+        checkpoint, which the policy then follows instead of launching it a second time. A
+        multislice job starts only on every slice at once, with the slices' ids and the
+        coordinator: the watcher launches it, the startup script only sets up."""
+        if self.cfg.slices:
+            return CreateNode(self.cfg.tpu_name, zone, why, {"launch": "false"}, resumed)
+        startup = {"attempt": str(mem.attempt + 1)}
+        if self.obs.checkpoint is not None:
+            startup.update(checkpoint=self.obs.checkpoint.path, step=str(self.obs.checkpoint.step))
+        return CreateNode(self.cfg.tpu_name, zone, why, startup, resumed)
 
     def deleting(self, mem: Memory) -> Decision:
         op, node, name = self.obs.operation, self.obs.node, self.cfg.tpu_name
@@ -1052,7 +1080,7 @@ class _Tick:
             return self.created(mem, node)
         if op is None and mem.pending_op is None:
             return self.out(mem, "create_resume", f"no create operation recorded and node {name} is missing: "
-                                                  f"creating it in {mem.zone}", CreateNode(name, mem.zone, "create not started"))
+                                                  f"creating it in {mem.zone}", self.create_node(mem, mem.zone, "create not started", resumed=True))
         overdue = self.overdue(mem, "create")
         if overdue is not None:
             return overdue
@@ -1092,9 +1120,12 @@ class _Tick:
         mem = move(mem, Phase.QUEUED, pending_op=None, queued_since=since, queue_tries=tries,
                    retry_at=retry_at)
         what = SHORTFALLS.get(self.obs.create_reason, "no capacity or quota")
+        # A queued resource the service gave up on keeps the name: delete it now, so it is gone
+        # by the retry's create.
+        clear = (ClearQueued(mem.zone, "free the name for the retry's create"),) if self.obs.queued is not None else ()
         return self.out(mem, "no_capacity", f"{what} in {mem.zone} (code {code}: {message}); "
                                             f"queued {human(_secs(now - since))} of {human(cfg.queue_timeout)}, next "
-                                            f"create in {human(delay)}", Wait(retry_at, "no capacity"))
+                                            f"create in {human(delay)}", Wait(retry_at, "no capacity"), *clear)
 
     def queued(self, mem: Memory) -> Decision:
         cfg, now, node = self.cfg, self.now, self.obs.node

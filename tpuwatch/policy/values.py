@@ -6,7 +6,8 @@ Decision, the tick carries out its actions and the journal records it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -176,9 +177,14 @@ class Launch:
 
 @dataclass(frozen=True)
 class StopWorkers:
-    """Stop the job's process group on every worker (SIGTERM, stop_grace, SIGKILL)."""
+    """Stop the job's process group on every worker (SIGTERM, stop_grace, SIGKILL).
+
+    `blocked`: why no stop can be done in this tick (the workers cannot be reached); the tick
+    then only says so. What they left is stopped when they answer again (`stale_workers`) or
+    by the next launch's own cleanup."""
 
     reason: str
+    blocked: str = ""
     kind: ClassVar[str] = "stop"
 
 
@@ -203,12 +209,31 @@ class DeleteNode:
 
 @dataclass(frozen=True)
 class CreateNode:
-    """Start creating the node from the saved spec in `zone`; journal the operation."""
+    """Start creating the node from the saved spec in `zone`; journal the operation.
+
+    `startup`: what the new node's startup script (startup-scripts/resume-training.sh) is told
+    through its metadata: the attempt to start at boot and its checkpoint, or not to launch.
+    `resumed`: this job's own create may already stand (the journal was in CREATING), so an
+    ALREADY_EXISTS answer for its node is success, not a conflict."""
 
     name: str
     zone: str
     reason: str
+    startup: Mapping[str, str] = field(default_factory=dict)
+    resumed: bool = False
     kind: ClassVar[str] = "create"
+
+
+@dataclass(frozen=True)
+class ClearQueued:
+    """Delete the node's queued resource in `zone` if the service gave up on it (FAILED,
+    SUSPENDING, SUSPENDED): it keeps the name, so it must be gone by the retry's create. Done
+    after the decision is journaled; a tick killed first leaves it to that create, which
+    deletes it then."""
+
+    zone: str
+    reason: str
+    kind: ClassVar[str] = "clear_queued"
 
 
 @dataclass(frozen=True)
@@ -256,8 +281,8 @@ class StartMaintenance:
     kind: ClassVar[str] = "start_maintenance"
 
 
-Action = (Launch | StopWorkers | Wait | DeleteNode | CreateNode | FollowOperation | MarkDone | Fail | NeedsPerson
-          | StartMaintenance)
+Action = (Launch | StopWorkers | Wait | DeleteNode | CreateNode | ClearQueued | FollowOperation | MarkDone | Fail
+          | NeedsPerson | StartMaintenance)
 
 
 @dataclass(frozen=True)
@@ -271,7 +296,7 @@ class Decision:
     row: str  # the id of the policy table row that decided (tpuwatch.policy.ROWS)
     ended: tuple[AttemptEnd, ...] = ()  # attempts whose end this tick classified (or re-classified)
     operation_done: str | None = None  # the pending operation this tick saw finish
-    # More to observe, in this same tick (policy/observe.py says when):
+    # More to observe, in this same tick (policy/settle.py: decided again, bounded):
     # check_first: it would launch, but the launch-time checks have not run; check, decide again,
     #   and do none of these actions.
     # check_after: do these actions (the cleanup of fixable items), then check and decide again.
@@ -318,6 +343,8 @@ def action_dict(action: Action) -> dict[str, Any]:
                      "time": value.time.isoformat() if value.time is not None else None}
         elif isinstance(value, tuple):
             value = list(value)
+        elif isinstance(value, Mapping):
+            value = dict(value)
         out[name] = value
     return out
 

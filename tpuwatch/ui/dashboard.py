@@ -32,6 +32,7 @@ from tpuwatch.model import Checkpoint, PrecheckReport, WorkerProbe
 from tpuwatch.policy import Phase, PolicyConfig
 from tpuwatch.tick import TickReport
 from tpuwatch.ui.node import BAD, OK, WAIT, health_style, state_style, window_lines
+from tpuwatch.ui.tickview import node_text, tick_dict
 
 WIDTH = 80
 TEXT_WIDTH = WIDTH - 4 - 11  # inside the frame and padding, right of the label column
@@ -268,7 +269,7 @@ def checks_lines(pre: PrecheckReport, now: datetime, text_width: int = TEXT_WIDT
 def state_line(report: TickReport, rate: float | None = None) -> str:
     """One line for people and parsers: node, phase, attempt, progress, and what happens next."""
     mem = report.memory
-    parts = [f"node {report.node_text()}", mem.phase.value, f"attempt {mem.attempt}"]
+    parts = [f"node {node_text(report.node)}", mem.phase.value, f"attempt {mem.attempt}"]
     ck = report.checkpoint
     if ck is not None:
         extra = []
@@ -330,7 +331,7 @@ class LineView:
             return
         self.last = key
         if self.as_json:
-            self.out(json.dumps({"job": self.job, **report.as_dict()}, sort_keys=True))
+            self.out(json.dumps({"job": self.job, **tick_dict(report)}, sort_keys=True))
             return
         t = report.time
         for ev in report.events:

@@ -30,6 +30,7 @@ from tpuwatch.policy import Phase
 from tpuwatch.tick import TickReport
 from tpuwatch.ui.dashboard import PHASE_STYLE, PHASE_WORDS, LineView, dashboard, stamp
 from tpuwatch.ui.node import BAD, OK, WAIT
+from tpuwatch.ui.tickview import tick_dict
 
 STATUS_STYLE = {"starting": WAIT, "watching": OK, "busy": WAIT, "config_error": BAD, "failed": BAD,
                 "finished": OK, "stopped": WAIT}
@@ -166,7 +167,7 @@ class FleetLineView:
 
     def ticked(self, state: JobState, report: TickReport) -> None:
         if self.as_json:
-            self.out(json.dumps({**state.as_dict(), **report.as_dict()}, sort_keys=True))
+            self.out(json.dumps({**state.as_dict(), **tick_dict(report)}, sort_keys=True))
             return
         view = self._lines.get(state.path)
         if view is None:

@@ -10,16 +10,18 @@ The pieces:
 - `Settings.from_config(cfg)`: the `[precheck]` keys as plain values;
 - `script(...)`: the text sent to `bash -s` (precheck.sh behind shell-quoted TW_* assignments);
 - `evaluate(...)`: one worker's answer -> CheckItems (pure);
-- `Prechecker(workers, settings).run(node, context)`: all of it over SSH -> PrecheckReport.
+- `Prechecker(workers, settings).run(node, context)`: all of it over SSH -> PrecheckReport;
+- `record(journal, now, report)`, `last(journal)`: the last report kept in the job's journal.
 
 Check ids: disk, shm, cache, ulimit, dns, devices, device_holders, libtpu_lock, interpreter, and
 `custom:<name>` for each [[precheck.custom]]. Fixable items (orphan device holders, a stale or
 orphan-held libtpu lockfile) are fixed by the worker cleanup of remote.sh (`SshWorkers.stop`),
-not here. This module knows nothing of the policy or the journal.
+not here. This module decides nothing, and sees the journal only through `PrecheckJournal`.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shlex
@@ -27,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from tpuwatch.config import PRECHECK_IDS
 from tpuwatch.durations import human
@@ -71,9 +73,8 @@ class CustomCheck:
 
 @dataclass(frozen=True)
 class Settings:
-    """The [precheck] keys, in bytes and seconds."""
+    """The [precheck] keys, in bytes and seconds (precheck.enabled is the wiring's: no checker when off)."""
 
-    enabled: bool = True
     skip: frozenset[str] = frozenset()
     interval: float = 600.0
     min_disk: float = 32e9
@@ -90,7 +91,6 @@ class Settings:
     def from_config(cls, cfg: Config) -> Settings:
         p = cfg.precheck
         return cls(
-            enabled=bool(p["enabled"]),
             skip=frozenset(p["skip"]),
             interval=float(p["interval"]),
             min_disk=float(p["min_disk"]),
@@ -420,11 +420,6 @@ class Prechecker:
         self.settings = settings
         self.interpreter = interpreter_of(workers.command) if workers.command else ""
 
-    @property
-    def enabled(self) -> bool:
-        """precheck.enabled: the tick runs no check when it is off."""
-        return self.settings.enabled
-
     @classmethod
     def from_config(cls, cfg: Config, workers: SshWorkers) -> Prechecker:
         return cls(workers, Settings.from_config(cfg))
@@ -544,6 +539,42 @@ def summary(report: PrecheckReport) -> str:
     if report.unreachable:
         parts.append("not checked on worker(s) " + ", ".join(str(w) for w, _ in report.unreachable))
     return "; ".join(parts)
+
+
+# ---- in the journal -----------------------------------------------------------------------
+
+
+class PrecheckJournal(Protocol):
+    def cursor(self, name: str) -> str | None: ...
+
+    def set_cursor(self, name: str, value: str | None) -> None: ...
+
+    def add_event(self, time: datetime, kind: str, reason: str, data: Mapping[str, Any] | None = None) -> None: ...
+
+
+def last(journal: PrecheckJournal) -> PrecheckReport | None:
+    """The last report the journal keeps (for status and the dashboard), or None."""
+    text = journal.cursor("precheck_last")
+    if not text:
+        return None
+    try:
+        return report_from_dict(json.loads(text))
+    except ValueError:
+        return None
+
+
+def record(journal: PrecheckJournal, now: datetime, report: PrecheckReport) -> None:
+    """Keep the last report, with an event when what fails changes. Call inside the tick's transaction."""
+    previous = last(journal)
+    before = sorted(failing_lines(previous)) if previous is not None else None
+    journal.set_cursor("precheck_at", now.isoformat())
+    journal.set_cursor("precheck_last", json.dumps(report_dict(report), sort_keys=True))
+    if before != sorted(failing_lines(report)):
+        # The event keeps what did not pass; the full report stays in the cursor above.
+        data = report_dict(report)
+        data["checked"] = len(data["items"])
+        data["items"] = [i for i in data["items"] if i["verdict"] in ("fail", "warn")]
+        journal.add_event(now, "precheck", summary(report), data)
 
 
 # ---- checkpoint age ---------------------------------------------------------------------

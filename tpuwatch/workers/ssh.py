@@ -28,6 +28,7 @@ import os
 import re
 import selectors
 import shlex
+import socket
 import subprocess
 import threading
 import time
@@ -501,3 +502,12 @@ class Stream:
             popen = self._proc
         if popen is not None and popen.poll() is None:
             procgroup.kill_group(popen)
+
+
+def port_open(host: str, port: int, timeout: float) -> bool:
+    """True when a TCP connection to host:port is accepted within `timeout` (no bytes sent)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,117 @@
+"""policy/settle.py: one path for deciding again in a tick, bounded; and the rules the tick used to hold."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from policy_support import (
+    CFG,
+    ZONES,
+    at,
+    ckpt,
+    idle,
+    kinds,
+    node,
+    obs,
+    op,
+    probe,
+    run_mem,
+    running,
+    tick,
+)
+
+from tpuwatch.model import QueuedStatus
+from tpuwatch.policy import (
+    MAX_DECIDES,
+    Again,
+    ClearQueued,
+    CreateNode,
+    Decision,
+    Memory,
+    Observation,
+    Phase,
+    StopWorkers,
+    UnsettledTick,
+    decide_until_settled,
+)
+
+
+def _creating() -> Memory:
+    return idle(phase=Phase.CREATING, pending_op="op-c", recreates=1)
+
+
+def test_each_decision_goes_to_settle_with_what_it_was_decided_from() -> None:
+    seen: list[tuple[str, Phase]] = []
+
+    def settle(d: Decision, o: Observation, m: Memory) -> Again | None:
+        seen.append((d.row, m.phase))
+        return None
+
+    d = decide_until_settled(obs(probes=running(1)), idle(), CFG, at(10), settle)
+    assert seen == [(d.row, Phase.IDLE)]
+
+
+def test_a_tick_decides_again_up_to_the_bound() -> None:
+    calls: list[Decision] = []
+
+    def settle(d: Decision, o: Observation, m: Memory) -> Again | None:
+        calls.append(d)
+        return Again(o, d.memory) if len(calls) < MAX_DECIDES else None
+
+    last = decide_until_settled(obs(probes=running(1)), idle(), CFG, at(10), settle)
+    assert len(calls) == MAX_DECIDES and last is calls[-1]
+
+
+def test_past_the_bound_is_a_policy_bug() -> None:
+    calls: list[Decision] = []
+
+    def settle(d: Decision, o: Observation, m: Memory) -> Again | None:
+        calls.append(d)
+        return Again(o, m)  # never settles
+
+    with pytest.raises(UnsettledTick, match=f"{MAX_DECIDES} decisions in one tick"):
+        decide_until_settled(obs(probes=running(1)), idle(), CFG, at(10), settle)
+    assert MAX_DECIDES == 4 and len(calls) == MAX_DECIDES
+
+
+def test_a_refused_create_decided_again_is_queued_and_clears_an_ended_queued_resource() -> None:
+    # The create the first decision makes is refused at the call: fed back as a failed create,
+    # the decision queues it, and (the job has a queued resource) deletes the ended request.
+    qr = QueuedStatus("projects/p/locations/z/queuedResources/qr", "FAILED")
+    first = tick(obs(missing=True, queued=qr), idle(phase=Phase.QUEUED, queued_since=at(0), retry_at=at(5),
+                                                    queue_tries=1, recreates=1), now=10)
+    assert first.row == "queue_retry" and kinds(first) == ["create"]
+    refused = obs(missing=True, queued=qr, operation=op("", code=8, message="no capacity"),
+                  create_failure="queueable")
+    again = tick(refused, first.memory, now=10)
+    assert again.row == "no_capacity" and kinds(again) == ["wait", "clear_queued"]
+    assert again.actions[1] == ClearQueued(ZONES[0], again.actions[1].reason)  # type: ignore[union-attr]
+    plain = tick(replace(refused, queued=None), first.memory, now=10)
+    assert kinds(plain) == ["wait"]  # a plain node: no queued resource to clear
+
+
+def test_a_create_carries_what_the_startup_script_needs() -> None:
+    d = tick(obs(missing=True, recreate_missing=True, checkpoint=ckpt(300)), idle(attempt=2), now=5)
+    create = d.actions[0]
+    assert isinstance(create, CreateNode) and not create.resumed
+    assert dict(create.startup) == {"attempt": "3", "checkpoint": "/ckpt/300", "step": "300"}
+    multi = replace(CFG, slices=("np-0", "np-1"), recreatable=True)
+    d = tick(obs(missing=True, recreate_missing=True, checkpoint=ckpt(300)), idle(), now=5, cfg=multi)
+    assert isinstance(d.actions[0], CreateNode) and dict(d.actions[0].startup) == {"launch": "false"}
+    resume = tick(obs(missing=True), replace(_creating(), pending_op=None), now=5)
+    assert resume.row == "create_resume" and isinstance(resume.actions[0], CreateNode)
+    assert resume.actions[0].resumed
+
+
+def test_a_stop_the_workers_cannot_take_says_why() -> None:
+    # The attempt ends under a maintenance that refuses SSH: a stop would fail the same way.
+    down = (probe(0, "unreachable", None), probe(1, "unreachable", None))
+    d = tick(obs(node("READY", "UNHEALTHY_MAINTENANCE"), probes=down, checkpoint=ckpt(100)), run_mem(), now=1000)
+    assert [a.blocked for a in d.actions if isinstance(a, StopWorkers)] == ["none answered this tick's probe"]
+    done = idle(phase=Phase.DONE, reason="x")
+    for n, blocked in ((node("REPAIRING", "UNHEALTHY_MAINTENANCE"), "node is REPAIRING, its workers cannot be reached"),
+                       (None, "node is missing, its workers cannot be reached"),
+                       (node(), "")):
+        d = tick(obs(n, missing=n is None, probes=(probe(0, "running", 1), probe(1, "unreachable", None))), done, now=5)
+        assert [a.blocked for a in d.actions if isinstance(a, StopWorkers)] == [blocked]

@@ -1,0 +1,85 @@
+"""A tick's report for people and for `--json`: one line, the node's state, a JSON-ready dict.
+
+Used by `check`, the dashboard and the many-jobs views; the fields of `tick_dict` are the
+`--json` output of `check` and `watch` (docs/status-json.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpuwatch.durations import human
+from tpuwatch.model import NodeSnapshot
+from tpuwatch.policy import hang_limit
+from tpuwatch.tick import TickReport
+from tpuwatch.workers import precheck
+
+
+def node_text(node: NodeSnapshot | None) -> str:
+    """`READY/HEALTHY`, `missing`; for a multislice job each slice's too, in parentheses."""
+    if node is None:
+        return "missing"
+    text = f"{node.state}/{node.health or '-'}"
+    if node.slices:
+        text += " (" + ", ".join(f"{s.name or 'missing'} {s.state}/{s.health or '-'}" for s in node.slices) + ")"
+    return text
+
+
+def tick_line(report: TickReport) -> str:
+    """One line for people: node, job and what happens next."""
+    mem = report.memory
+    parts = [f"node {node_text(report.node)}", f"{mem.phase.value}", f"attempt {mem.attempt}"]
+    ckpt = report.checkpoint
+    if ckpt is not None:
+        age = max(0.0, (report.time - ckpt.time).total_seconds()) if ckpt.time else None
+        parts.append(f"step {ckpt.step}" + (f" ({human(age)} old)" if age is not None else ""))
+    return f"{' | '.join(parts)}: {report.decision.summary}"
+
+
+def _slice_of(node: NodeSnapshot | None, worker: int) -> dict[str, int]:
+    """{"slice": n} for a worker of a multislice job, else {}."""
+    if node is None or not node.slices:
+        return {}
+    return next(({"slice": w.slice} for w in node.workers if w.index == worker), {})
+
+
+def tick_dict(report: TickReport) -> dict[str, Any]:
+    """The report, JSON-ready."""
+    mem, node, ckpt, pcfg = report.memory, report.node, report.checkpoint, report.pcfg
+    return {
+        "time": report.time.isoformat(),
+        "node": None if node is None else {
+            "name": node.name, "zone": node.zone, "id": node.id,
+            "state": node.state, "health": node.health,
+            "health_description": node.health_description,
+            # a multislice job: each slice, and its workers' numbers in "workers"
+            **({"slices": [{"slice": i, "name": s.name, "id": s.id, "state": s.state, "health": s.health,
+                            "workers": [w.index for w in node.workers if w.slice == i]}
+                           for i, s in enumerate(node.slices)]} if node.slices else {}),
+        },
+        "workers": None if report.probes is None else [
+            {"worker": p.worker, "state": p.state, "attempt": p.attempt, "exit_code": p.exit_code,
+             "log_bytes": p.log_bytes, "detail": p.detail, **_slice_of(node, p.worker)} for p in report.probes
+        ],
+        "checkpoint": None if ckpt is None else {
+            "path": ckpt.path, "step": ckpt.step, "layout": ckpt.layout,
+            "time": ckpt.time.isoformat() if ckpt.time else None,
+        },
+        "events": [{"time": e.time.isoformat(), "kind": e.kind, "worker": e.worker, "reason": e.reason}
+                   for e in report.events],
+        **report.decision.as_dict(),
+        "budgets": {"restarts": mem.restarts, "recreates": mem.recreates, "disruptions": mem.disruptions,
+                    "no_progress": mem.no_progress},
+        "done": list(report.done),
+        "warnings": list(report.warnings),
+        "dry_run": report.dry_run,
+        "port_probes": report.port_probes,
+        "precheck": None if report.precheck is None else precheck.report_dict(report.precheck),
+        # what hang detection knows: "auto" learns the interval; the limit counts from the
+        # newest checkpoint of the attempt (0 = not judged yet, or off)
+        "hang": None if pcfg is None else {
+            "timeout": "auto" if pcfg.hang_auto else pcfg.hang_timeout,
+            "checkpoint_interval_seen": mem.ckpt_gap or None,
+            "first_checkpoint_seen": mem.ckpt_first or None,
+            "limit": hang_limit(pcfg, mem) or None},
+    }
