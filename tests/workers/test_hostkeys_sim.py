@@ -3,6 +3,7 @@ the TPU adapter's `host_keys` over gRPC, and what pinning costs (one API read pe
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from tpuwatch.cloud.tpu import TpuAdapter
 from tpuwatch.errors import JobFailed, UsageError
 from tpuwatch.sim import faults, scenario
 from tpuwatch.sim.simulator import Simulator
+from tpuwatch.sim.world import NodeSpec
 from tpuwatch.workers import OpenSsh, SshWorkers, hostkeys
 
 
@@ -98,3 +100,20 @@ def test_pinning_costs_one_api_read_per_node_id_and_none_once_the_file_holds_the
     lines = (tmp_path / "known_hosts").read_text().splitlines()
     assert sorted(ln.split()[0] for ln in lines) == [f"tpuwatch-{node.id}-w0", f"tpuwatch-{node.id}-w1"]
     assert all(ln.endswith(hostkeys.MARK) for ln in lines)
+
+
+def test_a_node_on_two_networks_has_one_worker_per_vm_on_its_first_network(sim: Simulator, tmp_path: Path) -> None:
+    # Google lists each worker's interfaces side by side (workers x networks endpoints), as
+    # gcloud's TPU VM ssh reads them; the second interface of each is not a worker.
+    spec = NodeSpec(accelerator_type="v4-16", spec_json=json.dumps({"networkConfigs": [
+        {"network": "default", "subnetwork": "default"}, {"network": "data", "subnetwork": "data"}]}))
+    rec = sim.world.add_node("pod", spec)
+    tpu = TpuAdapter(sim.project, sim.zone)
+    raw = tpu.get_node_message("pod")
+    assert raw is not None and len(raw.network_endpoints) == 4  # the shape this guards against
+    node = tpu.get_node("pod")
+    assert node is not None
+    assert [(w.index, w.internal_ip) for w in node.workers] == list(enumerate(rec.ips))
+    assert set(tpu.host_keys("pod")) == {0, 1}
+    workers = _workers(sim, tmp_path, tpu)
+    assert [(p.worker, p.state) for p in workers.probe(node)] == [(0, "absent"), (1, "absent")]

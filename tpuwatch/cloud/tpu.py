@@ -164,7 +164,7 @@ def snapshot(node: Any, *, project: str = "", zone: str = "") -> NodeSnapshot:
         upcoming_maintenance=upcoming,
         workers=tuple(
             WorkerEndpoint(index=i, internal_ip=ep.ip_address, external_ip=ep.access_config.external_ip)
-            for i, ep in enumerate(pb.network_endpoints)
+            for i, ep in enumerate(primary_endpoints(pb))
         ),
         accelerator_type=accel,
         topology=topology,
@@ -174,6 +174,14 @@ def snapshot(node: Any, *, project: str = "", zone: str = "") -> NodeSnapshot:
         labels=dict(pb.labels),
         metadata_keys=tuple(sorted(pb.metadata)),
     )
+
+
+def primary_endpoints(pb: Any) -> list[Any]:
+    """Each worker's endpoint on its first network. A node with several `network_configs` lists
+    workers x networks endpoints, each worker's interfaces side by side (as gcloud's TPU VM ssh
+    reads them: worker k is entry k x networks); the others are secondary NICs, not workers."""
+    nets = max(1, len(pb.network_configs))
+    return list(pb.network_endpoints)[::nets]
 
 
 _LOCATION_NOT_FOUND = (

@@ -86,6 +86,14 @@ def _child(name: str, collection: str) -> tuple[str, str, str]:
 # --- rendering ----------------------------------------------------------------------------
 
 
+def nic_addresses(ip: str, networks: int) -> list[str]:
+    """A worker's address on each of its `networks` networks: `ip` first, then loopback
+    addresses in 127.255-k.x.y that no simulated host listens on (a client that takes one for a
+    worker fails to reach it)."""
+    tail = ip.split(".", 2)[-1] if ip.startswith("127.") else "0.1"
+    return [ip, *(f"127.{255 - k}.{tail}" for k in range(max(networks, 1) - 1))]
+
+
 def render_node(rec: NodeRec, version: str) -> Any:
     """The node as `tpu_v2.Node` or `tpu_v2alpha1.Node`; request fields echoed as given."""
     mod = _VERSIONS[version]
@@ -114,11 +122,14 @@ def render_node(rec: NodeRec, version: str) -> Any:
     node.scheduling_config = sched
     node.queued_resource = rec.queued_resource
     node.multislice_node = rec.multislice_node
+    # As Google lists a node with several networks: each worker's interfaces side by side, its
+    # first network's first. The other interfaces get addresses no simulated host listens on.
     node.network_endpoints = [
         mod.NetworkEndpoint(
-            ip_address=ip, port=8470, access_config=mod.AccessConfig(external_ip=ip)
+            ip_address=nic_ip, port=8470, access_config=mod.AccessConfig(external_ip=nic_ip)
         )
         for ip in rec.ips
+        for nic_ip in nic_addresses(ip, len(node.network_configs))
     ]
     node.symptoms = [
         mod.Symptom(
