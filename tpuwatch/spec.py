@@ -4,7 +4,8 @@ The spec is the zone-independent part of a `Node` that a create request needs â€
 runtime, network, service account, scheduling, labels, metadata, tags, disks, shielded VM and
 (v2alpha1) boot disk â€” written flat, one key per gcloud `tpu-vm create` flag, so a person can read
 and edit it. Output-only fields that identify one incarnation (id, create_time, state, health,
-network_endpoints, symptoms, queued_resource, multislice_node, api_version) are never captured.
+network_endpoints, symptoms, queued_resource, multislice_node, api_version) are never captured, nor is
+cidr_block, which the API fills in from the subnetwork (sent back, it conflicts with it).
 
 Rules of this module: it converts between TOML tables and `google.cloud.tpu_v2[alpha1].Node`
 messages and checks them; it performs no API call and reads no file except through
@@ -60,7 +61,7 @@ SPEC_KEYS: dict[str, tuple[str, str]] = {
     "can_ip_forward": ("bool", "allow IP forwarding"),
     "queue_count": ("int", "network queue count per worker (0 = default)"),
     "network_configs": ("network_configs", "several network interfaces: a list of tables with the five keys above"),
-    "cidr_block": ("str", "CIDR range for the TPU workers"),
+    "cidr_block": ("str", "CIDR range for the TPU workers; not written by `init` (the API fills it in from the subnetwork, and a create that sends that range back is refused)"),
     "service_account": ("str", "service account email"),
     "scopes": ("strlist", "OAuth scopes for the service account"),
     "spot": ("bool", "Spot VM"),
@@ -131,8 +132,8 @@ def capture(node: Any, job: str) -> dict[str, Any]:
         single = configs[0] if configs else (node.network_config if "network_config" in node else None)
         if single is not None:
             spec.update(_network_table(single, keep_defaults=False))
-    if node.cidr_block:
-        spec["cidr_block"] = node.cidr_block
+    # cidr_block is not captured: the API fills it in from the subnetwork, and a create that sends
+    # it back conflicts with that very subnetwork.
     if "service_account" in node:
         if node.service_account.email:
             spec["service_account"] = node.service_account.email

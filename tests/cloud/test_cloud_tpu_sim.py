@@ -205,3 +205,16 @@ def test_queued_resource_create_follow_and_force_delete(sim: Simulator) -> None:
     sim.world.wait_for(lambda w: w.has_node("anode") and w.node("anode").state == "READY", 20)
     msg = tpu.get_node_message("anode")
     assert msg is not None and msg.autocheckpoint_enabled
+
+
+def test_the_api_fills_cidr_block_in_and_a_create_that_sends_it_back_is_refused(sim: Simulator) -> None:
+    sim.create_node("pod", "v4-8")
+    tpu = adapter(sim)
+    raw = tpu.get_node_message("pod")
+    assert raw is not None and raw.cidr_block  # filled in by the API, never asked for
+    spec = {"acceleratorType": "v4-8", "runtimeVersion": "tpu-ubuntu2204-base", "cidrBlock": raw.cidr_block}
+    with pytest.raises(ApiError, match="conflicts with subnetwork") as refused:
+        tpu.create_node("again", spec)
+    assert refused.value.code == "INVALID_ARGUMENT"
+    spec.pop("cidrBlock")
+    assert tpu.create_node("again", spec)

@@ -83,6 +83,9 @@ def test_init_writes_a_config_load_config_accepts_and_leaves_the_node_alone(
     assert spec["accelerator_type"] == "v4-16"
     assert spec["labels"] == {"team": "x", OWNER_LABEL: "init-a"}
     assert spec["metadata"] == {"k": "v", "startup-script": "echo hi\n"}
+    # The API reports the subnetwork's range as cidr_block; sent back on a recreate, it conflicts
+    # with that subnetwork (the recreate tests below create from this very capture).
+    assert "cidr_block" not in spec
     assert OWNER_LABEL not in env.world.node("init-a").spec.labels  # not without --adopt
     assert set(env.world.calls) == {"google.cloud.tpu.v2alpha1.Tpu/GetNode"}
 

@@ -69,8 +69,9 @@ def test_node_json_has_enum_names_and_no_default_fields(sim_api: Simulator, http
     assert isinstance(node["id"], str) and node["id"].isdigit()  # int64 as a string
     assert len(node["networkEndpoints"]) == 4 and all(e["accessConfig"]["externalIp"] for e in node["networkEndpoints"])
     # default-valued fields are left out, as the real API leaves them out
-    for absent in ("healthDescription", "symptoms", "description", "queuedResource", "cidrBlock", "tags"):
+    for absent in ("healthDescription", "symptoms", "description", "queuedResource", "tags"):
         assert absent not in node, absent
+    assert node["cidrBlock"] == "10.128.0.0/20"  # filled in by the API, from the subnetwork
 
 
 def test_list_pages_and_a_change_through_grpc_is_seen_through_rest(sim_api: Simulator, http: Http) -> None:

@@ -17,8 +17,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+# Output only, or filled in by the API (cidr_block: the subnetwork's range, which a create refuses)
 OUTPUT_ONLY = ("name", "id", "create_time", "state", "health", "health_description", "network_endpoints",
-               "symptoms", "queued_resource", "multislice_node", "api_version")
+               "symptoms", "queued_resource", "multislice_node", "api_version", "cidr_block")
 
 
 def live_node(**over: object) -> tpu_v2.Node:

@@ -11,6 +11,7 @@ it holds no state of its own.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 from collections.abc import Callable
@@ -47,6 +48,7 @@ LOGGING = "google.logging.v2.LoggingServiceV2"
 CONTROL = "tpuwatch.sim.Control"
 
 _VERSIONS: dict[str, Any] = {"v2": tpu_v2, "v2alpha1": tpu_v2alpha1}
+SUBNET_RANGE = "10.128.0.0/20"  # the simulated project's default subnetwork in every region
 
 
 def _ts(ns: int) -> timestamp_pb2.Timestamp:
@@ -120,6 +122,8 @@ def render_node(rec: NodeRec, version: str) -> Any:
     if "scheduling_config" in node:
         sched.reserved = node.scheduling_config.reserved
     node.scheduling_config = sched
+    if not node.cidr_block:  # filled in by the API: the range the workers' addresses come from
+        node.cidr_block = SUBNET_RANGE
     node.queued_resource = rec.queued_resource
     node.multislice_node = rec.multislice_node
     # As Google lists a node with several networks: each worker's interfaces side by side, its
@@ -262,6 +266,16 @@ def spec_from_node(node: Any, zone: str) -> NodeSpec:
         )
     if not node.runtime_version:
         raise ApiError("INVALID_ARGUMENT", "Node.runtime_version is required")
+    if node.cidr_block:
+        try:
+            block = ipaddress.ip_network(node.cidr_block, strict=False)
+        except ValueError:
+            raise ApiError("INVALID_ARGUMENT", f"Invalid value for field 'cidr_block': {node.cidr_block!r}")
+        if block.overlaps(ipaddress.ip_network(SUBNET_RANGE)):
+            # As Google documents the field: a block that conflicts with a subnetwork of the
+            # network is an error (a node reports its subnetwork's range, so sending it back fails).
+            raise ApiError("INVALID_ARGUMENT", f"CIDR block {node.cidr_block} conflicts with subnetwork "
+                           f"default ({SUBNET_RANGE}) in network default")
     sched = node.scheduling_config
     return NodeSpec(
         accelerator_type=accel,
