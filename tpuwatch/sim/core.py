@@ -128,6 +128,7 @@ class WorldCore:
         self.log_latency = float(log_latency)  # simulated seconds before an entry is readable
         self.log_read_quota = log_read_quota  # ListLogEntries per minute per project, None = off
 
+        # Every part's state is declared here, typed once and guarded by this one lock.
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._sched = Scheduler()
@@ -138,18 +139,19 @@ class WorldCore:
         self._ops: dict[str, OperationRec] = {}
         self._audit: list[audit.AuditRecord] = []
         self._insert_ids: set[str] = set()
+        self._fake_ips: dict[str, int] = {}  # node key -> address slot when there are no hosts
+        self.host_errors: list[str] = []  # effects on the simulated hosts that failed
+        # the windows and counters of calls.py
         self._stockouts: dict[str, Window] = {}  # zone -> window
         self._quota: dict[str, Window] = {}  # zone or "*" -> window
         self._api_errors: Window | None = None
         self._lost: Window | None = None  # calls served, then failed: the response is lost
         self._slow: Window | None = None  # calls answered late
         self._denied: Window | None = None
-        self._fake_ips: dict[str, int] = {}
         self.calls: Counter[str] = Counter()
         self._call_times: dict[str, deque[tuple[float, str]]] = {}
         self.injected: Counter[str] = Counter()  # method -> calls failed by injection
         self.lost: Counter[str] = Counter()  # method -> calls served whose answer was an error
-        self.host_errors: list[str] = []  # effects on the simulated hosts that failed
         # OS Login (the os-login fault): the POSIX name the workers know the user by, and the
         # public keys imported into the user's login profile (gcloud imports its key once)
         self.os_login_user: str | None = None
