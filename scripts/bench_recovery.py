@@ -725,7 +725,7 @@ def main(argv: list[str] | None = None) -> int:
             root = Path(tmp) / f"{k:02d}-{fault}-{who}"
             r = run_one(st, fault, who, seed, root, log)
             if not delays:
-                from tpuwatch.sim.world import DEFAULT_DELAYS
+                from tpuwatch.sim.core import DEFAULT_DELAYS
                 delays = dict(DEFAULT_DELAYS)
             log(f"  {who}: noticed {fmt(r.noticed)}, running {fmt(r.running)}, ssh {r.ssh}, API {r.api}, "
                 f"TCP {r.tcp_probes}{' - ' + r.note if r.note else ''}")

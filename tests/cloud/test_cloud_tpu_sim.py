@@ -11,8 +11,8 @@ from tpuwatch.cloud.errors import ApiError
 from tpuwatch.cloud.retry import RetryPolicy
 from tpuwatch.cloud.tpu import TpuAdapter
 from tpuwatch.errors import EXIT_CLOUD, NotFoundError, UsageError
+from tpuwatch.sim.records import NodeSpec
 from tpuwatch.sim.simulator import Simulator
-from tpuwatch.sim.world import NodeSpec
 
 FAST = RetryPolicy(multiplier=0.005, max_wait=0.05)
 

@@ -24,8 +24,8 @@ from e2e_helpers import STEPS, finish, trainer, write_config
 
 from tpuwatch.cloud.tpu import TpuAdapter
 from tpuwatch.errors import UsageError
+from tpuwatch.sim.records import NodeSpec
 from tpuwatch.sim.simulator import Simulator
-from tpuwatch.sim.world import NodeSpec
 
 pytestmark = pytest.mark.slow
 

@@ -414,7 +414,7 @@ def test_a_slice_of_a_multislice_request_is_never_deleted_or_recreated_alone(
     over every slice), and a lifecycle for one node, or for another number of slices, refuses it."""
     from tpuwatch.cloud.tpu import TpuAdapter
     from tpuwatch.errors import JobFailed
-    from tpuwatch.sim.world import NodeSpec
+    from tpuwatch.sim.records import NodeSpec
 
     env.world.queue_resource("msq", NodeSpec(accelerator_type="v4-8", spot=True), node_count=2,
                              node_prefix="msn", zone=ZONE_A)

@@ -13,8 +13,8 @@ from google.cloud.audit import audit_log_pb2
 from tpuwatch.cloud.clients import logging_client
 from tpuwatch.sim import logfilter
 from tpuwatch.sim.metadata import worker_hostname
+from tpuwatch.sim.records import rfc3339_ns
 from tpuwatch.sim.simulator import Simulator
-from tpuwatch.sim.world import rfc3339_ns
 
 LOG = "cloudaudit.googleapis.com%2Fsystem_event"
 

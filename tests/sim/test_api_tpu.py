@@ -12,8 +12,8 @@ from google.cloud import tpu_v2, tpu_v2alpha1
 
 from tpuwatch.cloud.clients import tpu_client
 from tpuwatch.errors import UsageError
+from tpuwatch.sim.shapes import worker_count
 from tpuwatch.sim.simulator import Simulator
-from tpuwatch.sim.world import worker_count
 
 STOCKOUT = re.compile(
     r'^There is no more capacity in the zone "us-central2-b"; you can try in another zone where '

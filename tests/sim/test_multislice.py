@@ -21,9 +21,9 @@ from tpuwatch.cli import main
 from tpuwatch.cloud.clients import tpu_client
 from tpuwatch.errors import UsageError
 from tpuwatch.sim import faults, scenario
+from tpuwatch.sim.records import NodeSpec
 from tpuwatch.sim.rest import RestFace
 from tpuwatch.sim.simulator import Simulator
-from tpuwatch.sim.world import NodeSpec
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -10,7 +10,7 @@ import pytest
 from tpuwatch import recreate, zonespec
 from tpuwatch.config import load_config
 from tpuwatch.errors import ConfigError
-from tpuwatch.sim import world
+from tpuwatch.sim import shapes
 
 SUBNET = "projects/p/regions/us-central2/subnetworks/tpu-net"
 EAST_SUBNET = "projects/p/regions/us-east5/subnetworks/tpu-net"
@@ -96,7 +96,7 @@ def test_a_zone_from_flags_is_checked_when_the_policy_config_is_made(tmp_path: P
 
 def test_the_simulator_refuses_what_google_refuses() -> None:
     def misplaced(zone: str, node: dict[str, object], reservation: str = "") -> str:
-        return world.misplaced(zone, json.dumps(node), reservation)
+        return shapes.misplaced(zone, json.dumps(node), reservation)
 
     assert "region 'us-east5'" in misplaced("us-east5-a", {"networkConfig": {"subnetwork": SUBNET}})
     assert "zone 'us-central2-c'" in misplaced("us-central2-c", {"dataDisks": [{"sourceDisk": DISK}]})

@@ -17,14 +17,12 @@ from typing import Any
 
 from tpuwatch.durations import parse_duration
 from tpuwatch.errors import UsageError
-from tpuwatch.sim.world import (
-    INJECTABLE_CODES,
-    STUCK_MODES,
-    SYMPTOM_TYPES,
-    NodeSpec,
-    World,
-    worker_count,
-)
+from tpuwatch.sim.calls import INJECTABLE_CODES
+from tpuwatch.sim.maintenance import STUCK_MODES
+from tpuwatch.sim.nodefaults import SYMPTOM_TYPES
+from tpuwatch.sim.records import NodeSpec
+from tpuwatch.sim.shapes import worker_count
+from tpuwatch.sim.world import World
 
 
 @dataclass(frozen=True)

@@ -27,17 +27,17 @@ from google.rpc import status_pb2
 from tpuwatch.errors import TpuwatchError
 from tpuwatch.sim import audit
 from tpuwatch.sim.metadata import worker_hostname
-from tpuwatch.sim.world import (
+from tpuwatch.sim.records import (
     ApiError,
     NodeRec,
     NodeSpec,
     OperationRec,
     QueuedRec,
-    World,
-    accelerator_from_config,
     parse_node_name,
     rfc3339_ns,
 )
+from tpuwatch.sim.shapes import accelerator_from_config
+from tpuwatch.sim.world import World
 
 log = logging.getLogger(__name__)
 

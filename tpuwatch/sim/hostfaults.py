@@ -66,7 +66,7 @@ class _Worker(Protocol):
 
 
 class Hosts(Protocol):
-    def _env(self, w: Any) -> dict[str, str]: ...
+    def worker_env(self, w: Any) -> dict[str, str]: ...
 
     def _make_host_root(self, w: Any) -> None: ...
 
@@ -137,7 +137,7 @@ def apply(hosts: Hosts, w: _Worker, kind: str, params: dict[str, Any]) -> None:
         # Detached (bash exits at once, init adopts the sleep), with the worker's environment
         # so that the hosts find and kill it with the worker's other processes.
         subprocess.run(["/bin/bash", "-c", 'nohup sleep 86400 3<"$1" </dev/null >/dev/null 2>&1 & disown', "_",
-                        str(present[0])], env=hosts._env(w), check=True, timeout=10)
+                        str(present[0])], env=hosts.worker_env(w), check=True, timeout=10)
     elif kind == "disk-full":
         free = int(params.get("free", 10e6))
         path = str(params.get("path") or "/")

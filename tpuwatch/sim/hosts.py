@@ -17,7 +17,8 @@ sshd listens (`keys_late`), host keys that change on a reboot (`rotate_keys_on_r
 worker presenting a key its guest attributes do not publish (`wrong_host_key`);
 `down`/`up` model a host going away and
 coming back (maintenance), `destroy` deletes it. All asyncio work happens on one loop in a daemon
-thread; the public methods are synchronous and thread-safe.
+thread; the public methods are synchronous and thread-safe. The SSH server and its sessions
+(authentication, running a command, relaying its stdio and signals) are in sshd.py.
 
 This module knows nothing of the TPU API, node states or faults' timing: the simulator's world
 model decides when a node boots, goes down or hangs, and calls these methods.
@@ -49,6 +50,7 @@ import asyncssh
 from tpuwatch.errors import UsageError
 from tpuwatch.sim import hostfaults
 from tpuwatch.sim import metadata as md
+from tpuwatch.sim.sshd import ConnReset, WorkerServer
 
 MARKER = "TPUWATCH_SIM_WORKER"
 STARTUP_LOG = "startup-script.log"
@@ -60,12 +62,7 @@ T = TypeVar("T")
 
 
 @dataclass
-class _Reset:
-    after_bytes: int | None
-
-
-@dataclass
-class _Worker:
+class HostWorker:
     node: _Node
     index: int
     ip: str
@@ -78,7 +75,7 @@ class _Worker:
     conns: set[Any] = field(default_factory=set)  # asyncssh.SSHServerConnection
     accepted: int = 0  # SSH connections accepted since the worker was created (benchmarks, tests)
     sessions: int = 0  # SSH sessions (channels running a command) opened on them
-    reset: _Reset | None = None
+    reset: ConnReset | None = None
     startup: asyncio.Task[None] | None = None
     faults: dict[str, Any] = field(default_factory=dict)  # host faults (hostfaults.py); gone on recreate
     ssh_mode: str = ""  # an SSH fault: "refuse" or "hang" (see Hosts.ssh_fault); "" serves
@@ -113,7 +110,7 @@ class _Node:
     chips_per_host: int
     vfio: bool
     metadata: dict[str, str] = field(default_factory=dict)  # given at boot
-    workers: list[_Worker] = field(default_factory=list)
+    workers: list[HostWorker] = field(default_factory=list)
 
 
 class Hosts:
@@ -139,7 +136,7 @@ class Hosts:
             key.write_private_key(str(self.client_key))
             key.write_public_key(str(self.client_key) + ".pub")
             os.chmod(self.client_key, 0o600)
-        self._client_pub = asyncssh.read_public_key(str(self.client_key) + ".pub")
+        self.client_pub = asyncssh.read_public_key(str(self.client_key) + ".pub")
         self.ssh_port = self._free_port()
         self.metadata_port = self._free_port(avoid=self.ssh_port)
         self._nodes: dict[str, _Node] = {}
@@ -258,7 +255,7 @@ class Hosts:
         output, or (None) when it has ended but before its exit status is sent — the client sees
         ssh exit 255 for a command that did run, as after a network drop.
         """
-        self._worker(node_key, worker).reset = _Reset(after_bytes)
+        self._worker(node_key, worker).reset = ConnReset(after_bytes)
 
     def ssh_fault(self, node_key: str, worker: int, mode: str) -> None:
         """Fault one worker's SSH server, leaving its processes and metadata server alone.
@@ -387,7 +384,7 @@ class Hosts:
 
         return asyncio.run_coroutine_threadsafe(run(), loop).result(timeout=_CALL_TIMEOUT)
 
-    def _spawn_task(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+    def spawn_task(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -399,7 +396,7 @@ class Hosts:
             raise UsageError(f"no simulated hosts for node {node_key!r}: boot it first")
         return node
 
-    def _worker(self, node_key: str, worker: int) -> _Worker:
+    def _worker(self, node_key: str, worker: int) -> HostWorker:
         node = self._node(node_key)
         if not 0 <= worker < len(node.workers):
             raise UsageError(f"node {node_key!r} has workers 0..{len(node.workers) - 1}, not {worker}")
@@ -449,7 +446,7 @@ class Hosts:
         node = _Node(self, node_key, node_id, slot, node_dir, script, chips, vfio, metadata)
         for i in range(n):
             wdir = node_dir / f"worker-{i}"
-            w = _Worker(node, i, self._ip(slot, i), wdir, None)
+            w = HostWorker(node, i, self._ip(slot, i), wdir, None)
             w.home.mkdir(parents=True)
             self._new_host_key(w)
             self._keys_arrive_later(w)
@@ -468,17 +465,17 @@ class Hosts:
         return [w.ip for w in node.workers]
 
     @staticmethod
-    def _new_host_key(w: _Worker) -> None:
+    def _new_host_key(w: HostWorker) -> None:
         key = asyncssh.generate_private_key("ssh-ed25519", comment=f"{w.node.key} worker {w.index}")
         w.host_key, w.served_key = key, None
         key.write_private_key(str(w.dir / "ssh_host_ed25519_key"))
         key.write_public_key(str(w.dir / "ssh_host_ed25519_key.pub"))
 
-    def _keys_arrive_later(self, w: _Worker) -> None:
+    def _keys_arrive_later(self, w: HostWorker) -> None:
         """At a boot: with the keys-late fault, no client key is accepted for a while."""
         w.keys_at = time.monotonic() + self._keys_late.get(w.node.key, 0.0) / self.speed
 
-    def _make_host_root(self, w: _Worker) -> None:
+    def _make_host_root(self, w: HostWorker) -> None:
         dev = w.host_root / "dev"
         (w.host_root / "tmp").mkdir(parents=True, exist_ok=True)
         (dev / "shm").mkdir(parents=True, exist_ok=True)
@@ -493,7 +490,7 @@ class Hosts:
         if len(w.node.workers) > w.index:  # made again on a reboot: faults that outlive it
             hostfaults.reapply(self, w)
 
-    async def _ssh_fault(self, w: _Worker, mode: str) -> None:
+    async def _ssh_fault(self, w: HostWorker, mode: str) -> None:
         await self._close_blackhole(w)
         await self._close_ssh(w)
         w.ssh_mode = mode
@@ -505,11 +502,11 @@ class Hosts:
 
             w.blackhole = await asyncio.start_server(hold, w.ip, self.ssh_port, reuse_address=True)
 
-    async def _drop(self, w: _Worker) -> None:
+    async def _drop(self, w: HostWorker) -> None:
         for conn in list(w.conns):
             conn.abort()
 
-    async def _close_blackhole(self, w: _Worker) -> None:
+    async def _close_blackhole(self, w: HostWorker) -> None:
         server, w.blackhole = w.blackhole, None
         for writer in w.held:
             writer.close()
@@ -519,15 +516,15 @@ class Hosts:
             with contextlib.suppress(Exception):
                 await server.wait_closed()
 
-    async def _listen(self, w: _Worker) -> None:
+    async def _listen(self, w: HostWorker) -> None:
         await self._listen_ssh(w)
         await self._listen_md(w)
 
-    async def _listen_ssh(self, w: _Worker) -> None:
+    async def _listen_ssh(self, w: HostWorker) -> None:
         try:
             w.acceptor = await asyncssh.listen(
                 w.ip, self.ssh_port,
-                server_factory=lambda: _WorkerServer(self, w),
+                server_factory=lambda: WorkerServer(self, w),
                 server_host_keys=[w.served_key or w.host_key],
                 encoding=None,
                 line_editor=False,
@@ -539,7 +536,7 @@ class Hosts:
                                  f"worker {w.index} of {w.node.key} cannot listen; restart the simulator")
             raise
 
-    async def _listen_md(self, w: _Worker) -> None:
+    async def _listen_md(self, w: HostWorker) -> None:
         try:
             w.md_server = await asyncio.start_server(
                 lambda r, wr: md.serve(r, wr, lambda: self._instance_async(w)),
@@ -551,7 +548,7 @@ class Hosts:
                                  f"of worker {w.index} of {w.node.key} cannot listen; restart the simulator")
             raise
 
-    def _instance(self, w: _Worker) -> md.Instance:
+    def _instance(self, w: HostWorker) -> md.Instance:
         source = self.metadata_source
         inst = source(w.node.key, w.index) if source is not None else None
         if inst is None:  # no world (Hosts on its own), or the world no longer has the node
@@ -563,7 +560,7 @@ class Hosts:
             inst = dataclasses.replace(inst, ip=w.ip)
         return inst
 
-    async def _instance_async(self, w: _Worker) -> md.Instance:
+    async def _instance_async(self, w: HostWorker) -> md.Instance:
         if self.metadata_source is None:
             return self._instance(w)
         # The source may take the world's lock; a thread keeps the loop (and SSH) serving.
@@ -572,7 +569,7 @@ class Hosts:
         except RuntimeError as exc:  # the simulator stops under this request: its executor is gone
             raise ConnectionAbortedError(f"the simulator is stopping: {exc}") from None
 
-    async def _unlisten(self, w: _Worker) -> None:
+    async def _unlisten(self, w: HostWorker) -> None:
         await self._close_blackhole(w)
         w.ssh_mode = ""
         server, w.md_server = w.md_server, None
@@ -580,7 +577,7 @@ class Hosts:
             server.close()
         await self._close_ssh(w)
 
-    async def _close_ssh(self, w: _Worker) -> None:
+    async def _close_ssh(self, w: HostWorker) -> None:
         """Stop listening for SSH on this worker and drop its open connections."""
         acceptor, w.acceptor = w.acceptor, None
         if acceptor is not None:
@@ -601,7 +598,7 @@ class Hosts:
         self._kill_marked(self._node_marker(node), prefix=True)
 
     def _node_marker(self, node: _Node) -> str:
-        """The start of every marker of the node's workers (`_Worker.marker`)."""
+        """The start of every marker of the node's workers (`HostWorker.marker`)."""
         return f"{self.instance}/{node.key}/"
 
     async def _up(self, node: _Node, reboot: bool) -> None:
@@ -653,16 +650,16 @@ class Hosts:
             return
         for w in node.workers:
             (w.home / STARTUP_EXIT).unlink(missing_ok=True)  # before boot() returns
-            w.startup = self._spawn_task(self._run_startup(w, node.startup_script))
+            w.startup = self.spawn_task(self._run_startup(w, node.startup_script))
 
-    async def _run_startup(self, w: _Worker, script: str) -> None:
+    async def _run_startup(self, w: HostWorker, script: str) -> None:
         # A TPU VM runs the startup-script metadata on every boot, on every worker, in the
         # background, logging to the journal; here the log is a file in the home.
         path = w.dir / "startup-script.sh"
         path.write_text(script)
         with open(w.home / STARTUP_LOG, "ab") as log:
             proc = await asyncio.create_subprocess_exec(
-                "/bin/bash", str(path), cwd=w.home, env=self._env(w),
+                "/bin/bash", str(path), cwd=w.home, env=self.worker_env(w),
                 stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         rc = await proc.wait()
         with contextlib.suppress(OSError):
@@ -670,7 +667,7 @@ class Hosts:
 
     # ---- internals: processes ----------------------------------------------------------------
 
-    def _env(self, w: _Worker, client_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    def worker_env(self, w: HostWorker, client_env: Mapping[str, str] | None = None) -> dict[str, str]:
         bindir = os.path.dirname(sys.executable)
         env = {
             "PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin",
@@ -725,206 +722,3 @@ class Hosts:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.005)
-
-
-class _WorkerServer(asyncssh.SSHServer):
-    """One SSH connection to a worker: public-key auth with the client key only."""
-
-    def __init__(self, hosts: Hosts, worker: _Worker) -> None:
-        self._hosts = hosts
-        self._worker = worker
-        self._conn: Any = None
-
-    def connection_made(self, conn: Any) -> None:
-        self._conn = conn
-        if not self._worker.listening:
-            conn.abort()
-            return
-        self._worker.accepted += 1
-        self._worker.conns.add(conn)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._worker.conns.discard(self._conn)
-
-    def begin_auth(self, username: str) -> bool:
-        return True
-
-    def password_auth_supported(self) -> bool:
-        return False
-
-    def public_key_auth_supported(self) -> bool:
-        return True
-
-    def validate_public_key(self, username: str, key: Any) -> bool:
-        if time.monotonic() < self._worker.keys_at:
-            return False  # booted, but the guest agent has not installed the keys yet
-        client: Any = self._hosts._client_pub
-        return bool(username == self._hosts.ssh_user and key.public_data == client.public_data)
-
-    def session_requested(self) -> _ExecSession:
-        self._worker.sessions += 1
-        return _ExecSession(self._hosts, self._worker, self._conn)
-
-
-class _ExecSession(asyncssh.SSHServerSession):  # type: ignore[misc]
-    """`ssh worker CMD`: runs `/bin/bash -c CMD` and relays stdio, signals and exit status.
-
-    Signal requests go to the command's process group. A dropped client closes the command's
-    pipes, as sshd does without a PTY.
-    """
-
-    def __init__(self, hosts: Hosts, worker: _Worker, conn: Any) -> None:
-        self._hosts = hosts
-        self._worker = worker
-        self._conn = conn
-        self._chan: Any = None
-        self._command: str | None = None
-        self._proc: asyncio.subprocess.Process | None = None
-        self._stdin_buf: list[bytes] = []
-        self._stdin_eof = False
-        self._writable = asyncio.Event()
-        self._writable.set()
-        self._lost = False
-        self._reset: _Reset | None = None
-        self._sent = 0
-        self._out_transports: list[asyncio.BaseTransport] = []
-
-    # -- channel callbacks
-    def connection_made(self, chan: Any) -> None:
-        self._chan = chan
-
-    def pty_requested(self, term_type: str, term_size: Any, term_modes: Any) -> bool:
-        return True  # accepted and ignored: commands always run on pipes
-
-    def shell_requested(self) -> bool:
-        return False
-
-    def subsystem_requested(self, subsystem: str) -> bool:
-        return False
-
-    def exec_requested(self, command: str | bytes) -> bool:
-        self._command = command.decode() if isinstance(command, bytes) else command
-        return True
-
-    def session_started(self) -> None:
-        self._hosts._spawn_task(self._run())
-
-    def data_received(self, data: bytes, datatype: Any) -> None:
-        if self._proc is not None and self._proc.stdin is not None:
-            with contextlib.suppress(Exception):
-                self._proc.stdin.write(data)
-        else:
-            self._stdin_buf.append(data)
-
-    def eof_received(self) -> bool:
-        self._stdin_eof = True
-        if self._proc is not None and self._proc.stdin is not None:
-            with contextlib.suppress(Exception):
-                self._proc.stdin.close()
-        return True  # keep our side open until the command's output is sent
-
-    def signal_received(self, signal_name: str) -> None:
-        sig = getattr(signal, f"SIG{signal_name}", None)
-        if isinstance(sig, signal.Signals):
-            self._signal_group(sig)
-
-    def pause_writing(self) -> None:
-        self._writable.clear()
-
-    def resume_writing(self) -> None:
-        self._writable.set()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        # As sshd does without a PTY: no signal, the command's pipes are closed; it reads EOF
-        # and dies of SIGPIPE when it next writes. Detached jobs are not affected either way.
-        self._lost = True
-        self._writable.set()
-        self._close_pipes()
-
-    # -- the command
-    def _close_pipes(self) -> None:
-        for t in self._out_transports:
-            t.close()  # feeds EOF to the pump's reader
-        self._out_transports.clear()
-        if self._proc is not None and self._proc.stdin is not None:
-            with contextlib.suppress(Exception):
-                self._proc.stdin.close()
-
-    def _signal_group(self, sig: signal.Signals) -> None:
-        if self._proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._proc.pid, sig)
-
-    async def _pipe_reader(self, fd: int) -> asyncio.StreamReader:
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=1 << 20)
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
-        self._out_transports.append(transport)
-        return reader
-
-    async def _run(self) -> None:
-        w = self._worker
-        if self._lost:
-            return
-        if not w.listening or self._command is None:
-            self._conn.abort()
-            return
-        self._reset, w.reset = w.reset, None
-        # Our own pipes for stdout/stderr, so a lost client can close the read ends.
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        try:
-            self._proc = await asyncio.create_subprocess_exec(
-                "/bin/bash", "-c", self._command, cwd=w.home,
-                env=self._hosts._env(w, self._chan.get_environment()),
-                stdin=asyncio.subprocess.PIPE, stdout=out_w, stderr=err_w,
-                start_new_session=True)
-        except OSError as e:
-            for fd in (out_r, err_r):
-                os.close(fd)
-            self._chan.write_stderr(f"bash: {e}\n".encode())
-            self._chan.exit(127)
-            return
-        finally:
-            os.close(out_w)
-            os.close(err_w)
-        proc = self._proc
-        assert proc.stdin is not None
-        stdout = await self._pipe_reader(out_r)
-        stderr = await self._pipe_reader(err_r)
-        if self._lost:
-            self._close_pipes()
-        for chunk in self._stdin_buf:
-            proc.stdin.write(chunk)
-        self._stdin_buf.clear()
-        if self._stdin_eof:
-            proc.stdin.close()
-        await asyncio.gather(self._pump(stdout, self._chan.write),
-                             self._pump(stderr, self._chan.write_stderr))
-        rc = await proc.wait()
-        self._close_pipes()
-        if self._lost:
-            return
-        if self._reset is not None and self._reset.after_bytes is None:
-            self._conn.abort()
-            return
-        with contextlib.suppress(Exception):
-            if rc >= 0:
-                self._chan.exit(rc)
-            else:
-                self._chan.exit_with_signal(signal.Signals(-rc).name[3:])
-
-    async def _pump(self, stream: asyncio.StreamReader, write: Callable[[bytes], None]) -> None:
-        while True:
-            data = await stream.read(65536)
-            if not data or self._lost:
-                return
-            await self._writable.wait()
-            with contextlib.suppress(Exception):
-                write(data)
-            self._sent += len(data)
-            reset = self._reset
-            if reset is not None and reset.after_bytes is not None and self._sent >= reset.after_bytes:
-                self._conn.abort()

@@ -57,7 +57,8 @@ from tpuwatch.sim.grpc_api import (
     spec_from_node,
 )
 from tpuwatch.sim.metadata import project_number, worker_hostname
-from tpuwatch.sim.world import ApiError, World
+from tpuwatch.sim.records import ApiError
+from tpuwatch.sim.world import World
 
 log = logging.getLogger(__name__)
 

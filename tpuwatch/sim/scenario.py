@@ -40,7 +40,8 @@ from typing import Any
 from tpuwatch.durations import parse_duration
 from tpuwatch.errors import UsageError
 from tpuwatch.sim import faults
-from tpuwatch.sim.world import DEFAULT_DELAYS, ZONE_RE
+from tpuwatch.sim.core import DEFAULT_DELAYS
+from tpuwatch.sim.shapes import ZONE_RE
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -25,8 +25,9 @@ from typing import Any
 
 from tpuwatch.errors import UsageError
 from tpuwatch.sim import faults
+from tpuwatch.sim.records import NodeRec, NodeSpec
 from tpuwatch.sim.scenario import Scenario, Step
-from tpuwatch.sim.world import NodeRec, NodeSpec, World
+from tpuwatch.sim.world import World
 
 log = logging.getLogger(__name__)
 

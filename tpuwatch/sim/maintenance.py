@@ -1,0 +1,371 @@
+"""Maintenance: the fault (UNHEALTHY_MAINTENANCE, REPAIRING, then healed or stuck), the
+workers' notice before it, the heal and the multislice restart of the other slices, announced
+upcoming maintenance, and the API calls that start maintenance (simulateMaintenanceEvent,
+performMaintenance, performMaintenanceQueuedResource)."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+
+from tpuwatch.errors import UsageError
+from tpuwatch.sim import audit
+from tpuwatch.sim.metadata import worker_hostname
+from tpuwatch.sim.queued import QueuedResources
+from tpuwatch.sim.records import (
+    ApiError,
+    NodeRec,
+    OperationRec,
+    UpcomingRec,
+    rfc3339_ns,
+)
+from tpuwatch.sim.scheduler import Timer
+from tpuwatch.sim.shapes import manual_maintenance_allowed
+
+STUCK_MODES = ("REPAIRING", "UNHEALTHY_MAINTENANCE", "UNKNOWN")
+
+
+class Maintenance(QueuedResources):
+    """Maintenance events, their heal, and the calls that start them."""
+
+    def maintenance(
+        self,
+        node: str,
+        *,
+        heal_after: float | None = 1800.0,
+        stuck: str | None = None,
+        worker: int | None = None,
+        reason: str = "MAINTENANCE",
+        project: str | None = None,
+        zone: str | None = None,
+        op_name: str | None = None,
+        notice: float = 0.0,
+    ) -> None:
+        """Start maintenance: job killed, SSH refused, health UNHEALTHY_MAINTENANCE then REPAIRING.
+
+        With `heal_after` (simulated seconds) the node comes back READY+HEALTHY with
+        "The TPU had a maintenance event at ..." and a restart entry; with `stuck` it never does
+        (REPAIRING, UNHEALTHY_MAINTENANCE, or UNKNOWN after a failed repair). With `notice`
+        (simulated seconds; Compute Engine gives about 60), the workers' metadata servers say
+        `maintenance-event` TERMINATE_ON_HOST_MAINTENANCE that long before the host stops.
+        """
+        if stuck is not None and stuck not in STUCK_MODES:
+            raise UsageError(f"stuck must be one of {', '.join(STUCK_MODES)}, got {stuck!r}")
+        if notice > 0:
+            def stop() -> None:
+                self.maintenance(node, heal_after=heal_after, stuck=stuck, worker=worker, reason=reason,
+                                 project=project, zone=zone, op_name=op_name)
+            self._give_notice(node, project, zone, "maintenance", notice, stop)
+            return
+        with self._lock:
+            rec = self._fault_node(node, project, zone)
+            self._ensure_live(rec, "maintenance")
+            if worker is not None and not 0 <= worker < rec.n_workers:
+                raise UsageError(
+                    f"worker must be 0..{rec.n_workers - 1} for node {rec.name}, got {worker}"
+                )
+            rec.epoch += 1
+            t0 = time.time_ns()
+            rec.health, rec.health_description = "UNHEALTHY_MAINTENANCE", ""
+            self._write_audit(
+                rec, audit.TERMINATE, worker=worker, metadata={"terminateReason": reason}, at_ns=t0
+            )
+            key, ident, epoch = rec.key, rec.id, rec.epoch
+            self._touch()
+            down = self._queue_hosts("down", key)
+            repair_in = self.delays["repairing_after"]
+            if heal_after is not None and stuck is None:
+                repair_in = min(repair_in, heal_after / 10)
+            if stuck != "UNHEALTHY_MAINTENANCE":
+                self.after(repair_in, lambda: self._set_state(key, ident, epoch, "REPAIRING"))
+            if stuck == "UNKNOWN":
+                self.after(
+                    2 * repair_in,
+                    lambda: self._set_state(key, ident, epoch, "UNKNOWN", "HEALTH_UNSPECIFIED"),
+                )
+            if stuck is None and heal_after is not None:
+                self.after(heal_after, lambda: self._heal(key, ident, epoch, t0, worker, op_name))
+        self._await(down)
+
+    def _give_notice(self, node: str, project: str | None, zone: str | None, what: str, notice: float,
+                     then: Callable[[], None]) -> None:
+        """Post the metadata server's notice of `what` (maintenance or preemption) now, and run
+        `then` (the fault itself) `notice` simulated seconds later if the node is still the same."""
+        with self._lock:
+            rec = self._fault_node(node, project, zone)
+            self._ensure_live(rec, what)
+            if what == "maintenance":
+                rec.maintenance_event = "TERMINATE_ON_HOST_MAINTENANCE"
+            else:
+                rec.preempt_notice = True
+            key, ident = rec.key, rec.id
+            self._touch()
+
+        def due() -> None:
+            with self._lock:
+                rec = self._nodes.get(key)
+                if rec is None or rec.id != ident:
+                    return
+            try:
+                then()
+            except UsageError:
+                pass  # the node changed state before the notice ran out
+
+        self.after(notice, due)
+
+    def _set_state(
+        self, key: str, ident: int, epoch: int, state: str, health: str | None = None
+    ) -> None:
+        with self._lock:
+            rec = self._nodes.get(key)
+            if rec is None or rec.id != ident or rec.epoch != epoch:
+                return
+            rec.state = state
+            if health is not None:
+                rec.health = health
+            self._touch()
+
+    def _heal(
+        self,
+        key: str,
+        ident: int,
+        epoch: int,
+        event_ns: int | None,
+        worker: int | None,
+        op_name: str | None,
+    ) -> None:
+        with self._lock:
+            rec = self._nodes.get(key)
+            if rec is None or rec.id != ident or rec.epoch != epoch:
+                return
+        # SSH listens again before the API says READY, as on a real VM that finished booting.
+        self._hosts_call("up", key)
+        down: list[Timer | None] = []
+        with self._lock:
+            rec = self._nodes.get(key)
+            if rec is None or rec.id != ident or rec.epoch != epoch:
+                return
+            down = self._restart_peers(rec)
+            rec.state, rec.health = "READY", "HEALTHY"
+            rec.maintenance_event = "NONE"
+            if event_ns is not None:
+                rec.health_description = (
+                    f"The TPU had a maintenance event at {rfc3339_ns(event_ns)}"
+                )
+            rec.upcoming = None
+            rec.epoch += 1
+            self._write_audit(rec, audit.RESTART, worker=worker, severity="INFO")
+            if op_name:
+                self._end_op(op_name, response=rec)
+            self._touch()
+        for timer in down:
+            self._await(timer)
+
+    def _restart_peers(self, rec: NodeRec) -> list[Timer | None]:
+        """Google's multislice autorepair: once a slice is back, "all other slices in the
+        Multislice environment are restarted so training can continue". The others go
+        RESTARTING (their jobs killed, SSH refused) in the same instant, and come back READY with
+        a restart entry `multislice_restart` later. Call with the lock held."""
+        qr = self._queued_of(rec) if rec.multislice_node else None
+        wait = self.delays["multislice_restart"]
+        if qr is None or wait <= 0:
+            return []
+        down = []
+        for peer in self._nodes_of(qr):
+            if peer.key == rec.key or peer.state != "READY":
+                continue
+            peer.epoch += 1
+            peer.state = "RESTARTING"
+            down.append(self._queue_hosts("down", peer.key))
+            self.after(wait, functools.partial(self._restarted, peer.key, peer.id, peer.epoch))
+        return down
+
+    def _restarted(self, key: str, ident: int, epoch: int) -> None:
+        """A restarted slice is back: SSH first, then READY+HEALTHY and a restart entry; its own
+        announced maintenance, if any, still stands."""
+        with self._lock:
+            rec = self._nodes.get(key)
+            if rec is None or rec.id != ident or rec.epoch != epoch:
+                return
+        self._hosts_call("up", key)
+        with self._lock:
+            rec = self._nodes.get(key)
+            if rec is None or rec.id != ident or rec.epoch != epoch:
+                return
+            rec.state, rec.health = "READY", "HEALTHY"
+            rec.epoch += 1
+            self._write_audit(rec, audit.RESTART, severity="INFO")
+            self._touch()
+
+    def upcoming_maintenance(
+        self,
+        node: str,
+        *,
+        starts_in: float = 7 * 86400.0,
+        window: float | None = None,
+        heal_after: float | None = 1800.0,
+        kind: str = "SCHEDULED",
+        can_reschedule: bool = True,
+        project: str | None = None,
+        zone: str | None = None,
+        notice: float = 0.0,
+    ) -> None:
+        """Announce maintenance `starts_in` from now (v2alpha1 upcoming_maintenance + audit entry);
+        when the window opens, run it (healing after `heal_after`), after the workers' `notice`."""
+        if kind not in ("SCHEDULED", "UNSCHEDULED"):
+            raise UsageError(f"maintenance type must be SCHEDULED or UNSCHEDULED, got {kind!r}")
+        with self._lock:
+            rec = self._fault_node(node, project, zone)
+            self._ensure_live(rec, "upcoming maintenance")
+            now = time.time_ns()
+            start = now + int(self.real(starts_in) * 1e9)
+            end = start + int(
+                self.real(window if window is not None else self.delays["maintenance_window"]) * 1e9
+            )
+            rec.upcoming = UpcomingRec(kind, "PENDING", can_reschedule, start, end, start)
+            for w in range(rec.n_workers):  # a Compute Engine entry about each worker VM
+                self._write_audit(
+                    rec,
+                    audit.UPCOMING_MAINTENANCE,
+                    worker=w,
+                    instance=worker_hostname(rec.id, w),
+                    severity="INFO",
+                    metadata={
+                        "maintenanceStatus": "PENDING",
+                        "type": kind,
+                        "windowStartTime": rfc3339_ns(start),
+                        "windowEndTime": rfc3339_ns(end),
+                        "latestWindowStartTime": rfc3339_ns(start),
+                        "canReschedule": can_reschedule,
+                    },
+                )
+            key, ident = rec.key, rec.id
+            self._touch()
+
+        def begin() -> None:
+            with self._lock:
+                rec = self._nodes.get(key)
+                if (
+                    rec is None
+                    or rec.id != ident
+                    or rec.upcoming is None
+                    or rec.upcoming.status != "PENDING"
+                ):
+                    return
+                rec.upcoming.status = "ONGOING"
+                name, project_, zone_ = rec.name, rec.project, rec.zone
+            try:
+                self.maintenance(name, heal_after=heal_after, project=project_, zone=zone_, notice=notice)
+            except UsageError:
+                pass  # the node went away or changed state before the window
+
+        self.after(starts_in, begin)
+
+    def simulate_maintenance_event(
+        self, project: str, zone: str, name: str, worker_ids: list[str]
+    ) -> OperationRec:
+        with self._lock:
+            rec = self._require(project, zone, name)
+            if rec.state != "READY":
+                raise ApiError(
+                    "FAILED_PRECONDITION",
+                    f"simulateMaintenanceEvent is not supported while in state {rec.state}",
+                )
+            worker = 0
+            if worker_ids:
+                try:
+                    worker = int(worker_ids[0])
+                except ValueError:
+                    raise ApiError(
+                        "INVALID_ARGUMENT",
+                        f"worker id {worker_ids[0]!r} is not a worker of {rec.full_name}",
+                    )
+                if not 0 <= worker < rec.n_workers:
+                    raise ApiError(
+                        "INVALID_ARGUMENT", f"worker id {worker} is not a worker of {rec.full_name}"
+                    )
+            op = self._new_op(project, zone, "simulateMaintenanceEvent", rec.full_name, "v2alpha1")
+        self._start_op_maintenance(op, name, worker)
+        return self.get_operation(op.name)
+
+    def _start_op_maintenance(self, op: OperationRec, name: str, worker: int | None) -> None:
+        try:
+            self.maintenance(
+                name,
+                heal_after=self.delays["simulated_maintenance_heal"],
+                worker=worker,
+                project=op.project,
+                zone=op.zone,
+                op_name=op.name,
+            )
+        except UsageError as exc:
+            with self._lock:
+                self._end_op(op.name, error=(9, str(exc)))
+
+    def _check_manual_maintenance(self, rec: NodeRec) -> None:
+        """Google documents starting maintenance by hand for any v4 or v5p, and for v5e or v6e
+        slices of 8 chips (2x4) or more; elsewhere, and without a pending notice that may be
+        rescheduled (canReschedule, PENDING), it is refused."""
+        if not manual_maintenance_allowed(rec.spec.accelerator_type):
+            raise ApiError(
+                "UNIMPLEMENTED",
+                f"Manual maintenance is not supported for accelerator type {rec.spec.accelerator_type}",
+            )
+        if rec.upcoming is None or rec.upcoming.status != "PENDING":
+            raise ApiError(
+                "FAILED_PRECONDITION", f"There is no pending maintenance for {rec.full_name}"
+            )
+        if not rec.upcoming.can_reschedule:
+            raise ApiError(
+                "FAILED_PRECONDITION", f"The maintenance of {rec.full_name} cannot be rescheduled"
+            )
+
+    def perform_maintenance(self, project: str, zone: str, name: str) -> OperationRec:
+        """v2alpha1 nodes.performMaintenance: start the node's pending maintenance now."""
+        with self._lock:
+            rec = self._require(project, zone, name)
+            self._check_manual_maintenance(rec)
+            assert rec.upcoming is not None
+            rec.upcoming.status = "ONGOING"
+            op = self._new_op(project, zone, "performMaintenance", rec.full_name, "v2alpha1")
+        self._start_op_maintenance(op, name, None)
+        return self.get_operation(op.name)
+
+    def perform_maintenance_queued_resource(
+        self, project: str, zone: str, name: str, node_names: list[str]
+    ) -> OperationRec:
+        """v2alpha1 queuedResources.performMaintenanceQueuedResource: start the pending
+        maintenance of the named nodes of the queued resource (full node names)."""
+        with self._lock:
+            qr = self._require_queued(project, zone, name)
+            if not node_names:
+                raise ApiError("INVALID_ARGUMENT", "node_names must name at least one node")
+            recs = []
+            for full in node_names:
+                short = full.rsplit("/", 1)[-1]
+                rec = self._nodes.get(f"{project}/{zone}/{short}")
+                if rec is None or rec.queued_resource != qr.full_name:
+                    raise ApiError(
+                        "INVALID_ARGUMENT", f"node {full!r} is not a node of {qr.full_name}"
+                    )
+                self._check_manual_maintenance(rec)
+                recs.append(rec)
+            for rec in recs:
+                assert rec.upcoming is not None
+                rec.upcoming.status = "ONGOING"
+            op = self._new_op(
+                project, zone, "performMaintenanceQueuedResource", qr.full_name, "v2alpha1",
+                response_kind="queued_resource",
+            )
+            names, qr_key = [rec.name for rec in recs], f"{project}/{zone}/{name}"
+        heal = self.delays["simulated_maintenance_heal"]
+        for n in names:
+            self.maintenance(n, heal_after=heal, project=project, zone=zone)
+
+        def done() -> None:  # the operation's answer is the queued resource, once its nodes are back
+            with self._lock:
+                self._end_op(op.name, response=self._queued.get(qr_key))
+
+        self.after(heal, done)
+        return self.get_operation(op.name)
