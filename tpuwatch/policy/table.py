@@ -104,7 +104,7 @@ EARLY_CHECK_MIN = 1.0
 
 
 
-def hang_limit(cfg: PolicyConfig, mem: Memory, from_start: bool = False) -> float:
+def effective_hang_limit(cfg: PolicyConfig, mem: Memory, from_start: bool = False) -> float:
     """How long without a checkpoint makes an attempt hung (from its start when `from_start`,
     else from its newest checkpoint); 0 = not judged (off, or "auto" before it has seen the
     job's checkpoint interval). With "auto" the logs must also have been silent that long."""
@@ -566,7 +566,7 @@ class _Tick:
         if len(alive) == len(probes):
             mem, quiet, from_start = self.quiet(mem, start)
             mem, silent = self.silence(mem, start)
-            limit = self.hang_limit(mem, from_start)
+            limit = effective_hang_limit(cfg, mem, from_start)
             # "auto" also wants the logs silent: a long evaluation that prints is not a hang.
             if limit > 0 and quiet >= limit and (not cfg.hang_auto or silent >= limit):
                 return self.hung(mem, quiet, silent if cfg.hang_auto else None)
@@ -669,8 +669,6 @@ class _Tick:
         assert mem.log_at is not None
         return mem, max(0.0, _secs(now - mem.log_at))
 
-    def hang_limit(self, mem: Memory, from_start: bool) -> float:
-        return hang_limit(self.cfg, mem, from_start)
 
     def hung(self, mem: Memory, quiet: float, silent: float | None) -> Decision:
         """Every worker runs, yet no checkpoint for hang_timeout: stop it, charged (row `hung`)."""

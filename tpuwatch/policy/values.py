@@ -73,7 +73,7 @@ class PolicyConfig:
     # No new checkpoint for this long while every worker runs: the job is hung (0 = never).
     hang_timeout: float = 0.0
     # hang_timeout = "auto": learned from the job's checkpoint interval, and only while the
-    # workers' logs are silent too (see _Tick.hang_limit). hang_timeout is then 0.
+    # workers' logs are silent too (see effective_hang_limit). hang_timeout is then 0.
     hang_auto: bool = False
     # A worker refusing the login this soon after the node booted (created, healed, a new node
     # id): the keys have not reached the VM yet, so it counts as unreachable; later, a person
