@@ -63,7 +63,8 @@ class PolicyConfig:
     poll_interval: float = 30.0
     primary_worker: int = 0  # whose exit 0 means the job is done
     # One worker unreachable while the others run ends the attempt only after this long, so a
-    # single dropped ssh connection does not cost a restart. 0 = end at once.
+    # single dropped ssh connection does not cost a restart. Not a setting of its own: one
+    # recovery.poll_interval (at least 0.05 s), so the worker gets the next tick to answer.
     unreachable_grace: float = 30.0
     # Disruption evidence excuses an end only when it is this recent (see classify.in_window).
     evidence_window: float = 1800.0
