@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from policy_support import CFG, NAME, ZONES, at, ckpt, event, node, ongoing, symptom
 
-from tpuwatch.model import OperationStatus, WorkerProbe
+from tpuwatch.model import OperationStatus, WorkerProbe, WorkerState
 from tpuwatch.policy import (
     CreateNode,
     Decision,
@@ -167,11 +167,11 @@ def _all_steps(data: st.DataObject | Replay) -> list[tuple[PolicyConfig, Step]]:
     return [(cfg, s) for s in steps]
 
 
-def _probes(*probes: tuple[str, int | None]) -> tuple[WorkerProbe, ...]:
+def _probes(*probes: tuple[WorkerState, int | None]) -> tuple[WorkerProbe, ...]:
     return tuple(WorkerProbe(w, state, attempt=n) for w, (state, n) in enumerate(probes))
 
 
-def _launched_then(*probes: tuple[str, int | None]) -> Replay:
+def _launched_then(*probes: tuple[WorkerState, int | None]) -> Replay:
     """Attempt 1 launched from step 100 on three workers; the next tick shows `probes`."""
     fresh = Observation(node=node(), probes=_probes(("absent", None), ("absent", None), ("absent", None)),
                         checkpoint=ckpt(100))
