@@ -717,6 +717,32 @@ def test_row_launch_partial() -> None:
     assert tick(obs(probes=crashed, checkpoint=ckpt(100)), m, now=30).row != "launch_partial"
 
 
+
+def test_launch_partial_waits_for_every_worker_and_never_starts_beside_an_older_attempt() -> None:
+    """The rest of a cut-short launch is sent only when every worker answers and none of those
+    missing it still runs an older attempt; otherwise it waits (unreachable, up to
+    unreachable_grace) or ends uncharged, so the job never sticks."""
+    m = run_mem(attempt=2, start=10, attempt_seen=False)
+    lost = (probe(0, "running", attempt=2), probe(1, "absent", attempt=1), probe(2, "unreachable", attempt=None))
+    d = tick(obs(probes=lost, checkpoint=ckpt(100)), m, now=30)
+    assert d.row == "unreachable_grace" and not any(isinstance(a, Launch) for a in d.actions), d.summary
+    assert d.ended == () and d.memory.unreachable_since == at(30) and not d.memory.attempt_seen
+    # back in time: the rest is launched
+    back = (probe(0, "running", attempt=2), probe(1, "absent", attempt=1), probe(2, "absent", attempt=1))
+    resumed = tick(obs(probes=back, checkpoint=ckpt(100)), d.memory, now=40)
+    assert resumed.row == "launch_partial" and resumed.memory.unreachable_since is None
+    # unreachable past unreachable_grace: ended uncharged, never launched
+    gone = tick(obs(probes=lost, checkpoint=ckpt(100)), d.memory, now=30 + CFG.unreachable_grace)
+    assert gone.ended and not gone.ended[0].charged and gone.memory.restarts == 0, gone.ended
+    assert not any(isinstance(a, Launch) for a in gone.actions)
+    # a worker that lacks attempt 2 still runs attempt 1: ended uncharged, its end stops every worker
+    older = (probe(0, "running", attempt=2), probe(1, "running", attempt=1))
+    e = tick(obs(probes=older, checkpoint=ckpt(100)), m, now=30)
+    assert e.ended and not e.ended[0].charged and e.memory.restarts == 0, e.ended
+    assert "still run an older attempt" in e.ended[0].reason
+    assert any(isinstance(a, StopWorkers) for a in e.actions)
+    assert not any(isinstance(a, Launch) for a in e.actions)
+
 def test_row_terminal() -> None:
     done = idle(phase=Phase.DONE, reason="attempt 3: worker 0 exited 0")
     d = tick(obs(node("PREEMPTED")), done, now=5)

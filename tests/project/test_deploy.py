@@ -515,9 +515,9 @@ def test_liveness_never_restarts_a_watcher_in_the_longest_honest_tick_of_the_exa
     cleanup = workers.timeout + 2 * workers.stop_grace + 10  # a stop, or a launch that cleans up first
     # Between two ticks' ends: the poll's wait, then the probe of every worker, the launch-time
     # checks, the cleanup of what they found, the checks again, and the launch, its unanswered
-    # workers tried launch_tries times with doubling waits between.
+    # workers tried ssh_tries times with doubling waits between.
     longest = (float(cfg.recovery["poll_interval"]) + workers.timeout + check + cleanup + check
-               + workers.launch_tries * cleanup + sum(workers.retry_wait * 2 ** n for n in range(workers.launch_tries - 1)))
+               + workers.ssh_tries * cleanup + sum(workers.retry_wait * 2 ** n for n in range(workers.ssh_tries - 1)))
     live = probes(dep)["livenessProbe"]
     restart_after = limit + (live["failureThreshold"] - 1) * live["periodSeconds"]
     assert restart_after >= longest, (limit, longest, live)

@@ -267,7 +267,7 @@ def test_an_unreachable_worker_is_a_result_not_a_crash(cluster: Cluster) -> None
     assert "Connection refused" in probes[0].detail and "worker 0 of pod" in probes[0].detail
     results = cluster.workers.launch(cluster.node, 1, None)
     assert [r.outcome for r in results] == ["unreachable", "unreachable"]
-    assert len(cluster.waits) == cluster.workers.launch_tries - 1
+    assert len(cluster.waits) == cluster.workers.ssh_tries - 1
     stops = cluster.workers.stop(cluster.node)
     assert all(s.unreachable for s in stops)
 

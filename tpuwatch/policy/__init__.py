@@ -58,7 +58,7 @@ from tpuwatch.policy.state import (
     Memory,
     Phase,
 )
-from tpuwatch.policy.table import decide, hang_limit, operation_started
+from tpuwatch.policy.table import decide, effective_hang_limit, operation_started
 from tpuwatch.policy.values import (
     Action,
     ClearQueued,
@@ -85,6 +85,6 @@ __all__ = [
     "Decision", "DeleteNode", "Evidence", "Fail", "FollowOperation", "IllegalTransition",
     "ImpossibleObservation", "Launch", "MarkDone", "Memory", "NeedsPerson", "Observation", "Outcome",
     "Phase", "PolicyConfig", "Row", "StartMaintenance", "StopWorkers", "Verdict", "Wait", "action_dict", "backoff_delay",
-    "UnsettledTick", "classify", "decide", "decide_until_settled", "describe_exit", "hang_limit", "next_level", "node_condition", "operation_started",
+    "UnsettledTick", "classify", "decide", "decide_until_settled", "describe_exit", "effective_hang_limit", "next_level", "node_condition", "operation_started",
     "restart_delay",
 ]

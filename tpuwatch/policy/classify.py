@@ -43,18 +43,17 @@ class Outcome(str, Enum):
 
 @dataclass(frozen=True)
 class Cost:
-    """What an outcome does to the job: charged to max_restarts, and whether it ends the job."""
+    """What an outcome costs the job: whether it is charged to max_restarts."""
 
     charged: bool
-    ends_job: bool
 
 
 OUTCOMES: dict[Outcome, Cost] = {
-    Outcome.SUCCESS: Cost(charged=False, ends_job=True),
-    Outcome.DISRUPTION: Cost(charged=False, ends_job=False),
-    Outcome.FAIL_FAST: Cost(charged=False, ends_job=True),
-    Outcome.FAILED_START: Cost(charged=True, ends_job=False),
-    Outcome.FAILURE: Cost(charged=True, ends_job=False),
+    Outcome.SUCCESS: Cost(charged=False),
+    Outcome.DISRUPTION: Cost(charged=False),
+    Outcome.FAIL_FAST: Cost(charged=False),
+    Outcome.FAILED_START: Cost(charged=True),
+    Outcome.FAILURE: Cost(charged=True),
 }
 
 

@@ -121,8 +121,11 @@ ROWS: tuple[Row, ...] = (
         "launch the same attempt number again (launch_tries), then charge a failed start"),
     Row("launch_partial", "the launched attempt runs on some workers and never reached the others (a launch "
         "cut short: the watcher killed between workers, a launch refused or lost on one)",
-        "launch the same attempt again from the checkpoint it started from (launch_tries); when the newest "
-        "checkpoint has moved on, or after launch_tries, end it uncharged"),
+        "when every worker answers and none of those missing it still runs an older attempt, launch the same "
+        "attempt again from the checkpoint it started from (launch_tries); while a worker is unreachable, wait "
+        "(row `unreachable_grace`, up to unreachable_grace); when one still runs an older attempt, the newest "
+        "checkpoint has moved on, a worker stayed unreachable past unreachable_grace, or after launch_tries, end "
+        "it uncharged (its end stops every worker)"),
     Row("terminal", "DONE or FAILED", "report the end again; stop workers still running", steady=True),
     Row("hung", "every worker runs the attempt, but no new checkpoint for recovery.hang_timeout "
         "(from the attempt's start or its newest checkpoint; 0s = off; \"auto\": 3x the checkpoint interval "

@@ -36,15 +36,15 @@ class Phase(str, Enum):
 P = Phase
 TERMINAL = frozenset({P.DONE, P.FAILED})
 # Phases a node row may send a live job to, whatever it was doing.
-_NODE_ROWS = {P.WAITING_NODE, P.PAUSED, P.HALTED, P.DELETING, P.CREATING, P.FAILED}
+_NODE_ROW_PHASES = {P.WAITING_NODE, P.PAUSED, P.HALTED, P.DELETING, P.CREATING, P.FAILED}
 # Every legal move. A move not listed is a policy bug and raises (see `move`).
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
-    P.IDLE: frozenset({P.IDLE, P.RUNNING} | _NODE_ROWS),
-    P.BACKOFF: frozenset({P.BACKOFF, P.IDLE, P.RUNNING} | _NODE_ROWS),
-    P.RUNNING: frozenset({P.RUNNING, P.IDLE, P.BACKOFF, P.DONE} | _NODE_ROWS),
-    P.WAITING_NODE: frozenset({P.IDLE} | _NODE_ROWS),
-    P.PAUSED: frozenset({P.IDLE} | _NODE_ROWS),
-    P.HALTED: frozenset({P.IDLE} | _NODE_ROWS),
+    P.IDLE: frozenset({P.IDLE, P.RUNNING} | _NODE_ROW_PHASES),
+    P.BACKOFF: frozenset({P.BACKOFF, P.IDLE, P.RUNNING} | _NODE_ROW_PHASES),
+    P.RUNNING: frozenset({P.RUNNING, P.IDLE, P.BACKOFF, P.DONE} | _NODE_ROW_PHASES),
+    P.WAITING_NODE: frozenset({P.IDLE} | _NODE_ROW_PHASES),
+    P.PAUSED: frozenset({P.IDLE} | _NODE_ROW_PHASES),
+    P.HALTED: frozenset({P.IDLE} | _NODE_ROW_PHASES),
     P.DELETING: frozenset({P.DELETING, P.CREATING, P.IDLE, P.FAILED}),
     P.CREATING: frozenset({P.CREATING, P.QUEUED, P.IDLE, P.FAILED}),
     P.QUEUED: frozenset({P.QUEUED, P.CREATING, P.IDLE, P.FAILED}),

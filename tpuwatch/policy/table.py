@@ -104,7 +104,7 @@ EARLY_CHECK_MIN = 1.0
 
 
 
-def hang_limit(cfg: PolicyConfig, mem: Memory, from_start: bool = False) -> float:
+def effective_hang_limit(cfg: PolicyConfig, mem: Memory, from_start: bool = False) -> float:
     """How long without a checkpoint makes an attempt hung (from its start when `from_start`,
     else from its newest checkpoint); 0 = not judged (off, or "auto" before it has seen the
     job's checkpoint interval). With "auto" the logs must also have been silent that long."""
@@ -538,7 +538,7 @@ class _Tick:
         # (the watcher killed between workers, a launch refused or lost on one), not an end.
         missing = [p for p in probes if p.state != "unreachable" and (p.attempt or 0) < n]
         if not mem.attempt_seen and missing and all(p.state == "running" for p in mine):
-            return self.launch_rest(mem, missing)
+            return self.launch_rest(mem, missing, [p for p in probes if p.state == "unreachable"])
         mem = replace(mem, attempt_seen=True, launch_tries=0)
         codes = _ends(probes, n)
         unreachable = [p for p in probes if p.state == "unreachable"]
@@ -566,7 +566,7 @@ class _Tick:
         if len(alive) == len(probes):
             mem, quiet, from_start = self.quiet(mem, start)
             mem, silent = self.silence(mem, start)
-            limit = self.hang_limit(mem, from_start)
+            limit = effective_hang_limit(cfg, mem, from_start)
             # "auto" also wants the logs silent: a long evaluation that prints is not a hang.
             if limit > 0 and quiet >= limit and (not cfg.hang_auto or silent >= limit):
                 return self.hung(mem, quiet, silent if cfg.hang_auto else None)
@@ -669,8 +669,6 @@ class _Tick:
         assert mem.log_at is not None
         return mem, max(0.0, _secs(now - mem.log_at))
 
-    def hang_limit(self, mem: Memory, from_start: bool) -> float:
-        return hang_limit(self.cfg, mem, from_start)
 
     def hung(self, mem: Memory, quiet: float, silent: float | None) -> Decision:
         """Every worker runs, yet no checkpoint for hang_timeout: stop it, charged (row `hung`)."""
@@ -769,21 +767,36 @@ class _Tick:
         why = f"launching attempt {n} from {_ckpt_text(ckpt, now)}"
         return self.out(mem, "launch", f"{why} on node {node.id}", Launch(n, ckpt, why))
 
-    def launch_rest(self, mem: Memory, missing: list[WorkerProbe]) -> Decision:
+    def launch_rest(self, mem: Memory, missing: list[WorkerProbe], unreachable: list[WorkerProbe]) -> Decision:
         """Attempt n runs on some workers and never reached the others (row `launch_partial`).
 
         Launch it again (the workers that run it answer "running"; the others start it) from the
-        checkpoint it started from, launch_tries times; never charged to the job. When the newest
-        checkpoint is no longer that one, the workers would resume from different steps: end it
-        uncharged instead, and the next attempt starts everywhere from the newest."""
-        n, ckpt, cfg = mem.attempt, self.obs.checkpoint, self.cfg
+        checkpoint it started from, launch_tries times; never charged to the job. Only when every
+        worker answers and none of the others still runs an older attempt: a launch there would
+        start n beside it. An unreachable worker is waited for up to unreachable_grace; an older
+        attempt still running, a newest checkpoint that is no longer the one n started from (the
+        workers would resume from different steps), or tries spent: end n uncharged instead (its
+        end stops every worker), and the next attempt starts everywhere from the newest."""
+        n, ckpt, cfg, now = mem.attempt, self.obs.checkpoint, self.cfg, self.now
         where = f"attempt {n} never reached workers {_workers(missing)} (a launch cut short)"
+        if unreachable:
+            since = mem.unreachable_since or now
+            if _secs(now - since) < cfg.unreachable_grace:
+                until = since + timedelta(seconds=cfg.unreachable_grace)
+                return self.out(replace(mem, unreachable_since=since), "unreachable_grace",
+                                f"{where}; cannot reach workers {_workers(unreachable)}: launching there only "
+                                f"when every worker answers, ending it at {until.isoformat()} if it stays so",
+                                Wait(until, "unreachable worker"))
+            where = f"{where}; workers {_workers(unreachable)} unreachable for {human(_secs(now - since))}"
+        older = [p for p in missing if p.state == "running"]
+        if older:
+            where = f"{where}; workers {_workers(older)} still run an older attempt"
         same = (ckpt.step if ckpt is not None else None) == mem.attempt_start_step
-        if same and mem.launch_tries < cfg.launch_tries:
-            mem = replace(mem, launch_tries=mem.launch_tries + 1)
+        if same and not unreachable and not older and mem.launch_tries < cfg.launch_tries:
+            mem = replace(mem, launch_tries=mem.launch_tries + 1, unreachable_since=None)
             why = f"{where}; launching it there (try {mem.launch_tries} of {cfg.launch_tries})"
             return self.out(mem, "launch_partial", why, Launch(n, ckpt, why))
-        sign = Evidence(self.now, where)
+        sign = Evidence(now, where)
         mem = replace(mem, attempt_seen=True, evidence=merge_evidence(mem.evidence, [sign]))
         return self.end_usable(mem, {p.worker: None for p in missing}, detail=where)
 

@@ -63,7 +63,8 @@ class PolicyConfig:
     poll_interval: float = 30.0
     primary_worker: int = 0  # whose exit 0 means the job is done
     # One worker unreachable while the others run ends the attempt only after this long, so a
-    # single dropped ssh connection does not cost a restart. 0 = end at once.
+    # single dropped ssh connection does not cost a restart. Not a setting of its own: one
+    # recovery.poll_interval (at least 0.05 s), so the worker gets the next tick to answer.
     unreachable_grace: float = 30.0
     # Disruption evidence excuses an end only when it is this recent (see classify.in_window).
     evidence_window: float = 1800.0
@@ -73,7 +74,7 @@ class PolicyConfig:
     # No new checkpoint for this long while every worker runs: the job is hung (0 = never).
     hang_timeout: float = 0.0
     # hang_timeout = "auto": learned from the job's checkpoint interval, and only while the
-    # workers' logs are silent too (see _Tick.hang_limit). hang_timeout is then 0.
+    # workers' logs are silent too (see effective_hang_limit). hang_timeout is then 0.
     hang_auto: bool = False
     # A worker refusing the login this soon after the node booted (created, healed, a new node
     # id): the keys have not reached the VM yet, so it counts as unreachable; later, a person

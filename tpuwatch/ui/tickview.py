@@ -10,7 +10,7 @@ from typing import Any
 
 from tpuwatch.durations import human
 from tpuwatch.model import NodeSnapshot
-from tpuwatch.policy import hang_limit
+from tpuwatch.policy import effective_hang_limit
 from tpuwatch.tick import TickReport
 from tpuwatch.workers import precheck
 
@@ -81,5 +81,5 @@ def tick_dict(report: TickReport) -> dict[str, Any]:
             "timeout": "auto" if pcfg.hang_auto else pcfg.hang_timeout,
             "checkpoint_interval_seen": mem.ckpt_gap or None,
             "first_checkpoint_seen": mem.ckpt_first or None,
-            "limit": hang_limit(pcfg, mem) or None},
+            "limit": effective_hang_limit(pcfg, mem) or None},
     }

@@ -71,7 +71,7 @@ class SshWorkers:
         workers: str | Sequence[int] = "all",
         stop_grace: float = 30.0,
         timeout: float = 60.0,
-        launch_tries: int = 4,
+        ssh_tries: int = 4,  # SSH sends of one launch to a worker that refused or lost it
         retry_wait: float = 1.0,
         sleep: Callable[[float], None] = time.sleep,
         notify_signal: str = "SIGTERM",
@@ -83,7 +83,7 @@ class SshWorkers:
         self.selection: str | tuple[int, ...] = workers if isinstance(workers, str) else tuple(workers)
         self.stop_grace = stop_grace
         self.timeout = timeout
-        self.launch_tries = max(1, launch_tries)
+        self.ssh_tries = max(1, ssh_tries)
         self.retry_wait = retry_wait
         self._sleep = sleep
         # A local job.checkpoint_dir is on the workers: the first selected worker's probe lists
@@ -251,7 +251,7 @@ class SshWorkers:
         timeout = self.timeout + 2 * self.stop_grace + 10 if clean else None
         done: dict[int, LaunchResult] = {}
         pending = list(workers)
-        for n in range(self.launch_tries):
+        for n in range(self.ssh_tries):
             if n:
                 self._sleep(self.retry_wait * (2 ** (n - 1)))
             results = self._run(node, pending, lambda w: scripts[w.index], timeout)
