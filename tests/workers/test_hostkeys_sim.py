@@ -14,7 +14,7 @@ from tpuwatch.cloud.tpu import TpuAdapter
 from tpuwatch.errors import JobFailed, UsageError
 from tpuwatch.sim import faults, scenario
 from tpuwatch.sim.simulator import Simulator
-from tpuwatch.sim.world import NodeSpec
+from tpuwatch.sim.records import NodeSpec
 from tpuwatch.workers import OpenSsh, SshWorkers, hostkeys
 
 
