@@ -418,7 +418,7 @@ def pod_driver(cfg: str) -> int:
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    from tpuwatch.workers import SshWorkers
+    from tpuwatch.workers.sshworkers import SshWorkers
 
     job = load_job(cfg)
     ports = real_ports(job)

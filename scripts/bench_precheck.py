@@ -68,8 +68,8 @@ def main() -> int:
         os.environ["TPUWATCH_STATE_DIR"] = str(Path(tmp) / "state")  # its own known_hosts, never the user's
         from tpuwatch.cloud.tpu import TpuAdapter
         from tpuwatch.config import load_config
-        from tpuwatch.workers import SshWorkers
         from tpuwatch.workers.precheck import Prechecker
+        from tpuwatch.workers.sshworkers import SshWorkers
 
         c = load_config(cfg)
         node = TpuAdapter(sim.project, sim.zone).get_node("bench")

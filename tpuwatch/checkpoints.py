@@ -717,7 +717,7 @@ class WorkerCheckpoints:
     """The `CheckpointStore` port for a local `checkpoint_dir`: the path is on the TPU VM.
 
     The job writes it on its worker, not on the watcher's machine, so the first selected
-    worker's probe lists it (workers.SshWorkers.on_listing feeds `feed`) and the layout rules
+    worker's probe lists it (workers.sshworkers.SshWorkers.on_listing feeds `feed`) and the layout rules
     above run on that listing. `latest` is what the newest probe of the node showed; a probe
     that could not read the directory keeps the last good answer for the same node.
     """

@@ -58,6 +58,9 @@ class NodeLifecycle(Protocol):
 
     queued_resource: str  # the queued resource's id; "" for a plain node
 
+    def get_node(self, name: str) -> NodeSnapshot | None:
+        """The node `name` in the lifecycle's zone, or None."""
+
     def status(self) -> QueuedStatus | None:
         """The queued resource's state; None for a plain node."""
 
@@ -89,7 +92,7 @@ class AuditLog(Protocol):
 
 
 class Workers(Protocol):
-    """The job on the workers over SSH (tpuwatch.workers.SshWorkers)."""
+    """The job on the workers over SSH (tpuwatch.workers.sshworkers.SshWorkers)."""
 
     def probe(self, node: NodeSnapshot) -> Sequence[WorkerProbe]: ...
 

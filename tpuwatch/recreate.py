@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol
 
 from tpuwatch import spec as specmod
 from tpuwatch import zonespec
-from tpuwatch.cloud.errors import CODE_NAMES, CODE_NUMBERS
+from tpuwatch.cloud.errors import CODE_NAMES, CODE_NUMBERS, api_failure
 from tpuwatch.cloud.lifecycle import queued_id, queued_request
 from tpuwatch.config import Config
 from tpuwatch.errors import ConfigError, JobFailed, TpuwatchError
@@ -199,7 +199,7 @@ def start_create(life: NodeLifecycle, cfg: Config, zone: str, *, resumed: bool =
 def _ours(life: NodeLifecycle, cfg: Config) -> bool:
     """The node named like the job's TPU exists and carries tpuwatch-job=<this job>."""
     try:
-        existing = life.tpu.get_node(cfg.tpu_name)  # type: ignore[attr-defined]
+        existing = life.get_node(cfg.tpu_name)
     except TpuwatchError:
         return False  # cannot tell: the refusal stands
     return existing is not None and existing.owned_by(cfg.job_name)
@@ -291,17 +291,7 @@ def failure_reason(op: OperationStatus | None) -> str:
 
 def classify_exception(exc: BaseException, *, started_by_us: bool) -> CreateFailure:
     """Classify an error raised by create_node (tpuwatch ApiError or a google.api_core error)."""
-    code: int | str = getattr(exc, "code", "") or ""
-    grpc_code = getattr(exc, "grpc_status_code", None)
-    if grpc_code is not None:
-        code = str(grpc_code.name)
-    message = getattr(exc, "message", None) or str(exc)
-    # The adapter wraps Google errors (raise ... from None keeps the original as __context__):
-    # classify and report the API's own words, not the wrapper's.
-    original = exc.__context__
-    if original is not None and getattr(original, "grpc_status_code", None) is not None:
-        message = getattr(original, "message", None) or message
-        code = code or str(original.grpc_status_code.name)  # type: ignore[attr-defined]
+    code, message = api_failure(exc)
     if not code:
         return CreateFailure("fatal", "other", type(exc).__name__, message)
     return classify_create_error(code, message, started_by_us=started_by_us)

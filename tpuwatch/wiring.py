@@ -56,8 +56,8 @@ def real_ports(job: Job, sharing: Sharing | None = None) -> JobPorts:
     from tpuwatch.cloud.tpu import TpuAdapter
     from tpuwatch.cloud.zonenodes import JobNodes
     from tpuwatch.ports import TpuApi
-    from tpuwatch.workers import SshWorkers
     from tpuwatch.workers.ssh import port_open
+    from tpuwatch.workers.sshworkers import SshWorkers
 
     cfg, loc = job.cfg, job.location
     adapters: dict[str, TpuAdapter] = {}
@@ -80,19 +80,20 @@ def real_ports(job: Job, sharing: Sharing | None = None) -> JobPorts:
     def lifecycle_for(zone: str) -> Lifecycle:
         return Lifecycle(adapter_for(zone), str(cfg.tpu["queued_resource"]), tuple(cfg.tpu["names"]))
 
-    # the workers' host keys as their guest attributes publish them: the known hosts
-    workers = SshWorkers.from_config(cfg, host_keys=lambda node: adapter_for(node.zone).host_keys(node.name))
-    workers.transport.check()  # an unreadable key is exit 2 before any cloud call
-
     ckpt_dir = cfg.job["checkpoint_dir"]
     checkpoints: CheckpointStore | None = None
+    on_vm: WorkerCheckpoints | None = None
     if ckpt_dir and not ckpt_dir.startswith("gs://"):
         # A local path is on the TPU VM: read it there, in the first worker's probe.
-        on_vm = WorkerCheckpoints(ckpt_dir, cfg.job["checkpoint_layout"])
-        workers.checkpoint_dir, workers.on_listing = on_vm.root, on_vm.feed
-        checkpoints = on_vm
+        checkpoints = on_vm = WorkerCheckpoints(ckpt_dir, cfg.job["checkpoint_layout"])
     elif ckpt_dir:
         checkpoints = CheckpointDir(ckpt_dir, cfg.job["checkpoint_layout"])
+
+    # the workers' host keys as their guest attributes publish them: the known hosts
+    workers = SshWorkers.from_config(cfg, host_keys=lambda node: adapter_for(node.zone).host_keys(node.name),
+                                     checkpoint_dir=on_vm.root if on_vm is not None else "",
+                                     on_listing=on_vm.feed if on_vm is not None else None)
+    workers.transport.check()  # an unreadable key is exit 2 before any cloud call
     from tpuwatch.workers.precheck import Prechecker
 
     return JobPorts(

@@ -19,7 +19,7 @@ from chaos.harness import Watched
 from tpuwatch.cloud.tpu import TpuAdapter
 from tpuwatch.config import load_config
 from tpuwatch.sim.simulator import Simulator
-from tpuwatch.workers import SshWorkers
+from tpuwatch.workers.sshworkers import SshWorkers
 
 pytestmark = pytest.mark.slow
 

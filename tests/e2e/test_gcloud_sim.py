@@ -24,7 +24,10 @@ from tpuwatch.recreate import ownership_error
 from tpuwatch.sim import gcloudcfg
 from tpuwatch.sim.rest import RestFace
 from tpuwatch.sim.simulator import Simulator
-from tpuwatch.workers import GcloudSsh, OpenSsh, SshWorkers, protocol
+from tpuwatch.workers import protocol
+from tpuwatch.workers.gcloud import GcloudSsh
+from tpuwatch.workers.ssh import OpenSsh
+from tpuwatch.workers.sshworkers import SshWorkers
 
 GCLOUD = shutil.which("gcloud") or "/usr/bin/gcloud"
 pytestmark = [

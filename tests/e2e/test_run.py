@@ -19,7 +19,8 @@ from tpuwatch.errors import JobFailed
 from tpuwatch.model import NodeSnapshot, WorkerProbe
 from tpuwatch.sim import trainer
 from tpuwatch.sim.simulator import Simulator
-from tpuwatch.workers import FollowEnd, SshWorkers
+from tpuwatch.workers.protocol import FollowEnd
+from tpuwatch.workers.sshworkers import SshWorkers
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/ssh"), reason="needs the OpenSSH client")
 

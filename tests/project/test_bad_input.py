@@ -126,7 +126,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
     import tpuwatch.sim.grpc_api  # noqa: F401
     import tpuwatch.tick  # noqa: F401
     import tpuwatch.wiring  # noqa: F401
-    import tpuwatch.workers  # noqa: F401
+    import tpuwatch.workers.sshworkers  # noqa: F401
     key = tmp / "id"
     key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nnot a key\n-----END OPENSSH PRIVATE KEY-----\n")
     key.chmod(0o600)

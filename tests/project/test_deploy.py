@@ -50,9 +50,9 @@ from tpuwatch.config import load_config
 from tpuwatch.metrics import Exporter
 from tpuwatch.sim.simulator import Simulator
 from tpuwatch.wiring import load_job
-from tpuwatch.workers import SshWorkers
 from tpuwatch.workers.precheck import BASE_TIMEOUT
 from tpuwatch.workers.ssh import check_identity_file
+from tpuwatch.workers.sshworkers import SshWorkers
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "kubernetes"

@@ -21,7 +21,9 @@ from tpuwatch.ports import Flags
 from tpuwatch.sim.simulator import Simulator
 from tpuwatch.tick import Reconciler
 from tpuwatch.wiring import load_job, real_ports
-from tpuwatch.workers import OpenSsh, SshWorkers, hostkeys
+from tpuwatch.workers import hostkeys
+from tpuwatch.workers.ssh import OpenSsh
+from tpuwatch.workers.sshworkers import SshWorkers
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/ssh"), reason="needs the OpenSSH client")
 
@@ -49,8 +51,7 @@ def test_a_256_worker_node_is_probed_through_real_ssh_with_each_workers_pinned_k
     assert len({w.address(True) for w in node.workers}) == 256  # one loopback address per worker
     transport = OpenSsh(known_hosts=tmp_path / "known_hosts", user=sim.ssh_user or "",
                         identity_file=str(sim.ssh_key), port=sim.ssh_port or 22, internal_ip=True,
-                        control_dir=tmp_path / "ssh")
-    transport.pins = hostkeys.PinnedHostKeys(transport.known_hosts, lambda n: tpu.host_keys(n.name))
+                        control_dir=tmp_path / "ssh", host_keys=lambda n: tpu.host_keys(n.name))
     workers = SshWorkers(transport, job="scale", command="true")
     try:
         probes = workers.probe(node)

@@ -21,9 +21,10 @@ from tpuwatch.model import (
     WorkerEndpoint,
     combine_slices,
 )
-from tpuwatch.workers import hostkeys, megascale_env, protocol
+from tpuwatch.workers import hostkeys, protocol
 from tpuwatch.workers.gcloud import GcloudSsh
 from tpuwatch.workers.ssh import OpenSsh
+from tpuwatch.workers.sshworkers import megascale_env
 
 T0 = datetime(2026, 5, 1, tzinfo=timezone.utc)
 
@@ -164,7 +165,7 @@ def test_a_multislice_request_is_asked_for_as_a_whole_in_either_api_version() ->
 
 
 def test_the_port_probe_of_a_multislice_job_watches_a_slice_that_is_down(tmp_path: Path) -> None:
-    from tpuwatch.workers import SshWorkers
+    from tpuwatch.workers.sshworkers import SshWorkers
 
     workers = SshWorkers(OpenSsh(known_hosts=tmp_path / "kh", user="u", port=2222, internal_ip=True), job="ms",
                          command="x")

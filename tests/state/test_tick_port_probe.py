@@ -20,8 +20,8 @@ from tpuwatch.policy import Decision, Memory, Phase, Wait
 from tpuwatch.ports import JobPorts, NodeLifecycle, TpuApi
 from tpuwatch.tick import TickReport
 from tpuwatch.wiring import load_job
-from tpuwatch.workers import SshWorkers
 from tpuwatch.workers.ssh import port_open
+from tpuwatch.workers.sshworkers import SshWorkers
 
 NOW = datetime(2025, 1, 1, tzinfo=timezone.utc)
 POLL = 30.0

@@ -15,14 +15,15 @@ from tpuwatch.errors import JobFailed, UsageError
 from tpuwatch.sim import faults, scenario
 from tpuwatch.sim.simulator import Simulator
 from tpuwatch.sim.records import NodeSpec
-from tpuwatch.workers import OpenSsh, SshWorkers, hostkeys
+from tpuwatch.workers import hostkeys
+from tpuwatch.workers.ssh import OpenSsh
+from tpuwatch.workers.sshworkers import SshWorkers
 
 
 def _workers(sim: Simulator, tmp_path: Path, tpu: TpuAdapter) -> SshWorkers:
     transport = OpenSsh(known_hosts=tmp_path / "known_hosts", user=sim.ssh_user or "",
                         identity_file=str(sim.ssh_key), port=sim.ssh_port or 22, internal_ip=True,
-                        connect_timeout=5)
-    transport.pins = hostkeys.PinnedHostKeys(transport.known_hosts, lambda n: tpu.host_keys(n.name))
+                        connect_timeout=5, host_keys=lambda n: tpu.host_keys(n.name))
     return SshWorkers(transport, job="j", command="true")
 
 

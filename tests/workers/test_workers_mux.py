@@ -24,9 +24,10 @@ from tpuwatch.config import load_config
 from tpuwatch.errors import ConfigError
 from tpuwatch.model import Login, NodeSnapshot, WorkerEndpoint, WorkerProbe
 from tpuwatch.sim.hosts import Hosts
-from tpuwatch.workers import OpenSsh, SshWorkers
 from tpuwatch.workers import mux as muxmod
 from tpuwatch.workers.gcloud import GcloudSsh
+from tpuwatch.workers.ssh import OpenSsh
+from tpuwatch.workers.sshworkers import SshWorkers
 
 SSH = "/usr/bin/ssh"
 pytestmark = pytest.mark.skipif(not os.path.exists(SSH), reason="needs the OpenSSH client")
@@ -268,7 +269,8 @@ _WATCHER = """
 import sys
 from pathlib import Path
 from tpuwatch.model import Login, NodeSnapshot, WorkerEndpoint
-from tpuwatch.workers import OpenSsh, SshWorkers
+from tpuwatch.workers.ssh import OpenSsh
+from tpuwatch.workers.sshworkers import SshWorkers
 kh, user, key, port, ip = sys.argv[1:6]
 node = NodeSnapshot(name="pod", project="proj", zone="us-central2-b", id=sys.argv[6], create_time=None,
                     state="READY", health="HEALTHY", health_description="", maintenance_time=None,

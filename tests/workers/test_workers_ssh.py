@@ -17,9 +17,10 @@ import pytest
 from tpuwatch.errors import ConfigError, JobFailed
 from tpuwatch.model import NodeSnapshot, WorkerEndpoint
 from tpuwatch.sim.hosts import Hosts
-from tpuwatch.workers import GcloudSsh, OpenSsh, SshWorkers, protocol
-from tpuwatch.workers.gcloud import LEARN_COMMAND, Login, gcloud_failure, parse_login
-from tpuwatch.workers.ssh import classify, run_one
+from tpuwatch.workers import protocol
+from tpuwatch.workers.gcloud import LEARN_COMMAND, GcloudSsh, Login, gcloud_failure, parse_login
+from tpuwatch.workers.ssh import OpenSsh, classify, run_one
+from tpuwatch.workers.sshworkers import SshWorkers
 
 SSH = "/usr/bin/ssh"
 needs_ssh = pytest.mark.skipif(not os.path.exists(SSH), reason="needs the OpenSSH client")

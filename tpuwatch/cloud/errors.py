@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from google.api_core import exceptions as gexc
 
-from tpuwatch.errors import CloudError
+from tpuwatch.errors import CloudError, MaintenanceRefused, TpuwatchError
 
 # Codes worth another try: the request may not have been served.
 _TRANSIENT = (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.InternalServerError)
@@ -90,6 +90,30 @@ def code_name(exc: BaseException) -> str:
         409: "ALREADY_EXISTS", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE",
         504: "DEADLINE_EXCEEDED",
     }.get(http if isinstance(http, int) else -1, type(exc).__name__)
+
+
+def api_failure(exc: BaseException) -> tuple[int | str, str]:
+    """(code, the API's own words) of an error a cloud call raised; code "" when it has none.
+
+    The code is the gRPC code name, else what the error carries (an HTTP status, a tpuwatch
+    error's code). The adapter wraps Google errors (raise ... from None keeps the original as
+    __context__): the API's own words and code are read through the wrapper.
+    """
+    code: int | str = ""
+    message = ""
+    if isinstance(exc, gexc.GoogleAPICallError):
+        code = exc.grpc_status_code.name if exc.grpc_status_code is not None else (exc.code or "")
+        message = exc.message
+    elif isinstance(exc, (ApiError, MaintenanceRefused)):
+        code, message = exc.code, exc.message
+    elif isinstance(exc, TpuwatchError):
+        message = exc.message
+    message = message or str(exc)
+    original = exc.__context__
+    if isinstance(original, gexc.GoogleAPICallError) and original.grpc_status_code is not None:
+        message = original.message or message
+        code = code or original.grpc_status_code.name
+    return code, message
 
 
 def _error_infos(exc: gexc.GoogleAPICallError) -> Iterable[tuple[str, dict[str, str]]]:

@@ -87,21 +87,20 @@ def queued_id(value: str) -> str:
 class Lifecycle:
     """Delete / create / state of one job's node in one zone (`ports.NodeLifecycle`)."""
 
-    def __init__(self, tpu: TpuApi, queued_resource: str = "", slices: tuple[str, ...] = ()) -> None:
+    def __init__(self, tpu: QueuedApi, queued_resource: str = "", slices: tuple[str, ...] = ()) -> None:
         self.tpu = tpu
         self.queued_resource = queued_id(queued_resource)
         self.slices = slices  # a multislice job's nodes <prefix>-0..N-1 (config.multislice_prefix)
 
-    @property
-    def _qr_api(self) -> QueuedApi:
-        api: Any = self.tpu  # the real adapter (and the simulator behind it) serves queued resources
-        return api  # type: ignore[no-any-return]
+    def get_node(self, name: str) -> NodeSnapshot | None:
+        """The node `name` in this zone, or None."""
+        return self.tpu.get_node(name)
 
     def status(self) -> QueuedStatus | None:
         """The queued resource's state (state "" when it does not exist); None for a plain node."""
         if not self.queued_resource:
             return None
-        return self._qr_api.queued_status(self.queued_resource)
+        return self.tpu.queued_status(self.queued_resource)
 
     def delete(self, node: NodeSnapshot | None) -> tuple[str, str]:
         """Start deleting the node (through its queued resource, force); (operation, what was deleted).
@@ -110,11 +109,11 @@ class Lifecycle:
         nothing left to delete.
         """
         qr = self.queued_resource
-        status = self._qr_api.queued_status(qr) if qr else None
+        status = self.tpu.queued_status(qr) if qr else None
         if status is not None and status.state:
             refuse_multislice(status, len(self.slices))
             try:
-                op = self._qr_api.delete_queued_resource(qr, force=True)
+                op = self.tpu.delete_queued_resource(qr, force=True)
                 what = (f"its {len(self.slices)} slices {', '.join(self.slices)}" if self.slices else
                         f"its node {node.name}" if node is not None else "no node left")
                 return op, f"queued resource {qr} and {what} (force)"
@@ -128,7 +127,7 @@ class Lifecycle:
         """Start the node's announced maintenance now; (operation, what was asked). Through its
         queued resource (performMaintenanceQueuedResource naming the node) when it has one.
         MaintenanceRefused when the service refuses (MAINTENANCE_REFUSALS)."""
-        api = self._qr_api
+        api = self.tpu
         name = due_slice(node)
         try:
             if self.queued_resource:
@@ -145,12 +144,12 @@ class Lifecycle:
         qr = self.queued_resource
         if not qr:
             return ""
-        status = self._qr_api.queued_status(qr)
+        status = self.tpu.queued_status(qr)
         if status.state not in QR_ENDED:
             return ""
         refuse_multislice(status, len(self.slices))
         try:
-            op = self._qr_api.delete_queued_resource(qr, force=True)
+            op = self.tpu.delete_queued_resource(qr, force=True)
         except NotFoundError:
             return ""
         return f"started deleting queued resource {qr} ({status.state}) so it can be created again: {op}"
@@ -165,7 +164,7 @@ class Lifecycle:
         qr = self.queued_resource
         if not qr:
             return self.tpu.create_node(name, node, zone)
-        api = self._qr_api
+        api = self.tpu
         status = api.queued_status(qr, zone)
         refuse_multislice(status, len(self.slices))
         if status.state in QR_ENDED:

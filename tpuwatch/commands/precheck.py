@@ -53,8 +53,8 @@ def command(name: str | None, config_path: Path, project: str | None, zone: str 
     from tpuwatch.cloud.location import resolve
     from tpuwatch.cloud.tpu import TpuAdapter
     from tpuwatch.config import load_config
-    from tpuwatch.workers import SshWorkers
     from tpuwatch.workers.precheck import Prechecker, report_dict
+    from tpuwatch.workers.sshworkers import SshWorkers
 
     overrides = {"tpu.name": name} if name is not None else None  # "" is refused, not ignored
     cfg = load_config(config_path, overrides, require_command=False)

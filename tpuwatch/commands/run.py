@@ -31,7 +31,9 @@ import click
 from tpuwatch.durations import human
 from tpuwatch.errors import JobFailed, NotFoundError
 from tpuwatch.model import Checkpoint, NodeSnapshot, WorkerProbe, job_node
-from tpuwatch.workers import FollowEnd, SshWorkers, Stream
+from tpuwatch.workers.protocol import FollowEnd
+from tpuwatch.workers.ssh import Stream
+from tpuwatch.workers.sshworkers import SshWorkers
 
 HELP = """Launch the job once on every worker from the latest complete checkpoint, and
 follow it to its end (no recovery: that is `tpuwatch watch`).

@@ -28,7 +28,7 @@ from typing import Any
 from tpuwatch.errors import CloudError
 from tpuwatch.model import LOGIN_USER, Login, NodeSnapshot, WorkerEndpoint
 from tpuwatch.workers import proc as procgroup
-from tpuwatch.workers.hostkeys import PinnedHostKeys
+from tpuwatch.workers.hostkeys import HostKeySource, PinnedHostKeys
 from tpuwatch.workers.ssh import (
     STDERR_TAIL,
     Failure,
@@ -137,9 +137,11 @@ class GcloudSsh:
         return self.ssh.pins
 
     @classmethod
-    def from_config(cls, ssh: Mapping[str, Any], state_dir: Path, **kw: Any) -> GcloudSsh:
+    def from_config(cls, ssh: Mapping[str, Any], state_dir: Path,
+                    host_keys: HostKeySource | None = None, **kw: Any) -> GcloudSsh:
+        """`host_keys`: pinned by the OpenSSH side, which connects after gcloud prepares."""
         key = str(ssh.get("identity_file") or DEFAULT_KEY)
-        openssh = OpenSsh.from_config({**ssh, "identity_file": key}, state_dir)
+        openssh = OpenSsh.from_config({**ssh, "identity_file": key}, state_dir, host_keys=host_keys)
         return cls(
             openssh=openssh,
             user=str(ssh.get("user") or ""),
@@ -264,6 +266,10 @@ class GcloudSsh:
 
     def close(self) -> None:
         self.ssh.close()
+
+    def direct_target(self, worker: WorkerEndpoint) -> tuple[str, int] | None:
+        """None: gcloud (IAP, OS Login) may reach the worker by a path a TCP probe cannot see."""
+        return None
 
     def describe_failure(self, node: NodeSnapshot, worker: WorkerEndpoint, failure: Failure,
                          stderr: str) -> str:

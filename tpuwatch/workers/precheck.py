@@ -47,8 +47,8 @@ from tpuwatch.workers import protocol
 if TYPE_CHECKING:
     from tpuwatch.config import Config
     from tpuwatch.policy import Memory
-    from tpuwatch.workers import SshWorkers
     from tpuwatch.workers.ssh import SshResult
+    from tpuwatch.workers.sshworkers import SshWorkers
 
 Context = Literal["launch", "running"]
 MARK = "@tpuwatch-check "
@@ -457,13 +457,13 @@ class Prechecker:
 
     def _report(self, node: NodeSnapshot, results: Sequence[SshResult], context: Context,
                 now: datetime | None) -> PrecheckReport:
-        from tpuwatch.workers import _raise_if_fatal
+        from tpuwatch.workers.sshworkers import raise_if_fatal
 
         chips = chips_per_host(node.accelerator_type)
         items: list[CheckItem] = []
         unreachable: list[tuple[int, str]] = []
         for r in results:
-            _raise_if_fatal(r)
+            raise_if_fatal(r)
             if not r.reached:
                 unreachable.append((r.worker, r.message or r.failure))
                 continue

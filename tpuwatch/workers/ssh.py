@@ -91,6 +91,7 @@ class Transport(Protocol):
     """How to reach a worker: an argv for (node, worker, remote command)."""
 
     name: str
+    internal_ip: bool  # connect to the workers' internal addresses (ssh.internal_ip)
 
     def check(self) -> None:
         """Raise ConfigError for a local setup that cannot work (an unreadable key)."""
@@ -106,6 +107,10 @@ class Transport(Protocol):
 
     def prepare(self, node: NodeSnapshot) -> SshResult | None:
         """Get ready to connect to this node incarnation: None when ready, else why not."""
+
+    def direct_target(self, worker: WorkerEndpoint) -> tuple[str, int] | None:
+        """(host, port) that ssh connects to for this worker, when a TCP probe of it tells
+        whether ssh can; None when the path is one a probe cannot see."""
 
     def login(self, node: NodeSnapshot) -> Login | None:
         """The user this transport logs in as on the node, once known."""
@@ -180,6 +185,7 @@ class OpenSsh:
         binary: str = "ssh",
         multiplex: bool = True,
         control_dir: str | Path | None = None,
+        host_keys: hostkeys.HostKeySource | None = None,
     ) -> None:
         self.known_hosts = Path(os.path.expanduser(str(known_hosts)))
         self.user = user or getpass.getuser()  # ssh.user, else the local user, as gcloud does
@@ -194,7 +200,8 @@ class OpenSsh:
         # One master connection per worker; its socket beside the known_hosts file by default
         self.mux = mux.Masters(Path(control_dir) if control_dir else self.known_hosts.parent / "ssh",
                                binary) if multiplex else None
-        self.pins: hostkeys.PinnedHostKeys | None = None  # host keys from the API (SshWorkers sets it)
+        # the host keys the API publishes, pinned; without them, trust on first use
+        self.pins = hostkeys.PinnedHostKeys(self.known_hosts, host_keys) if host_keys is not None else None
 
     def login(self, node: NodeSnapshot) -> Login | None:
         """The user ssh is told to log in as: nothing is learned."""
@@ -206,6 +213,11 @@ class OpenSsh:
     def prepare(self, node: NodeSnapshot) -> SshResult | None:
         """Nothing to prepare: ssh connects as it is."""
         return None
+
+    def direct_target(self, worker: WorkerEndpoint) -> tuple[str, int] | None:
+        """The worker's address and ssh.port, as ssh connects to them."""
+        host = worker.address(self.internal_ip)
+        return (host, self.port) if host else None
 
     @classmethod
     def from_config(cls, ssh: Mapping[str, Any], state_dir: Path, **kw: Any) -> OpenSsh:
@@ -347,7 +359,7 @@ def run_one(
     timeout: float,
 ) -> SshResult:
     argv = transport.argv(node, worker, remote_command)
-    address = worker.address(getattr(transport, "internal_ip", False))
+    address = worker.address(transport.internal_ip)
     try:
         # A group of its own, ended whole on timeout (proc.py)
         done = procgroup.run(argv, stdin, timeout)
@@ -382,7 +394,7 @@ def run_on_workers(
         return []
     failed = prepare(transport, node)
     if failed is not None:  # the transport could not get ready (gcloud failed): no worker tried
-        return [replace(failed, worker=w.index, address=w.address(getattr(transport, "internal_ip", False)))
+        return [replace(failed, worker=w.index, address=w.address(transport.internal_ip))
                 for w in workers]
 
     def one(w: WorkerEndpoint) -> SshResult:
@@ -430,7 +442,7 @@ class Stream:
 
     def run(self, on_data: Callable[[bytes], None]) -> SshResult:
         """Run to the end (or until close()), calling on_data for every chunk of stdout."""
-        address = self._worker.address(getattr(self._transport, "internal_ip", False))
+        address = self._worker.address(self._transport.internal_ip)
         with self._lock:
             if self._closed:
                 return SshResult(self._worker.index, address, None, "", "", "timeout", "closed")
