@@ -13,8 +13,8 @@ import pytest
 from tpuwatch.cloud.tpu import TpuAdapter
 from tpuwatch.errors import JobFailed, UsageError
 from tpuwatch.sim import faults, scenario
-from tpuwatch.sim.simulator import Simulator
 from tpuwatch.sim.records import NodeSpec
+from tpuwatch.sim.simulator import Simulator
 from tpuwatch.workers import hostkeys
 from tpuwatch.workers.ssh import OpenSsh
 from tpuwatch.workers.sshworkers import SshWorkers
