@@ -107,11 +107,10 @@ class Workers(Protocol):
         the transport reaches the workers by a path a TCP probe cannot follow (gcloud, IAP)."""
 
     def follow_ends(self, node: NodeSnapshot, attempt: int, workers: Sequence[int],
-                    wake: Callable[[], None]) -> bool:
+                    wake: Callable[[], None]) -> None:
         """Hold one cheap channel per worker of `workers` that calls `wake()` (from another
         thread) the moment `attempt` ends there; channels of another node or attempt are closed.
-        False when nothing can wake the caller (it then sleeps as before). A channel that drops
-        is not an end: only the probe says what happened."""
+        A channel that drops is not an end: only the probe says what happened."""
 
     def unfollow(self) -> None:
         """Close those channels."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import random
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -104,6 +105,9 @@ class Ports:
     now: Callable[[], datetime] = utcnow
     jitter: Callable[[], float] = random.random
     sleep: Callable[[float], None] = time.sleep  # between ticks (loop.Pacer)
+    # between ticks while the workers are followed: until `event` is set (a worker's attempt
+    # ended), `seconds` at most; True when it was set (a benchmark in virtual time runs its clock)
+    wait_for: Callable[[threading.Event, float], bool] = threading.Event.wait
     clock: Callable[[], float] = time.monotonic
     # Environment checks before launches and while running; None: not run
     precheck: Prechecker | None = None
