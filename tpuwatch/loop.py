@@ -1,4 +1,5 @@
-"""Tick after tick: the one loop of `watch`, the demo and the goodput benchmark.
+"""Tick after tick: the one loop of `watch`, of a watcher of several jobs, of the demo and of the
+goodput benchmark (`run_job`).
 
 - `next_delay`: how long until the next tick, from the decision alone (its deadline, and whether
   its row is steady), never from row names.
@@ -12,25 +13,33 @@
   attempt's end: the next tick probes, stops the others and decides at once, not at the poll.
 - `tick_loop`: tick, show, stop or wait; a cloud API that fails after its own retries is
   survived for MAX_CLOUD_FAILURES ticks in a row.
+- `run_job`: the Reconciler and the Pacer of one job, its outputs, and `tick_loop` until the
+  policy ends the watch (`Decision.ends_watch`) or the caller stops it; what differs between
+  callers (a tick slot, the poll grid, a story played between ticks) is passed in.
+Every wait goes through the ports (`sleep`, `wait_for`), so a stop or a virtual clock reaches it.
 No recovery rule lives here: what to do is tpuwatch.policy's to say; this only paces.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from datetime import timedelta
 from typing import Protocol
 
+from tpuwatch.config import Config
 from tpuwatch.errors import EXIT_CLOUD, CloudError
+from tpuwatch.journal import Journal
 from tpuwatch.policy.observe import follow_workers, probe_port_due
-from tpuwatch.ports import JobPorts
-from tpuwatch.tick import TickReport
+from tpuwatch.policy.values import PolicyConfig
+from tpuwatch.ports import Flags, JobPorts
+from tpuwatch.tick import Reconciler, TickReport
 
 MAX_CLOUD_FAILURES = 10  # ticks in a row the cloud API may fail (after its own retries) before exit 3
 PORT_PROBE_EVERY = 0.5  # seconds between TCP probes of a down node: quicker than a 1 s retry loop
+FLUSH_ON_EXIT = 2.0  # seconds the alerts still unsent may take when watching ends early (Ctrl-C, an error)
 
 
 class Ticker(Protocol):
@@ -45,6 +54,16 @@ class View(Protocol):
     def warn(self, text: str) -> None: ...
 
 
+class Outputs(Protocol):
+    """What a job reports besides its view: alerts and metrics (tpuwatch.outputs.Outputs)."""
+
+    def start(self, journal: Journal) -> object: ...
+
+    def after_tick(self, report: TickReport) -> list[str]: ...
+
+    def close(self, report: TickReport | None = None, flush: float = ...) -> list[str]: ...
+
+
 def next_delay(report: TickReport, poll: float) -> float:
     """Seconds to the next tick: the poll interval while all is well, faster while it is not."""
     d = report.decision
@@ -54,16 +73,20 @@ def next_delay(report: TickReport, poll: float) -> float:
 
 
 class Pacer:
-    """The wait between ticks for one job (see the module's docstring)."""
+    """The wait between ticks for one job (see the module's docstring).
 
-    def __init__(self, ports: JobPorts, poll_interval: float, *, dry_run: bool = False) -> None:
+    `woken` is the event that ends a follow wait: the follow channels set it, and so may the
+    caller (a watcher of several jobs that stops watching this one)."""
+
+    def __init__(self, ports: JobPorts, poll_interval: float, *, dry_run: bool = False,
+                 woken: threading.Event | None = None) -> None:
         self.ports = ports
         self.poll = poll_interval
         self.dry_run = dry_run
         self.port_probes = 0  # TCP probes made so far (they cost no API quota)
         self.woken = 0  # waits ended early by a worker's attempt ending
         self._closed_seen = False  # a probe found the port closed since it last answered
-        self._ended = threading.Event()  # set from a follow channel's thread
+        self._ended = woken if woken is not None else threading.Event()  # set from a follow channel's thread
 
     def wait(self, report: TickReport, delay: float) -> float:
         """Sleep until the next tick, `delay` seconds at most; return the seconds waited."""
@@ -71,7 +94,7 @@ class Pacer:
         start = ports.clock()
         if self._follow(report):
             # An end seen during the tick has set it already: then the next tick is now.
-            if self._ended.wait(max(delay, 0.0)):
+            if ports.wait_for(self._ended, max(delay, 0.0)):
                 self._ended.clear()
                 self.woken += 1
             return ports.clock() - start
@@ -101,10 +124,6 @@ class Pacer:
                 return ports.clock() - start
             ports.sleep(min(every, left))
 
-    def interrupt(self) -> None:
-        """End the current or next wait now (a watcher of several jobs stopping one of them)."""
-        self._ended.set()
-
     def _follow(self, report: TickReport) -> bool:
         """Hold the follow channels the policy asks for; True when an end can wake this wait."""
         workers = () if self.dry_run else follow_workers(report.memory, report.node, report.probes)
@@ -112,7 +131,8 @@ class Pacer:
             self.ports.workers.unfollow()
             self._ended.clear()  # an end of what is no longer followed: the tick has seen it
             return False
-        return self.ports.workers.follow_ends(report.node, report.memory.attempt, workers, self._ended.set)
+        self.ports.workers.follow_ends(report.node, report.memory.attempt, workers, self._ended.set)
+        return True
 
     def _until_deadline(self, report: TickReport) -> float:
         """A poll, or less when the decision has a deadline sooner."""
@@ -130,16 +150,19 @@ class Pacer:
 
 
 def tick_loop(rec: Ticker, view: View, poll: float, *, wait: Callable[[TickReport, float], object],
-              stop: Callable[[TickReport], bool], on_report: Callable[[TickReport], None] | None = None,
+              sleep: Callable[[float], None], stop: Callable[[TickReport], bool],
+              stopping: threading.Event | None = None, on_report: Callable[[TickReport], None] | None = None,
               first_failure_fatal: bool = True, port_probes: Callable[[], int] | None = None) -> TickReport:
-    """Tick until `stop(report)`; show each report; `wait(report, delay)` between.
+    """Tick until `stop(report)` or `stopping` is set; show each report; `wait(report, delay)` between.
 
     A cloud API that fails after its own retries is survived for MAX_CLOUD_FAILURES ticks in a
-    row (a warning each), except on the very first tick when `first_failure_fatal` (a wrong
-    project is better said at once); errors that are not the cloud's end it at once.
+    row (a warning each, then a poll through `sleep`), except on the very first tick when
+    `first_failure_fatal` (a wrong project is better said at once); errors that are not the
+    cloud's end it at once. `stopping` set during such a run ends it with the last report.
     `port_probes` (a Pacer's count) is stamped on each report for the view and `--json`.
     """
     failures = 0
+    last: TickReport | None = None
     while True:
         try:
             report = rec.tick()
@@ -150,14 +173,83 @@ def tick_loop(rec: Ticker, view: View, poll: float, *, wait: Callable[[TickRepor
                     or exc.exit_code != EXIT_CLOUD:
                 raise
             view.warn(f"cloud API failed ({failures}/{MAX_CLOUD_FAILURES}): {exc.message}")
-            time.sleep(poll)
+            sleep(poll)
+            if stopping is not None and stopping.is_set():
+                if last is None:
+                    raise
+                return last
             continue
         if port_probes is not None:
             report = replace(report, port_probes=port_probes())
+        last = report
         if on_report is not None:
             on_report(report)
         delay = next_delay(report, poll)
         view.show(report, report.time + timedelta(seconds=delay))
-        if stop(report):
+        if stop(report) or (stopping is not None and stopping.is_set()):
             return report
         wait(report, delay)
+
+
+def _never(report: TickReport) -> bool:
+    return False
+
+
+def run_job(cfg: Config, pcfg: PolicyConfig, ports: JobPorts, journal: Journal, flags: Flags, view: View, *,
+            outputs: Outputs | None = None, after_tick: Callable[[TickReport], None] | None = None,
+            stop: Callable[[TickReport], bool] = _never, stopping: threading.Event | None = None,
+            woken: threading.Event | None = None,
+            slot: Callable[[], AbstractContextManager[object]] = nullcontext,
+            delay: Callable[[float], float] | None = None,
+            wait: Callable[[TickReport, float], object] | None = None,
+            first_failure_fatal: bool = True) -> TickReport:
+    """Watch one job: tick, show, report to `outputs` and `after_tick`, wait, until the policy
+    ends the watch (`Decision.ends_watch`), a dry run has ticked once, `stop(report)` says so
+    or `stopping` is set; the last report. The workers' channels and the outputs are closed
+    however it ends (what is unsent has FLUSH_ON_EXIT seconds).
+
+    What differs between callers: `slot`, a context each tick runs in (a watcher of several
+    jobs: one of its tick slots); `delay`, the wait the Pacer is given for the one the policy
+    asks (the zone's poll grid); `wait`, instead of the Pacer's (the demo plays its story
+    between ticks); `stopping`, an event that ends watching from another thread, with
+    `woken`, the Pacer's event it also sets to end a follow wait at once.
+    """
+    poll = pcfg.poll_interval
+    rec = Reconciler(cfg, pcfg, ports, journal, flags)
+    pacer = Pacer(ports, poll, dry_run=flags.dry_run, woken=woken)
+
+    class _Slotted:
+        def tick(self) -> TickReport:
+            with slot():
+                return rec.tick()
+
+    def on_report(report: TickReport) -> None:
+        if outputs is not None:
+            for line in outputs.after_tick(report):
+                view.warn(line)
+        if after_tick is not None:
+            after_tick(report)
+
+    def ends(report: TickReport) -> bool:
+        return report.decision.ends_watch or flags.dry_run or stop(report)
+
+    def between(report: TickReport, wanted: float) -> None:
+        if wait is not None:
+            wait(report, wanted)
+        else:
+            pacer.wait(report, delay(wanted) if delay is not None else wanted)
+
+    if outputs is not None:
+        outputs.start(journal)
+    try:
+        report = tick_loop(_Slotted(), view, poll, wait=between, sleep=ports.sleep, stop=ends, stopping=stopping,
+                           on_report=on_report, first_failure_fatal=first_failure_fatal,
+                           port_probes=lambda: pacer.port_probes)
+        if outputs is not None:
+            for line in outputs.close(report):
+                view.warn(line)
+        return report
+    finally:
+        if outputs is not None:
+            outputs.close(flush=FLUSH_ON_EXIT)  # nothing more after a close above
+        ports.workers.close()  # follow channels and shared SSH connections

@@ -9,6 +9,7 @@ from `tpuwatch.wiring`), `Flags` the command-line choices that widen what the po
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -115,11 +116,10 @@ class Workers(Protocol):
         the transport reaches the workers by a path a TCP probe cannot follow (gcloud, IAP)."""
 
     def follow_ends(self, node: NodeSnapshot, attempt: int, workers: Sequence[int],
-                    wake: Callable[[], None]) -> bool:
+                    wake: Callable[[], None]) -> None:
         """Hold one cheap channel per worker of `workers` that calls `wake()` (from another
         thread) the moment `attempt` ends there; channels of another node or attempt are closed.
-        False when nothing can wake the caller (it then sleeps as before). A channel that drops
-        is not an end: only the probe says what happened."""
+        A channel that drops is not an end: only the probe says what happened."""
 
     def unfollow(self) -> None:
         """Close those channels."""
@@ -174,5 +174,8 @@ class JobPorts:
     jitter: Callable[[], float] = random.random
     sleep: Callable[[float], None] = time.sleep  # between ticks (loop.Pacer)
     clock: Callable[[], float] = time.monotonic
+    # between ticks while the workers are followed: until `event` is set (a worker's attempt
+    # ended), `seconds` at most; True when it was set (a benchmark in virtual time runs its clock)
+    wait_for: Callable[[threading.Event, float], bool] = threading.Event.wait
     # Environment checks before launches and while running; None: precheck.enabled is off
     precheck: Prechecker | None = None

@@ -6,6 +6,8 @@ config and environment are resolved the same way everywhere. Nothing here decide
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,8 +50,10 @@ class Sharing:
     audit_reader: AuditLogReader  # the query itself, one per project and zone (one Logging client)
 
 
-def real_ports(job: Job, sharing: Sharing | None = None) -> JobPorts:
-    """The real adapters: google-cloud-tpu, google-cloud-logging (shared per project), OpenSSH/gcloud, checkpoints."""
+def real_ports(job: Job, sharing: Sharing | None = None, *, sleep: Callable[[float], None] = time.sleep) -> JobPorts:
+    """The real adapters: google-cloud-tpu, google-cloud-logging (shared per project), OpenSSH/gcloud, checkpoints.
+
+    `sleep`: the wait between ticks (a watcher of several jobs cuts it short when it stops one)."""
     from tpuwatch.checkpoints import CheckpointDir, WorkerCheckpoints
     from tpuwatch.cloud.auditcache import SharedAuditLog
     from tpuwatch.cloud.lifecycle import Lifecycle
@@ -107,4 +111,5 @@ def real_ports(job: Job, sharing: Sharing | None = None) -> JobPorts:
         precheck=Prechecker.from_config(cfg, workers) if cfg.precheck["enabled"] else None,
         lifecycle_for=lifecycle_for,
         port_open=port_open,
+        sleep=sleep,
     )

@@ -98,6 +98,18 @@ def test_a_healed_maintenance_is_not_charged() -> None:
     assert r.rows.get("repair_wait", 0) > 0 and "failure" not in r.rows
 
 
+def test_a_crash_wakes_the_loop_at_once_as_the_products_follow_channels_do() -> None:
+    """The bench's workers follow the attempt's end (Workers.follow_ends) as SshWorkers does: a
+    worker's exit ends the wait between ticks, so the relaunch comes within seconds, not a poll."""
+    p = Params(days=1)
+    trace = Trace(1, p.horizon, (Fault(6 * 3600.0 + 11.0, "crash", worker=2),), ())
+    r = run_tool(tool("tpuwatch"), trace, p)
+    assert r.error == ""
+    n, median, _, never = r.resume_stats("crash")
+    assert (n, never) == (1, 0)
+    assert median is not None and median < CFG.poll_interval / 6
+
+
 def test_goodput_never_beats_the_ideal_bound() -> None:
     p = Params(days=6)
     dense = TraceConfig(maintenance=40, stuck=10, preemptions=20, stockouts=10, crashes=20, hangs=10)

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from tpuwatch.bench import (
+    BenchWorld,
     Fault,
     Params,
     Sim,
     Trace,
     TraceConfig,
-    World,
     make_tools,
     make_trace,
     run_tool,
@@ -32,8 +32,8 @@ def tools(slices: int) -> dict[str, Tool]:
     return {t.key: t for t in make_tools(CONFIG, CONFIG, slices=slices)}
 
 
-def two_slices() -> World:
-    return World(Sim(), Params(days=1, slices=2), [])
+def two_slices() -> BenchWorld:
+    return BenchWorld(Sim(), Params(days=1, slices=2), [])
 
 
 def test_one_slice_disrupted_ends_the_attempt_on_every_slice() -> None:

@@ -229,7 +229,7 @@ def test_a_follow_channel_wakes_the_moment_a_workers_attempt_ends(cluster: Clust
     w = cluster.workers
     assert all(r.started for r in w.launch(cluster.node, 1, None))
     ended = threading.Event()
-    assert w.follow_ends(cluster.node, 1, [0, 1], ended.set)
+    w.follow_ends(cluster.node, 1, [0, 1], ended.set)
     wait_for(lambda: w.ends.opened == 2, 20, "two follow channels")
     wait_for(lambda: bool(cluster.job_pids(0, needle=b"sleep\x00300")), what="the job")
     assert not ended.is_set()
@@ -384,7 +384,7 @@ def test_a_probe_rides_the_open_follow_channels_and_equals_an_ssh_probe(
     w.on_listing = lambda node, listing: listings.append(listing)
     try:
         assert all(r.started for r in w.launch(cluster.node, 1, None))
-        assert w.follow_ends(cluster.node, 1, [0, 1], lambda: None)
+        w.follow_ends(cluster.node, 1, [0, 1], lambda: None)
         _channels_up(cluster, w, [0, 1])
         before = ([cluster.hosts.accepted(cluster.key, i) for i in (0, 1)],
                   [cluster.hosts.sessions(cluster.key, i) for i in (0, 1)], _runs(runs))

@@ -3,19 +3,19 @@
 - `engine`: the discrete-event clock and the simulated slice, job, bucket, audit log and zone;
 - `trace`: the seeded fault trace every tool replays;
 - `tools`: `tpuwatch watch`'s loop over the real tick, the baselines (docs/benchmarks.md), the ideal;
-- `fakeports`: the TPU API, audit log, workers and checkpoint store of the World, for the tick;
+- `fakeports`: the TPU API, audit log, workers and checkpoint store of the BenchWorld, for the tick;
 - `goodput`: run a trace under each tool, measure, and present the results.
 
 `scripts/bench_goodput.py` is the command line. Nothing here touches a network, a clock or the
 cloud: a 30-day trace runs in seconds and the same seed always gives the same figures.
 """
 
-from tpuwatch.bench.engine import Meter, Params, Sim, World
+from tpuwatch.bench.engine import BenchWorld, Meter, Params, Sim
 from tpuwatch.bench.goodput import Report, ToolResult, as_json, render, run_all, run_tool
 from tpuwatch.bench.tools import Tool, make_tools, tpuwatch_config
 from tpuwatch.bench.trace import KINDS, Fault, Trace, TraceConfig, make_trace
 
 __all__ = [
-    "KINDS", "Fault", "Meter", "Params", "Report", "Sim", "Tool", "ToolResult", "Trace", "TraceConfig",
-    "World", "as_json", "make_trace", "render", "make_tools", "run_all", "run_tool", "tpuwatch_config",
+    "KINDS", "BenchWorld", "Fault", "Meter", "Params", "Report", "Sim", "Tool", "ToolResult", "Trace",
+    "TraceConfig", "as_json", "make_trace", "render", "make_tools", "run_all", "run_tool", "tpuwatch_config",
 ]

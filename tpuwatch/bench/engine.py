@@ -1,7 +1,7 @@
 """The discrete-event engine of the goodput benchmark: a virtual clock, processes, and the world.
 
 `Sim` runs callbacks and generator processes in virtual seconds (a process yields a number of
-seconds to sleep, or a `Signal` to wait for). `World` is the job's pod slices and the job as the
+seconds to sleep, or a `Signal` to wait for). `BenchWorld` is the job's pod slices and the job as the
 tools see them: each slice's node (state, health, incarnation id), its workers' job files and the
 processes last launched there, the running attempt and its progress, the checkpoint bucket, the
 audit log, long-running operations and the zone's capacity. Tools act on the world only through
@@ -288,7 +288,7 @@ class AnnouncedHit:
 
 
 @dataclass
-class NodeRec:
+class SliceNode:
     id: int
     state: str
     health: str
@@ -313,7 +313,7 @@ class SliceRec:
     """One slice: its node of the moment, whether its hosts are up, its last launch."""
 
     name: str
-    node: NodeRec | None
+    node: SliceNode | None
     hosts_up: bool = True
     maintenance: bool = False  # the node is in a maintenance fault now
     heal_at: float | None = None  # the current maintenance heals then (None: never / none)
@@ -350,7 +350,7 @@ class Meter:
     ssh: int = 0
 
 
-class World:
+class BenchWorld:
     """The job's slices, the job and its zone, under one fault trace, driven by one tool.
 
     Slice `s` is `self.slices[s]`; `node`, `hosts_up`, `maintenance` and `heal_at` are slice 0's,
@@ -365,7 +365,7 @@ class World:
         self.stockouts = sorted(stockouts)
         self._next_id = 1000
         names = [name] if p.slices == 1 else [f"{name}-{i}" for i in range(p.slices)]
-        self.slices = [SliceRec(n, NodeRec(self._new_id(), "READY", "HEALTHY", 0.0)) for n in names]
+        self.slices = [SliceRec(n, SliceNode(self._new_id(), "READY", "HEALTHY", 0.0)) for n in names]
         self.attempt: Attempt | None = None
         self.attempts: list[Attempt] = []
         self.ckpt_step = 0
@@ -404,7 +404,7 @@ class World:
     # -- slice 0, the whole of a single-slice job --------------------------------------------
 
     @property
-    def node(self) -> NodeRec | None:
+    def node(self) -> SliceNode | None:
         return self.slices[0].node
 
     @property
@@ -486,12 +486,14 @@ class World:
 
     def next_change(self, ignore: Callable[..., None] | None = None) -> float:
         """The first time after now at which a supervisor could observe something new: a
-        scheduled event (but `ignore`'s: the supervisors' own wake-ups), the live attempt's next
-        checkpoint completing, or an audit entry becoming readable. Nothing else observable
-        changes before it."""
+        scheduled event (but `ignore`'s: the supervisors' own wake-ups), the live attempt's first
+        step (its log starts to grow) or next checkpoint completing, or an audit entry becoming
+        readable. Nothing else observable changes before it."""
         t = self.sim.next_time(ignore)
         a = self.live()
         if a is not None and a.frozen is None and not a.bad:
+            if self.now < a.run_start:
+                t = min(t, a.run_start)
             c = a._cycle()
             n = max(0, math.floor((self.now - a.run_start) / c)) if self.now > a.run_start else 0
             t = min(t, a.run_start + (n + 1) * c)  # the save after this one completes then
@@ -745,7 +747,7 @@ class World:
         self._touch()
         return op
 
-    def _deleted(self, s: int, node: NodeRec, op: OpRec) -> None:
+    def _deleted(self, s: int, node: SliceNode, op: OpRec) -> None:
         sl = self.slices[s]
         if sl.node is node:
             sl.node = None
@@ -762,14 +764,14 @@ class World:
             self.sim.after(self.p.create_fail_time, self._finish_op, op, RESOURCE_EXHAUSTED,
                            'There is no more capacity in the zone "us-central2-b"')
             return op
-        node = NodeRec(self._new_id(), "CREATING", "HEALTH_UNSPECIFIED", self.now)
+        node = SliceNode(self._new_id(), "CREATING", "HEALTH_UNSPECIFIED", self.now)
         sl.node = node
         sl.hosts_up = False
         self.sim.after(self.p.create_time, self._created, s, node, op)
         self._touch()
         return op
 
-    def _created(self, s: int, node: NodeRec, op: OpRec) -> None:
+    def _created(self, s: int, node: SliceNode, op: OpRec) -> None:
         sl = self.slices[s]
         if sl.node is node and node.state == "CREATING":
             node.state, node.health = "READY", "HEALTHY"
@@ -858,7 +860,7 @@ class World:
         self._touch()
         return True
 
-    def _set_state(self, node: NodeRec, epoch: int, state: str, health: str | None) -> None:
+    def _set_state(self, node: SliceNode, epoch: int, state: str, health: str | None) -> None:
         if node.epoch != epoch or all(sl.node is not node for sl in self.slices):
             return
         node.state = state
@@ -866,7 +868,7 @@ class World:
             node.health = health
         self._touch()
 
-    def _heal(self, s: int, node: NodeRec, epoch: int) -> None:
+    def _heal(self, s: int, node: SliceNode, epoch: int) -> None:
         sl = self.slices[s]
         if sl.node is not node or node.epoch != epoch:
             return

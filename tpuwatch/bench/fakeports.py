@@ -1,4 +1,4 @@
-"""tpuwatch's ports over the benchmark's World: the TPU API, audit log, workers and checkpoints.
+"""tpuwatch's ports over the benchmark's BenchWorld: the TPU API, audit log, workers and checkpoints.
 
 In-memory implementations of the protocols of `tpuwatch.ports` (and of what `tpuwatch.tick`
 needs beyond them: `stop(node, workers)`, an OpenSSH-like `transport`, a port probe), so that
@@ -8,7 +8,7 @@ LaunchResult, StopResult, ApiError) and count every call in the run's Meter: one
 per get/list/delete/create/operation read, one log read per audit-log query, one storage list
 per checkpoint lookup and one ssh connection per worker touched.
 
-This module holds no recovery rule and no loop: it only answers calls from what the World holds.
+This module holds no recovery rule and no loop: it only answers calls from what the BenchWorld holds.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from tpuwatch.bench.engine import Meter, World
+from tpuwatch.bench.engine import BenchWorld, Meter, Signal
 from tpuwatch.cloud.errors import ApiError, Call
 from tpuwatch.errors import NotFoundError
 from tpuwatch.model import (
@@ -45,10 +45,10 @@ def at(t: float) -> datetime:
 
 
 class BenchTpu:
-    """The TPU API of one zone (tpuwatch.ports.TpuApi) over the World's slices' nodes and
+    """The TPU API of one zone (tpuwatch.ports.TpuApi) over the BenchWorld's slices' nodes and
     operations: each slice is a node of its own name, with its workers numbered from 0."""
 
-    def __init__(self, world: World, meter: Meter, job: str, zone: str = ZONE) -> None:
+    def __init__(self, world: BenchWorld, meter: Meter, job: str, zone: str = ZONE) -> None:
         self.world = world
         self.meter = meter
         self.job = job
@@ -152,7 +152,20 @@ class BenchTpu:
         return op.name
 
     def perform_maintenance_queued_resource(self, name: str, node_names: list[str]) -> str:
-        raise NotImplementedError("announced maintenance is modelled on a single slice only")
+        """performMaintenanceQueuedResource (what `Lifecycle.start_maintenance` calls for a node of a
+        queued resource): start the announced maintenance of the named node now. The BenchWorld
+        announces maintenance on slice 0 only, so a request naming another node is refused."""
+        self.meter.tpu += 1
+        w = self.world
+        names = {n.rsplit("/", 1)[-1] for n in node_names}
+        op = w.perform_maintenance() if name == w.name and names == {w.slices[0].name} else None
+        if op is None:
+            call = Call("TPU API", "perform_maintenance_queued_resource",
+                        f"projects/{PROJECT}/locations/{self.zone}/queuedResources/{name}",
+                        "tpu.queuedResources.performMaintenanceQueuedResource", "tpu.googleapis.com")
+            raise ApiError(f"{call}: FAILED_PRECONDITION: there is no pending maintenance for {', '.join(node_names)}",
+                           call=call, code="FAILED_PRECONDITION")
+        return op.name
 
     def get_operation(self, name: str) -> OperationStatus:
         self.meter.tpu += 1
@@ -164,7 +177,7 @@ class BenchAudit:
     """The system-event audit log (tpuwatch.ports.AuditLog): entries readable `audit_delay` after
     the event, after a cursor (the index of the next entry, as text)."""
 
-    def __init__(self, world: World, meter: Meter) -> None:
+    def __init__(self, world: BenchWorld, meter: Meter) -> None:
         self.world = world
         self.meter = meter
 
@@ -191,13 +204,19 @@ LOG_BANNER, LOG_LINE = 2000, 80  # bytes a launch prints, then per training step
 
 
 class BenchWorkers:
-    """The workers (tpuwatch.ports.Workers) over the World's job: every slice's workers, numbered
+    """The workers (tpuwatch.ports.Workers) over the BenchWorld's job: every slice's workers, numbered
     globally, or (`slice`) one slice's alone, numbered from 0, for a watcher of that slice only."""
 
-    def __init__(self, world: World, meter: Meter, slice: int | None = None) -> None:
+    def __init__(self, world: BenchWorld, meter: Meter, slice: int | None = None,
+                 rouse: Callable[[], None] | None = None) -> None:
         self.world = world
         self.meter = meter
         self.slice = slice
+        # A followed attempt ended: besides `wake`, tell the clock (a watcher sharing it with
+        # others sleeps until it is roused).
+        self.rouse = rouse
+        self._following: tuple[int, frozenset[int], Callable[[], None]] | None = None
+        self._watching: Signal | None = None  # the world's change signal we are called on
 
     def login(self, node: NodeSnapshot) -> Login | None:
         return None
@@ -217,15 +236,35 @@ class BenchWorkers:
         return (host, 22) if host else None
 
     def follow_ends(self, node: NodeSnapshot, attempt: int, workers: Sequence[int],
-                    wake: Callable[[], None]) -> bool:
-        """No follow channels in virtual time: the loop sleeps to its next tick, as it did."""
-        return False
+                    wake: Callable[[], None]) -> None:
+        """As SshWorkers' follow channels: `wake()` the moment `attempt` ends on one of `workers`
+        (in virtual time, on the world's change). Hosts that go away are not an end (a channel
+        that drops): only the next probe says what happened."""
+        self._following = (attempt, frozenset(workers), wake)
+        self._check()
 
     def unfollow(self) -> None:
-        pass
+        self._following = None
 
     def close(self) -> None:
-        pass
+        self.unfollow()
+
+    def _check(self, _: object = None) -> None:
+        """Wake the follower if its attempt ended; else look again at the world's next change."""
+        if self._following is None:
+            return
+        attempt, workers, wake = self._following
+        probes = self.world.probe_slice(self.slice) if self.slice is not None else self.world.probe()
+        if any(w in workers and no == attempt and state in ("exited", "absent") for w, state, no, _ in probes):
+            self._following = None  # a channel reports an end once
+            wake()
+            if self.rouse is not None:
+                self.rouse()
+            return
+        changed = self.world.changed
+        if self._watching is not changed:
+            self._watching = changed
+            changed.callbacks.append(self._check)
 
     def probe(self, node: NodeSnapshot) -> list[WorkerProbe]:
         self.meter.ssh += len(node.workers)
@@ -315,7 +354,7 @@ class BenchCheckpoints:
     """The checkpoint store (tpuwatch.ports.CheckpointStore): the newest complete save, with the
     time its save completed, as a gs:// listing gives it."""
 
-    def __init__(self, world: World, meter: Meter) -> None:
+    def __init__(self, world: BenchWorld, meter: Meter) -> None:
         self.world = world
         self.meter = meter
 

@@ -1,6 +1,6 @@
 """Run one fault trace under every tool and measure: goodput, time to resume, waste, API cost.
 
-`run_tool` plays a Trace against one tool in a fresh World and returns a ToolResult;
+`run_tool` plays a Trace against one tool in a fresh BenchWorld and returns a ToolResult;
 `run_all` does it for every tool; `render` and `as_json` present the results. Definitions:
 
 - goodput: productive step time / wall time. Productive steps are those of the job's final
@@ -15,7 +15,7 @@
 - relaunch time: from the moment the last slice a disruption took down (maintenance, stuck,
   preemption) is usable again to the next attempt running on every slice.
 
-Nothing here knows how a tool decides; it only reads the World and the Meter afterwards.
+Nothing here knows how a tool decides; it only reads the BenchWorld and the Meter afterwards.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tpuwatch.bench.engine import Meter, Params, Sim, World
+from tpuwatch.bench.engine import BenchWorld, Meter, Params, Sim
 from tpuwatch.bench.tools import Run, Tool, TpuwatchDriver
 from tpuwatch.bench.trace import ANNOUNCED, KINDS, Fault, Trace
 
@@ -98,7 +98,7 @@ class ToolResult:
         return len(xs), statistics.median(xs), p95, sum(1 for x in xs if math.isinf(x))
 
 
-def _apply(world: World, fault: Fault) -> None:
+def _apply(world: BenchWorld, fault: Fault) -> None:
     s = fault.slice
     if fault.kind == "maintenance":
         world.maintenance_event("maintenance", fault.heal_after, s=s)
@@ -123,7 +123,7 @@ def _apply(world: World, fault: Fault) -> None:
 def run_tool(tool: Tool, trace: Trace, p: Params) -> ToolResult:
     """Play `trace` under `tool` for `p.days` of virtual time."""
     sim = Sim()
-    world = World(sim, p, list(trace.stockouts))
+    world = BenchWorld(sim, p, list(trace.stockouts))
     meter = Meter()
     rng = random.Random(trace.seed * 1000003 + zlib.crc32(tool.key.encode()))
     run = Run(sim, world, meter, rng)

@@ -1,10 +1,10 @@
-"""The supervisors the goodput benchmark compares, each a small process over the same World.
+"""The supervisors the goodput benchmark compares, each a small process over the same BenchWorld.
 
 - `tpuwatch`: the product itself. `TpuwatchDriver` is `tpuwatch watch`'s loop without its view:
   `tpuwatch.tick.Reconciler.tick()` (observe -> decide -> journal -> act, with the real policy,
   config, journal and audit-log cadence), then `tpuwatch.loop.next_delay` and
-  `loop.Pacer.wait`, against in-memory ports over the World (`tpuwatch.bench.fakeports`) and
-  the World's virtual clock. No rule and no cadence is copied here.
+  `loop.Pacer.wait`, against in-memory ports over the BenchWorld (`tpuwatch.bench.fakeports`) and
+  the BenchWorld's virtual clock. No rule and no cadence is copied here.
 - the baselines (docs/benchmarks.md, "The baselines"), modelled as their scripts are
   written: the docs' bash loop, TensorFlow's retry.sh, tpunicorn `pu babysit`, Levanter's
   babysit-tpu-vm.sh and SkyPilot's managed-job controller;
@@ -17,7 +17,7 @@ create, delete, and one per gcloud ssh, which looks the node up first; for tpuwa
 call its tick makes), audit-log reads, checkpoint-store lists and ssh connections. gcloud's own
 polling of a long-running operation is not counted, so the baselines' figures are lower bounds.
 
-This module must not know the fault trace except through the World (the oracle alone reads
+This module must not know the fault trace except through the BenchWorld (the oracle alone reads
 the world's knowledge of the future: when the current maintenance heals, when stockouts end).
 """
 
@@ -30,12 +30,13 @@ import sys
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpuwatch.bench.engine import OK, SSH_LOST, Meter, Process, Signal, Sim, World
+from tpuwatch.bench.engine import OK, SSH_LOST, BenchWorld, Meter, Process, Signal, Sim
 from tpuwatch.bench.fakeports import (
     PROJECT,
     ZONE,
@@ -49,10 +50,10 @@ from tpuwatch.cloud.lifecycle import Lifecycle
 from tpuwatch.config import SCHEMA, Config, validate
 from tpuwatch.durations import human
 from tpuwatch.journal import Journal
-from tpuwatch.loop import Pacer, next_delay
-from tpuwatch.policy import Memory, Observation, Phase, PolicyConfig, decide
+from tpuwatch.loop import next_delay, run_job
+from tpuwatch.policy import Memory, Observation, PolicyConfig, decide
 from tpuwatch.ports import Flags, JobPorts
-from tpuwatch.tick import Reconciler, TickReport
+from tpuwatch.tick import TickReport
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -72,7 +73,7 @@ class Run:
     """What one tool's processes share: the world, the meter, a seeded random source."""
 
     sim: Sim
-    world: World
+    world: BenchWorld
     meter: Meter
     rng: random.Random
     extra: dict[str, Any] = field(default_factory=dict)  # tool-specific results (tpuwatch's memory)
@@ -416,7 +417,7 @@ def slice_config(cfg: Config, name: str) -> Config:
     return Config(values={**cfg.values, "tpu": tpu}, path=None)
 
 
-def job_config(cfg: Config, world: World) -> Config:
+def job_config(cfg: Config, world: BenchWorld) -> Config:
     """`cfg` for the whole job of `world`: over several slices, `[tpu] names` lists their nodes and
     `[tpu] queued_resource` names the multislice request they came from."""
     if len(world.slices) == 1:
@@ -439,13 +440,13 @@ class TpuwatchDriver:
     """`tpuwatch watch` without its view: `Reconciler.tick()`, then `next_delay`, then
     `loop.Pacer.wait` (which probes a down node's SSH port every 0.5 s and asks the API once a
     poll), until the job is done, failed or needs a person, against BenchTpu & co. with a real
-    Journal (SQLite) in a temporary directory and the World's virtual clock.
+    Journal (SQLite) in a temporary directory and the BenchWorld's virtual clock.
 
     Fast-forward (`skip_idle`): a 30-day run is ~86,000 ticks, nearly all of them "running" with
     nothing new. Once two ticks that read the audit log are a steady period apart (same row
     `running`, no action, same memory, same checkpoint, no event, the world untouched, the
     poll as delay), the driver replays that measured period - its API calls, log reads, ssh
-    connections, jitter draws and ticks - whole periods at a time, up to the World's next
+    connections, jitter draws and ticks - whole periods at a time, up to the BenchWorld's next
     observable change, and moves the journal's `audit_read_at` cursor with it, so the next real
     tick reads the audit log exactly when it would have. It asks the policy itself (`decide`
     is pure) whether the decision at the end of the jump is still `running` with the same
@@ -484,20 +485,39 @@ class TpuwatchDriver:
         sim, horizon = run.sim, w.p.horizon
         tpu = BenchTpu(w, m, job)
 
-        def sleep(seconds: float) -> None:
+        def until(t: float) -> None:
             if sim.now >= horizon:
                 raise _Horizon
-            sim.run(min(sim.now + max(seconds, 0.0), horizon))
+            sim.run(min(t, horizon))
+
+        def sleep(seconds: float) -> None:
+            until(sim.now + max(seconds, 0.0))
+
+        def wait_for(event: threading.Event, seconds: float) -> bool:
+            """The clock runs until a followed attempt ends (`event`), `seconds` at most."""
+            if sim.now >= horizon:
+                raise _Horizon
+            end = min(sim.now + max(seconds, 0.0), horizon)
+            while not event.is_set() and sim.next_time() <= end:
+                sim.run(sim.next_time())
+            if not event.is_set():
+                sim.run(end)
+            return event.is_set()
 
         def port_open(host: str, port: int, timeout: float) -> bool:
+            self.port_probes += 1
             sl = w.slices[int(host.split(".")[1])]  # BenchTpu's addresses: 10.<slice>.0.<worker + 2>
             return sl.hosts_up and sl.node is not None and sl.node.state == "READY"
 
-        self.sleep = self.group.sleeper(self) if self.group is not None else sleep
+        group = self.group
+        self.until = group.alarm(self) if group is not None else until
+        self.sleep = group.sleeper(self) if group is not None else sleep
+        workers = BenchWorkers(w, m, self.slice, rouse=(lambda: group.rouse(self)) if group is not None else None)
         life = Lifecycle(tpu, str(self.cfg.tpu["queued_resource"]), tuple(self.cfg.tpu["names"]))
-        return JobPorts(tpu_for=lambda zone: tpu, lifecycle_for=lambda zone: life, workers=BenchWorkers(w, m, self.slice),
+        return JobPorts(tpu_for=lambda zone: tpu, lifecycle_for=lambda zone: life, workers=workers,
                      checkpoints=BenchCheckpoints(w, m), audit=BenchAudit(w, m), now=lambda: at(sim.now),
-                     jitter=self._jitter, sleep=self.sleep, clock=lambda: sim.now, port_open=port_open)
+                     jitter=self._jitter, sleep=self.sleep, clock=lambda: sim.now, port_open=port_open,
+                     wait_for=group.waiter(self) if group is not None else wait_for)
 
     def drive(self) -> None:
         w, sim = self.run.world, self.run.sim
@@ -510,46 +530,58 @@ class TpuwatchDriver:
             # durability is not what is measured; this keeps a tick at ~0.3 ms).
             journal.connection.execute("PRAGMA synchronous=OFF")
             journal.connection.execute("PRAGMA journal_mode=MEMORY")
-            ports = self.ports()
-            rec = Reconciler(self.cfg, self.pcfg, ports, journal, Flags())
-            pacer = Pacer(ports, poll)
+            failed = ""  # what the last tick raised
+            reads = 0  # audit-log reads before the last tick
             last: TickReport | None = None
             seen = w.changed
             anchor: _Anchor | None = None
+
+            @contextmanager
+            def slot() -> Iterator[None]:
+                nonlocal failed, reads
+                if sim.now >= w.p.horizon:  # the run is over before this tick
+                    raise _Horizon
+                failed, reads = "", self.meter.log
+                try:
+                    yield
+                except Exception as exc:
+                    failed = f"{type(exc).__name__}: {exc}"
+                    raise
+
+            def after_tick(report: TickReport) -> None:
+                nonlocal last, seen, anchor
+                self.ticks += 1
+                self.real_ticks += 1
+                self.rows[report.decision.row] += 1
+                self.mem = report.memory
+                if report.decision.ends_watch:
+                    return
+                delay = next_delay(report, poll)
+                steady = (last is not None and _idle(report, delay, poll) and _idle(last, delay, poll)
+                          and w.changed is seen and report.memory == last.memory
+                          and report.checkpoint == last.checkpoint)
+                last, seen = report, w.changed
+                if not steady or not self.skip_idle:
+                    anchor = None
+                elif self.meter.log > reads:  # this tick read the audit log
+                    if anchor is not None:
+                        self._skip(anchor, report, journal)
+                    anchor = _Anchor(sim.now, _meter(self.meter), self.ticks, self.draws)
+
             try:
-                while sim.now < w.p.horizon:
-                    reads = self.meter.log
-                    try:
-                        report = rec.tick()
-                    except Exception as exc:  # a policy or tick bug: recorded and reported, never hidden
-                        self.error = f"{type(exc).__name__}: {exc}"
-                        w.give_up(f"tick error: {self.error}", "TICK ERROR")
-                        return
-                    self.ticks += 1
-                    self.real_ticks += 1
-                    self.rows[report.decision.row] += 1
-                    self.mem = report.memory
-                    if report.decision.terminal or report.memory.phase is Phase.HALTED:
-                        d = report.decision
-                        w.give_up(f"{self.mem.phase.value} ({d.row}): {self.mem.reason}",
-                                  f"{self.mem.phase.value} ({d.row})")
-                        return
-                    delay = next_delay(report, poll)
-                    steady = (last is not None and _idle(report, delay, poll) and _idle(last, delay, poll)
-                              and w.changed is seen and report.memory == last.memory
-                              and report.checkpoint == last.checkpoint)
-                    last, seen = report, w.changed
-                    if not steady or not self.skip_idle:
-                        anchor = None
-                    elif self.meter.log > reads:  # this tick read the audit log
-                        if anchor is not None:
-                            self._skip(anchor, report, journal)
-                        anchor = _Anchor(sim.now, _meter(self.meter), self.ticks, self.draws)
-                    pacer.wait(report, delay)
+                report = run_job(self.cfg, self.pcfg, self.ports(), journal, Flags(), _Unseen(),
+                                 after_tick=after_tick, slot=slot)
             except _Horizon:
-                pass
-            finally:
-                self.port_probes = pacer.port_probes
+                return
+            except Exception:
+                if not failed:  # the benchmark's own bug, not the tick's
+                    raise
+                # a policy or tick bug: recorded and reported, never hidden
+                self.error = failed
+                w.give_up(f"tick error: {self.error}", "TICK ERROR")
+                return
+            d = report.decision
+            w.give_up(f"{self.mem.phase.value} ({d.row}): {self.mem.reason}", f"{self.mem.phase.value} ({d.row})")
 
     def _skip(self, anchor: _Anchor, report: TickReport, journal: Journal) -> None:
         """Replay the steady period since `anchor`, whole periods, up to the next change."""
@@ -576,9 +608,17 @@ class TpuwatchDriver:
         self.rows[report.decision.row] += ticks
         for _ in range(n * (self.draws - anchor.draws)):
             self._jitter()
-        self.sleep(n * period)
+        self.until(self._after(ticks))
         with journal.transaction():  # as the last replayed tick, which read the log, left it
             journal.set_cursor("audit_read_at", at(sim.now).isoformat())
+
+    def _after(self, ticks: int) -> float:
+        """The clock after `ticks` steady waits of a poll each, added up one by one as the loop's
+        own waits add them (the same float, so a jump lands where every tick would have)."""
+        t, poll = self.run.sim.now, self.pcfg.poll_interval
+        for _ in range(ticks):
+            t += poll
+        return t
 
     def _periods(self, limit: float, period: float) -> int:
         """Whole periods from now whose last tick comes before `limit` (the change a tick after them sees)."""
@@ -627,19 +667,51 @@ class Watchers:
         self._fires: set[float] = set()  # times a fire() is scheduled for
         self._promises: dict[int, tuple[float, Signal]] = {}  # driver -> (no action before, world as of)
         self._finished: set[int] = set()
+        self._waiting: set[int] = set()  # drivers in a follow wait
         self._failure: BaseException | None = None
 
-    def sleeper(self, driver: TpuwatchDriver) -> Callable[[float], None]:
+    def alarm(self, driver: TpuwatchDriver) -> Callable[[float], None]:
+        """The loop's sleep until a moment: its wake-up is scheduled in the engine, and the baton
+        handed back."""
         sim, horizon = self.run.sim, self.run.world.p.horizon
 
-        def sleep(seconds: float) -> None:
+        def until(t: float) -> None:
             if sim.now >= horizon:
                 raise _Horizon
-            self._arm(driver, min(sim.now + max(seconds, 0.0), horizon))
+            self._arm(driver, min(t, horizon))
             self._back.release()
             self._go[id(driver)].acquire()
 
+        return until
+
+    def sleeper(self, driver: TpuwatchDriver) -> Callable[[float], None]:
+        until = self.alarm(driver)
+        sim = self.run.sim
+
+        def sleep(seconds: float) -> None:
+            until(sim.now + max(seconds, 0.0))
+
         return sleep
+
+    def waiter(self, driver: TpuwatchDriver) -> Callable[[threading.Event, float], bool]:
+        """The loop's follow wait: a sleep that `rouse` ends when a followed attempt ends."""
+        sleep = self.sleeper(driver)
+
+        def wait_for(event: threading.Event, seconds: float) -> bool:
+            if not event.is_set():
+                self._waiting.add(id(driver))
+                try:
+                    sleep(seconds)
+                finally:
+                    self._waiting.discard(id(driver))
+            return event.is_set()
+
+        return wait_for
+
+    def rouse(self, driver: TpuwatchDriver) -> None:
+        """A followed attempt of `driver` ended (an engine callback): its follow wait ends now."""
+        if id(driver) in self._waiting:
+            self._arm(driver, self.run.sim.now)
 
     def promise(self, driver: TpuwatchDriver, until: float) -> None:
         self._promises[id(driver)] = (until, self.run.world.changed)
@@ -696,6 +768,19 @@ class Watchers:
             m.tpu, m.log, m.storage, m.ssh = (a + b for a, b in zip(_meter(m), _meter(d.meter), strict=True))
         if self._failure is not None:
             raise self._failure
+
+
+class _Unseen:
+    """The view of a loop nobody watches (loop.View)."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+
+    def show(self, report: TickReport, next_at: object) -> None:
+        self.ticks += 1
+
+    def warn(self, text: str) -> None:
+        pass
 
 
 def _idle(report: TickReport, delay: float, poll: float) -> bool:

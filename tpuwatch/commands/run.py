@@ -424,7 +424,18 @@ def command(ctx: click.Context, config_path: Path, project: str | None, zone: st
 
     debug = bool((ctx.obj or {}).get("debug"))
     cfg = load_config(config_path)
-    workers = SshWorkers.from_config(cfg, host_keys=lambda n: TpuAdapter(n.project, n.zone).host_keys(n.name))
+    checkpoints: Any = None
+    on_vm: dict[str, Any] = {}
+    label = cfg.job["checkpoint_dir"]
+    if label:
+        from tpuwatch.checkpoints import CheckpointDir, WorkerCheckpoints
+
+        checkpoints = CheckpointDir(label, cfg.job["checkpoint_layout"])
+        if not label.startswith("gs://"):  # a path on the TPU VM: read by the probe, on the worker
+            checkpoints = WorkerCheckpoints(label, cfg.job["checkpoint_layout"])
+            on_vm = {"checkpoint_dir": checkpoints.root, "on_listing": checkpoints.feed}
+    workers = SshWorkers.from_config(cfg, host_keys=lambda n: TpuAdapter(n.project, n.zone).host_keys(n.name),
+                                     **on_vm)
     workers.transport.check()  # an unreadable key is exit 2 before any call
     loc = resolve(project, zone, config_project=cfg.tpu["project"], config_zone=cfg.tpu["zone"])
     assert loc.zone is not None
@@ -434,15 +445,6 @@ def command(ctx: click.Context, config_path: Path, project: str | None, zone: st
             f"no TPU named {cfg.tpu_name} in {loc.project}/{loc.zone} (tpu.name in {config_path}); "
             "create it, or fix --project/--zone"
         )
-    checkpoints: Any = None
-    label = cfg.job["checkpoint_dir"]
-    if label:
-        from tpuwatch.checkpoints import CheckpointDir, WorkerCheckpoints
-
-        checkpoints = CheckpointDir(label, cfg.job["checkpoint_layout"])
-        if not label.startswith("gs://"):  # a path on the TPU VM: read by the probe, on the worker
-            checkpoints = WorkerCheckpoints(label, cfg.job["checkpoint_layout"])
-            workers.checkpoint_dir, workers.on_listing = checkpoints.root, checkpoints.feed
     prechecker = None
     if cfg.precheck["enabled"]:
         from tpuwatch.workers.precheck import Prechecker

@@ -54,10 +54,8 @@ def command(config_path: tuple[Path, ...], config_dir: Path | None, project: str
 
 def _watch_one(config_path: Path, project: str | None, zone: str | None, adopt: bool,
                recreate_missing: bool, dry_run: bool, as_json: bool, plain: bool, metrics_port: int | None) -> int:
-    from tpuwatch.loop import Pacer, tick_loop
+    from tpuwatch.loop import run_job
     from tpuwatch.outputs import Outputs
-    from tpuwatch.policy import Phase
-    from tpuwatch.tick import Reconciler
     from tpuwatch.wiring import load_job, real_ports
 
     job = load_job(config_path, project, zone)
@@ -65,40 +63,21 @@ def _watch_one(config_path: Path, project: str | None, zone: str | None, adopt: 
     journal = open_journal_or_busy(job)
     if journal is None:
         raise JobFailed(f"another tpuwatch is working on {job.name}; stop it first (only one may watch a job)")
-    poll = float(job.cfg.recovery["poll_interval"])
     live = sys.stdout.isatty() and not (as_json or plain)
     with journal:
         ports = real_ports(job)
-        rec = Reconciler(job.cfg, job.pcfg, ports, journal, tick_flags(adopt, recreate_missing, dry_run))
-        pacer = Pacer(ports, poll, dry_run=dry_run)
         view = _view(job, journal, live, as_json)
-
-        def stop(report: Any) -> bool:
-            # HALTED needs a person (exit 1): return so a wrapper or unit sees it; the journal
-            # keeps everything, and the next watch resumes once it is fixed.
-            return bool(report.decision.terminal or report.memory.phase is Phase.HALTED or dry_run)
-
-        outputs.start(journal)
-
-        def after_tick(report: Any) -> None:  # [[notify]] alerts and metrics
-            for line in outputs.after_tick(report):
-                view.warn(line)
-
         try:
             with view:
-                # the pacer probes a down node cheaply between API polls
-                report = tick_loop(rec, view, poll, wait=pacer.wait, stop=stop, on_report=after_tick,
-                                   port_probes=lambda: pacer.port_probes)
-                for line in outputs.close(report):
-                    view.warn(line)
+                # A job that needs a person (HALTED) ends the watch too (exit 1), so a wrapper or
+                # unit sees it; the journal keeps everything, and the next watch resumes.
+                report = run_job(job.cfg, job.pcfg, ports, journal, tick_flags(adopt, recreate_missing, dry_run),
+                                 view, outputs=outputs)
                 return int(report.exit_code)
         except KeyboardInterrupt:
             click.echo(f"stopped watching {job.name}; the job keeps running on the workers. "
                        f"Resume with `tpuwatch watch -c {config_path}`.", err=True)
             return 0
-        finally:  # Ctrl-C or an error: what is unsent goes out when watch is started again
-            outputs.close(flush=2.0)
-            ports.workers.close()  # follow channels and shared SSH connections
 
 
 def _view(job: Any, journal: Any, live: bool, as_json: bool) -> Any:

@@ -194,9 +194,9 @@ def _play(held: _Held, tmp: Path, pace: Pace, live: bool, say: Callable[[str], N
     from tpuwatch.demo.story import checkpoint_times
     from tpuwatch.demo.summary import render, summarize
     from tpuwatch.journal import Journal
-    from tpuwatch.loop import tick_loop
+    from tpuwatch.loop import run_job
     from tpuwatch.policy import Phase
-    from tpuwatch.tick import Reconciler
+    from tpuwatch.tick import Flags
     from tpuwatch.ui.dashboard import LineView, LiveView
     from tpuwatch.wiring import load_job, real_ports
 
@@ -208,7 +208,7 @@ def _play(held: _Held, tmp: Path, pace: Pace, live: bool, say: Callable[[str], N
     job = load_job(cfg_path)
     journal = Journal.open(job.cfg.state_dir, job.name, job.cfg.tpu_name, wait=False)
     held.journal = journal
-    rec = Reconciler(job.cfg, job.pcfg, real_ports(job), journal)
+    ports = real_ports(job)
     console = Console(highlight=False) if live else Console(width=80, highlight=False, no_color=True)
     view: Any = (LiveView(job.name, job.pcfg, journal, title="tpuwatch demo", console=console) if live
                  else LineView(job.name, out=say))
@@ -218,9 +218,8 @@ def _play(held: _Held, tmp: Path, pace: Pace, live: bool, say: Callable[[str], N
     deadline = started + pace.deadline
     tick_end: dict[datetime, datetime] = {}
 
-    def stop(report: Any) -> bool:
-        return bool(report.decision.terminal or report.memory.phase is Phase.HALTED
-                    or time.monotonic() > deadline)
+    def past_deadline(report: Any) -> bool:
+        return time.monotonic() > deadline
 
     def wait(report: Any, delay: float) -> None:
         # Between ticks the director plays the story's next disruption when its time comes.
@@ -230,7 +229,7 @@ def _play(held: _Held, tmp: Path, pace: Pace, live: bool, say: Callable[[str], N
             left = end - time.monotonic()
             if left <= 0:
                 return
-            time.sleep(min(DIRECTOR_LOOK, left))
+            ports.sleep(min(DIRECTOR_LOOK, left))
 
     def on_report(report: Any) -> None:
         tick_end[report.time] = datetime.now(timezone.utc)
@@ -240,8 +239,8 @@ def _play(held: _Held, tmp: Path, pace: Pace, live: bool, say: Callable[[str], N
                   f"step {pace.steps}; {len(acts)} disruptions follow, each detected and recovered "
                   f"by tpuwatch ({pace.name} pace; files in {tmp}{', kept' if keep else ''})")
         # `watch`'s own loop; a failed first tick is survived too (the simulator is local).
-        report = tick_loop(rec, view, pace.poll_interval, wait=wait, stop=stop, on_report=on_report,
-                           first_failure_fatal=False)
+        report = run_job(job.cfg, job.pcfg, ports, journal, Flags(), view, after_tick=on_report,
+                         stop=past_deadline, wait=wait, first_failure_fatal=False)
     mem = report.memory
     if report.decision.terminal:
         how = "job done" if mem.phase is Phase.DONE else f"job failed: {report.decision.summary}"

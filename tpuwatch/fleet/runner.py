@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -30,12 +31,11 @@ from tpuwatch.cloud.zonenodes import Due, SharedTpu
 from tpuwatch.errors import EXIT_CLOUD, EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, TpuwatchError
 from tpuwatch.fleet import sources
 from tpuwatch.journal import Busy, Journal
-from tpuwatch.loop import Pacer, tick_loop
+from tpuwatch.loop import run_job
 from tpuwatch.metrics import Exporter
 from tpuwatch.outputs import Outputs
-from tpuwatch.policy import Phase
 from tpuwatch.ports import Flags
-from tpuwatch.tick import Reconciler, TickReport
+from tpuwatch.tick import TickReport
 from tpuwatch.ui.jobs import JobState
 from tpuwatch.wiring import Job, Sharing, load_job, real_ports
 
@@ -86,7 +86,7 @@ class JobRunner:
         self.state = JobState(path=path, name=path.stem, status="starting")
         self.thread = threading.Thread(target=self._run, name=f"tpuwatch-job-{path.stem}", daemon=True)
         self.job: Job | None = None
-        self._pacer: Pacer | None = None
+        self._woken = threading.Event()  # ends the Pacer's follow wait
 
     @property
     def done(self) -> bool:
@@ -98,8 +98,7 @@ class JobRunner:
 
     def stop(self) -> None:
         self.stopping.set()
-        if self._pacer is not None:
-            self._pacer.interrupt()  # a follow-channel wait ends now, not at the poll
+        self._woken.set()  # a follow-channel wait ends now, not at the poll
 
     def _set(self, **changes: object) -> None:
         self.state = replace(self.state, **changes)  # type: ignore[arg-type]
@@ -136,50 +135,28 @@ class JobRunner:
         self._set(status="watching", error="")
         if fleet.exporter is not None:  # expected to tick from now on
             outputs.share(fleet.exporter)
-        poll = float(job.cfg.recovery["poll_interval"])
+        poll = job.pcfg.poll_interval
         due = Due()
         with journal:
-            ports = real_ports(job, fleet.sharing(job, due, poll))
-            ports.sleep = self._sleep
-            rec = Reconciler(job.cfg, job.pcfg, ports, journal, fleet.options.flags)
-            pacer = Pacer(ports, poll, dry_run=dry_run)
-            self._pacer = pacer
+            ports = real_ports(job, fleet.sharing(job, due, poll), sleep=self._sleep)
             view = _View(self, journal)
-            outputs.start(journal)
             if port := int(job.cfg.metrics["port"]):  # said, not silently dropped
                 where = "--metrics-port (a job_name label each)" if fleet.exporter is not None else "--metrics-port"
                 view.warn(f"[metrics] port = {port} in {self.path.name} is not used when one watcher watches "
                           f"several jobs: their one endpoint is {where}")
 
-            def tick() -> TickReport:
+            @contextmanager
+            def slot() -> Iterator[None]:
                 due.at = time.monotonic()  # the zone listing must be no older than this
                 with fleet.slots:
-                    return rec.tick()
+                    yield
 
-            def wait(report: TickReport, delay: float) -> None:
-                if self.stopping.is_set():
-                    return
-                if delay >= poll:  # a steady wait ends with the zone's other jobs
-                    delay = grid_delay(poll, time.time())
-                pacer.wait(report, delay)
+            def on_grid(delay: float) -> float:  # a steady wait ends with the zone's other jobs
+                return grid_delay(poll, time.time()) if delay >= poll else delay
 
-            def stop(report: TickReport) -> bool:
-                return bool(report.decision.terminal or report.memory.phase is Phase.HALTED or dry_run
-                            or self.stopping.is_set())
-
-            def after_tick(report: TickReport) -> None:
-                for line in outputs.after_tick(report):
-                    view.warn(line)
-
-            try:
-                report = tick_loop(_Ticker(tick), view, poll, wait=wait, stop=stop, on_report=after_tick,
-                                   port_probes=lambda: pacer.port_probes)
-                for line in outputs.close(report):
-                    view.warn(line)
-            finally:
-                outputs.close(flush=2.0)
-                ports.workers.close()
-        if self.stopping.is_set() and not (report.decision.terminal or report.memory.phase is Phase.HALTED):
+            report = run_job(job.cfg, job.pcfg, ports, journal, fleet.options.flags, view, outputs=outputs,
+                             stopping=self.stopping, woken=self._woken, slot=slot, delay=on_grid)
+        if self.stopping.is_set() and not report.decision.ends_watch:
             self._set(status="stopped")
         else:
             self._set(status="finished", exit_code=int(report.exit_code))
@@ -199,11 +176,6 @@ def open_journal(job: Job) -> Journal | None:
         return Journal.open(job.cfg.state_dir, job.name, job.cfg.tpu_name, wait=False)
     except Busy:
         return None
-
-
-class _Ticker:
-    def __init__(self, fn: Callable[[], TickReport]) -> None:
-        self.tick = fn
 
 
 class _View:

@@ -310,6 +310,12 @@ class Decision:
         return self.memory.phase in (Phase.DONE, Phase.FAILED)
 
     @property
+    def ends_watch(self) -> bool:
+        """Watching this job stops: it is over, or it needs a person (HALTED: the watcher returns
+        so a wrapper or unit sees exit 1; the next watch resumes once it is fixed)."""
+        return self.terminal or self.memory.phase is Phase.HALTED
+
+    @property
     def steady(self) -> bool:
         """All is well (the row says so): the next look may wait a whole poll_interval."""
         row = ROW_BY_ID.get(self.row)

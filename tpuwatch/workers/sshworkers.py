@@ -282,12 +282,11 @@ class SshWorkers:
         return self.transport.direct_target(min(candidates, key=lambda w: w.index))
 
     def follow_ends(self, node: NodeSnapshot, attempt: int, workers: Sequence[int],
-                    wake: Callable[[], None]) -> bool:
+                    wake: Callable[[], None]) -> None:
         """Hold one follow channel per worker of `workers` while `attempt` runs (ends.py):
-        `wake()` the moment one of them ends. True: the caller may wait for it."""
+        `wake()` the moment one of them ends."""
         eps = [w for w in self.endpoints(node) if w.index in set(workers)]
         self.ends.hold(node, attempt, eps, wake, self.checkpoint_dir)
-        return True
 
     def unfollow(self) -> None:
         """Close the follow channels."""
