@@ -178,7 +178,7 @@ def test_a_job_watched_by_another_process_is_skipped_then_taken_over(sim: Simula
     wait_for(lambda: jobs.steps("jb"), 60, "jb watched by the other process")
     w = jobs.watch("-c", str(a), "-c", str(b), "--json")
     wait_for(lambda: w.seen("jb", "busy"), 60, "jb shown as watched elsewhere")
-    assert w.seen("ja", "watching")
+    wait_for(lambda: w.seen("ja", "watching"), 60, "ja watched")  # each job says so in its own time
     assert other.interrupt() == 0
     wait_for(lambda: w.seen("jb", "watching"), 60, "jb taken over once the other process went away")
     assert w.finish(120) == 0, w.text()
