@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tpuwatch.sim.simulator import Simulator
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Tests press Ctrl-C (SIGINT) on tpuwatch processes they start. A suite started in the
+    # background by a non-interactive shell (`pytest … &`) inherits SIGINT ignored, so would every
+    # process it starts, and Python installs no KeyboardInterrupt handler when it is ignored: the
+    # Ctrl-C would be lost. A handler here is not inherited across exec, so children get the default.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _serve(root: Path, monkeypatch: pytest.MonkeyPatch, workers: bool) -> Iterator[Simulator]:

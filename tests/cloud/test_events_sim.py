@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
+from cli_helpers import cli_env, run
 
-from tpuwatch.cli import main
 from tpuwatch.cloud.logs import AuditLogReader
 from tpuwatch.cloud.retry import RetryPolicy
 from tpuwatch.sim.simulator import Simulator
@@ -27,26 +26,6 @@ def log_sim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Simulat
         yield sim
 
 
-def cli_env(sim: Simulator, tmp_path: Path, **extra: str | None) -> dict[str, str | None]:
-    env: dict[str, str | None] = {
-        **sim.env,
-        "CLOUDSDK_CONFIG": str(tmp_path / "no-gcloud"),
-        "GOOGLE_CLOUD_PROJECT": None,
-        "TPUWATCH_API_BACKOFF_SCALE": "0.01",
-        "COLUMNS": "80",
-    }
-    env.update(extra)
-    return env
-
-
-def run(args: list[str], env: Mapping[str, str | None]) -> tuple[int, str, str]:
-    code = 0
-    with CliRunner().isolation(env=env) as (out, err, _):
-        try:
-            main(args)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-    return code, out.getvalue().decode(), err.getvalue().decode()
 
 
 def events_json(args: list[str], env: Mapping[str, str | None]) -> dict[str, Any]:

@@ -103,6 +103,15 @@ class Demo:
     def output(self) -> str:
         return "\n".join(self.lines)
 
+    def until(self, text: str, timeout: float) -> None:
+        """Until a line of the demo's output holds `text` (the demo still running)."""
+        end = time.monotonic() + timeout
+        while not any(text in line for line in list(self.lines)):
+            assert self.proc.poll() is None, f"the demo ended before saying {text!r}:\n" + self.output()
+            assert time.monotonic() < end, f"the demo never said {text!r}:\n" + self.output()
+            self.look()
+            time.sleep(0.05)
+
     def assert_nothing_left(self) -> None:
         assert self.seen, "no process of the demo was ever seen: the check would prove nothing"
         end = time.monotonic() + 5  # a process killed at the very end may take a moment to be reaped
@@ -146,13 +155,19 @@ def test_fast_demo_recovers_every_disruption_and_leaves_nothing_behind(tmp_path:
 
 def test_ctrl_c_mid_demo_stops_every_process_and_removes_the_temp_dir(tmp_path: Path) -> None:
     demo = Demo(tmp_path)
-    end = time.monotonic() + 30
-    while len(demo.trainers()) < 4:  # the job runs on all four simulated workers
-        assert demo.proc.poll() is None, demo.output()
-        assert time.monotonic() < end, "the trainer never started:\n" + demo.output()
-        time.sleep(0.1)
-    demo.proc.send_signal(signal.SIGINT)
-    rc = demo.wait(timeout=30)
+    demo.until("demo did: launched attempt 1 on 4/4 workers", timeout=120)
+    # Frozen between seeing its processes and the Ctrl-C, the fast demo cannot finish first; the
+    # trainers run on (they are the simulated workers' children, not the demo's threads).
+    demo.proc.send_signal(signal.SIGSTOP)
+    try:
+        end = time.monotonic() + 60
+        while len(demo.trainers()) < 4:  # the job runs on all four simulated workers
+            assert time.monotonic() < end, "the trainer never started:\n" + demo.output()
+            time.sleep(0.1)
+        demo.proc.send_signal(signal.SIGINT)
+    finally:
+        demo.proc.send_signal(signal.SIGCONT)
+    rc = demo.wait(timeout=60)
     assert rc == 130, demo.output()
     assert "demo interrupted" in demo.output()
     assert "Traceback" not in demo.output()

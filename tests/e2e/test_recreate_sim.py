@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_helpers import run_cli
 from e2e_helpers import wait_for
 
 from tpuwatch import recreate as rc
-from tpuwatch.cli import main
 from tpuwatch.cloud.lifecycle import Lifecycle
 from tpuwatch.config import load_config
 from tpuwatch.sim.simulator import Simulator
@@ -45,21 +45,13 @@ def env(shared_sim: Simulator, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     return shared_sim
 
 
-def tw(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    """Run the tpuwatch CLI in-process: (exit code, stdout, stderr)."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    code = exit_info.value.code
-    return (code if isinstance(code, int) else 1), out, err
-
 
 def write_config(sim: Simulator, tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str],
                  *, job: str | None = None, fallback: list[str] | None = None) -> Path:
     """`tpuwatch init`, then the edits a user makes: startup script, command, checkpoint dir."""
     cfg = tmp_path / f"{name}.toml"
     args = ["init", name, "-o", str(cfg)] + (["--job", job] if job else [])
-    code, out, err = tw(capsys, *args)
+    code, out, err = run_cli(list(args), capsys)
     assert code == 0, err
     text = cfg.read_text()
     text = re.sub(r"(?m)^startup_script = .*$", f"startup_script = {json.dumps(str(RESUME))}", text)
@@ -89,9 +81,9 @@ def test_init_writes_a_config_load_config_accepts_and_leaves_the_node_alone(
     assert OWNER_LABEL not in env.world.node("init-a").spec.labels  # not without --adopt
     assert set(env.world.calls) == {"google.cloud.tpu.v2alpha1.Tpu/GetNode"}
 
-    code, _, err = tw(capsys, "init", "init-a", "-o", str(cfg_path))
+    code, _, err = run_cli(["init", "init-a", "-o", str(cfg_path)], capsys)
     assert code == 2 and "already exists; pass --force" in err
-    code, _, err = tw(capsys, "init", "no-such-tpu", "-o", str(tmp_path / "x.toml"))
+    code, _, err = run_cli(["init", "no-such-tpu", "-o", str(tmp_path / "x.toml")], capsys)
     assert code == 1 and "no TPU named no-such-tpu" in err
 
 
@@ -101,7 +93,7 @@ def test_recreate_dry_run_prints_the_requests_and_changes_nothing(
     cfg = write_config(env, tmp_path, "dry", capsys)
     before = env.world.node("dry").id
     env.world.reset_calls()
-    code, out, err = tw(capsys, "recreate", "dry", "-c", str(cfg), "--dry-run")
+    code, out, err = run_cli(["recreate", "dry", "-c", str(cfg), "--dry-run"], capsys)
     assert code == 0, err
     plan = json.loads(out)
     assert plan["delete"]["name"] == f"projects/{env.project}/locations/{ZONE_A}/nodes/dry"
@@ -118,7 +110,7 @@ def test_recreate_refuses_a_node_it_does_not_own(
     cfg = write_config(env, tmp_path, "theirs", capsys)
     env.world.reset_calls()
     before = env.world.node("theirs").id
-    code, _, err = tw(capsys, "recreate", "theirs", "-c", str(cfg), "--yes")
+    code, _, err = run_cli(["recreate", "theirs", "-c", str(cfg), "--yes"], capsys)
     assert code == 1
     assert f"has {OWNER_LABEL}=theirs-2, not {OWNER_LABEL}=theirs" in err and "--adopt" in err
     assert env.world.node("theirs").id == before
@@ -133,7 +125,7 @@ def test_recreate_without_tty_or_yes_is_a_usage_error(
     import io
 
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
-    code, _, err = tw(capsys, "recreate", "ask", "-c", str(cfg))
+    code, _, err = run_cli(["recreate", "ask", "-c", str(cfg)], capsys)
     assert code == 2 and "pass --yes" in err
     assert env.world.call_count("DeleteNode") == 0
 
@@ -143,7 +135,7 @@ def test_recreate_an_owned_node_gives_a_new_node_that_runs_the_startup_script(
     env.create_node("own", "v4-16", labels={OWNER_LABEL: "own", "team": "x"}, metadata={"k": "v"})
     cfg = write_config(env, tmp_path, "own", capsys)
     # A checkpoint_dir on the TPU VM cannot be read from here: the startup script only sets up.
-    code, out, err = tw(capsys, "recreate", "own", "-c", str(cfg), "--yes", "--json")
+    code, out, err = run_cli(["recreate", "own", "-c", str(cfg), "--yes", "--json"], capsys)
     assert code == 0, err
     assert "is on the TPU VM" in err and "starts the job from what it finds there" in err
     key = env.node_key("own")
@@ -157,7 +149,7 @@ def test_recreate_an_owned_node_gives_a_new_node_that_runs_the_startup_script(
     # With no checkpoint_dir (or gs://) the new node's startup script starts the job at boot.
     cfg.write_text(re.sub(r"(?m)^checkpoint_dir = .*$", 'checkpoint_dir = ""', cfg.read_text()))
     before = env.world.node("own").id
-    code, out, err = tw(capsys, "recreate", "own", "-c", str(cfg), "--yes", "--json")
+    code, out, err = run_cli(["recreate", "own", "-c", str(cfg), "--yes", "--json"], capsys)
     assert code == 0, err
     result = json.loads(out)
     rec = env.world.node("own")
@@ -192,7 +184,7 @@ def test_stockout_is_queueable_with_the_api_text_and_fallback_zone_is_used(
     env.world.clear_errors()
 
     env.world.stockout(ZONE_A)
-    code, out, err = tw(capsys, "recreate", "stock", "-c", str(cfg_path), "--yes")
+    code, out, err = run_cli(["recreate", "stock", "-c", str(cfg_path), "--yes"], capsys)
     assert code == 0, err
     assert f'create in {ZONE_A} failed: There is no more capacity in the zone "{ZONE_A}"' in out
     assert f"recreated stock in {ZONE_B} (fallback zone" in out
@@ -212,7 +204,7 @@ def test_quota_refusal_is_queueable_and_everywhere_out_fails_with_exit_1(
     assert refused.value.failure.queueable and refused.value.failure.reason == "quota"
     assert refused.value.failure.message.startswith("Quota limit 'TPUV4PerProjectPerRegionForTPUAPI' has been exceeded")
 
-    code, out, err = tw(capsys, "recreate", "quota", "-c", str(cfg_path), "--yes")
+    code, out, err = run_cli(["recreate", "quota", "-c", str(cfg_path), "--yes"], capsys)
     assert code == 1
     assert "could not create quota: no capacity or quota" in err and "Quota limit" in err
 
@@ -241,14 +233,14 @@ def test_a_node_from_a_queued_resource_is_recreated_through_one_with_the_same_ti
     assert 'queued_resource = "qr1"' in text and 'queued_resource_tier = "spot"' in text
     before = env.world.node("qnode").id
 
-    code, out, err = tw(capsys, "recreate", "qnode", "-c", str(cfg), "--dry-run")
+    code, out, err = run_cli(["recreate", "qnode", "-c", str(cfg), "--dry-run"], capsys)
     assert code == 0, err
     plan = json.loads(out)
     assert plan["delete"] == {"method": "google.cloud.tpu.v2.Tpu.DeleteQueuedResource",
                               "name": f"{parent}/queuedResources/qr1", "force": True}
     assert plan["create"]["queuedResourceId"] == "qr1" and "spot" in plan["create"]["queuedResource"]
 
-    code, out, err = tw(capsys, "recreate", "qnode", "-c", str(cfg), "--yes")
+    code, out, err = run_cli(["recreate", "qnode", "-c", str(cfg), "--yes"], capsys)
     assert code == 0, err
     rec = env.world.node("qnode")
     assert rec.id != before and rec.spec.spot and rec.spec.metadata["k"] == "v"
@@ -262,7 +254,7 @@ def test_an_unknown_fallback_zone_is_refused_before_anything_is_deleted(
     cfg = write_config(env, tmp_path, "fz", capsys, fallback=["europe-west9-z"])
     env.world.reset_calls()
     before = env.world.node("fz").id
-    code, _, err = tw(capsys, "recreate", "fz", "-c", str(cfg), "--yes")
+    code, _, err = run_cli(["recreate", "fz", "-c", str(cfg), "--yes"], capsys)
     assert code == 2
     assert "tpu.fallback_zones: 'europe-west9-z' cannot be used" in err
     assert env.world.node("fz").id == before and env.world.call_count("DeleteNode") == 0
@@ -275,10 +267,10 @@ def test_a_bad_spec_or_missing_startup_script_is_refused_before_anything_is_dele
     env.world.reset_calls()
     good = cfg.read_text()
     cfg.write_text(good.replace(f"startup_script = {json.dumps(str(RESUME))}", 'startup_script = "nope.sh"'))
-    code, _, err = tw(capsys, "recreate", "badspec", "-c", str(cfg), "--yes")
+    code, _, err = run_cli(["recreate", "badspec", "-c", str(cfg), "--yes"], capsys)
     assert code == 2 and "tpu.startup_script: file" in err and "nope.sh' not found" in err
     cfg.write_text(re.sub(r'(?m)^runtime_version = .*\n', "", good))
-    code, _, err = tw(capsys, "recreate", "badspec", "-c", str(cfg), "--yes")
+    code, _, err = run_cli(["recreate", "badspec", "-c", str(cfg), "--yes"], capsys)
     assert code == 2 and "tpu.spec.runtime_version: missing" in err
     assert env.world.call_count("DeleteNode") == 0 and env.world.has_node("badspec")
 
@@ -287,13 +279,13 @@ def test_init_adopt_refuses_a_node_owned_by_another_job(
         env: Simulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     env.create_node("other", "v4-8", labels={OWNER_LABEL: "other-job"})
     out = tmp_path / "other.toml"
-    code, _, err = tw(capsys, "init", "other", "-o", str(out), "--adopt")
+    code, _, err = run_cli(["init", "other", "-o", str(out), "--adopt"], capsys)
     assert code == 1 and "already belongs to job 'other-job'" in err
     assert not out.exists()
     assert env.world.node("other").spec.labels == {OWNER_LABEL: "other-job"}
-    code, _, err = tw(capsys, "init", "other", "-o", str(out), "--job", "Bad Name")
+    code, _, err = run_cli(["init", "other", "-o", str(out), "--job", "Bad Name"], capsys)
     assert code == 2 and "--job" in err
-    code, printed, err = tw(capsys, "init", "other", "-o", str(out), "--job", "other-job", "--adopt", "--json")
+    code, printed, err = run_cli(["init", "other", "-o", str(out), "--job", "other-job", "--adopt", "--json"], capsys)
     assert code == 0, err  # already labelled for this job: nothing to update
     assert json.loads(printed)["owned"] is True
 
@@ -302,10 +294,10 @@ def test_init_of_a_node_tpuwatch_created_recovers_the_job_settings(
         env: Simulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     env.create_node("again", "v4-8", labels={OWNER_LABEL: "again"})
     cfg = write_config(env, tmp_path, "again", capsys)
-    code, _, err = tw(capsys, "recreate", "again", "-c", str(cfg), "--yes")
+    code, _, err = run_cli(["recreate", "again", "-c", str(cfg), "--yes"], capsys)
     assert code == 0, err
     assert "tpuwatch-worker-script" in env.world.node("again").spec.metadata
-    code, _, err = tw(capsys, "init", "again", "-o", str(tmp_path / "again2.toml"))
+    code, _, err = run_cli(["init", "again", "-o", str(tmp_path / "again2.toml")], capsys)
     assert code == 0, err
     again = load_config(tmp_path / "again2.toml")
     assert again.job["command"] == load_config(cfg).job["command"]
@@ -318,7 +310,7 @@ def test_init_adopt_labels_the_live_node_so_recreate_may_delete_it(
     env.create_node("adopt", "v4-8", labels={"team": "x"}, metadata={"k": "v"})
     cfg = tmp_path / "adopt.toml"
     env.world.reset_calls()
-    code, out, err = tw(capsys, "init", "adopt", "-o", str(cfg), "--job", "run-7", "--adopt")
+    code, out, err = run_cli(["init", "adopt", "-o", str(cfg), "--job", "run-7", "--adopt"], capsys)
     assert code == 0, err
     assert "labelled the live TPU tpuwatch-job=run-7" in out
     rec = env.world.node("adopt")
@@ -330,7 +322,7 @@ def test_init_adopt_labels_the_live_node_so_recreate_may_delete_it(
     # adopted: the recreate needs no --adopt
     text = re.sub(r"(?m)^command = .*$", 'command = "true"', cfg.read_text())
     cfg.write_text(text)
-    code, out, err = tw(capsys, "recreate", "adopt", "-c", str(cfg), "--yes", "--json")
+    code, out, err = run_cli(["recreate", "adopt", "-c", str(cfg), "--yes", "--json"], capsys)
     assert code == 0, err
     assert json.loads(out)["new_id"] != str(rec.id)
     assert env.world.node("adopt").spec.labels == {"team": "x", OWNER_LABEL: "run-7"}
@@ -338,7 +330,7 @@ def test_init_adopt_labels_the_live_node_so_recreate_may_delete_it(
     # a node on a stopped or preempted path cannot be updated: the API's error, exit 3
     env.create_node("adopt-pre", "v4-8", spot=True)
     env.world.preempt("adopt-pre")
-    code, _, err = tw(capsys, "init", "adopt-pre", "-o", str(tmp_path / "pre.toml"), "--adopt")
+    code, _, err = run_cli(["init", "adopt-pre", "-o", str(tmp_path / "pre.toml"), "--adopt"], capsys)
     assert code == 3 and "update is not supported while in state PREEMPTED" in err
     assert OWNER_LABEL not in env.world.node("adopt-pre").spec.labels
 
@@ -350,16 +342,16 @@ def test_a_spec_with_v2alpha1_fields_is_recreated_through_v2alpha1_and_captured_
     cfg.write_text(cfg.read_text().replace(
         "[tpu.spec]\n",
         '[tpu.spec]\nautocheckpoint_enabled = true\nboot_disk = { enable_confidential_compute = true }\n', 1))
-    code, out, err = tw(capsys, "recreate", "alpha", "-c", str(cfg), "--dry-run")
+    code, out, err = run_cli(["recreate", "alpha", "-c", str(cfg), "--dry-run"], capsys)
     assert code == 0, err
     plan = json.loads(out)
     assert plan["create"]["method"] == "google.cloud.tpu.v2alpha1.Tpu.CreateNode"
     assert plan["create"]["node"]["autocheckpointEnabled"] is True
     env.world.reset_calls()
-    code, out, err = tw(capsys, "recreate", "alpha", "-c", str(cfg), "--yes")
+    code, out, err = run_cli(["recreate", "alpha", "-c", str(cfg), "--yes"], capsys)
     assert code == 0, err
     assert env.world.call_count("v2alpha1.Tpu/CreateNode") == 1 and env.world.call_count("v2.Tpu/CreateNode") == 0
-    code, _, err = tw(capsys, "init", "alpha", "-o", str(tmp_path / "alpha2.toml"))
+    code, _, err = run_cli(["init", "alpha", "-o", str(tmp_path / "alpha2.toml")], capsys)
     assert code == 0, err
     spec = load_config(tmp_path / "alpha2.toml").tpu["spec"]
     assert spec["autocheckpoint_enabled"] is True and spec["boot_disk"] == {"enable_confidential_compute": True}
@@ -375,11 +367,11 @@ def test_an_empty_or_bad_spec(env: Simulator, tmp_path: Path, capsys: pytest.Cap
     cfg.write_text(without)
     assert load_config(cfg).tpu["spec"] == {}
     env.world.reset_calls()
-    code, _, err = tw(capsys, "recreate", "nospec", "-c", str(cfg), "--yes")
+    code, _, err = run_cli(["recreate", "nospec", "-c", str(cfg), "--yes"], capsys)
     assert code == 2 and "tpu.spec: missing; run `tpuwatch init nospec`" in err
     # a misspelt key is refused when the config is read, by any command
     cfg.write_text(good.replace("runtime_version =", "runtime_versoin =", 1))
-    code, _, err = tw(capsys, "recreate", "nospec", "-c", str(cfg), "--dry-run")
+    code, _, err = run_cli(["recreate", "nospec", "-c", str(cfg), "--dry-run"], capsys)
     assert code == 2 and "tpu.spec.runtime_versoin: unknown key (did you mean 'runtime_version'?)" in err
     assert env.world.call_count("DeleteNode") == 0 and env.world.call_count("GetNode") == 0
 
@@ -395,10 +387,10 @@ def test_recreate_journals_each_step_and_refuses_while_a_watcher_holds_the_job(
     before = env.world.node("jrn").id
     # A watcher (or a cron check) holds the job: a person's recreate must not act beside it.
     with Journal.open(cfg.state_dir, cfg.job_name, cfg.tpu_name, wait=False):
-        code, _, err = tw(capsys, "recreate", "jrn", "-c", str(cfg_path), "--yes")
+        code, _, err = run_cli(["recreate", "jrn", "-c", str(cfg_path), "--yes"], capsys)
     assert code == 1 and "another tpuwatch" in err, err
     assert env.world.node("jrn").id == before and env.world.call_count("DeleteNode") == 0
-    code, _, err = tw(capsys, "recreate", "jrn", "-c", str(cfg_path), "--yes")
+    code, _, err = run_cli(["recreate", "jrn", "-c", str(cfg_path), "--yes"], capsys)
     assert code == 0, err
     with Journal.open(cfg.state_dir, cfg.job_name, cfg.tpu_name, readonly=True) as journal:
         lines = [e.reason for e in journal.events() if e.kind == "recreate"]
@@ -420,7 +412,7 @@ def test_a_slice_of_a_multislice_request_is_never_deleted_or_recreated_alone(
                              node_prefix="msn", zone=ZONE_A)
     env.world.wait_for(lambda w: w.get_queued_resource(env.project, ZONE_A, "msq").state == "ACTIVE", timeout=30)
     out = tmp_path / "msn.toml"
-    code, said, err = tw(capsys, "init", "msn-1", "-o", str(out))
+    code, said, err = run_cli(["init", "msn-1", "-o", str(out)], capsys)
     assert code == 0, err
     cfg = load_config(out)
     assert (cfg.tpu_name, cfg.tpu["names"], cfg.tpu["queued_resource"]) == ("msq", ("msn-0", "msn-1"), "msq")
@@ -442,7 +434,7 @@ def test_a_slice_of_a_multislice_request_is_never_deleted_or_recreated_alone(
     hand = tmp_path / "hand.toml"
     hand.write_text(re.sub(r'(?m)^queued_resource = .*$', 'queued_resource = "msq"',
                            re.sub(r'(?m)^name = "msx"$', 'name = "msn-0"', text)))
-    code, out, err = tw(capsys, "recreate", "msn-0", "-c", str(hand), "--dry-run", "--adopt")
+    code, out, err = run_cli(["recreate", "msn-0", "-c", str(hand), "--dry-run", "--adopt"], capsys)
     assert code == 1 and "multislice request (2 nodes)" in err and out == ""
     assert env.world.get_queued_resource(env.project, ZONE_A, "msq").state == "ACTIVE"
     assert {env.world.node(n, zone=ZONE_A).state for n in ("msn-0", "msn-1")} == {"READY"}

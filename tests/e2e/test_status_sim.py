@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
+from cli_helpers import cli_env, run
 from google.cloud import tpu_v2alpha1
 
-from tpuwatch.cli import main
 from tpuwatch.sim.simulator import Simulator
 
 STATES = list(tpu_v2alpha1.Node.State.__members__)
@@ -26,27 +25,6 @@ def tpu_sim(tmp_path: Path) -> Iterator[Simulator]:
         yield sim
 
 
-def cli_env(sim: Simulator, tmp_path: Path, **extra: str | None) -> dict[str, str | None]:
-    env: dict[str, str | None] = {
-        **sim.env,
-        "CLOUDSDK_CONFIG": str(tmp_path / "no-gcloud"),  # never the machine's gcloud config
-        "GOOGLE_CLOUD_PROJECT": None,
-        "TPUWATCH_API_BACKOFF_SCALE": "0.01",
-        "COLUMNS": "80",
-    }
-    env.update(extra)
-    return env
-
-
-def run(args: list[str], env: Mapping[str, str | None]) -> tuple[int, str, str]:
-    """The real entry point (exit-code mapping included), output captured."""
-    code = 0
-    with CliRunner().isolation(env=env) as (out, err, _):
-        try:
-            main(args)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-    return code, out.getvalue().decode(), err.getvalue().decode()
 
 
 def status_json(args: list[str], env: Mapping[str, str | None]) -> dict[str, Any]:

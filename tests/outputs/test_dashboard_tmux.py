@@ -112,7 +112,7 @@ def test_watch_dashboard_in_tmux_shows_node_state_attempt_and_checkpoint_step(
     assert tmux.screen(history=True).count("╭─ tpuwatch · pod") == 1
     # Ctrl-C stops watching and says so; the job keeps running on the workers.
     tmux("send-keys", "-t", "w", "C-c")
-    screen = tmux.wait_for(lambda s: "watch-exited-" in s, "watch to stop", timeout=15)
+    screen = tmux.wait_for(lambda s: "watch-exited-" in s, "watch to stop", timeout=60)
     assert "watch-exited-0" in screen and "stopped watching pod" in screen, screen
     before = max(int(p.name) for p in ck.iterdir() if p.name.isdigit())
     end = time.monotonic() + 10

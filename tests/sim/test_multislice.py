@@ -14,23 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_helpers import run_cli
 from google.api_core import exceptions
 from google.cloud import tpu_v2
 
-from tpuwatch.cli import main
 from tpuwatch.cloud.clients import tpu_client
 from tpuwatch.errors import UsageError
 from tpuwatch.sim import faults, scenario
 from tpuwatch.sim.records import NodeSpec
 from tpuwatch.sim.rest import RestFace
 from tpuwatch.sim.simulator import Simulator
-
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    out, err = capsys.readouterr()
-    return int(exc.value.code or 0), out, err
 
 
 def parent(sim: Simulator) -> str:

@@ -12,18 +12,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from cli_helpers import run_cli
 
-from tpuwatch.cli import main
 from tpuwatch.sim import scenario
 from tpuwatch.sim.rest import RestFace
 from tpuwatch.sim.simulator import Simulator
-
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    out, err = capsys.readouterr()
-    return int(exc.value.code or 0), out, err
 
 
 def get(url: str) -> dict[str, object]:

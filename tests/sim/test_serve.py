@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_helpers import run_cli
 
-from tpuwatch.cli import main
 from tpuwatch.cloud.clients import tpu_client
 from tpuwatch.errors import UsageError
 from tpuwatch.sim import scenario
@@ -22,12 +22,6 @@ from tpuwatch.sim.simulator import Simulator
 
 TPUWATCH = [sys.executable, "-m", "tpuwatch.cli"]
 
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    out, err = capsys.readouterr()
-    return int(exc.value.code or 0), out, err
 
 
 def alive(pid: int) -> bool:

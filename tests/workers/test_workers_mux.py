@@ -10,9 +10,11 @@ import itertools
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,8 +89,16 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
 
 
 @pytest.fixture
-def cluster(hosts: Hosts, tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(hosts, tmp_path)
+def short_tmp() -> Iterator[Path]:
+    """A directory whose sockets fit sun_path: tmp_path under a pytest-xdist worker is too long."""
+    d = Path(tempfile.mkdtemp(prefix="tw", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster(hosts: Hosts, short_tmp: Path) -> Iterator[Cluster]:
+    c = Cluster(hosts, short_tmp)
     yield c
     c.workers.close()
     hosts.destroy(c.key)
@@ -109,7 +119,8 @@ def _master_pid(path: str) -> int:
 # ---- socket paths and options (no network) ----------------------------------------------------
 
 
-def test_socket_paths_fit_the_unix_socket_limit_even_under_a_long_state_dir(tmp_path: Path) -> None:
+def test_socket_paths_fit_the_unix_socket_limit_even_under_a_long_state_dir(short_tmp: Path) -> None:
+    tmp_path = short_tmp
     short = OpenSsh(known_hosts=tmp_path / "kh", user="u", control_dir=tmp_path / "ssh")
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     long = OpenSsh(known_hosts=deep / "kh", user="u", control_dir=deep / "ssh")
@@ -167,7 +178,8 @@ def test_the_gcloud_transport_and_a_bastion_share_masters_unless_multiplex_is_of
         assert "ProxyJump=bastion" in direct and any(o.startswith("ControlMaster=") for o in direct) is multiplex
 
 
-def test_a_socket_directory_others_can_write_is_refused(tmp_path: Path) -> None:
+def test_a_socket_directory_others_can_write_is_refused(short_tmp: Path) -> None:
+    tmp_path = short_tmp
     d = tmp_path / "ssh"
     d.mkdir()
     d.chmod(0o777)
