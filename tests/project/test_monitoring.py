@@ -66,9 +66,9 @@ def full_snapshot() -> metrics.Snapshot:
         job="llm-pod", time=t, phase=Phase.RUNNING.value, attempt=3, restarts=1, max_restarts=3, recreates=1,
         max_recreates=2, restarts_charged_total=1, recreates_total=1, disruptions={"preempted": 1},
         checkpoint_step=100, checkpoint_time=t - timedelta(minutes=5), resumes=(42.0,), goodput=0.9,
-        api_requests={("tpu.googleapis.com", "get_node"): 7})
-    for f in dataclasses.fields(snap):
-        assert getattr(snap, f.name) not in (None, {}, ()), f"full_snapshot() leaves {f.name} empty"
+        api_requests={("tpu.googleapis.com", "get_node"): 7}, api_errors={("tpu.googleapis.com", "get_node"): 1})
+    for name, value in dataclasses.asdict(snap).items():
+        assert value not in (None, {}, ()), f"full_snapshot() leaves {name} empty"
     return snap
 
 
@@ -279,5 +279,6 @@ def test_the_dashboard_has_stock_panels_a_fleet_row_and_a_row_per_job() -> None:
     assert [r.get("repeat") for r in rows] == [None, "job"], "a fleet row, then a row repeated per job"
     titles = {p["title"] for p in ps}
     for needed in ("Phase", "Goodput", "Attempt", "Restarts and recreates against their budgets", "Time to resume",
-                   "Disruptions by kind (per hour)", "Goodput by job", "Jobs that need a person"):
+                   "Disruptions by kind (per hour)", "Goodput by job", "Jobs that need a person",
+                   "Google API requests and errors /s"):
         assert needed in titles, needed
