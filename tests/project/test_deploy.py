@@ -745,5 +745,6 @@ def test_the_deploy_doc_shows_the_unit_files_as_they_are() -> None:
     assert section, "docs/deploy.md has no '## Run it as a service' section"
     body = section.group(1)
     for needed in ("deploy/systemd/tpuwatch-watch@.service", "deploy/kubernetes", "roles/iam.workloadIdentityUser",
-                   "TPUWATCH_STATE_DIR", "Restart"):
+                   "TPUWATCH_STATE_DIR", "Restart", "deploy/monitoring/tpuwatch.dashboard.json",
+                   "deploy/monitoring/tpuwatch.rules.yaml", "components/rules"):
         assert needed in body, needed
