@@ -48,6 +48,7 @@ from tpuwatch.report import compute
 RESUME_BUCKETS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0)
 HEALTHY_POLLS = 3
 API_CURSOR = "metrics_api_requests"  # check: requests of earlier runs, so the counter keeps growing
+API_ERRORS_CURSOR = "metrics_api_errors"  # and their errors
 MIN_RATE_SPAN = 1.0  # seconds: an attempt shorter than this tells nothing of the step time
 
 
@@ -71,6 +72,7 @@ class Snapshot:
     resumes: tuple[float, ...]  # seconds from each interrupted attempt's end to the next launch
     goodput: float | None
     api_requests: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    api_errors: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 def goodput(job: str, events: Sequence[JournalEvent], attempts: Sequence[AttemptRow], now: datetime) -> float | None:
@@ -89,7 +91,8 @@ def resumes(attempts: Sequence[AttemptRow]) -> tuple[float, ...]:
 
 
 def snapshot(report: Any, journal: Journal, pcfg: PolicyConfig,
-             api_requests: Mapping[tuple[str, str], int] | None = None) -> Snapshot:
+             api_requests: Mapping[tuple[str, str], int] | None = None,
+             api_errors: Mapping[tuple[str, str], int] | None = None) -> Snapshot:
     """The numbers after a tick (`report`: tpuwatch.tick.TickReport), from it and the journal."""
     attempts = journal.attempts()
     mem = report.memory
@@ -109,6 +112,7 @@ def snapshot(report: Any, journal: Journal, pcfg: PolicyConfig,
         checkpoint_step=ck.step if ck is not None else None, checkpoint_time=ck.time if ck is not None else None,
         resumes=resumes(attempts), goodput=goodput(pcfg.job, journal.events(), attempts, report.time),
         api_requests=dict(calls.counts() if api_requests is None else api_requests),
+        api_errors=dict(calls.errors() if api_errors is None else api_errors),
     )
 
 
@@ -151,16 +155,19 @@ def families(s: Snapshot, now: datetime, *, api: bool = True) -> Iterator[Metric
         yield _gauge("tpuwatch_goodput_ratio", "productive training time / wall time since the first launch, as `tpuwatch report` "
                      "computes it", s.goodput, job)
     if api:
-        yield api_family(s.job, s.api_requests)
+        yield from api_families(s.job, s.api_requests, s.api_errors)
     yield _gauge("tpuwatch_last_tick_timestamp_seconds", "when the last tick began", s.time.timestamp(), job)
 
 
-def api_family(job: str, requests: Mapping[tuple[str, str], int]) -> CounterMetricFamily:
-    api = CounterMetricFamily("tpuwatch_api_requests", "requests sent to Google APIs (retries included)",
-                              labels=["job_name", "api", "method"])
-    for (name, method), n in sorted(requests.items()):
-        api.add_metric([job, name, method], float(n))
-    return api
+def api_families(job: str, requests: Mapping[tuple[str, str], int],
+                 errors: Mapping[tuple[str, str], int]) -> Iterator[CounterMetricFamily]:
+    for name, doc, counts in (("tpuwatch_api_requests", "requests sent to Google APIs (retries included)", requests),
+                              ("tpuwatch_api_errors", "requests to Google APIs that raised: an HTTP error, a timeout "
+                               "(retries included)", errors)):
+        fam = CounterMetricFamily(name, doc, labels=["job_name", "api", "method"])
+        for (api, method), n in sorted(counts.items()):
+            fam.add_metric([job, api, method], float(n))
+        yield fam
 
 
 def merged(snaps: Sequence[Snapshot], now: datetime) -> Iterator[Metric]:
@@ -178,7 +185,8 @@ def merged(snaps: Sequence[Snapshot], now: datetime) -> Iterator[Metric]:
                 out[fam.name] = fam
     yield from out.values()
     if snaps:
-        yield api_family("", max(snaps, key=lambda s: s.time).api_requests)
+        newest = max(snaps, key=lambda s: s.time)
+        yield from api_families("", newest.api_requests, newest.api_errors)
 
 
 def _gauge(name: str, doc: str, value: float, labels: list[str]) -> GaugeMetricFamily:
@@ -245,23 +253,30 @@ def check_textfile_path(path: Path) -> Path:
 def write_textfile(path: Path, report: Any, journal: Journal, pcfg: PolicyConfig) -> None:
     """Write the job's metrics in node_exporter's textfile format, atomically (a temporary file in
     the same directory, then a rename). API requests add up over runs (kept in the journal)."""
+    with journal.transaction():
+        requests = _added_up(journal, API_CURSOR, calls.counts())
+        errors = _added_up(journal, API_ERRORS_CURSOR, calls.errors())
+    registry, _ = registry_for(snapshot(report, journal, pcfg, requests, errors))
+    try:
+        write_to_textfile(str(path), registry)
+    except OSError as exc:
+        raise UsageError(f"--metrics-file {str(path)!r}: cannot write it: {exc.strerror or exc}") from None
+
+
+def _added_up(journal: Journal, cursor: str, now: Mapping[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+    """Counts of earlier runs (kept in the journal's `cursor`) plus this run's, saved back."""
     earlier: dict[tuple[str, str], int] = {}
-    text = journal.cursor(API_CURSOR)
+    text = journal.cursor(cursor)
     if text:
         try:
             earlier = {(a, m): int(n) for a, m, n in json.loads(text)}
         except (ValueError, TypeError):
             earlier = {}
     total = dict(earlier)
-    for k, n in calls.counts().items():
+    for k, n in now.items():
         total[k] = total.get(k, 0) + n
-    with journal.transaction():
-        journal.set_cursor(API_CURSOR, json.dumps(sorted([a, m, n] for (a, m), n in total.items())))
-    registry, _ = registry_for(snapshot(report, journal, pcfg, total))
-    try:
-        write_to_textfile(str(path), registry)
-    except OSError as exc:
-        raise UsageError(f"--metrics-file {str(path)!r}: cannot write it: {exc.strerror or exc}") from None
+    journal.set_cursor(cursor, json.dumps(sorted([a, m, n] for (a, m), n in total.items())))
+    return total
 
 
 # -- watch --metrics-port ----------------------------------------------------------------------

