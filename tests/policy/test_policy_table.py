@@ -509,6 +509,17 @@ def test_row_create_resume() -> None:
     assert d.row == "create_resume" and kinds(d) == ["create"]
 
 
+def test_a_node_still_creating_whose_operation_was_never_journaled_is_waited_for_not_judged() -> None:
+    # A watcher killed between its create call and the journal's record of the operation: the
+    # next one finds the node CREATING and no operation. It waits for it (never repair_timeout,
+    # which would delete it mid-create), until recovery.operation_timeout has passed.
+    creating = node("CREATING", id="n2")
+    d = tick(obs(creating), _creating(pending=None), now=5)  # type: ignore[arg-type]
+    assert d.row == "creating" and d.memory.phase is Phase.CREATING and kinds(d) == ["wait"]
+    d = tick(obs(creating), _creating(pending=None), now=int(CFG.operation_timeout) + 1)  # type: ignore[arg-type]
+    assert d.row == "created" and d.memory.phase is Phase.IDLE
+
+
 def test_row_created() -> None:
     d = tick(obs(node("CREATING", id="n2"), operation=op("op-c")), _creating(), now=5)  # type: ignore[arg-type]
     assert d.row == "created" and d.memory.phase is Phase.IDLE and d.operation_done == "op-c"

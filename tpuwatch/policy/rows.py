@@ -86,7 +86,7 @@ ROWS: tuple[Row, ...] = (
         "failed (exit 1), naming the operation; never a second delete or create beside it"),
     Row("create_after_delete", "node gone after tpuwatch's delete (and its queued resource, if it came from one)",
         "create it in the first zone"),
-    Row("creating", "tpuwatch's create in flight", "follow the operation; never a second create"),
+    Row("creating", "tpuwatch's create in flight", "follow the operation (none recorded: wait for the node still CREATING, up to operation_timeout); never a second create"),
     Row("create_resume", "CREATING with no operation recorded and no node",
         "create again (an ALREADY_EXISTS answer to it is success)"),
     Row("created", "tpuwatch's create finished (or ALREADY_EXISTS)", "resume: launch once READY+HEALTHY"),

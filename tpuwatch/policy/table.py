@@ -1090,6 +1090,13 @@ class _Tick:
             return self.out(mem, "creating", f"create of {name} done; waiting for the node to appear",
                             FollowOperation(mem.pending_op, "create", "create done, node not listed yet"))
         if op is None and node is not None:
+            if node.state == "CREATING" and not self.create_overdue(node):
+                # This job's create whose operation name was never journaled (a watcher killed
+                # right after the call): the node is on its way, not unhealthy; judging it
+                # against repair_timeout would delete it mid-create and create it again.
+                return self.out(mem, "creating", f"node {name} is being created in {mem.zone} (its create "
+                                                 "operation was not recorded); waiting for it",
+                                Wait(None, "node creating"))
             return self.created(mem, node)
         if op is None and mem.pending_op is None:
             return self.out(mem, "create_resume", f"no create operation recorded and node {name} is missing: "
@@ -1099,6 +1106,10 @@ class _Tick:
             return overdue
         return self.out(mem, "creating", f"creating node {name} in {mem.zone} (operation {mem.pending_op})",
                         FollowOperation(mem.pending_op, "create", "create in flight"))
+
+    def create_overdue(self, node: NodeSnapshot) -> bool:
+        """A node still CREATING for longer than recovery.operation_timeout (or of unknown age)."""
+        return node.create_time is None or _secs(self.now - node.create_time) >= self.cfg.operation_timeout
 
     def overdue(self, mem: Memory, kind: str) -> Decision | None:
         """Fail when the operation in flight is older than recovery.operation_timeout.
