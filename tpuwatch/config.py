@@ -662,6 +662,8 @@ def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[st
         raise ConfigError(
             f"tpu.names: a multislice queued resource names its nodes <prefix>-0, <prefix>-1, ... in order; got "
             f"{', '.join(t['names'])}. List them so, or drop tpu.queued_resource for separately created nodes")
+    if not t["queued_resource"]:
+        _queued_only(t["spec"], t["zone_overrides"])
     zonespec.check(t["spec"], t["zone_overrides"], t["zone"], t["fallback_zones"])
     known_checks = [*PRECHECK_IDS, *(c["name"] for c in out["precheck"]["custom"])]
     unknown_checks = set(out["precheck"]["skip"]) - set(known_checks)
@@ -672,6 +674,20 @@ def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[st
             f"checks are {', '.join(known_checks)}"
         )
     return out
+
+
+def _queued_only(spec: Mapping[str, Any], overrides: Mapping[str, Mapping[str, Any]]) -> None:
+    """ConfigError for a tier or reservation on a plain node: only a queued resource carries them
+    (the node's own scheduling config has no reservation name in google-cloud-tpu), so a recreate
+    would silently create the node without them."""
+    given = [("tpu.spec", spec), *((f'tpu.zone_overrides."{z}"', o) for z, o in overrides.items())]
+    for where, table in given:
+        for key in ("queued_resource_tier", "reservation_name"):
+            if table.get(key):
+                raise ConfigError(
+                    f"{where}.{key}: only a queued resource has a tier or a reservation, and tpu.queued_resource "
+                    "is not set, so a recreate would create the node without it; set tpu.queued_resource to the "
+                    "request that made the node (`tpuwatch init` writes both), or remove the key")
 
 
 # Keys an older tpuwatch accepted, and why they went: said plainly instead of "unknown key".

@@ -361,12 +361,14 @@ def qr_request_json(cfg: Config, zone: str, project: str,
     node = build_request(cfg, launch, zone)
     spec = zone_spec(cfg, zone)
     parent = f"projects/{project}/locations/{zone}"
+    tier = str(spec.get("queued_resource_tier", ""))
+    # v2alpha1 when the node spec or the tier needs it, as the adapter sends it
+    version = "v2alpha1" if tier in specmod.QR_ALPHA_TIERS else _api_version(node)
     return {
-        "method": f"google.cloud.tpu.{_api_version(node)}.Tpu.CreateQueuedResource",
+        "method": f"google.cloud.tpu.{version}.Tpu.CreateQueuedResource",
         "parent": parent,
         "queuedResourceId": queued_id(str(cfg.tpu["queued_resource"])),
-        "queuedResource": queued_request(parent, cfg.tpu_name, specmod.node_to_json(node),
-                                         str(spec.get("queued_resource_tier", "")),
+        "queuedResource": queued_request(parent, cfg.tpu_name, specmod.node_to_json(node), tier,
                                          str(spec.get("reservation_name", "")), tuple(cfg.tpu["names"])),
     }
 

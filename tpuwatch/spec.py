@@ -74,8 +74,11 @@ SPEC_KEYS: dict[str, tuple[str, str]] = {
     "shielded_secure_boot": ("bool", "Shielded VM secure boot"),
     "boot_disk": ("boot_disk", "v2alpha1: { kms_key_name = \"...\", enable_confidential_compute = false }"),
     "autocheckpoint_enabled": ("bool", "v2alpha1: SIGTERM the workload before maintenance"),
-    "queued_resource_tier": ("str", "for a node made through a queued resource: \"spot\", \"guaranteed\" or \"\" (on demand)"),
-    "reservation_name": ("str", "queued resource: the reservation to draw from"),
+    "queued_resource_tier": ("str", "for a node made through a queued resource: \"spot\", \"guaranteed\", "
+                             "\"reserved\" (guaranteed on reserved capacity), \"best_effort\" or \"\" (on demand); "
+                             "reserved and best_effort are v2alpha1 tiers"),
+    "reservation_name": ("str", "queued resource: the reservation to draw from, "
+                         "\"projects/P/locations/ZONE/reservations/NAME\" (or folders/F, organizations/O)"),
 }
 REQUIRED = ("runtime_version",)
 ALPHA_ONLY = ("boot_disk", "autocheckpoint_enabled")
@@ -88,7 +91,14 @@ _SUBTABLES: dict[str, dict[str, str]] = {
 }
 ACCELERATOR_TYPES = ("V2", "V3", "V4", "V5LITE_POD", "V5P", "V6E")
 DISK_MODES = ("READ_WRITE", "READ_ONLY")
-QR_TIERS = ("", "spot", "guaranteed")
+# The tier of a queued resource: the request's `tier` oneof (spot, guaranteed, v2alpha1's best_effort)
+# with "reserved" for v2alpha1's guaranteed.reserved (gcloud alpha `--reserved`). v2 sees only spot
+# and guaranteed: the others are read and sent through v2alpha1.
+QR_TIERS = ("", "spot", "guaranteed", "reserved", "best_effort")
+QR_ALPHA_TIERS = ("reserved", "best_effort")
+# A reservation as the API names it (the queued resource's reservationName); gcloud expands a short
+# name to the project form and `--reservation-host-folder` / `-organization` to theirs, "-" = any.
+RESERVATION_NAME = re.compile(r"^(projects|folders|organizations)/[^/\s]+/locations/[^/\s]+/reservations/[^/\s]+$")
 
 
 def _did_you_mean(word: str, options: list[str]) -> str:
@@ -191,8 +201,15 @@ def _network_table(cfg: Any, keep_defaults: bool) -> dict[str, Any]:
 
 
 def capture_queued_resource(qr: Any) -> dict[str, Any]:
-    """The spec keys for a node that came from queued resource `qr` (a tpu_v2.QueuedResource)."""
-    tier = "spot" if "spot" in qr else "guaranteed" if "guaranteed" in qr else ""
+    """The spec keys for a node that came from queued resource `qr`: its tier and reservation.
+
+    Takes a `tpu_v2alpha1.QueuedResource`, which holds every tier, or a `tpu_v2.QueuedResource`
+    (where v2alpha1 is not served), which cannot show best_effort or guaranteed.reserved.
+    """
+    pb = type(qr).pb(qr)
+    tier = pb.WhichOneof("tier") or ""
+    if tier == "guaranteed" and "reserved" in pb.guaranteed.DESCRIPTOR.fields_by_name and pb.guaranteed.reserved:
+        tier = "reserved"
     table: dict[str, Any] = {"queued_resource_tier": tier}
     if qr.reservation_name:
         table["reservation_name"] = qr.reservation_name
@@ -250,11 +267,14 @@ def validate_spec(spec: Mapping[str, Any], *, key: str = "tpu.spec") -> dict[str
             raise ConfigError(f"{key}.data_disks[{i}].source_disk: missing")
         if disk.get("mode", "READ_WRITE") not in DISK_MODES:
             raise ConfigError(f"{key}.data_disks[{i}].mode: {disk['mode']!r} is not one of {', '.join(DISK_MODES)}")
-    if spec.get("queued_resource_tier", "") not in QR_TIERS:
+    tier = spec.get("queued_resource_tier", "")
+    if tier not in QR_TIERS:
         raise ConfigError(
-            f"{key}.queued_resource_tier: {spec['queued_resource_tier']!r} is not one of "
-            "\"spot\", \"guaranteed\" or \"\""
+            f"{key}.queued_resource_tier: {tier!r} is not one of "
+            f"{', '.join(repr(t) for t in QR_TIERS[1:])} or \"\" (on demand)"
+            f"{_did_you_mean(str(tier).replace('-', '_').lower(), list(QR_TIERS[1:]))}"
         )
+    check_reservation(f"{key}.reservation_name", spec.get("reservation_name", ""))
     if sum(bool(spec.get(k)) for k in ("spot", "preemptible", "reserved")) > 1:
         raise ConfigError(f"{key}.spot: at most one of spot, preemptible and reserved may be true")
     labels = spec.get("labels", {})
@@ -273,6 +293,16 @@ def validate_spec(spec: Mapping[str, Any], *, key: str = "tpu.spec") -> dict[str
             )
     check_metadata(spec.get("metadata", {}), key=f"{key}.metadata")
     return dict(spec)
+
+
+def check_reservation(where: str, value: str) -> None:
+    """ConfigError unless `value` is "" or a reservation's full name (the API takes no short one)."""
+    if value and not RESERVATION_NAME.match(value):
+        raise ConfigError(
+            f"{where}: {value!r} is not a reservation's full name; write "
+            "\"projects/PROJECT/locations/ZONE/reservations/NAME\" (`tpuwatch init` copies it from the "
+            "queued resource)"
+        )
 
 
 def _check_value(where: str, kind: str, value: Any) -> None:

@@ -90,7 +90,11 @@ def problems(spec: Mapping[str, Any], primary: str, zone: str) -> list[tuple[str
 
 def check_overrides(value: Any) -> dict[str, dict[str, Any]]:
     """Validate the `[tpu.zone_overrides]` table's shape (zones, keys, value types)."""
-    from tpuwatch.spec import SPEC_KEYS, _check_value  # the spec's own value rules
+    from tpuwatch.spec import (  # the spec's own value rules
+        SPEC_KEYS,
+        _check_value,
+        check_reservation,
+    )
 
     if not isinstance(value, Mapping):
         raise ConfigError(f'{KEY}: expected a table of zones, e.g. [{KEY}."us-east5-a"]')
@@ -107,6 +111,8 @@ def check_overrides(value: Any) -> dict[str, dict[str, Any]]:
                     f"{where}.{k}: cannot be set per zone; a zone override holds only the regional "
                     f"and zonal spec keys: {', '.join(OVERRIDABLE)}")
             _check_value(f"{where}.{k}", SPEC_KEYS[k][0], v)
+            if k == "reservation_name":
+                check_reservation(f"{where}.{k}", v)
         for i, disk in enumerate(table.get("data_disks") or ()):
             if not disk.get("source_disk"):
                 raise ConfigError(f"{where}.data_disks[{i}].source_disk: missing")

@@ -157,6 +157,12 @@ def test_build_node_sets_owner_label_to_the_job_exactly() -> None:
          "tpu.spec.metadata.big: 262145 bytes is over the metadata value limit"),
         ({"accelerator_type": "v4-8", "runtime_version": "rt",
           "metadata": {f"k{i}": "x" * 200_000 for i in range(3)}}, "512 KB"),
+        ({"accelerator_type": "v4-8", "runtime_version": "rt", "queued_resource_tier": "best-effort"},
+         "tpu.spec.queued_resource_tier: 'best-effort' is not one of 'spot', 'guaranteed', 'reserved', "
+         "'best_effort' or \"\" (on demand) (did you mean 'best_effort'?)"),
+        ({"accelerator_type": "v4-8", "runtime_version": "rt", "reservation_name": "my-res"},
+         "tpu.spec.reservation_name: 'my-res' is not a reservation's full name; write "
+         "\"projects/PROJECT/locations/ZONE/reservations/NAME\""),
     ],
 )
 def test_bad_specs_name_the_key(spec: dict[str, object], needle: str) -> None:
@@ -196,3 +202,50 @@ def test_render_config_is_accepted_by_load_config(tmp_path: Path) -> None:
     assert cfg.get("job.checkpoint_dir") == "gs://b/run/ckpt"
     assert cfg.tpu["spec"]["metadata"]["startup-script"] == "#!/bin/bash\necho old\n"
     assert "# [recovery]" in text and "# [ssh]" in text
+
+
+@pytest.mark.parametrize(("tier", "reserved", "expected"), [
+    ("best_effort", False, "best_effort"), ("guaranteed", True, "reserved"), ("guaranteed", False, "guaranteed"),
+    ("spot", False, "spot"), ("", False, ""),
+])
+def test_a_queued_resources_tier_is_captured_from_v2alpha1_and_asked_for_again(
+        tier: str, reserved: bool, expected: str) -> None:
+    from google.cloud import tpu_v2alpha1
+
+    from tpuwatch.cloud.lifecycle import TIER_FIELDS, queued_request
+    from tpuwatch.cloud.tpu import parse_message
+
+    res = "projects/p/locations/us-central2-b/reservations/r1"
+    qr = tpu_v2alpha1.QueuedResource(reservation_name=res)
+    if tier == "guaranteed":
+        qr.guaranteed = tpu_v2alpha1.QueuedResource.Guaranteed(reserved=reserved)
+    elif tier:
+        setattr(qr, tier, {})
+    table = specmod.capture_queued_resource(qr)
+    assert table == {"queued_resource_tier": expected, "reservation_name": res}
+    specmod.validate_spec({"accelerator_type": "v4-8", "runtime_version": "rt", **table})
+    assert set(TIER_FIELDS) == set(specmod.QR_TIERS) - {""}
+    request = queued_request("projects/p/locations/us-central2-b", "pod", {"acceleratorType": "v4-8"}, expected, res)
+    version, msg = parse_message("QueuedResource", request, "tpu.spec")
+    # v2 cannot hold best_effort or guaranteed.reserved: such a request goes through v2alpha1
+    assert version == ("v2alpha1" if expected in specmod.QR_ALPHA_TIERS else "v2")
+    assert specmod.capture_queued_resource(msg) == table
+
+
+def test_a_tier_or_reservation_on_a_plain_node_is_refused(tmp_path: Path) -> None:
+    """Only a queued resource carries them: on a plain node a recreate would drop them silently."""
+    from tpuwatch.config import load_config
+
+    path = tmp_path / "tpuwatch.toml"
+    base = ('[tpu]\nname = "pod"\nzone = "us-central2-b"\n{qr}[tpu.spec]\naccelerator_type = "v4-8"\n'
+            'runtime_version = "rt"\n{key}\n[job]\ncommand = "python3 train.py"\n')
+    for key in ('queued_resource_tier = "best_effort"',
+                'reservation_name = "projects/p/locations/us-central2-b/reservations/r1"'):
+        path.write_text(base.format(qr="", key=key))
+        with pytest.raises(ConfigError) as err:
+            load_config(path)
+        assert err.value.message.startswith(f"tpu.spec.{key.split()[0]}: only a queued resource has a tier or a "
+                                            "reservation, and tpu.queued_resource is not set"), err.value.message
+        assert err.value.exit_code == 2
+        path.write_text(base.format(qr='queued_resource = "qr1"\n', key=key))
+        load_config(path)

@@ -21,7 +21,7 @@ RESERVATION = "projects/p/locations/us-central2-b/reservations/r1"
 def config(tmp_path: Path, fallback: list[str], spec: str, overrides: str = "", zone: str = "us-central2-b") -> Path:
     path = tmp_path / "tpuwatch.toml"
     zones = ", ".join(f'"{z}"' for z in fallback)
-    path.write_text(f'[tpu]\nname = "pod"\nzone = "{zone}"\nfallback_zones = [{zones}]\n'
+    path.write_text(f'[tpu]\nname = "pod"\nzone = "{zone}"\nfallback_zones = [{zones}]\nqueued_resource = "qr1"\n'
                     '[tpu.spec]\naccelerator_type = "v4-8"\nruntime_version = "tpu-ubuntu2204-base"\n'
                     f'{spec}\n[job]\ncommand = "python3 train.py"\n{overrides}')
     return path

@@ -296,3 +296,35 @@ def test_queued_resources_multislice_create_describe_list_delete(gcloud: Gcloud)
     assert gone.returncode == 0, gone.stderr
     world.wait_for(lambda w: not w.nodes() and not w.list_queued_resources(gcloud.sim.project, gcloud.sim.zone),
                    what="every node and the request gone", timeout=60)
+
+
+def test_gcloud_alpha_reserved_tier_and_reservation_are_what_init_writes(
+        gcloud: Gcloud, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`gcloud alpha ... queued-resources create --reserved --reservation=NAME` (v2alpha1
+    guaranteed.reserved, reservationName expanded to the full name): `tpuwatch init` on its node,
+    over gRPC, writes both into the spec; the GA (v2) describe cannot show `reserved`."""
+    from cli_helpers import run_cli
+
+    from tpuwatch.config import load_config
+
+    sim, z = gcloud.sim, f"--zone={gcloud.sim.zone}"
+    made = gcloud("alpha", "compute", "tpus", "queued-resources", "create", "rq", z, "--node-id=rnode",
+                  "--accelerator-type=v4-8", "--runtime-version=tpu-ubuntu2204-base", "--reserved",
+                  "--reservation=tpu-res")
+    assert made.returncode == 0, made.stderr
+    reservation = f"projects/{sim.project}/locations/{sim.zone}/reservations/tpu-res"
+    sim.world.wait_for(lambda w: w.get_queued_resource(sim.project, sim.zone, "rq").state == "ACTIVE",
+                       what="the request ACTIVE", timeout=60)
+    qr = sim.world.get_queued_resource(sim.project, sim.zone, "rq")
+    assert (qr.tier, qr.reservation, qr.api_version) == ("reserved", reservation, "v2alpha1")
+    alpha = gcloud("alpha", "compute", "tpus", "queued-resources", "describe", "rq", z,
+                   "--format=value(guaranteed.reserved,reservationName)")
+    assert alpha.returncode == 0 and alpha.stdout.split() == ["True", reservation], alpha.stderr
+    ga = gcloud("compute", "tpus", "queued-resources", "describe", "rq", z, "--format=json(guaranteed)")
+    assert ga.returncode == 0 and "reserved" not in ga.stdout, ga.stdout + ga.stderr
+
+    out = tmp_path / "rnode.toml"
+    code, _, err = run_cli(["init", "rnode", "-o", str(out)], capsys)
+    assert code == 0, err
+    spec = load_config(out).tpu["spec"]
+    assert (spec["queued_resource_tier"], spec["reservation_name"]) == ("reserved", reservation)

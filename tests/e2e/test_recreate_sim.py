@@ -248,6 +248,54 @@ def test_a_node_from_a_queued_resource_is_recreated_through_one_with_the_same_ti
     assert env.world.get_queued_resource(env.project, ZONE_A, "qr1").state == "ACTIVE"
 
 
+@pytest.mark.parametrize(("tier", "alpha_tier", "reservation"), [
+    ("best_effort", {"best_effort": {}}, ""),
+    ("reserved", {"guaranteed": {"reserved": True}}, ""),
+    ("guaranteed", {"guaranteed": {}}, "projects/{project}/locations/{zone}/reservations/tpu-res"),
+])
+def test_a_v2alpha1_tier_and_a_reservation_are_captured_and_asked_for_again_on_recreate(
+        env: Simulator, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        tier: str, alpha_tier: dict[str, object], reservation: str) -> None:
+    """best_effort and guaranteed.reserved exist only in v2alpha1 (gcloud alpha --best-effort,
+    --reserved): read through v2, the request looks on demand, and a recreate from that would
+    draw on other quota. The request the simulator receives on recreate must ask for the same."""
+    from google.cloud import tpu_v2alpha1
+
+    from tpuwatch.cloud import clients
+
+    qr_id, node_id = f"qr-{tier.replace('_', '-')}", f"n-{tier.replace('_', '-')}"
+    parent = f"projects/{env.project}/locations/{ZONE_A}"
+    reservation = reservation.format(project=env.project, zone=ZONE_A)
+    node = tpu_v2alpha1.Node(accelerator_type="v4-8", runtime_version="tpu-ubuntu2204-base",
+                             labels={OWNER_LABEL: node_id})
+    request = tpu_v2alpha1.CreateQueuedResourceRequest(
+        parent=parent, queued_resource_id=qr_id,
+        queued_resource=tpu_v2alpha1.QueuedResource.from_json(json.dumps(
+            {"tpu": {"nodeSpec": [{"parent": parent, "nodeId": node_id,
+                                   "node": json.loads(tpu_v2alpha1.Node.to_json(node))}]},
+             **{("bestEffort" if k == "best_effort" else k): v for k, v in alpha_tier.items()},
+             **({"reservationName": reservation} if reservation else {})})))
+    clients.tpu_client("v2alpha1").create_queued_resource(request=request)
+    env.world.wait_for(lambda w: w.has_node(node_id) and w.node(node_id).state == "READY", timeout=20)
+    env.world.wait_for(lambda w: w.get_queued_resource(env.project, ZONE_A, qr_id).state == "ACTIVE", timeout=20)
+    first = env.world.get_queued_resource(env.project, ZONE_A, qr_id)
+    assert (first.tier, first.reservation) == (tier, reservation)
+
+    cfg = write_config(env, tmp_path, node_id, capsys)
+    spec = load_config(cfg).tpu["spec"]
+    assert spec["queued_resource_tier"] == tier and spec.get("reservation_name", "") == reservation
+
+    before = env.world.node(node_id).id
+    code, _, err = run_cli(["recreate", node_id, "-c", str(cfg), "--yes"], capsys)
+    assert code == 0, err
+    assert env.world.node(node_id).id != before
+    again = env.world.get_queued_resource(env.project, ZONE_A, qr_id)
+    assert again.create_ns != first.create_ns and again.state == "ACTIVE"
+    assert (again.tier, again.reservation) == (tier, reservation), again.spec_json
+    if tier in ("best_effort", "reserved"):  # only v2alpha1 can ask for these
+        assert again.api_version == "v2alpha1"
+
+
 def test_an_unknown_fallback_zone_is_refused_before_anything_is_deleted(
         env: Simulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     env.create_node("fz", "v4-8", labels={OWNER_LABEL: "fz"})

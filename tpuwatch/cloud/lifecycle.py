@@ -79,6 +79,17 @@ def refuse_multislice(status: QueuedStatus, slices: int = 0) -> None:
 MAINTENANCE_REFUSALS = frozenset({"UNIMPLEMENTED", "FAILED_PRECONDITION"})
 
 
+# The request's tier field for each `queued_resource_tier` (spec.QR_TIERS). best_effort and
+# guaranteed.reserved exist only in v2alpha1: a request with them cannot be parsed as v2, so the
+# adapter sends it through v2alpha1 (cloud.tpu.parse_message).
+TIER_FIELDS: dict[str, dict[str, Any]] = {
+    "spot": {"spot": {}},
+    "guaranteed": {"guaranteed": {}},
+    "reserved": {"guaranteed": {"reserved": True}},
+    "best_effort": {"bestEffort": {}},
+}
+
+
 def queued_id(value: str) -> str:
     """The id in [tpu] queued_resource ("" for a plain node); a full name keeps only its id."""
     return str(value or "").rsplit("/", 1)[-1]
@@ -199,10 +210,8 @@ def queued_request(parent: str, name: str, node: Mapping[str, Any], tier: str = 
     else:
         spec["nodeId"] = name
     request: dict[str, Any] = {"tpu": {"nodeSpec": [spec]}}
-    if tier == "spot":
-        request["spot"] = {}
-    elif tier == "guaranteed":
-        request["guaranteed"] = {}
+    if tier:
+        request.update(TIER_FIELDS[tier])
     if reservation:
         request["reservationName"] = reservation
     return request

@@ -1,10 +1,11 @@
 """The Cloud TPU adapter (ports.TpuApi): nodes as `NodeSnapshot`s, create/delete, operations.
 
 Reads go through the v2alpha1 API only: its Node holds every v2 field plus
-`upcoming_maintenance`, so one get per node per poll sees everything (v2 is used for reads
-only if v2alpha1 answers UNIMPLEMENTED). Writes and operations use v2, except a create whose
-spec has fields only v2alpha1 knows (boot_disk_config, autocheckpoint_enabled), which goes
-through v2alpha1 rather than losing them. Every request is one RPC under `tpuwatch.cloud.retry`
+`upcoming_maintenance`, and its QueuedResource the best_effort tier and guaranteed.reserved,
+so one get sees everything (v2 is used for reads only if v2alpha1 answers UNIMPLEMENTED).
+Writes and operations use v2, except a create whose request has fields only v2alpha1 knows
+(boot_disk_config, autocheckpoint_enabled, a queued resource's best_effort or
+guaranteed.reserved), which goes through v2alpha1 rather than losing them. Every request is one RPC under `tpuwatch.cloud.retry`
 (the client's own retry is off), so call counts are exact.
 
 Public calls: get_node / require_node / list_nodes / get_node_message / host_keys (reads), create_node /
@@ -182,6 +183,23 @@ def primary_endpoints(pb: Any) -> list[Any]:
     reads them: worker k is entry k x networks); the others are secondary NICs, not workers."""
     nets = max(1, len(pb.network_configs))
     return list(pb.network_endpoints)[::nets]
+
+
+def multislice_params(qr: Any) -> tuple[int, str]:
+    """(node count, node id prefix) of a multislice queued resource, (0, "") for one node. v2 names
+    the node spec's field `multislice_params`, v2alpha1 `multi_node_params`."""
+    specs = _pb(qr).tpu.node_spec
+    if not specs:
+        return 0, ""
+    spec = specs[0]
+    fields = spec.DESCRIPTOR.fields_by_name
+    if "multislice_params" in fields and spec.HasField("multislice_params"):
+        params = spec.multislice_params
+    elif "multi_node_params" in fields and spec.HasField("multi_node_params"):
+        params = spec.multi_node_params
+    else:
+        return 0, ""
+    return int(params.node_count), str(params.node_id_prefix)
 
 
 _LOCATION_NOT_FOUND = (
@@ -430,23 +448,21 @@ class TpuAdapter:
         return out
 
     def get_queued_resource(self, name: str) -> Any | None:
-        """A `tpu_v2.QueuedResource` by short or full name, or None when it does not exist."""
-        from google.cloud import tpu_v2
-
+        """A `tpu_v2alpha1.QueuedResource` (`tpu_v2` where v2alpha1 is not served) by short or
+        full name, or None when it does not exist. Read like a node, through v2alpha1: only it
+        shows the best_effort tier and guaranteed.reserved, which a recreate must ask for again."""
         full = self.queued_resource_name(name)
-        call = Call("TPU API", "get_queued_resource", full, "tpu.queuedResources.get", "tpu.googleapis.com")
-        client = self._client("v2")
 
-        def get() -> Any:
+        def get(client: Any, types: Any) -> Any:
             try:
-                return client.get_queued_resource(request=tpu_v2.GetQueuedResourceRequest(name=full), retry=None,
+                return client.get_queued_resource(request=types.GetQueuedResourceRequest(name=full), retry=None,
                                                   timeout=RPC_TIMEOUT)
             except gexc.NotFound as exc:
                 if _zone_not_found(exc):
                     raise
                 return None
 
-        return self._call(call, get, read=True)
+        return self._read("get_queued_resource", full, "tpu.queuedResources.get", get)
 
     def queued_status(self, name: str, zone: str | None = None) -> QueuedStatus:
         """The queued resource's state as a model value (state "" when it does not exist)."""
@@ -459,9 +475,8 @@ class TpuAdapter:
         code, message = 0, ""
         if state.HasField("failed_data"):
             code, message = int(state.failed_data.error.code), state.failed_data.error.message
-        specs = pb.tpu.node_spec
-        count = specs[0].multislice_params.node_count if specs and specs[0].HasField("multislice_params") else 0
-        return QueuedStatus(full, enum_name(state, "state"), code, message, int(count))
+        count, _prefix = multislice_params(qr)
+        return QueuedStatus(full, enum_name(state, "state"), code, message, count)
 
     def require_node(self, name: str) -> NodeSnapshot:
         """get_node, or NotFoundError (exit 1) saying where tpuwatch looked."""

@@ -75,7 +75,7 @@ def _job_name(job: str | None, name: str) -> str:
 def command(name: str, output: Path, job: str | None, adopt: bool, force: bool, project: str | None,
             zone: str | None, as_json: bool) -> None:
     from tpuwatch.cloud.location import resolve
-    from tpuwatch.cloud.tpu import TpuAdapter
+    from tpuwatch.cloud.tpu import TpuAdapter, multislice_params
     from tpuwatch.config import load_config
     from tpuwatch.recreate import set_owner_label, wait_operation
 
@@ -104,13 +104,12 @@ def command(name: str, output: Path, job: str | None, adopt: bool, force: bool, 
     slices: list[str] = []
     if node.multislice_node:
         # One slice of a multislice request: the job is the whole request, kept alive as one.
-        params = qr.tpu.node_spec[0].multislice_params if qr is not None and qr.tpu.node_spec else None
-        if params is None or params.node_count < 2:
+        count, prefix = multislice_params(qr) if qr is not None else (0, "")
+        if count < 2:
             raise UsageError(
                 f"TPU {name} is one slice of a multislice request that cannot be read "
                 f"({qr_short or 'no queued resource named'}); list its nodes in tpu.names by hand")
-        prefix = params.node_id_prefix or qr_short
-        slices = [f"{prefix}-{i}" for i in range(params.node_count)]
+        slices = [f"{prefix or qr_short}-{i}" for i in range(count)]
     group = qr_short if slices else name
     job_name = _job_name(job, group)
     labelled = {name: dict(node.labels)}

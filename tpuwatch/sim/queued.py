@@ -25,6 +25,18 @@ from tpuwatch.sim.records import (
 MULTISLICE_PREFIX = re.compile(r"^[A-Za-z0-9_.+%-]+$")
 
 
+def tier_of(request: dict[str, Any]) -> str:
+    """The tier a QueuedResource (JSON) asks for: its `tier` oneof, with v2alpha1's
+    guaranteed.reserved told apart."""
+    if "spot" in request:
+        return "spot"
+    if "bestEffort" in request:
+        return "best_effort"
+    if "guaranteed" in request:
+        return "reserved" if (request["guaranteed"] or {}).get("reserved") else "guaranteed"
+    return ""
+
+
 class QueuedResources(NodeLifecycle):
     """Queued-resource requests and the nodes they make."""
 
@@ -107,9 +119,10 @@ class QueuedResources(NodeLifecycle):
                         f"Invalid node_id {nid!r} in the queued resource's node spec",
                     )
             try:
-                reservation = str(json.loads(spec_json or "{}").get("reservationName", ""))
+                request = json.loads(spec_json or "{}")
             except ValueError:
-                reservation = ""
+                request = {}
+            reservation = str(request.get("reservationName", ""))
             self._validate_spec(zone, spec, reservation)
             key = f"{project}/{zone}/{qr_id}"
             if key in self._queued:
@@ -129,6 +142,8 @@ class QueuedResources(NodeLifecycle):
                 api_version=api_version,
                 node_count=node_count,
                 node_prefix=node_prefix if node_count else "",
+                tier=tier_of(request),
+                reservation=reservation,
             )
             self._queued[key] = qr
             op = self._new_op(

@@ -119,6 +119,10 @@ class QueuedRec:
     api_version: str = "v2"
     node_count: int = 0  # multislice: how many nodes (> 1), named `<node_prefix>-<i>`
     node_prefix: str = ""
+    # As the request asked: "spot", "guaranteed", "reserved" (v2alpha1 guaranteed.reserved),
+    # "best_effort" (v2alpha1) or "" (on demand); and its reservationName.
+    tier: str = ""
+    reservation: str = ""
 
     @property
     def full_name(self) -> str:
