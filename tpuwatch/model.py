@@ -86,6 +86,9 @@ class NodeSnapshot:
     metadata_keys: tuple[str, ...] = ()
     # A multislice job's nodes, in slice order (`combine_slices`); empty for one node
     slices: tuple[NodeSnapshot, ...] = ()
+    # The multislice queued resource that made this node with its other slices (full name; the
+    # API's `queued_resource` when `multislice_node`), "" for a node made alone
+    multislice_request: str = ""
 
     @property
     def full_name(self) -> str:
@@ -123,6 +126,24 @@ class NodeSnapshot:
     def owned_by(self, job: str) -> bool:
         """True only when the ownership label equals `job` exactly (`myjob-2` is not `myjob`'s)."""
         return bool(job) and self.owner == job
+
+
+def megascale_from_runtime(node: NodeSnapshot) -> bool:
+    """Whether the TPU runtime tells a multislice job's workers how to join the slices itself:
+    slices made together by one multislice queued resource get MEGASCALE_COORDINATOR_ADDRESS,
+    MEGASCALE_NUM_SLICES and MEGASCALE_SLICE_ID in their `tpu-env` metadata (JAX and libtpu
+    read it; an environment variable overrides it). Slices created one by one get none."""
+    requests = {s.multislice_request for s in node.slices}
+    return len(requests) == 1 and "" not in requests
+
+
+def megascale_note(node: NodeSnapshot) -> str:
+    """Where a multislice job's MEGASCALE_* come from, said in its launch event; "" for one node."""
+    if not node.slices:
+        return ""
+    if megascale_from_runtime(node):
+        return "MEGASCALE_* from the TPU runtime's tpu-env (one multislice queued resource)"
+    return "MEGASCALE_* set by tpuwatch in tpu.names order (slices created one by one)"
 
 
 # The order a multislice job shows the worst of its slices' states in: going away first, READY last.

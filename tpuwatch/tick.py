@@ -37,6 +37,7 @@ from tpuwatch.model import (
     PrecheckReport,
     WorkerProbe,
     job_node,
+    megascale_note,
 )
 from tpuwatch.policy import (
     Action,
@@ -337,6 +338,8 @@ class Reconciler:
         where = (f"from {action.checkpoint.path} (step {action.checkpoint.step})"
                  if action.checkpoint else "from scratch (no complete checkpoint yet)")
         text = f"launched attempt {action.attempt} on {len(started)}/{len(results)} workers {where}"
+        if note := megascale_note(node):
+            text += f"; {note}"
         return text + ("; " + "; ".join(problems) if problems else "")
 
     def _stop(self, node: NodeSnapshot | None, action: StopWorkers) -> str:

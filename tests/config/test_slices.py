@@ -20,6 +20,7 @@ from tpuwatch.model import (
     UpcomingMaintenance,
     WorkerEndpoint,
     combine_slices,
+    megascale_note,
 )
 from tpuwatch.workers import hostkeys, protocol
 from tpuwatch.workers.gcloud import GcloudSsh
@@ -108,6 +109,19 @@ def test_each_worker_is_told_its_slice_its_id_within_it_and_the_coordinator() ->
     assert megascale_env(both, 1) == {"MEGASCALE_COORDINATOR_ADDRESS": "10.1.0.0", "MEGASCALE_PORT": "8081",
                                       "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "1"}
     assert megascale_env(part("pod", "9"), 0) == {}
+    assert megascale_note(both) == "MEGASCALE_* set by tpuwatch in tpu.names order (slices created one by one)"
+    # Made together by one multislice queued resource: the runtime's tpu-env has them, ours would override it
+    qr = "projects/p/locations/z/queuedResources/ms"
+    made = combine_slices("ms", [replace(part("np-0", "1"), multislice_request=qr),
+                                 replace(part("np-1", "2"), multislice_request=qr)])
+    assert made is not None and megascale_env(made, 1) == {}
+    assert megascale_note(made) == "MEGASCALE_* from the TPU runtime's tpu-env (one multislice queued resource)"
+    # Two requests, or one slice of a request beside a node made alone: none of them knows all the slices
+    for other in ("projects/p/locations/z/queuedResources/ms2", ""):
+        mixed = combine_slices("ms", [replace(part("np-0", "1"), multislice_request=qr),
+                                      replace(part("np-1", "2"), multislice_request=other)])
+        assert mixed is not None and megascale_env(mixed, 1)["MEGASCALE_SLICE_ID"] == "1"
+    assert megascale_note(part("pod", "9")) == ""
     w = both.workers[3]
     text = protocol.launch_script("ms", attempt=4, worker=w.worker_id, checkpoint=None, slice=w.slice, slices=2,
                                   command=protocol.render_command("train --s={slice} --w={worker}", checkpoint="",

@@ -93,6 +93,14 @@ def trainers(sim: Simulator) -> dict[tuple[str, int], dict[str, str]]:
     return out
 
 
+def megascale_in_tpu_env(sim: Simulator, name: str, worker: int) -> dict[str, str]:
+    """The MEGASCALE_* lines of a worker's `tpu-env` metadata, parsed as JAX's cloud_tpu_cluster.py does."""
+    inst = sim.world.instance_metadata(sim.node_key(name), worker)
+    assert inst is not None
+    pairs = (line.split(":", 1) for line in inst.attributes["tpu-env"].splitlines() if ":" in line)
+    return {k.strip(): v.strip().strip("'") for k, v in pairs if k.strip().startswith("MEGASCALE_")}
+
+
 def steps(sim: Simulator) -> list[int]:
     ck = sim.bucket / "ck"
     return sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit()) if ck.exists() else []
@@ -124,10 +132,13 @@ def test_one_attempt_runs_on_every_slice_and_one_slice_down_stops_and_restarts_t
         for (name, w), e in seen.items():
             i = SLICES.index(name)
             assert (e["TPUWATCH_SLICE_ID"], e["TPUWATCH_NUM_SLICES"], e["TPUWATCH_WORKER_ID"]) == (str(i), "2", str(w))
-            assert (e["MEGASCALE_SLICE_ID"], e["MEGASCALE_NUM_SLICES"], e["MEGASCALE_PORT"]) == (str(i), "2", "8081")
-            assert e["MEGASCALE_COORDINATOR_ADDRESS"] == coordinator
+            # Slices of one multislice queued resource: the runtime's tpu-env says how to join them,
+            # and no MEGASCALE_* of tpuwatch's overrides it (JAX and libtpu prefer the environment).
+            assert not [k for k in e if k.startswith("MEGASCALE_")], e
+            assert megascale_in_tpu_env(sim, name, w) == {
+                "MEGASCALE_COORDINATOR_ADDRESS": coordinator, "MEGASCALE_NUM_SLICES": "2",
+                "MEGASCALE_SLICE_ID": str(i)}
         assert {e["TPUWATCH_ATTEMPT"] for e in seen.values()} == {"1"}
-        assert len({e["MEGASCALE_COORDINATOR_ADDRESS"] for e in seen.values()}) == 1
 
         # Slice 1 goes into maintenance: the attempt ends on slice 0 too, and nothing is
         # launched until slice 1 is READY+HEALTHY again.
@@ -141,6 +152,7 @@ def test_one_attempt_runs_on_every_slice_and_one_slice_down_stops_and_restarts_t
     # asked), not left to hang in the collectives until slice 1 came back; relaunched on all 4.
     assert re.search(r"stopped the job on 2/[24] workers: attempt 1 ended", out), out
     assert "launched attempt 2 on 4/4 workers" in out, out
+    assert "MEGASCALE_* from the TPU runtime's tpu-env (one multislice queued resource)" in out, out
     # np-1 back, np-0 restarting: still waiting; attempt 2 only once both are READY+HEALTHY
     assert "(np-0 RESTARTING/HEALTHY, np-1 READY/HEALTHY)" in out, out
     restarting = out.index("(np-0 RESTARTING/HEALTHY, np-1 READY/HEALTHY)")
@@ -187,6 +199,13 @@ def test_separately_created_slices_are_never_recreated(sim: Simulator, tmp_path:
     proc = watch(cfg, env)
     try:
         wait(lambda: len(trainers(sim)) == 4, what="the job on all 4 workers", proc=proc)
+        # No queued resource made these slices together: their tpu-env says nothing of the
+        # others, so tpuwatch sets MEGASCALE_* in tpu.names order.
+        coordinator = TpuAdapter(sim.project, sim.zone).require_node("np-0").workers[0].internal_ip
+        for (name, w), e in trainers(sim).items():
+            assert megascale_in_tpu_env(sim, name, w) == {}
+            assert (e["MEGASCALE_SLICE_ID"], e["MEGASCALE_NUM_SLICES"], e["MEGASCALE_PORT"],
+                    e["MEGASCALE_COORDINATOR_ADDRESS"]) == (str(SLICES.index(name)), "2", "8081", coordinator)
         sim.inject("maintenance", node="np-1", stuck="REPAIRING")
         rc, out = finish(proc, timeout=90)
     finally:
@@ -194,6 +213,7 @@ def test_separately_created_slices_are_never_recreated(sim: Simulator, tmp_path:
             proc.kill()
     assert rc == 1, out
     assert "created one by one" in out, out
+    assert "MEGASCALE_* set by tpuwatch in tpu.names order (slices created one by one)" in out, out
     assert sim.world.call_count("DeleteNode") == 0 and sim.world.call_count("CreateNode") == 0
     assert sim.world.has_node("np-0") and sim.world.has_node("np-1")
 

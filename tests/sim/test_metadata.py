@@ -71,11 +71,13 @@ def test_each_worker_reads_its_own_values_and_the_header_is_required(sim: Simula
     address = sim.hosts.metadata_address(key, 0)
     assert get(address, "instance/attributes/startup-script") == (200, ASK, "application/text")
     assert get(address, "instance/attributes/") == (
-        200, "accelerator-type\nagent-worker-number\nk\nstartup-script\n", "application/text")
+        200, "accelerator-type\nagent-worker-number\nk\nstartup-script\ntpu-env\n", "application/text")
     status, body, ctype = get(address, "instance/attributes/?recursive=true")
     assert status == 200 and ctype == "application/json"
+    # A node made alone: the runtime's tpu-env carries no MEGASCALE_* (nothing to join)
+    tpu_env = f"ACCELERATOR_TYPE: 'v4-16'\nNODE_ID: 'pod'\nWORKER_ID: '0'\nZONE: '{sim.zone}'\n"
     assert json.loads(body) == {"accelerator-type": "v4-16", "agent-worker-number": "0", "k": "v",
-                                "startup-script": ASK}
+                                "startup-script": ASK, "tpu-env": tpu_env}
     assert get(address, "instance/attributes/nope")[0] == 404
     assert get(address, "instance/nope")[0] == 404
     assert get(address, "project/project-id")[1] == sim.project

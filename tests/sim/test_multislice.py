@@ -71,6 +71,13 @@ def test_multislice_provisions_prefixed_nodes_and_force_delete_removes_all(
     assert (got.multislice_params.node_count, got.multislice_params.node_id_prefix) == (3, "np")
     alpha = tpu_client("v2alpha1").get_queued_resource(name=qname).tpu.node_spec[0]
     assert (alpha.multi_node_params.node_count, alpha.multi_node_params.node_id_prefix) == (3, "np")
+    # Each slice's workers read how to join the others from the runtime's tpu-env metadata
+    coordinator = sim_api.world.node("np-0").ips[0]
+    for i in range(3):
+        inst = sim_api.world.instance_metadata(sim_api.node_key(f"np-{i}"), 1)
+        assert inst is not None
+        assert (f"MEGASCALE_COORDINATOR_ADDRESS: '{coordinator}'\nMEGASCALE_NUM_SLICES: '3'\n"
+                f"MEGASCALE_SLICE_ID: '{i}'\n") in inst.attributes["tpu-env"]
 
     with pytest.raises(exceptions.FailedPrecondition):
         c.delete_queued_resource(name=qname)

@@ -174,6 +174,7 @@ def snapshot(node: Any, *, project: str = "", zone: str = "") -> NodeSnapshot:
         preemptible=bool(pb.scheduling_config.preemptible),
         labels=dict(pb.labels),
         metadata_keys=tuple(sorted(pb.metadata)),
+        multislice_request=pb.queued_resource if pb.multislice_node else "",
     )
 
 

@@ -289,7 +289,26 @@ class WorldCore:
                 upcoming_maintenance=notice,
                 ip=rec.ips[worker] if worker < len(rec.ips) else "",
                 maintenance_event=rec.maintenance_event,
+                tpu_env=self._tpu_env(rec, worker),
             )
+
+    def _tpu_env(self, rec: NodeRec, worker: int) -> dict[str, str]:
+        """The runtime's settings on a worker (a few of the many a TPU VM has). A node made by a
+        multislice queued resource also gets how to join its slices, as JAX's cloud_tpu_cluster.py
+        reads them: the coordinator is the host with process id 0 (slice 0's worker 0), and a
+        slice's id is its index in the request. Slices created one by one get none. Call with
+        the lock held."""
+        env = {"ACCELERATOR_TYPE": rec.spec.accelerator_type, "NODE_ID": rec.name, "WORKER_ID": str(worker),
+               "ZONE": rec.zone}
+        qr = self._queued.get("/".join(rec.queued_resource.split("/")[1::2])) if rec.multislice_node else None
+        if qr is None or qr.full_name != rec.queued_resource or rec.name not in qr.node_ids:
+            return env
+        first = self._nodes.get(f"{qr.project}/{qr.zone}/{qr.node_ids[0]}")
+        if first is not None and first.ips:
+            env["MEGASCALE_COORDINATOR_ADDRESS"] = first.ips[0]
+        env["MEGASCALE_NUM_SLICES"] = str(qr.node_count)
+        env["MEGASCALE_SLICE_ID"] = str(qr.node_ids.index(rec.name))
+        return env
 
     def has_node(self, name: str, *, project: str | None = None, zone: str | None = None) -> bool:
         with self._lock:

@@ -8,7 +8,7 @@ handler speaking just enough HTTP/1.1 for curl, urllib and requests). Rules kept
   on Compute Engine. Every answer carries `Metadata-Flavor: Google`.
 - Paths are those under `http://metadata.google.internal/computeMetadata/v1/` that tpuwatch,
   its startup scripts and a training job read: `instance/attributes/` (the node's metadata, plus
-  `agent-worker-number` and `accelerator-type` as on a TPU VM), `instance/id`, `instance/name`,
+  `agent-worker-number`, `accelerator-type` and `tpu-env` as on a TPU VM), `instance/id`, `instance/name`,
   `instance/hostname`, `instance/zone`, `instance/preempted` (TRUE/FALSE),
   `instance/upcoming-maintenance`, `instance/maintenance-event`, `instance/network-interfaces/0/ip`,
   `project/project-id`, `project/numeric-project-id`. A directory path lists its entries
@@ -44,6 +44,7 @@ FLAVOR = ("Metadata-Flavor", "Google")
 NO_NOTICE = {"error": "no notifications have been received yet, try again later"}
 WORKER_NUMBER = "agent-worker-number"
 ACCELERATOR = "accelerator-type"
+TPU_ENV = "tpu-env"
 _MAX_HEADER = 64 * 1024
 _WAIT_POLL = 0.05  # seconds between looks at the instance while a wait_for_change request waits
 
@@ -88,16 +89,25 @@ class Instance:
         return f"{self.name}.{self.zone}.c.{self.project}.internal" if self.zone else self.name
 
 
+def tpu_env_text(values: Mapping[str, str]) -> str:
+    """The `tpu-env` attribute: one `KEY: 'value'` line per setting, sorted, as a TPU VM shows it
+    (JAX's cloud_tpu_cluster.py parses it so: "Typical line is MEGASCALE_NUM_SLICES: '2'")."""
+    return "".join(f"{k}: '{v}'\n" for k, v in sorted(values.items()))
+
+
 def make_instance(*, project: str, zone: str, node_id: str | int, worker: int,
                   metadata: Mapping[str, str], accelerator_type: str = "", preempted: bool = False,
                   upcoming_maintenance: Mapping[str, Any] | None = None, ip: str = "",
-                  maintenance_event: str = "NONE") -> Instance:
-    """An Instance for worker `worker` of a node: its metadata plus what a TPU VM adds itself."""
+                  maintenance_event: str = "NONE", tpu_env: Mapping[str, str] | None = None) -> Instance:
+    """An Instance for worker `worker` of a node: its metadata plus what a TPU VM adds itself
+    (`tpu_env`: the runtime's settings, served as the `tpu-env` attribute)."""
     attributes = dict(metadata)
     # Set by the TPU service on every worker; a user's metadata cannot override them.
     attributes[WORKER_NUMBER] = str(worker)
     if accelerator_type:
         attributes[ACCELERATOR] = accelerator_type
+    if tpu_env is not None:
+        attributes[TPU_ENV] = tpu_env_text(tpu_env)
     return Instance(project=project, zone=zone, worker=worker,
                     instance_id=worker_instance_id(node_id, worker),
                     name=worker_hostname(node_id, worker), attributes=attributes, preempted=preempted,

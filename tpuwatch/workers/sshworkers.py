@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpuwatch.errors import ConfigError, JobFailed
-from tpuwatch.model import Checkpoint, Login, NodeSnapshot, WorkerEndpoint, WorkerProbe
+from tpuwatch.model import (
+    Checkpoint,
+    Login,
+    NodeSnapshot,
+    WorkerEndpoint,
+    WorkerProbe,
+    megascale_from_runtime,
+)
 from tpuwatch.workers import hostkeys, protocol
 from tpuwatch.workers.ends import AttemptEnds
 from tpuwatch.workers.gcloud import GcloudSsh, raise_if_gcloud_fatal
@@ -341,8 +348,10 @@ MEGASCALE_PORT = "8081"
 def megascale_env(node: NodeSnapshot, slice: int) -> dict[str, str]:
     """What libtpu needs on a worker of slice `slice` to join a multislice job's slices over the
     data-center network: the coordinator (slice 0's first worker), its port, the number of
-    slices and this slice's id. {} for one node."""
-    if not node.slices:
+    slices and this slice's id. {} for one node, and for slices whose `tpu-env` already carries
+    them (one multislice queued resource): values of ours would override the runtime's, and
+    disagree with them where its slice order or coordinator is not ours."""
+    if not node.slices or megascale_from_runtime(node):
         return {}
     first = min((w for w in node.workers if w.slice == 0), key=lambda w: w.index, default=None)
     address = first.internal_ip or first.external_ip if first is not None else ""
