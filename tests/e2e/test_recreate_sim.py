@@ -296,6 +296,27 @@ def test_a_v2alpha1_tier_and_a_reservation_are_captured_and_asked_for_again_on_r
         assert again.api_version == "v2alpha1"
 
 
+def test_a_node_on_reserved_capacity_is_recreated_on_reserved_capacity(
+        env: Simulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The node-level scheduling config (gcloud `tpu-vm create --reserved`) is captured and sent again."""
+    from google.cloud import tpu_v2
+
+    from tpuwatch.cloud import clients
+
+    parent = f"projects/{env.project}/locations/{ZONE_A}"
+    node = tpu_v2.Node(accelerator_type="v4-8", runtime_version="tpu-ubuntu2204-base",
+                       labels={OWNER_LABEL: "resnode"}, scheduling_config=tpu_v2.SchedulingConfig(reserved=True))
+    clients.tpu_client("v2").create_node(parent=parent, node_id="resnode", node=node)
+    env.world.wait_for(lambda w: w.has_node("resnode") and w.node("resnode").state == "READY", timeout=20)
+    cfg = write_config(env, tmp_path, "resnode", capsys)
+    assert load_config(cfg).tpu["spec"]["reserved"] is True
+    before = env.world.node("resnode").id
+    code, _, err = run_cli(["recreate", "resnode", "-c", str(cfg), "--yes"], capsys)
+    assert code == 0, err
+    rec = env.world.node("resnode")
+    assert rec.id != before and json.loads(rec.spec.spec_json)["schedulingConfig"]["reserved"] is True
+
+
 def test_an_unknown_fallback_zone_is_refused_before_anything_is_deleted(
         env: Simulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     env.create_node("fz", "v4-8", labels={OWNER_LABEL: "fz"})
