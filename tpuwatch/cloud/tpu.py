@@ -592,7 +592,8 @@ class TpuAdapter:
                                zone: str | None = None) -> str:
         """Start creating queued resource `qr_id` from a JSON-like QueuedResource; the operation name.
 
-        Like create_node: v2, or v2alpha1 when the node spec needs it; RESOURCE_EXHAUSTED is raised
+        Like create_node: v2, or v2alpha1 when the request needs it (a v2alpha1-only node field, or
+        the best_effort tier or guaranteed.reserved); RESOURCE_EXHAUSTED is raised
         (not retried) for the caller to classify.
         """
         if not NODE_NAME.match(qr_id):
