@@ -443,6 +443,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "env_in_metadata": Field(_bool, False, "write [job] env into a recreated node's metadata so its startup script "
                                  "can start the job at boot (anyone with tpu.nodes.get can read it); off: with env "
                                  "set, the startup script only sets up and the watcher starts the job over SSH"),
+        "command_in_metadata": Field(_bool, False, "write a [job] command that looks like it holds a credential "
+                                     "(WANDB_API_KEY=..., --hf_token ...) into a recreated node's metadata anyway; "
+                                     "off: such a command stays out of it, the startup script only sets up and the "
+                                     "watcher starts the job over SSH"),
         "checkpoint_warn_age": Field(_duration(1), 75 * 60.0, "warn when the newest checkpoint is older than this"),
     },
     "recovery": {

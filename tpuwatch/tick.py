@@ -360,8 +360,9 @@ class Reconciler:
         name = recreate.start_create(life, self.cfg, action.zone, resumed=action.resumed, launch=startup)
         mem = self.journal.record_operation(now, mem, name, "create", action.zone)
         through = f" through queued resource {life.queued_resource}" if life.queued_resource else ""
+        note = recreate.command_withheld_note(self.cfg)
         return (f"started creating {action.name}{through} in {action.zone} ({name or 'already exists'}): "
-                f"{action.reason}"), mem
+                f"{action.reason}" + (f"; {note}" if note else "")), mem
 
 
 def _describe(action: Action) -> str:
