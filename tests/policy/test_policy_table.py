@@ -188,6 +188,8 @@ def test_row_early_start() -> None:
     waiting = tick(obs(_announced(), probes=running(1), checkpoint=ckpt(150)), run_mem(), now=500).memory
     d = tick(obs(_announced(), probes=running(1), checkpoint=ckpt(160)), waiting, now=700)
     assert d.row == "early_start" and kinds(d) == ["stop", "start_maintenance"]
+    # the job saves on SIGTERM before its host goes down: the maintenance waits for the stop
+    assert isinstance(d.actions[0], StopWorkers) and d.actions[0].wait
     end = d.ended[0]
     assert (end.outcome, end.charged, end.end_step) == ("disruption", False, 160)
     assert "maintenance started early by tpuwatch (checkpoint step 160 saved after the maintenance notice)" \
@@ -678,6 +680,7 @@ def test_row_stale_workers() -> None:
     m = idle(phase=Phase.BACKOFF, attempt=2, restarts=1, backoff_until=at(0), last_end=last_end(attempt=2))
     d = tick(obs(probes=(probe(0, "exited", 2, 1), probe(1, "running", 2))), m, now=100)
     assert d.row == "stale_workers" and kinds(d) == ["stop"]
+    assert isinstance(d.actions[0], StopWorkers) and d.actions[0].wait  # the launch after it needs them gone
 
 
 def test_row_adopt_running() -> None:
@@ -799,6 +802,7 @@ def test_stop_comes_before_the_end_of_the_job() -> None:
     """The tick carries actions out in order: the other workers are stopped, then done is marked."""
     d = tick(obs(probes=exited({0: 0}, workers=4)), run_mem(), now=3000)
     assert isinstance(d.actions[0], StopWorkers) and kinds(d) == ["stop", "done"]
+    assert not d.actions[0].wait  # nothing after it needs the job gone: a slow stop holds up nothing
 
 
 def test_not_owned_message_names_the_label_it_has() -> None:

@@ -266,8 +266,13 @@ class _Tick:
         if row not in ROW_IDS:
             raise KeyError(f"policy bug: unknown row {row!r}")
         self.actions.extend(actions)
+        acts = [self._stoppable(a) for a in self.actions]
+        if any(isinstance(a, (StartMaintenance, Launch)) for a in acts):
+            # What comes next needs the job gone first (a job saving on SIGTERM before its
+            # host goes down, a launch): the stop is waited for.
+            acts = [replace(a, wait=True) if isinstance(a, StopWorkers) else a for a in acts]
         return Decision(
-            actions=tuple(self._stoppable(a) for a in self.actions),
+            actions=tuple(acts),
             memory=mem,
             summary="; ".join([*self.notes, summary]),
             exit_code=PHASE_EXIT[mem.phase],
@@ -424,7 +429,7 @@ class _Tick:
         if reachable:
             stop_why = "job done: stopping the other workers" if verdict.outcome is Outcome.SUCCESS \
                 else f"attempt {n} ended: stopping every worker"
-            self.actions.append(StopWorkers(stop_why))
+            self.actions.append(StopWorkers(stop_why, wait=False))
         if verdict.outcome is Outcome.SUCCESS:
             done = move(mem, Phase.DONE, reason=reason)
             return done, reason, self.out(done, "success", f"job done: {reason}", MarkDone(reason))
