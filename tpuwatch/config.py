@@ -465,7 +465,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "fail_fast_exit_codes": Field(_exit_codes, frozenset(), "exit codes that fail the job at once"),
         "backoff_base": Field(_duration(0), 10.0, "wait before the second charged restart in a row, doubling after it (the first since a stable run is at once)"),
         "backoff_max": Field(_duration(0), 300.0, "longest wait between charged restarts"),
-        "stop_grace": Field(_duration(0), 30.0, "SIGTERM to SIGKILL grace when stopping workers"),
+        "stop_grace": Field(_duration(0), 30.0, "SIGTERM to SIGKILL grace when stopping workers; the watcher waits "
+                            "for it only when its next step needs the job gone (a launch, a maintenance started "
+                            "early), otherwise the workers SIGKILL what is left after it"),
         "stable_run": Field(_duration(0), 3600.0, "an attempt running this long resets the backoff and the restart/recreate budgets"),
     },
     "ssh": {

@@ -208,6 +208,32 @@ def test_a_slice_that_ignores_sigterm_holds_up_no_recreate_and_the_log_says_what
     assert sim.world.call_count("DeleteQueuedResource") == 1 and steps(sim)[-1] == LONG
 
 
+def test_a_slice_replaced_by_googles_autorepair_is_waited_for_not_recreated(sim: Simulator, tmp_path: Path) -> None:
+    """np-1 fails for good; Cloud TPU's multislice autorepair creates a new np-1 once hardware is
+    found (6 s here, longer than repair_timeout) and restarts np-0. tpuwatch waits for that:
+    no delete, no create, and the job resumes on the new slice."""
+    sim.world.delays["multislice_restart"] = 600.0  # 1 s here
+    cfg, env = multislice_job(sim, tmp_path, steps=LONG)
+    text = cfg.read_text().replace('repair_timeout = "30s"', 'repair_timeout = "2s"\nqueue_timeout = "120s"')
+    cfg.write_text(text)
+    old = sim.world.node("np-1").id
+    proc = watch(cfg, env)
+    try:
+        wait(lambda: len(trainers(sim)) == 4 and len(steps(sim)) >= 2, what="the job on all 4 workers", proc=proc)
+        sim.inject("slice-replace", node="np-1", hardware_after="60m")  # 6 s here
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    assert "slice np-1 of queued resource ms is being replaced (Cloud TPU's multislice autorepair" in out, out
+    assert sim.world.call_count("DeleteQueuedResource") == 0 and sim.world.call_count("CreateQueuedResource") == 0, out
+    assert sim.world.node("np-1").id != old  # Google's new slice, not tpuwatch's
+    attempts = json.loads(cli(env, "history", "-c", str(cfg), "--json").stdout)["attempts"]
+    assert attempts[0]["outcome"] == "disruption" and not attempts[0]["charged"], attempts
+    assert steps(sim)[-1] == LONG
+
+
 def test_separately_created_slices_are_never_recreated(sim: Simulator, tmp_path: Path) -> None:
     """Nodes listed in tpu.names without a queued resource: a slice that does not come back
     needs a person; tpuwatch deletes nothing."""

@@ -882,3 +882,42 @@ def test_row_hung() -> None:
     assert (d.memory.phase, d.memory.restarts, d.memory.no_progress) == (Phase.BACKOFF, 1, 1)
     # off by default: the same attempt is followed for ever
     assert tick(obs(probes=running(1), checkpoint=ckpt(100)), m, now=10 * 86400).row == "running"
+
+
+def test_row_autorepair_wait() -> None:
+    """A slice of an ACTIVE multislice request missing or being created, then the others
+    restarting: Google's autorepair, waited for up to the longer of repair_timeout (600 s here)
+    and queue_timeout (3600 s); a slice merely REPAIRING keeps repair_timeout."""
+    multi = replace(CFG, slices=("np-0", "np-1"), recreatable=True)
+    active = QueuedStatus(QR_NAME, "ACTIVE")
+
+    def slices(*states: tuple[str, str]) -> NodeSnapshot:
+        from tpuwatch.model import combine_slices
+        parts = [None if s == "MISSING" else replace(node(s), name=f"np-{i}", id=ident)
+                 for i, (s, ident) in enumerate(states)]
+        combined = combine_slices(NAME, parts)
+        assert combined is not None
+        return combined
+
+    gone = slices(("READY", "a"), ("MISSING", "b"))
+    first = tick(obs(gone, queued=active), idle(attempt_node_id="a+b"), now=0, cfg=multi)
+    assert first.row == "autorepair_wait" and kinds(first) == ["wait"], first.summary
+    assert "slice np-1 of queued resource" in first.summary and "autorepair" in first.summary
+    later = tick(obs(slices(("READY", "a"), ("CREATING", "c")), queued=active), first.memory, now=3000, cfg=multi)
+    assert later.row == "autorepair_wait", later.summary  # past repair_timeout, within queue_timeout
+    # the new slice is back and the service restarts the other: still the repair
+    restart = tick(obs(slices(("RESTARTING", "a"), ("READY", "c")), queued=active), later.memory, now=3300, cfg=multi)
+    assert restart.row == "autorepair_wait" and "np-0 RESTARTING" in restart.summary, restart.summary
+    over = tick(obs(gone, queued=active), later.memory, now=3700, cfg=multi)
+    assert over.row == "repair_timeout" and kinds(over) == ["delete"], over.summary
+    # the same request given up by the service: recreated at once, not waited for
+    ended = tick(obs(gone, queued=QueuedStatus(QR_NAME, "SUSPENDED")), idle(), now=0, cfg=multi)
+    assert ended.row != "autorepair_wait"
+    # a slice that exists and is REPAIRING: Google repairs it in place, repair_timeout holds
+    repairing = slices(("READY", "a"), ("REPAIRING", "b"))
+    wait = tick(obs(repairing, queued=active), idle(attempt_node_id="a+b"), now=0, cfg=multi)
+    assert wait.row == "repair_wait"
+    assert tick(obs(repairing, queued=active), wait.memory, now=700, cfg=multi).row == "repair_timeout"
+    # a restart with no slice replaced (a heal in place): repair_timeout too
+    healed = slices(("RESTARTING", "a"), ("READY", "b"))
+    assert tick(obs(healed, queued=active), idle(attempt_node_id="a+b"), now=0, cfg=multi).row == "repair_wait"
