@@ -22,6 +22,8 @@
 #                           (only with [job] env_in_metadata = true)
 #   tpuwatch-env-withheld   "true": [job] env is set but kept out of metadata, so only set
 #                           up; the watcher starts the job over SSH
+#   tpuwatch-command-withheld "true": [job] command looks like it holds a credential and is
+#                           kept out of metadata, so only set up; the watcher starts the job
 #   tpuwatch-checkpoint-dir [job] checkpoint_dir, exported as TPUWATCH_CHECKPOINT_DIR
 #   tpuwatch-attempt        attempt number to launch; tpuwatch-checkpoint and
 #   tpuwatch-checkpoint     tpuwatch-step are the newest complete checkpoint when
@@ -92,6 +94,7 @@ get tpuwatch-setup SETUP
 get tpuwatch-pip PIP_ARGS
 get tpuwatch-launch LAUNCH
 get tpuwatch-env-withheld WITHHELD
+get tpuwatch-command-withheld COMMAND_WITHHELD
 get agent-worker-number WORKER
 
 if [ -z "$WORKER" ]; then
@@ -143,6 +146,10 @@ if [ "$LAUNCH" = false ]; then
 fi
 if [ "$WITHHELD" = true ]; then
   log "the job's [job] env is kept out of the node's metadata (job.env_in_metadata = false): set up only; the watcher starts the job"
+  exit 0
+fi
+if [ "$COMMAND_WITHHELD" = true ]; then
+  log "the job's command looks like it holds a credential and is kept out of the node's metadata (job.command_in_metadata = false): set up only; the watcher starts the job"
   exit 0
 fi
 if [ -z "$JOB" ] || [ -z "$TEMPLATE" ] || [ -z "$WORKER_SCRIPT" ]; then

@@ -443,6 +443,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "env_in_metadata": Field(_bool, False, "write [job] env into a recreated node's metadata so its startup script "
                                  "can start the job at boot (anyone with tpu.nodes.get can read it); off: with env "
                                  "set, the startup script only sets up and the watcher starts the job over SSH"),
+        "command_in_metadata": Field(_bool, False, "write a [job] command that looks like it holds a credential "
+                                     "(WANDB_API_KEY=..., --hf_token ...) into a recreated node's metadata anyway; "
+                                     "off: such a command stays out of it, the startup script only sets up and the "
+                                     "watcher starts the job over SSH"),
         "checkpoint_warn_age": Field(_duration(1), 75 * 60.0, "warn when the newest checkpoint is older than this"),
     },
     "recovery": {
@@ -461,7 +465,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "fail_fast_exit_codes": Field(_exit_codes, frozenset(), "exit codes that fail the job at once"),
         "backoff_base": Field(_duration(0), 10.0, "wait before the second charged restart in a row, doubling after it (the first since a stable run is at once)"),
         "backoff_max": Field(_duration(0), 300.0, "longest wait between charged restarts"),
-        "stop_grace": Field(_duration(0), 30.0, "SIGTERM to SIGKILL grace when stopping workers"),
+        "stop_grace": Field(_duration(0), 30.0, "SIGTERM to SIGKILL grace when stopping workers; the watcher waits "
+                            "for it only when its next step needs the job gone (a launch, a maintenance started "
+                            "early), otherwise the workers SIGKILL what is left after it"),
         "stable_run": Field(_duration(0), 3600.0, "an attempt running this long resets the backoff and the restart/recreate budgets"),
     },
     "ssh": {

@@ -353,12 +353,21 @@ class StopResult:
     unreachable: bool = False
     # how device holders were found: root, sudo (sudo -n), own (other users' processes unseen)
     device_scan: str = ""
+    killed: tuple[int, ...] = ()  # ignored SIGTERM for the whole grace: KILLed
+    stopping: tuple[int, ...] = ()  # a stop not waited for: still alive, KILLed after the grace
+    grace: float = 0.0  # seconds from TERM to KILL
 
     def describe(self) -> str:
         if self.unreachable:
             return f"worker {self.worker}: unreachable ({self.detail})"
         bits = []
-        if self.stopped:
+        if self.stopping:
+            bits.append(f"{len(self.stopping)} of {len(self.stopped)} job process(es) still running after "
+                        f"SIGTERM: killed after {self.grace:g}s unless they exit")
+        elif self.killed:
+            bits.append(f"{len(self.killed)} of {len(self.stopped)} job process(es) ignored SIGTERM for "
+                        f"{self.grace:g}s: killed")
+        elif self.stopped:
             bits.append(f"stopped {len(self.stopped)} job process(es)")
         if self.device_holders:
             bits.append("stopped TPU device holder(s) " + " ".join(map(str, self.device_holders)))

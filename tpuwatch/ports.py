@@ -100,7 +100,10 @@ class Workers(Protocol):
     def launch(self, node: NodeSnapshot, attempt: int, checkpoint: Checkpoint | None,
                clean: bool = False) -> Sequence[LaunchResult]: ...
 
-    def stop(self, node: NodeSnapshot, workers: Sequence[int] | None = None) -> Sequence[StopResult]: ...
+    def stop(self, node: NodeSnapshot, workers: Sequence[int] | None = None, *,
+             wait: bool = True) -> Sequence[StopResult]:
+        """TERM the job, KILL it after stop_grace; `wait=False`: answer right after the TERM
+        (what is still alive then is in `StopResult.stopping`, killed on the worker later)."""
 
     def login(self, node: NodeSnapshot) -> Login | None:
         """The user the watcher logs in as on this node incarnation, once known."""

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from tpuwatch import credentials, zonespec
 from tpuwatch import spec as specmod
-from tpuwatch import zonespec
 from tpuwatch.cloud.errors import CODE_NAMES, CODE_NUMBERS, api_failure
 from tpuwatch.cloud.lifecycle import queued_id, queued_request
 from tpuwatch.config import Config
@@ -87,13 +87,15 @@ def launch_metadata(cfg: Config, launch: Mapping[str, str] | None = None) -> dic
     """
     job = cfg.job
     env = job.get("env") or {}
-    # Node metadata is readable by anyone with tpu.nodes.get: [job] env (API keys, often) goes
-    # there only when the user says so. Without it the startup script cannot start the job as
-    # configured, so it only sets up, and the watcher starts the job over SSH (a tick later).
+    # Node metadata is readable by anyone with tpu.nodes.get: [job] env (API keys, often) and a
+    # command that looks like it holds a credential go there only when the user says so.
+    # Without them the startup script cannot start the job as configured, so it only sets up,
+    # and the watcher starts the job over SSH (a tick later).
     withheld = bool(env) and not job.get("env_in_metadata", False)
+    command_withheld = bool(command_credentials(cfg))
     meta = {
         "tpuwatch-job": cfg.job_name,
-        "tpuwatch-command": str(job.get("command") or ""),
+        "tpuwatch-command": "" if command_withheld else str(job.get("command") or ""),
         "tpuwatch-checkpoint-dir": str(job.get("checkpoint_dir") or ""),
         "tpuwatch-env": "" if withheld else "".join(f"{k}={shlex.quote(v)}\n" for k, v in sorted(env.items())),
         # the job runs as the user tpuwatch connects as, so both see the same ~/.tpuwatch/<job>
@@ -102,13 +104,36 @@ def launch_metadata(cfg: Config, launch: Mapping[str, str] | None = None) -> dic
     meta["tpuwatch-worker-script"] = worker_script_text()
     if withheld:
         meta["tpuwatch-env-withheld"] = "true"
-    elif launch and launch.get("launch") == "false":
+    if command_withheld:
+        meta["tpuwatch-command-withheld"] = "true"
+    if withheld or command_withheld:
+        return {k: v for k, v in meta.items() if v != ""}  # set up only: nothing starts at boot
+    if launch and launch.get("launch") == "false":
         meta["tpuwatch-launch"] = "false"  # set up only: the watcher starts the job
     else:
         for key in ("attempt", "checkpoint", "step"):
             if launch and launch.get(key) not in (None, ""):
                 meta[f"tpuwatch-{key}"] = str(launch[key])
     return {k: v for k, v in meta.items() if v != ""}
+
+
+def command_credentials(cfg: Config) -> str:
+    """What in [job] command looks like a credential and so stays out of node metadata ("" for
+    nothing, or when the user opted in with job.command_in_metadata)."""
+    if cfg.job.get("command_in_metadata", False):
+        return ""
+    return credentials.describe(str(cfg.job.get("command") or ""))
+
+
+def command_withheld_note(cfg: Config) -> str:
+    """What to tell the user when [job] command stays out of a create's metadata ("" when not)."""
+    held = command_credentials(cfg)
+    if not held:
+        return ""
+    return (f"job.command looks like it holds a credential ({held}), so it stays out of the node's "
+            "metadata, which anyone with tpu.nodes.get reads: the startup script only sets up and the "
+            "watcher starts the job over SSH (move the secret to [job] env, or set "
+            "job.command_in_metadata = true to write it anyway)")
 
 
 def config_base(cfg: Config) -> Path | None:
@@ -159,7 +184,9 @@ def redacted(request: Any) -> Any:
     a terminal or a log.
     """
     if isinstance(request, dict):
-        return {k: (_redact_env(v) if k == "tpuwatch-env" and isinstance(v, str) else redacted(v))
+        return {k: (_redact_env(v) if k == "tpuwatch-env" and isinstance(v, str)
+                    else credentials.redact(v) if k == "tpuwatch-command" and isinstance(v, str)
+                    else redacted(v))
                 for k, v in request.items()}
     if isinstance(request, list):
         return [redacted(v) for v in request]

@@ -38,7 +38,7 @@ STARTUP_SCRIPT_KEY = "startup-script"
 GENERATED_METADATA = frozenset({
     "tpuwatch-job", "tpuwatch-command", "tpuwatch-checkpoint-dir", "tpuwatch-env",
     "tpuwatch-worker-script", "tpuwatch-attempt", "tpuwatch-checkpoint", "tpuwatch-step",
-    "tpuwatch-user", "tpuwatch-env-withheld",
+    "tpuwatch-user", "tpuwatch-env-withheld", "tpuwatch-command-withheld",
 })
 
 METADATA_VALUE_MAX = 262_144  # bytes, per value

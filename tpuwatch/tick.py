@@ -27,6 +27,7 @@ from datetime import datetime
 
 from tpuwatch import recreate
 from tpuwatch.config import Config
+from tpuwatch.durations import human
 from tpuwatch.errors import CloudError, MaintenanceRefused, NotFoundError
 from tpuwatch.journal import Journal
 from tpuwatch.model import (
@@ -35,6 +36,7 @@ from tpuwatch.model import (
     NodeSnapshot,
     OperationStatus,
     PrecheckReport,
+    StopResult,
     WorkerProbe,
     job_node,
     megascale_note,
@@ -345,9 +347,22 @@ class Reconciler:
     def _stop(self, node: NodeSnapshot | None, action: StopWorkers) -> str:
         if action.blocked or node is None:  # the policy saw the workers cannot be reached
             return f"did not stop workers: {action.blocked or 'node is missing'} ({action.reason})"
-        results = self.ports.workers.stop(node)
+        results = self.ports.workers.stop(node, wait=action.wait)
         failed = [r for r in results if not r.ok]
-        text = f"stopped the job on {len(results) - len(failed)}/{len(results)} workers: {action.reason}"
+        done = len(results) - len(failed)
+        stopping = [r for r in results if r.ok and r.stopping]
+        killed = [r for r in results if r.ok and r.killed]
+        if stopping:  # not waited for: say what is true now, not what will be
+            grace = max(r.grace for r in stopping)
+            text = (f"asked the job to stop (SIGTERM) on {done}/{len(results)} workers: {action.reason}; still "
+                    f"running on {_listed(stopping)}, killed after {human(grace)} (recovery.stop_grace) "
+                    "unless they exit first")
+        elif killed:
+            grace = max(r.grace for r in killed)
+            text = (f"stopped the job on {done}/{len(results)} workers: {action.reason}; {_listed(killed)} "
+                    f"ignored SIGTERM for {human(grace)} (recovery.stop_grace) and were killed")
+        else:
+            text = f"stopped the job on {done}/{len(results)} workers: {action.reason}"
         if failed:
             text += "; " + "; ".join(f"w{r.worker}: {r.describe()}" for r in failed)
         return text
@@ -363,8 +378,13 @@ class Reconciler:
         name = recreate.start_create(life, self.cfg, action.zone, resumed=action.resumed, launch=startup)
         mem = self.journal.record_operation(now, mem, name, "create", action.zone)
         through = f" through queued resource {life.queued_resource}" if life.queued_resource else ""
+        note = recreate.command_withheld_note(self.cfg)
         return (f"started creating {action.name}{through} in {action.zone} ({name or 'already exists'}): "
-                f"{action.reason}"), mem
+                f"{action.reason}" + (f"; {note}" if note else "")), mem
+
+
+def _listed(results: list[StopResult]) -> str:
+    return ", ".join(f"w{r.worker}" for r in results)
 
 
 def _describe(action: Action) -> str:

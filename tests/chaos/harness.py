@@ -124,13 +124,15 @@ class Watched:
     def __init__(self, sim: Simulator, tmp: Path, name: str, *, seed: int, accelerator: str = "v4-16",
                  steps: int = 100_000, spot: bool = False, recreatable: bool = False,
                  env: dict[str, str] | None = None, job_env: dict[str, str] | None = None,
-                 labels: dict[str, str] | None = None, zone: str | None = None, **recovery: object) -> None:
+                 labels: dict[str, str] | None = None, zone: str | None = None, command_prefix: str = "",
+                 **recovery: object) -> None:
         self.sim = sim
         self.name = name
         self.accelerator = accelerator
         self.spot = spot
         self.recreatable = recreatable
         self.job_env = dict(job_env or {})
+        self.command_prefix = command_prefix  # e.g. "NAME=value " before the trainer
         self.zone = zone  # None: the simulator's zone (from the environment)
         self.recovery = {**RECOVERY, **recovery}
         self.ck = sim.bucket / name
@@ -155,7 +157,7 @@ class Watched:
     def set_steps(self, steps: int) -> None:
         """(Re)write the config; a watcher started after this runs trainers to `steps`."""
         self.steps = steps
-        command = (f"python3 -m tpuwatch.sim.trainer --steps {steps} --step-time 0.02 --ckpt-every 10 "
+        command = (f"{self.command_prefix}python3 -m tpuwatch.sim.trainer --steps {steps} --step-time 0.02 --ckpt-every 10 "
                    f"--ckpt-dir {self.ck} --resume {{checkpoint}}")
         lines = ["[tpu]", f"name = {json.dumps(self.name)}"] + ([f"zone = {json.dumps(self.zone)}"] if self.zone else [])
         if self.recreatable:

@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +189,61 @@ def test_a_preempted_slice_recreates_the_whole_request_and_the_job_resumes(sim: 
     assert sim.world.call_count("DeleteQueuedResource") == 1 and sim.world.call_count("CreateQueuedResource") == 1
     assert sim.world.call_count("DeleteNode") == 0 and sim.world.call_count("CreateNode") == 0
     assert steps(sim)[-1] == STEPS
+
+
+def test_a_slice_that_ignores_sigterm_holds_up_no_recreate_and_the_log_says_what_is_true(
+        sim: Simulator, tmp_path: Path) -> None:
+    """np-1 stays in maintenance; np-0's processes ignore SIGTERM, as a process stuck in a
+    cross-slice collective may. The stop asks and goes on: the request is deleted once
+    repair_timeout is over, not after stop_grace, and the log says the processes still ran."""
+    cfg, env = multislice_job(sim, tmp_path, steps=LONG)
+    text = cfg.read_text().replace("{checkpoint}", "{checkpoint} --ignore-term 1")
+    text = text.replace('repair_timeout = "30s"', 'repair_timeout = "2s"').replace('stop_grace = "2s"', 'stop_grace = "90s"')
+    cfg.write_text(text)
+    proc = watch(cfg, env)
+    try:
+        wait(lambda: len(trainers(sim)) == 4 and len(steps(sim)) >= 2, what="the job on all 4 workers", proc=proc)
+        sim.inject("maintenance", node="np-1", stuck="REPAIRING")
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    assert re.search(r"asked the job to stop \(SIGTERM\) on 2/[24] workers: attempt 1 ended: stopping every worker; "
+                     r"still running on w0, w1, killed after 1m30s \(recovery.stop_grace\)", out), out
+    assert not re.search(r"stopped the job on 2/[24] workers: attempt 1 ended", out), out
+    events = json.loads(cli(env, "history", "-c", str(cfg), "--json").stdout)["events"]
+    def at(kind: str, reason: str) -> datetime:  # when the tick that decided it began
+        return datetime.fromisoformat(next(e["time"] for e in events if e["kind"] == kind and reason in e["reason"]))
+    # With the stop waited for, the tick that deletes could begin only after the 90 s grace.
+    assert (at("delete", "repair_timeout") - at("stop", "attempt 1 ended")).total_seconds() < 45, events
+    assert sim.world.call_count("DeleteQueuedResource") == 1 and steps(sim)[-1] == LONG
+
+
+def test_a_slice_replaced_by_googles_autorepair_is_waited_for_not_recreated(sim: Simulator, tmp_path: Path) -> None:
+    """np-1 fails for good; Cloud TPU's multislice autorepair creates a new np-1 once hardware is
+    found (6 s here, longer than repair_timeout) and restarts np-0. tpuwatch waits for that:
+    no delete, no create, and the job resumes on the new slice."""
+    sim.world.delays["multislice_restart"] = 600.0  # 1 s here
+    cfg, env = multislice_job(sim, tmp_path, steps=LONG)
+    text = cfg.read_text().replace('repair_timeout = "30s"', 'repair_timeout = "2s"\nqueue_timeout = "120s"')
+    cfg.write_text(text)
+    old = sim.world.node("np-1").id
+    proc = watch(cfg, env)
+    try:
+        wait(lambda: len(trainers(sim)) == 4 and len(steps(sim)) >= 2, what="the job on all 4 workers", proc=proc)
+        sim.inject("slice-replace", node="np-1", hardware_after="60m")  # 6 s here
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    assert "slice np-1 of queued resource ms is being replaced (Cloud TPU's multislice autorepair" in out, out
+    assert sim.world.call_count("DeleteQueuedResource") == 0 and sim.world.call_count("CreateQueuedResource") == 0, out
+    assert sim.world.node("np-1").id != old  # Google's new slice, not tpuwatch's
+    attempts = json.loads(cli(env, "history", "-c", str(cfg), "--json").stdout)["attempts"]
+    assert attempts[0]["outcome"] == "disruption" and not attempts[0]["charged"], attempts
+    assert steps(sim)[-1] == LONG
 
 
 def test_separately_created_slices_are_never_recreated(sim: Simulator, tmp_path: Path) -> None:

@@ -194,3 +194,7 @@ def test_upcoming_maintenance_entries_about_the_worker_vms_reach_check_and_event
     assert ev.returncode == 0, ev.stderr
     kinds = [e["kind"] for e in json.loads(ev.stdout)["events"]]
     assert kinds.count("upcoming_maintenance") == n_workers, ev.stdout
+    st = job.cli("status", "pod", "--zone", sim.zone, "--json", timeout=120)
+    assert st.returncode == 0, st.stderr
+    kinds = [e["kind"] for e in json.loads(st.stdout)["nodes"][0]["events"]]
+    assert kinds.count("upcoming_maintenance") == n_workers, st.stdout

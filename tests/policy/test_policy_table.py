@@ -188,6 +188,8 @@ def test_row_early_start() -> None:
     waiting = tick(obs(_announced(), probes=running(1), checkpoint=ckpt(150)), run_mem(), now=500).memory
     d = tick(obs(_announced(), probes=running(1), checkpoint=ckpt(160)), waiting, now=700)
     assert d.row == "early_start" and kinds(d) == ["stop", "start_maintenance"]
+    # the job saves on SIGTERM before its host goes down: the maintenance waits for the stop
+    assert isinstance(d.actions[0], StopWorkers) and d.actions[0].wait
     end = d.ended[0]
     assert (end.outcome, end.charged, end.end_step) == ("disruption", False, 160)
     assert "maintenance started early by tpuwatch (checkpoint step 160 saved after the maintenance notice)" \
@@ -678,6 +680,7 @@ def test_row_stale_workers() -> None:
     m = idle(phase=Phase.BACKOFF, attempt=2, restarts=1, backoff_until=at(0), last_end=last_end(attempt=2))
     d = tick(obs(probes=(probe(0, "exited", 2, 1), probe(1, "running", 2))), m, now=100)
     assert d.row == "stale_workers" and kinds(d) == ["stop"]
+    assert isinstance(d.actions[0], StopWorkers) and d.actions[0].wait  # the launch after it needs them gone
 
 
 def test_row_adopt_running() -> None:
@@ -799,6 +802,7 @@ def test_stop_comes_before_the_end_of_the_job() -> None:
     """The tick carries actions out in order: the other workers are stopped, then done is marked."""
     d = tick(obs(probes=exited({0: 0}, workers=4)), run_mem(), now=3000)
     assert isinstance(d.actions[0], StopWorkers) and kinds(d) == ["stop", "done"]
+    assert not d.actions[0].wait  # nothing after it needs the job gone: a slow stop holds up nothing
 
 
 def test_not_owned_message_names_the_label_it_has() -> None:
@@ -878,3 +882,42 @@ def test_row_hung() -> None:
     assert (d.memory.phase, d.memory.restarts, d.memory.no_progress) == (Phase.BACKOFF, 1, 1)
     # off by default: the same attempt is followed for ever
     assert tick(obs(probes=running(1), checkpoint=ckpt(100)), m, now=10 * 86400).row == "running"
+
+
+def test_row_autorepair_wait() -> None:
+    """A slice of an ACTIVE multislice request missing or being created, then the others
+    restarting: Google's autorepair, waited for up to the longer of repair_timeout (600 s here)
+    and queue_timeout (3600 s); a slice merely REPAIRING keeps repair_timeout."""
+    multi = replace(CFG, slices=("np-0", "np-1"), recreatable=True)
+    active = QueuedStatus(QR_NAME, "ACTIVE")
+
+    def slices(*states: tuple[str, str]) -> NodeSnapshot:
+        from tpuwatch.model import combine_slices
+        parts = [None if s == "MISSING" else replace(node(s), name=f"np-{i}", id=ident)
+                 for i, (s, ident) in enumerate(states)]
+        combined = combine_slices(NAME, parts)
+        assert combined is not None
+        return combined
+
+    gone = slices(("READY", "a"), ("MISSING", "b"))
+    first = tick(obs(gone, queued=active), idle(attempt_node_id="a+b"), now=0, cfg=multi)
+    assert first.row == "autorepair_wait" and kinds(first) == ["wait"], first.summary
+    assert "slice np-1 of queued resource" in first.summary and "autorepair" in first.summary
+    later = tick(obs(slices(("READY", "a"), ("CREATING", "c")), queued=active), first.memory, now=3000, cfg=multi)
+    assert later.row == "autorepair_wait", later.summary  # past repair_timeout, within queue_timeout
+    # the new slice is back and the service restarts the other: still the repair
+    restart = tick(obs(slices(("RESTARTING", "a"), ("READY", "c")), queued=active), later.memory, now=3300, cfg=multi)
+    assert restart.row == "autorepair_wait" and "np-0 RESTARTING" in restart.summary, restart.summary
+    over = tick(obs(gone, queued=active), later.memory, now=3700, cfg=multi)
+    assert over.row == "repair_timeout" and kinds(over) == ["delete"], over.summary
+    # the same request given up by the service: recreated at once, not waited for
+    ended = tick(obs(gone, queued=QueuedStatus(QR_NAME, "SUSPENDED")), idle(), now=0, cfg=multi)
+    assert ended.row != "autorepair_wait"
+    # a slice that exists and is REPAIRING: Google repairs it in place, repair_timeout holds
+    repairing = slices(("READY", "a"), ("REPAIRING", "b"))
+    wait = tick(obs(repairing, queued=active), idle(attempt_node_id="a+b"), now=0, cfg=multi)
+    assert wait.row == "repair_wait"
+    assert tick(obs(repairing, queued=active), wait.memory, now=700, cfg=multi).row == "repair_timeout"
+    # a restart with no slice replaced (a heal in place): repair_timeout too
+    healed = slices(("RESTARTING", "a"), ("READY", "b"))
+    assert tick(obs(healed, queued=active), idle(attempt_node_id="a+b"), now=0, cfg=multi).row == "repair_wait"

@@ -24,7 +24,9 @@ from tpuwatch.workers import protocol
 KEY_MATERIAL = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQDtpuwatchSECRETKEY"
 REFRESH = "1//0gTPUWATCH-SECRET-REFRESH-TOKEN"
 API_KEY = "wandb-SECRET-7f3a9c1e"
-SECRETS = (KEY_MATERIAL, REFRESH, API_KEY, "tpuwatchSECRETKEY", "SECRET-REFRESH", "SECRET-7f3a9c1e")
+HF_TOKEN = "hf_SECRETtpuwatch0123456789abcdefghij"  # written in the job's command, as people do
+SECRETS = (KEY_MATERIAL, REFRESH, API_KEY, HF_TOKEN, "tpuwatchSECRETKEY", "SECRET-REFRESH", "SECRET-7f3a9c1e",
+           "SECRETtpuwatch0123")
 
 
 def fake_credentials(tmp: Path) -> Path:
@@ -51,10 +53,12 @@ def state_files(root: Path) -> dict[str, bytes]:
 
 @pytest.mark.slow
 def test_no_secret_is_printed_or_journaled_in_any_flow(sim: Simulator, tmp_path: Path) -> None:
-    """A credentials file and a job.env API key, through a recreate and every reading command."""
+    """A credentials file, a job.env API key and a token in the command itself, through a
+    recreate and every reading command."""
     creds = fake_credentials(tmp_path)
     job = Watched(sim, tmp_path, "pod", seed=21, recreatable=True, steps=200, repair_timeout="0.5s",
-                  env={"GOOGLE_APPLICATION_CREDENTIALS": str(creds)}, job_env={"WANDB_API_KEY": API_KEY})
+                  env={"GOOGLE_APPLICATION_CREDENTIALS": str(creds)}, job_env={"WANDB_API_KEY": API_KEY},
+                  command_prefix=f"HF_TOKEN={HF_TOKEN} ")
     outputs: dict[str, str] = {}
     try:
         job.start()
@@ -63,6 +67,7 @@ def test_no_secret_is_printed_or_journaled_in_any_flow(sim: Simulator, tmp_path:
         key = sim.node_key("pod")
         pid = job.sampler.trainers()[0][0][0]
         assert f"WANDB_API_KEY={API_KEY}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
+        assert f"HF_TOKEN={HF_TOKEN}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
         assert API_KEY.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
         sim.inject("maintenance", node="pod", stuck="REPAIRING")
         rc = job.finish(timeout=120)
@@ -73,6 +78,8 @@ def test_no_secret_is_printed_or_journaled_in_any_flow(sim: Simulator, tmp_path:
         # its startup script only set up, and the watcher started the job over SSH
         outputs["recreated node metadata"] = repr(sim.world.node("pod").spec.metadata)
         assert sim.world.node("pod").spec.metadata.get("tpuwatch-env-withheld") == "true"
+        assert sim.world.node("pod").spec.metadata.get("tpuwatch-command-withheld") == "true"
+        assert "looks like it holds a credential (HF_TOKEN=…" in outputs["watch"]
         for args in (["check", "-c", str(job.cfg), "--json"], ["check", "-c", str(job.cfg), "--dry-run"],
                      ["history", "-c", str(job.cfg)], ["history", "-c", str(job.cfg), "--json"],
                      ["status", "pod", "--json"], ["status", "pod", "-c", str(job.cfg)],

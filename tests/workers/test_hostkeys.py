@@ -75,6 +75,46 @@ def test_a_worker_publishing_no_keys_is_trusted_on_first_use_said_once_and_asked
     assert published[1][0] in (tmp_path / "kh").read_text()
 
 
+def test_separate_runs_share_when_they_last_asked_and_a_late_key_becomes_strict(tmp_path: Path) -> None:
+    """cron's `check` runs are separate processes: one that finds a worker trusted on first use
+    asks the API again once the last run's question is old, and from then on checks strictly."""
+    wall = [1_000_000.0]
+    calls = []
+    published: dict[int, tuple[str, ...]] = {0: (_key(),)}
+
+    def source(node: NodeSnapshot) -> dict[int, tuple[str, ...]]:
+        calls.append(node.id)
+        return dict(published)
+
+    kh = tmp_path / "kh"
+    node = _node()
+
+    def run() -> hostkeys.PinnedHostKeys:  # a new process: nothing in memory, only the file
+        pins = hostkeys.PinnedHostKeys(kh, source, wall=lambda: wall[0])
+        pins.prepare(node, node.workers)
+        return pins
+
+    first = run()
+    assert len(calls) == 1 and not first.strict("tpuwatch-77-w1")
+    assert len(first.take_notes()) == 1
+    with kh.open("a") as f:  # what ssh's accept-new then adds for worker 1
+        f.write(f"tpuwatch-77-w1 {_key()}\n")
+    wall[0] += 60
+    second = run()
+    assert len(calls) == 1 and not second.strict("tpuwatch-77-w1")  # asked a minute ago: not again
+    assert second.take_notes() == []
+    published[1] = (_key(),)  # the guest agent publishes it late
+    wall[0] += hostkeys.REREAD_UNPUBLISHED
+    third = run()
+    assert len(calls) == 2 and third.strict("tpuwatch-77-w1")
+    text = kh.read_text()
+    assert f"tpuwatch-77-w1 {published[1][0]} {hostkeys.MARK}" in text
+    assert hostkeys.ASKED not in text  # no worker is unpublished any more
+    assert sum(ln.startswith("tpuwatch-77-w1 ") for ln in text.splitlines()) == 1  # the TOFU line is gone
+    # and the stamp never reaches ssh as a host: it is a comment
+    assert all(ln.startswith(("#", "tpuwatch-")) for ln in text.splitlines())
+
+
 def test_the_refusal_names_worker_alias_and_both_fingerprints(tmp_path: Path) -> None:
     key = _key()
     pins = hostkeys.PinnedHostKeys(tmp_path / "kh", lambda n: {0: (key,)})

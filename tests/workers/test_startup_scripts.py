@@ -197,6 +197,16 @@ def test_env_withheld_from_metadata_means_set_up_only(vm: Vm) -> None:
     assert not vm.job_file("train", "attempt").exists()  # and nothing started
 
 
+def test_command_withheld_from_metadata_means_set_up_only(vm: Vm) -> None:
+    """A command that looks like it holds a credential is not written: the boot only sets up."""
+    with metadata_server(settings(vm, **{"tpuwatch-command": "<absent>", "tpuwatch-command-withheld": "true"})) as md:
+        r = vm.boot(RESUME, md)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "looks like it holds a credential" in r.stdout and "the watcher starts the job" in r.stdout
+    assert (vm.home / "setup-ran").exists()
+    assert not vm.job_file("train", "attempt").exists()
+
+
 def test_a_local_checkpoint_is_resumed_at_boot_only_where_the_new_vm_has_it(vm: Vm, tmp_path: Path) -> None:
     """A checkpoint path from the old VM exists on the new one only on a shared or kept disk; on a
     new boot disk it is gone, and the job must not be started from a path that is not there."""

@@ -203,6 +203,41 @@ def test_stop_clears_the_job_its_escapees_device_holders_and_a_stale_lockfile(wo
     assert worker.launch(2, "true")["result"] == "launched"  # the lock is free again
 
 
+def test_a_stop_not_waited_for_answers_after_the_term_and_kills_what_ignores_it_after_the_grace(
+        worker: Worker) -> None:
+    """A job stuck in a collective may ignore SIGTERM: a stop nothing waits on answers at once,
+    says which processes still run, and a detached process on the worker KILLs them after the
+    grace (a waited stop says which needed the KILL)."""
+    worker.launch(1, "(trap '' TERM; exec sleep 321) & exec sleep 322")
+    wait_for(lambda: len(worker.pids(b"sleep\x0032")) == 2, what="the job's processes")
+    stubborn = worker.pids(b"sleep\x00321")
+    res = worker.run(protocol.stop_script(JOB, 2.0, detach=True))
+    stop = protocol.parse_stop(3, res)
+    assert stop.ok and stop.grace == 2.0, res
+    assert list(stop.stopping) == stubborn, res  # sleep 322 took the TERM; 321 did not
+    assert "still running after SIGTERM: killed after 2s" in stop.describe()
+    wait_for(lambda: worker.pids(b"sleep\x00321") == [], timeout=30, what="the KILL after the grace")
+    assert worker.pids(b"tpuwatch-killer") == []  # the killer is gone too
+    # waited for: the same job is killed within the call, and the answer says so
+    worker.launch(2, "(trap '' TERM; exec sleep 323) & exec sleep 324")
+    wait_for(lambda: len(worker.pids(b"sleep\x0032")) == 2, what="attempt 2's processes")
+    waited = protocol.parse_stop(3, worker.stop(grace=0.3))
+    assert waited.ok and waited.killed and not any(alive(p) for p in waited.killed), waited
+    assert worker.pids(b"sleep\x0032") == [] and "ignored SIGTERM for 0.3s: killed" in waited.describe()
+
+
+def test_the_detached_killer_never_kills_a_process_that_reused_the_pid(worker: Worker) -> None:
+    """It knows each process by pid and start time: a pid now held by another process is left."""
+    stranger = subprocess.Popen(["sleep", "325"], start_new_session=True, stdin=subprocess.DEVNULL, env=worker.env)
+    wait_for(lambda: bool(worker.pids(b"sleep\x00325")), what="the stranger")
+    body = protocol.remote_script() + f"\ntw_killer 0 '{stranger.pid}:1'\n"  # start time 1: another process
+    subprocess.run(["/bin/bash", "-s"], input=body.encode(), env={**worker.env, "TW_JOB": JOB, "TW_ACTION": "none"},
+                   capture_output=True, timeout=30)
+    assert stranger.poll() is None
+    stranger.kill()
+    stranger.wait(5)
+
+
 def test_a_cleaning_launch_stops_the_older_attempt_and_its_leftovers_in_one_connection(worker: Worker) -> None:
     accel = worker.root / "dev" / "accel1"
     worker.launch(1, "(trap '' TERM; exec sleep 311) & exec sleep 312")

@@ -331,7 +331,8 @@ class BenchWorkers:
             return [LaunchResult(i, "error", detail="the job is complete") for i in range(n)]
         return [LaunchResult(i, "launched", attempt=attempt, pid=1000 + i) for i in range(n)]
 
-    def stop(self, node: NodeSnapshot, workers: Sequence[int] | None = None) -> list[StopResult]:
+    def stop(self, node: NodeSnapshot, workers: Sequence[int] | None = None, *,
+             wait: bool = True) -> list[StopResult]:
         w = self.world
         which = list(workers) if workers is not None else [e.index for e in node.workers]
         self.meter.ssh += len(which)

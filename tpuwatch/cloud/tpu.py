@@ -358,15 +358,15 @@ class TpuAdapter:
         node = self.get_node_message(name)
         return None if node is None else snapshot(node, project=self.project, zone=self.zone)
 
-    def worker_instances(self, node: NodeSnapshot) -> Mapping[str, tuple[str, str]]:
+    def worker_instances(self, *nodes: NodeSnapshot) -> Mapping[str, tuple[str, str]]:
         """Instance name -> (node, worker id) for the audit readers (logs.match_resource); of
         every slice of a multislice job.
 
         Lazy: the guest attributes are read on the first lookup, which a reader makes only when
         the log holds an entry about a TPU worker VM (an upcoming-maintenance notice).
         """
-        return _LazyInstances(lambda: {inst: (part.name, str(i)) for part in node.slices or (node,) if part.name
-                                       for i, inst in enumerate(self.instance_names(part)) if inst})
+        return _LazyInstances(lambda: {inst: (part.name, str(i)) for node in nodes for part in node.slices or (node,)
+                                       if part.name for i, inst in enumerate(self.instance_names(part)) if inst})
 
     def instance_names(self, node: NodeSnapshot) -> tuple[str, ...]:
         """The workers' Compute Engine instance names (guest attribute `hostname`, as gcloud

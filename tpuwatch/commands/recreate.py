@@ -196,6 +196,8 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
                 say(f"create in {z} refused: {exc.failure.message}")
                 continue
             say(f"creating {name} in {z}" + (f" through queued resource {queued}" if queued else "") + f": {op}")
+            if note := rc.command_withheld_note(cfg):
+                echo(f"note: {note}")
             failure = None
             if op:
                 status = rc.wait_operation(api, op, timeout=3600, what=f"create of {name} in {z}")

@@ -7,6 +7,7 @@ for every node together. This command only reads; it never changes a node.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -114,14 +115,16 @@ def journal_facts(node: NodeSnapshot) -> dict[str, Any] | None:
 
 
 def _events_by_node(
-    reader: AuditLogReader, names: list[str], start: datetime
+    reader: AuditLogReader, names: list[str], start: datetime,
+    instances: Mapping[str, tuple[str, str]] | None = None,
 ) -> tuple[dict[str, list[AuditEvent]], str | None]:
-    """One query for all names; a failure leaves the node facts shown with a warning."""
+    """One query for all names (and their worker VMs, whose upcoming-maintenance entries name
+    them); a failure leaves the node facts shown with a warning."""
     by_node: dict[str, list[AuditEvent]] = {n: [] for n in names}
     if not names:
         return by_node, None
     try:
-        events = reader.since(names, start)
+        events = reader.since(names, start, instances)
     except CloudError as exc:
         return by_node, exc.message
     for ev in events:
@@ -180,7 +183,9 @@ def command(
 
     now = datetime.now(timezone.utc)
     reader = AuditLogReader(loc.project, zone=loc.zone)
-    events, events_error = _events_by_node(reader, [n.name for n in nodes], now - EVENTS_LOOKBACK)
+    # Lazy: a node's guest attributes are read only if the log holds an entry about a worker VM.
+    instances = tpu.worker_instances(*nodes)
+    events, events_error = _events_by_node(reader, [n.name for n in nodes], now - EVENTS_LOOKBACK, instances)
 
     if as_json:
         out: dict[str, Any] = {

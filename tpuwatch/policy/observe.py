@@ -67,8 +67,10 @@ def operation_due(mem: Memory) -> Literal["delete", "create"] | None:
 
 def queued_due(mem: Memory, node: NodeSnapshot | None) -> bool:
     """Read the node's queued resource (a job that has one): only while it can change the
-    decision, i.e. the node is missing or being deleted, or tpuwatch follows a delete or create."""
+    decision, i.e. the node is missing or being deleted, a slice is missing, being created or
+    restarting (Google's multislice autorepair), or tpuwatch follows a delete or create."""
     return (node is None or node.state in ("DELETING", "MISSING")
+            or any(s.state in ("CREATING", "RESTARTING") for s in node.slices)  # a multislice autorepair
             or mem.phase in (Phase.DELETING, Phase.CREATING))
 
 

@@ -58,6 +58,11 @@ ROWS: tuple[Row, ...] = (
     Row("repair_wait", "REPAIRING / RESTARTING / UNHEALTHY_MAINTENANCE / TIMEOUT / UNKNOWN",
         "wait up to repair_timeout from first sight"),
     Row("repair_timeout", "still not healthy after repair_timeout", "delete + create (owned nodes only)"),
+    Row("autorepair_wait", "a slice of a multislice queued resource is missing or being created, or the others "
+        "restart after it was replaced, while the request stays ACTIVE: Cloud TPU's multislice autorepair replaces "
+        "it, waiting for hardware if needed",
+        "wait up to the longer of repair_timeout and queue_timeout from first sight (a recreate would queue for "
+        "every slice at once), then delete + create the whole request"),
     Row("dead_node", "PREEMPTED / TERMINATED", "delete + create (owned nodes only)"),
     Row("not_owned", "delete + create needed, node lacks tpuwatch-job=<job>",
         "never delete it: needs a person (exit 1); pass --adopt"),

@@ -266,8 +266,13 @@ class _Tick:
         if row not in ROW_IDS:
             raise KeyError(f"policy bug: unknown row {row!r}")
         self.actions.extend(actions)
+        acts = [self._stoppable(a) for a in self.actions]
+        if any(isinstance(a, (StartMaintenance, Launch)) for a in acts):
+            # What comes next needs the job gone first (a job saving on SIGTERM before its
+            # host goes down, a launch): the stop is waited for.
+            acts = [replace(a, wait=True) if isinstance(a, StopWorkers) else a for a in acts]
         return Decision(
-            actions=tuple(self._stoppable(a) for a in self.actions),
+            actions=tuple(acts),
             memory=mem,
             summary="; ".join([*self.notes, summary]),
             exit_code=PHASE_EXIT[mem.phase],
@@ -424,7 +429,7 @@ class _Tick:
         if reachable:
             stop_why = "job done: stopping the other workers" if verdict.outcome is Outcome.SUCCESS \
                 else f"attempt {n} ended: stopping every worker"
-            self.actions.append(StopWorkers(stop_why))
+            self.actions.append(StopWorkers(stop_why, wait=False))
         if verdict.outcome is Outcome.SUCCESS:
             done = move(mem, Phase.DONE, reason=reason)
             return done, reason, self.out(done, "success", f"job done: {reason}", MarkDone(reason))
@@ -899,6 +904,19 @@ class _Tick:
             if final is not None:
                 return final
         waited = _secs(now - since)
+        if auto := self.autorepairing(mem):
+            # Recreating the request would ask for every slice at once, behind the same shortage
+            # the repair waits on, and lose its place: wait as long as a create may queue.
+            limit = max(cfg.repair_timeout, cfg.queue_timeout)
+            if waited < limit:
+                until = since + timedelta(seconds=limit)
+                mem = move(mem, Phase.WAITING_NODE, unhealthy_since=since, reason=auto)
+                return self.out(mem, "autorepair_wait", f"{auto} since {since.isoformat()}; waiting for it until "
+                                f"{until.isoformat()} (the longer of recovery.repair_timeout and "
+                                f"recovery.queue_timeout, {human(limit)}) before recreating the whole request",
+                                Wait(until, auto))
+            return self.recreate(mem, "repair_timeout", f"{auto} for {human(waited)}, longer than "
+                                 f"recovery.queue_timeout ({human(limit)})")
         if waited < cfg.repair_timeout:
             until = since + timedelta(seconds=cfg.repair_timeout)
             mem = move(mem, Phase.WAITING_NODE, unhealthy_since=since, reason=f"node {what}")
@@ -911,6 +929,30 @@ class _Tick:
             return self.halt(replace(mem, unhealthy_since=since), "unknown_state",
                              f"{why}; tpuwatch does not know state {node.state} and will not delete the node")
         return self.recreate(mem, "repair_timeout", why)
+
+    def autorepairing(self, mem: Memory) -> str:
+        """What Cloud TPU's multislice autorepair is doing, "" when it is not. While the job's
+        multislice queued resource stays ACTIVE: a slice is missing or being created (the service
+        creates a new one, waiting for hardware if needed), or a slice has a new id since the
+        attempt's launch and another is RESTARTING (the service restarts the others after it)."""
+        node, q = self.obs.node, self.obs.queued
+        if not (self.cfg.slices and self.cfg.recreatable and node is not None and q is not None
+                and q.state == "ACTIVE"):
+            return ""
+        request = q.name.rsplit("/", 1)[-1]
+        parts = list(zip(self.cfg.slices, node.slices, strict=False))
+        gone = [name for name, part in parts if part.state in ("MISSING", "CREATING")]
+        if gone:
+            return (f"slice {', '.join(gone)} of queued resource {request} is being replaced (Cloud TPU's "
+                    "multislice autorepair creates a new slice, waiting for hardware if needed, then restarts "
+                    "the others)")
+        before = mem.attempt_node_id.split("+")
+        new = [name for i, (name, part) in enumerate(parts) if i < len(before) and part.id != before[i]]
+        restarting = [name for name, part in parts if part.state == "RESTARTING"]
+        if new and restarting:
+            return (f"slice {', '.join(new)} of queued resource {request} was replaced; Cloud TPU's multislice "
+                    f"autorepair restarts the others ({', '.join(restarting)} RESTARTING)")
+        return ""
 
     def dead(self, mem: Memory) -> Decision:
         node = self.obs.node

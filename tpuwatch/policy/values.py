@@ -182,10 +182,14 @@ class StopWorkers:
 
     `blocked`: why no stop can be done in this tick (the workers cannot be reached); the tick
     then only says so. What they left is stopped when they answer again (`stale_workers`) or
-    by the next launch's own cleanup."""
+    by the next launch's own cleanup. `wait`: the tick waits until the processes are gone
+    (up to stop_grace, then KILL); without it the tick goes on right after the SIGTERM and the
+    workers KILL what ignores it after stop_grace, so a job that ignores SIGTERM holds up
+    nothing that does not need it gone (a later launch's own cleanup waits for it)."""
 
     reason: str
     blocked: str = ""
+    wait: bool = True
     kind: ClassVar[str] = "stop"
 
 

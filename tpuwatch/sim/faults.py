@@ -96,6 +96,18 @@ FAULTS: dict[str, Fault] = {
             target="node",
         ),
         Fault(
+            "slice-replace",
+            "Multislice autorepair: a slice of an ACTIVE multislice queued resource fails for good; a new "
+            "one is created (same name, new id) once hardware is found, then the other slices restart.",
+            (
+                _NODE,
+                Param("hardware_after", "duration", "simulated time until the new slice is created",
+                      default=600.0),
+                *_WHERE,
+            ),
+            target="node",
+        ),
+        Fault(
             "terminate",
             "Terminate the node: TERMINATED for good.",
             (
@@ -538,6 +550,8 @@ def apply(world: World, fault: str, params: Mapping[str, Any]) -> Any:
         world.preempt(p.pop("node"), **p, **where)
     elif fault == "terminate":
         world.terminate(p.pop("node"), **p, **where)
+    elif fault == "slice-replace":
+        world.replace_slice(p.pop("node"), **p, **where)
     elif fault == "kill-worker":
         world.kill_worker(p.pop("node"), p.pop("worker", 0), **where)
     elif fault == "hang":

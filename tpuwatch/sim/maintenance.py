@@ -5,6 +5,7 @@ performMaintenance, performMaintenanceQueuedResource)."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from tpuwatch.sim.queued import QueuedResources
 from tpuwatch.sim.records import (
     ApiError,
     NodeRec,
+    NodeSpec,
     OperationRec,
     UpcomingRec,
     rfc3339_ns,
@@ -161,6 +163,64 @@ class Maintenance(QueuedResources):
             self._touch()
         for timer in down:
             self._await(timer)
+
+    def replace_slice(
+        self,
+        node: str,
+        *,
+        hardware_after: float = 600.0,
+        project: str | None = None,
+        zone: str | None = None,
+    ) -> None:
+        """Google's multislice autorepair of a slice that failed for good (hardware): "Cloud TPU
+        creates a new slice, waiting for hardware if needed", then restarts the others. The slice's
+        node goes at once (a terminate entry, its workers gone, NOT_FOUND) while the request stays
+        ACTIVE; `hardware_after` simulated seconds later a node of the same name and spec is
+        created with a new id, and once it is READY the other slices restart."""
+        with self._lock:
+            rec = self._fault_node(node, project, zone)
+            qr = self._queued_of(rec) if rec.multislice_node else None
+            if qr is None or qr.state != "ACTIVE":
+                raise UsageError(f"node {rec.name} is not a slice of an ACTIVE multislice queued resource")
+            self._ensure_live(rec, "slice replacement")
+            self._write_audit(rec, audit.TERMINATE, metadata={"terminateReason": "HARDWARE_FAILURE"})
+            del self._nodes[rec.key]
+            self._touch()
+            gone = self._queue_hosts("destroy", rec.key)
+            args = (rec.project, rec.zone, rec.name, copy.deepcopy(rec.spec), rec.api_version, qr.full_name,
+                    f"{qr.project}/{qr.zone}/{qr.name}", qr.create_ns)
+        self._await(gone)
+        self.after(hardware_after, lambda: self._new_slice(*args))
+
+    def _new_slice(self, project: str, zone: str, name: str, spec: NodeSpec, api_version: str,
+                   qr_name: str, qr_key: str, created: int) -> None:
+        """The replacement slice, created as the request's own; its peers restart once it is READY."""
+        with self._lock:
+            qr = self._queued.get(qr_key)
+            if qr is None or qr.create_ns != created or qr.state != "ACTIVE":
+                return  # the request was deleted (or replaced) meanwhile
+        try:
+            self.create_node(project, zone, name, spec, api_version, queued_resource=qr_name, multislice_node=True)
+        except ApiError:
+            return  # the name is taken again (a recreate of the whole request)
+        with self._lock:
+            ident = self._nodes[f"{project}/{zone}/{name}"].id
+
+        def ready() -> None:
+            with self._lock:
+                rec = self._nodes.get(f"{project}/{zone}/{name}")
+                if rec is None or rec.id != ident:
+                    return
+                if rec.state != "READY":
+                    self.after(1.0, ready)
+                    return
+                down = self._restart_peers(rec)
+                self._write_audit(rec, audit.RESTART, severity="INFO")
+                self._touch()
+            for timer in down:
+                self._await(timer)
+
+        self.after(self.delays["create"], ready)
 
     def _restart_peers(self, rec: NodeRec) -> list[Timer | None]:
         """Google's multislice autorepair: once a slice is back, "all other slices in the

@@ -45,6 +45,7 @@ ENV = {
     "hang_at": "TRAINER_HANG_AT",
     "fault_worker": "TRAINER_FAULT_WORKER",
     "save_on_term": "TRAINER_SAVE_ON_TERM",
+    "ignore_term": "TRAINER_IGNORE_TERM",
 }
 
 
@@ -101,6 +102,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--vm-paths", action="store_true",
                    help="--ckpt-dir and --resume are paths on the TPU VM: on a simulated worker they "
                    "are under its $TPUWATCH_HOST_ROOT")
+    p.add_argument("--ignore-term", type=int, choices=(0, 1), default=_env_default("ignore_term", int, 0),
+                   help="1: ignore SIGTERM, as a process stuck in a cross-slice collective may; only KILL ends it "
+                   "(TRAINER_IGNORE_TERM)")
     p.add_argument("--save-on-term", type=int, choices=(0, 1), default=_env_default("save_on_term", int, 0),
                    help="1: on SIGTERM finish the step, save a checkpoint and exit 0, as a JAX loop with "
                    "Orbax's save-on-preemption does; 0: exit 143 at once (TRAINER_SAVE_ON_TERM)")
@@ -244,6 +248,8 @@ def train(args: argparse.Namespace) -> int:
     step = read_step(Path(args.resume)) if args.resume else 0
     started_from = step
     _term["save"] = bool(args.save_on_term)
+    if args.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     how = f"resumed from {args.resume} at step {step}" if args.resume else "fresh start"
     print(f"worker {worker}: {how}, training to step {args.steps}", flush=True)
     t0 = time.monotonic()

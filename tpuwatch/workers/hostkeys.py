@@ -31,8 +31,10 @@ from tpuwatch.model import NodeSnapshot, WorkerEndpoint
 HostKeySource = Callable[[NodeSnapshot], Mapping[int, Sequence[str]]]
 MARK = "tpuwatch-published"  # the comment on known_hosts lines written from the API
 # A worker that published no keys is asked again this often: its guest agent may publish them
-# late, and from then on its keys are checked strictly.
+# late, and from then on its keys are checked strictly. When it was last asked is kept in the
+# file (a comment line ssh ignores), so cron's separate `check` runs ask again too.
 REREAD_UNPUBLISHED = 600.0
+ASKED = "# tpuwatch-unpublished"  # "# tpuwatch-unpublished <alias> <unix time last asked>"
 _PRESENTED = re.compile(r"key sent by the remote host is\s+(SHA256:[A-Za-z0-9+/=]+)")
 
 
@@ -62,10 +64,11 @@ class PinnedHostKeys:
     """The known_hosts file of one transport, kept in step with the workers' published keys."""
 
     def __init__(self, known_hosts: Path, source: HostKeySource,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.known_hosts = known_hosts
         self.source = source
         self.clock = clock
+        self.wall = wall
         self.published: dict[str, tuple[str, ...]] = {}  # alias -> keys the API published
         self.unpublished: dict[str, float] = {}  # alias -> when the API last published none for it
         self.notes: list[str] = []  # for the person watching (trust on first use), taken by the caller
@@ -77,7 +80,7 @@ class PinnedHostKeys:
     def prepare(self, node: NodeSnapshot, workers: Sequence[WorkerEndpoint]) -> None:
         """Before connecting: the published keys of any worker not known yet (one API read per
         node id; none at all while the file already holds lines for every worker)."""
-        on_file = self._read_file()
+        on_file, asked = self._read_file()
         todo = False
         for w in workers:
             name = alias(node, w)
@@ -89,9 +92,12 @@ class PinnedHostKeys:
             keys = tuple(k for k, marked in on_file.get(name, ()) if marked)
             if keys:
                 self.published[name] = keys
-            elif not on_file.get(name):
+            elif name in asked and self.wall() - asked[name] < REREAD_UNPUBLISHED:
+                # lines ssh added itself (accept-new) for a worker that published nothing when
+                # another run asked lately: ssh checks them; asked again when that is old
+                self.unpublished[name] = self.clock() - max(0.0, self.wall() - asked[name])
+            else:
                 todo = True
-            # lines ssh added itself (accept-new): a worker that published nothing; ssh checks them
         if todo:
             self.refresh(node)
 
@@ -105,6 +111,7 @@ class PinnedHostKeys:
                     keys[w.index] = published[w.worker_id]
         fresh: dict[str, tuple[str, ...]] = {}
         newly_unpublished = []
+        _, asked = self._read_file()  # another run said so already
         for w in node.workers:
             name = alias(node, w)
             if keys.get(w.index):
@@ -113,16 +120,16 @@ class PinnedHostKeys:
                 continue
             if name not in self.unpublished:
                 self.published.pop(name, None)
-                newly_unpublished.append(w.index)
+                if name not in asked:
+                    newly_unpublished.append(w.index)
             self.unpublished[name] = self.clock()
         if newly_unpublished:
             self.notes.append(
                 f"node {node.name} (id {node.id}) publishes no SSH host keys for worker(s) "
                 f"{', '.join(map(str, newly_unpublished))} (guest attributes hostkeys/): trusting the first "
                 f"key each presents (trust on first use), pinned in {self.known_hosts}")
-        if fresh:
-            self._write(fresh)
-            self.published.update(fresh)
+        self._write(fresh, {alias(node, w) for w in node.workers if not keys.get(w.index)})
+        self.published.update(fresh)
 
     def describe_mismatch(self, node: NodeSnapshot, worker: WorkerEndpoint, address: str, stderr: str) -> str:
         """A refused host key, named: worker, alias, what it presented, what the API publishes."""
@@ -145,22 +152,32 @@ class PinnedHostKeys:
 
     # -- the file -----------------------------------------------------------------------------
 
-    def _read_file(self) -> dict[str, list[tuple[str, bool]]]:
-        """alias -> [(\"type base64\", written from the API)] for every line of the file."""
+    def _read_file(self) -> tuple[dict[str, list[tuple[str, bool]]], dict[str, float]]:
+        """alias -> [(\"type base64\", written from the API)] for every line of the file, and
+        alias -> when the API was last asked and published none for it."""
         out: dict[str, list[tuple[str, bool]]] = {}
+        asked: dict[str, float] = {}
         try:
             text = self.known_hosts.read_text()
         except FileNotFoundError:
-            return out
+            return out, asked
         for line in text.splitlines():
             parts = line.split()
-            if len(parts) >= 3 and not line.startswith("#"):
+            if line.startswith(ASKED + " ") and len(parts) == 4:
+                try:
+                    asked[parts[2]] = float(parts[3])
+                except ValueError:
+                    pass
+            elif len(parts) >= 3 and not line.startswith("#"):
                 for host in parts[0].split(","):
                     out.setdefault(host, []).append((f"{parts[1]} {parts[2]}", MARK in parts[3:]))
-        return out
+        return out, asked
 
-    def _write(self, fresh: Mapping[str, tuple[str, ...]]) -> None:
-        """Replace the lines of these aliases, keep every other line; under a lock, atomically."""
+    def _write(self, fresh: Mapping[str, tuple[str, ...]], unpublished: set[str]) -> None:
+        """Replace the lines of the `fresh` aliases, stamp when the `unpublished` ones were asked,
+        keep every other line; under a lock, atomically."""
+        if not fresh and not unpublished:
+            return
         path = self.known_hosts
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with open(str(path) + ".lock", "a") as lock:
@@ -169,8 +186,12 @@ class PinnedHostKeys:
                 old = path.read_text().splitlines()
             except FileNotFoundError:
                 old = []
-            keep = [ln for ln in old if not (ln.split() and set(ln.split()[0].split(",")) & set(fresh))]
+            stamped = set(fresh) | unpublished
+            keep = [ln for ln in old
+                    if not (ln.startswith(ASKED + " ") and ln.split()[2:3] and ln.split()[2] in stamped)
+                    and not (not ln.startswith("#") and ln.split() and set(ln.split()[0].split(",")) & set(fresh))]
             new = [f"{name} {key} {MARK}" for name, keys in fresh.items() for key in keys]
+            new += [f"{ASKED} {name} {self.wall():.0f}" for name in sorted(unpublished)]
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_text("\n".join(keep + new) + "\n")
             os.chmod(tmp, 0o600)

@@ -9,6 +9,15 @@ tw_stat() {  # sets TW_STATE TW_PPID TW_PGRP TW_SESS for pid $1 (no fork), or fa
   read -r TW_STATE TW_PPID TW_PGRP TW_SESS _ <<<"$s"
 }
 
+tw_starttime() {  # sets TW_START to pid $1's start time (clock ticks after boot), or fails
+  local s f
+  IFS= read -r s 2>/dev/null <"/proc/$1/stat" || return 1
+  s=${s##*) }
+  read -r -a f <<<"$s"
+  TW_START=${f[19]:-}
+  [ -n "$TW_START" ]
+}
+
 tw_alive() {  # pid $1 exists and is not a zombie
   tw_stat "$1" || return 1
   case $TW_STATE in

@@ -238,7 +238,11 @@ def launch_script(
     )
 
 
-def stop_script(job: str, grace: float) -> bytes:
+def stop_script(job: str, grace: float, *, detach: bool = False) -> bytes:
+    """TERM the attempt's processes, KILL them after `grace`; with `detach`, answer right after
+    the TERM and leave the KILL to a detached process on the worker."""
+    if detach:
+        return script("stop", job, grace_ms=max(0, int(grace * 1000)), detach=1)
     return script("stop", job, grace_ms=max(0, int(grace * 1000)))
 
 
@@ -338,6 +342,9 @@ def parse_stop(worker: int, records: Mapping[str, str]) -> StopResult:
         libtpu_lockfile=records.get("libtpu_lockfile", "absent"),
         leftover=_pids(records.get("leftover")),
         device_scan=records.get("device_scan", ""),
+        killed=_pids(records.get("killed")),
+        stopping=_pids(records.get("stopping")),
+        grace=int(records.get("grace_ms") or 0) / 1000 if (records.get("grace_ms") or "").isdigit() else 0.0,
     )
 
 

@@ -19,7 +19,8 @@
 #
 # Inputs (preamble): TW_ACTION probe|launch|stop|follow|wait, TW_JOB, and per action TW_ATTEMPT,
 # TW_WORKER (its id within its slice), TW_SLICE, TW_SLICES (launch: a multislice job's slice and number of slices), TW_CHECKPOINT, TW_STEP, TW_COMMAND (already rendered), TW_ENV (array NAME=value),
-# TW_GRACE_MS (stop's TERM-to-KILL grace), TW_CLEAN_MS (launch: run stop first, with this
+# TW_GRACE_MS (stop's TERM-to-KILL grace), TW_DETACH (stop: 1 = TERM and return, a detached
+# process KILLs what is left after the grace), TW_CLEAN_MS (launch: run stop first, with this
 # grace, when an older attempt or none was launched here), TW_OFFSET (bytes), TW_POLL (seconds),
 # TW_NOTIFY (launch: the signal the relay sends on a notice, such as TERM; empty for none),
 # TW_CKPT_DIR (probe, and wait's probe requests: the local checkpoint directory to list).
@@ -121,14 +122,49 @@ tw_signal() {  # signal $1 to pids $2; a process group -$3 first when given (ato
   done
 }
 
-tw_terminate() {  # TERM pids $2 (and group $3), wait $1 ms, KILL the rest; prints survivors
+tw_terminate() {  # TERM pids $2 (and group $3), wait $1 ms, KILL the rest. Adds to TW_KILLED
+  # the pids that needed KILL and to TW_LEFT those alive even after it.
   local left
   [ -n "$2" ] || return 0
   tw_signal TERM "$2" "${3:-}"
   left=$(tw_wait_gone "$1" "$2")
   [ -n "$left" ] || return 0
+  TW_KILLED="$TW_KILLED $left"
   tw_signal KILL "$left" "${3:-}"
-  tw_wait_gone 5000 "$left"
+  TW_LEFT="$TW_LEFT $(tw_wait_gone 5000 "$left")"
+}
+
+tw_killer() {  # detached: after $1 ms, KILL each "pid:starttime" of $2 still alive as that process
+  local deadline left ps
+  deadline=$(($(tw_now_ms) + $1))
+  while :; do
+    left=""
+    for ps in $2; do
+      tw_alive "${ps%%:*}" && tw_starttime "${ps%%:*}" && [ "$TW_START" = "${ps#*:}" ] && left="$left$ps "
+    done
+    [ -n "$left" ] || return 0
+    [ "$(tw_now_ms)" -lt "$deadline" ] || break
+    tw_sleep 0.2
+  done
+  for ps in $left; do
+    kill -KILL "${ps%%:*}" 2>/dev/null || sudo -n kill -KILL "${ps%%:*}" 2>/dev/null
+  done
+}
+
+tw_terminate_later() {  # TERM pids $2 (and group $3) now; a detached killer KILLs the ones
+  # still alive after $1 ms, so the caller need not wait. Adds to TW_STOPPING those alive a
+  # moment after TERM (the start time tells a pid reused meanwhile from the process it was).
+  local left p starts=""
+  [ -n "$2" ] || return 0
+  tw_signal TERM "$2" "${3:-}"
+  left=$(tw_wait_gone 500 "$2")
+  [ -n "$left" ] || return 0
+  for p in $left; do
+    tw_starttime "$p" && starts="$starts$p:$TW_START "
+  done
+  TW_STOPPING="$TW_STOPPING $left"
+  setsid nohup bash -c "$(declare -f tw_stat tw_alive tw_starttime tw_now_ms tw_sleep tw_killer); tw_killer \"\$@\"" \
+    tpuwatch-killer "$(($1 > 500 ? $1 - 500 : 0))" "$starts" </dev/null >/dev/null 2>&1 8>&- 9>&- &
 }
 
 # ---- the job directory ----------------------------------------------------------------------
@@ -442,8 +478,9 @@ tw_launch() {
 }
 
 tw_stop() {
-  local pid="" members="" group="" p ours="" left="" holders="" lockf lstate=absent
+  local pid="" members="" group="" p ours="" holders="" lockf lstate=absent
   local grace=${TW_GRACE_MS:-30000}
+  TW_KILLED="" TW_LEFT="" TW_STOPPING=""
   tw_find_ancestors
   tw_scan_how
   tw_need flock || return 1
@@ -469,8 +506,13 @@ tw_stop() {
       case " $ours " in *" $p "*) ;; *) ours="$ours $p" ;; esac
     done
     ours=$(echo $ours)
-    if [ -n "$ours" ]; then
-      left=$(tw_terminate "$grace" "$ours" "$group")
+    if [ -n "$ours" ] && [ "${TW_DETACH:-0}" = 1 ]; then
+      # Nothing waits on this stop: TERM now, KILL after the grace without holding the caller.
+      tw_terminate_later "$grace" "$ours" "$group"
+      tw_emit "result=ok" "stopped=$ours" "stopping=$(echo $TW_STOPPING)" "grace_ms=$grace"
+      return 0
+    elif [ -n "$ours" ]; then
+      tw_terminate "$grace" "$ours" "$group"
     fi
   fi
   # Orphans still holding the TPU: /dev/accel* (v2-v4) and /dev/vfio/* (v5+).
@@ -482,7 +524,7 @@ tw_stop() {
   eroot=$(tw_glob_escape "$root")
   holders=$(tw_holders "$eroot/dev/accel*" "$eroot/dev/vfio/*")
   if [ -n "$holders" ]; then
-    left="$left $(tw_terminate "$grace" "$holders")"
+    tw_terminate "$grace" "$holders"
   fi
   # A crashed libtpu leaves its lockfile; stale when no live process has it open or locked.
   lockf="$root/tmp/libtpu_lockfile"
@@ -503,10 +545,11 @@ tw_stop() {
       lstate="held${lholders:+ by $lholders}"
     fi
   fi
-  left=$(echo $left)
-  local k=${TW_STOP_PREFIX:-}
+  local left k=${TW_STOP_PREFIX:-}
+  left=$(echo $TW_LEFT)
   tw_emit "${k}result=$([ -z "$left" ] && echo ok || echo leftover)" "${k}stopped=$ours" \
-    "${k}device_holders=$holders" "${k}device_scan=$tw_fd_scan" "${k}libtpu_lockfile=$lstate" "${k}leftover=$left"
+    "${k}device_holders=$holders" "${k}device_scan=$tw_fd_scan" "${k}libtpu_lockfile=$lstate" "${k}leftover=$left" \
+    "${k}killed=$(echo $TW_KILLED)" "${k}grace_ms=$grace"
 }
 
 tw_follow() {

@@ -260,14 +260,17 @@ class SshWorkers:
                 break
         return [done[w.index] for w in workers]
 
-    def stop(self, node: NodeSnapshot, workers: Sequence[int] | None = None) -> list[StopResult]:
+    def stop(self, node: NodeSnapshot, workers: Sequence[int] | None = None, *,
+             wait: bool = True) -> list[StopResult]:
         """TERM the attempt's processes, wait stop_grace, KILL; then device holders and a stale
-        libtpu lockfile. `workers` limits it to some worker indices."""
+        libtpu lockfile. `workers` limits it to some worker indices. `wait=False`: answer right
+        after the TERM; a detached process on each worker KILLs what is left after stop_grace
+        (device holders and the lockfile are left to the next launch's cleanup)."""
         eps = self.endpoints(node)
         if workers is not None:
             eps = [w for w in eps if w.index in set(workers)]
-        timeout = self.timeout + 2 * self.stop_grace + 10
-        results = self._run(node, eps, protocol.stop_script(self.job, self.stop_grace), timeout)
+        timeout = self.timeout + (2 * self.stop_grace if wait else 0) + 10
+        results = self._run(node, eps, protocol.stop_script(self.job, self.stop_grace, detach=not wait), timeout)
         out = []
         for r in results:
             if not r.reached:
