@@ -224,7 +224,7 @@ def test_a_slice_replaced_by_googles_autorepair_is_waited_for_not_recreated(sim:
     """np-1 fails for good; Cloud TPU's multislice autorepair creates a new np-1 once hardware is
     found (6 s here, longer than repair_timeout) and restarts np-0. tpuwatch waits for that:
     no delete, no create, and the job resumes on the new slice."""
-    sim.world.delays["multislice_restart"] = 600.0  # 1 s here
+    sim.world.delays["multislice_restart"] = 3000.0  # 5 s here: longer than repair_timeout too
     cfg, env = multislice_job(sim, tmp_path, steps=LONG)
     text = cfg.read_text().replace('repair_timeout = "30s"', 'repair_timeout = "2s"\nqueue_timeout = "120s"')
     cfg.write_text(text)
@@ -238,7 +238,9 @@ def test_a_slice_replaced_by_googles_autorepair_is_waited_for_not_recreated(sim:
         if proc.poll() is None:
             proc.kill()
     assert rc == 0, out
-    assert "slice np-1 of queued resource ms is being replaced (Cloud TPU's multislice autorepair" in out, out
+    # np-0's job may run on alone while np-1 is gone (nothing in it notices here); the restart
+    # of np-0 that ends the repair is seen either way
+    assert re.search(r"slice np-1 of queued resource ms (is being replaced|was replaced)", out), out
     assert sim.world.call_count("DeleteQueuedResource") == 0 and sim.world.call_count("CreateQueuedResource") == 0, out
     assert sim.world.node("np-1").id != old  # Google's new slice, not tpuwatch's
     attempts = json.loads(cli(env, "history", "-c", str(cfg), "--json").stdout)["attempts"]
