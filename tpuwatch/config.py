@@ -488,6 +488,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "options": Field(_str_list, (), "extra ssh -o options, e.g. [\"ProxyJump=bastion\"]"),
         "multiplex": Field(_bool, True, "one OpenSSH master connection per worker (ControlMaster), shared by every "
                            "probe, launch and follow; false for a bastion or proxy that cannot carry it"),
+        "iap": Field(_bool, False, "reach the workers through Identity-Aware Proxy TCP forwarding, as gcloud's "
+                     "--tunnel-through-iap does (no external IP needed): a ProxyCommand `gcloud compute "
+                     "start-iap-tunnel` per worker VM; needs gcloud and roles/iap.tunnelResourceAccessor"),
     },
     "precheck": {
         "enabled": Field(_bool, True, "run environment checks before launch and periodically"),
@@ -671,6 +674,11 @@ def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[st
     if not t["queued_resource"]:
         _queued_only(t["spec"], t["zone_overrides"])
     zonespec.check(t["spec"], t["zone_overrides"], t["zone"], t["fallback_zones"])
+    ssh = out["ssh"]
+    proxy = next((o for o in ssh["options"] if re.match(r"(?i)\s*proxy(command|jump)\b", o)), None)
+    if ssh["iap"] and proxy is not None:
+        raise ConfigError(f"ssh.iap: the IAP tunnel is ssh's ProxyCommand, and ssh.options already has {proxy!r}; "
+                          "use one or the other")
     known_checks = [*PRECHECK_IDS, *(c["name"] for c in out["precheck"]["custom"])]
     unknown_checks = set(out["precheck"]["skip"]) - set(known_checks)
     if unknown_checks:

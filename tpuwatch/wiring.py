@@ -95,6 +95,7 @@ def real_ports(job: Job, sharing: Sharing | None = None, *, sleep: Callable[[flo
 
     # the workers' host keys as their guest attributes publish them: the known hosts
     workers = SshWorkers.from_config(cfg, host_keys=lambda node: adapter_for(node.zone).host_keys(node.name),
+                                     instances=lambda node: adapter_for(node.zone).instance_names(node),
                                      checkpoint_dir=on_vm.root if on_vm is not None else "",
                                      on_listing=on_vm.feed if on_vm is not None else None)
     workers.transport.check()  # an unreadable key is exit 2 before any cloud call

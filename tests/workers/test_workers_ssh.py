@@ -19,7 +19,7 @@ from tpuwatch.model import NodeSnapshot, WorkerEndpoint
 from tpuwatch.sim.hosts import Hosts
 from tpuwatch.workers import protocol
 from tpuwatch.workers.gcloud import LEARN_COMMAND, GcloudSsh, Login, gcloud_failure, parse_login
-from tpuwatch.workers.ssh import OpenSsh, classify, run_one
+from tpuwatch.workers.ssh import Iap, OpenSsh, classify, run_one
 from tpuwatch.workers.sshworkers import SshWorkers
 
 SSH = "/usr/bin/ssh"
@@ -138,6 +138,29 @@ def test_gcloud_prepares_with_gcloud_once_then_connects_with_openssh_as_the_lear
     assert argv[:2] == ["ssh", "-T"] and argv[-3:] == ["--", "10.0.0.3", "bash -s"]
     assert argv[argv.index("-l") + 1] == "alice_example_com"
     assert t.prepare(node) is None and t.prepare_calls == 0  # known for this node id: no gcloud
+
+
+def test_iap_tunnels_each_worker_by_its_vm_name_with_both_transports(tmp_path: Path) -> None:
+    """As gcloud's --tunnel-through-iap: ssh's ProxyCommand is `gcloud compute start-iap-tunnel
+    <VM> %p --listen-on-stdin`; no TCP probe (only the tunnel reaches the port); nothing is
+    tried while the node does not publish its VM names."""
+    node = node_of(["10.0.0.2", "10.0.0.3"], "1234", name="llm-pod")
+    names: dict[str, tuple[str, ...]] = {"1234": ("t1v-n-ab-w-0", "t1v-n-ab-w-1")}
+    iap = Iap(lambda n: names.get(n.id, ()))
+    t = OpenSsh(known_hosts=tmp_path / "kh", user="alice", port=2222, internal_ip=True, iap=iap)
+    argv = t.argv(node, node.workers[1], "bash -s")
+    opts = [argv[i + 1] for i, a in enumerate(argv) if a == "-o"]
+    assert ("ProxyCommand=gcloud compute start-iap-tunnel t1v-n-ab-w-1 %p --listen-on-stdin --project=proj "
+            "--zone=us-central2-b --verbosity=warning") in opts and "ProxyUseFdpass=no" in opts
+    assert "HostKeyAlias=tpuwatch-1234-w1" in opts  # the key is still pinned per node id
+    assert t.direct_target(node.workers[0]) is None and t.prepare(node) is None
+    names.clear()
+    failed = t.prepare(node)
+    assert failed is not None and failed.failure == "unreachable" and "instance names" in failed.message
+    g = GcloudSsh(openssh=OpenSsh(known_hosts=tmp_path / "kh", user="alice", internal_ip=True, iap=iap),
+                  user="alice", identity_file="/k/id", internal_ip=True)
+    prep = g.prepare_argv(node, node.workers[0])
+    assert "--tunnel-through-iap" in prep and "--internal-ip" not in prep
 
 
 def test_gcloud_own_failures_are_told_from_ssh_and_remote_exit_codes() -> None:

@@ -7,6 +7,7 @@ to run beside `tpuwatch watch`.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -60,7 +61,9 @@ def command(name: str | None, config_path: Path, project: str | None, zone: str 
     cfg = load_config(config_path, overrides, require_command=False)
     loc = resolve(project, zone, config_project=cfg.tpu["project"], config_zone=cfg.tpu["zone"])
     assert loc.zone is not None
-    workers = SshWorkers.from_config(cfg, host_keys=lambda n: TpuAdapter(n.project, n.zone).host_keys(n.name))
+    zone_api = functools.cache(TpuAdapter)  # one per zone: instance names are read once per node id
+    workers = SshWorkers.from_config(cfg, host_keys=lambda n: zone_api(n.project, n.zone).host_keys(n.name),
+                                     instances=lambda n: zone_api(n.project, n.zone).instance_names(n))
     workers.transport.check()  # an unreadable key is exit 2 before any cloud call
     node = job_node(TpuAdapter(loc.project, loc.zone).get_node, cfg.tpu_name, cfg.tpu["names"])
     if node is None:
@@ -117,3 +120,4 @@ def table_rows(report: PrecheckReport, n_workers: int) -> list[tuple[str, str, s
     for w, why in report.unreachable:
         rows.append(("ssh", f"w{w}", "fail", "unreachable", "", why))
     return rows
+

@@ -15,6 +15,7 @@ This module holds the command's flow; SSH lives in tpuwatch.workers, the API in 
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import sys
@@ -434,7 +435,9 @@ def command(ctx: click.Context, config_path: Path, project: str | None, zone: st
         if not label.startswith("gs://"):  # a path on the TPU VM: read by the probe, on the worker
             checkpoints = WorkerCheckpoints(label, cfg.job["checkpoint_layout"])
             on_vm = {"checkpoint_dir": checkpoints.root, "on_listing": checkpoints.feed}
-    workers = SshWorkers.from_config(cfg, host_keys=lambda n: TpuAdapter(n.project, n.zone).host_keys(n.name),
+    zone_api = functools.cache(TpuAdapter)  # one per zone: instance names are read once per node id
+    workers = SshWorkers.from_config(cfg, host_keys=lambda n: zone_api(n.project, n.zone).host_keys(n.name),
+                                     instances=lambda n: zone_api(n.project, n.zone).instance_names(n),
                                      **on_vm)
     workers.transport.check()  # an unreadable key is exit 2 before any call
     loc = resolve(project, zone, config_project=cfg.tpu["project"], config_zone=cfg.tpu["zone"])
@@ -475,3 +478,4 @@ class _sigterm_as_interrupt:
     def __exit__(self, *exc: object) -> None:
         if self._old is not None:
             signal.signal(signal.SIGTERM, self._old)
+

@@ -32,6 +32,7 @@ from tpuwatch.workers.hostkeys import HostKeySource, PinnedHostKeys
 from tpuwatch.workers.ssh import (
     STDERR_TAIL,
     Failure,
+    InstanceNames,
     OpenSsh,
     SshResult,
     _decode,
@@ -138,10 +139,13 @@ class GcloudSsh:
 
     @classmethod
     def from_config(cls, ssh: Mapping[str, Any], state_dir: Path,
-                    host_keys: HostKeySource | None = None, **kw: Any) -> GcloudSsh:
-        """`host_keys`: pinned by the OpenSSH side, which connects after gcloud prepares."""
+                    host_keys: HostKeySource | None = None, instances: InstanceNames | None = None,
+                    **kw: Any) -> GcloudSsh:
+        """`host_keys`: pinned by the OpenSSH side, which connects after gcloud prepares;
+        `instances`: the workers' VM names, for its IAP tunnel (ssh.iap)."""
         key = str(ssh.get("identity_file") or DEFAULT_KEY)
-        openssh = OpenSsh.from_config({**ssh, "identity_file": key}, state_dir, host_keys=host_keys)
+        openssh = OpenSsh.from_config({**ssh, "identity_file": key}, state_dir, host_keys=host_keys,
+                                      instances=instances)
         return cls(
             openssh=openssh,
             user=str(ssh.get("user") or ""),
@@ -181,7 +185,12 @@ class GcloudSsh:
             self.ssh.check()
 
     def prepare(self, node: NodeSnapshot) -> SshResult | None:
-        """Run gcloud once for this node incarnation; None when ready, else the failure.
+        """Run gcloud once for this node incarnation (then, through IAP, know every worker's VM
+        name); None when ready, else the failure."""
+        return self._prepare_login(node) or self.ssh.prepare(node)
+
+    def _prepare_login(self, node: NodeSnapshot) -> SshResult | None:
+        """gcloud once for this node incarnation; None when ready, else the failure.
 
         A multislice job: once per slice incarnation (gcloud may put the key in each node's own
         metadata), for the slices that are READY now; the job's login is kept under its own
@@ -244,7 +253,9 @@ class GcloudSsh:
             f"--zone={node.zone}", f"--project={node.project}", f"--worker={worker.worker_id}",
             f"--command={LEARN_COMMAND}", "--quiet",
         ]
-        if self.internal_ip:
+        if self.ssh.iap is not None:
+            argv.append("--tunnel-through-iap")
+        elif self.internal_ip:
             argv.append("--internal-ip")
         argv.append(f"--ssh-key-file={self.identity_file}")
         # the user's options first: for ssh the first value of an option wins

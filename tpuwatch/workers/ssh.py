@@ -13,6 +13,11 @@ OpenSSH pins host keys per node id: its own known_hosts file (in the state dir) 
 workers' guest attributes and ssh checks strictly; a worker that publishes none is trusted on
 first use (`StrictHostKeyChecking=accept-new`), as is every worker without `pins`.
 
+With `iap` (ssh.iap), OpenSSH reaches each worker through Identity-Aware Proxy TCP forwarding,
+as `gcloud compute tpus tpu-vm ssh --tunnel-through-iap` does: a ProxyCommand `gcloud compute
+start-iap-tunnel <worker VM> %p --listen-on-stdin`, the VM named by its guest attribute
+`hostname` (it changes with every node). No external IP or route to the VPC is needed.
+
 With `multiplex` (ssh.multiplex), each worker gets one OpenSSH master connection
 (ControlMaster=auto, ControlPersist) and every probe, launch, stop or follow is a channel on it,
 not a new handshake (mux.py: the socket paths and their cleanup).
@@ -165,6 +170,30 @@ def classify(exit_code: int | None, stderr: str) -> Failure:
     return "unreachable"
 
 
+# A node -> its workers' Compute Engine instance names, in worker order (TpuAdapter.instance_names)
+InstanceNames = Callable[[NodeSnapshot], Sequence[str]]
+
+
+@dataclass(frozen=True)
+class Iap:
+    """ssh.iap: the ProxyCommand gcloud itself builds for `--tunnel-through-iap`."""
+
+    instances: InstanceNames
+    gcloud: str = "gcloud"
+
+    def instance(self, node: NodeSnapshot, worker: WorkerEndpoint) -> str:
+        """The worker's VM name ("" until its node publishes it)."""
+        part = node.slices[worker.slice] if node.slices and worker.slice < len(node.slices) else node
+        names = self.instances(part)
+        return names[worker.worker_id] if worker.worker_id < len(names) else ""
+
+    def proxy_command(self, node: NodeSnapshot, worker: WorkerEndpoint) -> str:
+        part = node.slices[worker.slice] if node.slices and worker.slice < len(node.slices) else node
+        words = [self.gcloud, "compute", "start-iap-tunnel", self.instance(node, worker), "%p", "--listen-on-stdin",
+                 f"--project={part.project}", f"--zone={part.zone}", "--verbosity=warning"]
+        return "ProxyCommand=" + " ".join(w if w == "%p" else shlex.quote(w) for w in words)
+
+
 class OpenSsh:
     """The system `ssh` client, one connection per worker."""
 
@@ -186,8 +215,10 @@ class OpenSsh:
         multiplex: bool = True,
         control_dir: str | Path | None = None,
         host_keys: hostkeys.HostKeySource | None = None,
+        iap: Iap | None = None,
     ) -> None:
         self.known_hosts = Path(os.path.expanduser(str(known_hosts)))
+        self.iap = iap
         self.user = user or getpass.getuser()  # ssh.user, else the local user, as gcloud does
         self.identity_file = os.path.expanduser(identity_file) if identity_file else ""
         self.port = port
@@ -211,17 +242,37 @@ class OpenSsh:
         """Nothing to remember: the user is the configured one."""
 
     def prepare(self, node: NodeSnapshot) -> SshResult | None:
-        """Nothing to prepare: ssh connects as it is."""
-        return None
+        """Nothing to prepare, but through IAP every worker's VM name must be known: gcloud's
+        tunnel goes by name (from the guest attribute `hostname`, published once the VM is up)."""
+        if self.iap is None:
+            return None
+        unnamed = [w for w in node.workers if not self.iap.instance(node, w)]
+        if not unnamed:
+            return None
+        w = unnamed[0]
+        return SshResult(w.index, "", None, "", "", "unreachable",
+                         f"ssh.iap: {node.name} (id {node.id}) does not publish its workers' instance names yet "
+                         f"(guest attribute hostname, worker {w.worker_id}), and the IAP tunnel goes by name; "
+                         "tried again next tick")
 
     def direct_target(self, worker: WorkerEndpoint) -> tuple[str, int] | None:
-        """The worker's address and ssh.port, as ssh connects to them."""
+        """The worker's address and ssh.port, as ssh connects to them; None through IAP (no
+        path to the port but the tunnel)."""
         host = worker.address(self.internal_ip)
-        return (host, self.port) if host else None
+        return (host, self.port) if host and self.iap is None else None
 
     @classmethod
-    def from_config(cls, ssh: Mapping[str, Any], state_dir: Path, **kw: Any) -> OpenSsh:
+    def from_config(cls, ssh: Mapping[str, Any], state_dir: Path, *, instances: InstanceNames | None = None,
+                    **kw: Any) -> OpenSsh:
+        """`instances`: the workers' VM names, which ssh.iap needs."""
+        iap = None
+        if ssh.get("iap", False):
+            if instances is None:
+                raise ConfigError("ssh.iap: this command cannot look up the workers' instance names; "
+                                  "use watch, check, run or precheck")
+            iap = Iap(instances)
         return cls(
+            iap=iap,
             known_hosts=ssh.get("known_hosts") or (Path(state_dir) / "known_hosts"),
             user=ssh.get("user", ""),
             identity_file=ssh.get("identity_file", ""),
@@ -288,6 +339,8 @@ class OpenSsh:
             opts.append("IdentitiesOnly=yes")
         if self.mux is not None:
             opts += self.mux.options(self._control_key(node, worker, user or self.user))
+        if self.iap is not None and self.iap.instance(node, worker):
+            opts += [self.iap.proxy_command(node, worker), "ProxyUseFdpass=no"]
         argv = [self.binary, "-T", "-p", str(self.port), "-l", user or self.user]
         if self.identity_file:
             argv += ["-i", self.identity_file]

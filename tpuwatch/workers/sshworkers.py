@@ -36,6 +36,7 @@ from tpuwatch.workers.ends import AttemptEnds
 from tpuwatch.workers.gcloud import GcloudSsh, raise_if_gcloud_fatal
 from tpuwatch.workers.protocol import FollowEnd, LaunchResult, StopResult
 from tpuwatch.workers.ssh import (
+    InstanceNames,
     OpenSsh,
     SshResult,
     Stream,
@@ -46,12 +47,14 @@ from tpuwatch.workers.ssh import (
 
 
 def transport_from_config(ssh: Mapping[str, Any], state_dir: Path,
-                          host_keys: hostkeys.HostKeySource | None = None) -> Transport:
+                          host_keys: hostkeys.HostKeySource | None = None,
+                          instances: InstanceNames | None = None) -> Transport:
     """The transport [ssh] transport names: OpenSSH, or gcloud once per node then OpenSSH.
-    `host_keys`: the workers' published host keys, pinned by the OpenSSH that connects."""
+    `host_keys`: the workers' published host keys, pinned by the OpenSSH that connects;
+    `instances`: their VM names, which an IAP tunnel (ssh.iap) goes by."""
     if ssh.get("transport", "openssh") == "gcloud":
-        return GcloudSsh.from_config(ssh, state_dir, host_keys=host_keys)
-    return OpenSsh.from_config(ssh, state_dir, host_keys=host_keys)
+        return GcloudSsh.from_config(ssh, state_dir, host_keys=host_keys, instances=instances)
+    return OpenSsh.from_config(ssh, state_dir, host_keys=host_keys, instances=instances)
 
 
 class SshWorkers:
@@ -94,11 +97,13 @@ class SshWorkers:
             protocol.check_template(command)
 
     @classmethod
-    def from_config(cls, cfg: Any, host_keys: hostkeys.HostKeySource | None = None, **kw: Any) -> SshWorkers:
+    def from_config(cls, cfg: Any, host_keys: hostkeys.HostKeySource | None = None,
+                    instances: InstanceNames | None = None, **kw: Any) -> SshWorkers:
         """From a tpuwatch.config.Config: [job], [ssh] and recovery.stop_grace. `host_keys`: the
-        workers' published host keys (TpuAdapter.host_keys), pinned instead of trusted on first use."""
+        workers' published host keys (TpuAdapter.host_keys), pinned instead of trusted on first use;
+        `instances`: their VM names (TpuAdapter.instance_names), for ssh.iap."""
         return cls(
-            transport_from_config(cfg.ssh, Path(cfg.state_dir), host_keys),
+            transport_from_config(cfg.ssh, Path(cfg.state_dir), host_keys, instances),
             job=cfg.job_name,
             command=cfg.job["command"],
             env=cfg.job["env"],
