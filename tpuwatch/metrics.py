@@ -8,8 +8,8 @@ Rules of this module:
   `_ratio`), `_total` for counters; every series carries `job_name` (Prometheus' own `job` label
   names the scrape job).
 - `/healthz` answers 200 while ticks keep coming and 503 once the last one began longer ago
-  than HEALTHY_POLLS poll intervals plus a tick's slowest honest length: two SSH rounds (probe,
-  launch), each up to ssh.command_timeout plus the launch's cleanup (2x recovery.stop_grace).
+  than HEALTHY_POLLS poll intervals plus the slowest tick the code allows (`longest_tick`), so
+  an honest slow tick never turns a readiness probe red.
 - It serves no secret: no URL, no token, no command line.
 """
 
@@ -38,6 +38,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.utils import floatToGoString
 
 from tpuwatch.cloud import calls
+from tpuwatch.cloud.retry import RetryPolicy
+from tpuwatch.cloud.tpu import RPC_TIMEOUT
+from tpuwatch.config import Config
 from tpuwatch.errors import UsageError
 from tpuwatch.journal import AttemptRow, Journal, JournalEvent
 from tpuwatch.policy import Phase, PolicyConfig
@@ -47,6 +50,9 @@ from tpuwatch.report import compute
 # time from an attempt's end (not a success) to the next launch, seconds
 RESUME_BUCKETS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0)
 HEALTHY_POLLS = 3
+# Cloud calls one tick may make in a row at most: the node (a multislice job: a get per slice,
+# counted as one list here), the operation, the queued resource, the audit log, one delete or create.
+TICK_API_CALLS = 5
 API_CURSOR = "metrics_api_requests"  # check: requests of earlier runs, so the counter keeps growing
 API_ERRORS_CURSOR = "metrics_api_errors"  # and their errors
 MIN_RATE_SPAN = 1.0  # seconds: an attempt shorter than this tells nothing of the step time
@@ -282,24 +288,41 @@ def _added_up(journal: Journal, cursor: str, now: Mapping[tuple[str, str], int])
 # -- watch --metrics-port ----------------------------------------------------------------------
 
 
-def stale_limit(pcfg: PolicyConfig, command_timeout: float, stop_grace: float) -> float:
+def longest_tick(cfg: Config) -> float:
+    """The longest one tick may take, every wait at its bound: its cloud calls, each retried for
+    RetryPolicy.max_delay; the probe of every worker; the launch-time checks, the cleanup of what
+    they found and the checks again; a stop; and the launch, its unanswered workers tried
+    SshWorkers.ssh_tries times with doubling waits between (a cleanup before each)."""
+    from tpuwatch.workers.precheck import BASE_TIMEOUT
+    from tpuwatch.workers.sshworkers import RETRY_WAIT, SSH_TRIES
+
+    retry = RetryPolicy()
+    api = TICK_API_CALLS * (retry.max_delay + retry.max_wait + RPC_TIMEOUT)
+    probe = float(cfg.ssh["command_timeout"])
+    check = BASE_TIMEOUT + sum(float(c["timeout"]) + 2 for c in cfg.precheck["custom"])
+    cleanup = probe + 2 * float(cfg.recovery["stop_grace"]) + 10  # a stop, or a launch that cleans up first
+    launch = SSH_TRIES * cleanup + sum(RETRY_WAIT * 2 ** n for n in range(SSH_TRIES - 1))
+    return api + probe + check + cleanup + check + cleanup + launch
+
+
+def stale_limit(poll_interval: float, longest: float) -> float:
     """Seconds without a tick after which /healthz says stale (see the module's docstring)."""
-    return HEALTHY_POLLS * pcfg.poll_interval + 2 * (command_timeout + 2 * stop_grace)
+    return HEALTHY_POLLS * poll_interval + longest
 
 
 class Exporter:
     """`/metrics` and `/healthz` over HTTP on all interfaces, in a thread of its own."""
 
-    def __init__(self, port: int, source: str, pcfg: PolicyConfig | None, command_timeout: float, stop_grace: float,
+    def __init__(self, port: int, source: str, stale_after: float | None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], datetime] = _utcnow) -> None:
         self.registry, self.collector = registry_for(None, wall)
-        # pcfg None: a watcher of several jobs, each with its own limit (`expect`)
-        self.stale_after = 0.0 if pcfg is None else stale_limit(pcfg, command_timeout, stop_grace)
+        # None: a watcher of several jobs, each with its own limit (`expect`)
+        self.stale_after = stale_after or 0.0
         self.clock = clock
         self.last_tick = clock()  # starting up counts as ticking
         self._watched: dict[str, tuple[float, float]] = {}  # job -> (last tick, its stale limit)
         self._lock = threading.Lock()
-        if pcfg is None:
+        if stale_after is None:
             self.collector.jobs = {}
         exporter = self
 
@@ -348,10 +371,10 @@ class Exporter:
             if snap.job in self._watched:
                 self._watched[snap.job] = (self.clock(), self._watched[snap.job][1])
 
-    def expect(self, job: str, pcfg: PolicyConfig, command_timeout: float, stop_grace: float) -> None:
+    def expect(self, job: str, stale_after: float) -> None:
         """A watcher of several jobs: `job` is watched from now on (starting counts as ticking)."""
         with self._lock:
-            self._watched[job] = (self.clock(), stale_limit(pcfg, command_timeout, stop_grace))
+            self._watched[job] = (self.clock(), stale_after)
 
     def forget(self, job: str) -> None:
         """`job` is no longer watched (finished, or its config removed): its last numbers stay served,

@@ -37,16 +37,14 @@ class Outputs:
         exporter = None
         if port:
             source = "--metrics-port" if metrics_port is not None else "metrics.port"
-            exporter = metrics.Exporter(port, source, job.pcfg, float(job.cfg.ssh["command_timeout"]),
-                                        float(job.cfg.recovery["stop_grace"]))
+            exporter = metrics.Exporter(port, source, _stale_after(job))
         path = metrics.check_textfile_path(metrics_file) if metrics_file is not None else None
         return cls(job, () if dry_run else targets, exporter, path, dry_run)
 
     def share(self, exporter: metrics.Exporter) -> Outputs:
         """Report to the watcher's one endpoint (several jobs), which outlives this job."""
         self.exporter, self.owns_exporter = exporter, False
-        exporter.expect(self.job.name, self.job.pcfg, float(self.job.cfg.ssh["command_timeout"]),
-                        float(self.job.cfg.recovery["stop_grace"]))
+        exporter.expect(self.job.name, _stale_after(self.job))
         return self
 
     def start(self, journal: Journal) -> Outputs:
@@ -86,3 +84,8 @@ class Outputs:
             else:
                 self.exporter.forget(self.job.name)
         return self.take_warnings()
+
+
+def _stale_after(job: Any) -> float:
+    """How long /healthz waits for this job's next tick before it says stale."""
+    return metrics.stale_limit(job.pcfg.poll_interval, metrics.longest_tick(job.cfg))

@@ -156,14 +156,14 @@ def get(url: str) -> tuple[int, str]:
 def test_healthz_is_200_while_ticks_come_and_503_once_they_stop() -> None:
     clock = Clock()
     pcfg = PolicyConfig(job="llm", tpu_name="llm", zones=("us-central2-b",), poll_interval=30.0)
-    ex = metrics.Exporter(0, "--metrics-port", pcfg, command_timeout=60.0, stop_grace=30.0, clock=clock)
+    ex = metrics.Exporter(0, "--metrics-port", metrics.stale_limit(pcfg.poll_interval, 600.0), clock=clock)
     try:
         base = f"http://127.0.0.1:{ex.port}"
         assert get(base + "/healthz")[0] == 200  # starting up
         assert get(base + "/metrics") == (200, "")  # nothing before the first tick
         ex.update(SNAP)
-        clock.t = ex.stale_after  # 3 polls + 2 SSH rounds, each a command timeout and a launch's cleanup
-        assert ex.stale_after == 3 * 30 + 2 * (60 + 2 * 30)
+        clock.t = ex.stale_after  # 3 polls + the slowest tick
+        assert ex.stale_after == 3 * 30 + 600
         assert get(base + "/healthz")[0] == 200
         clock.t = ex.stale_after + 1
         code, text = get(base + "/healthz")
@@ -221,11 +221,11 @@ def test_a_bad_metrics_file_is_exit_2_naming_the_flag(tmp_path: Path, path: str,
 def test_one_endpoint_for_several_jobs_labels_each_and_counts_api_requests_once() -> None:
     clock = Clock()
     pcfg = PolicyConfig(job="llm", tpu_name="llm", zones=("us-central2-b",), poll_interval=30.0)
-    ex = metrics.Exporter(0, "--metrics-port", None, 0.0, 0.0, clock=clock)
+    ex = metrics.Exporter(0, "--metrics-port", None, clock=clock)
     try:
         base = f"http://127.0.0.1:{ex.port}"
         for job in ("llm", "vit"):
-            ex.expect(job, pcfg, 60.0, 30.0)
+            ex.expect(job, metrics.stale_limit(pcfg.poll_interval, 600.0))
         ex.update(SNAP)
         ex.update(metrics.Snapshot(**{**SNAP.__dict__, "job": "vit", "attempt": 7}))
         code, text = get(base + "/metrics")
@@ -239,7 +239,7 @@ def test_one_endpoint_for_several_jobs_labels_each_and_counts_api_requests_once(
                                                          ("method", "get_node"))): 42,
                        ("tpuwatch_api_requests_total", (("api", "logging.googleapis.com"), ("job_name", ""),
                                                          ("method", "list_log_entries"))): 3}
-        limit = 3 * 30 + 2 * (60 + 2 * 30)
+        limit = 3 * 30 + 600
         clock.t = limit + 1
         ex.update(SNAP)  # llm ticks, vit does not
         code, text = get(base + "/healthz")

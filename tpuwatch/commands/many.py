@@ -34,7 +34,7 @@ def watch_many(files: tuple[Path, ...], config_dir: Path | None, project: str | 
     options = _options(config_dir, project, zone, flags)
     # One endpoint for every job (a `job_name` label each): --metrics-port; a job's own
     # [metrics] port names one process's endpoint and is not used here.
-    exporter = Exporter(metrics_port, "--metrics-port", None, 0.0, 0.0) if metrics_port else None
+    exporter = Exporter(metrics_port, "--metrics-port", None) if metrics_port else None
     live = sys.stdout.isatty() and not (as_json or plain)
     fleet: Fleet
     if live:

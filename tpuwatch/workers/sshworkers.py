@@ -57,6 +57,10 @@ def transport_from_config(ssh: Mapping[str, Any], state_dir: Path,
     return OpenSsh.from_config(ssh, state_dir, host_keys=host_keys, instances=instances)
 
 
+SSH_TRIES = 4  # SSH sends of one launch to a worker that refused or lost it
+RETRY_WAIT = 1.0  # seconds before the second send; doubling after
+
+
 class SshWorkers:
     """ports.Workers over SSH for one job."""
 
@@ -70,8 +74,8 @@ class SshWorkers:
         workers: str | Sequence[int] = "all",
         stop_grace: float = 30.0,
         timeout: float = 60.0,
-        ssh_tries: int = 4,  # SSH sends of one launch to a worker that refused or lost it
-        retry_wait: float = 1.0,
+        ssh_tries: int = SSH_TRIES,
+        retry_wait: float = RETRY_WAIT,
         sleep: Callable[[float], None] = time.sleep,
         notify_signal: str = "SIGTERM",
         checkpoint_dir: str = "",
