@@ -157,7 +157,7 @@ def test_one_attempt_runs_on_every_slice_and_one_slice_down_stops_and_restarts_t
     # np-1 back, np-0 restarting: still waiting; attempt 2 only once both are READY+HEALTHY
     assert "(np-0 RESTARTING/HEALTHY, np-1 READY/HEALTHY)" in out, out
     restarting = out.index("(np-0 RESTARTING/HEALTHY, np-1 READY/HEALTHY)")
-    assert out.index("node ms is READY+HEALTHY; launching attempt 2") > restarting > out.index("REPAIRING"), out
+    assert out.index("queued resource ms is READY+HEALTHY; launching attempt 2") > restarting > out.index("REPAIRING"), out
     assert steps(sim)[-1] == LONG
     history = cli(env, "history", "-c", str(cfg), "--json")
     attempts = json.loads(history.stdout)["attempts"]
@@ -189,6 +189,8 @@ def test_a_preempted_slice_recreates_the_whole_request_and_the_job_resumes(sim: 
     assert sim.world.call_count("DeleteQueuedResource") == 1 and sim.world.call_count("CreateQueuedResource") == 1
     assert sim.world.call_count("DeleteNode") == 0 and sim.world.call_count("CreateNode") == 0
     assert steps(sim)[-1] == STEPS
+    # named as what the person made: the queued resource, not a node "ms" that does not exist
+    assert "queued resource ms is deleted; creating it" in out and "node ms " not in out, out
 
 
 def test_a_slice_that_ignores_sigterm_holds_up_no_recreate_and_the_log_says_what_is_true(

@@ -515,7 +515,7 @@ class _Tick:
         if mem.unhealthy_since is not None:
             mem = replace(mem, unhealthy_since=None)
         if mem.phase in (Phase.WAITING_NODE, Phase.PAUSED, Phase.HALTED):
-            self.notes.append(f"node {node.name} is READY+HEALTHY")
+            self.notes.append(f"{self.subject} is READY+HEALTHY")
             # A notice's hold ends too: the node went down and came back.
             mem = move(mem, Phase.IDLE, reason="", notice_hold=None)
         if not self.obs.probes:
@@ -930,6 +930,17 @@ class _Tick:
                              f"{why}; tpuwatch does not know state {node.state} and will not delete the node")
         return self.recreate(mem, "repair_timeout", why)
 
+    @property
+    def subject(self) -> str:
+        """What the job runs on, as the person who made it calls it: its node, or a multislice
+        job's queued resource (or its slices, when they were created one by one)."""
+        cfg = self.cfg
+        if not cfg.slices:
+            return f"node {cfg.tpu_name}"
+        if cfg.queued_resource:
+            return f"queued resource {cfg.queued_resource}"
+        return f"slices {', '.join(cfg.slices)}"
+
     def autorepairing(self, mem: Memory) -> str:
         """What Cloud TPU's multislice autorepair is doing, "" when it is not. While the job's
         multislice queued resource stays ACTIVE: a slice is missing or being created (the service
@@ -980,11 +991,11 @@ class _Tick:
             # lose), then create it again.
             return self.recreate(mem, "queued_preempted", self.queued_why())
         if self.obs.recreate_missing:
-            return self.recreate_missing(mem, "recreate_missing", f"node {cfg.tpu_name} is missing; "
+            return self.recreate_missing(mem, "recreate_missing", f"{self.subject} is missing; "
                                                                   "--recreate-missing")
         return self.halt(
             mem, "node_missing",
-            f"node {cfg.tpu_name} is missing in {mem.zone} and tpuwatch did not delete it; tpuwatch never "
+            f"{self.subject} is missing in {mem.zone} and tpuwatch did not delete it; tpuwatch never "
             "recreates a node a person deleted. Pass --recreate-missing to create it from the saved spec",
             (f"nodes/{cfg.tpu_name}: not found in {mem.zone}",),
         )
@@ -995,7 +1006,7 @@ class _Tick:
             return self.recreate(mem, "queued_preempted", self.queued_why())
         return final or self.halt(
             mem, "someone_deleting",
-            f"node {self.cfg.tpu_name} is being deleted, not by tpuwatch; once it is gone, pass "
+            f"{self.subject} is being deleted, not by tpuwatch; once it is gone, pass "
             "--recreate-missing to create it again",
         )
 
@@ -1023,7 +1034,7 @@ class _Tick:
         q = self.obs.queued
         assert q is not None
         detail = f" ({q.error_message})" if q.error_message else ""
-        return (f"the Cloud TPU service took node {self.cfg.tpu_name} back: its queued resource "
+        return (f"the Cloud TPU service took {self.subject} back: its queued resource "
                 f"{q.name.rsplit('/', 1)[-1]} is {q.state}{detail} (a spot preemption does this); not charged")
 
     def recreate(self, mem: Memory, row: str, why: str) -> Decision:
@@ -1074,21 +1085,21 @@ class _Tick:
         if op is not None and op.done:
             self.op_done = op.name or None
             if op.error_code not in (0, NOT_FOUND):
-                return self.fail(mem, "delete_failed", f"deleting node {name} failed: code {op.error_code}: "
+                return self.fail(mem, "delete_failed", f"deleting {self.subject} failed: code {op.error_code}: "
                                                        f"{op.error_message}")
         queued = self.obs.queued
         if node is None and queued is not None and queued.state and not (op is not None and op.done):
             # The node is gone and its queued resource is still being deleted: a create now
             # would be refused (the name is taken), so follow the delete to its end.
-            return self.out(mem, "deleting", f"node {name} is deleted; its queued resource is {queued.state}, "
+            return self.out(mem, "deleting", f"{self.subject} is deleted; its queued resource is {queued.state}, "
                                              f"still being deleted (operation {mem.pending_op or 'not recorded'})",
                             FollowOperation(mem.pending_op, "delete", "queued resource delete in flight"))
         if node is None:
             self.op_done = self.op_done or mem.pending_op
-            return self.create(mem, 0, "create_after_delete", f"node {name} is deleted; creating it in {self.cfg.zones[0]}")
+            return self.create(mem, 0, "create_after_delete", f"{self.subject} is deleted; creating it in {self.cfg.zones[0]}")
         if mem.deleting_node_id and node.id != mem.deleting_node_id:
             mem = move(mem, Phase.IDLE, pending_op=None, deleting_node_id="")
-            return self.out(mem, "deleting", f"node {name} was replaced (id {node.id}) while tpuwatch deleted it; "
+            return self.out(mem, "deleting", f"{self.subject} was replaced (id {node.id}) while tpuwatch deleted it; "
                                              "following the new node", Wait(None, "node replaced"))
         if mem.pending_op is None and node.state != "DELETING" and op is None:
             # The tick stopped between journaling this decision and the delete call. Decide
@@ -1100,7 +1111,7 @@ class _Tick:
         overdue = self.overdue(mem, "delete")
         if overdue is not None:
             return overdue
-        return self.out(mem, "deleting", f"deleting node {name} (operation {mem.pending_op or 'not recorded'}, "
+        return self.out(mem, "deleting", f"deleting {self.subject} (operation {mem.pending_op or 'not recorded'}, "
                                          f"state {node.state})", FollowOperation(mem.pending_op, "delete", "delete in flight"))
 
     def creating(self, mem: Memory) -> Decision:
@@ -1116,7 +1127,7 @@ class _Tick:
                 if kind == "queueable":
                     return self.queue(mem, op.error_code, op.error_message)
                 if kind == "fatal":
-                    return self.fail(mem, "create_failed", f"creating node {name} in {mem.zone} failed: code "
+                    return self.fail(mem, "create_failed", f"creating {self.subject} in {mem.zone} failed: code "
                                                            f"{op.error_code}: {op.error_message}")
                 # "exists": tpuwatch's own earlier create made it
             if node is None and self.queued_ended():
@@ -1136,17 +1147,17 @@ class _Tick:
                 # This job's create whose operation name was never journaled (a watcher killed
                 # right after the call): the node is on its way, not unhealthy; judging it
                 # against repair_timeout would delete it mid-create and create it again.
-                return self.out(mem, "creating", f"node {name} is being created in {mem.zone} (its create "
+                return self.out(mem, "creating", f"{self.subject} is being created in {mem.zone} (its create "
                                                  "operation was not recorded); waiting for it",
                                 Wait(None, "node creating"))
             return self.created(mem, node)
         if op is None and mem.pending_op is None:
-            return self.out(mem, "create_resume", f"no create operation recorded and node {name} is missing: "
+            return self.out(mem, "create_resume", f"no create operation recorded and {self.subject} is missing: "
                                                   f"creating it in {mem.zone}", self.create_node(mem, mem.zone, "create not started", resumed=True))
         overdue = self.overdue(mem, "create")
         if overdue is not None:
             return overdue
-        return self.out(mem, "creating", f"creating node {name} in {mem.zone} (operation {mem.pending_op})",
+        return self.out(mem, "creating", f"creating {self.subject} in {mem.zone} (operation {mem.pending_op})",
                         FollowOperation(mem.pending_op, "create", "create in flight"))
 
     def create_overdue(self, node: NodeSnapshot) -> bool:
@@ -1166,7 +1177,7 @@ class _Tick:
         if age < cfg.operation_timeout:
             return None
         return self.fail(mem, "operation_timeout",
-                         f"the {kind} of node {cfg.tpu_name} in {mem.zone} (operation {op.name}) is not done after "
+                         f"the {kind} of {self.subject} in {mem.zone} (operation {op.name}) is not done after "
                          f"{human(age)}, longer than recovery.operation_timeout ({human(cfg.operation_timeout)}); "
                          f"tpuwatch stops following it and starts no other {kind}. See `gcloud compute tpus "
                          f"operations describe {op.name.rsplit('/', 1)[-1]} --zone {mem.zone}`")
@@ -1174,7 +1185,7 @@ class _Tick:
     def created(self, mem: Memory, node: NodeSnapshot) -> Decision:
         mem = move(mem, Phase.IDLE, pending_op=None, zone=node.zone or mem.zone, zone_try=0,
                    queued_since=None, queue_tries=0, retry_at=None, deleting_node_id="", unhealthy_since=None)
-        return self.out(mem, "created", f"node {node.name} exists in {mem.zone} (id {node.id}, {node.state}); "
+        return self.out(mem, "created", f"{self.subject} exists in {mem.zone} (id {node.id}, {node.state}); "
                                         "the job resumes once it is READY+HEALTHY", Wait(None, "node created"))
 
     def queue(self, mem: Memory, code: int, message: str) -> Decision:
@@ -1207,7 +1218,7 @@ class _Tick:
                                                                  f"(try {mem.queue_tries + 1})")
         nxt = mem.zone_try + 1
         if nxt >= len(cfg.zones):
-            return self.fail(mem, "queue_exhausted", f"no capacity for node {cfg.tpu_name} in "
+            return self.fail(mem, "queue_exhausted", f"no capacity for {self.subject} in "
                              f"{', '.join(cfg.zones)}: each zone tried for recovery.queue_timeout "
                              f"({human(cfg.queue_timeout)})")
         mem = replace(mem, queued_since=None, queue_tries=0)

@@ -85,6 +85,7 @@ class PolicyConfig:
     start_early: bool = True
     # A multislice job's nodes, in slice order (empty: one node, `tpu_name`)
     slices: tuple[str, ...] = ()
+    queued_resource: str = ""  # the queued resource that made the node (a multislice job: its slices)
     # Whether a node that will not heal can be deleted and created again: not for slices created
     # one by one (only a multislice queued resource can be made again as a whole)
     recreatable: bool = True
@@ -108,6 +109,7 @@ class PolicyConfig:
             tpu_name=cfg.tpu_name,
             zones=zones,
             slices=tuple(cfg.tpu["names"]),
+            queued_resource=str(cfg.tpu["queued_resource"]),
             recreatable=not cfg.tpu["names"] or bool(cfg.tpu["queued_resource"]),
             repair_timeout=float(r["repair_timeout"]),
             max_restarts=int(r["max_restarts"]),
