@@ -100,3 +100,45 @@ def test_a_refused_early_start_falls_back_to_the_notice_and_is_noted_once(
     assert (first["outcome"], first["charged"]) == ("disruption", False)
     assert second["start_step"] >= first["end_step"] and len(hist["attempts"]) == 2, hist["attempts"]
     assert sim.world.node("pod").upcoming is not None  # still announced: it comes in its window
+
+
+def test_a_queued_resources_maintenance_starts_early_naming_its_node_by_its_short_name(
+        sim: Simulator, tmp_path: Path) -> None:
+    # performMaintenanceQueuedResource takes the node's short name (gcloud --node-names=node-a);
+    # the simulator refuses a full resource name (INVALID_ARGUMENT).
+    sim.world.delays["simulated_maintenance_heal"] = 600.0  # 1 s at speed 600
+    job = Job(sim, tmp_path, steps=100, accelerator="v6e-16", queued="qr")
+    proc = job.watch()
+    job.wait(lambda: bool(job.steps_done()), what="a first checkpoint")
+    sim.inject("upcoming-maintenance", node="pod", starts_in="7d")
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    hist = job.history()
+    started = [e for e in hist["events"] if e["kind"] == "maintenance_started"]
+    assert len(started) == 1 and "queued resource qr's node pod" in started[0]["reason"], hist["events"]
+    assert not [e for e in hist["events"] if "could not be started early" in e["reason"]], hist["events"]
+    assert sim.world.node("pod").upcoming is None  # done, before its window
+
+
+@pytest.mark.parametrize("code", ["PERMISSION_DENIED", "NOT_FOUND", "INVALID_ARGUMENT"])
+def test_any_refusal_of_an_early_start_falls_back_to_the_notice_and_never_ends_the_watch(
+        sim: Simulator, tmp_path: Path, code: str) -> None:
+    # Google does not say which code a refusal carries: every code that says the same request
+    # would fail again is a refusal, noted once, and the watch goes on for more than
+    # MAX_CLOUD_FAILURES ticks (the job trains 16 s at a 0.3 s poll) to the job's end.
+    job = Job(sim, tmp_path, steps=400, accelerator="v6e-16", queued="qr")
+    sim.inject("refuse-maintenance", node="pod", code=code)
+    proc = job.watch()
+    job.wait(lambda: bool(job.steps_done()), what="a first checkpoint")
+    sim.inject("upcoming-maintenance", node="pod", starts_in="7d")
+    rc, out = finish(proc, timeout=180)
+    assert rc == 0, out
+    assert "cloud API failed" not in out, out
+    hist = job.history()
+    refusals = [e for e in hist["events"] if "could not be started early" in e["reason"]]
+    assert len(refusals) == 1 and code in refusals[0]["reason"], hist["events"]
+    first, second = hist["attempts"][:2]
+    assert (first["outcome"], first["charged"]) == ("disruption", False)
+    assert second["start_step"] >= first["end_step"] and len(hist["attempts"]) == 2, hist["attempts"]
+    assert second["outcome"] == "success", hist["attempts"]
+    assert sim.world.node("pod").upcoming is not None  # still announced: it comes in its window

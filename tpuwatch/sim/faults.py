@@ -18,7 +18,7 @@ from typing import Any
 from tpuwatch.durations import parse_duration
 from tpuwatch.errors import UsageError
 from tpuwatch.sim.calls import INJECTABLE_CODES
-from tpuwatch.sim.maintenance import STUCK_MODES
+from tpuwatch.sim.maintenance import MAINTENANCE_REFUSALS, STUCK_MODES
 from tpuwatch.sim.nodefaults import SYMPTOM_TYPES
 from tpuwatch.sim.records import NodeSpec
 from tpuwatch.sim.shapes import worker_count
@@ -229,6 +229,18 @@ FAULTS: dict[str, Fault] = {
                 Param("can_reschedule", "bool", "whether it can be rescheduled", default=True),
                 Param("notice", "duration",
                       "simulated time the workers' metadata servers announce it before the host stops", default=0.0),
+                *_WHERE,
+            ),
+            target="node",
+        ),
+        Fault(
+            "refuse-maintenance",
+            "Starting the node's maintenance by hand (performMaintenance, or through its queued resource) "
+            "is refused with CODE (NONE ends the fault).",
+            (
+                _NODE,
+                Param("code", "choice", "the refusal's code", default="PERMISSION_DENIED",
+                      choices=(*MAINTENANCE_REFUSALS, "NONE")),
                 *_WHERE,
             ),
             target="node",
@@ -564,6 +576,9 @@ def apply(world: World, fault: str, params: Mapping[str, Any]) -> Any:
     elif fault in HOST_FAULTS:
         node, worker = p.pop("node"), p.pop("worker", 0)
         world.host_fault(node, fault, worker, p, **where)
+    elif fault == "refuse-maintenance":
+        code = str(p.get("code", "PERMISSION_DENIED"))
+        world.refuse_maintenance(p.pop("node"), "" if code == "NONE" else code, **where)
     elif fault == "heal":
         world.heal(p.pop("node"), **where)
     elif fault == "delete-node":

@@ -24,6 +24,16 @@ from tpuwatch.sim.scheduler import Timer
 from tpuwatch.sim.shapes import manual_maintenance_allowed
 
 STUCK_MODES = ("REPAIRING", "UNHEALTHY_MAINTENANCE", "UNKNOWN")
+# Codes the refuse-maintenance fault answers performMaintenance(QueuedResource) with, each with the
+# text Google's API gives for that code in general (it documents none for this call).
+MAINTENANCE_REFUSALS = {
+    "UNIMPLEMENTED": "Manual maintenance is not supported for {node}",
+    "FAILED_PRECONDITION": "There is no pending maintenance for {node}",
+    "INVALID_ARGUMENT": "Request contains an invalid argument.",
+    "NOT_FOUND": "Resource '{node}' was not found",
+    "PERMISSION_DENIED": "Permission 'tpu.nodes.performMaintenance' denied on resource "
+                         "'//tpu.googleapis.com/{node}' (or it may not exist).",
+}
 
 
 class Maintenance(QueuedResources):
@@ -303,10 +313,24 @@ class Maintenance(QueuedResources):
             with self._lock:
                 self._end_op(op.name, error=(9, str(exc)))
 
+    def refuse_maintenance(self, node: str, code: str, *, project: str | None = None,
+                           zone: str | None = None) -> None:
+        """Fault: starting the node's maintenance by hand (performMaintenance, or through its
+        queued resource) is refused with `code` (a MAINTENANCE_REFUSALS key; "" ends the fault)."""
+        if code and code not in MAINTENANCE_REFUSALS:
+            raise UsageError(f"code must be one of {', '.join(MAINTENANCE_REFUSALS)}, got {code!r}")
+        with self._lock:
+            rec = self._fault_node(node, project, zone)
+            rec.maintenance_refusal = code
+
     def _check_manual_maintenance(self, rec: NodeRec) -> None:
         """Google documents starting maintenance by hand for any v4 or v5p, and for v5e or v6e
         slices of 8 chips (2x4) or more; elsewhere, and without a pending notice that may be
-        rescheduled (canReschedule, PENDING), it is refused."""
+        rescheduled (canReschedule, PENDING), it is refused. The refuse-maintenance fault
+        refuses it with the code it names."""
+        if rec.maintenance_refusal:
+            code = rec.maintenance_refusal
+            raise ApiError(code, MAINTENANCE_REFUSALS[code].format(node=rec.full_name))
         if not manual_maintenance_allowed(rec.spec.accelerator_type):
             raise ApiError(
                 "UNIMPLEMENTED",
@@ -336,18 +360,22 @@ class Maintenance(QueuedResources):
         self, project: str, zone: str, name: str, node_names: list[str]
     ) -> OperationRec:
         """v2alpha1 queuedResources.performMaintenanceQueuedResource: start the pending
-        maintenance of the named nodes of the queued resource (full node names)."""
+        maintenance of the named nodes of the queued resource.
+
+        Nodes go by their short names (node ids), as gcloud's `--node-names` example and
+        getMaintenanceInfo's "unqualified node name" have them; Google does not say what it
+        answers to a full resource name, so it is refused as a node the request does not hold
+        (INVALID_ARGUMENT), the strictest reading."""
         with self._lock:
             qr = self._require_queued(project, zone, name)
             if not node_names:
                 raise ApiError("INVALID_ARGUMENT", "node_names must name at least one node")
             recs = []
-            for full in node_names:
-                short = full.rsplit("/", 1)[-1]
-                rec = self._nodes.get(f"{project}/{zone}/{short}")
+            for short in node_names:
+                rec = None if "/" in short else self._nodes.get(f"{project}/{zone}/{short}")
                 if rec is None or rec.queued_resource != qr.full_name:
                     raise ApiError(
-                        "INVALID_ARGUMENT", f"node {full!r} is not a node of {qr.full_name}"
+                        "INVALID_ARGUMENT", f"node {short!r} is not a node of {qr.full_name}"
                     )
                 self._check_manual_maintenance(rec)
                 recs.append(rec)
