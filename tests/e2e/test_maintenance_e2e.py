@@ -120,13 +120,15 @@ def test_a_queued_resources_maintenance_starts_early_naming_its_node_by_its_shor
     assert sim.world.node("pod").upcoming is None  # done, before its window
 
 
-@pytest.mark.parametrize("code", ["PERMISSION_DENIED", "NOT_FOUND", "INVALID_ARGUMENT"])
+@pytest.mark.parametrize("code, queued", [("PERMISSION_DENIED", "qr"), ("NOT_FOUND", "qr"),
+                                          ("INVALID_ARGUMENT", "qr"), ("PERMISSION_DENIED", "")])
 def test_any_refusal_of_an_early_start_falls_back_to_the_notice_and_never_ends_the_watch(
-        sim: Simulator, tmp_path: Path, code: str) -> None:
+        sim: Simulator, tmp_path: Path, code: str, queued: str) -> None:
     # Google does not say which code a refusal carries: every code that says the same request
     # would fail again is a refusal, noted once, and the watch goes on for more than
     # MAX_CLOUD_FAILURES ticks (the job trains 16 s at a 0.3 s poll) to the job's end.
-    job = Job(sim, tmp_path, steps=400, accelerator="v6e-16", queued="qr")
+    # Through the node's queued resource (performMaintenanceQueuedResource), or the node's own call.
+    job = Job(sim, tmp_path, steps=400, accelerator="v6e-16", queued=queued)
     sim.inject("refuse-maintenance", node="pod", code=code)
     proc = job.watch()
     job.wait(lambda: bool(job.steps_done()), what="a first checkpoint")
