@@ -51,6 +51,36 @@ def test_a_maintenance_notice_costs_no_finished_step_and_no_restart(
         assert sim.world.scheduler_errors == [] and sim.world.host_errors == []
 
 
+def test_a_notice_through_upcoming_maintenance_alone_reaches_the_job_without_directory_queries(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A TPU VM's last-minute notice is upcoming-maintenance turning ONGOING (maintenance-event stays
+    # NONE), and here its metadata server also fails every directory query: the relay watches the
+    # keys one by one and still passes the notice on. Speed 20: the window opens 10 s after the
+    # announcement, the 100 s notice lasts 5 s, the node is back 5 s after it stops.
+    with Simulator(root=tmp_path / "sim", speed=20, workers=True) as sim:
+        for key, value in sim.env.items():
+            monkeypatch.setenv(key, value)
+        job = Job(sim, tmp_path, f"--save-on-term 1 --ckpt-every {10 * 600}", steps=600)
+        sim.inject("metadata-directories-fail", node="pod")
+        proc = job.watch()
+        job.wait(lambda: len(job.job_processes()) == 4, what="the trainer on every worker")
+        job.wait(lambda: job.steps_done() == [0], what="the fresh start's checkpoint")
+        sim.inject("upcoming-maintenance", node="pod", starts_in="200s", can_reschedule=False, notice="100s",
+                   notice_via="upcoming-maintenance", heal_after="100s")
+        rc, out = finish(proc, timeout=120)
+        assert rc == 0, out
+        first, second = job.history()["attempts"][:2]
+        assert (first["outcome"], first["charged"]) == ("disruption", False), first
+        assert "notice of maintenance (upcoming-maintenance ONGOING)" in first["reason"], first
+        saved = [s for s in job.steps_done() if s not in (0, 600)]
+        assert len(saved) == 1 and second["start_step"] == saved[0] == first["end_step"], job.steps_done()
+        key = sim.node_key("pod")
+        for w in range(4):
+            log = (sim.hosts.worker_home(key, w) / ".tpuwatch" / "pod" / "attempt-1.log").read_text()
+            assert "one by one" in log and "says MAINTENANCE_ONGOING" in log, log
+        assert sim.world.scheduler_errors == [] and sim.world.host_errors == []
+
+
 @pytest.mark.parametrize("poll", ["default", "8s"])
 def test_a_reschedulable_maintenance_starts_early_at_a_checkpoint_boundary(
         sim: Simulator, tmp_path: Path, poll: str) -> None:

@@ -289,6 +289,7 @@ class WorldCore:
                 upcoming_maintenance=notice,
                 ip=rec.ips[worker] if worker < len(rec.ips) else "",
                 maintenance_event=rec.maintenance_event,
+                directories_fail=rec.metadata_dirs_fail,
             )
 
     def has_node(self, name: str, *, project: str | None = None, zone: str | None = None) -> bool:

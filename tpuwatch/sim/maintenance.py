@@ -24,6 +24,10 @@ from tpuwatch.sim.scheduler import Timer
 from tpuwatch.sim.shapes import manual_maintenance_allowed
 
 STUCK_MODES = ("REPAIRING", "UNHEALTHY_MAINTENANCE", "UNKNOWN")
+# Which metadata key gives the workers the last-minute notice of a maintenance: maintenance-event
+# TERMINATE_ON_HOST_MAINTENANCE (Compute Engine fills it only for VMs set to migrate or with a
+# GPU), or upcoming-maintenance turning ONGOING alone (where the Cloud TPU documentation points).
+NOTICE_KEYS = ("MAINTENANCE-EVENT", "UPCOMING-MAINTENANCE")
 # Codes the refuse-maintenance fault answers performMaintenance(QueuedResource) with, each with the
 # text Google's API gives for that code in general (it documents none for this call).
 MAINTENANCE_REFUSALS = {
@@ -51,6 +55,7 @@ class Maintenance(QueuedResources):
         zone: str | None = None,
         op_name: str | None = None,
         notice: float = 0.0,
+        notice_via: str = "MAINTENANCE-EVENT",
     ) -> None:
         """Start maintenance: job killed, SSH refused, health UNHEALTHY_MAINTENANCE then REPAIRING.
 
@@ -58,15 +63,19 @@ class Maintenance(QueuedResources):
         "The TPU had a maintenance event at ..." and a restart entry; with `stuck` it never does
         (REPAIRING, UNHEALTHY_MAINTENANCE, or UNKNOWN after a failed repair). With `notice`
         (simulated seconds; Compute Engine gives about 60), the workers' metadata servers say
-        `maintenance-event` TERMINATE_ON_HOST_MAINTENANCE that long before the host stops.
+        `maintenance-event` TERMINATE_ON_HOST_MAINTENANCE that long before the host stops, or with
+        `notice_via` UPCOMING-MAINTENANCE only `upcoming-maintenance` ONGOING (an unscheduled
+        notice when none was announced).
         """
         if stuck is not None and stuck not in STUCK_MODES:
             raise UsageError(f"stuck must be one of {', '.join(STUCK_MODES)}, got {stuck!r}")
+        if notice_via not in NOTICE_KEYS:
+            raise UsageError(f"notice_via must be one of {', '.join(NOTICE_KEYS)}, got {notice_via!r}")
         if notice > 0:
             def stop() -> None:
                 self.maintenance(node, heal_after=heal_after, stuck=stuck, worker=worker, reason=reason,
                                  project=project, zone=zone, op_name=op_name)
-            self._give_notice(node, project, zone, "maintenance", notice, stop)
+            self._give_notice(node, project, zone, "maintenance", notice, stop, via=notice_via)
             return
         with self._lock:
             rec = self._fault_node(node, project, zone)
@@ -99,13 +108,20 @@ class Maintenance(QueuedResources):
         self._await(down)
 
     def _give_notice(self, node: str, project: str | None, zone: str | None, what: str, notice: float,
-                     then: Callable[[], None]) -> None:
+                     then: Callable[[], None], via: str = "MAINTENANCE-EVENT") -> None:
         """Post the metadata server's notice of `what` (maintenance or preemption) now, and run
-        `then` (the fault itself) `notice` simulated seconds later if the node is still the same."""
+        `then` (the fault itself) `notice` simulated seconds later if the node is still the same.
+        A maintenance's notice comes `via` maintenance-event or upcoming-maintenance ONGOING."""
         with self._lock:
             rec = self._fault_node(node, project, zone)
             self._ensure_live(rec, what)
-            if what == "maintenance":
+            if what == "maintenance" and via == "UPCOMING-MAINTENANCE":
+                if rec.upcoming is None:
+                    now = time.time_ns()
+                    end = now + int(self.real(self.delays["maintenance_window"]) * 1e9)
+                    rec.upcoming = UpcomingRec("UNSCHEDULED", "ONGOING", False, now, end, now)
+                rec.upcoming.status, rec.upcoming.can_reschedule = "ONGOING", False
+            elif what == "maintenance":
                 rec.maintenance_event = "TERMINATE_ON_HOST_MAINTENANCE"
             else:
                 rec.preempt_notice = True
@@ -220,11 +236,15 @@ class Maintenance(QueuedResources):
         project: str | None = None,
         zone: str | None = None,
         notice: float = 0.0,
+        notice_via: str = "MAINTENANCE-EVENT",
     ) -> None:
         """Announce maintenance `starts_in` from now (v2alpha1 upcoming_maintenance + audit entry);
-        when the window opens, run it (healing after `heal_after`), after the workers' `notice`."""
+        when the window opens, run it (healing after `heal_after`), after the workers' `notice`
+        (given `notice_via`, as World.maintenance does)."""
         if kind not in ("SCHEDULED", "UNSCHEDULED"):
             raise UsageError(f"maintenance type must be SCHEDULED or UNSCHEDULED, got {kind!r}")
+        if notice_via not in NOTICE_KEYS:
+            raise UsageError(f"notice_via must be one of {', '.join(NOTICE_KEYS)}, got {notice_via!r}")
         with self._lock:
             rec = self._fault_node(node, project, zone)
             self._ensure_live(rec, "upcoming maintenance")
@@ -266,7 +286,8 @@ class Maintenance(QueuedResources):
                 rec.upcoming.status = "ONGOING"
                 name, project_, zone_ = rec.name, rec.project, rec.zone
             try:
-                self.maintenance(name, heal_after=heal_after, project=project_, zone=zone_, notice=notice)
+                self.maintenance(name, heal_after=heal_after, project=project_, zone=zone_, notice=notice,
+                                 notice_via=notice_via)
             except UsageError:
                 pass  # the node went away or changed state before the window
 
@@ -322,6 +343,16 @@ class Maintenance(QueuedResources):
         with self._lock:
             rec = self._fault_node(node, project, zone)
             rec.maintenance_refusal = code
+
+    def metadata_directories_fail(self, node: str, fails: bool = True, *, project: str | None = None,
+                                  zone: str | None = None) -> None:
+        """Fault: the node's workers' metadata servers answer every directory query (a listing,
+        or ?recursive=true) with 503, each key still served; `fails` False ends it. A new node
+        (a recreate) starts without it."""
+        with self._lock:
+            rec = self._fault_node(node, project, zone)
+            rec.metadata_dirs_fail = fails
+            self._touch()
 
     def _check_manual_maintenance(self, rec: NodeRec) -> None:
         """Google documents starting maintenance by hand for any v4 or v5p, and for v5e or v6e
