@@ -232,8 +232,9 @@ class AuditEvent:
 WorkerState = Literal["running", "exited", "absent", "unreachable"]
 
 
-# The notices the relay beside an attempt passes on (instance/maintenance-event, instance/preempted).
-NOTICES = ("TERMINATE_ON_HOST_MAINTENANCE", "PREEMPTED")
+# The notices the relay beside an attempt passes on (instance/maintenance-event, instance/preempted,
+# instance/upcoming-maintenance turning ONGOING).
+NOTICES = ("TERMINATE_ON_HOST_MAINTENANCE", "PREEMPTED", "MAINTENANCE_ONGOING")
 
 
 @dataclass(frozen=True)

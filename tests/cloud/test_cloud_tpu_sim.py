@@ -218,3 +218,31 @@ def test_the_api_fills_cidr_block_in_and_a_create_that_sends_it_back_is_refused(
     assert refused.value.code == "INVALID_ARGUMENT"
     spec.pop("cidrBlock")
     assert tpu.create_node("again", spec)
+
+
+@pytest.mark.parametrize("code", ["PERMISSION_DENIED", "NOT_FOUND", "INVALID_ARGUMENT", "UNIMPLEMENTED",
+                                  "FAILED_PRECONDITION"])
+def test_every_refusal_to_start_a_maintenance_is_a_refusal_and_a_passing_error_is_not(sim: Simulator,
+                                                                                      code: str) -> None:
+    from e2e_helpers import create_through_queued_resource
+
+    from tpuwatch.cloud.lifecycle import Lifecycle
+    from tpuwatch.errors import MaintenanceRefused
+
+    create_through_queued_resource(sim, "qr", "v6e-16", {}, spot=False)
+    sim.create_node("plain", "v6e-8")
+    tpu = adapter(sim)
+    for name, life in (("pod", Lifecycle(tpu, "qr")), ("plain", Lifecycle(tpu))):
+        sim.world.upcoming_maintenance(name, starts_in=7 * 86400)
+        sim.inject("refuse-maintenance", node=name, code=code)
+        node = tpu.require_node(name)
+        with pytest.raises(MaintenanceRefused) as refused:
+            life.start_maintenance(node)
+        assert refused.value.code == code
+        # UNAVAILABLE (after the adapter's retries) is no refusal: an API failure, for a later tick.
+        sim.inject("refuse-maintenance", node=name, code="none")
+        sim.inject("api-errors", rate=1.0, codes=["UNAVAILABLE"], methods=["PerformMaintenance"])
+        with pytest.raises(ApiError) as failed:
+            life.start_maintenance(node)
+        assert failed.value.code == "UNAVAILABLE"
+        sim.inject("clear-errors")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from e2e_helpers import create_through_queued_resource
 
 from tpuwatch.cloud.tpu import TpuAdapter
 from tpuwatch.recreate import ownership_error
@@ -328,3 +329,22 @@ def test_gcloud_alpha_reserved_tier_and_reservation_are_what_init_writes(
     assert code == 0, err
     spec = load_config(out).tpu["spec"]
     assert (spec["queued_resource_tier"], spec["reservation_name"]) == ("reserved", reservation)
+
+
+def test_queued_resources_perform_maintenance_names_nodes_by_their_short_names(gcloud: Gcloud) -> None:
+    """`gcloud alpha compute tpus queued-resources perform-maintenance qr --node-names=pod`, as
+    Google's example has it, starts the node's announced maintenance; the simulator refuses a
+    full resource name (INVALID_ARGUMENT), as tpuwatch no longer sends one."""
+    sim = gcloud.sim
+    create_through_queued_resource(sim, "qr", "v6e-16", {}, spot=False)
+    sim.world.delays["simulated_maintenance_heal"] = 120.0
+    sim.world.upcoming_maintenance("pod", starts_in=7 * 86400)
+    verb = ("alpha", "compute", "tpus", "queued-resources", "perform-maintenance", "qr", f"--zone={sim.zone}",
+            "--async")
+    full = gcloud(*verb, f"--node-names=projects/{sim.project}/locations/{sim.zone}/nodes/pod")
+    assert full.returncode != 0 and "is not a node of" in full.stderr, full.stderr
+    assert sim.world.node("pod").upcoming.status == "PENDING"  # type: ignore[union-attr]
+    short = gcloud(*verb, "--node-names=pod")
+    assert short.returncode == 0, short.stderr
+    sim.world.wait_for(lambda w: w.node("pod").upcoming is None and w.node("pod").health == "HEALTHY",
+                       what="the maintenance done", timeout=60)

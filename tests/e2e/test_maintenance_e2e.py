@@ -51,6 +51,36 @@ def test_a_maintenance_notice_costs_no_finished_step_and_no_restart(
         assert sim.world.scheduler_errors == [] and sim.world.host_errors == []
 
 
+def test_a_notice_through_upcoming_maintenance_alone_reaches_the_job_without_directory_queries(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A TPU VM's last-minute notice is upcoming-maintenance turning ONGOING (maintenance-event stays
+    # NONE), and here its metadata server also fails every directory query: the relay watches the
+    # keys one by one and still passes the notice on. Speed 20: the window opens 10 s after the
+    # announcement, the 100 s notice lasts 5 s, the node is back 5 s after it stops.
+    with Simulator(root=tmp_path / "sim", speed=20, workers=True) as sim:
+        for key, value in sim.env.items():
+            monkeypatch.setenv(key, value)
+        job = Job(sim, tmp_path, f"--save-on-term 1 --ckpt-every {10 * 600}", steps=600)
+        sim.inject("metadata-directories-fail", node="pod")
+        proc = job.watch()
+        job.wait(lambda: len(job.job_processes()) == 4, what="the trainer on every worker")
+        job.wait(lambda: job.steps_done() == [0], what="the fresh start's checkpoint")
+        sim.inject("upcoming-maintenance", node="pod", starts_in="200s", can_reschedule=False, notice="100s",
+                   notice_via="upcoming-maintenance", heal_after="100s")
+        rc, out = finish(proc, timeout=120)
+        assert rc == 0, out
+        first, second = job.history()["attempts"][:2]
+        assert (first["outcome"], first["charged"]) == ("disruption", False), first
+        assert "notice of maintenance (upcoming-maintenance ONGOING)" in first["reason"], first
+        saved = [s for s in job.steps_done() if s not in (0, 600)]
+        assert len(saved) == 1 and second["start_step"] == saved[0] == first["end_step"], job.steps_done()
+        key = sim.node_key("pod")
+        for w in range(4):
+            log = (sim.hosts.worker_home(key, w) / ".tpuwatch" / "pod" / "attempt-1.log").read_text()
+            assert "one by one" in log and "says MAINTENANCE_ONGOING" in log, log
+        assert sim.world.scheduler_errors == [] and sim.world.host_errors == []
+
+
 @pytest.mark.parametrize("poll", ["default", "8s"])
 def test_a_reschedulable_maintenance_starts_early_at_a_checkpoint_boundary(
         sim: Simulator, tmp_path: Path, poll: str) -> None:
@@ -99,4 +129,48 @@ def test_a_refused_early_start_falls_back_to_the_notice_and_is_noted_once(
     first, second = hist["attempts"][:2]
     assert (first["outcome"], first["charged"]) == ("disruption", False)
     assert second["start_step"] >= first["end_step"] and len(hist["attempts"]) == 2, hist["attempts"]
+    assert sim.world.node("pod").upcoming is not None  # still announced: it comes in its window
+
+
+def test_a_queued_resources_maintenance_starts_early_naming_its_node_by_its_short_name(
+        sim: Simulator, tmp_path: Path) -> None:
+    # performMaintenanceQueuedResource takes the node's short name (gcloud --node-names=node-a);
+    # the simulator refuses a full resource name (INVALID_ARGUMENT).
+    sim.world.delays["simulated_maintenance_heal"] = 600.0  # 1 s at speed 600
+    job = Job(sim, tmp_path, steps=100, accelerator="v6e-16", queued="qr")
+    proc = job.watch()
+    job.wait(lambda: bool(job.steps_done()), what="a first checkpoint")
+    sim.inject("upcoming-maintenance", node="pod", starts_in="7d")
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    hist = job.history()
+    started = [e for e in hist["events"] if e["kind"] == "maintenance_started"]
+    assert len(started) == 1 and "queued resource qr's node pod" in started[0]["reason"], hist["events"]
+    assert not [e for e in hist["events"] if "could not be started early" in e["reason"]], hist["events"]
+    assert sim.world.node("pod").upcoming is None  # done, before its window
+
+
+@pytest.mark.parametrize("code, queued", [("PERMISSION_DENIED", "qr"), ("NOT_FOUND", "qr"),
+                                          ("INVALID_ARGUMENT", "qr"), ("PERMISSION_DENIED", "")])
+def test_any_refusal_of_an_early_start_falls_back_to_the_notice_and_never_ends_the_watch(
+        sim: Simulator, tmp_path: Path, code: str, queued: str) -> None:
+    # Google does not say which code a refusal carries: every code that says the same request
+    # would fail again is a refusal, noted once, and the watch goes on for more than
+    # MAX_CLOUD_FAILURES ticks (the job trains 16 s at a 0.3 s poll) to the job's end.
+    # Through the node's queued resource (performMaintenanceQueuedResource), or the node's own call.
+    job = Job(sim, tmp_path, steps=400, accelerator="v6e-16", queued=queued)
+    sim.inject("refuse-maintenance", node="pod", code=code)
+    proc = job.watch()
+    job.wait(lambda: bool(job.steps_done()), what="a first checkpoint")
+    sim.inject("upcoming-maintenance", node="pod", starts_in="7d")
+    rc, out = finish(proc, timeout=180)
+    assert rc == 0, out
+    assert "cloud API failed" not in out, out
+    hist = job.history()
+    refusals = [e for e in hist["events"] if "could not be started early" in e["reason"]]
+    assert len(refusals) == 1 and code in refusals[0]["reason"], hist["events"]
+    first, second = hist["attempts"][:2]
+    assert (first["outcome"], first["charged"]) == ("disruption", False)
+    assert second["start_step"] >= first["end_step"] and len(hist["attempts"]) == 2, hist["attempts"]
+    assert second["outcome"] == "success", hist["attempts"]
     assert sim.world.node("pod").upcoming is not None  # still announced: it comes in its window

@@ -7,11 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_helpers import create_through_queued_resource
 from google.api_core import exceptions
 from google.cloud import tpu_v2, tpu_v2alpha1
 
 from tpuwatch.cloud.clients import tpu_client
 from tpuwatch.errors import UsageError
+from tpuwatch.sim import faults
 from tpuwatch.sim.shapes import worker_count
 from tpuwatch.sim.simulator import Simulator
 
@@ -324,6 +326,30 @@ def test_perform_maintenance_refusals_as_google_documents_them(sim_api: Simulato
     assert sim_api.world.node("old").upcoming.status == "PENDING"  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("code, error", [("PERMISSION_DENIED", exceptions.PermissionDenied),
+                                         ("NOT_FOUND", exceptions.NotFound),
+                                         ("INVALID_ARGUMENT", exceptions.InvalidArgument)])
+def test_the_refuse_maintenance_fault_refuses_both_calls_with_its_code(
+        sim_api: Simulator, lro_polling: Any, code: str, error: type[Exception]) -> None:
+    create_through_queued_resource(sim_api, "qr", "v6e-16", {}, spot=False)
+    sim_api.create_node("plain", "v6e-8")
+    for n in ("pod", "plain"):
+        sim_api.world.upcoming_maintenance(n, starts_in=7 * 86400)
+        faults.apply(sim_api.world, "refuse-maintenance", faults.normalize("refuse-maintenance", {"node": n, "code": code}))
+    c = tpu_client("v2alpha1")
+    with pytest.raises(error):
+        c.perform_maintenance(request={"name": f"{parent(sim_api)}/nodes/plain"})
+    with pytest.raises(error):
+        c.perform_maintenance_queued_resource(request={"name": f"{parent(sim_api)}/queuedResources/qr",
+                                                       "node_names": ["pod"]})
+    assert all(sim_api.world.node(n).upcoming.status == "PENDING" for n in ("pod", "plain"))  # type: ignore[union-attr]
+    faults.apply(sim_api.world, "refuse-maintenance", faults.normalize("refuse-maintenance", {"node": "plain",
+                                                                                             "code": "none"}))
+    sim_api.world.delays["simulated_maintenance_heal"] = 120.0
+    c.perform_maintenance(request={"name": f"{parent(sim_api)}/nodes/plain"}).result(polling=lro_polling)
+    assert sim_api.world.node("plain").upcoming is None
+
+
 def test_perform_maintenance_of_a_queued_resources_node(sim_api: Simulator, lro_polling: Any) -> None:
     c = tpu_client("v2alpha1")
     qr = tpu_v2alpha1.QueuedResource(tpu=tpu_v2alpha1.QueuedResource.Tpu(node_spec=[
@@ -338,7 +364,10 @@ def test_perform_maintenance_of_a_queued_resources_node(sim_api: Simulator, lro_
     qname = f"{parent(sim_api)}/queuedResources/qr"
     with pytest.raises(exceptions.InvalidArgument):
         c.perform_maintenance_queued_resource(request={"name": qname, "node_names": ["projects/x/nodes/other"]})
-    op = c.perform_maintenance_queued_resource(request={"name": qname, "node_names": [f"{parent(sim_api)}/nodes/pod"]})
+    # Nodes go by their short names (gcloud --node-names=node-a): a full resource name is refused.
+    with pytest.raises(exceptions.InvalidArgument, match="is not a node of"):
+        c.perform_maintenance_queued_resource(request={"name": qname, "node_names": [f"{parent(sim_api)}/nodes/pod"]})
+    op = c.perform_maintenance_queued_resource(request={"name": qname, "node_names": ["pod"]})
     assert c.get_node(name=f"{parent(sim_api)}/nodes/pod").health == tpu_v2alpha1.Node.Health.UNHEALTHY_MAINTENANCE
     op.result(polling=lro_polling)
     healed = c.get_node(name=f"{parent(sim_api)}/nodes/pod")

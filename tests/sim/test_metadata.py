@@ -142,6 +142,32 @@ def test_a_preemption_notice_comes_before_the_preemption(sim: Simulator) -> None
     sim.world.wait_for(lambda w: w.node("spot").state == "PREEMPTED", timeout=30, what="the preemption")
 
 
+def test_a_notice_through_upcoming_maintenance_alone_turns_it_ongoing(sim: Simulator) -> None:
+    # A TPU VM is neither set to migrate nor has a GPU: maintenance-event stays NONE and the notice
+    # is upcoming-maintenance ONGOING (an unscheduled one when none was announced).
+    sim.create_node("maint", "v4-8")
+    address = sim.hosts.metadata_address(sim.node_key("maint"), 0)
+    sim.inject("maintenance", node="maint", notice="1h", notice_via="upcoming-maintenance")  # 6 s at speed 600
+    status, body, _ = get(address, "instance/upcoming-maintenance?alt=json")
+    notice = json.loads(body)
+    assert status == 200 and (notice["maintenance_status"], notice["type"]) == ("ONGOING", "UNSCHEDULED"), notice
+    assert get(address, "instance/maintenance-event")[1] == "NONE"
+    assert sim.world.node("maint").health == "HEALTHY"  # the host stops after the notice
+    sim.world.wait_for(lambda w: w.node("maint").health == "UNHEALTHY_MAINTENANCE", timeout=30, what="the stop")
+
+
+def test_the_directory_fault_fails_listings_and_recursive_queries_but_serves_keys(sim: Simulator) -> None:
+    sim.create_node("maint", "v4-8")
+    address = sim.hosts.metadata_address(sim.node_key("maint"), 0)
+    sim.inject("metadata-directories-fail", node="maint")
+    assert get(address, "instance/?recursive=true")[0] == 503
+    assert get(address, "instance/")[0] == 503
+    assert get(address, "instance/maintenance-event") == (200, "NONE", "application/text")
+    assert get(address, "instance/upcoming-maintenance")[:2] == (200, NO_NOTICE)
+    sim.inject("metadata-directories-fail", node="maint", fails=False)
+    assert get(address, "instance/?recursive=true")[0] == 200
+
+
 def test_upcoming_maintenance_is_the_notice_as_json(sim: Simulator) -> None:
     sim.create_node("maint", "v4-8")
     address = sim.hosts.metadata_address(sim.node_key("maint"), 0)

@@ -161,7 +161,7 @@ def test_maintenance_of_one_slice_leaves_the_others_and_can_start_per_slice(
     sim_api.world.upcoming_maintenance("np-1", starts_in=7 * 86400)
     alpha = tpu_client("v2alpha1")
     op = alpha.perform_maintenance_queued_resource(request={
-        "name": f"{parent(sim_api)}/queuedResources/ms", "node_names": [f"{parent(sim_api)}/nodes/np-1"]})
+        "name": f"{parent(sim_api)}/queuedResources/ms", "node_names": ["np-1"]})
     assert sim_api.world.node("np-1").health == "UNHEALTHY_MAINTENANCE"
     op.result(polling=lro_polling)
     assert sim_api.world.node("np-1").health == "HEALTHY"
@@ -208,7 +208,7 @@ def test_rest_face_serves_multislice_queued_resources(sim_api: Simulator) -> Non
         sim_api.world.delays["simulated_maintenance_heal"] = 120.0
         sim_api.world.upcoming_maintenance("np-0", starts_in=86400)
         status, op = http("POST", f"{alpha}/queuedResources/ms:performMaintenanceQueuedResource",
-                          {"nodeNames": [f"{parent(sim_api)}/nodes/np-0"]})
+                          {"nodeNames": ["np-0"]})
         assert status == 200 and sim_api.world.node("np-0").health == "UNHEALTHY_MAINTENANCE"
         sim_api.world.wait_for(lambda w: w.node("np-0").health == "HEALTHY", what="np-0 healed")
 

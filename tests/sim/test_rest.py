@@ -221,7 +221,9 @@ def test_v2alpha1_performs_maintenance_of_a_queued_resources_node(sim_api: Simul
     assert http("POST", f"{loc}/queuedResources/none:performMaintenanceQueuedResource",
                 {"nodeNames": ["pod"]})[0] == 404
     assert sim_api.world.node("pod").upcoming.status == "PENDING"  # type: ignore[union-attr]
-    status, op = http("POST", url, {"nodeNames": [f"{http.loc[4:]}/nodes/pod"]})
+    status, err = http("POST", url, {"nodeNames": [f"{http.loc[4:]}/nodes/pod"]})  # a full name: refused
+    assert (status, err["error"]["status"]) == (400, "INVALID_ARGUMENT")
+    status, op = http("POST", url, {"nodeNames": ["pod"]})
     assert status == 200 and op["metadata"]["verb"] == "performMaintenanceQueuedResource"
     assert http("GET", f"{loc}/nodes/pod")[1]["health"] == "UNHEALTHY_MAINTENANCE"
     done = http.wait_op(op["name"], timeout=30)

@@ -316,6 +316,7 @@ class MetadataServer:
 
     def __init__(self) -> None:
         self.instance = md.make_instance(project="proj", zone="us-central2-b", node_id=7, worker=0, metadata={})
+        self.requests = 0  # connections served so far (one request each: Connection: close)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -323,8 +324,12 @@ class MetadataServer:
         async def current() -> md.Instance:
             return self.instance
 
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.requests += 1
+            await md.serve(reader, writer, current)
+
         async def start() -> asyncio.AbstractServer:
-            return await asyncio.start_server(lambda r, w: md.serve(r, w, current), "127.0.0.1", 0)
+            return await asyncio.start_server(handle, "127.0.0.1", 0)
 
         self.server = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
         self.address = f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
@@ -389,6 +394,73 @@ def test_a_preemption_notice_with_no_signal_only_writes_the_file(worker: Worker,
     p = worker.probe()
     assert (p["state"], p["notice"]) == ("running", "PREEMPTED")  # not signalled
     assert "saved-on-term" not in (worker.dir / "attempt-1.log").read_text()
+
+
+PENDING = {"can_reschedule": "true", "latest_window_start_time": "2026-01-08T00:00:00Z", "maintenance_status": "PENDING",
+           "type": "SCHEDULED", "window_end_time": "2026-01-08T01:00:00Z", "window_start_time": "2026-01-08T00:00:00Z"}
+ONGOING = {**PENDING, "can_reschedule": "false", "maintenance_status": "ONGOING"}
+
+
+def relay_waiting(metadata: MetadataServer, since: int) -> Callable[[], bool]:
+    """True once the relay has read the keys after request `since` and waits again: its
+    directory query, three keys, then the next wait_for_change (one connection each)."""
+    return lambda: metadata.requests >= since + 5
+
+
+def test_the_relay_passes_upcoming_maintenance_turning_ongoing_to_the_job(
+        worker: Worker, metadata: MetadataServer) -> None:
+    # A TPU VM is neither set to migrate nor has a GPU: maintenance-event may stay NONE, and the
+    # notice is instance/upcoming-maintenance's maintenance_status turning ONGOING.
+    metadata.instance = replace(metadata.instance, upcoming_maintenance=PENDING)
+    assert worker.launch(1, SAVES_ON_TERM)["result"] == "launched"
+    log = worker.dir / "attempt-1.log"
+    wait_for(lambda: "started" in log.read_text(), what="the job")
+    wait_for(relay_waiting(metadata, 0), what="the relay's first look")
+    assert worker.probe()["state"] == "running" and not (worker.dir / "maintenance").exists()
+    metadata.instance = replace(metadata.instance, upcoming_maintenance=ONGOING)
+    wait_for(lambda: (worker.dir / "exit_code").exists(), what="the job to end on the notice")
+    p = worker.probe()
+    assert (p["state"], p["exit_code"], p["notice"]) == ("exited", "0", "MAINTENANCE_ONGOING"), p
+    assert "saved-on-term" in log.read_text()
+    note = _notice(worker)
+    assert (note["what"], note["signal"], note["window"]) == ("MAINTENANCE_ONGOING", "SIGTERM", ONGOING)
+
+
+def test_an_ongoing_notice_there_before_the_attempt_counts_only_once_it_comes_again(
+        worker: Worker, metadata: MetadataServer) -> None:
+    # A notice left over from a maintenance that is over must not end every new attempt at once.
+    metadata.instance = replace(metadata.instance, upcoming_maintenance=ONGOING)
+    assert worker.launch(1, SAVES_ON_TERM)["result"] == "launched"
+    wait_for(lambda: "started" in (worker.dir / "attempt-1.log").read_text(), what="the job")
+    wait_for(relay_waiting(metadata, 0), what="the relay's first look")
+    assert worker.probe()["state"] == "running" and not (worker.dir / "maintenance").exists()
+    seen = metadata.requests
+    metadata.instance = replace(metadata.instance, upcoming_maintenance=None)  # the notice is over
+    wait_for(relay_waiting(metadata, seen - 1), what="the relay to read the keys again")
+    assert worker.probe()["state"] == "running"
+    metadata.instance = replace(metadata.instance, upcoming_maintenance=ONGOING)  # a new one begins
+    wait_for(lambda: (worker.dir / "exit_code").exists(), what="the job to end on the new notice")
+    assert worker.probe()["notice"] == "MAINTENANCE_ONGOING"
+
+
+@pytest.mark.parametrize("notice", ["maintenance-event", "upcoming-maintenance"])
+def test_when_directory_queries_fail_the_relay_watches_the_keys_one_by_one(
+        worker: Worker, metadata: MetadataServer, notice: str) -> None:
+    metadata.instance = replace(metadata.instance, directories_fail=True)
+    assert worker.launch(1, SAVES_ON_TERM)["result"] == "launched"
+    log = worker.dir / "attempt-1.log"
+    wait_for(lambda: "watching maintenance-event, upcoming-maintenance and preempted one by one" in log.read_text(),
+             what="the relay's note")
+    assert worker.probe()["state"] == "running" and "not relayed" not in log.read_text()
+    # Two failed directory queries and a key that answers, then the first round of the keys:
+    # a notice there at the first look would be taken for one left over.
+    wait_for(lambda: metadata.requests >= 6, what="the relay's first look at the keys")
+    metadata.instance = (replace(metadata.instance, maintenance_event="TERMINATE_ON_HOST_MAINTENANCE")
+                         if notice == "maintenance-event" else replace(metadata.instance, upcoming_maintenance=ONGOING))
+    wait_for(lambda: (worker.dir / "exit_code").exists(), what="the job to end on the notice")
+    assert worker.probe()["notice"] == ("TERMINATE_ON_HOST_MAINTENANCE" if notice == "maintenance-event"
+                                        else "MAINTENANCE_ONGOING")
+    assert "saved-on-term" in log.read_text()
 
 
 def test_without_a_metadata_server_the_relay_ends_and_the_job_runs_on(worker: Worker) -> None:

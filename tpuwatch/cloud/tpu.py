@@ -633,7 +633,8 @@ class TpuAdapter:
     def perform_maintenance(self, name: str) -> str:
         """Start the node's announced maintenance now (v2alpha1 nodes.performMaintenance); the
         operation name. A refusal (UNIMPLEMENTED for a TPU type that does not offer it,
-        FAILED_PRECONDITION with nothing pending) raises ApiError with that code, unretried."""
+        FAILED_PRECONDITION with nothing pending, or any other lifecycle.MAINTENANCE_REFUSALS code)
+        raises ApiError with that code, unretried."""
         from google.cloud import tpu_v2alpha1
 
         full = self._full(name)
@@ -660,8 +661,10 @@ class TpuAdapter:
         return str(op.operation.name)
 
     def perform_maintenance_queued_resource(self, name: str, node_names: list[str]) -> str:
-        """Start the announced maintenance of the queued resource's nodes `node_names` (short
-        names) now (v2alpha1 queuedResources.performMaintenanceQueuedResource); the operation name."""
+        """Start the announced maintenance of the queued resource's nodes `node_names` now (v2alpha1
+        queuedResources.performMaintenanceQueuedResource); the operation name. The nodes go by their
+        short names, as gcloud passes `--node-names` and getMaintenanceInfo names them ("unqualified
+        node name"): a full name is reduced to its last part."""
         from google.cloud import tpu_v2alpha1
 
         full = self.queued_resource_name(name)
@@ -669,7 +672,7 @@ class TpuAdapter:
                     "tpu.queuedResources.performMaintenanceQueuedResource", "tpu.googleapis.com", "roles/tpu.admin")
         client = self._client("v2alpha1")
         request = tpu_v2alpha1.PerformMaintenanceQueuedResourceRequest(
-            name=full, node_names=[self._full(n) for n in node_names])
+            name=full, node_names=[n.rsplit("/", 1)[-1] for n in node_names])
         op = self._call(call, lambda: client.perform_maintenance_queued_resource(
             request=request, retry=None, timeout=RPC_TIMEOUT), read=False)
         return str(op.operation.name)

@@ -83,7 +83,8 @@ class Verdict:
 # How a notice reads as evidence: the relay's notice is the one kind of evidence that outranks an exit 0.
 NOTICE_EVIDENCE = "notice "
 NOTICE_TEXT = {"TERMINATE_ON_HOST_MAINTENANCE": "maintenance (TERMINATE_ON_HOST_MAINTENANCE)",
-               "PREEMPTED": "preemption (preempted TRUE)"}
+               "PREEMPTED": "preemption (preempted TRUE)",
+               "MAINTENANCE_ONGOING": "maintenance (upcoming-maintenance ONGOING)"}
 
 
 def notice_evidence(time: datetime, notice: str, worker: int) -> Evidence:

@@ -44,8 +44,10 @@ ROWS: tuple[Row, ...] = (
     Row("early_start", "that checkpoint landed (or the window opens in 10 min)",
         "a disruption, not charged: stop every worker, start the maintenance now (journaled first, like a "
         "delete); relaunch from that checkpoint when the node is READY+HEALTHY again"),
-    Row("early_refused", "the service refused to start it (UNIMPLEMENTED, FAILED_PRECONDITION)",
-        "noted once; relaunch, and let the relay pass the last-minute notice to the job"),
+    Row("early_refused", "the service refused to start it: any code that says the same call would fail again "
+        "(UNIMPLEMENTED, FAILED_PRECONDITION, INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED, …)",
+        "noted once for that window, never an API failure; relaunch, and let the relay pass the last-minute "
+        "notice to the job"),
     Row("failure", "a worker exits non-zero, node healthy, no disruption evidence",
         "charged to max_restarts; stop all workers; relaunch at once the first time since a stable run, "
         "then after a capped exponential backoff with jitter"),

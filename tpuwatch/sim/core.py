@@ -290,6 +290,7 @@ class WorldCore:
                 ip=rec.ips[worker] if worker < len(rec.ips) else "",
                 maintenance_event=rec.maintenance_event,
                 tpu_env=self._tpu_env(rec, worker),
+                directories_fail=rec.metadata_dirs_fail,
             )
 
     def _tpu_env(self, rec: NodeRec, worker: int) -> dict[str, str]:

@@ -18,7 +18,7 @@ from typing import Any
 from tpuwatch.durations import parse_duration
 from tpuwatch.errors import UsageError
 from tpuwatch.sim.calls import INJECTABLE_CODES
-from tpuwatch.sim.maintenance import STUCK_MODES
+from tpuwatch.sim.maintenance import MAINTENANCE_REFUSALS, NOTICE_KEYS, STUCK_MODES
 from tpuwatch.sim.nodefaults import SYMPTOM_TYPES
 from tpuwatch.sim.records import NodeSpec
 from tpuwatch.sim.shapes import worker_count
@@ -57,6 +57,10 @@ _WHERE = (
     Param("project", "str", "project of the node (default: the simulator's project)"),
 )
 _NODE = Param("node", "str", "node name", required=True)
+_NOTICE_VIA = Param("notice_via", "choice",
+                    "the metadata key that gives the notice: maintenance-event TERMINATE_ON_HOST_MAINTENANCE, or "
+                    "upcoming-maintenance turning ONGOING alone (as the Cloud TPU docs point TPU VMs to); "
+                    "default maintenance-event", choices=NOTICE_KEYS)
 _WORKER = Param("worker", "int", "worker index", default=0)
 HOST_FAULTS = ("device-missing", "stale-lockfile", "dns-failure", "orphan-holder", "disk-full", "small-shm")
 
@@ -79,6 +83,7 @@ FAULTS: dict[str, Fault] = {
                 Param("reason", "str", "terminateReason in the audit entry", default="MAINTENANCE"),
                 Param("notice", "duration",
                       "simulated time the workers' metadata servers announce it before the host stops", default=0.0),
+                _NOTICE_VIA,
                 *_WHERE,
             ),
             target="node",
@@ -241,8 +246,28 @@ FAULTS: dict[str, Fault] = {
                 Param("can_reschedule", "bool", "whether it can be rescheduled", default=True),
                 Param("notice", "duration",
                       "simulated time the workers' metadata servers announce it before the host stops", default=0.0),
+                _NOTICE_VIA,
                 *_WHERE,
             ),
+            target="node",
+        ),
+        Fault(
+            "refuse-maintenance",
+            "Starting the node's maintenance by hand (performMaintenance, or through its queued resource) "
+            "is refused with CODE (NONE ends the fault).",
+            (
+                _NODE,
+                Param("code", "choice", "the refusal's code", default="PERMISSION_DENIED",
+                      choices=(*MAINTENANCE_REFUSALS, "NONE")),
+                *_WHERE,
+            ),
+            target="node",
+        ),
+        Fault(
+            "metadata-directories-fail",
+            "The node's workers' metadata servers answer every directory query (a listing, ?recursive=true) "
+            "with 503; each key is still served.",
+            (_NODE, Param("fails", "bool", "false ends the fault", default=True), *_WHERE),
             target="node",
         ),
         Fault(
@@ -573,11 +598,17 @@ def apply(world: World, fault: str, params: Mapping[str, Any]) -> Any:
             kind=p.get("type", "SCHEDULED"),
             can_reschedule=p.get("can_reschedule", True),
             notice=p.get("notice", 0.0),
+            notice_via=p.get("notice_via", "MAINTENANCE-EVENT"),
             **where,
         )
     elif fault in HOST_FAULTS:
         node, worker = p.pop("node"), p.pop("worker", 0)
         world.host_fault(node, fault, worker, p, **where)
+    elif fault == "metadata-directories-fail":
+        world.metadata_directories_fail(p.pop("node"), bool(p.get("fails", True)), **where)
+    elif fault == "refuse-maintenance":
+        code = str(p.get("code", "PERMISSION_DENIED"))
+        world.refuse_maintenance(p.pop("node"), "" if code == "NONE" else code, **where)
     elif fault == "heal":
         world.heal(p.pop("node"), **where)
     elif fault == "delete-node":

@@ -26,6 +26,20 @@ from tpuwatch.sim.scheduler import Timer
 from tpuwatch.sim.shapes import manual_maintenance_allowed
 
 STUCK_MODES = ("REPAIRING", "UNHEALTHY_MAINTENANCE", "UNKNOWN")
+# Which metadata key gives the workers the last-minute notice of a maintenance: maintenance-event
+# TERMINATE_ON_HOST_MAINTENANCE (Compute Engine fills it only for VMs set to migrate or with a
+# GPU), or upcoming-maintenance turning ONGOING alone (where the Cloud TPU documentation points).
+NOTICE_KEYS = ("MAINTENANCE-EVENT", "UPCOMING-MAINTENANCE")
+# Codes the refuse-maintenance fault answers performMaintenance(QueuedResource) with, each with the
+# text Google's API gives for that code in general (it documents none for this call).
+MAINTENANCE_REFUSALS = {
+    "UNIMPLEMENTED": "Manual maintenance is not supported for {node}",
+    "FAILED_PRECONDITION": "There is no pending maintenance for {node}",
+    "INVALID_ARGUMENT": "Request contains an invalid argument.",
+    "NOT_FOUND": "Resource '{node}' was not found",
+    "PERMISSION_DENIED": "Permission 'tpu.nodes.performMaintenance' denied on resource "
+                         "'//tpu.googleapis.com/{node}' (or it may not exist).",
+}
 
 
 class Maintenance(QueuedResources):
@@ -43,6 +57,7 @@ class Maintenance(QueuedResources):
         zone: str | None = None,
         op_name: str | None = None,
         notice: float = 0.0,
+        notice_via: str = "MAINTENANCE-EVENT",
     ) -> None:
         """Start maintenance: job killed, SSH refused, health UNHEALTHY_MAINTENANCE then REPAIRING.
 
@@ -50,15 +65,19 @@ class Maintenance(QueuedResources):
         "The TPU had a maintenance event at ..." and a restart entry; with `stuck` it never does
         (REPAIRING, UNHEALTHY_MAINTENANCE, or UNKNOWN after a failed repair). With `notice`
         (simulated seconds; Compute Engine gives about 60), the workers' metadata servers say
-        `maintenance-event` TERMINATE_ON_HOST_MAINTENANCE that long before the host stops.
+        `maintenance-event` TERMINATE_ON_HOST_MAINTENANCE that long before the host stops, or with
+        `notice_via` UPCOMING-MAINTENANCE only `upcoming-maintenance` ONGOING (an unscheduled
+        notice when none was announced).
         """
         if stuck is not None and stuck not in STUCK_MODES:
             raise UsageError(f"stuck must be one of {', '.join(STUCK_MODES)}, got {stuck!r}")
+        if notice_via not in NOTICE_KEYS:
+            raise UsageError(f"notice_via must be one of {', '.join(NOTICE_KEYS)}, got {notice_via!r}")
         if notice > 0:
             def stop() -> None:
                 self.maintenance(node, heal_after=heal_after, stuck=stuck, worker=worker, reason=reason,
                                  project=project, zone=zone, op_name=op_name)
-            self._give_notice(node, project, zone, "maintenance", notice, stop)
+            self._give_notice(node, project, zone, "maintenance", notice, stop, via=notice_via)
             return
         with self._lock:
             rec = self._fault_node(node, project, zone)
@@ -91,13 +110,20 @@ class Maintenance(QueuedResources):
         self._await(down)
 
     def _give_notice(self, node: str, project: str | None, zone: str | None, what: str, notice: float,
-                     then: Callable[[], None]) -> None:
+                     then: Callable[[], None], via: str = "MAINTENANCE-EVENT") -> None:
         """Post the metadata server's notice of `what` (maintenance or preemption) now, and run
-        `then` (the fault itself) `notice` simulated seconds later if the node is still the same."""
+        `then` (the fault itself) `notice` simulated seconds later if the node is still the same.
+        A maintenance's notice comes `via` maintenance-event or upcoming-maintenance ONGOING."""
         with self._lock:
             rec = self._fault_node(node, project, zone)
             self._ensure_live(rec, what)
-            if what == "maintenance":
+            if what == "maintenance" and via == "UPCOMING-MAINTENANCE":
+                if rec.upcoming is None:
+                    now = time.time_ns()
+                    end = now + int(self.real(self.delays["maintenance_window"]) * 1e9)
+                    rec.upcoming = UpcomingRec("UNSCHEDULED", "ONGOING", False, now, end, now)
+                rec.upcoming.status, rec.upcoming.can_reschedule = "ONGOING", False
+            elif what == "maintenance":
                 rec.maintenance_event = "TERMINATE_ON_HOST_MAINTENANCE"
             else:
                 rec.preempt_notice = True
@@ -270,11 +296,15 @@ class Maintenance(QueuedResources):
         project: str | None = None,
         zone: str | None = None,
         notice: float = 0.0,
+        notice_via: str = "MAINTENANCE-EVENT",
     ) -> None:
         """Announce maintenance `starts_in` from now (v2alpha1 upcoming_maintenance + audit entry);
-        when the window opens, run it (healing after `heal_after`), after the workers' `notice`."""
+        when the window opens, run it (healing after `heal_after`), after the workers' `notice`
+        (given `notice_via`, as World.maintenance does)."""
         if kind not in ("SCHEDULED", "UNSCHEDULED"):
             raise UsageError(f"maintenance type must be SCHEDULED or UNSCHEDULED, got {kind!r}")
+        if notice_via not in NOTICE_KEYS:
+            raise UsageError(f"notice_via must be one of {', '.join(NOTICE_KEYS)}, got {notice_via!r}")
         with self._lock:
             rec = self._fault_node(node, project, zone)
             self._ensure_live(rec, "upcoming maintenance")
@@ -316,7 +346,8 @@ class Maintenance(QueuedResources):
                 rec.upcoming.status = "ONGOING"
                 name, project_, zone_ = rec.name, rec.project, rec.zone
             try:
-                self.maintenance(name, heal_after=heal_after, project=project_, zone=zone_, notice=notice)
+                self.maintenance(name, heal_after=heal_after, project=project_, zone=zone_, notice=notice,
+                                 notice_via=notice_via)
             except UsageError:
                 pass  # the node went away or changed state before the window
 
@@ -363,10 +394,34 @@ class Maintenance(QueuedResources):
             with self._lock:
                 self._end_op(op.name, error=(9, str(exc)))
 
+    def refuse_maintenance(self, node: str, code: str, *, project: str | None = None,
+                           zone: str | None = None) -> None:
+        """Fault: starting the node's maintenance by hand (performMaintenance, or through its
+        queued resource) is refused with `code` (a MAINTENANCE_REFUSALS key; "" ends the fault)."""
+        if code and code not in MAINTENANCE_REFUSALS:
+            raise UsageError(f"code must be one of {', '.join(MAINTENANCE_REFUSALS)}, got {code!r}")
+        with self._lock:
+            rec = self._fault_node(node, project, zone)
+            rec.maintenance_refusal = code
+
+    def metadata_directories_fail(self, node: str, fails: bool = True, *, project: str | None = None,
+                                  zone: str | None = None) -> None:
+        """Fault: the node's workers' metadata servers answer every directory query (a listing,
+        or ?recursive=true) with 503, each key still served; `fails` False ends it. A new node
+        (a recreate) starts without it."""
+        with self._lock:
+            rec = self._fault_node(node, project, zone)
+            rec.metadata_dirs_fail = fails
+            self._touch()
+
     def _check_manual_maintenance(self, rec: NodeRec) -> None:
         """Google documents starting maintenance by hand for any v4 or v5p, and for v5e or v6e
         slices of 8 chips (2x4) or more; elsewhere, and without a pending notice that may be
-        rescheduled (canReschedule, PENDING), it is refused."""
+        rescheduled (canReschedule, PENDING), it is refused. The refuse-maintenance fault
+        refuses it with the code it names."""
+        if rec.maintenance_refusal:
+            code = rec.maintenance_refusal
+            raise ApiError(code, MAINTENANCE_REFUSALS[code].format(node=rec.full_name))
         if not manual_maintenance_allowed(rec.spec.accelerator_type):
             raise ApiError(
                 "UNIMPLEMENTED",
@@ -396,18 +451,22 @@ class Maintenance(QueuedResources):
         self, project: str, zone: str, name: str, node_names: list[str]
     ) -> OperationRec:
         """v2alpha1 queuedResources.performMaintenanceQueuedResource: start the pending
-        maintenance of the named nodes of the queued resource (full node names)."""
+        maintenance of the named nodes of the queued resource.
+
+        Nodes go by their short names (node ids), as gcloud's `--node-names` example and
+        getMaintenanceInfo's "unqualified node name" have them; Google does not say what it
+        answers to a full resource name, so it is refused as a node the request does not hold
+        (INVALID_ARGUMENT), the strictest reading."""
         with self._lock:
             qr = self._require_queued(project, zone, name)
             if not node_names:
                 raise ApiError("INVALID_ARGUMENT", "node_names must name at least one node")
             recs = []
-            for full in node_names:
-                short = full.rsplit("/", 1)[-1]
-                rec = self._nodes.get(f"{project}/{zone}/{short}")
+            for short in node_names:
+                rec = None if "/" in short else self._nodes.get(f"{project}/{zone}/{short}")
                 if rec is None or rec.queued_resource != qr.full_name:
                     raise ApiError(
-                        "INVALID_ARGUMENT", f"node {full!r} is not a node of {qr.full_name}"
+                        "INVALID_ARGUMENT", f"node {short!r} is not a node of {qr.full_name}"
                     )
                 self._check_manual_maintenance(rec)
                 recs.append(rec)

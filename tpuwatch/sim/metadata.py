@@ -13,12 +13,17 @@ handler speaking just enough HTTP/1.1 for curl, urllib and requests). Rules kept
   `instance/upcoming-maintenance`, `instance/maintenance-event`, `instance/network-interfaces/0/ip`,
   `project/project-id`, `project/numeric-project-id`. A directory path lists its entries
   (`?recursive=true` gives JSON); anything else is 404.
-- `instance/upcoming-maintenance` is the notice as JSON (snake_case field names, as the Cloud TPU
-  documentation's example shows), or `{"error": "no notifications have been received yet, try
-  again later"}` when there is none (as Google documents it). The documentation does not say which HTTP
-  status comes with that error text; 200 is served.
+- `instance/upcoming-maintenance` is the notice as JSON (snake_case field names, as Compute
+  Engine's `?alt=json` example shows; `maintenance_status` PENDING, then ONGOING once it is under
+  way), or `{"error": "no notifications have been received yet, try again later"}` when there is
+  none (as the Cloud TPU documentation has it). The documentation does not say which HTTP status
+  comes with that error text; 200 is served.
 - `instance/maintenance-event` is `NONE`, then `TERMINATE_ON_HOST_MAINTENANCE` for the short
-  notice before the host stops; `instance/preempted` turns `TRUE` shortly before a spot VM stops.
+  notice before the host stops (Compute Engine fills it only for VMs set to migrate or with a GPU;
+  a notice may come through upcoming-maintenance ONGOING alone, see World.maintenance's
+  `notice_via`); `instance/preempted` turns `TRUE` shortly before a spot VM stops.
+- Fault `directories_fail`: every directory query (a listing, or `?recursive=true`) answers
+  503 while each key is still served.
 - `?wait_for_change=true` blocks until the value (or, for a directory, anything under it)
   differs from the one whose ETag is `last_etag` (without it: from the value when the request
   came), or `timeout_sec` seconds pass; then answers with the value then. Every answer carries an
@@ -82,6 +87,7 @@ class Instance:
     upcoming_maintenance: Mapping[str, Any] | None = None
     ip: str = ""
     maintenance_event: str = "NONE"
+    directories_fail: bool = False  # fault: every directory query answers 503
 
     @property
     def hostname(self) -> str:
@@ -98,7 +104,8 @@ def tpu_env_text(values: Mapping[str, str]) -> str:
 def make_instance(*, project: str, zone: str, node_id: str | int, worker: int,
                   metadata: Mapping[str, str], accelerator_type: str = "", preempted: bool = False,
                   upcoming_maintenance: Mapping[str, Any] | None = None, ip: str = "",
-                  maintenance_event: str = "NONE", tpu_env: Mapping[str, str] | None = None) -> Instance:
+                  maintenance_event: str = "NONE", tpu_env: Mapping[str, str] | None = None,
+                  directories_fail: bool = False) -> Instance:
     """An Instance for worker `worker` of a node: its metadata plus what a TPU VM adds itself
     (`tpu_env`: the runtime's settings, served as the `tpu-env` attribute)."""
     attributes = dict(metadata)
@@ -111,7 +118,8 @@ def make_instance(*, project: str, zone: str, node_id: str | int, worker: int,
     return Instance(project=project, zone=zone, worker=worker,
                     instance_id=worker_instance_id(node_id, worker),
                     name=worker_hostname(node_id, worker), attributes=attributes, preempted=preempted,
-                    upcoming_maintenance=upcoming_maintenance, ip=ip, maintenance_event=maintenance_event)
+                    upcoming_maintenance=upcoming_maintenance, ip=ip, maintenance_event=maintenance_event,
+                    directories_fail=directories_fail)
 
 
 @dataclass(frozen=True)
@@ -192,6 +200,8 @@ def answer(inst: Instance, path: str, headers: Mapping[str, str], method: str = 
     if raw.rstrip("/").endswith("/upcoming-maintenance"):
         return Response(200, str(node).encode(), "application/json")
     if isinstance(node, Mapping):
+        if inst.directories_fail:
+            return Response(503, b"Service Unavailable\n", "text/html")
         return _listing(node, recursive)
     if query.get("alt") == "json":
         return _json(node)
@@ -217,7 +227,8 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, dict[st
     return request[0].upper(), request[1], headers
 
 
-_REASONS = {200: "OK", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 400: "Bad Request"}
+_REASONS = {200: "OK", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 400: "Bad Request",
+            503: "Service Unavailable"}
 
 
 def http_bytes(response: Response, method: str = "GET") -> bytes:

@@ -73,6 +73,10 @@ class NodeRec:
     # What the workers' metadata servers say shortly before the host stops (the notice).
     maintenance_event: str = "NONE"
     preempt_notice: bool = False
+    # Fault: the service refuses to start this node's maintenance by hand with this code ("" none).
+    maintenance_refusal: str = ""
+    # Fault: the workers' metadata servers fail every directory query (listing or ?recursive=true).
+    metadata_dirs_fail: bool = False
     queued_resource: str = ""
     multislice_node: bool = False  # one of the nodes of a multislice queued resource
     api_version: str = "v2"

@@ -311,14 +311,23 @@ TW_PY
 }
 
 # The relay: beside the command for its whole life, it waits on this worker's metadata server
-# (wait_for_change, so no polling load) for the notice Compute Engine gives shortly before it
-# stops the VM: instance/maintenance-event turning to TERMINATE_ON_HOST_MAINTENANCE (about 60 s
-# ahead) or instance/preempted to TRUE (spot, about 30 s). It then writes $dir/maintenance
-# for jobs that poll a file, and sends signal $3 (none when empty) to the attempt's process
-# group $2, so a job that saves on SIGTERM (Orbax, PyTorch/XLA) saves before the host stops.
-# No metadata server (not a Compute Engine VM): it says so in the log and ends.
+# (wait_for_change on instance/, so no polling load) for the notice Google gives shortly before it
+# stops the VM, and passes it on. Three keys carry one: instance/maintenance-event turning to
+# TERMINATE_ON_HOST_MAINTENANCE (about 60 s ahead; Compute Engine fills it only for VMs set to
+# migrate or with a GPU), instance/upcoming-maintenance whose maintenance status turns to ONGOING
+# (where the Cloud TPU documentation points TPU VMs; read as Compute Engine documents it, with
+# ?alt=json, in any of the spellings maintenance_status / maintenanceStatus / maintenance-status),
+# and instance/preempted turning to TRUE (spot, about 30 s). An ONGOING already there at the first
+# look is passed on only once it has gone and come back: a notice left over from a finished
+# maintenance must not end every new attempt at once. On a notice it writes $dir/maintenance for
+# jobs that poll a file, and sends signal $3 (none when empty) to the attempt's process group $2,
+# so a job that saves on SIGTERM (Orbax, PyTorch/XLA) saves before the host stops.
+# When the directory query fails twice in a row it reads the three keys one by one, every
+# $poll seconds, for the rest of the attempt. When the keys do not answer either and nothing
+# ever answered (not a Compute Engine VM), it says so in the log and ends.
 tw_relay() {
-  local dir=$1 group=$2 sig=$3 attempt=$4 base etag="" q tries=0 ev pre what window
+  local dir=$1 group=$2 sig=$3 attempt=$4 base etag="" q fails=0 keys="" first=1 stale="" ev pre um poll=2
+  local what window ongoing='[Mm]aintenance[_-]?[Ss]tatus"?[[:space:]]*:[[:space:]]*"?ONGOING'
   local out="$dir/.relay.$BASHPID" hdr="$dir/.relay-h.$BASHPID"
   exec 9>&-  # not the job: the relay never holds the job's lock
   base="http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1/instance"
@@ -336,42 +345,60 @@ tw_relay() {
   fi
   while :; do
     [ -d "/proc/$group" ] || return 0  # the attempt's wrapper is gone (killed): nothing to tell
-    # The first look is at once; then anything under instance/ changing wakes us, and last_etag
-    # makes a change between two waits count.
-    q="?recursive=true"
-    case $etag in
-      '') ;;
-      -) q="$q&wait_for_change=true&timeout_sec=60" ;;  # no ETag given: wait for a change from now
-      *) q="$q&wait_for_change=true&timeout_sec=60&last_etag=$etag" ;;
-    esac
-    if ! tw_md "$q" 75; then
-      if [ -z "$etag" ] && [ "$tries" -ge 2 ]; then
-        echo "tpuwatch: no metadata server at ${base%/instance}: maintenance notices are not relayed"
-        rm -f -- "$out" "$hdr"
-        return 0
+    if [ -z "$keys" ]; then
+      # The first look is at once; then anything under instance/ changing wakes us, and last_etag
+      # makes a change between two waits count.
+      q="?recursive=true"
+      case $etag in
+        '') ;;
+        -) q="$q&wait_for_change=true&timeout_sec=60" ;;  # no ETag given: wait for a change from now
+        *) q="$q&wait_for_change=true&timeout_sec=60&last_etag=$etag" ;;
+      esac
+      if tw_md "$q" 75; then
+        fails=0
+        etag=$(sed -n 's/^[Ee][Tt][Aa][Gg]: *\([^[:space:]]*\).*/\1/p' "$hdr" | tail -n 1)
+        etag=${etag:--}
+      else
+        fails=$((fails + 1))
+        if [ "$fails" -lt 2 ]; then
+          tw_sleep 1
+          continue
+        fi
+        if tw_md maintenance-event || tw_md preempted; then
+          keys=1
+          echo "tpuwatch: the metadata server does not answer the directory query instance/?recursive=true:" \
+            "watching maintenance-event, upcoming-maintenance and preempted one by one every ${poll}s"
+        elif [ -z "$etag" ]; then
+          echo "tpuwatch: no metadata server at ${base%/instance}: maintenance notices are not relayed"
+          rm -f -- "$out" "$hdr"
+          return 0
+        else
+          tw_sleep 1  # it answered before: ask again
+          continue
+        fi
       fi
-      tries=$((tries + 1))
-      tw_sleep 1
-      continue
     fi
-    etag=$(sed -n 's/^[Ee][Tt][Aa][Gg]: *\([^[:space:]]*\).*/\1/p' "$hdr" | tail -n 1)
-    etag=${etag:--}
-    ev="" pre="" what=""
+    ev="" pre="" um="" what=""
     tw_md maintenance-event && ev=$(tw_read "$out")
     tw_md preempted && pre=$(tw_read "$out")
+    tw_md "upcoming-maintenance?alt=json" && um=$(tr -d '\n' <"$out")
     if [ "$ev" = TERMINATE_ON_HOST_MAINTENANCE ]; then
       what=$ev
     elif [ "$pre" = TRUE ]; then
       what=PREEMPTED
+    elif [[ $um =~ $ongoing ]]; then
+      [ -n "$first" ] && stale=1
+      [ -z "$stale" ] && what=MAINTENANCE_ONGOING
+    else
+      stale=""
     fi
+    first=""
     [ -n "$what" ] && break
+    [ -n "$keys" ] && tw_sleep "$poll"
   done
-  window=null
-  if tw_md upcoming-maintenance; then
-    window=$(tr -d '\n' <"$out")
-    case $window in '{'*'}') ;; *) window=null ;; esac
-    case $window in *'"error"'*) window=null ;; esac
-  fi
+  window=$um
+  case $window in '{'*'}') ;; *) window=null ;; esac
+  case $window in *'"error"'*) window=null ;; esac
   rm -f -- "$out" "$hdr"
   tw_write "$dir/maintenance" "{\"what\": \"$what\", \"when\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\", \"attempt\": $attempt, \"signal\": \"${sig:+SIG$sig}\", \"window\": $window}"
   echo "tpuwatch: the metadata server says $what: ${sig:+sending SIG$sig to the job and }wrote $dir/maintenance"
