@@ -102,6 +102,7 @@ class _Settling:
     ck_warning: str | None  # the stale-checkpoint warning, journaled with the first decision
     warnings: list[str]
     precheck: PrecheckReport | None
+    probes: tuple[WorkerProbe, ...] | None  # the workers as last probed in this tick
     done: list[str] = field(default_factory=list)
     acted: Decision | None = None  # the last decision carried out, with the memory its acts left
     journaled: bool = False
@@ -142,10 +143,10 @@ class Reconciler:
         if pre is not None and pre.context == "running":
             warnings.extend(f"environment check failed: {line}" for line in precheck.failing_lines(pre))
         ck_warning = precheck.checkpoint_warning(checkpoint, mem, float(self.cfg.job["checkpoint_warn_age"]), now)
-        st = _Settling(now, cursor, ck_warning, warnings, pre)
+        st = _Settling(now, cursor, ck_warning, warnings, pre, probes)
         decision = decide_until_settled(obs, mem, self.pcfg, now,
                                         lambda d, o, m: self._settle(st, d, o, m))
-        return TickReport(now, node, probes, checkpoint, tuple(events), st.acted or decision,
+        return TickReport(now, node, st.probes, checkpoint, tuple(events), st.acted or decision,
                           done=tuple(st.done), warnings=tuple(st.warnings), dry_run=self.flags.dry_run,
                           precheck=st.precheck or precheck.last(self.journal), pcfg=self.pcfg)
 
@@ -174,6 +175,16 @@ class Reconciler:
             # The cleanup ran (StopWorkers): check again and decide, in this same tick.
             st.precheck = checker.run(obs.node, "launch", now=st.now)
             return Again(replace(obs, precheck=st.precheck, precheck_fixed=True), acted.memory)
+        if decision.probe_after and obs.node is not None:
+            # The stop after an end ran and the relaunch is due: look at the workers again (with
+            # the launch-time checks in the same connection) and decide, in this same tick.
+            if checker is not None:
+                found, st.precheck = checker.probe_and_run(obs.node, "launch", now=st.now)
+                st.probes = tuple(found)
+            else:
+                st.probes = tuple(self.ports.workers.probe(obs.node))
+            return Again(replace(obs, probes=st.probes, precheck=st.precheck if checker is not None else obs.precheck,
+                                 precheck_fixed=False), acted.memory)
         return None
 
     def _journal(self, st: _Settling, decision: Decision, obs: Observation) -> None:

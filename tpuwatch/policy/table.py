@@ -40,6 +40,7 @@ from tpuwatch.policy.classify import (
 )
 from tpuwatch.policy.maintenance import can_start_early
 from tpuwatch.policy.nodes import NODE_ROWS, OP_ROWS, Cond, failed_repair, node_condition
+from tpuwatch.policy.observe import launch_likely
 from tpuwatch.policy.rows import ROW_IDS
 from tpuwatch.policy.state import (
     PHASE_EXIT,
@@ -150,6 +151,11 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
         unchecked = obs.precheck is None or obs.precheck.context != "launch"
         decision = replace(decision, check_first=launches and unchecked,
                            check_after=decision.row == "precheck_fix" and not obs.precheck_fixed)
+    if obs.node is not None and decision.memory.notice_hold is None and launch_likely(decision.memory, obs.node, now):
+        # An end whose relaunch is due now: after the stop, look at the workers again and launch
+        # in this same tick, rather than on the next one.
+        decision = replace(decision, probe_after=bool(decision.ended) and any(
+            isinstance(a, StopWorkers) and not a.blocked for a in decision.actions))
     if obs.dry_run:
         return replace(decision, memory=mem, summary=f"dry run: {decision.summary}", ended=(), operation_done=None)
     return decision
