@@ -99,7 +99,9 @@ FAILED_REPAIR_GRACE = 5 * 60.0
 # An end that would be charged, seen with no exit code of the job's own (its process vanished, or
 # SIGKILL/SIGTERM ended it), is charged at once and the job relaunched at once; a node read this
 # long after it that shows a host going away (the API may report it after the processes died)
-# refunds it. The relaunch's own tick reads the node first, and the next two follow within it.
+# refunds it. The relaunch comes in the tick that saw the end; the tick after it (a sixth of a
+# poll later at most) reads the node after the sighting, and at the defaults one more follows
+# within the window.
 END_CONFIRM_WINDOW = 60.0
 # maintenance.start_early: when no new checkpoint lands first, start it this long before its window.
 EARLY_MARGIN = 10 * 60.0
