@@ -83,6 +83,9 @@ class TickReport:
     port_probes: int = 0  # TCP probes of a down node's SSH port made so far (stamped by loop.tick_loop)
     precheck: PrecheckReport | None = None  # this tick's environment checks, else the last journaled
     pcfg: PolicyConfig | None = None  # the job's policy settings (for what hang detection knows)
+    # decisions carried out in this tick before `decision` (e.g. an attempt's end, then its
+    # relaunch in the same tick), oldest first
+    earlier: tuple[Decision, ...] = ()
 
     @property
     def exit_code(self) -> int:
@@ -105,6 +108,7 @@ class _Settling:
     probes: tuple[WorkerProbe, ...] | None  # the workers as last probed in this tick
     done: list[str] = field(default_factory=list)
     acted: Decision | None = None  # the last decision carried out, with the memory its acts left
+    carried: list[Decision] = field(default_factory=list)  # every decision carried out, in order
     journaled: bool = False
 
 
@@ -148,7 +152,8 @@ class Reconciler:
                                         lambda d, o, m: self._settle(st, d, o, m))
         return TickReport(now, node, st.probes, checkpoint, tuple(events), st.acted or decision,
                           done=tuple(st.done), warnings=tuple(st.warnings), dry_run=self.flags.dry_run,
-                          precheck=st.precheck or precheck.last(self.journal), pcfg=self.pcfg)
+                          precheck=st.precheck or precheck.last(self.journal), pcfg=self.pcfg,
+                          earlier=tuple(st.carried[:-1]))
 
     def _settle(self, st: _Settling, decision: Decision, obs: Observation, mem: Memory) -> Again | None:
         """Journal and act on one decision (policy/settle.py): what to decide again with, or None."""
@@ -169,6 +174,7 @@ class Reconciler:
         refused = self._act(st, decision, obs)
         acted = st.acted
         assert acted is not None
+        st.carried.append(acted)
         if refused is not None:
             return Again(refused, acted.memory)
         if decision.check_after and obs.node is not None and checker is not None:
