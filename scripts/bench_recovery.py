@@ -4,6 +4,7 @@
     python scripts/bench_recovery.py                          # every fault, default settings, a table
     python scripts/bench_recovery.py --faults healed --repeat 3 --json
     python scripts/bench_recovery.py --poll 5 --outage 30 --baselines ssh
+    python scripts/bench_recovery.py --faults sigkill --repeat 10 --baselines none   # kill -9, 10 times
 
 Each run starts a fresh simulator (tpuwatch.sim.Simulator: the TPU API over gRPC, SSH workers on
 loopback, the toy trainer), runs one contestant until the job trains steadily, injects one fault
@@ -51,12 +52,13 @@ from typing import Any
 
 from tpuwatch.sim.simulator import Simulator
 
-FAULTS = ("healed", "never-heals", "preempt", "crash", "kill")
+FAULTS = ("healed", "never-heals", "preempt", "crash", "sigkill", "kill")
 FAULT_TEXT = {
     "healed": "maintenance that heals",
     "never-heals": "maintenance that never heals (recreate)",
     "preempt": "spot preemption + stockout",
     "crash": "transient crash (SIGSEGV, worker 0)",
+    "sigkill": "trainer killed by SIGKILL (kill -9, last worker)",
     "kill": "worker killed (last worker)",
 }
 CONTESTANTS = ("tpuwatch", "ssh", "gcloud")
@@ -213,6 +215,14 @@ class Cluster:
                 raise RuntimeError("no trainer on worker 0 to crash")
             for pid in pids:
                 os.kill(pid, signal.SIGSEGV)
+        elif fault == "sigkill":
+            # As the OOM killer or a user's `kill -9` does: the trainer alone, with no exit code of
+            # its own (the worker's wrapper reports 137); sshd and the follow channel live on.
+            pids = self.trainers().get(self.n - 1, set())
+            if not pids:
+                raise RuntimeError(f"no trainer on worker {self.n - 1} to kill")
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
         elif fault == "kill":
             sim.inject("kill-worker", node=JOB, worker=self.n - 1)
         else:
@@ -476,7 +486,7 @@ def run_one(st: Settings, fault: str, who: str, seed: int, root: Path, log: Call
         wall0, t0 = time.time(), time.monotonic()
         cl.inject(fault)
         log(f"  {who}: injected {fault} at +0.0s (floor {floor:.1f}s)")
-        can_recover = who == "tpuwatch" or fault in ("healed", "crash", "kill")
+        can_recover = who == "tpuwatch" or fault in ("healed", "crash", "sigkill", "kill")
         budget = floor + (st.poll * 2 + 120 if who == "tpuwatch" else st.give_up)
         lost: set[int] = set()
         end_t = None
@@ -505,7 +515,7 @@ def run_one(st: Settings, fault: str, who: str, seed: int, root: Path, log: Call
                            if n - methods0.get(m, 0)}
         wall_end = wall0 + res.window
         res.ssh = sum(1 for t in cl.ssh_times() if wall0 < t <= wall_end)
-        if fault in ("crash", "kill"):  # the same node throughout
+        if fault in ("crash", "sigkill", "kill"):  # the same node throughout
             res.handshakes = cl.handshakes() - conns0
         if res.running is not None:
             base = ck_steps(cl.ck)
@@ -593,7 +603,7 @@ def targets(rows: list[dict[str, Any]], st: Settings, delays: dict[str, float]) 
                                 f"(+{tw['tcp_probes']:g} TCP probes), loop {cost_loop:g}: "
                                 f"{cost_tw / max(cost_loop, 1):.1%}",
                     "met": cost_tw <= cost_loop / 10})
-    for fault in ("crash", "kill"):
+    for fault in ("crash", "sigkill", "kill"):
         tw = by.get((fault, "tpuwatch"))
         loop = by.get((fault, "ssh")) or by.get((fault, "gcloud"))
         if tw is None:
@@ -601,12 +611,19 @@ def targets(rows: list[dict[str, Any]], st: Settings, delays: dict[str, float]) 
         vs = ""
         if loop is not None:
             vs = (f"; {loop['contestant']} loop {fmt(loop['running'])} median, {fmt(loop['running_p95'])} p95")
-        out.append({"target": f"{FAULT_TEXT[fault]}: running again in under 3 s (median) with poll {st.poll:g}s",
+        if fault == "sigkill":
+            # kill -9 to the next attempt started: median under 2 s, p95 under 3 s
+            goal, met = "under 2 s (median), 3 s (p95)", (
+                tw["running"] is not None and tw["running"] < 2.0
+                and tw["running_p95"] is not None and tw["running_p95"] < 3.0)
+        else:
+            goal, met = "in under 3 s (median)", tw["running"] is not None and tw["running"] < 3.0
+        out.append({"target": f"{FAULT_TEXT[fault]}: running again {goal} with poll {st.poll:g}s",
                     "measured": f"tpuwatch {fmt(tw['running'])} median, {fmt(tw['running_p95'])} p95 over "
                                 f"{tw['runs']} run(s) (noticed {fmt(tw['noticed'])} median, "
                                 f"{fmt(tw['noticed_p95'])} p95; {tw['ssh']:g} ssh runs, "
                                 f"{tw['handshakes']:g} SSH handshakes){vs}",
-                    "met": tw["running"] is not None and tw["running"] < 3.0})
+                    "met": met})
     nh = by.get(("never-heals", "tpuwatch"))
     if nh:
         bound = st.repair_timeout + (delays["delete"] + delays["create"]) / st.speed + st.poll

@@ -86,6 +86,9 @@ class TickReport:
     port_probes: int = 0  # TCP probes of a down node's SSH port made so far (stamped by loop.tick_loop)
     precheck: PrecheckReport | None = None  # this tick's environment checks, else the last journaled
     pcfg: PolicyConfig | None = None  # the job's policy settings (for what hang detection knows)
+    # decisions carried out in this tick before `decision` (e.g. an attempt's end, then its
+    # relaunch in the same tick), oldest first
+    earlier: tuple[Decision, ...] = ()
 
     @property
     def exit_code(self) -> int:
@@ -105,8 +108,10 @@ class _Settling:
     ck_warning: str | None  # the stale-checkpoint warning, journaled with the first decision
     warnings: list[str]
     precheck: PrecheckReport | None
+    probes: tuple[WorkerProbe, ...] | None  # the workers as last probed in this tick
     done: list[str] = field(default_factory=list)
     acted: Decision | None = None  # the last decision carried out, with the memory its acts left
+    carried: list[Decision] = field(default_factory=list)  # every decision carried out, in order
     journaled: bool = False
 
 
@@ -145,12 +150,13 @@ class Reconciler:
         if pre is not None and pre.context == "running":
             warnings.extend(f"environment check failed: {line}" for line in precheck.failing_lines(pre))
         ck_warning = precheck.checkpoint_warning(checkpoint, mem, float(self.cfg.job["checkpoint_warn_age"]), now)
-        st = _Settling(now, cursor, ck_warning, warnings, pre)
+        st = _Settling(now, cursor, ck_warning, warnings, pre, probes)
         decision = decide_until_settled(obs, mem, self.pcfg, now,
                                         lambda d, o, m: self._settle(st, d, o, m))
-        return TickReport(now, node, probes, checkpoint, tuple(events), st.acted or decision,
+        return TickReport(now, node, st.probes, checkpoint, tuple(events), st.acted or decision,
                           done=tuple(st.done), warnings=tuple(st.warnings), dry_run=self.flags.dry_run,
-                          precheck=st.precheck or precheck.last(self.journal), pcfg=self.pcfg)
+                          precheck=st.precheck or precheck.last(self.journal), pcfg=self.pcfg,
+                          earlier=tuple(st.carried[:-1]))
 
     def _settle(self, st: _Settling, decision: Decision, obs: Observation, mem: Memory) -> Again | None:
         """Journal and act on one decision (policy/settle.py): what to decide again with, or None."""
@@ -171,12 +177,23 @@ class Reconciler:
         refused = self._act(st, decision, obs)
         acted = st.acted
         assert acted is not None
+        st.carried.append(acted)
         if refused is not None:
             return Again(refused, acted.memory)
         if decision.check_after and obs.node is not None and checker is not None:
             # The cleanup ran (StopWorkers): check again and decide, in this same tick.
             st.precheck = checker.run(obs.node, "launch", now=st.now)
             return Again(replace(obs, precheck=st.precheck, precheck_fixed=True), acted.memory)
+        if decision.probe_after and obs.node is not None:
+            # The stop after an end ran and the relaunch is due: look at the workers again (with
+            # the launch-time checks in the same connection) and decide, in this same tick.
+            if checker is not None:
+                found, st.precheck = checker.probe_and_run(obs.node, "launch", now=st.now)
+                st.probes = tuple(found)
+            else:
+                st.probes = tuple(self.ports.workers.probe(obs.node))
+            return Again(replace(obs, probes=st.probes, precheck=st.precheck if checker is not None else obs.precheck,
+                                 precheck_fixed=False), acted.memory)
         return None
 
     def _journal(self, st: _Settling, decision: Decision, obs: Observation) -> None:

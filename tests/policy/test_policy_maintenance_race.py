@@ -4,8 +4,10 @@ A tick reads the node, then probes the workers. A maintenance that begins betwee
 the job on a node the tick saw READY+HEALTHY, and the audit log says so minutes later: the
 tick sees a worker's process gone and nothing to explain it. Slower watchers widen the gap; a
 watcher paused or killed long enough finds the node healed, READY+HEALTHY again, its health
-description the only trace ("The TPU had a maintenance event at <time>"). These tests replay
-each ordering against the pure policy.
+description the only trace ("The TPU had a maintenance event at <time>"). The end is charged
+and the job relaunched at once; the next node read, however late, and those within a minute
+refund it when they show the host going away. These tests replay each ordering against the pure
+policy.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ def healed(t: datetime) -> NodeSnapshot:
 
 
 def first_sighting(probes: tuple = VANISHED) -> Memory:
+    """Charged on sight, relaunched at once (backoff over now), the charge open to the next reads."""
     d = tick(obs(probes=probes, checkpoint=ckpt(150)), run_mem(), now=500)
-    assert d.row == "end_confirm" and d.ended == () and d.memory.restarts == 0
+    assert d.row == "failure" and [e.charged for e in d.ended] == [True] and d.memory.restarts == 1
+    assert d.memory.backoff_until == at(500) and d.memory.confirm_by == at(560)
     return d.memory
 
 
@@ -52,7 +56,47 @@ def test_an_end_seen_before_the_node_shows_the_maintenance_is_not_charged(probes
     d = tick(obs(n, probes=VANISHED if n.state == "READY" else None, checkpoint=ckpt(150)), mem, now=900)
     assert [e.outcome for e in d.ended] == ["disruption"], d.summary
     assert not d.ended[0].charged and d.memory.restarts == 0 and d.memory.disruptions == 1
-    assert d.memory.end_seen is None
+    assert d.memory.end_seen is None and d.memory.confirm_by is None
+
+
+@pytest.mark.parametrize("later", [
+    pytest.param(lambda: node("READY", "UNHEALTHY_MAINTENANCE"), id="under-maintenance"),
+    pytest.param(lambda: node("REPAIRING", "UNHEALTHY_MAINTENANCE"), id="repairing"),
+    pytest.param(lambda: node(id="n2"), id="recreated"),
+])
+def test_the_host_going_away_after_the_relaunch_refunds_the_end(later: object) -> None:
+    # The relaunch's tick saw the node fine and launched attempt 2; a read 30 s later shows the
+    # host going away: attempt 1's charge is refunded, and attempt 2 ends uncharged.
+    mem = first_sighting()
+    d = tick(obs(probes=VANISHED, checkpoint=ckpt(150)), mem, now=501)
+    assert d.row == "launch" and d.memory.restarts == 1 and d.memory.confirm_by == at(560)
+    n = later()  # type: ignore[operator]
+    gone = (probe(0, "absent", 2), probe(1, "absent", 2))
+    after = tick(obs(n, probes=gone if n.state == "READY" else None, checkpoint=ckpt(150)), d.memory, now=530)
+    assert [(e.attempt, e.outcome, e.charged) for e in after.ended] == [(1, "disruption", False),
+                                                                        (2, "disruption", False)], after.summary
+    assert after.memory.restarts == 0 and after.memory.disruptions == 2 and after.memory.confirm_by is None
+
+
+def test_the_host_going_away_after_the_window_refunds_nothing() -> None:
+    mem = first_sighting()
+    d = tick(obs(probes=VANISHED, checkpoint=ckpt(150)), mem, now=501)
+    running = tick(obs(probes=(probe(0, "running", 2), probe(1, "running", 2)), checkpoint=ckpt(150)),
+                   d.memory, now=570)
+    assert running.row == "running" and running.memory.confirm_by is None and running.memory.restarts == 1
+    later = tick(obs(node("READY", "UNHEALTHY_MAINTENANCE"), probes=None, checkpoint=ckpt(150)), running.memory,
+                 now=600)
+    assert [(e.attempt, e.charged) for e in later.ended] == [(2, False)] and later.memory.restarts == 1
+
+
+def test_an_end_that_would_fail_the_job_waits_for_the_next_read() -> None:
+    # max_restarts spent: charging the end fails the job, so the next read comes first
+    d = tick(obs(probes=VANISHED, checkpoint=ckpt(150)), run_mem(restarts=2), now=500)
+    assert d.row == "end_confirm" and d.ended == () and d.memory.end_seen == at(500)
+    later = tick(obs(node("READY", "UNHEALTHY_MAINTENANCE"), probes=None, checkpoint=ckpt(150)), d.memory, now=505)
+    assert [e.outcome for e in later.ended] == ["disruption"] and later.memory.phase is not Phase.FAILED
+    fine = tick(obs(probes=VANISHED, checkpoint=ckpt(150)), d.memory, now=505)
+    assert fine.row == "budget_spent" and fine.memory.phase is Phase.FAILED
 
 
 def test_a_healed_node_description_is_evidence_at_the_first_sighting_too() -> None:
@@ -62,17 +106,17 @@ def test_a_healed_node_description_is_evidence_at_the_first_sighting_too() -> No
 
 
 def test_the_maintenance_the_attempt_was_launched_after_explains_nothing() -> None:
-    # the node healed at -10, the attempt launched on it at 0; its crash at 500 is charged
+    # the node healed at -10, the attempt launched on it at 0; its crash at 500 stays charged
     mem = first_sighting()
     d = tick(obs(healed(at(-10)), probes=VANISHED, checkpoint=ckpt(150)), mem, now=510)
-    assert d.row == "failure" and d.ended[0].charged and d.memory.restarts == 1
+    assert d.row == "launch" and d.ended == () and d.memory.restarts == 1
 
 
 def test_a_maintenance_long_after_the_end_explains_nothing() -> None:
     # charged at 510; a maintenance at 3000 is a new story, not a late report of that end
     mem = first_sighting()
-    d = tick(obs(probes=VANISHED, checkpoint=ckpt(150), jitter=0.0), mem, now=510)
-    assert d.ended[0].charged
+    d = tick(obs(probes=VANISHED, checkpoint=ckpt(150), jitter=0.0), mem, now=570)
+    assert d.row == "launch" and d.memory.restarts == 1 and d.memory.confirm_by is None
     after = tick(obs(healed(at(3000)), probes=VANISHED, checkpoint=ckpt(150)), d.memory, now=3100)
     assert after.memory.restarts == 1 and after.memory.last_end is not None and after.memory.last_end.charged
 
@@ -95,4 +139,5 @@ def test_an_audit_entry_still_explains_the_confirmed_end() -> None:
     mem = first_sighting()
     d = tick(obs(probes=VANISHED, events=(event("terminate", at(497), "MAINTENANCE"),), checkpoint=ckpt(150)),
              mem, now=510)
-    assert d.row == "disruption" and kinds(d) == ["stop"] and not d.ended[0].charged
+    assert [e.outcome for e in d.ended] == ["disruption"] and not d.ended[0].charged and d.memory.restarts == 0
+    assert d.row == "launch" and kinds(d) == ["launch"]

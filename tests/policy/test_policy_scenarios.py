@@ -72,15 +72,15 @@ def test_one_worker_killed_stops_all_and_relaunches_all() -> None:
     m = tick(obs(probes=absent(4), checkpoint=ckpt(100)), Memory.initial("us-central2-b"), now=0).memory
     killed = tuple(probe(w, "running", 1) for w in (0, 1, 3)) + (probe(2, "exited", 1, 137),)
     killed = tuple(sorted(killed, key=lambda p: p.worker))
-    # SIGKILL is also how a host going away ends a job: nothing is charged before a second look
+    # SIGKILL is also how a host going away ends a job: charged at once, and relaunched at once,
+    # the charge open to the node reads of the next minute
     d = tick(obs(probes=killed, checkpoint=ckpt(200)), m, now=500)
-    assert d.row == "end_confirm" and kinds(d) == ["wait"] and d.ended == ()
-    d = tick(obs(probes=killed, checkpoint=ckpt(200)), d.memory, now=510)
-    assert kinds(d)[0] == "stop" and d.memory.phase is Phase.BACKOFF
-    assert d.ended[0].end == at(510) and "exit code 137 (SIGKILL) after 8m20s" in d.ended[0].reason
+    assert kinds(d)[0] == "stop" and d.memory.phase is Phase.BACKOFF and d.memory.backoff_until == at(500)
+    assert d.ended[0].end == at(500) and "exit code 137 (SIGKILL) after 8m20s" in d.ended[0].reason
+    assert d.ended[0].charged and d.memory.confirm_by == at(560)
     stopped = tuple(probe(w, "exited", 1, 143 if w != 2 else 137) for w in range(4))
-    d = tick(obs(probes=stopped, checkpoint=ckpt(200)), d.memory, now=600)
-    assert d.row == "launch" and d.memory.attempt == 2
+    d = tick(obs(probes=stopped, checkpoint=ckpt(200)), d.memory, now=501)
+    assert d.row == "launch" and d.memory.attempt == 2 and d.memory.restarts == 1
 
 
 def test_a_restart_entry_of_the_heal_the_attempt_launched_on_does_not_excuse_its_failure() -> None:

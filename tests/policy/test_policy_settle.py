@@ -10,6 +10,7 @@ from policy_support import (
     ZONES,
     at,
     ckpt,
+    event,
     idle,
     kinds,
     node,
@@ -115,3 +116,27 @@ def test_a_stop_the_workers_cannot_take_says_why() -> None:
                        (node(), "")):
         d = tick(obs(n, missing=n is None, probes=(probe(0, "running", 1), probe(1, "unreachable", None))), done, now=5)
         assert [a.blocked for a in d.actions if isinstance(a, StopWorkers)] == [blocked]
+
+
+def test_an_end_whose_relaunch_is_due_is_relaunched_in_the_same_tick() -> None:
+    """The stop after the end, then a fresh look at the workers, then the launch: one tick."""
+    ended = (probe(0, "exited", 1, 139), probe(1, "running", 1))
+    stopped = (probe(0, "exited", 1, 139), probe(1, "exited", 1, 143))
+    seen: list[tuple[str, list[str]]] = []
+
+    def settle(d: Decision, o: Observation, m: Memory) -> Again | None:
+        seen.append((d.row, kinds(d)))
+        return Again(replace(o, probes=stopped), d.memory) if d.probe_after else None
+
+    d = decide_until_settled(obs(probes=ended, checkpoint=ckpt(150)), run_mem(), CFG, at(500), settle)
+    assert seen == [("failure", ["stop", "wait"]), ("launch", ["launch"])]
+    assert d.memory.attempt == 2 and d.memory.restarts == 1
+    # with a backoff to wait (the second charged end in a row), or a notice to hold for, no look
+    backoff = tick(obs(probes=ended, checkpoint=ckpt(150)), run_mem(backoff_level=1), now=500)
+    assert backoff.row == "failure" and not backoff.probe_after
+    # the node gone: nothing to relaunch on
+    gone = tick(obs(node("PREEMPTED"), probes=None), run_mem(), now=500)
+    assert gone.ended and not gone.probe_after
+    # a disruption on a usable node (a late audit entry) relaunches at once too
+    dis = tick(obs(probes=ended, checkpoint=ckpt(150), events=(event("terminate", at(490)),)), run_mem(), now=500)
+    assert dis.row == "disruption" and dis.probe_after

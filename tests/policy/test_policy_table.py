@@ -28,7 +28,13 @@ from policy_support import (
     tick,
 )
 
-from tpuwatch.model import NodeSnapshot, QueuedStatus, UpcomingMaintenance, WorkerProbe
+from tpuwatch.model import (
+    NodeSnapshot,
+    QueuedStatus,
+    UpcomingMaintenance,
+    WorkerProbe,
+    combine_slices,
+)
 from tpuwatch.policy import (
     ROWS,
     CreateNode,
@@ -297,7 +303,7 @@ def test_row_budget_spent() -> None:
 
 
 @pytest.mark.parametrize("state,health", [
-    ("REPAIRING", "HEALTHY"), ("RESTARTING", ""), ("UNKNOWN", ""),
+    ("REPAIRING", "HEALTHY"), ("RESTARTING", ""), ("UNKNOWN", "UNHEALTHY_MAINTENANCE"),
     ("READY", "UNHEALTHY_MAINTENANCE"), ("READY", "TIMEOUT"),
 ])
 def test_row_repair_wait(state: str, health: str) -> None:
@@ -308,6 +314,44 @@ def test_row_repair_wait(state: str, health: str) -> None:
     # first sight is kept: a later tick waits for the same deadline
     d2 = tick(obs(node(state, health)), d.memory, now=400)
     assert d2.row == "repair_wait" and d2.memory.unhealthy_since == at(100)
+
+
+@pytest.mark.parametrize("health", ["", "HEALTH_UNSPECIFIED"])
+def test_row_failed_repair(health: str) -> None:
+    # UNKNOWN with no health: waited for FAILED_REPAIR_GRACE (5 min) from its first sight, not
+    # repair_timeout (10 min here) from the node's first trouble
+    m = idle(phase=Phase.WAITING_NODE, unhealthy_since=at(0))
+    d = tick(obs(node("UNKNOWN", health)), m, now=200)
+    assert d.row == "repair_wait" and d.memory.unknown_since == at(200) and d.memory.unhealthy_since == at(0)
+    assert d.actions == (Wait(at(500), d.actions[0].reason),)  # type: ignore[union-attr]
+    assert "after a failed repair" in d.summary
+    still = tick(obs(node("UNKNOWN", health)), d.memory, now=499)
+    assert still.row == "repair_wait" and kinds(still) == ["wait"]
+    gone = tick(obs(node("UNKNOWN", health)), still.memory, now=500)
+    assert gone.row == "failed_repair" and kinds(gone) == ["delete"]
+    assert (gone.memory.phase, gone.memory.recreates) == (Phase.DELETING, 1)
+    assert "failed repair" in gone.summary and "5m" in gone.summary
+    # REPAIRING again between the two: the grace starts over at the next UNKNOWN
+    back = tick(obs(node("REPAIRING")), d.memory, now=300)
+    assert back.row == "repair_wait" and back.memory.unknown_since is None
+    # repair_timeout shorter than the grace bounds it
+    short = tick(obs(node("UNKNOWN", health)), d.memory, now=320, cfg=replace(CFG, repair_timeout=100.0))
+    assert short.row == "failed_repair"
+    # never under a live attempt: every worker still runs it
+    live = tick(obs(node("UNKNOWN", health), probes=running(1)), run_mem(unknown_since=at(0)), now=900)
+    assert live.row == "unhealthy_running" and kinds(live) == []
+    # not owned: a person's, as for any recreate
+    theirs = tick(obs(node("UNKNOWN", health, owned=False)), d.memory, now=500)
+    assert theirs.row == "not_owned"
+
+
+def test_failed_repair_of_one_slice() -> None:
+    # one slice past a failed repair, the other READY: the job's node is UNKNOWN too
+    cfg = replace(CFG, slices=("s0", "s1"))
+    ms = combine_slices(NAME, [replace(node(), name="s0"), replace(node("UNKNOWN", "HEALTH_UNSPECIFIED"), name="s1")])
+    assert ms is not None and ms.state == "UNKNOWN"
+    d = tick(obs(ms), idle(unknown_since=at(0), unhealthy_since=at(0), phase=Phase.WAITING_NODE), now=300, cfg=cfg)
+    assert d.row == "failed_repair"
 
 
 def test_row_repair_timeout() -> None:
@@ -660,20 +704,26 @@ def test_row_unreachable_grace() -> None:
 
 
 def test_row_end_confirm() -> None:
-    # worker 0's process vanished (no exit code) on a node this tick saw READY+HEALTHY
+    # worker 0's process vanished (no exit code) on a node this tick saw READY+HEALTHY, and a
+    # charge would spend the restart budget (max_restarts 2)
     vanished = (probe(0, "absent", 1), probe(1, "running", 1))
-    d = tick(obs(probes=vanished, checkpoint=ckpt(150)), run_mem(), now=500)
+    d = tick(obs(probes=vanished, checkpoint=ckpt(150)), run_mem(restarts=2), now=500)
     assert d.row == "end_confirm" and kinds(d) == ["wait"] and d.ended == ()
-    assert d.memory.phase is Phase.RUNNING and d.memory.end_seen == at(500) and d.memory.restarts == 0
+    assert d.memory.phase is Phase.RUNNING and d.memory.end_seen == at(500) and d.memory.restarts == 2
     assert "nothing charged yet" in d.summary
     # the next tick still sees nothing that explains it: charged then, its run time to the sighting
     again = tick(obs(probes=vanished, checkpoint=ckpt(150), jitter=0.0), d.memory, now=510)
-    assert again.row == "failure" and again.ended[0].charged and again.memory.restarts == 1
+    assert again.row == "budget_spent" and again.ended[0].charged
     assert again.ended[0].end == at(510) and "after 8m20s" in again.ended[0].reason
-    assert again.memory.end_seen is None
-    # an exit code of the job's own is charged at once, as before
+    # the no-progress limit (3) waits the same way: two ends in a row added no checkpoint
+    streak = tick(obs(probes=vanished, checkpoint=ckpt(100)), run_mem(no_progress=2), now=500)
+    assert streak.row == "end_confirm"
+    # a charge that leaves the job running is made at once, open to a refund for a minute
+    first = tick(obs(probes=vanished, checkpoint=ckpt(150)), run_mem(), now=500)
+    assert first.row == "failure" and first.ended[0].charged and first.memory.confirm_by == at(560)
+    # an exit code of the job's own is charged at once and closed
     own = tick(obs(probes=exited({0: 1}), checkpoint=ckpt(150)), run_mem(), now=500)
-    assert own.row == "failure" and own.ended[0].charged
+    assert own.row == "failure" and own.ended[0].charged and own.memory.confirm_by is None
 
 
 def test_row_stale_workers() -> None:

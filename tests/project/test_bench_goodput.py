@@ -26,6 +26,7 @@ from tpuwatch.bench.tools import Tool, tpuwatch_tool
 from tpuwatch.bench.trace import ANNOUNCED, make_bug_trace
 from tpuwatch.config import Config, validate
 from tpuwatch.policy import PolicyConfig
+from tpuwatch.policy.table import FAILED_REPAIR_GRACE
 
 CONFIG = tpuwatch_config()
 CFG = PolicyConfig.from_config(CONFIG)
@@ -201,14 +202,17 @@ def test_preemption_with_stockout_waits_for_capacity() -> None:
     assert r.resume_stats("preemption")[3] == 1
 
 
-def test_stuck_maintenance_is_recreated_after_repair_timeout() -> None:
+@pytest.mark.parametrize("stuck", ["REPAIRING", "UNKNOWN"])
+def test_stuck_maintenance_is_recreated_after_repair_timeout(stuck: str) -> None:
     p = Params(days=1)
     t = 3 * 3600.0 + 7.0
-    trace = Trace(7, p.horizon, (Fault(t, "stuck", stuck="UNKNOWN"),), ())
+    trace = Trace(7, p.horizon, (Fault(t, "stuck", stuck=stuck),), ())
     r = run_tool(tool("tpuwatch"), trace, p)
     assert r.memory is not None and r.memory["recreates"] == 1 and r.memory["restarts"] == 0
     _, median, _, _ = r.resume_stats("stuck")
-    floor = CFG.repair_timeout + p.delete_time + p.create_time
+    # UNKNOWN (no health) after a failed repair: recreated FAILED_REPAIR_GRACE after it shows
+    waited = CFG.repair_timeout if stuck == "REPAIRING" else p.unknown_after + FAILED_REPAIR_GRACE
+    floor = waited + p.delete_time + p.create_time
     assert median is not None and floor <= median <= floor + 3 * CFG.poll_interval
     # retry.sh sees UNHEALTHY_MAINTENANCE in its first 30 s poll and recreates at once;
     # tpunicorn recreates only PREEMPTED nodes, so the job never runs again

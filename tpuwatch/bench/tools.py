@@ -552,7 +552,8 @@ class TpuwatchDriver:
                 nonlocal last, seen, anchor
                 self.ticks += 1
                 self.real_ticks += 1
-                self.rows[report.decision.row] += 1
+                for d in (*report.earlier, report.decision):
+                    self.rows[d.row] += 1
                 self.mem = report.memory
                 if report.decision.ends_watch:
                     return

@@ -15,6 +15,9 @@ from tpuwatch.policy.state import Phase
 # is a multislice job with one slice gone while others stand (model.combine_slices): the service
 # makes a multislice request's failed slice again by itself.
 REPAIR_STATES = frozenset({"REPAIRING", "RESTARTING", "UNKNOWN", "REIMAGING", "STARTING", "CREATING", "MISSING"})
+# Healths that say nothing: a node in UNKNOWN with one of these is past a failed repair (the
+# API's words for UNKNOWN); with a health that names a cause (UNHEALTHY_MAINTENANCE) it is waited for.
+NO_HEALTH = frozenset({"", "HEALTH_UNSPECIFIED"})
 # States a person caused; tpuwatch leaves the node alone.
 PERSON_STATES = frozenset({"STOPPED", "STOPPING", "HIDDEN", "HIDING", "UNHIDING"})
 # States from which the node never comes back by itself.
@@ -61,3 +64,9 @@ def node_condition(node: NodeSnapshot | None) -> Cond:
     if cond is Cond.USABLE and node.health in UNHEALTHY:
         return Cond.REPAIR
     return cond
+
+
+def failed_repair(node: NodeSnapshot) -> bool:
+    """The node, or one slice of a multislice job, is UNKNOWN with no health: "unknown state
+    after a failed repair", as the TPU API documents Node.State UNKNOWN."""
+    return any(part.state == "UNKNOWN" and part.health in NO_HEALTH for part in node.slices or (node,))

@@ -50,7 +50,9 @@ ROWS: tuple[Row, ...] = (
         "notice to the job"),
     Row("failure", "a worker exits non-zero, node healthy, no disruption evidence",
         "charged to max_restarts; stop all workers; relaunch at once the first time since a stable run, "
-        "then after a capped exponential backoff with jitter"),
+        "then after a capped exponential backoff with jitter. When no worker exited with a code of its own "
+        "(its process vanished, or SIGKILL/SIGTERM ended it), a node read within 1 min showing a host going "
+        "away refunds the charge"),
     Row("failed_start", "a worker exits non-zero before min_uptime",
         "a failed start: charged like a failure"),
     Row("fail_fast", "a worker exits with a code in fail_fast_exit_codes", "failed at once (exit 1)"),
@@ -58,13 +60,16 @@ ROWS: tuple[Row, ...] = (
         "failed (exit 1): a deterministic bug is not retried forever"),
     Row("budget_spent", "a charged end with max_restarts already used", "failed (exit 1) with the reason and evidence"),
     Row("repair_wait", "REPAIRING / RESTARTING / UNHEALTHY_MAINTENANCE / TIMEOUT / UNKNOWN",
-        "wait up to repair_timeout from first sight"),
+        "wait up to repair_timeout from first sight (UNKNOWN with no health: up to 5 min from its first sight)"),
     Row("repair_timeout", "still not healthy after repair_timeout", "delete + create (owned nodes only)"),
     Row("autorepair_wait", "a slice of a multislice queued resource is missing or being created, or the others "
         "restart after it was replaced, while the request stays ACTIVE: Cloud TPU's multislice autorepair replaces "
         "it, waiting for hardware if needed",
         "wait up to the longer of repair_timeout and queue_timeout from first sight (a recreate would queue for "
         "every slice at once), then delete + create the whole request"),
+    Row("failed_repair", "UNKNOWN with no health, the API's state after a failed repair, for 5 min from its first "
+        "sight (or repair_timeout, if shorter)",
+        "delete + create (owned nodes only), without waiting out repair_timeout: the repair it waits for is over"),
     Row("dead_node", "PREEMPTED / TERMINATED", "delete + create (owned nodes only)"),
     Row("not_owned", "delete + create needed, node lacks tpuwatch-job=<job>",
         "never delete it: needs a person (exit 1); pass --adopt"),
@@ -117,7 +122,8 @@ ROWS: tuple[Row, ...] = (
     Row("unreachable_grace", "a worker unreachable while the others run",
         "wait unreachable_grace, then stop all and classify the end"),
     Row("end_confirm", "first sight of an end no evidence explains yet, on a node that looks usable, where no "
-        "worker exited with a code of its own (its process vanished, or SIGTERM/SIGKILL ended it)",
+        "worker exited with a code of its own (its process vanished, or SIGTERM/SIGKILL ended it), and charging "
+        "it would end the job (restart budget spent, or the no-progress limit reached)",
         "charge nothing yet: classify it on the next tick, whose look at the node comes after this sighting "
         "(a host taken down for maintenance looks like this before the node says so)"),
     Row("stale_workers", "workers run an older attempt", "stop them; launch on a later tick"),

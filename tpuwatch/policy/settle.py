@@ -5,13 +5,17 @@ A decision may ask for more before it is final, and the tick comes back with it:
   and does none of its actions; decide again from the same memory with their report.
 - `Decision.check_after`: do its actions (the cleanup of fixable items), then check again and
   decide from the memory they left.
+- `Decision.probe_after`: do its actions (the stop after an attempt's end whose relaunch is due
+  at once), then probe the workers again, with the launch-time checks, and decide from the
+  memory they left: the relaunch in the same tick. That decision ends no attempt.
 - a create or a maintenance start refused at the call: fed back as a failed create
   (`Observation.operation`, `create_failure`) or `Observation.maintenance_refused`; decide
   again from the memory the refused decision left. That decision queues or fails a create, or
   waits, and asks for no second call of the same kind.
 
 So a tick decides at most MAX_DECIDES times (check first, a refusal, check after, and the
-decision that follows); one more is a policy bug, and `decide_until_settled` raises it rather
+decision that follows; or an end, the look after its stop, check after, and the launch); one
+more is a policy bug, and `decide_until_settled` raises it rather
 than loop. Pure: it calls `decide` and the tick's `settle`, which journals and acts.
 """
 

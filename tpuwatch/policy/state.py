@@ -103,6 +103,10 @@ class Memory:
     # only on a later tick, whose node read comes after that sighting (table._Tick.confirm_end)
     end_seen: datetime | None = None
     last_end: AttemptEnd | None = None
+    # the last end was charged on first sight, though no worker exited with a code of its own
+    # (the relaunch does not wait): until then, a node read showing a host going away refunds
+    # it (table.END_CONFIRM_WINDOW)
+    confirm_by: datetime | None = None
     # budgets and counters
     restarts: int = 0  # charged restarts used (<= max_restarts)
     disruptions: int = 0
@@ -121,6 +125,8 @@ class Memory:
     early_refused: datetime | None = None
     # node repair and recreation
     unhealthy_since: datetime | None = None
+    # when a tick first saw the node in UNKNOWN with no health, the API's state after a failed repair
+    unknown_since: datetime | None = None
     zone: str = ""  # where the node lives (or is being created)
     zone_try: int = 0  # index into PolicyConfig.zones during a create cycle
     pending_op: str | None = None  # the DELETING / CREATING operation's name; None until known
@@ -311,6 +317,7 @@ _LOAD: dict[str, Any] = {
     "unreachable_since": _opt_time,
     "end_seen": _opt_time,
     "last_end": _attempt_end,
+    "confirm_by": _opt_time,
     "restarts": _int,
     "disruptions": _int,
     "recreates": _int,
@@ -322,6 +329,7 @@ _LOAD: dict[str, Any] = {
     "early_step": _opt_int,
     "early_refused": _opt_time,
     "unhealthy_since": _opt_time,
+    "unknown_since": _opt_time,
     "zone": _text,
     "zone_try": _int,
     "pending_op": _opt_text,

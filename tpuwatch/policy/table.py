@@ -39,7 +39,8 @@ from tpuwatch.policy.classify import (
     notice_evidence,
 )
 from tpuwatch.policy.maintenance import can_start_early
-from tpuwatch.policy.nodes import NODE_ROWS, OP_ROWS, Cond, node_condition
+from tpuwatch.policy.nodes import NODE_ROWS, OP_ROWS, Cond, failed_repair, node_condition
+from tpuwatch.policy.observe import launch_likely
 from tpuwatch.policy.rows import ROW_IDS
 from tpuwatch.policy.state import (
     PHASE_EXIT,
@@ -90,6 +91,18 @@ HUNG = "hung: no new checkpoint"  # how a hung attempt's reason begins (after "a
 # before maintenance, 30 s before a preemption): launch there again only once it went down and
 # came back, or after this long if it never went down.
 NOTICE_HOLD = 5 * 60.0
+# A node in UNKNOWN with no health is past a failed repair (the API's own words): the repair
+# that repair_timeout waits for is over. It is recreated once it has stayed so this long, the
+# service's diagnosis that UNKNOWN covers (its length is not published) given a few polls to
+# bring it back; a recreate costs a delete, a create and a chance of meeting no capacity.
+FAILED_REPAIR_GRACE = 5 * 60.0
+# An end that would be charged, seen with no exit code of the job's own (its process vanished, or
+# SIGKILL/SIGTERM ended it), is charged at once and the job relaunched at once; a node read this
+# long after it that shows a host going away (the API may report it after the processes died)
+# refunds it. The relaunch comes in the tick that saw the end; the tick after it (a sixth of a
+# poll later at most) reads the node after the sighting, and at the defaults one more follows
+# within the window.
+END_CONFIRM_WINDOW = 60.0
 # maintenance.start_early: when no new checkpoint lands first, start it this long before its window.
 EARLY_MARGIN = 10 * 60.0
 # While an early start waits for the job's next checkpoint: from EARLY_LEAD of the checkpoint
@@ -140,6 +153,15 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
         unchecked = obs.precheck is None or obs.precheck.context != "launch"
         decision = replace(decision, check_first=launches and unchecked,
                            check_after=decision.row == "precheck_fix" and not obs.precheck_fixed)
+    if obs.node is not None and decision.memory.notice_hold is None and launch_likely(decision.memory, obs.node, now):
+        # An end whose relaunch is due now: after the stop, look at the workers again and launch
+        # in this same tick, rather than on the next one.
+        probe_after = bool(decision.ended) and any(isinstance(a, StopWorkers) and not a.blocked
+                                                   for a in decision.actions)
+        # The probe after the stop must find the old attempt gone: that stop is waited for.
+        actions = tuple(replace(a, wait=True) if probe_after and isinstance(a, StopWorkers) else a
+                        for a in decision.actions)
+        decision = replace(decision, probe_after=probe_after, actions=actions)
     if obs.dry_run:
         return replace(decision, memory=mem, summary=f"dry run: {decision.summary}", ended=(), operation_done=None)
     return decision
@@ -363,13 +385,40 @@ class _Tick:
             out.append((node.maintenance_time, f"node had a maintenance event at {node.maintenance_time.isoformat()}"))
         return out
 
+    def host_gone_signs(self, last: AttemptEnd) -> list[tuple[datetime, str]]:
+        """What this tick's node read says of a host going away after the end `last`: the node
+        (or a slice) not READY or not healthy, missing, or another node id. Dated at the end,
+        which they explain."""
+        node, after = self.obs.node, f"seen {human(_secs(self.now - last.end))} after the end"
+        if node is None:
+            return [(last.end, f"node missing, {after}")]
+        out = [(last.end, f"node id changed from {last.node_id} to {node.id}, {after}")] \
+            if last.node_id and node.id != last.node_id else []
+        for part in node.slices or (node,):
+            what = f"slice {part.name or '(missing)'}" if node.slices else "node"
+            if part.state != "READY":
+                out.append((last.end, f"{what} state {part.state}, {after}"))
+            if part.health in UNHEALTHY:
+                out.append((last.end, f"{what} health {part.health}, {after}"))
+        return out
+
     def refund(self, mem: Memory) -> Memory:
-        """A sign that arrives after the charged end it explains refunds it."""
+        """A sign that arrives after the charged end it explains refunds it: the audit log's and
+        the health description's whenever they come, and within END_CONFIRM_WINDOW of an end
+        charged on first sight, the node itself showing a host going away."""
         last = mem.last_end
         if last is None or not last.charged:
-            return mem
-        for t, text in self.late_signs(last):
-            if not in_window(min(t, self.now), last.start, last.end, self.cfg.evidence_window):
+            return replace(mem, confirm_by=None) if mem.confirm_by is not None else mem
+        signs, until = self.late_signs(last), last.end
+        if mem.confirm_by is not None:
+            # Open: the first node read after the end counts however late it is (a watcher
+            # stopped between two ticks), and every one until confirm_by. The sighting came
+            # after its tick's `now`, so a maintenance dated up to this read may explain it.
+            signs, until = signs + self.host_gone_signs(last), self.now
+            if self.now > mem.confirm_by:
+                mem = replace(mem, confirm_by=None)
+        for t, text in signs:
+            if not in_window(min(t, self.now), last.start, until, self.cfg.evidence_window):
                 continue
             fixed = replace(last, outcome=Outcome.DISRUPTION.value, charged=False, streak_added=False,
                             reason=f"{last.reason}; re-classified as a disruption: {text} arrived late")
@@ -379,6 +428,7 @@ class _Tick:
             mem = replace(
                 mem,
                 last_end=fixed,
+                confirm_by=None,
                 restarts=max(0, mem.restarts - 1),
                 disruptions=mem.disruptions + 1,
                 no_progress=max(0, mem.no_progress - int(last.streak_added)),
@@ -391,7 +441,8 @@ class _Tick:
     # -- ending an attempt ------------------------------------------------------------------
 
     def finish(
-        self, mem: Memory, codes: dict[int, int | None], reachable: bool, detail: str = "", hung: str = ""
+        self, mem: Memory, codes: dict[int, int | None], reachable: bool, detail: str = "", hung: str = "",
+        unsure: bool = False,
     ) -> tuple[Memory, str, Decision | None]:
         """End the running attempt: classify it, update the counters.
 
@@ -399,6 +450,8 @@ class _Tick:
         for people, and a Decision when the job is over (done, failed). `hung`: tpuwatch ends a
         live attempt that stopped making progress; a charged failure whatever the evidence, since
         evidence within evidence_window of the stop postdates a hang older than hang_timeout.
+        `unsure`: no worker exited with a code of its own; a charge stays open to a refund for
+        END_CONFIRM_WINDOW (`refund`).
         """
         cfg, now, n = self.cfg, self.now, mem.attempt
         start = mem.attempt_start
@@ -411,14 +464,15 @@ class _Tick:
         mem_evidence = mem.evidence
         ckpt = self.obs.checkpoint
         end_step = ckpt.step if ckpt is not None else None
-        progressed = end_step is not None and (mem.attempt_start_step is None or end_step > mem.attempt_start_step)
+        progressed = self.progressed(mem)
         streak_added = cost.charged and not progressed
+        confirm_by = now + timedelta(seconds=END_CONFIRM_WINDOW) if unsure and cost.charged else None
         reason = f"attempt {n}: {verdict.reason}" + (f" ({detail})" if detail else "")
         end = AttemptEnd(n, start, now, mem.attempt_node_id, mem.attempt_start_step, end_step,
                          verdict.outcome.value, cost.charged, verdict.exit_code, reason, streak_added)
         self.ended.append(end)
         mem = replace(
-            mem, last_end=end, evidence=(), unreachable_since=None, end_seen=None,
+            mem, last_end=end, evidence=(), unreachable_since=None, end_seen=None, confirm_by=confirm_by,
             no_progress=0 if progressed else mem.no_progress + int(streak_added),
             disruptions=mem.disruptions + int(verdict.outcome is Outcome.DISRUPTION),
         )
@@ -454,36 +508,55 @@ class _Tick:
         mem = move(mem, Phase.BACKOFF, restarts=mem.restarts + 1, backoff_level=level,
                    backoff_until=now + timedelta(seconds=delay))
         when = f"relaunching in {human(delay)}" if delay else "relaunching now (the first charged restart since a stable run)"
+        if confirm_by is not None:
+            when += (f"; refunded if the node shows a host going away by {confirm_by.isoformat()} "
+                     "(no worker exited with a code of its own)")
         return mem, f"{reason}; charged (restart {mem.restarts} of {cfg.max_restarts}), {when}", None
 
-    def confirm_end(self, mem: Memory, codes: dict[int, int | None]) -> Decision | None:
-        """The first sight of an end that would be charged, when no worker exited with a code of
-        its own: wait one tick before charging it (row `end_confirm`), else None.
+    def confirm_end(self, mem: Memory, codes: dict[int, int | None]) -> Decision:
+        """An end seen on a node that looks usable: end it now, and relaunch as its class says.
 
         This tick read the node before it probed the workers: a maintenance that began in
         between killed the job on a node this tick saw as healthy (and the API may report a
-        host going away after its processes died). The next tick's node read comes after this
-        sighting: what it shows (the node's state and health, its health description's
-        maintenance time, a terminate entry) then explains the end, however late that tick is.
+        host going away after its processes died). So when no worker exited with a code of its
+        own, a charge is open to the node reads that follow (`refund`, END_CONFIRM_WINDOW): the
+        next tick's read comes after this sighting, however soon, and a host going away then
+        refunds it; the relaunch does not wait for them. Only a charge that would end the job
+        (its restart budget or no-progress limit) waits one tick for that read first (row
+        `end_confirm`): a job is never failed on an end its node may yet explain.
         """
         cfg = self.cfg
         start = mem.attempt_start
         assert start is not None  # checked in _check
-        if mem.end_seen is not None or codes.get(cfg.primary_worker) == 0:
-            return None
-        if any(c is not None and c != 0 and c not in STOP_CODES for c in codes.values()):
-            return None  # a worker's own exit code: the job ended itself
+        own = codes.get(cfg.primary_worker) == 0 or any(
+            c is not None and c != 0 and c not in STOP_CODES for c in codes.values())
+        if own or mem.end_seen is not None:
+            return self.end_usable(mem, codes)
         verdict = classify(AttemptFacts(start, self.now, codes, cfg.primary_worker, mem.evidence),
                            min_uptime=cfg.min_uptime, fail_fast=cfg.fail_fast_exit_codes, window=cfg.evidence_window)
         if not OUTCOMES[verdict.outcome].charged:
-            return None
+            return self.end_usable(mem, codes)
+        if not self.ends_job(mem, start):
+            return self.end_usable(mem, codes, unsure=True)
         return self.out(replace(mem, end_seen=self.now), "end_confirm",
-                        f"attempt {mem.attempt}: {verdict.reason}; nothing charged yet: a host taken down looks "
-                        "the same before the node says so, so the next tick looks at the node again first",
+                        f"attempt {mem.attempt}: {verdict.reason}; nothing charged yet: charging it would end the "
+                        "job, and a host taken down looks the same before the node says so, so the next tick "
+                        "looks at the node again first",
                         Wait(None, "confirming how the attempt ended"))
 
-    def end_usable(self, mem: Memory, codes: dict[int, int | None], detail: str = "") -> Decision:
-        mem, line, final = self.finish(mem, codes, reachable=True, detail=detail)
+    def progressed(self, mem: Memory) -> bool:
+        """The newest checkpoint is newer than the one the running attempt started from."""
+        ckpt = self.obs.checkpoint
+        return ckpt is not None and (mem.attempt_start_step is None or ckpt.step > mem.attempt_start_step)
+
+    def ends_job(self, mem: Memory, start: datetime) -> bool:
+        """Charging the running attempt's end now would fail the job (as `finish` counts)."""
+        streak = 0 if self.progressed(mem) else mem.no_progress + 1
+        restarts = 0 if _secs(self.now - start) >= self.cfg.stable_run else mem.restarts
+        return streak >= self.cfg.no_progress_limit or restarts >= self.cfg.max_restarts
+
+    def end_usable(self, mem: Memory, codes: dict[int, int | None], detail: str = "", unsure: bool = False) -> Decision:
+        mem, line, final = self.finish(mem, codes, reachable=True, detail=detail, unsure=unsure)
         if final is not None:
             return final
         last = mem.last_end
@@ -512,8 +585,8 @@ class _Tick:
     def usable(self, mem: Memory) -> Decision:
         node = self.obs.node
         assert node is not None
-        if mem.unhealthy_since is not None:
-            mem = replace(mem, unhealthy_since=None)
+        if mem.unhealthy_since is not None or mem.unknown_since is not None:
+            mem = replace(mem, unhealthy_since=None, unknown_since=None)
         if mem.phase in (Phase.WAITING_NODE, Phase.PAUSED, Phase.HALTED):
             self.notes.append(f"{self.subject} is READY+HEALTHY")
             # A notice's hold ends too: the node went down and came back.
@@ -550,7 +623,7 @@ class _Tick:
         if codes.get(cfg.primary_worker) == 0 or any(
             c != 0 for w, c in codes.items() if w not in {p.worker for p in unreachable}
         ):
-            return self.confirm_end(mem, codes) or self.end_usable(mem, codes)
+            return self.confirm_end(mem, codes)
         alive = [p for p in probes if p.state == "running" and p.attempt == n]
         if unreachable and not alive:
             return self.out(mem, "workers_unreachable",
@@ -888,42 +961,56 @@ class _Tick:
                         StopWorkers(f"fix before the launch: {shown}"))
 
     def repairing(self, mem: Memory) -> Decision:
-        """REPAIR (service is working on it) or UNRECOGNIZED (a state this version does not know)."""
+        """REPAIR (service is working on it) or UNRECOGNIZED (a state this version does not know).
+
+        A node in UNKNOWN with no health is past a failed repair: recreated FAILED_REPAIR_GRACE
+        after its first sight (row `failed_repair`) rather than after repair_timeout."""
         node, cfg, now = self.obs.node, self.cfg, self.now
         assert node is not None
         known = node_condition(node) is Cond.REPAIR
         what = node.state if node.state != "READY" else f"READY but {node.health}"
         since = mem.unhealthy_since or now
+        unknown = (mem.unknown_since or now) if failed_repair(node) else None
         if mem.phase is Phase.RUNNING:
             probes = self.obs.probes
             if probes and all(p.state == "running" and p.attempt == mem.attempt for p in probes):
-                return self.out(replace(mem, unhealthy_since=since), "unhealthy_running",
+                return self.out(replace(mem, unhealthy_since=since, unknown_since=unknown), "unhealthy_running",
                                 f"node {what} since {since.isoformat()}, but every worker still runs attempt "
                                 f"{mem.attempt}; following it")
             mem, final = self.end_unusable(mem)
             if final is not None:
                 return final
+        mem = replace(mem, unknown_since=unknown)
         waited = _secs(now - since)
+        grace = min(FAILED_REPAIR_GRACE, cfg.repair_timeout)
+        if unknown is not None and _secs(now - unknown) >= grace:
+            return self.recreate(replace(mem, unhealthy_since=since), "failed_repair",
+                                 f"node UNKNOWN with no health (the API's state after a failed repair) for "
+                                 f"{human(_secs(now - unknown))}, not waiting out recovery.repair_timeout "
+                                 f"({human(cfg.repair_timeout)})")
         if auto := self.autorepairing(mem):
             # Recreating the request would ask for every slice at once, behind the same shortage
             # the repair waits on, and lose its place: wait as long as a create may queue.
-            limit = max(cfg.repair_timeout, cfg.queue_timeout)
-            if waited < limit:
-                until = since + timedelta(seconds=limit)
+            bound = max(cfg.repair_timeout, cfg.queue_timeout)
+            if waited < bound:
+                until = since + timedelta(seconds=bound)
                 mem = move(mem, Phase.WAITING_NODE, unhealthy_since=since, reason=auto)
                 return self.out(mem, "autorepair_wait", f"{auto} since {since.isoformat()}; waiting for it until "
                                 f"{until.isoformat()} (the longer of recovery.repair_timeout and "
-                                f"recovery.queue_timeout, {human(limit)}) before recreating the whole request",
+                                f"recovery.queue_timeout, {human(bound)}) before recreating the whole request",
                                 Wait(until, auto))
             return self.recreate(mem, "repair_timeout", f"{auto} for {human(waited)}, longer than "
-                                 f"recovery.queue_timeout ({human(limit)})")
+                                 f"recovery.queue_timeout ({human(bound)})")
         if waited < cfg.repair_timeout:
             until = since + timedelta(seconds=cfg.repair_timeout)
+            if unknown is not None:
+                until = min(until, unknown + timedelta(seconds=grace))
             mem = move(mem, Phase.WAITING_NODE, unhealthy_since=since, reason=f"node {what}")
             row = "repair_wait" if known else "unknown_state"
+            limit = (f"{human(grace)} in UNKNOWN after a failed repair" if unknown is not None
+                     else f"recovery.repair_timeout {human(cfg.repair_timeout)}")
             return self.out(mem, row, f"node {what} since {since.isoformat()}; waiting for it to heal until "
-                                      f"{until.isoformat()} (recovery.repair_timeout {human(cfg.repair_timeout)})",
-                            Wait(until, f"node {what}"))
+                                      f"{until.isoformat()} ({limit})", Wait(until, f"node {what}"))
         why = f"node {what} for {human(waited)}, longer than recovery.repair_timeout ({human(cfg.repair_timeout)})"
         if not known:
             return self.halt(replace(mem, unhealthy_since=since), "unknown_state",
@@ -978,8 +1065,8 @@ class _Tick:
         if final is not None:
             return final
         why = f"node is {node.state}: a person stopped it; leaving it alone until it is READY again"
-        return self.out(move(mem, Phase.PAUSED, reason=why, unhealthy_since=None), "person_stopped", why,
-                        Wait(None, why))
+        return self.out(move(mem, Phase.PAUSED, reason=why, unhealthy_since=None, unknown_since=None),
+                        "person_stopped", why, Wait(None, why))
 
     def missing(self, mem: Memory) -> Decision:
         cfg = self.cfg
@@ -1064,7 +1151,7 @@ class _Tick:
     def create(self, mem: Memory, zone_try: int, row: str, why: str) -> Decision:
         zone = self.cfg.zones[zone_try]
         mem = move(mem, Phase.CREATING, pending_op=None, zone=zone, zone_try=zone_try,
-                   retry_at=None, unhealthy_since=None)
+                   retry_at=None, unhealthy_since=None, unknown_since=None)
         return self.out(mem, row, why, self.create_node(mem, zone, why))
 
     def create_node(self, mem: Memory, zone: str, why: str, *, resumed: bool = False) -> CreateNode:
@@ -1184,7 +1271,8 @@ class _Tick:
 
     def created(self, mem: Memory, node: NodeSnapshot) -> Decision:
         mem = move(mem, Phase.IDLE, pending_op=None, zone=node.zone or mem.zone, zone_try=0,
-                   queued_since=None, queue_tries=0, retry_at=None, deleting_node_id="", unhealthy_since=None)
+                   queued_since=None, queue_tries=0, retry_at=None, deleting_node_id="", unhealthy_since=None,
+                   unknown_since=None)
         return self.out(mem, "created", f"{self.subject} exists in {mem.zone} (id {node.id}, {node.state}); "
                                         "the job resumes once it is READY+HEALTHY", Wait(None, "node created"))
 

@@ -307,8 +307,11 @@ class Decision:
     # check_first: it would launch, but the launch-time checks have not run; check, decide again,
     #   and do none of these actions.
     # check_after: do these actions (the cleanup of fixable items), then check and decide again.
+    # probe_after: do these actions (the stop after an attempt's end), then probe the workers (with
+    #   the launch-time checks) and decide again: the relaunch that is due at once, in this tick.
     check_first: bool = False
     check_after: bool = False
+    probe_after: bool = False
 
     @property
     def terminal(self) -> bool:

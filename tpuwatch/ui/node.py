@@ -26,7 +26,7 @@ _STATE_STYLE = {
     "READY": OK,
     "CREATING": WAIT, "RESTARTING": WAIT, "REIMAGING": WAIT, "DELETING": WAIT, "REPAIRING": WAIT,
     "STARTING": WAIT, "STOPPING": WAIT, "HIDING": WAIT, "UNHIDING": WAIT,
-    "UNKNOWN": WAIT,  # "unknown after a failed repair": tpuwatch waits repair_timeout
+    "UNKNOWN": WAIT,  # "unknown state after a failed repair": tpuwatch waits 5 min, then recreates it
     "PREEMPTED": BAD, "TERMINATED": BAD, "STOPPED": BAD, "HIDDEN": BAD,
 }
 _HEALTH_STYLE = {

@@ -33,7 +33,12 @@ def tick_line(report: TickReport) -> str:
     if ckpt is not None:
         age = max(0.0, (report.time - ckpt.time).total_seconds()) if ckpt.time else None
         parts.append(f"step {ckpt.step}" + (f" ({human(age)} old)" if age is not None else ""))
-    return f"{' | '.join(parts)}: {report.decision.summary}"
+    return f"{' | '.join(parts)}: {summary(report)}"
+
+
+def summary(report: TickReport) -> str:
+    """What the tick decided: each decision it carried out, in order (an end, then its relaunch)."""
+    return "; then ".join(d.summary for d in (*report.earlier, report.decision))
 
 
 def _slice_of(node: NodeSnapshot | None, worker: int) -> dict[str, int]:
@@ -68,6 +73,9 @@ def tick_dict(report: TickReport) -> dict[str, Any]:
         "events": [{"time": e.time.isoformat(), "kind": e.kind, "worker": e.worker, "reason": e.reason}
                    for e in report.events],
         **report.decision.as_dict(),
+        "summary": summary(report),
+        # rows of the decisions carried out before `row` in this tick (an end before its relaunch)
+        "earlier_rows": [d.row for d in report.earlier],
         "budgets": {"restarts": mem.restarts, "recreates": mem.recreates, "disruptions": mem.disruptions,
                     "no_progress": mem.no_progress},
         "done": list(report.done),
