@@ -45,6 +45,8 @@ ENV = {
     "hang_at": "TRAINER_HANG_AT",
     "fault_worker": "TRAINER_FAULT_WORKER",
     "save_on_term": "TRAINER_SAVE_ON_TERM",
+    "hold_at": "TRAINER_HOLD_AT",
+    "hold_until": "TRAINER_HOLD_UNTIL",
 }
 
 
@@ -96,6 +98,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="die by SIGSEGV on reaching this step (TRAINER_SEGFAULT_AT)")
     p.add_argument("--hang-at", type=int, default=_env_default("hang_at", int, None),
                    help="stop making progress on reaching this step (TRAINER_HANG_AT)")
+    p.add_argument("--hold-at", type=int, default=_env_default("hold_at", int, None),
+                   help="on reaching this step (after its checkpoint), make no progress until "
+                   "--hold-until exists: a job stalled on its input, for as long as a test needs "
+                   "(TRAINER_HOLD_AT)")
+    p.add_argument("--hold-until", default=_env_default("hold_until", str, ""),
+                   help="the file that ends a --hold-at stall (TRAINER_HOLD_UNTIL)")
     p.add_argument("--fault-worker", type=int, default=_env_default("fault_worker", int, None),
                    help="only this worker has the faults; default all (TRAINER_FAULT_WORKER)")
     p.add_argument("--vm-paths", action="store_true",
@@ -113,6 +121,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         raise TrainerError(f"--steps must be >= 0, not {args.steps}")
     if args.ckpt_every <= 0:
         raise TrainerError(f"--ckpt-every must be > 0, not {args.ckpt_every}")
+    if (args.hold_at is None) != (not args.hold_until):
+        raise TrainerError("--hold-at and --hold-until go together")
     if args.ckpt_dir and not os.path.isabs(args.ckpt_dir):
         raise TrainerError(f"--ckpt-dir must be an absolute path, not {args.ckpt_dir!r}")
     return args
@@ -200,6 +210,15 @@ def _fault_armed(crash_once: str) -> bool:
     return True
 
 
+def _hold(args: argparse.Namespace, worker: int, step: int) -> None:
+    """At --hold-at, wait for --hold-until to exist (every worker: the job stalls as one)."""
+    if args.hold_at != step or os.path.exists(args.hold_until):
+        return
+    print(f"worker {worker}: holding at step {step} until {args.hold_until} exists", flush=True)
+    while not os.path.exists(args.hold_until) and not _term["asked"]:
+        time.sleep(0.02)
+
+
 def _faults(args: argparse.Namespace, worker: int, step: int) -> None:
     """Fire the fault set for `step`, if any (may not return)."""
     if args.fault_worker is not None and args.fault_worker != worker:
@@ -269,6 +288,7 @@ def train(args: argparse.Namespace) -> int:
                 print(f"worker {worker}: step {step}: {what} ({rate:.1f} steps/s)", flush=True)
             else:
                 print(f"worker {worker}: step {step} ({rate:.1f} steps/s)", flush=True)
+        _hold(args, worker, step)
     print(f"worker {worker}: done at step {step}", flush=True)
     return 0
 
