@@ -67,6 +67,7 @@ def test_a_segfault_mid_run_is_relaunched_and_charged_once(sim: Simulator, tmp_p
 
 def test_one_worker_killed_stops_all_and_relaunches_all(sim: Simulator, tmp_path: Path) -> None:
     go = tmp_path / "go"  # the job holds at step 79 until the test has seen attempt 2 on every worker
+    go.mkdir()
     job = Job(sim, tmp_path, f"--hold-at 79 --hold-until {go}", steps=80)
     proc = job.watch()
     job.wait(lambda: len(job.job_processes()) == 4 and len(job.steps_done()) >= 1, what="4 workers running")
@@ -77,7 +78,7 @@ def test_one_worker_killed_stops_all_and_relaunches_all(sim: Simulator, tmp_path
     after = job.job_processes()
     # Every worker runs a new process: the survivors of attempt 1 were stopped, not left behind.
     assert all(set(after[w]).isdisjoint(before[w]) for w in range(4)), (before, after)
-    go.touch()
+    (go / "79").touch()
     rc, out = finish(proc)
     assert rc == 0, out
     assert job.steps_done()[-1] == 80
@@ -86,6 +87,7 @@ def test_one_worker_killed_stops_all_and_relaunches_all(sim: Simulator, tmp_path
 def test_repeated_check_calls_reach_the_same_end_as_watch(sim: Simulator, tmp_path: Path) -> None:
     """Cron: one tick per call. A healed maintenance mid-run; the job finishes, uncharged."""
     go = tmp_path / "go"  # the job holds at step 10 until the maintenance has hit it
+    go.mkdir()
     job = Job(sim, tmp_path, f"--hold-at 10 --hold-until {go}")
     outputs = []
     injected = False
@@ -96,7 +98,7 @@ def test_repeated_check_calls_reach_the_same_end_as_watch(sim: Simulator, tmp_pa
         assert r.returncode == 0, outputs[-1]
         if not injected and len(job.steps_done()) >= 2:
             sim.inject("maintenance", node="pod", heal_after=1800)
-            go.touch()
+            (go / "10").touch()
             injected = True
         if "job done" in r.stdout or r.stdout.count("| done |"):
             break

@@ -109,19 +109,21 @@ def test_sigterm_exits_143_promptly_when_hung(tmp_path: Path) -> None:
         assert proc.wait(timeout=10) == 143
 
 
-def test_hold_at_stalls_after_the_checkpoint_until_the_file_exists(tmp_path: Path) -> None:
+def test_hold_at_stalls_after_the_checkpoint_until_the_test_lets_it_go(tmp_path: Path) -> None:
     ckpt, go = tmp_path / "ckpt", tmp_path / "go"
+    go.mkdir()
     with subprocess.Popen(trainer_cmd("--steps", "20", "--ckpt-every", "5", "--ckpt-dir", str(ckpt),
-                                      "--hold-at", "10", "--hold-until", str(go), *FAST),
+                                      "--hold-at", "0,10", "--hold-until", str(go), *FAST),
                           stdout=subprocess.PIPE, text=True) as proc:
         assert proc.stdout is not None
-        while "holding at step 10" not in (line := proc.stdout.readline()):
-            assert line, "trainer ended without holding"
-        assert proc.poll() is None and steps_in(ckpt) == [0, 5, 10]
-        go.touch()
+        for step, saved in ((0, [0]), (10, [0, 5, 10])):
+            while f"holding at step {step} until {go / str(step)} exists" not in (line := proc.stdout.readline()):
+                assert line, f"trainer ended without holding at step {step}"
+            assert proc.poll() is None and steps_in(ckpt) == saved
+            (go / str(step)).touch()
         assert proc.wait(timeout=20) == 0
     assert steps_in(ckpt) == [0, 5, 10, 15, 20]
-    # resumed at the hold step with the file there: no stall
+    # resumed at a hold step whose file is there: no stall
     r = run("--steps", "20", "--ckpt-dir", str(ckpt), "--resume", str(ckpt / "10"),
             "--hold-at", "10", "--hold-until", str(go), *FAST)
     assert r.returncode == 0 and "holding" not in r.stdout, r.stdout + r.stderr

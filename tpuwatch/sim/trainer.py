@@ -54,6 +54,11 @@ class TrainerError(Exception):
     """Bad arguments or an unusable checkpoint: one line on stderr, exit 2."""
 
 
+def _steps(text: str) -> frozenset[int]:
+    """A comma list of steps ("" = none); argparse applies it to the default too."""
+    return frozenset(int(part) for part in text.split(",") if part.strip())
+
+
 def _env_default(dest: str, kind: type, fallback: object) -> object:
     raw = os.environ.get(ENV[dest])
     if raw is None or raw == "":
@@ -98,12 +103,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="die by SIGSEGV on reaching this step (TRAINER_SEGFAULT_AT)")
     p.add_argument("--hang-at", type=int, default=_env_default("hang_at", int, None),
                    help="stop making progress on reaching this step (TRAINER_HANG_AT)")
-    p.add_argument("--hold-at", type=int, default=_env_default("hold_at", int, None),
-                   help="on reaching this step (after its checkpoint), make no progress until "
-                   "--hold-until exists: a job stalled on its input, for as long as a test needs "
-                   "(TRAINER_HOLD_AT)")
+    p.add_argument("--hold-at", type=_steps, default=_env_default("hold_at", str, ""),
+                   help="comma list of steps: on reaching one (after its checkpoint), make no progress "
+                   "until the file <--hold-until>/<step> exists: a job stalled on its input, for as "
+                   "long as a test needs (TRAINER_HOLD_AT)")
     p.add_argument("--hold-until", default=_env_default("hold_until", str, ""),
-                   help="the file that ends a --hold-at stall (TRAINER_HOLD_UNTIL)")
+                   help="the directory whose file <step> ends the hold at that step (TRAINER_HOLD_UNTIL)")
     p.add_argument("--fault-worker", type=int, default=_env_default("fault_worker", int, None),
                    help="only this worker has the faults; default all (TRAINER_FAULT_WORKER)")
     p.add_argument("--vm-paths", action="store_true",
@@ -121,7 +126,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         raise TrainerError(f"--steps must be >= 0, not {args.steps}")
     if args.ckpt_every <= 0:
         raise TrainerError(f"--ckpt-every must be > 0, not {args.ckpt_every}")
-    if (args.hold_at is None) != (not args.hold_until):
+    if bool(args.hold_at) != bool(args.hold_until):
         raise TrainerError("--hold-at and --hold-until go together")
     if args.ckpt_dir and not os.path.isabs(args.ckpt_dir):
         raise TrainerError(f"--ckpt-dir must be an absolute path, not {args.ckpt_dir!r}")
@@ -211,11 +216,12 @@ def _fault_armed(crash_once: str) -> bool:
 
 
 def _hold(args: argparse.Namespace, worker: int, step: int) -> None:
-    """At --hold-at, wait for --hold-until to exist (every worker: the job stalls as one)."""
-    if args.hold_at != step or os.path.exists(args.hold_until):
+    """At a --hold-at step, wait for <--hold-until>/<step> (every worker: the job stalls as one)."""
+    go = os.path.join(args.hold_until, str(step))
+    if step not in args.hold_at or os.path.exists(go):
         return
-    print(f"worker {worker}: holding at step {step} until {args.hold_until} exists", flush=True)
-    while not os.path.exists(args.hold_until) and not _term["asked"]:
+    print(f"worker {worker}: holding at step {step} until {go} exists", flush=True)
+    while not os.path.exists(go) and not _term["asked"]:
         time.sleep(0.02)
 
 
@@ -269,6 +275,7 @@ def train(args: argparse.Namespace) -> int:
     _faults(args, worker, step)
     if ckpt_dir is not None and primary and not args.resume:
         save(ckpt_dir, step, args.ckpt_write_time, started_from)
+    _hold(args, worker, step)
     while step < args.steps:
         time.sleep(args.step_time)
         step += 1
