@@ -2,7 +2,8 @@
 
 Not a test module: `Job` writes a tpuwatch.toml with scaled durations for a node it creates,
 runs `tpuwatch` subcommands as subprocesses, and reads outcomes from the journal, the
-trainer's checkpoints and the simulated workers' processes.
+trainer's checkpoints and the simulated workers' processes. With `hold_at` its job stalls at that
+step until `release()`, so a fault injected there meets a running job however busy the machine.
 """
 
 from __future__ import annotations
