@@ -55,7 +55,8 @@ def test_bench_recovery_times_a_healed_maintenance_for_tpuwatch_and_the_ssh_loop
 
 def test_bench_overhead_measures_start_up_memory_and_api_calls(tmp_path: Path) -> None:
     table, doc = run("bench_overhead.py", tmp_path, "--runs", "1", "--ticks", "3", "--virtual-ticks", "4",
-                     "--nodes", "5", "--watchers", "1", "--watch-seconds", "1", "--pod-sizes", "2", "--pod-ticks", "2")
+                     "--nodes", "5", "--watchers", "1", "--watch-seconds", "1", "--pod-sizes", "2", "--pod-ticks", "2",
+                     "--pod-poll", "0.5")
     for word in ("tpuwatch --help", "tpuwatch check", "RSS", "CPU per poll", "API/hour", "status --all",
                  "watchers at once"):
         assert word in table, table
