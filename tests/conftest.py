@@ -20,6 +20,14 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The end-to-end tests (marked slow) first, the many short ones after: with pytest-xdist's
+    # worksteal (the README's command) a worker that runs out takes the back half of another's
+    # queue, so the short ones fill the last minutes instead of one long test running alone at the
+    # end. The order is otherwise kept, so every worker collects the same list.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def _serve(root: Path, monkeypatch: pytest.MonkeyPatch, workers: bool) -> Iterator[Simulator]:
     with Simulator(root=root, speed=600, workers=workers) as sim:
         for key, value in sim.env.items():

@@ -2,7 +2,8 @@
 
 Not a test module: `Job` writes a tpuwatch.toml with scaled durations for a node it creates,
 runs `tpuwatch` subcommands as subprocesses, and reads outcomes from the journal, the
-trainer's checkpoints and the simulated workers' processes.
+trainer's checkpoints and the simulated workers' processes. With `hold_at` its job stalls at that
+step until `release()`, so a fault injected there meets a running job however busy the machine.
 """
 
 from __future__ import annotations
@@ -58,10 +59,17 @@ class Job:
     def __init__(self, sim: Simulator, tmp: Path, command_extra: str = "", steps: int = STEPS,
                  accelerator: str = "v4-32", *, spot: bool = False, recreatable: bool = False,
                  tpu: dict[str, object] | None = None, labels: dict[str, str] | None = None,
-                 queued: str = "", **recovery: str | int) -> None:
+                 queued: str = "", hold_at: int | None = None, **recovery: str | int) -> None:
         self.sim = sim
         self.ck = sim.bucket / "ck"
         self.steps = steps
+        # With hold_at the job stalls at that step (after its checkpoint) until `release()`: a
+        # fault injected there always meets a running job, however slow the machine.
+        self.go = tmp / "go"
+        self.hold_at = hold_at
+        if hold_at is not None:
+            self.go.mkdir()
+            command_extra = f"{command_extra} --hold-at {hold_at} --hold-until {self.go}".strip()
         owner = {"tpuwatch-job": "pod"} if labels is None else labels
         if queued:  # made through queued resource `queued` (its tier: spot when `spot`)
             create_through_queued_resource(sim, queued, accelerator, owner, spot)
@@ -81,6 +89,11 @@ class Job:
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "tpuwatch.cli", *args], env=self.env, text=True,
                               capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def release(self) -> None:
+        """Let a job made with `hold_at` go on past that step."""
+        assert self.hold_at is not None, "the job was made without hold_at"
+        (self.go / str(self.hold_at)).touch()
 
     def watch(self) -> subprocess.Popen[str]:
         return subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(self.cfg)],

@@ -89,7 +89,7 @@ def test_watch_serves_metrics_that_follow_the_job_through_a_maintenance(sim: Sim
 
 def test_check_writes_a_textfile_for_node_exporter_atomically_and_its_counters_grow(
         sim: Simulator, tmp_path: Path) -> None:
-    job = Job(sim, tmp_path)
+    job = Job(sim, tmp_path, steps=100_000)  # still running at the second check, however slow the machine
     folder = tmp_path / "textfile"
     folder.mkdir()
     prom = folder / "tpuwatch.prom"

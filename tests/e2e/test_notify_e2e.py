@@ -68,11 +68,12 @@ def test_check_from_cron_sends_each_alert_once_through_a_failing_webhook(sim: Si
 
 def test_a_watch_killed_while_an_alert_hangs_sends_it_once_after_the_restart(sim: Simulator, tmp_path: Path) -> None:
     with Hook(plan=["hang"]) as hook:  # the first request is held and never answered
-        job = Job(sim, tmp_path, steps=80)
+        job = Job(sim, tmp_path, steps=80, hold_at=10)
         with_notify(job, hook, on='["disruption", "done"]')
         proc = job.watch()
         job.wait(lambda: len(job.steps_done()) >= 2, what="two checkpoints")
         sim.inject("maintenance", node="pod", heal_after=1200)
+        job.release()
         assert hook.held.wait(60), "no alert was tried"
         proc.send_signal(signal.SIGKILL)  # mid-send: the webhook never answered
         proc.wait()
@@ -121,11 +122,12 @@ def test_an_upcoming_maintenance_notice_is_alerted_once_however_often_cron_looks
 def test_a_preempted_spot_node_alerts_disruption_recreated_resumed_and_done_once_each(
         sim: Simulator, tmp_path: Path) -> None:
     with Hook() as hook:
-        job = Job(sim, tmp_path, accelerator="v4-16", spot=True, recreatable=True)
+        job = Job(sim, tmp_path, accelerator="v4-16", spot=True, recreatable=True, hold_at=10)
         with_notify(job, hook)
         proc = job.watch()
         job.wait(lambda: len(job.steps_done()) >= 2, what="two checkpoints")
         sim.inject("preempt", node="pod")
+        job.release()
         rc, out = finish(proc, timeout=120)
         assert rc == 0, out
         hist = job.history()

@@ -149,13 +149,14 @@ def test_a_stale_lockfile_is_removed_and_the_launch_goes_ahead(sim: Simulator, t
 @pytest.mark.slow
 def test_a_node_back_from_maintenance_with_a_device_missing_is_recreated_uncharged(
         sim: Simulator, tmp_path: Path) -> None:
-    job = Job(sim, tmp_path, recreatable=True, repair_timeout="2s")
+    job = Job(sim, tmp_path, recreatable=True, repair_timeout="2s", hold_at=10)
     add_precheck(job, interval="1s")
     old = sim.world.node("pod").id
     proc = job.watch()
     job.wait(lambda: len(job.steps_done()) >= 2, what="two checkpoints")
     sim.inject("device-missing", node="pod", worker=2)  # a chip dies; it stays dead across reboots
     sim.inject("maintenance", node="pod", heal_after=600)  # 1 s
+    job.release()
     rc, out = finish(proc, timeout=150)
     assert rc == 0, out
     node = sim.world.node("pod")

@@ -33,11 +33,12 @@ def node_id(sim: Simulator, zone: str | None = None) -> int:
 
 def test_maintenance_that_never_heals_is_recreated_and_the_job_resumes(sim: Simulator, tmp_path: Path) -> None:
     script = startup_script(tmp_path)
-    job = Job(sim, tmp_path, recreatable=True, repair_timeout="3s", tpu={"startup_script": str(script)})
+    job = Job(sim, tmp_path, recreatable=True, repair_timeout="3s", tpu={"startup_script": str(script)}, hold_at=10)
     old = node_id(sim)
     proc = job.watch()
     job.wait(lambda: len(job.steps_done()) >= 2, what="two checkpoints")
     sim.inject("maintenance", node="pod", stuck="REPAIRING")
+    job.release()
     rc, out = finish(proc, timeout=120)
     assert rc == 0, out
     node = sim.world.node("pod")
@@ -58,11 +59,12 @@ def test_maintenance_that_never_heals_is_recreated_and_the_job_resumes(sim: Simu
 
 
 def test_a_preempted_spot_node_is_deleted_recreated_and_resumed(sim: Simulator, tmp_path: Path) -> None:
-    job = Job(sim, tmp_path, accelerator="v4-16", spot=True, recreatable=True)
+    job = Job(sim, tmp_path, accelerator="v4-16", spot=True, recreatable=True, hold_at=10)
     old = node_id(sim)
     proc = job.watch()
     job.wait(lambda: len(job.steps_done()) >= 2, what="two checkpoints")
     sim.inject("preempt", node="pod")
+    job.release()
     rc, out = finish(proc, timeout=120)
     assert rc == 0, out
     node = sim.world.node("pod")
@@ -181,10 +183,11 @@ def test_the_startup_script_resumes_the_job_at_boot_and_watch_follows_it(sim: Si
     newest checkpoint before the watcher reconnects; the watcher follows it, never a second copy."""
     script = Path(__file__).resolve().parents[2] / "startup-scripts" / "resume-training.sh"
     job = Job(sim, tmp_path, accelerator="v4-16", spot=True, recreatable=True, steps=80,
-              tpu={"startup_script": str(script)})
+              tpu={"startup_script": str(script)}, hold_at=10)
     proc = job.watch()
     job.wait(lambda: len(job.steps_done()) >= 2, what="two checkpoints")
     sim.inject("preempt", node="pod")
+    job.release()
     rc, out = finish(proc, timeout=120)
     assert rc == 0, out
     key = sim.node_key("pod")

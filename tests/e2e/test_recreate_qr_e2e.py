@@ -32,12 +32,13 @@ def nodes(sim: Simulator) -> list[str]:
 
 def test_a_preempted_spot_node_from_a_queued_resource_is_recreated_through_it(
         sim: Simulator, tmp_path: Path) -> None:
-    job = Job(sim, tmp_path, accelerator="v4-16", spot=True, recreatable=True, queued=QR)
+    job = Job(sim, tmp_path, accelerator="v4-16", spot=True, recreatable=True, queued=QR, hold_at=10)
     old = sim.world.node("pod")
     assert old.queued_resource.endswith(f"/queuedResources/{QR}")
     proc = job.watch()
     job.wait(lambda: len(job.steps_done()) >= 2, what="two checkpoints")
     sim.inject("preempt", node="pod")
+    job.release()
     rc, out = finish(proc, timeout=120)
     assert rc == 0, out
     node = sim.world.node("pod")
@@ -57,13 +58,14 @@ def test_a_preempted_spot_node_from_a_queued_resource_is_recreated_through_it(
 
 
 def test_a_queued_resource_that_fails_is_deleted_queued_and_created_again(sim: Simulator, tmp_path: Path) -> None:
-    job = Job(sim, tmp_path, accelerator="v4-16", spot=True, recreatable=True, queued=QR)
+    job = Job(sim, tmp_path, accelerator="v4-16", spot=True, recreatable=True, queued=QR, hold_at=10)
     old = sim.world.node("pod")
     proc = job.watch()
     job.wait(lambda: len(job.steps_done()) >= 2, what="two checkpoints")
     # Quota runs out for 2 s (1200 simulated seconds): the new request is accepted, then FAILED.
     sim.inject("quota", zone=sim.zone, duration="1200s")
     sim.inject("preempt", node="pod")
+    job.release()
     rc, out = finish(proc, timeout=120)
     assert rc == 0, out
     node = sim.world.node("pod")

@@ -22,10 +22,11 @@ pytestmark = pytest.mark.slow
 
 def test_healed_maintenance_resumes_from_the_last_complete_checkpoint_uncharged(
         sim: Simulator, tmp_path: Path) -> None:
-    job = Job(sim, tmp_path)
+    job = Job(sim, tmp_path, hold_at=10)
     proc = job.watch()
     job.wait(lambda: len(job.steps_done()) >= 2, what="two checkpoints")
     sim.inject("maintenance", node="pod", heal_after=1800)  # 3 s at speed 600
+    job.release()
     rc, out = finish(proc)
     assert rc == 0, out
     hist = job.history()
@@ -66,7 +67,7 @@ def test_a_segfault_mid_run_is_relaunched_and_charged_once(sim: Simulator, tmp_p
 
 
 def test_one_worker_killed_stops_all_and_relaunches_all(sim: Simulator, tmp_path: Path) -> None:
-    job = Job(sim, tmp_path, steps=80)
+    job = Job(sim, tmp_path, steps=80, hold_at=79)  # until the test has seen attempt 2 on every worker
     proc = job.watch()
     job.wait(lambda: len(job.job_processes()) == 4 and len(job.steps_done()) >= 1, what="4 workers running")
     before = job.job_processes()
@@ -76,6 +77,7 @@ def test_one_worker_killed_stops_all_and_relaunches_all(sim: Simulator, tmp_path
     after = job.job_processes()
     # Every worker runs a new process: the survivors of attempt 1 were stopped, not left behind.
     assert all(set(after[w]).isdisjoint(before[w]) for w in range(4)), (before, after)
+    job.release()
     rc, out = finish(proc)
     assert rc == 0, out
     assert job.steps_done()[-1] == 80
@@ -83,7 +85,7 @@ def test_one_worker_killed_stops_all_and_relaunches_all(sim: Simulator, tmp_path
 
 def test_repeated_check_calls_reach_the_same_end_as_watch(sim: Simulator, tmp_path: Path) -> None:
     """Cron: one tick per call. A healed maintenance mid-run; the job finishes, uncharged."""
-    job = Job(sim, tmp_path)
+    job = Job(sim, tmp_path, hold_at=10)  # until the maintenance has hit it
     outputs = []
     injected = False
     end = time.monotonic() + 90
@@ -93,6 +95,7 @@ def test_repeated_check_calls_reach_the_same_end_as_watch(sim: Simulator, tmp_pa
         assert r.returncode == 0, outputs[-1]
         if not injected and len(job.steps_done()) >= 2:
             sim.inject("maintenance", node="pod", heal_after=1800)
+            job.release()
             injected = True
         if "job done" in r.stdout or r.stdout.count("| done |"):
             break
@@ -105,10 +108,11 @@ def test_repeated_check_calls_reach_the_same_end_as_watch(sim: Simulator, tmp_pa
 
 def test_kill_9_of_watch_mid_recovery_then_restart_gives_no_duplicate_launch(
         sim: Simulator, tmp_path: Path) -> None:
-    job = Job(sim, tmp_path, steps=80)
+    job = Job(sim, tmp_path, steps=80, hold_at=10)
     proc = job.watch()
     job.wait(lambda: len(job.steps_done()) >= 2, what="two checkpoints")
     sim.inject("maintenance", node="pod", heal_after=1200)  # 2 s
+    job.release()
     job.wait(lambda: sim.world.node("pod").health != "HEALTHY", what="maintenance under way")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -161,13 +165,14 @@ def test_a_local_checkpoint_dir_is_read_on_worker_0_and_a_healed_maintenance_res
     # $TPUWATCH_HOST_ROOT). That path does not exist on the watcher's machine.
     vm_dir = "/tpuwatch-test-vm-disk/ck"
     assert not Path(vm_dir).exists()
-    job = Job(sim, tmp_path, accelerator="v4-8")
+    job = Job(sim, tmp_path, accelerator="v4-8", hold_at=10)
     text = job.cfg.read_text().replace(str(job.ck), vm_dir)
     job.cfg.write_text(text.replace("tpuwatch.sim.trainer ", "tpuwatch.sim.trainer --vm-paths ", 1))
     job.ck = sim.hosts.host_root(sim.node_key("pod"), 0) / vm_dir.lstrip("/")
     proc = job.watch()
     job.wait(lambda: len(job.steps_done()) >= 2, what="two checkpoints on worker 0")
     sim.inject("maintenance", node="pod", heal_after=1800)  # 3 s at speed 600
+    job.release()
     rc, out = finish(proc)
     assert rc == 0, out
     attempts = job.history()["attempts"]

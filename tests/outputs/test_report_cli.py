@@ -29,10 +29,24 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 @pytest.mark.slow
 def test_report_of_a_real_journal_splits_its_wall_time_and_draws_it(sim: Simulator, tmp_path: Path) -> None:
     marker = tmp_path / "crashed-once"
-    job = Job(sim, tmp_path, f"--segfault-at 45 --fault-worker 1 --crash-once {marker}")
+    # The job holds after its first checkpoint until the journal has it: the report measures an
+    # attempt's start-up to its first checkpoint seen, which a busy machine's ticks could miss;
+    # then after its second, until the maintenance has hit it.
+    go = tmp_path / "go"
+    go.mkdir()
+    job = Job(sim, tmp_path, f"--segfault-at 45 --fault-worker 1 --crash-once {marker} --hold-at 0,10 --hold-until {go}")
     proc = job.watch()
+
+    def journal_saw_checkpoint_0() -> bool:
+        out = job.cli("history", "-c", str(job.cfg), "--json")  # fails until the journal exists
+        return out.returncode == 0 and any(e["kind"] == "checkpoint" and e["data"]["step"] == 0
+                                           for e in json.loads(out.stdout)["events"])
+
+    job.wait(journal_saw_checkpoint_0, what="the journal to see checkpoint 0")
+    (go / "0").touch()
     job.wait(lambda: len(job.steps_done()) >= 2, what="two checkpoints")
     sim.inject("maintenance", node="pod", heal_after=1800)  # 3 s at the simulator's speed
+    (go / "10").touch()
     rc, out = finish(proc)
     assert rc == 0, out
     hist = job.history()

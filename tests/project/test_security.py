@@ -220,12 +220,11 @@ def test_a_look_alike_ownership_label_never_lets_a_node_be_deleted(
     try:
         assert job.cli("check", "-c", str(job.cfg)).returncode == 0
         sim.inject("maintenance", node="pod", stuck="REPAIRING")
-        codes = []
-        for _ in range(4):
-            time.sleep(0.3)
-            r = job.cli("check", "-c", str(job.cfg))
-            codes.append(r.returncode)
-        assert codes[-1] == 1, r.stdout + r.stderr  # needs a person: not owned
+        # cron's ticks until the repair timeout (0.5 s) has passed: then a person is needed, not owned
+        deadline = time.monotonic() + 60
+        while (r := job.cli("check", "-c", str(job.cfg))).returncode == 0 and time.monotonic() < deadline:
+            pass
+        assert r.returncode == 1, r.stdout + r.stderr
         assert "not owned" in r.stdout and "--adopt" in r.stdout, r.stdout
         rec = job.cli("recreate", "pod", "-c", str(job.cfg), "--yes")
         assert rec.returncode == 1 and "does not own it" in rec.stderr, rec.stdout + rec.stderr

@@ -109,6 +109,28 @@ def test_sigterm_exits_143_promptly_when_hung(tmp_path: Path) -> None:
         assert proc.wait(timeout=10) == 143
 
 
+def test_hold_at_stalls_after_the_checkpoint_until_the_test_lets_it_go(tmp_path: Path) -> None:
+    ckpt, go = tmp_path / "ckpt", tmp_path / "go"
+    go.mkdir()
+    with subprocess.Popen(trainer_cmd("--steps", "20", "--ckpt-every", "5", "--ckpt-dir", str(ckpt),
+                                      "--hold-at", "0,10", "--hold-until", str(go), *FAST),
+                          stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        for step, saved in ((0, [0]), (10, [0, 5, 10])):
+            while f"holding at step {step} until {go / str(step)} exists" not in (line := proc.stdout.readline()):
+                assert line, f"trainer ended without holding at step {step}"
+            assert proc.poll() is None and steps_in(ckpt) == saved
+            (go / str(step)).touch()
+        assert proc.wait(timeout=20) == 0
+    assert steps_in(ckpt) == [0, 5, 10, 15, 20]
+    # resumed at a hold step whose file is there: no stall
+    r = run("--steps", "20", "--ckpt-dir", str(ckpt), "--resume", str(ckpt / "10"),
+            "--hold-at", "10", "--hold-until", str(go), *FAST)
+    assert r.returncode == 0 and "holding" not in r.stdout, r.stdout + r.stderr
+    bad = run("--hold-at", "3", *FAST)
+    assert bad.returncode == 2 and "--hold-at and --hold-until go together" in bad.stderr
+
+
 def test_save_on_term_saves_the_step_it_reached_and_exits_0(tmp_path: Path) -> None:
     # As a JAX loop with Orbax's save-on-preemption: the SIGTERM step is saved, the loop ends (exit 0).
     ckpt = tmp_path / "ckpt"

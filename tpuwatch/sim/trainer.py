@@ -46,11 +46,18 @@ ENV = {
     "fault_worker": "TRAINER_FAULT_WORKER",
     "save_on_term": "TRAINER_SAVE_ON_TERM",
     "ignore_term": "TRAINER_IGNORE_TERM",
+    "hold_at": "TRAINER_HOLD_AT",
+    "hold_until": "TRAINER_HOLD_UNTIL",
 }
 
 
 class TrainerError(Exception):
     """Bad arguments or an unusable checkpoint: one line on stderr, exit 2."""
+
+
+def _steps(text: str) -> frozenset[int]:
+    """A comma list of steps ("" = none); argparse applies it to the default too."""
+    return frozenset(int(part) for part in text.split(",") if part.strip())
 
 
 def _env_default(dest: str, kind: type, fallback: object) -> object:
@@ -97,6 +104,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="die by SIGSEGV on reaching this step (TRAINER_SEGFAULT_AT)")
     p.add_argument("--hang-at", type=int, default=_env_default("hang_at", int, None),
                    help="stop making progress on reaching this step (TRAINER_HANG_AT)")
+    p.add_argument("--hold-at", type=_steps, default=_env_default("hold_at", str, ""),
+                   help="comma list of steps: on reaching one (after its checkpoint), make no progress "
+                   "until the file <--hold-until>/<step> exists: a job stalled on its input, for as "
+                   "long as a test needs (TRAINER_HOLD_AT)")
+    p.add_argument("--hold-until", default=_env_default("hold_until", str, ""),
+                   help="the directory whose file <step> ends the hold at that step (TRAINER_HOLD_UNTIL)")
     p.add_argument("--fault-worker", type=int, default=_env_default("fault_worker", int, None),
                    help="only this worker has the faults; default all (TRAINER_FAULT_WORKER)")
     p.add_argument("--vm-paths", action="store_true",
@@ -117,6 +130,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         raise TrainerError(f"--steps must be >= 0, not {args.steps}")
     if args.ckpt_every <= 0:
         raise TrainerError(f"--ckpt-every must be > 0, not {args.ckpt_every}")
+    if bool(args.hold_at) != bool(args.hold_until):
+        raise TrainerError("--hold-at and --hold-until go together")
     if args.ckpt_dir and not os.path.isabs(args.ckpt_dir):
         raise TrainerError(f"--ckpt-dir must be an absolute path, not {args.ckpt_dir!r}")
     return args
@@ -204,6 +219,16 @@ def _fault_armed(crash_once: str) -> bool:
     return True
 
 
+def _hold(args: argparse.Namespace, worker: int, step: int) -> None:
+    """At a --hold-at step, wait for <--hold-until>/<step> (every worker: the job stalls as one)."""
+    go = os.path.join(args.hold_until, str(step))
+    if step not in args.hold_at or os.path.exists(go):
+        return
+    print(f"worker {worker}: holding at step {step} until {go} exists", flush=True)
+    while not os.path.exists(go) and not _term["asked"]:
+        time.sleep(0.02)
+
+
 def _faults(args: argparse.Namespace, worker: int, step: int) -> None:
     """Fire the fault set for `step`, if any (may not return)."""
     if args.fault_worker is not None and args.fault_worker != worker:
@@ -256,6 +281,7 @@ def train(args: argparse.Namespace) -> int:
     _faults(args, worker, step)
     if ckpt_dir is not None and primary and not args.resume:
         save(ckpt_dir, step, args.ckpt_write_time, started_from)
+    _hold(args, worker, step)
     while step < args.steps:
         time.sleep(args.step_time)
         step += 1
@@ -275,6 +301,7 @@ def train(args: argparse.Namespace) -> int:
                 print(f"worker {worker}: step {step}: {what} ({rate:.1f} steps/s)", flush=True)
             else:
                 print(f"worker {worker}: step {step} ({rate:.1f} steps/s)", flush=True)
+        _hold(args, worker, step)
     print(f"worker {worker}: done at step {step}", flush=True)
     return 0
 
