@@ -199,13 +199,16 @@ def test_a_slice_that_ignores_sigterm_holds_up_no_recreate_and_the_log_says_what
     cross-slice collective may. The stop asks and goes on: the request is deleted once
     repair_timeout is over, not after stop_grace, and the log says the processes still ran."""
     cfg, env = multislice_job(sim, tmp_path, steps=LONG)
-    text = cfg.read_text().replace("{checkpoint}", "{checkpoint} --ignore-term 1")
+    go = tmp_path / "go"  # the job holds at step 10 until the fault is in (e2e_helpers.Job's hold)
+    go.mkdir()
+    text = cfg.read_text().replace("{checkpoint}", f"{{checkpoint}} --ignore-term 1 --hold-at 10 --hold-until {go}")
     text = text.replace('repair_timeout = "30s"', 'repair_timeout = "2s"').replace('stop_grace = "2s"', 'stop_grace = "90s"')
     cfg.write_text(text)
     proc = watch(cfg, env)
     try:
         wait(lambda: len(trainers(sim)) == 4 and len(steps(sim)) >= 2, what="the job on all 4 workers", proc=proc)
         sim.inject("maintenance", node="np-1", stuck="REPAIRING")
+        (go / "10").touch()
         rc, out = finish(proc, timeout=150)
     finally:
         if proc.poll() is None:
@@ -228,13 +231,16 @@ def test_a_slice_replaced_by_googles_autorepair_is_waited_for_not_recreated(sim:
     no delete, no create, and the job resumes on the new slice."""
     sim.world.delays["multislice_restart"] = 3000.0  # 5 s here: longer than repair_timeout too
     cfg, env = multislice_job(sim, tmp_path, steps=LONG)
+    go = tmp_path / "go"  # the job holds at step 10 until the fault is in (e2e_helpers.Job's hold)
+    go.mkdir()
     text = cfg.read_text().replace('repair_timeout = "30s"', 'repair_timeout = "2s"\nqueue_timeout = "120s"')
-    cfg.write_text(text)
+    cfg.write_text(text.replace("{checkpoint}", f"{{checkpoint}} --hold-at 10 --hold-until {go}"))
     old = sim.world.node("np-1").id
     proc = watch(cfg, env)
     try:
         wait(lambda: len(trainers(sim)) == 4 and len(steps(sim)) >= 2, what="the job on all 4 workers", proc=proc)
         sim.inject("slice-replace", node="np-1", hardware_after="60m")  # 6 s here
+        (go / "10").touch()
         rc, out = finish(proc, timeout=150)
     finally:
         if proc.poll() is None:
