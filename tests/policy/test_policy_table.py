@@ -891,6 +891,11 @@ def test_row_log_hang() -> None:
     end = d.ended[0]
     assert (end.outcome, end.charged) == ("failure", True)
     assert "hung: the runtime says so (megascale_hang in worker 1's log: E0926" in end.reason
+    # a multislice job's slices hang when another slice went away: that disruption is what ended it
+    d = tick(obs(probes=probes, checkpoint=ckpt(100), events=(event("terminate", at(800)),)),
+             run_mem(start=0.0, step=100), now=900)
+    assert d.row == "log_hang" and not d.ended[0].charged and d.ended[0].outcome == "disruption"
+    assert "megascale_hang in worker 1's log" in d.ended[0].reason
 
 
 def test_row_log_crash() -> None:

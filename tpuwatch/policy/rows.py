@@ -140,7 +140,9 @@ ROWS: tuple[Row, ...] = (
         "relaunch"),
     # Known runtime signatures in the workers' logs (policy/signatures.py; [recovery] log_signatures)
     Row("log_hang", "a worker's log of the attempt shows a hang signature (Megascale hang detected, ...)",
-        "stop all workers at once; a charged failure (\"hung: the runtime says so ...\"); backoff, then relaunch"),
+        "stop all workers at once; a charged failure (\"hung: the runtime says so ...\"), unless disruption "
+        "evidence explains it (a multislice job's slices hang when one slice goes away): then a disruption; "
+        "backoff, then relaunch"),
     Row("log_crash", "a worker's log of the attempt shows a crash signature (the JAX distributed service detected "
         "fatal errors: a peer died)",
         "stop all workers at once, not waiting for each to exit; classified as any end (disruption evidence "

@@ -718,10 +718,12 @@ class _Tick:
             if sig is None:
                 continue
             what = f"{sig.name} in worker {p.worker}'s log: {p.log_match[:200]}"
-            if sig.kind == "hang":
+            if sig.kind == "hang" and not self.disrupted(mem, codes):
                 return self.ended_now(mem, "log_hang", codes, hung=f"hung: the runtime says so ({what})")
-            if sig.kind == "crash":
-                return self.ended_now(mem, "log_crash", codes, detail=what)
+            if sig.kind in ("hang", "crash"):
+                # a multislice job's other slices hang (and say so) when one slice goes away:
+                # with disruption evidence the end is classified as the disruption it is
+                return self.ended_now(mem, f"log_{sig.kind}", codes, detail=what)
             # dirty_host: uncharged unless the attempt before ended the same way (then the
             # cleanup did not help: charged, so a host that stays dirty cannot loop for ever)
             last = mem.last_end
@@ -731,6 +733,15 @@ class _Tick:
             sign = Evidence(self.now, f"{DIRTY}: {what}")
             return self.ended_now(replace(mem, evidence=merge_evidence(mem.evidence, [sign])), "log_dirty_host", codes)
         return None
+
+    def disrupted(self, mem: Memory, codes: dict[int, int | None]) -> bool:
+        """The attempt's evidence explains its end now: a disruption, never charged."""
+        start = mem.attempt_start
+        assert start is not None  # checked in _check
+        verdict = classify(AttemptFacts(start, self.now, codes, self.cfg.primary_worker, mem.evidence),
+                           min_uptime=self.cfg.min_uptime, fail_fast=self.cfg.fail_fast_exit_codes,
+                           window=self.cfg.evidence_window)
+        return verdict.outcome is Outcome.DISRUPTION
 
     def ended_now(self, mem: Memory, row: str, codes: dict[int, int | None], detail: str = "",
                   hung: str = "") -> Decision:
