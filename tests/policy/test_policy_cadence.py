@@ -75,10 +75,11 @@ def test_a_job_silent_for_20_minutes_in_its_first_compile_is_not_stopped() -> No
 
 
 def test_a_job_that_logs_every_minute_is_stopped_within_10_minutes_of_silence() -> None:
-    job = Job(silent=((MIN, 21 * MIN),), saves=((30 * MIN, 200),), hang_at=50 * MIN)
+    # its first checkpoint interval seen (30m to 60m), it hangs at 80m
+    job = Job(silent=((MIN, 21 * MIN),), saves=((30 * MIN, 200), (60 * MIN, 300)), hang_at=80 * MIN)
     row, t, m = run(job, until=5 * 3600)
     assert row == "log_silent"
-    assert LOG_FLOOR <= t - 50 * MIN <= LOG_FLOOR + AUTO.poll_interval
+    assert LOG_FLOOR <= t - 80 * MIN <= LOG_FLOOR + AUTO.poll_interval
     end = m.last_end
     assert end is not None and end.charged and "and no output for 10m" in end.reason
 
@@ -93,6 +94,13 @@ def test_a_long_save_the_job_has_shown_before_is_not_stopped() -> None:
     # that job hanging is stopped all the same, after 3x its longest silence
     row, t, _ = run(Job(silent=silent, saves=saves, hang_at=2 * 3600 + 20 * MIN), until=6 * 3600)
     assert row == "log_silent" and 45 * MIN <= t - (2 * 3600 + 20 * MIN) <= 46 * MIN + AUTO.poll_interval
+
+
+def test_a_job_that_logs_in_bursts_every_15_minutes_is_not_stopped_at_its_first_long_silence() -> None:
+    # nothing is judged before a whole checkpoint interval has shown every kind of silence once
+    job = Job(every=15 * MIN, saves=tuple((k * 30 * MIN + 5 * MIN, 100 + k) for k in range(1, 12)))
+    row, _, m = run(job, until=5 * 3600)
+    assert row == "running" and 14 * MIN <= m.log_gap <= 15 * MIN + AUTO.poll_interval
 
 
 def test_a_job_that_never_logs_after_its_start_is_judged_by_its_checkpoints_only() -> None:
@@ -126,8 +134,9 @@ def test_learning_a_silence_counts_at_most_what_the_ticks_saw_plus_one_poll() ->
 
 
 def test_the_limit_is_three_times_the_longest_silence_and_never_under_ten_minutes() -> None:
-    m = Mem.initial("z")
+    m = replace(Mem.initial("z"), ckpt_gap=30 * MIN)
     assert silent_limit(m) == 0.0
+    assert silent_limit(replace(m, log_gap=MIN, ckpt_gap=0.0)) == 0.0  # no checkpoint interval seen yet
     assert silent_limit(replace(m, log_gap=MIN)) == LOG_FLOOR
     assert silent_limit(replace(m, log_gap=15 * MIN)) == 45 * MIN
 

@@ -932,8 +932,9 @@ def test_row_log_silent() -> None:
     from policy_support import CFG
 
     cfg = replace(CFG, hang_auto=True, stable_run=10 * 3600.0)
-    # past its first checkpoint (step 200 at 20m); the job has shown silences of a minute at most
-    m = run_mem(start=0.0, step=100, log_gap=60.0, progress_step=200, progress_at=at(1200), progress_time=at(1200),
+    # past its first checkpoint (step 200 at 20m); the job has shown a checkpoint interval, and
+    # silences of a minute at most
+    m = run_mem(start=0.0, step=100, log_gap=60.0, ckpt_gap=1200.0, progress_step=200, progress_at=at(1200), progress_time=at(1200),
                 log_last=at(1500), log_peak=0.0)
 
     def silent_for(age: float) -> tuple[WorkerProbe, ...]:

@@ -134,8 +134,8 @@ ROWS: tuple[Row, ...] = (
         "no-progress streak when the attempt added no checkpoint; backoff, then relaunch"),
     Row("log_silent", "past the attempt's first checkpoint, every worker runs but no worker has written to its "
         "log for max(10m, 3x the longest silence the job has shown past a first checkpoint), nor has a checkpoint "
-        "come (hang_timeout \"auto\"; the start of an attempt, its first compile and first save, is never judged "
-        "by its logs)",
+        "come (hang_timeout \"auto\", once the job has shown a whole checkpoint interval; the start of an attempt, "
+        "its first compile and first save, is never judged by its logs)",
         "stop all workers; a charged failure (\"hung: no new checkpoint ... and no output ...\"); backoff, then "
         "relaunch"),
     # Known runtime signatures in the workers' logs (policy/signatures.py; [recovery] log_signatures)
