@@ -88,6 +88,7 @@ DISRUPTING_EVENTS = frozenset({"terminate", "restart"})  # AuditEvent.kind value
 HANG_AUTO_FLOOR = 30 * 60.0
 LOG_GRAIN = 10 * 60.0
 HUNG = "hung: no new checkpoint"  # how a hung attempt's reason begins (after "attempt <n>: ")
+HUNG_SAID = "hung: the runtime says so"  # how the reason of an attempt a runtime signature called hung begins
 DIRTY = "dirty host"  # how the end of an attempt whose worker could not open its TPU is told
 # After a notice ended an attempt, the node is about to stop (Compute Engine gives about 60 s
 # before maintenance, 30 s before a preemption): launch there again only once it went down and
@@ -719,7 +720,7 @@ class _Tick:
                 continue
             what = f"{sig.name} in worker {p.worker}'s log: {p.log_match[:200]}"
             if sig.kind == "hang" and not self.disrupted(mem, codes):
-                return self.ended_now(mem, "log_hang", codes, hung=f"hung: the runtime says so ({what})")
+                return self.ended_now(mem, "log_hang", codes, hung=f"{HUNG_SAID} ({what})")
             if sig.kind in ("hang", "crash"):
                 # a multislice job's other slices hang (and say so) when one slice goes away:
                 # with disruption evidence the end is classified as the disruption it is
