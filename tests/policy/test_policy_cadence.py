@@ -11,7 +11,7 @@ from policy_support import CFG, at, node, tick
 
 from tpuwatch.model import Checkpoint, NodeSnapshot, WorkerProbe
 from tpuwatch.policy import Memory, Observation, Phase
-from tpuwatch.policy.cadence import LOG_FLOOR, learn, silent_limit
+from tpuwatch.policy.cadence import LOG_FLOOR, SHORT, learn, silent_limit
 from tpuwatch.policy.state import Memory as Mem
 
 MIN = 60.0
@@ -69,7 +69,7 @@ def test_a_job_silent_for_20_minutes_in_its_first_compile_is_not_stopped() -> No
     row, _, m = run(job, until=40 * MIN)
     assert row == "running"
     # ... and not on its next attempt either, though the job's cadence is known by then
-    assert m.log_gap == MIN
+    assert m.log_gap == SHORT  # a minute, learned as the shortest silence that could move the limit
     row, _, _ = run(job, until=40 * MIN, mem=m, start=50 * MIN)
     assert row == "running"
 
@@ -123,12 +123,14 @@ def test_learning_a_silence_counts_at_most_what_the_ticks_saw_plus_one_poll() ->
     m = replace(Mem.initial("z"), log_last=at(0), log_peak=20.0)
     # the watcher was away for an hour: the job wrote at 3600; it had been seen silent 20 s
     later = learn(m, 5.0, at(3605), at(0), warm=True, poll=30.0)
-    assert (later.log_gap, later.log_last, later.log_peak) == (50.0, at(3600), 5.0)
+    assert (later.log_gap, later.log_last, later.log_peak) == (SHORT, at(3600), 5.0)
+    longer = learn(replace(m, log_peak=900.0), 5.0, at(3605), at(0), warm=True, poll=30.0)
+    assert longer.log_gap == 930.0
     # during the attempt's start nothing is learned
     assert learn(m, 5.0, at(3605), at(0), warm=False, poll=30.0).log_gap == 0.0
     # the same write seen again: only the silence grows
     again = learn(later, 35.0, at(3635), at(0), warm=True, poll=30.0)
-    assert (again.log_last, again.log_peak, again.log_gap) == (at(3600), 35.0, 50.0)
+    assert (again.log_last, again.log_peak, again.log_gap) == (at(3600), 35.0, SHORT)
     # no age known: nothing changes
     assert learn(again, None, at(3700), at(0), warm=True, poll=30.0) is again
 

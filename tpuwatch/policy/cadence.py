@@ -29,6 +29,9 @@ from tpuwatch.policy.state import Memory
 # data shard, an evaluation), nor shorter than LOG_FACTOR times the longest it has shown.
 LOG_FLOOR = 10 * 60.0
 LOG_FACTOR = 3.0
+# A silence shorter than this never moves the limit off its floor: it is learned as this long, so
+# the memory of a job that logs often stops changing once it has shown its cadence.
+SHORT = LOG_FLOOR / LOG_FACTOR
 # Output newer than the write known by less than this is the same write (the workers give whole
 # seconds).
 SAME_WRITE = 1.5
@@ -48,7 +51,7 @@ def learn(mem: Memory, age: float | None, now: datetime, start: datetime, warm: 
     `warm`: the attempt has saved a checkpoint of its own (its start is over); only then is a
     silence that ended learned. It is learned as at most the longest a tick saw it plus one poll
     (a watcher stopped for an hour does not take that hour for the job's cadence), and at most
-    the time between the two writes the ticks saw.
+    the time between the two writes the ticks saw, and at least SHORT.
     """
     if age is None:
         return mem
@@ -59,7 +62,7 @@ def learn(mem: Memory, age: float | None, now: datetime, start: datetime, warm: 
     if wrote <= last + timedelta(seconds=SAME_WRITE):
         return replace(mem, log_peak=age) if age > mem.log_peak else mem
     gap = min((wrote - last).total_seconds(), mem.log_peak + poll)
-    learned = max(mem.log_gap, gap) if warm else mem.log_gap
+    learned = max(mem.log_gap, gap, SHORT) if warm else mem.log_gap
     return replace(mem, log_last=wrote, log_peak=age, log_gap=learned)
 
 
