@@ -204,6 +204,55 @@ def _env_table(key: str, value: Any) -> dict[str, str]:
     return out
 
 
+# Log signatures: searched by `grep -E` on the workers and by Python's re on the watcher, so
+# only what both read the same way: these are the constructs one of them lacks, and what to write.
+_NOT_ERE = ((re.compile(r"\\[dD]"), "\\d: write [0-9]"), (re.compile(r"\\[wW]"), "\\w: write [A-Za-z0-9_]"),
+            (re.compile(r"\\[sS]"), "\\s: write [ \\t]"), (re.compile(r"\\[bBAZ]"), "\\b, \\A, \\Z anchors"),
+            (re.compile(r"\(\?"), "(?...) groups"), (re.compile(r"[*+?}]\?"), "lazy quantifiers (*?, +?)"),
+            (re.compile(r"\[\[?[:=.]"), "POSIX classes such as [[:space:]]: write the characters, such as [ \\t]"))
+LOG_SIGNATURE_CLASSES = ("hang", "crash", "dirty_host", "off")
+
+
+def _log_signatures(key: str, value: Any) -> dict[str, dict[str, str]]:
+    """[recovery.log_signatures] NAME = { pattern = "ERE", class = "hang" | "crash" | "dirty_host" | "off" }."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a table of NAME = {{ pattern = \"...\", class = \"hang\" }}")
+    out: dict[str, dict[str, str]] = {}
+    for name, entry in value.items():
+        where = f"{key}.{name}"
+        if not re.match(r"^[a-z][a-z0-9_]{0,40}$", name):
+            raise ConfigError(f"{where}: a signature name is lowercase letters, digits and _ (up to 41)")
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: expected {{ pattern = \"...\", class = \"hang\" }}")
+        unknown = set(entry) - {"pattern", "class"}
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r}; use pattern, class")
+        kind = _text(f"{where}.class", entry.get("class", ""))
+        if kind not in LOG_SIGNATURE_CLASSES:
+            raise ConfigError(f"{where}.class: unknown class {kind!r}{_did_you_mean(kind, list(LOG_SIGNATURE_CLASSES))}; "
+                              f"classes are {', '.join(LOG_SIGNATURE_CLASSES)} (off turns a built-in off)")
+        if kind == "off":
+            out[name] = {"pattern": "", "class": kind}
+            continue
+        if "pattern" not in entry:
+            raise ConfigError(f"{where}: missing pattern; add `pattern = \"...\"` (an extended regular expression)")
+        pattern = _text(f"{where}.pattern", entry["pattern"])
+        if not pattern or len(pattern) > 300 or any(c in pattern for c in "\n\r\x00"):
+            raise ConfigError(f"{where}.pattern: expected one line of 1 to 300 characters")
+        for construct, hint in _NOT_ERE:
+            if construct.search(pattern):
+                raise ConfigError(f"{where}.pattern: the workers search with grep -E and tpuwatch with Python's re, "
+                                  f"which do not share {hint}")
+        try:
+            compiled = re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(f"{where}.pattern: not a valid regular expression ({exc})") from None
+        if compiled.search(""):
+            raise ConfigError(f"{where}.pattern: {pattern!r} matches an empty line, so every line of the log")
+        out[name] = {"pattern": pattern, "class": kind}
+    return out
+
+
 def _checks(key: str, value: Any) -> tuple[dict[str, Any], ...]:
     if not isinstance(value, list):
         raise ConfigError(f"{key}: expected [[precheck.custom]] tables with name, command, timeout")
@@ -447,6 +496,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                      "(WANDB_API_KEY=..., --hf_token ...) into a recreated node's metadata anyway; "
                                      "off: such a command stays out of it, the startup script only sets up and the "
                                      "watcher starts the job over SSH"),
+        "megascale_abort_on_hang": Field(_bool, True, "multislice jobs: append --megascale_error_reporter_abort_on_hang=true "
+                                         "and --megascale_error_reporter_abort_on_error=true to the job's LIBTPU_INIT_ARGS "
+                                         "(a flag the job's own value sets is left alone), so a Megascale hang ends the "
+                                         "job's processes instead of leaving them stuck; false: LIBTPU_INIT_ARGS untouched"),
         "checkpoint_warn_age": Field(_duration(1), 75 * 60.0, "warn when the newest checkpoint is older than this"),
     },
     "recovery": {
@@ -463,6 +516,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                               "charged failure. \"auto\": 3x the checkpoint interval seen (at least 30m), and only while "
                               "the workers' logs are silent too; 0s = off"),
         "fail_fast_exit_codes": Field(_exit_codes, frozenset(), "exit codes that fail the job at once"),
+        "log_signatures": Field(_log_signatures, {}, "more runtime signatures in the workers' logs that end an attempt at "
+                                "once: NAME = { pattern = \"ERE\", class = \"hang\" | \"crash\" | \"dirty_host\" }; "
+                                "class = \"off\" turns a built-in off (docs/policy.md lists them)"),
         "backoff_base": Field(_duration(0), 10.0, "wait before the second charged restart in a row, doubling after it (the first since a stable run is at once)"),
         "backoff_max": Field(_duration(0), 300.0, "longest wait between charged restarts"),
         "stop_grace": Field(_duration(0), 30.0, "SIGTERM to SIGKILL grace when stopping workers; the watcher waits "

@@ -248,6 +248,10 @@ class WorkerProbe:
     pid: int | None = None
     detail: str = ""  # e.g. the ssh error for "unreachable"
     log_bytes: int | None = None  # size of the attempt's output log (its activity, for hang detection)
+    # seconds since the attempt's log was last written, measured on the worker (no clock skew)
+    log_age: float | None = None
+    # the first line of the attempt's log matching a known runtime signature (policy/signatures.py)
+    log_match: str = ""
     login_refused: bool = False  # "unreachable" because ssh's login was refused (Permission denied)
     # JSON: a local job.checkpoint_dir as the first worker sees it (checkpoints.WorkerCheckpoints)
     checkpoint_listing: str = ""

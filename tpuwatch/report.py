@@ -40,7 +40,7 @@ from typing import Any
 from tpuwatch.durations import human
 from tpuwatch.journal import AttemptRow, JournalEvent
 from tpuwatch.policy.classify import describe_exit
-from tpuwatch.policy.table import HUNG
+from tpuwatch.policy.table import HUNG, HUNG_SAID
 
 # id -> label, in the order reports show them
 CATEGORIES: dict[str, str] = {
@@ -300,14 +300,15 @@ def _pace(attempts: Sequence[AttemptRow], ckpts: dict[int, list[_Ckpt]]) -> floa
 
 
 def hung(a: AttemptRow) -> bool:
-    """tpuwatch stopped the attempt because it made no progress (the policy's `hung` row)."""
-    return a.reason.split(": ", 1)[-1].startswith(HUNG)
+    """tpuwatch stopped the attempt because it made no progress (the policy's `hung` and
+    `log_silent` rows) or its runtime said it hung (`log_hang`)."""
+    return a.reason.split(": ", 1)[-1].startswith((HUNG, HUNG_SAID))
 
 
 def cause(a: AttemptRow) -> str:
     """What ended an attempt, in a few words that group alike ends together."""
     if hung(a):
-        return "hung: no new checkpoint"
+        return HUNG_SAID if a.reason.split(": ", 1)[-1].startswith(HUNG_SAID) else HUNG
     if a.outcome == "disruption":
         sign = _DISRUPTION_SIGN.search(a.reason)
         return f"disruption: {sign.group(1)}" if sign else "disruption"

@@ -16,6 +16,7 @@ from tpuwatch.cloud.logs import AuditLogReader
 from tpuwatch.cloud.zonenodes import Due, SharedTpu
 from tpuwatch.config import Config, load_config
 from tpuwatch.policy import PolicyConfig
+from tpuwatch.policy.signatures import log_signatures, worker_patterns
 from tpuwatch.ports import CheckpointStore, JobPorts
 
 
@@ -97,7 +98,8 @@ def real_ports(job: Job, sharing: Sharing | None = None, *, sleep: Callable[[flo
     workers = SshWorkers.from_config(cfg, host_keys=lambda node: adapter_for(node.zone).host_keys(node.name),
                                      instances=lambda node: adapter_for(node.zone).instance_names(node),
                                      checkpoint_dir=on_vm.root if on_vm is not None else "",
-                                     on_listing=on_vm.feed if on_vm is not None else None)
+                                     on_listing=on_vm.feed if on_vm is not None else None,
+                                     log_patterns=worker_patterns(log_signatures(cfg.recovery["log_signatures"])))
     workers.transport.check()  # an unreadable key is exit 2 before any cloud call
     from tpuwatch.workers.precheck import Prechecker
 

@@ -358,3 +358,31 @@ def test_a_drill_on_a_worker_of_the_second_slice_hits_that_slice_and_the_job_rec
     assert entries == {("np-1", "1")}, entries
     attempts = json.loads(cli(env, "history", "-c", str(cfg), "--json").stdout)["attempts"]
     assert (attempts[0]["outcome"], attempts[0]["charged"]) == ("disruption", False), attempts
+
+
+def test_a_megascale_hang_ends_the_attempt_at_once_and_the_job_resumes(sim: Simulator, tmp_path: Path) -> None:
+    # Worker 0 of one slice hangs once at step 30; Megascale says so after its threshold (0.5 s
+    # here, 5 min by default) and, with the flags tpuwatch appends to LIBTPU_INIT_ARGS, aborts.
+    once = tmp_path / "hung-once"
+    cfg, env = multislice_job(sim, tmp_path, steps=LONG)
+    text = cfg.read_text().replace(
+        "--resume {checkpoint}", f"--resume {{checkpoint}} --hang-at 30 --fault-worker 0 --crash-once {once} "
+                                 "--megascale-hang-threshold 0.5")
+    cfg.write_text(text)
+    proc = watch(cfg, env)
+    try:
+        wait(lambda: len(trainers(sim)) == 4, what="the job on all 4 workers", proc=proc)
+        flags = {e.get("LIBTPU_INIT_ARGS", "") for e in trainers(sim).values()}
+        assert flags == {"--megascale_error_reporter_abort_on_hang=true "
+                         "--megascale_error_reporter_abort_on_error=true"}, flags
+        rc, out = finish(proc, timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    assert once.exists() and steps(sim)[-1] == LONG
+    attempts = json.loads(cli(env, "history", "-c", str(cfg), "--json").stdout)["attempts"]
+    assert len(attempts) == 2, attempts
+    first = attempts[0]
+    assert first["charged"] and "hung: the runtime says so (megascale_hang in worker" in first["reason"], first
+    assert "Megascale hang detected: Timed out waiting for 1 graphs" in first["reason"], first

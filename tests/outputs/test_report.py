@@ -293,3 +293,17 @@ def test_the_policy_s_own_attempt_ends_get_their_causes() -> None:
     assert not hung(crash) and cause(crash) == "failure: exit code 139 (SIGSEGV)"
     gone = row(tick(obs(node("PREEMPTED"), probes=None), m, now=7200))
     assert gone.outcome == "disruption" and cause(gone) == "disruption: node state PREEMPTED"
+
+
+def test_an_attempt_the_runtime_called_hung_is_counted_as_hung() -> None:
+    from tpuwatch.report import cause, hung
+
+    def row(reason: str) -> AttemptRow:
+        return AttemptRow(number=3, start=T0, end=T0, node_id="n", start_step=1, end_step=1,
+                          outcome="failure", charged=True, exit_code=None, reason=reason)
+
+    said = row("attempt 3: hung: the runtime says so (megascale_hang in worker 1's log: Megascale hang detected)")
+    silent = row("attempt 3: hung: no new checkpoint for 10m00s and no output for 10m00s while every worker ran")
+    assert hung(said) and cause(said) == "hung: the runtime says so"
+    assert hung(silent) and cause(silent) == "hung: no new checkpoint"
+    assert not hung(row("attempt 3: worker 0 exit code 1 after 2h with no disruption in sight"))

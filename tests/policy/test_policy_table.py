@@ -971,3 +971,69 @@ def test_row_autorepair_wait() -> None:
     # a restart with no slice replaced (a heal in place): repair_timeout too
     healed = slices(("RESTARTING", "a"), ("READY", "b"))
     assert tick(obs(healed, queued=active), idle(attempt_node_id="a+b"), now=0, cfg=multi).row == "repair_wait"
+
+
+MEGASCALE = ("E0926 17:26:32 Megascale hang detected: Timed out waiting for 4 graphs to complete at launch_id 13650. "
+             "Already completed: 100. StepGloballyInProgress: true. Timeout: 1m")
+
+
+def test_row_log_hang() -> None:
+    probes = (WorkerProbe(0, "running", attempt=1), WorkerProbe(1, "running", attempt=1, log_match=MEGASCALE))
+    d = tick(obs(probes=probes, checkpoint=ckpt(100)), run_mem(start=0.0, step=100), now=900)
+    assert d.row == "log_hang" and kinds(d) == ["stop", "wait"]
+    end = d.ended[0]
+    assert (end.outcome, end.charged) == ("failure", True)
+    assert "hung: the runtime says so (megascale_hang in worker 1's log: E0926" in end.reason
+    # a multislice job's slices hang when another slice went away: that disruption is what ended it
+    d = tick(obs(probes=probes, checkpoint=ckpt(100), events=(event("terminate", at(800)),)),
+             run_mem(start=0.0, step=100), now=900)
+    assert d.row == "log_hang" and not d.ended[0].charged and d.ended[0].outcome == "disruption"
+    assert "megascale_hang in worker 1's log" in d.ended[0].reason
+
+
+def test_row_log_crash() -> None:
+    line = ("F0926 17:26:32 client.h:77] Terminating process because the JAX distributed service detected fatal "
+            "errors. This most likely indicates that another task died")
+    probes = (WorkerProbe(0, "running", attempt=1, log_match=line), WorkerProbe(1, "exited", attempt=1, exit_code=137))
+    d = tick(obs(probes=probes, checkpoint=ckpt(100)), run_mem(start=0.0, step=100), now=900)
+    assert d.row == "log_crash" and kinds(d) == ["stop", "wait"]
+    assert d.ended[0].charged and "jax_peer_died in worker 0's log" in d.ended[0].reason
+    # evidence of a disruption still excuses it
+    o = obs(probes=probes, checkpoint=ckpt(100), events=(event("terminate", at(850)),))
+    d = tick(o, run_mem(start=0.0, step=100), now=900)
+    assert d.row == "log_crash" and not d.ended[0].charged and d.memory.phase is Phase.IDLE
+
+
+def test_row_log_dirty_host() -> None:
+    line = ("RuntimeError: Unable to initialize backend 'tpu': UNKNOWN: TPU initialization failed: "
+            "open(/dev/vfio/0): Device or resource busy: Device or resource busy; Couldn't open iommu group /dev/vfio/0")
+    probes = (WorkerProbe(0, "exited", attempt=1, exit_code=1, log_match=line), WorkerProbe(1, "running", attempt=1))
+    d = tick(obs(probes=probes, checkpoint=ckpt(100)), run_mem(start=0.0, step=100), now=20)
+    assert d.row == "log_dirty_host" and kinds(d) == ["stop"]
+    end = d.ended[0]
+    assert not end.charged and "dirty host: tpu_busy in worker 0's log" in end.reason
+    assert d.memory.phase is Phase.IDLE and d.memory.restarts == 0
+    # the next attempt ends the same way: the cleanup did not help, so it is charged
+    again = tuple(replace(p, attempt=2) for p in probes)
+    m = run_mem(attempt=2, start=30.0, step=100, last_end=end)
+    d = tick(obs(probes=again, checkpoint=ckpt(100)), m, now=50)
+    assert d.row == "log_dirty_host" and d.ended[0].charged and d.ended[0].outcome == "failed_start"
+    assert "dirty host again" in d.ended[0].reason
+
+
+def test_row_log_silent() -> None:
+    from policy_support import CFG
+
+    cfg = replace(CFG, hang_auto=True, stable_run=10 * 3600.0)
+    # past its first checkpoint (step 200 at 20m); the job has shown a checkpoint interval, and
+    # silences of a minute at most
+    m = run_mem(start=0.0, step=100, log_gap=60.0, ckpt_gap=1200.0, progress_step=200, progress_at=at(1200), progress_time=at(1200),
+                log_last=at(1500), log_peak=0.0)
+
+    def silent_for(age: float) -> tuple[WorkerProbe, ...]:
+        return tuple(WorkerProbe(w, "running", attempt=1, log_age=age) for w in range(2))
+
+    assert tick(obs(probes=silent_for(599), checkpoint=ckpt(200)), m, now=1500 + 599, cfg=cfg).row == "running"
+    d = tick(obs(probes=silent_for(600), checkpoint=ckpt(200)), m, now=2100, cfg=cfg)
+    assert d.row == "log_silent" and kinds(d) == ["stop", "wait"]
+    assert d.ended[0].charged and "no output for 10m00s" in d.ended[0].reason

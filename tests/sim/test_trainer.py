@@ -226,3 +226,20 @@ def test_imports_stay_light() -> None:
                               check=True).stdout.split())
     heavy = {"asyncssh", "grpc", "google", "click", "rich", "asyncio", "tpuwatch.sim.hosts"}
     assert not heavy & mods
+
+
+def test_a_multislice_hang_logs_megascales_line_and_aborts_only_when_the_flags_ask() -> None:
+    hang = ("--steps", "100", "--hang-at", "3", "--megascale-hang-threshold", "0.2", *FAST)
+    aborting = run(*hang, env={"MEGASCALE_NUM_SLICES": "2",
+                               "LIBTPU_INIT_ARGS": "--xla_foo=1 --megascale_error_reporter_abort_on_hang=true"})
+    assert aborting.returncode == -signal.SIGABRT
+    assert "Megascale hang detected: Timed out waiting for 1 graphs to complete at launch_id 3." in aborting.stderr
+    # without the flag it stays hung after saying so
+    full = {**{k: v for k, v in os.environ.items() if not k.startswith("TRAINER_")}, "MEGASCALE_NUM_SLICES": "2"}
+    with subprocess.Popen(trainer_cmd(*hang), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                          env=full) as proc:
+        assert proc.stderr is not None
+        assert "Megascale hang detected" in proc.stderr.readline()
+        assert proc.poll() is None
+        proc.kill()
+        proc.communicate()

@@ -502,7 +502,8 @@ def test_wait_answers_probe_requests_on_its_stdin_and_ends_with_it(worker: Worke
         plain = ask(41, False)
         assert reader.ready  # it said it reads requests before the first answer
         assert (plain["state"], plain["attempt"]) == ("running", "1") and "ckpt_listing" not in plain
-        assert plain == worker.probe()  # what the probe over its own connection says
+        # what the probe over its own connection says (the log's age in seconds may have moved on)
+        assert int(plain.pop("log_age")) <= int((again := worker.probe()).pop("log_age")) and plain == again
         listed = ask(42, True)
         assert '"step_5"' in listed["ckpt_listing"]
         assert reader.rest == []  # nothing but answers while the attempt runs
@@ -529,3 +530,63 @@ def test_wait_answers_probe_requests_on_its_stdin_and_ends_with_it(worker: Worke
         assert shell.wait(30) == 0
     finally:
         shell.kill()
+
+
+def _signed_probe(worker: Worker, patterns: tuple[str, ...]) -> dict[str, str]:
+    return worker.run(protocol.probe_script(JOB, patterns=patterns))
+
+
+def test_the_probe_reports_the_log_age_and_the_first_line_matching_a_signature(worker: Worker) -> None:
+    from tpuwatch.policy.signatures import BUILTIN, worker_patterns
+
+    patterns = (*worker_patterns(BUILTIN), "it's \"q\" $(touch pwned)|`touch pwned`")  # reaches bash as data
+    worker.launch(1, "exec sleep 300")
+    log = worker.dir / "attempt-1.log"
+    log.write_text("step 1\n")
+    old = time.time() - 120
+    os.utime(log, (old, old))
+    p = protocol.parse_probe(0, _signed_probe(worker, patterns))
+    assert p.log_match == "" and p.log_age is not None and 119 <= p.log_age <= 130
+    # a signature split across two probes' reads is still found whole
+    with log.open("a") as f:
+        f.write("E0926 x] Megascale hang det")
+    assert protocol.parse_probe(0, _signed_probe(worker, patterns)).log_match == ""
+    with log.open("a") as f:
+        f.write("ected: Timed out waiting for 4 graphs to complete\nlater: TPU initialization failed\n")
+    p = protocol.parse_probe(0, _signed_probe(worker, patterns))
+    assert p.log_match == "E0926 x] Megascale hang detected: Timed out waiting for 4 graphs to complete"
+    assert p.log_age is not None and p.log_age <= 5
+    # kept: later probes report the same first line without searching again
+    assert protocol.parse_probe(0, _signed_probe(worker, patterns)).log_match == p.log_match
+    # a user's pattern with quotes and shell syntax is only ever a pattern
+    assert not list(worker.home.rglob("pwned")) and not Path("pwned").exists()
+    # the next attempt starts afresh
+    worker.stop()
+    worker.launch(2, "echo clean; exec sleep 300")
+    wait_for(lambda: (worker.dir / "attempt-2.log").read_text() == "clean\n", what="attempt 2's output")
+    assert protocol.parse_probe(0, _signed_probe(worker, patterns)).log_match == ""
+    assert not (worker.dir / "attempt-1.match").exists()
+
+
+def test_libtpu_args_are_appended_to_the_jobs_own_and_never_override_a_flag_it_sets(worker: Worker) -> None:
+    def launched_with(attempt: int, env: dict[str, str] | None, login: str | None) -> str:
+        if login is None:
+            worker.extra.pop("LIBTPU_INIT_ARGS", None)
+        else:
+            worker.extra["LIBTPU_INIT_ARGS"] = login
+        worker.run(protocol.launch_script(JOB, attempt=attempt, worker=0, checkpoint=None, env=env,
+                                          command="printf '%s' \"$LIBTPU_INIT_ARGS\"",
+                                          libtpu_args=("--megascale_error_reporter_abort_on_hang=true",
+                                                       "--megascale_error_reporter_abort_on_error=true")))
+        log = worker.dir / f"attempt-{attempt}.log"
+        wait_for(lambda: (worker.dir / "exit_code").exists(), what="exit_code")
+        return log.read_text()
+
+    assert launched_with(1, None, None) == ("--megascale_error_reporter_abort_on_hang=true "
+                                            "--megascale_error_reporter_abort_on_error=true")
+    # the login's own value is kept, first
+    assert launched_with(2, None, "--xla_foo=1") == ("--xla_foo=1 --megascale_error_reporter_abort_on_hang=true "
+                                                     "--megascale_error_reporter_abort_on_error=true")
+    # [job] env wins over the login's, and a flag it sets itself is left as it set it
+    assert launched_with(3, {"LIBTPU_INIT_ARGS": "--megascale_error_reporter_abort_on_hang=false"}, "--xla_foo=1") == (
+        "--megascale_error_reporter_abort_on_hang=false --megascale_error_reporter_abort_on_error=true")

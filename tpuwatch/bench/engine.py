@@ -12,14 +12,19 @@ attempt trains only once every slice runs processes launched since the last disr
 then the processes that are there wait for their peers. Any slice's disruption (its hosts going
 down, a crash, a hang, a stop) ends the attempt's progress on all slices: the processes of the
 other slices live on, blocked in their cross-slice collectives, making no progress and writing no
-checkpoint, until someone stops them (a multislice JAX job hangs silently unless
-`--megascale_abort_on_hangs` is set). Within a slice a dead worker still makes its peers abort
+checkpoint, until someone stops them. A hang there is said in the logs: Megascale (libtpu's
+multislice runtime) logs "Megascale hang detected" after `megascale_threshold` without progress
+(its --megascale_graph_hang_threshold, 5 minutes by default, per MaxText's Megascale hang
+playbook), and with `megascale_abort` (the abort-on-hang flags tpuwatch appends to
+LIBTPU_INIT_ARGS) the processes then abort (134). Within a slice a dead worker still makes its peers abort
 after `peer_timeout`. Checkpoints are global (one bucket). With one slice all of this is the
 single-slice model: a launch is at once the attempt.
 
 A training attempt is modelled analytically rather than step by step: after `startup` seconds
 it runs `ckpt_every` steps of `step_time`, then spends `ckpt_save` seconds writing a checkpoint
-that is complete at the end of the save, and so on. Its step at any time is a formula, so a
+that is complete at the end of the save, and so on. Its log has a banner at the launch, then a
+line every `log_every` seconds while it trains (silent while it starts up, saves, or makes no
+progress). Its step at any time is a formula, so a
 30-day run costs one event per fault and per tool action, not one per step.
 
 This module knows nothing of tpuwatch's policy or of any baseline: it is the cloud, the hosts
@@ -173,6 +178,8 @@ class Params:
     notice_lead: float = 60.0
     save_on_term: bool = True
     slices: int = 1  # pod slices the job spans (Multislice), each of `workers` hosts
+    log_every: float = 60.0  # the job logs a line this often while it trains
+    megascale_threshold: float = 300.0  # Multislice: no progress this long and Megascale logs a hang
 
     @property
     def horizon(self) -> float:
@@ -220,6 +227,7 @@ class Attempt:
     saved_step: int | None = None  # the checkpoint it saves on a signal, complete at saved_at
     saved_at: float | None = None
     lost: int = 0  # at its end: steps run past the newest complete checkpoint (redone later)
+    megascale_at: float | None = None  # Multislice: when Megascale logged its hang line
 
     def __post_init__(self) -> None:
         if not self.bad:
@@ -238,6 +246,21 @@ class Attempt:
         if rest == 0:
             return self.run_start + n * self._cycle()
         return self.run_start + n * self._cycle() + rest * p.step_time + p.ckpt_save
+
+    def last_write(self, t: float) -> float:
+        """When the attempt last wrote to its log, as of `t`: its banner at the launch, then a line
+        every `log_every` while it trains; nothing while it starts up, saves or is frozen."""
+        p = self.p
+        if self.frozen is not None:
+            t = min(t, self.frozen)
+        if self.bad or t <= self.run_start:
+            return self.t0
+        if self.done_at is not None and t >= self.done_at:
+            return self.done_at
+        c = self._cycle()
+        n = int((t - self.run_start) // c)
+        r = min(t - self.run_start - n * c, p.ckpt_every * p.step_time)
+        return self.run_start + n * c + (r // p.log_every) * p.log_every
 
     def progress(self, t: float) -> tuple[int, int, float | None]:
         """(step reached, newest complete checkpoint step, when it completed) at time `t`."""
@@ -387,6 +410,9 @@ class BenchWorld:
         # A relay beside each attempt passes the metadata server's notice to the job as a signal
         # (tpuwatch's maintenance.notify_signal); no baseline has one.
         self.relay = False
+        # The launch appends Megascale's abort-on-hang flags to LIBTPU_INIT_ARGS (tpuwatch's
+        # [job] megascale_abort_on_hang, multislice only); no baseline does.
+        self.megascale_abort = False
         self.announced: list[AnnouncedHit] = []
         self._stopped_now: Attempt | None = None  # the attempt a supervisor stopped last (early start)
         # Announced and not over. Like every fault of the trace they strike the slice's node of
@@ -921,8 +947,23 @@ class BenchWorld:
             return False
         self._hit("hang", True)
         a.frozen = self.now
+        if len(self.slices) > 1:
+            self.sim.after(self.p.megascale_threshold, self._megascale_hang, a)
         self._touch()
         return True
+
+    def _megascale_hang(self, a: Attempt) -> None:
+        """Megascale logs the hang on every live worker; with the abort flags, they abort."""
+        if a.ended:
+            return
+        a.megascale_at = self.now
+        if self.megascale_abort:
+            for pr in a.procs:
+                if not pr.ended:
+                    self._record(pr, range(self.p.workers), 134)
+                    self._procs_end(pr)
+            return
+        self._touch()
 
     # -- announced maintenance ---------------------------------------------------------------
 

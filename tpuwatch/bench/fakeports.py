@@ -14,6 +14,7 @@ This module holds no recovery rule and no loop: it only answers calls from what 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -201,6 +202,9 @@ class BenchAudit:
 
 
 LOG_BANNER, LOG_LINE = 2000, 80  # bytes a launch prints, then per training step
+# What Megascale logs on a multislice hang (the MXLA debugging workflow guide's example line)
+MEGASCALE_LINE = ("E0926 17:26:32 Megascale hang detected: Timed out waiting for 4 graphs to complete at launch_id "
+                  "13650. Already completed: 100. StepGloballyInProgress: true. Timeout: 5m")
 
 
 class BenchWorkers:
@@ -269,15 +273,42 @@ class BenchWorkers:
     def probe(self, node: NodeSnapshot) -> list[WorkerProbe]:
         self.meter.ssh += len(node.workers)
         if self.slice is not None:
-            return [WorkerProbe(w, state, attempt=no, exit_code=code,  # type: ignore[arg-type]
-                                log_bytes=self._log_bytes(no) if state != "unreachable" else None)
-                    for w, state, no, code in self.world.probe_slice(self.slice)]
+            return [self._probe(w, state, no, code) for w, state, no, code in self.world.probe_slice(self.slice)]
         a = self.world.attempt
         notice = a.notice if a is not None else ""  # the relay's file beside that attempt
-        return [WorkerProbe(w, state, attempt=no, exit_code=code,  # type: ignore[arg-type]
-                            log_bytes=self._log_bytes(no) if state != "unreachable" else None,
-                            notice=notice if a is not None and no == a.no and state != "unreachable" else "")
+        return [replace(self._probe(w, state, no, code),
+                        notice=notice if a is not None and no == a.no and state != "unreachable" else "")
                 for w, state, no, code in self.world.probe()]
+
+    def _probe(self, worker: int, state: str, attempt: int | None, code: int | None) -> WorkerProbe:
+        if state == "unreachable":
+            return WorkerProbe(worker, "unreachable", attempt=attempt, exit_code=code)
+        age, line = self._log(attempt)
+        return WorkerProbe(worker, state, attempt=attempt, exit_code=code,  # type: ignore[arg-type]
+                           log_bytes=self._log_bytes(attempt), log_age=age, log_match=line)
+
+    def at(self, probes: Sequence[WorkerProbe], t: float) -> tuple[WorkerProbe, ...]:
+        """`probes` as they would read at virtual time `t` if nothing else changed: the logs' ages
+        move on (a job that trains keeps writing; a frozen one does not)."""
+        return tuple(replace(p, log_age=self._log(p.attempt, t)[0]) if p.log_age is not None else p for p in probes)
+
+    def _log(self, attempt: int | None, t: float | None = None) -> tuple[float | None, str]:
+        """The log's age (whole seconds, as remote.sh gives it) and the Megascale hang line once
+        it was logged: what the probe reports of attempt `attempt`'s log (now, or at `t`)."""
+        w = self.world
+        now = w.now if t is None else t
+        if self.slice is not None:
+            pr = w.slices[self.slice].procs
+            if attempt is None or pr is None or pr.no != attempt:
+                return None, ""
+            a, t0 = pr.attempt, pr.t0  # processes waiting for their peers wrote only the banner
+        else:
+            a = w.attempt
+            if attempt is None or a is None or a.no != attempt:
+                return None, ""
+            t0 = a.t0
+        wrote = a.last_write(now) if a is not None else t0
+        return float(int(now - wrote)), MEGASCALE_LINE if a is not None and a.megascale_at is not None else ""
 
     def _log_bytes(self, attempt: int | None) -> int | None:
         """The attempt log's size: a start-up banner, then a line per step; it stops growing

@@ -32,7 +32,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -513,6 +513,7 @@ class TpuwatchDriver:
         self.until = group.alarm(self) if group is not None else until
         self.sleep = group.sleeper(self) if group is not None else sleep
         workers = BenchWorkers(w, m, self.slice, rouse=(lambda: group.rouse(self)) if group is not None else None)
+        self.workers = workers
         life = Lifecycle(tpu, str(self.cfg.tpu["queued_resource"]), tuple(self.cfg.tpu["names"]))
         return JobPorts(tpu_for=lambda zone: tpu, lifecycle_for=lambda zone: life, workers=workers,
                      checkpoints=BenchCheckpoints(w, m), audit=BenchAudit(w, m), now=lambda: at(sim.now),
@@ -524,6 +525,8 @@ class TpuwatchDriver:
         poll = self.pcfg.poll_interval
         # The launch puts the notice relay beside each attempt when notify_signal names a signal.
         w.relay = bool(self.cfg.get("maintenance.notify_signal"))
+        # A multislice launch appends Megascale's abort-on-hang flags ([job] megascale_abort_on_hang).
+        w.megascale_abort = bool(self.cfg.job["megascale_abort_on_hang"]) and bool(self.cfg.tpu["names"])
         with tempfile.TemporaryDirectory(prefix="tpuwatch-bench-") as state, \
                 Journal.open(Path(state), self.cfg.job_name, self.cfg.tpu_name, wait=False) as journal:
             # A throwaway journal: no fsync and no rollback file per tick (the product's
@@ -559,7 +562,7 @@ class TpuwatchDriver:
                     return
                 delay = next_delay(report, poll)
                 steady = (last is not None and _idle(report, delay, poll) and _idle(last, delay, poll)
-                          and w.changed is seen and report.memory == last.memory
+                          and w.changed is seen and _steady(report.memory) == _steady(last.memory)
                           and report.checkpoint == last.checkpoint)
                 last, seen = report, w.changed
                 if not steady or not self.skip_idle:
@@ -636,12 +639,23 @@ class TpuwatchDriver:
         lo, hi = 0, n
         while lo < hi:
             k = (lo + hi + 1) // 2
-            d = decide(obs, report.memory, self.pcfg, at(self.run.sim.now + k * period))
-            if d.row == report.decision.row and not d.actions and d.memory == report.memory:
+            t = self.run.sim.now + k * period
+            # the logs' ages as the probes would read them then (a frozen job's silence grows)
+            later = replace(obs, probes=self.workers.at(obs.probes, t)) if obs.probes is not None else obs
+            d = decide(later, report.memory, self.pcfg, at(t))
+            if d.row == report.decision.row and not d.actions and _steady(d.memory) == _steady(report.memory):
                 lo = k
             else:
                 hi = k - 1
         return lo
+
+
+def _steady(mem: Memory) -> Memory:
+    """The memory without the log cadence's bookkeeping (policy/cadence.py: the last write seen
+    and the silence since), which moves on every tick of a job that logs every minute. Replayed
+    ticks leave it as the last real tick did; the next real tick learns at most the silence a
+    tick saw plus one poll, as after any gap between ticks."""
+    return replace(mem, log_last=None, log_peak=0.0)
 
 
 class Watchers:

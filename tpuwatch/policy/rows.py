@@ -145,6 +145,25 @@ ROWS: tuple[Row, ...] = (
         "seen, at least 30m, and the workers' logs silent as long)",
         "stop all workers; a charged failure (\"hung: no new checkpoint for ...\"), counted in the "
         "no-progress streak when the attempt added no checkpoint; backoff, then relaunch"),
+    Row("log_silent", "past the attempt's first checkpoint, every worker runs but no worker has written to its "
+        "log for max(10m, 3x the longest silence the job has shown past a first checkpoint), nor has a checkpoint "
+        "come (hang_timeout \"auto\", once the job has shown a whole checkpoint interval; the start of an attempt, "
+        "its first compile and first save, is never judged by its logs)",
+        "stop all workers; a charged failure (\"hung: no new checkpoint ... and no output ...\"); backoff, then "
+        "relaunch"),
+    # Known runtime signatures in the workers' logs (policy/signatures.py; [recovery] log_signatures)
+    Row("log_hang", "a worker's log of the attempt shows a hang signature (Megascale hang detected, ...)",
+        "stop all workers at once; a charged failure (\"hung: the runtime says so ...\"), unless disruption "
+        "evidence explains it (a multislice job's slices hang when one slice goes away): then a disruption; "
+        "backoff, then relaunch"),
+    Row("log_crash", "a worker's log of the attempt shows a crash signature (the JAX distributed service detected "
+        "fatal errors: a peer died)",
+        "stop all workers at once, not waiting for each to exit; classified as any end (disruption evidence "
+        "excuses it, else charged)"),
+    Row("log_dirty_host", "a worker's log of the attempt shows that its TPU could not be opened (held by a "
+        "leftover process or lockfile: /dev/vfio busy, TPU already in use, TPU initialization failed)",
+        "stop all workers (the stop removes device holders and a stale libtpu lockfile) and relaunch; not charged, "
+        "unless the attempt before ended the same way (then charged like any end)"),
     # Environment checks (tpuwatch.workers.precheck). A failing check is evidence against the
     # node, never charged to max_restarts; a job that fails with every check passing is charged
     # as before (`failure`).

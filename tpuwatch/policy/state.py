@@ -149,6 +149,12 @@ class Memory:
     # (recorded at most every LOG_GRAIN, so the memory does not change on every tick)
     log_bytes: int | None = None
     log_at: datetime | None = None
+    # the job's log cadence (policy/cadence.py): when the attempt's log was last written as the
+    # workers last said, the longest silence a tick saw since then, and the longest silence the
+    # job has shown once past its first checkpoint of an attempt (kept across attempts)
+    log_last: datetime | None = None
+    log_peak: float = 0.0
+    log_gap: float = 0.0
     # when this policy saw the node boot (a node id other than the one it knew, or usable again
     # after it saw it not usable): a login refused soon after a boot is keys not there yet
     node_seen: str = ""  # the node id last seen
@@ -345,6 +351,9 @@ _LOAD: dict[str, Any] = {
     "ckpt_first": _seconds,
     "log_bytes": _opt_int,
     "log_at": _opt_time,
+    "log_last": _opt_time,
+    "log_peak": _seconds,
+    "log_gap": _seconds,
     "node_seen": _text,
     "node_down": _flag,
     "booted_at": _opt_time,

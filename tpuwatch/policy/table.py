@@ -26,6 +26,7 @@ from tpuwatch.model import (
     WorkerProbe,
 )
 from tpuwatch.policy.backoff import backoff_delay, next_level, restart_delay
+from tpuwatch.policy.cadence import LOG_FACTOR, LOG_FLOOR, learn, log_age, silent_limit
 from tpuwatch.policy.classify import (
     OUTCOMES,
     STOP_CODES,
@@ -42,6 +43,7 @@ from tpuwatch.policy.maintenance import can_start_early
 from tpuwatch.policy.nodes import NODE_ROWS, OP_ROWS, Cond, failed_repair, node_condition
 from tpuwatch.policy.observe import launch_likely
 from tpuwatch.policy.rows import ROW_IDS
+from tpuwatch.policy.signatures import find
 from tpuwatch.policy.state import (
     PHASE_EXIT,
     TERMINAL,
@@ -87,6 +89,8 @@ DISRUPTING_EVENTS = frozenset({"terminate", "restart"})  # AuditEvent.kind value
 HANG_AUTO_FLOOR = 30 * 60.0
 LOG_GRAIN = 10 * 60.0
 HUNG = "hung: no new checkpoint"  # how a hung attempt's reason begins (after "attempt <n>: ")
+HUNG_SAID = "hung: the runtime says so"  # how the reason of an attempt a runtime signature called hung begins
+DIRTY = "dirty host"  # how the end of an attempt whose worker could not open its TPU is told
 # After a notice ended an attempt, the node is about to stop (Compute Engine gives about 60 s
 # before maintenance, 30 s before a preemption): launch there again only once it went down and
 # came back, or after this long if it never went down.
@@ -618,6 +622,9 @@ class _Tick:
         if not mem.attempt_seen and missing and all(p.state == "running" for p in mine):
             return self.launch_rest(mem, missing, [p for p in probes if p.state == "unreachable"])
         mem = replace(mem, attempt_seen=True, launch_tries=0)
+        signed = self.signature(mem, probes)
+        if signed is not None:
+            return signed
         codes = _ends(probes, n)
         unreachable = [p for p in probes if p.state == "unreachable"]
         if codes.get(cfg.primary_worker) == 0 or any(
@@ -644,6 +651,11 @@ class _Tick:
         if len(alive) == len(probes):
             mem, quiet, from_start = self.quiet(mem, start)
             mem, silent = self.silence(mem, start)
+            age = log_age(probes, n)
+            mem = learn(mem, age, self.now, start, warm=not from_start, poll=cfg.poll_interval)
+            cut = silent_limit(mem) if cfg.hang_auto and not from_start and age is not None else 0.0
+            if cut > 0 and age is not None and age >= cut and quiet >= cut:
+                return self.log_silent(mem, quiet, age)
             limit = effective_hang_limit(cfg, mem, from_start)
             # "auto" also wants the logs silent: a long evaluation that prints is not a hang.
             if limit > 0 and quiet >= limit and (not cfg.hang_auto or silent >= limit):
@@ -763,6 +775,61 @@ class _Tick:
             return final
         wait = Wait(mem.backoff_until, "backoff before the next attempt") if mem.phase is Phase.BACKOFF else None
         return self.out(mem, "hung", line, *([wait] if wait else []))
+
+    def log_silent(self, mem: Memory, quiet: float, age: float) -> Decision:
+        """Past its first checkpoint, the attempt's logs have been silent far longer than the job
+        has ever been (policy/cadence.py), and no checkpoint came either: stop it, charged."""
+        why = (f"{HUNG} for {human(quiet)} and no output for {human(age)} while every worker ran "
+               f"(recovery.hang_timeout auto: {LOG_FACTOR:g}x the longest silence the job has shown, "
+               f"{human(mem.log_gap)}, at least {human(LOG_FLOOR)})")
+        return self.ended_now(mem, "log_silent", {}, hung=why)
+
+    def signature(self, mem: Memory, probes: tuple[WorkerProbe, ...]) -> Decision | None:
+        """A worker's log of this attempt shows a known runtime signature (policy/signatures.py):
+        end the attempt at once as its kind says (rows `log_hang`, `log_crash`,
+        `log_dirty_host`); None when none does, or worker 0 exited 0 (done is done)."""
+        n, cfg = mem.attempt, self.cfg
+        codes = _ends(probes, n)
+        if codes.get(cfg.primary_worker) == 0:
+            return None
+        for p in probes:
+            sig = find(p.log_match, cfg.log_signatures) if p.attempt == n and p.log_match else None
+            if sig is None:
+                continue
+            what = f"{sig.name} in worker {p.worker}'s log: {p.log_match[:200]}"
+            if sig.kind == "hang" and not self.disrupted(mem, codes):
+                return self.ended_now(mem, "log_hang", codes, hung=f"{HUNG_SAID} ({what})")
+            if sig.kind in ("hang", "crash"):
+                # a multislice job's other slices hang (and say so) when one slice goes away:
+                # with disruption evidence the end is classified as the disruption it is
+                return self.ended_now(mem, f"log_{sig.kind}", codes, detail=what)
+            # dirty_host: uncharged unless the attempt before ended the same way (then the
+            # cleanup did not help: charged, so a host that stays dirty cannot loop for ever)
+            last = mem.last_end
+            again = last is not None and last.attempt == n - 1 and DIRTY in last.reason
+            if again:
+                return self.ended_now(mem, "log_dirty_host", codes, detail=f"{DIRTY} again: {what}")
+            sign = Evidence(self.now, f"{DIRTY}: {what}")
+            return self.ended_now(replace(mem, evidence=merge_evidence(mem.evidence, [sign])), "log_dirty_host", codes)
+        return None
+
+    def disrupted(self, mem: Memory, codes: dict[int, int | None]) -> bool:
+        """The attempt's evidence explains its end now: a disruption, never charged."""
+        start = mem.attempt_start
+        assert start is not None  # checked in _check
+        verdict = classify(AttemptFacts(start, self.now, codes, self.cfg.primary_worker, mem.evidence),
+                           min_uptime=self.cfg.min_uptime, fail_fast=self.cfg.fail_fast_exit_codes,
+                           window=self.cfg.evidence_window)
+        return verdict.outcome is Outcome.DISRUPTION
+
+    def ended_now(self, mem: Memory, row: str, codes: dict[int, int | None], detail: str = "",
+                  hung: str = "") -> Decision:
+        """End the running attempt now, stopping every worker, under `row` (the job's end when it is one)."""
+        mem, line, final = self.finish(mem, codes, reachable=True, detail=detail, hung=hung)
+        if final is not None:
+            return final
+        wait = Wait(mem.backoff_until, "backoff before the next attempt") if mem.phase is Phase.BACKOFF else None
+        return self.out(mem, row, line, *([wait] if wait else []))
 
     def unseen(self, mem: Memory, probes: tuple[WorkerProbe, ...]) -> Decision:
         """The journal says attempt n was launched, but no worker shows it."""

@@ -23,6 +23,7 @@ from tpuwatch.model import (
     WorkerProbe,
 )
 from tpuwatch.policy.rows import ROW_BY_ID
+from tpuwatch.policy.signatures import BUILTIN, LogSignature, log_signatures
 from tpuwatch.policy.state import AttemptEnd, Memory, Phase
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ class PolicyConfig:
     # hang_timeout = "auto": learned from the job's checkpoint interval, and only while the
     # workers' logs are silent too (see effective_hang_limit). hang_timeout is then 0.
     hang_auto: bool = False
+    # Known runtime signatures in the workers' logs that end an attempt at once (policy/signatures.py)
+    log_signatures: tuple[LogSignature, ...] = BUILTIN
     # A worker refusing the login this soon after the node booted (created, healed, a new node
     # id): the keys have not reached the VM yet, so it counts as unreachable; later, a person
     # must fix the user or key.
@@ -127,6 +130,7 @@ class PolicyConfig:
             operation_timeout=float(r["operation_timeout"]),
             hang_timeout=0.0 if r["hang_timeout"] == "auto" else float(r["hang_timeout"]),
             hang_auto=r["hang_timeout"] == "auto",
+            log_signatures=log_signatures(r["log_signatures"]),
             login_grace=float(cfg.ssh["login_grace"]),
             start_early=bool(cfg.get("maintenance.start_early")),
         )

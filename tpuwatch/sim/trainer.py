@@ -48,7 +48,13 @@ ENV = {
     "ignore_term": "TRAINER_IGNORE_TERM",
     "hold_at": "TRAINER_HOLD_AT",
     "hold_until": "TRAINER_HOLD_UNTIL",
+    "megascale_hang_threshold": "TRAINER_MEGASCALE_HANG_THRESHOLD",
 }
+# What Megascale (libtpu's multislice runtime) does when a collective over the data-center network
+# makes no progress for --megascale_graph_hang_threshold (5m by default): it logs the hang
+# (MaxText's Megascale hang playbook; the MXLA debugging workflow guide gives the line), and with
+# --megascale_error_reporter_abort_on_hang=true (AXLearn's multislice flags) the processes abort.
+ABORT_ON_HANG = "--megascale_error_reporter_abort_on_hang=true"
 
 
 class TrainerError(Exception):
@@ -110,6 +116,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    "long as a test needs (TRAINER_HOLD_AT)")
     p.add_argument("--hold-until", default=_env_default("hold_until", str, ""),
                    help="the directory whose file <step> ends the hold at that step (TRAINER_HOLD_UNTIL)")
+    p.add_argument("--megascale-hang-threshold", type=float,
+                   default=_env_default("megascale_hang_threshold", float, 300.0),
+                   help="a multislice job (MEGASCALE_NUM_SLICES > 1) that hangs logs Megascale's hang line after "
+                   "this many seconds, and aborts when LIBTPU_INIT_ARGS has " + ABORT_ON_HANG +
+                   " (TRAINER_MEGASCALE_HANG_THRESHOLD)")
     p.add_argument("--fault-worker", type=int, default=_env_default("fault_worker", int, None),
                    help="only this worker has the faults; default all (TRAINER_FAULT_WORKER)")
     p.add_argument("--vm-paths", action="store_true",
@@ -247,8 +258,20 @@ def _faults(args: argparse.Namespace, worker: int, step: int) -> None:
     if args.hang_at == step:
         _term["hung"] = True
         print(f"worker {worker}: hanging at step {step}", flush=True)
+        if int(os.environ.get("MEGASCALE_NUM_SLICES") or 1) > 1:
+            _megascale_hang(args.megascale_hang_threshold, step)
         while True:
             time.sleep(3600)
+
+
+def _megascale_hang(threshold: float, step: int) -> None:
+    """Megascale's word on a multislice hang, after its threshold; an abort when the flags ask."""
+    time.sleep(threshold)
+    stamp = time.strftime("%m%d %H:%M:%S", time.gmtime())
+    print(f"E{stamp} Megascale hang detected: Timed out waiting for 1 graphs to complete at launch_id {step}. "
+          f"Already completed: {step}. StepGloballyInProgress: true. Timeout: {threshold:g}s", file=sys.stderr, flush=True)
+    if ABORT_ON_HANG in os.environ.get("LIBTPU_INIT_ARGS", "").split():
+        os.abort()
 
 
 _term = {"save": False, "asked": False, "hung": False}

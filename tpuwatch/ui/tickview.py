@@ -11,6 +11,7 @@ from typing import Any
 from tpuwatch.durations import human
 from tpuwatch.model import NodeSnapshot
 from tpuwatch.policy import effective_hang_limit
+from tpuwatch.policy.cadence import silent_limit
 from tpuwatch.tick import TickReport
 from tpuwatch.workers import precheck
 
@@ -64,7 +65,8 @@ def tick_dict(report: TickReport) -> dict[str, Any]:
         },
         "workers": None if report.probes is None else [
             {"worker": p.worker, "state": p.state, "attempt": p.attempt, "exit_code": p.exit_code,
-             "log_bytes": p.log_bytes, "detail": p.detail, **_slice_of(node, p.worker)} for p in report.probes
+             "log_bytes": p.log_bytes, "log_age": p.log_age, "log_match": p.log_match or None, "detail": p.detail,
+             **_slice_of(node, p.worker)} for p in report.probes
         ],
         "checkpoint": None if ckpt is None else {
             "path": ckpt.path, "step": ckpt.step, "layout": ckpt.layout,
@@ -89,5 +91,9 @@ def tick_dict(report: TickReport) -> dict[str, Any]:
             "timeout": "auto" if pcfg.hang_auto else pcfg.hang_timeout,
             "checkpoint_interval_seen": mem.ckpt_gap or None,
             "first_checkpoint_seen": mem.ckpt_first or None,
-            "limit": effective_hang_limit(pcfg, mem) or None},
+            "limit": effective_hang_limit(pcfg, mem) or None,
+            # the log cadence (policy/cadence.py): the longest silence the job has shown past a
+            # first checkpoint, and the silence that stops it ("auto" only)
+            "log_silence_seen": mem.log_gap or None,
+            "log_silence_limit": (silent_limit(mem) or None) if pcfg.hang_auto else None},
     }

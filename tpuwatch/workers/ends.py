@@ -63,9 +63,10 @@ class AttemptEnds:
     """The follow channels of one job's workers, for one (node incarnation, attempt) at a time."""
 
     def __init__(self, transport: Transport, job: str, poll: float = POLL,
-                 answer_wait: float = ANSWER_WAIT) -> None:
+                 answer_wait: float = ANSWER_WAIT, patterns: Sequence[str] = ()) -> None:
         self.transport = transport
         self.job = job
+        self.patterns = tuple(patterns)  # what its probe requests search in the log (protocol.probe_script)
         self.poll = poll
         self.answer_wait = answer_wait
         self.opened = 0  # channels opened so far (tests, benchmarks)
@@ -196,7 +197,8 @@ class AttemptEnds:
                     return
                 checkpoint_dir = self._checkpoint_dir
             # argv may prepare the node first (gcloud): in this thread, never the caller's
-            stream = Stream(self.transport, node, w, protocol.wait_script(self.job, key[1], self.poll, checkpoint_dir),
+            stream = Stream(self.transport, node, w, protocol.wait_script(self.job, key[1], self.poll, checkpoint_dir,
+                                                                         self.patterns),
                             remote_command=protocol.REMOTE_COMMAND, keep_open=True)
             chan = _Channel(stream, checkpoint_dir)
             with self._lock:

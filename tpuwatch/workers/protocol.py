@@ -16,7 +16,7 @@ import json
 import re
 import shlex
 import string
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -35,6 +35,7 @@ from tpuwatch.model import (
 
 REMOTE_COMMAND = "bash -s"  # what runs on the worker; the script arrives on its stdin
 MARK = "@tpuwatch "
+LOG_MATCH_MAX = 400  # characters kept of a log line that matched a signature (remote.sh cuts it too)
 _JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -207,15 +208,23 @@ def script(action: str, job: str, **values: Value) -> bytes:
     return wrap(remote_script(), job, {"action": ("action", action), **{k: (k, v) for k, v in values.items()}})
 
 
-def probe_script(job: str, checkpoint_dir: str = "") -> bytes:
-    """The probe; with `checkpoint_dir` (a local path) it also lists that directory."""
-    return script("probe", job, ckpt_dir=checkpoint_dir) if checkpoint_dir else script("probe", job)
+def probe_script(job: str, checkpoint_dir: str = "", patterns: Sequence[str] = ()) -> bytes:
+    """The probe; with `checkpoint_dir` (a local path) it also lists that directory; `patterns`
+    (extended regular expressions) are searched in the new bytes of the attempt's log."""
+    return script("probe", job, **_probe_inputs(checkpoint_dir, patterns))
+
+
+def _probe_inputs(checkpoint_dir: str, patterns: Sequence[str]) -> dict[str, Value]:
+    out: dict[str, Value] = {"ckpt_dir": checkpoint_dir} if checkpoint_dir else {}
+    if patterns:
+        out["sigs"] = list(patterns)
+    return out
 
 
 def launch_script(
     job: str, *, attempt: int, worker: int, checkpoint: Checkpoint | None, command: str,
     env: Mapping[str, str] | None = None, clean_grace: float | None = None, notify_signal: str = "SIGTERM",
-    slice: int = 0, slices: int = 1,
+    slice: int = 0, slices: int = 1, libtpu_args: Sequence[str] = (),
 ) -> bytes:
     """Launch `command` (already rendered for this worker) as attempt `attempt`; `worker` is its
     id within its slice `slice` of `slices`.
@@ -223,13 +232,17 @@ def launch_script(
     With `clean_grace`, the worker first stops what an older attempt left (as `stop_script`
     does, with that grace) in the same connection: one SSH round trip instead of two.
     `notify_signal` ("" for none) is what the relay beside the job sends it on a maintenance
-    or preemption notice from the metadata server.
+    or preemption notice from the metadata server. `libtpu_args` are appended on the worker to
+    the LIBTPU_INIT_ARGS the job gets (from `env`, else the login's), each only when that value
+    does not name its flag already.
     """
     extra: dict[str, str | int | float | list[str]] = {"notify": notify_signal.removeprefix("SIG")}
     if slices > 1:
         extra.update(slice=slice, slices=slices)
     if clean_grace is not None:
         extra["clean_ms"] = max(0, int(clean_grace * 1000))
+    if libtpu_args:
+        extra["libtpu_add"] = list(libtpu_args)
     return script(
         "launch", job, attempt=attempt, worker=worker,
         checkpoint=checkpoint.path if checkpoint else "",
@@ -250,15 +263,15 @@ def follow_script(job: str, attempt: int, offset: int = 0, poll: float = 0.2) ->
     return script("follow", job, attempt=attempt, offset=max(0, offset), poll=f"{poll:g}")
 
 
-def wait_script(job: str, attempt: int, poll: float = 1.0, checkpoint_dir: str = "") -> bytes:
+def wait_script(job: str, attempt: int, poll: float = 1.0, checkpoint_dir: str = "",
+                patterns: Sequence[str] = ()) -> bytes:
     """Block until `attempt` ends on the worker (remote.sh `wait`), answering as `parse_wait` reads.
 
     Until then it answers `probe_request` lines sent on its stdin (which stays open) with the
     probe's records framed by `probe_begin`/`probe_end` lines (`WaitReader`); a request for the
     listing lists `checkpoint_dir`.
     """
-    extra: dict[str, Value] = {"ckpt_dir": checkpoint_dir} if checkpoint_dir else {}
-    return script("wait", job, attempt=attempt, poll=f"{poll:g}", **extra)
+    return script("wait", job, attempt=attempt, poll=f"{poll:g}", **_probe_inputs(checkpoint_dir, patterns))
 
 
 def probe_request(seq: int, listing: bool = False) -> bytes:
@@ -300,6 +313,8 @@ def parse_probe(worker: int, records: Mapping[str, str]) -> WorkerProbe:
         pid=_int(records.get("pid")),
         detail=records.get("detail", ""),
         log_bytes=_int(records.get("log_bytes")),
+        log_age=_int(records.get("log_age")),
+        log_match=records.get("log_match", "")[:LOG_MATCH_MAX],
         checkpoint_listing=records.get("ckpt_listing") or (
             json.dumps({"error": records["ckpt_error"]}) if records.get("ckpt_error") else ""),
         notice=records.get("notice", "") if records.get("notice", "") in NOTICES else "",

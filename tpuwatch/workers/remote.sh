@@ -210,8 +210,43 @@ tw_notice() {  # variable $1 := what the relay passed on to attempt $2 (TERMINAT
   fi
 }
 
+# Known runtime signatures (TW_SIGS: extended regular expressions, from [recovery] log_signatures
+# and the built-ins): each probe searches only what attempt $2's log gained since the last one
+# (from TW_SCAN_BACK bytes before, so a line cut by the last read is read whole; at most
+# TW_SCAN_MAX bytes), and the first matching line is kept in attempt-<n>.match, so a probe costs
+# one grep of the growth and nothing once a line matched. Variable $1 := that line, else empty.
+TW_SCAN_BACK=4096
+TW_SCAN_MAX=4194304
+tw_scan() {
+  local log="$TW_DIR/attempt-$2.log" mark="$TW_DIR/attempt-$2.scan" hit="$TW_DIR/attempt-$2.match"
+  local size=$3 off="" from line="" re args=()
+  printf -v "$1" '%s' ""
+  if [ -f "$hit" ]; then
+    IFS= read -r line <"$hit" 2>/dev/null
+    printf -v "$1" '%s' "$line"
+    return 0
+  fi
+  [ "${#TW_SIGS[@]}" -gt 0 ] || return 0
+  tw_num off "$mark"
+  if [ -n "$off" ] && [ "$size" -le "$off" ]; then
+    [ "$size" -lt "$off" ] && tw_write "$mark" "$size"  # the log was cut: search it from there
+    return 0
+  fi
+  from=$((${off:-0} - TW_SCAN_BACK))
+  [ "$from" -lt $((size - TW_SCAN_MAX)) ] && from=$((size - TW_SCAN_MAX))
+  [ "$from" -lt 0 ] && from=0
+  for re in "${TW_SIGS[@]}"; do args+=(-e "$re"); done
+  line=$(tail -c "+$((from + 1))" -- "$log" 2>/dev/null | head -c "$((size - from))" |
+    LC_ALL=C grep -a -m 1 -E "${args[@]}" 2>/dev/null | head -c 400 | tr -d '\r')
+  tw_write "$mark" "$size"
+  if [ -n "$line" ]; then
+    tw_write "$hit" "$line"
+    printf -v "$1" '%s' "$line"
+  fi
+}
+
 tw_probe() {
-  local attempt pid code state detail="" size="" notice=""
+  local attempt pid code state detail="" size="" notice="" st mtime now age="" match=""
   if [ ! -d "$TW_DIR" ]; then
     tw_emit result=ok state=absent "detail=no job directory"
     if [ -n "${TW_CKPT_DIR:-}" ]; then tw_ckpt_listing; fi
@@ -232,13 +267,23 @@ tw_probe() {
     state=absent
     detail="never launched"
   fi
-  # The log's size tells tpuwatch whether a running attempt still says anything (hang detection).
+  # The log's size and age (seconds since its last write, by this worker's clock) tell
+  # tpuwatch whether a running attempt still says anything (hang detection); its new bytes are
+  # searched for known runtime signatures.
   if [ -n "$attempt" ]; then
-    size=$(stat -c %s -- "$TW_DIR/attempt-$attempt.log" 2>/dev/null) || size=""
+    st=$(stat -c '%s %Y' -- "$TW_DIR/attempt-$attempt.log" 2>/dev/null) || st=""
+    case $st in
+      *' '*)
+        size=${st% *} mtime=${st#* }
+        printf -v now '%(%s)T' -1
+        age=$((now > mtime ? now - mtime : 0))
+        tw_scan match "$attempt" "$size"
+        ;;
+    esac
     tw_notice notice "$attempt"
   fi
   tw_emit result=ok "state=$state" "attempt=$attempt" "pid=$pid" "exit_code=$code" "log_bytes=$size" \
-    "notice=$notice" "detail=$detail"
+    "log_age=$age" "log_match=$match" "notice=$notice" "detail=$detail"
   if [ -n "${TW_CKPT_DIR:-}" ]; then tw_ckpt_listing; fi
 }
 
@@ -477,7 +522,7 @@ tw_launch() {
     fi
     return 0
   fi
-  rm -f -- "$TW_DIR/exit_code" "$TW_DIR/pid" "$TW_DIR/maintenance"
+  rm -f -- "$TW_DIR/exit_code" "$TW_DIR/pid" "$TW_DIR/maintenance" "$TW_DIR"/attempt-*.scan "$TW_DIR"/attempt-*.match
   tw_write "$TW_DIR/attempt" "$TW_ATTEMPT" || {
     exec 9>&-
     tw_emit result=error "detail=cannot write $TW_DIR/attempt"
@@ -488,7 +533,19 @@ tw_launch() {
   chmod 600 -- "$log" "$TW_DIR/lock" "$TW_DIR/attempt" 2>/dev/null
   # Detached: its own session (setsid), HUP ignored (nohup), stdin not the SSH channel, output
   # to the log. It inherits fd 9, so the lock is held as long as any process of it lives.
-  env -- "${TW_ENV[@]}" \
+  # TW_LIBTPU_ADD (a multislice job's abort-on-hang flags): appended to the LIBTPU_INIT_ARGS the
+  # job would get ([job] env's, else this login's), each only when that value does not name it.
+  local libtpu=() args=${LIBTPU_INIT_ARGS-} e f
+  if [ "${#TW_LIBTPU_ADD[@]}" -gt 0 ]; then
+    for e in "${TW_ENV[@]}"; do
+      case $e in LIBTPU_INIT_ARGS=*) args=${e#LIBTPU_INIT_ARGS=} ;; esac
+    done
+    for f in "${TW_LIBTPU_ADD[@]}"; do
+      case " $args" in *" ${f%%=*}="* | *" ${f%%=*} "* | *" ${f%%=*}") ;; *) args="${args:+$args }$f" ;; esac
+    done
+    libtpu=("LIBTPU_INIT_ARGS=$args")
+  fi
+  env -- "${TW_ENV[@]}" "${libtpu[@]}" \
     "TPUWATCH_JOB=$TW_JOB" "TPUWATCH_ATTEMPT=$TW_ATTEMPT" "TPUWATCH_WORKER_ID=$TW_WORKER" \
     "TPUWATCH_SLICE_ID=${TW_SLICE:-0}" "TPUWATCH_NUM_SLICES=${TW_SLICES:-1}" \
     "TPUWATCH_CHECKPOINT=$TW_CHECKPOINT" "TPUWATCH_STEP=$TW_STEP" \

@@ -80,6 +80,8 @@ class SshWorkers:
         notify_signal: str = "SIGTERM",
         checkpoint_dir: str = "",
         on_listing: Callable[[NodeSnapshot, str], None] | None = None,
+        log_patterns: Sequence[str] = (),
+        megascale_abort: bool = False,
     ) -> None:
         self.transport = transport
         self.job = job
@@ -96,7 +98,10 @@ class SshWorkers:
         self.checkpoint_dir = checkpoint_dir
         self.on_listing = on_listing
         self.notify_signal = notify_signal
-        self.ends = AttemptEnds(transport, job)
+        # What each probe searches in the new bytes of the attempt's log (runtime signatures)
+        self.log_patterns = tuple(log_patterns)
+        self.megascale_abort = megascale_abort
+        self.ends = AttemptEnds(transport, job, patterns=self.log_patterns)
         if command:
             protocol.check_template(command)
 
@@ -115,6 +120,7 @@ class SshWorkers:
             stop_grace=float(cfg.recovery["stop_grace"]),
             timeout=float(cfg.ssh["command_timeout"]),
             notify_signal=cfg.get("maintenance.notify_signal"),
+            megascale_abort=bool(cfg.job["megascale_abort_on_hang"]),
             **kw,
         )
 
@@ -210,11 +216,11 @@ class SshWorkers:
 
     def probe_stdin(self, workers: Sequence[WorkerEndpoint]) -> Callable[[WorkerEndpoint], bytes]:
         """The probe script per worker: the first one also lists a local checkpoint_dir."""
-        plain = protocol.probe_script(self.job)
+        plain = protocol.probe_script(self.job, patterns=self.log_patterns)
         if not self.checkpoint_dir or not workers:
             return lambda w: plain
         first = min(w.index for w in workers)
-        listing = protocol.probe_script(self.job, self.checkpoint_dir)
+        listing = protocol.probe_script(self.job, self.checkpoint_dir, self.log_patterns)
         return lambda w: listing if w.index == first else plain
 
     def probes_of(self, node: NodeSnapshot, results: Sequence[SshResult]) -> list[WorkerProbe]:
@@ -246,7 +252,8 @@ class SshWorkers:
                     slice=w.slice),
                 env={**megascale_env(node, w.slice), **self.env},  # the job's own env wins
                 clean_grace=self.stop_grace if clean else None, notify_signal=self.notify_signal,
-                slice=w.slice, slices=slices)
+                slice=w.slice, slices=slices,
+                libtpu_args=MEGASCALE_ABORT_FLAGS if node.slices and self.megascale_abort else ())
             for w in workers
         }
         timeout = self.timeout + 2 * self.stop_grace + 10 if clean else None
@@ -355,6 +362,15 @@ class SshWorkers:
 
 # The port a multislice job's slices reach their coordinator on (what Ray sets for JAX too)
 MEGASCALE_PORT = "8081"
+
+
+# [job] megascale_abort_on_hang: on a multislice job, a Megascale hang (no progress for
+# --megascale_graph_hang_threshold, 5m by default) ends the job's processes instead of leaving
+# them stuck. The flags AXLearn sets for its multislice jobs (axlearn/common/compiler_options.py),
+# appended on the worker to the LIBTPU_INIT_ARGS the job would get, each only when that value does
+# not set it already (remote.sh, launch).
+MEGASCALE_ABORT_FLAGS = ("--megascale_error_reporter_abort_on_hang=true",
+                         "--megascale_error_reporter_abort_on_error=true")
 
 
 def megascale_env(node: NodeSnapshot, slice: int) -> dict[str, str]:
