@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuwatch.sim.simulator import Simulator
+from tpuwatch.tick import Reconciler, TickReport
 
 STEPS = 60
 
@@ -180,3 +181,14 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+def tick_until(rec: Reconciler, done: Callable[[TickReport], bool], what: str, timeout: float = 60,
+               pause: float = 0.2) -> TickReport:
+    """Tick `rec` until `done(report)`; AssertionError naming `what` after `timeout` seconds."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        report = rec.tick()
+        if done(report):
+            return report
+        time.sleep(pause)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -10,32 +10,20 @@ hour) is nowhere near.
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
 
 import pytest
-from e2e_helpers import Job
+from e2e_helpers import Job, tick_until
 
 from tpuwatch.journal import Journal
 from tpuwatch.policy.table import FAILED_REPAIR_GRACE
 from tpuwatch.sim.simulator import Simulator
-from tpuwatch.tick import Reconciler, TickReport
+from tpuwatch.tick import Reconciler
 from tpuwatch.wiring import load_job, real_ports
 
 pytestmark = pytest.mark.slow
-
-
-def tick_until(rec: Reconciler, done: Any, what: str, timeout: float = 60) -> TickReport:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        report = rec.tick()
-        if done(report):
-            return report
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_a_node_unknown_after_a_failed_repair_is_recreated_after_the_grace(

@@ -17,19 +17,18 @@ process wherever it is, runs the maintenance to its heal, and lets it go on.
 from __future__ import annotations
 
 import signal
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import Job, finish
+from e2e_helpers import Job, finish, tick_until
 
 from tpuwatch.journal import Journal
 from tpuwatch.model import NodeSnapshot
 from tpuwatch.ports import TpuApi
 from tpuwatch.sim.simulator import Simulator
-from tpuwatch.tick import Reconciler, TickReport
+from tpuwatch.tick import Reconciler
 from tpuwatch.wiring import load_job, real_ports
 
 pytestmark = pytest.mark.slow
@@ -63,16 +62,6 @@ class HeldAfterNodeRead:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.api, name)
-
-
-def tick_until(rec: Reconciler, done: Any, what: str, timeout: float = 60) -> TickReport:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        report = rec.tick()
-        if done(report):
-            return report
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_a_maintenance_between_the_node_read_and_the_probe_is_not_charged(

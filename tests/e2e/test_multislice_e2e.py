@@ -120,6 +120,30 @@ def wait(pred: Any, timeout: float = 60, what: str = "", proc: subprocess.Popen[
     raise AssertionError(f"timed out waiting for {what}{said}")
 
 
+def hold_at_10(cfg: Path, tmp_path: Path, extra: str = "") -> Path:
+    """The job (with `extra` trainer flags) holds at step 10 until the file <dir>/10 exists, as
+    e2e_helpers.Job's hold does: it cannot finish before the test's fault is in. The dir."""
+    go = tmp_path / "go"
+    go.mkdir()
+    cfg.write_text(cfg.read_text().replace("{checkpoint}", f"{{checkpoint}} {extra} --hold-at 10 --hold-until {go}"))
+    return go
+
+
+def run_through(sim: Simulator, cfg: Path, env: dict[str, str], go: Path, fault: str,
+                **params: Any) -> tuple[int, str]:
+    """watch the job until it runs on all 4 workers with two checkpoints, inject `fault`, let the
+    job past its hold, and follow the watch to its end: (exit code, output)."""
+    proc = watch(cfg, env)
+    try:
+        wait(lambda: len(trainers(sim)) == 4 and len(steps(sim)) >= 2, what="the job on all 4 workers", proc=proc)
+        sim.inject(fault, **params)
+        (go / "10").touch()
+        return finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_one_attempt_runs_on_every_slice_and_one_slice_down_stops_and_restarts_them_all(
         sim: Simulator, tmp_path: Path) -> None:
     # As Google documents for multislice: once a slice is back, the others restart (3 s here).
@@ -199,20 +223,10 @@ def test_a_slice_that_ignores_sigterm_holds_up_no_recreate_and_the_log_says_what
     cross-slice collective may. The stop asks and goes on: the request is deleted once
     repair_timeout is over, not after stop_grace, and the log says the processes still ran."""
     cfg, env = multislice_job(sim, tmp_path, steps=LONG)
-    go = tmp_path / "go"  # the job holds at step 10 until the fault is in (e2e_helpers.Job's hold)
-    go.mkdir()
-    text = cfg.read_text().replace("{checkpoint}", f"{{checkpoint}} --ignore-term 1 --hold-at 10 --hold-until {go}")
-    text = text.replace('repair_timeout = "30s"', 'repair_timeout = "2s"').replace('stop_grace = "2s"', 'stop_grace = "90s"')
-    cfg.write_text(text)
-    proc = watch(cfg, env)
-    try:
-        wait(lambda: len(trainers(sim)) == 4 and len(steps(sim)) >= 2, what="the job on all 4 workers", proc=proc)
-        sim.inject("maintenance", node="np-1", stuck="REPAIRING")
-        (go / "10").touch()
-        rc, out = finish(proc, timeout=150)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    go = hold_at_10(cfg, tmp_path, "--ignore-term 1")
+    cfg.write_text(cfg.read_text().replace('repair_timeout = "30s"', 'repair_timeout = "2s"')
+                   .replace('stop_grace = "2s"', 'stop_grace = "90s"'))
+    rc, out = run_through(sim, cfg, env, go, "maintenance", node="np-1", stuck="REPAIRING")
     assert rc == 0, out
     assert re.search(r"asked the job to stop \(SIGTERM\) on 2/[24] workers: attempt 1 ended: stopping every worker; "
                      r"still running on w0, w1, killed after 1m30s \(recovery.stop_grace\)", out), out
@@ -231,20 +245,10 @@ def test_a_slice_replaced_by_googles_autorepair_is_waited_for_not_recreated(sim:
     no delete, no create, and the job resumes on the new slice."""
     sim.world.delays["multislice_restart"] = 3000.0  # 5 s here: longer than repair_timeout too
     cfg, env = multislice_job(sim, tmp_path, steps=LONG)
-    go = tmp_path / "go"  # the job holds at step 10 until the fault is in (e2e_helpers.Job's hold)
-    go.mkdir()
-    text = cfg.read_text().replace('repair_timeout = "30s"', 'repair_timeout = "2s"\nqueue_timeout = "120s"')
-    cfg.write_text(text.replace("{checkpoint}", f"{{checkpoint}} --hold-at 10 --hold-until {go}"))
+    go = hold_at_10(cfg, tmp_path)
+    cfg.write_text(cfg.read_text().replace('repair_timeout = "30s"', 'repair_timeout = "2s"\nqueue_timeout = "120s"'))
     old = sim.world.node("np-1").id
-    proc = watch(cfg, env)
-    try:
-        wait(lambda: len(trainers(sim)) == 4 and len(steps(sim)) >= 2, what="the job on all 4 workers", proc=proc)
-        sim.inject("slice-replace", node="np-1", hardware_after="60m")  # 6 s here
-        (go / "10").touch()
-        rc, out = finish(proc, timeout=150)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    rc, out = run_through(sim, cfg, env, go, "slice-replace", node="np-1", hardware_after="60m")  # 6 s here
     assert rc == 0, out
     # np-0's job may run on alone while np-1 is gone (nothing in it notices here); the restart
     # of np-0 that ends the repair is seen either way

@@ -18,9 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import time
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
@@ -258,10 +260,28 @@ def _faults(args: argparse.Namespace, worker: int, step: int) -> None:
     if args.hang_at == step:
         _term["hung"] = True
         print(f"worker {worker}: hanging at step {step}", flush=True)
-        if int(os.environ.get("MEGASCALE_NUM_SLICES") or 1) > 1:
+        if _num_slices() > 1:
             _megascale_hang(args.megascale_hang_threshold, step)
         while True:
             time.sleep(3600)
+
+
+def _num_slices() -> int:
+    """MEGASCALE_NUM_SLICES as JAX finds it (jax/_src/clusters/cloud_tpu_cluster.py): the
+    environment, else the `tpu-env` metadata of a multislice queued resource's TPU VM."""
+    raw = os.environ.get("MEGASCALE_NUM_SLICES", "")
+    host = os.environ.get("GCE_METADATA_HOST", "")
+    if not raw and host:
+        url = f"http://{host}/computeMetadata/v1/instance/attributes/tpu-env"
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers={"Metadata-Flavor": "Google"}),
+                                        timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            text = ""
+        m = re.search(r"^MEGASCALE_NUM_SLICES:\s*'?(\d+)'?\s*$", text, re.M)
+        raw = m.group(1) if m else ""
+    return int(raw) if raw.isdigit() else 1
 
 
 def _megascale_hang(threshold: float, step: int) -> None:
