@@ -1,7 +1,9 @@
 """`tpuwatch status NAME... | --all`: what the TPU API and the audit log say about nodes now.
 
 Calls per run: one v2alpha1 get per NAME (or ONE list for `--all`), plus ONE audit-log query
-for every node together. This command only reads; it never changes a node.
+for every node together, plus, for named nodes only and only when the log holds entries about
+worker VMs (upcoming maintenance), one guest-attribute read per node to name its VMs. This
+command only reads; it never changes a node.
 """
 
 from __future__ import annotations
@@ -183,8 +185,9 @@ def command(
 
     now = datetime.now(timezone.utc)
     reader = AuditLogReader(loc.project, zone=loc.zone)
-    # Lazy: a node's guest attributes are read only if the log holds an entry about a worker VM.
-    instances = tpu.worker_instances(*nodes)
+    # Lazy: a node's guest attributes are read only if the log holds an entry about a worker VM;
+    # not for --all, where that would be a read per node of the zone.
+    instances = None if all_nodes else tpu.worker_instances(*nodes)
     events, events_error = _events_by_node(reader, [n.name for n in nodes], now - EVENTS_LOOKBACK, instances)
 
     if as_json:

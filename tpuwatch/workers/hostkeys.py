@@ -34,7 +34,7 @@ MARK = "tpuwatch-published"  # the comment on known_hosts lines written from the
 # late, and from then on its keys are checked strictly. When it was last asked is kept in the
 # file (a comment line ssh ignores), so cron's separate `check` runs ask again too.
 REREAD_UNPUBLISHED = 600.0
-ASKED = "# tpuwatch-unpublished"  # "# tpuwatch-unpublished <alias> <unix time last asked>"
+ASKED = "# tpuwatch-no-keys"  # "# tpuwatch-no-keys <alias> <unix time the API was last asked>"
 _PRESENTED = re.compile(r"key sent by the remote host is\s+(SHA256:[A-Za-z0-9+/=]+)")
 
 
