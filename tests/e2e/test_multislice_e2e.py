@@ -365,12 +365,14 @@ def test_a_drill_on_a_worker_of_the_second_slice_hits_that_slice_and_the_job_rec
 
 
 def test_a_megascale_hang_ends_the_attempt_at_once_and_the_job_resumes(sim: Simulator, tmp_path: Path) -> None:
-    # Worker 0 of one slice hangs once at step 30; Megascale says so after its threshold (0.5 s
-    # here, 5 min by default) and, with the flags tpuwatch appends to LIBTPU_INIT_ARGS, aborts.
+    # Worker 0 of each slice hangs once at step 30 (a marker per slice: one shared by both would
+    # let the primary run on to the end whenever the other slice's worker got to it first);
+    # Megascale says so after its threshold (0.5 s here, 5 min by default) and, with the flags
+    # tpuwatch appends to LIBTPU_INIT_ARGS, aborts.
     once = tmp_path / "hung-once"
     cfg, env = multislice_job(sim, tmp_path, steps=LONG)
     text = cfg.read_text().replace(
-        "--resume {checkpoint}", f"--resume {{checkpoint}} --hang-at 30 --fault-worker 0 --crash-once {once} "
+        "--resume {checkpoint}", f"--resume {{checkpoint}} --hang-at 30 --fault-worker 0 --crash-once {once}-{{slice}} "
                                  "--megascale-hang-threshold 0.5")
     cfg.write_text(text)
     proc = watch(cfg, env)
@@ -384,7 +386,7 @@ def test_a_megascale_hang_ends_the_attempt_at_once_and_the_job_resumes(sim: Simu
         if proc.poll() is None:
             proc.kill()
     assert rc == 0, out
-    assert once.exists() and steps(sim)[-1] == LONG
+    assert Path(f"{once}-0").exists() and steps(sim)[-1] == LONG
     attempts = json.loads(cli(env, "history", "-c", str(cfg), "--json").stdout)["attempts"]
     assert len(attempts) == 2, attempts
     first = attempts[0]
