@@ -49,16 +49,16 @@ BUILTIN: tuple[LogSignature, ...] = (
                  "fatal errors. ... The following tasks are unhealthy (stopped sending heartbeats)`)"),
     LogSignature("tpu_busy", r"/dev/vfio/[0-9]+\)?: Device or resource busy|Couldn't open iommu group /dev/vfio",
                  "dirty_host",
-                 "vllm-project/tpu-inference PR 1687 (`Unable to initialize backend 'tpu': UNKNOWN: TPU "
+                 "https://github.com/vllm-project/tpu-inference/pull/1687 (`Unable to initialize backend 'tpu': UNKNOWN: TPU "
                  "initialization failed: ... /dev/vfio/0): Device or resource busy: Device or resource busy; "
                  "Couldn't open iommu group /dev/vfio/0`); "
-                 "marin-community/marin issue 2618"),
+                 "https://github.com/marin-community/marin/issues/2618"),
     LogSignature("tpu_in_use", r"TPU is already in use by process|libtpu\.so already in use by another process",
                  "dirty_host",
-                 "jax-ml/jax issue 10192 (a stale /tmp/libtpu_lockfile: `libtpu.so already in use by another "
-                 "process`); openxla/xla PR 4666 (`The TPU is already in use by process with pid N`)"),
+                 "https://github.com/jax-ml/jax/issues/10192 (a stale /tmp/libtpu_lockfile: `libtpu.so already in use by another "
+                 "process`); https://github.com/openxla/xla/pull/4666 (`The TPU is already in use by process with pid N`)"),
     LogSignature("tpu_init_failed", r"TPU initialization failed", "dirty_host",
-                 "jax-ml/jax issue 21761 (`TPU initialization failed`, on a VM a person then recreated); "
+                 "https://github.com/jax-ml/jax/issues/21761 (`TPU initialization failed`, on a VM a person then recreated); "
                  "`RuntimeError: Unable to initialize backend 'tpu': ... TPU initialization failed: ...`"),
 )
 BUILTIN_NAMES = tuple(s.name for s in BUILTIN)

@@ -181,14 +181,18 @@ class Iap:
     instances: InstanceNames
     gcloud: str = "gcloud"
 
+    @staticmethod
+    def _node_of(node: NodeSnapshot, worker: WorkerEndpoint) -> NodeSnapshot:
+        """The node the worker's VM belongs to: its slice's, in a multislice job."""
+        return node.slices[worker.slice] if node.slices and worker.slice < len(node.slices) else node
+
     def instance(self, node: NodeSnapshot, worker: WorkerEndpoint) -> str:
         """The worker's VM name ("" until its node publishes it)."""
-        part = node.slices[worker.slice] if node.slices and worker.slice < len(node.slices) else node
-        names = self.instances(part)
+        names = self.instances(self._node_of(node, worker))
         return names[worker.worker_id] if worker.worker_id < len(names) else ""
 
     def proxy_command(self, node: NodeSnapshot, worker: WorkerEndpoint) -> str:
-        part = node.slices[worker.slice] if node.slices and worker.slice < len(node.slices) else node
+        part = self._node_of(node, worker)
         words = [self.gcloud, "compute", "start-iap-tunnel", self.instance(node, worker), "%p", "--listen-on-stdin",
                  f"--project={part.project}", f"--zone={part.zone}", "--verbosity=warning"]
         return "ProxyCommand=" + " ".join(w if w == "%p" else shlex.quote(w) for w in words)
