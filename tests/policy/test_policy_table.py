@@ -973,6 +973,26 @@ def test_row_autorepair_wait() -> None:
     assert tick(obs(healed, queued=active), idle(attempt_node_id="a+b"), now=0, cfg=multi).row == "repair_wait"
 
 
+def test_a_vanished_slice_ends_the_attempt_on_the_others() -> None:
+    """A slice of the job gone (MISSING) while the other slices' workers still run the attempt:
+    the job cannot train without it (its collectives wait on the missing slice's hosts), so the
+    attempt ends at once, a disruption, instead of being followed as `unhealthy_running`."""
+    from tpuwatch.model import combine_slices
+    multi = replace(CFG, slices=("np-0", "np-1"), recreatable=True)
+    gone = combine_slices(NAME, [replace(node("READY"), name="np-0", id="a"), None])
+    assert gone is not None and gone.state == "MISSING"
+    d = tick(obs(gone, queued=QueuedStatus(QR_NAME, "ACTIVE"), probes=running(1)),
+             run_mem(attempt_node_id="a+b"), now=100, cfg=multi)
+    assert d.row == "autorepair_wait" and kinds(d)[0] == "stop", d.summary
+    assert len(d.ended) == 1 and d.ended[0].outcome == "disruption" and not d.ended[0].charged
+    # a slice that is there but not healthy, its workers still running: still followed
+    sick = combine_slices(NAME, [replace(node("READY"), name="np-0", id="a"),
+                                 replace(node("READY", "UNHEALTHY_MAINTENANCE"), name="np-1", id="b")])
+    assert sick is not None
+    live = tick(obs(sick, probes=running(1)), run_mem(attempt_node_id="a+b"), now=100, cfg=multi)
+    assert live.row == "unhealthy_running" and live.actions == ()
+
+
 MEGASCALE = ("E0926 17:26:32 Megascale hang detected: Timed out waiting for 4 graphs to complete at launch_id 13650. "
              "Already completed: 100. StepGloballyInProgress: true. Timeout: 1m")
 

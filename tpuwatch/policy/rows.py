@@ -88,7 +88,9 @@ ROWS: tuple[Row, ...] = (
         steady=True),
     Row("unknown_state", "a state this tpuwatch does not know",
         "wait up to repair_timeout, then needs a person; never delete"),
-    Row("unhealthy_running", "node not healthy but every worker still runs the attempt",
+    Row("unhealthy_running", "node not healthy but every worker still runs the attempt (not when a slice of a "
+        "multislice job is gone: its workers are out of the probes, and the others wait in their collectives "
+        "on hosts that are no more, so the attempt ends, a disruption)",
         "keep following it; never delete a node under a live attempt"),
     Row("deleting", "tpuwatch's delete in flight", "follow the operation"),
     Row("delete_resume", "DELETING with no operation recorded and the node not deleting",

@@ -1040,7 +1040,10 @@ class _Tick:
         unknown = (mem.unknown_since or now) if failed_repair(node) else None
         if mem.phase is Phase.RUNNING:
             probes = self.obs.probes
-            if probes and all(p.state == "running" and p.attempt == mem.attempt for p in probes):
+            # A slice that is gone takes its workers out of the probes: the others' processes may
+            # still run, but they wait in their collectives on hosts that are no more.
+            gone = any(part.state == "MISSING" for part in node.slices)
+            if probes and not gone and all(p.state == "running" and p.attempt == mem.attempt for p in probes):
                 return self.out(replace(mem, unhealthy_since=since, unknown_since=unknown), "unhealthy_running",
                                 f"node {what} since {since.isoformat()}, but every worker still runs attempt "
                                 f"{mem.attempt}; following it")
