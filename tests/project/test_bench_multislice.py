@@ -212,3 +212,33 @@ def test_a_multislice_hang_ends_when_megascale_says_so() -> None:
     assert r.error == "" and r.rows.get("log_hang") == 1
     _, median, _, _ = r.resume_stats("hang")
     assert median is not None and p.megascale_threshold <= median <= p.megascale_threshold + 2 * CONFIG.recovery["poll_interval"] + 1
+
+
+def test_a_slice_that_fails_for_good_is_replaced_by_googles_autorepair_and_tpuwatch_waits_for_it() -> None:
+    # Multislice autorepair: the slice's node goes at once while the request stays ACTIVE; a new
+    # one is created (after autorepair_after, then create_time), then the other slices restart
+    w = two_slices()
+    a = w.launch(1)
+    assert a is not None
+    w.sim.run(3600.0)
+    old = w.slices[1].node
+    assert old is not None and w.maintenance_event("stuck", None, "REPAIRING", s=1)
+    assert w.slices[1].node is None and w.queued == "ACTIVE" and a.frozen == w.sim.now
+    assert [r.kind for r in w.audit] == ["terminate"]
+    w.sim.run(w.sim.now + w.p.autorepair_after + w.p.create_time + 1)
+    new = w.slices[1].node
+    assert new is not None and new.id != old.id and new.state == "READY"
+    assert w.slices[0].node is not None and w.slices[0].node.state == "RESTARTING" and not w.usable()
+    w.sim.run(w.sim.now + w.p.multislice_restart)
+    assert w.usable() and [r.kind for r in w.audit] == ["terminate", "restart", "restart"]
+    # tpuwatch waits for it (row autorepair_wait) rather than recreating the request after
+    # repair_timeout, and relaunches every slice once all are back
+    p = Params(days=1, slices=2)
+    trace = Trace(1, p.horizon, (Fault(5 * 3600.0 + 600.0, "stuck", slice=1),), ())
+    r = run_tool(tools(2)["tpuwatch"], trace, p)
+    assert r.error == "" and r.rows.get("autorepair_wait", 0) >= 1
+    assert "repair_timeout" not in r.rows and "create_after_delete" not in r.rows
+    n, median, _, never = r.resume_stats("stuck")
+    assert (n, never) == (1, 0) and median is not None
+    back = p.autorepair_after + p.create_time + p.multislice_restart
+    assert back <= median <= back + 2 * CONFIG.recovery["poll_interval"]

@@ -180,6 +180,12 @@ class Params:
     slices: int = 1  # pod slices the job spans (Multislice), each of `workers` hosts
     log_every: float = 60.0  # the job logs a line this often while it trains
     megascale_threshold: float = 300.0  # Multislice: no progress this long and Megascale logs a hang
+    # Multislice autorepair of a slice that failed for good ("stuck"): its node goes at once, a new
+    # one of the same name is created this long later (then `create_time`, waiting out a stockout),
+    # and the other slices restart for `multislice_restart` once it is READY. Google publishes no
+    # figure for either: these are the project simulator's (`sim inject slice-replace`).
+    autorepair_after: float = 600.0
+    multislice_restart: float = 60.0
 
     @property
     def horizon(self) -> float:
@@ -426,6 +432,7 @@ class BenchWorld:
         # A multislice job's slices came from one queued resource (multisliceParams, nodes
         # <name>-0..N-1), which a tool may delete (force: every slice) and create again as a whole.
         self.queued = "ACTIVE" if p.slices > 1 else ""  # its state; "" when there is none
+        self._queued_gen = 0  # bumped by every create of it: an autorepair of an older one is void
 
     # -- slice 0, the whole of a single-slice job --------------------------------------------
 
@@ -827,6 +834,7 @@ class BenchWorld:
         if self.queued:
             return None
         self.queued = "WAITING_FOR_RESOURCES"
+        self._queued_gen += 1
         op = self._op("create")
         self._finish_op(op)
         self.sim.at(self.stockout_end(self.now), self._provision)
@@ -869,6 +877,8 @@ class BenchWorld:
         if node is None or node.state != "READY" or node.health != "HEALTHY":
             self.skipped.append((kind, self.now))
             return False
+        if heal_after is None and self.queued == "ACTIVE":
+            return self._replace_slice(s, kind)
         self._hit(kind, self._running(), down=True)
         node.epoch += 1
         node.health, node.description = "UNHEALTHY_MAINTENANCE", ""
@@ -885,6 +895,63 @@ class BenchWorld:
             self.sim.after(heal_after, self._heal, s, node, epoch)
         self._touch()
         return True
+
+    def _replace_slice(self, s: int, kind: str) -> bool:
+        """A slice of the ACTIVE multislice request fails for good: Google's multislice autorepair
+        "creates a new TPU slice" (waiting for hardware if there is none), then restarts the other
+        slices (Cloud TPU Multislice overview, "Autorepair"). Its node goes at once, with a
+        terminate entry, while the request stays ACTIVE."""
+        sl = self.slices[s]
+        node = sl.node
+        assert node is not None
+        self._hit(kind, self._running(), down=True)
+        self.audit.append(AuditRec(self.now, "terminate", node.id, "HARDWARE_FAILURE", sl.name))
+        self._hosts_down(s)
+        node.epoch += 1
+        sl.node, sl.maintenance, sl.heal_at = None, False, None
+        self.sim.after(self.p.autorepair_after, self._autorepair_create, s, self._queued_gen)
+        self._touch()
+        return True
+
+    def _autorepair_create(self, s: int, gen: int) -> None:
+        sl = self.slices[s]
+        if sl.node is not None or self.queued != "ACTIVE" or gen != self._queued_gen:
+            return  # someone made the slice (or the whole request) again meanwhile
+        if self.in_stockout(self.now):
+            self.sim.at(self.stockout_end(self.now), self._autorepair_create, s, gen)
+            return
+        node = SliceNode(self._new_id(), "CREATING", "HEALTH_UNSPECIFIED", self.now)
+        sl.node, sl.hosts_up = node, False
+        self.sim.after(self.p.create_time, self._autorepaired, s, node)
+        self._touch()
+
+    def _autorepaired(self, s: int, node: SliceNode) -> None:
+        """The new slice is READY; every other READY slice restarts (its processes killed)."""
+        sl = self.slices[s]
+        if sl.node is not node or node.state != "CREATING":
+            return
+        node.state, node.health = "READY", "HEALTHY"
+        sl.hosts_up = True
+        self.audit.append(AuditRec(self.now, "restart", node.id, "", sl.name))
+        for i, peer in enumerate(self.slices):
+            pn = peer.node
+            if i == s or pn is None or pn.state != "READY":
+                continue
+            pn.epoch += 1
+            pn.state = "RESTARTING"
+            self._hosts_down(i)
+            self.sim.after(self.p.multislice_restart, self._restarted, i, pn, pn.epoch)
+        self._touch()
+
+    def _restarted(self, s: int, node: SliceNode, epoch: int) -> None:
+        sl = self.slices[s]
+        if sl.node is not node or node.epoch != epoch:
+            return
+        node.epoch += 1
+        node.state, node.health = "READY", "HEALTHY"
+        sl.hosts_up = True
+        self.audit.append(AuditRec(self.now, "restart", node.id, "", sl.name))
+        self._touch()
 
     def _set_state(self, node: SliceNode, epoch: int, state: str, health: str | None) -> None:
         if node.epoch != epoch or all(sl.node is not node for sl in self.slices):
