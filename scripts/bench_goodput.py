@@ -38,7 +38,7 @@ from tpuwatch.errors import TpuwatchError, UsageError
 
 # The "tuned" row: tpuwatch's defaults plus these [recovery] keys (docs/benchmarks.md
 # says why each); --tuned KEY=VALUE changes or adds one.
-TUNED: dict[str, str | int] = {"hang_timeout": "1h"}
+TUNED: dict[str, str | int] = {"repair_timeout": "10m"}
 RECOVERY_FLAGS = ("poll_interval", "repair_timeout", "max_restarts", "max_recreates", "no_progress_limit",
                   "min_uptime", "queue_timeout", "hang_timeout", "backoff_max", "stable_run")
 
