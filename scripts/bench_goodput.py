@@ -96,6 +96,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--delete-time", type=_duration("--delete-time"), default=d.delete_time)
     g.add_argument("--audit-delay", type=_duration("--audit-delay"), default=d.audit_delay,
                    help="audit entries are readable this long after the event")
+    g.add_argument("--autorepair-after", type=_duration("--autorepair-after"), default=d.autorepair_after,
+                   help="multislice: a slice that fails for good is created again by Google this long after")
+    g.add_argument("--multislice-restart", type=_duration("--multislice-restart"), default=d.multislice_restart,
+                   help="multislice: the other slices restart for this long once the new slice is READY")
     g.add_argument("--heal-median", type=_duration("--heal-median"), default=t.heal_median,
                    help="median repair time of a healing maintenance (log-normal)")
     g.add_argument("--heal-sigma", type=float, default=t.heal_sigma)
@@ -162,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     p = Params(days=args.days, workers=args.workers, step_time=args.step_time, ckpt_every=args.ckpt_every,
                ckpt_save=args.ckpt_save, steps=args.steps, startup=args.startup, create_time=args.create_time,
                delete_time=args.delete_time, audit_delay=args.audit_delay, notice_lead=args.notice_lead,
-               save_on_term=args.save_on_term, slices=args.slices)
+               save_on_term=args.save_on_term, slices=args.slices, autorepair_after=args.autorepair_after,
+               multislice_restart=args.multislice_restart)
     tc = TraceConfig(maintenance=args.maintenance, stuck=args.stuck, preemptions=args.preemptions,
                      stockout_after_preemption=args.stockout_after_preemption, stockouts=args.stockouts,
                      crashes=args.crashes, hangs=args.hangs, bug_at=args.bug_at, heal_median=args.heal_median,
