@@ -40,7 +40,7 @@ from typing import Any
 from tpuwatch.durations import human
 from tpuwatch.journal import AttemptRow, JournalEvent
 from tpuwatch.policy.classify import describe_exit
-from tpuwatch.policy.table import HUNG, HUNG_SAID
+from tpuwatch.policy.hang import HUNG, HUNG_SAID
 
 # id -> label, in the order reports show them
 CATEGORIES: dict[str, str] = {

@@ -26,7 +26,7 @@ from tpuwatch.bench.tools import Tool, tpuwatch_tool
 from tpuwatch.bench.trace import ANNOUNCED, make_bug_trace
 from tpuwatch.config import Config, validate
 from tpuwatch.policy import PolicyConfig
-from tpuwatch.policy.table import FAILED_REPAIR_GRACE
+from tpuwatch.policy.recovery import FAILED_REPAIR_GRACE
 
 CONFIG = tpuwatch_config()
 CFG = PolicyConfig.from_config(CONFIG)

@@ -2,10 +2,12 @@
 
 Rules of this package:
 - Everything that decides recovery lives here: the table's rows as data (`rows.ROWS`) and
-  `decide`, which walks them (`table`), what a node's state means (`nodes`), the phases and their
-  legal moves (`state.TRANSITIONS`), how an attempt's end is classified (`classify`), backoff
-  (`backoff`), what the tick must observe before deciding (`observe`), and when it decides
-  again in the same tick (`settle`).
+  `decide`, which walks them (`table`) through one handler per node condition or operation
+  phase (`usable`, `recovery`, `operations`, helped by `ending`, `hang`, `early`, `evidence`;
+  a decision in the making is a `draft.Draft`), what a node's state means (`nodes`), the phases
+  and their legal moves (`state.TRANSITIONS`), how an attempt's end is classified (`classify`),
+  backoff (`backoff`), what the tick must observe before deciding (`observe`), and when it
+  decides again in the same tick (`settle`).
 - No I/O, no clock, no randomness of its own: nothing here imports google, ssh, subprocess or
   time. `now` and a `jitter` in [0, 1) come in as arguments, so the same inputs always give the
   same Decision.
@@ -47,6 +49,7 @@ from tpuwatch.policy.classify import (
     classify,
     describe_exit,
 )
+from tpuwatch.policy.hang import effective_hang_limit
 from tpuwatch.policy.nodes import Cond, node_condition
 from tpuwatch.policy.rows import ROWS, Row
 from tpuwatch.policy.settle import MAX_DECIDES, Again, UnsettledTick, decide_until_settled
@@ -58,7 +61,7 @@ from tpuwatch.policy.state import (
     Memory,
     Phase,
 )
-from tpuwatch.policy.table import decide, effective_hang_limit, operation_started
+from tpuwatch.policy.table import decide, operation_started
 from tpuwatch.policy.values import (
     Action,
     ClearQueued,

@@ -2,7 +2,7 @@
 
 Pure: the node's upcoming-maintenance notice (v2alpha1 `upcomingMaintenance`) and whether
 tpuwatch watches the node in, one line for people out. The acts themselves are elsewhere:
-policy/table.py starts a reschedulable maintenance after the next checkpoint (start_early), and
+policy/early.py starts a reschedulable maintenance after the next checkpoint (start_early), and
 the relay beside each attempt (tpuwatch/workers/remote.sh) passes the metadata server's
 last-minute notice to the job otherwise.
 """

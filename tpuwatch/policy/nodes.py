@@ -1,4 +1,5 @@
-"""What a node's state and health mean for the job: the classes that pick the table's handler.
+"""What a node's state and health mean for the job (the classes that pick `decide`'s handler,
+policy/table.py), and when the policy saw it boot.
 
 Pure data over the API's enum names (tpuwatch.model keeps them as strings). A state this
 tpuwatch does not know is UNRECOGNIZED: waited for like a repair, never deleted.
@@ -6,10 +7,12 @@ tpuwatch does not know is UNRECOGNIZED: waited for like a repair, never deleted.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import datetime
 from enum import Enum
 
 from tpuwatch.model import UNHEALTHY, NodeSnapshot
-from tpuwatch.policy.state import Phase
+from tpuwatch.policy.state import Memory
 
 # Node.State names that mean "the service is working on it; wait up to repair_timeout". MISSING
 # is a multislice job with one slice gone while others stand (model.combine_slices): the service
@@ -43,20 +46,6 @@ STATE_CONDITION: dict[str, Cond] = {
     **{s: Cond.DEAD for s in DEAD_STATES},
     **{s: Cond.PERSON for s in PERSON_STATES},
 }
-# condition -> the _Tick handler for it
-NODE_ROWS: dict[Cond, str] = {
-    Cond.USABLE: "usable",
-    Cond.REPAIR: "repairing",
-    Cond.UNRECOGNIZED: "repairing",
-    Cond.DEAD: "dead",
-    Cond.PERSON: "person",
-    Cond.MISSING: "missing",
-    Cond.DELETING: "someone_deleting",
-}
-# phases with a cloud operation in flight -> the _Tick handler following it
-OP_ROWS: dict[Phase, str] = {Phase.DELETING: "deleting", Phase.CREATING: "creating", Phase.QUEUED: "queued"}
-
-
 def node_condition(node: NodeSnapshot | None) -> Cond:
     if node is None:
         return Cond.MISSING
@@ -70,3 +59,30 @@ def failed_repair(node: NodeSnapshot) -> bool:
     """The node, or one slice of a multislice job, is UNKNOWN with no health: "unknown state
     after a failed repair", as the TPU API documents Node.State UNKNOWN."""
     return any(part.state == "UNKNOWN" and part.health in NO_HEALTH for part in node.slices or (node,))
+
+
+def boots_seen(node: NodeSnapshot | None, mem: Memory, now: datetime) -> Memory:
+    """Memory that knows when this policy last saw the node boot: a node id other than the one it
+    knew (not the first one it sees), or usable again after it saw it not usable."""
+    if node is None:
+        return mem
+    up = node.usable
+    if node.id != mem.node_seen:
+        return replace(mem, node_seen=node.id, node_down=not up, booted_at=now if mem.node_seen else None)
+    if up == mem.node_down:  # a change: down now, or up again
+        return replace(mem, node_down=not up, booted_at=now if up else mem.booted_at)
+    return mem
+
+
+def maintained_since(node: NodeSnapshot, since: datetime) -> bool:
+    """The node reports a maintenance event (its health description's time) after `since`.
+
+    A maintenance shorter than a poll goes down and comes back between two ticks; this is how
+    the node says it happened all the same."""
+    return node.maintenance_time is not None and node.maintenance_time > since
+
+
+def boot_time(node: NodeSnapshot, mem: Memory) -> datetime | None:
+    """The node's latest boot known: its create time, its last maintenance, or a boot seen."""
+    times = [t for t in (node.create_time, node.maintenance_time, mem.booted_at) if t is not None]
+    return max(times) if times else None

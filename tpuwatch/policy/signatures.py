@@ -2,7 +2,7 @@
 
 The workers search only the new bytes of the attempt's log at each probe (remote.sh `tw_scan`,
 with the patterns of `worker_patterns`) and report the first matching line; `find` says which
-signature that line is, and `decide` (policy/table.py) ends the attempt as its kind says. The
+signature that line is, and `decide` ends the attempt as its kind says (policy/hang.py). The
 patterns are POSIX extended regular expressions (`grep -E`) that Python's `re` reads the same
 way (config.py refuses the constructs where the two differ).
 

@@ -100,7 +100,7 @@ class Memory:
     evidence: tuple[Evidence, ...] = ()
     unreachable_since: datetime | None = None
     # when a tick first saw the attempt end with nothing yet to explain it; the end is charged
-    # only on a later tick, whose node read comes after that sighting (table._Tick.confirm_end)
+    # only on a later tick, whose node read comes after that sighting (ending.confirm_end)
     end_seen: datetime | None = None
     last_end: AttemptEnd | None = None
     # the last end was charged on first sight, though no worker exited with a code of its own

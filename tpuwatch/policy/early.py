@@ -1,0 +1,89 @@
+"""An announced maintenance started early (maintenance.start_early): wait for the job's next
+checkpoint, then stop it and start the maintenance, or relaunch when the service refuses.
+
+Rows `early_wait`, `early_start`, `early_refused`; what tpuwatch will do about a maintenance,
+said for people, is policy/maintenance.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from tpuwatch.durations import human
+from tpuwatch.model import WorkerProbe
+from tpuwatch.policy.draft import Draft
+from tpuwatch.policy.ending import NOTICE_HOLD, finish
+from tpuwatch.policy.maintenance import can_start_early
+from tpuwatch.policy.state import Evidence, Memory, merge_evidence
+from tpuwatch.policy.values import Decision, StartMaintenance, Wait
+
+# maintenance.start_early: when no new checkpoint lands first, start it this long before its window.
+EARLY_MARGIN = 10 * 60.0
+# While an early start waits for the job's next checkpoint: from EARLY_LEAD of the checkpoint
+# interval before it is due, look every EARLY_CHECK of the interval (never more often than every
+# EARLY_CHECK_MIN seconds: a tick probes every worker over SSH; never less often than a poll), so
+# the job is stopped within ~0.1 % of a 30 min interval of its save instead of within a poll (a
+# 30 s poll is 1.6 % of it). These ticks are spent only in one stretch per announced maintenance.
+EARLY_LEAD = 0.1
+EARLY_CHECK = 0.001
+EARLY_CHECK_MIN = 1.0
+
+
+def early_maintenance(draft: Draft, mem: Memory, probes: tuple[WorkerProbe, ...]) -> Decision | None:
+    """While every worker runs on an owned node whose announced maintenance may start early:
+    wait for the next complete checkpoint, then end the attempt (uncharged), stop the job and
+    start the maintenance. None when there is nothing to do about maintenance."""
+    node, cfg, now, ck = draft.obs.node, draft.cfg, draft.now, draft.obs.checkpoint
+    assert node is not None
+    um = node.upcoming_maintenance
+    if (not cfg.start_early or um is None or not can_start_early(um)
+            or not (draft.obs.adopt or node.owned_by(cfg.job))
+            or (mem.early_refused is not None and mem.early_refused == um.window_start)):
+        return None
+    if mem.early_window != um.window_start or mem.early_window is None:
+        mem = replace(mem, early_window=um.window_start, early_step=ck.step if ck is not None else None)
+    saved = ck is not None and (mem.early_step is None or ck.step > mem.early_step)
+    latest = um.window_start - timedelta(seconds=EARLY_MARGIN) if um.window_start is not None else now
+    window = um.window_start.isoformat() if um.window_start is not None else "not given"
+    if not saved and now < latest:
+        after = f"newer than step {mem.early_step}" if mem.early_step is not None else "its first"
+        return draft.out(mem, "early_wait", f"attempt {mem.attempt} running; {um.type.lower()} maintenance "
+                                            f"(window {window}) may start early: starting it after the next "
+                                            f"checkpoint ({after}), at the latest at {latest.isoformat()}",
+                         Wait(min(latest, early_check(draft, mem)), "maintenance to start after the next checkpoint"))
+    why = (f"checkpoint step {ck.step} saved after the maintenance notice" if saved and ck is not None
+           else f"no new checkpoint {human(EARLY_MARGIN)} before the window ({window})")
+    sign = Evidence(now, f"maintenance started early by tpuwatch ({why})")
+    mem = replace(mem, evidence=merge_evidence(mem.evidence, [sign]))
+    mem, line, final = finish(draft, mem, {p.worker: None for p in probes}, reachable=True)
+    if final is not None:
+        return final
+    # The node is about to go down: no launch there until it has gone down and come back.
+    mem = replace(mem, notice_hold=now + timedelta(seconds=NOTICE_HOLD))
+    return draft.out(mem, "early_start", f"{line}; starting the maintenance of node {node.name} now ({why})",
+                     StartMaintenance(node.name, f"{why}: starting the {um.type.lower()} maintenance "
+                                                 f"(window {window}) now"))
+
+
+def early_check(draft: Draft, mem: Memory) -> datetime:
+    """When to look for the awaited checkpoint next: shortly, once it is nearly due by the
+    interval this attempt has shown (`ckpt_gap`, from its newest checkpoint); at the start of
+    that stretch before it; a poll from now when the interval is not known yet."""
+    gap, last, now = mem.ckpt_gap, mem.progress_time, draft.now
+    if gap <= 0 or last is None or draft.obs.checkpoint is None or mem.progress_step != draft.obs.checkpoint.step:
+        return now + timedelta(seconds=draft.cfg.poll_interval)
+    close = last + timedelta(seconds=gap * (1 - EARLY_LEAD))
+    if now < close:
+        return close
+    return now + timedelta(seconds=min(draft.cfg.poll_interval, max(EARLY_CHECK_MIN, gap * EARLY_CHECK)))
+
+
+def early_refused(draft: Draft, mem: Memory) -> Decision:
+    node = draft.obs.node
+    um = node.upcoming_maintenance if node is not None else None
+    mem = replace(mem, early_refused=um.window_start if um is not None else mem.early_window, notice_hold=None)
+    return draft.out(mem, "early_refused", f"the maintenance could not be started early "
+                                           f"({draft.obs.maintenance_refused}); relaunching, and the job "
+                                           "gets the last-minute notice instead",
+                     Wait(None, "relaunch after the refused early maintenance"))

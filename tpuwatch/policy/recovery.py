@@ -1,0 +1,210 @@
+"""A node that cannot carry the job: wait for its repair, recreate it, or leave it to a person.
+
+Handlers for the node conditions other than usable (policy/nodes.py): `repairing`, `dead`,
+`person`, `missing`, `someone_deleting`; `recreate` starts a delete + create (owned nodes only,
+within max_recreates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+from tpuwatch.durations import human
+from tpuwatch.model import OWNER_LABEL
+from tpuwatch.policy.draft import Draft, secs
+from tpuwatch.policy.ending import end_unusable
+from tpuwatch.policy.nodes import Cond, failed_repair, node_condition
+from tpuwatch.policy.operations import create, queued_ended
+from tpuwatch.policy.state import Memory, Phase, move
+from tpuwatch.policy.values import Decision, DeleteNode, Wait
+
+# A node in UNKNOWN with no health is past a failed repair (the API's own words): the repair
+# that repair_timeout waits for is over. It is recreated once it has stayed so this long, the
+# service's diagnosis that UNKNOWN covers (its length is not published) given a few polls to
+# bring it back; a recreate costs a delete, a create and a chance of meeting no capacity.
+FAILED_REPAIR_GRACE = 5 * 60.0
+
+
+def repairing(draft: Draft, mem: Memory) -> Decision:
+    """REPAIR (service is working on it) or UNRECOGNIZED (a state this version does not know).
+
+    A node in UNKNOWN with no health is past a failed repair: recreated FAILED_REPAIR_GRACE
+    after its first sight (row `failed_repair`) rather than after repair_timeout."""
+    node, cfg, now = draft.obs.node, draft.cfg, draft.now
+    assert node is not None
+    known = node_condition(node) is Cond.REPAIR
+    what = node.state if node.state != "READY" else f"READY but {node.health}"
+    since = mem.unhealthy_since or now
+    unknown = (mem.unknown_since or now) if failed_repair(node) else None
+    if mem.phase is Phase.RUNNING:
+        probes = draft.obs.probes
+        # A slice that is gone takes its workers out of the probes: the others' processes may
+        # still run, but they wait in their collectives on hosts that are no more.
+        gone = any(part.state == "MISSING" for part in node.slices)
+        if probes and not gone and all(p.state == "running" and p.attempt == mem.attempt for p in probes):
+            return draft.out(replace(mem, unhealthy_since=since, unknown_since=unknown), "unhealthy_running",
+                             f"node {what} since {since.isoformat()}, but every worker still runs attempt "
+                             f"{mem.attempt}; following it")
+        mem, final = end_unusable(draft, mem)
+        if final is not None:
+            return final
+    mem = replace(mem, unknown_since=unknown)
+    waited = secs(now - since)
+    grace = min(FAILED_REPAIR_GRACE, cfg.repair_timeout)
+    if unknown is not None and secs(now - unknown) >= grace:
+        return recreate(draft, replace(mem, unhealthy_since=since), "failed_repair",
+                        f"node UNKNOWN with no health (the API's state after a failed repair) for "
+                        f"{human(secs(now - unknown))}, not waiting out recovery.repair_timeout "
+                        f"({human(cfg.repair_timeout)})")
+    if auto := autorepairing(draft, mem):
+        # Recreating the request would ask for every slice at once, behind the same shortage
+        # the repair waits on, and lose its place: wait as long as a create may queue.
+        bound = max(cfg.repair_timeout, cfg.queue_timeout)
+        if waited < bound:
+            until = since + timedelta(seconds=bound)
+            mem = move(mem, Phase.WAITING_NODE, unhealthy_since=since, reason=auto)
+            return draft.out(mem, "autorepair_wait", f"{auto} since {since.isoformat()}; waiting for it until "
+                             f"{until.isoformat()} (the longer of recovery.repair_timeout and "
+                             f"recovery.queue_timeout, {human(bound)}) before recreating the whole request",
+                             Wait(until, auto))
+        return recreate(draft, mem, "repair_timeout", f"{auto} for {human(waited)}, longer than "
+                        f"recovery.queue_timeout ({human(bound)})")
+    if waited < cfg.repair_timeout:
+        until = since + timedelta(seconds=cfg.repair_timeout)
+        if unknown is not None:
+            until = min(until, unknown + timedelta(seconds=grace))
+        mem = move(mem, Phase.WAITING_NODE, unhealthy_since=since, reason=f"node {what}")
+        row = "repair_wait" if known else "unknown_state"
+        limit = (f"{human(grace)} in UNKNOWN after a failed repair" if unknown is not None
+                 else f"recovery.repair_timeout {human(cfg.repair_timeout)}")
+        return draft.out(mem, row, f"node {what} since {since.isoformat()}; waiting for it to heal until "
+                                   f"{until.isoformat()} ({limit})", Wait(until, f"node {what}"))
+    why = f"node {what} for {human(waited)}, longer than recovery.repair_timeout ({human(cfg.repair_timeout)})"
+    if not known:
+        return draft.halt(replace(mem, unhealthy_since=since), "unknown_state",
+                          f"{why}; tpuwatch does not know state {node.state} and will not delete the node")
+    return recreate(draft, mem, "repair_timeout", why)
+
+
+def autorepairing(draft: Draft, mem: Memory) -> str:
+    """What Cloud TPU's multislice autorepair is doing, "" when it is not. While the job's
+    multislice queued resource stays ACTIVE: a slice is missing or being created (the service
+    creates a new one, waiting for hardware if needed), or a slice has a new id since the
+    attempt's launch and another is RESTARTING (the service restarts the others after it)."""
+    node, q = draft.obs.node, draft.obs.queued
+    if not (draft.cfg.slices and draft.cfg.recreatable and node is not None and q is not None
+            and q.state == "ACTIVE"):
+        return ""
+    request = q.name.rsplit("/", 1)[-1]
+    parts = list(zip(draft.cfg.slices, node.slices, strict=False))
+    gone = [name for name, part in parts if part.state in ("MISSING", "CREATING")]
+    if gone:
+        return (f"slice {', '.join(gone)} of queued resource {request} is being replaced (Cloud TPU's "
+                "multislice autorepair creates a new slice, waiting for hardware if needed, then restarts "
+                "the others)")
+    before = mem.attempt_node_id.split("+")
+    new = [name for i, (name, part) in enumerate(parts) if i < len(before) and part.id != before[i]]
+    restarting = [name for name, part in parts if part.state == "RESTARTING"]
+    if new and restarting:
+        return (f"slice {', '.join(new)} of queued resource {request} was replaced; Cloud TPU's multislice "
+                f"autorepair restarts the others ({', '.join(restarting)} RESTARTING)")
+    return ""
+
+
+def dead(draft: Draft, mem: Memory) -> Decision:
+    node = draft.obs.node
+    assert node is not None
+    mem, final = end_unusable(draft, mem)
+    return final or recreate(draft, mem, "dead_node", f"node {node.state}: it does not come back by itself")
+
+
+def person(draft: Draft, mem: Memory) -> Decision:
+    node = draft.obs.node
+    assert node is not None
+    mem, final = end_unusable(draft, mem)
+    if final is not None:
+        return final
+    why = f"node is {node.state}: a person stopped it; leaving it alone until it is READY again"
+    return draft.out(move(mem, Phase.PAUSED, reason=why, unhealthy_since=None, unknown_since=None),
+                     "person_stopped", why, Wait(None, why))
+
+
+def missing(draft: Draft, mem: Memory) -> Decision:
+    cfg = draft.cfg
+    mem, final = end_unusable(draft, mem)
+    if final is not None:
+        return final
+    if queued_ended(draft):
+        # Its request still holds the name: delete it (nothing is left of the node to own or
+        # lose), then create it again.
+        return recreate(draft, mem, "queued_preempted", queued_why(draft))
+    if draft.obs.recreate_missing:
+        return recreate_missing(draft, mem, "recreate_missing", f"{draft.subject} is missing; "
+                                                                "--recreate-missing")
+    return draft.halt(
+        mem, "node_missing",
+        f"{draft.subject} is missing in {mem.zone} and tpuwatch did not delete it; tpuwatch never "
+        "recreates a node a person deleted. Pass --recreate-missing to create it from the saved spec",
+        (f"nodes/{cfg.tpu_name}: not found in {mem.zone}",),
+    )
+
+
+def someone_deleting(draft: Draft, mem: Memory) -> Decision:
+    mem, final = end_unusable(draft, mem)
+    if final is None and queued_ended(draft):
+        return recreate(draft, mem, "queued_preempted", queued_why(draft))
+    return final or draft.halt(
+        mem, "someone_deleting",
+        f"{draft.subject} is being deleted, not by tpuwatch; once it is gone, pass "
+        "--recreate-missing to create it again",
+    )
+
+
+def not_recreatable(draft: Draft, mem: Memory, why: str) -> Decision:
+    return draft.halt(mem, "not_recreatable",
+                      f"{why}; the job's slices ({', '.join(draft.cfg.slices)}) were created one by one, not by one "
+                      "multislice queued resource: tpuwatch does not delete or create across them. Repair or "
+                      "recreate that slice: the job is launched again once every slice is READY+HEALTHY", (why,))
+
+
+def recreate_missing(draft: Draft, mem: Memory, row: str, why: str) -> Decision:
+    cfg = draft.cfg
+    if not cfg.recreatable:
+        return not_recreatable(draft, mem, why)
+    if mem.recreates >= cfg.max_recreates:
+        return draft.fail(mem, "recreate_budget_spent", f"{why}; recreate budget spent: {mem.recreates} of "
+                          f"recovery.max_recreates = {cfg.max_recreates} used", (why,))
+    mem = replace(mem, recreates=mem.recreates + 1, queued_since=None, queue_tries=0)
+    return create(draft, mem, 0, row, f"{why}: creating it in {cfg.zones[0]}")
+
+
+def queued_why(draft: Draft) -> str:
+    q = draft.obs.queued
+    assert q is not None
+    detail = f" ({q.error_message})" if q.error_message else ""
+    return (f"the Cloud TPU service took {draft.subject} back: its queued resource "
+            f"{q.name.rsplit('/', 1)[-1]} is {q.state}{detail} (a spot preemption does this); not charged")
+
+
+def recreate(draft: Draft, mem: Memory, row: str, why: str) -> Decision:
+    """Delete the node (or, when it is gone, its ended queued resource) to create it again."""
+    node, cfg = draft.obs.node, draft.cfg
+    if node is not None and not (node.owned_by(cfg.job) or draft.obs.adopt):
+        have = node.owner
+        label = f"it has {OWNER_LABEL}={have}" if have is not None else "it has no such label"
+        return draft.halt(
+            mem, "not_owned",
+            f"{why}; not owned: will not delete {node.name} (label {OWNER_LABEL}={cfg.job} missing); pass --adopt",
+            (label,),
+        )
+    if not cfg.recreatable:
+        return not_recreatable(draft, mem, why)
+    if mem.recreates >= cfg.max_recreates:
+        return draft.fail(mem, "recreate_budget_spent", f"{why}; recreate budget spent: {mem.recreates} of "
+                          f"recovery.max_recreates = {cfg.max_recreates} used", (why,))
+    mem = move(mem, Phase.DELETING, recreates=mem.recreates + 1, pending_op=None,
+               deleting_node_id=node.id if node is not None else "", queued_since=None, queue_tries=0,
+               retry_at=None, env_failing_since=None)
+    return draft.out(mem, row, f"{why}: deleting it to create it again (recreate {mem.recreates} of "
+                               f"{cfg.max_recreates})", DeleteNode(cfg.tpu_name, mem.zone, why))
