@@ -33,7 +33,7 @@ from prometheus_client.exposition import generate_latest
 from tpuwatch import metrics, notify
 from tpuwatch.config import Secret
 from tpuwatch.journal import Journal
-from tpuwatch.policy import AttemptEnd, Memory, PolicyConfig
+from tpuwatch.policy import Attempt, AttemptEnd, Memory, PolicyConfig
 
 
 def main() -> int:
@@ -84,7 +84,7 @@ def main() -> int:
             deliver.append(time.perf_counter() - a)
         n.close(5)
         pcfg = PolicyConfig(job="bench", tpu_name="bench", zones=("us-central2-b",))
-        report = SimpleNamespace(memory=Memory(attempt=args.attempts), checkpoint=None,
+        report = SimpleNamespace(memory=Memory(attempt=Attempt(number=args.attempts)), checkpoint=None,
                                  time=datetime.now(timezone.utc))
         render = []
         for _ in range(args.repeat):

@@ -437,7 +437,7 @@ def pod_driver(cfg: str) -> int:
                 kids = resource.getrusage(resource.RUSAGE_CHILDREN)
                 running = sum(1 for p in report.probes or () if p.state == "running")
                 print(json.dumps({"t": time.time(), "wall": wall, "row": report.decision.row,
-                                  "attempt": report.memory.attempt, "running": running,
+                                  "attempt": report.memory.attempt.number, "running": running,
                                   "on_channel": workers.ends.answered,
                                   "own": me.ru_utime + me.ru_stime, "kids": kids.ru_utime + kids.ru_stime}),
                       flush=True)

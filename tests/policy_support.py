@@ -21,7 +21,9 @@ from tpuwatch.model import (
     WorkerProbe,
 )
 from tpuwatch.policy import (
+    Attempt,
     AttemptEnd,
+    Boot,
     Decision,
     Memory,
     Observation,
@@ -116,17 +118,19 @@ def obs(n: NodeSnapshot | None = None, *, missing: bool = False, **kw: Any) -> O
     return Observation(node=the_node, **kw)
 
 
-def idle(**kw: Any) -> Memory:
-    """Memory with no attempt alive, that has seen node n1 before (no boot of its own to count)."""
-    return replace(Memory.initial(ZONES[0]), **{"node_seen": "n1", **kw})
+def idle(**records: Any) -> Memory:
+    """Memory with no attempt alive, that has seen node n1 before (no boot of its own to count);
+    `records`: fields of Memory to set (budgets=Budgets(restarts=2), ...)."""
+    return replace(Memory.initial(ZONES[0]), **{"boot": Boot(node_seen="n1"), **records})
 
 
-def run_mem(attempt: int = 1, start: float = 0.0, step: int | None = 100, **kw: Any) -> Memory:
-    """Memory following attempt `attempt`, started at at(start) from checkpoint `step` on node n1."""
-    base = dict(phase=Phase.RUNNING, attempt=attempt, attempt_start=at(start), attempt_node_id="n1",
-                attempt_start_step=step, attempt_seen=True, node_seen="n1")
-    base.update(kw)
-    return replace(Memory.initial(ZONES[0]), **base)
+def run_mem(attempt: int = 1, start: float = 0.0, step: int | None = 100, seen: bool = True,
+            **records: Any) -> Memory:
+    """Memory following attempt `attempt`, started at at(start) from checkpoint `step` on node n1;
+    `records`: other fields of Memory to set (budgets=Budgets(restarts=2), ...)."""
+    base = {"phase": Phase.RUNNING, "attempt": Attempt(attempt, at(start), "n1", step, seen),
+            "boot": Boot(node_seen="n1")}
+    return replace(Memory.initial(ZONES[0]), **{**base, **records})
 
 
 def last_end(attempt: int = 1, outcome: str = "failure", charged: bool = True, start: float = 0.0,

@@ -499,8 +499,8 @@ class Journal:
                 noted = True
             for action in decision.actions:
                 if isinstance(action, Launch):
-                    self.start_attempt(action.attempt, now, decision.memory.attempt_node_id,
-                                       decision.memory.attempt_start_step)
+                    self.start_attempt(action.attempt, now, decision.memory.attempt.node_id,
+                                       decision.memory.attempt.start_step)
                 if action.kind in _UNNOTED_ACTIONS:
                     continue
                 if action.kind not in _QUIET_ACTIONS:
@@ -527,12 +527,13 @@ class Journal:
         if old != mem.phase.value:
             self.add_event(now, "phase", f"{old or 'start'} -> {mem.phase.value}",
                            {"from": old, "to": mem.phase.value, "row": decision.row})
-        seen = (mem.progress_step, mem.progress_time)
-        if mem.progress_step is not None and mem.progress_time is not None and (
-                before is None or (before.progress_step, before.progress_time) != seen):
-            self.add_event(now, "checkpoint", f"attempt {mem.attempt} saved checkpoint step {mem.progress_step}",
-                           {"attempt": mem.attempt, "step": mem.progress_step,
-                            "time": mem.progress_time.isoformat()})
+        seen = (mem.hang.progress_step, mem.hang.progress_time)
+        if mem.hang.progress_step is not None and mem.hang.progress_time is not None and (
+                before is None or (before.hang.progress_step, before.hang.progress_time) != seen):
+            self.add_event(now, "checkpoint",
+                           f"attempt {mem.attempt.number} saved checkpoint step {mem.hang.progress_step}",
+                           {"attempt": mem.attempt.number, "step": mem.hang.progress_step,
+                            "time": mem.hang.progress_time.isoformat()})
 
     def record_operation(self, now: datetime, memory: Memory, name: str, kind: str, zone: str) -> Memory:
         """After DeleteNode/CreateNode returned operation `name`: journal it; the memory to carry on."""

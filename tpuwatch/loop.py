@@ -131,7 +131,7 @@ class Pacer:
             self.ports.workers.unfollow()
             self._ended.clear()  # an end of what is no longer followed: the tick has seen it
             return False
-        self.ports.workers.follow_ends(report.node, report.memory.attempt, workers, self._ended.set)
+        self.ports.workers.follow_ends(report.node, report.memory.attempt.number, workers, self._ended.set)
         return True
 
     def _until_deadline(self, report: TickReport) -> float:

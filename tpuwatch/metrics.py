@@ -110,8 +110,8 @@ def snapshot(report: Any, journal: Journal, pcfg: PolicyConfig,
     created = sum(1 for op in journal.operations() if op.kind == "create" and op.finished and not op.error_code)
     ck = report.checkpoint
     return Snapshot(
-        job=pcfg.job, time=report.time, phase=mem.phase.value, attempt=mem.attempt,
-        restarts=mem.restarts, max_restarts=pcfg.max_restarts, recreates=mem.recreates,
+        job=pcfg.job, time=report.time, phase=mem.phase.value, attempt=mem.attempt.number,
+        restarts=mem.budgets.restarts, max_restarts=pcfg.max_restarts, recreates=mem.budgets.recreates,
         max_recreates=pcfg.max_recreates,
         restarts_charged_total=sum(1 for a in attempts if a.charged),
         recreates_total=created, disruptions=disruptions,

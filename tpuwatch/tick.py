@@ -230,12 +230,12 @@ class Reconciler:
 
     def _operation(self, mem: Memory, tpu: TpuApi) -> tuple[OperationStatus | None, CreateFailureKind | None]:
         kind = operation_due(mem)
-        if kind is None or mem.pending_op is None:
+        if kind is None or mem.recreate.pending_op is None:
             return None, None
-        op = tpu.get_operation(mem.pending_op)
+        op = tpu.get_operation(mem.recreate.pending_op)
         if not op.done:  # its age, for recovery.operation_timeout: when the journal recorded it
             started = next((r.started for r in self.journal.operations(pending_only=True)
-                            if r.name == mem.pending_op), None)
+                            if r.name == mem.recreate.pending_op), None)
             op = replace(op, started=started)
         failure = None
         if kind == "create" and op.done and op.error_code:

@@ -44,7 +44,7 @@ def test_a_node_unknown_after_a_failed_repair_is_recreated_after_the_grace(
         sim.inject("maintenance", node="pod", stuck="UNKNOWN")
         sim.world.wait_for(lambda w: w.node("pod").state == "UNKNOWN", timeout=30, what="the node in UNKNOWN")
         seen = tick_until(rec, lambda r: r.node is not None and r.node.state == "UNKNOWN", "a tick seeing UNKNOWN")
-        assert seen.decision.row == "repair_wait" and seen.memory.unknown_since is not None, seen.decision.summary
+        assert seen.decision.row == "repair_wait" and seen.memory.repair.unknown_since is not None, seen.decision.summary
         assert seen.node is not None and seen.node.health == "HEALTH_UNSPECIFIED"
         # Within the grace nothing is deleted.
         ahead[0] = FAILED_REPAIR_GRACE - 30
@@ -56,6 +56,6 @@ def test_a_node_unknown_after_a_failed_repair_is_recreated_after_the_grace(
         assert "failed repair" in gone.decision.summary
         back = tick_until(rec, lambda r: r.node is not None and r.node.id != old_id and r.node.usable,
                           "the node recreated and READY")
-        assert back.memory.recreates == 1 and back.memory.restarts == 0
+        assert back.memory.budgets.recreates == 1 and back.memory.budgets.restarts == 0
         tick_until(rec, lambda r: r.decision.row == "running", "the job running on the new node")
     assert sim.world.node("pod").id != old_id

@@ -90,7 +90,7 @@ def test_a_maintenance_between_the_node_read_and_the_probe_is_not_charged(
         assert report.probes and not any(p.state == "running" for p in report.probes), report.probes
         assert report.events == ()  # the audit log has nothing to say yet
         # Charged at once so that the relaunch need not wait, but open to the next node reads.
-        assert report.memory.confirm_by is not None, report.decision.summary
+        assert report.memory.budgets.confirm_by is not None, report.decision.summary
         after = tick_until(rec, lambda r: any(e.attempt == 1 and not e.charged for e in r.decision.ended),
                            "the end re-classified")
         ended = [e for e in after.decision.ended if e.attempt == 1]
@@ -99,7 +99,7 @@ def test_a_maintenance_between_the_node_read_and_the_probe_is_not_charged(
         attempts = journal.attempts()
         assert [(a.number, a.outcome, a.charged) for a in attempts][:1] == [(1, "disruption", False)]
         assert not any(a.charged for a in attempts), attempts
-        assert after.memory.restarts == 0
+        assert after.memory.budgets.restarts == 0
 
 
 def test_a_watcher_paused_through_a_whole_maintenance_does_not_charge_it(

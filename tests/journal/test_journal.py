@@ -4,12 +4,16 @@ recording the policy's decisions."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 import sqlite3
 import stat
 import subprocess
 import sys
 from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -30,7 +34,21 @@ from policy_support import (
 
 from tpuwatch.errors import NotFoundError
 from tpuwatch.journal import CACHE_KIB, SCHEMA_VERSION, Busy, Journal, JournalError, journal_path
-from tpuwatch.policy import Memory, Phase
+from tpuwatch.policy import (
+    Attempt,
+    AttemptEnd,
+    Boot,
+    Budgets,
+    Evidence,
+    HangLearning,
+    Maintenance,
+    Memory,
+    Phase,
+    Recreate,
+    Repair,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _open(state: Path, tpu: str = "pod", **kw: object) -> Journal:
@@ -70,19 +88,77 @@ def _rich_memory() -> Memory:
     sick = tick(obs(node("READY", "UNHEALTHY_MAINTENANCE"), probes=exited({}, attempt=1),
                     events=(event("terminate", at(90), "MAINTENANCE"),)), run_mem(), now=100)
     ended = tick(obs(node("READY", "UNHEALTHY_MAINTENANCE"), probes=exited({1: 1})), sick.memory, now=120)
-    return replace(ended.memory, restarts=1, recreates=1, pending_op="op-1", backoff_until=at(130),
-                   evidence=sick.memory.evidence)
+    return replace(ended.memory,
+                   budgets=replace(ended.memory.budgets, restarts=1, recreates=1, backoff_until=at(130)),
+                   recreate=replace(ended.memory.recreate, pending_op="op-1"),
+                   attempt=replace(ended.memory.attempt, evidence=sick.memory.attempt.evidence))
 
 
 def test_memory_round_trip(tmp_path: Path) -> None:
     mem = _rich_memory()
-    assert mem.evidence and mem.last_end is not None and mem.unhealthy_since is not None
+    assert mem.attempt.evidence and mem.budgets.last_end is not None and mem.repair.unhealthy_since is not None
     with _open(tmp_path) as j:
         assert j.load_memory() is None
         with j.transaction():
             j.save_memory(mem)
     with _open(tmp_path) as j:
         assert j.load_memory() == mem
+
+
+def test_a_journal_that_kept_memory_flat_loads_into_the_records(tmp_path: Path) -> None:
+    """fixtures/memory-v1-flat.db: a journal of job "flat" on TPU "pod", written by a tpuwatch
+    that kept every field of memory at the top level (memory version 1), every field set."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    shutil.copy(FIXTURES / "memory-v1-flat.db", state / "flat.db")
+    os.chmod(state / "flat.db", 0o600)
+    t0 = datetime(2026, 11, 20, 8, 0, tzinfo=timezone.utc)
+
+    def t(seconds: float) -> datetime:
+        return t0 + timedelta(seconds=seconds)
+
+    end = AttemptEnd(attempt=3, start=t(0), end=t(3600), node_id="n-1", start_step=400, end_step=900,
+                     outcome="failure", charged=True, exit_code=1,
+                     reason="attempt 3: worker 0 exited with code 1", streak_added=False)
+    expected = Memory(
+        phase=Phase.BACKOFF, reason="", zone="us-central2-b",
+        attempt=Attempt(number=3, start=t(0), node_id="n-1", start_step=400, seen=True, launch_tries=1,
+                        evidence=(Evidence(t(100), "audit tpu.nodes.terminate"),
+                                  Evidence(t(200), "node state REPAIRING")),
+                        unreachable_since=t(3000), end_seen=t(3500)),
+        budgets=Budgets(restarts=2, disruptions=4, recreates=1, no_progress=1, backoff_level=2,
+                        backoff_until=t(3700), last_end=end, confirm_by=t(3660)),
+        maintenance=Maintenance(notice_hold=t(3900), early_window=t(7200), early_step=800, early_refused=t(7300)),
+        repair=Repair(unhealthy_since=t(10), unknown_since=t(20), env_failing_since=t(50)),
+        recreate=Recreate(zone_try=1, pending_op="op-7", deleting_node_id="n-0", queued_since=t(30),
+                          queue_tries=3, retry_at=t(40)),
+        hang=HangLearning(progress_step=900, progress_at=t(3400), progress_time=t(3390), ckpt_gap=1800.0,
+                          ckpt_first=600.5, log_bytes=123456, log_at=t(3450), log_last=t(3460), log_peak=95.0,
+                          log_gap=120.0),
+        boot=Boot(node_seen="n-1", node_down=True, booted_at=t(5)),
+    )
+    with Journal.open(state, "flat", "pod") as j:
+        assert j.load_memory() == expected
+        # saved again, it is written in records and reads back the same
+        with j.transaction():
+            j.save_memory(expected)
+        assert j.load_memory() == expected
+    saved = json.loads(sqlite3.connect(state / "flat.db").execute("SELECT data FROM memory").fetchone()[0])
+    assert saved["version"] == 2 and saved["budgets"]["restarts"] == 2 and "restarts" not in saved
+
+
+@pytest.mark.parametrize(("data", "field"), [
+    ({"version": 2, "attempt": {"number": -1}}, "'attempt.number'"),
+    ({"version": 2, "attempt": 3}, "'attempt'"),
+    ({"version": 2, "budgets": {"last_end": {"attempt": 1}}}, "'budgets.last_end.start' is missing"),
+    ({"version": 2, "hang": {"ckpt_gap": 1.0, "gap": 2.0}}, "unknown field 'hang.gap'"),
+    ({"version": 1, "start": "2026-11-20T08:00:00+00:00"}, "unknown field 'start'"),  # only in version 2's records
+    ({"version": 1, "attempt_start": "not a time"}, "'attempt.start'"),
+])
+def test_saved_memory_that_does_not_fit_its_records_is_refused_naming_the_field(data: dict[str, object],
+                                                                                field: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(field)):
+        Memory.from_dict(data)
 
 
 def test_transaction_is_all_or_nothing(tmp_path: Path) -> None:
@@ -328,7 +404,7 @@ def test_record_operation_follows_it_to_its_end(tmp_path: Path) -> None:
     with _open(tmp_path) as j:
         j.record(at(0), dead)
         mem = j.record_operation(at(1), dead.memory, "op-del-1", "delete", "us-central2-b")
-        assert mem.pending_op == "op-del-1" and j.load_memory() == mem
+        assert mem.recreate.pending_op == "op-del-1" and j.load_memory() == mem
         assert [o.name for o in j.operations(pending_only=True)] == ["op-del-1"]
         status = op("op-del-1")
         gone = tick(obs(missing=True, operation=status), mem, now=60)

@@ -26,7 +26,7 @@ from tpuwatch.model import (
     WorkerEndpoint,
     WorkerProbe,
 )
-from tpuwatch.policy import Decision, Memory, Phase, PolicyConfig, Wait
+from tpuwatch.policy import Attempt, Boot, Budgets, Decision, Memory, Phase, PolicyConfig, Wait
 from tpuwatch.tick import TickReport
 from tpuwatch.ui.dashboard import (
     LineView,
@@ -59,8 +59,9 @@ def report(*, n: NodeSnapshot | None = None, phase: Phase = Phase.RUNNING, attem
            probes: Sequence[WorkerProbe] | None = None, ck: Checkpoint | None = None,
            summary: str = "attempt 3 running on 4 worker(s)", at: datetime = T0, restarts: int = 1,
            events: Sequence[AuditEvent] = (), done: Sequence[str] = ()) -> TickReport:
-    mem = Memory(phase=phase, attempt=attempt, attempt_start=T0 - timedelta(minutes=3, seconds=12),
-                 restarts=restarts, disruptions=2, zone="us-central2-b")
+    mem = Memory(phase=phase, zone="us-central2-b",
+                 attempt=Attempt(number=attempt, start=T0 - timedelta(minutes=3, seconds=12)),
+                 budgets=Budgets(restarts=restarts, disruptions=2))
     decision = Decision(actions=(Wait(None, "running"),), memory=mem, summary=summary,
                         exit_code=1 if phase is Phase.FAILED else 0, row="running")
     if probes is None:
@@ -221,7 +222,8 @@ def test_workers_whose_keys_are_not_there_yet_say_so() -> None:
               "/home/alice/.ssh/google_compute_engine (Permission denied (publickey).)")
     probes = [WorkerProbe(i, "unreachable", None, detail=detail.replace("worker 0", f"worker {i}"),
                           login_refused=True) for i in range(4)]
-    d = decide(Observation(node=node(), probes=tuple(probes)), Memory(zone="us-central2-b", node_seen="111"),
+    d = decide(Observation(node=node(), probes=tuple(probes)), Memory(zone="us-central2-b",
+                                                                      boot=Boot(node_seen="111")),
                PCFG, T0 + timedelta(seconds=40))
     assert d.row == "keys_not_there_yet"
     r = report(phase=Phase.IDLE, probes=probes, summary=d.summary, at=T0 + timedelta(seconds=40))

@@ -42,10 +42,11 @@ def test_next_level_resets_after_a_stable_run() -> None:
 def _fail_and_relaunch(mem: object, now: float, ran: float) -> tuple[object, float]:
     """Attempt fails `ran` seconds after it started; returns the memory after the relaunch."""
     end = now + ran
-    d = tick(obs(probes=exited({0: 1}, attempt=mem.attempt), checkpoint=ckpt(int(end)), jitter=0.999999),  # type: ignore[attr-defined]
+    d = tick(obs(probes=exited({0: 1}, attempt=mem.attempt.number), checkpoint=ckpt(int(end)),
+                 jitter=0.999999),  # type: ignore[attr-defined]
              mem, now=end, cfg=replace(CFG, max_restarts=50))  # type: ignore[arg-type]
     assert d.memory.phase is Phase.BACKOFF
-    wait = (d.memory.backoff_until - at(end)).total_seconds()  # type: ignore[operator]
+    wait = (d.memory.budgets.backoff_until - at(end)).total_seconds()  # type: ignore[operator]
     start = end + wait
     relaunched = tick(obs(probes=absent(), checkpoint=ckpt(int(end))), d.memory, now=start,
                       cfg=replace(CFG, max_restarts=50))
@@ -59,9 +60,9 @@ def test_waits_grow_to_the_cap_and_reset_after_a_stable_run() -> None:
     waits = []
     for _ in range(6):
         mem, wait = _fail_and_relaunch(mem, now, ran=100.0)
-        now = (mem.attempt_start - at(0)).total_seconds()  # type: ignore[attr-defined]
+        now = (mem.attempt.start - at(0)).total_seconds()  # type: ignore[attr-defined]
         waits.append(round(wait))
     assert waits == [0, 10, 20, 40, 80, 80]  # a lone crash is relaunched at once; a loop backs off
     mem, wait = _fail_and_relaunch(mem, now, ran=1000.0)  # ran stable_run: back to the first step
     assert wait == 0
-    assert mem.backoff_level == 1  # type: ignore[attr-defined]
+    assert mem.budgets.backoff_level == 1  # type: ignore[attr-defined]

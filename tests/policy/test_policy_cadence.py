@@ -42,12 +42,14 @@ class Job:
 def run(job: Job, until: float, mem: Memory | None = None, start: float = 0.0) -> tuple[str, float, Memory]:
     """Tick every poll from `start` until `until` or the first decision that is not `running`."""
     m = mem if mem is not None else Mem.initial("us-central2-b")
-    m = replace(m, phase=Phase.RUNNING, attempt=m.attempt + 1, attempt_start=at(start), attempt_node_id="n1",
-                attempt_start_step=100, attempt_seen=True, node_seen="n1", evidence=())
+    m = replace(m, phase=Phase.RUNNING,
+                attempt=replace(m.attempt, number=m.attempt.number + 1, start=at(start), node_id="n1",
+                                start_step=100, seen=True, evidence=()),
+                boot=replace(m.boot, node_seen="n1"))
     t = start
     while t <= until:
         age = int(t - job.last_write(t - start) - start)
-        probes = tuple(WorkerProbe(w, "running", attempt=m.attempt, log_age=age) for w in range(2))
+        probes = tuple(WorkerProbe(w, "running", attempt=m.attempt.number, log_age=age) for w in range(2))
         ck = job.checkpoint(t - start)
         if ck.time is not None:
             ck = replace(ck, time=at(start + (ck.time - at(0)).total_seconds()))
@@ -69,7 +71,7 @@ def test_a_job_silent_for_20_minutes_in_its_first_compile_is_not_stopped() -> No
     row, _, m = run(job, until=40 * MIN)
     assert row == "running"
     # ... and not on its next attempt either, though the job's cadence is known by then
-    assert m.log_gap == SHORT  # a minute, learned as the shortest silence that could move the limit
+    assert m.hang.log_gap == SHORT  # a minute, learned as the shortest silence that could move the limit
     row, _, _ = run(job, until=40 * MIN, mem=m, start=50 * MIN)
     assert row == "running"
 
@@ -80,7 +82,7 @@ def test_a_job_that_logs_every_minute_is_stopped_within_10_minutes_of_silence() 
     row, t, m = run(job, until=5 * 3600)
     assert row == "log_silent"
     assert LOG_FLOOR <= t - 80 * MIN <= LOG_FLOOR + AUTO.poll_interval
-    end = m.last_end
+    end = m.budgets.last_end
     assert end is not None and end.charged and "and no output for 10m" in end.reason
 
 
@@ -90,7 +92,7 @@ def test_a_long_save_the_job_has_shown_before_is_not_stopped() -> None:
     silent = ((MIN, 10 * MIN),) + tuple((k * 30 * MIN, k * 30 * MIN + 15 * MIN) for k in range(1, 6))
     row, _, m = run(Job(silent=silent, saves=saves), until=3 * 3600)
     assert row == "running"
-    assert 15 * MIN <= m.log_gap <= 15 * MIN + AUTO.poll_interval
+    assert 15 * MIN <= m.hang.log_gap <= 15 * MIN + AUTO.poll_interval
     # that job hanging is stopped all the same, after 3x its longest silence
     row, t, _ = run(Job(silent=silent, saves=saves, hang_at=2 * 3600 + 20 * MIN), until=6 * 3600)
     assert row == "log_silent" and 45 * MIN <= t - (2 * 3600 + 20 * MIN) <= 46 * MIN + AUTO.poll_interval
@@ -100,47 +102,53 @@ def test_a_job_that_logs_in_bursts_every_15_minutes_is_not_stopped_at_its_first_
     # nothing is judged before a whole checkpoint interval has shown every kind of silence once
     job = Job(every=15 * MIN, saves=tuple((k * 30 * MIN + 5 * MIN, 100 + k) for k in range(1, 12)))
     row, _, m = run(job, until=5 * 3600)
-    assert row == "running" and 14 * MIN <= m.log_gap <= 15 * MIN + AUTO.poll_interval
+    assert row == "running" and 14 * MIN <= m.hang.log_gap <= 15 * MIN + AUTO.poll_interval
 
 
 def test_a_job_that_never_logs_after_its_start_is_judged_by_its_checkpoints_only() -> None:
     job = Job(every=10 * 3600.0, saves=((30 * MIN, 200), (60 * MIN, 300)))
     row, _, m = run(job, until=4 * 3600)
-    assert row == "running" and m.log_gap == 0.0 and silent_limit(m) == 0.0
+    assert row == "running" and m.hang.log_gap == 0.0 and silent_limit(m) == 0.0
 
 
 def test_a_fixed_hang_timeout_does_not_judge_the_logs() -> None:
     fixed = replace(AUTO, hang_auto=False, hang_timeout=0.0)
-    m = replace(Mem.initial("z"), phase=Phase.RUNNING, attempt=1, attempt_start=at(0), attempt_node_id="n1",
-                attempt_start_step=100, attempt_seen=True, node_seen="n1", log_gap=MIN, log_last=at(0),
-                progress_step=200, progress_at=at(60), progress_time=at(60))
+    m = replace(Mem.initial("z"), phase=Phase.RUNNING,
+                attempt=replace(Mem.initial("z").attempt, number=1, start=at(0), node_id="n1",
+                                start_step=100, seen=True),
+                boot=replace(Mem.initial("z").boot, node_seen="n1"),
+                hang=replace(Mem.initial("z").hang, log_gap=MIN, log_last=at(0), progress_step=200,
+                             progress_at=at(60), progress_time=at(60)))
     probes = tuple(WorkerProbe(w, "running", attempt=1, log_age=3600) for w in range(2))
     ck = Checkpoint("/ckpt/200", 200, "orbax", at(60))
     assert tick(Observation(node=_node(), probes=probes, checkpoint=ck), m, now=3600, cfg=fixed).row == "running"
 
 
 def test_learning_a_silence_counts_at_most_what_the_ticks_saw_plus_one_poll() -> None:
-    m = replace(Mem.initial("z"), log_last=at(0), log_peak=20.0)
+    m = replace(Mem.initial("z"), hang=replace(Mem.initial("z").hang, log_last=at(0), log_peak=20.0))
     # the watcher was away for an hour: the job wrote at 3600; it had been seen silent 20 s
     later = learn(m, 5.0, at(3605), at(0), warm=True, poll=30.0)
-    assert (later.log_gap, later.log_last, later.log_peak) == (SHORT, at(3600), 5.0)
-    longer = learn(replace(m, log_peak=900.0), 5.0, at(3605), at(0), warm=True, poll=30.0)
-    assert longer.log_gap == 930.0
+    assert (later.hang.log_gap, later.hang.log_last, later.hang.log_peak) == (SHORT, at(3600), 5.0)
+    longer = learn(replace(m,
+                           hang=replace(m.hang, log_peak=900.0)), 5.0, at(3605), at(0), warm=True, poll=30.0)
+    assert longer.hang.log_gap == 930.0
     # during the attempt's start nothing is learned
-    assert learn(m, 5.0, at(3605), at(0), warm=False, poll=30.0).log_gap == 0.0
+    assert learn(m, 5.0, at(3605), at(0), warm=False, poll=30.0).hang.log_gap == 0.0
     # the same write seen again: only the silence grows
     again = learn(later, 35.0, at(3635), at(0), warm=True, poll=30.0)
-    assert (again.log_last, again.log_peak, again.log_gap) == (at(3600), 35.0, SHORT)
+    assert (again.hang.log_last, again.hang.log_peak, again.hang.log_gap) == (at(3600), 35.0, SHORT)
     # no age known: nothing changes
     assert learn(again, None, at(3700), at(0), warm=True, poll=30.0) is again
 
 
 def test_the_limit_is_three_times_the_longest_silence_and_never_under_ten_minutes() -> None:
-    m = replace(Mem.initial("z"), ckpt_gap=30 * MIN)
+    m = replace(Mem.initial("z"), hang=replace(Mem.initial("z").hang, ckpt_gap=30 * MIN))
     assert silent_limit(m) == 0.0
-    assert silent_limit(replace(m, log_gap=MIN, ckpt_gap=0.0)) == 0.0  # no checkpoint interval seen yet
-    assert silent_limit(replace(m, log_gap=MIN)) == LOG_FLOOR
-    assert silent_limit(replace(m, log_gap=15 * MIN)) == 45 * MIN
+    assert silent_limit(replace(m,
+                                hang=replace(m.hang, log_gap=MIN,
+                                             ckpt_gap=0.0))) == 0.0  # no checkpoint interval seen yet
+    assert silent_limit(replace(m, hang=replace(m.hang, log_gap=MIN))) == LOG_FLOOR
+    assert silent_limit(replace(m, hang=replace(m.hang, log_gap=15 * MIN))) == 45 * MIN
 
 
 def test_run_helpers_are_consistent() -> None:

@@ -25,7 +25,16 @@ from policy_support import (
     tick,
 )
 
-from tpuwatch.policy import AttemptFacts, Evidence, Outcome, Phase, classify, describe_exit
+from tpuwatch.policy import (
+    Attempt,
+    AttemptFacts,
+    Budgets,
+    Evidence,
+    Outcome,
+    Phase,
+    classify,
+    describe_exit,
+)
 from tpuwatch.policy.classify import naming_code
 
 
@@ -88,7 +97,7 @@ def test_describe_exit() -> None:
 
 def _ends_as(d: object) -> tuple[str, bool, int]:
     end = d.ended[0]  # type: ignore[attr-defined]
-    return end.outcome, end.charged, d.memory.restarts  # type: ignore[attr-defined]
+    return end.outcome, end.charged, d.memory.budgets.restarts  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("kind", ["terminate", "restart"])
@@ -99,7 +108,7 @@ def test_audit_event_in_the_attempt_is_a_disruption(kind: str) -> None:
 
 def test_audit_event_seen_on_an_earlier_tick_still_counts() -> None:
     first = tick(obs(probes=running(1), events=(event("terminate", at(450)),)), run_mem(), now=460)
-    assert first.row == "running" and first.memory.evidence
+    assert first.row == "running" and first.memory.attempt.evidence
     d = tick(obs(probes=exited({1: 134})), first.memory, now=500)
     assert _ends_as(d) == ("disruption", False, 0)
 
@@ -153,9 +162,10 @@ def test_worker_unreachable_while_the_node_is_unhealthy() -> None:
 
 @pytest.mark.parametrize("code", [139, 1, 255, 3])
 def test_every_code_not_fail_fast_is_charged_the_same(code: int) -> None:
-    d = tick(obs(probes=exited({1: code}), checkpoint=ckpt(200), jitter=0.3), run_mem(backoff_level=1), now=500)
+    d = tick(obs(probes=exited({1: code}), checkpoint=ckpt(200), jitter=0.3),
+             run_mem(budgets=Budgets(backoff_level=1)), now=500)
     assert _ends_as(d) == ("failure", True, 1)
-    assert d.memory.backoff_until == at(500 + 10 * 0.65)
+    assert d.memory.budgets.backoff_until == at(500 + 10 * 0.65)
 
 
 def test_failed_start_is_charged() -> None:
@@ -164,7 +174,7 @@ def test_failed_start_is_charged() -> None:
 
 
 def test_fail_fast_stops_at_once_even_with_budget_left() -> None:
-    d = tick(obs(probes=exited({0: 42})), run_mem(restarts=0), now=5)
+    d = tick(obs(probes=exited({0: 42})), run_mem(budgets=Budgets(restarts=0)), now=5)
     assert d.memory.phase is Phase.FAILED and d.ended[0].outcome == "fail_fast"
 
 
@@ -175,28 +185,30 @@ def test_no_progress_streak_counts_resets_and_stops() -> None:
     now = 0.0
     for _ in range(3):
         now += 500
-        d = tick(obs(probes=exited({0: 1}, attempt=mem.attempt), checkpoint=ckpt(100)), mem, now=now, cfg=cfg)
-        streaks.append(d.memory.no_progress)
+        d = tick(obs(probes=exited({0: 1}, attempt=mem.attempt.number), checkpoint=ckpt(100)), mem, now=now,
+                 cfg=cfg)
+        streaks.append(d.memory.budgets.no_progress)
         if d.memory.phase is Phase.FAILED:
             break
-        now = (d.memory.backoff_until - at(0)).total_seconds()  # type: ignore[operator]
+        now = (d.memory.budgets.backoff_until - at(0)).total_seconds()  # type: ignore[operator]
         mem = tick(obs(probes=absent(), checkpoint=ckpt(100)), d.memory, now=now, cfg=cfg).memory
     assert streaks == [1, 2, 3]
     assert d.row == "no_progress" and "exit code 1" in d.summary
     # a newer checkpoint resets the streak
-    progressed = tick(obs(probes=exited({0: 1}), checkpoint=ckpt(150)), run_mem(no_progress=2), now=500)
-    assert progressed.memory.no_progress == 0 and progressed.memory.phase is Phase.BACKOFF
+    progressed = tick(obs(probes=exited({0: 1}), checkpoint=ckpt(150)),
+                      run_mem(budgets=Budgets(no_progress=2)), now=500)
+    assert progressed.memory.budgets.no_progress == 0 and progressed.memory.phase is Phase.BACKOFF
     # a disruption neither adds to it nor resets it
     disrupted = tick(obs(probes=exited({0: 1}), events=(event("terminate", at(400)),), checkpoint=ckpt(100)),
-                     run_mem(no_progress=2), now=500)
-    assert disrupted.memory.no_progress == 2 and disrupted.memory.phase is Phase.IDLE
+                     run_mem(budgets=Budgets(no_progress=2)), now=500)
+    assert disrupted.memory.budgets.no_progress == 2 and disrupted.memory.phase is Phase.IDLE
 
 
 def test_no_checkpoint_at_all_is_no_progress() -> None:
     d = tick(obs(probes=exited({0: 1}), checkpoint=None), run_mem(step=None), now=500)
-    assert d.memory.no_progress == 1
+    assert d.memory.budgets.no_progress == 1
     d2 = tick(obs(probes=exited({0: 1}), checkpoint=ckpt(10)), run_mem(step=None), now=500)
-    assert d2.memory.no_progress == 0
+    assert d2.memory.budgets.no_progress == 0
 
 
 # --- late evidence --------------------------------------------------------------------------------
@@ -204,22 +216,25 @@ def test_no_checkpoint_at_all_is_no_progress() -> None:
 
 def test_late_terminate_event_refunds_the_charge() -> None:
     charged = tick(obs(probes=exited({0: 1}), checkpoint=ckpt(100)), run_mem(), now=500)
-    assert charged.memory.restarts == 1 and charged.memory.no_progress == 1
+    assert charged.memory.budgets.restarts == 1 and charged.memory.budgets.no_progress == 1
     assert charged.memory.phase is Phase.BACKOFF
     # the audit log delivers the terminate event that explains it a tick later
     late = tick(obs(probes=absent(), events=(event("terminate", at(490)),), checkpoint=ckpt(100)),
                 charged.memory, now=505)
     m = late.memory
-    assert (m.restarts, m.no_progress, m.disruptions, m.backoff_until) == (0, 0, 1, None)
+    assert (m.budgets.restarts, m.budgets.no_progress, m.budgets.disruptions,
+            m.budgets.backoff_until) == (0, 0, 1, None)
     assert late.ended[0].outcome == "disruption" and not late.ended[0].charged
     assert late.row == "launch"  # no backoff any more
     assert "refunded" in late.summary
     # and it is refunded once only
     again = tick(obs(probes=running(2), events=(event("restart", at(495)),)), late.memory, now=510)
-    assert again.memory.restarts == 0 and again.memory.disruptions == 1
+    assert again.memory.budgets.restarts == 0 and again.memory.budgets.disruptions == 1
 
 
 def test_event_outside_the_last_attempt_refunds_nothing() -> None:
-    m = idle(phase=Phase.BACKOFF, attempt=1, restarts=1, backoff_until=at(600), last_end=last_end(end=500))
+    m = idle(phase=Phase.BACKOFF,
+             attempt=Attempt(number=1),
+             budgets=Budgets(restarts=1, backoff_until=at(600), last_end=last_end(end=500)))
     d = tick(obs(probes=absent(), events=(event("terminate", at(550)),)), m, now=560)
-    assert d.memory.restarts == 1 and d.row == "backoff"
+    assert d.memory.budgets.restarts == 1 and d.row == "backoff"

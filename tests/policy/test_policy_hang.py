@@ -12,7 +12,7 @@ from policy_support import CFG, absent, at, ckpt, exited, kinds, obs, run_mem, r
 from tpuwatch.config import validate
 from tpuwatch.errors import ConfigError
 from tpuwatch.model import Checkpoint, WorkerProbe
-from tpuwatch.policy import Launch, Memory, Phase, PolicyConfig
+from tpuwatch.policy import HangLearning, Launch, Memory, Phase, PolicyConfig
 
 HOUR = 3600.0
 HANG = replace(CFG, hang_timeout=2 * HOUR, stable_run=10 * HOUR)
@@ -41,7 +41,7 @@ def test_no_checkpoint_since_the_start_for_hang_timeout_stops_and_charges() -> N
     end = d.ended[0]
     assert (end.outcome, end.charged, end.exit_code, end.streak_added) == ("failure", True, None, True)
     assert "hung: no new checkpoint for 2h00m" in end.reason
-    assert d.memory.phase is Phase.BACKOFF and d.memory.restarts == 1 and d.memory.no_progress == 1
+    assert d.memory.phase is Phase.BACKOFF and d.memory.budgets.restarts == 1 and d.memory.budgets.no_progress == 1
 
 
 def test_a_new_checkpoint_with_a_time_restarts_the_clock_from_that_time() -> None:
@@ -53,13 +53,13 @@ def test_a_new_checkpoint_with_a_time_restarts_the_clock_from_that_time() -> Non
     d = tick(obs(probes=running(1), checkpoint=timed(200, HOUR)), d.memory, now=3 * HOUR, cfg=HANG)
     assert d.row == "hung"
     # it made progress before hanging: charged, but the no-progress streak is reset
-    assert d.ended[0].charged and not d.ended[0].streak_added and d.memory.no_progress == 0
+    assert d.ended[0].charged and not d.ended[0].streak_added and d.memory.budgets.no_progress == 0
 
 
 def test_a_checkpoint_without_a_time_counts_from_when_a_tick_first_saw_it() -> None:
     m = run_mem(start=0.0, step=100)
     d = tick(obs(probes=running(1), checkpoint=timed(200, None)), m, now=1.5 * HOUR, cfg=HANG)
-    assert d.row == "running" and (d.memory.progress_step, d.memory.progress_at) == (200, at(1.5 * HOUR))
+    assert d.row == "running" and (d.memory.hang.progress_step, d.memory.hang.progress_at) == (200, at(1.5 * HOUR))
     # the memory survives the journal
     m = Memory.from_dict(d.memory.to_dict())
     assert tick(obs(probes=running(1), checkpoint=timed(200, None)), m, now=3.5 * HOUR - 1, cfg=HANG).row == "running"
@@ -67,9 +67,10 @@ def test_a_checkpoint_without_a_time_counts_from_when_a_tick_first_saw_it() -> N
 
 
 def test_progress_seen_in_an_earlier_attempt_does_not_count_for_this_one() -> None:
-    m = run_mem(attempt=2, start=5 * HOUR, step=200, progress_step=300, progress_at=at(HOUR))
+    m = run_mem(attempt=2, start=5 * HOUR, step=200,
+                hang=HangLearning(progress_step=300, progress_at=at(HOUR)))
     d = tick(obs(probes=running(2), checkpoint=timed(300, None)), m, now=6 * HOUR, cfg=HANG)
-    assert d.row == "running" and d.memory.progress_at == at(6 * HOUR)
+    assert d.row == "running" and d.memory.hang.progress_at == at(6 * HOUR)
     assert tick(obs(probes=running(2), checkpoint=timed(300, None)), d.memory, now=8 * HOUR, cfg=HANG).row == "hung"
 
 
@@ -77,9 +78,9 @@ def test_a_job_that_hangs_at_every_start_fails_after_no_progress_limit_attempts(
     m, now, launches, d = Memory.initial("us-central2-b"), 0.0, 0, None
     for _ in range(20):
         if m.phase is Phase.RUNNING:
-            probes = running(m.attempt)
+            probes = running(m.attempt.number)
         else:  # stopped by the hung row (SIGTERM), or nothing launched yet
-            probes = exited({0: 143, 1: 143}, attempt=m.attempt) if m.attempt else absent()
+            probes = exited({0: 143, 1: 143}, attempt=m.attempt.number) if m.attempt.number else absent()
         d = tick(obs(probes=probes, checkpoint=ckpt(100)), m, now=now, cfg=HANG)
         launches += sum(isinstance(a, Launch) for a in d.actions)
         m = d.memory
@@ -147,7 +148,7 @@ def learn(m: Memory, *, every: float, first: float, saves: int, poll: float = 30
 
 def test_auto_learns_the_checkpoint_interval_and_the_time_to_the_first_checkpoint() -> None:
     m, _ = learn(run_mem(start=0.0, step=100), every=40 * MIN, first=50 * MIN, saves=4)
-    assert (m.ckpt_first, m.ckpt_gap) == (50 * MIN, 40 * MIN)
+    assert (m.hang.ckpt_first, m.hang.ckpt_gap) == (50 * MIN, 40 * MIN)
     # the memory survives the journal
     assert Memory.from_dict(m.to_dict()) == m
 
@@ -164,7 +165,7 @@ def test_auto_judges_nothing_before_it_knows_the_interval() -> None:
 def test_auto_stops_a_silent_job_after_three_intervals_without_a_checkpoint() -> None:
     m, last = learn(run_mem(start=0.0, step=100), every=40 * MIN, first=50 * MIN, saves=3)
     # it hangs right after that save: no checkpoint, no output (the log stays at its size)
-    size = m.log_bytes
+    size = m.hang.log_bytes
     assert size is not None
     now = last + 30.0
     while True:
@@ -195,15 +196,15 @@ def test_auto_never_stops_a_job_whose_logs_keep_growing() -> None:
 def test_auto_has_a_floor_and_from_a_launch_allows_the_time_to_the_first_checkpoint() -> None:
     # a job saving every 5 minutes: 3 x 5m = 15m, but never less than 30 minutes
     m, last = learn(run_mem(start=0.0, step=100), every=5 * MIN, first=20 * MIN, saves=4)
-    assert m.ckpt_gap == 5 * MIN and AUTO.hang_timeout == 0.0
-    size = m.log_bytes
+    assert m.hang.ckpt_gap == 5 * MIN and AUTO.hang_timeout == 0.0
+    size = m.hang.log_bytes
     assert size is not None
     silent = obs(probes=talking(1, size), checkpoint=timed(130, last))
     assert tick(silent, m, now=last + 29 * MIN, cfg=AUTO).row == "running"
     assert tick(silent, m, now=last + 31 * MIN, cfg=AUTO).row == "hung"
     # the next attempt, launched at 10h from step 130, is given first-checkpoint + 2 intervals
     m2, _ = learn(run_mem(start=0.0, step=100), every=30 * MIN, first=70 * MIN, saves=2)
-    m2 = replace(m2, attempt=2, attempt_start=at(10 * HOUR), attempt_start_step=130)
+    m2 = replace(m2, attempt=replace(m2.attempt, number=2, start=at(10 * HOUR), start_step=130))
     d = tick(obs(probes=talking(2, 0), checkpoint=timed(130, None)), m2, now=10 * HOUR, cfg=AUTO)
     m2 = d.memory
     limit = 70 * MIN + 2 * 30 * MIN

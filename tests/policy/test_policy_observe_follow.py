@@ -44,5 +44,5 @@ CASES = [
 @pytest.mark.parametrize(("why", "phase", "node", "seen", "followed"), CASES, ids=[c[0] for c in CASES])
 def test_follow_workers(why: str, phase: Phase, node: NodeSnapshot | None, seen: tuple[WorkerProbe, ...] | None,
                         followed: tuple[int, ...]) -> None:
-    mem = replace(Memory.initial("z"), phase=phase, attempt=3)
+    mem = replace(Memory.initial("z"), phase=phase, attempt=replace(Memory.initial("z").attempt, number=3))
     assert follow_workers(mem, node, seen) == followed, why

@@ -68,7 +68,7 @@ def observations(draw: st.DrawFn, mem: Memory, now: float, steady: bool = False)
     )
     probes = None
     if draw(st.integers(0, 5)) > 0:
-        attempts = [None, max(0, mem.attempt - 1)] + [mem.attempt] * 6 + [mem.attempt + 1]
+        attempts = [None, max(0, mem.attempt.number - 1)] + [mem.attempt.number] * 6 + [mem.attempt.number + 1]
         probes = tuple(
             WorkerProbe(
                 w,
@@ -80,8 +80,8 @@ def observations(draw: st.DrawFn, mem: Memory, now: float, steady: bool = False)
         )
     operation = None
     create_failure = None
-    if mem.pending_op is not None and draw(st.integers(0, 3)) > 0:
-        operation = OperationStatus(mem.pending_op, done=draw(st.integers(0, 3)) > 0,
+    if mem.recreate.pending_op is not None and draw(st.integers(0, 3)) > 0:
+        operation = OperationStatus(mem.recreate.pending_op, done=draw(st.integers(0, 3)) > 0,
                                     error_code=draw(st.sampled_from([0, 0, 5, 6, 8, 8, 8, 3])),
                                     error_message="There is no more capacity in the zone")
         failure = classify_operation(operation, started_by_us=True)
@@ -201,17 +201,17 @@ def test_never_charges_a_disruption(data: st.DataObject) -> None:
         for end in s.decision.ended:
             if end.outcome == "disruption":
                 assert not end.charged
-        ended_now = [e for e in s.decision.ended if e.attempt == s.before.attempt and e.end == at(s.now)]
-        if not ended_now or s.before.attempt_start is None:
+        ended_now = [e for e in s.decision.ended if e.attempt == s.before.attempt.number and e.end == at(s.now)]
+        if not ended_now or s.before.attempt.start is None:
             continue
-        start, n, o = s.before.attempt_start, s.obs.node, s.obs
+        start, n, o = s.before.attempt.start, s.obs.node, s.obs
         evidence = (
-            n is None or not n.usable or n.id != s.before.attempt_node_id
+            n is None or not n.usable or n.id != s.before.attempt.node_id
             or any(e.kind in ("terminate", "restart") and in_window(e.time, start, at(s.now), cfg.evidence_window)
                    for e in o.events)
         )
         if evidence:
-            assert s.decision.memory.restarts <= s.before.restarts, s.decision.summary
+            assert s.decision.memory.budgets.restarts <= s.before.budgets.restarts, s.decision.summary
 
 
 @fast
@@ -219,12 +219,12 @@ def test_never_charges_a_disruption(data: st.DataObject) -> None:
 def test_never_exceeds_a_budget(data: st.DataObject) -> None:
     for cfg, s in _all_steps(data):
         m = s.decision.memory
-        assert 0 <= m.restarts <= cfg.max_restarts
-        assert 0 <= m.recreates <= cfg.max_recreates
+        assert 0 <= m.budgets.restarts <= cfg.max_restarts
+        assert 0 <= m.budgets.recreates <= cfg.max_recreates
         if any(isinstance(a, DeleteNode) for a in s.decision.actions) and s.before.phase is not Phase.DELETING:
             # every new delete+create cycle is counted, from 0 when a stable run ended this tick
             stable = any((e.end - e.start).total_seconds() >= cfg.stable_run for e in s.decision.ended)
-            assert m.recreates == (0 if stable else s.before.recreates) + 1
+            assert m.budgets.recreates == (0 if stable else s.before.budgets.recreates) + 1
 
 
 @fast
@@ -248,7 +248,7 @@ def test_never_two_creates(data: st.DataObject) -> None:
         if creates:
             assert s.obs.node is None, "create while the node exists"
             op = s.obs.operation
-            in_flight = s.before.pending_kind == "create" and s.before.pending_op is not None and (
+            in_flight = s.before.pending_kind == "create" and s.before.recreate.pending_op is not None and (
                 op is None or not op.done)
             assert not in_flight, "a second create while one is in flight"
             assert s.before.pending_kind != "delete" or s.obs.node is None
@@ -279,13 +279,15 @@ def test_dry_run_changes_no_memory(data: st.DataObject) -> None:
 
 def test_backoff_waits_are_within_the_cap() -> None:
     # a deterministic corner: the longest wait the default config can produce
-    mem = replace(Memory.initial(ZONES[0]), phase=Phase.RUNNING, attempt=9, attempt_start=at(0),
-                  attempt_node_id="n1", attempt_start_step=1, attempt_seen=True, backoff_level=40)
+    mem = replace(Memory.initial(ZONES[0]), phase=Phase.RUNNING,
+                  attempt=replace(Memory.initial(ZONES[0]).attempt, number=9, start=at(0), node_id="n1",
+                                  start_step=1, seen=True),
+                  budgets=replace(Memory.initial(ZONES[0]).budgets, backoff_level=40))
     o = Observation(node=node(), probes=(WorkerProbe(0, "exited", 9, 1),), checkpoint=ckpt(2),
                     jitter=0.999999)
     d = decide(o, mem, replace(CFG, max_restarts=100), at(500))
-    assert d.memory.backoff_until is not None
-    assert d.memory.backoff_until - at(500) <= timedelta(seconds=CFG.backoff_max)
+    assert d.memory.budgets.backoff_until is not None
+    assert d.memory.budgets.backoff_until - at(500) <= timedelta(seconds=CFG.backoff_max)
 
 
 # Rows the walks above must reach, or their properties say little: launches, ends (charged or

@@ -26,12 +26,15 @@ from tpuwatch.model import QueuedStatus
 from tpuwatch.policy import (
     MAX_DECIDES,
     Again,
+    Attempt,
+    Budgets,
     ClearQueued,
     CreateNode,
     Decision,
     Memory,
     Observation,
     Phase,
+    Recreate,
     StopWorkers,
     UnsettledTick,
     decide_until_settled,
@@ -39,7 +42,7 @@ from tpuwatch.policy import (
 
 
 def _creating() -> Memory:
-    return idle(phase=Phase.CREATING, pending_op="op-c", recreates=1)
+    return idle(phase=Phase.CREATING, recreate=Recreate(pending_op="op-c"), budgets=Budgets(recreates=1))
 
 
 def test_each_decision_goes_to_settle_with_what_it_was_decided_from() -> None:
@@ -80,8 +83,10 @@ def test_a_refused_create_decided_again_is_queued_and_clears_an_ended_queued_res
     # The create the first decision makes is refused at the call: fed back as a failed create,
     # the decision queues it, and (the job has a queued resource) deletes the ended request.
     qr = QueuedStatus("projects/p/locations/z/queuedResources/qr", "FAILED")
-    first = tick(obs(missing=True, queued=qr), idle(phase=Phase.QUEUED, queued_since=at(0), retry_at=at(5),
-                                                    queue_tries=1, recreates=1), now=10)
+    first = tick(obs(missing=True, queued=qr), idle(phase=Phase.QUEUED,
+                                                    recreate=Recreate(queued_since=at(0), retry_at=at(5),
+                                                                      queue_tries=1),
+                                                    budgets=Budgets(recreates=1)), now=10)
     assert first.row == "queue_retry" and kinds(first) == ["create"]
     refused = obs(missing=True, queued=qr, operation=op("", code=8, message="no capacity"),
                   create_failure="queueable")
@@ -93,14 +98,16 @@ def test_a_refused_create_decided_again_is_queued_and_clears_an_ended_queued_res
 
 
 def test_a_create_carries_what_the_startup_script_needs() -> None:
-    d = tick(obs(missing=True, recreate_missing=True, checkpoint=ckpt(300)), idle(attempt=2), now=5)
+    d = tick(obs(missing=True, recreate_missing=True, checkpoint=ckpt(300)),
+             idle(attempt=Attempt(number=2)), now=5)
     create = d.actions[0]
     assert isinstance(create, CreateNode) and not create.resumed
     assert dict(create.startup) == {"attempt": "3", "checkpoint": "/ckpt/300", "step": "300"}
     multi = replace(CFG, slices=("np-0", "np-1"), recreatable=True)
     d = tick(obs(missing=True, recreate_missing=True, checkpoint=ckpt(300)), idle(), now=5, cfg=multi)
     assert isinstance(d.actions[0], CreateNode) and dict(d.actions[0].startup) == {"launch": "false"}
-    resume = tick(obs(missing=True), replace(_creating(), pending_op=None), now=5)
+    resume = tick(obs(missing=True), replace(_creating(),
+                                             recreate=replace(_creating().recreate, pending_op=None)), now=5)
     assert resume.row == "create_resume" and isinstance(resume.actions[0], CreateNode)
     assert resume.actions[0].resumed
 
@@ -130,9 +137,9 @@ def test_an_end_whose_relaunch_is_due_is_relaunched_in_the_same_tick() -> None:
 
     d = decide_until_settled(obs(probes=ended, checkpoint=ckpt(150)), run_mem(), CFG, at(500), settle)
     assert seen == [("failure", ["stop", "wait"]), ("launch", ["launch"])]
-    assert d.memory.attempt == 2 and d.memory.restarts == 1
+    assert d.memory.attempt.number == 2 and d.memory.budgets.restarts == 1
     # with a backoff to wait (the second charged end in a row), or a notice to hold for, no look
-    backoff = tick(obs(probes=ended, checkpoint=ckpt(150)), run_mem(backoff_level=1), now=500)
+    backoff = tick(obs(probes=ended, checkpoint=ckpt(150)), run_mem(budgets=Budgets(backoff_level=1)), now=500)
     assert backoff.row == "failure" and not backoff.probe_after
     # the node gone: nothing to relaunch on
     gone = tick(obs(node("PREEMPTED"), probes=None), run_mem(), now=500)

@@ -37,14 +37,21 @@ from tpuwatch.model import (
 )
 from tpuwatch.policy import (
     ROWS,
+    Attempt,
+    Boot,
+    Budgets,
     CreateNode,
     DeleteNode,
     Fail,
     FollowOperation,
+    HangLearning,
     ImpossibleObservation,
     Launch,
+    Maintenance,
     NeedsPerson,
     Phase,
+    Recreate,
+    Repair,
     StopWorkers,
     Wait,
     decide,
@@ -62,7 +69,7 @@ def test_row_launch() -> None:
     assert d.row == "launch"
     assert d.actions == (Launch(1, ckpt(100), d.actions[0].reason),)  # type: ignore[union-attr]
     m = d.memory
-    assert (m.phase, m.attempt, m.attempt_start, m.attempt_start_step, m.attempt_node_id) == (
+    assert (m.phase, m.attempt.number, m.attempt.start, m.attempt.start_step, m.attempt.node_id) == (
         Phase.RUNNING, 1, at(5), 100, "n1")
     assert d.exit_code == 0
 
@@ -73,7 +80,9 @@ def test_row_running() -> None:
     assert d.row == "running"
     assert d.actions == ()
     # the new checkpoint is remembered (hang detection), nothing else changes
-    assert d.memory == replace(m, progress_step=200, progress_at=at(300), progress_time=at(300), ckpt_first=300.0)
+    assert d.memory == replace(m,
+                               hang=replace(m.hang, progress_step=200, progress_at=at(300),
+                                            progress_time=at(300), ckpt_first=300.0))
     # and a tick that sees nothing new leaves the memory as it was
     again = tick(obs(probes=running(1), checkpoint=ckpt(200)), d.memory, now=330)
     assert again.row == "running" and again.memory == d.memory
@@ -94,7 +103,8 @@ def test_row_disruption() -> None:
     assert d.row == "disruption"
     assert kinds(d) == ["stop"]
     m = d.memory
-    assert (m.phase, m.restarts, m.disruptions, m.backoff_until) == (Phase.IDLE, 0, 1, None)
+    assert (m.phase, m.budgets.restarts, m.budgets.disruptions, m.budgets.backoff_until) == (Phase.IDLE, 0,
+                                                                                             1, None)
     end = d.ended[0]
     assert (end.outcome, end.charged, end.exit_code) == ("disruption", False, 1)
     assert "tpu.nodes.terminate" in end.reason and "MAINTENANCE" in end.reason
@@ -110,8 +120,8 @@ def test_row_notice_end() -> None:
     d = tick(obs(probes=_noticed({0: 0, 1: 0}), checkpoint=ckpt(150)), run_mem(), now=500)
     assert d.row == "notice_end" and kinds(d) == ["stop"]
     m = d.memory
-    assert (m.phase, m.restarts, m.disruptions) == (Phase.IDLE, 0, 1)
-    assert m.notice_hold is not None and m.notice_hold > at(500)
+    assert (m.phase, m.budgets.restarts, m.budgets.disruptions) == (Phase.IDLE, 0, 1)
+    assert m.maintenance.notice_hold is not None and m.maintenance.notice_hold > at(500)
     end = d.ended[0]
     assert (end.outcome, end.charged, end.exit_code) == ("disruption", False, 0)
     assert "notice of maintenance (TERMINATE_ON_HOST_MAINTENANCE) on worker 0" in end.reason, end.reason
@@ -128,7 +138,7 @@ def test_notice_from_a_preemption_ends_a_crash_uncharged_too() -> None:
 def test_a_notice_for_an_older_attempt_is_no_evidence() -> None:
     probes = tuple(replace(p, notice="PREEMPTED") for p in exited({0: 0, 1: 0}, attempt=1))
     d = tick(obs(probes=probes, checkpoint=ckpt(150)), run_mem(attempt=2), now=500)
-    assert d.row != "notice_end" and not any("notice" in e.what for e in d.memory.evidence)
+    assert d.row != "notice_end" and not any("notice" in e.what for e in d.memory.attempt.evidence)
 
 
 def test_row_notice_hold() -> None:
@@ -139,10 +149,10 @@ def test_row_notice_hold() -> None:
     down = tick(obs(node(health="UNHEALTHY_MAINTENANCE"), probes=None), d.memory, now=520)
     assert down.row == "repair_wait"
     back = tick(obs(probes=absent(), checkpoint=ckpt(150)), down.memory, now=530)
-    assert back.row == "launch" and back.memory.attempt == 2 and back.memory.attempt_start_step == 150
+    assert back.row == "launch" and back.memory.attempt.number == 2 and back.memory.attempt.start_step == 150
     # it never went down: the hold ends on its own
-    assert ended.notice_hold is not None
-    late = (ended.notice_hold - at(0)).total_seconds() + 1
+    assert ended.maintenance.notice_hold is not None
+    late = (ended.maintenance.notice_hold - at(0)).total_seconds() + 1
     assert tick(obs(probes=absent(), checkpoint=ckpt(150)), ended, now=late).row == "launch"
     # another node (recreated): no hold
     assert tick(obs(node(id="n2"), probes=absent(), checkpoint=ckpt(150)), ended, now=510).row == "launch"
@@ -158,11 +168,11 @@ def _announced(can_reschedule: bool = True, start: float = 7 * 86400, status: st
 def test_row_early_wait() -> None:
     d = tick(obs(_announced(), probes=running(1), checkpoint=ckpt(150)), run_mem(), now=500)
     assert d.row == "early_wait" and kinds(d) == ["wait"] and not d.ended
-    assert (d.memory.early_window, d.memory.early_step) == (at(7 * 86400), 150)
+    assert (d.memory.maintenance.early_window, d.memory.maintenance.early_step) == (at(7 * 86400), 150)
     # the job's checkpoint interval is not known yet: look again in a poll
     assert d.actions[0].until == at(500 + CFG.poll_interval)  # type: ignore[union-attr]
     again = tick(obs(_announced(), probes=running(1), checkpoint=ckpt(150)), d.memory, now=600)
-    assert again.row == "early_wait" and again.memory.early_step == 150  # the step at first sight is kept
+    assert again.row == "early_wait" and again.memory.maintenance.early_step == 150  # the step at first sight is kept
     # the window is near: no later than 10 min before it
     near = tick(obs(_announced(start=1000), probes=running(1), checkpoint=ckpt(150)), run_mem(), now=390)
     assert near.actions[0].until == at(400)  # type: ignore[union-attr]
@@ -171,7 +181,8 @@ def test_row_early_wait() -> None:
 def test_early_wait_looks_often_only_when_the_checkpoint_is_nearly_due() -> None:
     """Checkpoint 150 saved at 300 s, every 1800 s: due at 2100 s. The stop must follow the
     save within a small share of the interval, not within a poll."""
-    mem = run_mem(ckpt_gap=1800.0, progress_step=150, progress_time=at(300), progress_at=at(300))
+    mem = run_mem(hang=HangLearning(ckpt_gap=1800.0, progress_step=150, progress_time=at(300),
+                                    progress_at=at(300)))
     saved = replace(ckpt(150), time=at(300))
     early = tick(obs(_announced(), probes=running(1), checkpoint=saved), mem, now=500)
     assert early.row == "early_wait"
@@ -185,7 +196,7 @@ def test_early_wait_looks_often_only_when_the_checkpoint_is_nearly_due() -> None
                   late.memory, now=2200 + step)
     assert landed.row == "early_start"
     # a short interval: never more often than every second (each tick probes every worker over SSH)
-    short = run_mem(ckpt_gap=5.0, progress_step=150, progress_time=at(300), progress_at=at(300))
+    short = run_mem(hang=HangLearning(ckpt_gap=5.0, progress_step=150, progress_time=at(300), progress_at=at(300)))
     fast = tick(obs(_announced(), probes=running(1), checkpoint=saved), short, now=304.9)
     assert fast.actions[0].until == at(305.9)  # type: ignore[union-attr]
 
@@ -201,17 +212,17 @@ def test_row_early_start() -> None:
     assert "maintenance started early by tpuwatch (checkpoint step 160 saved after the maintenance notice)" \
         in end.reason, end.reason
     m = d.memory
-    assert (m.phase, m.restarts) == (Phase.IDLE, 0) and m.notice_hold is not None
+    assert (m.phase, m.budgets.restarts) == (Phase.IDLE, 0) and m.maintenance.notice_hold is not None
     # no launch while the node is about to go down; after it went down and came back, from step 160
     assert tick(obs(_announced(), probes=absent(), checkpoint=ckpt(160)), m, now=710).row == "notice_hold"
     down = tick(obs(_announced(status="ONGOING"), probes=None), m, now=720)
     down = tick(obs(node(health="UNHEALTHY_MAINTENANCE"), probes=None), down.memory, now=730)
     back = tick(obs(probes=absent(), checkpoint=ckpt(160)), down.memory, now=900)
-    assert back.row == "launch" and back.memory.attempt_start_step == 160
+    assert back.row == "launch" and back.memory.attempt.start_step == 160
     # a maintenance shorter than a poll, over between two ticks: the node's maintenance time says so
     done = replace(node(), maintenance_time=at(705))
     quick = tick(obs(done, probes=absent(), checkpoint=ckpt(160)), m, now=730)
-    assert quick.row == "launch" and quick.memory.attempt_start_step == 160
+    assert quick.row == "launch" and quick.memory.attempt.start_step == 160
     # a maintenance event from before the attempt explains nothing: still held
     old = replace(node(), maintenance_time=at(-5))
     assert tick(obs(old, probes=absent(), checkpoint=ckpt(160)), m, now=730).row == "notice_hold"
@@ -230,7 +241,8 @@ def test_early_start_at_the_margin_when_no_checkpoint_lands() -> None:
     (_announced(), False, "maintenance.start_early = false"),
 ])
 def test_no_early_start(n: NodeSnapshot, start_early: bool, why: str) -> None:
-    d = tick(obs(n, probes=running(1), checkpoint=ckpt(160)), run_mem(early_step=150, early_window=at(7 * 86400)),
+    d = tick(obs(n, probes=running(1), checkpoint=ckpt(160)),
+             run_mem(maintenance=Maintenance(early_step=150, early_window=at(7 * 86400))),
              now=700, cfg=replace(CFG, start_early=start_early))
     assert d.row == "running", why
 
@@ -242,9 +254,9 @@ def test_row_early_refused() -> None:
                          maintenance_refused="UNIMPLEMENTED: not supported for v4-32"), started.memory, CFG, at(700))
     assert refused.row == "early_refused" and "UNIMPLEMENTED" in refused.summary
     m = refused.memory
-    assert m.early_refused == at(7 * 86400) and m.notice_hold is None
+    assert m.maintenance.early_refused == at(7 * 86400) and m.maintenance.notice_hold is None
     relaunch = tick(obs(_announced(), probes=absent(), checkpoint=ckpt(160)), m, now=710)
-    assert relaunch.row == "launch" and relaunch.memory.attempt_start_step == 160
+    assert relaunch.row == "launch" and relaunch.memory.attempt.start_step == 160
     # noted once: the same window is not tried again; the job runs on until the notice
     running_again = tick(obs(_announced(), probes=running(2), checkpoint=ckpt(170)),
                          relaunch.memory, now=800)
@@ -256,22 +268,22 @@ def test_row_failure() -> None:
     assert d.row == "failure"
     assert kinds(d) == ["stop", "wait"]
     m = d.memory
-    assert (m.phase, m.restarts, m.backoff_level) == (Phase.BACKOFF, 1, 1)
-    assert m.backoff_until == at(500)  # the first charged restart since a stable run: at once
+    assert (m.phase, m.budgets.restarts, m.budgets.backoff_level) == (Phase.BACKOFF, 1, 1)
+    assert m.budgets.backoff_until == at(500)  # the first charged restart since a stable run: at once
     assert "relaunching now" in d.summary
     assert d.ended[0].charged and "exit code 139 (SIGSEGV)" in d.ended[0].reason
     again = tick(obs(probes=exited({1: 139}, attempt=2), checkpoint=ckpt(150), jitter=0.0),
-                 run_mem(attempt=2, start=510, restarts=1, backoff_level=1), now=600)
-    assert (again.row, again.memory.restarts, again.memory.backoff_level) == ("failure", 2, 2)
-    assert again.memory.backoff_until == at(605)  # the second in a row: base 10s, jitter 0 -> half of it
+                 run_mem(attempt=2, start=510, budgets=Budgets(restarts=1, backoff_level=1)), now=600)
+    assert (again.row, again.memory.budgets.restarts, again.memory.budgets.backoff_level) == ("failure", 2, 2)
+    assert again.memory.budgets.backoff_until == at(605)  # the second in a row: base 10s, jitter 0 -> half of it
 
 
 def test_row_failed_start() -> None:
     d = tick(obs(probes=exited({0: 1}), checkpoint=ckpt(100)), run_mem(), now=20)
     assert d.row == "failed_start"
-    assert d.memory.phase is Phase.BACKOFF and d.memory.restarts == 1
+    assert d.memory.phase is Phase.BACKOFF and d.memory.budgets.restarts == 1
     assert d.ended[0].outcome == "failed_start" and "min_uptime" in d.ended[0].reason
-    assert d.memory.no_progress == 1  # no newer checkpoint than step 100
+    assert d.memory.budgets.no_progress == 1  # no newer checkpoint than step 100
 
 
 def test_row_fail_fast() -> None:
@@ -283,7 +295,7 @@ def test_row_fail_fast() -> None:
 
 
 def test_row_no_progress() -> None:
-    d = tick(obs(probes=exited({0: 1}), checkpoint=ckpt(100)), run_mem(no_progress=2), now=500)
+    d = tick(obs(probes=exited({0: 1}), checkpoint=ckpt(100)), run_mem(budgets=Budgets(no_progress=2)), now=500)
     assert d.row == "no_progress"
     assert d.memory.phase is Phase.FAILED and d.exit_code == 1
     fail = d.actions[-1]
@@ -293,9 +305,9 @@ def test_row_no_progress() -> None:
 
 
 def test_row_budget_spent() -> None:
-    d = tick(obs(probes=exited({0: 1}), checkpoint=ckpt(300)), run_mem(restarts=2), now=500)
+    d = tick(obs(probes=exited({0: 1}), checkpoint=ckpt(300)), run_mem(budgets=Budgets(restarts=2)), now=500)
     assert d.row == "budget_spent"
-    assert d.memory.phase is Phase.FAILED and d.memory.restarts == 2 and d.exit_code == 1
+    assert d.memory.phase is Phase.FAILED and d.memory.budgets.restarts == 2 and d.exit_code == 1
     fail = d.actions[-1]
     assert isinstance(fail, Fail)
     assert "restart budget spent" in fail.reason and "max_restarts = 2" in fail.reason
@@ -309,36 +321,37 @@ def test_row_budget_spent() -> None:
 def test_row_repair_wait(state: str, health: str) -> None:
     d = tick(obs(node(state, health)), idle(), now=100)
     assert d.row == "repair_wait"
-    assert d.memory.phase is Phase.WAITING_NODE and d.memory.unhealthy_since == at(100)
+    assert d.memory.phase is Phase.WAITING_NODE and d.memory.repair.unhealthy_since == at(100)
     assert d.actions == (Wait(at(700), d.actions[0].reason),)  # type: ignore[union-attr]
     # first sight is kept: a later tick waits for the same deadline
     d2 = tick(obs(node(state, health)), d.memory, now=400)
-    assert d2.row == "repair_wait" and d2.memory.unhealthy_since == at(100)
+    assert d2.row == "repair_wait" and d2.memory.repair.unhealthy_since == at(100)
 
 
 @pytest.mark.parametrize("health", ["", "HEALTH_UNSPECIFIED"])
 def test_row_failed_repair(health: str) -> None:
     # UNKNOWN with no health: waited for FAILED_REPAIR_GRACE (5 min) from its first sight, not
     # repair_timeout (10 min here) from the node's first trouble
-    m = idle(phase=Phase.WAITING_NODE, unhealthy_since=at(0))
+    m = idle(phase=Phase.WAITING_NODE, repair=Repair(unhealthy_since=at(0)))
     d = tick(obs(node("UNKNOWN", health)), m, now=200)
-    assert d.row == "repair_wait" and d.memory.unknown_since == at(200) and d.memory.unhealthy_since == at(0)
+    assert d.row == "repair_wait" and d.memory.repair.unknown_since == at(200) and d.memory.repair.unhealthy_since == at(0)
     assert d.actions == (Wait(at(500), d.actions[0].reason),)  # type: ignore[union-attr]
     assert "after a failed repair" in d.summary
     still = tick(obs(node("UNKNOWN", health)), d.memory, now=499)
     assert still.row == "repair_wait" and kinds(still) == ["wait"]
     gone = tick(obs(node("UNKNOWN", health)), still.memory, now=500)
     assert gone.row == "failed_repair" and kinds(gone) == ["delete"]
-    assert (gone.memory.phase, gone.memory.recreates) == (Phase.DELETING, 1)
+    assert (gone.memory.phase, gone.memory.budgets.recreates) == (Phase.DELETING, 1)
     assert "failed repair" in gone.summary and "5m" in gone.summary
     # REPAIRING again between the two: the grace starts over at the next UNKNOWN
     back = tick(obs(node("REPAIRING")), d.memory, now=300)
-    assert back.row == "repair_wait" and back.memory.unknown_since is None
+    assert back.row == "repair_wait" and back.memory.repair.unknown_since is None
     # repair_timeout shorter than the grace bounds it
     short = tick(obs(node("UNKNOWN", health)), d.memory, now=320, cfg=replace(CFG, repair_timeout=100.0))
     assert short.row == "failed_repair"
     # never under a live attempt: every worker still runs it
-    live = tick(obs(node("UNKNOWN", health), probes=running(1)), run_mem(unknown_since=at(0)), now=900)
+    live = tick(obs(node("UNKNOWN", health), probes=running(1)),
+                run_mem(repair=Repair(unknown_since=at(0))), now=900)
     assert live.row == "unhealthy_running" and kinds(live) == []
     # not owned: a person's, as for any recreate
     theirs = tick(obs(node("UNKNOWN", health, owned=False)), d.memory, now=500)
@@ -350,16 +363,17 @@ def test_failed_repair_of_one_slice() -> None:
     cfg = replace(CFG, slices=("s0", "s1"))
     ms = combine_slices(NAME, [replace(node(), name="s0"), replace(node("UNKNOWN", "HEALTH_UNSPECIFIED"), name="s1")])
     assert ms is not None and ms.state == "UNKNOWN"
-    d = tick(obs(ms), idle(unknown_since=at(0), unhealthy_since=at(0), phase=Phase.WAITING_NODE), now=300, cfg=cfg)
+    d = tick(obs(ms), idle(phase=Phase.WAITING_NODE,
+                           repair=Repair(unknown_since=at(0), unhealthy_since=at(0))), now=300, cfg=cfg)
     assert d.row == "failed_repair"
 
 
 def test_row_repair_timeout() -> None:
-    m = idle(phase=Phase.WAITING_NODE, unhealthy_since=at(0))
+    m = idle(phase=Phase.WAITING_NODE, repair=Repair(unhealthy_since=at(0)))
     d = tick(obs(node("REPAIRING")), m, now=600)
     assert d.row == "repair_timeout"
     assert d.actions == (DeleteNode(NAME, ZONES[0], d.actions[0].reason),)  # type: ignore[union-attr]
-    assert (d.memory.phase, d.memory.recreates, d.memory.pending_kind) == (Phase.DELETING, 1, "delete")
+    assert (d.memory.phase, d.memory.budgets.recreates, d.memory.pending_kind) == (Phase.DELETING, 1, "delete")
 
 
 @pytest.mark.parametrize("state", ["PREEMPTED", "TERMINATED"])
@@ -367,8 +381,8 @@ def test_row_dead_node(state: str) -> None:
     d = tick(obs(node(state), probes=None), run_mem(), now=500)
     assert d.row == "dead_node"
     assert kinds(d) == ["delete"]  # no stop: the workers are gone with the node
-    assert d.ended[0].outcome == "disruption" and d.memory.restarts == 0 and d.memory.disruptions == 1
-    assert d.memory.phase is Phase.DELETING and d.memory.deleting_node_id == "n1"
+    assert d.ended[0].outcome == "disruption" and d.memory.budgets.restarts == 0 and d.memory.budgets.disruptions == 1
+    assert d.memory.phase is Phase.DELETING and d.memory.recreate.deleting_node_id == "n1"
 
 
 def test_row_not_owned() -> None:
@@ -376,7 +390,7 @@ def test_row_not_owned() -> None:
     assert d.row == "not_owned"
     assert kinds(d) == ["needs_person"] and d.exit_code == 1
     assert "not owned: will not delete pod (label tpuwatch-job=job missing); pass --adopt" in d.summary
-    assert d.memory.phase is Phase.HALTED and d.memory.recreates == 0
+    assert d.memory.phase is Phase.HALTED and d.memory.budgets.recreates == 0
     adopted = tick(obs(node("PREEMPTED", owned=False), adopt=True), idle(), now=10)
     assert adopted.row == "dead_node" and kinds(adopted) == ["delete"]
 
@@ -388,7 +402,7 @@ def test_row_not_recreatable() -> None:
     d = tick(obs(node("PREEMPTED")), idle(), now=10, cfg=separate)
     assert d.row == "not_recreatable"
     assert kinds(d) == ["needs_person"] and d.exit_code == 1 and d.memory.phase is Phase.HALTED
-    assert "created one by one" in d.summary and d.memory.recreates == 0
+    assert "created one by one" in d.summary and d.memory.budgets.recreates == 0
     missing = tick(obs(missing=True, recreate_missing=True), idle(), now=10, cfg=separate)
     assert missing.row == "not_recreatable" and kinds(missing) == ["needs_person"]
     whole = tick(obs(node("PREEMPTED")), idle(), now=10, cfg=replace(separate, recreatable=True))
@@ -396,7 +410,7 @@ def test_row_not_recreatable() -> None:
 
 
 def test_row_recreate_budget_spent() -> None:
-    d = tick(obs(node("TERMINATED")), idle(recreates=2), now=10)
+    d = tick(obs(node("TERMINATED")), idle(budgets=Budgets(recreates=2)), now=10)
     assert d.row == "recreate_budget_spent"
     assert kinds(d) == ["fail"] and d.memory.phase is Phase.FAILED and d.exit_code == 1
     assert "max_recreates = 2" in d.memory.reason
@@ -410,14 +424,14 @@ def test_row_node_missing() -> None:
     assert d.ended[0].outcome == "disruption"
     # not sticky: once the node is back, the job resumes
     back = tick(obs(probes=absent(), checkpoint=ckpt(100)), d.memory, now=600)
-    assert back.row == "launch" and back.memory.attempt == 2
+    assert back.row == "launch" and back.memory.attempt.number == 2
 
 
 def test_row_recreate_missing() -> None:
     d = tick(obs(missing=True, recreate_missing=True), idle(), now=5)
     assert d.row == "recreate_missing"
     assert d.actions == (CreateNode(NAME, ZONES[0], d.actions[0].reason, {"attempt": "1"}),)  # type: ignore[union-attr]
-    assert (d.memory.phase, d.memory.recreates, d.memory.pending_kind) == (Phase.CREATING, 1, "create")
+    assert (d.memory.phase, d.memory.budgets.recreates, d.memory.pending_kind) == (Phase.CREATING, 1, "create")
 
 
 QR_NAME = "projects/p/locations/us-central2-b/queuedResources/pod-qr"
@@ -429,17 +443,17 @@ def test_row_queued_preempted(state: str) -> None:
     # The node is being deleted by the service while the job runs: a disruption, not a halt.
     d = tick(obs(node("DELETING"), probes=None, queued=taken), run_mem(), now=500)
     assert d.row == "queued_preempted" and d.exit_code == 0
-    assert kinds(d) == ["delete"] and d.memory.phase is Phase.DELETING and d.memory.recreates == 1
-    assert d.ended[0].outcome == "disruption" and d.memory.restarts == 0
+    assert kinds(d) == ["delete"] and d.memory.phase is Phase.DELETING and d.memory.budgets.recreates == 1
+    assert d.ended[0].outcome == "disruption" and d.memory.budgets.restarts == 0
     assert f"pod-qr is {state}" in d.summary and "not charged" in d.summary
     # Already gone (a cron tick came late): the request alone is deleted, then followed to its end.
     gone = tick(obs(missing=True, queued=taken), run_mem(), now=500)
-    assert gone.row == "queued_preempted" and kinds(gone) == ["delete"] and gone.memory.deleting_node_id == ""
+    assert gone.row == "queued_preempted" and kinds(gone) == ["delete"] and gone.memory.recreate.deleting_node_id == ""
     follow = tick(obs(missing=True, queued=QueuedStatus(QR_NAME, "DELETING")),
-                  replace(gone.memory, pending_op="op-1"), now=510)
+                  replace(gone.memory, recreate=replace(gone.memory.recreate, pending_op="op-1")), now=510)
     assert follow.row == "deleting" and kinds(follow) == ["follow"]
     after = tick(obs(missing=True, queued=QueuedStatus(QR_NAME, ""), operation=op("op-1")),
-                 replace(gone.memory, pending_op="op-1"), now=520)
+                 replace(gone.memory, recreate=replace(gone.memory.recreate, pending_op="op-1")), now=520)
     assert after.row == "create_after_delete" and kinds(after) == ["create"]
     # A request a person deleted (none left) keeps the node a person's business.
     person = tick(obs(missing=True, queued=QueuedStatus(QR_NAME, "")), run_mem(), now=500)
@@ -450,7 +464,8 @@ def test_row_queued_preempted(state: str) -> None:
 
 
 def test_a_queued_resource_given_up_while_its_create_is_followed_is_queued() -> None:
-    creating = replace(idle(), phase=Phase.CREATING, pending_op="op-9", zone=ZONES[0])
+    creating = replace(idle(), phase=Phase.CREATING, zone=ZONES[0],
+                       recreate=replace(idle().recreate, pending_op="op-9"))
     d = tick(obs(missing=True, operation=op("op-9"), queued=QueuedStatus(QR_NAME, "FAILED", 8, "Quota limit hit")),
              creating, now=50)
     assert d.row == "no_capacity" and d.memory.phase is Phase.QUEUED
@@ -469,7 +484,7 @@ def test_row_person_stopped(state: str) -> None:
     assert d.row == "person_stopped"
     assert kinds(d) == ["wait"] and d.exit_code == 0
     assert d.memory.phase is Phase.PAUSED and "a person stopped it" in d.summary
-    assert d.ended[0].outcome == "disruption" and d.memory.restarts == 0
+    assert d.ended[0].outcome == "disruption" and d.memory.budgets.restarts == 0
     # long after repair_timeout it is still left alone
     later = tick(obs(node(state)), d.memory, now=50_000)
     assert later.row == "person_stopped" and "delete" not in kinds(later)
@@ -487,15 +502,16 @@ def test_row_unhealthy_running() -> None:
     d = tick(obs(node("READY", "UNHEALTHY_MAINTENANCE"), probes=running(1)), run_mem(), now=100)
     assert d.row == "unhealthy_running"
     assert d.actions == () and d.memory.phase is Phase.RUNNING
-    assert any("UNHEALTHY_MAINTENANCE" in e.what for e in d.memory.evidence)
+    assert any("UNHEALTHY_MAINTENANCE" in e.what for e in d.memory.attempt.evidence)
     # far past repair_timeout, a live attempt is still not killed
     later = tick(obs(node("READY", "UNHEALTHY_MAINTENANCE"), probes=running(1)), d.memory, now=5000)
     assert later.row == "unhealthy_running" and later.actions == ()
 
 
 def _deleting(pending: str | None = "op-del") -> object:
-    return idle(phase=Phase.DELETING, pending_op=pending, recreates=1,
-                deleting_node_id="n1")
+    return idle(phase=Phase.DELETING,
+                recreate=Recreate(pending_op=pending, deleting_node_id="n1"),
+                budgets=Budgets(recreates=1))
 
 
 def test_row_deleting() -> None:
@@ -507,7 +523,7 @@ def test_row_deleting() -> None:
 def test_row_delete_resume() -> None:
     d = tick(obs(node("PREEMPTED")), _deleting(pending=None), now=5)  # type: ignore[arg-type]
     assert d.row == "delete_resume" and kinds(d) == ["delete"]
-    assert d.memory.recreates == 1  # the same recreate, not a new one
+    assert d.memory.budgets.recreates == 1  # the same recreate, not a new one
 
 
 def test_row_delete_failed() -> None:
@@ -536,12 +552,14 @@ def test_row_create_after_delete() -> None:
     assert d.row == "create_after_delete"
     assert d.actions == (CreateNode(NAME, ZONES[0], d.actions[0].reason, {"attempt": "1"}),)  # type: ignore[union-attr]
     assert d.operation_done == "op-del"
-    assert (d.memory.phase, d.memory.pending_op, d.memory.pending_kind) == (Phase.CREATING, None, "create")
+    assert (d.memory.phase, d.memory.recreate.pending_op, d.memory.pending_kind) == (Phase.CREATING, None,
+                                                                                     "create")
 
 
 def _creating(pending: str | None = "op-c", zone_try: int = 0) -> object:
-    return idle(phase=Phase.CREATING, pending_op=pending, recreates=1,
-                zone=ZONES[zone_try], zone_try=zone_try)
+    return idle(phase=Phase.CREATING, zone=ZONES[zone_try],
+                recreate=Recreate(pending_op=pending, zone_try=zone_try),
+                budgets=Budgets(recreates=1))
 
 
 def test_row_creating() -> None:
@@ -569,7 +587,7 @@ def test_a_node_still_creating_whose_operation_was_never_journaled_is_waited_for
 def test_row_created() -> None:
     d = tick(obs(node("CREATING", id="n2"), operation=op("op-c")), _creating(), now=5)  # type: ignore[arg-type]
     assert d.row == "created" and d.memory.phase is Phase.IDLE and d.operation_done == "op-c"
-    assert d.memory.pending_kind == "" and d.memory.pending_op is None
+    assert d.memory.pending_kind == "" and d.memory.recreate.pending_op is None
     # ALREADY_EXISTS from tpuwatch's own create is success
     exists = tick(obs(node(id="n2"), operation=op("op-c", code=6, message="exists"), create_failure="exists"),
                   _creating(), now=5)  # type: ignore[arg-type]
@@ -588,13 +606,15 @@ def test_row_no_capacity() -> None:
     d = tick(o, _creating(), now=100)  # type: ignore[arg-type]
     assert d.row == "no_capacity" and kinds(d) == ["wait"]
     m = d.memory
-    assert (m.phase, m.queued_since, m.queue_tries, m.retry_at) == (Phase.QUEUED, at(100), 1, at(105))
+    assert (m.phase, m.recreate.queued_since, m.recreate.queue_tries, m.recreate.retry_at) == (Phase.QUEUED,
+                                                                                               at(100), 1, at(105))
     assert m.pending_kind == "" and d.exit_code == 0
 
 
 def _queued(since: float, retry: float, zone_try: int = 0) -> object:
-    return idle(phase=Phase.QUEUED, queued_since=at(since), retry_at=at(retry), queue_tries=3,
-                zone=ZONES[zone_try], zone_try=zone_try, recreates=1)
+    return idle(phase=Phase.QUEUED, zone=ZONES[zone_try],
+                recreate=Recreate(queued_since=at(since), retry_at=at(retry), queue_tries=3, zone_try=zone_try),
+                budgets=Budgets(recreates=1))
 
 
 def test_row_queued() -> None:
@@ -606,11 +626,12 @@ def test_row_queue_retry() -> None:
     same = tick(obs(missing=True), _queued(0, 100), now=100)  # type: ignore[arg-type]
     assert same.row == "queue_retry"
     assert same.actions == (CreateNode(NAME, ZONES[0], same.actions[0].reason, {"attempt": "1"}),)  # type: ignore[union-attr]
-    assert same.memory.queue_tries == 3  # the backoff keeps growing in this zone
+    assert same.memory.recreate.queue_tries == 3  # the backoff keeps growing in this zone
     moved = tick(obs(missing=True), _queued(0, 3600), now=3600)  # type: ignore[arg-type]
     assert moved.row == "queue_retry"
     assert moved.actions == (CreateNode(NAME, ZONES[1], moved.actions[0].reason, {"attempt": "1"}),)  # type: ignore[union-attr]
-    assert (moved.memory.zone, moved.memory.zone_try, moved.memory.queue_tries) == (ZONES[1], 1, 0)
+    assert (moved.memory.zone, moved.memory.recreate.zone_try,
+            moved.memory.recreate.queue_tries) == (ZONES[1], 1, 0)
 
 
 def test_row_queue_exhausted() -> None:
@@ -620,11 +641,13 @@ def test_row_queue_exhausted() -> None:
 
 
 def test_row_backoff() -> None:
-    m = idle(phase=Phase.BACKOFF, attempt=1, restarts=1, backoff_until=at(200), last_end=last_end())
+    m = idle(phase=Phase.BACKOFF,
+             attempt=Attempt(number=1),
+             budgets=Budgets(restarts=1, backoff_until=at(200), last_end=last_end()))
     d = tick(obs(probes=absent()), m, now=150)
     assert d.row == "backoff" and d.actions == (Wait(at(200), d.actions[0].reason),)  # type: ignore[union-attr]
     after = tick(obs(probes=absent()), m, now=200)
-    assert after.row == "launch" and after.memory.attempt == 2
+    assert after.row == "launch" and after.memory.attempt.number == 2
 
 
 def test_row_probe_failed() -> None:
@@ -657,17 +680,17 @@ def test_row_keys_not_there_yet() -> None:
     assert tick(obs(healed, probes=probes), idle(), now=10_100).row == "keys_not_there_yet"
     # a boot the policy saw: the node was not usable on the last tick, and is now
     down = tick(obs(node(health="UNHEALTHY_MAINTENANCE")), idle(), now=20_000).memory
-    assert down.node_down and down.node_seen == "n1"
+    assert down.boot.node_down and down.boot.node_seen == "n1"
     up = tick(obs(probes=probes), down, now=20_050)
-    assert up.row == "keys_not_there_yet" and up.memory.booted_at == at(20_050)
+    assert up.row == "keys_not_there_yet" and up.memory.boot.booted_at == at(20_050)
     # a node id other than the one it knew (recreated by someone else): a boot too
     d = tick(obs(node(id="n2"), probes=probes), idle(), now=30_000)
-    assert d.row == "keys_not_there_yet" and d.memory.booted_at == at(30_000)
+    assert d.row == "keys_not_there_yet" and d.memory.boot.booted_at == at(30_000)
     # the first node it ever sees is no boot of its own: its create time counts
-    first = tick(obs(probes=probes), idle(node_seen=""), now=30_000)
-    assert first.memory.booted_at is None and first.row == "login_refused"
+    first = tick(obs(probes=probes), idle(boot=Boot(node_seen="")), now=30_000)
+    assert first.memory.boot.booted_at is None and first.row == "login_refused"
     # a launched attempt no worker shows yet, refused within the grace: waits as well
-    d = tick(obs(probes=probes), run_mem(start=30, attempt_seen=False), now=90)
+    d = tick(obs(probes=probes), run_mem(start=30, seen=False), now=90)
     assert d.row == "keys_not_there_yet" and d.ended == () and "launch" not in kinds(d)
 
 
@@ -683,7 +706,7 @@ def test_row_login_refused() -> None:
     again = tick(obs(probes=absent()), d.memory, now=400)
     assert again.row == "launch"
     # a launched attempt that never showed up, past the grace: the same stop
-    d = tick(obs(probes=probes), run_mem(start=30, attempt_seen=False), now=1000)
+    d = tick(obs(probes=probes), run_mem(start=30, seen=False), now=1000)
     assert d.row == "login_refused" and d.exit_code == 1
     # ssh.login_grace = 0: no wait at all
     assert tick(obs(probes=probes), idle(), now=1, cfg=replace(CFG, login_grace=0.0)).row == "login_refused"
@@ -692,7 +715,7 @@ def test_row_login_refused() -> None:
 def test_row_unreachable_grace() -> None:
     probes = (probe(0, "running", 1), probe(1, "unreachable", None))
     d = tick(obs(probes=probes), run_mem(), now=100)
-    assert d.row == "unreachable_grace" and d.memory.unreachable_since == at(100) and d.ended == ()
+    assert d.row == "unreachable_grace" and d.memory.attempt.unreachable_since == at(100) and d.ended == ()
     still = tick(obs(probes=probes), d.memory, now=129)
     assert still.row == "unreachable_grace"
     ended = tick(obs(probes=probes, checkpoint=ckpt(120)), still.memory, now=130)
@@ -700,80 +723,85 @@ def test_row_unreachable_grace() -> None:
     assert "unreachable" in ended.ended[0].reason
     # the worker answering again clears the clock
     back = tick(obs(probes=running(1)), d.memory, now=110)
-    assert back.row == "running" and back.memory.unreachable_since is None
+    assert back.row == "running" and back.memory.attempt.unreachable_since is None
 
 
 def test_row_end_confirm() -> None:
     # worker 0's process vanished (no exit code) on a node this tick saw READY+HEALTHY, and a
     # charge would spend the restart budget (max_restarts 2)
     vanished = (probe(0, "absent", 1), probe(1, "running", 1))
-    d = tick(obs(probes=vanished, checkpoint=ckpt(150)), run_mem(restarts=2), now=500)
+    d = tick(obs(probes=vanished, checkpoint=ckpt(150)), run_mem(budgets=Budgets(restarts=2)), now=500)
     assert d.row == "end_confirm" and kinds(d) == ["wait"] and d.ended == ()
-    assert d.memory.phase is Phase.RUNNING and d.memory.end_seen == at(500) and d.memory.restarts == 2
+    assert d.memory.phase is Phase.RUNNING and d.memory.attempt.end_seen == at(500) and d.memory.budgets.restarts == 2
     assert "nothing charged yet" in d.summary
     # the next tick still sees nothing that explains it: charged then, its run time to the sighting
     again = tick(obs(probes=vanished, checkpoint=ckpt(150), jitter=0.0), d.memory, now=510)
     assert again.row == "budget_spent" and again.ended[0].charged
     assert again.ended[0].end == at(510) and "after 8m20s" in again.ended[0].reason
     # the no-progress limit (3) waits the same way: two ends in a row added no checkpoint
-    streak = tick(obs(probes=vanished, checkpoint=ckpt(100)), run_mem(no_progress=2), now=500)
+    streak = tick(obs(probes=vanished, checkpoint=ckpt(100)), run_mem(budgets=Budgets(no_progress=2)), now=500)
     assert streak.row == "end_confirm"
     # a charge that leaves the job running is made at once, open to a refund for a minute
     first = tick(obs(probes=vanished, checkpoint=ckpt(150)), run_mem(), now=500)
-    assert first.row == "failure" and first.ended[0].charged and first.memory.confirm_by == at(560)
+    assert first.row == "failure" and first.ended[0].charged and first.memory.budgets.confirm_by == at(560)
     # an exit code of the job's own is charged at once and closed
     own = tick(obs(probes=exited({0: 1}), checkpoint=ckpt(150)), run_mem(), now=500)
-    assert own.row == "failure" and own.ended[0].charged and own.memory.confirm_by is None
+    assert own.row == "failure" and own.ended[0].charged and own.memory.budgets.confirm_by is None
 
 
 def test_row_stale_workers() -> None:
-    m = idle(phase=Phase.BACKOFF, attempt=2, restarts=1, backoff_until=at(0), last_end=last_end(attempt=2))
+    m = idle(phase=Phase.BACKOFF,
+             attempt=Attempt(number=2),
+             budgets=Budgets(restarts=1, backoff_until=at(0), last_end=last_end(attempt=2)))
     d = tick(obs(probes=(probe(0, "exited", 2, 1), probe(1, "running", 2))), m, now=100)
     assert d.row == "stale_workers" and kinds(d) == ["stop"]
     assert isinstance(d.actions[0], StopWorkers) and d.actions[0].wait  # the launch after it needs them gone
 
 
 def test_row_adopt_running() -> None:
-    d = tick(obs(probes=running(4), checkpoint=ckpt(70)), idle(attempt=3), now=100)
+    d = tick(obs(probes=running(4), checkpoint=ckpt(70)), idle(attempt=Attempt(number=3)), now=100)
     assert d.row == "adopt_running" and d.actions == ()
     m = d.memory
-    assert (m.phase, m.attempt, m.attempt_seen, m.attempt_start_step) == (Phase.RUNNING, 4, True, 70)
+    assert (m.phase, m.attempt.number, m.attempt.seen, m.attempt.start_step) == (Phase.RUNNING, 4, True, 70)
 
 
 def test_row_survived() -> None:
-    m = idle(attempt=1, disruptions=1, last_end=last_end(outcome="disruption", charged=False, start=10))
+    m = idle(attempt=Attempt(number=1),
+             budgets=Budgets(disruptions=1, last_end=last_end(outcome="disruption", charged=False, start=10)))
     d = tick(obs(probes=running(1)), m, now=900)
     assert d.row == "survived" and d.actions == ()
-    assert (d.memory.phase, d.memory.attempt, d.memory.attempt_start) == (Phase.RUNNING, 1, at(10))
+    assert (d.memory.phase, d.memory.attempt.number, d.memory.attempt.start) == (Phase.RUNNING, 1, at(10))
 
 
 def test_row_launch_unseen() -> None:
-    m = run_mem(attempt_seen=False)
+    m = run_mem(seen=False)
     d = tick(obs(probes=absent(), checkpoint=ckpt(100)), m, now=30)
     assert d.row == "launch_unseen"
     assert d.actions == (Launch(1, ckpt(100), d.actions[0].reason),)  # type: ignore[union-attr]
-    assert d.memory.launch_tries == 1 and d.memory.restarts == 0
-    spent = tick(obs(probes=absent(), checkpoint=ckpt(100)), run_mem(attempt_seen=False, launch_tries=3), now=30)
-    assert spent.row == "failed_start" and spent.memory.restarts == 1
+    assert d.memory.attempt.launch_tries == 1 and d.memory.budgets.restarts == 0
+    tried = replace(m, attempt=replace(m.attempt, launch_tries=3))
+    spent = tick(obs(probes=absent(), checkpoint=ckpt(100)), tried, now=30)
+    assert spent.row == "failed_start" and spent.memory.budgets.restarts == 1
     assert "never started" in spent.ended[0].reason
 
 
 def test_row_launch_partial() -> None:
     """Attempt 2 runs on worker 0; worker 1 still shows attempt 1 (killed by a maintenance): the
     watcher that launched 2 died between the workers. Not an end of attempt 2, never charged."""
-    m = run_mem(attempt=2, start=10, attempt_seen=False)
+    m = run_mem(attempt=2, start=10, seen=False)
     cut = (probe(0, "running", attempt=2), probe(1, "absent", attempt=1))
     d = tick(obs(probes=cut, checkpoint=ckpt(100)), m, now=30)
     assert d.row == "launch_partial" and d.ended == ()
     assert d.actions == (Launch(2, ckpt(100), d.actions[0].reason),)  # type: ignore[union-attr]
     assert "never reached workers 1" in d.actions[0].reason  # type: ignore[union-attr]
-    assert (d.memory.launch_tries, d.memory.restarts, d.memory.attempt_start) == (1, 0, at(10))
+    assert (d.memory.attempt.launch_tries, d.memory.budgets.restarts, d.memory.attempt.start) == (1, 0, at(10))
     # once every worker runs it, it is followed as usual
     assert tick(obs(probes=running(2), checkpoint=ckpt(100)), d.memory, now=31).row == "running"
     # the running worker saved since (it would resume from another step), or tries spent: ended uncharged
     for later in (tick(obs(probes=cut, checkpoint=ckpt(110)), m, now=30),
-                  tick(obs(probes=cut, checkpoint=ckpt(100)), replace(m, launch_tries=3), now=30)):
-        assert later.ended and not later.ended[0].charged and later.memory.restarts == 0, later.ended
+                  tick(obs(probes=cut, checkpoint=ckpt(100)), replace(m,
+                                                                      attempt=replace(m.attempt, launch_tries=3)), now=30)):
+        assert later.ended and not later.ended[0].charged and later.memory.budgets.restarts == 0, later.ended
         assert "never reached workers 1" in later.ended[0].reason
         assert any(isinstance(a, StopWorkers) for a in later.actions)
     # a worker of the attempt that ended is the attempt's end, as before
@@ -786,23 +814,23 @@ def test_launch_partial_waits_for_every_worker_and_never_starts_beside_an_older_
     """The rest of a cut-short launch is sent only when every worker answers and none of those
     missing it still runs an older attempt; otherwise it waits (unreachable, up to
     unreachable_grace) or ends uncharged, so the job never sticks."""
-    m = run_mem(attempt=2, start=10, attempt_seen=False)
+    m = run_mem(attempt=2, start=10, seen=False)
     lost = (probe(0, "running", attempt=2), probe(1, "absent", attempt=1), probe(2, "unreachable", attempt=None))
     d = tick(obs(probes=lost, checkpoint=ckpt(100)), m, now=30)
     assert d.row == "unreachable_grace" and not any(isinstance(a, Launch) for a in d.actions), d.summary
-    assert d.ended == () and d.memory.unreachable_since == at(30) and not d.memory.attempt_seen
+    assert d.ended == () and d.memory.attempt.unreachable_since == at(30) and not d.memory.attempt.seen
     # back in time: the rest is launched
     back = (probe(0, "running", attempt=2), probe(1, "absent", attempt=1), probe(2, "absent", attempt=1))
     resumed = tick(obs(probes=back, checkpoint=ckpt(100)), d.memory, now=40)
-    assert resumed.row == "launch_partial" and resumed.memory.unreachable_since is None
+    assert resumed.row == "launch_partial" and resumed.memory.attempt.unreachable_since is None
     # unreachable past unreachable_grace: ended uncharged, never launched
     gone = tick(obs(probes=lost, checkpoint=ckpt(100)), d.memory, now=30 + CFG.unreachable_grace)
-    assert gone.ended and not gone.ended[0].charged and gone.memory.restarts == 0, gone.ended
+    assert gone.ended and not gone.ended[0].charged and gone.memory.budgets.restarts == 0, gone.ended
     assert not any(isinstance(a, Launch) for a in gone.actions)
     # a worker that lacks attempt 2 still runs attempt 1: ended uncharged, its end stops every worker
     older = (probe(0, "running", attempt=2), probe(1, "running", attempt=1))
     e = tick(obs(probes=older, checkpoint=ckpt(100)), m, now=30)
-    assert e.ended and not e.ended[0].charged and e.memory.restarts == 0, e.ended
+    assert e.ended and not e.ended[0].charged and e.memory.budgets.restarts == 0, e.ended
     assert "still run an older attempt" in e.ended[0].reason
     assert any(isinstance(a, StopWorkers) for a in e.actions)
     assert not any(isinstance(a, Launch) for a in e.actions)
@@ -871,7 +899,7 @@ def test_row_precheck_fix() -> None:
     d = tick(o, idle(), now=5)
     assert d.row == "precheck_fix"
     assert kinds(d) == ["stop"] and "w1 libtpu_lock" in d.actions[0].reason  # type: ignore[union-attr]
-    assert d.memory.phase is Phase.IDLE and d.memory.restarts == 0 and d.exit_code == 0
+    assert d.memory.phase is Phase.IDLE and d.memory.budgets.restarts == 0 and d.exit_code == 0
     # the tick cleaned up and checked again: all green now, so it launches
     again = tick(replace(o, precheck=pre(), precheck_fixed=True), idle(), now=5)
     assert again.row == "launch" and kinds(again) == ["launch"]
@@ -882,33 +910,35 @@ def test_row_precheck_fix() -> None:
 
 def test_row_precheck_wait() -> None:
     o = obs(probes=absent(), checkpoint=ckpt(100), precheck=pre(("devices", 1, False)))
-    d = tick(o, idle(restarts=1), now=100)
+    d = tick(o, idle(budgets=Budgets(restarts=1)), now=100)
     assert d.row == "precheck_wait"
     assert kinds(d) == ["wait"] and d.actions[0].until == at(700)  # type: ignore[union-attr]
     m = d.memory
-    assert (m.phase, m.env_failing_since, m.restarts, m.attempt) == (Phase.WAITING_NODE, at(100), 1, 0)
+    assert (m.phase, m.repair.env_failing_since, m.budgets.restarts,
+            m.attempt.number) == (Phase.WAITING_NODE, at(100), 1, 0)
     assert "w1 devices: bad devices" in d.summary and d.exit_code == 0
     # the node is usable, so the next tick tries again: the wait counts from the first failure
     d2 = tick(o, m, now=400)
-    assert d2.row == "precheck_wait" and d2.memory.env_failing_since == at(100)
+    assert d2.row == "precheck_wait" and d2.memory.repair.env_failing_since == at(100)
     # fixed by someone: launch, and the failure is forgotten
     d3 = tick(replace(o, precheck=pre()), d2.memory, now=500)
-    assert d3.row == "launch" and d3.memory.env_failing_since is None and d3.memory.restarts == 1
+    assert d3.row == "launch" and d3.memory.repair.env_failing_since is None and d3.memory.budgets.restarts == 1
 
 
 def test_row_precheck_recreate() -> None:
     o = obs(probes=absent(), checkpoint=ckpt(100), precheck=pre(("disk", 0, False)))
-    d = tick(o, idle(phase=Phase.WAITING_NODE, env_failing_since=at(0)), now=600)
+    d = tick(o, idle(phase=Phase.WAITING_NODE, repair=Repair(env_failing_since=at(0))), now=600)
     assert d.row == "precheck_recreate"
     assert kinds(d) == ["delete"]
     m = d.memory
-    assert (m.phase, m.recreates, m.restarts, m.env_failing_since) == (Phase.DELETING, 1, 0, None)
+    assert (m.phase, m.budgets.recreates, m.budgets.restarts,
+            m.repair.env_failing_since) == (Phase.DELETING, 1, 0, None)
     assert "w0 disk" in d.actions[0].reason and "repair_timeout" in d.actions[0].reason  # type: ignore[union-attr]
 
 
 def test_row_precheck_needs_person() -> None:
     o = obs(node(owned=False), probes=absent(), checkpoint=ckpt(100), precheck=pre(("devices", 1, False)))
-    d = tick(o, idle(env_failing_since=at(0)), now=700)
+    d = tick(o, idle(repair=Repair(env_failing_since=at(0))), now=700)
     assert d.row == "precheck_needs_person"
     assert d.memory.phase is Phase.HALTED and d.exit_code == 1
     person = d.actions[-1]
@@ -916,7 +946,8 @@ def test_row_precheck_needs_person() -> None:
     assert person.evidence == ("w1 devices: bad devices, need good devices",)
     assert "--adopt" in person.reason
     # --adopt lets tpuwatch isolate the node instead
-    assert tick(replace(o, adopt=True), idle(env_failing_since=at(0)), now=700).row == "precheck_recreate"
+    assert tick(replace(o, adopt=True), idle(repair=Repair(env_failing_since=at(0))),
+                now=700).row == "precheck_recreate"
 
 
 def test_row_hung() -> None:
@@ -929,7 +960,7 @@ def test_row_hung() -> None:
     assert d.row == "hung" and kinds(d) == ["stop", "wait"]
     end = d.ended[0]
     assert end.charged and end.outcome == "failure" and "hung: no new checkpoint for 1h00m" in end.reason
-    assert (d.memory.phase, d.memory.restarts, d.memory.no_progress) == (Phase.BACKOFF, 1, 1)
+    assert (d.memory.phase, d.memory.budgets.restarts, d.memory.budgets.no_progress) == (Phase.BACKOFF, 1, 1)
     # off by default: the same attempt is followed for ever
     assert tick(obs(probes=running(1), checkpoint=ckpt(100)), m, now=10 * 86400).row == "running"
 
@@ -950,7 +981,7 @@ def test_row_autorepair_wait() -> None:
         return combined
 
     gone = slices(("READY", "a"), ("MISSING", "b"))
-    first = tick(obs(gone, queued=active), idle(attempt_node_id="a+b"), now=0, cfg=multi)
+    first = tick(obs(gone, queued=active), idle(attempt=Attempt(node_id="a+b")), now=0, cfg=multi)
     assert first.row == "autorepair_wait" and kinds(first) == ["wait"], first.summary
     assert "slice np-1 of queued resource" in first.summary and "autorepair" in first.summary
     later = tick(obs(slices(("READY", "a"), ("CREATING", "c")), queued=active), first.memory, now=3000, cfg=multi)
@@ -965,12 +996,13 @@ def test_row_autorepair_wait() -> None:
     assert ended.row != "autorepair_wait"
     # a slice that exists and is REPAIRING: Google repairs it in place, repair_timeout holds
     repairing = slices(("READY", "a"), ("REPAIRING", "b"))
-    wait = tick(obs(repairing, queued=active), idle(attempt_node_id="a+b"), now=0, cfg=multi)
+    wait = tick(obs(repairing, queued=active), idle(attempt=Attempt(node_id="a+b")), now=0, cfg=multi)
     assert wait.row == "repair_wait"
     assert tick(obs(repairing, queued=active), wait.memory, now=700, cfg=multi).row == "repair_timeout"
     # a restart with no slice replaced (a heal in place): repair_timeout too
     healed = slices(("RESTARTING", "a"), ("READY", "b"))
-    assert tick(obs(healed, queued=active), idle(attempt_node_id="a+b"), now=0, cfg=multi).row == "repair_wait"
+    assert tick(obs(healed, queued=active), idle(attempt=Attempt(node_id="a+b")), now=0,
+                cfg=multi).row == "repair_wait"
 
 
 def test_a_vanished_slice_ends_the_attempt_on_the_others() -> None:
@@ -1032,10 +1064,10 @@ def test_row_log_dirty_host() -> None:
     assert d.row == "log_dirty_host" and kinds(d) == ["stop"]
     end = d.ended[0]
     assert not end.charged and "dirty host: tpu_busy in worker 0's log" in end.reason
-    assert d.memory.phase is Phase.IDLE and d.memory.restarts == 0
+    assert d.memory.phase is Phase.IDLE and d.memory.budgets.restarts == 0
     # the next attempt ends the same way: the cleanup did not help, so it is charged
     again = tuple(replace(p, attempt=2) for p in probes)
-    m = run_mem(attempt=2, start=30.0, step=100, last_end=end)
+    m = run_mem(attempt=2, start=30.0, step=100, budgets=Budgets(last_end=end))
     d = tick(obs(probes=again, checkpoint=ckpt(100)), m, now=50)
     assert d.row == "log_dirty_host" and d.ended[0].charged and d.ended[0].outcome == "failed_start"
     assert "dirty host again" in d.ended[0].reason
@@ -1047,8 +1079,9 @@ def test_row_log_silent() -> None:
     cfg = replace(CFG, hang_auto=True, stable_run=10 * 3600.0)
     # past its first checkpoint (step 200 at 20m); the job has shown a checkpoint interval, and
     # silences of a minute at most
-    m = run_mem(start=0.0, step=100, log_gap=60.0, ckpt_gap=1200.0, progress_step=200, progress_at=at(1200), progress_time=at(1200),
-                log_last=at(1500), log_peak=0.0)
+    m = run_mem(start=0.0, step=100,
+                hang=HangLearning(log_gap=60.0, ckpt_gap=1200.0, progress_step=200, progress_at=at(1200),
+                                  progress_time=at(1200), log_last=at(1500), log_peak=0.0))
 
     def silent_for(age: float) -> tuple[WorkerProbe, ...]:
         return tuple(WorkerProbe(w, "running", attempt=1, log_age=age) for w in range(2))

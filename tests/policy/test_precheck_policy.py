@@ -20,38 +20,38 @@ from policy_support import (
     tick,
 )
 
-from tpuwatch.policy import Launch, Phase
+from tpuwatch.policy import Budgets, Launch, Phase, Repair
 
 
 def test_a_job_that_fails_while_every_check_passes_is_charged() -> None:
     # periodic checks while it ran were green
     d = tick(obs(probes=running(1), checkpoint=ckpt(150), precheck=pre(context="running", t=400)), run_mem(), now=400)
-    assert d.row == "running" and d.memory.evidence == ()
+    assert d.row == "running" and d.memory.attempt.evidence == ()
     d = tick(obs(probes=exited({1: 1}), checkpoint=ckpt(150), jitter=0.0), d.memory, now=500)
-    assert d.row == "failure" and d.ended[0].charged and d.memory.restarts == 1
+    assert d.row == "failure" and d.ended[0].charged and d.memory.budgets.restarts == 1
 
 
 def test_a_failing_periodic_check_is_evidence_so_the_end_is_not_charged() -> None:
     o = obs(probes=running(1), checkpoint=ckpt(150), precheck=pre(("disk", 1, False), context="running", t=400))
     d = tick(o, run_mem(), now=400)
     assert d.row == "running"  # a failing check never stops a live attempt
-    assert [e.what for e in d.memory.evidence] == ["environment check disk failed on worker 1"]
+    assert [e.what for e in d.memory.attempt.evidence] == ["environment check disk failed on worker 1"]
     # repeated checks keep one entry per failing item
     d = tick(o, d.memory, now=450)
-    assert len(d.memory.evidence) == 1 and d.memory.evidence[0].time == at(450)
+    assert len(d.memory.attempt.evidence) == 1 and d.memory.attempt.evidence[0].time == at(450)
     end = tick(obs(probes=exited({1: 1}), checkpoint=ckpt(150)), d.memory, now=500)
     assert end.row == "disruption"
-    assert (end.ended[0].outcome, end.ended[0].charged, end.memory.restarts) == ("disruption", False, 0)
+    assert (end.ended[0].outcome, end.ended[0].charged, end.memory.budgets.restarts) == ("disruption", False, 0)
     assert "environment check disk failed on worker 1" in end.ended[0].reason
 
 
 def test_checks_of_another_node_are_not_evidence() -> None:
     o = obs(probes=running(1), precheck=pre(("disk", 1, False), context="running", node_id="old"))
-    assert tick(o, run_mem(), now=400).memory.evidence == ()
+    assert tick(o, run_mem(), now=400).memory.attempt.evidence == ()
 
 
 def test_a_launch_left_no_trace_while_the_checks_fail_ends_uncharged() -> None:
-    unseen = run_mem(attempt_seen=False, start=0)
+    unseen = run_mem(seen=False, start=0)
     o = obs(probes=absent(), checkpoint=ckpt(100), precheck=pre(("devices", 0, False)))
     d = tick(o, unseen, now=30)
     assert d.row == "disruption" and not d.ended[0].charged and d.memory.phase is Phase.IDLE
@@ -79,10 +79,10 @@ def test_no_checks_run_means_the_policy_decides_as_before() -> None:
 
 def test_a_recreated_node_starts_with_a_clean_slate() -> None:
     o = obs(probes=absent(), precheck=pre(("devices", 1, False)))
-    d = tick(o, idle(env_failing_since=at(0)), now=600)
-    assert d.row == "precheck_recreate" and d.memory.env_failing_since is None
+    d = tick(o, idle(repair=Repair(env_failing_since=at(0))), now=600)
+    assert d.row == "precheck_recreate" and d.memory.repair.env_failing_since is None
     # the recreate budget applies as for any recreate
-    spent = tick(o, idle(env_failing_since=at(0), recreates=2), now=600)
+    spent = tick(o, idle(repair=Repair(env_failing_since=at(0)), budgets=Budgets(recreates=2)), now=600)
     assert spent.row == "recreate_budget_spent" and spent.memory.phase is Phase.FAILED
 
 

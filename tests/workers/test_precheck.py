@@ -20,7 +20,7 @@ import pytest
 from tpuwatch.config import validate
 from tpuwatch.errors import ConfigError
 from tpuwatch.model import CheckItem, Checkpoint
-from tpuwatch.policy import Memory, Phase
+from tpuwatch.policy import Attempt, Memory, Phase
 from tpuwatch.workers.precheck import (
     CustomCheck,
     Settings,
@@ -313,7 +313,8 @@ def test_skip_may_name_a_custom_check() -> None:
 
 def test_checkpoint_age_warning() -> None:
     now = datetime(2025, 1, 1, 12, tzinfo=timezone.utc)
-    running = Memory(phase=Phase.RUNNING, attempt=3, attempt_start=now - timedelta(hours=3), attempt_start_step=100)
+    running = Memory(phase=Phase.RUNNING,
+                     attempt=Attempt(number=3, start=now - timedelta(hours=3), start_step=100))
     fresh = Checkpoint("/c/200", 200, "orbax", now - timedelta(minutes=10))
     old = Checkpoint("/c/200", 200, "orbax", now - timedelta(minutes=80))
     assert checkpoint_warning(fresh, running, 75 * 60, now) is None

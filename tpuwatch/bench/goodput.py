@@ -161,8 +161,8 @@ def _result(tool: Tool, run: Run) -> ToolResult:
     memory = None
     if tick is not None:
         m = tick.mem
-        memory = {"phase": m.phase.value, "attempt": m.attempt, "restarts": m.restarts,
-                  "disruptions": m.disruptions, "recreates": m.recreates, "no_progress": m.no_progress,
+        memory = {"phase": m.phase.value, "attempt": m.attempt.number, "restarts": m.budgets.restarts,
+                  "disruptions": m.budgets.disruptions, "recreates": m.budgets.recreates, "no_progress": m.budgets.no_progress,
                   "reason": m.reason}
     return ToolResult(
         key=tool.key, label=tool.label, note=tool.note,

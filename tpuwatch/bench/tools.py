@@ -655,7 +655,7 @@ def _steady(mem: Memory) -> Memory:
     and the silence since), which moves on every tick of a job that logs every minute. Replayed
     ticks leave it as the last real tick did; the next real tick learns at most the silence a
     tick saw plus one poll, as after any gap between ticks."""
-    return replace(mem, log_last=None, log_peak=0.0)
+    return replace(mem, hang=replace(mem.hang, log_last=None, log_peak=0.0))
 
 
 class Watchers:

@@ -68,7 +68,7 @@ def command(config_path: Path, project: str | None, zone: str | None, worker: in
             raise UsageError("drill: pass --yes to simulate a maintenance event without a terminal to confirm on")
         click.confirm(f"Simulate a maintenance event on worker {target_worker} of {target} "
                       f"({job.location.project}/{node.zone})? The job will be interrupted", abort=True)
-    before = mem.attempt
+    before = mem.attempt.number
     timeout = float(job.cfg.recovery["repair_timeout"])
     poll = float(job.cfg.recovery["poll_interval"])
     store = ports.checkpoints
@@ -95,8 +95,8 @@ def command(config_path: Path, project: str | None, zone: str | None, worker: in
             if detected is None and (seen is None or not seen.usable):
                 detected = now
             if (detected is not None and mem is not None and mem.phase is Phase.RUNNING
-                    and mem.attempt > before and mem.attempt_seen and mem.attempt_start is not None
-                    and mem.attempt_start >= started):
+                    and mem.attempt.number > before and mem.attempt.seen and mem.attempt.start is not None
+                    and mem.attempt.start >= started):
                 ran = mem
                 break
             time.sleep(poll)
@@ -138,9 +138,9 @@ def _rfc(t: datetime | None) -> str | None:
 
 def _result(node: NodeSnapshot, worker: int, operation: str, follower: str, started: datetime,
             detected: datetime | None, ran: Memory | None, ck0: Checkpoint | None, timeout: float) -> dict[str, Any]:
-    ran_at = ran.attempt_start if ran is not None else None
+    ran_at = ran.attempt.start if ran is not None else None
     lost = None
-    if ran is not None and ck0 is not None and ck0.time is not None and ran.attempt_start_step == ck0.step:
+    if ran is not None and ck0 is not None and ck0.time is not None and ran.attempt.start_step == ck0.step:
         lost = max(0.0, (started - ck0.time).total_seconds())  # training after that checkpoint, up to the fault
     return {
         "node": node.name, "worker": worker, "operation": operation, "followed_by": follower,
@@ -148,8 +148,8 @@ def _result(node: NodeSnapshot, worker: int, operation: str, follower: str, star
         "detected_after": (detected - started).total_seconds() if detected is not None else None,
         "ran_again": _rfc(ran_at),
         "ran_again_after": (ran_at - started).total_seconds() if ran_at is not None else None,
-        "attempt": ran.attempt if ran is not None else None,
-        "from_checkpoint": ran.attempt_start_step if ran is not None else None,
+        "attempt": ran.attempt.number if ran is not None else None,
+        "from_checkpoint": ran.attempt.start_step if ran is not None else None,
         "checkpoint_at_fault": ck0.step if ck0 is not None else None,
         "work_lost_seconds": lost,
         "repair_timeout": timeout,

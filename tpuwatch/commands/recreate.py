@@ -154,7 +154,7 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
     journal = _open_journal(cfg)
     mem = journal.load_memory()
     if mem is not None and "launch" not in launch:
-        launch["attempt"] = str(mem.attempt + 1)
+        launch["attempt"] = str(mem.attempt.number + 1)
     try:
         if user := login.user_for_create(journal):  # the user the watcher last logged in as
             launch = {**launch, "user": user}

@@ -105,7 +105,7 @@ def journal_facts(node: NodeSnapshot) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {"job": job, "precheck": None, "checkpoint_warning": None}
     if mem is not None:
-        out["job"] = f"{job}: {mem.phase.value}, attempt {mem.attempt}" + (f" ({mem.reason})" if mem.reason else "")
+        out["job"] = f"{job}: {mem.phase.value}, attempt {mem.attempt.number}" + (f" ({mem.reason})" if mem.reason else "")
     try:
         out["precheck"] = json.loads(pre) if pre else None
         warning = json.loads(ck) if ck else None

@@ -20,7 +20,7 @@ The API the tick uses (observe -> decide -> journal -> act):
     cfg = PolicyConfig.from_config(config, zone=resolved_zone)
     mem = journal.load_memory() or Memory.initial(cfg.zones[0])   # mem.zone: where to look
     obs = Observation(node=..., events=..., probes=..., checkpoint=...,
-                      operation=<status of mem.pending_op, when observe.operation_due>,
+                      operation=<status of mem.recreate.pending_op, when observe.operation_due>,
                       create_failure=<recreate.classify_operation(op).kind when it failed>,
                       queued=<the queued resource's state, when observe.queued_due>, jitter=random.random(),
                       checks=<environment checks available>, adopt=..., ...)
@@ -55,11 +55,18 @@ from tpuwatch.policy.rows import ROWS, Row
 from tpuwatch.policy.settle import MAX_DECIDES, Again, UnsettledTick, decide_until_settled
 from tpuwatch.policy.state import (
     TRANSITIONS,
+    Attempt,
     AttemptEnd,
+    Boot,
+    Budgets,
     Evidence,
+    HangLearning,
     IllegalTransition,
+    Maintenance,
     Memory,
     Phase,
+    Recreate,
+    Repair,
 )
 from tpuwatch.policy.table import decide, operation_started
 from tpuwatch.policy.values import (
@@ -83,11 +90,11 @@ from tpuwatch.policy.values import (
 )
 
 __all__ = [
-    "MAX_DECIDES", "OUTCOMES", "ROWS", "TRANSITIONS", "Action", "Again", "AttemptEnd", "AttemptFacts",
-    "ClearQueued", "Cond", "CreateNode",
-    "Decision", "DeleteNode", "Evidence", "Fail", "FollowOperation", "IllegalTransition",
-    "ImpossibleObservation", "Launch", "MarkDone", "Memory", "NeedsPerson", "Observation", "Outcome",
-    "Phase", "PolicyConfig", "Row", "StartMaintenance", "StopWorkers", "Verdict", "Wait", "action_dict", "backoff_delay",
+    "MAX_DECIDES", "OUTCOMES", "ROWS", "TRANSITIONS", "Action", "Again", "Attempt", "AttemptEnd", "AttemptFacts",
+    "Boot", "Budgets", "ClearQueued", "Cond", "CreateNode",
+    "Decision", "DeleteNode", "Evidence", "Fail", "FollowOperation", "HangLearning", "IllegalTransition",
+    "ImpossibleObservation", "Launch", "Maintenance", "MarkDone", "Memory", "NeedsPerson", "Observation", "Outcome",
+    "Phase", "PolicyConfig", "Recreate", "Repair", "Row", "StartMaintenance", "StopWorkers", "Verdict", "Wait", "action_dict", "backoff_delay",
     "UnsettledTick", "classify", "decide", "decide_until_settled", "describe_exit", "effective_hang_limit", "next_level", "node_condition", "operation_started",
     "restart_delay",
 ]

@@ -2,12 +2,12 @@
 
 hang_timeout = "auto" (row `log_silent`): each probe reports how long ago the attempt's log was
 last written (`WorkerProbe.log_age`, by the worker's own clock, so no skew). A silence that
-ends (the log is written again) teaches the job's cadence (`Memory.log_gap`, the longest seen),
+ends (the log is written again) teaches the job's cadence (`Memory.hang.log_gap`, the longest seen),
 but only once the attempt has saved its first checkpoint: the start of an attempt (restoring,
 the first compile, the first save) is never judged by the logs, nor learned from, so a long
 first compile is never taken for a hang. A checkpoint save is silent too, and the first one ends
 after that checkpoint is seen, so the job's saves are learned before they are judged. Nothing is
-judged before the job has shown a whole checkpoint interval (`Memory.ckpt_gap`), so that every
+judged before the job has shown a whole checkpoint interval (`Memory.hang.ckpt_gap`), so that every
 kind of silence it has between two checkpoints has been seen once (a job that logs in bursts
 every 15 minutes is not stopped at its first 15-minute silence).
 
@@ -56,20 +56,21 @@ def learn(mem: Memory, age: float | None, now: datetime, start: datetime, warm: 
     if age is None:
         return mem
     wrote = now - timedelta(seconds=age)
-    last = mem.log_last
+    last = mem.hang.log_last
     if last is None or last < start or wrote < last - timedelta(seconds=SAME_WRITE):
-        return replace(mem, log_last=wrote, log_peak=age)  # this attempt's first sight (or a new log)
+        # this attempt's first sight (or a new log)
+        return replace(mem, hang=replace(mem.hang, log_last=wrote, log_peak=age))
     if wrote <= last + timedelta(seconds=SAME_WRITE):
-        return replace(mem, log_peak=age) if age > mem.log_peak else mem
-    gap = min((wrote - last).total_seconds(), mem.log_peak + poll)
-    learned = max(mem.log_gap, gap, SHORT) if warm else mem.log_gap
-    return replace(mem, log_last=wrote, log_peak=age, log_gap=learned)
+        return replace(mem, hang=replace(mem.hang, log_peak=age)) if age > mem.hang.log_peak else mem
+    gap = min((wrote - last).total_seconds(), mem.hang.log_peak + poll)
+    learned = max(mem.hang.log_gap, gap, SHORT) if warm else mem.hang.log_gap
+    return replace(mem, hang=replace(mem.hang, log_last=wrote, log_peak=age, log_gap=learned))
 
 
 def silent_limit(mem: Memory) -> float:
     """How long a silence makes a warm attempt hung; 0 = not judged: no cadence learned yet, or
-    the job has not yet shown a whole checkpoint interval (`ckpt_gap`), so not yet every kind of
+    the job has not yet shown a whole checkpoint interval (`hang.ckpt_gap`), so not yet every kind of
     silence it has between two checkpoints."""
-    if mem.log_gap <= 0 or mem.ckpt_gap <= 0:
+    if mem.hang.log_gap <= 0 or mem.hang.ckpt_gap <= 0:
         return 0.0
-    return max(LOG_FLOOR, LOG_FACTOR * mem.log_gap)
+    return max(LOG_FLOOR, LOG_FACTOR * mem.hang.log_gap)

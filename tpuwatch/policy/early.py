@@ -39,28 +39,30 @@ def early_maintenance(draft: Draft, mem: Memory, probes: tuple[WorkerProbe, ...]
     um = node.upcoming_maintenance
     if (not cfg.start_early or um is None or not can_start_early(um)
             or not (draft.obs.adopt or node.owned_by(cfg.job))
-            or (mem.early_refused is not None and mem.early_refused == um.window_start)):
+            or (mem.maintenance.early_refused is not None and mem.maintenance.early_refused == um.window_start)):
         return None
-    if mem.early_window != um.window_start or mem.early_window is None:
-        mem = replace(mem, early_window=um.window_start, early_step=ck.step if ck is not None else None)
-    saved = ck is not None and (mem.early_step is None or ck.step > mem.early_step)
+    if mem.maintenance.early_window != um.window_start or mem.maintenance.early_window is None:
+        mem = replace(mem,
+                      maintenance=replace(mem.maintenance, early_window=um.window_start,
+                                          early_step=ck.step if ck is not None else None))
+    saved = ck is not None and (mem.maintenance.early_step is None or ck.step > mem.maintenance.early_step)
     latest = um.window_start - timedelta(seconds=EARLY_MARGIN) if um.window_start is not None else now
     window = um.window_start.isoformat() if um.window_start is not None else "not given"
     if not saved and now < latest:
-        after = f"newer than step {mem.early_step}" if mem.early_step is not None else "its first"
-        return draft.out(mem, "early_wait", f"attempt {mem.attempt} running; {um.type.lower()} maintenance "
+        after = f"newer than step {mem.maintenance.early_step}" if mem.maintenance.early_step is not None else "its first"
+        return draft.out(mem, "early_wait", f"attempt {mem.attempt.number} running; {um.type.lower()} maintenance "
                                             f"(window {window}) may start early: starting it after the next "
                                             f"checkpoint ({after}), at the latest at {latest.isoformat()}",
                          Wait(min(latest, early_check(draft, mem)), "maintenance to start after the next checkpoint"))
     why = (f"checkpoint step {ck.step} saved after the maintenance notice" if saved and ck is not None
            else f"no new checkpoint {human(EARLY_MARGIN)} before the window ({window})")
     sign = Evidence(now, f"maintenance started early by tpuwatch ({why})")
-    mem = replace(mem, evidence=merge_evidence(mem.evidence, [sign]))
+    mem = replace(mem, attempt=replace(mem.attempt, evidence=merge_evidence(mem.attempt.evidence, [sign])))
     mem, line, final = finish(draft, mem, {p.worker: None for p in probes}, reachable=True)
     if final is not None:
         return final
     # The node is about to go down: no launch there until it has gone down and come back.
-    mem = replace(mem, notice_hold=now + timedelta(seconds=NOTICE_HOLD))
+    mem = replace(mem, maintenance=replace(mem.maintenance, notice_hold=now + timedelta(seconds=NOTICE_HOLD)))
     return draft.out(mem, "early_start", f"{line}; starting the maintenance of node {node.name} now ({why})",
                      StartMaintenance(node.name, f"{why}: starting the {um.type.lower()} maintenance "
                                                  f"(window {window}) now"))
@@ -68,10 +70,10 @@ def early_maintenance(draft: Draft, mem: Memory, probes: tuple[WorkerProbe, ...]
 
 def early_check(draft: Draft, mem: Memory) -> datetime:
     """When to look for the awaited checkpoint next: shortly, once it is nearly due by the
-    interval this attempt has shown (`ckpt_gap`, from its newest checkpoint); at the start of
+    interval this attempt has shown (`hang.ckpt_gap`, from its newest checkpoint); at the start of
     that stretch before it; a poll from now when the interval is not known yet."""
-    gap, last, now = mem.ckpt_gap, mem.progress_time, draft.now
-    if gap <= 0 or last is None or draft.obs.checkpoint is None or mem.progress_step != draft.obs.checkpoint.step:
+    gap, last, now = mem.hang.ckpt_gap, mem.hang.progress_time, draft.now
+    if gap <= 0 or last is None or draft.obs.checkpoint is None or mem.hang.progress_step != draft.obs.checkpoint.step:
         return now + timedelta(seconds=draft.cfg.poll_interval)
     close = last + timedelta(seconds=gap * (1 - EARLY_LEAD))
     if now < close:
@@ -82,7 +84,8 @@ def early_check(draft: Draft, mem: Memory) -> datetime:
 def early_refused(draft: Draft, mem: Memory) -> Decision:
     node = draft.obs.node
     um = node.upcoming_maintenance if node is not None else None
-    mem = replace(mem, early_refused=um.window_start if um is not None else mem.early_window, notice_hold=None)
+    refused = um.window_start if um is not None else mem.maintenance.early_window
+    mem = replace(mem, maintenance=replace(mem.maintenance, early_refused=refused, notice_hold=None))
     return draft.out(mem, "early_refused", f"the maintenance could not be started early "
                                            f"({draft.obs.maintenance_refused}); relaunching, and the job "
                                            "gets the last-minute notice instead",

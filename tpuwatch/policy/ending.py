@@ -53,33 +53,33 @@ def finish(
     `unsure`: no worker exited with a code of its own; a charge stays open to a refund for
     END_CONFIRM_WINDOW (`refund`).
     """
-    cfg, now, n = draft.cfg, draft.now, mem.attempt
-    start = mem.attempt_start
+    cfg, now, n = draft.cfg, draft.now, mem.attempt.number
+    start = mem.attempt.start
     assert start is not None  # checked in _check
     verdict = Verdict(Outcome.FAILURE, None, hung, ()) if hung else classify(
-        AttemptFacts(start, now, codes, cfg.primary_worker, mem.evidence, seen=mem.end_seen),
+        AttemptFacts(start, now, codes, cfg.primary_worker, mem.attempt.evidence, seen=mem.attempt.end_seen),
         min_uptime=cfg.min_uptime, fail_fast=cfg.fail_fast_exit_codes, window=cfg.evidence_window,
     )
     cost = OUTCOMES[verdict.outcome]
-    mem_evidence = mem.evidence
+    mem_evidence = mem.attempt.evidence
     ckpt = draft.obs.checkpoint
     end_step = ckpt.step if ckpt is not None else None
     progressed = made_progress(draft, mem)
     streak_added = cost.charged and not progressed
     confirm_by = now + timedelta(seconds=END_CONFIRM_WINDOW) if unsure and cost.charged else None
     reason = f"attempt {n}: {verdict.reason}" + (f" ({detail})" if detail else "")
-    end = AttemptEnd(n, start, now, mem.attempt_node_id, mem.attempt_start_step, end_step,
+    end = AttemptEnd(n, start, now, mem.attempt.node_id, mem.attempt.start_step, end_step,
                      verdict.outcome.value, cost.charged, verdict.exit_code, reason, streak_added)
     draft.ended.append(end)
-    mem = replace(
-        mem, last_end=end, evidence=(), unreachable_since=None, end_seen=None, confirm_by=confirm_by,
-        no_progress=0 if progressed else mem.no_progress + int(streak_added),
-        disruptions=mem.disruptions + int(verdict.outcome is Outcome.DISRUPTION),
-    )
+    mem = replace(mem,
+                  budgets=replace(mem.budgets, last_end=end, confirm_by=confirm_by,
+                                  no_progress=0 if progressed else mem.budgets.no_progress + int(streak_added),
+                                  disruptions=mem.budgets.disruptions + int(verdict.outcome is Outcome.DISRUPTION)),
+                  attempt=replace(mem.attempt, evidence=(), unreachable_since=None, end_seen=None))
     if secs(now - start) >= cfg.stable_run:
         # A run this long shows the job and the node are sound: the budgets count trouble
         # since then, so a month-long spot job is not failed by its fourth preemption.
-        mem = replace(mem, restarts=0, recreates=0)
+        mem = replace(mem, budgets=replace(mem.budgets, restarts=0, recreates=0))
     if reachable:
         stop_why = "job done: stopping the other workers" if verdict.outcome is Outcome.SUCCESS \
             else f"attempt {n} ended: stopping every worker"
@@ -92,26 +92,28 @@ def finish(
     if verdict.outcome is Outcome.DISRUPTION:
         noticed = any(is_notice(e) for e in mem_evidence)
         hold = now + timedelta(seconds=NOTICE_HOLD) if noticed else None
-        return move(mem, Phase.IDLE, notice_hold=hold), f"{reason}; not charged", None
+        return move(mem, Phase.IDLE,
+                    maintenance=replace(mem.maintenance, notice_hold=hold)), f"{reason}; not charged", None
     # charged: failed start or failure
-    since = f"step {mem.attempt_start_step}" if mem.attempt_start_step is not None else "no checkpoint"
-    if mem.no_progress >= cfg.no_progress_limit:
-        why = (f"{mem.no_progress} attempts in a row ended with no checkpoint newer than {since} "
+    since = f"step {mem.attempt.start_step}" if mem.attempt.start_step is not None else "no checkpoint"
+    if mem.budgets.no_progress >= cfg.no_progress_limit:
+        why = (f"{mem.budgets.no_progress} attempts in a row ended with no checkpoint newer than {since} "
                f"(last: {hung or describe_exit(verdict.exit_code)}); a deterministic bug is not retried forever")
         return mem, why, draft.fail(mem, "no_progress", why, (reason,))
-    if mem.restarts >= cfg.max_restarts:
-        why = f"restart budget spent: {mem.restarts} of recovery.max_restarts = {cfg.max_restarts} used"
+    if mem.budgets.restarts >= cfg.max_restarts:
+        why = f"restart budget spent: {mem.budgets.restarts} of recovery.max_restarts = {cfg.max_restarts} used"
         return mem, why, draft.fail(mem, "budget_spent", why, (reason,))
     ran = secs(now - start)
-    level = next_level(mem.backoff_level, ran, cfg.stable_run)
+    level = next_level(mem.budgets.backoff_level, ran, cfg.stable_run)
     delay = restart_delay(level, cfg.backoff_base, cfg.backoff_max, draft.obs.jitter)
-    mem = move(mem, Phase.BACKOFF, restarts=mem.restarts + 1, backoff_level=level,
-               backoff_until=now + timedelta(seconds=delay))
+    mem = move(mem, Phase.BACKOFF,
+               budgets=replace(mem.budgets, restarts=mem.budgets.restarts + 1, backoff_level=level,
+                               backoff_until=now + timedelta(seconds=delay)))
     when = f"relaunching in {human(delay)}" if delay else "relaunching now (the first charged restart since a stable run)"
     if confirm_by is not None:
         when += (f"; refunded if the node shows a host going away by {confirm_by.isoformat()} "
                  "(no worker exited with a code of its own)")
-    return mem, f"{reason}; charged (restart {mem.restarts} of {cfg.max_restarts}), {when}", None
+    return mem, f"{reason}; charged (restart {mem.budgets.restarts} of {cfg.max_restarts}), {when}", None
 
 
 def confirm_end(draft: Draft, mem: Memory, codes: dict[int, int | None]) -> Decision:
@@ -127,20 +129,20 @@ def confirm_end(draft: Draft, mem: Memory, codes: dict[int, int | None]) -> Deci
     `end_confirm`): a job is never failed on an end its node may yet explain.
     """
     cfg = draft.cfg
-    start = mem.attempt_start
+    start = mem.attempt.start
     assert start is not None  # checked in _check
     own = codes.get(cfg.primary_worker) == 0 or any(
         c is not None and c != 0 and c not in STOP_CODES for c in codes.values())
-    if own or mem.end_seen is not None:
+    if own or mem.attempt.end_seen is not None:
         return end_usable(draft, mem, codes)
-    verdict = classify(AttemptFacts(start, draft.now, codes, cfg.primary_worker, mem.evidence),
+    verdict = classify(AttemptFacts(start, draft.now, codes, cfg.primary_worker, mem.attempt.evidence),
                        min_uptime=cfg.min_uptime, fail_fast=cfg.fail_fast_exit_codes, window=cfg.evidence_window)
     if not OUTCOMES[verdict.outcome].charged:
         return end_usable(draft, mem, codes)
     if not ends_job(draft, mem, start):
         return end_usable(draft, mem, codes, unsure=True)
-    return draft.out(replace(mem, end_seen=draft.now), "end_confirm",
-                     f"attempt {mem.attempt}: {verdict.reason}; nothing charged yet: charging it would end the "
+    return draft.out(replace(mem, attempt=replace(mem.attempt, end_seen=draft.now)), "end_confirm",
+                     f"attempt {mem.attempt.number}: {verdict.reason}; nothing charged yet: charging it would end the "
                      "job, and a host taken down looks the same before the node says so, so the next tick "
                      "looks at the node again first",
                      Wait(None, "confirming how the attempt ended"))
@@ -149,13 +151,13 @@ def confirm_end(draft: Draft, mem: Memory, codes: dict[int, int | None]) -> Deci
 def made_progress(draft: Draft, mem: Memory) -> bool:
     """The newest checkpoint is newer than the one the running attempt started from."""
     ckpt = draft.obs.checkpoint
-    return ckpt is not None and (mem.attempt_start_step is None or ckpt.step > mem.attempt_start_step)
+    return ckpt is not None and (mem.attempt.start_step is None or ckpt.step > mem.attempt.start_step)
 
 
 def ends_job(draft: Draft, mem: Memory, start: datetime) -> bool:
     """Charging the running attempt's end now would fail the job (as `finish` counts)."""
-    streak = 0 if made_progress(draft, mem) else mem.no_progress + 1
-    restarts = 0 if secs(draft.now - start) >= draft.cfg.stable_run else mem.restarts
+    streak = 0 if made_progress(draft, mem) else mem.budgets.no_progress + 1
+    restarts = 0 if secs(draft.now - start) >= draft.cfg.stable_run else mem.budgets.restarts
     return streak >= draft.cfg.no_progress_limit or restarts >= draft.cfg.max_restarts
 
 
@@ -163,11 +165,12 @@ def end_usable(draft: Draft, mem: Memory, codes: dict[int, int | None], detail: 
     mem, line, final = finish(draft, mem, codes, reachable=True, detail=detail, unsure=unsure)
     if final is not None:
         return final
-    last = mem.last_end
+    last = mem.budgets.last_end
     assert last is not None
-    row = {Outcome.DISRUPTION.value: "notice_end" if mem.notice_hold else "disruption",
+    row = {Outcome.DISRUPTION.value: "notice_end" if mem.maintenance.notice_hold else "disruption",
            Outcome.FAILED_START.value: "failed_start"}.get(last.outcome, "failure")
-    wait = Wait(mem.backoff_until, "backoff before the next attempt") if mem.phase is Phase.BACKOFF else None
+    wait = (Wait(mem.budgets.backoff_until, "backoff before the next attempt")
+            if mem.phase is Phase.BACKOFF else None)
     return draft.out(mem, row, line, *([wait] if wait else []))
 
 
@@ -176,7 +179,7 @@ def end_unusable(draft: Draft, mem: Memory) -> tuple[Memory, Decision | None]:
     if mem.phase is not Phase.RUNNING:
         return mem, None
     probes = draft.obs.probes or ()
-    codes = worker_exits(probes, mem.attempt)
+    codes = worker_exits(probes, mem.attempt.number)
     node = draft.obs.node
     # a multislice job's slices that are still READY: the attempt is stopped there too
     reachable = node is not None and node.reachable and bool(probes)
@@ -188,9 +191,9 @@ def end_unusable(draft: Draft, mem: Memory) -> tuple[Memory, Decision | None]:
 
 def disrupted(draft: Draft, mem: Memory, codes: dict[int, int | None]) -> bool:
     """The attempt's evidence explains its end now: a disruption, never charged."""
-    start = mem.attempt_start
+    start = mem.attempt.start
     assert start is not None  # checked in _check
-    verdict = classify(AttemptFacts(start, draft.now, codes, draft.cfg.primary_worker, mem.evidence),
+    verdict = classify(AttemptFacts(start, draft.now, codes, draft.cfg.primary_worker, mem.attempt.evidence),
                        min_uptime=draft.cfg.min_uptime, fail_fast=draft.cfg.fail_fast_exit_codes,
                        window=draft.cfg.evidence_window)
     return verdict.outcome is Outcome.DISRUPTION
@@ -202,5 +205,6 @@ def ended_now(draft: Draft, mem: Memory, row: str, codes: dict[int, int | None],
     mem, line, final = finish(draft, mem, codes, reachable=True, detail=detail, hung=hung)
     if final is not None:
         return final
-    wait = Wait(mem.backoff_until, "backoff before the next attempt") if mem.phase is Phase.BACKOFF else None
+    wait = (Wait(mem.budgets.backoff_until, "backoff before the next attempt")
+            if mem.phase is Phase.BACKOFF else None)
     return draft.out(mem, row, line, *([wait] if wait else []))

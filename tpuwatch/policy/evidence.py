@@ -46,7 +46,7 @@ def explains(draft: Draft, ev: AuditEvent, start: datetime) -> bool:
 
 def signs(draft: Draft, mem: Memory) -> list[Evidence]:
     """This tick's signs that the infrastructure disturbed the running attempt."""
-    start, now, node = mem.attempt_start, draft.now, draft.obs.node
+    start, now, node = mem.attempt.start, draft.now, draft.obs.node
     assert start is not None  # checked in _check
     out = [Evidence(min(e.time, now), _event_text(e)) for e in _disrupting(draft) if explains(draft, e, start)]
     if node is None:
@@ -58,8 +58,8 @@ def signs(draft: Draft, mem: Memory) -> list[Evidence]:
             out.append(Evidence(now, f"{what} state {part.state}"))
         if part.health in UNHEALTHY:
             out.append(Evidence(now, f"{what} health {part.health}"))
-    if mem.attempt_node_id and node.id != mem.attempt_node_id:
-        out.append(Evidence(now, f"node id changed from {mem.attempt_node_id} to {node.id}"))
+    if mem.attempt.node_id and node.id != mem.attempt.node_id:
+        out.append(Evidence(now, f"node id changed from {mem.attempt.node_id} to {node.id}"))
     for s in node.symptoms:
         if s.time is not None and start <= s.time:
             out.append(Evidence(min(s.time, now), f"symptom {s.type} on worker {s.worker_id or '?'}"))
@@ -70,7 +70,7 @@ def signs(draft: Draft, mem: Memory) -> list[Evidence]:
     if um is not None and um.status == "ONGOING":
         out.append(Evidence(now, f"{um.type.lower()} maintenance ONGOING"))
     for p in draft.obs.probes or ():
-        if p.notice and p.attempt == mem.attempt:
+        if p.notice and p.attempt == mem.attempt.number:
             out.append(notice_evidence(now, p.notice, p.worker))
     pre = draft.obs.precheck
     if pre is not None and pre.context == "running" and pre.node_id in ("", node.id):
@@ -112,17 +112,19 @@ def refund(draft: Draft, mem: Memory) -> Memory:
     """A sign that arrives after the charged end it explains refunds it: the audit log's and
     the health description's whenever they come, and within END_CONFIRM_WINDOW of an end
     charged on first sight, the node itself showing a host going away."""
-    last = mem.last_end
+    last = mem.budgets.last_end
     if last is None or not last.charged:
-        return replace(mem, confirm_by=None) if mem.confirm_by is not None else mem
+        return replace(mem,
+                       budgets=replace(mem.budgets,
+                                       confirm_by=None)) if mem.budgets.confirm_by is not None else mem
     signs, until = late_signs(draft, last), last.end
-    if mem.confirm_by is not None:
+    if mem.budgets.confirm_by is not None:
         # Open: the first node read after the end counts however late it is (a watcher
         # stopped between two ticks), and every one until confirm_by. The sighting came
         # after its tick's `now`, so a maintenance dated up to this read may explain it.
         signs, until = signs + host_gone_signs(draft, last), draft.now
-        if draft.now > mem.confirm_by:
-            mem = replace(mem, confirm_by=None)
+        if draft.now > mem.budgets.confirm_by:
+            mem = replace(mem, budgets=replace(mem.budgets, confirm_by=None))
     for t, text in signs:
         if not in_window(min(t, draft.now), last.start, until, draft.cfg.evidence_window):
             continue
@@ -131,15 +133,11 @@ def refund(draft: Draft, mem: Memory) -> Memory:
         draft.ended.append(fixed)
         draft.notes.append(f"attempt {last.attempt} was ended by a disruption ({text}, reported late): "
                            "its restart is refunded")
-        mem = replace(
-            mem,
-            last_end=fixed,
-            confirm_by=None,
-            restarts=max(0, mem.restarts - 1),
-            disruptions=mem.disruptions + 1,
-            no_progress=max(0, mem.no_progress - int(last.streak_added)),
-            backoff_level=max(0, mem.backoff_level - 1),
-            backoff_until=None,
-        )
+        mem = replace(mem,
+                      budgets=replace(mem.budgets, last_end=fixed, confirm_by=None,
+                                      restarts=max(0, mem.budgets.restarts - 1),
+                                      disruptions=mem.budgets.disruptions + 1,
+                                      no_progress=max(0, mem.budgets.no_progress - int(last.streak_added)),
+                                      backoff_level=max(0, mem.budgets.backoff_level - 1), backoff_until=None))
         return move(mem, Phase.IDLE) if mem.phase is Phase.BACKOFF else mem
     return mem

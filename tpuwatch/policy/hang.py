@@ -36,9 +36,10 @@ def effective_hang_limit(cfg: PolicyConfig, mem: Memory, from_start: bool = Fals
     job's checkpoint interval). With "auto" the logs must also have been silent that long."""
     if not cfg.hang_auto:
         return cfg.hang_timeout
-    if mem.ckpt_gap <= 0:
+    gap = mem.hang.ckpt_gap
+    if gap <= 0:
         return 0.0
-    base = (max(mem.ckpt_first, mem.ckpt_gap) + 2 * mem.ckpt_gap) if from_start else 3 * mem.ckpt_gap
+    base = (max(mem.hang.ckpt_first, gap) + 2 * gap) if from_start else 3 * gap
     return max(HANG_AUTO_FLOOR, base)
 
 
@@ -49,16 +50,17 @@ def progress_quiet(draft: Draft, mem: Memory, start: datetime) -> tuple[Memory, 
     checkpoint's own time when the store gives one, else when a tick first saw it). Each
     new one also teaches the memory the job's checkpoint interval (for "auto")."""
     ckpt, now, since = draft.obs.checkpoint, draft.now, start
-    if ckpt is not None and (mem.attempt_start_step is None or ckpt.step > mem.attempt_start_step):
-        this_attempt = mem.progress_at is not None and mem.progress_at >= start
-        if mem.progress_step != ckpt.step or not this_attempt:
+    if ckpt is not None and (mem.attempt.start_step is None or ckpt.step > mem.attempt.start_step):
+        this_attempt = mem.hang.progress_at is not None and mem.hang.progress_at >= start
+        if mem.hang.progress_step != ckpt.step or not this_attempt:
             seen = ckpt.time if ckpt.time is not None else now
-            if this_attempt and mem.progress_time is not None and (mem.progress_step or 0) < ckpt.step:
-                mem = replace(mem, ckpt_gap=max(mem.ckpt_gap, secs(seen - mem.progress_time)))
+            hang = mem.hang
+            if this_attempt and hang.progress_time is not None and (hang.progress_step or 0) < ckpt.step:
+                hang = replace(hang, ckpt_gap=max(hang.ckpt_gap, secs(seen - hang.progress_time)))
             elif not this_attempt:
-                mem = replace(mem, ckpt_first=max(mem.ckpt_first, secs(seen - start)))
-            mem = replace(mem, progress_step=ckpt.step, progress_at=now, progress_time=seen)
-        seen = mem.progress_time or mem.progress_at or since
+                hang = replace(hang, ckpt_first=max(hang.ckpt_first, secs(seen - start)))
+            mem = replace(mem, hang=replace(hang, progress_step=ckpt.step, progress_at=now, progress_time=seen))
+        seen = mem.hang.progress_time or mem.hang.progress_at or since
         since = max(since, seen)
     return mem, max(0.0, secs(now - since)), since == start
 
@@ -72,11 +74,11 @@ def log_silence(draft: Draft, mem: Memory, start: datetime) -> tuple[Memory, flo
     if not sizes or any(b is None for b in sizes):
         return mem, 0.0
     total, now = sum(b for b in sizes if b is not None), draft.now
-    first = mem.log_at is None or mem.log_at < start or mem.log_bytes is None or total < mem.log_bytes
-    if first or (total != mem.log_bytes and secs(now - mem.log_at) >= LOG_GRAIN):  # type: ignore[operator]
-        mem = replace(mem, log_bytes=total, log_at=now)
-    assert mem.log_at is not None
-    return mem, max(0.0, secs(now - mem.log_at))
+    first = mem.hang.log_at is None or mem.hang.log_at < start or mem.hang.log_bytes is None or total < mem.hang.log_bytes
+    if first or (total != mem.hang.log_bytes and secs(now - mem.hang.log_at) >= LOG_GRAIN):  # type: ignore[operator]
+        mem = replace(mem, hang=replace(mem.hang, log_bytes=total, log_at=now))
+    assert mem.hang.log_at is not None
+    return mem, max(0.0, secs(now - mem.hang.log_at))
 
 
 def hung(draft: Draft, mem: Memory, quiet: float, silent: float | None) -> Decision:
@@ -86,13 +88,14 @@ def hung(draft: Draft, mem: Memory, quiet: float, silent: float | None) -> Decis
         setting = f"recovery.hang_timeout {human(draft.cfg.hang_timeout)}"
     else:
         why += f" and no output for {human(silent)}"
-        setting = (f"recovery.hang_timeout auto: 3x the {human(mem.ckpt_gap)} checkpoint interval seen, "
+        setting = (f"recovery.hang_timeout auto: 3x the {human(mem.hang.ckpt_gap)} checkpoint interval seen, "
                    f"at least {human(HANG_AUTO_FLOOR)}")
     mem, line, final = finish(
         draft, mem, {}, reachable=True, hung=f"{why} while every worker ran ({setting})")
     if final is not None:
         return final
-    wait = Wait(mem.backoff_until, "backoff before the next attempt") if mem.phase is Phase.BACKOFF else None
+    wait = (Wait(mem.budgets.backoff_until, "backoff before the next attempt")
+            if mem.phase is Phase.BACKOFF else None)
     return draft.out(mem, "hung", line, *([wait] if wait else []))
 
 
@@ -101,7 +104,7 @@ def log_silent(draft: Draft, mem: Memory, quiet: float, age: float) -> Decision:
     has ever been (policy/cadence.py), and no checkpoint came either: stop it, charged."""
     why = (f"{HUNG} for {human(quiet)} and no output for {human(age)} while every worker ran "
            f"(recovery.hang_timeout auto: {LOG_FACTOR:g}x the longest silence the job has shown, "
-           f"{human(mem.log_gap)}, at least {human(LOG_FLOOR)})")
+           f"{human(mem.hang.log_gap)}, at least {human(LOG_FLOOR)})")
     return ended_now(draft, mem, "log_silent", {}, hung=why)
 
 
@@ -109,7 +112,7 @@ def signature(draft: Draft, mem: Memory, probes: tuple[WorkerProbe, ...]) -> Dec
     """A worker's log of this attempt shows a known runtime signature (policy/signatures.py):
     end the attempt at once as its kind says (rows `log_hang`, `log_crash`,
     `log_dirty_host`); None when none does, or worker 0 exited 0 (done is done)."""
-    n, cfg = mem.attempt, draft.cfg
+    n, cfg = mem.attempt.number, draft.cfg
     codes = worker_exits(probes, n)
     if codes.get(cfg.primary_worker) == 0:
         return None
@@ -126,10 +129,11 @@ def signature(draft: Draft, mem: Memory, probes: tuple[WorkerProbe, ...]) -> Dec
             return ended_now(draft, mem, f"log_{sig.kind}", codes, detail=what)
         # dirty_host: uncharged unless the attempt before ended the same way (then the
         # cleanup did not help: charged, so a host that stays dirty cannot loop for ever)
-        last = mem.last_end
+        last = mem.budgets.last_end
         again = last is not None and last.attempt == n - 1 and DIRTY in last.reason
         if again:
             return ended_now(draft, mem, "log_dirty_host", codes, detail=f"{DIRTY} again: {what}")
         sign = Evidence(draft.now, f"{DIRTY}: {what}")
-        return ended_now(draft, replace(mem, evidence=merge_evidence(mem.evidence, [sign])), "log_dirty_host", codes)
+        signed = replace(mem, attempt=replace(mem.attempt, evidence=merge_evidence(mem.attempt.evidence, [sign])))
+        return ended_now(draft, signed, "log_dirty_host", codes)
     return None

@@ -67,10 +67,13 @@ def boots_seen(node: NodeSnapshot | None, mem: Memory, now: datetime) -> Memory:
     if node is None:
         return mem
     up = node.usable
-    if node.id != mem.node_seen:
-        return replace(mem, node_seen=node.id, node_down=not up, booted_at=now if mem.node_seen else None)
-    if up == mem.node_down:  # a change: down now, or up again
-        return replace(mem, node_down=not up, booted_at=now if up else mem.booted_at)
+    if node.id != mem.boot.node_seen:
+        return replace(mem,
+                       boot=replace(mem.boot, node_seen=node.id, node_down=not up,
+                                    booted_at=now if mem.boot.node_seen else None))
+    if up == mem.boot.node_down:  # a change: down now, or up again
+        return replace(mem,
+                       boot=replace(mem.boot, node_down=not up, booted_at=now if up else mem.boot.booted_at))
     return mem
 
 
@@ -84,5 +87,5 @@ def maintained_since(node: NodeSnapshot, since: datetime) -> bool:
 
 def boot_time(node: NodeSnapshot, mem: Memory) -> datetime | None:
     """The node's latest boot known: its create time, its last maintenance, or a boot seen."""
-    times = [t for t in (node.create_time, node.maintenance_time, mem.booted_at) if t is not None]
+    times = [t for t in (node.create_time, node.maintenance_time, mem.boot.booted_at) if t is not None]
     return max(times) if times else None

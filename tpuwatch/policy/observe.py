@@ -29,7 +29,7 @@ def launch_likely(mem: Memory, node: NodeSnapshot | None, now: datetime) -> bool
     if node is None or not node.usable:
         return False
     return mem.phase in (Phase.IDLE, Phase.WAITING_NODE) or (
-        mem.phase is Phase.BACKOFF and (mem.backoff_until is None or mem.backoff_until <= now))
+        mem.phase is Phase.BACKOFF and (mem.budgets.backoff_until is None or mem.budgets.backoff_until <= now))
 
 
 def precheck_due(mem: Memory, node: NodeSnapshot | None, probes: Sequence[WorkerProbe] | None,
@@ -60,7 +60,7 @@ def audit_due(mem: Memory, node: NodeSnapshot | None, probes: Sequence[WorkerPro
 def operation_due(mem: Memory) -> Literal["delete", "create"] | None:
     """Which operation to read now: tpuwatch's delete or create in flight (its failure, for a
     create, is classified for the policy), else None."""
-    if not mem.pending_op or mem.phase not in (Phase.DELETING, Phase.CREATING):
+    if not mem.recreate.pending_op or mem.phase not in (Phase.DELETING, Phase.CREATING):
         return None
     return "create" if mem.phase is Phase.CREATING else "delete"
 
@@ -92,6 +92,6 @@ def follow_workers(mem: Memory, node: NodeSnapshot | None, probes: Sequence[Work
     """
     if mem.phase is not Phase.RUNNING or node is None or not node.usable or not probes:
         return ()
-    if any(p.state == "unreachable" or (p.attempt is not None and p.attempt > mem.attempt) for p in probes):
+    if any(p.state == "unreachable" or (p.attempt is not None and p.attempt > mem.attempt.number) for p in probes):
         return ()
-    return tuple(p.worker for p in probes if not (p.attempt == mem.attempt and p.state != "running"))
+    return tuple(p.worker for p in probes if not (p.attempt == mem.attempt.number and p.state != "running"))

@@ -41,8 +41,9 @@ def queued_ended(draft: Draft) -> bool:
 
 def create(draft: Draft, mem: Memory, zone_try: int, row: str, why: str) -> Decision:
     zone = draft.cfg.zones[zone_try]
-    mem = move(mem, Phase.CREATING, pending_op=None, zone=zone, zone_try=zone_try,
-               retry_at=None, unhealthy_since=None, unknown_since=None)
+    mem = move(mem, Phase.CREATING, zone=zone,
+               recreate=replace(mem.recreate, pending_op=None, zone_try=zone_try, retry_at=None),
+               repair=replace(mem.repair, unhealthy_since=None, unknown_since=None))
     return draft.out(mem, row, why, create_node(draft, mem, zone, why))
 
 
@@ -54,7 +55,7 @@ def create_node(draft: Draft, mem: Memory, zone: str, why: str, *, resumed: bool
     coordinator: the watcher launches it, the startup script only sets up."""
     if draft.cfg.slices:
         return CreateNode(draft.cfg.tpu_name, zone, why, {"launch": "false"}, resumed)
-    startup = {"attempt": str(mem.attempt + 1)}
+    startup = {"attempt": str(mem.attempt.number + 1)}
     if draft.obs.checkpoint is not None:
         startup.update(checkpoint=draft.obs.checkpoint.path, step=str(draft.obs.checkpoint.step))
     return CreateNode(draft.cfg.tpu_name, zone, why, startup, resumed)
@@ -66,12 +67,14 @@ def delete_unstarted(draft: Draft, mem: Memory) -> Memory | None:
     lost its label); None when `deleting` follows the delete: started, or the node is gone or
     replaced."""
     op, node = draft.obs.operation, draft.obs.node
-    if op is not None or node is None or mem.pending_op is not None or node.state == "DELETING":
+    if op is not None or node is None or mem.recreate.pending_op is not None or node.state == "DELETING":
         return None
-    if mem.deleting_node_id and node.id != mem.deleting_node_id:
+    if mem.recreate.deleting_node_id and node.id != mem.recreate.deleting_node_id:
         return None
     draft.notes.append(f"no delete of {draft.cfg.tpu_name} was started")
-    return move(mem, Phase.IDLE, deleting_node_id="", recreates=max(0, mem.recreates - 1))
+    return move(mem, Phase.IDLE,
+                recreate=replace(mem.recreate, deleting_node_id=""),
+                budgets=replace(mem.budgets, recreates=max(0, mem.budgets.recreates - 1)))
 
 
 def deleting(draft: Draft, mem: Memory) -> Decision:
@@ -86,20 +89,21 @@ def deleting(draft: Draft, mem: Memory) -> Decision:
         # The node is gone and its queued resource is still being deleted: a create now
         # would be refused (the name is taken), so follow the delete to its end.
         return draft.out(mem, "deleting", f"{draft.subject} is deleted; its queued resource is {queued.state}, "
-                                          f"still being deleted (operation {mem.pending_op or 'not recorded'})",
-                         FollowOperation(mem.pending_op, "delete", "queued resource delete in flight"))
+                                          f"still being deleted (operation {mem.recreate.pending_op or 'not recorded'})",
+                         FollowOperation(mem.recreate.pending_op, "delete", "queued resource delete in flight"))
     if node is None:
-        draft.op_done = draft.op_done or mem.pending_op
+        draft.op_done = draft.op_done or mem.recreate.pending_op
         return create(draft, mem, 0, "create_after_delete", f"{draft.subject} is deleted; creating it in {draft.cfg.zones[0]}")
-    if mem.deleting_node_id and node.id != mem.deleting_node_id:
-        mem = move(mem, Phase.IDLE, pending_op=None, deleting_node_id="")
+    if mem.recreate.deleting_node_id and node.id != mem.recreate.deleting_node_id:
+        mem = move(mem, Phase.IDLE, recreate=replace(mem.recreate, pending_op=None, deleting_node_id=""))
         return draft.out(mem, "deleting", f"{draft.subject} was replaced (id {node.id}) while tpuwatch deleted it; "
                                           "following the new node", Wait(None, "node replaced"))
     overdue = operation_overdue(draft, mem, "delete")
     if overdue is not None:
         return overdue
-    return draft.out(mem, "deleting", f"deleting {draft.subject} (operation {mem.pending_op or 'not recorded'}, "
-                                      f"state {node.state})", FollowOperation(mem.pending_op, "delete", "delete in flight"))
+    op_name = mem.recreate.pending_op or "not recorded"
+    return draft.out(mem, "deleting", f"deleting {draft.subject} (operation {op_name}, state {node.state})",
+                     FollowOperation(mem.recreate.pending_op, "delete", "delete in flight"))
 
 
 def creating(draft: Draft, mem: Memory) -> Decision:
@@ -129,7 +133,7 @@ def creating(draft: Draft, mem: Memory) -> Decision:
         if node is not None:
             return created(draft, mem, node)
         return draft.out(mem, "creating", f"create of {name} done; waiting for the node to appear",
-                         FollowOperation(mem.pending_op, "create", "create done, node not listed yet"))
+                         FollowOperation(mem.recreate.pending_op, "create", "create done, node not listed yet"))
     if op is None and node is not None:
         if node.state == "CREATING" and not create_overdue(draft, node):
             # This job's create whose operation name was never journaled (a watcher killed
@@ -139,14 +143,15 @@ def creating(draft: Draft, mem: Memory) -> Decision:
                                               "operation was not recorded); waiting for it",
                              Wait(None, "node creating"))
         return created(draft, mem, node)
-    if op is None and mem.pending_op is None:
+    if op is None and mem.recreate.pending_op is None:
         return draft.out(mem, "create_resume", f"no create operation recorded and {draft.subject} is missing: "
                                                f"creating it in {mem.zone}", create_node(draft, mem, mem.zone, "create not started", resumed=True))
     overdue = operation_overdue(draft, mem, "create")
     if overdue is not None:
         return overdue
-    return draft.out(mem, "creating", f"creating {draft.subject} in {mem.zone} (operation {mem.pending_op})",
-                     FollowOperation(mem.pending_op, "create", "create in flight"))
+    return draft.out(mem, "creating",
+                     f"creating {draft.subject} in {mem.zone} (operation {mem.recreate.pending_op})",
+                     FollowOperation(mem.recreate.pending_op, "create", "create in flight"))
 
 
 def create_overdue(draft: Draft, node: NodeSnapshot) -> bool:
@@ -174,21 +179,23 @@ def operation_overdue(draft: Draft, mem: Memory, kind: str) -> Decision | None:
 
 
 def created(draft: Draft, mem: Memory, node: NodeSnapshot) -> Decision:
-    mem = move(mem, Phase.IDLE, pending_op=None, zone=node.zone or mem.zone, zone_try=0,
-               queued_since=None, queue_tries=0, retry_at=None, deleting_node_id="", unhealthy_since=None,
-               unknown_since=None)
+    mem = move(mem, Phase.IDLE, zone=node.zone or mem.zone,
+               recreate=replace(mem.recreate, pending_op=None, zone_try=0, queued_since=None, queue_tries=0,
+                                retry_at=None, deleting_node_id=""),
+               repair=replace(mem.repair, unhealthy_since=None, unknown_since=None))
     return draft.out(mem, "created", f"{draft.subject} exists in {mem.zone} (id {node.id}, {node.state}); "
                                      "the job resumes once it is READY+HEALTHY", Wait(None, "node created"))
 
 
 def queue(draft: Draft, mem: Memory, code: int, message: str) -> Decision:
     cfg, now = draft.cfg, draft.now
-    since = mem.queued_since or now
-    tries = mem.queue_tries + 1
+    since = mem.recreate.queued_since or now
+    tries = mem.recreate.queue_tries + 1
     delay = backoff_delay(tries, cfg.backoff_base, cfg.backoff_max, draft.obs.jitter)
     retry_at = now + timedelta(seconds=delay)
-    mem = move(mem, Phase.QUEUED, pending_op=None, queued_since=since, queue_tries=tries,
-               retry_at=retry_at)
+    mem = move(mem, Phase.QUEUED,
+               recreate=replace(mem.recreate, pending_op=None, queued_since=since, queue_tries=tries,
+                                retry_at=retry_at))
     what = SHORTFALLS.get(draft.obs.create_reason, "no capacity or quota")
     # A queued resource the service gave up on keeps the name: delete it now, so it is gone
     # by the retry's create.
@@ -202,19 +209,20 @@ def queued(draft: Draft, mem: Memory) -> Decision:
     cfg, now, node = draft.cfg, draft.now, draft.obs.node
     if node is not None:
         return created(draft, mem, node)
-    assert mem.retry_at is not None and mem.queued_since is not None  # checked in _check
-    if now < mem.retry_at:
+    assert mem.recreate.retry_at is not None and mem.recreate.queued_since is not None  # checked in _check
+    if now < mem.recreate.retry_at:
         return draft.out(mem, "queued", f"no capacity in {mem.zone}; next create in "
-                                        f"{human(secs(mem.retry_at - now))}", Wait(mem.retry_at, "no capacity"))
-    waited = secs(now - mem.queued_since)
-    if waited < cfg.queue_timeout and mem.zone_try < len(cfg.zones):
-        return create(draft, mem, mem.zone_try, "queue_retry", f"retrying the create in {mem.zone} "
-                                                               f"(try {mem.queue_tries + 1})")
-    nxt = mem.zone_try + 1
+                                        f"{human(secs(mem.recreate.retry_at - now))}",
+                         Wait(mem.recreate.retry_at, "no capacity"))
+    waited = secs(now - mem.recreate.queued_since)
+    if waited < cfg.queue_timeout and mem.recreate.zone_try < len(cfg.zones):
+        return create(draft, mem, mem.recreate.zone_try, "queue_retry",
+                      f"retrying the create in {mem.zone} (try {mem.recreate.queue_tries + 1})")
+    nxt = mem.recreate.zone_try + 1
     if nxt >= len(cfg.zones):
         return draft.fail(mem, "queue_exhausted", f"no capacity for {draft.subject} in "
                           f"{', '.join(cfg.zones)}: each zone tried for recovery.queue_timeout "
                           f"({human(cfg.queue_timeout)})")
-    mem = replace(mem, queued_since=None, queue_tries=0)
+    mem = replace(mem, recreate=replace(mem.recreate, queued_since=None, queue_tries=0))
     return create(draft, mem, nxt, "queue_retry", f"no capacity in {mem.zone} for {human(waited)}: trying "
                                                   f"fallback zone {cfg.zones[nxt]}")

@@ -35,25 +35,27 @@ def repairing(draft: Draft, mem: Memory) -> Decision:
     assert node is not None
     known = node_condition(node) is Cond.REPAIR
     what = node.state if node.state != "READY" else f"READY but {node.health}"
-    since = mem.unhealthy_since or now
-    unknown = (mem.unknown_since or now) if failed_repair(node) else None
+    since = mem.repair.unhealthy_since or now
+    unknown = (mem.repair.unknown_since or now) if failed_repair(node) else None
     if mem.phase is Phase.RUNNING:
         probes = draft.obs.probes
         # A slice that is gone takes its workers out of the probes: the others' processes may
         # still run, but they wait in their collectives on hosts that are no more.
         gone = any(part.state == "MISSING" for part in node.slices)
-        if probes and not gone and all(p.state == "running" and p.attempt == mem.attempt for p in probes):
-            return draft.out(replace(mem, unhealthy_since=since, unknown_since=unknown), "unhealthy_running",
+        if probes and not gone and all(p.state == "running" and p.attempt == mem.attempt.number for p in probes):
+            seen = replace(mem, repair=replace(mem.repair, unhealthy_since=since, unknown_since=unknown))
+            return draft.out(seen, "unhealthy_running",
                              f"node {what} since {since.isoformat()}, but every worker still runs attempt "
-                             f"{mem.attempt}; following it")
+                             f"{mem.attempt.number}; following it")
         mem, final = end_unusable(draft, mem)
         if final is not None:
             return final
-    mem = replace(mem, unknown_since=unknown)
+    mem = replace(mem, repair=replace(mem.repair, unknown_since=unknown))
     waited = secs(now - since)
     grace = min(FAILED_REPAIR_GRACE, cfg.repair_timeout)
     if unknown is not None and secs(now - unknown) >= grace:
-        return recreate(draft, replace(mem, unhealthy_since=since), "failed_repair",
+        return recreate(draft, replace(mem,
+                                       repair=replace(mem.repair, unhealthy_since=since)), "failed_repair",
                         f"node UNKNOWN with no health (the API's state after a failed repair) for "
                         f"{human(secs(now - unknown))}, not waiting out recovery.repair_timeout "
                         f"({human(cfg.repair_timeout)})")
@@ -63,7 +65,8 @@ def repairing(draft: Draft, mem: Memory) -> Decision:
         bound = max(cfg.repair_timeout, cfg.queue_timeout)
         if waited < bound:
             until = since + timedelta(seconds=bound)
-            mem = move(mem, Phase.WAITING_NODE, unhealthy_since=since, reason=auto)
+            mem = move(mem, Phase.WAITING_NODE, reason=auto,
+                       repair=replace(mem.repair, unhealthy_since=since))
             return draft.out(mem, "autorepair_wait", f"{auto} since {since.isoformat()}; waiting for it until "
                              f"{until.isoformat()} (the longer of recovery.repair_timeout and "
                              f"recovery.queue_timeout, {human(bound)}) before recreating the whole request",
@@ -74,7 +77,8 @@ def repairing(draft: Draft, mem: Memory) -> Decision:
         until = since + timedelta(seconds=cfg.repair_timeout)
         if unknown is not None:
             until = min(until, unknown + timedelta(seconds=grace))
-        mem = move(mem, Phase.WAITING_NODE, unhealthy_since=since, reason=f"node {what}")
+        mem = move(mem, Phase.WAITING_NODE, reason=f"node {what}",
+                   repair=replace(mem.repair, unhealthy_since=since))
         row = "repair_wait" if known else "unknown_state"
         limit = (f"{human(grace)} in UNKNOWN after a failed repair" if unknown is not None
                  else f"recovery.repair_timeout {human(cfg.repair_timeout)}")
@@ -82,7 +86,7 @@ def repairing(draft: Draft, mem: Memory) -> Decision:
                                    f"{until.isoformat()} ({limit})", Wait(until, f"node {what}"))
     why = f"node {what} for {human(waited)}, longer than recovery.repair_timeout ({human(cfg.repair_timeout)})"
     if not known:
-        return draft.halt(replace(mem, unhealthy_since=since), "unknown_state",
+        return draft.halt(replace(mem, repair=replace(mem.repair, unhealthy_since=since)), "unknown_state",
                           f"{why}; tpuwatch does not know state {node.state} and will not delete the node")
     return recreate(draft, mem, "repair_timeout", why)
 
@@ -103,7 +107,7 @@ def autorepairing(draft: Draft, mem: Memory) -> str:
         return (f"slice {', '.join(gone)} of queued resource {request} is being replaced (Cloud TPU's "
                 "multislice autorepair creates a new slice, waiting for hardware if needed, then restarts "
                 "the others)")
-    before = mem.attempt_node_id.split("+")
+    before = mem.attempt.node_id.split("+")
     new = [name for i, (name, part) in enumerate(parts) if i < len(before) and part.id != before[i]]
     restarting = [name for name, part in parts if part.state == "RESTARTING"]
     if new and restarting:
@@ -126,7 +130,8 @@ def person(draft: Draft, mem: Memory) -> Decision:
     if final is not None:
         return final
     why = f"node is {node.state}: a person stopped it; leaving it alone until it is READY again"
-    return draft.out(move(mem, Phase.PAUSED, reason=why, unhealthy_since=None, unknown_since=None),
+    return draft.out(move(mem, Phase.PAUSED, reason=why,
+                          repair=replace(mem.repair, unhealthy_since=None, unknown_since=None)),
                      "person_stopped", why, Wait(None, why))
 
 
@@ -172,10 +177,13 @@ def recreate_missing(draft: Draft, mem: Memory, row: str, why: str) -> Decision:
     cfg = draft.cfg
     if not cfg.recreatable:
         return not_recreatable(draft, mem, why)
-    if mem.recreates >= cfg.max_recreates:
-        return draft.fail(mem, "recreate_budget_spent", f"{why}; recreate budget spent: {mem.recreates} of "
+    if mem.budgets.recreates >= cfg.max_recreates:
+        return draft.fail(mem, "recreate_budget_spent",
+                          f"{why}; recreate budget spent: {mem.budgets.recreates} of "
                           f"recovery.max_recreates = {cfg.max_recreates} used", (why,))
-    mem = replace(mem, recreates=mem.recreates + 1, queued_since=None, queue_tries=0)
+    mem = replace(mem,
+                  budgets=replace(mem.budgets, recreates=mem.budgets.recreates + 1),
+                  recreate=replace(mem.recreate, queued_since=None, queue_tries=0))
     return create(draft, mem, 0, row, f"{why}: creating it in {cfg.zones[0]}")
 
 
@@ -200,11 +208,14 @@ def recreate(draft: Draft, mem: Memory, row: str, why: str) -> Decision:
         )
     if not cfg.recreatable:
         return not_recreatable(draft, mem, why)
-    if mem.recreates >= cfg.max_recreates:
-        return draft.fail(mem, "recreate_budget_spent", f"{why}; recreate budget spent: {mem.recreates} of "
+    if mem.budgets.recreates >= cfg.max_recreates:
+        return draft.fail(mem, "recreate_budget_spent",
+                          f"{why}; recreate budget spent: {mem.budgets.recreates} of "
                           f"recovery.max_recreates = {cfg.max_recreates} used", (why,))
-    mem = move(mem, Phase.DELETING, recreates=mem.recreates + 1, pending_op=None,
-               deleting_node_id=node.id if node is not None else "", queued_since=None, queue_tries=0,
-               retry_at=None, env_failing_since=None)
-    return draft.out(mem, row, f"{why}: deleting it to create it again (recreate {mem.recreates} of "
+    mem = move(mem, Phase.DELETING,
+               budgets=replace(mem.budgets, recreates=mem.budgets.recreates + 1),
+               recreate=replace(mem.recreate, pending_op=None, deleting_node_id=node.id if node is not None else "",
+                                queued_since=None, queue_tries=0, retry_at=None),
+               repair=replace(mem.repair, env_failing_since=None))
+    return draft.out(mem, row, f"{why}: deleting it to create it again (recreate {mem.budgets.recreates} of "
                                f"{cfg.max_recreates})", DeleteNode(cfg.tpu_name, mem.zone, why))

@@ -1,19 +1,29 @@
 """The policy's memory: its phases, the legal moves between them, and what it must remember.
 
-Memory holds only what cannot be observed again (the tick is level-triggered: docs/design.md): budgets spent, when an
-attempt started and from which checkpoint, disruption evidence seen during it, when an unhealthy
-state was first seen, the cloud operation in flight. Everything else is re-observed every tick.
-The journal stores it with `to_dict` / `from_dict`; this module does no I/O itself.
+Memory holds only what cannot be observed again (the tick is level-triggered: docs/design.md):
+the phase, and one frozen record per concern: the attempt followed (`Attempt`: when it started,
+from which checkpoint, disruption evidence seen during it), what recovery has spent (`Budgets`),
+maintenance (`Maintenance`), a node under repair (`Repair`), a delete + create in flight
+(`Recreate`), what hang detection learned (`HangLearning`) and the node's boots (`Boot`).
+Everything else is re-observed every tick. The journal stores it with `to_dict` / `from_dict`,
+each field read back by its declared type; memory saved flat (version 1) is read into the
+records. This module does no I/O itself.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, fields, is_dataclass, replace
 from datetime import datetime
 from enum import Enum
-from typing import Any
+from functools import cache
+from types import UnionType
+from typing import TYPE_CHECKING, Any, TypeVar, get_args, get_type_hints
 
-MEMORY_VERSION = 1
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+MEMORY_VERSION = 2
 MAX_EVIDENCE = 16  # evidence kept per attempt; the newest of each kind wins
 
 
@@ -22,13 +32,13 @@ class Phase(str, Enum):
 
     IDLE = "idle"  # no attempt alive; launch when the node is usable
     RUNNING = "running"  # attempt `attempt` was launched and is followed
-    BACKOFF = "backoff"  # a charged end; launch again after `backoff_until`
+    BACKOFF = "backoff"  # a charged end; launch again after `budgets.backoff_until`
     WAITING_NODE = "waiting_node"  # the node is repairing/unhealthy; wait up to repair_timeout
     PAUSED = "paused"  # a person stopped or hid the node; left alone
     HALTED = "halted"  # needs a person now (node missing, not owned, ...); re-checked every tick
     DELETING = "deleting"  # tpuwatch is deleting the node to recreate it
     CREATING = "creating"  # tpuwatch is creating the node
-    QUEUED = "queued"  # a create found no capacity/quota; retry at `retry_at`
+    QUEUED = "queued"  # a create found no capacity/quota; retry at `recreate.retry_at`
     DONE = "done"  # worker 0 exited 0 (terminal)
     FAILED = "failed"  # the job failed; a person must look (terminal)
 
@@ -85,35 +95,43 @@ class AttemptEnd:
 
 
 @dataclass(frozen=True)
-class Memory:
-    """What the policy remembers between ticks. `Memory.initial(zone)` starts a job."""
+class Attempt:
+    """The current (or last) attempt, while it is followed."""
 
-    phase: Phase = P.IDLE
-    reason: str = ""  # why the job is FAILED / HALTED / PAUSED
-    # the current (or last) attempt
-    attempt: int = 0  # number of the latest attempt launched; 0 = none yet
-    attempt_start: datetime | None = None
-    attempt_node_id: str = ""
-    attempt_start_step: int | None = None  # checkpoint step it resumed from
-    attempt_seen: bool = False  # a worker has shown this attempt's files
+    number: int = 0  # the latest attempt launched; 0 = none yet
+    start: datetime | None = None
+    node_id: str = ""
+    start_step: int | None = None  # checkpoint step it resumed from
+    seen: bool = False  # a worker has shown this attempt's files
     launch_tries: int = 0  # launches of this attempt number that left no trace
     evidence: tuple[Evidence, ...] = ()
     unreachable_since: datetime | None = None
     # when a tick first saw the attempt end with nothing yet to explain it; the end is charged
     # only on a later tick, whose node read comes after that sighting (ending.confirm_end)
     end_seen: datetime | None = None
-    last_end: AttemptEnd | None = None
-    # the last end was charged on first sight, though no worker exited with a code of its own
-    # (the relaunch does not wait): until then, a node read showing a host going away refunds
-    # it (table.END_CONFIRM_WINDOW)
-    confirm_by: datetime | None = None
-    # budgets and counters
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """What recovery has spent, and the last end, whose charge a late sign refunds."""
+
     restarts: int = 0  # charged restarts used (<= max_restarts)
     disruptions: int = 0
     recreates: int = 0  # delete + create cycles started (<= max_recreates)
     no_progress: int = 0  # charged attempts in a row that added no checkpoint
     backoff_level: int = 0
     backoff_until: datetime | None = None
+    last_end: AttemptEnd | None = None
+    # the last end was charged on first sight, though no worker exited with a code of its own
+    # (the relaunch does not wait): until then, a node read showing a host going away refunds
+    # it (ending.END_CONFIRM_WINDOW)
+    confirm_by: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Maintenance:
+    """Maintenance announced or under way: the hold after a notice, and an early start."""
+
     # after an attempt ended by a maintenance or preemption notice: no launch on that node until
     # then, or until it has gone down and come back (the notice says it is about to stop)
     notice_hold: datetime | None = None
@@ -123,21 +141,37 @@ class Memory:
     early_window: datetime | None = None
     early_step: int | None = None
     early_refused: datetime | None = None
-    # node repair and recreation
+
+
+@dataclass(frozen=True)
+class Repair:
+    """Since when the node (or its environment) has been failing, waited for up to repair_timeout."""
+
     unhealthy_since: datetime | None = None
     # when a tick first saw the node in UNKNOWN with no health, the API's state after a failed repair
     unknown_since: datetime | None = None
-    zone: str = ""  # where the node lives (or is being created)
+    # environment checks (tpuwatch.workers.precheck) failing before a launch, since when (not charged)
+    env_failing_since: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Recreate:
+    """A delete + create cycle: the operation in flight, and a create queued for capacity."""
+
     zone_try: int = 0  # index into PolicyConfig.zones during a create cycle
     pending_op: str | None = None  # the DELETING / CREATING operation's name; None until known
     deleting_node_id: str = ""
     queued_since: datetime | None = None
     queue_tries: int = 0
     retry_at: datetime | None = None
-    # environment checks (tpuwatch.workers.precheck) failing before a launch, since when (not charged)
-    env_failing_since: datetime | None = None
-    # hang detection (recovery.hang_timeout): the newest checkpoint step seen during the attempt,
-    # when a tick first saw it (for stores that give no checkpoint time), and its time
+
+
+@dataclass(frozen=True)
+class HangLearning:
+    """What hang detection (recovery.hang_timeout) has seen of the attempt and learned of the job."""
+
+    # the newest checkpoint step seen during the attempt, when a tick first saw it (for stores
+    # that give no checkpoint time), and its time
     progress_step: int | None = None
     progress_at: datetime | None = None
     progress_time: datetime | None = None
@@ -155,11 +189,32 @@ class Memory:
     log_last: datetime | None = None
     log_peak: float = 0.0
     log_gap: float = 0.0
-    # when this policy saw the node boot (a node id other than the one it knew, or usable again
-    # after it saw it not usable): a login refused soon after a boot is keys not there yet
+
+
+@dataclass(frozen=True)
+class Boot:
+    """When this policy saw the node boot (a node id other than the one it knew, or usable again
+    after it saw it not usable): a login refused soon after a boot is keys not there yet."""
+
     node_seen: str = ""  # the node id last seen
     node_down: bool = False  # that node was last seen not usable
     booted_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What the policy remembers between ticks. `Memory.initial(zone)` starts a job."""
+
+    phase: Phase = P.IDLE
+    reason: str = ""  # why the job is FAILED / HALTED / PAUSED
+    zone: str = ""  # where the node lives (or is being created)
+    attempt: Attempt = Attempt()
+    budgets: Budgets = Budgets()
+    maintenance: Maintenance = Maintenance()
+    repair: Repair = Repair()
+    recreate: Recreate = Recreate()
+    hang: HangLearning = HangLearning()
+    boot: Boot = Boot()
 
     @classmethod
     def initial(cls, zone: str) -> Memory:
@@ -171,33 +226,20 @@ class Memory:
         return {P.DELETING: "delete", P.CREATING: "create"}.get(self.phase, "")
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict; `from_dict(to_dict(m)) == m`."""
-        out: dict[str, Any] = {"version": MEMORY_VERSION}
-        for f in fields(self):
-            out[f.name] = _dump(getattr(self, f.name))
-        return out
+        """A JSON-ready dict, one object per record; `from_dict(to_dict(m)) == m`."""
+        return {"version": MEMORY_VERSION, **_dump(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Memory:
-        """Rebuild memory saved by `to_dict`; ValueError naming the field when it is not."""
+        """Rebuild memory saved by `to_dict`, or by a tpuwatch that kept it flat (version 1);
+        ValueError naming the field when it is not."""
         if not isinstance(data, dict):
             raise ValueError("memory: expected a JSON object")
         version = data.get("version")
-        if version != MEMORY_VERSION:
+        if version not in (1, MEMORY_VERSION):
             raise ValueError(f"memory: version {version!r}, this tpuwatch reads version {MEMORY_VERSION}")
-        known = {f.name: f for f in fields(cls)}
-        unknown = set(data) - set(known) - {"version"}
-        if unknown:
-            raise ValueError(f"memory: unknown field {sorted(unknown)[0]!r}")
-        values: dict[str, Any] = {}
-        for name in known:
-            if name not in data:
-                continue
-            try:
-                values[name] = _LOAD[name](data[name])
-            except (TypeError, ValueError, KeyError) as exc:
-                raise ValueError(f"memory: field {name!r}: {exc}") from None
-        return cls(**values)
+        body = {k: v for k, v in data.items() if k != "version"}
+        return _load(cls, _nest(body) if version == 1 else body)
 
 
 def move(mem: Memory, phase: Phase, **changes: Any) -> Memory:
@@ -218,7 +260,8 @@ def merge_evidence(old: tuple[Evidence, ...], new: list[Evidence]) -> tuple[Evid
 
 
 # ---------------------------------------------------------------------------------------------
-# serialisation: datetimes as ISO 8601 text, nested records as dicts
+# serialisation: datetimes as ISO 8601 text, records as objects (evidence as [time, what]), each
+# field read by its declared type
 
 
 def _dump(value: Any) -> Any:
@@ -228,7 +271,7 @@ def _dump(value: Any) -> Any:
         return value.value
     if isinstance(value, Evidence):
         return [value.time.isoformat(), value.what]
-    if isinstance(value, AttemptEnd):
+    if is_dataclass(value) and not isinstance(value, type):
         return {f.name: _dump(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, tuple):
         return [_dump(v) for v in value]
@@ -290,71 +333,86 @@ def _evidence(v: Any) -> tuple[Evidence, ...]:
     return tuple(Evidence(_time(t), _text(w)) for t, w in v)
 
 
-def _attempt_end(v: Any) -> AttemptEnd | None:
-    if v is None:
-        return None
-    if not isinstance(v, dict):
-        raise TypeError(f"expected an object, got {v!r}")
-    return AttemptEnd(
-        attempt=_int(v["attempt"]),
-        start=_time(v["start"]),
-        end=_time(v["end"]),
-        node_id=_text(v["node_id"]),
-        start_step=_opt_int(v["start_step"]),
-        end_step=_opt_int(v["end_step"]),
-        outcome=_text(v["outcome"]),
-        charged=_flag(v["charged"]),
-        exit_code=_opt_int(v["exit_code"]),
-        reason=_text(v["reason"]),
-        streak_added=_flag(v.get("streak_added", False)),
-    )
-
-
-_LOAD: dict[str, Any] = {
-    "phase": Phase,
-    "reason": _text,
-    "attempt": _int,
-    "attempt_start": _opt_time,
-    "attempt_node_id": _text,
-    "attempt_start_step": _opt_int,
-    "attempt_seen": _flag,
-    "launch_tries": _int,
-    "evidence": _evidence,
-    "unreachable_since": _opt_time,
-    "end_seen": _opt_time,
-    "last_end": _attempt_end,
-    "confirm_by": _opt_time,
-    "restarts": _int,
-    "disruptions": _int,
-    "recreates": _int,
-    "no_progress": _int,
-    "backoff_level": _int,
-    "backoff_until": _opt_time,
-    "notice_hold": _opt_time,
-    "early_window": _opt_time,
-    "early_step": _opt_int,
-    "early_refused": _opt_time,
-    "unhealthy_since": _opt_time,
-    "unknown_since": _opt_time,
-    "zone": _text,
-    "zone_try": _int,
-    "pending_op": _opt_text,
-    "deleting_node_id": _text,
-    "queued_since": _opt_time,
-    "queue_tries": _int,
-    "retry_at": _opt_time,
-    "env_failing_since": _opt_time,
-    "progress_step": _opt_int,
-    "progress_at": _opt_time,
-    "progress_time": _opt_time,
-    "ckpt_gap": _seconds,
-    "ckpt_first": _seconds,
-    "log_bytes": _opt_int,
-    "log_at": _opt_time,
-    "log_last": _opt_time,
-    "log_peak": _seconds,
-    "log_gap": _seconds,
-    "node_seen": _text,
-    "node_down": _flag,
-    "booted_at": _opt_time,
+# How a saved value of each declared field type is read (whole numbers are counts, >= 0; an
+# optional one may be any whole number, as a checkpoint step). A record (or an optional one) is
+# read field by field.
+_READ: dict[object, Callable[[Any], Any]] = {
+    Phase: Phase,
+    str: _text,
+    str | None: _opt_text,
+    int: _int,
+    int | None: _opt_int,
+    float: _seconds,
+    bool: _flag,
+    datetime: _time,
+    datetime | None: _opt_time,
+    tuple[Evidence, ...]: _evidence,
 }
+
+R = TypeVar("R", bound="DataclassInstance")
+
+
+def _record_type(kind: object) -> type[DataclassInstance] | None:
+    """The record type `kind` declares, alone or optional; None for any other type."""
+    options = [t for t in get_args(kind) if t is not type(None)] if isinstance(kind, UnionType) else [kind]
+    if len(options) == 1 and isinstance(options[0], type) and is_dataclass(options[0]):
+        return options[0]
+    return None
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _load(cls: type[R], data: Any, path: str = "") -> R:
+    """A record of type `cls` from its saved object (at `path` in the memory): each field read
+    by its declared type, a missing one left at its default (one without a default is required).
+    ValueError naming the field when a value does not fit."""
+    if not isinstance(data, dict):
+        raise ValueError(f"memory: field {path.rstrip('.')!r}: expected an object, got {data!r}")
+    types = _hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ValueError(f"memory: unknown field {path + unknown[0]!r}")
+    values: dict[str, Any] = {}
+    for name, f in known.items():
+        if name not in data:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise ValueError(f"memory: field {path + name!r} is missing")
+            continue
+        kind, value = types[name], data[name]
+        record = _record_type(kind)
+        if record is not None:  # a record, or an optional one
+            values[name] = None if value is None and kind is not record else _load(record, value, f"{path}{name}.")
+            continue
+        read = _READ[kind]
+        try:
+            values[name] = read(value)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ValueError(f"memory: field {path + name!r}: {exc}") from None
+    return cls(**values)
+
+
+# Version 1 kept every field of memory at the top level. Each now sits in one record under the
+# same name, except the attempt's, which the record names without their prefix.
+_V1_ATTEMPT = {"attempt": "number", "attempt_start": "start", "attempt_node_id": "node_id",
+               "attempt_start_step": "start_step", "attempt_seen": "seen"}
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """A version 1 (flat) memory object in the nested layout."""
+    types = _hints(Memory)
+    records = {f.name: types[f.name] for f in fields(Memory) if is_dataclass(types[f.name])}
+    home = {g.name: record for record, kind in records.items() for g in fields(kind)
+            if g.name not in _V1_ATTEMPT.values()}
+    home.update(dict.fromkeys(_V1_ATTEMPT, "attempt"))
+    out: dict[str, Any] = {}
+    for name, value in flat.items():
+        record = home.get(name)
+        if record is None:
+            out[name] = value  # a field of Memory itself, or unknown (refused by _load)
+        else:
+            out.setdefault(record, {})[_V1_ATTEMPT.get(name, name) if record == "attempt" else name] = value
+    return out

@@ -69,7 +69,9 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
     else:
         new = refund(draft, boots_seen(obs.node, mem, now))
         if new.phase is Phase.RUNNING:
-            new = replace(new, evidence=merge_evidence(new.evidence, signs(draft, new)))
+            new = replace(new,
+                          attempt=replace(new.attempt,
+                                          evidence=merge_evidence(new.attempt.evidence, signs(draft, new))))
         fresh = delete_unstarted(draft, new) if new.phase is Phase.DELETING else None
         if fresh is not None:
             d = NODE_HANDLERS[node_condition(obs.node)](draft, fresh)
@@ -83,7 +85,7 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
         unchecked = obs.precheck is None or obs.precheck.context != "launch"
         decision = replace(decision, check_first=launches and unchecked,
                            check_after=decision.row == "precheck_fix" and not obs.precheck_fixed)
-    if obs.node is not None and decision.memory.notice_hold is None and launch_likely(decision.memory, obs.node, now):
+    if obs.node is not None and decision.memory.maintenance.notice_hold is None and launch_likely(decision.memory, obs.node, now):
         # An end whose relaunch is due now: after the stop, look at the workers again and launch
         # in this same tick, rather than on the next one.
         probe_after = bool(decision.ended) and any(isinstance(a, StopWorkers) and not a.blocked
@@ -105,7 +107,7 @@ def operation_started(mem: Memory, name: str) -> Memory:
     """
     if mem.phase not in (Phase.DELETING, Phase.CREATING):
         raise ValueError(f"operation_started: no operation is started in phase {mem.phase.value}")
-    return replace(mem, pending_op=name) if name else mem
+    return replace(mem, recreate=replace(mem.recreate, pending_op=name)) if name else mem
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,15 +130,15 @@ def _check(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> N
     if op is not None:
         if phase not in (Phase.DELETING, Phase.CREATING):
             raise ImpossibleObservation(phase, f"status of operation {op.name!r} observed, but none is pending")
-        if op.name and op.name != mem.pending_op:
+        if op.name and op.name != mem.recreate.pending_op:
             raise ImpossibleObservation(
-                phase, f"status of operation {op.name!r} observed, but the pending one is {mem.pending_op!r}"
+                phase, f"status of operation {op.name!r} observed, but the pending one is {mem.recreate.pending_op!r}"
             )
         if not op.name and not op.done:
             raise ImpossibleObservation(phase, "a refused call (operation name \"\") must be done")
-    if phase is Phase.RUNNING and (mem.attempt < 1 or mem.attempt_start is None):
-        raise ImpossibleObservation(phase, f"memory records no attempt start (attempt {mem.attempt})")
-    if mem.pending_op is not None and not mem.pending_kind:
-        raise ImpossibleObservation(phase, f"memory records operation {mem.pending_op!r} in flight")
-    if phase is Phase.QUEUED and (mem.retry_at is None or mem.queued_since is None):
+    if phase is Phase.RUNNING and (mem.attempt.number < 1 or mem.attempt.start is None):
+        raise ImpossibleObservation(phase, f"memory records no attempt start (attempt {mem.attempt.number})")
+    if mem.recreate.pending_op is not None and not mem.pending_kind:
+        raise ImpossibleObservation(phase, f"memory records operation {mem.recreate.pending_op!r} in flight")
+    if phase is Phase.QUEUED and (mem.recreate.retry_at is None or mem.recreate.queued_since is None):
         raise ImpossibleObservation(phase, "memory records no retry time")

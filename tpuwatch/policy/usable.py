@@ -42,12 +42,12 @@ def _ckpt_text(ckpt: Checkpoint | None, now: datetime) -> str:
 def usable(draft: Draft, mem: Memory) -> Decision:
     node = draft.obs.node
     assert node is not None
-    if mem.unhealthy_since is not None or mem.unknown_since is not None:
-        mem = replace(mem, unhealthy_since=None, unknown_since=None)
+    if mem.repair.unhealthy_since is not None or mem.repair.unknown_since is not None:
+        mem = replace(mem, repair=replace(mem.repair, unhealthy_since=None, unknown_since=None))
     if mem.phase in (Phase.WAITING_NODE, Phase.PAUSED, Phase.HALTED):
         draft.notes.append(f"{draft.subject} is READY+HEALTHY")
         # A notice's hold ends too: the node went down and came back.
-        mem = move(mem, Phase.IDLE, reason="", notice_hold=None)
+        mem = move(mem, Phase.IDLE, reason="", maintenance=replace(mem.maintenance, notice_hold=None))
     if not draft.obs.probes:
         return draft.out(mem, "probe_failed", "could not probe the workers; looking again next tick",
                          Wait(None, "workers not probed"))
@@ -57,7 +57,7 @@ def usable(draft: Draft, mem: Memory) -> Decision:
 
 
 def running(draft: Draft, mem: Memory) -> Decision:
-    cfg, n = draft.cfg, mem.attempt
+    cfg, n = draft.cfg, mem.attempt.number
     probes = tuple(sorted(draft.obs.probes or (), key=lambda p: p.worker))
     for p in probes:
         if p.attempt is not None and p.attempt > n and p.state in ("running", "exited"):
@@ -68,14 +68,14 @@ def running(draft: Draft, mem: Memory) -> Decision:
     # (killed, or the host rebooted before any tick saw it run). That is a trace: end it and
     # classify the end; relaunching the same number would only be refused as "ran".
     mine = [p for p in probes if p.attempt == n and p.state in ("running", "exited", "absent")]
-    if not mem.attempt_seen and not mine:
+    if not mem.attempt.seen and not mine:
         return unseen(draft, mem, probes)
     # Workers that never had attempt n (their attempt file is monotonic): a launch cut short
     # (the watcher killed between workers, a launch refused or lost on one), not an end.
     missing = [p for p in probes if p.state != "unreachable" and (p.attempt or 0) < n]
-    if not mem.attempt_seen and missing and all(p.state == "running" for p in mine):
+    if not mem.attempt.seen and missing and all(p.state == "running" for p in mine):
         return launch_rest(draft, mem, missing, [p for p in probes if p.state == "unreachable"])
-    mem = replace(mem, attempt_seen=True, launch_tries=0)
+    mem = replace(mem, attempt=replace(mem.attempt, seen=True, launch_tries=0))
     signed = signature(draft, mem, probes)
     if signed is not None:
         return signed
@@ -91,16 +91,17 @@ def running(draft: Draft, mem: Memory) -> Decision:
                          f"cannot reach workers {worker_list(unreachable)}; attempt {n} unknown, looking again",
                          Wait(None, "workers unreachable"))
     if unreachable:
-        since = mem.unreachable_since or draft.now
+        since = mem.attempt.unreachable_since or draft.now
         if secs(draft.now - since) >= cfg.unreachable_grace:
             return end_usable(draft, mem, codes, detail=f"worker {worker_list(unreachable)} unreachable "
                                                         f"for {human(secs(draft.now - since))}")
         until = since + timedelta(seconds=cfg.unreachable_grace)
-        return draft.out(replace(mem, unreachable_since=since), "unreachable_grace",
+        return draft.out(replace(mem,
+                                 attempt=replace(mem.attempt, unreachable_since=since)), "unreachable_grace",
                          f"worker {worker_list(unreachable)} unreachable while the others run attempt {n}; "
                          f"ending it at {until.isoformat()} if it stays so", Wait(until, "unreachable worker"))
-    mem = replace(mem, unreachable_since=None, end_seen=None)
-    start = mem.attempt_start
+    mem = replace(mem, attempt=replace(mem.attempt, unreachable_since=None, end_seen=None))
+    start = mem.attempt.start
     assert start is not None
     if len(alive) == len(probes):
         mem, quiet, from_start = progress_quiet(draft, mem, start)
@@ -123,7 +124,7 @@ def running(draft: Draft, mem: Memory) -> Decision:
 
 def unseen(draft: Draft, mem: Memory, probes: tuple[WorkerProbe, ...]) -> Decision:
     """The journal says attempt n was launched, but no worker shows it."""
-    n, node = mem.attempt, draft.obs.node
+    n, node = mem.attempt.number, draft.obs.node
     assert node is not None
     older = [p for p in probes if p.state == "running"]
     if older:
@@ -142,17 +143,19 @@ def unseen(draft: Draft, mem: Memory, probes: tuple[WorkerProbe, ...]) -> Decisi
             return fix_environment(draft, mem, pre)
         # The environment, not the job, is why the attempt left no trace: end it uncharged,
         # and the next launch waits for the node (precheck_wait).
-        mem = replace(mem, evidence=merge_evidence(mem.evidence, [
-            Evidence(draft.now, f"environment check {i.check} failed on worker {i.worker}") for i in pre.failing]))
+        mem = replace(mem, attempt=replace(mem.attempt, evidence=merge_evidence(mem.attempt.evidence, [
+            Evidence(draft.now, f"environment check {i.check} failed on worker {i.worker}") for i in pre.failing])))
         return end_usable(draft, mem, {p.worker: None for p in probes},
                           detail="the environment checks failed: " + "; ".join(i.line() for i in pre.failing[:3]))
-    if mem.launch_tries < draft.cfg.launch_tries:
-        mem = replace(mem, launch_tries=mem.launch_tries + 1, attempt_start=draft.now, attempt_node_id=node.id)
+    if mem.attempt.launch_tries < draft.cfg.launch_tries:
+        mem = replace(mem,
+                      attempt=replace(mem.attempt, launch_tries=mem.attempt.launch_tries + 1,
+                                      start=draft.now, node_id=node.id))
         why = (f"attempt {n} left no trace on the workers; launching it again "
-               f"(try {mem.launch_tries} of {draft.cfg.launch_tries})")
+               f"(try {mem.attempt.launch_tries} of {draft.cfg.launch_tries})")
         return draft.out(mem, "launch_unseen", why, Launch(n, draft.obs.checkpoint, why))
     return end_usable(draft, mem, {p.worker: None for p in probes},
-                      detail=f"it never started on any worker after {mem.launch_tries} launches")
+                      detail=f"it never started on any worker after {mem.attempt.launch_tries} launches")
 
 
 def idle(draft: Draft, mem: Memory) -> Decision:
@@ -161,29 +164,29 @@ def idle(draft: Draft, mem: Memory) -> Decision:
     running = [p for p in probes if p.state == "running"]
     if running:
         top = max(p.attempt or 0 for p in running)
-        if top > mem.attempt:
+        if top > mem.attempt.number:
             mem = _follow(draft, mem, top, now, _step(draft))
             return draft.out(mem, "adopt_running", f"workers {worker_list(running)} run attempt {top}, which the "
                                                    "journal did not record; following it (no second launch)")
-        last = mem.last_end
-        if (last is not None and last.attempt == top == mem.attempt and last.outcome == Outcome.DISRUPTION.value
+        last = mem.budgets.last_end
+        if (last is not None and last.attempt == top == mem.attempt.number and last.outcome == Outcome.DISRUPTION.value
                 and all(p.state == "running" and p.attempt == top for p in probes)):
             mem = _follow(draft, mem, top, last.start, last.start_step)
             return draft.out(mem, "survived", f"every worker still runs attempt {top} after the disruption; "
                                               "following it again")
         return draft.out(mem, "stale_workers", f"workers {worker_list(running)} still run attempt {top}; stopping "
                                                "them before the next launch", StopWorkers("old attempt still running"))
-    last = mem.last_end
-    if (mem.notice_hold is not None and now < mem.notice_hold and last is not None
+    last = mem.budgets.last_end
+    if (mem.maintenance.notice_hold is not None and now < mem.maintenance.notice_hold and last is not None
             and last.node_id == node.id and not maintained_since(node, last.start)):
         return draft.out(mem, "notice_hold", f"attempt {last.attempt} ended on a maintenance or preemption notice: "
                                              f"node {node.name} is about to stop; not launching there until it "
-                                             f"has gone down and come back, or {human(secs(mem.notice_hold - now))}",
-                         Wait(mem.notice_hold, "node about to stop"))
-    if mem.backoff_until is not None and now < mem.backoff_until:
-        return draft.out(mem, "backoff", f"backoff: attempt {mem.attempt + 1} starts in "
-                                         f"{human(secs(mem.backoff_until - now))} ({mem.restarts} charged restarts)",
-                         Wait(mem.backoff_until, "backoff between charged restarts"))
+                                             f"has gone down and come back, or {human(secs(mem.maintenance.notice_hold - now))}",
+                         Wait(mem.maintenance.notice_hold, "node about to stop"))
+    if mem.budgets.backoff_until is not None and now < mem.budgets.backoff_until:
+        return draft.out(mem, "backoff", f"backoff: attempt {mem.attempt.number + 1} starts in "
+                                         f"{human(secs(mem.budgets.backoff_until - now))} ({mem.budgets.restarts} charged restarts)",
+                         Wait(mem.budgets.backoff_until, "backoff between charged restarts"))
     refused = [p for p in probes if p.login_refused]
     if refused:
         return login_refused(draft, mem, refused)
@@ -194,12 +197,14 @@ def idle(draft: Draft, mem: Memory) -> Decision:
     checked = prechecked(draft, mem)
     if checked is not None:
         return checked
-    n = max([mem.attempt, *(p.attempt or 0 for p in probes)]) + 1
+    n = max([mem.attempt.number, *(p.attempt or 0 for p in probes)]) + 1
     ckpt = draft.obs.checkpoint
-    mem = move(mem, Phase.RUNNING, attempt=n, attempt_start=now, attempt_node_id=node.id,
-               attempt_start_step=_step(draft), attempt_seen=False, launch_tries=0, evidence=(),
-               unreachable_since=None, end_seen=None, backoff_until=None, env_failing_since=None,
-               notice_hold=None)
+    mem = move(mem, Phase.RUNNING,
+               attempt=replace(mem.attempt, number=n, start=now, node_id=node.id, start_step=_step(draft),
+                               seen=False, launch_tries=0, evidence=(), unreachable_since=None, end_seen=None),
+               budgets=replace(mem.budgets, backoff_until=None),
+               repair=replace(mem.repair, env_failing_since=None),
+               maintenance=replace(mem.maintenance, notice_hold=None))
     why = f"launching attempt {n} from {_ckpt_text(ckpt, now)}"
     return draft.out(mem, "launch", f"{why} on node {node.id}", Launch(n, ckpt, why))
 
@@ -214,13 +219,14 @@ def launch_rest(draft: Draft, mem: Memory, missing: list[WorkerProbe], unreachab
     attempt still running, a newest checkpoint that is no longer the one n started from (the
     workers would resume from different steps), or tries spent: end n uncharged instead (its
     end stops every worker), and the next attempt starts everywhere from the newest."""
-    n, ckpt, cfg, now = mem.attempt, draft.obs.checkpoint, draft.cfg, draft.now
+    n, ckpt, cfg, now = mem.attempt.number, draft.obs.checkpoint, draft.cfg, draft.now
     where = f"attempt {n} never reached workers {worker_list(missing)} (a launch cut short)"
     if unreachable:
-        since = mem.unreachable_since or now
+        since = mem.attempt.unreachable_since or now
         if secs(now - since) < cfg.unreachable_grace:
             until = since + timedelta(seconds=cfg.unreachable_grace)
-            return draft.out(replace(mem, unreachable_since=since), "unreachable_grace",
+            return draft.out(replace(mem,
+                                     attempt=replace(mem.attempt, unreachable_since=since)), "unreachable_grace",
                              f"{where}; cannot reach workers {worker_list(unreachable)}: launching there only "
                              f"when every worker answers, ending it at {until.isoformat()} if it stays so",
                              Wait(until, "unreachable worker"))
@@ -228,13 +234,16 @@ def launch_rest(draft: Draft, mem: Memory, missing: list[WorkerProbe], unreachab
     older = [p for p in missing if p.state == "running"]
     if older:
         where = f"{where}; workers {worker_list(older)} still run an older attempt"
-    same = (ckpt.step if ckpt is not None else None) == mem.attempt_start_step
-    if same and not unreachable and not older and mem.launch_tries < cfg.launch_tries:
-        mem = replace(mem, launch_tries=mem.launch_tries + 1, unreachable_since=None)
-        why = f"{where}; launching it there (try {mem.launch_tries} of {cfg.launch_tries})"
+    same = (ckpt.step if ckpt is not None else None) == mem.attempt.start_step
+    if same and not unreachable and not older and mem.attempt.launch_tries < cfg.launch_tries:
+        mem = replace(mem,
+                      attempt=replace(mem.attempt, launch_tries=mem.attempt.launch_tries + 1,
+                                      unreachable_since=None))
+        why = f"{where}; launching it there (try {mem.attempt.launch_tries} of {cfg.launch_tries})"
         return draft.out(mem, "launch_partial", why, Launch(n, ckpt, why))
     sign = Evidence(now, where)
-    mem = replace(mem, attempt_seen=True, evidence=merge_evidence(mem.evidence, [sign]))
+    mem = replace(mem,
+                  attempt=replace(mem.attempt, seen=True, evidence=merge_evidence(mem.attempt.evidence, [sign])))
     return end_usable(draft, mem, {p.worker: None for p in missing}, detail=where)
 
 
@@ -267,9 +276,10 @@ def _step(draft: Draft) -> int | None:
 def _follow(draft: Draft, mem: Memory, attempt: int, start: datetime, step: int | None) -> Memory:
     node = draft.obs.node
     assert node is not None
-    return move(mem, Phase.RUNNING, attempt=attempt, attempt_start=start, attempt_node_id=node.id,
-                attempt_start_step=step, attempt_seen=True, launch_tries=0, evidence=(),
-                unreachable_since=None, end_seen=None, backoff_until=None)
+    return move(mem, Phase.RUNNING,
+                attempt=replace(mem.attempt, number=attempt, start=start, node_id=node.id, start_step=step,
+                                seen=True, launch_tries=0, evidence=(), unreachable_since=None, end_seen=None),
+                budgets=replace(mem.budgets, backoff_until=None))
 
 
 def prechecked(draft: Draft, mem: Memory) -> Decision | None:
@@ -284,26 +294,26 @@ def prechecked(draft: Draft, mem: Memory) -> Decision | None:
                                                      "only when every worker answers", Wait(None, "workers unreachable"))
     failing = pre.failing
     if not failing:
-        if mem.env_failing_since is not None:
+        if mem.repair.env_failing_since is not None:
             draft.notes.append("the environment checks pass again")
-            mem = replace(mem, env_failing_since=None)
+            mem = replace(mem, repair=replace(mem.repair, env_failing_since=None))
         return None
     if pre.fixable and not draft.obs.precheck_fixed:
         return fix_environment(draft, mem, pre)
     lines = tuple(i.line() for i in failing)
     shown = "; ".join(lines[:4]) + (f"; and {len(lines) - 4} more" if len(lines) > 4 else "")
-    since = mem.env_failing_since or now
+    since = mem.repair.env_failing_since or now
     waited = secs(now - since)
     if waited < cfg.repair_timeout:
         until = since + timedelta(seconds=cfg.repair_timeout)
         why = f"environment checks fail: {shown}"
-        mem = move(mem, Phase.WAITING_NODE, env_failing_since=since, reason=why)
+        mem = move(mem, Phase.WAITING_NODE, reason=why, repair=replace(mem.repair, env_failing_since=since))
         return draft.out(mem, "precheck_wait", f"{why}; not launching, not charged; waiting for the node to be "
                                                f"fixed until {until.isoformat()} (recovery.repair_timeout "
                                                f"{human(cfg.repair_timeout)})", Wait(until, "environment checks fail"))
     why = (f"environment checks failing for {human(waited)}, longer than recovery.repair_timeout "
            f"({human(cfg.repair_timeout)}): {shown}")
-    mem = replace(mem, env_failing_since=since)
+    mem = replace(mem, repair=replace(mem.repair, env_failing_since=since))
     node = draft.obs.node
     assert node is not None
     if not (node.owned_by(cfg.job) or draft.obs.adopt):

@@ -144,7 +144,7 @@ class Observation:
     events: tuple[AuditEvent, ...] = ()  # audit events newer than the journal's cursor
     probes: tuple[WorkerProbe, ...] | None = None  # None: the workers were not or could not be probed
     checkpoint: Checkpoint | None = None  # latest complete checkpoint
-    # Status of Memory.pending_op; or, when the call that would start it was refused at once,
+    # Status of Memory.recreate.pending_op; or, when the call that would start it was refused at once,
     # a done status with name "" and the error (the tick then calls decide again).
     operation: OperationStatus | None = None
     # When `operation` is a failed create: recreate.classify_operation(op).kind.
@@ -347,7 +347,7 @@ class Decision:
             "summary": self.summary,
             "exit_code": self.exit_code,
             "phase": self.memory.phase.value,
-            "attempt": self.memory.attempt,
+            "attempt": self.memory.attempt.number,
             "actions": [action_dict(a) for a in self.actions],
         }
 

@@ -191,7 +191,7 @@ def dashboard(report: TickReport, job: str, pcfg: PolicyConfig, events: Sequence
             head.add_row("", Text(_clip(node.health_description, text_width), style="dim"))
         if node.upcoming_maintenance is not None:
             # The announced window (local time), whether it may start early, what tpuwatch will do.
-            gap, ck_now = report.memory.ckpt_gap, report.checkpoint
+            gap, ck_now = report.memory.hang.ckpt_gap, report.checkpoint
             soon = (max(0.0, (ck_now.time - now).total_seconds() + gap)
                     if gap > 0 and ck_now is not None and ck_now.time is not None else None)
             window, early, plan = window_lines(node.upcoming_maintenance, now, watched=True,
@@ -202,9 +202,9 @@ def dashboard(report: TickReport, job: str, pcfg: PolicyConfig, events: Sequence
     if report.probes:
         head.add_row("workers", workers_line(report.probes))
     job_line = Text(PHASE_WORDS.get(mem.phase, mem.phase.value), style=phase_style)
-    job_line.append(f", attempt {mem.attempt}")
-    if mem.attempt_start and mem.phase is Phase.RUNNING:
-        job_line.append(f", up {human(max(0.0, (now - mem.attempt_start).total_seconds()))}")
+    job_line.append(f", attempt {mem.attempt.number}")
+    if mem.attempt.start and mem.phase is Phase.RUNNING:
+        job_line.append(f", up {human(max(0.0, (now - mem.attempt.start).total_seconds()))}")
     head.add_row("job", job_line)
     ck = report.checkpoint
     if ck is None:
@@ -217,10 +217,10 @@ def dashboard(report: TickReport, job: str, pcfg: PolicyConfig, events: Sequence
             progress.append(f", {rate_text(rate)}")
         progress.append(f"  {short_path(ck.path)}", style="dim")
         head.add_row("checkpoint", progress)
-    head.add_row("budgets", f"restarts {mem.restarts}/{pcfg.max_restarts}  "
-                            f"recreates {mem.recreates}/{pcfg.max_recreates}  "
-                            f"no-progress {mem.no_progress}/{pcfg.no_progress_limit}  "
-                            f"disruptions {mem.disruptions}")
+    head.add_row("budgets", f"restarts {mem.budgets.restarts}/{pcfg.max_restarts}  "
+                            f"recreates {mem.budgets.recreates}/{pcfg.max_recreates}  "
+                            f"no-progress {mem.budgets.no_progress}/{pcfg.no_progress_limit}  "
+                            f"disruptions {mem.budgets.disruptions}")
     if report.precheck is not None:
         for n, line in enumerate(checks_lines(report.precheck, now, text_width)):
             head.add_row("checks" if n == 0 else "", line)
@@ -269,7 +269,7 @@ def checks_lines(pre: PrecheckReport, now: datetime, text_width: int = TEXT_WIDT
 def state_line(report: TickReport, rate: float | None = None) -> str:
     """One line for people and parsers: node, phase, attempt, progress, and what happens next."""
     mem = report.memory
-    parts = [f"node {node_text(report.node)}", mem.phase.value, f"attempt {mem.attempt}"]
+    parts = [f"node {node_text(report.node)}", mem.phase.value, f"attempt {mem.attempt.number}"]
     ck = report.checkpoint
     if ck is not None:
         extra = []
@@ -322,9 +322,9 @@ class LineView:
     def show(self, report: TickReport, next_tick: datetime) -> None:
         self.ticks += 1
         mem = report.memory
-        self.progress.update(mem.attempt, mem.attempt_start, report.checkpoint, report.time)
+        self.progress.update(mem.attempt.number, mem.attempt.start, report.checkpoint, report.time)
         node = report.node
-        key = (report.decision.row, mem.phase, mem.attempt,
+        key = (report.decision.row, mem.phase, mem.attempt.number,
                None if node is None else (node.state, node.health, node.id),
                None if report.checkpoint is None else report.checkpoint.step)
         if key == self.last and not report.done and not report.events and not report.warnings:
@@ -392,7 +392,7 @@ class LiveView:
     def show(self, report: TickReport, next_tick: datetime) -> None:
         self.ticks += 1
         mem = report.memory
-        self.progress.update(mem.attempt, mem.attempt_start, report.checkpoint, report.time)
+        self.progress.update(mem.attempt.number, mem.attempt.start, report.checkpoint, report.time)
         # phase changes are for `tpuwatch report`; the state line already shows the phase
         recent = [e for e in self.journal.events(limit=3 * RECENT_EVENTS) if e.kind != "phase"]
         self._state = (report, recent[-RECENT_EVENTS:], next_tick)

@@ -29,7 +29,7 @@ def node_text(node: NodeSnapshot | None) -> str:
 def tick_line(report: TickReport) -> str:
     """One line for people: node, job and what happens next."""
     mem = report.memory
-    parts = [f"node {node_text(report.node)}", f"{mem.phase.value}", f"attempt {mem.attempt}"]
+    parts = [f"node {node_text(report.node)}", f"{mem.phase.value}", f"attempt {mem.attempt.number}"]
     ckpt = report.checkpoint
     if ckpt is not None:
         age = max(0.0, (report.time - ckpt.time).total_seconds()) if ckpt.time else None
@@ -78,8 +78,9 @@ def tick_dict(report: TickReport) -> dict[str, Any]:
         "summary": summary(report),
         # rows of the decisions carried out before `row` in this tick (an end before its relaunch)
         "earlier_rows": [d.row for d in report.earlier],
-        "budgets": {"restarts": mem.restarts, "recreates": mem.recreates, "disruptions": mem.disruptions,
-                    "no_progress": mem.no_progress},
+        "budgets": {"restarts": mem.budgets.restarts, "recreates": mem.budgets.recreates,
+                    "disruptions": mem.budgets.disruptions,
+                    "no_progress": mem.budgets.no_progress},
         "done": list(report.done),
         "warnings": list(report.warnings),
         "dry_run": report.dry_run,
@@ -89,11 +90,11 @@ def tick_dict(report: TickReport) -> dict[str, Any]:
         # newest checkpoint of the attempt (0 = not judged yet, or off)
         "hang": None if pcfg is None else {
             "timeout": "auto" if pcfg.hang_auto else pcfg.hang_timeout,
-            "checkpoint_interval_seen": mem.ckpt_gap or None,
-            "first_checkpoint_seen": mem.ckpt_first or None,
+            "checkpoint_interval_seen": mem.hang.ckpt_gap or None,
+            "first_checkpoint_seen": mem.hang.ckpt_first or None,
             "limit": effective_hang_limit(pcfg, mem) or None,
             # the log cadence (policy/cadence.py): the longest silence the job has shown past a
             # first checkpoint, and the silence that stops it ("auto" only)
-            "log_silence_seen": mem.log_gap or None,
+            "log_silence_seen": mem.hang.log_gap or None,
             "log_silence_limit": (silent_limit(mem) or None) if pcfg.hang_auto else None},
     }

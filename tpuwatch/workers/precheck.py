@@ -589,7 +589,7 @@ def checkpoint_warning(checkpoint: Checkpoint | None, mem: Memory, warn_age: flo
     """
     from tpuwatch.policy import Phase
 
-    if mem.phase is not Phase.RUNNING or mem.attempt_start is None:
+    if mem.phase is not Phase.RUNNING or mem.attempt.start is None:
         return None
     limit = f"job.checkpoint_warn_age ({human(warn_age)})"
     if checkpoint is not None and checkpoint.time is not None:
@@ -597,11 +597,11 @@ def checkpoint_warning(checkpoint: Checkpoint | None, mem: Memory, warn_age: flo
         if age > warn_age:
             return (f"the newest complete checkpoint (step {checkpoint.step}) is {human(age)} old, older than "
                     f"{limit}: is the job still saving?")
-    ran = (now - mem.attempt_start).total_seconds()
-    start = mem.attempt_start_step
+    ran = (now - mem.attempt.start).total_seconds()
+    start = mem.attempt.start_step
     stuck = checkpoint is None or (start is not None and checkpoint.step <= start)
     if ran > warn_age and stuck:
         since = f"still step {start}" if start is not None else "none yet"
-        return (f"attempt {mem.attempt} has run {human(ran)} without a new complete checkpoint ({since}), "
+        return (f"attempt {mem.attempt.number} has run {human(ran)} without a new complete checkpoint ({since}), "
                 f"longer than {limit}")
     return None
