@@ -1012,16 +1012,18 @@ def test_a_vanished_slice_ends_the_attempt_on_the_others() -> None:
     from tpuwatch.model import combine_slices
     multi = replace(CFG, slices=("np-0", "np-1"), recreatable=True)
     gone = combine_slices(NAME, [replace(node("READY"), name="np-0", id="a"), None])
+    mem = run_mem()
+    on_both = replace(mem, attempt=replace(mem.attempt, node_id="a+b"))
     assert gone is not None and gone.state == "MISSING"
     d = tick(obs(gone, queued=QueuedStatus(QR_NAME, "ACTIVE"), probes=running(1)),
-             run_mem(attempt_node_id="a+b"), now=100, cfg=multi)
+             on_both, now=100, cfg=multi)
     assert d.row == "autorepair_wait" and kinds(d)[0] == "stop", d.summary
     assert len(d.ended) == 1 and d.ended[0].outcome == "disruption" and not d.ended[0].charged
     # a slice that is there but not healthy, its workers still running: still followed
     sick = combine_slices(NAME, [replace(node("READY"), name="np-0", id="a"),
                                  replace(node("READY", "UNHEALTHY_MAINTENANCE"), name="np-1", id="b")])
     assert sick is not None
-    live = tick(obs(sick, probes=running(1)), run_mem(attempt_node_id="a+b"), now=100, cfg=multi)
+    live = tick(obs(sick, probes=running(1)), on_both, now=100, cfg=multi)
     assert live.row == "unhealthy_running" and live.actions == ()
 
 
