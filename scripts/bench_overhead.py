@@ -14,9 +14,9 @@ every worker, started by `tpuwatch watch` itself):
    default 30 s so that --ticks polls take seconds): VmRSS and VmHWM from /proc/<pid>/status,
    CPU seconds per poll from /proc/<pid>/stat (its own and its reaped ssh children's), then
    extrapolated to 10 minutes at the default 30 s poll (20 polls; the sleep between costs none);
-3. API calls per hour for one node at the default poll: the real Reconciler with the real
-   adapters, SSH and simulator, driven --virtual-ticks times by a clock that advances 30 s per
-   tick (so the audit-log cadence, once per 60 s unless something looks wrong, is the real one);
+3. API calls per hour for one node at the default poll: the loop of `watch` (loop.run_job)
+   with the real adapters, SSH and simulator, --virtual-ticks ticks on a clock that advances 30 s
+   between ticks (so the audit-log cadence, once per 60 s unless something looks wrong, is the real one);
    counted with the simulator's call counters (sim.world.calls);
 4. 200 nodes in one zone: `status --all` (calls and time per run), and --watchers `watch`
    processes of separate jobs in that zone at the scaled poll: TPU calls per tick per job, so the
@@ -299,11 +299,25 @@ def measure(a: argparse.Namespace, log: Any) -> dict[str, Any]:
     return out
 
 
+class Unseen:
+    """The view of a loop nobody watches (loop.View)."""
+
+    ticks = 0
+
+    def show(self, report: object, next_at: object) -> None:
+        self.ticks += 1
+
+    def warn(self, text: str) -> None:
+        pass
+
+
 def virtual_hour(b: Bench, cfg: Path, env: dict[str, str], ticks: int) -> dict[str, Any]:
-    """Drive the real Reconciler with a clock that advances DEFAULT_POLL per tick."""
+    """The loop of `watch` (loop.run_job) on a clock that advances DEFAULT_POLL between ticks."""
     from tpuwatch.cloud.auditcache import SharedAuditLog
     from tpuwatch.journal import Journal
-    from tpuwatch.tick import Reconciler
+    from tpuwatch.loop import run_job
+    from tpuwatch.ports import Flags
+    from tpuwatch.tick import TickReport
     from tpuwatch.wiring import load_job, real_ports
 
     saved = dict(os.environ)
@@ -316,15 +330,19 @@ def virtual_hour(b: Bench, cfg: Path, env: dict[str, str], ticks: int) -> dict[s
         audit = SharedAuditLog(job.location.project, job.cfg.state_dir, zone=job.location.zone,
                                now=lambda: clock[0])
         ports = replace(real_ports(job), now=lambda: clock[0], audit=audit)
+        rows: Counter[str] = Counter()
+
+        def count(report: TickReport) -> None:
+            rows[report.decision.row] += 1
+
+        def advance(report: TickReport, delay: float) -> None:  # the wait between ticks, in virtual time
+            clock[0] += timedelta(seconds=DEFAULT_POLL)
+
         with Journal.open(job.cfg.state_dir, job.name, job.pcfg.tpu_name) as journal:
-            rec = Reconciler(job.cfg, job.pcfg, ports, journal)
             c0 = b.calls()
-            rows: Counter[str] = Counter()
             t = time.monotonic()
-            for _ in range(ticks):
-                report = rec.tick()
-                rows[report.decision.row] += 1
-                clock[0] += timedelta(seconds=DEFAULT_POLL)
+            run_job(job.cfg, job.pcfg, ports, journal, Flags(), Unseen(), after_tick=count, wait=advance,
+                    stop=lambda report: sum(rows.values()) >= ticks)
             seconds = time.monotonic() - t
             d = delta(b.calls(), c0)
     finally:
