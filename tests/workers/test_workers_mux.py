@@ -545,3 +545,29 @@ def test_a_channel_opening_again_after_a_drop_is_not_waited_for(cluster: Cluster
         assert w.ends.answered == 1
     finally:
         cluster.hosts.ssh_fault(cluster.key, 0, "serve")
+
+
+def test_the_next_attempts_channels_are_waited_for_while_the_last_ones_close(cluster: Cluster) -> None:
+    # A relaunch on the same node: the hold for attempt 2 closes attempt 1's channels, whose
+    # threads end after it; that says nothing of attempt 2's channels, still opening.
+    w = cluster.workers
+    w.ends.poll = 3600  # only the lock and the requests wake a channel's shell
+    w.ends.answer_wait = 60.0
+    assert all(r.started for r in w.launch(cluster.node, 1, None))
+    w.follow_ends(cluster.node, 1, [0, 1], lambda: None)
+    _channels_up(cluster, w, [0, 1])
+    shells = [_channel(cluster, i)["shell"] for i in (0, 1)]
+    for pid in shells:
+        os.kill(pid, signal.SIGSTOP)  # attempt 1's channels do not see its end: closed by the hold
+    try:
+        assert all(r.started for r in w.launch(cluster.node, 2, None, clean=True))
+        sessions = [cluster.hosts.sessions(cluster.key, i) for i in (0, 1)]
+        w.follow_ends(cluster.node, 2, [0, 1], lambda: None)
+        probes = w.probe(cluster.node)
+        assert [(p.state, p.attempt) for p in probes] == [("running", 2), ("running", 2)], probes
+        assert w.ends.answered == 2  # on attempt 2's channels: one new session each, no probe over ssh
+        assert [cluster.hosts.sessions(cluster.key, i) for i in (0, 1)] == [n + 1 for n in sessions]
+    finally:
+        for pid in shells:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)

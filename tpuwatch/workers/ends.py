@@ -46,6 +46,7 @@ class _Channel:
 
     stream: Stream
     checkpoint_dir: str  # what its probe requests list (the preamble's, fixed when it opened)
+    gen: int  # the generation it was opened in: one closed since says nothing of the channels now
     reader: protocol.WaitReader = field(default_factory=protocol.WaitReader)
     ended: bool = False
 
@@ -179,8 +180,9 @@ class AttemptEnds:
         done = chan.reader.feed(data)
         if chan.reader.ready and not was_ready:  # it reads requests now: an ask may be waiting for it
             with self._cond:
-                self._first.discard(worker)
-                self._cond.notify_all()
+                if chan.gen == self._gen:
+                    self._first.discard(worker)
+                    self._cond.notify_all()
         if not done:
             return
         with self._cond:
@@ -208,7 +210,8 @@ class AttemptEnds:
         """`worker`'s channel closed: no request waits for its answer any more."""
         with self._cond:
             chan.ended = True
-            self._not_first(worker)
+            if chan.gen == self._gen:
+                self._not_first(worker)
             for req in self._requests.values():
                 req.waiting.discard(worker)
             self._cond.notify_all()
@@ -237,7 +240,7 @@ class AttemptEnds:
             stream = Stream(self.transport, node, w, protocol.wait_script(self.job, key[1], self.poll, checkpoint_dir,
                                                                          self.patterns),
                             remote_command=protocol.REMOTE_COMMAND, keep_open=True)
-            chan = _Channel(stream, checkpoint_dir)
+            chan = _Channel(stream, checkpoint_dir, gen)
             with self._lock:
                 if self._gen != gen:
                     return
