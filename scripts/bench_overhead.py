@@ -14,9 +14,9 @@ every worker, started by `tpuwatch watch` itself):
    default 30 s so that --ticks polls take seconds): VmRSS and VmHWM from /proc/<pid>/status,
    CPU seconds per poll from /proc/<pid>/stat (its own and its reaped ssh children's), then
    extrapolated to 10 minutes at the default 30 s poll (20 polls; the sleep between costs none);
-3. API calls per hour for one node at the default poll: the real Reconciler with the real
-   adapters, SSH and simulator, driven --virtual-ticks times by a clock that advances 30 s per
-   tick (so the audit-log cadence, once per 60 s unless something looks wrong, is the real one);
+3. API calls per hour for one node at the default poll: the loop of `watch` (loop.run_job)
+   with the real adapters, SSH and simulator, --virtual-ticks ticks on a clock that advances 30 s
+   between ticks (so the audit-log cadence, once per 60 s unless something looks wrong, is the real one);
    counted with the simulator's call counters (sim.world.calls);
 4. 200 nodes in one zone: `status --all` (calls and time per run), and --watchers `watch`
    processes of separate jobs in that zone at the scaled poll: TPU calls per tick per job, so the
@@ -25,12 +25,12 @@ every worker, started by `tpuwatch watch` itself):
    15 s at most; --separate-state-dirs gives each its own, as before sharing). The tick reads the
    audit log once a minute of wall time, so --watch-seconds of 60 or more shows the steady rate;
 5. pods of --pod-sizes workers (4, 32, 128, 256: v5p-32 to v5p-2048), each running a job that
-   costs nothing (`exec sleep`), watched by the loop of `watch` without its view (tick, then
-   Pacer.wait, which holds one follow channel per worker) in a process of its own: per steady
-   tick its wall time, SSH handshakes and channels (counted by the simulated workers), probes
-   answered on a follow channel instead of over a channel of their own, CPU (the
-   watcher, its reaped ssh clients, and its live master connections and follow channels) and TPU
-   calls; then a maintenance that heals, and the time from the node READY again to the relaunch
+   costs nothing (`exec sleep`), watched by the loop of `watch` (loop.run_job: tick, then
+   Pacer.wait, which holds one follow channel per worker) in a process of its own, with a view
+   that prints a line per tick: per steady tick its wall time, SSH handshakes and channels
+   (counted by the simulated workers), probes answered on a follow channel instead of over a
+   channel of their own, CPU (the watcher, its reaped ssh clients, and its live master
+   connections and follow channels) and TPU calls; then a maintenance that heals, and the time from the node READY again to the relaunch
    and to a probe finding every worker running. `--pods-only` runs just this part.
 
 With --jobs 1,10,50,100 it measures only many jobs in one watcher instead: for each count, a
@@ -299,11 +299,25 @@ def measure(a: argparse.Namespace, log: Any) -> dict[str, Any]:
     return out
 
 
+class Unseen:
+    """The view of a loop nobody watches (loop.View)."""
+
+    ticks = 0
+
+    def show(self, report: object, next_at: object) -> None:
+        self.ticks += 1
+
+    def warn(self, text: str) -> None:
+        pass
+
+
 def virtual_hour(b: Bench, cfg: Path, env: dict[str, str], ticks: int) -> dict[str, Any]:
-    """Drive the real Reconciler with a clock that advances DEFAULT_POLL per tick."""
+    """The loop of `watch` (loop.run_job) on a clock that advances DEFAULT_POLL between ticks."""
     from tpuwatch.cloud.auditcache import SharedAuditLog
     from tpuwatch.journal import Journal
-    from tpuwatch.tick import Reconciler
+    from tpuwatch.loop import run_job
+    from tpuwatch.ports import Flags
+    from tpuwatch.tick import TickReport
     from tpuwatch.wiring import load_job, real_ports
 
     saved = dict(os.environ)
@@ -316,15 +330,19 @@ def virtual_hour(b: Bench, cfg: Path, env: dict[str, str], ticks: int) -> dict[s
         audit = SharedAuditLog(job.location.project, job.cfg.state_dir, zone=job.location.zone,
                                now=lambda: clock[0])
         ports = replace(real_ports(job), now=lambda: clock[0], audit=audit)
+        rows: Counter[str] = Counter()
+
+        def count(report: TickReport) -> None:
+            rows[report.decision.row] += 1
+
+        def advance(report: TickReport, delay: float) -> None:  # the wait between ticks, in virtual time
+            clock[0] += timedelta(seconds=DEFAULT_POLL)
+
         with Journal.open(job.cfg.state_dir, job.name, job.pcfg.tpu_name) as journal:
-            rec = Reconciler(job.cfg, job.pcfg, ports, journal)
             c0 = b.calls()
-            rows: Counter[str] = Counter()
             t = time.monotonic()
-            for _ in range(ticks):
-                report = rec.tick()
-                rows[report.decision.row] += 1
-                clock[0] += timedelta(seconds=DEFAULT_POLL)
+            run_job(job.cfg, job.pcfg, ports, journal, Flags(), Unseen(), after_tick=count, wait=advance,
+                    stop=lambda report: sum(rows.values()) >= ticks)
             seconds = time.monotonic() - t
             d = delta(b.calls(), c0)
     finally:
@@ -405,46 +423,62 @@ POD_COMMAND = "exec sleep 100000000"  # every worker runs something that costs n
 
 
 def pod_driver(cfg: str) -> int:
-    """The loop of `watch` without its view (tick, then Pacer.wait, which holds the follow
-    channels), one JSON line per tick on stdout: its wall time, this process's CPU so far (own
-    and reaped ssh clients), the attempt and how many workers the probe found running. Ends on
-    SIGTERM, closing the follow channels and shared connections as `watch` does."""
+    """The loop of `watch` (loop.run_job: tick, then Pacer.wait, which holds the follow channels)
+    with a view that prints one JSON line per tick on stdout: its wall time, this process's CPU
+    so far (own and reaped ssh clients), the attempt and how many workers the probe found
+    running. Ends on SIGTERM, closing the follow channels and shared connections as `watch` does."""
     import resource
 
     from tpuwatch.journal import Journal
-    from tpuwatch.loop import Pacer, next_delay
-    from tpuwatch.tick import Reconciler
+    from tpuwatch.loop import run_job
+    from tpuwatch.ports import Flags
+    from tpuwatch.tick import TickReport
     from tpuwatch.wiring import load_job, real_ports
-
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     from tpuwatch.workers.sshworkers import SshWorkers
 
+    stop, woken = threading.Event(), threading.Event()
+
+    def on_term(*_: object) -> None:  # ends the loop after a tick, and a follow wait at once
+        stop.set()
+        woken.set()
+
+    signal.signal(signal.SIGTERM, on_term)
     job = load_job(cfg)
     ports = real_ports(job)
     workers = ports.workers
     assert isinstance(workers, SshWorkers)
-    poll = float(job.cfg.recovery["poll_interval"])
-    try:
-        with Journal.open(job.cfg.state_dir, job.name, job.pcfg.tpu_name) as journal:
-            rec = Reconciler(job.cfg, job.pcfg, ports, journal)
-            pacer = Pacer(ports, poll)
-            while not stop.is_set():
-                t = time.monotonic()
-                report = rec.tick()
-                wall = time.monotonic() - t
-                me = resource.getrusage(resource.RUSAGE_SELF)
-                kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-                running = sum(1 for p in report.probes or () if p.state == "running")
-                print(json.dumps({"t": time.time(), "wall": wall, "row": report.decision.row,
-                                  "attempt": report.memory.attempt.number, "running": running,
-                                  "on_channel": workers.ends.answered,
-                                  "own": me.ru_utime + me.ru_stime, "kids": kids.ru_utime + kids.ru_stime}),
-                      flush=True)
-                if not stop.is_set():
-                    pacer.wait(report, next_delay(report, poll))
-    finally:
-        ports.workers.close()
+    ends = workers.ends
+    walls: list[float] = []
+
+    @contextlib.contextmanager
+    def timed_tick() -> Any:
+        t = time.monotonic()
+        try:
+            yield
+        finally:
+            walls.append(time.monotonic() - t)
+
+    class Lines:
+        """The view: a JSON line per tick."""
+
+        ticks = 0
+
+        def show(self, report: TickReport, next_at: object) -> None:
+            self.ticks += 1
+            me = resource.getrusage(resource.RUSAGE_SELF)
+            kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+            running = sum(1 for p in report.probes or () if p.state == "running")
+            print(json.dumps({"t": time.time(), "wall": walls[-1], "row": report.decision.row,
+                              "attempt": report.memory.attempt.number, "running": running,
+                              "on_channel": ends.answered,
+                              "own": me.ru_utime + me.ru_stime, "kids": kids.ru_utime + kids.ru_stime}),
+                  flush=True)
+
+        def warn(self, text: str) -> None:
+            print(text, file=sys.stderr, flush=True)
+
+    with Journal.open(job.cfg.state_dir, job.name, job.pcfg.tpu_name) as journal:
+        run_job(job.cfg, job.pcfg, ports, journal, Flags(), Lines(), stopping=stop, woken=woken, slot=timed_tick)
     return 0
 
 
@@ -564,6 +598,7 @@ def pod(b: Bench, a: argparse.Namespace, n: int) -> dict[str, Any]:
         rows = sorted({ln["row"] for ln in drv.lines[i0 + 1:i1 + 1]})
         # heal: a maintenance that heals; from the node READY again to every worker running
         attempt = hi["attempt"]
+        hosts0 = sum(proc_cpu(os.getpid()))
         sim.world.maintenance(name, heal_after=a.pod_heal_after)
         down_seen = False
         t_heal = None
@@ -580,6 +615,13 @@ def pod(b: Bench, a: argparse.Namespace, n: int) -> dict[str, Any]:
             raise RuntimeError(f"{name} did not heal")
         relaunch = drv.until(lambda ln: ln["attempt"] > attempt, 600, "relaunching")
         back = drv.until(lambda ln: ln["attempt"] > attempt and ln["running"] == n, 600, "with all running again")
+        # CPU from the maintenance to every worker running again, on each side: the watcher (its
+        # process, its reaped ssh clients, and its master connections and follow channels, all
+        # opened since the heal) and the simulated hosts (this process: their SSH servers and
+        # metadata servers, and the shells the workers ran, reaped by it)
+        hosts_cpu = sum(proc_cpu(os.getpid())) - hosts0
+        lb = drv.lines[back]
+        watcher_cpu = lb["own"] + lb["kids"] - hi["own"] - hi["kids"] + ssh_cpu(marker)
         out = {
             "workers": n, "accelerator": accel, "boot_seconds": boot, "first_all_running_after": launched - drv.lines[0]["t"],
             "ticks": ticks, "rows": rows,
@@ -592,6 +634,7 @@ def pod(b: Bench, a: argparse.Namespace, n: int) -> dict[str, Any]:
             "tpu_calls_per_tick": api["tpu"] / ticks, "audit_calls_per_tick": api["audit"] / ticks,
             "heal_to_relaunch": drv.lines[relaunch]["t"] - t_heal,
             "heal_to_all_running": drv.lines[back]["t"] - t_heal,
+            "heal_cpu_watcher": watcher_cpu, "heal_cpu_hosts": hosts_cpu,
             # the ticks from the heal on: (seconds after the heal at the tick's end, row, tick wall time)
             "heal_ticks": [(round(ln["t"] - t_heal, 2), ln["row"], round(ln["wall"], 2))
                            for ln in drv.lines[i1 + 1:back + 1] if ln["t"] >= t_heal - 5],
@@ -627,6 +670,9 @@ def render_pods(rows: list[dict[str, Any]]) -> list[str]:
             f"{p['heal_to_all_running']:>16.2f}s")
     lines.append("(per tick, medians of the steady ticks; on chan. = probes answered on a follow channel; "
                  "CPU = the watcher, its ssh clients and its master connections)")
+    lines.append("CPU from the maintenance to all running: " + ", ".join(
+        f"{p['workers']} workers: watcher {p['heal_cpu_watcher']:.1f}s, simulated hosts {p['heal_cpu_hosts']:.1f}s"
+        for p in rows if "heal_cpu_watcher" in p))
     return lines
 
 

@@ -507,3 +507,67 @@ def test_a_garbled_or_foreign_answer_on_a_channel_is_not_trusted(cluster: Cluste
     probes = out[0]
     assert [(p.state, p.exit_code) for p in probes] == [("running", None), ("running", None)], probes  # over ssh
     assert (w.ends.answered, w.ends.rejected) == (0, 2)
+
+
+def test_the_probe_right_after_a_launch_waits_for_the_channels_opening_instead_of_ssh(
+        cluster: Cluster, tmp_path: Path) -> None:
+    # The tick after a launch: the follow channels were asked for a moment ago and still start.
+    # Its probe waits for them and rides them; a probe over SSH would be another channel and
+    # shell on every worker, while those channels are still starting.
+    ssh, runs = _counting_ssh(tmp_path)
+    w = cluster.make("sleep 300", binary=str(ssh))
+    w.ends.answer_wait = 60.0  # ready and answered well before; the clock does not decide
+    try:
+        assert all(r.started for r in w.launch(cluster.node, 1, None))
+        launched = _runs(runs)
+        w.follow_ends(cluster.node, 1, [0, 1], lambda: None)
+        probes = w.probe(cluster.node)
+        assert [(p.state, p.attempt) for p in probes] == [("running", 1), ("running", 1)], probes
+        assert w.ends.answered == 2 and w.ends.opened == 2
+        assert _runs(runs) == launched + 2  # the two channels, and no ssh for the probe
+    finally:
+        w.close()
+
+
+def test_a_channel_opening_again_after_a_drop_is_not_waited_for(cluster: Cluster) -> None:
+    w = cluster.workers
+    assert all(r.started for r in w.launch(cluster.node, 1, None))
+    w.follow_ends(cluster.node, 1, [0, 1], lambda: None)
+    _channels_up(cluster, w, [0, 1])
+    cluster.hosts.ssh_fault(cluster.key, 0, "refuse")  # worker 0's channel drops; it cannot connect again
+    try:
+        wait_for(lambda: 0 in w.ends._reopened, 30, "worker 0's channel to drop")
+        w.follow_ends(cluster.node, 1, [0, 1], lambda: None)  # the next tick's hold
+        # a worker that stopped answering would hold every probe for answer_wait
+        assert 0 not in w.ends._first
+        probes = w.probe(cluster.node)  # worker 1 on its channel; worker 0 over ssh, refused
+        assert [p.state for p in probes] == ["unreachable", "running"], probes
+        assert w.ends.answered == 1
+    finally:
+        cluster.hosts.ssh_fault(cluster.key, 0, "serve")
+
+
+def test_the_next_attempts_channels_are_waited_for_while_the_last_ones_close(cluster: Cluster) -> None:
+    # A relaunch on the same node: the hold for attempt 2 closes attempt 1's channels, whose
+    # threads end after it; that says nothing of attempt 2's channels, still opening.
+    w = cluster.workers
+    w.ends.poll = 3600  # only the lock and the requests wake a channel's shell
+    w.ends.answer_wait = 60.0
+    assert all(r.started for r in w.launch(cluster.node, 1, None))
+    w.follow_ends(cluster.node, 1, [0, 1], lambda: None)
+    _channels_up(cluster, w, [0, 1])
+    shells = [_channel(cluster, i)["shell"] for i in (0, 1)]
+    for pid in shells:
+        os.kill(pid, signal.SIGSTOP)  # attempt 1's channels do not see its end: closed by the hold
+    try:
+        assert all(r.started for r in w.launch(cluster.node, 2, None, clean=True))
+        sessions = [cluster.hosts.sessions(cluster.key, i) for i in (0, 1)]
+        w.follow_ends(cluster.node, 2, [0, 1], lambda: None)
+        probes = w.probe(cluster.node)
+        assert [(p.state, p.attempt) for p in probes] == [("running", 2), ("running", 2)], probes
+        assert w.ends.answered == 2  # on attempt 2's channels: one new session each, no probe over ssh
+        assert [cluster.hosts.sessions(cluster.key, i) for i in (0, 1)] == [n + 1 for n in sessions]
+    finally:
+        for pid in shells:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)

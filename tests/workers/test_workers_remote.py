@@ -10,6 +10,8 @@ import asyncio
 import json
 import os
 import secrets
+import shlex
+import shutil
 import signal
 import subprocess
 import threading
@@ -201,6 +203,18 @@ def test_stop_clears_the_job_its_escapees_device_holders_and_a_stale_lockfile(wo
     p = worker.probe()
     assert p["state"] == "exited" and p["exit_code"] == "143"  # TERM reached the command
     assert worker.launch(2, "true")["result"] == "launched"  # the lock is free again
+
+
+def test_stop_finds_a_session_member_that_closed_the_lock_whatever_its_name(worker: Worker) -> None:
+    # Found by its session alone (it closed the lock's fd), under a name that mimics the fields
+    # of /proc/<pid>/stat after it: they are read after the last ") ".
+    odd = worker.home / "x) S 1 2 3"
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", odd)
+    worker.launch(1, f"{shlex.quote(str(odd))} 331 9>&- & exec sleep 332")
+    wait_for(lambda: worker.pids(b"\x00331") and worker.pids(b"sleep\x00332"), what="the job's processes")
+    res = worker.stop(grace=0.5)
+    assert res["result"] == "ok", res
+    assert worker.pids(b"\x00331") == [] and worker.pids(b"sleep\x00332") == []
 
 
 def test_a_stop_not_waited_for_answers_after_the_term_and_kills_what_ignores_it_after_the_grace(

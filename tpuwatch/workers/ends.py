@@ -16,6 +16,9 @@ The channel's stdin stays open, and `ask` carries a tick's probe on it: a reques
 number, answered by the same probe code an SSH probe runs, framed by that number. Only the
 answer to this request is used, and only a well-formed one; a worker whose channel is not
 open, ends, or does not answer within `answer_wait` is left to the caller to probe over SSH.
+A channel still opening for the first time (the tick right after a launch) is waited for, up
+to `answer_wait`: asking it costs a line, where an SSH probe costs another channel and shell
+on every worker while those channels are still starting.
 This module knows nothing of the policy: the caller says which attempt and which workers.
 """
 
@@ -43,6 +46,7 @@ class _Channel:
 
     stream: Stream
     checkpoint_dir: str  # what its probe requests list (the preamble's, fixed when it opened)
+    gen: int  # the generation it was opened in: one closed since says nothing of the channels now
     reader: protocol.WaitReader = field(default_factory=protocol.WaitReader)
     ended: bool = False
 
@@ -78,6 +82,8 @@ class AttemptEnds:
         self._checkpoint_dir = ""
         self._open: dict[int, _Channel | None] = {}  # worker -> its channel (None while it starts)
         self._answered: set[int] = set()  # workers whose attempt ended, for this key
+        self._first: set[int] = set()  # workers whose channel is opening for the first time, for this key
+        self._reopened: set[int] = set()  # workers whose channel ended once, for this key: not waited for again
         self._gen = 0  # counts closes: a channel's thread of an older generation stops
         self._closed = threading.Event()  # wakes the reopen waits of older generations
         self._seq = 0  # the number of the latest probe request
@@ -98,6 +104,7 @@ class AttemptEnds:
             start = [w for w in workers if w.index not in self._open and w.index not in self._answered]
             for w in start:
                 self._open[w.index] = None
+            self._first.update(w.index for w in start if w.index not in self._reopened)
         for w in start:
             threading.Thread(target=self._follow, args=(gen, key, node, w, wake), daemon=True,
                              name=f"tpuwatch-ends-w{w.index}").start()
@@ -119,14 +126,20 @@ class AttemptEnds:
         trusted, by worker. `listing`: the worker whose probe also lists `checkpoint_dir`
         (asked on its channel only if that channel lists the same directory).
 
-        Waits `answer_wait` seconds at most; a worker missing from the answer has no open
+        Waits `answer_wait` seconds at most for channels opening for the first time to get
+        ready, then as long for the answers; a worker missing from the answer has no open
         channel, its channel ended or did not answer in time, or its answer was garbled.
         """
-        with self._lock:
+        with self._cond:
             if self._key is None or self._key[0] != _node_key(node):
                 return {}
-            # A channel still connecting (a worker that stopped answering, say) is not asked: its
-            # request would wait out answer_wait before the SSH probe could even start.
+            # Channels opening for the first time are waited for; one that opens again after a
+            # drop (a worker that stopped answering, say) is not: its request would wait out
+            # answer_wait before the SSH probe could even start.
+            gen = self._gen
+            self._cond.wait_for(lambda: self._gen != gen or not self._first.intersection(workers), self.answer_wait)
+            if self._gen != gen:
+                return {}
             chans = {w: c for w in workers if (c := self._open.get(w)) is not None and not c.ended
                      and c.reader.ready and (w != listing or c.checkpoint_dir == checkpoint_dir)}
             if not chans:
@@ -156,11 +169,20 @@ class AttemptEnds:
                 chan.stream.close()
         self._open.clear()
         self._answered.clear()
+        self._first.clear()
+        self._reopened.clear()
+        self._cond.notify_all()
 
     def _feed(self, worker: int, chan: _Channel, data: bytes) -> None:
         """Output of `worker`'s channel: an answer goes to the request of its number, if any
         still waits for this worker; any other is not trusted."""
+        was_ready = chan.reader.ready
         done = chan.reader.feed(data)
+        if chan.reader.ready and not was_ready:  # it reads requests now: an ask may be waiting for it
+            with self._cond:
+                if chan.gen == self._gen:
+                    self._first.discard(worker)
+                    self._cond.notify_all()
         if not done:
             return
         with self._cond:
@@ -177,16 +199,34 @@ class AttemptEnds:
                     req.answers[worker] = probe
             self._cond.notify_all()
 
+    def _not_first(self, worker: int) -> None:
+        """(Lock held.) `worker`'s channel ended or could not start: an ask no longer waits for
+        it, now or when it opens again."""
+        self._first.discard(worker)
+        self._reopened.add(worker)
+        self._cond.notify_all()
+
     def _ended(self, worker: int, chan: _Channel) -> None:
         """`worker`'s channel closed: no request waits for its answer any more."""
         with self._cond:
             chan.ended = True
+            if chan.gen == self._gen:
+                self._not_first(worker)
             for req in self._requests.values():
                 req.waiting.discard(worker)
             self._cond.notify_all()
 
     def _follow(self, gen: int, key: tuple[str, int], node: NodeSnapshot, w: WorkerEndpoint,
                 wake: Callable[[], None]) -> None:
+        try:
+            self._follow_channel(gen, key, node, w, wake)
+        finally:
+            with self._cond:  # however it ended (a transport that raised, say), no ask waits for it
+                if self._gen == gen and w.index in self._first:
+                    self._not_first(w.index)
+
+    def _follow_channel(self, gen: int, key: tuple[str, int], node: NodeSnapshot, w: WorkerEndpoint,
+                        wake: Callable[[], None]) -> None:
         with self._lock:
             closed = self._closed
         for n in range(REOPEN_TRIES + 1):
@@ -200,7 +240,7 @@ class AttemptEnds:
             stream = Stream(self.transport, node, w, protocol.wait_script(self.job, key[1], self.poll, checkpoint_dir,
                                                                          self.patterns),
                             remote_command=protocol.REMOTE_COMMAND, keep_open=True)
-            chan = _Channel(stream, checkpoint_dir)
+            chan = _Channel(stream, checkpoint_dir, gen)
             with self._lock:
                 if self._gen != gen:
                     return
