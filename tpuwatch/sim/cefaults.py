@@ -231,6 +231,14 @@ class ComputeFaults(Instances):
             self._arm_run_duration(rec, rec.max_run_duration)
         super()._instance_up(rec)
 
+    def set_no_notice(self, name: str, form: str, *, project: str | None = None, zone: str | None = None) -> None:
+        """What instance/upcoming-maintenance says with nothing scheduled: "error", "empty" or "none"."""
+        if form not in ("error", "empty", "none"):
+            raise UsageError(f"no_notice must be error, empty or none, got {form!r}")
+        with self._lock:
+            self._fault_instance(name, project, zone).no_notice = form
+            self._touch()
+
     def remove_instance(self, name: str, *, project: str | None = None, zone: str | None = None) -> None:
         """Someone deleted the instance outside tpuwatch (gone at once)."""
         with self._lock:
