@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import time
 
 from tpuwatch.errors import UsageError
@@ -67,7 +68,7 @@ class ComputeFaults(Instances):
                 downs.append(self._queue_hosts("down", r.key))
                 if restart_after is not None and r.automatic_restart:
                     key, ident, epoch = r.key, r.id, r.epoch
-                    self.after(restart_after, lambda k=key, i=ident, e=epoch: self._restart_instance(k, i, e))
+                    self.after(restart_after, functools.partial(self._restart_instance, key, ident, epoch))
             self._touch()
         for d in downs:
             self._await(d)

@@ -20,6 +20,7 @@ shape, `{"error": {"code", "message", "errors": [{"message", "domain", "reason"}
 
 from __future__ import annotations
 
+import email.message
 import email.parser
 import email.policy
 import json
@@ -198,6 +199,8 @@ class ComputeRest:
         boundary = uuid.uuid4().hex
         out: list[bytes] = []
         for part in msg.get_payload():
+            if not isinstance(part, email.message.Message):
+                continue
             cid = str(part.get("Content-ID", "")).strip()
             raw = part.get_payload()
             text = raw if isinstance(raw, str) else ""
