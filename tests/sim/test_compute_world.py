@@ -167,3 +167,29 @@ def test_scenario_compute_tables_are_checked(table: str, row: dict[str, object],
 
     with pytest.raises(UsageError, match=re.escape(error)):
         scenario.parse({table: [row]})
+
+
+def test_compute_entries_are_served_by_the_logging_face_with_their_operation(sim: Simulator) -> None:
+    from tpuwatch.sim import audit
+
+    w = sim.world
+    rec = w.add_instance("vm")
+    w.host_error("vm", restart_after=60)
+    rows, _ = w.list_log_entries([f"projects/{sim.project}"], 'resource.type="gce_instance" AND '
+                                 'protoPayload.methodName="compute.instances.hostError"')
+    assert [r.instance for r in rows] == ["vm"]
+    entry = audit.to_log_entry(rows[0])
+    assert entry.resource.labels["instance_id"] == str(rec.id)
+    assert entry.operation.id.startswith("systemevent-") and entry.operation.producer == "compute.googleapis.com"
+    ops = w.list_compute_operations(sim.project, f"zones/{sim.zone}")
+    assert [o.op_type for o in ops] == ["compute.instances.hostError"] and ops[0].name == entry.operation.id
+
+
+def test_an_instance_deleted_behind_a_migs_back_is_made_again(sim: Simulator) -> None:
+    w = sim.world
+    mig = w.add_mig("one", size=1)
+    (name,) = mig.members
+    old = w.instance(name).id
+    sim.inject("delete-instance", instance=name)
+    w.wait_mig_stable("one")
+    assert w.instance(name).id != old
