@@ -628,7 +628,7 @@ def _compute_spec(key: str, value: Any) -> dict[str, Any]:
     return dict(value)
 
 
-def _compute_target(raw: Mapping[str, Any]) -> None:
+def _compute_target(raw: dict[str, Any]) -> None:
     """With api = "compute", [tpu] names its slice by `instance` or `mig`; `name`, when left out,
     is that name (the job's and the journal's)."""
     if raw.get("api") != "compute" or "name" in raw:
