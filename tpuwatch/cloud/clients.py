@@ -92,12 +92,19 @@ def compute_emulator() -> str | None:
 # Compute Engine resource kind -> its google-cloud-compute client class name
 _COMPUTE_CLIENTS = {
     "instances": "InstancesClient",
+    "disks": "DisksClient",
     "instanceGroupManagers": "InstanceGroupManagersClient",
     "instanceTemplates": "InstanceTemplatesClient",
     "regionInstanceTemplates": "RegionInstanceTemplatesClient",
     "resourcePolicies": "ResourcePoliciesClient",
     "zoneOperations": "ZoneOperationsClient",
 }
+
+
+def compute_available() -> bool:
+    """Whether Compute Engine may be asked: not while the TPU API goes to a simulator that the
+    Compute Engine calls would not (they would reach Google)."""
+    return compute_emulator() is not None or emulator_host() is None
 
 
 def compute_client(kind: str) -> Any:
@@ -113,6 +120,9 @@ def compute_client(kind: str) -> Any:
         from google.auth.credentials import AnonymousCredentials
 
         return cls(credentials=AnonymousCredentials(), client_options={"api_endpoint": url})
+    if not compute_available():
+        raise UsageError(f"{EMULATOR_ENV} is set but {COMPUTE_EMULATOR_ENV} is not: tpuwatch will not send "
+                         "Compute Engine calls to Google while the TPU API goes to a simulator; set both")
     return cls(credentials=_credentials())
 
 

@@ -340,6 +340,20 @@ class ComputeAdapter:
         instances = [i for i in self.list_instances() if i.name in wanted] if wanted else []
         return mig, managed, instances
 
+    def disk_params(self, url: str) -> dict[str, Any]:
+        """The `initializeParams` that make disk `url` again: its image, size and type."""
+        name = short(url)
+        disk = self._get("disks", name, "compute.disks.get", lambda c: c.get(
+            project=self.project, zone=self.zone, disk=name, retry=None, timeout=RPC_TIMEOUT))
+        if disk is None:
+            return {}
+        params: dict[str, Any] = {"diskSizeGb": str(disk.size_gb)} if disk.size_gb else {}
+        if disk.source_image:
+            params["sourceImage"] = disk.source_image
+        if disk.type_:
+            params["diskType"] = short(disk.type_)
+        return params
+
     # -- ports.TpuApi -----------------------------------------------------------------------
     def get_node(self, name: str) -> NodeSnapshot | None:
         """The job's instance or MIG as one node, or None when it does not exist."""
@@ -494,3 +508,58 @@ def to_json(message: Any) -> dict[str, Any]:
 
     data: dict[str, Any] = json.loads(type(message).to_json(message, always_print_fields_with_no_presence=False, indent=0))
     return data
+
+
+# Fields the API fills in, which an insert must not carry (output only).
+_OUTPUT_ONLY = frozenset({
+    "id", "kind", "selfLink", "creationTimestamp", "status", "statusMessage", "cpuPlatform", "fingerprint",
+    "labelFingerprint", "lastStartTimestamp", "lastStopTimestamp", "lastSuspendedTimestamp", "resourceStatus",
+    "satisfiesPzi", "satisfiesPzs", "startRestricted", "zone", "region", "currentActions", "instanceGroup",
+})
+_NIC_OUTPUT = frozenset({"networkIP", "fingerprint", "name", "kind", "ipv6AccessConfigs"})
+
+
+def capture_instance(api: ComputeAdapter, inst: Any) -> dict[str, Any]:
+    """An instance as the insert body that makes it again: output-only fields dropped, the network
+    interfaces without their assigned addresses, and each disk deleted with the instance
+    (autoDelete) as `initializeParams` from its disk (image, size, type), since its source disk
+    goes with it. A disk that outlives the instance is attached again by its `source`."""
+    body = {k: v for k, v in to_json(inst).items() if k not in _OUTPUT_ONLY}
+    body["machineType"] = short(str(body.get("machineType", "")))
+    nics = []
+    for nic in body.get("networkInterfaces") or []:
+        nic = {k: v for k, v in nic.items() if k not in _NIC_OUTPUT}
+        nic["accessConfigs"] = [{k: v for k, v in ac.items() if k not in ("natIP", "kind")}
+                                for ac in nic.get("accessConfigs") or []]
+        nics.append(nic)
+    if nics:
+        body["networkInterfaces"] = nics
+    disks = []
+    for disk in body.get("disks") or []:
+        kept = {k: v for k, v in disk.items() if k in ("autoDelete", "boot", "deviceName", "mode", "interface",
+                                                       "type", "source")}
+        if disk.get("autoDelete") and disk.get("source"):
+            params = api.disk_params(str(disk["source"]))
+            kept.pop("source")
+            kept["initializeParams"] = params
+        disks.append(kept)
+    if disks:
+        body["disks"] = disks
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict):
+        body["metadata"] = {k: v for k, v in metadata.items() if k in ("items",)}
+    return body
+
+
+def capture_mig(api: ComputeAdapter, mig: Any) -> dict[str, Any]:
+    """A MIG as `tpu.compute_spec`: `mig` (its insert body), `template` and `workload_policy` (the
+    resources it was made from, as they are now, for a person to make them again if deleted)."""
+    out: dict[str, Any] = {"mig": {k: v for k, v in to_json(mig).items() if k not in _OUTPUT_ONLY}}
+    template = api.get_template(mig.instance_template) if mig.instance_template else None
+    if template is not None:
+        out["template"] = {k: v for k, v in to_json(template).items() if k not in _OUTPUT_ONLY}
+    policy_url = mig.resource_policies.workload_policy if "resource_policies" in mig else ""
+    policy = api.get_resource_policy(policy_url) if policy_url else None
+    if policy is not None:
+        out["workload_policy"] = {k: v for k, v in to_json(policy).items() if k not in _OUTPUT_ONLY}
+    return out
