@@ -380,9 +380,9 @@ class ComputeAdapter:
         """The node's instances in worker order (known from its last get)."""
         return self._names.get(node.id, (node.name,) if self.kind == "instance" else ())
 
-    def worker_instances(self, node: NodeSnapshot) -> Mapping[str, tuple[str, str]]:
+    def worker_instances(self, *nodes: NodeSnapshot) -> Mapping[str, tuple[str, str]]:
         """Instance name -> (node, worker id), for the audit log's entries about the instances."""
-        return {inst: (node.name, str(i)) for i, inst in enumerate(self.instance_names(node))}
+        return {inst: (node.name, str(i)) for node in nodes for i, inst in enumerate(self.instance_names(node))}
 
     def host_keys(self, name: str) -> dict[int, tuple[str, ...]]:
         """Each worker's SSH host keys from its instance's guest attributes (`hostkeys/`, which
