@@ -394,9 +394,12 @@ class ComputeAdapter:
         out: dict[int, tuple[str, ...]] = {}
         for worker, inst in enumerate(names):
             def get(inst: str = inst) -> Any:
+                from google.cloud import compute_v1
+
+                request = compute_v1.GetGuestAttributesInstanceRequest(project=self.project, zone=self.zone,
+                                                                       instance=inst, query_path="hostkeys/")
                 try:
-                    return client.get_guest_attributes(project=self.project, zone=self.zone, instance=inst,
-                                                       query_path="hostkeys/", retry=None, timeout=RPC_TIMEOUT)
+                    return client.get_guest_attributes(request=request, retry=None, timeout=RPC_TIMEOUT)
                 except (gexc.NotFound, gexc.PermissionDenied, gexc.Forbidden, gexc.FailedPrecondition):
                     return None
 
