@@ -3,7 +3,9 @@
 TPU entries name the node (`projects/P/locations/Z/nodes/N[/workers/W]`, a `tpu_worker`
 resource); upcoming maintenance is a Compute Engine entry about one worker VM
 (`projects/P/zones/Z/instances/t1v-n-<hex>-w-<W>`, service compute.googleapis.com, a
-`gce_instance` resource), as in Google's "View maintenance notifications" example.
+`gce_instance` resource), as in Google's "View maintenance notifications" example. A TPU VM made
+through Compute Engine gets Compute Engine entries alone (`compute.instances.hostError`, ...),
+each also a zone operation (`operation.id`).
 
 An `AuditRecord` is one entry as plain data; `to_log_entry` renders it as the
 `google.logging.v2.LogEntry` the Logging API returns (a `tpu_worker` resource, an `AuditLog`
@@ -41,6 +43,8 @@ class AuditRecord:
     metadata: dict[str, Any] = field(default_factory=dict)
     instance: str = ""  # a Compute Engine entry about this worker VM (upcoming maintenance)
     instance_id: str = ""  # its numeric instance id (resource label)
+    status_message: str = ""  # protoPayload.status.message (upcomingMaintenance says which stage)
+    operation_id: str = ""  # the zone operation the event is (operation.id, first and last)
 
     @property
     def service(self) -> str:
@@ -87,6 +91,11 @@ def filter_fields(rec: AuditRecord) -> dict[str, str | int]:
     }
     for k, v in rec.resource_labels.items():
         out[f"resource.labels.{k}"] = v
+    if rec.status_message:
+        out["protoPayload.status.message"] = rec.status_message
+    if rec.operation_id:
+        out["operation.id"] = rec.operation_id
+        out["operation.producer"] = rec.service
     for k, v in rec.metadata.items():
         if isinstance(v, (str, int, float, bool)):
             out[f"protoPayload.metadata.{k}"] = str(v)
@@ -112,6 +121,8 @@ def to_log_entry(rec: AuditRecord) -> Any:
         method_name=rec.method,
         resource_name=rec.resource_name,
     )
+    if rec.status_message:
+        payload.status.message = rec.status_message
     if rec.metadata:
         meta = struct_pb2.Struct()
         meta.update(rec.metadata)
@@ -129,4 +140,8 @@ def to_log_entry(rec: AuditRecord) -> Any:
         severity=log_severity_pb2.LogSeverity.Value(rec.severity),
         insert_id=rec.insert_id,
     )
+    if rec.operation_id:
+        entry.operation.id = rec.operation_id
+        entry.operation.producer = rec.service
+        entry.operation.first = entry.operation.last = True
     return LogEntry.wrap(entry)

@@ -33,11 +33,7 @@ class AuditLog(CallMeter):
         instance: str = "",
     ) -> audit.AuditRecord:
         ts = at_ns if at_ns is not None else time.time_ns()
-        while True:
-            insert_id = f"{self._rng.getrandbits(40):010x}"
-            if insert_id not in self._insert_ids:
-                break
-        self._insert_ids.add(insert_id)
+        insert_id = self._new_insert_id()
         entry = audit.AuditRecord(
             seq=len(self._audit),
             time_ns=ts,
@@ -56,6 +52,14 @@ class AuditLog(CallMeter):
         self._audit.append(entry)
         self._touch()
         return entry
+
+    def _new_insert_id(self) -> str:
+        """An insert id no entry has yet. Call with the lock held."""
+        while True:
+            insert_id = f"{self._rng.getrandbits(40):010x}"
+            if insert_id not in self._insert_ids:
+                self._insert_ids.add(insert_id)
+                return insert_id
 
     def system_event(self, node: str, method: str, *, worker: int | None = None,
                      project: str | None = None, zone: str | None = None) -> None:

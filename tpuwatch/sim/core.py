@@ -4,7 +4,8 @@
 resources, operations, audit entries, call counters, fault windows), the scheduler thread that
 runs timed transitions and host effects, names and zones, snapshots for readers, operations,
 and the effects on the simulated hosts. The World's other parts (`calls.py`, `auditlog.py`,
-`nodes.py`, `queued.py`, `maintenance.py`, `nodefaults.py`) are mixins stacked on it, each on
+`nodes.py`, `queued.py`, `maintenance.py`, `nodefaults.py`, and for Compute Engine
+`instances.py`, `migs.py`, `cefaults.py`) are mixins stacked on it, each on
 the one before it: they are not separate objects because they act on the same records under the
 same lock in one step (a preemption marks the node, writes its audit entry and suspends its
 queued resource under one hold of the lock), and each later part calls the earlier ones.
@@ -23,6 +24,14 @@ from typing import Any, Protocol, TypeVar
 
 from tpuwatch.errors import UsageError
 from tpuwatch.sim import audit, metadata
+from tpuwatch.sim.cerecords import (
+    ComputeOpRec,
+    InstanceRec,
+    MigRec,
+    PolicyRec,
+    ResizeRec,
+    TemplateRec,
+)
 from tpuwatch.sim.records import (
     ApiError,
     NodeRec,
@@ -60,6 +69,8 @@ DEFAULT_DELAYS: dict[str, float] = {
     "queued_provision": 30.0,
     # a multislice request's other slices restart when one comes back from a fault (0: they do not)
     "multislice_restart": 60.0,
+    # a Compute Engine resize request waiting for capacity fails after this long
+    "resize_timeout": 3600.0,
 }
 
 
@@ -139,6 +150,15 @@ class WorldCore:
         self._ops: dict[str, OperationRec] = {}
         self._audit: list[audit.AuditRecord] = []
         self._insert_ids: set[str] = set()
+        # Compute Engine (instances.py, migs.py): instances by "project/zone/instances/name",
+        # operations by "project/scope/name", templates and policies by path, MIGs by key,
+        # resize requests by "project/zone/mig/name"
+        self._instances: dict[str, InstanceRec] = {}
+        self._cops: dict[str, ComputeOpRec] = {}
+        self._templates: dict[str, TemplateRec] = {}
+        self._policies: dict[str, PolicyRec] = {}
+        self._migs: dict[str, MigRec] = {}
+        self._resizes: dict[str, ResizeRec] = {}
         self._fake_ips: dict[str, int] = {}  # node key -> address slot when there are no hosts
         self.host_errors: list[str] = []  # effects on the simulated hosts that failed
         # the windows and counters of calls.py

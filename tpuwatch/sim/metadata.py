@@ -88,6 +88,9 @@ class Instance:
     ip: str = ""
     maintenance_event: str = "NONE"
     directories_fail: bool = False  # fault: every directory query answers 503
+    # instance/upcoming-maintenance with nothing scheduled (Compute Engine shows `{}`, the error
+    # JSON or `NONE` in different places; a TPU VM of the TPU API shows the error JSON)
+    no_notice: str = json.dumps(NO_NOTICE, sort_keys=True)
 
     @property
     def hostname(self) -> str:
@@ -167,7 +170,8 @@ def _tree(inst: Instance) -> dict[str, Any]:
             "network-interfaces": {"0": {"ip": inst.ip}} if inst.ip else {},
             "preempted": "TRUE" if inst.preempted else "FALSE",
             # a leaf holding JSON text, not a directory
-            "upcoming-maintenance": json.dumps(dict(inst.upcoming_maintenance or NO_NOTICE), sort_keys=True),
+            "upcoming-maintenance": (json.dumps(dict(inst.upcoming_maintenance), sort_keys=True)
+                                     if inst.upcoming_maintenance else inst.no_notice),
             "zone": f"projects/{project_number(inst.project)}/zones/{inst.zone}",
         },
         "project": {"numeric-project-id": project_number(inst.project), "project-id": inst.project},

@@ -4,7 +4,9 @@
 `core.py` for why they are mixins): `core` (state, scheduler, names, reads, operations, host
 effects), `calls` (call meter and error windows), `auditlog` (audit entries, ListLogEntries),
 `nodes` (node operations), `queued` (queued resources), `maintenance`, `nodefaults` (node and
-worker faults). Records are in `records.py`, zones and accelerator shapes in `shapes.py`.
+worker faults), and Compute Engine's: `instances` (instances and zone operations), `cefaults`
+(host error, maintenance, preemption of instances), `migs` (templates, workload policies, MIGs,
+resize requests). Compute Engine records are in `cerecords.py`. Records are in `records.py`, zones and accelerator shapes in `shapes.py`.
 
 The gRPC layer (`grpc_api.py`) renders this state as the real protobuf messages; nothing here
 imports grpc or Google types. Timed transitions and every effect on the simulated hosts (start,
@@ -21,8 +23,8 @@ Errors an API call would return are `ApiError(code name, message)`; errors in a 
 
 from __future__ import annotations
 
-from tpuwatch.sim.nodefaults import NodeFaults
+from tpuwatch.sim.migs import Migs
 
 
-class World(NodeFaults):
+class World(Migs):
     """The simulated cloud. Thread-safe; see the module docstring for time and errors."""

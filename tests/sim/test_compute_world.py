@@ -1,0 +1,135 @@
+"""The simulated Compute Engine in the World: instances as hosts, MIGs, faults, audit entries."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tpuwatch.errors import UsageError
+from tpuwatch.sim.instances import ComputeError
+from tpuwatch.sim.simulator import Simulator
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Iterator[Simulator]:
+    with Simulator(root=tmp_path / "sim", speed=600) as s:
+        yield s
+
+
+def _metadata(sim: Simulator, key: str, path: str) -> str:
+    req = urllib.request.Request(f"http://{sim.hosts.metadata_address(key, 0)}/computeMetadata/v1/{path}",
+                                 headers={"Metadata-Flavor": "Google"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return resp.read().decode()
+
+
+def test_instance_is_a_host_with_its_own_metadata_server(sim: Simulator) -> None:
+    rec = sim.world.add_instance("vm", "tpu7x-standard-4t", body={"metadata": {"items": [{"key": "a", "value": "b"}]}})
+    assert rec.status == "RUNNING" and rec.ip
+    assert sim.hosts.is_listening(rec.key, 0)
+    assert _metadata(sim, rec.key, "instance/id") == str(rec.id)
+    assert _metadata(sim, rec.key, "instance/name") == "vm"
+    assert _metadata(sim, rec.key, "instance/attributes/a") == "b"
+    assert json.loads(_metadata(sim, rec.key, "instance/upcoming-maintenance"))["error"]
+    assert _metadata(sim, rec.key, "instance/preempted") == "FALSE"
+    assert set(sim.world.instance_host_keys(rec)) == {"ssh-ed25519"}
+
+
+def test_mig_with_topology_makes_a_slice_and_host_error_recovers_it_whole(sim: Simulator) -> None:
+    w = sim.world
+    mig = w.add_mig("slice", "tpu7x-standard-4t", 4, topology="2x2x4")
+    names = sorted(mig.members)
+    assert len(names) == 4 and all(n.startswith("slice-") and len(n) == len("slice-") + 4 for n in names)
+    ids = {r.name: r.id for r in w.instances()}
+    w.host_error(names[2], restart_after=60)
+    assert {r.status for r in w.instances()} == {"TERMINATED"}
+    w.wait_mig_stable("slice")
+    assert {r.name: r.id for r in w.instances()} == ids  # restarted, not recreated
+    methods = [(e.method, e.instance) for e in w.audit_entries()]
+    assert methods[0] == ("compute.instances.hostError", names[2])
+    assert sorted(i for m, i in methods if m == "compute.instances.automaticRestart") == names
+    entry = w.audit_entries()[0]
+    assert entry.resource_type == "gce_instance" and entry.service == "compute.googleapis.com"
+    assert entry.resource_name == f"projects/{sim.project}/zones/{sim.zone}/instances/{names[2]}"
+    assert entry.resource_labels["instance_id"] == str(ids[names[2]])
+
+
+def test_multi_host_autoheal_recreates_every_instance_with_new_ids(sim: Simulator) -> None:
+    w = sim.world
+    mig = w.add_mig("slice", size=4, topology="2x2x4")
+    ids = {r.name: r.id for r in w.instances()}
+    w.autoheal("slice", sorted(mig.members)[0])
+    assert {m.current_action for m in w.mig("slice").members.values()} == {"RECREATING"}
+    w.wait_mig_stable("slice")
+    after = {r.name: r.id for r in w.instances()}
+    assert set(after) == set(ids) and all(after[n] != ids[n] for n in ids)
+    assert [e.method for e in w.audit_entries()] == ["compute.instances.repair.recreateInstance"] * 4
+
+
+def test_maintenance_notice_then_perform_maintenance_now(sim: Simulator) -> None:
+    w = sim.world
+    rec = w.add_instance("vm")
+    w.schedule_instance_maintenance("vm", starts_in=86400, heal_after=60)
+    notice = json.loads(_metadata(sim, rec.key, "instance/upcoming-maintenance"))
+    assert notice["maintenance_status"] == "PENDING" and notice["type"] == "SCHEDULED"
+    op = w.perform_instance_maintenance(sim.project, sim.zone, "vm", heal_after=60)
+    assert w.instance("vm").status == "TERMINATED"
+    w.wait_for(lambda ww: ww.get_compute_operation(sim.project, f"zones/{sim.zone}", op.name).done, 10)
+    assert w.instance("vm").status == "RUNNING" and w.instance("vm").upcoming is None
+    assert [e.method.rsplit(".", 1)[-1] for e in w.audit_entries()] == [
+        "upcomingMaintenance", "upcomingMaintenance", "terminateOnHostMaintenance", "automaticRestart",
+        "upcomingMaintenance"]
+    with pytest.raises(ComputeError, match="no pending maintenance"):
+        w.perform_instance_maintenance(sim.project, sim.zone, "vm")
+
+
+def test_spot_preemption_stops_for_good(sim: Simulator) -> None:
+    w = sim.world
+    w.add_instance("spot", body={"scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP"}})
+    w.preempt_instance("spot")
+    rec = w.instance("spot")
+    assert rec.status == "TERMINATED" and rec.preempted
+    assert [e.method for e in w.audit_entries()] == ["compute.instances.preempted"]
+    with pytest.raises(ComputeError, match="Delete it and create it again"):
+        w.start_instance(sim.project, sim.zone, "spot")
+    with pytest.raises(UsageError, match="not SPOT"):
+        w.add_instance("std")
+        w.preempt_instance("std")
+
+
+def test_mig_create_in_a_stockout_waits_with_the_error_then_succeeds(sim: Simulator) -> None:
+    w = sim.world
+    w.stockout(duration=None)
+    mig = w.add_mig("slice", size=4, topology="2x2x4", wait=False)
+    w.wait_for(lambda ww: all(m.errors for m in ww.mig("slice").members.values()), 10)
+    assert not w.instances()
+    managed = w.managed_instances(sim.project, sim.zone, "slice")
+    assert all(m.current_action == "CREATING" and m.errors[0][0] == "ZONE_RESOURCE_POOL_EXHAUSTED"
+               for m, _ in managed)
+    w.clear_errors()
+    w.wait_mig_stable(mig.name)
+    assert len(w.instances()) == 4
+
+
+def test_resize_request_fails_in_a_long_stockout_and_succeeds_without(sim: Simulator) -> None:
+    w = sim.world
+    w.add_mig("flex", size=0)
+    w.stockout(duration=None)
+    w.insert_resize_request(sim.project, sim.zone, "flex", {"name": "rr1", "resizeBy": 1,
+                                                            "requestedRunDuration": {"seconds": "3600"}})
+    w.wait_for(lambda ww: ww.get_resize_request(sim.project, sim.zone, "flex", "rr1").state == "FAILED", 20)
+    rr = w.get_resize_request(sim.project, sim.zone, "flex", "rr1")
+    assert rr.error[0][0] == "ZONE_RESOURCE_POOL_EXHAUSTED" and not w.instances()
+    w.clear_errors()
+    w.insert_resize_request(sim.project, sim.zone, "flex", {"name": "rr2", "resizeBy": 1,
+                                                            "requestedRunDuration": {"seconds": "600"}})
+    w.wait_for(lambda ww: ww.get_resize_request(sim.project, sim.zone, "flex", "rr2").state == "SUCCEEDED", 20)
+    (vm,) = w.instances()
+    assert vm.provisioning_model == "FLEX_START"
+    # the run duration ends: the VM is deleted and the MIG shrinks back
+    w.wait_for(lambda ww: not ww.instances(), 20)
+    assert w.mig("flex").target_size == 0

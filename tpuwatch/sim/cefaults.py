@@ -1,0 +1,238 @@
+"""Faults of Compute Engine TPU VMs, as Google documents them, and the maintenance calls.
+
+- Host error (docs.cloud.google.com/tpu/docs/failure-recovery): the instance stops at once
+  (TERMINATED, `compute.instances.hostError`), and with managed capacity Compute Engine restarts
+  it on healthy hardware (RUNNING, same name and id, `compute.instances.automaticRestart`). A
+  multi-host slice (a MIG whose workload policy names a topology) is recovered as a whole: every
+  instance of it stops and comes back together.
+- Maintenance: `resourceStatus.upcomingMaintenance` PENDING (an `upcomingMaintenance` entry
+  saying it is scheduled), the metadata server's notices before it starts, then ONGOING: the
+  instance stops (`compute.instances.terminateOnHostMaintenance`, a TPU VM does not migrate),
+  and is restarted after the repair (`automaticRestart`, then `upcomingMaintenance` completed).
+  `instances.performMaintenance` starts a pending one now; `simulateMaintenanceEvent` runs one.
+- Spot preemption: `compute.instances.preempted`; with termination action STOP the instance is
+  TERMINATED and cannot be started again, with DELETE it is deleted.
+- Run duration ending (flex-start, `scheduling.maxRunDuration`): the instance is deleted.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+from tpuwatch.errors import UsageError
+from tpuwatch.sim.cerecords import ComputeOpRec, InstanceRec
+from tpuwatch.sim.instances import ComputeError, Instances
+from tpuwatch.sim.records import UpcomingRec, rfc3339_s
+
+HOST_ERROR = "compute.instances.hostError"
+AUTOMATIC_RESTART = "compute.instances.automaticRestart"
+PREEMPTED = "compute.instances.preempted"
+TERMINATE_ON_MAINTENANCE = "compute.instances.terminateOnHostMaintenance"
+UPCOMING = "compute.instances.upcomingMaintenance"
+REPAIR_RECREATE = "compute.instances.repair.recreateInstance"
+NO_PENDING_MAINTENANCE = "There is no pending maintenance for instance '{name}'."
+
+
+class ComputeFaults(Instances):
+    """Faults of Compute Engine instances and the calls that start maintenance."""
+
+    def _live_instance(self, name: str, project: str | None, zone: str | None, what: str) -> InstanceRec:
+        rec = self._fault_instance(name, project, zone)
+        if rec.status != "RUNNING":
+            raise UsageError(f"cannot inject {what} into instance {rec.name}: it is {rec.status}")
+        return rec
+
+    def slice_of(self, rec: InstanceRec) -> list[InstanceRec]:
+        """The instances recovered together with `rec`: its multi-host MIG's, or itself alone.
+        Call with the lock held."""
+        mig = self._migs.get(rec.mig)
+        if mig is None or not mig.multi_host:
+            return [rec]
+        return [r for r in (self._instances.get(self._ikey(mig.project, mig.zone, n)) for n in mig.members)
+                if r is not None]
+
+    # ---- host error --------------------------------------------------------------------------
+
+    def host_error(self, name: str, *, restart_after: float | None = 120.0,
+                   project: str | None = None, zone: str | None = None) -> None:
+        """The instance's host fails: TERMINATED now (with its slice), restarted after
+        `restart_after` simulated seconds when automatic restart is on (None: never)."""
+        with self._lock:
+            rec = self._live_instance(name, project, zone, "a host error")
+            self._system_event(rec, HOST_ERROR, "Instance terminated by Compute Engine.")
+            downs = []
+            for r in self.slice_of(rec):
+                r.status, r.epoch, r.last_stop_ns = "TERMINATED", r.epoch + 1, time.time_ns()
+                downs.append(self._queue_hosts("down", r.key))
+                if restart_after is not None and r.automatic_restart:
+                    key, ident, epoch = r.key, r.id, r.epoch
+                    self.after(restart_after, lambda k=key, i=ident, e=epoch: self._restart_instance(k, i, e))
+            self._touch()
+        for d in downs:
+            self._await(d)
+
+    # ---- maintenance -------------------------------------------------------------------------
+
+    def schedule_instance_maintenance(
+        self, name: str, *, starts_in: float = 7 * 86400.0, window: float | None = None,
+        heal_after: float | None = 1800.0, kind: str = "SCHEDULED", can_reschedule: bool = True,
+        notice: float = 60.0, project: str | None = None, zone: str | None = None,
+    ) -> None:
+        """Announce maintenance: upcomingMaintenance PENDING now; the metadata server's
+        maintenance-event notice `notice` before the window; at the window's start it runs."""
+        if kind not in ("SCHEDULED", "UNSCHEDULED"):
+            raise UsageError(f"type must be SCHEDULED or UNSCHEDULED, got {kind!r}")
+        with self._lock:
+            rec = self._live_instance(name, project, zone, "maintenance")
+            now = time.time_ns()
+            start = now + int(self.real(starts_in) * 1e9)
+            length = window if window is not None else self.delays["maintenance_window"]
+            rec.upcoming = UpcomingRec(kind, "PENDING", can_reschedule, start,
+                                       start + int(self.real(length) * 1e9), start)
+            self._write_instance_audit(rec, UPCOMING, f"Maintenance is scheduled for this instance from "
+                                       f"{rfc3339_s(start)} to {rfc3339_s(rec.upcoming.window_end_ns)}.")
+            key, ident, token = rec.key, rec.id, start
+        if notice > 0:
+            self.after(max(starts_in - notice, 0.0), lambda: self._maintenance_notice(key, ident, token))
+        self.after(starts_in, lambda: self._begin_maintenance(key, ident, token, heal_after))
+
+    def _maintenance_notice(self, key: str, ident: int, token: int) -> None:
+        with self._lock:
+            r = self._instances.get(key)
+            if r is None or r.id != ident or r.upcoming is None or r.upcoming.window_start_ns != token:
+                return
+            r.maintenance_event = "TERMINATE_ON_HOST_MAINTENANCE"
+            self._touch()
+
+    def _begin_maintenance(self, key: str, ident: int, token: int | None, heal_after: float | None,
+                           op_key: str = "") -> None:
+        """The maintenance starts: ONGOING, the instance stops, and with automatic restart it
+        runs again `heal_after` later. `token` ties a timer to the notice that scheduled it
+        (None: simulateMaintenanceEvent, which needs no notice)."""
+        with self._lock:
+            r = self._instances.get(key)
+            if r is None or r.id != ident:
+                self._end_cop(op_key)
+                return
+            if token is not None and (r.upcoming is None or r.upcoming.window_start_ns != token
+                                      or r.upcoming.status != "PENDING"):
+                return  # started by hand already, or replaced
+            if r.status != "RUNNING":
+                self._end_cop(op_key)
+                return
+            if r.upcoming is None:
+                now = time.time_ns()
+                r.upcoming = UpcomingRec("UNSCHEDULED", "ONGOING", False, now,
+                                         now + int(self.real(self.delays["maintenance_window"]) * 1e9), now)
+            r.upcoming.status, r.upcoming.can_reschedule = "ONGOING", False
+            self._write_instance_audit(r, UPCOMING, "Maintenance is ongoing on this instance.")
+            self._system_event(r, TERMINATE_ON_MAINTENANCE, "Instance terminated during Compute Engine maintenance.")
+            r.status, r.epoch, r.last_stop_ns = "TERMINATED", r.epoch + 1, time.time_ns()
+            r.maintenance_event = "TERMINATE_ON_HOST_MAINTENANCE"
+            epoch, restart = r.epoch, r.automatic_restart
+            down = self._queue_hosts("down", key)
+            if heal_after is not None:
+                self.after(heal_after, lambda: self._end_maintenance(key, ident, epoch, restart, op_key))
+            self._touch()
+        self._await(down)
+
+    def _end_maintenance(self, key: str, ident: int, epoch: int, restart: bool, op_key: str) -> None:
+        if restart:
+            self._restart_instance(key, ident, epoch)
+        with self._lock:
+            r = self._instances.get(key)
+            if r is not None and r.id == ident and r.upcoming is not None:
+                r.upcoming, r.maintenance_event = None, "NONE"
+                self._write_instance_audit(r, UPCOMING, "Maintenance is completed on this instance.")
+            self._end_cop(op_key)
+
+    def perform_instance_maintenance(self, project: str, zone: str, name: str,
+                                     heal_after: float = 1800.0) -> ComputeOpRec:
+        """instances.performMaintenance: start the pending maintenance now; refused when none
+        is pending. The operation ends once the instance runs again."""
+        with self._lock:
+            rec = self._require_instance(project, zone, name)
+            if rec.upcoming is None or rec.upcoming.status != "PENDING":
+                raise ComputeError("INVALID_ARGUMENT", NO_PENDING_MAINTENANCE.format(name=name), "badRequest")
+            op = self._new_cop(project, f"zones/{zone}", "performMaintenance", rec.path, rec.id)
+            key, ident, token = rec.key, rec.id, rec.upcoming.window_start_ns
+        self._sched.run_sync(lambda: self._begin_maintenance(key, ident, token, heal_after, op.key))
+        return self.get_compute_operation(project, f"zones/{zone}", op.name)
+
+    def simulate_instance_maintenance(self, project: str, zone: str, name: str,
+                                      heal_after: float | None = None) -> ComputeOpRec:
+        """instances.simulateMaintenanceEvent: a maintenance event now (a TPU VM stops and is
+        restarted), ending when the instance runs again."""
+        with self._lock:
+            rec = self._require_instance(project, zone, name)
+            if rec.status != "RUNNING":
+                raise ComputeError("FAILED_PRECONDITION", f"The resource '{rec.path}' is not ready", "resourceNotReady")
+            op = self._new_cop(project, f"zones/{zone}", "simulateMaintenanceEvent", rec.path, rec.id)
+            key, ident = rec.key, rec.id
+        heal = heal_after if heal_after is not None else self.delays["simulated_maintenance_heal"]
+        self._sched.run_sync(lambda: self._begin_maintenance(key, ident, None, heal, op.key))
+        return self.get_compute_operation(project, f"zones/{zone}", op.name)
+
+    # ---- preemption, run duration ------------------------------------------------------------
+
+    def preempt_instance(self, name: str, *, notice: float = 0.0, project: str | None = None,
+                         zone: str | None = None) -> None:
+        """A Spot instance is preempted (instance/preempted TRUE `notice` before): with
+        termination action STOP it is TERMINATED for good (start refused), with DELETE deleted."""
+        with self._lock:
+            rec = self._live_instance(name, project, zone, "preemption")
+            if rec.provisioning_model != "SPOT":
+                raise UsageError(f"instance {rec.name} is {rec.provisioning_model}, not SPOT, so it cannot be "
+                                 "preempted; create it with spot = true")
+            if notice > 0:
+                rec.preempt_notice = True
+                key, ident = rec.key, rec.id
+                self._touch()
+        if notice > 0:
+            self.after(notice, lambda: self._preempt_now(key, ident))
+            return
+        self._preempt_now(rec.key, rec.id)
+
+    def _preempt_now(self, key: str, ident: int) -> None:
+        with self._lock:
+            r = self._instances.get(key)
+            if r is None or r.id != ident or r.status != "RUNNING":
+                return
+            self._system_event(r, PREEMPTED, "Instance was preempted.")
+            r.preempt_notice = False
+            r.epoch, r.last_stop_ns = r.epoch + 1, time.time_ns()
+            if r.termination_action == "DELETE":
+                del self._instances[key]
+                self._instance_gone(r)
+                down = self._queue_hosts("destroy", key)
+            else:
+                r.status, r.preempted = "TERMINATED", True
+                down = self._queue_hosts("down", key)
+            self._touch()
+        self._await(down)
+
+    def end_run_duration(self, name: str, *, project: str | None = None, zone: str | None = None) -> None:
+        """The instance's run duration (flex-start, maxRunDuration) ends: it is deleted."""
+        with self._lock:
+            rec = self._fault_instance(name, project, zone)
+            key, ident = rec.key, rec.id
+        self._finish_delete_instance(key, ident)
+
+    def _arm_run_duration(self, rec: InstanceRec, seconds: float | None) -> None:
+        """Delete the instance `seconds` (simulated) after now, unless it changed. Lock held."""
+        if seconds is None:
+            return
+        key, ident = rec.key, rec.id
+        self.after(seconds, lambda: self._finish_delete_instance(key, ident))
+
+    def _instance_up(self, rec: InstanceRec) -> None:
+        if rec.max_run_duration is not None and rec.termination_action == "DELETE" and rec.last_start_ns:
+            self._arm_run_duration(rec, rec.max_run_duration)
+        super()._instance_up(rec)
+
+    def remove_instance(self, name: str, *, project: str | None = None, zone: str | None = None) -> None:
+        """Someone deleted the instance outside tpuwatch (gone at once)."""
+        with self._lock:
+            rec = copy.deepcopy(self._fault_instance(name, project, zone))
+        self._finish_delete_instance(rec.key, rec.id)
