@@ -164,3 +164,15 @@ def test_a_zone_operation_error_becomes_a_grpc_code() -> None:
 def test_a_message_is_saved_as_json_without_defaults() -> None:
     data = to_json(mig())
     assert data == {"name": "slice", "targetSize": 4, "baseInstanceName": "slice", "status": {"isStable": True}}
+
+
+def test_a_host_error_in_a_multi_host_mig_is_a_repair_not_a_persons_stop() -> None:
+    vms = four("TERMINATED")  # the whole slice stops; Google restarts it
+    node = mig_snapshot(mig(stable=False), [managed(v) for v in vms], vms, project=P, zone=Z)
+    assert node.state == "REPAIRING" and node_condition(node) is Cond.REPAIR
+
+
+def test_a_preempted_spot_vm_in_an_unstable_mig_is_still_dead() -> None:
+    vms = four(spot=True)
+    vms[0] = instance("slice-d", "TERMINATED", ident=4, spot=True)
+    assert mig_snapshot(mig(stable=False), [managed(v) for v in vms], vms, project=P, zone=Z).state == "PREEMPTED"

@@ -157,9 +157,10 @@ def mig_state(mig: Any, managed: Sequence[Any], instances: Sequence[Any]) -> tup
     """(state, what Google is doing) of a MIG from its managed instances and their instances.
 
     The MIG at work on any instance (a current action: creating, recreating, restarting, ...),
-    short of its target size, not stable, or an instance not yet readable: REPAIRING, for the
-    policy to wait with repair_timeout; it never deletes what a MIG repairs. A MIG scaled to
-    zero by a person: STOPPED. Otherwise the worst of its instances' states."""
+    short of its target size, an instance not yet readable, or not stable (with no Spot VM
+    preempted, which a MIG does not restart): REPAIRING, for the policy to wait with
+    repair_timeout; it never deletes what a MIG repairs. A MIG scaled to zero by a person:
+    STOPPED. Otherwise the worst of its instances' states."""
     target = int(mig.target_size)
     if target == 0 and not managed:
         return "STOPPED", "target size 0"
@@ -171,9 +172,13 @@ def mig_state(mig: Any, managed: Sequence[Any], instances: Sequence[Any]) -> tup
         return "REPAIRING", f"MIG has {len(managed)} of its {target} instances"
     if len(instances) < len(managed):
         return "REPAIRING", "MIG instances not all readable yet"
-    if "status" in mig and "is_stable" in mig.status and not mig.status.is_stable:
-        return "REPAIRING", "MIG not stable"
     states = [instance_state(i) for i in instances]
+    if "PREEMPTED" in states:  # a MIG does not restart a preempted Spot VM: delete and recreate it
+        return "PREEMPTED", ""
+    if "status" in mig and "is_stable" in mig.status and not mig.status.is_stable:
+        # e.g. its instances TERMINATED by a host error, which Google restarts (a multi-host
+        # slice as a whole), or stopped ones its autoheal restarts
+        return "REPAIRING", "MIG not stable"
     worst = next((s for s in _RANK if s in states), next((s for s in states if s != "READY"), "READY"))
     return worst, ""
 
