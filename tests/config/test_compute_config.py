@@ -59,3 +59,17 @@ def test_a_compute_config_that_does_not_fit_is_refused_naming_the_key(tmp_path: 
     with pytest.raises(ConfigError, match=None) as err:
         load(tmp_path, tpu)
     assert message in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("command", ["drill", "precheck", "run", "recreate"])
+def test_commands_that_speak_only_the_tpu_api_refuse_a_compute_job(tmp_path: Path, command: str) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "tpuwatch.toml"
+    path.write_text('[tpu]\napi = "compute"\nmig = "slice"\nzone = "us-central1-c"\nproject = "proj-1"\n' + JOB)
+    name = ["slice"] if command == "recreate" else []
+    out = subprocess.run([sys.executable, "-m", "tpuwatch.cli", command, *name, "-c", str(path)], capture_output=True,
+                         text=True, timeout=60, stdin=subprocess.DEVNULL,
+                         env={**__import__("os").environ, "TPUWATCH_STATE_DIR": str(tmp_path / "state")})
+    assert out.returncode == 2 and "not for a slice made through Compute Engine yet" in out.stderr, out.stderr

@@ -1,0 +1,134 @@
+"""End to end on Compute Engine: `tpuwatch watch` on a slice made through Compute Engine (a MIG of
+TPU7x VMs, or an instance), against the simulator's Compute Engine REST face with the real
+`google-cloud-compute` client and real ssh to the simulated VMs.
+
+Each test reads its outcome from the journal (`history --json`), the trainer's checkpoints and
+the simulated world (instance ids, what is left), never from tpuwatch's own words alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_helpers import STEPS, finish, trainer, write_config
+
+from tpuwatch.sim.rest import RestFace
+from tpuwatch.sim.simulator import Simulator
+
+pytestmark = pytest.mark.slow
+
+
+class CeJob:
+    """A job whose slice is a Compute Engine instance or MIG of the simulator, watched by the CLI."""
+
+    def __init__(self, sim: Simulator, rest: RestFace, tmp: Path, kind: str, name: str, *,
+                 hold_at: int | None = None, **recovery: str | int) -> None:
+        self.sim, self.ck, self.go = sim, sim.bucket / "ck", tmp / "go"
+        extra = ""
+        if hold_at is not None:  # the job stalls at that step until release(): a fault meets it running
+            self.go.mkdir()
+            extra = f"--hold-at {hold_at} --hold-until {self.go}"
+        self.hold_at = hold_at
+        self.cfg = write_config(tmp / "tpuwatch.toml", sim, trainer(self.ck, extra), self.ck, name=name,
+                                tpu={"api": "compute", kind: name}, **recovery)
+        self.env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp / "state"),
+                    "TPUWATCH_COMPUTE_EMULATOR": rest.url.rstrip("/")}
+
+    def watch(self) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(self.cfg)],
+                                env=self.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+
+    def history(self) -> dict[str, Any]:
+        out = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "history", "-c", str(self.cfg), "--json"],
+                             env=self.env, text=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert out.returncode == 0, out.stderr
+        result: dict[str, Any] = json.loads(out.stdout)
+        return result
+
+    def release(self) -> None:
+        assert self.hold_at is not None
+        (self.go / str(self.hold_at)).touch()
+
+    def steps_done(self) -> list[int]:
+        return sorted(int(p.name) for p in self.ck.iterdir() if p.name.isdigit()) if self.ck.exists() else []
+
+
+@pytest.fixture
+def rest(sim: Simulator) -> Iterator[RestFace]:
+    with RestFace(sim.world) as face:
+        yield face
+
+
+def wait(pred: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def ids(sim: Simulator) -> dict[str, int]:
+    return {r.name: r.id for r in sim.world.instances()}
+
+
+def writes(sim: Simulator) -> list[str]:
+    """The Compute Engine calls that change something, as the world counted them."""
+    return sorted(m for m in sim.world.calls if m.startswith("compute.") and
+                  any(verb in m for verb in ("Delete", "Insert", "RecreateInstances", "Stop", "Resize")))
+
+
+def test_a_tpu7x_multi_host_mig_through_a_healed_host_error_resumes_and_nothing_is_deleted(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    mig = sim.world.add_mig("slice", "tpu7x-standard-4t", 4, topology="2x2x4", labels={"tpuwatch-job": "slice"})
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "mig", "slice", hold_at=10)
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints")
+    sim.world.host_error(sorted(mig.members)[1], restart_after=1800)  # the whole slice; back 3 s later
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    attempts = job.history()["attempts"]
+    assert len(attempts) >= 2, out
+    first, second = attempts[0], attempts[1]
+    assert first["outcome"] == "disruption" and first["charged"] is False, attempts
+    assert second["start_step"] is not None and second["start_step"] >= 10, attempts  # resumed
+    assert job.steps_done()[-1] == STEPS
+    assert ids(sim) == before  # restarted by Google, never deleted or recreated
+    assert writes(sim) == [], writes(sim)
+
+
+def test_a_foreign_instance_is_never_touched(sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "someone-else"},
+                                       "scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP"}})
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 1, "a checkpoint")
+    sim.world.preempt_instance("vm")
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc != 0 and "not owned" in out, out  # it would recreate a preempted VM, but not another's
+    assert sim.world.instance("vm").status == "TERMINATED"
+    assert writes(sim) == [], writes(sim)
+
+
+def test_a_hand_deleted_instance_is_not_recreated(sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}})
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 1, "a checkpoint")
+    sim.world.remove_instance("vm")
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc != 0 and "never recreates a node a person deleted" in out, out
+    assert "vm" not in ids(sim)
+    assert writes(sim) == [], writes(sim)
