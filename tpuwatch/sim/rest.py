@@ -12,6 +12,8 @@ Served, for the paths gcloud 528 calls (`api_endpoint_overrides/tpu` = `url`,
 - Compute `v1`: `projects/P` (get), whose `commonInstanceMetadata` holds an `ssh-keys` item with
   the simulated workers' client key, so `gcloud ... tpu-vm ssh` adds no key to the node; with
   the os-login fault it also holds `enable-oslogin=TRUE`;
+- Compute `v1` for TPU VMs made through Compute Engine (instances, operations, templates,
+  resource policies, MIGs, resize requests) and gcloud's `/batch/compute/v1`: compute_rest.py;
 - OS Login `v1` (`api_endpoint_overrides/oslogin` = `url + "oslogin/"`): `users/U/loginProfile`
   and `users/U:importSshPublicKey`, whose primary POSIX account is the world's OS Login user, so
   gcloud logs in under that name as it does on Google Cloud.
@@ -46,6 +48,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from tpuwatch.errors import UsageError
+from tpuwatch.sim.compute_rest import ComputeRest, RawBody
 from tpuwatch.sim.grpc_api import (
     OPERATIONS,
     TPU_V2,
@@ -159,6 +162,7 @@ class RestFace:
         # calls served through this face (gcloud's), by method; the world counts both faces
         self.calls: Counter[str] = Counter()
         self._calls_lock = threading.Lock()
+        self.compute = ComputeRest(world, self._call, lambda: self.compute_url)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -225,10 +229,13 @@ class RestFace:
 
     # --- request handling ------------------------------------------------------------------
 
-    def handle(self, method: str, raw_path: str, body: bytes) -> tuple[int, dict[str, Any]]:
-        """Serve one request: (HTTP status, JSON body)."""
+    def handle(self, method: str, raw_path: str, body: bytes,
+               content_type: str = "") -> tuple[int, dict[str, Any] | RawBody]:
+        """Serve one request: (HTTP status, JSON body or a raw one)."""
         parts = urlsplit(raw_path)
         path = unquote(parts.path)
+        if self.compute.handles(path):
+            return self.compute.handle(method, raw_path, body, content_type)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         for verb, pattern, name in ROUTES:
             m = pattern.match(path)
@@ -500,10 +507,14 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length > 0 else b""
-        status, payload = self.server.face.handle(self.command, self.path, body)
-        data = json.dumps(payload, indent=2).encode()
+        status, payload = self.server.face.handle(self.command, self.path, body,
+                                                  self.headers.get("Content-Type", ""))
+        if isinstance(payload, RawBody):
+            data, ctype = payload.data, payload.content_type
+        else:
+            data, ctype = json.dumps(payload, indent=2).encode(), "application/json; charset=UTF-8"
         self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
