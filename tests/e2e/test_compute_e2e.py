@@ -39,6 +39,10 @@ class CeJob:
         self.hold_at = hold_at
         self.cfg = write_config(tmp / "tpuwatch.toml", sim, trainer(self.ck, extra), self.ck, name=name,
                                 tpu={"api": "compute", kind: name}, **recovery)
+        # The simulator names each VM made through Compute Engine in its own hosts file only, so
+        # a MIG's peers do not resolve there (Compute Engine's internal DNS resolves them).
+        with self.cfg.open("a") as f:
+            f.write('[precheck]\nskip = ["dns"]\n')
         self.env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp / "state"),
                     "TPUWATCH_COMPUTE_EMULATOR": rest.url.rstrip("/")}
 
@@ -68,11 +72,14 @@ def rest(sim: Simulator) -> Iterator[RestFace]:
         yield face
 
 
-def wait(pred: Callable[[], bool], what: str, timeout: float = 60) -> None:
+def wait(pred: Callable[[], bool], what: str, proc: subprocess.Popen[str], timeout: float = 60) -> None:
+    """Until `pred()`; on a timeout, the watch is stopped and what it printed is shown."""
     end = time.monotonic() + timeout
     while not pred():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
+        if time.monotonic() > end or proc.poll() is not None:
+            proc.kill()
+            out, _ = proc.communicate()
+            raise AssertionError(f"timed out waiting for {what}; watch printed:\n{out}")
         time.sleep(0.1)
 
 
@@ -92,7 +99,7 @@ def test_a_tpu7x_multi_host_mig_through_a_healed_host_error_resumes_and_nothing_
     before = ids(sim)
     job = CeJob(sim, rest, tmp_path, "mig", "slice", hold_at=10)
     proc = job.watch()
-    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints")
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
     sim.world.host_error(sorted(mig.members)[1], restart_after=1800)  # the whole slice; back 3 s later
     job.release()
     rc, out = finish(proc, timeout=120)
@@ -107,12 +114,29 @@ def test_a_tpu7x_multi_host_mig_through_a_healed_host_error_resumes_and_nothing_
     assert writes(sim) == [], writes(sim)
 
 
+def test_a_single_host_instance_stopped_by_a_host_error_is_left_to_google_and_resumes(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}})
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
+    sim.world.host_error("vm", restart_after=1800)  # TERMINATED, restarted 3 s later
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    first, second = job.history()["attempts"][:2]
+    assert first["outcome"] == "disruption" and first["charged"] is False
+    assert second["start_step"] is not None and second["start_step"] >= 10
+    assert ids(sim) == before and writes(sim) == [], writes(sim)
+
+
 def test_a_foreign_instance_is_never_touched(sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
     sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "someone-else"},
                                        "scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP"}})
     job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
     proc = job.watch()
-    wait(lambda: len(job.steps_done()) >= 1, "a checkpoint")
+    wait(lambda: len(job.steps_done()) >= 1, "a checkpoint", proc)
     sim.world.preempt_instance("vm")
     job.release()
     rc, out = finish(proc, timeout=120)
@@ -125,10 +149,43 @@ def test_a_hand_deleted_instance_is_not_recreated(sim: Simulator, rest: RestFace
     sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}})
     job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
     proc = job.watch()
-    wait(lambda: len(job.steps_done()) >= 1, "a checkpoint")
+    wait(lambda: len(job.steps_done()) >= 1, "a checkpoint", proc)
     sim.world.remove_instance("vm")
     job.release()
     rc, out = finish(proc, timeout=120)
     assert rc != 0 and "never recreates a node a person deleted" in out, out
     assert "vm" not in ids(sim)
     assert writes(sim) == [], writes(sim)
+
+
+def test_init_finds_a_mig_writes_what_recreates_it_and_status_shows_it_as_one_node(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    sim.world.add_mig("slice", "tpu7x-standard-4t", 4, topology="2x2x4", labels={"tpuwatch-job": "slice"})
+    sim.world.add_instance("vm", body={"labels": {"team": "ml"}})
+    env = {**os.environ, **sim.env, "TPUWATCH_COMPUTE_EMULATOR": rest.url.rstrip("/"),
+           "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tpuwatch.cli", *args], env=env, text=True,
+                              capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+
+    out = cli("init", "slice", "-o", str(tmp_path / "slice.toml"), "--json")
+    assert out.returncode == 0, out.stderr
+    written = json.loads(out.stdout)
+    assert (written["mig"], written["workers"], written["owned"]) == ("slice", 4, True)
+    spec = written["spec"]
+    assert spec["mig"]["targetSize"] == 4 and spec["mig"]["instanceTemplate"].endswith("slice-template")
+    assert spec["workload_policy"]["workloadPolicy"]["acceleratorTopology"] == "2x2x4"
+    assert spec["template"]["properties"]["labels"] == {"tpuwatch-job": "slice"}
+    status = cli("status", "-c", str(tmp_path / "slice.toml"), "--json")
+    assert status.returncode == 0, status.stderr
+    (node,) = json.loads(status.stdout)["nodes"]
+    assert node["name"] == "slice" and node["state"] == "READY" and len(node["workers"]) == 4
+
+    out = cli("init", "vm", "-o", str(tmp_path / "vm.toml"), "--json")
+    assert out.returncode == 0, out.stderr
+    written = json.loads(out.stdout)
+    assert written["instance"] == "vm" and written["owned"] is False
+    body = written["spec"]["instance"]
+    assert body["machineType"] == "tpu7x-standard-4t" and "id" not in body and "status" not in body
+    assert cli("init", "nothing", "-o", str(tmp_path / "x.toml")).returncode == 1
