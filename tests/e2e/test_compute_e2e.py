@@ -189,3 +189,23 @@ def test_init_finds_a_mig_writes_what_recreates_it_and_status_shows_it_as_one_no
     body = written["spec"]["instance"]
     assert body["machineType"] == "tpu7x-standard-4t" and "id" not in body and "status" not in body
     assert cli("init", "nothing", "-o", str(tmp_path / "x.toml")).returncode == 1
+
+
+def test_a_preempted_spot_mig_is_recreated_as_a_whole_and_the_job_resumes(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    mig = sim.world.add_mig("slice", "tpu7x-standard-4t", 4, topology="2x2x4", spot=True,
+                            labels={"tpuwatch-job": "slice"})
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "mig", "slice", hold_at=10)
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
+    sim.world.preempt_instance(sorted(mig.members)[0])  # TERMINATED for good: Google restarts no Spot TPU VM
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    first, second = job.history()["attempts"][:2]
+    assert first["outcome"] == "disruption" and first["charged"] is False, out
+    assert second["start_step"] is not None and second["start_step"] >= 10
+    after = ids(sim)
+    assert set(after) == set(before) and all(after[n] != before[n] for n in before)  # every VM made again
+    assert writes(sim) == ["compute.v1.InstanceGroupManagers/RecreateInstances"], writes(sim)  # the MIG stays
