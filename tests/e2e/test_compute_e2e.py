@@ -209,3 +209,35 @@ def test_a_preempted_spot_mig_is_recreated_as_a_whole_and_the_job_resumes(
     after = ids(sim)
     assert set(after) == set(before) and all(after[n] != before[n] for n in before)  # every VM made again
     assert writes(sim) == ["compute.v1.InstanceGroupManagers/RecreateInstances"], writes(sim)  # the MIG stays
+
+
+def test_a_preempted_spot_instance_is_deleted_and_inserted_again_from_what_init_captured(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    import tomli_w
+
+    sim.world.add_instance("vm", body={
+        "labels": {"tpuwatch-job": "vm", "team": "ml"},
+        "scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP"},
+        "metadata": {"items": [{"key": "owner-note", "value": "kept on recreate"}]}})
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    init = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "init", "vm", "-o", str(tmp_path / "init.toml"),
+                           "--json"], env=job.env, text=True, capture_output=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert init.returncode == 0, init.stderr
+    with job.cfg.open("a") as f:  # the job's config with the spec `init` wrote
+        f.write(tomli_w.dumps({"tpu": {"compute_spec": json.loads(init.stdout)["spec"]}}))
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
+    sim.world.preempt_instance("vm")
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    first, second = job.history()["attempts"][:2]
+    assert first["outcome"] == "disruption" and first["charged"] is False, out
+    assert second["start_step"] is not None and second["start_step"] >= 10
+    assert ids(sim)["vm"] != before["vm"]
+    assert writes(sim) == ["compute.v1.Instances/Delete", "compute.v1.Instances/Insert"], writes(sim)
+    vm = sim.world.instance("vm")
+    assert vm.labels == {"tpuwatch-job": "vm", "team": "ml"} and vm.provisioning_model == "SPOT"
+    assert vm.metadata["owner-note"] == "kept on recreate" and vm.metadata["tpuwatch-job"] == "vm"
