@@ -241,3 +241,22 @@ def test_a_preempted_spot_instance_is_deleted_and_inserted_again_from_what_init_
     vm = sim.world.instance("vm")
     assert vm.labels == {"tpuwatch-job": "vm", "team": "ml"} and vm.provisioning_model == "SPOT"
     assert vm.metadata["owner-note"] == "kept on recreate" and vm.metadata["tpuwatch-job"] == "vm"
+
+
+def test_a_mig_autoheal_is_waited_out_without_deleting_anything(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    mig = sim.world.add_mig("slice", "tpu7x-standard-4t", 4, topology="2x2x4", labels={"tpuwatch-job": "slice"})
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "mig", "slice", hold_at=10)
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
+    sim.world.autoheal("slice", sorted(mig.members)[2])  # a multi-host slice: Google recreates all four
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    first, second = job.history()["attempts"][:2]
+    assert first["outcome"] == "disruption" and first["charged"] is False, out
+    assert second["start_step"] is not None and second["start_step"] >= 10
+    after = ids(sim)
+    assert all(after[n] != before[n] for n in before)  # Google's recreate
+    assert writes(sim) == [], writes(sim)  # and none of tpuwatch's
