@@ -1,7 +1,7 @@
 """`tpuwatch init NAME`: read a live TPU and write tpuwatch.toml with its spec captured.
 
 Reads: one v2alpha1 get of the node (plus one get of its queued resource when it came from
-one). Writes: the config file only, never the node - except with `--adopt`, which adds the
+one); for a NAME that is no node, the Compute Engine instance or MIG of that name. Writes: the config file only, never the node - except with `--adopt`, which adds the
 ownership label `tpuwatch-job=<job>` to the live node (one update_node, labels only).
 """
 
@@ -22,7 +22,10 @@ HELP = """Read an existing TPU and write tpuwatch.toml with everything needed to
 it again ([tpu.spec]: accelerator, runtime version, network, service account, scheduling,
 labels, metadata, tags, data disks, shielded VM, boot disk) and its queued resource when it
 came from one. The spec gets the ownership label tpuwatch-job=<job>; the live node does not,
-unless --adopt is given.
+unless --adopt is given. A NAME that is no TPU API node is looked up as a Compute Engine
+instance, then a managed instance group (TPU7x and later, or v5p/v6e made that way): the config
+gets [tpu] api = "compute" and [tpu.compute_spec] (the instance, or the MIG with its template
+and workload policy).
 
 \b
 Examples:
