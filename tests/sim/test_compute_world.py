@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -133,3 +134,62 @@ def test_resize_request_fails_in_a_long_stockout_and_succeeds_without(sim: Simul
     # the run duration ends: the VM is deleted and the MIG shrinks back
     w.wait_for(lambda ww: not ww.instances(), 20)
     assert w.mig("flex").target_size == 0
+
+
+def test_scenario_starts_a_world_with_a_mig_and_an_instance(tmp_path: Path) -> None:
+    from tpuwatch.sim import scenario
+
+    sc = scenario.parse({
+        "instance": [{"name": "vm", "machine_type": "ct6e-standard-4t", "provisioning_model": "SPOT",
+                      "no_notice": "empty"}],
+        "mig": [{"name": "slice", "machine_type": "tpu7x-standard-4t", "size": 4, "topology": "2x2x4"}],
+        "step": [{"at": "1m", "fault": "host-error", "instance": "vm", "restart_after": "never"}],
+    })
+    with Simulator(root=tmp_path / "sim", scenario=sc) as sim:
+        mig = sim.world.mig("slice")
+        assert len(mig.members) == 4 and mig.topology == "2x2x4" and sim.world.mig_is_stable(mig)
+        vm = sim.world.instance("vm")
+        assert vm.provisioning_model == "SPOT" and vm.termination_action == "STOP"
+        assert _metadata(sim, vm.key, "instance/upcoming-maintenance") == "{}"
+        sim.world.wait_instance("vm", "TERMINATED")
+        sim.inject("mig-autoheal", mig="slice")
+        assert {m.current_action for m in sim.world.mig("slice").members.values()} == {"RECREATING"}
+
+
+@pytest.mark.parametrize("table,row,error", [
+    ("mig", {"name": "s", "size": 3, "topology": "2x2x4"}, "mig[0].topology: topology 2x2x4 holds 16 chips"),
+    ("mig", {"name": "s", "machine_type": "v4-8"}, "mig[0].machine_type: machine type 'v4-8' is not a TPU"),
+    ("instance", {"name": "s", "colour": "red"}, "instance[0].colour: unknown option"),
+    ("instance", {"name": "s", "provisioning_model": "CHEAP"}, "instance[0].provisioning_model: expected one of"),
+])
+def test_scenario_compute_tables_are_checked(table: str, row: dict[str, object], error: str) -> None:
+    from tpuwatch.sim import scenario
+
+    with pytest.raises(UsageError, match=re.escape(error)):
+        scenario.parse({table: [row]})
+
+
+def test_compute_entries_are_served_by_the_logging_face_with_their_operation(sim: Simulator) -> None:
+    from tpuwatch.sim import audit
+
+    w = sim.world
+    rec = w.add_instance("vm")
+    w.host_error("vm", restart_after=60)
+    rows, _ = w.list_log_entries([f"projects/{sim.project}"], 'resource.type="gce_instance" AND '
+                                 'protoPayload.methodName="compute.instances.hostError"')
+    assert [r.instance for r in rows] == ["vm"]
+    entry = audit.to_log_entry(rows[0])
+    assert entry.resource.labels["instance_id"] == str(rec.id)
+    assert entry.operation.id.startswith("systemevent-") and entry.operation.producer == "compute.googleapis.com"
+    ops = w.list_compute_operations(sim.project, f"zones/{sim.zone}")
+    assert [o.op_type for o in ops] == ["compute.instances.hostError"] and ops[0].name == entry.operation.id
+
+
+def test_an_instance_deleted_behind_a_migs_back_is_made_again(sim: Simulator) -> None:
+    w = sim.world
+    mig = w.add_mig("one", size=1)
+    (name,) = mig.members
+    old = w.instance(name).id
+    sim.inject("delete-instance", instance=name)
+    w.wait_mig_stable("one")
+    assert w.instance(name).id != old

@@ -79,9 +79,10 @@ class CallMeter(WorldCore):
             ):
                 self.injected[method] += 1
                 perm = _permission_for(method)
+                service = "compute" if method.startswith("compute.") else "tpu"
                 return ApiError(
                     "PERMISSION_DENIED",
-                    f"Permission '{perm}' denied on resource '//tpu.googleapis.com/{resource or 'projects/' + project}' "
+                    f"Permission '{perm}' denied on resource '//{service}.googleapis.com/{resource or 'projects/' + project}' "
                     "(or it may not exist).",
                 )
             errs = self._api_errors
@@ -291,6 +292,11 @@ def _permission_for(method: str) -> str:
     short = method.rsplit("/", 1)[-1]
     if short == "ListLogEntries":
         return "logging.logEntries.list"
+    if method.startswith("compute.v1."):  # compute.v1.InstanceGroupManagers/Get -> compute.instanceGroupManagers.get
+        kind = method[len("compute.v1."):].split("/", 1)[0]
+        kind = {"ZoneOperations": "zoneOperations", "RegionOperations": "regionOperations",
+                "GlobalOperations": "globalOperations"}.get(kind, kind[:1].lower() + kind[1:])
+        return f"compute.{kind}.{short[:1].lower() + short[1:]}"
     verb = re.sub(r"(?<!^)(?=[A-Z])", "_", short).lower().split("_")
     resource = "nodes"
     if "queued" in verb:

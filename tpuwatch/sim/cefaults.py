@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import time
 
 from tpuwatch.errors import UsageError
@@ -67,7 +68,7 @@ class ComputeFaults(Instances):
                 downs.append(self._queue_hosts("down", r.key))
                 if restart_after is not None and r.automatic_restart:
                     key, ident, epoch = r.key, r.id, r.epoch
-                    self.after(restart_after, lambda k=key, i=ident, e=epoch: self._restart_instance(k, i, e))
+                    self.after(restart_after, functools.partial(self._restart_instance, key, ident, epoch))
             self._touch()
         for d in downs:
             self._await(d)
@@ -230,6 +231,14 @@ class ComputeFaults(Instances):
         if rec.max_run_duration is not None and rec.termination_action == "DELETE" and rec.last_start_ns:
             self._arm_run_duration(rec, rec.max_run_duration)
         super()._instance_up(rec)
+
+    def set_no_notice(self, name: str, form: str, *, project: str | None = None, zone: str | None = None) -> None:
+        """What instance/upcoming-maintenance says with nothing scheduled: "error", "empty" or "none"."""
+        if form not in ("error", "empty", "none"):
+            raise UsageError(f"no_notice must be error, empty or none, got {form!r}")
+        with self._lock:
+            self._fault_instance(name, project, zone).no_notice = form
+            self._touch()
 
     def remove_instance(self, name: str, *, project: str | None = None, zone: str | None = None) -> None:
         """Someone deleted the instance outside tpuwatch (gone at once)."""

@@ -9,7 +9,8 @@ their `regions/R/` and `global/` twins, `regions/R/instanceTemplates` and
 `zones/Z/instanceGroupManagers` (insert, get, list, delete, listManagedInstances,
 recreateInstances, resize), `aggregated/instanceGroupManagers`,
 `zones/Z/instanceGroupManagers/G/resizeRequests` (insert, get, list, delete, cancel) and
-`zones/Z/autoscalers` (always empty: gcloud's MIG describe asks).
+`zones/Z/autoscalers` (always empty: gcloud's MIG describe asks) and `zones/Z/instanceGroups` (list:
+each MIG's group and its size, which gcloud's MIG list reads).
 
 Every request is counted and may be failed by injection under its method name,
 `compute.v1.Instances/Get`, `compute.v1.ZoneOperations/Wait`,
@@ -19,6 +20,7 @@ shape, `{"error": {"code", "message", "errors": [{"message", "domain", "reason"}
 
 from __future__ import annotations
 
+import email.message
 import email.parser
 import email.policy
 import json
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from tpuwatch.sim.cerecords import compute_time
 from tpuwatch.sim.compute_json import (
     instance_json,
     managed_json,
@@ -88,6 +91,7 @@ ROUTES: list[tuple[str, re.Pattern[str], str, str]] = [
         ("DELETE", _G + rf"/resizeRequests/{_S}$", "InstanceGroupManagerResizeRequests/Delete", "delete_resize"),
         ("POST", _G + rf"/resizeRequests/{_S}/cancel$", "InstanceGroupManagerResizeRequests/Cancel", "cancel_resize"),
         ("GET", _Z + r"/autoscalers$", "Autoscalers/List", "list_autoscalers"),
+        ("GET", _Z + r"/instanceGroups$", "InstanceGroups/List", "list_groups"),
     )
 ]
 BATCH_PATH = "/batch/compute/v1"
@@ -147,6 +151,7 @@ class ComputeRest:
         self.world = world
         self._call = call
         self._base = base
+        self.batches = 0  # batch requests served (each part is also counted by its method)
 
     def handles(self, path: str) -> bool:
         return path == BATCH_PATH or any(p.match(path) for _, p, _, _ in ROUTES)
@@ -188,11 +193,14 @@ class ComputeRest:
         answered by a part with Content-ID `<response-ID>`."""
         msg = email.parser.BytesParser(policy=email.policy.compat32).parsebytes(
             f"Content-Type: {content_type}\r\n\r\n".encode() + body)
+        self.batches += 1
         if not msg.is_multipart():
             return compute_error(ComputeError("INVALID_ARGUMENT", "A batch request must be multipart/mixed", "invalid"))
         boundary = uuid.uuid4().hex
         out: list[bytes] = []
         for part in msg.get_payload():
+            if not isinstance(part, email.message.Message):
+                continue
             cid = str(part.get("Content-ID", "")).strip()
             raw = part.get_payload()
             text = raw if isinstance(raw, str) else ""
@@ -379,6 +387,17 @@ class ComputeRest:
         self.world.check_compute_zone(p, z)
         link = f"{self._base()}projects/{p}/zones/{z}/autoscalers"
         return {"kind": "compute#autoscalerList", "id": link, "items": [], "selfLink": link}
+
+    def _list_groups(self, p: str, z: str, *, query: dict[str, str], **_: Any) -> dict[str, Any]:
+        base = self._base()
+        self.world.check_compute_zone(p, z)
+        items = [{"kind": "compute#instanceGroup", "id": str(m.id), "name": m.name,
+                  "creationTimestamp": compute_time(m.create_ns), "zone": f"{base}projects/{p}/zones/{z}",
+                  "size": len(self.world.managed_instances(p, z, m.name)),
+                  "network": f"{base}projects/{p}/global/networks/default",
+                  "selfLink": f"{base}projects/{p}/zones/{z}/instanceGroups/{m.name}"}
+                 for m in self.world.list_migs(p, z)]
+        return _list("compute#instanceGroupList", f"{base}projects/{p}/zones/{z}/instanceGroups", items, query)
 
     # ---- resize requests ---------------------------------------------------------------------
 

@@ -57,6 +57,7 @@ _WHERE = (
     Param("project", "str", "project of the node (default: the simulator's project)"),
 )
 _NODE = Param("node", "str", "node name", required=True)
+_INSTANCE = Param("instance", "str", "Compute Engine instance name", required=True)
 _NOTICE_VIA = Param("notice_via", "choice",
                     "the metadata key that gives the notice: maintenance-event TERMINATE_ON_HOST_MAINTENANCE, or "
                     "upcoming-maintenance turning ONGOING alone (as the Cloud TPU docs point TPU VMs to); "
@@ -411,6 +412,96 @@ FAULTS: dict[str, Fault] = {
             ),
             target="name",
         ),
+        # Compute Engine TPU VMs (instances and MIGs)
+        Fault(
+            "create-instance",
+            "Create a RUNNING Compute Engine TPU VM now (no operation).",
+            (
+                Param("name", "str", "instance name", required=True),
+                Param("machine_type", "str", "TPU machine type", default="tpu7x-standard-4t", cli="--type"),
+                Param("provisioning_model", "choice", "provisioning model", default="STANDARD",
+                      choices=("STANDARD", "SPOT", "FLEX_START", "RESERVATION_BOUND")),
+                Param("labels", "map", "labels KEY=VALUE", default={}),
+                Param("metadata", "map", "metadata KEY=VALUE", default={}),
+                Param("startup_script", "str", "file whose text becomes metadata startup-script"),
+                Param("no_notice", "choice", "what instance/upcoming-maintenance says with nothing scheduled: "
+                      "the error JSON, {} or NONE", default="ERROR", choices=("ERROR", "EMPTY", "NONE")),
+                *_WHERE,
+            ),
+            target="name",
+        ),
+        Fault(
+            "create-mig",
+            "Create a MIG of TPU VMs now, from a new template (and a workload policy with --topology: a "
+            "multi-host slice), and wait until it is stable.",
+            (
+                Param("name", "str", "MIG name (its instances are <name>-xxxx)", required=True),
+                Param("machine_type", "str", "TPU machine type", default="tpu7x-standard-4t", cli="--type"),
+                Param("size", "int", "target size (VMs)", default=1),
+                Param("topology", "str", "accelerator topology of a multi-host slice, e.g. 2x2x4", default=""),
+                Param("spot", "bool", "Spot VMs (termination action STOP)", default=False),
+                Param("labels", "map", "labels KEY=VALUE of its instances", default={}),
+                Param("metadata", "map", "metadata KEY=VALUE of its instances", default={}),
+                *_WHERE,
+            ),
+            target="name",
+        ),
+        Fault(
+            "host-error",
+            "A Compute Engine TPU VM's host fails: TERMINATED (a multi-host MIG's whole slice), then "
+            "restarted by Compute Engine (hostError, then automaticRestart audit entries).",
+            (_INSTANCE, Param("restart_after", "duration", 'simulated time until it runs again; "never": not '
+                              "restarted", default=120.0), *_WHERE),
+            target="instance",
+        ),
+        Fault(
+            "instance-maintenance",
+            "Schedule host maintenance of a Compute Engine TPU VM: upcomingMaintenance PENDING, the "
+            "metadata notice, then it stops (terminateOnHostMaintenance) and is restarted.",
+            (
+                _INSTANCE,
+                Param("starts_in", "duration", "simulated time until the window opens", default=7 * 86400.0),
+                Param("window", "duration", "length of the window"),
+                Param("heal_after", "duration", "time stopped before it runs again", default=1800.0),
+                Param("type", "choice", "maintenance type", default="SCHEDULED", choices=("SCHEDULED", "UNSCHEDULED")),
+                Param("can_reschedule", "bool", "whether it can be rescheduled", default=True),
+                Param("notice", "duration", "maintenance-event TERMINATE_ON_HOST_MAINTENANCE this long before",
+                      default=60.0),
+                *_WHERE,
+            ),
+            target="instance",
+        ),
+        Fault(
+            "preempt-instance",
+            "Preempt a Spot Compute Engine TPU VM: TERMINATED for good (action STOP) or deleted (DELETE).",
+            (_INSTANCE, Param("notice", "duration", "instance/preempted TRUE this long before", default=0.0),
+             *_WHERE),
+            target="instance",
+        ),
+        Fault(
+            "mig-autoheal",
+            "A MIG repairs an instance: single-host, recreated under its name; multi-host, the whole slice "
+            "(repair.recreateInstance audit entries, new ids).",
+            (
+                Param("mig", "str", "MIG name", required=True),
+                Param("instance", "str", "the failed instance (default: the MIG's first)", default=""),
+                Param("reason", "str", "the reason in the audit entry", default="instance's health check failed"),
+                *_WHERE,
+            ),
+            target="mig",
+        ),
+        Fault(
+            "run-duration-end",
+            "A Compute Engine TPU VM's run duration ends (flex-start): it is deleted.",
+            (_INSTANCE, *_WHERE),
+            target="instance",
+        ),
+        Fault(
+            "delete-instance",
+            "Someone deleted the Compute Engine instance outside tpuwatch (gone at once; a MIG makes it again).",
+            (_INSTANCE, *_WHERE),
+            target="instance",
+        ),
     )
 }
 
@@ -530,11 +621,26 @@ def normalize(
             raise UsageError(
                 f"{where + ': ' if where else ''}fault {fault!r} mounts a small tmpfs on the worker and needs root"
             )
-    if fault == "create-node":
+    if fault in ("create-instance", "create-mig"):
+        from tpuwatch.sim.cerecords import chips_of, topology_chips
+
+        at = where + "." if where else ""
         try:
-            worker_count(out["accelerator_type"])
+            per_vm = chips_of(out["machine_type"])
+            chips = topology_chips(out["topology"]) if fault == "create-mig" and out.get("topology") else 0
+            if chips and chips != per_vm * out["size"]:
+                raise ValueError(f"topology {out['topology']} holds {chips} chips: {chips // per_vm} VMs of "
+                                 f"{out['machine_type']}, not size = {out['size']}")
         except ValueError as exc:
-            raise UsageError(f"{where + '.' if where else ''}accelerator_type: {exc}")
+            raise UsageError(f"{at}{'topology' if 'topology' in str(exc) else 'machine_type'}: {exc}")
+        if fault == "create-mig" and out["size"] < 0:
+            raise UsageError(f"{at}size: must be 0 or more, got {out['size']}")
+    if fault in ("create-node", "create-instance"):
+        if fault == "create-node":
+            try:
+                worker_count(out["accelerator_type"])
+            except ValueError as exc:
+                raise UsageError(f"{where + '.' if where else ''}accelerator_type: {exc}")
         script = out.pop("startup_script", None)
         if script is not None:
             path = Path(script).expanduser()
@@ -665,6 +771,8 @@ def apply(world: World, fault: str, params: Mapping[str, Any]) -> Any:
             p["name"], spec, node_count=count, node_prefix=p.get("node_prefix", ""), **where
         )
         return {"name": qr.full_name, "nodes": qr.node_ids, "state": qr.state}
+    elif fault in COMPUTE_FAULTS:
+        return _apply_compute(world, fault, p, where)
     elif fault == "create-node":
         spec = NodeSpec(
             accelerator_type=p["accelerator_type"],
@@ -678,4 +786,44 @@ def apply(world: World, fault: str, params: Mapping[str, Any]) -> Any:
         return {"name": rec.full_name, "id": str(rec.id), "ips": rec.ips, "state": rec.state}
     else:  # pragma: no cover - get() guards this
         raise UsageError(f"unknown fault {fault!r}")
+    return {"fault": fault, "ok": True}
+
+
+COMPUTE_FAULTS = ("create-instance", "create-mig", "host-error", "instance-maintenance", "preempt-instance",
+                  "mig-autoheal", "run-duration-end", "delete-instance")
+
+
+def _apply_compute(world: World, fault: str, p: dict[str, Any], where: dict[str, Any]) -> Any:
+    """Perform a normalized Compute Engine fault."""
+    if fault == "create-instance":
+        model = p.get("provisioning_model", "STANDARD")
+        sched: dict[str, Any] = {"provisioningModel": model, "onHostMaintenance": "TERMINATE"}
+        if model in ("SPOT", "FLEX_START"):
+            sched["instanceTerminationAction"] = "STOP" if model == "SPOT" else "DELETE"
+        body = {"labels": p.get("labels", {}), "scheduling": sched,
+                "metadata": {"items": [{"key": k, "value": v} for k, v in p.get("metadata", {}).items()]},
+                "networkInterfaces": [{"accessConfigs": [{"type": "ONE_TO_ONE_NAT"}]}]}
+        rec = world.add_instance(p["name"], p["machine_type"], body=body, **where)
+        world.set_no_notice(rec.name, str(p.get("no_notice", "ERROR")).lower(), **where)
+        return {"name": rec.path, "id": str(rec.id), "ip": rec.ip, "status": rec.status}
+    if fault == "create-mig":
+        mig = world.add_mig(p["name"], p["machine_type"], int(p.get("size", 1)), topology=p.get("topology", ""),
+                            spot=bool(p.get("spot", False)), labels=p.get("labels", {}),
+                            metadata=p.get("metadata", {}), **where)
+        return {"name": mig.path, "instances": sorted(mig.members), "topology": mig.topology}
+    if fault == "host-error":
+        world.host_error(p.pop("instance"), restart_after=p.get("restart_after"), **where)
+    elif fault == "instance-maintenance":
+        world.schedule_instance_maintenance(
+            p.pop("instance"), starts_in=p["starts_in"], window=p.get("window"), heal_after=p.get("heal_after"),
+            kind=p.get("type", "SCHEDULED"), can_reschedule=p.get("can_reschedule", True),
+            notice=p.get("notice", 60.0), **where)
+    elif fault == "preempt-instance":
+        world.preempt_instance(p.pop("instance"), notice=p.get("notice", 0.0), **where)
+    elif fault == "mig-autoheal":
+        world.autoheal(p.pop("mig"), p.get("instance", ""), reason=p.get("reason", ""), **where)
+    elif fault == "run-duration-end":
+        world.end_run_duration(p.pop("instance"), **where)
+    elif fault == "delete-instance":
+        world.remove_instance(p.pop("instance"), **where)
     return {"fault": fault, "ok": True}

@@ -20,9 +20,10 @@ requests, as the compute v1 API serves them.
 from __future__ import annotations
 
 import copy
+import functools
 import string
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tpuwatch.errors import UsageError
@@ -216,7 +217,7 @@ class Migs(ComputeFaults):
             self._provision(rec)
         self._touch()
 
-    def _locked(self, fn: Any) -> None:
+    def _locked(self, fn: Callable[[], None]) -> None:
         with self._lock:
             fn()
 
@@ -467,7 +468,8 @@ class Migs(ComputeFaults):
             if all(r is not None and r.status == "RUNNING" for r in recs):
                 rr.state = "SUCCEEDED"
                 if rr.run_duration is not None:
-                    self.after(rr.run_duration, lambda r=rr: self._locked(lambda: self._end_resize_run(r.key, r.create_ns)))
+                    self.after(rr.run_duration, functools.partial(self._locked, functools.partial(
+                        self._end_resize_run, rr.key, rr.create_ns)))
                 self._touch()
 
     def _end_resize_run(self, key: str, created: int) -> None:

@@ -261,7 +261,7 @@ class RestFace:
         if any(p.match(path) for _, p, _ in ROUTES):
             return error_body("UNIMPLEMENTED", f"{method} {path} is not supported by the simulator")
         return error_body("NOT_FOUND", f"{method} {path}: no such method in the simulator's REST face "
-                          "(it serves TPU v2/v2alpha1 nodes, queued resources and operations, and compute/v1 projects)")
+                          "(it serves TPU v2/v2alpha1 nodes, queued resources and operations, compute/v1 projects, and the compute/v1 paths of compute_rest.py)")
 
     def _call(self, method: str, resource: str) -> None:
         with self._calls_lock:

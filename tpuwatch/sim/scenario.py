@@ -19,6 +19,17 @@ labels = { team = "ml" }
 metadata = { foo = "bar" }
 startup_script = "resume.sh"   # file (relative to this scenario) -> metadata startup-script
 
+[[instance]]                # a Compute Engine TPU VM (any option of fault create-instance)
+name = "vm"
+machine_type = "tpu7x-standard-4t"
+
+[[mig]]                     # a MIG of TPU VMs (any option of fault create-mig)
+name = "slice"
+machine_type = "tpu7x-standard-4t"
+size = 4
+topology = "2x2x4"          # a multi-host slice
+spot = false
+
 [[step]]
 at = "5m"                   # simulated time after start
 fault = "maintenance"       # any fault of `tpuwatch sim inject --help`
@@ -74,6 +85,8 @@ class Scenario:
     log_latency: float | None = None
     delays: dict[str, float] = field(default_factory=dict)
     nodes: list[dict[str, Any]] = field(default_factory=list)
+    instances: list[dict[str, Any]] = field(default_factory=list)  # create-instance options
+    migs: list[dict[str, Any]] = field(default_factory=list)  # create-mig options
     steps: list[Step] = field(default_factory=list)
 
 
@@ -104,8 +117,8 @@ def parse(
 ) -> Scenario:
     out = Scenario()
     for key in data:
-        if key not in ("sim", "node", "step"):
-            raise _unknown(where, key, ("sim", "node", "step"))
+        if key not in ("sim", "node", "instance", "mig", "step"):
+            raise _unknown(where, key, ("sim", "node", "instance", "mig", "step"))
     sim = data.get("sim", {})
     if not isinstance(sim, Mapping):
         raise UsageError(f"{where}: [sim] must be a table")
@@ -159,6 +172,22 @@ def parse(
             raise UsageError(f"{w}.name: node {norm['name']!r} is listed twice")
         names.add(norm["name"])
         out.nodes.append(norm)
+
+    for table, fault, into in (("instance", "create-instance", out.instances), ("mig", "create-mig", out.migs)):
+        rows = data.get(table, [])
+        if not isinstance(rows, list):
+            raise UsageError(f"{where}: {table}s are written [[{table}]] (an array of tables)")
+        seen: set[tuple[Any, Any, str]] = set()
+        for i, row in enumerate(rows):
+            w = f"{where}: {table}[{i}]"
+            if not isinstance(row, Mapping):
+                raise UsageError(f"{w}: expected a table")
+            norm = faults.normalize(fault, row, where=w, base_dir=base_dir)
+            ident = (norm.get("project"), norm.get("zone"), norm["name"])
+            if ident in seen:
+                raise UsageError(f"{w}.name: {table} {norm['name']!r} is listed twice")
+            seen.add(ident)
+            into.append(norm)
 
     steps = data.get("step", [])
     if not isinstance(steps, list):

@@ -190,6 +190,12 @@ class Simulator:
         for node in self.scenario.nodes:
             faults.apply(self.world, "create-node", node)
             self.on_event(f"created node {node['name']} ({node['accelerator_type']})")
+        for inst in self.scenario.instances:
+            faults.apply(self.world, "create-instance", inst)
+            self.on_event(f"created instance {inst['name']} ({inst['machine_type']})")
+        for mig in self.scenario.migs:
+            faults.apply(self.world, "create-mig", mig)
+            self.on_event(f"created MIG {mig['name']} ({mig['size']} x {mig['machine_type']})")
         for step in self.scenario.steps:
             self.world.after(step.at, self._step_runner(step))
 
