@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuwatch.durations import parse_duration
-from tpuwatch.errors import ConfigError
+from tpuwatch.errors import ConfigError, UsageError
 from tpuwatch.model import NODE_NAME
 
 if sys.version_info >= (3, 11):
@@ -31,6 +31,12 @@ else:  # pragma: no cover
 PLACEHOLDERS = ("checkpoint", "step", "attempt", "worker", "slice")
 CHECKPOINT_LAYOUTS = ("auto", "orbax", "flax", "t5x", "levanter", "pytorch_xla")
 TRANSPORTS = ("openssh", "gcloud")
+# Which Google API made the job's TPU: the Cloud TPU API (nodes, queued resources), or Compute
+# Engine (an instance, or a managed instance group), the only way to TPU7x and later.
+TPU_APIS = ("tpu", "compute")
+# What [tpu.compute_spec] holds at its top (written by `tpuwatch init`): the instance to insert
+# again, or the MIG (its insert body) with the template and workload policy it was made from.
+COMPUTE_SPEC_KEYS = ("instance", "mig", "template", "workload_policy")
 NOTIFY_FORMATS = ("slack", "chat", "json")
 # What a [[notify]] table may be told about (tpuwatch.policy.alerts derives them from the journal).
 ALERT_KINDS = ("failed", "needs_person", "recreated", "disruption", "resumed", "done", "maintenance")
@@ -475,6 +481,18 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "names": Field(_node_names, (), "a multislice job's nodes, in slice order (2 or more; `name` then names the "
                        "job's group of slices). Through a multislice queued resource: its `<prefix>-0`, `<prefix>-1`, ..."),
         "queued_resource": Field(_str, "", "set when the TPU was made through a queued resource"),
+        "api": Field(_choice(TPU_APIS), "tpu", "the API that made the TPU: \"tpu\" (Cloud TPU API nodes) or "
+                     "\"compute\" (a Compute Engine instance or managed instance group: TPU7x and later, v5p, v6e)"),
+        "instance": Field(_pattern(NODE_NAME, "instance name (lowercase letters, digits, hyphens; starts with a "
+                                   "letter)", allow_empty=True), "",
+                          "with api = \"compute\": the Compute Engine instance that is the job's single-host slice"),
+        "mig": Field(_pattern(NODE_NAME, "managed instance group name (lowercase letters, digits, hyphens; starts "
+                              "with a letter)", allow_empty=True), "",
+                     "with api = \"compute\": the managed instance group that is the job's slice (one VM, or a "
+                     "multi-host slice through its workload policy)"),
+        "compute_spec": Field(lambda k, v: _compute_spec(k, v), {},
+                              "with api = \"compute\": what a recreate needs (written by tpuwatch init): "
+                              "`instance` (the instance's insert body), or `mig`, `template` and `workload_policy`"),
         "startup_script": Field(_path, "", "file sent as metadata startup-script on create"),
         "spec": Field(lambda k, v: _spec(k, v), {}, "the node spec used by recreate (written by tpuwatch init)"),
         "zone_overrides": Field(lambda k, v: _zone_overrides(v), {},
@@ -594,6 +612,76 @@ def _spec(key: str, value: Any) -> dict[str, Any]:
     return validate_spec(value, key=key)
 
 
+def _compute_spec(key: str, value: Any) -> dict[str, Any]:
+    """A table of the COMPUTE_SPEC_KEYS tables; their fields are checked against the Compute Engine
+    API's messages when a recreate builds its request (tpuwatch.cloud.computelife)."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a table")
+    for part, table in value.items():
+        if part not in COMPUTE_SPEC_KEYS:
+            raise ConfigError(f"{key}.{part}: unknown key{_did_you_mean(part, list(COMPUTE_SPEC_KEYS))}; "
+                              f"[{key}] holds {', '.join(COMPUTE_SPEC_KEYS)} (`tpuwatch init` writes them)")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{key}.{part}: expected a table")
+    if "instance" in value and "mig" in value:
+        raise ConfigError(f"{key}: holds both an instance and a mig; keep the one tpu.instance or tpu.mig names")
+    return dict(value)
+
+
+def _compute_target(raw: dict[str, Any]) -> None:
+    """With api = "compute", [tpu] names its slice by `instance` or `mig`; `name`, when left out,
+    is that name (the job's and the journal's)."""
+    if raw.get("api") != "compute" or "name" in raw:
+        return
+    key = "instance" if raw.get("instance") else "mig"
+    target = raw.get(key)
+    if target:
+        raw["name"] = SCHEMA["tpu"][key].check(f"tpu.{key}", target)
+    elif not target:
+        raise ConfigError("tpu.instance, tpu.mig: with api = \"compute\", set one: instance = \"NAME\" for a "
+                          "single VM, or mig = \"NAME\" for a managed instance group (`tpuwatch init NAME` finds "
+                          "which)")
+
+
+def _check_compute(t: Mapping[str, Any]) -> None:
+    """ConfigError for a [tpu] table whose keys do not fit its `api`."""
+    if t["api"] != "compute":
+        for key in ("instance", "mig"):
+            if t[key]:
+                raise ConfigError(f"tpu.{key}: names a Compute Engine {'instance' if key == 'instance' else 'MIG'}, "
+                                  f"but tpu.api is \"{t['api']}\"; add api = \"compute\" under [tpu]")
+        if t["compute_spec"]:
+            raise ConfigError("tpu.compute_spec: only for api = \"compute\"; a TPU API node's spec is [tpu.spec]")
+        return
+    if bool(t["instance"]) == bool(t["mig"]):
+        raise ConfigError("tpu.instance, tpu.mig: with api = \"compute\", set exactly one: instance = \"NAME\" "
+                          "for a single VM, or mig = \"NAME\" for a managed instance group (`tpuwatch init NAME` "
+                          "finds which)" + ("" if t["instance"] else "; neither is set"))
+    target = t["instance"] or t["mig"]
+    if t["name"] != target:
+        key = "instance" if t["instance"] else "mig"
+        raise ConfigError(f"tpu.name: {t['name']!r} is not tpu.{key} {target!r}; with api = \"compute\" the "
+                          f"slice is named by tpu.{key}: drop tpu.name (name the job with job.name)")
+    refused = {
+        "names": "a multislice job spans TPU API nodes; Compute Engine multislice is not documented by Google",
+        "queued_resource": "queued resources are the TPU API's; on Compute Engine a MIG's resize requests "
+                           "take their place",
+        "fallback_zones": "a Compute Engine slice is recreated in its own zone only",
+        "zone_overrides": "a Compute Engine slice is recreated in its own zone only",
+        "spec": "[tpu.spec] is a TPU API node's spec; on Compute Engine it is [tpu.compute_spec]",
+    }
+    for key, why in refused.items():
+        if t[key]:
+            raise ConfigError(f"tpu.{key}: not with api = \"compute\" ({why}); remove it")
+    spec = t["compute_spec"]
+    if spec:
+        kind = "instance" if t["instance"] else "mig"
+        other = "mig" if kind == "instance" else "instance"
+        if other in spec:
+            raise ConfigError(f"tpu.compute_spec.{other}: the job names a {kind} (tpu.{kind}); run "
+                              f"`tpuwatch init {target}` to write its spec")
+
+
 def _zone_overrides(value: Any) -> dict[str, dict[str, Any]]:
     from tpuwatch import zonespec
 
@@ -620,6 +708,13 @@ class Config:
     def tpu_names(self) -> tuple[str, ...]:
         """The job's nodes: a multislice job's slices, else its one node."""
         return tuple(self.values["tpu"]["names"]) or (self.tpu_name,)
+
+    def require_tpu_api(self, command: str) -> None:
+        """UsageError (exit 2) when `command` does not speak Compute Engine yet and the job's
+        slice was made through it."""
+        if self.values["tpu"]["api"] == "compute":
+            raise UsageError(f"{command}: not for a slice made through Compute Engine yet (tpu.api = \"compute\"); "
+                             "`watch`, `check`, `status -c` and `history` are (docs/compute-engine.md)")
 
     @property
     def job_name(self) -> str:
@@ -716,13 +811,17 @@ def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[st
             out[section] = tuple(_table(section, f"{section}[{i}]", t, require_command)
                                  for i, t in enumerate(raw.get(section, [])))
         else:
-            out[section] = _table(section, section, dict(raw.get(section, {})), require_command)
+            given = dict(raw.get(section, {}))
+            if section == "tpu":
+                _compute_target(given)
+            out[section] = _table(section, section, given, require_command)
     r = out["recovery"]
     if r["backoff_max"] < r["backoff_base"]:
         raise ConfigError("recovery.backoff_max: must not be shorter than recovery.backoff_base")
     from tpuwatch import zonespec
 
     t = out["tpu"]
+    _check_compute(t)
     if t["names"] and t["queued_resource"] and multislice_prefix(t["names"]) is None:
         raise ConfigError(
             f"tpu.names: a multislice queued resource names its nodes <prefix>-0, <prefix>-1, ... in order; got "

@@ -17,6 +17,7 @@ for `tpuwatch recreate` and `init`, which wait where the tick never does.
 
 from __future__ import annotations
 
+import copy
 import getpass
 import shlex
 import time
@@ -30,7 +31,7 @@ from tpuwatch import spec as specmod
 from tpuwatch.cloud.errors import CODE_NAMES, CODE_NUMBERS, api_failure
 from tpuwatch.cloud.lifecycle import queued_id, queued_request
 from tpuwatch.config import Config
-from tpuwatch.errors import ConfigError, JobFailed, TpuwatchError
+from tpuwatch.errors import ConfigError, JobFailed, TpuwatchError, UsageError
 from tpuwatch.model import OWNER_LABEL, NodeSnapshot, OperationStatus, QueuedStatus
 from tpuwatch.ports import NodeLifecycle, TpuApi
 
@@ -206,8 +207,11 @@ def start_create(life: NodeLifecycle, cfg: Config, zone: str, *, resumed: bool =
     the journal says a create of this name is ours); that is success. A refused create raises
     CreateRejected carrying its classification.
     """
-    node = specmod.node_to_json(build_request(cfg, launch, zone))
-    spec = zone_spec(cfg, zone)
+    if cfg.tpu["api"] == "compute":
+        node, spec = compute_request(cfg, launch), {}
+    else:
+        node = specmod.node_to_json(build_request(cfg, launch, zone))
+        spec = zone_spec(cfg, zone)
     try:
         return life.create(cfg.tpu_name, node, zone, resumed=resumed,
                            tier=str(spec.get("queued_resource_tier", "")),
@@ -221,6 +225,32 @@ def start_create(life: NodeLifecycle, cfg: Config, zone: str, *, resumed: bool =
             # the adapter and meets the node it made itself: it carries this job's label.
             return ""
         raise CreateRejected(failure, zone) from None
+
+
+def compute_request(cfg: Config, launch: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The insert body of the job's Compute Engine instance or MIG, from [tpu.compute_spec].
+
+    An instance gets the ownership label and the launch's metadata (the startup script, the
+    `tpuwatch-*` keys), as a TPU node's create does. A MIG is inserted as saved: its instances
+    take their labels and metadata from its template."""
+    kind = "instance" if cfg.tpu["instance"] else "mig"
+    saved = (cfg.tpu.get("compute_spec") or {}).get(kind)
+    if not saved:
+        raise UsageError(f"tpu.compute_spec.{kind}: missing; run `tpuwatch init {cfg.tpu_name}` to capture the "
+                         f"{kind} tpuwatch recreates it from")
+    body: dict[str, Any] = copy.deepcopy(dict(saved))
+    if kind == "mig":
+        return body
+    body["labels"] = {**dict(body.get("labels") or {}), OWNER_LABEL: cfg.job_name}
+    meta = launch_metadata(cfg, launch)
+    script_path = cfg.tpu.get("startup_script") or ""
+    if script_path:
+        meta["startup-script"] = specmod.read_startup_script(script_path, base=config_base(cfg))
+    metadata = dict(body.get("metadata") or {})
+    metadata.pop("fingerprint", None)
+    kept = [item for item in metadata.get("items") or [] if item.get("key") not in meta]
+    body["metadata"] = {**metadata, "items": kept + [{"key": k, "value": v} for k, v in meta.items()]}
+    return body
 
 
 def _ours(life: NodeLifecycle, cfg: Config) -> bool:

@@ -586,3 +586,27 @@ def render_config(
         + ("" if checkpoint_dir else "         # EDIT: gs://BUCKET/run/ckpt or an absolute path"),
     )
     return head + tpu_text + "\n" + spec_text + "\n" + job_lines + _TAIL
+
+
+def render_compute_config(*, kind: str, name: str, project: str, zone: str, spec: Mapping[str, Any],
+                          source: str = "", job: str = "", command: str = "", checkpoint_dir: str = "") -> str:
+    """A complete tpuwatch.toml for a slice made through Compute Engine: [tpu] api = "compute" with
+    `instance` or `mig` (`kind`), [tpu.compute_spec] as `tpuwatch init` captured it, and [job]."""
+    import tomli_w
+
+    head = "# tpuwatch.toml" + (f" - written by `tpuwatch init` from {source}" if source else "") + "\n"
+    head += "# Reference: `tpuwatch --help`; every key is checked when the file is read.\n\n"
+    tpu_text = tomli_w.dumps({"tpu": {"api": "compute", kind: name, "project": project, "zone": zone,
+                                      "startup_script": ""}})
+    what = ("the instance as tpuwatch inserts it again after deleting it" if kind == "instance" else
+            "the MIG as it is inserted again if it is gone (its template must still exist), with the template\n"
+            "# and workload policy it was made from; tpuwatch recreates a MIG's instances with recreateInstances")
+    spec_text = (f"# {what}. The ownership label {OWNER_LABEL} is what lets tpuwatch delete or recreate it.\n"
+                 + tomli_w.dumps({"tpu": {"compute_spec": dict(spec)}}, multiline_strings=True))
+    job_lines = _JOB_COMMENT
+    if job and job != name:
+        job_lines = job_lines.replace(
+            '# name = ""                 # default: the TPU name;',
+            f"name = {tomli_w.dumps({'x': job})[4:].strip()}        # job name, instead of the TPU name;")
+    job_lines += tomli_w.dumps({"command": command or _PLACEHOLDER_COMMAND, "checkpoint_dir": checkpoint_dir})
+    return head + tpu_text + "\n" + spec_text + "\n" + job_lines + _TAIL

@@ -7,7 +7,7 @@ config and environment are resolved the same way everywhere. Nothing here decide
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,9 +15,10 @@ from tpuwatch.cloud.location import Location, resolve
 from tpuwatch.cloud.logs import AuditLogReader
 from tpuwatch.cloud.zonenodes import Due, SharedTpu
 from tpuwatch.config import Config, load_config
+from tpuwatch.model import NodeSnapshot
 from tpuwatch.policy import PolicyConfig
 from tpuwatch.policy.signatures import log_signatures, worker_patterns
-from tpuwatch.ports import CheckpointStore, JobPorts
+from tpuwatch.ports import CheckpointStore, JobPorts, NodeLifecycle, TpuApi
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,38 @@ class Sharing:
     audit_reader: AuditLogReader  # the query itself, one per project and zone (one Logging client)
 
 
+# A job's doors to its slice: TPU API per zone, lifecycle per zone, host keys, instance names
+ComputePorts = tuple[Callable[[str], TpuApi], Callable[[str], NodeLifecycle],
+                     Callable[[NodeSnapshot], Mapping[int, tuple[str, ...]]], Callable[[NodeSnapshot], tuple[str, ...]]]
+
+
+def compute_ports(job: Job) -> ComputePorts:
+    """A Compute Engine slice's doors: the adapter per zone (one get of the instance, or three
+    requests for a MIG, a tick, whether or not other jobs share the watcher), its lifecycle, and
+    the host keys and instance names the workers' transport needs."""
+    from tpuwatch.cloud.compute import ComputeAdapter
+    from tpuwatch.cloud.computelife import ComputeLifecycle
+
+    cfg, loc = job.cfg, job.location
+    adapters: dict[str, ComputeAdapter] = {}
+
+    def adapter(zone: str) -> ComputeAdapter:
+        if zone not in adapters:
+            adapters[zone] = ComputeAdapter(loc.project, zone, "instance" if cfg.tpu["instance"] else "mig")
+        return adapters[zone]
+
+    def lifecycle(zone: str) -> NodeLifecycle:
+        return ComputeLifecycle(adapter(zone))
+
+    def host_keys(node: NodeSnapshot) -> Mapping[int, tuple[str, ...]]:
+        return adapter(node.zone).host_keys(node.name)
+
+    def instances(node: NodeSnapshot) -> tuple[str, ...]:
+        return adapter(node.zone).instance_names(node)
+
+    return adapter, lifecycle, host_keys, instances
+
+
 def real_ports(job: Job, sharing: Sharing | None = None, *, sleep: Callable[[float], None] = time.sleep) -> JobPorts:
     """The real adapters: google-cloud-tpu, google-cloud-logging (shared per project), OpenSSH/gcloud, checkpoints.
 
@@ -60,7 +93,6 @@ def real_ports(job: Job, sharing: Sharing | None = None, *, sleep: Callable[[flo
     from tpuwatch.cloud.lifecycle import Lifecycle
     from tpuwatch.cloud.tpu import TpuAdapter
     from tpuwatch.cloud.zonenodes import JobNodes
-    from tpuwatch.ports import TpuApi
     from tpuwatch.workers.ssh import port_open
     from tpuwatch.workers.sshworkers import SshWorkers
 
@@ -82,8 +114,18 @@ def real_ports(job: Job, sharing: Sharing | None = None, *, sleep: Callable[[flo
             views[zone] = JobNodes(sharing.tpu.zone(loc.project, zone), sharing.due, slack=sharing.slack)
         return views[zone]
 
-    def lifecycle_for(zone: str) -> Lifecycle:
+    def lifecycle_for(zone: str) -> NodeLifecycle:
         return Lifecycle(adapter_for(zone), str(cfg.tpu["queued_resource"]), tuple(cfg.tpu["names"]))
+
+    def host_keys(node: NodeSnapshot) -> Mapping[int, tuple[str, ...]]:
+        return adapter_for(node.zone).host_keys(node.name)
+
+    def instances(node: NodeSnapshot) -> tuple[str, ...]:
+        return adapter_for(node.zone).instance_names(node)
+
+    doors: ComputePorts = (tpu_for, lifecycle_for, host_keys, instances)
+    if cfg.tpu["api"] == "compute":
+        doors = compute_ports(job)
 
     ckpt_dir = cfg.job["checkpoint_dir"]
     checkpoints: CheckpointStore | None = None
@@ -95,8 +137,7 @@ def real_ports(job: Job, sharing: Sharing | None = None, *, sleep: Callable[[flo
         checkpoints = CheckpointDir(ckpt_dir, cfg.job["checkpoint_layout"])
 
     # the workers' host keys as their guest attributes publish them: the known hosts
-    workers = SshWorkers.from_config(cfg, host_keys=lambda node: adapter_for(node.zone).host_keys(node.name),
-                                     instances=lambda node: adapter_for(node.zone).instance_names(node),
+    workers = SshWorkers.from_config(cfg, host_keys=doors[2], instances=doors[3],
                                      checkpoint_dir=on_vm.root if on_vm is not None else "",
                                      on_listing=on_vm.feed if on_vm is not None else None,
                                      log_patterns=worker_patterns(log_signatures(cfg.recovery["log_signatures"])))
@@ -104,7 +145,7 @@ def real_ports(job: Job, sharing: Sharing | None = None, *, sleep: Callable[[flo
     from tpuwatch.workers.precheck import Prechecker
 
     return JobPorts(
-        tpu_for=tpu_for,
+        tpu_for=doors[0],
         workers=workers,
         checkpoints=checkpoints,
         # One audit-log query per project per 15 s, shared by every watcher using this state dir
@@ -112,7 +153,7 @@ def real_ports(job: Job, sharing: Sharing | None = None, *, sleep: Callable[[flo
         audit=SharedAuditLog(loc.project, cfg.state_dir, zone=loc.zone) if sharing is None else
         SharedAuditLog(loc.project, sharing.audit_dir, zone=loc.zone, direct=sharing.audit_reader),
         precheck=Prechecker.from_config(cfg, workers) if cfg.precheck["enabled"] else None,
-        lifecycle_for=lifecycle_for,
+        lifecycle_for=doors[1],
         port_open=port_open,
         sleep=sleep,
     )

@@ -98,7 +98,9 @@ def test_filter_has_the_documented_shape() -> None:
     assert logs.build_filter("p", ["b", "a", "a"], start) == (
         'logName="projects/p/logs/cloudaudit.googleapis.com%2Fsystem_event" '
         'AND protoPayload.methodName=("tpu.nodes.terminate" OR "tpu.nodes.restart" OR '
-        '"compute.instances.upcomingMaintenance") '
+        '"compute.instances.upcomingMaintenance" OR "compute.instances.hostError" OR "compute.instances.preempted" '
+        'OR "compute.instances.terminateOnHostMaintenance" OR "compute.instances.repair.recreateInstance" '
+        'OR "compute.instances.automaticRestart") '
         'AND timestamp>="2024-05-01T00:00:00.000000005Z" '
         'AND (protoPayload.resourceName:"nodes/a" OR protoPayload.resourceName:"nodes/b")'
     )
@@ -128,7 +130,8 @@ def test_upcoming_maintenance_entries_name_a_worker_vm_and_match_through_its_ins
     assert logs.build_filter("p", ["a"], start, ["t1v-n-9472280f-w-0"]).endswith(
         '(protoPayload.resourceName:"nodes/a" OR protoPayload.resourceName:"instances/t1v-n-9472280f-w-0")')
     assert logs.build_filter("p", None, start).endswith(
-        '(protoPayload.resourceName:"nodes/" OR protoPayload.resourceName:"instances/t1v-n-")')
+        '(protoPayload.resourceName:"nodes/" OR protoPayload.resourceName:"instances/t1v-n-" '
+        'OR resource.type="gce_instance")')
 
 
 def test_cursor_round_trips_and_tolerates_garbage() -> None:
@@ -168,3 +171,19 @@ def test_cursor_catches_late_entries_and_never_repeats() -> None:
     # same insertId at another time is another entry
     fresh, _, _ = logs.take_new([_ev(1501, "v")], high, seen, overlap)
     assert [e.insert_id for e in fresh] == ["v"]
+
+
+def test_compute_engine_system_events_match_the_jobs_instances() -> None:
+    instances = {"slice-a": ("slice", "0"), "slice-b": ("slice", "1")}
+    for method, kind in (("compute.instances.hostError", "terminate"), ("compute.instances.preempted", "terminate"),
+                         ("compute.instances.automaticRestart", "restart"),
+                         ("compute.instances.repair.recreateInstance", "terminate"),
+                         ("compute.instances.terminateOnHostMaintenance", "terminate")):
+        raw = logs.RawEntry(ns=5, insert_id="i", method=method, worker_label=None, reason="",
+                            resource_name="projects/p/zones/us-central1-c/instances/slice-b")
+        ev = logs.event_of(raw, ["slice"], "us-central1-c", instances)
+        assert ev is not None and (ev.kind, ev.node, ev.worker) == (kind, "slice", "1")
+        foreign = raw._replace(resource_name="projects/p/zones/us-central1-c/instances/other-vm")
+        assert logs.event_of(foreign, ["slice"], "us-central1-c", instances) is None
+    flt = logs.build_filter("p", ["slice"], 0, instances)
+    assert 'protoPayload.resourceName:"instances/slice-a"' in flt and '"compute.instances.hostError"' in flt

@@ -16,6 +16,8 @@ from typing import Any
 from tpuwatch.errors import CloudError, UsageError
 
 EMULATOR_ENV = "TPUWATCH_EMULATOR_HOST"
+# The simulator's REST face for Compute Engine (`http://host:port`; the client appends /compute/v1).
+COMPUTE_EMULATOR_ENV = "TPUWATCH_COMPUTE_EMULATOR"
 _HOSTPORT = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
 
 
@@ -73,6 +75,55 @@ def tpu_client(version: str = "v2") -> Any:
     if host:
         return mod.TpuClient(transport=T(channel=_channel(host)))
     return mod.TpuClient(credentials=_credentials())
+
+
+def compute_emulator() -> str | None:
+    """The validated Compute Engine emulator URL, or None when talking to Google."""
+    value = (os.environ.get(COMPUTE_EMULATOR_ENV) or "").strip().rstrip("/")
+    if not value:
+        return None
+    host = value.split("://", 1)[1] if value.startswith(("http://", "https://")) else ""
+    if not _HOSTPORT.match(host):
+        raise UsageError(f"{COMPUTE_EMULATOR_ENV}={os.environ[COMPUTE_EMULATOR_ENV]!r} is not http://host:port; "
+                         "use the line `tpuwatch sim serve` prints")
+    return value
+
+
+# Compute Engine resource kind -> its google-cloud-compute client class name
+_COMPUTE_CLIENTS = {
+    "instances": "InstancesClient",
+    "disks": "DisksClient",
+    "instanceGroupManagers": "InstanceGroupManagersClient",
+    "instanceTemplates": "InstanceTemplatesClient",
+    "regionInstanceTemplates": "RegionInstanceTemplatesClient",
+    "resourcePolicies": "ResourcePoliciesClient",
+    "zoneOperations": "ZoneOperationsClient",
+}
+
+
+def compute_available() -> bool:
+    """Whether Compute Engine may be asked: not while the TPU API goes to a simulator that the
+    Compute Engine calls would not (they would reach Google)."""
+    return compute_emulator() is not None or emulator_host() is None
+
+
+def compute_client(kind: str) -> Any:
+    """A `google.cloud.compute_v1` client of `kind` (instances, instanceGroupManagers,
+    instanceTemplates, resourcePolicies, zoneOperations): REST, against the emulator's URL with
+    anonymous credentials when TPUWATCH_COMPUTE_EMULATOR is set. Every client is built here with
+    the same options, so an operation is never polled through a client that would reach Google."""
+    from google.cloud import compute_v1
+
+    cls = getattr(compute_v1, _COMPUTE_CLIENTS[kind])
+    url = compute_emulator()
+    if url:
+        from google.auth.credentials import AnonymousCredentials
+
+        return cls(credentials=AnonymousCredentials(), client_options={"api_endpoint": url})
+    if not compute_available():
+        raise UsageError(f"{EMULATOR_ENV} is set but {COMPUTE_EMULATOR_ENV} is not: tpuwatch will not send "
+                         "Compute Engine calls to Google while the TPU API goes to a simulator; set both")
+    return cls(credentials=_credentials())
 
 
 def logging_client() -> Any:

@@ -7,13 +7,16 @@ the subset the simulator implements:
 
     logName="projects/P/logs/cloudaudit.googleapis.com%2Fsystem_event"
     AND protoPayload.methodName=("tpu.nodes.terminate" OR "tpu.nodes.restart" OR
-                                 "compute.instances.upcomingMaintenance")
+                                 "compute.instances.upcomingMaintenance" OR
+                                 "compute.instances.hostError" OR ... (METHODS))
     AND timestamp>="<RFC 3339>"
     AND (protoPayload.resourceName:"nodes/a" OR protoPayload.resourceName:"nodes/b"
          OR protoPayload.resourceName:"instances/t1v-n-0123abcd-w-0" OR ...)
 
 `:` is a substring match, so every entry is checked again here: "nodes/a" must name node "a"
 exactly (node level ".../nodes/a" or worker level ".../nodes/a/workers/0"), never "nodes/ab".
+For a slice made through Compute Engine, every entry is about one of its instances (named by
+ComputeAdapter.worker_instances) and is matched through `instances` the same way.
 Upcoming maintenance is a Compute Engine entry about one worker VM,
 `projects/P/zones/Z/instances/t1v-n-<hex>-w-<worker>`: it is matched through the node's
 instance names (TpuAdapter.worker_instances, from the guest attribute `hostname`, read only
@@ -47,6 +50,13 @@ METHODS: dict[str, AuditKind] = {
     "tpu.nodes.terminate": "terminate",
     "tpu.nodes.restart": "restart",
     "compute.instances.upcomingMaintenance": "upcoming_maintenance",
+    # A TPU VM made through Compute Engine (resource.type gce_instance): what took it down, and
+    # its automatic restart after a host error or a terminate on maintenance.
+    "compute.instances.hostError": "terminate",
+    "compute.instances.preempted": "terminate",
+    "compute.instances.terminateOnHostMaintenance": "terminate",
+    "compute.instances.repair.recreateInstance": "terminate",
+    "compute.instances.automaticRestart": "restart",
 }
 RPC_TIMEOUT = 30.0
 PAGE_SIZE = 1000
@@ -54,6 +64,9 @@ CURSOR_VERSION = "v1"
 _RESOURCE = re.compile(r"(?:^|/)nodes/(?P<node>[^/]+)(?:/workers/(?P<worker>[^/]+))?(?:/|$)")
 _INSTANCE = re.compile(r"(?:^|/)zones/(?P<zone>[^/]+)/instances/(?P<instance>[^/]+)$")
 INSTANCE_PREFIX = "instances/t1v-n-"  # TPU worker VMs; the shared query's clause for them
+# Instances made through Compute Engine have names of their owner's choosing: the shared query
+# takes every instance's system events of METHODS, and each watcher keeps its own instances'.
+GCE_INSTANCE = "gce_instance"
 _LOCATION = re.compile(r"(?:^|/)(?:locations|zones)/(?P<zone>[^/]+)/")
 _NS = 1_000_000_000
 
@@ -92,12 +105,14 @@ def build_filter(project: str, nodes: Iterable[str] | None, start_ns: int,
     from `start_ns` on.
 
     `nodes` None covers every TPU node of the project (the shared query of auditcache.py):
-    the resource clauses are then `nodes/`, which every TPU resource name holds, and
-    `instances/t1v-n-`, which every TPU worker VM's Compute Engine name holds.
+    the resource clauses are then `nodes/`, which every TPU resource name holds,
+    `instances/t1v-n-`, which every TPU worker VM's Compute Engine name holds, and
+    resource.type "gce_instance" for TPU VMs made through Compute Engine, named as their owner chose.
     """
     methods = " OR ".join(f'"{m}"' for m in METHODS)
     if nodes is None:
-        resources = f'protoPayload.resourceName:"nodes/" OR protoPayload.resourceName:"{INSTANCE_PREFIX}"'
+        resources = (f'protoPayload.resourceName:"nodes/" OR protoPayload.resourceName:"{INSTANCE_PREFIX}" '
+                     f'OR resource.type="{GCE_INSTANCE}"')
     else:
         clauses = [f'protoPayload.resourceName:"nodes/{n}"' for n in check_nodes(nodes)]
         clauses += [f'protoPayload.resourceName:"instances/{i}"' for i in sorted(set(instances))

@@ -51,6 +51,7 @@ def command(config_path: Path, project: str | None, zone: str | None, worker: in
     from tpuwatch.wiring import load_job, real_ports
 
     job = load_job(config_path, project, zone)
+    job.cfg.require_tpu_api("tpuwatch drill")
     ports = real_ports(job)
     tpu = TpuAdapter(job.location.project, job.location.zone or job.pcfg.zones[0])
     node = job_node(tpu.get_node, job.cfg.tpu_name, job.pcfg.slices)

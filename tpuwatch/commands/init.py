@@ -1,7 +1,7 @@
 """`tpuwatch init NAME`: read a live TPU and write tpuwatch.toml with its spec captured.
 
 Reads: one v2alpha1 get of the node (plus one get of its queued resource when it came from
-one). Writes: the config file only, never the node - except with `--adopt`, which adds the
+one); for a NAME that is no node, the Compute Engine instance or MIG of that name. Writes: the config file only, never the node - except with `--adopt`, which adds the
 ownership label `tpuwatch-job=<job>` to the live node (one update_node, labels only).
 """
 
@@ -22,7 +22,10 @@ HELP = """Read an existing TPU and write tpuwatch.toml with everything needed to
 it again ([tpu.spec]: accelerator, runtime version, network, service account, scheduling,
 labels, metadata, tags, data disks, shielded VM, boot disk) and its queued resource when it
 came from one. The spec gets the ownership label tpuwatch-job=<job>; the live node does not,
-unless --adopt is given.
+unless --adopt is given. A NAME that is no TPU API node is looked up as a Compute Engine
+instance, then a managed instance group (TPU7x and later, or v5p/v6e made that way): the config
+gets [tpu] api = "compute" and [tpu.compute_spec] (the instance, or the MIG with its template
+and workload policy).
 
 \b
 Examples:
@@ -74,6 +77,7 @@ def _job_name(job: str | None, name: str) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
 def command(name: str, output: Path, job: str | None, adopt: bool, force: bool, project: str | None,
             zone: str | None, as_json: bool) -> None:
+    from tpuwatch.cloud.clients import compute_available
     from tpuwatch.cloud.location import resolve
     from tpuwatch.cloud.tpu import TpuAdapter, multislice_params
     from tpuwatch.config import load_config
@@ -94,6 +98,9 @@ def command(name: str, output: Path, job: str | None, adopt: bool, force: bool, 
     api = TpuAdapter(loc.project, loc.zone)
 
     node = api.get_node_message(name)
+    if node is None and compute_available():
+        _init_compute(name, loc.project, loc.zone, out, job, adopt, as_json)
+        return
     if node is None:
         raise NotFoundError(
             f"no TPU named {name} in {loc.project}/{loc.zone} (check the name, --project and --zone; "
@@ -174,4 +181,60 @@ def command(name: str, output: Path, job: str | None, adopt: bool, force: bool, 
                      f"it; run `tpuwatch init {name} --adopt --force` to allow that")
     lines.append("  next: edit [job] command and checkpoint_dir, set tpu.startup_script, then `tpuwatch watch -c "
                  f"{out}`")
+    click.echo("\n".join(lines))
+
+
+def _init_compute(name: str, project: str, zone: str, out: Path, job: str | None, adopt: bool, as_json: bool) -> None:
+    """NAME is no TPU API node: find it as a Compute Engine instance, then as a MIG, and write
+    its config with what recreating it needs (one get, plus the MIG's template, workload policy,
+    managed instances and the instances' disks)."""
+    from tpuwatch.cloud.compute import ComputeAdapter, capture_instance, capture_mig, mig_snapshot
+    from tpuwatch.config import load_config
+
+    inst_api = ComputeAdapter(project, zone, "instance")
+    inst = inst_api.get_instance(name)
+    if inst is not None:
+        kind = "instance"
+        spec: dict[str, object] = {"instance": capture_instance(inst_api, inst)}
+        labels = dict(inst.labels)
+        workers = 1
+    else:
+        mig_api = ComputeAdapter(project, zone, "mig")
+        parts = mig_api.mig_parts(name)
+        if parts is None:
+            raise NotFoundError(
+                f"no TPU node, Compute Engine instance or managed instance group named {name} in {project}/{zone} "
+                "(check the name, --project and --zone)")
+        kind = "mig"
+        spec = capture_mig(mig_api, parts[0])
+        snap = mig_snapshot(*parts, project=project, zone=zone)
+        labels, workers = dict(snap.labels), len(snap.workers)
+    job_name = _job_name(job, name)
+    have = labels.get(specmod.OWNER_LABEL, "")
+    if adopt:
+        raise UsageError(f"--adopt: tpuwatch does not label Compute Engine {kind}s; add the label "
+                         f"{specmod.OWNER_LABEL}={job_name} "
+                         + ("with `gcloud compute instances add-labels`" if kind == "instance" else
+                            "to the MIG's instance template (its instances carry the template's labels)")
+                         + ", or run `tpuwatch watch --adopt`")
+    text = specmod.render_compute_config(kind=kind, name=name, project=project, zone=zone, spec=spec, job=job_name,
+                                         source=f"projects/{project}/zones/{zone}/"
+                                         + ("instances/" if kind == "instance" else "instanceGroupManagers/") + name)
+    try:
+        _write_atomic(out, text)
+    except OSError as exc:
+        raise UsageError(f"-o: cannot write {out}: {exc.strerror or exc}") from None
+    load_config(out)
+    owned = have == job_name
+    if as_json:
+        click.echo(json.dumps({"path": str(out), "job": job_name, "api": "compute", kind: name, "spec": spec,
+                               "workers": workers, "adopted": False, "owned": owned}, indent=2))
+        return
+    what = "instance" if kind == "instance" else f"managed instance group ({workers} VM{'s' if workers != 1 else ''})"
+    lines = [f"wrote {out} for Compute Engine {what} {name} ({project}/{zone}), job {job_name}"]
+    lines.append(f"  it carries {specmod.OWNER_LABEL}={job_name}" if owned else
+                 f"  it has no {specmod.OWNER_LABEL}={job_name} label, so tpuwatch will not delete or recreate it; "
+                 "label it (" + ("`gcloud compute instances add-labels`" if kind == "instance" else
+                                 "in its instance template") + ") or watch with --adopt")
+    lines.append(f"  next: edit [job] command and checkpoint_dir, then `tpuwatch watch -c {out}`")
     click.echo("\n".join(lines))

@@ -59,6 +59,7 @@ def command(name: str | None, config_path: Path, project: str | None, zone: str 
 
     overrides = {"tpu.name": name} if name is not None else None  # "" is refused, not ignored
     cfg = load_config(config_path, overrides, require_command=False)
+    cfg.require_tpu_api("tpuwatch precheck")
     loc = resolve(project, zone, config_project=cfg.tpu["project"], config_zone=cfg.tpu["zone"])
     assert loc.zone is not None
     zone_api = functools.cache(TpuAdapter)  # one per zone: instance names are read once per node id

@@ -94,6 +94,7 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
     from tpuwatch.model import job_node
 
     cfg = load_config(config_path, require_command=False)
+    cfg.require_tpu_api("tpuwatch recreate")
     if name != cfg.tpu_name:
         raise UsageError(f"recreate: {name!r} is not the TPU of {config_path} (tpu.name = {cfg.tpu_name!r}); "
                          "pass the matching -c config")

@@ -425,6 +425,7 @@ def command(ctx: click.Context, config_path: Path, project: str | None, zone: st
 
     debug = bool((ctx.obj or {}).get("debug"))
     cfg = load_config(config_path)
+    cfg.require_tpu_api("tpuwatch run")
     checkpoints: Any = None
     on_vm: dict[str, Any] = {}
     label = cfg.job["checkpoint_dir"]

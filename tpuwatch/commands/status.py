@@ -17,6 +17,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from tpuwatch.cloud.compute import ComputeAdapter, Kind
 from tpuwatch.cloud.location import resolve
 from tpuwatch.cloud.logs import AuditLogReader
 from tpuwatch.cloud.tpu import TpuAdapter
@@ -155,12 +156,15 @@ def command(
     config_path: Path | None, as_json: bool,
 ) -> None:
     cfg_project = cfg_zone = None
+    compute: Kind | None = None
     wanted = list(dict.fromkeys(names))
     if config_path is not None:
         from tpuwatch.config import load_config
 
         cfg = load_config(config_path, require_command=False)
         cfg_project, cfg_zone = cfg.tpu["project"], cfg.tpu["zone"]
+        if cfg.tpu["api"] == "compute":
+            compute = "instance" if cfg.tpu["instance"] else "mig"
         if not wanted and not all_nodes:
             wanted = list(cfg.tpu_names)  # a multislice job: every slice
     if all_nodes and wanted:
@@ -169,7 +173,8 @@ def command(
         raise UsageError("status: name a TPU (tpuwatch status NAME), or pass --all for every TPU in the zone")
     loc = resolve(project, zone, config_project=cfg_project, config_zone=cfg_zone)
     assert loc.zone is not None  # need_zone=True
-    tpu = TpuAdapter(loc.project, loc.zone)
+    tpu: TpuAdapter | ComputeAdapter = (TpuAdapter(loc.project, loc.zone) if compute is None else
+                                        ComputeAdapter(loc.project, loc.zone, compute))
 
     missing: list[str] = []
     nodes: list[NodeSnapshot] = []

@@ -1,0 +1,178 @@
+"""Compute Engine messages (real `google.cloud.compute_v1` objects) as the node the policy judges."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+from google.cloud import compute_v1
+
+from tpuwatch.cloud.compute import instance_snapshot, mig_snapshot, operation_status, to_json
+from tpuwatch.model import OWNER_LABEL
+from tpuwatch.policy.nodes import Cond, node_condition
+
+P, Z = "proj", "us-central1-c"
+
+
+def instance(name: str, status: str = "RUNNING", *, ident: int = 1, spot: bool = False,
+             labels: dict[str, str] | None = None, **extra: Any) -> compute_v1.Instance:
+    inst = compute_v1.Instance(
+        name=name, id=ident, status=status, creation_timestamp="2026-11-27T01:00:00.000-08:00",
+        machine_type=f"https://www.googleapis.com/compute/v1/projects/{P}/zones/{Z}/machineTypes/tpu7x-standard-4t",
+        network_interfaces=[compute_v1.NetworkInterface(
+            network_i_p=f"10.0.0.{ident}", access_configs=[compute_v1.AccessConfig(nat_i_p=f"34.1.1.{ident}")])],
+        scheduling=compute_v1.Scheduling(provisioning_model="SPOT" if spot else "STANDARD",
+                                         instance_termination_action="STOP" if spot else "",
+                                         automatic_restart=not spot),
+        labels=labels if labels is not None else {OWNER_LABEL: "job"},
+        metadata=compute_v1.Metadata(items=[compute_v1.Items(key="startup-script", value="true")]),
+        **extra,
+    )
+    return inst
+
+
+def mig(name: str = "slice", size: int = 4, stable: bool = True) -> compute_v1.InstanceGroupManager:
+    return compute_v1.InstanceGroupManager(name=name, target_size=size, base_instance_name=name,
+                                           status=compute_v1.InstanceGroupManagerStatus(is_stable=stable))
+
+
+def managed(inst: compute_v1.Instance, action: str = "NONE", error: str = "") -> compute_v1.ManagedInstance:
+    m = compute_v1.ManagedInstance(
+        instance=f"https://www.googleapis.com/compute/v1/projects/{P}/zones/{Z}/instances/{inst.name}",
+        id=inst.id, instance_status=inst.status, current_action=action, name=inst.name)
+    if error:
+        m.last_attempt = compute_v1.ManagedInstanceLastAttempt(errors=compute_v1.ManagedInstanceLastAttemptErrors(
+            errors=[compute_v1.Errors(code="ZONE_RESOURCE_POOL_EXHAUSTED", message=error)]))
+    return m
+
+
+def four(status: str = "RUNNING", **kw: Any) -> list[compute_v1.Instance]:
+    # names not in id order: workers go by name
+    return [instance(f"slice-{s}", status, ident=i, **kw) for i, s in zip((4, 2, 3, 1), "dbca", strict=True)]
+
+
+@pytest.mark.parametrize(("status", "is_spot", "state", "cond"), [
+    ("RUNNING", False, "READY", Cond.USABLE),
+    ("STAGING", False, "STARTING", Cond.REPAIR),
+    ("PROVISIONING", False, "STARTING", Cond.REPAIR),
+    ("REPAIRING", False, "REPAIRING", Cond.REPAIR),  # a host error: Google restarts it
+    ("TERMINATED", False, "STOPPED", Cond.PERSON),  # stopped, not by a fault tpuwatch may undo
+    ("STOPPING", False, "STOPPING", Cond.PERSON),
+    ("SUSPENDED", False, "STOPPED", Cond.PERSON),
+    ("TERMINATED", True, "PREEMPTED", Cond.DEAD),  # Spot: delete and recreate, never restart
+    ("STOPPING", True, "PREEMPTED", Cond.DEAD),
+    ("RUNNING", True, "READY", Cond.USABLE),
+    ("UNDEFINED_STATUS", False, "UNDEFINED_STATUS", Cond.UNRECOGNIZED),
+])
+def test_an_instance_state_in_the_policys_words(status: str, is_spot: bool, state: str, cond: Cond) -> None:
+    node = instance_snapshot(instance("vm", status, spot=is_spot), project=P, zone=Z)
+    assert (node.state, node_condition(node)) == (state, cond)
+
+
+def test_an_instance_is_a_node_of_one_worker() -> None:
+    node = instance_snapshot(instance("vm", ident=77), project=P, zone=Z)
+    assert (node.name, node.id, node.accelerator_type) == ("vm", "77", "tpu7x-standard-4t")
+    assert [(w.index, w.internal_ip, w.external_ip) for w in node.workers] == [(0, "10.0.0.77", "34.1.1.77")]
+    assert node.owned_by("job") and node.metadata_keys == ("startup-script",)
+    assert node.create_time == datetime(2026, 11, 27, 9, 0, tzinfo=timezone.utc)
+    assert node.upcoming_maintenance is None and node.health == "HEALTHY"
+
+
+def test_upcoming_maintenance_is_read_and_ongoing_is_unhealthy() -> None:
+    notice = compute_v1.UpcomingMaintenance(type_="SCHEDULED", maintenance_status="ONGOING", can_reschedule=True,
+                                            window_start_time="2026-11-28T10:00:00Z",
+                                            window_end_time="2026-11-28T12:00:00Z")
+    inst = instance("vm", resource_status=compute_v1.ResourceStatus(upcoming_maintenance=notice))
+    node = instance_snapshot(inst, project=P, zone=Z)
+    up = node.upcoming_maintenance
+    assert up is not None and (up.type, up.status, up.can_reschedule) == ("SCHEDULED", "ONGOING", True)
+    assert up.window_start == datetime(2026, 11, 28, 10, tzinfo=timezone.utc)
+    assert node.health == "UNHEALTHY_MAINTENANCE" and node_condition(node) is Cond.REPAIR
+
+
+def test_a_mig_is_one_node_whose_workers_are_its_instances_in_name_order() -> None:
+    vms = four()
+    node = mig_snapshot(mig(), [managed(v) for v in vms], vms, project=P, zone=Z)
+    assert node.state == "READY" and node.name == "slice"
+    assert [w.internal_ip for w in node.workers] == ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
+    assert node.id == "1+2+3+4" and node.owned_by("job")
+
+
+def test_a_recreated_instance_makes_a_new_incarnation() -> None:
+    vms = four()
+    before = mig_snapshot(mig(), [managed(v) for v in vms], vms, project=P, zone=Z).id
+    vms[1] = instance("slice-b", ident=99)
+    assert mig_snapshot(mig(), [managed(v) for v in vms], vms, project=P, zone=Z).id != before
+
+
+@pytest.mark.parametrize("action", ["RECREATING", "CREATING", "RESTARTING", "DELETING", "VERIFYING"])
+def test_a_mig_at_work_is_repairing_never_deleted(action: str) -> None:
+    vms = four()
+    parts = [managed(v, action if i == 0 else "NONE") for i, v in enumerate(vms)]
+    node = mig_snapshot(mig(), parts, vms, project=P, zone=Z)
+    assert node.state == "REPAIRING" and node_condition(node) is Cond.REPAIR
+    assert action in node.health_description
+
+
+def test_a_mig_short_of_its_size_or_unstable_is_repairing() -> None:
+    vms = four()[:3]
+    assert mig_snapshot(mig(), [managed(v) for v in vms], vms, project=P, zone=Z).state == "REPAIRING"
+    vms = four()
+    assert mig_snapshot(mig(stable=False), [managed(v) for v in vms], vms, project=P, zone=Z).state == "REPAIRING"
+
+
+def test_a_mig_shows_its_instances_last_attempt_errors() -> None:
+    vms = four()
+    parts = [managed(v, error="no capacity" if i == 2 else "") for i, v in enumerate(vms)]
+    node = mig_snapshot(mig(), parts, vms, project=P, zone=Z)
+    assert "ZONE_RESOURCE_POOL_EXHAUSTED: no capacity" in node.health_description
+
+
+def test_a_preempted_spot_mig_is_dead_a_host_error_is_a_repair() -> None:
+    vms = four(spot=True)
+    vms[2] = instance("slice-c", "TERMINATED", ident=3, spot=True)
+    node = mig_snapshot(mig(), [managed(v) for v in vms], vms, project=P, zone=Z)
+    assert node.state == "PREEMPTED" and node_condition(node) is Cond.DEAD
+    vms = four()
+    vms[0] = instance("slice-d", "REPAIRING", ident=4)
+    assert mig_snapshot(mig(), [managed(v) for v in vms], vms, project=P, zone=Z).state == "REPAIRING"
+
+
+def test_a_mig_is_owned_only_when_every_instance_says_the_job() -> None:
+    vms = four()
+    vms[3] = instance("slice-a", ident=1, labels={OWNER_LABEL: "other"})
+    assert mig_snapshot(mig(), [managed(v) for v in vms], vms, project=P, zone=Z).owner is None
+    vms = four(labels={})
+    assert mig_snapshot(mig(), [managed(v) for v in vms], vms, project=P, zone=Z).owner is None
+
+
+def test_a_mig_scaled_to_zero_is_a_persons() -> None:
+    node = mig_snapshot(mig(size=0), [], [], project=P, zone=Z)
+    assert node.state == "STOPPED" and node_condition(node) is Cond.PERSON and node.workers == ()
+
+
+def test_a_zone_operation_error_becomes_a_grpc_code() -> None:
+    op = compute_v1.Operation(name="operation-1", status="DONE", http_error_status_code=503, error=compute_v1.Error(
+        errors=[compute_v1.Errors(code="ZONE_RESOURCE_POOL_EXHAUSTED", message="no TPUs")]))
+    status = operation_status(op)
+    assert (status.done, status.error_code) == (True, 8) and "no TPUs" in status.error_message
+    assert operation_status(compute_v1.Operation(name="o", status="RUNNING")).done is False
+    assert operation_status(compute_v1.Operation(name="o", status="DONE")).error_code == 0
+
+
+def test_a_message_is_saved_as_json_without_defaults() -> None:
+    data = to_json(mig())
+    assert data == {"name": "slice", "targetSize": 4, "baseInstanceName": "slice", "status": {"isStable": True}}
+
+
+def test_a_host_error_in_a_multi_host_mig_is_a_repair_not_a_persons_stop() -> None:
+    vms = four("TERMINATED")  # the whole slice stops; Google restarts it
+    node = mig_snapshot(mig(stable=False), [managed(v) for v in vms], vms, project=P, zone=Z)
+    assert node.state == "REPAIRING" and node_condition(node) is Cond.REPAIR
+
+
+def test_a_preempted_spot_vm_in_an_unstable_mig_is_still_dead() -> None:
+    vms = four(spot=True)
+    vms[0] = instance("slice-d", "TERMINATED", ident=4, spot=True)
+    assert mig_snapshot(mig(stable=False), [managed(v) for v in vms], vms, project=P, zone=Z).state == "PREEMPTED"

@@ -1,0 +1,75 @@
+"""[tpu] api = "compute" with `instance` or `mig`: what loads, and the exit-2 errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tpuwatch.config import Config, load_config
+from tpuwatch.errors import ConfigError
+
+JOB = '[job]\ncommand = "python3 train.py"\n'
+
+
+def load(tmp_path: Path, tpu: str) -> Config:
+    path = tmp_path / "tpuwatch.toml"
+    path.write_text("[tpu]\n" + tpu + JOB)
+    return load_config(path)
+
+
+def test_the_tpu_api_stays_the_default(tmp_path: Path) -> None:
+    cfg = load(tmp_path, 'name = "pod"\n')
+    assert cfg.tpu["api"] == "tpu" and cfg.tpu["instance"] == "" and cfg.tpu["mig"] == ""
+
+
+@pytest.mark.parametrize("key", ["instance", "mig"])
+def test_a_compute_slice_names_the_job_and_its_node(tmp_path: Path, key: str) -> None:
+    cfg = load(tmp_path, f'api = "compute"\n{key} = "ironwood"\nzone = "us-central1-c"\n')
+    assert cfg.tpu[key] == "ironwood" and cfg.tpu_name == "ironwood" and cfg.job_name == "ironwood"
+
+
+def test_a_saved_compute_spec_loads_as_written(tmp_path: Path) -> None:
+    cfg = load(tmp_path, 'api = "compute"\nmig = "slice"\n[tpu.compute_spec.mig]\nbaseInstanceName = "slice"\n'
+                         'targetSize = 4\n[tpu.compute_spec.workload_policy]\ntype = "HIGH_THROUGHPUT"\n')
+    assert cfg.tpu["compute_spec"]["mig"] == {"baseInstanceName": "slice", "targetSize": 4}
+
+
+@pytest.mark.parametrize(("tpu", "message"), [
+    ('api = "gce"\nname = "x"\n', "tpu.api: 'gce' is not one of tpu, compute"),
+    ('api = "compute"\n', "tpu.instance, tpu.mig: with api = \"compute\", set one"),
+    ('api = "compute"\ninstance = "a"\nmig = "b"\n', "set exactly one"),
+    ('name = "x"\nmig = "b"\n', 'tpu.mig: names a Compute Engine MIG, but tpu.api is "tpu"; add api = "compute"'),
+    ('name = "x"\ninstance = "b"\n', "tpu.instance: names a Compute Engine instance"),
+    ('api = "compute"\nmig = "Bad_Name"\n', "tpu.mig: 'Bad_Name' is not a valid managed instance group name"),
+    ('api = "compute"\nmig = "m"\nname = "other"\n', "tpu.name: 'other' is not tpu.mig 'm'"),
+    ('api = "compute"\nmig = "m"\nqueued_resource = "q"\n', "tpu.queued_resource: not with api = \"compute\""),
+    ('api = "compute"\nmig = "m-0"\nnames = ["m-0", "m-1"]\n', "tpu.names: not with api = \"compute\""),
+    ('api = "compute"\nmig = "m"\nfallback_zones = ["us-east5-a"]\n', "tpu.fallback_zones: not with api"),
+    ('api = "compute"\nmig = "m"\n[tpu.spec]\naccelerator_type = "v4-8"\nruntime_version = "r"\n',
+     "tpu.spec: not with api = \"compute\""),
+    ('api = "compute"\nmig = "m"\n[tpu.compute_spec.instance]\nname = "m"\n',
+     "tpu.compute_spec.instance: the job names a mig"),
+    ('api = "compute"\nmig = "m"\n[tpu.compute_spec.node]\nname = "m"\n',
+     "tpu.compute_spec.node: unknown key"),
+    ('name = "x"\n[tpu.compute_spec.mig]\nname = "m"\n', "tpu.compute_spec: only for api = \"compute\""),
+])
+def test_a_compute_config_that_does_not_fit_is_refused_naming_the_key(tmp_path: Path, tpu: str,
+                                                                       message: str) -> None:
+    with pytest.raises(ConfigError, match=None) as err:
+        load(tmp_path, tpu)
+    assert message in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("command", ["drill", "precheck", "run", "recreate"])
+def test_commands_that_speak_only_the_tpu_api_refuse_a_compute_job(tmp_path: Path, command: str) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "tpuwatch.toml"
+    path.write_text('[tpu]\napi = "compute"\nmig = "slice"\nzone = "us-central1-c"\nproject = "proj-1"\n' + JOB)
+    name = ["slice"] if command == "recreate" else []
+    out = subprocess.run([sys.executable, "-m", "tpuwatch.cli", command, *name, "-c", str(path)], capture_output=True,
+                         text=True, timeout=60, stdin=subprocess.DEVNULL,
+                         env={**__import__("os").environ, "TPUWATCH_STATE_DIR": str(tmp_path / "state")})
+    assert out.returncode == 2 and "not for a slice made through Compute Engine yet" in out.stderr, out.stderr

@@ -1,0 +1,262 @@
+"""End to end on Compute Engine: `tpuwatch watch` on a slice made through Compute Engine (a MIG of
+TPU7x VMs, or an instance), against the simulator's Compute Engine REST face with the real
+`google-cloud-compute` client and real ssh to the simulated VMs.
+
+Each test reads its outcome from the journal (`history --json`), the trainer's checkpoints and
+the simulated world (instance ids, what is left), never from tpuwatch's own words alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_helpers import STEPS, finish, trainer, write_config
+
+from tpuwatch.sim.rest import RestFace
+from tpuwatch.sim.simulator import Simulator
+
+pytestmark = pytest.mark.slow
+
+
+class CeJob:
+    """A job whose slice is a Compute Engine instance or MIG of the simulator, watched by the CLI."""
+
+    def __init__(self, sim: Simulator, rest: RestFace, tmp: Path, kind: str, name: str, *,
+                 hold_at: int | None = None, **recovery: str | int) -> None:
+        self.sim, self.ck, self.go = sim, sim.bucket / "ck", tmp / "go"
+        extra = ""
+        if hold_at is not None:  # the job stalls at that step until release(): a fault meets it running
+            self.go.mkdir()
+            extra = f"--hold-at {hold_at} --hold-until {self.go}"
+        self.hold_at = hold_at
+        self.cfg = write_config(tmp / "tpuwatch.toml", sim, trainer(self.ck, extra), self.ck, name=name,
+                                tpu={"api": "compute", kind: name}, **recovery)
+        # The simulator names each VM made through Compute Engine in its own hosts file only, so
+        # a MIG's peers do not resolve there (Compute Engine's internal DNS resolves them).
+        with self.cfg.open("a") as f:
+            f.write('[precheck]\nskip = ["dns"]\n')
+        self.env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp / "state"),
+                    "TPUWATCH_COMPUTE_EMULATOR": rest.url.rstrip("/")}
+
+    def watch(self) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(self.cfg)],
+                                env=self.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+
+    def history(self) -> dict[str, Any]:
+        out = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "history", "-c", str(self.cfg), "--json"],
+                             env=self.env, text=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert out.returncode == 0, out.stderr
+        result: dict[str, Any] = json.loads(out.stdout)
+        return result
+
+    def release(self) -> None:
+        assert self.hold_at is not None
+        (self.go / str(self.hold_at)).touch()
+
+    def steps_done(self) -> list[int]:
+        return sorted(int(p.name) for p in self.ck.iterdir() if p.name.isdigit()) if self.ck.exists() else []
+
+
+@pytest.fixture
+def rest(sim: Simulator) -> Iterator[RestFace]:
+    with RestFace(sim.world) as face:
+        yield face
+
+
+def wait(pred: Callable[[], bool], what: str, proc: subprocess.Popen[str], timeout: float = 60) -> None:
+    """Until `pred()`; on a timeout, the watch is stopped and what it printed is shown."""
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end or proc.poll() is not None:
+            proc.kill()
+            out, _ = proc.communicate()
+            raise AssertionError(f"timed out waiting for {what}; watch printed:\n{out}")
+        time.sleep(0.1)
+
+
+def ids(sim: Simulator) -> dict[str, int]:
+    return {r.name: r.id for r in sim.world.instances()}
+
+
+def writes(sim: Simulator) -> list[str]:
+    """The Compute Engine calls that change something, as the world counted them."""
+    return sorted(m for m in sim.world.calls if m.startswith("compute.") and
+                  any(verb in m for verb in ("Delete", "Insert", "RecreateInstances", "Stop", "Resize")))
+
+
+def test_a_tpu7x_multi_host_mig_through_a_healed_host_error_resumes_and_nothing_is_deleted(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    mig = sim.world.add_mig("slice", "tpu7x-standard-4t", 4, topology="2x2x4", labels={"tpuwatch-job": "slice"})
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "mig", "slice", hold_at=10)
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
+    sim.world.host_error(sorted(mig.members)[1], restart_after=1800)  # the whole slice; back 3 s later
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    attempts = job.history()["attempts"]
+    assert len(attempts) >= 2, out
+    first, second = attempts[0], attempts[1]
+    assert first["outcome"] == "disruption" and first["charged"] is False, attempts
+    assert second["start_step"] is not None and second["start_step"] >= 10, attempts  # resumed
+    assert job.steps_done()[-1] == STEPS
+    assert ids(sim) == before  # restarted by Google, never deleted or recreated
+    assert writes(sim) == [], writes(sim)
+
+
+def test_a_single_host_instance_stopped_by_a_host_error_is_left_to_google_and_resumes(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}})
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
+    sim.world.host_error("vm", restart_after=1800)  # TERMINATED, restarted 3 s later
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    first, second = job.history()["attempts"][:2]
+    assert first["outcome"] == "disruption" and first["charged"] is False
+    assert second["start_step"] is not None and second["start_step"] >= 10
+    assert ids(sim) == before and writes(sim) == [], writes(sim)
+
+
+def test_a_foreign_instance_is_never_touched(sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "someone-else"},
+                                       "scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP"}})
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 1, "a checkpoint", proc)
+    sim.world.preempt_instance("vm")
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc != 0 and "not owned" in out, out  # it would recreate a preempted VM, but not another's
+    assert sim.world.instance("vm").status == "TERMINATED"
+    assert writes(sim) == [], writes(sim)
+
+
+def test_a_hand_deleted_instance_is_not_recreated(sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}})
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 1, "a checkpoint", proc)
+    sim.world.remove_instance("vm")
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc != 0 and "never recreates a node a person deleted" in out, out
+    assert "vm" not in ids(sim)
+    assert writes(sim) == [], writes(sim)
+
+
+def test_init_finds_a_mig_writes_what_recreates_it_and_status_shows_it_as_one_node(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    sim.world.add_mig("slice", "tpu7x-standard-4t", 4, topology="2x2x4", labels={"tpuwatch-job": "slice"})
+    sim.world.add_instance("vm", body={"labels": {"team": "ml"}})
+    env = {**os.environ, **sim.env, "TPUWATCH_COMPUTE_EMULATOR": rest.url.rstrip("/"),
+           "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tpuwatch.cli", *args], env=env, text=True,
+                              capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+
+    out = cli("init", "slice", "-o", str(tmp_path / "slice.toml"), "--json")
+    assert out.returncode == 0, out.stderr
+    written = json.loads(out.stdout)
+    assert (written["mig"], written["workers"], written["owned"]) == ("slice", 4, True)
+    spec = written["spec"]
+    assert spec["mig"]["targetSize"] == 4 and spec["mig"]["instanceTemplate"].endswith("slice-template")
+    assert spec["workload_policy"]["workloadPolicy"]["acceleratorTopology"] == "2x2x4"
+    assert spec["template"]["properties"]["labels"] == {"tpuwatch-job": "slice"}
+    status = cli("status", "-c", str(tmp_path / "slice.toml"), "--json")
+    assert status.returncode == 0, status.stderr
+    (node,) = json.loads(status.stdout)["nodes"]
+    assert node["name"] == "slice" and node["state"] == "READY" and len(node["workers"]) == 4
+
+    out = cli("init", "vm", "-o", str(tmp_path / "vm.toml"), "--json")
+    assert out.returncode == 0, out.stderr
+    written = json.loads(out.stdout)
+    assert written["instance"] == "vm" and written["owned"] is False
+    body = written["spec"]["instance"]
+    assert body["machineType"] == "tpu7x-standard-4t" and "id" not in body and "status" not in body
+    assert cli("init", "nothing", "-o", str(tmp_path / "x.toml")).returncode == 1
+
+
+def test_a_preempted_spot_mig_is_recreated_as_a_whole_and_the_job_resumes(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    mig = sim.world.add_mig("slice", "tpu7x-standard-4t", 4, topology="2x2x4", spot=True,
+                            labels={"tpuwatch-job": "slice"})
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "mig", "slice", hold_at=10)
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
+    sim.world.preempt_instance(sorted(mig.members)[0])  # TERMINATED for good: Google restarts no Spot TPU VM
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    first, second = job.history()["attempts"][:2]
+    assert first["outcome"] == "disruption" and first["charged"] is False, out
+    assert second["start_step"] is not None and second["start_step"] >= 10
+    after = ids(sim)
+    assert set(after) == set(before) and all(after[n] != before[n] for n in before)  # every VM made again
+    assert writes(sim) == ["compute.v1.InstanceGroupManagers/RecreateInstances"], writes(sim)  # the MIG stays
+
+
+def test_a_preempted_spot_instance_is_deleted_and_inserted_again_from_what_init_captured(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    import tomli_w
+
+    sim.world.add_instance("vm", body={
+        "labels": {"tpuwatch-job": "vm", "team": "ml"},
+        "scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP"},
+        "metadata": {"items": [{"key": "owner-note", "value": "kept on recreate"}]}})
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    init = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "init", "vm", "-o", str(tmp_path / "init.toml"),
+                           "--json"], env=job.env, text=True, capture_output=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert init.returncode == 0, init.stderr
+    with job.cfg.open("a") as f:  # the job's config with the spec `init` wrote
+        f.write(tomli_w.dumps({"tpu": {"compute_spec": json.loads(init.stdout)["spec"]}}))
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
+    sim.world.preempt_instance("vm")
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    first, second = job.history()["attempts"][:2]
+    assert first["outcome"] == "disruption" and first["charged"] is False, out
+    assert second["start_step"] is not None and second["start_step"] >= 10
+    assert ids(sim)["vm"] != before["vm"]
+    assert writes(sim) == ["compute.v1.Instances/Delete", "compute.v1.Instances/Insert"], writes(sim)
+    vm = sim.world.instance("vm")
+    assert vm.labels == {"tpuwatch-job": "vm", "team": "ml"} and vm.provisioning_model == "SPOT"
+    assert vm.metadata["owner-note"] == "kept on recreate" and vm.metadata["tpuwatch-job"] == "vm"
+
+
+def test_a_mig_autoheal_is_waited_out_without_deleting_anything(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    mig = sim.world.add_mig("slice", "tpu7x-standard-4t", 4, topology="2x2x4", labels={"tpuwatch-job": "slice"})
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "mig", "slice", hold_at=10)
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
+    sim.world.autoheal("slice", sorted(mig.members)[2])  # a multi-host slice: Google recreates all four
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    first, second = job.history()["attempts"][:2]
+    assert first["outcome"] == "disruption" and first["charged"] is False, out
+    assert second["start_step"] is not None and second["start_step"] >= 10
+    after = ids(sim)
+    assert all(after[n] != before[n] for n in before)  # Google's recreate
+    assert writes(sim) == [], writes(sim)  # and none of tpuwatch's

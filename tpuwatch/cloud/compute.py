@@ -1,0 +1,573 @@
+"""The Compute Engine adapter (ports.TpuApi): a TPU slice made through Compute Engine, seen as one node.
+
+On Compute Engine a TPU VM is an instance; a single-host slice is an instance or a managed
+instance group (MIG) of one; a multi-host slice is a MIG whose workload policy names an
+accelerator topology. The job's slice ([tpu] instance or [tpu] mig) is shown to the tick and
+the policy as one `NodeSnapshot`, in the policy's vocabulary (policy/nodes.py):
+
+- `id` is its instances' ids, joined in worker order: it changes when any of them is recreated
+  (a new incarnation, as a recreated TPU node's id does).
+- `state` (`instance_state`, `mig_state`): RUNNING is READY; Google at work (an instance
+  PROVISIONING, STAGING or REPAIRING after a host error, a MIG instance with a current action,
+  or a MIG short of its target size or not stable) is a repair state, waited for with
+  repair_timeout; a stopped Spot VM is PREEMPTED (Google: a Spot TPU VM is deleted and
+  recreated, never restarted); another stopped VM is STOPPED (a person's: left alone).
+- `health` is UNHEALTHY_MAINTENANCE while `resourceStatus.upcomingMaintenance` is ONGOING;
+  `upcoming_maintenance` is the earliest notice of its instances.
+- the workers are its instances sorted by name (docs/reliability.md says why that order).
+- labels: an instance's own; a MIG's, those every instance carries (its template's), so the
+  ownership label holds only when all of them say the same job.
+
+Every request is one call under `tpuwatch.cloud.retry` with the client's own retry off.
+Operations are zone operations, read with this adapter's own `ZoneOperationsClient` (built with
+the same endpoint), never through a client's `.result()`, whose polling client is built without
+the client options and so would reach Google even from a test. Nothing outside `cloud/` sees a
+Compute Engine message: they become `tpuwatch.model` values here.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+
+from google.api_core import exceptions as gexc
+
+from tpuwatch.cloud import calls, clients
+from tpuwatch.cloud.errors import CODE_NUMBERS, Call, is_transient, translate
+from tpuwatch.cloud.retry import RetryPolicy
+from tpuwatch.cloud.tpu import parse_rfc3339
+from tpuwatch.errors import NotFoundError, TpuwatchError, UsageError
+from tpuwatch.model import (
+    NODE_NAME,
+    OWNER_LABEL,
+    NodeSnapshot,
+    OperationStatus,
+    UpcomingMaintenance,
+    WorkerEndpoint,
+)
+
+T = TypeVar("T")
+Kind = Literal["instance", "mig"]
+RPC_TIMEOUT = 30.0
+PAGE_SIZE = 500
+SERVICE = "compute.googleapis.com"
+
+# Instance.status -> the policy's state, for a VM that is not Spot.
+_STATES: dict[str, str] = {
+    "RUNNING": "READY",
+    # created or restarted (after a host error: STAGING, then RUNNING on healthy hardware)
+    "PROVISIONING": "STARTING", "STAGING": "STARTING", "PENDING": "STARTING",
+    "REPAIRING": "REPAIRING",
+    # stopped by a person (or by Google with no automatic restart): never deleted by tpuwatch
+    "STOPPING": "STOPPING", "PENDING_STOP": "STOPPING", "DEPROVISIONING": "STOPPING",
+    "SUSPENDING": "STOPPING", "TERMINATED": "STOPPED", "STOPPED": "STOPPED", "SUSPENDED": "STOPPED",
+}
+# A Spot VM that stops was preempted: Google's word for TPUs is to delete and recreate it.
+_SPOT_DOWN = frozenset({"STOPPING", "PENDING_STOP", "DEPROVISIONING", "TERMINATED", "STOPPED"})
+# The worst state first when a MIG's instances differ (as model.combine_slices ranks slices).
+_RANK = ("PREEMPTED", "STOPPING", "STOPPED", "REPAIRING", "STARTING", "CREATING")
+# google.rpc codes of a zone operation's error, by the Compute Engine error code it carries
+_OP_CODES: dict[str, str] = {
+    "ZONE_RESOURCE_POOL_EXHAUSTED": "RESOURCE_EXHAUSTED",
+    "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS": "RESOURCE_EXHAUSTED",
+    "QUOTA_EXCEEDED": "RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED": "RESOURCE_EXHAUSTED",
+    "RESOURCE_NOT_FOUND": "NOT_FOUND", "NOT_FOUND": "NOT_FOUND",
+    "RESOURCE_ALREADY_EXISTS": "ALREADY_EXISTS", "ALREADY_EXISTS": "ALREADY_EXISTS",
+    "PERMISSION_DENIED": "PERMISSION_DENIED", "CONDITION_NOT_MET": "FAILED_PRECONDITION",
+    "INVALID_ARGUMENT": "INVALID_ARGUMENT", "INVALID_FIELD_VALUE": "INVALID_ARGUMENT",
+}
+_HTTP_CODES = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND", 409: "ALREADY_EXISTS",
+               412: "FAILED_PRECONDITION", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE"}
+
+
+def _name(value: Any) -> str:
+    """An enum field's name: compute_v1 declares most as strings, a few (Operation.status) as enums."""
+    return value.name if isinstance(value, enum.Enum) else str(value)
+
+
+def short(url: str) -> str:
+    """The last part of a resource URL or name ("…/instances/a-1" -> "a-1")."""
+    return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _time(text: str) -> datetime | None:
+    return parse_rfc3339(text) if text else None
+
+
+def spot(inst: Any) -> bool:
+    """A Spot (or legacy preemptible) VM: `scheduling.provisioningModel` SPOT."""
+    sched = inst.scheduling
+    return sched.provisioning_model == "SPOT" or bool(sched.preemptible)
+
+
+def instance_state(inst: Any) -> str:
+    """An instance's state in the policy's words (see the module's docstring); a status this
+    version does not know is kept as it is, which the policy waits for and never deletes."""
+    status = str(inst.status)
+    if spot(inst) and status in _SPOT_DOWN:
+        return "PREEMPTED"
+    return _STATES.get(status, status or "UNKNOWN")
+
+
+def upcoming(inst: Any) -> UpcomingMaintenance | None:
+    """`resourceStatus.upcomingMaintenance`, or None when nothing is scheduled."""
+    if "resource_status" not in inst or "upcoming_maintenance" not in inst.resource_status:
+        return None
+    um = inst.resource_status.upcoming_maintenance
+    return UpcomingMaintenance(
+        type=um.type_ or "UNKNOWN_TYPE", status=um.maintenance_status or "UNKNOWN",
+        can_reschedule=bool(um.can_reschedule), window_start=_time(um.window_start_time),
+        window_end=_time(um.window_end_time), latest_window_start=_time(um.latest_window_start_time),
+    )
+
+
+def _health(notices: Iterable[UpcomingMaintenance | None]) -> str:
+    return "UNHEALTHY_MAINTENANCE" if any(n is not None and n.status == "ONGOING" for n in notices) else "HEALTHY"
+
+
+def _endpoint(index: int, inst: Any) -> WorkerEndpoint:
+    nics = list(inst.network_interfaces)
+    internal = nics[0].network_i_p if nics else ""
+    external = next((ac.nat_i_p for ac in nics[0].access_configs if ac.nat_i_p), "") if nics else ""
+    return WorkerEndpoint(index=index, internal_ip=internal, external_ip=external)
+
+
+def _earliest(notices: Sequence[UpcomingMaintenance]) -> UpcomingMaintenance | None:
+    if not notices:
+        return None
+    return min(notices, key=lambda n: n.window_start.timestamp() if n.window_start is not None else float("inf"))
+
+
+def instance_snapshot(inst: Any, *, project: str, zone: str) -> NodeSnapshot:
+    """A single-host slice: one `compute_v1.Instance` as a node of one worker."""
+    notice = upcoming(inst)
+    return NodeSnapshot(
+        name=inst.name, project=project, zone=zone, id=str(inst.id) if inst.id else "",
+        create_time=_time(inst.creation_timestamp), state=instance_state(inst), health=_health([notice]),
+        health_description=inst.status_message, maintenance_time=None, upcoming_maintenance=notice,
+        workers=(_endpoint(0, inst),), accelerator_type=short(inst.machine_type), spot=spot(inst),
+        preemptible=bool(inst.scheduling.preemptible), labels=dict(inst.labels),
+        metadata_keys=tuple(sorted(item.key for item in inst.metadata.items)),
+    )
+
+
+def mig_state(mig: Any, managed: Sequence[Any], instances: Sequence[Any]) -> tuple[str, str]:
+    """(state, what Google is doing) of a MIG from its managed instances and their instances.
+
+    The MIG at work on any instance (a current action: creating, recreating, restarting, ...),
+    short of its target size, an instance not yet readable, or not stable (with no Spot VM
+    preempted, which a MIG does not restart): REPAIRING, for the policy to wait with
+    repair_timeout; it never deletes what a MIG repairs. A MIG scaled to zero by a person:
+    STOPPED. Otherwise the worst of its instances' states."""
+    target = int(mig.target_size)
+    if target == 0 and not managed:
+        return "STOPPED", "target size 0"
+    acting = [f"{short(m.instance) or m.name}: {m.current_action}" for m in managed
+              if m.current_action and m.current_action != "NONE"]
+    if acting:
+        return "REPAIRING", "MIG acting on " + ", ".join(acting)
+    if len(managed) < target:
+        return "REPAIRING", f"MIG has {len(managed)} of its {target} instances"
+    if len(instances) < len(managed):
+        return "REPAIRING", "MIG instances not all readable yet"
+    states = [instance_state(i) for i in instances]
+    if "PREEMPTED" in states:  # a MIG does not restart a preempted Spot VM: delete and recreate it
+        return "PREEMPTED", ""
+    if "status" in mig and "is_stable" in mig.status and not mig.status.is_stable:
+        # e.g. its instances TERMINATED by a host error, which Google restarts (a multi-host
+        # slice as a whole), or stopped ones its autoheal restarts
+        return "REPAIRING", "MIG not stable"
+    worst = next((s for s in _RANK if s in states), next((s for s in states if s != "READY"), "READY"))
+    return worst, ""
+
+
+def mig_snapshot(mig: Any, managed: Sequence[Any], instances: Sequence[Any], *, project: str,
+                 zone: str) -> NodeSnapshot:
+    """A MIG (`compute_v1.InstanceGroupManager`, its `ManagedInstance`s from listManagedInstances,
+    and those instances) as one node whose workers are its instances in name order."""
+    ordered = sorted(instances, key=lambda i: i.name)
+    state, doing = mig_state(mig, managed, ordered)
+    notices = [upcoming(i) for i in ordered]
+    errors = [f"{short(m.instance) or m.name}: {e.code}: {e.message}" for m in managed
+              if "last_attempt" in m and "errors" in m.last_attempt for e in m.last_attempt.errors.errors]
+    described = "; ".join([d for d in (doing, *errors) if d] + [f"{i.name}: {i.status_message}" for i in ordered
+                                                                 if i.status_message])
+    label_sets = [dict(i.labels) for i in ordered]
+    labels = {k: v for k, v in label_sets[0].items() if all(s.get(k) == v for s in label_sets)} if label_sets else {}
+    if len({s.get(OWNER_LABEL) for s in label_sets}) > 1:
+        labels.pop(OWNER_LABEL, None)
+    times = [t for t in (_time(i.creation_timestamp) for i in ordered) if t is not None]
+    first = ordered[0] if ordered else None
+    return NodeSnapshot(
+        name=mig.name, project=project, zone=zone,
+        id="+".join(str(i.id) for i in ordered), create_time=max(times) if times else None,
+        state=state, health=_health(notices), health_description=described, maintenance_time=None,
+        upcoming_maintenance=_earliest([n for n in notices if n is not None]),
+        workers=tuple(_endpoint(n, i) for n, i in enumerate(ordered)),
+        accelerator_type=short(first.machine_type) if first is not None else "",
+        spot=any(spot(i) for i in ordered), preemptible=any(bool(i.scheduling.preemptible) for i in ordered),
+        labels=labels, metadata_keys=tuple(sorted(item.key for item in first.metadata.items)) if first else (),
+    )
+
+
+def operation_status(op: Any) -> OperationStatus:
+    """A zone operation as an OperationStatus, its error as a google.rpc code (by its Compute
+    Engine error code, else its HTTP status)."""
+    done = _name(op.status) == "DONE"
+    code, message = 0, ""
+    if done and "error" in op and op.error.errors:
+        first = op.error.errors[0]
+        name = _OP_CODES.get(first.code) or _HTTP_CODES.get(int(op.http_error_status_code or 0), "UNKNOWN")
+        code, message = CODE_NUMBERS[name], "; ".join(f"{e.code}: {e.message}" for e in op.error.errors)
+    return OperationStatus(name=op.name, done=done, error_code=code, error_message=message)
+
+
+class ComputeAdapter:
+    """ports.TpuApi over google-cloud-compute for one project and zone and the job's kind of slice."""
+
+    def __init__(self, project: str, zone: str, kind: Kind, *, retry: RetryPolicy | None = None) -> None:
+        self.project = project
+        self.zone = zone
+        self.kind: Kind = kind
+        self.retry = retry or RetryPolicy.from_env()
+        self._clients: dict[str, Any] = {}
+        self._names: dict[str, tuple[str, ...]] = {}  # node id -> its instances' names, in worker order
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _client(self, kind: str) -> Any:
+        if kind not in self._clients:
+            self._clients[kind] = clients.compute_client(kind)
+        return self._clients[kind]
+
+    def _call(self, method: str, target: str, needs: str, fn: Callable[[], T], *, read: bool,
+              role: str = "roles/compute.viewer") -> T:
+        call = Call("Compute Engine API", method, target, needs, SERVICE, role)
+        try:
+            return self.retry.call(calls.counted(call, fn), transient=lambda e: is_transient(e, read=read))
+        except TpuwatchError:
+            raise
+        except Exception as exc:
+            raise translate(exc, call, project=self.project) from None
+
+    def _where(self, zone: str | None = None) -> str:
+        return f"projects/{self.project}/zones/{zone or self.zone}"
+
+    def _get(self, kind: str, name: str, needs: str, fn: Callable[[Any], Any]) -> Any | None:
+        """One get (`fn(client)`); None on NOT_FOUND."""
+        client = self._client(kind)
+
+        def get() -> Any:
+            try:
+                return fn(client)
+            except gexc.NotFound:
+                return None
+
+        return self._call(f"get_{kind}", f"{self._where()}/{kind}/{name}", needs, get, read=True)
+
+    # -- reads ------------------------------------------------------------------------------
+    def get_instance(self, name: str) -> Any | None:
+        """The `compute_v1.Instance`, or None."""
+        return self._get("instances", name, "compute.instances.get", lambda c: c.get(
+            project=self.project, zone=self.zone, instance=name, retry=None, timeout=RPC_TIMEOUT))
+
+    def get_mig(self, name: str) -> Any | None:
+        """The `compute_v1.InstanceGroupManager`, or None."""
+        return self._get("instanceGroupManagers", name, "compute.instanceGroupManagers.get", lambda c: c.get(
+            project=self.project, zone=self.zone, instance_group_manager=name, retry=None, timeout=RPC_TIMEOUT))
+
+    def get_template(self, url: str) -> Any | None:
+        """The MIG's `compute_v1.InstanceTemplate` (global or regional, by its URL), or None."""
+        name = short(url)
+        if "/regions/" in url:
+            region = url.split("/regions/", 1)[1].split("/", 1)[0]
+            return self._get("regionInstanceTemplates", name, "compute.instanceTemplates.get", lambda c: c.get(
+                project=self.project, region=region, instance_template=name, retry=None, timeout=RPC_TIMEOUT))
+        return self._get("instanceTemplates", name, "compute.instanceTemplates.get", lambda c: c.get(
+            project=self.project, instance_template=name, retry=None, timeout=RPC_TIMEOUT))
+
+    def get_resource_policy(self, url: str) -> Any | None:
+        """A `compute_v1.ResourcePolicy` (the MIG's workload policy) by its URL, or None."""
+        name = short(url)
+        region = url.split("/regions/", 1)[1].split("/", 1)[0] if "/regions/" in url else self.zone.rsplit("-", 1)[0]
+        return self._get("resourcePolicies", name, "compute.resourcePolicies.get", lambda c: c.get(
+            project=self.project, region=region, resource_policy=name, retry=None, timeout=RPC_TIMEOUT))
+
+    def managed_instances(self, name: str) -> list[Any]:
+        """listManagedInstances: each `ManagedInstance` (current action, status, last attempt)."""
+        client = self._client("instanceGroupManagers")
+        out: list[Any] = []
+        token = ""
+        while True:
+            def page(token: str = token) -> Any:
+                from google.cloud import compute_v1
+
+                request = compute_v1.ListManagedInstancesInstanceGroupManagersRequest(
+                    project=self.project, zone=self.zone, instance_group_manager=name,
+                    max_results=PAGE_SIZE, page_token=token)
+                return client.list_managed_instances(request=request, retry=None, timeout=RPC_TIMEOUT)
+
+            resp = self._call("list_managed_instances", f"{self._where()}/instanceGroupManagers/{name}",
+                              "compute.instanceGroupManagers.get", page, read=True)
+            out.extend(resp.managed_instances)
+            token = resp.next_page_token
+            if not token:
+                return out
+
+    def list_instances(self) -> list[Any]:
+        """Every instance of the zone (one request a page)."""
+        client = self._client("instances")
+        out: list[Any] = []
+        token = ""
+        while True:
+            def page(token: str = token) -> Any:
+                from google.cloud import compute_v1
+
+                request = compute_v1.ListInstancesRequest(project=self.project, zone=self.zone,
+                                                          max_results=PAGE_SIZE, page_token=token)
+                return client.list(request=request, retry=None, timeout=RPC_TIMEOUT)
+
+            resp = self._call("list_instances", self._where(), "compute.instances.list", page, read=True)
+            out.extend(resp.items)
+            token = resp.next_page_token
+            if not token:
+                return out
+
+    def mig_parts(self, name: str) -> tuple[Any, list[Any], list[Any]] | None:
+        """(MIG, its managed instances, their instances), or None when the MIG does not exist.
+        Three requests: the MIG, listManagedInstances, and the zone's instances."""
+        mig = self.get_mig(name)
+        if mig is None:
+            return None
+        managed = self.managed_instances(name)
+        wanted = {short(m.instance) for m in managed if m.instance}
+        instances = [i for i in self.list_instances() if i.name in wanted] if wanted else []
+        return mig, managed, instances
+
+    def disk_params(self, url: str) -> dict[str, Any]:
+        """The `initializeParams` that make disk `url` again: its image, size and type."""
+        name = short(url)
+        disk = self._get("disks", name, "compute.disks.get", lambda c: c.get(
+            project=self.project, zone=self.zone, disk=name, retry=None, timeout=RPC_TIMEOUT))
+        if disk is None:
+            return {}
+        params: dict[str, Any] = {"diskSizeGb": str(disk.size_gb)} if disk.size_gb else {}
+        if disk.source_image:
+            params["sourceImage"] = disk.source_image
+        if disk.type_:
+            params["diskType"] = short(disk.type_)
+        return params
+
+    # -- ports.TpuApi -----------------------------------------------------------------------
+    def get_node(self, name: str) -> NodeSnapshot | None:
+        """The job's instance or MIG as one node, or None when it does not exist."""
+        self._check(name)
+        if self.kind == "instance":
+            inst = self.get_instance(name)
+            node = None if inst is None else instance_snapshot(inst, project=self.project, zone=self.zone)
+            names: tuple[str, ...] = (name,)
+        else:
+            parts = self.mig_parts(name)
+            if parts is None:
+                return None
+            node = mig_snapshot(*parts, project=self.project, zone=self.zone)
+            names = tuple(sorted(i.name for i in parts[2]))
+        if node is not None and node.id:
+            self._names[node.id] = names
+        return node
+
+    def list_nodes(self) -> list[NodeSnapshot]:
+        """Every instance of the zone, each as a node of one worker (`status --all`)."""
+        return [instance_snapshot(i, project=self.project, zone=self.zone) for i in self.list_instances()]
+
+    def instance_names(self, node: NodeSnapshot) -> tuple[str, ...]:
+        """The node's instances in worker order (known from its last get)."""
+        return self._names.get(node.id, (node.name,) if self.kind == "instance" else ())
+
+    def worker_instances(self, *nodes: NodeSnapshot) -> Mapping[str, tuple[str, str]]:
+        """Instance name -> (node, worker id), for the audit log's entries about the instances."""
+        return {inst: (node.name, str(i)) for node in nodes for i, inst in enumerate(self.instance_names(node))}
+
+    def host_keys(self, name: str) -> dict[int, tuple[str, ...]]:
+        """Each worker's SSH host keys from its instance's guest attributes (`hostkeys/`, which
+        `gcloud compute ssh` reads): worker index -> ("ssh-ed25519 AAAA...", ...). One request per
+        instance; none for an instance that publishes none (guest attributes off, or gone)."""
+        node = self.get_node(name) if self.kind == "mig" else None
+        names = self.instance_names(node) if node is not None else (name,)
+        client = self._client("instances")
+        out: dict[int, tuple[str, ...]] = {}
+        for worker, inst in enumerate(names):
+            def get(inst: str = inst) -> Any:
+                from google.cloud import compute_v1
+
+                request = compute_v1.GetGuestAttributesInstanceRequest(project=self.project, zone=self.zone,
+                                                                       instance=inst, query_path="hostkeys/")
+                try:
+                    return client.get_guest_attributes(request=request, retry=None, timeout=RPC_TIMEOUT)
+                except (gexc.NotFound, gexc.PermissionDenied, gexc.Forbidden, gexc.FailedPrecondition):
+                    return None
+
+            answer = self._call("get_guest_attributes", f"{self._where()}/instances/{inst}",
+                                "compute.instances.getGuestAttributes", get, read=True)
+            if answer is None or "query_value" not in answer:
+                continue
+            keys = tuple(f"{item.key} {item.value}" for item in answer.query_value.items
+                         if item.namespace == "hostkeys" and item.key and item.value)
+            if keys:
+                out[worker] = keys
+        return out
+
+    def get_operation(self, name: str) -> OperationStatus:
+        """The zone operation (zoneOperations.get through this adapter's own client)."""
+        client = self._client("zoneOperations")
+        op = self._call("get_operation", f"{self._where()}/operations/{name}", "compute.zoneOperations.get",
+                        lambda: client.get(project=self.project, zone=self.zone, operation=name, retry=None,
+                                           timeout=RPC_TIMEOUT), read=True)
+        return operation_status(op)
+
+    # -- writes -----------------------------------------------------------------------------
+    def delete_node(self, name: str) -> str:
+        """Start deleting the instance; the operation name. NotFoundError when it is gone.
+        A MIG is not deleted: `recreate_mig` recreates its instances."""
+        self._check(name)
+        if self.kind == "mig":
+            return self.recreate_mig(name)
+        client = self._client("instances")
+
+        def delete() -> Any:
+            return client.delete_unary(project=self.project, zone=self.zone, instance=name, retry=None,
+                                       timeout=RPC_TIMEOUT)
+
+        return self._write("delete_instance", f"{self._where()}/instances/{name}", "compute.instances.delete",
+                           delete, gone=f"no instance {name} in {self.project}/{self.zone} to delete")
+
+    def recreate_mig(self, name: str) -> str:
+        """recreateInstances on every instance of the MIG (a multi-host slice only as a whole);
+        the operation name. NotFoundError when the MIG or all its instances are gone."""
+        from google.cloud import compute_v1
+
+        urls = [m.instance for m in self.managed_instances(name) if m.instance]
+        if not urls:
+            raise NotFoundError(f"MIG {name} in {self.project}/{self.zone} has no instances to recreate")
+        client = self._client("instanceGroupManagers")
+        body = compute_v1.InstanceGroupManagersRecreateInstancesRequest(instances=urls)
+
+        def recreate() -> Any:
+            return client.recreate_instances_unary(
+                project=self.project, zone=self.zone, instance_group_manager=name,
+                instance_group_managers_recreate_instances_request_resource=body, retry=None, timeout=RPC_TIMEOUT)
+
+        return self._write("recreate_instances", f"{self._where()}/instanceGroupManagers/{name}",
+                           "compute.instanceGroupManagers.update", recreate,
+                           gone=f"no MIG {name} in {self.project}/{self.zone} to recreate")
+
+    def create_node(self, name: str, node: Mapping[str, Any], zone: str | None = None) -> str:
+        """Start inserting the instance (or MIG) `name` from its JSON-like insert body; the
+        operation name. RESOURCE_EXHAUSTED (no capacity, quota) raises ApiError, unretried."""
+        self._check(name)
+        from google.cloud import compute_v1
+
+        if zone not in (None, self.zone):
+            raise UsageError(f"a Compute Engine slice is created in its own zone {self.zone}, not {zone}")
+        kind = "instances" if self.kind == "instance" else "instanceGroupManagers"
+        cls = compute_v1.Instance if self.kind == "instance" else compute_v1.InstanceGroupManager
+        try:
+            resource = cls.from_json(_json({**dict(node), "name": name}), ignore_unknown_fields=False)
+        except Exception as exc:  # json_format.ParseError: a field this API does not know
+            raise UsageError(f"tpu.compute_spec.{self.kind}: {exc}; run `tpuwatch init {name}` to capture it "
+                             "again") from None
+        client = self._client(kind)
+
+        def insert() -> Any:
+            if self.kind == "instance":
+                return client.insert_unary(project=self.project, zone=self.zone, instance_resource=resource,
+                                           retry=None, timeout=RPC_TIMEOUT)
+            return client.insert_unary(project=self.project, zone=self.zone,
+                                       instance_group_manager_resource=resource, retry=None, timeout=RPC_TIMEOUT)
+
+        return self._write(f"insert_{self.kind}", f"{self._where()}/{kind}/{name}", f"compute.{kind}.create", insert)
+
+    def _write(self, method: str, target: str, needs: str, fn: Callable[[], Any], *, gone: str = "") -> str:
+        try:
+            op = self._call(method, target, needs, fn, read=False, role="roles/compute.instanceAdmin.v1")
+        except TpuwatchError as exc:
+            if gone and getattr(exc, "code", "") == "NOT_FOUND":
+                raise NotFoundError(gone) from None
+            raise
+        return str(op.name)
+
+    def _check(self, name: str) -> None:
+        if not NODE_NAME.match(name):
+            raise UsageError(f"{name!r} is not a Compute Engine {self.kind} name (lowercase letters, digits and "
+                             "hyphens, starting with a letter)")
+
+
+def _json(data: Mapping[str, Any]) -> str:
+    import json
+
+    return json.dumps(data)
+
+
+def to_json(message: Any) -> dict[str, Any]:
+    """A Compute Engine message as JSON-like data (camelCase, defaults left out), as saved in
+    [tpu.compute_spec]."""
+    import json
+
+    data: dict[str, Any] = json.loads(type(message).to_json(message, always_print_fields_with_no_presence=False, indent=0))
+    return data
+
+
+# Fields the API fills in, which an insert must not carry (output only).
+_OUTPUT_ONLY = frozenset({
+    "id", "kind", "selfLink", "creationTimestamp", "status", "statusMessage", "cpuPlatform", "fingerprint",
+    "labelFingerprint", "lastStartTimestamp", "lastStopTimestamp", "lastSuspendedTimestamp", "resourceStatus",
+    "satisfiesPzi", "satisfiesPzs", "startRestricted", "zone", "region", "currentActions", "instanceGroup",
+})
+_NIC_OUTPUT = frozenset({"networkIP", "fingerprint", "name", "kind", "ipv6AccessConfigs"})
+
+
+def capture_instance(api: ComputeAdapter, inst: Any) -> dict[str, Any]:
+    """An instance as the insert body that makes it again: output-only fields dropped, the network
+    interfaces without their assigned addresses, and each disk deleted with the instance
+    (autoDelete) as `initializeParams` from its disk (image, size, type), since its source disk
+    goes with it. A disk that outlives the instance is attached again by its `source`."""
+    body = {k: v for k, v in to_json(inst).items() if k not in _OUTPUT_ONLY}
+    body["machineType"] = short(str(body.get("machineType", "")))
+    nics = []
+    for nic in body.get("networkInterfaces") or []:
+        nic = {k: v for k, v in nic.items() if k not in _NIC_OUTPUT}
+        nic["accessConfigs"] = [{k: v for k, v in ac.items() if k not in ("natIP", "kind")}
+                                for ac in nic.get("accessConfigs") or []]
+        nics.append(nic)
+    if nics:
+        body["networkInterfaces"] = nics
+    disks = []
+    for disk in body.get("disks") or []:
+        kept = {k: v for k, v in disk.items() if k in ("autoDelete", "boot", "deviceName", "mode", "interface",
+                                                       "type", "source")}
+        if disk.get("autoDelete") and disk.get("source"):
+            params = api.disk_params(str(disk["source"]))
+            kept.pop("source")
+            kept["initializeParams"] = params
+        disks.append(kept)
+    if disks:
+        body["disks"] = disks
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict):
+        body["metadata"] = {k: v for k, v in metadata.items() if k in ("items",)}
+    return body
+
+
+def capture_mig(api: ComputeAdapter, mig: Any) -> dict[str, Any]:
+    """A MIG as `tpu.compute_spec`: `mig` (its insert body), `template` and `workload_policy` (the
+    resources it was made from, as they are now, for a person to make them again if deleted)."""
+    out: dict[str, Any] = {"mig": {k: v for k, v in to_json(mig).items() if k not in _OUTPUT_ONLY}}
+    template = api.get_template(mig.instance_template) if mig.instance_template else None
+    if template is not None:
+        out["template"] = {k: v for k, v in to_json(template).items() if k not in _OUTPUT_ONLY}
+    policy_url = mig.resource_policies.workload_policy if "resource_policies" in mig else ""
+    policy = api.get_resource_policy(policy_url) if policy_url else None
+    if policy is not None:
+        out["workload_policy"] = {k: v for k, v in to_json(policy).items() if k not in _OUTPUT_ONLY}
+    return out
