@@ -1252,7 +1252,9 @@ class _Tick:
             self.op_done = self.op_done or mem.pending_op
             return self.create(mem, 0, "create_after_delete", f"{self.subject} is deleted; creating it in {self.cfg.zones[0]}")
         if mem.deleting_node_id and node.id != mem.deleting_node_id:
-            mem = move(mem, Phase.IDLE, pending_op=None, deleting_node_id="")
+            # a new node: its repair, if any, is timed from now, not from the one deleted
+            mem = move(mem, Phase.IDLE, pending_op=None, deleting_node_id="", unhealthy_since=None,
+                       unknown_since=None)
             return self.out(mem, "deleting", f"{self.subject} was replaced (id {node.id}) while tpuwatch deleted it; "
                                              "following the new node", Wait(None, "node replaced"))
         if mem.pending_op is None and node.state != "DELETING" and op is None:
