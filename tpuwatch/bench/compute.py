@@ -35,12 +35,12 @@ from typing import Any, Literal
 from tpuwatch.bench.engine import OK, BenchWorld, Meter, Process
 from tpuwatch.bench.fakeports import PROJECT, ZONE, at
 from tpuwatch.bench.tools import JOB, Run, Tool, TpuwatchDriver, describe, ideal
-from tpuwatch.cloud.compute import ComputeAdapter, mig_snapshot
+from tpuwatch.cloud.compute import ComputeAdapter
 from tpuwatch.cloud.computelife import ComputeLifecycle
 from tpuwatch.cloud.errors import ApiError, Call
 from tpuwatch.cloud.logs import RawEntry, event_of, to_ns
 from tpuwatch.config import Config, validate
-from tpuwatch.model import AuditEvent, NodeSnapshot, OperationStatus
+from tpuwatch.model import AuditEvent, OperationStatus
 from tpuwatch.ports import JobPorts
 from tpuwatch.spec import OWNER_LABEL
 
@@ -51,6 +51,7 @@ else:  # pragma: no cover
 
 Provisioning = Literal["spot", "standard"]
 MACHINE = "tpu7x-standard-4t"  # 4 chips a VM: 4 VMs are a 2x2x4 TPU7x slice
+TEMPLATE = "llm-pod-template"  # the MIG's instance template (the job's owner label among its labels)
 # A MIG tries a failed create again by itself; how soon is not documented (assumed).
 MIG_RETRY = 30.0
 STOCKOUT = ("ZONE_RESOURCE_POOL_EXHAUSTED",
@@ -201,13 +202,10 @@ class BenchCompute(ComputeAdapter):
             instances.append(inst)
         group = compute_v1.InstanceGroupManager(
             name=mig.name, target_size=w.p.workers, base_instance_name=mig.name,
+            instance_template=f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/global/instanceTemplates/{TEMPLATE}",
             status=compute_v1.InstanceGroupManagerStatus(is_stable=v.stable))
         self._key, self._parts = key, (group, managed, instances)
         return self._parts
-
-    def snapshot(self) -> NodeSnapshot:
-        """The MIG as the product maps it (no call counted)."""
-        return mig_snapshot(*self._messages(), project=self.project, zone=self.zone)
 
     def mig_parts(self, name: str) -> tuple[Any, list[Any], list[Any]] | None:
         self.meter.tpu += 3  # instanceGroupManagers.get, listManagedInstances, instances.list
@@ -220,6 +218,13 @@ class BenchCompute(ComputeAdapter):
     def list_instances(self) -> list[Any]:
         self.meter.tpu += 1
         return self._messages()[2]
+
+    def get_template(self, url: str) -> Any | None:
+        from google.cloud import compute_v1
+
+        self.meter.tpu += 1
+        return compute_v1.InstanceTemplate(name=TEMPLATE, properties=compute_v1.InstanceProperties(
+            machine_type=MACHINE, labels={OWNER_LABEL: self.job})) if url.endswith(f"/{TEMPLATE}") else None
 
     def host_keys(self, name: str) -> dict[int, tuple[str, ...]]:
         return {}
