@@ -6,6 +6,7 @@
     python scripts/bench_goodput.py --hangs 0 --bug-at none --workers 16 --ckpt-every 1800
     python scripts/bench_goodput.py --maintenance 0 --scheduled 4 --unscheduled 2 --notice-only 2
     python scripts/bench_goodput.py --slices 4                 # one job over 4 slices (Multislice)
+    python scripts/bench_goodput.py --api compute              # the slice as a Compute Engine MIG (TPU7x, Spot)
 
 Every tool replays the same trace (tpuwatch.bench): tpuwatch itself (`watch`'s loop over the real
 tick, policy, config and journal, against in-memory ports), the bash loop of the TPU docs,
@@ -81,6 +82,12 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d, t = Params(), TraceConfig()
     g = ap.add_argument_group("the job and the slice")
+    g.add_argument("--api", choices=("tpu", "compute"), default="tpu",
+                   help="the API that made the slice: a Cloud TPU API node, or a Compute Engine MIG "
+                        "(tpuwatch.bench.compute)")
+    g.add_argument("--provisioning", choices=("spot", "standard"), default="spot",
+                   help="--api compute: the MIG's VMs (standard: no preemptions; host errors restarted by "
+                        "Compute Engine instead of the MIG's autoheal)")
     g.add_argument("--seed", type=int, default=0, help="fault trace seed")
     g.add_argument("--days", type=float, default=d.days, help="length of the run")
     g.add_argument("--workers", type=int, default=d.workers, help="hosts in the slice (in each slice)")
@@ -163,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.slices > 1 and max(args.scheduled, args.unscheduled, args.notice_only) > 0:
         raise UsageError("--scheduled, --unscheduled and --notice-only are modelled on one slice only: "
                          "leave them at 0 with --slices")
+    if args.api == "compute" and args.slices > 1:
+        raise UsageError("--api compute: one slice only (Google documents no multislice over Compute Engine MIGs)")
+    if args.api == "compute" and args.provisioning == "standard":
+        args.preemptions = 0.0  # only Spot VMs are preempted
     p = Params(days=args.days, workers=args.workers, step_time=args.step_time, ckpt_every=args.ckpt_every,
                ckpt_save=args.ckpt_save, steps=args.steps, startup=args.startup, create_time=args.create_time,
                delete_time=args.delete_time, audit_delay=args.audit_delay, notice_lead=args.notice_lead,
@@ -184,10 +195,16 @@ def main(argv: list[str] | None = None) -> int:
         tuned_keys[key.strip()] = int(value) if value.strip().isdigit() else value.strip()
     cfg = tpuwatch_config(**common)
     tuned = tpuwatch_config(**{**common, **tuned_keys})
-    chosen = make_tools(cfg, tuned, args.skypilot_restarts, skip_idle=not args.every_tick, slices=args.slices)
+    if args.api == "compute":
+        from tpuwatch.bench.compute import compute_config, compute_tools
+
+        cfg, tuned = compute_config(**common), compute_config(**{**common, **tuned_keys})
+        chosen = compute_tools(cfg, tuned, args.provisioning, skip_idle=not args.every_tick)
+    else:
+        chosen = make_tools(cfg, tuned, args.skypilot_restarts, skip_idle=not args.every_tick, slices=args.slices)
     if args.tools:
         # one tpuwatch per slice of a one-slice job is tpuwatch itself: there on request only
-        available = chosen + ([per_slice_tool(cfg, not args.every_tick)] if args.slices == 1 else [])
+        available = chosen + ([per_slice_tool(cfg, not args.every_tick)] if args.slices == 1 and args.api == "tpu" else [])
         keys = [k.strip() for k in args.tools.split(",") if k.strip()]
         unknown = [k for k in keys if k not in {t.key for t in available}]
         if unknown:

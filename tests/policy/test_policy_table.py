@@ -520,6 +520,18 @@ def test_row_deleting() -> None:
     assert d.actions == (FollowOperation("op-del", "delete", d.actions[0].reason),)  # type: ignore[union-attr]
 
 
+def test_a_node_replaced_during_the_delete_gets_a_repair_clock_of_its_own() -> None:
+    """A node of a new id while tpuwatch deletes the old one (a MIG making its instances again):
+    it is followed as a new node, and a repair of it is timed from now, not from the old node's
+    repair, else the next tick would find repair_timeout spent and recreate it again at once."""
+    old = replace(_deleting(), repair=Repair(unhealthy_since=at(0), unknown_since=at(0)))  # type: ignore[type-var]
+    d = tick(obs(replace(node("REPAIRING"), id="n2")), old, now=5000)
+    assert d.row == "deleting" and d.memory.phase is Phase.IDLE and d.actions[0].kind == "wait"  # type: ignore[union-attr]
+    assert d.memory.repair.unhealthy_since is None and d.memory.repair.unknown_since is None
+    after = tick(obs(replace(node("REPAIRING"), id="n2")), d.memory, now=5010)
+    assert "delete" not in kinds(after), after.summary
+
+
 def test_row_delete_resume() -> None:
     d = tick(obs(node("PREEMPTED")), _deleting(pending=None), now=5)  # type: ignore[arg-type]
     assert d.row == "delete_resume" and kinds(d) == ["delete"]

@@ -5,6 +5,8 @@
 - `tools`: `tpuwatch watch`'s loop over the real tick, the baselines (docs/benchmarks.md), the ideal;
 - `fakeports`: the TPU API, audit log, workers and checkpoint store of the BenchWorld, for the tick;
 - `goodput`: run a trace under each tool, measure, and present the results.
+- `compute`: the slice as a Compute Engine MIG (`--api compute`): its faults, the product's own
+  mapping of its compute_v1 messages, and the `gcloud compute ssh` baselines.
 
 `scripts/bench_goodput.py` is the command line. Nothing here touches a network, a clock or the
 cloud: a 30-day trace runs in seconds and the same seed always gives the same figures.

@@ -184,9 +184,11 @@ def mig_state(mig: Any, managed: Sequence[Any], instances: Sequence[Any]) -> tup
 
 
 def mig_snapshot(mig: Any, managed: Sequence[Any], instances: Sequence[Any], *, project: str,
-                 zone: str) -> NodeSnapshot:
+                 zone: str, template_labels: Mapping[str, str] | None = None) -> NodeSnapshot:
     """A MIG (`compute_v1.InstanceGroupManager`, its `ManagedInstance`s from listManagedInstances,
-    and those instances) as one node whose workers are its instances in name order."""
+    and those instances) as one node whose workers are its instances in name order. With no
+    instance readable (the MIG making them, e.g. through a stockout) its labels are
+    `template_labels`, those its instances will carry, so its owner is still known."""
     ordered = sorted(instances, key=lambda i: i.name)
     state, doing = mig_state(mig, managed, ordered)
     notices = [upcoming(i) for i in ordered]
@@ -195,14 +197,16 @@ def mig_snapshot(mig: Any, managed: Sequence[Any], instances: Sequence[Any], *, 
     described = "; ".join([d for d in (doing, *errors) if d] + [f"{i.name}: {i.status_message}" for i in ordered
                                                                  if i.status_message])
     label_sets = [dict(i.labels) for i in ordered]
-    labels = {k: v for k, v in label_sets[0].items() if all(s.get(k) == v for s in label_sets)} if label_sets else {}
+    labels = ({k: v for k, v in label_sets[0].items() if all(s.get(k) == v for s in label_sets)} if label_sets
+              else dict(template_labels or {}))
     if len({s.get(OWNER_LABEL) for s in label_sets}) > 1:
         labels.pop(OWNER_LABEL, None)
     times = [t for t in (_time(i.creation_timestamp) for i in ordered) if t is not None]
     first = ordered[0] if ordered else None
     return NodeSnapshot(
         name=mig.name, project=project, zone=zone,
-        id="+".join(str(i.id) for i in ordered), create_time=max(times) if times else None,
+        # no instance made yet: an id of its own, so that a delete's end ("replaced") is seen
+        id="+".join(str(i.id) for i in ordered) if ordered else f"{mig.name}:none", create_time=max(times) if times else None,
         state=state, health=_health(notices), health_description=described, maintenance_time=None,
         upcoming_maintenance=_earliest([n for n in notices if n is not None]),
         workers=tuple(_endpoint(n, i) for n, i in enumerate(ordered)),
@@ -371,7 +375,10 @@ class ComputeAdapter:
             parts = self.mig_parts(name)
             if parts is None:
                 return None
-            node = mig_snapshot(*parts, project=self.project, zone=self.zone)
+            mig, managed, instances = parts
+            template = self.get_template(mig.instance_template) if not instances and mig.instance_template else None
+            node = mig_snapshot(mig, managed, instances, project=self.project, zone=self.zone,
+                                template_labels=dict(template.properties.labels) if template is not None else None)
             names = tuple(sorted(i.name for i in parts[2]))
         if node is not None and node.id:
             self._names[node.id] = names

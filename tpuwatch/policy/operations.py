@@ -95,7 +95,9 @@ def deleting(draft: Draft, mem: Memory) -> Decision:
         draft.op_done = draft.op_done or mem.recreate.pending_op
         return create(draft, mem, 0, "create_after_delete", f"{draft.subject} is deleted; creating it in {draft.cfg.zones[0]}")
     if mem.recreate.deleting_node_id and node.id != mem.recreate.deleting_node_id:
-        mem = move(mem, Phase.IDLE, recreate=replace(mem.recreate, pending_op=None, deleting_node_id=""))
+        # a new node: its repair, if any, is timed from now, not from the one deleted
+        mem = move(mem, Phase.IDLE, recreate=replace(mem.recreate, pending_op=None, deleting_node_id=""),
+                   repair=replace(mem.repair, unhealthy_since=None, unknown_since=None))
         return draft.out(mem, "deleting", f"{draft.subject} was replaced (id {node.id}) while tpuwatch deleted it; "
                                           "following the new node", Wait(None, "node replaced"))
     overdue = operation_overdue(draft, mem, "delete")

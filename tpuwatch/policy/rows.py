@@ -92,7 +92,8 @@ ROWS: tuple[Row, ...] = (
         "multislice job is gone: its workers are out of the probes, and the others wait in their collectives "
         "on hosts that are no more, so the attempt ends, a disruption)",
         "keep following it; never delete a node under a live attempt"),
-    Row("deleting", "tpuwatch's delete in flight", "follow the operation"),
+    Row("deleting", "tpuwatch's delete in flight; or a node of another id came meanwhile",
+        "follow the operation; a new node is followed as such, any repair of it timed from now"),
     Row("delete_resume", "DELETING with no operation recorded and the node not deleting",
         "the earlier tick stopped before the call: decide afresh from the node (delete again if still needed)"),
     Row("delete_failed", "tpuwatch's delete failed", "failed (exit 1)"),
