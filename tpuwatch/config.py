@@ -714,7 +714,7 @@ class Config:
         slice was made through it."""
         if self.values["tpu"]["api"] == "compute":
             raise UsageError(f"{command}: not for a slice made through Compute Engine yet (tpu.api = \"compute\"); "
-                             "`watch`, `check`, `status -c` and `history` are (docs/compute-engine.md)")
+                             "`watch`, `check`, `status -c`, `history` and `drill` are (docs/compute-engine.md)")
 
     @property
     def job_name(self) -> str:

@@ -61,7 +61,7 @@ def test_a_compute_config_that_does_not_fit_is_refused_naming_the_key(tmp_path: 
     assert message in str(err.value), str(err.value)
 
 
-@pytest.mark.parametrize("command", ["drill", "precheck", "run", "recreate"])
+@pytest.mark.parametrize("command", ["precheck", "run", "recreate"])
 def test_commands_that_speak_only_the_tpu_api_refuse_a_compute_job(tmp_path: Path, command: str) -> None:
     import subprocess
     import sys

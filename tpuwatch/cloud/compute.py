@@ -495,6 +495,35 @@ class ComputeAdapter:
 
         return self._write(f"insert_{self.kind}", f"{self._where()}/{kind}/{name}", f"compute.{kind}.create", insert)
 
+    # -- maintenance ------------------------------------------------------------------------
+    def perform_maintenance(self, instance: str) -> str:
+        """instances.performMaintenance: start the instance's pending maintenance now; the
+        operation name. Google refuses it (an ApiError) when none is pending or the machine
+        type does not offer it."""
+        self._check(instance)
+        client = self._client("instances")
+
+        def perform() -> Any:
+            return client.perform_maintenance_unary(project=self.project, zone=self.zone, instance=instance,
+                                                    retry=None, timeout=RPC_TIMEOUT)
+
+        return self._write("perform_maintenance", f"{self._where()}/instances/{instance}",
+                           "compute.instances.performMaintenance", perform)
+
+    def simulate_maintenance_event(self, instance: str) -> str:
+        """instances.simulateMaintenanceEvent on one instance (`tpuwatch drill`); the operation
+        name. NotFoundError when the instance is gone."""
+        self._check(instance)
+        client = self._client("instances")
+
+        def simulate() -> Any:
+            return client.simulate_maintenance_event_unary(project=self.project, zone=self.zone, instance=instance,
+                                                           retry=None, timeout=RPC_TIMEOUT)
+
+        return self._write("simulate_maintenance_event", f"{self._where()}/instances/{instance}",
+                           "compute.instances.simulateMaintenanceEvent", simulate,
+                           gone=f"no instance {instance} in {self.project}/{self.zone}")
+
     def _write(self, method: str, target: str, needs: str, fn: Callable[[], Any], *, gone: str = "") -> str:
         try:
             op = self._call(method, target, needs, fn, read=False, role="roles/compute.instanceAdmin.v1")

@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tpuwatch.cloud import computemaint
 from tpuwatch.cloud.compute import ComputeAdapter
-from tpuwatch.errors import MaintenanceRefused, NotFoundError
+from tpuwatch.errors import NotFoundError
 from tpuwatch.model import NodeSnapshot, QueuedStatus
 
 
@@ -51,10 +52,9 @@ class ComputeLifecycle:
         return ""
 
     def start_maintenance(self, node: NodeSnapshot) -> tuple[str, str]:
-        """Not offered through this lifecycle yet: refused, so the job falls back to the notice
-        and the reactive path."""
-        raise MaintenanceRefused(f"starting a maintenance early is not done for Compute Engine {self.api.kind}s "
-                                 "by this tpuwatch", code="UNIMPLEMENTED")
+        """performMaintenance on the slice's instances whose maintenance may start early
+        (cloud/computemaint.py); MaintenanceRefused when Google refuses."""
+        return computemaint.start_maintenance(self.api, node)
 
     def create(self, name: str, node: Mapping[str, Any], zone: str, *, resumed: bool = False,
                tier: str = "", reservation: str = "") -> str:

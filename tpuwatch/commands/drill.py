@@ -1,7 +1,8 @@
 """`tpuwatch drill`: a maintenance fire drill on the job's own TPU, and how the recovery went.
 
-One v2alpha1 `simulateMaintenanceEvent` on a worker of the node the job owns (after a
-confirmation, or `--yes`), then the recovery is followed: by the `watch` that holds the job's
+One `simulateMaintenanceEvent` on a worker of the slice the job owns (after a confirmation, or
+`--yes`): v2alpha1's on a TPU node's worker, Compute Engine's `instances.simulateMaintenanceEvent`
+on the worker's instance, then the recovery is followed: by the `watch` that holds the job's
 journal (read here read-only), or, when nobody does (no watch, or cron `check` between runs),
 by ticking here exactly as `watch` does. It prints when the fault was seen, when the job ran
 again, from which checkpoint, and the work lost (training time after that checkpoint).
@@ -16,7 +17,7 @@ import sys
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -26,6 +27,10 @@ from tpuwatch.errors import JobFailed, NotFoundError, UsageError
 from tpuwatch.journal import Journal
 from tpuwatch.model import Checkpoint, NodeSnapshot, job_node
 from tpuwatch.policy import Memory, Phase
+
+if TYPE_CHECKING:
+    from tpuwatch.cloud.compute import ComputeAdapter
+    from tpuwatch.wiring import Job
 
 EPILOG = """\b
 Examples:
@@ -45,21 +50,24 @@ Examples:
 def command(config_path: Path, project: str | None, zone: str | None, worker: int, yes: bool,
             as_json: bool) -> int:
     """Simulate a maintenance event on the job's TPU and time how the job recovers."""
+    from tpuwatch.cloud.compute import ComputeAdapter
     from tpuwatch.cloud.tpu import TpuAdapter
-    from tpuwatch.ports import utcnow
+    from tpuwatch.ports import TpuApi, utcnow
     from tpuwatch.tick import Reconciler
     from tpuwatch.wiring import load_job, real_ports
 
     job = load_job(config_path, project, zone)
-    job.cfg.require_tpu_api("tpuwatch drill")
     ports = real_ports(job)
-    tpu = TpuAdapter(job.location.project, job.location.zone or job.pcfg.zones[0])
+    zone_name = job.location.zone or job.pcfg.zones[0]
+    tpu: TpuApi = _compute(job, zone_name) if job.cfg.tpu["api"] == "compute" else TpuAdapter(job.location.project, zone_name)
     node = job_node(tpu.get_node, job.cfg.tpu_name, job.pcfg.slices)
     _check(node, job.cfg.tpu_name, job.name, worker)
     assert node is not None
     # a multislice job's worker N: the slice it is on and its id there
     hit = next(w for w in node.workers if w.index == worker) if node.slices else None
     target, target_worker = (hit.node, hit.worker_id) if hit is not None else (node.name, worker)
+    # Compute Engine: worker N is an instance of its own (the slice's instances in worker order)
+    instance = tpu.instance_names(node)[worker] if isinstance(tpu, ComputeAdapter) else ""
     mem = _memory(job)
     if mem is None or mem.phase is not Phase.RUNNING:
         raise JobFailed(f"job {job.name} is not running ({'no journal yet' if mem is None else mem.phase.value}); "
@@ -67,7 +75,8 @@ def command(config_path: Path, project: str | None, zone: str | None, worker: in
     if not yes:
         if not sys.stdin.isatty():
             raise UsageError("drill: pass --yes to simulate a maintenance event without a terminal to confirm on")
-        click.confirm(f"Simulate a maintenance event on worker {target_worker} of {target} "
+        what = f"instance {instance} (worker {worker})" if instance else f"worker {target_worker}"
+        click.confirm(f"Simulate a maintenance event on {what} of {target} "
                       f"({job.location.project}/{node.zone})? The job will be interrupted", abort=True)
     before = mem.attempt.number
     timeout = float(job.cfg.recovery["repair_timeout"])
@@ -76,7 +85,11 @@ def command(config_path: Path, project: str | None, zone: str | None, worker: in
     ports.workers.probe(node)  # a local checkpoint_dir is listed on worker 0, in its probe
     ck0 = store.latest() if store is not None else None
     started = utcnow()
-    operation = tpu.simulate_maintenance_event(target, [str(target_worker)])
+    if isinstance(tpu, ComputeAdapter):
+        operation = tpu.simulate_maintenance_event(instance)
+    else:
+        assert isinstance(tpu, TpuAdapter)
+        operation = tpu.simulate_maintenance_event(target, [str(target_worker)])
     journal = open_journal_or_busy(job)  # None: a watcher holds it and follows the recovery
     follower = "this drill (nobody else was watching)" if journal is not None else "the running watch"
     detected: datetime | None = None
@@ -111,6 +124,13 @@ def command(config_path: Path, project: str | None, zone: str | None, worker: in
         for line in _lines(out):
             click.echo(line)
     return 0 if out["ok"] else 1
+
+
+def _compute(job: Job, zone: str) -> ComputeAdapter:
+    """The job's Compute Engine instance or MIG in `zone`."""
+    from tpuwatch.cloud.compute import ComputeAdapter
+
+    return ComputeAdapter(job.location.project, zone, "instance" if job.cfg.tpu["instance"] else "mig")
 
 
 def _check(node: NodeSnapshot | None, name: str, job: str, worker: int) -> None:

@@ -151,14 +151,25 @@ class ComputeFaults(Instances):
     def perform_instance_maintenance(self, project: str, zone: str, name: str,
                                      heal_after: float = 1800.0) -> ComputeOpRec:
         """instances.performMaintenance: start the pending maintenance now; refused when none
-        is pending. The operation ends once the instance runs again."""
+        is pending. On a VM of a multi-host slice it starts on every VM of the slice (Cloud TPU:
+        "all of the instances within the slice will go into maintenance"). The operation ends
+        once the instance runs again."""
         with self._lock:
             rec = self._require_instance(project, zone, name)
             if rec.upcoming is None or rec.upcoming.status != "PENDING":
                 raise ComputeError("INVALID_ARGUMENT", NO_PENDING_MAINTENANCE.format(name=name), "badRequest")
             op = self._new_cop(project, f"zones/{zone}", "performMaintenance", rec.path, rec.id)
             key, ident, token = rec.key, rec.id, rec.upcoming.window_start_ns
-        self._sched.run_sync(lambda: self._begin_maintenance(key, ident, token, heal_after, op.key))
+            peers = [(r.key, r.id, r.upcoming.window_start_ns if r.upcoming is not None else None)
+                     for r in self.slice_of(rec) if r.key != key and r.status == "RUNNING"
+                     and (r.upcoming is None or r.upcoming.status == "PENDING")]
+
+        def begin() -> None:
+            self._begin_maintenance(key, ident, token, heal_after, op.key)
+            for k, i, t in peers:
+                self._begin_maintenance(k, i, t, heal_after)
+
+        self._sched.run_sync(begin)
         return self.get_compute_operation(project, f"zones/{zone}", op.name)
 
     def simulate_instance_maintenance(self, project: str, zone: str, name: str,

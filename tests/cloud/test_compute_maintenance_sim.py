@@ -1,0 +1,97 @@
+"""Starting a Compute Engine slice's maintenance early (cloud/computemaint.py) and the drill's
+call, through the real google-cloud-compute client against the simulator's Compute Engine face."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tpuwatch.cloud.compute import ComputeAdapter
+from tpuwatch.cloud.computelife import ComputeLifecycle
+from tpuwatch.errors import MaintenanceRefused, NotFoundError
+from tpuwatch.sim.rest import RestFace
+from tpuwatch.sim.simulator import Simulator
+
+PERFORM = "compute.v1.Instances/PerformMaintenance"
+
+
+@pytest.fixture
+def rest(sim_api: Simulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[RestFace]:
+    with RestFace(sim_api.world) as face:
+        monkeypatch.setenv("TPUWATCH_COMPUTE_EMULATOR", face.url.rstrip("/"))
+        yield face
+
+
+def lifecycle(sim: Simulator, kind: str) -> ComputeLifecycle:
+    return ComputeLifecycle(ComputeAdapter(sim.world.project, sim.world.zone, "mig" if kind == "mig" else "instance"))
+
+
+def test_an_instance_with_nothing_pending_is_refused_with_googles_words(sim_api: Simulator, rest: RestFace) -> None:
+    sim_api.world.add_instance("vm")
+    life = lifecycle(sim_api, "instance")
+    node = life.get_node("vm")
+    assert node is not None
+    with pytest.raises(MaintenanceRefused) as err:
+        life.start_maintenance(node)
+    assert err.value.code == "INVALID_ARGUMENT" and "no pending maintenance" in err.value.message, err.value
+
+
+def test_an_instances_pending_maintenance_is_started(sim_api: Simulator, rest: RestFace) -> None:
+    sim_api.world.add_instance("vm")
+    sim_api.world.schedule_instance_maintenance("vm")
+    life = lifecycle(sim_api, "instance")
+    node = life.get_node("vm")
+    assert node is not None and node.upcoming_maintenance is not None
+    op, what = life.start_maintenance(node)
+    assert op and what == "instance vm"
+    assert sim_api.world.instance("vm").status == "TERMINATED"  # in maintenance, restarted by Google
+
+
+def test_a_multi_host_migs_maintenance_is_started_by_one_call(sim_api: Simulator, rest: RestFace) -> None:
+    mig = sim_api.world.add_mig("slice", size=4, topology="2x2x4")
+    names = sorted(mig.members)
+    for n, name in enumerate(names):  # the last VM's window opens first
+        sim_api.world.schedule_instance_maintenance(name, starts_in=86400.0 * (10 - n))
+    life = lifecycle(sim_api, "mig")
+    node = life.get_node("slice")
+    assert node is not None
+    _, what = life.start_maintenance(node)
+    assert what == f"MIG slice (performMaintenance on {names[-1]})", what
+    assert sim_api.world.calls[PERFORM] == 1
+    assert all(sim_api.world.instance(n).status == "TERMINATED" for n in names)  # the slice as a whole
+
+
+def test_a_mig_of_independent_vms_has_each_pending_maintenance_started(sim_api: Simulator, rest: RestFace) -> None:
+    mig = sim_api.world.add_mig("singles", size=3)
+    names = sorted(mig.members)
+    for name in names[:2]:
+        sim_api.world.schedule_instance_maintenance(name)
+    life = lifecycle(sim_api, "mig")
+    node = life.get_node("singles")
+    assert node is not None
+    _, what = life.start_maintenance(node)
+    assert what == f"MIG singles (performMaintenance on {names[0]}, {names[1]})", what
+    assert sim_api.world.calls[PERFORM] == 2
+    assert sim_api.world.instance(names[2]).status == "RUNNING"  # nothing announced there
+
+
+def test_a_mig_with_nothing_that_may_start_early_is_refused(sim_api: Simulator, rest: RestFace) -> None:
+    mig = sim_api.world.add_mig("slice", size=2, topology="2x2x2")
+    for name in mig.members:
+        sim_api.world.schedule_instance_maintenance(name, can_reschedule=False)
+    life = lifecycle(sim_api, "mig")
+    node = life.get_node("slice")
+    assert node is not None
+    with pytest.raises(MaintenanceRefused) as err:
+        life.start_maintenance(node)
+    assert err.value.code == "FAILED_PRECONDITION" and sim_api.world.calls[PERFORM] == 0
+
+
+def test_simulating_a_maintenance_on_a_gone_instance_is_not_found(sim_api: Simulator, rest: RestFace) -> None:
+    api = ComputeAdapter(sim_api.world.project, sim_api.world.zone, "instance")
+    with pytest.raises(NotFoundError):
+        api.simulate_maintenance_event("gone")
+    sim_api.world.add_instance("vm")
+    assert api.simulate_maintenance_event("vm")
+    assert sim_api.world.instance("vm").status == "TERMINATED"
