@@ -276,9 +276,11 @@ def test_a_flex_start_mig_whose_run_ended_is_asked_again_through_a_stockout_and_
                            "--json"], env=job.env, text=True, capture_output=True, timeout=60,
                           stdin=subprocess.DEVNULL)
     assert init.returncode == 0, init.stderr
-    with job.cfg.open("a") as f:  # the job's config with the spec `init` wrote, made flex-start
-        f.write(tomli_w.dumps({"tpu": {"compute_spec": json.loads(init.stdout)["spec"]}}))
-    job.cfg.write_text(job.cfg.read_text().replace('api = "compute"', 'api = "compute"\nflex_start = "7d"', 1))
+    written = json.loads(init.stdout)
+    assert written["flex_start"] == f"{7 * 86400}s"  # init saw the MIG's VMs come through a resize request
+    with job.cfg.open("a") as f:  # the job's config with the spec `init` wrote, and its flex_start
+        f.write(tomli_w.dumps({"tpu": {"compute_spec": written["spec"]}}))
+    job.cfg.write_text(job.cfg.read_text().replace('api = "compute"', f'api = "compute"\nflex_start = "{written["flex_start"]}"', 1))
     proc = job.watch()
     wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
     w.stockout()  # no capacity until cleared: the next resize request FAILS

@@ -597,6 +597,13 @@ def resize_operation(adapter: ComputeAdapter, op: str) -> OperationStatus:
     return OperationStatus(name=op, done=state == "SUCCEEDED")
 
 
+def flex_run(adapter: ComputeAdapter, mig: str) -> str:
+    """The `requestedRunDuration` of the MIG's newest resize request that asks for one, as
+    [tpu] flex_start ("86400s"), or "" when none does (not a flex-start MIG)."""
+    runs = [r for r in resize_requests(adapter, mig) if "requested_run_duration" in r]
+    return f"{int(runs[-1].requested_run_duration.seconds)}s" if runs else ""
+
+
 def insert_resize_request(adapter: ComputeAdapter, mig: str, resize_by: int) -> str:
     """Ask for `resize_by` flex-start VMs for the MIG, to run `adapter.flex_start` seconds; the
     operation name to follow (`RESIZE_OP` + MIG + request name)."""
