@@ -1188,6 +1188,9 @@ class _Tick:
         q = self.obs.queued
         assert q is not None
         detail = f" ({q.error_message})" if q.error_message else ""
+        if "/resizeRequests/" in q.name:  # a flex-start MIG's request stands for its queued resource
+            return (f"Compute Engine took {self.subject} back: its resize request {q.name.rsplit('/', 1)[-1]} "
+                    f"is {q.state}{detail}; not charged")
         return (f"the Cloud TPU service took {self.subject} back: its queued resource "
                 f"{q.name.rsplit('/', 1)[-1]} is {q.state}{detail} (a spot preemption does this); not charged")
 
