@@ -490,6 +490,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                               "with a letter)", allow_empty=True), "",
                      "with api = \"compute\": the managed instance group that is the job's slice (one VM, or a "
                      "multi-host slice through its workload policy)"),
+        "flex_start": Field(lambda k, v: _flex_start(k, v), 0.0,
+                            "with api = \"compute\" and mig: the MIG gets its VMs through flex-start resize "
+                            "requests, each asking for this run duration (requestedRunDuration, 10m to 7d, e.g. "
+                            "\"24h\"); its size is tpu.compute_spec.mig.targetSize (written by tpuwatch init)"),
         "compute_spec": Field(lambda k, v: _compute_spec(k, v), {},
                               "with api = \"compute\": what a recreate needs (written by tpuwatch init): "
                               "`instance` (the instance's insert body), or `mig`, `template` and `workload_policy`"),
@@ -612,6 +616,15 @@ def _spec(key: str, value: Any) -> dict[str, Any]:
     return validate_spec(value, key=key)
 
 
+def _flex_start(key: str, value: Any) -> float:
+    """A resize request's requestedRunDuration: Google takes 10 minutes to 7 days."""
+    seconds = parse_duration(value, key=key)
+    if seconds and not 600 <= seconds <= 7 * 86400:
+        raise ConfigError(f"{key}: {value!r} is not a flex-start run duration; Compute Engine takes 10m to 7d "
+                          "(requestedRunDuration), e.g. flex_start = \"24h\"")
+    return seconds
+
+
 def _compute_spec(key: str, value: Any) -> dict[str, Any]:
     """A table of the COMPUTE_SPEC_KEYS tables; their fields are checked against the Compute Engine
     API's messages when a recreate builds its request (tpuwatch.cloud.computelife)."""
@@ -652,6 +665,9 @@ def _check_compute(t: Mapping[str, Any]) -> None:
                                   f"but tpu.api is \"{t['api']}\"; add api = \"compute\" under [tpu]")
         if t["compute_spec"]:
             raise ConfigError("tpu.compute_spec: only for api = \"compute\"; a TPU API node's spec is [tpu.spec]")
+        if t["flex_start"]:
+            raise ConfigError("tpu.flex_start: a Compute Engine MIG's resize requests; on the TPU API a "
+                              "queued resource takes their place (tpu.queued_resource): remove it")
         return
     if bool(t["instance"]) == bool(t["mig"]):
         raise ConfigError("tpu.instance, tpu.mig: with api = \"compute\", set exactly one: instance = \"NAME\" "
@@ -674,6 +690,13 @@ def _check_compute(t: Mapping[str, Any]) -> None:
         if t[key]:
             raise ConfigError(f"tpu.{key}: not with api = \"compute\" ({why}); remove it")
     spec = t["compute_spec"]
+    if t["flex_start"]:
+        if not t["mig"]:
+            raise ConfigError("tpu.flex_start: flex-start resize requests are a MIG's; name the MIG with tpu.mig "
+                              "(a single VM is a MIG of one), or remove tpu.flex_start")
+        if not int((spec.get("mig") or {}).get("targetSize") or 0):
+            raise ConfigError("tpu.compute_spec.mig.targetSize: tpu.flex_start needs how many VMs each resize "
+                              f"request asks for; run `tpuwatch init {target}` while the slice runs, or set it")
     if spec:
         kind = "instance" if t["instance"] else "mig"
         other = "mig" if kind == "instance" else "instance"

@@ -589,15 +589,19 @@ def render_config(
 
 
 def render_compute_config(*, kind: str, name: str, project: str, zone: str, spec: Mapping[str, Any],
-                          source: str = "", job: str = "", command: str = "", checkpoint_dir: str = "") -> str:
+                          source: str = "", job: str = "", command: str = "", checkpoint_dir: str = "",
+                          flex_start: str = "") -> str:
     """A complete tpuwatch.toml for a slice made through Compute Engine: [tpu] api = "compute" with
-    `instance` or `mig` (`kind`), [tpu.compute_spec] as `tpuwatch init` captured it, and [job]."""
+    `instance` or `mig` (`kind`), `flex_start` for a MIG made through flex-start resize requests,
+    [tpu.compute_spec] as `tpuwatch init` captured it, and [job]."""
     import tomli_w
 
     head = "# tpuwatch.toml" + (f" - written by `tpuwatch init` from {source}" if source else "") + "\n"
     head += "# Reference: `tpuwatch --help`; every key is checked when the file is read.\n\n"
-    tpu_text = tomli_w.dumps({"tpu": {"api": "compute", kind: name, "project": project, "zone": zone,
-                                      "startup_script": ""}})
+    tpu_table: dict[str, Any] = {"api": "compute", kind: name, "project": project, "zone": zone}
+    if flex_start:
+        tpu_table["flex_start"] = flex_start
+    tpu_text = tomli_w.dumps({"tpu": {**tpu_table, "startup_script": ""}})
     what = ("the instance as tpuwatch inserts it again after deleting it" if kind == "instance" else
             "the MIG as it is inserted again if it is gone (its template must still exist), with the template\n"
             "# and workload policy it was made from; tpuwatch recreates a MIG's instances with recreateInstances")

@@ -69,11 +69,12 @@ def compute_ports(job: Job) -> ComputePorts:
 
     def adapter(zone: str) -> ComputeAdapter:
         if zone not in adapters:
-            adapters[zone] = ComputeAdapter(loc.project, zone, "instance" if cfg.tpu["instance"] else "mig")
+            adapters[zone] = ComputeAdapter(loc.project, zone, "instance" if cfg.tpu["instance"] else "mig",
+                                            flex_start=float(cfg.tpu["flex_start"]))
         return adapters[zone]
 
     def lifecycle(zone: str) -> NodeLifecycle:
-        return ComputeLifecycle(adapter(zone))
+        return ComputeLifecycle(adapter(zone), mig=cfg.tpu["mig"], size=flex_size(cfg))
 
     def host_keys(node: NodeSnapshot) -> Mapping[int, tuple[str, ...]]:
         return adapter(node.zone).host_keys(node.name)
@@ -82,6 +83,13 @@ def compute_ports(job: Job) -> ComputePorts:
         return adapter(node.zone).instance_names(node)
 
     return adapter, lifecycle, host_keys, instances
+
+
+def flex_size(cfg: Config) -> int:
+    """The VMs each resize request of a flex-start MIG asks for: the MIG's size as `init` saw it
+    running (config checks it is set when tpu.flex_start is)."""
+    mig = (cfg.tpu.get("compute_spec") or {}).get("mig") or {}
+    return int(mig.get("targetSize") or 0)
 
 
 def real_ports(job: Job, sharing: Sharing | None = None, *, sleep: Callable[[float], None] = time.sleep) -> JobPorts:

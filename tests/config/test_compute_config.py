@@ -73,3 +73,23 @@ def test_commands_that_speak_only_the_tpu_api_refuse_a_compute_job(tmp_path: Pat
                          text=True, timeout=60, stdin=subprocess.DEVNULL,
                          env={**__import__("os").environ, "TPUWATCH_STATE_DIR": str(tmp_path / "state")})
     assert out.returncode == 2 and "not for a slice made through Compute Engine yet" in out.stderr, out.stderr
+
+
+def test_a_flex_start_mig_loads_its_run_duration(tmp_path: Path) -> None:
+    cfg = load(tmp_path, 'api = "compute"\nmig = "slice"\nflex_start = "24h"\n[tpu.compute_spec.mig]\ntargetSize = 4\n')
+    assert cfg.tpu["flex_start"] == 24 * 3600.0
+
+
+@pytest.mark.parametrize(("tpu", "message"), [
+    ('api = "compute"\nmig = "slice"\nflex_start = "5m"\n[tpu.compute_spec.mig]\ntargetSize = 4\n',
+     "tpu.flex_start: '5m' is not a flex-start run duration; Compute Engine takes 10m to 7d"),
+    ('api = "compute"\nmig = "slice"\nflex_start = "8d"\n[tpu.compute_spec.mig]\ntargetSize = 4\n',
+     "tpu.flex_start: '8d' is not a flex-start run duration"),
+    ('api = "compute"\ninstance = "vm"\nflex_start = "1h"\n', "tpu.flex_start: flex-start resize requests are a MIG's"),
+    ('api = "compute"\nmig = "slice"\nflex_start = "1h"\n', "tpu.compute_spec.mig.targetSize: tpu.flex_start needs"),
+    ('name = "pod"\nflex_start = "1h"\n', "tpu.flex_start: a Compute Engine MIG's resize requests"),
+])
+def test_a_flex_start_key_that_does_not_fit_is_refused_naming_it(tmp_path: Path, tpu: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, tpu)
+    assert message in str(err.value)

@@ -260,3 +260,42 @@ def test_a_mig_autoheal_is_waited_out_without_deleting_anything(
     after = ids(sim)
     assert all(after[n] != before[n] for n in before)  # Google's recreate
     assert writes(sim) == [], writes(sim)  # and none of tpuwatch's
+
+
+def test_a_flex_start_mig_whose_run_ended_is_asked_again_through_a_stockout_and_the_job_resumes(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    import tomli_w
+
+    w = sim.world
+    w.add_mig("slice", "tpu7x-standard-4t", 0, topology="2x2x4", labels={"tpuwatch-job": "slice"})
+    w.insert_resize_request(w.project, w.zone, "slice", {"name": "slice-first", "resizeBy": 4,
+                                                         "requestedRunDuration": {"seconds": str(7 * 86400)}})
+    w.wait_mig_stable("slice", timeout=60)
+    job = CeJob(sim, rest, tmp_path, "mig", "slice", hold_at=10)
+    init = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "init", "slice", "-o", str(tmp_path / "init.toml"),
+                           "--json"], env=job.env, text=True, capture_output=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert init.returncode == 0, init.stderr
+    written = json.loads(init.stdout)
+    assert written["flex_start"] == f"{7 * 86400}s"  # init saw the MIG's VMs come through a resize request
+    with job.cfg.open("a") as f:  # the job's config with the spec `init` wrote, and its flex_start
+        f.write(tomli_w.dumps({"tpu": {"compute_spec": written["spec"]}}))
+    job.cfg.write_text(job.cfg.read_text().replace('api = "compute"', f'api = "compute"\nflex_start = "{written["flex_start"]}"', 1))
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
+    w.stockout()  # no capacity until cleared: the next resize request FAILS
+    w.end_resize_run("slice")  # Google deletes the flex-start VMs: their run duration is over
+    job.release()
+    inserts = "compute.v1.InstanceGroupManagerResizeRequests/Insert"
+    wait(lambda: w.calls[inserts] >= 2, "a resize request failed in the stockout, then asked again", proc, timeout=120)
+    w.clear_errors()
+    rc, out = finish(proc, timeout=180)
+    assert rc == 0, out
+    first, second = job.history()["attempts"][:2]
+    assert first["outcome"] == "disruption" and first["charged"] is False, out
+    assert second["start_step"] is not None and second["start_step"] >= 10
+    assert "no capacity" in out and "Compute Engine took node slice back: its resize request" in out, out
+    (last,) = [r for r in w.list_resize_requests(w.project, w.zone, "slice") if r.state == "SUCCEEDED"]
+    assert last.name.startswith("slice-tpuwatch-") and last.run_duration == 7 * 86400
+    assert len(w.mig("slice").members) == 4
+    assert "compute.v1.InstanceGroupManagers/RecreateInstances" not in writes(sim)  # the MIG is never recreated

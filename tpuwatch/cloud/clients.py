@@ -94,6 +94,7 @@ _COMPUTE_CLIENTS = {
     "instances": "InstancesClient",
     "disks": "DisksClient",
     "instanceGroupManagers": "InstanceGroupManagersClient",
+    "instanceGroupManagerResizeRequests": "InstanceGroupManagerResizeRequestsClient",
     "instanceTemplates": "InstanceTemplatesClient",
     "regionInstanceTemplates": "RegionInstanceTemplatesClient",
     "resourcePolicies": "ResourcePoliciesClient",

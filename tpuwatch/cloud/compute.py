@@ -28,6 +28,7 @@ Compute Engine message: they become `tpuwatch.model` values here.
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal, TypeVar
@@ -44,6 +45,7 @@ from tpuwatch.model import (
     OWNER_LABEL,
     NodeSnapshot,
     OperationStatus,
+    QueuedStatus,
     UpcomingMaintenance,
     WorkerEndpoint,
 )
@@ -231,10 +233,12 @@ def operation_status(op: Any) -> OperationStatus:
 class ComputeAdapter:
     """ports.TpuApi over google-cloud-compute for one project and zone and the job's kind of slice."""
 
-    def __init__(self, project: str, zone: str, kind: Kind, *, retry: RetryPolicy | None = None) -> None:
+    def __init__(self, project: str, zone: str, kind: Kind, *, retry: RetryPolicy | None = None,
+                 flex_start: float = 0.0) -> None:
         self.project = project
         self.zone = zone
         self.kind: Kind = kind
+        self.flex_start = flex_start  # [tpu] flex_start: the MIG's VMs come through resize requests of this run
         self.retry = retry or RetryPolicy.from_env()
         self._clients: dict[str, Any] = {}
         self._names: dict[str, tuple[str, ...]] = {}  # node id -> its instances' names, in worker order
@@ -373,7 +377,7 @@ class ComputeAdapter:
             names: tuple[str, ...] = (name,)
         else:
             parts = self.mig_parts(name)
-            if parts is None:
+            if parts is None or flex_emptied(self, *parts[:2]):
                 return None
             mig, managed, instances = parts
             template = self.get_template(mig.instance_template) if not instances and mig.instance_template else None
@@ -426,7 +430,10 @@ class ComputeAdapter:
         return out
 
     def get_operation(self, name: str) -> OperationStatus:
-        """The zone operation (zoneOperations.get through this adapter's own client)."""
+        """The zone operation (zoneOperations.get through this adapter's own client); for a
+        flex-start MIG's create, the resize request it is (`RESIZE_OP` + its name)."""
+        if name.startswith(RESIZE_OP):
+            return resize_operation(self, name)
         client = self._client("zoneOperations")
         op = self._call("get_operation", f"{self._where()}/operations/{name}", "compute.zoneOperations.get",
                         lambda: client.get(project=self.project, zone=self.zone, operation=name, retry=None,
@@ -537,6 +544,142 @@ class ComputeAdapter:
         if not NODE_NAME.match(name):
             raise UsageError(f"{name!r} is not a Compute Engine {self.kind} name (lowercase letters, digits and "
                              "hyphens, starting with a letter)")
+
+
+# -- flex-start: a MIG whose VMs come through resize requests ([tpu] flex_start) -----------------
+# The "operation" of a flex-start create is the resize request itself, named so in the journal.
+RESIZE_OP = "resizeRequests/"
+# A resize request's state as a queued resource's (model.QR_ENDED marks the ended ones): a
+# request that FAILED (its VMs rolled back) or was CANCELLED makes nothing; one that SUCCEEDED
+# and whose VMs are all gone again ended with its run duration (Google deletes flex-start VMs
+# then), which the policy reads as the service taking the slice back. A CANCELLED request is a
+# person's word: not ended to the policy, so a slice missing after it waits for a person.
+_RESIZE_STATES = {"CREATING": "CREATING", "ACCEPTED": "WAITING_FOR_RESOURCES", "SUCCEEDED": "ACTIVE",
+                  "FAILED": "FAILED", "CANCELLED": "CANCELLED", "DELETING": "DELETING"}
+
+
+def resize_error(rr: Any) -> tuple[int, str]:
+    """(google.rpc code, text) of a resize request's final `status.error` ((0, "") when none):
+    ZONE_RESOURCE_POOL_EXHAUSTED is RESOURCE_EXHAUSTED, as for a zone operation."""
+    if "status" not in rr or "error" not in rr.status or not rr.status.error.errors:
+        return 0, ""
+    errors = list(rr.status.error.errors)
+    name = _OP_CODES.get(errors[0].code, "UNKNOWN")
+    return CODE_NUMBERS[name], "; ".join(f"{e.code}: {e.message}" for e in errors)
+
+
+def flex_emptied(adapter: ComputeAdapter, mig: Any, managed: Sequence[Any]) -> bool:
+    """A flex-start MIG with no managed instance: its run duration ended (or no request made
+    any), so the slice is missing, and its resize requests say why. Whether Google lowers the
+    target size then is not documented: the absence of instances decides (a request in flight
+    has its managed instances CREATING)."""
+    return bool(adapter.flex_start) and not managed
+
+
+def resize_requests(adapter: ComputeAdapter, mig: str) -> list[Any]:
+    """The MIG's resize requests, oldest first (one page: a MIG keeps few)."""
+    client = adapter._client("instanceGroupManagerResizeRequests")
+    resp = adapter._call("list_resize_requests", f"{adapter._where()}/instanceGroupManagers/{mig}",
+                         "compute.instanceGroupManagers.get", lambda: client.list(
+                             project=adapter.project, zone=adapter.zone, instance_group_manager=mig,
+                             retry=None, timeout=RPC_TIMEOUT), read=True)
+    return sorted(resp, key=lambda r: (r.creation_timestamp, r.name))
+
+
+def resize_status(adapter: ComputeAdapter, mig: str) -> QueuedStatus:
+    """The newest resize request of the MIG as a `QueuedStatus` (state "" when it has none)."""
+    requests = resize_requests(adapter, mig)
+    if not requests:
+        return QueuedStatus(name="", state="")
+    rr = requests[-1]
+    code, text = resize_error(rr)
+    state = _RESIZE_STATES.get(str(rr.state), str(rr.state))
+    if state == "ACTIVE" and (parts := adapter.mig_parts(mig)) is not None and flex_emptied(adapter, *parts[:2]):
+        state, text = "SUSPENDED", "its flex-start VMs were deleted at the end of their run duration"
+    if str(rr.state) == "CANCELLED":
+        text = text or "the resize request was cancelled"
+    return QueuedStatus(name=f"{adapter._where()}/instanceGroupManagers/{mig}/resizeRequests/{rr.name}",
+                        state=state, error_code=code, error_message=text)
+
+
+def resize_operation(adapter: ComputeAdapter, op: str) -> OperationStatus:
+    """A flex-start create followed as an operation: done once its resize request SUCCEEDED,
+    failed with its `status.error` when it FAILED (RESOURCE_EXHAUSTED for a stockout, which the
+    policy queues and retries within queue_timeout), CANCELLED as CANCELLED (a person's: the
+    create fails, never retried)."""
+    mig, name = op[len(RESIZE_OP):].split("/", 1)
+    client = adapter._client("instanceGroupManagerResizeRequests")
+
+    def get() -> Any:
+        try:
+            return client.get(project=adapter.project, zone=adapter.zone, instance_group_manager=mig,
+                              resize_request=name, retry=None, timeout=RPC_TIMEOUT)
+        except gexc.NotFound:
+            return None
+
+    rr = adapter._call("get_resize_request", f"{adapter._where()}/instanceGroupManagers/{mig}/resizeRequests/{name}",
+                       "compute.instanceGroupManagers.get", get, read=True)
+    if rr is None:
+        return OperationStatus(name=op, done=True, error_code=CODE_NUMBERS["NOT_FOUND"],
+                               error_message=f"resize request {name} of MIG {mig} is gone")
+    state = str(rr.state)
+    if state == "FAILED":
+        code, text = resize_error(rr)
+        return OperationStatus(name=op, done=True, error_code=code or CODE_NUMBERS["UNKNOWN"],
+                               error_message=text or "the resize request failed")
+    if state == "CANCELLED":
+        return OperationStatus(name=op, done=True, error_code=CODE_NUMBERS["CANCELLED"],
+                               error_message=f"resize request {name} was cancelled")
+    return OperationStatus(name=op, done=state == "SUCCEEDED")
+
+
+def flex_run(adapter: ComputeAdapter, mig: str) -> str:
+    """The `requestedRunDuration` of the MIG's newest resize request that asks for one, as
+    [tpu] flex_start ("86400s"), or "" when none does (not a flex-start MIG)."""
+    runs = [r for r in resize_requests(adapter, mig) if "requested_run_duration" in r]
+    return f"{int(runs[-1].requested_run_duration.seconds)}s" if runs else ""
+
+
+def insert_resize_request(adapter: ComputeAdapter, mig: str, resize_by: int) -> str:
+    """Ask for `resize_by` flex-start VMs for the MIG, to run `adapter.flex_start` seconds; the
+    operation name to follow (`RESIZE_OP` + MIG + request name)."""
+    from google.cloud import compute_v1
+
+    name = f"{mig[:40]}-tpuwatch-{time.time_ns() // 1_000_000}"  # unique per try, as retries are ms apart at least
+    body = compute_v1.InstanceGroupManagerResizeRequest(
+        name=name, resize_by=resize_by, requested_run_duration=compute_v1.Duration(seconds=int(adapter.flex_start)))
+    client = adapter._client("instanceGroupManagerResizeRequests")
+
+    def insert() -> Any:
+        return client.insert_unary(project=adapter.project, zone=adapter.zone, instance_group_manager=mig,
+                                   instance_group_manager_resize_request_resource=body, retry=None,
+                                   timeout=RPC_TIMEOUT)
+
+    adapter._write("insert_resize_request", f"{adapter._where()}/instanceGroupManagers/{mig}",
+                   "compute.instanceGroupManagers.update", insert)
+    return f"{RESIZE_OP}{mig}/{name}"
+
+
+def delete_ended_resize_requests(adapter: ComputeAdapter, mig: str) -> str:
+    """Delete the MIG's ended resize requests (SUCCEEDED, FAILED, CANCELLED: Google keeps them
+    until deleted); the last delete's operation name ("" when none had ended)."""
+    client = adapter._client("instanceGroupManagerResizeRequests")
+    op = ""
+    for rr in resize_requests(adapter, mig):
+        if str(rr.state) not in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            continue
+
+        def delete(rr_name: str = str(rr.name)) -> Any:
+            return client.delete_unary(project=adapter.project, zone=adapter.zone, instance_group_manager=mig,
+                                       resize_request=rr_name, retry=None, timeout=RPC_TIMEOUT)
+
+        try:
+            op = adapter._write("delete_resize_request", f"{adapter._where()}/instanceGroupManagers/{mig}/"
+                                f"resizeRequests/{rr.name}", "compute.instanceGroupManagers.update", delete,
+                                gone="gone")
+        except NotFoundError:
+            continue
+    return op
 
 
 def _json(data: Mapping[str, Any]) -> str:

@@ -188,13 +188,19 @@ def _init_compute(name: str, project: str, zone: str, out: Path, job: str | None
     """NAME is no TPU API node: find it as a Compute Engine instance, then as a MIG, and write
     its config with what recreating it needs (one get, plus the MIG's template, workload policy,
     managed instances and the instances' disks)."""
-    from tpuwatch.cloud.compute import ComputeAdapter, capture_instance, capture_mig, mig_snapshot
+    from tpuwatch.cloud.compute import (
+        ComputeAdapter,
+        capture_instance,
+        capture_mig,
+        flex_run,
+        mig_snapshot,
+    )
     from tpuwatch.config import load_config
 
     inst_api = ComputeAdapter(project, zone, "instance")
     inst = inst_api.get_instance(name)
     if inst is not None:
-        kind = "instance"
+        kind, flex = "instance", ""
         spec: dict[str, object] = {"instance": capture_instance(inst_api, inst)}
         labels = dict(inst.labels)
         workers = 1
@@ -207,6 +213,7 @@ def _init_compute(name: str, project: str, zone: str, out: Path, job: str | None
                 "(check the name, --project and --zone)")
         kind = "mig"
         spec = capture_mig(mig_api, parts[0])
+        flex = flex_run(mig_api, name)  # its VMs came through flex-start resize requests
         snap = mig_snapshot(*parts, project=project, zone=zone)
         labels, workers = dict(snap.labels), len(snap.workers)
     job_name = _job_name(job, name)
@@ -218,6 +225,7 @@ def _init_compute(name: str, project: str, zone: str, out: Path, job: str | None
                             "to the MIG's instance template (its instances carry the template's labels)")
                          + ", or run `tpuwatch watch --adopt`")
     text = specmod.render_compute_config(kind=kind, name=name, project=project, zone=zone, spec=spec, job=job_name,
+                                         flex_start=flex,
                                          source=f"projects/{project}/zones/{zone}/"
                                          + ("instances/" if kind == "instance" else "instanceGroupManagers/") + name)
     try:
@@ -228,6 +236,7 @@ def _init_compute(name: str, project: str, zone: str, out: Path, job: str | None
     owned = have == job_name
     if as_json:
         click.echo(json.dumps({"path": str(out), "job": job_name, "api": "compute", kind: name, "spec": spec,
+                               "flex_start": flex,
                                "workers": workers, "adopted": False, "owned": owned}, indent=2))
         return
     what = "instance" if kind == "instance" else f"managed instance group ({workers} VM{'s' if workers != 1 else ''})"

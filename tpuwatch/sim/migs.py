@@ -484,6 +484,20 @@ class Migs(ComputeFaults):
         mig.target_size = max(0, mig.target_size - len(rr.instances))
         self._touch()
 
+    def end_resize_run(self, mig_name: str, name: str = "", *, project: str | None = None,
+                       zone: str | None = None) -> None:
+        """A flex-start run duration ends now (its time came): Google deletes the VMs the
+        SUCCEEDED request `name` (default: the MIG's newest such) made, and the target size shrinks."""
+        project, zone = project or self.project, zone or self.zone
+        with self._lock:
+            self._require_mig(project, zone, mig_name)
+            done = [r for _, r in sorted(self._resizes.items(), key=lambda kv: kv[1].create_ns)
+                    if r.project == project and r.zone == zone and r.mig == mig_name and r.state == "SUCCEEDED"
+                    and (not name or r.name == name)]
+            if not done:
+                raise UsageError(f"MIG {mig_name!r} has no SUCCEEDED resize request{' ' + repr(name) if name else ''}")
+            self._end_resize_run(done[-1].key, done[-1].create_ns)
+
     def get_resize_request(self, project: str, zone: str, mig: str, name: str) -> ResizeRec:
         with self._lock:
             self._require_mig(project, zone, mig)
