@@ -85,15 +85,15 @@ def test_a_maintenance_on_a_tpu7x_mig_starts_early_at_a_checkpoint_and_the_job_r
     wait(lambda: 10 in job.steps_done(), "the checkpoint at step 10", proc)
     announce(sim, names)
     # seen while the job holds at step 10: it waits for a checkpoint newer than that one
-    wait(lambda: (m := memory(job)) is not None and m.early_window is not None, "the notice seen", proc)
+    wait(lambda: (m := memory(job)) is not None and m.maintenance.early_window is not None, "the notice seen", proc)
     # shown as for a TPU node: status (text and --json)
     node = json.loads(cli(job, "status", "--json"))["nodes"][0]
     um = node["upcoming_maintenance"]
     assert (um["type"], um["status"], um["can_start_early"]) == ("SCHEDULED", "PENDING", True), node
     assert "upcoming" in cli(job, "status"), "the text status shows the notice"
     release(job, 10)  # on to step 20, saved, held there: the maintenance starts
-    wait(lambda: (m := memory(job)) is not None and m.attempt == 2 and m.phase is Phase.RUNNING
-         and m.attempt_seen, "the job running again", proc, timeout=90)
+    wait(lambda: (m := memory(job)) is not None and m.attempt.number == 2 and m.phase is Phase.RUNNING
+         and m.attempt.seen, "the job running again", proc, timeout=90)
     release(job, 20)
     rc, out = finish(proc, timeout=120)
     assert rc == 0, out
@@ -121,9 +121,9 @@ def test_a_refused_early_start_on_compute_engine_falls_back_to_the_notice_and_th
     proc = job.watch()
     wait(lambda: 10 in job.steps_done(), "the checkpoint at step 10", proc)
     announce(sim, names)
-    wait(lambda: (m := memory(job)) is not None and m.early_window is not None, "the notice seen", proc)
+    wait(lambda: (m := memory(job)) is not None and m.maintenance.early_window is not None, "the notice seen", proc)
     release(job, 10)
-    wait(lambda: (m := memory(job)) is not None and m.early_refused is not None, "the refusal", proc, timeout=90)
+    wait(lambda: (m := memory(job)) is not None and m.maintenance.early_refused is not None, "the refusal", proc, timeout=90)
     release(job, 20)
     rc, out = finish(proc, timeout=120)
     assert rc == 0, out

@@ -81,9 +81,11 @@ ROWS: tuple[Row, ...] = (
     Row("recreate_missing", "node missing, --recreate-missing", "create it from the saved spec"),
     Row("someone_deleting", "node DELETING and tpuwatch did not delete it", "needs a person (exit 1)"),
     Row("queued_preempted", "node DELETING or missing while its queued resource is SUSPENDING, SUSPENDED or "
-        "FAILED (the service took it back, e.g. a spot preemption)",
+        "FAILED (the service took it back, e.g. a spot preemption; for a flex-start MIG, its newest resize "
+        "request whose VMs Google deleted at the end of their run duration)",
         "a disruption, not charged to max_restarts: delete the queued resource (force) and create it again "
-        "with the same spec and tier, then resume (a recreate, within max_recreates)"),
+        "with the same spec and tier, then resume (a recreate, within max_recreates); a flex-start MIG's "
+        "ended resize requests are deleted and a new one asks for its VMs"),
     Row("person_stopped", "STOPPED / STOPPING / HIDDEN", "leave it alone; report that a person stopped it",
         steady=True),
     Row("unknown_state", "a state this tpuwatch does not know",
