@@ -45,7 +45,8 @@ def test_keys_not_there_yet_after_a_boot_are_waited_for_then_the_job_resumes(
         if recreate:
             sim.inject("preempt", node="pod")
         else:
-            sim.inject("maintenance", node="pod", heal_after="60s")
+            # down for 2 s, not a 0.1 s blip that a connection opened before it could cross
+            sim.inject("maintenance", node="pod", heal_after="20m")
         job.wait(lambda: "keys not there yet" in job.output(), 90, "the watcher to wait for the keys")
         sim.inject("keys-late", node="pod", delay="0s")  # the guest agent has installed them
         t_keys = time.monotonic()
