@@ -40,7 +40,6 @@ from tpuwatch.sim.records import (
     QueuedRec,
     Window,
     parse_node_name,
-    rfc3339_s,
 )
 from tpuwatch.sim.scheduler import Scheduler, Timer
 from tpuwatch.sim.shapes import (
@@ -287,17 +286,7 @@ class WorldCore:
             rec = self._nodes.get(node_key)
             if rec is None or not 0 <= worker < rec.n_workers:
                 return None
-            notice = None
-            if rec.upcoming is not None:
-                u = rec.upcoming
-                notice = {
-                    "can_reschedule": u.can_reschedule,
-                    "latest_window_start_time": rfc3339_s(u.latest_window_start_ns),
-                    "maintenance_status": u.status,
-                    "type": u.type,
-                    "window_end_time": rfc3339_s(u.window_end_ns),
-                    "window_start_time": rfc3339_s(u.window_start_ns),
-                }
+            notice = None if rec.upcoming is None else rec.upcoming.notice()
             return metadata.make_instance(
                 project=rec.project,
                 zone=rec.zone,

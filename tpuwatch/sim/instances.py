@@ -31,7 +31,7 @@ from tpuwatch.sim.cerecords import (
     chips_of,
 )
 from tpuwatch.sim.nodefaults import NodeFaults
-from tpuwatch.sim.records import ApiError, rfc3339_s
+from tpuwatch.sim.records import ApiError
 
 log = logging.getLogger(__name__)
 
@@ -131,17 +131,7 @@ class Instances(NodeFaults):
             rec = self._instances.get(node_key)
             if rec is None or worker != 0:
                 return None
-            notice = None
-            if rec.upcoming is not None:
-                u = rec.upcoming
-                notice = {
-                    "can_reschedule": u.can_reschedule,
-                    "latest_window_start_time": rfc3339_s(u.latest_window_start_ns),
-                    "maintenance_status": u.status,
-                    "type": u.type,
-                    "window_end_time": rfc3339_s(u.window_end_ns),
-                    "window_start_time": rfc3339_s(u.window_start_ns),
-                }
+            notice = None if rec.upcoming is None else rec.upcoming.notice()
             return md.Instance(
                 project=rec.project, zone=rec.zone, worker=0, instance_id=str(rec.id), name=rec.name,
                 attributes=dict(rec.metadata), preempted=rec.preempted or rec.preempt_notice,

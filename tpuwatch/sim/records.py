@@ -39,6 +39,17 @@ class UpcomingRec:
     window_end_ns: int
     latest_window_start_ns: int
 
+    def notice(self) -> dict[str, object]:
+        """The metadata server's `upcoming-maintenance` JSON (snake_case, times in whole seconds)."""
+        return {
+            "can_reschedule": self.can_reschedule,
+            "latest_window_start_time": rfc3339_s(self.latest_window_start_ns),
+            "maintenance_status": self.status,
+            "type": self.type,
+            "window_end_time": rfc3339_s(self.window_end_ns),
+            "window_start_time": rfc3339_s(self.window_start_ns),
+        }
+
 
 @dataclass
 class NodeSpec:
