@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tpuwatch.cloud.location import Location, resolve
 from tpuwatch.cloud.logs import AuditLogReader
+from tpuwatch.cloud.zoneinstances import SharedCompute
 from tpuwatch.cloud.zonenodes import Due, SharedTpu
 from tpuwatch.config import Config, load_config
 from tpuwatch.model import NodeSnapshot
@@ -43,9 +44,11 @@ def load_job(config_path: str | Path, project: str | None = None, zone: str | No
 @dataclass(frozen=True)
 class Sharing:
     """What the jobs of one watcher share (`watch` with several configs): the TPU API per zone
-    (one list per zone per poll), and the audit-log cache's directory per project."""
+    and Compute Engine's instances and MIGs per zone (one list per zone per poll), and the
+    audit-log cache's directory per project."""
 
     tpu: SharedTpu
+    compute: SharedCompute
     due: Due  # this job's: when its current tick was due
     slack: float  # seconds a zone listing may have begun before the tick was due
     audit_dir: Path  # the shared audit-log cache's directory for this job's project
@@ -57,10 +60,12 @@ ComputePorts = tuple[Callable[[str], TpuApi], Callable[[str], NodeLifecycle],
                      Callable[[NodeSnapshot], Mapping[int, tuple[str, ...]]], Callable[[NodeSnapshot], tuple[str, ...]]]
 
 
-def compute_ports(job: Job) -> ComputePorts:
-    """A Compute Engine slice's doors: the adapter per zone (one get of the instance, or three
-    requests for a MIG, a tick, whether or not other jobs share the watcher), its lifecycle, and
-    the host keys and instance names the workers' transport needs."""
+def compute_ports(job: Job, sharing: Sharing | None = None) -> ComputePorts:
+    """A Compute Engine slice's doors: the adapter per zone, its lifecycle, and the host keys and
+    instance names the workers' transport needs. Alone, a tick reads the slice with one get of
+    the instance, or three requests for a MIG; with `sharing`, from the zone's instances (and
+    MIG) lists shared by the watcher's jobs, plus listManagedInstances for a MIG
+    (cloud/zoneinstances.py)."""
     from tpuwatch.cloud.compute import ComputeAdapter
     from tpuwatch.cloud.computelife import ComputeLifecycle
 
@@ -69,8 +74,10 @@ def compute_ports(job: Job) -> ComputePorts:
 
     def adapter(zone: str) -> ComputeAdapter:
         if zone not in adapters:
+            reads = (sharing.compute.zone(loc.project, zone).job(sharing.due, slack=sharing.slack)
+                     if sharing is not None else None)
             adapters[zone] = ComputeAdapter(loc.project, zone, "instance" if cfg.tpu["instance"] else "mig",
-                                            flex_start=float(cfg.tpu["flex_start"]))
+                                            flex_start=float(cfg.tpu["flex_start"]), reads=reads)
         return adapters[zone]
 
     def lifecycle(zone: str) -> NodeLifecycle:
@@ -133,7 +140,7 @@ def real_ports(job: Job, sharing: Sharing | None = None, *, sleep: Callable[[flo
 
     doors: ComputePorts = (tpu_for, lifecycle_for, host_keys, instances)
     if cfg.tpu["api"] == "compute":
-        doors = compute_ports(job)
+        doors = compute_ports(job, sharing)
 
     ckpt_dir = cfg.job["checkpoint_dir"]
     checkpoints: CheckpointStore | None = None

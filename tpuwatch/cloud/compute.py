@@ -31,7 +31,7 @@ import enum
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from google.api_core import exceptions as gexc
 
@@ -218,6 +218,12 @@ def mig_snapshot(mig: Any, managed: Sequence[Any], instances: Sequence[Any], *, 
     )
 
 
+def members(managed: Sequence[Any], listed: Callable[[], Iterable[Any]]) -> list[Any]:
+    """The instances of `listed()` that the managed instances name (no request when none does)."""
+    wanted = {short(m.instance) for m in managed if m.instance}
+    return [i for i in listed() if i.name in wanted] if wanted else []
+
+
 def operation_status(op: Any) -> OperationStatus:
     """A zone operation as an OperationStatus, its error as a google.rpc code (by its Compute
     Engine error code, else its HTTP status)."""
@@ -230,16 +236,46 @@ def operation_status(op: Any) -> OperationStatus:
     return OperationStatus(name=op.name, done=done, error_code=code, error_message=message)
 
 
+class Reads(Protocol):
+    """Where `get_node` reads the slice from: straight from the API (`DirectReads`: a get of the
+    instance; or the MIG, its managed instances and the zone's instances), or from listings of
+    the zone that the jobs of one watcher share (cloud/zoneinstances.py)."""
+
+    def instance(self, name: str) -> Any | None:
+        """The `compute_v1.Instance`, or None when it does not exist."""
+        ...
+
+    def mig_parts(self, name: str) -> tuple[Any, list[Any], list[Any]] | None:
+        """(MIG, its managed instances, their instances), or None when the MIG does not exist."""
+        ...
+
+
+class DirectReads:
+    """Reads of one job's slice through its own adapter, every tick."""
+
+    def __init__(self, api: ComputeAdapter) -> None:
+        self.api = api
+
+    def instance(self, name: str) -> Any | None:
+        return self.api.get_instance(name)
+
+    def mig_parts(self, name: str) -> tuple[Any, list[Any], list[Any]] | None:
+        return self.api.mig_parts(name)
+
+
 class ComputeAdapter:
-    """ports.TpuApi over google-cloud-compute for one project and zone and the job's kind of slice."""
+    """ports.TpuApi over google-cloud-compute for one project and zone and the job's kind of slice.
+
+    `reads`: where `get_node` reads the slice (`DirectReads` of this adapter unless given)."""
 
     def __init__(self, project: str, zone: str, kind: Kind, *, retry: RetryPolicy | None = None,
-                 flex_start: float = 0.0) -> None:
+                 flex_start: float = 0.0, reads: Reads | None = None) -> None:
         self.project = project
         self.zone = zone
         self.kind: Kind = kind
         self.flex_start = flex_start  # [tpu] flex_start: the MIG's VMs come through resize requests of this run
         self.retry = retry or RetryPolicy.from_env()
+        self.reads: Reads = reads or DirectReads(self)
         self._clients: dict[str, Any] = {}
         self._names: dict[str, tuple[str, ...]] = {}  # node id -> its instances' names, in worker order
 
@@ -342,6 +378,26 @@ class ComputeAdapter:
             if not token:
                 return out
 
+    def list_migs(self) -> list[Any]:
+        """Every MIG of the zone (one request a page)."""
+        client = self._client("instanceGroupManagers")
+        out: list[Any] = []
+        token = ""
+        while True:
+            def page(token: str = token) -> Any:
+                from google.cloud import compute_v1
+
+                request = compute_v1.ListInstanceGroupManagersRequest(project=self.project, zone=self.zone,
+                                                                      max_results=PAGE_SIZE, page_token=token)
+                return client.list(request=request, retry=None, timeout=RPC_TIMEOUT)
+
+            resp = self._call("list_instance_group_managers", self._where(), "compute.instanceGroupManagers.list",
+                              page, read=True)
+            out.extend(resp.items)
+            token = resp.next_page_token
+            if not token:
+                return out
+
     def mig_parts(self, name: str) -> tuple[Any, list[Any], list[Any]] | None:
         """(MIG, its managed instances, their instances), or None when the MIG does not exist.
         Three requests: the MIG, listManagedInstances, and the zone's instances."""
@@ -349,9 +405,7 @@ class ComputeAdapter:
         if mig is None:
             return None
         managed = self.managed_instances(name)
-        wanted = {short(m.instance) for m in managed if m.instance}
-        instances = [i for i in self.list_instances() if i.name in wanted] if wanted else []
-        return mig, managed, instances
+        return mig, managed, members(managed, self.list_instances)
 
     def disk_params(self, url: str) -> dict[str, Any]:
         """The `initializeParams` that make disk `url` again: its image, size and type."""
@@ -372,11 +426,11 @@ class ComputeAdapter:
         """The job's instance or MIG as one node, or None when it does not exist."""
         self._check(name)
         if self.kind == "instance":
-            inst = self.get_instance(name)
+            inst = self.reads.instance(name)
             node = None if inst is None else instance_snapshot(inst, project=self.project, zone=self.zone)
             names: tuple[str, ...] = (name,)
         else:
-            parts = self.mig_parts(name)
+            parts = self.reads.mig_parts(name)
             if parts is None or flex_emptied(self, *parts[:2]):
                 return None
             mig, managed, instances = parts

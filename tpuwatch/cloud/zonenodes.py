@@ -22,18 +22,63 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from tpuwatch.cloud.tpu import TpuAdapter
 from tpuwatch.model import NodeSnapshot, OperationStatus
 
+T = TypeVar("T")
+
 
 @dataclass
-class _Listing:
+class _Round(Generic[T]):
     started: float  # monotonic time just before the request
     done: threading.Event = field(default_factory=threading.Event)
-    nodes: dict[str, NodeSnapshot] | None = None
+    value: T | None = None
     error: BaseException | None = None
+
+
+class Listing(Generic[T]):
+    """One list request answered to everyone who asks at about the same time: `get(not_before)`
+    returns the newest answer begun at `not_before` or later; otherwise one caller lists, and
+    callers that ask while that list is on its way wait for it instead of listing too.
+    (Compute Engine's zone listings share it: cloud/zoneinstances.py.)"""
+
+    def __init__(self, fetch: Callable[[], T], *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.fetch = fetch
+        self.clock = clock
+        self.count = 0  # list rounds made (each one request per page)
+        self._lock = threading.Lock()
+        self._newest: _Round[T] | None = None  # the newest round that answered
+        self._flight: _Round[T] | None = None  # the round on its way
+
+    def get(self, not_before: float) -> T:
+        with self._lock:
+            newest = self._newest
+            if newest is not None and newest.started >= not_before:
+                assert newest.value is not None
+                return newest.value
+            listing, lead = self._flight, False
+            if listing is None:
+                listing = self._flight = _Round[T](self.clock())
+                lead = True
+        if lead:
+            try:
+                listing.value = self.fetch()
+            except BaseException as exc:  # every waiter sees the same failure, as its own request would
+                listing.error = exc
+            with self._lock:
+                self.count += 1
+                if listing.error is None:
+                    self._newest = listing
+                self._flight = None
+            listing.done.set()
+        else:
+            listing.done.wait()
+        if listing.error is not None:
+            raise listing.error
+        assert listing.value is not None
+        return listing.value
 
 
 class ZoneNodes:
@@ -42,40 +87,19 @@ class ZoneNodes:
     def __init__(self, tpu: TpuAdapter, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.tpu = tpu
         self.clock = clock
-        self.lists = 0  # ListNodes rounds this reader made (each one request per page)
         self.gets = 0  # gets of nodes the listing did not hold
         self._lock = threading.Lock()
-        self._newest: _Listing | None = None  # the newest listing that answered
-        self._flight: _Listing | None = None  # the listing on its way
+        self._listing: Listing[dict[str, NodeSnapshot]] = Listing(
+            lambda: {n.name: n for n in self.tpu.list_nodes()}, clock=clock)
+
+    @property
+    def lists(self) -> int:
+        """ListNodes rounds this reader made (each one request per page)."""
+        return self._listing.count
 
     def nodes(self, not_before: float) -> dict[str, NodeSnapshot]:
         """The zone's nodes by short name, from a listing begun at `not_before` or later (or in flight)."""
-        with self._lock:
-            newest = self._newest
-            if newest is not None and newest.started >= not_before:
-                assert newest.nodes is not None
-                return newest.nodes
-            listing, lead = self._flight, False
-            if listing is None:
-                listing = self._flight = _Listing(self.clock())
-                lead = True
-        if lead:
-            try:
-                listing.nodes = {n.name: n for n in self.tpu.list_nodes()}
-            except BaseException as exc:  # every waiter sees the same failure, as its own get would
-                listing.error = exc
-            with self._lock:
-                self.lists += 1
-                if listing.nodes is not None:
-                    self._newest = listing
-                self._flight = None
-            listing.done.set()
-        else:
-            listing.done.wait()
-        if listing.error is not None:
-            raise listing.error
-        assert listing.nodes is not None
-        return listing.nodes
+        return self._listing.get(not_before)
 
     def get_node(self, name: str, not_before: float | None = None) -> NodeSnapshot | None:
         node = self.nodes(self.clock() if not_before is None else not_before).get(name)
@@ -93,6 +117,10 @@ class Due:
 
     at: float | None = None
 
+    def not_before(self, slack: float, clock: Callable[[], float]) -> float:
+        """The earliest start of a shared listing that may still answer this job's tick."""
+        return (clock() if self.at is None else self.at) - slack
+
 
 class JobNodes:
     """ports.TpuApi of one job: its node from the zone's shared listing, the rest straight to the API."""
@@ -103,8 +131,7 @@ class JobNodes:
         self.slack = slack  # a listing begun this long before the tick was due still answers it
 
     def get_node(self, name: str) -> NodeSnapshot | None:
-        due = self.zone.clock() if self.due.at is None else self.due.at
-        return self.zone.get_node(name, not_before=due - self.slack)
+        return self.zone.get_node(name, not_before=self.due.not_before(self.slack, self.zone.clock))
 
     def list_nodes(self) -> list[NodeSnapshot]:
         return self.zone.tpu.list_nodes()

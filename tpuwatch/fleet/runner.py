@@ -5,9 +5,11 @@
   process goes away), and everything it raises ends that job alone, shown with its error.
 - At most TICK_SLOTS jobs tick at once (their SSH rounds, checks and API calls); a wait between
   ticks (follow channels, port probes) holds no slot.
-- Node reads: one ListNodes per project and zone per poll (cloud/zonenodes.py). A job's steady
-  wait ends on its zone's poll grid (wall time, a multiple of its poll interval), so the jobs of
-  a zone tick together and share that list; a job recovering ticks on its own schedule.
+- Node reads: one ListNodes per project and zone per poll (cloud/zonenodes.py); for Compute
+  Engine jobs one instances list, and one MIG list, per project and zone per poll
+  (cloud/zoneinstances.py). A job's steady wait ends on its zone's poll grid (wall time, a
+  multiple of its poll interval), so the jobs of a zone tick together and share that list; a
+  job recovering ticks on its own schedule.
 - The audit log: each job reads through the shared cache (cloud/auditcache.py) of its project,
   kept in the state dir of the first job of that project, so a project sees one query per
   15 s however many jobs this watcher (and any other) holds.
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Protocol
 
 from tpuwatch.cloud.logs import AuditLogReader
+from tpuwatch.cloud.zoneinstances import SharedCompute
 from tpuwatch.cloud.zonenodes import Due, SharedTpu
 from tpuwatch.errors import EXIT_CLOUD, EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, TpuwatchError
 from tpuwatch.fleet import sources
@@ -204,13 +207,15 @@ class Fleet:
     """The jobs of one watcher, and what they share."""
 
     def __init__(self, files: Sequence[Path], directory: Path | None, options: Options, output: Output,
-                 exporter: Exporter | None = None, *, tpu: SharedTpu | None = None) -> None:
+                 exporter: Exporter | None = None, *, tpu: SharedTpu | None = None,
+                 compute: SharedCompute | None = None) -> None:
         self.files = list(files)
         self.directory = directory
         self.options = options
         self.output = output
         self.exporter = exporter
         self.tpu = tpu or SharedTpu()
+        self.compute = compute or SharedCompute()
         self.slots = threading.BoundedSemaphore(TICK_SLOTS)
         self.runners: dict[Path, JobRunner] = {}
         self.ended: dict[Path, JobState] = {}  # jobs whose thread ended, as last seen
@@ -228,7 +233,8 @@ class Fleet:
         with self._lock:
             audit_dir = self._audit_dirs.setdefault(project, Path(job.cfg.state_dir))
             reader = self._readers.setdefault((project, zone), AuditLogReader(project, zone=zone))
-        return Sharing(tpu=self.tpu, due=due, slack=min(1.0, poll / 4), audit_dir=audit_dir, audit_reader=reader)
+        return Sharing(tpu=self.tpu, compute=self.compute, due=due, slack=min(1.0, poll / 4), audit_dir=audit_dir,
+                       audit_reader=reader)
 
     def claim(self, name: str, path: Path) -> None:
         """Two files may not name the same job (they would share a journal)."""

@@ -233,6 +233,7 @@ class Migs(ComputeFaults):
             m = mig.members[rec.name]
             m.current_action, m.errors = "NONE", []
             self._advance_resizes(mig)
+            self._touch()  # a wait for the MIG stable sees it now
         super()._instance_up(rec)
 
     def _instance_gone(self, rec: InstanceRec) -> None:

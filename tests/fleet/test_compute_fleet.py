@@ -1,0 +1,122 @@
+"""Compute Engine jobs of one watcher read their slices from one instances list (and one MIG list)
+per zone per poll, through the ports a watcher of several jobs builds for them (Fleet.sharing,
+wiring.real_ports), counted by the simulator's call meter with the real google-cloud-compute
+client against its Compute Engine face."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tpuwatch.cloud.compute import ComputeAdapter
+from tpuwatch.cloud.zoneinstances import SharedCompute
+from tpuwatch.cloud.zonenodes import Due
+from tpuwatch.fleet.runner import Fleet, Options
+from tpuwatch.ports import Flags, JobPorts
+from tpuwatch.sim.rest import RestFace
+from tpuwatch.sim.simulator import Simulator
+from tpuwatch.ui.jobs import JobState
+from tpuwatch.wiring import load_job, real_ports
+
+POLL = 30.0
+
+
+class Quiet:
+    """fleet.runner.Output of a watcher whose jobs no test starts."""
+
+    def changed(self, state: JobState) -> None: ...
+
+    def ticked(self, state: JobState, report: object) -> None: ...
+
+    def warn(self, state: JobState, text: str) -> None: ...
+
+    def gone(self, path: Path) -> None: ...
+
+
+@pytest.fixture
+def rest(sim_api: Simulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[RestFace]:
+    with RestFace(sim_api.world) as face:
+        monkeypatch.setenv("TPUWATCH_COMPUTE_EMULATOR", face.url.rstrip("/"))
+        yield face
+
+
+class Clock:
+    """The watcher's monotonic clock, moved a poll at a time."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def jobs(tmp: Path, kind: str, names: list[str], clock: Clock) -> list[tuple[str, JobPorts, Due]]:
+    """Each job's config, and its ports as one watcher of them all builds them."""
+    key = tmp / "id_test"
+    key.write_text("not used: nothing connects\n")
+    key.chmod(0o600)
+    fleet = Fleet([], None, Options(None, None, Flags()), Quiet(), compute=SharedCompute(clock=clock))
+    out = []
+    for name in names:
+        cfg = tmp / f"{name}.toml"
+        cfg.write_text(f'[tpu]\napi = "compute"\n{kind} = "{name}"\n[job]\nname = "{name}"\ncommand = "true"\n'
+                       f'[recovery]\npoll_interval = "{POLL:g}s"\n[ssh]\nidentity_file = "{key}"\n')
+        job = load_job(cfg)
+        due = Due()
+        out.append((name, real_ports(job, fleet.sharing(job, due, POLL)), due))
+    return out
+
+
+def poll(sim: Simulator, watched: list[tuple[str, JobPorts, Due]], clock: Clock) -> dict[str, int]:
+    """The next poll: every job's tick, due now, reads its slice as the tick does
+    (tpu_for(zone).get_node) a little after; the Compute Engine calls they took, by method."""
+    sim.world.reset_calls()
+    clock.now += POLL
+    for name, ports, due in watched:
+        due.at = clock.now
+        clock.now += 0.1  # each tick got its slot a little later
+        node = ports.tpu_for(sim.world.zone).get_node(name)
+        assert node is not None and node.state == "READY" and node.name == name, node
+    return {m.removeprefix("compute.v1."): n for m, n in sim.world.calls.items() if m.startswith("compute.")}
+
+
+def test_compute_instance_jobs_of_one_zone_share_one_instances_list_per_poll(
+        sim_api: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    names = [f"vm-{i}" for i in range(5)]
+    for name in names:
+        sim_api.world.add_instance(name, body={"labels": {"tpuwatch-job": name}})
+    clock = Clock()
+    watched = jobs(tmp_path, "instance", names, clock)
+    assert poll(sim_api, watched, clock) == {"Instances/List": 1}  # not a get per job
+    assert poll(sim_api, watched, clock) == {"Instances/List": 1}  # the next poll lists again, once
+
+
+def test_compute_mig_jobs_of_one_zone_share_the_instances_and_mig_lists(
+        sim_api: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    names = [f"slice-{i}" for i in range(3)]
+    for name in names:
+        sim_api.world.add_mig(name, size=2, topology="2x2x2", labels={"tpuwatch-job": name})
+    clock = Clock()
+    watched = jobs(tmp_path, "mig", names, clock)
+    # listManagedInstances is per MIG in Compute Engine's API: one per job
+    assert poll(sim_api, watched, clock) == {"Instances/List": 1, "InstanceGroupManagers/List": 1,
+                                      "InstanceGroupManagers/ListManagedInstances": 3}
+
+
+def test_a_slice_the_zones_list_does_not_hold_is_read_on_its_own(
+        sim_api: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    sim_api.world.add_instance("vm-a")
+    shared = SharedCompute()
+    zone = shared.zone(sim_api.world.project, sim_api.world.zone)
+    due = Due(time.monotonic())
+    api = ComputeAdapter(sim_api.world.project, sim_api.world.zone, "instance", reads=zone.job(due, slack=1.0))
+    assert api.get_node("vm-a") is not None
+    sim_api.world.add_instance("vm-b")  # made after the zone's list of this poll
+    node = api.get_node("vm-b")
+    assert node is not None and node.name == "vm-b"  # confirmed with a get, never missing
+    assert api.get_node("gone") is None
+    assert shared.counts() == {"instance_lists": 1, "mig_lists": 0, "gets": 2}
+    assert (sim_api.world.call_count("Instances/List"), sim_api.world.call_count("Instances/Get")) == (1, 2)
