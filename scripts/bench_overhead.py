@@ -42,6 +42,21 @@ GetNode), audit-log queries per minute (target: as for one job, 4 at most), the 
 VmRSS/VmHWM (target: under 150 MB at 100 jobs) and its CPU seconds per poll.
 
     python scripts/bench_overhead.py --jobs 1,10,50,100 --jobs-poll 5 --jobs-seconds 60
+
+With --api compute it measures the same for slices made through Compute Engine, with the real
+google-cloud-compute client against the simulator's Compute Engine face (as `tpuwatch sim`
+serves it): the API calls per hour of one job at the default poll (--virtual-ticks ticks of the
+loop of `watch`, 30 s apart in virtual time, as in 3.) for an instance and for a MIG of
+--mig-size VMs, each running the toy trainer launched by `tpuwatch watch` first; and with
+--jobs, N instance jobs (one VM each, `sleep` as the job) in one zone under one `tpuwatch watch
+--config-dir`: Compute Engine requests per poll by method (target: one instances list per zone
+per poll, no get), audit-log queries, RSS and CPU as for the TPU API; --compute-slice mig makes
+each job's slice a MIG of one VM (target: one instances list and one MIG list per zone per poll,
+and listManagedInstances, which Compute Engine answers only per MIG, one per job).
+
+    python scripts/bench_overhead.py --api compute
+    python scripts/bench_overhead.py --api compute --jobs 1,10,50 --jobs-poll 10 --jobs-seconds 60
+    python scripts/bench_overhead.py --api compute --jobs 10 --compute-slice mig --jobs-poll 10
 """
 
 from __future__ import annotations
@@ -65,13 +80,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_recovery import JOB, write_config  # noqa: E402
+from bench_recovery import JOB, toml_value, write_config  # noqa: E402
 
 from tpuwatch.sim.simulator import Simulator  # noqa: E402
 
 DEFAULT_POLL = 30.0  # the shipped recovery.poll_interval
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 TPU_CALL = re.compile(r"google\.cloud\.tpu\.|google\.longrunning\.")
+COMPUTE_CALL = re.compile(r"^compute\.")
 AUDIT_CALL = "ListLogEntries"
 SHARED_AUDIT_PER_HOUR = 3600 / 15  # SharedAuditLog: one query per project per max_age (15 s) while all is quiet
 
@@ -199,7 +215,8 @@ class Bench:
 
 
 def split(calls: Counter[str]) -> dict[str, int]:
-    tpu = sum(n for m, n in calls.items() if TPU_CALL.search(m))
+    """Calls of the slice's API (the TPU API, or Compute Engine), audit-log reads, the rest."""
+    tpu = sum(n for m, n in calls.items() if TPU_CALL.search(m) or COMPUTE_CALL.search(m))
     audit = sum(n for m, n in calls.items() if m.endswith(AUDIT_CALL))
     return {"tpu": tpu, "audit": audit, "other": sum(calls.values()) - tpu - audit}
 
@@ -352,8 +369,92 @@ def virtual_hour(b: Bench, cfg: Path, env: dict[str, str], ticks: int) -> dict[s
     s = split(d)
     return {"ticks": ticks, "virtual_hours": ticks * DEFAULT_POLL / 3600, "real_seconds": seconds,
             "rows": dict(rows), "calls": {m.rsplit("/", 1)[-1]: n for m, n in sorted(d.items())},
+            "methods": dict(sorted(d.items())),
             "tpu_per_hour": s["tpu"] * per_hour, "audit_per_hour": s["audit"] * per_hour,
             "other_per_hour": s["other"] * per_hour}
+
+
+# ---- Compute Engine (--api compute) ----------------------------------------------------------
+MIG_SIZE = 4  # the MIG measured: a TPU7x-shaped multi-host slice of 4 VMs
+MIG_TOPOLOGY = "2x2x4"  # its workload policy's accelerator topology (4 VMs of 4 chips)
+
+
+def compute_config(path: Path, sim: Simulator, kind: str, name: str, command: str, poll: float,
+                   ck: Path | None = None) -> Path:
+    """A tpuwatch.toml for the simulator's Compute Engine instance or MIG `name`."""
+    job: dict[str, object] = {"name": name, "command": command}
+    if ck is not None:
+        job["checkpoint_dir"] = str(ck)
+    sections: dict[str, dict[str, object]] = {
+        "tpu": {"api": "compute", kind: name},
+        "job": job,
+        "recovery": {"poll_interval": f"{poll:g}s"},
+        "ssh": {"user": sim.ssh_user or "", "identity_file": str(sim.ssh_key), "port": sim.ssh_port or 22,
+                "internal_ip": True},
+        # The simulator names each VM in its own hosts file only, so a MIG's peers do not resolve
+        # there (Compute Engine's internal DNS resolves them).
+        "precheck": {"skip": ["dns"]},
+    }
+    lines = []
+    for section, values in sections.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {toml_value(v)}" for k, v in values.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def compute_calls(calls: Counter[str]) -> dict[str, int]:
+    """Compute Engine calls by method, as the simulator names them ("Instances/List")."""
+    return {m.removeprefix("compute.v1."): n for m, n in sorted(calls.items()) if COMPUTE_CALL.search(m)}
+
+
+def compute_hours(a: argparse.Namespace, log: Any) -> dict[str, Any]:
+    """API calls per hour of one Compute Engine job at the default poll: an instance, and a MIG
+    of MIG_SIZE VMs, each running the toy trainer launched by `tpuwatch watch`."""
+    from tpuwatch.sim.rest import RestFace
+
+    out: dict[str, Any] = {"settings": {k: v for k, v in vars(a).items() if k not in ("json", "json_out", "quiet")}}
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-compute-") as tmpd:
+        b = Bench(a, Path(tmpd))
+        face = RestFace(b.sim.world).start()
+        try:
+            for kind, name in (("instance", "vm"), ("mig", "slice")):
+                if kind == "instance":
+                    b.sim.world.add_instance(name, body={"labels": {"tpuwatch-job": name}})
+                else:
+                    b.sim.world.add_mig(name, size=MIG_SIZE, topology=MIG_TOPOLOGY, labels={"tpuwatch-job": name})
+                ck = b.sim.bucket / f"ck-{name}"
+                command = (f"python3 -m tpuwatch.sim.trainer --steps 100000000 --step-time 0.1 --ckpt-every 50 "
+                           f"--ckpt-dir {ck} --resume {{checkpoint}}")
+                d = b.tmp / name
+                d.mkdir()
+                cfg = compute_config(d / "tpuwatch.toml", b.sim, kind, name, command, a.poll, ck)
+                env = {**os.environ, **b.sim.env, "TPUWATCH_STATE_DIR": str(d / "state"),
+                       "TPUWATCH_COMPUTE_EMULATOR": face.url.rstrip("/")}
+                log(f"compute {kind}: watch launches the job")
+                w = Watch(cfg, env)
+                try:
+                    w.wait_running()
+                finally:
+                    w.stop()  # leaves the job running, like Ctrl-C
+                log(f"compute {kind}: {a.virtual_ticks} ticks of the real Reconciler, 30 s apart in virtual time")
+                hour = virtual_hour(b, cfg, env, a.virtual_ticks)
+                hour["compute_calls"] = compute_calls(Counter(hour["methods"]))
+                out[kind] = hour
+        finally:
+            face.close()
+            b.close()
+    return out
+
+
+def render_compute_hours(r: dict[str, Any]) -> str:
+    lines = ["API calls per hour of one Compute Engine job at the 30 s poll (simulator, steady job)", ""]
+    for kind, label in (("instance", "instance"), ("mig", f"MIG of {MIG_SIZE} VMs")):
+        h = r[kind]
+        lines.append(f"{label:<16} Compute Engine {h['tpu_per_hour']:.0f}/h, audit-log reads {h['audit_per_hour']:.0f}/h, "
+                     f"other {h['other_per_hour']:.0f}/h   [{h['ticks']} ticks, rows {h['rows']}]")
+        lines.append(f"{'':<16} by method: {h['compute_calls']}")
+    return "\n".join(lines)
 
 
 def zone(b: Bench, a: argparse.Namespace) -> dict[str, Any]:
@@ -730,24 +831,40 @@ def sizes(text: str) -> list[int]:
     return out
 
 
-def jobs_mode(counts: list[int], poll: float, seconds: float, seed: int, log: Any) -> dict[str, Any]:
-    """Many jobs in one watcher (see the module's docstring)."""
-    out: dict[str, Any] = {"poll": poll, "seconds": seconds, "runs": []}
+def jobs_mode(counts: list[int], poll: float, seconds: float, seed: int, log: Any, api: str = "tpu",
+              kind: str = "instance") -> dict[str, Any]:
+    """Many jobs in one watcher (see the module's docstring); `api` "compute": Compute Engine
+    slices of one VM each, `kind` "instance" or "mig"."""
+    from tpuwatch.sim.rest import RestFace
+
+    out: dict[str, Any] = {"api": api, "poll": poll, "seconds": seconds, "runs": []}
+    if api == "compute":
+        out["kind"] = kind
     for n in counts:
         with tempfile.TemporaryDirectory(prefix="tpuwatch-bench-jobs-") as tmp_s:
             tmp = Path(tmp_s)
             sim = Simulator(root=tmp / "sim", speed=600, seed=seed).start()
+            face = RestFace(sim.world).start() if api == "compute" else None
             try:
                 d = tmp / "jobs"
                 d.mkdir()
                 for i in range(n):
                     name = f"job{i:03d}"
+                    if face is not None:
+                        if kind == "mig":
+                            sim.world.add_mig(name, size=1, labels={"tpuwatch-job": name})
+                        else:
+                            sim.world.add_instance(name, body={"labels": {"tpuwatch-job": name}})
+                        compute_config(d / f"{name}.toml", sim, kind, name, "sleep 100000", poll)
+                        continue
                     sim.create_node(name, "v4-8", labels={"tpuwatch-job": name})
                     cfg = write_config(d / f"{name}.toml", sim, "sleep 100000", tmp / "ck" / name, accelerator="v4-8",
                                        spot=False, recovery={"poll_interval": f"{poll:g}s"})
                     cfg.write_text(cfg.read_text().replace(f'name = "{JOB}"', f'name = "{name}"', 1)
                                    .replace("checkpoint_dir = ", "# checkpoint_dir = "))
                 env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp / "state")}
+                if face is not None:
+                    env["TPUWATCH_COMPUTE_EMULATOR"] = face.url.rstrip("/")
                 proc = subprocess.Popen([*tpuwatch_argv(), "watch", "--config-dir", str(d), "--json"], env=env,
                                         text=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                         stdin=subprocess.DEVNULL)
@@ -786,14 +903,21 @@ def jobs_mode(counts: list[int], poll: float, seconds: float, seed: int, log: An
                     proc.kill()
                     proc.wait()
             finally:
+                if face is not None:
+                    face.close()
                 sim.close()
         polls = seconds / poll
-        tpu = {m.rsplit("/", 1)[-1]: c for m, c in calls.items() if TPU_CALL.search(m)}
+        if api == "compute":
+            tpu, lister, getter = compute_calls(calls), "Instances/List", "Instances/Get"
+        else:
+            tpu = {m.rsplit("/", 1)[-1]: c for m, c in calls.items() if TPU_CALL.search(m)}
+            lister, getter = "ListNodes", "GetNode"
         run = {"jobs": n, "startup_seconds": round(startup, 1),
-               "list_per_poll": round(tpu.get("ListNodes", 0) / polls, 2),
-               "get_per_poll": round(tpu.get("GetNode", 0) / polls, 2),
-               "other_tpu_per_poll": round((sum(tpu.values()) - tpu.get("ListNodes", 0) - tpu.get("GetNode", 0))
+               "list_per_poll": round(tpu.get(lister, 0) / polls, 2),
+               "get_per_poll": round(tpu.get(getter, 0) / polls, 2),
+               "other_tpu_per_poll": round((sum(tpu.values()) - tpu.get(lister, 0) - tpu.get(getter, 0))
                                            / polls, 2),
+               "per_poll": {m: round(c / polls, 2) for m, c in sorted(tpu.items())},
                "audit_per_minute": round(sum(c for m, c in calls.items() if m.endswith(AUDIT_CALL)) * 60 / seconds, 2),
                "rss_mb": round(mem.get("VmRSS", 0.0), 1), "hwm_mb": round(mem.get("VmHWM", 0.0), 1),
                "cpu_per_poll": round((cpu1 - cpu0) / polls, 3)}
@@ -803,14 +927,19 @@ def jobs_mode(counts: list[int], poll: float, seconds: float, seed: int, log: An
 
 
 def render_jobs(r: dict[str, Any]) -> str:
-    lines = [f"many jobs in one watcher (poll {r['poll']:g} s, counted {r['seconds']:g} s once all run; "
-             "one worker per node)", "",
-             "| jobs | all running after | ListNodes / poll | GetNode / poll | other TPU / poll | audit reads / min "
-             "| RSS MB (peak) | CPU s / poll |", "|---|---|---|---|---|---|---|---|"]
+    if r.get("api") == "compute":
+        what = f"Compute Engine {'MIGs' if r.get('kind') == 'mig' else 'instances'}, one VM each"
+        heads = ("instances.list", "instances.get", "other Compute Engine")
+    else:
+        what, heads = "one worker per node", ("ListNodes", "GetNode", "other TPU")
+    lines = [f"many jobs in one watcher (poll {r['poll']:g} s, counted {r['seconds']:g} s once all run; {what})", "",
+             f"| jobs | all running after | {heads[0]} / poll | {heads[1]} / poll | {heads[2]} / poll "
+             "| audit reads / min | RSS MB (peak) | CPU s / poll |", "|---|---|---|---|---|---|---|---|"]
     for x in r["runs"]:
         lines.append(f"| {x['jobs']} | {x['startup_seconds']} s | {x['list_per_poll']} | {x['get_per_poll']} | "
                      f"{x['other_tpu_per_poll']} | {x['audit_per_minute']} | {x['rss_mb']} ({x['hwm_mb']}) | "
                      f"{x['cpu_per_poll']} |")
+    lines += ["", "per poll, by method:"] + [f"  {x['jobs']} jobs: {x.get('per_poll', {})}" for x in r["runs"]]
     return "\n".join(lines)
 
 
@@ -845,6 +974,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs-poll", type=float, default=5.0, help="their poll_interval, seconds (%(default)s)")
     p.add_argument("--jobs-seconds", type=float, default=60.0,
                    help="how long each count is measured once every job runs (%(default)s)")
+    p.add_argument("--api", choices=("tpu", "compute"), default="tpu",
+                   help="the slices' API: tpu (Cloud TPU API nodes) or compute (Compute Engine instances and "
+                        "MIGs: API calls per hour of one job, or with --jobs many jobs in one watcher)")
+    p.add_argument("--compute-slice", choices=("instance", "mig"), default="instance",
+                   help="with --api compute --jobs: each job's slice, an instance or a MIG of one VM (%(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--json-out", metavar="PATH", help="also write the JSON object to PATH")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -871,9 +1005,13 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--jobs: expected job counts such as 1,10,50,100, got {a.jobs!r}")
         if min(counts) < 1 or a.jobs_poll <= 0 or a.jobs_seconds <= 0:
             p.error("--jobs counts must be at least 1, --jobs-poll and --jobs-seconds positive")
-        result = jobs_mode(counts, a.jobs_poll, a.jobs_seconds, a.seed, log)
+        result = jobs_mode(counts, a.jobs_poll, a.jobs_seconds, a.seed, log, a.api, a.compute_slice)
         result["seconds_total"] = round(time.monotonic() - started, 1)
         show = render_jobs
+    elif a.api == "compute":
+        result = compute_hours(a, log)
+        result["seconds"] = round(time.monotonic() - started, 1)
+        show = render_compute_hours
     else:
         result = measure(a, log)
         result["seconds"] = round(time.monotonic() - started, 1)

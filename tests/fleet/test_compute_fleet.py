@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tpuwatch.cloud.compute import ComputeAdapter
+from tpuwatch.cloud.computelife import ComputeLifecycle
 from tpuwatch.cloud.zoneinstances import SharedCompute
 from tpuwatch.cloud.zonenodes import Due
 from tpuwatch.fleet.runner import Fleet, Options
@@ -120,3 +121,17 @@ def test_a_slice_the_zones_list_does_not_hold_is_read_on_its_own(
     assert api.get_node("gone") is None
     assert shared.counts() == {"instance_lists": 1, "mig_lists": 0, "gets": 2}
     assert (sim_api.world.call_count("Instances/List"), sim_api.world.call_count("Instances/Get")) == (1, 2)
+
+
+def test_the_lifecycle_reads_the_slice_as_it_is_now_not_the_shared_list(
+        sim_api: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    # A recreate asks the lifecycle whether the slice still exists before it creates it: a
+    # list begun before this tick's delete must not answer that.
+    sim_api.world.add_instance("vm")
+    zone = SharedCompute().zone(sim_api.world.project, sim_api.world.zone)
+    api = ComputeAdapter(sim_api.world.project, sim_api.world.zone, "instance",
+                         reads=zone.job(Due(time.monotonic()), slack=1.0))
+    assert api.get_node("vm") is not None
+    sim_api.world.remove_instance("vm")
+    assert api.get_node("vm") is not None  # this tick's look, shared
+    assert ComputeLifecycle(api).get_node("vm") is None

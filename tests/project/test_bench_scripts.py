@@ -91,6 +91,22 @@ def test_bench_overhead_jobs_mode_lists_the_zone_once_per_poll_for_every_job(tmp
     assert 0 < three["list_per_poll"] <= 2 and three["get_per_poll"] == 0, three
 
 
+def test_bench_overhead_compute_counts_one_read_of_the_slice_per_tick(tmp_path: Path) -> None:
+    table, doc = run("bench_overhead.py", tmp_path, "--api", "compute", "--virtual-ticks", "4")
+    assert "MIG of 4 VMs" in table, table
+    assert doc["instance"]["compute_calls"] == {"Instances/Get": 4}, doc["instance"]
+    assert doc["mig"]["compute_calls"] == {"InstanceGroupManagers/Get": 4, "InstanceGroupManagers/ListManagedInstances": 4,
+                                           "Instances/List": 4}, doc["mig"]
+
+
+def test_bench_overhead_compute_jobs_share_one_instances_list_per_poll(tmp_path: Path) -> None:
+    table, doc = run("bench_overhead.py", tmp_path, "--api", "compute", "--jobs", "3", "--jobs-poll", "1",
+                     "--jobs-seconds", "4")
+    assert "instances.list / poll" in table, table
+    (three,) = doc["runs"]
+    assert 0 < three["list_per_poll"] <= 2 and three["get_per_poll"] == 0, three
+
+
 def test_bench_gcloud_calls_counts_one_gcloud_run_per_node_incarnation(tmp_path: Path) -> None:
     table, doc = run("bench_gcloud_calls.py", tmp_path, "--workers", "2", "--ticks", "3")
     assert "gcloud calls" in table

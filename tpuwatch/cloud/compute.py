@@ -423,14 +423,20 @@ class ComputeAdapter:
 
     # -- ports.TpuApi -----------------------------------------------------------------------
     def get_node(self, name: str) -> NodeSnapshot | None:
-        """The job's instance or MIG as one node, or None when it does not exist."""
+        """The job's instance or MIG as one node, or None when it does not exist (read through
+        `reads`: a tick's look, which the jobs of one watcher may share)."""
+        return self.read_node(name, self.reads)
+
+    def read_node(self, name: str, reads: Reads) -> NodeSnapshot | None:
+        """The job's instance or MIG as one node read through `reads` (`DirectReads(self)`: as it
+        is now, for an action that must not act on a shared look begun before it)."""
         self._check(name)
         if self.kind == "instance":
-            inst = self.reads.instance(name)
+            inst = reads.instance(name)
             node = None if inst is None else instance_snapshot(inst, project=self.project, zone=self.zone)
             names: tuple[str, ...] = (name,)
         else:
-            parts = self.reads.mig_parts(name)
+            parts = reads.mig_parts(name)
             if parts is None or flex_emptied(self, *parts[:2]):
                 return None
             mig, managed, instances = parts

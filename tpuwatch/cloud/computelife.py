@@ -28,6 +28,7 @@ from tpuwatch.cloud import computemaint
 from tpuwatch.cloud.compute import (
     RESIZE_OP,
     ComputeAdapter,
+    DirectReads,
     delete_ended_resize_requests,
     insert_resize_request,
     resize_status,
@@ -51,7 +52,9 @@ class ComputeLifecycle:
         return bool(self.api.flex_start) and self.api.kind == "mig"
 
     def get_node(self, name: str) -> NodeSnapshot | None:
-        return self.api.get_node(name)
+        """The slice as it is now (never a zone listing shared with other jobs, which may have
+        begun before this tick's delete)."""
+        return self.api.read_node(name, DirectReads(self.api))
 
     def status(self) -> QueuedStatus | None:
         """A flex-start MIG's newest resize request as a queued resource's state; else None."""
