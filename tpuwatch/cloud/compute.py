@@ -239,13 +239,14 @@ def operation_status(op: Any) -> OperationStatus:
 class Reads(Protocol):
     """Where `get_node` reads the slice from: straight from the API (`DirectReads`: a get of the
     instance; or the MIG, its managed instances and the zone's instances), or from listings of
-    the zone that the jobs of one watcher share (cloud/zoneinstances.py)."""
+    the zone that the jobs of one watcher share (cloud/zoneinstances.py). Any request of the
+    job's own goes through `api`, the job's adapter."""
 
-    def instance(self, name: str) -> Any | None:
+    def instance(self, api: ComputeAdapter, name: str) -> Any | None:
         """The `compute_v1.Instance`, or None when it does not exist."""
         ...
 
-    def mig_parts(self, name: str) -> tuple[Any, list[Any], list[Any]] | None:
+    def mig_parts(self, api: ComputeAdapter, name: str) -> tuple[Any, list[Any], list[Any]] | None:
         """(MIG, its managed instances, their instances), or None when the MIG does not exist."""
         ...
 
@@ -253,20 +254,17 @@ class Reads(Protocol):
 class DirectReads:
     """Reads of one job's slice through its own adapter, every tick."""
 
-    def __init__(self, api: ComputeAdapter) -> None:
-        self.api = api
+    def instance(self, api: ComputeAdapter, name: str) -> Any | None:
+        return api.get_instance(name)
 
-    def instance(self, name: str) -> Any | None:
-        return self.api.get_instance(name)
-
-    def mig_parts(self, name: str) -> tuple[Any, list[Any], list[Any]] | None:
-        return self.api.mig_parts(name)
+    def mig_parts(self, api: ComputeAdapter, name: str) -> tuple[Any, list[Any], list[Any]] | None:
+        return api.mig_parts(name)
 
 
 class ComputeAdapter:
     """ports.TpuApi over google-cloud-compute for one project and zone and the job's kind of slice.
 
-    `reads`: where `get_node` reads the slice (`DirectReads` of this adapter unless given)."""
+    `reads`: where `get_node` reads the slice (`DirectReads` unless given)."""
 
     def __init__(self, project: str, zone: str, kind: Kind, *, retry: RetryPolicy | None = None,
                  flex_start: float = 0.0, reads: Reads | None = None) -> None:
@@ -275,7 +273,7 @@ class ComputeAdapter:
         self.kind: Kind = kind
         self.flex_start = flex_start  # [tpu] flex_start: the MIG's VMs come through resize requests of this run
         self.retry = retry or RetryPolicy.from_env()
-        self.reads: Reads = reads or DirectReads(self)
+        self.reads: Reads = reads or DirectReads()
         self._clients: dict[str, Any] = {}
         self._names: dict[str, tuple[str, ...]] = {}  # node id -> its instances' names, in worker order
 
@@ -428,15 +426,15 @@ class ComputeAdapter:
         return self.read_node(name, self.reads)
 
     def read_node(self, name: str, reads: Reads) -> NodeSnapshot | None:
-        """The job's instance or MIG as one node read through `reads` (`DirectReads(self)`: as it
-        is now, for an action that must not act on a shared look begun before it)."""
+        """The job's instance or MIG as one node read through `reads` (`DirectReads()`: as it is
+        now, for an action that must not act on a shared look begun before it)."""
         self._check(name)
         if self.kind == "instance":
-            inst = reads.instance(name)
+            inst = reads.instance(self, name)
             node = None if inst is None else instance_snapshot(inst, project=self.project, zone=self.zone)
             names: tuple[str, ...] = (name,)
         else:
-            parts = reads.mig_parts(name)
+            parts = reads.mig_parts(self, name)
             if parts is None or flex_emptied(self, *parts[:2]):
                 return None
             mig, managed, instances = parts

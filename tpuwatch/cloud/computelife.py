@@ -54,7 +54,7 @@ class ComputeLifecycle:
     def get_node(self, name: str) -> NodeSnapshot | None:
         """The slice as it is now (never a zone listing shared with other jobs, which may have
         begun before this tick's delete)."""
-        return self.api.read_node(name, DirectReads(self.api))
+        return self.api.read_node(name, DirectReads())
 
     def status(self) -> QueuedStatus | None:
         """A flex-start MIG's newest resize request as a queued resource's state; else None."""

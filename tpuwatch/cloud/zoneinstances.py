@@ -18,9 +18,9 @@
   from the zone's instances list (one the list does not hold yet: the zone listed again by
   this job alone, as a MIG's own read does).
 
-Everything else (operations, inserts, deletes, recreateInstances, guest attributes, the
-listings and gets made when an action needs a fresh look) goes through the job's own adapter.
-Thread-safe.
+Everything else (listManagedInstances, the gets of what a list lacks, operations, inserts,
+deletes, recreateInstances, guest attributes, the reads of an action that needs a fresh look)
+goes through the job's own adapter. Thread-safe.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class ZoneInstances:
     at about the same time."""
 
     def __init__(self, api: ComputeAdapter, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.api = api  # lists, and gets of what a list did not hold
+        self.api = api  # the zone's lists (each job's other requests go through its own adapter)
         self.clock = clock
         self.instances: Listing[dict[str, Any]] = Listing(lambda: {i.name: i for i in api.list_instances()},
                                                           clock=clock)
@@ -66,16 +66,15 @@ class JobInstances:
     def _not_before(self) -> float:
         return self.due.not_before(self.slack, self.zone.clock)
 
-    def instance(self, name: str) -> Any | None:
+    def instance(self, api: ComputeAdapter, name: str) -> Any | None:
         inst = self.zone.instances.get(self._not_before()).get(name)
         if inst is not None:
             return inst
         self.zone.missed()
-        return self.zone.api.get_instance(name)
+        return api.get_instance(name)
 
-    def mig_parts(self, name: str) -> tuple[Any, list[Any], list[Any]] | None:
+    def mig_parts(self, api: ComputeAdapter, name: str) -> tuple[Any, list[Any], list[Any]] | None:
         since = self._not_before()
-        api = self.zone.api
         mig = self.zone.migs.get(since).get(name)
         if mig is None:
             self.zone.missed()
@@ -83,8 +82,7 @@ class JobInstances:
             if mig is None:
                 return None
         managed = api.managed_instances(name)
-        listed = self.zone.instances.get(since)
-        instances = members(managed, listed.values)
+        instances = members(managed, self.zone.instances.get(since).values)
         if len(instances) < len({m.instance for m in managed if m.instance}):
             instances = members(managed, api.list_instances)  # made since the zone's list: look again
         return mig, managed, instances
