@@ -16,6 +16,7 @@ from tpuwatch.cloud.computelife import ComputeLifecycle
 from tpuwatch.cloud.zoneinstances import SharedCompute
 from tpuwatch.cloud.zonenodes import Due
 from tpuwatch.fleet.runner import Fleet, Options
+from tpuwatch.model import NodeSnapshot
 from tpuwatch.ports import Flags, JobPorts
 from tpuwatch.sim.rest import RestFace
 from tpuwatch.sim.simulator import Simulator
@@ -71,17 +72,27 @@ def jobs(tmp: Path, kind: str, names: list[str], clock: Clock) -> list[tuple[str
     return out
 
 
-def poll(sim: Simulator, watched: list[tuple[str, JobPorts, Due]], clock: Clock) -> dict[str, int]:
+def read(sim: Simulator, watched: list[tuple[str, JobPorts, Due]],
+         clock: Clock) -> tuple[dict[str, int], dict[str, NodeSnapshot | None]]:
     """The next poll: every job's tick, due now, reads its slice as the tick does
-    (tpu_for(zone).get_node) a little after; the Compute Engine calls they took, by method."""
+    (tpu_for(zone).get_node) a little after; the Compute Engine calls they took, by method, and
+    what each read."""
     sim.world.reset_calls()
     clock.now += POLL
+    nodes = {}
     for name, ports, due in watched:
         due.at = clock.now
         clock.now += 0.1  # each tick got its slot a little later
-        node = ports.tpu_for(sim.world.zone).get_node(name)
+        nodes[name] = ports.tpu_for(sim.world.zone).get_node(name)
+    return {m.removeprefix("compute.v1."): n for m, n in sim.world.calls.items() if m.startswith("compute.")}, nodes
+
+
+def poll(sim: Simulator, watched: list[tuple[str, JobPorts, Due]], clock: Clock) -> dict[str, int]:
+    """The calls of the next poll, in which every slice reads as running."""
+    calls, nodes = read(sim, watched, clock)
+    for name, node in nodes.items():
         assert node is not None and node.state == "READY" and node.name == name, node
-    return {m.removeprefix("compute.v1."): n for m, n in sim.world.calls.items() if m.startswith("compute.")}
+    return calls
 
 
 def test_compute_instance_jobs_of_one_zone_share_one_instances_list_per_poll(
@@ -102,9 +113,21 @@ def test_compute_mig_jobs_of_one_zone_share_the_instances_and_mig_lists(
         sim_api.world.add_mig(name, size=2, topology="2x2x2", labels={"tpuwatch-job": name})
     clock = Clock()
     watched = jobs(tmp_path, "mig", names, clock)
-    # listManagedInstances is per MIG in Compute Engine's API: one per job
-    assert poll(sim_api, watched, clock) == {"Instances/List": 1, "InstanceGroupManagers/List": 1,
-                                      "InstanceGroupManagers/ListManagedInstances": 3}
+    # MIGs at rest (stable, nothing under way): the zone's two lists are the whole read
+    assert poll(sim_api, watched, clock) == {"Instances/List": 1, "InstanceGroupManagers/List": 1}
+    calls, nodes = read(sim_api, watched, clock)
+    alone = ComputeAdapter(sim_api.world.project, sim_api.world.zone, "mig")
+    assert nodes == {name: alone.get_node(name) for name in names}  # what each job's own three requests read
+
+    # A host error takes slice-1 down: the MIG is no longer at rest, and only listManagedInstances
+    # names what each of its instances does, for that MIG alone.
+    sim_api.world.host_error(sorted(sim_api.world.mig("slice-1").members)[0], restart_after=None)
+    calls, nodes = read(sim_api, watched, clock)
+    assert calls == {"Instances/List": 1, "InstanceGroupManagers/List": 1,
+                     "InstanceGroupManagers/ListManagedInstances": 1}, calls
+    down = nodes["slice-1"]
+    assert down is not None and down.state != "READY" and down == alone.get_node("slice-1"), down
+    assert [n.state for k, n in sorted(nodes.items()) if k != "slice-1" and n is not None] == ["READY", "READY"]
 
 
 def test_a_slice_the_zones_list_does_not_hold_is_read_on_its_own(

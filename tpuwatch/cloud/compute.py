@@ -218,6 +218,27 @@ def mig_snapshot(mig: Any, managed: Sequence[Any], instances: Sequence[Any], *, 
     )
 
 
+def at_rest(mig: Any, listed: Iterable[Any], zone: str) -> list[Any] | None:
+    """The managed instances of a MIG at rest, without listManagedInstances: when the MIG says it
+    is stable and every instance of its target size is doing nothing (`currentActions.none`),
+    each is the instance it made (its `created-by` metadata names the MIG), doing nothing. None
+    otherwise: then only listManagedInstances says which instance does what, and why."""
+    from google.cloud import compute_v1
+
+    target = int(mig.target_size)
+    if not ("status" in mig and mig.status.is_stable) or "current_actions" not in mig:
+        return None
+    if int(mig.current_actions.none) != target:
+        return None
+    maker = f"/zones/{zone}/instanceGroupManagers/{mig.name}"
+    made = [i for i in listed if any(item.key == "created-by" and str(item.value).endswith(maker)
+                                     for item in i.metadata.items)]
+    if len(made) != target:
+        return None
+    return [compute_v1.ManagedInstance(instance=i.self_link or i.name, name=i.name, current_action="NONE",
+                                       instance_status=i.status) for i in made]
+
+
 def members(managed: Sequence[Any], listed: Callable[[], Iterable[Any]]) -> list[Any]:
     """The instances of `listed()` that the managed instances name (no request when none does)."""
     wanted = {short(m.instance) for m in managed if m.instance}

@@ -12,11 +12,14 @@
   scheduling, labels, metadata and `resourceStatus.upcomingMaintenance` are all in it. An
   instance the list does not hold is confirmed with a get, so a list that lags behind an
   insert never makes an instance look missing.
-- a MIG: itself from the zone's MIG list (a MIG the list does not hold: a get), its managed
-  instances with listManagedInstances, one request per MIG, since Compute Engine lists managed
-  instances (their current action, last attempt's errors) only per MIG, and their instances
-  from the zone's instances list (one the list does not hold yet: the zone listed again by
-  this job alone, as a MIG's own read does).
+- a MIG: itself from the zone's MIG list (a MIG the list does not hold: a get), and its
+  instances from the zone's instances list (one the list does not hold yet: the zone listed
+  again by this job alone, as a MIG's own read does). Its managed instances come from
+  listManagedInstances, one request per MIG (Compute Engine lists managed instances, their
+  current action and last attempt's errors, only per MIG), except while the MIG is at rest
+  (`compute.at_rest`: stable, every instance of its target size doing nothing, and that many
+  instances in the list made by it): then nothing is under way for that request to name, and
+  the zone's two lists are the whole read.
 
 Everything else (listManagedInstances, the gets of what a list lacks, operations, inserts,
 deletes, recreateInstances, guest attributes, the reads of an action that needs a fresh look)
@@ -30,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tpuwatch.cloud.compute import ComputeAdapter, members
+from tpuwatch.cloud.compute import ComputeAdapter, at_rest, members
 from tpuwatch.cloud.zonenodes import Due, Listing
 
 
@@ -81,8 +84,11 @@ class JobInstances:
             mig = api.get_mig(name)
             if mig is None:
                 return None
-        managed = api.managed_instances(name)
-        instances = members(managed, self.zone.instances.get(since).values)
+        listed = self.zone.instances.get(since)
+        managed = at_rest(mig, listed.values(), api.zone)
+        if managed is None:
+            managed = api.managed_instances(name)
+        instances = members(managed, listed.values)
         if len(instances) < len({m.instance for m in managed if m.instance}):
             instances = members(managed, api.list_instances)  # made since the zone's list: look again
         return mig, managed, instances
