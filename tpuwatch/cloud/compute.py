@@ -220,9 +220,11 @@ def mig_snapshot(mig: Any, managed: Sequence[Any], instances: Sequence[Any], *, 
 
 def at_rest(mig: Any, listed: Iterable[Any], zone: str) -> list[Any] | None:
     """The managed instances of a MIG at rest, without listManagedInstances: when the MIG says it
-    is stable and every instance of its target size is doing nothing (`currentActions.none`),
-    each is the instance it made (its `created-by` metadata names the MIG), doing nothing. None
-    otherwise: then only listManagedInstances says which instance does what, and why."""
+    is stable, every instance of its target size is doing nothing (`currentActions.none`) and
+    that many instances it made (their `created-by` metadata names it) are RUNNING, each is one
+    of them, doing nothing. None otherwise: then only listManagedInstances says which instance
+    does what, and why (and an instance that went down since the MIG was read is never taken
+    for one at rest)."""
     from google.cloud import compute_v1
 
     target = int(mig.target_size)
@@ -233,7 +235,7 @@ def at_rest(mig: Any, listed: Iterable[Any], zone: str) -> list[Any] | None:
     maker = f"/zones/{zone}/instanceGroupManagers/{mig.name}"
     made = [i for i in listed if any(item.key == "created-by" and str(item.value).endswith(maker)
                                      for item in i.metadata.items)]
-    if len(made) != target:
+    if len(made) != target or any(str(i.status) != "RUNNING" for i in made):
         return None
     return [compute_v1.ManagedInstance(instance=i.self_link or i.name, name=i.name, current_action="NONE",
                                        instance_status=i.status) for i in made]

@@ -18,8 +18,8 @@
   listManagedInstances, one request per MIG (Compute Engine lists managed instances, their
   current action and last attempt's errors, only per MIG), except while the MIG is at rest
   (`compute.at_rest`: stable, every instance of its target size doing nothing, and that many
-  instances in the list made by it): then nothing is under way for that request to name, and
-  the zone's two lists are the whole read.
+  instances in the list made by it, all RUNNING): then nothing is under way for that request
+  to name, and the zone's two lists are the whole read.
 
 Everything else (listManagedInstances, the gets of what a list lacks, operations, inserts,
 deletes, recreateInstances, guest attributes, the reads of an action that needs a fresh look)
