@@ -1,7 +1,8 @@
 """Compute Engine jobs of one watcher read their slices from one instances list (and one MIG list)
-per zone per poll, through the ports a watcher of several jobs builds for them (Fleet.sharing,
-wiring.real_ports), counted by the simulator's call meter with the real google-cloud-compute
-client against its Compute Engine face."""
+per zone per poll, plus listManagedInstances only for a MIG with something under way, through
+the ports a watcher of several jobs builds for them (Fleet.sharing, wiring.real_ports), counted
+by the simulator's call meter with the real google-cloud-compute client against its Compute
+Engine face. No tick runs: each poll reads every job's slice as its tick does."""
 
 from __future__ import annotations
 
