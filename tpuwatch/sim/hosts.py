@@ -248,6 +248,16 @@ class Hosts:
 
         self._call(run)
 
+    def repair(self, node_key: str) -> None:
+        """The node's hosts repaired (Compute Engine's reportHostAsFaulty): their hardware faults end."""
+        node = self._node(node_key)
+
+        async def run() -> None:
+            for w in node.workers:
+                hostfaults.repair(w)
+
+        self._call(run)
+
     def reset_connections(self, node_key: str, worker: int, after_bytes: int | None = None) -> None:
         """Fault: the next exec session on this worker loses its connection mid-command.
 
