@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from e2e_helpers import STEPS, finish, trainer, write_config
 
+from tpuwatch.sim.hostfaults import TPU_FAULT_FILE
 from tpuwatch.sim.rest import RestFace
 from tpuwatch.sim.simulator import Simulator
 
@@ -30,14 +31,14 @@ class CeJob:
     """A job whose slice is a Compute Engine instance or MIG of the simulator, watched by the CLI."""
 
     def __init__(self, sim: Simulator, rest: RestFace, tmp: Path, kind: str, name: str, *,
-                 hold_at: int | None = None, **recovery: str | int) -> None:
+                 hold_at: int | None = None, before: str = "", **recovery: str | int | bool) -> None:
         self.sim, self.ck, self.go = sim, sim.bucket / "ck", tmp / "go"
         extra = ""
         if hold_at is not None:  # the job stalls at that step until release(): a fault meets it running
             self.go.mkdir()
             extra = f"--hold-at {hold_at} --hold-until {self.go}"
         self.hold_at = hold_at
-        self.cfg = write_config(tmp / "tpuwatch.toml", sim, trainer(self.ck, extra), self.ck, name=name,
+        self.cfg = write_config(tmp / "tpuwatch.toml", sim, before + trainer(self.ck, extra), self.ck, name=name,
                                 tpu={"api": "compute", kind: name}, **recovery)
         # The simulator names each VM made through Compute Engine in its own hosts file only, so
         # a MIG's peers do not resolve there (Compute Engine's internal DNS resolves them).
@@ -299,3 +300,30 @@ def test_a_flex_start_mig_whose_run_ended_is_asked_again_through_a_stockout_and_
     assert last.name.startswith("slice-tpuwatch-") and last.run_duration == 7 * 86400
     assert len(w.mig("slice").members) == 4
     assert "compute.v1.InstanceGroupManagers/RecreateInstances" not in writes(sim)  # the MIG is never recreated
+
+
+# Where libtpu would fail on a bad host, the simulated job meets the host's `tpu-fault`.
+OPEN_TPU = f'f="$TPUWATCH_HOST_ROOT/{TPU_FAULT_FILE}"; if [ -s "$f" ]; then cat "$f"; exit 1; fi; '
+
+
+def test_a_host_whose_tpu_cannot_be_opened_is_reported_once_repaired_and_the_job_resumes(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    w = sim.world
+    w.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"},
+                               "scheduling": {"provisioningModel": "RESERVATION_BOUND"}})  # All Capacity mode
+    before = ids(sim)
+    w.bad_host("vm")  # every attempt fails to open the TPU, whatever the cleanup, until the host is repaired
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", before=OPEN_TPU, report_faulty_hosts=True)
+    rc, out = finish(job.watch(), timeout=180)
+    assert rc == 0, out
+    hist = job.history()
+    attempts = hist["attempts"]
+    assert len(attempts) == 4 and all("dirty host" in a["reason"] for a in attempts[:3]), attempts
+    assert attempts[3]["outcome"] == "success" and job.steps_done()[-1] == STEPS
+    reported = [e for e in hist["events"] if e["kind"] == "host_reported"]
+    assert len(reported) == 1 and reported[0]["data"]["operation"] and reported[0]["data"]["worker"] == 0, reported
+    kinds = [e["kind"] for e in hist["events"]]
+    assert kinds.index("report_host") < kinds.index("host_reported")  # journaled before the call
+    assert w.calls["compute.v1.Instances/ReportHostAsFaulty"] == 1, dict(w.calls)
+    assert w.instance("vm").faulty_reported and w.instance("vm").status == "RUNNING"
+    assert ids(sim) == before and writes(sim) == [], writes(sim)  # repaired by Google, nothing deleted
