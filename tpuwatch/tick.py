@@ -173,10 +173,11 @@ class Reconciler:
                 st.warnings.append(st.ck_warning)
         if self.flags.dry_run:
             st.done.extend(f"would {_describe(a)}" for a in decision.actions)
-            life = self.ports.lifecycle_for(mem.zone or self.pcfg.zones[0])
-            st.done.extend(f"would send {request}" for a in decision.actions
-                           if isinstance(a, ReportHost) and obs.node is not None
-                           and (request := life.faulty_host_request(obs.node, a.worker, a.description)))
+            for a in decision.actions:  # the request a report would send, as it would send it
+                if isinstance(a, ReportHost) and obs.node is not None:
+                    life = self.ports.lifecycle_for(mem.zone or self.pcfg.zones[0])
+                    if request := life.faulty_host_request(obs.node, a.worker, a.description):
+                        st.done.append(f"would send {request}")
             return None
         self._journal(st, decision, obs)
         refused = self._act(st, decision, obs)
