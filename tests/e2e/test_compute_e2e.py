@@ -18,11 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import STEPS, finish, trainer, write_config
+from e2e_helpers import STEPS, finish, tick_until, trainer, write_config
 
+from tpuwatch.journal import Journal
+from tpuwatch.policy import Phase
+from tpuwatch.ports import Flags
 from tpuwatch.sim.hostfaults import TPU_FAULT_FILE
 from tpuwatch.sim.rest import RestFace
 from tpuwatch.sim.simulator import Simulator
+from tpuwatch.tick import Reconciler
+from tpuwatch.wiring import load_job, real_ports
 
 pytestmark = pytest.mark.slow
 
@@ -307,14 +312,27 @@ OPEN_TPU = f'f="$TPUWATCH_HOST_ROOT/{TPU_FAULT_FILE}"; if [ -s "$f" ]; then cat 
 
 
 def test_a_host_whose_tpu_cannot_be_opened_is_reported_once_repaired_and_the_job_resumes(
-        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+        sim: Simulator, rest: RestFace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     w = sim.world
     w.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"},
                                "scheduling": {"provisioningModel": "RESERVATION_BOUND"}})  # All Capacity mode
     before = ids(sim)
     w.bad_host("vm")  # every attempt fails to open the TPU, whatever the cleanup, until the host is repaired
     job = CeJob(sim, rest, tmp_path, "instance", "vm", before=OPEN_TPU, report_faulty_hosts=True)
-    rc, out = finish(job.watch(), timeout=180)
+    for key in ("TPUWATCH_STATE_DIR", "TPUWATCH_COMPUTE_EMULATOR"):
+        monkeypatch.setenv(key, job.env[key])
+    jb = load_job(job.cfg)
+    ports = real_ports(jb)
+    with Journal.open(jb.cfg.state_dir, jb.name, jb.cfg.tpu_name) as journal:
+        # Up to the third attempt, in process; then a dry run of the tick that would report the host.
+        tick_until(Reconciler(jb.cfg, jb.pcfg, ports, journal),
+                   lambda r: r.memory.host.streak == 2 and r.memory.phase is Phase.RUNNING, "the third attempt")
+        dry = tick_until(Reconciler(jb.cfg, jb.pcfg, ports, journal, Flags(dry_run=True)),
+                         lambda r: r.decision.row == "faulty_host", "the third dirty end")
+    sent = [d for d in dry.done if d.startswith("would send ")]
+    assert len(sent) == 1 and "instances/vm/reportHostAsFaulty {" in sent[0], dry.done
+    assert '"disruptionSchedule": "IMMEDIATE"' in sent[0] and "ReportHostAsFaulty" not in "".join(w.calls)
+    rc, out = finish(job.watch(), timeout=180)  # the watch goes on from the journal
     assert rc == 0, out
     hist = job.history()
     attempts = hist["attempts"]
