@@ -239,7 +239,7 @@ class Hosts:
 
     def host_fault(self, node_key: str, worker: int, kind: str, params: Mapping[str, Any] | None = None) -> None:
         """A fault of one worker's host that an environment check sees (tpuwatch.sim.hostfaults):
-        device-missing, stale-lockfile, dns-failure, orphan-holder, disk-full, small-shm."""
+        device-missing, stale-lockfile, dns-failure, orphan-holder, disk-full, small-shm, tpu-fault."""
         w = self._worker(node_key, worker)
         values = dict(params or {})
 
