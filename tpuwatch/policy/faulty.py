@@ -48,7 +48,7 @@ def incident(draft: Draft, mem: Memory, worker: int) -> str:
 
 
 def bad_host(draft: Draft, mem: Memory, worker: int, what: str) -> tuple[Memory, str, tuple[Action, ...], str] | None:
-    """After the attempt's end was counted (`count`): when the streak points at the host of
+    """After the attempt's end was counted (`count_dirty`): when the streak points at the host of
     `worker` and this incident was not reported yet, (memory, row, actions, line) for it."""
     h, node, cfg = mem.host, draft.obs.node, draft.cfg
     if node is None or h.worker != worker or h.streak < HOST_STREAK:
