@@ -547,6 +547,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
                             "for it only when its next step needs the job gone (a launch, a maintenance started "
                             "early), otherwise the workers SIGKILL what is left after it"),
         "stable_run": Field(_duration(0), 3600.0, "an attempt running this long resets the backoff and the restart/recreate budgets"),
+        "report_faulty_hosts": Field(_bool, False, "tpu.api = \"compute\" only: when the same worker's attempts end "
+                                     "with a dirty-host signature 3 times in a row, report its instance's host to "
+                                     "Google (instances.reportHostAsFaulty; Google takes it for TPU VMs in All "
+                                     "Capacity mode, reservation-bound). The VM stops until its host is repaired. "
+                                     "false: only say what a person should do"),
     },
     "ssh": {
         "user": Field(_pattern(_USER, "user name", allow_empty=True), "", "remote user; default the local user, as gcloud does. "
@@ -845,6 +850,10 @@ def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[st
 
     t = out["tpu"]
     _check_compute(t)
+    if r["report_faulty_hosts"] and t["api"] != "compute":
+        raise ConfigError("recovery.report_faulty_hosts: the Cloud TPU API has no call to report a faulty host "
+                          "(Compute Engine's instances.reportHostAsFaulty is for TPU VMs made through it, tpu.api = "
+                          "\"compute\"); remove it, or set it to false: tpuwatch still says what a person should do")
     if t["names"] and t["queued_resource"] and multislice_prefix(t["names"]) is None:
         raise ConfigError(
             f"tpu.names: a multislice queued resource names its nodes <prefix>-0, <prefix>-1, ... in order; got "

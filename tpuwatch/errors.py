@@ -55,6 +55,16 @@ class JobFailed(TpuwatchError):
     exit_code = EXIT_JOB_FAILED
 
 
+class HostReportRefused(TpuwatchError):
+    """The cloud refused to take a host as faulty (not offered for this VM's provisioning model,
+    the VM not running, no permission, or no such call at all): not a failure, the policy decides
+    again with it. `code` is the service's word."""
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class MaintenanceRefused(TpuwatchError):
     """The service refused to start a maintenance early (not offered for this TPU type, or none
     pending): not a failure, the policy decides again with it. `code` is the service's word."""

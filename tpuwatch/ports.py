@@ -81,6 +81,14 @@ class NodeLifecycle(Protocol):
                tier: str = "", reservation: str = "") -> str:
         """Start a create; the operation name ("" when this job's own earlier create stands)."""
 
+    def report_faulty_host(self, node: NodeSnapshot, worker: int, description: str) -> tuple[str, str]:
+        """Report the host of the node's worker `worker` as faulty, for the cloud to repair it;
+        (operation name, what was reported). errors.HostReportRefused when the cloud refuses (or
+        has no such call)."""
+
+    def faulty_host_request(self, node: NodeSnapshot, worker: int, description: str) -> str:
+        """The request `report_faulty_host` would send, for people (`--dry-run`); "" when none."""
+
 
 class AuditLog(Protocol):
     def read(self, nodes: Iterable[str], cursor: str | None,

@@ -28,7 +28,7 @@ from datetime import datetime
 from tpuwatch import recreate
 from tpuwatch.config import Config
 from tpuwatch.durations import human
-from tpuwatch.errors import CloudError, MaintenanceRefused, NotFoundError
+from tpuwatch.errors import CloudError, HostReportRefused, MaintenanceRefused, NotFoundError
 from tpuwatch.journal import Journal
 from tpuwatch.model import (
     AuditEvent,
@@ -52,6 +52,7 @@ from tpuwatch.policy import (
     Memory,
     Observation,
     PolicyConfig,
+    ReportHost,
     StartMaintenance,
     StopWorkers,
     action_dict,
@@ -172,6 +173,11 @@ class Reconciler:
                 st.warnings.append(st.ck_warning)
         if self.flags.dry_run:
             st.done.extend(f"would {_describe(a)}" for a in decision.actions)
+            for a in decision.actions:  # the request a report would send, as it would send it
+                if isinstance(a, ReportHost) and obs.node is not None:
+                    life = self.ports.lifecycle_for(mem.zone or self.pcfg.zones[0])
+                    if request := life.faulty_host_request(obs.node, a.worker, a.description):
+                        st.done.append(f"would send {request}")
             return None
         self._journal(st, decision, obs)
         refused = self._act(st, decision, obs)
@@ -320,6 +326,12 @@ class Reconciler:
                 except MaintenanceRefused as exc:
                     st.done.append(f"starting the maintenance of {node.name} early was refused: {exc.message}")
                     return replace(obs, maintenance_refused=f"{exc.code}: {exc.message}")
+            elif isinstance(action, ReportHost) and node is not None:
+                try:
+                    st.done.append(self._report_host(action, decision.memory, node, st.now))
+                except HostReportRefused as exc:
+                    st.done.append(f"reporting the host of worker {action.worker} as faulty was refused: {exc.message}")
+                    return replace(obs, host_report_refused=f"{exc.code}: {exc.message}")
         return None
 
     def _delete(self, action: DeleteNode, mem: Memory, node: NodeSnapshot | None, now: datetime) -> str:
@@ -341,6 +353,16 @@ class Reconciler:
             self.journal.add_event(now, "maintenance_started", f"started the maintenance of {what}: {action.reason}",
                                    {"operation": name, "node": node.name, "node_id": node.id})
         return f"started the maintenance of {what} ({name}): {action.reason}"
+
+    def _report_host(self, action: ReportHost, mem: Memory, node: NodeSnapshot, now: datetime) -> str:
+        if not self.flags.adopt and not node.owned_by(self.pcfg.job):
+            raise recreate.ownership_error(node, self.pcfg.job)  # the policy checked; kept next to the act
+        life = self.ports.lifecycle_for(mem.zone or self.pcfg.zones[0])
+        name, what = life.report_faulty_host(node, action.worker, action.description)
+        with self.journal.transaction():
+            self.journal.add_event(now, "host_reported", f"reported the host of {what} as faulty: {action.reason}",
+                                   {"operation": name, "node": node.name, "node_id": node.id, "worker": action.worker})
+        return f"reported the host of {what} as faulty ({name}): {action.reason}"
 
     def _launch(self, node: NodeSnapshot, action: Launch) -> str:
         # Each worker not already running this attempt cleans up first (old process group,

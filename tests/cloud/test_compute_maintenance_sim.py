@@ -95,3 +95,31 @@ def test_simulating_a_maintenance_on_a_gone_instance_is_not_found(sim_api: Simul
     sim_api.world.add_instance("vm")
     assert api.simulate_maintenance_event("vm")
     assert sim_api.world.instance("vm").status == "TERMINATED"
+
+
+def test_a_host_report_is_refused_for_a_vm_google_takes_none_for_and_sent_for_a_reservation_bound_one(
+        sim_api: Simulator, rest: RestFace) -> None:
+    from tpuwatch.errors import HostReportRefused
+
+    w = sim_api.world
+    w.add_instance("vm")  # on-demand (STANDARD): Google takes reports for All Capacity mode VMs only
+    life = lifecycle(sim_api, "instance")
+    node = life.get_node("vm")
+    assert node is not None
+    with pytest.raises(HostReportRefused) as err:
+        life.report_faulty_host(node, 0, "worker 0's TPU could not be opened")
+    assert err.value.code == "INVALID_ARGUMENT" and "reservation-bound" in err.value.message, err.value
+    with pytest.raises(HostReportRefused, match="no instance for worker 1"):
+        life.report_faulty_host(node, 1, "x")
+    assert "compute.v1.Instances/ReportHostAsFaulty" in w.calls  # refused by Google, not by tpuwatch
+
+    w.add_instance("ac", body={"scheduling": {"provisioningModel": "RESERVATION_BOUND"}})
+    node = life.get_node("ac")
+    assert node is not None
+    request = life.faulty_host_request(node, 0, "bad")
+    assert request.startswith(f"POST projects/{w.project}/zones/{w.zone}/instances/ac/reportHostAsFaulty ")
+    assert '"behavior": "BEHAVIOR_UNSPECIFIED"' in request and '"disruptionSchedule": "IMMEDIATE"' in request
+    op, what = life.report_faulty_host(node, 0, "bad")
+    assert op and what == "instance ac (worker 0) of instance ac"
+    rec = w.instance("ac")
+    assert rec.faulty_reported and rec.status == "REPAIRING"  # stopped for the repair

@@ -93,3 +93,13 @@ def test_a_flex_start_key_that_does_not_fit_is_refused_naming_it(tmp_path: Path,
     with pytest.raises(ConfigError) as err:
         load(tmp_path, tpu)
     assert message in str(err.value)
+
+
+def test_report_faulty_hosts_is_off_by_default_and_for_compute_engine_only(tmp_path: Path) -> None:
+    assert load(tmp_path, 'api = "compute"\ninstance = "vm"\n').recovery["report_faulty_hosts"] is False
+    on = load(tmp_path, 'api = "compute"\ninstance = "vm"\n[recovery]\nreport_faulty_hosts = true\n')
+    assert on.recovery["report_faulty_hosts"] is True
+    with pytest.raises(ConfigError, match=r"recovery.report_faulty_hosts: the Cloud TPU API has no call .* remove it"):
+        load(tmp_path, 'name = "pod"\n[recovery]\nreport_faulty_hosts = true\n')
+    with pytest.raises(ConfigError, match="recovery.report_faulty_hosts: expected true or false"):
+        load(tmp_path, 'api = "compute"\ninstance = "vm"\n[recovery]\nreport_faulty_hosts = "yes"\n')

@@ -18,10 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import STEPS, finish, trainer, write_config
+from e2e_helpers import STEPS, finish, tick_until, trainer, write_config
 
+from tpuwatch.journal import Journal
+from tpuwatch.policy import Phase
+from tpuwatch.ports import Flags
+from tpuwatch.sim.hostfaults import TPU_FAULT_FILE
 from tpuwatch.sim.rest import RestFace
 from tpuwatch.sim.simulator import Simulator
+from tpuwatch.tick import Reconciler
+from tpuwatch.wiring import load_job, real_ports
 
 pytestmark = pytest.mark.slow
 
@@ -30,14 +36,14 @@ class CeJob:
     """A job whose slice is a Compute Engine instance or MIG of the simulator, watched by the CLI."""
 
     def __init__(self, sim: Simulator, rest: RestFace, tmp: Path, kind: str, name: str, *,
-                 hold_at: int | None = None, **recovery: str | int) -> None:
+                 hold_at: int | None = None, before: str = "", **recovery: str | int | bool) -> None:
         self.sim, self.ck, self.go = sim, sim.bucket / "ck", tmp / "go"
         extra = ""
         if hold_at is not None:  # the job stalls at that step until release(): a fault meets it running
             self.go.mkdir()
             extra = f"--hold-at {hold_at} --hold-until {self.go}"
         self.hold_at = hold_at
-        self.cfg = write_config(tmp / "tpuwatch.toml", sim, trainer(self.ck, extra), self.ck, name=name,
+        self.cfg = write_config(tmp / "tpuwatch.toml", sim, before + trainer(self.ck, extra), self.ck, name=name,
                                 tpu={"api": "compute", kind: name}, **recovery)
         # The simulator names each VM made through Compute Engine in its own hosts file only, so
         # a MIG's peers do not resolve there (Compute Engine's internal DNS resolves them).
@@ -299,3 +305,43 @@ def test_a_flex_start_mig_whose_run_ended_is_asked_again_through_a_stockout_and_
     assert last.name.startswith("slice-tpuwatch-") and last.run_duration == 7 * 86400
     assert len(w.mig("slice").members) == 4
     assert "compute.v1.InstanceGroupManagers/RecreateInstances" not in writes(sim)  # the MIG is never recreated
+
+
+# Where libtpu would fail on a bad host, the simulated job meets the host's `tpu-fault`.
+OPEN_TPU = f'f="$TPUWATCH_HOST_ROOT/{TPU_FAULT_FILE}"; if [ -s "$f" ]; then cat "$f"; exit 1; fi; '
+
+
+def test_a_host_whose_tpu_cannot_be_opened_is_reported_once_repaired_and_the_job_resumes(
+        sim: Simulator, rest: RestFace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = sim.world
+    w.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"},
+                               "scheduling": {"provisioningModel": "RESERVATION_BOUND"}})  # All Capacity mode
+    before = ids(sim)
+    w.bad_host("vm")  # every attempt fails to open the TPU, whatever the cleanup, until the host is repaired
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", before=OPEN_TPU, report_faulty_hosts=True)
+    for key in ("TPUWATCH_STATE_DIR", "TPUWATCH_COMPUTE_EMULATOR"):
+        monkeypatch.setenv(key, job.env[key])
+    jb = load_job(job.cfg)
+    ports = real_ports(jb)
+    with Journal.open(jb.cfg.state_dir, jb.name, jb.cfg.tpu_name) as journal:
+        # Up to the third attempt, in process; then a dry run of the tick that would report the host.
+        tick_until(Reconciler(jb.cfg, jb.pcfg, ports, journal),
+                   lambda r: r.memory.host.streak == 2 and r.memory.phase is Phase.RUNNING, "the third attempt")
+        dry = tick_until(Reconciler(jb.cfg, jb.pcfg, ports, journal, Flags(dry_run=True)),
+                         lambda r: r.decision.row == "faulty_host", "the third dirty end")
+    sent = [d for d in dry.done if d.startswith("would send ")]
+    assert len(sent) == 1 and "instances/vm/reportHostAsFaulty {" in sent[0], dry.done
+    assert '"disruptionSchedule": "IMMEDIATE"' in sent[0] and "ReportHostAsFaulty" not in "".join(w.calls)
+    rc, out = finish(job.watch(), timeout=180)  # the watch goes on from the journal
+    assert rc == 0, out
+    hist = job.history()
+    attempts = hist["attempts"]
+    assert len(attempts) == 4 and all("dirty host" in a["reason"] for a in attempts[:3]), attempts
+    assert attempts[3]["outcome"] == "success" and job.steps_done()[-1] == STEPS
+    reported = [e for e in hist["events"] if e["kind"] == "host_reported"]
+    assert len(reported) == 1 and reported[0]["data"]["operation"] and reported[0]["data"]["worker"] == 0, reported
+    kinds = [e["kind"] for e in hist["events"]]
+    assert kinds.index("report_host") < kinds.index("host_reported")  # journaled before the call
+    assert w.calls["compute.v1.Instances/ReportHostAsFaulty"] == 1, dict(w.calls)
+    assert w.instance("vm").faulty_reported and w.instance("vm").status == "RUNNING"
+    assert ids(sim) == before and writes(sim) == [], writes(sim)  # repaired by Google, nothing deleted

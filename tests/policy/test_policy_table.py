@@ -1104,3 +1104,94 @@ def test_row_log_silent() -> None:
     d = tick(obs(probes=silent_for(600), checkpoint=ckpt(200)), m, now=2100, cfg=cfg)
     assert d.row == "log_silent" and kinds(d) == ["stop", "wait"]
     assert d.ended[0].charged and "no output for 10m00s" in d.ended[0].reason
+
+
+# -- a bad host (policy/faulty.py) ------------------------------------------------------------
+
+DIRTY_LINE = ("RuntimeError: Unable to initialize backend 'tpu': UNKNOWN: TPU initialization failed: "
+              "open(/dev/vfio/0): Device or resource busy")
+
+
+def _dirty(attempt: int, worker: int = 1) -> tuple[WorkerProbe, ...]:
+    """Attempt `attempt` ended on `worker` with a dirty-host signature; the other worker still runs it."""
+    return tuple(WorkerProbe(w, "exited", attempt=attempt, exit_code=1, log_match=DIRTY_LINE) if w == worker
+                 else WorkerProbe(w, "running", attempt=attempt) for w in range(2))
+
+
+def _dirty_attempts(count: int, cfg: object = CFG, n: NodeSnapshot | None = None, worker: int = 1) -> list:
+    """`count` attempts in a row, each ending dirty on `worker` right after its launch: the decisions
+    that ended them (each attempt is launched 100 s after the end before it)."""
+    m, now, ends = idle(), 0.0, []
+    for k in range(1, count + 1):
+        launch = decide(obs(n, probes=absent(), checkpoint=ckpt(100)), m, cfg, at(now))  # type: ignore[arg-type]
+        assert launch.row == "launch", launch.summary
+        d = decide(obs(n, probes=_dirty(k, worker), checkpoint=ckpt(100)), launch.memory, cfg, at(now + 10))  # type: ignore[arg-type]
+        ends.append(d)
+        m, now = d.memory, now + 1000
+    return ends
+
+
+def test_row_faulty_host() -> None:
+    cfg = replace(CFG, report_faulty_hosts=True, max_restarts=10)
+    ends = _dirty_attempts(3, cfg)
+    assert [d.row for d in ends] == ["log_dirty_host", "log_dirty_host", "faulty_host"]
+    d = ends[-1]
+    assert kinds(d) == ["stop", "report_host", "wait"] and d.ended[0].charged
+    (report,) = [a for a in d.actions if a.kind == "report_host"]
+    assert report.worker == 1 and "3 attempts in a row" in report.description  # type: ignore[union-attr]
+    h = d.memory.host
+    assert (h.worker, h.streak, h.incident) == (1, 3, "n1/w1@" + at(0).isoformat()) and h.reported_at == at(2010)
+    # the next dirty end on the same boot of the node reports nothing again (one incident)
+    launch = tick(obs(probes=absent(), checkpoint=ckpt(100)), replace(d.memory, host=replace(h, hold_until=None)), 3000)
+    again = tick(obs(probes=_dirty(4), checkpoint=ckpt(200)), launch.memory, 3010, cfg=cfg)
+    assert again.row == "log_dirty_host" and "report_host" not in kinds(again)
+    # a dry run decides the same and keeps the memory
+    dry = decide(obs(probes=_dirty(3), checkpoint=ckpt(100), dry_run=True), ends[1].memory, cfg, at(2010))
+    assert dry.memory == ends[1].memory
+
+
+def test_a_dirty_streak_on_another_worker_starts_again() -> None:
+    cfg = replace(CFG, report_faulty_hosts=True)
+    ends = _dirty_attempts(2, cfg, worker=1)
+    launch = tick(obs(probes=absent(), checkpoint=ckpt(100)), ends[-1].memory, 2000)
+    d = decide(obs(probes=_dirty(3, worker=0), checkpoint=ckpt(100)), launch.memory, cfg, at(2010))
+    assert d.row == "log_dirty_host" and d.memory.host.streak == 1 and d.memory.host.worker == 0
+
+
+def test_row_faulty_host_told() -> None:
+    d = _dirty_attempts(3)[-1]  # report_faulty_hosts off
+    assert d.row == "faulty_host_told" and "report_host" not in kinds(d)
+    assert "host of worker 1 looks faulty" in d.summary and "report-host-as-faulty" in d.summary
+    assert d.memory.host.incident and d.memory.host.hold_until is None and d.exit_code == 0
+    # on for the job, but the node is not its own: told, not reported
+    cfg = replace(CFG, report_faulty_hosts=True)
+    foreign = _dirty_attempts(3, cfg, node(owned=False))[-1]
+    assert foreign.row == "faulty_host_told" and "ownership label" in foreign.summary
+
+
+def test_row_faulty_host_hold() -> None:
+    cfg = replace(CFG, report_faulty_hosts=True)
+    m = _dirty_attempts(3, cfg)[-1].memory
+    d = tick(obs(probes=absent(), checkpoint=ckpt(100)), m, 2100, cfg=cfg)
+    assert d.row == "faulty_host_hold" and kinds(d) == ["wait"]
+    # the VM goes down for its repair and comes back: launch there again
+    down = tick(obs(node(state="REPAIRING"), probes=None, checkpoint=ckpt(100)), d.memory, 2200, cfg=cfg)
+    assert down.row == "repair_wait"
+    up = tick(obs(probes=absent(), checkpoint=ckpt(100)), down.memory, 2300, cfg=cfg)
+    assert up.row == "launch", up.summary
+    # or it never goes down: launch once the hold is over
+    late = tick(obs(probes=absent(), checkpoint=ckpt(100)), m, 2010 + 20 * 60, cfg=cfg)
+    assert late.row == "launch"
+
+
+def test_row_faulty_host_refused() -> None:
+    cfg = replace(CFG, report_faulty_hosts=True)
+    d = _dirty_attempts(3, cfg)[-1]
+    refused = decide(obs(probes=absent(), checkpoint=ckpt(100),
+                         host_report_refused="INVALID_ARGUMENT: Instance 'pod' is not reservation-bound"),
+                     d.memory, cfg, at(2010))
+    assert refused.row == "faulty_host_refused" and "not reservation-bound" in refused.summary
+    assert "delete and create the VM again" in refused.summary
+    m = refused.memory
+    assert m.host.hold_until is None and m.host.incident == d.memory.host.incident  # never tried again
+    assert tick(obs(probes=absent(), checkpoint=ckpt(100)), m, 2100, cfg=cfg).row == "launch"

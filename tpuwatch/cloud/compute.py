@@ -612,6 +612,23 @@ class ComputeAdapter:
                            "compute.instances.simulateMaintenanceEvent", simulate,
                            gone=f"no instance {instance} in {self.project}/{self.zone}")
 
+    def report_host_as_faulty(self, instance: str, body: Mapping[str, Any]) -> str:
+        """instances.reportHostAsFaulty with `body` (`faulty_host_body`); the operation name.
+        Google refuses it (an ApiError) for a VM it does not take reports for, or not running."""
+        self._check(instance)
+        from google.cloud import compute_v1
+
+        request = compute_v1.InstancesReportHostAsFaultyRequest.from_json(_json(body), ignore_unknown_fields=False)
+        client = self._client("instances")
+
+        def report() -> Any:
+            return client.report_host_as_faulty_unary(
+                project=self.project, zone=self.zone, instance=instance,
+                instances_report_host_as_faulty_request_resource=request, retry=None, timeout=RPC_TIMEOUT)
+
+        return self._write("report_host_as_faulty", f"{self._where()}/instances/{instance}",
+                           "compute.instances.reportHostAsFaulty", report)
+
     def _write(self, method: str, target: str, needs: str, fn: Callable[[], Any], *, gone: str = "") -> str:
         try:
             op = self._call(method, target, needs, fn, read=False, role="roles/compute.instanceAdmin.v1")

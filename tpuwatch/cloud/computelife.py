@@ -15,12 +15,17 @@ its VMs at the end of their run duration); "delete" deletes its ended requests; 
 for the slice's VMs in a new request, followed as the create's operation until it SUCCEEDS, or
 FAILS (a stockout: RESOURCE_EXHAUSTED, queued and retried within queue_timeout).
 
+A host the policy found bad (the same worker's TPU that cannot be opened, attempt after attempt)
+is reported through `instances.reportHostAsFaulty` on that worker's instance: Google stops the VM
+and repairs its host, then runs it again (docs/compute-engine.md).
+
 Whether to delete at all (ownership, a MIG repairing by itself, a person's deletion) is the
 policy's to decide from the snapshot (cloud/compute.py); this module only carries it out.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,8 +38,21 @@ from tpuwatch.cloud.compute import (
     insert_resize_request,
     resize_status,
 )
-from tpuwatch.errors import NotFoundError
+from tpuwatch.cloud.errors import ApiError
+from tpuwatch.cloud.lifecycle import MAINTENANCE_REFUSALS
+from tpuwatch.errors import HostReportRefused, NotFoundError
 from tpuwatch.model import NodeSnapshot, QueuedStatus
+
+# What tpuwatch reports about a host: the repair starts at once (IMMEDIATE, the one schedule gcloud
+# offers), and the behavior is BEHAVIOR_UNSPECIFIED, the one of Google's TPU page's values
+# (PERFORMANCE, SILENT_DATA_CORRUPTION, BEHAVIOR_UNSPECIFIED) that fits a TPU that cannot be opened.
+DISRUPTION = "IMMEDIATE"
+BEHAVIOR = "BEHAVIOR_UNSPECIFIED"
+
+
+def faulty_host_body(description: str) -> dict[str, Any]:
+    """The body of instances.reportHostAsFaulty for a host tpuwatch found bad."""
+    return {"disruptionSchedule": DISRUPTION, "faultReasons": [{"behavior": BEHAVIOR, "description": description}]}
 
 
 class ComputeLifecycle:
@@ -88,6 +106,33 @@ class ComputeLifecycle:
         """performMaintenance on the slice's instances whose maintenance may start early
         (cloud/computemaint.py); MaintenanceRefused when Google refuses."""
         return computemaint.start_maintenance(self.api, node)
+
+    def report_faulty_host(self, node: NodeSnapshot, worker: int, description: str) -> tuple[str, str]:
+        """instances.reportHostAsFaulty on the worker's instance (IMMEDIATE); (operation, what).
+        HostReportRefused when Google refuses it (it takes reports for TPU VMs in All Capacity
+        mode, reservation-bound and running) or the worker has no instance."""
+        instance = self._instance(node, worker)
+        try:
+            op = self.api.report_host_as_faulty(instance, faulty_host_body(description))
+        except ApiError as exc:
+            if exc.code not in MAINTENANCE_REFUSALS:
+                raise
+            raise HostReportRefused(f"instance {instance}: {exc.message}", code=exc.code) from exc
+        return op, f"instance {instance} (worker {worker}) of {self.api.kind} {node.name}"
+
+    def faulty_host_request(self, node: NodeSnapshot, worker: int, description: str) -> str:
+        try:
+            instance = self._instance(node, worker)
+        except HostReportRefused as exc:
+            return str(exc)
+        where = f"projects/{self.api.project}/zones/{self.api.zone}/instances/{instance}"
+        return f"POST {where}/reportHostAsFaulty {json.dumps(faulty_host_body(description), sort_keys=True)}"
+
+    def _instance(self, node: NodeSnapshot, worker: int) -> str:
+        names = self.api.instance_names(node)
+        if not 0 <= worker < len(names):
+            raise HostReportRefused(f"{self.api.kind} {node.name} has no instance for worker {worker}", code="NOT_FOUND")
+        return names[worker]
 
     def create(self, name: str, node: Mapping[str, Any], zone: str, *, resumed: bool = False,
                tier: str = "", reservation: str = "") -> str:

@@ -25,7 +25,13 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from tpuwatch.cloud.errors import ApiError
-from tpuwatch.errors import JobFailed, MaintenanceRefused, NotFoundError, TpuwatchError
+from tpuwatch.errors import (
+    HostReportRefused,
+    JobFailed,
+    MaintenanceRefused,
+    NotFoundError,
+    TpuwatchError,
+)
 from tpuwatch.model import QR_ENDED, NodeSnapshot, QueuedStatus
 from tpuwatch.ports import TpuApi
 
@@ -156,6 +162,14 @@ class Lifecycle:
             if exc.code not in MAINTENANCE_REFUSALS:
                 raise
             raise MaintenanceRefused(exc.message, code=exc.code) from exc
+
+    def report_faulty_host(self, node: NodeSnapshot, worker: int, description: str) -> tuple[str, str]:
+        """The Cloud TPU API has no call to report a faulty host: always HostReportRefused."""
+        raise HostReportRefused(f"node {node.name}: the Cloud TPU API has no call to report a faulty host",
+                                code="UNIMPLEMENTED")
+
+    def faulty_host_request(self, node: NodeSnapshot, worker: int, description: str) -> str:
+        return ""
 
     def clear_ended(self) -> str:
         """Start deleting the queued resource when the service gave up on it; what was done ("")."""

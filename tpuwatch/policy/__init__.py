@@ -3,7 +3,7 @@
 Rules of this package:
 - Everything that decides recovery lives here: the table's rows as data (`rows.ROWS`) and
   `decide`, which walks them (`table`) through one handler per node condition or operation
-  phase (`usable`, `recovery`, `operations`, helped by `ending`, `hang`, `early`, `evidence`;
+  phase (`usable`, `recovery`, `operations`, helped by `ending`, `hang`, `early`, `faulty`, `evidence`;
   a decision in the making is a `draft.Draft`), what a node's state means (`nodes`), the phases
   and their legal moves (`state.TRANSITIONS`), how an attempt's end is classified (`classify`),
   backoff (`backoff`), what the tick must observe before deciding (`observe`), and when it
@@ -28,7 +28,7 @@ The API the tick uses (observe -> decide -> journal -> act):
     # settle(d, obs, mem), for each decision: journal.record(now, d, obs.operation) (write-ahead:
     # memory, events, attempts; one transaction), then its actions in order: Launch, StopWorkers,
     # Wait, DeleteNode, CreateNode, ClearQueued, FollowOperation, MarkDone, Fail, NeedsPerson,
-    # StartMaintenance; after DeleteNode / CreateNode returned an operation name:
+    # StartMaintenance, ReportHost; after DeleteNode / CreateNode returned an operation name:
     #     mem = journal.record_operation(now, d.memory, name, action.kind, action.zone)
     # and returns Again(obs, memory) when the decision asked for more (settle.py), else None.
     exit with d.exit_code; `watch` returns when d.terminal.
@@ -61,6 +61,7 @@ from tpuwatch.policy.state import (
     Budgets,
     Evidence,
     HangLearning,
+    Host,
     IllegalTransition,
     Maintenance,
     Memory,
@@ -83,6 +84,7 @@ from tpuwatch.policy.values import (
     NeedsPerson,
     Observation,
     PolicyConfig,
+    ReportHost,
     StartMaintenance,
     StopWorkers,
     Wait,
@@ -92,9 +94,9 @@ from tpuwatch.policy.values import (
 __all__ = [
     "MAX_DECIDES", "OUTCOMES", "ROWS", "TRANSITIONS", "Action", "Again", "Attempt", "AttemptEnd", "AttemptFacts",
     "Boot", "Budgets", "ClearQueued", "Cond", "CreateNode",
-    "Decision", "DeleteNode", "Evidence", "Fail", "FollowOperation", "HangLearning", "IllegalTransition",
+    "Decision", "DeleteNode", "Evidence", "Fail", "FollowOperation", "HangLearning", "Host", "IllegalTransition",
     "ImpossibleObservation", "Launch", "Maintenance", "MarkDone", "Memory", "NeedsPerson", "Observation", "Outcome",
-    "Phase", "PolicyConfig", "Recreate", "Repair", "Row", "StartMaintenance", "StopWorkers", "Verdict", "Wait", "action_dict", "backoff_delay",
+    "Phase", "PolicyConfig", "Recreate", "Repair", "ReportHost", "Row", "StartMaintenance", "StopWorkers", "Verdict", "Wait", "action_dict", "backoff_delay",
     "UnsettledTick", "classify", "decide", "decide_until_settled", "describe_exit", "effective_hang_limit", "next_level", "node_condition", "operation_started",
     "restart_delay",
 ]

@@ -2,7 +2,8 @@
 stay silent far longer than the job has shown (policy/cadence.py), or the runtime says so in a
 worker's log (policy/signatures.py).
 
-Rows `hung`, `log_silent`, `log_hang`, `log_crash`, `log_dirty_host`; docs/policy.md says how
+Rows `hung`, `log_silent`, `log_hang`, `log_crash`, `log_dirty_host` (and, when the same worker's
+attempts keep ending dirty, policy/faulty.py's); docs/policy.md says how
 "auto" learns the job's checkpoint interval and log cadence.
 """
 
@@ -16,6 +17,7 @@ from tpuwatch.model import WorkerProbe
 from tpuwatch.policy.cadence import LOG_FACTOR, LOG_FLOOR
 from tpuwatch.policy.draft import Draft, secs, worker_exits
 from tpuwatch.policy.ending import disrupted, ended_now, finish
+from tpuwatch.policy.faulty import bad_host, count_dirty
 from tpuwatch.policy.signatures import find
 from tpuwatch.policy.state import Evidence, Memory, Phase, merge_evidence
 from tpuwatch.policy.values import Decision, PolicyConfig, Wait
@@ -131,9 +133,24 @@ def signature(draft: Draft, mem: Memory, probes: tuple[WorkerProbe, ...]) -> Dec
         # cleanup did not help: charged, so a host that stays dirty cannot loop for ever)
         last = mem.budgets.last_end
         again = last is not None and last.attempt == n - 1 and DIRTY in last.reason
+        mem = count_dirty(mem, p.worker, n)
         if again:
-            return ended_now(draft, mem, "log_dirty_host", codes, detail=f"{DIRTY} again: {what}")
+            return dirty_again(draft, mem, codes, p.worker, what)
         sign = Evidence(draft.now, f"{DIRTY}: {what}")
         signed = replace(mem, attempt=replace(mem.attempt, evidence=merge_evidence(mem.attempt.evidence, [sign])))
         return ended_now(draft, signed, "log_dirty_host", codes)
     return None
+
+
+def dirty_again(draft: Draft, mem: Memory, codes: dict[int, int | None], worker: int, what: str) -> Decision:
+    """A dirty-host end right after another: charged (the cleanup did not help); when the same
+    worker's attempts keep ending so, its host is reported or a person is told (policy/faulty.py)."""
+    mem, line, final = finish(draft, mem, codes, reachable=True, detail=f"{DIRTY} again: {what}")
+    if final is not None:
+        return final
+    wait = (Wait(mem.budgets.backoff_until, "backoff before the next attempt"),) if mem.phase is Phase.BACKOFF else ()
+    bad = bad_host(draft, mem, worker, what)
+    if bad is None:
+        return draft.out(mem, "log_dirty_host", line, *wait)
+    mem, row, acts, said = bad
+    return draft.out(mem, row, f"{line}; {said}", *acts, *wait)

@@ -4,7 +4,8 @@ Memory holds only what cannot be observed again (the tick is level-triggered: do
 the phase, and one frozen record per concern: the attempt followed (`Attempt`: when it started,
 from which checkpoint, disruption evidence seen during it), what recovery has spent (`Budgets`),
 maintenance (`Maintenance`), a node under repair (`Repair`), a delete + create in flight
-(`Recreate`), what hang detection learned (`HangLearning`) and the node's boots (`Boot`).
+(`Recreate`), what hang detection learned (`HangLearning`), the node's boots (`Boot`) and the
+evidence against one worker's host (`Host`).
 Everything else is re-observed every tick. The journal stores it with `to_dict` / `from_dict`,
 each field read back by its declared type; memory saved flat (version 1) is read into the
 records. This module does no I/O itself.
@@ -202,6 +203,22 @@ class Boot:
 
 
 @dataclass(frozen=True)
+class Host:
+    """Evidence against one worker's host (policy/faulty.py): its attempts that ended with a
+    dirty-host signature in a row, and the incident already reported or told to a person."""
+
+    worker: int | None = None  # the worker whose attempts ended dirty in a row
+    last_attempt: int = 0  # the newest of those attempts
+    streak: int = 0
+    # the incident reported (or told, when tpuwatch may not report it): "<node id>/w<worker>@<boot>",
+    # so one host on one boot of the node is reported once, however often it fails after
+    incident: str = ""
+    reported_at: datetime | None = None  # when tpuwatch asked Google to repair it
+    # no launch on the node until it has gone down and come back after the report, or until then
+    hold_until: datetime | None = None
+
+
+@dataclass(frozen=True)
 class Memory:
     """What the policy remembers between ticks. `Memory.initial(zone)` starts a job."""
 
@@ -215,6 +232,7 @@ class Memory:
     recreate: Recreate = Recreate()
     hang: HangLearning = HangLearning()
     boot: Boot = Boot()
+    host: Host = Host()
 
     @classmethod
     def initial(cls, zone: str) -> Memory:

@@ -23,6 +23,7 @@ from datetime import datetime
 from tpuwatch.policy.draft import Draft, worker_list
 from tpuwatch.policy.early import early_refused
 from tpuwatch.policy.evidence import refund, signs
+from tpuwatch.policy.faulty import report_refused
 from tpuwatch.policy.nodes import Cond, boots_seen, node_condition
 from tpuwatch.policy.observe import launch_likely
 from tpuwatch.policy.operations import creating, delete_unstarted, deleting, queued
@@ -66,6 +67,8 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
         decision = draft.out(mem, "terminal", f"job {word}: {mem.reason}", *stop)
     elif obs.maintenance_refused:
         decision = early_refused(draft, mem)
+    elif obs.host_report_refused:
+        decision = report_refused(draft, mem)
     else:
         new = refund(draft, boots_seen(obs.node, mem, now))
         if new.phase is Phase.RUNNING:

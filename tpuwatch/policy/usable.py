@@ -17,6 +17,7 @@ from tpuwatch.policy.classify import Outcome
 from tpuwatch.policy.draft import Draft, secs, worker_exits, worker_list
 from tpuwatch.policy.early import early_maintenance
 from tpuwatch.policy.ending import confirm_end, end_usable
+from tpuwatch.policy.faulty import report_hold
 from tpuwatch.policy.hang import (
     effective_hang_limit,
     hung,
@@ -183,6 +184,9 @@ def idle(draft: Draft, mem: Memory) -> Decision:
                                              f"node {node.name} is about to stop; not launching there until it "
                                              f"has gone down and come back, or {human(secs(mem.maintenance.notice_hold - now))}",
                          Wait(mem.maintenance.notice_hold, "node about to stop"))
+    hold = report_hold(draft, mem)
+    if hold is not None:
+        return hold
     if mem.budgets.backoff_until is not None and now < mem.budgets.backoff_until:
         return draft.out(mem, "backoff", f"backoff: attempt {mem.attempt.number + 1} starts in "
                                          f"{human(secs(mem.budgets.backoff_until - now))} ({mem.budgets.restarts} charged restarts)",

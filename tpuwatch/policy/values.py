@@ -86,6 +86,9 @@ class PolicyConfig:
     # [maintenance] start_early: start a reschedulable announced maintenance at the job's next
     # checkpoint instead of waiting for its window.
     start_early: bool = True
+    # [recovery] report_faulty_hosts: a host the evidence points at is reported to the cloud for
+    # repair (ReportHost); off, tpuwatch only says what a person should do.
+    report_faulty_hosts: bool = False
     # A multislice job's nodes, in slice order (empty: one node, `tpu_name`)
     slices: tuple[str, ...] = ()
     queued_resource: str = ""  # the queued resource that made the node (a multislice job: its slices)
@@ -133,6 +136,7 @@ class PolicyConfig:
             log_signatures=log_signatures(r["log_signatures"]),
             login_grace=float(cfg.ssh["login_grace"]),
             start_early=bool(cfg.get("maintenance.start_early")),
+            report_faulty_hosts=bool(r["report_faulty_hosts"]),
         )
 
 
@@ -163,6 +167,8 @@ class Observation:
     precheck_fixed: bool = False  # this tick already ran the worker cleanup for fixable items
     # The service refused this tick's StartMaintenance at the call ("CODE: message"); decide again.
     maintenance_refused: str = ""
+    # The cloud refused this tick's ReportHost at the call ("CODE: message"); decide again.
+    host_report_refused: str = ""
     # The node's queued resource ([tpu] queued_resource), read while it matters: the node is
     # missing or being deleted, or a create through it is followed. None: not read, or a plain node.
     queued: QueuedStatus | None = None
@@ -292,8 +298,21 @@ class StartMaintenance:
     kind: ClassVar[str] = "start_maintenance"
 
 
+@dataclass(frozen=True)
+class ReportHost:
+    """Report the host of `worker` as faulty, so the cloud repairs it (Compute Engine's
+    instances.reportHostAsFaulty on that worker's instance); journaled before the call, like a
+    delete. `description` goes to the cloud with it. A refusal is fed back as
+    `Observation.host_report_refused`."""
+
+    worker: int
+    description: str
+    reason: str
+    kind: ClassVar[str] = "report_host"
+
+
 Action = (Launch | StopWorkers | Wait | DeleteNode | CreateNode | ClearQueued | FollowOperation | MarkDone | Fail
-          | NeedsPerson | StartMaintenance)
+          | NeedsPerson | StartMaintenance | ReportHost)
 
 
 @dataclass(frozen=True)

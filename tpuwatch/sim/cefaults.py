@@ -13,6 +13,8 @@
 - Spot preemption: `compute.instances.preempted`; with termination action STOP the instance is
   TERMINATED and cannot be started again, with DELETE it is deleted.
 - Run duration ending (flex-start, `scheduling.maxRunDuration`): the instance is deleted.
+- A bad host: the instance runs, but its TPU cannot be opened until a person or tpuwatch
+  reports the host (`instances.reportHostAsFaulty`) and Google repairs it.
 """
 
 from __future__ import annotations
@@ -72,6 +74,15 @@ class ComputeFaults(Instances):
             self._touch()
         for d in downs:
             self._await(d)
+
+    def bad_host(self, name: str, *, project: str | None = None, zone: str | None = None) -> None:
+        """The instance's host goes bad: its TPU cannot be opened (the hosts' `tpu-fault`), across
+        reboots and cleanups, until the host is repaired (reportHostAsFaulty). The instance stays
+        RUNNING: Compute Engine sees nothing wrong."""
+        with self._lock:
+            rec = self._live_instance(name, project, zone, "a bad host")
+            effect = self._queue_hosts("host_fault", rec.key, 0, "tpu-fault", {})
+        self._await(effect)
 
     # ---- maintenance -------------------------------------------------------------------------
 

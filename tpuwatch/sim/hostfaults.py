@@ -13,6 +13,9 @@ Each fault changes what the worker-side script measures, by the same means a rea
   never sets it).
 - `orphan-holder`: a process outside any job keeps a chip's device open (killed by the worker
   cleanup, or a reboot).
+- `tpu-fault`: the TPU cannot be opened (libtpu's "TPU initialization failed ... Device or
+  resource busy", written to `run/tpu-fault` under the host root for the job to meet), across
+  reboots and cleanups, until the host is repaired (`repair`).
 - `disk-full`: a small tmpfs mounted over the worker's root filesystem (its host root) or a path
   in its home, filled until only `free` bytes are left; `small-shm`: a tmpfs of `size` mounted
   at the worker's `/dev/shm`. Both need root (mount); they last until the node is deleted, and
@@ -70,7 +73,16 @@ class Hosts(Protocol):
 
     def _make_host_root(self, w: Any) -> None: ...
 
-KINDS = ("device-missing", "stale-lockfile", "dns-failure", "orphan-holder", "disk-full", "small-shm")
+KINDS = ("device-missing", "stale-lockfile", "dns-failure", "orphan-holder", "disk-full", "small-shm", "tpu-fault")
+# Faults of the host's hardware: they outlive reboots, and a repair of the host (Compute Engine's
+# reportHostAsFaulty) ends them.
+HARDWARE = ("device-missing", "tpu-fault")
+# `tpu-fault`: the host's TPU cannot be opened, whatever the cleanup does. The file holds what
+# libtpu says then; a job on the simulator reads it where libtpu would fail (the e2e tests' jobs).
+TPU_FAULT_FILE = "run/tpu-fault"
+TPU_FAULT_TEXT = ("RuntimeError: Unable to initialize backend 'tpu': UNKNOWN: TPU initialization failed: "
+                  "open(/dev/vfio/0): Device or resource busy: Device or resource busy; Couldn't open iommu group "
+                  "/dev/vfio/0")
 MOUNT_KINDS = ("disk-full", "small-shm")
 HOSTS_FILE = "etc/hosts"  # under the worker's host root
 FILL = 16 * 2**20  # bytes written into a disk-full tmpfs: it is nearly full, not empty and small
@@ -99,12 +111,23 @@ def device_files(w: _Worker) -> list[Path]:
 
 def reapply(hosts: Hosts, w: _Worker) -> None:
     """After the host root is (re)made at boot or reboot: the worker's hosts file, and the faults
-    that outlive a reboot (dead chips, a broken resolver)."""
+    that outlive a reboot (dead chips, a TPU that cannot be opened, a broken resolver)."""
     missing = int(w.faults.get("device-missing", 0))
     if missing:
         for f in device_files(w)[-missing:]:
             f.unlink(missing_ok=True)
+    if w.faults.get("tpu-fault"):
+        marker = w.host_root / TPU_FAULT_FILE
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(TPU_FAULT_TEXT + "\n")
     write_hosts_file(w)
+
+
+def repair(w: _Worker) -> None:
+    """The host's hardware repaired: its hardware faults end (the next boot makes its devices again)."""
+    for kind in HARDWARE:
+        w.faults.pop(kind, None)
+    (w.host_root / TPU_FAULT_FILE).unlink(missing_ok=True)
 
 
 def write_hosts_file(w: _Worker) -> None:
@@ -121,6 +144,9 @@ def apply(hosts: Hosts, w: _Worker, kind: str, params: dict[str, Any]) -> None:
     if kind == "device-missing":
         count = max(1, int(params.get("count", 1)))
         w.faults[kind] = min(w.node.chips_per_host, max(count, int(w.faults.get(kind, 0))))
+        reapply(hosts, w)
+    elif kind == "tpu-fault":
+        w.faults[kind] = True
         reapply(hosts, w)
     elif kind == "stale-lockfile":
         lock = w.host_root / "tmp" / "libtpu_lockfile"

@@ -239,12 +239,22 @@ class Hosts:
 
     def host_fault(self, node_key: str, worker: int, kind: str, params: Mapping[str, Any] | None = None) -> None:
         """A fault of one worker's host that an environment check sees (tpuwatch.sim.hostfaults):
-        device-missing, stale-lockfile, dns-failure, orphan-holder, disk-full, small-shm."""
+        device-missing, stale-lockfile, dns-failure, orphan-holder, disk-full, small-shm, tpu-fault."""
         w = self._worker(node_key, worker)
         values = dict(params or {})
 
         async def run() -> None:
             hostfaults.apply(self, w, kind, values)
+
+        self._call(run)
+
+    def repair(self, node_key: str) -> None:
+        """The node's hosts repaired (Compute Engine's reportHostAsFaulty): their hardware faults end."""
+        node = self._node(node_key)
+
+        async def run() -> None:
+            for w in node.workers:
+                hostfaults.repair(w)
 
         self._call(run)
 

@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 # What instance/upcoming-maintenance says with nothing scheduled, by InstanceRec.no_notice.
 NO_NOTICE_TEXT = {"error": json.dumps(md.NO_NOTICE, sort_keys=True), "empty": "{}", "none": "NONE"}
 STOCKOUT_CODE = "ZONE_RESOURCE_POOL_EXHAUSTED"
+# InstancesReportHostAsFaultyRequest.FaultReason.behavior, as compute v1 lists it
+FAULT_BEHAVIORS = frozenset({"BEHAVIOR_UNSPECIFIED", "CHIP_ERROR", "PERFORMANCE", "SILENT_DATA_CORRUPTION",
+                             "UNRECOVERABLE_GPU_ERROR"})
 
 
 class ComputeError(ApiError):
@@ -506,13 +509,21 @@ class Instances(NodeFaults):
     def report_host_as_faulty(self, project: str, zone: str, name: str, body: Mapping[str, Any]) -> ComputeOpRec:
         """instances.reportHostAsFaulty: documented for TPUs in All Capacity mode alone (a
         reservation-bound, RUNNING VM); the VM stops and its host is repaired (REPAIRING, for
-        delays["simulated_maintenance_heal"]), then it runs again on the same name and id."""
+        delays["simulated_maintenance_heal"]; Google says 3 to 14 days), then it runs again on the
+        same name and id, on the same host repaired (a TPU VM in All Capacity mode is not moved):
+        the host's hardware faults are gone."""
         schedule = str(body.get("disruptionSchedule") or "")
+        reasons = body.get("faultReasons") or []
         with self._lock:
             rec = self._require_instance(project, zone, name)
             if schedule not in ("IMMEDIATE", "FUTURE"):
                 raise ComputeError("INVALID_ARGUMENT", "Invalid value for field 'disruptionSchedule': "
                                    f"'{schedule}'. It must be IMMEDIATE or FUTURE.", "invalid")
+            for i, reason in enumerate(reasons):
+                behavior = str(reason.get("behavior") or "") if isinstance(reason, Mapping) else ""
+                if behavior not in FAULT_BEHAVIORS:
+                    raise ComputeError("INVALID_ARGUMENT", f"Invalid value for field 'faultReasons[{i}].behavior': "
+                                       f"'{behavior}'.", "invalid")
             if rec.provisioning_model != "RESERVATION_BOUND":
                 raise ComputeError("INVALID_ARGUMENT", f"Instance '{name}' is not reservation-bound; report a "
                                    "faulty host only for VMs in All Capacity mode.", "badRequest")
@@ -523,10 +534,18 @@ class Instances(NodeFaults):
             op = self._new_cop(project, f"zones/{zone}", "reportHostAsFaulty", rec.path, rec.id, done=True)
             key, ident, epoch = rec.key, rec.id, rec.epoch
             down = self._queue_hosts("down", key)
-            self.after(self.delays["simulated_maintenance_heal"],
-                       lambda: self._restart_instance(key, ident, epoch, audit_method=""))
+            self.after(self.delays["simulated_maintenance_heal"], lambda: self._host_repaired(key, ident, epoch))
         self._await(down)
         return copy.deepcopy(op)
+
+    def _host_repaired(self, key: str, ident: int, epoch: int) -> None:
+        """The reported host is repaired: its hardware faults end, and the instance runs again."""
+        with self._lock:
+            r = self._instances.get(key)
+            if r is None or r.id != ident or r.epoch != epoch:
+                return
+        self._hosts_call("repair", key)
+        self._restart_instance(key, ident, epoch, audit_method="")
 
     def _restart_instance(self, key: str, ident: int, epoch: int,
                           audit_method: str = "compute.instances.automaticRestart") -> None:
