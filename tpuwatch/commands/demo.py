@@ -40,10 +40,11 @@ def command(fast: bool, keep: bool, plain: bool, api: str) -> int:
     and the same crash.
 
     Everything runs on this machine: the simulator serves the TPU, Compute Engine and Logging
-    APIs to the real Google client libraries, and the workers are SSH servers on loopback addresses. At the end
-    a summary shows, for each disruption, the time to detect and resume, the steps lost and the
-    restarts charged, and the job's goodput; then `tpuwatch report` of its journal and the path of
-    its HTML timeline (demo-report.html in the state dir; needs pip install 'tpuwatch[report]').
+    APIs to the real Google client libraries, and the workers are SSH servers on loopback
+    addresses. At the end a summary shows, for each disruption, the time to detect and resume,
+    the steps lost and the restarts charged, and the job's goodput; then `tpuwatch report` of its
+    journal and the path of its HTML timeline (demo-report.html in the state dir; needs pip
+    install 'tpuwatch[report]').
     Apart from that file, nothing is left running or on disk afterwards.
     """
     from tpuwatch.demo import FAST, NORMAL, run_demo

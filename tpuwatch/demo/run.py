@@ -25,7 +25,16 @@ from typing import Any
 
 import click
 
-from tpuwatch.demo.story import API_COMPUTE, CRASH_WORKER, JOB, Director, Pace, Stage, stage_for
+from tpuwatch.demo.story import (
+    API_COMPUTE,
+    API_TPU,
+    CRASH_WORKER,
+    JOB,
+    Director,
+    Pace,
+    Stage,
+    stage_for,
+)
 
 EXIT_INTERRUPTED = 130
 DIRECTOR_LOOK = 0.05  # seconds between the director's looks while the loop waits for a tick
@@ -62,8 +71,7 @@ stop_grace = "1s"
 queue_timeout = "5m"
 
 [precheck]
-# The simulated workers resolve no host names (on Compute Engine its internal DNS would); every
-# other check runs as on a real TPU.
+# The simulated workers resolve no host names yet; every other check runs as on a real TPU.
 skip = ["dns"]
 
 [ssh]
@@ -133,7 +141,7 @@ class _Held:
     journal: Any = None
 
 
-def run_demo(pace: Pace, *, keep: bool = False, live: bool = False, api: str = "tpu",
+def run_demo(pace: Pace, *, keep: bool = False, live: bool = False, api: str = API_TPU,
              echo: Callable[[str], None] | None = None) -> int:
     """Play the demo on a node of the Cloud TPU API (`api` "tpu") or a MIG made through Compute
     Engine ("compute"); 0 when every disruption was recovered and the job finished, else 1
