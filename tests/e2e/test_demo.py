@@ -4,11 +4,14 @@ The summary must list every disruption as recovered with the trainer's total as 
 step, and afterwards no process the demo started may be alive and its temporary directory must
 be gone — after a normal end and after Ctrl-C (SIGINT) mid-run. Processes are found by what
 they carry (the demo's TMPDIR in their command line, environment or working directory), so a
-worker process that escaped the simulator's cleanup is caught too.
+worker process that escaped the simulator's cleanup is caught too. With `--api compute` the
+story plays on a Compute Engine MIG, and its journal (kept with `--keep`) must show what
+tpuwatch did there.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -21,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tpuwatch.demo import FAST
-from tpuwatch.demo.story import story
+from tpuwatch.demo.story import API_COMPUTE, Act, story
 
 pytestmark = pytest.mark.slow
 
@@ -60,14 +63,14 @@ def alive(pid: int) -> bool:
 class Demo:
     """`tpuwatch demo --fast` in the background, its output collected, its processes watched."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, *args: str) -> None:
         self.tmpdir = tmp_path / "t"
         self.tmpdir.mkdir()
         self.state_dir = tmp_path / "state"  # only the report's HTML goes there
         env = {**os.environ, "TMPDIR": str(self.tmpdir), "TPUWATCH_STATE_DIR": str(self.state_dir)}
         for key in ("TPUWATCH_EMULATOR_HOST", "CLOUDSDK_CORE_PROJECT", "CLOUDSDK_COMPUTE_ZONE"):
             env.pop(key, None)
-        self.proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "demo", "--fast"], env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "demo", "--fast", *args], env=env,
                                      text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
         self.lines: list[str] = []
@@ -113,6 +116,10 @@ class Demo:
             time.sleep(0.05)
 
     def assert_nothing_left(self) -> None:
+        self.assert_no_process_left()
+        assert list(self.tmpdir.iterdir()) == [], f"left in TMPDIR: {list(self.tmpdir.iterdir())}"
+
+    def assert_no_process_left(self) -> None:
         assert self.seen, "no process of the demo was ever seen: the check would prove nothing"
         end = time.monotonic() + 5  # a process killed at the very end may take a moment to be reaped
         while time.monotonic() < end and any(alive(p) for p in self.seen):
@@ -120,7 +127,6 @@ class Demo:
         left = {p: c for p, c in self.seen.items() if alive(p)}
         assert not left, f"processes left behind: {left}"
         assert not processes_under(self.tmpdir, exclude={os.getpid()}), "a process still uses the demo's files"
-        assert list(self.tmpdir.iterdir()) == [], f"left in TMPDIR: {list(self.tmpdir.iterdir())}"
 
 
 def test_fast_demo_recovers_every_disruption_and_leaves_nothing_behind(tmp_path: Path) -> None:
@@ -129,12 +135,7 @@ def test_fast_demo_recovers_every_disruption_and_leaves_nothing_behind(tmp_path:
     out = demo.output()
     assert rc == 0, out
     acts = story(FAST)
-    rows = {}
-    for act in acts:
-        row = [line for line in demo.lines if line.startswith(act.title + " ")]
-        assert len(row) == 1, f"no summary row for {act.title!r}:\n{out}"
-        rows[act.key] = row[0].split()
-        assert rows[act.key][-1] == "recovered" and "NOT" not in row[0], row[0]
+    rows = summary_rows(demo, acts)
     # disruptions are not charged to the restart budget; the crash is, once
     assert [rows[a.key][-2] for a in acts] == ["0", "0", "0", "1"], rows
     m = re.search(r"^result: ok: (\d+)/(\d+) disruptions recovered, final step (\d+)/(\d+)", out, re.M)
@@ -151,6 +152,60 @@ def test_fast_demo_recovers_every_disruption_and_leaves_nothing_behind(tmp_path:
     assert html and Path(html.group(1)) == demo.state_dir / "demo-report.html", out
     assert Path(html.group(1)).read_text().startswith("<!doctype html>")
     demo.assert_nothing_left()
+
+
+def summary_rows(demo: Demo, acts: tuple[Act, ...]) -> dict[str, list[str]]:
+    """Each disruption's summary row, split into words; every one must say recovered."""
+    rows = {}
+    for act in acts:
+        row = [line for line in demo.lines if line.startswith(act.title + " ")]
+        assert len(row) == 1, f"no summary row for {act.title!r}:\n{demo.output()}"
+        rows[act.key] = row[0].split()
+        assert rows[act.key][-1] == "recovered" and "NOT" not in row[0], row[0]
+    return rows
+
+
+def test_fast_demo_on_a_compute_engine_mig_waits_out_its_autoheal_and_recreates_its_vms(tmp_path: Path) -> None:
+    demo = Demo(tmp_path, "--api", API_COMPUTE, "--keep")
+    rc = demo.wait(timeout=120)
+    out = demo.output()
+    assert rc == 0, out
+    acts = story(FAST, API_COMPUTE)
+    assert [a.key for a in acts] == ["autoheal", "host-error", "preemption", "crash"]
+    assert "MIG 'demo-slice' of 4 Spot VMs (tpu7x-standard-4t, topology 2x2x4)" in out, out
+    said = [line for line in demo.lines if " demo note: disruption " in line]
+    assert [re.sub(r".* disruption (\d/\d: [^:]+):.*", r"\1", line) for line in said] == \
+        [f"{i}/4: {a.title}" for i, a in enumerate(acts, 1)], said
+    rows = summary_rows(demo, acts)
+    assert [rows[a.key][-2] for a in acts] == ["0", "0", "0", "1"], rows
+    assert re.search(rf"^result: ok: 4/4 disruptions recovered, final step {FAST.steps}/{FAST.steps}", out, re.M), out
+    demo.assert_no_process_left()
+
+    # What tpuwatch did, from the journal the demo kept.
+    kept = re.search(r"^kept the demo's files in (\S+) ", out, re.M)
+    assert kept, out
+    home = Path(kept.group(1))
+    history = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "history", "-c", str(home / "tpuwatch.toml"),
+                              "--json"], env={**os.environ, "TPUWATCH_STATE_DIR": str(home / "state")},
+                             text=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert history.returncode == 0, history.stderr
+    journal = json.loads(history.stdout)
+    attempts, events = journal["attempts"], journal["events"]
+    deletes = [e for e in events if e["kind"] == "delete"]
+    # The autoheal: the MIG repairing (or its new VMs, when the repair was quicker than a poll)
+    # ends the attempt; the job is relaunched on the new VMs and nothing is deleted.
+    healed = attempts[0]
+    assert healed["outcome"] == "disruption" and not healed["charged"], attempts
+    assert re.search(r"node state REPAIRING|node id changed", healed["reason"]), healed
+    assert all(e["time"] > attempts[1]["start"] for e in deletes), (attempts[1], deletes)
+    # The host error and the preemption: the Spot VMs are recreated through the MIG, never deleted
+    # one by one, and neither is charged.
+    assert len(deletes) >= 2 and all(e["data"]["name"] == "demo-slice" and "PREEMPTED" in e["data"]["reason"]
+                                     for e in deletes), deletes
+    assert out.count("started deleting MIG demo-slice's 4 instances (recreateInstances") == len(deletes), out
+    # The crash is the only attempt charged; the last one finishes the job.
+    assert [a["exit_code"] for a in attempts if a["charged"]] == [139], attempts
+    assert attempts[-1]["outcome"] == "success" and attempts[-1]["end_step"] == FAST.steps, attempts
 
 
 def test_ctrl_c_mid_demo_stops_every_process_and_removes_the_temp_dir(tmp_path: Path) -> None:

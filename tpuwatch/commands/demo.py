@@ -6,11 +6,14 @@ import sys
 
 import click
 
+from tpuwatch.demo.story import APIS
+
 EPILOG = """\b
 Examples:
   tpuwatch demo            # about a minute, live dashboard on a terminal
   tpuwatch demo --fast     # the same story in under 30 seconds
   tpuwatch demo --keep     # keep the config, journal and checkpoints after
+  tpuwatch demo --api compute   # the story on a TPU7x slice made through Compute Engine
   tpuwatch demo | cat      # plain timestamped lines, as under cron or nohup
 
 Exit codes: 0 every disruption was recovered and the job finished; 1 one was not (the
@@ -23,19 +26,28 @@ summary says which); 130 interrupted (everything is cleaned up all the same).
 @click.option("--keep", is_flag=True,
               help="Keep the demo's files (config, journal, checkpoints) and print where.")
 @click.option("--plain", is_flag=True, help="Plain timestamped lines even on a terminal.")
-def command(fast: bool, keep: bool, plain: bool) -> int:
+@click.option("--api", type=click.Choice(APIS), default=APIS[0], show_default=True,
+              help="The slice: a node of the Cloud TPU API, or a TPU7x MIG made through Compute Engine.")
+def command(fast: bool, keep: bool, plain: bool, api: str) -> int:
     """Run a simulated v4-32 TPU (4 workers) with a toy trainer under tpuwatch, and play four
     disruptions: maintenance that heals, maintenance that never heals (the TPU is recreated),
     a spot preemption during a stockout, and a crash.
 
-    Everything runs on this machine: the simulator serves the TPU and Logging APIs to the real
-    Google client libraries, and the workers are SSH servers on loopback addresses. At the end
-    a summary shows, for each disruption, the time to detect and resume, the steps lost and the
-    restarts charged, and the job's goodput; then `tpuwatch report` of its journal and the path of
-    its HTML timeline (demo-report.html in the state dir; needs pip install 'tpuwatch[report]').
+    With --api compute the slice is a TPU7x multi-host slice made through Compute Engine, a MIG
+    of four Spot VMs (topology 2x2x4), and the story is Compute Engine's: the MIG's autoheal
+    recreates the slice (tpuwatch waits, deleting nothing), a host error stops it (no Spot VM is
+    restarted: tpuwatch recreates its VMs through the MIG), a Spot preemption during a stockout,
+    and the same crash.
+
+    Everything runs on this machine: the simulator serves the TPU, Compute Engine and Logging
+    APIs to the real Google client libraries, and the workers are SSH servers on loopback
+    addresses. At the end a summary shows, for each disruption, the time to detect and resume,
+    the steps lost and the restarts charged, and the job's goodput; then `tpuwatch report` of its
+    journal and the path of its HTML timeline (demo-report.html in the state dir; needs pip
+    install 'tpuwatch[report]').
     Apart from that file, nothing is left running or on disk afterwards.
     """
     from tpuwatch.demo import FAST, NORMAL, run_demo
 
     live = sys.stdout.isatty() and not plain
-    return run_demo(FAST if fast else NORMAL, keep=keep, live=live)
+    return run_demo(FAST if fast else NORMAL, keep=keep, live=live, api=api)

@@ -1,8 +1,10 @@
-"""`tpuwatch demo`: a simulated v4-32 pod slice, the toy trainer under tpuwatch's reconcile
+"""`tpuwatch demo`: a simulated pod slice (a v4-32 node of the Cloud TPU API, or with `--api
+compute` a TPU7x MIG made through Compute Engine), the toy trainer under tpuwatch's reconcile
 loop, four scripted disruptions, and a summary of how each one was detected and recovered.
 
-- `story.py`: the pace (normal or fast) and the scripted disruptions; decides when to inject
-  each from what it can observe, through the simulator's fault API.
+- `story.py`: the pace (normal or fast), the stage (the slice and its API) and the scripted
+  disruptions; decides when to inject each from what it can observe, through the simulator's
+  fault API.
 - `summary.py`: per-disruption time to detect, time to resume, steps lost, restarts charged,
   and the job's goodput, computed afterwards from the journal, the simulator's audit entries
   and the checkpoints; rendered as a table.
@@ -10,7 +12,8 @@ loop, four scripted disruptions, and a summary of how each one was detected and 
   (processes and files), on success, failure and Ctrl-C alike.
 
 The demo uses tpuwatch's real code paths (Reconciler, the Google clients against the
-simulator's gRPC server, OpenSSH to the simulated workers); nothing in it is faked.
+simulator's gRPC server and its Compute Engine REST face, OpenSSH to the simulated workers);
+nothing in it is faked.
 """
 
 from tpuwatch.demo.run import run_demo

@@ -25,8 +25,16 @@ from typing import Any
 
 import click
 
-from tpuwatch.demo.story import ACCELERATOR, CRASH_WORKER, JOB, NODE, Director, Pace, story
-from tpuwatch.spec import OWNER_LABEL
+from tpuwatch.demo.story import (
+    API_COMPUTE,
+    API_TPU,
+    CRASH_WORKER,
+    JOB,
+    Director,
+    Pace,
+    Stage,
+    stage_for,
+)
 
 EXIT_INTERRUPTED = 130
 DIRECTOR_LOOK = 0.05  # seconds between the director's looks while the loop waits for a tick
@@ -40,24 +48,14 @@ def trainer_command(pace: Pace, ckpt_dir: Path, crash_marker: Path) -> str:
             f"--crash-once {q(str(crash_marker))}")
 
 
-def write_config(path: Path, sim: Any, pace: Pace, ckpt_dir: Path, crash_marker: Path) -> Path:
+def write_config(path: Path, sim: Any, pace: Pace, ckpt_dir: Path, crash_marker: Path, stage: Stage) -> Path:
     """The demo job's tpuwatch.toml, as `tpuwatch init` plus a person's edits would leave it."""
     def dur(seconds: float) -> str:
         return json.dumps(f"{seconds:g}s")
 
     text = f"""\
 # Written by `tpuwatch demo` for a simulated TPU; durations are scaled down to seconds.
-[tpu]
-name = {json.dumps(NODE)}
-project = {json.dumps(sim.project)}
-zone = {json.dumps(sim.zone)}
-
-[tpu.spec]
-accelerator_type = {json.dumps(ACCELERATOR)}
-runtime_version = "tpu-ubuntu2204-base"
-spot = true
-labels = {{ {OWNER_LABEL} = {json.dumps(JOB)} }}
-
+{stage.tpu_table(sim.project, sim.zone)}
 [job]
 name = {json.dumps(JOB)}
 command = {json.dumps(trainer_command(pace, ckpt_dir, crash_marker))}
@@ -139,13 +137,16 @@ class _Held:
     """What the cleanup must close: filled in as the run gets that far."""
 
     sim: Any = None
+    rest: Any = None  # the simulator's Compute Engine REST face, for the story on a MIG
     journal: Any = None
 
 
-def run_demo(pace: Pace, *, keep: bool = False, live: bool = False,
+def run_demo(pace: Pace, *, keep: bool = False, live: bool = False, api: str = API_TPU,
              echo: Callable[[str], None] | None = None) -> int:
-    """Play the demo; 0 when every disruption was recovered and the job finished, else 1
+    """Play the demo on a node of the Cloud TPU API (`api` "tpu") or a MIG made through Compute
+    Engine ("compute"); 0 when every disruption was recovered and the job finished, else 1
     (130 when interrupted). `live`: the rich dashboard (a terminal); else plain lines."""
+    stage = stage_for(api)
     say = echo or click.echo
     # gRPC's C core logs the GOAWAY that stopping the simulator's server sends to our own open
     # channels at INFO; nothing is wrong, so keep it off the demo's screen.
@@ -165,8 +166,14 @@ def run_demo(pace: Pace, *, keep: bool = False, live: bool = False,
                 held.sim.start()
                 env = {**held.sim.env, "TPUWATCH_STATE_DIR": str(tmp / "state"),
                        "CLOUDSDK_CONFIG": str(tmp / "gcloud")}  # never the user's gcloud settings
+                if stage.api == API_COMPUTE:
+                    from tpuwatch.cloud.clients import COMPUTE_EMULATOR_ENV
+                    from tpuwatch.sim.rest import RestFace
+
+                    held.rest = RestFace(held.sim.world).start()
+                    env[COMPUTE_EMULATOR_ENV] = held.rest.url.rstrip("/")
                 with _environ(env):
-                    return _play(held, tmp, pace, live, say, keep, html)
+                    return _play(held, tmp, pace, stage, live, say, keep, html)
             except KeyboardInterrupt:
                 interrupted = True
                 return EXIT_INTERRUPTED
@@ -174,6 +181,8 @@ def run_demo(pace: Pace, *, keep: bool = False, live: bool = False,
         with _shielded():
             if held.journal is not None:
                 held.journal.close()
+            if held.rest is not None:
+                held.rest.close()
             if held.sim is not None:
                 held.sim.close()  # every simulated worker's processes, the servers, the threads
             if keep:
@@ -187,8 +196,8 @@ def run_demo(pace: Pace, *, keep: bool = False, live: bool = False,
                     + ("" if keep else f", removed {tmp}"))
 
 
-def _play(held: _Held, tmp: Path, pace: Pace, live: bool, say: Callable[[str], None], keep: bool,
-          html: Path) -> int:
+def _play(held: _Held, tmp: Path, pace: Pace, stage: Stage, live: bool, say: Callable[[str], None],
+          keep: bool, html: Path) -> int:
     from rich.console import Console
 
     from tpuwatch.demo.story import checkpoint_times
@@ -203,8 +212,8 @@ def _play(held: _Held, tmp: Path, pace: Pace, live: bool, say: Callable[[str], N
     sim = held.sim
     ckpt_dir = sim.bucket / "ckpt"
     marker = sim.bucket / "crashed-once"
-    sim.create_node(NODE, ACCELERATOR, spot=True, labels={OWNER_LABEL: JOB})
-    cfg_path = write_config(tmp / "tpuwatch.toml", sim, pace, ckpt_dir, marker)
+    stage.make(sim)
+    cfg_path = write_config(tmp / "tpuwatch.toml", sim, pace, ckpt_dir, marker, stage)
     job = load_job(cfg_path)
     journal = Journal.open(job.cfg.state_dir, job.name, job.cfg.tpu_name, wait=False)
     held.journal = journal
@@ -212,8 +221,8 @@ def _play(held: _Held, tmp: Path, pace: Pace, live: bool, say: Callable[[str], N
     console = Console(highlight=False) if live else Console(width=80, highlight=False, no_color=True)
     view: Any = (LiveView(job.name, job.pcfg, journal, title="tpuwatch demo", console=console) if live
                  else LineView(job.name, out=say))
-    director = Director(sim, pace, ckpt_dir, marker, view.note)
-    acts = story(pace)
+    director = Director(sim, pace, ckpt_dir, marker, view.note, stage)
+    acts = director.acts
     started = time.monotonic()
     deadline = started + pace.deadline
     tick_end: dict[datetime, datetime] = {}
@@ -235,7 +244,7 @@ def _play(held: _Held, tmp: Path, pace: Pace, live: bool, say: Callable[[str], N
         tick_end[report.time] = datetime.now(timezone.utc)
 
     with view:
-        view.note(f"a simulated {ACCELERATOR} spot TPU {NODE!r} (4 workers) runs the toy trainer to "
+        view.note(f"{stage.describe()} runs the toy trainer to "
                   f"step {pace.steps}; {len(acts)} disruptions follow, each detected and recovered "
                   f"by tpuwatch ({pace.name} pace; files in {tmp}{', kept' if keep else ''})")
         # `watch`'s own loop; a failed first tick is survived too (the simulator is local).

@@ -1,10 +1,16 @@
-"""The demo's script: its pace, the four disruptions, and when each one is played.
+"""The demo's script: its pace, where it plays (a Cloud TPU API node or a Compute Engine MIG),
+the four disruptions, and when each one is played.
 
 Rules of this module: the director decides when to inject a disruption only from what a person
-could see — the newest checkpoint in the bucket, the simulated node's state, and whether the
+could see — the newest checkpoint in the bucket, the simulated slice's state, and whether the
 previous disruption's job has been relaunched (the journal's attempts) — never from tpuwatch's
 intentions. It injects through the simulator's fault names (`Simulator.inject`), exactly as
 `tpuwatch sim inject` would. It renders nothing; it reports through `say`.
+
+The two stages tell the same story where their APIs do the same thing, and each says what its
+own API does: a spot TPU node goes into maintenance; a Spot VM of a MIG gets no maintenance
+restart (automatic restart is off for Spot VMs), so there the MIG's autoheal and a host error
+play those parts.
 
 The crash is not injected: the trainer's command carries `--segfault-at` with `--crash-once`,
 as a job with a rare bug would, and the director notices it from the marker file the trainer
@@ -15,20 +21,23 @@ from __future__ import annotations
 
 import json
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from tpuwatch.config import TPU_APIS
 from tpuwatch.errors import UsageError
 from tpuwatch.journal import Journal
 from tpuwatch.policy import Phase
+from tpuwatch.spec import OWNER_LABEL
 
-NODE = "demo-pod"
 JOB = "demo"
-ACCELERATOR = "v4-32"  # four workers
 CRASH_WORKER = 0  # the worker that saves: its crash loses the steps since the last save
+APIS = TPU_APIS  # `tpuwatch demo --api`, as `[tpu] api` names them
+API_TPU, API_COMPUTE = APIS
 
 
 @dataclass(frozen=True)
@@ -76,28 +85,194 @@ FAST = Pace("fast", speed=1200.0, step_time=0.03, ckpt_every=10, gap=20, poll_in
 class Act:
     """One disruption of the story."""
 
-    key: str  # maintenance, stuck, preemption, crash
+    key: str  # what the stage injects: maintenance, stuck, autoheal, host-error, preemption, crash
     title: str  # the summary's row name
     expect: str  # what tpuwatch should do about it, said when it is played
 
 
-def story(pace: Pace) -> tuple[Act, ...]:
-    heal = pace.heal_after / pace.speed
-    stock = pace.stockout / pace.speed
-    return (
-        Act("maintenance", "maintenance, heals",
-            f"the TPU goes into maintenance and heals in {heal:g}s; tpuwatch should wait for it "
-            "and resume from the last checkpoint, charging nothing"),
-        Act("stuck", "maintenance, never heals",
-            f"maintenance that never ends; after repair_timeout ({pace.repair_timeout:g}s) "
-            "tpuwatch should delete the TPU, create it from the saved spec and resume"),
-        Act("preemption", "spot preemption+stockout",
-            f"the spot TPU is preempted and the zone has no capacity for {stock:g}s; tpuwatch "
-            "should recreate it, queueing until capacity returns"),
-        Act("crash", "crash (segfault)",
-            f"worker {CRASH_WORKER} segfaults at step {pace.crash_step} (a transient bug); tpuwatch "
-            "should stop the other workers, charge one restart and relaunch"),
-    )
+def _crash(pace: Pace) -> Act:
+    return Act("crash", "crash (segfault)",
+               f"worker {CRASH_WORKER} segfaults at step {pace.crash_step} (a transient bug); tpuwatch "
+               "should stop the other workers, charge one restart and relaunch")
+
+
+class Stage(ABC):
+    """Where the story plays: the slice the simulator makes, its [tpu] table, and how each act
+    is injected into it."""
+
+    api: str
+    name: str
+    accelerator: str
+
+    @abstractmethod
+    def acts(self, pace: Pace) -> tuple[Act, ...]: ...
+
+    @abstractmethod
+    def describe(self) -> str: ...
+
+    @abstractmethod
+    def make(self, sim: Any) -> None: ...
+
+    @abstractmethod
+    def tpu_table(self, project: str, zone: str) -> str:
+        """The config's [tpu] table, as `tpuwatch init` would write it for this slice."""
+
+    @abstractmethod
+    def ready(self, sim: Any) -> bool: ...
+
+    @abstractmethod
+    def vms(self, sim: Any) -> set[str]:
+        """The slice's Compute Engine instances now (none for a TPU node)."""
+
+    @abstractmethod
+    def concerns(self, entry: Any, vms: set[str]) -> bool:
+        """An audit entry about this slice (`vms`: its instances when the act was played)."""
+
+    @abstractmethod
+    def inject(self, sim: Any, act: Act, pace: Pace) -> None: ...
+
+
+class TpuNode(Stage):
+    """The story on a spot v4-32 node of the Cloud TPU API (four workers)."""
+
+    api = API_TPU
+    name = "demo-pod"
+    accelerator = "v4-32"
+
+    def acts(self, pace: Pace) -> tuple[Act, ...]:
+        heal = pace.heal_after / pace.speed
+        stock = pace.stockout / pace.speed
+        return (
+            Act("maintenance", "maintenance, heals",
+                f"the TPU goes into maintenance and heals in {heal:g}s; tpuwatch should wait for it "
+                "and resume from the last checkpoint, charging nothing"),
+            Act("stuck", "maintenance, never heals",
+                f"maintenance that never ends; after repair_timeout ({pace.repair_timeout:g}s) "
+                "tpuwatch should delete the TPU, create it from the saved spec and resume"),
+            Act("preemption", "spot preemption+stockout",
+                f"the spot TPU is preempted and the zone has no capacity for {stock:g}s; tpuwatch "
+                "should recreate it, queueing until capacity returns"),
+            _crash(pace),
+        )
+
+    def describe(self) -> str:
+        return f"a simulated {self.accelerator} spot TPU {self.name!r} (4 workers)"
+
+    def make(self, sim: Any) -> None:
+        sim.create_node(self.name, self.accelerator, spot=True, labels={OWNER_LABEL: JOB})
+
+    def tpu_table(self, project: str, zone: str) -> str:
+        return f"""\
+[tpu]
+name = {json.dumps(self.name)}
+project = {json.dumps(project)}
+zone = {json.dumps(zone)}
+
+[tpu.spec]
+accelerator_type = {json.dumps(self.accelerator)}
+runtime_version = "tpu-ubuntu2204-base"
+spot = true
+labels = {{ {OWNER_LABEL} = {json.dumps(JOB)} }}
+"""
+
+    def ready(self, sim: Any) -> bool:
+        node = sim.world.node(self.name)
+        return bool(node.state == "READY" and node.health == "HEALTHY")
+
+    def vms(self, sim: Any) -> set[str]:
+        return set()
+
+    def concerns(self, entry: Any, vms: set[str]) -> bool:
+        return bool(entry.node == self.name)
+
+    def inject(self, sim: Any, act: Act, pace: Pace) -> None:
+        if act.key == "maintenance":
+            sim.inject("maintenance", node=self.name, heal_after=pace.heal_after)
+        elif act.key == "stuck":
+            sim.inject("maintenance", node=self.name, stuck="REPAIRING")
+        elif act.key == "preemption":
+            sim.inject("stockout", duration=pace.stockout)
+            sim.inject("preempt", node=self.name)
+
+
+class ComputeMig(Stage):
+    """The story on a TPU7x multi-host slice made through Compute Engine: a MIG of four Spot VMs
+    whose workload policy names the 2x2x4 topology."""
+
+    api = API_COMPUTE
+    name = "demo-slice"
+    accelerator = "tpu7x-standard-4t"  # the machine type: four chips a VM
+    topology = "2x2x4"  # 16 chips: four VMs
+
+    def acts(self, pace: Pace) -> tuple[Act, ...]:
+        stock = pace.stockout / pace.speed
+        return (
+            Act("autoheal", "MIG autoheal",
+                "a VM fails the MIG's health check and the MIG's autoheal recreates the whole slice "
+                "(a multi-host slice is replaced as a whole: new VMs, same names); tpuwatch should wait "
+                "for the MIG, delete nothing and resume from the last checkpoint, charging nothing"),
+            Act("host-error", "host error, Spot VM",
+                "a VM's host fails and the whole slice stops; Compute Engine restarts no Spot VM "
+                "(automatic restart is off for Spot), so tpuwatch should recreate the slice's VMs "
+                "through the MIG (recreateInstances; the MIG keeps its template and workload policy) "
+                "and resume"),
+            Act("preemption", "spot preemption+stockout",
+                f"a Spot VM of the slice is preempted and the zone has no capacity for {stock:g}s; "
+                "tpuwatch should recreate the slice's VMs through the MIG, which keeps trying to make "
+                "them until capacity returns"),
+            _crash(pace),
+        )
+
+    def describe(self) -> str:
+        return (f"a simulated TPU7x multi-host slice made through Compute Engine, MIG {self.name!r} of "
+                f"4 Spot VMs ({self.accelerator}, topology {self.topology})")
+
+    def make(self, sim: Any) -> None:
+        sim.world.add_mig(self.name, self.accelerator, 4, topology=self.topology, spot=True,
+                          labels={OWNER_LABEL: JOB})
+
+    def tpu_table(self, project: str, zone: str) -> str:
+        # The MIG is never deleted (its VMs are recreated in it), so no saved spec is needed.
+        return f"""\
+[tpu]
+api = "compute"
+mig = {json.dumps(self.name)}
+project = {json.dumps(project)}
+zone = {json.dumps(zone)}
+"""
+
+    def ready(self, sim: Any) -> bool:
+        return bool(sim.world.mig_is_stable(sim.world.mig(self.name)))
+
+    def vms(self, sim: Any) -> set[str]:
+        return set(sim.world.mig(self.name).members)
+
+    def concerns(self, entry: Any, vms: set[str]) -> bool:
+        return bool(entry.instance in vms)
+
+    def inject(self, sim: Any, act: Act, pace: Pace) -> None:
+        vms = sorted(self.vms(sim))
+        if act.key == "autoheal":
+            sim.inject("mig-autoheal", mig=self.name, instance=vms[2])
+        elif act.key == "host-error":
+            sim.inject("host-error", instance=vms[1])
+        elif act.key == "preemption":
+            sim.inject("stockout", duration=pace.stockout)
+            sim.inject("preempt-instance", instance=vms[0])
+
+
+STAGES: dict[str, type[Stage]] = {API_TPU: TpuNode, API_COMPUTE: ComputeMig}
+
+
+def stage_for(api: str) -> Stage:
+    try:
+        return STAGES[api]()
+    except KeyError:
+        raise UsageError(f"--api: {api!r} is not one of {', '.join(APIS)}") from None
+
+
+def story(pace: Pace, api: str = API_TPU) -> tuple[Act, ...]:
+    return stage_for(api).acts(pace)
 
 
 @dataclass(frozen=True)
@@ -140,13 +315,14 @@ class Director:
     """Plays the story: call `poll` often (between ticks); it injects each act when due."""
 
     def __init__(self, sim: Any, pace: Pace, ckpt_dir: Path, crash_marker: Path,
-                 say: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], stage: Stage) -> None:
         self.sim = sim
         self.pace = pace
         self.ckpt_dir = ckpt_dir
         self.crash_marker = crash_marker
         self.say = say
-        self.acts = story(pace)
+        self.stage = stage
+        self.acts = stage.acts(pace)
         self.played: list[Played] = []
         self._scripted = [a for a in self.acts if a.key != "crash"]
 
@@ -169,9 +345,8 @@ class Director:
         self._play(todo[0], journal)
 
     def _settled(self, journal: Journal) -> bool:
-        """The node is fine, the job runs, and the last disruption's job was relaunched."""
-        node = self.sim.world.node(NODE)
-        if node.state != "READY" or node.health != "HEALTHY":
+        """The slice is fine, the job runs, and the last disruption's job was relaunched."""
+        if not self.stage.ready(self.sim):
             return False
         mem = journal.load_memory()
         if mem is None or mem.phase is not Phase.RUNNING:
@@ -185,19 +360,14 @@ class Director:
     def _play(self, act: Act, journal: Journal) -> None:
         mark = _last_event_id(journal)
         seen = len(self.sim.world.audit_entries())
+        vms = self.stage.vms(self.sim)
         try:
-            if act.key == "maintenance":
-                self.sim.inject("maintenance", node=NODE, heal_after=self.pace.heal_after)
-            elif act.key == "stuck":
-                self.sim.inject("maintenance", node=NODE, stuck="REPAIRING")
-            elif act.key == "preemption":
-                self.sim.inject("stockout", duration=self.pace.stockout)
-                self.sim.inject("preempt", node=NODE)
-        except UsageError as exc:  # the node changed under us (the simulator's own clock): later
+            self.stage.inject(self.sim, act, self.pace)
+        except UsageError as exc:  # the slice changed under us (the simulator's own clock): later
             self.say(f"could not play {act.title} yet: {exc.message}")
             return
         self.say(f"disruption {self._number(act)}/{len(self.acts)}: {act.title}: {act.expect}")
-        entries = [e for e in self.sim.world.audit_entries()[seen:] if e.node == NODE]
+        entries = [e for e in self.sim.world.audit_entries()[seen:] if self.stage.concerns(e, vms)]
         t = (datetime.fromtimestamp(entries[0].time_ns / 1e9, timezone.utc) if entries
              else datetime.now(timezone.utc))
         self.played.append(Played(act, t, mark))

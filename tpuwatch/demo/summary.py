@@ -111,10 +111,17 @@ def _outcome(title: str, p: Played | None, events: Sequence[JournalEvent], attem
              tick_end: Mapping[datetime, datetime]) -> Outcome:
     if p is None:
         return Outcome(title, None, None, None, None, 0, False, "never happened: the run ended first")
+    fault = p.fault_at
+
+    def launched(a: AttemptRow) -> datetime:
+        # An attempt is stamped with its tick's start; a crash nobody injected can fall inside
+        # the tick that saw it and relaunched the job, which launched it by the tick's end.
+        return a.start if a.start > fault else tick_end.get(a.start, a.start)
+
     ordered = sorted(attempts, key=lambda a: a.number)
-    hit = [a for a in ordered if a.start <= p.fault_at]
+    hit = [a for a in ordered if launched(a) <= fault]
     interrupted = hit[-1] if hit else None
-    nxt = next((a for a in ordered if a.start > p.fault_at), None)
+    nxt = next((a for a in ordered if launched(a) > fault), None)
     # A tick stamps its events with the time it began; one that began just before a fault it
     # then saw (a crash nobody injected) has events older than the fault. So the reaction is the
     # first event after the mark, or the interrupted attempt's end, whichever comes first, and
@@ -129,7 +136,7 @@ def _outcome(title: str, p: Played | None, events: Sequence[JournalEvent], attem
     if reaction is not None:
         seen = tick_end.get(reaction.time, reaction.time)
         detect = max(0.0, (seen - p.fault_at).total_seconds())
-    resume = None if nxt is None else (nxt.start - p.fault_at).total_seconds()
+    resume = None if nxt is None else (launched(nxt) - fault).total_seconds()
     lo = interrupted.number if interrupted is not None else 0
     hi = nxt.number if nxt is not None else None
     charged = sum(1 for a in ordered if a.charged and a.number >= lo and (hi is None or a.number < hi))
