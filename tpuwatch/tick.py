@@ -33,6 +33,7 @@ from tpuwatch.journal import Journal
 from tpuwatch.model import (
     AuditEvent,
     Checkpoint,
+    LaunchResult,
     NodeSnapshot,
     OperationStatus,
     PrecheckReport,
@@ -378,7 +379,17 @@ class Reconciler:
                 problems.append(f"w{r.worker}: {r.describe()}")
         where = (f"from {action.checkpoint.path} (step {action.checkpoint.step})"
                  if action.checkpoint else "from scratch (no complete checkpoint yet)")
-        text = f"launched attempt {action.attempt} on {len(started)}/{len(results)} workers {where}"
+        launched = [r for r in results if r.outcome == "launched"]
+        running = [r for r in started if r.outcome == "running"]
+        # The worker-side lock may find the attempt started already (by the startup script at
+        # boot, or an earlier try): say so rather than claim a start.
+        if launched or not running:
+            text = f"launched attempt {action.attempt} on {len(started)}/{len(results)} workers {where}"
+            if running:
+                text += f"; already running on {_listed(running)}, not started again"
+        else:
+            text = (f"attempt {action.attempt} already running on {len(started)}/{len(results)} workers "
+                    f"{where}, not started again")
         if note := megascale_note(node):
             text += f"; {note}"
         return text + ("; " + "; ".join(problems) if problems else "")
@@ -422,7 +433,7 @@ class Reconciler:
                 f"{action.reason}" + (f"; {note}" if note else "")), mem
 
 
-def _listed(results: list[StopResult]) -> str:
+def _listed(results: Sequence[StopResult | LaunchResult]) -> str:
     return ", ".join(f"w{r.worker}" for r in results)
 
 

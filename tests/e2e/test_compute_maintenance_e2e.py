@@ -102,7 +102,8 @@ def test_a_maintenance_on_a_tpu7x_mig_starts_early_at_a_checkpoint_and_the_job_r
     assert (first["outcome"], first["charged"]) == ("disruption", False), first
     assert "maintenance started early by tpuwatch (checkpoint step 20" in first["reason"], first
     assert first["end_step"] == 20 and second["start_step"] == 20, hist["attempts"]  # resumed from it
-    assert not any(a["charged"] for a in hist["attempts"]) and job.steps_done()[-1] == STEPS
+    assert not any(a["charged"] for a in hist["attempts"]), (hist["attempts"], out)
+    assert job.steps_done()[-1] == STEPS
     started = [e for e in hist["events"] if e["kind"] == "maintenance_started"]
     assert len(started) == 1 and started[0]["data"]["operation"], hist["events"]
     assert "MIG slice" in started[0]["reason"], started

@@ -12,8 +12,9 @@ import signal
 from pathlib import Path
 
 import pytest
-from e2e_helpers import STEPS, Job, finish
+from e2e_helpers import STEPS, Job, finish, wait_for
 
+from tpuwatch.errors import UsageError
 from tpuwatch.sim.simulator import Simulator
 
 pytestmark = pytest.mark.slow
@@ -186,12 +187,34 @@ def test_the_startup_script_resumes_the_job_at_boot_and_watch_follows_it(sim: Si
               tpu={"startup_script": str(script)}, hold_at=10)
     proc = job.watch()
     job.wait(lambda: len(job.steps_done()) >= 2, what="two checkpoints")
+    old = sim.world.node("pod").id
     sim.inject("preempt", node="pod")
     job.release()
+    # The watcher is paused from the moment the new node exists until its startup scripts have
+    # ended, so the boot, not the watcher, starts attempt 2 (on a busy machine the watcher could
+    # otherwise reach the workers first; the worker-side lock would then keep one copy).
+    def recreated() -> bool:
+        try:
+            return sim.world.node("pod").id != old
+        except UsageError:  # deleted, not made again yet
+            return False
+
+    wait_for(recreated, timeout=60, what="the new node")
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        key = sim.node_key("pod")
+        node = sim.world.node("pod")
+        def started_at_boot() -> bool:
+            try:
+                return all(sim.hosts.startup_status(key, w) is not None for w in range(node.n_workers))
+            except UsageError:  # not booted yet
+                return False
+
+        job.wait(started_at_boot, what="the startup scripts ended")
+    finally:
+        proc.send_signal(signal.SIGCONT)
     rc, out = finish(proc, timeout=120)
     assert rc == 0, out
-    key = sim.node_key("pod")
-    node = sim.world.node("pod")
     for w in range(node.n_workers):
         log = (sim.hosts.worker_home(key, w) / "startup-script.log").read_text()
         assert f"launched attempt 2 of pod on worker {w}" in log, log
