@@ -220,7 +220,7 @@ def start_create(life: NodeLifecycle, cfg: Config, zone: str, *, resumed: bool =
         failure = classify_exception(exc, started_by_us=resumed)
         if failure.kind == "exists":
             return ""
-        if failure.reason == "already_exists" and not life.queued_resource and _ours(life, cfg):
+        if failure.reason == "already_exists" and not life.queue and _ours(life, cfg):
             # A create whose answer was lost (a deadline, a dropped connection) is retried by
             # the adapter and meets the node it made itself: it carries this job's label.
             return ""

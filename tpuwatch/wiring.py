@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tpuwatch.cloud.location import Location, resolve
 from tpuwatch.cloud.logs import AuditLogReader
@@ -19,6 +20,11 @@ from tpuwatch.model import NodeSnapshot
 from tpuwatch.policy import PolicyConfig
 from tpuwatch.policy.signatures import log_signatures, worker_patterns
 from tpuwatch.ports import CheckpointStore, JobPorts, NodeLifecycle, TpuApi
+
+if TYPE_CHECKING:
+    from tpuwatch.cloud.compute import ComputeAdapter, Kind
+    from tpuwatch.cloud.computelife import ComputeLifecycle
+    from tpuwatch.cloud.tpu import TpuAdapter
 
 
 @dataclass(frozen=True)
@@ -61,20 +67,16 @@ def compute_ports(job: Job) -> ComputePorts:
     """A Compute Engine slice's doors: the adapter per zone (one get of the instance, or three
     requests for a MIG, a tick, whether or not other jobs share the watcher), its lifecycle, and
     the host keys and instance names the workers' transport needs."""
-    from tpuwatch.cloud.compute import ComputeAdapter
-    from tpuwatch.cloud.computelife import ComputeLifecycle
-
     cfg, loc = job.cfg, job.location
     adapters: dict[str, ComputeAdapter] = {}
 
     def adapter(zone: str) -> ComputeAdapter:
         if zone not in adapters:
-            adapters[zone] = ComputeAdapter(loc.project, zone, "instance" if cfg.tpu["instance"] else "mig",
-                                            flex_start=float(cfg.tpu["flex_start"]))
+            adapters[zone] = compute_adapter(cfg, loc.project, zone)
         return adapters[zone]
 
     def lifecycle(zone: str) -> NodeLifecycle:
-        return ComputeLifecycle(adapter(zone), mig=cfg.tpu["mig"], size=flex_size(cfg))
+        return compute_lifecycle(cfg, adapter(zone))
 
     def host_keys(node: NodeSnapshot) -> Mapping[int, tuple[str, ...]]:
         return adapter(node.zone).host_keys(node.name)
@@ -83,6 +85,43 @@ def compute_ports(job: Job) -> ComputePorts:
         return adapter(node.zone).instance_names(node)
 
     return adapter, lifecycle, host_keys, instances
+
+
+def compute_kind(cfg: Config) -> Kind:
+    """What names a Compute Engine job's slice: an instance, or a MIG (config checks one is set)."""
+    return "instance" if cfg.tpu["instance"] else "mig"
+
+
+def compute_adapter(cfg: Config, project: str, zone: str) -> ComputeAdapter:
+    """The Compute Engine adapter of a job whose slice was made through Compute Engine."""
+    from tpuwatch.cloud.compute import ComputeAdapter
+
+    return ComputeAdapter(project, zone, compute_kind(cfg), flex_start=float(cfg.tpu["flex_start"]))
+
+
+def compute_lifecycle(cfg: Config, adapter: ComputeAdapter) -> ComputeLifecycle:
+    """Delete and create of the job's instance or MIG through `adapter`."""
+    from tpuwatch.cloud.computelife import ComputeLifecycle
+
+    return ComputeLifecycle(adapter, mig=cfg.tpu["mig"], size=flex_size(cfg))
+
+
+def slice_reader(cfg: Config, project: str) -> Callable[[str], TpuAdapter | ComputeAdapter]:
+    """Zone -> the adapter that reads the job's slice there ([tpu] api: the TPU API, or Compute
+    Engine), one per zone: the commands that only read it (`status`, `events`, `precheck`,
+    `run`) get the node, its host keys and instance names from the same adapter, which knows a
+    MIG's instances from its last get."""
+    from tpuwatch.cloud.tpu import TpuAdapter
+
+    adapters: dict[str, TpuAdapter | ComputeAdapter] = {}
+
+    def reader(zone: str) -> TpuAdapter | ComputeAdapter:
+        if zone not in adapters:
+            adapters[zone] = (compute_adapter(cfg, project, zone) if cfg.tpu["api"] == "compute"
+                              else TpuAdapter(project, zone))
+        return adapters[zone]
+
+    return reader
 
 
 def flex_size(cfg: Config) -> int:

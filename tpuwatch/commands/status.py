@@ -2,8 +2,11 @@
 
 Calls per run: one v2alpha1 get per NAME (or ONE list for `--all`), plus ONE audit-log query
 for every node together, plus, for named nodes only and only when the log holds entries about
-worker VMs (upcoming maintenance), one guest-attribute read per node to name its VMs. This
-command only reads; it never changes a node.
+worker VMs (upcoming maintenance), one guest-attribute read per node to name its VMs. With
+-c for a slice made through Compute Engine (tpu.api = "compute"), the instance or MIG is read
+instead (`--all`: one list of instances, one of MIGs, one listManagedInstances per MIG), and
+each MIG's resize requests once, to show the one in flight. This command only reads; it never
+changes a node.
 """
 
 from __future__ import annotations
@@ -17,15 +20,17 @@ from typing import Any
 import click
 from rich.console import Console
 
-from tpuwatch.cloud.compute import ComputeAdapter, Kind
+from tpuwatch.cloud.compute import ComputeAdapter, is_mig, resize_in_flight
 from tpuwatch.cloud.location import resolve
 from tpuwatch.cloud.logs import AuditLogReader
 from tpuwatch.cloud.tpu import TpuAdapter
+from tpuwatch.config import Config
 from tpuwatch.durations import human
 from tpuwatch.errors import CloudError, NotFoundError, UsageError
-from tpuwatch.model import AuditEvent, NodeSnapshot
-from tpuwatch.ui.node import node_panel
+from tpuwatch.model import AuditEvent, NodeSnapshot, QueuedStatus
+from tpuwatch.ui.node import node_panel, relative
 from tpuwatch.ui.serialize import event_json, node_json, rfc3339
+from tpuwatch.wiring import compute_kind
 
 EVENTS_LOOKBACK = timedelta(days=7)
 
@@ -36,6 +41,10 @@ terminate/restart events from the audit log (last 7 days).
 
 \b
 NAME... one or more TPU names; --all shows every TPU in the zone.
+With -c for a slice made through Compute Engine (tpu.api = "compute"):
+Compute Engine instances and MIGs (--all: each MIG as one node, each
+instance no MIG manages as another), a MIG's resize request in flight
+with its state and since when.
 Project and zone: --project/--zone, then [tpu] in --config, then
 CLOUDSDK_CORE_PROJECT, GOOGLE_CLOUD_PROJECT, CLOUDSDK_COMPUTE_ZONE,
 then the active gcloud configuration.
@@ -48,7 +57,7 @@ then the active gcloud configuration.
   health, usable, health_description, maintenance_time, symptoms,
   upcoming_maintenance, workers, accelerator_type, topology,
   runtime_version, spot, preemptible, labels, metadata_keys,
-  events, job.
+  events, job, resize_request.
 Times are RFC 3339 UTC; an enum value unknown to this version
 shows as "UNKNOWN_ENUM_<n>".
 
@@ -81,6 +90,21 @@ def job_rows(node: NodeSnapshot) -> list[tuple[str, str]]:
     if facts["checkpoint_warning"]:
         rows.append(("warning", facts["checkpoint_warning"]))
     return rows
+
+
+def request_rows(request: QueuedStatus | None, now: datetime) -> list[tuple[str, str]]:
+    """A row for a MIG's resize request in flight: its name, state and since when."""
+    if request is None:
+        return []
+    since = f", since {request.since.strftime('%Y-%m-%d %H:%M:%SZ')} ({relative(request.since, now)})" \
+        if request.since is not None else ""
+    return [("resizing", f"resize request {request.name.rsplit('/', 1)[-1]} {request.state}{since}")]
+
+
+def request_json(request: QueuedStatus | None) -> dict[str, Any] | None:
+    if request is None:
+        return None
+    return {"name": request.name, "state": request.state, "since": rfc3339(request.since)}
 
 
 def journal_facts(node: NodeSnapshot) -> dict[str, Any] | None:
@@ -156,15 +180,13 @@ def command(
     config_path: Path | None, as_json: bool,
 ) -> None:
     cfg_project = cfg_zone = None
-    compute: Kind | None = None
+    cfg: Config | None = None
     wanted = list(dict.fromkeys(names))
     if config_path is not None:
         from tpuwatch.config import load_config
 
         cfg = load_config(config_path, require_command=False)
         cfg_project, cfg_zone = cfg.tpu["project"], cfg.tpu["zone"]
-        if cfg.tpu["api"] == "compute":
-            compute = "instance" if cfg.tpu["instance"] else "mig"
         if not wanted and not all_nodes:
             wanted = list(cfg.tpu_names)  # a multislice job: every slice
     if all_nodes and wanted:
@@ -173,8 +195,11 @@ def command(
         raise UsageError("status: name a TPU (tpuwatch status NAME), or pass --all for every TPU in the zone")
     loc = resolve(project, zone, config_project=cfg_project, config_zone=cfg_zone)
     assert loc.zone is not None  # need_zone=True
-    tpu: TpuAdapter | ComputeAdapter = (TpuAdapter(loc.project, loc.zone) if compute is None else
-                                        ComputeAdapter(loc.project, loc.zone, compute))
+    # A Compute Engine MIG is shown as it is, also with no VM (a flex-start MIG waiting for its
+    # resize request), which a tick reads as the slice gone
+    tpu: TpuAdapter | ComputeAdapter = (ComputeAdapter(loc.project, loc.zone, compute_kind(cfg))
+                                        if cfg is not None and cfg.tpu["api"] == "compute" else
+                                        TpuAdapter(loc.project, loc.zone))
 
     missing: list[str] = []
     nodes: list[NodeSnapshot] = []
@@ -194,6 +219,8 @@ def command(
     # not for --all, where that would be a read per node of the zone.
     instances = None if all_nodes else tpu.worker_instances(*nodes)
     events, events_error = _events_by_node(reader, [n.name for n in nodes], now - EVENTS_LOOKBACK, instances)
+    requests = {n.name: resize_in_flight(tpu, n.name) for n in nodes
+                if isinstance(tpu, ComputeAdapter) and is_mig(n)}
 
     if as_json:
         out: dict[str, Any] = {
@@ -202,7 +229,7 @@ def command(
             "time": rfc3339(now),
             "nodes": [
                 {**node_json(n), "events": [event_json(e) for e in events.get(n.name, [])],
-                 "job": journal_facts(n)}
+                 "job": journal_facts(n), "resize_request": request_json(requests.get(n.name))}
                 for n in nodes
             ],
             "missing": missing,
@@ -214,7 +241,8 @@ def command(
         if all_nodes and not nodes:
             console.print(f"no TPUs in {loc.project}/{loc.zone}")
         for n in nodes:
-            console.print(node_panel(n, now=now, events=events.get(n.name, []), job=job_rows(n)))
+            console.print(node_panel(n, now=now, events=events.get(n.name, []),
+                                     job=request_rows(requests.get(n.name), now) + job_rows(n)))
         if events_error:
             click.echo(f"warning: audit log not read: {events_error}", err=True)
     if missing:
