@@ -132,3 +132,32 @@ def test_run_launches_the_job_once_on_an_instance_and_follows_it_to_its_end(
     assert code == 0, (out, err)
     assert "worker 0: done at step 10" in out, out
     assert (sim.bucket / "ck" / "10").exists()
+
+
+def test_recreate_deletes_and_inserts_an_instance_and_has_a_mig_recreate_its_instances(
+        sim_api: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    w = sim_api.world
+    w.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}})
+    mig = w.add_mig("slice", "tpu7x-standard-4t", 2, labels={"tpuwatch-job": "slice"})
+    environ = env(sim_api, rest, tmp_path)
+    specs = {n: as_json(["init", n, "-o", str(tmp_path / f"init-{n}.toml"), "--json"], environ)["spec"]
+             for n in ("vm", "slice")}
+    vm = config(sim_api, tmp_path, "instance", "vm", compute_spec=specs["vm"])
+    old = w.instance("vm").id
+    w.reset_calls()
+    plan = as_json(["recreate", "vm", "-c", str(vm), "--dry-run"], environ)
+    assert plan["delete"] == {"method": "compute.instances.delete",
+                              "name": f"projects/{w.project}/zones/{w.zone}/instances/vm"}, plan
+    assert plan["create"]["labels"]["tpuwatch-job"] == "vm" and w.instance("vm").id == old
+    done = as_json(["recreate", "vm", "-c", str(vm), "--yes", "--json"], environ)
+    assert done["old_id"] == str(old) and done["new_id"] == str(w.instance("vm").id) != str(old), done
+    assert w.instance("vm").labels["tpuwatch-job"] == "vm"
+    # A MIG is never deleted: it recreates its instances (new ids), its template stays
+    before = {n: w.instance(n).id for n in mig.members}
+    slice_cfg = config(sim_api, tmp_path, "mig", "slice", compute_spec=specs["slice"])
+    done = as_json(["recreate", "slice", "-c", str(slice_cfg), "--yes", "--json"], environ)
+    after = {r.name: r.id for r in w.instances() if r.name in before}
+    assert after.keys() == before.keys() and all(after[n] != before[n] for n in before), (before, after)
+    assert done["new_id"] == "+".join(str(after[n]) for n in sorted(after)) and done["state"] == "READY", done
+    assert not any("InstanceGroupManagers/Delete" in m or "InstanceGroupManagers/Insert" in m for m in w.calls)
+    assert tpu_calls(sim_api) == [], tpu_calls(sim_api)
