@@ -74,11 +74,15 @@ def _node(project: str, zone: str | None, name: str, cfg: Config | None
         [slice_reader(cfg, project)(zone)] if cfg is not None else
         [TpuAdapter(project, zone), *([ComputeAdapter(project, zone, "instance"), ComputeAdapter(project, zone, "mig")]
                                       if compute_available() else [])])
-    for api in apis:
+    for n, api in enumerate(apis):
         try:
             node = api.get_node(name)
         except (CloudError, NotFoundError) as exc:
-            return None, {}, str(exc)
+            return None, {}, str(exc) if n == 0 else None  # a guess at Compute Engine is not worth a warning
+        except UsageError:
+            if n == 0:
+                raise
+            node = None  # not a name Compute Engine allows
         if node is None:
             continue
         try:
@@ -137,9 +141,11 @@ def command(name: str | None, since_text: str, project: str | None, zone: str | 
         from tpuwatch.config import load_config
 
         cfg = load_config(config_path, require_command=False)
-        name = name or cfg.tpu_name
-    if not name:
+        name = cfg.tpu_name if name is None else name
+    if name is None:
         raise UsageError("events: name a TPU (tpuwatch events NAME), or pass -c tpuwatch.toml for the job's")
+    if not name:
+        raise UsageError("events: NAME is empty; give a TPU name")
     loc = resolve(project, zone, need_zone=False, config_project=cfg.tpu["project"] if cfg else None,
                   config_zone=cfg.tpu["zone"] if cfg else None)
     node, instances, upcoming_error = _node(loc.project, loc.zone, name, cfg)
