@@ -92,7 +92,8 @@ def test_status_shows_a_flex_start_migs_resize_request_in_flight_and_all_lists_m
     w.add_mig("slice", "tpu7x-standard-4t", 0, topology="2x2x4", labels={"tpuwatch-job": "slice"})
     w.add_mig("pair", "tpu7x-standard-4t", 2, labels={"tpuwatch-job": "pair"})
     w.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}})
-    w.stockout()  # the request waits for capacity
+    w.stockout()  # the request waits for capacity, for longer than the test (3600 s are 6 s at speed 600)
+    w.delays["resize_timeout"] = 7 * 86400.0
     w.insert_resize_request(w.project, w.zone, "slice", {"name": "slice-first", "resizeBy": 4,
                                                          "requestedRunDuration": {"seconds": "86400"}})
     w.wait_for(lambda world: world.get_resize_request(w.project, w.zone, "slice", "slice-first").state == "ACCEPTED",
@@ -114,6 +115,10 @@ def test_status_shows_a_flex_start_migs_resize_request_in_flight_and_all_lists_m
     shown = {n["name"]: len(n["workers"]) for n in every["nodes"]}
     assert shown == {"slice": 0, "pair": 2, "vm": 1}, shown
     assert tpu_calls(sim_api) == [], tpu_calls(sim_api)
+    # Without -c: a name the TPU API does not know is looked up as an instance, then as a MIG
+    bare = as_json(["status", "pair", "vm", "--json"], environ)
+    assert [(n["name"], n["full_name"].split("/")[-2], len(n["workers"])) for n in bare["nodes"]] == [
+        ("pair", "instanceGroupManagers", 2), ("vm", "instances", 1)], bare
 
 
 def test_precheck_checks_every_instance_of_a_mig(sim: Simulator, rest_ssh: RestFace, tmp_path: Path) -> None:

@@ -5,8 +5,9 @@ for every node together, plus, for named nodes only and only when the log holds 
 worker VMs (upcoming maintenance), one guest-attribute read per node to name its VMs. With
 -c for a slice made through Compute Engine (tpu.api = "compute"), the instance or MIG is read
 instead (`--all`: one list of instances, one of MIGs, one listManagedInstances per MIG), and
-each MIG's resize requests once, to show the one in flight. This command only reads; it never
-changes a node.
+each MIG's resize requests once, to show the one in flight; without -c, a name the TPU API
+does not know costs a get of an instance and of a MIG of that name. This command only reads;
+it never changes a node.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from tpuwatch.cloud.compute import ComputeAdapter, is_mig, resize_in_flight
+from tpuwatch.cloud.compute import ComputeAdapter, Kind, is_mig, resize_in_flight
 from tpuwatch.cloud.location import resolve
 from tpuwatch.cloud.logs import AuditLogReader
 from tpuwatch.cloud.tpu import TpuAdapter
@@ -44,7 +45,8 @@ NAME... one or more TPU names; --all shows every TPU in the zone.
 With -c for a slice made through Compute Engine (tpu.api = "compute"):
 Compute Engine instances and MIGs (--all: each MIG as one node, each
 instance no MIG manages as another), a MIG's resize request in flight
-with its state and since when.
+with its state and since when. Without -c, a NAME the TPU API does not
+know is looked up as a Compute Engine instance, then as a MIG.
 Project and zone: --project/--zone, then [tpu] in --config, then
 CLOUDSDK_CORE_PROJECT, GOOGLE_CLOUD_PROJECT, CLOUDSDK_COMPUTE_ZONE,
 then the active gcloud configuration.
@@ -141,6 +143,27 @@ def journal_facts(node: NodeSnapshot) -> dict[str, Any] | None:
     return out
 
 
+def _compute_guess(project: str, zone: str, name: str, found_by: dict[str, ComputeAdapter]) -> NodeSnapshot | None:
+    """Without -c, a name the TPU API does not know: a Compute Engine instance, else a MIG, of
+    that name (recorded in `found_by`), or None. A read Compute Engine refuses (no permission,
+    the API off, a name it does not allow) is not an answer: the name stays missing."""
+    from tpuwatch.cloud.clients import compute_available
+
+    if not compute_available():
+        return None
+    kinds: tuple[Kind, ...] = ("instance", "mig")
+    for kind in kinds:
+        api = ComputeAdapter(project, zone, kind)
+        try:
+            node = api.get_node(name)
+        except (CloudError, UsageError):
+            return None
+        if node is not None:
+            found_by[name] = api
+            return node
+    return None
+
+
 def _events_by_node(
     reader: AuditLogReader, names: list[str], start: datetime,
     instances: Mapping[str, tuple[str, str]] | None = None,
@@ -203,11 +226,14 @@ def command(
 
     missing: list[str] = []
     nodes: list[NodeSnapshot] = []
+    found_by: dict[str, ComputeAdapter] = {}  # a node found in Compute Engine without -c: its adapter
     if all_nodes:
         nodes = sorted(tpu.list_nodes(), key=lambda n: n.name)
     else:
         for name in wanted:
             node = tpu.get_node(name)
+            if node is None and cfg is None:
+                node = _compute_guess(loc.project, loc.zone, name, found_by)
             if node is None:
                 missing.append(name)
             else:
@@ -217,10 +243,15 @@ def command(
     reader = AuditLogReader(loc.project, zone=loc.zone)
     # Lazy: a node's guest attributes are read only if the log holds an entry about a worker VM;
     # not for --all, where that would be a read per node of the zone.
-    instances = None if all_nodes else tpu.worker_instances(*nodes)
+    def api(node: NodeSnapshot) -> TpuAdapter | ComputeAdapter:
+        return found_by.get(node.name, tpu)
+
+    instances: Mapping[str, tuple[str, str]] | None = None if all_nodes else tpu.worker_instances(*nodes)
+    if found_by:  # (a TPU node's are read lazily; these are known from the get)
+        instances = {k: v for n in nodes for k, v in api(n).worker_instances(n).items()}
     events, events_error = _events_by_node(reader, [n.name for n in nodes], now - EVENTS_LOOKBACK, instances)
-    requests = {n.name: resize_in_flight(tpu, n.name) for n in nodes
-                if isinstance(tpu, ComputeAdapter) and is_mig(n)}
+    requests = {n.name: resize_in_flight(a, n.name) for n in nodes
+                if isinstance(a := api(n), ComputeAdapter) and is_mig(n)}
 
     if as_json:
         out: dict[str, Any] = {
