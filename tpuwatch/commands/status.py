@@ -241,11 +241,11 @@ def command(
 
     now = datetime.now(timezone.utc)
     reader = AuditLogReader(loc.project, zone=loc.zone)
-    # Lazy: a node's guest attributes are read only if the log holds an entry about a worker VM;
-    # not for --all, where that would be a read per node of the zone.
     def api(node: NodeSnapshot) -> TpuAdapter | ComputeAdapter:
         return found_by.get(node.name, tpu)
 
+    # Lazy: a node's guest attributes are read only if the log holds an entry about a worker VM;
+    # not for --all, where that would be a read per node of the zone.
     instances: Mapping[str, tuple[str, str]] | None = None if all_nodes else tpu.worker_instances(*nodes)
     if found_by:  # (a TPU node's are read lazily; these are known from the get)
         instances = {k: v for n in nodes for k, v in api(n).worker_instances(n).items()}
