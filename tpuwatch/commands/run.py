@@ -434,13 +434,13 @@ def command(ctx: click.Context, config_path: Path, project: str | None, zone: st
         if not label.startswith("gs://"):  # a path on the TPU VM: read by the probe, on the worker
             checkpoints = WorkerCheckpoints(label, cfg.job["checkpoint_layout"])
             on_vm = {"checkpoint_dir": checkpoints.root, "on_listing": checkpoints.feed}
-    loc = resolve(project, zone, config_project=cfg.tpu["project"], config_zone=cfg.tpu["zone"])
-    assert loc.zone is not None
-    zone_api = slice_reader(cfg, loc.project)  # one per zone: instance names are read once per node id
     workers = SshWorkers.from_config(cfg, host_keys=lambda n: zone_api(n.zone).host_keys(n.name),
                                      instances=lambda n: zone_api(n.zone).instance_names(n),
                                      **on_vm)
     workers.transport.check()  # an unreadable key is exit 2 before any call
+    loc = resolve(project, zone, config_project=cfg.tpu["project"], config_zone=cfg.tpu["zone"])
+    assert loc.zone is not None
+    zone_api = slice_reader(cfg, loc.project)  # one per zone: instance names are read once per node id
     node = job_node(zone_api(loc.zone).get_node, cfg.tpu_name, cfg.tpu["names"])
     if node is None:
         raise NotFoundError(
