@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuwatch.durations import parse_duration
-from tpuwatch.errors import ConfigError, UsageError
+from tpuwatch.errors import ConfigError
 from tpuwatch.model import NODE_NAME
 
 if sys.version_info >= (3, 11):
@@ -736,13 +736,6 @@ class Config:
     def tpu_names(self) -> tuple[str, ...]:
         """The job's nodes: a multislice job's slices, else its one node."""
         return tuple(self.values["tpu"]["names"]) or (self.tpu_name,)
-
-    def require_tpu_api(self, command: str) -> None:
-        """UsageError (exit 2) when `command` does not speak Compute Engine yet and the job's
-        slice was made through it."""
-        if self.values["tpu"]["api"] == "compute":
-            raise UsageError(f"{command}: not for a slice made through Compute Engine yet (tpu.api = \"compute\"); "
-                             "`watch`, `check`, `status -c`, `history` and `drill` are (docs/compute-engine.md)")
 
     @property
     def job_name(self) -> str:

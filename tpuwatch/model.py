@@ -89,10 +89,12 @@ class NodeSnapshot:
     # The multislice queued resource that made this node with its other slices (full name; the
     # API's `queued_resource` when `multislice_node`), "" for a node made alone
     multislice_request: str = ""
+    # Its full name where that is not a TPU API node's: a Compute Engine instance's or MIG's
+    resource: str = ""
 
     @property
     def full_name(self) -> str:
-        return f"projects/{self.project}/locations/{self.zone}/nodes/{self.name}"
+        return self.resource or f"projects/{self.project}/locations/{self.zone}/nodes/{self.name}"
 
     @property
     def usable(self) -> bool:
@@ -430,15 +432,23 @@ class LaunchResult:
 QR_ENDED = frozenset({"FAILED", "SUSPENDING", "SUSPENDED"})
 
 
+# What stands in line for the capacity: a Cloud TPU queued resource, or a Compute Engine MIG's
+# flex-start resize request
+QueuedKind = Literal["queued_resource", "resize_request"]
+
+
 @dataclass(frozen=True)
 class QueuedStatus:
-    """A queued resource as last seen."""
+    """A queued resource as last seen, or the flex-start resize request of a MIG that stands for
+    one on Compute Engine (its state in the queued resource's words)."""
 
     name: str  # full name
     state: str  # QueuedResourceState.State name; "" when it does not exist
     error_code: int = 0  # google.rpc.Code of a FAILED request
     error_message: str = ""
     node_count: int = 0  # a multislice request's number of nodes (slices); 0 for one node
+    kind: QueuedKind = "queued_resource"
+    since: datetime | None = None  # when the request was made, when known
 
     @property
     def ended(self) -> bool:

@@ -57,7 +57,9 @@ class NodeLifecycle(Protocol):
     """Delete and create the job's node, plainly or through its queued resource
     (tpuwatch.cloud.lifecycle.Lifecycle)."""
 
-    queued_resource: str  # the queued resource's id; "" for a plain node
+    # What the node is made through and waits in line by, in words ("queued resource pod-qr",
+    # "a resize request of MIG slice"); "" for a node made plainly
+    queue: str
 
     def get_node(self, name: str) -> NodeSnapshot | None:
         """The node `name` in the lifecycle's zone, or None."""

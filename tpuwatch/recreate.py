@@ -50,11 +50,16 @@ def ownership_error(node: NodeSnapshot, job: str) -> JobFailed:
     name, zone = node.name, node.zone or "ZONE"
     have = node.owner
     why = "has no tpuwatch-job label" if have is None else f"has {OWNER_LABEL}={have}, not {OWNER_LABEL}={job}"
+    if "/instances/" in node.resource:
+        how = f"add the label: `gcloud compute instances add-labels {name} --zone {zone} --labels {OWNER_LABEL}={job}`"
+    elif node.resource:  # a MIG: its instances carry its template's labels
+        how = f"add the label {OWNER_LABEL}={job} to the MIG's instance template"
+    else:
+        how = (f"run `tpuwatch init {name} --adopt` (or add the label: `gcloud compute tpus tpu-vm update {name} "
+               f"--zone {zone} --update-labels {OWNER_LABEL}={job}`)")
     return JobFailed(
         f"refusing to delete TPU {name}: it {why}, so tpuwatch does not own it. To let tpuwatch "
-        f"delete and recreate it, run `tpuwatch init {name} --adopt` (or add the label: "
-        f"`gcloud compute tpus tpu-vm update {name} --zone {zone} --update-labels {OWNER_LABEL}={job}`), "
-        "or pass --adopt"
+        f"delete and recreate it, {how}, or pass --adopt"
     )
 
 
@@ -220,7 +225,7 @@ def start_create(life: NodeLifecycle, cfg: Config, zone: str, *, resumed: bool =
         failure = classify_exception(exc, started_by_us=resumed)
         if failure.kind == "exists":
             return ""
-        if failure.reason == "already_exists" and not life.queued_resource and _ours(life, cfg):
+        if failure.reason == "already_exists" and not life.queue and _ours(life, cfg):
             # A create whose answer was lost (a deadline, a dropped connection) is retried by
             # the adapter and meets the node it made itself: it carries this job's label.
             return ""

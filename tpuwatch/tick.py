@@ -140,7 +140,7 @@ class Reconciler:
         warnings: list[str] = []
         events, cursor = self._audit(now, mem, node, probes, warnings)
         pre = pre or self._periodic_precheck(now, mem, node, probes)
-        queued = life.status() if life.queued_resource and queued_due(mem, node) else None
+        queued = life.status() if life.queue and queued_due(mem, node) else None
         obs = Observation(
             node=node, events=tuple(events), probes=probes, checkpoint=checkpoint,
             operation=operation, create_failure=create_failure, queued=queued,
@@ -427,7 +427,7 @@ class Reconciler:
             startup["user"] = user
         name = recreate.start_create(life, self.cfg, action.zone, resumed=action.resumed, launch=startup)
         mem = self.journal.record_operation(now, mem, name, "create", action.zone)
-        through = f" through queued resource {life.queued_resource}" if life.queued_resource else ""
+        through = f" through {life.queue}" if life.queue else ""
         note = recreate.command_withheld_note(self.cfg)
         return (f"started creating {action.name}{through} in {action.zone} ({name or 'already exists'}): "
                 f"{action.reason}" + (f"; {note}" if note else "")), mem

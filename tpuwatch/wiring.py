@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tpuwatch.cloud.location import Location, resolve
 from tpuwatch.cloud.logs import AuditLogReader
@@ -20,6 +21,11 @@ from tpuwatch.model import NodeSnapshot
 from tpuwatch.policy import PolicyConfig
 from tpuwatch.policy.signatures import log_signatures, worker_patterns
 from tpuwatch.ports import CheckpointStore, JobPorts, NodeLifecycle, TpuApi
+
+if TYPE_CHECKING:
+    from tpuwatch.cloud.compute import ComputeAdapter, Kind, Reads
+    from tpuwatch.cloud.computelife import ComputeLifecycle
+    from tpuwatch.cloud.tpu import TpuAdapter
 
 
 @dataclass(frozen=True)
@@ -66,9 +72,6 @@ def compute_ports(job: Job, sharing: Sharing | None = None) -> ComputePorts:
     the instance, or three requests for a MIG; with `sharing`, from the zone's instances (and
     MIG) lists shared by the watcher's jobs, plus listManagedInstances for a MIG
     (cloud/zoneinstances.py)."""
-    from tpuwatch.cloud.compute import ComputeAdapter
-    from tpuwatch.cloud.computelife import ComputeLifecycle
-
     cfg, loc = job.cfg, job.location
     adapters: dict[str, ComputeAdapter] = {}
 
@@ -76,12 +79,11 @@ def compute_ports(job: Job, sharing: Sharing | None = None) -> ComputePorts:
         if zone not in adapters:
             reads = (sharing.compute.zone(loc.project, zone).job(sharing.due, slack=sharing.slack)
                      if sharing is not None else None)
-            adapters[zone] = ComputeAdapter(loc.project, zone, "instance" if cfg.tpu["instance"] else "mig",
-                                            flex_start=float(cfg.tpu["flex_start"]), reads=reads)
+            adapters[zone] = compute_adapter(cfg, loc.project, zone, reads=reads)
         return adapters[zone]
 
     def lifecycle(zone: str) -> NodeLifecycle:
-        return ComputeLifecycle(adapter(zone), mig=cfg.tpu["mig"], size=flex_size(cfg))
+        return compute_lifecycle(cfg, adapter(zone))
 
     def host_keys(node: NodeSnapshot) -> Mapping[int, tuple[str, ...]]:
         return adapter(node.zone).host_keys(node.name)
@@ -90,6 +92,44 @@ def compute_ports(job: Job, sharing: Sharing | None = None) -> ComputePorts:
         return adapter(node.zone).instance_names(node)
 
     return adapter, lifecycle, host_keys, instances
+
+
+def compute_kind(cfg: Config) -> Kind:
+    """What names a Compute Engine job's slice: an instance, or a MIG (config checks one is set)."""
+    return "instance" if cfg.tpu["instance"] else "mig"
+
+
+def compute_adapter(cfg: Config, project: str, zone: str, *, reads: Reads | None = None) -> ComputeAdapter:
+    """The Compute Engine adapter of a job whose slice was made through Compute Engine; `reads`:
+    the zone's shared lists in a watcher of several jobs (direct reads without)."""
+    from tpuwatch.cloud.compute import ComputeAdapter
+
+    return ComputeAdapter(project, zone, compute_kind(cfg), flex_start=float(cfg.tpu["flex_start"]), reads=reads)
+
+
+def compute_lifecycle(cfg: Config, adapter: ComputeAdapter) -> ComputeLifecycle:
+    """Delete and create of the job's instance or MIG through `adapter`."""
+    from tpuwatch.cloud.computelife import ComputeLifecycle
+
+    return ComputeLifecycle(adapter, mig=cfg.tpu["mig"], size=flex_size(cfg))
+
+
+def slice_reader(cfg: Config, project: str) -> Callable[[str], TpuAdapter | ComputeAdapter]:
+    """Zone -> the adapter that reads the job's slice there ([tpu] api: the TPU API, or Compute
+    Engine), one per zone: the commands that only read it (`status`, `events`, `precheck`,
+    `run`) get the node, its host keys and instance names from the same adapter, which knows a
+    MIG's instances from its last get."""
+    from tpuwatch.cloud.tpu import TpuAdapter
+
+    adapters: dict[str, TpuAdapter | ComputeAdapter] = {}
+
+    def reader(zone: str) -> TpuAdapter | ComputeAdapter:
+        if zone not in adapters:
+            adapters[zone] = (compute_adapter(cfg, project, zone) if cfg.tpu["api"] == "compute"
+                              else TpuAdapter(project, zone))
+        return adapters[zone]
+
+    return reader
 
 
 def flex_size(cfg: Config) -> int:

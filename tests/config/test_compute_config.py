@@ -61,20 +61,6 @@ def test_a_compute_config_that_does_not_fit_is_refused_naming_the_key(tmp_path: 
     assert message in str(err.value), str(err.value)
 
 
-@pytest.mark.parametrize("command", ["precheck", "run", "recreate"])
-def test_commands_that_speak_only_the_tpu_api_refuse_a_compute_job(tmp_path: Path, command: str) -> None:
-    import subprocess
-    import sys
-
-    path = tmp_path / "tpuwatch.toml"
-    path.write_text('[tpu]\napi = "compute"\nmig = "slice"\nzone = "us-central1-c"\nproject = "proj-1"\n' + JOB)
-    name = ["slice"] if command == "recreate" else []
-    out = subprocess.run([sys.executable, "-m", "tpuwatch.cli", command, *name, "-c", str(path)], capture_output=True,
-                         text=True, timeout=60, stdin=subprocess.DEVNULL,
-                         env={**__import__("os").environ, "TPUWATCH_STATE_DIR": str(tmp_path / "state")})
-    assert out.returncode == 2 and "not for a slice made through Compute Engine yet" in out.stderr, out.stderr
-
-
 def test_a_flex_start_mig_loads_its_run_duration(tmp_path: Path) -> None:
     cfg = load(tmp_path, 'api = "compute"\nmig = "slice"\nflex_start = "24h"\n[tpu.compute_spec.mig]\ntargetSize = 4\n')
     assert cfg.tpu["flex_start"] == 24 * 3600.0

@@ -94,8 +94,9 @@ def ids(sim: Simulator) -> dict[str, int]:
 
 
 def writes(sim: Simulator) -> list[str]:
-    """The Compute Engine calls that change something, as the world counted them."""
-    return sorted(m for m in sim.world.calls if m.startswith("compute.") and
+    """The Compute Engine calls that change something, as the world counted them (a MIG's resize
+    requests listed, as `status` does, are read)."""
+    return sorted(m for m in sim.world.calls if m.startswith("compute.") and not m.endswith(("/List", "/Get")) and
                   any(verb in m for verb in ("Delete", "Insert", "RecreateInstances", "Stop", "Resize")))
 
 

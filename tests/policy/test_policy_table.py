@@ -463,6 +463,15 @@ def test_row_queued_preempted(state: str) -> None:
     assert active.row == "someone_deleting"
 
 
+def test_a_flex_start_resize_request_taken_back_is_told_as_compute_engines_by_its_kind() -> None:
+    # what the request is comes from its kind, not from the shape of its name
+    taken = QueuedStatus("slice-tpuwatch-1", "SUSPENDED", kind="resize_request")
+    d = tick(obs(missing=True, queued=taken), run_mem(), now=500)
+    assert d.row == "queued_preempted" and "not charged" in d.summary
+    assert "Compute Engine took" in d.summary and "resize request slice-tpuwatch-1 is SUSPENDED" in d.summary
+    assert "queued resource" not in d.summary
+
+
 def test_a_queued_resource_given_up_while_its_create_is_followed_is_queued() -> None:
     creating = replace(idle(), phase=Phase.CREATING, zone=ZONES[0],
                        recreate=replace(idle().recreate, pending_op="op-9"))

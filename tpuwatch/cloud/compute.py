@@ -152,6 +152,7 @@ def instance_snapshot(inst: Any, *, project: str, zone: str) -> NodeSnapshot:
         workers=(_endpoint(0, inst),), accelerator_type=short(inst.machine_type), spot=spot(inst),
         preemptible=bool(inst.scheduling.preemptible), labels=dict(inst.labels),
         metadata_keys=tuple(sorted(item.key for item in inst.metadata.items)),
+        resource=f"projects/{project}/zones/{zone}/instances/{inst.name}",
     )
 
 
@@ -215,6 +216,7 @@ def mig_snapshot(mig: Any, managed: Sequence[Any], instances: Sequence[Any], *, 
         accelerator_type=short(first.machine_type) if first is not None else "",
         spot=any(spot(i) for i in ordered), preemptible=any(bool(i.scheduling.preemptible) for i in ordered),
         labels=labels, metadata_keys=tuple(sorted(item.key for item in first.metadata.items)) if first else (),
+        resource=f"projects/{project}/zones/{zone}/instanceGroupManagers/{mig.name}",
     )
 
 
@@ -470,8 +472,16 @@ class ComputeAdapter:
         return node
 
     def list_nodes(self) -> list[NodeSnapshot]:
-        """Every instance of the zone, each as a node of one worker (`status --all`)."""
-        return [instance_snapshot(i, project=self.project, zone=self.zone) for i in self.list_instances()]
+        """Every slice of the zone (`status --all`): each MIG as one node of its instances, each
+        instance no MIG manages as a node of one worker. One list of instances, one of MIGs,
+        and one listManagedInstances per MIG."""
+        instances = {i.name: i for i in self.list_instances()}
+        nodes: list[NodeSnapshot] = []
+        for mig in self.list_migs():
+            managed = self.managed_instances(mig.name)
+            members = [instances.pop(n) for n in (short(m.instance) or m.name for m in managed) if n in instances]
+            nodes.append(mig_snapshot(mig, managed, members, project=self.project, zone=self.zone))
+        return nodes + [instance_snapshot(i, project=self.project, zone=self.zone) for i in instances.values()]
 
     def instance_names(self, node: NodeSnapshot) -> tuple[str, ...]:
         """The node's instances in worker order (known from its last get)."""
@@ -697,7 +707,25 @@ def resize_status(adapter: ComputeAdapter, mig: str) -> QueuedStatus:
     if str(rr.state) == "CANCELLED":
         text = text or "the resize request was cancelled"
     return QueuedStatus(name=f"{adapter._where()}/instanceGroupManagers/{mig}/resizeRequests/{rr.name}",
-                        state=state, error_code=code, error_message=text)
+                        state=state, error_code=code, error_message=text, kind="resize_request",
+                        since=_time(rr.creation_timestamp))
+
+
+def is_mig(node: NodeSnapshot) -> bool:
+    """Whether the node is a MIG (its instances the workers), not one instance."""
+    return node.resource.endswith(f"/instanceGroupManagers/{node.name}")
+
+
+def resize_in_flight(adapter: ComputeAdapter, mig: str) -> QueuedStatus | None:
+    """The MIG's newest resize request still at work (CREATING, or ACCEPTED: waiting for
+    capacity), with when it was made; None when none is (`status`)."""
+    live = [r for r in resize_requests(adapter, mig) if str(r.state) in ("CREATING", "ACCEPTED")]
+    if not live:
+        return None
+    rr = live[-1]
+    return QueuedStatus(name=f"{adapter._where()}/instanceGroupManagers/{mig}/resizeRequests/{rr.name}",
+                        state=_RESIZE_STATES[str(rr.state)], kind="resize_request",
+                        since=_time(rr.creation_timestamp))
 
 
 def resize_operation(adapter: ComputeAdapter, op: str) -> OperationStatus:

@@ -63,7 +63,7 @@ class ComputeLifecycle:
         self.mig = mig  # a flex-start MIG's name, and its VMs: what each resize request asks for
         self.size = size
         # Compute Engine has no queued resources; a flex-start MIG's resize requests stand in
-        self.queued_resource = "resize requests" if api.flex_start else ""
+        self.queue = f"a resize request of MIG {mig}" if self.flex else ""
 
     @property
     def flex(self) -> bool:

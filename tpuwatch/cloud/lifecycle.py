@@ -114,6 +114,7 @@ class Lifecycle:
     def __init__(self, tpu: QueuedApi, queued_resource: str = "", slices: tuple[str, ...] = ()) -> None:
         self.tpu = tpu
         self.queued_resource = queued_id(queued_resource)
+        self.queue = f"queued resource {self.queued_resource}" if self.queued_resource else ""
         self.slices = slices  # a multislice job's nodes <prefix>-0..N-1 (config.multislice_prefix)
 
     def get_node(self, name: str) -> NodeSnapshot | None:

@@ -17,7 +17,7 @@ import sys
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
@@ -27,10 +27,6 @@ from tpuwatch.errors import JobFailed, NotFoundError, UsageError
 from tpuwatch.journal import Journal
 from tpuwatch.model import Checkpoint, NodeSnapshot, job_node
 from tpuwatch.policy import Memory, Phase
-
-if TYPE_CHECKING:
-    from tpuwatch.cloud.compute import ComputeAdapter
-    from tpuwatch.wiring import Job
 
 EPILOG = """\b
 Examples:
@@ -52,14 +48,14 @@ def command(config_path: Path, project: str | None, zone: str | None, worker: in
     """Simulate a maintenance event on the job's TPU and time how the job recovers."""
     from tpuwatch.cloud.compute import ComputeAdapter
     from tpuwatch.cloud.tpu import TpuAdapter
-    from tpuwatch.ports import TpuApi, utcnow
+    from tpuwatch.ports import utcnow
     from tpuwatch.tick import Reconciler
-    from tpuwatch.wiring import load_job, real_ports
+    from tpuwatch.wiring import load_job, real_ports, slice_reader
 
     job = load_job(config_path, project, zone)
     ports = real_ports(job)
     zone_name = job.location.zone or job.pcfg.zones[0]
-    tpu: TpuApi = _compute(job, zone_name) if job.cfg.tpu["api"] == "compute" else TpuAdapter(job.location.project, zone_name)
+    tpu = slice_reader(job.cfg, job.location.project)(zone_name)
     node = job_node(tpu.get_node, job.cfg.tpu_name, job.pcfg.slices)
     _check(node, job.cfg.tpu_name, job.name, worker)
     assert node is not None
@@ -124,13 +120,6 @@ def command(config_path: Path, project: str | None, zone: str | None, worker: in
         for line in _lines(out):
             click.echo(line)
     return 0 if out["ok"] else 1
-
-
-def _compute(job: Job, zone: str) -> ComputeAdapter:
-    """The job's Compute Engine instance or MIG in `zone`."""
-    from tpuwatch.cloud.compute import ComputeAdapter
-
-    return ComputeAdapter(job.location.project, zone, "instance" if job.cfg.tpu["instance"] else "mig")
 
 
 def _check(node: NodeSnapshot | None, name: str, job: str, worker: int) -> None:

@@ -1,8 +1,11 @@
-"""`tpuwatch events NAME [--since 24h|7d|RFC3339]`: the node's maintenance timeline.
+"""`tpuwatch events NAME [-c tpuwatch.toml] [--since 24h|7d|RFC3339]`: the node's maintenance timeline.
 
 One audit-log query (all its pages), oldest event first, with terminateReason as the log
-gives it; when the zone is known, one v2alpha1 get of the node for its announced maintenance
-(the window in local and relative time, whether it may start early, what tpuwatch will do).
+gives it; when the zone is known, one get of the node for its announced maintenance (the
+window in local and relative time, whether it may start early, what tpuwatch will do) and its
+instances, whose Compute Engine entries name them: v2alpha1's, or, for a slice made through
+Compute Engine (-c with tpu.api = "compute", or no TPU node of that name), the instance's or
+the MIG's.
 Read-only; the zone, when known, also narrows matches to that zone's node.
 """
 
@@ -11,15 +14,18 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import click
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tpuwatch.cloud.compute import ComputeAdapter
 from tpuwatch.cloud.location import resolve
 from tpuwatch.cloud.logs import AuditLogReader
 from tpuwatch.cloud.tpu import TpuAdapter, parse_rfc3339
+from tpuwatch.config import Config
 from tpuwatch.durations import parse_duration
 from tpuwatch.errors import CloudError, ConfigError, NotFoundError, TpuwatchError, UsageError
 from tpuwatch.model import NodeSnapshot
@@ -32,7 +38,14 @@ _KIND_STYLE = {"terminate": "red", "restart": "yellow", "upcoming_maintenance": 
 
 HELP = """Show the maintenance timeline of a TPU from the system-event audit log:
 tpu.nodes.terminate (with its terminateReason), tpu.nodes.restart and
-compute.instances.upcomingMaintenance entries, oldest first.
+compute.instances.upcomingMaintenance entries, oldest first. For a TPU made
+through Compute Engine (an instance or a MIG), its instances' system events:
+hostError, preempted, terminateOnHostMaintenance, automaticRestart,
+repair.recreateInstance and upcomingMaintenance.
+
+\b
+NAME: the TPU, instance or MIG (default with -c: the job's [tpu] name; the
+config's [tpu] api then says which API to ask).
 
 \b
 --since takes a duration back from now (90m, 24h, 7d) or an RFC 3339 time
@@ -46,15 +59,37 @@ Exit codes: 0 shown, 2 bad usage (e.g. a malformed --since), 3 cloud API error.
 """
 
 
-def _node(project: str, zone: str | None, name: str) -> tuple[NodeSnapshot | None, str | None]:
-    """The node (for its announced maintenance), when the zone is known; a failed read is told,
-    not fatal: the timeline is this command's answer."""
+def _node(project: str, zone: str | None, name: str, cfg: Config | None
+          ) -> tuple[NodeSnapshot | None, dict[str, tuple[str, str]], str | None]:
+    """The node (for its announced maintenance) and its worker VMs by instance name (whose
+    Compute Engine entries name them), when the zone is known. With -c, the job's [tpu] api says
+    where it is; without, the TPU API first, then a Compute Engine instance or MIG of that name.
+    A failed read is told, not fatal: the timeline is this command's answer."""
     if not zone:
-        return None, None
-    try:
-        return TpuAdapter(project, zone).get_node(name), None
-    except (CloudError, NotFoundError) as exc:
-        return None, str(exc)
+        return None, {}, None
+    from tpuwatch.cloud.clients import compute_available
+    from tpuwatch.wiring import slice_reader
+
+    apis: list[TpuAdapter | ComputeAdapter] = (
+        [slice_reader(cfg, project)(zone)] if cfg is not None else
+        [TpuAdapter(project, zone), *([ComputeAdapter(project, zone, "instance"), ComputeAdapter(project, zone, "mig")]
+                                      if compute_available() else [])])
+    for n, api in enumerate(apis):
+        try:
+            node = api.get_node(name)
+        except (CloudError, NotFoundError) as exc:
+            return None, {}, str(exc) if n == 0 else None  # a guess at Compute Engine is not worth a warning
+        except UsageError:
+            if n == 0:
+                raise
+            node = None  # not a name Compute Engine allows
+        if node is None:
+            continue
+        try:
+            return node, dict(api.worker_instances(node)), None
+        except TpuwatchError:
+            return node, {}, None  # the node's own entries are still shown
+    return None, {}, None
 
 
 def parse_since(text: str, now: datetime) -> datetime:
@@ -84,35 +119,38 @@ Examples:
   tpuwatch events llm-pod                        # the last 24 hours
   tpuwatch events llm-pod --since 7d             # the last week
   tpuwatch events llm-pod --since 2024-05-01T00:00:00Z --json
+  tpuwatch events -c tpuwatch.toml --since 7d    # the job's TPU, instance or MIG
 """
 
 
-def _instances(project: str, zone: str | None, name: str) -> dict[str, tuple[str, str]]:
-    """The node's worker VMs, whose upcoming-maintenance entries name them; {} when unknown."""
-    if not zone:
-        return {}
-    adapter = TpuAdapter(project, zone)
-    try:
-        node = adapter.get_node(name)
-    except TpuwatchError:
-        return {}  # the node's own entries are still shown
-    return dict(adapter.worker_instances(node)) if node is not None else {}
-
-
 @click.command(name="events", help=HELP, epilog=EPILOG)
-@click.argument("name")
+@click.argument("name", required=False)
 @click.option("--since", "since_text", default="24h", show_default=True,
               help="How far back: a duration (24h, 7d) or an RFC 3339 time.")
 @click.option("--project", help="GCP project (default: env, gcloud).")
 @click.option("--zone", help="Only this zone's node of that name (default: env, gcloud; else any zone).")
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="tpuwatch.toml: its [tpu] name, api, project and zone are the defaults.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def command(name: str, since_text: str, project: str | None, zone: str | None, as_json: bool) -> None:
+def command(name: str | None, since_text: str, project: str | None, zone: str | None,
+            config_path: Path | None, as_json: bool) -> None:
     now = datetime.now(timezone.utc)
     start = parse_since(since_text, now)
-    loc = resolve(project, zone, need_zone=False)
+    cfg: Config | None = None
+    if config_path is not None:
+        from tpuwatch.config import load_config
+
+        cfg = load_config(config_path, require_command=False)
+        name = cfg.tpu_name if name is None else name
+    if name is None:
+        raise UsageError("events: name a TPU (tpuwatch events NAME), or pass -c tpuwatch.toml for the job's")
+    if not name:
+        raise UsageError("events: NAME is empty; give a TPU name")
+    loc = resolve(project, zone, need_zone=False, config_project=cfg.tpu["project"] if cfg else None,
+                  config_zone=cfg.tpu["zone"] if cfg else None)
+    node, instances, upcoming_error = _node(loc.project, loc.zone, name, cfg)
     reader = AuditLogReader(loc.project, zone=loc.zone)
-    events = reader.since([name], start, _instances(loc.project, loc.zone, name))
-    node, upcoming_error = _node(loc.project, loc.zone, name)
+    events = reader.since([name], start, instances)
     um = node.upcoming_maintenance if node is not None else None
     watched = node is not None and node.owner is not None
     if as_json:

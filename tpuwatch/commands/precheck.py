@@ -1,13 +1,12 @@
 """`tpuwatch precheck [-c tpuwatch.toml] [NAME]`: run the environment checks on every worker now.
 
-One TPU API get for the node, then one SSH round trip per worker (in parallel). It only reads:
+One get of the node (TPU API, or Compute Engine for tpu.api = "compute"), then one SSH round trip per worker (in parallel). It only reads:
 it fixes nothing (that is the tick's job before a launch) and writes no journal, so it is safe
 to run beside `tpuwatch watch`.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
@@ -52,21 +51,20 @@ VERDICT_STYLE = {"pass": "green", "fail": "red", "warn": "yellow", "skip": "dim"
 def command(name: str | None, config_path: Path, project: str | None, zone: str | None,
             as_json: bool) -> int:
     from tpuwatch.cloud.location import resolve
-    from tpuwatch.cloud.tpu import TpuAdapter
     from tpuwatch.config import load_config
+    from tpuwatch.wiring import slice_reader
     from tpuwatch.workers.precheck import Prechecker, report_dict
     from tpuwatch.workers.sshworkers import SshWorkers
 
     overrides = {"tpu.name": name} if name is not None else None  # "" is refused, not ignored
     cfg = load_config(config_path, overrides, require_command=False)
-    cfg.require_tpu_api("tpuwatch precheck")
     loc = resolve(project, zone, config_project=cfg.tpu["project"], config_zone=cfg.tpu["zone"])
     assert loc.zone is not None
-    zone_api = functools.cache(TpuAdapter)  # one per zone: instance names are read once per node id
-    workers = SshWorkers.from_config(cfg, host_keys=lambda n: zone_api(n.project, n.zone).host_keys(n.name),
-                                     instances=lambda n: zone_api(n.project, n.zone).instance_names(n))
+    zone_api = slice_reader(cfg, loc.project)  # one per zone: instance names are read once per node id
+    workers = SshWorkers.from_config(cfg, host_keys=lambda n: zone_api(n.zone).host_keys(n.name),
+                                     instances=lambda n: zone_api(n.zone).instance_names(n))
     workers.transport.check()  # an unreadable key is exit 2 before any cloud call
-    node = job_node(TpuAdapter(loc.project, loc.zone).get_node, cfg.tpu_name, cfg.tpu["names"])
+    node = job_node(zone_api(loc.zone).get_node, cfg.tpu_name, cfg.tpu["names"])
     if node is None:
         raise NotFoundError(f"no TPU named {cfg.tpu_name} in {loc.project}/{loc.zone}")
     if node.state != "READY" or not node.workers:

@@ -23,11 +23,15 @@ from typing import Any
 import click
 
 from tpuwatch import zonespec
+from tpuwatch.config import Config
 from tpuwatch.errors import JobFailed, UsageError
 from tpuwatch.workers import login
 
 HELP = """Delete the TPU and create it again from [tpu.spec] in the config, with
 tpu.startup_script as its startup-script metadata. Asks for confirmation unless --yes.
+A slice made through Compute Engine (tpu.api = "compute"), in its own zone: an
+instance is deleted and inserted again from [tpu.compute_spec]; a MIG recreates
+its instances (recreateInstances), and is inserted again only when it is gone.
 
 Refuses a TPU that does not carry the label tpuwatch-job=<job> (add it with
 `tpuwatch init NAME --adopt`, or pass --adopt here). On no capacity or quota in the zone,
@@ -94,10 +98,12 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
     from tpuwatch.model import job_node
 
     cfg = load_config(config_path, require_command=False)
-    cfg.require_tpu_api("tpuwatch recreate")
     if name != cfg.tpu_name:
         raise UsageError(f"recreate: {name!r} is not the TPU of {config_path} (tpu.name = {cfg.tpu_name!r}); "
                          "pass the matching -c config")
+    if cfg.tpu["api"] == "compute":
+        _recreate_compute(cfg, config_path, project, zone, yes=yes, dry_run=dry_run, adopt=adopt, as_json=as_json)
+        return
     loc = resolve(project, zone, config_project=cfg.tpu["project"], config_zone=cfg.tpu["zone"])
     assert loc.zone is not None
     api = TpuAdapter(loc.project, loc.zone)
@@ -228,6 +234,99 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
 
     finally:
         journal.close()
+
+def _recreate_compute(cfg: Config, config_path: Path, project: str | None, zone: str | None, *, yes: bool,
+                      dry_run: bool, adopt: bool, as_json: bool) -> None:
+    """A slice made through Compute Engine, in its own zone (it has no fallback zones): an
+    instance is deleted, then inserted again from [tpu.compute_spec.instance]; a MIG recreates
+    its instances (recreateInstances: a multi-host slice only as a whole; the MIG, its template
+    and workload policy stay), and is inserted from its saved body only when it is gone (a
+    flex-start MIG with no VM: a new resize request asks for them)."""
+    from tpuwatch import recreate as rc
+    from tpuwatch.cloud.compute import is_mig
+    from tpuwatch.cloud.location import resolve
+    from tpuwatch.wiring import compute_adapter, compute_lifecycle
+
+    name, job = cfg.tpu_name, cfg.job_name
+    loc = resolve(project, zone, config_project=cfg.tpu["project"], config_zone=cfg.tpu["zone"])
+    assert loc.zone is not None
+    api = compute_adapter(cfg, loc.project, loc.zone)
+    life = compute_lifecycle(cfg, api)
+    launch = _latest_checkpoint(cfg)
+    node = api.get_node(name)
+    if node is not None and not adopt and not node.owned_by(job):
+        raise rc.ownership_error(node, job)
+    recreated_in_place = node is not None and is_mig(node)  # the MIG stays: no insert
+    create = None if recreated_in_place else rc.compute_request(cfg, launch)  # validates before any change
+    delete: dict[str, Any] | None = None
+    if node is not None:
+        delete = ({"method": "compute.instanceGroupManagers.recreateInstances", "name": node.full_name,
+                   "instances": list(api.instance_names(node))} if recreated_in_place else
+                  {"method": "compute.instances.delete", "name": node.full_name})
+    if dry_run:
+        click.echo(json.dumps({"delete": delete, "create": None if create is None else rc.redacted(create)}, indent=2))
+        return
+    where = f"{loc.project}/{loc.zone}"
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError("recreate: no terminal to ask for confirmation on; pass --yes to recreate "
+                             "without asking (or --dry-run to see the requests)")
+        what = (f"Recreate every instance of MIG {name} ({node.state}) in {where}" if recreated_in_place and node else
+                f"Delete instance {name} (id {node.id}, {node.state}) in {where} and create it again" if node else
+                f"{name} does not exist in {where}. Create it")
+        click.confirm(f"{what} from {config_path}?", abort=True)
+
+    journal = _open_journal(cfg)
+    mem = journal.load_memory()
+    if mem is not None and "launch" not in launch:
+        launch["attempt"] = str(mem.attempt.number + 1)
+    try:
+        if user := login.user_for_create(journal):
+            launch = {**launch, "user": user}
+        echo = (lambda text: click.echo(text, err=True)) if as_json else click.echo
+
+        def say(text: str) -> None:
+            echo(text)
+            with journal.transaction():
+                journal.add_event(datetime.now(timezone.utc), "recreate", text, {"by": "tpuwatch recreate"})
+
+        old_id = node.id if node is not None else None
+        if node is not None:
+            op, what = rc.start_delete(life, node, job, adopt=adopt)
+            say(f"{'recreating' if recreated_in_place else 'deleting'} {what}: {op}")
+            _wait_done(rc, api, op, f"{'recreate' if recreated_in_place else 'delete'} of {name}")
+            # an instance's name is free once it is gone; a MIG's instances are new once its id
+            # changed and it runs again
+            rc.poll_until(lambda: (seen := api.get_node(name)) is None or (seen.id != old_id and seen.usable),
+                          f"{name} not recreated after its {'recreate' if recreated_in_place else 'delete'} "
+                          "finished", timeout=3600.0)
+        new = api.get_node(name) if recreated_in_place else None
+        if new is None:
+            if cleared := life.clear_ended():  # a flex-start MIG's ended resize requests
+                say(cleared)
+            try:
+                op = rc.start_create(life, cfg, loc.zone, launch=launch)
+            except rc.CreateRejected as exc:
+                raise JobFailed(f"create of {name} in {loc.zone} refused: {exc.failure.message}"
+                                + (" (no capacity or quota; `tpuwatch watch` queues the create until "
+                                   "recovery.queue_timeout)" if exc.failure.queueable else "")) from None
+            say(f"creating {name} in {loc.zone}" + (f" through {life.queue}" if life.queue else "") + f": {op}")
+            if op:
+                status = rc.wait_operation(api, op, timeout=3600, what=f"create of {name} in {loc.zone}")
+                failure = rc.classify_operation(status, started_by_us=True)
+                if failure is not None and failure.kind != "exists":
+                    raise JobFailed(f"create of {name} in {loc.zone} failed: {failure.code}: {failure.message}")
+            new = api.get_node(name)
+        new_id = new.id if new is not None else ""
+        if as_json:
+            click.echo(json.dumps({"name": name, "project": loc.project, "zone": loc.zone, "old_id": old_id,
+                                   "new_id": new_id, "state": new.state if new else "", "queued_resource": None},
+                                  indent=2))
+        else:
+            say(f"recreated {name} in {loc.zone}: new id {new_id}" + (f" (was {old_id})" if old_id else ""))
+    finally:
+        journal.close()
+
 
 def _open_journal(cfg: Any) -> Any:
     from tpuwatch.journal import Busy, Journal

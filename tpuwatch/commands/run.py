@@ -9,13 +9,12 @@ not restarted. Ctrl-C detaches; --stop-on-exit stops the job instead.
 Exit codes: 0 worker 0 exited 0 (or detached by Ctrl-C); 1 the job failed, a worker is
 unreachable or the node is not usable (a person or `tpuwatch watch` must act: exit 3 is kept
 for the cloud API itself, as everywhere); 2 bad config (unknown placeholder, unreadable key);
-3 the TPU API or the checkpoint bucket cannot be used.
+3 the cloud API (TPU or Compute Engine) or the checkpoint bucket cannot be used.
 This module holds the command's flow; SSH lives in tpuwatch.workers, the API in tpuwatch.cloud.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import signal
 import sys
@@ -420,12 +419,11 @@ Examples:
 def command(ctx: click.Context, config_path: Path, project: str | None, zone: str | None,
             all_logs: bool, stop_on_exit: bool, as_json: bool) -> int:
     from tpuwatch.cloud.location import resolve
-    from tpuwatch.cloud.tpu import TpuAdapter
     from tpuwatch.config import load_config
+    from tpuwatch.wiring import slice_reader
 
     debug = bool((ctx.obj or {}).get("debug"))
     cfg = load_config(config_path)
-    cfg.require_tpu_api("tpuwatch run")
     checkpoints: Any = None
     on_vm: dict[str, Any] = {}
     label = cfg.job["checkpoint_dir"]
@@ -436,14 +434,14 @@ def command(ctx: click.Context, config_path: Path, project: str | None, zone: st
         if not label.startswith("gs://"):  # a path on the TPU VM: read by the probe, on the worker
             checkpoints = WorkerCheckpoints(label, cfg.job["checkpoint_layout"])
             on_vm = {"checkpoint_dir": checkpoints.root, "on_listing": checkpoints.feed}
-    zone_api = functools.cache(TpuAdapter)  # one per zone: instance names are read once per node id
-    workers = SshWorkers.from_config(cfg, host_keys=lambda n: zone_api(n.project, n.zone).host_keys(n.name),
-                                     instances=lambda n: zone_api(n.project, n.zone).instance_names(n),
+    workers = SshWorkers.from_config(cfg, host_keys=lambda n: zone_api(n.zone).host_keys(n.name),
+                                     instances=lambda n: zone_api(n.zone).instance_names(n),
                                      **on_vm)
     workers.transport.check()  # an unreadable key is exit 2 before any call
     loc = resolve(project, zone, config_project=cfg.tpu["project"], config_zone=cfg.tpu["zone"])
     assert loc.zone is not None
-    node = job_node(TpuAdapter(loc.project, loc.zone).get_node, cfg.tpu_name, cfg.tpu["names"])
+    zone_api = slice_reader(cfg, loc.project)  # one per zone: instance names are read once per node id
+    node = job_node(zone_api(loc.zone).get_node, cfg.tpu_name, cfg.tpu["names"])
     if node is None:
         raise NotFoundError(
             f"no TPU named {cfg.tpu_name} in {loc.project}/{loc.zone} (tpu.name in {config_path}); "

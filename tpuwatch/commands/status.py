@@ -2,8 +2,12 @@
 
 Calls per run: one v2alpha1 get per NAME (or ONE list for `--all`), plus ONE audit-log query
 for every node together, plus, for named nodes only and only when the log holds entries about
-worker VMs (upcoming maintenance), one guest-attribute read per node to name its VMs. This
-command only reads; it never changes a node.
+worker VMs (upcoming maintenance), one guest-attribute read per node to name its VMs. With
+-c for a slice made through Compute Engine (tpu.api = "compute"), the instance or MIG is read
+instead (`--all`: one list of instances, one of MIGs, one listManagedInstances per MIG), and
+each MIG's resize requests once, to show the one in flight; without -c, a name the TPU API
+does not know costs a get of an instance and of a MIG of that name. This command only reads;
+it never changes a node.
 """
 
 from __future__ import annotations
@@ -17,15 +21,17 @@ from typing import Any
 import click
 from rich.console import Console
 
-from tpuwatch.cloud.compute import ComputeAdapter, Kind
+from tpuwatch.cloud.compute import ComputeAdapter, Kind, is_mig, resize_in_flight
 from tpuwatch.cloud.location import resolve
 from tpuwatch.cloud.logs import AuditLogReader
 from tpuwatch.cloud.tpu import TpuAdapter
+from tpuwatch.config import Config
 from tpuwatch.durations import human
 from tpuwatch.errors import CloudError, NotFoundError, UsageError
-from tpuwatch.model import AuditEvent, NodeSnapshot
-from tpuwatch.ui.node import node_panel
+from tpuwatch.model import AuditEvent, NodeSnapshot, QueuedStatus
+from tpuwatch.ui.node import node_panel, relative
 from tpuwatch.ui.serialize import event_json, node_json, rfc3339
+from tpuwatch.wiring import compute_kind
 
 EVENTS_LOOKBACK = timedelta(days=7)
 
@@ -36,6 +42,11 @@ terminate/restart events from the audit log (last 7 days).
 
 \b
 NAME... one or more TPU names; --all shows every TPU in the zone.
+With -c for a slice made through Compute Engine (tpu.api = "compute"):
+Compute Engine instances and MIGs (--all: each MIG as one node, each
+instance no MIG manages as another), a MIG's resize request in flight
+with its state and since when. Without -c, a NAME the TPU API does not
+know is looked up as a Compute Engine instance, then as a MIG.
 Project and zone: --project/--zone, then [tpu] in --config, then
 CLOUDSDK_CORE_PROJECT, GOOGLE_CLOUD_PROJECT, CLOUDSDK_COMPUTE_ZONE,
 then the active gcloud configuration.
@@ -48,7 +59,7 @@ then the active gcloud configuration.
   health, usable, health_description, maintenance_time, symptoms,
   upcoming_maintenance, workers, accelerator_type, topology,
   runtime_version, spot, preemptible, labels, metadata_keys,
-  events, job.
+  events, job, resize_request.
 Times are RFC 3339 UTC; an enum value unknown to this version
 shows as "UNKNOWN_ENUM_<n>".
 
@@ -83,6 +94,21 @@ def job_rows(node: NodeSnapshot) -> list[tuple[str, str]]:
     return rows
 
 
+def request_rows(request: QueuedStatus | None, now: datetime) -> list[tuple[str, str]]:
+    """A row for a MIG's resize request in flight: its name, state and since when."""
+    if request is None:
+        return []
+    since = f", since {request.since.strftime('%Y-%m-%d %H:%M:%SZ')} ({relative(request.since, now)})" \
+        if request.since is not None else ""
+    return [("resizing", f"resize request {request.name.rsplit('/', 1)[-1]} {request.state}{since}")]
+
+
+def request_json(request: QueuedStatus | None) -> dict[str, Any] | None:
+    if request is None:
+        return None
+    return {"name": request.name, "state": request.state, "since": rfc3339(request.since)}
+
+
 def journal_facts(node: NodeSnapshot) -> dict[str, Any] | None:
     """What the job's journal says about the job on `node` (read-only), or None."""
     from tpuwatch.config import default_state_dir
@@ -115,6 +141,27 @@ def journal_facts(node: NodeSnapshot) -> dict[str, Any] | None:
     if isinstance(warning, dict) and warning.get("text"):
         out["checkpoint_warning"] = f"{warning['text']} (as of {warning.get('time', '?')})"
     return out
+
+
+def _compute_guess(project: str, zone: str, name: str, found_by: dict[str, ComputeAdapter]) -> NodeSnapshot | None:
+    """Without -c, a name the TPU API does not know: a Compute Engine instance, else a MIG, of
+    that name (recorded in `found_by`), or None. A read Compute Engine refuses (no permission,
+    the API off, a name it does not allow) is not an answer: the name stays missing."""
+    from tpuwatch.cloud.clients import compute_available
+
+    if not compute_available():
+        return None
+    kinds: tuple[Kind, ...] = ("instance", "mig")
+    for kind in kinds:
+        api = ComputeAdapter(project, zone, kind)
+        try:
+            node = api.get_node(name)
+        except (CloudError, UsageError):
+            return None
+        if node is not None:
+            found_by[name] = api
+            return node
+    return None
 
 
 def _events_by_node(
@@ -156,15 +203,13 @@ def command(
     config_path: Path | None, as_json: bool,
 ) -> None:
     cfg_project = cfg_zone = None
-    compute: Kind | None = None
+    cfg: Config | None = None
     wanted = list(dict.fromkeys(names))
     if config_path is not None:
         from tpuwatch.config import load_config
 
         cfg = load_config(config_path, require_command=False)
         cfg_project, cfg_zone = cfg.tpu["project"], cfg.tpu["zone"]
-        if cfg.tpu["api"] == "compute":
-            compute = "instance" if cfg.tpu["instance"] else "mig"
         if not wanted and not all_nodes:
             wanted = list(cfg.tpu_names)  # a multislice job: every slice
     if all_nodes and wanted:
@@ -173,16 +218,22 @@ def command(
         raise UsageError("status: name a TPU (tpuwatch status NAME), or pass --all for every TPU in the zone")
     loc = resolve(project, zone, config_project=cfg_project, config_zone=cfg_zone)
     assert loc.zone is not None  # need_zone=True
-    tpu: TpuAdapter | ComputeAdapter = (TpuAdapter(loc.project, loc.zone) if compute is None else
-                                        ComputeAdapter(loc.project, loc.zone, compute))
+    # A Compute Engine MIG is shown as it is, also with no VM (a flex-start MIG waiting for its
+    # resize request), which a tick reads as the slice gone
+    tpu: TpuAdapter | ComputeAdapter = (ComputeAdapter(loc.project, loc.zone, compute_kind(cfg))
+                                        if cfg is not None and cfg.tpu["api"] == "compute" else
+                                        TpuAdapter(loc.project, loc.zone))
 
     missing: list[str] = []
     nodes: list[NodeSnapshot] = []
+    found_by: dict[str, ComputeAdapter] = {}  # a node found in Compute Engine without -c: its adapter
     if all_nodes:
         nodes = sorted(tpu.list_nodes(), key=lambda n: n.name)
     else:
         for name in wanted:
             node = tpu.get_node(name)
+            if node is None and cfg is None:
+                node = _compute_guess(loc.project, loc.zone, name, found_by)
             if node is None:
                 missing.append(name)
             else:
@@ -190,10 +241,17 @@ def command(
 
     now = datetime.now(timezone.utc)
     reader = AuditLogReader(loc.project, zone=loc.zone)
+    def api(node: NodeSnapshot) -> TpuAdapter | ComputeAdapter:
+        return found_by.get(node.name, tpu)
+
     # Lazy: a node's guest attributes are read only if the log holds an entry about a worker VM;
     # not for --all, where that would be a read per node of the zone.
-    instances = None if all_nodes else tpu.worker_instances(*nodes)
+    instances: Mapping[str, tuple[str, str]] | None = None if all_nodes else tpu.worker_instances(*nodes)
+    if found_by:  # (a TPU node's are read lazily; these are known from the get)
+        instances = {k: v for n in nodes for k, v in api(n).worker_instances(n).items()}
     events, events_error = _events_by_node(reader, [n.name for n in nodes], now - EVENTS_LOOKBACK, instances)
+    requests = {n.name: resize_in_flight(a, n.name) for n in nodes
+                if isinstance(a := api(n), ComputeAdapter) and is_mig(n)}
 
     if as_json:
         out: dict[str, Any] = {
@@ -202,7 +260,7 @@ def command(
             "time": rfc3339(now),
             "nodes": [
                 {**node_json(n), "events": [event_json(e) for e in events.get(n.name, [])],
-                 "job": journal_facts(n)}
+                 "job": journal_facts(n), "resize_request": request_json(requests.get(n.name))}
                 for n in nodes
             ],
             "missing": missing,
@@ -214,7 +272,8 @@ def command(
         if all_nodes and not nodes:
             console.print(f"no TPUs in {loc.project}/{loc.zone}")
         for n in nodes:
-            console.print(node_panel(n, now=now, events=events.get(n.name, []), job=job_rows(n)))
+            console.print(node_panel(n, now=now, events=events.get(n.name, []),
+                                     job=request_rows(requests.get(n.name), now) + job_rows(n)))
         if events_error:
             click.echo(f"warning: audit log not read: {events_error}", err=True)
     if missing:

@@ -191,7 +191,7 @@ def queued_why(draft: Draft) -> str:
     q = draft.obs.queued
     assert q is not None
     detail = f" ({q.error_message})" if q.error_message else ""
-    if "/resizeRequests/" in q.name:  # a flex-start MIG's request stands for its queued resource
+    if q.kind == "resize_request":  # a flex-start MIG's request stands for its queued resource
         return (f"Compute Engine took {draft.subject} back: its resize request {q.name.rsplit('/', 1)[-1]} "
                 f"is {q.state}{detail}; not charged")
     return (f"the Cloud TPU service took {draft.subject} back: its queued resource "

@@ -353,6 +353,7 @@ class Instances(NodeFaults):
                 r.status, r.last_start_ns = "RUNNING", time.time_ns()
             self._end_cop(op_key)
             self._instance_up(r)
+            self._touch()  # a waiter on the instance (or on its MIG's stability) sees it RUNNING
 
     def _boot_instance(self, rec: InstanceRec) -> str:
         """Boot the instance's host (on the scheduler thread); its address."""
