@@ -151,12 +151,18 @@ def test_up_after_maintenance_reboots(hosts: Hosts, tmp_path: Path) -> None:
     home, root = hosts.worker_home(NODE, 0), hosts.host_root(NODE, 0)
     wait_for(lambda: hosts.startup_status(NODE, 0) == 0)
     (root / "tmp" / "libtpu_lockfile").write_text("")
+    boot_id = root / "proc" / "sys" / "kernel" / "random" / "boot_id"
+    first = boot_id.read_text()
+    hosts.down(NODE)
+    hosts.up(NODE, reboot=False)  # processes killed, no reboot: the same boot
+    assert boot_id.read_text() == first
     hosts.down(NODE)
     hosts.up(NODE)
     wait_for(lambda: hosts.startup_status(NODE, 0) == 0)
     assert (home / "boots").read_text() == "run\nrun\n"  # the startup script ran on each boot
     assert not (root / "tmp" / "libtpu_lockfile").exists()  # /tmp emptied by the reboot
     assert (root / "dev" / "accel0").exists()
+    assert boot_id.read_text() != first  # as a kernel gives each boot an id of its own
     hosts.up(NODE)  # already up: no reboot
     assert hosts.startup_status(NODE, 0) == 0
 

@@ -1,7 +1,8 @@
 """Simulated TPU VM workers: one SSH server (asyncssh) per worker, each on its own loopback IP.
 
-A worker is a home directory, a host root (its `/dev/accel*`, `/tmp`, `/dev/shm`, found through
-`TPUWATCH_HOST_ROOT`), an ed25519 host key, an SSH listener on `127.<b>.<node>.<worker>`
+A worker is a home directory, a host root (its `/dev/accel*`, `/tmp`, `/dev/shm` and the kernel's
+boot id `/proc/sys/kernel/random/boot_id`, new at every boot; found through `TPUWATCH_HOST_ROOT`),
+an ed25519 host key, an SSH listener on `127.<b>.<node>.<worker>`
 (Linux routes all of 127/8 to `lo`, so `.0` and `.255` are ordinary addresses there and a node
 holds up to 256 workers, a v5p-2048) and a metadata server on the same address (another port
 shared by all workers; `GCE_METADATA_HOST=<worker ip>:<port>` in every process's environment, so
@@ -40,6 +41,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +83,7 @@ class HostWorker:
     ssh_mode: str = ""  # an SSH fault: "refuse" or "hang" (see Hosts.ssh_fault); "" serves
     blackhole: asyncio.AbstractServer | None = None  # accepts SSH connections, never answers
     held: list[asyncio.StreamWriter] = field(default_factory=list)  # connections it holds
+    boot_id: str = field(default_factory=lambda: str(uuid.uuid4()))  # a new one at every (re)boot
 
     @property
     def home(self) -> Path:
@@ -147,6 +150,8 @@ class Hosts:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Metadata reads waiting for one thread call (_instance_async), and their answers
+        self._looks: list[tuple[HostWorker, asyncio.Future[md.Instance]]] = []
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -479,6 +484,11 @@ class Hosts:
         dev = w.host_root / "dev"
         (w.host_root / "tmp").mkdir(parents=True, exist_ok=True)
         (dev / "shm").mkdir(parents=True, exist_ok=True)
+        # What a real host's kernel gives each boot: remote.sh tells by it that nothing of an
+        # attempt launched in an earlier boot can be alive.
+        kernel = w.host_root / "proc" / "sys" / "kernel" / "random"
+        kernel.mkdir(parents=True, exist_ok=True)
+        (kernel / "boot_id").write_text(w.boot_id + "\n")
         chips = w.node.chips_per_host
         if w.node.vfio:  # v5+ hosts expose chips through VFIO
             (dev / "vfio").mkdir(exist_ok=True)
@@ -563,11 +573,51 @@ class Hosts:
     async def _instance_async(self, w: HostWorker) -> md.Instance:
         if self.metadata_source is None:
             return self._instance(w)
-        # The source may take the world's lock; a thread keeps the loop (and SSH) serving.
+        # The source may take the world's lock: a thread keeps the loop (and SSH) serving. The
+        # reads made in one turn of the loop share one thread call: every relay of a pod waits on
+        # its metadata server, each looking again every 50 ms (metadata.py), on the same beat.
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[md.Instance] = loop.create_future()
+        self._looks.append((w, fut))
+        if len(self._looks) == 1:
+            loop.call_soon(self._read_looks)
+        return await fut
+
+    def _read_looks(self) -> None:
+        looks, self._looks = self._looks, []
+
+        def read() -> list[md.Instance | BaseException]:
+            out: list[md.Instance | BaseException] = []
+            for w, _ in looks:
+                try:
+                    out.append(self._instance(w))
+                except Exception as exc:  # noqa: BLE001 - handed to that read's caller
+                    out.append(exc)
+            return out
+
+        def answer(done: asyncio.Future[list[md.Instance | BaseException]]) -> None:
+            if done.cancelled():
+                got: list[md.Instance | BaseException] = [ConnectionAbortedError("the simulator is stopping")] * len(looks)
+            elif (error := done.exception()) is not None:
+                got = [error] * len(looks)
+            else:
+                got = done.result()
+            for (_, fut), one in zip(looks, got, strict=True):
+                if fut.done():
+                    continue
+                if isinstance(one, RuntimeError):  # the simulator stops under this request
+                    one = ConnectionAbortedError(f"the simulator is stopping: {one}")
+                if isinstance(one, BaseException):
+                    fut.set_exception(one)
+                else:
+                    fut.set_result(one)
+
         try:
-            return await asyncio.get_running_loop().run_in_executor(None, self._instance, w)
-        except RuntimeError as exc:  # the simulator stops under this request: its executor is gone
-            raise ConnectionAbortedError(f"the simulator is stopping: {exc}") from None
+            asyncio.get_running_loop().run_in_executor(None, read).add_done_callback(answer)
+        except RuntimeError as exc:  # the simulator stops under these requests: its executor is gone
+            for _, fut in looks:
+                if not fut.done():
+                    fut.set_exception(ConnectionAbortedError(f"the simulator is stopping: {exc}"))
 
     async def _unlisten(self, w: HostWorker) -> None:
         await self._close_blackhole(w)
@@ -607,6 +657,7 @@ class Hosts:
             return  # already up: nothing rebooted
         for w in down:
             if reboot:
+                w.boot_id = str(uuid.uuid4())
                 shutil.rmtree(w.host_root / "tmp", ignore_errors=True)
                 shutil.rmtree(w.host_root / "dev" / "shm", ignore_errors=True)
                 self._make_host_root(w)

@@ -37,8 +37,16 @@ tw_find_ancestors() {  # our own shell and everything above it: never signalled
   done
 }
 
-tw_glob_escape() {  # $1 with find -lname's wildcard characters made literal
-  printf '%s' "$1" | sed 's/[][*?\\]/\\&/g'
+tw_glob_escape() {  # variable $1 := $2 with find -lname's wildcard characters made literal (no fork)
+  local _tw_s=$2 _tw_o="" _tw_c
+  while [ -n "$_tw_s" ]; do
+    _tw_c=${_tw_s:0:1} _tw_s=${_tw_s:1}
+    case $_tw_c in
+      '[' | ']' | '*' | '?' | '\') _tw_o+="\\$_tw_c" ;;
+      *) _tw_o+=$_tw_c ;;
+    esac
+  done
+  printf -v "$1" '%s' "$_tw_o"
 }
 
 # A plain user cannot read other users' /proc/<pid>/fd: their device holders are invisible. Scan
@@ -47,7 +55,7 @@ tw_glob_escape() {  # $1 with find -lname's wildcard characters made literal
 tw_fd_scan=""
 tw_scan_how() {
   [ -n "$tw_fd_scan" ] && return 0
-  if [ "$(id -u)" = 0 ]; then
+  if [ "${EUID:-$(id -u)}" = 0 ]; then
     tw_fd_scan=root
   elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
     tw_fd_scan=sudo
