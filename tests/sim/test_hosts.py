@@ -15,6 +15,7 @@ import pytest
 
 from tpuwatch.errors import UsageError
 from tpuwatch.sim.hosts import STARTUP_LOG, Hosts
+from tpuwatch.workers import protocol
 
 NODE = "proj/us-central2-b/pod"
 SSH = "/usr/bin/ssh"
@@ -191,6 +192,22 @@ def test_detached_processes_killed_by_kill_worker_and_down(hosts: Hosts, tmp_pat
     hosts.down(NODE)
     assert not alive(p0)
     assert hosts.pids(NODE) == []
+
+
+def test_each_worker_lists_only_its_own_processes(hosts: Hosts, tmp_path: Path) -> None:
+    """As a real VM's /proc shows only its own processes, the worker-side scripts' list of this
+    host's processes (procs.sh tw_procs) holds a worker's detached job, not another worker's."""
+    ips = hosts.boot(NODE, "1", 2, None)
+    kh = tmp_path / "known_hosts"
+    env = ssh(hosts, ips[0], "echo ${TPUWATCH_SIM_PROCS:-}", known_hosts=kh)
+    if not env.stdout.strip():
+        pytest.skip("this machine gives the simulator no cgroup of its own: every host sees every process")
+    p0, p1 = _detached_sleep(hosts, ips[0], kh), _detached_sleep(hosts, ips[1], kh)
+    procs = (Path(protocol.__file__).parent / "procs.sh").read_text()
+    listed = ssh(hosts, ips[0], "bash -s", known_hosts=kh, stdin=procs + '\ntw_procs; echo "${TW_PROCS[@]}"\n')
+    assert listed.returncode == 0, listed.stderr
+    mine = {int(p.removeprefix("/proc/")) for p in listed.stdout.split()}
+    assert p0 in mine and p1 not in mine, listed.stdout
 
 
 def test_hang_stops_job_processes_but_ssh_answers(hosts: Hosts, tmp_path: Path) -> None:

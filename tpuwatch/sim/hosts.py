@@ -38,6 +38,7 @@ import secrets
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -55,6 +56,10 @@ from tpuwatch.sim import metadata as md
 from tpuwatch.sim.sshd import ConnReset, WorkerServer
 
 MARKER = "TPUWATCH_SIM_WORKER"
+# Every shell a worker starts first moves itself into the worker's cgroup (when the simulator
+# could make one): a real VM's /proc shows its own processes only, and the worker-side scripts
+# list this host's processes from TPUWATCH_SIM_PROCS instead of every process of the machine.
+ENTER_CGROUP = '[ -z "${TPUWATCH_SIM_PROCS:-}" ] || { echo $$ >"$TPUWATCH_SIM_PROCS"; } 2>/dev/null\n'
 STARTUP_LOG = "startup-script.log"
 STARTUP_EXIT = "startup-script.exit"  # written when the startup script ends: its exit status
 MAX_WORKERS = 256  # the last octet of a worker's address (a v5p-2048 has 256 hosts)
@@ -84,6 +89,7 @@ class HostWorker:
     blackhole: asyncio.AbstractServer | None = None  # accepts SSH connections, never answers
     held: list[asyncio.StreamWriter] = field(default_factory=list)  # connections it holds
     boot_id: str = field(default_factory=lambda: str(uuid.uuid4()))  # a new one at every (re)boot
+    cgroup: Path | None = None  # the cgroup its processes are in, when the simulator made one
 
     @property
     def home(self) -> Path:
@@ -119,6 +125,8 @@ class _Node:
 class Hosts:
     """The simulated workers of every node of one simulator instance."""
 
+    enter_cgroup = ENTER_CGROUP
+
     def __init__(self, root: Path, *, speed: float = 600.0, user: str | None = None,
                  extra_env: Mapping[str, str] | None = None,
                  metadata_source: Callable[[str, int], md.Instance | None] | None = None) -> None:
@@ -152,6 +160,7 @@ class Hosts:
         self._tasks: set[asyncio.Task[Any]] = set()
         # Metadata reads waiting for one thread call (_instance_async), and their answers
         self._looks: list[tuple[HostWorker, asyncio.Future[md.Instance]]] = []
+        self._cgroups: Path | None = None  # made at start; None: the machine's processes are every host's
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -159,6 +168,7 @@ class Hosts:
         """Start the event loop thread that serves every worker."""
         if self._loop is not None:
             return
+        self._cgroups = _cgroup_root(self.instance)
         loop = asyncio.new_event_loop()
         ready = threading.Event()
 
@@ -177,6 +187,7 @@ class Hosts:
         loop, thread = self._loop, self._thread
         if loop is None or thread is None:
             self._kill_marked(f"{self.instance}/", prefix=True)
+            _remove_cgroup(self._cgroups)
             return
         try:
             self._call(self._close)
@@ -187,6 +198,10 @@ class Hosts:
                 loop.close()
             self._loop = self._thread = None
             self._kill_marked(f"{self.instance}/", prefix=True)  # anything born during shutdown
+            for node in self._nodes.values():
+                for w in node.workers:
+                    _remove_cgroup(w.cgroup)
+            _remove_cgroup(self._cgroups)
 
     def __enter__(self) -> Hosts:
         self.start()
@@ -452,6 +467,7 @@ class Hosts:
         for i in range(n):
             wdir = node_dir / f"worker-{i}"
             w = HostWorker(node, i, self._ip(slot, i), wdir, None)
+            w.cgroup = self._make_cgroup(f"{slot:03d}-{i}")
             w.home.mkdir(parents=True)
             self._new_host_key(w)
             self._keys_arrive_later(w)
@@ -479,6 +495,16 @@ class Hosts:
     def _keys_arrive_later(self, w: HostWorker) -> None:
         """At a boot: with the keys-late fault, no client key is accepted for a while."""
         w.keys_at = time.monotonic() + self._keys_late.get(w.node.key, 0.0) / self.speed
+
+    def _make_cgroup(self, name: str) -> Path | None:
+        if self._cgroups is None:
+            return None
+        path = self._cgroups / name
+        try:
+            path.mkdir(exist_ok=True)
+        except OSError:
+            return None
+        return path if (path / "cgroup.procs").exists() else None
 
     def _make_host_root(self, w: HostWorker) -> None:
         dev = w.host_root / "dev"
@@ -675,6 +701,7 @@ class Hosts:
         await self._down(node)
         for w in node.workers:
             hostfaults.unmount_all(w)
+            _remove_cgroup(w.cgroup)
         shutil.rmtree(node.dir, ignore_errors=True)
 
     async def _close(self) -> None:
@@ -710,7 +737,7 @@ class Hosts:
         path.write_text(script)
         with open(w.home / STARTUP_LOG, "ab") as log:
             proc = await asyncio.create_subprocess_exec(
-                "/bin/bash", str(path), cwd=w.home, env=self.worker_env(w),
+                "/bin/bash", "-c", ENTER_CGROUP + 'exec /bin/bash "$0"', str(path), cwd=w.home, env=self.worker_env(w),
                 stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         rc = await proc.wait()
         with contextlib.suppress(OSError):
@@ -739,6 +766,8 @@ class Hosts:
         env["GCE_METADATA_HOST"] = f"{w.ip}:{self.metadata_port}"
         env.update(self.extra_env)
         env["TPUWATCH_SIM_WORKER_ID"] = str(w.index)  # a real VM reads agent-worker-number
+        if w.cgroup is not None:
+            env["TPUWATCH_SIM_PROCS"] = str(w.cgroup / "cgroup.procs")
         env[MARKER] = w.marker
         return env
 
@@ -773,3 +802,50 @@ class Hosts:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.005)
+
+
+def _cgroup_root(instance: str) -> Path | None:
+    """A cgroup directory of this simulator's own, under the machine's cgroup v2 tree or else its
+    v1 `pids` hierarchy; None where none can be made (not root, no cgroup filesystem)."""
+    candidates = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mounts").read_text().splitlines():
+            parts = line.split()
+            if len(parts) < 4:
+                continue
+            if parts[2] == "cgroup2":
+                candidates.insert(0, Path(parts[1]))
+            elif parts[2] == "cgroup" and "pids" in parts[3].split(","):
+                candidates.append(Path(parts[1]))
+    for base in candidates:
+        path = base / f"tpuwatch-sim-{instance}"
+        try:
+            path.mkdir(exist_ok=True)
+        except OSError:
+            continue
+        probe = path / "probe"
+        try:  # a cgroup a process can be moved into: try with a shell of our own
+            probe.mkdir(exist_ok=True)
+            ok = subprocess.run(["/bin/bash", "-c", 'echo $$ >"$0" && grep -qx "$$" "$0"', str(probe / "cgroup.procs")],
+                                capture_output=True, timeout=10).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            ok = False
+        _remove_cgroup(probe)
+        if ok:
+            return path
+        _remove_cgroup(path)
+    return None
+
+
+def _remove_cgroup(path: Path | None) -> None:
+    """Remove an empty cgroup (its processes killed); a few tries while the last ones are reaped."""
+    if path is None:
+        return
+    for _ in range(50):
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.01)

@@ -18,6 +18,18 @@ tw_starttime() {  # sets TW_START to pid $1's start time (clock ticks after boot
   [ -n "$TW_START" ]
 }
 
+# The processes of this host: every /proc/<pid>, or in the simulator, where the hosts share one
+# machine, the ones its cgroup lists (TPUWATCH_SIM_PROCS), as a real VM shows only its own.
+tw_procs() {  # array TW_PROCS := /proc/<pid> of every process of this host
+  local ids=()
+  if [ -n "${TPUWATCH_SIM_PROCS:-}" ] && [ -r "$TPUWATCH_SIM_PROCS" ] &&
+    mapfile -t ids <"$TPUWATCH_SIM_PROCS" 2>/dev/null && [ ${#ids[@]} -gt 0 ]; then
+    TW_PROCS=("${ids[@]/#//proc/}")
+  else
+    TW_PROCS=(/proc/[0-9]*)
+  fi
+}
+
 tw_alive() {  # pid $1 exists and is not a zombie
   tw_stat "$1" || return 1
   case $TW_STATE in
@@ -80,7 +92,7 @@ tw_holders() {  # live pids (not us, not our ancestors) with an open fd matching
     case "$tw_ancestors$out" in *" $p "*) continue ;; esac
     tw_alive "$p" || continue
     out="$out$p "
-  done < <("${find[@]}" /proc/[0-9]*/fd -mindepth 1 -maxdepth 1 \( "${args[@]}" \) -print 2>/dev/null)
+  done < <(tw_procs && "${find[@]}" "${TW_PROCS[@]/%//fd}" -mindepth 1 -maxdepth 1 \( "${args[@]}" \) -print 2>/dev/null)
   out=${out# }
   printf '%s' "${out% }"
 }

@@ -88,7 +88,8 @@ tw_session_members() {  # live pids whose session or process group is $1
   # Every /proc/<pid>/stat in one pass (cat goes on past a pid that vanished), filtered by awk:
   # a read per process in bash costs ~0.1 ms, which a machine of thousands of processes feels.
   # The fields after the last ") " (the command name may hold both): state ppid pgrp session.
-  cat /proc/[0-9]*/stat 2>/dev/null | awk -v s="$1" '
+  tw_procs
+  cat "${TW_PROCS[@]/%//stat}" 2>/dev/null | awk -v s="$1" '
     $1 ~ /^[0-9]+$/ {
       r = $0
       while ((j = index(r, ") ")) > 0) r = substr(r, j + 2)
