@@ -807,7 +807,7 @@ class Hosts:
 def _cgroup_root(instance: str) -> Path | None:
     """A cgroup directory of this simulator's own, under the machine's cgroup v2 tree or else its
     v1 `pids` hierarchy; None where none can be made (not root, no cgroup filesystem)."""
-    candidates = []
+    candidates: list[Path] = []
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/mounts").read_text().splitlines():
             parts = line.split()
