@@ -666,9 +666,9 @@ def pod(b: Bench, a: argparse.Namespace, n: int) -> dict[str, Any]:
     boot = time.monotonic() - t
     d = b.tmp / name
     d.mkdir(parents=True, exist_ok=True)
-    # The launch-time environment checks scan every process's open files on each worker: one VM's
-    # processes on a real pod, but every worker's here, where they share one machine (n² work
-    # that a real pod does not do). Off unless --config precheck.enabled=true.
+    # The launch-time environment checks are off unless --config precheck.enabled=true: they add
+    # work on every worker (its disk, devices, device holders, interpreter), all on this machine
+    # here, and the heal's figures are kept comparable without them.
     cfg = write_config(d / "tpuwatch.toml", sim, POD_COMMAND, sim.bucket / f"ck-{name}", accelerator=accel, spot=False,
                        recovery={"poll_interval": f"{a.pod_poll:g}s", "hang_timeout": "0s"},
                        extra=("precheck.enabled=false", *a.config))

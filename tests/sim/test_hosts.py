@@ -15,6 +15,7 @@ import pytest
 
 from tpuwatch.errors import UsageError
 from tpuwatch.sim.hosts import STARTUP_LOG, Hosts
+from tpuwatch.workers import protocol
 
 NODE = "proj/us-central2-b/pod"
 SSH = "/usr/bin/ssh"
@@ -151,12 +152,18 @@ def test_up_after_maintenance_reboots(hosts: Hosts, tmp_path: Path) -> None:
     home, root = hosts.worker_home(NODE, 0), hosts.host_root(NODE, 0)
     wait_for(lambda: hosts.startup_status(NODE, 0) == 0)
     (root / "tmp" / "libtpu_lockfile").write_text("")
+    boot_id = root / "proc" / "sys" / "kernel" / "random" / "boot_id"
+    first = boot_id.read_text()
+    hosts.down(NODE)
+    hosts.up(NODE, reboot=False)  # processes killed, no reboot: the same boot
+    assert boot_id.read_text() == first
     hosts.down(NODE)
     hosts.up(NODE)
     wait_for(lambda: hosts.startup_status(NODE, 0) == 0)
     assert (home / "boots").read_text() == "run\nrun\n"  # the startup script ran on each boot
     assert not (root / "tmp" / "libtpu_lockfile").exists()  # /tmp emptied by the reboot
     assert (root / "dev" / "accel0").exists()
+    assert boot_id.read_text() != first  # as a kernel gives each boot an id of its own
     hosts.up(NODE)  # already up: no reboot
     assert hosts.startup_status(NODE, 0) == 0
 
@@ -185,6 +192,22 @@ def test_detached_processes_killed_by_kill_worker_and_down(hosts: Hosts, tmp_pat
     hosts.down(NODE)
     assert not alive(p0)
     assert hosts.pids(NODE) == []
+
+
+def test_each_worker_lists_only_its_own_processes(hosts: Hosts, tmp_path: Path) -> None:
+    """As a real VM's /proc shows only its own processes, the worker-side scripts' list of this
+    host's processes (procs.sh tw_procs) holds a worker's detached job, not another worker's."""
+    ips = hosts.boot(NODE, "1", 2, None)
+    kh = tmp_path / "known_hosts"
+    env = ssh(hosts, ips[0], "echo ${TPUWATCH_SIM_PROCS:-}", known_hosts=kh)
+    if not env.stdout.strip():
+        pytest.skip("this machine gives the simulator no cgroup of its own: every host sees every process")
+    p0, p1 = _detached_sleep(hosts, ips[0], kh), _detached_sleep(hosts, ips[1], kh)
+    procs = (Path(protocol.__file__).parent / "procs.sh").read_text()
+    listed = ssh(hosts, ips[0], "bash -s", known_hosts=kh, stdin=procs + '\ntw_procs; echo "${TW_PROCS[@]}"\n')
+    assert listed.returncode == 0, listed.stderr
+    mine = {int(p.removeprefix("/proc/")) for p in listed.stdout.split()}
+    assert p0 in mine and p1 not in mine, listed.stdout
 
 
 def test_hang_stops_job_processes_but_ssh_answers(hosts: Hosts, tmp_path: Path) -> None:

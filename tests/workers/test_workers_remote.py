@@ -312,6 +312,35 @@ def test_stop_never_signals_a_pid_that_is_no_longer_ours(worker: Worker) -> None
     stranger.wait(5)
 
 
+def test_after_a_reboot_the_attempt_of_an_earlier_boot_is_not_looked_for(worker: Worker) -> None:
+    """Nothing of an attempt launched before the host last booted can be alive, so its pid (now
+    anyone's, even a process that carries the job's name) is neither probed as running nor
+    stopped, and no scan of every process looks for its session."""
+    boot_id = worker.root / "proc" / "sys" / "kernel" / "random" / "boot_id"
+    boot_id.parent.mkdir(parents=True)
+    boot_id.write_text("boot-1\n")
+    worker.launch(1, "exec sleep 341")
+    wait_for(lambda: bool(worker.pids(b"sleep\x00341")), what="the job")
+    assert (worker.dir / "boot").read_text() == "boot-1\n"
+    for pid in worker.pids():  # the host goes down: every process of the attempt dies
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: worker.pids() == [], what="the attempt's end")
+    # Another process of the same job name, whose session is the pid in the attempt's files
+    stranger = subprocess.Popen(["sleep", "342"], start_new_session=True, stdin=subprocess.DEVNULL,
+                                env={**worker.env, "TPUWATCH_JOB": JOB})
+    (worker.dir / "pid").write_text(f"{stranger.pid}\n")
+    assert worker.probe()["state"] == "running"  # the same boot: it could be the attempt's
+    boot_id.write_text("boot-2\n")  # booted again
+    probe = worker.probe()
+    assert probe["state"] == "absent" and "no exit code and no process" in probe["detail"], probe
+    res = worker.launch(2, "exec sleep 343", clean_grace=0.3)
+    assert res["result"] == "launched" and res["cleanup_stopped"] == "", res
+    assert stranger.poll() is None
+    assert (worker.dir / "boot").read_text() == "boot-2\n"
+    stranger.kill()
+    stranger.wait(5)
+
+
 def test_follow_streams_from_an_offset_and_reports_the_exit_code(worker: Worker) -> None:
     worker.launch(1, "for i in 1 2 3; do echo line $i; sleep 0.1; done; printf tail; exit 4")
     proc = subprocess.run(["/bin/bash", "-s"], input=protocol.follow_script(JOB, 1, offset=5, poll=0.05),

@@ -69,6 +69,8 @@ class _Worker(Protocol):
 
 
 class Hosts(Protocol):
+    enter_cgroup: str  # shell text that moves the shell into its worker's cgroup
+
     def worker_env(self, w: Any) -> dict[str, str]: ...
 
     def _make_host_root(self, w: Any) -> None: ...
@@ -162,7 +164,7 @@ def apply(hosts: Hosts, w: _Worker, kind: str, params: dict[str, Any]) -> None:
             raise UsageError(f"worker {w.index} of {w.node.key} has no TPU device left to hold")
         # Detached (bash exits at once, init adopts the sleep), with the worker's environment
         # so that the hosts find and kill it with the worker's other processes.
-        subprocess.run(["/bin/bash", "-c", 'nohup sleep 86400 3<"$1" </dev/null >/dev/null 2>&1 & disown', "_",
+        subprocess.run(["/bin/bash", "-c", hosts.enter_cgroup + 'nohup sleep 86400 3<"$1" </dev/null >/dev/null 2>&1 & disown', "_",
                         str(present[0])], env=hosts.worker_env(w), check=True, timeout=10)
     elif kind == "disk-full":
         free = int(params.get("free", 10e6))

@@ -1,7 +1,8 @@
 """Simulated TPU VM workers: one SSH server (asyncssh) per worker, each on its own loopback IP.
 
-A worker is a home directory, a host root (its `/dev/accel*`, `/tmp`, `/dev/shm`, found through
-`TPUWATCH_HOST_ROOT`), an ed25519 host key, an SSH listener on `127.<b>.<node>.<worker>`
+A worker is a home directory, a host root (its `/dev/accel*`, `/tmp`, `/dev/shm` and the kernel's
+boot id `/proc/sys/kernel/random/boot_id`, new at every boot; found through `TPUWATCH_HOST_ROOT`),
+an ed25519 host key, an SSH listener on `127.<b>.<node>.<worker>`
 (Linux routes all of 127/8 to `lo`, so `.0` and `.255` are ordinary addresses there and a node
 holds up to 256 workers, a v5p-2048) and a metadata server on the same address (another port
 shared by all workers; `GCE_METADATA_HOST=<worker ip>:<port>` in every process's environment, so
@@ -37,9 +38,11 @@ import secrets
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +56,10 @@ from tpuwatch.sim import metadata as md
 from tpuwatch.sim.sshd import ConnReset, WorkerServer
 
 MARKER = "TPUWATCH_SIM_WORKER"
+# Every shell a worker starts first moves itself into the worker's cgroup (when the simulator
+# could make one): a real VM's /proc shows its own processes only, and the worker-side scripts
+# list this host's processes from TPUWATCH_SIM_PROCS instead of every process of the machine.
+ENTER_CGROUP = '[ -z "${TPUWATCH_SIM_PROCS:-}" ] || { echo $$ >"$TPUWATCH_SIM_PROCS"; } 2>/dev/null\n'
 STARTUP_LOG = "startup-script.log"
 STARTUP_EXIT = "startup-script.exit"  # written when the startup script ends: its exit status
 MAX_WORKERS = 256  # the last octet of a worker's address (a v5p-2048 has 256 hosts)
@@ -81,6 +88,8 @@ class HostWorker:
     ssh_mode: str = ""  # an SSH fault: "refuse" or "hang" (see Hosts.ssh_fault); "" serves
     blackhole: asyncio.AbstractServer | None = None  # accepts SSH connections, never answers
     held: list[asyncio.StreamWriter] = field(default_factory=list)  # connections it holds
+    boot_id: str = field(default_factory=lambda: str(uuid.uuid4()))  # a new one at every (re)boot
+    cgroup: Path | None = None  # the cgroup its processes are in, when the simulator made one
 
     @property
     def home(self) -> Path:
@@ -116,6 +125,8 @@ class _Node:
 class Hosts:
     """The simulated workers of every node of one simulator instance."""
 
+    enter_cgroup = ENTER_CGROUP
+
     def __init__(self, root: Path, *, speed: float = 600.0, user: str | None = None,
                  extra_env: Mapping[str, str] | None = None,
                  metadata_source: Callable[[str, int], md.Instance | None] | None = None) -> None:
@@ -147,6 +158,9 @@ class Hosts:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Metadata reads waiting for one thread call (_instance_async), and their answers
+        self._looks: list[tuple[HostWorker, asyncio.Future[md.Instance]]] = []
+        self._cgroups: Path | None = None  # made at start; None: the machine's processes are every host's
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -154,6 +168,7 @@ class Hosts:
         """Start the event loop thread that serves every worker."""
         if self._loop is not None:
             return
+        self._cgroups = _cgroup_root(self.instance)
         loop = asyncio.new_event_loop()
         ready = threading.Event()
 
@@ -172,6 +187,7 @@ class Hosts:
         loop, thread = self._loop, self._thread
         if loop is None or thread is None:
             self._kill_marked(f"{self.instance}/", prefix=True)
+            _remove_cgroup(self._cgroups)
             return
         try:
             self._call(self._close)
@@ -182,6 +198,10 @@ class Hosts:
                 loop.close()
             self._loop = self._thread = None
             self._kill_marked(f"{self.instance}/", prefix=True)  # anything born during shutdown
+            for node in self._nodes.values():
+                for w in node.workers:
+                    _remove_cgroup(w.cgroup)
+            _remove_cgroup(self._cgroups)
 
     def __enter__(self) -> Hosts:
         self.start()
@@ -457,6 +477,7 @@ class Hosts:
         for i in range(n):
             wdir = node_dir / f"worker-{i}"
             w = HostWorker(node, i, self._ip(slot, i), wdir, None)
+            w.cgroup = self._make_cgroup(f"{slot:03d}-{i}")
             w.home.mkdir(parents=True)
             self._new_host_key(w)
             self._keys_arrive_later(w)
@@ -485,10 +506,25 @@ class Hosts:
         """At a boot: with the keys-late fault, no client key is accepted for a while."""
         w.keys_at = time.monotonic() + self._keys_late.get(w.node.key, 0.0) / self.speed
 
+    def _make_cgroup(self, name: str) -> Path | None:
+        if self._cgroups is None:
+            return None
+        path = self._cgroups / name
+        try:
+            path.mkdir(exist_ok=True)
+        except OSError:
+            return None
+        return path if (path / "cgroup.procs").exists() else None
+
     def _make_host_root(self, w: HostWorker) -> None:
         dev = w.host_root / "dev"
         (w.host_root / "tmp").mkdir(parents=True, exist_ok=True)
         (dev / "shm").mkdir(parents=True, exist_ok=True)
+        # What a real host's kernel gives each boot: remote.sh tells by it that nothing of an
+        # attempt launched in an earlier boot can be alive.
+        kernel = w.host_root / "proc" / "sys" / "kernel" / "random"
+        kernel.mkdir(parents=True, exist_ok=True)
+        (kernel / "boot_id").write_text(w.boot_id + "\n")
         chips = w.node.chips_per_host
         if w.node.vfio:  # v5+ hosts expose chips through VFIO
             (dev / "vfio").mkdir(exist_ok=True)
@@ -573,11 +609,51 @@ class Hosts:
     async def _instance_async(self, w: HostWorker) -> md.Instance:
         if self.metadata_source is None:
             return self._instance(w)
-        # The source may take the world's lock; a thread keeps the loop (and SSH) serving.
+        # The source may take the world's lock: a thread keeps the loop (and SSH) serving. The
+        # reads made in one turn of the loop share one thread call: every relay of a pod waits on
+        # its metadata server, each looking again every 50 ms (metadata.py), on the same beat.
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[md.Instance] = loop.create_future()
+        self._looks.append((w, fut))
+        if len(self._looks) == 1:
+            loop.call_soon(self._read_looks)
+        return await fut
+
+    def _read_looks(self) -> None:
+        looks, self._looks = self._looks, []
+
+        def read() -> list[md.Instance | BaseException]:
+            out: list[md.Instance | BaseException] = []
+            for w, _ in looks:
+                try:
+                    out.append(self._instance(w))
+                except Exception as exc:  # noqa: BLE001 - handed to that read's caller
+                    out.append(exc)
+            return out
+
+        def answer(done: asyncio.Future[list[md.Instance | BaseException]]) -> None:
+            if done.cancelled():
+                got: list[md.Instance | BaseException] = [ConnectionAbortedError("the simulator is stopping")] * len(looks)
+            elif (error := done.exception()) is not None:
+                got = [error] * len(looks)
+            else:
+                got = done.result()
+            for (_, fut), one in zip(looks, got, strict=True):
+                if fut.done():
+                    continue
+                if isinstance(one, RuntimeError):  # the simulator stops under this request
+                    one = ConnectionAbortedError(f"the simulator is stopping: {one}")
+                if isinstance(one, BaseException):
+                    fut.set_exception(one)
+                else:
+                    fut.set_result(one)
+
         try:
-            return await asyncio.get_running_loop().run_in_executor(None, self._instance, w)
-        except RuntimeError as exc:  # the simulator stops under this request: its executor is gone
-            raise ConnectionAbortedError(f"the simulator is stopping: {exc}") from None
+            asyncio.get_running_loop().run_in_executor(None, read).add_done_callback(answer)
+        except RuntimeError as exc:  # the simulator stops under these requests: its executor is gone
+            for _, fut in looks:
+                if not fut.done():
+                    fut.set_exception(ConnectionAbortedError(f"the simulator is stopping: {exc}"))
 
     async def _unlisten(self, w: HostWorker) -> None:
         await self._close_blackhole(w)
@@ -617,6 +693,7 @@ class Hosts:
             return  # already up: nothing rebooted
         for w in down:
             if reboot:
+                w.boot_id = str(uuid.uuid4())
                 shutil.rmtree(w.host_root / "tmp", ignore_errors=True)
                 shutil.rmtree(w.host_root / "dev" / "shm", ignore_errors=True)
                 self._make_host_root(w)
@@ -634,6 +711,7 @@ class Hosts:
         await self._down(node)
         for w in node.workers:
             hostfaults.unmount_all(w)
+            _remove_cgroup(w.cgroup)
         shutil.rmtree(node.dir, ignore_errors=True)
 
     async def _close(self) -> None:
@@ -669,7 +747,7 @@ class Hosts:
         path.write_text(script)
         with open(w.home / STARTUP_LOG, "ab") as log:
             proc = await asyncio.create_subprocess_exec(
-                "/bin/bash", str(path), cwd=w.home, env=self.worker_env(w),
+                "/bin/bash", "-c", ENTER_CGROUP + 'exec /bin/bash "$0"', str(path), cwd=w.home, env=self.worker_env(w),
                 stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         rc = await proc.wait()
         with contextlib.suppress(OSError):
@@ -698,6 +776,8 @@ class Hosts:
         env["GCE_METADATA_HOST"] = f"{w.ip}:{self.metadata_port}"
         env.update(self.extra_env)
         env["TPUWATCH_SIM_WORKER_ID"] = str(w.index)  # a real VM reads agent-worker-number
+        if w.cgroup is not None:
+            env["TPUWATCH_SIM_PROCS"] = str(w.cgroup / "cgroup.procs")
         env[MARKER] = w.marker
         return env
 
@@ -732,3 +812,50 @@ class Hosts:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.005)
+
+
+def _cgroup_root(instance: str) -> Path | None:
+    """A cgroup directory of this simulator's own, under the machine's cgroup v2 tree or else its
+    v1 `pids` hierarchy; None where none can be made (not root, no cgroup filesystem)."""
+    candidates: list[Path] = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mounts").read_text().splitlines():
+            parts = line.split()
+            if len(parts) < 4:
+                continue
+            if parts[2] == "cgroup2":
+                candidates.insert(0, Path(parts[1]))
+            elif parts[2] == "cgroup" and "pids" in parts[3].split(","):
+                candidates.append(Path(parts[1]))
+    for base in candidates:
+        path = base / f"tpuwatch-sim-{instance}"
+        try:
+            path.mkdir(exist_ok=True)
+        except OSError:
+            continue
+        probe = path / "probe"
+        try:  # a cgroup a process can be moved into: try with a shell of our own
+            probe.mkdir(exist_ok=True)
+            ok = subprocess.run(["/bin/bash", "-c", 'echo $$ >"$0" && grep -qx "$$" "$0"', str(probe / "cgroup.procs")],
+                                capture_output=True, timeout=10).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            ok = False
+        _remove_cgroup(probe)
+        if ok:
+            return path
+        _remove_cgroup(path)
+    return None
+
+
+def _remove_cgroup(path: Path | None) -> None:
+    """Remove an empty cgroup (its processes killed); a few tries while the last ones are reaped."""
+    if path is None:
+        return
+    for _ in range(50):
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.01)

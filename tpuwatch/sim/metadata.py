@@ -266,9 +266,11 @@ async def _wait_for_change(reader: asyncio.StreamReader, first: Response, query:
         left = deadline - asyncio.get_running_loop().time()
         if left <= 0:
             return response
+        # Waiting on the connection doubles as the pause: EOF means the client is gone. Every
+        # waiting request looks again on the same beat, so their looks come together.
+        pause = _WAIT_POLL - asyncio.get_running_loop().time() % _WAIT_POLL
         try:
-            # Waiting on the connection doubles as the pause: EOF means the client is gone.
-            if await asyncio.wait_for(reader.read(1), timeout=min(_WAIT_POLL, left)) == b"":
+            if await asyncio.wait_for(reader.read(1), timeout=min(pause, left)) == b"":
                 return None
         except asyncio.TimeoutError:
             pass

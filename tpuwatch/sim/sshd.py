@@ -51,6 +51,7 @@ class Host(Protocol):
 
     ssh_user: str
     client_pub: Any  # asyncssh.SSHKey
+    enter_cgroup: str  # shell text that moves the shell into its worker's cgroup, run before the command
 
     # `w` is the hosts' own worker record, which this module does not import.
     def worker_env(self, w: Any, client_env: Mapping[str, str] | None = None) -> dict[str, str]: ...
@@ -208,7 +209,7 @@ class ExecSession(asyncssh.SSHServerSession):  # type: ignore[misc]
         err_r, err_w = os.pipe()
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                "/bin/bash", "-c", self._command, cwd=w.home,
+                "/bin/bash", "-c", self._hosts.enter_cgroup + self._command, cwd=w.home,
                 env=self._hosts.worker_env(w, self._chan.get_environment()),
                 stdin=asyncio.subprocess.PIPE, stdout=out_w, stderr=err_w,
                 start_new_session=True)

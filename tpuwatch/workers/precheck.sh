@@ -183,8 +183,11 @@ twp_devices() {
 }
 
 twp_holders() {  # live pids (not us) with an open fd on one of the given paths
-  local globs=() f
-  for f in "$@"; do globs+=("$(tw_glob_escape "$f")"); done
+  local globs=() f g
+  for f in "$@"; do
+    tw_glob_escape g "$f"
+    globs+=("$g")
+  done
   tw_holders "${globs[@]}"
 }
 

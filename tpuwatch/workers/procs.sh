@@ -18,6 +18,18 @@ tw_starttime() {  # sets TW_START to pid $1's start time (clock ticks after boot
   [ -n "$TW_START" ]
 }
 
+# The processes of this host: every /proc/<pid>, or in the simulator, where the hosts share one
+# machine, the ones its cgroup lists (TPUWATCH_SIM_PROCS), as a real VM shows only its own.
+tw_procs() {  # array TW_PROCS := /proc/<pid> of every process of this host
+  local ids=()
+  if [ -n "${TPUWATCH_SIM_PROCS:-}" ] && [ -r "$TPUWATCH_SIM_PROCS" ] &&
+    mapfile -t ids <"$TPUWATCH_SIM_PROCS" 2>/dev/null && [ ${#ids[@]} -gt 0 ]; then
+    TW_PROCS=("${ids[@]/#//proc/}")
+  else
+    TW_PROCS=(/proc/[0-9]*)
+  fi
+}
+
 tw_alive() {  # pid $1 exists and is not a zombie
   tw_stat "$1" || return 1
   case $TW_STATE in
@@ -37,8 +49,16 @@ tw_find_ancestors() {  # our own shell and everything above it: never signalled
   done
 }
 
-tw_glob_escape() {  # $1 with find -lname's wildcard characters made literal
-  printf '%s' "$1" | sed 's/[][*?\\]/\\&/g'
+tw_glob_escape() {  # variable $1 := $2 with find -lname's wildcard characters made literal (no fork)
+  local _tw_s=$2 _tw_o="" _tw_c
+  while [ -n "$_tw_s" ]; do
+    _tw_c=${_tw_s:0:1} _tw_s=${_tw_s:1}
+    case $_tw_c in
+      '[' | ']' | '*' | '?' | '\') _tw_o+="\\$_tw_c" ;;
+      *) _tw_o+=$_tw_c ;;
+    esac
+  done
+  printf -v "$1" '%s' "$_tw_o"
 }
 
 # A plain user cannot read other users' /proc/<pid>/fd: their device holders are invisible. Scan
@@ -47,7 +67,7 @@ tw_glob_escape() {  # $1 with find -lname's wildcard characters made literal
 tw_fd_scan=""
 tw_scan_how() {
   [ -n "$tw_fd_scan" ] && return 0
-  if [ "$(id -u)" = 0 ]; then
+  if [ "${EUID:-$(id -u)}" = 0 ]; then
     tw_fd_scan=root
   elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
     tw_fd_scan=sudo
@@ -72,7 +92,7 @@ tw_holders() {  # live pids (not us, not our ancestors) with an open fd matching
     case "$tw_ancestors$out" in *" $p "*) continue ;; esac
     tw_alive "$p" || continue
     out="$out$p "
-  done < <("${find[@]}" /proc/[0-9]*/fd -mindepth 1 -maxdepth 1 \( "${args[@]}" \) -print 2>/dev/null)
+  done < <(tw_procs && "${find[@]}" "${TW_PROCS[@]/%//fd}" -mindepth 1 -maxdepth 1 \( "${args[@]}" \) -print 2>/dev/null)
   out=${out# }
   printf '%s' "${out% }"
 }

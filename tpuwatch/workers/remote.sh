@@ -10,11 +10,14 @@
 #                    a launch is refused while anything holds it
 #   attempt          number of the newest attempt launched here
 #   pid              the attempt's wrapper: session and process-group leader (setsid)
+#   boot             the boot id of this host when the attempt was launched: once the host has
+#                    booted again, nothing of the attempt can be alive, and no scan of /proc
+#                    needs to look for it
 #   exit_code        written by the wrapper when the command ends
 #   attempt-<n>.log  stdout+stderr of attempt n
 #   maintenance      written by the relay when the metadata server gave notice (JSON: what, when,
 #                    window, attempt, signal); removed at each launch
-# Host paths (/dev/accel*, /dev/vfio/*, /tmp/libtpu_lockfile) are looked up under
+# Host paths (/dev/accel*, /dev/vfio/*, /tmp/libtpu_lockfile, /proc/sys/kernel/random/boot_id) are looked up under
 # $TPUWATCH_HOST_ROOT when it is set (the simulator), else under /.
 #
 # Inputs (preamble): TW_ACTION probe|launch|stop|follow|wait, TW_JOB, and per action TW_ATTEMPT,
@@ -85,7 +88,8 @@ tw_session_members() {  # live pids whose session or process group is $1
   # Every /proc/<pid>/stat in one pass (cat goes on past a pid that vanished), filtered by awk:
   # a read per process in bash costs ~0.1 ms, which a machine of thousands of processes feels.
   # The fields after the last ") " (the command name may hold both): state ppid pgrp session.
-  cat /proc/[0-9]*/stat 2>/dev/null | awk -v s="$1" '
+  tw_procs
+  cat "${TW_PROCS[@]/%//stat}" 2>/dev/null | awk -v s="$1" '
     $1 ~ /^[0-9]+$/ {
       r = $0
       while ((j = index(r, ") ")) > 0) r = substr(r, j + 2)
@@ -186,11 +190,29 @@ tw_lock_held() {  # some process holds the job lock (probing takes a shared lock
   [ "$rc" -ne 0 ]
 }
 
+tw_boot_id() {  # variable $1 := this host's boot id (the kernel makes a new one at every boot), else empty
+  local _tw_b= _tw_f="${TPUWATCH_HOST_ROOT:-}"
+  _tw_f="${_tw_f%/}/proc/sys/kernel/random/boot_id"
+  [ -r "$_tw_f" ] && IFS= read -r _tw_b <"$_tw_f" 2>/dev/null
+  printf -v "$1" '%s' "$_tw_b"
+}
+
+tw_older_boot() {  # the attempt in $TW_DIR was launched before this host last booted, so none
+  # of its processes can be alive (a pid in its files may belong to anything now)
+  local then= now
+  [ -f "$TW_DIR/boot" ] && IFS= read -r then <"$TW_DIR/boot" 2>/dev/null
+  [ -n "$then" ] || return 1
+  tw_boot_id now
+  [ -n "$now" ] && [ "$then" != "$now" ]
+}
+
 tw_attempt_alive() {  # a process of the current attempt lives: lock holder or pid's session
+  # (a scan of every process, skipped when the host has booted since the launch)
   local pid members p
   tw_lock_held && return 0
   tw_num pid "$TW_DIR/pid"
   [ -n "$pid" ] || return 1
+  tw_older_boot && return 1
   members=$(tw_session_members "$pid")
   for p in $members; do
     tw_is_ours "$p" && return 0
@@ -522,7 +544,11 @@ tw_launch() {
     fi
     return 0
   fi
-  rm -f -- "$TW_DIR/exit_code" "$TW_DIR/pid" "$TW_DIR/maintenance" "$TW_DIR"/attempt-*.scan "$TW_DIR"/attempt-*.match
+  rm -f -- "$TW_DIR/exit_code" "$TW_DIR/pid" "$TW_DIR/boot" "$TW_DIR/maintenance" "$TW_DIR"/attempt-*.scan \
+    "$TW_DIR"/attempt-*.match
+  local boot
+  tw_boot_id boot
+  [ -z "$boot" ] || tw_write "$TW_DIR/boot" "$boot"
   tw_write "$TW_DIR/attempt" "$TW_ATTEMPT" || {
     exec 9>&-
     tw_emit result=error "detail=cannot write $TW_DIR/attempt"
@@ -553,7 +579,7 @@ tw_launch() {
     tpuwatch-job "$TW_DIR" "$TW_COMMAND" "$TW_UMASK" "${TW_NOTIFY:-}" "$TW_ATTEMPT" </dev/null >>"$log" 2>&1 &
   exec 9>&-
   pid=""
-  for i in $(seq 1 100); do
+  for ((i = 0; i < 100; i++)); do
     tw_num pid "$TW_DIR/pid"
     [ -n "$pid" ] && break
     tw_sleep 0.05
@@ -562,7 +588,7 @@ tw_launch() {
 }
 
 tw_stop() {
-  local pid="" members="" group="" p ours="" holders="" lockf lstate=absent
+  local pid="" members="" group="" p ours="" holders="" lockf elock lstate=absent
   local grace=${TW_GRACE_MS:-30000}
   TW_KILLED="" TW_LEFT="" TW_STOPPING=""
   tw_find_ancestors
@@ -570,7 +596,7 @@ tw_stop() {
   tw_need flock awk || return 1
   if [ -d "$TW_DIR" ]; then
     tw_num pid "$TW_DIR/pid"
-    if [ -n "$pid" ]; then
+    if [ -n "$pid" ] && ! tw_older_boot; then
       # The attempt's session, only while it is still ours (the lock is held, or a member
       # carries our TPUWATCH_JOB): a pid reused by another program never gets a signal.
       members=$(tw_session_members "$pid")
@@ -588,7 +614,8 @@ tw_stop() {
     # Processes that left the session but still hold the job lock are the job's too. They
     # share the open file the launch locked, so while nothing holds the lock none exists.
     if tw_lock_held; then
-      for p in $(tw_holders "$(tw_glob_escape "$TW_DIR/lock")"); do
+      tw_glob_escape elock "$TW_DIR/lock"
+      for p in $(tw_holders "$elock"); do
         case " $ours " in *" $p "*) ;; *) ours="$ours $p" ;; esac
       done
     fi
@@ -608,7 +635,7 @@ tw_stop() {
   if [ -n "$root" ]; then
     root=$(cd -- "$root" 2>/dev/null && pwd -P) || root=${TPUWATCH_HOST_ROOT%/}
   fi
-  eroot=$(tw_glob_escape "$root")
+  tw_glob_escape eroot "$root"
   holders=$(tw_holders "$eroot/dev/accel*" "$eroot/dev/vfio/*")
   if [ -n "$holders" ]; then
     tw_terminate "$grace" "$holders"
@@ -616,8 +643,9 @@ tw_stop() {
   # A crashed libtpu leaves its lockfile; stale when no live process has it open or locked.
   lockf="$root/tmp/libtpu_lockfile"
   if [ -e "$lockf" ] || [ -L "$lockf" ]; then
-    local lholders rc=1
-    lholders=$(tw_holders "$(tw_glob_escape "$lockf")")
+    local lholders rc=1 elockf
+    tw_glob_escape elockf "$lockf"
+    lholders=$(tw_holders "$elockf")
     if [ -z "$lholders" ]; then
       { flock -n 7; rc=$?; } 7<"$lockf" 2>/dev/null
       [ -L "$lockf" ] && rc=0
