@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,15 @@ def pytest_configure(config: pytest.Config) -> None:
     # Ctrl-C would be lost. A handler here is not inherited across exec, so children get the default.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    # `-n auto` (the README's command): two workers per core. Most tests wait on the simulator's
+    # clock, real ssh and subprocesses rather than compute, so one worker per core leaves the cores
+    # idle half the time. PYTEST_XDIST_AUTO_NUM_WORKERS still decides when set (xdist reads it).
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return 2 * len(os.sched_getaffinity(0))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
