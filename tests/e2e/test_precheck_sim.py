@@ -163,7 +163,7 @@ def test_a_node_back_from_maintenance_with_a_device_missing_is_recreated_uncharg
     assert node.id != old, "the node with the dead chip was not recreated"
     hist = job.history()
     attempts = hist["attempts"]
-    assert len(attempts) >= 2 and not any(a["charged"] for a in attempts), attempts
+    assert len(attempts) >= 2 and not any(a["charged"] for a in attempts), (attempts, out)
     deletes = [e for e in hist["events"] if e["kind"] == "delete"]
     assert deletes and "environment checks failing" in deletes[0]["reason"] and "w2 devices" in deletes[0]["reason"]
     assert sim.world.call_count("DeleteNode") == 1 and sim.world.call_count("CreateNode") == 1

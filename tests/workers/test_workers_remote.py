@@ -368,8 +368,10 @@ class MetadataServer:
             return self.instance
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            self.requests += 1
-            await md.serve(reader, writer, current)
+            try:
+                await md.serve(reader, writer, current)
+            finally:  # counted once answered: a test that changes the instance after N requests
+                self.requests += 1  # never changes what the N-th was told
 
         async def start() -> asyncio.AbstractServer:
             return await asyncio.start_server(handle, "127.0.0.1", 0)

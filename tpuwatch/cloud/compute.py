@@ -333,6 +333,23 @@ class ComputeAdapter:
 
         return self._call(f"get_{kind}", f"{self._where()}/{kind}/{name}", needs, get, read=True)
 
+    def _pages(self, kind: str, method: str, target: str, needs: str, field: str,
+               fetch: Callable[[Any, str], Any]) -> list[Any]:
+        """Every item of a paged list: `fetch(client, token)` is one request for a page, whose
+        items are its `field`."""
+        client = self._client(kind)
+        out: list[Any] = []
+        token = ""
+        while True:
+            def page(token: str = token) -> Any:
+                return fetch(client, token)
+
+            resp = self._call(method, target, needs, page, read=True)
+            out.extend(getattr(resp, field))
+            token = resp.next_page_token
+            if not token:
+                return out
+
     # -- reads ------------------------------------------------------------------------------
     def get_instance(self, name: str) -> Any | None:
         """The `compute_v1.Instance`, or None."""
@@ -363,63 +380,33 @@ class ComputeAdapter:
 
     def managed_instances(self, name: str) -> list[Any]:
         """listManagedInstances: each `ManagedInstance` (current action, status, last attempt)."""
-        client = self._client("instanceGroupManagers")
-        out: list[Any] = []
-        token = ""
-        while True:
-            def page(token: str = token) -> Any:
-                from google.cloud import compute_v1
+        from google.cloud import compute_v1
 
-                request = compute_v1.ListManagedInstancesInstanceGroupManagersRequest(
-                    project=self.project, zone=self.zone, instance_group_manager=name,
-                    max_results=PAGE_SIZE, page_token=token)
-                return client.list_managed_instances(request=request, retry=None, timeout=RPC_TIMEOUT)
-
-            resp = self._call("list_managed_instances", f"{self._where()}/instanceGroupManagers/{name}",
-                              "compute.instanceGroupManagers.get", page, read=True)
-            out.extend(resp.managed_instances)
-            token = resp.next_page_token
-            if not token:
-                return out
+        return self._pages("instanceGroupManagers", "list_managed_instances",
+                           f"{self._where()}/instanceGroupManagers/{name}", "compute.instanceGroupManagers.get",
+                           "managed_instances", lambda c, token: c.list_managed_instances(
+                               request=compute_v1.ListManagedInstancesInstanceGroupManagersRequest(
+                                   project=self.project, zone=self.zone, instance_group_manager=name,
+                                   max_results=PAGE_SIZE, page_token=token), retry=None, timeout=RPC_TIMEOUT))
 
     def list_instances(self) -> list[Any]:
         """Every instance of the zone (one request a page)."""
-        client = self._client("instances")
-        out: list[Any] = []
-        token = ""
-        while True:
-            def page(token: str = token) -> Any:
-                from google.cloud import compute_v1
+        from google.cloud import compute_v1
 
-                request = compute_v1.ListInstancesRequest(project=self.project, zone=self.zone,
-                                                          max_results=PAGE_SIZE, page_token=token)
-                return client.list(request=request, retry=None, timeout=RPC_TIMEOUT)
-
-            resp = self._call("list_instances", self._where(), "compute.instances.list", page, read=True)
-            out.extend(resp.items)
-            token = resp.next_page_token
-            if not token:
-                return out
+        return self._pages("instances", "list_instances", self._where(), "compute.instances.list", "items",
+                           lambda c, token: c.list(request=compute_v1.ListInstancesRequest(
+                               project=self.project, zone=self.zone, max_results=PAGE_SIZE, page_token=token),
+                               retry=None, timeout=RPC_TIMEOUT))
 
     def list_migs(self) -> list[Any]:
         """Every MIG of the zone (one request a page)."""
-        client = self._client("instanceGroupManagers")
-        out: list[Any] = []
-        token = ""
-        while True:
-            def page(token: str = token) -> Any:
-                from google.cloud import compute_v1
+        from google.cloud import compute_v1
 
-                request = compute_v1.ListInstanceGroupManagersRequest(project=self.project, zone=self.zone,
-                                                                      max_results=PAGE_SIZE, page_token=token)
-                return client.list(request=request, retry=None, timeout=RPC_TIMEOUT)
-
-            resp = self._call("list_instance_group_managers", self._where(), "compute.instanceGroupManagers.list",
-                              page, read=True)
-            out.extend(resp.items)
-            token = resp.next_page_token
-            if not token:
-                return out
+        return self._pages("instanceGroupManagers", "list_instance_group_managers", self._where(),
+                           "compute.instanceGroupManagers.list", "items",
+                           lambda c, token: c.list(request=compute_v1.ListInstanceGroupManagersRequest(
+                               project=self.project, zone=self.zone, max_results=PAGE_SIZE, page_token=token),
+                               retry=None, timeout=RPC_TIMEOUT))
 
     def mig_parts(self, name: str) -> tuple[Any, list[Any], list[Any]] | None:
         """(MIG, its managed instances, their instances), or None when the MIG does not exist.

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -148,32 +149,11 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
         return
 
     if not yes:
-        if not sys.stdin.isatty():
-            raise UsageError("recreate: no terminal to ask for confirmation on; pass --yes to recreate "
-                             "without asking (or --dry-run to see the requests)")
-        what = (f"Delete TPU {name} (id {node.id}, {node.state}) in {loc.project}/{loc.zone} and create it again"
-                if node is not None else f"TPU {name} does not exist in {loc.project}/{loc.zone}. Create it")
-        click.confirm(f"{what} from {config_path}?", abort=True)
-
-    # The job's journal, held for the whole recreate: no `watch` or cron `check` acts on the job
-    # meanwhile, and the next one reads what was done here. This command does what the next
-    # tick will read: the journal gets each step as an event, and the attempt to start at boot.
-    journal = _open_journal(cfg)
-    mem = journal.load_memory()
-    if mem is not None and "launch" not in launch:
-        launch["attempt"] = str(mem.attempt.number + 1)
+        _confirm(f"Delete TPU {name} (id {node.id}, {node.state}) in {loc.project}/{loc.zone} and create it again"
+                 if node is not None else f"TPU {name} does not exist in {loc.project}/{loc.zone}. Create it",
+                 config_path)
+    journal, launch, say = _begin(cfg, launch, as_json)
     try:
-        if user := login.user_for_create(journal):  # the user the watcher last logged in as
-            launch = {**launch, "user": user}
-        echo = (lambda text: click.echo(text, err=True)) if as_json else click.echo
-
-        def say(text: str) -> None:
-            """Tell the person, and journal it before the next step (every delete/create is journaled
-            before and after, with its operation name)."""
-            echo(text)
-            with journal.transaction():
-                journal.add_event(datetime.now(timezone.utc), "recreate", text, {"by": "tpuwatch recreate"})
-
         old_id = node.id if node is not None else None
         if qr_now is not None and qr_now.state:
             if node is not None and not adopt and not node.owned_by(job):  # checked above; kept next to the act
@@ -204,7 +184,7 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
                 continue
             say(f"creating {name} in {z}" + (f" through queued resource {queued}" if queued else "") + f": {op}")
             if note := rc.command_withheld_note(cfg):
-                echo(f"note: {note}")
+                click.echo(f"note: {note}", err=as_json)
             failure = None
             if op:
                 status = rc.wait_operation(api, op, timeout=3600, what=f"create of {name} in {z}")
@@ -268,28 +248,11 @@ def _recreate_compute(cfg: Config, config_path: Path, project: str | None, zone:
         return
     where = f"{loc.project}/{loc.zone}"
     if not yes:
-        if not sys.stdin.isatty():
-            raise UsageError("recreate: no terminal to ask for confirmation on; pass --yes to recreate "
-                             "without asking (or --dry-run to see the requests)")
-        what = (f"Recreate every instance of MIG {name} ({node.state}) in {where}" if recreated_in_place and node else
-                f"Delete instance {name} (id {node.id}, {node.state}) in {where} and create it again" if node else
-                f"{name} does not exist in {where}. Create it")
-        click.confirm(f"{what} from {config_path}?", abort=True)
-
-    journal = _open_journal(cfg)
-    mem = journal.load_memory()
-    if mem is not None and "launch" not in launch:
-        launch["attempt"] = str(mem.attempt.number + 1)
+        _confirm(f"Recreate every instance of MIG {name} ({node.state}) in {where}" if recreated_in_place and node else
+                 f"Delete instance {name} (id {node.id}, {node.state}) in {where} and create it again" if node else
+                 f"{name} does not exist in {where}. Create it", config_path)
+    journal, launch, say = _begin(cfg, launch, as_json)
     try:
-        if user := login.user_for_create(journal):
-            launch = {**launch, "user": user}
-        echo = (lambda text: click.echo(text, err=True)) if as_json else click.echo
-
-        def say(text: str) -> None:
-            echo(text)
-            with journal.transaction():
-                journal.add_event(datetime.now(timezone.utc), "recreate", text, {"by": "tpuwatch recreate"})
-
         old_id = node.id if node is not None else None
         if node is not None:
             op, what = rc.start_delete(life, node, job, adopt=adopt)
@@ -326,6 +289,40 @@ def _recreate_compute(cfg: Config, config_path: Path, project: str | None, zone:
             say(f"recreated {name} in {loc.zone}: new id {new_id}" + (f" (was {old_id})" if old_id else ""))
     finally:
         journal.close()
+
+
+def _confirm(what: str, config_path: Path) -> None:
+    """Ask the person before anything is deleted or created (--yes skips it)."""
+    if not sys.stdin.isatty():
+        raise UsageError("recreate: no terminal to ask for confirmation on; pass --yes to recreate "
+                         "without asking (or --dry-run to see the requests)")
+    click.confirm(f"{what} from {config_path}?", abort=True)
+
+
+def _begin(cfg: Config, launch: dict[str, str], as_json: bool) -> tuple[Any, dict[str, str], Callable[[str], None]]:
+    """The job's journal, held for the whole recreate: no `watch` or cron `check` acts on the job
+    meanwhile, and the next one reads what was done here. Returns it, the launch metadata with the
+    attempt to start at boot and the user the watcher last logged in as, and `say`: tell the
+    person and journal it before the next step (every delete/create is journaled before and
+    after, with its operation name). The caller closes the journal."""
+    journal = _open_journal(cfg)
+    try:
+        mem = journal.load_memory()
+        if mem is not None and "launch" not in launch:
+            launch = {**launch, "attempt": str(mem.attempt.number + 1)}
+        if user := login.user_for_create(journal):
+            launch = {**launch, "user": user}
+    except BaseException:
+        journal.close()
+        raise
+    echo = (lambda text: click.echo(text, err=True)) if as_json else click.echo
+
+    def say(text: str) -> None:
+        echo(text)
+        with journal.transaction():
+            journal.add_event(datetime.now(timezone.utc), "recreate", text, {"by": "tpuwatch recreate"})
+
+    return journal, launch, say
 
 
 def _open_journal(cfg: Any) -> Any:
