@@ -359,7 +359,8 @@ class MetadataServer:
 
     def __init__(self) -> None:
         self.instance = md.make_instance(project="proj", zone="us-central2-b", node_id=7, worker=0, metadata={})
-        self.requests = 0  # connections served so far (one request each: Connection: close)
+        self.requests = 0  # connections taken so far (one request each: Connection: close)
+        self.answered = 0  # of those, answered: a change after N were answered reaches none of them
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -368,10 +369,11 @@ class MetadataServer:
             return self.instance
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.requests += 1
             try:
                 await md.serve(reader, writer, current)
-            finally:  # counted once answered: a test that changes the instance after N requests
-                self.requests += 1  # never changes what the N-th was told
+            finally:
+                self.answered += 1
 
         async def start() -> asyncio.AbstractServer:
             return await asyncio.start_server(handle, "127.0.0.1", 0)
@@ -499,7 +501,7 @@ def test_when_directory_queries_fail_the_relay_watches_the_keys_one_by_one(
     assert worker.probe()["state"] == "running" and "not relayed" not in log.read_text()
     # Two failed directory queries and a key that answers, then the first round of the keys:
     # a notice there at the first look would be taken for one left over.
-    wait_for(lambda: metadata.requests >= 6, what="the relay's first look at the keys")
+    wait_for(lambda: metadata.answered >= 6, what="the relay's first look at the keys")
     metadata.instance = (replace(metadata.instance, maintenance_event="TERMINATE_ON_HOST_MAINTENANCE")
                          if notice == "maintenance-event" else replace(metadata.instance, upcoming_maintenance=ONGOING))
     wait_for(lambda: (worker.dir / "exit_code").exists(), what="the job to end on the notice")
