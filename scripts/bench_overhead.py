@@ -80,7 +80,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_recovery import JOB, toml_value, write_config  # noqa: E402
+from bench_recovery import JOB, write_config, write_toml  # noqa: E402
 
 from tpuwatch.sim.simulator import Simulator  # noqa: E402
 
@@ -395,12 +395,7 @@ def compute_config(path: Path, sim: Simulator, kind: str, name: str, command: st
         # there (Compute Engine's internal DNS resolves them).
         "precheck": {"skip": ["dns"]},
     }
-    lines = []
-    for section, values in sections.items():
-        lines.append(f"[{section}]")
-        lines += [f"{k} = {toml_value(v)}" for k, v in values.items()]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_toml(path, sections)
 
 
 def compute_calls(calls: Counter[str]) -> dict[str, int]:

@@ -311,6 +311,11 @@ def write_config(path: Path, sim: Simulator, command: str, ck: Path, *, accelera
         except ValueError:
             parsed = value
         sections.setdefault(section, {})[name] = parsed
+    return write_toml(path, sections)
+
+
+def write_toml(path: Path, sections: dict[str, dict[str, object]]) -> Path:
+    """`sections` as a TOML file at `path` (each section's keys, values of the simple kinds)."""
     lines = []
     for section, values in sections.items():
         lines.append(f"[{section}]")
