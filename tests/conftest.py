@@ -31,7 +31,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # The end-to-end tests (marked slow) first, the many short ones after: with pytest-xdist's
+    # The long tests (marked slow) first, the many short ones after: with pytest-xdist's
     # worksteal (the README's command) a worker that runs out takes the back half of another's
     # queue, so the short ones fill the last minutes instead of one long test running alone at the
     # end. The order is otherwise kept, so every worker collects the same list.

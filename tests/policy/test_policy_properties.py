@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 import hypothesis
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from policy_support import CFG, NAME, ZONES, at, ckpt, event, node, ongoing, symptom
@@ -37,6 +38,8 @@ from tpuwatch.policy import (
 from tpuwatch.policy.classify import in_window
 from tpuwatch.policy.state import TERMINAL
 from tpuwatch.recreate import classify_operation
+
+pytestmark = pytest.mark.slow  # long: run first (tests/conftest.py)
 
 STATES = ["READY"] * 12 + ["REPAIRING", "PREEMPTED", "TERMINATED", "STOPPED", "DELETING", "CREATING",
                            "UNKNOWN", "UNKNOWN_ENUM_77"]

@@ -268,6 +268,7 @@ def config_cases(key_path: Path) -> Iterator[Case]:
                    config=config_bytes(section + "x", "a", b"1", key_path))
 
 
+@pytest.mark.slow
 def test_every_config_key_refuses_bad_values_by_name(world: dict[str, object]) -> None:
     key = world["key"]
     assert isinstance(key, Path)
@@ -384,6 +385,7 @@ def _with_required(cmd: click.Command, path: list[str], under_test: click.Parame
     return (*path, *extra, *argv[len(path):])
 
 
+@pytest.mark.slow
 def test_every_flag_of_every_command_refuses_bad_values_by_name(world: dict[str, object]) -> None:
     key = world["key"]
     assert isinstance(key, Path)

@@ -18,6 +18,8 @@ from tpuwatch.bench.engine import BenchWorld, Meter, Sim
 from tpuwatch.bench.tools import Run, Tool
 from tpuwatch.errors import UsageError
 
+pytestmark = pytest.mark.slow  # long: run first (tests/conftest.py)
+
 CONFIG = compute_config()
 P = Params(days=1)
 HOUR = 3600.0

@@ -28,6 +28,8 @@ from tpuwatch.config import Config, validate
 from tpuwatch.policy import PolicyConfig
 from tpuwatch.policy.recovery import FAILED_REPAIR_GRACE
 
+pytestmark = pytest.mark.slow  # long: run first (tests/conftest.py)
+
 CONFIG = tpuwatch_config()
 CFG = PolicyConfig.from_config(CONFIG)
 TUNED = tpuwatch_config(hang_timeout="1h")

@@ -26,6 +26,8 @@ from tpuwatch.bench.trace import make_bug_trace
 from tpuwatch.config import Config
 from tpuwatch.errors import UsageError
 
+pytestmark = pytest.mark.slow  # long: run first (tests/conftest.py)
+
 CONFIG = tpuwatch_config()
 
 
