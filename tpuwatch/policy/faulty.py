@@ -88,8 +88,9 @@ def count_checks(draft: Draft, mem: Memory, report: PrecheckReport) -> Memory:
     w = h.checks_worker
     if w is not None and w in bad and h.checks_on == incident(draft, mem, w):
         return replace(mem, host=replace(h, checks_failed=h.checks_failed + 1, checked_at=report.time))
-    if not bad:
-        return replace(mem, host=replace(h, checks_on="", checks_worker=None, checks_failed=0, checked_at=report.time))
+    if not bad:  # the streak, if any, is over (a memory with none is left as it is)
+        return mem if h.checks_worker is None else replace(
+            mem, host=replace(h, checks_on="", checks_worker=None, checks_failed=0, checked_at=report.time))
     return replace(mem, host=replace(h, checks_on=incident(draft, mem, bad[0]), checks_worker=bad[0],
                                      checks_failed=1, checked_at=report.time))
 
