@@ -548,7 +548,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                             "early), otherwise the workers SIGKILL what is left after it"),
         "stable_run": Field(_duration(0), 3600.0, "an attempt running this long resets the backoff and the restart/recreate budgets"),
         "report_faulty_hosts": Field(_bool, False, "tpu.api = \"compute\" only: when the same worker's attempts end "
-                                     "with a dirty-host signature 3 times in a row, report its instance's host to "
+                                     "with a dirty-host signature 3 times in a row, or the launch-time checks find "
+                                     "its TPU devices missing 3 rounds in a row, report its instance's host to "
                                      "Google (instances.reportHostAsFaulty; Google takes it for TPU VMs in All "
                                      "Capacity mode, reservation-bound). The VM stops until its host is repaired. "
                                      "false: only say what a person should do"),

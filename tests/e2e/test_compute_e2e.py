@@ -346,3 +346,25 @@ def test_a_host_whose_tpu_cannot_be_opened_is_reported_once_repaired_and_the_job
     assert w.calls["compute.v1.Instances/ReportHostAsFaulty"] == 1, dict(w.calls)
     assert w.instance("vm").faulty_reported and w.instance("vm").status == "RUNNING"
     assert ids(sim) == before and writes(sim) == [], writes(sim)  # repaired by Google, nothing deleted
+
+
+def test_a_host_whose_tpu_devices_are_missing_is_reported_before_any_launch_and_the_job_runs_once_repaired(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    w = sim.world
+    w.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"},
+                               "scheduling": {"provisioningModel": "RESERVATION_BOUND"}})  # All Capacity mode
+    before = ids(sim)
+    w.bad_host("vm", "device-missing")  # a chip's device file is gone, across reboots, until the host is repaired
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", report_faulty_hosts=True)
+    rc, out = finish(job.watch(), timeout=180)
+    assert rc == 0, out
+    hist = job.history()
+    attempts = hist["attempts"]
+    assert len(attempts) == 1 and attempts[0]["outcome"] == "success", attempts  # nothing launched on the bad host
+    assert job.steps_done()[-1] == STEPS
+    reported = [e for e in hist["events"] if e["kind"] == "host_reported"]
+    assert len(reported) == 1 and reported[0]["data"]["worker"] == 0, reported
+    assert "environment checks in a row" in reported[0]["reason"], reported
+    assert w.calls["compute.v1.Instances/ReportHostAsFaulty"] == 1, dict(w.calls)
+    assert w.instance("vm").faulty_reported and w.instance("vm").status == "RUNNING"
+    assert ids(sim) == before and writes(sim) == [], writes(sim)  # repaired by Google, nothing deleted

@@ -29,7 +29,9 @@ from policy_support import (
 )
 
 from tpuwatch.model import (
+    CheckItem,
     NodeSnapshot,
+    PrecheckReport,
     QueuedStatus,
     UpcomingMaintenance,
     WorkerProbe,
@@ -41,6 +43,7 @@ from tpuwatch.policy import (
     Boot,
     Budgets,
     CreateNode,
+    Decision,
     DeleteNode,
     Fail,
     FollowOperation,
@@ -48,8 +51,10 @@ from tpuwatch.policy import (
     ImpossibleObservation,
     Launch,
     Maintenance,
+    Memory,
     NeedsPerson,
     Phase,
+    PolicyConfig,
     Recreate,
     Repair,
     StopWorkers,
@@ -1204,3 +1209,92 @@ def test_row_faulty_host_refused() -> None:
     m = refused.memory
     assert m.host.hold_until is None and m.host.incident == d.memory.host.incident  # never tried again
     assert tick(obs(probes=absent(), checkpoint=ckpt(100)), m, 2100, cfg=cfg).row == "launch"
+
+
+def _missing_devices(rounds: int, cfg: PolicyConfig = CFG, n: NodeSnapshot | None = None,
+                     check: str = "devices", m: Memory | None = None, start: float = 100.0) -> list[Decision]:
+    """`rounds` launch-time check rounds, a poll apart, each failing `check` on worker 1: their decisions."""
+    m, out = m or idle(), []
+    for k in range(rounds):
+        t = start + 30 * k
+        d = tick(obs(n, probes=absent(), checkpoint=ckpt(100), precheck=pre((check, 1, False), t=t)), m, t, cfg=cfg)
+        out.append(d)
+        m = d.memory
+    return out
+
+
+def test_row_faulty_host_from_environment_checks() -> None:
+    """Launch-time checks that keep finding one worker's TPU devices missing point at its host:
+    reported once, then no launch there until it has been repaired."""
+    cfg = replace(CFG, report_faulty_hosts=True)
+    ds = _missing_devices(4, cfg)
+    assert [d.row for d in ds] == ["precheck_wait", "precheck_wait", "faulty_host", "faulty_host_hold"]
+    d = ds[2]
+    assert kinds(d) == ["report_host", "wait"] and not d.ended and d.exit_code == 0
+    (report,) = [a for a in d.actions if a.kind == "report_host"]
+    assert report.worker == 1 and "3 environment checks in a row" in report.description  # type: ignore[union-attr]
+    assert "w1 devices: bad devices" in report.description  # type: ignore[union-attr]
+    m = d.memory
+    assert (m.phase, m.repair.env_failing_since, m.budgets.restarts) == (Phase.WAITING_NODE, at(100), 0)
+    assert (m.host.incident, m.host.suspect, m.host.reported_at) == ("n1/w1@" + at(0).isoformat(), 1, at(160))
+    # the next round holds (the repair is coming), and reports nothing again
+    assert ds[3].row == "faulty_host_hold" and "report_host" not in kinds(ds[3])
+    # a round is counted once, however often the tick decides with it
+    again = tick(obs(probes=absent(), checkpoint=ckpt(100), precheck=pre(("devices", 1, False), t=130)),
+                 ds[1].memory, 131, cfg=cfg)
+    assert again.row == "precheck_wait" and again.memory.host.checks_failed == 2
+    # the VM goes down for its repair and comes back with its devices: launch there
+    down = tick(obs(node(state="REPAIRING"), probes=None, checkpoint=ckpt(100)), m, 300, cfg=cfg)
+    assert down.row == "repair_wait"
+    up = tick(obs(probes=absent(), checkpoint=ckpt(100), precheck=pre(t=400)), down.memory, 400, cfg=cfg)
+    assert up.row == "launch", up.summary
+
+
+def test_a_repair_that_does_not_help_is_recreated_at_repair_timeout() -> None:
+    """The report comes first; repair_timeout still counts from the first failing check, so a host
+    that comes back from its repair with the devices still missing is recreated then."""
+    cfg = replace(CFG, report_faulty_hosts=True)
+    m = _missing_devices(3, cfg)[-1].memory
+    down = tick(obs(node(state="REPAIRING"), probes=None, checkpoint=ckpt(100)), m, 300, cfg=cfg)
+    back = _missing_devices(1, cfg, m=down.memory, start=500)[-1]
+    assert back.row == "precheck_wait" and back.memory.host.checks_failed == 1  # a new boot: a new streak
+    late = _missing_devices(1, cfg, m=back.memory, start=700)[-1]
+    assert late.row == "precheck_recreate" and kinds(late) == ["delete"]
+
+
+def test_row_faulty_host_told_from_environment_checks() -> None:
+    ds = _missing_devices(5)  # report_faulty_hosts off
+    assert [d.row for d in ds] == ["precheck_wait", "precheck_wait", "faulty_host_told", "precheck_wait",
+                                   "precheck_wait"]
+    told = ds[2]
+    assert kinds(told) == ["wait"] and "host of worker 1 looks faulty" in told.summary
+    assert "report-host-as-faulty" in told.summary and told.memory.phase is Phase.WAITING_NODE
+    # told once; past repair_timeout the node is recreated as before
+    late = _missing_devices(1, m=ds[-1].memory, start=700)[-1]
+    assert late.row == "precheck_recreate"
+
+
+def test_software_check_failures_do_not_point_at_the_host() -> None:
+    cfg = replace(CFG, report_faulty_hosts=True)
+    ds = _missing_devices(5, cfg, check="disk")
+    assert {d.row for d in ds} == {"precheck_wait"} and ds[-1].memory.host.checks_failed == 0
+    # nor does a devices check the worker did not answer (no value measured)
+    m = idle()
+    for t in (100, 130, 160, 190):
+        silent = PrecheckReport(at(t), "launch", "n1", (CheckItem("devices", 1, "fail", detail="no answer from the worker"),))
+        d = tick(obs(probes=absent(), checkpoint=ckpt(100), precheck=silent), m, t, cfg=cfg)
+        m = d.memory
+        assert d.row == "precheck_wait"
+    # nor every worker of the slice missing its devices at once (the image or its driver, not one host)
+    m = idle()
+    for t in (100, 130, 160, 190):
+        d = tick(obs(probes=absent(), checkpoint=ckpt(100), precheck=pre(("devices", 0, False), ("devices", 1, False),
+                                                                         t=t)), m, t, cfg=cfg)
+        m = d.memory
+        assert d.row == "precheck_wait" and m.host.checks_failed == 0
+    # a round that finds the devices breaks the streak
+    ds = _missing_devices(2, cfg)
+    ok = tick(obs(probes=absent(), checkpoint=ckpt(100), precheck=pre(("disk", 1, False), t=160)), ds[-1].memory,
+              160, cfg=cfg)
+    more = _missing_devices(2, cfg, m=ok.memory, start=190)
+    assert [d.row for d in more] == ["precheck_wait", "precheck_wait"]

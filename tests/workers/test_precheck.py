@@ -256,6 +256,8 @@ def test_interpreter_of(command: str, word: str) -> None:
 @pytest.mark.parametrize("accel,chips", [
     ("v2-8", 4), ("v3-32", 4), ("v4-8", 4), ("v4-32", 4), ("v5p-16", 4), ("v5litepod-1", 1),
     ("v5litepod-8", 8), ("v5litepod-16", 4), ("v6e-4", 4), ("v6e-256", 4), ("", None), ("v9-8", None),
+    ("tpu7x-standard-4t", 4), ("ct6e-standard-1t", 1), ("ct6e-standard-8t", 8), ("ct5p-hightpu-4t", 4),
+    ("n2-standard-4", None),
 ])
 def test_chips_per_host(accel: str, chips: int | None) -> None:
     assert chips_per_host(accel) == chips

@@ -171,14 +171,17 @@ ROWS: tuple[Row, ...] = (
         "unless the attempt before ended the same way (then charged like any end)"),
     # A bad host (policy/faulty.py): the evidence points at one worker's host
     Row("faulty_host", "the same worker's attempts end with a dirty-host signature 3 times in a row on one boot of "
-        "the node (each after the stop's cleanup); recovery.report_faulty_hosts, node owned",
-        "the end charged as log_dirty_host says; report that worker's VM's host as faulty (Compute Engine's "
-        "instances.reportHostAsFaulty, journaled first, once per host and boot); no launch on the node until it has "
-        "gone down and come back, or 20 min"),
+        "the node (each after the stop's cleanup), or the launch-time environment checks find its TPU devices "
+        "missing 3 rounds in a row on one boot, within repair_timeout; recovery.report_faulty_hosts, node owned",
+        "the end charged as log_dirty_host says (checks: nothing launched, not charged); report that worker's VM's "
+        "host as faulty (Compute Engine's instances.reportHostAsFaulty, journaled first, once per host and boot); "
+        "no launch on the node until it has gone down and come back, or 20 min; checks still failing at "
+        "repair_timeout from the first: precheck_recreate"),
     Row("faulty_host_told", "the same evidence, with recovery.report_faulty_hosts off (the Cloud TPU API has no such "
         "call) or the node not owned",
-        "the end charged as log_dirty_host says; say once per host and boot which worker's host looks faulty and "
-        "what a person should do (recreate the VM, or report it); the job goes on"),
+        "the end charged as log_dirty_host says (checks: wait as precheck_wait says); say once per host and boot "
+        "which worker's host looks faulty and what a person should do (recreate the VM, or report it); the job "
+        "goes on"),
     Row("faulty_host_hold", "no live attempt; tpuwatch reported a worker's host and the node has not gone down since",
         "wait: Google stops the VM to repair its host"),
     Row("faulty_host_refused", "the cloud refused the report (not All Capacity mode / reservation-bound, not "

@@ -205,14 +205,23 @@ class Boot:
 @dataclass(frozen=True)
 class Host:
     """Evidence against one worker's host (policy/faulty.py): its attempts that ended with a
-    dirty-host signature in a row, and the incident already reported or told to a person."""
+    dirty-host signature in a row, the launch-time checks that found its TPU devices missing in a
+    row, and the incident already reported or told to a person."""
 
     worker: int | None = None  # the worker whose attempts ended dirty in a row
     last_attempt: int = 0  # the newest of those attempts
     streak: int = 0
+    # launch-time check rounds in a row whose hardware items failed on one worker, on one boot of
+    # the node: the incident they point at ("<node id>/w<worker>@<boot>"), its worker, how many
+    checks_on: str = ""
+    checks_worker: int | None = None
+    checks_failed: int = 0
+    checked_at: datetime | None = None  # the newest round counted: a round counts once
     # the incident reported (or told, when tpuwatch may not report it): "<node id>/w<worker>@<boot>",
     # so one host on one boot of the node is reported once, however often it fails after
     incident: str = ""
+    suspect: int | None = None  # the worker of that incident
+    node_id: str = ""  # the node of the host reported (its hold is over once another node is there)
     reported_at: datetime | None = None  # when tpuwatch asked Google to repair it
     # no launch on the node until it has gone down and come back after the report, or until then
     hold_until: datetime | None = None

@@ -17,7 +17,7 @@ from tpuwatch.policy.classify import Outcome
 from tpuwatch.policy.draft import Draft, secs, worker_exits, worker_list
 from tpuwatch.policy.early import early_maintenance
 from tpuwatch.policy.ending import confirm_end, end_usable
-from tpuwatch.policy.faulty import report_hold
+from tpuwatch.policy.faulty import checks_bad_host, count_checks, report_hold
 from tpuwatch.policy.hang import (
     effective_hang_limit,
     hung,
@@ -296,6 +296,7 @@ def prechecked(draft: Draft, mem: Memory) -> Decision | None:
         workers = ", ".join(str(w) for w, _ in pre.unreachable)
         return draft.out(mem, "workers_unreachable", f"cannot reach workers {workers} to check them; launching "
                                                      "only when every worker answers", Wait(None, "workers unreachable"))
+    mem = count_checks(draft, mem, pre)
     failing = pre.failing
     if not failing:
         if mem.repair.env_failing_since is not None:
@@ -312,9 +313,17 @@ def prechecked(draft: Draft, mem: Memory) -> Decision | None:
         until = since + timedelta(seconds=cfg.repair_timeout)
         why = f"environment checks fail: {shown}"
         mem = move(mem, Phase.WAITING_NODE, reason=why, repair=replace(mem.repair, env_failing_since=since))
-        return draft.out(mem, "precheck_wait", f"{why}; not launching, not charged; waiting for the node to be "
-                                               f"fixed until {until.isoformat()} (recovery.repair_timeout "
-                                               f"{human(cfg.repair_timeout)})", Wait(until, "environment checks fail"))
+        line = (f"{why}; not launching, not charged; waiting for the node to be fixed until {until.isoformat()} "
+                f"(recovery.repair_timeout {human(cfg.repair_timeout)})")
+        wait = Wait(until, "environment checks fail")
+        # Checks that keep finding one worker's TPU devices missing point at its host: reported
+        # (or told) once, inside this wait; the wait still counts from the first failing check, so
+        # a repair that does not bring the devices back is recreated at repair_timeout as before.
+        bad = checks_bad_host(draft, mem, pre)
+        if bad is None:
+            return draft.out(mem, "precheck_wait", line, wait)
+        mem, row, acts, said = bad
+        return draft.out(mem, row, f"{line}; {said}", *acts, wait)
     why = (f"environment checks failing for {human(waited)}, longer than recovery.repair_timeout "
            f"({human(cfg.repair_timeout)}): {shown}")
     mem = replace(mem, repair=replace(mem.repair, env_failing_since=since))

@@ -25,6 +25,7 @@ import time
 
 from tpuwatch.errors import UsageError
 from tpuwatch.sim.cerecords import ComputeOpRec, InstanceRec
+from tpuwatch.sim.hostfaults import HARDWARE
 from tpuwatch.sim.instances import ComputeError, Instances
 from tpuwatch.sim.records import UpcomingRec, rfc3339_s
 
@@ -75,13 +76,17 @@ class ComputeFaults(Instances):
         for d in downs:
             self._await(d)
 
-    def bad_host(self, name: str, *, project: str | None = None, zone: str | None = None) -> None:
-        """The instance's host goes bad: its TPU cannot be opened (the hosts' `tpu-fault`), across
-        reboots and cleanups, until the host is repaired (reportHostAsFaulty). The instance stays
-        RUNNING: Compute Engine sees nothing wrong."""
+    def bad_host(self, name: str, fault: str = "tpu-fault", *, project: str | None = None,
+                 zone: str | None = None) -> None:
+        """The instance's host goes bad: its TPU cannot be opened (`tpu-fault`), or a chip's device
+        file is gone (`device-missing`: the environment checks see it), across reboots and
+        cleanups, until the host is repaired (reportHostAsFaulty). The instance stays RUNNING:
+        Compute Engine sees nothing wrong."""
+        if fault not in HARDWARE:
+            raise UsageError(f"a bad host's fault is one of {', '.join(HARDWARE)}, got {fault!r}")
         with self._lock:
             rec = self._live_instance(name, project, zone, "a bad host")
-            effect = self._queue_hosts("host_fault", rec.key, 0, "tpu-fault", {})
+            effect = self._queue_hosts("host_fault", rec.key, 0, fault, {})
         self._await(effect)
 
     # ---- maintenance -------------------------------------------------------------------------

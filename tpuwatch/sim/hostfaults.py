@@ -4,7 +4,7 @@
 Each fault changes what the worker-side script measures, by the same means a real host would:
 
 - `device-missing`: the last chips' device files vanish (a dead chip) and stay gone across
-  reboots; only a recreate (new hosts) brings them back.
+  reboots; only a recreate (new hosts) or a repair of the host (`repair`) brings them back.
 - `stale-lockfile`: `/tmp/libtpu_lockfile` that no process holds (a crashed TPU program); a
   reboot empties `/tmp`.
 - `dns-failure`: the worker's resolver answers nothing for its peers, until the node is

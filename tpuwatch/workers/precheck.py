@@ -125,8 +125,12 @@ def chips_per_host(accelerator_type: str) -> int | None:
     """TPU chips (device files) each host of this accelerator type has; None when unknown.
 
     v2, v3, v4 and v5p hosts have 4 chips. v5e (v5litepod) and v6e slices of up to 8 chips are
-    one host with all of them; bigger slices have 4 chips per host.
+    one host with all of them; bigger slices have 4 chips per host. A Compute Engine machine type
+    names the chips of its VM: `tpu7x-standard-4t`, `ct6e-standard-8t`, `ct5p-hightpu-4t`.
     """
+    ce = re.match(r"^[a-z0-9]+-[a-z]+-(\d+)t$", accelerator_type.strip().lower())
+    if ce:
+        return int(ce.group(1))
     m = re.match(r"^(v2|v3|v4|v5p|v5litepod|v5e|v6e)-(\d+)$", accelerator_type.strip().lower())
     if not m:
         return None
