@@ -370,29 +370,7 @@ class Reconciler:
         # device holders, a stale libtpu lockfile), in the launch's own connection; the
         # worker-side lock makes a repeat harmless.
         results = self.ports.workers.launch(node, action.attempt, action.checkpoint, clean=True)
-        started = [r for r in results if r.started]
-        problems = []
-        for r in results:
-            if r.cleanup is not None and not r.cleanup.ok:
-                problems.append(f"w{r.worker}: cleanup: {r.cleanup.describe()}")
-            if not r.started:
-                problems.append(f"w{r.worker}: {r.describe()}")
-        where = (f"from {action.checkpoint.path} (step {action.checkpoint.step})"
-                 if action.checkpoint else "from scratch (no complete checkpoint yet)")
-        launched = [r for r in results if r.outcome == "launched"]
-        running = [r for r in started if r.outcome == "running"]
-        # The worker-side lock may find the attempt started already (by the startup script at
-        # boot, or an earlier try): say so rather than claim a start.
-        if launched or not running:
-            text = f"launched attempt {action.attempt} on {len(started)}/{len(results)} workers {where}"
-            if running:
-                text += f"; already running on {_listed(running)}, not started again"
-        else:
-            text = (f"attempt {action.attempt} already running on {len(started)}/{len(results)} workers "
-                    f"{where}, not started again")
-        if note := megascale_note(node):
-            text += f"; {note}"
-        return text + ("; " + "; ".join(problems) if problems else "")
+        return launch_line(action, results, megascale_note(node))
 
     def _stop(self, node: NodeSnapshot | None, action: StopWorkers) -> str:
         if action.blocked or node is None:  # the policy saw the workers cannot be reached
@@ -431,6 +409,32 @@ class Reconciler:
         note = recreate.command_withheld_note(self.cfg)
         return (f"started creating {action.name}{through} in {action.zone} ({name or 'already exists'}): "
                 f"{action.reason}" + (f"; {note}" if note else "")), mem
+
+
+def launch_line(action: Launch, results: Sequence[LaunchResult], note: str = "") -> str:
+    """What a launch did, for people: where it started, and what each worker that did not
+    start it said. The worker-side lock may find the attempt started already (by the startup
+    script at boot, or an earlier try): that is said, not claimed as a start."""
+    started = [r for r in results if r.started]
+    problems = []
+    for r in results:
+        if r.cleanup is not None and not r.cleanup.ok:
+            problems.append(f"w{r.worker}: cleanup: {r.cleanup.describe()}")
+        if not r.started:
+            problems.append(r.describe())  # "worker N: ..."
+    where = (f"from {action.checkpoint.path} (step {action.checkpoint.step})"
+             if action.checkpoint else "from scratch (no complete checkpoint yet)")
+    launched = [r for r in results if r.outcome == "launched"]
+    running = [r for r in started if r.outcome == "running"]
+    if launched or not running:
+        text = f"launched attempt {action.attempt} on {len(started)}/{len(results)} workers {where}"
+        if running:
+            text += f"; already running on {_listed(running)}, not started again"
+    else:
+        text = f"attempt {action.attempt} already running on {len(started)}/{len(results)} workers {where}, not started again"
+    if note:
+        text += f"; {note}"
+    return text + ("; " + "; ".join(problems) if problems else "")
 
 
 def _listed(results: Sequence[StopResult | LaunchResult]) -> str:
