@@ -42,6 +42,7 @@ def env(shared_sim: Simulator, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))  # never the user's gcloud config
     monkeypatch.setenv("TPUWATCH_STATE_DIR", str(tmp_path / "state"))
     shared_sim.world.clear_errors()
+    shared_sim.world.reset_calls()  # each test counts its own calls, whichever ran before it here
     return shared_sim
 
 

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -27,6 +27,9 @@ from tpuwatch import zonespec
 from tpuwatch.config import Config
 from tpuwatch.errors import JobFailed, UsageError
 from tpuwatch.workers import login
+
+if TYPE_CHECKING:
+    from tpuwatch.journal import Journal
 
 HELP = """Delete the TPU and create it again from [tpu.spec] in the config, with
 tpu.startup_script as its startup-script metadata. Asks for confirmation unless --yes.
@@ -299,7 +302,7 @@ def _confirm(what: str, config_path: Path) -> None:
     click.confirm(f"{what} from {config_path}?", abort=True)
 
 
-def _begin(cfg: Config, launch: dict[str, str], as_json: bool) -> tuple[Any, dict[str, str], Callable[[str], None]]:
+def _begin(cfg: Config, launch: dict[str, str], as_json: bool) -> tuple[Journal, dict[str, str], Callable[[str], None]]:
     """The job's journal, held for the whole recreate: no `watch` or cron `check` acts on the job
     meanwhile, and the next one reads what was done here. Returns it, the launch metadata with the
     attempt to start at boot and the user the watcher last logged in as, and `say`: tell the
@@ -325,7 +328,7 @@ def _begin(cfg: Config, launch: dict[str, str], as_json: bool) -> tuple[Any, dic
     return journal, launch, say
 
 
-def _open_journal(cfg: Any) -> Any:
+def _open_journal(cfg: Config) -> Journal:
     from tpuwatch.journal import Busy, Journal
 
     try:
