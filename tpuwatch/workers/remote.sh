@@ -277,11 +277,19 @@ tw_probe() {
   tw_num attempt "$TW_DIR/attempt"
   tw_num pid "$TW_DIR/pid"
   tw_num code "$TW_DIR/exit_code"
-  if [ -n "$code" ]; then
+  state=""
+  if [ -z "$code" ]; then
+    if tw_attempt_alive; then
+      state=running
+    else  # the wrapper writes the exit code before it exits: one written since the first look is
+      tw_num code "$TW_DIR/exit_code"  # there now (else a command that just ended reads as killed)
+    fi
+  fi
+  if [ -n "$state" ]; then
+    :
+  elif [ -n "$code" ]; then
     state=exited
     if tw_attempt_alive; then detail="the command ended but some of its processes live on"; fi
-  elif tw_attempt_alive; then
-    state=running
   elif [ -n "$attempt" ]; then
     state=absent
     detail="attempt $attempt left no exit code and no process (killed, or the host rebooted)"
@@ -760,7 +768,12 @@ tw_wait() {
     # The lock is free (or its helper was killed, by a stop say): over unless a process of
     # the attempt closed the lock's fd but lives on, which is looked at again every TW_POLL.
     if { [ $free = 1 ] || ! tw_alive "$helper"; } && ! tw_attempt_alive; then
-      tw_emit result=gone "detail=attempt $TW_ATTEMPT ended without an exit code"
+      tw_num code "$TW_DIR/exit_code"  # written just before the wrapper exited, since the read above
+      if [ -n "$code" ]; then
+        tw_emit result=ok "exit_code=$code"
+      else
+        tw_emit result=gone "detail=attempt $TW_ATTEMPT ended without an exit code"
+      fi
       break
     fi
     if IFS= read -r -t "$poll" -u 7 line; then
