@@ -64,6 +64,12 @@ class CeJob:
         result: dict[str, Any] = json.loads(out.stdout)
         return result
 
+    def assert_resumed_uncharged(self, out: str) -> None:
+        """The first attempt ended as a disruption, not charged; the second resumed from a checkpoint."""
+        first, second = self.history()["attempts"][:2]
+        assert first["outcome"] == "disruption" and first["charged"] is False, out
+        assert second["start_step"] is not None and second["start_step"] >= 10, second
+
     def release(self) -> None:
         assert self.hold_at is not None
         (self.go / str(self.hold_at)).touch()
@@ -132,9 +138,7 @@ def test_a_single_host_instance_stopped_by_a_host_error_is_left_to_google_and_re
     job.release()
     rc, out = finish(proc, timeout=120)
     assert rc == 0, out
-    first, second = job.history()["attempts"][:2]
-    assert first["outcome"] == "disruption" and first["charged"] is False
-    assert second["start_step"] is not None and second["start_step"] >= 10
+    job.assert_resumed_uncharged(out)
     assert ids(sim) == before and writes(sim) == [], writes(sim)
 
 
@@ -210,9 +214,7 @@ def test_a_preempted_spot_mig_is_recreated_as_a_whole_and_the_job_resumes(
     job.release()
     rc, out = finish(proc, timeout=120)
     assert rc == 0, out
-    first, second = job.history()["attempts"][:2]
-    assert first["outcome"] == "disruption" and first["charged"] is False, out
-    assert second["start_step"] is not None and second["start_step"] >= 10
+    job.assert_resumed_uncharged(out)
     after = ids(sim)
     assert set(after) == set(before) and all(after[n] != before[n] for n in before)  # every VM made again
     assert writes(sim) == ["compute.v1.InstanceGroupManagers/RecreateInstances"], writes(sim)  # the MIG stays
@@ -240,9 +242,7 @@ def test_a_preempted_spot_instance_is_deleted_and_inserted_again_from_what_init_
     job.release()
     rc, out = finish(proc, timeout=120)
     assert rc == 0, out
-    first, second = job.history()["attempts"][:2]
-    assert first["outcome"] == "disruption" and first["charged"] is False, out
-    assert second["start_step"] is not None and second["start_step"] >= 10
+    job.assert_resumed_uncharged(out)
     assert ids(sim)["vm"] != before["vm"]
     assert writes(sim) == ["compute.v1.Instances/Delete", "compute.v1.Instances/Insert"], writes(sim)
     vm = sim.world.instance("vm")
@@ -261,9 +261,7 @@ def test_a_mig_autoheal_is_waited_out_without_deleting_anything(
     job.release()
     rc, out = finish(proc, timeout=120)
     assert rc == 0, out
-    first, second = job.history()["attempts"][:2]
-    assert first["outcome"] == "disruption" and first["charged"] is False, out
-    assert second["start_step"] is not None and second["start_step"] >= 10
+    job.assert_resumed_uncharged(out)
     after = ids(sim)
     assert all(after[n] != before[n] for n in before)  # Google's recreate
     assert writes(sim) == [], writes(sim)  # and none of tpuwatch's
@@ -298,9 +296,7 @@ def test_a_flex_start_mig_whose_run_ended_is_asked_again_through_a_stockout_and_
     w.clear_errors()
     rc, out = finish(proc, timeout=180)
     assert rc == 0, out
-    first, second = job.history()["attempts"][:2]
-    assert first["outcome"] == "disruption" and first["charged"] is False, out
-    assert second["start_step"] is not None and second["start_step"] >= 10
+    job.assert_resumed_uncharged(out)
     assert "no capacity" in out and "Compute Engine took node slice back: its resize request" in out, out
     (last,) = [r for r in w.list_resize_requests(w.project, w.zone, "slice") if r.state == "SUCCEEDED"]
     assert last.name.startswith("slice-tpuwatch-") and last.run_duration == 7 * 86400
