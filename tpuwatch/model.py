@@ -249,6 +249,8 @@ class WorkerProbe:
     exit_code: int | None = None
     pid: int | None = None
     detail: str = ""  # e.g. the ssh error for "unreachable"
+    # "exited", but processes of the attempt live on (they hold its lock, or are in its session)
+    lingering: bool = False
     log_bytes: int | None = None  # size of the attempt's output log (its activity, for hang detection)
     # seconds since the attempt's log was last written, measured on the worker (no clock skew)
     log_age: float | None = None

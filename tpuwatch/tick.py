@@ -191,6 +191,8 @@ class Reconciler:
             # The cleanup ran (StopWorkers): check again and decide, in this same tick.
             st.precheck = checker.run(obs.node, "launch", now=st.now)
             return Again(replace(obs, precheck=st.precheck, precheck_fixed=True), acted.memory)
+        if decision.decide_again:  # an end with nothing left to stop: the relaunch, from what was seen
+            return Again(obs, acted.memory)
         if decision.probe_after and obs.node is not None:
             # The stop after an end ran and the relaunch is due: look at the workers again (with
             # the launch-time checks in the same connection) and decide, in this same tick.

@@ -147,3 +147,33 @@ def test_an_end_whose_relaunch_is_due_is_relaunched_in_the_same_tick() -> None:
     # a disruption on a usable node (a late audit entry) relaunches at once too
     dis = tick(obs(probes=ended, checkpoint=ckpt(150), events=(event("terminate", at(490)),)), run_mem(), now=500)
     assert dis.row == "disruption" and dis.probe_after
+
+
+def test_an_end_with_nothing_left_to_stop_is_relaunched_from_the_same_look() -> None:
+    """Every worker's command ended or its host rebooted: no stop, no second look; the launch
+    is decided from what the probe saw, in the same tick. A process left over still means a stop."""
+    rebooted = (probe(0, "absent", 1), probe(1, "absent", 1))
+    crashed = (probe(0, "exited", 1, 1), probe(1, "exited", 1, 1))
+    for probes in (rebooted, crashed):
+        seen: list[tuple[str, list[str], Observation]] = []
+
+        def settle(d: Decision, o: Observation, m: Memory,
+                   seen: list[tuple[str, list[str], Observation]] = seen) -> Again | None:
+            seen.append((d.row, kinds(d), o))
+            assert not d.probe_after
+            return Again(o, d.memory) if d.decide_again else None
+
+        first = obs(probes=probes, checkpoint=ckpt(150))
+        d = decide_until_settled(first, run_mem(), CFG, at(500), settle)
+        assert [(row, k) for row, k, _ in seen][1:] == [("launch", ["launch"])]
+        assert "stop" not in seen[0][1] and seen[0][0] in ("failure", "disruption")
+        assert all(o is first for _, _, o in seen)  # nothing looked at again
+        assert d.memory.attempt.number == 2
+    # one worker's command ended but a process of it lives on: stopped, then looked at again
+    lingering = (replace(probe(0, "exited", 1, 1), lingering=True), probe(1, "exited", 1, 1))
+    d = tick(obs(probes=lingering, checkpoint=ckpt(150)), run_mem(), now=500)
+    assert d.probe_after and not d.decide_again and "stop" in kinds(d)
+    # a worker that did not answer: nothing is known of it, so the stop and the look stay
+    unknown = (probe(0, "exited", 1, 1), probe(1, "unreachable", None))
+    d = tick(obs(probes=unknown, checkpoint=ckpt(150)), run_mem(), now=500)
+    assert not d.decide_again

@@ -156,6 +156,20 @@ def test_exit_code_and_already_ran(worker: Worker) -> None:
     assert worker.probe()["exit_code"] == "0"
 
 
+def test_an_ended_command_whose_child_lives_on_is_reported_lingering(worker: Worker) -> None:
+    """The policy relaunches without a stop only when no worker has anything of the attempt
+    left: a child that outlives the command (it holds the job's lock) must say so."""
+    worker.launch(1, "sleep 300 & exit 3")
+    wait_for(lambda: (worker.dir / "exit_code").exists(), what="exit_code")
+    p = protocol.parse_probe(3, worker.probe())
+    assert (p.state, p.exit_code, p.lingering) == ("exited", 3, True)
+    for pid in worker.pids(b"sleep\x00300"):
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not worker.pids(b"sleep\x00300"), what="the child to die")
+    p = protocol.parse_probe(3, worker.probe())
+    assert (p.state, p.lingering) == ("exited", False)
+
+
 def test_probe_states_absent(worker: Worker) -> None:
     assert worker.probe()["state"] == "absent"
     worker.launch(1, "sleep 300")

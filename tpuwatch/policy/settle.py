@@ -8,6 +8,9 @@ A decision may ask for more before it is final, and the tick comes back with it:
 - `Decision.probe_after`: do its actions (the stop after an attempt's end whose relaunch is due
   at once), then probe the workers again, with the launch-time checks, and decide from the
   memory they left: the relaunch in the same tick. That decision ends no attempt.
+- `Decision.decide_again`: the same, when the probe found nothing of the attempt left on any
+  worker: no stop and no second look; decide again from the memory it left with the same
+  observation (the launch-time checks first, when they did not ride in the probe).
 - a create or a maintenance start refused at the call: fed back as a failed create
   (`Observation.operation`, `create_failure`) or `Observation.maintenance_refused`; decide
   again from the memory the refused decision left. That decision queues or fails a create, or

@@ -16,7 +16,7 @@ in a `Draft` (policy/draft.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 
@@ -38,6 +38,7 @@ from tpuwatch.policy.values import (
     Observation,
     PolicyConfig,
     StopWorkers,
+    WorkerProbe,
 )
 
 # A handler decides for one node condition or operation phase, from the memory so far.
@@ -93,13 +94,26 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
         # in this same tick, rather than on the next one.
         probe_after = bool(decision.ended) and any(isinstance(a, StopWorkers) and not a.blocked
                                                    for a in decision.actions)
-        # The probe after the stop must find the old attempt gone: that stop is waited for.
-        actions = tuple(replace(a, wait=True) if probe_after and isinstance(a, StopWorkers) else a
-                        for a in decision.actions)
-        decision = replace(decision, probe_after=probe_after, actions=actions)
+        if probe_after and nothing_left(obs.probes):
+            # No process of the attempt is left anywhere (a host that rebooted, every command
+            # ended): the stop and the look after it would find what this probe found, and the
+            # launch cleans up device holders and the libtpu lockfile itself. Launch at once.
+            decision = replace(decision, decide_again=True,
+                               actions=tuple(a for a in decision.actions if not isinstance(a, StopWorkers)))
+        else:
+            # The probe after the stop must find the old attempt gone: that stop is waited for.
+            actions = tuple(replace(a, wait=True) if probe_after and isinstance(a, StopWorkers) else a
+                            for a in decision.actions)
+            decision = replace(decision, probe_after=probe_after, actions=actions)
     if obs.dry_run:
         return replace(decision, memory=mem, summary=f"dry run: {decision.summary}", ended=(), operation_done=None)
     return decision
+
+
+def nothing_left(probes: Sequence[WorkerProbe] | None) -> bool:
+    """Every worker answered, and none has a process of the attempt left: each one's command
+    ended (or its host rebooted) and nothing of it lives on."""
+    return bool(probes) and all(p.state in ("exited", "absent") and not p.lingering for p in probes or ())
 
 
 def operation_started(mem: Memory, name: str) -> Memory:

@@ -332,9 +332,12 @@ class Decision:
     # check_after: do these actions (the cleanup of fixable items), then check and decide again.
     # probe_after: do these actions (the stop after an attempt's end), then probe the workers (with
     #   the launch-time checks) and decide again: the relaunch that is due at once, in this tick.
+    # decide_again: an attempt's end whose relaunch is due at once, with nothing left to stop: do
+    #   these actions and decide again from the same observation, in this tick.
     check_first: bool = False
     check_after: bool = False
     probe_after: bool = False
+    decide_again: bool = False
 
     @property
     def terminal(self) -> bool:

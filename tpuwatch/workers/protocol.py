@@ -312,6 +312,7 @@ def parse_probe(worker: int, records: Mapping[str, str]) -> WorkerProbe:
         exit_code=_int(records.get("exit_code")),
         pid=_int(records.get("pid")),
         detail=records.get("detail", ""),
+        lingering=records.get("lingering") == "1",
         log_bytes=_int(records.get("log_bytes")),
         log_age=_int(records.get("log_age")),
         log_match=records.get("log_match", "")[:LOG_MATCH_MAX],

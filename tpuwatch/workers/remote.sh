@@ -268,7 +268,7 @@ tw_scan() {
 }
 
 tw_probe() {
-  local attempt pid code state detail="" size="" notice="" st mtime now age="" match=""
+  local attempt pid code state detail="" size="" notice="" st mtime now age="" match="" lingering=""
   if [ ! -d "$TW_DIR" ]; then
     tw_emit result=ok state=absent "detail=no job directory"
     if [ -n "${TW_CKPT_DIR:-}" ]; then tw_ckpt_listing; fi
@@ -289,7 +289,9 @@ tw_probe() {
     :
   elif [ -n "$code" ]; then
     state=exited
-    if tw_attempt_alive; then detail="the command ended but some of its processes live on"; fi
+    if tw_attempt_alive; then
+      lingering=1 detail="the command ended but some of its processes live on"
+    fi
   elif [ -n "$attempt" ]; then
     state=absent
     detail="attempt $attempt left no exit code and no process (killed, or the host rebooted)"
@@ -313,7 +315,7 @@ tw_probe() {
     tw_notice notice "$attempt"
   fi
   tw_emit result=ok "state=$state" "attempt=$attempt" "pid=$pid" "exit_code=$code" "log_bytes=$size" \
-    "log_age=$age" "log_match=$match" "notice=$notice" "detail=$detail"
+    "log_age=$age" "log_match=$match" "notice=$notice" "lingering=$lingering" "detail=$detail"
   if [ -n "${TW_CKPT_DIR:-}" ]; then tw_ckpt_listing; fi
 }
 
