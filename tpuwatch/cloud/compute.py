@@ -232,9 +232,9 @@ def mig_snapshot(mig: Any, managed: Sequence[Any], instances: Sequence[Any], *, 
                  zone: str, template_labels: Mapping[str, str] | None = None) -> NodeSnapshot:
     """A MIG (`compute_v1.InstanceGroupManager`, its `ManagedInstance`s from listManagedInstances,
     and those instances) as one node whose workers are its instances in worker order
-    (`in_worker_order`). With no
-    instance readable (the MIG making them, e.g. through a stockout) its labels are
-    `template_labels`, those its instances will carry, so its owner is still known."""
+    (`in_worker_order`). With no instance readable (the MIG making them, e.g. through a
+    stockout) its labels are `template_labels`, those its instances will carry, so its owner is
+    still known."""
     ordered, _ = in_worker_order(instances)
     state, doing = mig_state(mig, managed, ordered)
     notices = [upcoming(i) for i in ordered]
