@@ -52,6 +52,10 @@ class TpuApi(Protocol):
         """The node's worker VMs by Compute Engine instance name -> (node, worker id), for the
         audit log's upcoming-maintenance entries; read lazily, on the first lookup."""
 
+    def take_notes(self) -> list[str]:
+        """What the person watching should know about the nodes read, once (e.g. a MIG whose
+        worker numbers tpuwatch cannot follow)."""
+
 
 class NodeLifecycle(Protocol):
     """Delete and create the job's node, plainly or through its queued resource

@@ -137,7 +137,7 @@ class Reconciler:
         probes, pre = self._probe(node, mem, now)
         operation, create_failure = self._operation(mem, tpu)
         checkpoint = self.ports.checkpoints.latest() if self.ports.checkpoints is not None else None
-        warnings: list[str] = []
+        warnings = tpu.take_notes()  # e.g. a MIG whose worker numbers tpuwatch cannot follow
         events, cursor = self._audit(now, mem, node, probes, warnings)
         pre = pre or self._periodic_precheck(now, mem, node, probes)
         queued = life.status() if life.queue and queued_due(mem, node) else None

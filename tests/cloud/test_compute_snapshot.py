@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 from google.cloud import compute_v1
 
-from tpuwatch.cloud.compute import instance_snapshot, mig_snapshot, operation_status, to_json
+from tpuwatch.cloud.compute import (
+    instance_snapshot,
+    mig_snapshot,
+    operation_status,
+    to_json,
+    worker_order,
+)
 from tpuwatch.model import OWNER_LABEL
 from tpuwatch.policy.nodes import Cond, node_condition
 
@@ -97,6 +103,41 @@ def test_a_mig_is_one_node_whose_workers_are_its_instances_in_name_order() -> No
     assert node.state == "READY" and node.name == "slice"
     assert [w.internal_ip for w in node.workers] == ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
     assert node.id == "1+2+3+4" and node.owned_by("job")
+
+
+# instance name -> its agent-worker-number (None: no such item), the worker order, whether it is said
+@pytest.mark.parametrize(("numbers", "order", "said"), [
+    ({"b": None, "a": None, "c": None}, "abc", False),  # none numbered (all Google documents): name order
+    ({"a": "2", "b": "0", "c": "1"}, "bca", False),  # numbered 0..n-1: the runtime's order
+    ({"a": "1", "b": "0"}, "ba", False),
+    ({"a": " 1\n", "b": "0"}, "ba", False),  # as a metadata server may serve it
+    ({"a": "0"}, "a", False),
+    ({"a": "0", "b": None, "c": "1"}, "abc", True),  # partial
+    ({"a": "0", "b": "0", "c": "1"}, "abc", True),  # repeated
+    ({"a": "0", "b": "2", "c": "3"}, "abc", True),  # not from 0, or with a gap
+    ({"a": "1", "b": "2"}, "ab", True),
+    ({"a": "0", "b": "one"}, "ab", True),  # not a number
+    ({"a": "0", "b": "-1"}, "ab", True),
+    ({"a": "0", "b": ""}, "ab", True),
+    ({}, "", False),
+])
+def test_a_migs_workers_follow_the_agent_worker_number_only_when_it_numbers_them_all(
+        numbers: dict[str, str | None], order: str, said: bool) -> None:
+    names, problem = worker_order(numbers)
+    assert "".join(names) == order
+    assert bool(problem) is said
+    if said:  # what is wrong, each instance's number, and what a person does about it
+        assert "agent-worker-number" in problem and "by instance name" in problem and "{worker}" in problem
+        assert all(f"{n}: {v if v is not None else 'none'}" in problem for n, v in numbers.items())
+
+
+def test_a_mig_numbered_by_agent_worker_number_has_its_workers_in_that_order() -> None:
+    vms = four()  # slice-a .. slice-d, numbered in reverse name order
+    for vm, number in zip(sorted(vms, key=lambda v: v.name), "3210", strict=True):
+        vm.metadata.items.append(compute_v1.Items(key="agent-worker-number", value=number))
+    node = mig_snapshot(mig(), [managed(v) for v in vms], vms, project=P, zone=Z)
+    assert [w.internal_ip for w in node.workers] == ["10.0.0.4", "10.0.0.3", "10.0.0.2", "10.0.0.1"]
+    assert [w.index for w in node.workers] == [0, 1, 2, 3] and node.id == "4+3+2+1"
 
 
 def test_a_recreated_instance_makes_a_new_incarnation() -> None:

@@ -166,3 +166,24 @@ def test_recreate_deletes_and_inserts_an_instance_and_has_a_mig_recreate_its_ins
     assert done["new_id"] == "+".join(str(after[n]) for n in sorted(after)) and done["state"] == "READY", done
     assert not any("InstanceGroupManagers/Delete" in m or "InstanceGroupManagers/Insert" in m for m in w.calls)
     assert tpu_calls(sim_api) == [], tpu_calls(sim_api)
+
+
+def test_status_lists_a_migs_workers_by_their_agent_worker_number_and_says_when_it_cannot(
+        sim_api: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    w = sim_api.world
+    mig = w.add_mig("slice", "tpu7x-standard-4t", 2, labels={"tpuwatch-job": "slice"}, worker_numbers="reverse")
+    # every VM numbered 0 by its template: numbers tpuwatch cannot follow
+    odd = w.add_mig("odd", "tpu7x-standard-4t", 2, labels={"tpuwatch-job": "odd"},
+                    metadata={"agent-worker-number": "0"})
+    environ = env(sim_api, rest, tmp_path)
+    data = as_json(["status", "-c", str(config(sim_api, tmp_path, "mig", "slice")), "--json"], environ)
+    (node,) = data["nodes"]
+    assert [x["internal_ip"] for x in node["workers"]] == [w.instance(n).ip for n in sorted(mig.members, reverse=True)]
+    code, out, err = run(["status", "-c", str(config(sim_api, tmp_path, "mig", "odd"))], environ)
+    assert code == 0, err
+    first, second = sorted(odd.members)
+    said = " ".join(err.split())
+    assert f"warning: MIG odd: the instances' agent-worker-number metadata is not 0..1 once each ({first}: 0, " \
+           f"{second}: 0), so tpuwatch numbers the workers by instance name." in said, err
+    assert "pass {worker} (or TPUWATCH_WORKER_ID) to the job as its process id" in said, err
+    assert said.count("agent-worker-number") == 1, err  # once

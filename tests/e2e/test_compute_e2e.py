@@ -127,6 +127,48 @@ def test_a_tpu7x_multi_host_mig_through_a_healed_host_error_resumes_and_nothing_
     assert writes(sim) == [], writes(sim)
 
 
+# What a VM's metadata server says under instance/ (a shell command's start), and its instance name
+METADATA = 'curl -sf -H "Metadata-Flavor: Google" "http://$GCE_METADATA_HOST/computeMetadata/v1/instance/'
+NAME = f'{METADATA}name"'
+
+
+def test_a_migs_workers_are_numbered_by_their_agent_worker_number_and_worker_0_is_the_vm_numbered_0(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    # Each VM carries agent-worker-number in reverse name order (a shape: Google does not say
+    # whether a Compute Engine TPU VM carries one; a TPU API VM does, and JAX reads it).
+    mig = sim.world.add_mig("slice", "tpu7x-standard-4t", 4, topology="2x2x4", labels={"tpuwatch-job": "slice"},
+                            worker_numbers="reverse")
+    numbers = {n: sim.world.instance(n).metadata["agent-worker-number"] for n in mig.members}
+    assert [numbers[n] for n in sorted(numbers)] == ["3", "2", "1", "0"]
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    # Each VM writes, under its own name as its metadata server gives it, the worker id tpuwatch
+    # gave it (env and template) and the number its metadata server serves.
+    who = (f'w={{worker}}; echo "$TPUWATCH_WORKER_ID $w $({METADATA}attributes/agent-worker-number")" '
+           f'> "{seen}/$({NAME})"; ')
+    job = CeJob(sim, rest, tmp_path, "mig", "slice", before=who)
+    rc, out = finish(job.watch(), timeout=120)
+    assert rc == 0, out
+    recorded = {p.name: p.read_text().split() for p in seen.iterdir()}
+    assert recorded == {n: [numbers[n]] * 3 for n in mig.members}, recorded
+    assert job.steps_done()[-1] == STEPS  # worker 0, the VM numbered 0, wrote the checkpoints
+    assert "agent-worker-number" not in out, out  # numbers tpuwatch follows: nothing to say
+
+
+def test_a_mig_whose_worker_numbers_repeat_runs_in_name_order_and_the_watch_says_so_once(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    mig = sim.world.add_mig("slice", "tpu7x-standard-4t", 2, labels={"tpuwatch-job": "slice"},
+                            metadata={"agent-worker-number": "0"})  # every VM 0, from its template
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    job = CeJob(sim, rest, tmp_path, "mig", "slice", before=f'echo "$TPUWATCH_WORKER_ID" > "{seen}/$({NAME})"; ')
+    rc, out = finish(job.watch(), timeout=120)
+    assert rc == 0, out
+    assert {p.name: p.read_text().strip() for p in seen.iterdir()} == dict(zip(sorted(mig.members), "01", strict=True))
+    assert out.count("agent-worker-number metadata is not 0..1 once each") == 1, out
+    assert job.steps_done()[-1] == STEPS and len(mig.members) == 2
+
+
 def test_a_single_host_instance_stopped_by_a_host_error_is_left_to_google_and_resumes(
         sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
     sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}})

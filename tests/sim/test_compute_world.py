@@ -71,6 +71,28 @@ def test_multi_host_autoheal_recreates_every_instance_with_new_ids(sim: Simulato
     assert [e.method for e in w.audit_entries()] == ["compute.instances.repair.recreateInstance"] * 4
 
 
+def test_a_migs_vms_carry_agent_worker_number_only_with_the_shape_and_keep_it_when_recreated(
+        sim: Simulator) -> None:
+    w = sim.world
+    w.add_mig("plain", size=2, topology="2x2x2")
+    assert all("agent-worker-number" not in r.metadata for r in w.instances())  # Google documents none
+    mig = w.add_mig("slice", size=4, topology="2x2x4", worker_numbers="reverse")
+    names = sorted(mig.members)
+
+    def numbers() -> dict[str, str]:
+        return {n: w.instance(n).metadata["agent-worker-number"] for n in names}
+
+    assert numbers() == dict(zip(names, "3210", strict=True))  # reverse name order
+    for n in names:  # the instance's metadata items are what its metadata server serves
+        rec = w.instance(n)
+        assert _metadata(sim, rec.key, "instance/attributes/agent-worker-number") == numbers()[n]
+    w.autoheal("slice", names[0])
+    w.wait_mig_stable("slice")
+    assert numbers() == dict(zip(names, "3210", strict=True))
+    with pytest.raises(UsageError, match="worker_numbers must be one of"):
+        w.add_mig("odd", worker_numbers="random")
+
+
 def test_maintenance_notice_then_perform_maintenance_now(sim: Simulator) -> None:
     w = sim.world
     rec = w.add_instance("vm")

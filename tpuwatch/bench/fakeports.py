@@ -86,6 +86,9 @@ class BenchTpu:
     def worker_instances(self, node: NodeSnapshot) -> Mapping[str, tuple[str, str]]:
         return {}  # the benchmark's audit log has no worker-VM entries
 
+    def take_notes(self) -> list[str]:
+        return []
+
     def get_node(self, name: str) -> NodeSnapshot | None:
         self.meter.tpu += 1
         s = self.world.slice_of(name)

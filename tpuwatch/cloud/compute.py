@@ -14,7 +14,9 @@ the policy as one `NodeSnapshot`, in the policy's vocabulary (policy/nodes.py):
   recreated, never restarted); another stopped VM is STOPPED (a person's: left alone).
 - `health` is UNHEALTHY_MAINTENANCE while `resourceStatus.upcomingMaintenance` is ONGOING;
   `upcoming_maintenance` is the earliest notice of its instances.
-- the workers are its instances sorted by name (docs/reliability.md says why that order).
+- the workers are its instances in the runtime's order (`worker_order`): by their
+  `agent-worker-number` metadata, which JAX reads for its process id on a TPU VM, where every
+  instance carries one and they are 0..n-1; by name otherwise (docs/reliability.md says why).
 - labels: an instance's own; a MIG's, those every instance carries (its template's), so the
   ownership label holds only when all of them say the same job.
 
@@ -28,6 +30,7 @@ Compute Engine message: they become `tpuwatch.model` values here.
 from __future__ import annotations
 
 import enum
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
@@ -55,6 +58,11 @@ Kind = Literal["instance", "mig"]
 RPC_TIMEOUT = 30.0
 PAGE_SIZE = 500
 SERVICE = "compute.googleapis.com"
+# The metadata item a TPU VM's worker number is in: JAX's cloud_tpu_cluster.py (GceTpuCluster)
+# takes it as the process id; on Compute Engine a metadata item is what the VM's metadata server
+# serves under instance/attributes/.
+WORKER_NUMBER = "agent-worker-number"
+_NUMBER = re.compile(r"[0-9]+")
 
 # Instance.status -> the policy's state, for a VM that is not Spot.
 _STATES: dict[str, str] = {
@@ -136,6 +144,40 @@ def _endpoint(index: int, inst: Any) -> WorkerEndpoint:
     return WorkerEndpoint(index=index, internal_ip=internal, external_ip=external)
 
 
+def worker_order(numbers: Mapping[str, str | None]) -> tuple[tuple[str, ...], str]:
+    """A MIG's instances in worker order, and what is wrong with their numbers ("" when nothing).
+
+    `numbers`: instance name -> its `agent-worker-number` metadata value (None without one). When
+    every instance has one and they are 0..n-1, each once, instance i is worker i: the process
+    id JAX takes on that VM. Otherwise name order: none has one (Google documents no such item on
+    Compute Engine), or some lack one, or they repeat, skip or are not numbers, which is said."""
+    by_name = tuple(sorted(numbers))
+    given = {n: v for n, v in numbers.items() if v is not None}
+    if not given:
+        return by_name, ""
+    parsed = {n: int(v) for n, v in given.items() if _NUMBER.fullmatch(v.strip())}
+    if len(parsed) == len(numbers) and sorted(parsed.values()) == list(range(len(numbers))):
+        return tuple(sorted(parsed, key=lambda n: parsed[n])), ""
+    shown = ", ".join(f"{n}: {numbers[n] if numbers[n] is not None else 'none'}" for n in by_name)
+    return by_name, (f"the instances' {WORKER_NUMBER} metadata is not 0..{len(numbers) - 1} once each ({shown}), "
+                     "so tpuwatch numbers the workers by instance name. A job that takes its process id from "
+                     "that metadata (JAX does) would disagree with tpuwatch's worker 0: pass {worker} (or "
+                     "TPUWATCH_WORKER_ID) to the job as its process id, and worker 0's address as its coordinator")
+
+
+def metadata_value(inst: Any, key: str) -> str | None:
+    """An instance's metadata item `key`, or None when it has none."""
+    return next((str(item.value) for item in inst.metadata.items if item.key == key), None)
+
+
+def in_worker_order(instances: Sequence[Any]) -> tuple[list[Any], str]:
+    """A MIG's `compute_v1.Instance`s in worker order (`worker_order`), and what is wrong with
+    their numbers ("" when nothing)."""
+    by_name = {i.name: i for i in instances}
+    names, problem = worker_order({n: metadata_value(i, WORKER_NUMBER) for n, i in by_name.items()})
+    return [by_name[n] for n in names], problem
+
+
 def _earliest(notices: Sequence[UpcomingMaintenance]) -> UpcomingMaintenance | None:
     if not notices:
         return None
@@ -189,10 +231,11 @@ def mig_state(mig: Any, managed: Sequence[Any], instances: Sequence[Any]) -> tup
 def mig_snapshot(mig: Any, managed: Sequence[Any], instances: Sequence[Any], *, project: str,
                  zone: str, template_labels: Mapping[str, str] | None = None) -> NodeSnapshot:
     """A MIG (`compute_v1.InstanceGroupManager`, its `ManagedInstance`s from listManagedInstances,
-    and those instances) as one node whose workers are its instances in name order. With no
-    instance readable (the MIG making them, e.g. through a stockout) its labels are
-    `template_labels`, those its instances will carry, so its owner is still known."""
-    ordered = sorted(instances, key=lambda i: i.name)
+    and those instances) as one node whose workers are its instances in worker order
+    (`in_worker_order`). With no instance readable (the MIG making them, e.g. through a
+    stockout) its labels are `template_labels`, those its instances will carry, so its owner is
+    still known."""
+    ordered, _ = in_worker_order(instances)
     state, doing = mig_state(mig, managed, ordered)
     notices = [upcoming(i) for i in ordered]
     errors = [f"{short(m.instance) or m.name}: {e.code}: {e.message}" for m in managed
@@ -301,6 +344,8 @@ class ComputeAdapter:
         self.reads: Reads = reads or DirectReads()
         self._clients: dict[str, Any] = {}
         self._names: dict[str, tuple[str, ...]] = {}  # node id -> its instances' names, in worker order
+        self._notes: list[str] = []  # what the person watching should know, not yet taken
+        self._noted: set[str] = set()
 
     # -- plumbing ---------------------------------------------------------------------------
     def _client(self, kind: str) -> Any:
@@ -453,7 +498,7 @@ class ComputeAdapter:
             template = self.get_template(mig.instance_template) if not instances and mig.instance_template else None
             node = mig_snapshot(mig, managed, instances, project=self.project, zone=self.zone,
                                 template_labels=dict(template.properties.labels) if template is not None else None)
-            names = tuple(sorted(i.name for i in parts[2]))
+            names = self._numbered(node, instances)
         if node is not None and node.id:
             self._names[node.id] = names
         return node
@@ -467,8 +512,25 @@ class ComputeAdapter:
         for mig in self.list_migs():
             managed = self.managed_instances(mig.name)
             members = [instances.pop(n) for n in (short(m.instance) or m.name for m in managed) if n in instances]
-            nodes.append(mig_snapshot(mig, managed, members, project=self.project, zone=self.zone))
+            nodes.append(node := mig_snapshot(mig, managed, members, project=self.project, zone=self.zone))
+            self._numbered(node, members)
         return nodes + [instance_snapshot(i, project=self.project, zone=self.zone) for i in instances.values()]
+
+    def _numbered(self, node: NodeSnapshot, instances: Sequence[Any]) -> tuple[str, ...]:
+        """The MIG's instance names in worker order; a READY MIG's numbers that tpuwatch cannot
+        follow are said once (while a MIG makes or repairs its instances, some are missing)."""
+        ordered, problem = in_worker_order(instances)
+        note = f"MIG {node.name}: {problem}"
+        if problem and node.state == "READY" and note not in self._noted:
+            self._noted.add(note)
+            self._notes.append(note)
+        return tuple(i.name for i in ordered)
+
+    def take_notes(self) -> list[str]:
+        """What the person watching should know, once (a MIG whose worker numbers tpuwatch
+        cannot follow)."""
+        notes, self._notes = self._notes, []
+        return notes
 
     def instance_names(self, node: NodeSnapshot) -> tuple[str, ...]:
         """The node's instances in worker order (known from its last get)."""

@@ -368,6 +368,10 @@ class TpuAdapter:
         return _LazyInstances(lambda: {inst: (part.name, str(i)) for node in nodes for part in node.slices or (node,)
                                        if part.name for i, inst in enumerate(self.instance_names(part)) if inst})
 
+    def take_notes(self) -> list[str]:
+        """Nothing to say: a TPU API node's workers are numbered by the API itself."""
+        return []
+
     def instance_names(self, node: NodeSnapshot) -> tuple[str, ...]:
         """The workers' Compute Engine instance names (guest attribute `hostname`, as gcloud
         reads it): one GetGuestAttributes per node id, while READY; () until every worker has

@@ -148,6 +148,9 @@ class JobNodes:
     def worker_instances(self, node: NodeSnapshot) -> Mapping[str, tuple[str, str]]:
         return self.zone.tpu.worker_instances(node)
 
+    def take_notes(self) -> list[str]:
+        return self.zone.tpu.take_notes()
+
 
 class SharedTpu:
     """One TpuAdapter and one ZoneNodes per project and zone, for every job of one watcher."""

@@ -276,6 +276,8 @@ def command(
                                      job=request_rows(requests.get(n.name), now) + job_rows(n)))
         if events_error:
             click.echo(f"warning: audit log not read: {events_error}", err=True)
+    for note in dict.fromkeys([*tpu.take_notes(), *(n for a in found_by.values() for n in a.take_notes())]):
+        click.echo(f"warning: {note}", err=True)
     if missing:
         raise NotFoundError(
             f"no TPU named {', '.join(missing)} in {loc.project}/{loc.zone} "

@@ -207,6 +207,10 @@ class MigRec:
     description: str = ""
     members: dict[str, ManagedRec] = field(default_factory=dict)  # instance name -> managed record
     epoch: int = 0
+    # Shape (not documented by Google, off by default): each instance made carries an
+    # `agent-worker-number` metadata item, numbering the members in name order ("name") or in
+    # reverse name order ("reverse"), as a TPU VM of the TPU API carries its worker number.
+    worker_numbers: str = ""
 
     @property
     def key(self) -> str:

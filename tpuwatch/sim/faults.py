@@ -442,6 +442,9 @@ FAULTS: dict[str, Fault] = {
                 Param("spot", "bool", "Spot VMs (termination action STOP)", default=False),
                 Param("labels", "map", "labels KEY=VALUE of its instances", default={}),
                 Param("metadata", "map", "metadata KEY=VALUE of its instances", default={}),
+                Param("worker_numbers", "choice", "give each VM an agent-worker-number metadata item (not documented "
+                      "by Google on Compute Engine): none, in name order, or in reverse name order",
+                      default="NONE", choices=("NONE", "NAME", "REVERSE")),
                 *_WHERE,
             ),
             target="name",
@@ -807,9 +810,11 @@ def _apply_compute(world: World, fault: str, p: dict[str, Any], where: dict[str,
         world.set_no_notice(rec.name, str(p.get("no_notice", "ERROR")).lower(), **where)
         return {"name": rec.path, "id": str(rec.id), "ip": rec.ip, "status": rec.status}
     if fault == "create-mig":
+        numbering = str(p.get("worker_numbers", "NONE"))
         mig = world.add_mig(p["name"], p["machine_type"], int(p.get("size", 1)), topology=p.get("topology", ""),
                             spot=bool(p.get("spot", False)), labels=p.get("labels", {}),
-                            metadata=p.get("metadata", {}), **where)
+                            metadata=p.get("metadata", {}),
+                            worker_numbers="" if numbering == "NONE" else numbering.lower(), **where)
         return {"name": mig.path, "instances": sorted(mig.members), "topology": mig.topology}
     if fault == "host-error":
         world.host_error(p.pop("instance"), restart_after=p.get("restart_after"), **where)

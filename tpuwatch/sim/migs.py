@@ -11,6 +11,10 @@ requests, as the compute v1 API serves them.
   new ids (`currentAction` RECREATING; a multi-host slice all of it), writing
   `compute.instances.repair.recreateInstance` for an autoheal. An instance deleted behind the
   MIG's back is made again (CREATING), as a MIG keeps its target size.
+- Shape `worker_numbers` (add_mig, create-mig; off by default, since Google does not document
+  it): each instance made carries the metadata item `agent-worker-number`, its place among the
+  MIG's members in name order ("name") or reverse name order ("reverse"), in the REST
+  instance's `metadata.items` and so on its metadata server under `instance/attributes/`.
 - Resize requests (flex-start): CREATING, ACCEPTED (waiting for capacity, the stockout in
   `status.lastAttempt`), SUCCEEDED once every VM runs, or FAILED (`status.error`) when capacity
   did not come within delays["resize_timeout"]; VMs of a `requestedRunDuration` are deleted when
@@ -41,7 +45,11 @@ from tpuwatch.sim.cerecords import (
     topology_chips,
 )
 from tpuwatch.sim.instances import STOCKOUT_CODE, ComputeError, not_found
+from tpuwatch.sim.metadata import WORKER_NUMBER
 from tpuwatch.sim.shapes import region_of
+
+# The shape `worker_numbers`: none, the members numbered in name order, or in reverse name order
+WORKER_NUMBERINGS = ("", "name", "reverse")
 
 
 def _path_tail(url: str, marker: str) -> str:
@@ -122,8 +130,9 @@ class Migs(ComputeFaults):
             raise not_found(f"projects/{project}/zones/{zone}/instanceGroupManagers/{name}")
         return mig
 
-    def insert_mig(self, project: str, zone: str, body: Mapping[str, Any]) -> ComputeOpRec:
-        """instanceGroupManagers.insert: the MIG now, its instances as they are made."""
+    def insert_mig(self, project: str, zone: str, body: Mapping[str, Any], *, worker_numbers: str = "") -> ComputeOpRec:
+        """instanceGroupManagers.insert: the MIG now, its instances as they are made
+        (`worker_numbers`: the shape, see the module's docstring)."""
         name = str(body.get("name") or "")
         if not NAME.match(name):
             raise ComputeError("INVALID_ARGUMENT", f"Invalid value for field 'resource.name': '{name}'.", "invalid")
@@ -157,7 +166,7 @@ class Migs(ComputeFaults):
                          str(body.get("baseInstanceName") or name), template.path, size,
                          workload_policy=policy_url, topology=topology,
                          default_action_on_failure=str(lifecycle.get("defaultActionOnFailure") or "REPAIR"),
-                         description=str(body.get("description") or ""))
+                         description=str(body.get("description") or ""), worker_numbers=worker_numbers)
             if mig.key in self._migs:
                 raise ComputeError("ALREADY_EXISTS", f"The resource '{mig.path}' already exists", "alreadyExists")
             self._migs[mig.key] = mig
@@ -203,6 +212,7 @@ class Migs(ComputeFaults):
         number = self._project_number(mig.project)
         items.append({"key": "created-by", "value": f"projects/{number}/zones/{mig.zone}/instanceGroupManagers/{mig.name}"})
         props["metadata"] = {"items": items}
+        numbered = {n: i for i, n in enumerate(sorted(mig.members, reverse=mig.worker_numbers == "reverse"))}
         if run_duration is not None:
             sched = dict(props.get("scheduling") or {})
             sched.update({"maxRunDuration": {"seconds": str(int(run_duration))}, "instanceTerminationAction": "DELETE",
@@ -211,6 +221,8 @@ class Migs(ComputeFaults):
         for n in names:
             body = {**props, "name": n, "machineType": f"zones/{mig.zone}/machineTypes/"
                     f"{str(props.get('machineType', '')).rsplit('/', 1)[-1]}"}
+            if mig.worker_numbers:
+                body["metadata"] = {"items": [*items, {"key": WORKER_NUMBER, "value": str(numbered[n])}]}
             rec = self.instance_from_body(mig.project, mig.zone, body)
             rec.mig = mig.key
             self._store_new(rec)
@@ -540,10 +552,15 @@ class Migs(ComputeFaults):
     def add_mig(self, name: str, machine_type: str = "tpu7x-standard-4t", size: int = 1, *,
                 topology: str = "", spot: bool = False, labels: Mapping[str, str] | None = None,
                 metadata: Mapping[str, str] | None = None, project: str | None = None,
-                zone: str | None = None, wait: bool = True, timeout: float = 60.0) -> MigRec:
+                zone: str | None = None, wait: bool = True, timeout: float = 60.0,
+                worker_numbers: str = "") -> MigRec:
         """A MIG of `size` TPU VMs from a new regional template `<name>-template` (with a
         workload policy `<name>-policy` when a topology is given), waited until stable (unless
-        not `wait`: in a stockout it is not made)."""
+        not `wait`: in a stockout it is not made). `worker_numbers` "name" or "reverse": its
+        VMs carry `agent-worker-number` in that order (the module's docstring)."""
+        if worker_numbers not in WORKER_NUMBERINGS:
+            raise UsageError(f"MIG {name!r}: worker_numbers must be one of "
+                             f"{', '.join(repr(w) for w in WORKER_NUMBERINGS)}, got {worker_numbers!r}")
         project, zone = project or self.project, zone or self.zone
         region = region_of(zone)
         sched: dict[str, Any] = {"onHostMaintenance": "TERMINATE"}
@@ -562,7 +579,7 @@ class Migs(ComputeFaults):
                 self.insert_resource_policy(project, region, {"name": f"{name}-policy", "workloadPolicy": {
                     "type": "HIGH_THROUGHPUT", "acceleratorTopology": topology}})
                 body["resourcePolicies"] = {"workloadPolicy": f"projects/{project}/regions/{region}/resourcePolicies/{name}-policy"}
-            self.insert_mig(project, zone, body)
+            self.insert_mig(project, zone, body, worker_numbers=worker_numbers)
         except ComputeError as exc:
             raise UsageError(f"MIG {name!r}: {exc.message}")
         if size and wait:
