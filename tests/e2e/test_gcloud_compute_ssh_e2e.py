@@ -171,3 +171,37 @@ def test_a_gcloud_compute_ssh_failure_is_classified_and_never_the_jobs(
         probes = gone_workers.probe(node)
         assert [p.state for p in probes] == ["unreachable"] and "was not found" in probes[0].detail, probes
         assert "gcloud compute ssh vm" in probes[0].detail and t.login(node) is None
+
+
+def test_a_key_gcloud_can_put_in_one_instance_only_is_put_in_every_instance_of_the_slice(
+        sim: Simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the right to write the project's metadata, gcloud compute ssh puts the key in the
+    instance's own: the other instances never read it, so gcloud goes to each of them too."""
+    from tpuwatch.cloud.compute import ComputeAdapter
+    from tpuwatch.workers.gcloud import GcloudSsh
+    from tpuwatch.workers.ssh import OpenSsh
+    from tpuwatch.workers.sshworkers import SshWorkers
+
+    w = sim.world
+    with RestFace(w) as rest:
+        g = gcloudcfg.write_config(tmp_path / "gcloud", url=rest.url, project=sim.project, zone=sim.zone,
+                                   home=tmp_path / "home", ssh_key=sim.ssh_key)
+        for k, v in {**g.env, "TPUWATCH_COMPUTE_EMULATOR": rest.url.rstrip("/")}.items():
+            monkeypatch.setenv(k, v)
+        mig = w.add_mig("slice", "tpu7x-standard-4t", 2)
+        adapter = ComputeAdapter(sim.project, sim.zone, "mig")
+        node = adapter.get_node("slice")
+        assert node is not None and node.state == "READY" and len(node.workers) == 2
+        sim.control("Inject", {"fault": "permission-denied",
+                               "params": {"methods": [COMPUTE_PROJECTS_SET_METADATA]}})
+        ssh = OpenSsh(known_hosts=tmp_path / "kh", identity_file=str(sim.ssh_key), port=sim.ssh_port,
+                      internal_ip=True)
+        t = GcloudSsh(openssh=ssh, identity_file=str(sim.ssh_key), internal_ip=True,
+                      instances=adapter.instance_names)
+        probes = SshWorkers(t, job="train", command="sleep 300", timeout=60).probe(node)
+        assert [p.state for p in probes] == ["absent", "absent"], probes
+        assert t.prepare_calls == 2 and w.calls["compute.v1.Instances/SetMetadata"] == 2, dict(w.calls)
+        kind, data = Path(str(sim.ssh_key) + ".pub").read_text().split()[:2]
+        for name in mig.members:  # each instance carries the key in its own metadata
+            assert f"{kind} {data}" in w.instance(name).metadata["ssh-keys"], name
+        assert gcloud_pinned(tmp_path / "home") == {f"compute.{w.instance(n).id}" for n in mig.members}

@@ -20,7 +20,8 @@ its first instance (worker 0) instead (gcloud 528, surface/compute/ssh.py): get 
 the project, read the instance's host keys from its guest attributes when `enable-guest-attributes`
 is on (then pinned under `compute.<instance id>` in gcloud's own known_hosts, and checked
 strictly), OS Login as above, or else add the key to the project's `ssh-keys` (to the instance's
-when the project refuses or blocks project keys) and wait for it to work; with `--internal-ip`
+when the project refuses or blocks project keys: then gcloud runs to every instance, since no
+other instance reads that one's keys) and wait for it to work; with `--internal-ip`
 and no host keys to check, one more ssh confirms the instance id through the metadata server.
 Then it runs ssh once (no retries) and exits with ssh's status.
 """
@@ -73,6 +74,8 @@ _UNUSABLE = re.compile(
 )
 _NOT_FOUND = re.compile(r"NOT_FOUND|was not found", re.IGNORECASE)
 _PERMISSION = re.compile(r"PERMISSION_DENIED|Permission .* denied on|Required '.*' permission", re.IGNORECASE)
+# gcloud compute ssh put the key in the instance's own metadata, not the project's
+_INSTANCE_KEY = re.compile(r"Updating instance ssh metadata")
 _SSH_EXIT = re.compile(r"\[[^\]]*ssh\] exited with return code \[(\d+)\]")
 
 
@@ -248,15 +251,32 @@ class GcloudSsh:
             return None
 
     def _prepare_one(self, node: NodeSnapshot, key: str) -> Login | SshResult:
-        """gcloud's ssh to one node's first worker: the login it made, or the failure."""
+        """gcloud's ssh to one node's first worker: the login it made, or the failure.
+
+        On a Compute Engine slice where gcloud could put the key in that instance's own metadata
+        only (no permission on the project's, or the instance blocks project keys: gcloud says
+        "Updating instance ssh metadata"), gcloud goes to every other instance too, since each
+        guest agent reads its own instance's keys and the project's, never another instance's.
+        """
         workers = sorted(node.workers, key=lambda w: w.index)
         worker = next((w for w in workers if w.index == PREPARE_WORKER), workers[0] if workers else None)
         if worker is None:
             return SshResult(0, "", None, "", "", "unreachable", f"{node.name} has no workers yet")
+        got, said = self._run_gcloud(node, worker, key)
+        if isinstance(got, SshResult) or not on_compute(node) or not _INSTANCE_KEY.search(said):
+            return got
+        for other in workers:
+            more = self._run_gcloud(node, other, key)[0] if other is not worker else got
+            if isinstance(more, SshResult):
+                return more
+        return got
+
+    def _run_gcloud(self, node: NodeSnapshot, worker: WorkerEndpoint, key: str) -> tuple[Login | SshResult, str]:
+        """One gcloud run to `worker`: the login it made or the failure, and what gcloud said."""
         if on_compute(node) and not self._instance(node, worker):
             return SshResult(worker.index, "", None, "", "", "unreachable",
                              f"{node.name} (id {node.id}) does not name its instances yet, and `gcloud compute "
-                             "ssh` goes by instance name; tried again next tick")
+                             "ssh` goes by instance name; tried again next tick"), ""
         self.prepare_calls += 1
         argv = self.prepare_argv(node, worker)
         address = worker.address(self.internal_ip)
@@ -264,19 +284,19 @@ class GcloudSsh:
             done = procgroup.run(argv, b"", self.prepare_timeout)
         except OSError as exc:
             return SshResult(worker.index, address, None, "", str(exc), "missing",
-                             f"cannot run {self.binary!r}: {exc}; install the Google Cloud CLI")
+                             f"cannot run {self.binary!r}: {exc}; install the Google Cloud CLI"), ""
         out, err = _decode(done.stdout), _decode(done.stderr)
         login = parse_login(key, out) if not done.timed_out else None
         if login is not None:
-            return login
+            return login, err
         if done.timed_out:
             return SshResult(worker.index, address, None, out, err[-STDERR_TAIL:], "timeout",
                              f"`{self._command_words(node, worker)}` did not finish in "
                              f"{self.prepare_timeout:.0f}s ({_gcloud_last(err) or 'no output'}); it is "
-                             "ended with every process it started and tried again next tick")
+                             "ended with every process it started and tried again next tick"), err
         failure, last = gcloud_failure(done.returncode, err)
         return SshResult(worker.index, address, done.returncode, out, err[-STDERR_TAIL:], failure,
-                         self._describe_prepare(node, worker, failure, done.returncode, last))
+                         self._describe_prepare(node, worker, failure, done.returncode, last)), err
 
     def _instance(self, node: NodeSnapshot, worker: WorkerEndpoint) -> str:
         """The Compute Engine instance of `worker` ("" until the slice names its instances)."""
@@ -334,15 +354,8 @@ class GcloudSsh:
         login = self.login(node)
         if failure == "auth" and login is not None:
             self.forget(node)  # prepare again next time: gcloud adds the key back
-            said = (f"worker {worker.index} of {node.name} refused the login as {login.user!r} that gcloud "
+            return (f"worker {worker.index} of {node.name} refused the login as {login.user!r} that gcloud "
                     f"prepared ({_last_line(stderr)}); gcloud prepares the node again on the next try")
-            if on_compute(node) and worker.worker_id != PREPARE_WORKER:
-                # gcloud compute ssh puts the key in the project's ssh-keys, or else in the one
-                # instance it connects to, which the other workers do not read
-                said += (f"; without OS Login gcloud adds the key to the project's ssh-keys, or to worker "
-                         f"{PREPARE_WORKER}'s instance alone when it may not "
-                         "(compute.projects.setCommonInstanceMetadata) or the instances block project keys")
-            return said
         return self.ssh.describe_failure(node, worker, failure, stderr)
 
     def _describe_prepare(self, node: NodeSnapshot, worker: WorkerEndpoint, failure: Failure, rc: int | None,
@@ -353,11 +366,11 @@ class GcloudSsh:
             return (f"{cmd} cannot use your Google credentials ({said}); run `gcloud auth login` "
                     "(or fix the account's permissions) and tpuwatch goes on by itself")
         if failure == "auth":
-            return (f"{cmd} could not log in to worker {PREPARE_WORKER} ({said}); check OS Login "
+            return (f"{cmd} could not log in to worker {worker.index} ({said}); check OS Login "
                     "(roles/compute.osAdminLogin) or the key in ssh.identity_file")
         if failure == "host_key":
-            return f"{cmd} refused worker {PREPARE_WORKER}'s host key ({said})"
-        return f"{cmd} did not reach worker {PREPARE_WORKER} ({said}); tried again next tick"
+            return f"{cmd} refused worker {worker.index}'s host key ({said})"
+        return f"{cmd} did not reach worker {worker.index} ({said}); tried again next tick"
 
 
 def on_compute(node: NodeSnapshot) -> bool:
