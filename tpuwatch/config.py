@@ -560,9 +560,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "identity_file": Field(_path, "~/.ssh/google_compute_engine", "private key"),
         "port": Field(_int_range(1, 65535), 22, "SSH port"),
         "internal_ip": Field(_bool, False, "connect to workers' internal IPs"),
-        "transport": Field(_choice(TRANSPORTS), "openssh", "openssh, or gcloud: `gcloud compute tpus tpu-vm ssh` once "
-                           "per node to prepare keys and learn the user (OS Login), then OpenSSH; "
-                           "gcloud is for TPU API nodes only (tpu.api = \"tpu\")"),
+        "transport": Field(_choice(TRANSPORTS), "openssh", "openssh, or gcloud: `gcloud compute tpus tpu-vm ssh` "
+                           "(tpu.api = \"compute\": `gcloud compute ssh` to the slice's first instance) once per "
+                           "node incarnation to prepare keys and learn the user (OS Login), then OpenSSH"),
         "connect_timeout": Field(_duration(1), 10.0, "ssh ConnectTimeout"),
         "command_timeout": Field(_duration(5), 60.0, "longest a probe or launch over SSH may take before the worker "
                                  "counts as unreachable this tick (a launch's cleanup adds 2x recovery.stop_grace)"),
@@ -857,11 +857,6 @@ def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[st
         _queued_only(t["spec"], t["zone_overrides"])
     zonespec.check(t["spec"], t["zone_overrides"], t["zone"], t["fallback_zones"])
     ssh = out["ssh"]
-    if t["api"] == "compute" and ssh["transport"] == "gcloud":
-        raise ConfigError("ssh.transport: \"gcloud\" runs `gcloud compute tpus tpu-vm ssh`, which reaches TPU API "
-                          "nodes only, not the Compute Engine instances of tpu.api = \"compute\"; remove the line "
-                          "(the default \"openssh\" reaches them, with host keys pinned from their guest "
-                          "attributes; under OS Login set ssh.user to your POSIX name)")
     proxy = next((o for o in ssh["options"] if re.match(r"(?i)\s*proxy(command|jump)\b", o)), None)
     if ssh["iap"] and proxy is not None:
         raise ConfigError(f"ssh.iap: the IAP tunnel is ssh's ProxyCommand, and ssh.options already has {proxy!r}; "

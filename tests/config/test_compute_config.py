@@ -91,11 +91,8 @@ def test_report_faulty_hosts_is_off_by_default_and_for_compute_engine_only(tmp_p
         load(tmp_path, 'api = "compute"\ninstance = "vm"\n[recovery]\nreport_faulty_hosts = "yes"\n')
 
 
-def test_the_gcloud_transport_is_refused_for_a_compute_engine_slice_naming_the_fix(tmp_path: Path) -> None:
-    # `gcloud compute tpus tpu-vm ssh` cannot reach a Compute Engine instance: say so before any cloud call
-    with pytest.raises(ConfigError) as err:
-        load(tmp_path, 'api = "compute"\nmig = "slice"\n[ssh]\ntransport = "gcloud"\n')
-    said = str(err.value)
-    assert said.startswith("ssh.transport: ") and "TPU API nodes only" in said and '"openssh"' in said, said
-    assert load(tmp_path, 'api = "compute"\ninstance = "vm"\n[ssh]\ntransport = "openssh"\n').ssh["transport"] == "openssh"
+def test_the_gcloud_transport_is_taken_for_a_compute_engine_slice(tmp_path: Path) -> None:
+    # `gcloud compute ssh` prepares a Compute Engine slice as `gcloud compute tpus tpu-vm ssh` does a node
+    for kind in ('instance = "vm"', 'mig = "slice"'):
+        assert load(tmp_path, f'api = "compute"\n{kind}\n[ssh]\ntransport = "gcloud"\n').ssh["transport"] == "gcloud"
     assert load(tmp_path, 'name = "pod"\n[ssh]\ntransport = "gcloud"\n').ssh["transport"] == "gcloud"

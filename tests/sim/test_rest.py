@@ -268,6 +268,28 @@ def test_guest_attributes_and_compute_project_carry_the_workers_keys(sim: Simula
         assert rest.compute_url == rest.url + "compute/v1/"
 
 
+def test_set_common_instance_metadata_replaces_the_projects_metadata_with_its_fingerprint(
+        sim_api: Simulator, http: Http) -> None:
+    """What `gcloud compute ssh` calls to add its key to the project's `ssh-keys`: the
+    fingerprint of the metadata read must be the current one, as for instances.setMetadata."""
+    path = f"/compute/v1/projects/{sim_api.project}"
+    status, project = http("GET", path)
+    meta = project["commonInstanceMetadata"]
+    items = {i["key"]: i["value"] for i in meta["items"]}
+    assert items["enable-guest-attributes"] == "TRUE"  # the instances publish their host keys
+    added = [*meta["items"], {"key": "ssh-keys", "value": items["ssh-keys"] + "\nbob:ssh-ed25519 AAAA bob"}][1:]
+    status, op = http("POST", f"{path}/setCommonInstanceMetadata",
+                      {"fingerprint": meta["fingerprint"], "items": added})
+    assert status == 200 and op["status"] == "DONE" and op["operationType"] == "setCommonInstanceMetadata"
+    status, done = http("GET", f"{path}/global/operations/{op['name']}")
+    assert status == 200 and done["status"] == "DONE"
+    status, now = http("GET", path)
+    assert {i["key"]: i["value"] for i in now["commonInstanceMetadata"]["items"]}["ssh-keys"].endswith("bob")
+    assert now["commonInstanceMetadata"]["fingerprint"] != meta["fingerprint"]
+    status, stale = http("POST", f"{path}/setCommonInstanceMetadata", {"fingerprint": meta["fingerprint"], "items": []})
+    assert status >= 400 and "fingerprint" in stale["error"]["message"]
+
+
 def test_a_port_in_use_is_a_one_line_usage_error(sim_api: Simulator) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

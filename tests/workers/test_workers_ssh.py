@@ -10,6 +10,7 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,27 @@ def test_gcloud_prepares_with_gcloud_once_then_connects_with_openssh_as_the_lear
     assert t.prepare(node) is None and t.prepare_calls == 0  # known for this node id: no gcloud
 
 
+def test_gcloud_prepares_a_compute_engine_slice_with_gcloud_compute_ssh_to_its_first_instance(
+        tmp_path: Path) -> None:
+    """A MIG's workers are its instances: gcloud compute ssh goes by instance name (no --worker),
+    and nothing is run while the slice does not name its instances."""
+    mig = replace(node_of(["10.0.0.2", "10.0.0.3"], "11+12", name="slice"),
+                  resource="projects/proj/zones/us-central2-b/instanceGroupManagers/slice")
+    names: dict[str, tuple[str, ...]] = {"11+12": ("slice-ab12", "slice-cd34")}
+    ssh = OpenSsh(known_hosts=tmp_path / "kh", user="alice", identity_file="/k/id", port=2222, internal_ip=True)
+    t = GcloudSsh(openssh=ssh, identity_file="/k/id", internal_ip=True, instances=lambda n: names.get(n.id, ()))
+    argv = t.prepare_argv(mig, mig.workers[0])
+    assert argv[:4] == ["gcloud", "compute", "ssh", "slice-ab12"]
+    for a in ("--zone=us-central2-b", "--project=proj", f"--command={LEARN_COMMAND}", "--internal-ip",
+              "--ssh-key-file=/k/id", "--ssh-flag=-oBatchMode=yes", "--ssh-flag=-oPort=2222", "--quiet"):
+        assert a in argv
+    assert not any(a.startswith("--worker") for a in argv)
+    names.clear()
+    failed = t.prepare(mig)
+    assert failed is not None and failed.failure == "unreachable" and "name its instances" in failed.message
+    assert t.prepare_calls == 0
+
+
 def test_iap_tunnels_each_worker_by_its_vm_name_with_both_transports(tmp_path: Path) -> None:
     """As gcloud's --tunnel-through-iap: ssh's ProxyCommand is `gcloud compute start-iap-tunnel
     <VM> %p --listen-on-stdin`; no TCP probe (only the tunnel reaches the port); nothing is
@@ -176,6 +198,16 @@ def test_gcloud_own_failures_are_told_from_ssh_and_remote_exit_codes() -> None:
     down = ("ssh: connect to host 10.0.0.2 port 22: Connection refused\n"
             "ERROR: (gcloud.compute.tpus.tpu-vm.ssh) [/usr/bin/ssh] exited with return code [255].\n")
     assert gcloud_failure(1, down)[0] == "unreachable"
+    # gcloud compute ssh's own words: an instance gone, a stopped one, no permission
+    gone = ("ERROR: (gcloud.compute.ssh) Could not fetch resource:\n - The resource "
+            "'projects/p/zones/z/instances/slice-ab12' was not found\n")
+    assert gcloud_failure(1, gone)[0] == "unreachable"
+    stopped = ("ERROR: (gcloud.compute.ssh) Instance [slice-ab12] in zone [z] has not been allocated an external "
+               "IP address yet. Try rerunning this command later.\n")
+    assert gcloud_failure(1, stopped)[0] == "unreachable"
+    denied = ("ERROR: (gcloud.compute.ssh) Could not fetch resource:\n - Required 'compute.instances.get' "
+              "permission for 'projects/p/zones/z/instances/slice-ab12'\n")
+    assert gcloud_failure(1, denied)[0] == "credentials"
 
 
 def test_ssh_failures_are_told_apart_from_remote_exit_codes() -> None:

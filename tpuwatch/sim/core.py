@@ -158,6 +158,9 @@ class WorldCore:
         self._templates: dict[str, TemplateRec] = {}
         self._policies: dict[str, PolicyRec] = {}
         self._migs: dict[str, MigRec] = {}
+        # a project's commonInstanceMetadata once projects.setCommonInstanceMetadata set it
+        # (before that, the REST face's own: the hosts' client key, guest attributes on)
+        self._project_metadata: dict[str, dict[str, str]] = {}
         self._resizes: dict[str, ResizeRec] = {}
         self._fake_ips: dict[str, int] = {}  # node key -> address slot when there are no hosts
         self.host_errors: list[str] = []  # effects on the simulated hosts that failed

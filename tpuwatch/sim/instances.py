@@ -29,6 +29,7 @@ from tpuwatch.sim.cerecords import (
     ComputeOpRec,
     InstanceRec,
     chips_of,
+    fingerprint,
 )
 from tpuwatch.sim.nodefaults import NodeFaults
 from tpuwatch.sim.records import ApiError
@@ -506,6 +507,26 @@ class Instances(NodeFaults):
                                    "fingerprint.", "conditionNotMet")
             rec.metadata = {str(k): str(v) for k, v in items.items()}
             return copy.deepcopy(self._new_cop(project, f"zones/{zone}", "setMetadata", rec.path, rec.id, done=True))
+
+    def project_metadata(self, project: str, initial: Mapping[str, str]) -> dict[str, str]:
+        """The project's commonInstanceMetadata items: `initial` until setCommonInstanceMetadata."""
+        with self._lock:
+            return dict(self._project_metadata.get(project, initial))
+
+    def set_project_metadata(self, project: str, initial: Mapping[str, str], items: Mapping[str, str],
+                             metadata_fingerprint: str) -> ComputeOpRec:
+        """projects.setCommonInstanceMetadata (what `gcloud compute ssh` calls to add the user's key to
+        `ssh-keys`): the fingerprint must be the current one (412 otherwise). The simulated hosts
+        take their one client key for their one user whatever the metadata holds, so a key gcloud
+        adds for that user logs in at once, as it does once Google's guest agent has read it."""
+        with self._lock:
+            current = self._project_metadata.get(project, dict(initial))
+            if metadata_fingerprint != fingerprint(sorted(current.items())):
+                raise ComputeError("FAILED_PRECONDITION", "Supplied fingerprint does not match current metadata "
+                                   "fingerprint.", "conditionNotMet")
+            self._project_metadata[project] = {str(k): str(v) for k, v in items.items()}
+            return copy.deepcopy(self._new_cop(project, "global", "setCommonInstanceMetadata", f"projects/{project}",
+                                               int(md.project_number(project)), done=True))
 
     def report_host_as_faulty(self, project: str, zone: str, name: str, body: Mapping[str, Any]) -> ComputeOpRec:
         """instances.reportHostAsFaulty: documented for TPUs in All Capacity mode alone (a

@@ -10,8 +10,11 @@ Served, for the paths gcloud 528 calls (`api_endpoint_overrides/tpu` = `url`,
   gRPC face refuses them; queued resources get, list, create (`?queuedResourceId=`, one node or
   multislice), delete (`?force=true`); operations get and list;
 - Compute `v1`: `projects/P` (get), whose `commonInstanceMetadata` holds an `ssh-keys` item with
-  the simulated workers' client key, so `gcloud ... tpu-vm ssh` adds no key to the node; with
-  the os-login fault it also holds `enable-oslogin=TRUE`;
+  the simulated workers' client key, so `gcloud ... tpu-vm ssh` adds no key to the node, and
+  `enable-guest-attributes=TRUE` (the simulated instances publish their host keys, which Google's
+  guest agent does only then: `gcloud compute ssh` pins them); with the os-login fault it also
+  holds `enable-oslogin=TRUE`; and `projects/P/setCommonInstanceMetadata`, where `gcloud compute
+  ssh` adds its key when the entry it writes (`USER:KEY COMMENT`) is not there;
 - Compute `v1` for TPU VMs made through Compute Engine (instances, operations, templates,
   resource policies, MIGs, resize requests) and gcloud's `/batch/compute/v1`: compute_rest.py;
 - OS Login `v1` (`api_endpoint_overrides/oslogin` = `url + "oslogin/"`): `users/U/loginProfile`
@@ -31,7 +34,6 @@ nothing of SSH beyond reading the simulated hosts' public client and host keys.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import logging
@@ -48,6 +50,8 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from tpuwatch.errors import UsageError
+from tpuwatch.sim.cerecords import fingerprint
+from tpuwatch.sim.compute_json import operation_json
 from tpuwatch.sim.compute_rest import ComputeRest, RawBody
 from tpuwatch.sim.grpc_api import (
     OPERATIONS,
@@ -68,6 +72,7 @@ log = logging.getLogger(__name__)
 _VERSIONS: dict[str, Any] = {"v2": tpu_v2, "v2alpha1": tpu_v2alpha1}
 _SERVICES = {"v2": TPU_V2, "v2alpha1": TPU_V2ALPHA1}
 COMPUTE_PROJECTS_GET = "compute.v1.Projects/Get"
+COMPUTE_PROJECTS_SET_METADATA = "compute.v1.Projects/SetCommonInstanceMetadata"
 OSLOGIN_GET_PROFILE = "oslogin.v1.Users/GetLoginProfile"
 OSLOGIN_IMPORT_KEY = "oslogin.v1.Users/ImportSshPublicKey"
 
@@ -114,6 +119,7 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(_LOC + r"/operations$"), "list_operations"),
     ("GET", re.compile(_LOC + rf"/operations/{_SEG}$"), "get_operation"),
     ("GET", re.compile(rf"^/compute/v1/projects/{_SEG}$"), "compute_project"),
+    ("POST", re.compile(rf"^/compute/v1/projects/{_SEG}/setCommonInstanceMetadata$"), "set_project_metadata"),
     ("GET", re.compile(rf"^/oslogin/v1/users/{_SEG}/loginProfile$"), "login_profile"),
     ("POST", re.compile(rf"^/oslogin/v1/users/{_SEG}:importSshPublicKey$"), "import_ssh_key"),
 ]
@@ -423,19 +429,18 @@ class RestFace:
 
     def _compute_project(self, p: str, **_: Any) -> dict[str, Any]:
         self._call(COMPUTE_PROJECTS_GET, f"projects/{p}")
-        keys = self.ssh_keys()
-        number = project_number(p)
-        fingerprint = base64.b64encode(hashlib.sha256(keys.encode()).digest()[:8]).decode()
-        items = [{"key": "ssh-keys", "value": keys}]
+        metadata = self.world.project_metadata(p, self._initial_project_metadata())
         if self.world.os_login_user:
-            items.append({"key": "enable-oslogin", "value": "TRUE"})
+            metadata["enable-oslogin"] = "TRUE"
+        number = project_number(p)
+        items = [{"key": k, "value": v} for k, v in metadata.items()]
         return {
             "kind": "compute#project",
             "id": str(number),
             "name": p,
             "commonInstanceMetadata": {
                 "kind": "compute#metadata",
-                "fingerprint": fingerprint,
+                "fingerprint": fingerprint(sorted(metadata.items())),
                 "items": items,
             },
             "defaultServiceAccount": f"{number}-compute@developer.gserviceaccount.com",
@@ -443,6 +448,16 @@ class RestFace:
             "selfLink": f"https://www.googleapis.com/compute/v1/projects/{p}",
         }
 
+
+    def _initial_project_metadata(self) -> dict[str, str]:
+        return {"ssh-keys": self.ssh_keys(), "enable-guest-attributes": "TRUE"}
+
+    def _set_project_metadata(self, p: str, *, body: dict[str, Any], **_: Any) -> dict[str, Any]:
+        self._call(COMPUTE_PROJECTS_SET_METADATA, f"projects/{p}")
+        items = {str(i.get("key")): str(i.get("value", "")) for i in body.get("items") or []}
+        op = self.world.set_project_metadata(p, self._initial_project_metadata(), items,
+                                             str(body.get("fingerprint") or ""))
+        return operation_json(op, self.compute_url)
 
     # OS Login
 

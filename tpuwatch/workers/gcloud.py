@@ -14,11 +14,22 @@ on worker 0, to prepare the keys and the user; its remote command prints the use
 really logged it in as. Every later connection is OpenSSH (ssh.py) as that user with gcloud's
 key, pinned and classified as the openssh transport does. gcloud's own failures are told apart:
 no `@tpuwatch login` line means the command never ran, and gcloud's words say why.
+
+A slice made through Compute Engine (tpu.api = "compute") is prepared by `gcloud compute ssh` to
+its first instance (worker 0) instead (gcloud 528, surface/compute/ssh.py): get the instance and
+the project, read the instance's host keys from its guest attributes when `enable-guest-attributes`
+is on (then pinned under `compute.<instance id>` in gcloud's own known_hosts, and checked
+strictly), OS Login as above, or else add the key to the project's `ssh-keys` (to the instance's
+when the project refuses or blocks project keys: then gcloud runs to every instance, since no
+other instance reads that one's keys) and wait for it to work; with `--internal-ip`
+and no host keys to check, one more ssh confirms the instance id through the metadata server.
+Then it runs ssh once (no retries) and exits with ssh's status.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 import threading
 from collections.abc import Mapping
@@ -53,11 +64,19 @@ _CREDENTIALS = re.compile(
     r"|Request had invalid authentication credentials|UNAUTHENTICATED",
     re.IGNORECASE,
 )
-_UNUSABLE = re.compile(r"This TPU has (terminal )?state|going through a maintenance event", re.IGNORECASE)
+_UNUSABLE = re.compile(
+    r"This TPU has (terminal )?state|going through a maintenance event"
+    # gcloud compute ssh: a stopped instance has no external IP (or it never had one), or the
+    # internal address answers for another instance
+    r"|has not been allocated an external IP address|does not have an external IP address"
+    r"|unable to confirm ID of the instance",
+    re.IGNORECASE,
+)
 _NOT_FOUND = re.compile(r"NOT_FOUND|was not found", re.IGNORECASE)
 _PERMISSION = re.compile(r"PERMISSION_DENIED|Permission .* denied on|Required '.*' permission", re.IGNORECASE)
+# gcloud compute ssh put the key in the instance's own metadata, not the project's
+_INSTANCE_KEY = re.compile(r"Updating instance ssh metadata")
 _SSH_EXIT = re.compile(r"\[[^\]]*ssh\] exited with return code \[(\d+)\]")
-
 
 
 
@@ -94,8 +113,15 @@ def gcloud_failure(rc: int | None, stderr: str) -> tuple[Failure, str]:
 
 
 def _gcloud_last(stderr: str) -> str:
-    errors = [ln.strip() for ln in stderr.splitlines() if ln.strip().startswith("ERROR:")]
-    return errors[-1] if errors else _last_line(stderr)
+    """gcloud's last ERROR, with the ` - reason` lines under it (`Could not fetch resource:` says
+    what went wrong on the next line)."""
+    lines = [ln.strip() for ln in stderr.splitlines()]
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("ERROR:")]
+    if not starts:
+        return _last_line(stderr)
+    said = [lines[starts[-1]]]
+    said += itertools.takewhile(lambda ln: ln.startswith("- "), lines[starts[-1] + 1:])
+    return " ".join(said)
 
 
 class GcloudSsh:
@@ -118,8 +144,11 @@ class GcloudSsh:
         options: tuple[str, ...] = (),
         prepare_timeout: float = 120.0,
         binary: str = "gcloud",
+        instances: InstanceNames | None = None,
     ) -> None:
         self.ssh = openssh
+        # a Compute Engine slice's instance names in worker order: gcloud compute ssh goes by name
+        self.instances = instances
         self.user = user  # asked for; OS Login may swap in another name
         self.identity_file = identity_file
         self.internal_ip = internal_ip
@@ -142,7 +171,8 @@ class GcloudSsh:
                     host_keys: HostKeySource | None = None, instances: InstanceNames | None = None,
                     **kw: Any) -> GcloudSsh:
         """`host_keys`: pinned by the OpenSSH side, which connects after gcloud prepares;
-        `instances`: the workers' VM names, for its IAP tunnel (ssh.iap)."""
+        `instances`: the workers' VM names, for its IAP tunnel (ssh.iap) and, on a Compute Engine
+        slice, the instance `gcloud compute ssh` prepares."""
         key = str(ssh.get("identity_file") or DEFAULT_KEY)
         openssh = OpenSsh.from_config({**ssh, "identity_file": key}, state_dir, host_keys=host_keys,
                                       instances=instances)
@@ -155,6 +185,7 @@ class GcloudSsh:
             options=tuple(ssh.get("options", ())),
             # gcloud retries ssh itself (10 x 5 s) while new keys propagate: let it
             prepare_timeout=max(120.0, float(ssh.get("command_timeout", 60.0))),
+            instances=instances,
             **kw,
         )
 
@@ -220,11 +251,32 @@ class GcloudSsh:
             return None
 
     def _prepare_one(self, node: NodeSnapshot, key: str) -> Login | SshResult:
-        """gcloud's ssh to one node's first worker: the login it made, or the failure."""
+        """gcloud's ssh to one node's first worker: the login it made, or the failure.
+
+        On a Compute Engine slice where gcloud could put the key in that instance's own metadata
+        only (no permission on the project's, or the instance blocks project keys: gcloud says
+        "Updating instance ssh metadata"), gcloud goes to every other instance too, since each
+        guest agent reads its own instance's keys and the project's, never another instance's.
+        """
         workers = sorted(node.workers, key=lambda w: w.index)
         worker = next((w for w in workers if w.index == PREPARE_WORKER), workers[0] if workers else None)
         if worker is None:
             return SshResult(0, "", None, "", "", "unreachable", f"{node.name} has no workers yet")
+        got, said = self._run_gcloud(node, worker, key)
+        if isinstance(got, SshResult) or not on_compute(node) or not _INSTANCE_KEY.search(said):
+            return got
+        for other in workers:
+            more = self._run_gcloud(node, other, key)[0] if other is not worker else got
+            if isinstance(more, SshResult):
+                return more
+        return got
+
+    def _run_gcloud(self, node: NodeSnapshot, worker: WorkerEndpoint, key: str) -> tuple[Login | SshResult, str]:
+        """One gcloud run to `worker`: the login it made or the failure, and what gcloud said."""
+        if on_compute(node) and not self._instance(node, worker):
+            return SshResult(worker.index, "", None, "", "", "unreachable",
+                             f"{node.name} (id {node.id}) does not name its instances yet, and `gcloud compute "
+                             "ssh` goes by instance name; tried again next tick"), ""
         self.prepare_calls += 1
         argv = self.prepare_argv(node, worker)
         address = worker.address(self.internal_ip)
@@ -232,27 +284,42 @@ class GcloudSsh:
             done = procgroup.run(argv, b"", self.prepare_timeout)
         except OSError as exc:
             return SshResult(worker.index, address, None, "", str(exc), "missing",
-                             f"cannot run {self.binary!r}: {exc}; install the Google Cloud CLI")
+                             f"cannot run {self.binary!r}: {exc}; install the Google Cloud CLI"), ""
         out, err = _decode(done.stdout), _decode(done.stderr)
         login = parse_login(key, out) if not done.timed_out else None
         if login is not None:
-            return login
+            return login, err
         if done.timed_out:
             return SshResult(worker.index, address, None, out, err[-STDERR_TAIL:], "timeout",
-                             f"`gcloud compute tpus tpu-vm ssh {node.name}` did not finish in "
+                             f"`{self._command_words(node, worker)}` did not finish in "
                              f"{self.prepare_timeout:.0f}s ({_gcloud_last(err) or 'no output'}); it is "
-                             "ended with every process it started and tried again next tick")
+                             "ended with every process it started and tried again next tick"), err
         failure, last = gcloud_failure(done.returncode, err)
         return SshResult(worker.index, address, done.returncode, out, err[-STDERR_TAIL:], failure,
-                         self._describe_prepare(node, failure, done.returncode, last))
+                         self._describe_prepare(node, worker, failure, done.returncode, last)), err
+
+    def _instance(self, node: NodeSnapshot, worker: WorkerEndpoint) -> str:
+        """The Compute Engine instance of `worker` ("" until the slice names its instances)."""
+        names = self.instances(node) if self.instances is not None else ()
+        return names[worker.worker_id] if worker.worker_id < len(names) else ""
+
+    def _command_words(self, node: NodeSnapshot, worker: WorkerEndpoint) -> str:
+        """The gcloud command that prepares `node`, for messages."""
+        if on_compute(node):
+            return f"gcloud compute ssh {self._instance(node, worker)} --zone={node.zone}"
+        return f"gcloud compute tpus tpu-vm ssh {node.name} --zone={node.zone}"
 
     def prepare_argv(self, node: NodeSnapshot, worker: WorkerEndpoint) -> list[str]:
-        target = f"{self.user}@{node.name}" if self.user else node.name
-        argv = [
-            self.binary, "compute", "tpus", "tpu-vm", "ssh", target,
-            f"--zone={node.zone}", f"--project={node.project}", f"--worker={worker.worker_id}",
-            f"--command={LEARN_COMMAND}", "--quiet",
-        ]
+        """`gcloud compute tpus tpu-vm ssh NODE --worker=W` for a TPU API node; for a slice made
+        through Compute Engine, `gcloud compute ssh INSTANCE` to the worker's own instance."""
+        if on_compute(node):
+            name = self._instance(node, worker)
+            verb = ["compute", "ssh", f"{self.user}@{name}" if self.user else name]
+            where = [f"--zone={node.zone}", f"--project={node.project}"]
+        else:
+            verb = ["compute", "tpus", "tpu-vm", "ssh", f"{self.user}@{node.name}" if self.user else node.name]
+            where = [f"--zone={node.zone}", f"--project={node.project}", f"--worker={worker.worker_id}"]
+        argv = [self.binary, *verb, *where, f"--command={LEARN_COMMAND}", "--quiet"]
         if self.ssh.iap is not None:
             argv.append("--tunnel-through-iap")
         elif self.internal_ip:
@@ -291,18 +358,25 @@ class GcloudSsh:
                     f"prepared ({_last_line(stderr)}); gcloud prepares the node again on the next try")
         return self.ssh.describe_failure(node, worker, failure, stderr)
 
-    def _describe_prepare(self, node: NodeSnapshot, failure: Failure, rc: int | None, last: str) -> str:
+    def _describe_prepare(self, node: NodeSnapshot, worker: WorkerEndpoint, failure: Failure, rc: int | None,
+                          last: str) -> str:
         said = f"gcloud exited {rc}: {last}" if last else f"gcloud exited {rc}"
-        cmd = f"`gcloud compute tpus tpu-vm ssh {node.name} --zone={node.zone}`"
+        cmd = f"`{self._command_words(node, worker)}`"
         if failure == "credentials":
             return (f"{cmd} cannot use your Google credentials ({said}); run `gcloud auth login` "
                     "(or fix the account's permissions) and tpuwatch goes on by itself")
         if failure == "auth":
-            return (f"{cmd} could not log in to worker {PREPARE_WORKER} ({said}); check OS Login "
+            return (f"{cmd} could not log in to worker {worker.index} ({said}); check OS Login "
                     "(roles/compute.osAdminLogin) or the key in ssh.identity_file")
         if failure == "host_key":
-            return f"{cmd} refused worker {PREPARE_WORKER}'s host key ({said})"
-        return f"{cmd} did not reach worker {PREPARE_WORKER} ({said}); tried again next tick"
+            return f"{cmd} refused worker {worker.index}'s host key ({said})"
+        return f"{cmd} did not reach worker {worker.index} ({said}); tried again next tick"
+
+
+def on_compute(node: NodeSnapshot) -> bool:
+    """A slice made through Compute Engine (an instance or a MIG), which `gcloud compute ssh`
+    reaches by instance, not a TPU API node."""
+    return "/zones/" in node.resource
 
 
 def _incarnation(node: NodeSnapshot) -> str:
