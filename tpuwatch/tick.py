@@ -12,10 +12,9 @@ Rules of this module:
   refused while or after it ran) and ALREADY_EXISTS-is-success cover the gap between a call and
   its journal line.
 - Never blocks on a long cloud operation: it starts it, and a later tick follows it up.
-- API cost per tick: one node get (one per slice of a multislice job), one operation get while
-  one is in flight, the queued resource's state while it matters, the audit log at most once
-  per observe.AUDIT_INTERVAL unless something looks wrong; worker probes go over SSH and cost
-  no API quota.
+- API cost per tick: one node get (one per slice of a multislice job), one operation get while one
+  is in flight, the queued resource's state while it matters, the audit log at most once per
+  observe.AUDIT_INTERVAL unless something looks wrong; worker probes (SSH) cost no API quota.
 """
 
 from __future__ import annotations
