@@ -266,11 +266,12 @@ def test_a_dropped_follow_channel_is_not_an_end(cluster: Cluster) -> None:
     assert all(r.started for r in w.launch(cluster.node, 1, None))
     ended = threading.Event()
     w.follow_ends(cluster.node, 1, [0], ended.set)
-    wait_for(lambda: w.ends.opened == 1 and w.ends._open.get(0) is not None, 20, "the follow channel")
-    wait_for(lambda: cluster.hosts.sessions(cluster.key, 0) == 2, 20, "the follow channel's session")  # after the launch's
+    # the launch's session goes on as the follow channel: one session, no other
+    assert w.ends.opened == 2 and w.ends._open.get(0) is not None
+    assert cluster.hosts.sessions(cluster.key, 0) == 1
     # every connection to worker 0 dropped (its master too): the job itself runs on
     cluster.hosts.ssh_fault(cluster.key, 0, "drop")
-    wait_for(lambda: w.ends.opened >= 2, 30, "the channel to be opened again")
+    wait_for(lambda: w.ends.opened >= 3, 30, "the channel to be opened again")
     assert not ended.is_set()
     assert [p.state for p in w.probe(cluster.node)][0] == "running"  # the probe is the truth
     for pid in cluster.job_pids(0, needle=b"sleep\x00300"):
@@ -476,9 +477,10 @@ def test_an_end_during_a_probe_request_is_answered_and_still_reported_as_an_end(
     asking.join(60)
     probes = out[0]
     assert (probes[0].state, probes[0].exit_code) == ("exited", 137), probes[0]  # the truth, on the channel
-    assert w.ends.answered == 1 and cluster.hosts.sessions(cluster.key, 0) == sessions
+    # both on the channels the launch left open (worker 1's too)
+    assert w.ends.answered == 2 and cluster.hosts.sessions(cluster.key, 0) == sessions
     assert ended.wait(30), "the end was not reported after the answer"
-    assert w.ends.held() == []  # worker 0's end was taken: it is not followed again for attempt 1
+    assert 0 not in w.ends.held()  # worker 0's end was taken: it is not followed again for attempt 1
 
 
 def test_a_garbled_or_foreign_answer_on_a_channel_is_not_trusted(cluster: Cluster) -> None:
@@ -505,15 +507,16 @@ def test_a_garbled_or_foreign_answer_on_a_channel_is_not_trusted(cluster: Cluste
     finally:
         os.kill(shell, signal.SIGCONT)
     probes = out[0]
-    assert [(p.state, p.exit_code) for p in probes] == [("running", None), ("running", None)], probes  # over ssh
-    assert (w.ends.answered, w.ends.rejected) == (0, 2)
+    # worker 0 over ssh; worker 1 on the channel its launch left open
+    assert [(p.state, p.exit_code) for p in probes] == [("running", None), ("running", None)], probes
+    assert (w.ends.answered, w.ends.rejected) == (1, 2)
 
 
 def test_the_probe_right_after_a_launch_waits_for_the_channels_opening_instead_of_ssh(
         cluster: Cluster, tmp_path: Path) -> None:
-    # The tick after a launch: the follow channels were asked for a moment ago and still start.
-    # Its probe waits for them and rides them; a probe over SSH would be another channel and
-    # shell on every worker, while those channels are still starting.
+    # The tick after a launch: the follow channels are the launch's sessions, going on. Its probe
+    # waits for them to read requests and rides them; a probe over SSH would be another channel
+    # and shell on every worker.
     ssh, runs = _counting_ssh(tmp_path)
     w = cluster.make("sleep 300", binary=str(ssh))
     w.ends.answer_wait = 60.0  # ready and answered well before; the clock does not decide
@@ -524,7 +527,7 @@ def test_the_probe_right_after_a_launch_waits_for_the_channels_opening_instead_o
         probes = w.probe(cluster.node)
         assert [(p.state, p.attempt) for p in probes] == [("running", 1), ("running", 1)], probes
         assert w.ends.answered == 2 and w.ends.opened == 2
-        assert _runs(runs) == launched + 2  # the two channels, and no ssh for the probe
+        assert _runs(runs) == launched == 2  # the launches, which are the channels; no ssh for the probe
     finally:
         w.close()
 
@@ -565,8 +568,8 @@ def test_the_next_attempts_channels_are_waited_for_while_the_last_ones_close(clu
         w.follow_ends(cluster.node, 2, [0, 1], lambda: None)
         probes = w.probe(cluster.node)
         assert [(p.state, p.attempt) for p in probes] == [("running", 2), ("running", 2)], probes
-        assert w.ends.answered == 2  # on attempt 2's channels: one new session each, no probe over ssh
-        assert [cluster.hosts.sessions(cluster.key, i) for i in (0, 1)] == [n + 1 for n in sessions]
+        assert w.ends.answered == 2  # on attempt 2's channels (its launch's sessions), no probe over ssh
+        assert [cluster.hosts.sessions(cluster.key, i) for i in (0, 1)] == sessions
     finally:
         for pid in shells:
             with contextlib.suppress(ProcessLookupError):

@@ -19,19 +19,27 @@ open, ends, or does not answer within `answer_wait` is left to the caller to pro
 A channel still opening for the first time (the tick right after a launch) is waited for, up
 to `answer_wait`: asking it costs a line, where an SSH probe costs another channel and shell
 on every worker while those channels are still starting.
+
+`launch` opens the channels itself: each worker's launch session goes on as its follow channel
+(remote.sh `launch` with `then_wait`), so a relaunch costs one session per worker, not two. An
+end seen before the loop holds the channels wakes it when it does. A launch session that ends
+before its launch answered is not a channel: the caller launches over SSH as before, and the
+next `hold` opens that worker's channel.
 This module knows nothing of the policy: the caller says which attempt and which workers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tpuwatch.model import NodeSnapshot, WorkerEndpoint, WorkerProbe
 from tpuwatch.workers import protocol
-from tpuwatch.workers.ssh import Stream, Transport
+from tpuwatch.workers.ssh import SshResult, Stream, Transport
 
 POLL = 1.0  # seconds between the worker-side script's exit-code reads while the lock is held
 REOPEN_AFTER = 1.0  # seconds before a dropped channel is opened again
@@ -49,6 +57,15 @@ class _Channel:
     gen: int  # the generation it was opened in: one closed since says nothing of the channels now
     reader: protocol.WaitReader = field(default_factory=protocol.WaitReader)
     ended: bool = False
+
+
+@dataclass(eq=False)
+class _Launch:
+    """A launch whose session goes on as the follow channel: its stdout until its answer ended."""
+
+    answered: threading.Event = field(default_factory=threading.Event)
+    out: bytes = b""  # stdout so far; once answered, the launch's answer alone
+    result: SshResult | None = None  # how the session ended, when it ended before its answer did
 
 
 @dataclass(eq=False)
@@ -88,6 +105,63 @@ class AttemptEnds:
         self._closed = threading.Event()  # wakes the reopen waits of older generations
         self._seq = 0  # the number of the latest probe request
         self._requests: dict[int, _Request] = {}
+        self._wake: Callable[[], None] | None = None  # the holder's, once it held channels
+        self._wake_due = False  # an end came before anyone held the channels: wake at the hold
+
+    def launch(self, node: NodeSnapshot, attempt: int, workers: Sequence[WorkerEndpoint],
+               scripts: Callable[[WorkerEndpoint], bytes], timeout: float,
+               checkpoint_dir: str = "") -> dict[int, SshResult]:
+        """Run each worker's launch-then-wait script (protocol.launch_script with `then_wait`) as
+        its follow channel for `attempt`: the launch's answers by worker, as an SSH call's result
+        (stdout the launch's records), within `timeout`. A worker whose session ended before its
+        launch answered gets that session's result; one whose answer did not come in time gets
+        none (its session is closed). Workers whose channel is held for this attempt are not
+        launched again here."""
+        key = (_node_key(node), attempt)
+        with self._lock:
+            if key != self._key:
+                self._close_locked()
+                self._key = key
+            self._checkpoint_dir = checkpoint_dir
+            gen = self._gen
+            start = [w for w in workers if w.index not in self._open and w.index not in self._answered]
+            for w in start:
+                self._open[w.index] = None
+            self._first.update(w.index for w in start)
+            self._reopened.difference_update(w.index for w in start)
+        launches = {w.index: _Launch() for w in start}
+        for w in start:
+            threading.Thread(target=self._follow, args=(gen, key, node, w, self._wake_holder),
+                             kwargs={"launch": (launches[w.index], scripts(w))}, daemon=True,
+                             name=f"tpuwatch-ends-w{w.index}").start()
+        out: dict[int, SshResult] = {}
+        deadline = time.monotonic() + timeout
+        for launch in launches.values():
+            if not launch.answered.wait(max(0.0, deadline - time.monotonic())):
+                break
+        address = {w.index: w.address(self.transport.internal_ip) for w in start}
+        for i, launch in launches.items():
+            if not launch.answered.is_set():
+                continue
+            if launch.result is not None:  # the session ended first: its own result
+                out[i] = dataclasses.replace(launch.result, stdout=launch.out.decode("utf-8", "replace"))
+            else:
+                out[i] = SshResult(i, address[i], 0, launch.out.decode("utf-8", "replace"), "")
+        with self._lock:  # those that did not answer in time: their sessions end, the caller asks again
+            late = [c for i, c in self._open.items() if i in launches and i not in out and c is not None]
+        for chan in late:
+            chan.ended = True
+            chan.stream.close()
+        return out
+
+    def _wake_holder(self) -> None:
+        """An end on a channel: wake whoever holds the channels, or the first to hold them."""
+        with self._lock:
+            wake = self._wake
+            if wake is None:
+                self._wake_due = True
+        if wake is not None:
+            wake()
 
     def hold(self, node: NodeSnapshot, attempt: int, workers: Sequence[WorkerEndpoint],
              wake: Callable[[], None], checkpoint_dir: str = "") -> None:
@@ -100,14 +174,18 @@ class AttemptEnds:
                 self._close_locked()
                 self._key = key
             self._checkpoint_dir = checkpoint_dir
+            self._wake = wake
+            due, self._wake_due = self._wake_due, False
             gen = self._gen
             start = [w for w in workers if w.index not in self._open and w.index not in self._answered]
             for w in start:
                 self._open[w.index] = None
             self._first.update(w.index for w in start if w.index not in self._reopened)
         for w in start:
-            threading.Thread(target=self._follow, args=(gen, key, node, w, wake), daemon=True,
+            threading.Thread(target=self._follow, args=(gen, key, node, w, self._wake_holder), daemon=True,
                              name=f"tpuwatch-ends-w{w.index}").start()
+        if due:  # an end on a channel the launch opened, before this hold
+            wake()
 
     def release(self) -> None:
         """Close every channel."""
@@ -161,6 +239,7 @@ class AttemptEnds:
             return dict(req.answers)
 
     def _close_locked(self) -> None:
+        self._wake_due = False
         self._gen += 1
         self._closed.set()
         self._closed = threading.Event()
@@ -199,6 +278,21 @@ class AttemptEnds:
                     req.answers[worker] = probe
             self._cond.notify_all()
 
+    def _launch_feed(self, launch: _Launch, feed: Callable[[bytes], None], data: bytes) -> None:
+        """A launch-then-wait session's stdout: the launch's answer until `launch_end`, then the
+        follow channel's."""
+        if launch.answered.is_set():
+            feed(data)
+            return
+        launch.out += data
+        split = protocol.split_launch(launch.out)
+        if split is None:
+            return
+        launch.out, rest = split
+        launch.answered.set()
+        if rest:
+            feed(rest)
+
     def _not_first(self, worker: int) -> None:
         """(Lock held.) `worker`'s channel ended or could not start: an ask no longer waits for
         it, now or when it opens again."""
@@ -217,16 +311,18 @@ class AttemptEnds:
             self._cond.notify_all()
 
     def _follow(self, gen: int, key: tuple[str, int], node: NodeSnapshot, w: WorkerEndpoint,
-                wake: Callable[[], None]) -> None:
+                wake: Callable[[], None], launch: tuple[_Launch, bytes] | None = None) -> None:
         try:
-            self._follow_channel(gen, key, node, w, wake)
+            self._follow_channel(gen, key, node, w, wake, launch)
         finally:
+            if launch is not None:  # however it ended, the launch waits no longer
+                launch[0].answered.set()
             with self._cond:  # however it ended (a transport that raised, say), no ask waits for it
                 if self._gen == gen and w.index in self._first:
                     self._not_first(w.index)
 
     def _follow_channel(self, gen: int, key: tuple[str, int], node: NodeSnapshot, w: WorkerEndpoint,
-                        wake: Callable[[], None]) -> None:
+                        wake: Callable[[], None], launch: tuple[_Launch, bytes] | None) -> None:
         with self._lock:
             closed = self._closed
         for n in range(REOPEN_TRIES + 1):
@@ -237,19 +333,29 @@ class AttemptEnds:
                     return
                 checkpoint_dir = self._checkpoint_dir
             # argv may prepare the node first (gcloud): in this thread, never the caller's
-            stream = Stream(self.transport, node, w, protocol.wait_script(self.job, key[1], self.poll, checkpoint_dir,
-                                                                         self.patterns),
-                            remote_command=protocol.REMOTE_COMMAND, keep_open=True)
+            first = launch if not n else None
+            script = first[1] if first else protocol.wait_script(self.job, key[1], self.poll, checkpoint_dir,
+                                                                  self.patterns)
+            stream = Stream(self.transport, node, w, script, remote_command=protocol.REMOTE_COMMAND, keep_open=True)
             chan = _Channel(stream, checkpoint_dir, gen)
             with self._lock:
                 if self._gen != gen:
                     return
                 self._open[w.index] = chan
                 self.opened += 1
+            feed = functools.partial(self._feed, w.index, chan)
             try:
-                r = stream.run(functools.partial(self._feed, w.index, chan))
+                r = stream.run(feed if first is None else functools.partial(self._launch_feed, first[0], feed))
             finally:
                 self._ended(w.index, chan)
+            if first is not None and not first[0].answered.is_set():
+                # No launch answer: not a channel of a launched attempt; the caller asks again.
+                first[0].result = r
+                first[0].answered.set()
+                with self._lock:
+                    if self._gen == gen and self._open.get(w.index) is chan:
+                        self._open.pop(w.index, None)
+                return
             end = chan.reader.wait_answer() if r.reached else None
             with self._lock:
                 if self._gen != gen:

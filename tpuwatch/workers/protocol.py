@@ -224,10 +224,15 @@ def _probe_inputs(checkpoint_dir: str, patterns: Sequence[str]) -> dict[str, Val
 def launch_script(
     job: str, *, attempt: int, worker: int, checkpoint: Checkpoint | None, command: str,
     env: Mapping[str, str] | None = None, clean_grace: float | None = None, notify_signal: str = "SIGTERM",
-    slice: int = 0, slices: int = 1, libtpu_args: Sequence[str] = (),
+    slice: int = 0, slices: int = 1, libtpu_args: Sequence[str] = (), then_wait: float | None = None,
+    checkpoint_dir: str = "", patterns: Sequence[str] = (),
 ) -> bytes:
     """Launch `command` (already rendered for this worker) as attempt `attempt`; `worker` is its
     id within its slice `slice` of `slices`.
+
+    With `then_wait` (the wait's poll, seconds) the session goes on as the attempt's follow
+    channel once the launch has answered: a `launch_end` line, then what `wait_script` answers,
+    with `checkpoint_dir` and `patterns` as there (stdin stays open for its requests).
 
     With `clean_grace`, the worker first stops what an older attempt left (as `stop_script`
     does, with that grace) in the same connection: one SSH round trip instead of two.
@@ -243,6 +248,8 @@ def launch_script(
         extra["clean_ms"] = max(0, int(clean_grace * 1000))
     if libtpu_args:
         extra["libtpu_add"] = list(libtpu_args)
+    if then_wait is not None:
+        extra.update(then_wait="1", poll=f"{then_wait:g}", **_probe_inputs(checkpoint_dir, patterns))
     return script(
         "launch", job, attempt=attempt, worker=worker,
         checkpoint=checkpoint.path if checkpoint else "",
@@ -272,6 +279,20 @@ def wait_script(job: str, attempt: int, poll: float = 1.0, checkpoint_dir: str =
     listing lists `checkpoint_dir`.
     """
     return script("wait", job, attempt=attempt, poll=f"{poll:g}", **_probe_inputs(checkpoint_dir, patterns))
+
+
+LAUNCH_END = MARK + "launch_end="  # a launch that goes on as a follow channel: its answer ends here
+
+
+def split_launch(stdout: bytes) -> tuple[bytes, bytes] | None:
+    """A launch-then-wait session's stdout so far: (the launch's answer, what follows its
+    `launch_end` line), or None while that line has not come."""
+    mark = LAUNCH_END.encode()
+    at = 0 if stdout.startswith(mark) else stdout.find(b"\n" + mark) + 1
+    if at <= 0 and not stdout.startswith(mark):
+        return None
+    end = stdout.find(b"\n", at)
+    return None if end < 0 else (stdout[:at], stdout[end + 1:])
 
 
 def probe_request(seq: int, listing: bool = False) -> bytes:

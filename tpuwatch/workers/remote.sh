@@ -813,7 +813,16 @@ tw_main() {
   TW_DIR="$HOME/.tpuwatch/$TW_JOB"
   case ${TW_ACTION:-} in
     probe) tw_probe ;;
-    launch) tw_launch ;;
+    launch)
+      tw_launch || return
+      # With TW_THEN_WAIT the session goes on as the attempt's follow channel: one session for
+      # both, and the rest of stdin holds the wait's requests.
+      if [ -n "${TW_THEN_WAIT:-}" ]; then
+        printf '@tpuwatch launch_end=%s\n' "$TW_ATTEMPT"
+        tw_wait
+        exit
+      fi
+      ;;
     stop) tw_stop ;;
     follow) tw_follow ;;
     wait) tw_wait; exit ;;  # stdin holds requests, not more script

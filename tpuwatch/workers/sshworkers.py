@@ -243,8 +243,9 @@ class SshWorkers:
         """
         workers = self.endpoints(node)
         slices = len(node.slices) or 1
-        scripts = {
-            w.index: protocol.launch_script(
+
+        def script(w: WorkerEndpoint, then_wait: float | None = None) -> bytes:
+            return protocol.launch_script(
                 self.job, attempt=attempt, worker=w.worker_id, checkpoint=checkpoint,
                 command=protocol.render_command(
                     self.command, checkpoint=checkpoint.path if checkpoint else "",
@@ -253,16 +254,20 @@ class SshWorkers:
                 env={**megascale_env(node, w.slice), **self.env},  # the job's own env wins
                 clean_grace=self.stop_grace if clean else None, notify_signal=self.notify_signal,
                 slice=w.slice, slices=slices,
-                libtpu_args=MEGASCALE_ABORT_FLAGS if node.slices and self.megascale_abort else ())
-            for w in workers
-        }
-        timeout = self.timeout + 2 * self.stop_grace + 10 if clean else None
+                libtpu_args=MEGASCALE_ABORT_FLAGS if node.slices and self.megascale_abort else (),
+                then_wait=then_wait, checkpoint_dir=self.checkpoint_dir, patterns=self.log_patterns)
+
+        timeout = self.timeout + 2 * self.stop_grace + 10 if clean else self.timeout
         done: dict[int, LaunchResult] = {}
-        pending = list(workers)
+        # First each worker's launch session goes on as its follow channel (ends.py); a worker
+        # that did not answer that way is launched over SSH, as often as ssh_tries allows.
+        pending = self._launch_following(node, attempt, workers, script, timeout, done)
         for n in range(self.ssh_tries):
+            if not pending:
+                break
             if n:
                 self._sleep(self.retry_wait * (2 ** (n - 1)))
-            results = self._run(node, pending, lambda w: scripts[w.index], timeout)
+            results = self._run(node, pending, script, timeout)
             retry = []
             for w, r in zip(pending, results, strict=True):
                 res, answered = _launch_of(r)
@@ -272,9 +277,29 @@ class SshWorkers:
                 if not answered:
                     retry.append(w)
             pending = retry
-            if not pending:
-                break
         return [done[w.index] for w in workers]
+
+    def _launch_following(self, node: NodeSnapshot, attempt: int, workers: Sequence[WorkerEndpoint],
+                          script: Callable[[WorkerEndpoint, float | None], bytes], timeout: float,
+                          done: dict[int, LaunchResult]) -> list[WorkerEndpoint]:
+        """Launch on sessions that go on as the attempt's follow channels; the answers go to
+        `done`, and the workers that did not answer are returned (to be launched over SSH)."""
+        self.transport.check()
+        if self.transport.pins is not None:
+            self.transport.pins.prepare(node, workers)
+        if prepare(self.transport, node) is not None:  # gcloud failed: the SSH path says why
+            return list(workers)
+        answers = self.ends.launch(node, attempt, workers, lambda w: script(w, self.ends.poll), timeout,
+                                   self.checkpoint_dir)
+        pending = []
+        for w in workers:
+            r = answers.get(w.index)
+            res, answered = _launch_of(r) if r is not None else (None, False)
+            if res is not None and answered:
+                done[w.index] = res
+            else:
+                pending.append(w)
+        return pending
 
     def stop(self, node: NodeSnapshot, workers: Sequence[int] | None = None, *,
              wait: bool = True) -> list[StopResult]:
