@@ -250,8 +250,10 @@ def test_tpuwatch_gcloud_transport_launch_probe_stop_on_all_workers(
     transport = GcloudSsh(openssh=ssh, identity_file=str(sim.ssh_key), internal_ip=True)
     workers = SshWorkers(transport, job="train", command="sleep 300", stop_grace=0.5, timeout=90, retry_wait=0.1)
 
-    sim.hosts.reset_connections(key, 1)  # the launch is retried on worker 1; the lock keeps one job
-    launched = workers.launch(node, 1, None)
+    # worker 1's connection drops once its launch's first bytes (the cleanup's answer) are out:
+    # the launch is retried there; the lock keeps one job
+    sim.hosts.reset_connections(key, 1, after_bytes=1)
+    launched = workers.launch(node, 1, None, clean=True)
     assert [(r.worker, r.started, r.attempt) for r in launched] == [(0, True, 1), (1, True, 1)], launched
     assert settled_counts(sim, "pod", 2, "sleep 300") == [1, 1]
 
@@ -264,9 +266,9 @@ def test_tpuwatch_gcloud_transport_launch_probe_stop_on_all_workers(
     wait_for(lambda: all((c := workers.ends._open.get(i)) is not None and c.stream._writable and c.reader.ready
                          for i in (0, 1)),
              30, "the follow channels")
-    sessions = [sim.hosts.sessions(key, i) for i in (0, 1)]
+    sessions, answered = [sim.hosts.sessions(key, i) for i in (0, 1)], workers.ends.answered
     assert workers.probe(node) == probes
-    assert [sim.hosts.sessions(key, i) for i in (0, 1)] == sessions and workers.ends.answered == 2
+    assert [sim.hosts.sessions(key, i) for i in (0, 1)] == sessions and workers.ends.answered == answered + 2
 
     stopped = workers.stop(node)
     assert all(s.ok and s.stopped for s in stopped), stopped

@@ -294,6 +294,22 @@ SshWorkers(t, job="j", command="sleep 300", stop_grace=2.0).launch(node, 2, None
 """
 
 
+def test_an_end_on_a_launchs_channel_before_the_hold_wakes_the_holder(cluster: Cluster) -> None:
+    """The launch's session goes on as the follow channel; an attempt that ends before the loop
+    holds the channels (a crash at start) still wakes the loop, once, when it does."""
+    w = cluster.make("exit 3")
+    assert all(r.started for r in w.launch(cluster.node, 1, None))
+    assert [cluster.hosts.sessions(cluster.key, i) for i in (0, 1)] == [1, 1]
+    wait_for(lambda: sorted(w.ends._answered) == [0, 1], 30, "both channels to report the end")
+    ended = threading.Event()
+    w.follow_ends(cluster.node, 1, [0, 1], ended.set)
+    assert ended.is_set(), "an end seen before the hold did not wake the holder"
+    ended.clear()
+    w.follow_ends(cluster.node, 1, [0, 1], ended.set)  # the next tick's hold: nothing new to say
+    assert not ended.is_set() and w.ends.held() == []
+    assert [cluster.hosts.sessions(cluster.key, i) for i in (0, 1)] == [1, 1]  # no channel opened again
+
+
 def test_a_launch_outlives_the_watcher_killed_while_it_runs(cluster: Cluster) -> None:
     """A watcher SIGKILLed mid-launch (the chaos test's launch kills): its ssh client is a mux
     client that exits when nobody reads it, and the master closes the channel. The launch on
