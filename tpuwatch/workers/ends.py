@@ -117,16 +117,8 @@ class AttemptEnds:
         launch answered gets that session's result; one whose answer did not come in time gets
         none (its session is closed). Workers whose channel is held for this attempt are not
         launched again here."""
-        key = (_node_key(node), attempt)
         with self._lock:
-            if key != self._key:
-                self._close_locked()
-                self._key = key
-            self._checkpoint_dir = checkpoint_dir
-            gen = self._gen
-            start = [w for w in workers if w.index not in self._open and w.index not in self._answered]
-            for w in start:
-                self._open[w.index] = None
+            key, gen, start = self._claim_locked(node, attempt, workers, checkpoint_dir)
             self._first.update(w.index for w in start)
             self._reopened.difference_update(w.index for w in start)
         launches = {w.index: _Launch() for w in start}
@@ -168,24 +160,31 @@ class AttemptEnds:
         """One channel per worker of `workers` for `attempt` on `node`; channels held for another
         node or attempt are closed. `wake()` is called from a channel's thread. A channel opened
         from now on lists `checkpoint_dir` when a probe request asks for the listing."""
-        key = (_node_key(node), attempt)
         with self._lock:
-            if key != self._key:
-                self._close_locked()
-                self._key = key
-            self._checkpoint_dir = checkpoint_dir
+            key, gen, start = self._claim_locked(node, attempt, workers, checkpoint_dir)
+            self._first.update(w.index for w in start if w.index not in self._reopened)
             self._wake = wake
             due, self._wake_due = self._wake_due, False
-            gen = self._gen
-            start = [w for w in workers if w.index not in self._open and w.index not in self._answered]
-            for w in start:
-                self._open[w.index] = None
-            self._first.update(w.index for w in start if w.index not in self._reopened)
         for w in start:
             threading.Thread(target=self._follow, args=(gen, key, node, w, self._wake_holder), daemon=True,
                              name=f"tpuwatch-ends-w{w.index}").start()
         if due:  # an end on a channel the launch opened, before this hold
             wake()
+
+    def _claim_locked(self, node: NodeSnapshot, attempt: int, workers: Sequence[WorkerEndpoint],
+                      checkpoint_dir: str) -> tuple[tuple[str, int], int, list[WorkerEndpoint]]:
+        """(Lock held.) Follow `attempt` on `node` (the channels of any other are closed) and
+        claim the workers that have no channel for it and have not ended it: (key, generation,
+        those workers)."""
+        key = (_node_key(node), attempt)
+        if key != self._key:
+            self._close_locked()
+            self._key = key
+        self._checkpoint_dir = checkpoint_dir
+        start = [w for w in workers if w.index not in self._open and w.index not in self._answered]
+        for w in start:
+            self._open[w.index] = None
+        return key, self._gen, start
 
     def release(self) -> None:
         """Close every channel."""
