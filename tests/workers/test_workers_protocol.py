@@ -214,3 +214,14 @@ def test_a_wait_channel_is_ready_only_once_its_shell_says_so() -> None:
     assert not r.ready  # inside an answer's frame it is part of that answer, not the shell's word
     r.feed(b"@tpuwatch probe_end=1\n@tpuwatch wait_ready=3\n")
     assert r.ready and r.rest == ["Welcome to the VM"]
+
+
+def test_a_launch_then_wait_answer_ends_at_its_launch_end_line() -> None:
+    launched = b"@tpuwatch result=launched\n@tpuwatch attempt=2\n"
+    assert protocol.split_launch(launched) is None  # not over yet
+    assert protocol.split_launch(launched + b"@tpuwatch launch_end=2") is None  # the line is not whole
+    assert protocol.split_launch(launched + b"@tpuwatch launch_end=2\n@tpuwatch wait_ready=2\n") == (
+        launched, b"@tpuwatch wait_ready=2\n")
+    assert protocol.split_launch(b"@tpuwatch launch_end=2\n") == (b"", b"")
+    # only a line of its own ends it, not the words inside another record
+    assert protocol.split_launch(b"@tpuwatch detail=x @tpuwatch launch_end=2\n") is None

@@ -288,8 +288,11 @@ def split_launch(stdout: bytes) -> tuple[bytes, bytes] | None:
     """A launch-then-wait session's stdout so far: (the launch's answer, what follows its
     `launch_end` line), or None while that line has not come."""
     mark = LAUNCH_END.encode()
-    at = 0 if stdout.startswith(mark) else stdout.find(b"\n" + mark) + 1
-    if at <= 0 and not stdout.startswith(mark):
+    if stdout.startswith(mark):
+        at = 0
+    elif (line := stdout.find(b"\n" + mark)) >= 0:
+        at = line + 1
+    else:
         return None
     end = stdout.find(b"\n", at)
     return None if end < 0 else (stdout[:at], stdout[end + 1:])

@@ -294,9 +294,8 @@ class SshWorkers:
         pending = []
         for w in workers:
             r = answers.get(w.index)
-            res, answered = _launch_of(r) if r is not None else (None, False)
-            if res is not None and answered:
-                done[w.index] = res
+            if r is not None and (found := _launch_of(r))[1]:
+                done[w.index] = found[0]
             else:
                 pending.append(w)
         return pending
