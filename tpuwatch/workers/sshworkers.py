@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -259,14 +260,13 @@ class SshWorkers:
 
         timeout = self.timeout + 2 * self.stop_grace + 10 if clean else self.timeout
         done: dict[int, LaunchResult] = {}
-        # First each worker's launch session goes on as its follow channel (ends.py); a worker
-        # that did not answer that way is launched over SSH, as often as ssh_tries allows.
+        # The first try: each worker's launch session goes on as its follow channel (ends.py).
+        # A worker that did not answer is tried again over SSH, up to ssh_tries tries in all.
         pending = self._launch_following(node, attempt, workers, script, timeout, done)
-        for n in range(self.ssh_tries):
+        for n in range(1, self.ssh_tries):
             if not pending:
                 break
-            if n:
-                self._sleep(self.retry_wait * (2 ** (n - 1)))
+            self._sleep(self.retry_wait * (2 ** (n - 1)))
             results = self._run(node, pending, script, timeout)
             retry = []
             for w, r in zip(pending, results, strict=True):
@@ -282,21 +282,29 @@ class SshWorkers:
     def _launch_following(self, node: NodeSnapshot, attempt: int, workers: Sequence[WorkerEndpoint],
                           script: Callable[[WorkerEndpoint, float | None], bytes], timeout: float,
                           done: dict[int, LaunchResult]) -> list[WorkerEndpoint]:
-        """Launch on sessions that go on as the attempt's follow channels; the answers go to
-        `done`, and the workers that did not answer are returned (to be launched over SSH)."""
+        """The first try of a launch, on sessions that go on as the attempt's follow channels:
+        each worker's result goes to `done`, and those that did not answer are returned."""
         self.transport.check()
         if self.transport.pins is not None:
             self.transport.pins.prepare(node, workers)
-        if prepare(self.transport, node) is not None:  # gcloud failed: the SSH path says why
-            return list(workers)
-        answers = self.ends.launch(node, attempt, workers, lambda w: script(w, self.ends.poll), timeout,
-                                   self.checkpoint_dir)
+        failed = prepare(self.transport, node)
+        if failed is not None:  # the transport could not get ready (gcloud failed): no worker tried
+            answers = {w.index: replace(failed, worker=w.index, address=w.address(self.transport.internal_ip))
+                       for w in workers}
+        else:
+            answers = self.ends.launch(node, attempt, workers, lambda w: script(w, self.ends.poll), timeout,
+                                       self.checkpoint_dir)
         pending = []
         for w in workers:
             r = answers.get(w.index)
-            if r is not None and (found := _launch_of(r))[1]:
-                done[w.index] = found[0]
-            else:
+            if r is None:  # closed after `timeout`: the launch may or may not have happened
+                done[w.index] = LaunchResult(w.index, "unreachable", detail=f"no answer within {timeout:g}s")
+                pending.append(w)
+                continue
+            if r.failure != "host_key":  # a key the API may publish anew: the SSH try reads the keys again
+                raise_if_fatal(r)
+            done[w.index], answered = _launch_of(r)
+            if not answered:
                 pending.append(w)
         return pending
 
