@@ -9,22 +9,27 @@ worker as that user. gcloud costs about a second a call, so each test makes few.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from e2e_helpers import finish, trainer, write_config
 
+from tpuwatch.cloud.compute import ComputeAdapter
 from tpuwatch.sim import gcloudcfg
 from tpuwatch.sim.rest import COMPUTE_PROJECTS_SET_METADATA, OSLOGIN_GET_PROFILE, RestFace
 from tpuwatch.sim.simulator import Simulator
+from tpuwatch.workers.gcloud import GcloudSsh
+from tpuwatch.workers.ssh import OpenSsh
+from tpuwatch.workers.sshworkers import SshWorkers
 
 GCLOUD = shutil.which("gcloud") or "/usr/bin/gcloud"
 pytestmark = [
@@ -69,6 +74,25 @@ def wait(pred: Callable[[], bool], what: str, proc: subprocess.Popen[str], timeo
             out, _ = proc.communicate()
             raise AssertionError(f"timed out waiting for {what}; watch printed:\n{out}")
         time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def gcloud_in_this_process(sim: Simulator, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RestFace]:
+    """The simulator's REST face, with this process's gcloud and Compute Engine client pointed
+    at it (GcloudSsh runs `gcloud` with this process's environment)."""
+    with RestFace(sim.world) as rest:
+        g = gcloudcfg.write_config(tmp / "gcloud", url=rest.url, project=sim.project, zone=sim.zone,
+                                   home=tmp / "home", ssh_key=sim.ssh_key)
+        for k, v in {**g.env, "TPUWATCH_COMPUTE_EMULATOR": rest.url.rstrip("/")}.items():
+            monkeypatch.setenv(k, v)
+        yield rest
+
+
+def gcloud_workers(sim: Simulator, tmp: Path, adapter: ComputeAdapter) -> tuple[GcloudSsh, SshWorkers]:
+    """A fresh gcloud transport (nothing prepared yet) and the workers of a job over it."""
+    ssh = OpenSsh(known_hosts=tmp / "kh", identity_file=str(sim.ssh_key), port=sim.ssh_port, internal_ip=True)
+    t = GcloudSsh(openssh=ssh, identity_file=str(sim.ssh_key), internal_ip=True, instances=adapter.instance_names)
+    return t, SshWorkers(t, job="train", command="sleep 300", timeout=60)
 
 
 def gcloud_pinned(home: Path) -> set[str]:
@@ -125,33 +149,18 @@ def test_gcloud_compute_ssh_prepares_a_mig_once_per_incarnation_on_worker_0_and_
 
 def test_a_gcloud_compute_ssh_failure_is_classified_and_never_the_jobs(
         sim: Simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tpuwatch.cloud.compute import ComputeAdapter
     from tpuwatch.errors import CloudError
-    from tpuwatch.workers.gcloud import GcloudSsh
-    from tpuwatch.workers.ssh import OpenSsh
-    from tpuwatch.workers.sshworkers import SshWorkers
 
     w = sim.world
-    with RestFace(w) as rest:
-        g = gcloudcfg.write_config(tmp_path / "gcloud", url=rest.url, project=sim.project, zone=sim.zone,
-                                   home=tmp_path / "home", ssh_key=sim.ssh_key)
-        for k, v in {**g.env, "TPUWATCH_COMPUTE_EMULATOR": rest.url.rstrip("/")}.items():
-            monkeypatch.setenv(k, v)
+    with gcloud_in_this_process(sim, tmp_path, monkeypatch):
         w.add_instance("vm")  # a lone instance, no OS Login: gcloud adds its key to the project
         adapter = ComputeAdapter(sim.project, sim.zone, "instance")
         node = adapter.get_node("vm")
         assert node is not None and node.state == "READY"
 
-        def workers() -> tuple[GcloudSsh, SshWorkers]:
-            ssh = OpenSsh(known_hosts=tmp_path / "kh", identity_file=str(sim.ssh_key), port=sim.ssh_port,
-                          internal_ip=True)
-            t = GcloudSsh(openssh=ssh, identity_file=str(sim.ssh_key), internal_ip=True,
-                          instances=adapter.instance_names)
-            return t, SshWorkers(t, job="train", command="sleep 300", timeout=60)
-
         # gcloud may not read the project: its credentials, for a person (exit 3), not the job's exit 1
         sim.control("Inject", {"fault": "permission-denied", "params": {"methods": ["compute.v1.Projects/Get"]}})
-        t, denied_workers = workers()
+        t, denied_workers = gcloud_workers(sim, tmp_path, adapter)
         with pytest.raises(CloudError) as denied:
             denied_workers.probe(node)
         assert "`gcloud compute ssh vm --zone=" in str(denied.value) and "gcloud auth login" in str(denied.value)
@@ -159,7 +168,7 @@ def test_a_gcloud_compute_ssh_failure_is_classified_and_never_the_jobs(
         sim.control("Inject", {"fault": "clear-errors", "params": {}})
 
         # it may: gcloud adds its key to the project's ssh-keys, the login is learned, OpenSSH asks
-        t, ok_workers = workers()
+        t, ok_workers = gcloud_workers(sim, tmp_path, adapter)
         assert [p.state for p in ok_workers.probe(node)] == ["absent"]
         login = t.login(node)
         assert login is not None and login.user == sim.ssh_user and login.via == "gcloud"
@@ -167,7 +176,7 @@ def test_a_gcloud_compute_ssh_failure_is_classified_and_never_the_jobs(
 
         # the instance gone under gcloud: unreachable this tick, in gcloud's words
         w.remove_instance("vm")
-        t, gone_workers = workers()
+        t, gone_workers = gcloud_workers(sim, tmp_path, adapter)
         probes = gone_workers.probe(node)
         assert [p.state for p in probes] == ["unreachable"] and "was not found" in probes[0].detail, probes
         assert "gcloud compute ssh vm" in probes[0].detail and t.login(node) is None
@@ -177,28 +186,16 @@ def test_a_key_gcloud_can_put_in_one_instance_only_is_put_in_every_instance_of_t
         sim: Simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without the right to write the project's metadata, gcloud compute ssh puts the key in the
     instance's own: the other instances never read it, so gcloud goes to each of them too."""
-    from tpuwatch.cloud.compute import ComputeAdapter
-    from tpuwatch.workers.gcloud import GcloudSsh
-    from tpuwatch.workers.ssh import OpenSsh
-    from tpuwatch.workers.sshworkers import SshWorkers
-
     w = sim.world
-    with RestFace(w) as rest:
-        g = gcloudcfg.write_config(tmp_path / "gcloud", url=rest.url, project=sim.project, zone=sim.zone,
-                                   home=tmp_path / "home", ssh_key=sim.ssh_key)
-        for k, v in {**g.env, "TPUWATCH_COMPUTE_EMULATOR": rest.url.rstrip("/")}.items():
-            monkeypatch.setenv(k, v)
+    with gcloud_in_this_process(sim, tmp_path, monkeypatch):
         mig = w.add_mig("slice", "tpu7x-standard-4t", 2)
         adapter = ComputeAdapter(sim.project, sim.zone, "mig")
         node = adapter.get_node("slice")
         assert node is not None and node.state == "READY" and len(node.workers) == 2
         sim.control("Inject", {"fault": "permission-denied",
                                "params": {"methods": [COMPUTE_PROJECTS_SET_METADATA]}})
-        ssh = OpenSsh(known_hosts=tmp_path / "kh", identity_file=str(sim.ssh_key), port=sim.ssh_port,
-                      internal_ip=True)
-        t = GcloudSsh(openssh=ssh, identity_file=str(sim.ssh_key), internal_ip=True,
-                      instances=adapter.instance_names)
-        probes = SshWorkers(t, job="train", command="sleep 300", timeout=60).probe(node)
+        t, workers = gcloud_workers(sim, tmp_path, adapter)
+        probes = workers.probe(node)
         assert [p.state for p in probes] == ["absent", "absent"], probes
         assert t.prepare_calls == 2 and w.calls["compute.v1.Instances/SetMetadata"] == 2, dict(w.calls)
         kind, data = Path(str(sim.ssh_key) + ".pub").read_text().split()[:2]

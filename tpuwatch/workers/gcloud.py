@@ -49,6 +49,7 @@ from tpuwatch.workers.ssh import (
     _decode,
     _last_line,
     classify,
+    instance_name,
 )
 
 DEFAULT_KEY = "~/.ssh/google_compute_engine"  # the key gcloud makes and uses
@@ -300,8 +301,7 @@ class GcloudSsh:
 
     def _instance(self, node: NodeSnapshot, worker: WorkerEndpoint) -> str:
         """The Compute Engine instance of `worker` ("" until the slice names its instances)."""
-        names = self.instances(node) if self.instances is not None else ()
-        return names[worker.worker_id] if worker.worker_id < len(names) else ""
+        return instance_name(self.instances, node, worker) if self.instances is not None else ""
 
     def _command_words(self, node: NodeSnapshot, worker: WorkerEndpoint) -> str:
         """The gcloud command that prepares `node`, for messages."""

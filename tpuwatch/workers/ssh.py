@@ -174,6 +174,12 @@ def classify(exit_code: int | None, stderr: str) -> Failure:
 InstanceNames = Callable[[NodeSnapshot], Sequence[str]]
 
 
+def instance_name(instances: InstanceNames, node: NodeSnapshot, worker: WorkerEndpoint) -> str:
+    """`worker`'s VM name on `node` ("" until the node names its VMs)."""
+    names = instances(node)
+    return names[worker.worker_id] if worker.worker_id < len(names) else ""
+
+
 @dataclass(frozen=True)
 class Iap:
     """ssh.iap: the ProxyCommand gcloud itself builds for `--tunnel-through-iap`."""
@@ -188,8 +194,7 @@ class Iap:
 
     def instance(self, node: NodeSnapshot, worker: WorkerEndpoint) -> str:
         """The worker's VM name ("" until its node publishes it)."""
-        names = self.instances(self._node_of(node, worker))
-        return names[worker.worker_id] if worker.worker_id < len(names) else ""
+        return instance_name(self.instances, self._node_of(node, worker), worker)
 
     def proxy_command(self, node: NodeSnapshot, worker: WorkerEndpoint) -> str:
         part = self._node_of(node, worker)

@@ -164,10 +164,7 @@ class SshWorkers:
         A host key that does not match may be a new one the API publishes: the keys are read
         again and those workers asked once more (ssh refused before the login, so nothing ran).
         """
-        self.transport.check()
-        pins = self.transport.pins
-        if pins is not None:
-            pins.prepare(node, workers)
+        pins = self._ready(node, workers)
         results = run_on_workers(self.transport, node, workers, stdin, remote_command=remote_command, timeout=timeout)
         mismatched = [i for i, r in enumerate(results) if r.failure == "host_key"]
         if mismatched and pins is not None:
@@ -179,6 +176,14 @@ class SshWorkers:
         for r in results:
             raise_if_fatal(r)
         return results
+
+    def _ready(self, node: NodeSnapshot, workers: Sequence[WorkerEndpoint]) -> hostkeys.PinnedHostKeys | None:
+        """Check the transport's settings and pin the workers' host keys; the pins, if any."""
+        self.transport.check()
+        pins = self.transport.pins
+        if pins is not None:
+            pins.prepare(node, workers)
+        return pins
 
     def take_notes(self) -> list[str]:
         """What the person watching should know, once (a node trusted on first use)."""
@@ -284,9 +289,7 @@ class SshWorkers:
                           done: dict[int, LaunchResult]) -> list[WorkerEndpoint]:
         """The first try of a launch, on sessions that go on as the attempt's follow channels:
         each worker's result goes to `done`, and those that did not answer are returned."""
-        self.transport.check()
-        if self.transport.pins is not None:
-            self.transport.pins.prepare(node, workers)
+        self._ready(node, workers)
         failed = prepare(self.transport, node)
         if failed is not None:  # the transport could not get ready (gcloud failed): no worker tried
             answers = {w.index: replace(failed, worker=w.index, address=w.address(self.transport.internal_ip))
