@@ -575,7 +575,7 @@ class Stream:
             self._writable = False
             popen = self._proc
         if popen is not None and popen.poll() is None:
-            procgroup.kill_group(popen)
+            procgroup.end_group(popen)  # run() reaps it; many channels close in one grace
 
 
 def port_open(host: str, port: int, timeout: float) -> bool:
