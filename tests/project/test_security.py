@@ -121,7 +121,7 @@ _name = st.from_regex(r"[A-Z][A-Z0-9_]{0,8}", fullmatch=True)  # not "_": bash s
 @given(env=st.dictionaries(_name, _text, max_size=3), path=_text, step=st.integers(0, 10**9))
 def test_the_launch_script_delivers_every_value_intact_and_runs_none(
         env: dict[str, str], path: str, step: int, tmp_path: Path) -> None:
-    """The whole launch (remote.sh through bash -s, detached) with arbitrary env values and
+    """The whole launch (remote.sh as a worker runs it, detached) with arbitrary env values and
     checkpoint path: the command sees exactly those bytes, and nothing in them is executed."""
     home = tmp_path / f"h{time.monotonic_ns()}"
     home.mkdir()
@@ -133,7 +133,8 @@ def test_the_launch_script_delivers_every_value_intact_and_runs_none(
     command = protocol.render_command(template, checkpoint=path, step=step, attempt=1, worker=0)
     data = protocol.launch_script("job", attempt=1, worker=0, checkpoint=ck, command=command, env=env)
     run_env = {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8"}
-    r = subprocess.run(["/bin/bash", "-s"], input=data, capture_output=True, env=run_env, cwd=home, timeout=20)
+    r = subprocess.run(["/bin/bash", "-c", protocol.REMOTE_COMMAND], input=protocol.framed(data), capture_output=True,
+                       env=run_env, cwd=home, timeout=20)
     assert protocol.parse_records(r.stdout.decode()).get("result") == "launched", r
     exit_file = home / ".tpuwatch" / "job" / "exit_code"
     deadline = time.monotonic() + 10

@@ -47,10 +47,11 @@ def host() -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
 
 def stop(root: Path, *, as_user: int | None) -> protocol.StopResult:
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(root / "home"), "TPUWATCH_HOST_ROOT": str(root)}
-    argv = ["bash", "-s"]
+    argv = ["bash", "-c", protocol.REMOTE_COMMAND]
     if as_user is not None:
         argv = [str(SETPRIV), f"--reuid={as_user}", f"--regid={as_user}", "--clear-groups", *argv]
-    r = subprocess.run(argv, input=protocol.stop_script("job", 0.5), capture_output=True, env=env, timeout=60)
+    r = subprocess.run(argv, input=protocol.framed(protocol.stop_script("job", 0.5)), capture_output=True, env=env,
+                       timeout=60)
     return protocol.parse_stop(0, protocol.parse_records(r.stdout.decode()))
 
 

@@ -21,6 +21,7 @@ from tpuwatch.config import validate
 from tpuwatch.errors import ConfigError
 from tpuwatch.model import CheckItem, Checkpoint
 from tpuwatch.policy import Attempt, Memory, Phase
+from tpuwatch.workers import protocol
 from tpuwatch.workers.precheck import (
     CustomCheck,
     Settings,
@@ -66,7 +67,8 @@ class Host:
                interpreter: str = "", env: dict[str, str] | None = None,
                shell_env: dict[str, str] | None = None) -> tuple[dict[str, dict[str, str]], bool]:
         data = script(settings, job=JOB, peers=peers, interpreter=interpreter, env=env)
-        r = subprocess.run(["/bin/bash", "-s"], input=data, capture_output=True, timeout=60,
+        r = subprocess.run(["/bin/bash", "-c", protocol.REMOTE_COMMAND], input=protocol.framed(data),
+                           capture_output=True, timeout=60,
                            env=self.env(**(shell_env or {})))
         assert r.returncode == 0, r.stderr
         return parse(r.stdout.decode())

@@ -96,8 +96,9 @@ class Vm:
         return self.home / ".tpuwatch" / job / name
 
     def remote(self, request: bytes) -> str:
-        """Run a worker-protocol request exactly as tpuwatch sends it (`bash -s`)."""
-        r = subprocess.run(["bash", "-s"], input=request, env=self.env("127.0.0.1:9"), cwd=self.home,
+        """Run a worker-protocol request exactly as tpuwatch sends it (protocol.REMOTE_COMMAND)."""
+        r = subprocess.run(["bash", "-c", protocol.REMOTE_COMMAND], input=protocol.framed(request),
+                           env=self.env("127.0.0.1:9"), cwd=self.home,
                            capture_output=True, timeout=60)
         return r.stdout.decode()
 

@@ -28,9 +28,13 @@ from tpuwatch.errors import ConfigError
 from tpuwatch.model import Login, NodeSnapshot, WorkerEndpoint, WorkerProbe
 from tpuwatch.sim.hosts import Hosts
 from tpuwatch.workers import mux as muxmod
+from tpuwatch.workers import protocol
 from tpuwatch.workers.gcloud import GcloudSsh
 from tpuwatch.workers.ssh import OpenSsh
 from tpuwatch.workers.sshworkers import SshWorkers
+
+# The command line of the shell that runs a worker-side script (protocol.REMOTE_COMMAND).
+SCRIPT_SHELL = b"".join(a.encode() + b"\x00" for a in shlex.split(protocol.REMOTE_COMMAND))
 
 SSH = "/usr/bin/ssh"
 pytestmark = pytest.mark.skipif(not os.path.exists(SSH), reason="needs the OpenSSH client")
@@ -333,7 +337,7 @@ def test_a_launch_outlives_the_watcher_killed_while_it_runs(cluster: Cluster) ->
         return False
 
     def launching() -> bool:  # the launch's shell runs on the worker
-        return running(b"bash\x00-s\x00")
+        return running(SCRIPT_SHELL)
 
     try:
         # Its cleanup waits for attempt 1 to die (`sleep 0.1` between looks): the whole script
@@ -374,7 +378,7 @@ def _channel(cluster: Cluster, w: int) -> dict[str, int]:
     for pid in cluster.hosts.pids(cluster.key, w):
         with contextlib.suppress(OSError):
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if cmd == b"bash\x00-s\x00":
+            if cmd == SCRIPT_SHELL:
                 shells[pid] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
             elif cmd == b"cat\x00":
                 found["cat"] = pid

@@ -141,16 +141,29 @@ def test_script_quotes_every_value_and_is_one_group() -> None:
 
 
 def test_a_truncated_upload_runs_nothing(tmp_path: Path) -> None:
-    """A connection dropped while the script streams in: bash sees a partial group, runs none."""
-    data = protocol.launch_script("job", attempt=1, worker=0, checkpoint=None,
-                                  command=f"touch {tmp_path}/ran")
+    """A connection dropped while the script streams in: the worker runs none of it."""
+    data = protocol.framed(protocol.launch_script("job", attempt=1, worker=0, checkpoint=None,
+                                                  command=f"touch {tmp_path}/ran"))
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
-    for cut in (len(data) // 3, len(data) - 3):
-        r = subprocess.run([BASH, "-s"], input=data[:cut], capture_output=True, env=env, timeout=10)
+    for cut in (2, len(data) // 3, len(data) - 3, len(data) - 1):
+        r = subprocess.run([BASH, "-c", protocol.REMOTE_COMMAND], input=data[:cut], capture_output=True, env=env,
+                           timeout=10)
         assert r.returncode != 0
         assert protocol.parse_records(r.stdout.decode()) == {}
         assert not (tmp_path / ".tpuwatch").exists()
     assert not (tmp_path / "ran").exists()
+
+
+def test_the_remote_command_runs_the_framed_script_and_leaves_it_the_rest_of_stdin(tmp_path: Path) -> None:
+    """The frame counts bytes in any locale (a value with multibyte characters), and what
+    follows the script on stdin is the script's to read (a follow channel's requests)."""
+    script = protocol.wrap('echo "@tpuwatch value=$TW_VALUE"\nIFS= read -r line\necho "@tpuwatch next=$line"',
+                           "job", {"value": ("v", "naïve ☃ $(x)")})
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+    r = subprocess.run([BASH, "-c", protocol.REMOTE_COMMAND], input=protocol.framed(script) + "probe 1 ☃\n".encode(),
+                       capture_output=True, env=env, timeout=10)
+    assert r.returncode == 0, r.stderr
+    assert protocol.parse_records(r.stdout.decode()) == {"value": "naïve ☃ $(x)", "next": "probe 1 ☃"}
 
 
 def test_bad_job_names_and_nul_are_refused() -> None:

@@ -1,4 +1,4 @@
-"""remote.sh run by a local bash exactly as a worker runs it (`bash -s`, script on stdin).
+"""remote.sh run by a local bash exactly as a worker runs it (protocol.REMOTE_COMMAND, the framed script on stdin).
 
 HOME and TPUWATCH_HOST_ROOT point into tmp_path, so the job files, the fake /dev/accel* and
 /tmp/libtpu_lockfile are private to each test. The SSH path is tested in test_workers_ssh.py.
@@ -69,8 +69,8 @@ class Worker:
                 "TPUWATCH_HOST_ROOT": str(self.root), "TWTEST_MARK": self.mark, **self.extra}
 
     def run(self, data: bytes, prefix: str = "") -> dict[str, str]:
-        argv = ["/bin/bash", "-c", prefix + "bash -s"] if prefix else ["/bin/bash", "-s"]
-        r = subprocess.run(argv, input=data, capture_output=True, env=self.env, timeout=30)
+        argv = ["/bin/bash", "-c", prefix + protocol.REMOTE_COMMAND]
+        r = subprocess.run(argv, input=protocol.framed(data), capture_output=True, env=self.env, timeout=30)
         assert r.returncode == 0, r.stderr
         return protocol.parse_records(r.stdout.decode())
 
@@ -303,7 +303,7 @@ def test_stop_keeps_a_lockfile_in_use_and_never_kills_its_own_shell(worker: Work
                               env=worker.env, stdin=subprocess.DEVNULL)
     wait_for(lambda: bool(worker.pids(b"sleep\x00306")), what="the lock holder")
     accel = worker.root / "dev" / "accel1"
-    # the shell that runs `bash -s` itself holds a device: stop must not kill its own caller
+    # the shell that runs the script itself holds a device: stop must not kill its own caller
     res = worker.stop(prefix=f"exec 5<{accel}; ")
     assert res["result"] == "ok"
     assert res["libtpu_lockfile"].startswith("held")
@@ -357,12 +357,14 @@ def test_after_a_reboot_the_attempt_of_an_earlier_boot_is_not_looked_for(worker:
 
 def test_follow_streams_from_an_offset_and_reports_the_exit_code(worker: Worker) -> None:
     worker.launch(1, "for i in 1 2 3; do echo line $i; sleep 0.1; done; printf tail; exit 4")
-    proc = subprocess.run(["/bin/bash", "-s"], input=protocol.follow_script(JOB, 1, offset=5, poll=0.05),
+    proc = subprocess.run(["/bin/bash", "-c", protocol.REMOTE_COMMAND],
+                          input=protocol.framed(protocol.follow_script(JOB, 1, offset=5, poll=0.05)),
                           capture_output=True, env=worker.env, timeout=30)
     assert proc.stdout == b"1\nline 2\nline 3\ntail", proc.stderr
     end = protocol.parse_follow_end(proc.stderr.decode())
     assert (end.result, end.exit_code) == ("ok", 4), proc.stderr
-    wrong = subprocess.run(["/bin/bash", "-s"], input=protocol.follow_script(JOB, 9), capture_output=True,
+    wrong = subprocess.run(["/bin/bash", "-c", protocol.REMOTE_COMMAND], input=protocol.framed(protocol.follow_script(JOB, 9)),
+                           capture_output=True,
                            env=worker.env, timeout=30)
     assert protocol.parse_follow_end(wrong.stderr.decode()).result == "error"
 
@@ -541,8 +543,8 @@ def test_wait_answers_probe_requests_on_its_stdin_and_ends_with_it(worker: Worke
     ck = worker.root / "ck"
     ck.mkdir()
     (ck / "step_5").mkdir()
-    script = protocol.wait_script(JOB, 1, poll=3600, checkpoint_dir="/ck")  # no timed wake-ups
-    shell = subprocess.Popen(["/bin/bash", "-s"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    script = protocol.framed(protocol.wait_script(JOB, 1, poll=3600, checkpoint_dir="/ck"))  # no timed wake-ups
+    shell = subprocess.Popen(["/bin/bash", "-c", protocol.REMOTE_COMMAND], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, env=worker.env)
     assert shell.stdin is not None and shell.stdout is not None
     reader = protocol.WaitReader()
@@ -577,7 +579,7 @@ def test_wait_answers_probe_requests_on_its_stdin_and_ends_with_it(worker: Worke
     finally:
         shell.kill()
     # and its end is noticed the moment it happens, on the lock, not at the poll
-    shell = subprocess.Popen(["/bin/bash", "-s"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    shell = subprocess.Popen(["/bin/bash", "-c", protocol.REMOTE_COMMAND], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, env=worker.env)
     assert shell.stdin is not None and shell.stdout is not None
     shell.stdin.write(script)

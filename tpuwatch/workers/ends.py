@@ -335,7 +335,8 @@ class AttemptEnds:
             first = launch if not n else None
             script = first[1] if first else protocol.wait_script(self.job, key[1], self.poll, checkpoint_dir,
                                                                   self.patterns)
-            stream = Stream(self.transport, node, w, script, remote_command=protocol.REMOTE_COMMAND, keep_open=True)
+            stream = Stream(self.transport, node, w, protocol.framed(script), remote_command=protocol.REMOTE_COMMAND,
+                            keep_open=True)
             chan = _Channel(stream, checkpoint_dir, gen)
             with self._lock:
                 if self._gen != gen:

@@ -8,7 +8,7 @@ turns the measurements into `model.CheckItem`s with a verdict against the thresh
 
 The pieces:
 - `Settings.from_config(cfg)`: the `[precheck]` keys as plain values;
-- `script(...)`: the text sent to `bash -s` (precheck.sh behind shell-quoted TW_* assignments);
+- `script(...)`: the script run on a worker (precheck.sh behind shell-quoted TW_* assignments);
 - `evaluate(...)`: one worker's answer -> CheckItems (pure);
 - `Prechecker(workers, settings).run(node, context)`: all of it over SSH -> PrecheckReport;
 - `record(journal, now, report)`, `last(journal)`: the last report kept in the job's journal.
@@ -436,8 +436,8 @@ class Prechecker:
             now: datetime | None = None) -> PrecheckReport:
         """Every check on every selected worker: unreachable workers are listed, not raised."""
         eps = self.workers.endpoints(node)
-        results = self.workers.run_commands(node, eps, lambda w: self.script_for(node, w),
-                                            remote_command="bash -s", timeout=self.settings.timeout())
+        results = self.workers.run_scripts(node, eps, lambda w: self.script_for(node, w),
+                                           timeout=self.settings.timeout())
         return self._report(node, results, context, now)
 
     def probe_and_run(self, node: NodeSnapshot, context: Context = "launch",
@@ -448,15 +448,14 @@ class Prechecker:
         two. The probe runs first, in its own subshell, so the checks cannot disturb it.
         """
         eps = self.workers.endpoints(node)
-        probe = self.workers.probe_stdin(eps)
+        probe = self.workers.probe_scripts(eps)
 
         def both(w: WorkerEndpoint) -> bytes:
-            # The probe reads nothing from stdin, where the rest of the script still waits: its
-            # stdin is /dev/null, so no command of it can swallow the checks.
+            # One script: the worker reads all of it before any runs. Neither part reads the
+            # channel (stdin /dev/null).
             return b"(\n" + probe(w) + b") </dev/null\n(\n" + self.script_for(node, w) + b") </dev/null\n"
 
-        results = self.workers.run_commands(node, eps, both, remote_command="bash -s",
-                                            timeout=self.settings.timeout())
+        results = self.workers.run_scripts(node, eps, both, timeout=self.settings.timeout())
         return self.workers.probes_of(node, results), self._report(node, results, context, now)
 
     def _report(self, node: NodeSnapshot, results: Sequence[SshResult], context: Context,

@@ -1,8 +1,9 @@
 # tpuwatch worker-side environment checks (docs/precheck.md; docs/design.md, "Worker-side protocol").
 #
-# Shipped inside the package and sent over the SSH connection as the stdin of `bash -s`, like
-# remote.sh: nothing is installed on the workers. tpuwatch.workers.precheck wraps it in one `{ ... }`
-# group behind shell-quoted TW_* assignments, so a truncated upload runs nothing.
+# Shipped inside the package and sent over the SSH connection on the stdin of the worker's
+# bash (tpuwatch.workers.protocol.REMOTE_COMMAND), like remote.sh: nothing is installed on the
+# workers. tpuwatch.workers.precheck wraps it in one `{ ... }` group behind shell-quoted TW_*
+# assignments, framed by its length, so a truncated upload runs nothing.
 #
 # It MEASURES and reports; it decides nothing. Thresholds are applied by tpuwatch (precheck.py),
 # so one config drives every worker and a change of threshold needs no change here.

@@ -1,9 +1,10 @@
 # tpuwatch worker-side script (docs/design.md, "Worker-side protocol").
 #
-# Shipped inside the package and sent over the SSH connection on every call, as the stdin of
-# `bash -s`: nothing is installed on the workers. tpuwatch.workers.protocol wraps it in one
-# `{ ... }` group with a preamble of shell-quoted TW_* assignments, so bash parses the whole
-# text before running any of it: a connection dropped mid-upload runs nothing.
+# Shipped inside the package and sent over the SSH connection on every call, on the stdin of
+# the worker's bash (protocol.REMOTE_COMMAND reads it whole, framed by its length, then runs
+# it): nothing is installed on the workers. tpuwatch.workers.protocol wraps it in one
+# `{ ... }` group with a preamble of shell-quoted TW_* assignments: a connection dropped
+# mid-upload runs nothing.
 #
 # Per job, under ~/.tpuwatch/<job>/ (directories 0700, files 0600):
 #   lock             flock held by every process of the running attempt (inherited fd 9);

@@ -151,9 +151,14 @@ class SshWorkers:
                 return w
         raise ConfigError(f"node {node.name} has no worker {worker}")
 
-    def _run(self, node: NodeSnapshot, workers: Sequence[WorkerEndpoint],
-             stdin: bytes | Callable[[WorkerEndpoint], bytes], timeout: float | None = None) -> list[SshResult]:
-        return self.run_commands(node, workers, stdin, remote_command=protocol.REMOTE_COMMAND,
+    def run_scripts(self, node: NodeSnapshot, workers: Sequence[WorkerEndpoint],
+                    scripts: bytes | Callable[[WorkerEndpoint], bytes], timeout: float | None = None) -> list[SshResult]:
+        """A worker-side script (one for all, or one per worker) run by protocol.REMOTE_COMMAND
+        on every worker at once, as run_commands does."""
+        def framed(w: WorkerEndpoint) -> bytes:
+            return protocol.framed(scripts(w) if callable(scripts) else scripts)
+
+        return self.run_commands(node, workers, framed, remote_command=protocol.REMOTE_COMMAND,
                                  timeout=timeout or self.timeout)
 
     def run_commands(self, node: NodeSnapshot, workers: Sequence[WorkerEndpoint],
@@ -203,7 +208,7 @@ class SshWorkers:
         held = self.ends.ask(node, [w.index for w in workers], first if self.checkpoint_dir else None,
                              self.checkpoint_dir)
         rest = [w for w in workers if w.index not in held]
-        results = self._run(node, rest, self.probe_stdin(workers)) if rest else []
+        results = self.run_scripts(node, rest, self.probe_scripts(workers)) if rest else []
         by_worker = {**held, **{r.worker: _probe_of(r) for r in results}}
         listed = self._listed(node, [by_worker[w.index] for w in workers])
         return sorted(listed + self._down(node), key=lambda p: p.worker) if node.slices else listed
@@ -220,7 +225,7 @@ class SshWorkers:
                                                            f"{node.slice_of(w).state}")
                 for w in everyone if w.index not in up]
 
-    def probe_stdin(self, workers: Sequence[WorkerEndpoint]) -> Callable[[WorkerEndpoint], bytes]:
+    def probe_scripts(self, workers: Sequence[WorkerEndpoint]) -> Callable[[WorkerEndpoint], bytes]:
         """The probe script per worker: the first one also lists a local checkpoint_dir."""
         plain = protocol.probe_script(self.job, patterns=self.log_patterns)
         if not self.checkpoint_dir or not workers:
@@ -272,7 +277,7 @@ class SshWorkers:
             if not pending:
                 break
             self._sleep(self.retry_wait * (2 ** (n - 1)))
-            results = self._run(node, pending, script, timeout)
+            results = self.run_scripts(node, pending, script, timeout)
             retry = []
             for w, r in zip(pending, results, strict=True):
                 res, answered = _launch_of(r)
@@ -321,7 +326,7 @@ class SshWorkers:
         if workers is not None:
             eps = [w for w in eps if w.index in set(workers)]
         timeout = self.timeout + (2 * self.stop_grace if wait else 0) + 10
-        results = self._run(node, eps, protocol.stop_script(self.job, self.stop_grace, detach=not wait), timeout)
+        results = self.run_scripts(node, eps, protocol.stop_script(self.job, self.stop_grace, detach=not wait), timeout)
         out = []
         for r in results:
             if not r.reached:
@@ -383,7 +388,7 @@ class SshWorkers:
         failed = prepare(self.transport, node)
         if failed is not None:
             raise_if_fatal(failed)
-        stream = Stream(self.transport, node, ep, protocol.follow_script(self.job, attempt, offset, poll),
+        stream = Stream(self.transport, node, ep, protocol.framed(protocol.follow_script(self.job, attempt, offset, poll)),
                         remote_command=protocol.REMOTE_COMMAND)
 
         def run() -> tuple[SshResult, FollowEnd]:
