@@ -355,6 +355,38 @@ def test_after_a_reboot_the_attempt_of_an_earlier_boot_is_not_looked_for(worker:
     stranger.wait(5)
 
 
+def test_after_a_reboot_a_follow_channel_of_the_old_attempt_ends_at_once(worker: Worker) -> None:
+    """A channel opened again after a maintenance rebooted the host reports the attempt's end
+    at once, whoever holds the job lock by then (a launch under way, say), and starts no helper
+    to watch the lock; the probe says the same."""
+    boot_id = worker.root / "proc" / "sys" / "kernel" / "random" / "boot_id"
+    boot_id.parent.mkdir(parents=True)
+    boot_id.write_text("boot-1\n")
+    worker.launch(1, "exec sleep 361")
+    wait_for(lambda: bool(worker.pids(b"sleep\x00361")), what="the job")
+    for pid in worker.pids():  # the host goes down: every process of the attempt dies
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: worker.pids() == [], what="the attempt's end")
+    boot_id.write_text("boot-2\n")
+    holder = subprocess.Popen(["flock", str(worker.dir / "lock"), "sleep", "362"], start_new_session=True,
+                              stdin=subprocess.DEVNULL, env=worker.env)
+    try:
+        wait_for(lambda: bool(worker.pids(b"sleep\x00362")), what="the lock's holder")
+        assert worker.probe()["state"] == "absent"
+        shell = subprocess.Popen(["/bin/bash", "-c", protocol.REMOTE_COMMAND], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=worker.env)
+        assert shell.stdin is not None and shell.stdout is not None
+        shell.stdin.write(protocol.framed(protocol.wait_script(JOB, 1, poll=3600)))  # stdin stays open
+        shell.stdin.flush()
+        out = shell.stdout.read()  # the end, with no timed look and no request
+        assert protocol.parse_wait(out.decode()).result == "gone", out
+        assert shell.wait(10) == 0
+        assert worker.pids(b"flock\x00-s\x00-o") == []
+    finally:
+        holder.kill()
+        holder.wait(5)
+
+
 def test_follow_streams_from_an_offset_and_reports_the_exit_code(worker: Worker) -> None:
     worker.launch(1, "for i in 1 2 3; do echo line $i; sleep 0.1; done; printf tail; exit 4")
     proc = subprocess.run(["/bin/bash", "-c", protocol.REMOTE_COMMAND],

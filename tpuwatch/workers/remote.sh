@@ -34,7 +34,9 @@
 
 # tpuwatch's own files are private; the job itself runs with the login's umask (TW_UMASK), as
 # it would if started by hand, so the files it writes are as readable as the user expects.
-TW_UMASK=$(umask)
+# Only a launch needs it: `$(umask)` costs a fork, and every call runs this.
+TW_UMASK=""
+[ "${TW_ACTION:-}" = launch ] && TW_UMASK=$(umask)
 umask 077
 
 tw_emit() {
@@ -43,14 +45,6 @@ tw_emit() {
     kv=${kv//$'\n'/ }
     printf '@tpuwatch %s\n' "$kv"
   done
-}
-
-tw_read() {  # first line of a small file, or nothing
-  local line=
-  if [ -f "$1" ]; then
-    IFS= read -r line <"$1" 2>/dev/null
-  fi
-  printf '%s' "$line"
 }
 
 tw_num() {  # variable $1 := the whole number on the first line of file $2, else empty
@@ -64,6 +58,12 @@ tw_num() {  # variable $1 := the whole number on the first line of file $2, else
     '' | *[!0-9]*) _tw_v= ;;
   esac
   printf -v "$1" '%s' "$_tw_v"
+}
+
+tw_words() {  # variable $1 := the words of $2, separated by single spaces (no fork)
+  local IFS=$' \t\n' _tw_w=()
+  read -r -a _tw_w <<<"$2"
+  printf -v "$1" '%s' "${_tw_w[*]}"
 }
 
 tw_write() {  # replace file $1 by the line $2 atomically (readers never see half a file)
@@ -80,6 +80,16 @@ tw_now_ms() {
 }
 
 tw_sleep() { sleep "$1" 2>/dev/null || sleep 1; }
+
+tw_nap() {  # sleep $1 seconds without a process each time: a read that times out on a pipe no
+  # one writes (opened once, by one fork); `sleep` where that pipe cannot be had
+  if [ -z "${TW_NAP_FD:-}" ] && ! { exec {TW_NAP_FD}<> <(:); } 2>/dev/null; then
+    tw_sleep "$1"
+    return 0
+  fi
+  read -r -t "$1" -u "$TW_NAP_FD" _ 2>/dev/null
+  return 0
+}
 
 # ---- processes ------------------------------------------------------------------------------
 # Liveness is read from /proc/<pid>/stat, never from `kill -0`: an orphan that exits stays a
@@ -208,12 +218,12 @@ tw_older_boot() {  # the attempt in $TW_DIR was launched before this host last b
 }
 
 tw_attempt_alive() {  # a process of the current attempt lives: lock holder or pid's session
-  # (a scan of every process, skipped when the host has booted since the launch)
+  # (a scan of every process); none when the host has booted since the launch
   local pid members p
+  tw_older_boot && return 1
   tw_lock_held && return 0
   tw_num pid "$TW_DIR/pid"
   [ -n "$pid" ] || return 1
-  tw_older_boot && return 1
   members=$(tw_session_members "$pid")
   for p in $members; do
     tw_is_ours "$p" && return 0
@@ -249,7 +259,7 @@ tw_scan() {
     printf -v "$1" '%s' "$line"
     return 0
   fi
-  [ "${#TW_SIGS[@]}" -gt 0 ] || return 0
+  [ "${#TW_SIGS[@]}" -gt 0 ] && [ "$size" -gt 0 ] || return 0  # nothing to search
   tw_num off "$mark"
   if [ -n "$off" ] && [ "$size" -le "$off" ]; then
     [ "$size" -lt "$off" ] && tw_write "$mark" "$size"  # the log was cut: search it from there
@@ -259,8 +269,10 @@ tw_scan() {
   [ "$from" -lt $((size - TW_SCAN_MAX)) ] && from=$((size - TW_SCAN_MAX))
   [ "$from" -lt 0 ] && from=0
   for re in "${TW_SIGS[@]}"; do args+=(-e "$re"); done
-  line=$(tail -c "+$((from + 1))" -- "$log" 2>/dev/null | head -c "$((size - from))" |
-    LC_ALL=C grep -a -m 1 -E "${args[@]}" 2>/dev/null | head -c 400 | tr -d '\r')
+  # Bytes past `size` (written since the stat) are searched now and again next time: harmless.
+  line=$(tail -c "+$((from + 1))" -- "$log" 2>/dev/null | LC_ALL=C grep -a -m 1 -E "${args[@]}" 2>/dev/null |
+    head -c 400)
+  line=${line//$'\r'/}
   tw_write "$mark" "$size"
   if [ -n "$line" ]; then
     tw_write "$hit" "$line"
@@ -400,22 +412,39 @@ TW_PY
 # maintenance must not end every new attempt at once. On a notice it writes $dir/maintenance for
 # jobs that poll a file, and sends signal $3 (none when empty) to the attempt's process group $2,
 # so a job that saves on SIGTERM (Orbax, PyTorch/XLA) saves before the host stops.
-# When the directory query fails twice in a row it reads the three keys one by one, every
-# $poll seconds, for the rest of the attempt. When the keys do not answer either and nothing
+# Each look is one curl (one process, one connection): the directory query, then the three
+# keys. When the directory query fails twice in a row it reads the keys alone, every $poll
+# seconds, for the rest of the attempt. When the keys do not answer either and nothing
 # ever answered (not a Compute Engine VM), it says so in the log and ends.
 tw_relay() {
-  local dir=$1 group=$2 sig=$3 attempt=$4 base etag="" q fails=0 keys="" first=1 stale="" ev pre um poll=2
+  local dir=$1 group=$2 sig=$3 attempt=$4 base etag="" q fails=0 keys="" first=1 stale="" ev pre um poll=2 codes
   local what window ongoing='[Mm]aintenance[_-]?[Ss]tatus"?[[:space:]]*:[[:space:]]*"?ONGOING'
-  local out="$dir/.relay.$BASHPID" hdr="$dir/.relay-h.$BASHPID"
+  local out="$dir/.relay.$BASHPID" hdr="$dir/.relay-h.$BASHPID" line
   exec 9>&-  # not the job: the relay never holds the job's lock
   base="http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1/instance"
   TW_CURL=""
-  trap '[ -n "$TW_CURL" ] && kill "$TW_CURL" 2>/dev/null; rm -f -- "$out" "$hdr"; exit 0' TERM INT
-  tw_md() {  # GET $base/$1 into $out (headers into $hdr) as a child, so TERM ends both at once
-    curl -sSf --connect-timeout 5 --max-time "${2:-10}" -H 'Metadata-Flavor: Google' -D "$hdr" -o "$out" \
-      -- "$base/$1" 2>/dev/null &
+  trap '[ -n "$TW_CURL" ] && kill "$TW_CURL" 2>/dev/null; rm -f -- "$hdr" "$out".*; exit 0' TERM INT
+  tw_look() {  # one curl, as a child so that TERM ends both at once: with $1, the directory
+    # query $base/$1 first ($2 seconds at most, its headers into $hdr), then the three keys.
+    # codes := the HTTP statuses of the directory query and the keys (000: no answer);
+    # ev, pre, um := each key's value when it answered 200 (um: the whole body on one line)
+    local dirq=()
+    [ -n "$1" ] && dirq=(--max-time "$2" -D "$hdr" -o /dev/null -w '%{http_code}\n' "$base/$1" --next)
+    ev="" pre="" um="" codes=()
+    curl -sS --connect-timeout 5 -H 'Metadata-Flavor: Google' "${dirq[@]}" \
+      -sS --connect-timeout 5 --max-time 10 -H 'Metadata-Flavor: Google' -w '%{http_code}\n' \
+      -o "$out.1" "$base/maintenance-event" -o "$out.2" "$base/preempted" \
+      -o "$out.3" "$base/upcoming-maintenance?alt=json" >"$out.codes" 2>/dev/null &
     TW_CURL=$!
     wait "$TW_CURL"
+    mapfile -t codes <"$out.codes" 2>/dev/null
+    [ -n "$1" ] || codes=(- "${codes[@]}")
+    [ "${codes[1]:-}" = 200 ] && { IFS= read -r ev <"$out.1" || :; }
+    [ "${codes[2]:-}" = 200 ] && { IFS= read -r pre <"$out.2" || :; }
+    if [ "${codes[3]:-}" = 200 ]; then
+      while IFS= read -r line || [ -n "$line" ]; do um+=$line; done <"$out.3"
+    fi
+    return 0
   }
   if ! command -v curl >/dev/null 2>&1; then
     echo "tpuwatch: curl is not installed: maintenance notices are not relayed to the job"
@@ -432,34 +461,36 @@ tw_relay() {
         -) q="$q&wait_for_change=true&timeout_sec=60" ;;  # no ETag given: wait for a change from now
         *) q="$q&wait_for_change=true&timeout_sec=60&last_etag=$etag" ;;
       esac
-      if tw_md "$q" 75; then
+      tw_look "$q" 75
+      if [ "${codes[0]:-}" = 200 ]; then
         fails=0
-        etag=$(sed -n 's/^[Ee][Tt][Aa][Gg]: *\([^[:space:]]*\).*/\1/p' "$hdr" | tail -n 1)
-        etag=${etag:--}
+        etag=-  # the last ETag header, read without a fork
+        while IFS= read -r line; do
+          [[ $line =~ ^[Ee][Tt][Aa][Gg]:\ *([^[:space:]]+) ]] && etag=${BASH_REMATCH[1]}
+        done <"$hdr"
       else
         fails=$((fails + 1))
         if [ "$fails" -lt 2 ]; then
           tw_sleep 1
           continue
         fi
-        if tw_md maintenance-event || tw_md preempted; then
+        if [ "${codes[1]:-}" = 200 ] || [ "${codes[2]:-}" = 200 ]; then
           keys=1
           echo "tpuwatch: the metadata server does not answer the directory query instance/?recursive=true:" \
             "watching maintenance-event, upcoming-maintenance and preempted one by one every ${poll}s"
         elif [ -z "$etag" ]; then
           echo "tpuwatch: no metadata server at ${base%/instance}: maintenance notices are not relayed"
-          rm -f -- "$out" "$hdr"
+          rm -f -- "$hdr" "$out".*
           return 0
         else
           tw_sleep 1  # it answered before: ask again
           continue
         fi
       fi
+    else
+      tw_look ""
     fi
-    ev="" pre="" um="" what=""
-    tw_md maintenance-event && ev=$(tw_read "$out")
-    tw_md preempted && pre=$(tw_read "$out")
-    tw_md "upcoming-maintenance?alt=json" && um=$(tr -d '\n' <"$out")
+    what=""
     if [ "$ev" = TERMINATE_ON_HOST_MAINTENANCE ]; then
       what=$ev
     elif [ "$pre" = TRUE ]; then
@@ -477,7 +508,7 @@ tw_relay() {
   window=$um
   case $window in '{'*'}') ;; *) window=null ;; esac
   case $window in *'"error"'*) window=null ;; esac
-  rm -f -- "$out" "$hdr"
+  rm -f -- "$hdr" "$out".*
   tw_write "$dir/maintenance" "{\"what\": \"$what\", \"when\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\", \"attempt\": $attempt, \"signal\": \"${sig:+SIG$sig}\", \"window\": $window}"
   echo "tpuwatch: the metadata server says $what: ${sig:+sending SIG$sig to the job and }wrote $dir/maintenance"
   if [ -n "$sig" ]; then
@@ -499,7 +530,7 @@ tw_wrapper() {
     *) mask=0022 ;;
   esac
   # Its own process, without TPUWATCH_JOB: it never counts as the attempt being alive.
-  env -u TPUWATCH_JOB bash -c "$(declare -f tw_write tw_read tw_sleep tw_relay); tw_relay \"\$@\"" \
+  env -u TPUWATCH_JOB bash -c "$(declare -f tw_write tw_sleep tw_relay); tw_relay \"\$@\"" \
     tpuwatch-relay "$dir" "$$" "${4:-}" "${5:-0}" &
   relay=$!
   (umask "$mask" && exec bash -c "$2")
@@ -512,7 +543,7 @@ tw_wrapper() {
 
 tw_launch() {
   local cur pid code log i
-  tw_need flock setsid nohup awk || return 1
+  tw_need flock setsid awk || return 1
   mkdir -p -m 700 -- "$HOME/.tpuwatch" "$TW_DIR" || {
     tw_emit result=error "detail=cannot create $TW_DIR"
     return 1
@@ -568,8 +599,9 @@ tw_launch() {
   log="$TW_DIR/attempt-$TW_ATTEMPT.log"
   : >>"$log"
   chmod 600 -- "$log" "$TW_DIR/lock" "$TW_DIR/attempt" 2>/dev/null
-  # Detached: its own session (setsid), HUP ignored (nohup), stdin not the SSH channel, output
-  # to the log. It inherits fd 9, so the lock is held as long as any process of it lives.
+  # Detached: its own session (setsid), HUP ignored (as nohup does: an ignored signal stays
+  # ignored through exec), stdin not the SSH channel, output to the log. It inherits fd 9, so
+  # the lock is held as long as any process of it lives.
   # TW_LIBTPU_ADD (a multislice job's abort-on-hang flags): appended to the LIBTPU_INIT_ARGS the
   # job would get ([job] env's, else this login's), each only when that value does not name it.
   local libtpu=() args=${LIBTPU_INIT_ARGS-} e f
@@ -582,18 +614,21 @@ tw_launch() {
     done
     libtpu=("LIBTPU_INIT_ARGS=$args")
   fi
-  env -- "${TW_ENV[@]}" "${libtpu[@]}" \
-    "TPUWATCH_JOB=$TW_JOB" "TPUWATCH_ATTEMPT=$TW_ATTEMPT" "TPUWATCH_WORKER_ID=$TW_WORKER" \
-    "TPUWATCH_SLICE_ID=${TW_SLICE:-0}" "TPUWATCH_NUM_SLICES=${TW_SLICES:-1}" \
-    "TPUWATCH_CHECKPOINT=$TW_CHECKPOINT" "TPUWATCH_STEP=$TW_STEP" \
-    setsid nohup bash -c "$(declare -f tw_write tw_read tw_sleep tw_relay tw_wrapper); tw_wrapper \"\$@\"" \
-    tpuwatch-job "$TW_DIR" "$TW_COMMAND" "$TW_UMASK" "${TW_NOTIFY:-}" "$TW_ATTEMPT" </dev/null >>"$log" 2>&1 &
+  (
+    trap '' HUP
+    exec env -- "${TW_ENV[@]}" "${libtpu[@]}" \
+      "TPUWATCH_JOB=$TW_JOB" "TPUWATCH_ATTEMPT=$TW_ATTEMPT" "TPUWATCH_WORKER_ID=$TW_WORKER" \
+      "TPUWATCH_SLICE_ID=${TW_SLICE:-0}" "TPUWATCH_NUM_SLICES=${TW_SLICES:-1}" \
+      "TPUWATCH_CHECKPOINT=$TW_CHECKPOINT" "TPUWATCH_STEP=$TW_STEP" \
+      setsid bash -c "$(declare -f tw_write tw_sleep tw_relay tw_wrapper); tw_wrapper \"\$@\"" \
+      tpuwatch-job "$TW_DIR" "$TW_COMMAND" "$TW_UMASK" "${TW_NOTIFY:-}" "$TW_ATTEMPT"
+  ) </dev/null >>"$log" 2>&1 &
   exec 9>&-
   pid=""
   for ((i = 0; i < 100; i++)); do
     tw_num pid "$TW_DIR/pid"
     [ -n "$pid" ] && break
-    tw_sleep 0.05
+    tw_nap 0.05
   done
   tw_emit result=launched "attempt=$TW_ATTEMPT" "pid=$pid"
 }
@@ -630,11 +665,12 @@ tw_stop() {
         case " $ours " in *" $p "*) ;; *) ours="$ours $p" ;; esac
       done
     fi
-    ours=$(echo $ours)
+    tw_words ours "$ours"
     if [ -n "$ours" ] && [ "${TW_DETACH:-0}" = 1 ]; then
       # Nothing waits on this stop: TERM now, KILL after the grace without holding the caller.
       tw_terminate_later "$grace" "$ours" "$group"
-      tw_emit "result=ok" "stopped=$ours" "stopping=$(echo $TW_STOPPING)" "grace_ms=$grace"
+      tw_words TW_STOPPING "$TW_STOPPING"
+      tw_emit "result=ok" "stopped=$ours" "stopping=$TW_STOPPING" "grace_ms=$grace"
       return 0
     elif [ -n "$ours" ]; then
       tw_terminate "$grace" "$ours" "$group"
@@ -643,8 +679,14 @@ tw_stop() {
   # Orphans still holding the TPU: /dev/accel* (v2-v4) and /dev/vfio/* (v5+).
   local root=${TPUWATCH_HOST_ROOT:-} eroot
   root=${root%/}
-  if [ -n "$root" ]; then
-    root=$(cd -- "$root" 2>/dev/null && pwd -P) || root=${TPUWATCH_HOST_ROOT%/}
+  if [ -n "$root" ]; then  # its real path, without a fork (cd there and back)
+    local here=$PWD
+    if builtin cd -P -- "$root" 2>/dev/null; then
+      root=$PWD
+      builtin cd -- "$here" 2>/dev/null
+    else
+      root=${TPUWATCH_HOST_ROOT%/}
+    fi
   fi
   tw_glob_escape eroot "$root"
   holders=$(tw_holders "$eroot/dev/accel*" "$eroot/dev/vfio/*")
@@ -671,11 +713,13 @@ tw_stop() {
       lstate="held${lholders:+ by $lholders}"
     fi
   fi
-  local left k=${TW_STOP_PREFIX:-}
-  left=$(echo $TW_LEFT)
-  tw_emit "${k}result=$([ -z "$left" ] && echo ok || echo leftover)" "${k}stopped=$ours" \
+  local left k=${TW_STOP_PREFIX:-} result=ok
+  tw_words left "$TW_LEFT"
+  tw_words TW_KILLED "$TW_KILLED"
+  [ -z "$left" ] || result=leftover
+  tw_emit "${k}result=$result" "${k}stopped=$ours" \
     "${k}device_holders=$holders" "${k}device_scan=$tw_fd_scan" "${k}libtpu_lockfile=$lstate" "${k}leftover=$left" \
-    "${k}killed=$(echo $TW_KILLED)" "${k}grace_ms=$grace"
+    "${k}killed=$TW_KILLED" "${k}grace_ms=$grace"
 }
 
 tw_follow() {
@@ -741,6 +785,15 @@ tw_wait() {
   tw_num cur "$TW_DIR/attempt"
   if [ "$cur" != "$TW_ATTEMPT" ] || [ ! -e "$TW_DIR/lock" ]; then
     tw_emit result=replaced "attempt=$cur"
+    return 0
+  fi
+  if tw_older_boot; then  # the host booted since the launch: the attempt is over, no helper
+    tw_num code "$TW_DIR/exit_code"  # need watch its lock (after a maintenance, every channel)
+    if [ -n "$code" ]; then
+      tw_emit result=ok "exit_code=$code"
+    else
+      tw_emit result=gone "detail=attempt $TW_ATTEMPT ended without an exit code"
+    fi
     return 0
   fi
   tw_need flock || return 1
