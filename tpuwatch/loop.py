@@ -7,7 +7,11 @@ goodput benchmark (`run_job`).
   the API is asked once per poll_interval (or at the policy's own deadline, if sooner), and in
   between worker 0's SSH port gets a TCP connect every PORT_PROBE_EVERY seconds, which costs no
   API quota. When the port answers after having been closed, the wait ends at once, so the next
-  tick confirms with the API and relaunches without waiting out the poll.
+  tick confirms with the API and relaunches without waiting out the poll. When the port answers
+  while the API still says the node is down (a VM's SSH answers as it boots; the API says READY
+  once the TPU's health checks pass), the waits of that down spell start at PORT_PROBE_EVERY and
+  double up to the poll: a few API calls per heal, instead of a whole poll_interval lost
+  whenever SSH comes back first.
   While the attempt runs steadily (policy/observe.py `follow_workers`), the workers hold one
   follow channel each (`Workers.follow_ends`), and the wait ends the moment one reports its
   attempt's end: the next tick probes, stops the others and decides at once, not at the poll.
@@ -86,6 +90,8 @@ class Pacer:
         self.port_probes = 0  # TCP probes made so far (they cost no API quota)
         self.woken = 0  # waits ended early by a worker's attempt ending
         self._closed_seen = False  # a probe found the port closed since it last answered
+        self._open_seen = False  # the port answered since the node was last seen up
+        self._after_open: float | None = None  # the next wait's length while those back off
         self._ended = woken if woken is not None else threading.Event()  # set from a follow channel's thread
 
     def wait(self, report: TickReport, delay: float) -> float:
@@ -101,6 +107,7 @@ class Pacer:
         target = self._probe_target(report)
         if target is None:
             self._closed_seen = False
+            self._open_seen, self._after_open = False, None
             ports.sleep(delay)
             return ports.clock() - start
         host, port = target
@@ -111,10 +118,17 @@ class Pacer:
             if ports.port_open(host, port, max(0.2, min(every, 1.0))):
                 if self._closed_seen:
                     self._closed_seen = False
+                    self._open_seen, self._after_open = True, every
                     return ports.clock() - start
                 # The port answers while the API says the node is down: probes tell nothing
-                # new, so wait as before and let the API decide.
-                left = delay - (ports.clock() - start)
+                # new. The first times the API is asked again soon, backing off; then as before.
+                if not self._open_seen:
+                    self._open_seen, self._after_open = True, every
+                wait = delay
+                if self._after_open is not None:
+                    wait = min(self._after_open, delay)
+                    self._after_open = self._after_open * 2 if self._after_open * 2 < delay else None
+                left = wait - (ports.clock() - start)
                 if left > 0:
                     ports.sleep(left)
                 return ports.clock() - start

@@ -132,12 +132,13 @@ def test_a_port_that_stays_closed_waits_one_poll_for_the_api(
     assert rec2.wait(report(until=NOW + timedelta(seconds=9)), delay=5.0) == pytest.approx(9.0)
 
 
-def test_an_open_port_with_the_api_still_down_keeps_the_short_delay(
+def test_an_open_port_with_the_api_still_down_backs_off_to_the_short_delay(
         tmp_path: Path, port: Port, monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = Clock(port, heal_at=0)  # answers from the start: probes tell nothing new
+    clock = Clock(port, heal_at=0)  # answers from the start: the hosts came back before the API
     rec = reconciler(tmp_path, port.port, clock, monkeypatch)
-    assert rec.wait(report(), delay=5.0) == pytest.approx(5.0)
-    assert rec.port_probes == 1
+    waits = [rec.wait(report(), delay=5.0) for _ in range(6)]
+    assert waits == pytest.approx([PORT_PROBE_EVERY * 2 ** i for i in range(4)] + [5.0, 5.0])
+    assert rec.port_probes == 6  # one probe per wait: no hot loop
 
 
 def test_a_port_seen_closed_then_open_across_waits_wakes_once(
@@ -147,7 +148,24 @@ def test_a_port_seen_closed_then_open_across_waits_wakes_once(
     assert rec.wait(report(), delay=5.0) == pytest.approx(POLL)
     port.heal()
     assert rec.wait(report(), delay=5.0) == 0.0  # opened since: tick now
-    assert rec.wait(report(), delay=5.0) == pytest.approx(5.0)  # API still says down: no hot loop
+    # The API still says down: asked again soon, backing off to the delay (no hot loop)
+    waits = [rec.wait(report(), delay=5.0) for _ in range(6)]
+    assert waits == pytest.approx([PORT_PROBE_EVERY * 2 ** i for i in range(4)] + [5.0, 5.0])  # 0.5 ... 4 s
+
+
+def test_after_the_port_opens_a_node_still_down_is_looked_at_again_soon_then_at_the_poll(
+        tmp_path: Path, port: Port, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SSH answers while the API still says REPAIRING (a VM answers as it boots): the ticks that
+    follow come at PORT_PROBE_EVERY, doubling, not a poll_interval later; a few API calls per heal."""
+    clock = Clock(port, heal_at=12.0)
+    rec = reconciler(tmp_path, port.port, clock, monkeypatch)
+    assert 12.0 <= rec.wait(report(), delay=POLL) <= 12.0 + PORT_PROBE_EVERY
+    waits = [rec.wait(report(), delay=POLL) for _ in range(8)]
+    steps = [PORT_PROBE_EVERY * 2 ** i for i in range(6)]  # 0.5 ... 16 s: six looks in 31.5 s
+    assert waits == pytest.approx([*steps, POLL, POLL])
+    # a node seen up ends the spell; the next time it is down and answers starts afresh
+    assert rec.wait(report("READY", "HEALTHY"), delay=POLL) == POLL
+    assert rec.wait(report(), delay=POLL) == pytest.approx(PORT_PROBE_EVERY)
 
 
 @pytest.mark.parametrize("case", ["usable", "running", "gcloud"])
