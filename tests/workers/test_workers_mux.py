@@ -283,6 +283,27 @@ def test_a_dropped_follow_channel_is_not_an_end(cluster: Cluster) -> None:
     assert ended.wait(30), "the end after the reopen did not wake the watcher"
 
 
+def test_a_channel_dropped_while_its_host_refuses_ssh_opens_no_ssh_to_reopen(cluster: Cluster) -> None:
+    """A maintenance: the host stops answering and its channel drops. The tries to open it again
+    knock on the SSH port (a TCP connect, as between ticks) and start no ssh client while
+    nothing listens; the next hold opens it when the host is back."""
+    w = cluster.workers
+    assert all(r.started for r in w.launch(cluster.node, 1, None))
+    ended = threading.Event()
+    w.follow_ends(cluster.node, 1, [0, 1], ended.set)
+    opened = w.ends.opened
+    cluster.hosts.ssh_fault(cluster.key, 0, "refuse")
+    cluster.hosts.ssh_fault(cluster.key, 0, "drop")
+    wait_for(lambda: 0 not in w.ends.held(), 30, "worker 0's channel to give up")
+    assert w.ends.opened == opened and not ended.is_set()
+    assert w.ends.held() == [1]
+    cluster.hosts.ssh_fault(cluster.key, 0, "serve")
+    w.follow_ends(cluster.node, 1, [0, 1], ended.set)
+    assert w.ends.opened == opened + 1
+    assert [p.state for p in w.probe(cluster.node)] == ["running", "running"]
+    w.unfollow()
+
+
 _WATCHER = """
 import sys
 from pathlib import Path

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from tpuwatch.model import NodeSnapshot, WorkerEndpoint, WorkerProbe
 from tpuwatch.workers import protocol
-from tpuwatch.workers.ssh import SshResult, Stream, Transport
+from tpuwatch.workers.ssh import SshResult, Stream, Transport, port_open
 
 POLL = 1.0  # seconds between the worker-side script's exit-code reads while the lock is held
 REOPEN_AFTER = 1.0  # seconds before a dropped channel is opened again
@@ -320,6 +320,11 @@ class AttemptEnds:
                 if self._gen == gen and w.index in self._first:
                     self._not_first(w.index)
 
+    def _port_answers(self, w: WorkerEndpoint) -> bool:
+        """A TCP connect to the worker's SSH port succeeds, or the path is one it cannot see."""
+        target = self.transport.direct_target(w)
+        return target is None or port_open(*target, REOPEN_AFTER)
+
     def _follow_channel(self, gen: int, key: tuple[str, int], node: NodeSnapshot, w: WorkerEndpoint,
                         wake: Callable[[], None], launch: tuple[_Launch, bytes] | None) -> None:
         with self._lock:
@@ -327,6 +332,8 @@ class AttemptEnds:
         for n in range(REOPEN_TRIES + 1):
             if n and closed.wait(REOPEN_AFTER):
                 return
+            if n and not self._port_answers(w):  # its host is down (a maintenance): no ssh for nothing
+                continue
             with self._lock:
                 if self._gen != gen:
                     return
