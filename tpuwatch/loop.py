@@ -98,6 +98,8 @@ class Pacer:
         """Sleep until the next tick, `delay` seconds at most; return the seconds waited."""
         ports = self.ports
         start = ports.clock()
+        if report.node is not None and report.node.usable:  # a down spell, if any, is over
+            self._open_seen, self._after_open = False, None
         if self._follow(report):
             # An end seen during the tick has set it already: then the next tick is now.
             if ports.wait_for(self._ended, max(delay, 0.0)):
@@ -107,7 +109,6 @@ class Pacer:
         target = self._probe_target(report)
         if target is None:
             self._closed_seen = False
-            self._open_seen, self._after_open = False, None
             ports.sleep(delay)
             return ports.clock() - start
         host, port = target
