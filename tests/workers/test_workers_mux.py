@@ -299,7 +299,7 @@ def test_a_channel_dropped_while_its_host_refuses_ssh_opens_no_ssh_to_reopen(clu
     assert w.ends.held() == [1]
     cluster.hosts.ssh_fault(cluster.key, 0, "serve")
     w.follow_ends(cluster.node, 1, [0, 1], ended.set)
-    assert w.ends.opened == opened + 1
+    wait_for(lambda: w.ends.opened == opened + 1, 30, "worker 0's channel to open again")  # in its own thread
     assert [p.state for p in w.probe(cluster.node)] == ["running", "running"]
     w.unfollow()
 

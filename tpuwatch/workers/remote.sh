@@ -419,20 +419,19 @@ TW_PY
 tw_relay() {
   local dir=$1 group=$2 sig=$3 attempt=$4 base etag="" q fails=0 keys="" first=1 stale="" ev pre um poll=2 codes
   local what window ongoing='[Mm]aintenance[_-]?[Ss]tatus"?[[:space:]]*:[[:space:]]*"?ONGOING'
-  local out="$dir/.relay.$BASHPID" hdr="$dir/.relay-h.$BASHPID" line
+  local out="$dir/.relay.$BASHPID" line  # its files: $out.h (headers), .1-.3 (keys), .codes
   exec 9>&-  # not the job: the relay never holds the job's lock
   base="http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1/instance"
   TW_CURL=""
-  trap '[ -n "$TW_CURL" ] && kill "$TW_CURL" 2>/dev/null; rm -f -- "$hdr" "$out".*; exit 0' TERM INT
+  trap '[ -n "$TW_CURL" ] && kill "$TW_CURL" 2>/dev/null; rm -f -- "$out".*; exit 0' TERM INT
   tw_look() {  # one curl, as a child so that TERM ends both at once: with $1, the directory
-    # query $base/$1 first ($2 seconds at most, its headers into $hdr), then the three keys.
+    # query $base/$1 first ($2 seconds at most, its headers into $out.h), then the three keys.
     # codes := the HTTP statuses of the directory query and the keys (000: no answer);
     # ev, pre, um := each key's value when it answered 200 (um: the whole body on one line)
-    local dirq=()
-    [ -n "$1" ] && dirq=(--max-time "$2" -D "$hdr" -o /dev/null -w '%{http_code}\n' "$base/$1" --next)
+    local each=(-sS --connect-timeout 5 -H 'Metadata-Flavor: Google' -w '%{http_code}\n') dirq=()
+    [ -n "$1" ] && dirq=("${each[@]}" --max-time "$2" -D "$out.h" -o /dev/null "$base/$1" --next)
     ev="" pre="" um="" codes=()
-    curl -sS --connect-timeout 5 -H 'Metadata-Flavor: Google' "${dirq[@]}" \
-      -sS --connect-timeout 5 --max-time 10 -H 'Metadata-Flavor: Google' -w '%{http_code}\n' \
+    curl "${dirq[@]}" "${each[@]}" --max-time 10 \
       -o "$out.1" "$base/maintenance-event" -o "$out.2" "$base/preempted" \
       -o "$out.3" "$base/upcoming-maintenance?alt=json" >"$out.codes" 2>/dev/null &
     TW_CURL=$!
@@ -467,7 +466,7 @@ tw_relay() {
         etag=-  # the last ETag header, read without a fork
         while IFS= read -r line; do
           [[ $line =~ ^[Ee][Tt][Aa][Gg]:\ *([^[:space:]]+) ]] && etag=${BASH_REMATCH[1]}
-        done <"$hdr"
+        done <"$out.h"
       else
         fails=$((fails + 1))
         if [ "$fails" -lt 2 ]; then
@@ -480,7 +479,7 @@ tw_relay() {
             "watching maintenance-event, upcoming-maintenance and preempted one by one every ${poll}s"
         elif [ -z "$etag" ]; then
           echo "tpuwatch: no metadata server at ${base%/instance}: maintenance notices are not relayed"
-          rm -f -- "$hdr" "$out".*
+          rm -f -- "$out".*
           return 0
         else
           tw_sleep 1  # it answered before: ask again
@@ -508,7 +507,7 @@ tw_relay() {
   window=$um
   case $window in '{'*'}') ;; *) window=null ;; esac
   case $window in *'"error"'*) window=null ;; esac
-  rm -f -- "$hdr" "$out".*
+  rm -f -- "$out".*
   tw_write "$dir/maintenance" "{\"what\": \"$what\", \"when\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\", \"attempt\": $attempt, \"signal\": \"${sig:+SIG$sig}\", \"window\": $window}"
   echo "tpuwatch: the metadata server says $what: ${sig:+sending SIG$sig to the job and }wrote $dir/maintenance"
   if [ -n "$sig" ]; then
