@@ -255,10 +255,13 @@ def test_a_relaunch_after_maintenance_costs_two_sessions_on_one_connection_per_w
     assert first["row"] == "launch" and first["precheck"]["context"] == "launch", first
     assert delta(accepted(), before) == [(1, 2)] * 4
     job.wait(lambda: len(job.job_processes()) == 4, what="the trainer on every worker")
-    sim.inject("maintenance", node="pod", heal_after=1200)  # 2 s
+    # The maintenance heals when the test says, once a `check` has seen the node down: a heal on
+    # a timer could come before that check's process has read the node on a busy machine.
+    sim.inject("maintenance", node="pod", heal_after=10**6)
     job.wait(lambda: sim.world.node("pod").health != "HEALTHY", what="maintenance under way")
     down = json.loads(job.cli("check", "-c", str(job.cfg), "--json").stdout)
     assert down["phase"] == "waiting_node", down
+    sim.inject("heal", node="pod")
     job.wait(lambda: sim.world.node("pod").health == "HEALTHY" and sim.world.node("pod").state == "READY",
              what="the node back")
     before = accepted()
