@@ -3,8 +3,7 @@
 Chromium (Debian's `chromium`) runs in a network namespace of its own where it can (`unshare -n`,
 as root), so the page can only draw with the plotly it inlines. The test reads the DOM after the
 scripts ran (plotly's SVG: the bars of each lane, the legend of each category present) and takes a
-screenshot. Skips without chromium: .ci/run does not install it (a few hundred MB for one test);
-docs/report.md records what the page looked like.
+screenshot. .ci/run installs chromium; elsewhere the test skips without it and says so.
 """
 
 from __future__ import annotations
