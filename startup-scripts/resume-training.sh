@@ -159,6 +159,7 @@ fi
 case $JOB in '' | . | .. | */*) log "bad tpuwatch-job: $JOB"; exit 1 ;; esac
 
 if [ -z "$ATTEMPT" ]; then
+  # shellcheck disable=SC2016  # $HOME and $1 are the user's shell's
   last=$(as_user bash -c 'cat "$HOME/.tpuwatch/$1/attempt" 2>/dev/null' _ "$JOB")
   if [ -n "$last" ]; then
     log "this worker ran attempt $last of $JOB before and no tpuwatch-attempt is set: leaving the restart to the watcher"

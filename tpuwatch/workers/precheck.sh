@@ -4,6 +4,7 @@
 # bash (tpuwatch.workers.protocol.REMOTE_COMMAND), like remote.sh: nothing is installed on the
 # workers. tpuwatch.workers.precheck wraps it in one `{ ... }` group behind shell-quoted TW_*
 # assignments, framed by its length, so a truncated upload runs nothing.
+# shellcheck shell=bash
 #
 # It MEASURES and reports; it decides nothing. Thresholds are applied by tpuwatch (precheck.py),
 # so one config drives every worker and a change of threshold needs no change here.
@@ -95,6 +96,7 @@ twp_cache() {
     twp_emit cache "skip=no precheck.cache_path configured"
     return
   fi
+  # shellcheck disable=SC2088  # a literal ~ in the configured path, expanded here
   case $p in "~") p=$HOME ;; "~/"*) p="$HOME/${p#"~/"}" ;; esac
   # A cache that does not exist yet fills the filesystem of its nearest existing parent.
   q=$p
@@ -138,7 +140,7 @@ twp_lookup() {  # twp_lookup NAME-OR-ADDRESS -> first "address name" answer, or 
 }
 
 twp_dns() {
-  local peer ans addr name back ok=0 bad="" n=${#TW_PEERS[@]}
+  local peer ans name ok=0 bad="" n=${#TW_PEERS[@]}
   if [ "$n" = 0 ]; then
     twp_emit dns "skip=a single-host node has no peers to resolve"
     return
@@ -150,12 +152,12 @@ twp_dns() {
       bad="$bad, $peer (no name)"
       continue
     fi
-    read -r addr name <<<"$ans"
+    read -r _ name <<<"$ans"
     if [ -z "$name" ] || [ "$name" = "$peer" ]; then
       ok=$((ok + 1))
       continue
     fi
-    if ! back=$(twp_lookup "$name"); then
+    if ! twp_lookup "$name" >/dev/null; then
       bad="$bad, $peer ($name does not resolve)"
       continue
     fi
@@ -242,7 +244,9 @@ twp_interpreter() {
     twp_emit interpreter "skip=no python interpreter named in job.command"
     return
   fi
+  # shellcheck disable=SC2088  # a literal ~ in the configured name, expanded here
   case $w in "~/"*) w="$HOME/${w#"~/"}" ;; esac
+  # shellcheck disable=SC2016  # $1 is the inner shell's
   path=$(env -- "${TW_ENV[@]}" bash -c 'command -v -- "$1"' _ "$w" 2>/dev/null)
   if [ -z "$path" ] || [ ! -x "$path" ]; then
     twp_emit interpreter "name=$w" "found=" "error=$w is not installed here (not on PATH or not executable)"

@@ -1,12 +1,14 @@
 # tpuwatch worker-side process helpers, shared by remote.sh and precheck.sh: sent in front of
 # each (tpuwatch/workers/protocol.py), never run alone. Which processes are alive, which are our
 # own shell and its ancestors (never signalled), and which hold a file open.
+# shellcheck shell=bash
 
-tw_stat() {  # sets TW_STATE TW_PPID TW_PGRP TW_SESS for pid $1 (no fork), or fails
+tw_stat() {  # sets TW_STATE TW_PPID TW_PGRP for pid $1 (no fork), or fails
   local s
   IFS= read -r s 2>/dev/null <"/proc/$1/stat" || return 1
   s=${s##*) }
-  read -r TW_STATE TW_PPID TW_PGRP TW_SESS _ <<<"$s"
+  # shellcheck disable=SC2034  # TW_STATE and TW_PGRP are for the callers that want them
+  read -r TW_STATE TW_PPID TW_PGRP _ <<<"$s"
 }
 
 tw_starttime() {  # sets TW_START to pid $1's start time (clock ticks after boot), or fails
@@ -54,7 +56,7 @@ tw_glob_escape() {  # variable $1 := $2 with find -lname's wildcard characters m
   while [ -n "$_tw_s" ]; do
     _tw_c=${_tw_s:0:1} _tw_s=${_tw_s:1}
     case $_tw_c in
-      '[' | ']' | '*' | '?' | '\') _tw_o+="\\$_tw_c" ;;
+      '[' | ']' | '*' | '?' | \\) _tw_o+="\\$_tw_c" ;;
       *) _tw_o+=$_tw_c ;;
     esac
   done
