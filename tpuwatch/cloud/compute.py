@@ -39,7 +39,7 @@ from typing import Any, Literal, Protocol, TypeVar
 from google.api_core import exceptions as gexc
 
 from tpuwatch.cloud import calls, clients
-from tpuwatch.cloud.errors import CODE_NUMBERS, Call, is_transient, translate
+from tpuwatch.cloud.errors import CODE_NUMBERS, Call, is_transient, rate_limited, translate
 from tpuwatch.cloud.retry import RetryPolicy
 from tpuwatch.cloud.tpu import parse_rfc3339
 from tpuwatch.errors import NotFoundError, TpuwatchError, UsageError
@@ -357,7 +357,8 @@ class ComputeAdapter:
               role: str = "roles/compute.viewer") -> T:
         call = Call("Compute Engine API", method, target, needs, SERVICE, role)
         try:
-            return self.retry.call(calls.counted(call, fn), transient=lambda e: is_transient(e, read=read))
+            return self.retry.call(calls.counted(call, fn), transient=lambda e: is_transient(e, read=read),
+                                   patient=rate_limited)
         except TpuwatchError:
             raise
         except Exception as exc:
@@ -556,7 +557,11 @@ class ComputeAdapter:
                                                                        instance=inst, query_path="hostkeys/")
                 try:
                     return client.get_guest_attributes(request=request, retry=None, timeout=RPC_TIMEOUT)
-                except (gexc.NotFound, gexc.PermissionDenied, gexc.Forbidden, gexc.FailedPrecondition):
+                except (gexc.NotFound, gexc.FailedPrecondition):
+                    return None
+                except (gexc.PermissionDenied, gexc.Forbidden) as exc:
+                    if rate_limited(exc):
+                        raise  # a 403 rateLimitExceeded: retried, not taken for "no keys"
                     return None
 
             answer = self._call("get_guest_attributes", f"{self._where()}/instances/{inst}",

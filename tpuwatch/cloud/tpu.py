@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from google.api_core import exceptions as gexc
 
 from tpuwatch.cloud import calls, clients
-from tpuwatch.cloud.errors import Call, is_transient, translate
+from tpuwatch.cloud.errors import Call, is_transient, rate_limited, translate
 from tpuwatch.cloud.retry import RetryPolicy
 from tpuwatch.errors import NotFoundError, TpuwatchError, UsageError
 from tpuwatch.model import (
@@ -320,7 +320,8 @@ class TpuAdapter:
 
     def _call(self, call: Call, fn: Callable[[], T], *, read: bool) -> T:
         try:
-            return self.retry.call(calls.counted(call, fn), transient=lambda e: is_transient(e, read=read))
+            return self.retry.call(calls.counted(call, fn), transient=lambda e: is_transient(e, read=read),
+                                   patient=rate_limited)
         except TpuwatchError:
             raise
         except gexc.NotFound as exc:

@@ -279,6 +279,21 @@ class CallMeter(WorldCore):
         )
 
 
+    def compute_quota_text(self, zone: str, machine_type: str, spot: bool) -> str:
+        """The text of Compute Engine's 403 quotaExceeded refusing an instance insert in `zone`
+        while a quota window is open there ("" when none is): "Quota 'X' exceeded. Limit: 0.0
+        in region R.", Compute Engine's wording. The quota's name is the window's `limit`, else
+        one shaped like Compute Engine's (PREEMPTIBLE_ for Spot, as PREEMPTIBLE_CPUS)."""
+        win = self._quota.get(zone) or self._quota.get("*")
+        if win is None or not win.active():
+            return ""
+        family = machine_type.split("-", 1)[0]
+        generation = {"tpu7x": "V7X", "ct6e": "V6E", "ct5p": "V5P", "ct5lp": "V5E", "ct4p": "V4"}.get(
+            family, family.upper())
+        limit = win.data.get("limit") or f"{'PREEMPTIBLE_' if spot else ''}TPU_{generation}_CHIPS"
+        return f"Quota '{limit}' exceeded. Limit: 0.0 in region {region_of(zone)}."
+
+
 def _project_of(resource: str) -> str | None:
     m = re.match(r"^projects/([^/]+)", resource or "")
     return m.group(1) if m else None

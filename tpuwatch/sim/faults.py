@@ -303,7 +303,8 @@ FAULTS: dict[str, Fault] = {
         ),
         Fault(
             "quota",
-            "CreateNode in a zone is refused: RESOURCE_EXHAUSTED quota exceeded.",
+            "Creates in a zone are refused for quota: CreateNode RESOURCE_EXHAUSTED, a Compute Engine "
+            "instances.insert 403 quotaExceeded.",
             (
                 Param("zone", "str", 'zone ("*" = all; default: the simulator\'s zone)'),
                 _UNTIL_CLEARED,
