@@ -21,7 +21,7 @@ from tpuwatch import recreate
 from tpuwatch.cloud.compute import ComputeAdapter
 from tpuwatch.cloud.errors import ApiError, Call, is_transient, shortage, translate
 from tpuwatch.cloud.retry import RetryPolicy
-from tpuwatch.errors import EXIT_CLOUD
+from tpuwatch.errors import EXIT_CLOUD, HostKeysRefused
 from tpuwatch.sim.rest import RestFace
 from tpuwatch.sim.simulator import Simulator
 
@@ -112,7 +112,7 @@ def test_only_a_403_without_a_shortage_reason_is_a_missing_permission(sim_api: S
     world.clear_errors()
 
 
-def test_a_throttled_guest_attributes_read_is_retried_not_taken_for_no_keys(
+def test_a_refused_guest_attributes_read_is_said_not_taken_for_no_keys(
         sim: Simulator, monkeypatch: pytest.MonkeyPatch) -> None:
     world = sim.world
     with RestFace(world) as face:
@@ -123,6 +123,11 @@ def test_a_throttled_guest_attributes_read_is_retried_not_taken_for_no_keys(
         world.api_errors(0.5, ["RESOURCE_EXHAUSTED"], methods=["GetGuestAttributes"])
         for _ in range(4):  # throttled: retried, never mistaken for a refusal or for no keys
             assert api.host_keys("vm")
+        world.clear_errors()
+        world.deny(methods=["GetGuestAttributes"])
+        with pytest.raises(HostKeysRefused) as err:
+            api.host_keys("vm")
+        assert err.value.permission == "compute.instances.getGuestAttributes", err.value
         world.clear_errors()
 
 
