@@ -98,6 +98,29 @@ def test_an_insert_beyond_quota_is_a_403_quota_exceeded_queued_as_resource_exhau
     world.clear_errors()
 
 
+def test_an_insert_refused_at_once_for_a_stockout_is_no_capacity_not_retried(
+        sim_api: Simulator, rest: RestFace) -> None:
+    world = sim_api.world
+    world.stockout(at_insert=True)
+    with pytest.raises(gexc.ServiceUnavailable) as raw:
+        instances_client(rest).insert(project=world.project, zone=world.zone,
+                                      instance_resource=compute_v1.Instance.from_json(
+                                          json.dumps(spot_body("vm", world.zone))))
+    assert raw.value.errors[0]["reason"] == "ZONE_RESOURCE_POOL_EXHAUSTED", raw.value.errors
+    assert "does not have enough resources available" in raw.value.message
+    world.reset_calls()
+    api = ComputeAdapter(world.project, world.zone, "instance", retry=RetryPolicy(max_attempts=4, multiplier=0.0,
+                                                                                  max_wait=0.0))
+    with pytest.raises(ApiError) as err:
+        api.create_node("vm", spot_body("vm", world.zone))
+    assert err.value.code == "RESOURCE_EXHAUSTED" and "no capacity" in err.value.message, err.value.message
+    assert world.call_count("Instances/Insert") == 1  # not a transient 503: the policy queues it
+    failure = recreate.classify_exception(err.value, started_by_us=False)
+    assert failure.queueable and failure.reason == "no_capacity", failure
+    world.clear_errors()
+    assert api.create_node("vm", spot_body("vm", world.zone))  # served once the stockout ends
+
+
 def test_only_a_403_without_a_shortage_reason_is_a_missing_permission(sim_api: Simulator, rest: RestFace) -> None:
     world = sim_api.world
     world.add_instance("vm")

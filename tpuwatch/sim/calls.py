@@ -150,14 +150,20 @@ class CallMeter(WorldCore):
             self._call_times.clear()
             self.injected.clear()
 
-    def stockout(self, zone: str | None = None, duration: float | None = None) -> None:
-        """Creates in `zone` ("*" = every zone) fail with the no-capacity error for a while."""
+    def stockout(self, zone: str | None = None, duration: float | None = None, *, at_insert: bool = False) -> None:
+        """Creates in `zone` ("*" = every zone) fail with the no-capacity error for a while;
+        `at_insert`: a Compute Engine instance insert is refused at once rather than in its operation."""
         z = zone or self.zone
         if z != "*" and not ZONE_RE.match(z):
             raise UsageError(f"zone {z!r} is not a zone name such as us-central2-b")
         with self._lock:
-            self._stockouts[z] = Window(self._until(duration))
+            self._stockouts[z] = Window(self._until(duration), {"at_insert": at_insert})
             self._touch()
+
+    def stockout_at_insert(self, zone: str) -> bool:
+        """Whether a Compute Engine insert in `zone` is refused at once for a stockout."""
+        win = self._stockouts.get(zone) or self._stockouts.get("*")
+        return win is not None and win.active() and bool(win.data.get("at_insert"))
 
     def reservation_shortfall(self, zone: str | None = None, duration: float | None = None) -> None:
         """Creates in `zone` ("*" = every zone) end with code 8 "Insufficient reserved capacity"."""
