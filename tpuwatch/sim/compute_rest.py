@@ -15,7 +15,9 @@ each MIG's group and its size, which gcloud's MIG list reads).
 Every request is counted and may be failed by injection under its method name,
 `compute.v1.Instances/Get`, `compute.v1.ZoneOperations/Wait`,
 `compute.v1.InstanceGroupManagers/ListManagedInstances`, ...; errors have Compute Engine's
-shape, `{"error": {"code", "message", "errors": [{"message", "domain", "reason"}]}}`.
+shape, `{"error": {"code", "message", "errors": [{"message", "domain", "reason"}]}}`, and its
+statuses: an injected RESOURCE_EXHAUSTED is a rate limit, 403 `rateLimitExceeded`; an insert in
+a quota window is refused 403 `quotaExceeded` (instances.py).
 """
 
 from __future__ import annotations
