@@ -568,6 +568,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                  "counts as unreachable this tick (a launch's cleanup adds 2x recovery.stop_grace)"),
         "known_hosts": Field(_path, "", "known_hosts file; default one per job in the state dir; host keys pinned "
                              "from the workers' guest attributes, per node id"),
+        "trust_first_use": Field(_bool, True, "for a worker whose host keys cannot be read from Google (guest "
+                                 "attributes off, or the read refused for lack of compute.instances."
+                                 "getGuestAttributes / tpu.nodes.getGuestAttributes): true trusts the first key it "
+                                 "presents, with a warning; false refuses to connect to it (exit 1, needs a person)"),
         "login_grace": Field(_duration(0), 300.0, "a login refused this soon after the node booted is keys not there "
                              "yet (wait); later it needs a person"),
         "options": Field(_str_list, (), "extra ssh -o options, e.g. [\"ProxyJump=bastion\"]"),

@@ -72,3 +72,13 @@ class MaintenanceRefused(TpuwatchError):
     def __init__(self, message: str, *, code: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class HostKeysRefused(TpuwatchError):
+    """Reading the workers' published SSH host keys (guest attributes) was refused for lack of a
+    permission: the keys may well exist, but tpuwatch cannot check a worker's key against them.
+    `permission` is the one the read needs."""
+
+    def __init__(self, message: str, *, permission: str) -> None:
+        super().__init__(message)
+        self.permission = permission

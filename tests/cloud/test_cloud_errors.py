@@ -96,3 +96,19 @@ def test_zone_not_found_is_told_from_resource_not_found() -> None:
     assert _zone_not_found(gexc.NotFound("Location us-x1-a is not found or access is unauthorized."))
     assert not _zone_not_found(gexc.NotFound("Resource 'projects/p/locations/us-central2-b/nodes/n' was not found"))
     assert not _zone_not_found(gexc.NotFound("Resource 'projects/p/locations/z/queuedResources/q' was not found"))
+
+
+def test_a_tpu_api_rate_limit_is_retried_on_writes_too_and_its_quota_is_not() -> None:
+    """gRPC: Google's ErrorInfo reason says which RESOURCE_EXHAUSTED a create may send again."""
+    rate = error_details_pb2.ErrorInfo(reason="RATE_LIMIT_EXCEEDED", domain="googleapis.com")
+    quota = error_details_pb2.ErrorInfo(reason="RESOURCE_QUOTA_EXCEEDED", domain="googleapis.com")
+    limited = gexc.ResourceExhausted("Quota exceeded for quota metric 'Write requests'", details=[rate],
+                                     error_info=rate)
+    assert is_transient(limited, read=False) and is_transient(limited, read=True)
+    refused = gexc.ResourceExhausted("Quota limit 'TPUV6EPreemptiblePerProjectPerRegionForTPUAPI' has been "
+                                     "exceeded. Limit: 0 in region us-east5.", details=[quota], error_info=quota)
+    assert not is_transient(refused, read=False)  # the create's caller queues it
+    assert not is_transient(gexc.ResourceExhausted("no reason"), read=False)
+    assert translate(refused, CALL, project="p").code == "RESOURCE_EXHAUSTED"
+    denied = translate(gexc.PermissionDenied("The caller does not have permission"), CALL, project="p")
+    assert denied.code == "PERMISSION_DENIED" and denied.permission == "tpu.nodes.get"

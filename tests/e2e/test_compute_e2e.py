@@ -406,3 +406,57 @@ def test_a_host_whose_tpu_devices_are_missing_is_reported_before_any_launch_and_
     assert w.calls["compute.v1.Instances/ReportHostAsFaulty"] == 1, dict(w.calls)
     assert w.instance("vm").faulty_reported and w.instance("vm").status == "RUNNING"
     assert ids(sim) == before and writes(sim) == [], writes(sim)  # repaired by Google, nothing deleted
+
+
+def test_a_spot_instances_insert_refused_for_quota_is_queued_retried_and_the_job_resumes(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    """Compute Engine refuses an insert beyond quota at once, 403 quotaExceeded: after the delete
+    of a preempted Spot VM that is a shortage to queue within queue_timeout (rows no_capacity,
+    queue_retry), never a missing permission or a failed job."""
+    import tomli_w
+
+    sim.world.add_instance("vm", body={
+        "labels": {"tpuwatch-job": "vm"},
+        "scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP"}})
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    init = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "init", "vm", "-o", str(tmp_path / "init.toml"),
+                           "--json"], env=job.env, text=True, capture_output=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert init.returncode == 0, init.stderr
+    with job.cfg.open("a") as f:
+        f.write(tomli_w.dumps({"tpu": {"compute_spec": json.loads(init.stdout)["spec"]}}))
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
+    sim.world.quota()  # every insert in the zone refused: 403 quotaExceeded, until cleared
+    sim.world.preempt_instance("vm")
+    job.release()
+    insert = "compute.v1.Instances/Insert"
+    wait(lambda: sim.world.call_count(insert) >= 3, "three inserts refused for quota", proc)
+    assert proc.poll() is None and "vm" not in ids(sim), "the watch ended on a quota refusal"
+    sim.world.clear_errors()  # quota granted: the next retry is served
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    job.assert_resumed_uncharged(out)
+    assert ids(sim)["vm"] != before["vm"]
+    assert sim.world.call_count(insert) >= 4, sim.world.calls  # refused three times or more, then served
+    assert "quota" in out.lower() and "permission" not in out.lower(), out
+
+
+def test_a_watch_whose_reads_are_rate_limited_keeps_going_and_never_exits_3(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    """Compute Engine's rate limits are 403 rateLimitExceeded: retried like UNAVAILABLE, from the
+    first tick on, never a missing permission (exit 3) nor a warning about one."""
+    sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}})
+    job = CeJob(sim, rest, tmp_path, "instance", "vm")
+    job.env["TPUWATCH_API_BACKOFF_SCALE"] = "0.05"
+    reads = ["compute.v1.Instances/Get", "compute.v1.Instances/List", "ZoneOperations/Get"]
+    sim.world.api_errors(0.5, ["RESOURCE_EXHAUSTED"], methods=reads)  # half of every read refused
+    sim.world.reset_calls()
+    rc, out = finish(job.watch(), timeout=180)
+    throttled = sum(n for m, n in sim.world.injected.items() if m.startswith("compute."))
+    sim.world.clear_errors()
+    assert rc == 0, out
+    assert throttled >= 3, sim.world.injected  # the reads were throttled, and served in the end
+    assert "permission" not in out.lower() and "cloud API failed" not in out, out
+    assert job.steps_done()[-1] == STEPS, job.steps_done()

@@ -132,16 +132,19 @@ def test_host_keys_that_change_on_a_heal_are_read_again_from_the_api(sim: Simula
         job.close()
 
 
-def test_trust_on_first_use_only_where_no_keys_are_published_and_said_so(sim: Simulator, tmp_path: Path) -> None:
+def test_trust_on_first_use_only_where_no_keys_can_be_read_and_said_so(sim: Simulator, tmp_path: Path) -> None:
     job = Watched(sim, tmp_path, "pod", seed=25, steps=100)
     try:
-        # guest attributes unreadable (an organization policy turns them off): no keys published
+        # the read of the guest attributes refused (no tpu.nodes.getGuestAttributes): a warning
+        # naming the permission, not "no keys", and the first key trusted
         sim.inject("permission-denied", methods=["GetGuestAttributes"])
         r = job.cli("check", "-c", str(job.cfg), "--json")
         assert r.returncode == 0, r.stdout + r.stderr
         report = json.loads(r.stdout)
         warned = " ".join(report.get("warnings", []))
-        assert "publishes no SSH host keys" in warned and "trust on first use" in warned, report
+        for words in ("cannot read the SSH host keys", "get_guest_attributes", "missing permission",
+                      "trust on first use", "ssh.trust_first_use = false"):
+            assert words in warned, (words, report)
         lines = [ln for ln in (job.state_dir / "known_hosts").read_text().splitlines() if not ln.startswith("#")]
         # ssh's own lines (the comments say when the API was asked, for the next cron run)
         assert not any(hostkeys.MARK in ln for ln in lines) and len(lines) == 2, lines
@@ -149,5 +152,27 @@ def test_trust_on_first_use_only_where_no_keys_are_published_and_said_so(sim: Si
         sim.inject("wrong-host-key", node="pod", worker=0)
         r = job.cli("check", "-c", str(job.cfg))
         assert r.returncode == 1 and "trusted on first use" in r.stderr, r.stdout + r.stderr
+    finally:
+        job.close()
+
+
+def test_with_trust_on_first_use_off_a_worker_whose_keys_cannot_be_read_is_never_connected_to(
+        sim: Simulator, tmp_path: Path) -> None:
+    job = Watched(sim, tmp_path, "pod", seed=26, steps=100)
+    try:
+        job.cfg.write_text(job.cfg.read_text().replace('connect_timeout = "2s"',
+                                                       'connect_timeout = "2s"\ntrust_first_use = false'))
+        sim.inject("permission-denied", methods=["GetGuestAttributes"])
+        r = job.cli("check", "-c", str(job.cfg))
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stdout + r.stderr
+        for words in ("refusing to connect to worker(s) 0, 1 of pod", "get_guest_attributes", "missing permission",
+                      "ssh.trust_first_use = false"):
+            assert words in r.stderr, (words, r.stderr)
+        assert sim.hosts.pids(sim.node_key("pod")) == [] and job.steps_done() == []
+        assert not (job.state_dir / "known_hosts").exists() or not [
+            ln for ln in (job.state_dir / "known_hosts").read_text().splitlines() if not ln.startswith("#")]
+        sim.world.clear_errors()  # the permission granted: the keys are read and the job runs
+        r = job.cli("check", "-c", str(job.cfg))
+        assert r.returncode == 0, r.stdout + r.stderr
     finally:
         job.close()

@@ -8,7 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import asyncssh
+import pytest
 
+from tpuwatch.errors import HostKeysRefused, JobFailed
 from tpuwatch.model import NodeSnapshot, WorkerEndpoint
 from tpuwatch.workers import hostkeys
 
@@ -125,3 +127,46 @@ def test_the_refusal_names_worker_alias_and_both_fingerprints(tmp_path: Path) ->
     for words in ("worker 0 of pod", "node id 77", "alias tpuwatch-77-w0", "presented SHA256:abc+/def",
                   hostkeys.fingerprint(key), "nothing was run there"):
         assert words in msg, (words, msg)
+
+
+def _refused(node: NodeSnapshot) -> dict[int, tuple[str, ...]]:
+    raise HostKeysRefused("Compute Engine API get_guest_attributes(...): missing permission "
+                          "compute.instances.getGuestAttributes in project p", permission="compute.instances.getGuestAttributes")
+
+
+def test_a_refused_read_of_the_keys_is_warned_once_naming_the_permission_and_trusted_on_first_use(
+        tmp_path: Path) -> None:
+    now = [0.0]
+    pins = hostkeys.PinnedHostKeys(tmp_path / "kh", _refused, clock=lambda: now[0])
+    node = _node()
+    pins.prepare(node, node.workers)
+    assert not pins.strict("tpuwatch-77-w0") and not pins.strict("tpuwatch-77-w1")  # accept-new
+    (note,) = pins.take_notes()
+    for words in ("WARNING", "cannot read the SSH host keys", "compute.instances.getGuestAttributes",
+                  "trust on first use", "machine in the middle", "ssh.trust_first_use = false"):
+        assert words in note, (words, note)
+    assert "publishes no SSH host keys" not in note  # the keys may well be there: it was refused
+    now[0] = hostkeys.REREAD_UNPUBLISHED  # asked again later, and refused again: not said twice
+    pins.prepare(node, node.workers)
+    assert pins.take_notes() == []
+
+
+def test_without_trust_on_first_use_a_worker_whose_keys_cannot_be_read_is_refused(tmp_path: Path) -> None:
+    node = _node()
+    pins = hostkeys.PinnedHostKeys(tmp_path / "kh", _refused, trust_first_use=False)
+    with pytest.raises(JobFailed) as err:
+        pins.prepare(node, node.workers)
+    for words in ("refusing to connect to worker(s) 0, 1 of pod", "compute.instances.getGuestAttributes",
+                  "ssh.trust_first_use = false"):
+        assert words in err.value.message, (words, err.value.message)
+    with pytest.raises(JobFailed):  # and again on the next tick, from what it remembers
+        pins.prepare(node, node.workers)
+    # guest attributes off: worker 1 publishes none, the same setting refuses it
+    key = _key()
+    unpublished = hostkeys.PinnedHostKeys(tmp_path / "kh2", lambda n: {0: (key,)}, trust_first_use=False)
+    with pytest.raises(JobFailed, match=r"worker\(s\) 1 of pod.*publish none"):
+        unpublished.prepare(node, node.workers)
+    # every worker's keys read: connected to, strictly
+    both = hostkeys.PinnedHostKeys(tmp_path / "kh3", lambda n: {0: (key,), 1: (_key(),)}, trust_first_use=False)
+    both.prepare(node, node.workers)
+    assert both.strict("tpuwatch-77-w0") and both.strict("tpuwatch-77-w1") and both.take_notes() == []

@@ -39,10 +39,17 @@ from typing import Any, Literal, Protocol, TypeVar
 from google.api_core import exceptions as gexc
 
 from tpuwatch.cloud import calls, clients
-from tpuwatch.cloud.errors import CODE_NUMBERS, Call, is_transient, translate
+from tpuwatch.cloud.errors import (
+    CODE_NUMBERS,
+    ApiError,
+    Call,
+    is_transient,
+    rate_limited,
+    translate,
+)
 from tpuwatch.cloud.retry import RetryPolicy
 from tpuwatch.cloud.tpu import parse_rfc3339
-from tpuwatch.errors import NotFoundError, TpuwatchError, UsageError
+from tpuwatch.errors import HostKeysRefused, NotFoundError, TpuwatchError, UsageError
 from tpuwatch.model import (
     NODE_NAME,
     OWNER_LABEL,
@@ -357,7 +364,8 @@ class ComputeAdapter:
               role: str = "roles/compute.viewer") -> T:
         call = Call("Compute Engine API", method, target, needs, SERVICE, role)
         try:
-            return self.retry.call(calls.counted(call, fn), transient=lambda e: is_transient(e, read=read))
+            return self.retry.call(calls.counted(call, fn), transient=lambda e: is_transient(e, read=read),
+                                   patient=rate_limited)
         except TpuwatchError:
             raise
         except Exception as exc:
@@ -543,7 +551,9 @@ class ComputeAdapter:
     def host_keys(self, name: str) -> dict[int, tuple[str, ...]]:
         """Each worker's SSH host keys from its instance's guest attributes (`hostkeys/`, which
         `gcloud compute ssh` reads): worker index -> ("ssh-ed25519 AAAA...", ...). One request per
-        instance; none for an instance that publishes none (guest attributes off, or gone)."""
+        instance; none for an instance that publishes none (guest attributes off, or gone).
+        HostKeysRefused when the read is refused for lack of compute.instances.getGuestAttributes
+        (a 403 that is not a rate limit, which is retried as every read is)."""
         node = self.get_node(name) if self.kind == "mig" else None
         names = self.instance_names(node) if node is not None else (name,)
         client = self._client("instances")
@@ -556,11 +566,16 @@ class ComputeAdapter:
                                                                        instance=inst, query_path="hostkeys/")
                 try:
                     return client.get_guest_attributes(request=request, retry=None, timeout=RPC_TIMEOUT)
-                except (gexc.NotFound, gexc.PermissionDenied, gexc.Forbidden, gexc.FailedPrecondition):
+                except (gexc.NotFound, gexc.FailedPrecondition):
                     return None
 
-            answer = self._call("get_guest_attributes", f"{self._where()}/instances/{inst}",
-                                "compute.instances.getGuestAttributes", get, read=True)
+            try:
+                answer = self._call("get_guest_attributes", f"{self._where()}/instances/{inst}",
+                                    "compute.instances.getGuestAttributes", get, read=True)
+            except ApiError as exc:
+                if exc.code != "PERMISSION_DENIED":
+                    raise
+                raise HostKeysRefused(exc.message, permission=exc.permission) from None
             if answer is None or "query_value" not in answer:
                 continue
             keys = tuple(f"{item.key} {item.value}" for item in answer.query_value.items

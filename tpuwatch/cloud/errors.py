@@ -1,9 +1,18 @@
 """Turn `google.api_core` exceptions into tpuwatch errors, and say which ones are transient.
 
-One table decides: transient errors (UNAVAILABLE, DEADLINE_EXCEEDED, INTERNAL, and on reads
-RESOURCE_EXHAUSTED/429) are for `tpuwatch.cloud.retry` to retry; everything else becomes an
-`ApiError` (exit 3) that names the call, the gRPC code and, for PERMISSION_DENIED, the
-permission - the one the API names when it names one, else the one the call is known to need.
+One table decides: transient errors (UNAVAILABLE, DEADLINE_EXCEEDED, INTERNAL, on reads
+RESOURCE_EXHAUSTED/429, and a rate limit on any call) are for `tpuwatch.cloud.retry` to retry;
+everything else becomes an `ApiError` (exit 3) that names the call, the gRPC code and, for
+PERMISSION_DENIED, the permission - the one the API names when it names one, else the one the
+call is known to need.
+
+An HTTP 403 is not always a permission: Compute Engine answers a rate quota overrun with 403
+reason `rateLimitExceeded` ("wait a minute then try your request again"), an insert beyond a
+resource quota with 403 `quotaExceeded`, and a stockout can be refused at once too. The reason
+(`errors[].reason` of a REST error, or a google.rpc ErrorInfo's) decides (`shortage`): a rate
+limit is retried like UNAVAILABLE, reads and writes alike (a refused request did nothing); a
+quota or stockout is RESOURCE_EXHAUSTED, which a create's caller queues; only a 403 with no
+such reason is PERMISSION_DENIED.
 This module knows the Google error types but no client, node or log entry.
 """
 
@@ -26,6 +35,14 @@ _PERMISSION_RX = re.compile(
     r"[Pp]ermissions?\s+['\"]?([a-z][a-zA-Z0-9]*(?:\.[a-zA-Z0-9]+){2,})['\"]?"
 )
 _SERVICE_DISABLED_RX = re.compile(r"has not been used in project|is disabled|SERVICE_DISABLED")
+# Reasons a refusal carries that say what ran short, whatever its HTTP status (Compute Engine's
+# REST `errors[].reason`, Google's ErrorInfo reasons). RATE: a rate quota, refilled each minute:
+# the same request succeeds later. QUOTA: a resource quota. CAPACITY: a stockout. Both of the
+# last are RESOURCE_EXHAUSTED to a create's caller (queued within queue_timeout).
+RATE_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED"})
+QUOTA_REASONS = frozenset({"quotaExceeded", "QUOTA_EXCEEDED", "RESOURCE_QUOTA_EXCEEDED"})
+CAPACITY_REASONS = frozenset({"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+                              "insufficientCapacity", "resource_availability"})
 
 # google.rpc.Code numbers: the only table of them (operations and queued resources carry numbers).
 CODE_NAMES = {
@@ -66,8 +83,44 @@ class ApiError(CloudError):
         self.permission = permission
 
 
+def reasons(exc: BaseException) -> set[str]:
+    """Every reason the error carries: Compute Engine's `errors[].reason` (what google-api-core
+    keeps of a REST error body as `exc.errors`) and each google.rpc ErrorInfo's."""
+    if not isinstance(exc, gexc.GoogleAPICallError):
+        return set()
+    out = {reason for reason, _ in _error_infos(exc)}
+    for item in exc.errors or ():
+        reason = item.get("reason") if isinstance(item, dict) else getattr(item, "reason", None)
+        if isinstance(reason, str) and reason:
+            out.add(reason)
+    return out
+
+
+def shortage(exc: BaseException) -> str:
+    """"rate", "quota" or "capacity" when the error says that ran short (`RATE_REASONS`, ...), else ""."""
+    why = reasons(exc)
+    if why & RATE_REASONS:
+        return "rate"
+    if why & QUOTA_REASONS:
+        return "quota"
+    if why & CAPACITY_REASONS:
+        return "capacity"
+    return ""
+
+
+def rate_limited(exc: BaseException) -> bool:
+    """A rate quota refused the request: retried until the refill (`RetryPolicy.call`'s `patient`)."""
+    return shortage(exc) == "rate"
+
+
 def is_transient(exc: BaseException, *, read: bool) -> bool:
-    """True when the same request may succeed if sent again."""
+    """True when the same request may succeed if sent again: a rate limit on any call (nothing
+    was done, so a write is safe to send again); a quota or stockout only on a read."""
+    short = shortage(exc)
+    if short == "rate":
+        return True
+    if short and not read:
+        return False  # for the create's caller to queue (recreate.classify_create_error)
     if isinstance(exc, _TRANSIENT):
         return True
     if read and isinstance(exc, _THROTTLED):
@@ -81,6 +134,8 @@ def is_transient(exc: BaseException, *, read: bool) -> bool:
 
 def code_name(exc: BaseException) -> str:
     """The gRPC code name of an api_core error ("PERMISSION_DENIED"), else the class name."""
+    if shortage(exc):
+        return "RESOURCE_EXHAUSTED"  # a 403 rateLimitExceeded / quotaExceeded is not a permission
     grpc_code = getattr(exc, "grpc_status_code", None)
     if grpc_code is not None:
         return str(grpc_code.name)
@@ -102,7 +157,7 @@ def api_failure(exc: BaseException) -> tuple[int | str, str]:
     code: int | str = ""
     message = ""
     if isinstance(exc, gexc.GoogleAPICallError):
-        code = exc.grpc_status_code.name if exc.grpc_status_code is not None else (exc.code or "")
+        code = code_name(exc) if exc.grpc_status_code is not None or shortage(exc) else (exc.code or "")
         message = exc.message
     elif isinstance(exc, (ApiError, MaintenanceRefused)):
         code, message = exc.code, exc.message
@@ -112,7 +167,7 @@ def api_failure(exc: BaseException) -> tuple[int | str, str]:
     original = exc.__context__
     if isinstance(original, gexc.GoogleAPICallError) and original.grpc_status_code is not None:
         message = original.message or message
-        code = code or original.grpc_status_code.name
+        code = code or code_name(original)
     return code, message
 
 
@@ -160,6 +215,15 @@ def translate(exc: BaseException, call: Call, *, project: str) -> CloudError:
             f"`gcloud services enable {call.service} --project {project}` ({text})",
             call=call, code=code,
         )
+    short = shortage(exc)
+    if short == "rate":
+        return ApiError(f"{call}: rate limit exceeded (HTTP {exc.code}, still refused after retries for "
+                        f"a minute: {text}); tpuwatch tries again on the next poll. If it persists, another "
+                        f"client shares project {project}'s rate quota, or ask for a higher one",
+                        call=call, code=code)
+    if short:
+        what = "out of quota" if short == "quota" else "no capacity"
+        return ApiError(f"{call}: {what} ({code}, HTTP {exc.code}): {text}", call=call, code=code)
     if isinstance(exc, (gexc.PermissionDenied, gexc.Forbidden)):
         perm = named_permission(exc)
         what = f"missing permission {perm}" if perm else f"permission denied (this call needs {call.needs})"

@@ -1,7 +1,10 @@
 """The retry policy for cloud API calls: tenacity, capped exponential backoff with jitter.
 
 A transient error is retried until `max_attempts` tries or `max_delay` seconds, whichever
-comes first; anything else is raised at once. The Google clients' own retry layer is turned
+comes first; anything else is raised at once. A `patient` error (a rate limit: Compute Engine
+refills its rate quotas at the start of each minute) is retried for `max_delay` seconds however
+many tries that takes, so that a throttled request waits for the refill instead of failing in
+the 20 s or so that eight quick tries last. The Google clients' own retry layer is turned
 off at each call site (`retry=None`) so this is the only one, and the number of requests a
 poll makes is predictable. This module knows nothing of which errors are transient: the
 caller passes that predicate (see `tpuwatch.cloud.errors.is_transient`).
@@ -18,10 +21,9 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from tenacity import (
+    RetryCallState,
     Retrying,
     retry_if_exception,
-    stop_after_attempt,
-    stop_after_delay,
     wait_random_exponential,
 )
 
@@ -55,10 +57,21 @@ class RetryPolicy:
         base = cls()
         return replace(base, multiplier=base.multiplier * scale, max_wait=base.max_wait * scale)
 
-    def call(self, fn: Callable[[], T], *, transient: Callable[[BaseException], bool]) -> T:
-        """fn(), retried while `transient(error)`; the last error is re-raised as is."""
+    def call(self, fn: Callable[[], T], *, transient: Callable[[BaseException], bool],
+             patient: Callable[[BaseException], bool] | None = None) -> T:
+        """fn(), retried while `transient(error)`; the last error is re-raised as is. While the
+        last error is `patient(error)`, only the time bound stops the retries."""
+
+        def stop(state: RetryCallState) -> bool:
+            if (state.seconds_since_start or 0.0) >= self.max_delay:
+                return True
+            exc = state.outcome.exception() if state.outcome is not None else None
+            if patient is not None and exc is not None and patient(exc):
+                return False
+            return state.attempt_number >= self.max_attempts
+
         retrying = Retrying(
-            stop=stop_after_delay(self.max_delay) | stop_after_attempt(self.max_attempts),
+            stop=stop,
             wait=wait_random_exponential(multiplier=self.multiplier, max=self.max_wait),
             retry=retry_if_exception(transient),
             reraise=True,

@@ -29,9 +29,9 @@ from typing import Any, TypeVar
 from google.api_core import exceptions as gexc
 
 from tpuwatch.cloud import calls, clients
-from tpuwatch.cloud.errors import Call, is_transient, translate
+from tpuwatch.cloud.errors import ApiError, Call, is_transient, rate_limited, translate
 from tpuwatch.cloud.retry import RetryPolicy
-from tpuwatch.errors import NotFoundError, TpuwatchError, UsageError
+from tpuwatch.errors import HostKeysRefused, NotFoundError, TpuwatchError, UsageError
 from tpuwatch.model import (
     NODE_NAME,
     NodeSnapshot,
@@ -320,7 +320,8 @@ class TpuAdapter:
 
     def _call(self, call: Call, fn: Callable[[], T], *, read: bool) -> T:
         try:
-            return self.retry.call(calls.counted(call, fn), transient=lambda e: is_transient(e, read=read))
+            return self.retry.call(calls.counted(call, fn), transient=lambda e: is_transient(e, read=read),
+                                   patient=rate_limited)
         except TpuwatchError:
             raise
         except gexc.NotFound as exc:
@@ -427,7 +428,8 @@ class TpuAdapter:
 
         Empty when the node publishes none: it is gone, or guest attributes are not readable
         (the `compute.disableGuestAttributesAccess` organization policy, a VM older than the
-        feature); other errors raise as every read does.
+        feature). HostKeysRefused when the read is refused for lack of a permission
+        (tpu.nodes.getGuestAttributes); other errors raise as every read does.
         """
         full = self._full(name)
 
@@ -440,10 +442,15 @@ class TpuAdapter:
                 if _zone_not_found(exc):
                     raise
                 return None
-            except (gexc.PermissionDenied, gexc.FailedPrecondition):
+            except gexc.FailedPrecondition:
                 return None
 
-        answer = self._read("get_guest_attributes", full, "tpu.nodes.getGuestAttributes", get)
+        try:
+            answer = self._read("get_guest_attributes", full, "tpu.nodes.getGuestAttributes", get)
+        except ApiError as exc:
+            if exc.code != "PERMISSION_DENIED":
+                raise
+            raise HostKeysRefused(exc.message, permission=exc.permission) from None
         out: dict[int, tuple[str, ...]] = {}
         for worker, attrs in enumerate(answer.guest_attributes if answer is not None else ()):
             keys = tuple(f"{item.key} {item.value}" for item in attrs.query_value.items

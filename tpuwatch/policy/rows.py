@@ -108,7 +108,8 @@ ROWS: tuple[Row, ...] = (
         "create again (an ALREADY_EXISTS answer to it is success)"),
     Row("created", "tpuwatch's create finished (or ALREADY_EXISTS)", "resume: launch once READY+HEALTHY"),
     Row("create_failed", "create failed for a reason other than capacity", "failed (exit 1)"),
-    Row("no_capacity", "create fails: no capacity / quota",
+    Row("no_capacity", "create fails: no capacity / quota (in its operation, or refused at once: a Compute Engine "
+        "insert's 403 quotaExceeded or ZONE_RESOURCE_POOL_EXHAUSTED)",
         "queued: retry with capped backoff and jitter; a queued resource the service gave up on is deleted at "
         "once, so its name is free by the retry"),
     Row("queued", "queued, retry time not reached", "wait"),

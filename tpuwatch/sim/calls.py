@@ -150,14 +150,20 @@ class CallMeter(WorldCore):
             self._call_times.clear()
             self.injected.clear()
 
-    def stockout(self, zone: str | None = None, duration: float | None = None) -> None:
-        """Creates in `zone` ("*" = every zone) fail with the no-capacity error for a while."""
+    def stockout(self, zone: str | None = None, duration: float | None = None, *, at_insert: bool = False) -> None:
+        """Creates in `zone` ("*" = every zone) fail with the no-capacity error for a while;
+        `at_insert`: a Compute Engine instance insert is refused at once rather than in its operation."""
         z = zone or self.zone
         if z != "*" and not ZONE_RE.match(z):
             raise UsageError(f"zone {z!r} is not a zone name such as us-central2-b")
         with self._lock:
-            self._stockouts[z] = Window(self._until(duration))
+            self._stockouts[z] = Window(self._until(duration), {"at_insert": at_insert})
             self._touch()
+
+    def stockout_at_insert(self, zone: str) -> bool:
+        """Whether a Compute Engine insert in `zone` is refused at once for a stockout."""
+        win = self._stockouts.get(zone) or self._stockouts.get("*")
+        return win is not None and win.active() and bool(win.data.get("at_insert"))
 
     def reservation_shortfall(self, zone: str | None = None, duration: float | None = None) -> None:
         """Creates in `zone` ("*" = every zone) end with code 8 "Insufficient reserved capacity"."""
@@ -277,6 +283,21 @@ class CallMeter(WorldCore):
             "RESOURCE_EXHAUSTED",
             f"Quota limit '{limit}' has been exceeded. Limit: 0 in region {region_of(zone)}.",
         )
+
+
+    def compute_quota_text(self, zone: str, machine_type: str, spot: bool) -> str:
+        """The text of Compute Engine's 403 quotaExceeded refusing an instance insert in `zone`
+        while a quota window is open there ("" when none is): "Quota 'X' exceeded. Limit: 0.0
+        in region R.", Compute Engine's wording. The quota's name is the window's `limit`, else
+        one shaped like Compute Engine's (PREEMPTIBLE_ for Spot, as PREEMPTIBLE_CPUS)."""
+        win = self._quota.get(zone) or self._quota.get("*")
+        if win is None or not win.active():
+            return ""
+        family = machine_type.split("-", 1)[0]
+        generation = {"tpu7x": "V7X", "ct6e": "V6E", "ct5p": "V5P", "ct5lp": "V5E", "ct4p": "V4"}.get(
+            family, family.upper())
+        limit = win.data.get("limit") or f"{'PREEMPTIBLE_' if spot else ''}TPU_{generation}_CHIPS"
+        return f"Quota '{limit}' exceeded. Limit: 0.0 in region {region_of(zone)}."
 
 
 def _project_of(resource: str) -> str | None:

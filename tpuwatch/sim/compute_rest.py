@@ -15,7 +15,9 @@ each MIG's group and its size, which gcloud's MIG list reads).
 Every request is counted and may be failed by injection under its method name,
 `compute.v1.Instances/Get`, `compute.v1.ZoneOperations/Wait`,
 `compute.v1.InstanceGroupManagers/ListManagedInstances`, ...; errors have Compute Engine's
-shape, `{"error": {"code", "message", "errors": [{"message", "domain", "reason"}]}}`.
+shape, `{"error": {"code", "message", "errors": [{"message", "domain", "reason"}]}}`, and its
+statuses: an injected RESOURCE_EXHAUSTED is a rate limit, 403 `rateLimitExceeded`; an insert in
+a quota window is refused 403 `quotaExceeded` (instances.py).
 """
 
 from __future__ import annotations
@@ -95,12 +97,14 @@ ROUTES: list[tuple[str, re.Pattern[str], str, str]] = [
     )
 ]
 BATCH_PATH = "/batch/compute/v1"
+# Compute Engine answers a rate quota overrun with 403 rateLimitExceeded (page "Rate quotas"), an
+# insert beyond a resource quota with 403 quotaExceeded (a ComputeError's own reason): never 429.
 _REASONS = {"NOT_FOUND": "notFound", "ALREADY_EXISTS": "alreadyExists", "INVALID_ARGUMENT": "invalid",
             "FAILED_PRECONDITION": "conditionNotMet", "PERMISSION_DENIED": "forbidden",
             "RESOURCE_EXHAUSTED": "rateLimitExceeded", "UNAVAILABLE": "backendError", "INTERNAL": "backendError",
             "DEADLINE_EXCEEDED": "backendError", "UNKNOWN": "backendError", "UNIMPLEMENTED": "notImplemented"}
 _HTTP = {"NOT_FOUND": 404, "ALREADY_EXISTS": 409, "INVALID_ARGUMENT": 400, "PERMISSION_DENIED": 403,
-         "RESOURCE_EXHAUSTED": 429, "UNAVAILABLE": 503, "INTERNAL": 500, "DEADLINE_EXCEEDED": 504,
+         "RESOURCE_EXHAUSTED": 403, "UNAVAILABLE": 503, "INTERNAL": 500, "DEADLINE_EXCEEDED": 504,
          "UNKNOWN": 500, "UNIMPLEMENTED": 501}
 
 
@@ -117,8 +121,9 @@ def compute_error(exc: ApiError) -> tuple[int, dict[str, Any]]:
     reason = exc.reason if isinstance(exc, ComputeError) and exc.reason else _REASONS.get(exc.code, "backendError")
     # a stale fingerprint is 412 conditionNotMet; other failed preconditions are 400
     http = 412 if reason == "conditionNotMet" else _HTTP.get(exc.code, 400)
+    domain = "usageLimits" if reason in ("rateLimitExceeded", "quotaExceeded") else "global"
     return http, {"error": {"code": http, "message": exc.message,
-                            "errors": [{"message": exc.message, "domain": "global", "reason": reason}]}}
+                            "errors": [{"message": exc.message, "domain": domain, "reason": reason}]}}
 
 
 def _page(items: list[dict[str, Any]], query: dict[str, str]) -> tuple[list[dict[str, Any]], str]:

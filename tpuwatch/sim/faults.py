@@ -289,6 +289,8 @@ FAULTS: dict[str, Fault] = {
             (
                 Param("zone", "str", 'zone ("*" = all; default: the simulator\'s zone)'),
                 _UNTIL_CLEARED,
+                Param("at_insert", "bool", "a Compute Engine instances.insert is refused at once (503 "
+                      "ZONE_RESOURCE_POOL_EXHAUSTED) instead of failing in its operation", default=False),
             ),
             target="zone",
         ),
@@ -303,7 +305,8 @@ FAULTS: dict[str, Fault] = {
         ),
         Fault(
             "quota",
-            "CreateNode in a zone is refused: RESOURCE_EXHAUSTED quota exceeded.",
+            "Creates in a zone are refused for quota: CreateNode RESOURCE_EXHAUSTED, a Compute Engine "
+            "instances.insert 403 quotaExceeded.",
             (
                 Param("zone", "str", 'zone ("*" = all; default: the simulator\'s zone)'),
                 _UNTIL_CLEARED,
@@ -723,7 +726,7 @@ def apply(world: World, fault: str, params: Mapping[str, Any]) -> Any:
     elif fault == "delete-node":
         world.remove_node(p.pop("node"), **where)
     elif fault == "stockout":
-        world.stockout(p.get("zone"), p.get("duration"))
+        world.stockout(p.get("zone"), p.get("duration"), at_insert=bool(p.get("at_insert", False)))
     elif fault == "reservation-shortfall":
         world.reservation_shortfall(p.get("zone"), p.get("duration"))
     elif fault == "quota":

@@ -278,10 +278,17 @@ class Instances(NodeFaults):
 
     def insert_instance(self, project: str, zone: str, body: Mapping[str, Any]) -> ComputeOpRec:
         """instances.insert: PROVISIONING now, STAGING, then RUNNING when the operation ends; in
-        a stockout the operation ends ZONE_RESOURCE_POOL_EXHAUSTED and the instance is gone."""
+        a stockout the operation ends ZONE_RESOURCE_POOL_EXHAUSTED and the instance is gone. In
+        a quota window (fault `quota`) the insert itself is refused: 403 quotaExceeded; in a
+        stockout `at_insert`, 503 ZONE_RESOURCE_POOL_EXHAUSTED."""
         with self._lock:
             self.check_compute_zone(project, zone)
             rec = self.instance_from_body(project, zone, body)
+            quota = self.compute_quota_text(zone, rec.machine_type, rec.provisioning_model == "SPOT")
+            if quota:
+                raise ComputeError("RESOURCE_EXHAUSTED", quota, "quotaExceeded")
+            if self.stockout_at_insert(zone):
+                raise ComputeError("UNAVAILABLE", self.zone_exhausted_text(project, zone), STOCKOUT_CODE)
             self._store_new(rec)
             op = self._new_cop(project, f"zones/{zone}", "insert", rec.path, rec.id)
             self._provision(rec, op.key)

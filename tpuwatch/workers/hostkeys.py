@@ -7,8 +7,11 @@ presents a key that does not match, it reads them and writes them, and only them
 `tpuwatch-published`), and ssh checks strictly. So a key the attributes publish is accepted even
 if it changed (a re-imaged worker), and a key they do not publish is refused before anything
 runs on that worker. Only for a worker that publishes no keys (guest attributes turned off by
-an organization policy, an old VM) does ssh trust the first key it sees (accept-new), and
-tpuwatch says so.
+an organization policy, an old VM), or whose keys tpuwatch may not read (the read refused for
+lack of a permission: `HostKeysRefused`), does ssh trust the first key it sees (accept-new), and
+tpuwatch warns, once a run; with `trust_first_use` false ([ssh] trust_first_use) it refuses to
+connect to such a worker instead (JobFailed: a person must grant the permission or publish the
+keys).
 
 This module knows nothing of the TPU API (the keys come from a callable) nor of jobs or policy.
 """
@@ -25,6 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from tpuwatch.errors import HostKeysRefused, JobFailed
 from tpuwatch.model import NodeSnapshot, WorkerEndpoint
 
 # node -> worker index -> ("ssh-ed25519 AAAA...", ...); workers that publish none are absent
@@ -64,9 +68,13 @@ class PinnedHostKeys:
     """The known_hosts file of one transport, kept in step with the workers' published keys."""
 
     def __init__(self, known_hosts: Path, source: HostKeySource,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 trust_first_use: bool = True) -> None:
         self.known_hosts = known_hosts
         self.source = source
+        self.trust_first_use = trust_first_use
+        self.refused: HostKeysRefused | None = None  # the last read of published keys was refused
+        self._refusal_said = False
         self.clock = clock
         self.wall = wall
         self.published: dict[str, tuple[str, ...]] = {}  # alias -> keys the API published
@@ -85,14 +93,15 @@ class PinnedHostKeys:
         for w in workers:
             name = alias(node, w)
             if name in self.unpublished:
-                todo = todo or self.clock() - self.unpublished[name] >= REREAD_UNPUBLISHED
+                # without trust on first use nothing was connected to: ask again before refusing
+                todo = todo or not self.trust_first_use or self.clock() - self.unpublished[name] >= REREAD_UNPUBLISHED
                 continue
             if name in self.published:
                 continue
             keys = tuple(k for k, marked in on_file.get(name, ()) if marked)
             if keys:
                 self.published[name] = keys
-            elif name in asked and self.wall() - asked[name] < REREAD_UNPUBLISHED:
+            elif self.trust_first_use and name in asked and self.wall() - asked[name] < REREAD_UNPUBLISHED:
                 # lines ssh added itself (accept-new) for a worker that published nothing when
                 # another run asked lately: ssh checks them; asked again when that is old
                 self.unpublished[name] = self.clock() - max(0.0, self.wall() - asked[name])
@@ -100,12 +109,51 @@ class PinnedHostKeys:
                 todo = True
         if todo:
             self.refresh(node)
+        self._require_keys(node, workers)
+
+    def _require_keys(self, node: NodeSnapshot, workers: Sequence[WorkerEndpoint]) -> None:
+        """With trust_first_use false: JobFailed for any worker whose keys were not read."""
+        if self.trust_first_use:
+            return
+        missing = [w.index for w in workers if alias(node, w) not in self.published]
+        if not missing:
+            return
+        why, fix = ((f"reading them was refused ({self.refused.message})", f"grant {self.refused.permission}")
+                    if self.refused is not None else
+                    ("their guest attributes publish none (hostkeys/)",
+                     "turn guest attributes on (metadata enable-guest-attributes = TRUE, and no organization "
+                     "policy compute.disableGuestAttributesAccess)"))
+        raise JobFailed(
+            f"refusing to connect to worker(s) {', '.join(map(str, missing))} of {node.name} (node id {node.id}): "
+            f"their SSH host keys cannot be read from Google: {why}, and ssh.trust_first_use = false forbids "
+            f"trusting the first key a worker presents; nothing was run there. Either {fix}, or set "
+            "ssh.trust_first_use = true to accept that risk")
+
+    def _published(self, part: NodeSnapshot) -> dict[int, tuple[str, ...]]:
+        """The part's published keys by worker; none, said loudly once, when the read is refused."""
+        try:
+            published = {int(k): tuple(v) for k, v in self.source(part).items()}
+        except HostKeysRefused as exc:
+            self.refused = exc
+            if not self._refusal_said:
+                self._refusal_said = True
+                then = ("trusting the first key each worker presents (trust on first use): whoever answers at "
+                        "a worker's address the first time is believed, so a machine in the middle then would be "
+                        "trusted for the node's life; set ssh.trust_first_use = false to refuse instead"
+                        if self.trust_first_use else "refusing to connect (ssh.trust_first_use = false)")
+                self.notes.append(
+                    f"WARNING: cannot read the SSH host keys node {part.name} publishes: {exc.message}. Grant "
+                    f"{exc.permission} (e.g. roles/compute.viewer or roles/tpu.viewer) so tpuwatch can check each "
+                    f"worker's key; until then {then}")
+            return {}
+        self.refused = None
+        return published
 
     def refresh(self, node: NodeSnapshot) -> None:
         """Read the node's published keys again and make them the known hosts of its workers."""
         keys: dict[int, tuple[str, ...]] = {}
         for i, part in enumerate(node.slices or (node,)):  # a multislice job: each slice's own keys
-            published = {int(k): tuple(v) for k, v in self.source(part).items()} if part.name else {}
+            published = self._published(part) if part.name else {}
             for w in node.workers:
                 if (w.slice == i or not node.slices) and published.get(w.worker_id):
                     keys[w.index] = published[w.worker_id]
@@ -123,13 +171,15 @@ class PinnedHostKeys:
                 if name not in asked:
                     newly_unpublished.append(w.index)
             self.unpublished[name] = self.clock()
-        if newly_unpublished:
+        if newly_unpublished and self.refused is None and self.trust_first_use:
             self.notes.append(
-                f"node {node.name} (id {node.id}) publishes no SSH host keys for worker(s) "
+                f"WARNING: node {node.name} (id {node.id}) publishes no SSH host keys for worker(s) "
                 f"{', '.join(map(str, newly_unpublished))} (guest attributes hostkeys/): trusting the first "
-                f"key each presents (trust on first use), pinned in {self.known_hosts}")
+                f"key each presents (trust on first use), pinned in {self.known_hosts}; set "
+                "ssh.trust_first_use = false to refuse such workers instead")
         self._write(fresh, {alias(node, w) for w in node.workers if not keys.get(w.index)})
         self.published.update(fresh)
+        self._require_keys(node, node.workers)
 
     def describe_mismatch(self, node: NodeSnapshot, worker: WorkerEndpoint, address: str, stderr: str) -> str:
         """A refused host key, named: worker, alias, what it presented, what the API publishes."""

@@ -225,6 +225,7 @@ class OpenSsh:
         control_dir: str | Path | None = None,
         host_keys: hostkeys.HostKeySource | None = None,
         iap: Iap | None = None,
+        trust_first_use: bool = True,
     ) -> None:
         self.known_hosts = Path(os.path.expanduser(str(known_hosts)))
         self.iap = iap
@@ -241,7 +242,8 @@ class OpenSsh:
         self.mux = mux.Masters(Path(control_dir) if control_dir else self.known_hosts.parent / "ssh",
                                binary) if multiplex else None
         # the host keys the API publishes, pinned; without them, trust on first use
-        self.pins = hostkeys.PinnedHostKeys(self.known_hosts, host_keys) if host_keys is not None else None
+        self.pins = (hostkeys.PinnedHostKeys(self.known_hosts, host_keys, trust_first_use=trust_first_use)
+                     if host_keys is not None else None)
 
     def login(self, node: NodeSnapshot) -> Login | None:
         """The user ssh is told to log in as: nothing is learned."""
@@ -291,6 +293,7 @@ class OpenSsh:
             options=tuple(ssh.get("options", ())),
             multiplex=bool(ssh.get("multiplex", True)),
             control_dir=Path(state_dir) / "ssh",
+            trust_first_use=bool(ssh.get("trust_first_use", True)),
             **kw,
         )
 
