@@ -11,7 +11,11 @@ the policy as one `NodeSnapshot`, in the policy's vocabulary (policy/nodes.py):
   PROVISIONING, STAGING or REPAIRING after a host error, a MIG instance with a current action,
   or a MIG short of its target size or not stable) is a repair state, waited for with
   repair_timeout; a stopped Spot VM is PREEMPTED (Google: a Spot TPU VM is deleted and
-  recreated, never restarted); another stopped VM is STOPPED (a person's: left alone).
+  recreated, never restarted); another stopped VM is STOPPED (a person's: left alone), and a MIG
+  only when every instance of it is stopped (some stopped among running ones: REPAIRING).
+- `repairs_itself`, `repair_under_way`: whether the MIG recreates a failed VM by itself
+  (`defaultActionOnFailure` REPAIR, the default: then a preempted Spot VM is the MIG's to
+  recreate) and what it is doing now; facts the policy weighs (policy/nodes.py, recovery.py).
 - `health` is UNHEALTHY_MAINTENANCE while `resourceStatus.upcomingMaintenance` is ONGOING;
   `upcoming_maintenance` is the earliest notice of its instances.
 - the workers are its instances in the runtime's order (`worker_order`): by their
@@ -76,8 +80,13 @@ _STATES: dict[str, str] = {
 }
 # A Spot VM that stops was preempted: Google's word for TPUs is to delete and recreate it.
 _SPOT_DOWN = frozenset({"STOPPING", "PENDING_STOP", "DEPROVISIONING", "TERMINATED", "STOPPED"})
-# The worst state first when a MIG's instances differ (as model.combine_slices ranks slices).
-_RANK = ("PREEMPTED", "STOPPING", "STOPPED", "REPAIRING", "STARTING", "CREATING")
+# The worst state first when a MIG's instances differ (as model.combine_slices ranks slices). A
+# person's stop (STOPPING, STOPPED) is not among them: a MIG reads so only when every instance is
+# stopped, since a person stops a slice as a whole and Google's own stops come one VM at a time.
+_RANK = ("PREEMPTED", "REPAIRING", "STARTING", "CREATING")
+_PERSON = ("STOPPING", "STOPPED")
+# A managed instance's current actions while the MIG makes it (again)
+_MAKING = frozenset({"CREATING", "CREATING_WITHOUT_RETRIES", "RECREATING"})
 # google.rpc codes of a zone operation's error, by the Compute Engine error code it carries
 _OP_CODES: dict[str, str] = {
     "ZONE_RESOURCE_POOL_EXHAUSTED": "RESOURCE_EXHAUSTED",
@@ -198,33 +207,60 @@ def instance_snapshot(inst: Any, *, project: str, zone: str) -> NodeSnapshot:
     )
 
 
-def mig_state(mig: Any, managed: Sequence[Any], instances: Sequence[Any]) -> tuple[str, str]:
-    """(state, what Google is doing) of a MIG from its managed instances and their instances.
+def repairs_itself(mig: Any) -> bool:
+    """The MIG recreates a failed VM by itself, a preempted Spot VM included (Google's TPU
+    failure-recovery page): `instanceLifecyclePolicy.defaultActionOnFailure` REPAIR, which is the
+    default when the field is absent. DO_NOTHING (or the beta DELETE) leaves it to tpuwatch."""
+    policy = mig.instance_lifecycle_policy if "instance_lifecycle_policy" in mig else None
+    action = str(policy.default_action_on_failure) if policy is not None else ""
+    return action in ("", "REPAIR")
 
-    The MIG at work on any instance (a current action: creating, recreating, restarting, ...),
-    short of its target size, an instance not yet readable, or not stable (with no Spot VM
-    preempted, which a MIG does not restart): REPAIRING, for the policy to wait with
-    repair_timeout; it never deletes what a MIG repairs. A MIG scaled to zero by a person:
-    STOPPED. Otherwise the worst of its instances' states."""
-    target = int(mig.target_size)
-    if target == 0 and not managed:
-        return "STOPPED", "target size 0"
+
+def mig_acting(mig: Any, managed: Sequence[Any]) -> str:
+    """What the MIG is doing to its instances now: those with a current action (creating,
+    recreating, restarting, ...), or how far short of its target size it is; "" when nothing."""
     acting = [f"{short(m.instance) or m.name}: {m.current_action}" for m in managed
               if m.current_action and m.current_action != "NONE"]
     if acting:
-        return "REPAIRING", "MIG acting on " + ", ".join(acting)
+        return "MIG acting on " + ", ".join(acting)
+    target = int(mig.target_size)
     if len(managed) < target:
-        return "REPAIRING", f"MIG has {len(managed)} of its {target} instances"
+        return f"MIG has {len(managed)} of its {target} instances"
+    return ""
+
+
+def mig_state(mig: Any, managed: Sequence[Any], instances: Sequence[Any]) -> tuple[str, str]:
+    """(state, what Google is doing) of a MIG from its managed instances and their instances.
+
+    The MIG at work (`mig_acting`), an instance not yet readable, or the MIG not stable (with no
+    Spot VM preempted): REPAIRING, for the policy to wait with repair_timeout; it never deletes
+    what a MIG repairs. A Spot VM preempted: PREEMPTED, a fact; whether the MIG repairs it by
+    itself is the snapshot's `repairs_itself`, for the policy to weigh. A MIG scaled to zero, or
+    every instance stopped: STOPPED (a person's). Some stopped while others run or are
+    repaired: REPAIRING (Google's stop of one VM, such as a host error's). Otherwise the worst of
+    its instances' states."""
+    target = int(mig.target_size)
+    if target == 0 and not managed:
+        return "STOPPED", "target size 0"
+    if doing := mig_acting(mig, managed):
+        return "REPAIRING", doing
     if len(instances) < len(managed):
         return "REPAIRING", "MIG instances not all readable yet"
     states = [instance_state(i) for i in instances]
-    if "PREEMPTED" in states:  # a MIG does not restart a preempted Spot VM: delete and recreate it
-        return "PREEMPTED", ""
+    if "PREEMPTED" in states:
+        preempted = ", ".join(i.name for i, s in zip(instances, states, strict=True) if s == "PREEMPTED")
+        return "PREEMPTED", f"Spot VM preempted: {preempted}"
     if "status" in mig and "is_stable" in mig.status and not mig.status.is_stable:
         # e.g. its instances TERMINATED by a host error, which Google restarts (a multi-host
         # slice as a whole), or stopped ones its autoheal restarts
         return "REPAIRING", "MIG not stable"
-    worst = next((s for s in _RANK if s in states), next((s for s in states if s != "READY"), "READY"))
+    down = [s for s in states if s != "READY"]
+    if down and all(s in _PERSON for s in states):
+        return ("STOPPING" if "STOPPING" in states else "STOPPED"), ""
+    if any(s in _PERSON for s in down):
+        stopped = ", ".join(f"{i.name}: {i.status}" for i, s in zip(instances, states, strict=True) if s in _PERSON)
+        return "REPAIRING", f"some instances stopped, not all ({stopped}): not a person's stop of the slice"
+    worst = next((s for s in _RANK if s in down), down[0] if down else "READY")
     return worst, ""
 
 
@@ -260,6 +296,7 @@ def mig_snapshot(mig: Any, managed: Sequence[Any], instances: Sequence[Any], *, 
         spot=any(spot(i) for i in ordered), preemptible=any(bool(i.scheduling.preemptible) for i in ordered),
         labels=labels, metadata_keys=tuple(sorted(item.key for item in first.metadata.items)) if first else (),
         resource=f"projects/{project}/zones/{zone}/instanceGroupManagers/{mig.name}",
+        repairs_itself=repairs_itself(mig), repair_under_way=mig_acting(mig, managed),
     )
 
 
@@ -284,6 +321,12 @@ def at_rest(mig: Any, listed: Iterable[Any], zone: str) -> list[Any] | None:
         return None
     return [compute_v1.ManagedInstance(instance=i.self_link or i.name, name=i.name, current_action="NONE",
                                        instance_status=i.status) for i in made]
+
+
+def name_filter(names: Sequence[str]) -> str:
+    """An instances.list `filter` that keeps the instances named `names` (Compute Engine names
+    are lowercase letters, digits and hyphens: nothing to escape in the regular expression)."""
+    return f'name eq "({"|".join(names)})"'
 
 
 def members(managed: Sequence[Any], listed: Callable[[], Iterable[Any]]) -> list[Any]:
@@ -434,14 +477,24 @@ class ComputeAdapter:
                                    project=self.project, zone=self.zone, instance_group_manager=name,
                                    max_results=PAGE_SIZE, page_token=token), retry=None, timeout=RPC_TIMEOUT))
 
-    def list_instances(self) -> list[Any]:
-        """Every instance of the zone (one request a page)."""
+    def list_instances(self, names: Iterable[str] | None = None) -> list[Any]:
+        """Every instance of the zone (one request a page), or only those named `names`: a
+        `filter` on their names (`name eq "(a|b|c)"`, a regular expression the whole name must
+        match), so that a MIG's read is one page of its own instances, whatever else the zone holds."""
         from google.cloud import compute_v1
 
+        wanted = sorted(set(names)) if names is not None else None
+        if wanted == []:
+            return []
+        where = name_filter(wanted) if wanted is not None else ""
         return self._pages("instances", "list_instances", self._where(), "compute.instances.list", "items",
                            lambda c, token: c.list(request=compute_v1.ListInstancesRequest(
-                               project=self.project, zone=self.zone, max_results=PAGE_SIZE, page_token=token),
-                               retry=None, timeout=RPC_TIMEOUT))
+                               project=self.project, zone=self.zone, max_results=PAGE_SIZE, page_token=token,
+                               filter=where), retry=None, timeout=RPC_TIMEOUT))
+
+    def member_instances(self, managed: Sequence[Any]) -> list[Any]:
+        """The instances a MIG's managed instances name, read with one filtered list."""
+        return self.list_instances([short(m.instance) for m in managed if m.instance])
 
     def list_migs(self) -> list[Any]:
         """Every MIG of the zone (one request a page)."""
@@ -455,12 +508,13 @@ class ComputeAdapter:
 
     def mig_parts(self, name: str) -> tuple[Any, list[Any], list[Any]] | None:
         """(MIG, its managed instances, their instances), or None when the MIG does not exist.
-        Three requests: the MIG, listManagedInstances, and the zone's instances."""
+        Three requests: the MIG, listManagedInstances, and its instances (a list filtered to
+        their names: never the zone's other instances)."""
         mig = self.get_mig(name)
         if mig is None:
             return None
         managed = self.managed_instances(name)
-        return mig, managed, members(managed, self.list_instances)
+        return mig, managed, self.member_instances(managed)
 
     def disk_params(self, url: str) -> dict[str, Any]:
         """The `initializeParams` that make disk `url` again: its image, size and type."""
@@ -598,10 +652,20 @@ class ComputeAdapter:
 
     def recreate_mig(self, name: str) -> str:
         """recreateInstances on every instance of the MIG (a multi-host slice only as a whole);
-        the operation name. NotFoundError when the MIG or all its instances are gone."""
+        the operation name. NotFoundError when the MIG or all its instances are gone, or when the
+        MIG is already making some of them again (CREATING, RECREATING): the policy saw it idle,
+        and it began its own repair since. A recreate then would only flag what is flagged (or,
+        on a multi-host slice, which Google replaces as a whole, start the whole slice over), so
+        none is sent and the next tick sees the MIG at work."""
         from google.cloud import compute_v1
 
-        urls = [m.instance for m in self.managed_instances(name) if m.instance]
+        managed = self.managed_instances(name)
+        making = [f"{short(m.instance) or m.name}: {m.current_action}" for m in managed
+                  if str(m.current_action) in _MAKING]
+        if making:
+            raise NotFoundError(f"MIG {name} is already making its instances again ({', '.join(making)}); "
+                                "no recreateInstances sent")
+        urls = [m.instance for m in managed if m.instance]
         if not urls:
             raise NotFoundError(f"MIG {name} in {self.project}/{self.zone} has no instances to recreate")
         client = self._client("instanceGroupManagers")

@@ -13,8 +13,8 @@
   instance the list does not hold is confirmed with a get, so a list that lags behind an
   insert never makes an instance look missing.
 - a MIG: itself from the zone's MIG list (a MIG the list does not hold: a get), and its
-  instances from the zone's instances list (one the list does not hold yet: the zone listed
-  again by this job alone, as a MIG's own read does). Its managed instances come from
+  instances from the zone's instances list (one the list does not hold yet: its instances
+  listed again by this job alone, filtered to their names, as a MIG's own read does). Its managed instances come from
   listManagedInstances, one request per MIG (Compute Engine lists managed instances, their
   current action and last attempt's errors, only per MIG), except while the MIG is at rest
   (`compute.at_rest`: stable, every instance of its target size doing nothing, and that many
@@ -90,7 +90,7 @@ class JobInstances:
             managed = api.managed_instances(name)
         instances = members(managed, listed.values)
         if len(instances) < len({m.instance for m in managed if m.instance}):
-            instances = members(managed, api.list_instances)  # made since the zone's list: look again
+            instances = api.member_instances(managed)  # made since the zone's list: look again, at them only
         return mig, managed, instances
 
 

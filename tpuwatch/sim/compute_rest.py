@@ -228,6 +228,8 @@ class ComputeRest:
 
     def _list_instances(self, p: str, z: str, *, query: dict[str, str], **_: Any) -> dict[str, Any]:
         base = self._base()
+        with self.world._lock:
+            self.world.list_filters.append(("instances.list", query.get("filter", "")))
         items = [instance_json(r, base) for r in self.world.list_instances(p, z)]
         return _list("compute#instanceList", f"{base}projects/{p}/zones/{z}/instances", items, query)
 

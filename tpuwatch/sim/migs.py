@@ -9,8 +9,14 @@ requests, as the compute v1 API serves them.
   in `lastAttempt.errors`, and the MIG tries again), and repaired as a whole.
 - `recreateInstances` and autoheal (`mig-autoheal`) recreate instances under the same names with
   new ids (`currentAction` RECREATING; a multi-host slice all of it), writing
-  `compute.instances.repair.recreateInstance` for an autoheal. An instance deleted behind the
+  `compute.instances.repair.recreateInstance` for an autoheal. recreateInstances "flags" the
+  instances (Google: the operation is DONE once the flag is set): one the MIG is already making
+  (CREATING, RECREATING) keeps that action, never started over. An instance deleted behind the
   MIG's back is made again (CREATING), as a MIG keeps its target size.
+- Failure repair (`instanceLifecyclePolicy.defaultActionOnFailure`, REPAIR by default): a MIG that
+  repairs recreates a preempted Spot VM by itself delays["mig_repair"] after its preemption (same
+  name, new id; a multi-host slice as a whole; `repair.recreateInstance` for each), as Google's
+  TPU failure-recovery page says; DO_NOTHING leaves it TERMINATED.
 - Shape `worker_numbers` (add_mig, create-mig; off by default, since Google does not document
   it): each instance made carries the metadata item `agent-worker-number`, its place among the
   MIG's members in name order ("name") or reverse name order ("reverse"), in the REST
@@ -50,6 +56,10 @@ from tpuwatch.sim.shapes import region_of
 
 # The shape `worker_numbers`: none, the members numbered in name order, or in reverse name order
 WORKER_NUMBERINGS = ("", "name", "reverse")
+# A managed instance's current actions while the MIG makes it (again)
+MAKING = frozenset({"CREATING", "CREATING_WITHOUT_RETRIES", "RECREATING"})
+# instanceLifecyclePolicy.defaultActionOnFailure values (compute v1)
+ON_FAILURE = ("REPAIR", "DO_NOTHING")
 
 
 def _path_tail(url: str, marker: str) -> str:
@@ -162,6 +172,9 @@ class Migs(ComputeFaults):
                         f"Topology {topology} needs {topology_chips(topology) // per_vm} VMs of "
                         f"{template.properties.get('machineType')}; targetSize is {size}.", "invalid")
             lifecycle = body.get("instanceLifecyclePolicy") or {}
+            if str(lifecycle.get("defaultActionOnFailure") or "REPAIR") not in ON_FAILURE:
+                raise ComputeError("INVALID_ARGUMENT", "Invalid value for field 'resource.instanceLifecyclePolicy."
+                                   f"defaultActionOnFailure': '{lifecycle.get('defaultActionOnFailure')}'.", "invalid")
             mig = MigRec(project, zone, name, self._new_id(), time.time_ns(),
                          str(body.get("baseInstanceName") or name), template.path, size,
                          workload_policy=policy_url, topology=topology,
@@ -376,7 +389,8 @@ class Migs(ComputeFaults):
                 names = sorted(mig.members)
             op = self._new_cop(project, f"zones/{zone}", "recreateInstances", mig.path, mig.id, done=True)
             for n in names:
-                self._recreate_member(mig, n, reason)
+                if mig.members[n].current_action not in MAKING:  # flagged already: left to its action
+                    self._recreate_member(mig, n, reason)
             return copy.deepcopy(op)
 
     def _recreate_member(self, mig: MigRec, name: str, reason: str) -> None:
@@ -399,6 +413,30 @@ class Migs(ComputeFaults):
                 self._make_members(mig_key, [name], epoch, None)
 
         self.after(self.delays["delete"], remake)
+
+    def _preempt_now(self, key: str, ident: int) -> None:
+        """A preempted Spot VM of a MIG that repairs is recreated by the MIG (the module's docstring)."""
+        super()._preempt_now(key, ident)
+        with self._lock:
+            rec = self._instances.get(key)
+            mig = self._migs.get(rec.mig) if rec is not None else None
+            if (rec is None or rec.id != ident or not rec.preempted or mig is None or rec.name not in mig.members
+                    or mig.default_action_on_failure != "REPAIR"):
+                return
+            epoch = rec.epoch
+        self.after(self.delays["mig_repair"], functools.partial(self._repair_failed, key, ident, epoch))
+
+    def _repair_failed(self, key: str, ident: int, epoch: int) -> None:
+        with self._lock:
+            rec = self._instances.get(key)
+            mig = self._migs.get(rec.mig) if rec is not None else None
+            if (rec is None or rec.id != ident or rec.epoch != epoch or rec.status != "TERMINATED" or mig is None
+                    or rec.name not in mig.members):
+                return
+            for n in sorted(mig.members) if mig.multi_host else [rec.name]:
+                if mig.members[n].current_action not in MAKING:
+                    self._recreate_member(mig, n, "instance was preempted")
+            self._touch()
 
     def autoheal(self, mig_name: str, instance: str = "", *, reason: str = "instance's health check failed",
                  project: str | None = None, zone: str | None = None) -> None:
@@ -553,14 +591,17 @@ class Migs(ComputeFaults):
                 topology: str = "", spot: bool = False, labels: Mapping[str, str] | None = None,
                 metadata: Mapping[str, str] | None = None, project: str | None = None,
                 zone: str | None = None, wait: bool = True, timeout: float = 60.0,
-                worker_numbers: str = "") -> MigRec:
+                worker_numbers: str = "", on_failure: str = "") -> MigRec:
         """A MIG of `size` TPU VMs from a new regional template `<name>-template` (with a
         workload policy `<name>-policy` when a topology is given), waited until stable (unless
         not `wait`: in a stockout it is not made). `worker_numbers` "name" or "reverse": its
-        VMs carry `agent-worker-number` in that order (the module's docstring)."""
+        VMs carry `agent-worker-number` in that order (the module's docstring). `on_failure`:
+        its `instanceLifecyclePolicy.defaultActionOnFailure` (absent: REPAIR, Google's default)."""
         if worker_numbers not in WORKER_NUMBERINGS:
             raise UsageError(f"MIG {name!r}: worker_numbers must be one of "
                              f"{', '.join(repr(w) for w in WORKER_NUMBERINGS)}, got {worker_numbers!r}")
+        if on_failure and on_failure not in ON_FAILURE:
+            raise UsageError(f"MIG {name!r}: on_failure must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
         project, zone = project or self.project, zone or self.zone
         region = region_of(zone)
         sched: dict[str, Any] = {"onHostMaintenance": "TERMINATE"}
@@ -573,6 +614,8 @@ class Migs(ComputeFaults):
         }
         body: dict[str, Any] = {"name": name, "baseInstanceName": name, "targetSize": size,
                                 "instanceTemplate": f"projects/{project}/regions/{region}/instanceTemplates/{name}-template"}
+        if on_failure:
+            body["instanceLifecyclePolicy"] = {"defaultActionOnFailure": on_failure}
         try:
             self.insert_template(project, region, {"name": f"{name}-template", "properties": props})
             if topology:
