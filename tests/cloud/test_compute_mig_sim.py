@@ -1,0 +1,48 @@
+"""A MIG read and recreated through the real google-cloud-compute client against the simulator's
+Compute Engine face: its own instances only, and no recreateInstances of what it is making again."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tpuwatch.cloud.compute import ComputeAdapter
+from tpuwatch.errors import NotFoundError
+from tpuwatch.sim.rest import RestFace
+from tpuwatch.sim.simulator import Simulator
+
+RECREATE = "compute.v1.InstanceGroupManagers/RecreateInstances"
+
+
+@pytest.fixture
+def rest(sim_api: Simulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[RestFace]:
+    with RestFace(sim_api.world) as face:
+        monkeypatch.setenv("TPUWATCH_COMPUTE_EMULATOR", face.url.rstrip("/"))
+        yield face
+
+
+def test_a_mig_is_read_with_its_own_instances_only(sim_api: Simulator, rest: RestFace) -> None:
+    w = sim_api.world
+    for n in range(3):
+        w.add_instance(f"other-{n}")
+    mig = w.add_mig("slice", size=4, topology="2x2x4")
+    w.reset_calls()
+    node = ComputeAdapter(w.project, w.zone, "mig").get_node("slice")
+    assert node is not None and node.state == "READY" and len(node.workers) == 4
+    assert w.calls["compute.v1.Instances/List"] == 1, dict(w.calls)
+    assert [f for m, f in w.list_filters if m == "instances.list"] == [f'name eq "({"|".join(sorted(mig.members))})"']
+
+
+def test_no_recreate_instances_is_sent_while_the_mig_makes_its_vms_again(sim_api: Simulator, rest: RestFace) -> None:
+    w = sim_api.world
+    mig = w.add_mig("slice", size=4, topology="2x2x4")
+    api = ComputeAdapter(w.project, w.zone, "mig")
+    w.stockout(w.zone, duration=10**6)  # the MIG's remake waits for capacity: RECREATING all along
+    w.autoheal("slice", sorted(mig.members)[0])
+    with pytest.raises(NotFoundError, match="already making its instances again"):
+        api.recreate_mig("slice")
+    assert w.calls[RECREATE] == 0
+    w.clear_errors()
+    w.wait_mig_stable("slice", timeout=30)
+    assert api.recreate_mig("slice") and w.calls[RECREATE] == 1  # idle again: the slice is recreated
