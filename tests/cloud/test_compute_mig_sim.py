@@ -46,3 +46,27 @@ def test_no_recreate_instances_is_sent_while_the_mig_makes_its_vms_again(sim_api
     w.clear_errors()
     w.wait_mig_stable("slice", timeout=30)
     assert api.recreate_mig("slice") and w.calls[RECREATE] == 1  # idle again: the slice is recreated
+
+
+def test_a_regional_mig_is_found_from_its_zone_read_through_its_region_and_recreated_there(
+        sim_api: Simulator, rest: RestFace) -> None:
+    w = sim_api.world
+    region = w.zone.rsplit("-", 1)[0]
+    mig = w.add_mig("slice", size=2, region=region, on_failure="DO_NOTHING")
+    api = ComputeAdapter(w.project, w.zone, "mig")  # the job's zone: where the MIG's VMs are
+    node = api.get_node("slice")
+    assert node is not None and node.state == "READY" and len(node.workers) == 2
+    assert node.resource == f"projects/{w.project}/regions/{region}/instanceGroupManagers/slice"
+    assert (w.calls["compute.v1.InstanceGroupManagers/Get"], w.calls["compute.v1.RegionInstanceGroupManagers/Get"]) == (1, 1)
+    w.reset_calls()
+    assert api.get_node("slice") is not None  # known regional now: the region asked first, once
+    assert dict(w.calls) == {"compute.v1.RegionInstanceGroupManagers/Get": 1,
+                             "compute.v1.RegionInstanceGroupManagers/ListManagedInstances": 1,
+                             "compute.v1.Instances/List": 1}, dict(w.calls)
+    before = {n: w.instance(n).id for n in mig.members}
+    op = api.recreate_mig("slice")
+    assert op.startswith(f"regionOperations/{region}/") and w.calls["compute.v1.RegionInstanceGroupManagers/RecreateInstances"] == 1
+    assert api.get_operation(op).done and api.get_operation(op).name == op
+    w.wait_mig_stable("slice", region=region, timeout=30)
+    assert all(w.instance(n).id != before[n] for n in before)
+    assert [n.name for n in api.list_nodes()] == ["slice"]  # `status --all`: the regional MIG, its VMs in it

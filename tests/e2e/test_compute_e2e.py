@@ -229,7 +229,6 @@ def test_init_finds_a_mig_writes_what_recreates_it_and_status_shows_it_as_one_no
     spec = written["spec"]
     assert spec["mig"]["targetSize"] == 4 and spec["mig"]["instanceTemplate"].endswith("slice-template")
     assert spec["mig"]["instanceLifecyclePolicy"]["defaultActionOnFailure"] == "REPAIR"  # a MIG made again repairs alike
-    assert spec["mig"]["instanceLifecyclePolicy"]["defaultActionOnFailure"] == "REPAIR"  # a MIG made again repairs alike
     assert spec["workload_policy"]["workloadPolicy"]["acceleratorTopology"] == "2x2x4"
     assert spec["template"]["properties"]["labels"] == {"tpuwatch-job": "slice"}
     status = cli("status", "-c", str(tmp_path / "slice.toml"), "--json")
@@ -347,6 +346,33 @@ def test_a_4_vm_mig_repaired_by_google_past_a_short_repair_timeout_is_waited_for
     assert all(after[n] != before[n] for n in before)  # Google's recreate, once
     assert writes(sim) == [], writes(sim)  # never a recreateInstances of what the MIG recreates
     assert "waiting for the MIG's own repair to end" in out, out
+
+
+def test_a_regional_mig_is_found_by_init_from_its_zone_and_a_preempted_spot_vm_is_recreated_through_its_region(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    w = sim.world
+    region = sim.zone.rsplit("-", 1)[0]
+    mig = w.add_mig("slice", "tpu7x-standard-4t", 2, spot=True, labels={"tpuwatch-job": "slice"},
+                    region=region, on_failure="DO_NOTHING")
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "mig", "slice", hold_at=10)
+    init = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "init", "slice", "-o", str(tmp_path / "init.toml"),
+                           "--json"], env=job.env, text=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert init.returncode == 0, init.stderr
+    written = json.loads(init.stdout)
+    assert (written["mig"], written["workers"]) == ("slice", 2)
+    assert written["spec"]["mig"]["distributionPolicy"]["targetShape"] == "ANY_SINGLE_ZONE"
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
+    w.preempt_instance(sorted(mig.members)[0])  # DO_NOTHING: left TERMINATED by the MIG
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    job.assert_resumed_uncharged(out)
+    after = ids(sim)
+    assert all(after[n] != before[n] for n in before)  # tpuwatch's recreateInstances names every VM
+    assert writes(sim) == ["compute.v1.RegionInstanceGroupManagers/RecreateInstances"], writes(sim)
+    assert w.calls["compute.v1.InstanceGroupManagers/Get"] <= 2, dict(w.calls)  # the zone asked once per process
 
 
 def test_a_preempted_spot_instance_is_deleted_and_inserted_again_from_what_init_captured(

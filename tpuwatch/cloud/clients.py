@@ -99,6 +99,8 @@ _COMPUTE_CLIENTS = {
     "regionInstanceTemplates": "RegionInstanceTemplatesClient",
     "resourcePolicies": "ResourcePoliciesClient",
     "zoneOperations": "ZoneOperationsClient",
+    "regionInstanceGroupManagers": "RegionInstanceGroupManagersClient",
+    "regionOperations": "RegionOperationsClient",
 }
 
 

@@ -37,6 +37,7 @@ import enum
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -60,6 +61,8 @@ from tpuwatch.model import (
 T = TypeVar("T")
 Kind = Literal["instance", "mig"]
 RPC_TIMEOUT = 30.0
+# A regional MIG's operation (a region's, not a zone's), followed as `regionOperations/R/NAME`
+REGION_OP = "regionOperations/"
 PAGE_SIZE = 500
 SERVICE = "compute.googleapis.com"
 # The metadata item a TPU VM's worker number is in: JAX's cloud_tpu_cluster.py (GceTpuCluster)
@@ -265,12 +268,12 @@ def mig_state(mig: Any, managed: Sequence[Any], instances: Sequence[Any]) -> tup
 
 
 def mig_snapshot(mig: Any, managed: Sequence[Any], instances: Sequence[Any], *, project: str,
-                 zone: str, template_labels: Mapping[str, str] | None = None) -> NodeSnapshot:
+                 zone: str, template_labels: Mapping[str, str] | None = None, region: str = "") -> NodeSnapshot:
     """A MIG (`compute_v1.InstanceGroupManager`, its `ManagedInstance`s from listManagedInstances,
     and those instances) as one node whose workers are its instances in worker order
     (`in_worker_order`). With no instance readable (the MIG making them, e.g. through a
     stockout) its labels are `template_labels`, those its instances will carry, so its owner is
-    still known."""
+    still known. `region`: a regional MIG's (its instances in `zone`)."""
     ordered, _ = in_worker_order(instances)
     state, doing = mig_state(mig, managed, ordered)
     notices = [upcoming(i) for i in ordered]
@@ -295,7 +298,7 @@ def mig_snapshot(mig: Any, managed: Sequence[Any], instances: Sequence[Any], *, 
         accelerator_type=short(first.machine_type) if first is not None else "",
         spot=any(spot(i) for i in ordered), preemptible=any(bool(i.scheduling.preemptible) for i in ordered),
         labels=labels, metadata_keys=tuple(sorted(item.key for item in first.metadata.items)) if first else (),
-        resource=f"projects/{project}/zones/{zone}/instanceGroupManagers/{mig.name}",
+        resource=f"projects/{project}/{f'regions/{region}' if region else f'zones/{zone}'}/instanceGroupManagers/{mig.name}",
         repairs_itself=repairs_itself(mig), repair_under_way=mig_acting(mig, managed),
     )
 
@@ -314,7 +317,8 @@ def at_rest(mig: Any, listed: Iterable[Any], zone: str) -> list[Any] | None:
         return None
     if int(mig.current_actions.none) != target:
         return None
-    maker = f"/zones/{zone}/instanceGroupManagers/{mig.name}"
+    region = short(mig.region) if "region" in mig and mig.region else ""
+    maker = f"/{f'regions/{region}' if region else f'zones/{zone}'}/instanceGroupManagers/{mig.name}"
     made = [i for i in listed if any(item.key == "created-by" and str(item.value).endswith(maker)
                                      for item in i.metadata.items)]
     if len(made) != target or any(str(i.status) != "RUNNING" for i in made):
@@ -389,6 +393,8 @@ class ComputeAdapter:
         self._names: dict[str, tuple[str, ...]] = {}  # node id -> its instances' names, in worker order
         self._notes: list[str] = []  # what the person watching should know, not yet taken
         self._noted: set[str] = set()
+        # MIG name -> its region, for a regional MIG (regionInstanceGroupManagers) once found
+        self._regions: dict[str, str] = {}
 
     # -- plumbing ---------------------------------------------------------------------------
     def _client(self, kind: str) -> Any:
@@ -444,10 +450,30 @@ class ComputeAdapter:
         return self._get("instances", name, "compute.instances.get", lambda c: c.get(
             project=self.project, zone=self.zone, instance=name, retry=None, timeout=RPC_TIMEOUT))
 
+    @property
+    def region(self) -> str:
+        return self.zone.rsplit("-", 1)[0]
+
+    def mig_region(self, name: str) -> str:
+        """The region of MIG `name` when it is a regional MIG (known once read), else ""."""
+        return self._regions.get(name, "")
+
     def get_mig(self, name: str) -> Any | None:
-        """The `compute_v1.InstanceGroupManager`, or None."""
-        return self._get("instanceGroupManagers", name, "compute.instanceGroupManagers.get", lambda c: c.get(
-            project=self.project, zone=self.zone, instance_group_manager=name, retry=None, timeout=RPC_TIMEOUT))
+        """The `compute_v1.InstanceGroupManager`, or None: the zone's MIG, else the zone's region's
+        (a regional MIG, remembered so that later reads ask the region first, one request)."""
+        if name not in self._regions:
+            mig = self._get("instanceGroupManagers", name, "compute.instanceGroupManagers.get", lambda c: c.get(
+                project=self.project, zone=self.zone, instance_group_manager=name, retry=None, timeout=RPC_TIMEOUT))
+            if mig is not None:
+                return mig
+        mig = self._get("regionInstanceGroupManagers", name, "compute.instanceGroupManagers.get", lambda c: c.get(
+            project=self.project, region=self.region, instance_group_manager=name, retry=None, timeout=RPC_TIMEOUT))
+        if mig is not None:
+            self._regions[name] = self.region
+            return mig
+        if self._regions.pop(name, None) is not None:  # gone from the region: perhaps made again in the zone
+            return self.get_mig(name)
+        return None
 
     def get_template(self, url: str) -> Any | None:
         """The MIG's `compute_v1.InstanceTemplate` (global or regional, by its URL), or None."""
@@ -470,6 +496,14 @@ class ComputeAdapter:
         """listManagedInstances: each `ManagedInstance` (current action, status, last attempt)."""
         from google.cloud import compute_v1
 
+        if region := self.mig_region(name):
+            return self._pages("regionInstanceGroupManagers", "list_managed_instances",
+                               f"projects/{self.project}/regions/{region}/instanceGroupManagers/{name}",
+                               "compute.instanceGroupManagers.get", "managed_instances",
+                               lambda c, token: c.list_managed_instances(
+                                   request=compute_v1.ListManagedInstancesRegionInstanceGroupManagersRequest(
+                                       project=self.project, region=region, instance_group_manager=name,
+                                       max_results=PAGE_SIZE, page_token=token), retry=None, timeout=RPC_TIMEOUT))
         return self._pages("instanceGroupManagers", "list_managed_instances",
                            f"{self._where()}/instanceGroupManagers/{name}", "compute.instanceGroupManagers.get",
                            "managed_instances", lambda c, token: c.list_managed_instances(
@@ -493,8 +527,17 @@ class ComputeAdapter:
                                filter=where), retry=None, timeout=RPC_TIMEOUT))
 
     def member_instances(self, managed: Sequence[Any]) -> list[Any]:
-        """The instances a MIG's managed instances name, read with one filtered list."""
-        return self.list_instances([short(m.instance) for m in managed if m.instance])
+        """The instances a MIG's managed instances name, read with one filtered list. A regional
+        MIG's instances in another zone than the job's are not read (the workers are reached in
+        the job's zone), and are said once: they read as not there, so the slice never READY."""
+        elsewhere = sorted(m.instance for m in managed if m.instance and f"/zones/{self.zone}/" not in
+                           f"/{m.instance}" and "/zones/" in m.instance)
+        if elsewhere and (note := f"MIG instances outside zone {self.zone}: " + ", ".join(
+                f"{short(u)} ({u.split('/zones/', 1)[1].split('/', 1)[0]})" for u in elsewhere)) not in self._noted:
+            self._noted.add(note)
+            self._notes.append(f"{note}; tpuwatch reads and reaches a slice's VMs in the job's zone only (a TPU "
+                               "slice's VMs are in one zone): set [tpu] zone to theirs")
+        return self.list_instances([short(m.instance) for m in managed if m.instance and m.instance not in elsewhere])
 
     def list_migs(self) -> list[Any]:
         """Every MIG of the zone (one request a page)."""
@@ -505,6 +548,19 @@ class ComputeAdapter:
                            lambda c, token: c.list(request=compute_v1.ListInstanceGroupManagersRequest(
                                project=self.project, zone=self.zone, max_results=PAGE_SIZE, page_token=token),
                                retry=None, timeout=RPC_TIMEOUT))
+
+    def list_region_migs(self) -> list[Any]:
+        """Every regional MIG of the zone's region (one request a page); each is remembered as
+        regional, so that its managed instances are asked of the region."""
+        from google.cloud import compute_v1
+
+        migs = self._pages("regionInstanceGroupManagers", "list_region_instance_group_managers",
+                           f"projects/{self.project}/regions/{self.region}", "compute.instanceGroupManagers.list",
+                           "items", lambda c, token: c.list(request=compute_v1.ListRegionInstanceGroupManagersRequest(
+                               project=self.project, region=self.region, max_results=PAGE_SIZE, page_token=token),
+                               retry=None, timeout=RPC_TIMEOUT))
+        self._regions.update({m.name: self.region for m in migs})
+        return migs
 
     def mig_parts(self, name: str) -> tuple[Any, list[Any], list[Any]] | None:
         """(MIG, its managed instances, their instances), or None when the MIG does not exist.
@@ -551,7 +607,8 @@ class ComputeAdapter:
             mig, managed, instances = parts
             template = self.get_template(mig.instance_template) if not instances and mig.instance_template else None
             node = mig_snapshot(mig, managed, instances, project=self.project, zone=self.zone,
-                                template_labels=dict(template.properties.labels) if template is not None else None)
+                                template_labels=dict(template.properties.labels) if template is not None else None,
+                                region=self.mig_region(name))
             names = self._numbered(node, instances)
         if node is not None and node.id:
             self._names[node.id] = names
@@ -563,10 +620,13 @@ class ComputeAdapter:
         and one listManagedInstances per MIG."""
         instances = {i.name: i for i in self.list_instances()}
         nodes: list[NodeSnapshot] = []
-        for mig in self.list_migs():
+        for mig in self.list_migs() + self.list_region_migs():
             managed = self.managed_instances(mig.name)
             members = [instances.pop(n) for n in (short(m.instance) or m.name for m in managed) if n in instances]
-            nodes.append(node := mig_snapshot(mig, managed, members, project=self.project, zone=self.zone))
+            if self.mig_region(mig.name) and not members:
+                continue  # a regional MIG with no VM in this zone: another zone's slice
+            nodes.append(node := mig_snapshot(mig, managed, members, project=self.project, zone=self.zone,
+                                              region=self.mig_region(mig.name)))
             self._numbered(node, members)
         return nodes + [instance_snapshot(i, project=self.project, zone=self.zone) for i in instances.values()]
 
@@ -628,6 +688,14 @@ class ComputeAdapter:
         flex-start MIG's create, the resize request it is (`RESIZE_OP` + its name)."""
         if name.startswith(RESIZE_OP):
             return resize_operation(self, name)
+        if name.startswith(REGION_OP):
+            region, op_name = name[len(REGION_OP):].split("/", 1)
+            regional = self._client("regionOperations")
+            op = self._call("get_operation", f"projects/{self.project}/regions/{region}/operations/{op_name}",
+                            "compute.regionOperations.get", lambda: regional.get(
+                                project=self.project, region=region, operation=op_name, retry=None,
+                                timeout=RPC_TIMEOUT), read=True)
+            return replace(operation_status(op), name=name)
         client = self._client("zoneOperations")
         op = self._call("get_operation", f"{self._where()}/operations/{name}", "compute.zoneOperations.get",
                         lambda: client.get(project=self.project, zone=self.zone, operation=name, retry=None,
@@ -668,6 +736,19 @@ class ComputeAdapter:
         urls = [m.instance for m in managed if m.instance]
         if not urls:
             raise NotFoundError(f"MIG {name} in {self.project}/{self.zone} has no instances to recreate")
+        if region := self.mig_region(name):
+            regional = self._client("regionInstanceGroupManagers")
+
+            def recreate_regional() -> Any:
+                return regional.recreate_instances_unary(
+                    project=self.project, region=region, instance_group_manager=name,
+                    region_instance_group_managers_recreate_request_resource=compute_v1.
+                    RegionInstanceGroupManagersRecreateRequest(instances=urls), retry=None, timeout=RPC_TIMEOUT)
+
+            op = self._write("recreate_instances", f"projects/{self.project}/regions/{region}/instanceGroupManagers/"
+                             f"{name}", "compute.instanceGroupManagers.update", recreate_regional,
+                             gone=f"no MIG {name} in {self.project}/{region} to recreate")
+            return f"{REGION_OP}{region}/{op}"
         client = self._client("instanceGroupManagers")
         body = compute_v1.InstanceGroupManagersRecreateInstancesRequest(instances=urls)
 
@@ -695,6 +776,17 @@ class ComputeAdapter:
         except Exception as exc:  # json_format.ParseError: a field this API does not know
             raise UsageError(f"tpu.compute_spec.{self.kind}: {exc}; run `tpuwatch init {name}` to capture it "
                              "again") from None
+        if self.kind == "mig" and "distributionPolicy" in node:  # a regional MIG (init saved its distribution)
+            regional = self._client("regionInstanceGroupManagers")
+
+            def insert_regional() -> Any:
+                return regional.insert_unary(project=self.project, region=self.region,
+                                             instance_group_manager_resource=resource, retry=None, timeout=RPC_TIMEOUT)
+
+            op = self._write("insert_mig", f"projects/{self.project}/regions/{self.region}/instanceGroupManagers/{name}",
+                             "compute.instanceGroupManagers.create", insert_regional)
+            self._regions[name] = self.region
+            return f"{REGION_OP}{self.region}/{op}"
         client = self._client(kind)
 
         def insert() -> Any:
@@ -798,7 +890,10 @@ def flex_emptied(adapter: ComputeAdapter, mig: Any, managed: Sequence[Any]) -> b
 
 
 def resize_requests(adapter: ComputeAdapter, mig: str) -> list[Any]:
-    """The MIG's resize requests, oldest first (one page: a MIG keeps few)."""
+    """The MIG's resize requests, oldest first (one page: a MIG keeps few); none asked of a
+    regional MIG (flex-start through a regional MIG's resize requests is not supported)."""
+    if adapter.mig_region(mig):
+        return []
     client = adapter._client("instanceGroupManagerResizeRequests")
     resp = adapter._call("list_resize_requests", f"{adapter._where()}/instanceGroupManagers/{mig}",
                          "compute.instanceGroupManagers.get", lambda: client.list(

@@ -62,6 +62,12 @@ MAKING = frozenset({"CREATING", "CREATING_WITHOUT_RETRIES", "RECREATING"})
 ON_FAILURE = ("REPAIR", "DO_NOTHING")
 
 
+def _scope(zone: str) -> str:
+    """The scope of a MIG method's `zone`: a zone's (`zones/Z`), or a regional MIG's when it is
+    given as `regions/R` (every MIG method takes either)."""
+    return zone if zone.startswith("regions/") else f"zones/{zone}"
+
+
 def _path_tail(url: str, marker: str) -> str:
     """`projects/...` from a full or partial resource URL (from the first `marker`)."""
     i = url.find(marker)
@@ -134,11 +140,34 @@ class Migs(ComputeFaults):
     # ---- MIGs --------------------------------------------------------------------------------
 
     def _require_mig(self, project: str, zone: str, name: str) -> MigRec:
-        self.check_compute_zone(project, zone)
+        """The MIG `name` of a zone, or of a region with `zone` = `regions/R` (lock held)."""
+        if zone.startswith("regions/"):
+            self.check_compute_region(project, zone[len("regions/"):])
+        else:
+            self.check_compute_zone(project, zone)
         mig = self._migs.get(f"{project}/{zone}/instanceGroupManagers/{name}")
         if mig is None:
-            raise not_found(f"projects/{project}/zones/{zone}/instanceGroupManagers/{name}")
+            raise not_found(f"projects/{project}/{_scope(zone)}/instanceGroupManagers/{name}")
         return mig
+
+    def check_compute_region(self, project: str, region: str) -> None:
+        """A region of the simulator's zones, else INVALID_ARGUMENT as Compute Engine answers."""
+        if region not in {region_of(z) for z in (self.zone, *(self.zones or ()))}:
+            raise ComputeError("INVALID_ARGUMENT", f"Invalid value for field 'region': '{region}'. Unknown region.",
+                               "invalid")
+
+    def _regional_zone(self, project: str, region: str, body: Mapping[str, Any]) -> str:
+        """The one zone a regional MIG makes its instances in: its distributionPolicy's first zone,
+        else the simulator's first zone of the region (a TPU slice's VMs are in one zone)."""
+        self.check_compute_region(project, region)
+        zones = [str(z.get("zone") or "").rsplit("/", 1)[-1]
+                 for z in (body.get("distributionPolicy") or {}).get("zones") or []]
+        ours = [z for z in (self.zone, *(self.zones or ())) if region_of(z) == region]
+        zone = zones[0] if zones else ours[0]
+        if zone not in ours:
+            raise ComputeError("INVALID_ARGUMENT", "Invalid value for field 'resource.distributionPolicy.zones': "
+                               f"'{zone}' is not a zone of region {region}.", "invalid")
+        return zone
 
     def insert_mig(self, project: str, zone: str, body: Mapping[str, Any], *, worker_numbers: str = "") -> ComputeOpRec:
         """instanceGroupManagers.insert: the MIG now, its instances as they are made
@@ -148,6 +177,10 @@ class Migs(ComputeFaults):
             raise ComputeError("INVALID_ARGUMENT", f"Invalid value for field 'resource.name': '{name}'.", "invalid")
         size = int(body.get("targetSize") or 0)
         with self._lock:
+            scope, region = _scope(zone), ""
+            if zone.startswith("regions/"):  # a regional MIG: its instances in one zone of the region
+                region = zone[len("regions/"):]
+                zone = self._regional_zone(project, region, body)
             self.check_compute_zone(project, zone)
             template = self._templates.get(_path_tail(str(body.get("instanceTemplate") or ""), "projects/"))
             if template is None:
@@ -179,11 +212,12 @@ class Migs(ComputeFaults):
                          str(body.get("baseInstanceName") or name), template.path, size,
                          workload_policy=policy_url, topology=topology,
                          default_action_on_failure=str(lifecycle.get("defaultActionOnFailure") or "REPAIR"),
-                         description=str(body.get("description") or ""), worker_numbers=worker_numbers)
+                         description=str(body.get("description") or ""), worker_numbers=worker_numbers,
+                         region=region)
             if mig.key in self._migs:
                 raise ComputeError("ALREADY_EXISTS", f"The resource '{mig.path}' already exists", "alreadyExists")
             self._migs[mig.key] = mig
-            op = self._new_cop(project, f"zones/{zone}", "insert", mig.path, mig.id, done=True)
+            op = self._new_cop(project, scope, "insert", mig.path, mig.id, done=True)
             self._grow(mig, size)
             return copy.deepcopy(op)
 
@@ -223,7 +257,7 @@ class Migs(ComputeFaults):
         props: dict[str, Any] = copy.deepcopy(template.properties) if template is not None else {}
         items = list((props.get("metadata") or {}).get("items") or [])
         number = self._project_number(mig.project)
-        items.append({"key": "created-by", "value": f"projects/{number}/zones/{mig.zone}/instanceGroupManagers/{mig.name}"})
+        items.append({"key": "created-by", "value": f"projects/{number}/{mig.scope}/instanceGroupManagers/{mig.name}"})
         props["metadata"] = {"items": items}
         numbered = {n: i for i, n in enumerate(sorted(mig.members, reverse=mig.worker_numbers == "reverse"))}
         if run_duration is not None:
@@ -279,14 +313,23 @@ class Migs(ComputeFaults):
             return copy.deepcopy(self._require_mig(project, zone, name))
 
     def list_migs(self, project: str, zone: str | None = None) -> list[MigRec]:
+        """The zonal MIGs of a zone (every MIG of the project, regional ones too, when None)."""
         with self._lock:
             return [copy.deepcopy(m) for _, m in sorted(self._migs.items())
-                    if m.project == project and (zone is None or m.zone == zone)]
+                    if m.project == project and (zone is None or (m.zone == zone and not m.region))]
 
-    def mig(self, name: str, *, project: str | None = None, zone: str | None = None) -> MigRec:
-        """A snapshot of one MIG (tests)."""
+    def list_region_migs(self, project: str, region: str) -> list[MigRec]:
         with self._lock:
-            mig = self._migs.get(f"{project or self.project}/{zone or self.zone}/instanceGroupManagers/{name}")
+            self.check_compute_region(project, region)
+            return [copy.deepcopy(m) for _, m in sorted(self._migs.items())
+                    if m.project == project and m.region == region]
+
+    def mig(self, name: str, *, project: str | None = None, zone: str | None = None,
+            region: str = "") -> MigRec:
+        """A snapshot of one MIG (tests); `region`: a regional MIG's."""
+        where = f"regions/{region}" if region else zone or self.zone
+        with self._lock:
+            mig = self._migs.get(f"{project or self.project}/{where}/instanceGroupManagers/{name}")
             if mig is None:
                 raise UsageError(f"no simulated MIG {name!r}")
             return copy.deepcopy(mig)
@@ -304,29 +347,30 @@ class Migs(ComputeFaults):
         """listManagedInstances: each managed instance and its instance (None while not made)."""
         with self._lock:
             mig = self._require_mig(project, zone, name)
-            return [(copy.deepcopy(m), copy.deepcopy(self._instances.get(self._ikey(project, zone, n))))
+            return [(copy.deepcopy(m), copy.deepcopy(self._instances.get(self._ikey(project, mig.zone, n))))
                     for n, m in sorted(mig.members.items())]
 
     def wait_mig_stable(self, name: str, *, timeout: float = 20.0, project: str | None = None,
-                        zone: str | None = None) -> MigRec:
-        key = f"{project or self.project}/{zone or self.zone}/instanceGroupManagers/{name}"
+                        zone: str | None = None, region: str = "") -> MigRec:
+        where = f"regions/{region}" if region else zone or self.zone
+        key = f"{project or self.project}/{where}/instanceGroupManagers/{name}"
 
         def ok(w: Migs) -> bool:
             mig = w._migs.get(key)
             return mig is not None and w.mig_is_stable(mig)
 
         self.wait_for(ok, timeout, f"MIG {name} stable")
-        return self.mig(name, project=project, zone=zone)
+        return self.mig(name, project=project, zone=zone, region=region)
 
     def delete_mig(self, project: str, zone: str, name: str) -> ComputeOpRec:
         """instanceGroupManagers.delete: its instances are deleted, then the MIG."""
         with self._lock:
             mig = self._require_mig(project, zone, name)
             mig.epoch += 1
-            op = self._new_cop(project, f"zones/{zone}", "delete", mig.path, mig.id)
+            op = self._new_cop(project, _scope(zone), "delete", mig.path, mig.id)
             for m in mig.members.values():
                 m.current_action = "DELETING"
-            doomed = [r for r in (self._instances.get(self._ikey(project, zone, n)) for n in mig.members) if r]
+            doomed = [r for r in (self._instances.get(self._ikey(project, mig.zone, n)) for n in mig.members) if r]
             for r in doomed:
                 r.status, r.epoch = "STOPPING", r.epoch + 1
             victims = [(r.key, r.id) for r in doomed]
@@ -353,7 +397,7 @@ class Migs(ComputeFaults):
             if mig.multi_host and size not in (0, mig.target_size):
                 raise ComputeError("INVALID_ARGUMENT", f"MIG '{name}' is a multi-host TPU slice of topology "
                                    f"{mig.topology}; its size cannot change.", "badRequest")
-            op = self._new_cop(project, f"zones/{zone}", "resize", mig.path, mig.id, done=True)
+            op = self._new_cop(project, _scope(zone), "resize", mig.path, mig.id, done=True)
             extra = size - len(mig.members)
             mig.target_size = size
             if extra > 0:
@@ -387,7 +431,7 @@ class Migs(ComputeFaults):
                                    f"MIG '{name}'.", "invalid")
             if mig.multi_host:
                 names = sorted(mig.members)
-            op = self._new_cop(project, f"zones/{zone}", "recreateInstances", mig.path, mig.id, done=True)
+            op = self._new_cop(project, _scope(zone), "recreateInstances", mig.path, mig.id, done=True)
             for n in names:
                 if mig.members[n].current_action not in MAKING:  # flagged already: left to its action
                     self._recreate_member(mig, n, reason)
@@ -439,10 +483,10 @@ class Migs(ComputeFaults):
             self._touch()
 
     def autoheal(self, mig_name: str, instance: str = "", *, reason: str = "instance's health check failed",
-                 project: str | None = None, zone: str | None = None) -> None:
+                 project: str | None = None, zone: str | None = None, region: str = "") -> None:
         """MIG autoheal: a single-host MIG recreates the instance under its name; a multi-host
         slice is recreated as a whole (every instance RECREATING, new ids)."""
-        project, zone = project or self.project, zone or self.zone
+        project, zone = project or self.project, f"regions/{region}" if region else zone or self.zone
         with self._lock:
             mig = self._migs.get(f"{project}/{zone}/instanceGroupManagers/{mig_name}")
             if mig is None:
@@ -591,19 +635,20 @@ class Migs(ComputeFaults):
                 topology: str = "", spot: bool = False, labels: Mapping[str, str] | None = None,
                 metadata: Mapping[str, str] | None = None, project: str | None = None,
                 zone: str | None = None, wait: bool = True, timeout: float = 60.0,
-                worker_numbers: str = "", on_failure: str = "") -> MigRec:
+                worker_numbers: str = "", on_failure: str = "", region: str = "") -> MigRec:
         """A MIG of `size` TPU VMs from a new regional template `<name>-template` (with a
         workload policy `<name>-policy` when a topology is given), waited until stable (unless
         not `wait`: in a stockout it is not made). `worker_numbers` "name" or "reverse": its
         VMs carry `agent-worker-number` in that order (the module's docstring). `on_failure`:
-        its `instanceLifecyclePolicy.defaultActionOnFailure` (absent: REPAIR, Google's default)."""
+        its `instanceLifecyclePolicy.defaultActionOnFailure` (absent: REPAIR, Google's default).
+        `region`: a regional MIG of that region, its instances in `zone` (the world's)."""
         if worker_numbers not in WORKER_NUMBERINGS:
             raise UsageError(f"MIG {name!r}: worker_numbers must be one of "
                              f"{', '.join(repr(w) for w in WORKER_NUMBERINGS)}, got {worker_numbers!r}")
         if on_failure and on_failure not in ON_FAILURE:
             raise UsageError(f"MIG {name!r}: on_failure must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
         project, zone = project or self.project, zone or self.zone
-        region = region_of(zone)
+        home = region_of(zone)  # the template's and workload policy's region
         sched: dict[str, Any] = {"onHostMaintenance": "TERMINATE"}
         if spot:
             sched.update({"provisioningModel": "SPOT", "instanceTerminationAction": "STOP"})
@@ -613,18 +658,22 @@ class Migs(ComputeFaults):
             "networkInterfaces": [{"network": "global/networks/default", "accessConfigs": [{"type": "ONE_TO_ONE_NAT"}]}],
         }
         body: dict[str, Any] = {"name": name, "baseInstanceName": name, "targetSize": size,
-                                "instanceTemplate": f"projects/{project}/regions/{region}/instanceTemplates/{name}-template"}
+                                "instanceTemplate": f"projects/{project}/regions/{home}/instanceTemplates/{name}-template"}
         if on_failure:
             body["instanceLifecyclePolicy"] = {"defaultActionOnFailure": on_failure}
+        if region:
+            if region != home:
+                raise UsageError(f"MIG {name!r}: zone {zone} is not in region {region}")
+            body["distributionPolicy"] = {"zones": [{"zone": f"zones/{zone}"}], "targetShape": "ANY_SINGLE_ZONE"}
         try:
-            self.insert_template(project, region, {"name": f"{name}-template", "properties": props})
+            self.insert_template(project, home, {"name": f"{name}-template", "properties": props})
             if topology:
-                self.insert_resource_policy(project, region, {"name": f"{name}-policy", "workloadPolicy": {
+                self.insert_resource_policy(project, home, {"name": f"{name}-policy", "workloadPolicy": {
                     "type": "HIGH_THROUGHPUT", "acceleratorTopology": topology}})
-                body["resourcePolicies"] = {"workloadPolicy": f"projects/{project}/regions/{region}/resourcePolicies/{name}-policy"}
-            self.insert_mig(project, zone, body, worker_numbers=worker_numbers)
+                body["resourcePolicies"] = {"workloadPolicy": f"projects/{project}/regions/{home}/resourcePolicies/{name}-policy"}
+            self.insert_mig(project, f"regions/{region}" if region else zone, body, worker_numbers=worker_numbers)
         except ComputeError as exc:
             raise UsageError(f"MIG {name!r}: {exc.message}")
         if size and wait:
-            return self.wait_mig_stable(name, timeout=timeout, project=project, zone=zone)
-        return self.mig(name, project=project, zone=zone)
+            return self.wait_mig_stable(name, timeout=timeout, project=project, zone=zone, region=region)
+        return self.mig(name, project=project, zone=zone, region=region)
