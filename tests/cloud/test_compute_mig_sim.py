@@ -3,6 +3,7 @@ Compute Engine face: its own instances only, and no recreateInstances of what it
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -70,3 +71,32 @@ def test_a_regional_mig_is_found_from_its_zone_read_through_its_region_and_recre
     w.wait_mig_stable("slice", region=region, timeout=30)
     assert all(w.instance(n).id != before[n] for n in before)
     assert [n.name for n in api.list_nodes()] == ["slice"]  # `status --all`: the regional MIG, its VMs in it
+
+
+def test_a_regional_flex_start_migs_vms_come_through_the_regions_resize_requests(
+        sim_api: Simulator, rest: RestFace) -> None:
+    from tpuwatch.cloud.computelife import ComputeLifecycle
+
+    w = sim_api.world
+    region = w.zone.rsplit("-", 1)[0]
+    w.add_mig("slice", size=0, region=region)
+    api = ComputeAdapter(w.project, w.zone, "mig", flex_start=86400.0)
+    life = ComputeLifecycle(api, mig="slice", size=2)
+    op = life.create("slice", {}, w.zone)
+    assert w.calls["compute.v1.RegionInstanceGroupManagerResizeRequests/Insert"] == 1, dict(w.calls)
+    deadline = time.monotonic() + 30
+    while not api.get_operation(op).done:  # the request SUCCEEDS once its VMs run
+        assert time.monotonic() < deadline, "the resize request never SUCCEEDED"
+        time.sleep(0.05)
+    status = life.status()
+    assert status is not None and status.state == "ACTIVE"
+    assert status.name.startswith(f"projects/{w.project}/regions/{region}/instanceGroupManagers/slice/resizeRequests/")
+    node = api.get_node("slice")
+    assert node is not None and node.state == "READY" and len(node.workers) == 2
+    w.end_resize_run("slice", region=region)  # the run duration ends: Google deletes the VMs
+    w.wait_for(lambda ww: not ww.mig("slice", region=region).members, 30, "the VMs deleted")
+    status = life.status()
+    assert status is not None and status.state == "SUSPENDED" and api.get_node("slice") is None
+    deleted, _ = life.delete(None)
+    assert deleted.startswith(f"regionOperations/{region}/") and api.get_operation(deleted).done
+    assert w.list_resize_requests(w.project, f"regions/{region}", "slice") == []

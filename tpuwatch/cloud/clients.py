@@ -101,6 +101,7 @@ _COMPUTE_CLIENTS = {
     "zoneOperations": "ZoneOperationsClient",
     "regionInstanceGroupManagers": "RegionInstanceGroupManagersClient",
     "regionOperations": "RegionOperationsClient",
+    "regionInstanceGroupManagerResizeRequests": "RegionInstanceGroupManagerResizeRequestsClient",
 }
 
 

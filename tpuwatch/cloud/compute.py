@@ -395,6 +395,7 @@ class ComputeAdapter:
         self._noted: set[str] = set()
         # MIG name -> its region, for a regional MIG (regionInstanceGroupManagers) once found
         self._regions: dict[str, str] = {}
+        self._zonal: set[str] = set()  # MIG names found in the zone
 
     # -- plumbing ---------------------------------------------------------------------------
     def _client(self, kind: str) -> Any:
@@ -458,6 +459,10 @@ class ComputeAdapter:
         """The region of MIG `name` when it is a regional MIG (known once read), else ""."""
         return self._regions.get(name, "")
 
+    def scope_known(self, name: str) -> bool:
+        """Whether MIG `name` was found, zonal or regional, by this adapter."""
+        return name in self._regions or name in self._zonal
+
     def get_mig(self, name: str) -> Any | None:
         """The `compute_v1.InstanceGroupManager`, or None: the zone's MIG, else the zone's region's
         (a regional MIG, remembered so that later reads ask the region first, one request)."""
@@ -465,6 +470,7 @@ class ComputeAdapter:
             mig = self._get("instanceGroupManagers", name, "compute.instanceGroupManagers.get", lambda c: c.get(
                 project=self.project, zone=self.zone, instance_group_manager=name, retry=None, timeout=RPC_TIMEOUT))
             if mig is not None:
+                self._zonal.add(name)
                 return mig
         mig = self._get("regionInstanceGroupManagers", name, "compute.instanceGroupManagers.get", lambda c: c.get(
             project=self.project, region=self.region, instance_group_manager=name, retry=None, timeout=RPC_TIMEOUT))
@@ -889,16 +895,29 @@ def flex_emptied(adapter: ComputeAdapter, mig: Any, managed: Sequence[Any]) -> b
     return bool(adapter.flex_start) and not managed
 
 
+def _resizes(adapter: ComputeAdapter, mig: str) -> tuple[Any, dict[str, str], str]:
+    """The resize-request client of MIG `mig`, where it is (`zone=` or, for a regional MIG,
+    `region=`), and the MIG's path: a regional MIG's requests are the region's
+    (`regionInstanceGroupManagerResizeRequests`). The MIG is read first when its scope is not known."""
+    if not adapter.scope_known(mig):
+        adapter.get_mig(mig)
+    if region := adapter.mig_region(mig):
+        return (adapter._client("regionInstanceGroupManagerResizeRequests"), {"region": region},
+                f"projects/{adapter.project}/regions/{region}/instanceGroupManagers/{mig}")
+    return (adapter._client("instanceGroupManagerResizeRequests"), {"zone": adapter.zone},
+            f"{adapter._where()}/instanceGroupManagers/{mig}")
+
+
+def _scoped_op(where: dict[str, str], op: str) -> str:
+    """An operation's name as followed: a region's prefixed with `REGION_OP` and the region."""
+    return f"{REGION_OP}{where['region']}/{op}" if "region" in where and op else op
+
+
 def resize_requests(adapter: ComputeAdapter, mig: str) -> list[Any]:
-    """The MIG's resize requests, oldest first (one page: a MIG keeps few); none asked of a
-    regional MIG (flex-start through a regional MIG's resize requests is not supported)."""
-    if adapter.mig_region(mig):
-        return []
-    client = adapter._client("instanceGroupManagerResizeRequests")
-    resp = adapter._call("list_resize_requests", f"{adapter._where()}/instanceGroupManagers/{mig}",
-                         "compute.instanceGroupManagers.get", lambda: client.list(
-                             project=adapter.project, zone=adapter.zone, instance_group_manager=mig,
-                             retry=None, timeout=RPC_TIMEOUT), read=True)
+    """The MIG's resize requests, oldest first (one page: a MIG keeps few)."""
+    client, where, path = _resizes(adapter, mig)
+    resp = adapter._call("list_resize_requests", path, "compute.instanceGroupManagers.get", lambda: client.list(
+        project=adapter.project, instance_group_manager=mig, retry=None, timeout=RPC_TIMEOUT, **where), read=True)
     return sorted(resp, key=lambda r: (r.creation_timestamp, r.name))
 
 
@@ -914,7 +933,7 @@ def resize_status(adapter: ComputeAdapter, mig: str) -> QueuedStatus:
         state, text = "SUSPENDED", "its flex-start VMs were deleted at the end of their run duration"
     if str(rr.state) == "CANCELLED":
         text = text or "the resize request was cancelled"
-    return QueuedStatus(name=f"{adapter._where()}/instanceGroupManagers/{mig}/resizeRequests/{rr.name}",
+    return QueuedStatus(name=f"{_resizes(adapter, mig)[2]}/resizeRequests/{rr.name}",
                         state=state, error_code=code, error_message=text, kind="resize_request",
                         since=_time(rr.creation_timestamp))
 
@@ -931,7 +950,7 @@ def resize_in_flight(adapter: ComputeAdapter, mig: str) -> QueuedStatus | None:
     if not live:
         return None
     rr = live[-1]
-    return QueuedStatus(name=f"{adapter._where()}/instanceGroupManagers/{mig}/resizeRequests/{rr.name}",
+    return QueuedStatus(name=f"{_resizes(adapter, mig)[2]}/resizeRequests/{rr.name}",
                         state=_RESIZE_STATES[str(rr.state)], kind="resize_request",
                         since=_time(rr.creation_timestamp))
 
@@ -942,17 +961,17 @@ def resize_operation(adapter: ComputeAdapter, op: str) -> OperationStatus:
     policy queues and retries within queue_timeout), CANCELLED as CANCELLED (a person's: the
     create fails, never retried)."""
     mig, name = op[len(RESIZE_OP):].split("/", 1)
-    client = adapter._client("instanceGroupManagerResizeRequests")
+    client, where, path = _resizes(adapter, mig)
 
     def get() -> Any:
         try:
-            return client.get(project=adapter.project, zone=adapter.zone, instance_group_manager=mig,
-                              resize_request=name, retry=None, timeout=RPC_TIMEOUT)
+            return client.get(project=adapter.project, instance_group_manager=mig, resize_request=name, retry=None,
+                              timeout=RPC_TIMEOUT, **where)
         except gexc.NotFound:
             return None
 
-    rr = adapter._call("get_resize_request", f"{adapter._where()}/instanceGroupManagers/{mig}/resizeRequests/{name}",
-                       "compute.instanceGroupManagers.get", get, read=True)
+    rr = adapter._call("get_resize_request", f"{path}/resizeRequests/{name}", "compute.instanceGroupManagers.get",
+                       get, read=True)
     if rr is None:
         return OperationStatus(name=op, done=True, error_code=CODE_NUMBERS["NOT_FOUND"],
                                error_message=f"resize request {name} of MIG {mig} is gone")
@@ -982,38 +1001,36 @@ def insert_resize_request(adapter: ComputeAdapter, mig: str, resize_by: int) -> 
     name = f"{mig[:40]}-tpuwatch-{time.time_ns() // 1_000_000}"  # unique per try, as retries are ms apart at least
     body = compute_v1.InstanceGroupManagerResizeRequest(
         name=name, resize_by=resize_by, requested_run_duration=compute_v1.Duration(seconds=int(adapter.flex_start)))
-    client = adapter._client("instanceGroupManagerResizeRequests")
+    client, where, path = _resizes(adapter, mig)
 
     def insert() -> Any:
-        return client.insert_unary(project=adapter.project, zone=adapter.zone, instance_group_manager=mig,
+        return client.insert_unary(project=adapter.project, instance_group_manager=mig,
                                    instance_group_manager_resize_request_resource=body, retry=None,
-                                   timeout=RPC_TIMEOUT)
+                                   timeout=RPC_TIMEOUT, **where)
 
-    adapter._write("insert_resize_request", f"{adapter._where()}/instanceGroupManagers/{mig}",
-                   "compute.instanceGroupManagers.update", insert)
+    adapter._write("insert_resize_request", path, "compute.instanceGroupManagers.update", insert)
     return f"{RESIZE_OP}{mig}/{name}"
 
 
 def delete_ended_resize_requests(adapter: ComputeAdapter, mig: str) -> str:
     """Delete the MIG's ended resize requests (SUCCEEDED, FAILED, CANCELLED: Google keeps them
     until deleted); the last delete's operation name ("" when none had ended)."""
-    client = adapter._client("instanceGroupManagerResizeRequests")
+    client, where, path = _resizes(adapter, mig)
     op = ""
     for rr in resize_requests(adapter, mig):
         if str(rr.state) not in ("SUCCEEDED", "FAILED", "CANCELLED"):
             continue
 
         def delete(rr_name: str = str(rr.name)) -> Any:
-            return client.delete_unary(project=adapter.project, zone=adapter.zone, instance_group_manager=mig,
-                                       resize_request=rr_name, retry=None, timeout=RPC_TIMEOUT)
+            return client.delete_unary(project=adapter.project, instance_group_manager=mig, resize_request=rr_name,
+                                       retry=None, timeout=RPC_TIMEOUT, **where)
 
         try:
-            op = adapter._write("delete_resize_request", f"{adapter._where()}/instanceGroupManagers/{mig}/"
-                                f"resizeRequests/{rr.name}", "compute.instanceGroupManagers.update", delete,
-                                gone="gone")
+            op = adapter._write("delete_resize_request", f"{path}/resizeRequests/{rr.name}",
+                                "compute.instanceGroupManagers.update", delete, gone="gone")
         except NotFoundError:
             continue
-    return op
+    return _scoped_op(where, op)
 
 
 def _json(data: Mapping[str, Any]) -> str:

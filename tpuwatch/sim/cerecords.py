@@ -255,5 +255,6 @@ class ResizeRec:
 
     @property
     def path(self) -> str:
-        return (f"projects/{self.project}/zones/{self.zone}/instanceGroupManagers/{self.mig}"
-                f"/resizeRequests/{self.name}")
+        # `zone` is `regions/R` for a regional MIG's request
+        scope = self.zone if self.zone.startswith("regions/") else f"zones/{self.zone}"
+        return f"projects/{self.project}/{scope}/instanceGroupManagers/{self.mig}/resizeRequests/{self.name}"

@@ -218,6 +218,9 @@ def resize_json(rr: ResizeRec, base: str) -> dict[str, Any]:
         "selfLinkWithId": f"{base}{rr.path.rsplit('/', 1)[0]}/{rr.id}",
         "status": {},
     }
+    if rr.zone.startswith("regions/"):  # a regional MIG's request
+        del out["zone"]
+        out["region"] = f"{base}projects/{rr.project}/{rr.zone}"
     if rr.run_duration is not None:
         out["requestedRunDuration"] = {"seconds": str(int(rr.run_duration))}
     if rr.error:

@@ -8,7 +8,7 @@ their `regions/R/` and `global/` twins, `regions/R/instanceTemplates` and
 `global/instanceTemplates` (insert, get, list), `regions/R/resourcePolicies` (insert, get),
 `zones/Z/instanceGroupManagers` (insert, get, list, delete, listManagedInstances,
 recreateInstances, resize), `regions/R/instanceGroupManagers` (insert, get, list,
-listManagedInstances, recreateInstances), `aggregated/instanceGroupManagers`,
+listManagedInstances, recreateInstances, resizeRequests), `aggregated/instanceGroupManagers`,
 `zones/Z/instanceGroupManagers/G/resizeRequests` (insert, get, list, delete, cancel) and
 `zones/Z/autoscalers` (always empty: gcloud's MIG describe asks) and `zones/Z/instanceGroups` (list:
 each MIG's group and its size, which gcloud's MIG list reads).
@@ -95,6 +95,13 @@ ROUTES: list[tuple[str, re.Pattern[str], str, str]] = [
          "region_managed_instances"),
         ("POST", _RG + r"/recreateInstances$", "RegionInstanceGroupManagers/RecreateInstances",
          "region_recreate_instances"),
+        ("POST", _RG + r"/resizeRequests$", "RegionInstanceGroupManagerResizeRequests/Insert", "region_insert_resize"),
+        ("GET", _RG + r"/resizeRequests$", "RegionInstanceGroupManagerResizeRequests/List", "region_list_resizes"),
+        ("GET", _RG + rf"/resizeRequests/{_S}$", "RegionInstanceGroupManagerResizeRequests/Get", "region_get_resize"),
+        ("DELETE", _RG + rf"/resizeRequests/{_S}$", "RegionInstanceGroupManagerResizeRequests/Delete",
+         "region_delete_resize"),
+        ("POST", _RG + rf"/resizeRequests/{_S}/cancel$", "RegionInstanceGroupManagerResizeRequests/Cancel",
+         "region_cancel_resize"),
         ("POST", _G + r"/resizeRequests$", "InstanceGroupManagerResizeRequests/Insert", "insert_resize"),
         ("GET", _G + r"/resizeRequests$", "InstanceGroupManagerResizeRequests/List", "list_resizes"),
         ("GET", _G + rf"/resizeRequests/{_S}$", "InstanceGroupManagerResizeRequests/Get", "get_resize"),
@@ -446,8 +453,26 @@ class ComputeRest:
     def _list_resizes(self, p: str, z: str, g: str, *, query: dict[str, str], **_: Any) -> dict[str, Any]:
         base = self._base()
         items = [resize_json(r, base) for r in self.world.list_resize_requests(p, z, g)]
-        return _list("compute#instanceGroupManagerResizeRequestList",
-                     f"{base}projects/{p}/zones/{z}/instanceGroupManagers/{g}/resizeRequests", items, query)
+        scope = z if z.startswith("regions/") else f"zones/{z}"
+        return _list("compute#instanceGroupManagerResizeRequestList" if scope.startswith("zones/") else
+                     "compute#regionInstanceGroupManagerResizeRequestList",
+                     f"{base}projects/{p}/{scope}/instanceGroupManagers/{g}/resizeRequests", items, query)
+
+    # a regional MIG's resize requests: the same over `regions/R`
+    def _region_insert_resize(self, p: str, r: str, g: str, **kw: Any) -> dict[str, Any]:
+        return self._insert_resize(p, f"regions/{r}", g, **kw)
+
+    def _region_list_resizes(self, p: str, r: str, g: str, **kw: Any) -> dict[str, Any]:
+        return self._list_resizes(p, f"regions/{r}", g, **kw)
+
+    def _region_get_resize(self, p: str, r: str, g: str, n: str, **kw: Any) -> dict[str, Any]:
+        return self._get_resize(p, f"regions/{r}", g, n, **kw)
+
+    def _region_delete_resize(self, p: str, r: str, g: str, n: str, **kw: Any) -> dict[str, Any]:
+        return self._delete_resize(p, f"regions/{r}", g, n, **kw)
+
+    def _region_cancel_resize(self, p: str, r: str, g: str, n: str, **kw: Any) -> dict[str, Any]:
+        return self._cancel_resize(p, f"regions/{r}", g, n, **kw)
 
     def _delete_resize(self, p: str, z: str, g: str, n: str, **_: Any) -> dict[str, Any]:
         return self._op(self.world.delete_resize_request(p, z, g, n))

@@ -303,6 +303,7 @@ class Migs(ComputeFaults):
             m = mig.members[rec.name]
             if m.current_action == "DELETING":
                 del mig.members[rec.name]
+                self._touch()  # a wait for the MIG emptied sees it now
             elif m.current_action != "RECREATING":
                 m.current_action = "CREATING"
                 self._make_members(mig.key, [rec.name], mig.epoch, None)
@@ -521,7 +522,7 @@ class Migs(ComputeFaults):
             if rr.key in self._resizes:
                 raise ComputeError("ALREADY_EXISTS", f"The resource '{rr.path}' already exists", "alreadyExists")
             self._resizes[rr.key] = rr
-            op = self._new_cop(project, f"zones/{zone}", "insert", rr.path, rr.id, done=True)
+            op = self._new_cop(project, _scope(zone), "insert", rr.path, rr.id, done=True)
             key, created = rr.key, rr.create_ns
         self.after(self.delays["queued_accept"], lambda: self._resize_step(key, created))
         return copy.deepcopy(op)
@@ -541,8 +542,8 @@ class Migs(ComputeFaults):
                 self._touch()
                 return
             rr.state = "ACCEPTED"
-            if self._in_stockout(rr.zone):
-                rr.last_attempt = [(STOCKOUT_CODE, self.zone_exhausted_text(rr.project, rr.zone))]
+            if self._in_stockout(mig.zone):  # where the MIG makes its VMs (a regional MIG's one zone)
+                rr.last_attempt = [(STOCKOUT_CODE, self.zone_exhausted_text(rr.project, mig.zone))]
                 if time.time_ns() - rr.create_ns >= int(self.real(self.delays["resize_timeout"]) * 1e9):
                     rr.state, rr.error = "FAILED", list(rr.last_attempt)
                 else:
@@ -557,7 +558,8 @@ class Migs(ComputeFaults):
     def _advance_resizes(self, mig: MigRec) -> None:
         """A resize request SUCCEEDS once every VM it made runs. Lock held."""
         for rr in self._resizes.values():
-            if rr.state != "ACCEPTED" or not rr.instances or rr.mig != mig.name or rr.zone != mig.zone:
+            where = f"regions/{mig.region}" if mig.region else mig.zone
+            if rr.state != "ACCEPTED" or not rr.instances or rr.mig != mig.name or rr.zone != where:
                 continue
             recs = [self._instances.get(self._ikey(mig.project, mig.zone, n)) for n in rr.instances]
             if all(r is not None and r.status == "RUNNING" for r in recs):
@@ -580,10 +582,10 @@ class Migs(ComputeFaults):
         self._touch()
 
     def end_resize_run(self, mig_name: str, name: str = "", *, project: str | None = None,
-                       zone: str | None = None) -> None:
+                       zone: str | None = None, region: str = "") -> None:
         """A flex-start run duration ends now (its time came): Google deletes the VMs the
         SUCCEEDED request `name` (default: the MIG's newest such) made, and the target size shrinks."""
-        project, zone = project or self.project, zone or self.zone
+        project, zone = project or self.project, f"regions/{region}" if region else zone or self.zone
         with self._lock:
             self._require_mig(project, zone, mig_name)
             done = [r for _, r in sorted(self._resizes.items(), key=lambda kv: kv[1].create_ns)
@@ -598,7 +600,7 @@ class Migs(ComputeFaults):
             self._require_mig(project, zone, mig)
             rr = self._resizes.get(f"{project}/{zone}/{mig}/{name}")
             if rr is None:
-                raise not_found(f"projects/{project}/zones/{zone}/instanceGroupManagers/{mig}/resizeRequests/{name}")
+                raise not_found(f"projects/{project}/{_scope(zone)}/instanceGroupManagers/{mig}/resizeRequests/{name}")
             return copy.deepcopy(rr)
 
     def list_resize_requests(self, project: str, zone: str, mig: str) -> list[ResizeRec]:
@@ -613,21 +615,21 @@ class Migs(ComputeFaults):
         with self._lock:
             rr = self._resizes.get(f"{project}/{zone}/{mig}/{name}")
             if rr is None:
-                raise not_found(f"projects/{project}/zones/{zone}/instanceGroupManagers/{mig}/resizeRequests/{name}")
+                raise not_found(f"projects/{project}/{_scope(zone)}/instanceGroupManagers/{mig}/resizeRequests/{name}")
             if rr.state in ("CREATING", "ACCEPTED"):
                 raise ComputeError("FAILED_PRECONDITION", f"Resize request '{name}' is {rr.state}; cancel it "
                                    "before deleting it.", "resourceNotReady")
             del self._resizes[rr.key]
-            return copy.deepcopy(self._new_cop(project, f"zones/{zone}", "delete", rr.path, rr.id, done=True))
+            return copy.deepcopy(self._new_cop(project, _scope(zone), "delete", rr.path, rr.id, done=True))
 
     def cancel_resize_request(self, project: str, zone: str, mig: str, name: str) -> ComputeOpRec:
         with self._lock:
             rr = self._resizes.get(f"{project}/{zone}/{mig}/{name}")
             if rr is None:
-                raise not_found(f"projects/{project}/zones/{zone}/instanceGroupManagers/{mig}/resizeRequests/{name}")
+                raise not_found(f"projects/{project}/{_scope(zone)}/instanceGroupManagers/{mig}/resizeRequests/{name}")
             if rr.state in ("CREATING", "ACCEPTED") and not rr.instances:
                 rr.state = "CANCELLED"
-            return copy.deepcopy(self._new_cop(project, f"zones/{zone}", "cancel", rr.path, rr.id, done=True))
+            return copy.deepcopy(self._new_cop(project, _scope(zone), "cancel", rr.path, rr.id, done=True))
 
     # ---- for tests and scenarios -------------------------------------------------------------
 
