@@ -321,6 +321,8 @@ def test_under_check_a_preempted_spot_vm_of_a_mig_that_repairs_is_waited_for_and
             r.node is not None and r.node.usable and r.decision.row == "running" and r.memory.attempt.number == 2),
                    "attempt 2 running on the repaired slice", timeout=90)
         assert "repair_wait" in rows and not {"dead_node", "repair_timeout"} & set(rows), rows
+        tick_until(rec, lambda r: r.memory.phase is Phase.DONE, "the job done", timeout=90)
+    assert job.steps_done()[-1] == STEPS  # resumed to its last step
     job.assert_resumed_uncharged("")
     repaired_by_google(sim, before)
     lists = [f for m, f in w.list_filters if m == "instances.list"]
