@@ -479,7 +479,8 @@ FAULTS: dict[str, Fault] = {
         ),
         Fault(
             "preempt-instance",
-            "Preempt a Spot Compute Engine TPU VM: TERMINATED for good (action STOP) or deleted (DELETE).",
+            "Preempt a Spot Compute Engine TPU VM: TERMINATED for good (action STOP) or deleted (DELETE); "
+            "a MIG that repairs (defaultActionOnFailure REPAIR) then recreates it under its name.",
             (_INSTANCE, Param("notice", "duration", "instance/preempted TRUE this long before", default=0.0),
              *_WHERE),
             target="instance",
