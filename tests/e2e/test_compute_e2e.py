@@ -364,6 +364,11 @@ def test_a_regional_mig_is_found_by_init_from_its_zone_and_a_preempted_spot_vm_i
     written = json.loads(init.stdout)
     assert (written["mig"], written["workers"]) == ("slice", 2)
     assert written["spec"]["mig"]["distributionPolicy"]["targetShape"] == "ANY_SINGLE_ZONE"
+    status = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "status", "-c", str(tmp_path / "init.toml"),
+                             "--json"], env=job.env, text=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert status.returncode == 0, status.stderr
+    (node,) = json.loads(status.stdout)["nodes"]
+    assert node["name"] == "slice" and node["state"] == "READY" and len(node["workers"]) == 2, node
     proc = job.watch()
     wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
     w.preempt_instance(sorted(mig.members)[0])  # DO_NOTHING: left TERMINATED by the MIG
@@ -374,7 +379,7 @@ def test_a_regional_mig_is_found_by_init_from_its_zone_and_a_preempted_spot_vm_i
     after = ids(sim)
     assert all(after[n] != before[n] for n in before)  # tpuwatch's recreateInstances names every VM
     assert writes(sim) == ["compute.v1.RegionInstanceGroupManagers/RecreateInstances"], writes(sim)
-    assert w.calls["compute.v1.InstanceGroupManagers/Get"] <= 2, dict(w.calls)  # the zone asked once per process
+    assert w.calls["compute.v1.InstanceGroupManagers/Get"] == 3, dict(w.calls)  # once a process: init, status, watch
 
 
 def test_a_preempted_spot_instance_is_deleted_and_inserted_again_from_what_init_captured(
