@@ -276,7 +276,7 @@ def repaired_by_google(sim: Simulator, before: dict[str, int]) -> None:
 def test_a_preempted_spot_vm_of_a_mig_that_repairs_is_left_to_the_mig_and_the_job_resumes(
         sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
     w = sim.world
-    w.delays["mig_repair"] = 1200.0  # 2 s at speed 600: the watch sees the VM preempted before the MIG acts
+    w.delays["mig_repair"] = 3600.0  # 6 s at speed 600: the watch sees the VM preempted before the MIG acts
     mig = w.add_mig("slice", "tpu7x-standard-4t", 4, topology="2x2x4", spot=True, labels={"tpuwatch-job": "slice"})
     before = ids(sim)
     job = CeJob(sim, rest, tmp_path, "mig", "slice", hold_at=10)
@@ -295,7 +295,7 @@ def test_a_preempted_spot_vm_of_a_mig_that_repairs_is_left_to_the_mig_and_the_jo
 def test_under_check_a_preempted_spot_vm_of_a_mig_that_repairs_is_waited_for_and_reads_list_only_its_vms(
         sim: Simulator, rest: RestFace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     w = sim.world
-    w.delays["mig_repair"] = 1200.0
+    w.delays["mig_repair"] = 3600.0  # 6 s: a tick sees the VM preempted before the MIG acts, however slow
     for other in ("bystander-1", "bystander-2", "bystander-3"):  # the zone's other VMs: never read
         w.add_instance(other)
     mig = w.add_mig("slice", "tpu7x-standard-4t", 4, topology="2x2x4", spot=True, labels={"tpuwatch-job": "slice"})
