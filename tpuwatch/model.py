@@ -91,6 +91,11 @@ class NodeSnapshot:
     multislice_request: str = ""
     # Its full name where that is not a TPU API node's: a Compute Engine instance's or MIG's
     resource: str = ""
+    # A Compute Engine MIG's own repair, facts for the policy: whether it recreates a failed VM
+    # by itself (`instanceLifecyclePolicy.defaultActionOnFailure` REPAIR, the default), and what
+    # it is doing now ("" when no instance of it has a current action)
+    repairs_itself: bool = False
+    repair_under_way: str = ""
 
     @property
     def full_name(self) -> str:

@@ -38,9 +38,13 @@ def instance(name: str, status: str = "RUNNING", *, ident: int = 1, spot: bool =
     return inst
 
 
-def mig(name: str = "slice", size: int = 4, stable: bool = True) -> compute_v1.InstanceGroupManager:
-    return compute_v1.InstanceGroupManager(name=name, target_size=size, base_instance_name=name,
-                                           status=compute_v1.InstanceGroupManagerStatus(is_stable=stable))
+def mig(name: str = "slice", size: int = 4, stable: bool = True, on_failure: str = "") -> compute_v1.InstanceGroupManager:
+    m = compute_v1.InstanceGroupManager(name=name, target_size=size, base_instance_name=name,
+                                        status=compute_v1.InstanceGroupManagerStatus(is_stable=stable))
+    if on_failure:  # absent: REPAIR, Google's default
+        m.instance_lifecycle_policy = compute_v1.InstanceGroupManagerInstanceLifecyclePolicy(
+            default_action_on_failure=on_failure)
+    return m
 
 
 def managed(inst: compute_v1.Instance, action: str = "NONE", error: str = "") -> compute_v1.ManagedInstance:
@@ -173,8 +177,8 @@ def test_a_mig_shows_its_instances_last_attempt_errors() -> None:
 def test_a_preempted_spot_mig_is_dead_a_host_error_is_a_repair() -> None:
     vms = four(spot=True)
     vms[2] = instance("slice-c", "TERMINATED", ident=3, spot=True)
-    node = mig_snapshot(mig(), [managed(v) for v in vms], vms, project=P, zone=Z)
-    assert node.state == "PREEMPTED" and node_condition(node) is Cond.DEAD
+    node = mig_snapshot(mig(on_failure="DO_NOTHING"), [managed(v) for v in vms], vms, project=P, zone=Z)
+    assert node.state == "PREEMPTED" and node_condition(node) is Cond.DEAD and not node.repairs_itself
     vms = four()
     vms[0] = instance("slice-d", "REPAIRING", ident=4)
     assert mig_snapshot(mig(), [managed(v) for v in vms], vms, project=P, zone=Z).state == "REPAIRING"
@@ -216,4 +220,34 @@ def test_a_host_error_in_a_multi_host_mig_is_a_repair_not_a_persons_stop() -> No
 def test_a_preempted_spot_vm_in_an_unstable_mig_is_still_dead() -> None:
     vms = four(spot=True)
     vms[0] = instance("slice-d", "TERMINATED", ident=4, spot=True)
-    assert mig_snapshot(mig(stable=False), [managed(v) for v in vms], vms, project=P, zone=Z).state == "PREEMPTED"
+    node = mig_snapshot(mig(stable=False, on_failure="DO_NOTHING"), [managed(v) for v in vms], vms, project=P, zone=Z)
+    assert node.state == "PREEMPTED" and node_condition(node) is Cond.DEAD
+
+
+@pytest.mark.parametrize("on_failure", ["", "REPAIR"])
+def test_a_preempted_spot_vm_in_a_mig_that_repairs_is_waited_for(on_failure: str) -> None:
+    # Google's MIG recreates it by itself (same name): a repair, not a recreate of the slice
+    vms = four(spot=True)
+    vms[0] = instance("slice-d", "TERMINATED", ident=4, spot=True)
+    node = mig_snapshot(mig(stable=False, on_failure=on_failure), [managed(v) for v in vms], vms, project=P, zone=Z)
+    assert (node.state, node.repairs_itself, node.repair_under_way) == ("PREEMPTED", True, "")
+    assert node_condition(node) is Cond.REPAIR and "slice-d" in node.health_description
+    # then the MIG at work on it: what it does is said, for the policy to wait past repair_timeout
+    parts = [managed(v, "RECREATING" if v.name == "slice-d" else "NONE") for v in vms]
+    node = mig_snapshot(mig(stable=False, on_failure=on_failure), parts, vms, project=P, zone=Z)
+    assert node.state == "REPAIRING" and node.repair_under_way == "MIG acting on slice-d: RECREATING"
+
+
+@pytest.mark.parametrize(("statuses", "state", "cond"), [
+    (("TERMINATED", "REPAIRING", "RUNNING", "RUNNING"), "REPAIRING", Cond.REPAIR),  # Google's, one VM at a time
+    (("TERMINATED", "RUNNING", "RUNNING", "RUNNING"), "REPAIRING", Cond.REPAIR),
+    (("STOPPING", "STAGING", "RUNNING", "RUNNING"), "REPAIRING", Cond.REPAIR),
+    (("TERMINATED", "TERMINATED", "TERMINATED", "TERMINATED"), "STOPPED", Cond.PERSON),  # the whole slice
+    (("SUSPENDED", "TERMINATED", "STOPPING", "TERMINATED"), "STOPPING", Cond.PERSON),
+    (("STAGING", "RUNNING", "RUNNING", "RUNNING"), "STARTING", Cond.REPAIR),
+])
+def test_a_stable_mig_reads_as_stopped_by_a_person_only_when_every_vm_is_stopped(
+        statuses: tuple[str, ...], state: str, cond: Cond) -> None:
+    vms = [instance(f"slice-{s}", status, ident=i) for i, (s, status) in enumerate(zip("abcd", statuses, strict=True))]
+    node = mig_snapshot(mig(), [managed(v) for v in vms], vms, project=P, zone=Z)
+    assert (node.state, node_condition(node)) == (state, cond), node.health_description

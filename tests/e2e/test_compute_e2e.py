@@ -26,7 +26,7 @@ from tpuwatch.ports import Flags
 from tpuwatch.sim.hostfaults import TPU_FAULT_FILE
 from tpuwatch.sim.rest import RestFace
 from tpuwatch.sim.simulator import Simulator
-from tpuwatch.tick import Reconciler
+from tpuwatch.tick import Reconciler, TickReport
 from tpuwatch.wiring import load_job, real_ports
 
 pytestmark = pytest.mark.slow
@@ -228,6 +228,7 @@ def test_init_finds_a_mig_writes_what_recreates_it_and_status_shows_it_as_one_no
     assert (written["mig"], written["workers"], written["owned"]) == ("slice", 4, True)
     spec = written["spec"]
     assert spec["mig"]["targetSize"] == 4 and spec["mig"]["instanceTemplate"].endswith("slice-template")
+    assert spec["mig"]["instanceLifecyclePolicy"]["defaultActionOnFailure"] == "REPAIR"  # a MIG made again repairs alike
     assert spec["workload_policy"]["workloadPolicy"]["acceleratorTopology"] == "2x2x4"
     assert spec["template"]["properties"]["labels"] == {"tpuwatch-job": "slice"}
     status = cli("status", "-c", str(tmp_path / "slice.toml"), "--json")
@@ -244,10 +245,10 @@ def test_init_finds_a_mig_writes_what_recreates_it_and_status_shows_it_as_one_no
     assert cli("init", "nothing", "-o", str(tmp_path / "x.toml")).returncode == 1
 
 
-def test_a_preempted_spot_mig_is_recreated_as_a_whole_and_the_job_resumes(
+def test_a_preempted_spot_mig_that_does_nothing_on_failure_is_recreated_as_a_whole_and_the_job_resumes(
         sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
     mig = sim.world.add_mig("slice", "tpu7x-standard-4t", 4, topology="2x2x4", spot=True,
-                            labels={"tpuwatch-job": "slice"})
+                            labels={"tpuwatch-job": "slice"}, on_failure="DO_NOTHING")
     before = ids(sim)
     job = CeJob(sim, rest, tmp_path, "mig", "slice", hold_at=10)
     proc = job.watch()
@@ -260,6 +261,125 @@ def test_a_preempted_spot_mig_is_recreated_as_a_whole_and_the_job_resumes(
     after = ids(sim)
     assert set(after) == set(before) and all(after[n] != before[n] for n in before)  # every VM made again
     assert writes(sim) == ["compute.v1.InstanceGroupManagers/RecreateInstances"], writes(sim)  # the MIG stays
+
+
+def repaired_by_google(sim: Simulator, before: dict[str, int]) -> None:
+    """Every VM of the multi-host slice made again under its name by the MIG (Google's repair,
+    `repair.recreateInstance` for each), none by tpuwatch."""
+    after = {n: i for n, i in ids(sim).items() if n in before}
+    assert set(after) == set(before) and all(after[n] != before[n] for n in before)
+    repairs = [e for e in sim.world.audit_entries() if e.method == "compute.instances.repair.recreateInstance"]
+    assert {e.resource_labels["instance_id"] for e in repairs} == {str(i) for i in before.values()}
+    assert writes(sim) == [], writes(sim)  # no recreateInstances of tpuwatch's
+
+
+def test_a_preempted_spot_vm_of_a_mig_that_repairs_is_left_to_the_mig_and_the_job_resumes(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    w = sim.world
+    w.delays["mig_repair"] = 3600.0  # 6 s at speed 600: the watch sees the VM preempted before the MIG acts
+    mig = w.add_mig("slice", "tpu7x-standard-4t", 4, topology="2x2x4", spot=True, labels={"tpuwatch-job": "slice"})
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "mig", "slice", hold_at=10)
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
+    w.preempt_instance(sorted(mig.members)[1])  # defaultActionOnFailure REPAIR (the default): the MIG recreates it
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    job.assert_resumed_uncharged(out)
+    repaired_by_google(sim, before)
+    assert "PREEMPTED (its MIG repairs it by itself)" in out, out
+    assert job.steps_done()[-1] == STEPS
+
+
+def test_under_check_a_preempted_spot_vm_of_a_mig_that_repairs_is_waited_for_and_reads_list_only_its_vms(
+        sim: Simulator, rest: RestFace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = sim.world
+    w.delays["mig_repair"] = 3600.0  # 6 s: a tick sees the VM preempted before the MIG acts, however slow
+    for other in ("bystander-1", "bystander-2", "bystander-3"):  # the zone's other VMs: never read
+        w.add_instance(other)
+    mig = w.add_mig("slice", "tpu7x-standard-4t", 4, topology="2x2x4", spot=True, labels={"tpuwatch-job": "slice"})
+    before = {n: i for n, i in ids(sim).items() if n in mig.members}
+    job = CeJob(sim, rest, tmp_path, "mig", "slice", hold_at=10)
+    for key in ("TPUWATCH_STATE_DIR", "TPUWATCH_COMPUTE_EMULATOR"):
+        monkeypatch.setenv(key, job.env[key])
+    jb = load_job(job.cfg)
+    with Journal.open(jb.cfg.state_dir, jb.name, jb.cfg.tpu_name) as journal:
+        rec = Reconciler(jb.cfg, jb.pcfg, real_ports(jb), journal)  # each tick is what `tpuwatch check` runs
+        tick_until(rec, lambda r: r.decision.row == "running" and len(job.steps_done()) >= 2, "the job running")
+        w.preempt_instance(sorted(mig.members)[0])
+        rows: list[str] = []
+
+        def seen(r: TickReport) -> bool:
+            rows.append(r.decision.row)
+            return r.node is not None and r.node.state == "PREEMPTED"
+
+        down = tick_until(rec, seen, "a tick seeing the VM preempted, before the MIG acts")
+        assert down.node is not None and down.node.repairs_itself, down.decision.summary
+        job.release()
+        tick_until(rec, lambda r: bool(rows.append(r.decision.row)) or (
+            r.node is not None and r.node.usable and r.decision.row == "running" and r.memory.attempt.number == 2),
+                   "attempt 2 running on the repaired slice", timeout=90)
+        assert "repair_wait" in rows and not {"dead_node", "repair_timeout"} & set(rows), rows
+        tick_until(rec, lambda r: r.memory.phase is Phase.DONE, "the job done", timeout=90)
+    assert job.steps_done()[-1] == STEPS  # resumed to its last step
+    job.assert_resumed_uncharged("")
+    repaired_by_google(sim, before)
+    lists = [f for m, f in w.list_filters if m == "instances.list"]
+    members = "|".join(sorted(mig.members))
+    assert lists and set(lists) == {f'name eq "({members})"'}, lists  # one filtered page, never the zone
+
+
+def test_a_4_vm_mig_repaired_by_google_past_a_short_repair_timeout_is_waited_for_while_it_acts(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    w = sim.world
+    mig = w.add_mig("slice", "tpu7x-standard-4t", 4, topology="2x2x4", labels={"tpuwatch-job": "slice"})
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "mig", "slice", hold_at=10, repair_timeout="1s")
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
+    w.stockout(sim.zone, duration=3600.0)  # 6 s: the MIG's remake waits for capacity, far past repair_timeout
+    w.autoheal("slice", sorted(mig.members)[3])  # the whole slice RECREATING
+    job.release()
+    rc, out = finish(proc, timeout=150)
+    assert rc == 0, out
+    job.assert_resumed_uncharged(out)
+    after = ids(sim)
+    assert all(after[n] != before[n] for n in before)  # Google's recreate, once
+    assert writes(sim) == [], writes(sim)  # never a recreateInstances of what the MIG recreates
+    assert "waiting for the MIG's own repair to end" in out, out
+
+
+def test_a_regional_mig_is_found_by_init_from_its_zone_and_a_preempted_spot_vm_is_recreated_through_its_region(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    w = sim.world
+    region = sim.zone.rsplit("-", 1)[0]
+    mig = w.add_mig("slice", "tpu7x-standard-4t", 2, spot=True, labels={"tpuwatch-job": "slice"},
+                    region=region, on_failure="DO_NOTHING")
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "mig", "slice", hold_at=10)
+    init = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "init", "slice", "-o", str(tmp_path / "init.toml"),
+                           "--json"], env=job.env, text=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert init.returncode == 0, init.stderr
+    written = json.loads(init.stdout)
+    assert (written["mig"], written["workers"]) == ("slice", 2)
+    assert written["spec"]["mig"]["distributionPolicy"]["targetShape"] == "ANY_SINGLE_ZONE"
+    status = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "status", "-c", str(tmp_path / "init.toml"),
+                             "--json"], env=job.env, text=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert status.returncode == 0, status.stderr
+    (node,) = json.loads(status.stdout)["nodes"]
+    assert node["name"] == "slice" and node["state"] == "READY" and len(node["workers"]) == 2, node
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
+    w.preempt_instance(sorted(mig.members)[0])  # DO_NOTHING: left TERMINATED by the MIG
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    job.assert_resumed_uncharged(out)
+    after = ids(sim)
+    assert all(after[n] != before[n] for n in before)  # tpuwatch's recreateInstances names every VM
+    assert writes(sim) == ["compute.v1.RegionInstanceGroupManagers/RecreateInstances"], writes(sim)
+    assert w.calls["compute.v1.InstanceGroupManagers/Get"] == 3, dict(w.calls)  # once a process: init, status, watch
 
 
 def test_a_preempted_spot_instance_is_deleted_and_inserted_again_from_what_init_captured(

@@ -131,6 +131,27 @@ def test_compute_mig_jobs_of_one_zone_share_the_instances_and_mig_lists(
     assert [n.state for k, n in sorted(nodes.items()) if k != "slice-1" and n is not None] == ["READY", "READY"]
 
 
+def test_regional_mig_jobs_share_their_regions_mig_list_once_found(
+        sim_api: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    w = sim_api.world
+    region = w.zone.rsplit("-", 1)[0]
+    names = ["slice-0", "slice-1"]
+    for name in names:
+        w.add_mig(name, size=2, region=region, labels={"tpuwatch-job": name})
+    w.add_mig("zonal", size=2, labels={"tpuwatch-job": "zonal"})
+    clock = Clock()
+    watched = jobs(tmp_path, "mig", [*names, "zonal"], clock)
+    # the first poll finds each regional MIG with a get (the zone's MIG list holds only zonal ones)
+    assert poll(sim_api, watched, clock) == {"Instances/List": 1, "InstanceGroupManagers/List": 1,
+                                             "InstanceGroupManagers/Get": 2, "RegionInstanceGroupManagers/Get": 2}
+    # then one list of the region's MIGs answers both: at rest, nothing else asked
+    assert poll(sim_api, watched, clock) == {"Instances/List": 1, "InstanceGroupManagers/List": 1,
+                                             "RegionInstanceGroupManagers/List": 1}
+    calls, nodes = read(sim_api, watched, clock)
+    node = nodes["slice-0"]
+    assert node is not None and node.resource.endswith(f"/regions/{region}/instanceGroupManagers/slice-0")
+
+
 def test_a_slice_the_zones_list_does_not_hold_is_read_on_its_own(
         sim_api: Simulator, rest: RestFace, tmp_path: Path) -> None:
     sim_api.world.add_instance("vm-a")

@@ -381,6 +381,31 @@ def test_row_repair_timeout() -> None:
     assert (d.memory.phase, d.memory.budgets.recreates, d.memory.pending_kind) == (Phase.DELETING, 1, "delete")
 
 
+def test_row_mig_repair_wait() -> None:
+    # past repair_timeout while the MIG still makes its VMs again: no recreateInstances of them
+    m = idle(phase=Phase.WAITING_NODE, repair=Repair(unhealthy_since=at(0)))
+    acting = node("REPAIRING", repairs_itself=True, repair_under_way="MIG acting on slice-a: RECREATING")
+    d = tick(obs(acting), m, now=600)
+    assert d.row == "mig_repair_wait" and kinds(d) == ["wait"] and d.memory.phase is Phase.WAITING_NODE
+    assert "slice-a: RECREATING" in d.summary and d.memory.budgets.recreates == 0
+    later = tick(obs(acting), d.memory, now=6000)
+    assert later.row == "mig_repair_wait" and later.memory.repair.unhealthy_since == at(0)
+    # the MIG's repair is over and the slice still not READY: recreated
+    idle_mig = tick(obs(node("REPAIRING", repairs_itself=True)), later.memory, now=6001)
+    assert idle_mig.row == "repair_timeout" and kinds(idle_mig) == ["delete"]
+
+
+@pytest.mark.parametrize("state", ["PREEMPTED", "TERMINATED"])
+def test_a_dead_vm_in_a_mig_that_repairs_by_itself_is_waited_for(state: str) -> None:
+    # a Spot VM of a MIG with defaultActionOnFailure REPAIR: Google recreates it (same name)
+    d = tick(obs(node(state, repairs_itself=True), probes=None), run_mem(), now=500)
+    assert d.row == "repair_wait" and kinds(d) == ["wait"], d.summary
+    assert d.ended[0].outcome == "disruption" and d.memory.budgets.restarts == 0
+    assert "its MIG repairs it by itself" in d.summary
+    timed_out = tick(obs(node(state, repairs_itself=True)), d.memory, now=1100)
+    assert timed_out.row == "repair_timeout" and kinds(timed_out) == ["delete"]
+
+
 @pytest.mark.parametrize("state", ["PREEMPTED", "TERMINATED"])
 def test_row_dead_node(state: str) -> None:
     d = tick(obs(node(state), probes=None), run_mem(), now=500)

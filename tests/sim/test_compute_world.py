@@ -124,6 +124,28 @@ def test_spot_preemption_stops_for_good(sim: Simulator) -> None:
         w.preempt_instance("std")
 
 
+def test_a_mig_that_repairs_recreates_a_preempted_spot_vm_and_do_nothing_leaves_it(sim: Simulator) -> None:
+    w = sim.world
+    mig = w.add_mig("repairs", size=2, spot=True)  # defaultActionOnFailure absent: REPAIR
+    left = w.add_mig("left", size=2, spot=True, on_failure="DO_NOTHING")
+    victim, other = sorted(mig.members)
+    ids = {r.name: r.id for r in w.instances()}
+    w.preempt_instance(victim)
+    w.preempt_instance(sorted(left.members)[0])
+    w.wait_for(lambda ww: ww.mig("repairs").members[victim].current_action == "RECREATING", 10, "the MIG's repair")
+    # recreateInstances of a VM the MIG is recreating sets a flag already set: nothing starts over
+    w.recreate_instances(sim.project, sim.zone, "repairs", [victim])
+    w.wait_mig_stable("repairs")
+    assert w.instance(victim).id != ids[victim] and w.instance(other).id == ids[other]  # same name, new id
+    assert [e.method for e in w.audit_entries() if e.resource_labels["instance_id"] == str(ids[victim])] == [
+        "compute.instances.preempted", "compute.instances.repair.recreateInstance"]
+    assert w.scheduler_errors == []  # no second remake of a name already made again
+    gone = w.instance(sorted(left.members)[0])
+    assert gone.status == "TERMINATED" and w.mig("left").members[gone.name].current_action == "NONE"
+    with pytest.raises(UsageError, match="on_failure must be one of"):
+        w.add_mig("odd", on_failure="DELETE")
+
+
 def test_mig_create_in_a_stockout_waits_with_the_error_then_succeeds(sim: Simulator) -> None:
     w = sim.world
     w.stockout(duration=None)

@@ -203,7 +203,11 @@ class BenchCompute(ComputeAdapter):
         group = compute_v1.InstanceGroupManager(
             name=mig.name, target_size=w.p.workers, base_instance_name=mig.name,
             instance_template=f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/global/instanceTemplates/{TEMPLATE}",
-            status=compute_v1.InstanceGroupManagerStatus(is_stable=v.stable))
+            status=compute_v1.InstanceGroupManagerStatus(is_stable=v.stable),
+            # the model's MIG never repairs a preempted Spot VM by itself (only recreateInstances
+            # cures it): Google's MIG does so with defaultActionOnFailure DO_NOTHING
+            instance_lifecycle_policy=compute_v1.InstanceGroupManagerInstanceLifecyclePolicy(
+                default_action_on_failure="DO_NOTHING"))
         self._key, self._parts = key, (group, managed, instances)
         return self._parts
 
@@ -215,7 +219,7 @@ class BenchCompute(ComputeAdapter):
         self.meter.tpu += 1
         return self._messages()[1] if name == self.mig.name else []
 
-    def list_instances(self) -> list[Any]:
+    def list_instances(self, names: Iterable[str] | None = None) -> list[Any]:
         self.meter.tpu += 1
         return self._messages()[2]
 

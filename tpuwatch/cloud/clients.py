@@ -99,6 +99,9 @@ _COMPUTE_CLIENTS = {
     "regionInstanceTemplates": "RegionInstanceTemplatesClient",
     "resourcePolicies": "ResourcePoliciesClient",
     "zoneOperations": "ZoneOperationsClient",
+    "regionInstanceGroupManagers": "RegionInstanceGroupManagersClient",
+    "regionOperations": "RegionOperationsClient",
+    "regionInstanceGroupManagerResizeRequests": "RegionInstanceGroupManagerResizeRequestsClient",
 }
 
 

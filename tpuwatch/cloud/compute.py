@@ -11,7 +11,11 @@ the policy as one `NodeSnapshot`, in the policy's vocabulary (policy/nodes.py):
   PROVISIONING, STAGING or REPAIRING after a host error, a MIG instance with a current action,
   or a MIG short of its target size or not stable) is a repair state, waited for with
   repair_timeout; a stopped Spot VM is PREEMPTED (Google: a Spot TPU VM is deleted and
-  recreated, never restarted); another stopped VM is STOPPED (a person's: left alone).
+  recreated, never restarted); another stopped VM is STOPPED (a person's: left alone), and a MIG
+  only when every instance of it is stopped (some stopped among running ones: REPAIRING).
+- `repairs_itself`, `repair_under_way`: whether the MIG recreates a failed VM by itself
+  (`defaultActionOnFailure` REPAIR, the default: then a preempted Spot VM is the MIG's to
+  recreate) and what it is doing now; facts the policy weighs (policy/nodes.py, recovery.py).
 - `health` is UNHEALTHY_MAINTENANCE while `resourceStatus.upcomingMaintenance` is ONGOING;
   `upcoming_maintenance` is the earliest notice of its instances.
 - the workers are its instances in the runtime's order (`worker_order`): by their
@@ -33,6 +37,7 @@ import enum
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -63,6 +68,8 @@ from tpuwatch.model import (
 T = TypeVar("T")
 Kind = Literal["instance", "mig"]
 RPC_TIMEOUT = 30.0
+# A regional MIG's operation (a region's, not a zone's), followed as `regionOperations/R/NAME`
+REGION_OP = "regionOperations/"
 PAGE_SIZE = 500
 SERVICE = "compute.googleapis.com"
 # The metadata item a TPU VM's worker number is in: JAX's cloud_tpu_cluster.py (GceTpuCluster)
@@ -83,8 +90,13 @@ _STATES: dict[str, str] = {
 }
 # A Spot VM that stops was preempted: Google's word for TPUs is to delete and recreate it.
 _SPOT_DOWN = frozenset({"STOPPING", "PENDING_STOP", "DEPROVISIONING", "TERMINATED", "STOPPED"})
-# The worst state first when a MIG's instances differ (as model.combine_slices ranks slices).
-_RANK = ("PREEMPTED", "STOPPING", "STOPPED", "REPAIRING", "STARTING", "CREATING")
+# The worst state first when a MIG's instances differ (as model.combine_slices ranks slices). A
+# person's stop (STOPPING, STOPPED) is not among them: a MIG reads so only when every instance is
+# stopped, since a person stops a slice as a whole and Google's own stops come one VM at a time.
+_RANK = ("PREEMPTED", "REPAIRING", "STARTING", "CREATING")
+_PERSON = ("STOPPING", "STOPPED")
+# A managed instance's current actions while the MIG makes it (again)
+_MAKING = frozenset({"CREATING", "CREATING_WITHOUT_RETRIES", "RECREATING"})
 # google.rpc codes of a zone operation's error, by the Compute Engine error code it carries
 _OP_CODES: dict[str, str] = {
     "ZONE_RESOURCE_POOL_EXHAUSTED": "RESOURCE_EXHAUSTED",
@@ -205,43 +217,70 @@ def instance_snapshot(inst: Any, *, project: str, zone: str) -> NodeSnapshot:
     )
 
 
-def mig_state(mig: Any, managed: Sequence[Any], instances: Sequence[Any]) -> tuple[str, str]:
-    """(state, what Google is doing) of a MIG from its managed instances and their instances.
+def repairs_itself(mig: Any) -> bool:
+    """The MIG recreates a failed VM by itself, a preempted Spot VM included (Google's TPU
+    failure-recovery page): `instanceLifecyclePolicy.defaultActionOnFailure` REPAIR, which is the
+    default when the field is absent. DO_NOTHING (or the beta DELETE) leaves it to tpuwatch."""
+    policy = mig.instance_lifecycle_policy if "instance_lifecycle_policy" in mig else None
+    action = str(policy.default_action_on_failure) if policy is not None else ""
+    return action in ("", "REPAIR")
 
-    The MIG at work on any instance (a current action: creating, recreating, restarting, ...),
-    short of its target size, an instance not yet readable, or not stable (with no Spot VM
-    preempted, which a MIG does not restart): REPAIRING, for the policy to wait with
-    repair_timeout; it never deletes what a MIG repairs. A MIG scaled to zero by a person:
-    STOPPED. Otherwise the worst of its instances' states."""
-    target = int(mig.target_size)
-    if target == 0 and not managed:
-        return "STOPPED", "target size 0"
+
+def mig_acting(mig: Any, managed: Sequence[Any]) -> str:
+    """What the MIG is doing to its instances now: those with a current action (creating,
+    recreating, restarting, ...), or how far short of its target size it is; "" when nothing."""
     acting = [f"{short(m.instance) or m.name}: {m.current_action}" for m in managed
               if m.current_action and m.current_action != "NONE"]
     if acting:
-        return "REPAIRING", "MIG acting on " + ", ".join(acting)
+        return "MIG acting on " + ", ".join(acting)
+    target = int(mig.target_size)
     if len(managed) < target:
-        return "REPAIRING", f"MIG has {len(managed)} of its {target} instances"
+        return f"MIG has {len(managed)} of its {target} instances"
+    return ""
+
+
+def mig_state(mig: Any, managed: Sequence[Any], instances: Sequence[Any]) -> tuple[str, str]:
+    """(state, what Google is doing) of a MIG from its managed instances and their instances.
+
+    The MIG at work (`mig_acting`), an instance not yet readable, or the MIG not stable (with no
+    Spot VM preempted): REPAIRING, for the policy to wait with repair_timeout; it never deletes
+    what a MIG repairs. A Spot VM preempted: PREEMPTED, a fact; whether the MIG repairs it by
+    itself is the snapshot's `repairs_itself`, for the policy to weigh. A MIG scaled to zero, or
+    every instance stopped: STOPPED (a person's). Some stopped while others run or are
+    repaired: REPAIRING (Google's stop of one VM, such as a host error's). Otherwise the worst of
+    its instances' states."""
+    target = int(mig.target_size)
+    if target == 0 and not managed:
+        return "STOPPED", "target size 0"
+    if doing := mig_acting(mig, managed):
+        return "REPAIRING", doing
     if len(instances) < len(managed):
         return "REPAIRING", "MIG instances not all readable yet"
     states = [instance_state(i) for i in instances]
-    if "PREEMPTED" in states:  # a MIG does not restart a preempted Spot VM: delete and recreate it
-        return "PREEMPTED", ""
+    if "PREEMPTED" in states:
+        preempted = ", ".join(i.name for i, s in zip(instances, states, strict=True) if s == "PREEMPTED")
+        return "PREEMPTED", f"Spot VM preempted: {preempted}"
     if "status" in mig and "is_stable" in mig.status and not mig.status.is_stable:
         # e.g. its instances TERMINATED by a host error, which Google restarts (a multi-host
         # slice as a whole), or stopped ones its autoheal restarts
         return "REPAIRING", "MIG not stable"
-    worst = next((s for s in _RANK if s in states), next((s for s in states if s != "READY"), "READY"))
+    down = [s for s in states if s != "READY"]
+    if down and all(s in _PERSON for s in states):
+        return ("STOPPING" if "STOPPING" in states else "STOPPED"), ""
+    if any(s in _PERSON for s in down):
+        stopped = ", ".join(f"{i.name}: {i.status}" for i, s in zip(instances, states, strict=True) if s in _PERSON)
+        return "REPAIRING", f"some instances stopped, not all ({stopped}): not a person's stop of the slice"
+    worst = next((s for s in _RANK if s in down), down[0] if down else "READY")
     return worst, ""
 
 
 def mig_snapshot(mig: Any, managed: Sequence[Any], instances: Sequence[Any], *, project: str,
-                 zone: str, template_labels: Mapping[str, str] | None = None) -> NodeSnapshot:
+                 zone: str, template_labels: Mapping[str, str] | None = None, region: str = "") -> NodeSnapshot:
     """A MIG (`compute_v1.InstanceGroupManager`, its `ManagedInstance`s from listManagedInstances,
     and those instances) as one node whose workers are its instances in worker order
     (`in_worker_order`). With no instance readable (the MIG making them, e.g. through a
     stockout) its labels are `template_labels`, those its instances will carry, so its owner is
-    still known."""
+    still known. `region`: a regional MIG's (its instances in `zone`)."""
     ordered, _ = in_worker_order(instances)
     state, doing = mig_state(mig, managed, ordered)
     notices = [upcoming(i) for i in ordered]
@@ -266,7 +305,8 @@ def mig_snapshot(mig: Any, managed: Sequence[Any], instances: Sequence[Any], *, 
         accelerator_type=short(first.machine_type) if first is not None else "",
         spot=any(spot(i) for i in ordered), preemptible=any(bool(i.scheduling.preemptible) for i in ordered),
         labels=labels, metadata_keys=tuple(sorted(item.key for item in first.metadata.items)) if first else (),
-        resource=f"projects/{project}/zones/{zone}/instanceGroupManagers/{mig.name}",
+        resource=f"projects/{project}/{f'regions/{region}' if region else f'zones/{zone}'}/instanceGroupManagers/{mig.name}",
+        repairs_itself=repairs_itself(mig), repair_under_way=mig_acting(mig, managed),
     )
 
 
@@ -284,13 +324,20 @@ def at_rest(mig: Any, listed: Iterable[Any], zone: str) -> list[Any] | None:
         return None
     if int(mig.current_actions.none) != target:
         return None
-    maker = f"/zones/{zone}/instanceGroupManagers/{mig.name}"
+    region = short(mig.region) if "region" in mig and mig.region else ""
+    maker = f"/{f'regions/{region}' if region else f'zones/{zone}'}/instanceGroupManagers/{mig.name}"
     made = [i for i in listed if any(item.key == "created-by" and str(item.value).endswith(maker)
                                      for item in i.metadata.items)]
     if len(made) != target or any(str(i.status) != "RUNNING" for i in made):
         return None
     return [compute_v1.ManagedInstance(instance=i.self_link or i.name, name=i.name, current_action="NONE",
                                        instance_status=i.status) for i in made]
+
+
+def name_filter(names: Sequence[str]) -> str:
+    """An instances.list `filter` that keeps the instances named `names` (Compute Engine names
+    are lowercase letters, digits and hyphens: nothing to escape in the regular expression)."""
+    return f'name eq "({"|".join(names)})"'
 
 
 def members(managed: Sequence[Any], listed: Callable[[], Iterable[Any]]) -> list[Any]:
@@ -353,6 +400,9 @@ class ComputeAdapter:
         self._names: dict[str, tuple[str, ...]] = {}  # node id -> its instances' names, in worker order
         self._notes: list[str] = []  # what the person watching should know, not yet taken
         self._noted: set[str] = set()
+        # MIG name -> its region, for a regional MIG (regionInstanceGroupManagers) once found
+        self._regions: dict[str, str] = {}
+        self._zonal: set[str] = set()  # MIG names found in the zone
 
     # -- plumbing ---------------------------------------------------------------------------
     def _client(self, kind: str) -> Any:
@@ -409,10 +459,35 @@ class ComputeAdapter:
         return self._get("instances", name, "compute.instances.get", lambda c: c.get(
             project=self.project, zone=self.zone, instance=name, retry=None, timeout=RPC_TIMEOUT))
 
+    @property
+    def region(self) -> str:
+        return self.zone.rsplit("-", 1)[0]
+
+    def mig_region(self, name: str) -> str:
+        """The region of MIG `name` when it is a regional MIG (known once read), else ""."""
+        return self._regions.get(name, "")
+
+    def scope_known(self, name: str) -> bool:
+        """Whether MIG `name` was found, zonal or regional, by this adapter."""
+        return name in self._regions or name in self._zonal
+
     def get_mig(self, name: str) -> Any | None:
-        """The `compute_v1.InstanceGroupManager`, or None."""
-        return self._get("instanceGroupManagers", name, "compute.instanceGroupManagers.get", lambda c: c.get(
-            project=self.project, zone=self.zone, instance_group_manager=name, retry=None, timeout=RPC_TIMEOUT))
+        """The `compute_v1.InstanceGroupManager`, or None: the zone's MIG, else the zone's region's
+        (a regional MIG, remembered so that later reads ask the region first, one request)."""
+        if name not in self._regions:
+            mig = self._get("instanceGroupManagers", name, "compute.instanceGroupManagers.get", lambda c: c.get(
+                project=self.project, zone=self.zone, instance_group_manager=name, retry=None, timeout=RPC_TIMEOUT))
+            if mig is not None:
+                self._zonal.add(name)
+                return mig
+        mig = self._get("regionInstanceGroupManagers", name, "compute.instanceGroupManagers.get", lambda c: c.get(
+            project=self.project, region=self.region, instance_group_manager=name, retry=None, timeout=RPC_TIMEOUT))
+        if mig is not None:
+            self._regions[name] = self.region
+            return mig
+        if self._regions.pop(name, None) is not None:  # gone from the region: perhaps made again in the zone
+            return self.get_mig(name)
+        return None
 
     def get_template(self, url: str) -> Any | None:
         """The MIG's `compute_v1.InstanceTemplate` (global or regional, by its URL), or None."""
@@ -435,6 +510,14 @@ class ComputeAdapter:
         """listManagedInstances: each `ManagedInstance` (current action, status, last attempt)."""
         from google.cloud import compute_v1
 
+        if region := self.mig_region(name):
+            return self._pages("regionInstanceGroupManagers", "list_managed_instances",
+                               f"projects/{self.project}/regions/{region}/instanceGroupManagers/{name}",
+                               "compute.instanceGroupManagers.get", "managed_instances",
+                               lambda c, token: c.list_managed_instances(
+                                   request=compute_v1.ListManagedInstancesRegionInstanceGroupManagersRequest(
+                                       project=self.project, region=region, instance_group_manager=name,
+                                       max_results=PAGE_SIZE, page_token=token), retry=None, timeout=RPC_TIMEOUT))
         return self._pages("instanceGroupManagers", "list_managed_instances",
                            f"{self._where()}/instanceGroupManagers/{name}", "compute.instanceGroupManagers.get",
                            "managed_instances", lambda c, token: c.list_managed_instances(
@@ -442,14 +525,33 @@ class ComputeAdapter:
                                    project=self.project, zone=self.zone, instance_group_manager=name,
                                    max_results=PAGE_SIZE, page_token=token), retry=None, timeout=RPC_TIMEOUT))
 
-    def list_instances(self) -> list[Any]:
-        """Every instance of the zone (one request a page)."""
+    def list_instances(self, names: Iterable[str] | None = None) -> list[Any]:
+        """Every instance of the zone (one request a page), or only those named `names`: a
+        `filter` on their names (`name eq "(a|b|c)"`, a regular expression the whole name must
+        match), so that a MIG's read is one page of its own instances, whatever else the zone holds."""
         from google.cloud import compute_v1
 
+        wanted = sorted(set(names)) if names is not None else None
+        if wanted == []:
+            return []
+        where = name_filter(wanted) if wanted is not None else ""
         return self._pages("instances", "list_instances", self._where(), "compute.instances.list", "items",
                            lambda c, token: c.list(request=compute_v1.ListInstancesRequest(
-                               project=self.project, zone=self.zone, max_results=PAGE_SIZE, page_token=token),
-                               retry=None, timeout=RPC_TIMEOUT))
+                               project=self.project, zone=self.zone, max_results=PAGE_SIZE, page_token=token,
+                               filter=where), retry=None, timeout=RPC_TIMEOUT))
+
+    def member_instances(self, managed: Sequence[Any]) -> list[Any]:
+        """The instances a MIG's managed instances name, read with one filtered list. A regional
+        MIG's instances in another zone than the job's are not read (the workers are reached in
+        the job's zone), and are said once: they read as not there, so the slice never READY."""
+        elsewhere = sorted(m.instance for m in managed if m.instance and f"/zones/{self.zone}/" not in
+                           f"/{m.instance}" and "/zones/" in m.instance)
+        if elsewhere and (note := f"MIG instances outside zone {self.zone}: " + ", ".join(
+                f"{short(u)} ({u.split('/zones/', 1)[1].split('/', 1)[0]})" for u in elsewhere)) not in self._noted:
+            self._noted.add(note)
+            self._notes.append(f"{note}; tpuwatch reads and reaches a slice's VMs in the job's zone only (a TPU "
+                               "slice's VMs are in one zone): set [tpu] zone to theirs")
+        return self.list_instances([short(m.instance) for m in managed if m.instance and m.instance not in elsewhere])
 
     def list_migs(self) -> list[Any]:
         """Every MIG of the zone (one request a page)."""
@@ -461,14 +563,28 @@ class ComputeAdapter:
                                project=self.project, zone=self.zone, max_results=PAGE_SIZE, page_token=token),
                                retry=None, timeout=RPC_TIMEOUT))
 
+    def list_region_migs(self) -> list[Any]:
+        """Every regional MIG of the zone's region (one request a page); each is remembered as
+        regional, so that its managed instances are asked of the region."""
+        from google.cloud import compute_v1
+
+        migs = self._pages("regionInstanceGroupManagers", "list_region_instance_group_managers",
+                           f"projects/{self.project}/regions/{self.region}", "compute.instanceGroupManagers.list",
+                           "items", lambda c, token: c.list(request=compute_v1.ListRegionInstanceGroupManagersRequest(
+                               project=self.project, region=self.region, max_results=PAGE_SIZE, page_token=token),
+                               retry=None, timeout=RPC_TIMEOUT))
+        self._regions.update({m.name: self.region for m in migs})
+        return migs
+
     def mig_parts(self, name: str) -> tuple[Any, list[Any], list[Any]] | None:
         """(MIG, its managed instances, their instances), or None when the MIG does not exist.
-        Three requests: the MIG, listManagedInstances, and the zone's instances."""
+        Three requests: the MIG, listManagedInstances, and its instances (a list filtered to
+        their names: never the zone's other instances)."""
         mig = self.get_mig(name)
         if mig is None:
             return None
         managed = self.managed_instances(name)
-        return mig, managed, members(managed, self.list_instances)
+        return mig, managed, self.member_instances(managed)
 
     def disk_params(self, url: str) -> dict[str, Any]:
         """The `initializeParams` that make disk `url` again: its image, size and type."""
@@ -505,7 +621,8 @@ class ComputeAdapter:
             mig, managed, instances = parts
             template = self.get_template(mig.instance_template) if not instances and mig.instance_template else None
             node = mig_snapshot(mig, managed, instances, project=self.project, zone=self.zone,
-                                template_labels=dict(template.properties.labels) if template is not None else None)
+                                template_labels=dict(template.properties.labels) if template is not None else None,
+                                region=self.mig_region(name))
             names = self._numbered(node, instances)
         if node is not None and node.id:
             self._names[node.id] = names
@@ -517,10 +634,13 @@ class ComputeAdapter:
         and one listManagedInstances per MIG."""
         instances = {i.name: i for i in self.list_instances()}
         nodes: list[NodeSnapshot] = []
-        for mig in self.list_migs():
+        for mig in self.list_migs() + self.list_region_migs():
             managed = self.managed_instances(mig.name)
             members = [instances.pop(n) for n in (short(m.instance) or m.name for m in managed) if n in instances]
-            nodes.append(node := mig_snapshot(mig, managed, members, project=self.project, zone=self.zone))
+            if self.mig_region(mig.name) and not members:
+                continue  # a regional MIG with no VM in this zone: another zone's slice
+            nodes.append(node := mig_snapshot(mig, managed, members, project=self.project, zone=self.zone,
+                                              region=self.mig_region(mig.name)))
             self._numbered(node, members)
         return nodes + [instance_snapshot(i, project=self.project, zone=self.zone) for i in instances.values()]
 
@@ -589,6 +709,14 @@ class ComputeAdapter:
         flex-start MIG's create, the resize request it is (`RESIZE_OP` + its name)."""
         if name.startswith(RESIZE_OP):
             return resize_operation(self, name)
+        if name.startswith(REGION_OP):
+            region, op_name = name[len(REGION_OP):].split("/", 1)
+            regional = self._client("regionOperations")
+            op = self._call("get_operation", f"projects/{self.project}/regions/{region}/operations/{op_name}",
+                            "compute.regionOperations.get", lambda: regional.get(
+                                project=self.project, region=region, operation=op_name, retry=None,
+                                timeout=RPC_TIMEOUT), read=True)
+            return replace(operation_status(op), name=name)
         client = self._client("zoneOperations")
         op = self._call("get_operation", f"{self._where()}/operations/{name}", "compute.zoneOperations.get",
                         lambda: client.get(project=self.project, zone=self.zone, operation=name, retry=None,
@@ -613,12 +741,35 @@ class ComputeAdapter:
 
     def recreate_mig(self, name: str) -> str:
         """recreateInstances on every instance of the MIG (a multi-host slice only as a whole);
-        the operation name. NotFoundError when the MIG or all its instances are gone."""
+        the operation name. NotFoundError when the MIG or all its instances are gone, or when the
+        MIG is already making some of them again (CREATING, RECREATING): the policy saw it idle,
+        and it began its own repair since. A recreate then would only flag what is flagged (or,
+        on a multi-host slice, which Google replaces as a whole, start the whole slice over), so
+        none is sent and the next tick sees the MIG at work."""
         from google.cloud import compute_v1
 
-        urls = [m.instance for m in self.managed_instances(name) if m.instance]
+        managed = self.managed_instances(name)
+        making = [f"{short(m.instance) or m.name}: {m.current_action}" for m in managed
+                  if str(m.current_action) in _MAKING]
+        if making:
+            raise NotFoundError(f"MIG {name} is already making its instances again ({', '.join(making)}); "
+                                "no recreateInstances sent")
+        urls = [m.instance for m in managed if m.instance]
         if not urls:
             raise NotFoundError(f"MIG {name} in {self.project}/{self.zone} has no instances to recreate")
+        if region := self.mig_region(name):
+            regional = self._client("regionInstanceGroupManagers")
+
+            def recreate_regional() -> Any:
+                return regional.recreate_instances_unary(
+                    project=self.project, region=region, instance_group_manager=name,
+                    region_instance_group_managers_recreate_request_resource=compute_v1.
+                    RegionInstanceGroupManagersRecreateRequest(instances=urls), retry=None, timeout=RPC_TIMEOUT)
+
+            op = self._write("recreate_instances", f"projects/{self.project}/regions/{region}/instanceGroupManagers/"
+                             f"{name}", "compute.instanceGroupManagers.update", recreate_regional,
+                             gone=f"no MIG {name} in {self.project}/{region} to recreate")
+            return f"{REGION_OP}{region}/{op}"
         client = self._client("instanceGroupManagers")
         body = compute_v1.InstanceGroupManagersRecreateInstancesRequest(instances=urls)
 
@@ -646,6 +797,17 @@ class ComputeAdapter:
         except Exception as exc:  # json_format.ParseError: a field this API does not know
             raise UsageError(f"tpu.compute_spec.{self.kind}: {exc}; run `tpuwatch init {name}` to capture it "
                              "again") from None
+        if self.kind == "mig" and "distributionPolicy" in node:  # a regional MIG (init saved its distribution)
+            regional = self._client("regionInstanceGroupManagers")
+
+            def insert_regional() -> Any:
+                return regional.insert_unary(project=self.project, region=self.region,
+                                             instance_group_manager_resource=resource, retry=None, timeout=RPC_TIMEOUT)
+
+            op = self._write("insert_mig", f"projects/{self.project}/regions/{self.region}/instanceGroupManagers/{name}",
+                             "compute.instanceGroupManagers.create", insert_regional)
+            self._regions[name] = self.region
+            return f"{REGION_OP}{self.region}/{op}"
         client = self._client(kind)
 
         def insert() -> Any:
@@ -748,13 +910,29 @@ def flex_emptied(adapter: ComputeAdapter, mig: Any, managed: Sequence[Any]) -> b
     return bool(adapter.flex_start) and not managed
 
 
+def _resizes(adapter: ComputeAdapter, mig: str) -> tuple[Any, dict[str, str], str]:
+    """The resize-request client of MIG `mig`, where it is (`zone=` or, for a regional MIG,
+    `region=`), and the MIG's path: a regional MIG's requests are the region's
+    (`regionInstanceGroupManagerResizeRequests`). The MIG is read first when its scope is not known."""
+    if not adapter.scope_known(mig):
+        adapter.get_mig(mig)
+    if region := adapter.mig_region(mig):
+        return (adapter._client("regionInstanceGroupManagerResizeRequests"), {"region": region},
+                f"projects/{adapter.project}/regions/{region}/instanceGroupManagers/{mig}")
+    return (adapter._client("instanceGroupManagerResizeRequests"), {"zone": adapter.zone},
+            f"{adapter._where()}/instanceGroupManagers/{mig}")
+
+
+def _scoped_op(where: dict[str, str], op: str) -> str:
+    """An operation's name as followed: a region's prefixed with `REGION_OP` and the region."""
+    return f"{REGION_OP}{where['region']}/{op}" if "region" in where and op else op
+
+
 def resize_requests(adapter: ComputeAdapter, mig: str) -> list[Any]:
     """The MIG's resize requests, oldest first (one page: a MIG keeps few)."""
-    client = adapter._client("instanceGroupManagerResizeRequests")
-    resp = adapter._call("list_resize_requests", f"{adapter._where()}/instanceGroupManagers/{mig}",
-                         "compute.instanceGroupManagers.get", lambda: client.list(
-                             project=adapter.project, zone=adapter.zone, instance_group_manager=mig,
-                             retry=None, timeout=RPC_TIMEOUT), read=True)
+    client, where, path = _resizes(adapter, mig)
+    resp = adapter._call("list_resize_requests", path, "compute.instanceGroupManagers.get", lambda: client.list(
+        project=adapter.project, instance_group_manager=mig, retry=None, timeout=RPC_TIMEOUT, **where), read=True)
     return sorted(resp, key=lambda r: (r.creation_timestamp, r.name))
 
 
@@ -770,7 +948,7 @@ def resize_status(adapter: ComputeAdapter, mig: str) -> QueuedStatus:
         state, text = "SUSPENDED", "its flex-start VMs were deleted at the end of their run duration"
     if str(rr.state) == "CANCELLED":
         text = text or "the resize request was cancelled"
-    return QueuedStatus(name=f"{adapter._where()}/instanceGroupManagers/{mig}/resizeRequests/{rr.name}",
+    return QueuedStatus(name=f"{_resizes(adapter, mig)[2]}/resizeRequests/{rr.name}",
                         state=state, error_code=code, error_message=text, kind="resize_request",
                         since=_time(rr.creation_timestamp))
 
@@ -787,7 +965,7 @@ def resize_in_flight(adapter: ComputeAdapter, mig: str) -> QueuedStatus | None:
     if not live:
         return None
     rr = live[-1]
-    return QueuedStatus(name=f"{adapter._where()}/instanceGroupManagers/{mig}/resizeRequests/{rr.name}",
+    return QueuedStatus(name=f"{_resizes(adapter, mig)[2]}/resizeRequests/{rr.name}",
                         state=_RESIZE_STATES[str(rr.state)], kind="resize_request",
                         since=_time(rr.creation_timestamp))
 
@@ -798,17 +976,17 @@ def resize_operation(adapter: ComputeAdapter, op: str) -> OperationStatus:
     policy queues and retries within queue_timeout), CANCELLED as CANCELLED (a person's: the
     create fails, never retried)."""
     mig, name = op[len(RESIZE_OP):].split("/", 1)
-    client = adapter._client("instanceGroupManagerResizeRequests")
+    client, where, path = _resizes(adapter, mig)
 
     def get() -> Any:
         try:
-            return client.get(project=adapter.project, zone=adapter.zone, instance_group_manager=mig,
-                              resize_request=name, retry=None, timeout=RPC_TIMEOUT)
+            return client.get(project=adapter.project, instance_group_manager=mig, resize_request=name, retry=None,
+                              timeout=RPC_TIMEOUT, **where)
         except gexc.NotFound:
             return None
 
-    rr = adapter._call("get_resize_request", f"{adapter._where()}/instanceGroupManagers/{mig}/resizeRequests/{name}",
-                       "compute.instanceGroupManagers.get", get, read=True)
+    rr = adapter._call("get_resize_request", f"{path}/resizeRequests/{name}", "compute.instanceGroupManagers.get",
+                       get, read=True)
     if rr is None:
         return OperationStatus(name=op, done=True, error_code=CODE_NUMBERS["NOT_FOUND"],
                                error_message=f"resize request {name} of MIG {mig} is gone")
@@ -838,38 +1016,36 @@ def insert_resize_request(adapter: ComputeAdapter, mig: str, resize_by: int) -> 
     name = f"{mig[:40]}-tpuwatch-{time.time_ns() // 1_000_000}"  # unique per try, as retries are ms apart at least
     body = compute_v1.InstanceGroupManagerResizeRequest(
         name=name, resize_by=resize_by, requested_run_duration=compute_v1.Duration(seconds=int(adapter.flex_start)))
-    client = adapter._client("instanceGroupManagerResizeRequests")
+    client, where, path = _resizes(adapter, mig)
 
     def insert() -> Any:
-        return client.insert_unary(project=adapter.project, zone=adapter.zone, instance_group_manager=mig,
+        return client.insert_unary(project=adapter.project, instance_group_manager=mig,
                                    instance_group_manager_resize_request_resource=body, retry=None,
-                                   timeout=RPC_TIMEOUT)
+                                   timeout=RPC_TIMEOUT, **where)
 
-    adapter._write("insert_resize_request", f"{adapter._where()}/instanceGroupManagers/{mig}",
-                   "compute.instanceGroupManagers.update", insert)
+    adapter._write("insert_resize_request", path, "compute.instanceGroupManagers.update", insert)
     return f"{RESIZE_OP}{mig}/{name}"
 
 
 def delete_ended_resize_requests(adapter: ComputeAdapter, mig: str) -> str:
     """Delete the MIG's ended resize requests (SUCCEEDED, FAILED, CANCELLED: Google keeps them
     until deleted); the last delete's operation name ("" when none had ended)."""
-    client = adapter._client("instanceGroupManagerResizeRequests")
+    client, where, path = _resizes(adapter, mig)
     op = ""
     for rr in resize_requests(adapter, mig):
         if str(rr.state) not in ("SUCCEEDED", "FAILED", "CANCELLED"):
             continue
 
         def delete(rr_name: str = str(rr.name)) -> Any:
-            return client.delete_unary(project=adapter.project, zone=adapter.zone, instance_group_manager=mig,
-                                       resize_request=rr_name, retry=None, timeout=RPC_TIMEOUT)
+            return client.delete_unary(project=adapter.project, instance_group_manager=mig, resize_request=rr_name,
+                                       retry=None, timeout=RPC_TIMEOUT, **where)
 
         try:
-            op = adapter._write("delete_resize_request", f"{adapter._where()}/instanceGroupManagers/{mig}/"
-                                f"resizeRequests/{rr.name}", "compute.instanceGroupManagers.update", delete,
-                                gone="gone")
+            op = adapter._write("delete_resize_request", f"{path}/resizeRequests/{rr.name}",
+                                "compute.instanceGroupManagers.update", delete, gone="gone")
         except NotFoundError:
             continue
-    return op
+    return _scoped_op(where, op)
 
 
 def _json(data: Mapping[str, Any]) -> str:

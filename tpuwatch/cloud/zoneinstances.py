@@ -12,9 +12,10 @@
   scheduling, labels, metadata and `resourceStatus.upcomingMaintenance` are all in it. An
   instance the list does not hold is confirmed with a get, so a list that lags behind an
   insert never makes an instance look missing.
-- a MIG: itself from the zone's MIG list (a MIG the list does not hold: a get), and its
-  instances from the zone's instances list (one the list does not hold yet: the zone listed
-  again by this job alone, as a MIG's own read does). Its managed instances come from
+- a MIG: itself from the zone's MIG list (a MIG the list does not hold: a get, which finds a
+  regional MIG; a job's MIG known regional is read from its region's MIG list instead), and its
+  instances from the zone's instances list (one the list does not hold yet: its instances
+  listed again by this job alone, filtered to their names, as a MIG's own read does). Its managed instances come from
   listManagedInstances, one request per MIG (Compute Engine lists managed instances, their
   current action and last attempt's errors, only per MIG), except while the MIG is at rest
   (`compute.at_rest`: stable, every instance of its target size doing nothing, and that many
@@ -47,6 +48,9 @@ class ZoneInstances:
         self.instances: Listing[dict[str, Any]] = Listing(lambda: {i.name: i for i in api.list_instances()},
                                                           clock=clock)
         self.migs: Listing[dict[str, Any]] = Listing(lambda: {m.name: m for m in api.list_migs()}, clock=clock)
+        # the zone's region's MIGs, listed only for jobs whose MIG was found regional
+        self.region_migs: Listing[dict[str, Any]] = Listing(lambda: {m.name: m for m in api.list_region_migs()},
+                                                            clock=clock)
         self.gets = 0  # gets of an instance or MIG the zone's list did not hold
         self._lock = threading.Lock()
 
@@ -78,7 +82,8 @@ class JobInstances:
 
     def mig_parts(self, api: ComputeAdapter, name: str) -> tuple[Any, list[Any], list[Any]] | None:
         since = self._not_before()
-        mig = self.zone.migs.get(since).get(name)
+        listing = self.zone.region_migs if api.mig_region(name) else self.zone.migs
+        mig = listing.get(since).get(name)
         if mig is None:
             self.zone.missed()
             mig = api.get_mig(name)
@@ -90,7 +95,7 @@ class JobInstances:
             managed = api.managed_instances(name)
         instances = members(managed, listed.values)
         if len(instances) < len({m.instance for m in managed if m.instance}):
-            instances = members(managed, api.list_instances)  # made since the zone's list: look again
+            instances = api.member_instances(managed)  # made since the zone's list: look again, at them only
         return mig, managed, instances
 
 
@@ -117,4 +122,4 @@ class SharedCompute:
         with self._lock:
             zones = list(self._zones.values())
         return {"instance_lists": sum(z.instances.count for z in zones),
-                "mig_lists": sum(z.migs.count for z in zones), "gets": sum(z.gets for z in zones)}
+                "mig_lists": sum(z.migs.count + z.region_migs.count for z in zones), "gets": sum(z.gets for z in zones)}

@@ -214,7 +214,7 @@ def _init_compute(name: str, project: str, zone: str, out: Path, job: str | None
         kind = "mig"
         spec = capture_mig(mig_api, parts[0])
         flex = flex_run(mig_api, name)  # its VMs came through flex-start resize requests
-        snap = mig_snapshot(*parts, project=project, zone=zone)
+        snap = mig_snapshot(*parts, project=project, zone=zone, region=mig_api.mig_region(name))
         labels, workers = dict(snap.labels), len(snap.workers)
     job_name = _job_name(job, name)
     have = labels.get(specmod.OWNER_LABEL, "")
@@ -226,8 +226,8 @@ def _init_compute(name: str, project: str, zone: str, out: Path, job: str | None
                          + ", or run `tpuwatch watch --adopt`")
     text = specmod.render_compute_config(kind=kind, name=name, project=project, zone=zone, spec=spec, job=job_name,
                                          flex_start=flex,
-                                         source=f"projects/{project}/zones/{zone}/"
-                                         + ("instances/" if kind == "instance" else "instanceGroupManagers/") + name)
+                                         source=(f"projects/{project}/zones/{zone}/instances/{name}" if kind == "instance"
+                                                 else snap.resource))
     try:
         _write_atomic(out, text)
     except OSError as exc:

@@ -225,11 +225,14 @@ class ComputeMig(Stage):
 
     def describe(self) -> str:
         return (f"a simulated TPU7x multi-host slice made through Compute Engine, MIG {self.name!r} of "
-                f"4 Spot VMs ({self.accelerator}, topology {self.topology})")
+                f"4 Spot VMs ({self.accelerator}, topology {self.topology}), set to do nothing on a VM's "
+                "failure (defaultActionOnFailure DO_NOTHING)")
 
     def make(self, sim: Any) -> None:
+        # DO_NOTHING: the MIG leaves a failed or preempted VM to tpuwatch (with REPAIR, the
+        # default, it recreates a preempted Spot VM itself, and tpuwatch waits for it)
         sim.world.add_mig(self.name, self.accelerator, 4, topology=self.topology, spot=True,
-                          labels={OWNER_LABEL: JOB})
+                          labels={OWNER_LABEL: JOB}, on_failure="DO_NOTHING")
 
     def tpu_table(self, project: str, zone: str) -> str:
         # The MIG is never deleted (its VMs are recreated in it), so no saved spec is needed.

@@ -52,6 +52,10 @@ def node_condition(node: NodeSnapshot | None) -> Cond:
     cond = STATE_CONDITION.get(node.state, Cond.UNRECOGNIZED)
     if cond is Cond.USABLE and node.health in UNHEALTHY:
         return Cond.REPAIR
+    if cond is Cond.DEAD and node.repairs_itself:
+        # a MIG that repairs (defaultActionOnFailure REPAIR) recreates a preempted Spot VM by
+        # itself: recreating it too would race that repair and throw away the healthy VMs
+        return Cond.REPAIR
     return cond
 
 

@@ -14,7 +14,7 @@ from tpuwatch.durations import human
 from tpuwatch.model import OWNER_LABEL
 from tpuwatch.policy.draft import Draft, secs
 from tpuwatch.policy.ending import end_unusable
-from tpuwatch.policy.nodes import Cond, failed_repair, node_condition
+from tpuwatch.policy.nodes import DEAD_STATES, Cond, failed_repair, node_condition
 from tpuwatch.policy.operations import create, queued_ended
 from tpuwatch.policy.state import Memory, Phase, move
 from tpuwatch.policy.values import Decision, DeleteNode, Wait
@@ -35,6 +35,8 @@ def repairing(draft: Draft, mem: Memory) -> Decision:
     assert node is not None
     known = node_condition(node) is Cond.REPAIR
     what = node.state if node.state != "READY" else f"READY but {node.health}"
+    if node.state in DEAD_STATES:  # waited for only because its MIG repairs it (nodes.node_condition)
+        what = f"{node.state} (its MIG repairs it by itself)"
     since = mem.repair.unhealthy_since or now
     unknown = (mem.repair.unknown_since or now) if failed_repair(node) else None
     if mem.phase is Phase.RUNNING:
@@ -85,6 +87,13 @@ def repairing(draft: Draft, mem: Memory) -> Decision:
         return draft.out(mem, row, f"node {what} since {since.isoformat()}; waiting for it to heal until "
                                    f"{until.isoformat()} ({limit})", Wait(until, f"node {what}"))
     why = f"node {what} for {human(waited)}, longer than recovery.repair_timeout ({human(cfg.repair_timeout)})"
+    if known and node.repair_under_way:
+        # The MIG is still making its VMs again: a recreate now would recreate what it is
+        # recreating. Past its repair (the MIG idle, the slice still down) the next tick recreates.
+        mem = move(mem, Phase.WAITING_NODE, reason=f"node {what}", repair=replace(mem.repair, unhealthy_since=since))
+        return draft.out(mem, "mig_repair_wait", f"{why}, but {node.repair_under_way}: waiting for the MIG's own "
+                                                 "repair to end before recreating anything",
+                         Wait(None, node.repair_under_way))
     if not known:
         return draft.halt(replace(mem, repair=replace(mem.repair, unhealthy_since=since)), "unknown_state",
                           f"{why}; tpuwatch does not know state {node.state} and will not delete the node")

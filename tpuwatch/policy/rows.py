@@ -59,9 +59,14 @@ ROWS: tuple[Row, ...] = (
     Row("no_progress", "no_progress_limit charged attempts in a row add no newer checkpoint",
         "failed (exit 1): a deterministic bug is not retried forever"),
     Row("budget_spent", "a charged end with max_restarts already used", "failed (exit 1) with the reason and evidence"),
-    Row("repair_wait", "REPAIRING / RESTARTING / UNHEALTHY_MAINTENANCE / TIMEOUT / UNKNOWN",
+    Row("repair_wait", "REPAIRING / RESTARTING / UNHEALTHY_MAINTENANCE / TIMEOUT / UNKNOWN; or PREEMPTED / "
+        "TERMINATED in a Compute Engine MIG that repairs by itself (defaultActionOnFailure REPAIR, the default)",
         "wait up to repair_timeout from first sight (UNKNOWN with no health: up to 5 min from its first sight)"),
     Row("repair_timeout", "still not healthy after repair_timeout", "delete + create (owned nodes only)"),
+    Row("mig_repair_wait", "still not healthy after repair_timeout while the MIG is making its VMs again (a "
+        "current action CREATING, RECREATING, ..., or short of its target size)",
+        "keep waiting, never recreateInstances of VMs the MIG is recreating; once the MIG is idle and the slice "
+        "still not READY: repair_timeout"),
     Row("autorepair_wait", "a slice of a multislice queued resource is missing or being created, or the others "
         "restart after it was replaced, while the request stays ACTIVE: Cloud TPU's multislice autorepair replaces "
         "it, waiting for hardware if needed",
@@ -70,7 +75,8 @@ ROWS: tuple[Row, ...] = (
     Row("failed_repair", "UNKNOWN with no health, the API's state after a failed repair, for 5 min from its first "
         "sight (or repair_timeout, if shorter)",
         "delete + create (owned nodes only), without waiting out repair_timeout: the repair it waits for is over"),
-    Row("dead_node", "PREEMPTED / TERMINATED", "delete + create (owned nodes only)"),
+    Row("dead_node", "PREEMPTED / TERMINATED (a MIG: only with defaultActionOnFailure DO_NOTHING)",
+        "delete + create (owned nodes only)"),
     Row("not_owned", "delete + create needed, node lacks tpuwatch-job=<job>",
         "never delete it: needs a person (exit 1); pass --adopt"),
     Row("not_recreatable", "delete + create needed on a job over separately created slices ([tpu] names "

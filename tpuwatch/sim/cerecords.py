@@ -206,6 +206,9 @@ class MigRec:
     default_action_on_failure: str = "REPAIR"
     description: str = ""
     members: dict[str, ManagedRec] = field(default_factory=dict)  # instance name -> managed record
+    # A regional MIG (regionInstanceGroupManagers): its region; `zone` is then the one zone it
+    # makes its instances in (a TPU slice's VMs are in one zone: distribution shape ANY_SINGLE_ZONE)
+    region: str = ""
     epoch: int = 0
     # Shape (not documented by Google, off by default): each instance made carries an
     # `agent-worker-number` metadata item, numbering the members in name order ("name") or in
@@ -213,12 +216,17 @@ class MigRec:
     worker_numbers: str = ""
 
     @property
+    def scope(self) -> str:
+        """Where the MIG is: `zones/Z`, or `regions/R` for a regional MIG."""
+        return f"regions/{self.region}" if self.region else f"zones/{self.zone}"
+
+    @property
     def key(self) -> str:
-        return f"{self.project}/{self.zone}/instanceGroupManagers/{self.name}"
+        return f"{self.project}/{self.region and 'regions/' + self.region or self.zone}/instanceGroupManagers/{self.name}"
 
     @property
     def path(self) -> str:
-        return f"projects/{self.project}/zones/{self.zone}/instanceGroupManagers/{self.name}"
+        return f"projects/{self.project}/{self.scope}/instanceGroupManagers/{self.name}"
 
     @property
     def multi_host(self) -> bool:
@@ -247,5 +255,6 @@ class ResizeRec:
 
     @property
     def path(self) -> str:
-        return (f"projects/{self.project}/zones/{self.zone}/instanceGroupManagers/{self.mig}"
-                f"/resizeRequests/{self.name}")
+        # `zone` is `regions/R` for a regional MIG's request
+        scope = self.zone if self.zone.startswith("regions/") else f"zones/{self.zone}"
+        return f"projects/{self.project}/{scope}/instanceGroupManagers/{self.mig}/resizeRequests/{self.name}"

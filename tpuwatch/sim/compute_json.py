@@ -165,7 +165,7 @@ def mig_json(mig: MigRec, base: str, stable: bool) -> dict[str, Any]:
         "zone": zone,
         "instanceTemplate": f"{base}{mig.template}",
         "versions": [{"instanceTemplate": f"{base}{mig.template}", "targetSize": {"calculated": mig.target_size}}],
-        "instanceGroup": f"{zone}/instanceGroups/{mig.name}",
+        "instanceGroup": f"{base}projects/{mig.project}/{mig.scope}/instanceGroups/{mig.name}",
         "baseInstanceName": mig.base_instance_name,
         "fingerprint": fingerprint([mig.id, mig.target_size, mig.template]),
         "currentActions": actions,
@@ -179,6 +179,10 @@ def mig_json(mig: MigRec, base: str, stable: bool) -> dict[str, Any]:
                                     "forceUpdateOnRepair": "NO"},
         "listManagedInstancesResults": "PAGELESS",
     }
+    if mig.region:  # a regional MIG: its region, and the one zone it makes its VMs in
+        del out["zone"]
+        out["region"] = f"{base}projects/{mig.project}/regions/{mig.region}"
+        out["distributionPolicy"] = {"zones": [{"zone": zone}], "targetShape": "ANY_SINGLE_ZONE"}
     if mig.workload_policy:
         out["resourcePolicies"] = {"workloadPolicy": f"{base}{mig.workload_policy}"}
     if mig.description:
@@ -214,6 +218,9 @@ def resize_json(rr: ResizeRec, base: str) -> dict[str, Any]:
         "selfLinkWithId": f"{base}{rr.path.rsplit('/', 1)[0]}/{rr.id}",
         "status": {},
     }
+    if rr.zone.startswith("regions/"):  # a regional MIG's request
+        del out["zone"]
+        out["region"] = f"{base}projects/{rr.project}/{rr.zone}"
     if rr.run_duration is not None:
         out["requestedRunDuration"] = {"seconds": str(int(rr.run_duration))}
     if rr.error:

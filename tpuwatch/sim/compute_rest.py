@@ -7,7 +7,8 @@ setLabels, setMetadata), `aggregated/instances`, `zones/Z/operations` (get, wait
 their `regions/R/` and `global/` twins, `regions/R/instanceTemplates` and
 `global/instanceTemplates` (insert, get, list), `regions/R/resourcePolicies` (insert, get),
 `zones/Z/instanceGroupManagers` (insert, get, list, delete, listManagedInstances,
-recreateInstances, resize), `aggregated/instanceGroupManagers`,
+recreateInstances, resize), `regions/R/instanceGroupManagers` (insert, get, list,
+listManagedInstances, recreateInstances, resizeRequests), `aggregated/instanceGroupManagers`,
 `zones/Z/instanceGroupManagers/G/resizeRequests` (insert, get, list, delete, cancel) and
 `zones/Z/autoscalers` (always empty: gcloud's MIG describe asks) and `zones/Z/instanceGroups` (list:
 each MIG's group and its size, which gcloud's MIG list reads).
@@ -53,6 +54,7 @@ _P = rf"^/compute/v1/projects/{_S}"
 _Z = _P + rf"/zones/{_S}"
 _I = _Z + rf"/instances/{_S}"
 _G = _Z + rf"/instanceGroupManagers/{_S}"
+_RG = _P + rf"/regions/{_S}/instanceGroupManagers/{_S}"  # a regional MIG
 _SCOPE = r"(zones/[^/]+|regions/[^/]+|global)"
 
 # (HTTP method, path pattern, method name for the meter, handler)
@@ -87,6 +89,21 @@ ROUTES: list[tuple[str, re.Pattern[str], str, str]] = [
         ("POST", _G + r"/recreateInstances$", "InstanceGroupManagers/RecreateInstances", "recreate_instances"),
         ("POST", _G + r"/resize$", "InstanceGroupManagers/Resize", "resize_mig"),
         ("GET", _P + r"/aggregated/instanceGroupManagers$", "InstanceGroupManagers/AggregatedList", "aggregated_migs"),
+        ("GET", _P + rf"/regions/{_S}/instanceGroupManagers$", "RegionInstanceGroupManagers/List", "list_region_migs"),
+        ("POST", _P + rf"/regions/{_S}/instanceGroupManagers$", "RegionInstanceGroupManagers/Insert",
+         "insert_region_mig"),
+        ("GET", _RG + r"$", "RegionInstanceGroupManagers/Get", "get_region_mig"),
+        ("POST", _RG + r"/listManagedInstances$", "RegionInstanceGroupManagers/ListManagedInstances",
+         "region_managed_instances"),
+        ("POST", _RG + r"/recreateInstances$", "RegionInstanceGroupManagers/RecreateInstances",
+         "region_recreate_instances"),
+        ("POST", _RG + r"/resizeRequests$", "RegionInstanceGroupManagerResizeRequests/Insert", "region_insert_resize"),
+        ("GET", _RG + r"/resizeRequests$", "RegionInstanceGroupManagerResizeRequests/List", "region_list_resizes"),
+        ("GET", _RG + rf"/resizeRequests/{_S}$", "RegionInstanceGroupManagerResizeRequests/Get", "region_get_resize"),
+        ("DELETE", _RG + rf"/resizeRequests/{_S}$", "RegionInstanceGroupManagerResizeRequests/Delete",
+         "region_delete_resize"),
+        ("POST", _RG + rf"/resizeRequests/{_S}/cancel$", "RegionInstanceGroupManagerResizeRequests/Cancel",
+         "region_cancel_resize"),
         ("POST", _G + r"/resizeRequests$", "InstanceGroupManagerResizeRequests/Insert", "insert_resize"),
         ("GET", _G + r"/resizeRequests$", "InstanceGroupManagerResizeRequests/List", "list_resizes"),
         ("GET", _G + rf"/resizeRequests/{_S}$", "InstanceGroupManagerResizeRequests/Get", "get_resize"),
@@ -233,6 +250,8 @@ class ComputeRest:
 
     def _list_instances(self, p: str, z: str, *, query: dict[str, str], **_: Any) -> dict[str, Any]:
         base = self._base()
+        with self.world._lock:
+            self.world.list_filters.append(("instances.list", query.get("filter", "")))
         items = [instance_json(r, base) for r in self.world.list_instances(p, z)]
         return _list("compute#instanceList", f"{base}projects/{p}/zones/{z}/instances", items, query)
 
@@ -244,17 +263,22 @@ class ComputeRest:
 
     def _aggregated(self, kind: str, field: str, p: str, items: list[dict[str, Any]], query: dict[str, str],
                     link: str) -> dict[str, Any]:
-        """An aggregatedList: one page of matching items, grouped by `zones/Z`, every zone of the
-        simulator present (those with none carry the NO_RESULTS_ON_PAGE warning)."""
+        """An aggregatedList: one page of matching items, grouped by `zones/Z` (a regional MIG's by
+        `regions/R`), every zone of the simulator present (those with none carry the
+        NO_RESULTS_ON_PAGE warning)."""
         items = [i for i in items if parse_filter(query.get("filter", ""))(i)]
         page, token = _page(items, query)
         zones = self.world.zones or (self.world.zone,)
+
+        def scope(i: dict[str, Any]) -> str:
+            return "/".join(str(i.get("zone") or i.get("region")).split("/")[-2:])
+
         scoped: dict[str, Any] = {}
-        for z in sorted({*zones, *(str(i["zone"]).rsplit("/", 1)[-1] for i in page)}):
-            mine = [i for i in page if str(i["zone"]).endswith(f"/zones/{z}")]
-            scoped[f"zones/{z}"] = {field: mine} if mine else {"warning": {
-                "code": "NO_RESULTS_ON_PAGE", "message": "There are no results for scope 'zones/"
-                f"{z}' on this page.", "data": [{"key": "scope", "value": f"zones/{z}"}]}}
+        for s in sorted({*(f"zones/{z}" for z in zones), *(scope(i) for i in page)}):
+            mine = [i for i in page if scope(i) == s]
+            scoped[s] = {field: mine} if mine else {"warning": {
+                "code": "NO_RESULTS_ON_PAGE", "message": f"There are no results for scope '{s}' on this page.",
+                "data": [{"key": "scope", "value": s}]}}
         out: dict[str, Any] = {"kind": kind, "id": f"projects/{p}/aggregated/{field}", "items": scoped, "selfLink": link}
         if token:
             out["nextPageToken"] = token
@@ -379,6 +403,25 @@ class ComputeRest:
             out["nextPageToken"] = token
         return out
 
+    # a regional MIG: the same over `regions/R` (the world's MIG methods take it for a zone)
+    def _list_region_migs(self, p: str, r: str, *, query: dict[str, str], **_: Any) -> dict[str, Any]:
+        base = self._base()
+        items = [self._mig(m) for m in self.world.list_region_migs(p, r)]
+        return _list("compute#regionInstanceGroupManagerList",
+                     f"{base}projects/{p}/regions/{r}/instanceGroupManagers", items, query)
+
+    def _insert_region_mig(self, p: str, r: str, *, body: dict[str, Any], **_: Any) -> dict[str, Any]:
+        return self._op(self.world.insert_mig(p, f"regions/{r}", body))
+
+    def _get_region_mig(self, p: str, r: str, n: str, **_: Any) -> dict[str, Any]:
+        return self._get_mig(p, f"regions/{r}", n)
+
+    def _region_managed_instances(self, p: str, r: str, n: str, **kw: Any) -> dict[str, Any]:
+        return self._managed_instances(p, f"regions/{r}", n, **kw)
+
+    def _region_recreate_instances(self, p: str, r: str, n: str, **kw: Any) -> dict[str, Any]:
+        return self._recreate_instances(p, f"regions/{r}", n, **kw)
+
     def _recreate_instances(self, p: str, z: str, n: str, *, body: dict[str, Any], **_: Any) -> dict[str, Any]:
         return self._op(self.world.recreate_instances(p, z, n, [str(u) for u in body.get("instances") or []]))
 
@@ -415,8 +458,26 @@ class ComputeRest:
     def _list_resizes(self, p: str, z: str, g: str, *, query: dict[str, str], **_: Any) -> dict[str, Any]:
         base = self._base()
         items = [resize_json(r, base) for r in self.world.list_resize_requests(p, z, g)]
-        return _list("compute#instanceGroupManagerResizeRequestList",
-                     f"{base}projects/{p}/zones/{z}/instanceGroupManagers/{g}/resizeRequests", items, query)
+        scope = z if z.startswith("regions/") else f"zones/{z}"
+        return _list("compute#instanceGroupManagerResizeRequestList" if scope.startswith("zones/") else
+                     "compute#regionInstanceGroupManagerResizeRequestList",
+                     f"{base}projects/{p}/{scope}/instanceGroupManagers/{g}/resizeRequests", items, query)
+
+    # a regional MIG's resize requests: the same over `regions/R`
+    def _region_insert_resize(self, p: str, r: str, g: str, **kw: Any) -> dict[str, Any]:
+        return self._insert_resize(p, f"regions/{r}", g, **kw)
+
+    def _region_list_resizes(self, p: str, r: str, g: str, **kw: Any) -> dict[str, Any]:
+        return self._list_resizes(p, f"regions/{r}", g, **kw)
+
+    def _region_get_resize(self, p: str, r: str, g: str, n: str, **kw: Any) -> dict[str, Any]:
+        return self._get_resize(p, f"regions/{r}", g, n, **kw)
+
+    def _region_delete_resize(self, p: str, r: str, g: str, n: str, **kw: Any) -> dict[str, Any]:
+        return self._delete_resize(p, f"regions/{r}", g, n, **kw)
+
+    def _region_cancel_resize(self, p: str, r: str, g: str, n: str, **kw: Any) -> dict[str, Any]:
+        return self._cancel_resize(p, f"regions/{r}", g, n, **kw)
 
     def _delete_resize(self, p: str, z: str, g: str, n: str, **_: Any) -> dict[str, Any]:
         return self._op(self.world.delete_resize_request(p, z, g, n))

@@ -70,6 +70,8 @@ DEFAULT_DELAYS: dict[str, float] = {
     "multislice_restart": 60.0,
     # a Compute Engine resize request waiting for capacity fails after this long
     "resize_timeout": 3600.0,
+    # a MIG that repairs (defaultActionOnFailure REPAIR) begins recreating a failed VM this long after
+    "mig_repair": 30.0,
 }
 
 
@@ -172,6 +174,7 @@ class WorldCore:
         self._slow: Window | None = None  # calls answered late
         self._denied: Window | None = None
         self.calls: Counter[str] = Counter()
+        self.list_filters: list[tuple[str, str]] = []  # (list method, its filter) of each list served
         self._call_times: dict[str, deque[tuple[float, str]]] = {}
         self.injected: Counter[str] = Counter()  # method -> calls failed by injection
         self.lost: Counter[str] = Counter()  # method -> calls served whose answer was an error

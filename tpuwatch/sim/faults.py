@@ -445,6 +445,9 @@ FAULTS: dict[str, Fault] = {
                 Param("spot", "bool", "Spot VMs (termination action STOP)", default=False),
                 Param("labels", "map", "labels KEY=VALUE of its instances", default={}),
                 Param("metadata", "map", "metadata KEY=VALUE of its instances", default={}),
+                Param("on_failure", "choice", "instanceLifecyclePolicy.defaultActionOnFailure: REPAIR recreates a "
+                      "failed VM (a preempted Spot VM too), DO_NOTHING leaves it", default="REPAIR",
+                      choices=("REPAIR", "DO_NOTHING")),
                 Param("worker_numbers", "choice", "give each VM an agent-worker-number metadata item (not documented "
                       "by Google on Compute Engine): none, in name order, or in reverse name order",
                       default="NONE", choices=("NONE", "NAME", "REVERSE")),
@@ -479,7 +482,8 @@ FAULTS: dict[str, Fault] = {
         ),
         Fault(
             "preempt-instance",
-            "Preempt a Spot Compute Engine TPU VM: TERMINATED for good (action STOP) or deleted (DELETE).",
+            "Preempt a Spot Compute Engine TPU VM: TERMINATED for good (action STOP) or deleted (DELETE); "
+            "a MIG that repairs (defaultActionOnFailure REPAIR) then recreates it under its name.",
             (_INSTANCE, Param("notice", "duration", "instance/preempted TRUE this long before", default=0.0),
              *_WHERE),
             target="instance",
@@ -816,7 +820,7 @@ def _apply_compute(world: World, fault: str, p: dict[str, Any], where: dict[str,
         numbering = str(p.get("worker_numbers", "NONE"))
         mig = world.add_mig(p["name"], p["machine_type"], int(p.get("size", 1)), topology=p.get("topology", ""),
                             spot=bool(p.get("spot", False)), labels=p.get("labels", {}),
-                            metadata=p.get("metadata", {}),
+                            metadata=p.get("metadata", {}), on_failure=str(p.get("on_failure", "REPAIR")),
                             worker_numbers="" if numbering == "NONE" else numbering.lower(), **where)
         return {"name": mig.path, "instances": sorted(mig.members), "topology": mig.topology}
     if fault == "host-error":

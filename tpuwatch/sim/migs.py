@@ -9,8 +9,14 @@ requests, as the compute v1 API serves them.
   in `lastAttempt.errors`, and the MIG tries again), and repaired as a whole.
 - `recreateInstances` and autoheal (`mig-autoheal`) recreate instances under the same names with
   new ids (`currentAction` RECREATING; a multi-host slice all of it), writing
-  `compute.instances.repair.recreateInstance` for an autoheal. An instance deleted behind the
+  `compute.instances.repair.recreateInstance` for an autoheal. recreateInstances "flags" the
+  instances (Google: the operation is DONE once the flag is set): one the MIG is already making
+  (CREATING, RECREATING) keeps that action, never started over. An instance deleted behind the
   MIG's back is made again (CREATING), as a MIG keeps its target size.
+- Failure repair (`instanceLifecyclePolicy.defaultActionOnFailure`, REPAIR by default): a MIG that
+  repairs recreates a preempted Spot VM by itself delays["mig_repair"] after its preemption (same
+  name, new id; a multi-host slice as a whole; `repair.recreateInstance` for each), as Google's
+  TPU failure-recovery page says; DO_NOTHING leaves it TERMINATED.
 - Shape `worker_numbers` (add_mig, create-mig; off by default, since Google does not document
   it): each instance made carries the metadata item `agent-worker-number`, its place among the
   MIG's members in name order ("name") or reverse name order ("reverse"), in the REST
@@ -50,6 +56,16 @@ from tpuwatch.sim.shapes import region_of
 
 # The shape `worker_numbers`: none, the members numbered in name order, or in reverse name order
 WORKER_NUMBERINGS = ("", "name", "reverse")
+# A managed instance's current actions while the MIG makes it (again)
+MAKING = frozenset({"CREATING", "CREATING_WITHOUT_RETRIES", "RECREATING"})
+# instanceLifecyclePolicy.defaultActionOnFailure values (compute v1)
+ON_FAILURE = ("REPAIR", "DO_NOTHING")
+
+
+def _scope(zone: str) -> str:
+    """The scope of a MIG method's `zone`: a zone's (`zones/Z`), or a regional MIG's when it is
+    given as `regions/R` (every MIG method takes either)."""
+    return zone if zone.startswith("regions/") else f"zones/{zone}"
 
 
 def _path_tail(url: str, marker: str) -> str:
@@ -124,11 +140,34 @@ class Migs(ComputeFaults):
     # ---- MIGs --------------------------------------------------------------------------------
 
     def _require_mig(self, project: str, zone: str, name: str) -> MigRec:
-        self.check_compute_zone(project, zone)
+        """The MIG `name` of a zone, or of a region with `zone` = `regions/R` (lock held)."""
+        if zone.startswith("regions/"):
+            self.check_compute_region(project, zone[len("regions/"):])
+        else:
+            self.check_compute_zone(project, zone)
         mig = self._migs.get(f"{project}/{zone}/instanceGroupManagers/{name}")
         if mig is None:
-            raise not_found(f"projects/{project}/zones/{zone}/instanceGroupManagers/{name}")
+            raise not_found(f"projects/{project}/{_scope(zone)}/instanceGroupManagers/{name}")
         return mig
+
+    def check_compute_region(self, project: str, region: str) -> None:
+        """A region of the simulator's zones, else INVALID_ARGUMENT as Compute Engine answers."""
+        if region not in {region_of(z) for z in (self.zone, *(self.zones or ()))}:
+            raise ComputeError("INVALID_ARGUMENT", f"Invalid value for field 'region': '{region}'. Unknown region.",
+                               "invalid")
+
+    def _regional_zone(self, project: str, region: str, body: Mapping[str, Any]) -> str:
+        """The one zone a regional MIG makes its instances in: its distributionPolicy's first zone,
+        else the simulator's first zone of the region (a TPU slice's VMs are in one zone)."""
+        self.check_compute_region(project, region)
+        zones = [str(z.get("zone") or "").rsplit("/", 1)[-1]
+                 for z in (body.get("distributionPolicy") or {}).get("zones") or []]
+        ours = [z for z in (self.zone, *(self.zones or ())) if region_of(z) == region]
+        zone = zones[0] if zones else ours[0]
+        if zone not in ours:
+            raise ComputeError("INVALID_ARGUMENT", "Invalid value for field 'resource.distributionPolicy.zones': "
+                               f"'{zone}' is not a zone of region {region}.", "invalid")
+        return zone
 
     def insert_mig(self, project: str, zone: str, body: Mapping[str, Any], *, worker_numbers: str = "") -> ComputeOpRec:
         """instanceGroupManagers.insert: the MIG now, its instances as they are made
@@ -138,6 +177,10 @@ class Migs(ComputeFaults):
             raise ComputeError("INVALID_ARGUMENT", f"Invalid value for field 'resource.name': '{name}'.", "invalid")
         size = int(body.get("targetSize") or 0)
         with self._lock:
+            scope, region = _scope(zone), ""
+            if zone.startswith("regions/"):  # a regional MIG: its instances in one zone of the region
+                region = zone[len("regions/"):]
+                zone = self._regional_zone(project, region, body)
             self.check_compute_zone(project, zone)
             template = self._templates.get(_path_tail(str(body.get("instanceTemplate") or ""), "projects/"))
             if template is None:
@@ -162,15 +205,19 @@ class Migs(ComputeFaults):
                         f"Topology {topology} needs {topology_chips(topology) // per_vm} VMs of "
                         f"{template.properties.get('machineType')}; targetSize is {size}.", "invalid")
             lifecycle = body.get("instanceLifecyclePolicy") or {}
+            if str(lifecycle.get("defaultActionOnFailure") or "REPAIR") not in ON_FAILURE:
+                raise ComputeError("INVALID_ARGUMENT", "Invalid value for field 'resource.instanceLifecyclePolicy."
+                                   f"defaultActionOnFailure': '{lifecycle.get('defaultActionOnFailure')}'.", "invalid")
             mig = MigRec(project, zone, name, self._new_id(), time.time_ns(),
                          str(body.get("baseInstanceName") or name), template.path, size,
                          workload_policy=policy_url, topology=topology,
                          default_action_on_failure=str(lifecycle.get("defaultActionOnFailure") or "REPAIR"),
-                         description=str(body.get("description") or ""), worker_numbers=worker_numbers)
+                         description=str(body.get("description") or ""), worker_numbers=worker_numbers,
+                         region=region)
             if mig.key in self._migs:
                 raise ComputeError("ALREADY_EXISTS", f"The resource '{mig.path}' already exists", "alreadyExists")
             self._migs[mig.key] = mig
-            op = self._new_cop(project, f"zones/{zone}", "insert", mig.path, mig.id, done=True)
+            op = self._new_cop(project, scope, "insert", mig.path, mig.id, done=True)
             self._grow(mig, size)
             return copy.deepcopy(op)
 
@@ -210,7 +257,7 @@ class Migs(ComputeFaults):
         props: dict[str, Any] = copy.deepcopy(template.properties) if template is not None else {}
         items = list((props.get("metadata") or {}).get("items") or [])
         number = self._project_number(mig.project)
-        items.append({"key": "created-by", "value": f"projects/{number}/zones/{mig.zone}/instanceGroupManagers/{mig.name}"})
+        items.append({"key": "created-by", "value": f"projects/{number}/{mig.scope}/instanceGroupManagers/{mig.name}"})
         props["metadata"] = {"items": items}
         numbered = {n: i for i, n in enumerate(sorted(mig.members, reverse=mig.worker_numbers == "reverse"))}
         if run_duration is not None:
@@ -256,6 +303,7 @@ class Migs(ComputeFaults):
             m = mig.members[rec.name]
             if m.current_action == "DELETING":
                 del mig.members[rec.name]
+                self._touch()  # a wait for the MIG emptied sees it now
             elif m.current_action != "RECREATING":
                 m.current_action = "CREATING"
                 self._make_members(mig.key, [rec.name], mig.epoch, None)
@@ -266,14 +314,23 @@ class Migs(ComputeFaults):
             return copy.deepcopy(self._require_mig(project, zone, name))
 
     def list_migs(self, project: str, zone: str | None = None) -> list[MigRec]:
+        """The zonal MIGs of a zone (every MIG of the project, regional ones too, when None)."""
         with self._lock:
             return [copy.deepcopy(m) for _, m in sorted(self._migs.items())
-                    if m.project == project and (zone is None or m.zone == zone)]
+                    if m.project == project and (zone is None or (m.zone == zone and not m.region))]
 
-    def mig(self, name: str, *, project: str | None = None, zone: str | None = None) -> MigRec:
-        """A snapshot of one MIG (tests)."""
+    def list_region_migs(self, project: str, region: str) -> list[MigRec]:
         with self._lock:
-            mig = self._migs.get(f"{project or self.project}/{zone or self.zone}/instanceGroupManagers/{name}")
+            self.check_compute_region(project, region)
+            return [copy.deepcopy(m) for _, m in sorted(self._migs.items())
+                    if m.project == project and m.region == region]
+
+    def mig(self, name: str, *, project: str | None = None, zone: str | None = None,
+            region: str = "") -> MigRec:
+        """A snapshot of one MIG (tests); `region`: a regional MIG's."""
+        where = f"regions/{region}" if region else zone or self.zone
+        with self._lock:
+            mig = self._migs.get(f"{project or self.project}/{where}/instanceGroupManagers/{name}")
             if mig is None:
                 raise UsageError(f"no simulated MIG {name!r}")
             return copy.deepcopy(mig)
@@ -291,29 +348,30 @@ class Migs(ComputeFaults):
         """listManagedInstances: each managed instance and its instance (None while not made)."""
         with self._lock:
             mig = self._require_mig(project, zone, name)
-            return [(copy.deepcopy(m), copy.deepcopy(self._instances.get(self._ikey(project, zone, n))))
+            return [(copy.deepcopy(m), copy.deepcopy(self._instances.get(self._ikey(project, mig.zone, n))))
                     for n, m in sorted(mig.members.items())]
 
     def wait_mig_stable(self, name: str, *, timeout: float = 20.0, project: str | None = None,
-                        zone: str | None = None) -> MigRec:
-        key = f"{project or self.project}/{zone or self.zone}/instanceGroupManagers/{name}"
+                        zone: str | None = None, region: str = "") -> MigRec:
+        where = f"regions/{region}" if region else zone or self.zone
+        key = f"{project or self.project}/{where}/instanceGroupManagers/{name}"
 
         def ok(w: Migs) -> bool:
             mig = w._migs.get(key)
             return mig is not None and w.mig_is_stable(mig)
 
         self.wait_for(ok, timeout, f"MIG {name} stable")
-        return self.mig(name, project=project, zone=zone)
+        return self.mig(name, project=project, zone=zone, region=region)
 
     def delete_mig(self, project: str, zone: str, name: str) -> ComputeOpRec:
         """instanceGroupManagers.delete: its instances are deleted, then the MIG."""
         with self._lock:
             mig = self._require_mig(project, zone, name)
             mig.epoch += 1
-            op = self._new_cop(project, f"zones/{zone}", "delete", mig.path, mig.id)
+            op = self._new_cop(project, _scope(zone), "delete", mig.path, mig.id)
             for m in mig.members.values():
                 m.current_action = "DELETING"
-            doomed = [r for r in (self._instances.get(self._ikey(project, zone, n)) for n in mig.members) if r]
+            doomed = [r for r in (self._instances.get(self._ikey(project, mig.zone, n)) for n in mig.members) if r]
             for r in doomed:
                 r.status, r.epoch = "STOPPING", r.epoch + 1
             victims = [(r.key, r.id) for r in doomed]
@@ -340,7 +398,7 @@ class Migs(ComputeFaults):
             if mig.multi_host and size not in (0, mig.target_size):
                 raise ComputeError("INVALID_ARGUMENT", f"MIG '{name}' is a multi-host TPU slice of topology "
                                    f"{mig.topology}; its size cannot change.", "badRequest")
-            op = self._new_cop(project, f"zones/{zone}", "resize", mig.path, mig.id, done=True)
+            op = self._new_cop(project, _scope(zone), "resize", mig.path, mig.id, done=True)
             extra = size - len(mig.members)
             mig.target_size = size
             if extra > 0:
@@ -374,9 +432,10 @@ class Migs(ComputeFaults):
                                    f"MIG '{name}'.", "invalid")
             if mig.multi_host:
                 names = sorted(mig.members)
-            op = self._new_cop(project, f"zones/{zone}", "recreateInstances", mig.path, mig.id, done=True)
+            op = self._new_cop(project, _scope(zone), "recreateInstances", mig.path, mig.id, done=True)
             for n in names:
-                self._recreate_member(mig, n, reason)
+                if mig.members[n].current_action not in MAKING:  # flagged already: left to its action
+                    self._recreate_member(mig, n, reason)
             return copy.deepcopy(op)
 
     def _recreate_member(self, mig: MigRec, name: str, reason: str) -> None:
@@ -400,11 +459,35 @@ class Migs(ComputeFaults):
 
         self.after(self.delays["delete"], remake)
 
+    def _preempt_now(self, key: str, ident: int) -> None:
+        """A preempted Spot VM of a MIG that repairs is recreated by the MIG (the module's docstring)."""
+        super()._preempt_now(key, ident)
+        with self._lock:
+            rec = self._instances.get(key)
+            mig = self._migs.get(rec.mig) if rec is not None else None
+            if (rec is None or rec.id != ident or not rec.preempted or mig is None or rec.name not in mig.members
+                    or mig.default_action_on_failure != "REPAIR"):
+                return
+            epoch = rec.epoch
+        self.after(self.delays["mig_repair"], functools.partial(self._repair_failed, key, ident, epoch))
+
+    def _repair_failed(self, key: str, ident: int, epoch: int) -> None:
+        with self._lock:
+            rec = self._instances.get(key)
+            mig = self._migs.get(rec.mig) if rec is not None else None
+            if (rec is None or rec.id != ident or rec.epoch != epoch or rec.status != "TERMINATED" or mig is None
+                    or rec.name not in mig.members):
+                return
+            for n in sorted(mig.members) if mig.multi_host else [rec.name]:
+                if mig.members[n].current_action not in MAKING:
+                    self._recreate_member(mig, n, "instance was preempted")
+            self._touch()
+
     def autoheal(self, mig_name: str, instance: str = "", *, reason: str = "instance's health check failed",
-                 project: str | None = None, zone: str | None = None) -> None:
+                 project: str | None = None, zone: str | None = None, region: str = "") -> None:
         """MIG autoheal: a single-host MIG recreates the instance under its name; a multi-host
         slice is recreated as a whole (every instance RECREATING, new ids)."""
-        project, zone = project or self.project, zone or self.zone
+        project, zone = project or self.project, f"regions/{region}" if region else zone or self.zone
         with self._lock:
             mig = self._migs.get(f"{project}/{zone}/instanceGroupManagers/{mig_name}")
             if mig is None:
@@ -439,7 +522,7 @@ class Migs(ComputeFaults):
             if rr.key in self._resizes:
                 raise ComputeError("ALREADY_EXISTS", f"The resource '{rr.path}' already exists", "alreadyExists")
             self._resizes[rr.key] = rr
-            op = self._new_cop(project, f"zones/{zone}", "insert", rr.path, rr.id, done=True)
+            op = self._new_cop(project, _scope(zone), "insert", rr.path, rr.id, done=True)
             key, created = rr.key, rr.create_ns
         self.after(self.delays["queued_accept"], lambda: self._resize_step(key, created))
         return copy.deepcopy(op)
@@ -459,8 +542,8 @@ class Migs(ComputeFaults):
                 self._touch()
                 return
             rr.state = "ACCEPTED"
-            if self._in_stockout(rr.zone):
-                rr.last_attempt = [(STOCKOUT_CODE, self.zone_exhausted_text(rr.project, rr.zone))]
+            if self._in_stockout(mig.zone):  # where the MIG makes its VMs (a regional MIG's one zone)
+                rr.last_attempt = [(STOCKOUT_CODE, self.zone_exhausted_text(rr.project, mig.zone))]
                 if time.time_ns() - rr.create_ns >= int(self.real(self.delays["resize_timeout"]) * 1e9):
                     rr.state, rr.error = "FAILED", list(rr.last_attempt)
                 else:
@@ -475,7 +558,8 @@ class Migs(ComputeFaults):
     def _advance_resizes(self, mig: MigRec) -> None:
         """A resize request SUCCEEDS once every VM it made runs. Lock held."""
         for rr in self._resizes.values():
-            if rr.state != "ACCEPTED" or not rr.instances or rr.mig != mig.name or rr.zone != mig.zone:
+            where = f"regions/{mig.region}" if mig.region else mig.zone
+            if rr.state != "ACCEPTED" or not rr.instances or rr.mig != mig.name or rr.zone != where:
                 continue
             recs = [self._instances.get(self._ikey(mig.project, mig.zone, n)) for n in rr.instances]
             if all(r is not None and r.status == "RUNNING" for r in recs):
@@ -498,10 +582,10 @@ class Migs(ComputeFaults):
         self._touch()
 
     def end_resize_run(self, mig_name: str, name: str = "", *, project: str | None = None,
-                       zone: str | None = None) -> None:
+                       zone: str | None = None, region: str = "") -> None:
         """A flex-start run duration ends now (its time came): Google deletes the VMs the
         SUCCEEDED request `name` (default: the MIG's newest such) made, and the target size shrinks."""
-        project, zone = project or self.project, zone or self.zone
+        project, zone = project or self.project, f"regions/{region}" if region else zone or self.zone
         with self._lock:
             self._require_mig(project, zone, mig_name)
             done = [r for _, r in sorted(self._resizes.items(), key=lambda kv: kv[1].create_ns)
@@ -516,7 +600,7 @@ class Migs(ComputeFaults):
             self._require_mig(project, zone, mig)
             rr = self._resizes.get(f"{project}/{zone}/{mig}/{name}")
             if rr is None:
-                raise not_found(f"projects/{project}/zones/{zone}/instanceGroupManagers/{mig}/resizeRequests/{name}")
+                raise not_found(f"projects/{project}/{_scope(zone)}/instanceGroupManagers/{mig}/resizeRequests/{name}")
             return copy.deepcopy(rr)
 
     def list_resize_requests(self, project: str, zone: str, mig: str) -> list[ResizeRec]:
@@ -531,21 +615,21 @@ class Migs(ComputeFaults):
         with self._lock:
             rr = self._resizes.get(f"{project}/{zone}/{mig}/{name}")
             if rr is None:
-                raise not_found(f"projects/{project}/zones/{zone}/instanceGroupManagers/{mig}/resizeRequests/{name}")
+                raise not_found(f"projects/{project}/{_scope(zone)}/instanceGroupManagers/{mig}/resizeRequests/{name}")
             if rr.state in ("CREATING", "ACCEPTED"):
                 raise ComputeError("FAILED_PRECONDITION", f"Resize request '{name}' is {rr.state}; cancel it "
                                    "before deleting it.", "resourceNotReady")
             del self._resizes[rr.key]
-            return copy.deepcopy(self._new_cop(project, f"zones/{zone}", "delete", rr.path, rr.id, done=True))
+            return copy.deepcopy(self._new_cop(project, _scope(zone), "delete", rr.path, rr.id, done=True))
 
     def cancel_resize_request(self, project: str, zone: str, mig: str, name: str) -> ComputeOpRec:
         with self._lock:
             rr = self._resizes.get(f"{project}/{zone}/{mig}/{name}")
             if rr is None:
-                raise not_found(f"projects/{project}/zones/{zone}/instanceGroupManagers/{mig}/resizeRequests/{name}")
+                raise not_found(f"projects/{project}/{_scope(zone)}/instanceGroupManagers/{mig}/resizeRequests/{name}")
             if rr.state in ("CREATING", "ACCEPTED") and not rr.instances:
                 rr.state = "CANCELLED"
-            return copy.deepcopy(self._new_cop(project, f"zones/{zone}", "cancel", rr.path, rr.id, done=True))
+            return copy.deepcopy(self._new_cop(project, _scope(zone), "cancel", rr.path, rr.id, done=True))
 
     # ---- for tests and scenarios -------------------------------------------------------------
 
@@ -553,16 +637,20 @@ class Migs(ComputeFaults):
                 topology: str = "", spot: bool = False, labels: Mapping[str, str] | None = None,
                 metadata: Mapping[str, str] | None = None, project: str | None = None,
                 zone: str | None = None, wait: bool = True, timeout: float = 60.0,
-                worker_numbers: str = "") -> MigRec:
+                worker_numbers: str = "", on_failure: str = "", region: str = "") -> MigRec:
         """A MIG of `size` TPU VMs from a new regional template `<name>-template` (with a
         workload policy `<name>-policy` when a topology is given), waited until stable (unless
         not `wait`: in a stockout it is not made). `worker_numbers` "name" or "reverse": its
-        VMs carry `agent-worker-number` in that order (the module's docstring)."""
+        VMs carry `agent-worker-number` in that order (the module's docstring). `on_failure`:
+        its `instanceLifecyclePolicy.defaultActionOnFailure` (absent: REPAIR, Google's default).
+        `region`: a regional MIG of that region, its instances in `zone` (the world's)."""
         if worker_numbers not in WORKER_NUMBERINGS:
             raise UsageError(f"MIG {name!r}: worker_numbers must be one of "
                              f"{', '.join(repr(w) for w in WORKER_NUMBERINGS)}, got {worker_numbers!r}")
+        if on_failure and on_failure not in ON_FAILURE:
+            raise UsageError(f"MIG {name!r}: on_failure must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}")
         project, zone = project or self.project, zone or self.zone
-        region = region_of(zone)
+        home = region_of(zone)  # the template's and workload policy's region
         sched: dict[str, Any] = {"onHostMaintenance": "TERMINATE"}
         if spot:
             sched.update({"provisioningModel": "SPOT", "instanceTerminationAction": "STOP"})
@@ -572,16 +660,22 @@ class Migs(ComputeFaults):
             "networkInterfaces": [{"network": "global/networks/default", "accessConfigs": [{"type": "ONE_TO_ONE_NAT"}]}],
         }
         body: dict[str, Any] = {"name": name, "baseInstanceName": name, "targetSize": size,
-                                "instanceTemplate": f"projects/{project}/regions/{region}/instanceTemplates/{name}-template"}
+                                "instanceTemplate": f"projects/{project}/regions/{home}/instanceTemplates/{name}-template"}
+        if on_failure:
+            body["instanceLifecyclePolicy"] = {"defaultActionOnFailure": on_failure}
+        if region:
+            if region != home:
+                raise UsageError(f"MIG {name!r}: zone {zone} is not in region {region}")
+            body["distributionPolicy"] = {"zones": [{"zone": f"zones/{zone}"}], "targetShape": "ANY_SINGLE_ZONE"}
         try:
-            self.insert_template(project, region, {"name": f"{name}-template", "properties": props})
+            self.insert_template(project, home, {"name": f"{name}-template", "properties": props})
             if topology:
-                self.insert_resource_policy(project, region, {"name": f"{name}-policy", "workloadPolicy": {
+                self.insert_resource_policy(project, home, {"name": f"{name}-policy", "workloadPolicy": {
                     "type": "HIGH_THROUGHPUT", "acceleratorTopology": topology}})
-                body["resourcePolicies"] = {"workloadPolicy": f"projects/{project}/regions/{region}/resourcePolicies/{name}-policy"}
-            self.insert_mig(project, zone, body, worker_numbers=worker_numbers)
+                body["resourcePolicies"] = {"workloadPolicy": f"projects/{project}/regions/{home}/resourcePolicies/{name}-policy"}
+            self.insert_mig(project, f"regions/{region}" if region else zone, body, worker_numbers=worker_numbers)
         except ComputeError as exc:
             raise UsageError(f"MIG {name!r}: {exc.message}")
         if size and wait:
-            return self.wait_mig_stable(name, timeout=timeout, project=project, zone=zone)
-        return self.mig(name, project=project, zone=zone)
+            return self.wait_mig_stable(name, timeout=timeout, project=project, zone=zone, region=region)
+        return self.mig(name, project=project, zone=zone, region=region)
