@@ -261,6 +261,9 @@ class WorkerProbe:
     checkpoint_listing: str = ""
     # what the relay beside this attempt passed on from the metadata server: a NOTICES value, or ""
     notice: str = ""
+    # the attempt's session got a SIGTERM that neither tpuwatch's stop nor the relay sent (the
+    # guest shutting down before the notice): its exit code, 0 included, may not be the job's own
+    foreign_term: bool = False
 
 
 @dataclass(frozen=True)
