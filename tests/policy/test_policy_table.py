@@ -775,6 +775,51 @@ def test_row_end_confirm() -> None:
     assert own.row == "failure" and own.ended[0].charged and own.memory.budgets.confirm_by is None
 
 
+def _termed(codes: dict[int, int]) -> tuple[WorkerProbe, ...]:
+    """Workers that exited with `codes` after a SIGTERM neither tpuwatch nor the relay sent."""
+    return tuple(replace(p, foreign_term=True) for p in exited(codes))
+
+
+def test_row_term_confirm() -> None:
+    # The guest's TERM reached the job before the notice and before the API's STOPPING: the job
+    # saved and exited 0. Neither done nor charged on first sight.
+    d = tick(obs(probes=_termed({0: 0, 1: 0}), checkpoint=ckpt(150)), run_mem(), now=500)
+    assert d.row == "term_confirm" and kinds(d) == ["wait"] and d.ended == ()
+    assert d.memory.phase is Phase.RUNNING and d.memory.attempt.end_seen == at(500)
+    assert "SIGTERM tpuwatch did not send" in d.summary
+    # the next look shows the VM preempted: a disruption, not done, not charged
+    gone = tick(obs(node(state="PREEMPTED", health="HEALTH_UNSPECIFIED"), probes=None, checkpoint=ckpt(150)), d.memory, now=502)
+    assert gone.ended[0].outcome == "disruption" and not gone.ended[0].charged and not gone.terminal
+    assert "after a SIGTERM from outside tpuwatch on worker 0" in gone.ended[0].reason, gone.ended[0].reason
+    assert gone.memory.budgets.restarts == 0 and gone.memory.budgets.disruptions == 1
+    # ... or a preemption's audit entry on a node still READY: a disruption as well
+    audit = tick(obs(probes=_termed({0: 0, 1: 0}), checkpoint=ckpt(150),
+                     events=(event("terminate", at(501), "PREEMPTED"),)), d.memory, now=502)
+    assert audit.row == "disruption" and audit.ended[0].outcome == "disruption" and not audit.terminal
+    # the next look shows nothing: judged as today, exit 0 = done
+    done = tick(obs(probes=_termed({0: 0, 1: 0}), checkpoint=ckpt(150)), d.memory, now=502)
+    assert done.row == "success" and done.terminal
+    # any exit code waits the same way, and is charged as usual when nothing shows
+    crash = tick(obs(probes=_termed({0: 143, 1: 143}), checkpoint=ckpt(150)), run_mem(), now=500)
+    assert crash.row == "term_confirm" and crash.ended == ()
+    charged = tick(obs(probes=_termed({0: 143, 1: 143}), checkpoint=ckpt(150), jitter=0.0), crash.memory, now=502)
+    assert charged.row == "failure" and charged.ended[0].charged
+    # evidence already there on first sight: ended at once, a disruption even with exit 0
+    now = tick(obs(probes=_termed({0: 0, 1: 0}), checkpoint=ckpt(150),
+                   events=(event("terminate", at(499), "PREEMPTED"),)), run_mem(), now=500)
+    assert now.row == "disruption" and now.ended[0].outcome == "disruption"
+    # without the SIGTERM, that exit 0 is the job's success at once (the audit entry does not outrank it)
+    plain = tick(obs(probes=exited({0: 0, 1: 0}), checkpoint=ckpt(150),
+                     events=(event("terminate", at(499), "PREEMPTED"),)), run_mem(), now=500)
+    assert plain.row == "success"
+
+
+def test_a_sigterm_from_outside_for_an_older_attempt_is_no_evidence() -> None:
+    probes = tuple(replace(p, foreign_term=True) for p in exited({0: 0, 1: 0}, attempt=1))
+    d = tick(obs(probes=probes, checkpoint=ckpt(150)), run_mem(attempt=2), now=500)
+    assert d.row != "term_confirm" and not any("SIGTERM" in e.what for e in d.memory.attempt.evidence)
+
+
 def test_row_stale_workers() -> None:
     m = idle(phase=Phase.BACKOFF,
              attempt=Attempt(number=2),

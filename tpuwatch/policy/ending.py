@@ -116,6 +116,23 @@ def finish(
     return mem, f"{reason}; charged (restart {mem.budgets.restarts} of {cfg.max_restarts}), {when}", None
 
 
+def confirm_term(draft: Draft, mem: Memory, codes: dict[int, int | None]) -> Decision | None:
+    """First sight of an end after a SIGTERM tpuwatch did not send (row `term_confirm`): the
+    guest's shutdown may reach the job before the metadata server's notice and before the API
+    shows the VM stopping, and a job that saves on SIGTERM exits 0 then. Whatever the codes, the
+    end waits for the next tick's look at the node (and the audit log) when nothing explains it
+    yet; None when it need not wait (no such SIGTERM, already waited, or explained now)."""
+    termed = [p for p in draft.obs.probes or () if p.foreign_term and p.attempt == mem.attempt.number]
+    if not termed or mem.attempt.end_seen is not None or disrupted(draft, mem, codes):
+        return None
+    return draft.out(replace(mem, attempt=replace(mem.attempt, end_seen=draft.now)), "term_confirm",
+                     f"attempt {mem.attempt.number} ended after a SIGTERM tpuwatch did not send (worker "
+                     f"{', '.join(str(p.worker) for p in termed)}): neither done nor charged yet; the next tick "
+                     "looks at the node and the audit log again first (the guest's shutdown can come before "
+                     "the API says the VM stops)",
+                     Wait(None, "confirming how the attempt ended"))
+
+
 def confirm_end(draft: Draft, mem: Memory, codes: dict[int, int | None]) -> Decision:
     """An end seen on a node that looks usable: end it now, and relaunch as its class says.
 
@@ -131,6 +148,9 @@ def confirm_end(draft: Draft, mem: Memory, codes: dict[int, int | None]) -> Deci
     cfg = draft.cfg
     start = mem.attempt.start
     assert start is not None  # checked in _check
+    termed = confirm_term(draft, mem, codes)
+    if termed is not None:
+        return termed
     own = codes.get(cfg.primary_worker) == 0 or any(
         c is not None and c != 0 and c not in STOP_CODES for c in codes.values())
     if own or mem.attempt.end_seen is not None:

@@ -2,7 +2,8 @@
 late ones that refund a charged end.
 
 `signs` adds this tick's signs to the running attempt's evidence (audit log entries, the node's
-state, health, symptoms and maintenance, a worker's notice, failing environment checks), which
+state, health, symptoms and maintenance, a worker's notice or a SIGTERM tpuwatch did not send,
+failing environment checks), which
 policy/classify.py weighs when the attempt ends. `refund` re-classifies a charged end as a
 disruption when its sign arrives after it.
 """
@@ -14,7 +15,7 @@ from datetime import datetime, timedelta
 
 from tpuwatch.durations import human
 from tpuwatch.model import UNHEALTHY, AuditEvent
-from tpuwatch.policy.classify import Outcome, in_window, notice_evidence
+from tpuwatch.policy.classify import Outcome, in_window, notice_evidence, term_evidence
 from tpuwatch.policy.draft import Draft, secs
 from tpuwatch.policy.state import AttemptEnd, Evidence, Memory, Phase, move
 
@@ -72,6 +73,8 @@ def signs(draft: Draft, mem: Memory) -> list[Evidence]:
     for p in draft.obs.probes or ():
         if p.notice and p.attempt == mem.attempt.number:
             out.append(notice_evidence(now, p.notice, p.worker))
+        if p.foreign_term and p.attempt == mem.attempt.number:
+            out.append(term_evidence(now, p.worker))
     pre = draft.obs.precheck
     if pre is not None and pre.context == "running" and pre.node_id in ("", node.id):
         # The same text for the same item every time: one evidence entry per failing item.
