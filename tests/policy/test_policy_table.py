@@ -787,22 +787,26 @@ def test_row_term_confirm() -> None:
     assert d.row == "term_confirm" and kinds(d) == ["wait"] and d.ended == ()
     assert d.memory.phase is Phase.RUNNING and d.memory.attempt.end_seen == at(500)
     assert "SIGTERM tpuwatch did not send" in d.summary
-    # the next look shows the VM preempted: a disruption, not done, not charged
+    assert d.deadline == at(510)  # the node and the audit log are read again 10 s after the sighting
+    # a look before then that shows nothing still waits, for the same deadline
+    early = tick(obs(probes=_termed({0: 0, 1: 0}), checkpoint=ckpt(150)), d.memory, now=505)
+    assert early.row == "term_confirm" and early.memory.attempt.end_seen == at(500) and early.deadline == at(510)
+    # a look then shows the VM preempted: a disruption, not done, not charged
     gone = tick(obs(node(state="PREEMPTED", health="HEALTH_UNSPECIFIED"), probes=None, checkpoint=ckpt(150)), d.memory, now=502)
     assert gone.ended[0].outcome == "disruption" and not gone.ended[0].charged and not gone.terminal
     assert "after a SIGTERM from outside tpuwatch on worker 0" in gone.ended[0].reason, gone.ended[0].reason
     assert gone.memory.budgets.restarts == 0 and gone.memory.budgets.disruptions == 1
     # ... or a preemption's audit entry on a node still READY: a disruption as well
     audit = tick(obs(probes=_termed({0: 0, 1: 0}), checkpoint=ckpt(150),
-                     events=(event("terminate", at(501), "PREEMPTED"),)), d.memory, now=502)
+                     events=(event("terminate", at(501), "PREEMPTED"),)), d.memory, now=510)
     assert audit.row == "disruption" and audit.ended[0].outcome == "disruption" and not audit.terminal
-    # the next look shows nothing: judged as today, exit 0 = done
-    done = tick(obs(probes=_termed({0: 0, 1: 0}), checkpoint=ckpt(150)), d.memory, now=502)
+    # the look at the deadline shows nothing: judged as today, exit 0 = done
+    done = tick(obs(probes=_termed({0: 0, 1: 0}), checkpoint=ckpt(150)), d.memory, now=510)
     assert done.row == "success" and done.terminal
     # any exit code waits the same way, and is charged as usual when nothing shows
     crash = tick(obs(probes=_termed({0: 143, 1: 143}), checkpoint=ckpt(150)), run_mem(), now=500)
     assert crash.row == "term_confirm" and crash.ended == ()
-    charged = tick(obs(probes=_termed({0: 143, 1: 143}), checkpoint=ckpt(150), jitter=0.0), crash.memory, now=502)
+    charged = tick(obs(probes=_termed({0: 143, 1: 143}), checkpoint=ckpt(150), jitter=0.0), crash.memory, now=510)
     assert charged.row == "failure" and charged.ended[0].charged
     # evidence already there on first sight: ended at once, a disruption even with exit 0
     now = tick(obs(probes=_termed({0: 0, 1: 0}), checkpoint=ckpt(150),

@@ -38,6 +38,10 @@ NOTICE_HOLD = 5 * 60.0
 # poll later at most) reads the node after the sighting, and at the defaults one more follows
 # within the window.
 END_CONFIRM_WINDOW = 60.0
+# An end after a SIGTERM tpuwatch did not send (the guest shutting down) waits this long from its
+# first sighting, with the node and the audit log read again at its end, before it is judged
+# with nothing to explain it: the API shows the VM stopping a moment after the guest's TERM.
+TERM_CONFIRM = 10.0
 
 
 def finish(
@@ -117,20 +121,23 @@ def finish(
 
 
 def confirm_term(draft: Draft, mem: Memory, codes: dict[int, int | None]) -> Decision | None:
-    """First sight of an end after a SIGTERM tpuwatch did not send (row `term_confirm`): the
-    guest's shutdown may reach the job before the metadata server's notice and before the API
-    shows the VM stopping, and a job that saves on SIGTERM exits 0 then. Whatever the codes, the
-    end waits for the next tick's look at the node (and the audit log) when nothing explains it
-    yet; None when it need not wait (no such SIGTERM, already waited, or explained now)."""
+    """An end after a SIGTERM tpuwatch did not send (row `term_confirm`): the guest's shutdown
+    may reach the job before the metadata server's notice and before the API shows the VM
+    stopping, and a job that saves on SIGTERM exits 0 then. Whatever the codes, while nothing
+    explains it the end waits TERM_CONFIRM from its first sighting, so the node and the audit log
+    are read again after it; None when it need not wait (no such SIGTERM, waited, or explained)."""
     termed = [p for p in draft.obs.probes or () if p.foreign_term and p.attempt == mem.attempt.number]
-    if not termed or mem.attempt.end_seen is not None or disrupted(draft, mem, codes):
+    seen = mem.attempt.end_seen
+    if not termed or (seen is not None and secs(draft.now - seen) >= TERM_CONFIRM) or disrupted(draft, mem, codes):
         return None
-    return draft.out(replace(mem, attempt=replace(mem.attempt, end_seen=draft.now)), "term_confirm",
+    seen = seen or draft.now
+    until = seen + timedelta(seconds=TERM_CONFIRM)
+    return draft.out(replace(mem, attempt=replace(mem.attempt, end_seen=seen)), "term_confirm",
                      f"attempt {mem.attempt.number} ended after a SIGTERM tpuwatch did not send (worker "
-                     f"{', '.join(str(p.worker) for p in termed)}): neither done nor charged yet; the next tick "
-                     "looks at the node and the audit log again first (the guest's shutdown can come before "
-                     "the API says the VM stops)",
-                     Wait(None, "confirming how the attempt ended"))
+                     f"{', '.join(str(p.worker) for p in termed)}): neither done nor charged yet; the node and "
+                     f"the audit log are read again by {until.isoformat()} first (the guest's shutdown can come "
+                     "before the API says the VM stops)",
+                     Wait(until, "confirming how the attempt ended"))
 
 
 def confirm_end(draft: Draft, mem: Memory, codes: dict[int, int | None]) -> Decision:

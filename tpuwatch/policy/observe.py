@@ -47,15 +47,11 @@ def audit_due(mem: Memory, node: NodeSnapshot | None, probes: Sequence[WorkerPro
     """Read the audit log now: once per AUDIT_INTERVAL, or sooner when something looks wrong.
 
     Sooner only while an attempt runs and a worker is not running on a node that looks fine:
-    that is when a terminate/restart entry decides whether the end is charged; and always in the
-    tick that confirms an end first seen on the one before (rows `term_confirm`, `end_confirm`:
-    once per end). A node that is
+    that is when a terminate/restart entry decides whether the end is charged. A node that is
     down, being repaired or recreated is evidence enough by its state; the log can wait.
     """
     if since_last is None or since_last >= AUDIT_INTERVAL:
         return True
-    if mem.phase is Phase.RUNNING and mem.attempt.end_seen is not None:
-        return True  # the look after an end first seen on the last tick (once per end)
     wrong = mem.phase is Phase.RUNNING and (
         node is None or (node.usable and any(p.state != "running" for p in probes or ())))
     return wrong and since_last >= MIN_AUDIT_GAP
