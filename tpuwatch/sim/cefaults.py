@@ -205,14 +205,32 @@ class ComputeFaults(Instances):
     # ---- preemption, run duration ------------------------------------------------------------
 
     def preempt_instance(self, name: str, *, notice: float = 0.0, project: str | None = None,
-                         zone: str | None = None) -> None:
+                         zone: str | None = None, term_first: float = 0.0) -> None:
         """A Spot instance is preempted (instance/preempted TRUE `notice` before): with
-        termination action STOP it is TERMINATED for good (start refused), with DELETE deleted."""
+        termination action STOP it is TERMINATED for good (start refused), with DELETE deleted.
+        With `term_first` (simulated seconds) the guest's shutdown comes first: its processes get
+        SIGTERM that long before the notice and the API's change (Google documents no order)."""
         with self._lock:
             rec = self._live_instance(name, project, zone, "preemption")
             if rec.provisioning_model != "SPOT":
                 raise UsageError(f"instance {rec.name} is {rec.provisioning_model}, not SPOT, so it cannot be "
                                  "preempted; create it with spot = true")
+            term = self._queue_hosts("term", rec.key) if term_first > 0 else None
+            key, ident = rec.key, rec.id
+        if term_first > 0:
+            self._await(term)
+
+            def then() -> None:
+                with self._lock:
+                    r = self._instances.get(key)
+                    if r is None or r.id != ident or r.status != "RUNNING":
+                        return
+                self.preempt_instance(name, notice=notice, project=project, zone=zone)
+
+            self.after(term_first, then)
+            return
+        with self._lock:
+            rec = self._live_instance(name, project, zone, "preemption")
             if notice > 0:
                 rec.preempt_notice = True
                 key, ident = rec.key, rec.id
