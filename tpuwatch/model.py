@@ -89,6 +89,9 @@ class NodeSnapshot:
     # The multislice queued resource that made this node with its other slices (full name; the
     # API's `queued_resource` when `multislice_node`), "" for a node made alone
     multislice_request: str = ""
+    # Compute Engine: a running VM (of the MIG) shows resourceStatus.shutdownDetails.stopState
+    # PENDING_STOP, a Spot preemption's notice (scheduling.preemptionNoticeDuration): a notice, not a fault
+    pending_stop: bool = False
     # Its full name where that is not a TPU API node's: a Compute Engine instance's or MIG's
     resource: str = ""
 

@@ -230,3 +230,29 @@ def test_a_guest_sigterm_before_the_spot_preemption_shows_is_not_the_jobs_end(
     assert second["start_step"] == 11 and not second["charged"], second
     assert job.steps_done()[-1] == STEPS and ids(sim)["vm"] != before["vm"]
     assert writes(sim) == ["compute.v1.Instances/Delete", "compute.v1.Instances/Insert"], writes(sim)
+
+
+def test_a_spot_vms_preemption_notice_reaches_the_job_which_loses_no_step(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    # scheduling.preemptionNoticeDuration 30 min (3 s of real time at speed 600): instance/preempted
+    # turns TRUE and the API shows shutdownDetails PENDING_STOP that long before the soft off. The
+    # relay passes the notice to the job as SIGTERM; held at step 10, it saves step 11 and exits 0.
+    # tpuwatch sees PENDING_STOP as a notice (the attempt is not ended for it), ends the attempt as a
+    # disruption, inserts the VM again with the same notice duration and resumes from step 11.
+    job = spot_vm_job(sim, rest, tmp_path, {"preemptionNoticeDuration": {"seconds": "1800"}})
+    before = ids(sim)
+    proc = job.watch()
+    wait(lambda: job.steps_done() == [0, 10], "the checkpoint at the held step", proc)
+    sim.inject("preempt-instance", instance="vm")  # the instance's own notice duration
+    assert sim.world.instance("vm").pending_stop_ns  # PENDING_STOP while the VM runs
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    hist = job.history()
+    first, second = hist["attempts"][:2]
+    assert (first["outcome"], first["charged"], first["end_step"]) == ("disruption", False, 11), first
+    assert "notice of" in first["reason"], first
+    assert second["start_step"] == 11 and not second["charged"], second  # not a step lost
+    assert job.steps_done()[-1] == STEPS and ids(sim)["vm"] != before["vm"]
+    assert writes(sim) == ["compute.v1.Instances/Delete", "compute.v1.Instances/Insert"], writes(sim)
+    again = sim.world.instance("vm")
+    assert again.preemption_notice == 1800.0 and again.provisioning_model == "SPOT"  # kept through the recreate

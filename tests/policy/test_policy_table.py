@@ -146,6 +146,18 @@ def test_a_notice_for_an_older_attempt_is_no_evidence() -> None:
     assert d.row != "notice_end" and not any("notice" in e.what for e in d.memory.attempt.evidence)
 
 
+def test_a_compute_engine_vm_pending_stop_is_a_notice_not_a_fault() -> None:
+    # A Spot VM with a preemption notice duration: the API shows shutdownDetails PENDING_STOP
+    # while the VM runs. The attempt goes on (the relay tells the job), and its end is a notice's.
+    pending = node(pending_stop=True)
+    d = tick(obs(pending, probes=running(1), checkpoint=ckpt(150)), run_mem(), now=400)
+    assert d.row == "running" and d.actions == ()
+    assert any("PENDING_STOP" in e.what for e in d.memory.attempt.evidence)
+    end = tick(obs(pending, probes=exited({0: 0, 1: 0}), checkpoint=ckpt(160)), d.memory, now=410)
+    assert end.row == "notice_end" and not end.terminal and not end.ended[0].charged
+    assert "shutdownDetails PENDING_STOP" in end.ended[0].reason, end.ended[0].reason
+
+
 def test_row_notice_hold() -> None:
     ended = tick(obs(probes=_noticed({0: 0, 1: 0}), checkpoint=ckpt(150)), run_mem(), now=500).memory
     d = tick(obs(probes=absent(), checkpoint=ckpt(150)), ended, now=510)

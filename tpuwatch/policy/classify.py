@@ -96,6 +96,12 @@ def notice_evidence(time: datetime, notice: str, worker: int) -> Evidence:
     return Evidence(time, f"{NOTICE_EVIDENCE}of {NOTICE_TEXT.get(notice, notice)} on worker {worker}")
 
 
+def stop_notice_evidence(time: datetime, what: str) -> Evidence:
+    """The evidence for a Compute Engine VM the API shows PENDING_STOP (a Spot preemption's
+    notice): a notice like the relay's, whoever sees it first."""
+    return Evidence(time, f"{NOTICE_EVIDENCE}of a stop (shutdownDetails PENDING_STOP) on the {what}")
+
+
 def is_notice(ev: Evidence) -> bool:
     return ev.what.startswith(NOTICE_EVIDENCE)
 

@@ -15,7 +15,13 @@ from datetime import datetime, timedelta
 
 from tpuwatch.durations import human
 from tpuwatch.model import UNHEALTHY, AuditEvent
-from tpuwatch.policy.classify import Outcome, in_window, notice_evidence, term_evidence
+from tpuwatch.policy.classify import (
+    Outcome,
+    in_window,
+    notice_evidence,
+    stop_notice_evidence,
+    term_evidence,
+)
 from tpuwatch.policy.draft import Draft, secs
 from tpuwatch.policy.state import AttemptEnd, Evidence, Memory, Phase, move
 
@@ -67,6 +73,8 @@ def signs(draft: Draft, mem: Memory) -> list[Evidence]:
     if node.maintenance_time is not None and start <= node.maintenance_time:
         # "The TPU had a maintenance event at ...": what a healed node still says afterwards
         out.append(Evidence(min(node.maintenance_time, now), "node health description: a maintenance event"))
+    if node.pending_stop:
+        out.append(stop_notice_evidence(now, "node"))
     um = node.upcoming_maintenance
     if um is not None and um.status == "ONGOING":
         out.append(Evidence(now, f"{um.type.lower()} maintenance ONGOING"))

@@ -481,7 +481,9 @@ FAULTS: dict[str, Fault] = {
         Fault(
             "preempt-instance",
             "Preempt a Spot Compute Engine TPU VM: TERMINATED for good (action STOP) or deleted (DELETE).",
-            (_INSTANCE, Param("notice", "duration", "instance/preempted TRUE this long before", default=0.0),
+            (_INSTANCE, Param("notice", "duration", "instance/preempted TRUE (and shutdownDetails PENDING_STOP) this "
+                                                       "long before (default: the instance's "
+                                                       "scheduling.preemptionNoticeDuration, none without one)"),
              _TERM_FIRST, *_WHERE),
             target="instance",
         ),
@@ -828,7 +830,7 @@ def _apply_compute(world: World, fault: str, p: dict[str, Any], where: dict[str,
             kind=p.get("type", "SCHEDULED"), can_reschedule=p.get("can_reschedule", True),
             notice=p.get("notice", 60.0), **where)
     elif fault == "preempt-instance":
-        world.preempt_instance(p.pop("instance"), notice=p.get("notice", 0.0), term_first=p.get("term_first", 0.0),
+        world.preempt_instance(p.pop("instance"), notice=p.get("notice"), term_first=p.get("term_first", 0.0),
                                **where)
     elif fault == "mig-autoheal":
         world.autoheal(p.pop("mig"), p.get("instance", ""), reason=p.get("reason", ""), **where)
