@@ -820,6 +820,7 @@ def test_row_term_confirm() -> None:
     assert crash.row == "term_confirm" and crash.ended == ()
     charged = tick(obs(probes=_termed({0: 143, 1: 143}), checkpoint=ckpt(150), jitter=0.0), crash.memory, now=510)
     assert charged.row == "failure" and charged.ended[0].charged
+    assert charged.memory.budgets.confirm_by == at(570)  # no code of its own: open to a refund for a minute
     # evidence already there on first sight: ended at once, a disruption even with exit 0
     now = tick(obs(probes=_termed({0: 0, 1: 0}), checkpoint=ckpt(150),
                    events=(event("terminate", at(499), "PREEMPTED"),)), run_mem(), now=500)

@@ -161,7 +161,8 @@ def confirm_end(draft: Draft, mem: Memory, codes: dict[int, int | None]) -> Deci
     own = codes.get(cfg.primary_worker) == 0 or any(
         c is not None and c != 0 and c not in STOP_CODES for c in codes.values())
     if own or mem.attempt.end_seen is not None:
-        return end_usable(draft, mem, codes)
+        # after term_confirm's wait, an end with no code of its own stays open to a refund
+        return end_usable(draft, mem, codes, unsure=not own)
     verdict = classify(AttemptFacts(start, draft.now, codes, cfg.primary_worker, mem.attempt.evidence),
                        min_uptime=cfg.min_uptime, fail_fast=cfg.fail_fast_exit_codes, window=cfg.evidence_window)
     if not OUTCOMES[verdict.outcome].charged:
