@@ -89,6 +89,9 @@ class NodeSnapshot:
     # The multislice queued resource that made this node with its other slices (full name; the
     # API's `queued_resource` when `multislice_node`), "" for a node made alone
     multislice_request: str = ""
+    # Compute Engine: a running VM (of the MIG) shows resourceStatus.shutdownDetails.stopState
+    # PENDING_STOP, a Spot preemption's notice (scheduling.preemptionNoticeDuration): a notice, not a fault
+    pending_stop: bool = False
     # Its full name where that is not a TPU API node's: a Compute Engine instance's or MIG's
     resource: str = ""
     # A Compute Engine MIG's own repair, facts for the policy: whether it recreates a failed VM
@@ -266,6 +269,9 @@ class WorkerProbe:
     checkpoint_listing: str = ""
     # what the relay beside this attempt passed on from the metadata server: a NOTICES value, or ""
     notice: str = ""
+    # the attempt's session got a SIGTERM that neither tpuwatch's stop nor the relay sent (the
+    # guest shutting down before the notice): its exit code, 0 included, may not be the job's own
+    foreign_term: bool = False
 
 
 @dataclass(frozen=True)

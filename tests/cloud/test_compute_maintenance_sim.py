@@ -9,7 +9,7 @@ import pytest
 
 from tpuwatch.cloud.compute import ComputeAdapter
 from tpuwatch.cloud.computelife import ComputeLifecycle
-from tpuwatch.errors import MaintenanceRefused, NotFoundError
+from tpuwatch.errors import MaintenanceRefused, NotFoundError, UsageError
 from tpuwatch.sim.rest import RestFace
 from tpuwatch.sim.simulator import Simulator
 
@@ -123,3 +123,23 @@ def test_a_host_report_is_refused_for_a_vm_google_takes_none_for_and_sent_for_a_
     assert op and what == "instance ac (worker 0) of instance ac"
     rec = w.instance("ac")
     assert rec.faulty_reported and rec.status == "REPAIRING"  # stopped for the repair
+
+
+def test_a_spot_vms_preemption_notice_shows_as_pending_stop_while_it_runs(sim_api: Simulator, rest: RestFace) -> None:
+    # scheduling.preemptionNoticeDuration: 2 simulated hours (12 s here), so the VM is read in it.
+    sim_api.world.add_instance("vm", body={"scheduling": {
+        "provisioningModel": "SPOT", "instanceTerminationAction": "STOP",
+        "preemptionNoticeDuration": {"seconds": "7200"}}})
+    life = lifecycle(sim_api, "instance")
+    node = life.get_node("vm")
+    assert node is not None and node.state == "READY" and not node.pending_stop
+    sim_api.world.preempt_instance("vm")
+    node = life.get_node("vm")
+    assert node is not None and node.pending_stop and node.state == "READY" and node.health == "HEALTHY"
+    vm = sim_api.world.instance("vm")
+    assert vm.preempt_notice and vm.status == "RUNNING"  # the metadata server's preempted TRUE too
+
+
+def test_a_preemption_notice_duration_is_for_spot_vms_only(sim_api: Simulator) -> None:
+    with pytest.raises(UsageError, match="preemptionNoticeDuration.*Spot VMs only"):
+        sim_api.world.add_instance("vm", body={"scheduling": {"preemptionNoticeDuration": {"seconds": "30"}}})

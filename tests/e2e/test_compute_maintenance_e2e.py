@@ -190,3 +190,69 @@ def test_a_drill_on_a_tpu7x_mig_simulates_a_maintenance_on_the_workers_instance(
     first = job.history()["attempts"][0]
     assert (first["outcome"], first["charged"]) == ("disruption", False), first
     assert ids(sim) == before and writes(sim) == [], writes(sim)
+
+
+def spot_vm_job(sim: Simulator, rest: RestFace, tmp: Path, scheduling: dict[str, Any] | None = None) -> CeJob:
+    """A Spot TPU VM owned by job "vm" with the spec `init` captured (so it can be inserted again),
+    whose trainer saves on SIGTERM and holds at step 10 until released."""
+    import tomli_w
+
+    sim.world.add_instance("vm", body={
+        "labels": {"tpuwatch-job": "vm"},
+        "scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP", **(scheduling or {})}})
+    job = CeJob(sim, rest, tmp, "instance", "vm", hold_at=10)
+    job.cfg.write_text(job.cfg.read_text().replace("--hold-at 10 ", "--save-on-term 1 --hold-at 10 "))
+    init = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "init", "vm", "-o", str(tmp / "init.toml"),
+                           "--json"], env=job.env, text=True, capture_output=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert init.returncode == 0, init.stderr
+    with job.cfg.open("a") as f:  # the job's config with the spec `init` wrote
+        f.write(tomli_w.dumps({"tpu": {"compute_spec": json.loads(init.stdout)["spec"]}}))
+    return job
+
+
+def test_a_guest_sigterm_before_the_spot_preemption_shows_is_not_the_jobs_end(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    # The guest's TERM reaches the trainer 3 s (real) before the API says TERMINATED: it saves step
+    # 11 and exits 0 on a VM the API still shows RUNNING. Not the job's end: the VM is inserted
+    # again and the job resumes from step 11 to its last step, nothing charged.
+    job = spot_vm_job(sim, rest, tmp_path)
+    before = ids(sim)
+    proc = job.watch()
+    wait(lambda: job.steps_done() == [0, 10], "the checkpoint at the held step", proc)
+    sim.inject("preempt-instance", instance="vm", term_first="30m")
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    hist = job.history()
+    first, second = hist["attempts"][:2]
+    assert (first["outcome"], first["charged"], first["end_step"]) == ("disruption", False, 11), first
+    assert "SIGTERM from outside tpuwatch on worker 0" in first["reason"], first
+    assert second["start_step"] == 11 and not second["charged"], second
+    assert job.steps_done()[-1] == STEPS and ids(sim)["vm"] != before["vm"]
+    assert writes(sim) == ["compute.v1.Instances/Delete", "compute.v1.Instances/Insert"], writes(sim)
+
+
+def test_a_spot_vms_preemption_notice_reaches_the_job_which_loses_no_step(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    # scheduling.preemptionNoticeDuration 30 min (3 s of real time at speed 600): instance/preempted
+    # turns TRUE and the API shows shutdownDetails PENDING_STOP that long before the soft off. The
+    # relay passes the notice to the job as SIGTERM; held at step 10, it saves step 11 and exits 0.
+    # tpuwatch sees PENDING_STOP as a notice (the attempt is not ended for it), ends the attempt as a
+    # disruption, inserts the VM again with the same notice duration and resumes from step 11.
+    job = spot_vm_job(sim, rest, tmp_path, {"preemptionNoticeDuration": {"seconds": "1800"}})
+    before = ids(sim)
+    proc = job.watch()
+    wait(lambda: job.steps_done() == [0, 10], "the checkpoint at the held step", proc)
+    sim.inject("preempt-instance", instance="vm")  # the instance's own notice duration
+    assert sim.world.instance("vm").pending_stop_ns  # PENDING_STOP while the VM runs
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    hist = job.history()
+    first, second = hist["attempts"][:2]
+    assert (first["outcome"], first["charged"], first["end_step"]) == ("disruption", False, 11), first
+    assert "notice of" in first["reason"], first
+    assert second["start_step"] == 11 and not second["charged"], second  # not a step lost
+    assert job.steps_done()[-1] == STEPS and ids(sim)["vm"] != before["vm"]
+    assert writes(sim) == ["compute.v1.Instances/Delete", "compute.v1.Instances/Insert"], writes(sim)
+    again = sim.world.instance("vm")
+    assert again.preemption_notice == 1800.0 and again.provisioning_model == "SPOT"  # kept through the recreate

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from e2e_helpers import STEPS as STEPS_60
 from e2e_helpers import Job, finish
 
 from tpuwatch.sim.simulator import Simulator
@@ -174,3 +175,23 @@ def test_any_refusal_of_an_early_start_falls_back_to_the_notice_and_never_ends_t
     assert second["start_step"] >= first["end_step"] and len(hist["attempts"]) == 2, hist["attempts"]
     assert second["outcome"] == "success", hist["attempts"]
     assert sim.world.node("pod").upcoming is not None  # still announced: it comes in its window
+
+
+def test_a_guest_sigterm_before_the_preemption_shows_is_not_the_jobs_end(sim: Simulator, tmp_path: Path) -> None:
+    # The guest's shutdown TERM reaches the trainer before the metadata notice and before the API
+    # says PREEMPTED (3 s of real time later at speed 600): it saves step 11 and exits 0 on a node
+    # the API still shows READY. That is not the job's end: the look after it sees the preemption,
+    # the node is recreated and the job resumes from step 11 to its last step.
+    job = Job(sim, tmp_path, "--save-on-term 1", accelerator="v4-16", spot=True, recreatable=True, hold_at=10)
+    proc = job.watch()
+    job.wait(lambda: job.steps_done() == [0, 10], what="the checkpoint at the held step")
+    sim.inject("preempt", node="pod", term_first="30m")
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    hist = job.history()
+    first, second = hist["attempts"][:2]
+    assert (first["outcome"], first["charged"], first["end_step"]) == ("disruption", False, 11), first
+    assert "SIGTERM from outside tpuwatch on worker" in first["reason"], first
+    assert any("SIGTERM tpuwatch did not send" in e["reason"] for e in hist["events"]), hist["events"]
+    assert second["start_step"] == 11 and not second["charged"], second
+    assert job.steps_done()[-1] == STEPS_60 and sim.world.call_count("CreateNode") == 1

@@ -111,3 +111,9 @@ def test_unknown_enum_from_the_wire_renders() -> None:
     text = render(node)
     assert "UNKNOWN_ENUM_42" in text and "UNKNOWN_ENUM_17" in text
     assert node_json(node)["state"] == "UNKNOWN_ENUM_42"
+
+
+def test_a_compute_engine_vms_pending_stop_is_in_the_json() -> None:
+    node = full_node("READY", "HEALTHY")
+    assert node_json(node)["pending_stop"] is False
+    assert node_json(replace(node, pending_stop=True))["pending_stop"] is True

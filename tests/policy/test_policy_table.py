@@ -146,6 +146,18 @@ def test_a_notice_for_an_older_attempt_is_no_evidence() -> None:
     assert d.row != "notice_end" and not any("notice" in e.what for e in d.memory.attempt.evidence)
 
 
+def test_a_compute_engine_vm_pending_stop_is_a_notice_not_a_fault() -> None:
+    # A Spot VM with a preemption notice duration: the API shows shutdownDetails PENDING_STOP
+    # while the VM runs. The attempt goes on (the relay tells the job), and its end is a notice's.
+    pending = node(pending_stop=True)
+    d = tick(obs(pending, probes=running(1), checkpoint=ckpt(150)), run_mem(), now=400)
+    assert d.row == "running" and d.actions == ()
+    assert any("PENDING_STOP" in e.what for e in d.memory.attempt.evidence)
+    end = tick(obs(pending, probes=exited({0: 0, 1: 0}), checkpoint=ckpt(160)), d.memory, now=410)
+    assert end.row == "notice_end" and not end.terminal and not end.ended[0].charged
+    assert "shutdownDetails PENDING_STOP" in end.ended[0].reason, end.ended[0].reason
+
+
 def test_row_notice_hold() -> None:
     ended = tick(obs(probes=_noticed({0: 0, 1: 0}), checkpoint=ckpt(150)), run_mem(), now=500).memory
     d = tick(obs(probes=absent(), checkpoint=ckpt(150)), ended, now=510)
@@ -798,6 +810,56 @@ def test_row_end_confirm() -> None:
     # an exit code of the job's own is charged at once and closed
     own = tick(obs(probes=exited({0: 1}), checkpoint=ckpt(150)), run_mem(), now=500)
     assert own.row == "failure" and own.ended[0].charged and own.memory.budgets.confirm_by is None
+
+
+def _termed(codes: dict[int, int]) -> tuple[WorkerProbe, ...]:
+    """Workers that exited with `codes` after a SIGTERM neither tpuwatch nor the relay sent."""
+    return tuple(replace(p, foreign_term=True) for p in exited(codes))
+
+
+def test_row_term_confirm() -> None:
+    # The guest's TERM reached the job before the notice and before the API's STOPPING: the job
+    # saved and exited 0. Neither done nor charged on first sight.
+    d = tick(obs(probes=_termed({0: 0, 1: 0}), checkpoint=ckpt(150)), run_mem(), now=500)
+    assert d.row == "term_confirm" and kinds(d) == ["wait"] and d.ended == ()
+    assert d.memory.phase is Phase.RUNNING and d.memory.attempt.end_seen == at(500)
+    assert "SIGTERM tpuwatch did not send" in d.summary
+    assert d.deadline == at(510)  # the node and the audit log are read again 10 s after the sighting
+    # a look before then that shows nothing still waits, for the same deadline
+    early = tick(obs(probes=_termed({0: 0, 1: 0}), checkpoint=ckpt(150)), d.memory, now=505)
+    assert early.row == "term_confirm" and early.memory.attempt.end_seen == at(500) and early.deadline == at(510)
+    # a look then shows the VM preempted: a disruption, not done, not charged
+    gone = tick(obs(node(state="PREEMPTED", health="HEALTH_UNSPECIFIED"), probes=None, checkpoint=ckpt(150)), d.memory, now=502)
+    assert gone.ended[0].outcome == "disruption" and not gone.ended[0].charged and not gone.terminal
+    assert "after a SIGTERM from outside tpuwatch on worker 0" in gone.ended[0].reason, gone.ended[0].reason
+    assert gone.memory.budgets.restarts == 0 and gone.memory.budgets.disruptions == 1
+    # ... or a preemption's audit entry on a node still READY: a disruption as well
+    audit = tick(obs(probes=_termed({0: 0, 1: 0}), checkpoint=ckpt(150),
+                     events=(event("terminate", at(501), "PREEMPTED"),)), d.memory, now=510)
+    assert audit.row == "disruption" and audit.ended[0].outcome == "disruption" and not audit.terminal
+    # the look at the deadline shows nothing: judged as today, exit 0 = done
+    done = tick(obs(probes=_termed({0: 0, 1: 0}), checkpoint=ckpt(150)), d.memory, now=510)
+    assert done.row == "success" and done.terminal
+    # any exit code waits the same way, and is charged as usual when nothing shows
+    crash = tick(obs(probes=_termed({0: 143, 1: 143}), checkpoint=ckpt(150)), run_mem(), now=500)
+    assert crash.row == "term_confirm" and crash.ended == ()
+    charged = tick(obs(probes=_termed({0: 143, 1: 143}), checkpoint=ckpt(150), jitter=0.0), crash.memory, now=510)
+    assert charged.row == "failure" and charged.ended[0].charged
+    assert charged.memory.budgets.confirm_by == at(570)  # no code of its own: open to a refund for a minute
+    # evidence already there on first sight: ended at once, a disruption even with exit 0
+    now = tick(obs(probes=_termed({0: 0, 1: 0}), checkpoint=ckpt(150),
+                   events=(event("terminate", at(499), "PREEMPTED"),)), run_mem(), now=500)
+    assert now.row == "disruption" and now.ended[0].outcome == "disruption"
+    # without the SIGTERM, that exit 0 is the job's success at once (the audit entry does not outrank it)
+    plain = tick(obs(probes=exited({0: 0, 1: 0}), checkpoint=ckpt(150),
+                     events=(event("terminate", at(499), "PREEMPTED"),)), run_mem(), now=500)
+    assert plain.row == "success"
+
+
+def test_a_sigterm_from_outside_for_an_older_attempt_is_no_evidence() -> None:
+    probes = tuple(replace(p, foreign_term=True) for p in exited({0: 0, 1: 0}, attempt=1))
+    d = tick(obs(probes=probes, checkpoint=ckpt(150)), run_mem(attempt=2), now=500)
+    assert d.row != "term_confirm" and not any("SIGTERM" in e.what for e in d.memory.attempt.evidence)
 
 
 def test_row_stale_workers() -> None:

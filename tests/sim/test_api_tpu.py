@@ -435,3 +435,14 @@ def test_update_node_with_the_real_client_and_set_state(sim_api: Simulator, lro_
         sim_api.world.set_state("pod", "BROKEN")
     with pytest.raises(UsageError, match="no simulated node"):
         sim_api.world.set_state("nope", "READY")
+
+
+def test_a_preemption_with_the_guests_term_first_shows_in_the_api_after_it(sim_api: Simulator) -> None:
+    # term_first: the guests' SIGTERM now (no hosts here), the API's PREEMPTED 1 s (600 simulated s) later.
+    sim_api.create_node("spot", spot=True)
+    w = sim_api.world
+    w.preempt("spot", term_first=600.0)
+    c = tpu_client()
+    assert c.get_node(name=f"{parent(sim_api)}/nodes/spot").state == tpu_v2.Node.State.READY
+    w.wait_for(lambda w: w.node("spot").state == "PREEMPTED", timeout=10, what="the preemption after the TERM")
+    assert [e for e in w.audit_entries() if "terminate" in e.method.lower()]

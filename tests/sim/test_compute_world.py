@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tpuwatch.errors import UsageError
+from tpuwatch.sim.compute_json import instance_json
 from tpuwatch.sim.instances import ComputeError
 from tpuwatch.sim.simulator import Simulator
 
@@ -237,3 +239,28 @@ def test_an_instance_deleted_behind_a_migs_back_is_made_again(sim: Simulator) ->
     sim.inject("delete-instance", instance=name)
     w.wait_mig_stable("one")
     assert w.instance(name).id != old
+
+
+def test_a_spot_preemption_with_the_guests_term_first_then_its_notice_then_the_stop(
+        sim: Simulator, tmp_path: Path) -> None:
+    w = sim.world
+    rec = w.add_instance("spot", body={"scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP",
+                                                      "preemptionNoticeDuration": {"seconds": "1200"}}})
+    ready, got = tmp_path / "ready", tmp_path / "got"
+    job = subprocess.Popen(["bash", "-c", f"trap 'echo TERM >{got}; exit 0' TERM; : >{ready}; "
+                                          "while :; do sleep 0.05; done"],
+                           env=sim.hosts.worker_env(sim.hosts._worker(rec.key, 0)))
+    try:
+        w.wait_for(lambda _: ready.exists(), timeout=10, what="the process on the VM")
+        w.preempt_instance("spot", term_first=1200)  # the guest's TERM now, the rest 2 s later
+        assert job.wait(timeout=10) == 0 and got.read_text() == "TERM\n"
+    finally:
+        job.kill()
+    w.wait_for(lambda w: w.instance("spot").pending_stop_ns != 0, timeout=10, what="the notice")
+    assert w.instance("spot").status == "RUNNING" and _metadata(sim, rec.key, "instance/preempted") == "TRUE"
+    body = instance_json(w.instance("spot"), "https://compute.googleapis.com/compute/v1/")
+    assert body["scheduling"]["preemptionNoticeDuration"] == {"seconds": "1200"}
+    assert body["resourceStatus"]["shutdownDetails"]["stopState"] == "PENDING_STOP"
+    assert body["resourceStatus"]["shutdownDetails"]["targetState"] == "STOPPED"
+    w.wait_for(lambda w: w.instance("spot").status == "TERMINATED", timeout=10, what="the stop after the notice")
+    assert w.instance("spot").pending_stop_ns == 0

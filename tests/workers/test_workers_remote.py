@@ -491,6 +491,44 @@ def test_a_preemption_notice_with_no_signal_only_writes_the_file(worker: Worker,
     assert "saved-on-term" not in (worker.dir / "attempt-1.log").read_text()
 
 
+def _term_session(worker: Worker) -> None:
+    """TERM every process of the attempt's session, as the guest's shutdown does (systemd TERMs
+    every process), from outside both tpuwatch's stop and the relay."""
+    os.killpg(int(worker.probe()["pid"]), signal.SIGTERM)
+
+
+def test_a_term_from_outside_is_recorded_with_the_exit_code(worker: Worker) -> None:
+    assert worker.launch(1, SAVES_ON_TERM, notify_signal="")["result"] == "launched"
+    wait_for(lambda: "started" in (worker.dir / "attempt-1.log").read_text(), what="the job")
+    _term_session(worker)
+    wait_for(lambda: (worker.dir / "exit_code").exists(), what="the job to end on the TERM")
+    p = worker.probe()
+    assert (p["state"], p["exit_code"], p["sigterm"]) == ("exited", "0", "foreign"), p
+    assert protocol.parse_probe(3, p).foreign_term
+    # the next attempt starts with a clean slate
+    assert worker.launch(2, "sleep 30", clean_grace=0.5)["result"] == "launched"
+    assert protocol.parse_probe(3, worker.probe()).foreign_term is False
+
+
+def test_tpuwatchs_own_stop_is_not_a_term_from_outside(worker: Worker) -> None:
+    assert worker.launch(1, SAVES_ON_TERM)["result"] == "launched"
+    wait_for(lambda: "started" in (worker.dir / "attempt-1.log").read_text(), what="the job")
+    assert worker.stop()["result"] == "ok"
+    wait_for(lambda: (worker.dir / "exit_code").exists(), what="the job to end on the stop")
+    p = worker.probe()
+    assert (p["exit_code"], p["sigterm"]) == ("0", ""), p
+    assert "saved-on-term" in (worker.dir / "attempt-1.log").read_text()
+
+
+def test_the_relays_term_is_not_a_term_from_outside(worker: Worker, metadata: MetadataServer) -> None:
+    assert worker.launch(1, SAVES_ON_TERM)["result"] == "launched"
+    wait_for(lambda: "started" in (worker.dir / "attempt-1.log").read_text(), what="the job")
+    metadata.instance = replace(metadata.instance, preempted=True)
+    wait_for(lambda: (worker.dir / "exit_code").exists(), what="the job to end on the notice")
+    p = worker.probe()
+    assert (p["exit_code"], p["notice"], p["sigterm"]) == ("0", "PREEMPTED", ""), p
+
+
 PENDING = {"can_reschedule": "true", "latest_window_start_time": "2026-01-08T00:00:00Z", "maintenance_status": "PENDING",
            "type": "SCHEDULED", "window_end_time": "2026-01-08T01:00:00Z", "window_start_time": "2026-01-08T00:00:00Z"}
 ONGOING = {**PENDING, "can_reschedule": "false", "maintenance_status": "ONGOING"}

@@ -152,6 +152,14 @@ def upcoming(inst: Any) -> UpcomingMaintenance | None:
     )
 
 
+def pending_stop(inst: Any) -> bool:
+    """`resourceStatus.shutdownDetails.stopState` PENDING_STOP on a running VM: Google's notice
+    ahead of a Spot preemption (`scheduling.preemptionNoticeDuration`), the job still running."""
+    if "resource_status" not in inst or "shutdown_details" not in inst.resource_status:
+        return False
+    return str(inst.resource_status.shutdown_details.stop_state) == "PENDING_STOP" and str(inst.status) == "RUNNING"
+
+
 def _health(notices: Iterable[UpcomingMaintenance | None]) -> str:
     return "UNHEALTHY_MAINTENANCE" if any(n is not None and n.status == "ONGOING" for n in notices) else "HEALTHY"
 
@@ -213,7 +221,7 @@ def instance_snapshot(inst: Any, *, project: str, zone: str) -> NodeSnapshot:
         workers=(_endpoint(0, inst),), accelerator_type=short(inst.machine_type), spot=spot(inst),
         preemptible=bool(inst.scheduling.preemptible), labels=dict(inst.labels),
         metadata_keys=tuple(sorted(item.key for item in inst.metadata.items)),
-        resource=f"projects/{project}/zones/{zone}/instances/{inst.name}",
+        resource=f"projects/{project}/zones/{zone}/instances/{inst.name}", pending_stop=pending_stop(inst),
     )
 
 
@@ -307,6 +315,7 @@ def mig_snapshot(mig: Any, managed: Sequence[Any], instances: Sequence[Any], *, 
         labels=labels, metadata_keys=tuple(sorted(item.key for item in first.metadata.items)) if first else (),
         resource=f"projects/{project}/{f'regions/{region}' if region else f'zones/{zone}'}/instanceGroupManagers/{mig.name}",
         repairs_itself=repairs_itself(mig), repair_under_way=mig_acting(mig, managed),
+        pending_stop=any(pending_stop(i) for i in ordered),
     )
 
 

@@ -7,6 +7,10 @@ saying what each outcome costs. The rules, first match wins:
                 attempt (the relay beside the job passed it on, `notice_evidence`): a disruption,
                 never charged and never a success, even when worker 0 exited 0 (a job that saves
                 on SIGTERM and ends its loop exits 0 with its work unfinished);
+0b. terminated  a worker's attempt got a SIGTERM that neither tpuwatch's stop nor the relay sent
+                (`term_evidence`: the guest shutting down before its notice) and other evidence
+                (rule 2's) is in the window: a disruption, even when worker 0 exited 0. That
+                SIGTERM alone is no evidence: with nothing else the rules below judge the end;
 1. success      the primary worker (worker 0) exited 0;
 2. disruption   evidence in the attempt's window: a terminate/restart audit event, a health or
                 state change, a node-id change, PREEMPTED/TERMINATED, a symptom, maintenance
@@ -92,8 +96,27 @@ def notice_evidence(time: datetime, notice: str, worker: int) -> Evidence:
     return Evidence(time, f"{NOTICE_EVIDENCE}of {NOTICE_TEXT.get(notice, notice)} on worker {worker}")
 
 
+def stop_notice_evidence(time: datetime, what: str) -> Evidence:
+    """The evidence for a Compute Engine VM the API shows PENDING_STOP (a Spot preemption's
+    notice): a notice like the relay's, whoever sees it first."""
+    return Evidence(time, f"{NOTICE_EVIDENCE}of a stop (shutdownDetails PENDING_STOP) on the {what}")
+
+
 def is_notice(ev: Evidence) -> bool:
     return ev.what.startswith(NOTICE_EVIDENCE)
+
+
+# How a SIGTERM from outside tpuwatch reads as evidence: it lets other evidence outrank an exit 0.
+TERM_EVIDENCE = "SIGTERM from outside tpuwatch "
+
+
+def term_evidence(time: datetime, worker: int) -> Evidence:
+    """The attempt on `worker` got a SIGTERM that neither tpuwatch's stop nor the relay sent."""
+    return Evidence(time, f"{TERM_EVIDENCE}on worker {worker} (not its stop, not a relayed notice)")
+
+
+def is_term(ev: Evidence) -> bool:
+    return ev.what.startswith(TERM_EVIDENCE)
 
 
 def in_window(t: datetime, start: datetime, end: datetime, window: float) -> bool:
@@ -138,17 +161,22 @@ def classify(
     which = f"worker {worker} {describe_exit(code)}" if worker is not None else "the attempt ended"
     notices = tuple(f"{e.what} at {e.time.isoformat()}" for e in facts.evidence
                     if is_notice(e) and facts.start <= e.time <= facts.end)
+    if worker is None and facts.exit_codes.get(facts.primary) == 0:
+        which, code = f"worker {facts.primary} exited 0", 0  # what a disruption that outranks it names
     if notices:
-        if worker is None and facts.exit_codes.get(facts.primary) == 0:
-            which, code = f"worker {facts.primary} exited 0", 0
         return Verdict(Outcome.DISRUPTION, code, f"{which} after the {notices[0]}", notices)
-    if facts.exit_codes.get(facts.primary) == 0:
-        return Verdict(Outcome.SUCCESS, 0, f"worker {facts.primary} exited 0", ())
     signs = tuple(
         f"{e.what} at {e.time.isoformat()}"
         for e in facts.evidence
-        if in_window(e.time, facts.start, facts.end, window)
+        if in_window(e.time, facts.start, facts.end, window) and not is_term(e)
     )
+    terms = tuple(f"{e.what} at {e.time.isoformat()}" for e in facts.evidence
+                  if is_term(e) and facts.start <= e.time <= facts.end)
+    if terms and signs:
+        return Verdict(Outcome.DISRUPTION, code, f"{which} after a {terms[0]}, ended by a disruption ({signs[-1]})",
+                       (*terms, *signs))
+    if facts.exit_codes.get(facts.primary) == 0:
+        return Verdict(Outcome.SUCCESS, 0, f"worker {facts.primary} exited 0", ())
     if signs:
         return Verdict(Outcome.DISRUPTION, code, f"{which}, ended by a disruption ({signs[-1]})", signs)
     fatal = sorted(c for c in facts.exit_codes.values() if c is not None and c in fail_fast)

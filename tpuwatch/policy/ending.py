@@ -38,6 +38,10 @@ NOTICE_HOLD = 5 * 60.0
 # poll later at most) reads the node after the sighting, and at the defaults one more follows
 # within the window.
 END_CONFIRM_WINDOW = 60.0
+# An end after a SIGTERM tpuwatch did not send (the guest shutting down) waits this long from its
+# first sighting, with the node and the audit log read again at its end, before it is judged
+# with nothing to explain it: the API shows the VM stopping a moment after the guest's TERM.
+TERM_CONFIRM = 10.0
 
 
 def finish(
@@ -116,6 +120,26 @@ def finish(
     return mem, f"{reason}; charged (restart {mem.budgets.restarts} of {cfg.max_restarts}), {when}", None
 
 
+def confirm_term(draft: Draft, mem: Memory, codes: dict[int, int | None]) -> Decision | None:
+    """An end after a SIGTERM tpuwatch did not send (row `term_confirm`): the guest's shutdown
+    may reach the job before the metadata server's notice and before the API shows the VM
+    stopping, and a job that saves on SIGTERM exits 0 then. Whatever the codes, while nothing
+    explains it the end waits TERM_CONFIRM from its first sighting, so the node and the audit log
+    are read again after it; None when it need not wait (no such SIGTERM, waited, or explained)."""
+    termed = [p for p in draft.obs.probes or () if p.foreign_term and p.attempt == mem.attempt.number]
+    seen = mem.attempt.end_seen
+    if not termed or (seen is not None and secs(draft.now - seen) >= TERM_CONFIRM) or disrupted(draft, mem, codes):
+        return None
+    seen = seen or draft.now
+    until = seen + timedelta(seconds=TERM_CONFIRM)
+    return draft.out(replace(mem, attempt=replace(mem.attempt, end_seen=seen)), "term_confirm",
+                     f"attempt {mem.attempt.number} ended after a SIGTERM tpuwatch did not send (worker "
+                     f"{', '.join(str(p.worker) for p in termed)}): neither done nor charged yet; the node and "
+                     f"the audit log are read again by {until.isoformat()} first (the guest's shutdown can come "
+                     "before the API says the VM stops)",
+                     Wait(until, "confirming how the attempt ended"))
+
+
 def confirm_end(draft: Draft, mem: Memory, codes: dict[int, int | None]) -> Decision:
     """An end seen on a node that looks usable: end it now, and relaunch as its class says.
 
@@ -131,10 +155,14 @@ def confirm_end(draft: Draft, mem: Memory, codes: dict[int, int | None]) -> Deci
     cfg = draft.cfg
     start = mem.attempt.start
     assert start is not None  # checked in _check
+    termed = confirm_term(draft, mem, codes)
+    if termed is not None:
+        return termed
     own = codes.get(cfg.primary_worker) == 0 or any(
         c is not None and c != 0 and c not in STOP_CODES for c in codes.values())
     if own or mem.attempt.end_seen is not None:
-        return end_usable(draft, mem, codes)
+        # after term_confirm's wait, an end with no code of its own stays open to a refund
+        return end_usable(draft, mem, codes, unsure=not own)
     verdict = classify(AttemptFacts(start, draft.now, codes, cfg.primary_worker, mem.attempt.evidence),
                        min_uptime=cfg.min_uptime, fail_fast=cfg.fail_fast_exit_codes, window=cfg.evidence_window)
     if not OUTCOMES[verdict.outcome].charged:

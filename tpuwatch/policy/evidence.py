@@ -2,7 +2,8 @@
 late ones that refund a charged end.
 
 `signs` adds this tick's signs to the running attempt's evidence (audit log entries, the node's
-state, health, symptoms and maintenance, a worker's notice, failing environment checks), which
+state, health, symptoms and maintenance, a worker's notice or a SIGTERM tpuwatch did not send,
+failing environment checks), which
 policy/classify.py weighs when the attempt ends. `refund` re-classifies a charged end as a
 disruption when its sign arrives after it.
 """
@@ -14,7 +15,13 @@ from datetime import datetime, timedelta
 
 from tpuwatch.durations import human
 from tpuwatch.model import UNHEALTHY, AuditEvent
-from tpuwatch.policy.classify import Outcome, in_window, notice_evidence
+from tpuwatch.policy.classify import (
+    Outcome,
+    in_window,
+    notice_evidence,
+    stop_notice_evidence,
+    term_evidence,
+)
 from tpuwatch.policy.draft import Draft, secs
 from tpuwatch.policy.state import AttemptEnd, Evidence, Memory, Phase, move
 
@@ -66,12 +73,16 @@ def signs(draft: Draft, mem: Memory) -> list[Evidence]:
     if node.maintenance_time is not None and start <= node.maintenance_time:
         # "The TPU had a maintenance event at ...": what a healed node still says afterwards
         out.append(Evidence(min(node.maintenance_time, now), "node health description: a maintenance event"))
+    if node.pending_stop:
+        out.append(stop_notice_evidence(now, "node"))
     um = node.upcoming_maintenance
     if um is not None and um.status == "ONGOING":
         out.append(Evidence(now, f"{um.type.lower()} maintenance ONGOING"))
     for p in draft.obs.probes or ():
         if p.notice and p.attempt == mem.attempt.number:
             out.append(notice_evidence(now, p.notice, p.worker))
+        if p.foreign_term and p.attempt == mem.attempt.number:
+            out.append(term_evidence(now, p.worker))
     pre = draft.obs.precheck
     if pre is not None and pre.context == "running" and pre.node_id in ("", node.id):
         # The same text for the same item every time: one evidence entry per failing item.

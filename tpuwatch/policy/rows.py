@@ -138,6 +138,12 @@ ROWS: tuple[Row, ...] = (
         "it would end the job (restart budget spent, or the no-progress limit reached)",
         "charge nothing yet: classify it on the next tick, whose look at the node comes after this sighting "
         "(a host taken down for maintenance looks like this before the node says so)"),
+    Row("term_confirm", "first sight of an end after a SIGTERM tpuwatch did not send (not its stop, not the relay's "
+        "notice: the guest shutting down first), whatever the exit codes, 0 included, on a node that looks usable, "
+        "with no disruption evidence yet",
+        "neither done nor charged yet: wait 10 s from the first sighting, then look at the node and the audit log "
+        "again; a disruption by then (PREEMPTED, STOPPING, TERMINATED, maintenance, a terminate entry) makes the "
+        "end one, not charged, even with exit 0; nothing by then: judged as any end (exit 0 = done)"),
     Row("stale_workers", "workers run an older attempt", "stop them; launch on a later tick"),
     Row("adopt_running", "workers run a newer attempt than the journal knows (launch not journaled)",
         "follow it: no duplicate launch"),

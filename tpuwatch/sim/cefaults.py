@@ -204,17 +204,39 @@ class ComputeFaults(Instances):
 
     # ---- preemption, run duration ------------------------------------------------------------
 
-    def preempt_instance(self, name: str, *, notice: float = 0.0, project: str | None = None,
-                         zone: str | None = None) -> None:
-        """A Spot instance is preempted (instance/preempted TRUE `notice` before): with
-        termination action STOP it is TERMINATED for good (start refused), with DELETE deleted."""
+    def preempt_instance(self, name: str, *, notice: float | None = None, project: str | None = None,
+                         zone: str | None = None, term_first: float = 0.0) -> None:
+        """A Spot instance is preempted: with termination action STOP it is TERMINATED for good
+        (start refused), with DELETE deleted. Its `scheduling.preemptionNoticeDuration` (or
+        `notice`, simulated seconds, when given) before, instance/preempted turns TRUE and the API
+        shows `resourceStatus.shutdownDetails.stopState` PENDING_STOP while the VM still runs.
+        With `term_first` (simulated seconds) the guest's shutdown comes first: its processes get
+        SIGTERM that long before the notice and the API's change (Google documents no order)."""
         with self._lock:
             rec = self._live_instance(name, project, zone, "preemption")
             if rec.provisioning_model != "SPOT":
                 raise UsageError(f"instance {rec.name} is {rec.provisioning_model}, not SPOT, so it cannot be "
                                  "preempted; create it with spot = true")
+            term = self._queue_hosts("term", rec.key) if term_first > 0 else None
+            key, ident = rec.key, rec.id
+        if term_first > 0:
+            self._await(term)
+
+            def then() -> None:
+                with self._lock:
+                    r = self._instances.get(key)
+                    if r is None or r.id != ident or r.status != "RUNNING":
+                        return
+                self.preempt_instance(name, notice=notice, project=project, zone=zone)
+
+            self.after(term_first, then)
+            return
+        with self._lock:
+            rec = self._live_instance(name, project, zone, "preemption")
+            if notice is None:
+                notice = rec.preemption_notice or 0.0
             if notice > 0:
-                rec.preempt_notice = True
+                rec.preempt_notice, rec.pending_stop_ns = True, time.time_ns()
                 key, ident = rec.key, rec.id
                 self._touch()
         if notice > 0:
@@ -228,7 +250,7 @@ class ComputeFaults(Instances):
             if r is None or r.id != ident or r.status != "RUNNING":
                 return
             self._system_event(r, PREEMPTED, "Instance was preempted.")
-            r.preempt_notice = False
+            r.preempt_notice, r.pending_stop_ns = False, 0
             r.epoch, r.last_stop_ns = r.epoch + 1, time.time_ns()
             if r.termination_action == "DELETE":
                 del self._instances[key]

@@ -78,6 +78,10 @@ class InstanceRec:
     automatic_restart: bool = True
     on_host_maintenance: str = "TERMINATE"
     max_run_duration: float | None = None  # seconds (scheduling.maxRunDuration)
+    # seconds (scheduling.preemptionNoticeDuration, Spot only): instance/preempted TRUE and
+    # resourceStatus.shutdownDetails PENDING_STOP that long before a preemption's soft off
+    preemption_notice: float | None = None
+    pending_stop_ns: int = 0  # when a preemption's notice began (shutdownDetails PENDING_STOP); 0 none
     labels: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
     description: str = ""

@@ -44,6 +44,8 @@ def instance_json(rec: InstanceRec, base: str) -> dict[str, Any]:
         sched["instanceTerminationAction"] = rec.termination_action
     if rec.max_run_duration is not None:
         sched["maxRunDuration"] = {"seconds": str(int(rec.max_run_duration))}
+    if rec.preemption_notice is not None:
+        sched["preemptionNoticeDuration"] = _duration(rec.preemption_notice)
     nic: dict[str, Any] = {
         "kind": "compute#networkInterface", "name": "nic0", "stackType": "IPV4_ONLY",
         "network": f"{base}projects/{rec.project}/global/networks/default",
@@ -100,7 +102,20 @@ def instance_json(rec: InstanceRec, base: str) -> dict[str, Any]:
             "windowStartTime": rfc3339_s(u.window_start_ns), "windowEndTime": rfc3339_s(u.window_end_ns),
             "latestWindowStartTime": rfc3339_s(u.latest_window_start_ns),
         }}
+    if rec.pending_stop_ns:
+        out.setdefault("resourceStatus", {})["shutdownDetails"] = {
+            "stopState": "PENDING_STOP", "targetState": "DELETED" if rec.termination_action == "DELETE" else "STOPPED",
+            "requestTimestamp": rfc3339_s(rec.pending_stop_ns),
+            "maxDuration": _duration(rec.preemption_notice or 0.0),
+        }
     return out
+
+
+def _duration(seconds: float) -> dict[str, Any]:
+    """A Compute Engine Duration: whole seconds as a string, the rest as nanos."""
+    whole = int(seconds)
+    nanos = int(round((seconds - whole) * 1e9))
+    return {"seconds": str(whole), **({"nanos": nanos} if nanos else {})}
 
 
 def operation_json(op: ComputeOpRec, base: str) -> dict[str, Any]:

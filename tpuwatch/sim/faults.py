@@ -63,6 +63,9 @@ _NOTICE_VIA = Param("notice_via", "choice",
                     "upcoming-maintenance turning ONGOING alone (as the Cloud TPU docs point TPU VMs to); "
                     "default maintenance-event", choices=NOTICE_KEYS)
 _WORKER = Param("worker", "int", "worker index", default=0)
+_TERM_FIRST = Param("term_first", "duration",
+                    "the guest's shutdown first: every worker process gets SIGTERM this long (simulated) before the "
+                    "metadata notice and the API's change", default=0.0)
 HOST_FAULTS = ("device-missing", "stale-lockfile", "dns-failure", "orphan-holder", "disk-full", "small-shm")
 
 FAULTS: dict[str, Fault] = {
@@ -97,6 +100,7 @@ FAULTS: dict[str, Fault] = {
                 Param("reason", "str", "terminateReason in the audit entry", default="PREEMPTED"),
                 Param("notice", "duration",
                       "simulated time the workers' metadata servers announce it before the host stops", default=0.0),
+                _TERM_FIRST,
                 *_WHERE,
             ),
             target="node",
@@ -484,8 +488,10 @@ FAULTS: dict[str, Fault] = {
             "preempt-instance",
             "Preempt a Spot Compute Engine TPU VM: TERMINATED for good (action STOP) or deleted (DELETE); "
             "a MIG that repairs (defaultActionOnFailure REPAIR) then recreates it under its name.",
-            (_INSTANCE, Param("notice", "duration", "instance/preempted TRUE this long before", default=0.0),
-             *_WHERE),
+            (_INSTANCE, Param("notice", "duration", "instance/preempted TRUE (and shutdownDetails PENDING_STOP) this "
+                                                       "long before (default: the instance's "
+                                                       "scheduling.preemptionNoticeDuration, none without one)"),
+             _TERM_FIRST, *_WHERE),
             target="instance",
         ),
         Fault(
@@ -831,7 +837,8 @@ def _apply_compute(world: World, fault: str, p: dict[str, Any], where: dict[str,
             kind=p.get("type", "SCHEDULED"), can_reschedule=p.get("can_reschedule", True),
             notice=p.get("notice", 60.0), **where)
     elif fault == "preempt-instance":
-        world.preempt_instance(p.pop("instance"), notice=p.get("notice", 0.0), **where)
+        world.preempt_instance(p.pop("instance"), notice=p.get("notice"), term_first=p.get("term_first", 0.0),
+                               **where)
     elif fault == "mig-autoheal":
         world.autoheal(p.pop("mig"), p.get("instance", ""), reason=p.get("reason", ""), **where)
     elif fault == "run-duration-end":

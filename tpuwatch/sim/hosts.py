@@ -243,6 +243,13 @@ class Hosts:
         """Kill, stop listening, delete the homes. Unknown nodes are ignored."""
         self._call(lambda: self._destroy(node_key))
 
+    def term(self, node_key: str) -> None:
+        """The guests begin to shut down: SIGTERM to every process of the node's workers (as
+        systemd sends every process at a shutdown); the hosts stay up until `down`."""
+        for pid in self._marked(self._node_marker(self._node(node_key)), prefix=True):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
+
     def kill_worker(self, node_key: str, worker: int) -> None:
         """SIGKILL every process of one worker; its SSH server stays up."""
         self._kill_marked(self._worker(node_key, worker).marker)

@@ -252,6 +252,10 @@ class Instances(NodeFaults):
                                "migration. Set onHostMaintenance to TERMINATE.", "invalid")
         restart = sched.get("automaticRestart")
         max_run = (sched.get("maxRunDuration") or {}).get("seconds")
+        notice = sched.get("preemptionNoticeDuration")
+        if notice is not None and model != "SPOT":
+            raise ComputeError("INVALID_ARGUMENT", "Invalid value for field 'resource.scheduling."
+                               "preemptionNoticeDuration': it is for Spot VMs only.", "invalid")
         meta = {str(i.get("key")): str(i.get("value", "")) for i in (body.get("metadata") or {}).get("items") or []}
         disks = body.get("disks") or [{}]
         image = str(((disks[0] or {}).get("initializeParams") or {}).get("sourceImage") or "")
@@ -264,6 +268,8 @@ class Instances(NodeFaults):
             automatic_restart=bool(restart) if restart is not None else model != "SPOT",
             on_host_maintenance=on_maint,
             max_run_duration=float(max_run) if max_run is not None else None,
+            preemption_notice=(float(notice.get("seconds") or 0) + float(notice.get("nanos") or 0) / 1e9
+                               if notice is not None else None),
             labels={str(k): str(v) for k, v in (body.get("labels") or {}).items()},
             metadata=meta,
             description=str(body.get("description") or ""),

@@ -4,6 +4,7 @@ hosts carry out (killed or hung processes, host faults, SSH faults, OS Login, ho
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Mapping
@@ -86,6 +87,7 @@ class NodeFaults(Maintenance):
         zone: str | None = None,
         reason: str = "PREEMPTED",
         notice: float = 0.0,
+        term_first: float = 0.0,
     ) -> None:
         """Spot/preemptible node preempted: PREEMPTED for good, a terminate entry, workers gone.
 
@@ -95,7 +97,9 @@ class NodeFaults(Maintenance):
         multislice request takes the whole request with it: the request was provisioned as one,
         and SUSPENDED means all of its resources are gone, so the other slices are deleted too. With `notice`
         (simulated seconds; about 30 on Compute Engine) the workers' metadata servers say
-        `preempted` TRUE that long before.
+        `preempted` TRUE that long before. With `term_first` (simulated seconds) the guests'
+        shutdown comes first: every worker process gets SIGTERM that long before the notice and
+        the API's PREEMPTED (Google documents no order between them).
         """
         with self._lock:
             rec = self._fault_node(node, project, zone)
@@ -106,6 +110,21 @@ class NodeFaults(Maintenance):
                     "create it with spot = true, or use terminate"
                 )
             self._ensure_live(rec, "preemption")
+            key, ident = rec.key, rec.id
+            term = self._queue_hosts("term", key) if term_first > 0 else None
+        if term_first > 0:
+            self._await(term)
+
+            def then() -> None:
+                with self._lock:
+                    now = self._nodes.get(key)
+                    if now is None or now.id != ident:
+                        return
+                with contextlib.suppress(UsageError):  # the node changed state meanwhile
+                    self.preempt(node, project=project, zone=zone, reason=reason, notice=notice)
+
+            self.after(term_first, then)
+            return
         if notice > 0:
             self._give_notice(node, project, zone, "preemption", notice,
                               lambda: self.preempt(node, project=project, zone=zone, reason=reason))

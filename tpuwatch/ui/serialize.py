@@ -79,4 +79,5 @@ def node_json(node: NodeSnapshot) -> dict[str, Any]:
         "preemptible": node.preemptible,
         "labels": dict(sorted(node.labels.items())),
         "metadata_keys": list(node.metadata_keys),
+        "pending_stop": node.pending_stop,
     }

@@ -353,6 +353,7 @@ def parse_probe(worker: int, records: Mapping[str, str]) -> WorkerProbe:
         checkpoint_listing=records.get("ckpt_listing") or (
             json.dumps({"error": records["ckpt_error"]}) if records.get("ckpt_error") else ""),
         notice=records.get("notice", "") if records.get("notice", "") in NOTICES else "",
+        foreign_term=records.get("sigterm") == "foreign",
     )
 
 

@@ -18,6 +18,9 @@
 #   attempt-<n>.log  stdout+stderr of attempt n
 #   maintenance      written by the relay when the metadata server gave notice (JSON: what, when,
 #                    window, attempt, signal); removed at each launch
+#   stop             the attempt tpuwatch's own stop is signalling, written before its TERM
+#   term             the attempt whose wrapper got a TERM that neither tpuwatch's stop nor the relay
+#                    sent (the guest shutting down, say), written before exit_code; removed at each launch
 # Host paths (/dev/accel*, /dev/vfio/*, /tmp/libtpu_lockfile, /proc/sys/kernel/random/boot_id) are looked up under
 # $TPUWATCH_HOST_ROOT when it is set (the simulator), else under /.
 #
@@ -281,7 +284,7 @@ tw_scan() {
 }
 
 tw_probe() {
-  local attempt pid code state detail="" size="" notice="" st mtime now age="" match="" lingering=""
+  local attempt pid code state detail="" size="" notice="" st mtime now age="" match="" lingering="" term=""
   if [ ! -d "$TW_DIR" ]; then
     tw_emit result=ok state=absent "detail=no job directory"
     if [ -n "${TW_CKPT_DIR:-}" ]; then tw_ckpt_listing; fi
@@ -325,10 +328,12 @@ tw_probe() {
         tw_scan match "$attempt" "$size"
         ;;
     esac
-    tw_notice notice "$attempt"
+      tw_notice notice "$attempt"
+    tw_num term "$TW_DIR/term"
+    if [ "$term" = "$attempt" ]; then term=foreign; else term=""; fi
   fi
   tw_emit result=ok "state=$state" "attempt=$attempt" "pid=$pid" "exit_code=$code" "log_bytes=$size" \
-    "log_age=$age" "log_match=$match" "notice=$notice" "lingering=$lingering" "detail=$detail"
+    "log_age=$age" "log_match=$match" "notice=$notice" "sigterm=$term" "lingering=$lingering" "detail=$detail"
   if [ -n "${TW_CKPT_DIR:-}" ]; then tw_ckpt_listing; fi
 }
 
@@ -519,11 +524,15 @@ tw_relay() {
 
 # The wrapper: the attempt's session leader. It runs the command in the foreground so TERM
 # (trapped here, default in the command) reaches the command, then records its exit code.
-# The relay runs beside it and is ended before the exit code is written.
+# The relay runs beside it and is ended before the exit code is written. A TERM to the session
+# that neither tpuwatch's stop (its `stop` file) nor the relay (its `maintenance` file) sent is
+# recorded in `term` first: a job that saves on SIGTERM and exits 0 when the guest shuts down
+# has not finished, though its code says so.
 tw_wrapper() {
-  local dir=$1 rc mask=${3:-} relay
+  local dir=$1 rc mask=${3:-} relay termed="" by="" m=""
   tw_write "$dir/pid" "$$"
-  trap ':' TERM INT
+  trap 'termed=1' TERM
+  trap ':' INT
   case $mask in
     [0-7][0-7][0-7] | [0-7][0-7][0-7][0-7]) ;;
     *) mask=0022 ;;
@@ -536,6 +545,13 @@ tw_wrapper() {
   rc=$?
   kill -TERM "$relay" 2>/dev/null
   wait "$relay" 2>/dev/null
+  if [ -n "$termed" ]; then
+    [ -f "$dir/stop" ] && IFS= read -r by <"$dir/stop" 2>/dev/null
+    [ -f "$dir/maintenance" ] && IFS= read -r m <"$dir/maintenance" 2>/dev/null
+    if [ "$by" != "${5:-0}" ] && [[ $m != *"\"attempt\": ${5:-0},"* ]]; then
+      tw_write "$dir/term" "${5:-0}"
+    fi
+  fi
   tw_write "$dir/exit_code" "$rc"
   exit "$rc"
 }
@@ -585,8 +601,8 @@ tw_launch() {
     fi
     return 0
   fi
-  rm -f -- "$TW_DIR/exit_code" "$TW_DIR/pid" "$TW_DIR/boot" "$TW_DIR/maintenance" "$TW_DIR"/attempt-*.scan \
-    "$TW_DIR"/attempt-*.match
+  rm -f -- "$TW_DIR/exit_code" "$TW_DIR/pid" "$TW_DIR/boot" "$TW_DIR/maintenance" "$TW_DIR/term" \
+    "$TW_DIR/stop" "$TW_DIR"/attempt-*.scan "$TW_DIR"/attempt-*.match
   local boot
   tw_boot_id boot
   [ -z "$boot" ] || tw_write "$TW_DIR/boot" "$boot"
@@ -665,6 +681,11 @@ tw_stop() {
       done
     fi
     tw_words ours "$ours"
+    if [ -n "$ours" ]; then  # marked before the TERM: the wrapper tells this stop from the guest's
+      local cur
+      tw_num cur "$TW_DIR/attempt"
+      tw_write "$TW_DIR/stop" "$cur"
+    fi
     if [ -n "$ours" ] && [ "${TW_DETACH:-0}" = 1 ]; then
       # Nothing waits on this stop: TERM now, KILL after the grace without holding the caller.
       tw_terminate_later "$grace" "$ours" "$group"
