@@ -34,6 +34,7 @@
 # Output: lines "@tpuwatch key=value" on stdout (stderr for follow, whose stdout is the log);
 # everything else (a chatty .bashrc, say) is ignored by tpuwatch.
 # This script knows nothing of the cloud, of nodes or of other workers.
+# shellcheck shell=bash
 
 # tpuwatch's own files are private; the job itself runs with the login's umask (TW_UMASK), as
 # it would if started by hand, so the files it writes are as readable as the user expects.
@@ -205,7 +206,7 @@ tw_lock_held() {  # some process holds the job lock (probing takes a shared lock
 }
 
 tw_boot_id() {  # variable $1 := this host's boot id (the kernel makes a new one at every boot), else empty
-  local _tw_b= _tw_f="${TPUWATCH_HOST_ROOT:-}"
+  local _tw_b="" _tw_f="${TPUWATCH_HOST_ROOT:-}"
   _tw_f="${_tw_f%/}/proc/sys/kernel/random/boot_id"
   [ -r "$_tw_f" ] && IFS= read -r _tw_b <"$_tw_f" 2>/dev/null
   printf -v "$1" '%s' "$_tw_b"
@@ -213,11 +214,11 @@ tw_boot_id() {  # variable $1 := this host's boot id (the kernel makes a new one
 
 tw_older_boot() {  # the attempt in $TW_DIR was launched before this host last booted, so none
   # of its processes can be alive (a pid in its files may belong to anything now)
-  local then= now
-  [ -f "$TW_DIR/boot" ] && IFS= read -r then <"$TW_DIR/boot" 2>/dev/null
-  [ -n "$then" ] || return 1
+  local was="" now
+  [ -f "$TW_DIR/boot" ] && IFS= read -r was <"$TW_DIR/boot" 2>/dev/null
+  [ -n "$was" ] || return 1
   tw_boot_id now
-  [ -n "$now" ] && [ "$then" != "$now" ]
+  [ -n "$now" ] && [ "$was" != "$now" ]
 }
 
 tw_attempt_alive() {  # a process of the current attempt lives: lock holder or pid's session
@@ -559,6 +560,7 @@ tw_wrapper() {
 tw_launch() {
   local cur pid code log i
   tw_need flock setsid awk || return 1
+  # shellcheck disable=SC2174  # both directories are named, so both get the mode when made
   mkdir -p -m 700 -- "$HOME/.tpuwatch" "$TW_DIR" || {
     tw_emit result=error "detail=cannot create $TW_DIR"
     return 1
@@ -619,15 +621,15 @@ tw_launch() {
   # the lock is held as long as any process of it lives.
   # TW_LIBTPU_ADD (a multislice job's abort-on-hang flags): appended to the LIBTPU_INIT_ARGS the
   # job would get ([job] env's, else this login's), each only when that value does not name it.
-  local libtpu=() args=${LIBTPU_INIT_ARGS-} e f
+  local libtpu=() lib_args=${LIBTPU_INIT_ARGS-} e f
   if [ "${#TW_LIBTPU_ADD[@]}" -gt 0 ]; then
     for e in "${TW_ENV[@]}"; do
-      case $e in LIBTPU_INIT_ARGS=*) args=${e#LIBTPU_INIT_ARGS=} ;; esac
+      case $e in LIBTPU_INIT_ARGS=*) lib_args=${e#LIBTPU_INIT_ARGS=} ;; esac
     done
     for f in "${TW_LIBTPU_ADD[@]}"; do
-      case " $args" in *" ${f%%=*}="* | *" ${f%%=*} "* | *" ${f%%=*}") ;; *) args="${args:+$args }$f" ;; esac
+      case " $lib_args" in *" ${f%%=*}="* | *" ${f%%=*} "* | *" ${f%%=*}") ;; *) lib_args="${lib_args:+$lib_args }$f" ;; esac
     done
-    libtpu=("LIBTPU_INIT_ARGS=$args")
+    libtpu=("LIBTPU_INIT_ARGS=$lib_args")
   fi
   (
     trap '' HUP
@@ -703,7 +705,7 @@ tw_stop() {
     local here=$PWD
     if builtin cd -P -- "$root" 2>/dev/null; then
       root=$PWD
-      builtin cd -- "$here" 2>/dev/null
+      builtin cd -- "$here" 2>/dev/null || :
     else
       root=${TPUWATCH_HOST_ROOT%/}
     fi
