@@ -252,8 +252,13 @@ class Reconciler:
         return op, failure
 
     def _worker_instances(self, node: NodeSnapshot | None) -> Mapping[str, tuple[str, str]] | None:
-        """The node's worker VMs for the audit reader (read lazily by the TPU adapter), or None."""
-        return self.ports.tpu_for(node.zone).worker_instances(node) if node is not None else None
+        """The node's worker VMs for the audit reader (read lazily by the TPU adapter), or None.
+        A Compute Engine instance that is gone is still its own one worker: the log's entry on
+        its preemption says whether Google deleted it."""
+        if node is None:
+            name = str(self.cfg.tpu.get("instance") or "") if self.cfg.tpu.get("api") == "compute" else ""
+            return {name: (name, "0")} if name else None
+        return self.ports.tpu_for(node.zone).worker_instances(node)
 
     def _audit(self, now: datetime, mem: Memory, node: NodeSnapshot | None,
                probes: Sequence[WorkerProbe] | None, warnings: list[str]) -> tuple[list[AuditEvent], str | None]:

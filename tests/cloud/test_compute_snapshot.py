@@ -217,3 +217,31 @@ def test_a_preempted_spot_vm_in_an_unstable_mig_is_still_dead() -> None:
     vms = four(spot=True)
     vms[0] = instance("slice-d", "TERMINATED", ident=4, spot=True)
     assert mig_snapshot(mig(stable=False), [managed(v) for v in vms], vms, project=P, zone=Z).state == "PREEMPTED"
+
+
+def _deleting(status: str, *, model: str = "SPOT", **sched: Any) -> compute_v1.Instance:
+    inst = instance("vm", status, spot=model == "SPOT")
+    inst.scheduling = compute_v1.Scheduling(provisioning_model=model, instance_termination_action="DELETE", **sched)
+    return inst
+
+
+def test_a_vm_google_deletes_itself_says_so_and_reads_deleting_while_it_goes() -> None:
+    from tpuwatch.cloud.compute import without_past_termination
+
+    running = instance_snapshot(_deleting("RUNNING"), project=P, zone=Z)
+    assert running.google_deletes and running.state == "READY" and not running.google_deleting
+    assert not running.auto_restart  # Spot: never restarted by Google
+    going = _deleting("STOPPING")
+    assert instance_snapshot(going, project=P, zone=Z).state == "DELETING"
+    flex = _deleting("STOPPING", model="FLEX_START", termination_time="2026-11-27T10:00:00Z")
+    flex.resource_status = compute_v1.ResourceStatus(shutdown_details=compute_v1.ResourceStatusShutdownDetails(
+        stop_state="STOPPING", target_state="DELETED", request_timestamp="2026-11-27T10:00:00Z"))
+    node = instance_snapshot(flex, project=P, zone=Z)
+    assert node.state == "DELETING" and "DELETED" in node.google_deleting
+    assert node.google_deletes_at == datetime(2026, 11, 27, 10, tzinfo=timezone.utc)
+    stop = instance_snapshot(instance("vm", "TERMINATED", spot=True), project=P, zone=Z)
+    assert not stop.google_deletes and stop.state == "PREEMPTED"  # STOP: Google never deletes it
+    body = {"name": "vm", "scheduling": {"terminationTime": "2026-11-27T10:00:00Z", "maxRunDuration": {"seconds": "60"}}}
+    assert without_past_termination(body, datetime(2026, 11, 28, tzinfo=timezone.utc).timestamp()) == {
+        "name": "vm", "scheduling": {"maxRunDuration": {"seconds": "60"}}}
+    assert without_past_termination(body, datetime(2026, 11, 26, tzinfo=timezone.utc).timestamp()) == body

@@ -46,15 +46,18 @@ def audit_due(mem: Memory, node: NodeSnapshot | None, probes: Sequence[WorkerPro
               since_last: float | None) -> bool:
     """Read the audit log now: once per AUDIT_INTERVAL, or sooner when something looks wrong.
 
-    Sooner only while an attempt runs and a worker is not running on a node that looks fine:
-    that is when a terminate/restart entry decides whether the end is charged. A node that is
-    down, being repaired or recreated is evidence enough by its state; the log can wait.
+    Sooner while an attempt runs and a worker is not running on a node that looks fine: that is
+    when a terminate/restart entry decides whether the end is charged; and while a VM that Google
+    deletes itself is missing: a preemption entry decides whether it is made again. A node that
+    is down, being repaired or recreated is evidence enough by its state; the log can wait.
     """
     if since_last is None or since_last >= AUDIT_INTERVAL:
         return True
     wrong = mem.phase is Phase.RUNNING and (
         node is None or (node.usable and any(p.state != "running" for p in probes or ())))
-    return wrong and since_last >= MIN_AUDIT_GAP
+    # A missing VM that Google deletes itself: the log says whether it did (policy/google.py)
+    gone = node is None and mem.google.deletes and mem.phase not in (Phase.DELETING, Phase.CREATING, Phase.QUEUED)
+    return (wrong or gone) and since_last >= MIN_AUDIT_GAP
 
 
 def operation_due(mem: Memory) -> Literal["delete", "create"] | None:

@@ -12,6 +12,7 @@ from datetime import timedelta
 
 from tpuwatch.durations import human
 from tpuwatch.model import OWNER_LABEL
+from tpuwatch.policy import google
 from tpuwatch.policy.draft import Draft, secs
 from tpuwatch.policy.ending import end_unusable
 from tpuwatch.policy.nodes import Cond, failed_repair, node_condition
@@ -144,9 +145,22 @@ def missing(draft: Draft, mem: Memory) -> Decision:
         # Its request still holds the name: delete it (nothing is left of the node to own or
         # lose), then create it again.
         return recreate(draft, mem, "queued_preempted", queued_why(draft))
+    if gone := google.deleted(draft, mem):
+        why = f"Google deleted {draft.subject} ({gone}): a preemption or the end of its run, not a person's"
+        if not (mem.google.owned or draft.obs.adopt):
+            return draft.halt(mem, "not_owned", f"{why}; not owned: it lacked {OWNER_LABEL}={cfg.job} when last "
+                                                "seen, so tpuwatch will not make it again; pass --adopt",
+                              (f"{OWNER_LABEL}={cfg.job} missing when last seen",))
+        return recreate_missing(draft, mem, "google_deleted", f"{why}; not charged")
     if draft.obs.recreate_missing:
         return recreate_missing(draft, mem, "recreate_missing", f"{draft.subject} is missing; "
                                                                 "--recreate-missing")
+    if (until := google.word_due(draft, mem)) is not None:
+        why = (f"{draft.subject} is missing; Google deletes it itself at a preemption or the end of its run, "
+               "so tpuwatch waits for the audit log to say whether it did")
+        return draft.out(move(mem, Phase.WAITING_NODE, reason=why), "google_delete_wait",
+                         f"{why} (until {until.isoformat()}; with no word it is a person's deletion)",
+                         Wait(until, "node missing"))
     return draft.halt(
         mem, "node_missing",
         f"{draft.subject} is missing in {mem.zone} and tpuwatch did not delete it; tpuwatch never "
@@ -159,6 +173,9 @@ def someone_deleting(draft: Draft, mem: Memory) -> Decision:
     mem, final = end_unusable(draft, mem)
     if final is None and queued_ended(draft):
         return recreate(draft, mem, "queued_preempted", queued_why(draft))
+    if final is None and (gone := google.deleted(draft, mem)):
+        why = f"Google is deleting {draft.subject} ({gone}); it is made again once it is gone"
+        return draft.out(move(mem, Phase.WAITING_NODE, reason=why), "google_deleting", why, Wait(None, why))
     return final or draft.halt(
         mem, "someone_deleting",
         f"{draft.subject} is being deleted, not by tpuwatch; once it is gone, pass "

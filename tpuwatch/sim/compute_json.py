@@ -44,6 +44,8 @@ def instance_json(rec: InstanceRec, base: str) -> dict[str, Any]:
         sched["instanceTerminationAction"] = rec.termination_action
     if rec.max_run_duration is not None:
         sched["maxRunDuration"] = {"seconds": str(int(rec.max_run_duration))}
+    if rec.termination_time:
+        sched["terminationTime"] = rec.termination_time
     nic: dict[str, Any] = {
         "kind": "compute#networkInterface", "name": "nic0", "stackType": "IPV4_ONLY",
         "network": f"{base}projects/{rec.project}/global/networks/default",
@@ -100,6 +102,10 @@ def instance_json(rec: InstanceRec, base: str) -> dict[str, Any]:
             "windowStartTime": rfc3339_s(u.window_start_ns), "windowEndTime": rfc3339_s(u.window_end_ns),
             "latestWindowStartTime": rfc3339_s(u.latest_window_start_ns),
         }}
+    if rec.shutdown is not None:
+        stop_state, target, since = rec.shutdown
+        out.setdefault("resourceStatus", {})["shutdownDetails"] = {
+            "stopState": stop_state, "targetState": target, "requestTimestamp": compute_time(since)}
     return out
 
 

@@ -1,0 +1,80 @@
+"""Google's own stops of a Compute Engine VM (policy/google.py): Google's deletion of a Spot or
+flex-start VM is a disruption, made again from the saved spec; a deletion with no word from
+Google stays a person's."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from policy_support import JOB, NAME, at, idle, kinds, node, obs, run_mem, running, tick
+
+from tpuwatch.model import AuditEvent
+from tpuwatch.policy import Memory, Phase
+
+SPOT = {"spot": True, "google_deletes": True}
+
+
+def preempted(t: float) -> AuditEvent:
+    return AuditEvent(time=at(t), kind="terminate", node=NAME, worker="0", method="compute.instances.preempted",
+                      reason="", insert_id=f"p-{t}", resource_name=f"projects/p/zones/z/instances/{NAME}")
+
+
+def seen_then(mem: Memory, now: float, **kw: object) -> Memory:
+    """Memory after a tick that saw the VM (owned, one Google deletes) as `kw` says."""
+    return tick(obs(node(**{**SPOT, **kw}), probes=running(1)), mem, now).memory  # type: ignore[arg-type]
+
+
+def test_a_spot_vm_deleted_with_the_audit_logs_preemption_is_made_again_uncharged() -> None:
+    mem = seen_then(run_mem(), 10)
+    d = tick(obs(missing=True, events=(preempted(15),)), mem, 20)
+    assert d.row == "google_deleted" and kinds(d)[-1] == "create", d.summary
+    assert d.memory.phase is Phase.CREATING and d.memory.budgets.recreates == 1
+    assert d.memory.budgets.restarts == 0 and d.ended and d.ended[0].charged is False
+
+
+def test_the_preemption_is_remembered_for_a_later_tick_that_finds_the_vm_gone() -> None:
+    # cron `check`: the tick that read the entry still saw the VM; the next finds it gone
+    mem = tick(obs(node(**SPOT), events=(preempted(15),)), seen_then(idle(), 10), 20).memory
+    d = tick(obs(missing=True), mem, 80)
+    assert d.row == "google_deleted", d.summary
+
+
+def test_a_vm_seen_going_to_deleted_is_waited_for_then_made_again() -> None:
+    mem = seen_then(idle(), 10)
+    going = tick(obs(node(state="DELETING", google_deleting="shutdownDetails STOPPING to DELETED", **SPOT)), mem, 20)
+    assert going.row == "google_deleting" and "delete" not in kinds(going)
+    assert tick(obs(missing=True), going.memory, 30).row == "google_deleted"
+
+
+def test_a_vm_whose_run_ended_with_delete_is_made_again() -> None:
+    mem = seen_then(idle(), 10, spot=False, google_deletes_at=at(100))
+    assert tick(obs(missing=True), mem, 50).row == "google_delete_wait"  # gone before its end: no word yet
+    assert tick(obs(missing=True), mem, 101).row == "google_deleted"
+
+
+def test_a_deletion_with_no_word_from_google_is_a_persons_after_the_grace() -> None:
+    mem = seen_then(idle(), 10)
+    waiting = tick(obs(missing=True), mem, 20)
+    assert waiting.row == "google_delete_wait" and waiting.exit_code == 0
+    assert tick(obs(missing=True), waiting.memory, 20 + 181).row == "node_missing"
+
+
+def test_a_vm_google_never_deletes_is_a_persons_at_once_even_with_a_preemption_entry() -> None:
+    mem = tick(obs(node(spot=True)), idle(), 10).memory  # Spot with STOP: Google stops it, never deletes it
+    assert tick(obs(missing=True, events=(preempted(15),)), mem, 20).row == "node_missing"
+
+
+def test_an_entry_older_than_the_vm_is_another_vms_and_ownership_is_the_last_sightings() -> None:
+    mem = seen_then(idle(), 10)
+    assert tick(obs(missing=True, events=(preempted(-5),)), mem, 20).row == "google_delete_wait"
+    foreign = tick(obs(node(owned=False, **SPOT)), idle(), 10).memory  # type: ignore[arg-type]
+    d = tick(obs(missing=True, events=(preempted(15),)), foreign, 20)
+    assert d.row == "not_owned" and d.exit_code == 1 and "create" not in kinds(d)
+    assert tick(obs(missing=True, events=(preempted(15),), adopt=True), foreign, 20).row == "google_deleted"
+
+
+def test_what_was_seen_survives_the_journal() -> None:
+    mem = tick(obs(node(**SPOT), events=(preempted(15),)), seen_then(idle(), 10), 20).memory
+    assert mem.google.deleted.startswith("audit compute.instances.preempted") and mem.google.owned
+    assert Memory.from_dict(mem.to_dict()) == mem
+    assert replace(mem.google, node_id="other") != mem.google and JOB
