@@ -54,6 +54,7 @@ from tpuwatch.policy import (
     PolicyConfig,
     ReportHost,
     StartMaintenance,
+    StartNode,
     StopWorkers,
     action_dict,
     decide_until_settled,
@@ -264,7 +265,7 @@ class Reconciler:
                probes: Sequence[WorkerProbe] | None, warnings: list[str]) -> tuple[list[AuditEvent], str | None]:
         """New audit events, when policy/observe.py says they are due."""
         audit = self.ports.audit
-        if audit is None or not audit_due(mem, node, probes, self._since(now, "audit_read_at")):
+        if audit is None or not audit_due(mem, node, probes, self._since(now, "audit_read_at"), now):
             return [], None
         try:
             events, cursor = audit.read(list(self.pcfg.slices or (self.pcfg.tpu_name,)), self.journal.audit_cursor(),
@@ -333,6 +334,8 @@ class Reconciler:
                 except MaintenanceRefused as exc:
                     st.done.append(f"starting the maintenance of {node.name} early was refused: {exc.message}")
                     return replace(obs, maintenance_refused=f"{exc.code}: {exc.message}")
+            elif isinstance(action, StartNode) and node is not None:
+                st.done.append(self._start_node(action, decision.memory, node, st.now))
             elif isinstance(action, ReportHost) and node is not None:
                 try:
                     st.done.append(self._report_host(action, decision.memory, node, st.now))
@@ -360,6 +363,20 @@ class Reconciler:
             self.journal.add_event(now, "maintenance_started", f"started the maintenance of {what}: {action.reason}",
                                    {"operation": name, "node": node.name, "node_id": node.id})
         return f"started the maintenance of {what} ({name}): {action.reason}"
+
+    def _start_node(self, action: StartNode, mem: Memory, node: NodeSnapshot, now: datetime) -> str:
+        """Start the node Compute Engine stopped (journaled with the decision before this call). A
+        refusal is said, never an API failure: the policy waits out repair_timeout, then recreates."""
+        if not self.flags.adopt and not node.owned_by(self.pcfg.job):
+            raise recreate.ownership_error(node, self.pcfg.job)  # the policy checked; kept next to the act
+        try:
+            name, what = self.ports.lifecycle_for(mem.zone or self.pcfg.zones[0]).start_node(node)
+        except (CloudError, NotFoundError) as exc:
+            return f"starting {node.name} again was refused: {exc.message}; waiting for it as a repair"
+        with self.journal.transaction():
+            self.journal.add_event(now, "node_started", f"started {what} again: {action.reason}",
+                                   {"operation": name, "node": node.name, "node_id": node.id})
+        return f"started {what} again ({name}): {action.reason}"
 
     def _report_host(self, action: ReportHost, mem: Memory, node: NodeSnapshot, now: datetime) -> str:
         if not self.flags.adopt and not node.owned_by(self.pcfg.job):

@@ -136,3 +136,21 @@ def test_a_flex_start_vm_whose_run_ended_is_made_again_under_cron_check(
     rows = checks_until(job, lambda r: r["phase"] == "done", "the job done", timeout=180)
     assert_waited_then_made_again(rows)
     assert_made_again_once(job, sim, before)
+
+
+def test_a_standard_vm_a_host_error_stopped_without_automatic_restart_is_started_again_not_recreated(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}, "scheduling": {"automaticRestart": False}})
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
+    sim.world.host_error("vm")  # TERMINATED with compute.instances.hostError; Compute Engine will not restart it
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    job.assert_resumed_uncharged(out)
+    assert ids(sim) == before and writes(sim) == [], writes(sim)  # the same VM: nothing deleted or inserted
+    assert sim.world.calls["compute.v1.Instances/Start"] == 1, sim.world.calls
+    assert "google_stopped_start" in json.dumps(job.history())
+    assert job.steps_done()[-1] == STEPS

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from policy_support import JOB, NAME, at, idle, kinds, node, obs, run_mem, running, tick
+from policy_support import CFG, JOB, NAME, at, idle, kinds, node, obs, run_mem, running, tick
 
 from tpuwatch.model import AuditEvent
 from tpuwatch.policy import Memory, Phase
@@ -78,3 +78,35 @@ def test_what_was_seen_survives_the_journal() -> None:
     assert mem.google.deleted.startswith("audit compute.instances.preempted") and mem.google.owned
     assert Memory.from_dict(mem.to_dict()) == mem
     assert replace(mem.google, node_id="other") != mem.google and JOB
+
+
+def host_error(t: float, method: str = "compute.instances.hostError") -> AuditEvent:
+    return AuditEvent(time=at(t), kind="terminate", node=NAME, worker="0", method=method, reason="",
+                      insert_id=f"h-{t}", resource_name=f"projects/p/zones/z/instances/{NAME}")
+
+
+def test_a_vm_compute_engine_stopped_ends_the_attempt_uncharged_and_is_started_again() -> None:
+    d = tick(obs(node(state="STOPPED", auto_restart=False), events=(host_error(15),)), run_mem(), 20)
+    assert d.row == "google_stopped_start" and "start_node" in kinds(d), d.summary
+    assert d.ended and d.ended[0].charged is False and d.memory.budgets.restarts == 0
+
+
+def test_the_word_may_come_ticks_after_the_stop_and_a_stop_with_no_word_stays_a_persons() -> None:
+    first = tick(obs(node(state="STOPPED", auto_restart=False)), idle(), 10)
+    assert first.row == "person_stopped" and first.memory.google.stopped_since == at(10)
+    later = tick(obs(node(state="STOPPED", auto_restart=False), events=(host_error(8),)), first.memory, 30)
+    assert later.row == "google_stopped_start"
+    # the repair is timed from the stop's first sight, not from the word
+    assert [a.until for a in later.actions if a.kind == "wait"] == [at(10 + CFG.repair_timeout)]  # type: ignore[attr-defined]
+    assert tick(obs(node(state="STOPPED", auto_restart=False)), first.memory, 30).row == "person_stopped"
+
+
+def test_a_stop_word_from_before_the_vm_last_came_up_is_not_this_stops() -> None:
+    down_before = tick(obs(node(state="STOPPED", auto_restart=False)), idle(), 40).memory
+    up = tick(obs(node()), down_before, 50).memory  # came up at 50: a word dated before is an earlier stop's
+    down = tick(obs(node(state="STOPPED", auto_restart=False), events=(host_error(5),)), up, 60)
+    assert down.row == "person_stopped"
+    maint = tick(obs(node(state="STOPPED", auto_restart=False),
+                     events=(host_error(55, "compute.instances.terminateOnHostMaintenance"),)), up, 60)
+    assert maint.row == "google_stopped_start"
+    assert tick(obs(node(), probes=running(1)), maint.memory, 70).memory.google.stopped == ""  # up again: cleared

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,6 +125,17 @@ def test_spot_preemption_stops_for_good(sim: Simulator) -> None:
         w.preempt_instance("std")
 
 
+def test_a_host_error_without_automatic_restart_leaves_a_standard_vm_terminated_until_started(sim: Simulator) -> None:
+    w = sim.world
+    w.add_instance("vm", body={"scheduling": {"automaticRestart": False}})
+    w.host_error("vm", restart_after=1)
+    time.sleep(0.1)  # well past the restart a VM with automatic restart would have had
+    assert w.instance("vm").status == "TERMINATED"
+    assert [e.method for e in w.audit_entries()] == ["compute.instances.hostError"]
+    w.start_instance(sim.project, sim.zone, "vm")
+    assert w.wait_instance("vm", "RUNNING").id == w.instance("vm").id
+
+
 def test_a_spot_vm_with_delete_is_deleted_by_its_preemption_showing_shutdown_details_while_it_goes(
         sim: Simulator) -> None:
     from google.cloud import compute_v1
@@ -143,8 +155,6 @@ def test_a_spot_vm_with_delete_is_deleted_by_its_preemption_showing_shutdown_det
 
 
 def test_a_flex_start_vm_is_deleted_at_its_termination_time(sim: Simulator) -> None:
-    import time
-
     from tpuwatch.cloud.logs import rfc3339_ns
 
     w = sim.world

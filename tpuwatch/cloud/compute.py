@@ -704,6 +704,19 @@ class ComputeAdapter:
         return self._write("perform_maintenance", f"{self._where()}/instances/{instance}",
                            "compute.instances.performMaintenance", perform)
 
+    def start_instance(self, instance: str) -> str:
+        """instances.start: run a stopped (TERMINATED) instance again; the operation name.
+        NotFoundError when it is gone."""
+        self._check(instance)
+        client = self._client("instances")
+
+        def start() -> Any:
+            return client.start_unary(project=self.project, zone=self.zone, instance=instance, retry=None,
+                                      timeout=RPC_TIMEOUT)
+
+        return self._write("start_instance", f"{self._where()}/instances/{instance}", "compute.instances.start",
+                           start, gone=f"no instance {instance} in {self.project}/{self.zone} to start")
+
     def simulate_maintenance_event(self, instance: str) -> str:
         """instances.simulateMaintenanceEvent on one instance (`tpuwatch drill`); the operation
         name. NotFoundError when the instance is gone."""

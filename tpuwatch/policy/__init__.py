@@ -87,6 +87,7 @@ from tpuwatch.policy.values import (
     PolicyConfig,
     ReportHost,
     StartMaintenance,
+    StartNode,
     StopWorkers,
     Wait,
     action_dict,
@@ -97,7 +98,7 @@ __all__ = [
     "Boot", "Budgets", "ClearQueued", "Cond", "CreateNode",
     "Decision", "DeleteNode", "Evidence", "Fail", "FollowOperation", "GoogleStop", "HangLearning", "Host", "IllegalTransition",
     "ImpossibleObservation", "Launch", "Maintenance", "MarkDone", "Memory", "NeedsPerson", "Observation", "Outcome",
-    "Phase", "PolicyConfig", "Recreate", "Repair", "ReportHost", "Row", "StartMaintenance", "StopWorkers", "Verdict", "Wait", "action_dict", "backoff_delay",
+    "Phase", "PolicyConfig", "Recreate", "Repair", "ReportHost", "Row", "StartMaintenance", "StartNode", "StopWorkers", "Verdict", "Wait", "action_dict", "backoff_delay",
     "UnsettledTick", "classify", "decide", "decide_until_settled", "describe_exit", "effective_hang_limit", "next_level", "node_condition", "operation_started",
     "restart_delay",
 ]

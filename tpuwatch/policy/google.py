@@ -1,5 +1,14 @@
 """Google's own stops of a VM made through Compute Engine, told from a person's.
 
+Compute Engine stops a VM itself on a host error and on a host maintenance it does not migrate
+(audit `compute.instances.hostError`, `compute.instances.terminateOnHostMaintenance`): TERMINATED,
+which reads as a person's stop until that entry is read. Then it is a repair, waited for up to
+repair_timeout (rows `google_stopped_wait`, `google_stopped_start`): Compute Engine restarts it
+itself with `automaticRestart`; without, tpuwatch starts it again once (`instances.start`), and
+recreates it if it does not run again by repair_timeout. No entry (a person's `instances.stop`
+is in the admin activity log, not among the system events; `compute.instances.guestTerminate`
+is the guest's own shutdown) leaves it a person's stop.
+
 Google deletes a VM itself when its termination action is DELETE: a Spot VM at its preemption
 (audit `compute.instances.preempted`), any VM at the end of its run (flex-start, `maxRunDuration`,
 `terminationTime`). While it goes its `shutdownDetails.targetState` is DELETED. Such a deletion
@@ -21,6 +30,10 @@ from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.state import GoogleStop, Memory
 
 PREEMPTED = "compute.instances.preempted"
+# Compute Engine's own stops of a VM (a Spot VM's preemption is PREEMPTED, never restarted)
+STOPPED_BY_GOOGLE = ("compute.instances.hostError", "compute.instances.terminateOnHostMaintenance")
+# The node states a person's stop reads as (policy/nodes.py PERSON_STATES, as Compute Engine shows them)
+STOP_STATES = frozenset({"STOPPED", "STOPPING"})
 # Logging may show an entry after the VM it is about is gone (Google does not say how late; it is
 # seconds to a minute as a rule): a VM Google may delete, missing with no word yet, is given this
 # long before it is taken for a person's deletion.
@@ -31,7 +44,19 @@ def seen(draft: Draft, mem: Memory) -> Memory:
     """Memory that knows this tick's sighting of the node and the audit log's preemptions of it."""
     node, g = draft.obs.node, mem.google
     if node is not None and not node.google_deletes:
-        g = GoogleStop()  # nothing to keep: Google does not delete it (and most nodes are such)
+        if node.usable:
+            g = GoogleStop()  # nothing to keep: up, and Google does not delete it (most nodes are such)
+        else:
+            if node.id != g.node_id:
+                g = GoogleStop(node_id=node.id)
+            g = replace(g, created=node.create_time, owned=node.owned_by(draft.cfg.job))
+            if node.state in STOP_STATES and g.stopped_since is None:
+                g = replace(g, stopped_since=draft.now)
+            booted = mem.boot.booted_at or node.create_time
+            for ev in draft.obs.events:
+                if (not g.stopped and ev.node == draft.cfg.tpu_name and ev.method.endswith(STOPPED_BY_GOOGLE)
+                        and (booted is None or ev.time >= booted)):
+                    g = replace(g, stopped=f"audit {ev.method} at {ev.time.isoformat()}")
     elif node is not None:
         if node.id != g.node_id:
             g = GoogleStop(node_id=node.id)  # another VM: nothing said of the last one holds for it
@@ -67,3 +92,16 @@ def word_due(draft: Draft, mem: Memory) -> datetime | None:
         return None
     until = g.missing_since + timedelta(seconds=AUDIT_GRACE)
     return until if draft.now < until else None
+
+
+def stopped(draft: Draft, mem: Memory) -> str:
+    """Why the stopped node is Compute Engine's own stop ("" when nothing says so: a person's)."""
+    node = draft.obs.node
+    return mem.google.stopped if node is not None and node.id == mem.google.node_id else ""
+
+
+def stop_word_due(mem: Memory, now: datetime) -> bool:
+    """A stopped VM with no word yet on who stopped it, first seen so within AUDIT_GRACE: the
+    audit log is worth reading often (policy/observe.py)."""
+    g = mem.google
+    return not g.stopped and (g.stopped_since is None or (now - g.stopped_since).total_seconds() < AUDIT_GRACE)

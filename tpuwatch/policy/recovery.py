@@ -18,7 +18,7 @@ from tpuwatch.policy.ending import end_unusable
 from tpuwatch.policy.nodes import Cond, failed_repair, node_condition
 from tpuwatch.policy.operations import create, queued_ended
 from tpuwatch.policy.state import Memory, Phase, move
-from tpuwatch.policy.values import Decision, DeleteNode, Wait
+from tpuwatch.policy.values import Decision, DeleteNode, StartNode, Wait
 
 # A node in UNKNOWN with no health is past a failed repair (the API's own words): the repair
 # that repair_timeout waits for is over. It is recreated once it has stayed so this long, the
@@ -130,10 +130,38 @@ def person(draft: Draft, mem: Memory) -> Decision:
     mem, final = end_unusable(draft, mem)
     if final is not None:
         return final
+    if why := google.stopped(draft, mem):
+        return compute_stopped(draft, mem, why)
     why = f"node is {node.state}: a person stopped it; leaving it alone until it is READY again"
     return draft.out(move(mem, Phase.PAUSED, reason=why,
                           repair=replace(mem.repair, unhealthy_since=None, unknown_since=None)),
                      "person_stopped", why, Wait(None, why))
+
+
+def compute_stopped(draft: Draft, mem: Memory, why: str) -> Decision:
+    """A VM Compute Engine stopped itself (policy/google.py): a repair, waited for up to
+    repair_timeout from first sight. Compute Engine restarts it with automaticRestart; without,
+    tpuwatch starts it again once (owned only); still down at repair_timeout, it is recreated."""
+    node, cfg, now = draft.obs.node, draft.cfg, draft.now
+    assert node is not None
+    since = mem.repair.unhealthy_since or mem.google.stopped_since or now
+    what = f"Compute Engine stopped {draft.subject} ({why}), not a person"
+    waited = secs(now - since)
+    if waited >= cfg.repair_timeout:
+        return recreate(draft, mem, "repair_timeout", f"{what}; not running again after {human(waited)}, longer than "
+                                                      f"recovery.repair_timeout ({human(cfg.repair_timeout)})")
+    until = since + timedelta(seconds=cfg.repair_timeout)
+    mem = move(mem, Phase.WAITING_NODE, reason=what, repair=replace(mem.repair, unhealthy_since=since))
+    limit = f"until {until.isoformat()} (recovery.repair_timeout {human(cfg.repair_timeout)}), then recreating it"
+    if node.auto_restart:
+        return draft.out(mem, "google_stopped_wait", f"{what}; Compute Engine restarts it (automaticRestart): "
+                                                     f"waiting {limit}", Wait(until, what))
+    if mem.google.start_asked is None and node.state == "STOPPED" and (node.owned_by(cfg.job) or draft.obs.adopt):
+        mem = replace(mem, google=replace(mem.google, start_asked=now))
+        return draft.out(mem, "google_stopped_start", f"{what}; it does not restart it (automaticRestart off): "
+                                                      f"starting it again, waiting {limit}",
+                         StartNode(cfg.tpu_name, what), Wait(until, what))
+    return draft.out(mem, "google_stopped_wait", f"{what}; waiting {limit}", Wait(until, what))
 
 
 def missing(draft: Draft, mem: Memory) -> Decision:

@@ -99,6 +99,14 @@ ROWS: tuple[Row, ...] = (
         "ended resize requests are deleted and a new one asks for its VMs"),
     Row("person_stopped", "STOPPED / STOPPING / HIDDEN", "leave it alone; report that a person stopped it",
         steady=True),
+    Row("google_stopped_start", "a Compute Engine VM STOPPED (TERMINATED) that Compute Engine stopped itself (the "
+        "audit log's compute.instances.hostError or terminateOnHostMaintenance about it since it last came up), "
+        "automaticRestart off, owned, not started yet in this stop",
+        "a repair, not a person's stop: start it again (instances.start, journaled first), then wait up to "
+        "repair_timeout from first sight; the attempt it ended is a disruption, uncharged"),
+    Row("google_stopped_wait", "such a VM stopped by Compute Engine, with automaticRestart (Compute Engine restarts "
+        "it), or already started by tpuwatch, or not owned",
+        "wait up to repair_timeout from first sight, then delete + create (repair_timeout, owned only)"),
     Row("unknown_state", "a state this tpuwatch does not know",
         "wait up to repair_timeout, then needs a person; never delete"),
     Row("unhealthy_running", "node not healthy but every worker still runs the attempt (not when a slice of a "

@@ -241,6 +241,12 @@ class GoogleStop:
     deletes_at: datetime | None = None  # when its run ends (the termination action runs then)
     deleted: str = ""  # what says Google deleted it (a sighting of it going, an audit entry)
     missing_since: datetime | None = None  # first seen missing with no such word yet
+    # A VM Compute Engine stopped itself (host error, terminate on maintenance): the audit entry
+    # that says so, when it was first seen stopped (with or without that word), and when tpuwatch
+    # asked to start it again (once per stop)
+    stopped: str = ""
+    stopped_since: datetime | None = None
+    start_asked: datetime | None = None
 
 
 @dataclass(frozen=True)
