@@ -138,6 +138,24 @@ def test_a_flex_start_vm_whose_run_ended_is_made_again_under_cron_check(
     assert_made_again_once(job, sim, before)
 
 
+def test_a_flex_start_vm_whose_run_ended_is_made_again_under_watch(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    ends = time.time_ns() + 20_000_000_000
+    sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}, "scheduling": {
+        "provisioningModel": "FLEX_START", "instanceTerminationAction": "DELETE", "terminationTime": rfc3339_ns(ends)}})
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    captured(job, tmp_path, "vm")
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
+    assert "vm" in ids(sim)
+    wait(lambda: ids(sim).get("vm", 0) not in (0, before["vm"]), "the VM made again", proc, timeout=60)
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    assert_made_again_once(job, sim, before)
+
+
 def test_a_standard_vm_a_host_error_stopped_without_automatic_restart_is_started_again_not_recreated(
         sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
     sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}, "scheduling": {"automaticRestart": False}})
