@@ -172,3 +172,31 @@ def test_a_standard_vm_a_host_error_stopped_without_automatic_restart_is_started
     assert sim.world.calls["compute.v1.Instances/Start"] == 1, sim.world.calls
     assert "google_stopped_start" in json.dumps(job.history())
     assert job.steps_done()[-1] == STEPS
+
+
+def test_under_cron_check_a_host_error_stop_is_started_once_and_dry_run_only_says_it(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}, "scheduling": {"automaticRestart": False}})
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    checks_until(job, lambda r: len(job.steps_done()) >= 2, "two checkpoints")
+    sim.world.host_error("vm")
+    job.release()
+
+    def dry() -> dict[str, Any]:
+        r = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "check", "-c", str(job.cfg), "--dry-run", "--json"],
+                           env=job.env, text=True, capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, r.stdout + r.stderr
+        out: dict[str, Any] = json.loads(r.stdout)
+        return out
+
+    deadline = time.monotonic() + 60
+    while (said := dry())["row"] != "google_stopped_start":  # until the audit entry is read
+        assert time.monotonic() < deadline and said["row"] in ("person_stopped", "running"), said["row"]
+    assert any(d.startswith("would start_node") for d in said["done"]), said["done"]
+    assert sim.world.calls["compute.v1.Instances/Start"] == 0  # a dry run only says it
+    rows = checks_until(job, lambda r: r["phase"] == "done", "the job done", timeout=180)
+    assert rows.count("google_stopped_start") == 1 and "repair_timeout" not in rows, rows
+    assert sim.world.calls["compute.v1.Instances/Start"] == 1  # once, journaled before the call
+    job.assert_resumed_uncharged("")
+    assert ids(sim) == before and writes(sim) == [] and job.steps_done()[-1] == STEPS
