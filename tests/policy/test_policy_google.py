@@ -110,3 +110,13 @@ def test_a_stop_word_from_before_the_vm_last_came_up_is_not_this_stops() -> None
                      events=(host_error(55, "compute.instances.terminateOnHostMaintenance"),)), up, 60)
     assert maint.row == "google_stopped_start"
     assert tick(obs(node(), probes=running(1)), maint.memory, 70).memory.google.stopped == ""  # up again: cleared
+
+
+def test_a_vm_going_to_deleted_that_stays_is_deleted_and_made_again_after_the_grace() -> None:
+    # a Spot VM with DELETE that a person stopped stays TERMINATED: Google deletes nothing
+    going = node(state="DELETING", google_deleting="a Spot VM with termination action DELETE is TERMINATED", **SPOT)
+    first = tick(obs(going), seen_then(idle(), 10), 20)
+    assert first.row == "google_deleting" and first.actions[-1].until == at(20 + 180)  # type: ignore[union-attr]
+    assert tick(obs(going), first.memory, 100).row == "google_deleting"
+    late = tick(obs(going), first.memory, 201)
+    assert late.row == "dead_node" and kinds(late)[-1] == "delete"

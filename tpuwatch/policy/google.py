@@ -62,7 +62,8 @@ def seen(draft: Draft, mem: Memory) -> Memory:
             g = GoogleStop(node_id=node.id)  # another VM: nothing said of the last one holds for it
         g = replace(g, created=node.create_time, owned=node.owned_by(draft.cfg.job), deletes=node.google_deletes,
                     deletes_at=node.google_deletes_at, missing_since=None,
-                    deleted=g.deleted or (f"seen going: {node.google_deleting}" if node.google_deleting else ""))
+                    deleted=g.deleted or (f"seen going: {node.google_deleting}" if node.google_deleting else ""),
+                    going_since=(g.going_since or draft.now) if node.google_deleting else None)
     for ev in draft.obs.events:
         if (g.deletes and not g.deleted and ev.node == draft.cfg.tpu_name and ev.method.endswith(PREEMPTED)
                 and (g.created is None or ev.time >= g.created)):
@@ -82,6 +83,15 @@ def deleted(draft: Draft, mem: Memory) -> str:
     if g.deletes_at is not None and draft.now >= g.deletes_at:
         return f"its run ended at {g.deletes_at.isoformat()} (termination action DELETE)"
     return ""
+
+
+def going_until(draft: Draft, mem: Memory) -> datetime | None:
+    """Until when to wait for a VM Google is deleting to be gone; None once waited AUDIT_GRACE
+    (a Spot VM with DELETE that a person stopped stays TERMINATED: it is then deleted and made
+    again, as any preempted Spot VM)."""
+    since = mem.google.going_since or draft.now
+    until = since + timedelta(seconds=AUDIT_GRACE)
+    return until if draft.now < until else None
 
 
 def word_due(draft: Draft, mem: Memory) -> datetime | None:

@@ -202,8 +202,11 @@ def someone_deleting(draft: Draft, mem: Memory) -> Decision:
     if final is None and queued_ended(draft):
         return recreate(draft, mem, "queued_preempted", queued_why(draft))
     if final is None and (gone := google.deleted(draft, mem)):
+        if (until := google.going_until(draft, mem)) is None:
+            return recreate(draft, mem, "dead_node", f"{draft.subject} is still going ({gone}) "
+                                                     f"{human(google.AUDIT_GRACE)} after it was first seen so")
         why = f"Google is deleting {draft.subject} ({gone}); it is made again once it is gone"
-        return draft.out(move(mem, Phase.WAITING_NODE, reason=why), "google_deleting", why, Wait(None, why))
+        return draft.out(move(mem, Phase.WAITING_NODE, reason=why), "google_deleting", why, Wait(until, why))
     return final or draft.halt(
         mem, "someone_deleting",
         f"{draft.subject} is being deleted, not by tpuwatch; once it is gone, pass "

@@ -86,7 +86,8 @@ ROWS: tuple[Row, ...] = (
         "a disruption, not charged to max_restarts: create it from the saved spec (a recreate, within "
         "max_recreates), then resume"),
     Row("google_deleting", "such a VM DELETING: shutdownDetails.targetState DELETED, or a Spot VM with DELETE "
-        "stopping", "wait for it to be gone (then google_deleted); never a delete of tpuwatch's beside Google's"),
+        "stopping", "wait up to 3 min from first sight for it to be gone (then google_deleted), never a delete of "
+        "tpuwatch's beside Google's; still there then: delete + create (dead_node)"),
     Row("google_delete_wait", "such a VM missing, owned when last seen, with no word yet",
         "wait up to 3 min from first sight for the audit log's word (its entry may come after the VM is gone); "
         "then it is a person's deletion (node_missing)"),

@@ -241,6 +241,7 @@ class GoogleStop:
     deletes_at: datetime | None = None  # when its run ends (the termination action runs then)
     deleted: str = ""  # what says Google deleted it (a sighting of it going, an audit entry)
     missing_since: datetime | None = None  # first seen missing with no such word yet
+    going_since: datetime | None = None  # first seen going (DELETING), for the bound on waiting for it
     # A VM Compute Engine stopped itself (host error, terminate on maintenance): the audit entry
     # that says so, when it was first seen stopped (with or without that word), and when tpuwatch
     # asked to start it again (once per stop)
