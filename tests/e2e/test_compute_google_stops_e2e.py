@@ -200,3 +200,16 @@ def test_under_cron_check_a_host_error_stop_is_started_once_and_dry_run_only_say
     assert sim.world.calls["compute.v1.Instances/Start"] == 1  # once, journaled before the call
     job.assert_resumed_uncharged("")
     assert ids(sim) == before and writes(sim) == [] and job.steps_done()[-1] == STEPS
+
+
+def test_a_vm_a_person_stopped_is_left_alone_never_started(sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}, "scheduling": {"automaticRestart": False}})
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    checks_until(job, lambda r: len(job.steps_done()) >= 1, "a checkpoint")
+    sim.world.stop_instance(sim.project, sim.zone, "vm")  # instances.stop: a person's, no system event
+    sim.world.wait_instance("vm", "TERMINATED")
+    rows = [check(job)["row"] for _ in range(4)]  # each reads the audit log (a stop first seen: every 2 s)
+    time.sleep(2.1)
+    rows.append(check(job)["row"])
+    assert set(rows[1:]) == {"person_stopped"}, rows
+    assert sim.world.calls["compute.v1.Instances/Start"] == 0 and writes(sim) == [], writes(sim)
