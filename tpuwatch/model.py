@@ -99,6 +99,16 @@ class NodeSnapshot:
     # it is doing now ("" when no instance of it has a current action)
     repairs_itself: bool = False
     repair_under_way: str = ""
+    # Google's own stops of a VM made through Compute Engine (cloud/compute.py). `google_deletes`:
+    # Google deletes it itself, at a preemption or at the end of its run (termination action DELETE
+    # on a Spot or flex-start VM, or one with a run duration or termination time), and
+    # `google_deletes_at` when that run ends; `google_deleting`: what shows Google deleting it now
+    # ("" nothing); `auto_restart`: Compute Engine restarts it after a stop of its own
+    # (scheduling.automaticRestart, off for Spot).
+    google_deletes: bool = False
+    google_deletes_at: datetime | None = None
+    google_deleting: str = ""
+    auto_restart: bool = True
 
     @property
     def full_name(self) -> str:

@@ -95,6 +95,10 @@ class NodeLifecycle(Protocol):
     def faulty_host_request(self, node: NodeSnapshot, worker: int, description: str) -> str:
         """The request `report_faulty_host` would send, for people (`--dry-run`); "" when none."""
 
+    def start_node(self, node: NodeSnapshot) -> tuple[str, str]:
+        """Start the stopped node again; (operation name, what). A CloudError when the cloud
+        refuses, or has no such call for it."""
+
 
 class AuditLog(Protocol):
     def read(self, nodes: Iterable[str], cursor: str | None,

@@ -54,6 +54,7 @@ from tpuwatch.policy import (
     PolicyConfig,
     ReportHost,
     StartMaintenance,
+    StartNode,
     StopWorkers,
     action_dict,
     decide_until_settled,
@@ -252,14 +253,19 @@ class Reconciler:
         return op, failure
 
     def _worker_instances(self, node: NodeSnapshot | None) -> Mapping[str, tuple[str, str]] | None:
-        """The node's worker VMs for the audit reader (read lazily by the TPU adapter), or None."""
-        return self.ports.tpu_for(node.zone).worker_instances(node) if node is not None else None
+        """The node's worker VMs for the audit reader (read lazily by the TPU adapter), or None.
+        A Compute Engine instance that is gone is still its own one worker: the log's entry on
+        its preemption says whether Google deleted it."""
+        if node is None:
+            name = str(self.cfg.tpu.get("instance") or "") if self.cfg.tpu.get("api") == "compute" else ""
+            return {name: (name, "0")} if name else None
+        return self.ports.tpu_for(node.zone).worker_instances(node)
 
     def _audit(self, now: datetime, mem: Memory, node: NodeSnapshot | None,
                probes: Sequence[WorkerProbe] | None, warnings: list[str]) -> tuple[list[AuditEvent], str | None]:
         """New audit events, when policy/observe.py says they are due."""
         audit = self.ports.audit
-        if audit is None or not audit_due(mem, node, probes, self._since(now, "audit_read_at")):
+        if audit is None or not audit_due(mem, node, probes, self._since(now, "audit_read_at"), now):
             return [], None
         try:
             events, cursor = audit.read(list(self.pcfg.slices or (self.pcfg.tpu_name,)), self.journal.audit_cursor(),
@@ -328,6 +334,8 @@ class Reconciler:
                 except MaintenanceRefused as exc:
                     st.done.append(f"starting the maintenance of {node.name} early was refused: {exc.message}")
                     return replace(obs, maintenance_refused=f"{exc.code}: {exc.message}")
+            elif isinstance(action, StartNode) and node is not None:
+                st.done.append(self._start_node(action, decision.memory, node, st.now))
             elif isinstance(action, ReportHost) and node is not None:
                 try:
                     st.done.append(self._report_host(action, decision.memory, node, st.now))
@@ -355,6 +363,20 @@ class Reconciler:
             self.journal.add_event(now, "maintenance_started", f"started the maintenance of {what}: {action.reason}",
                                    {"operation": name, "node": node.name, "node_id": node.id})
         return f"started the maintenance of {what} ({name}): {action.reason}"
+
+    def _start_node(self, action: StartNode, mem: Memory, node: NodeSnapshot, now: datetime) -> str:
+        """Start the node Compute Engine stopped (journaled with the decision before this call). A
+        refusal is said, never an API failure: the policy waits out repair_timeout, then recreates."""
+        if not self.flags.adopt and not node.owned_by(self.pcfg.job):
+            raise recreate.ownership_error(node, self.pcfg.job)  # the policy checked; kept next to the act
+        try:
+            name, what = self.ports.lifecycle_for(mem.zone or self.pcfg.zones[0]).start_node(node)
+        except (CloudError, NotFoundError) as exc:
+            return f"starting {node.name} again was refused: {exc.message}; waiting for it as a repair"
+        with self.journal.transaction():
+            self.journal.add_event(now, "node_started", f"started {what} again: {action.reason}",
+                                   {"operation": name, "node": node.name, "node_id": node.id})
+        return f"started {what} again ({name}): {action.reason}"
 
     def _report_host(self, action: ReportHost, mem: Memory, node: NodeSnapshot, now: datetime) -> str:
         if not self.flags.adopt and not node.owned_by(self.pcfg.job):

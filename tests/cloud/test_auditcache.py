@@ -348,3 +348,33 @@ def test_a_read_does_not_wait_long_for_another_watchers_query(sim_api: Simulator
     announce(sim_api, "a")
     events, _ = r.read(["a"], None)
     assert [e.insert_id for e in events] == ids(sim_api, "a")
+
+
+def test_the_shared_query_takes_only_the_compute_engine_instances_its_readers_watch(
+        sim_api: Simulator, tmp_path: Path) -> None:
+    w = sim_api.world
+    spot = {"scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP"}}
+    for n in ["vm", "vm-2", *(f"other-{i}" for i in range(30))]:  # a project full of Spot VMs
+        w.add_instance(n, body=spot)
+    for n in ["vm", *(f"other-{i}" for i in range(30))]:
+        w.preempt_instance(n)
+    sim_api.create_node("tpu")
+    announce(sim_api, "tpu")
+    clock = Clock()
+    state = tmp_path / "state"
+    reader = shared(sim_api, state, clock)
+    sim_api.world.reset_calls()
+    events, cursor = reader.read(["vm"], None, {"vm": ("vm", "0")})
+    assert [(e.method, e.node) for e in events] == [("compute.instances.preempted", "vm")]
+    with sqlite3.connect(cache_path(state, sim_api.project)) as conn:
+        stored = sorted(r for (r,) in conn.execute("SELECT resource_name FROM entries"))
+    assert stored == [f"projects/{sim_api.project}/locations/{sim_api.zone}/nodes/tpu",
+                      f"projects/{sim_api.project}/zones/{sim_api.zone}/instances/vm"], stored  # not the 30 others'
+    # another watcher's instance joins the query at once; then both read from the cache
+    w.preempt_instance("vm-2")
+    theirs, _ = shared(sim_api, state, clock).read(["vm-2"], None, {"vm-2": ("vm-2", "0")})
+    assert [e.node for e in theirs] == ["vm-2"] and queries(sim_api) == 2
+    tpu, _ = shared(sim_api, state, clock).read(["tpu"], None)  # a TPU node's reader: its entry, no query
+    assert [e.node for e in tpu] == ["tpu"] and queries(sim_api) == 2
+    again, _ = reader.read(["vm"], cursor, {"vm": ("vm", "0")})
+    assert again == [] and queries(sim_api) == 2

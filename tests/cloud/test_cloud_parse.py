@@ -132,6 +132,12 @@ def test_upcoming_maintenance_entries_name_a_worker_vm_and_match_through_its_ins
     assert logs.build_filter("p", None, start).endswith(
         '(protoPayload.resourceName:"nodes/" OR protoPayload.resourceName:"instances/t1v-n-" '
         'OR resource.type="gce_instance")')
+    scoped = logs.build_filter("p", None, start, scope=["zones/z-1/instances/b", "zones/z-1/instances/a", 'x" OR "y'])
+    assert scoped.endswith('OR protoPayload.resourceName=("projects/p/zones/z-1/instances/a" OR '
+                           '"projects/p/zones/z-1/instances/b"))') and "gce_instance" not in scoped
+    assert "instances/t1v-n-\")" in logs.build_filter("p", None, start, scope=[])  # no instance watched: none
+    many = [f"zones/z-1/instances/vm-{i}" for i in range(400)]  # too long for one filter: every instance's
+    assert logs.build_filter("p", None, start, scope=many).endswith('OR resource.type="gce_instance")')
 
 
 def test_cursor_round_trips_and_tolerates_garbage() -> None:

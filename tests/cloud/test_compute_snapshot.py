@@ -251,3 +251,52 @@ def test_a_stable_mig_reads_as_stopped_by_a_person_only_when_every_vm_is_stopped
     vms = [instance(f"slice-{s}", status, ident=i) for i, (s, status) in enumerate(zip("abcd", statuses, strict=True))]
     node = mig_snapshot(mig(), [managed(v) for v in vms], vms, project=P, zone=Z)
     assert (node.state, node_condition(node)) == (state, cond), node.health_description
+
+
+def _deleting(status: str, *, model: str = "SPOT", **sched: Any) -> compute_v1.Instance:
+    inst = instance("vm", status, spot=model == "SPOT")
+    inst.scheduling = compute_v1.Scheduling(provisioning_model=model, instance_termination_action="DELETE", **sched)
+    return inst
+
+
+def test_a_vm_google_deletes_itself_says_so_and_reads_deleting_while_it_goes() -> None:
+    from tpuwatch.cloud.compute import without_past_termination
+
+    running = instance_snapshot(_deleting("RUNNING"), project=P, zone=Z)
+    assert running.google_deletes and running.state == "READY" and not running.google_deleting
+    assert not running.auto_restart  # Spot: never restarted by Google
+    going = _deleting("STOPPING")
+    assert instance_snapshot(going, project=P, zone=Z).state == "DELETING"
+    flex = _deleting("STOPPING", model="FLEX_START", termination_time="2026-11-27T10:00:00Z")
+    flex.resource_status = compute_v1.ResourceStatus(shutdown_details=compute_v1.ResourceStatusShutdownDetails(
+        stop_state="STOPPING", target_state="DELETED", request_timestamp="2026-11-27T10:00:00Z"))
+    node = instance_snapshot(flex, project=P, zone=Z)
+    assert node.state == "DELETING" and "DELETED" in node.google_deleting
+    assert node.google_deletes_at == datetime(2026, 11, 27, 10, tzinfo=timezone.utc)
+    stop = instance_snapshot(instance("vm", "TERMINATED", spot=True), project=P, zone=Z)
+    assert not stop.google_deletes and stop.state == "PREEMPTED"  # STOP: Google never deletes it
+    body = {"name": "vm", "scheduling": {"terminationTime": "2026-11-27T10:00:00Z", "maxRunDuration": {"seconds": "60"}}}
+    assert without_past_termination(body, datetime(2026, 11, 28, tzinfo=timezone.utc).timestamp()) == {
+        "name": "vm", "scheduling": {"maxRunDuration": {"seconds": "60"}}}
+    assert without_past_termination(body, datetime(2026, 11, 26, tzinfo=timezone.utc).timestamp()) == body
+
+
+@pytest.mark.parametrize("termination", ["STOP", "DELETE"])
+def test_a_spot_vms_graceful_shutdown_is_a_notice_while_the_job_runs_not_a_preemption_or_a_deletion(
+        termination: str) -> None:
+    # Google documents both a status PENDING_STOP ("gracefully shutting down") and a RUNNING VM with
+    # shutdownDetails PENDING_STOP; either way the job still runs and may save: nothing is recreated
+    # or waited out as gone until the VM is really stopping.
+    target = "DELETED" if termination == "DELETE" else "STOPPED"
+    for status in ("RUNNING", "PENDING_STOP"):
+        inst = instance("vm", status, spot=True)
+        inst.scheduling = compute_v1.Scheduling(provisioning_model="SPOT", instance_termination_action=termination)
+        inst.resource_status = compute_v1.ResourceStatus(shutdown_details=compute_v1.ResourceStatusShutdownDetails(
+            stop_state="PENDING_STOP", target_state=target, request_timestamp="2026-11-27T10:00:00Z"))
+        node = instance_snapshot(inst, project=P, zone=Z)
+        assert (node.state, node.pending_stop, node.google_deleting) == ("READY", True, ""), status
+        assert node_condition(node) is Cond.USABLE
+    inst.status = "STOPPING"
+    inst.resource_status.shutdown_details.stop_state = "STOPPING"
+    gone = instance_snapshot(inst, project=P, zone=Z)
+    assert not gone.pending_stop and gone.state == ("DELETING" if termination == "DELETE" else "PREEMPTED")

@@ -29,6 +29,7 @@ from policy_support import (
 )
 
 from tpuwatch.model import (
+    AuditEvent,
     CheckItem,
     NodeSnapshot,
     PrecheckReport,
@@ -474,6 +475,56 @@ def test_row_recreate_missing() -> None:
     assert d.row == "recreate_missing"
     assert d.actions == (CreateNode(NAME, ZONES[0], d.actions[0].reason, {"attempt": "1"}),)  # type: ignore[union-attr]
     assert (d.memory.phase, d.memory.budgets.recreates, d.memory.pending_kind) == (Phase.CREATING, 1, "create")
+
+
+def _google_deletes(now: float, **kw: object) -> Memory:
+    """Memory after a sighting of an owned VM that Google deletes itself (a Spot VM with DELETE)."""
+    return decide(obs(node(spot=True, google_deletes=True, **kw)), idle(), CFG, at(now)).memory  # type: ignore[arg-type]
+
+
+def test_row_google_deleted() -> None:
+    preempted = AuditEvent(time=at(6), kind="terminate", node=NAME, worker="0", method="compute.instances.preempted",
+                           reason="", insert_id="p", resource_name=f"projects/p/zones/z/instances/{NAME}")
+    d = tick(obs(missing=True, events=(preempted,)), _google_deletes(5), now=7)
+    assert d.row == "google_deleted"
+    assert d.actions == (CreateNode(NAME, ZONES[0], d.actions[0].reason, {"attempt": "1"}),)  # type: ignore[union-attr]
+    assert (d.memory.phase, d.memory.budgets.recreates, d.memory.budgets.restarts) == (Phase.CREATING, 1, 0)
+
+
+def test_row_google_deleting() -> None:
+    d = tick(obs(node(state="DELETING", spot=True, google_deletes=True, google_deleting="shutdownDetails")),
+             _google_deletes(5), now=7)
+    assert d.row == "google_deleting" and d.exit_code == 0
+    assert [a.kind for a in d.actions] == ["wait"] and d.memory.phase is Phase.WAITING_NODE
+
+
+def test_row_google_delete_wait() -> None:
+    d = tick(obs(missing=True), _google_deletes(5), now=7)
+    assert d.row == "google_delete_wait" and d.exit_code == 0
+    assert d.actions == (Wait(at(7 + 180), "node missing"),)
+    assert tick(obs(missing=True), d.memory, now=7 + 180).row == "node_missing"
+
+
+def _host_error(t: float) -> AuditEvent:
+    return AuditEvent(time=at(t), kind="terminate", node=NAME, worker="0", method="compute.instances.hostError",
+                      reason="", insert_id=f"h{t}", resource_name=f"projects/p/zones/z/instances/{NAME}")
+
+
+def test_row_google_stopped_start() -> None:
+    d = tick(obs(node(state="STOPPED", auto_restart=False), events=(_host_error(4),)), idle(), now=5)
+    assert d.row == "google_stopped_start" and d.exit_code == 0
+    assert [a.kind for a in d.actions] == ["start_node", "wait"] and d.memory.phase is Phase.WAITING_NODE
+    again = tick(obs(node(state="STOPPED", auto_restart=False)), d.memory, now=6)
+    assert again.row == "google_stopped_wait" and "start_node" not in [a.kind for a in again.actions]  # once
+    late = tick(obs(node(state="STOPPED", auto_restart=False)), again.memory, now=5 + CFG.repair_timeout)
+    assert late.row == "repair_timeout" and [a.kind for a in late.actions] == ["delete"]
+
+
+def test_row_google_stopped_wait() -> None:
+    d = tick(obs(node(state="STOPPED"), events=(_host_error(4),)), idle(), now=5)  # automaticRestart: Google's
+    assert d.row == "google_stopped_wait" and d.actions == (Wait(at(5 + CFG.repair_timeout), d.actions[0].reason),)
+    mine = tick(obs(node(state="STOPPED", auto_restart=False, owned=False), events=(_host_error(4),)), idle(), now=5)
+    assert mine.row == "google_stopped_wait"  # not the job's: never started by tpuwatch
 
 
 QR_NAME = "projects/p/locations/us-central2-b/queuedResources/pod-qr"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,6 +147,46 @@ def test_a_mig_that_repairs_recreates_a_preempted_spot_vm_and_do_nothing_leaves_
     assert gone.status == "TERMINATED" and w.mig("left").members[gone.name].current_action == "NONE"
     with pytest.raises(UsageError, match="on_failure must be one of"):
         w.add_mig("odd", on_failure="DELETE")
+
+
+def test_a_host_error_without_automatic_restart_leaves_a_standard_vm_terminated_until_started(sim: Simulator) -> None:
+    w = sim.world
+    w.add_instance("vm", body={"scheduling": {"automaticRestart": False}})
+    w.host_error("vm", restart_after=1)
+    time.sleep(0.1)  # well past the restart a VM with automatic restart would have had
+    assert w.instance("vm").status == "TERMINATED"
+    assert [e.method for e in w.audit_entries()] == ["compute.instances.hostError"]
+    w.start_instance(sim.project, sim.zone, "vm")
+    assert w.wait_instance("vm", "RUNNING").id == w.instance("vm").id
+
+
+def test_a_spot_vm_with_delete_is_deleted_by_its_preemption_showing_shutdown_details_while_it_goes(
+        sim: Simulator) -> None:
+    from google.cloud import compute_v1
+
+    from tpuwatch.sim.compute_json import instance_json
+
+    w = sim.world
+    w.add_instance("spot", body={"scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE"}})
+    w.preempt_instance("spot")
+    assert [e.method for e in w.audit_entries()] == ["compute.instances.preempted"]
+    rec = w.instance("spot")
+    assert rec.status == "STOPPING"
+    shown = instance_json(rec, "https://compute.googleapis.com/compute/v1/")
+    details = compute_v1.Instance.from_json(json.dumps(shown), ignore_unknown_fields=False).resource_status
+    assert (details.shutdown_details.stop_state, details.shutdown_details.target_state) == ("STOPPING", "DELETED")
+    w.wait_for(lambda ww: not ww.instances(), 10, "the preempted VM gone")
+
+
+def test_a_flex_start_vm_is_deleted_at_its_termination_time(sim: Simulator) -> None:
+    from tpuwatch.cloud.logs import rfc3339_ns
+
+    w = sim.world
+    ends = rfc3339_ns(time.time_ns() + 1_000_000_000)  # a wall-clock time, one real second away
+    w.add_instance("flex", body={"scheduling": {"provisioningModel": "FLEX_START", "instanceTerminationAction": "DELETE",
+                                                "terminationTime": ends}})
+    assert w.instance("flex").status == "RUNNING"
+    w.wait_for(lambda ww: not ww.instances(), 10, "the flex-start VM gone at its termination time")
 
 
 def test_mig_create_in_a_stockout_waits_with_the_error_then_succeeds(sim: Simulator) -> None:

@@ -26,6 +26,10 @@ not before the job's last event. (Without it a quiet job's start would stay at i
 and fall out of the cache's retention, and every read of it would query again.) An entry that
 reaches the log up to `overlap` late is still found.
 
+The query names the Compute Engine instances its readers watch (table `scope`; a reader's
+instances are those of its eager `instances` mapping): a reader whose instance is not in it, or
+not from the read's start, queries at once with it added.
+
 This module knows the cache file; the query, the entry shape and the matching of entries to
 nodes are logs.py's. It knows nothing of the policy or of when the tick reads.
 """
@@ -66,6 +70,12 @@ _SCHEMA = (
     "CREATE TABLE entries (ns INTEGER NOT NULL, insert_id TEXT NOT NULL, method TEXT NOT NULL, "
     "resource_name TEXT NOT NULL, worker_label TEXT, reason TEXT NOT NULL, PRIMARY KEY (ns, insert_id))",
 )
+# The Compute Engine instances the readers watch ("zones/Z/instances/N"), which the shared query
+# names: the entries about one are stored from `since` on; one no reader has asked for in
+# SCOPE_TTL leaves the query. Made where missing, so a cache written before it is kept.
+_SCOPE_TABLE = ("CREATE TABLE IF NOT EXISTS scope (resource TEXT PRIMARY KEY, since INTEGER NOT NULL, "
+                "wanted_at INTEGER NOT NULL)")
+SCOPE_TTL = timedelta(hours=1)
 
 
 def cache_path(state_dir: Path | str, project: str) -> Path:
@@ -143,6 +153,7 @@ class SharedAuditLog:
         query holds every TPU node's entries and every TPU worker VM's).
         """
         names = check_nodes(nodes)
+        wanted = self._scope_of(instances)
         now_ns = to_ns(self.now())
         # A read soon after this reader's last one is the tick looking again because something
         # looks wrong: it wants what the log holds now, so a cache older than urgent_max_age is
@@ -160,7 +171,7 @@ class SharedAuditLog:
             return [], encode_cursor(high, seen)
         start = max(0, high - self.overlap_ns)
         try:
-            rows, upto = self._rows_from(start, soft=state is None, max_age_ns=max_age_ns)
+            rows, upto = self._rows_from(start, soft=state is None, max_age_ns=max_age_ns, wanted=wanted)
         except _Unusable as exc:
             self._warn("direct", f"shared audit-log cache {self.path} not used ({exc}); "
                                  "this watcher queries the audit log itself")
@@ -183,9 +194,21 @@ class SharedAuditLog:
         """A cursor whose first read returns events from `start_time` on (e.g. the job's start)."""
         return self.direct.cursor_at(start_time)
 
+    def _scope_of(self, instances: Mapping[str, tuple[str, str]] | None) -> frozenset[str] | None:
+        """The Compute Engine instances of a read, as the shared query names them; None when they
+        cannot be named (no zone), so the query takes every instance's events. A lazy mapping
+        (a TPU node's worker VMs, read on first use) is not read: the query's `instances/t1v-n-`
+        clause covers those."""
+        if not isinstance(instances, dict) or not instances:
+            return frozenset()
+        if not self.zone:
+            return None
+        return frozenset(f"zones/{self.zone}/instances/{n}" for n in instances if not n.startswith("t1v-n-"))
+
     # -- the cache ----------------------------------------------------------------------------------
 
-    def _rows_from(self, start: int, soft: bool, max_age_ns: int) -> tuple[list[RawEntry], int]:
+    def _rows_from(self, start: int, soft: bool, max_age_ns: int,
+                   wanted: frozenset[str] | None = frozenset()) -> tuple[list[RawEntry], int]:
         """Every stored entry from `start` on (querying first when needed), and the query time.
 
         `soft`: `start` is only `initial_lookback` before now (no cursor), so a cache that covers
@@ -207,7 +230,7 @@ class SharedAuditLog:
                 conn: sqlite3.Connection | None = None
                 try:
                     conn = self._open(reset=again)
-                    return self._answer(conn, start, soft, max_age_ns)
+                    return self._answer(conn, start, soft, max_age_ns, wanted)
                 except sqlite3.DatabaseError as exc:
                     # Only before any query (after one, _answer keeps its result): start again.
                     if again:
@@ -275,6 +298,7 @@ class SharedAuditLog:
             meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
             if meta.get("version") != CACHE_VERSION or meta.get("project") != self.project:
                 raise sqlite3.DatabaseError(f"not a version {CACHE_VERSION} audit cache of project {self.project}")
+            conn.execute(_SCOPE_TABLE)
         except BaseException:
             conn.close()
             raise
@@ -292,15 +316,21 @@ class SharedAuditLog:
         except ValueError as exc:
             raise sqlite3.DatabaseError(f"bad meta value: {exc}") from None
 
-    def _answer(self, conn: sqlite3.Connection, start: int, soft: bool,
-                max_age_ns: int) -> tuple[list[RawEntry], int]:
+    def _answer(self, conn: sqlite3.Connection, start: int, soft: bool, max_age_ns: int,
+                wanted: frozenset[str] | None = frozenset()) -> tuple[list[RawEntry], int]:
         now_ns = to_ns(self.now())
         meta = self._meta(conn)
         if soft and meta.covered_from is not None and 0 < meta.covered_from - start <= max_age_ns:
             start = meta.covered_from
+        scope = {r: int(since) for r, since in conn.execute(
+            "SELECT resource, since FROM scope WHERE wanted_at >= ?", (now_ns - int(SCOPE_TTL.total_seconds() * _NS),))}
+        if wanted:
+            conn.executemany("UPDATE scope SET wanted_at = ? WHERE resource = ?", [(now_ns, r) for r in wanted])
+        # A read's instance not in the shared query yet, or not from this read's start: query now.
+        need = (set() if wanted is None else {r for r in wanted if r not in scope or scope[r] > start})
         # abs(): a read_at up to max_age ahead is another clock's (or an earlier sample's) "now".
         if (meta.read_at is not None and meta.covered_from is not None and meta.covered_from <= start
-                and abs(now_ns - meta.read_at) <= max_age_ns):
+                and abs(now_ns - meta.read_at) <= max_age_ns and not need and wanted is not None):
             return self._select(conn, start), meta.read_at
         if (meta.failed_at is not None and (meta.read_at is None or meta.failed_at > meta.read_at)
                 and 0 <= now_ns - meta.failed_at <= max_age_ns):
@@ -311,9 +341,10 @@ class SharedAuditLog:
         if joined is not None and joined < now_ns - self.retention_ns:
             joined = None  # too old to keep: query what this read needs only
         q_start = start if joined is None else min(start, joined)
+        q_scope = None if wanted is None else set(scope) | set(wanted)
         try:
             self.queries += 1
-            rows = self.direct.query_raw(None, q_start)
+            rows = self.direct.query_raw(None, q_start, scope=q_scope)
         except CloudError as exc:
             try:
                 conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
@@ -322,21 +353,27 @@ class SharedAuditLog:
                 pass  # the failure is raised all the same
             raise
         try:
-            return self._store(conn, meta, q_start, joined, now_ns, rows, start), now_ns
+            return self._store(conn, meta, q_start, joined, now_ns, rows, start, need), now_ns
         except sqlite3.Error as exc:
             self._warn("store", f"shared audit-log cache {self.path} not updated ({exc})")
             return [r for r in rows if r.ns >= start], now_ns
 
     def _store(self, conn: sqlite3.Connection, meta: _Meta, q_start: int, joined: int | None, now_ns: int,
-               rows: list[RawEntry], start: int) -> list[RawEntry]:
-        """Merge a query from q_start made at now_ns; the entries from `start` on."""
+               rows: list[RawEntry], start: int, need: set[str] | None = None) -> list[RawEntry]:
+        """Merge a query from q_start made at now_ns; the entries from `start` on. The instances
+        of `need` entered the query with it: stored from q_start on."""
         conn.execute("BEGIN IMMEDIATE")
         try:
             if joined is not None and meta.covered_from is not None and q_start <= joined:
                 covered = min(meta.covered_from, q_start)
             else:
                 conn.execute("DELETE FROM entries")  # not contiguous with what is stored
+                conn.execute("UPDATE scope SET since = max(since, ?)", (q_start,))
                 covered = q_start
+            conn.executemany("INSERT INTO scope (resource, since, wanted_at) VALUES (?, ?, ?) ON CONFLICT(resource) "
+                             "DO UPDATE SET since = min(since, excluded.since), wanted_at = excluded.wanted_at",
+                             [(r, q_start, now_ns) for r in need or ()])
+            conn.execute("DELETE FROM scope WHERE wanted_at < ?", (now_ns - int(SCOPE_TTL.total_seconds() * _NS),))
             conn.executemany(
                 "INSERT OR IGNORE INTO entries (ns, insert_id, method, resource_name, worker_label, reason) "
                 "VALUES (?, ?, ?, ?, ?, ?)",

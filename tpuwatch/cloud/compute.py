@@ -38,7 +38,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, TypeVar
 
 from google.api_core import exceptions as gexc
@@ -81,15 +81,18 @@ _NUMBER = re.compile(r"[0-9]+")
 # Instance.status -> the policy's state, for a VM that is not Spot.
 _STATES: dict[str, str] = {
     "RUNNING": "READY",
+    # "gracefully shutting down" (a Spot VM's preemption notice, a graceful shutdown): the guest and
+    # the job still run, so it is READY with `pending_stop`, a notice to the policy, not a fault
+    "PENDING_STOP": "READY",
     # created or restarted (after a host error: STAGING, then RUNNING on healthy hardware)
     "PROVISIONING": "STARTING", "STAGING": "STARTING", "PENDING": "STARTING",
     "REPAIRING": "REPAIRING",
     # stopped by a person (or by Google with no automatic restart): never deleted by tpuwatch
-    "STOPPING": "STOPPING", "PENDING_STOP": "STOPPING", "DEPROVISIONING": "STOPPING",
+    "STOPPING": "STOPPING", "DEPROVISIONING": "STOPPING",
     "SUSPENDING": "STOPPING", "TERMINATED": "STOPPED", "STOPPED": "STOPPED", "SUSPENDED": "STOPPED",
 }
 # A Spot VM that stops was preempted: Google's word for TPUs is to delete and recreate it.
-_SPOT_DOWN = frozenset({"STOPPING", "PENDING_STOP", "DEPROVISIONING", "TERMINATED", "STOPPED"})
+_SPOT_DOWN = frozenset({"STOPPING", "DEPROVISIONING", "TERMINATED", "STOPPED"})
 # The worst state first when a MIG's instances differ (as model.combine_slices ranks slices). A
 # person's stop (STOPPING, STOPPED) is not among them: a MIG reads so only when every instance is
 # stopped, since a person stops a slice as a whole and Google's own stops come one VM at a time.
@@ -140,6 +143,46 @@ def instance_state(inst: Any) -> str:
     return _STATES.get(status, status or "UNKNOWN")
 
 
+def _shutdown(inst: Any) -> Any | None:
+    """`resourceStatus.shutdownDetails`, or None while no stop is under way or scheduled."""
+    if "resource_status" not in inst or "shutdown_details" not in inst.resource_status:
+        return None
+    return inst.resource_status.shutdown_details
+
+
+def google_deletion(inst: Any) -> tuple[bool, datetime | None, str]:
+    """(whether Google deletes the VM itself, when its run ends, what shows it deleting it now).
+
+    Google runs a VM's termination action at a Spot preemption and at the end of its run
+    (`scheduling.terminationTime`, or `maxRunDuration` from its last start); with DELETE (a
+    flex-start VM's usual end) the VM is gone afterwards, which is Google's doing, not a
+    person's. While it goes, `resourceStatus.shutdownDetails.targetState` is DELETED; a Spot VM
+    with DELETE that is stopping is being preempted."""
+    sched = inst.scheduling
+    ends = _time(sched.termination_time) if sched.termination_time else None
+    if ends is None and "max_run_duration" in sched and inst.last_start_timestamp:
+        started = _time(inst.last_start_timestamp)
+        ends = started + timedelta(seconds=int(sched.max_run_duration.seconds)) if started is not None else None
+    deletes = str(sched.instance_termination_action) == "DELETE" and (
+        spot(inst) or str(sched.provisioning_model) == "FLEX_START" or ends is not None)
+    if not deletes:
+        return False, None, ""
+    shutdown, status = _shutdown(inst), str(inst.status)
+    if shutdown is not None and str(shutdown.target_state) == "DELETED" and str(shutdown.stop_state) != "PENDING_STOP":
+        since = f" since {shutdown.request_timestamp}" if shutdown.request_timestamp else ""
+        return True, ends, f"shutdownDetails {shutdown.stop_state} to DELETED{since}"
+    if spot(inst) and status in _SPOT_DOWN:
+        return True, ends, f"a Spot VM with termination action DELETE is {status}"
+    return True, ends, ""
+
+
+def auto_restart(inst: Any) -> bool:
+    """Compute Engine restarts the VM after a stop of its own (`scheduling.automaticRestart`,
+    true unless set false; never for Spot)."""
+    sched = inst.scheduling
+    return not spot(inst) and ("automatic_restart" not in sched or bool(sched.automatic_restart))
+
+
 def upcoming(inst: Any) -> UpcomingMaintenance | None:
     """`resourceStatus.upcomingMaintenance`, or None when nothing is scheduled."""
     if "resource_status" not in inst or "upcoming_maintenance" not in inst.resource_status:
@@ -153,11 +196,14 @@ def upcoming(inst: Any) -> UpcomingMaintenance | None:
 
 
 def pending_stop(inst: Any) -> bool:
-    """`resourceStatus.shutdownDetails.stopState` PENDING_STOP on a running VM: Google's notice
-    ahead of a Spot preemption (`scheduling.preemptionNoticeDuration`), the job still running."""
-    if "resource_status" not in inst or "shutdown_details" not in inst.resource_status:
-        return False
-    return str(inst.resource_status.shutdown_details.stop_state) == "PENDING_STOP" and str(inst.status) == "RUNNING"
+    """The VM "gracefully shutting down" while its guest and the job still run: status PENDING_STOP,
+    or RUNNING with `resourceStatus.shutdownDetails.stopState` PENDING_STOP (Google documents both,
+    not which a Spot preemption's notice, `scheduling.preemptionNoticeDuration`, shows)."""
+    status = str(inst.status)
+    if status == "PENDING_STOP":
+        return True
+    shutdown = _shutdown(inst)
+    return status == "RUNNING" and shutdown is not None and str(shutdown.stop_state) == "PENDING_STOP"
 
 
 def _health(notices: Iterable[UpcomingMaintenance | None]) -> str:
@@ -214,14 +260,19 @@ def _earliest(notices: Sequence[UpcomingMaintenance]) -> UpcomingMaintenance | N
 def instance_snapshot(inst: Any, *, project: str, zone: str) -> NodeSnapshot:
     """A single-host slice: one `compute_v1.Instance` as a node of one worker."""
     notice = upcoming(inst)
+    deletes, ends, deleting = google_deletion(inst)
+    # A VM Google is deleting is DELETING: the policy waits for it to go (policy/google.py), then
+    # makes it again, rather than racing Google's delete with its own.
+    state = "DELETING" if deleting else instance_state(inst)
     return NodeSnapshot(
         name=inst.name, project=project, zone=zone, id=str(inst.id) if inst.id else "",
-        create_time=_time(inst.creation_timestamp), state=instance_state(inst), health=_health([notice]),
+        create_time=_time(inst.creation_timestamp), state=state, health=_health([notice]),
         health_description=inst.status_message, maintenance_time=None, upcoming_maintenance=notice,
         workers=(_endpoint(0, inst),), accelerator_type=short(inst.machine_type), spot=spot(inst),
         preemptible=bool(inst.scheduling.preemptible), labels=dict(inst.labels),
         metadata_keys=tuple(sorted(item.key for item in inst.metadata.items)),
         resource=f"projects/{project}/zones/{zone}/instances/{inst.name}", pending_stop=pending_stop(inst),
+        google_deletes=deletes, google_deletes_at=ends, google_deleting=deleting, auto_restart=auto_restart(inst),
     )
 
 
@@ -801,6 +852,8 @@ class ComputeAdapter:
             raise UsageError(f"a Compute Engine slice is created in its own zone {self.zone}, not {zone}")
         kind = "instances" if self.kind == "instance" else "instanceGroupManagers"
         cls = compute_v1.Instance if self.kind == "instance" else compute_v1.InstanceGroupManager
+        if self.kind == "instance":
+            node = without_past_termination(node, time.time())
         try:
             resource = cls.from_json(_json({**dict(node), "name": name}), ignore_unknown_fields=False)
         except Exception as exc:  # json_format.ParseError: a field this API does not know
@@ -842,6 +895,19 @@ class ComputeAdapter:
 
         return self._write("perform_maintenance", f"{self._where()}/instances/{instance}",
                            "compute.instances.performMaintenance", perform)
+
+    def start_instance(self, instance: str) -> str:
+        """instances.start: run a stopped (TERMINATED) instance again; the operation name.
+        NotFoundError when it is gone."""
+        self._check(instance)
+        client = self._client("instances")
+
+        def start() -> Any:
+            return client.start_unary(project=self.project, zone=self.zone, instance=instance, retry=None,
+                                      timeout=RPC_TIMEOUT)
+
+        return self._write("start_instance", f"{self._where()}/instances/{instance}", "compute.instances.start",
+                           start, gone=f"no instance {instance} in {self.project}/{self.zone} to start")
 
     def simulate_maintenance_event(self, instance: str) -> str:
         """instances.simulateMaintenanceEvent on one instance (`tpuwatch drill`); the operation
@@ -1079,6 +1145,17 @@ _OUTPUT_ONLY = frozenset({
     "satisfiesPzi", "satisfiesPzs", "startRestricted", "zone", "region", "currentActions", "instanceGroup",
 })
 _NIC_OUTPUT = frozenset({"networkIP", "fingerprint", "name", "kind", "ipv6AccessConfigs"})
+
+
+def without_past_termination(body: Mapping[str, Any], now: float) -> Mapping[str, Any]:
+    """An instance's insert body without a `scheduling.terminationTime` that has passed: the VM
+    it describes was deleted (or stopped) then, and the VM made again in its place gets its run
+    from `maxRunDuration`, if any, not a time already gone (an insert with one is refused)."""
+    sched = body.get("scheduling")
+    ends = _time(str(sched.get("terminationTime") or "")) if isinstance(sched, Mapping) else None
+    if not isinstance(sched, Mapping) or ends is None or ends.timestamp() > now:
+        return body
+    return {**body, "scheduling": {k: v for k, v in sched.items() if k != "terminationTime"}}
 
 
 def capture_instance(api: ComputeAdapter, inst: Any) -> dict[str, Any]:

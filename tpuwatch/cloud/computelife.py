@@ -40,7 +40,7 @@ from tpuwatch.cloud.compute import (
 )
 from tpuwatch.cloud.errors import ApiError
 from tpuwatch.cloud.lifecycle import MAINTENANCE_REFUSALS
-from tpuwatch.errors import HostReportRefused, NotFoundError
+from tpuwatch.errors import CloudError, HostReportRefused, NotFoundError
 from tpuwatch.model import NodeSnapshot, QueuedStatus
 
 # What tpuwatch reports about a host: the repair starts at once (IMMEDIATE, the one schedule gcloud
@@ -119,6 +119,13 @@ class ComputeLifecycle:
                 raise
             raise HostReportRefused(f"instance {instance}: {exc.message}", code=exc.code) from exc
         return op, f"instance {instance} (worker {worker}) of {self.api.kind} {node.name}"
+
+    def start_node(self, node: NodeSnapshot) -> tuple[str, str]:
+        """instances.start of the instance (a MIG's stopped VMs are its own to restart: refused);
+        (operation, what). A VM already running answers with a done operation."""
+        if self.api.kind != "instance":
+            raise CloudError(f"MIG {node.name}: its instances are restarted by the MIG, not started by tpuwatch")
+        return self.api.start_instance(node.name), f"instance {node.name}"
 
     def faulty_host_request(self, node: NodeSnapshot, worker: int, description: str) -> str:
         try:

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from tpuwatch.cloud.errors import ApiError
 from tpuwatch.errors import (
+    CloudError,
     HostReportRefused,
     JobFailed,
     MaintenanceRefused,
@@ -171,6 +172,11 @@ class Lifecycle:
 
     def faulty_host_request(self, node: NodeSnapshot, worker: int, description: str) -> str:
         return ""
+
+    def start_node(self, node: NodeSnapshot) -> tuple[str, str]:
+        """Never asked on the Cloud TPU API (only a Compute Engine VM stopped by Compute Engine is
+        started again): refused."""
+        raise CloudError(f"node {node.name}: tpuwatch starts only a Compute Engine VM Compute Engine stopped")
 
     def clear_ended(self) -> str:
         """Start deleting the queued resource when the service gave up on it; what was done ("")."""

@@ -26,8 +26,9 @@ attributed to any node.
 The cursor is an opaque string: the newest entry time seen and the (time, insertId) keys of the
 entries seen in the last `overlap`. The next read starts `overlap` before that time, so an entry
 that reaches the log late is still found, and the keys make sure none is returned twice.
-`watch` shares one project-wide query (`build_filter(project, None, ...)`) among the watchers of
-a state dir through auditcache.SharedAuditLog; `status`, `events` and `history` use this reader.
+`watch` shares one project-wide query (`build_filter(project, None, ...)`, its Compute Engine
+instances those the watchers name: `protoPayload.resourceName=("projects/P/zones/Z/instances/a"
+OR ...)`) among the watchers of a state dir through auditcache.SharedAuditLog; `status`, `events` and `history` use this reader.
 This module knows the Logging and AuditLog messages; it knows nothing of the policy.
 """
 
@@ -65,8 +66,12 @@ _RESOURCE = re.compile(r"(?:^|/)nodes/(?P<node>[^/]+)(?:/workers/(?P<worker>[^/]
 _INSTANCE = re.compile(r"(?:^|/)zones/(?P<zone>[^/]+)/instances/(?P<instance>[^/]+)$")
 INSTANCE_PREFIX = "instances/t1v-n-"  # TPU worker VMs; the shared query's clause for them
 # Instances made through Compute Engine have names of their owner's choosing: the shared query
-# takes every instance's system events of METHODS, and each watcher keeps its own instances'.
+# names the instances its readers watch (`scope`), each by its resource name; only when they are
+# too many for one filter (Logging takes 20,000 characters) does it take every instance's
+# system events of METHODS (resource.type "gce_instance"). Each watcher keeps its own instances'.
 GCE_INSTANCE = "gce_instance"
+MAX_SCOPE_CHARS = 12_000
+_ZONE = re.compile(r"[a-z0-9-]+")
 _LOCATION = re.compile(r"(?:^|/)(?:locations|zones)/(?P<zone>[^/]+)/")
 _NS = 1_000_000_000
 
@@ -99,20 +104,36 @@ def check_nodes(nodes: Iterable[str]) -> list[str]:
     return names
 
 
+def scope_clause(project: str, scope: Iterable[str] | None) -> str:
+    """The shared query's clause for the Compute Engine instances its readers watch (`scope`:
+    "zones/Z/instances/N" each): their exact resource names; every instance's events
+    (resource.type "gce_instance") for `scope` None or a list too long for one filter; "" for none."""
+    if scope is not None:
+        names = sorted({s for s in scope if (m := _INSTANCE.search(s)) and NODE_NAME.match(m.group("instance"))
+                        and _ZONE.fullmatch(m.group("zone"))})
+        if not names:
+            return ""
+        clause = "protoPayload.resourceName=(" + " OR ".join(f'"projects/{project}/{s}"' for s in names) + ")"
+        if len(clause) <= MAX_SCOPE_CHARS:
+            return clause
+    return f'resource.type="{GCE_INSTANCE}"'
+
+
 def build_filter(project: str, nodes: Iterable[str] | None, start_ns: int,
-                 instances: Iterable[str] = ()) -> str:
+                 instances: Iterable[str] = (), scope: Iterable[str] | None = None) -> str:
     """The one Logging filter covering every node in `nodes` (and worker VM in `instances`)
     from `start_ns` on.
 
     `nodes` None covers every TPU node of the project (the shared query of auditcache.py):
     the resource clauses are then `nodes/`, which every TPU resource name holds,
-    `instances/t1v-n-`, which every TPU worker VM's Compute Engine name holds, and
-    resource.type "gce_instance" for TPU VMs made through Compute Engine, named as their owner chose.
+    `instances/t1v-n-`, which every TPU worker VM's Compute Engine name holds, and for TPU VMs
+    made through Compute Engine, named as their owner chose, those of `scope` (`scope_clause`).
     """
     methods = " OR ".join(f'"{m}"' for m in METHODS)
     if nodes is None:
-        resources = (f'protoPayload.resourceName:"nodes/" OR protoPayload.resourceName:"{INSTANCE_PREFIX}" '
-                     f'OR resource.type="{GCE_INSTANCE}"')
+        resources = f'protoPayload.resourceName:"nodes/" OR protoPayload.resourceName:"{INSTANCE_PREFIX}"'
+        if clause := scope_clause(project, scope):
+            resources += f" OR {clause}"
     else:
         clauses = [f'protoPayload.resourceName:"nodes/{n}"' for n in check_nodes(nodes)]
         clauses += [f'protoPayload.resourceName:"instances/{i}"' for i in sorted(set(instances))
@@ -285,18 +306,20 @@ class AuditLogReader:
         self.now = now
         self._client: Any = None
 
-    def query_raw(self, nodes: list[str] | None, start_ns: int, instances: Iterable[str] = ()) -> list[RawEntry]:
+    def query_raw(self, nodes: list[str] | None, start_ns: int, instances: Iterable[str] = (),
+                  scope: Iterable[str] | None = None) -> list[RawEntry]:
         """Every system-event entry from start_ns on, oldest first: one query, all its pages.
 
-        `nodes` None: every TPU node of the project (no resource-name clause per node); the
-        caller matches entries to nodes (event_of). Errors are CloudError, as for `read`.
+        `nodes` None: every TPU node of the project (no resource-name clause per node) and the
+        Compute Engine instances of `scope` (None: every instance); the caller matches entries
+        to nodes (event_of). Errors are CloudError, as for `read`.
         """
         from google.cloud.logging_v2.types import ListLogEntriesRequest
 
         if self._client is None:
             self._client = clients.logging_client()
         client = self._client
-        flt = build_filter(self.project, nodes, start_ns, instances)
+        flt = build_filter(self.project, nodes, start_ns, instances, scope)
         call = Call("Logging API", "list_log_entries", f"projects/{self.project}",
                     "logging.logEntries.list", "logging.googleapis.com", "roles/logging.viewer")
         out: list[RawEntry] = []

@@ -60,6 +60,7 @@ from tpuwatch.policy.state import (
     Boot,
     Budgets,
     Evidence,
+    GoogleStop,
     HangLearning,
     Host,
     IllegalTransition,
@@ -86,6 +87,7 @@ from tpuwatch.policy.values import (
     PolicyConfig,
     ReportHost,
     StartMaintenance,
+    StartNode,
     StopWorkers,
     Wait,
     action_dict,
@@ -94,9 +96,9 @@ from tpuwatch.policy.values import (
 __all__ = [
     "MAX_DECIDES", "OUTCOMES", "ROWS", "TRANSITIONS", "Action", "Again", "Attempt", "AttemptEnd", "AttemptFacts",
     "Boot", "Budgets", "ClearQueued", "Cond", "CreateNode",
-    "Decision", "DeleteNode", "Evidence", "Fail", "FollowOperation", "HangLearning", "Host", "IllegalTransition",
+    "Decision", "DeleteNode", "Evidence", "Fail", "FollowOperation", "GoogleStop", "HangLearning", "Host", "IllegalTransition",
     "ImpossibleObservation", "Launch", "Maintenance", "MarkDone", "Memory", "NeedsPerson", "Observation", "Outcome",
-    "Phase", "PolicyConfig", "Recreate", "Repair", "ReportHost", "Row", "StartMaintenance", "StopWorkers", "Verdict", "Wait", "action_dict", "backoff_delay",
+    "Phase", "PolicyConfig", "Recreate", "Repair", "ReportHost", "Row", "StartMaintenance", "StartNode", "StopWorkers", "Verdict", "Wait", "action_dict", "backoff_delay",
     "UnsettledTick", "classify", "decide", "decide_until_settled", "describe_exit", "effective_hang_limit", "next_level", "node_condition", "operation_started",
     "restart_delay",
 ]

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Literal
 
 from tpuwatch.model import NodeSnapshot, WorkerProbe
+from tpuwatch.policy.google import STOP_STATES, stop_word_due
 from tpuwatch.policy.state import Memory, Phase
 
 # The audit log is read at least this often (seconds), whatever the job looks like: evidence of
@@ -43,18 +44,24 @@ def precheck_due(mem: Memory, node: NodeSnapshot | None, probes: Sequence[Worker
 
 
 def audit_due(mem: Memory, node: NodeSnapshot | None, probes: Sequence[WorkerProbe] | None,
-              since_last: float | None) -> bool:
+              since_last: float | None, now: datetime | None = None) -> bool:
     """Read the audit log now: once per AUDIT_INTERVAL, or sooner when something looks wrong.
 
-    Sooner only while an attempt runs and a worker is not running on a node that looks fine:
-    that is when a terminate/restart entry decides whether the end is charged. A node that is
-    down, being repaired or recreated is evidence enough by its state; the log can wait.
+    Sooner while an attempt runs and a worker is not running on a node that looks fine: that is
+    when a terminate/restart entry decides whether the end is charged; and while a VM that Google
+    deletes itself is missing: a preemption entry decides whether it is made again. A node that
+    is down, being repaired or recreated is evidence enough by its state; the log can wait.
     """
     if since_last is None or since_last >= AUDIT_INTERVAL:
         return True
     wrong = mem.phase is Phase.RUNNING and (
         node is None or (node.usable and any(p.state != "running" for p in probes or ())))
-    return wrong and since_last >= MIN_AUDIT_GAP
+    # A missing VM that Google deletes itself: the log says whether it did (policy/google.py)
+    gone = node is None and mem.google.deletes and mem.phase not in (Phase.DELETING, Phase.CREATING, Phase.QUEUED)
+    # A stopped VM, for a while: the log says whether Compute Engine stopped it (a repair) or a person
+    stopped = (now is not None and node is not None and node.state in STOP_STATES
+               and mem.phase not in (Phase.DELETING, Phase.CREATING, Phase.QUEUED) and stop_word_due(mem, now))
+    return (wrong or gone or stopped) and since_last >= MIN_AUDIT_GAP
 
 
 def operation_due(mem: Memory) -> Literal["delete", "create"] | None:

@@ -12,12 +12,13 @@ from datetime import timedelta
 
 from tpuwatch.durations import human
 from tpuwatch.model import OWNER_LABEL
+from tpuwatch.policy import google
 from tpuwatch.policy.draft import Draft, secs
 from tpuwatch.policy.ending import end_unusable
 from tpuwatch.policy.nodes import DEAD_STATES, Cond, failed_repair, node_condition
 from tpuwatch.policy.operations import create, queued_ended
 from tpuwatch.policy.state import Memory, Phase, move
-from tpuwatch.policy.values import Decision, DeleteNode, Wait
+from tpuwatch.policy.values import Decision, DeleteNode, StartNode, Wait
 
 # A node in UNKNOWN with no health is past a failed repair (the API's own words): the repair
 # that repair_timeout waits for is over. It is recreated once it has stayed so this long, the
@@ -138,10 +139,38 @@ def person(draft: Draft, mem: Memory) -> Decision:
     mem, final = end_unusable(draft, mem)
     if final is not None:
         return final
+    if why := google.stopped(draft, mem):
+        return compute_stopped(draft, mem, why)
     why = f"node is {node.state}: a person stopped it; leaving it alone until it is READY again"
     return draft.out(move(mem, Phase.PAUSED, reason=why,
                           repair=replace(mem.repair, unhealthy_since=None, unknown_since=None)),
                      "person_stopped", why, Wait(None, why))
+
+
+def compute_stopped(draft: Draft, mem: Memory, why: str) -> Decision:
+    """A VM Compute Engine stopped itself (policy/google.py): a repair, waited for up to
+    repair_timeout from first sight. Compute Engine restarts it with automaticRestart; without,
+    tpuwatch starts it again once (owned only); still down at repair_timeout, it is recreated."""
+    node, cfg, now = draft.obs.node, draft.cfg, draft.now
+    assert node is not None
+    since = mem.repair.unhealthy_since or mem.google.stopped_since or now
+    what = f"Compute Engine stopped {draft.subject} ({why}), not a person"
+    waited = secs(now - since)
+    if waited >= cfg.repair_timeout:
+        return recreate(draft, mem, "repair_timeout", f"{what}; not running again after {human(waited)}, longer than "
+                                                      f"recovery.repair_timeout ({human(cfg.repair_timeout)})")
+    until = since + timedelta(seconds=cfg.repair_timeout)
+    mem = move(mem, Phase.WAITING_NODE, reason=what, repair=replace(mem.repair, unhealthy_since=since))
+    limit = f"until {until.isoformat()} (recovery.repair_timeout {human(cfg.repair_timeout)}), then recreating it"
+    if node.auto_restart:
+        return draft.out(mem, "google_stopped_wait", f"{what}; Compute Engine restarts it (automaticRestart): "
+                                                     f"waiting {limit}", Wait(until, what))
+    if mem.google.start_asked is None and node.state == "STOPPED" and (node.owned_by(cfg.job) or draft.obs.adopt):
+        mem = replace(mem, google=replace(mem.google, start_asked=now))
+        return draft.out(mem, "google_stopped_start", f"{what}; it does not restart it (automaticRestart off): "
+                                                      f"starting it again, waiting {limit}",
+                         StartNode(cfg.tpu_name, what), Wait(until, what))
+    return draft.out(mem, "google_stopped_wait", f"{what}; waiting {limit}", Wait(until, what))
 
 
 def missing(draft: Draft, mem: Memory) -> Decision:
@@ -153,9 +182,22 @@ def missing(draft: Draft, mem: Memory) -> Decision:
         # Its request still holds the name: delete it (nothing is left of the node to own or
         # lose), then create it again.
         return recreate(draft, mem, "queued_preempted", queued_why(draft))
+    if gone := google.deleted(draft, mem):
+        why = f"Google deleted {draft.subject} ({gone}): a preemption or the end of its run, not a person's"
+        if not (mem.google.owned or draft.obs.adopt):
+            return draft.halt(mem, "not_owned", f"{why}; not owned: it lacked {OWNER_LABEL}={cfg.job} when last "
+                                                "seen, so tpuwatch will not make it again; pass --adopt",
+                              (f"{OWNER_LABEL}={cfg.job} missing when last seen",))
+        return recreate_missing(draft, mem, "google_deleted", f"{why}; not charged")
     if draft.obs.recreate_missing:
         return recreate_missing(draft, mem, "recreate_missing", f"{draft.subject} is missing; "
                                                                 "--recreate-missing")
+    if (until := google.word_due(draft, mem)) is not None:
+        why = (f"{draft.subject} is missing; Google deletes it itself at a preemption or the end of its run, "
+               "so tpuwatch waits for the audit log to say whether it did")
+        return draft.out(move(mem, Phase.WAITING_NODE, reason=why), "google_delete_wait",
+                         f"{why} (until {until.isoformat()}; with no word it is a person's deletion)",
+                         Wait(until, "node missing"))
     return draft.halt(
         mem, "node_missing",
         f"{draft.subject} is missing in {mem.zone} and tpuwatch did not delete it; tpuwatch never "
@@ -168,6 +210,12 @@ def someone_deleting(draft: Draft, mem: Memory) -> Decision:
     mem, final = end_unusable(draft, mem)
     if final is None and queued_ended(draft):
         return recreate(draft, mem, "queued_preempted", queued_why(draft))
+    if final is None and (gone := google.deleted(draft, mem)):
+        if (until := google.going_until(draft, mem)) is None:
+            return recreate(draft, mem, "dead_node", f"{draft.subject} is still going ({gone}) "
+                                                     f"{human(google.AUDIT_GRACE)} after it was first seen so")
+        why = f"Google is deleting {draft.subject} ({gone}); it is made again once it is gone"
+        return draft.out(move(mem, Phase.WAITING_NODE, reason=why), "google_deleting", why, Wait(until, why))
     return final or draft.halt(
         mem, "someone_deleting",
         f"{draft.subject} is being deleted, not by tpuwatch; once it is gone, pass "

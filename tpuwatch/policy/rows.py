@@ -85,6 +85,18 @@ ROWS: tuple[Row, ...] = (
     Row("node_missing", "node missing and tpuwatch did not delete it",
         "needs a person (exit 1): never recreate a node a person deleted"),
     Row("recreate_missing", "node missing, --recreate-missing", "create it from the saved spec"),
+    Row("google_deleted", "a Compute Engine VM missing that Google deletes itself (termination action DELETE: "
+        "Spot, flex-start, a run duration or termination time), with Google's word for it: the audit log's "
+        "compute.instances.preempted about it, its last sighting going (shutdownDetails.targetState DELETED, a "
+        "Spot VM stopping), or its run's end passed; it carried tpuwatch-job=<job> when last seen",
+        "a disruption, not charged to max_restarts: create it from the saved spec (a recreate, within "
+        "max_recreates), then resume"),
+    Row("google_deleting", "such a VM DELETING: shutdownDetails.targetState DELETED, or a Spot VM with DELETE "
+        "stopping", "wait up to 3 min from first sight for it to be gone (then google_deleted), never a delete of "
+        "tpuwatch's beside Google's; still there then: delete + create (dead_node)"),
+    Row("google_delete_wait", "such a VM missing, owned when last seen, with no word yet",
+        "wait up to 3 min from first sight for the audit log's word (its entry may come after the VM is gone); "
+        "then it is a person's deletion (node_missing)"),
     Row("someone_deleting", "node DELETING and tpuwatch did not delete it", "needs a person (exit 1)"),
     Row("queued_preempted", "node DELETING or missing while its queued resource is SUSPENDING, SUSPENDED or "
         "FAILED (the service took it back, e.g. a spot preemption; for a flex-start MIG, its newest resize "
@@ -94,6 +106,14 @@ ROWS: tuple[Row, ...] = (
         "ended resize requests are deleted and a new one asks for its VMs"),
     Row("person_stopped", "STOPPED / STOPPING / HIDDEN", "leave it alone; report that a person stopped it",
         steady=True),
+    Row("google_stopped_start", "a Compute Engine VM STOPPED (TERMINATED) that Compute Engine stopped itself (the "
+        "audit log's compute.instances.hostError or terminateOnHostMaintenance about it since it last came up), "
+        "automaticRestart off, owned, not started yet in this stop",
+        "a repair, not a person's stop: start it again (instances.start, journaled first), then wait up to "
+        "repair_timeout from first sight; the attempt it ended is a disruption, uncharged"),
+    Row("google_stopped_wait", "such a VM stopped by Compute Engine, with automaticRestart (Compute Engine restarts "
+        "it), or already started by tpuwatch, or not owned",
+        "wait up to repair_timeout from first sight, then delete + create (repair_timeout, owned only)"),
     Row("unknown_state", "a state this tpuwatch does not know",
         "wait up to repair_timeout, then needs a person; never delete"),
     Row("unhealthy_running", "node not healthy but every worker still runs the attempt (not when a slice of a "

@@ -4,8 +4,9 @@ Memory holds only what cannot be observed again (the tick is level-triggered: do
 the phase, and one frozen record per concern: the attempt followed (`Attempt`: when it started,
 from which checkpoint, disruption evidence seen during it), what recovery has spent (`Budgets`),
 maintenance (`Maintenance`), a node under repair (`Repair`), a delete + create in flight
-(`Recreate`), what hang detection learned (`HangLearning`), the node's boots (`Boot`) and the
-evidence against one worker's host (`Host`).
+(`Recreate`), what hang detection learned (`HangLearning`), the node's boots (`Boot`), the
+evidence against one worker's host (`Host`) and Google's own stops of a Compute Engine VM
+(`GoogleStop`).
 Everything else is re-observed every tick. The journal stores it with `to_dict` / `from_dict`,
 each field read back by its declared type; memory saved flat (version 1) is read into the
 records. This module does no I/O itself.
@@ -228,6 +229,28 @@ class Host:
 
 
 @dataclass(frozen=True)
+class GoogleStop:
+    """What the last sighting of a VM made through Compute Engine and the audit log said of
+    Google's own stops (policy/google.py): kept because the VM may be gone by the next tick (a
+    cron `check` is a fresh process each time)."""
+
+    node_id: str = ""  # the node last seen
+    created: datetime | None = None  # its create time: audit entries older than it are another VM's
+    owned: bool = False  # it carried the job's ownership label then
+    deletes: bool = False  # Google deletes it itself (termination action DELETE: Spot, flex-start, run end)
+    deletes_at: datetime | None = None  # when its run ends (the termination action runs then)
+    deleted: str = ""  # what says Google deleted it (a sighting of it going, an audit entry)
+    missing_since: datetime | None = None  # first seen missing with no such word yet
+    going_since: datetime | None = None  # first seen going (DELETING), for the bound on waiting for it
+    # A VM Compute Engine stopped itself (host error, terminate on maintenance): the audit entry
+    # that says so, when it was first seen stopped (with or without that word), and when tpuwatch
+    # asked to start it again (once per stop)
+    stopped: str = ""
+    stopped_since: datetime | None = None
+    start_asked: datetime | None = None
+
+
+@dataclass(frozen=True)
 class Memory:
     """What the policy remembers between ticks. `Memory.initial(zone)` starts a job."""
 
@@ -242,6 +265,7 @@ class Memory:
     hang: HangLearning = HangLearning()
     boot: Boot = Boot()
     host: Host = Host()
+    google: GoogleStop = GoogleStop()
 
     @classmethod
     def initial(cls, zone: str) -> Memory:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 
+from tpuwatch.policy import google
 from tpuwatch.policy.draft import Draft, worker_list
 from tpuwatch.policy.early import early_refused
 from tpuwatch.policy.evidence import refund, signs
@@ -71,7 +72,7 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
     elif obs.host_report_refused:
         decision = report_refused(draft, mem)
     else:
-        new = refund(draft, boots_seen(obs.node, mem, now))
+        new = refund(draft, google.seen(draft, boots_seen(obs.node, mem, now)))
         if new.phase is Phase.RUNNING:
             new = replace(new,
                           attempt=replace(new.attempt,

@@ -311,8 +311,19 @@ class ReportHost:
     kind: ClassVar[str] = "report_host"
 
 
+@dataclass(frozen=True)
+class StartNode:
+    """Start the stopped node again (Compute Engine's instances.start of a VM Compute Engine
+    stopped itself and will not restart); journaled before the call, owned nodes only. A refusal
+    is only said: the node is then waited for, then recreated, as a repair."""
+
+    name: str
+    reason: str
+    kind: ClassVar[str] = "start_node"
+
+
 Action = (Launch | StopWorkers | Wait | DeleteNode | CreateNode | ClearQueued | FollowOperation | MarkDone | Fail
-          | NeedsPerson | StartMaintenance | ReportHost)
+          | NeedsPerson | StartMaintenance | ReportHost | StartNode)
 
 
 @dataclass(frozen=True)

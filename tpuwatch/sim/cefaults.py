@@ -11,8 +11,10 @@
   and is restarted after the repair (`automaticRestart`, then `upcomingMaintenance` completed).
   `instances.performMaintenance` starts a pending one now; `simulateMaintenanceEvent` runs one.
 - Spot preemption: `compute.instances.preempted`; with termination action STOP the instance is
-  TERMINATED and cannot be started again, with DELETE it is deleted.
-- Run duration ending (flex-start, `scheduling.maxRunDuration`): the instance is deleted.
+  TERMINATED and cannot be started again, with DELETE it is deleted: STOPPING first, its
+  `resourceStatus.shutdownDetails` saying STOPPING to DELETED, then gone.
+- Run ending (flex-start: `scheduling.maxRunDuration` from its start, or `terminationTime`) with
+  termination action DELETE: deleted the same way, with no audit entry (none is documented).
 - A bad host: the instance runs, but its TPU cannot be opened until a person or tpuwatch
   reports the host (`instances.reportHostAsFaulty`) and Google repairs it.
 """
@@ -27,7 +29,9 @@ from tpuwatch.errors import UsageError
 from tpuwatch.sim.cerecords import ComputeOpRec, InstanceRec
 from tpuwatch.sim.hostfaults import HARDWARE
 from tpuwatch.sim.instances import ComputeError, Instances
+from tpuwatch.sim.logfilter import parse_rfc3339_ns
 from tpuwatch.sim.records import UpcomingRec, rfc3339_s
+from tpuwatch.sim.scheduler import Timer
 
 HOST_ERROR = "compute.instances.hostError"
 AUTOMATIC_RESTART = "compute.instances.automaticRestart"
@@ -251,34 +255,58 @@ class ComputeFaults(Instances):
                 return
             self._system_event(r, PREEMPTED, "Instance was preempted.")
             r.preempt_notice, r.pending_stop_ns = False, 0
-            r.epoch, r.last_stop_ns = r.epoch + 1, time.time_ns()
             if r.termination_action == "DELETE":
-                del self._instances[key]
-                self._instance_gone(r)
-                down = self._queue_hosts("destroy", key)
+                down = self._google_delete(r)
             else:
+                r.epoch, r.last_stop_ns = r.epoch + 1, time.time_ns()
                 r.status, r.preempted = "TERMINATED", True
                 down = self._queue_hosts("down", key)
             self._touch()
         self._await(down)
 
+    def _google_delete(self, r: InstanceRec) -> Timer | None:
+        """Google deletes the instance (its termination action DELETE, at a preemption or the end of
+        its run): STOPPING, `shutdownDetails` saying it goes to DELETED, for delays["stop"] while
+        the guest shuts down, then gone. The host effect to await. Lock held."""
+        now = time.time_ns()
+        r.status, r.epoch, r.last_stop_ns, r.shutdown = "STOPPING", r.epoch + 1, now, ("STOPPING", "DELETED", now)
+        key, ident = r.key, r.id
+        down = self._queue_hosts("down", key)
+        self.after(self.delays["stop"], lambda: self._finish_delete_instance(key, ident))
+        self._touch()
+        return down
+
     def end_run_duration(self, name: str, *, project: str | None = None, zone: str | None = None) -> None:
-        """The instance's run duration (flex-start, maxRunDuration) ends: it is deleted."""
+        """The instance's run duration (flex-start, maxRunDuration) ends: Google deletes it."""
         with self._lock:
             rec = self._fault_instance(name, project, zone)
-            key, ident = rec.key, rec.id
-        self._finish_delete_instance(key, ident)
+            key, ident, epoch = rec.key, rec.id, rec.epoch
+        self._run_ended(key, ident, epoch)
+
+    def _run_ended(self, key: str, ident: int, epoch: int) -> None:
+        """The run of the instance as it was at `epoch` ends: Google deletes it (no audit entry is
+        documented for it; none is written)."""
+        with self._lock:
+            r = self._instances.get(key)
+            if r is None or r.id != ident or r.epoch != epoch:
+                return
+            down = self._google_delete(r)
+        self._await(down)
 
     def _arm_run_duration(self, rec: InstanceRec, seconds: float | None) -> None:
-        """Delete the instance `seconds` (simulated) after now, unless it changed. Lock held."""
+        """End the instance's run `seconds` (simulated) after now, unless it changed. Lock held."""
         if seconds is None:
             return
-        key, ident = rec.key, rec.id
-        self.after(seconds, lambda: self._finish_delete_instance(key, ident))
+        key, ident, epoch = rec.key, rec.id, rec.epoch
+        self.after(seconds, lambda: self._run_ended(key, ident, epoch))
 
     def _instance_up(self, rec: InstanceRec) -> None:
-        if rec.max_run_duration is not None and rec.termination_action == "DELETE" and rec.last_start_ns:
-            self._arm_run_duration(rec, rec.max_run_duration)
+        if rec.termination_action == "DELETE" and rec.last_start_ns:
+            if rec.termination_time:  # a wall-clock time: its real distance from now, in simulated seconds
+                left = (parse_rfc3339_ns(rec.termination_time) - time.time_ns()) / 1e9
+                self._arm_run_duration(rec, max(left, 0.0) * self.speed)
+            elif rec.max_run_duration is not None:
+                self._arm_run_duration(rec, rec.max_run_duration)
         super()._instance_up(rec)
 
     def set_no_notice(self, name: str, form: str, *, project: str | None = None, zone: str | None = None) -> None:

@@ -98,6 +98,10 @@ class InstanceRec:
     no_notice: str = "error"
     mig: str = ""  # key of the MIG that made it ("" a standalone instance)
     faulty_reported: bool = False
+    # resourceStatus.shutdownDetails while Google stops or deletes it: (stopState, targetState,
+    # requestTimestamp in ns); None otherwise
+    shutdown: tuple[str, str, int] | None = None
+    termination_time: str = ""  # scheduling.terminationTime (RFC 3339): the termination action runs then
     last_start_ns: int = 0
     last_stop_ns: int = 0
     epoch: int = 0  # bumped by every lifecycle change and fault; stale timers check it

@@ -46,6 +46,8 @@ def instance_json(rec: InstanceRec, base: str) -> dict[str, Any]:
         sched["maxRunDuration"] = {"seconds": str(int(rec.max_run_duration))}
     if rec.preemption_notice is not None:
         sched["preemptionNoticeDuration"] = _duration(rec.preemption_notice)
+    if rec.termination_time:
+        sched["terminationTime"] = rec.termination_time
     nic: dict[str, Any] = {
         "kind": "compute#networkInterface", "name": "nic0", "stackType": "IPV4_ONLY",
         "network": f"{base}projects/{rec.project}/global/networks/default",
@@ -102,7 +104,11 @@ def instance_json(rec: InstanceRec, base: str) -> dict[str, Any]:
             "windowStartTime": rfc3339_s(u.window_start_ns), "windowEndTime": rfc3339_s(u.window_end_ns),
             "latestWindowStartTime": rfc3339_s(u.latest_window_start_ns),
         }}
-    if rec.pending_stop_ns:
+    if rec.shutdown is not None:  # Google deleting it
+        stop_state, target, since = rec.shutdown
+        out.setdefault("resourceStatus", {})["shutdownDetails"] = {
+            "stopState": stop_state, "targetState": target, "requestTimestamp": compute_time(since)}
+    elif rec.pending_stop_ns:  # a Spot preemption's notice
         out.setdefault("resourceStatus", {})["shutdownDetails"] = {
             "stopState": "PENDING_STOP", "targetState": "DELETED" if rec.termination_action == "DELETE" else "STOPPED",
             "requestTimestamp": rfc3339_s(rec.pending_stop_ns),

@@ -31,6 +31,7 @@ from tpuwatch.sim.cerecords import (
     chips_of,
     fingerprint,
 )
+from tpuwatch.sim.logfilter import parse_rfc3339_ns
 from tpuwatch.sim.nodefaults import NodeFaults
 from tpuwatch.sim.records import ApiError
 
@@ -256,6 +257,15 @@ class Instances(NodeFaults):
         if notice is not None and model != "SPOT":
             raise ComputeError("INVALID_ARGUMENT", "Invalid value for field 'resource.scheduling."
                                "preemptionNoticeDuration': it is for Spot VMs only.", "invalid")
+        ends = str(sched.get("terminationTime") or "")
+        if ends:
+            try:
+                passed = parse_rfc3339_ns(ends) <= time.time_ns()
+            except ValueError:
+                passed = True
+            if passed:  # a time that has passed, or no time at all
+                raise ComputeError("INVALID_ARGUMENT", f"Invalid value for field 'resource.scheduling.terminationTime': "
+                                   f"'{ends}'. It must be a time in the future.", "invalid")
         meta = {str(i.get("key")): str(i.get("value", "")) for i in (body.get("metadata") or {}).get("items") or []}
         disks = body.get("disks") or [{}]
         image = str(((disks[0] or {}).get("initializeParams") or {}).get("sourceImage") or "")
@@ -270,6 +280,7 @@ class Instances(NodeFaults):
             max_run_duration=float(max_run) if max_run is not None else None,
             preemption_notice=(float(notice.get("seconds") or 0) + float(notice.get("nanos") or 0) / 1e9
                                if notice is not None else None),
+            termination_time=ends,
             labels={str(k): str(v) for k, v in (body.get("labels") or {}).items()},
             metadata=meta,
             description=str(body.get("description") or ""),

@@ -1,0 +1,215 @@
+"""End to end on Compute Engine: Google's own stops, told from a person's. A Spot VM whose
+termination action is DELETE, deleted by Google as its preemption, and a flex-start VM deleted at
+the end of its run, are made again from the saved spec (a disruption, uncharged) under `watch` and
+under cron `check` alike.
+
+Each test reads its outcome from the journal (`history --json`), the trainer's checkpoints and the
+simulated world (instance ids, the calls it counted).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_helpers import STEPS, finish
+from test_compute_e2e import CeJob, ids, wait, writes
+
+from tpuwatch.cloud.logs import rfc3339_ns
+from tpuwatch.sim.rest import RestFace
+from tpuwatch.sim.simulator import Simulator
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def rest(sim: Simulator) -> Iterator[RestFace]:
+    with RestFace(sim.world) as face:
+        yield face
+
+
+def captured(job: CeJob, tmp: Path, name: str) -> None:
+    """The job's config with the spec `tpuwatch init` writes for the instance (what it is made again from)."""
+    import tomli_w
+
+    init = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "init", name, "-o", str(tmp / "init.toml"), "--json"],
+                          env=job.env, text=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert init.returncode == 0, init.stderr
+    with job.cfg.open("a") as f:
+        f.write(tomli_w.dumps({"tpu": {"compute_spec": json.loads(init.stdout)["spec"]}}))
+
+
+def check(job: CeJob) -> dict[str, Any]:
+    """One cron tick: `tpuwatch check --json`, a fresh process; never "needs a person" (exit 1)."""
+    r = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "check", "-c", str(job.cfg), "--json"], env=job.env,
+                       text=True, capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
+
+
+def checks_until(job: CeJob, done: Any, what: str, timeout: float = 120) -> list[str]:
+    rows: list[str] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        report = check(job)
+        rows.append(report["row"])
+        if done(report):
+            return rows
+        assert time.monotonic() < deadline, f"timed out waiting for {what}; rows: {rows}"
+        time.sleep(0.2)
+
+
+SPOT_DELETE = {"labels": {"tpuwatch-job": "vm"},
+               "scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE"}}
+
+
+def assert_waited_then_made_again(rows: list[str]) -> None:
+    """The ticks after the VM went: waiting for the audit log's word (its entry may be read a
+    tick late), then made again, never "a person deleted it"."""
+    assert "google_deleted" in rows, rows
+    first = rows.index("google_deleted")
+    assert set(rows[:first]) <= {"google_delete_wait"} and rows.count("google_deleted") == 1, rows
+
+
+def assert_made_again_once(job: CeJob, sim: Simulator, before: dict[str, int]) -> None:
+    """Google deleted the VM and tpuwatch made it again: one insert, no delete of its own, the
+    first attempt a disruption (uncharged), the job resumed from a checkpoint and finished."""
+    history = job.history()
+    first, second = history["attempts"][:2]
+    assert first["outcome"] == "disruption" and first["charged"] is False, history["attempts"]
+    assert second["start_step"] is not None and second["start_step"] >= 10, second
+    assert "google_deleted" in json.dumps(history), history
+    assert ids(sim)["vm"] != before["vm"]
+    assert writes(sim) == ["compute.v1.Instances/Insert"], writes(sim)
+    assert job.steps_done()[-1] == STEPS
+
+
+def test_a_spot_vm_deleted_by_its_preemption_is_made_again_under_watch(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    sim.world.add_instance("vm", body=SPOT_DELETE)
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    captured(job, tmp_path, "vm")
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
+    sim.world.preempt_instance("vm")  # compute.instances.preempted, STOPPING to DELETED, then gone
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0 and "never recreates a node a person deleted" not in out, out
+    assert_made_again_once(job, sim, before)
+
+
+def test_a_spot_vm_deleted_by_its_preemption_is_made_again_under_cron_check(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    sim.world.add_instance("vm", body=SPOT_DELETE)
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    captured(job, tmp_path, "vm")
+    checks_until(job, lambda r: len(job.steps_done()) >= 2, "two checkpoints")
+    sim.world.preempt_instance("vm")
+    sim.world.wait_for(lambda w: not w.instances(), 10, "the preempted VM gone")  # the next tick finds it gone
+    job.release()
+    rows = checks_until(job, lambda r: r["phase"] == "done", "the job done", timeout=180)
+    assert_waited_then_made_again(rows)
+    assert_made_again_once(job, sim, before)
+
+
+def test_a_flex_start_vm_whose_run_ended_is_made_again_under_cron_check(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    ends = time.time_ns() + 20_000_000_000  # its run ends 20 real seconds from now, job or no job
+    sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}, "scheduling": {
+        "provisioningModel": "FLEX_START", "instanceTerminationAction": "DELETE", "terminationTime": rfc3339_ns(ends)}})
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    captured(job, tmp_path, "vm")
+    checks_until(job, lambda r: len(job.steps_done()) >= 2, "two checkpoints")
+    assert "vm" in ids(sim)  # still running its run
+    sim.world.wait_for(lambda w: not w.instances(), 30, "the flex-start VM gone at the end of its run")
+    job.release()
+    rows = checks_until(job, lambda r: r["phase"] == "done", "the job done", timeout=180)
+    assert_waited_then_made_again(rows)
+    assert_made_again_once(job, sim, before)
+
+
+def test_a_flex_start_vm_whose_run_ended_is_made_again_under_watch(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    ends = time.time_ns() + 20_000_000_000
+    sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}, "scheduling": {
+        "provisioningModel": "FLEX_START", "instanceTerminationAction": "DELETE", "terminationTime": rfc3339_ns(ends)}})
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    captured(job, tmp_path, "vm")
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
+    assert "vm" in ids(sim)
+    wait(lambda: ids(sim).get("vm", 0) not in (0, before["vm"]), "the VM made again", proc, timeout=60)
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    assert_made_again_once(job, sim, before)
+
+
+def test_a_standard_vm_a_host_error_stopped_without_automatic_restart_is_started_again_not_recreated(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}, "scheduling": {"automaticRestart": False}})
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
+    sim.world.host_error("vm")  # TERMINATED with compute.instances.hostError; Compute Engine will not restart it
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out
+    job.assert_resumed_uncharged(out)
+    assert ids(sim) == before and writes(sim) == [], writes(sim)  # the same VM: nothing deleted or inserted
+    assert sim.world.calls["compute.v1.Instances/Start"] == 1, sim.world.calls
+    assert "google_stopped_start" in json.dumps(job.history())
+    assert job.steps_done()[-1] == STEPS
+
+
+def test_under_cron_check_a_host_error_stop_is_started_once_and_dry_run_only_says_it(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}, "scheduling": {"automaticRestart": False}})
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    checks_until(job, lambda r: len(job.steps_done()) >= 2, "two checkpoints")
+    sim.world.host_error("vm")
+    job.release()
+
+    def dry() -> dict[str, Any]:
+        r = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "check", "-c", str(job.cfg), "--dry-run", "--json"],
+                           env=job.env, text=True, capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, r.stdout + r.stderr
+        out: dict[str, Any] = json.loads(r.stdout)
+        return out
+
+    deadline = time.monotonic() + 60
+    while (said := dry())["row"] != "google_stopped_start":  # until the audit entry is read
+        assert time.monotonic() < deadline and said["row"] in ("person_stopped", "running"), said["row"]
+    assert any(d.startswith("would start_node") for d in said["done"]), said["done"]
+    assert sim.world.calls["compute.v1.Instances/Start"] == 0  # a dry run only says it
+    rows = checks_until(job, lambda r: r["phase"] == "done", "the job done", timeout=180)
+    assert rows.count("google_stopped_start") == 1 and "repair_timeout" not in rows, rows
+    assert sim.world.calls["compute.v1.Instances/Start"] == 1  # once, journaled before the call
+    job.assert_resumed_uncharged("")
+    assert ids(sim) == before and writes(sim) == [] and job.steps_done()[-1] == STEPS
+
+
+def test_a_vm_a_person_stopped_is_left_alone_never_started(sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}, "scheduling": {"automaticRestart": False}})
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    checks_until(job, lambda r: len(job.steps_done()) >= 1, "a checkpoint")
+    sim.world.stop_instance(sim.project, sim.zone, "vm")  # instances.stop: a person's, no system event
+    sim.world.wait_instance("vm", "TERMINATED")
+    rows = [check(job)["row"] for _ in range(4)]  # each reads the audit log (a stop first seen: every 2 s)
+    time.sleep(2.1)
+    rows.append(check(job)["row"])
+    assert set(rows[1:]) == {"person_stopped"}, rows
+    assert sim.world.calls["compute.v1.Instances/Start"] == 0 and writes(sim) == [], writes(sim)
