@@ -146,3 +146,27 @@ def test_grpc_requests_are_held_to_the_same_document() -> None:
         schema.check_grpc("v2", "GetNode", {})
     with pytest.raises(schema.Refusal, match="Must be a match of regex"):
         schema.check_grpc("v2", "DeleteNode", {"name": "n"})
+
+
+def test_without_the_documents_the_simulator_serves_unchecked_and_says_so_once(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from importlib import resources
+
+    def missing(package: str) -> Any:
+        raise ModuleNotFoundError(f"No module named {package!r}")
+
+    schema.doc.cache_clear()
+    schema._say_not_strict.cache_clear()
+    monkeypatch.setattr(resources, "files", missing)
+    try:
+        with caplog.at_level("WARNING"):
+            assert not schema.strict()
+            schema.check_http("POST", f"/compute/v1/{INSERT}", {}, b'{"machineType": "bare", "foo": 1}')
+            schema.check_grpc("v2", "GetNode", {})
+        said = [r for r in caplog.records if "google-api-python-client is not installed" in r.getMessage()]
+        assert len(said) == 1
+    finally:
+        monkeypatch.undo()
+        schema.doc.cache_clear()
+        schema._say_not_strict.cache_clear()
+    assert schema.strict()
