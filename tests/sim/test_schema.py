@@ -170,3 +170,17 @@ def test_without_the_documents_the_simulator_serves_unchecked_and_says_so_once(
         schema.doc.cache_clear()
         schema._say_not_strict.cache_clear()
     assert schema.strict()
+
+
+def test_a_tpu_create_without_a_field_its_description_requires_is_refused() -> None:
+    doc = schema.doc("tpu.v2")
+    assert doc is not None
+    path = f"v2/projects/{P}/locations/{Z}/nodes"
+    with pytest.raises(schema.Refusal, match=r"^Missing required field node.runtime_version$"):
+        doc.check_request("POST", path, {"nodeId": ["n"]}, {"acceleratorType": "v4-8"})
+    with pytest.raises(schema.Refusal, match=r"^Missing required field node.accelerator_config.topology$"):
+        schema.check_grpc("v2", "CreateNode", {"parent": f"projects/{P}/locations/{Z}", "nodeId": "n", "node": {
+            "runtimeVersion": "v2-alpha-tpuv5", "acceleratorConfig": {"type": "V5P"}}})
+    doc.check_request("POST", path, {"nodeId": ["n"]}, {"acceleratorType": "v4-8", "runtime_version": "r"})
+    # an update names only what it changes
+    doc.check_request("PATCH", f"{path}/n", {"updateMask": ["labels"]}, {"labels": {"a": "b"}})
