@@ -125,6 +125,7 @@ class Doc:
         self.system = dict(data.get("parameters", {}))
         self.methods: list[Method] = []
         self.by_id: dict[str, Method] = {}
+        self._by_verb: dict[str, list[Method]] = {}
         stack = [data]
         while stack:
             node = stack.pop()
@@ -145,6 +146,7 @@ class Doc:
                         dict(m.get("parameters", {})), str((m.get("request") or {}).get("$ref", "")), names)
         self.methods.append(method)
         self.by_id[method.id] = method
+        self._by_verb.setdefault(method.verb, []).append(method)
 
     # --- naming ---------------------------------------------------------------------------
 
@@ -162,9 +164,7 @@ class Doc:
     def find(self, verb: str, path: str) -> tuple[Method, dict[str, str]]:
         """The method served at `path` (relative to the API's root) for `verb`; 404 when none."""
         best: tuple[Method, re.Match[str]] | None = None
-        for method in self.methods:
-            if method.verb != verb:
-                continue
+        for method in self._by_verb.get(verb, []):
             m = method.regex.match(path)
             if m is not None and (best is None or method.literal > best[0].literal):
                 best = (method, m)
