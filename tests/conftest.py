@@ -39,6 +39,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _serve(root: Path, monkeypatch: pytest.MonkeyPatch, workers: bool) -> Iterator[Simulator]:
+    from tpuwatch.sim import schema
+
+    # the tests hold tpuwatch's requests to Google's discovery documents (the test extra has them)
+    assert schema.strict(), "google-api-python-client is missing: the simulator would not check requests"
     with Simulator(root=root, speed=600, workers=workers) as sim:
         for key, value in sim.env.items():
             monkeypatch.setenv(key, value)

@@ -9,6 +9,7 @@ This module reads files and the environment; it knows nothing of the cloud or SS
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import re
 import signal
@@ -652,6 +653,44 @@ def _compute_spec(key: str, value: Any) -> dict[str, Any]:
     return dict(value)
 
 
+# An instance insert takes its machine type and each new disk's type as a full or partial URL
+# only (`zones/ZONE/machineTypes/TYPE`, `zones/ZONE/diskTypes/TYPE`); Compute Engine refuses a bare
+# name there with "The URL is malformed." (bare names are for instance templates). An `init` before
+# this was known saved bare names: they are made into partial URLs of the slice's own zone.
+_BARE = re.compile(r"^[a-z0-9][-a-z0-9]*$")
+_repaired_said: set[str] = set()
+
+
+def repair_compute_urls(instance: dict[str, Any], zone: str) -> list[str]:
+    """Make the bare machine type and disk types of an instance insert body (as an older `init`
+    saved them) partial URLs in `zone`, in place; the keys repaired."""
+    fixed = []
+    machine = instance.get("machineType")
+    if isinstance(machine, str) and _BARE.match(machine):
+        instance["machineType"] = f"zones/{zone}/machineTypes/{machine}"
+        fixed.append("tpu.compute_spec.instance.machineType")
+    for i, disk in enumerate(instance.get("disks") or []):
+        params = disk.get("initializeParams") if isinstance(disk, dict) else None
+        kind = params.get("diskType") if isinstance(params, dict) else None
+        if isinstance(params, dict) and isinstance(kind, str) and _BARE.match(kind):
+            params["diskType"] = f"zones/{zone}/diskTypes/{kind}"
+            fixed.append(f"tpu.compute_spec.instance.disks[{i}].initializeParams.diskType")
+    return fixed
+
+
+def repair_compute_spec(instance: dict[str, Any], zone: str, target: str) -> None:
+    """Repair an older `init`'s bare names in an instance insert body, in place, into partial
+    URLs in `zone` (said once per process)."""
+    fixed = repair_compute_urls(instance, zone)
+    key = f"{target}:{zone}"
+    if fixed and key not in _repaired_said:
+        _repaired_said.add(key)
+        logging.getLogger(__name__).warning(
+            "%s: bare names written by an older `tpuwatch init`; used as partial URLs in zone %s (Compute Engine "
+            "refuses bare names in an instance insert). Run `tpuwatch init %s --zone %s` again to write them so",
+            ", ".join(fixed), zone, target, zone)
+
+
 def _compute_target(raw: dict[str, Any]) -> None:
     """With api = "compute", [tpu] names its slice by `instance` or `mig`; `name`, when left out,
     is that name (the job's and the journal's)."""
@@ -849,6 +888,9 @@ def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[st
 
     t = out["tpu"]
     _check_compute(t)
+    instance = t["compute_spec"].get("instance") if t["api"] == "compute" else None
+    if isinstance(instance, dict) and t["zone"]:  # else when the zone is known (recreate.compute_request)
+        repair_compute_spec(instance, t["zone"], t["instance"] or t["name"])
     if r["report_faulty_hosts"] and t["api"] != "compute":
         raise ConfigError("recovery.report_faulty_hosts: the Cloud TPU API has no call to report a faulty host "
                           "(Compute Engine's instances.reportHostAsFaulty is for TPU VMs made through it, tpu.api = "

@@ -28,9 +28,10 @@ from typing import Any, Literal, Protocol
 
 from tpuwatch import credentials, zonespec
 from tpuwatch import spec as specmod
+from tpuwatch.cloud.compute import check_insert
 from tpuwatch.cloud.errors import CODE_NAMES, CODE_NUMBERS, api_failure
 from tpuwatch.cloud.lifecycle import queued_id, queued_request
-from tpuwatch.config import Config
+from tpuwatch.config import Config, repair_compute_spec
 from tpuwatch.errors import ConfigError, JobFailed, TpuwatchError, UsageError
 from tpuwatch.model import OWNER_LABEL, NodeSnapshot, OperationStatus, QueuedStatus
 from tpuwatch.ports import NodeLifecycle, TpuApi
@@ -213,7 +214,7 @@ def start_create(life: NodeLifecycle, cfg: Config, zone: str, *, resumed: bool =
     CreateRejected carrying its classification.
     """
     if cfg.tpu["api"] == "compute":
-        node, spec = compute_request(cfg, launch), {}
+        node, spec = compute_request(cfg, launch, zone), {}
     else:
         node = specmod.node_to_json(build_request(cfg, launch, zone))
         spec = zone_spec(cfg, zone)
@@ -232,20 +233,26 @@ def start_create(life: NodeLifecycle, cfg: Config, zone: str, *, resumed: bool =
         raise CreateRejected(failure, zone) from None
 
 
-def compute_request(cfg: Config, launch: Mapping[str, str] | None = None) -> dict[str, Any]:
+def compute_request(cfg: Config, launch: Mapping[str, str] | None = None, zone: str = "") -> dict[str, Any]:
     """The insert body of the job's Compute Engine instance or MIG, from [tpu.compute_spec].
 
     An instance gets the ownership label and the launch's metadata (the startup script, the
     `tpuwatch-*` keys), as a TPU node's create does. A MIG is inserted as saved: its instances
-    take their labels and metadata from its template."""
+    take their labels and metadata from its template. An older `init`'s bare machine and disk
+    types become partial URLs in `zone` (the slice's); a body Compute Engine would refuse is
+    UsageError (exit 2): this runs before anything is deleted."""
     kind = "instance" if cfg.tpu["instance"] else "mig"
     saved = (cfg.tpu.get("compute_spec") or {}).get(kind)
     if not saved:
         raise UsageError(f"tpu.compute_spec.{kind}: missing; run `tpuwatch init {cfg.tpu_name}` to capture the "
                          f"{kind} tpuwatch recreates it from")
     body: dict[str, Any] = copy.deepcopy(dict(saved))
+    zone = zone or str(cfg.tpu["zone"])
     if kind == "mig":
+        check_insert(kind, body, cfg.tpu_name, zone or "ZONE")  # before any delete
         return body
+    if zone:  # tpu.zone unset at load: the zone was resolved since (flags, env, gcloud)
+        repair_compute_spec(body, zone, cfg.tpu_name)
     body["labels"] = {**dict(body.get("labels") or {}), OWNER_LABEL: cfg.job_name}
     meta = launch_metadata(cfg, launch)
     script_path = cfg.tpu.get("startup_script") or ""
@@ -255,6 +262,8 @@ def compute_request(cfg: Config, launch: Mapping[str, str] | None = None) -> dic
     metadata.pop("fingerprint", None)
     kept = [item for item in metadata.get("items") or [] if item.get("key") not in meta]
     body["metadata"] = {**metadata, "items": kept + [{"key": k, "value": v} for k, v in meta.items()]}
+    # what Compute Engine would refuse stops here, before any delete (UsageError, exit 2)
+    check_insert(kind, body, cfg.tpu_name, zone or "ZONE")
     return body
 
 

@@ -346,6 +346,10 @@ class Reconciler:
 
     def _delete(self, action: DeleteNode, mem: Memory, node: NodeSnapshot | None, now: datetime) -> str:
         what = action.name
+        if self.cfg.tpu["api"] == "compute" and self.cfg.tpu["instance"]:
+            # The instance is inserted again from [tpu.compute_spec]: a body Compute Engine would
+            # refuse stops the watcher here (UsageError), before the delete, not after it.
+            recreate.compute_request(self.cfg, zone=action.zone)
         try:
             # The policy checked ownership; start_delete checks it again next to the act.
             name, what = recreate.start_delete(self.ports.lifecycle_for(action.zone), node, self.pcfg.job,

@@ -96,3 +96,22 @@ def test_the_gcloud_transport_is_taken_for_a_compute_engine_slice(tmp_path: Path
     for kind in ('instance = "vm"', 'mig = "slice"'):
         assert load(tmp_path, f'api = "compute"\n{kind}\n[ssh]\ntransport = "gcloud"\n').ssh["transport"] == "gcloud"
     assert load(tmp_path, 'name = "pod"\n[ssh]\ntransport = "gcloud"\n').ssh["transport"] == "gcloud"
+
+
+def test_an_older_inits_bare_machine_and_disk_types_become_partial_urls_in_the_slices_zone(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Compute Engine refuses a bare name in an instance insert ("The URL is malformed.")
+    spec = ('api = "compute"\ninstance = "vm"\nzone = "us-central1-c"\n[tpu.compute_spec.instance]\n'
+            'machineType = "tpu7x-standard-4t"\n[[tpu.compute_spec.instance.disks]]\nboot = true\n'
+            '[tpu.compute_spec.instance.disks.initializeParams]\ndiskType = "hyperdisk-balanced"\n')
+    with caplog.at_level("WARNING"):
+        first, again = load(tmp_path, spec), load(tmp_path, spec)
+    for cfg in (first, again):
+        instance = cfg.tpu["compute_spec"]["instance"]
+        assert instance["machineType"] == "zones/us-central1-c/machineTypes/tpu7x-standard-4t"
+        assert instance["disks"][0]["initializeParams"]["diskType"] == "zones/us-central1-c/diskTypes/hyperdisk-balanced"
+    said = [r.getMessage() for r in caplog.records if "older `tpuwatch init`" in r.getMessage()]
+    assert len(said) == 1 and "tpu.compute_spec.instance.machineType" in said[0], said  # once
+    # a URL already there is kept as written
+    cfg = load(tmp_path, spec.replace('"tpu7x-standard-4t"', '"projects/p/zones/us-central1-c/machineTypes/tpu7x-standard-4t"'))
+    assert cfg.tpu["compute_spec"]["instance"]["machineType"] == "projects/p/zones/us-central1-c/machineTypes/tpu7x-standard-4t"

@@ -187,3 +187,24 @@ def test_status_lists_a_migs_workers_by_their_agent_worker_number_and_says_when_
            f"{second}: 0), so tpuwatch numbers the workers by instance name." in said, err
     assert "pass {worker} (or TPUWATCH_WORKER_ID) to the job as its process id" in said, err
     assert said.count("agent-worker-number") == 1, err  # once
+
+
+def test_recreate_repairs_an_older_inits_bare_names_and_refuses_a_body_google_would_refuse_before_deleting(
+        sim_api: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    w = sim_api.world
+    w.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}})
+    environ = env(sim_api, rest, tmp_path)
+    spec = as_json(["init", "vm", "-o", str(tmp_path / "init.toml"), "--json"], environ)["spec"]
+    spec["instance"]["machineType"] = "tpu7x-standard-4t"  # as an older `init` wrote it (no tpu.zone here)
+    old = w.instance("vm").id
+    bad = json.loads(json.dumps(spec))
+    bad["instance"]["disks"][0]["initializeParams"]["sizeGb"] = "100"  # not a field of Compute Engine's
+    code, out, err = run(["recreate", "vm", "-c", str(config(sim_api, tmp_path, "instance", "vm", compute_spec=bad)),
+                          "--yes"], environ)
+    assert code == 2 and "tpu.compute_spec.instance" in err and "sizeGb" in err, (code, out, err)
+    assert w.instance("vm").id == old and not any("Instances/Delete" in m for m in w.calls)  # nothing deleted
+    plan = as_json(["recreate", "vm", "-c", str(config(sim_api, tmp_path, "instance", "vm", compute_spec=spec)),
+                    "--dry-run"], environ)
+    assert plan["create"]["machineType"] == f"zones/{w.zone}/machineTypes/tpu7x-standard-4t", plan
+    done = as_json(["recreate", "vm", "-c", str(tmp_path / "vm.toml"), "--yes", "--json"], environ)
+    assert done["new_id"] == str(w.instance("vm").id) != str(old), done  # the strict simulator took the insert

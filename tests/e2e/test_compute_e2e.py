@@ -241,7 +241,10 @@ def test_init_finds_a_mig_writes_what_recreates_it_and_status_shows_it_as_one_no
     written = json.loads(out.stdout)
     assert written["instance"] == "vm" and written["owned"] is False
     body = written["spec"]["instance"]
-    assert body["machineType"] == "tpu7x-standard-4t" and "id" not in body and "status" not in body
+    # an instance insert takes URLs there (a bare name is refused): partial, in the instance's zone
+    assert body["machineType"] == f"zones/{sim.zone}/machineTypes/tpu7x-standard-4t"
+    assert body["disks"][0]["initializeParams"]["diskType"] == f"zones/{sim.zone}/diskTypes/hyperdisk-balanced"
+    assert "id" not in body and "status" not in body
     assert cli("init", "nothing", "-o", str(tmp_path / "x.toml")).returncode == 1
 
 
@@ -410,6 +413,61 @@ def test_a_preempted_spot_instance_is_deleted_and_inserted_again_from_what_init_
     vm = sim.world.instance("vm")
     assert vm.labels == {"tpuwatch-job": "vm", "team": "ml"} and vm.provisioning_model == "SPOT"
     assert vm.metadata["owner-note"] == "kept on recreate" and vm.metadata["tpuwatch-job"] == "vm"
+
+
+def _spot_job_with_spec(sim: Simulator, rest: RestFace, tmp_path: Path,
+                        edit: Callable[[dict[str, Any]], None]) -> tuple[CeJob, dict[str, int]]:
+    """A Spot instance `vm` captured by `init`, its spec edited by `edit` before the job's config gets it."""
+    import tomli_w
+
+    sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"},
+                                       "scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP"}})
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    init = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "init", "vm", "-o", str(tmp_path / "init.toml"),
+                           "--json"], env=job.env, text=True, capture_output=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert init.returncode == 0, init.stderr
+    spec = json.loads(init.stdout)["spec"]
+    edit(spec["instance"])
+    with job.cfg.open("a") as f:
+        f.write(tomli_w.dumps({"tpu": {"compute_spec": spec}}))
+    return job, ids(sim)
+
+
+def test_an_older_inits_bare_machine_and_disk_types_are_made_urls_and_the_spot_vm_recreated(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    def as_an_older_init_wrote_it(instance: dict[str, Any]) -> None:
+        instance["machineType"] = "tpu7x-standard-4t"
+        instance["disks"][0]["initializeParams"]["diskType"] = "hyperdisk-balanced"
+
+    job, before = _spot_job_with_spec(sim, rest, tmp_path, as_an_older_init_wrote_it)
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
+    sim.world.preempt_instance("vm")
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc == 0, out  # the strict simulator took the insert: the bare names went as partial URLs
+    assert out.count("older `tpuwatch init`") == 1, out  # said once
+    job.assert_resumed_uncharged(out)
+    assert ids(sim)["vm"] != before["vm"]
+    assert writes(sim) == ["compute.v1.Instances/Delete", "compute.v1.Instances/Insert"], writes(sim)
+
+
+def test_a_spec_compute_engine_would_refuse_stops_the_recreate_before_anything_is_deleted(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    def misspelled(instance: dict[str, Any]) -> None:
+        instance["scheduling"]["preemptable"] = True  # no such field: Compute Engine refuses the insert
+
+    job, before = _spot_job_with_spec(sim, rest, tmp_path, misspelled)
+    proc = job.watch()
+    wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
+    sim.world.preempt_instance("vm")
+    job.release()
+    rc, out = finish(proc, timeout=120)
+    assert rc == 2, out
+    assert "tpu.compute_spec.instance" in out and "preemptable" in out, out
+    assert writes(sim) == [], writes(sim)  # no delete: the preempted VM is still there to look at
+    assert ids(sim) == before
 
 
 def test_a_mig_autoheal_is_waited_out_without_deleting_anything(

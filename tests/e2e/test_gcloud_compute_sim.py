@@ -64,3 +64,36 @@ def test_gcloud_lists_and_describes_instances_and_migs(world: tuple[Simulator, R
     batched = {**env, "CLOUDSDK_COMPUTE_FORCE_BATCH_REQUEST": "true"}
     listed = json.loads(_gcloud(batched, "compute", "instances", "list", f"--zones={sim.zone}"))
     assert len(listed) == 5 and rest.compute.batches >= 1
+
+
+def test_what_gcloud_lets_through_to_an_insert_google_refuses_is_refused_with_googles_message(
+        world: tuple[Simulator, RestFace, dict[str, str]]) -> None:
+    """gcloud builds the insert body from its own copy of the schema: its flags' enums are checked
+    before anything is sent (`--provisioning-model=CHEAP` never reaches Google, so the simulator
+    must not see it either), and no flag makes an unknown field. What it lets through is a type
+    given as a path: it appends `--machine-type` / `--boot-disk-type` to its own URL, which Google
+    refuses as a malformed URL. Those refusals reach the user in Google's words; a bare type,
+    which gcloud makes a URL of, is taken."""
+    sim, rest, env = world
+    base = f"{rest.compute_url}projects/{sim.project}/zones/{sim.zone}"
+
+    def create(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([GCLOUD, "compute", "instances", "create", "vm", *flags, "--format=json"], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    cheap = create("--machine-type=tpu7x-standard-4t", "--provisioning-model=CHEAP")
+    assert cheap.returncode == 2 and "Invalid choice: 'CHEAP'" in cheap.stderr, cheap.stderr
+    assert rest.calls["compute.v1.Instances/Insert"] == 0
+    path = create(f"--machine-type=zones/{sim.zone}/diskTypes/tpu7x-standard-4t")
+    assert path.returncode == 1, path.stderr
+    assert (f"Invalid value for field 'resource.machineType': '{base}/machineTypes/zones/{sim.zone}/diskTypes/"
+            "tpu7x-standard-4t'. The URL is malformed.") in path.stderr
+    disk = create("--machine-type=tpu7x-standard-4t", f"--boot-disk-type=zones/{sim.zone}/diskTypes/hyperdisk-balanced")
+    assert disk.returncode == 1, disk.stderr
+    assert ("Invalid value for field 'resource.disks[0].initializeParams.diskType': "
+            f"'{base}/diskTypes/zones/{sim.zone}/diskTypes/hyperdisk-balanced'. The URL is malformed.") in disk.stderr
+    assert sim.world.instances() == []
+    made = create("--machine-type=tpu7x-standard-4t", "--provisioning-model=SPOT", "--instance-termination-action=STOP",
+                  "--boot-disk-type=hyperdisk-balanced")
+    assert made.returncode == 0, made.stderr
+    assert [r.name for r in sim.world.instances()] == ["vm"]

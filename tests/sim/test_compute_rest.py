@@ -7,6 +7,7 @@ operations are polled with an emulator-pointed ZoneOperationsClient: an Extended
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,3 +189,29 @@ def test_mig_from_template_and_workload_policy_with_resize_requests(compute: Com
     w.clear_errors()
     w.wait_for(lambda ww: ww.get_resize_request(c.sim.project, c.sim.zone, "flex", "rr").state == "SUCCEEDED", 10)
     assert [r.name for r in c.resizes.list(instance_group_manager="flex", **c.where)] == ["rr"]
+
+
+def test_an_insert_google_refuses_is_refused_with_googles_message_through_the_client(compute: Compute) -> None:
+    """A bare machine type, a value outside an enum, and (through the client's own REST session,
+    since its typed messages cannot carry one) an unknown field: each the 400 Google answers, and
+    no instance made."""
+    c = compute
+    good = {"name": "tpu-b", "machineType": f"zones/{c.sim.zone}/machineTypes/tpu7x-standard-4t"}
+
+    def refused(body: dict[str, Any]) -> str:
+        with pytest.raises(exceptions.BadRequest) as caught:
+            c.instances.insert(instance_resource=compute_v1.Instance.from_json(json.dumps(body)), **c.where)
+        return str(caught.value.message).split(": ", 1)[1]  # the client puts "POST URL: " first
+
+    assert refused({**good, "machineType": "tpu7x-standard-4t"}) == (
+        "Invalid value for field 'resource.machineType': 'tpu7x-standard-4t'. The URL is malformed.")
+    assert refused({**good, "scheduling": {"provisioningModel": "CHEAP"}}) == (
+        "Invalid value for field 'resource.scheduling.provisioningModel': 'CHEAP'.")
+    session = c.instances._transport._session
+    url = f"{c.rest.url}compute/v1/projects/{c.sim.project}/zones/{c.sim.zone}/instances"
+    answer = session.post(url, json={**good, "scheduling": {"provisioningModel": "SPOT", "preemptable": True}})
+    assert answer.status_code == 400
+    assert answer.json()["error"]["errors"] == [{
+        "message": "Invalid JSON payload received. Unknown name \"preemptable\" at 'resource.scheduling': "
+                   "Cannot find field.", "domain": "global", "reason": "invalid"}]
+    assert c.sim.world.instances() == [] and c.rest.calls["compute.v1.Instances/Insert"] == 0

@@ -656,8 +656,8 @@ class ComputeAdapter:
         params: dict[str, Any] = {"diskSizeGb": str(disk.size_gb)} if disk.size_gb else {}
         if disk.source_image:
             params["sourceImage"] = disk.source_image
-        if disk.type_:
-            params["diskType"] = short(disk.type_)
+        if disk.type_:  # an instance insert takes it as a URL only (a bare name is for templates)
+            params["diskType"] = f"zones/{self.zone}/diskTypes/{short(disk.type_)}"
         return params
 
     # -- ports.TpuApi -----------------------------------------------------------------------
@@ -846,19 +846,13 @@ class ComputeAdapter:
         """Start inserting the instance (or MIG) `name` from its JSON-like insert body; the
         operation name. RESOURCE_EXHAUSTED (no capacity, quota) raises ApiError, unretried."""
         self._check(name)
-        from google.cloud import compute_v1
 
         if zone not in (None, self.zone):
             raise UsageError(f"a Compute Engine slice is created in its own zone {self.zone}, not {zone}")
         kind = "instances" if self.kind == "instance" else "instanceGroupManagers"
-        cls = compute_v1.Instance if self.kind == "instance" else compute_v1.InstanceGroupManager
         if self.kind == "instance":
             node = without_past_termination(node, time.time())
-        try:
-            resource = cls.from_json(_json({**dict(node), "name": name}), ignore_unknown_fields=False)
-        except Exception as exc:  # json_format.ParseError: a field this API does not know
-            raise UsageError(f"tpu.compute_spec.{self.kind}: {exc}; run `tpuwatch init {name}` to capture it "
-                             "again") from None
+        resource = check_insert(self.kind, node, name, self.zone)
         if self.kind == "mig" and "distributionPolicy" in node:  # a regional MIG (init saved its distribution)
             regional = self._client("regionInstanceGroupManagers")
 
@@ -1123,6 +1117,55 @@ def delete_ended_resize_requests(adapter: ComputeAdapter, mig: str) -> str:
     return _scoped_op(where, op)
 
 
+# A full or partial Compute Engine URL, its collection captured: zones/Z/machineTypes/T,
+# projects/P/global/instanceTemplates/T, https://compute.googleapis.com/compute/v1/projects/...
+_URL = re.compile(r"^(?:https?://[^/]+/compute/(?:v1|beta|alpha)/)?(?:projects/[^/]+/)?"
+                  r"(?:zones/[^/]+/|regions/[^/]+/|global/)([A-Za-z]+)/[^/]+$")
+
+
+def _url_fields(kind: str, body: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(key, value, collection) of the fields an insert takes as a URL only (compute.v1's
+    descriptions: "full or partial URL"), present in `body`."""
+    out: list[tuple[str, str, str]] = []
+    if kind == "instance":
+        if body.get("machineType"):
+            out.append(("machineType", str(body["machineType"]), "machineTypes"))
+        for i, disk in enumerate(body.get("disks") or []):
+            params = disk.get("initializeParams") or {}
+            if params.get("diskType"):
+                out.append((f"disks[{i}].initializeParams.diskType", str(params["diskType"]), "diskTypes"))
+            if disk.get("source"):
+                out.append((f"disks[{i}].source", str(disk["source"]), "disks"))
+    else:
+        if body.get("instanceTemplate"):
+            out.append(("instanceTemplate", str(body["instanceTemplate"]), "instanceTemplates"))
+        policy = (body.get("resourcePolicies") or {}).get("workloadPolicy")
+        if policy:
+            out.append(("resourcePolicies.workloadPolicy", str(policy), "resourcePolicies"))
+    return out
+
+
+def check_insert(kind: str, body: Mapping[str, Any], name: str, zone: str) -> Any:
+    """The insert body of instance or MIG `name` as the client's message, or UsageError (naming the
+    key and the fix) for one Compute Engine would refuse: a field its API does not have, or a bare
+    name where it takes a URL only. A recreate calls it before anything is deleted; the insert again."""
+    from google.cloud import compute_v1
+
+    cls = compute_v1.Instance if kind == "instance" else compute_v1.InstanceGroupManager
+    again = f"run `tpuwatch init {name} --zone {zone}` to capture it again"
+    try:
+        resource = cls.from_json(_json({**dict(body), "name": name}), ignore_unknown_fields=False)
+    except Exception as exc:  # json_format.ParseError: a field this API does not know, a wrong type
+        raise UsageError(f"tpu.compute_spec.{kind}: {exc}; {again}") from None
+    for key, value, collection in _url_fields(kind, body):
+        m = _URL.match(value)
+        if m is None or m.group(1) != collection:
+            raise UsageError(f"tpu.compute_spec.{kind}.{key}: {value!r} is not a full or partial URL, which Compute "
+                             f"Engine refuses (\"The URL is malformed.\"); it takes e.g. zones/{zone}/{collection}/"
+                             f"{value.rsplit('/', 1)[-1]} ({again})")
+    return resource
+
+
 def _json(data: Mapping[str, Any]) -> str:
     import json
 
@@ -1164,7 +1207,8 @@ def capture_instance(api: ComputeAdapter, inst: Any) -> dict[str, Any]:
     (autoDelete) as `initializeParams` from its disk (image, size, type), since its source disk
     goes with it. A disk that outlives the instance is attached again by its `source`."""
     body = {k: v for k, v in to_json(inst).items() if k not in _OUTPUT_ONLY}
-    body["machineType"] = short(str(body.get("machineType", "")))
+    # Compute Engine takes only a full or partial URL here: the instance's own zone, partial
+    body["machineType"] = f"zones/{api.zone}/machineTypes/{short(str(body.get('machineType', '')))}"
     nics = []
     for nic in body.get("networkInterfaces") or []:
         nic = {k: v for k, v in nic.items() if k not in _NIC_OUTPUT}

@@ -240,7 +240,7 @@ def _recreate_compute(cfg: Config, config_path: Path, project: str | None, zone:
     if node is not None and not adopt and not node.owned_by(job):
         raise rc.ownership_error(node, job)
     recreated_in_place = node is not None and is_mig(node)  # the MIG stays: no insert
-    create = None if recreated_in_place else rc.compute_request(cfg, launch)  # validates before any change
+    create = None if recreated_in_place else rc.compute_request(cfg, launch, loc.zone)  # validates before any change
     delete: dict[str, Any] | None = None
     if node is not None:
         delete = ({"method": "compute.instanceGroupManagers.recreateInstances", "name": node.full_name,

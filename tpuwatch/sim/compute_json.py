@@ -32,6 +32,21 @@ def _errors(pairs: list[tuple[str, str]]) -> dict[str, Any]:
     return {"errors": [{"code": c, "message": m} for c, m in pairs]}
 
 
+def disk_json(rec: InstanceRec, base: str) -> dict[str, Any]:
+    """An instance's boot disk (named after it, deleted with it), as disks.get shows it: its type
+    and `users` as full URLs, as Google gives every link."""
+    zone = f"{base}projects/{rec.project}/zones/{rec.zone}"
+    out: dict[str, Any] = {
+        "kind": "compute#disk", "id": str(rec.id + 1), "creationTimestamp": compute_time(rec.create_ns),
+        "name": rec.name, "sizeGb": "100", "zone": zone, "status": "READY",
+        "type": f"{zone}/diskTypes/hyperdisk-balanced", "users": [f"{zone}/instances/{rec.name}"],
+        "selfLink": f"{zone}/disks/{rec.name}", "physicalBlockSizeBytes": "4096",
+    }
+    if rec.image:
+        out["sourceImage"] = rec.image
+    return out
+
+
 def instance_json(rec: InstanceRec, base: str) -> dict[str, Any]:
     zone = f"{base}projects/{rec.project}/zones/{rec.zone}"
     sched: dict[str, Any] = {

@@ -3,7 +3,7 @@ gcloud's multipart batch requests to `/batch/compute/v1`.
 
 Served under `/compute/v1/projects/P/`: `zones/Z/instances` (get, list, insert, delete, start,
 stop, performMaintenance, simulateMaintenanceEvent, reportHostAsFaulty, getGuestAttributes,
-setLabels, setMetadata), `aggregated/instances`, `zones/Z/operations` (get, wait, list) and
+setLabels, setMetadata), `aggregated/instances`, `zones/Z/disks/D` (get: each VM's boot disk), `zones/Z/operations` (get, wait, list) and
 their `regions/R/` and `global/` twins, `regions/R/instanceTemplates` and
 `global/instanceTemplates` (insert, get, list), `regions/R/resourcePolicies` (insert, get),
 `zones/Z/instanceGroupManagers` (insert, get, list, delete, listManagedInstances,
@@ -34,8 +34,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from tpuwatch.sim import schema
 from tpuwatch.sim.cerecords import compute_time
 from tpuwatch.sim.compute_json import (
+    disk_json,
     instance_json,
     managed_json,
     mig_json,
@@ -73,6 +75,7 @@ ROUTES: list[tuple[str, re.Pattern[str], str, str]] = [
         ("POST", _I + r"/setLabels$", "Instances/SetLabels", "set_labels"),
         ("POST", _I + r"/setMetadata$", "Instances/SetMetadata", "set_metadata"),
         ("GET", _P + r"/aggregated/instances$", "Instances/AggregatedList", "aggregated_instances"),
+        ("GET", _Z + rf"/disks/{_S}$", "Disks/Get", "get_disk"),
         ("GET", _P + rf"/{_SCOPE}/operations$", "Operations/List", "list_operations"),
         ("GET", _P + rf"/{_SCOPE}/operations/{_S}$", "Operations/Get", "get_operation"),
         ("POST", _P + rf"/{_SCOPE}/operations/{_S}/wait$", "Operations/Wait", "wait_operation"),
@@ -184,6 +187,10 @@ class ComputeRest:
         if path == BATCH_PATH and method == "POST":
             return self._batch(body, content_type)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        try:  # Google's front end refuses what its discovery document does not take
+            schema.check_http(method, path, parse_qs(parts.query, keep_blank_values=True), body)
+        except schema.Refusal as exc:
+            return compute_error(ComputeError(exc.code, exc.message, exc.reason))
         for verb, pattern, name, handler in ROUTES:
             m = pattern.match(path)
             if m is None or verb != method:
@@ -247,6 +254,17 @@ class ComputeRest:
 
     def _get_instance(self, p: str, z: str, n: str, **_: Any) -> dict[str, Any]:
         return instance_json(self.world.get_instance(p, z, n), self._base())
+
+    def _get_disk(self, p: str, z: str, n: str, **_: Any) -> dict[str, Any]:
+        # the simulator's VMs have one disk each, the boot disk named after the VM, gone with it
+        try:
+            rec = self.world.get_instance(p, z, n)
+        except ApiError as exc:
+            if exc.code != "NOT_FOUND":
+                raise
+            raise ComputeError("NOT_FOUND", f"The resource 'projects/{p}/zones/{z}/disks/{n}' was not found",
+                               "notFound") from None
+        return disk_json(rec, self._base())
 
     def _list_instances(self, p: str, z: str, *, query: dict[str, str], **_: Any) -> dict[str, Any]:
         base = self._base()

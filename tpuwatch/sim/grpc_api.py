@@ -21,11 +21,12 @@ import grpc
 from google.cloud import tpu_v2, tpu_v2alpha1
 from google.cloud.logging_v2.types import ListLogEntriesRequest, ListLogEntriesResponse
 from google.longrunning import operations_pb2
-from google.protobuf import empty_pb2, timestamp_pb2
+from google.protobuf import empty_pb2, json_format, timestamp_pb2
+from google.protobuf.message import Message
 from google.rpc import status_pb2
 
 from tpuwatch.errors import TpuwatchError
-from tpuwatch.sim import audit
+from tpuwatch.sim import audit, schema
 from tpuwatch.sim.metadata import worker_hostname
 from tpuwatch.sim.records import (
     ApiError,
@@ -293,6 +294,12 @@ def spec_from_node(node: Any, zone: str) -> NodeSpec:
 # --- the services -------------------------------------------------------------------------
 
 
+def _as_dict(request: Any) -> dict[str, Any]:
+    """A proto-plus or protobuf request in the JSON mapping (camelCase, enum names)."""
+    pb = request if isinstance(request, Message) else type(request).pb(request)
+    return dict(json_format.MessageToDict(pb))
+
+
 class Services:
     """Request handlers over one World; `handlers()` returns the gRPC generic handlers."""
 
@@ -312,6 +319,11 @@ class Services:
                 res = resource(request)
             except Exception:
                 res = ""
+            if service in (TPU_V2, TPU_V2ALPHA1):
+                try:  # what Google's front end refuses of the request (discovery document)
+                    schema.check_grpc("v2" if service == TPU_V2 else "v2alpha1", method, _as_dict(request))
+                except schema.Refusal as exc:
+                    context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
             injected = self.world.before_call(full, res)
             if injected is not None:
                 context.abort(getattr(grpc.StatusCode, injected.code), injected.message)

@@ -234,6 +234,9 @@ class Instances(NodeFaults):
                                "a match of regex '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'", "invalid")
         machine = str(body.get("machineType") or "")
         short = machine.rsplit("/", 1)[-1]
+        if machine and "/machineTypes/" not in machine:  # a bare name is for templates only
+            raise ComputeError("INVALID_ARGUMENT", f"Invalid value for field 'resource.machineType': '{machine}'. "
+                               "The URL is malformed.", "invalid")
         if "/zones/" in machine and f"/zones/{zone}/" not in machine and not machine.startswith(f"zones/{zone}/"):
             raise ComputeError("INVALID_ARGUMENT", f"Invalid value for field 'resource.machineType': '{machine}'. "
                                "Machine type must be in the same zone as the instance.", "invalid")

@@ -50,9 +50,10 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from tpuwatch.errors import UsageError
+from tpuwatch.sim import schema
 from tpuwatch.sim.cerecords import fingerprint
 from tpuwatch.sim.compute_json import operation_json
-from tpuwatch.sim.compute_rest import ComputeRest, RawBody
+from tpuwatch.sim.compute_rest import ComputeRest, RawBody, compute_error
 from tpuwatch.sim.grpc_api import (
     OPERATIONS,
     TPU_V2,
@@ -63,6 +64,7 @@ from tpuwatch.sim.grpc_api import (
     render_queued,
     spec_from_node,
 )
+from tpuwatch.sim.instances import ComputeError
 from tpuwatch.sim.metadata import project_number, worker_hostname
 from tpuwatch.sim.records import ApiError
 from tpuwatch.sim.world import World
@@ -243,6 +245,12 @@ class RestFace:
         if self.compute.handles(path):
             return self.compute.handle(method, raw_path, body, content_type)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        try:  # Google's front end refuses what its discovery document does not take
+            schema.check_http(method, path, parse_qs(parts.query, keep_blank_values=True), body)
+        except schema.Refusal as exc:
+            if path.startswith("/compute/"):
+                return compute_error(ComputeError(exc.code, exc.message, exc.reason))
+            return error_body(exc.code, exc.message)
         for verb, pattern, name in ROUTES:
             m = pattern.match(path)
             if m is None:
