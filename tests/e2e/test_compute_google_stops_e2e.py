@@ -213,3 +213,48 @@ def test_a_vm_a_person_stopped_is_left_alone_never_started(sim: Simulator, rest:
     rows.append(check(job)["row"])
     assert set(rows[1:]) == {"person_stopped"}, rows
     assert sim.world.calls["compute.v1.Instances/Start"] == 0 and writes(sim) == [], writes(sim)
+
+
+@pytest.mark.parametrize("case", ["spot_stop_instance", "spot_mig_doing_nothing", "mig_repaired_by_google"])
+def test_under_cron_check_each_stop_keeps_the_job_to_its_last_step_with_no_needless_write(
+        case: str, sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    """The cron twins of the watch tests of Google's stops (tests/e2e/test_compute_e2e.py): a Spot
+    instance preempted with termination action STOP (deleted and made again), a Spot MIG that does
+    nothing on failure (one recreateInstances, the MIG kept), a 4-VM MIG whose autoheal recreates
+    the slice (no write at all). Each `check` is a fresh process."""
+    w = sim.world
+    if case == "spot_stop_instance":
+        w.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"},
+                                   "scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP"}})
+        kind, name = "instance", "vm"
+    else:
+        mig = w.add_mig("slice", "tpu7x-standard-4t", 4, topology="2x2x4", labels={"tpuwatch-job": "slice"},
+                        spot=case == "spot_mig_doing_nothing",
+                        on_failure="DO_NOTHING" if case == "spot_mig_doing_nothing" else "")
+        kind, name = "mig", "slice"
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, kind, name, hold_at=10)
+    if kind == "instance":
+        captured(job, tmp_path, name)
+    # a tick has seen the attempt running (not only launched) before the slice goes
+    checks_until(job, lambda r: r["row"] == "running" and len(job.steps_done()) >= 2, "the job running")
+    if case == "spot_stop_instance":
+        w.preempt_instance("vm")
+        expected = ["compute.v1.Instances/Delete", "compute.v1.Instances/Insert"]
+    elif case == "spot_mig_doing_nothing":
+        w.preempt_instance(sorted(mig.members)[0])
+        expected = ["compute.v1.InstanceGroupManagers/RecreateInstances"]
+    else:
+        w.autoheal("slice", sorted(mig.members)[3])  # the whole slice recreated by its MIG
+        # released only once the old VMs are gone: the held job must not finish on them first
+        w.wait_for(lambda ww: all(before.get(r.name) not in (None, r.id) for r in ww.instances())
+                   and len(ww.instances()) == len(before), 60, "the MIG's remake")
+        expected = []
+    job.release()
+    rows = checks_until(job, lambda r: r["phase"] == "done", "the job done", timeout=240)
+    assert not {"node_missing", "person_stopped", "someone_deleting"} & set(rows), rows
+    job.assert_resumed_uncharged("")
+    assert job.steps_done()[-1] == STEPS
+    assert writes(sim) == expected, writes(sim)
+    after = ids(sim)
+    assert set(after) == set(before) and all(after[n] != before[n] for n in before)  # every VM made again, once
