@@ -28,7 +28,7 @@ from typing import Any, Literal, Protocol
 
 from tpuwatch import credentials, zonespec
 from tpuwatch import spec as specmod
-from tpuwatch.cloud.compute import check_insert
+from tpuwatch.cloud.computespec import check_insert
 from tpuwatch.cloud.errors import CODE_NAMES, CODE_NUMBERS, api_failure
 from tpuwatch.cloud.lifecycle import queued_id, queued_request
 from tpuwatch.config import Config, repair_compute_spec

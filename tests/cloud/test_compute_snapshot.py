@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from google.cloud import compute_v1
 
-from tpuwatch.cloud.compute import (
+from tpuwatch.cloud.computespec import to_json
+from tpuwatch.cloud.computeview import (
     instance_snapshot,
     mig_snapshot,
     operation_status,
-    to_json,
     worker_order,
 )
 from tpuwatch.model import OWNER_LABEL
@@ -260,7 +260,7 @@ def _deleting(status: str, *, model: str = "SPOT", **sched: Any) -> compute_v1.I
 
 
 def test_a_vm_google_deletes_itself_says_so_and_reads_deleting_while_it_goes() -> None:
-    from tpuwatch.cloud.compute import without_past_termination
+    from tpuwatch.cloud.computespec import without_past_termination
 
     running = instance_snapshot(_deleting("RUNNING"), project=P, zone=Z)
     assert running.google_deletes and running.state == "READY" and not running.google_deleting

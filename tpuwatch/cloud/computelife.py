@@ -20,7 +20,7 @@ is reported through `instances.reportHostAsFaulty` on that worker's instance: Go
 and repairs its host, then runs it again (docs/compute-engine.md).
 
 Whether to delete at all (ownership, a MIG repairing by itself, a person's deletion) is the
-policy's to decide from the snapshot (cloud/compute.py); this module only carries it out.
+policy's to decide from the snapshot (cloud/computeview.py); this module only carries it out.
 """
 
 from __future__ import annotations

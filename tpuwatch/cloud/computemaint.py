@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tpuwatch.cloud.compute import ComputeAdapter, upcoming
+from tpuwatch.cloud.compute import ComputeAdapter
+from tpuwatch.cloud.computeview import upcoming
 from tpuwatch.cloud.errors import ApiError
 from tpuwatch.cloud.lifecycle import MAINTENANCE_REFUSALS
 from tpuwatch.errors import MaintenanceRefused

@@ -34,7 +34,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tpuwatch.cloud.compute import ComputeAdapter, at_rest, members
+from tpuwatch.cloud.compute import ComputeAdapter
+from tpuwatch.cloud.computeview import at_rest, members
 from tpuwatch.cloud.zonenodes import Due, Listing
 
 

@@ -188,13 +188,9 @@ def _init_compute(name: str, project: str, zone: str, out: Path, job: str | None
     """NAME is no TPU API node: find it as a Compute Engine instance, then as a MIG, and write
     its config with what recreating it needs (one get, plus the MIG's template, workload policy,
     managed instances and the instances' disks)."""
-    from tpuwatch.cloud.compute import (
-        ComputeAdapter,
-        capture_instance,
-        capture_mig,
-        flex_run,
-        mig_snapshot,
-    )
+    from tpuwatch.cloud.compute import ComputeAdapter, flex_run
+    from tpuwatch.cloud.computespec import capture_instance, capture_mig
+    from tpuwatch.cloud.computeview import mig_snapshot
     from tpuwatch.config import load_config
 
     inst_api = ComputeAdapter(project, zone, "instance")
