@@ -8,13 +8,22 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tpuwatch.cloud.computeview import short, time_of
 from tpuwatch.errors import UsageError
 
-if TYPE_CHECKING:
-    from tpuwatch.cloud.compute import ComputeAdapter
+
+class SpecReads(Protocol):
+    """The reads a capture makes (cloud/compute.py's ComputeAdapter)."""
+
+    zone: str
+
+    def disk_params(self, url: str) -> dict[str, Any]: ...
+
+    def get_template(self, url: str) -> Any | None: ...
+
+    def get_resource_policy(self, url: str) -> Any | None: ...
 
 
 # A full or partial Compute Engine URL, its collection captured: zones/Z/machineTypes/T,
@@ -99,7 +108,7 @@ def without_past_termination(body: Mapping[str, Any], now: float) -> Mapping[str
     return {**body, "scheduling": {k: v for k, v in sched.items() if k != "terminationTime"}}
 
 
-def capture_instance(api: ComputeAdapter, inst: Any) -> dict[str, Any]:
+def capture_instance(api: SpecReads, inst: Any) -> dict[str, Any]:
     """An instance as the insert body that makes it again: output-only fields dropped, the network
     interfaces without their assigned addresses, and each disk deleted with the instance
     (autoDelete) as `initializeParams` from its disk (image, size, type), since its source disk
@@ -132,7 +141,7 @@ def capture_instance(api: ComputeAdapter, inst: Any) -> dict[str, Any]:
     return body
 
 
-def capture_mig(api: ComputeAdapter, mig: Any) -> dict[str, Any]:
+def capture_mig(api: SpecReads, mig: Any) -> dict[str, Any]:
     """A MIG as `tpu.compute_spec`: `mig` (its insert body), `template` and `workload_policy` (the
     resources it was made from, as they are now, for a person to make them again if deleted)."""
     out: dict[str, Any] = {"mig": {k: v for k, v in to_json(mig).items() if k not in _OUTPUT_ONLY}}
