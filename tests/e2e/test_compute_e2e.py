@@ -37,7 +37,7 @@ class CeJob:
 
     def __init__(self, sim: Simulator, rest: RestFace, tmp: Path, kind: str, name: str, *,
                  hold_at: int | None = None, before: str = "", **recovery: str | int | bool) -> None:
-        self.sim, self.ck, self.go = sim, sim.bucket / "ck", tmp / "go"
+        self.sim, self.ck, self.go, self.name = sim, sim.bucket / "ck", tmp / "go", name
         extra = ""
         if hold_at is not None:  # the job stalls at that step until release(): a fault meets it running
             self.go.mkdir()
@@ -56,6 +56,21 @@ class CeJob:
         return subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(self.cfg)],
                                 env=self.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
+
+    def capture_spec(self, edit: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """Append to the job's config the spec `tpuwatch init` writes for its slice (what a recreate
+        makes it again from), changed by `edit` first when given."""
+        import tomli_w
+
+        init = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "init", self.name, "-o",
+                               str(self.cfg.parent / "init.toml"), "--json"], env=self.env, text=True,
+                              capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert init.returncode == 0, init.stderr
+        spec = json.loads(init.stdout)["spec"]
+        if edit is not None:
+            edit(spec)
+        with self.cfg.open("a") as f:
+            f.write(tomli_w.dumps({"tpu": {"compute_spec": spec}}))
 
     def history(self) -> dict[str, Any]:
         out = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "history", "-c", str(self.cfg), "--json"],
@@ -387,7 +402,6 @@ def test_a_regional_mig_is_found_by_init_from_its_zone_and_a_preempted_spot_vm_i
 
 def test_a_preempted_spot_instance_is_deleted_and_inserted_again_from_what_init_captured(
         sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
-    import tomli_w
 
     sim.world.add_instance("vm", body={
         "labels": {"tpuwatch-job": "vm", "team": "ml"},
@@ -395,12 +409,7 @@ def test_a_preempted_spot_instance_is_deleted_and_inserted_again_from_what_init_
         "metadata": {"items": [{"key": "owner-note", "value": "kept on recreate"}]}})
     before = ids(sim)
     job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
-    init = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "init", "vm", "-o", str(tmp_path / "init.toml"),
-                           "--json"], env=job.env, text=True, capture_output=True, timeout=60,
-                          stdin=subprocess.DEVNULL)
-    assert init.returncode == 0, init.stderr
-    with job.cfg.open("a") as f:  # the job's config with the spec `init` wrote
-        f.write(tomli_w.dumps({"tpu": {"compute_spec": json.loads(init.stdout)["spec"]}}))
+    job.capture_spec()
     proc = job.watch()
     wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
     sim.world.preempt_instance("vm")
@@ -418,19 +427,11 @@ def test_a_preempted_spot_instance_is_deleted_and_inserted_again_from_what_init_
 def _spot_job_with_spec(sim: Simulator, rest: RestFace, tmp_path: Path,
                         edit: Callable[[dict[str, Any]], None]) -> tuple[CeJob, dict[str, int]]:
     """A Spot instance `vm` captured by `init`, its spec edited by `edit` before the job's config gets it."""
-    import tomli_w
 
     sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"},
                                        "scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP"}})
     job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
-    init = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "init", "vm", "-o", str(tmp_path / "init.toml"),
-                           "--json"], env=job.env, text=True, capture_output=True, timeout=60,
-                          stdin=subprocess.DEVNULL)
-    assert init.returncode == 0, init.stderr
-    spec = json.loads(init.stdout)["spec"]
-    edit(spec["instance"])
-    with job.cfg.open("a") as f:
-        f.write(tomli_w.dumps({"tpu": {"compute_spec": spec}}))
+    job.capture_spec(lambda spec: edit(spec["instance"]))
     return job, ids(sim)
 
 
@@ -591,19 +592,13 @@ def test_a_spot_instances_insert_refused_for_quota_is_queued_retried_and_the_job
     """Compute Engine refuses an insert beyond quota at once, 403 quotaExceeded: after the delete
     of a preempted Spot VM that is a shortage to queue within queue_timeout (rows no_capacity,
     queue_retry), never a missing permission or a failed job."""
-    import tomli_w
 
     sim.world.add_instance("vm", body={
         "labels": {"tpuwatch-job": "vm"},
         "scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP"}})
     before = ids(sim)
     job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
-    init = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "init", "vm", "-o", str(tmp_path / "init.toml"),
-                           "--json"], env=job.env, text=True, capture_output=True, timeout=60,
-                          stdin=subprocess.DEVNULL)
-    assert init.returncode == 0, init.stderr
-    with job.cfg.open("a") as f:
-        f.write(tomli_w.dumps({"tpu": {"compute_spec": json.loads(init.stdout)["spec"]}}))
+    job.capture_spec()
     proc = job.watch()
     wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
     sim.world.quota()  # every insert in the zone refused: 403 quotaExceeded, until cleared

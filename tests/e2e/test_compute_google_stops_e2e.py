@@ -34,17 +34,6 @@ def rest(sim: Simulator) -> Iterator[RestFace]:
         yield face
 
 
-def captured(job: CeJob, tmp: Path, name: str) -> None:
-    """The job's config with the spec `tpuwatch init` writes for the instance (what it is made again from)."""
-    import tomli_w
-
-    init = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "init", name, "-o", str(tmp / "init.toml"), "--json"],
-                          env=job.env, text=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
-    assert init.returncode == 0, init.stderr
-    with job.cfg.open("a") as f:
-        f.write(tomli_w.dumps({"tpu": {"compute_spec": json.loads(init.stdout)["spec"]}}))
-
-
 def check(job: CeJob) -> dict[str, Any]:
     """One cron tick: `tpuwatch check --json`, a fresh process; never "needs a person" (exit 1)."""
     r = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "check", "-c", str(job.cfg), "--json"], env=job.env,
@@ -96,7 +85,7 @@ def test_a_spot_vm_deleted_by_its_preemption_is_made_again_under_watch(
     sim.world.add_instance("vm", body=SPOT_DELETE)
     before = ids(sim)
     job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
-    captured(job, tmp_path, "vm")
+    job.capture_spec()
     proc = job.watch()
     wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
     sim.world.preempt_instance("vm")  # compute.instances.preempted, STOPPING to DELETED, then gone
@@ -111,7 +100,7 @@ def test_a_spot_vm_deleted_by_its_preemption_is_made_again_under_cron_check(
     sim.world.add_instance("vm", body=SPOT_DELETE)
     before = ids(sim)
     job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
-    captured(job, tmp_path, "vm")
+    job.capture_spec()
     checks_until(job, lambda r: len(job.steps_done()) >= 2, "two checkpoints")
     sim.world.preempt_instance("vm")
     sim.world.wait_for(lambda w: not w.instances(), 10, "the preempted VM gone")  # the next tick finds it gone
@@ -128,7 +117,7 @@ def test_a_flex_start_vm_whose_run_ended_is_made_again_under_cron_check(
         "provisioningModel": "FLEX_START", "instanceTerminationAction": "DELETE", "terminationTime": rfc3339_ns(ends)}})
     before = ids(sim)
     job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
-    captured(job, tmp_path, "vm")
+    job.capture_spec()
     checks_until(job, lambda r: len(job.steps_done()) >= 2, "two checkpoints")
     assert "vm" in ids(sim)  # still running its run
     sim.world.wait_for(lambda w: not w.instances(), 30, "the flex-start VM gone at the end of its run")
@@ -145,7 +134,7 @@ def test_a_flex_start_vm_whose_run_ended_is_made_again_under_watch(
         "provisioningModel": "FLEX_START", "instanceTerminationAction": "DELETE", "terminationTime": rfc3339_ns(ends)}})
     before = ids(sim)
     job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
-    captured(job, tmp_path, "vm")
+    job.capture_spec()
     proc = job.watch()
     wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
     assert "vm" in ids(sim)
@@ -235,7 +224,7 @@ def test_under_cron_check_each_stop_keeps_the_job_to_its_last_step_with_no_needl
     before = ids(sim)
     job = CeJob(sim, rest, tmp_path, kind, name, hold_at=10)
     if kind == "instance":
-        captured(job, tmp_path, name)
+        job.capture_spec()
     # a tick has seen the attempt running (not only launched) before the slice goes
     checks_until(job, lambda r: r["row"] == "running" and len(job.steps_done()) >= 2, "the job running")
     if case == "spot_stop_instance":

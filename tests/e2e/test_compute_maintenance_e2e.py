@@ -195,19 +195,13 @@ def test_a_drill_on_a_tpu7x_mig_simulates_a_maintenance_on_the_workers_instance(
 def spot_vm_job(sim: Simulator, rest: RestFace, tmp: Path, scheduling: dict[str, Any] | None = None) -> CeJob:
     """A Spot TPU VM owned by job "vm" with the spec `init` captured (so it can be inserted again),
     whose trainer saves on SIGTERM and holds at step 10 until released."""
-    import tomli_w
 
     sim.world.add_instance("vm", body={
         "labels": {"tpuwatch-job": "vm"},
         "scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP", **(scheduling or {})}})
     job = CeJob(sim, rest, tmp, "instance", "vm", hold_at=10)
     job.cfg.write_text(job.cfg.read_text().replace("--hold-at 10 ", "--save-on-term 1 --hold-at 10 "))
-    init = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "init", "vm", "-o", str(tmp / "init.toml"),
-                           "--json"], env=job.env, text=True, capture_output=True, timeout=60,
-                          stdin=subprocess.DEVNULL)
-    assert init.returncode == 0, init.stderr
-    with job.cfg.open("a") as f:  # the job's config with the spec `init` wrote
-        f.write(tomli_w.dumps({"tpu": {"compute_spec": json.loads(init.stdout)["spec"]}}))
+    job.capture_spec()
     return job
 
 
