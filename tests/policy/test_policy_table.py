@@ -159,6 +159,15 @@ def test_a_compute_engine_vm_pending_stop_is_a_notice_not_a_fault() -> None:
     assert "shutdownDetails PENDING_STOP" in end.ended[0].reason, end.ended[0].reason
 
 
+def test_row_pending_stop_hold() -> None:
+    # no attempt running and the VM gracefully shutting down (its preemption notice): nothing is
+    # launched there; once it stops for good it is a preempted node like any other
+    d = tick(obs(node(pending_stop=True), probes=absent(), checkpoint=ckpt(150)), idle(), now=500)
+    assert d.row == "pending_stop_hold" and kinds(d) == ["wait"]
+    gone = tick(obs(node(state="PREEMPTED"), probes=None), d.memory, now=530)
+    assert gone.row != "pending_stop_hold" and "delete" in kinds(gone), gone.row
+
+
 def test_row_notice_hold() -> None:
     ended = tick(obs(probes=_noticed({0: 0, 1: 0}), checkpoint=ckpt(150)), run_mem(), now=500).memory
     d = tick(obs(probes=absent(), checkpoint=ckpt(150)), ended, now=510)

@@ -37,6 +37,9 @@ ROWS: tuple[Row, ...] = (
     Row("notice_hold", "no live attempt; the last one ended on a notice and the node has not gone down yet "
         "(nor reports a maintenance event since the attempt began)",
         "wait: the node is about to stop"),
+    Row("pending_stop_hold", "no live attempt; a Compute Engine VM of the node is gracefully shutting down (status "
+        "or shutdownDetails PENDING_STOP: a Spot preemption's notice)", "wait: no launch on a VM about to stop; "
+        "once it stops, the row its state calls for"),
     Row("early_wait", "every worker runs; the owned node announces maintenance that may start early "
         "(canReschedule, PENDING); maintenance.start_early",
         "keep running until the next complete checkpoint (at the latest 10 min before the window opens); in the "

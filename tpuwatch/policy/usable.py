@@ -177,6 +177,10 @@ def idle(draft: Draft, mem: Memory) -> Decision:
                                               "following it again")
         return draft.out(mem, "stale_workers", f"workers {worker_list(running)} still run attempt {top}; stopping "
                                                "them before the next launch", StopWorkers("old attempt still running"))
+    if node.pending_stop:
+        return draft.out(mem, "pending_stop_hold", f"node {node.name} is gracefully shutting down (a Compute Engine "
+                                                   "stop's notice, shutdownDetails PENDING_STOP): not launching "
+                                                   "there; it is waited for until it stops", Wait(None, "node about to stop"))
     last = mem.budgets.last_end
     if (mem.maintenance.notice_hold is not None and now < mem.maintenance.notice_hold and last is not None
             and last.node_id == node.id and not maintained_since(node, last.start)):
