@@ -40,7 +40,8 @@ TPU_APIS = ("tpu", "compute")
 COMPUTE_SPEC_KEYS = ("instance", "mig", "template", "workload_policy")
 NOTIFY_FORMATS = ("slack", "chat", "json")
 # What a [[notify]] table may be told about (tpuwatch.policy.alerts derives them from the journal).
-ALERT_KINDS = ("failed", "needs_person", "recreated", "disruption", "resumed", "done", "maintenance")
+ALERT_KINDS = ("failed", "needs_person", "recreated", "disruption", "resumed", "done", "maintenance",
+               "checkpoint_stale")
 # By default, what needs or concerns a person; disruptions and resumes are routine on spot nodes.
 DEFAULT_ALERTS = ("failed", "needs_person", "done", "maintenance")
 # Sections written as arrays of tables ([[notify]]): SCHEMA names the keys of each table.

@@ -1,7 +1,10 @@
 """The job's journal: one SQLite file per job, `<state_dir>/<job>.db`, with one writer at a time.
 
-It holds what a tick cannot observe again: the policy's Memory, the events and attempts (the
-job's history), the audit-log cursor, the cloud operations tpuwatch started, and the saved spec.
+It holds what a tick cannot observe again: the policy's Memory (every input of a decision that
+cannot be observed again, times included), the events and attempts (the job's history), the
+cloud operations tpuwatch started, the saved spec, and in `cursors` only bookmarks, each behind a
+method of its own: the audit-log cursor, the alert and metrics bookmarks, the SSH login, and the
+last environment-check report (for `status`).
 
 Rules of this module:
 - Writes happen only inside `with journal.transaction():` (one per tick); an exception inside
@@ -25,7 +28,7 @@ import sqlite3
 import stat
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -34,7 +37,15 @@ from urllib.parse import quote
 from tpuwatch import __version__
 from tpuwatch.errors import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, NotFoundError, TpuwatchError
 from tpuwatch.model import OperationStatus
-from tpuwatch.policy import AttemptEnd, Decision, Launch, Memory, action_dict, operation_started
+from tpuwatch.policy import (
+    AttemptEnd,
+    Decision,
+    Launch,
+    Marks,
+    Memory,
+    action_dict,
+    operation_started,
+)
 
 SCHEMA_VERSION = 1
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -46,6 +57,8 @@ _UNNOTED_ACTIONS = frozenset({"clear_queued"})
 # open reads the whole file, and stays: a watcher of many jobs holds one connection per job.
 # A tick reads a few pages, which the OS keeps cached anyway.
 CACHE_KIB = 64
+# Times a tpuwatch that saved memory version 2 kept in `cursors`; they are in Memory.marks now.
+_V2_TIMES = ("audit_read_at", "precheck_at", "checkpoint_warning")
 
 _SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -151,6 +164,15 @@ def _utc(t: datetime) -> str:
 
 def _time(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text)
+
+
+def _old_time(text: Any) -> datetime | None:
+    """A time an older tpuwatch saved as text; None when it is not one (it only paced a cadence)."""
+    try:
+        t = datetime.fromisoformat(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return t if t is not None and t.tzinfo is not None else None
 
 
 class Journal:
@@ -320,13 +342,29 @@ class Journal:
         if not rows:
             return None
         try:
-            return Memory.from_dict(json.loads(rows[0][0]))
+            data = json.loads(rows[0][0])
+            mem = Memory.from_dict(data)
         except (ValueError, TypeError) as exc:
             raise _corrupt(self.path, f"saved memory unreadable: {exc}") from None
+        return self._v2_times(mem) if data.get("version") in (1, 2) else mem
+
+    def _v2_times(self, mem: Memory) -> Memory:
+        """Memory saved before version 3, with the times that tpuwatch kept in other tables: the
+        audit log's last read and the environment checks' last run (`cursors`), and the start of
+        the operation in flight (`operations`)."""
+        kept = dict(self._read("SELECT name, value FROM cursors WHERE name IN ('audit_read_at', 'precheck_at')"))
+        # The checkpoint warning's time is not carried over: that tpuwatch journaled no event for
+        # it, so the next tick that warns journals one (and its alert, and `status` shows it).
+        marks = Marks(audit_read_at=_old_time(kept.get("audit_read_at")), precheck_at=_old_time(kept.get("precheck_at")))
+        started = next((r.started for r in self.operations(pending_only=True) if r.name == mem.recreate.pending_op),
+                       None) if mem.recreate.pending_op else None
+        return replace(mem, marks=marks, recreate=replace(mem.recreate, op_started=started))
 
     def save_memory(self, mem: Memory) -> None:
         self._write("INSERT INTO memory (id, data) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET data = excluded.data",
                     (json.dumps(mem.to_dict(), sort_keys=True),))
+        # saved with version 3, the times an older tpuwatch kept as cursors are in the memory
+        self._write(f"DELETE FROM cursors WHERE name IN ({', '.join('?' * len(_V2_TIMES))})", _V2_TIMES)
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -347,6 +385,12 @@ class Journal:
             params += (limit,)
         rows = self._read(sql, params)
         return [JournalEvent(i, datetime.fromisoformat(t), k, r, json.loads(d)) for i, t, k, r, d in reversed(rows)]
+
+    def last_event(self, kind: str) -> JournalEvent | None:
+        """The newest event of `kind`, or None."""
+        rows = self._read("SELECT id, time, kind, reason, data FROM events WHERE kind = ? ORDER BY id DESC LIMIT 1",
+                          (kind,))
+        return next((JournalEvent(i, datetime.fromisoformat(t), k, r, json.loads(d)) for i, t, k, r, d in rows), None)
 
     def events_after(self, event_id: int) -> list[JournalEvent]:
         """Events with an id above `event_id`, oldest first."""
@@ -384,28 +428,63 @@ class Journal:
             for n, s, e, node, ss, es, o, c, x, r in rows
         ]
 
-    # -- audit cursor ---------------------------------------------------------------------------
+    # -- bookmarks (the `cursors` table): never an input of a decision ----------------------------
 
-    def cursor(self, name: str) -> str | None:
-        """A named cursor ("audit": the audit-log cursor; "audit_read_at": when it was last read)."""
+    def _cursor(self, name: str) -> str | None:
         rows = self._read("SELECT value FROM cursors WHERE name = ?", (name,))
         return rows[0][0] if rows else None
 
-    def set_cursor(self, name: str, value: str | None) -> None:
+    def _set_cursor(self, name: str, value: str | None) -> None:
         self._write("INSERT INTO cursors (name, value) VALUES (?, ?) "
                     "ON CONFLICT (name) DO UPDATE SET value = excluded.value", (name, value))
 
     def audit_cursor(self) -> str | None:
-        return self.cursor("audit")
+        """The audit-log reader's opaque bookmark (cloud/logs.py), or None before the first read."""
+        return self._cursor("audit")
 
     def set_audit_cursor(self, cursor: str | None) -> None:
-        self.set_cursor("audit", cursor)
+        self._set_cursor("audit", cursor)
+
+    def alert_bookmark(self) -> int | None:
+        """The id of the last journal event alerts were derived from ([[notify]]), or None before any."""
+        text = self._cursor("notify_event")
+        try:
+            return int(text) if text is not None else None
+        except ValueError:
+            return 0
+
+    def set_alert_bookmark(self, event_id: int) -> None:
+        self._set_cursor("notify_event", str(event_id))
+
+    def api_calls(self, errors: bool = False) -> dict[tuple[str, str], int]:
+        """API requests (or their errors) of earlier runs, per (api, method), for `check --metrics-file`."""
+        text = self._cursor("metrics_api_errors" if errors else "metrics_api_requests")
+        try:
+            return {(str(a), str(m)): int(n) for a, m, n in json.loads(text)} if text else {}
+        except (ValueError, TypeError):
+            return {}
+
+    def set_api_calls(self, counts: Mapping[tuple[str, str], int], errors: bool = False) -> None:
+        self._set_cursor("metrics_api_errors" if errors else "metrics_api_requests",
+                         json.dumps(sorted([a, m, n] for (a, m), n in counts.items())))
+
+    def precheck_report(self) -> dict[str, Any] | None:
+        """The last environment-check report, as saved (workers/precheck.py), for `status`; None when none."""
+        text = self._cursor("precheck_last")
+        try:
+            data = json.loads(text) if text else None
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
+
+    def set_precheck_report(self, report: Mapping[str, Any]) -> None:
+        self._set_cursor("precheck_last", json.dumps(dict(report), sort_keys=True))
 
     # -- the SSH login -------------------------------------------------------------------------
 
     def login(self) -> dict[str, Any] | None:
         """The user the watcher last logged in as ({"node_id", "user", "home", "via"}), or None."""
-        text = self.cursor("ssh_login")
+        text = self._cursor("ssh_login")
         try:
             data = json.loads(text) if text else None
         except ValueError:
@@ -413,7 +492,7 @@ class Journal:
         return data if isinstance(data, dict) else None
 
     def set_login(self, data: Mapping[str, Any]) -> None:
-        self.set_cursor("ssh_login", json.dumps(dict(data), sort_keys=True))
+        self._set_cursor("ssh_login", json.dumps(dict(data), sort_keys=True))
 
     # -- cloud operations -----------------------------------------------------------------------
 
@@ -521,8 +600,11 @@ class Journal:
     def _note_progress(self, now: datetime, before: Memory | None, decision: Decision) -> None:
         """A `phase` event when the phase changes and a `checkpoint` event when the running
         attempt shows a newer checkpoint: what `tpuwatch report` needs to say where time went,
-        since neither can be observed again later."""
+        since neither can be observed again later. And a `checkpoint_stale` event when the
+        policy's warning that no checkpoint is being saved starts to stand (its alert)."""
         mem = decision.memory
+        if decision.checkpoint_warning and (before is None or before.marks.checkpoint_warned is None):
+            self.add_event(now, "checkpoint_stale", decision.checkpoint_warning, {"attempt": mem.attempt.number})
         old = before.phase.value if before is not None else None
         if old != mem.phase.value:
             self.add_event(now, "phase", f"{old or 'start'} -> {mem.phase.value}",
@@ -537,7 +619,7 @@ class Journal:
 
     def record_operation(self, now: datetime, memory: Memory, name: str, kind: str, zone: str) -> Memory:
         """After DeleteNode/CreateNode returned operation `name`: journal it; the memory to carry on."""
-        mem = operation_started(memory, name)
+        mem = operation_started(memory, name, now)
         with self.transaction():
             self.save_memory(mem)
             if name:

@@ -16,7 +16,6 @@ Rules of this module:
 from __future__ import annotations
 
 import errno
-import json
 import os
 import threading
 import time
@@ -53,8 +52,6 @@ HEALTHY_POLLS = 3
 # Cloud calls one tick may make in a row at most: the node (a multislice job: a get per slice,
 # counted as one list here), the operation, the queued resource, the audit log, one delete or create.
 TICK_API_CALLS = 5
-API_CURSOR = "metrics_api_requests"  # check: requests of earlier runs, so the counter keeps growing
-API_ERRORS_CURSOR = "metrics_api_errors"  # and their errors
 MIN_RATE_SPAN = 1.0  # seconds: an attempt shorter than this tells nothing of the step time
 
 
@@ -260,8 +257,8 @@ def write_textfile(path: Path, report: Any, journal: Journal, pcfg: PolicyConfig
     """Write the job's metrics in node_exporter's textfile format, atomically (a temporary file in
     the same directory, then a rename). API requests add up over runs (kept in the journal)."""
     with journal.transaction():
-        requests = _added_up(journal, API_CURSOR, calls.counts())
-        errors = _added_up(journal, API_ERRORS_CURSOR, calls.errors())
+        requests = _added_up(journal, False, calls.counts())
+        errors = _added_up(journal, True, calls.errors())
     registry, _ = registry_for(snapshot(report, journal, pcfg, requests, errors))
     try:
         write_to_textfile(str(path), registry)
@@ -269,19 +266,12 @@ def write_textfile(path: Path, report: Any, journal: Journal, pcfg: PolicyConfig
         raise UsageError(f"--metrics-file {str(path)!r}: cannot write it: {exc.strerror or exc}") from None
 
 
-def _added_up(journal: Journal, cursor: str, now: Mapping[tuple[str, str], int]) -> dict[tuple[str, str], int]:
-    """Counts of earlier runs (kept in the journal's `cursor`) plus this run's, saved back."""
-    earlier: dict[tuple[str, str], int] = {}
-    text = journal.cursor(cursor)
-    if text:
-        try:
-            earlier = {(a, m): int(n) for a, m, n in json.loads(text)}
-        except (ValueError, TypeError):
-            earlier = {}
-    total = dict(earlier)
+def _added_up(journal: Journal, errors: bool, now: Mapping[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+    """Counts of earlier runs (kept in the journal) plus this run's, saved back."""
+    total = journal.api_calls(errors)
     for k, n in now.items():
         total[k] = total.get(k, 0) + n
-    journal.set_cursor(cursor, json.dumps(sorted([a, m, n] for (a, m), n in total.items())))
+    journal.set_api_calls(total, errors)
     return total
 
 

@@ -5,7 +5,7 @@ Rules of this module:
   saw) become alerts by `tpuwatch.policy.alerts`; the tick itself knows nothing of alerts.
 - Write-ahead and idempotent: each alert is recorded in the job's journal (table `deliveries`,
   keyed by an idempotency key derived from the journal event, one row per target) in the same
-  transaction that moves the `notify_event` cursor past its event. A watcher killed at any
+  transaction that moves the journal's alert bookmark past its event. A watcher killed at any
   point loses nothing (unsent rows are sent by the next `watch` or `check`, which holds the
   job's lock) and derives nothing twice. The one window left, a kill between the server's
   answer and the row being marked sent, is covered by the key: it goes out as the
@@ -45,7 +45,6 @@ from tpuwatch.config import Config, Secret, resolve_webhook
 from tpuwatch.journal import DeliveryRow, Journal
 from tpuwatch.policy import alerts
 
-CURSOR = "notify_event"  # the id of the last journal event alerts were derived from
 HTTP_TIMEOUT = 10.0  # seconds per request: a server that hangs costs this, in the sender thread
 TRIES_PER_ROUND = 4  # requests per delivery before it waits for a later round
 LONGEST_WAIT_IN_ROUND = 30.0  # a Retry-After longer than this moves the delivery to a later round
@@ -173,9 +172,9 @@ class Notifier:
         self._warnings: list[str] = []
         self._thread: threading.Thread | None = None
         with journal.transaction():  # a new [[notify]] on an old journal: from now on, not its history
-            if journal.cursor(CURSOR) is None:
+            if journal.alert_bookmark() is None:
                 last = journal.events(limit=1)
-                journal.set_cursor(CURSOR, str(last[-1].id if last else 0))
+                journal.set_alert_bookmark(last[-1].id if last else 0)
 
     # -- main thread ----------------------------------------------------------------------------
 
@@ -189,7 +188,7 @@ class Notifier:
         added = 0
         now = self.now()
         with self.journal.transaction():
-            last = int(self.journal.cursor(CURSOR) or 0)
+            last = self.journal.alert_bookmark() or 0
             found: list[alerts.Alert] = []
             newest = last
             for ev in self.journal.events_after(last):
@@ -211,7 +210,7 @@ class Notifier:
                         data = {"job": where.job, "node": where.node, "zone": where.zone, **alert.data}
                         added += self.journal.add_delivery(f"{alert.key}-t{target.index}", target.index,
                                                            alert.kind, alert.time, alert.text, data)
-            self.journal.set_cursor(CURSOR, str(newest))
+            self.journal.set_alert_bookmark(newest)
         self._wake.set()
         return added
 

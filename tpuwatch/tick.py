@@ -19,7 +19,6 @@ Rules of this module:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -107,7 +106,6 @@ class _Settling:
 
     now: datetime
     cursor: str | None  # the audit log's new cursor, journaled with the first decision
-    ck_warning: str | None  # the stale-checkpoint warning, journaled with the first decision
     warnings: list[str]
     precheck: PrecheckReport | None
     probes: tuple[WorkerProbe, ...] | None  # the workers as last probed in this tick
@@ -148,11 +146,11 @@ class Reconciler:
             jitter=min(max(self.ports.jitter(), 0.0), 0.999999),
             adopt=self.flags.adopt, recreate_missing=self.flags.recreate_missing,
             dry_run=self.flags.dry_run, precheck=pre, checks=self.ports.precheck is not None,
+            audit_read=cursor is not None,
         )
         if pre is not None and pre.context == "running":
             warnings.extend(f"environment check failed: {line}" for line in precheck.failing_lines(pre))
-        ck_warning = precheck.checkpoint_warning(checkpoint, mem, float(self.cfg.job["checkpoint_warn_age"]), now)
-        st = _Settling(now, cursor, ck_warning, warnings, pre, probes)
+        st = _Settling(now, cursor, warnings, pre, probes)
         decision = decide_until_settled(obs, mem, self.pcfg, now,
                                         lambda d, o, m: self._settle(st, d, o, m))
         return TickReport(now, node, st.probes, checkpoint, tuple(events), st.acted or decision,
@@ -170,8 +168,8 @@ class Reconciler:
             return Again(replace(obs, precheck=st.precheck), mem)
         if not st.journaled:
             st.warnings.extend(self.ports.workers.take_notes())  # e.g. host keys trusted on first use
-            if st.ck_warning:
-                st.warnings.append(st.ck_warning)
+            if decision.checkpoint_warning:
+                st.warnings.append(decision.checkpoint_warning)
         if self.flags.dry_run:
             st.done.extend(f"would {_describe(a)}" for a in decision.actions)
             for a in decision.actions:  # the request a report would send, as it would send it
@@ -214,13 +212,9 @@ class Reconciler:
             if st.journaled:
                 return
             st.journaled = True
-            if st.cursor is not None:
+            if st.cursor is not None:  # when it was read is in the decision's memory (marks)
                 self.journal.set_audit_cursor(st.cursor)
-                self.journal.set_cursor("audit_read_at", st.now.isoformat())
             login.record(self.ports.workers, obs.node, self.journal, st.now)
-            self.journal.set_cursor("checkpoint_warning", json.dumps({"time": st.now.isoformat(),
-                                                                      "text": st.ck_warning})
-                                    if st.ck_warning else None)
 
     # -- observe ------------------------------------------------------------------------------
 
@@ -242,10 +236,8 @@ class Reconciler:
         if kind is None or mem.recreate.pending_op is None:
             return None, None
         op = tpu.get_operation(mem.recreate.pending_op)
-        if not op.done:  # its age, for recovery.operation_timeout: when the journal recorded it
-            started = next((r.started for r in self.journal.operations(pending_only=True)
-                            if r.name == mem.recreate.pending_op), None)
-            op = replace(op, started=started)
+        if not op.done:  # its age, for recovery.operation_timeout: when tpuwatch started it
+            op = replace(op, started=mem.recreate.op_started)
         failure = None
         if kind == "create" and op.done and op.error_code:
             classified = recreate.classify_operation(op, started_by_us=True)
@@ -265,7 +257,7 @@ class Reconciler:
                probes: Sequence[WorkerProbe] | None, warnings: list[str]) -> tuple[list[AuditEvent], str | None]:
         """New audit events, when policy/observe.py says they are due."""
         audit = self.ports.audit
-        if audit is None or not audit_due(mem, node, probes, self._since(now, "audit_read_at"), now):
+        if audit is None or not audit_due(mem, node, probes, now):
             return [], None
         try:
             events, cursor = audit.read(list(self.pcfg.slices or (self.pcfg.tpu_name,)), self.journal.audit_cursor(),
@@ -287,19 +279,9 @@ class Reconciler:
         checker = self.ports.precheck
         if checker is None or node is None:
             return None
-        if not precheck_due(mem, node, probes, self._since(now, "precheck_at"), float(self.cfg.precheck["interval"])):
+        if not precheck_due(mem, node, probes, now, float(self.cfg.precheck["interval"])):
             return None
         return checker.run(node, "running", now=now)
-
-    def _since(self, now: datetime, cursor: str) -> float | None:
-        """Seconds since the time the journal keeps under `cursor`; None when it keeps none."""
-        text = self.journal.cursor(cursor)
-        if not text:
-            return None
-        try:
-            return (now - datetime.fromisoformat(text)).total_seconds()
-        except ValueError:
-            return None
 
     # -- act ----------------------------------------------------------------------------------
 

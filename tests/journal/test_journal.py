@@ -42,6 +42,7 @@ from tpuwatch.policy import (
     Evidence,
     HangLearning,
     Maintenance,
+    Marks,
     Memory,
     Phase,
     Recreate,
@@ -144,7 +145,51 @@ def test_a_journal_that_kept_memory_flat_loads_into_the_records(tmp_path: Path) 
             j.save_memory(expected)
         assert j.load_memory() == expected
     saved = json.loads(sqlite3.connect(state / "flat.db").execute("SELECT data FROM memory").fetchone()[0])
-    assert saved["version"] == 2 and saved["budgets"]["restarts"] == 2 and "restarts" not in saved
+    assert saved["version"] == 3 and saved["budgets"]["restarts"] == 2 and "restarts" not in saved
+
+
+def test_a_journal_that_kept_times_as_cursors_loads_them_into_memory(tmp_path: Path) -> None:
+    """fixtures/memory-v2-cursors.db: a journal of job "cursors" on TPU "pod", written by a
+    tpuwatch that saved memory version 2 and kept the times its decisions read outside it: when
+    the audit log was last read and the environment checks last ran (`cursors`), the checkpoint
+    warning, and the start of the delete in flight (`operations`), beside its bookmarks."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    shutil.copy(FIXTURES / "memory-v2-cursors.db", state / "cursors.db")
+    os.chmod(state / "cursors.db", 0o600)
+    t0 = datetime(2026, 11, 20, 8, 0, tzinfo=timezone.utc)
+
+    def t(seconds: float) -> datetime:
+        return t0 + timedelta(seconds=seconds)
+
+    op = "projects/p/locations/us-central2-b/operations/op-del-2"
+    expected = Memory(
+        phase=Phase.DELETING, zone="us-central2-b",
+        attempt=Attempt(number=2, start=t(0), node_id="n-1", start_step=100, seen=True),
+        budgets=Budgets(restarts=1, recreates=1),
+        recreate=Recreate(pending_op=op, op_started=t(3000), deleting_node_id="n-1"),
+        # the checkpoint warning's time is left unset: that tpuwatch journaled no event for it
+        marks=Marks(audit_read_at=t(3500), precheck_at=t(3200)),
+    )
+    with Journal.open(state, "cursors", None, readonly=True) as j:  # `status` reads it as it is
+        assert j.load_memory() == expected
+    with Journal.open(state, "cursors", "pod") as j:
+        assert j.load_memory() == expected
+        # the bookmarks stay where they were, each behind its method
+        assert j.audit_cursor() == "1763625600000000000/seen" and j.alert_bookmark() == 1
+        assert j.api_calls() == {("tpu", "get"): 7} and j.api_calls(errors=True) == {}
+        assert (j.login() or {}).get("user") == "alice"
+        assert (j.precheck_report() or {}).get("node_id") == "n-1"
+        with j.transaction():
+            j.save_memory(expected)
+        assert j.load_memory() == expected
+    db = sqlite3.connect(state / "cursors.db")
+    saved = json.loads(db.execute("SELECT data FROM memory").fetchone()[0])
+    assert saved["version"] == 3 and saved["marks"]["audit_read_at"] == t(3500).isoformat()
+    assert saved["recreate"]["op_started"] == t(3000).isoformat()
+    names = {n for (n,) in db.execute("SELECT name FROM cursors")}
+    assert names == {"audit", "notify_event", "metrics_api_requests", "metrics_api_errors", "ssh_login",
+                     "precheck_last"}
 
 
 @pytest.mark.parametrize(("data", "field"), [

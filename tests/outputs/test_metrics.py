@@ -106,9 +106,9 @@ def test_the_textfile_adds_api_counts_up_over_runs_in_the_journal(tmp_path: Path
     with Journal.open(tmp_path / "state", "pod", "pod") as j:
         for run, expect in ((3, 3), (4, 7)):
             with j.transaction():
-                assert metrics._added_up(j, metrics.API_ERRORS_CURSOR, {key: run}) == {key: expect}
-        with j.transaction():  # the requests' own cursor is apart
-            assert metrics._added_up(j, metrics.API_CURSOR, {key: 1}) == {key: 1}
+                assert metrics._added_up(j, True, {key: run}) == {key: expect}
+        with j.transaction():  # the requests' own count is apart
+            assert metrics._added_up(j, False, {key: 1}) == {key: 1}
 
 
 def test_time_to_resume_counts_from_each_interrupted_end_to_the_next_launch() -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 
 import pytest
+from policy_support import CFG, at, ckpt, kinds, node, obs, run_mem, running, tick
 
 from tpuwatch.config import ALERT_KINDS
-from tpuwatch.policy import alerts
+from tpuwatch.model import Checkpoint
+from tpuwatch.policy import Attempt, Memory, Phase, alerts
 
 T = datetime(2026, 11, 24, 1, 0, tzinfo=timezone.utc)
 WHERE = alerts.Where("llm", "llm-pod", "us-central2-b")
@@ -27,6 +30,8 @@ CASES = [
     ("done", "attempt 5: worker 0 exited 0", {}, "done"),
     ("status", "attempt 1 running", {"row": "running"}, None),
     ("delete", "node PREEMPTED", {}, None),
+    ("checkpoint_stale", "attempt 3 has run 3h00m without a new complete checkpoint (still step 100)",
+     {"attempt": 3}, "checkpoint_stale"),
 ]
 
 
@@ -70,3 +75,43 @@ def test_keys_differ_by_event_kind_and_journal() -> None:
     assert a != alerts.key_for("llm", 7, "failed", T)
     # a journal started again reuses event ids; its events are newer
     assert a != alerts.key_for("llm", 7, "done", T.replace(hour=2))
+
+
+# ---- row checkpoint_stale: the warning that no checkpoint is being saved ---------------------
+
+
+def test_checkpoint_stale_warns_while_running_of_an_old_or_missing_checkpoint() -> None:
+    now = datetime(2025, 1, 1, 12, tzinfo=timezone.utc)
+    running_mem = Memory(phase=Phase.RUNNING,
+                         attempt=Attempt(number=3, start=now - timedelta(hours=3), start_step=100))
+    fresh = Checkpoint("/c/200", 200, "orbax", now - timedelta(minutes=10))
+    old = Checkpoint("/c/200", 200, "orbax", now - timedelta(minutes=80))
+    assert alerts.checkpoint_stale(running_mem, fresh, 75 * 60, now) is None
+    text = alerts.checkpoint_stale(running_mem, old, 75 * 60, now)
+    assert text is not None and "step 200" in text and "1h20m old" in text and "job.checkpoint_warn_age" in text
+    # no time known (e.g. a layout without one): the attempt saved nothing newer in 3 hours
+    stuck = Checkpoint("/c/100", 100, "orbax", None)
+    text = alerts.checkpoint_stale(running_mem, stuck, 75 * 60, now)
+    assert text is not None and "attempt 3 has run 3h00m without a new complete checkpoint (still step 100)" in text
+    assert alerts.checkpoint_stale(running_mem, Checkpoint("/c/150", 150, "orbax", None), 75 * 60, now) is None
+    # only while the job runs: waiting for a node ages every checkpoint
+    assert alerts.checkpoint_stale(Memory(phase=Phase.WAITING_NODE), old, 75 * 60, now) is None
+
+
+def test_decide_raises_the_checkpoint_warning_and_remembers_since_when_it_stands() -> None:
+    cfg = replace(CFG, checkpoint_warn_age=600.0)
+    o = obs(node(), probes=running(1), checkpoint=ckpt(100))  # the step the attempt started from
+    mem = run_mem(1, start=0.0, step=100)
+    d = tick(o, mem, 500.0, cfg)
+    assert d.row == "running" and d.checkpoint_warning == "" and d.memory.marks.checkpoint_warned is None
+    d = tick(o, d.memory, 700.0, cfg)  # 700 s without a newer one: longer than 600 s
+    assert d.row == "running" and not d.actions
+    assert d.checkpoint_warning.startswith("attempt 1 has run 11m40s without a new complete checkpoint")
+    assert d.memory.marks.checkpoint_warned == at(700.0)
+    later = tick(o, d.memory, 900.0, cfg)  # still standing: since when is kept (one alert per stretch)
+    assert later.checkpoint_warning and later.memory.marks.checkpoint_warned == at(700.0)
+    saved = tick(replace(o, checkpoint=ckpt(200)), later.memory, 960.0, cfg)
+    assert saved.checkpoint_warning == "" and saved.memory.marks.checkpoint_warned is None
+    # the warning never changes what is done, and a person's --dry-run keeps the memory
+    assert kinds(later) == kinds(tick(o, mem, 900.0, replace(cfg, checkpoint_warn_age=1e9)))
+    assert tick(replace(o, dry_run=True), mem, 900.0, cfg).memory == mem

@@ -150,7 +150,7 @@ def walk(data: st.DataObject | Replay, cfg: PolicyConfig, ticks: int) -> list[St
         for a in d.actions:
             if isinstance(a, (DeleteNode, CreateNode)) and data.draw(st.integers(0, 3)) > 0:
                 ops += 1
-                mem = operation_started(mem, f"op-{ops}")
+                mem = operation_started(mem, f"op-{ops}", at(now))
     return steps
 
 

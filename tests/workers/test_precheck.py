@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +19,11 @@ import pytest
 
 from tpuwatch.config import validate
 from tpuwatch.errors import ConfigError
-from tpuwatch.model import CheckItem, Checkpoint
-from tpuwatch.policy import Attempt, Memory, Phase
+from tpuwatch.model import CheckItem
 from tpuwatch.workers import protocol
 from tpuwatch.workers.precheck import (
     CustomCheck,
     Settings,
-    checkpoint_warning,
     chips_per_host,
     evaluate,
     interpreter_of,
@@ -312,22 +310,3 @@ def test_skip_may_name_a_custom_check() -> None:
     assert Settings(skip=frozenset(p["skip"]), custom=(CustomCheck("gcs", "x", 1),)).custom_checks == ()
 
 
-# ---- checkpoint age (item 4) ----------------------------------------------------------------
-
-
-def test_checkpoint_age_warning() -> None:
-    now = datetime(2025, 1, 1, 12, tzinfo=timezone.utc)
-    running = Memory(phase=Phase.RUNNING,
-                     attempt=Attempt(number=3, start=now - timedelta(hours=3), start_step=100))
-    fresh = Checkpoint("/c/200", 200, "orbax", now - timedelta(minutes=10))
-    old = Checkpoint("/c/200", 200, "orbax", now - timedelta(minutes=80))
-    assert checkpoint_warning(fresh, running, 75 * 60, now) is None
-    text = checkpoint_warning(old, running, 75 * 60, now)
-    assert text is not None and "step 200" in text and "1h20m old" in text and "job.checkpoint_warn_age" in text
-    # no time known (e.g. a layout without one): the attempt saved nothing newer in 3 hours
-    stuck = Checkpoint("/c/100", 100, "orbax", None)
-    text = checkpoint_warning(stuck, running, 75 * 60, now)
-    assert text is not None and "attempt 3 has run 3h00m without a new complete checkpoint (still step 100)" in text
-    assert checkpoint_warning(Checkpoint("/c/150", 150, "orbax", None), running, 75 * 60, now) is None
-    # only while the job runs: waiting for a node ages every checkpoint
-    assert checkpoint_warning(old, Memory(phase=Phase.WAITING_NODE), 75 * 60, now) is None

@@ -51,7 +51,7 @@ from tpuwatch.config import SCHEMA, Config, validate
 from tpuwatch.durations import human
 from tpuwatch.journal import Journal
 from tpuwatch.loop import next_delay, run_job
-from tpuwatch.policy import Memory, Observation, PolicyConfig, decide
+from tpuwatch.policy import Marks, Memory, Observation, PolicyConfig, decide
 from tpuwatch.ports import Flags, JobPorts
 from tpuwatch.tick import TickReport
 
@@ -447,7 +447,7 @@ class TpuwatchDriver:
     `running`, no action, same memory, same checkpoint, no event, the world untouched, the
     poll as delay), the driver replays that measured period - its API calls, log reads, ssh
     connections, jitter draws and ticks - whole periods at a time, up to the BenchWorld's next
-    observable change, and moves the journal's `audit_read_at` cursor with it, so the next real
+    observable change, and moves the memory's `marks.audit_read_at` with it, so the next real
     tick reads the audit log exactly when it would have. It asks the policy itself (`decide`
     is pure) whether the decision at the end of the jump is still `running` with the same
     memory, so a time-based rule (hang_timeout) fires on time. Runs with and without it give the
@@ -614,7 +614,9 @@ class TpuwatchDriver:
             self._jitter()
         self.until(self._after(ticks))
         with journal.transaction():  # as the last replayed tick, which read the log, left it
-            journal.set_cursor("audit_read_at", at(sim.now).isoformat())
+            mem = journal.load_memory()
+            if mem is not None:
+                journal.save_memory(replace(mem, marks=replace(mem.marks, audit_read_at=at(sim.now))))
 
     def _after(self, ticks: int) -> float:
         """The clock after `ticks` steady waits of a poll each, added up one by one as the loop's
@@ -652,10 +654,11 @@ class TpuwatchDriver:
 
 def _steady(mem: Memory) -> Memory:
     """The memory without the log cadence's bookkeeping (policy/cadence.py: the last write seen
-    and the silence since), which moves on every tick of a job that logs every minute. Replayed
-    ticks leave it as the last real tick did; the next real tick learns at most the silence a
-    tick saw plus one poll, as after any gap between ticks."""
-    return replace(mem, hang=replace(mem.hang, log_last=None, log_peak=0.0))
+    and the silence since), which moves on every tick of a job that logs every minute, nor the
+    times of what the tick does on a schedule (`marks`: the audit log's read, moved with the jump).
+    Replayed ticks leave them as the last real tick did; the next real tick learns at most the
+    silence a tick saw plus one poll, as after any gap between ticks."""
+    return replace(mem, hang=replace(mem.hang, log_last=None, log_peak=0.0), marks=Marks())
 
 
 class Watchers:

@@ -126,20 +126,16 @@ def journal_facts(node: NodeSnapshot) -> dict[str, Any] | None:
     try:
         with journal:
             mem = journal.load_memory()
-            pre = journal.cursor("precheck_last")
-            ck = journal.cursor("checkpoint_warning")
+            pre = journal.precheck_report()
+            # the warning standing: the event that raised it (journaled once per stretch)
+            warned = journal.last_event("checkpoint_stale") if mem is not None and mem.marks.checkpoint_warned else None
     except (TpuwatchError, OSError):
         return None
-    out: dict[str, Any] = {"job": job, "precheck": None, "checkpoint_warning": None}
+    out: dict[str, Any] = {"job": job, "precheck": pre, "checkpoint_warning": None}
     if mem is not None:
         out["job"] = f"{job}: {mem.phase.value}, attempt {mem.attempt.number}" + (f" ({mem.reason})" if mem.reason else "")
-    try:
-        out["precheck"] = json.loads(pre) if pre else None
-        warning = json.loads(ck) if ck else None
-    except ValueError:
-        return out
-    if isinstance(warning, dict) and warning.get("text"):
-        out["checkpoint_warning"] = f"{warning['text']} (as of {warning.get('time', '?')})"
+    if warned is not None:
+        out["checkpoint_warning"] = f"{warned.reason} (as of {warned.time.isoformat()})"
     return out
 
 

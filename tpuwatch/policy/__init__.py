@@ -29,7 +29,7 @@ The API the tick uses (observe -> decide -> journal -> act):
     # memory, events, attempts; one transaction), then its actions in order: Launch, StopWorkers,
     # Wait, DeleteNode, CreateNode, ClearQueued, FollowOperation, MarkDone, Fail, NeedsPerson,
     # StartMaintenance, ReportHost; after DeleteNode / CreateNode returned an operation name:
-    #     mem = journal.record_operation(now, d.memory, name, action.kind, action.zone)
+    #     mem = journal.record_operation(now, d.memory, name, action.kind, action.zone)  # operation_started
     # and returns Again(obs, memory) when the decision asked for more (settle.py), else None.
     exit with d.exit_code; `watch` returns when d.terminal.
 
@@ -65,6 +65,7 @@ from tpuwatch.policy.state import (
     Host,
     IllegalTransition,
     Maintenance,
+    Marks,
     Memory,
     Phase,
     Recreate,
@@ -97,7 +98,7 @@ __all__ = [
     "MAX_DECIDES", "OUTCOMES", "ROWS", "TRANSITIONS", "Action", "Again", "Attempt", "AttemptEnd", "AttemptFacts",
     "Boot", "Budgets", "ClearQueued", "Cond", "CreateNode",
     "Decision", "DeleteNode", "Evidence", "Fail", "FollowOperation", "GoogleStop", "HangLearning", "Host", "IllegalTransition",
-    "ImpossibleObservation", "Launch", "Maintenance", "MarkDone", "Memory", "NeedsPerson", "Observation", "Outcome",
+    "ImpossibleObservation", "Launch", "Maintenance", "MarkDone", "Marks", "Memory", "NeedsPerson", "Observation", "Outcome",
     "Phase", "PolicyConfig", "Recreate", "Repair", "ReportHost", "Row", "StartMaintenance", "StartNode", "StopWorkers", "Verdict", "Wait", "action_dict", "backoff_delay",
     "UnsettledTick", "classify", "decide", "decide_until_settled", "describe_exit", "effective_hang_limit", "next_level", "node_condition", "operation_started",
     "restart_delay",

@@ -3,7 +3,10 @@
 Rules of this module:
 - Alerts are derived from what the tick already journals (its events) and from the upcoming
   maintenance notice the tick saw; nothing here adds a rule to recovery. `RULES` is the table:
-  event kind and a test of its data -> alert kind and its text.
+  event kind and a test of its data -> alert kind and its text. One warning is decided here too,
+  since nothing is done about it but telling people: `checkpoint_stale` (a running attempt that
+  saves no new checkpoint), which `decide` puts in the Decision and the journal records once per
+  stretch, as a `checkpoint_stale` event.
 - Pure: no I/O, no clock. The same event always gives the same alert and the same key, so
   deriving it again (a restarted watcher, the next cron run) adds nothing.
 - A line names the job, node and zone, what happened, and what tpuwatch did or needs. It never
@@ -18,8 +21,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from tpuwatch.model import UpcomingMaintenance
+from tpuwatch.durations import human
+from tpuwatch.model import Checkpoint, UpcomingMaintenance
 from tpuwatch.policy.maintenance import maintenance_plan
+from tpuwatch.policy.rows import Row
+from tpuwatch.policy.state import Memory, Phase
 
 
 @dataclass(frozen=True)
@@ -107,7 +113,44 @@ RULES: tuple[Rule, ...] = (
     Rule("launch", lambda d: int(d.get("attempt") or 0) > 1, "resumed",
          lambda r, d: f"resuming: launching attempt {d.get('attempt')} from {_step(d)}"),
     Rule("done", _always, "done", lambda r, d: f"job done: {r}"),
+    Rule("checkpoint_stale", _always, "checkpoint_stale",
+         lambda r, d: f"no new checkpoint: {r}. tpuwatch keeps following the job; look at whether it still saves "
+                      "(a job that saves none loses all its work at the next disruption)"),
 )
+
+
+# The warnings the policy decides: told to people, never acted on (docs/policy.md shows them).
+WARNING_ROWS: tuple[Row, ...] = (
+    Row("checkpoint_stale", "the attempt runs (RUNNING), and its newest complete checkpoint is older than "
+        "job.checkpoint_warn_age, or it has run that long without one newer than it started from",
+        "nothing is done about it: every tick says so; the journal records it once per stretch (a checkpoint_stale "
+        "event, and its alert), since when in the memory (marks.checkpoint_warned)"),
+)
+
+
+def checkpoint_stale(mem: Memory, checkpoint: Checkpoint | None, warn_age: float, now: datetime) -> str | None:
+    """The warning (row `checkpoint_stale`, docs/policy.md) while the attempt runs, when the newest
+    complete checkpoint is older than `job.checkpoint_warn_age`, or the attempt has run that long
+    without saving a newer one; None when there is nothing to say.
+
+    Only while RUNNING: a job waiting for its node naturally has an ageing checkpoint.
+    """
+    if mem.phase is not Phase.RUNNING or mem.attempt.start is None:
+        return None
+    limit = f"job.checkpoint_warn_age ({human(warn_age)})"
+    if checkpoint is not None and checkpoint.time is not None:
+        age = (now - checkpoint.time).total_seconds()
+        if age > warn_age:
+            return (f"the newest complete checkpoint (step {checkpoint.step}) is {human(age)} old, older than "
+                    f"{limit}: is the job still saving?")
+    ran = (now - mem.attempt.start).total_seconds()
+    start = mem.attempt.start_step
+    stuck = checkpoint is None or (start is not None and checkpoint.step <= start)
+    if ran > warn_age and stuck:
+        since = f"still step {start}" if start is not None else "none yet"
+        return (f"attempt {mem.attempt.number} has run {human(ran)} without a new complete checkpoint ({since}), "
+                f"longer than {limit}")
+    return None
 
 
 def key_for(job: str, event_id: int, kind: str, time: datetime) -> str:

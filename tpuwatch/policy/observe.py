@@ -9,12 +9,14 @@ What more a decision asks for in the same tick, and the bound on it, is `settle.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Literal
 
 from tpuwatch.model import NodeSnapshot, WorkerProbe
 from tpuwatch.policy.google import STOP_STATES, stop_word_due
-from tpuwatch.policy.state import Memory, Phase
+from tpuwatch.policy.state import Marks, Memory, Phase
+from tpuwatch.policy.values import Observation
 
 # The audit log is read at least this often (seconds), whatever the job looks like: evidence of
 # a maintenance or a preemption ahead is in it, and a minute is soon enough for that.
@@ -33,25 +35,33 @@ def launch_likely(mem: Memory, node: NodeSnapshot | None, now: datetime) -> bool
         mem.phase is Phase.BACKOFF and (mem.budgets.backoff_until is None or mem.budgets.backoff_until <= now))
 
 
+def _since(then: datetime | None, now: datetime) -> float | None:
+    return None if then is None else (now - then).total_seconds()
+
+
 def precheck_due(mem: Memory, node: NodeSnapshot | None, probes: Sequence[WorkerProbe] | None,
-                 since_last: float | None, interval: float) -> bool:
-    """The periodic environment checks while the attempt runs: every `interval` seconds."""
+                 now: datetime, interval: float) -> bool:
+    """The periodic environment checks while the attempt runs: every `interval` seconds since
+    they last ran (`Memory.marks.precheck_at`)."""
     if mem.phase is not Phase.RUNNING or node is None or not node.usable or not probes:
         return False
     if not any(p.state == "running" for p in probes):
         return False
+    since_last = _since(mem.marks.precheck_at, now)
     return since_last is None or since_last >= interval
 
 
 def audit_due(mem: Memory, node: NodeSnapshot | None, probes: Sequence[WorkerProbe] | None,
-              since_last: float | None, now: datetime | None = None) -> bool:
-    """Read the audit log now: once per AUDIT_INTERVAL, or sooner when something looks wrong.
+              now: datetime) -> bool:
+    """Read the audit log now: once per AUDIT_INTERVAL since it was last read
+    (`Memory.marks.audit_read_at`), or sooner when something looks wrong.
 
     Sooner while an attempt runs and a worker is not running on a node that looks fine: that is
     when a terminate/restart entry decides whether the end is charged; and while a VM that Google
     deletes itself is missing: a preemption entry decides whether it is made again. A node that
     is down, being repaired or recreated is evidence enough by its state; the log can wait.
     """
+    since_last = _since(mem.marks.audit_read_at, now)
     if since_last is None or since_last >= AUDIT_INTERVAL:
         return True
     wrong = mem.phase is Phase.RUNNING and (
@@ -59,9 +69,22 @@ def audit_due(mem: Memory, node: NodeSnapshot | None, probes: Sequence[WorkerPro
     # A missing VM that Google deletes itself: the log says whether it did (policy/google.py)
     gone = node is None and mem.google.deletes and mem.phase not in (Phase.DELETING, Phase.CREATING, Phase.QUEUED)
     # A stopped VM, for a while: the log says whether Compute Engine stopped it (a repair) or a person
-    stopped = (now is not None and node is not None and node.state in STOP_STATES
+    stopped = (node is not None and node.state in STOP_STATES
                and mem.phase not in (Phase.DELETING, Phase.CREATING, Phase.QUEUED) and stop_word_due(mem, now))
     return (wrong or gone or stopped) and since_last >= MIN_AUDIT_GAP
+
+
+def stamped(mem: Memory, obs: Observation, now: datetime, stale: bool) -> Memory:
+    """`mem` with this tick's marks, journaled with its decision: the audit log read now
+    (`obs.audit_read`), the environment checks whose report it decides with, and since when the
+    stale-checkpoint warning stands (`stale`: alerts.checkpoint_stale warns now)."""
+    marks = mem.marks
+    checked = marks.precheck_at
+    if obs.precheck is not None and (checked is None or obs.precheck.time > checked):
+        checked = obs.precheck.time
+    new = Marks(audit_read_at=now if obs.audit_read else marks.audit_read_at, precheck_at=checked,
+                checkpoint_warned=(marks.checkpoint_warned or now) if stale else None)
+    return mem if new == marks else replace(mem, marks=new)
 
 
 def operation_due(mem: Memory) -> Literal["delete", "create"] | None:

@@ -5,11 +5,15 @@ the phase, and one frozen record per concern: the attempt followed (`Attempt`: w
 from which checkpoint, disruption evidence seen during it), what recovery has spent (`Budgets`),
 maintenance (`Maintenance`), a node under repair (`Repair`), a delete + create in flight
 (`Recreate`), what hang detection learned (`HangLearning`), the node's boots (`Boot`), the
-evidence against one worker's host (`Host`) and Google's own stops of a Compute Engine VM
-(`GoogleStop`).
+evidence against one worker's host (`Host`), Google's own stops of a Compute Engine VM
+(`GoogleStop`), and when the tick last did what it does on a schedule (`Marks`: the audit log
+read, the environment checks run, the stale-checkpoint warning raised), so a cron `check`, a
+fresh process each time, keeps their cadence.
 Everything else is re-observed every tick. The journal stores it with `to_dict` / `from_dict`,
 each field read back by its declared type; memory saved flat (version 1) is read into the
-records. This module does no I/O itself.
+records. Version 2 kept the times of `Marks` and `Recreate.op_started` in the journal's other
+tables; the journal fills them in from there when it reads such a memory. This module does no
+I/O itself.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, get_args, get_type_hints
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-MEMORY_VERSION = 2
+MEMORY_VERSION = 3
 MAX_EVIDENCE = 16  # evidence kept per attempt; the newest of each kind wins
 
 
@@ -162,6 +166,9 @@ class Recreate:
 
     zone_try: int = 0  # index into PolicyConfig.zones during a create cycle
     pending_op: str | None = None  # the DELETING / CREATING operation's name; None until known
+    # when tpuwatch started `pending_op` (set with it; read only with it): its age, for
+    # recovery.operation_timeout
+    op_started: datetime | None = None
     deleting_node_id: str = ""
     queued_since: datetime | None = None
     queue_tries: int = 0
@@ -251,6 +258,18 @@ class GoogleStop:
 
 
 @dataclass(frozen=True)
+class Marks:
+    """When the tick last did what it does on a schedule, and since when a warning stands: times
+    later decisions read (policy/observe.py, policy/alerts.py) and no later tick can observe."""
+
+    audit_read_at: datetime | None = None  # the audit log last read (observe.audit_due)
+    precheck_at: datetime | None = None  # the environment checks last ran (observe.precheck_due)
+    # since when the running attempt has shown no new checkpoint for job.checkpoint_warn_age
+    # (alerts.checkpoint_stale): the warning is journaled (and alerted) once per such stretch
+    checkpoint_warned: datetime | None = None
+
+
+@dataclass(frozen=True)
 class Memory:
     """What the policy remembers between ticks. `Memory.initial(zone)` starts a job."""
 
@@ -266,6 +285,7 @@ class Memory:
     boot: Boot = Boot()
     host: Host = Host()
     google: GoogleStop = GoogleStop()
+    marks: Marks = Marks()
 
     @classmethod
     def initial(cls, zone: str) -> Memory:
@@ -282,12 +302,13 @@ class Memory:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Memory:
-        """Rebuild memory saved by `to_dict`, or by a tpuwatch that kept it flat (version 1);
+        """Rebuild memory saved by `to_dict`, or by a tpuwatch that kept it flat (version 1) or
+        kept some times elsewhere (version 2: those are left unset, for the journal to fill in);
         ValueError naming the field when it is not."""
         if not isinstance(data, dict):
             raise ValueError("memory: expected a JSON object")
         version = data.get("version")
-        if version not in (1, MEMORY_VERSION):
+        if version not in (1, 2, MEMORY_VERSION):
             raise ValueError(f"memory: version {version!r}, this tpuwatch reads version {MEMORY_VERSION}")
         body = {k: v for k, v in data.items() if k != "version"}
         return _load(cls, _nest(body) if version == 1 else body)

@@ -21,12 +21,13 @@ from dataclasses import replace
 from datetime import datetime
 
 from tpuwatch.policy import google
+from tpuwatch.policy.alerts import checkpoint_stale
 from tpuwatch.policy.draft import Draft, worker_list
 from tpuwatch.policy.early import early_refused
 from tpuwatch.policy.evidence import refund, signs
 from tpuwatch.policy.faulty import report_refused
 from tpuwatch.policy.nodes import Cond, boots_seen, node_condition
-from tpuwatch.policy.observe import launch_likely
+from tpuwatch.policy.observe import launch_likely, stamped
 from tpuwatch.policy.operations import creating, delete_unstarted, deleting, queued
 from tpuwatch.policy.recovery import dead, missing, person, repairing, someone_deleting
 from tpuwatch.policy.state import TERMINAL, Memory, Phase, merge_evidence
@@ -106,6 +107,10 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
             actions = tuple(replace(a, wait=True) if probe_after and isinstance(a, StopWorkers) else a
                             for a in decision.actions)
             decision = replace(decision, probe_after=probe_after, actions=actions)
+    # What the tick did on a schedule, and the warning it tells people, journaled with the decision.
+    warning = checkpoint_stale(mem, obs.checkpoint, cfg.checkpoint_warn_age, now)
+    decision = replace(decision, memory=stamped(decision.memory, obs, now, warning is not None),
+                       checkpoint_warning=warning or "")
     if obs.dry_run:
         return replace(decision, memory=mem, summary=f"dry run: {decision.summary}", ended=(), operation_done=None)
     return decision
@@ -117,15 +122,15 @@ def nothing_left(probes: Sequence[WorkerProbe] | None) -> bool:
     return bool(probes) and all(p.state in ("exited", "absent") and not p.lingering for p in probes or ())
 
 
-def operation_started(mem: Memory, name: str) -> Memory:
-    """Memory after the tick started the DeleteNode/CreateNode operation called `name`.
+def operation_started(mem: Memory, name: str, now: datetime) -> Memory:
+    """Memory after the tick started the DeleteNode/CreateNode operation called `name` at `now`.
 
     "" (a create answered ALREADY_EXISTS for tpuwatch's own earlier create) records nothing:
     the next tick sees the node.
     """
     if mem.phase not in (Phase.DELETING, Phase.CREATING):
         raise ValueError(f"operation_started: no operation is started in phase {mem.phase.value}")
-    return replace(mem, recreate=replace(mem.recreate, pending_op=name)) if name else mem
+    return replace(mem, recreate=replace(mem.recreate, pending_op=name, op_started=now)) if name else mem
 
 
 # ---------------------------------------------------------------------------------------------

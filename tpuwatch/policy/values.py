@@ -62,6 +62,7 @@ class PolicyConfig:
     backoff_max: float = 300.0
     stable_run: float = 3600.0
     poll_interval: float = 30.0
+    checkpoint_warn_age: float = 4500.0  # job.checkpoint_warn_age (alerts.checkpoint_stale)
     primary_worker: int = 0  # whose exit 0 means the job is done
     # One worker unreachable while the others run ends the attempt only after this long, so a
     # single dropped ssh connection does not cost a restart. Not a setting of its own: one
@@ -128,6 +129,7 @@ class PolicyConfig:
             backoff_max=float(r["backoff_max"]),
             stable_run=float(r["stable_run"]),
             poll_interval=float(r["poll_interval"]),
+            checkpoint_warn_age=float(cfg.job["checkpoint_warn_age"]),
             primary_worker=0 if workers == "all" else min(workers),
             unreachable_grace=float(r["poll_interval"]),
             operation_timeout=float(r["operation_timeout"]),
@@ -169,6 +171,7 @@ class Observation:
     maintenance_refused: str = ""
     # The cloud refused this tick's ReportHost at the call ("CODE: message"); decide again.
     host_report_refused: str = ""
+    audit_read: bool = False  # this tick read the audit log (observe.audit_due said it was due)
     # The node's queued resource ([tpu] queued_resource), read while it matters: the node is
     # missing or being deleted, or a create through it is followed. None: not read, or a plain node.
     queued: QueuedStatus | None = None
@@ -349,6 +352,9 @@ class Decision:
     check_after: bool = False
     probe_after: bool = False
     decide_again: bool = False
+    # What to tell people though nothing is done about it: the running attempt saves no new
+    # checkpoint (alerts.checkpoint_stale); journaled once per stretch (Memory.marks.checkpoint_warned)
+    checkpoint_warning: str = ""
 
     @property
     def terminal(self) -> bool:

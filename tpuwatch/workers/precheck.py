@@ -21,7 +21,6 @@ not here. This module decides nothing, and sees the journal only through `Preche
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import shlex
@@ -35,7 +34,6 @@ from tpuwatch.config import PRECHECK_IDS
 from tpuwatch.durations import human
 from tpuwatch.model import (
     CheckItem,
-    Checkpoint,
     CheckVerdict,
     NodeSnapshot,
     PrecheckReport,
@@ -46,7 +44,6 @@ from tpuwatch.workers import protocol
 
 if TYPE_CHECKING:
     from tpuwatch.config import Config
-    from tpuwatch.policy import Memory
     from tpuwatch.workers.ssh import SshResult
     from tpuwatch.workers.sshworkers import SshWorkers
 
@@ -548,63 +545,33 @@ def summary(report: PrecheckReport) -> str:
 
 
 class PrecheckJournal(Protocol):
-    def cursor(self, name: str) -> str | None: ...
+    def precheck_report(self) -> dict[str, Any] | None: ...
 
-    def set_cursor(self, name: str, value: str | None) -> None: ...
+    def set_precheck_report(self, report: Mapping[str, Any]) -> None: ...
 
     def add_event(self, time: datetime, kind: str, reason: str, data: Mapping[str, Any] | None = None) -> None: ...
 
 
 def last(journal: PrecheckJournal) -> PrecheckReport | None:
     """The last report the journal keeps (for status and the dashboard), or None."""
-    text = journal.cursor("precheck_last")
-    if not text:
+    data = journal.precheck_report()
+    if data is None:
         return None
     try:
-        return report_from_dict(json.loads(text))
+        return report_from_dict(data)
     except ValueError:
         return None
 
 
 def record(journal: PrecheckJournal, now: datetime, report: PrecheckReport) -> None:
-    """Keep the last report, with an event when what fails changes. Call inside the tick's transaction."""
+    """Keep the last report (for `status`; when it ran is the policy's, in Memory.marks), with an
+    event when what fails changes. Call inside the tick's transaction."""
     previous = last(journal)
     before = sorted(failing_lines(previous)) if previous is not None else None
-    journal.set_cursor("precheck_at", now.isoformat())
-    journal.set_cursor("precheck_last", json.dumps(report_dict(report), sort_keys=True))
+    journal.set_precheck_report(report_dict(report))
     if before != sorted(failing_lines(report)):
         # The event keeps what did not pass; the full report stays in the cursor above.
         data = report_dict(report)
         data["checked"] = len(data["items"])
         data["items"] = [i for i in data["items"] if i["verdict"] in ("fail", "warn")]
         journal.add_event(now, "precheck", summary(report), data)
-
-
-# ---- checkpoint age ---------------------------------------------------------------------
-
-
-def checkpoint_warning(checkpoint: Checkpoint | None, mem: Memory, warn_age: float,
-                       now: datetime) -> str | None:
-    """A warning while the attempt runs when the newest complete checkpoint is older than
-    `job.checkpoint_warn_age`, or the attempt has run that long without saving a newer one.
-
-    Only while RUNNING: a job waiting for its node naturally has an ageing checkpoint.
-    """
-    from tpuwatch.policy import Phase
-
-    if mem.phase is not Phase.RUNNING or mem.attempt.start is None:
-        return None
-    limit = f"job.checkpoint_warn_age ({human(warn_age)})"
-    if checkpoint is not None and checkpoint.time is not None:
-        age = (now - checkpoint.time).total_seconds()
-        if age > warn_age:
-            return (f"the newest complete checkpoint (step {checkpoint.step}) is {human(age)} old, older than "
-                    f"{limit}: is the job still saving?")
-    ran = (now - mem.attempt.start).total_seconds()
-    start = mem.attempt.start_step
-    stuck = checkpoint is None or (start is not None and checkpoint.step <= start)
-    if ran > warn_age and stuck:
-        since = f"still step {start}" if start is not None else "none yet"
-        return (f"attempt {mem.attempt.number} has run {human(ran)} without a new complete checkpoint ({since}), "
-                f"longer than {limit}")
-    return None
