@@ -23,7 +23,8 @@ The API the tick uses (observe -> decide -> journal -> act):
                       operation=<status of mem.recreate.pending_op, when observe.operation_due>,
                       create_failure=<recreate.classify_operation(op).kind when it failed>,
                       queued=<the queued resource's state, when observe.queued_due>, jitter=random.random(),
-                      checks=<environment checks available>, adopt=..., ...)
+                      checks=<environment checks available>, audit_read=<this tick read the audit log>,
+                      adopt=..., ...)   # when to read the log or check: observe.audit_due, precheck_due
     d = decide_until_settled(obs, mem, cfg, now, settle)
     # settle(d, obs, mem), for each decision: journal.record(now, d, obs.operation) (write-ahead:
     # memory, events, attempts; one transaction), then its actions in order: Launch, StopWorkers,
