@@ -8,7 +8,7 @@
     python scripts/bench_goodput.py --slices 4                 # one job over 4 slices (Multislice)
     python scripts/bench_goodput.py --api compute              # the slice as a Compute Engine MIG (TPU7x, Spot)
 
-Every tool replays the same trace (tpuwatch.bench): tpuwatch itself (`watch`'s loop over the real
+Every tool replays the same trace (lab/): tpuwatch itself (`watch`'s loop over the real
 tick, policy, config and journal, against in-memory ports), the bash loop of the TPU docs,
 TensorFlow's retry.sh, tpunicorn babysit, Levanter's babysit script, SkyPilot's managed-job loop,
 and an oracle that bounds them all. See docs/benchmarks.md for the model.
@@ -19,9 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
-from tpuwatch.bench import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the clone's lab/ (not in the wheel)
+
+from lab import (
     Params,
     TraceConfig,
     make_tools,
@@ -30,9 +33,9 @@ from tpuwatch.bench import (
     run_all,
     tpuwatch_config,
 )
-from tpuwatch.bench.goodput import as_json, bug_json, render_bug, render_sweep, sweep, sweep_json
-from tpuwatch.bench.tools import per_slice_tool
-from tpuwatch.bench.trace import make_bug_trace
+from lab.goodput import as_json, bug_json, render_bug, render_sweep, sweep, sweep_json
+from lab.tools import per_slice_tool
+from lab.trace import make_bug_trace
 from tpuwatch.config import SCHEMA
 from tpuwatch.durations import human, parse_duration
 from tpuwatch.errors import TpuwatchError, UsageError
@@ -84,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
     g = ap.add_argument_group("the job and the slice")
     g.add_argument("--api", choices=("tpu", "compute"), default="tpu",
                    help="the API that made the slice: a Cloud TPU API node, or a Compute Engine MIG "
-                        "(tpuwatch.bench.compute)")
+                        "(lab.compute)")
     g.add_argument("--provisioning", choices=("spot", "standard"), default="spot",
                    help="--api compute: the MIG's VMs (standard: no preemptions; host errors restarted by "
                         "Compute Engine instead of the MIG's autoheal)")
@@ -196,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = tpuwatch_config(**common)
     tuned = tpuwatch_config(**{**common, **tuned_keys})
     if args.api == "compute":
-        from tpuwatch.bench.compute import compute_config, compute_tools
+        from lab.compute import compute_config, compute_tools
 
         cfg, tuned = compute_config(**common), compute_config(**{**common, **tuned_keys})
         chosen = compute_tools(cfg, tuned, args.provisioning, skip_idle=not args.every_tick)

@@ -1,4 +1,4 @@
-"""The goodput benchmark's Compute Engine model (tpuwatch.bench.compute): tpuwatch's real tick
+"""The goodput benchmark's Compute Engine model (lab.compute): tpuwatch's real tick
 and policy over a TPU7x-shaped Spot MIG whose state reaches it through the product's own
 `cloud.compute` mapping of compute_v1 messages."""
 
@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tpuwatch.bench import Fault, Params, Trace, TraceConfig, make_trace, run_all, run_tool
-from tpuwatch.bench.compute import BenchCompute, MigModel, compute_config, compute_tools
-from tpuwatch.bench.engine import BenchWorld, Meter, Sim
-from tpuwatch.bench.tools import Run, Tool
+from lab import Fault, Params, Trace, TraceConfig, make_trace, run_all, run_tool
+from lab.clock import Sim
+from lab.compute import BenchCompute, MigModel, compute_config, compute_tools
+from lab.tools import Run, Tool
+from lab.world import BenchWorld, Meter
 from tpuwatch.errors import UsageError
 
 pytestmark = pytest.mark.slow  # long: run first (tests/conftest.py)

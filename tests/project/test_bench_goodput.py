@@ -1,5 +1,5 @@
 """The goodput benchmark's engine, its tpuwatch driver (the real tick over in-memory ports) and
-its baseline models (tpuwatch.bench)."""
+its baseline models (lab/)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tpuwatch.bench import (
+from lab import (
     Fault,
     Params,
     Trace,
@@ -22,8 +22,8 @@ from tpuwatch.bench import (
     run_tool,
     tpuwatch_config,
 )
-from tpuwatch.bench.tools import Tool, tpuwatch_tool
-from tpuwatch.bench.trace import ANNOUNCED, make_bug_trace
+from lab.tools import Tool, tpuwatch_tool
+from lab.trace import ANNOUNCED, make_bug_trace
 from tpuwatch.config import Config, validate
 from tpuwatch.policy import PolicyConfig
 from tpuwatch.policy.recovery import FAILED_REPAIR_GRACE

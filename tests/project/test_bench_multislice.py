@@ -1,5 +1,5 @@
 """The goodput benchmark over several slices (Multislice): the engine's one-job-over-N-slices
-model, the ideal bound over N slices and the "one tpuwatch per slice" baseline (tpuwatch.bench)."""
+model, the ideal bound over N slices and the "one tpuwatch per slice" baseline (lab/)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tpuwatch.bench import (
+from lab import (
     BenchWorld,
     Fault,
     Params,
@@ -21,8 +21,8 @@ from tpuwatch.bench import (
     run_tool,
     tpuwatch_config,
 )
-from tpuwatch.bench.tools import Tool, per_slice_tool, tpuwatch_tool
-from tpuwatch.bench.trace import make_bug_trace
+from lab.tools import Tool, per_slice_tool, tpuwatch_tool
+from lab.trace import make_bug_trace
 from tpuwatch.config import Config
 from tpuwatch.errors import UsageError
 

@@ -9,6 +9,7 @@ node heals; one node get per tick; the down node was probed by TCP).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -81,6 +82,23 @@ def test_bench_overhead_measures_start_up_memory_and_api_calls(tmp_path: Path) -
     assert pod["probes_on_channels_per_tick"] == 2
     assert 0 < pod["heal_to_relaunch"] <= pod["heal_to_all_running"]
 
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--hosts-apart needs two cores")
+def test_bench_overhead_hosts_apart_runs_the_watcher_on_a_core_of_its_own(tmp_path: Path) -> None:
+    table, doc = run("bench_overhead.py", tmp_path, "--pods-only", "--pod-sizes", "4", "--pod-ticks", "2",
+                     "--pod-poll", "0.5", "--hosts-apart")
+    cpus = sorted(os.sched_getaffinity(0))
+    place = doc["placement"]
+    assert place["watcher_cpus"] == cpus[:1] and place["hosts_cpus"] == cpus[1:], place
+    assert place["hosts_nice"] == place["watcher_nice"] + 10
+    (pod,) = doc["pods"]
+    # the watcher process itself reported the core it ran on, and the heal was measured there
+    assert pod["watcher_cpus"] == cpus[:1] and pod["watcher_nice"] == place["watcher_nice"], pod
+    assert 0 < pod["heal_to_relaunch"] <= pod["heal_to_all_running"]
+    assert pod["heal_cpu_watcher_own"] > 0 and pod["heal_cpu_watcher"] >= pod["heal_cpu_watcher_own"]
+    assert len(pod["load_before"]) == 3
+    assert f"watcher on CPU {cpus[:1]}" in table, table
 
 def test_bench_overhead_jobs_mode_lists_the_zone_once_per_poll_for_every_job(tmp_path: Path) -> None:
     table, doc = run("bench_overhead.py", tmp_path, "--jobs", "3", "--jobs-poll", "1", "--jobs-seconds", "4")

@@ -33,3 +33,20 @@ def test_the_check_finds_a_cycle_when_there_is_one() -> None:
     assert cycles(graph) == []
     graph.add_import(importer="pkg.c", imported="pkg.a")
     assert ("pkg.a", "pkg.b") in cycles(graph) and ("pkg.a", "pkg.c") in cycles(graph)
+
+
+def test_the_wheel_holds_the_product_and_not_the_lab() -> None:
+    """The goodput benchmark's world (lab/) runs from a clone; the packages setuptools puts in the
+    wheel, found with pyproject.toml's own rule, hold none of it."""
+    from pathlib import Path
+
+    from setuptools import find_namespace_packages, find_packages
+
+    from tpuwatch.config import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    rule = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    shipped = set(find_packages(str(root), include=rule["include"])) | set(
+        find_namespace_packages(str(root), include=rule["include"]))
+    assert "tpuwatch" in shipped and "tpuwatch.sim" in shipped
+    assert not {p for p in shipped if p.split(".")[0] == "lab" or p.startswith("tpuwatch.bench")}, sorted(shipped)

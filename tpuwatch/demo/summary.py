@@ -2,7 +2,7 @@
 charged and whether it was recovered; and the job's goodput. Computed after the run from records
 alone — the journal (events, attempts), the fault times the director took from the simulator's
 audit entries and the crash marker, and the checkpoints' commit times — never from what the
-loop printed. Definitions (as in tpuwatch.bench.goodput):
+loop printed. Definitions (as in the goodput benchmark, lab/goodput.py in a clone):
 
 - detect: from the fault to the end of the tick that first reacted to it (its first journal
   event after the fault, or the end of the attempt the fault interrupted).

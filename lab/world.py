@@ -1,11 +1,10 @@
-"""The discrete-event engine of the goodput benchmark: a virtual clock, processes, and the world.
+"""The goodput benchmark's simulated world, driven by the virtual clock (`clock.Sim`).
 
-`Sim` runs callbacks and generator processes in virtual seconds (a process yields a number of
-seconds to sleep, or a `Signal` to wait for). `BenchWorld` is the job's pod slices and the job as the
-tools see them: each slice's node (state, health, incarnation id), its workers' job files and the
-processes last launched there, the running attempt and its progress, the checkpoint bucket, the
-audit log, long-running operations and the zone's capacity. Tools act on the world only through
-its methods; faults come from a `Trace`, each on one slice.
+`BenchWorld` is the job's pod slices and the job as the tools see them: each slice's node (state,
+health, incarnation id), its workers' job files and the processes last launched there, the running
+attempt and its progress (`job.Attempt`), the checkpoint bucket, the audit log, long-running
+operations and the zone's capacity. Tools act on the world only through its methods; faults come
+from a `Trace`, each on one slice.
 
 Multislice (`Params.slices` > 1): the job is one program over every worker of every slice. An
 attempt trains only once every slice runs processes launched since the last disruption; until
@@ -20,274 +19,24 @@ LIBTPU_INIT_ARGS) the processes then abort (134). Within a slice a dead worker s
 after `peer_timeout`. Checkpoints are global (one bucket). With one slice all of this is the
 single-slice model: a launch is at once the attempt.
 
-A training attempt is modelled analytically rather than step by step: after `startup` seconds
-it runs `ckpt_every` steps of `step_time`, then spends `ckpt_save` seconds writing a checkpoint
-that is complete at the end of the save, and so on. Its log has a banner at the launch, then a
-line every `log_every` seconds while it trains (silent while it starts up, saves, or makes no
-progress). Its step at any time is a formula, so a
-30-day run costs one event per fault and per tool action, not one per step.
-
 This module knows nothing of tpuwatch's policy or of any baseline: it is the cloud, the hosts
 and the training program. It imports no google, ssh or time code.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-# A process yields seconds to sleep, or a Signal to wait for (its value is sent back).
-Process = Generator[Any, Any, Any]
+from lab.clock import Signal, Sim
+from lab.job import Attempt, Params, Procs
 
 # google.rpc codes the world's operations end with
 OK, NOT_FOUND, ALREADY_EXISTS, RESOURCE_EXHAUSTED = 0, 5, 6, 8
 # exit codes a worker can record
 EXIT_TERM = 143  # stopped by a supervisor (SIGTERM, recorded by the wrapper)
 SSH_LOST = 255  # what an ssh session reports when the host went away under it
-
-
-class Signal:
-    """A one-shot event processes can wait for; `fire(value)` wakes them all with `value`."""
-
-    __slots__ = ("callbacks", "fired", "value", "waiters")
-
-    def __init__(self) -> None:
-        self.fired = False
-        self.value: Any = None
-        self.waiters: list[Proc] = []
-        self.callbacks: list[Callable[[Any], None]] = []
-
-
-class Proc:
-    """A running generator process."""
-
-    __slots__ = ("dead", "done", "gen", "name", "result")
-
-    def __init__(self, gen: Process, name: str) -> None:
-        self.gen = gen
-        self.name = name
-        self.dead = False
-        self.result: Any = None
-        self.done = Signal()
-
-
-class Sim:
-    """Virtual time: a heap of callbacks, and generator processes driven by it."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
-        self._seq = 0
-        self.events = 0  # callbacks run, for the speed report
-
-    def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (max(t, self.now), self._seq, fn, args))
-
-    def after(self, dt: float, fn: Callable[..., None], *args: Any) -> None:
-        self.at(self.now + dt, fn, *args)
-
-    def spawn(self, gen: Process, name: str = "") -> Proc:
-        proc = Proc(gen, name)
-        self.at(self.now, self._step, proc, None)
-        return proc
-
-    def fire(self, sig: Signal, value: Any = None) -> None:
-        if sig.fired:
-            return
-        sig.fired, sig.value = True, value
-        waiters, sig.waiters = sig.waiters, []
-        for proc in waiters:
-            self.at(self.now, self._step, proc, value)
-        callbacks, sig.callbacks = sig.callbacks, []
-        for cb in callbacks:
-            cb(value)
-
-    def any_of(self, sig: Signal, timeout: float) -> Signal:
-        """A signal fired by `sig` or, failing that, after `timeout` seconds (value None)."""
-        out = Signal()
-        if sig.fired:
-            self.fire(out, sig.value)
-            return out
-        sig.callbacks.append(lambda v: self.fire(out, v))
-        self.after(timeout, self.fire, out, None)
-        return out
-
-    def kill(self, proc: Proc) -> None:
-        proc.dead = True
-
-    def _step(self, proc: Proc, value: Any) -> None:
-        if proc.dead:
-            return
-        try:
-            y = proc.gen.send(value)
-        except StopIteration as stop:
-            proc.dead, proc.result = True, stop.value
-            self.fire(proc.done, stop.value)
-            return
-        if isinstance(y, Signal):
-            if y.fired:
-                self.at(self.now, self._step, proc, y.value)
-            else:
-                y.waiters.append(proc)
-        else:
-            self.after(float(y), self._step, proc, None)
-
-    def next_time(self, ignore: Callable[..., None] | None = None) -> float:
-        """When the next callback is due (inf: none), callbacks `ignore` left out."""
-        if ignore is None:
-            return self._heap[0][0] if self._heap else math.inf
-        return min((t for t, _, fn, _ in self._heap if fn != ignore), default=math.inf)
-
-    def run(self, until: float) -> None:
-        heap = self._heap
-        while heap and heap[0][0] <= until:
-            t, _, fn, args = heapq.heappop(heap)
-            self.now = t
-            self.events += 1
-            fn(*args)
-        self.now = until
-
-
-@dataclass(frozen=True)
-class Params:
-    """The job, the slice and the cloud's delays. Seconds unless named otherwise."""
-
-    days: float = 30.0
-    workers: int = 4  # hosts in the slice (v4-32)
-    step_time: float = 2.0
-    ckpt_every: int = 900  # steps between checkpoints (30 min at 2 s a step)
-    ckpt_save: float = 30.0  # a save blocks training this long; complete at its end
-    steps: int | None = None  # job length; None: more than fits in `days`, so it never ends
-    startup: float = 120.0  # program start + checkpoint restore, paid by every launch
-    create_time: float = 300.0  # create operation to READY (startup script included)
-    create_fail_time: float = 60.0  # a create that meets a stockout fails after this long
-    delete_time: float = 90.0
-    repairing_after: float = 60.0  # UNHEALTHY_MAINTENANCE -> REPAIRING (as the simulator)
-    unknown_after: float = 120.0  # a repair that fails ends in state UNKNOWN after this long
-    peer_timeout: float = 100.0  # when one worker dies, the others abort this much later
-    bug_exit_after: float = 60.0  # the deterministic bug: every worker exits 1 this long after launch
-    audit_delay: float = 30.0  # an audit entry is readable this long after the event
-    gcloud_overhead: float = 2.0  # start-up of one gcloud invocation
-    # Announced maintenance (trace kinds "scheduled", "unscheduled", "notice"): the metadata
-    # server's TERMINATE_ON_HOST_MAINTENANCE comes this long before the host goes down; a job
-    # told of it by a signal saves a checkpoint (Orbax's save-on-preemption) when save_on_term.
-    notice_lead: float = 60.0
-    save_on_term: bool = True
-    slices: int = 1  # pod slices the job spans (Multislice), each of `workers` hosts
-    log_every: float = 60.0  # the job logs a line this often while it trains
-    megascale_threshold: float = 300.0  # Multislice: no progress this long and Megascale logs a hang
-    # Multislice autorepair of a slice that failed for good ("stuck"): its node goes at once, a new
-    # one of the same name is created this long later (then `create_time`, waiting out a stockout),
-    # and the other slices restart for `multislice_restart` once it is READY. Google publishes no
-    # figure for either: these are the project simulator's (`sim inject slice-replace`).
-    autorepair_after: float = 600.0
-    multislice_restart: float = 60.0
-
-    @property
-    def horizon(self) -> float:
-        return self.days * 86400.0
-
-    @property
-    def total_steps(self) -> int:
-        if self.steps is not None:
-            return self.steps
-        return int(math.ceil(self.horizon / self.step_time)) + 1
-
-
-@dataclass
-class Procs:
-    """The training processes one launch started on the workers of one slice."""
-
-    no: int  # the attempt number its launcher gave it
-    slice: int
-    node_id: int
-    t0: float
-    bad: bool  # launched after the code push: exits 1 at start
-    exits: dict[int, int | None] = field(default_factory=dict)  # slice-local worker -> code
-    ended: bool = False
-    attempt: Attempt | None = None  # the training run it joined (None: waiting for its peers)
-
-
-@dataclass
-class Attempt:
-    """One training run: processes on every worker of every slice, the slices' node incarnations."""
-
-    no: int
-    node_id: int
-    t0: float
-    s0: int  # checkpoint step it resumed from (0: from scratch)
-    bad: bool  # launched after the code push: exits 1 at start
-    p: Params
-    frozen: float | None = None  # progress stopped here (hang, crash, kill, exit)
-    exits: dict[int, int | None] = field(default_factory=dict)  # worker (global) -> code (None: killed)
-    procs: list[Procs] = field(default_factory=list)  # one per slice, in slice order
-    ended: bool = False
-    end_time: float | None = None
-    end_sig: Signal = field(default_factory=Signal)
-    done_at: float | None = None  # when it would finish the job, if it runs undisturbed
-    notice: str = ""  # what the relay beside it passed on (model.NOTICES), "" none
-    saved_step: int | None = None  # the checkpoint it saves on a signal, complete at saved_at
-    saved_at: float | None = None
-    lost: int = 0  # at its end: steps run past the newest complete checkpoint (redone later)
-    megascale_at: float | None = None  # Multislice: when Megascale logged its hang line
-
-    def __post_init__(self) -> None:
-        if not self.bad:
-            self.done_at = self._done_time()
-
-    @property
-    def run_start(self) -> float:
-        return self.t0 + self.p.startup
-
-    def _cycle(self) -> float:
-        return self.p.ckpt_every * self.p.step_time + self.p.ckpt_save
-
-    def _done_time(self) -> float:
-        p, m = self.p, self.p.total_steps - self.s0
-        n, rest = divmod(m, p.ckpt_every)
-        if rest == 0:
-            return self.run_start + n * self._cycle()
-        return self.run_start + n * self._cycle() + rest * p.step_time + p.ckpt_save
-
-    def last_write(self, t: float) -> float:
-        """When the attempt last wrote to its log, as of `t`: its banner at the launch, then a line
-        every `log_every` while it trains; nothing while it starts up, saves or is frozen."""
-        p = self.p
-        if self.frozen is not None:
-            t = min(t, self.frozen)
-        if self.bad or t <= self.run_start:
-            return self.t0
-        if self.done_at is not None and t >= self.done_at:
-            return self.done_at
-        c = self._cycle()
-        n = int((t - self.run_start) // c)
-        r = min(t - self.run_start - n * c, p.ckpt_every * p.step_time)
-        return self.run_start + n * c + (r // p.log_every) * p.log_every
-
-    def progress(self, t: float) -> tuple[int, int, float | None]:
-        """(step reached, newest complete checkpoint step, when it completed) at time `t`."""
-        saved = self.saved_step is not None and self.saved_at is not None and t >= self.saved_at
-        if self.frozen is not None:
-            t = min(t, self.frozen)
-        if self.bad or t <= self.run_start:
-            return self.s0, self.s0, None
-        p = self.p
-        if self.done_at is not None and t >= self.done_at:
-            return p.total_steps, p.total_steps, self.done_at
-        u = t - self.run_start
-        c = self._cycle()
-        n = int(u // c)
-        r = u - n * c
-        step = min(p.total_steps, self.s0 + n * p.ckpt_every + min(p.ckpt_every, int(r // p.step_time)))
-        ck = self.s0 + n * p.ckpt_every
-        ckt = (self.run_start + n * c) if n > 0 else None
-        if saved and self.saved_step is not None and self.saved_step > ck:
-            ck, ckt = self.saved_step, self.saved_at
-        return step, ck, ckt
 
 
 @dataclass

@@ -18,7 +18,8 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from tpuwatch.bench.engine import BenchWorld, Meter, Signal
+from lab.clock import Signal
+from lab.world import BenchWorld, Meter
 from tpuwatch.cloud.errors import ApiError, Call
 from tpuwatch.errors import NotFoundError
 from tpuwatch.model import (

@@ -1,6 +1,11 @@
-"""Benchmarks that run in virtual time: the goodput of tpuwatch and of the baselines.
+"""The lab: benchmarks that run in virtual time, the goodput of tpuwatch and of the baselines.
 
-- `engine`: the discrete-event clock and the simulated slice, job, bucket, audit log and zone;
+Not part of the product (the wheel holds only `tpuwatch`; lint-imports forbids `tpuwatch` to
+import `lab`). It runs from a clone: pytest puts the clone on the path, `scripts/` adds it itself.
+
+- `clock`: the discrete-event engine (virtual time, processes, signals);
+- `job`: the training job, modelled analytically (its steps, checkpoints and log at any time);
+- `world`: the simulated slices, hosts, bucket, audit log, operations and zone;
 - `trace`: the seeded fault trace every tool replays;
 - `tools`: `tpuwatch watch`'s loop over the real tick, the baselines (docs/benchmarks.md), the ideal;
 - `fakeports`: the TPU API, audit log, workers and checkpoint store of the BenchWorld, for the tick;
@@ -12,10 +17,12 @@
 cloud: a 30-day trace runs in seconds and the same seed always gives the same figures.
 """
 
-from tpuwatch.bench.engine import BenchWorld, Meter, Params, Sim
-from tpuwatch.bench.goodput import Report, ToolResult, as_json, render, run_all, run_tool
-from tpuwatch.bench.tools import Tool, make_tools, tpuwatch_config
-from tpuwatch.bench.trace import KINDS, Fault, Trace, TraceConfig, make_trace
+from lab.clock import Sim
+from lab.goodput import Report, ToolResult, as_json, render, run_all, run_tool
+from lab.job import Params
+from lab.tools import Tool, make_tools, tpuwatch_config
+from lab.trace import KINDS, Fault, Trace, TraceConfig, make_trace
+from lab.world import BenchWorld, Meter
 
 __all__ = [
     "KINDS", "BenchWorld", "Fault", "Meter", "Params", "Report", "Sim", "Tool", "ToolResult", "Trace",

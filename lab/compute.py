@@ -32,9 +32,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from tpuwatch.bench.engine import OK, BenchWorld, Meter, Process
-from tpuwatch.bench.fakeports import PROJECT, ZONE, at
-from tpuwatch.bench.tools import JOB, Run, Tool, TpuwatchDriver, describe, ideal
+from lab.clock import Process
+from lab.fakeports import PROJECT, ZONE, at
+from lab.tools import JOB, Run, Tool, TpuwatchDriver, describe, ideal
+from lab.world import OK, BenchWorld, Meter
 from tpuwatch.cloud.compute import ComputeAdapter
 from tpuwatch.cloud.computelife import ComputeLifecycle
 from tpuwatch.cloud.errors import ApiError, Call
@@ -306,7 +307,7 @@ class ComputeDriver(TpuwatchDriver):
 
 def compute_toml(*, mig: str = "llm-pod", **recovery: Any) -> str:
     """A tpuwatch.toml for the benchmark's job on a Compute Engine MIG (`[tpu] api = "compute"`)."""
-    from tpuwatch.bench.tools import _toml
+    from lab.tools import _toml
 
     lines = [
         "[tpu]", 'api = "compute"', f"mig = {_toml(mig)}", f'project = "{PROJECT}"', f'zone = "{ZONE}"',

@@ -29,9 +29,11 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tpuwatch.bench.engine import BenchWorld, Meter, Params, Sim
-from tpuwatch.bench.tools import Run, Tool, TpuwatchDriver
-from tpuwatch.bench.trace import ANNOUNCED, KINDS, Fault, Trace
+from lab.clock import Sim
+from lab.job import Params
+from lab.tools import Run, Tool, TpuwatchDriver
+from lab.trace import ANNOUNCED, KINDS, Fault, Trace
+from lab.world import BenchWorld, Meter
 
 
 @dataclass

@@ -3,7 +3,7 @@
 - `tpuwatch`: the product itself. `TpuwatchDriver` is `tpuwatch watch`'s loop without its view:
   `tpuwatch.tick.Reconciler.tick()` (observe -> decide -> journal -> act, with the real policy,
   config, journal and audit-log cadence), then `tpuwatch.loop.next_delay` and
-  `loop.Pacer.wait`, against in-memory ports over the BenchWorld (`tpuwatch.bench.fakeports`) and
+  `loop.Pacer.wait`, against in-memory ports over the BenchWorld (`lab.fakeports`) and
   the BenchWorld's virtual clock. No rule and no cadence is copied here.
 - the baselines (docs/benchmarks.md, "The baselines"), modelled as their scripts are
   written: the docs' bash loop, TensorFlow's retry.sh, tpunicorn `pu babysit`, Levanter's
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tpuwatch.bench.engine import OK, SSH_LOST, BenchWorld, Meter, Process, Signal, Sim
-from tpuwatch.bench.fakeports import (
+from lab.clock import Process, Signal, Sim
+from lab.fakeports import (
     PROJECT,
     ZONE,
     BenchAudit,
@@ -46,6 +46,7 @@ from tpuwatch.bench.fakeports import (
     BenchWorkers,
     at,
 )
+from lab.world import OK, SSH_LOST, BenchWorld, Meter
 from tpuwatch.cloud.lifecycle import Lifecycle
 from tpuwatch.config import SCHEMA, Config, validate
 from tpuwatch.durations import human
