@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 
 CreateFailureKind = Literal["queueable", "exists", "fatal"]
 
+# Ticks in a row the cloud API may fail (after its own retries) before the watch exits 3: an
+# outage of a few polls is waited out; a wrong project or a lost permission is not.
+CLOUD_FAILURES = 10
+
 
 class ImpossibleObservation(JobFailed):
     """The observation contradicts the memory: a bug, or another tool acting on the same job."""
@@ -72,6 +76,7 @@ class PolicyConfig:
     launch_tries: int = 3  # relaunches of an attempt that left no trace before it is charged
     # A delete or create operation not done this long after tpuwatch started it fails the job.
     operation_timeout: float = 3600.0
+    cloud_failures: int = CLOUD_FAILURES  # the loop's tolerance of a failing cloud API (see CLOUD_FAILURES)
     # No new checkpoint for this long while every worker runs: the job is hung (0 = never).
     hang_timeout: float = 0.0
     # hang_timeout = "auto": learned from the job's checkpoint interval, and only while the
