@@ -13,6 +13,7 @@ from datetime import timedelta
 from tpuwatch.durations import human
 from tpuwatch.model import OWNER_LABEL
 from tpuwatch.policy import google
+from tpuwatch.policy.budgets import RECREATES
 from tpuwatch.policy.draft import Draft, secs
 from tpuwatch.policy.ending import end_unusable
 from tpuwatch.policy.nodes import DEAD_STATES, Cond, failed_repair, node_condition
@@ -234,12 +235,10 @@ def recreate_missing(draft: Draft, mem: Memory, row: str, why: str) -> Decision:
     cfg = draft.cfg
     if not cfg.recreatable:
         return not_recreatable(draft, mem, why)
-    if mem.budgets.recreates >= cfg.max_recreates:
-        return draft.fail(mem, "recreate_budget_spent",
-                          f"{why}; recreate budget spent: {mem.budgets.recreates} of "
-                          f"recovery.max_recreates = {cfg.max_recreates} used", (why,))
+    if (spent := recreate_spent(draft, mem, why)) is not None:
+        return spent
     mem = replace(mem,
-                  budgets=replace(mem.budgets, recreates=mem.budgets.recreates + 1),
+                  budgets=RECREATES.charge(mem.budgets),
                   recreate=replace(mem.recreate, queued_since=None, queue_tries=0))
     return create(draft, mem, 0, row, f"{why}: creating it in {cfg.zones[0]}")
 
@@ -255,6 +254,12 @@ def queued_why(draft: Draft) -> str:
             f"{q.name.rsplit('/', 1)[-1]} is {q.state}{detail} (a spot preemption does this); not charged")
 
 
+def recreate_spent(draft: Draft, mem: Memory, why: str) -> Decision | None:
+    """The job failed (row `recreate_budget_spent`) when a recreate would pass max_recreates."""
+    spent = RECREATES.spent(mem.budgets, draft.cfg)
+    return None if spent is None else draft.fail(mem, spent.row, f"{why}; {spent.why}", (why,))
+
+
 def recreate(draft: Draft, mem: Memory, row: str, why: str) -> Decision:
     """Delete the node (or, when it is gone, its ended queued resource) to create it again."""
     node, cfg = draft.obs.node, draft.cfg
@@ -268,12 +273,10 @@ def recreate(draft: Draft, mem: Memory, row: str, why: str) -> Decision:
         )
     if not cfg.recreatable:
         return not_recreatable(draft, mem, why)
-    if mem.budgets.recreates >= cfg.max_recreates:
-        return draft.fail(mem, "recreate_budget_spent",
-                          f"{why}; recreate budget spent: {mem.budgets.recreates} of "
-                          f"recovery.max_recreates = {cfg.max_recreates} used", (why,))
+    if (spent := recreate_spent(draft, mem, why)) is not None:
+        return spent
     mem = move(mem, Phase.DELETING,
-               budgets=replace(mem.budgets, recreates=mem.budgets.recreates + 1),
+               budgets=RECREATES.charge(mem.budgets),
                recreate=replace(mem.recreate, pending_op=None, deleting_node_id=node.id if node is not None else "",
                                 queued_since=None, queue_tries=0, retry_at=None),
                repair=replace(mem.repair, env_failing_since=None))
