@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tpuwatch import zonespec
 from tpuwatch.errors import ConfigError, JobFailed
@@ -22,6 +22,7 @@ from tpuwatch.model import (
     QueuedStatus,
     WorkerProbe,
 )
+from tpuwatch.policy.create_errors import Kind
 from tpuwatch.policy.rows import ROW_BY_ID
 from tpuwatch.policy.signatures import BUILTIN, LogSignature, log_signatures
 from tpuwatch.policy.state import AttemptEnd, Memory, Phase
@@ -29,7 +30,7 @@ from tpuwatch.policy.state import AttemptEnd, Memory, Phase
 if TYPE_CHECKING:
     from tpuwatch.config import Config
 
-CreateFailureKind = Literal["queueable", "exists", "fatal"]
+CreateFailureKind = Kind  # what policy/create_errors.py makes of a failed create
 
 # Ticks in a row the cloud API may fail (after its own retries) before the watch exits 3: an
 # outage of a few polls is waited out; a wrong project or a lost permission is not.
