@@ -164,6 +164,8 @@ class Observation:
     jitter: float = 0.5  # uniform in [0, 1), drawn by the tick: the policy's only randomness
     adopt: bool = False  # --adopt: treat the node as owned
     recreate_missing: bool = False  # --recreate-missing
+    # A person asked for a delete + create now (ports.Flags.recreate: row `recreate_asked`)
+    recreate_asked: bool = False
     dry_run: bool = False  # --dry-run: decide, but keep the memory as it was
     checks: bool = False  # the tick can run the workers' environment checks (precheck.enabled)
     # The environment checks of the workers (tpuwatch.workers.precheck), when this tick ran them: before
