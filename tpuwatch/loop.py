@@ -16,7 +16,7 @@ goodput benchmark (`run_job`).
   follow channel each (`Workers.follow_ends`), and the wait ends the moment one reports its
   attempt's end: the next tick probes, stops the others and decides at once, not at the poll.
 - `tick_loop`: tick, show, stop or wait; a cloud API that fails after its own retries is
-  survived for MAX_CLOUD_FAILURES ticks in a row.
+  survived for the policy's `cloud_failures` ticks in a row (PolicyConfig).
 - `run_job`: the Reconciler and the Pacer of one job, its outputs, and `tick_loop` until the
   policy ends the watch (`Decision.ends_watch`) or the caller stops it; what differs between
   callers (a tick slot, the poll grid, a story played between ticks) is passed in.
@@ -37,11 +37,10 @@ from tpuwatch.config import Config
 from tpuwatch.errors import EXIT_CLOUD, CloudError
 from tpuwatch.journal import Journal
 from tpuwatch.policy.observe import follow_workers, probe_port_due
-from tpuwatch.policy.values import PolicyConfig
+from tpuwatch.policy.values import CLOUD_FAILURES, PolicyConfig
 from tpuwatch.ports import Flags, JobPorts
 from tpuwatch.tick import Reconciler, TickReport
 
-MAX_CLOUD_FAILURES = 10  # ticks in a row the cloud API may fail (after its own retries) before exit 3
 PORT_PROBE_EVERY = 0.5  # seconds between TCP probes of a down node: quicker than a 1 s retry loop
 FLUSH_ON_EXIT = 2.0  # seconds the alerts still unsent may take when watching ends early (Ctrl-C, an error)
 
@@ -167,11 +166,13 @@ class Pacer:
 def tick_loop(rec: Ticker, view: View, poll: float, *, wait: Callable[[TickReport, float], object],
               sleep: Callable[[float], None], stop: Callable[[TickReport], bool],
               stopping: threading.Event | None = None, on_report: Callable[[TickReport], None] | None = None,
-              first_failure_fatal: bool = True, port_probes: Callable[[], int] | None = None) -> TickReport:
+              first_failure_fatal: bool = True, port_probes: Callable[[], int] | None = None,
+              cloud_failures: int = CLOUD_FAILURES) -> TickReport:
     """Tick until `stop(report)` or `stopping` is set; show each report; `wait(report, delay)` between.
 
-    A cloud API that fails after its own retries is survived for MAX_CLOUD_FAILURES ticks in a
-    row (a warning each, then a poll through `sleep`), except on the very first tick when
+    A cloud API that fails after its own retries is survived for `cloud_failures` ticks in a
+    row (run_job passes the policy's PolicyConfig.cloud_failures; a warning each, then a poll
+    through `sleep`), except on the very first tick when
     `first_failure_fatal` (a wrong project is better said at once); errors that are not the
     cloud's end it at once. `stopping` set during such a run ends it with the last report.
     `port_probes` (a Pacer's count) is stamped on each report for the view and `--json`.
@@ -184,10 +185,10 @@ def tick_loop(rec: Ticker, view: View, poll: float, *, wait: Callable[[TickRepor
             failures = 0
         except CloudError as exc:
             failures += 1
-            if (first_failure_fatal and failures == 1 and view.ticks == 0) or failures >= MAX_CLOUD_FAILURES \
+            if (first_failure_fatal and failures == 1 and view.ticks == 0) or failures >= cloud_failures \
                     or exc.exit_code != EXIT_CLOUD:
                 raise
-            view.warn(f"cloud API failed ({failures}/{MAX_CLOUD_FAILURES}): {exc.message}")
+            view.warn(f"cloud API failed ({failures}/{cloud_failures}): {exc.message}")
             sleep(poll)
             if stopping is not None and stopping.is_set():
                 if last is None:
@@ -259,7 +260,7 @@ def run_job(cfg: Config, pcfg: PolicyConfig, ports: JobPorts, journal: Journal, 
     try:
         report = tick_loop(_Slotted(), view, poll, wait=between, sleep=ports.sleep, stop=ends, stopping=stopping,
                            on_report=on_report, first_failure_fatal=first_failure_fatal,
-                           port_probes=lambda: pacer.port_probes)
+                           port_probes=lambda: pacer.port_probes, cloud_failures=pcfg.cloud_failures)
         if outputs is not None:
             for line in outputs.close(report):
                 view.warn(line)

@@ -177,6 +177,9 @@ class Flags:
     adopt: bool = False  # treat the node as owned (it lacks the tpuwatch-job label)
     recreate_missing: bool = False  # recreate a node that vanished without tpuwatch deleting it
     dry_run: bool = False  # decide and print, change nothing
+    # a person asked for a delete + create now (row `recreate_asked`): for the ticks until it is
+    # under way, then no more (the caller drops it, or every tick would recreate again)
+    recreate: bool = False
 
 
 @dataclass

@@ -5,10 +5,10 @@ The tick (and `tpuwatch recreate`) call these; the policy decides *when*. Rules 
   caller passes an explicit adopt (`--adopt`). `myjob-2` does not belong to `myjob`.
 - A create request is built and validated (spec, startup script, metadata limits) before
   anything is deleted, so a bad config never leaves the user with no TPU.
-- A failed create is classified from the API's own code and text: no capacity, quota and
-  reservation shortfalls are worth queueing; an
-  ALREADY_EXISTS answer to a create tpuwatch itself started is success; everything else is fatal
-  and shown as the API said it.
+- A failed create is classified from the API's own code and text by the policy's table
+  (policy/create_errors.py): no capacity, quota and reservation shortfalls are worth queueing;
+  an ALREADY_EXISTS answer to a create tpuwatch itself started is success; everything else is
+  fatal and shown as the API said it.
 This module knows the TPU API through the ports (`NodeLifecycle` deletes and creates, plainly
 or through a queued resource), the config and the spec; it holds no clock or policy, and it
 builds requests but never sends one except through those ports. The only loop is `poll_until`,
@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from tpuwatch import credentials, zonespec
 from tpuwatch import spec as specmod
@@ -34,6 +34,7 @@ from tpuwatch.cloud.lifecycle import queued_id, queued_request
 from tpuwatch.config import Config, repair_compute_spec
 from tpuwatch.errors import ConfigError, JobFailed, TpuwatchError, UsageError
 from tpuwatch.model import OWNER_LABEL, NodeSnapshot, OperationStatus, QueuedStatus
+from tpuwatch.policy.create_errors import CODE_ALIASES, CREATE_RULES, OTHER, Kind, kind_of, rule_for
 from tpuwatch.ports import NodeLifecycle, TpuApi
 
 
@@ -280,17 +281,15 @@ def _ours(life: NodeLifecycle, cfg: Config) -> bool:
 # create errors
 
 
-Kind = Literal["queueable", "exists", "fatal"]
-
-
 @dataclass(frozen=True)
 class CreateFailure:
-    """Why a create did not make a node, and what to do about it."""
+    """Why a create did not make a node, and what to do about it (policy/create_errors.py)."""
 
     kind: Kind  # queueable: retry later or elsewhere; exists: ours already; fatal: stop
     reason: str  # no_capacity, quota, reservation, unavailable, already_exists, other
     code: str  # google.rpc code name
     message: str  # the API's own text
+    falls_back: bool = False  # the next fallback zone is worth a try
 
     @property
     def queueable(self) -> bool:
@@ -301,14 +300,8 @@ class CreateRejected(JobFailed):
     """A create request or operation failed; `.failure` says whether to queue."""
 
     def __init__(self, failure: CreateFailure, zone: str) -> None:
-        what = {
-            "no_capacity": f"no capacity in {zone}",
-            "quota": f"out of quota in {zone}",
-            "reservation": f"not enough reserved capacity in {zone}",
-            "unavailable": f"the create in {zone} failed for a transient reason",
-            "already_exists": "a node of that name already exists and tpuwatch did not create it",
-        }.get(failure.reason, f"the create in {zone} failed")
-        super().__init__(f"{what}: {failure.code}: {failure.message}")
+        what = next((r.what for r in CREATE_RULES if r.reason == failure.reason), OTHER.what)
+        super().__init__(f"{what.format(zone=zone)}: {failure.code}: {failure.message}")
         self.failure = failure
         self.zone = zone
 
@@ -318,33 +311,13 @@ class CreateRejected(JobFailed):
                                error_message=self.failure.message)
 
 
-def _code_name(code: int | str) -> str:
-    if isinstance(code, int):
-        return CODE_NAMES.get(code, str(code))
-    code = code.upper()
-    return {"429": "RESOURCE_EXHAUSTED", "TOO_MANY_REQUESTS": "RESOURCE_EXHAUSTED", "409": "ALREADY_EXISTS",
-            "CONFLICT": "ALREADY_EXISTS"}.get(code, code)
-
-
 def classify_create_error(code: int | str, message: str, *, started_by_us: bool) -> CreateFailure:
-    """Classify a failed create from its google.rpc code (number or name) and the API's text."""
-    name = _code_name(code)
-    text = message or ""
-    low = text.lower()
-    if "reserved capacity" in low and name in ("RESOURCE_EXHAUSTED", "FAILED_PRECONDITION"):
-        # "Insufficient reserved capacity" comes with code 9 and with code 8: the text decides.
-        return CreateFailure("queueable", "reservation", name, text)
-    if name == "RESOURCE_EXHAUSTED" and "quota" in low:
-        return CreateFailure("queueable", "quota", name, text)
-    if name == "RESOURCE_EXHAUSTED":
-        # "There is no more capacity in the zone ..."; any other exhaustion of a create is also
-        # a shortage that may end, and queue_timeout bounds how long it is waited for.
-        return CreateFailure("queueable", "no_capacity", name, text)
-    if name in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED") or name == "INTERNAL" and "try again" in low:
-        return CreateFailure("queueable", "unavailable", name, text)
-    if name == "ALREADY_EXISTS":
-        return CreateFailure("exists" if started_by_us else "fatal", "already_exists", name, text)
-    return CreateFailure("fatal", "other", name, text)
+    """Classify a failed create from its google.rpc code (number or name) and the API's text,
+    by the policy's table of create errors."""
+    name = CODE_NAMES.get(code, str(code)) if isinstance(code, int) else code
+    rule = rule_for(name, message)
+    return CreateFailure(kind_of(rule, started_by_us=started_by_us), rule.reason,
+                         CODE_ALIASES.get(name.upper(), name.upper()), message or "", rule.falls_back)
 
 
 def classify_operation(op: OperationStatus, *, started_by_us: bool = True) -> CreateFailure | None:

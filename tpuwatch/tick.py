@@ -144,7 +144,7 @@ class Reconciler:
             operation=operation, create_failure=create_failure, queued=queued,
             create_reason=recreate.failure_reason(operation) if create_failure else recreate.queued_reason(queued),
             jitter=min(max(self.ports.jitter(), 0.0), 0.999999),
-            adopt=self.flags.adopt, recreate_missing=self.flags.recreate_missing,
+            adopt=self.flags.adopt, recreate_missing=self.flags.recreate_missing, recreate_asked=self.flags.recreate,
             dry_run=self.flags.dry_run, precheck=pre, checks=self.ports.precheck is not None,
             audit_read=cursor is not None,
         )

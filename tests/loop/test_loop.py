@@ -14,8 +14,10 @@ from datetime import datetime, timezone
 import pytest
 
 from tpuwatch.errors import CloudError
-from tpuwatch.loop import MAX_CLOUD_FAILURES, tick_loop
+from tpuwatch.loop import tick_loop
 from tpuwatch.policy import Decision, Memory, Phase
+from tpuwatch.policy.values import CLOUD_FAILURES as MAX_CLOUD_FAILURES
+from tpuwatch.policy.values import PolicyConfig
 from tpuwatch.tick import TickReport
 
 NOW = datetime(2025, 1, 1, tzinfo=timezone.utc)
@@ -86,3 +88,14 @@ def test_without_a_stop_the_cloud_failures_run_to_their_limit_through_the_port()
         tick_loop(ticks, view, POLL, wait=lambda r, d: None, sleep=waits.append, stop=lambda r: False)
     assert ticks.ticks == 1 + MAX_CLOUD_FAILURES
     assert waits == [POLL] * (MAX_CLOUD_FAILURES - 1)  # one per survived failure; the last is raised
+
+
+def test_the_policy_setting_is_the_loops_tolerance_of_cloud_failures() -> None:
+    pcfg = PolicyConfig(job="j", tpu_name="t", zones=("us-central2-b",), cloud_failures=3)
+    waits: list[float] = []
+    ticks, view = Ticks(), View()
+    with pytest.raises(CloudError):
+        tick_loop(ticks, view, POLL, wait=lambda r, d: None, sleep=waits.append, stop=lambda r: False,
+                  cloud_failures=pcfg.cloud_failures)
+    assert ticks.ticks == 1 + 3 and waits == [POLL, POLL]
+    assert view.warnings[-1] == "cloud API failed (2/3): TPU API: UNAVAILABLE"

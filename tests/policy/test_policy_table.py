@@ -486,6 +486,30 @@ def test_row_recreate_missing() -> None:
     assert (d.memory.phase, d.memory.budgets.recreates, d.memory.pending_kind) == (Phase.CREATING, 1, "create")
 
 
+def test_row_recreate_asked() -> None:
+    """A person's recreate (`tpuwatch recreate`) takes the policy's own path, not charged."""
+    d = tick(obs(node(), recreate_asked=True), idle(), now=5)
+    assert d.row == "recreate_asked" and kinds(d) == ["delete"]
+    assert (d.memory.phase, d.memory.budgets.recreates, d.memory.recreate.deleting_node_id) == (Phase.DELETING, 0, "n1")
+    assert "not charged" in d.summary
+    spent = tick(obs(node(), recreate_asked=True), idle(budgets=Budgets(recreates=3)), now=5)
+    assert spent.row == "recreate_asked" and kinds(spent) == ["delete"]  # the budget bounds tpuwatch's own tries
+    # a running attempt ends first, as a disruption: stopped, not charged
+    ran = tick(obs(node(), probes=running(1), recreate_asked=True), run_mem(), now=500)
+    assert ran.row == "recreate_asked" and kinds(ran) == ["stop", "delete"]
+    assert ran.ended[0].outcome == "disruption" and not ran.ended[0].charged
+    # a missing node is created; a node not owned or deleted by someone else is refused
+    gone = tick(obs(missing=True, recreate_asked=True), idle(), now=5)
+    assert gone.row == "recreate_asked" and kinds(gone) == ["create"] and gone.memory.phase is Phase.CREATING
+    assert tick(obs(node(owned=False), recreate_asked=True), idle(), now=5).row == "not_owned"
+    assert tick(obs(node(state="DELETING"), recreate_asked=True), idle(), now=5).row == "someone_deleting"
+    # an operation in flight is followed, not started again
+    following = tick(obs(node(state="DELETING"), recreate_asked=True), d.memory, now=6)
+    assert following.row == "deleting" and kinds(following) == ["follow"]
+    # the same decision without the ask: a healthy idle node is launched on
+    assert tick(obs(node()), idle(), now=5).row != "recreate_asked"
+
+
 def _google_deletes(now: float, **kw: object) -> Memory:
     """Memory after a sighting of an owned VM that Google deletes itself (a Spot VM with DELETE)."""
     return decide(obs(node(spot=True, google_deletes=True, **kw)), idle(), CFG, at(now)).memory  # type: ignore[arg-type]

@@ -180,7 +180,7 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
             try:
                 op = rc.start_create(zlife, cfg, z, launch=launch)
             except rc.CreateRejected as exc:
-                if not exc.failure.queueable:
+                if not exc.failure.falls_back:
                     raise
                 failures.append(f"{z}: {exc.failure.message}")
                 say(f"create in {z} refused: {exc.failure.message}")
@@ -205,7 +205,7 @@ def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool,
                     note = "" if z == loc.zone else f" (fallback zone: set tpu.zone = \"{z}\" in {config_path})"
                     say(f"recreated {name} in {z}{note}: new id {new_id}" + (f" (was {old_id})" if old_id else ""))
                 return
-            if not failure.queueable:
+            if not failure.falls_back:
                 raise JobFailed(f"create of {name} in {z} failed: {failure.code}: {failure.message}")
             failures.append(f"{z}: {failure.message}")
             say(f"create in {z} failed: {failure.message}")

@@ -31,6 +31,7 @@ import click
 from tpuwatch.durations import human
 from tpuwatch.errors import JobFailed, NotFoundError
 from tpuwatch.model import Checkpoint, NodeSnapshot, WorkerProbe, job_node
+from tpuwatch.policy.once import UNREACHABLE_POLLS, attempt_end
 from tpuwatch.workers.protocol import FollowEnd
 from tpuwatch.workers.ssh import Stream
 from tpuwatch.workers.sshworkers import SshWorkers
@@ -56,7 +57,6 @@ Exit codes: 0 worker 0 exited 0 (the other workers are then stopped) or detached
 not READY; 2 bad config (e.g. unreadable ssh.identity_file); 3 cloud API error.
 """
 
-UNREACHABLE_POLLS = 3  # consecutive probes a worker may miss before the run gives up on it
 MAX_POLL = 5.0
 
 
@@ -118,36 +118,16 @@ class Verdict:
 def judge(probes: Sequence[WorkerProbe], attempt: int, lead_end: FollowEnd | None,
           unreachable_polls: dict[int, int], *, lead: int = 0,
           limit: int = UNREACHABLE_POLLS) -> Verdict | None:
-    """Has the attempt ended? The lead worker (worker 0) decides success; any other worker
-    can only fail it. `unreachable_polls` carries the per-worker miss counts between calls."""
-
-    def lead_exit(code: int) -> Verdict:
-        if code == 0:
-            return Verdict(0, f"worker {lead} exited 0: attempt {attempt} finished", lead, 0)
-        return Verdict(1, f"worker {lead} exited with code {code} (attempt {attempt})", lead, code)
-
-    if lead_end is not None and lead_end.result == "ok" and lead_end.exit_code is not None:
-        return lead_exit(lead_end.exit_code)
-    for p in sorted(probes, key=lambda p: p.worker):
-        if p.state == "unreachable":
-            unreachable_polls[p.worker] = unreachable_polls.get(p.worker, 0) + 1
-            if unreachable_polls[p.worker] >= limit:
-                return Verdict(1, f"worker {p.worker} unreachable for {limit} checks in a row: "
-                                  f"{p.detail}", p.worker)
-            continue
-        unreachable_polls.pop(p.worker, None)
-        if p.attempt is not None and p.attempt != attempt:
-            return Verdict(1, f"worker {p.worker} now runs attempt {p.attempt}, not {attempt}: "
-                              "another tpuwatch launched it", p.worker)
-        if p.state == "exited" and p.exit_code is not None:
-            if p.worker == lead:
-                return lead_exit(p.exit_code)
-            if p.exit_code != 0:
-                return Verdict(1, f"worker {p.worker} exited with code {p.exit_code} (attempt {attempt})",
-                               p.worker, p.exit_code)
-        if p.state == "absent":
-            return Verdict(1, f"worker {p.worker}: attempt {attempt} is gone ({p.detail})", p.worker)
-    return None
+    """Has the attempt ended? The policy's end classifier for one attempt with no recovery
+    (policy/once.py `attempt_end`, its rows `RUN_ROWS`), in the run's terms.
+    `unreachable_polls` carries the per-worker miss counts between calls."""
+    lead_exit = lead_end.exit_code if lead_end is not None and lead_end.result == "ok" else None
+    end, missed = attempt_end(probes, attempt, lead_exit, unreachable_polls, lead=lead, limit=limit)
+    unreachable_polls.clear()
+    unreachable_polls.update(missed)
+    if end is None:
+        return None
+    return Verdict(0 if end.ok else 1, end.message, end.worker, end.exit_code)
 
 
 class Runner:

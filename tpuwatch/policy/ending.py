@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 
 from tpuwatch.durations import human
 from tpuwatch.policy.backoff import next_level, restart_delay
+from tpuwatch.policy.budgets import CHARGED_END, NO_PROGRESS, RESTARTS
 from tpuwatch.policy.classify import (
     OUTCOMES,
     STOP_CODES,
@@ -100,18 +101,16 @@ def finish(
                     maintenance=replace(mem.maintenance, notice_hold=hold)), f"{reason}; not charged", None
     # charged: failed start or failure
     since = f"step {mem.attempt.start_step}" if mem.attempt.start_step is not None else "no checkpoint"
-    if mem.budgets.no_progress >= cfg.no_progress_limit:
-        why = (f"{mem.budgets.no_progress} attempts in a row ended with no checkpoint newer than {since} "
-               f"(last: {hung or describe_exit(verdict.exit_code)}); a deterministic bug is not retried forever")
-        return mem, why, draft.fail(mem, "no_progress", why, (reason,))
-    if mem.budgets.restarts >= cfg.max_restarts:
-        why = f"restart budget spent: {mem.budgets.restarts} of recovery.max_restarts = {cfg.max_restarts} used"
-        return mem, why, draft.fail(mem, "budget_spent", why, (reason,))
+    if (spent := CHARGED_END.spent(mem.budgets, cfg)) is not None:
+        why = spent.why if spent.row != NO_PROGRESS.row else (
+            f"{spent.used} attempts in a row ended with no checkpoint newer than {since} "
+            f"(last: {hung or describe_exit(verdict.exit_code)}); a deterministic bug is not retried forever")
+        return mem, why, draft.fail(mem, spent.row, why, (reason,))
     ran = secs(now - start)
     level = next_level(mem.budgets.backoff_level, ran, cfg.stable_run)
     delay = restart_delay(level, cfg.backoff_base, cfg.backoff_max, draft.obs.jitter)
     mem = move(mem, Phase.BACKOFF,
-               budgets=replace(mem.budgets, restarts=mem.budgets.restarts + 1, backoff_level=level,
+               budgets=replace(RESTARTS.charge(mem.budgets), backoff_level=level,
                                backoff_until=now + timedelta(seconds=delay)))
     when = f"relaunching in {human(delay)}" if delay else "relaunching now (the first charged restart since a stable run)"
     if confirm_by is not None:
@@ -186,7 +185,7 @@ def ends_job(draft: Draft, mem: Memory, start: datetime) -> bool:
     """Charging the running attempt's end now would fail the job (as `finish` counts)."""
     streak = 0 if made_progress(draft, mem) else mem.budgets.no_progress + 1
     restarts = 0 if secs(draft.now - start) >= draft.cfg.stable_run else mem.budgets.restarts
-    return streak >= draft.cfg.no_progress_limit or restarts >= draft.cfg.max_restarts
+    return CHARGED_END.spent(replace(mem.budgets, no_progress=streak, restarts=restarts), draft.cfg) is not None
 
 
 def end_usable(draft: Draft, mem: Memory, codes: dict[int, int | None], detail: str = "", unsure: bool = False) -> Decision:

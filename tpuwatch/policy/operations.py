@@ -12,6 +12,7 @@ from datetime import timedelta
 from tpuwatch.durations import human
 from tpuwatch.model import NodeSnapshot
 from tpuwatch.policy.backoff import backoff_delay
+from tpuwatch.policy.create_errors import SHORTFALLS
 from tpuwatch.policy.draft import Draft, secs
 from tpuwatch.policy.state import Memory, Phase, move
 from tpuwatch.policy.values import (
@@ -25,13 +26,6 @@ from tpuwatch.policy.values import (
 
 NOT_FOUND = 5  # google.rpc.Code: a delete that finds nothing has done its job
 RESOURCE_EXHAUSTED = 8  # google.rpc.Code: how a given-up queued resource is shown when it gave none
-# What a queueable create failure is called, by its recreate.CreateFailure reason.
-SHORTFALLS = {
-    "no_capacity": "no capacity",
-    "quota": "out of quota",
-    "reservation": "reservation shortfall (not enough reserved capacity)",
-    "unavailable": "create failed for a transient reason",
-}
 
 
 def queued_ended(draft: Draft) -> bool:

@@ -13,11 +13,12 @@ from datetime import timedelta
 from tpuwatch.durations import human
 from tpuwatch.model import OWNER_LABEL
 from tpuwatch.policy import google
+from tpuwatch.policy.budgets import RECREATES
 from tpuwatch.policy.draft import Draft, secs
 from tpuwatch.policy.ending import end_unusable
 from tpuwatch.policy.nodes import DEAD_STATES, Cond, failed_repair, node_condition
 from tpuwatch.policy.operations import create, queued_ended
-from tpuwatch.policy.state import Memory, Phase, move
+from tpuwatch.policy.state import Evidence, Memory, Phase, merge_evidence, move
 from tpuwatch.policy.values import Decision, DeleteNode, StartNode, Wait
 
 # A node in UNKNOWN with no health is past a failed repair (the API's own words): the repair
@@ -234,12 +235,10 @@ def recreate_missing(draft: Draft, mem: Memory, row: str, why: str) -> Decision:
     cfg = draft.cfg
     if not cfg.recreatable:
         return not_recreatable(draft, mem, why)
-    if mem.budgets.recreates >= cfg.max_recreates:
-        return draft.fail(mem, "recreate_budget_spent",
-                          f"{why}; recreate budget spent: {mem.budgets.recreates} of "
-                          f"recovery.max_recreates = {cfg.max_recreates} used", (why,))
+    if (spent := recreate_spent(draft, mem, why)) is not None:
+        return spent
     mem = replace(mem,
-                  budgets=replace(mem.budgets, recreates=mem.budgets.recreates + 1),
+                  budgets=RECREATES.charge(mem.budgets),
                   recreate=replace(mem.recreate, queued_since=None, queue_tries=0))
     return create(draft, mem, 0, row, f"{why}: creating it in {cfg.zones[0]}")
 
@@ -255,8 +254,40 @@ def queued_why(draft: Draft) -> str:
             f"{q.name.rsplit('/', 1)[-1]} is {q.state}{detail} (a spot preemption does this); not charged")
 
 
-def recreate(draft: Draft, mem: Memory, row: str, why: str) -> Decision:
-    """Delete the node (or, when it is gone, its ended queued resource) to create it again."""
+def recreate_spent(draft: Draft, mem: Memory, why: str) -> Decision | None:
+    """The job failed (row `recreate_budget_spent`) when a recreate would pass max_recreates."""
+    spent = RECREATES.spent(mem.budgets, draft.cfg)
+    return None if spent is None else draft.fail(mem, spent.row, f"{why}; {spent.why}", (why,))
+
+
+ASKED = "a person asked for a recreate (tpuwatch recreate)"
+
+
+def asked(draft: Draft, mem: Memory) -> Decision:
+    """Row `recreate_asked`: a person's delete + create now, by the same path as the policy's own
+    recreates, not charged to max_recreates (a person chose it; the budget bounds tpuwatch's own
+    tries). A running attempt ends first, as a disruption: the person, not the job, ends it."""
+    node = draft.obs.node
+    if node is not None and node.state == "DELETING":
+        return someone_deleting(draft, mem)
+    if mem.phase is Phase.RUNNING:
+        sign = Evidence(draft.now, ASKED)
+        mem = replace(mem, attempt=replace(mem.attempt, evidence=merge_evidence(mem.attempt.evidence, [sign])))
+        mem, final = end_unusable(draft, mem)
+        if final is not None:
+            return final
+    if node is None:
+        if not draft.cfg.recreatable:
+            return not_recreatable(draft, mem, f"{draft.subject} is missing")
+        mem = replace(mem, recreate=replace(mem.recreate, queued_since=None, queue_tries=0))
+        return create(draft, mem, 0, "recreate_asked", f"{draft.subject} is missing; {ASKED}: creating it in "
+                                                       f"{draft.cfg.zones[0]}")
+    return recreate(draft, mem, "recreate_asked", ASKED, charge=False)
+
+
+def recreate(draft: Draft, mem: Memory, row: str, why: str, *, charge: bool = True) -> Decision:
+    """Delete the node (or, when it is gone, its ended queued resource) to create it again;
+    `charge`: within max_recreates, and counted against it."""
     node, cfg = draft.obs.node, draft.cfg
     if node is not None and not (node.owned_by(cfg.job) or draft.obs.adopt):
         have = node.owner
@@ -268,14 +299,13 @@ def recreate(draft: Draft, mem: Memory, row: str, why: str) -> Decision:
         )
     if not cfg.recreatable:
         return not_recreatable(draft, mem, why)
-    if mem.budgets.recreates >= cfg.max_recreates:
-        return draft.fail(mem, "recreate_budget_spent",
-                          f"{why}; recreate budget spent: {mem.budgets.recreates} of "
-                          f"recovery.max_recreates = {cfg.max_recreates} used", (why,))
+    if charge and (spent := recreate_spent(draft, mem, why)) is not None:
+        return spent
     mem = move(mem, Phase.DELETING,
-               budgets=replace(mem.budgets, recreates=mem.budgets.recreates + 1),
+               budgets=RECREATES.charge(mem.budgets) if charge else mem.budgets,
                recreate=replace(mem.recreate, pending_op=None, deleting_node_id=node.id if node is not None else "",
                                 queued_since=None, queue_tries=0, retry_at=None),
                repair=replace(mem.repair, env_failing_since=None))
-    return draft.out(mem, row, f"{why}: deleting it to create it again (recreate {mem.budgets.recreates} of "
-                               f"{cfg.max_recreates})", DeleteNode(cfg.tpu_name, mem.zone, why))
+    count = f"recreate {mem.budgets.recreates} of {cfg.max_recreates}" if charge else "not charged"
+    return draft.out(mem, row, f"{why}: deleting it to create it again ({count})",
+                     DeleteNode(cfg.tpu_name, mem.zone, why))

@@ -4,7 +4,9 @@ How a decision is found, in order:
 1. a terminal phase (DONE, FAILED) stays as it is;
 2. late disruption evidence for the last charged attempt refunds its charge;
 3. while RUNNING, this tick's disruption signs are added to the attempt's evidence;
-4. a phase with a cloud operation in flight (DELETING, CREATING, QUEUED) follows it:
+4. a person's recreate (`Observation.recreate_asked`) with no operation in flight: row
+   `recreate_asked`, then the operation rows below;
+4b. a phase with a cloud operation in flight (DELETING, CREATING, QUEUED) follows it:
    OP_HANDLERS (policy/operations.py); a delete the tick never started is decided afresh from
    the node (row `delete_resume`);
 5. otherwise the node's condition picks the handler: NODE_HANDLERS (policy/usable.py,
@@ -29,7 +31,7 @@ from tpuwatch.policy.faulty import report_refused
 from tpuwatch.policy.nodes import Cond, boots_seen, node_condition
 from tpuwatch.policy.observe import launch_likely, stamped
 from tpuwatch.policy.operations import creating, delete_unstarted, deleting, queued
-from tpuwatch.policy.recovery import dead, missing, person, repairing, someone_deleting
+from tpuwatch.policy.recovery import asked, dead, missing, person, repairing, someone_deleting
 from tpuwatch.policy.state import TERMINAL, Memory, Phase, merge_evidence
 from tpuwatch.policy.usable import usable
 from tpuwatch.policy.values import (
@@ -79,7 +81,9 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
                           attempt=replace(new.attempt,
                                           evidence=merge_evidence(new.attempt.evidence, signs(draft, new))))
         fresh = delete_unstarted(draft, new) if new.phase is Phase.DELETING else None
-        if fresh is not None:
+        if obs.recreate_asked and (fresh is not None or new.phase not in OP_HANDLERS):
+            decision = asked(draft, fresh or new)  # a person's recreate: the same path as the rows' own
+        elif fresh is not None:
             d = NODE_HANDLERS[node_condition(obs.node)](draft, fresh)
             decision = replace(d, row="delete_resume") if any(isinstance(a, DeleteNode) for a in d.actions) else d
         else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tpuwatch import zonespec
 from tpuwatch.errors import ConfigError, JobFailed
@@ -22,6 +22,7 @@ from tpuwatch.model import (
     QueuedStatus,
     WorkerProbe,
 )
+from tpuwatch.policy.create_errors import Kind
 from tpuwatch.policy.rows import ROW_BY_ID
 from tpuwatch.policy.signatures import BUILTIN, LogSignature, log_signatures
 from tpuwatch.policy.state import AttemptEnd, Memory, Phase
@@ -29,7 +30,11 @@ from tpuwatch.policy.state import AttemptEnd, Memory, Phase
 if TYPE_CHECKING:
     from tpuwatch.config import Config
 
-CreateFailureKind = Literal["queueable", "exists", "fatal"]
+CreateFailureKind = Kind  # what policy/create_errors.py makes of a failed create
+
+# Ticks in a row the cloud API may fail (after its own retries) before the watch exits 3: an
+# outage of a few polls is waited out; a wrong project or a lost permission is not.
+CLOUD_FAILURES = 10
 
 
 class ImpossibleObservation(JobFailed):
@@ -73,6 +78,7 @@ class PolicyConfig:
     launch_tries: int = 3  # relaunches of an attempt that left no trace before it is charged
     # A delete or create operation not done this long after tpuwatch started it fails the job.
     operation_timeout: float = 3600.0
+    cloud_failures: int = CLOUD_FAILURES  # the loop's tolerance of a failing cloud API (see CLOUD_FAILURES)
     # No new checkpoint for this long while every worker runs: the job is hung (0 = never).
     hang_timeout: float = 0.0
     # hang_timeout = "auto": learned from the job's checkpoint interval, and only while the
@@ -160,6 +166,8 @@ class Observation:
     jitter: float = 0.5  # uniform in [0, 1), drawn by the tick: the policy's only randomness
     adopt: bool = False  # --adopt: treat the node as owned
     recreate_missing: bool = False  # --recreate-missing
+    # A person asked for a delete + create now (ports.Flags.recreate: row `recreate_asked`)
+    recreate_asked: bool = False
     dry_run: bool = False  # --dry-run: decide, but keep the memory as it was
     checks: bool = False  # the tick can run the workers' environment checks (precheck.enabled)
     # The environment checks of the workers (tpuwatch.workers.precheck), when this tick ran them: before

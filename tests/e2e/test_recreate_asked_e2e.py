@@ -1,0 +1,45 @@
+"""End to end: a person's recreate fed to the tick (`Flags.recreate`, row `recreate_asked`) takes
+the policy's own delete -> create path: the running attempt ends as a disruption (stopped, not
+charged), the owned node is deleted and created again, and the job resumes on the new node with
+no budget spent. The watcher runs in process with the real adapters, SSH and simulator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from e2e_helpers import Job, tick_until
+
+from tpuwatch.journal import Journal
+from tpuwatch.ports import Flags
+from tpuwatch.sim.simulator import Simulator
+from tpuwatch.tick import Reconciler
+from tpuwatch.wiring import load_job, real_ports
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_recreate_asked_of_the_tick_is_the_policys_delete_create_not_charged(
+        sim: Simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    job = Job(sim, tmp_path, steps=100_000, accelerator="v4-16", recreatable=True)
+    monkeypatch.setenv("TPUWATCH_STATE_DIR", str(tmp_path / "state"))
+    jb = load_job(job.cfg)
+    ports = real_ports(jb)
+    old_id = sim.world.node("pod").id
+    try:
+        with Journal.open(jb.cfg.state_dir, jb.name, jb.cfg.tpu_name) as journal:
+            watch = Reconciler(jb.cfg, jb.pcfg, ports, journal)
+            tick_until(watch, lambda r: r.decision.row == "running", "attempt 1 running")
+            asked = Reconciler(jb.cfg, jb.pcfg, ports, journal, Flags(recreate=True)).tick()
+            assert asked.decision.row == "recreate_asked", asked.decision.summary
+            assert [a.kind for a in asked.decision.actions] == ["stop", "delete"]
+            (end,) = asked.decision.ended
+            assert end.outcome == "disruption" and not end.charged
+            assert sim.world.call_count("DeleteNode") == 1
+            back = tick_until(watch, lambda r: r.decision.row == "running" and r.node is not None
+                              and r.node.id != old_id, "the job running on the new node", timeout=120)
+            assert back.memory.attempt.number == 2
+            assert (back.memory.budgets.recreates, back.memory.budgets.restarts) == (0, 0)
+    finally:
+        ports.workers.close()
+    assert sim.world.node("pod").id != old_id and sim.world.call_count("CreateNode") == 1
