@@ -1,17 +1,18 @@
-"""End to end: a person's recreate fed to the tick (`Flags.recreate`, row `recreate_asked`) takes
-the policy's own delete -> create path: the running attempt ends as a disruption (stopped, not
-charged), the owned node is deleted and created again, and the job resumes on the new node with
-no budget spent. The watcher runs in process with the real adapters, SSH and simulator."""
+"""End to end: a person's recreate, `tpuwatch check --recreate` (`Flags.recreate`, row
+`recreate_asked`), takes the policy's own delete -> create path: the running attempt ends as a
+disruption (stopped, not charged), the owned node is deleted and created again, and the job
+resumes on the new node with no budget spent. The watcher runs in process with the real adapters,
+SSH and simulator; the recreate is asked through the real command line."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from e2e_helpers import Job, tick_until
 
 from tpuwatch.journal import Journal
-from tpuwatch.ports import Flags
 from tpuwatch.sim.simulator import Simulator
 from tpuwatch.tick import Reconciler
 from tpuwatch.wiring import load_job, real_ports
@@ -30,12 +31,23 @@ def test_a_recreate_asked_of_the_tick_is_the_policys_delete_create_not_charged(
         with Journal.open(jb.cfg.state_dir, jb.name, jb.cfg.tpu_name) as journal:
             watch = Reconciler(jb.cfg, jb.pcfg, ports, journal)
             tick_until(watch, lambda r: r.decision.row == "running", "attempt 1 running")
-            asked = Reconciler(jb.cfg, jb.pcfg, ports, journal, Flags(recreate=True)).tick()
-            assert asked.decision.row == "recreate_asked", asked.decision.summary
-            assert [a.kind for a in asked.decision.actions] == ["stop", "delete"]
-            (end,) = asked.decision.ended
-            assert end.outcome == "disruption" and not end.charged
-            assert sim.world.call_count("DeleteNode") == 1
+            # a watcher holds the job: the request is refused, said, and nothing is deleted
+            busy = job.cli("check", "-c", str(job.cfg), "--recreate")
+            assert busy.returncode == 1 and "recreate not asked" in busy.stderr, busy.stderr
+            assert sim.world.call_count("DeleteNode") == 0
+        out = job.cli("check", "-c", str(job.cfg), "--recreate", "--json")
+        asked = json.loads(out.stdout)
+        assert out.returncode == 0 and asked["row"] == "recreate_asked", (out.stdout, out.stderr)
+        assert [a["kind"] for a in asked["actions"]] == ["stop", "delete"], asked["actions"]
+        assert sim.world.call_count("DeleteNode") == 1
+        # while the delete is in flight, a second ask starts nothing more and says so
+        again = job.cli("check", "-c", str(job.cfg), "--recreate")
+        assert again.returncode == 1 and "recreate not started" in again.stdout, again.stdout
+        assert sim.world.call_count("DeleteNode") == 1
+        with Journal.open(jb.cfg.state_dir, jb.name, jb.cfg.tpu_name) as journal:
+            first = journal.attempts()[0]
+            assert (first.outcome, first.charged) == ("disruption", False), first
+            watch = Reconciler(jb.cfg, jb.pcfg, ports, journal)
             back = tick_until(watch, lambda r: r.decision.row == "running" and r.node is not None
                               and r.node.id != old_id, "the job running on the new node", timeout=120)
             assert back.memory.attempt.number == 2
