@@ -639,7 +639,7 @@ def _flex_start(key: str, value: Any) -> float:
 
 def _compute_spec(key: str, value: Any) -> dict[str, Any]:
     """A table of the COMPUTE_SPEC_KEYS tables; their fields are checked against the Compute Engine
-    API's messages when a recreate builds its request (tpuwatch.cloud.computelife)."""
+    API's messages when a recreate builds its request (tpuwatch.cloud.compute.lifecycle)."""
     if not isinstance(value, dict):
         raise ConfigError(f"{key}: expected a table")
     for part, table in value.items():

@@ -99,7 +99,7 @@ class NodeSnapshot:
     # it is doing now ("" when no instance of it has a current action)
     repairs_itself: bool = False
     repair_under_way: str = ""
-    # Google's own stops of a VM made through Compute Engine (cloud/computeview.py). `google_deletes`:
+    # Google's own stops of a VM made through Compute Engine (cloud/compute/view.py). `google_deletes`:
     # Google deletes it itself, at a preemption or at the end of its run (termination action DELETE
     # on a Spot or flex-start VM, or one with a run duration or termination time), and
     # `google_deletes_at` when that run ends; `google_deleting`: what shows Google deleting it now

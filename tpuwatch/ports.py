@@ -59,7 +59,7 @@ class TpuApi(Protocol):
 
 class NodeLifecycle(Protocol):
     """Delete and create the job's node, plainly or through its queued resource
-    (tpuwatch.cloud.lifecycle.Lifecycle)."""
+    (tpuwatch.cloud.tpu.lifecycle.Lifecycle)."""
 
     # What the node is made through and waits in line by, in words ("queued resource pod-qr",
     # "a resize request of MIG slice"); "" for a node made plainly

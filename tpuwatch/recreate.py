@@ -28,9 +28,9 @@ from typing import Any, Literal, Protocol
 
 from tpuwatch import credentials, zonespec
 from tpuwatch import spec as specmod
-from tpuwatch.cloud.computespec import check_insert
+from tpuwatch.cloud.compute.spec import check_insert
 from tpuwatch.cloud.errors import CODE_NAMES, CODE_NUMBERS, api_failure
-from tpuwatch.cloud.lifecycle import queued_id, queued_request
+from tpuwatch.cloud.tpu.lifecycle import queued_id, queued_request
 from tpuwatch.config import Config, repair_compute_spec
 from tpuwatch.errors import ConfigError, JobFailed, TpuwatchError, UsageError
 from tpuwatch.model import OWNER_LABEL, NodeSnapshot, OperationStatus, QueuedStatus
@@ -422,7 +422,7 @@ def set_owner_label(api: LabelApi, name: str, labels: Mapping[str, str], job: st
 
 
 # ---------------------------------------------------------------------------------------------
-# Queued resources (the requests themselves: tpuwatch.cloud.lifecycle)
+# Queued resources (the requests themselves: tpuwatch.cloud.tpu.lifecycle)
 
 
 def qr_request_json(cfg: Config, zone: str, project: str,

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tpuwatch.cloud.compute.zoneinstances import SharedCompute
 from tpuwatch.cloud.location import Location, resolve
 from tpuwatch.cloud.logs import AuditLogReader
-from tpuwatch.cloud.zoneinstances import SharedCompute
-from tpuwatch.cloud.zonenodes import Due, SharedTpu
+from tpuwatch.cloud.tpu.zonenodes import Due, SharedTpu
 from tpuwatch.config import Config, load_config
 from tpuwatch.model import NodeSnapshot
 from tpuwatch.policy import PolicyConfig
@@ -23,9 +23,9 @@ from tpuwatch.policy.signatures import log_signatures, worker_patterns
 from tpuwatch.ports import CheckpointStore, JobPorts, NodeLifecycle, TpuApi
 
 if TYPE_CHECKING:
-    from tpuwatch.cloud.compute import ComputeAdapter, Kind, Reads
-    from tpuwatch.cloud.computelife import ComputeLifecycle
-    from tpuwatch.cloud.tpu import TpuAdapter
+    from tpuwatch.cloud.compute.adapter import ComputeAdapter, Kind, Reads
+    from tpuwatch.cloud.compute.lifecycle import ComputeLifecycle
+    from tpuwatch.cloud.tpu.adapter import TpuAdapter
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def compute_ports(job: Job, sharing: Sharing | None = None) -> ComputePorts:
     instance names the workers' transport needs. Alone, a tick reads the slice with one get of
     the instance, or three requests for a MIG; with `sharing`, from the zone's instances (and
     MIG) lists shared by the watcher's jobs, plus listManagedInstances for a MIG
-    (cloud/zoneinstances.py)."""
+    (cloud/compute/zoneinstances.py)."""
     cfg, loc = job.cfg, job.location
     adapters: dict[str, ComputeAdapter] = {}
 
@@ -102,14 +102,14 @@ def compute_kind(cfg: Config) -> Kind:
 def compute_adapter(cfg: Config, project: str, zone: str, *, reads: Reads | None = None) -> ComputeAdapter:
     """The Compute Engine adapter of a job whose slice was made through Compute Engine; `reads`:
     the zone's shared lists in a watcher of several jobs (direct reads without)."""
-    from tpuwatch.cloud.compute import ComputeAdapter
+    from tpuwatch.cloud.compute.adapter import ComputeAdapter
 
     return ComputeAdapter(project, zone, compute_kind(cfg), flex_start=float(cfg.tpu["flex_start"]), reads=reads)
 
 
 def compute_lifecycle(cfg: Config, adapter: ComputeAdapter) -> ComputeLifecycle:
     """Delete and create of the job's instance or MIG through `adapter`."""
-    from tpuwatch.cloud.computelife import ComputeLifecycle
+    from tpuwatch.cloud.compute.lifecycle import ComputeLifecycle
 
     return ComputeLifecycle(adapter, mig=cfg.tpu["mig"], size=flex_size(cfg))
 
@@ -119,7 +119,7 @@ def slice_reader(cfg: Config, project: str) -> Callable[[str], TpuAdapter | Comp
     Engine), one per zone: the commands that only read it (`status`, `events`, `precheck`,
     `run`) get the node, its host keys and instance names from the same adapter, which knows a
     MIG's instances from its last get."""
-    from tpuwatch.cloud.tpu import TpuAdapter
+    from tpuwatch.cloud.tpu.adapter import TpuAdapter
 
     adapters: dict[str, TpuAdapter | ComputeAdapter] = {}
 
@@ -145,9 +145,9 @@ def real_ports(job: Job, sharing: Sharing | None = None, *, sleep: Callable[[flo
     `sleep`: the wait between ticks (a watcher of several jobs cuts it short when it stops one)."""
     from tpuwatch.checkpoints import CheckpointDir, WorkerCheckpoints
     from tpuwatch.cloud.auditcache import SharedAuditLog
-    from tpuwatch.cloud.lifecycle import Lifecycle
-    from tpuwatch.cloud.tpu import TpuAdapter
-    from tpuwatch.cloud.zonenodes import JobNodes
+    from tpuwatch.cloud.tpu.adapter import TpuAdapter
+    from tpuwatch.cloud.tpu.lifecycle import Lifecycle
+    from tpuwatch.cloud.tpu.zonenodes import JobNodes
     from tpuwatch.workers.ssh import port_open
     from tpuwatch.workers.sshworkers import SshWorkers
 

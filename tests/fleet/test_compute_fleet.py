@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tpuwatch.cloud.compute import ComputeAdapter
-from tpuwatch.cloud.computelife import ComputeLifecycle
-from tpuwatch.cloud.zoneinstances import SharedCompute
-from tpuwatch.cloud.zonenodes import Due
+from tpuwatch.cloud.compute.adapter import ComputeAdapter
+from tpuwatch.cloud.compute.lifecycle import ComputeLifecycle
+from tpuwatch.cloud.compute.zoneinstances import SharedCompute
+from tpuwatch.cloud.tpu.zonenodes import Due
 from tpuwatch.fleet.runner import Fleet, Options
 from tpuwatch.model import NodeSnapshot
 from tpuwatch.ports import Flags, JobPorts

@@ -36,7 +36,7 @@ from tpuwatch.bench.engine import OK, BenchWorld, Meter, Process
 from tpuwatch.bench.fakeports import PROJECT, ZONE, at
 from tpuwatch.bench.tools import JOB, Run, Tool, TpuwatchDriver, describe, ideal
 from tpuwatch.cloud.compute import ComputeAdapter
-from tpuwatch.cloud.computelife import ComputeLifecycle
+from tpuwatch.cloud.compute.lifecycle import ComputeLifecycle
 from tpuwatch.cloud.errors import ApiError, Call
 from tpuwatch.cloud.logs import RawEntry, event_of, to_ns
 from tpuwatch.config import Config, validate

@@ -46,7 +46,7 @@ from tpuwatch.bench.fakeports import (
     BenchWorkers,
     at,
 )
-from tpuwatch.cloud.lifecycle import Lifecycle
+from tpuwatch.cloud.tpu.lifecycle import Lifecycle
 from tpuwatch.config import SCHEMA, Config, validate
 from tpuwatch.durations import human
 from tpuwatch.journal import Journal

@@ -46,8 +46,8 @@ Examples:
 def command(config_path: Path, project: str | None, zone: str | None, worker: int, yes: bool,
             as_json: bool) -> int:
     """Simulate a maintenance event on the job's TPU and time how the job recovers."""
-    from tpuwatch.cloud.compute import ComputeAdapter
-    from tpuwatch.cloud.tpu import TpuAdapter
+    from tpuwatch.cloud.compute.adapter import ComputeAdapter
+    from tpuwatch.cloud.tpu.adapter import TpuAdapter
     from tpuwatch.ports import utcnow
     from tpuwatch.tick import Reconciler
     from tpuwatch.wiring import load_job, real_ports, slice_reader

@@ -21,10 +21,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tpuwatch.cloud.compute import ComputeAdapter
+from tpuwatch.cloud.compute.adapter import ComputeAdapter
 from tpuwatch.cloud.location import resolve
 from tpuwatch.cloud.logs import AuditLogReader
-from tpuwatch.cloud.tpu import TpuAdapter, parse_rfc3339
+from tpuwatch.cloud.tpu.adapter import TpuAdapter, parse_rfc3339
 from tpuwatch.config import Config
 from tpuwatch.durations import parse_duration
 from tpuwatch.errors import CloudError, ConfigError, NotFoundError, TpuwatchError, UsageError

@@ -79,7 +79,7 @@ def command(name: str, output: Path, job: str | None, adopt: bool, force: bool, 
             zone: str | None, as_json: bool) -> None:
     from tpuwatch.cloud.clients import compute_available
     from tpuwatch.cloud.location import resolve
-    from tpuwatch.cloud.tpu import TpuAdapter, multislice_params
+    from tpuwatch.cloud.tpu.adapter import TpuAdapter, multislice_params
     from tpuwatch.config import load_config
     from tpuwatch.recreate import set_owner_label, wait_operation
 
@@ -188,9 +188,9 @@ def _init_compute(name: str, project: str, zone: str, out: Path, job: str | None
     """NAME is no TPU API node: find it as a Compute Engine instance, then as a MIG, and write
     its config with what recreating it needs (one get, plus the MIG's template, workload policy,
     managed instances and the instances' disks)."""
-    from tpuwatch.cloud.compute import ComputeAdapter, flex_run
-    from tpuwatch.cloud.computespec import capture_instance, capture_mig
-    from tpuwatch.cloud.computeview import mig_snapshot
+    from tpuwatch.cloud.compute.adapter import ComputeAdapter, flex_run
+    from tpuwatch.cloud.compute.spec import capture_instance, capture_mig
+    from tpuwatch.cloud.compute.view import mig_snapshot
     from tpuwatch.config import load_config
 
     inst_api = ComputeAdapter(project, zone, "instance")

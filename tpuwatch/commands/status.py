@@ -21,10 +21,10 @@ from typing import Any
 import click
 from rich.console import Console
 
-from tpuwatch.cloud.compute import ComputeAdapter, Kind, is_mig, resize_in_flight
+from tpuwatch.cloud.compute.adapter import ComputeAdapter, Kind, is_mig, resize_in_flight
 from tpuwatch.cloud.location import resolve
 from tpuwatch.cloud.logs import AuditLogReader
-from tpuwatch.cloud.tpu import TpuAdapter
+from tpuwatch.cloud.tpu.adapter import TpuAdapter
 from tpuwatch.config import Config
 from tpuwatch.durations import human
 from tpuwatch.errors import CloudError, NotFoundError, UsageError

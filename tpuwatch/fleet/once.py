@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tpuwatch.cloud.compute.zoneinstances import SharedCompute
 from tpuwatch.cloud.logs import AuditLogReader
-from tpuwatch.cloud.zoneinstances import SharedCompute
-from tpuwatch.cloud.zonenodes import Due, SharedTpu
+from tpuwatch.cloud.tpu.zonenodes import Due, SharedTpu
 from tpuwatch.errors import EXIT_JOB_FAILED, EXIT_USAGE, TpuwatchError
 from tpuwatch.fleet import sources
 from tpuwatch.fleet.runner import TICK_SLOTS, Options, open_journal

@@ -5,9 +5,9 @@
   process goes away), and everything it raises ends that job alone, shown with its error.
 - At most TICK_SLOTS jobs tick at once (their SSH rounds, checks and API calls); a wait between
   ticks (follow channels, port probes) holds no slot.
-- Node reads: one ListNodes per project and zone per poll (cloud/zonenodes.py); for Compute
+- Node reads: one ListNodes per project and zone per poll (cloud/tpu/zonenodes.py); for Compute
   Engine jobs one instances list, and one MIG list, per project and zone per poll
-  (cloud/zoneinstances.py). A job's steady wait ends on its zone's poll grid (wall time, a
+  (cloud/compute/zoneinstances.py). A job's steady wait ends on its zone's poll grid (wall time, a
   multiple of its poll interval), so the jobs of a zone tick together and share that list; a
   job recovering ticks on its own schedule.
 - The audit log: each job reads through the shared cache (cloud/auditcache.py) of its project,
@@ -28,9 +28,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
+from tpuwatch.cloud.compute.zoneinstances import SharedCompute
 from tpuwatch.cloud.logs import AuditLogReader
-from tpuwatch.cloud.zoneinstances import SharedCompute
-from tpuwatch.cloud.zonenodes import Due, SharedTpu
+from tpuwatch.cloud.tpu.zonenodes import Due, SharedTpu
 from tpuwatch.errors import EXIT_CLOUD, EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, TpuwatchError
 from tpuwatch.fleet import sources
 from tpuwatch.journal import Busy, Journal

@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tpuwatch.cloud.compute import ComputeAdapter
-from tpuwatch.cloud.computeview import upcoming
+from tpuwatch.cloud.compute.adapter import ComputeAdapter
+from tpuwatch.cloud.compute.view import upcoming
 from tpuwatch.cloud.errors import ApiError
-from tpuwatch.cloud.lifecycle import MAINTENANCE_REFUSALS
+from tpuwatch.cloud.tpu.lifecycle import MAINTENANCE_REFUSALS
 from tpuwatch.errors import MaintenanceRefused
 from tpuwatch.model import NodeSnapshot
 from tpuwatch.policy.maintenance import can_start_early

@@ -11,7 +11,7 @@ guaranteed.reserved), which goes through v2alpha1 rather than losing them. Every
 Public calls: get_node / require_node / list_nodes / get_node_message / host_keys (reads), create_node /
 delete_node / set_labels / update_node (nodes), get_queued_resource / queued_status /
 create_queued_resource / delete_queued_resource / queued_resource_name (queued resources),
-get_operation. Queued resources are used through tpuwatch.cloud.lifecycle.
+get_operation. Queued resources are used through tpuwatch.cloud.tpu.lifecycle.
 
 This module turns Google messages into `tpuwatch.model` values and Google errors into tpuwatch
 errors; nothing outside `cloud/` sees a protobuf. Enum fields become their names; a number

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from tpuwatch.cloud.tpu import TpuAdapter
+from tpuwatch.cloud.tpu.adapter import TpuAdapter
 from tpuwatch.model import NodeSnapshot, OperationStatus
 
 T = TypeVar("T")
@@ -42,7 +42,7 @@ class Listing(Generic[T]):
     """One list request answered to everyone who asks at about the same time: `get(not_before)`
     returns the newest answer begun at `not_before` or later; otherwise one caller lists, and
     callers that ask while that list is on its way wait for it instead of listing too.
-    (Compute Engine's zone listings share it: cloud/zoneinstances.py.)"""
+    (Compute Engine's zone listings share it: cloud/compute/zoneinstances.py.)"""
 
     def __init__(self, fetch: Callable[[], T], *, clock: Callable[[], float] = time.monotonic) -> None:
         self.fetch = fetch

@@ -1,6 +1,6 @@
 """What a TPU slice made through Compute Engine reads as to the policy: its instances, or its MIG
 with the managed instances and their instances, mapped to one `NodeSnapshot`. Pure functions of
-`compute_v1` messages (no request); the adapter (cloud/compute.py) reads, these map.
+`compute_v1` messages (no request); the adapter (cloud/compute/adapter.py) reads, these map.
 
 The job's slice ([tpu] instance or [tpu] mig) is shown to the tick and
 the policy as one `NodeSnapshot`, in the policy's vocabulary (policy/nodes.py):
@@ -34,7 +34,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from tpuwatch.cloud.errors import CODE_NUMBERS
-from tpuwatch.cloud.tpu import parse_rfc3339
+from tpuwatch.cloud.tpu.adapter import parse_rfc3339
 from tpuwatch.model import (
     OWNER_LABEL,
     NodeSnapshot,
