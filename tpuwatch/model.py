@@ -94,6 +94,9 @@ class NodeSnapshot:
     pending_stop: bool = False
     # Its full name where that is not a TPU API node's: a Compute Engine instance's or MIG's
     resource: str = ""
+    # What made it, as the adapter that read it says ("node": a Cloud TPU API node; "instance",
+    # "mig": Compute Engine's): commands show it, and the registry (cloud/apis.py) finds its API by it
+    kind: str = "node"
     # A Compute Engine MIG's own repair, facts for the policy: whether it recreates a failed VM
     # by itself (`instanceLifecyclePolicy.defaultActionOnFailure` REPAIR, the default), and what
     # it is doing now ("" when no instance of it has a current action)

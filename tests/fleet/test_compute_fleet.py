@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tpuwatch.cloud.apis import SharedLists
 from tpuwatch.cloud.compute.adapter import ComputeAdapter
 from tpuwatch.cloud.compute.lifecycle import ComputeLifecycle
 from tpuwatch.cloud.compute.zoneinstances import SharedCompute
@@ -61,7 +62,9 @@ def jobs(tmp: Path, kind: str, names: list[str], clock: Clock) -> list[tuple[str
     key = tmp / "id_test"
     key.write_text("not used: nothing connects\n")
     key.chmod(0o600)
-    fleet = Fleet([], None, Options(None, None, Flags()), Quiet(), compute=SharedCompute(clock=clock))
+    lists = SharedLists()
+    lists.by_api["compute"] = SharedCompute(clock=clock)
+    fleet = Fleet([], None, Options(None, None, Flags()), Quiet(), lists=lists)
     out = []
     for name in names:
         cfg = tmp / f"{name}.toml"

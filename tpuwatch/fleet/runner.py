@@ -28,9 +28,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
-from tpuwatch.cloud.compute.zoneinstances import SharedCompute
+from tpuwatch.cloud.apis import SharedLists
+from tpuwatch.cloud.base import Due
 from tpuwatch.cloud.logs import AuditLogReader
-from tpuwatch.cloud.tpu.zonenodes import Due, SharedTpu
 from tpuwatch.errors import EXIT_CLOUD, EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, TpuwatchError
 from tpuwatch.fleet import sources
 from tpuwatch.journal import Busy, Journal
@@ -207,15 +207,13 @@ class Fleet:
     """The jobs of one watcher, and what they share."""
 
     def __init__(self, files: Sequence[Path], directory: Path | None, options: Options, output: Output,
-                 exporter: Exporter | None = None, *, tpu: SharedTpu | None = None,
-                 compute: SharedCompute | None = None) -> None:
+                 exporter: Exporter | None = None, *, lists: SharedLists | None = None) -> None:
         self.files = list(files)
         self.directory = directory
         self.options = options
         self.output = output
         self.exporter = exporter
-        self.tpu = tpu or SharedTpu()
-        self.compute = compute or SharedCompute()
+        self.lists = lists or SharedLists()  # each cloud API's zone lists
         self.slots = threading.BoundedSemaphore(TICK_SLOTS)
         self.runners: dict[Path, JobRunner] = {}
         self.ended: dict[Path, JobState] = {}  # jobs whose thread ended, as last seen
@@ -233,7 +231,7 @@ class Fleet:
         with self._lock:
             audit_dir = self._audit_dirs.setdefault(project, Path(job.cfg.state_dir))
             reader = self._readers.setdefault((project, zone), AuditLogReader(project, zone=zone))
-        return Sharing(tpu=self.tpu, compute=self.compute, due=due, slack=min(1.0, poll / 4), audit_dir=audit_dir,
+        return Sharing(lists=self.lists, due=due, slack=min(1.0, poll / 4), audit_dir=audit_dir,
                        audit_reader=reader)
 
     def claim(self, name: str, path: Path) -> None:

@@ -361,6 +361,17 @@ class ComputeAdapter:
         notes, self._notes = self._notes, []
         return notes
 
+    def resize_request(self, node: NodeSnapshot) -> QueuedStatus | None:
+        """A MIG's newest resize request still at work; None for an instance, or when none is."""
+        return resize_in_flight(self, node.name) if is_mig(node) else None
+
+    def drill_target(self, node: NodeSnapshot, worker: int) -> tuple[str, str]:
+        """Worker N is an instance of its own (the slice's instances in worker order)."""
+        return f"instance {self.instance_names(node)[worker]} (worker {worker})", node.name
+
+    def simulate_worker_maintenance(self, node: NodeSnapshot, worker: int) -> str:
+        return self.simulate_maintenance_event(self.instance_names(node)[worker])
+
     def instance_names(self, node: NodeSnapshot) -> tuple[str, ...]:
         """The node's instances in worker order (known from its last get)."""
         return self._names.get(node.id, (node.name,) if self.kind == "instance" else ())
@@ -665,7 +676,7 @@ def resize_status(adapter: ComputeAdapter, mig: str) -> QueuedStatus:
 
 def is_mig(node: NodeSnapshot) -> bool:
     """Whether the node is a MIG (its instances the workers), not one instance."""
-    return node.resource.endswith(f"/instanceGroupManagers/{node.name}")
+    return node.kind == "mig"
 
 
 def resize_in_flight(adapter: ComputeAdapter, mig: str) -> QueuedStatus | None:

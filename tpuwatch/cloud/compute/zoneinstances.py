@@ -34,9 +34,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tpuwatch.cloud.base import Due
 from tpuwatch.cloud.compute.adapter import ComputeAdapter
 from tpuwatch.cloud.compute.view import at_rest, members
-from tpuwatch.cloud.tpu.zonenodes import Due, Listing
+from tpuwatch.cloud.tpu.zonenodes import Listing
 
 
 class ZoneInstances:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from tpuwatch.cloud.base import Due
 from tpuwatch.cloud.tpu.adapter import TpuAdapter
 from tpuwatch.model import NodeSnapshot, OperationStatus
 
@@ -108,18 +109,6 @@ class ZoneNodes:
         with self._lock:
             self.gets += 1
         return self.tpu.get_node(name)
-
-
-@dataclass
-class Due:
-    """When one job's current tick was due (monotonic), set by the watcher before the tick waits
-    for a free slot; None: answer as of now."""
-
-    at: float | None = None
-
-    def not_before(self, slack: float, clock: Callable[[], float]) -> float:
-        """The earliest start of a shared listing that may still answer this job's tick."""
-        return (clock() if self.at is None else self.at) - slack
 
 
 class JobNodes:
