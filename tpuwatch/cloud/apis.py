@@ -17,7 +17,7 @@ from tpuwatch.cloud.tpu.api import TpuCloud
 from tpuwatch.config import Config
 from tpuwatch.model import NodeSnapshot
 
-__all__ = ["APIS", "RPC_TIMEOUT", "SharedLists", "api_for", "api_of", "default_reader", "other_readers"]
+__all__ = ["APIS", "RPC_TIMEOUT", "SharedLists", "api_for", "api_of", "default_reader", "describe", "other_readers"]
 
 # [tpu] api -> its handler; the first is the default (config.TPU_APIS lists the same names)
 APIS: dict[str, CloudApi] = {api.name: api for api in (TpuCloud(), ComputeCloud())}
@@ -34,6 +34,11 @@ def api_of(node: NodeSnapshot) -> CloudApi:
         if node.kind in api.kinds:
             return api
     raise ValueError(f"no cloud API reads slices of kind {node.kind!r}")
+
+
+def describe(node: NodeSnapshot) -> str:
+    """What made `node`, in a person's words (`status`)."""
+    return api_of(node).describe(node.kind)
 
 
 def default_reader(project: str, zone: str) -> SliceReader:

@@ -121,6 +121,9 @@ class CloudApi(Protocol):
     kinds: tuple[str, ...]
     gcloud_ssh: GcloudSsh
 
+    def describe(self, kind: str) -> str:
+        """One of its `kinds` in a person's words ("TPU node", "Compute Engine MIG")."""
+
     def reader(self, cfg: Config, project: str, zone: str, *, as_is: bool = False) -> SliceReader:
         """The adapter that reads the job's slice in `zone`; `as_is`: as `status` shows it (a
         flex-start MIG with no VM is there, where a tick reads it as gone)."""

@@ -21,7 +21,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from tpuwatch.cloud.apis import default_reader, other_readers
+from tpuwatch.cloud.apis import default_reader, describe, other_readers
 from tpuwatch.cloud.base import SliceReader
 from tpuwatch.cloud.location import resolve
 from tpuwatch.cloud.logs import AuditLogReader
@@ -268,7 +268,8 @@ def command(
             console.print(f"no TPUs in {loc.project}/{loc.zone}")
         for n in nodes:
             console.print(node_panel(n, now=now, events=events.get(n.name, []),
-                                     job=request_rows(requests.get(n.name), now) + job_rows(n)))
+                                     job=[("made as", describe(n)), *request_rows(requests.get(n.name), now),
+                                          *job_rows(n)]))
         if events_error:
             click.echo(f"warning: audit log not read: {events_error}", err=True)
     for note in dict.fromkeys([*tpu.take_notes(), *(n for a in found_by.values() for n in a.take_notes())]):

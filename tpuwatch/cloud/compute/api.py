@@ -57,6 +57,9 @@ class ComputeCloud:
     kinds: tuple[str, ...] = ("instance", "mig")
     gcloud_ssh: GcloudSsh = GcloudSsh(verb=("compute", "ssh"), by_instance=True)
 
+    def describe(self, kind: str) -> str:
+        return f"Compute Engine {'MIG' if kind == 'mig' else kind}"
+
     def reader(self, cfg: Config, project: str, zone: str, *, as_is: bool = False) -> SliceReader:
         if as_is:  # a MIG as it is, also with no VM (a flex-start MIG waiting for its resize request)
             return ComputeAdapter(project, zone, compute_kind(cfg))

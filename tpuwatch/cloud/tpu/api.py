@@ -32,6 +32,9 @@ class TpuCloud:
     kinds: tuple[str, ...] = ("node",)
     gcloud_ssh: GcloudSsh = GcloudSsh(verb=("compute", "tpus", "tpu-vm", "ssh"), by_instance=False)
 
+    def describe(self, kind: str) -> str:
+        return "TPU node (Cloud TPU API)"
+
     def reader(self, cfg: Config, project: str, zone: str, *, as_is: bool = False) -> SliceReader:
         return TpuAdapter(project, zone)
 
