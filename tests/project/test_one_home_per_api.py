@@ -90,6 +90,19 @@ def test_no_module_outside_cloud_knows_which_api_made_a_slice() -> None:
         f"  {f}: {v}" for f, vs in bad.items() for v in vs)
 
 
+def test_no_api_package_imports_another() -> None:
+    """What two APIs share lives in cloud/ itself (base, listing, errors, retry, clients), so a
+    package can be added or removed alone."""
+    packages = api_packages()
+    bad = {}
+    for package in sorted(packages):
+        others = packages - {package}
+        for path in sorted((PACKAGE / "cloud" / package.rsplit(".", 1)[1]).rglob("*.py")):
+            if found := [v for v in violations(path.read_text(encoding="utf-8"), others) if "own module" in v]:
+                bad[path.relative_to(PACKAGE).as_posix()] = found
+    assert bad == {}, bad
+
+
 def test_the_allowed_files_exist() -> None:
     """An exception for a file that is gone (or renamed) would quietly allow its successor nothing."""
     assert [f for f in ALLOWED if not (PACKAGE / f).is_file()] == []

@@ -38,8 +38,7 @@ from tpuwatch.cloud.compute.adapter import (
     insert_resize_request,
     resize_status,
 )
-from tpuwatch.cloud.errors import ApiError
-from tpuwatch.cloud.tpu.lifecycle import MAINTENANCE_REFUSALS
+from tpuwatch.cloud.errors import MAINTENANCE_REFUSALS, ApiError
 from tpuwatch.errors import CloudError, HostReportRefused, NotFoundError
 from tpuwatch.model import NodeSnapshot, QueuedStatus
 

@@ -37,7 +37,7 @@ from typing import Any
 from tpuwatch.cloud.base import Due
 from tpuwatch.cloud.compute.adapter import ComputeAdapter
 from tpuwatch.cloud.compute.view import at_rest, members
-from tpuwatch.cloud.tpu.zonenodes import Listing
+from tpuwatch.cloud.listing import Listing
 
 
 class ZoneInstances:

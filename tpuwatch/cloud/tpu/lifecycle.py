@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from tpuwatch.cloud.errors import ApiError
+from tpuwatch.cloud.errors import MAINTENANCE_REFUSALS, ApiError
 from tpuwatch.errors import (
     CloudError,
     HostReportRefused,
@@ -79,18 +79,6 @@ def refuse_multislice(status: QueuedStatus, slices: int = 0) -> None:
         f"as one node; recreate it by hand (gcloud compute tpus queued-resources delete {qr} --force, "
         "then create it with the same --node-count)"
     )
-
-
-# How the service refuses to start a maintenance early: every code that says the same request
-# would fail again (not offered for this TPU type, nothing reschedulable pending, a node name or
-# permission it will not take). Google does not document which code a refusal carries, so none of
-# them ends the watch: the job falls back to the notice the relay passes on. A code for a request
-# that may succeed when sent again (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED,
-# INTERNAL, UNKNOWN) is an API failure like any other, tried again on a later tick.
-MAINTENANCE_REFUSALS = frozenset({
-    "INVALID_ARGUMENT", "FAILED_PRECONDITION", "OUT_OF_RANGE", "NOT_FOUND", "ALREADY_EXISTS",
-    "PERMISSION_DENIED", "UNAUTHENTICATED", "UNIMPLEMENTED",
-})
 
 
 # The request's tier field for each `queued_resource_tier` (spec.QR_TIERS). best_effort and
