@@ -37,7 +37,7 @@ from lab.fakeports import PROJECT, ZONE, at
 from lab.tools import JOB, Run, Tool, TpuwatchDriver, describe, ideal
 from lab.world import OK, BenchWorld, Meter
 from tpuwatch.cloud.compute import ComputeAdapter
-from tpuwatch.cloud.computelife import ComputeLifecycle
+from tpuwatch.cloud.compute.lifecycle import ComputeLifecycle
 from tpuwatch.cloud.errors import ApiError, Call
 from tpuwatch.cloud.logs import RawEntry, event_of, to_ns
 from tpuwatch.config import Config, validate

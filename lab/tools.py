@@ -47,7 +47,7 @@ from lab.fakeports import (
     at,
 )
 from lab.world import OK, SSH_LOST, BenchWorld, Meter
-from tpuwatch.cloud.lifecycle import Lifecycle
+from tpuwatch.cloud.tpu.lifecycle import Lifecycle
 from tpuwatch.config import SCHEMA, Config, validate
 from tpuwatch.durations import human
 from tpuwatch.journal import Journal

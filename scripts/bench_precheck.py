@@ -66,7 +66,7 @@ def main() -> int:
         # the checks alone, as the watcher runs them
         os.environ.update(sim.env)
         os.environ["TPUWATCH_STATE_DIR"] = str(Path(tmp) / "state")  # its own known_hosts, never the user's
-        from tpuwatch.cloud.tpu import TpuAdapter
+        from tpuwatch.cloud.tpu.adapter import TpuAdapter
         from tpuwatch.config import load_config
         from tpuwatch.workers.precheck import Prechecker
         from tpuwatch.workers.sshworkers import SshWorkers

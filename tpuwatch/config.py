@@ -9,7 +9,6 @@ This module reads files and the environment; it knows nothing of the cloud or SS
 from __future__ import annotations
 
 import difflib
-import logging
 import os
 import re
 import signal
@@ -20,9 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tpuwatch import tpuconfig
 from tpuwatch.durations import parse_duration
 from tpuwatch.errors import ConfigError
 from tpuwatch.model import NODE_NAME
+from tpuwatch.tpuconfig import (  # noqa: F401  (public names of tpuwatch.config)
+    COMPUTE_SPEC_KEYS,
+    TPU_APIS,
+    compute_spec,
+    flex_start,
+    repair_compute_spec,
+    repair_compute_urls,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -32,12 +40,6 @@ else:  # pragma: no cover
 PLACEHOLDERS = ("checkpoint", "step", "attempt", "worker", "slice")
 CHECKPOINT_LAYOUTS = ("auto", "orbax", "flax", "t5x", "levanter", "pytorch_xla")
 TRANSPORTS = ("openssh", "gcloud")
-# Which Google API made the job's TPU: the Cloud TPU API (nodes, queued resources), or Compute
-# Engine (an instance, or a managed instance group), the only way to TPU7x and later.
-TPU_APIS = ("tpu", "compute")
-# What [tpu.compute_spec] holds at its top (written by `tpuwatch init`): the instance to insert
-# again, or the MIG (its insert body) with the template and workload policy it was made from.
-COMPUTE_SPEC_KEYS = ("instance", "mig", "template", "workload_policy")
 NOTIFY_FORMATS = ("slack", "chat", "json")
 # What a [[notify]] table may be told about (tpuwatch.policy.alerts derives them from the journal).
 ALERT_KINDS = ("failed", "needs_person", "recreated", "disruption", "resumed", "done", "maintenance",
@@ -492,11 +494,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
                               "with a letter)", allow_empty=True), "",
                      "with api = \"compute\": the managed instance group that is the job's slice (one VM, or a "
                      "multi-host slice through its workload policy)"),
-        "flex_start": Field(lambda k, v: _flex_start(k, v), 0.0,
+        "flex_start": Field(flex_start, 0.0,
                             "with api = \"compute\" and mig: the MIG gets its VMs through flex-start resize "
                             "requests, each asking for this run duration (requestedRunDuration, 10m to 7d, e.g. "
                             "\"24h\"); its size is tpu.compute_spec.mig.targetSize (written by tpuwatch init)"),
-        "compute_spec": Field(lambda k, v: _compute_spec(k, v), {},
+        "compute_spec": Field(compute_spec, {},
                               "with api = \"compute\": what a recreate needs (written by tpuwatch init): "
                               "`instance` (the instance's insert body), or `mig`, `template` and `workload_policy`"),
         "startup_script": Field(_path, "", "file sent as metadata startup-script on create"),
@@ -629,133 +631,6 @@ def _spec(key: str, value: Any) -> dict[str, Any]:
     return validate_spec(value, key=key)
 
 
-def _flex_start(key: str, value: Any) -> float:
-    """A resize request's requestedRunDuration: Google takes 10 minutes to 7 days."""
-    seconds = parse_duration(value, key=key)
-    if seconds and not 600 <= seconds <= 7 * 86400:
-        raise ConfigError(f"{key}: {value!r} is not a flex-start run duration; Compute Engine takes 10m to 7d "
-                          "(requestedRunDuration), e.g. flex_start = \"24h\"")
-    return seconds
-
-
-def _compute_spec(key: str, value: Any) -> dict[str, Any]:
-    """A table of the COMPUTE_SPEC_KEYS tables; their fields are checked against the Compute Engine
-    API's messages when a recreate builds its request (tpuwatch.cloud.computelife)."""
-    if not isinstance(value, dict):
-        raise ConfigError(f"{key}: expected a table")
-    for part, table in value.items():
-        if part not in COMPUTE_SPEC_KEYS:
-            raise ConfigError(f"{key}.{part}: unknown key{_did_you_mean(part, list(COMPUTE_SPEC_KEYS))}; "
-                              f"[{key}] holds {', '.join(COMPUTE_SPEC_KEYS)} (`tpuwatch init` writes them)")
-        if not isinstance(table, dict):
-            raise ConfigError(f"{key}.{part}: expected a table")
-    if "instance" in value and "mig" in value:
-        raise ConfigError(f"{key}: holds both an instance and a mig; keep the one tpu.instance or tpu.mig names")
-    return dict(value)
-
-
-# An instance insert takes its machine type and each new disk's type as a full or partial URL
-# only (`zones/ZONE/machineTypes/TYPE`, `zones/ZONE/diskTypes/TYPE`); Compute Engine refuses a bare
-# name there with "The URL is malformed." (bare names are for instance templates). An `init` before
-# this was known saved bare names: they are made into partial URLs of the slice's own zone.
-_BARE = re.compile(r"^[a-z0-9][-a-z0-9]*$")
-_repaired_said: set[str] = set()
-
-
-def repair_compute_urls(instance: dict[str, Any], zone: str) -> list[str]:
-    """Make the bare machine type and disk types of an instance insert body (as an older `init`
-    saved them) partial URLs in `zone`, in place; the keys repaired."""
-    fixed = []
-    machine = instance.get("machineType")
-    if isinstance(machine, str) and _BARE.match(machine):
-        instance["machineType"] = f"zones/{zone}/machineTypes/{machine}"
-        fixed.append("tpu.compute_spec.instance.machineType")
-    for i, disk in enumerate(instance.get("disks") or []):
-        params = disk.get("initializeParams") if isinstance(disk, dict) else None
-        kind = params.get("diskType") if isinstance(params, dict) else None
-        if isinstance(params, dict) and isinstance(kind, str) and _BARE.match(kind):
-            params["diskType"] = f"zones/{zone}/diskTypes/{kind}"
-            fixed.append(f"tpu.compute_spec.instance.disks[{i}].initializeParams.diskType")
-    return fixed
-
-
-def repair_compute_spec(instance: dict[str, Any], zone: str, target: str) -> None:
-    """Repair an older `init`'s bare names in an instance insert body, in place, into partial
-    URLs in `zone` (said once per process)."""
-    fixed = repair_compute_urls(instance, zone)
-    key = f"{target}:{zone}"
-    if fixed and key not in _repaired_said:
-        _repaired_said.add(key)
-        logging.getLogger(__name__).warning(
-            "%s: bare names written by an older `tpuwatch init`; used as partial URLs in zone %s (Compute Engine "
-            "refuses bare names in an instance insert). Run `tpuwatch init %s --zone %s` again to write them so",
-            ", ".join(fixed), zone, target, zone)
-
-
-def _compute_target(raw: dict[str, Any]) -> None:
-    """With api = "compute", [tpu] names its slice by `instance` or `mig`; `name`, when left out,
-    is that name (the job's and the journal's)."""
-    if raw.get("api") != "compute" or "name" in raw:
-        return
-    key = "instance" if raw.get("instance") else "mig"
-    target = raw.get(key)
-    if target:
-        raw["name"] = SCHEMA["tpu"][key].check(f"tpu.{key}", target)
-    elif not target:
-        raise ConfigError("tpu.instance, tpu.mig: with api = \"compute\", set one: instance = \"NAME\" for a "
-                          "single VM, or mig = \"NAME\" for a managed instance group (`tpuwatch init NAME` finds "
-                          "which)")
-
-
-def _check_compute(t: Mapping[str, Any]) -> None:
-    """ConfigError for a [tpu] table whose keys do not fit its `api`."""
-    if t["api"] != "compute":
-        for key in ("instance", "mig"):
-            if t[key]:
-                raise ConfigError(f"tpu.{key}: names a Compute Engine {'instance' if key == 'instance' else 'MIG'}, "
-                                  f"but tpu.api is \"{t['api']}\"; add api = \"compute\" under [tpu]")
-        if t["compute_spec"]:
-            raise ConfigError("tpu.compute_spec: only for api = \"compute\"; a TPU API node's spec is [tpu.spec]")
-        if t["flex_start"]:
-            raise ConfigError("tpu.flex_start: a Compute Engine MIG's resize requests; on the TPU API a "
-                              "queued resource takes their place (tpu.queued_resource): remove it")
-        return
-    if bool(t["instance"]) == bool(t["mig"]):
-        raise ConfigError("tpu.instance, tpu.mig: with api = \"compute\", set exactly one: instance = \"NAME\" "
-                          "for a single VM, or mig = \"NAME\" for a managed instance group (`tpuwatch init NAME` "
-                          "finds which)" + ("" if t["instance"] else "; neither is set"))
-    target = t["instance"] or t["mig"]
-    if t["name"] != target:
-        key = "instance" if t["instance"] else "mig"
-        raise ConfigError(f"tpu.name: {t['name']!r} is not tpu.{key} {target!r}; with api = \"compute\" the "
-                          f"slice is named by tpu.{key}: drop tpu.name (name the job with job.name)")
-    refused = {
-        "names": "a multislice job spans TPU API nodes; Compute Engine multislice is not documented by Google",
-        "queued_resource": "queued resources are the TPU API's; on Compute Engine a MIG's resize requests "
-                           "take their place",
-        "fallback_zones": "a Compute Engine slice is recreated in its own zone only",
-        "zone_overrides": "a Compute Engine slice is recreated in its own zone only",
-        "spec": "[tpu.spec] is a TPU API node's spec; on Compute Engine it is [tpu.compute_spec]",
-    }
-    for key, why in refused.items():
-        if t[key]:
-            raise ConfigError(f"tpu.{key}: not with api = \"compute\" ({why}); remove it")
-    spec = t["compute_spec"]
-    if t["flex_start"]:
-        if not t["mig"]:
-            raise ConfigError("tpu.flex_start: flex-start resize requests are a MIG's; name the MIG with tpu.mig "
-                              "(a single VM is a MIG of one), or remove tpu.flex_start")
-        if not int((spec.get("mig") or {}).get("targetSize") or 0):
-            raise ConfigError("tpu.compute_spec.mig.targetSize: tpu.flex_start needs how many VMs each resize "
-                              f"request asks for; run `tpuwatch init {target}` while the slice runs, or set it")
-    if spec:
-        kind = "instance" if t["instance"] else "mig"
-        other = "mig" if kind == "instance" else "instance"
-        if other in spec:
-            raise ConfigError(f"tpu.compute_spec.{other}: the job names a {kind} (tpu.{kind}); run "
-                              f"`tpuwatch init {target}` to write its spec")
-
-
 def _zone_overrides(value: Any) -> dict[str, dict[str, Any]]:
     from tpuwatch import zonespec
 
@@ -880,7 +755,7 @@ def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[st
         else:
             given = dict(raw.get(section, {}))
             if section == "tpu":
-                _compute_target(given)
+                tpuconfig.name_the_slice(given, lambda key, value: SCHEMA["tpu"][key].check(f"tpu.{key}", value))
             out[section] = _table(section, section, given, require_command)
     r = out["recovery"]
     if r["backoff_max"] < r["backoff_base"]:
@@ -888,20 +763,13 @@ def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[st
     from tpuwatch import zonespec
 
     t = out["tpu"]
-    _check_compute(t)
-    instance = t["compute_spec"].get("instance") if t["api"] == "compute" else None
-    if isinstance(instance, dict) and t["zone"]:  # else when the zone is known (recreate.compute_request)
-        repair_compute_spec(instance, t["zone"], t["instance"] or t["name"])
-    if r["report_faulty_hosts"] and t["api"] != "compute":
-        raise ConfigError("recovery.report_faulty_hosts: the Cloud TPU API has no call to report a faulty host "
-                          "(Compute Engine's instances.reportHostAsFaulty is for TPU VMs made through it, tpu.api = "
-                          "\"compute\"); remove it, or set it to false: tpuwatch still says what a person should do")
+    tpuconfig.check(t, out)  # the keys of the job's API only
     if t["names"] and t["queued_resource"] and multislice_prefix(t["names"]) is None:
         raise ConfigError(
             f"tpu.names: a multislice queued resource names its nodes <prefix>-0, <prefix>-1, ... in order; got "
             f"{', '.join(t['names'])}. List them so, or drop tpu.queued_resource for separately created nodes")
     if not t["queued_resource"]:
-        _queued_only(t["spec"], t["zone_overrides"])
+        tpuconfig.queued_only(t["spec"], t["zone_overrides"])
     zonespec.check(t["spec"], t["zone_overrides"], t["zone"], t["fallback_zones"])
     ssh = out["ssh"]
     proxy = next((o for o in ssh["options"] if re.match(r"(?i)\s*proxy(command|jump)\b", o)), None)
@@ -917,20 +785,6 @@ def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[st
             f"checks are {', '.join(known_checks)}"
         )
     return out
-
-
-def _queued_only(spec: Mapping[str, Any], overrides: Mapping[str, Mapping[str, Any]]) -> None:
-    """ConfigError for a tier or reservation on a plain node: only a queued resource carries them
-    (the node's own scheduling config has no reservation name in google-cloud-tpu), so a recreate
-    would silently create the node without them."""
-    given = [("tpu.spec", spec), *((f'tpu.zone_overrides."{z}"', o) for z, o in overrides.items())]
-    for where, table in given:
-        for key in ("queued_resource_tier", "reservation_name"):
-            if table.get(key):
-                raise ConfigError(
-                    f"{where}.{key}: only a queued resource has a tier or a reservation, and tpu.queued_resource "
-                    "is not set, so a recreate would create the node without it; set tpu.queued_resource to the "
-                    "request that made the node (`tpuwatch init` writes both), or remove the key")
 
 
 # Keys an older tpuwatch accepted, and why they went: said plainly instead of "unknown key".

@@ -37,8 +37,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.utils import floatToGoString
 
 from tpuwatch.cloud import calls
+from tpuwatch.cloud.apis import RPC_TIMEOUT
 from tpuwatch.cloud.retry import RetryPolicy
-from tpuwatch.cloud.tpu import RPC_TIMEOUT
 from tpuwatch.config import Config
 from tpuwatch.errors import UsageError
 from tpuwatch.journal import AttemptRow, Journal, JournalEvent

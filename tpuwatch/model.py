@@ -94,12 +94,15 @@ class NodeSnapshot:
     pending_stop: bool = False
     # Its full name where that is not a TPU API node's: a Compute Engine instance's or MIG's
     resource: str = ""
+    # What made it, as the adapter that read it says ("node": a Cloud TPU API node; "instance",
+    # "mig": Compute Engine's): commands show it, and the registry (cloud/apis.py) finds its API by it
+    kind: str = "node"
     # A Compute Engine MIG's own repair, facts for the policy: whether it recreates a failed VM
     # by itself (`instanceLifecyclePolicy.defaultActionOnFailure` REPAIR, the default), and what
     # it is doing now ("" when no instance of it has a current action)
     repairs_itself: bool = False
     repair_under_way: str = ""
-    # Google's own stops of a VM made through Compute Engine (cloud/computeview.py). `google_deletes`:
+    # Google's own stops of a VM made through Compute Engine (cloud/compute/view.py). `google_deletes`:
     # Google deletes it itself, at a preemption or at the end of its run (termination action DELETE
     # on a Spot or flex-start VM, or one with a run duration or termination time), and
     # `google_deletes_at` when that run ends; `google_deleting`: what shows Google deleting it now

@@ -1,4 +1,5 @@
-"""The small protocols the tick talks to; one real adapter each, plus fakes in tests and benchmarks.
+"""The small protocols the tick talks to; real adapters (for the cloud, one per API a TPU is
+made through: tpuwatch.cloud.apis picks them), plus fakes in tests and benchmarks.
 
 Every outside system has one typed door here, so the tick needs no `Any`, `getattr` or `cast`
 to use it. The policy never sees these: the tick calls them to observe and to act, and hands
@@ -33,7 +34,9 @@ CheckContext = Literal["launch", "running"]
 
 
 class TpuApi(Protocol):
-    """Nodes and operations of one project and zone (tpuwatch.cloud.tpu.TpuAdapter)."""
+    """Slices and operations of one project and zone, as the API that made them shows them: a
+    Cloud TPU API node (tpuwatch.cloud.tpu), or a Compute Engine instance or MIG as one node
+    (tpuwatch.cloud.compute)."""
 
     def get_node(self, name: str) -> NodeSnapshot | None:
         """The node, or None when it does not exist."""
@@ -58,8 +61,9 @@ class TpuApi(Protocol):
 
 
 class NodeLifecycle(Protocol):
-    """Delete and create the job's node, plainly or through its queued resource
-    (tpuwatch.cloud.lifecycle.Lifecycle)."""
+    """Delete and create the job's node, as its API does it: plainly or through its queued
+    resource (tpuwatch.cloud.tpu.lifecycle), or an instance's delete and insert, a MIG's recreate
+    (tpuwatch.cloud.compute.lifecycle)."""
 
     # What the node is made through and waits in line by, in words ("queued resource pod-qr",
     # "a resize request of MIG slice"); "" for a node made plainly
@@ -103,7 +107,7 @@ class NodeLifecycle(Protocol):
 class AuditLog(Protocol):
     def read(self, nodes: Iterable[str], cursor: str | None,
              instances: Mapping[str, tuple[str, str]] | None = None) -> tuple[list[AuditEvent], str | None]:
-        """Events about `nodes` (and their worker VMs, `instances`: instance name -> (node, worker id), as TpuAdapter.worker_instances gives it)
+        """Events about `nodes` (and their worker VMs, `instances`: instance name -> (node, worker id), as the adapter's worker_instances gives it)
         after `cursor`, oldest first, and the new cursor (one query)."""
 
     def take_warnings(self) -> list[str]:

@@ -17,7 +17,6 @@ for `tpuwatch recreate` and `init`, which wait where the tick never does.
 
 from __future__ import annotations
 
-import copy
 import getpass
 import shlex
 import time
@@ -26,13 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from tpuwatch import credentials, zonespec
+from tpuwatch import credentials
 from tpuwatch import spec as specmod
-from tpuwatch.cloud.computespec import check_insert
+from tpuwatch.cloud.apis import api_for, api_of
+from tpuwatch.cloud.base import LaunchParts
 from tpuwatch.cloud.errors import CODE_NAMES, CODE_NUMBERS, api_failure
-from tpuwatch.cloud.lifecycle import queued_id, queued_request
-from tpuwatch.config import Config, repair_compute_spec
-from tpuwatch.errors import ConfigError, JobFailed, TpuwatchError, UsageError
+from tpuwatch.config import Config
+from tpuwatch.errors import JobFailed, TpuwatchError
 from tpuwatch.model import OWNER_LABEL, NodeSnapshot, OperationStatus, QueuedStatus
 from tpuwatch.policy.create_errors import CODE_ALIASES, CREATE_RULES, OTHER, Kind, kind_of, rule_for
 from tpuwatch.ports import NodeLifecycle, TpuApi
@@ -52,13 +51,7 @@ def ownership_error(node: NodeSnapshot, job: str) -> JobFailed:
     name, zone = node.name, node.zone or "ZONE"
     have = node.owner
     why = "has no tpuwatch-job label" if have is None else f"has {OWNER_LABEL}={have}, not {OWNER_LABEL}={job}"
-    if "/instances/" in node.resource:
-        how = f"add the label: `gcloud compute instances add-labels {name} --zone {zone} --labels {OWNER_LABEL}={job}`"
-    elif node.resource:  # a MIG: its instances carry its template's labels
-        how = f"add the label {OWNER_LABEL}={job} to the MIG's instance template"
-    else:
-        how = (f"run `tpuwatch init {name} --adopt` (or add the label: `gcloud compute tpus tpu-vm update {name} "
-               f"--zone {zone} --update-labels {OWNER_LABEL}={job}`)")
+    how = api_of(node).label_hint(node, zone, job)
     return JobFailed(
         f"refusing to delete TPU {name}: it {why}, so tpuwatch does not own it. To let tpuwatch "
         f"delete and recreate it, {how}, or pass --adopt"
@@ -149,40 +142,20 @@ def config_base(cfg: Config) -> Path | None:
     return cfg.path.parent if cfg.path is not None else None
 
 
-def build_request(cfg: Config, launch: Mapping[str, str] | None = None, zone: str = "") -> Any:
-    """The validated create request's Node for this config in `zone` (nothing is sent)."""
-    raw_spec = zone_spec(cfg, zone)
-    if not raw_spec:
-        raise ConfigError(
-            f"tpu.spec: missing; run `tpuwatch init {cfg.tpu_name}` to capture the TPU's spec "
-            "before tpuwatch can recreate it"
-        )
-    script_path = str(cfg.tpu.get("startup_script") or "")
-    script = specmod.read_startup_script(script_path, base=config_base(cfg)) if script_path else None
-    # A spec with v2alpha1-only fields gives a tpu_v2alpha1.Node; the adapter sends that to v2alpha1.
-    return specmod.build_node(raw_spec, script, job=cfg.job_name, extra_metadata=launch_metadata(cfg, launch))
+def launch_parts(cfg: Config, launch: Mapping[str, str] | None = None) -> LaunchParts:
+    """What a create writes for the startup script: the `tpuwatch-*` metadata and
+    tpu.startup_script's text, each read only when the body needs it."""
+    def script() -> str | None:
+        path = str(cfg.tpu.get("startup_script") or "")
+        return specmod.read_startup_script(path, base=config_base(cfg)) if path else None
 
-
-def zone_spec(cfg: Config, zone: str) -> dict[str, Any]:
-    """[tpu.spec] as a create in `zone` sends it: with [tpu.zone_overrides] for that zone."""
-    return zonespec.for_zone(cfg.tpu.get("spec") or {}, cfg.tpu.get("zone_overrides") or {}, zone)
-
-
-def _api_version(message: Any) -> str:
-    """"v2alpha1" for a tpu_v2alpha1 message, else "v2" (for the method names --dry-run prints)."""
-    return "v2alpha1" if "v2alpha1" in type(message).__module__ else "v2"
+    return LaunchParts(metadata=lambda: launch_metadata(cfg, launch), startup_script=script)
 
 
 def create_request_json(cfg: Config, zone: str, project: str,
                         launch: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The exact CreateNode request (REST JSON) `start_create` would send: for --dry-run."""
-    node = build_request(cfg, launch, zone)
-    return {
-        "method": f"google.cloud.tpu.{_api_version(node)}.Tpu.CreateNode",
-        "parent": f"projects/{project}/locations/{zone}",
-        "nodeId": cfg.tpu_name,
-        "node": specmod.node_to_json(node),
-    }
+    """The exact create request (REST JSON) `start_create` would send: for --dry-run."""
+    return api_for(cfg).request_json(cfg, zone, project, launch_parts(cfg, launch))
 
 
 def redacted(request: Any) -> Any:
@@ -214,11 +187,7 @@ def start_create(life: NodeLifecycle, cfg: Config, zone: str, *, resumed: bool =
     the journal says a create of this name is ours); that is success. A refused create raises
     CreateRejected carrying its classification.
     """
-    if cfg.tpu["api"] == "compute":
-        node, spec = compute_request(cfg, launch, zone), {}
-    else:
-        node = specmod.node_to_json(build_request(cfg, launch, zone))
-        spec = zone_spec(cfg, zone)
+    node, spec = api_for(cfg).create_body(cfg, zone, launch_parts(cfg, launch))
     try:
         return life.create(cfg.tpu_name, node, zone, resumed=resumed,
                            tier=str(spec.get("queued_resource_tier", "")),
@@ -235,37 +204,22 @@ def start_create(life: NodeLifecycle, cfg: Config, zone: str, *, resumed: bool =
 
 
 def compute_request(cfg: Config, launch: Mapping[str, str] | None = None, zone: str = "") -> dict[str, Any]:
-    """The insert body of the job's Compute Engine instance or MIG, from [tpu.compute_spec].
+    """The create body of the job's slice (a Compute Engine instance's or MIG's insert body, from
+    [tpu.compute_spec]); UsageError (exit 2) when the cloud would refuse it, before any delete."""
+    return api_for(cfg).create_body(cfg, zone, launch_parts(cfg, launch))[0]
 
-    An instance gets the ownership label and the launch's metadata (the startup script, the
-    `tpuwatch-*` keys), as a TPU node's create does. A MIG is inserted as saved: its instances
-    take their labels and metadata from its template. An older `init`'s bare machine and disk
-    types become partial URLs in `zone` (the slice's); a body Compute Engine would refuse is
-    UsageError (exit 2): this runs before anything is deleted."""
-    kind = "instance" if cfg.tpu["instance"] else "mig"
-    saved = (cfg.tpu.get("compute_spec") or {}).get(kind)
-    if not saved:
-        raise UsageError(f"tpu.compute_spec.{kind}: missing; run `tpuwatch init {cfg.tpu_name}` to capture the "
-                         f"{kind} tpuwatch recreates it from")
-    body: dict[str, Any] = copy.deepcopy(dict(saved))
-    zone = zone or str(cfg.tpu["zone"])
-    if kind == "mig":
-        check_insert(kind, body, cfg.tpu_name, zone or "ZONE")  # before any delete
-        return body
-    if zone:  # tpu.zone unset at load: the zone was resolved since (flags, env, gcloud)
-        repair_compute_spec(body, zone, cfg.tpu_name)
-    body["labels"] = {**dict(body.get("labels") or {}), OWNER_LABEL: cfg.job_name}
-    meta = launch_metadata(cfg, launch)
-    script_path = cfg.tpu.get("startup_script") or ""
-    if script_path:
-        meta["startup-script"] = specmod.read_startup_script(script_path, base=config_base(cfg))
-    metadata = dict(body.get("metadata") or {})
-    metadata.pop("fingerprint", None)
-    kept = [item for item in metadata.get("items") or [] if item.get("key") not in meta]
-    body["metadata"] = {**metadata, "items": kept + [{"key": k, "value": v} for k, v in meta.items()]}
-    # what Compute Engine would refuse stops here, before any delete (UsageError, exit 2)
-    check_insert(kind, body, cfg.tpu_name, zone or "ZONE")
-    return body
+
+def check_before_delete(cfg: Config, zone: str) -> None:
+    """A slice made again from a body of the config's (a Compute Engine instance) has the body
+    built before the delete: one the cloud would refuse stops the watcher here (UsageError), not
+    after the delete."""
+    if api_for(cfg).checks_body_before_delete(cfg):
+        compute_request(cfg, zone=zone)
+
+
+def gone_workers(cfg: Config) -> Mapping[str, tuple[str, str]] | None:
+    """The worker VMs the audit log may name while the job's slice is gone, or None."""
+    return api_for(cfg).gone_workers(cfg)
 
 
 def _ours(life: NodeLifecycle, cfg: Config) -> bool:
@@ -395,26 +349,14 @@ def set_owner_label(api: LabelApi, name: str, labels: Mapping[str, str], job: st
 
 
 # ---------------------------------------------------------------------------------------------
-# Queued resources (the requests themselves: tpuwatch.cloud.lifecycle)
+# Queued resources (the requests themselves: the TPU API's, cloud/tpu/)
 
 
 def qr_request_json(cfg: Config, zone: str, project: str,
                     launch: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The CreateQueuedResource request (REST JSON) a create through the queued resource sends:
     for --dry-run. Same name, tier, reservation and node spec as the saved one."""
-    node = build_request(cfg, launch, zone)
-    spec = zone_spec(cfg, zone)
-    parent = f"projects/{project}/locations/{zone}"
-    tier = str(spec.get("queued_resource_tier", ""))
-    # v2alpha1 when the node spec or the tier needs it, as the adapter sends it
-    version = "v2alpha1" if tier in specmod.QR_ALPHA_TIERS else _api_version(node)
-    return {
-        "method": f"google.cloud.tpu.{version}.Tpu.CreateQueuedResource",
-        "parent": parent,
-        "queuedResourceId": queued_id(str(cfg.tpu["queued_resource"])),
-        "queuedResource": queued_request(parent, cfg.tpu_name, specmod.node_to_json(node), tier,
-                                         str(spec.get("reservation_name", "")), tuple(cfg.tpu["names"])),
-    }
+    return create_request_json(cfg, zone, project, launch)  # the API sends it when tpu.queued_resource is set
 
 
 def queued_reason(status: QueuedStatus | None) -> str:

@@ -246,11 +246,10 @@ class Reconciler:
 
     def _worker_instances(self, node: NodeSnapshot | None) -> Mapping[str, tuple[str, str]] | None:
         """The node's worker VMs for the audit reader (read lazily by the TPU adapter), or None.
-        A Compute Engine instance that is gone is still its own one worker: the log's entry on
-        its preemption says whether Google deleted it."""
+        With no node, those its API still knows (a gone Compute Engine instance is its own one
+        worker: the log's entry on its preemption says whether Google deleted it)."""
         if node is None:
-            name = str(self.cfg.tpu.get("instance") or "") if self.cfg.tpu.get("api") == "compute" else ""
-            return {name: (name, "0")} if name else None
+            return recreate.gone_workers(self.cfg)
         return self.ports.tpu_for(node.zone).worker_instances(node)
 
     def _audit(self, now: datetime, mem: Memory, node: NodeSnapshot | None,
@@ -328,10 +327,9 @@ class Reconciler:
 
     def _delete(self, action: DeleteNode, mem: Memory, node: NodeSnapshot | None, now: datetime) -> str:
         what = action.name
-        if self.cfg.tpu["api"] == "compute" and self.cfg.tpu["instance"]:
-            # The instance is inserted again from [tpu.compute_spec]: a body Compute Engine would
-            # refuse stops the watcher here (UsageError), before the delete, not after it.
-            recreate.compute_request(self.cfg, zone=action.zone)
+        # A slice inserted again from the config (a Compute Engine instance): a body the cloud
+        # would refuse stops the watcher here (UsageError), before the delete, not after it.
+        recreate.check_before_delete(self.cfg, action.zone)
         try:
             # The policy checked ownership; start_delete checks it again next to the act.
             name, what = recreate.start_delete(self.ports.lifecycle_for(action.zone), node, self.pcfg.job,

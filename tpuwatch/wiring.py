@@ -7,25 +7,18 @@ config and environment are resolved the same way everywhere. Nothing here decide
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from tpuwatch.cloud.apis import SharedLists, api_for
+from tpuwatch.cloud.base import Doors, Due, SliceReader, ZoneSharing
 from tpuwatch.cloud.location import Location, resolve
 from tpuwatch.cloud.logs import AuditLogReader
-from tpuwatch.cloud.zoneinstances import SharedCompute
-from tpuwatch.cloud.zonenodes import Due, SharedTpu
 from tpuwatch.config import Config, load_config
-from tpuwatch.model import NodeSnapshot
 from tpuwatch.policy import PolicyConfig
 from tpuwatch.policy.signatures import log_signatures, worker_patterns
-from tpuwatch.ports import CheckpointStore, JobPorts, NodeLifecycle, TpuApi
-
-if TYPE_CHECKING:
-    from tpuwatch.cloud.compute import ComputeAdapter, Kind, Reads
-    from tpuwatch.cloud.computelife import ComputeLifecycle
-    from tpuwatch.cloud.tpu import TpuAdapter
+from tpuwatch.ports import CheckpointStore, JobPorts, NodeLifecycle
 
 
 @dataclass(frozen=True)
@@ -49,138 +42,57 @@ def load_job(config_path: str | Path, project: str | None = None, zone: str | No
 
 @dataclass(frozen=True)
 class Sharing:
-    """What the jobs of one watcher share (`watch` with several configs): the TPU API per zone
-    and Compute Engine's instances and MIGs per zone (one list per zone per poll), and the
-    audit-log cache's directory per project."""
+    """What the jobs of one watcher share (`watch` with several configs): each API's lists per
+    zone (one list per zone per poll: the TPU API's nodes, Compute Engine's instances and MIGs),
+    and the audit-log cache's directory per project."""
 
-    tpu: SharedTpu
-    compute: SharedCompute
+    lists: SharedLists
     due: Due  # this job's: when its current tick was due
     slack: float  # seconds a zone listing may have begun before the tick was due
     audit_dir: Path  # the shared audit-log cache's directory for this job's project
     audit_reader: AuditLogReader  # the query itself, one per project and zone (one Logging client)
 
 
-# A job's doors to its slice: TPU API per zone, lifecycle per zone, host keys, instance names
-ComputePorts = tuple[Callable[[str], TpuApi], Callable[[str], NodeLifecycle],
-                     Callable[[NodeSnapshot], Mapping[int, tuple[str, ...]]], Callable[[NodeSnapshot], tuple[str, ...]]]
+def slice_reader(cfg: Config, project: str, *, as_is: bool = False) -> Callable[[str], SliceReader]:
+    """Zone -> the adapter that reads the job's slice there (its [tpu] api's), one per zone: the
+    commands that only read it (`status`, `events`, `precheck`, `run`) get the node, its host
+    keys and instance names from the same adapter, which knows a MIG's instances from its last get.
+    `as_is`: the slice as `status` shows it (CloudApi.reader)."""
+    adapters: dict[str, SliceReader] = {}
+    api = api_for(cfg)
 
-
-def compute_ports(job: Job, sharing: Sharing | None = None) -> ComputePorts:
-    """A Compute Engine slice's doors: the adapter per zone, its lifecycle, and the host keys and
-    instance names the workers' transport needs. Alone, a tick reads the slice with one get of
-    the instance, or three requests for a MIG; with `sharing`, from the zone's instances (and
-    MIG) lists shared by the watcher's jobs, plus listManagedInstances for a MIG
-    (cloud/zoneinstances.py)."""
-    cfg, loc = job.cfg, job.location
-    adapters: dict[str, ComputeAdapter] = {}
-
-    def adapter(zone: str) -> ComputeAdapter:
+    def reader(zone: str) -> SliceReader:
         if zone not in adapters:
-            reads = (sharing.compute.zone(loc.project, zone).job(sharing.due, slack=sharing.slack)
-                     if sharing is not None else None)
-            adapters[zone] = compute_adapter(cfg, loc.project, zone, reads=reads)
-        return adapters[zone]
-
-    def lifecycle(zone: str) -> NodeLifecycle:
-        return compute_lifecycle(cfg, adapter(zone))
-
-    def host_keys(node: NodeSnapshot) -> Mapping[int, tuple[str, ...]]:
-        return adapter(node.zone).host_keys(node.name)
-
-    def instances(node: NodeSnapshot) -> tuple[str, ...]:
-        return adapter(node.zone).instance_names(node)
-
-    return adapter, lifecycle, host_keys, instances
-
-
-def compute_kind(cfg: Config) -> Kind:
-    """What names a Compute Engine job's slice: an instance, or a MIG (config checks one is set)."""
-    return "instance" if cfg.tpu["instance"] else "mig"
-
-
-def compute_adapter(cfg: Config, project: str, zone: str, *, reads: Reads | None = None) -> ComputeAdapter:
-    """The Compute Engine adapter of a job whose slice was made through Compute Engine; `reads`:
-    the zone's shared lists in a watcher of several jobs (direct reads without)."""
-    from tpuwatch.cloud.compute import ComputeAdapter
-
-    return ComputeAdapter(project, zone, compute_kind(cfg), flex_start=float(cfg.tpu["flex_start"]), reads=reads)
-
-
-def compute_lifecycle(cfg: Config, adapter: ComputeAdapter) -> ComputeLifecycle:
-    """Delete and create of the job's instance or MIG through `adapter`."""
-    from tpuwatch.cloud.computelife import ComputeLifecycle
-
-    return ComputeLifecycle(adapter, mig=cfg.tpu["mig"], size=flex_size(cfg))
-
-
-def slice_reader(cfg: Config, project: str) -> Callable[[str], TpuAdapter | ComputeAdapter]:
-    """Zone -> the adapter that reads the job's slice there ([tpu] api: the TPU API, or Compute
-    Engine), one per zone: the commands that only read it (`status`, `events`, `precheck`,
-    `run`) get the node, its host keys and instance names from the same adapter, which knows a
-    MIG's instances from its last get."""
-    from tpuwatch.cloud.tpu import TpuAdapter
-
-    adapters: dict[str, TpuAdapter | ComputeAdapter] = {}
-
-    def reader(zone: str) -> TpuAdapter | ComputeAdapter:
-        if zone not in adapters:
-            adapters[zone] = (compute_adapter(cfg, project, zone) if cfg.tpu["api"] == "compute"
-                              else TpuAdapter(project, zone))
+            adapters[zone] = api.reader(cfg, project, zone, as_is=as_is)
         return adapters[zone]
 
     return reader
 
 
-def flex_size(cfg: Config) -> int:
-    """The VMs each resize request of a flex-start MIG asks for: the MIG's size as `init` saw it
-    running (config checks it is set when tpu.flex_start is)."""
-    mig = (cfg.tpu.get("compute_spec") or {}).get("mig") or {}
-    return int(mig.get("targetSize") or 0)
+# commands/recreate.py's doors to a Compute Engine slice, until it goes through the policy
+def compute_adapter(cfg: Config, project: str, zone: str) -> SliceReader:
+    """The adapter of the job's slice in `zone`."""
+    return api_for(cfg).reader(cfg, project, zone)
+
+
+def compute_lifecycle(cfg: Config, adapter: SliceReader) -> NodeLifecycle:
+    """Delete and create of the job's slice through `adapter`."""
+    return api_for(cfg).lifecycle(cfg, adapter)
 
 
 def real_ports(job: Job, sharing: Sharing | None = None, *, sleep: Callable[[float], None] = time.sleep) -> JobPorts:
-    """The real adapters: google-cloud-tpu, google-cloud-logging (shared per project), OpenSSH/gcloud, checkpoints.
+    """The real adapters: the job's cloud API (cloud/apis.py), google-cloud-logging (shared per project), OpenSSH/gcloud, checkpoints.
 
     `sleep`: the wait between ticks (a watcher of several jobs cuts it short when it stops one)."""
     from tpuwatch.checkpoints import CheckpointDir, WorkerCheckpoints
     from tpuwatch.cloud.auditcache import SharedAuditLog
-    from tpuwatch.cloud.lifecycle import Lifecycle
-    from tpuwatch.cloud.tpu import TpuAdapter
-    from tpuwatch.cloud.zonenodes import JobNodes
     from tpuwatch.workers.ssh import port_open
     from tpuwatch.workers.sshworkers import SshWorkers
 
     cfg, loc = job.cfg, job.location
-    adapters: dict[str, TpuAdapter] = {}
-    views: dict[str, JobNodes] = {}
-
-    def adapter_for(zone: str) -> TpuAdapter:
-        if sharing is not None:
-            return sharing.tpu.adapter(loc.project, zone)
-        if zone not in adapters:
-            adapters[zone] = TpuAdapter(loc.project, zone)
-        return adapters[zone]
-
-    def tpu_for(zone: str) -> TpuApi:
-        if sharing is None:
-            return adapter_for(zone)
-        if zone not in views:
-            views[zone] = JobNodes(sharing.tpu.zone(loc.project, zone), sharing.due, slack=sharing.slack)
-        return views[zone]
-
-    def lifecycle_for(zone: str) -> NodeLifecycle:
-        return Lifecycle(adapter_for(zone), str(cfg.tpu["queued_resource"]), tuple(cfg.tpu["names"]))
-
-    def host_keys(node: NodeSnapshot) -> Mapping[int, tuple[str, ...]]:
-        return adapter_for(node.zone).host_keys(node.name)
-
-    def instances(node: NodeSnapshot) -> tuple[str, ...]:
-        return adapter_for(node.zone).instance_names(node)
-
-    doors: ComputePorts = (tpu_for, lifecycle_for, host_keys, instances)
-    if cfg.tpu["api"] == "compute":
-        doors = compute_ports(job, sharing)
+    api = api_for(cfg)
+    doors: Doors = api.doors(cfg, loc.project, None if sharing is None else
+                             ZoneSharing(sharing.lists.of(api), sharing.due, sharing.slack))
 
     ckpt_dir = cfg.job["checkpoint_dir"]
     checkpoints: CheckpointStore | None = None
@@ -192,7 +104,7 @@ def real_ports(job: Job, sharing: Sharing | None = None, *, sleep: Callable[[flo
         checkpoints = CheckpointDir(ckpt_dir, cfg.job["checkpoint_layout"])
 
     # the workers' host keys as their guest attributes publish them: the known hosts
-    workers = SshWorkers.from_config(cfg, host_keys=doors[2], instances=doors[3],
+    workers = SshWorkers.from_config(cfg, host_keys=doors.host_keys, instances=doors.instances,
                                      checkpoint_dir=on_vm.root if on_vm is not None else "",
                                      on_listing=on_vm.feed if on_vm is not None else None,
                                      log_patterns=worker_patterns(log_signatures(cfg.recovery["log_signatures"])))
@@ -200,7 +112,7 @@ def real_ports(job: Job, sharing: Sharing | None = None, *, sleep: Callable[[flo
     from tpuwatch.workers.precheck import Prechecker
 
     return JobPorts(
-        tpu_for=doors[0],
+        tpu_for=doors.tpu_for,
         workers=workers,
         checkpoints=checkpoints,
         # One audit-log query per project per 15 s, shared by every watcher using this state dir
@@ -208,7 +120,7 @@ def real_ports(job: Job, sharing: Sharing | None = None, *, sleep: Callable[[flo
         audit=SharedAuditLog(loc.project, cfg.state_dir, zone=loc.zone) if sharing is None else
         SharedAuditLog(loc.project, sharing.audit_dir, zone=loc.zone, direct=sharing.audit_reader),
         precheck=Prechecker.from_config(cfg, workers) if cfg.precheck["enabled"] else None,
-        lifecycle_for=doors[1],
+        lifecycle_for=doors.lifecycle_for,
         port_open=port_open,
         sleep=sleep,
     )

@@ -90,7 +90,7 @@ def test_backoff_scale_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_zone_not_found_is_told_from_resource_not_found() -> None:
-    from tpuwatch.cloud.tpu import _zone_not_found
+    from tpuwatch.cloud.tpu.adapter import _zone_not_found
 
     assert _zone_not_found(gexc.NotFound("Location 'projects/p/locations/us-x1-a' is not found or access is unauthorized."))
     assert _zone_not_found(gexc.NotFound("Location us-x1-a is not found or access is unauthorized."))

@@ -9,7 +9,7 @@ from google.cloud import tpu_v2, tpu_v2alpha1
 from google.protobuf import timestamp_pb2
 
 from tpuwatch.cloud import logs
-from tpuwatch.cloud.tpu import enum_name, parse_maintenance_time, parse_rfc3339, snapshot
+from tpuwatch.cloud.tpu.adapter import enum_name, parse_maintenance_time, parse_rfc3339, snapshot
 from tpuwatch.errors import UsageError
 from tpuwatch.model import AuditEvent
 

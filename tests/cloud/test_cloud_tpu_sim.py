@@ -9,7 +9,7 @@ import pytest
 
 from tpuwatch.cloud.errors import ApiError
 from tpuwatch.cloud.retry import RetryPolicy
-from tpuwatch.cloud.tpu import TpuAdapter
+from tpuwatch.cloud.tpu.adapter import TpuAdapter
 from tpuwatch.errors import EXIT_CLOUD, NotFoundError, UsageError
 from tpuwatch.sim.records import NodeSpec
 from tpuwatch.sim.simulator import Simulator
@@ -226,7 +226,7 @@ def test_every_refusal_to_start_a_maintenance_is_a_refusal_and_a_passing_error_i
                                                                                       code: str) -> None:
     from e2e_helpers import create_through_queued_resource
 
-    from tpuwatch.cloud.lifecycle import Lifecycle
+    from tpuwatch.cloud.tpu.lifecycle import Lifecycle
     from tpuwatch.errors import MaintenanceRefused
 
     create_through_queued_resource(sim, "qr", "v6e-16", {}, spot=False)

@@ -18,7 +18,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
 from tpuwatch import recreate
-from tpuwatch.cloud.compute import ComputeAdapter
+from tpuwatch.cloud.compute.adapter import ComputeAdapter
 from tpuwatch.cloud.errors import ApiError, Call, is_transient, shortage, translate
 from tpuwatch.cloud.retry import RetryPolicy
 from tpuwatch.errors import EXIT_CLOUD, HostKeysRefused

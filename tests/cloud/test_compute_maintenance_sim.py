@@ -1,4 +1,4 @@
-"""Starting a Compute Engine slice's maintenance early (cloud/computemaint.py) and the drill's
+"""Starting a Compute Engine slice's maintenance early (cloud/compute/maint.py) and the drill's
 call, through the real google-cloud-compute client against the simulator's Compute Engine face."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tpuwatch.cloud.compute import ComputeAdapter
-from tpuwatch.cloud.computelife import ComputeLifecycle
+from tpuwatch.cloud.compute.adapter import ComputeAdapter
+from tpuwatch.cloud.compute.lifecycle import ComputeLifecycle
 from tpuwatch.errors import MaintenanceRefused, NotFoundError, UsageError
 from tpuwatch.sim.rest import RestFace
 from tpuwatch.sim.simulator import Simulator

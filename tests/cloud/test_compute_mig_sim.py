@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tpuwatch.cloud.compute import ComputeAdapter
+from tpuwatch.cloud.compute.adapter import ComputeAdapter
 from tpuwatch.errors import NotFoundError
 from tpuwatch.sim.rest import RestFace
 from tpuwatch.sim.simulator import Simulator
@@ -75,7 +75,7 @@ def test_a_regional_mig_is_found_from_its_zone_read_through_its_region_and_recre
 
 def test_a_regional_flex_start_migs_vms_come_through_the_regions_resize_requests(
         sim_api: Simulator, rest: RestFace) -> None:
-    from tpuwatch.cloud.computelife import ComputeLifecycle
+    from tpuwatch.cloud.compute.lifecycle import ComputeLifecycle
 
     w = sim_api.world
     region = w.zone.rsplit("-", 1)[0]

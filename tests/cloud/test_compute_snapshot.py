@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from google.cloud import compute_v1
 
-from tpuwatch.cloud.computespec import to_json
-from tpuwatch.cloud.computeview import (
+from tpuwatch.cloud.compute.spec import to_json
+from tpuwatch.cloud.compute.view import (
     instance_snapshot,
     mig_snapshot,
     operation_status,
@@ -260,7 +260,7 @@ def _deleting(status: str, *, model: str = "SPOT", **sched: Any) -> compute_v1.I
 
 
 def test_a_vm_google_deletes_itself_says_so_and_reads_deleting_while_it_goes() -> None:
-    from tpuwatch.cloud.computespec import without_past_termination
+    from tpuwatch.cloud.compute.spec import without_past_termination
 
     running = instance_snapshot(_deleting("RUNNING"), project=P, zone=Z)
     assert running.google_deletes and running.state == "READY" and not running.google_deleting

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tpuwatch.cloud.retry import RetryPolicy
-from tpuwatch.cloud.tpu import TpuAdapter
-from tpuwatch.cloud.zonenodes import Due, JobNodes, ZoneNodes
+from tpuwatch.cloud.tpu.adapter import TpuAdapter
+from tpuwatch.cloud.tpu.zonenodes import Due, JobNodes, ZoneNodes
 from tpuwatch.errors import CloudError
 from tpuwatch.sim.simulator import Simulator
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from tpuwatch.cloud.lifecycle import due_slice, queued_request
-from tpuwatch.cloud.tpu import parse_message
+from tpuwatch.cloud.tpu.adapter import parse_message
+from tpuwatch.cloud.tpu.lifecycle import due_slice, queued_request
 from tpuwatch.config import multislice_prefix, validate
 from tpuwatch.errors import ConfigError
 from tpuwatch.model import (

@@ -212,8 +212,8 @@ def test_a_queued_resources_tier_is_captured_from_v2alpha1_and_asked_for_again(
         tier: str, reserved: bool, expected: str) -> None:
     from google.cloud import tpu_v2alpha1
 
-    from tpuwatch.cloud.lifecycle import TIER_FIELDS, queued_request
-    from tpuwatch.cloud.tpu import parse_message
+    from tpuwatch.cloud.tpu.adapter import parse_message
+    from tpuwatch.cloud.tpu.lifecycle import TIER_FIELDS, queued_request
 
     res = "projects/p/locations/us-central2-b/reservations/r1"
     qr = tpu_v2alpha1.QueuedResource(reservation_name=res)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tpuwatch import recreate, zonespec
+from tpuwatch.cloud.tpu.api import node_message, zone_spec
 from tpuwatch.config import load_config
 from tpuwatch.errors import ConfigError
 from tpuwatch.sim import shapes
@@ -61,11 +62,11 @@ def test_overrides_make_the_spec_valid_and_a_create_there_sends_them(tmp_path: P
     over = (f'[tpu.zone_overrides."us-east5-a"]\nsubnetwork = "{EAST_SUBNET}"\ndata_disks = []\n'
             'reservation_name = ""\n')
     cfg = load_config(config(tmp_path, ["us-east5-a"], spec, over))
-    east = recreate.zone_spec(cfg, "us-east5-a")
+    east = zone_spec(cfg, "us-east5-a")
     assert east["subnetwork"] == EAST_SUBNET and east["data_disks"] == [] and east["reservation_name"] == ""
-    home = recreate.zone_spec(cfg, "us-central2-b")
+    home = zone_spec(cfg, "us-central2-b")
     assert home["subnetwork"] == SUBNET and home["data_disks"] == [{"source_disk": DISK}]
-    node = recreate.build_request(cfg, None, "us-east5-a")
+    node = node_message(cfg, "us-east5-a", recreate.launch_parts(cfg))
     assert node.network_config.subnetwork == EAST_SUBNET and not node.data_disks
 
 

@@ -110,6 +110,7 @@ def test_status_shows_a_flex_start_migs_resize_request_in_flight_and_all_lists_m
     code, out, err = run(["status", "-c", str(cfg)], environ)
     assert code == 0, err
     assert "resize request slice-first WAITING_FOR_RESOURCES, since" in " ".join(out.split()), out
+    assert "made as Compute Engine MIG" in " ".join(out.split()), out  # what made it, as its adapter says
     # --all: each MIG one node of its instances, the instance no MIG manages another
     every = as_json(["status", "--all", "-c", str(cfg), "--json"], environ)
     shown = {n["name"]: len(n["workers"]) for n in every["nodes"]}
@@ -119,6 +120,8 @@ def test_status_shows_a_flex_start_migs_resize_request_in_flight_and_all_lists_m
     bare = as_json(["status", "pair", "vm", "--json"], environ)
     assert [(n["name"], n["full_name"].split("/")[-2], len(n["workers"])) for n in bare["nodes"]] == [
         ("pair", "instanceGroupManagers", 2), ("vm", "instances", 1)], bare
+    # the snapshot says what kind of slice it is (its adapter fills it in)
+    assert [(n["name"], n["kind"]) for n in bare["nodes"]] == [("pair", "mig"), ("vm", "instance")], bare
 
 
 def test_precheck_checks_every_instance_of_a_mig(sim: Simulator, rest_ssh: RestFace, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from chaos.harness import Watched
 
-from tpuwatch.cloud.tpu import TpuAdapter
+from tpuwatch.cloud.tpu.adapter import TpuAdapter
 from tpuwatch.config import load_config
 from tpuwatch.sim.simulator import Simulator
 from tpuwatch.workers.sshworkers import SshWorkers

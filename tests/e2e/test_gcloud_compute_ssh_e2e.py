@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from e2e_helpers import finish, trainer, write_config
 
-from tpuwatch.cloud.compute import ComputeAdapter
+from tpuwatch.cloud.compute.adapter import ComputeAdapter
 from tpuwatch.sim import gcloudcfg
 from tpuwatch.sim.rest import COMPUTE_PROJECTS_SET_METADATA, OSLOGIN_GET_PROFILE, RestFace
 from tpuwatch.sim.simulator import Simulator

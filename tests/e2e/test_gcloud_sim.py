@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import create_through_queued_resource
 
-from tpuwatch.cloud.tpu import TpuAdapter
+from tpuwatch.cloud.tpu.adapter import TpuAdapter
 from tpuwatch.recreate import ownership_error
 from tpuwatch.sim import gcloudcfg
 from tpuwatch.sim.rest import RestFace

@@ -94,7 +94,7 @@ def test_os_login_user_is_learned_once_per_node_incarnation_and_written_into_the
 
 def test_a_gcloud_failure_is_not_the_remote_exit_code_and_a_timeout_ends_gcloud_and_its_ssh(
         sim: Simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tpuwatch.cloud.tpu import TpuAdapter
+    from tpuwatch.cloud.tpu.adapter import TpuAdapter
     from tpuwatch.workers.gcloud import GcloudSsh
     from tpuwatch.workers.ssh import OpenSsh
     from tpuwatch.workers.sshworkers import SshWorkers

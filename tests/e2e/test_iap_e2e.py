@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import STEPS, Job, finish
 
-from tpuwatch.cloud.tpu import TpuAdapter
+from tpuwatch.cloud.tpu.adapter import TpuAdapter
 from tpuwatch.sim.simulator import Simulator
 
 pytestmark = pytest.mark.slow

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from e2e_helpers import STEPS, finish, trainer, write_config
 
-from tpuwatch.cloud.tpu import TpuAdapter
+from tpuwatch.cloud.tpu.adapter import TpuAdapter
 from tpuwatch.errors import UsageError
 from tpuwatch.sim.records import NodeSpec
 from tpuwatch.sim.simulator import Simulator

@@ -16,7 +16,7 @@ from cli_helpers import run_cli
 from e2e_helpers import wait_for
 
 from tpuwatch import recreate as rc
-from tpuwatch.cloud.lifecycle import Lifecycle
+from tpuwatch.cloud.tpu.lifecycle import Lifecycle
 from tpuwatch.config import load_config
 from tpuwatch.sim.simulator import Simulator
 from tpuwatch.spec import OWNER_LABEL
@@ -174,7 +174,7 @@ def test_stockout_is_queueable_with_the_api_text_and_fallback_zone_is_used(
     env.create_node("stock", "v4-8", labels={OWNER_LABEL: "stock"})
     cfg_path = write_config(env, tmp_path, "stock", capsys, fallback=[ZONE_B])
     cfg = load_config(cfg_path)
-    from tpuwatch.cloud.tpu import TpuAdapter
+    from tpuwatch.cloud.tpu.adapter import TpuAdapter
 
     env.world.stockout(ZONE_B)
     api = TpuAdapter(env.project, ZONE_B)
@@ -197,7 +197,7 @@ def test_quota_refusal_is_queueable_and_everywhere_out_fails_with_exit_1(
         env: Simulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     env.create_node("quota", "v4-8", labels={OWNER_LABEL: "quota"})
     cfg_path = write_config(env, tmp_path, "quota", capsys)
-    from tpuwatch.cloud.tpu import TpuAdapter
+    from tpuwatch.cloud.tpu.adapter import TpuAdapter
 
     env.world.quota(ZONE_A)
     with pytest.raises(rc.CreateRejected) as refused:
@@ -474,7 +474,7 @@ def test_a_slice_of_a_multislice_request_is_never_deleted_or_recreated_alone(
     """Deleting a multislice request with force takes every slice, and creating it again as one
     node's request would shrink the job: `init` on a slice captures the whole request (one job
     over every slice), and a lifecycle for one node, or for another number of slices, refuses it."""
-    from tpuwatch.cloud.tpu import TpuAdapter
+    from tpuwatch.cloud.tpu.adapter import TpuAdapter
     from tpuwatch.errors import JobFailed
     from tpuwatch.sim.records import NodeSpec
 

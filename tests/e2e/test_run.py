@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tpuwatch.cloud.tpu import TpuAdapter
+from tpuwatch.cloud.tpu.adapter import TpuAdapter
 from tpuwatch.commands.run import Output, Runner, Verdict, judge
 from tpuwatch.config import load_config
 from tpuwatch.errors import JobFailed

@@ -75,6 +75,7 @@ def test_healed_maintenance_shows_in_status(tpu_sim: Simulator, tmp_path: Path) 
 
     data = status_json(["pod"], env)
     node = data["nodes"][0]
+    assert node["kind"] == "node"  # a Cloud TPU API node, as its adapter says
     assert node["health_description"].startswith("The TPU had a maintenance event at ")
     secs, nanos = divmod(terminate.time_ns, 10**9)
     assert node["maintenance_time"].endswith(f"{nanos // 1000:06d}Z")

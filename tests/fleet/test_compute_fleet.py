@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tpuwatch.cloud.compute import ComputeAdapter
-from tpuwatch.cloud.computelife import ComputeLifecycle
-from tpuwatch.cloud.zoneinstances import SharedCompute
-from tpuwatch.cloud.zonenodes import Due
+from tpuwatch.cloud.apis import SharedLists
+from tpuwatch.cloud.compute.adapter import ComputeAdapter
+from tpuwatch.cloud.compute.lifecycle import ComputeLifecycle
+from tpuwatch.cloud.compute.zoneinstances import SharedCompute
+from tpuwatch.cloud.tpu.zonenodes import Due
 from tpuwatch.fleet.runner import Fleet, Options
 from tpuwatch.model import NodeSnapshot
 from tpuwatch.ports import Flags, JobPorts
@@ -61,7 +62,9 @@ def jobs(tmp: Path, kind: str, names: list[str], clock: Clock) -> list[tuple[str
     key = tmp / "id_test"
     key.write_text("not used: nothing connects\n")
     key.chmod(0o600)
-    fleet = Fleet([], None, Options(None, None, Flags()), Quiet(), compute=SharedCompute(clock=clock))
+    lists = SharedLists()
+    lists.by_api["compute"] = SharedCompute(clock=clock)
+    fleet = Fleet([], None, Options(None, None, Flags()), Quiet(), lists=lists)
     out = []
     for name in names:
         cfg = tmp / f"{name}.toml"

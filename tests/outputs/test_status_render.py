@@ -12,7 +12,7 @@ import pytest
 from google.cloud import tpu_v2alpha1
 from rich.console import Console
 
-from tpuwatch.cloud.tpu import snapshot
+from tpuwatch.cloud.tpu.adapter import snapshot
 from tpuwatch.model import AuditEvent, NodeSnapshot, Symptom, UpcomingMaintenance, WorkerEndpoint
 from tpuwatch.ui.node import BAD, OK, WAIT, health_style, node_panel, state_style
 from tpuwatch.ui.serialize import node_json

@@ -121,7 +121,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
     # Imported once here, so that each forked child starts warm (a case takes ~10 ms, not 150).
     list(commands())
     import tpuwatch.cloud.logs  # noqa: F401
-    import tpuwatch.cloud.tpu  # noqa: F401
+    import tpuwatch.cloud.tpu.adapter  # noqa: F401
     import tpuwatch.journal  # noqa: F401
     import tpuwatch.sim.grpc_api  # noqa: F401
     import tpuwatch.tick  # noqa: F401

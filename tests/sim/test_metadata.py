@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tpuwatch.cloud.retry import RetryPolicy
-from tpuwatch.cloud.tpu import TpuAdapter
+from tpuwatch.cloud.tpu.adapter import TpuAdapter
 from tpuwatch.sim import metadata as md
 from tpuwatch.sim.hosts import Hosts
 from tpuwatch.sim.simulator import Simulator

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import wait_for, write_config
 
-from tpuwatch.cloud.tpu import TpuAdapter
+from tpuwatch.cloud.tpu.adapter import TpuAdapter
 from tpuwatch.journal import Journal
 from tpuwatch.loop import Pacer
 from tpuwatch.ports import Flags

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tpuwatch.cloud.tpu import TpuAdapter
+from tpuwatch.cloud.tpu.adapter import TpuAdapter
 from tpuwatch.errors import JobFailed, UsageError
 from tpuwatch.sim import faults, scenario
 from tpuwatch.sim.records import NodeSpec

@@ -140,12 +140,14 @@ def test_gcloud_prepares_with_gcloud_once_then_connects_with_openssh_as_the_lear
     assert t.prepare(node) is None and t.prepare_calls == 0  # known for this node id: no gcloud
 
 
+@pytest.mark.parametrize("scope", ["zones/us-central2-b", "regions/us-central2"])
 def test_gcloud_prepares_a_compute_engine_slice_with_gcloud_compute_ssh_to_its_first_instance(
-        tmp_path: Path) -> None:
+        tmp_path: Path, scope: str) -> None:
     """A MIG's workers are its instances: gcloud compute ssh goes by instance name (no --worker),
-    and nothing is run while the slice does not name its instances."""
+    and nothing is run while the slice does not name its instances. A regional MIG too: its kind
+    says so, whatever its resource name holds."""
     mig = replace(node_of(["10.0.0.2", "10.0.0.3"], "11+12", name="slice"),
-                  resource="projects/proj/zones/us-central2-b/instanceGroupManagers/slice")
+                  resource=f"projects/proj/{scope}/instanceGroupManagers/slice", kind="mig")
     names: dict[str, tuple[str, ...]] = {"11+12": ("slice-ab12", "slice-cd34")}
     ssh = OpenSsh(known_hosts=tmp_path / "kh", user="alice", identity_file="/k/id", port=2222, internal_ip=True)
     t = GcloudSsh(openssh=ssh, identity_file="/k/id", internal_ip=True, instances=lambda n: names.get(n.id, ()))

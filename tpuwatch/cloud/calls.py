@@ -2,7 +2,7 @@
 and those of them that raised (`tpuwatch_api_errors_total`: an HTTP error, a timeout, a refused
 connection; a retried request that then succeeds counts its failed tries).
 
-Counted per request, retries included, where `tpuwatch.cloud.tpu` and `tpuwatch.cloud.logs` hand
+Counted per request, retries included, where `tpuwatch.cloud.tpu.adapter` and `tpuwatch.cloud.logs` hand
 one to the retry policy. Thread-safe; it knows nothing of what the requests were about.
 """
 

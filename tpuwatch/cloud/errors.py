@@ -238,3 +238,15 @@ def translate(exc: BaseException, call: Call, *, project: str) -> CloudError:
         return ApiError(f"{call}: {code}, still failing after retries ({text}); try again later",
                         call=call, code=code)
     return ApiError(f"{call}: {code}: {text}", call=call, code=code)
+
+
+# How the service refuses to start a maintenance early: every code that says the same request
+# would fail again (not offered for this TPU type, nothing reschedulable pending, a node name or
+# permission it will not take). Google does not document which code a refusal carries, so none of
+# them ends the watch: the job falls back to the notice the relay passes on. A code for a request
+# that may succeed when sent again (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED,
+# INTERNAL, UNKNOWN) is an API failure like any other, tried again on a later tick.
+MAINTENANCE_REFUSALS = frozenset({
+    "INVALID_ARGUMENT", "FAILED_PRECONDITION", "OUT_OF_RANGE", "NOT_FOUND", "ALREADY_EXISTS",
+    "PERMISSION_DENIED", "UNAUTHENTICATED", "UNIMPLEMENTED",
+})

@@ -46,8 +46,6 @@ Examples:
 def command(config_path: Path, project: str | None, zone: str | None, worker: int, yes: bool,
             as_json: bool) -> int:
     """Simulate a maintenance event on the job's TPU and time how the job recovers."""
-    from tpuwatch.cloud.compute import ComputeAdapter
-    from tpuwatch.cloud.tpu import TpuAdapter
     from tpuwatch.ports import utcnow
     from tpuwatch.tick import Reconciler
     from tpuwatch.wiring import load_job, real_ports, slice_reader
@@ -59,11 +57,9 @@ def command(config_path: Path, project: str | None, zone: str | None, worker: in
     node = job_node(tpu.get_node, job.cfg.tpu_name, job.pcfg.slices)
     _check(node, job.cfg.tpu_name, job.name, worker)
     assert node is not None
-    # a multislice job's worker N: the slice it is on and its id there
-    hit = next(w for w in node.workers if w.index == worker) if node.slices else None
-    target, target_worker = (hit.node, hit.worker_id) if hit is not None else (node.name, worker)
-    # Compute Engine: worker N is an instance of its own (the slice's instances in worker order)
-    instance = tpu.instance_names(node)[worker] if isinstance(tpu, ComputeAdapter) else ""
+    # what the drill hits, as the slice's API says: a multislice job's worker N is on one of its
+    # slices; a Compute Engine slice's worker N is an instance of its own
+    what, target = tpu.drill_target(node, worker)
     mem = _memory(job)
     if mem is None or mem.phase is not Phase.RUNNING:
         raise JobFailed(f"job {job.name} is not running ({'no journal yet' if mem is None else mem.phase.value}); "
@@ -71,7 +67,6 @@ def command(config_path: Path, project: str | None, zone: str | None, worker: in
     if not yes:
         if not sys.stdin.isatty():
             raise UsageError("drill: pass --yes to simulate a maintenance event without a terminal to confirm on")
-        what = f"instance {instance} (worker {worker})" if instance else f"worker {target_worker}"
         click.confirm(f"Simulate a maintenance event on {what} of {target} "
                       f"({job.location.project}/{node.zone})? The job will be interrupted", abort=True)
     before = mem.attempt.number
@@ -81,11 +76,7 @@ def command(config_path: Path, project: str | None, zone: str | None, worker: in
     ports.workers.probe(node)  # a local checkpoint_dir is listed on worker 0, in its probe
     ck0 = store.latest() if store is not None else None
     started = utcnow()
-    if isinstance(tpu, ComputeAdapter):
-        operation = tpu.simulate_maintenance_event(instance)
-    else:
-        assert isinstance(tpu, TpuAdapter)
-        operation = tpu.simulate_maintenance_event(target, [str(target_worker)])
+    operation = tpu.simulate_worker_maintenance(node, worker)
     journal = open_journal_or_busy(job)  # None: a watcher holds it and follows the recovery
     follower = "this drill (nobody else was watching)" if journal is not None else "the running watch"
     detected: datetime | None = None

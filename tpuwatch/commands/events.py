@@ -21,10 +21,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tpuwatch.cloud.compute import ComputeAdapter
+from tpuwatch.cloud.apis import default_reader, other_readers
+from tpuwatch.cloud.base import SliceReader, parse_rfc3339
 from tpuwatch.cloud.location import resolve
 from tpuwatch.cloud.logs import AuditLogReader
-from tpuwatch.cloud.tpu import TpuAdapter, parse_rfc3339
 from tpuwatch.config import Config
 from tpuwatch.durations import parse_duration
 from tpuwatch.errors import CloudError, ConfigError, NotFoundError, TpuwatchError, UsageError
@@ -67,13 +67,10 @@ def _node(project: str, zone: str | None, name: str, cfg: Config | None
     A failed read is told, not fatal: the timeline is this command's answer."""
     if not zone:
         return None, {}, None
-    from tpuwatch.cloud.clients import compute_available
     from tpuwatch.wiring import slice_reader
 
-    apis: list[TpuAdapter | ComputeAdapter] = (
-        [slice_reader(cfg, project)(zone)] if cfg is not None else
-        [TpuAdapter(project, zone), *([ComputeAdapter(project, zone, "instance"), ComputeAdapter(project, zone, "mig")]
-                                      if compute_available() else [])])
+    apis: list[SliceReader] = ([slice_reader(cfg, project)(zone)] if cfg is not None else
+                               [default_reader(project, zone), *other_readers(project, zone)])
     for n, api in enumerate(apis):
         try:
             node = api.get_node(name)

@@ -21,17 +21,17 @@ from typing import Any
 import click
 from rich.console import Console
 
-from tpuwatch.cloud.compute import ComputeAdapter, Kind, is_mig, resize_in_flight
+from tpuwatch.cloud.apis import default_reader, describe, other_readers
+from tpuwatch.cloud.base import SliceReader
 from tpuwatch.cloud.location import resolve
 from tpuwatch.cloud.logs import AuditLogReader
-from tpuwatch.cloud.tpu import TpuAdapter
 from tpuwatch.config import Config
 from tpuwatch.durations import human
 from tpuwatch.errors import CloudError, NotFoundError, UsageError
 from tpuwatch.model import AuditEvent, NodeSnapshot, QueuedStatus
 from tpuwatch.ui.node import node_panel, relative
 from tpuwatch.ui.serialize import event_json, node_json, rfc3339
-from tpuwatch.wiring import compute_kind
+from tpuwatch.wiring import slice_reader
 
 EVENTS_LOOKBACK = timedelta(days=7)
 
@@ -139,17 +139,12 @@ def journal_facts(node: NodeSnapshot) -> dict[str, Any] | None:
     return out
 
 
-def _compute_guess(project: str, zone: str, name: str, found_by: dict[str, ComputeAdapter]) -> NodeSnapshot | None:
-    """Without -c, a name the TPU API does not know: a Compute Engine instance, else a MIG, of
-    that name (recorded in `found_by`), or None. A read Compute Engine refuses (no permission,
-    the API off, a name it does not allow) is not an answer: the name stays missing."""
-    from tpuwatch.cloud.clients import compute_available
-
-    if not compute_available():
-        return None
-    kinds: tuple[Kind, ...] = ("instance", "mig")
-    for kind in kinds:
-        api = ComputeAdapter(project, zone, kind)
+def _guess(guesses: list[SliceReader], name: str, found_by: dict[str, SliceReader]) -> NodeSnapshot | None:
+    """Without -c, a name the default API does not know: the slice of that name another API
+    reads (a Compute Engine instance, else a MIG), recorded in `found_by`, or None. A read the
+    cloud refuses (no permission, the API off, a name it does not allow) is not an answer: the
+    name stays missing."""
+    for api in guesses:
         try:
             node = api.get_node(name)
         except (CloudError, UsageError):
@@ -214,22 +209,23 @@ def command(
         raise UsageError("status: name a TPU (tpuwatch status NAME), or pass --all for every TPU in the zone")
     loc = resolve(project, zone, config_project=cfg_project, config_zone=cfg_zone)
     assert loc.zone is not None  # need_zone=True
-    # A Compute Engine MIG is shown as it is, also with no VM (a flex-start MIG waiting for its
-    # resize request), which a tick reads as the slice gone
-    tpu: TpuAdapter | ComputeAdapter = (ComputeAdapter(loc.project, loc.zone, compute_kind(cfg))
-                                        if cfg is not None and cfg.tpu["api"] == "compute" else
-                                        TpuAdapter(loc.project, loc.zone))
+    # with -c, the job's API reads it (a Compute Engine MIG is shown as it is, also with no VM:
+    # a flex-start MIG waiting for its resize request); without, each API in turn
+    tpu = (slice_reader(cfg, loc.project, as_is=True)(loc.zone) if cfg is not None else
+           default_reader(loc.project, loc.zone))
+    guesses: list[SliceReader] | None = None  # the other APIs' readers, made at the first name missing
 
     missing: list[str] = []
     nodes: list[NodeSnapshot] = []
-    found_by: dict[str, ComputeAdapter] = {}  # a node found in Compute Engine without -c: its adapter
+    found_by: dict[str, SliceReader] = {}  # a node found by another API without -c: its adapter
     if all_nodes:
         nodes = sorted(tpu.list_nodes(), key=lambda n: n.name)
     else:
         for name in wanted:
             node = tpu.get_node(name)
             if node is None and cfg is None:
-                node = _compute_guess(loc.project, loc.zone, name, found_by)
+                guesses = other_readers(loc.project, loc.zone) if guesses is None else guesses
+                node = _guess(guesses, name, found_by)
             if node is None:
                 missing.append(name)
             else:
@@ -237,7 +233,7 @@ def command(
 
     now = datetime.now(timezone.utc)
     reader = AuditLogReader(loc.project, zone=loc.zone)
-    def api(node: NodeSnapshot) -> TpuAdapter | ComputeAdapter:
+    def api(node: NodeSnapshot) -> SliceReader:
         return found_by.get(node.name, tpu)
 
     # Lazy: a node's guest attributes are read only if the log holds an entry about a worker VM;
@@ -246,8 +242,7 @@ def command(
     if found_by:  # (a TPU node's are read lazily; these are known from the get)
         instances = {k: v for n in nodes for k, v in api(n).worker_instances(n).items()}
     events, events_error = _events_by_node(reader, [n.name for n in nodes], now - EVENTS_LOOKBACK, instances)
-    requests = {n.name: resize_in_flight(a, n.name) for n in nodes
-                if isinstance(a := api(n), ComputeAdapter) and is_mig(n)}
+    requests = {n.name: api(n).resize_request(n) for n in nodes}
 
     if as_json:
         out: dict[str, Any] = {
@@ -269,7 +264,8 @@ def command(
             console.print(f"no TPUs in {loc.project}/{loc.zone}")
         for n in nodes:
             console.print(node_panel(n, now=now, events=events.get(n.name, []),
-                                     job=request_rows(requests.get(n.name), now) + job_rows(n)))
+                                     job=[("made as", describe(n)), *request_rows(requests.get(n.name), now),
+                                          *job_rows(n)]))
         if events_error:
             click.echo(f"warning: audit log not read: {events_error}", err=True)
     for note in dict.fromkeys([*tpu.take_notes(), *(n for a in found_by.values() for n in a.take_notes())]):

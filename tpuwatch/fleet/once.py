@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tpuwatch.cloud.apis import SharedLists
+from tpuwatch.cloud.base import Due
 from tpuwatch.cloud.logs import AuditLogReader
-from tpuwatch.cloud.zoneinstances import SharedCompute
-from tpuwatch.cloud.zonenodes import Due, SharedTpu
 from tpuwatch.errors import EXIT_JOB_FAILED, EXIT_USAGE, TpuwatchError
 from tpuwatch.fleet import sources
 from tpuwatch.fleet.runner import TICK_SLOTS, Options, open_journal
@@ -33,7 +33,7 @@ class Checked:
 
 def check_all(files: Sequence[Path], directory: Path | None, options: Options) -> list[Checked]:
     paths = list(sources.scan(files, directory))
-    tpu, compute = SharedTpu(), SharedCompute()
+    lists = SharedLists()  # each cloud API's zone lists, shared by the jobs
     start = time.monotonic()
     audit_dirs: dict[str, Path] = {}
     readers: dict[tuple[str, str | None], AuditLogReader] = {}
@@ -59,7 +59,7 @@ def check_all(files: Sequence[Path], directory: Path | None, options: Options) -
                 audit_dir = audit_dirs.setdefault(project, Path(job.cfg.state_dir))
                 reader = readers.setdefault((project, zone), AuditLogReader(project, zone=zone))
                 poll = float(job.cfg.recovery["poll_interval"])
-                sharing = Sharing(tpu=tpu, compute=compute, due=Due(start), slack=min(1.0, poll / 4),
+                sharing = Sharing(lists=lists, due=Due(start), slack=min(1.0, poll / 4),
                                   audit_dir=audit_dir, audit_reader=reader)
                 ports = real_ports(job, sharing)
                 try:

@@ -5,9 +5,9 @@
   process goes away), and everything it raises ends that job alone, shown with its error.
 - At most TICK_SLOTS jobs tick at once (their SSH rounds, checks and API calls); a wait between
   ticks (follow channels, port probes) holds no slot.
-- Node reads: one ListNodes per project and zone per poll (cloud/zonenodes.py); for Compute
+- Node reads: one ListNodes per project and zone per poll (cloud/tpu/zonenodes.py); for Compute
   Engine jobs one instances list, and one MIG list, per project and zone per poll
-  (cloud/zoneinstances.py). A job's steady wait ends on its zone's poll grid (wall time, a
+  (cloud/compute/zoneinstances.py). A job's steady wait ends on its zone's poll grid (wall time, a
   multiple of its poll interval), so the jobs of a zone tick together and share that list; a
   job recovering ticks on its own schedule.
 - The audit log: each job reads through the shared cache (cloud/auditcache.py) of its project,
@@ -28,9 +28,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
+from tpuwatch.cloud.apis import SharedLists
+from tpuwatch.cloud.base import Due
 from tpuwatch.cloud.logs import AuditLogReader
-from tpuwatch.cloud.zoneinstances import SharedCompute
-from tpuwatch.cloud.zonenodes import Due, SharedTpu
 from tpuwatch.errors import EXIT_CLOUD, EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, TpuwatchError
 from tpuwatch.fleet import sources
 from tpuwatch.journal import Busy, Journal
@@ -207,15 +207,13 @@ class Fleet:
     """The jobs of one watcher, and what they share."""
 
     def __init__(self, files: Sequence[Path], directory: Path | None, options: Options, output: Output,
-                 exporter: Exporter | None = None, *, tpu: SharedTpu | None = None,
-                 compute: SharedCompute | None = None) -> None:
+                 exporter: Exporter | None = None, *, lists: SharedLists | None = None) -> None:
         self.files = list(files)
         self.directory = directory
         self.options = options
         self.output = output
         self.exporter = exporter
-        self.tpu = tpu or SharedTpu()
-        self.compute = compute or SharedCompute()
+        self.lists = lists or SharedLists()  # each cloud API's zone lists
         self.slots = threading.BoundedSemaphore(TICK_SLOTS)
         self.runners: dict[Path, JobRunner] = {}
         self.ended: dict[Path, JobState] = {}  # jobs whose thread ended, as last seen
@@ -233,7 +231,7 @@ class Fleet:
         with self._lock:
             audit_dir = self._audit_dirs.setdefault(project, Path(job.cfg.state_dir))
             reader = self._readers.setdefault((project, zone), AuditLogReader(project, zone=zone))
-        return Sharing(tpu=self.tpu, compute=self.compute, due=due, slack=min(1.0, poll / 4), audit_dir=audit_dir,
+        return Sharing(lists=self.lists, due=due, slack=min(1.0, poll / 4), audit_dir=audit_dir,
                        audit_reader=reader)
 
     def claim(self, name: str, path: Path) -> None:

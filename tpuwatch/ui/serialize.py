@@ -53,6 +53,7 @@ def node_json(node: NodeSnapshot) -> dict[str, Any]:
     return {
         "name": node.name,
         "full_name": node.full_name,
+        "kind": node.kind,
         "project": node.project,
         "zone": node.zone,
         "id": node.id,

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tpuwatch.cloud.apis import api_of
 from tpuwatch.errors import CloudError
 from tpuwatch.model import LOGIN_USER, Login, NodeSnapshot, WorkerEndpoint
 from tpuwatch.workers import proc as procgroup
@@ -264,7 +265,7 @@ class GcloudSsh:
         if worker is None:
             return SshResult(0, "", None, "", "", "unreachable", f"{node.name} has no workers yet")
         got, said = self._run_gcloud(node, worker, key)
-        if isinstance(got, SshResult) or not on_compute(node) or not _INSTANCE_KEY.search(said):
+        if isinstance(got, SshResult) or not by_instance(node) or not _INSTANCE_KEY.search(said):
             return got
         for other in workers:
             more = self._run_gcloud(node, other, key)[0] if other is not worker else got
@@ -274,7 +275,7 @@ class GcloudSsh:
 
     def _run_gcloud(self, node: NodeSnapshot, worker: WorkerEndpoint, key: str) -> tuple[Login | SshResult, str]:
         """One gcloud run to `worker`: the login it made or the failure, and what gcloud said."""
-        if on_compute(node) and not self._instance(node, worker):
+        if by_instance(node) and not self._instance(node, worker):
             return SshResult(worker.index, "", None, "", "", "unreachable",
                              f"{node.name} (id {node.id}) does not name its instances yet, and `gcloud compute "
                              "ssh` goes by instance name; tried again next tick"), ""
@@ -305,20 +306,20 @@ class GcloudSsh:
 
     def _command_words(self, node: NodeSnapshot, worker: WorkerEndpoint) -> str:
         """The gcloud command that prepares `node`, for messages."""
-        if on_compute(node):
-            return f"gcloud compute ssh {self._instance(node, worker)} --zone={node.zone}"
-        return f"gcloud compute tpus tpu-vm ssh {node.name} --zone={node.zone}"
+        verb = " ".join(api_of(node).gcloud_ssh.verb)
+        return f"gcloud {verb} {self._target(node, worker)} --zone={node.zone}"
+
+    def _target(self, node: NodeSnapshot, worker: WorkerEndpoint) -> str:
+        """What gcloud names to reach `worker`: its own instance, or the slice (with --worker)."""
+        return self._instance(node, worker) if by_instance(node) else node.name
 
     def prepare_argv(self, node: NodeSnapshot, worker: WorkerEndpoint) -> list[str]:
         """`gcloud compute tpus tpu-vm ssh NODE --worker=W` for a TPU API node; for a slice made
         through Compute Engine, `gcloud compute ssh INSTANCE` to the worker's own instance."""
-        if on_compute(node):
-            name = self._instance(node, worker)
-            verb = ["compute", "ssh", f"{self.user}@{name}" if self.user else name]
-            where = [f"--zone={node.zone}", f"--project={node.project}"]
-        else:
-            verb = ["compute", "tpus", "tpu-vm", "ssh", f"{self.user}@{node.name}" if self.user else node.name]
-            where = [f"--zone={node.zone}", f"--project={node.project}", f"--worker={worker.worker_id}"]
+        name = self._target(node, worker)
+        verb = [*api_of(node).gcloud_ssh.verb, f"{self.user}@{name}" if self.user else name]
+        where = [f"--zone={node.zone}", f"--project={node.project}",
+                 *([] if by_instance(node) else [f"--worker={worker.worker_id}"])]
         argv = [self.binary, *verb, *where, f"--command={LEARN_COMMAND}", "--quiet"]
         if self.ssh.iap is not None:
             argv.append("--tunnel-through-iap")
@@ -373,10 +374,11 @@ class GcloudSsh:
         return f"{cmd} did not reach worker {worker.index} ({said}); tried again next tick"
 
 
-def on_compute(node: NodeSnapshot) -> bool:
-    """A slice made through Compute Engine (an instance or a MIG), which `gcloud compute ssh`
-    reaches by instance, not a TPU API node."""
-    return "/zones/" in node.resource
+def by_instance(node: NodeSnapshot) -> bool:
+    """gcloud reaches this slice's workers one VM each by instance name (a slice made through
+    Compute Engine: `gcloud compute ssh INSTANCE`), not by the slice's name and --worker: the
+    API that read it says (cloud/apis.py)."""
+    return api_of(node).gcloud_ssh.by_instance
 
 
 def _incarnation(node: NodeSnapshot) -> str:

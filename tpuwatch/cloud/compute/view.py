@@ -1,6 +1,6 @@
 """What a TPU slice made through Compute Engine reads as to the policy: its instances, or its MIG
 with the managed instances and their instances, mapped to one `NodeSnapshot`. Pure functions of
-`compute_v1` messages (no request); the adapter (cloud/compute.py) reads, these map.
+`compute_v1` messages (no request); the adapter (cloud/compute/adapter.py) reads, these map.
 
 The job's slice ([tpu] instance or [tpu] mig) is shown to the tick and
 the policy as one `NodeSnapshot`, in the policy's vocabulary (policy/nodes.py):
@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from tpuwatch.cloud.base import parse_rfc3339
 from tpuwatch.cloud.errors import CODE_NUMBERS
-from tpuwatch.cloud.tpu import parse_rfc3339
 from tpuwatch.model import (
     OWNER_LABEL,
     NodeSnapshot,
@@ -243,7 +243,7 @@ def instance_snapshot(inst: Any, *, project: str, zone: str) -> NodeSnapshot:
         workers=(_endpoint(0, inst),), accelerator_type=short(inst.machine_type), spot=spot(inst),
         preemptible=bool(inst.scheduling.preemptible), labels=dict(inst.labels),
         metadata_keys=tuple(sorted(item.key for item in inst.metadata.items)),
-        resource=f"projects/{project}/zones/{zone}/instances/{inst.name}", pending_stop=pending_stop(inst),
+        resource=f"projects/{project}/zones/{zone}/instances/{inst.name}", kind="instance", pending_stop=pending_stop(inst),
         google_deletes=deletes, google_deletes_at=ends, google_deleting=deleting, auto_restart=auto_restart(inst),
     )
 
@@ -337,6 +337,7 @@ def mig_snapshot(mig: Any, managed: Sequence[Any], instances: Sequence[Any], *, 
         spot=any(spot(i) for i in ordered), preemptible=any(bool(i.scheduling.preemptible) for i in ordered),
         labels=labels, metadata_keys=tuple(sorted(item.key for item in first.metadata.items)) if first else (),
         resource=f"projects/{project}/{f'regions/{region}' if region else f'zones/{zone}'}/instanceGroupManagers/{mig.name}",
+        kind="mig",
         repairs_itself=repairs_itself(mig), repair_under_way=mig_acting(mig, managed),
         pending_stop=any(pending_stop(i) for i in ordered),
     )

@@ -20,7 +20,7 @@ is reported through `instances.reportHostAsFaulty` on that worker's instance: Go
 and repairs its host, then runs it again (docs/compute-engine.md).
 
 Whether to delete at all (ownership, a MIG repairing by itself, a person's deletion) is the
-policy's to decide from the snapshot (cloud/computeview.py); this module only carries it out.
+policy's to decide from the snapshot (cloud/compute/view.py); this module only carries it out.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from tpuwatch.cloud import computemaint
-from tpuwatch.cloud.compute import (
+from tpuwatch.cloud.compute import maint as computemaint
+from tpuwatch.cloud.compute.adapter import (
     RESIZE_OP,
     ComputeAdapter,
     DirectReads,
@@ -38,8 +38,7 @@ from tpuwatch.cloud.compute import (
     insert_resize_request,
     resize_status,
 )
-from tpuwatch.cloud.errors import ApiError
-from tpuwatch.cloud.lifecycle import MAINTENANCE_REFUSALS
+from tpuwatch.cloud.errors import MAINTENANCE_REFUSALS, ApiError
 from tpuwatch.errors import CloudError, HostReportRefused, NotFoundError
 from tpuwatch.model import NodeSnapshot, QueuedStatus
 
@@ -104,7 +103,7 @@ class ComputeLifecycle:
 
     def start_maintenance(self, node: NodeSnapshot) -> tuple[str, str]:
         """performMaintenance on the slice's instances whose maintenance may start early
-        (cloud/computemaint.py); MaintenanceRefused when Google refuses."""
+        (cloud/compute/maint.py); MaintenanceRefused when Google refuses."""
         return computemaint.start_maintenance(self.api, node)
 
     def report_faulty_host(self, node: NodeSnapshot, worker: int, description: str) -> tuple[str, str]:

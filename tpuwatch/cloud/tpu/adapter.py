@@ -11,7 +11,7 @@ guaranteed.reserved), which goes through v2alpha1 rather than losing them. Every
 Public calls: get_node / require_node / list_nodes / get_node_message / host_keys (reads), create_node /
 delete_node / set_labels / update_node (nodes), get_queued_resource / queued_status /
 create_queued_resource / delete_queued_resource / queued_resource_name (queued resources),
-get_operation. Queued resources are used through tpuwatch.cloud.lifecycle.
+get_operation. Queued resources are used through tpuwatch.cloud.tpu.lifecycle.
 
 This module turns Google messages into `tpuwatch.model` values and Google errors into tpuwatch
 errors; nothing outside `cloud/` sees a protobuf. Enum fields become their names; a number
@@ -23,12 +23,13 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from google.api_core import exceptions as gexc
 
 from tpuwatch.cloud import calls, clients
+from tpuwatch.cloud.base import parse_rfc3339
 from tpuwatch.cloud.errors import ApiError, Call, is_transient, rate_limited, translate
 from tpuwatch.cloud.retry import RetryPolicy
 from tpuwatch.errors import HostKeysRefused, NotFoundError, TpuwatchError, UsageError
@@ -46,32 +47,6 @@ T = TypeVar("T")
 INSTANCES_RETRY = 300.0  # seconds between guest-attribute reads of a node whose workers have not all published
 RPC_TIMEOUT = 30.0  # seconds per request; the retry policy bounds the total
 PAGE_SIZE = 500
-
-# RFC 3339 with any number of fractional digits ("...T03:44:36.265703305Z", "+02:00").
-_RFC3339 = re.compile(
-    r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?([Zz]|[+-]\d{2}:?\d{2})"
-)
-
-
-def parse_rfc3339(text: str) -> datetime | None:
-    """The first RFC 3339 time in `text` as an aware UTC datetime (microseconds kept), or None."""
-    m = _RFC3339.search(text)
-    if not m:
-        return None
-    y, mo, d, h, mi, s, frac, tz = m.groups()
-    try:
-        micro = int((frac or "0")[:6].ljust(6, "0"))
-        offset = timedelta(0)
-        if tz not in ("Z", "z"):
-            sign = 1 if tz[0] == "+" else -1
-            digits = tz[1:].replace(":", "")
-            offset = sign * timedelta(hours=int(digits[:2]), minutes=int(digits[2:]))
-        local = datetime(int(y), int(mo), int(d), int(h), int(mi), int(s), micro,
-                         tzinfo=timezone(offset))
-    except ValueError:  # e.g. month 13: not a time after all
-        return None
-    return local.astimezone(timezone.utc)
-
 
 def parse_maintenance_time(text: str) -> datetime | None:
     """The time in "The TPU had a maintenance event at <RFC 3339>"; None for other texts.
@@ -372,6 +347,19 @@ class TpuAdapter:
     def take_notes(self) -> list[str]:
         """Nothing to say: a TPU API node's workers are numbered by the API itself."""
         return []
+
+    def resize_request(self, node: NodeSnapshot) -> QueuedStatus | None:
+        """None: a TPU API node asks for capacity through its queued resource, not a request of its own."""
+        return None
+
+    def drill_target(self, node: NodeSnapshot, worker: int) -> tuple[str, str]:
+        """A multislice job's worker N is a worker of one of its slices, with its id there."""
+        slice_name, worker_id = _drill_worker(node, worker)
+        return f"worker {worker_id}", slice_name
+
+    def simulate_worker_maintenance(self, node: NodeSnapshot, worker: int) -> str:
+        slice_name, worker_id = _drill_worker(node, worker)
+        return self.simulate_maintenance_event(slice_name, [str(worker_id)])
 
     def instance_names(self, node: NodeSnapshot) -> tuple[str, ...]:
         """The workers' Compute Engine instance names (guest attribute `hostname`, as gcloud
@@ -703,3 +691,9 @@ class TpuAdapter:
 
     def snapshot(self, node: Any) -> NodeSnapshot:
         return snapshot(node, project=self.project, zone=self.zone)
+
+
+def _drill_worker(node: NodeSnapshot, worker: int) -> tuple[str, int]:
+    """The slice worker `worker` (numbered across a multislice job's slices) is on, and its id there."""
+    hit = next(w for w in node.workers if w.index == worker) if node.slices else None
+    return (hit.node, hit.worker_id) if hit is not None else (node.name, worker)

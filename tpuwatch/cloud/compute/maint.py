@@ -10,7 +10,7 @@ The policy asks for it at a checkpoint when the slice's earliest notice may star
   instance still PENDING (a MIG of independent VMs, or a slice Google did not take as a whole)
   is asked too.
 
-A refusal of the first call (every code of `lifecycle.MAINTENANCE_REFUSALS`, e.g. "no pending
+A refusal of the first call (every code of `cloud/errors.py` `MAINTENANCE_REFUSALS`, e.g. "no pending
 maintenance", not offered for this machine type, a missing `compute.instances.performMaintenance`)
 is `MaintenanceRefused`: the job falls back to the notice and the reactive path. A refusal of a
 later one is noted in what is returned: the maintenance that was started stands.
@@ -21,10 +21,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tpuwatch.cloud.compute import ComputeAdapter
-from tpuwatch.cloud.computeview import upcoming
-from tpuwatch.cloud.errors import ApiError
-from tpuwatch.cloud.lifecycle import MAINTENANCE_REFUSALS
+from tpuwatch.cloud.compute.adapter import ComputeAdapter
+from tpuwatch.cloud.compute.view import upcoming
+from tpuwatch.cloud.errors import MAINTENANCE_REFUSALS, ApiError
 from tpuwatch.errors import MaintenanceRefused
 from tpuwatch.model import NodeSnapshot
 from tpuwatch.policy.maintenance import can_start_early

@@ -10,12 +10,12 @@ import re
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from tpuwatch.cloud.computeview import short, time_of
+from tpuwatch.cloud.compute.view import short, time_of
 from tpuwatch.errors import UsageError
 
 
 class SpecReads(Protocol):
-    """The reads a capture makes (cloud/compute.py's ComputeAdapter)."""
+    """The reads a capture makes (cloud/compute/adapter.py's ComputeAdapter)."""
 
     zone: str
 

@@ -4,7 +4,7 @@
 `tpuwatch watch` with several jobs gives every Compute Engine job of a project and zone the same
 `ZoneInstances`, and each job's `ComputeAdapter` reads its slice through a `JobInstances`
 (`compute.Reads`) with that job's `Due`, as the TPU API's jobs share one ListNodes
-(cloud/zonenodes.py, whose `Listing` this uses):
+(cloud/tpu/zonenodes.py, whose `Listing` this uses):
 
 - an instance: from the zone's newest instances list begun no earlier than `slack` seconds
   before the job's tick was due, else from a list this job makes (and jobs asking meanwhile
@@ -34,9 +34,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tpuwatch.cloud.compute import ComputeAdapter
-from tpuwatch.cloud.computeview import at_rest, members
-from tpuwatch.cloud.zonenodes import Due, Listing
+from tpuwatch.cloud.base import Due
+from tpuwatch.cloud.compute.adapter import ComputeAdapter
+from tpuwatch.cloud.compute.view import at_rest, members
+from tpuwatch.cloud.listing import Listing
 
 
 class ZoneInstances:

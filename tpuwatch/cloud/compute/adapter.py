@@ -3,7 +3,7 @@
 On Compute Engine a TPU VM is an instance; a single-host slice is an instance or a managed
 instance group (MIG) of one; a multi-host slice is a MIG whose workload policy names an
 accelerator topology. The job's slice ([tpu] instance or [tpu] mig) is shown to the tick and the policy as one
-`NodeSnapshot`, mapped by cloud/computeview.py; what an insert must hold is cloud/computespec.py's.
+`NodeSnapshot`, mapped by cloud/compute/view.py; what an insert must hold is cloud/compute/spec.py's.
 
 Every request is one call under `tpuwatch.cloud.retry` with the client's own retry off.
 Operations are zone operations, read with this adapter's own `ZoneOperationsClient` (built with
@@ -23,8 +23,8 @@ from typing import Any, Literal, Protocol, TypeVar
 from google.api_core import exceptions as gexc
 
 from tpuwatch.cloud import calls, clients
-from tpuwatch.cloud.computespec import check_insert, without_past_termination
-from tpuwatch.cloud.computeview import (
+from tpuwatch.cloud.compute.spec import check_insert, without_past_termination
+from tpuwatch.cloud.compute.view import (
     MAKING,
     OP_CODES,
     in_worker_order,
@@ -62,7 +62,7 @@ SERVICE = "compute.googleapis.com"
 class Reads(Protocol):
     """Where `get_node` reads the slice from: straight from the API (`DirectReads`: a get of the
     instance; or the MIG, its managed instances and the zone's instances), or from listings of
-    the zone that the jobs of one watcher share (cloud/zoneinstances.py). Any request of the
+    the zone that the jobs of one watcher share (cloud/compute/zoneinstances.py). Any request of the
     job's own goes through `api`, the job's adapter."""
 
     def instance(self, api: ComputeAdapter, name: str) -> Any | None:
@@ -360,6 +360,17 @@ class ComputeAdapter:
         cannot follow)."""
         notes, self._notes = self._notes, []
         return notes
+
+    def resize_request(self, node: NodeSnapshot) -> QueuedStatus | None:
+        """A MIG's newest resize request still at work; None for an instance, or when none is."""
+        return resize_in_flight(self, node.name) if is_mig(node) else None
+
+    def drill_target(self, node: NodeSnapshot, worker: int) -> tuple[str, str]:
+        """Worker N is an instance of its own (the slice's instances in worker order)."""
+        return f"instance {self.instance_names(node)[worker]} (worker {worker})", node.name
+
+    def simulate_worker_maintenance(self, node: NodeSnapshot, worker: int) -> str:
+        return self.simulate_maintenance_event(self.instance_names(node)[worker])
 
     def instance_names(self, node: NodeSnapshot) -> tuple[str, ...]:
         """The node's instances in worker order (known from its last get)."""
@@ -665,7 +676,7 @@ def resize_status(adapter: ComputeAdapter, mig: str) -> QueuedStatus:
 
 def is_mig(node: NodeSnapshot) -> bool:
     """Whether the node is a MIG (its instances the workers), not one instance."""
-    return node.resource.endswith(f"/instanceGroupManagers/{node.name}")
+    return node.kind == "mig"
 
 
 def resize_in_flight(adapter: ComputeAdapter, mig: str) -> QueuedStatus | None:
