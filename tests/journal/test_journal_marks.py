@@ -98,3 +98,16 @@ def test_the_checkpoint_warning_is_journaled_once_per_stretch_and_shown_by_statu
     facts = journal_facts(node()) or {}
     assert facts["checkpoint_warning"].startswith("attempt 1 has run 17m40s without a new complete checkpoint")
     assert facts["checkpoint_warning"].endswith(f"(as of {at(1060.0).isoformat()})")
+
+
+def test_an_ended_job_reads_no_audit_log_and_its_memory_stays_as_it_ended(tmp_path: Path) -> None:
+    """A cron `check` of a job that ended: nothing in the log can change a terminal phase, so the
+    log is not read (every minute, for ever), and the tick changes nothing in its memory."""
+    state = tmp_path / "state"
+    _check(state, 10.0, audit_read=True, checked=True)
+    with Journal.open(state, JOB, NAME) as j:
+        ended = replace(j.load_memory() or Memory(), phase=Phase.DONE, reason="job done")
+        with j.transaction():
+            j.save_memory(ended)
+    assert _due(state, 10.0 + 10 * AUDIT_INTERVAL) == (False, False)
+    assert _check(state, 10.0 + 10 * AUDIT_INTERVAL, audit_read=False, checked=False) == ended

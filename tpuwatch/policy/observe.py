@@ -15,7 +15,7 @@ from typing import Literal
 
 from tpuwatch.model import NodeSnapshot, WorkerProbe
 from tpuwatch.policy.google import STOP_STATES, stop_word_due
-from tpuwatch.policy.state import Marks, Memory, Phase
+from tpuwatch.policy.state import TERMINAL, Marks, Memory, Phase
 from tpuwatch.policy.values import Observation
 
 # The audit log is read at least this often (seconds), whatever the job looks like: evidence of
@@ -61,6 +61,8 @@ def audit_due(mem: Memory, node: NodeSnapshot | None, probes: Sequence[WorkerPro
     deletes itself is missing: a preemption entry decides whether it is made again. A node that
     is down, being repaired or recreated is evidence enough by its state; the log can wait.
     """
+    if mem.phase in TERMINAL:  # an ended job's memory stays as it ended: no evidence can change it
+        return False
     since_last = _since(mem.marks.audit_read_at, now)
     if since_last is None or since_last >= AUDIT_INTERVAL:
         return True

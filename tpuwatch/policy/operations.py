@@ -36,7 +36,7 @@ def queued_ended(draft: Draft) -> bool:
 def create(draft: Draft, mem: Memory, zone_try: int, row: str, why: str) -> Decision:
     zone = draft.cfg.zones[zone_try]
     mem = move(mem, Phase.CREATING, zone=zone,
-               recreate=replace(mem.recreate, pending_op=None, zone_try=zone_try, retry_at=None),
+               recreate=replace(mem.recreate, pending_op=None, op_started=None, zone_try=zone_try, retry_at=None),
                repair=replace(mem.repair, unhealthy_since=None, unknown_since=None))
     return draft.out(mem, row, why, create_node(draft, mem, zone, why))
 
@@ -90,7 +90,7 @@ def deleting(draft: Draft, mem: Memory) -> Decision:
         return create(draft, mem, 0, "create_after_delete", f"{draft.subject} is deleted; creating it in {draft.cfg.zones[0]}")
     if mem.recreate.deleting_node_id and node.id != mem.recreate.deleting_node_id:
         # a new node: its repair, if any, is timed from now, not from the one deleted
-        mem = move(mem, Phase.IDLE, recreate=replace(mem.recreate, pending_op=None, deleting_node_id=""),
+        mem = move(mem, Phase.IDLE, recreate=replace(mem.recreate, pending_op=None, op_started=None, deleting_node_id=""),
                    repair=replace(mem.repair, unhealthy_since=None, unknown_since=None))
         return draft.out(mem, "deleting", f"{draft.subject} was replaced (id {node.id}) while tpuwatch deleted it; "
                                           "following the new node", Wait(None, "node replaced"))
@@ -176,7 +176,7 @@ def operation_overdue(draft: Draft, mem: Memory, kind: str) -> Decision | None:
 
 def created(draft: Draft, mem: Memory, node: NodeSnapshot) -> Decision:
     mem = move(mem, Phase.IDLE, zone=node.zone or mem.zone,
-               recreate=replace(mem.recreate, pending_op=None, zone_try=0, queued_since=None, queue_tries=0,
+               recreate=replace(mem.recreate, pending_op=None, op_started=None, zone_try=0, queued_since=None, queue_tries=0,
                                 retry_at=None, deleting_node_id=""),
                repair=replace(mem.repair, unhealthy_since=None, unknown_since=None))
     return draft.out(mem, "created", f"{draft.subject} exists in {mem.zone} (id {node.id}, {node.state}); "
@@ -190,7 +190,7 @@ def queue(draft: Draft, mem: Memory, code: int, message: str) -> Decision:
     delay = backoff_delay(tries, cfg.backoff_base, cfg.backoff_max, draft.obs.jitter)
     retry_at = now + timedelta(seconds=delay)
     mem = move(mem, Phase.QUEUED,
-               recreate=replace(mem.recreate, pending_op=None, queued_since=since, queue_tries=tries,
+               recreate=replace(mem.recreate, pending_op=None, op_started=None, queued_since=since, queue_tries=tries,
                                 retry_at=retry_at))
     what = SHORTFALLS.get(draft.obs.create_reason, "no capacity or quota")
     # A queued resource the service gave up on keeps the name: delete it now, so it is gone

@@ -303,7 +303,7 @@ def recreate(draft: Draft, mem: Memory, row: str, why: str, *, charge: bool = Tr
         return spent
     mem = move(mem, Phase.DELETING,
                budgets=RECREATES.charge(mem.budgets) if charge else mem.budgets,
-               recreate=replace(mem.recreate, pending_op=None, deleting_node_id=node.id if node is not None else "",
+               recreate=replace(mem.recreate, pending_op=None, op_started=None, deleting_node_id=node.id if node is not None else "",
                                 queued_since=None, queue_tries=0, retry_at=None),
                repair=replace(mem.repair, env_failing_since=None))
     count = f"recreate {mem.budgets.recreates} of {cfg.max_recreates}" if charge else "not charged"

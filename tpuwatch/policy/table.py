@@ -111,10 +111,12 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
             actions = tuple(replace(a, wait=True) if probe_after and isinstance(a, StopWorkers) else a
                             for a in decision.actions)
             decision = replace(decision, probe_after=probe_after, actions=actions)
-    # What the tick did on a schedule, and the warning it tells people, journaled with the decision.
-    warning = checkpoint_stale(mem, obs.checkpoint, cfg.checkpoint_warn_age, now)
-    decision = replace(decision, memory=stamped(decision.memory, obs, now, warning is not None),
-                       checkpoint_warning=warning or "")
+    # What the tick did on a schedule, and the warning it tells people, journaled with the decision
+    # (an ended job's memory stays as it ended: nothing is scheduled for it any more).
+    if mem.phase not in TERMINAL:
+        warning = checkpoint_stale(mem, obs.checkpoint, cfg.checkpoint_warn_age, now)
+        decision = replace(decision, memory=stamped(decision.memory, obs, now, warning is not None),
+                           checkpoint_warning=warning or "")
     if obs.dry_run:
         return replace(decision, memory=mem, summary=f"dry run: {decision.summary}", ended=(), operation_done=None)
     return decision
