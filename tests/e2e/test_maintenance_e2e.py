@@ -164,14 +164,25 @@ def test_a_queued_resources_maintenance_starts_early_naming_its_node_by_its_shor
 def test_any_refusal_of_an_early_start_falls_back_to_the_notice_and_never_ends_the_watch(
         sim: Simulator, tmp_path: Path, code: str, queued: str) -> None:
     # Google does not say which code a refusal carries: every code that says the same request
-    # would fail again is a refusal, noted once, and the watch goes on for more than
-    # MAX_CLOUD_FAILURES ticks (the job trains 16 s at a 0.3 s poll) to the job's end.
+    # would fail again is a refusal, noted once, and the watch goes on for more ticks than the
+    # cloud API may fail in a row (10) to the job's end: the job holds at step 60 until the
+    # simulator has counted more node reads than that after the refused call.
     # Through the node's queued resource (performMaintenanceQueuedResource), or the node's own call.
-    job = Job(sim, tmp_path, steps=400, accelerator="v6e-16", queued=queued)
+    job = Job(sim, tmp_path, steps=100, accelerator="v6e-16", queued=queued, hold_at=60)
     sim.inject("refuse-maintenance", node="pod", code=code)
     proc = job.watch()
     job.wait(lambda: bool(job.steps_done()), what="a first checkpoint")
     sim.inject("upcoming-maintenance", node="pod", starts_in="7d")
+
+    def asked() -> int:
+        return sim.world.call_count("PerformMaintenance") + sim.world.call_count("PerformMaintenanceQueuedResource")
+
+    job.wait(lambda: asked() > 0, what="the call to start the maintenance early")
+    reads = sim.world.call_count("GetNode")
+    # a steady tick reads the node once; the relaunch's ticks may read it twice
+    job.wait(lambda: sim.world.call_count("GetNode") > reads + 15, what="a dozen ticks after the refusal")
+    assert proc.poll() is None, "the watch ended"
+    job.release()
     rc, out = finish(proc, timeout=180)
     assert rc == 0, out
     assert "cloud API failed" not in out, out
