@@ -231,11 +231,12 @@ def test_a_slice_that_ignores_sigterm_holds_up_no_recreate_and_the_log_says_what
     """np-1 stays in maintenance; np-0's processes ignore SIGTERM, as a process stuck in a
     cross-slice collective may. The stop asks and goes on: the request is deleted once
     repair_timeout is over, not after stop_grace, and the log says the processes still ran."""
-    cfg, env = multislice_job(sim, tmp_path, steps=LONG)
+    cfg, env = multislice_job(sim, tmp_path)
     go = hold_at_10(cfg, tmp_path, "--ignore-term 1")
     cfg.write_text(cfg.read_text().replace('repair_timeout = "30s"', 'repair_timeout = "2s"')
                    .replace('stop_grace = "2s"', 'stop_grace = "90s"'))
-    rc, out = run_through(sim, cfg, env, go, "maintenance", node="np-1", stuck="REPAIRING")
+    # np-0's held attempt 1 ignores the TERM and holds on until the delete ends it
+    rc, out = run_through(sim, cfg, env, go, "maintenance", release_at=2, node="np-1", stuck="REPAIRING")
     assert rc == 0, out
     assert re.search(r"asked the job to stop \(SIGTERM\) on 2/[24] workers: attempt 1 ended: stopping every worker; "
                      r"still running on w0, w1, killed after 1m30s \(recovery.stop_grace\)", out), out
@@ -245,7 +246,7 @@ def test_a_slice_that_ignores_sigterm_holds_up_no_recreate_and_the_log_says_what
         return datetime.fromisoformat(next(e["time"] for e in events if e["kind"] == kind and reason in e["reason"]))
     # With the stop waited for, the tick that deletes could begin only after the 90 s grace.
     assert (at("delete", "repair_timeout") - at("stop", "attempt 1 ended")).total_seconds() < 45, events
-    assert sim.world.call_count("DeleteQueuedResource") == 1 and steps(sim)[-1] == LONG
+    assert sim.world.call_count("DeleteQueuedResource") == 1 and steps(sim)[-1] == STEPS
 
 
 def test_a_slice_replaced_by_googles_autorepair_is_waited_for_not_recreated(sim: Simulator, tmp_path: Path) -> None:
