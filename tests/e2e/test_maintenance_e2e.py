@@ -19,6 +19,7 @@ from tpuwatch.sim.simulator import Simulator
 pytestmark = pytest.mark.slow
 
 STEPS = 200  # 8 s of training at 0.04 s a step
+HELD = 20  # a job that must meet a notice holds at this step until the notice has reached it
 
 
 def test_a_maintenance_notice_costs_no_finished_step_and_no_restart(
@@ -29,26 +30,30 @@ def test_a_maintenance_notice_costs_no_finished_step_and_no_restart(
         for key, value in sim.env.items():
             monkeypatch.setenv(key, value)
         # Only the fresh-start checkpoint (step 0) and the last one are periodic: any other
-        # checkpoint was saved because of the notice.
-        job = Job(sim, tmp_path, f"--save-on-term 1 --ckpt-every {10 * STEPS}", steps=STEPS)
+        # checkpoint was saved because of the notice. The job holds at step HELD until the
+        # notice's checkpoint is there, so it meets the notice running however fast or slow the
+        # machine, and the resumed attempt does not train for the notice's sake.
+        job = Job(sim, tmp_path, f"--save-on-term 1 --ckpt-every {10 * STEPS_60}", steps=STEPS_60, hold_at=HELD)
         proc = job.watch()
         job.wait(lambda: len(job.job_processes()) == 4, what="the trainer on every worker")
         job.wait(lambda: job.steps_done() == [0], what="the fresh start's checkpoint")
         sim.inject("maintenance", node="pod", notice="60s", heal_after="100s")
+        job.wait(lambda: [s for s in job.steps_done() if s not in (0, STEPS_60)] != [], what="the notice's checkpoint")
+        job.release()
         rc, out = finish(proc, timeout=120)
         assert rc == 0, out
         attempts = job.history()["attempts"]
         assert len(attempts) == 2, attempts
         first, second = attempts
         # Saved at the notice: the step the job had reached, not a periodic checkpoint.
-        saved = [s for s in job.steps_done() if s not in (0, STEPS)]
+        saved = [s for s in job.steps_done() if s not in (0, STEPS_60)]
         assert len(saved) == 1 and saved[0] > 0, job.steps_done()
         assert second["start_step"] == saved[0], attempts
         assert first["end_step"] == saved[0], attempts
         # Worker 0 exited 0 after the notice: a disruption, neither done nor charged.
         assert (first["outcome"], first["charged"]) == ("disruption", False), first
         assert "notice of maintenance (TERMINATE_ON_HOST_MAINTENANCE)" in first["reason"], first
-        assert not second["charged"] and job.steps_done()[-1] == STEPS
+        assert not second["charged"] and job.steps_done()[-1] == STEPS_60
         assert sim.world.scheduler_errors == [] and sim.world.host_errors == []
 
 
@@ -61,19 +66,22 @@ def test_a_notice_through_upcoming_maintenance_alone_reaches_the_job_without_dir
     with Simulator(root=tmp_path / "sim", speed=20, workers=True) as sim:
         for key, value in sim.env.items():
             monkeypatch.setenv(key, value)
-        job = Job(sim, tmp_path, f"--save-on-term 1 --ckpt-every {10 * 600}", steps=600)
+        # The job holds at step HELD until the notice's checkpoint is there (see above).
+        job = Job(sim, tmp_path, f"--save-on-term 1 --ckpt-every {10 * STEPS_60}", steps=STEPS_60, hold_at=HELD)
         sim.inject("metadata-directories-fail", node="pod")
         proc = job.watch()
         job.wait(lambda: len(job.job_processes()) == 4, what="the trainer on every worker")
         job.wait(lambda: job.steps_done() == [0], what="the fresh start's checkpoint")
         sim.inject("upcoming-maintenance", node="pod", starts_in="200s", can_reschedule=False, notice="100s",
                    notice_via="upcoming-maintenance", heal_after="100s")
+        job.wait(lambda: [s for s in job.steps_done() if s not in (0, STEPS_60)] != [], what="the notice's checkpoint")
+        job.release()
         rc, out = finish(proc, timeout=120)
         assert rc == 0, out
         first, second = job.history()["attempts"][:2]
         assert (first["outcome"], first["charged"]) == ("disruption", False), first
         assert "notice of maintenance (upcoming-maintenance ONGOING)" in first["reason"], first
-        saved = [s for s in job.steps_done() if s not in (0, 600)]
+        saved = [s for s in job.steps_done() if s not in (0, STEPS_60)]
         assert len(saved) == 1 and second["start_step"] == saved[0] == first["end_step"], job.steps_done()
         key = sim.node_key("pod")
         for w in range(4):
@@ -156,14 +164,25 @@ def test_a_queued_resources_maintenance_starts_early_naming_its_node_by_its_shor
 def test_any_refusal_of_an_early_start_falls_back_to_the_notice_and_never_ends_the_watch(
         sim: Simulator, tmp_path: Path, code: str, queued: str) -> None:
     # Google does not say which code a refusal carries: every code that says the same request
-    # would fail again is a refusal, noted once, and the watch goes on for more than
-    # MAX_CLOUD_FAILURES ticks (the job trains 16 s at a 0.3 s poll) to the job's end.
+    # would fail again is a refusal, noted once, and the watch goes on for more ticks than the
+    # cloud API may fail in a row (10) to the job's end: the job holds at step 60 until the
+    # simulator has counted more node reads than that after the refused call.
     # Through the node's queued resource (performMaintenanceQueuedResource), or the node's own call.
-    job = Job(sim, tmp_path, steps=400, accelerator="v6e-16", queued=queued)
+    job = Job(sim, tmp_path, steps=100, accelerator="v6e-16", queued=queued, hold_at=60)
     sim.inject("refuse-maintenance", node="pod", code=code)
     proc = job.watch()
     job.wait(lambda: bool(job.steps_done()), what="a first checkpoint")
     sim.inject("upcoming-maintenance", node="pod", starts_in="7d")
+
+    def asked() -> int:
+        return sim.world.call_count("PerformMaintenance") + sim.world.call_count("PerformMaintenanceQueuedResource")
+
+    job.wait(lambda: asked() > 0, what="the call to start the maintenance early")
+    reads = sim.world.call_count("GetNode")
+    # a steady tick reads the node once; the relaunch's ticks may read it twice
+    job.wait(lambda: sim.world.call_count("GetNode") > reads + 15, what="a dozen ticks after the refusal")
+    assert proc.poll() is None, "the watch ended"
+    job.release()
     rc, out = finish(proc, timeout=180)
     assert rc == 0, out
     assert "cloud API failed" not in out, out

@@ -129,14 +129,18 @@ def hold_at_10(cfg: Path, tmp_path: Path, extra: str = "") -> Path:
     return go
 
 
-def run_through(sim: Simulator, cfg: Path, env: dict[str, str], go: Path, fault: str,
-                **params: Any) -> tuple[int, str]:
+def run_through(sim: Simulator, cfg: Path, env: dict[str, str], go: Path, fault: str, *,
+                release_at: int = 1, **params: Any) -> tuple[int, str]:
     """watch the job until it runs on all 4 workers with two checkpoints, inject `fault`, let the
-    job past its hold, and follow the watch to its end: (exit code, output)."""
+    job past its hold (`release_at` 2: once attempt 2, which resumes at the held step and holds
+    there too, runs on all 4), and follow the watch to its end: (exit code, output)."""
     proc = watch(cfg, env)
     try:
         wait(lambda: len(trainers(sim)) == 4 and len(steps(sim)) >= 2, what="the job on all 4 workers", proc=proc)
         sim.inject(fault, **params)
+        if release_at == 2:
+            wait(lambda: [e["TPUWATCH_ATTEMPT"] for e in trainers(sim).values()] == ["2"] * 4,
+                 what="attempt 2 on all 4 workers", proc=proc)
         (go / "10").touch()
         return finish(proc, timeout=150)
     finally:
@@ -148,7 +152,8 @@ def test_one_attempt_runs_on_every_slice_and_one_slice_down_stops_and_restarts_t
         sim: Simulator, tmp_path: Path) -> None:
     # As Google documents for multislice: once a slice is back, the others restart (3 s here).
     sim.world.delays["multislice_restart"] = 1800.0
-    cfg, env = multislice_job(sim, tmp_path, steps=LONG)
+    cfg, env = multislice_job(sim, tmp_path)
+    go = hold_at_10(cfg, tmp_path)  # attempt 1 still runs when slice 1 goes down, however slow the machine
     proc = watch(cfg, env)
     try:
         wait(lambda: len(trainers(sim)) == 4 and len(steps(sim)) >= 2, what="the job on all 4 workers", proc=proc)
@@ -168,6 +173,10 @@ def test_one_attempt_runs_on_every_slice_and_one_slice_down_stops_and_restarts_t
         # Slice 1 goes into maintenance: the attempt ends on slice 0 too, and nothing is
         # launched until slice 1 is READY+HEALTHY again.
         sim.inject("maintenance", node="np-1", heal_after="60m")  # 6 s here
+        # Attempt 2 resumes at the held step and holds there too: let it go once it runs on all 4.
+        wait(lambda: [e["TPUWATCH_ATTEMPT"] for e in trainers(sim).values()] == ["2"] * 4,
+             what="attempt 2 on all 4 workers", proc=proc)
+        (go / "10").touch()
         rc, out = finish(proc, timeout=120)
     finally:
         if proc.poll() is None:
@@ -182,7 +191,7 @@ def test_one_attempt_runs_on_every_slice_and_one_slice_down_stops_and_restarts_t
     assert "(np-0 RESTARTING/HEALTHY, np-1 READY/HEALTHY)" in out, out
     restarting = out.index("(np-0 RESTARTING/HEALTHY, np-1 READY/HEALTHY)")
     assert out.index("queued resource ms is READY+HEALTHY; launching attempt 2") > restarting > out.index("REPAIRING"), out
-    assert steps(sim)[-1] == LONG
+    assert steps(sim)[-1] == STEPS
     history = cli(env, "history", "-c", str(cfg), "--json")
     attempts = json.loads(history.stdout)["attempts"]
     assert len(attempts) == 2, attempts  # the restart of np-0 did not cost a third attempt
@@ -222,11 +231,12 @@ def test_a_slice_that_ignores_sigterm_holds_up_no_recreate_and_the_log_says_what
     """np-1 stays in maintenance; np-0's processes ignore SIGTERM, as a process stuck in a
     cross-slice collective may. The stop asks and goes on: the request is deleted once
     repair_timeout is over, not after stop_grace, and the log says the processes still ran."""
-    cfg, env = multislice_job(sim, tmp_path, steps=LONG)
+    cfg, env = multislice_job(sim, tmp_path)
     go = hold_at_10(cfg, tmp_path, "--ignore-term 1")
     cfg.write_text(cfg.read_text().replace('repair_timeout = "30s"', 'repair_timeout = "2s"')
                    .replace('stop_grace = "2s"', 'stop_grace = "90s"'))
-    rc, out = run_through(sim, cfg, env, go, "maintenance", node="np-1", stuck="REPAIRING")
+    # np-0's held attempt 1 ignores the TERM and holds on until the delete ends it
+    rc, out = run_through(sim, cfg, env, go, "maintenance", release_at=2, node="np-1", stuck="REPAIRING")
     assert rc == 0, out
     assert re.search(r"asked the job to stop \(SIGTERM\) on 2/[24] workers: attempt 1 ended: stopping every worker; "
                      r"still running on w0, w1, killed after 1m30s \(recovery.stop_grace\)", out), out
@@ -236,7 +246,7 @@ def test_a_slice_that_ignores_sigterm_holds_up_no_recreate_and_the_log_says_what
         return datetime.fromisoformat(next(e["time"] for e in events if e["kind"] == kind and reason in e["reason"]))
     # With the stop waited for, the tick that deletes could begin only after the 90 s grace.
     assert (at("delete", "repair_timeout") - at("stop", "attempt 1 ended")).total_seconds() < 45, events
-    assert sim.world.call_count("DeleteQueuedResource") == 1 and steps(sim)[-1] == LONG
+    assert sim.world.call_count("DeleteQueuedResource") == 1 and steps(sim)[-1] == STEPS
 
 
 def test_a_slice_replaced_by_googles_autorepair_is_waited_for_not_recreated(sim: Simulator, tmp_path: Path) -> None:
@@ -244,11 +254,12 @@ def test_a_slice_replaced_by_googles_autorepair_is_waited_for_not_recreated(sim:
     found (6 s here, longer than repair_timeout) and restarts np-0. tpuwatch waits for that:
     no delete, no create, and the job resumes on the new slice."""
     sim.world.delays["multislice_restart"] = 3000.0  # 5 s here: longer than repair_timeout too
-    cfg, env = multislice_job(sim, tmp_path, steps=LONG)
+    cfg, env = multislice_job(sim, tmp_path)
     go = hold_at_10(cfg, tmp_path)
     cfg.write_text(cfg.read_text().replace('repair_timeout = "30s"', 'repair_timeout = "2s"\nqueue_timeout = "120s"'))
     old = sim.world.node("np-1").id
-    rc, out = run_through(sim, cfg, env, go, "slice-replace", node="np-1", hardware_after="60m")  # 6 s here
+    rc, out = run_through(sim, cfg, env, go, "slice-replace", release_at=2, node="np-1",
+                          hardware_after="60m")  # 6 s here
     assert rc == 0, out
     # np-0's job may run on alone while np-1 is gone (nothing in it notices here); the restart
     # of np-0 that ends the repair is seen either way
@@ -257,7 +268,7 @@ def test_a_slice_replaced_by_googles_autorepair_is_waited_for_not_recreated(sim:
     assert sim.world.node("np-1").id != old  # Google's new slice, not tpuwatch's
     attempts = json.loads(cli(env, "history", "-c", str(cfg), "--json").stdout)["attempts"]
     assert attempts[0]["outcome"] == "disruption" and not attempts[0]["charged"], attempts
-    assert steps(sim)[-1] == LONG
+    assert steps(sim)[-1] == STEPS
 
 
 def test_separately_created_slices_are_never_recreated(sim: Simulator, tmp_path: Path) -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import asyncssh
 import pytest
@@ -336,3 +339,44 @@ def test_bad_input(hosts: Hosts) -> None:
         hosts.kill_worker(NODE, 5)
     with pytest.raises(UsageError, match="not started"):
         Hosts(hosts.root / "other").boot(NODE, "1", 1, None)
+
+
+def test_input_that_arrives_while_the_command_starts_keeps_its_order(
+        hosts: Hosts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A loaded box: the command exists but its pipes are not set up yet when more input and the
+    # client's EOF arrive. They must queue behind what came first, not overtake it (or, for the
+    # EOF, close the command's stdin with the first part still unsent): tpuwatch's scripts are
+    # read with `read -N`, and a lost script is an exit 1 with no output.
+    ip = hosts.boot(NODE, "1", 1, None)[0]
+    loop = hosts._loop
+    assert loop is not None
+    connect = loop.connect_read_pipe
+    in_setup, release = threading.Event(), threading.Event()
+
+    async def slow_setup(*args: Any, **kwargs: Any) -> Any:
+        if not in_setup.is_set():
+            in_setup.set()
+            while not release.is_set():
+                await asyncio.sleep(0.01)
+        return await connect(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "connect_read_pipe", slow_setup)
+    with subprocess.Popen(
+            [SSH, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+             "-o", f"UserKnownHostsFile={tmp_path / 'kh'}", "-i", str(hosts.client_key),
+             "-p", str(hosts.ssh_port), ip, "cat"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as client:
+        assert client.stdin is not None
+        client.stdin.write(b"first\n")
+        client.stdin.flush()
+        assert in_setup.wait(30), "the command never started"
+        client.stdin.write(b"second\n")
+        client.stdin.close()
+        # What is checked does not depend on this pause: the fixed server gives the same answer
+        # after any pause; the pause only gives the late input time to arrive mid-setup.
+        time.sleep(0.3)
+        release.set()
+        assert client.stdout is not None and client.stderr is not None
+        out, err = client.stdout.read(), client.stderr.read()
+        client.wait(timeout=30)
+    assert (client.returncode, out) == (0, b"first\nsecond\n"), err

@@ -297,6 +297,29 @@ def test_a_cleaning_launch_stops_the_older_attempt_and_its_leftovers_in_one_conn
     assert len(worker.pids(b"sleep\x00314")) == 1
 
 
+def test_a_launch_whose_channel_closed_under_it_still_launches_and_the_job_gets_sigpipe(worker: Worker) -> None:
+    # A watcher killed mid-cleanup: its channel closes, so nobody reads the launch's reports.
+    # The script arrived, so attempt 2 must still start (not die of SIGPIPE at the cleanup's
+    # report, leaving the worker with no attempt at all), and the job gets SIGPIPE as usual.
+    worker.launch(1, "sleep 321")
+    wait_for(lambda: len(worker.pids(b"sleep\x00321")) == 1, what="attempt 1")
+    data = protocol.framed(protocol.launch_script(JOB, attempt=2, worker=3, checkpoint=None,
+                                                  command="sleep 322", clean_grace=0.3))
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the channel is gone before the first report
+    try:
+        subprocess.run(["/bin/bash", "-c", protocol.REMOTE_COMMAND], input=data, stdout=write_end,
+                       stderr=subprocess.DEVNULL, env=worker.env, timeout=30)
+    finally:
+        os.close(write_end)
+    wait_for(lambda: len(worker.pids(b"sleep\x00322")) == 1, what="attempt 2 launched")
+    assert worker.pids(b"sleep\x00321") == [] and (worker.dir / "attempt").read_text().strip() == "2"
+    job_pid = worker.pids(b"sleep\x00322")[0]
+    status = Path(f"/proc/{job_pid}/status").read_text()
+    ignored = int(status.split("SigIgn:")[1].split()[0], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1)), status
+
+
 def test_stop_keeps_a_lockfile_in_use_and_never_kills_its_own_shell(worker: Worker) -> None:
     lockfile = worker.root / "tmp" / "libtpu_lockfile"
     holder = subprocess.Popen(["flock", str(lockfile), "sleep", "306"], start_new_session=True,

@@ -114,6 +114,7 @@ class ExecSession(asyncssh.SSHServerSession):  # type: ignore[misc]
         self._proc: asyncio.subprocess.Process | None = None
         self._stdin_buf: list[bytes] = []
         self._stdin_eof = False
+        self._stdin_flushed = False  # the buffered input reached the command: later input goes straight in
         self._writable = asyncio.Event()
         self._writable.set()
         self._lost = False
@@ -142,7 +143,9 @@ class ExecSession(asyncssh.SSHServerSession):  # type: ignore[misc]
         self._hosts.spawn_task(self._run())
 
     def data_received(self, data: bytes, datatype: Any) -> None:
-        if self._proc is not None and self._proc.stdin is not None:
+        # Not straight in as soon as the command exists: until the buffer is flushed, input that
+        # arrives would overtake it (and an EOF would drop it), as happens on a loaded box.
+        if self._stdin_flushed and self._proc is not None and self._proc.stdin is not None:
             with contextlib.suppress(Exception):
                 self._proc.stdin.write(data)
         else:
@@ -150,7 +153,7 @@ class ExecSession(asyncssh.SSHServerSession):  # type: ignore[misc]
 
     def eof_received(self) -> bool:
         self._stdin_eof = True
-        if self._proc is not None and self._proc.stdin is not None:
+        if self._stdin_flushed and self._proc is not None and self._proc.stdin is not None:
             with contextlib.suppress(Exception):
                 self._proc.stdin.close()
         return True  # keep our side open until the command's output is sent
@@ -231,6 +234,7 @@ class ExecSession(asyncssh.SSHServerSession):  # type: ignore[misc]
         for chunk in self._stdin_buf:
             proc.stdin.write(chunk)
         self._stdin_buf.clear()
+        self._stdin_flushed = True
         if self._stdin_eof:
             proc.stdin.close()
         await asyncio.gather(self._pump(stdout, self._chan.write),

@@ -633,6 +633,7 @@ tw_launch() {
   fi
   (
     trap '' HUP
+    trap - PIPE  # the job gets SIGPIPE as usual (the launch ignores it)
     exec env -- "${TW_ENV[@]}" "${libtpu[@]}" \
       "TPUWATCH_JOB=$TW_JOB" "TPUWATCH_ATTEMPT=$TW_ATTEMPT" "TPUWATCH_WORKER_ID=$TW_WORKER" \
       "TPUWATCH_SLICE_ID=${TW_SLICE:-0}" "TPUWATCH_NUM_SLICES=${TW_SLICES:-1}" \
@@ -890,7 +891,12 @@ tw_main() {
   case ${TW_ACTION:-} in
     probe) tw_probe ;;
     launch)
+      # Once the script is here the launch happens even if the channel closes under it (a
+      # watcher killed mid-cleanup): a report nobody reads fails its write instead of killing
+      # the script with SIGPIPE between the cleanup and the launch.
+      trap '' PIPE
       tw_launch || return
+      trap - PIPE
       # With TW_THEN_WAIT the session goes on as the attempt's follow channel: one session for
       # both, and the rest of stdin holds the wait's requests.
       if [ -n "${TW_THEN_WAIT:-}" ]; then
