@@ -5,8 +5,7 @@ it is spent, which row fails the job and why. `a | b` is spent when either is (t
 spent speaks), in the style of tenacity's `stop_after_attempt(3) | stop_after_delay(60)`, so a
 rule such as "a charged end fails the job past its restart budget or its no-progress limit" is
 written once and read by every row that needs it (ending.finish and ending.ends_job;
-recovery.recreate and recovery.recreate_missing). `tpuwatch run` is this policy with a restart
-budget of zero.
+recovery.recreate and recovery.recreate_missing).
 """
 
 from __future__ import annotations
