@@ -128,7 +128,7 @@ class BenchTpu:
                            code="FAILED_PRECONDITION")
         return op.name
 
-    # A multislice job's queued resource (tpuwatch.cloud.lifecycle.QueuedApi)
+    # A multislice job's queued resource (tpuwatch.cloud.tpu.lifecycle.QueuedApi)
 
     def queued_status(self, name: str, zone: str | None = None) -> QueuedStatus:
         self.meter.tpu += 1

@@ -110,13 +110,18 @@ def test_a_spot_vm_deleted_by_its_preemption_is_made_again_under_cron_check(
     assert_made_again_once(job, sim, before)
 
 
-def test_a_flex_start_vm_whose_run_ended_is_made_again_under_cron_check(
-        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
-    # its run ends 30 real seconds from now, job or no job: the job must have saved two checkpoints
-    # by then, which takes about 10 s on an idle 2-core box and twice that beside a busy loop per core
+def add_flex_start_vm(sim: Simulator) -> None:
+    """A flex-start VM "vm" whose run ends 30 real seconds from now, job or no job: the job must
+    have saved two checkpoints by then, which takes about 10 s on an idle 2-core box and twice
+    that beside a busy loop per core."""
     ends = time.time_ns() + 30_000_000_000
     sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}, "scheduling": {
         "provisioningModel": "FLEX_START", "instanceTerminationAction": "DELETE", "terminationTime": rfc3339_ns(ends)}})
+
+
+def test_a_flex_start_vm_whose_run_ended_is_made_again_under_cron_check(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    add_flex_start_vm(sim)
     before = ids(sim)
     job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
     job.capture_spec()
@@ -131,9 +136,7 @@ def test_a_flex_start_vm_whose_run_ended_is_made_again_under_cron_check(
 
 def test_a_flex_start_vm_whose_run_ended_is_made_again_under_watch(
         sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
-    ends = time.time_ns() + 30_000_000_000  # as above
-    sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}, "scheduling": {
-        "provisioningModel": "FLEX_START", "instanceTerminationAction": "DELETE", "terminationTime": rfc3339_ns(ends)}})
+    add_flex_start_vm(sim)
     before = ids(sim)
     job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
     job.capture_spec()

@@ -95,9 +95,9 @@ Examples:
 def command(name: str, config_path: Path, yes: bool, dry_run: bool, adopt: bool, project: str | None,
             zone: str | None, as_json: bool) -> None:
     from tpuwatch import recreate as rc
-    from tpuwatch.cloud.lifecycle import Lifecycle, refuse_multislice
     from tpuwatch.cloud.location import resolve
     from tpuwatch.cloud.tpu import TpuAdapter
+    from tpuwatch.cloud.tpu.lifecycle import Lifecycle, refuse_multislice
     from tpuwatch.config import load_config
     from tpuwatch.model import job_node
 
