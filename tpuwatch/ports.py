@@ -79,6 +79,11 @@ class NodeLifecycle(Protocol):
         """Start deleting (no node: its queued resource alone); (operation name, what is deleted).
         NotFoundError when nothing is left."""
 
+    def delete_plan(self, node: NodeSnapshot | None) -> tuple[dict[str, Any] | None, bool]:
+        """The request `delete(node)` would send, for people (`--dry-run`), None when nothing is
+        left to delete; and whether that call makes the node again by itself (no create follows).
+        JobFailed when this lifecycle must not delete it."""
+
     def clear_ended(self) -> str:
         """Delete a queued resource the service gave up on; what was done ("": nothing)."""
 

@@ -63,6 +63,7 @@ from tpuwatch.policy.observe import (
     launch_likely,
     operation_due,
     precheck_due,
+    probes_due,
     queued_due,
 )
 from tpuwatch.policy.values import CreateFailureKind
@@ -90,6 +91,8 @@ class TickReport:
     # decisions carried out in this tick before `decision` (e.g. an attempt's end, then its
     # relaunch in the same tick), oldest first
     earlier: tuple[Decision, ...] = ()
+    # the cloud operation the last decision was made from (a failed create's error, for people)
+    operation: OperationStatus | None = None
 
     @property
     def exit_code(self) -> int:
@@ -113,6 +116,7 @@ class _Settling:
     acted: Decision | None = None  # the last decision carried out, with the memory its acts left
     carried: list[Decision] = field(default_factory=list)  # every decision carried out, in order
     journaled: bool = False
+    operation: OperationStatus | None = None  # the one the last decision was made from
 
 
 @dataclass
@@ -156,11 +160,12 @@ class Reconciler:
         return TickReport(now, node, st.probes, checkpoint, tuple(events), st.acted or decision,
                           done=tuple(st.done), warnings=tuple(st.warnings), dry_run=self.flags.dry_run,
                           precheck=st.precheck or precheck.last(self.journal), pcfg=self.pcfg,
-                          earlier=tuple(st.carried[:-1]))
+                          earlier=tuple(st.carried[:-1]), operation=st.operation)
 
     def _settle(self, st: _Settling, decision: Decision, obs: Observation, mem: Memory) -> Again | None:
         """Journal and act on one decision (policy/settle.py): what to decide again with, or None."""
         checker = self.ports.precheck
+        st.operation = obs.operation
         if decision.check_first and obs.node is not None and checker is not None:
             # It would launch: check the workers' environment first and decide again with what
             # the checks found (a bad node is waited for, never charged).
@@ -223,7 +228,7 @@ class Reconciler:
         """Every selected worker's job files, when the node is READY (healthy or not; of a
         multislice job, the workers of its READY slices, the others unreachable); with the
         launch-time checks in the same connection when a launch is likely (policy/observe.py)."""
-        if node is None or not node.reachable or not node.workers:
+        if node is None or not node.reachable or not node.workers or not probes_due(mem, self.flags.recreate):
             return None, None
         checker = self.ports.precheck
         if checker is not None and launch_likely(mem, node, now):
@@ -337,7 +342,7 @@ class Reconciler:
         except NotFoundError:
             name = ""  # already gone: the next tick sees it missing and creates
         self.journal.record_operation(now, mem, name, "delete", action.zone)
-        return f"started deleting {what} in {action.zone} ({name or 'already gone'}): {action.reason}"
+        return f"deleting {what} in {action.zone} ({name or 'already gone'}): {action.reason}"
 
     def _start_maintenance(self, action: StartMaintenance, mem: Memory, node: NodeSnapshot, now: datetime) -> str:
         if not self.flags.adopt and not node.owned_by(self.pcfg.job):
@@ -414,7 +419,7 @@ class Reconciler:
         mem = self.journal.record_operation(now, mem, name, "create", action.zone)
         through = f" through {life.queue}" if life.queue else ""
         note = recreate.command_withheld_note(self.cfg)
-        return (f"started creating {action.name}{through} in {action.zone} ({name or 'already exists'}): "
+        return (f"creating {action.name}{through} in {action.zone} ({name or 'already exists'}): "
                 f"{action.reason}" + (f"; {note}" if note else "")), mem
 
 

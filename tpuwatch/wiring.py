@@ -18,7 +18,7 @@ from tpuwatch.cloud.logs import AuditLogReader
 from tpuwatch.config import Config, load_config
 from tpuwatch.policy import PolicyConfig
 from tpuwatch.policy.signatures import log_signatures, worker_patterns
-from tpuwatch.ports import CheckpointStore, JobPorts, NodeLifecycle
+from tpuwatch.ports import CheckpointStore, JobPorts
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,11 @@ class Job:
         return self.cfg.job_name
 
 
-def load_job(config_path: str | Path, project: str | None = None, zone: str | None = None) -> Job:
-    """Config file + flags -> Job; UsageError/ConfigError (exit 2) naming what is wrong."""
-    cfg = load_config(config_path, require_command=True)
+def load_job(config_path: str | Path, project: str | None = None, zone: str | None = None, *,
+             require_command: bool = True) -> Job:
+    """Config file + flags -> Job; UsageError/ConfigError (exit 2) naming what is wrong.
+    `require_command=False`: a config with no [job] command (what recreates the TPU only)."""
+    cfg = load_config(config_path, require_command=require_command)
     loc = resolve(project, zone, config_project=cfg.tpu["project"], config_zone=cfg.tpu["zone"])
     assert loc.zone is not None  # resolve() raises when no zone is found
     return Job(cfg=cfg, location=loc, pcfg=PolicyConfig.from_config(cfg, zone=loc.zone))
@@ -69,21 +71,13 @@ def slice_reader(cfg: Config, project: str, *, as_is: bool = False) -> Callable[
     return reader
 
 
-# commands/recreate.py's doors to a Compute Engine slice, until it goes through the policy
-def compute_adapter(cfg: Config, project: str, zone: str) -> SliceReader:
-    """The adapter of the job's slice in `zone`."""
-    return api_for(cfg).reader(cfg, project, zone)
-
-
-def compute_lifecycle(cfg: Config, adapter: SliceReader) -> NodeLifecycle:
-    """Delete and create of the job's slice through `adapter`."""
-    return api_for(cfg).lifecycle(cfg, adapter)
-
-
-def real_ports(job: Job, sharing: Sharing | None = None, *, sleep: Callable[[float], None] = time.sleep) -> JobPorts:
+def real_ports(job: Job, sharing: Sharing | None = None, *, sleep: Callable[[float], None] = time.sleep,
+               ssh: bool = True) -> JobPorts:
     """The real adapters: the job's cloud API (cloud/apis.py), google-cloud-logging (shared per project), OpenSSH/gcloud, checkpoints.
 
-    `sleep`: the wait between ticks (a watcher of several jobs cuts it short when it stops one)."""
+    `sleep`: the wait between ticks (a watcher of several jobs cuts it short when it stops one).
+    `ssh=False`: the ticks will not log in (a recreate with no attempt to stop), so the SSH key is
+    not required."""
     from tpuwatch.checkpoints import CheckpointDir, WorkerCheckpoints
     from tpuwatch.cloud.auditcache import SharedAuditLog
     from tpuwatch.workers.ssh import port_open
@@ -108,7 +102,8 @@ def real_ports(job: Job, sharing: Sharing | None = None, *, sleep: Callable[[flo
                                      checkpoint_dir=on_vm.root if on_vm is not None else "",
                                      on_listing=on_vm.feed if on_vm is not None else None,
                                      log_patterns=worker_patterns(log_signatures(cfg.recovery["log_signatures"])))
-    workers.transport.check()  # an unreadable key is exit 2 before any cloud call
+    if ssh:
+        workers.transport.check()  # an unreadable key is exit 2 before any cloud call
     from tpuwatch.workers.precheck import Prechecker
 
     return JobPorts(

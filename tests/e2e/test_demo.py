@@ -202,7 +202,7 @@ def test_fast_demo_on_a_compute_engine_mig_waits_out_its_autoheal_and_recreates_
     # one by one, and neither is charged.
     assert len(deletes) >= 2 and all(e["data"]["name"] == "demo-slice" and "PREEMPTED" in e["data"]["reason"]
                                      for e in deletes), deletes
-    assert out.count("started deleting MIG demo-slice's 4 instances (recreateInstances") == len(deletes), out
+    assert out.count("deleting MIG demo-slice's 4 instances (recreateInstances") == len(deletes), out
     # The crash is the only attempt charged; the last one finishes the job.
     assert [a["exit_code"] for a in attempts if a["charged"]] == [139], attempts
     assert attempts[-1]["outcome"] == "success" and attempts[-1]["end_step"] == FAST.steps, attempts

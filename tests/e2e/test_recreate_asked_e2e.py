@@ -55,3 +55,42 @@ def test_a_recreate_asked_of_the_tick_is_the_policys_delete_create_not_charged(
     finally:
         ports.workers.close()
     assert sim.world.node("pod").id != old_id and sim.world.call_count("CreateNode") == 1
+
+
+def test_tpuwatch_recreate_stops_the_attempt_uncharged_and_leaves_a_stocked_out_create_queued_for_the_watcher(
+        sim: Simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tpuwatch recreate` is the same path, ticked by the command itself: with no quota in the
+    zone it ends with exit 1, the old node deleted and the create queued in the journal (not a
+    failed job); a second recreate starts nothing beside it; the watcher's next ticks create the
+    node once quota is back, and the job resumes with no budget spent."""
+    job = Job(sim, tmp_path, steps=100_000, accelerator="v4-16", recreatable=True)
+    monkeypatch.setenv("TPUWATCH_STATE_DIR", str(tmp_path / "state"))
+    jb = load_job(job.cfg)
+    ports = real_ports(jb)
+    old_id = sim.world.node("pod").id
+    try:
+        with Journal.open(jb.cfg.state_dir, jb.name, jb.cfg.tpu_name) as journal:
+            tick_until(Reconciler(jb.cfg, jb.pcfg, ports, journal), lambda r: r.decision.row == "running",
+                       "attempt 1 running")
+        sim.world.quota(sim.zone)
+        out = job.cli("recreate", "pod", "-c", str(job.cfg), "--yes")
+        assert out.returncode == 1, (out.stdout, out.stderr)
+        assert "could not create pod: no capacity or quota" in out.stderr and "stays queued" in out.stderr, out.stderr
+        assert "stopped the job on 2/2 workers" in out.stdout, out.stdout
+        assert sim.world.call_count("DeleteNode") == 1 and not sim.world.has_node("pod")
+        again = job.cli("recreate", "pod", "-c", str(job.cfg), "--yes")
+        assert again.returncode == 1 and "already recreating it: its create is queued" in again.stderr, again.stderr
+        assert sim.world.call_count("DeleteNode") == 1
+        sim.world.clear_errors()
+        with Journal.open(jb.cfg.state_dir, jb.name, jb.cfg.tpu_name) as journal:
+            first = journal.attempts()[0]
+            assert (first.outcome, first.charged) == ("disruption", False), first
+            assert journal.load_memory().phase.value == "queued"  # type: ignore[union-attr]
+            assert any(e.kind == "recreate" and e.reason.startswith("deleting pod") for e in journal.events())
+            back = tick_until(Reconciler(jb.cfg, jb.pcfg, ports, journal),
+                              lambda r: r.decision.row == "running" and r.node is not None and r.node.id != old_id,
+                              "the job running on the new node", timeout=120)
+            assert back.memory.attempt.number == 2
+            assert (back.memory.budgets.recreates, back.memory.budgets.restarts) == (0, 0)
+    finally:
+        ports.workers.close()

@@ -21,8 +21,6 @@ SKIPPED = ("cloud", "sim")
 ALLOWED = {
     # the config file's schema: [tpu] api and the keys each API takes (a table), below cloud/ in the layers
     "tpuconfig.py": "the config's schema",
-    # it still has its own TPU and Compute Engine paths; the policy's rewrite removes them
-    "commands/recreate.py": "rewritten through the policy",
 }
 ADAPTERS = ("TpuAdapter", "ComputeAdapter")
 RESOURCE_PARTS = ("/zones/", "/locations/", "/regions/", "/instances/", "/instanceGroupManagers/", "/nodes/")

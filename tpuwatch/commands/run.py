@@ -1,5 +1,8 @@
 """`tpuwatch run -c tpuwatch.toml`: launch the job once on every worker and follow it to its end.
 
+How it begins and how it ends are the policy's (policy/once.py: `run_start`, `attempt_end`);
+this module is the flow between them: the cleanup, the checks, the launch, the log streams.
+
 One attempt and no recovery (that is `watch`): get the node, clean up the workers, find the
 latest complete checkpoint, launch attempt n+1 everywhere (n read from the workers), stream
 worker 0's log (every worker's with --all-logs, prefixed `[wN]`), and end when the job ends.
@@ -31,7 +34,7 @@ import click
 from tpuwatch.durations import human
 from tpuwatch.errors import JobFailed, NotFoundError
 from tpuwatch.model import Checkpoint, NodeSnapshot, WorkerProbe, job_node
-from tpuwatch.policy.once import UNREACHABLE_POLLS, attempt_end
+from tpuwatch.policy.once import UNREACHABLE_POLLS, attempt_end, run_start
 from tpuwatch.workers.protocol import FollowEnd
 from tpuwatch.workers.ssh import Stream
 from tpuwatch.workers.sshworkers import SshWorkers
@@ -182,27 +185,17 @@ class Runner:
 
     def _prepare(self, node: NodeSnapshot) -> int:
         """The attempt to follow: the one already running everywhere, or a new one launched."""
-        if not node.usable:
-            raise JobFailed(
-                f"TPU {node.name} is {node.state}/{node.health or 'no health reported'}"
-                + (f" ({node.health_description})" if node.health_description else "")
-                + "; `tpuwatch run` does not recover a node: wait for READY, or use `tpuwatch watch`"
-            )
-        endpoints = self.workers.endpoints(node)
-        if not endpoints:
-            raise JobFailed(f"TPU {node.name} lists no workers (network endpoints); check `tpuwatch status {node.name}`")
-        probes = self.workers.probe(node)
-        lost = [p for p in probes if p.state == "unreachable"]
-        if lost:
-            raise JobFailed("cannot start: " + "; ".join(p.detail for p in lost))
-        running = [p for p in probes if p.state == "running"]
-        if running and len(running) == len(probes) and len({p.attempt for p in running}) == 1:
-            attempt = int(running[0].attempt or 0)
+        endpoints = self.workers.endpoints(node) if node.usable else []
+        probes = self.workers.probe(node) if endpoints else []
+        start = run_start(node, len(endpoints), probes)
+        if start.message:
+            raise JobFailed(start.message)
+        attempt = start.attempt
+        if start.row == "run_follow":
             self._live = attempt
             self.out.note(f"attempt {attempt} already runs on all {len(probes)} workers; following "
                           "it (Ctrl-C detaches)", event="attached", attempt=attempt)
             return attempt
-        attempt = max((p.attempt for p in probes if p.attempt is not None), default=0) + 1
         self._start(node, attempt)
         return attempt
 

@@ -26,6 +26,15 @@ AUDIT_INTERVAL = 60.0
 MIN_AUDIT_GAP = 2.0
 
 
+def probes_due(mem: Memory, recreate_asked: bool) -> bool:
+    """Whether the workers are worth probing this tick: not while tpuwatch deletes or creates
+    the node (no attempt of the job runs, and those phases' rows do not read the workers), nor
+    for a person's recreate when no attempt runs (nothing to stop before the delete)."""
+    if mem.phase in (Phase.DELETING, Phase.CREATING, Phase.QUEUED):
+        return False
+    return not (recreate_asked and mem.phase is not Phase.RUNNING)
+
+
 def launch_likely(mem: Memory, node: NodeSnapshot | None, now: datetime) -> bool:
     """No attempt is alive and the node is usable: the launch-time checks should ride in the probe's
     connection, so a relaunch costs two SSH rounds (probe + checks, then launch), not four."""

@@ -10,7 +10,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 from tpuwatch.durations import human
-from tpuwatch.model import NodeSnapshot
+from tpuwatch.model import Checkpoint, NodeSnapshot
 from tpuwatch.policy.backoff import backoff_delay
 from tpuwatch.policy.create_errors import SHORTFALLS
 from tpuwatch.policy.draft import Draft, secs
@@ -21,6 +21,7 @@ from tpuwatch.policy.values import (
     Decision,
     FollowOperation,
     ImpossibleObservation,
+    PolicyConfig,
     Wait,
 )
 
@@ -42,17 +43,23 @@ def create(draft: Draft, mem: Memory, zone_try: int, row: str, why: str) -> Deci
 
 
 def create_node(draft: Draft, mem: Memory, zone: str, why: str, *, resumed: bool = False) -> CreateNode:
-    """The create, with what the new node's startup script needs. It can start the job at
-    boot, before the watcher reconnects: as the next attempt, from the newest complete
-    checkpoint, which the policy then follows instead of launching it a second time. A
-    multislice job starts only on every slice at once, with the slices' ids and the
-    coordinator: the watcher launches it, the startup script only sets up."""
-    if draft.cfg.slices:
-        return CreateNode(draft.cfg.tpu_name, zone, why, {"launch": "false"}, resumed)
-    startup = {"attempt": str(mem.attempt.number + 1)}
-    if draft.obs.checkpoint is not None:
-        startup.update(checkpoint=draft.obs.checkpoint.path, step=str(draft.obs.checkpoint.step))
-    return CreateNode(draft.cfg.tpu_name, zone, why, startup, resumed)
+    """The create, with what the new node's startup script needs (`startup`)."""
+    return CreateNode(draft.cfg.tpu_name, zone, why, startup(draft.cfg, mem, draft.obs.checkpoint), resumed)
+
+
+def startup(cfg: PolicyConfig, mem: Memory, checkpoint: Checkpoint | None) -> dict[str, str]:
+    """What a create tells the new node's startup script. It can start the job at boot, before
+    the watcher reconnects: as the next attempt, from the newest complete checkpoint, which the
+    policy then follows instead of launching it a second time. It only sets up when the watcher
+    must launch: a multislice job starts on every slice at once, with the slices' ids and the
+    coordinator; a checkpoint_dir on the VM whose newest checkpoint is not known here is read on
+    the new node first."""
+    if cfg.slices or (cfg.checkpoints_on_vm and checkpoint is None):
+        return {"launch": "false"}
+    out = {"attempt": str(mem.attempt.number + 1)}
+    if checkpoint is not None:
+        out.update(checkpoint=checkpoint.path, step=str(checkpoint.step))
+    return out
 
 
 def delete_unstarted(draft: Draft, mem: Memory) -> Memory | None:

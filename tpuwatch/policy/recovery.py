@@ -260,7 +260,7 @@ def recreate_spent(draft: Draft, mem: Memory, why: str) -> Decision | None:
     return None if spent is None else draft.fail(mem, spent.row, f"{why}; {spent.why}", (why,))
 
 
-ASKED = "a person asked for a recreate (tpuwatch check --recreate)"
+ASKED = "a person asked for a recreate (tpuwatch recreate, or check --recreate)"
 
 
 def asked(draft: Draft, mem: Memory) -> Decision:

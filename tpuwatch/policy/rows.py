@@ -87,7 +87,7 @@ ROWS: tuple[Row, ...] = (
     Row("recreate_budget_spent", "delete + create needed with max_recreates used", "failed (exit 1)"),
     Row("node_missing", "node missing and tpuwatch did not delete it",
         "needs a person (exit 1): never recreate a node a person deleted"),
-    Row("recreate_asked", "a person asked for a delete + create now (`tpuwatch check --recreate`, `Flags.recreate`), no operation in flight",
+    Row("recreate_asked", "a person asked for a delete + create now (`tpuwatch recreate`, `tpuwatch check --recreate`: `Flags.recreate`), no operation in flight",
         "the recreate path, not charged to max_recreates: a running attempt ends as a disruption; an owned "
         "node is deleted, then created in the zone and the fallback zones as `create_after_delete`, `no_capacity` "
         "and `queue_retry` say; a missing node is created; a node not owned, or being deleted by someone else, is "

@@ -102,6 +102,10 @@ class PolicyConfig:
     # Whether a node that will not heal can be deleted and created again: not for slices created
     # one by one (only a multislice queued resource can be made again as a whole)
     recreatable: bool = True
+    # job.checkpoint_dir is a path on the TPU VM: only a look at the new node tells where to
+    # resume, so a create whose checkpoint is not known sets the node up and leaves the launch
+    # to the tick that probes it
+    checkpoints_on_vm: bool = False
 
     def __post_init__(self) -> None:
         if not self.zones:
@@ -124,6 +128,7 @@ class PolicyConfig:
             slices=tuple(cfg.tpu["names"]),
             queued_resource=str(cfg.tpu["queued_resource"]),
             recreatable=not cfg.tpu["names"] or bool(cfg.tpu["queued_resource"]),
+            checkpoints_on_vm=bool(cfg.job["checkpoint_dir"]) and not str(cfg.job["checkpoint_dir"]).startswith("gs://"),
             repair_timeout=float(r["repair_timeout"]),
             max_restarts=int(r["max_restarts"]),
             max_recreates=int(r["max_recreates"]),

@@ -94,6 +94,19 @@ class ComputeLifecycle:
                         "is replaced as a whole; the MIG, its template and workload policy stay)")
         return self.api.delete_node(node.name), f"instance {node.name}"
 
+    def delete_plan(self, node: NodeSnapshot | None) -> tuple[dict[str, Any] | None, bool]:
+        """What `delete` would call (`ports.NodeLifecycle.delete_plan`): a MIG recreates its
+        instances in place (no insert follows); an instance is deleted and inserted again."""
+        if self.flex and (node is None or not node.workers):
+            return ({"method": "compute.instanceGroupManagers.resizeRequests.delete", "name": self.mig,
+                     "which": "the ended resize requests"}, False)
+        if node is None:
+            return None, False
+        if self.api.kind == "mig":
+            return ({"method": "compute.instanceGroupManagers.recreateInstances", "name": node.full_name,
+                     "instances": list(self.api.instance_names(node))}, True)
+        return {"method": "compute.instances.delete", "name": node.full_name}, False
+
     def clear_ended(self) -> str:
         """Delete a flex-start MIG's ended resize requests (a FAILED one before its retry)."""
         if not self.flex:

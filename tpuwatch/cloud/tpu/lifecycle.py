@@ -137,6 +137,17 @@ class Lifecycle:
             raise NotFoundError(f"nothing left to delete: no node and no queued resource {qr}")
         return self.tpu.delete_node(node.name), node.name
 
+    def delete_plan(self, node: NodeSnapshot | None) -> tuple[dict[str, Any] | None, bool]:
+        """What `delete` would call (`ports.NodeLifecycle.delete_plan`); a create always follows."""
+        qr = self.queued_resource
+        status = self.tpu.queued_status(qr) if qr else None
+        if status is not None and status.state:
+            refuse_multislice(status, len(self.slices))
+            return {"method": "google.cloud.tpu.v2.Tpu.DeleteQueuedResource", "name": status.name, "force": True}, False
+        if node is None or self.slices:
+            return None, False
+        return {"method": "google.cloud.tpu.v2.Tpu.DeleteNode", "name": node.full_name}, False
+
     def start_maintenance(self, node: NodeSnapshot) -> tuple[str, str]:
         """Start the node's announced maintenance now; (operation, what was asked). Through its
         queued resource (performMaintenanceQueuedResource naming the node) when it has one.
