@@ -7,10 +7,13 @@ SSH and simulator; the recreate is asked through the real command line."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from e2e_helpers import Job, tick_until
+from e2e_helpers import Job, tick_until, wait_for
 
 from tpuwatch.journal import Journal
 from tpuwatch.sim.simulator import Simulator
@@ -94,3 +97,44 @@ def test_tpuwatch_recreate_stops_the_attempt_uncharged_and_leaves_a_stocked_out_
             assert (back.memory.budgets.recreates, back.memory.budgets.restarts) == (0, 0)
     finally:
         ports.workers.close()
+
+
+@pytest.mark.parametrize("kill_after", ["DeleteNode", "CreateNode"])
+def test_tpuwatch_recreate_killed_mid_way_is_carried_on_by_the_watcher_with_one_node(
+        sim: Simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kill_after: str) -> None:
+    """Every step is journaled before it is taken: a `tpuwatch recreate` killed after its delete or
+    create call leaves the journal saying so; a second recreate refuses to act beside it, and the
+    watcher's ticks finish it with one create and the job resumed, nothing charged."""
+    sim.world.delays.update(delete=1200.0, create=1200.0)  # 2 s each: room to kill inside them
+    job = Job(sim, tmp_path, steps=100_000, accelerator="v4-16", recreatable=True)
+    monkeypatch.setenv("TPUWATCH_STATE_DIR", str(tmp_path / "state"))
+    jb = load_job(job.cfg)
+    ports = real_ports(jb)
+    old_id = sim.world.node("pod").id
+    try:
+        with Journal.open(jb.cfg.state_dir, jb.name, jb.cfg.tpu_name) as journal:
+            tick_until(Reconciler(jb.cfg, jb.pcfg, ports, journal), lambda r: r.decision.row == "running",
+                       "attempt 1 running")
+        proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "recreate", "pod", "-c", str(job.cfg), "--yes"],
+                                env=job.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+        wait_for(lambda: sim.world.call_count(kill_after) >= 1, timeout=60, what=f"the recreate's {kill_after}")
+        proc.send_signal(signal.SIGKILL)
+        out, _ = proc.communicate()
+        assert proc.returncode == -signal.SIGKILL, out  # killed mid-way, not finished
+        again = job.cli("recreate", "pod", "-c", str(job.cfg), "--yes")
+        assert again.returncode == 1 and "already recreating it" in again.stderr, again.stderr
+        with Journal.open(jb.cfg.state_dir, jb.name, jb.cfg.tpu_name) as journal:
+            back = tick_until(Reconciler(jb.cfg, jb.pcfg, ports, journal),
+                              lambda r: r.decision.row == "running" and r.node is not None and r.node.id != old_id,
+                              "the job running on the new node", timeout=120)
+            assert back.memory.attempt.number == 2
+            assert (back.memory.budgets.recreates, back.memory.budgets.restarts) == (0, 0)
+            first = journal.attempts()[0]
+            assert (first.outcome, first.charged) == ("disruption", False), first
+    finally:
+        ports.workers.close()
+    creates = [o for o in sim.world.list_operations(f"projects/{sim.project}/locations/{sim.zone}")
+               if o.verb == "create"]
+    assert len(creates) == 1, "never two creates"
+    assert [n.name for n in sim.world.list_nodes(sim.project, sim.zone)] == ["pod"]
