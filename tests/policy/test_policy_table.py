@@ -501,6 +501,9 @@ def test_row_recreate_asked() -> None:
     # a missing node is created; a node not owned or deleted by someone else is refused
     gone = tick(obs(missing=True, recreate_asked=True), idle(), now=5)
     assert gone.row == "recreate_asked" and kinds(gone) == ["create"] and gone.memory.phase is Phase.CREATING
+    # ... unless a request the service gave up on still holds its name: that goes first
+    held = tick(obs(missing=True, queued=QueuedStatus(QR_NAME, "FAILED"), recreate_asked=True), idle(), now=5)
+    assert held.row == "recreate_asked" and kinds(held) == ["delete"] and held.memory.phase is Phase.DELETING
     assert tick(obs(node(owned=False), recreate_asked=True), idle(), now=5).row == "not_owned"
     assert tick(obs(node(state="DELETING"), recreate_asked=True), idle(), now=5).row == "someone_deleting"
     # an operation in flight is followed, not started again

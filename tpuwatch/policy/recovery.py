@@ -276,7 +276,7 @@ def asked(draft: Draft, mem: Memory) -> Decision:
         mem, final = end_unusable(draft, mem)
         if final is not None:
             return final
-    if node is None:
+    if node is None and not queued_ended(draft):  # an ended request holds the name: deleted first
         if not draft.cfg.recreatable:
             return not_recreatable(draft, mem, f"{draft.subject} is missing")
         mem = replace(mem, recreate=replace(mem.recreate, queued_since=None, queue_tries=0))
