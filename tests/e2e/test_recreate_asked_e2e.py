@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from e2e_helpers import Job, tick_until, wait_for
@@ -60,21 +61,32 @@ def test_a_recreate_asked_of_the_tick_is_the_policys_delete_create_not_charged(
     assert sim.world.node("pod").id != old_id and sim.world.call_count("CreateNode") == 1
 
 
+def running_job(sim: Simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Job, Any, Any]:
+    """A recreatable job on a v4-16, attempt 1 running under the watcher's ticks; (the job, its
+    loaded config, its real ports: the caller closes their workers)."""
+    job = Job(sim, tmp_path, steps=100_000, accelerator="v4-16", recreatable=True)
+    monkeypatch.setenv("TPUWATCH_STATE_DIR", str(tmp_path / "state"))
+    jb = load_job(job.cfg)
+    ports = real_ports(jb)
+    try:
+        with Journal.open(jb.cfg.state_dir, jb.name, jb.cfg.tpu_name) as journal:
+            tick_until(Reconciler(jb.cfg, jb.pcfg, ports, journal), lambda r: r.decision.row == "running",
+                       "attempt 1 running")
+    except BaseException:
+        ports.workers.close()
+        raise
+    return job, jb, ports
+
+
 def test_tpuwatch_recreate_stops_the_attempt_uncharged_and_leaves_a_stocked_out_create_queued_for_the_watcher(
         sim: Simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`tpuwatch recreate` is the same path, ticked by the command itself: with no quota in the
     zone it ends with exit 1, the old node deleted and the create queued in the journal (not a
     failed job); a second recreate starts nothing beside it; the watcher's next ticks create the
     node once quota is back, and the job resumes with no budget spent."""
-    job = Job(sim, tmp_path, steps=100_000, accelerator="v4-16", recreatable=True)
-    monkeypatch.setenv("TPUWATCH_STATE_DIR", str(tmp_path / "state"))
-    jb = load_job(job.cfg)
-    ports = real_ports(jb)
+    job, jb, ports = running_job(sim, tmp_path, monkeypatch)
     old_id = sim.world.node("pod").id
     try:
-        with Journal.open(jb.cfg.state_dir, jb.name, jb.cfg.tpu_name) as journal:
-            tick_until(Reconciler(jb.cfg, jb.pcfg, ports, journal), lambda r: r.decision.row == "running",
-                       "attempt 1 running")
         sim.world.quota(sim.zone)
         out = job.cli("recreate", "pod", "-c", str(job.cfg), "--yes")
         assert out.returncode == 1, (out.stdout, out.stderr)
@@ -106,15 +118,9 @@ def test_tpuwatch_recreate_killed_mid_way_is_carried_on_by_the_watcher_with_one_
     create call leaves the journal saying so; a second recreate refuses to act beside it, and the
     watcher's ticks finish it with one create and the job resumed, nothing charged."""
     sim.world.delays.update(delete=1200.0, create=1200.0)  # 2 s each: room to kill inside them
-    job = Job(sim, tmp_path, steps=100_000, accelerator="v4-16", recreatable=True)
-    monkeypatch.setenv("TPUWATCH_STATE_DIR", str(tmp_path / "state"))
-    jb = load_job(job.cfg)
-    ports = real_ports(jb)
+    job, jb, ports = running_job(sim, tmp_path, monkeypatch)
     old_id = sim.world.node("pod").id
     try:
-        with Journal.open(jb.cfg.state_dir, jb.name, jb.cfg.tpu_name) as journal:
-            tick_until(Reconciler(jb.cfg, jb.pcfg, ports, journal), lambda r: r.decision.row == "running",
-                       "attempt 1 running")
         proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "recreate", "pod", "-c", str(job.cfg), "--yes"],
                                 env=job.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
