@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # Ctrl-C would be lost. A handler here is not inherited across exec, so children get the default.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # PYTHONDONTWRITEBYTECODE (set on some machines and CI images) would make each of the many
+    # Python processes the suite starts (`python -m tpuwatch.cli`, each xdist worker
+    # rewriting the test modules) compile tpuwatch and the tests from source again: about a
+    # quarter of a CLI process's start-up CPU. The bytecode goes where Python puts it by default, __pycache__ (in
+    # .gitignore), as the simulated workers' processes (whose environment is their own) already do.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:

@@ -42,7 +42,7 @@ def toml_value(v: object) -> str:
 
 def write_config(path: Path, sim: Simulator, command: str, ck: Path, *, tpu: dict[str, object] | None = None,
                  spec: dict[str, object] | None = None, name: str = "pod", **recovery: str | int) -> Path:
-    rec: dict[str, object] = {"poll_interval": "0.3s", "stop_grace": "2s", "repair_timeout": "30s",
+    rec: dict[str, object] = {"poll_interval": "0.5s", "stop_grace": "2s", "repair_timeout": "30s",
                               "min_uptime": "0.5s", "backoff_base": "0.2s", "backoff_max": "1s"}
     rec.update(recovery)
     lines = ["[tpu]", f"name = {json.dumps(name)}", *[f"{k} = {toml_value(v)}" for k, v in (tpu or {}).items()]]

@@ -124,7 +124,7 @@ def test_a_broken_config_or_a_failing_api_call_is_shown_and_the_other_job_goes_o
     a = jobs.add("ja", 60)
     bad = tmp_path / "jb.toml"
     bad.write_text(a.read_text().replace('name = "ja"', 'name = "jb"')
-                   .replace('poll_interval = "0.3s"', 'poll_interval = "soon"'))
+                   .replace('poll_interval = "0.5s"', 'poll_interval = "soon"'))
     # jc's node is not in the zone's listing, so its tick asks for it with a get, which fails
     unlisted = tmp_path / "jc.toml"
     unlisted.write_text(a.read_text().replace('name = "ja"', 'name = "jc"'))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+import threading
 from functools import lru_cache
 from typing import Any
 
@@ -111,14 +113,70 @@ def compute_available() -> bool:
     return compute_emulator() is not None or emulator_host() is None
 
 
+_COMPUTE_V1 = "google.cloud.compute_v1"
+_COMPUTE_V1_LOCK = threading.Lock()
+# `from .services.instances import InstancesClient` / `from .types.compute import (A, B, ...)`
+_FROM_IMPORT = re.compile(r"^from \.([\w.]+) import (?:\(([^)]*)\)|([\w, ]+)$)", re.M)
+
+
+def compute_v1() -> Any:
+    """`google.cloud.compute_v1`, loading only the services used.
+
+    Its package imports all of its ~130 services at once: 1.5 s of CPU, most of a `tpuwatch check`
+    on Compute Engine. Its `__lazy_modules__` lets Python 3.15 defer them (PEP 810); on older
+    Pythons this does the same: the package is entered without running its __init__, and a name
+    is imported from the module its __init__ takes it from (as written there) when first used.
+    A process that had already imported the whole package keeps it."""
+    with _COMPUTE_V1_LOCK:
+        loaded = sys.modules.get(_COMPUTE_V1)
+        if loaded is not None:
+            return loaded
+        import importlib
+        import importlib.util
+        import types
+
+        spec = importlib.util.find_spec(_COMPUTE_V1)
+        if spec is None or spec.origin is None or spec.submodule_search_locations is None:
+            return importlib.import_module(_COMPUTE_V1)  # not a plain package: as it is
+        with open(spec.origin, encoding="utf-8") as f:
+            source = f.read()
+        where: dict[str, str] = {}
+        for m in _FROM_IMPORT.finditer(source):
+            for name in re.split(r"[\s,]+", m.group(2) or m.group(3)):
+                if name:
+                    where[name] = m.group(1)
+        pkg = types.ModuleType(_COMPUTE_V1)
+        pkg.__spec__ = spec
+        pkg.__file__ = spec.origin
+        pkg.__path__ = list(spec.submodule_search_locations)
+        pkg.__package__ = _COMPUTE_V1
+
+        def attribute(name: str) -> Any:
+            if name == "__version__":
+                value = importlib.import_module(f"{_COMPUTE_V1}.gapic_version").__version__
+            elif name in where:
+                value = getattr(importlib.import_module(f"{_COMPUTE_V1}.{where[name]}"), name)
+            elif not name.startswith("__") and importlib.util.find_spec(f"{_COMPUTE_V1}.{name}") is not None:
+                value = importlib.import_module(f"{_COMPUTE_V1}.{name}")  # a subpackage: types, services
+            else:
+                raise AttributeError(f"module {_COMPUTE_V1!r} has no attribute {name!r}")
+            setattr(pkg, name, value)
+            return value
+
+        pkg.__getattr__ = attribute  # type: ignore[method-assign]
+        sys.modules[_COMPUTE_V1] = pkg
+        import google.cloud
+
+        google.cloud.compute_v1 = pkg  # type: ignore[attr-defined]
+        return pkg
+
+
 def compute_client(kind: str) -> Any:
     """A `google.cloud.compute_v1` client of `kind` (instances, instanceGroupManagers,
     instanceTemplates, resourcePolicies, zoneOperations): REST, against the emulator's URL with
     anonymous credentials when TPUWATCH_COMPUTE_EMULATOR is set. Every client is built here with
     the same options, so an operation is never polled through a client that would reach Google."""
-    from google.cloud import compute_v1
-
-    cls = getattr(compute_v1, _COMPUTE_CLIENTS[kind])
+    cls = getattr(compute_v1(), _COMPUTE_CLIENTS[kind])
     url = compute_emulator()
     if url:
         from google.auth.credentials import AnonymousCredentials

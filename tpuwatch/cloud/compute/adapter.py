@@ -209,7 +209,7 @@ class ComputeAdapter:
 
     def managed_instances(self, name: str) -> list[Any]:
         """listManagedInstances: each `ManagedInstance` (current action, status, last attempt)."""
-        from google.cloud import compute_v1
+        compute_v1 = clients.compute_v1()
 
         if region := self.mig_region(name):
             return self._pages("regionInstanceGroupManagers", "list_managed_instances",
@@ -230,7 +230,7 @@ class ComputeAdapter:
         """Every instance of the zone (one request a page), or only those named `names`: a
         `filter` on their names (`name eq "(a|b|c)"`, a regular expression the whole name must
         match), so that a MIG's read is one page of its own instances, whatever else the zone holds."""
-        from google.cloud import compute_v1
+        compute_v1 = clients.compute_v1()
 
         wanted = sorted(set(names)) if names is not None else None
         if wanted == []:
@@ -256,7 +256,7 @@ class ComputeAdapter:
 
     def list_migs(self) -> list[Any]:
         """Every MIG of the zone (one request a page)."""
-        from google.cloud import compute_v1
+        compute_v1 = clients.compute_v1()
 
         return self._pages("instanceGroupManagers", "list_instance_group_managers", self._where(),
                            "compute.instanceGroupManagers.list", "items",
@@ -267,7 +267,7 @@ class ComputeAdapter:
     def list_region_migs(self) -> list[Any]:
         """Every regional MIG of the zone's region (one request a page); each is remembered as
         regional, so that its managed instances are asked of the region."""
-        from google.cloud import compute_v1
+        compute_v1 = clients.compute_v1()
 
         migs = self._pages("regionInstanceGroupManagers", "list_region_instance_group_managers",
                            f"projects/{self.project}/regions/{self.region}", "compute.instanceGroupManagers.list",
@@ -392,7 +392,7 @@ class ComputeAdapter:
         out: dict[int, tuple[str, ...]] = {}
         for worker, inst in enumerate(names):
             def get(inst: str = inst) -> Any:
-                from google.cloud import compute_v1
+                compute_v1 = clients.compute_v1()
 
                 request = compute_v1.GetGuestAttributesInstanceRequest(project=self.project, zone=self.zone,
                                                                        instance=inst, query_path="hostkeys/")
@@ -458,7 +458,7 @@ class ComputeAdapter:
         and it began its own repair since. A recreate then would only flag what is flagged (or,
         on a multi-host slice, which Google replaces as a whole, start the whole slice over), so
         none is sent and the next tick sees the MIG at work."""
-        from google.cloud import compute_v1
+        compute_v1 = clients.compute_v1()
 
         managed = self.managed_instances(name)
         making = [f"{short(m.instance) or m.name}: {m.current_action}" for m in managed
@@ -573,7 +573,7 @@ class ComputeAdapter:
         """instances.reportHostAsFaulty with `body` (`faulty_host_body`); the operation name.
         Google refuses it (an ApiError) for a VM it does not take reports for, or not running."""
         self._check(instance)
-        from google.cloud import compute_v1
+        compute_v1 = clients.compute_v1()
 
         request = compute_v1.InstancesReportHostAsFaultyRequest.from_json(json.dumps(body), ignore_unknown_fields=False)
         client = self._client("instances")
@@ -732,7 +732,7 @@ def flex_run(adapter: ComputeAdapter, mig: str) -> str:
 def insert_resize_request(adapter: ComputeAdapter, mig: str, resize_by: int) -> str:
     """Ask for `resize_by` flex-start VMs for the MIG, to run `adapter.flex_start` seconds; the
     operation name to follow (`RESIZE_OP` + MIG + request name)."""
-    from google.cloud import compute_v1
+    compute_v1 = clients.compute_v1()
 
     name = f"{mig[:40]}-tpuwatch-{time.time_ns() // 1_000_000}"  # unique per try, as retries are ms apart at least
     body = compute_v1.InstanceGroupManagerResizeRequest(

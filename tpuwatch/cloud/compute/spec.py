@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from tpuwatch.cloud import clients
 from tpuwatch.cloud.compute.view import short, time_of
 from tpuwatch.errors import UsageError
 
@@ -58,7 +59,7 @@ def check_insert(kind: str, body: Mapping[str, Any], name: str, zone: str) -> An
     """The insert body of instance or MIG `name` as the client's message, or UsageError (naming the
     key and the fix) for one Compute Engine would refuse: a field its API does not have, or a bare
     name where it takes a URL only. A recreate calls it before anything is deleted; the insert again."""
-    from google.cloud import compute_v1
+    compute_v1 = clients.compute_v1()
 
     cls = compute_v1.Instance if kind == "instance" else compute_v1.InstanceGroupManager
     again = f"run `tpuwatch init {name} --zone {zone}` to capture it again"

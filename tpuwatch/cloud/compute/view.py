@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from tpuwatch.cloud import clients
 from tpuwatch.cloud.base import parse_rfc3339
 from tpuwatch.cloud.errors import CODE_NUMBERS
 from tpuwatch.model import (
@@ -350,7 +351,7 @@ def at_rest(mig: Any, listed: Iterable[Any], zone: str) -> list[Any] | None:
     of them, doing nothing. None otherwise: then only listManagedInstances says which instance
     does what, and why (and an instance that went down since the MIG was read is never taken
     for one at rest)."""
-    from google.cloud import compute_v1
+    compute_v1 = clients.compute_v1()
 
     target = int(mig.target_size)
     if not ("status" in mig and mig.status.is_stable) or "current_actions" not in mig:
