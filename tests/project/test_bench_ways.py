@@ -1,12 +1,19 @@
 """The goodput benchmark's ideal bounds past fixed slices (lab.tools.ideal_ways): hot spares and
-limping on fewer slices, against the fixed-slice bound (lab.tools.ideal)."""
+limping on fewer slices, against the fixed-slice bound (lab.tools.ideal), and their flags."""
 
 from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from lab import Fault, Params, Trace, make_trace, run_tool
-from lab.tools import Tool, ideal, ideal_ways
+from lab.tools import Tool, ideal, ideal_ways, way_tools
+from tpuwatch.errors import UsageError
 
 FIXED = Tool("ideal", "ideal bound", lambda run: [ideal(run)], "")
 
@@ -107,3 +114,36 @@ def test_limping_through_a_stockout_by_hand() -> None:
     assert r.goodput == pytest.approx((4050 + 39 * 900 + 629.5) * 2 / DAY, abs=1 / DAY)
     assert r.productive_steps == 39_779  # whole steps: 79,559 halves
     assert r.attempts == 3  # both, limping on one, both again
+
+
+def bench() -> ModuleType:
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_goodput.py"
+    spec = importlib.util.spec_from_file_location("bench_goodput", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--spares", "-1"], "--spares"),
+    (["--limp-floor", "1"], "--slices 2 or more"),
+    (["--slices", "4", "--limp-floor", "0"], "--limp-floor"),
+    (["--slices", "4", "--limp-floor", "5"], "1 to --slices (4)"),
+    (["--api", "compute", "--spares", "1"], "--api compute"),
+])
+def test_the_flags_are_checked(argv: list[str], words: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(words)) as err:
+        bench().main(argv)
+    assert err.value.exit_code == 2
+
+
+def test_the_script_shows_each_ways_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench().main(["--days", "2", "--seed", "1", "--slices", "2", "--spares", "1", "--limp-floor", "1",
+                         "--tools", "ideal", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [t["tool"] for t in out["tools"]] == ["ideal", "ideal-spares", "ideal-limp", "ideal-both"]
+    assert [w["tool"] for w in out["ways"]] == ["ideal-spares", "ideal-limp", "ideal-both"]
+    assert all(w["of_fixed_ideal"] >= 1.0 for w in out["ways"])
+    assert [b["tool"] for b in out["permanent_bug"]] == ["ideal"]  # the ways' bounds are about faults
+    assert [t.key for t in way_tools(1)] == ["ideal-spares"] and way_tools() == []
