@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lab.clock import Sim
-from lab.job import Params
+from lab.job import Params, way_params
 from lab.tools import Run, Tool, TpuwatchDriver
 from lab.trace import ANNOUNCED, KINDS, Fault, Trace
 from lab.world import BenchWorld, Meter
@@ -101,7 +101,7 @@ class ToolResult:
 
 
 def _apply(world: BenchWorld, fault: Fault) -> None:
-    s = fault.slice
+    s = world.roles[fault.slice]  # the slice in the fault's role now (the same but with spares)
     if fault.kind == "maintenance":
         world.maintenance_event("maintenance", fault.heal_after, s=s)
     elif fault.kind == "stuck":
@@ -123,13 +123,23 @@ def _apply(world: BenchWorld, fault: Fault) -> None:
 
 
 def run_tool(tool: Tool, trace: Trace, p: Params) -> ToolResult:
-    """Play `trace` under `tool` for `p.days` of virtual time."""
+    """Play `trace` under `tool` for `p.days` of virtual time.
+
+    A tool with spares (`Tool.spares`, at most the trace's) gets that many idle slices beside the
+    job's, with their faults from the trace; one that limps (`Tool.limp_floor`) a world counted in
+    1/slices of a step (job.way_params). Every other tool sees the job's slices alone."""
+    if tool.spares > trace.spares:
+        raise ValueError(f"{tool.key} has {tool.spares} spares; the trace draws faults for {trace.spares}")
+    if tool.spares or tool.limp_floor is not None:
+        p = way_params(p, tool.spares, tool.limp_floor)
     sim = Sim()
     world = BenchWorld(sim, p, list(trace.stockouts))
     meter = Meter()
     rng = random.Random(trace.seed * 1000003 + zlib.crc32(tool.key.encode()))
     run = Run(sim, world, meter, rng)
     for f in trace.faults:
+        if f.slice >= p.slices + p.spares:
+            continue  # a spare this tool does not have
         # an announced maintenance: its notice comes notice_lead before it, however late it is announced
         when = max(0.0, f.time - max(f.lead, p.notice_lead)) if f.kind in ANNOUNCED else f.time
         sim.at(when, _apply, world, f)
@@ -145,6 +155,8 @@ def run_tool(tool: Tool, trace: Trace, p: Params) -> ToolResult:
 def _result(tool: Tool, run: Run) -> ToolResult:
     w, p = run.world, run.world.p
     end = w.done if w.done is not None else p.horizon
+    # in a limping world's units (1/slices of a step; p.step_time is one unit's): goodput counts a
+    # step on k of n slices as k/n of a step; the step counts below are whole steps
     productive = p.total_steps if w.done is not None else max(w.ckpt_step, w.step_now())
     resume: dict[str, list[float]] = {k: [] for k in KINDS}
     for hit in w.hits:
@@ -170,9 +182,9 @@ def _result(tool: Tool, run: Run) -> ToolResult:
         key=tool.key, label=tool.label, note=tool.note,
         goodput=productive * p.step_time / end if end > 0 else 0.0,
         wall_hours=end / 3600.0,
-        productive_steps=productive,
-        steps_run=w.steps_run,
-        steps_lost=max(0, w.steps_run - productive),
+        productive_steps=productive // p.unit,
+        steps_run=w.steps_run // p.unit,
+        steps_lost=max(0, w.steps_run - productive) // p.unit,
         resume=resume,
         bug_seen_day=w.bug_seen / 86400.0 if w.bug_seen is not None else None,
         bad_launches=w.bad_launches,
@@ -272,8 +284,29 @@ def as_json(report: Report) -> dict[str, Any]:
             tools[-1]["announced_maintenance"] = announced_json(r, report.params)
         n, med, p95 = r.relaunch_stats()
         tools[-1]["relaunch"] = {"disruptions": n, "median_s": _num(med), "p95_s": _num(p95)}
-    return {"params": asdict(report.params), "trace": trace_summary(report.trace), "tools": tools,
-            "seconds": round(report.seconds, 2)}
+    out = {"params": asdict(report.params), "trace": trace_summary(report.trace), "tools": tools,
+           "seconds": round(report.seconds, 2)}
+    ways = report_ways(report)
+    if ways:
+        out["ways"] = ways
+        out["note"] = FIXED_NOTE
+    return out
+
+
+def report_ways(report: Report) -> list[dict[str, Any]]:
+    """Per way past fixed slices: its bound, against the fixed-slice one, the share of it every
+    non-bound tool reaches, and its time from a fault that stopped the job to the next launch."""
+    fixed = report.ideal
+    out = []
+    for r in (r for r in report.results if r.key in WAYS):
+        row: dict[str, Any] = {"tool": r.key, "label": r.label, "goodput": round(r.goodput, 5),
+                               "of_fixed_ideal": round(r.goodput / fixed.goodput, 5) if fixed and fixed.goodput > 0 else None}
+        relaunch = sorted(x for k in KINDS for x in r.resume.get(k, []))
+        row["fault_to_launch_median_s"] = _num(statistics.median(relaunch)) if relaunch else None
+        row["of_it"] = {o.key: round(o.goodput / r.goodput, 5) if r.goodput > 0 else None
+                        for o in report.results if not _is_bound(o.key)}
+        out.append(row)
+    return out
 
 
 def announced_json(r: ToolResult, p: Params) -> dict[str, Any]:
@@ -332,8 +365,8 @@ class Sweep:
         return [g / i if i > 0 else 0.0 for g, i in zip(self.goodput[key], self.goodput["ideal"], strict=True)]
 
     def best(self, key: str) -> int:
-        """Seeds on which `key` has the highest goodput of every tool but the ideal (ties count)."""
-        others = [k for k in self.keys if k != "ideal"]
+        """Seeds on which `key` has the highest goodput of every tool but the ideal bounds (ties count)."""
+        others = [k for k in self.keys if not _is_bound(k)]
         return sum(1 for i in range(len(self.seeds))
                    if self.goodput[key][i] >= max(self.goodput[k][i] for k in others) - 1e-12)
 
@@ -368,9 +401,41 @@ def sweep_json(sw: Sweep) -> dict[str, Any]:
         if "ideal" in sw.goodput:
             oi = sw.of_ideal(key)
             row.update(of_ideal_mean=round(statistics.fmean(oi), 5), of_ideal_min=round(min(oi), 5),
-                       best_non_ideal_seeds=sw.best(key) if key != "ideal" else None)
+                       best_non_ideal_seeds=sw.best(key) if not _is_bound(key) else None)
         tools.append(row)
-    return {"seeds": sw.seeds, "tools": tools, "errors": sw.errors, "seconds": round(sw.seconds, 2)}
+    out: dict[str, Any] = {"seeds": sw.seeds, "tools": tools, "errors": sw.errors, "seconds": round(sw.seconds, 2)}
+    ways = sweep_ways(sw)
+    if ways:
+        out["ways"] = ways
+    return out
+
+
+def _is_bound(key: str) -> bool:
+    return key == "ideal" or key.startswith("ideal-")
+
+
+WAYS = ("ideal-spares", "ideal-limp", "ideal-both")  # lab.tools.way_tools' keys
+FIXED_NOTE = ("tpuwatch has no spares and no limping yet: its rows are its figures on the fixed slices "
+              "(the spares' faults unseen), set against each way's bound")
+
+
+def sweep_ways(sw: Sweep) -> list[dict[str, Any]]:
+    """Per way past fixed slices in the sweep: its bound against the fixed-slice one, and what
+    share of it each non-bound tool reaches (mean, min over the seeds)."""
+    out = []
+    for way in (k for k in WAYS if k in sw.goodput):
+        g, fixed = sw.goodput[way], sw.goodput.get("ideal")
+        row: dict[str, Any] = {"tool": way, "label": sw.labels[sw.keys.index(way)],
+                               "goodput_mean": round(statistics.fmean(g), 5), "goodput_min": round(min(g), 5)}
+        if fixed is not None:
+            of = [x / f if f > 0 else 0.0 for x, f in zip(g, fixed, strict=True)]
+            row.update(of_fixed_mean=round(statistics.fmean(of), 5), of_fixed_min=round(min(of), 5))
+        for key in (k for k in sw.keys if not _is_bound(k)):
+            share = [x / b if b > 0 else 0.0 for x, b in zip(sw.goodput[key], g, strict=True)]
+            row[f"{key}_of_it_mean"] = round(statistics.fmean(share), 5)
+            row[f"{key}_of_it_min"] = round(min(share), 5)
+        out.append(row)
+    return out
 
 
 def render_sweep(sw: Sweep) -> list[Any]:
@@ -390,6 +455,18 @@ def render_sweep(sw: Sweep) -> list[Any]:
                   "-" if best is None else f"{best} of {len(sw.seeds)}",
                   f"{row.get('tpu_api_calls_per_hour_max', 0):.1f}", f"{row.get('log_reads_per_hour_max', 0):.1f}")
     out: list[Any] = [t]
+    ways = sweep_ways(sw)
+    if ways:
+        others = [k for k in sw.keys if not _is_bound(k)]
+        tw = Table(title="Ideal bounds past fixed slices: each way's bound, and every tool's share of it (mean / min)")
+        for col in ("way", "bound (mean)", "of the fixed-slice bound (mean / min)",
+                    *(sw.labels[sw.keys.index(k)] for k in others)):
+            tw.add_column(col, justify="left" if col == "way" else "right")
+        for w in ways:
+            tw.add_row(w["label"], f"{100 * w['goodput_mean']:.2f}%",
+                       f"{100 * w['of_fixed_mean']:.2f}% / {100 * w['of_fixed_min']:.2f}%" if "of_fixed_mean" in w else "-",
+                       *(f"{100 * w[f'{k}_of_it_mean']:.2f}% / {100 * w[f'{k}_of_it_min']:.2f}%" for k in others))
+        out += [tw, Text(FIXED_NOTE)]
     out += [Text(f"POLICY ERROR: {e}", style="bold red") for e in sw.errors]
     out.append(Text(f"{len(sw.seeds)} traces in {sw.seconds:.1f} s"))
     return out
@@ -476,6 +553,20 @@ def render(report: Report) -> list[Any]:
             cells.append("-" if n == 0 else f"{_dur(med)} / {_dur(p95)} (n={n})")
         t2.add_row(r.label, *cells)
     out: list[Any] = [t1, t2]
+    ways = report_ways(report)
+    if ways:
+        others = [r for r in report.results if not _is_bound(r.key)]
+        tw = Table(title="Ideal bounds past fixed slices ('of ideal' above is of the fixed-slice bound)")
+        for col in ("way", "bound", "of the fixed-slice bound", "fault to launch (median)",
+                    *(f"{o.label}: of it" for o in others)):
+            tw.add_column(col, justify="left" if col == "way" else "right")
+        for w in ways:
+            med = w["fault_to_launch_median_s"]
+            tw.add_row(w["label"], f"{100 * w['goodput']:.2f}%",
+                       "-" if w["of_fixed_ideal"] is None else f"{100 * w['of_fixed_ideal']:.2f}%",
+                       _dur(med) if isinstance(med, float) else "-",
+                       *("-" if w["of_it"][o.key] is None else f"{100 * w['of_it'][o.key]:.2f}%" for o in others))
+        out += [tw, Text(FIXED_NOTE)]
     if p.slices > 1:
         t3 = Table(title=f"Relaunch of the {p.slices}-slice job: from the last slice a disruption took down "
                          "being usable again to every slice running the next attempt")

@@ -11,7 +11,7 @@ one event per fault and per tool action, not one per step.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from lab.clock import Signal
 
@@ -50,6 +50,27 @@ class Params:
     # figure for either: these are the project simulator's (`sim inject slice-replace`).
     autorepair_after: float = 600.0
     multislice_restart: float = 60.0
+    # Past fixed slices (only the ideal bounds of lab.tools use these yet): `spares` idle
+    # same-shape slices kept beside the job's, and limping: with `limp_floor` set, the job may run
+    # on any k >= limp_floor of its `slices`, a step on k slices counting k/slices of a step. A world
+    # that limps counts in 1/slices of a step (`limping()` scales step_time, ckpt_every, steps).
+    spares: int = 0
+    limp_floor: int | None = None
+
+    @property
+    def unit(self) -> int:
+        """Counted steps per step of the job: `slices` when it may limp, else 1."""
+        return self.slices if self.limp_floor is not None else 1
+
+    def on_slices(self, k: int) -> Params:
+        """An attempt's parameters on `k` of the job's slices: in a limping world's units, a step
+        on k slices is k units long (so it takes step_time * slices / k per unit), and a checkpoint
+        still comes every ckpt_every of the job's steps."""
+        if k == self.slices:
+            return self
+        if self.limp_floor is None or not self.limp_floor <= k < self.slices:
+            raise ValueError(f"an attempt on {k} of {self.slices} slices needs a limp floor <= {k}")
+        return replace(self, step_time=self.step_time * self.slices / k, ckpt_every=self.ckpt_every * k // self.slices)
 
     @property
     def horizon(self) -> float:
@@ -60,6 +81,19 @@ class Params:
         if self.steps is not None:
             return self.steps
         return int(math.ceil(self.horizon / self.step_time)) + 1
+
+
+def way_params(p: Params, spares: int = 0, limp_floor: int | None = None) -> Params:
+    """`p` for a world with `spares` and, when `limp_floor` is given, limping (counted in
+    1/slices of a step, so that k slices make k units a step; the job's length in the same units)."""
+    q = replace(p, spares=spares)
+    if limp_floor is None:
+        return q
+    if not 1 <= limp_floor <= p.slices:
+        raise ValueError(f"limp floor {limp_floor} is outside 1..{p.slices}")
+    n = p.slices
+    return replace(q, limp_floor=limp_floor, step_time=p.step_time / n, ckpt_every=p.ckpt_every * n,
+                   steps=p.total_steps * n)
 
 
 @dataclass

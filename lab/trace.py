@@ -64,6 +64,9 @@ class Trace:
     horizon: float
     faults: tuple[Fault, ...]
     stockouts: tuple[tuple[float, float], ...]
+    # Idle same-shape slices drawn beside the job's (their faults' `slice` is `slices` and up):
+    # a tool without spares never sees them (lab.goodput skips their faults).
+    spares: int = 0
 
     def count(self, kind: str) -> int:
         return sum(1 for f in self.faults if f.kind == kind)
@@ -80,7 +83,8 @@ def _lognormal(rng: random.Random, median: float, sigma: float) -> float:
     return median * math.exp(sigma * rng.gauss(0.0, 1.0))
 
 
-def make_trace(seed: int, days: float, workers: int, tc: TraceConfig | None = None, slices: int = 1) -> Trace:
+def make_trace(seed: int, days: float, workers: int, tc: TraceConfig | None = None, slices: int = 1,
+               spares: int = 0) -> Trace:
     """The fault trace for `seed`: the same arguments always give the same trace.
 
     With `slices` > 1 every slice has faults of its own at the same rates, so the job sees
@@ -88,18 +92,25 @@ def make_trace(seed: int, days: float, workers: int, tc: TraceConfig | None = No
     from a source of its own, without the zone's own stockout windows and the code push, which
     the single-slice trace already holds once for the whole job (a preemption's stockout is
     drawn with it, on every slice).
+
+    `spares` idle slices of the same shape get faults of their own too, drawn as slices
+    `slices`..`slices + spares - 1` would be (so the job's slices' faults are the same with or
+    without spares), at the same rates: a spare is preempted, maintained or stuck like any slice.
+    Their preemptions bring no stockout window: the zone's capacity is the job's trace's, so a way
+    with spares is compared with the fixed slices in the same zone.
     """
     tc = tc or TraceConfig()
     base = _slice_trace(random.Random(seed), days, workers, tc)
     faults = list(base.faults)
     stockouts = list(base.stockouts)
-    for i in range(1, slices):
+    for i in range(1, slices + spares):
         more = _slice_trace(random.Random(f"{seed}/slice/{i}"), days, workers,
                             replace(tc, stockouts=0.0, bug_at=None))
         faults += [replace(f, slice=i) for f in more.faults]
-        stockouts += more.stockouts
+        if i < slices:
+            stockouts += more.stockouts
     faults.sort(key=lambda f: (f.time, f.kind, f.slice))
-    return Trace(seed, base.horizon, tuple(faults), tuple(sorted(stockouts)))
+    return Trace(seed, base.horizon, tuple(faults), tuple(sorted(stockouts)), spares)
 
 
 def _slice_trace(rng: random.Random, days: float, workers: int, tc: TraceConfig) -> Trace:

@@ -142,8 +142,17 @@ class BenchWorld:
         self.name = name
         self.stockouts = sorted(stockouts)
         self._next_id = 1000
-        names = [name] if p.slices == 1 else [f"{name}-{i}" for i in range(p.slices)]
+        total = p.slices + p.spares
+        names = [name] if total == 1 else [f"{name}-{i}" for i in range(total)]
         self.slices = [SliceRec(n, SliceNode(self._new_id(), "READY", "HEALTHY", 0.0)) for n in names]
+        # The slices the job runs on: all of them, unless there are spares (the slices beyond
+        # p.slices, idle) or the job limps (on fewer); a launch may name others (`launch`).
+        self.active: list[int] = list(range(p.slices))
+        # A fault of the trace strikes a role, not a machine: role i < p.slices is the job's slot i,
+        # the others the spares; roles[i] is the slice in it now. A swap to a spare swaps their
+        # roles, so every way meets the job's faults at the same times (every slice's faults come
+        # from the same memoryless process: which slice a stream follows changes no distribution).
+        self.roles: list[int] = list(range(total))
         self.attempt: Attempt | None = None
         self.attempts: list[Attempt] = []
         self.ckpt_step = 0
@@ -246,8 +255,8 @@ class BenchWorld:
         return end
 
     def usable(self, s: int | None = None) -> bool:
-        """Slice `s` (None: every slice) is READY, HEALTHY and its hosts are up."""
-        for sl in self.slices if s is None else (self.slices[s],):
+        """Slice `s` (None: every slice the job runs on) is READY, HEALTHY and its hosts are up."""
+        for sl in [self.slices[i] for i in self.active] if s is None else (self.slices[s],):
             n = sl.node
             if n is None or n.state != "READY" or n.health != "HEALTHY" or not sl.hosts_up:
                 return False
@@ -288,14 +297,18 @@ class BenchWorld:
 
     # -- the job ----------------------------------------------------------------------------
 
-    def launch(self, no: int, s0: int | None = None) -> Attempt | None:
+    def launch(self, no: int, s0: int | None = None, slices: list[int] | None = None) -> Attempt | None:
         """Start attempt `no` on every worker of every slice from checkpoint `s0` (None: the newest).
+        `slices` names the slices to run on (a spare's, or fewer when limping; None: the same
+        as last time): from then on they are the job's slices (`active`).
 
         None when some slice's workers cannot be reached or still run processes (the worker lock).
         """
-        if not all(self._launchable(s) for s in range(len(self.slices))) or self.done is not None:
+        if slices is not None:
+            self._set_active(slices)
+        if not all(self._launchable(s) for s in self.active) or self.done is not None:
             return None
-        for s in range(len(self.slices)):
+        for s in self.active:
             self._start(s, no)
         self.bad_launches += self.pushed
         a = self._form(s0)
@@ -313,6 +326,20 @@ class BenchWorld:
         self._form(None)
         self._touch()
         return pr
+
+    def _set_active(self, slices: list[int]) -> None:
+        floor = self.p.limp_floor if self.p.limp_floor is not None else self.p.slices
+        if (len(set(slices)) != len(slices) or not floor <= len(slices) <= self.p.slices
+                or not all(0 <= s < len(self.slices) for s in slices)):
+            raise ValueError(f"cannot run the job on slices {slices}: {floor} to {self.p.slices} of "
+                             f"0..{len(self.slices) - 1}")
+        self.active = sorted(slices)
+        job = self.roles[:self.p.slices]
+        new = [s for s in self.active if s not in job]
+        for i in range(self.p.slices):
+            if self.roles[i] not in self.active and new:
+                j = self.roles.index(new.pop(0))
+                self.roles[i], self.roles[j] = self.roles[j], self.roles[i]
 
     def _launchable(self, s: int) -> bool:
         sl = self.slices[s]
@@ -334,13 +361,13 @@ class BenchWorld:
 
     def _form(self, s0: int | None) -> Attempt | None:
         """Every slice runs processes that joined no attempt: they start one together, now."""
-        procs = [sl.procs for sl in self.slices]
+        procs = [self.slices[s].procs for s in self.active]
         if not all(pr is not None and not pr.ended and pr.attempt is None for pr in procs):
             return None
         ready = [pr for pr in procs if pr is not None]
         start = self.checkpoint()[0] if s0 is None else s0
-        a = Attempt(ready[0].no, ready[0].node_id, self.now, start, any(pr.bad for pr in ready), self.p,
-                    procs=ready)
+        a = Attempt(ready[0].no, ready[0].node_id, self.now, start, any(pr.bad for pr in ready),
+                    self.p.on_slices(len(ready)), procs=ready)
         for pr in ready:
             pr.attempt = a
         self.attempt = a
@@ -392,7 +419,7 @@ class BenchWorld:
     def _exit_one(self, a: Attempt, worker: int, code: int) -> None:
         """Global worker `worker` of attempt `a` exits `code`."""
         s, local = divmod(worker, self.p.workers)
-        pr = a.procs[s]
+        pr = next(q for q in a.procs if q.slice == s)
         if pr.ended or local in pr.exits:
             return
         self._record(pr, [local], code)
@@ -607,8 +634,10 @@ class BenchWorld:
 
     # -- faults -----------------------------------------------------------------------------
 
-    def _hit(self, kind: str, interrupted: bool, down: bool = False) -> None:
-        """Record a fault; `down`: it takes a slice down (a relaunch waits for it to be usable)."""
+    def _hit(self, kind: str, interrupted: bool, down: bool = False, s: int | None = None) -> None:
+        """Record a fault (on slice `s`); `down`: it takes a slice down (a relaunch waits for it to
+        be usable). A fault on a slice the job does not run on (a spare) interrupts nothing."""
+        interrupted = interrupted and (s is None or s in self.active)
         self.hits.append(FaultHit(kind, self.now, interrupted))
         if interrupted and down:
             self._down, self._all_usable_at = True, None
@@ -628,7 +657,7 @@ class BenchWorld:
             return False
         if heal_after is None and self.queued == "ACTIVE":
             return self._replace_slice(s, kind)
-        self._hit(kind, self._running(), down=True)
+        self._hit(kind, self._running(), down=True, s=s)
         node.epoch += 1
         node.health, node.description = "UNHEALTHY_MAINTENANCE", ""
         self.audit.append(AuditRec(self.now, "terminate", node.id, "MAINTENANCE", sl.name))
@@ -653,7 +682,7 @@ class BenchWorld:
         sl = self.slices[s]
         node = sl.node
         assert node is not None
-        self._hit(kind, self._running(), down=True)
+        self._hit(kind, self._running(), down=True, s=s)
         self.audit.append(AuditRec(self.now, "terminate", node.id, "HARDWARE_FAILURE", sl.name))
         self._hosts_down(s)
         node.epoch += 1
@@ -684,7 +713,8 @@ class BenchWorld:
         self.audit.append(AuditRec(self.now, "restart", node.id, "", sl.name))
         for i, peer in enumerate(self.slices):
             pn = peer.node
-            if i == s or pn is None or pn.state != "READY":
+            # the job's other slices (a spare, not part of the job's request, restarts nobody)
+            if i == s or s not in self.active or i not in self.active or pn is None or pn.state != "READY":
                 continue
             pn.epoch += 1
             pn.state = "RESTARTING"
@@ -731,7 +761,7 @@ class BenchWorld:
         if node is None or node.state != "READY":
             self.skipped.append(("preemption", self.now))
             return False
-        self._hit("preemption", self._running(), down=True)
+        self._hit("preemption", self._running(), down=True, s=s)
         node.epoch += 1
         node.state, node.health, node.description = "PREEMPTED", "HEALTH_UNSPECIFIED", ""
         self.audit.append(AuditRec(self.now, "terminate", node.id, "PREEMPTED", sl.name))
@@ -744,7 +774,7 @@ class BenchWorld:
         """Worker `worker` of slice `s` exits 139 (SIGSEGV); that slice's other workers abort
         (134) after `peer_timeout`; other slices' processes hang in their collectives."""
         a = self.live()
-        if a is None or not self._running() or not self.slices[s].hosts_up:
+        if a is None or not self._running() or not self.slices[s].hosts_up or s not in self.active:
             self.skipped.append(("crash", self.now))
             return False
         self._hit("crash", True)
@@ -758,7 +788,7 @@ class BenchWorld:
     def hang(self, s: int = 0) -> bool:
         """Every worker stops making progress; the processes live on."""
         a = self.live()
-        if a is None or not self._running() or not self.slices[s].hosts_up:
+        if a is None or not self._running() or not self.slices[s].hosts_up or s not in self.active:
             self.skipped.append(("hang", self.now))
             return False
         self._hit("hang", True)

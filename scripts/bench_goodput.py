@@ -7,6 +7,7 @@
     python scripts/bench_goodput.py --maintenance 0 --scheduled 4 --unscheduled 2 --notice-only 2
     python scripts/bench_goodput.py --slices 4                 # one job over 4 slices (Multislice)
     python scripts/bench_goodput.py --api compute              # the slice as a Compute Engine MIG (TPU7x, Spot)
+    python scripts/bench_goodput.py --slices 8 --spares 1 --limp-floor 7   # the bounds past fixed slices
 
 Every tool replays the same trace (lab/): tpuwatch itself (`watch`'s loop over the real
 tick, policy, config and journal, against in-memory ports), the bash loop of the TPU docs,
@@ -34,7 +35,7 @@ from lab import (
     tpuwatch_config,
 )
 from lab.goodput import as_json, bug_json, render_bug, render_sweep, sweep, sweep_json
-from lab.tools import per_slice_tool
+from lab.tools import per_slice_tool, way_tools
 from lab.trace import make_bug_trace
 from tpuwatch.config import SCHEMA
 from tpuwatch.durations import human, parse_duration
@@ -101,6 +102,14 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--ckpt-save", type=_duration("--ckpt-save"), default=d.ckpt_save, help="checkpoint save time")
     g.add_argument("--steps", type=int, default=None, help="job length in steps (default: more than fits)")
     g.add_argument("--startup", type=_duration("--startup"), default=d.startup, help="program start + restore")
+    g = ap.add_argument_group(
+        "past fixed slices: the ideal bound of each way (tpuwatch has neither yet: its rows stay on the fixed slices)")
+    g.add_argument("--spares", type=int, default=0,
+                   help="idle same-shape slices kept READY beside the job's, with faults of their own: adds "
+                        "the bound with them (ideal-spares)")
+    g.add_argument("--limp-floor", type=int, default=None, metavar="K",
+                   help="multislice: the job may run on K or more of its slices, a step on k of n counting k/n: "
+                        "adds the bound limping (ideal-limp; ideal-both with --spares)")
     g = ap.add_argument_group("the cloud")
     g.add_argument("--create-time", type=_duration("--create-time"), default=d.create_time)
     g.add_argument("--delete-time", type=_duration("--delete-time"), default=d.delete_time)
@@ -173,6 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.slices > 1 and max(args.scheduled, args.unscheduled, args.notice_only) > 0:
         raise UsageError("--scheduled, --unscheduled and --notice-only are modelled on one slice only: "
                          "leave them at 0 with --slices")
+    if args.spares < 0:
+        raise UsageError(f"--spares: expected 0 or more idle slices, got {args.spares}")
+    if args.limp_floor is not None:
+        if args.slices < 2:
+            raise UsageError("--limp-floor: limping needs a job over several slices: give --slices 2 or more")
+        if not 1 <= args.limp_floor <= args.slices:
+            raise UsageError(f"--limp-floor: expected 1 to --slices ({args.slices}) slices, got {args.limp_floor}")
+    if args.api == "compute" and (args.spares or args.limp_floor is not None):
+        raise UsageError("--spares and --limp-floor are modelled over Cloud TPU API nodes only: drop --api compute")
     if args.api == "compute" and args.slices > 1:
         raise UsageError("--api compute: one slice only (Google documents no multislice over Compute Engine MIGs)")
     if args.api == "compute" and args.provisioning == "standard":
@@ -215,8 +233,12 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"--tools: unknown tool {unknown[0]!r}{where}; choose from "
                              + ", ".join(t.key for t in available))
         chosen = [t for t in available if t.key in keys]
+    # the bounds past fixed slices, after the fixed-slice ones (what the flags are for: always shown)
+    ways = way_tools(args.spares, args.limp_floor)
+    at = next((i + 1 for i, t in enumerate(chosen) if t.key == "ideal"), 0)
+    chosen = chosen[:at] + ways + chosen[at:]
     if args.seeds:
-        sw = sweep(chosen, [make_trace(s, p.days, p.workers, tc, p.slices) for s in args.seeds], p)
+        sw = sweep(chosen, [make_trace(s, p.days, p.workers, tc, p.slices, args.spares) for s in args.seeds], p)
         if args.json:
             json.dump(sweep_json(sw), sys.stdout, indent=2)
             print()
@@ -226,8 +248,8 @@ def main(argv: list[str] | None = None) -> int:
             for part in render_sweep(sw):
                 Console(width=150).print(part)
         return 1 if sw.errors else 0
-    report = run_all(chosen, make_trace(args.seed, p.days, p.workers, tc, p.slices), p)
-    bug = run_all(chosen, make_bug_trace(p.days), p)
+    report = run_all(chosen, make_trace(args.seed, p.days, p.workers, tc, p.slices, args.spares), p)
+    bug = run_all([t for t in chosen if t not in ways], make_bug_trace(p.days), p)
     if args.json:
         out = as_json(report)
         out["permanent_bug"] = bug_json(bug)
