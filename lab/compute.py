@@ -32,9 +32,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from lab.bounds import ideal
 from lab.clock import Process
 from lab.fakeports import PROJECT, ZONE, at
-from lab.tools import JOB, Run, Tool, TpuwatchDriver, describe, ideal
+from lab.tools import JOB, Run, Tool, TpuwatchDriver, describe
 from lab.world import OK, BenchWorld, Meter
 from tpuwatch.cloud.compute import ComputeAdapter
 from tpuwatch.cloud.compute.lifecycle import ComputeLifecycle

@@ -12,7 +12,8 @@ from types import ModuleType
 import pytest
 
 from lab import Fault, Params, Trace, make_trace, run_tool
-from lab.tools import Tool, ideal, ideal_ways, way_tools
+from lab.bounds import ideal, ideal_ways
+from lab.tools import Tool, way_tools
 from tpuwatch.errors import UsageError
 
 FIXED = Tool("ideal", "ideal bound", lambda run: [ideal(run)], "")
