@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from tpuwatch import credentials
 from tpuwatch import spec as specmod
@@ -35,13 +35,6 @@ from tpuwatch.errors import JobFailed, TpuwatchError
 from tpuwatch.model import OWNER_LABEL, NodeSnapshot, OperationStatus, QueuedStatus
 from tpuwatch.policy.create_errors import CODE_ALIASES, CREATE_RULES, OTHER, Kind, kind_of, rule_for
 from tpuwatch.ports import NodeLifecycle, TpuApi
-
-
-class LabelApi(TpuApi, Protocol):
-    """What `tpuwatch init --adopt` needs of the TPU API beyond the TpuApi port."""
-
-    def set_labels(self, name: str, labels: Mapping[str, str]) -> str: ...
-
 
 # ---------------------------------------------------------------------------------------------
 # ownership
@@ -332,31 +325,8 @@ def wait_operation(api: TpuApi, name: str, *, timeout: float = 3600.0, what: str
     return seen[-1]
 
 
-def wait_node_gone(api: TpuApi, name: str, *, timeout: float = 600.0,
-                   sleep: Callable[[float], None] = time.sleep) -> None:
-    """After a delete operation ends, the name is free once get_node says NOT_FOUND."""
-    poll_until(lambda: api.get_node(name) is None,
-               f"TPU {name} still exists {timeout:g}s after its delete finished", timeout=timeout, sleep=sleep)
-
-
-# ---------------------------------------------------------------------------------------------
-# Ownership label on a live node (`tpuwatch init --adopt`)
-
-
-def set_owner_label(api: LabelApi, name: str, labels: Mapping[str, str], job: str) -> str:
-    """Start an update_node that sets `tpuwatch-job=<job>` (other labels kept); the operation name."""
-    return api.set_labels(name, {**dict(labels), OWNER_LABEL: job})
-
-
 # ---------------------------------------------------------------------------------------------
 # Queued resources (the requests themselves: the TPU API's, cloud/tpu/)
-
-
-def qr_request_json(cfg: Config, zone: str, project: str,
-                    launch: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The CreateQueuedResource request (REST JSON) a create through the queued resource sends:
-    for --dry-run. Same name, tier, reservation and node spec as the saved one."""
-    return create_request_json(cfg, zone, project, launch)  # the API sends it when tpu.queued_resource is set
 
 
 def queued_reason(status: QueuedStatus | None) -> str:
