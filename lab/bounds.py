@@ -31,7 +31,7 @@ def ideal(run: Run, repair_timeout: float | None = None) -> Process:
     the last checkpoint and the real repair / delete / create times. Over several slices it
     recovers each slice so, and relaunches on all of them the moment every one is usable.
     """
-    w, p = run.world, run.world.p
+    w = run.world
     n = 0
     down_since: dict[int, float] = {}  # slice -> when it was first seen unusable (repair_timeout)
     while True:
@@ -65,21 +65,8 @@ def ideal(run: Run, repair_timeout: float | None = None) -> Process:
                         w.delete_node(s)
                     else:
                         wait = due if wait is None else min(wait, due)
-                elif node is not None and node.state not in ("DELETING", "CREATING"):
-                    if node.state == "PREEMPTED" or (sl.maintenance and sl.heal_at is None):
-                        w.delete_node(s)
-                    elif sl.maintenance and sl.heal_at is not None:
-                        ready = w.stockout_end(w.now + p.delete_time) + p.create_time
-                        if ready < sl.heal_at:
-                            w.delete_node(s)
-                    elif node.state in ("REPAIRING", "UNKNOWN"):
-                        w.delete_node(s)
-                elif node is None:
-                    t = w.stockout_end(w.now)
-                    if t > w.now:
-                        wait = t if wait is None else min(wait, t)
-                    else:
-                        w.create_node(s)
+                elif (t := _recover(w, s)) is not None:
+                    wait = t if wait is None else min(wait, t)
         if wait is not None:
             yield run.sim.any_of(w.changed, wait - w.now)
         else:
