@@ -91,7 +91,7 @@ def real_ports(job: Job, sharing: Sharing | None = None, *, sleep: Callable[[flo
     ckpt_dir = cfg.job["checkpoint_dir"]
     checkpoints: CheckpointStore | None = None
     on_vm: WorkerCheckpoints | None = None
-    if ckpt_dir and not ckpt_dir.startswith("gs://"):
+    if job.pcfg.checkpoints_on_vm:
         # A local path is on the TPU VM: read it there, in the first worker's probe.
         checkpoints = on_vm = WorkerCheckpoints(ckpt_dir, cfg.job["checkpoint_layout"])
     elif ckpt_dir:

@@ -3,9 +3,9 @@
 `tpuwatch run`: one attempt, followed to its end, with no recovery (a restart budget of zero).
 
 `run_start` decides how a run begins (rows `RUN_START_ROWS`): refused, following an attempt that
-already runs, or launching the next. `attempt_end` is the run's end classifier, pure: it reads the workers' probes (and the lead
-worker's follow channel's exit code) each poll and says whether the attempt ended, by which
-row of `RUN_ROWS`. The lead worker alone decides success; any other worker can only fail the
+already runs, or launching the next. `attempt_end` is the run's end classifier, pure: it reads
+the workers' probes (and the lead worker's follow channel's exit code) each poll and says
+whether the attempt ended, by which row of `RUN_ROWS`. The lead worker alone decides success; any other worker can only fail the
 attempt; a worker that misses `UNREACHABLE_POLLS` probes in a row fails it (one dropped SSH
 connection does not). Every end but success fails the run, as the watch policy fails a job
 whose restart budget is spent: `run` never relaunches (that is `tpuwatch watch`).

@@ -99,8 +99,9 @@ class ComputeLifecycle:
         instances in place (no insert follows); an instance is deleted and inserted again."""
         if self.flex and (node is None or not node.workers):
             ended = self.status()  # the policy deletes Google's ended requests before a new one
-            return ({"method": "compute.instanceGroupManagers.resizeRequests.delete", "name": self.mig,
-                     "which": "the ended resize requests"} if ended is not None and ended.ended else None), False
+            return ({"method": "compute.instanceGroupManagerResizeRequests.delete", "instanceGroupManager": self.mig,
+                     "resizeRequest": ended.name.rsplit("/", 1)[-1]}
+                    if ended is not None and ended.ended else None), False
         if node is None:
             return None, False
         if self.api.kind == "mig":
