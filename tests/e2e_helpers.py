@@ -28,6 +28,20 @@ def trainer(ck: Path, extra: str = "", steps: int = STEPS) -> str:
             f"--ckpt-dir {ck} --resume {{checkpoint}} {extra}").strip()
 
 
+def trainer_env(pid: int, job: str) -> dict[str, str] | None:
+    """The environment of process `pid` when it is job `job`'s trainer (not the bash wrapper
+    whose argument is the command text), else None (or when it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    if not (argv[0].rsplit(b"/", 1)[-1].startswith(b"python") and b"tpuwatch.sim.trainer" in argv):
+        return None
+    env = dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+    return env if env.get("TPUWATCH_JOB") == job else None
+
+
 def toml_value(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"

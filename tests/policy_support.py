@@ -18,7 +18,9 @@ from tpuwatch.model import (
     PrecheckReport,
     Symptom,
     UpcomingMaintenance,
+    WorkerEndpoint,
     WorkerProbe,
+    bound_view,
 )
 from tpuwatch.policy import (
     Attempt,
@@ -161,3 +163,23 @@ def pre(*failing: tuple[str, int, bool], context: str = "launch", t: float = 0.0
                 items.append(CheckItem(c, w, "pass", f"good {c}", f"good {c}"))
     return PrecheckReport(time=at(t), context=context, node_id=node_id,  # type: ignore[arg-type]
                           items=tuple(items), unreachable=tuple((w, "ssh: connection refused") for w in unreachable))
+
+
+# A multislice job of 4 slices that may limp on 3 (policy/limp.py)
+LIMP_SLICES = ("s0", "s1", "s2", "s3")
+LIMPS = replace(CFG, slices=LIMP_SLICES, recreatable=False, min_slices=3)
+
+
+def limp_part(name: str, state: str = "READY", health: str = "HEALTHY") -> NodeSnapshot:
+    """One slice with 2 workers."""
+    return replace(node(state, health, id=f"id-{name}"), name=name,
+                   workers=(WorkerEndpoint(0, "10.0.0.1", ""), WorkerEndpoint(1, "10.0.0.2", "")))
+
+
+def limp_look(states: dict[str, str], mem: Memory, **kw: object) -> Observation:
+    """What the tick sees: every slice READY+HEALTHY but those in `states`, combined as the tick
+    combines them for `mem` (the slices it runs on, and those left out)."""
+    parts = [limp_part(s, states.get(s, "READY")) for s in LIMP_SLICES]
+    view, left = bound_view(NAME, LIMP_SLICES, parts, mem.limp.out)
+    assert view is not None
+    return Observation(node=view, left_out=left, **kw)  # type: ignore[arg-type]

@@ -37,13 +37,13 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-PLACEHOLDERS = ("checkpoint", "step", "attempt", "worker", "slice")
+PLACEHOLDERS = ("checkpoint", "step", "attempt", "worker", "slice", "num_slices")
 CHECKPOINT_LAYOUTS = ("auto", "orbax", "flax", "t5x", "levanter", "pytorch_xla")
 TRANSPORTS = ("openssh", "gcloud")
 NOTIFY_FORMATS = ("slack", "chat", "json")
 # What a [[notify]] table may be told about (tpuwatch.policy.alerts derives them from the journal).
 ALERT_KINDS = ("failed", "needs_person", "recreated", "disruption", "resumed", "done", "maintenance",
-               "checkpoint_stale")
+               "checkpoint_stale", "slices")
 # By default, what needs or concerns a person; disruptions and resumes are routine on spot nodes.
 DEFAULT_ALERTS = ("failed", "needs_person", "done", "maintenance")
 # Sections written as arrays of tables ([[notify]]): SCHEMA names the keys of each table.
@@ -509,7 +509,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
     },
     "job": {
         "name": Field(_pattern(_LABEL_VALUE, "job name (lowercase letters, digits, - and _, up to 63)", allow_empty=True), "", "job name; default the TPU name. Names the journal and the ownership label"),
-        "command": Field(_command, None, "shell command run on every worker; {checkpoint} {step} {attempt} {worker} substituted"),
+        "command": Field(_command, None, "shell command run on every worker; {checkpoint} {step} {attempt} {worker} {slice} {num_slices} substituted"),
         "checkpoint_dir": Field(_checkpoint_dir, "", "absolute path or gs:// URI where the job saves checkpoints; a path is on the TPU VM and "
                                "is read on the job's first worker, by the probe of watch/check (needs python3 there)"),
         "checkpoint_layout": Field(_choice(CHECKPOINT_LAYOUTS), "auto", "force a checkpoint layout; auto-detected by default"),
@@ -527,6 +527,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                          "(a flag the job's own value sets is left alone), so a Megascale hang ends the "
                                          "job's processes instead of leaving them stuck; false: LIBTPU_INIT_ARGS untouched"),
         "checkpoint_warn_age": Field(_duration(1), 75 * 60.0, "warn when the newest checkpoint is older than this"),
+        "min_slices": Field(_int_range(0, 10_000), 0, "multislice jobs that can train on fewer slices: the fewest "
+                            "slices the job accepts. A lost slice then relaunches the job at once on the slices "
+                            "left (at least this many), and the job grows back onto the slice at the next complete "
+                            "checkpoint after it is back; the command learns the count from {num_slices}, "
+                            "TPUWATCH_NUM_SLICES and MEGASCALE_NUM_SLICES. 0: never limp (the job waits for every slice)"),
     },
     "recovery": {
         "poll_interval": Field(_duration(0.05), 30.0, "time between ticks of watch"),
@@ -768,6 +773,7 @@ def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[st
         raise ConfigError(
             f"tpu.names: a multislice queued resource names its nodes <prefix>-0, <prefix>-1, ... in order; got "
             f"{', '.join(t['names'])}. List them so, or drop tpu.queued_resource for separately created nodes")
+    _check_limp(out["job"], t["names"])
     if not t["queued_resource"]:
         tpuconfig.queued_only(t["spec"], t["zone_overrides"])
     zonespec.check(t["spec"], t["zone_overrides"], t["zone"], t["fallback_zones"])
@@ -785,6 +791,22 @@ def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[st
             f"checks are {', '.join(known_checks)}"
         )
     return out
+
+
+def _check_limp(job: dict[str, Any], names: Sequence[str]) -> None:
+    """[job] min_slices: only for a multislice job, fewer than its slices, with checkpoints to resume from."""
+    floor = job["min_slices"]
+    if not floor:
+        return
+    if not names:
+        raise ConfigError("job.min_slices: a job on one node cannot train on fewer slices; list its slices in "
+                          "tpu.names, or drop job.min_slices")
+    if floor >= len(names):
+        raise ConfigError(f"job.min_slices: {floor} is not fewer than the job's {len(names)} slices (tpu.names); "
+                          f"set it to at most {len(names) - 1}, or drop it to never limp")
+    if not job["checkpoint_dir"]:
+        raise ConfigError("job.min_slices: limping relaunches the job from its newest complete checkpoint, and "
+                          "grows back at the next one; set job.checkpoint_dir")
 
 
 # Keys an older tpuwatch accepted, and why they went: said plainly instead of "unknown key".

@@ -76,6 +76,9 @@ class Snapshot:
     goodput: float | None
     api_requests: Mapping[tuple[str, str], int] = field(default_factory=dict)
     api_errors: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # a multislice job: its slices, and those its attempts run on (fewer while it limps)
+    slices: int = 0
+    slices_in_use: int = 0
 
 
 def goodput(job: str, events: Sequence[JournalEvent], attempts: Sequence[AttemptRow], now: datetime) -> float | None:
@@ -116,6 +119,7 @@ def snapshot(report: Any, journal: Journal, pcfg: PolicyConfig,
         resumes=resumes(attempts), goodput=goodput(pcfg.job, journal.events(), attempts, report.time),
         api_requests=dict(calls.counts() if api_requests is None else api_requests),
         api_errors=dict(calls.errors() if api_errors is None else api_errors),
+        slices=len(pcfg.slices), slices_in_use=len(pcfg.slices) - len(set(mem.limp.out) & set(pcfg.slices)),
     )
 
 
@@ -157,6 +161,10 @@ def families(s: Snapshot, now: datetime, *, api: bool = True) -> Iterator[Metric
     if s.goodput is not None:
         yield _gauge("tpuwatch_goodput_ratio", "productive training time / wall time since the first launch, as `tpuwatch report` "
                      "computes it", s.goodput, job)
+    if s.slices:
+        yield _gauge("tpuwatch_slices", "a multislice job's slices (tpu.names)", s.slices, job)
+        yield _gauge("tpuwatch_slices_in_use", "the slices its attempts run on: fewer while it limps "
+                     "(job.min_slices)", s.slices_in_use, job)
     if api:
         yield from api_families(s.job, s.api_requests, s.api_errors)
     yield _gauge("tpuwatch_last_tick_timestamp_seconds", "when the last tick began", s.time.timestamp(), job)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -86,6 +86,8 @@ class NodeSnapshot:
     metadata_keys: tuple[str, ...] = ()
     # A multislice job's nodes, in slice order (`combine_slices`); empty for one node
     slices: tuple[NodeSnapshot, ...] = ()
+    # A multislice job that limps ([job] min_slices): its slices left out of `slices` (names)
+    slices_out: tuple[str, ...] = ()
     # The multislice queued resource that made this node with its other slices (full name; the
     # API's `queued_resource` when `multislice_node`), "" for a node made alone
     multislice_request: str = ""
@@ -156,6 +158,8 @@ def megascale_from_runtime(node: NodeSnapshot) -> bool:
     slices made together by one multislice queued resource get MEGASCALE_COORDINATOR_ADDRESS,
     MEGASCALE_NUM_SLICES and MEGASCALE_SLICE_ID in their `tpu-env` metadata (JAX and libtpu
     read it; an environment variable overrides it). Slices created one by one get none."""
+    if node.slices_out:  # tpu-env counts every slice of the request: wrong for the ones left
+        return False
     requests = {s.multislice_request for s in node.slices}
     return len(requests) == 1 and "" not in requests
 
@@ -164,6 +168,9 @@ def megascale_note(node: NodeSnapshot) -> str:
     """Where a multislice job's MEGASCALE_* come from, said in its launch event; "" for one node."""
     if not node.slices:
         return ""
+    if node.slices_out:
+        return (f"MEGASCALE_* set by tpuwatch for the {len(node.slices)} slices the job limps on "
+                f"({', '.join(node.slices_out)} left out)")
     if megascale_from_runtime(node):
         return "MEGASCALE_* from the TPU runtime's tpu-env (one multislice queued resource)"
     return "MEGASCALE_* set by tpuwatch in tpu.names order (slices created one by one)"
@@ -229,6 +236,19 @@ def job_node(get_node: Callable[[str], NodeSnapshot | None], name: str,
     if not slices:
         return get_node(name)
     return combine_slices(name, [get_node(s) for s in slices])
+
+
+def bound_view(name: str, slices: Sequence[str], parts: Sequence[NodeSnapshot | None],
+               out: Sequence[str]) -> tuple[NodeSnapshot | None, tuple[NodeSnapshot | None, ...]]:
+    """A multislice job's node as it runs now, and its slices left out: `parts` (each of `slices`
+    as read) combined without those named in `out` (a job that limps), which come second, in
+    `out`'s order."""
+    kept = [p for s, p in zip(slices, parts, strict=True) if s not in out]
+    view = combine_slices(name, kept)
+    if view is not None and out:
+        view = replace(view, slices_out=tuple(out))
+    by_name = dict(zip(slices, parts, strict=True))
+    return view, tuple(by_name.get(s) for s in out)
 
 
 def _window_key(up: UpcomingMaintenance) -> float:

@@ -128,6 +128,26 @@ class Run:
 
 
 @dataclass(frozen=True)
+class Limp:
+    """A stretch a multislice job ran on fewer slices (job.min_slices), from its `slices` events."""
+
+    start: datetime
+    end: datetime
+    in_use: int
+    of: int
+
+    @property
+    def seconds(self) -> float:
+        return (self.end - self.start).total_seconds()
+
+    @property
+    def training(self) -> float:
+        """The full-size training it stood for: a step on k of n slices counts k/n of one. The job
+        waiting for its lost slice instead (without limping) would have trained none of it."""
+        return self.seconds * self.in_use / self.of if self.of else 0.0
+
+
+@dataclass(frozen=True)
 class Report:
     job: str
     start: datetime | None  # None: nothing journaled in the window
@@ -139,6 +159,7 @@ class Report:
     runs: tuple[Run, ...]  # the attempts that ran in the window
     step_seconds: float | None  # the job's pace, when measured
     notes: tuple[str, ...] = field(default=())
+    limps: tuple[Limp, ...] = ()  # the stretches it ran on fewer slices
 
     @property
     def wall(self) -> float:
@@ -180,6 +201,12 @@ class Report:
                           "attempt": s.attempt, "why": s.why} for s in self.spans],
             "marks": [{"kind": m.kind, "time": m.time.isoformat(), "text": m.text} for m in self.marks],
             "notes": list(self.notes),
+            # a multislice job that limped: the time on fewer slices, and the full-size training it
+            # stood for (its k/n share: what waiting for the lost slice would have lost)
+            "limping": {"seconds": round(sum(lp.seconds for lp in self.limps), 3),
+                        "training_seconds": round(sum(lp.training for lp in self.limps), 3),
+                        "stretches": [{"start": lp.start.isoformat(), "end": lp.end.isoformat(),
+                                       "slices": lp.in_use, "of": lp.of} for lp in self.limps]},
         }
 
 
@@ -226,7 +253,29 @@ def compute(job: str, events: Sequence[JournalEvent], attempts: Sequence[Attempt
     runs = tuple(Run(a.number, max(a.start, start), min(a.end or end, end),
                      "hung" if hung(a) else (a.outcome or "running"), a.reason or "running")
                  for a in attempts if a.start < end and (a.end is None or a.end > start))
-    return Report(job, start, end, state, kept, marks, causes, runs, pace, tuple(notes))
+    limps = tuple(c for c in (_clip_limp(lp, start, end) for lp in _limps(events, end)) if c is not None)
+    return Report(job, start, end, state, kept, marks, causes, runs, pace, tuple(notes), limps)
+
+
+def _limps(events: Sequence[JournalEvent], end: datetime) -> list[Limp]:
+    """The stretches between a `slices` event with fewer slices in use and the next one."""
+    out: list[Limp] = []
+    since: tuple[datetime, int, int] | None = None
+    for e in events:
+        if e.kind != "slices":
+            continue
+        if since is not None:
+            out.append(Limp(since[0], e.time, since[1], since[2]))
+        in_use, of = int(e.data.get("in_use") or 0), int(e.data.get("of") or 0)
+        since = (e.time, in_use, of) if 0 < in_use < of else None
+    if since is not None:
+        out.append(Limp(since[0], end, since[1], since[2]))
+    return out
+
+
+def _clip_limp(lp: Limp, start: datetime, end: datetime) -> Limp | None:
+    a, b = max(lp.start, start), min(lp.end, end)
+    return Limp(a, b, lp.in_use, lp.of) if b > a else None
 
 
 def _end(events: Sequence[JournalEvent], now: datetime) -> tuple[datetime, str]:
@@ -488,6 +537,13 @@ def text(report: Report, top: int = 5) -> str:
         for c in report.causes[:top]:
             parts = ", ".join(f"{CATEGORIES[k]} {human(v)}" for k, v in c.parts.items() if v > 0)
             lines.append(f"  {human(c.seconds):>8}  {c.what} at {_utc(c.at)}: {parts}")
+    if report.limps:
+        limped = sum(lp.seconds for lp in report.limps)
+        fewest = min(lp.in_use for lp in report.limps)
+        of = report.limps[0].of
+        lines += ["", f"limping: {human(limped)} on fewer slices (down to {fewest} of {of}), "
+                      f"{len(report.limps)} time(s); it trained the equal of {human(sum(lp.training for lp in report.limps))} "
+                      "at full size, which waiting for the lost slices would have lost"]
     lines += [f"note: {n}" for n in report.notes]
     return "\n".join(lines)
 

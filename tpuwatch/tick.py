@@ -37,6 +37,7 @@ from tpuwatch.model import (
     PrecheckReport,
     StopResult,
     WorkerProbe,
+    bound_view,
     job_node,
     megascale_note,
 )
@@ -117,6 +118,10 @@ class _Settling:
     carried: list[Decision] = field(default_factory=list)  # every decision carried out, in order
     journaled: bool = False
     operation: OperationStatus | None = None  # the one the last decision was made from
+    # a multislice job: each slice as read this tick, in tpu.names order (the node that
+    # limps is rebuilt from them when a decision changes the slices it runs on)
+    parts: tuple[NodeSnapshot | None, ...] = ()
+    node: NodeSnapshot | None = None  # the job's node as last decided on
 
 
 @dataclass
@@ -135,7 +140,13 @@ class Reconciler:
         login.restore(self.ports.workers, self.journal)  # the user learned for this node id
         zone = mem.zone or self.pcfg.zones[0]
         tpu, life = self.ports.tpu_for(zone), self.ports.lifecycle_for(zone)
-        node = job_node(tpu.get_node, self.pcfg.tpu_name, self.pcfg.slices)
+        parts: tuple[NodeSnapshot | None, ...] = ()
+        left_out: tuple[NodeSnapshot | None, ...] = ()
+        if self.pcfg.slices:  # a multislice job: the slices it runs on now, and those left out
+            parts = tuple(tpu.get_node(s) for s in self.pcfg.slices)
+            node, left_out = bound_view(self.pcfg.tpu_name, self.pcfg.slices, parts, mem.limp.out)
+        else:
+            node = job_node(tpu.get_node, self.pcfg.tpu_name)
         probes, pre = self._probe(node, mem, now)
         operation, create_failure = self._operation(mem, tpu)
         checkpoint = self.ports.checkpoints.latest() if self.ports.checkpoints is not None else None
@@ -144,7 +155,7 @@ class Reconciler:
         pre = pre or self._periodic_precheck(now, mem, node, probes)
         queued = life.status() if life.queue and queued_due(mem, node) else None
         obs = Observation(
-            node=node, events=tuple(events), probes=probes, checkpoint=checkpoint,
+            node=node, left_out=left_out, events=tuple(events), probes=probes, checkpoint=checkpoint,
             operation=operation, create_failure=create_failure, queued=queued,
             create_reason=recreate.failure_reason(operation) if create_failure else recreate.queued_reason(queued),
             jitter=min(max(self.ports.jitter(), 0.0), 0.999999),
@@ -154,10 +165,10 @@ class Reconciler:
         )
         if pre is not None and pre.context == "running":
             warnings.extend(f"environment check failed: {line}" for line in precheck.failing_lines(pre))
-        st = _Settling(now, cursor, warnings, pre, probes)
+        st = _Settling(now, cursor, warnings, pre, probes, parts=parts, node=node)
         decision = decide_until_settled(obs, mem, self.pcfg, now,
                                         lambda d, o, m: self._settle(st, d, o, m))
-        return TickReport(now, node, st.probes, checkpoint, tuple(events), st.acted or decision,
+        return TickReport(now, st.node, st.probes, checkpoint, tuple(events), st.acted or decision,
                           done=tuple(st.done), warnings=tuple(st.warnings), dry_run=self.flags.dry_run,
                           precheck=st.precheck or precheck.last(self.journal), pcfg=self.pcfg,
                           earlier=tuple(st.carried[:-1]), operation=st.operation)
@@ -183,13 +194,21 @@ class Reconciler:
                     if request := life.faulty_host_request(obs.node, a.worker, a.description):
                         st.done.append(f"would send {request}")
             return None
-        self._journal(st, decision, obs)
+        self._journal(st, decision, obs, mem)
         refused = self._act(st, decision, obs)
         acted = st.acted
         assert acted is not None
         st.carried.append(acted)
         if refused is not None:
             return Again(refused, acted.memory)
+        if acted.memory.limp.out != mem.limp.out:
+            # The job limps on fewer slices, or grows back: look at the slices it runs on now.
+            view, left_out = bound_view(self.pcfg.tpu_name, self.pcfg.slices, st.parts, acted.memory.limp.out)
+            st.node = view
+            looked, st.precheck = self._probe(view, acted.memory, st.now)
+            st.probes = looked
+            return Again(replace(obs, node=view, left_out=left_out, probes=looked, precheck=st.precheck,
+                                 precheck_fixed=False), acted.memory)
         if decision.check_after and obs.node is not None and checker is not None:
             # The cleanup ran (StopWorkers): check again and decide, in this same tick.
             st.precheck = checker.run(obs.node, "launch", now=st.now)
@@ -208,10 +227,15 @@ class Reconciler:
                                  precheck_fixed=False), acted.memory)
         return None
 
-    def _journal(self, st: _Settling, decision: Decision, obs: Observation) -> None:
+    def _journal(self, st: _Settling, decision: Decision, obs: Observation, mem: Memory) -> None:
         """Write-ahead: the decision, and with the tick's first one what it observed, in one transaction."""
         with self.journal.transaction():
             self.journal.record(st.now, decision, obs.operation)
+            out = decision.memory.limp.out
+            if out != mem.limp.out:  # the slices the job runs on changed (`tpuwatch report` counts them)
+                of = len(self.pcfg.slices)
+                self.journal.add_event(st.now, "slices", decision.summary,
+                                       {"out": list(out), "in_use": of - len(set(out) & set(self.pcfg.slices)), "of": of})
             if st.precheck is not None:
                 precheck.record(self.journal, st.now, st.precheck)
             if st.journaled:

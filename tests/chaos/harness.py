@@ -66,7 +66,7 @@ class Sampler:
     max_per_worker: int = 0
     max_attempts: int = 0
     violations: list[Violation] = field(default_factory=list)
-    running: dict[int, set[int]] = field(default_factory=dict)  # worker -> attempts seen last sample
+    running: dict[str, set[int]] = field(default_factory=dict)  # worker -> attempts seen last sample
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -84,9 +84,9 @@ class Sampler:
             self.sample()
             self._stop.wait(self.interval)
 
-    def trainers(self) -> dict[int, list[tuple[int, int]]]:
-        """worker index -> [(pid, attempt)] of the job's live trainer processes."""
-        out: dict[int, list[tuple[int, int]]] = {}
+    def trainers(self) -> dict[str, list[tuple[int, int]]]:
+        """worker ("<node>/<index>") -> [(pid, attempt)] of the job's live trainer processes."""
+        out: dict[str, list[tuple[int, int]]] = {}
         for pid in self.sim.hosts.pids():
             try:
                 env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -100,8 +100,7 @@ class Sampler:
             vars_ = dict(e.decode(errors="replace").split("=", 1) for e in env if b"=" in e)
             if vars_.get("TPUWATCH_JOB") != self.job:
                 continue
-            worker = int(vars_.get(MARKER, "/-1").rsplit("/", 1)[1])
-            out.setdefault(worker, []).append((pid, int(vars_.get("TPUWATCH_ATTEMPT", "0") or 0)))
+            out.setdefault(vars_.get(MARKER, "?"), []).append((pid, int(vars_.get("TPUWATCH_ATTEMPT", "0") or 0)))
         return out
 
     def sample(self) -> None:
@@ -122,7 +121,8 @@ class Watched:
     """One job on the simulator, watched by `tpuwatch watch` processes the test kills."""
 
     def __init__(self, sim: Simulator, tmp: Path, name: str, *, seed: int, accelerator: str = "v4-16",
-                 steps: int = 100_000, spot: bool = False, recreatable: bool = False,
+                 steps: int = 100_000, spot: bool = False, recreatable: bool = False, slices: int = 0,
+                 min_slices: int = 0,
                  env: dict[str, str] | None = None, job_env: dict[str, str] | None = None,
                  labels: dict[str, str] | None = None, zone: str | None = None, command_prefix: str = "",
                  **recovery: object) -> None:
@@ -134,6 +134,9 @@ class Watched:
         self.job_env = dict(job_env or {})
         self.command_prefix = command_prefix  # e.g. "NAME=value " before the trainer
         self.zone = zone  # None: the simulator's zone (from the environment)
+        # a multislice job over slices <name>-0..N-1 created one by one, that may limp on min_slices
+        self.names = [f"{name}-{i}" for i in range(slices)] if slices else [name]
+        self.min_slices = min_slices
         self.recovery = {**RECOVERY, **recovery}
         self.ck = sim.bucket / name
         self.state_dir = tmp / f"state-{name}"
@@ -145,8 +148,9 @@ class Watched:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
         self.starts = 0
-        sim.create_node(name, accelerator, labels={"tpuwatch-job": name} if labels is None else labels, spot=spot,
-                        zone=zone)
+        for node in self.names:
+            sim.create_node(node, accelerator, labels={"tpuwatch-job": name} if labels is None else labels, spot=spot,
+                            zone=zone)
         self.env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(self.state_dir), **(env or {})}
         self.set_steps(steps)
         self.sampler = Sampler(sim, name)
@@ -160,10 +164,14 @@ class Watched:
         command = (f"{self.command_prefix}python3 -m tpuwatch.sim.trainer --steps {steps} --step-time 0.02 --ckpt-every 10 "
                    f"--ckpt-dir {self.ck} --resume {{checkpoint}}")
         lines = ["[tpu]", f"name = {json.dumps(self.name)}"] + ([f"zone = {json.dumps(self.zone)}"] if self.zone else [])
+        if len(self.names) > 1:
+            lines.append(f"names = {toml_value(self.names)}")
         if self.recreatable:
             lines += ["[tpu.spec]", f"accelerator_type = {json.dumps(self.accelerator)}",
                       'runtime_version = "tpu-ubuntu2204-base"', f"spot = {toml_value(self.spot)}"]
         lines += ["[job]", f"command = {json.dumps(command)}", f"checkpoint_dir = {json.dumps(str(self.ck))}"]
+        if self.min_slices:
+            lines.append(f"min_slices = {self.min_slices}")
         if self.job_env:
             lines += ["[job.env]", *[f"{k} = {json.dumps(v)}" for k, v in self.job_env.items()]]
         lines += ["[recovery]", *[f"{k} = {toml_value(v)}" for k, v in self.recovery.items()],
@@ -197,8 +205,9 @@ class Watched:
     def output(self) -> str:
         return "".join(p.read_text(errors="replace") for p in sorted(self.logs.iterdir()))
 
-    def kill(self, since: float) -> KillPoint:
-        """SIGKILL the watcher now; check the journal; classify the moment; start a new watcher."""
+    def kill(self, since: float, phase: str = "") -> KillPoint:
+        """SIGKILL the watcher now; check the journal; classify the moment (or call it `phase`);
+        start a new watcher."""
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise AssertionError(f"the watcher ended by itself (exit {self.proc.returncode}):\n"
@@ -206,16 +215,16 @@ class Watched:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
         jphase = self.journal_phase()
-        point = KillPoint(self.classify(jphase), round(time.monotonic() - since, 3), jphase)
+        point = KillPoint(phase or self.classify(jphase), round(time.monotonic() - since, 3), jphase)
         self.kills.append(point)
         self.start()
         return point
 
-    def kill_after(self, since: float, lo: float, hi: float) -> KillPoint:
+    def kill_after(self, since: float, lo: float, hi: float, phase: str = "") -> KillPoint:
         """Kill at a seeded moment between lo and hi seconds after `since`."""
         delay = self.rng.uniform(lo, hi)
         time.sleep(max(0.0, since + delay - time.monotonic()))
-        return self.kill(since)
+        return self.kill(since, phase)
 
     def finish(self, timeout: float = 90) -> int:
         assert self.proc is not None
@@ -234,12 +243,16 @@ class Watched:
 
     # -- what the world and the journal say ------------------------------------------------
 
-    def node(self) -> Any:
-        """The simulator's record of the node, or None when it does not exist."""
+    def node(self, name: str = "") -> Any:
+        """The simulator's record of the node (or of slice `name`), or None when it does not exist."""
         for n in self.sim.world.nodes():
-            if n.name == self.name:
+            if n.name == (name or self.name):
                 return n
         return None
+
+    def usable(self, name: str) -> bool:
+        node = self.node(name)
+        return node is not None and node.state == "READY" and node.health == "HEALTHY"
 
     def journal(self) -> Journal:
         return Journal.open(self.state_dir, self.name, self.name, readonly=True)
@@ -261,6 +274,8 @@ class Watched:
         return len(self.sampler.trainers())
 
     def classify(self, jphase: str) -> str:
+        if len(self.names) > 1:  # a multislice job: its scenario names the stages it kills in
+            return "start" if jphase == "" else "other"
         node = self.node()
         if jphase == "queued":
             return "queued"
@@ -293,9 +308,10 @@ class Watched:
     def running_with_progress(self, timeout: float = 30) -> None:
         """Every worker runs the trainer and it has saved a checkpoint since this call."""
         before = (self.steps_done() or [0])[-1]
-        node = self.node()
-        assert node is not None
-        self.wait(lambda: self.workers_running() == node.n_workers and (self.steps_done() or [0])[-1] > before,
+        nodes = [self.node(n) for n in self.names]
+        assert all(n is not None for n in nodes)
+        workers = sum(n.n_workers for n in nodes)
+        self.wait(lambda: self.workers_running() == workers and (self.steps_done() or [0])[-1] > before,
                   timeout, "the job running with a new checkpoint")
 
     # -- the end ----------------------------------------------------------------------------
@@ -303,8 +319,9 @@ class Watched:
     def assert_invariants(self, rc: int) -> dict[str, Any]:
         out = self.output()
         assert rc == 0, out[-4000:]
-        nodes = [n for n in self.sim.world.nodes() if n.name == self.name]
-        assert len(nodes) == 1 and nodes[0].state == "READY", [(n.zone, n.state) for n in nodes]
+        for name in self.names:
+            nodes = [n for n in self.sim.world.nodes() if n.name == name]
+            assert len(nodes) == 1 and nodes[0].state == "READY", [(n.zone, n.state) for n in nodes]
         self.sampler.sample()
         assert self.sampler.violations == [], self.sampler.violations[:5]
         assert self.sampler.max_per_worker <= 1 and self.sampler.max_attempts <= 1
@@ -314,7 +331,7 @@ class Watched:
         numbers = [a["attempt"] for a in attempts]
         assert numbers == sorted(set(numbers)), numbers
         assert attempts[-1]["outcome"] == "success", attempts[-1]
-        assert self.steps_done()[-1] == self.steps, self.steps_done()
+        assert self.steps_done()[-1] == self.steps, (self.steps, self.steps_done()[-5:], attempts[-3:])
         # Each attempt resumed from the newest complete checkpoint there was when it was launched:
         # every checkpoint newer than its start step was committed after its start.
         commits = {s: _commit_time(self.ck / str(s)) for s in self.steps_done()}

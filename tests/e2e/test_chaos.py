@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -206,3 +207,82 @@ def queued_kills(sim: Simulator, tmp_path: Path) -> None:
         assert not any(a["charged"] for a in result["attempts"]), result["attempts"]
     finally:
         job.close()
+
+
+# kill points a multislice job that limps must survive in each stage (>= 20 in all)
+LIMP_KILLS = 12
+GROW_KILLS = 10
+
+
+def test_kills_while_a_multislice_job_limps_and_grows_back(tmp_path: Path) -> None:
+    """Four slices created one by one, job.min_slices 3. A seeded slice goes into maintenance
+    again and again, healed once the job runs on the 3 slices left: the watcher is killed between
+    the loss and the relaunch on the 3 ("limp"), and between the slice's return and the relaunch
+    on all 4 ("grow").
+    Never two trainers on a worker, never two attempts alive at once (sampled all along), every
+    attempt resumed from the newest complete checkpoint, nothing charged."""
+    with Simulator(root=tmp_path / "sim", speed=600, seed=SEED) as sim:
+        job = Watched(sim, tmp_path, "chaos-limp", seed=SEED * 101 + 4, accelerator="v4-8", slices=4, min_slices=3)
+        try:
+            job.start()
+            job.running_with_progress()
+            cycles, final = 0, False
+            while True:
+                if counted(job.kills, "limp") >= LIMP_KILLS and counted(job.kills, "grow") >= GROW_KILLS:
+                    # the attempt running now (to 100,000 steps) goes on until this last cycle's
+                    # limp (killed nowhere: its kills are counted): the end lies well past that
+                    finish_at(job, 400)
+                    final = True
+                job.wait(lambda: time.monotonic() - job.started_at > 1.2, what="the watcher up")
+                lost = job.rng.choice(job.names)
+                before = newest_attempt(job)
+                sim.inject("maintenance", node=lost, stuck="REPAIRING")  # down until the test heals it
+                since = job.wait(lambda lost=lost: not job.usable(lost), what=f"{lost} down")
+                for _ in range(0 if final else 2):
+                    if not kill_in_stage(job, since, 0.0, 0.8, "limp", lambda b=before: runs_newer(job, b, 3)):
+                        break
+                    since = job.started_at
+                # the world's word that the job limped: a newer attempt on the 3 slices left
+                job.wait(lambda b=before: runs_newer(job, b, 3), what="the limp")
+                before = newest_attempt(job)
+                sim.inject("heal", node=lost)
+                since = job.wait(lambda lost=lost: job.usable(lost), what=f"{lost} back")
+                for _ in range(0 if final else 2):
+                    if not kill_in_stage(job, since, 0.0, 1.0, "grow", lambda b=before: runs_newer(job, b, 4)):
+                        break
+                    since = job.started_at
+                cycles += 1
+                if final:
+                    break
+                job.running_with_progress()
+            rc = job.finish()
+            report(job)
+            result = job.assert_invariants(rc)
+            assert counted(job.kills, "limp") >= LIMP_KILLS and counted(job.kills, "grow") >= GROW_KILLS, job.kills
+            assert not any(a["charged"] for a in result["attempts"]), result["attempts"]
+            # a limp and a grow per cycle, each a new attempt
+            assert len(result["attempts"]) >= 2 * cycles + 1, (cycles, result["attempts"])
+        finally:
+            job.close()
+        assert sim.world.scheduler_errors == [] and sim.world.host_errors == []
+        assert sim.world.call_count("DeleteNode") == 0 and sim.world.call_count("CreateNode") == 0
+
+
+def newest_attempt(job: Watched) -> int:
+    return max((a for procs in job.sampler.trainers().values() for _, a in procs), default=0)
+
+
+def runs_newer(job: Watched, attempt: int, workers: int) -> bool:
+    """An attempt newer than `attempt` runs on `workers` workers."""
+    found = job.sampler.trainers()
+    return sum(1 for procs in found.values() if any(a > attempt for _, a in procs)) >= workers
+
+
+def kill_in_stage(job: Watched, since: float, lo: float, hi: float, stage: str, done: Callable[[], bool]) -> bool:
+    """Kill at a seeded moment lo..hi s after `since`, counted in `stage` unless the relaunch it
+    is about was already `done` then (counted "running"); False when it was done before."""
+    if done():
+        return False
+    time.sleep(max(0.0, since + job.rng.uniform(lo, hi) - time.monotonic()))
+    job.kill(since, "running" if done() else stage)
+    return True

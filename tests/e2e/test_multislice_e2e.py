@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import STEPS, finish, trainer, write_config
+from e2e_helpers import STEPS, finish, trainer, trainer_env, write_config
 
 from tpuwatch.cloud.tpu.adapter import TpuAdapter
 from tpuwatch.errors import UsageError
@@ -82,15 +82,8 @@ def trainers(sim: Simulator) -> dict[tuple[str, int], dict[str, str]]:
             except UsageError:  # its hosts are not booted (yet, or any more)
                 continue
             for pid in pids:
-                try:
-                    raw = Path(f"/proc/{pid}/environ").read_bytes()
-                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                except OSError:
-                    continue
-                if argv[0].rsplit(b"/", 1)[-1].startswith(b"python") and b"tpuwatch.sim.trainer" in argv:
-                    env = dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
-                    if env.get("TPUWATCH_JOB") == "ms":
-                        out[(name, w)] = env
+                if (env := trainer_env(pid, "ms")) is not None:
+                    out[(name, w)] = env
     return out
 
 

@@ -248,3 +248,16 @@ def test_one_endpoint_for_several_jobs_labels_each_and_counts_api_requests_once(
         assert get(base + "/healthz")[0] == 200
     finally:
         ex.close()
+
+
+def test_a_multislice_job_that_limps_shows_its_slices_and_those_in_use() -> None:
+    from dataclasses import replace
+
+    from prometheus_client.exposition import generate_latest
+
+    job = (("job_name", "llm"),)
+    limping = replace(SNAP, slices=4, slices_in_use=3)
+    got = samples(generate_latest(metrics.registry_for(limping, clock=lambda: at(1000))[0]).decode())
+    assert got[("tpuwatch_slices", job)] == 4 and got[("tpuwatch_slices_in_use", job)] == 3
+    one = samples(generate_latest(metrics.registry_for(SNAP, clock=lambda: at(1000))[0]).decode())
+    assert ("tpuwatch_slices", job) not in one  # a job on one node has no slices to count

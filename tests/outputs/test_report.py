@@ -307,3 +307,22 @@ def test_an_attempt_the_runtime_called_hung_is_counted_as_hung() -> None:
     assert hung(said) and cause(said) == "hung: the runtime says so"
     assert hung(silent) and cause(silent) == "hung: no new checkpoint"
     assert not hung(row("attempt 3: worker 0 exit code 1 after 2h with no disruption in sight"))
+
+
+def test_a_job_that_limped_shows_its_hours_on_fewer_slices_and_the_training_they_stood_for() -> None:
+    """Limped on 3 of 4 slices from 1000 s to 2200 s, on 2 of 4 from 2200 s to 2600 s, back on
+    all 4 then: 1600 s limping, standing for 1200 * 3/4 + 400 * 2/4 = 1100 s at full size."""
+    j = story()
+    j.event(1000, "slices", "limping", out=["np-1"], in_use=3, of=4)
+    j.event(2200, "slices", "limping", out=["np-1", "np-2"], in_use=2, of=4)
+    j.event(2600, "slices", "growing back", out=[], in_use=4, of=4)
+    report = compute("pod", j.events, j.attempts, now=at(4000))
+    limping = report.as_dict()["limping"]
+    assert limping["seconds"] == 1600 and limping["training_seconds"] == 1100
+    assert [(s["slices"], s["of"]) for s in limping["stretches"]] == [(3, 4), (2, 4)]
+    from tpuwatch.report import text
+
+    assert "limping: 26m40s on fewer slices (down to 2 of 4), 2 time(s)" in text(report), text(report)
+    # a window that starts inside a stretch keeps only its part of it
+    assert compute("pod", j.events, j.attempts, now=at(4000), since=at(2400)).as_dict()["limping"]["seconds"] == 200
+    assert compute("pod", story().events, story().attempts, now=at(4000)).as_dict()["limping"]["seconds"] == 0

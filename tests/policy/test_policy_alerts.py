@@ -32,7 +32,18 @@ CASES = [
     ("delete", "node PREEMPTED", {}, None),
     ("checkpoint_stale", "attempt 3 has run 3h00m without a new complete checkpoint (still step 100)",
      {"attempt": 3}, "checkpoint_stale"),
+    ("slices", "slice(s) lost (np-1 REPAIRING): limping on 3 of 4 slices", {"out": ["np-1"], "in_use": 3, "of": 4},
+     "slices"),
+    ("slices", "np-1 READY+HEALTHY again: growing back onto all 4 slices", {"out": [], "in_use": 4, "of": 4},
+     "slices"),
 ]
+
+
+def test_a_slices_event_says_how_many_slices_the_job_runs_on() -> None:
+    limp = alerts.from_event(WHERE, 8, "slices", T, "np-1 lost", {"out": ["np-1"], "in_use": 3, "of": 4})
+    back = alerts.from_event(WHERE, 9, "slices", T, "np-1 back", {"out": [], "in_use": 4, "of": 4})
+    assert limp is not None and "limping on 3 of 4 slices (np-1 left out): np-1 lost" in limp.text
+    assert back is not None and "back on all 4 slices: np-1 back" in back.text
 
 
 @pytest.mark.parametrize(("kind", "reason", "data", "expected"), CASES)

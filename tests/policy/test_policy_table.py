@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 from policy_support import (
     CFG,
+    LIMPS,
     NAME,
     ZONES,
     absent,
@@ -18,6 +19,7 @@ from policy_support import (
     idle,
     kinds,
     last_end,
+    limp_look,
     node,
     obs,
     op,
@@ -51,6 +53,7 @@ from tpuwatch.policy import (
     HangLearning,
     ImpossibleObservation,
     Launch,
+    Limp,
     Maintenance,
     Memory,
     NeedsPerson,
@@ -459,6 +462,31 @@ def test_row_not_recreatable() -> None:
     assert missing.row == "not_recreatable" and kinds(missing) == ["needs_person"]
     whole = tick(obs(node("PREEMPTED")), idle(), now=10, cfg=replace(separate, recreatable=True))
     assert whole.row == "dead_node" and kinds(whole) == ["delete"]
+
+
+def test_row_limp() -> None:
+    """More cases (the floor, a person's stop, no min_slices): tests/policy/test_policy_limp.py."""
+    mem = run_mem(step=100)
+    down = tuple(WorkerProbe(w, "unreachable") if w in (4, 5) else WorkerProbe(w, "running", attempt=1, pid=w)
+                 for w in range(8))
+    d = tick(limp_look({"s2": "REPAIRING"}, mem, probes=down), mem, now=600, cfg=LIMPS)
+    assert d.row == "limp" and d.memory.limp.out == ("s2",) and d.memory.phase is Phase.IDLE
+    assert [(e.outcome, e.charged) for e in d.ended] == [("disruption", False)]
+
+
+def test_row_grow_wait() -> None:
+    mem = run_mem(step=200, limp=Limp(out=("s2",)))
+    d = tick(limp_look({}, mem, probes=running(1, workers=6), checkpoint=ckpt(300)), mem, now=900, cfg=LIMPS)
+    assert d.row == "grow_wait" and d.memory.limp.back_step == 300 and d.memory.phase is Phase.RUNNING
+
+
+def test_row_grow() -> None:
+    mem = run_mem(step=200, limp=Limp(out=("s2",)))
+    waiting = tick(limp_look({}, mem, probes=running(1, workers=6), checkpoint=ckpt(300)), mem, now=900, cfg=LIMPS)
+    d = tick(limp_look({}, waiting.memory, probes=running(1, workers=6), checkpoint=ckpt(400)), waiting.memory,
+             now=960, cfg=LIMPS)
+    assert d.row == "grow" and d.memory.limp.out == () and d.memory.phase is Phase.IDLE
+    assert [(e.outcome, e.charged) for e in d.ended] == [("disruption", False)]
 
 
 def test_row_recreate_budget_spent() -> None:

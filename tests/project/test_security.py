@@ -65,7 +65,7 @@ def test_no_secret_is_printed_or_journaled_in_any_flow(sim: Simulator, tmp_path:
         job.running_with_progress()
         # the job did get its key: the trainer's environment on a worker holds it
         key = sim.node_key("pod")
-        pid = job.sampler.trainers()[0][0][0]
+        pid = next(iter(job.sampler.trainers().values()))[0][0]
         assert f"WANDB_API_KEY={API_KEY}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
         assert f"HF_TOKEN={HF_TOKEN}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
         assert API_KEY.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()

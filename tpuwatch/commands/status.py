@@ -134,6 +134,9 @@ def journal_facts(node: NodeSnapshot) -> dict[str, Any] | None:
     out: dict[str, Any] = {"job": job, "precheck": pre, "checkpoint_warning": None}
     if mem is not None:
         out["job"] = f"{job}: {mem.phase.value}, attempt {mem.attempt.number}" + (f" ({mem.reason})" if mem.reason else "")
+        if mem.limp.out:  # a multislice job that runs on fewer slices (job.min_slices)
+            since = f" since {mem.limp.since.isoformat()}" if mem.limp.since is not None else ""
+            out["job"] += f"; limping without {', '.join(mem.limp.out)}{since}"
     if warned is not None:
         out["checkpoint_warning"] = f"{warned.reason} (as of {warned.time.isoformat()})"
     return out

@@ -113,6 +113,9 @@ RULES: tuple[Rule, ...] = (
     Rule("launch", lambda d: int(d.get("attempt") or 0) > 1, "resumed",
          lambda r, d: f"resuming: launching attempt {d.get('attempt')} from {_step(d)}"),
     Rule("done", _always, "done", lambda r, d: f"job done: {r}"),
+    Rule("slices", _always, "slices",
+         lambda r, d: (f"limping on {d.get('in_use')} of {d.get('of')} slices ({', '.join(d.get('out') or ())} left "
+                       f"out): {r}" if d.get("out") else f"back on all {d.get('of')} slices: {r}")),
     Rule("checkpoint_stale", _always, "checkpoint_stale",
          lambda r, d: f"no new checkpoint: {r}. tpuwatch keeps following the job; look at whether it still saves "
                       "(a job that saves none loses all its work at the next disruption)"),

@@ -35,7 +35,8 @@ def _event_text(ev: AuditEvent) -> str:
 
 
 def _disrupting(draft: Draft) -> list[AuditEvent]:
-    names = draft.cfg.slices or (draft.cfg.tpu_name,)
+    out = draft.obs.node.slices_out if draft.obs.node is not None else ()
+    names = [s for s in draft.cfg.slices if s not in out] or (draft.cfg.tpu_name,)  # the slices it runs on
     return [e for e in draft.obs.events if e.kind in DISRUPTING_EVENTS and e.node in names]
 
 

@@ -84,6 +84,18 @@ ROWS: tuple[Row, ...] = (
         "never delete it: needs a person (exit 1); pass --adopt"),
     Row("not_recreatable", "delete + create needed on a job over separately created slices ([tpu] names "
         "without a queued resource)", "never delete a slice: needs a person (exit 1)"),
+    Row("limp", "a multislice job with job.min_slices: slices it runs on are not READY+HEALTHY (a repair, "
+        "maintenance, a preemption, Google's autorepair, a slice missing; not a person's stop) and at least "
+        "min_slices others are",
+        "a disruption, not charged: stop the attempt on the slices still up, journal the lost slices as left out, "
+        "relaunch at once on the slices left from the newest complete checkpoint ({num_slices}, "
+        "TPUWATCH_NUM_SLICES and MEGASCALE_* say how many); never a delete or a create, never below min_slices"),
+    Row("grow_wait", "a job that limps runs on every worker; a slice left out is READY+HEALTHY again",
+        "keep running until the next complete checkpoint newer than the one when the slice came back; in the last "
+        "tenth of the interval the job has shown, look every 0.1 % of it (1 s at least), as `early_wait` does"),
+    Row("grow", "that checkpoint landed; or a slice left out is back while no attempt runs; or it is no longer in "
+        "tpu.names", "a disruption, not charged: stop the attempt, take the slices back, relaunch on all of them "
+        "from that checkpoint"),
     Row("recreate_budget_spent", "delete + create needed with max_recreates used", "failed (exit 1)"),
     Row("node_missing", "node missing and tpuwatch did not delete it",
         "needs a person (exit 1): never recreate a node a person deleted"),

@@ -6,7 +6,8 @@ from which checkpoint, disruption evidence seen during it), what recovery has sp
 maintenance (`Maintenance`), a node under repair (`Repair`), a delete + create in flight
 (`Recreate`), what hang detection learned (`HangLearning`), the node's boots (`Boot`), the
 evidence against one worker's host (`Host`), Google's own stops of a Compute Engine VM
-(`GoogleStop`), and when the tick last did what it does on a schedule (`Marks`: the audit log
+(`GoogleStop`), the slices a multislice job limps without (`Limp`), and when the tick last did
+what it does on a schedule (`Marks`: the audit log
 read, the environment checks run, the stale-checkpoint warning raised), so a cron `check`, a
 fresh process each time, keeps their cadence.
 Everything else is re-observed every tick. The journal stores it with `to_dict` / `from_dict`,
@@ -258,6 +259,19 @@ class GoogleStop:
 
 
 @dataclass(frozen=True)
+class Limp:
+    """A multislice job that runs on fewer slices than it has ([job] min_slices, policy/limp.py):
+    the slices left out of its attempts (journaled before anything is launched without them),
+    since when, and once one of them is back, the newest checkpoint step then: the job grows
+    back at the first complete checkpoint newer than it."""
+
+    out: tuple[str, ...] = ()
+    since: datetime | None = None
+    back_since: datetime | None = None
+    back_step: int | None = None
+
+
+@dataclass(frozen=True)
 class Marks:
     """When the tick last did what it does on a schedule, and since when a warning stands: times
     later decisions read (policy/observe.py, policy/alerts.py) and no later tick can observe."""
@@ -286,6 +300,7 @@ class Memory:
     host: Host = Host()
     google: GoogleStop = GoogleStop()
     marks: Marks = Marks()
+    limp: Limp = Limp()
 
     @classmethod
     def initial(cls, zone: str) -> Memory:
@@ -408,6 +423,12 @@ def _evidence(v: Any) -> tuple[Evidence, ...]:
 # How a saved value of each declared field type is read (whole numbers are counts, >= 0; an
 # optional one may be any whole number, as a checkpoint step). A record (or an optional one) is
 # read field by field.
+def _names(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"expected a list of names, got {value!r}")
+    return tuple(value)
+
+
 _READ: dict[object, Callable[[Any], Any]] = {
     Phase: Phase,
     str: _text,
@@ -419,6 +440,7 @@ _READ: dict[object, Callable[[Any], Any]] = {
     datetime: _time,
     datetime | None: _opt_time,
     tuple[Evidence, ...]: _evidence,
+    tuple[str, ...]: _names,
 }
 
 R = TypeVar("R", bound="DataclassInstance")

@@ -9,9 +9,10 @@ How a decision is found, in order:
 4b. a phase with a cloud operation in flight (DELETING, CREATING, QUEUED) follows it:
    OP_HANDLERS (policy/operations.py); a delete the tick never started is decided afresh from
    the node (row `delete_resume`);
-5. otherwise the node's condition picks the handler: NODE_HANDLERS (policy/usable.py,
-   policy/recovery.py). Each handler ends a running attempt first when the node can no longer
-   carry it, then decides for the node.
+5. otherwise a multislice job that may limp leaves lost slices out, or takes back slices that
+   are back (policy/limp.py); else the node's condition picks the handler: NODE_HANDLERS
+   (policy/usable.py, policy/recovery.py). Each handler ends a running attempt first when the
+   node can no longer carry it, then decides for the node.
 Every Decision names the row that made it (`Decision.row`, one of ROWS); the handlers gather it
 in a `Draft` (policy/draft.py).
 """
@@ -22,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 
-from tpuwatch.policy import google
+from tpuwatch.policy import google, limp
 from tpuwatch.policy.alerts import checkpoint_stale
 from tpuwatch.policy.draft import Draft, worker_list
 from tpuwatch.policy.early import early_refused
@@ -86,9 +87,12 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
         elif fresh is not None:
             d = NODE_HANDLERS[node_condition(obs.node)](draft, fresh)
             decision = replace(d, row="delete_resume") if any(isinstance(a, DeleteNode) for a in d.actions) else d
+        elif new.phase in OP_HANDLERS:
+            decision = OP_HANDLERS[new.phase](draft, new)
         else:
-            handler = OP_HANDLERS.get(new.phase) or NODE_HANDLERS[node_condition(obs.node)]
-            decision = handler(draft, new)
+            new = limp.track(draft, new)
+            shifted = limp.shift(draft, new)  # a job that limps, or grows back (policy/limp.py)
+            decision = shifted or limp.grow_wait(draft, new, NODE_HANDLERS[node_condition(obs.node)](draft, new))
     if obs.checks and obs.node is not None:
         # What more to observe in this tick (policy/settle.py bounds the re-decisions).
         launches = any(isinstance(a, Launch) for a in decision.actions)
@@ -151,6 +155,13 @@ def _check(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> N
         raise ImpossibleObservation(phase, f"jitter {obs.jitter!r} is outside [0, 1)")
     if obs.node is not None and obs.node.name != cfg.tpu_name:
         raise ImpossibleObservation(phase, f"observed node {obs.node.name!r}, but the job watches {cfg.tpu_name!r}")
+    if len(obs.left_out) != len(mem.limp.out):
+        raise ImpossibleObservation(phase, f"{len(obs.left_out)} slices observed left out, but the memory leaves "
+                                           f"out {', '.join(mem.limp.out) or 'none'}")
+    kept = [s for s in cfg.slices if s not in mem.limp.out]
+    if obs.node is not None and obs.node.slices and len(obs.node.slices) != len(kept):
+        raise ImpossibleObservation(phase, f"observed {len(obs.node.slices)} slices, but the job runs on "
+                                           f"{', '.join(kept)}")
     if obs.probes is not None:
         workers = [p.worker for p in obs.probes]
         if len(set(workers)) != len(workers):

@@ -170,8 +170,10 @@ def idle(draft: Draft, mem: Memory) -> Decision:
             return draft.out(mem, "adopt_running", f"workers {worker_list(running)} run attempt {top}, which the "
                                                    "journal did not record; following it (no second launch)")
         last = mem.budgets.last_end
+        # Followed again only on the node it was launched on: a multislice attempt whose slices
+        # changed (one left out while the job limps, or taken back) cannot go on without them
         if (last is not None and last.attempt == top == mem.attempt.number and last.outcome == Outcome.DISRUPTION.value
-                and all(p.state == "running" and p.attempt == top for p in probes)):
+                and last.node_id == node.id and all(p.state == "running" and p.attempt == top for p in probes)):
             mem = _follow(draft, mem, top, last.start, last.start_step)
             return draft.out(mem, "survived", f"every worker still runs attempt {top} after the disruption; "
                                               "following it again")

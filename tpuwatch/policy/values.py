@@ -106,6 +106,9 @@ class PolicyConfig:
     # resume, so a create whose checkpoint is not known sets the node up and leaves the launch
     # to the tick that probes it
     checkpoints_on_vm: bool = False
+    # [job] min_slices: a multislice job may run on this many of its slices or more (0: never
+    # fewer than all; policy/limp.py)
+    min_slices: int = 0
 
     def __post_init__(self) -> None:
         if not self.zones:
@@ -129,6 +132,7 @@ class PolicyConfig:
             queued_resource=str(cfg.tpu["queued_resource"]),
             recreatable=not cfg.tpu["names"] or bool(cfg.tpu["queued_resource"]),
             checkpoints_on_vm=bool(cfg.job["checkpoint_dir"]) and not str(cfg.job["checkpoint_dir"]).startswith("gs://"),
+            min_slices=int(cfg.job["min_slices"]),
             repair_timeout=float(r["repair_timeout"]),
             max_restarts=int(r["max_restarts"]),
             max_recreates=int(r["max_recreates"]),
@@ -157,7 +161,9 @@ class PolicyConfig:
 class Observation:
     """What one tick saw. Everything here is re-observed on the next tick."""
 
-    node: NodeSnapshot | None  # None: the node does not exist
+    node: NodeSnapshot | None  # None: the node does not exist. A job that limps: the slices it runs on
+    # A job that limps (Memory.limp.out): each slice left out, as read (None: missing), in that order
+    left_out: tuple[NodeSnapshot | None, ...] = ()
     events: tuple[AuditEvent, ...] = ()  # audit events newer than the journal's cursor
     probes: tuple[WorkerProbe, ...] | None = None  # None: the workers were not or could not be probed
     checkpoint: Checkpoint | None = None  # latest complete checkpoint

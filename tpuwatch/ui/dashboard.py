@@ -32,7 +32,7 @@ from tpuwatch.model import Checkpoint, PrecheckReport, WorkerProbe
 from tpuwatch.policy import Phase, PolicyConfig
 from tpuwatch.tick import TickReport
 from tpuwatch.ui.node import BAD, OK, WAIT, health_style, state_style, window_lines
-from tpuwatch.ui.tickview import node_text, tick_dict
+from tpuwatch.ui.tickview import node_text, summary, tick_dict
 
 WIDTH = 80
 TEXT_WIDTH = WIDTH - 4 - 11  # inside the frame and padding, right of the label column
@@ -278,7 +278,7 @@ def state_line(report: TickReport, rate: float | None = None) -> str:
         if rate is not None:
             extra.append(rate_text(rate))
         parts.append(f"step {ck.step}" + (f" ({', '.join(extra)})" if extra else ""))
-    return f"{' | '.join(parts)}: {report.decision.summary}"
+    return f"{' | '.join(parts)}: {summary(report)}"
 
 
 def stamp(t: datetime) -> str:

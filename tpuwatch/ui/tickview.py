@@ -22,7 +22,8 @@ def node_text(node: NodeSnapshot | None) -> str:
         return "missing"
     text = f"{node.state}/{node.health or '-'}"
     if node.slices:
-        text += " (" + ", ".join(f"{s.name or 'missing'} {s.state}/{s.health or '-'}" for s in node.slices) + ")"
+        text += " (" + ", ".join(f"{s.name or 'missing'} {s.state}/{s.health or '-'}" for s in node.slices)
+        text += f"; limping without {', '.join(node.slices_out)})" if node.slices_out else ")"
     return text
 
 
@@ -63,6 +64,13 @@ def tick_dict(report: TickReport) -> dict[str, Any]:
                             "workers": [w.index for w in node.workers if w.slice == i]}
                            for i, s in enumerate(node.slices)]} if node.slices else {}),
         },
+        # a multislice job that limps (job.min_slices): the slices left out of its attempts,
+        # since when, and since when one of them is back (it grows back at the next checkpoint)
+        "limp": None if not mem.limp.out else {
+            "slices_out": list(mem.limp.out),
+            "since": mem.limp.since.isoformat() if mem.limp.since else None,
+            "back_since": mem.limp.back_since.isoformat() if mem.limp.back_since else None,
+            "grow_after_step": mem.limp.back_step},
         "workers": None if report.probes is None else [
             {"worker": p.worker, "state": p.state, "attempt": p.attempt, "exit_code": p.exit_code,
              "log_bytes": p.log_bytes, "log_age": p.log_age, "log_match": p.log_match or None, "detail": p.detail,

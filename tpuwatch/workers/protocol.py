@@ -149,7 +149,7 @@ def check_template(template: str, key: str = "job.command") -> None:
 
 def render_command(
     template: str, *, checkpoint: str, step: int | None, attempt: int, worker: int,
-    key: str = "job.command", slice: int = 0,
+    key: str = "job.command", slice: int = 0, slices: int = 1,
 ) -> str:
     """The command for one worker: each placeholder becomes one shell word holding its value."""
     check_template(template, key)
@@ -159,6 +159,7 @@ def render_command(
         "attempt": str(attempt),
         "worker": str(worker),
         "slice": str(slice),
+        "num_slices": str(slices),
     }
     parts = []
     for literal, name in _fields(template, key):

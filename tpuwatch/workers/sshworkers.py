@@ -261,7 +261,7 @@ class SshWorkers:
                 command=protocol.render_command(
                     self.command, checkpoint=checkpoint.path if checkpoint else "",
                     step=checkpoint.step if checkpoint else None, attempt=attempt, worker=w.worker_id,
-                    slice=w.slice),
+                    slice=w.slice, slices=slices),
                 env={**megascale_env(node, w.slice), **self.env},  # the job's own env wins
                 clean_grace=self.stop_grace if clean else None, notify_signal=self.notify_signal,
                 slice=w.slice, slices=slices,

@@ -1,0 +1,141 @@
+"""End to end: a multislice job that can train on fewer slices (job.min_slices) limps on the
+slices left when one is lost, and grows back onto it at its next complete checkpoint.
+
+Four slices np-0..np-3 (one worker each) created one by one, job.min_slices = 3. The job's
+trainer holds at step 100 until the test lets it go, so each stage meets a running job however
+slow the machine. Outcomes come from the simulated world, the trainers' own environment, the
+checkpoints and the journal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from e2e_helpers import finish, trainer, trainer_env, write_config
+
+from tpuwatch.cloud.tpu.adapter import TpuAdapter
+from tpuwatch.errors import NotFoundError, UsageError
+from tpuwatch.journal import Journal
+from tpuwatch.policy import Memory
+from tpuwatch.sim.simulator import Simulator
+
+pytestmark = pytest.mark.slow
+
+SLICES = ("np-0", "np-1", "np-2", "np-3")
+STEPS = 200
+
+
+def limping_job(sim: Simulator, tmp_path: Path, *, floor: int = 3) -> tuple[Path, dict[str, str], Path]:
+    """The 4 slices READY with booted workers; a config for the job over them that may limp on
+    `floor`; the directory whose file `100` lets the trainer past step 100."""
+    for name in SLICES:
+        sim.create_node(name, "v4-8", labels={"tpuwatch-job": "ms"})
+    ck = sim.bucket / "ck"
+    go = tmp_path / "go"
+    go.mkdir()
+    # the trainer's environment shows what {num_slices} became
+    command = "SLICES_SAID={num_slices} " + trainer(ck, f"--hold-at 100 --hold-until {go}", steps=STEPS)
+    cfg = write_config(tmp_path / "tpuwatch.toml", sim, command, ck, tpu={"names": list(SLICES)}, name="ms")
+    cfg.write_text(cfg.read_text().replace("[recovery]", f"min_slices = {floor}\n[recovery]"))
+    env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
+    return cfg, env, go
+
+
+def trainers(sim: Simulator) -> dict[str, dict[str, str]]:
+    """slice node -> the environment of the job's trainer process running on its worker."""
+    out: dict[str, dict[str, str]] = {}
+    for name in SLICES:
+        try:
+            pids = sim.hosts.pids(sim.node_key(name), 0)
+        except UsageError:  # its host is not booted (yet, or any more)
+            continue
+        for pid in pids:
+            if (env := trainer_env(pid, "ms")) is not None:
+                out[name] = env
+    return out
+
+
+def on_attempt(sim: Simulator, attempt: int) -> dict[str, dict[str, str]]:
+    return {n: e for n, e in trainers(sim).items() if e["TPUWATCH_ATTEMPT"] == str(attempt)}
+
+
+def memory(tmp_path: Path) -> Memory | None:
+    try:
+        with Journal.open(tmp_path / "state", "ms", "ms", readonly=True) as journal:
+            return journal.load_memory()
+    except NotFoundError:  # no journal yet
+        return None
+
+
+def wait(pred: Callable[[], bool], proc: subprocess.Popen[str], what: str, timeout: float = 90) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"timed out waiting for {what}\n{proc.communicate()[0][-4000:]}")
+
+
+def steps(sim: Simulator) -> list[int]:
+    ck = sim.bucket / "ck"
+    return sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit()) if ck.exists() else []
+
+
+def test_a_lost_slice_limps_the_job_on_three_and_it_grows_back_to_four_at_the_next_checkpoint(
+        sim: Simulator, tmp_path: Path) -> None:
+    cfg, env, go = limping_job(sim, tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(cfg)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        wait(lambda: len(on_attempt(sim, 1)) == 4 and len(steps(sim)) >= 2, proc, "attempt 1 on all 4 slices")
+        assert {e["TPUWATCH_NUM_SLICES"] for e in on_attempt(sim, 1).values()} == {"4"}
+        # np-1 goes into maintenance for good (until the test ends it): the job limps on the 3 left
+        sim.inject("maintenance", node="np-1", stuck="REPAIRING")
+        wait(lambda: len(on_attempt(sim, 2)) == 3, proc, "attempt 2 on the 3 slices left")
+        limped = on_attempt(sim, 2)
+        assert sorted(limped) == ["np-0", "np-2", "np-3"]
+        coordinator = TpuAdapter(sim.project, sim.zone).require_node("np-0").workers[0].internal_ip
+        for i, name in enumerate(("np-0", "np-2", "np-3")):  # ids renumbered over the slices left
+            e = limped[name]
+            assert (e["TPUWATCH_SLICE_ID"], e["TPUWATCH_NUM_SLICES"]) == (str(i), "3"), e
+            assert (e["MEGASCALE_SLICE_ID"], e["MEGASCALE_NUM_SLICES"], e["MEGASCALE_COORDINATOR_ADDRESS"]) == (
+                str(i), "3", coordinator), e
+            assert e["SLICES_SAID"] == "3", e  # {num_slices}
+        mem = memory(tmp_path)
+        assert mem is not None and mem.limp.out == ("np-1",)
+        # np-1 comes back while attempt 2 holds at step 100: the job waits for a newer checkpoint
+        wait(lambda: 100 in steps(sim), proc, "attempt 2 at step 100")
+        sim.inject("heal", node="np-1")
+        wait(lambda: (m := memory(tmp_path)) is not None and m.limp.back_since is not None, proc,
+             "the watcher seeing np-1 back")
+        assert len(on_attempt(sim, 2)) == 3 and not on_attempt(sim, 3)  # still limping: no checkpoint since
+        (go / "100").touch()
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    assert steps(sim)[-1] == STEPS
+    assert "limping on 3 of 4 slices (job.min_slices 3), np-1 left out" in out, out
+    assert "MEGASCALE_* set by tpuwatch for the 3 slices the job limps on (np-1 left out)" in out, out
+    assert "growing back onto all 4 slices" in out, out
+    attempts = json.loads(subprocess.run([sys.executable, "-m", "tpuwatch.cli", "history", "-c", str(cfg), "--json"],
+                                         env=env, text=True, capture_output=True, timeout=60).stdout)["attempts"]
+    assert [(a["outcome"], a["charged"]) for a in attempts] == [
+        ("disruption", False), ("disruption", False), ("success", False)], attempts
+    assert "slice np-1 lost" in attempts[0]["reason"] or "np-1" in attempts[0]["reason"], attempts
+    # the grow came at the first checkpoint after step 100, not before it
+    assert attempts[2]["start_step"] is not None and attempts[2]["start_step"] > 100, attempts
+    assert attempts[1]["end_step"] == attempts[2]["start_step"], attempts
+    # Never a delete or a create: limping only moves the job.
+    assert sim.world.call_count("DeleteNode") == 0 and sim.world.call_count("CreateNode") == 0

@@ -1,0 +1,148 @@
+"""Limping (policy/limp.py): a multislice job with job.min_slices runs on the slices left when
+one is lost, and grows back onto it at its next complete checkpoint; a job that never said it
+can limp is never limped, and never below its floor."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from policy_support import LIMP_SLICES as SLICES
+from policy_support import LIMPS, NAME, ckpt, kinds, limp_look, limp_part, run_mem, tick
+
+from tpuwatch.model import WorkerProbe, bound_view
+from tpuwatch.policy import (
+    ImpossibleObservation,
+    Limp,
+    Memory,
+    Observation,
+    Phase,
+    StopWorkers,
+    Wait,
+)
+
+
+def running_on(workers: int, attempt: int = 1) -> tuple[WorkerProbe, ...]:
+    return tuple(WorkerProbe(w, "running", attempt=attempt, pid=100 + w) for w in range(workers))
+
+
+def probes_with_slice_down(down: int, attempt: int = 1) -> tuple[WorkerProbe, ...]:
+    """8 workers (4 slices x 2): those of slice `down` unreachable, the others running."""
+    return tuple(WorkerProbe(w, "unreachable") if w // 2 == down else WorkerProbe(w, "running", attempt=attempt, pid=w)
+                 for w in range(8))
+
+
+def test_a_lost_slice_ends_the_attempt_uncharged_and_the_job_limps_on_the_slices_left() -> None:
+    mem = run_mem(step=100)
+    d = tick(limp_look({"s2": "REPAIRING"}, mem, probes=probes_with_slice_down(2), checkpoint=ckpt(200)), mem, 600,
+             cfg=LIMPS)
+    assert d.row == "limp"
+    assert d.memory.limp.out == ("s2",) and d.memory.limp.since is not None
+    assert d.memory.phase is Phase.IDLE  # the attempt ended, to relaunch on the slices left
+    [end] = d.ended
+    assert end.outcome == "disruption" and not end.charged
+    assert d.memory.budgets.restarts == 0
+    stop = [a for a in d.actions if isinstance(a, StopWorkers)]
+    assert stop and stop[0].wait  # the next look must find the old attempt gone
+    assert "limping on 3 of 4 slices" in d.summary and "s2 left out" in d.summary
+
+
+def test_after_the_limp_the_slices_left_are_launched_on_with_their_own_count() -> None:
+    mem = replace(run_mem(step=100), phase=Phase.IDLE, limp=Limp(out=("s2",)))
+    seen = limp_look({"s2": "REPAIRING"}, mem, probes=tuple(WorkerProbe(w, "absent") for w in range(6)),
+                checkpoint=ckpt(200))
+    assert seen.node is not None and len(seen.node.slices) == 3 and seen.node.slices_out == ("s2",)
+    d = tick(seen, mem, 601, cfg=LIMPS)
+    assert d.row == "launch" and kinds(d) == ["launch"]
+    assert d.memory.attempt.start_step == 200
+
+
+def test_a_job_that_never_said_it_can_limp_stops_and_waits_for_every_slice() -> None:
+    mem = run_mem(step=100)
+    d = tick(limp_look({"s2": "REPAIRING"}, mem, probes=probes_with_slice_down(2)), mem, 600,
+             cfg=replace(LIMPS, min_slices=0))
+    assert d.row != "limp" and d.memory.limp.out == ()
+    assert d.memory.phase is Phase.WAITING_NODE
+
+
+def test_never_below_the_floor() -> None:
+    mem = run_mem(step=100)
+    d = tick(limp_look({"s1": "REPAIRING", "s2": "PREEMPTED"}, mem, probes=probes_with_slice_down(2)), mem, 600,
+             cfg=LIMPS)
+    assert d.row != "limp" and d.memory.limp.out == ()
+    two = replace(LIMPS, min_slices=2)
+    d2 = tick(limp_look({"s1": "REPAIRING", "s2": "PREEMPTED"}, mem, probes=probes_with_slice_down(2)), mem, 600, cfg=two)
+    assert d2.row == "limp" and d2.memory.limp.out == ("s1", "s2")
+
+
+def test_a_slice_a_person_stopped_pauses_the_job_and_is_not_limped_around() -> None:
+    mem = run_mem(step=100)
+    d = tick(limp_look({"s2": "STOPPED"}, mem, probes=probes_with_slice_down(2)), mem, 600, cfg=LIMPS)
+    assert d.row != "limp" and d.memory.phase is Phase.PAUSED
+
+
+def test_a_slice_back_is_grown_onto_at_the_next_complete_checkpoint_not_before() -> None:
+    mem = run_mem(step=200, limp=Limp(out=("s2",), since=None))
+    # the slice is back while the job trains on 3 slices at step 300: wait for a newer checkpoint
+    first = tick(limp_look({}, mem, probes=running_on(6), checkpoint=ckpt(300)), mem, 900, cfg=LIMPS)
+    assert first.row == "grow_wait" and first.memory.limp.back_step == 300
+    assert first.memory.phase is Phase.RUNNING and "s2 back" in first.summary
+    assert any(isinstance(a, Wait) for a in first.actions)
+    same = tick(limp_look({}, first.memory, probes=running_on(6), checkpoint=ckpt(300)), first.memory, 920, cfg=LIMPS)
+    assert same.row == "grow_wait" and same.memory.limp.out == ("s2",)
+    grown = tick(limp_look({}, same.memory, probes=running_on(6), checkpoint=ckpt(400)), same.memory, 940, cfg=LIMPS)
+    assert grown.row == "grow" and grown.memory.limp == Limp()
+    [end] = grown.ended
+    assert end.outcome == "disruption" and not end.charged and end.end_step == 400
+    assert [a for a in grown.actions if isinstance(a, StopWorkers)][0].wait
+    assert grown.memory.phase is Phase.IDLE
+
+
+def test_a_slice_back_and_down_again_before_the_checkpoint_is_not_grown_onto() -> None:
+    mem = run_mem(step=200, limp=Limp(out=("s2",)))
+    back = tick(limp_look({}, mem, probes=running_on(6), checkpoint=ckpt(300)), mem, 900, cfg=LIMPS)
+    down = tick(limp_look({"s2": "REPAIRING"}, back.memory, probes=running_on(6), checkpoint=ckpt(400)), back.memory, 960,
+                cfg=LIMPS)
+    assert down.row == "running" and down.memory.limp.out == ("s2",) and down.memory.limp.back_since is None
+
+
+def test_with_no_attempt_running_a_slice_back_is_taken_back_at_once() -> None:
+    mem = replace(run_mem(step=200), phase=Phase.IDLE, limp=Limp(out=("s2",)))
+    d = tick(limp_look({}, mem, probes=tuple(WorkerProbe(w, "absent") for w in range(6))), mem, 900, cfg=LIMPS)
+    assert d.row == "grow" and d.memory.limp.out == () and not d.ended
+
+
+def test_a_slice_dropped_from_tpu_names_is_no_longer_left_out() -> None:
+    mem = replace(run_mem(step=200), phase=Phase.IDLE, limp=Limp(out=("old",)))
+    parts = [limp_part(s) for s in SLICES[:3]]
+    cfg = replace(LIMPS, slices=SLICES[:3], min_slices=2)
+    view, left = bound_view(NAME, SLICES[:3], parts, mem.limp.out)
+    d = tick(Observation(node=view, left_out=left, probes=tuple(WorkerProbe(w, "absent") for w in range(6))), mem,
+             900, cfg=cfg)
+    assert d.row == "grow" and d.memory.limp.out == () and "no longer in tpu.names" in d.summary
+
+
+def test_an_observation_of_other_slices_than_the_memory_runs_on_is_refused() -> None:
+    mem = run_mem(step=200, limp=Limp(out=("s2",)))
+    full = limp_look({}, run_mem())  # all 4 slices, as if nothing were left out
+    with pytest.raises(ImpossibleObservation, match="left out"):
+        tick(full, mem, 900, cfg=LIMPS)
+
+
+def test_limp_memory_survives_the_journal_round_trip() -> None:
+    mem = run_mem(step=200, limp=Limp(out=("s2", "s3"), since=None, back_step=300))
+    assert Memory.from_dict(mem.to_dict()) == mem
+
+
+
+def test_an_attempt_launched_on_every_slice_is_not_followed_on_the_slices_left() -> None:
+    """A watcher killed after the limp was journaled and before its stop: the next one finds
+    attempt 1 still running on the 3 slices left. It was launched on 4 and waits in its
+    collectives for the lost one: stopped, never followed as if it had survived."""
+    mem = run_mem(step=100)
+    full = limp_look({"s2": "REPAIRING"}, mem, probes=tuple(
+        WorkerProbe(w, "unreachable") if w // 2 == 2 else WorkerProbe(w, "running", attempt=1, pid=w) for w in range(8)))
+    limped = tick(full, mem, 600, cfg=LIMPS)
+    after = limped.memory
+    d = tick(limp_look({"s2": "REPAIRING"}, after, probes=running_on(6), checkpoint=ckpt(200)), after, 601, cfg=LIMPS)
+    assert d.row == "stale_workers" and kinds(d) == ["stop"]

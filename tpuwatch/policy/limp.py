@@ -1,0 +1,133 @@
+"""Limping: a multislice job that can train on fewer slices ([job] min_slices) runs on the
+slices left when one is lost, and grows back onto it at its next complete checkpoint.
+
+Rows `limp`, `grow_wait`, `grow`. The slices left out are the memory's (`Memory.limp.out`),
+journaled with the decision that leaves them out, before anything is launched without them; the
+tick then builds the job's node from the slices kept (`Observation.node`) and reads the others
+apart (`Observation.left_out`), so every other row judges only the slices the job runs on.
+Limping never deletes or creates: a lost slice comes back by itself (a repair, Google's own
+autorepair), or through a person.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tpuwatch.policy.draft import Draft
+from tpuwatch.policy.early import early_check
+from tpuwatch.policy.ending import end_unusable, finish
+from tpuwatch.policy.nodes import Cond, node_condition
+from tpuwatch.policy.state import Evidence, Limp, Memory, Phase, merge_evidence
+from tpuwatch.policy.values import Decision, StopWorkers, Wait
+
+
+def kept(draft: Draft, mem: Memory) -> list[str]:
+    """The job's slices its attempts run on now, in slice order."""
+    return [s for s in draft.cfg.slices if s not in mem.limp.out]
+
+
+def shift(draft: Draft, mem: Memory) -> Decision | None:
+    """Leave lost slices out (`limp`), or take back the slices that are back (`grow`); None when
+    the job's slices stay as they are."""
+    if mem.limp.out and (d := grow(draft, mem)) is not None:
+        return d
+    return limp(draft, mem)
+
+
+def limp(draft: Draft, mem: Memory) -> Decision | None:
+    """Slices the job runs on are not READY+HEALTHY, and at least min_slices others are: end the
+    attempt (a disruption, not charged) and leave the lost slices out; the launch that follows
+    runs on the slices left. A node a person stopped is left alone (the job pauses)."""
+    cfg, node, now = draft.cfg, draft.obs.node, draft.now
+    if not cfg.min_slices or node is None or not node.slices or node_condition(node) in (Cond.USABLE, Cond.PERSON):
+        return None
+    names = kept(draft, mem)
+    lost = [(name, part) for name, part in zip(names, node.slices, strict=True) if not part.usable]
+    left = len(names) - len(lost)
+    if not lost or left < cfg.min_slices:
+        return None
+    said = ", ".join(f"{name} {part.state}" + (f"/{part.health}" if part.health and part.state == "READY" else "")
+                     for name, part in lost)
+    if mem.phase is Phase.RUNNING:
+        sign = [Evidence(now, f"slice {name} lost ({part.state})") for name, part in lost]
+        mem = replace(mem, attempt=replace(mem.attempt, evidence=merge_evidence(mem.attempt.evidence, sign)))
+        mem, final = end_unusable(draft, mem)
+        if final is not None:
+            return final
+    out = (*mem.limp.out, *(name for name, _ in lost))
+    mem = replace(mem, limp=Limp(out=out, since=mem.limp.since or now))
+    return _out(draft, mem, "limp", f"slice(s) lost ({said}): limping on {left} of {len(cfg.slices)} slices "
+                                    f"(job.min_slices {cfg.min_slices}), {', '.join(out)} left out; the job "
+                                    "relaunches on the slices left from its newest complete checkpoint")
+
+
+def grow(draft: Draft, mem: Memory) -> Decision | None:
+    """Slices left out are READY+HEALTHY again. While an attempt runs on the others, wait for its
+    next complete checkpoint (`back_step` marks the one before), then end it (not charged) and
+    take them back; with no attempt running, take them back at once. None: not yet."""
+    cfg, now, ckpt = draft.cfg, draft.now, draft.obs.checkpoint
+    back = [name for name, part in zip(mem.limp.out, draft.obs.left_out, strict=True)
+            if part is not None and part.usable]
+    gone = [name for name in mem.limp.out if name not in cfg.slices]  # no longer one of the job's (config edited)
+    if not back and not gone:
+        return None
+    view = draft.obs.node
+    if mem.phase is Phase.RUNNING and back and not gone:
+        n = mem.attempt.number
+        if view is None or not view.usable or not all(p.state == "running" and p.attempt == n
+                                                      for p in draft.obs.probes or ()):
+            return None  # the attempt ended, or its slices went down too: that is decided first
+        if mem.limp.back_since is None:
+            return None  # `track` notes it first; the attempt trains on
+        saved = ckpt is not None and (mem.limp.back_step is None or ckpt.step > mem.limp.back_step)
+        if not saved:
+            return None
+        sign = Evidence(now, f"stopped by tpuwatch to grow back onto {', '.join(back)} (checkpoint step {ckpt.step})"
+                        if ckpt is not None else f"stopped by tpuwatch to grow back onto {', '.join(back)}")
+        mem = replace(mem, attempt=replace(mem.attempt, evidence=merge_evidence(mem.attempt.evidence, [sign])))
+        mem, line, final = finish(draft, mem, {p.worker: None for p in draft.obs.probes or ()}, reachable=True)
+        if final is not None:
+            return final
+        draft.notes.append(line)
+    out = tuple(name for name in mem.limp.out if name not in back and name not in gone)
+    mem = replace(mem, limp=Limp(out=out, since=mem.limp.since if out else None))
+    runs = len(cfg.slices) - len(out)
+    where = f"{runs} of {len(cfg.slices)} slices" if out else f"all {runs} slices"
+    why = (f"{', '.join(back)} READY+HEALTHY again" if back else "") + \
+        (f"{'; ' if back else ''}{', '.join(gone)} no longer in tpu.names" if gone else "")
+    return _out(draft, mem, "grow", f"{why}: growing back onto {where}; the job relaunches on them from its "
+                                    "newest complete checkpoint")
+
+
+def track(draft: Draft, mem: Memory) -> Memory:
+    """While the job limps: when a slice left out is first seen back, the newest checkpoint step
+    then (the job grows back at the next one); forgotten when none is back any more."""
+    if not mem.limp.out:
+        return mem
+    back = any(part is not None and part.usable for part in draft.obs.left_out)
+    if back and mem.limp.back_since is None and mem.phase is Phase.RUNNING:
+        ckpt = draft.obs.checkpoint
+        return replace(mem, limp=replace(mem.limp, back_since=draft.now,
+                                         back_step=ckpt.step if ckpt is not None else None))
+    if not back and mem.limp.back_since is not None:
+        return replace(mem, limp=replace(mem.limp, back_since=None, back_step=None))
+    return mem
+
+
+def grow_wait(draft: Draft, mem: Memory, decision: Decision) -> Decision:
+    """A steady running decision while a slice left out is back: the same, under row `grow_wait`,
+    looking for the next checkpoint as an early maintenance start does."""
+    if decision.row != "running" or mem.limp.back_since is None:
+        return decision
+    after = f"newer than step {mem.limp.back_step}" if mem.limp.back_step is not None else "its first"
+    back = [name for name, part in zip(mem.limp.out, draft.obs.left_out, strict=True) if part is not None and part.usable]
+    return replace(decision, row="grow_wait",
+                   summary=f"{decision.summary}; {', '.join(back)} back: growing onto it at the next complete "
+                           f"checkpoint ({after})",
+                   actions=(*decision.actions, Wait(early_check(draft, mem), "the next checkpoint, to grow back")))
+
+
+def _out(draft: Draft, mem: Memory, row: str, summary: str) -> Decision:
+    """The decision, its stop waited for: the tick looks at the slices kept again and launches there."""
+    d = draft.out(mem, row, summary)
+    return replace(d, actions=tuple(replace(a, wait=True) if isinstance(a, StopWorkers) else a for a in d.actions))
