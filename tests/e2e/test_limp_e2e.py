@@ -139,3 +139,53 @@ def test_a_lost_slice_limps_the_job_on_three_and_it_grows_back_to_four_at_the_ne
     assert attempts[1]["end_step"] == attempts[2]["start_step"], attempts
     # Never a delete or a create: limping only moves the job.
     assert sim.world.call_count("DeleteNode") == 0 and sim.world.call_count("CreateNode") == 0
+
+
+def test_a_multislice_queued_resource_limps_with_megascale_set_by_tpuwatch_and_grows_back_after_googles_restart(
+        sim: Simulator, tmp_path: Path) -> None:
+    """Two slices of one multislice queued resource, job.min_slices 1. Their tpu-env says 2
+    slices: while the job limps on np-0, tpuwatch sets MEGASCALE_* itself (1 slice). When np-1 is
+    back, Google restarts np-0 (its multislice restart), which ends the limped attempt; the job is
+    launched on both again, joining by the runtime's tpu-env. Nothing is deleted or created."""
+    sim.world.delays["multislice_restart"] = 1800.0  # np-0 restarts for a while once np-1 is back
+    labels = {"tpuwatch-job": "ms"}
+    from tpuwatch.sim.records import NodeSpec
+
+    sim.world.queue_resource("ms", NodeSpec(accelerator_type="v4-8", labels=labels), node_count=2, node_prefix="np")
+    pair = ("np-0", "np-1")
+    sim.world.wait_for(lambda w: all(w.has_node(n) and w.node(n).state == "READY" for n in pair)
+                       and w.get_queued_resource(sim.project, sim.zone, "ms").state == "ACTIVE", timeout=30)
+    ck = sim.bucket / "ck"
+    go = tmp_path / "go"
+    go.mkdir()
+    cfg = write_config(tmp_path / "tpuwatch.toml", sim, trainer(ck, f"--hold-at 100 --hold-until {go}", steps=STEPS),
+                       ck, tpu={"names": list(pair), "queued_resource": "ms"}, name="ms")
+    cfg.write_text(cfg.read_text().replace("[recovery]", "min_slices = 1\n[recovery]"))
+    env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(cfg)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        wait(lambda: len(on_attempt(sim, 1)) == 2 and len(steps(sim)) >= 2, proc, "attempt 1 on both slices")
+        assert not [k for e in on_attempt(sim, 1).values() for k in e if k.startswith("MEGASCALE_")]
+        sim.inject("maintenance", node="np-1", stuck="REPAIRING")
+        wait(lambda: len(on_attempt(sim, 2)) == 1, proc, "attempt 2 on np-0 alone")
+        alone = on_attempt(sim, 2)["np-0"]
+        coordinator = TpuAdapter(sim.project, sim.zone).require_node("np-0").workers[0].internal_ip
+        assert (alone["MEGASCALE_NUM_SLICES"], alone["MEGASCALE_SLICE_ID"], alone["MEGASCALE_COORDINATOR_ADDRESS"],
+                alone["TPUWATCH_NUM_SLICES"]) == ("1", "0", coordinator, "1"), alone
+        sim.inject("heal", node="np-1")
+        wait(lambda: len(on_attempt(sim, 3)) == 2, proc, "attempt 3 on both slices after np-0's restart")
+        both = on_attempt(sim, 3)
+        assert not [k for e in both.values() for k in e if k.startswith("MEGASCALE_")], both  # the runtime's again
+        assert {e["TPUWATCH_NUM_SLICES"] for e in both.values()} == {"2"}
+        (go / "100").touch()
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    assert "limping on 1 of 2 slices (job.min_slices 1), np-1 left out" in out, out
+    assert "MEGASCALE_* set by tpuwatch for the 1 slices the job limps on (np-1 left out)" in out, out
+    mem = memory(tmp_path)
+    assert mem is not None and mem.limp.out == () and mem.budgets.restarts == 0
+    assert sim.world.call_count("DeleteQueuedResource") == 0 and sim.world.call_count("CreateQueuedResource") == 0

@@ -75,6 +75,14 @@ def test_never_below_the_floor() -> None:
     assert d2.row == "limp" and d2.memory.limp.out == ("s1", "s2")
 
 
+def test_a_slice_that_restarts_is_waited_for_not_limped_around() -> None:
+    """Google restarts a multislice request's other slices once a lost one is back: minutes, less
+    than a relaunch on fewer slices and the grow back would cost."""
+    mem = run_mem(step=100)
+    d = tick(limp_look({"s2": "RESTARTING"}, mem, probes=probes_with_slice_down(2)), mem, 600, cfg=LIMPS)
+    assert d.row != "limp" and d.memory.limp.out == () and d.memory.phase is Phase.WAITING_NODE
+
+
 def test_a_slice_a_person_stopped_pauses_the_job_and_is_not_limped_around() -> None:
     mem = run_mem(step=100)
     d = tick(limp_look({"s2": "STOPPED"}, mem, probes=probes_with_slice_down(2)), mem, 600, cfg=LIMPS)

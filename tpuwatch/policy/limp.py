@@ -20,6 +20,10 @@ from tpuwatch.policy.nodes import Cond, node_condition
 from tpuwatch.policy.state import Evidence, Limp, Memory, Phase, merge_evidence
 from tpuwatch.policy.values import Decision, StopWorkers, Wait
 
+# A slice in these states is back within minutes (Google restarts a multislice request's other
+# slices once a lost one is back): less than a limp and the grow back would cost; waited for.
+BRIEF_STATES = frozenset({"RESTARTING"})
+
 
 def kept(draft: Draft, mem: Memory) -> list[str]:
     """The job's slices its attempts run on now, in slice order."""
@@ -37,14 +41,15 @@ def shift(draft: Draft, mem: Memory) -> Decision | None:
 def limp(draft: Draft, mem: Memory) -> Decision | None:
     """Slices the job runs on are not READY+HEALTHY, and at least min_slices others are: end the
     attempt (a disruption, not charged) and leave the lost slices out; the launch that follows
-    runs on the slices left. A node a person stopped is left alone (the job pauses)."""
+    runs on the slices left. A node a person stopped is left alone (the job pauses), and a slice
+    that restarts is waited for (BRIEF_STATES)."""
     cfg, node, now = draft.cfg, draft.obs.node, draft.now
     if not cfg.min_slices or node is None or not node.slices or node_condition(node) in (Cond.USABLE, Cond.PERSON):
         return None
     names = kept(draft, mem)
     lost = [(name, part) for name, part in zip(names, node.slices, strict=True) if not part.usable]
     left = len(names) - len(lost)
-    if not lost or left < cfg.min_slices:
+    if not lost or left < cfg.min_slices or any(part.state in BRIEF_STATES for _, part in lost):
         return None
     said = ", ".join(f"{name} {part.state}" + (f"/{part.health}" if part.health and part.state == "READY" else "")
                      for name, part in lost)

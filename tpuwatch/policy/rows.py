@@ -85,8 +85,8 @@ ROWS: tuple[Row, ...] = (
     Row("not_recreatable", "delete + create needed on a job over separately created slices ([tpu] names "
         "without a queued resource)", "never delete a slice: needs a person (exit 1)"),
     Row("limp", "a multislice job with job.min_slices: slices it runs on are not READY+HEALTHY (a repair, "
-        "maintenance, a preemption, Google's autorepair, a slice missing; not a person's stop) and at least "
-        "min_slices others are",
+        "maintenance, a preemption, Google's autorepair, a slice missing; not a person's stop, nor a slice "
+        "RESTARTING, back within minutes) and at least min_slices others are",
         "a disruption, not charged: stop the attempt on the slices still up, journal the lost slices as left out, "
         "relaunch at once on the slices left from the newest complete checkpoint ({num_slices}, "
         "TPUWATCH_NUM_SLICES and MEGASCALE_* say how many); never a delete or a create, never below min_slices"),
