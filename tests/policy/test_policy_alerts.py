@@ -39,6 +39,19 @@ CASES = [
 ]
 
 
+def test_a_grow_back_is_said_as_what_it_is_not_as_a_fault() -> None:
+    reason = ("attempt 2: worker 0 no exit code, ended by a disruption (stopped by tpuwatch to grow back onto np-1 "
+              "(checkpoint step 70) at 2026-11-29T06:32:21+00:00)")
+    assert alerts.disruption_kind(reason) == "grow"
+    alert = alerts.from_event(WHERE, 9, "attempt_end", T, reason, {"attempt": 2, "outcome": "disruption"})
+    assert alert is not None and alert.text.endswith(
+        "grow: attempt 2 stopped by tpuwatch to grow back onto np-1 (checkpoint step 70) at 2026-11-29T06:32:21+00:00, "
+        "not charged; relaunching on every slice from that checkpoint"), alert.text
+    limp = ("attempt 1: worker 0 no exit code, ended by a disruption (slice np-1 lost (REPAIRING) at "
+            "2026-11-29T06:32:21+00:00)")
+    assert alerts.disruption_kind(limp) == "maintenance"
+
+
 def test_a_slices_event_says_how_many_slices_the_job_runs_on() -> None:
     limp = alerts.from_event(WHERE, 8, "slices", T, "np-1 lost", {"out": ["np-1"], "in_use": 3, "of": 4})
     back = alerts.from_event(WHERE, 9, "slices", T, "np-1 back", {"out": [], "in_use": 4, "of": 4})

@@ -51,6 +51,7 @@ class Alert:
 
 # What ended an attempt, from the sign the policy named (first match wins); a metric label too.
 DISRUPTION_KINDS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"to grow back onto"), "grow"),  # policy/limp.py's planned stop, first: it names no fault
     (re.compile(r"PREEMPTED|preempt", re.I), "preemption"),
     (re.compile(r"maintenance|REPAIRING", re.I), "maintenance"),
     (re.compile(r"terminate|TERMINATED", re.I), "terminated"),
@@ -105,7 +106,9 @@ RULES: tuple[Rule, ...] = (
     Rule("needs_person", _always, "needs_person",
          lambda r, d: f"needs a person: {r}. Fix it; the next `tpuwatch watch` or `check` resumes from the journal"),
     Rule("attempt_end", lambda d: d.get("outcome") == "disruption", "disruption",
-         lambda r, d: f"{disruption_kind(r)}: attempt {d.get('attempt')} ended by a disruption ({_sign(r)}), not "
+         lambda r, d: f"grow: attempt {d.get('attempt')} {_sign(r)}, not charged; relaunching on every slice "
+                      "from that checkpoint" if disruption_kind(r) == "grow" else
+                      f"{disruption_kind(r)}: attempt {d.get('attempt')} ended by a disruption ({_sign(r)}), not "
                       "charged. tpuwatch gets the node back (waits for it to heal, or recreates it) and relaunches "
                       "from the newest checkpoint"),
     Rule("wait", lambda d: d.get("reason") == "node created", "recreated",
