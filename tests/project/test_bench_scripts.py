@@ -168,3 +168,16 @@ def test_bench_recovery_reports_crash_medians_and_p95_against_the_3_second_targe
     (target,) = bench.targets(rows, st, {"delete": 60.0, "create": 120.0})
     assert target["met"] and "tpuwatch 2.0s median, 9.0s p95 over 3 run(s)" in target["measured"], target
     assert "ssh loop 1.1s median" in target["measured"]
+
+
+def test_bench_limp_times_the_limp_and_the_grow_back(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, str(SCRIPTS / "bench_limp.py"), "--slices", "2", "--min-slices", "1",
+                        "--poll", "1", "--outage", "3", "--step-time", "0.02", "--ckpt-every", "10", "--json"],
+                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr[-4000:]
+    [run0] = json.loads(r.stdout)
+    # the job trained on the slice left while the other was down (3 s), and grew back after it
+    assert 0 < run0["limping"] < 3 and run0["grown"] > 0 and run0["steps_lost"] >= 0
+    bad = subprocess.run([sys.executable, str(SCRIPTS / "bench_limp.py"), "--min-slices", "4"],
+                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert bad.returncode == 2 and "--min-slices" in bad.stderr
