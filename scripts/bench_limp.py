@@ -106,7 +106,7 @@ def one_run(args: argparse.Namespace, n: int, root: Path) -> Result:
             def steps() -> list[int]:
                 return sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit()) if ck.exists() else []
 
-            until(lambda: len(trainers(job)) == args.slices and len(steps()) >= 3, 120, "the job running")
+            until(lambda: len(trainers(job)) == args.slices and len(steps()) >= 2, 600, "the job running")
             before = max(a for a, _ in trainers(job).values())
             saved = steps()[-1]
             t0 = time.monotonic()
