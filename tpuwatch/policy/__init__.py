@@ -19,7 +19,8 @@ The API the tick uses (observe -> decide -> journal -> act):
 
     cfg = PolicyConfig.from_config(config, zone=resolved_zone)
     mem = journal.load_memory() or Memory.initial(cfg.zones[0])   # mem.zone: where to look
-    obs = Observation(node=..., events=..., probes=..., checkpoint=...,
+    obs = Observation(node=<the slices the job runs on, model.bound_view of mem.limp.out>,
+                      left_out=<the slices mem.limp.out leaves out>, events=..., probes=..., checkpoint=...,
                       operation=<status of mem.recreate.pending_op, when observe.operation_due>,
                       create_failure=<recreate.classify_operation(op).kind when it failed>,
                       queued=<the queued resource's state, when observe.queued_due>, jitter=random.random(),
@@ -31,7 +32,8 @@ The API the tick uses (observe -> decide -> journal -> act):
     # Wait, DeleteNode, CreateNode, ClearQueued, FollowOperation, MarkDone, Fail, NeedsPerson,
     # StartMaintenance, ReportHost; after DeleteNode / CreateNode returned an operation name:
     #     mem = journal.record_operation(now, d.memory, name, action.kind, action.zone)  # operation_started
-    # and returns Again(obs, memory) when the decision asked for more (settle.py), else None.
+    # and returns Again(obs, memory) when the decision asked for more (settle.py), or changed the
+    # slices the job runs on (the tick then looks at the new set: node, left_out, probes), else None.
     exit with d.exit_code; `watch` returns when d.terminal.
 
 `--dry-run`: set `Observation.dry_run`; the Decision then keeps the old memory, and the tick
