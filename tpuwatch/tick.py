@@ -207,8 +207,10 @@ class Reconciler:
             st.node = view
             looked, st.precheck = self._probe(view, acted.memory, st.now)
             st.probes = looked
+            # and at the checkpoints again: the job stopped may have saved on its SIGTERM
+            ckpt = self.ports.checkpoints.latest() if self.ports.checkpoints is not None else obs.checkpoint
             return Again(replace(obs, node=view, left_out=left_out, probes=looked, precheck=st.precheck,
-                                 precheck_fixed=False), acted.memory)
+                                 precheck_fixed=False, checkpoint=ckpt), acted.memory)
         if decision.check_after and obs.node is not None and checker is not None:
             # The cleanup ran (StopWorkers): check again and decide, in this same tick.
             st.precheck = checker.run(obs.node, "launch", now=st.now)

@@ -41,7 +41,9 @@ def limping_job(sim: Simulator, tmp_path: Path, *, floor: int = 3) -> tuple[Path
     go = tmp_path / "go"
     go.mkdir()
     # the trainer's environment shows what {num_slices} became
-    command = "SLICES_SAID={num_slices} " + trainer(ck, f"--hold-at 100 --hold-until {go}", steps=STEPS)
+    # it saves on SIGTERM (Orbax's save on preemption): the relaunch must resume from that save
+    command = "SLICES_SAID={num_slices} " + trainer(ck, f"--hold-at 100 --hold-until {go} --save-on-term 1",
+                                                    steps=STEPS)
     cfg = write_config(tmp_path / "tpuwatch.toml", sim, command, ck, tpu={"names": list(SLICES)}, name="ms")
     cfg.write_text(cfg.read_text().replace("[recovery]", f"min_slices = {floor}\n[recovery]"))
     env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
@@ -103,6 +105,7 @@ def test_a_lost_slice_limps_the_job_on_three_and_it_grows_back_to_four_at_the_ne
         sim.inject("maintenance", node="np-1", stuck="REPAIRING")
         wait(lambda: len(on_attempt(sim, 2)) == 3, proc, "attempt 2 on the 3 slices left")
         limped = on_attempt(sim, 2)
+        resumed = {int(e["TPUWATCH_STEP"]) for e in limped.values()}
         assert sorted(limped) == ["np-0", "np-2", "np-3"]
         coordinator = TpuAdapter(sim.project, sim.zone).require_node("np-0").workers[0].internal_ip
         for i, name in enumerate(("np-0", "np-2", "np-3")):  # ids renumbered over the slices left
@@ -136,7 +139,10 @@ def test_a_lost_slice_limps_the_job_on_three_and_it_grows_back_to_four_at_the_ne
     assert "slice np-1 lost" in attempts[0]["reason"] or "np-1" in attempts[0]["reason"], attempts
     # the grow came at the first checkpoint after step 100, not before it
     assert attempts[2]["start_step"] is not None and attempts[2]["start_step"] > 100, attempts
-    assert attempts[1]["end_step"] == attempts[2]["start_step"], attempts
+    # each relaunch resumed from what the stopped job saved on its SIGTERM, newer than the
+    # checkpoint the stop was decided on
+    assert resumed == {attempts[1]["start_step"]} and attempts[1]["start_step"] > attempts[0]["end_step"], attempts
+    assert attempts[2]["start_step"] > attempts[1]["end_step"], attempts
     # Never a delete or a create: limping only moves the job.
     assert sim.world.call_count("DeleteNode") == 0 and sim.world.call_count("CreateNode") == 0
 
