@@ -6,7 +6,8 @@ be gone — after a normal end and after Ctrl-C (SIGINT) mid-run. Processes are 
 they carry (the demo's TMPDIR in their command line, environment or working directory), so a
 worker process that escaped the simulator's cleanup is caught too. With `--api compute` the
 story plays on a Compute Engine MIG, and its journal (kept with `--keep`) must show what
-tpuwatch did there.
+tpuwatch did there. With `--limp` a multislice job limps on 3 of its 4 slices and grows back:
+the kept journal, the simulated workers' files and Cloud Logging's entries must show it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -227,3 +229,63 @@ def test_ctrl_c_mid_demo_stops_every_process_and_removes_the_temp_dir(tmp_path: 
     assert "demo interrupted" in demo.output()
     assert "Traceback" not in demo.output()
     demo.assert_nothing_left()
+
+
+def test_fast_limp_demo_limps_on_three_slices_and_grows_back_onto_four(tmp_path: Path) -> None:
+    demo = Demo(tmp_path, "--limp", "--keep")
+    rc = demo.wait(timeout=90)
+    out = demo.output()
+    assert rc == 0, out
+    acts = story(FAST, limp=True)
+    assert [a.key for a in acts] == ["lost", "back"]
+    rows = summary_rows(demo, acts)
+    assert [rows[a.key][-2] for a in acts] == ["0", "0"], rows  # nothing charged
+    assert re.search(r"^result: ok: 2/2 disruptions recovered, final step 100/100", out, re.M), out
+    said = " ".join(out.split())
+    limped = re.search(r"limped (\S+) on 3 of 4 slices: the equal of (\S+) of training at full size, which waiting "
+                       r"for the lost slice would have lost; growing back onto all 4 at checkpoint step (\d+) cost", said)
+    assert limped, out
+    demo.assert_no_process_left()
+
+    kept = re.search(r"^kept the demo's files in (\S+) ", out, re.M)
+    assert kept, out
+    home = Path(kept.group(1))
+    history = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "history", "-c", str(home / "tpuwatch.toml"),
+                              "--json"], env={**os.environ, "TPUWATCH_STATE_DIR": str(home / "state")},
+                             text=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert history.returncode == 0, history.stderr
+    journal = json.loads(history.stdout)
+    attempts, events = journal["attempts"], journal["events"]
+    # Three attempts, none charged: on 4, on the 3 left (demo-1 lost), on all 4 again to the end.
+    assert [(a["outcome"], a["charged"]) for a in attempts] == [
+        ("disruption", False), ("disruption", False), ("success", False)], attempts
+    assert [(e["data"]["in_use"], e["data"]["out"]) for e in events if e["kind"] == "slices"] == [
+        (3, ["demo-1"]), (4, [])], events
+    grow = attempts[2]
+    assert str(grow["start_step"]) == limped.group(3) and attempts[1]["end_step"] == grow["start_step"], attempts
+    assert grow["end_step"] == 100, attempts
+    # Limping only moves the job: tpuwatch deleted and created nothing.
+    assert not [e for e in events if e["kind"] in ("delete", "create")], events
+
+    # The world: each slice's worker ran the attempts the journal says, demo-1 none while it was
+    # out; Cloud Logging saw demo-1 stopped for maintenance and restarted, and no delete or create.
+    ran = {}
+    for name in ("demo-0", "demo-1", "demo-2", "demo-3"):
+        [worker] = (home / "sim" / "hosts" / "nodes").glob(f"*__{name}/worker-0")
+        ran[name] = sorted(int(p.stem.split("-")[1]) for p in (worker / "home" / ".tpuwatch" / "demo").glob("attempt-*.log"))
+    assert ran == {"demo-0": [1, 2, 3], "demo-1": [1, 3], "demo-2": [1, 2, 3], "demo-3": [1, 2, 3]}, ran
+    with sqlite3.connect(home / "state" / "audit.sim-project.db") as db:
+        logged = [(m, r.rsplit("/", 1)[-1]) for m, r in db.execute("SELECT method, resource_name FROM entries ORDER BY ns")]
+    assert logged == [("tpu.nodes.terminate", "demo-1"), ("tpu.nodes.restart", "demo-1")], logged
+    # The job grew back at a checkpoint saved after demo-1 was back, from the bucket's own record.
+    meta = json.loads((home / "sim" / "bucket" / "ckpt" / str(grow["start_step"]) / "_CHECKPOINT_METADATA").read_text())
+    with sqlite3.connect(home / "state" / "audit.sim-project.db") as db:
+        [(restarted,)] = db.execute("SELECT ns FROM entries WHERE method = 'tpu.nodes.restart'")
+    assert meta["commit_timestamp_nsecs"] > restarted, (meta, restarted)
+
+
+def test_limp_demo_on_compute_engine_is_refused_with_exit_2() -> None:
+    res = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "demo", "--limp", "--api", API_COMPUTE],
+                         text=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert res.returncode == 2, res
+    assert "--limp" in res.stderr and "drop --api compute" in res.stderr, res.stderr
