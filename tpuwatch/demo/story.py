@@ -161,10 +161,6 @@ class Stage(ABC):
         """The slice is as `act` needs it to be played."""
         return self.ready(sim)
 
-    def due_step(self, pace: Pace, index: int) -> int:
-        """Scripted act `index` is played once a checkpoint at or past this step is saved."""
-        return pace.at_step(index)
-
     def holds(self, pace: Pace) -> tuple[int, ...]:
         """Steps the trainer holds at (after their checkpoint) until the director lets it past."""
         return ()
@@ -342,21 +338,23 @@ class Multislice(Stage):
     def steps(self, pace: Pace) -> int:
         return pace.at_step(4)
 
-    # The toy trainer does not stall when a slice is lost (a real multislice job would, in its
-    # collectives), and a loaded machine can slow the ticks more than the trainer: so it holds
-    # at three steps until the story has got there, and the story plays the same however slow
-    # the machine. On time, the director lets it past before it gets there.
+    # A loaded machine can slow the ticks more than the trainer, so the trainer holds at three
+    # steps until the story has got there, and the story plays the same however slow the
+    # machine; on time, the director lets it past before it gets there. The first hold, one
+    # step short of the checkpoint after the loss, also stalls the job on all slices without
+    # saving once one is lost, as a real multislice job stalls in its collectives (the toy
+    # trainer would train on).
     def holds(self, pace: Pace) -> tuple[int, ...]:
-        return pace.at_step(1), pace.at_step(2), pace.at_step(3)
+        return self._stall(pace), pace.at_step(2), pace.at_step(3)
 
-    def due_step(self, pace: Pace, index: int) -> int:
-        # The return comes once the job has saved on the slices left: past the first hold,
-        # which the job on all slices cannot pass.
-        return pace.at_step(index) + (pace.ckpt_every if index else 0)
+    @staticmethod
+    def _stall(pace: Pace) -> int:
+        return pace.at_step(0) + pace.ckpt_every - 1
 
     def release(self, step: int, pace: Pace, played: list[Played], journal: Journal) -> bool:
+        # The return is due at a checkpoint past the first hold: saved on the slices left.
         at = {p.act.key: p.fault_at for p in played}
-        if step == pace.at_step(1):  # the job on all slices: until it runs on the slices left
+        if step == self._stall(pace):  # the job on all slices: until it runs on the slices left
             return relaunched_after(journal, at.get("lost"))
         if step == pace.at_step(2):  # on the slices left: until tpuwatch has seen the slice back
             if "back" not in at:
@@ -499,7 +497,7 @@ class Director:
             return
         index = self._scripted.index(todo[0])
         ckpts = checkpoint_times(self.ckpt_dir)
-        due = [t for s, t in ckpts.items() if s >= self.stage.due_step(self.pace, index)]
+        due = [t for s, t in ckpts.items() if s >= self.pace.at_step(index)]
         # Half a checkpoint interval after the save, so the fault lands between two saves and
         # the job has steps to lose, as a real one usually does.
         half = self.pace.ckpt_every * self.pace.step_time / 2
