@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -261,6 +262,14 @@ def test_fast_limp_demo_limps_on_three_slices_and_grows_back_onto_four(tmp_path:
         ("disruption", False), ("disruption", False), ("success", False)], attempts
     assert [(e["data"]["in_use"], e["data"]["out"]) for e in events if e["kind"] == "slices"] == [
         (3, ["demo-1"]), (4, [])], events
+    # The limp: from the journal's two `slices` events; a step on 3 of 4 slices is 3/4 of one.
+    shifts = [datetime.fromisoformat(e["time"]) for e in events if e["kind"] == "slices"]
+    on_three = (shifts[1] - shifts[0]).total_seconds()
+    assert abs(seconds(limped.group(1)) - on_three) <= 0.051, (limped.group(0), on_three)
+    assert abs(seconds(limped.group(2)) - on_three * 3 / 4) <= 0.051, (limped.group(0), on_three)
+    # The job on 4 stalled without saving once demo-1 was lost: relaunched on 3 from the
+    # checkpoint before the loss, the steps since lost.
+    assert attempts[1]["start_step"] == FAST.at_step(0) and int(rows["lost"][-3]) > 0, (attempts, rows)
     grow = attempts[2]
     assert str(grow["start_step"]) == limped.group(3) and attempts[1]["end_step"] == grow["start_step"], attempts
     assert grow["end_step"] == 100, attempts
@@ -282,6 +291,11 @@ def test_fast_limp_demo_limps_on_three_slices_and_grows_back_onto_four(tmp_path:
     with sqlite3.connect(home / "state" / "audit.sim-project.db") as db:
         [(restarted,)] = db.execute("SELECT ns FROM entries WHERE method = 'tpu.nodes.restart'")
     assert meta["commit_timestamp_nsecs"] > restarted, (meta, restarted)
+
+
+def seconds(said: str) -> float:
+    """The summary's `850ms` or `2.6s`."""
+    return float(said[:-2]) / 1000 if said.endswith("ms") else float(said[:-1])
 
 
 def test_limp_demo_on_compute_engine_is_refused_with_exit_2() -> None:
