@@ -246,6 +246,7 @@ def test_fast_limp_demo_limps_on_three_slices_and_grows_back_onto_four(tmp_path:
     limped = re.search(r"limped (\S+) on 3 of 4 slices: the equal of (\S+) of training at full size, which waiting "
                        r"for the lost slice would have lost; growing back onto all 4 at checkpoint step (\d+) cost", said)
     assert limped, out
+    assert "launched attempt 2 on 3/3 workers" in out and "launched attempt 3 on 4/4 workers" in out, out
     demo.assert_no_process_left()
 
     kept = re.search(r"^kept the demo's files in (\S+) ", out, re.M)

@@ -36,7 +36,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from tpuwatch.demo.story import Pace, Played
+from tpuwatch.demo.story import JOB, Pace, Played
 from tpuwatch.durations import human
 from tpuwatch.journal import AttemptRow, JournalEvent
 from tpuwatch.ui.node import BAD, OK
@@ -136,7 +136,7 @@ def _limp_cost(events: Sequence[JournalEvent], attempts: Sequence[AttemptRow], c
     from tpuwatch.report import compute
 
     end = events[-1].time if events else datetime.now(timezone.utc)
-    limps = compute("demo", events, attempts, end).limps
+    limps = compute(JOB, events, attempts, end).limps
     if not limps:
         return LimpCost(0.0, 0.0, 0, 0, None, None, "the job never ran on fewer slices")
     seconds, training = sum(lp.seconds for lp in limps), sum(lp.training for lp in limps)
