@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -278,20 +278,22 @@ def test_fast_limp_demo_limps_on_three_slices_and_grows_back_onto_four(tmp_path:
     assert not [e for e in events if e["kind"] in ("delete", "create")], events
 
     # The world: each slice's worker ran the attempts the journal says, demo-1 none while it was
-    # out; Cloud Logging saw demo-1 stopped for maintenance and restarted, and no delete or create.
+    # out (a node deleted and created again would have lost its attempt-1.log: the simulator
+    # boots a new node on empty disks); Cloud Logging's entries tpuwatch read name no delete or
+    # create.
     ran = {}
     for name in ("demo-0", "demo-1", "demo-2", "demo-3"):
         [worker] = (home / "sim" / "hosts" / "nodes").glob(f"*__{name}/worker-0")
         ran[name] = sorted(int(p.stem.split("-")[1]) for p in (worker / "home" / ".tpuwatch" / "demo").glob("attempt-*.log"))
     assert ran == {"demo-0": [1, 2, 3], "demo-1": [1, 3], "demo-2": [1, 2, 3], "demo-3": [1, 2, 3]}, ran
     with sqlite3.connect(home / "state" / "audit.sim-project.db") as db:
-        logged = [(m, r.rsplit("/", 1)[-1]) for m, r in db.execute("SELECT method, resource_name FROM entries ORDER BY ns")]
-    assert logged == [("tpu.nodes.terminate", "demo-1"), ("tpu.nodes.restart", "demo-1")], logged
-    # The job grew back at a checkpoint saved after demo-1 was back, from the bucket's own record.
+        logged = [m for (m,) in db.execute("SELECT method FROM entries")]
+    assert not [m for m in logged if m.rsplit(".", 1)[-1] in ("delete", "create", "insert")], logged
+    # The checkpoint it grew back at was saved on the 3 slices, from the bucket's own record.
     meta = json.loads((home / "sim" / "bucket" / "ckpt" / str(grow["start_step"]) / "_CHECKPOINT_METADATA").read_text())
-    with sqlite3.connect(home / "state" / "audit.sim-project.db") as db:
-        [(restarted,)] = db.execute("SELECT ns FROM entries WHERE method = 'tpu.nodes.restart'")
-    assert meta["commit_timestamp_nsecs"] > restarted, (meta, restarted)
+    saved = datetime.fromtimestamp(meta["commit_timestamp_nsecs"] / 1e9, timezone.utc)
+    assert saved > datetime.fromisoformat(attempts[1]["start"]), (meta, attempts)
+    assert grow["start_step"] > attempts[1]["start_step"], attempts
 
 
 def seconds(said: str) -> float:
