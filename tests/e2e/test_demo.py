@@ -6,7 +6,8 @@ be gone — after a normal end and after Ctrl-C (SIGINT) mid-run. Processes are 
 they carry (the demo's TMPDIR in their command line, environment or working directory), so a
 worker process that escaped the simulator's cleanup is caught too. With `--api compute` the
 story plays on a Compute Engine MIG, and its journal (kept with `--keep`) must show what
-tpuwatch did there.
+tpuwatch did there. With `--limp` a multislice job limps on 3 of its 4 slices and grows back:
+the kept journal, the simulated workers' files and Cloud Logging's entries must show it.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -227,3 +230,79 @@ def test_ctrl_c_mid_demo_stops_every_process_and_removes_the_temp_dir(tmp_path: 
     assert "demo interrupted" in demo.output()
     assert "Traceback" not in demo.output()
     demo.assert_nothing_left()
+
+
+def test_fast_limp_demo_limps_on_three_slices_and_grows_back_onto_four(tmp_path: Path) -> None:
+    demo = Demo(tmp_path, "--limp", "--keep")
+    rc = demo.wait(timeout=90)
+    out = demo.output()
+    assert rc == 0, out
+    acts = story(FAST, limp=True)
+    assert [a.key for a in acts] == ["lost", "back"]
+    rows = summary_rows(demo, acts)
+    assert [rows[a.key][-2] for a in acts] == ["0", "0"], rows  # nothing charged
+    assert re.search(r"^result: ok: 2/2 disruptions recovered, final step 100/100", out, re.M), out
+    said = " ".join(out.split())
+    limped = re.search(r"limped (\S+) on 3 of 4 slices: the equal of (\S+) of training at full size, which waiting "
+                       r"for the lost slice would have lost; growing back onto all 4 at checkpoint step (\d+) cost", said)
+    assert limped, out
+    assert "launched attempt 2 on 3/3 workers" in out and "launched attempt 3 on 4/4 workers" in out, out
+    demo.assert_no_process_left()
+
+    kept = re.search(r"^kept the demo's files in (\S+) ", out, re.M)
+    assert kept, out
+    home = Path(kept.group(1))
+    history = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "history", "-c", str(home / "tpuwatch.toml"),
+                              "--json"], env={**os.environ, "TPUWATCH_STATE_DIR": str(home / "state")},
+                             text=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert history.returncode == 0, history.stderr
+    journal = json.loads(history.stdout)
+    attempts, events = journal["attempts"], journal["events"]
+    # Three attempts, none charged: on 4, on the 3 left (demo-1 lost), on all 4 again to the end.
+    assert [(a["outcome"], a["charged"]) for a in attempts] == [
+        ("disruption", False), ("disruption", False), ("success", False)], attempts
+    assert [(e["data"]["in_use"], e["data"]["out"]) for e in events if e["kind"] == "slices"] == [
+        (3, ["demo-1"]), (4, [])], events
+    # The limp: from the journal's two `slices` events; a step on 3 of 4 slices is 3/4 of one.
+    shifts = [datetime.fromisoformat(e["time"]) for e in events if e["kind"] == "slices"]
+    on_three = (shifts[1] - shifts[0]).total_seconds()
+    assert abs(seconds(limped.group(1)) - on_three) <= 0.051, (limped.group(0), on_three)
+    assert abs(seconds(limped.group(2)) - on_three * 3 / 4) <= 0.051, (limped.group(0), on_three)
+    # The job on 4 stalled without saving once demo-1 was lost: relaunched on 3 from the
+    # checkpoint before the loss, the steps since lost.
+    assert attempts[1]["start_step"] == FAST.at_step(0) and int(rows["lost"][-3]) > 0, (attempts, rows)
+    grow = attempts[2]
+    assert str(grow["start_step"]) == limped.group(3) and attempts[1]["end_step"] == grow["start_step"], attempts
+    assert grow["end_step"] == 100, attempts
+    # Limping only moves the job: tpuwatch deleted and created nothing.
+    assert not [e for e in events if e["kind"] in ("delete", "create")], events
+
+    # The world: each slice's worker ran the attempts the journal says, demo-1 none while it was
+    # out (a node deleted and created again would have lost its attempt-1.log: the simulator
+    # boots a new node on empty disks); Cloud Logging's entries tpuwatch read name no delete or
+    # create.
+    ran = {}
+    for name in ("demo-0", "demo-1", "demo-2", "demo-3"):
+        [worker] = (home / "sim" / "hosts" / "nodes").glob(f"*__{name}/worker-0")
+        ran[name] = sorted(int(p.stem.split("-")[1]) for p in (worker / "home" / ".tpuwatch" / "demo").glob("attempt-*.log"))
+    assert ran == {"demo-0": [1, 2, 3], "demo-1": [1, 3], "demo-2": [1, 2, 3], "demo-3": [1, 2, 3]}, ran
+    with sqlite3.connect(home / "state" / "audit.sim-project.db") as db:
+        logged = [m for (m,) in db.execute("SELECT method FROM entries")]
+    assert not [m for m in logged if m.rsplit(".", 1)[-1] in ("delete", "create", "insert")], logged
+    # The checkpoint it grew back at was saved on the 3 slices, from the bucket's own record.
+    meta = json.loads((home / "sim" / "bucket" / "ckpt" / str(grow["start_step"]) / "_CHECKPOINT_METADATA").read_text())
+    saved = datetime.fromtimestamp(meta["commit_timestamp_nsecs"] / 1e9, timezone.utc)
+    assert saved > datetime.fromisoformat(attempts[1]["start"]), (meta, attempts)
+    assert grow["start_step"] > attempts[1]["start_step"], attempts
+
+
+def seconds(said: str) -> float:
+    """The summary's `850ms` or `2.6s`."""
+    return float(said[:-2]) / 1000 if said.endswith("ms") else float(said[:-1])
+
+
+def test_limp_demo_on_compute_engine_is_refused_with_exit_2() -> None:
+    res = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "demo", "--limp", "--api", API_COMPUTE],
+                         text=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert res.returncode == 2, res
+    assert "--limp" in res.stderr and "drop --api compute" in res.stderr, res.stderr

@@ -90,3 +90,74 @@ def test_the_summary_says_which_disruption_was_not_recovered() -> None:
     assert f"not recovered: {preempt.title}: never happened" in out
     assert "the run ended: job failed: recreate budget spent" in out
     assert "result: FAILED: 0/2 disruptions recovered, final step 10/105" in out
+
+
+LIMP = story(FAST, limp=True)
+LIMP_STEPS = 100
+
+
+def limp_run(grew: bool = True) -> tuple[list[Played], list[JournalEvent], list[AttemptRow], dict[int, datetime]]:
+    """The limping story by hand: demo-1 lost at 1.6 s, the job relaunched on 3 in the tick
+    stamped 1.7 (done acting at 2.0), demo-1 back at 4.0, the grow at checkpoint 60 (saved at
+    4.9) in the tick stamped 4.8 (done acting at 5.4), the job done at 8.0."""
+    lost, back = LIMP
+    played = [Played(lost, at(1.6), mark=1), Played(back, at(4.0), mark=4)]
+    events = [ev(1, 0.0, "launch"), ev(2, 1.7, "attempt_end", attempt=1),
+              ev(3, 1.7, "slices", out=["demo-1"], in_use=3, of=4), ev(4, 1.7, "launch"),
+              ev(5, 4.2, "wait")]
+    attempts = [attempt(1, 0.0, 1.7, None), attempt(2, 1.7, 4.8 if grew else None, 20)]
+    if grew:
+        events += [ev(6, 4.8, "attempt_end", attempt=2), ev(7, 4.8, "slices", out=[], in_use=4, of=4),
+                   ev(8, 4.8, "launch"), ev(9, 8.0, "done")]
+        attempts.append(attempt(3, 4.8, 8.0, 60, outcome="success"))
+    c = ckpts((10, 1.0), (20, 1.3), (30, 2.6), (40, 3.5), (50, 4.4), (60, 4.9))
+    if grew:
+        c.update(ckpts((70, 6.0), (80, 6.5), (90, 7.2), (100, 8.0)))
+    return played, events, attempts, c
+
+
+def test_the_limp_says_what_it_cost_and_gave() -> None:
+    played, events, attempts, c = limp_run()
+    s = summarize(played, [a.title for a in LIMP], events, attempts, c, FAST, done=True, how_it_ended="job done",
+                  tick_end={at(1.7): at(2.0), at(4.2): at(4.3), at(4.8): at(5.4)}, steps=LIMP_STEPS, limp=True)
+    lost, back = s.outcomes
+    # lost at 1.6 (step 20 + 0.3 s / 0.03 s, capped at 29), relaunched from 20 by the tick's end
+    assert (lost.recovered, lost.charged, lost.steps_lost) == (True, 0, 9)
+    assert abs(lost.detect - 0.4) < 1e-6 and abs(lost.resume - 0.4) < 1e-6  # type: ignore[operator]
+    # back at 4.0: seen by the tick done at 4.3; on all 4 by 5.4; the steps past checkpoint 60
+    # count from the stop (stamped 4.8: none yet), not from the return
+    assert (back.recovered, back.charged, back.steps_lost) == (True, 0, 0)
+    assert abs(back.detect - 0.3) < 1e-6 and abs(back.resume - 1.4) < 1e-6  # type: ignore[operator]
+    lp = s.limp
+    assert lp is not None and not lp.why
+    assert (lp.in_use, lp.of, lp.grow_step) == (3, 4, 60)
+    assert abs(lp.seconds - 3.1) < 1e-6 and abs(lp.training - 3.1 * 3 / 4) < 1e-6
+    assert lp.grow_cost is not None and abs(lp.grow_cost - 0.5) < 1e-6  # checkpoint 60 at 4.9, launched at 5.4
+    assert s.ok and s.total_steps == LIMP_STEPS and s.charged == 0
+    out = " ".join(text(render(s)).split())
+    assert "limped 3.1s on 3 of 4 slices: the equal of 2.3s of training at full size" in out, out
+    assert "growing back onto all 4 at checkpoint step 60 cost 500ms" in out, out
+    assert "result: ok: 2/2 disruptions recovered, final step 100/100" in out, out
+    assert "four disruptions" not in out
+
+
+def test_a_limp_that_never_grew_back_is_not_ok() -> None:
+    played, events, attempts, c = limp_run(grew=False)
+    s = summarize(played, [a.title for a in LIMP], events, attempts, c, FAST, done=False,
+                  how_it_ended="the demo's deadline (60s) passed", steps=LIMP_STEPS, limp=True)
+    assert s.limp is not None and s.limp.why == "the job never grew back onto all its slices"
+    assert s.limp.grow_step is None and abs(s.limp.seconds - (4.2 - 1.7)) < 1e-6  # limping until the journal's end
+    assert not s.ok and [o.recovered for o in s.outcomes] == [True, False]
+    out = " ".join(text(render(s)).split())
+    assert "not recovered: the limp: the job never grew back onto all its slices" in out, out
+    assert "not recovered: slice back: grow to 4: the job was never relaunched" in out, out
+
+
+def test_the_four_disruption_story_has_no_limp_line() -> None:
+    maint = ACTS[0]
+    s = summarize([Played(maint, at(1.6), mark=1)], [maint.title], [ev(1, 0.0, "launch"), ev(2, 8.0, "done")],
+                  [attempt(1, 0.0, 2.2, None), attempt(2, 4.0, 8.0, 20, outcome="success")],
+                  ckpts((10, 1.0), (20, 1.5), (105, 8.0)), FAST, done=True, how_it_ended="job done")
+    assert s.limp is None and s.ok
+    out = " ".join(text(render(s)).split())
+    assert "limped" not in out and "packs four disruptions into a minute" in out

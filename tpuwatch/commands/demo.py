@@ -14,6 +14,7 @@ Examples:
   tpuwatch demo --fast     # the same story in under 30 seconds
   tpuwatch demo --keep     # keep the config, journal and checkpoints after
   tpuwatch demo --api compute   # the story on a TPU7x slice made through Compute Engine
+  tpuwatch demo --limp     # a multislice job limping on 3 of its 4 slices, then growing back
   tpuwatch demo | cat      # plain timestamped lines, as under cron or nohup
 
 Exit codes: 0 every disruption was recovered and the job finished; 1 one was not (the
@@ -28,7 +29,10 @@ summary says which); 130 interrupted (everything is cleaned up all the same).
 @click.option("--plain", is_flag=True, help="Plain timestamped lines even on a terminal.")
 @click.option("--api", type=click.Choice(APIS), default=APIS[0], show_default=True,
               help="The slice: a node of the Cloud TPU API, or a TPU7x MIG made through Compute Engine.")
-def command(fast: bool, keep: bool, plain: bool, api: str) -> int:
+@click.option("--limp", is_flag=True,
+              help="Another story: a job over 4 slices (job.min_slices = 3) limps on 3 while one is "
+                   "lost, then grows back onto it.")
+def command(fast: bool, keep: bool, plain: bool, api: str, limp: bool) -> int:
     """Run a simulated v4-32 TPU (4 workers) with a toy trainer under tpuwatch, and play four
     disruptions: maintenance that heals, maintenance that never heals (the TPU is recreated),
     a spot preemption during a stockout, and a crash.
@@ -38,6 +42,12 @@ def command(fast: bool, keep: bool, plain: bool, api: str) -> int:
     recreates the slice (tpuwatch waits, deleting nothing), a host error stops it (no Spot VM is
     restarted: tpuwatch recreates its VMs through the MIG), a Spot preemption during a stockout,
     and the same crash.
+
+    With --limp the story is a multislice job's: four v4-8 slices created one by one, one job
+    over them with job.min_slices = 3. A slice goes into maintenance that lasts: tpuwatch
+    relaunches the job on the 3 left at once, charging nothing; when the slice is back, the job
+    grows back onto all 4 at its next checkpoint. The summary adds the time limped, the training
+    it stood for, and what growing back cost.
 
     Everything runs on this machine: the simulator serves the TPU, Compute Engine and Logging
     APIs to the real Google client libraries, and the workers are SSH servers on loopback
@@ -50,4 +60,4 @@ def command(fast: bool, keep: bool, plain: bool, api: str) -> int:
     from tpuwatch.demo import FAST, NORMAL, run_demo
 
     live = sys.stdout.isatty() and not plain
-    return run_demo(FAST if fast else NORMAL, keep=keep, live=live, api=api)
+    return run_demo(FAST if fast else NORMAL, keep=keep, live=live, api=api, limp=limp)

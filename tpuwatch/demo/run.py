@@ -33,6 +33,7 @@ from tpuwatch.demo.story import (
     Director,
     Pace,
     Stage,
+    hold_dir_for,
     stage_for,
 )
 
@@ -40,12 +41,16 @@ EXIT_INTERRUPTED = 130
 DIRECTOR_LOOK = 0.05  # seconds between the director's looks while the loop waits for a tick
 
 
-def trainer_command(pace: Pace, ckpt_dir: Path, crash_marker: Path) -> str:
+def trainer_command(pace: Pace, ckpt_dir: Path, crash_marker: Path, steps: int | None = None,
+                    crash: bool = True, holds: tuple[int, ...] = ()) -> str:
     q = shlex.quote
-    return (f"python3 -m tpuwatch.sim.trainer --steps {pace.steps} --step-time {pace.step_time:g} "
-            f"--ckpt-every {pace.ckpt_every} --ckpt-dir {q(str(ckpt_dir))} --resume {{checkpoint}} "
-            f"--segfault-at {pace.crash_step} --fault-worker {CRASH_WORKER} "
-            f"--crash-once {q(str(crash_marker))}")
+    return (f"python3 -m tpuwatch.sim.trainer --steps {pace.steps if steps is None else steps} "
+            f"--step-time {pace.step_time:g} "
+            f"--ckpt-every {pace.ckpt_every} --ckpt-dir {q(str(ckpt_dir))} --resume {{checkpoint}}"
+            + (f" --segfault-at {pace.crash_step} --fault-worker {CRASH_WORKER} "
+               f"--crash-once {q(str(crash_marker))}" if crash else "")
+            + (f" --hold-at {','.join(map(str, holds))} --hold-until {q(str(hold_dir_for(ckpt_dir)))}"
+               if holds else ""))
 
 
 def write_config(path: Path, sim: Any, pace: Pace, ckpt_dir: Path, crash_marker: Path, stage: Stage) -> Path:
@@ -53,14 +58,16 @@ def write_config(path: Path, sim: Any, pace: Pace, ckpt_dir: Path, crash_marker:
     def dur(seconds: float) -> str:
         return json.dumps(f"{seconds:g}s")
 
+    crash = any(a.key == "crash" for a in stage.acts(pace))  # the limping story has no crash
+
     text = f"""\
 # Written by `tpuwatch demo` for a simulated TPU; durations are scaled down to seconds.
 {stage.tpu_table(sim.project, sim.zone)}
 [job]
 name = {json.dumps(JOB)}
-command = {json.dumps(trainer_command(pace, ckpt_dir, crash_marker))}
+command = {json.dumps(trainer_command(pace, ckpt_dir, crash_marker, stage.steps(pace), crash, stage.holds(pace)))}
 checkpoint_dir = {json.dumps(str(ckpt_dir))}
-
+{stage.job_lines()}
 [recovery]
 poll_interval = {dur(pace.poll_interval)}
 repair_timeout = {dur(pace.repair_timeout)}
@@ -141,12 +148,13 @@ class _Held:
     journal: Any = None
 
 
-def run_demo(pace: Pace, *, keep: bool = False, live: bool = False, api: str = API_TPU,
+def run_demo(pace: Pace, *, keep: bool = False, live: bool = False, api: str = API_TPU, limp: bool = False,
              echo: Callable[[str], None] | None = None) -> int:
     """Play the demo on a node of the Cloud TPU API (`api` "tpu") or a MIG made through Compute
-    Engine ("compute"); 0 when every disruption was recovered and the job finished, else 1
-    (130 when interrupted). `live`: the rich dashboard (a terminal); else plain lines."""
-    stage = stage_for(api)
+    Engine ("compute"), or with `limp` a multislice job over four slices that limps on three;
+    0 when every disruption was recovered and the job finished, else 1 (130 when interrupted).
+    `live`: the rich dashboard (a terminal); else plain lines."""
+    stage = stage_for(api, limp)
     say = echo or click.echo
     # gRPC's C core logs the GOAWAY that stopping the simulator's server sends to our own open
     # channels at INFO; nothing is wrong, so keep it off the demo's screen.
@@ -245,8 +253,8 @@ def _play(held: _Held, tmp: Path, pace: Pace, stage: Stage, live: bool, say: Cal
 
     with view:
         view.note(f"{stage.describe()} runs the toy trainer to "
-                  f"step {pace.steps}; {len(acts)} disruptions follow, each detected and recovered "
-                  f"by tpuwatch ({pace.name} pace; files in {tmp}{', kept' if keep else ''})")
+                  f"step {stage.steps(pace)}; {stage.plot(acts)} "
+                  f"({pace.name} pace; files in {tmp}{', kept' if keep else ''})")
         # `watch`'s own loop; a failed first tick is survived too (the simulator is local).
         report = run_job(job.cfg, job.pcfg, ports, journal, Flags(), view, after_tick=on_report,
                          stop=past_deadline, wait=wait, first_failure_fatal=False)
@@ -259,7 +267,7 @@ def _play(held: _Held, tmp: Path, pace: Pace, stage: Stage, live: bool, say: Cal
         how = f"the demo's deadline ({pace.deadline:g}s) passed: {report.decision.summary}"
     summary = summarize(director.played, [a.title for a in acts], journal.events(), journal.attempts(),
                         checkpoint_times(ckpt_dir), pace, done=how == "job done", how_it_ended=how,
-                        tick_end=tick_end)
+                        tick_end=tick_end, steps=stage.steps(pace), limp=stage.limps)
     took = f"demo took {human_elapsed(time.monotonic() - started)}"
     if live:
         console.print()

@@ -1,5 +1,6 @@
 """The demo's script: its pace, where it plays (a Cloud TPU API node or a Compute Engine MIG),
-the four disruptions, and when each one is played.
+the four disruptions, and when each one is played; or, with `--limp`, a multislice job over
+four slices that limps on three while one is lost and grows back onto it.
 
 Rules of this module: the director decides when to inject a disruption only from what a person
 could see — the newest checkpoint in the bucket, the simulated slice's state, and whether the
@@ -11,6 +12,13 @@ The two stages tell the same story where their APIs do the same thing, and each 
 own API does: a spot TPU node goes into maintenance; a Spot VM of a MIG gets no maintenance
 restart (automatic restart is off for Spot VMs), so there the MIG's autoheal and a host error
 play those parts.
+
+The limping story's slice comes back the same way (the simulator's `heal`, once the job has
+saved on the slices left). Its trainer holds at a few steps until the story has got there (the
+files the director writes, as a job stalled on its input would wait), so a loaded machine whose
+ticks lag the trainer plays the same story; the director lets it past on what a person sees:
+the job relaunched (the journal's attempts), or tpuwatch saying it saw the slice back (the
+journal's memory, shown by `status` and the dashboard).
 
 The crash is not injected: the trainer's command carries `--segfault-at` with `--crash-once`,
 as a job with a rare bug would, and the director notices it from the marker file the trainer
@@ -85,9 +93,12 @@ FAST = Pace("fast", speed=1200.0, step_time=0.03, ckpt_every=10, gap=20, poll_in
 class Act:
     """One disruption of the story."""
 
-    key: str  # what the stage injects: maintenance, stuck, autoheal, host-error, preemption, crash
+    key: str  # what the stage injects: maintenance, stuck, autoheal, host-error, preemption, crash, lost, back
     title: str  # the summary's row name
     expect: str  # what tpuwatch should do about it, said when it is played
+    # False: the act stops no training (a lost slice coming back); the job trains on until
+    # tpuwatch stops it, so its steps lost are counted from that stop, not from the act
+    stops: bool = True
 
 
 def _crash(pace: Pace) -> Act:
@@ -130,6 +141,33 @@ class Stage(ABC):
 
     @abstractmethod
     def inject(self, sim: Any, act: Act, pace: Pace) -> None: ...
+
+    # What only the limping story changes; the four-disruption stages keep these defaults.
+    limps = False  # the job may run on fewer slices; the summary says what that cost
+
+    def steps(self, pace: Pace) -> int:
+        """The trainer's total steps."""
+        return pace.steps
+
+    def job_lines(self) -> str:
+        """Lines the config's [job] table gets besides the command and checkpoint_dir."""
+        return ""
+
+    def plot(self, acts: tuple[Act, ...]) -> str:
+        """What the opening line says follows."""
+        return f"{len(acts)} disruptions follow, each detected and recovered by tpuwatch"
+
+    def ready_for(self, sim: Any, act: Act) -> bool:
+        """The slice is as `act` needs it to be played."""
+        return self.ready(sim)
+
+    def holds(self, pace: Pace) -> tuple[int, ...]:
+        """Steps the trainer holds at (after their checkpoint) until the director lets it past."""
+        return ()
+
+    def release(self, step: int, pace: Pace, played: list[Played], journal: Journal) -> bool:
+        """The story has got far enough for the trainer to go past its hold at `step`."""
+        return True
 
 
 class TpuNode(Stage):
@@ -264,18 +302,128 @@ zone = {json.dumps(zone)}
             sim.inject("preempt-instance", instance=vms[0])
 
 
+class Multislice(Stage):
+    """The limp: one job over four v4-8 slices of the Cloud TPU API created one by one (a worker
+    each), with job.min_slices = 3. One slice goes into maintenance that lasts; the director
+    heals it once the job has trained on the three left."""
+
+    api = API_TPU
+    name = "demo-ms"  # the job's name for its slices
+    accelerator = "v4-8"
+    slices = ("demo-0", "demo-1", "demo-2", "demo-3")
+    lost = "demo-1"  # not slice 0: its first worker saves the checkpoints
+    min_slices = 3
+    limps = True
+
+    def acts(self, pace: Pace) -> tuple[Act, ...]:
+        n, k = len(self.slices), self.min_slices
+        return (
+            Act("lost", f"slice lost: limp on {k}",
+                f"slice {self.lost} goes into maintenance that lasts; tpuwatch should stop the job on the "
+                f"other {k} and relaunch it on them at once from the last checkpoint (job.min_slices {k}), "
+                "charging nothing"),
+            Act("back", f"slice back: grow to {n}",
+                f"{self.lost} is READY+HEALTHY again; tpuwatch should let the job train on to its next "
+                f"checkpoint, then relaunch it on all {n} slices from it, charging nothing", stops=False),
+        )
+
+    def describe(self) -> str:
+        return (f"{len(self.slices)} simulated {self.accelerator} TPUs {', '.join(self.slices)} created one by "
+                f"one (a worker each): one multislice job over them (job.min_slices = {self.min_slices})")
+
+    def plot(self, acts: tuple[Act, ...]) -> str:
+        return (f"{self.lost} is lost and comes back: tpuwatch should limp the job on {self.min_slices} "
+                f"slices, then grow it back onto {len(self.slices)}")
+
+    def steps(self, pace: Pace) -> int:
+        return pace.at_step(4)
+
+    # A loaded machine can slow the ticks more than the trainer, so the trainer holds at three
+    # steps until the story has got there, and the story plays the same however slow the
+    # machine; on time, the director lets it past before it gets there. The first hold, one
+    # step short of the checkpoint after the loss, also stalls the job on all slices without
+    # saving once one is lost, as a real multislice job stalls in its collectives (the toy
+    # trainer would train on).
+    def holds(self, pace: Pace) -> tuple[int, ...]:
+        return self._stall(pace), pace.at_step(2), pace.at_step(3)
+
+    @staticmethod
+    def _stall(pace: Pace) -> int:
+        return pace.at_step(0) + pace.ckpt_every - 1
+
+    def release(self, step: int, pace: Pace, played: list[Played], journal: Journal) -> bool:
+        # The return is due at a checkpoint past the first hold: saved on the slices left.
+        at = {p.act.key: p.fault_at for p in played}
+        if step == self._stall(pace):  # the job on all slices: until it runs on the slices left
+            return relaunched_after(journal, at.get("lost"))
+        if step == pace.at_step(2):  # on the slices left: until tpuwatch has seen the slice back
+            if "back" not in at:
+                return False
+            mem = journal.load_memory()
+            # it grows at a checkpoint past the one it saw then, so the job must go on to it
+            return (mem is not None and mem.limp.back_since is not None) or relaunched_after(journal, at["back"])
+        return relaunched_after(journal, at.get("back"))  # until it has grown back onto every slice
+
+    def job_lines(self) -> str:
+        return f"min_slices = {self.min_slices}\n"
+
+    def make(self, sim: Any) -> None:
+        for name in self.slices:
+            sim.create_node(name, self.accelerator, labels={OWNER_LABEL: JOB})
+
+    def tpu_table(self, project: str, zone: str) -> str:
+        # Slices created one by one: `names` without `queued_resource`, never deleted or created.
+        return f"""\
+[tpu]
+name = {json.dumps(self.name)}
+names = {json.dumps(list(self.slices))}
+project = {json.dumps(project)}
+zone = {json.dumps(zone)}
+"""
+
+    def _usable(self, sim: Any, names: tuple[str, ...]) -> bool:
+        nodes = [sim.world.node(n) for n in names]
+        return all(n.state == "READY" and n.health == "HEALTHY" for n in nodes)
+
+    def ready(self, sim: Any) -> bool:
+        return self._usable(sim, self.slices)
+
+    def ready_for(self, sim: Any, act: Act) -> bool:
+        # The return is played while the lost slice is still down: the others must be up.
+        return self._usable(sim, tuple(n for n in self.slices if n != self.lost)) if act.key == "back" \
+            else self.ready(sim)
+
+    def vms(self, sim: Any) -> set[str]:
+        return set()
+
+    def concerns(self, entry: Any, vms: set[str]) -> bool:
+        return bool(entry.node == self.lost)
+
+    def inject(self, sim: Any, act: Act, pace: Pace) -> None:
+        if act.key == "lost":
+            sim.inject("maintenance", node=self.lost, stuck="REPAIRING")
+        elif act.key == "back":
+            sim.inject("heal", node=self.lost)
+
+
 STAGES: dict[str, type[Stage]] = {API_TPU: TpuNode, API_COMPUTE: ComputeMig}
 
 
-def stage_for(api: str) -> Stage:
+def stage_for(api: str, limp: bool = False) -> Stage:
+    """The stage `--api` (and `--limp`) name."""
+    if limp:
+        if api != API_TPU:
+            raise UsageError(f"--limp: the limping story plays on slices of the Cloud TPU API created one by one; "
+                             f"drop --api {api} (or --limp)")
+        return Multislice()
     try:
         return STAGES[api]()
     except KeyError:
         raise UsageError(f"--api: {api!r} is not one of {', '.join(APIS)}") from None
 
 
-def story(pace: Pace, api: str = API_TPU) -> tuple[Act, ...]:
-    return stage_for(api).acts(pace)
+def story(pace: Pace, api: str = API_TPU, limp: bool = False) -> tuple[Act, ...]:
+    return stage_for(api, limp).acts(pace)
 
 
 @dataclass(frozen=True)
@@ -314,12 +462,23 @@ def checkpoint_times(ckpt_dir: Path) -> dict[int, datetime]:
     return out
 
 
+def hold_dir_for(ckpt_dir: Path) -> Path:
+    """Where the director lets the trainer past a hold (the file <step>), beside the checkpoints."""
+    return ckpt_dir.parent / "go"
+
+
+def relaunched_after(journal: Journal, t: datetime | None) -> bool:
+    """An attempt of the job started after `t` (None: not yet)."""
+    return t is not None and any(a.start > t for a in journal.attempts())
+
+
 class Director:
     """Plays the story: call `poll` often (between ticks); it injects each act when due."""
 
     def __init__(self, sim: Any, pace: Pace, ckpt_dir: Path, crash_marker: Path,
                  say: Callable[[str], None], stage: Stage) -> None:
         self.sim = sim
+        self.hold_dir = hold_dir_for(ckpt_dir)
         self.pace = pace
         self.ckpt_dir = ckpt_dir
         self.crash_marker = crash_marker
@@ -331,6 +490,7 @@ class Director:
 
     def poll(self, journal: Journal) -> None:
         self._notice_crash(journal)
+        self._release(journal)
         done = [p.act.key for p in self.played]
         todo = [a for a in self._scripted if a.key not in done]
         if not todo:
@@ -343,13 +503,13 @@ class Director:
         half = self.pace.ckpt_every * self.pace.step_time / 2
         if not due or (datetime.now(timezone.utc) - min(due)).total_seconds() < half:
             return
-        if not self._settled(journal):
+        if not self._settled(journal, todo[0]):
             return
         self._play(todo[0], journal)
 
-    def _settled(self, journal: Journal) -> bool:
+    def _settled(self, journal: Journal, act: Act) -> bool:
         """The slice is fine, the job runs, and the last disruption's job was relaunched."""
-        if not self.stage.ready(self.sim):
+        if not self.stage.ready_for(self.sim, act):
             return False
         mem = journal.load_memory()
         if mem is None or mem.phase is not Phase.RUNNING:
@@ -376,7 +536,7 @@ class Director:
         self.played.append(Played(act, t, mark))
 
     def _notice_crash(self, journal: Journal) -> None:
-        if any(p.act.key == "crash" for p in self.played):
+        if any(p.act.key == "crash" for p in self.played) or not any(a.key == "crash" for a in self.acts):
             return
         try:
             mtime = self.crash_marker.stat().st_mtime
@@ -389,6 +549,17 @@ class Director:
         mark = _last_event_id(journal, before=t)
         self.played.append(Played(act, t, mark, step=self.pace.crash_step))
         self.say(f"disruption {self._number(act)}/{len(self.acts)}: {act.title}: {act.expect}")
+
+    def _release(self, journal: Journal) -> None:
+        """Let the trainer past each of the stage's holds once the story has got there, in order."""
+        for step in self.stage.holds(self.pace):
+            go = self.hold_dir / str(step)
+            if go.exists():
+                continue
+            if not self.stage.release(step, self.pace, self.played, journal):
+                return
+            go.parent.mkdir(parents=True, exist_ok=True)
+            go.touch()
 
     def _number(self, act: Act) -> int:
         return self.acts.index(act) + 1

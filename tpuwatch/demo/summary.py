@@ -6,7 +6,8 @@ loop printed. Definitions (as in the goodput benchmark, lab/goodput.py in a clon
 
 - detect: from the fault to the end of the tick that first reacted to it (its first journal
   event after the fault, or the end of the attempt the fault interrupted).
-- resume: from the fault to the next launch of the job (the first attempt started after it).
+- resume: from the fault to the next launch of the job (the first attempt started after it), as
+  of the end of the tick that launched it.
 - steps lost: steps the job had made at the fault minus the step the next attempt resumed from.
   The step at the fault is exact for the crash (the trainer's own fault step) and otherwise
   reckoned from the newest checkpoint committed before the fault and the trainer's step time.
@@ -15,6 +16,12 @@ loop printed. Definitions (as in the goodput benchmark, lab/goodput.py in a clon
 - goodput: productive step time (final step x step time) / wall time from the first launch to
   the job's end.
 
+For a slice coming back (an act that stops no training), steps lost count from when tpuwatch
+stopped the job to grow back, not from the act. A job that limped (the journal's `slices`
+events, as `tpuwatch report` reads them) also gets: the time on fewer slices, the full-size
+training it stood for (report.py's `Limp`), and the grow's cost: from the checkpoint it grew back
+at to the launch on all its slices (the training after that checkpoint is redone).
+
 Rendering: a rich Table that fits 80 columns, and one result line a script can match.
 """
 
@@ -22,14 +29,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 
 from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from tpuwatch.demo.story import Pace, Played
+from tpuwatch.demo.story import JOB, Pace, Played
 from tpuwatch.durations import human
 from tpuwatch.journal import AttemptRow, JournalEvent
 from tpuwatch.ui.node import BAD, OK
@@ -48,6 +55,19 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class LimpCost:
+    """What limping cost and gave, from the journal's `slices` events and attempts."""
+
+    seconds: float  # on fewer slices
+    training: float  # the full-size training those seconds stood for
+    in_use: int  # the fewest slices it ran on
+    of: int
+    grow_step: int | None  # the checkpoint the job grew back at (None: it never did)
+    grow_cost: float | None  # seconds from that checkpoint's commit to the launch on all slices
+    why: str = ""  # what went wrong: it never limped, or never grew back
+
+
+@dataclass(frozen=True)
 class Summary:
     outcomes: tuple[Outcome, ...]
     final_step: int | None
@@ -58,10 +78,12 @@ class Summary:
     attempts: int
     charged: int
     how_it_ended: str  # the loop's last word, e.g. "job done", "deadline passed"
+    limp: LimpCost | None = None  # the limping story's
 
     @property
     def ok(self) -> bool:
-        return self.done and self.final_step == self.total_steps and all(o.recovered for o in self.outcomes)
+        return (self.done and self.final_step == self.total_steps and all(o.recovered for o in self.outcomes)
+                and (self.limp is None or not self.limp.why))
 
     def result_line(self) -> str:
         recovered = sum(o.recovered for o in self.outcomes)
@@ -86,8 +108,10 @@ def step_at(fault: datetime, ckpts: dict[int, datetime], pace: Pace) -> int | No
 
 def summarize(played: Sequence[Played], acts_titles: Sequence[str], events: Sequence[JournalEvent],
               attempts: Sequence[AttemptRow], ckpts: dict[int, datetime], pace: Pace,
-              done: bool, how_it_ended: str, tick_end: Mapping[datetime, datetime] | None = None) -> Summary:
-    """`tick_end` maps a tick's time (its events' stamp) to when that tick had finished acting."""
+              done: bool, how_it_ended: str, tick_end: Mapping[datetime, datetime] | None = None,
+              steps: int | None = None, limp: bool = False) -> Summary:
+    """`tick_end` maps a tick's time (its events' stamp) to when that tick had finished acting;
+    `steps` the trainer's total (else the pace's); `limp`: the job should limp and grow back."""
     outcomes = []
     by_title = {p.act.title: p for p in played}
     for title in acts_titles:
@@ -102,8 +126,32 @@ def summarize(played: Sequence[Played], acts_titles: Sequence[str], events: Sequ
         if end is not None:
             wall = max((end - min(started)).total_seconds(), 1e-9)
             goodput = min(1.0, (final or 0) * pace.step_time / wall)
-    return Summary(tuple(outcomes), final, pace.steps, done, goodput, wall, len(attempts),
-                   sum(1 for a in attempts if a.charged), how_it_ended)
+    return Summary(tuple(outcomes), final, pace.steps if steps is None else steps, done, goodput, wall,
+                   len(attempts), sum(1 for a in attempts if a.charged), how_it_ended,
+                   _limp_cost(events, attempts, ckpts, tick_end or {}) if limp else None)
+
+
+def _limp_cost(events: Sequence[JournalEvent], attempts: Sequence[AttemptRow], ckpts: dict[int, datetime],
+               tick_end: Mapping[datetime, datetime]) -> LimpCost:
+    from tpuwatch.report import compute
+
+    end = events[-1].time if events else datetime.now(timezone.utc)
+    limps = compute(JOB, events, attempts, end).limps
+    if not limps:
+        return LimpCost(0.0, 0.0, 0, 0, None, None, "the job never ran on fewer slices")
+    seconds, training = sum(lp.seconds for lp in limps), sum(lp.training for lp in limps)
+    in_use, of = min(lp.in_use for lp in limps), limps[0].of
+    # The grow: the last `slices` event back to all of them, and the first launch it led to.
+    grown = [e for e in events if e.kind == "slices" and int(e.data.get("in_use") or 0) == of]
+    if not grown or grown[-1].time < limps[-1].start:
+        return LimpCost(seconds, training, in_use, of, None, None, "the job never grew back onto all its slices")
+    grow = next((a for a in sorted(attempts, key=lambda a: a.number) if a.start >= grown[-1].time), None)
+    if grow is None:
+        return LimpCost(seconds, training, in_use, of, None, None, f"the job was never relaunched on all {of} slices")
+    saved = ckpts.get(grow.start_step) if grow.start_step is not None else None
+    launched = tick_end.get(grow.start, grow.start)
+    cost = None if saved is None else max(0.0, (launched - saved).total_seconds())
+    return LimpCost(seconds, training, in_use, of, grow.start_step, cost)
 
 
 def _outcome(title: str, p: Played | None, events: Sequence[JournalEvent], attempts: Sequence[AttemptRow],
@@ -114,9 +162,10 @@ def _outcome(title: str, p: Played | None, events: Sequence[JournalEvent], attem
     fault = p.fault_at
 
     def launched(a: AttemptRow) -> datetime:
-        # An attempt is stamped with its tick's start; a crash nobody injected can fall inside
-        # the tick that saw it and relaunched the job, which launched it by the tick's end.
-        return a.start if a.start > fault else tick_end.get(a.start, a.start)
+        # An attempt is stamped with its tick's start and launched by the tick's end: a limp
+        # relaunches in the tick that saw the slice lost, and a crash nobody injected can fall
+        # inside the tick that saw it and relaunched the job.
+        return tick_end.get(a.start, a.start)
 
     ordered = sorted(attempts, key=lambda a: a.number)
     hit = [a for a in ordered if launched(a) <= fault]
@@ -141,7 +190,11 @@ def _outcome(title: str, p: Played | None, events: Sequence[JournalEvent], attem
     hi = nxt.number if nxt is not None else None
     charged = sum(1 for a in ordered if a.charged and a.number >= lo and (hi is None or a.number < hi))
     lost = None
-    at = p.step if p.step is not None else step_at(p.fault_at, ckpts, pace)
+    if not p.act.stops:  # training went on past the act, until tpuwatch stopped the attempt
+        stopped = interrupted.end if interrupted is not None else None
+        at = step_at(stopped, ckpts, pace) if stopped is not None else None
+    else:
+        at = p.step if p.step is not None else step_at(p.fault_at, ckpts, pace)
     if nxt is not None and at is not None:
         lost = max(0, at - (nxt.start_step or 0))
     if nxt is None:
@@ -171,12 +224,23 @@ def render(summary: Summary) -> RenderableType:
         if not o.recovered:
             lines.append(Text(f"not recovered: {o.title}: {o.why}", style=BAD))
     wall = f" in {human(summary.wall)}" if summary.wall is not None else ""
+    lp = summary.limp
+    if lp is not None and lp.why:
+        lines.append(Text(f"not recovered: the limp: {lp.why}", style=BAD))
     lines.append(Text(f"{summary.attempts} attempts{wall}, {summary.charged} charged to max_restarts; "
                       f"the run ended: {summary.how_it_ended}."))
+    if lp is not None and lp.in_use:
+        grew = ("" if lp.grow_step is None else
+                f"; growing back onto all {lp.of} at checkpoint step {lp.grow_step} cost {_secs(lp.grow_cost)} "
+                "(from that checkpoint to the launch on all of them)")
+        lines.append(Text(f"limped {_secs(lp.seconds)} on {lp.in_use} of {lp.of} slices: the equal of "
+                          f"{_secs(lp.training)} of training at full size, which waiting for the lost slice "
+                          f"would have lost{grew}."))
     if summary.goodput is not None:
+        packed = ("a slice's loss and return into seconds; on a real run they are hours apart" if lp is not None
+                  else "four disruptions into a minute; on a real run they are days apart")
         lines.append(Text(f"goodput {summary.goodput:.0%}: productive step time / wall time. The demo "
-                          "packs four disruptions into a minute; on a real run they are days apart.",
-                          style="dim"))
+                          f"packs {packed}.", style="dim"))
     lines.append(Text(summary.result_line(), style=OK if summary.ok else BAD))
     return Group(*lines)
 
