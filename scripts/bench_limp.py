@@ -143,6 +143,8 @@ def main() -> int:
         p.error("--min-slices must be at least 1 and fewer than --slices")
     if args.poll <= 0 or args.outage <= 0 or args.repeat < 1:
         p.error("--poll and --outage must be positive, --repeat at least 1")
+    if args.outage <= 2 * args.poll:
+        p.error("--outage must be longer than two --poll: a slice back before the watcher looks is no limp")
     results = []
     for n in range(args.repeat):
         with tempfile.TemporaryDirectory(prefix="tpuwatch-bench-limp-") as tmp:

@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tpuwatch.policy.draft import Draft
-from tpuwatch.policy.early import early_check
 from tpuwatch.policy.ending import end_unusable, finish
 from tpuwatch.policy.nodes import Cond, node_condition
 from tpuwatch.policy.state import Evidence, Limp, Memory, Phase, merge_evidence
@@ -121,7 +120,8 @@ def track(draft: Draft, mem: Memory) -> Memory:
 
 def grow_wait(draft: Draft, mem: Memory, decision: Decision) -> Decision:
     """A steady running decision while a slice left out is back: the same, under row `grow_wait`,
-    looking for the next checkpoint as an early maintenance start does."""
+    not steady, so the next checkpoint is looked for every sixth of a poll (loop.next_delay):
+    the checkpoint interval hang detection learns is sampled at the poll, too coarse to wait on."""
     if decision.row != "running" or mem.limp.back_since is None:
         return decision
     after = f"newer than step {mem.limp.back_step}" if mem.limp.back_step is not None else "its first"
@@ -129,7 +129,7 @@ def grow_wait(draft: Draft, mem: Memory, decision: Decision) -> Decision:
     return replace(decision, row="grow_wait",
                    summary=f"{decision.summary}; {', '.join(back)} back: growing onto it at the next complete "
                            f"checkpoint ({after})",
-                   actions=(*decision.actions, Wait(early_check(draft, mem), "the next checkpoint, to grow back")))
+                   actions=(*decision.actions, Wait(None, "the next checkpoint, to grow back")))
 
 
 def _out(draft: Draft, mem: Memory, row: str, summary: str) -> Decision:

@@ -91,8 +91,8 @@ ROWS: tuple[Row, ...] = (
         "relaunch at once on the slices left from the newest complete checkpoint ({num_slices}, "
         "TPUWATCH_NUM_SLICES and MEGASCALE_* say how many); never a delete or a create, never below min_slices"),
     Row("grow_wait", "a job that limps runs on every worker; a slice left out is READY+HEALTHY again",
-        "keep running until the next complete checkpoint newer than the one when the slice came back; in the last "
-        "tenth of the interval the job has shown, look every 0.1 % of it (1 s at least), as `early_wait` does"),
+        "keep running until the next complete checkpoint newer than the one when the slice came back, looking every "
+        "sixth of a poll (1 s at least)"),
     Row("grow", "that checkpoint landed; or a slice left out is back while no attempt runs; or it is no longer in "
         "tpu.names", "a disruption, not charged: stop the attempt, take the slices back, relaunch on all of them "
         "from that checkpoint"),
