@@ -195,3 +195,23 @@ def test_a_multislice_queued_resource_limps_with_megascale_set_by_tpuwatch_and_g
     mem = memory(tmp_path)
     assert mem is not None and mem.limp.out == () and mem.budgets.restarts == 0
     assert sim.world.call_count("DeleteQueuedResource") == 0 and sim.world.call_count("CreateQueuedResource") == 0
+
+
+def test_a_slice_lost_wakes_a_watcher_polling_hourly_and_the_job_limps_at_once(sim: Simulator, tmp_path: Path) -> None:
+    """With a one-hour poll only the follow channels can end the wait: the lost slice's channel
+    drops and its host's SSH port stays closed, which wakes the loop (without it the watcher
+    would sleep until its next poll and the test would time out)."""
+    cfg, env, _ = limping_job(sim, tmp_path)
+    cfg.write_text(cfg.read_text().replace('poll_interval = "0.5s"', 'poll_interval = "1h"'))
+    # the job holds at step 100 (its trainers alive, nothing to wake the loop) until the test ends
+    proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(cfg)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        wait(lambda: len(on_attempt(sim, 1)) == 4 and len(steps(sim)) >= 2, proc, "attempt 1 on all 4 slices")
+        sim.inject("maintenance", node="np-2", stuck="REPAIRING")
+        wait(lambda: len(on_attempt(sim, 2)) == 3, proc, "attempt 2 on the 3 slices left", timeout=60)
+        mem = memory(tmp_path)
+        assert mem is not None and mem.limp.out == ("np-2",)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)

@@ -8,7 +8,9 @@ CPU on either side. The first answer of an end calls `wake`, so the watch loop t
 instead of at its next poll.
 
 A channel that drops without an answer is not a crash: it is opened again (a few times, a
-second apart, and again on the next `hold`), and the tick's probe stays the truth. Only ends
+second apart, and again on the next `hold`), and the tick's probe stays the truth. One whose
+worker's SSH port stays closed through those tries (its host went down) wakes the loop once, so
+the tick looks at the node now. Only ends
 of the attempt held now wake; a worker that has answered is not asked again for that attempt,
 so a worker that ended cannot wake the loop twice.
 
@@ -329,10 +331,12 @@ class AttemptEnds:
                         wake: Callable[[], None], launch: tuple[_Launch, bytes] | None) -> None:
         with self._lock:
             closed = self._closed
+        down = False
         for n in range(REOPEN_TRIES + 1):
             if n and closed.wait(REOPEN_AFTER):
                 return
-            if n and not self._port_answers(w):  # its host is down (a maintenance): no ssh for nothing
+            down = bool(n) and not self._port_answers(w)
+            if down:  # its host is down (a maintenance): no ssh for nothing
                 continue
             with self._lock:
                 if self._gen != gen:
@@ -377,5 +381,10 @@ class AttemptEnds:
                 wake()
                 return
         with self._lock:  # dropped every time: opened again on the next hold
-            if self._gen == gen and self._open.get(w.index) is not None:
+            held = self._gen == gen
+            if held and self._open.get(w.index) is not None:
                 self._open.pop(w.index, None)
+        if held and down:
+            # Its host went away under the attempt (no SSH port any more): not an end, but worth a
+            # look now rather than at the next poll (a multislice job limps on the slices left).
+            wake()
