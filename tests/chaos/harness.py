@@ -29,6 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import cli_process
 from e2e_helpers import toml_value
 
 from tpuwatch.errors import NotFoundError
@@ -142,7 +143,7 @@ class Watched:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.rng = random.Random(seed)
         self.kills: list[KillPoint] = []
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: cli_process.Forked | None = None
         self.started_at = 0.0
         self.starts = 0
         sim.create_node(name, accelerator, labels={"tpuwatch-job": name} if labels is None else labels, spot=spot,
@@ -182,15 +183,15 @@ class Watched:
         return [sys.executable, "-m", "tpuwatch.cli"]
 
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*self.cli_argv(), *args], env=self.env, text=True,
-                              capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        return cli_process.run(args, self.env, timeout=timeout)
 
     def start(self) -> None:
         assert self.proc is None or self.proc.poll() is not None
         self.starts += 1
         log = open(self.logs / f"watch-{self.starts:03d}.log", "wb")  # noqa: SIM115 - closed by the child's end
-        self.proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(self.cfg)],
-                                     env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # forked from a warm server (tests/cli_process.py): a process of its own, SIGKILLed as any,
+        # without the ~0.5 CPU-s of imports of each of the test's ~60 watcher starts
+        self.proc = cli_process.start(["watch", "-c", str(self.cfg)], self.env, stdout=log)
         log.close()
         self.started_at = time.monotonic()
 
