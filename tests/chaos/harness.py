@@ -143,7 +143,7 @@ class Watched:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.rng = random.Random(seed)
         self.kills: list[KillPoint] = []
-        self.proc: cli_process.Forked | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
         self.starts = 0
         sim.create_node(name, accelerator, labels={"tpuwatch-job": name} if labels is None else labels, spot=spot,
@@ -189,9 +189,12 @@ class Watched:
         assert self.proc is None or self.proc.poll() is not None
         self.starts += 1
         log = open(self.logs / f"watch-{self.starts:03d}.log", "wb")  # noqa: SIM115 - closed by the child's end
-        # forked from a warm server (tests/cli_process.py): a process of its own, SIGKILLed as any,
-        # without the ~0.5 CPU-s of imports of each of the test's ~60 watcher starts
-        self.proc = cli_process.start(["watch", "-c", str(self.cfg)], self.env, stdout=log)
+        # A real subprocess, not one forked from tests/cli_process.py's warm server: started that
+        # fast (no imports) right after the SIGKILL of the one before, a watcher has been seen to
+        # find the job's lock still held and exit 1 ("another tpuwatch is working on"); the
+        # test's kill points are timed for a watcher that starts as a user's does.
+        self.proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(self.cfg)],
+                                     env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
         self.started_at = time.monotonic()
 
