@@ -146,7 +146,11 @@ class _Server:
         if self.proc.poll() is None:
             assert self.proc.stdin is not None
             self.proc.stdin.close()
-            self.proc.wait(timeout=60)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # a command a test left running: orphaned, as a subprocess would be
+                self.proc.kill()
+                self.proc.wait()
 
 
 _server: _Server | None = None
