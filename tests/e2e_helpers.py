@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import cli_process
 
 from tpuwatch.sim.simulator import Simulator
 from tpuwatch.tick import Reconciler, TickReport
@@ -102,18 +103,17 @@ class Job:
         self.env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp / "state")}
 
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tpuwatch.cli", *args], env=self.env, text=True,
-                              capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        """A one-shot command, a process of its own forked from a warm server (tests/cli_process.py)."""
+        return cli_process.run(args, self.env, timeout=timeout)
 
     def release(self) -> None:
         """Let a job made with `hold_at` go on past that step."""
         assert self.hold_at is not None, "the job was made without hold_at"
         (self.go / str(self.hold_at)).touch()
 
-    def watch(self) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(self.cfg)],
-                                env=self.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+    def watch(self) -> cli_process.Forked:
+        """`tpuwatch watch`, forked from a warm server (tests/cli_process.py): a process of its own."""
+        return cli_process.start(["watch", "-c", str(self.cfg)], self.env)
 
     def history(self) -> dict[str, Any]:
         out = self.cli("history", "-c", str(self.cfg), "--json")
@@ -179,7 +179,7 @@ def create_through_queued_resource(sim: Simulator, qr_id: str, accelerator: str,
                        and w.get_queued_resource(sim.project, sim.zone, qr_id).state == "ACTIVE", timeout=30)
 
 
-def finish(proc: subprocess.Popen[str], timeout: float = 90) -> tuple[int, str]:
+def finish(proc: subprocess.Popen[str] | cli_process.Forked, timeout: float = 90) -> tuple[int, str]:
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

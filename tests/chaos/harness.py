@@ -29,6 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import cli_process
 from e2e_helpers import toml_value
 
 from tpuwatch.errors import NotFoundError
@@ -190,13 +191,16 @@ class Watched:
         return [sys.executable, "-m", "tpuwatch.cli"]
 
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*self.cli_argv(), *args], env=self.env, text=True,
-                              capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        return cli_process.run(args, self.env, timeout=timeout)
 
     def start(self) -> None:
         assert self.proc is None or self.proc.poll() is not None
         self.starts += 1
         log = open(self.logs / f"watch-{self.starts:03d}.log", "wb")  # noqa: SIM115 - closed by the child's end
+        # A real subprocess, not one forked from tests/cli_process.py's warm server: started that
+        # fast (no imports) right after the SIGKILL of the one before, a watcher has been seen to
+        # find the job's lock still held and exit 1 ("another tpuwatch is working on"); the
+        # test's kill points are timed for a watcher that starts as a user's does.
         self.proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(self.cfg)],
                                      env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import cli_process
 import pytest
 from e2e_helpers import STEPS, finish, tick_until, trainer, write_config
 
@@ -52,19 +52,15 @@ class CeJob:
         self.env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp / "state"),
                     "TPUWATCH_COMPUTE_EMULATOR": rest.url.rstrip("/")}
 
-    def watch(self) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(self.cfg)],
-                                env=self.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+    def watch(self) -> cli_process.Forked:
+        return cli_process.start(["watch", "-c", str(self.cfg)], self.env)
 
     def capture_spec(self, edit: Callable[[dict[str, Any]], None] | None = None) -> None:
         """Append to the job's config the spec `tpuwatch init` writes for its slice (what a recreate
         makes it again from), changed by `edit` first when given."""
         import tomli_w
 
-        init = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "init", self.name, "-o",
-                               str(self.cfg.parent / "init.toml"), "--json"], env=self.env, text=True,
-                              capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+        init = cli_process.run(["init", self.name, "-o", str(self.cfg.parent / "init.toml"), "--json"], self.env)
         assert init.returncode == 0, init.stderr
         spec = json.loads(init.stdout)["spec"]
         if edit is not None:
@@ -73,8 +69,7 @@ class CeJob:
             f.write(tomli_w.dumps({"tpu": {"compute_spec": spec}}))
 
     def history(self) -> dict[str, Any]:
-        out = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "history", "-c", str(self.cfg), "--json"],
-                             env=self.env, text=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+        out = cli_process.run(["history", "-c", str(self.cfg), "--json"], self.env)
         assert out.returncode == 0, out.stderr
         result: dict[str, Any] = json.loads(out.stdout)
         return result
@@ -234,8 +229,7 @@ def test_init_finds_a_mig_writes_what_recreates_it_and_status_shows_it_as_one_no
            "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tpuwatch.cli", *args], env=env, text=True,
-                              capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+        return cli_process.run(args, env)
 
     out = cli("init", "slice", "-o", str(tmp_path / "slice.toml"), "--json")
     assert out.returncode == 0, out.stderr
@@ -376,14 +370,12 @@ def test_a_regional_mig_is_found_by_init_from_its_zone_and_a_preempted_spot_vm_i
                     region=region, on_failure="DO_NOTHING")
     before = ids(sim)
     job = CeJob(sim, rest, tmp_path, "mig", "slice", hold_at=10)
-    init = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "init", "slice", "-o", str(tmp_path / "init.toml"),
-                           "--json"], env=job.env, text=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    init = cli_process.run(["init", "slice", "-o", str(tmp_path / "init.toml"), "--json"], job.env)
     assert init.returncode == 0, init.stderr
     written = json.loads(init.stdout)
     assert (written["mig"], written["workers"]) == ("slice", 2)
     assert written["spec"]["mig"]["distributionPolicy"]["targetShape"] == "ANY_SINGLE_ZONE"
-    status = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "status", "-c", str(tmp_path / "init.toml"),
-                             "--json"], env=job.env, text=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    status = cli_process.run(["status", "-c", str(tmp_path / "init.toml"), "--json"], job.env)
     assert status.returncode == 0, status.stderr
     (node,) = json.loads(status.stdout)["nodes"]
     assert node["name"] == "slice" and node["state"] == "READY" and len(node["workers"]) == 2, node
@@ -498,9 +490,7 @@ def test_a_flex_start_mig_whose_run_ended_is_asked_again_through_a_stockout_and_
                                                          "requestedRunDuration": {"seconds": str(7 * 86400)}})
     w.wait_mig_stable("slice", timeout=60)
     job = CeJob(sim, rest, tmp_path, "mig", "slice", hold_at=10)
-    init = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "init", "slice", "-o", str(tmp_path / "init.toml"),
-                           "--json"], env=job.env, text=True, capture_output=True, timeout=60,
-                          stdin=subprocess.DEVNULL)
+    init = cli_process.run(["init", "slice", "-o", str(tmp_path / "init.toml"), "--json"], job.env)
     assert init.returncode == 0, init.stderr
     written = json.loads(init.stdout)
     assert written["flex_start"] == f"{7 * 86400}s"  # init saw the MIG's VMs come through a resize request

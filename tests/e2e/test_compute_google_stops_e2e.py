@@ -10,13 +10,12 @@ simulated world (instance ids, the calls it counted).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cli_process
 import pytest
 from e2e_helpers import STEPS, finish
 from test_compute_e2e import CeJob, ids, wait, writes
@@ -36,8 +35,7 @@ def rest(sim: Simulator) -> Iterator[RestFace]:
 
 def check(job: CeJob) -> dict[str, Any]:
     """One cron tick: `tpuwatch check --json`, a fresh process; never "needs a person" (exit 1)."""
-    r = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "check", "-c", str(job.cfg), "--json"], env=job.env,
-                       text=True, capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+    r = cli_process.run(["check", "-c", str(job.cfg), "--json"], job.env, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     out: dict[str, Any] = json.loads(r.stdout)
     return out
@@ -178,8 +176,7 @@ def test_under_cron_check_a_host_error_stop_is_started_once_and_dry_run_only_say
     job.release()
 
     def dry() -> dict[str, Any]:
-        r = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "check", "-c", str(job.cfg), "--dry-run", "--json"],
-                           env=job.env, text=True, capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+        r = cli_process.run(["check", "-c", str(job.cfg), "--dry-run", "--json"], job.env, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr
         out: dict[str, Any] = json.loads(r.stdout)
         return out

@@ -15,12 +15,11 @@ Outcomes are read from the journal, the trainer's checkpoints and the simulated 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cli_process
 import pytest
 from e2e_helpers import STEPS, finish
 from test_compute_e2e import CeJob, ids, wait, writes
@@ -61,8 +60,7 @@ def memory(job: CeJob) -> Memory | None:
 
 
 def cli(job: CeJob, *args: str) -> str:
-    r = subprocess.run([sys.executable, "-m", "tpuwatch.cli", *args, "-c", str(job.cfg)], env=job.env, text=True,
-                       capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    r = cli_process.run([*args, "-c", str(job.cfg)], job.env)
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -158,8 +156,7 @@ def test_google_refuses_to_start_a_maintenance_that_is_not_pending(
 
 
 def drill(job: CeJob, *args: str) -> tuple[int, dict[str, Any] | None, str]:
-    r = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "drill", "-c", str(job.cfg), *args], env=job.env,
-                       text=True, capture_output=True, timeout=180, stdin=subprocess.DEVNULL)
+    r = cli_process.run(["drill", "-c", str(job.cfg), *args], job.env, timeout=180)
     data = json.loads(r.stdout) if r.returncode in (0, 1) and r.stdout.startswith("{") else None
     return r.returncode, data, r.stderr
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import cli_process
 import pytest
 from e2e_helpers import finish, trainer, write_config
 
@@ -62,8 +63,7 @@ def gcloud_config(sim: Simulator, rest: RestFace, tmp: Path, name: str, hold_at:
 
 
 def tpuwatch(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tpuwatch.cli", *args], env=env, text=True, capture_output=True,
-                          timeout=120, stdin=subprocess.DEVNULL)
+    return cli_process.run(args, env, timeout=120)
 
 
 def wait(pred: Callable[[], bool], what: str, proc: subprocess.Popen[str], timeout: float = 90) -> None:

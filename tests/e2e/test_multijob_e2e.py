@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import cli_process
 import pytest
 from e2e_helpers import trainer, wait_for, write_config
 
@@ -47,8 +48,7 @@ class Jobs:
                                         stdin=subprocess.DEVNULL))
 
     def history(self, cfg: Path) -> dict[str, Any]:
-        out = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "history", "-c", str(cfg), "--json"],
-                             env=self.env, text=True, capture_output=True, timeout=60)
+        out = cli_process.run(["history", "-c", str(cfg), "--json"], self.env)
         assert out.returncode == 0, out.stderr
         result: dict[str, Any] = json.loads(out.stdout)
         return result
@@ -193,8 +193,7 @@ def test_check_ticks_every_job_once_and_exits_with_the_most_severe_code(sim: Sim
     for name in ("ja", "jb"):
         (d / f"{name}.toml").write_text(jobs.add(name, 60).read_text())
     (d / "jc.toml").write_text("[tpu]\nname = 'jc'\n[job]\ncommand = 'true'\nbogus = 1\n")
-    out = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "check", "--config-dir", str(d), "--json"],
-                         env=jobs.env, text=True, capture_output=True, timeout=120)
+    out = cli_process.run(["check", "--config-dir", str(d), "--json"], jobs.env, timeout=120)
     assert out.returncode == 2, out.stdout + out.stderr
     objs = {o["config"]: o for o in map(json.loads, out.stdout.splitlines())}
     assert objs[str(d / "jc.toml")]["status"] == "config_error" and "job.bogus" in objs[str(d / "jc.toml")]["error"]

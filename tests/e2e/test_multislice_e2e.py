@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import cli_process
 import pytest
 from e2e_helpers import STEPS, finish, trainer, trainer_env, write_config
 
@@ -66,8 +67,7 @@ def watch(cfg: Path, env: dict[str, str]) -> subprocess.Popen[str]:
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tpuwatch.cli", *args], env=env, text=True, capture_output=True,
-                          timeout=60, stdin=subprocess.DEVNULL)
+    return cli_process.run(args, env)
 
 
 def trainers(sim: Simulator) -> dict[tuple[str, int], dict[str, str]]:
@@ -355,9 +355,7 @@ def test_a_drill_on_a_worker_of_the_second_slice_hits_that_slice_and_the_job_rec
     cfg, env = multislice_job(sim, tmp_path, steps=100000)
     assert cli(env, "check", "-c", str(cfg)).returncode == 0  # launches attempt 1
     wait(lambda: len(trainers(sim)) == 4 and len(steps(sim)) >= 2, what="the job on all 4 workers")
-    r = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "drill", "-c", str(cfg), "--yes", "--json",
-                        "--worker", "3"], env=env, text=True, capture_output=True, timeout=120,
-                       stdin=subprocess.DEVNULL)
+    r = cli_process.run(["drill", "-c", str(cfg), "--yes", "--json", "--worker", "3"], env, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     out = json.loads(r.stdout)
     assert out["ok"] and out["attempt"] == 2 and out["from_checkpoint"] >= 10, out

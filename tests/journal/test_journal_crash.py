@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
+import cli_process
 import pytest
 from chaos.harness import Watched
 
@@ -140,8 +141,7 @@ def _key(tmp: Path) -> Path:
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tpuwatch.cli", *args], env=env, text=True,
-                          capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    return cli_process.run(args, env)
 
 
 def test_check_on_a_full_disk_says_so_with_exit_1_and_a_later_check_works(

@@ -47,9 +47,11 @@ def tool(key: str) -> Tool:
 
 
 def test_same_seed_same_figures_and_other_seed_other_trace() -> None:
-    p = Params(days=3)
-    a = run_all(list(TOOLS.values()), make_trace(3, p.days, p.workers), p)
-    b = run_all(list(TOOLS.values()), make_trace(3, p.days, p.workers), p)
+    # one day at three times the default rates: the faults of three days, a third of the ticks
+    p = Params(days=1)
+    tc = TraceConfig(maintenance=24, stuck=6, preemptions=12, stockouts=6, crashes=12, hangs=6)
+    a = run_all(list(TOOLS.values()), make_trace(3, p.days, p.workers, tc), p)
+    b = run_all(list(TOOLS.values()), make_trace(3, p.days, p.workers, tc), p)
     ja, jb = as_json(a), as_json(b)
     ja.pop("seconds"), jb.pop("seconds")
     assert ja == jb
@@ -114,8 +116,9 @@ def test_a_crash_wakes_the_loop_at_once_as_the_products_follow_channels_do() -> 
 
 
 def test_goodput_never_beats_the_ideal_bound() -> None:
-    p = Params(days=6)
-    dense = TraceConfig(maintenance=40, stuck=10, preemptions=20, stockouts=10, crashes=20, hangs=10)
+    # three days at twice the rates of the six days this once ran: as many faults, half the ticks
+    p = Params(days=3)
+    dense = TraceConfig(maintenance=80, stuck=20, preemptions=40, stockouts=20, crashes=40, hangs=20)
     for seed in (0, 1):
         report = run_all(list(TOOLS.values()), make_trace(seed, p.days, p.workers, dense), p)
         ideal = report.ideal
@@ -154,8 +157,10 @@ def test_the_benchmark_config_keeps_the_product_defaults() -> None:
 
 def test_fast_forward_gives_the_figures_of_every_tick() -> None:
     """Skipping idle ticks replays measured periods: the same world, decisions and API counts."""
-    p = Params(days=2)
-    dense = TraceConfig(maintenance=60, stuck=15, preemptions=30, stockouts=15, crashes=30, hangs=45, bug_at=None)
+    # One day at twice the rates of the two days this once ran: the same number of faults (what
+    # the replay must get right) for half the ticks of the every-tick runs, which cost the most.
+    p = Params(days=1)
+    dense = TraceConfig(maintenance=120, stuck=30, preemptions=60, stockouts=30, crashes=60, hangs=90, bug_at=None)
     trace = make_trace(11, p.days, p.workers, dense)
     for cfg in (CONFIG, TUNED):
         fast = run_tool(tpuwatch_tool("t", "t", cfg, ""), trace, p)
@@ -232,10 +237,11 @@ def test_script_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    assert mod.main(["--days", "3", "--seed", "2", "--json", "--tools", "ideal,tpuwatch,bash"]) == 0
+    # one day: what is checked is the output's shape, which the length of the run does not change
+    assert mod.main(["--days", "1", "--seed", "2", "--json", "--tools", "ideal,tpuwatch,bash"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [t["tool"] for t in out["tools"]] == ["ideal", "tpuwatch", "bash"]
-    assert out["params"]["days"] == 3 and out["trace"]["seed"] == 2
+    assert out["params"]["days"] == 1 and out["trace"]["seed"] == 2
     assert {"goodput", "resume", "steps_lost", "bug_waste_tpu_vm_hours", "tpu_api_calls_per_hour"} <= set(out["tools"][1])
     assert [b["tool"] for b in out["permanent_bug"]] == ["ideal", "tpuwatch", "bash"]
     with pytest.raises(SystemExit):
@@ -318,9 +324,10 @@ def test_the_baselines_and_the_bound_do_not_act_on_announcements(kind: str) -> N
 
 
 def test_fast_forward_gives_the_figures_of_every_tick_with_announced_maintenance() -> None:
-    p = Params(days=2)
-    dense = TraceConfig(maintenance=30, crashes=15, hangs=15, bug_at=None, scheduled=45, unscheduled=45,
-                        notice_only=45, unscheduled_lead=7200.0)
+    # one day at twice the rates of two days: as many faults, half the every-tick run's ticks
+    p = Params(days=1)
+    dense = TraceConfig(maintenance=60, crashes=30, hangs=30, bug_at=None, scheduled=90, unscheduled=90,
+                        notice_only=90, unscheduled_lead=7200.0)
     trace = make_trace(12, p.days, p.workers, dense)
     fast = run_tool(tpuwatch_tool("t", "t", CONFIG, ""), trace, p)
     slow = run_tool(tpuwatch_tool("t", "t", CONFIG, "", skip_idle=False), trace, p)

@@ -95,8 +95,10 @@ def test_one_slice_trace_is_the_single_slice_trace_and_each_slice_has_its_own_fa
 
 
 def test_the_ideal_bound_over_two_slices_beats_every_tool_on_a_short_trace() -> None:
-    p = Params(days=3, slices=2)
-    trace = make_trace(5, p.days, p.workers, slices=2)
+    # one day at three times the default rates: the faults of three days, a third of the ticks
+    p = Params(days=1, slices=2)
+    tc = TraceConfig(maintenance=24, stuck=6, preemptions=12, stockouts=6, crashes=12, hangs=6)
+    trace = make_trace(5, p.days, p.workers, tc, slices=2)
     assert trace.count("preemption") + trace.count("maintenance") >= 2
     results = {k: run_tool(t, trace, p) for k, t in tools(2).items()}
     ideal = results.pop("ideal")
@@ -176,10 +178,10 @@ def test_script_slices(capsys: pytest.CaptureFixture[str]) -> None:
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    assert mod.main(["--days", "2", "--slices", "2", "--json", "--tools", "ideal,tpuwatch"]) == 0
+    assert mod.main(["--days", "1", "--slices", "2", "--json", "--tools", "ideal,tpuwatch"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["params"]["slices"] == 2 and [t["tool"] for t in out["tools"]] == ["ideal", "tpuwatch"]
-    assert out["trace"]["counts"] == {k: make_trace(0, 2, 4, slices=2).count(k) for k in out["trace"]["counts"]}
+    assert out["trace"]["counts"] == {k: make_trace(0, 1, 4, slices=2).count(k) for k in out["trace"]["counts"]}
     assert {"disruptions", "median_s", "p95_s"} <= set(out["tools"][1]["relaunch"])
     for bad in (["--slices", "0"], ["--slices", "2", "--tools", "bash"], ["--slices", "2", "--scheduled", "1"]):
         with pytest.raises(UsageError) as err:
@@ -188,8 +190,10 @@ def test_script_slices(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_fast_forward_beside_other_watchers_gives_the_figures_of_every_tick() -> None:
-    p = Params(days=4, slices=2)
-    trace = make_trace(3, p.days, p.workers, TraceConfig(maintenance=30, preemptions=15, crashes=15, hangs=8),
+    # one day at four times the rates of the four days this once ran: as many faults (each
+    # watcher's recoveries, what the replay must get right) for a quarter of the every-tick ticks
+    p = Params(days=1, slices=2)
+    trace = make_trace(3, p.days, p.workers, TraceConfig(maintenance=120, preemptions=60, crashes=60, hangs=32),
                        slices=2)
     fast, every = (run_tool(per_slice_tool(CONFIG, skip), trace, p) for skip in (True, False))
     assert fast.real_ticks < every.real_ticks == every.ticks
