@@ -349,7 +349,8 @@ tw_ckpt_listing() {
   fi
   # Under $TPUWATCH_HOST_ROOT (the simulator's VM disk) when it is there, else as given (a
   # mount the watcher shares, or a real VM).
-  out=$(python3 - "$TW_CKPT_DIR" "${TPUWATCH_HOST_ROOT:-}" <<'TW_PY' 2>&1
+  # -S: no site import (a third of its start-up); the listing needs the standard library only.
+  out=$(python3 -S - "$TW_CKPT_DIR" "${TPUWATCH_HOST_ROOT:-}" <<'TW_PY' 2>&1
 import json, os, sys
 root = sys.argv[1]
 if sys.argv[2] and os.path.isdir(sys.argv[2] + root):
@@ -538,9 +539,13 @@ tw_wrapper() {
     [0-7][0-7][0-7] | [0-7][0-7][0-7][0-7]) ;;
     *) mask=0022 ;;
   esac
-  # Its own process, without TPUWATCH_JOB: it never counts as the attempt being alive.
-  env -u TPUWATCH_JOB bash -c "$(declare -f tw_write tw_sleep tw_relay); tw_relay \"\$@\"" \
-    tpuwatch-relay "$dir" "$$" "${4:-}" "${5:-0}" &
+  # Its own process, without TPUWATCH_JOB: it never counts as the attempt being alive (its
+  # environment is the exec's; unset in this subshell, not by an `env` process).
+  (
+    unset TPUWATCH_JOB
+    exec bash -c "$(declare -f tw_write tw_sleep tw_relay); tw_relay \"\$@\"" \
+      tpuwatch-relay "$dir" "$$" "${4:-}" "${5:-0}"
+  ) &
   relay=$!
   (umask "$mask" && exec bash -c "$2")
   rc=$?
@@ -561,11 +566,10 @@ tw_launch() {
   local cur pid code log i
   tw_need flock setsid awk || return 1
   # shellcheck disable=SC2174  # both directories are named, so both get the mode when made
-  mkdir -p -m 700 -- "$HOME/.tpuwatch" "$TW_DIR" || {
+  [ -d "$TW_DIR" ] || mkdir -p -m 700 -- "$HOME/.tpuwatch" "$TW_DIR" || {
     tw_emit result=error "detail=cannot create $TW_DIR"
     return 1
   }
-  chmod 700 -- "$HOME/.tpuwatch" "$TW_DIR" 2>/dev/null
   # With TW_CLEAN_MS, first clean up what an older attempt left (its processes, device
   # holders, a stale libtpu lockfile) in this same connection, reported as cleanup_* fields.
   # Never when this attempt (or a newer one) was launched here: that is not left over.
@@ -615,7 +619,9 @@ tw_launch() {
   }
   log="$TW_DIR/attempt-$TW_ATTEMPT.log"
   : >>"$log"
-  chmod 600 -- "$log" "$TW_DIR/lock" "$TW_DIR/attempt" 2>/dev/null
+  # One chmod for the directories (700) and the files (600): X is search for a directory only.
+  # The attempt file is new (tw_write), made 600 by the umask.
+  chmod u=rwX,go= -- "$HOME/.tpuwatch" "$TW_DIR" "$log" "$TW_DIR/lock" 2>/dev/null
   # Detached: its own session (setsid), HUP ignored (as nohup does: an ignored signal stays
   # ignored through exec), stdin not the SSH channel, output to the log. It inherits fd 9, so
   # the lock is held as long as any process of it lives.
@@ -659,8 +665,10 @@ tw_stop() {
   tw_scan_how
   tw_need flock awk || return 1
   if [ -d "$TW_DIR" ]; then
+    local older=""  # the host booted since the launch: nothing of the attempt lives or holds its lock
+    tw_older_boot && older=1
     tw_num pid "$TW_DIR/pid"
-    if [ -n "$pid" ] && ! tw_older_boot; then
+    if [ -n "$pid" ] && [ -z "$older" ]; then
       # The attempt's session, only while it is still ours (the lock is held, or a member
       # carries our TPUWATCH_JOB): a pid reused by another program never gets a signal.
       members=$(tw_session_members "$pid")
@@ -677,7 +685,7 @@ tw_stop() {
     fi
     # Processes that left the session but still hold the job lock are the job's too. They
     # share the open file the launch locked, so while nothing holds the lock none exists.
-    if tw_lock_held; then
+    if [ -z "$older" ] && tw_lock_held; then
       tw_glob_escape elock "$TW_DIR/lock"
       for p in $(tw_holders "$elock"); do
         case " $ours " in *" $p "*) ;; *) ours="$ours $p" ;; esac
