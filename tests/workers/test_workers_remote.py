@@ -688,6 +688,34 @@ def test_wait_answers_probe_requests_on_its_stdin_and_ends_with_it(worker: Worke
         shell.kill()
 
 
+def test_a_probe_on_a_follow_channel_learns_the_lock_is_held_from_its_helper(worker: Worker, tmp_path: Path) -> None:
+    """The channel's helper waiting for its shared lock says the attempt holds the lock: a probe
+    request answers `running` without a flock of its own (every flock run is logged here)."""
+    assert worker.launch(1, "sleep 300")["result"] == "launched"
+    bindir, calls = tmp_path / "bin", tmp_path / "flock-calls"
+    bindir.mkdir()
+    (bindir / "flock").write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >>{calls}\nexec {shutil.which("flock")} "$@"\n')
+    (bindir / "flock").chmod(0o755)
+    env = {**worker.env, "PATH": f"{bindir}:{worker.env['PATH']}"}
+    shell = subprocess.Popen(["/bin/bash", "-c", protocol.REMOTE_COMMAND], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, env=env)
+    assert shell.stdin is not None and shell.stdout is not None
+    reader = protocol.WaitReader()
+    try:
+        shell.stdin.write(protocol.framed(protocol.wait_script(JOB, 1, poll=3600)))
+        shell.stdin.write(b"".join(protocol.probe_request(seq) for seq in (1, 2, 3)))
+        shell.stdin.flush()
+        answers: list[tuple[str, str]] = []
+        while len(answers) < 3:
+            answers += reader.feed(shell.stdout.readline())
+        assert [(seq, protocol.parse_records(text)["state"]) for seq, text in answers] == [
+            ("1", "running"), ("2", "running"), ("3", "running")]
+        assert calls.read_text().splitlines() == [f"-s -o {worker.dir / 'lock'} printf free\\n"]  # the helper only
+    finally:
+        shell.kill()
+        shell.wait()
+
+
 def _signed_probe(worker: Worker, patterns: tuple[str, ...]) -> dict[str, str]:
     return worker.run(protocol.probe_script(JOB, patterns=patterns))
 

@@ -200,6 +200,7 @@ tw_need() {
 
 tw_lock_held() {  # some process holds the job lock (probing takes a shared lock for an instant)
   local rc=1
+  [ -z "${TW_HELD:-}" ] || return 0  # a follow channel's helper is still waiting for it (tw_wait)
   [ -e "$TW_DIR/lock" ] || return 1
   { flock -n -s 8; rc=$?; } 8<"$TW_DIR/lock" 2>/dev/null
   [ "$rc" -ne 0 ]
@@ -873,7 +874,12 @@ tw_wait() {
           seq=${list%% *} list=${list#"$seq"}
           case $seq in '' | *[!0-9]*) continue ;; esac
           printf '@tpuwatch probe_begin=%s\n' "$seq"
+          # The helper still waiting for its shared lock says the attempt holds it: the probe
+          # need not fork a flock of its own to learn that.
+          TW_HELD=""
+          [ $free = 0 ] && tw_alive "$helper" && TW_HELD=1
           if [ "$list" = ' 1' ]; then tw_probe; else TW_CKPT_DIR='' tw_probe; fi
+          TW_HELD=""
           printf '@tpuwatch probe_end=%s\n' "$seq"
           ;;
       esac
