@@ -15,7 +15,8 @@ runs (the box is shared; slower runs are other load).
 - heal launch: the launch that follows (cleanup first, then the session goes on as the follow
   channel: its stdin closes at once here); job + relay: the wrapper, the relay and its first curl,
   and the job (`exec sleep`), until killed
-- probe: a probe over SSH of a running attempt; + listing: with a local checkpoint_dir
+- probe: a probe over SSH of a running attempt; + listing: with a local checkpoint_dir; log grew:
+  its log has new bytes to search for the runtime signatures
 - channel probe: one probe request answered on a follow channel (the steady probe of a watch)
 - precheck: every built-in check, 3 peers, an interpreter
 """
@@ -204,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
                 c0 = cpu()
                 h.run(script)
                 add(name, cpu() - c0)
+            with open(h.home / f".tpuwatch/job/attempt-{last}.log", "a") as log:
+                log.write("step 100, loss 1.25\n")  # its new bytes are searched for the signatures
+            c0 = cpu()
+            h.run(probe)
+            add("probe, log grew", cpu() - c0)
             c0 = cpu()
             h.run(wait)
             c1 = cpu()

@@ -15,8 +15,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_worker_scripts.py"
-ACTIONS = ("heal: probe", "heal: launch", "heal: job + relay", "probe", "probe + listing", "channel probe",
-           "precheck")
+ACTIONS = ("heal: probe", "heal: launch", "heal: job + relay", "probe", "probe + listing", "probe, log grew",
+           "channel probe", "precheck")
 
 
 def test_bench_worker_scripts_measures_every_action() -> None:

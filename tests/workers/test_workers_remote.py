@@ -752,6 +752,24 @@ def test_the_probe_reports_the_log_age_and_the_first_line_matching_a_signature(w
     assert not (worker.dir / "attempt-1.match").exists()
 
 
+def test_a_probe_searches_a_short_logs_growth_with_grep_alone(worker: Worker, tmp_path: Path) -> None:
+    """A log that grew, shorter than the look-back: grep reads it itself, and nothing else runs
+    beside it (no tail, no head, no mv of the scan mark); the match is cut at 400 bytes."""
+    worker.launch(1, "exec sleep 300")
+    log = worker.dir / "attempt-1.log"
+    log.write_text("step 1\nTraceback (most recent call last): " + "x" * 600 + "\n")
+    bindir, calls = tmp_path / "bin", tmp_path / "calls"
+    bindir.mkdir()
+    for tool in ("tail", "head", "mv", "grep"):
+        (bindir / tool).write_text(f'#!/bin/sh\necho {tool} >>{calls}\nexec {shutil.which(tool)} "$@"\n')
+        (bindir / tool).chmod(0o755)
+    worker.extra["PATH"] = f"{bindir}:{os.environ['PATH']}"
+    p = protocol.parse_probe(0, _signed_probe(worker, ("Traceback \\(most recent",)))
+    assert p.log_match == ("Traceback (most recent call last): " + "x" * 600)[:400]
+    assert calls.read_text().split() == ["grep", "mv"]  # the mv keeps the match, once
+    assert (worker.dir / "attempt-1.scan").read_text() == f"{log.stat().st_size}\n"
+
+
 def test_libtpu_args_are_appended_to_the_jobs_own_and_never_override_a_flag_it_sets(worker: Worker) -> None:
     def launched_with(attempt: int, env: dict[str, str] | None, login: str | None) -> str:
         if login is None:

@@ -257,7 +257,7 @@ TW_SCAN_BACK=4096
 TW_SCAN_MAX=4194304
 tw_scan() {
   local log="$TW_DIR/attempt-$2.log" mark="$TW_DIR/attempt-$2.scan" hit="$TW_DIR/attempt-$2.match"
-  local size=$3 off="" from line="" re args=()
+  local size=$3 off="" from line="" re args=() LC_ALL=C  # C: the cut below counts bytes
   printf -v "$1" '%s' ""
   if [ -f "$hit" ]; then
     IFS= read -r line <"$hit" 2>/dev/null
@@ -266,8 +266,10 @@ tw_scan() {
   fi
   [ "${#TW_SIGS[@]}" -gt 0 ] && [ "$size" -gt 0 ] || return 0  # nothing to search
   tw_num off "$mark"
+  # The mark is written in place, not by tw_write's mv: a probe that reads it half-written
+  # searches from an earlier offset, which only searches some bytes again.
   if [ -n "$off" ] && [ "$size" -le "$off" ]; then
-    [ "$size" -lt "$off" ] && tw_write "$mark" "$size"  # the log was cut: search it from there
+    [ "$size" -lt "$off" ] && printf '%s\n' "$size" >"$mark"  # the log was cut: search it from there
     return 0
   fi
   from=$((${off:-0} - TW_SCAN_BACK))
@@ -275,10 +277,16 @@ tw_scan() {
   [ "$from" -lt 0 ] && from=0
   for re in "${TW_SIGS[@]}"; do args+=(-e "$re"); done
   # Bytes past `size` (written since the stat) are searched now and again next time: harmless.
-  line=$(tail -c "+$((from + 1))" -- "$log" 2>/dev/null | LC_ALL=C grep -a -m 1 -E "${args[@]}" 2>/dev/null |
-    head -c 400)
+  # grep reads the log itself when the search starts at its first byte (no tail), and the first
+  # 400 bytes of its line are cut here (no head).
+  if [ "$from" = 0 ]; then
+    line=$(LC_ALL=C grep -a -m 1 -E "${args[@]}" -- "$log" 2>/dev/null)
+  else
+    line=$(tail -c "+$((from + 1))" -- "$log" 2>/dev/null | LC_ALL=C grep -a -m 1 -E "${args[@]}" 2>/dev/null)
+  fi
+  line=${line:0:400}
   line=${line//$'\r'/}
-  tw_write "$mark" "$size"
+  printf '%s\n' "$size" >"$mark"
   if [ -n "$line" ]; then
     tw_write "$hit" "$line"
     printf -v "$1" '%s' "$line"
