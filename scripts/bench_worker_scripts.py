@@ -6,7 +6,8 @@
 
 Each action runs as a worker runs it: protocol.REMOTE_COMMAND in a bash reading the framed
 script, HOME and TPUWATCH_HOST_ROOT in a temporary directory (4 /dev/vfio chips), a metadata
-server that never answers (the relay's long poll). The CPU is user + system time of every process
+server that never answers (the relay's long poll), and, as in the simulator, a cgroup of its own
+(where one can be made: root) so that its scans of /proc see this host's processes only. The CPU is user + system time of every process
 the action started, the detached job's wrapper and relay too: this script makes itself their
 subreaper, so they are reaped, and counted, here. Figures are the mean of the faster half of the
 runs (the box is shared; slower runs are other load).
@@ -40,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tpuwatch.sim.hosts import ENTER_CGROUP, _cgroup_root, _remove_cgroup  # noqa: E402
 from tpuwatch.workers import precheck, protocol  # noqa: E402
 
 PATTERNS = ["Traceback \\(most recent", "TPU initialization failed"]
@@ -89,12 +91,25 @@ class Host:
                     "HOME": str(self.home), "USER": "tpu", "LANG": "C.UTF-8", "SHELL": "/bin/bash",
                     "TPUWATCH_HOST_ROOT": str(self.root), "GCE_METADATA_HOST": f"127.0.0.1:{port}",
                     "TPUWATCH_SIM_HOSTS": str(tmp / "hosts")}
+        self.cgroups = _cgroup_root(f"bench-{os.getpid()}")
+        self.cgroup: Path | None = None
+        if self.cgroups is not None:
+            self.cgroup = self.cgroups / "worker"
+            self.cgroup.mkdir()
+            self.env["TPUWATCH_SIM_PROCS"] = str(self.cgroup / "cgroup.procs")
         self.reboot()
+
+    def close(self) -> None:
+        self.reboot()
+        _remove_cgroup(self.cgroup)
+        _remove_cgroup(self.cgroups)
 
     def reboot(self) -> None:
         """The attempt's processes killed and a new boot id, as after a maintenance."""
+        pid = self.home / ".tpuwatch/job/pid"
         try:
-            os.killpg(int((self.home / ".tpuwatch/job/pid").read_text()), signal.SIGKILL)
+            os.killpg(int(pid.read_text()), signal.SIGKILL)
+            pid.unlink()  # never again: its number may go to another process group
         except (OSError, ValueError):
             pass
         time.sleep(0.02)
@@ -102,7 +117,7 @@ class Host:
         (self.root / "proc/sys/kernel/random/boot_id").write_text(f"{uuid.uuid4()}\n")
 
     def run(self, script: bytes, extra: bytes = b"", trace: str | None = None, detaches: bool = False) -> bytes:
-        argv = ["/bin/bash", "-c", protocol.REMOTE_COMMAND]
+        argv = ["/bin/bash", "-c", ENTER_CGROUP + protocol.REMOTE_COMMAND]
         if trace is None or not detaches:
             if trace is not None:
                 argv = ["strace", "-f", "-qq", "-e", "trace=execve,clone,clone3,fork,vfork", "-e", "signal=none", "-o",
@@ -224,8 +239,10 @@ def main(argv: list[str] | None = None) -> int:
             traces["heal: probe"] = counts(f"{t}/trace")
             h.run(launch(last + 1), trace=f"{t}/trace", detaches=True)
             traces["heal: launch"] = counts(f"{t}/trace") + " (and the job's)"
-        h.reboot()
-    print(f"worker-side CPU per action, ms (mean of the faster half of {a.runs} runs){' of ' + a.ref if a.ref else ''}")
+        h.close()
+    where = "in a cgroup" if h.cgroup is not None else "no cgroup: the scans see every process of the machine"
+    print(f"worker-side CPU per action, ms (mean of the faster half of {a.runs} runs{', ' + a.ref if a.ref else ''}; "
+          f"{where})")
     for name, v in res.items():
         v.sort()
         half = v[:max(1, len(v) // 2)]

@@ -266,6 +266,21 @@ def test_the_detached_killer_never_kills_a_process_that_reused_the_pid(worker: W
     stranger.wait(5)
 
 
+def test_a_follow_channel_ends_its_helpers_by_pid_and_start_time(worker: Worker) -> None:
+    """At its end a follow channel TERMs its helpers only while their pids are still theirs: a
+    helper that ended first (the reader ends with stdin) may have given its pid to anything."""
+    stranger = subprocess.Popen(["sleep", "326"], start_new_session=True, stdin=subprocess.DEVNULL, env=worker.env)
+    wait_for(lambda: bool(worker.pids(b"sleep\x00326")), what="the stranger")
+    start = Path(f"/proc/{stranger.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    env = {**worker.env, "TW_JOB": JOB, "TW_ACTION": "none"}
+    body = protocol.remote_script() + f"\ntw_kill_same '{stranger.pid}:1'\n"  # start time 1: another process
+    subprocess.run(["/bin/bash", "-s"], input=body.encode(), env=env, capture_output=True, timeout=30)
+    assert stranger.poll() is None
+    body = protocol.remote_script() + f"\ntw_kill_same '{stranger.pid}:{start}'\n"  # the helper itself
+    subprocess.run(["/bin/bash", "-s"], input=body.encode(), env=env, capture_output=True, timeout=30)
+    assert stranger.wait(5) == -signal.SIGTERM
+
+
 def test_a_cleaning_launch_stops_the_older_attempt_and_its_leftovers_in_one_connection(worker: Worker) -> None:
     accel = worker.root / "dev" / "accel1"
     worker.launch(1, "(trap '' TERM; exec sleep 311) & exec sleep 312")

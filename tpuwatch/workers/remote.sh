@@ -170,6 +170,15 @@ tw_killer() {  # detached: after $1 ms, KILL each "pid:starttime" of $2 still al
   done
 }
 
+tw_kill_same() {  # TERM each "pid:starttime" of $@ that is still that process: a pid that went
+  # to another process since is left alone
+  local ps
+  for ps in "$@"; do
+    [ -n "${ps#*:}" ] && tw_starttime "${ps%%:*}" && [ "$TW_START" = "${ps#*:}" ] && kill "${ps%%:*}" 2>/dev/null
+  done
+  return 0
+}
+
 tw_terminate_later() {  # TERM pids $2 (and group $3) now; a detached killer KILLs the ones
   # still alive after $1 ms, so the caller need not wait. Adds to TW_STOPPING those alive a
   # moment after TERM (the start time tells a pid reused meanwhile from the process it was).
@@ -849,6 +858,11 @@ tw_wait() {
     printf 'closed\n'
   ) || return 1
   IFS=' ' read -r line helper reader <&7
+  # Ended at the close by pid and start time: either may have ended by then and its pid gone to
+  # another process (the reader ends with stdin; a busy host reuses pids within seconds).
+  local helpers=()
+  tw_starttime "$helper" && helpers+=("$helper:$TW_START")
+  tw_starttime "$reader" && helpers+=("$reader:$TW_START")
   printf '@tpuwatch wait_ready=%s\n' "$TW_ATTEMPT"  # the watcher asks only channels that said so
   while :; do
     tw_num code "$TW_DIR/exit_code"
@@ -898,7 +912,7 @@ tw_wait() {
       part=$part$line
     fi
   done
-  kill "$helper" "$reader" 2>/dev/null
+  tw_kill_same "${helpers[@]}"
   return 0
 }
 
