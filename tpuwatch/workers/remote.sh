@@ -848,16 +848,24 @@ tw_wait() {
   tw_need flock || return 1
   exec 6<&0
   # The helpers' stderr is not the channel's: the channel closes when this shell ends.
+  # The reader says who the helpers are before it copies a byte: a request already waiting on
+  # stdin can never come first and be taken for that line (its number for a pid to end).
   exec 7< <(
     exec 2>/dev/null
     flock -s -o "$TW_DIR/lock" printf 'free\n' &
     helper=$!
-    cat <&6 &
-    printf 'helpers %s %s\n' "$helper" "$!"
+    {
+      printf 'helpers %s %s\n' "$helper" "$BASHPID"
+      exec cat <&6
+    } &
     wait "$!"
     printf 'closed\n'
   ) || return 1
-  IFS=' ' read -r line helper reader <&7
+  while IFS=' ' read -r line helper reader <&7; do  # a free lock may say so first
+    [ "$line" = helpers ] && break
+    [ "$line" = free ] && free=1
+    helper="" reader=""
+  done
   # Ended at the close by pid and start time: either may have ended by then and its pid gone to
   # another process (the reader ends with stdin; a busy host reuses pids within seconds).
   local helpers=()
