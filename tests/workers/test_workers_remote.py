@@ -364,6 +364,30 @@ def test_stop_never_signals_a_pid_that_is_no_longer_ours(worker: Worker) -> None
     stranger.wait(5)
 
 
+def test_whose_a_process_is_is_read_from_its_environment_by_bash_itself(worker: Worker, tmp_path: Path) -> None:
+    """A process in the attempt's session counts as the attempt's by TPUWATCH_JOB in its
+    environment, read without a `tr` (every run of one is logged here): the job's name whole,
+    not a prefix of another's."""
+    worker.launch(1, "exit 0")
+    wait_for(lambda: (worker.dir / "exit_code").exists(), what="exit_code")
+    (worker.dir / "exit_code").unlink()  # as if it had never ended: its session decides
+    bindir, calls = tmp_path / "bin", tmp_path / "calls"
+    bindir.mkdir()
+    (bindir / "tr").write_text(f'#!/bin/sh\necho tr >>{calls}\nexec {shutil.which("tr")} "$@"\n')
+    (bindir / "tr").chmod(0o755)
+    worker.extra["PATH"] = f"{bindir}:{os.environ['PATH']}"
+    for job, state in ((JOB + "x", "absent"), (JOB, "running")):
+        member = subprocess.Popen(["sleep", "308"], start_new_session=True, stdin=subprocess.DEVNULL,
+                                  env={**worker.env, "TPUWATCH_JOB": job})
+        try:
+            (worker.dir / "pid").write_text(f"{member.pid}\n")
+            assert worker.probe()["state"] == state, job
+        finally:
+            member.kill()
+            member.wait(5)
+    assert not calls.exists()
+
+
 def test_after_a_reboot_the_attempt_of_an_earlier_boot_is_not_looked_for(worker: Worker) -> None:
     """Nothing of an attempt launched before the host last booted can be alive, so its pid (now
     anyone's, even a process that carries the job's name) is neither probed as running nor

@@ -38,9 +38,16 @@
 
 # tpuwatch's own files are private; the job itself runs with the login's umask (TW_UMASK), as
 # it would if started by hand, so the files it writes are as readable as the user expects.
-# Only a launch needs it: `$(umask)` costs a fork, and every call runs this.
+# Only a launch needs it: `$(umask)` costs a fork, and every call runs this. Linux (4.7 on)
+# shows it in /proc/<pid>/status, as umask prints it: read there without a fork.
 TW_UMASK=""
-[ "${TW_ACTION:-}" = launch ] && TW_UMASK=$(umask)
+if [ "${TW_ACTION:-}" = launch ]; then
+  while IFS=$' \t' read -r tw_key TW_UMASK; do
+    [ "$tw_key" = Umask: ] && break
+    TW_UMASK=""
+  done 2>/dev/null <"/proc/$BASHPID/status"
+  case $TW_UMASK in [0-7][0-7][0-7][0-7]) ;; *) TW_UMASK=$(umask) ;; esac
+fi
 umask 077
 
 tw_emit() {
