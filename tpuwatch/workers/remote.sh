@@ -216,7 +216,7 @@ tw_need() {
 
 tw_lock_held() {  # some process holds the job lock (probing takes a shared lock for an instant)
   local rc=1
-  [ -z "${TW_HELD:-}" ] || return 0  # a follow channel's helper is still waiting for it (tw_wait)
+  [ -z "${TW_HELD:-}" ] || return 0  # a follow channel's helper is still waiting for it (the wait action)
   [ -e "$TW_DIR/lock" ] || return 1
   { flock -n -s 8; rc=$?; } 8<"$TW_DIR/lock" 2>/dev/null
   [ "$rc" -ne 0 ]
