@@ -151,6 +151,15 @@ def test_orphan_device_holders_and_a_stale_lockfile_fail_fixably_before_a_launch
         ours.wait()
 
 
+def test_device_holders_say_how_far_the_scan_saw(host: Host) -> None:
+    """root, sudo, or own (then other users' holders are unseen, a warning): the mode reaches the answer."""
+    answer, _ = host.answer()
+    scan = answer["device_holders"]["scan"]
+    assert scan == "root" if os.geteuid() == 0 else scan in {"sudo", "own"}
+    items = {i.check: i for i in evaluate(0, answer, LOOSE, context="running", chips=4)}
+    assert items["device_holders"].verdict == ("warn" if scan == "own" else "pass")
+
+
 def test_dns_names_the_peers_that_do_not_resolve(host: Host) -> None:
     item = host.check(peers=("127.0.0.2", "127.0.0.9"))["dns"]
     assert item.verdict == "fail" and item.value == "1/2 peers resolved"

@@ -140,6 +140,23 @@ def test_script_quotes_every_value_and_is_one_group() -> None:
     assert "TW_STEP=20" in lines and "TW_ATTEMPT=3" in lines and "TW_WORKER=1" in lines
 
 
+def test_a_probe_carries_only_the_functions_a_probe_runs() -> None:
+    """bash parses every function it is sent: a probe gets neither the launch's nor the stop's,
+    and every function its own call, directly or not, is there."""
+    full = {m.group(1): m.group(0) for m in protocol._FUNCTION.finditer(protocol.remote_script())}
+    probe = protocol.probe_script("job").decode()
+    sent = {m.group(1) for m in protocol._FUNCTION.finditer(probe)}
+    assert {"tw_probe", "tw_attempt_alive", "tw_scan", "tw_ckpt_listing", "tw_main"} <= sent
+    assert not sent & {"tw_launch", "tw_stop", "tw_wait", "tw_follow", "tw_relay", "tw_wrapper", "tw_holders"}
+    for name in sent - {"tw_main"}:  # tw_main names every action; only the probe's branch runs
+        called = set(protocol._NAME.findall(full[name])) & set(full)
+        assert called <= sent, (name, called - sent)
+    assert len(probe) < len(protocol.remote_script()) // 2
+    assert subprocess.run([BASH, "-n"], input=probe.encode(), capture_output=True, timeout=10).returncode == 0
+    # the other actions still get the whole script
+    assert protocol.remote_script() in protocol.stop_script("job", 1.0).decode()
+
+
 def test_a_truncated_upload_runs_nothing(tmp_path: Path) -> None:
     """A connection dropped while the script streams in: the worker runs none of it."""
     data = protocol.framed(protocol.launch_script("job", attempt=1, worker=0, checkpoint=None,

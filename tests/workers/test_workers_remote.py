@@ -266,6 +266,21 @@ def test_the_detached_killer_never_kills_a_process_that_reused_the_pid(worker: W
     stranger.wait(5)
 
 
+def test_a_follow_channel_ends_its_helpers_by_pid_and_start_time(worker: Worker) -> None:
+    """At its end a follow channel TERMs its helpers only while their pids are still theirs: a
+    helper that ended first (the reader ends with stdin) may have given its pid to anything."""
+    stranger = subprocess.Popen(["sleep", "326"], start_new_session=True, stdin=subprocess.DEVNULL, env=worker.env)
+    wait_for(lambda: bool(worker.pids(b"sleep\x00326")), what="the stranger")
+    start = Path(f"/proc/{stranger.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    env = {**worker.env, "TW_JOB": JOB, "TW_ACTION": "none"}
+    body = protocol.remote_script() + f"\ntw_kill_same '{stranger.pid}:1'\n"  # start time 1: another process
+    subprocess.run(["/bin/bash", "-s"], input=body.encode(), env=env, capture_output=True, timeout=30)
+    assert stranger.poll() is None
+    body = protocol.remote_script() + f"\ntw_kill_same '{stranger.pid}:{start}'\n"  # the helper itself
+    subprocess.run(["/bin/bash", "-s"], input=body.encode(), env=env, capture_output=True, timeout=30)
+    assert stranger.wait(5) == -signal.SIGTERM
+
+
 def test_a_cleaning_launch_stops_the_older_attempt_and_its_leftovers_in_one_connection(worker: Worker) -> None:
     accel = worker.root / "dev" / "accel1"
     worker.launch(1, "(trap '' TERM; exec sleep 311) & exec sleep 312")
@@ -347,6 +362,30 @@ def test_stop_never_signals_a_pid_that_is_no_longer_ours(worker: Worker) -> None
     assert stranger.poll() is None
     stranger.kill()
     stranger.wait(5)
+
+
+def test_whose_a_process_is_is_read_from_its_environment_by_bash_itself(worker: Worker, tmp_path: Path) -> None:
+    """A process in the attempt's session counts as the attempt's by TPUWATCH_JOB in its
+    environment, read without a `tr` (every run of one is logged here): the job's name whole,
+    not a prefix of another's."""
+    worker.launch(1, "exit 0")
+    wait_for(lambda: (worker.dir / "exit_code").exists(), what="exit_code")
+    (worker.dir / "exit_code").unlink()  # as if it had never ended: its session decides
+    bindir, calls = tmp_path / "bin", tmp_path / "calls"
+    bindir.mkdir()
+    (bindir / "tr").write_text(f'#!/bin/sh\necho tr >>{calls}\nexec {shutil.which("tr")} "$@"\n')
+    (bindir / "tr").chmod(0o755)
+    worker.extra["PATH"] = f"{bindir}:{os.environ['PATH']}"
+    for job, state in ((JOB + "x", "absent"), (JOB, "running")):
+        member = subprocess.Popen(["sleep", "308"], start_new_session=True, stdin=subprocess.DEVNULL,
+                                  env={**worker.env, "TPUWATCH_JOB": job})
+        try:
+            (worker.dir / "pid").write_text(f"{member.pid}\n")
+            assert worker.probe()["state"] == state, job
+        finally:
+            member.kill()
+            member.wait(5)
+    assert not calls.exists()
 
 
 def test_after_a_reboot_the_attempt_of_an_earlier_boot_is_not_looked_for(worker: Worker) -> None:
@@ -688,6 +727,34 @@ def test_wait_answers_probe_requests_on_its_stdin_and_ends_with_it(worker: Worke
         shell.kill()
 
 
+def test_a_probe_on_a_follow_channel_learns_the_lock_is_held_from_its_helper(worker: Worker, tmp_path: Path) -> None:
+    """The channel's helper waiting for its shared lock says the attempt holds the lock: a probe
+    request answers `running` without a flock of its own (every flock run is logged here)."""
+    assert worker.launch(1, "sleep 300")["result"] == "launched"
+    bindir, calls = tmp_path / "bin", tmp_path / "flock-calls"
+    bindir.mkdir()
+    (bindir / "flock").write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >>{calls}\nexec {shutil.which("flock")} "$@"\n')
+    (bindir / "flock").chmod(0o755)
+    env = {**worker.env, "PATH": f"{bindir}:{worker.env['PATH']}"}
+    shell = subprocess.Popen(["/bin/bash", "-c", protocol.REMOTE_COMMAND], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, env=env)
+    assert shell.stdin is not None and shell.stdout is not None
+    reader = protocol.WaitReader()
+    try:
+        shell.stdin.write(protocol.framed(protocol.wait_script(JOB, 1, poll=3600)))
+        shell.stdin.write(b"".join(protocol.probe_request(seq) for seq in (1, 2, 3)))
+        shell.stdin.flush()
+        answers: list[tuple[str, str]] = []
+        while len(answers) < 3:
+            answers += reader.feed(shell.stdout.readline())
+        assert [(seq, protocol.parse_records(text)["state"]) for seq, text in answers] == [
+            ("1", "running"), ("2", "running"), ("3", "running")]
+        assert calls.read_text().splitlines() == [f"-s -o {worker.dir / 'lock'} printf free\\n"]  # the helper only
+    finally:
+        shell.kill()
+        shell.wait()
+
+
 def _signed_probe(worker: Worker, patterns: tuple[str, ...]) -> dict[str, str]:
     return worker.run(protocol.probe_script(JOB, patterns=patterns))
 
@@ -722,6 +789,24 @@ def test_the_probe_reports_the_log_age_and_the_first_line_matching_a_signature(w
     wait_for(lambda: (worker.dir / "attempt-2.log").read_text() == "clean\n", what="attempt 2's output")
     assert protocol.parse_probe(0, _signed_probe(worker, patterns)).log_match == ""
     assert not (worker.dir / "attempt-1.match").exists()
+
+
+def test_a_probe_searches_a_short_logs_growth_with_grep_alone(worker: Worker, tmp_path: Path) -> None:
+    """A log that grew, shorter than the look-back: grep reads it itself, and nothing else runs
+    beside it (no tail, no head, no mv of the scan mark); the match is cut at 400 bytes."""
+    worker.launch(1, "exec sleep 300")
+    log = worker.dir / "attempt-1.log"
+    log.write_text("step 1\nTraceback (most recent call last): " + "x" * 600 + "\n")
+    bindir, calls = tmp_path / "bin", tmp_path / "calls"
+    bindir.mkdir()
+    for tool in ("tail", "head", "mv", "grep"):
+        (bindir / tool).write_text(f'#!/bin/sh\necho {tool} >>{calls}\nexec {shutil.which(tool)} "$@"\n')
+        (bindir / tool).chmod(0o755)
+    worker.extra["PATH"] = f"{bindir}:{os.environ['PATH']}"
+    p = protocol.parse_probe(0, _signed_probe(worker, ("Traceback \\(most recent",)))
+    assert p.log_match == ("Traceback (most recent call last): " + "x" * 600)[:400]
+    assert calls.read_text().split() == ["grep", "mv"]  # the mv keeps the match, once
+    assert (worker.dir / "attempt-1.scan").read_text() == f"{log.stat().st_size}\n"
 
 
 def test_libtpu_args_are_appended_to_the_jobs_own_and_never_override_a_flag_it_sets(worker: Worker) -> None:

@@ -30,19 +30,14 @@
 umask 077
 export LC_ALL=C
 
-twp_clean() {  # a value with TABs and newlines made spaces
-  local v=$1
-  v=${v//$'\t'/ }
-  v=${v//$'\n'/ }
-  v=${v//$'\r'/ }
-  printf '%s' "$v"
-}
-
-twp_emit() {  # twp_emit ID key=value ...
+twp_emit() {  # twp_emit ID key=value ...: each value's TABs and newlines made spaces (no fork)
   local line="@tpuwatch-check id=$1" kv
   shift
   for kv in "$@"; do
-    line="$line"$'\t'"$(twp_clean "$kv")"
+    kv=${kv//$'\t'/ }
+    kv=${kv//$'\n'/ }
+    kv=${kv//$'\r'/ }
+    line+=$'\t'$kv
   done
   printf '%s\n' "$line"
 }
@@ -58,23 +53,31 @@ if [ -n "$twp_root" ]; then
   twp_root=$(cd -- "$twp_root" 2>/dev/null && pwd -P) || twp_root=${TPUWATCH_HOST_ROOT%/}
 fi
 
-twp_df() {  # twp_df PATH -> "SIZE AVAIL" in bytes for the filesystem holding PATH, or fails
-  local out line size avail
+twp_size="" twp_free=""
+twp_df() {  # twp_df PATH: twp_size, twp_free := bytes of the filesystem holding PATH, or fails
+  local out size avail
   out=$(df -P -k -- "$1" 2>/dev/null) || return 1
-  line=$(printf '%s\n' "$out" | tail -n 1)
-  # Filesystem 1024-blocks Used Available Capacity Mounted-on
-  read -r _ size _ avail _ <<<"$line"
+  # Its last line: Filesystem 1024-blocks Used Available Capacity Mounted-on
+  read -r _ size _ avail _ <<<"${out##*$'\n'}"
   case "$size$avail" in '' | *[!0-9]*) return 1 ;; esac
-  printf '%s %s' "$((size * 1024))" "$((avail * 1024))"
+  twp_size=$((size * 1024)) twp_free=$((avail * 1024))
 }
 
 twp_space() {  # twp_space ID PATH [SHOWN]: the free and total space of PATH's filesystem
-  local id=$1 path=$2 shown=${3:-$2} m
-  if ! m=$(twp_df "$path"); then
+  local id=$1 path=$2 shown=${3:-$2}
+  if ! twp_df "$path"; then
     twp_emit "$id" "path=$shown" "error=cannot measure $shown (df failed: missing or not mounted)"
     return
   fi
-  twp_emit "$id" "path=$shown" "size=${m% *}" "free=${m#* }"
+  twp_emit "$id" "path=$shown" "size=$twp_size" "free=$twp_free"
+}
+
+twp_dirname() {  # variable $1 := dirname(1) of $2, without its fork
+  local _twp_d=$2
+  while [[ $_twp_d == */ && $_twp_d != / ]]; do _twp_d=${_twp_d%/}; done
+  case $_twp_d in */*) _twp_d=${_twp_d%/*} ;; *) _twp_d=. ;; esac
+  while [[ $_twp_d == */ ]]; do _twp_d=${_twp_d%/}; done
+  printf -v "$1" '%s' "${_twp_d:-/}"
 }
 
 # ---- disk, shm, cache -----------------------------------------------------------------------
@@ -101,15 +104,14 @@ twp_cache() {
   # A cache that does not exist yet fills the filesystem of its nearest existing parent.
   q=$p
   while [ ! -e "$q" ] && [ "$q" != / ] && [ -n "$q" ]; do
-    q=$(dirname -- "$q")
+    twp_dirname q "$q"
   done
   if [ "$q" != "$p" ]; then
-    local m
-    if ! m=$(twp_df "$q"); then
+    if ! twp_df "$q"; then
       twp_emit cache "path=$p" "error=cannot measure $q"
       return
     fi
-    twp_emit cache "path=$p" "size=${m% *}" "free=${m#* }" "note=$p does not exist yet; measured $q"
+    twp_emit cache "path=$p" "size=$twp_size" "free=$twp_free" "note=$p does not exist yet; measured $q"
     return
   fi
   twp_space cache "$p"
@@ -194,13 +196,15 @@ twp_holders() {  # live pids (not us) with an open fd on one of the given paths
   tw_holders "${globs[@]}"
 }
 
-twp_describe_pids() {  # "pid:comm pid:comm" for pids $1
-  local p c out=""
-  for p in $1; do
-    c=$(tr -d '\n' <"/proc/$p/comm" 2>/dev/null)
-    out="$out $p:${c:-?}"
+twp_describe_pids() {  # variable $1 := "pid:comm pid:comm" for pids $2 (no fork)
+  local p _twp_c _twp_o=""
+  for p in $2; do
+    _twp_c=""
+    IFS= read -r -d '' _twp_c <"/proc/$p/comm" 2>/dev/null
+    _twp_o="$_twp_o $p:${_twp_c//$'\n'/}"
+    [[ $_twp_o == *: ]] && _twp_o+="?"
   done
-  printf '%s' "${out# }"
+  printf -v "$1" '%s' "${_twp_o# }"
 }
 
 twp_device_holders() {
@@ -209,7 +213,8 @@ twp_device_holders() {
   for p in $holders; do
     if tw_is_ours "$p"; then ours="$ours $p"; else foreign="$foreign $p"; fi
   done
-  twp_emit device_holders "ours=${ours# }" "foreign=$(twp_describe_pids "$foreign")" "scan=$tw_fd_scan"
+  twp_describe_pids foreign "$foreign"
+  twp_emit device_holders "ours=${ours# }" "foreign=$foreign" "scan=$tw_fd_scan"
 }
 
 twp_libtpu_lock() {
@@ -232,8 +237,9 @@ twp_libtpu_lock() {
   for p in $holders; do
     if tw_is_ours "$p"; then ours="$ours $p"; else foreign="$foreign $p"; fi
   done
+  twp_describe_pids foreign "$foreign"
   twp_emit libtpu_lock "state=$state" "path=${f#"$twp_root"}" "ours=${ours# }" \
-    "foreign=$(twp_describe_pids "$foreign")"
+    "foreign=$foreign"
 }
 
 # ---- the job's interpreter ------------------------------------------------------------------
@@ -280,6 +286,7 @@ twp_custom() {
 
 twp_main() {
   tw_find_ancestors
+  tw_scan_how  # here, not in the holders' $(...) subshells, which would keep tw_fd_scan to themselves
   twp_find_devices
   twp_wants disk && twp_disk
   twp_wants shm && twp_shm

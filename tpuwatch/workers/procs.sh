@@ -100,10 +100,10 @@ tw_holders() {  # live pids (not us, not our ancestors) with an open fd matching
 }
 
 tw_is_ours() {  # pid $1 runs with TPUWATCH_JOB=$TW_JOB in its environment
-  local e
-  e=$(tr '\0' '\n' <"/proc/$1/environ" 2>/dev/null) || return 1
-  case $'\n'"$e"$'\n' in
-    *$'\n'"TPUWATCH_JOB=$TW_JOB"$'\n'*) return 0 ;;
-  esac
+  local e=() v  # its NUL-separated entries read by bash itself: no tr, no fork
+  mapfile -d '' -t e <"/proc/$1/environ" 2>/dev/null || return 1
+  for v in "${e[@]}"; do
+    [ "$v" = "TPUWATCH_JOB=$TW_JOB" ] && return 0
+  done
   return 1
 }

@@ -38,9 +38,16 @@
 
 # tpuwatch's own files are private; the job itself runs with the login's umask (TW_UMASK), as
 # it would if started by hand, so the files it writes are as readable as the user expects.
-# Only a launch needs it: `$(umask)` costs a fork, and every call runs this.
+# Only a launch needs it: `$(umask)` costs a fork, and every call runs this. Linux (4.7 on)
+# shows it in /proc/<pid>/status, as umask prints it: read there without a fork.
 TW_UMASK=""
-[ "${TW_ACTION:-}" = launch ] && TW_UMASK=$(umask)
+if [ "${TW_ACTION:-}" = launch ]; then
+  while IFS=$' \t' read -r tw_key TW_UMASK; do
+    [ "$tw_key" = Umask: ] && break
+    TW_UMASK=""
+  done 2>/dev/null <"/proc/$BASHPID/status"
+  case $TW_UMASK in [0-7][0-7][0-7][0-7]) ;; *) TW_UMASK=$(umask) ;; esac
+fi
 umask 077
 
 tw_emit() {
@@ -170,6 +177,15 @@ tw_killer() {  # detached: after $1 ms, KILL each "pid:starttime" of $2 still al
   done
 }
 
+tw_kill_same() {  # TERM each "pid:starttime" of $@ that is still that process: a pid that went
+  # to another process since is left alone
+  local ps
+  for ps in "$@"; do
+    [ -n "${ps#*:}" ] && tw_starttime "${ps%%:*}" && [ "$TW_START" = "${ps#*:}" ] && kill "${ps%%:*}" 2>/dev/null
+  done
+  return 0
+}
+
 tw_terminate_later() {  # TERM pids $2 (and group $3) now; a detached killer KILLs the ones
   # still alive after $1 ms, so the caller need not wait. Adds to TW_STOPPING those alive a
   # moment after TERM (the start time tells a pid reused meanwhile from the process it was).
@@ -200,6 +216,7 @@ tw_need() {
 
 tw_lock_held() {  # some process holds the job lock (probing takes a shared lock for an instant)
   local rc=1
+  [ -z "${TW_HELD:-}" ] || return 0  # a follow channel's helper is still waiting for it (the wait action)
   [ -e "$TW_DIR/lock" ] || return 1
   { flock -n -s 8; rc=$?; } 8<"$TW_DIR/lock" 2>/dev/null
   [ "$rc" -ne 0 ]
@@ -256,7 +273,7 @@ TW_SCAN_BACK=4096
 TW_SCAN_MAX=4194304
 tw_scan() {
   local log="$TW_DIR/attempt-$2.log" mark="$TW_DIR/attempt-$2.scan" hit="$TW_DIR/attempt-$2.match"
-  local size=$3 off="" from line="" re args=()
+  local size=$3 off="" from line="" re args=() LC_ALL=C  # C: the cut below counts bytes
   printf -v "$1" '%s' ""
   if [ -f "$hit" ]; then
     IFS= read -r line <"$hit" 2>/dev/null
@@ -265,8 +282,10 @@ tw_scan() {
   fi
   [ "${#TW_SIGS[@]}" -gt 0 ] && [ "$size" -gt 0 ] || return 0  # nothing to search
   tw_num off "$mark"
+  # The mark is written in place, not by tw_write's mv: a probe that reads it half-written
+  # searches from an earlier offset, which only searches some bytes again.
   if [ -n "$off" ] && [ "$size" -le "$off" ]; then
-    [ "$size" -lt "$off" ] && tw_write "$mark" "$size"  # the log was cut: search it from there
+    [ "$size" -lt "$off" ] && printf '%s\n' "$size" >"$mark"  # the log was cut: search it from there
     return 0
   fi
   from=$((${off:-0} - TW_SCAN_BACK))
@@ -274,10 +293,16 @@ tw_scan() {
   [ "$from" -lt 0 ] && from=0
   for re in "${TW_SIGS[@]}"; do args+=(-e "$re"); done
   # Bytes past `size` (written since the stat) are searched now and again next time: harmless.
-  line=$(tail -c "+$((from + 1))" -- "$log" 2>/dev/null | LC_ALL=C grep -a -m 1 -E "${args[@]}" 2>/dev/null |
-    head -c 400)
+  # grep reads the log itself when the search starts at its first byte (no tail), and the first
+  # 400 bytes of its line are cut here (no head).
+  if [ "$from" = 0 ]; then
+    line=$(LC_ALL=C grep -a -m 1 -E "${args[@]}" -- "$log" 2>/dev/null)
+  else
+    line=$(tail -c "+$((from + 1))" -- "$log" 2>/dev/null | LC_ALL=C grep -a -m 1 -E "${args[@]}" 2>/dev/null)
+  fi
+  line=${line:0:400}
   line=${line//$'\r'/}
-  tw_write "$mark" "$size"
+  printf '%s\n' "$size" >"$mark"
   if [ -n "$line" ]; then
     tw_write "$hit" "$line"
     printf -v "$1" '%s' "$line"
@@ -349,7 +374,8 @@ tw_ckpt_listing() {
   fi
   # Under $TPUWATCH_HOST_ROOT (the simulator's VM disk) when it is there, else as given (a
   # mount the watcher shares, or a real VM).
-  out=$(python3 - "$TW_CKPT_DIR" "${TPUWATCH_HOST_ROOT:-}" <<'TW_PY' 2>&1
+  # -S: no site import (a third of its start-up); the listing needs the standard library only.
+  out=$(python3 -S - "$TW_CKPT_DIR" "${TPUWATCH_HOST_ROOT:-}" <<'TW_PY' 2>&1
 import json, os, sys
 root = sys.argv[1]
 if sys.argv[2] and os.path.isdir(sys.argv[2] + root):
@@ -538,9 +564,13 @@ tw_wrapper() {
     [0-7][0-7][0-7] | [0-7][0-7][0-7][0-7]) ;;
     *) mask=0022 ;;
   esac
-  # Its own process, without TPUWATCH_JOB: it never counts as the attempt being alive.
-  env -u TPUWATCH_JOB bash -c "$(declare -f tw_write tw_sleep tw_relay); tw_relay \"\$@\"" \
-    tpuwatch-relay "$dir" "$$" "${4:-}" "${5:-0}" &
+  # Its own process, without TPUWATCH_JOB: it never counts as the attempt being alive (its
+  # environment is the exec's; unset in this subshell, not by an `env` process).
+  (
+    unset TPUWATCH_JOB
+    exec bash -c "$(declare -f tw_write tw_sleep tw_relay); tw_relay \"\$@\"" \
+      tpuwatch-relay "$dir" "$$" "${4:-}" "${5:-0}"
+  ) &
   relay=$!
   (umask "$mask" && exec bash -c "$2")
   rc=$?
@@ -561,11 +591,10 @@ tw_launch() {
   local cur pid code log i
   tw_need flock setsid awk || return 1
   # shellcheck disable=SC2174  # both directories are named, so both get the mode when made
-  mkdir -p -m 700 -- "$HOME/.tpuwatch" "$TW_DIR" || {
+  [ -d "$TW_DIR" ] || mkdir -p -m 700 -- "$HOME/.tpuwatch" "$TW_DIR" || {
     tw_emit result=error "detail=cannot create $TW_DIR"
     return 1
   }
-  chmod 700 -- "$HOME/.tpuwatch" "$TW_DIR" 2>/dev/null
   # With TW_CLEAN_MS, first clean up what an older attempt left (its processes, device
   # holders, a stale libtpu lockfile) in this same connection, reported as cleanup_* fields.
   # Never when this attempt (or a newer one) was launched here: that is not left over.
@@ -615,7 +644,9 @@ tw_launch() {
   }
   log="$TW_DIR/attempt-$TW_ATTEMPT.log"
   : >>"$log"
-  chmod 600 -- "$log" "$TW_DIR/lock" "$TW_DIR/attempt" 2>/dev/null
+  # One chmod for the directories (700) and the files (600): X is search for a directory only.
+  # The attempt file is new (tw_write), made 600 by the umask.
+  chmod u=rwX,go= -- "$HOME/.tpuwatch" "$TW_DIR" "$log" "$TW_DIR/lock" 2>/dev/null
   # Detached: its own session (setsid), HUP ignored (as nohup does: an ignored signal stays
   # ignored through exec), stdin not the SSH channel, output to the log. It inherits fd 9, so
   # the lock is held as long as any process of it lives.
@@ -659,8 +690,10 @@ tw_stop() {
   tw_scan_how
   tw_need flock awk || return 1
   if [ -d "$TW_DIR" ]; then
+    local older=""  # the host booted since the launch: nothing of the attempt lives or holds its lock
+    tw_older_boot && older=1
     tw_num pid "$TW_DIR/pid"
-    if [ -n "$pid" ] && ! tw_older_boot; then
+    if [ -n "$pid" ] && [ -z "$older" ]; then
       # The attempt's session, only while it is still ours (the lock is held, or a member
       # carries our TPUWATCH_JOB): a pid reused by another program never gets a signal.
       members=$(tw_session_members "$pid")
@@ -677,7 +710,7 @@ tw_stop() {
     fi
     # Processes that left the session but still hold the job lock are the job's too. They
     # share the open file the launch locked, so while nothing holds the lock none exists.
-    if tw_lock_held; then
+    if [ -z "$older" ] && tw_lock_held; then
       tw_glob_escape elock "$TW_DIR/lock"
       for p in $(tw_holders "$elock"); do
         case " $ours " in *" $p "*) ;; *) ours="$ours $p" ;; esac
@@ -822,16 +855,29 @@ tw_wait() {
   tw_need flock || return 1
   exec 6<&0
   # The helpers' stderr is not the channel's: the channel closes when this shell ends.
+  # The reader says who the helpers are before it copies a byte: a request already waiting on
+  # stdin can never come first and be taken for that line (its number for a pid to end).
   exec 7< <(
     exec 2>/dev/null
     flock -s -o "$TW_DIR/lock" printf 'free\n' &
     helper=$!
-    cat <&6 &
-    printf 'helpers %s %s\n' "$helper" "$!"
+    {
+      printf 'helpers %s %s\n' "$helper" "$BASHPID"
+      exec cat <&6
+    } &
     wait "$!"
     printf 'closed\n'
   ) || return 1
-  IFS=' ' read -r line helper reader <&7
+  while IFS=' ' read -r line helper reader <&7; do  # a free lock may say so first
+    [ "$line" = helpers ] && break
+    [ "$line" = free ] && free=1
+    helper="" reader=""
+  done
+  # Ended at the close by pid and start time: either may have ended by then and its pid gone to
+  # another process (the reader ends with stdin; a busy host reuses pids within seconds).
+  local helpers=()
+  tw_starttime "$helper" && helpers+=("$helper:$TW_START")
+  tw_starttime "$reader" && helpers+=("$reader:$TW_START")
   printf '@tpuwatch wait_ready=%s\n' "$TW_ATTEMPT"  # the watcher asks only channels that said so
   while :; do
     tw_num code "$TW_DIR/exit_code"
@@ -865,7 +911,12 @@ tw_wait() {
           seq=${list%% *} list=${list#"$seq"}
           case $seq in '' | *[!0-9]*) continue ;; esac
           printf '@tpuwatch probe_begin=%s\n' "$seq"
+          # The helper still waiting for its shared lock says the attempt holds it: the probe
+          # need not fork a flock of its own to learn that.
+          TW_HELD=""
+          [ $free = 0 ] && tw_alive "$helper" && TW_HELD=1
           if [ "$list" = ' 1' ]; then tw_probe; else TW_CKPT_DIR='' tw_probe; fi
+          TW_HELD=""
           printf '@tpuwatch probe_end=%s\n' "$seq"
           ;;
       esac
@@ -876,7 +927,7 @@ tw_wait() {
       part=$part$line
     fi
   done
-  kill "$helper" "$reader" 2>/dev/null
+  tw_kill_same "${helpers[@]}"
   return 0
 }
 
