@@ -215,3 +215,4 @@ def test_a_slice_lost_wakes_a_watcher_polling_hourly_and_the_job_limps_at_once(s
     finally:
         proc.kill()
         proc.communicate(timeout=60)
+

@@ -155,3 +155,32 @@ def test_an_attempt_launched_on_every_slice_is_not_followed_on_the_slices_left()
     after = limped.memory
     d = tick(limp_look({"s2": "REPAIRING"}, after, probes=running_on(6), checkpoint=ckpt(200)), after, 601, cfg=LIMPS)
     assert d.row == "stale_workers" and kinds(d) == ["stop"]
+
+
+def test_a_dead_slice_of_a_queued_resource_is_limped_around_until_the_next_checkpoint_then_recreated() -> None:
+    """A preempted slice of a multislice queued resource never comes back by itself, and the
+    request can only be made again as a whole: the job trains on the 3 left until its next
+    checkpoint, then the slice is taken back and the rows recreate the request (dead_node), not
+    limp around it again."""
+    qr = replace(LIMPS, recreatable=True, queued_resource="ms")
+    mem = run_mem(step=100)
+    limped = tick(limp_look({"s2": "PREEMPTED"}, mem, probes=probes_with_slice_down(2)), mem, 600, cfg=qr)
+    assert limped.row == "limp" and limped.memory.limp.out == ("s2",)
+    running = replace(limped.memory, phase=Phase.RUNNING,
+                      attempt=replace(limped.memory.attempt, number=2, start=limped.memory.attempt.start, seen=True,
+                                      start_step=200))
+    waiting = tick(limp_look({"s2": "PREEMPTED"}, running, probes=running_on(6, attempt=2), checkpoint=ckpt(200)),
+                   running, 700, cfg=qr)
+    assert waiting.row == "grow_wait" and "s2" in waiting.summary
+    taken = tick(limp_look({"s2": "PREEMPTED"}, waiting.memory, probes=running_on(6, attempt=2), checkpoint=ckpt(300)),
+                 waiting.memory, 760, cfg=qr)
+    assert taken.row == "grow" and taken.memory.limp.out == () and taken.memory.limp.recreate == ("s2",)
+    assert "will not come back by itself" in taken.summary
+    # the tick looks at all 4 slices again: the dead one is recreated with the request, not left out again
+    after = taken.memory
+    d = tick(limp_look({"s2": "PREEMPTED"}, after, probes=probes_with_slice_down(2, attempt=2)), after, 761, cfg=qr)
+    assert d.row == "dead_node" and kinds(d) == ["delete"]
+    # slices created one by one cannot be made again: the job limps on
+    one_by_one = tick(limp_look({"s2": "PREEMPTED"}, waiting.memory, probes=running_on(6, attempt=2),
+                                checkpoint=ckpt(300)), waiting.memory, 760, cfg=LIMPS)
+    assert one_by_one.row == "running" and one_by_one.memory.limp.out == ("s2",)

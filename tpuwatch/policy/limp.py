@@ -48,7 +48,8 @@ def limp(draft: Draft, mem: Memory) -> Decision | None:
     names = kept(draft, mem)
     lost = [(name, part) for name, part in zip(names, node.slices, strict=True) if not part.usable]
     left = len(names) - len(lost)
-    if not lost or left < cfg.min_slices or any(part.state in BRIEF_STATES for _, part in lost):
+    if (not lost or left < cfg.min_slices or any(part.state in BRIEF_STATES for _, part in lost)
+            or any(name in mem.limp.recreate for name, _ in lost)):  # taken back to be made again
         return None
     said = ", ".join(f"{name} {part.state}" + (f"/{part.health}" if part.health and part.state == "READY" else "")
                      for name, part in lost)
@@ -65,13 +66,28 @@ def limp(draft: Draft, mem: Memory) -> Decision | None:
                                     "relaunches on the slices left from its newest complete checkpoint")
 
 
+def returning(draft: Draft, mem: Memory) -> tuple[list[str], list[str]]:
+    """The slices left out to take back: those READY+HEALTHY again, and those that will not come
+    back by themselves (PREEMPTED, TERMINATED) when the job's queued resource can be made again as
+    a whole (the rows then recreate it: limping on without them would last for good)."""
+    back, dead = [], []
+    for name, part in zip(mem.limp.out, draft.obs.left_out, strict=True):
+        if part is not None and part.usable:
+            back.append(name)
+        elif draft.cfg.recreatable and part is not None and node_condition(part) is Cond.DEAD:
+            dead.append(name)
+    return back, dead
+
+
 def grow(draft: Draft, mem: Memory) -> Decision | None:
-    """Slices left out are READY+HEALTHY again. While an attempt runs on the others, wait for its
-    next complete checkpoint (`back_step` marks the one before), then end it (not charged) and
-    take them back; with no attempt running, take them back at once. None: not yet."""
+    """Slices left out are READY+HEALTHY again, or dead in a job that can be recreated. While an
+    attempt runs on the others, wait for its next complete checkpoint (`back_step` marks the one
+    before), then end it (not charged) and take them back; with no attempt running, take them
+    back at once. A dead one taken back is then recreated by the rows (`dead_node`), not limped
+    around again (`Limp.recreate`). None: not yet."""
     cfg, now, ckpt = draft.cfg, draft.now, draft.obs.checkpoint
-    back = [name for name, part in zip(mem.limp.out, draft.obs.left_out, strict=True)
-            if part is not None and part.usable]
+    healed, dead = returning(draft, mem)
+    back = healed + dead
     gone = [name for name in mem.limp.out if name not in cfg.slices]  # no longer one of the job's (config edited)
     if not back and not gone:
         return None
@@ -94,11 +110,13 @@ def grow(draft: Draft, mem: Memory) -> Decision | None:
             return final
         draft.notes.append(line)
     out = tuple(name for name in mem.limp.out if name not in back and name not in gone)
-    mem = replace(mem, limp=Limp(out=out, since=mem.limp.since if out else None))
+    mem = replace(mem, limp=Limp(out=out, since=mem.limp.since if out else None, recreate=tuple(dead)))
     runs = len(cfg.slices) - len(out)
     where = f"{runs} of {len(cfg.slices)} slices" if out else f"all {runs} slices"
-    why = (f"{', '.join(back)} READY+HEALTHY again" if back else "") + \
-        (f"{'; ' if back else ''}{', '.join(gone)} no longer in tpu.names" if gone else "")
+    why = "; ".join([*([f"{', '.join(healed)} READY+HEALTHY again"] if healed else []),
+                     *([f"{', '.join(dead)} will not come back by itself: taken back for {draft.subject} to be "
+                        "recreated as a whole"] if dead else []),
+                     *([f"{', '.join(gone)} no longer in tpu.names"] if gone else [])])
     return _out(draft, mem, "grow", f"{why}: growing back onto {where}; the job relaunches on them from its "
                                     "newest complete checkpoint")
 
@@ -106,9 +124,13 @@ def grow(draft: Draft, mem: Memory) -> Decision | None:
 def track(draft: Draft, mem: Memory) -> Memory:
     """While the job limps: when a slice left out is first seen back, the newest checkpoint step
     then (the job grows back at the next one); forgotten when none is back any more."""
+    view = draft.obs.node
+    if mem.limp.recreate and view is not None and view.usable:  # made again: limped around as any slice
+        mem = replace(mem, limp=replace(mem.limp, recreate=()))
     if not mem.limp.out:
         return mem
-    back = any(part is not None and part.usable for part in draft.obs.left_out)
+    healed, dead = returning(draft, mem)
+    back = bool(healed or dead)
     if back and mem.limp.back_since is None and mem.phase is Phase.RUNNING:
         ckpt = draft.obs.checkpoint
         return replace(mem, limp=replace(mem.limp, back_since=draft.now,
@@ -125,7 +147,7 @@ def grow_wait(draft: Draft, mem: Memory, decision: Decision) -> Decision:
     if decision.row != "running" or mem.limp.back_since is None:
         return decision
     after = f"newer than step {mem.limp.back_step}" if mem.limp.back_step is not None else "its first"
-    back = [name for name, part in zip(mem.limp.out, draft.obs.left_out, strict=True) if part is not None and part.usable]
+    back = [name for names in returning(draft, mem) for name in names]
     return replace(decision, row="grow_wait",
                    summary=f"{decision.summary}; {', '.join(back)} back: growing onto it at the next complete "
                            f"checkpoint ({after})",

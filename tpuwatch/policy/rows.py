@@ -89,13 +89,15 @@ ROWS: tuple[Row, ...] = (
         "RESTARTING, back within minutes) and at least min_slices others are",
         "a disruption, not charged: stop the attempt on the slices still up, journal the lost slices as left out, "
         "relaunch at once on the slices left from the newest complete checkpoint ({num_slices}, "
-        "TPUWATCH_NUM_SLICES and MEGASCALE_* say how many); never a delete or a create, never below min_slices"),
-    Row("grow_wait", "a job that limps runs on every worker; a slice left out is READY+HEALTHY again",
+        "TPUWATCH_NUM_SLICES and MEGASCALE_* say how many); never below min_slices"),
+    Row("grow_wait", "a job that limps runs on every worker; a slice left out is READY+HEALTHY again, or will not "
+        "come back by itself (PREEMPTED, TERMINATED) and the job's multislice queued resource can be made again",
         "keep running until the next complete checkpoint newer than the one when the slice came back, looking every "
         "sixth of a poll (1 s at least)"),
-    Row("grow", "that checkpoint landed; or a slice left out is back while no attempt runs; or it is no longer in "
+    Row("grow", "that checkpoint landed; or such a slice is left out while no attempt runs; or it is no longer in "
         "tpu.names", "a disruption, not charged: stop the attempt, take the slices back, relaunch on all of them "
-        "from that checkpoint"),
+        "from that checkpoint; a dead one taken back is recreated with the whole request (`dead_node`), never "
+        "limped around again until it is made"),
     Row("recreate_budget_spent", "delete + create needed with max_recreates used", "failed (exit 1)"),
     Row("node_missing", "node missing and tpuwatch did not delete it",
         "needs a person (exit 1): never recreate a node a person deleted"),

@@ -269,6 +269,9 @@ class Limp:
     since: datetime | None = None
     back_since: datetime | None = None
     back_step: int | None = None
+    # dead slices taken back for the rows to recreate the job's queued resource: not limped
+    # around again until it is made (the job's node usable)
+    recreate: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
