@@ -704,17 +704,20 @@ class BenchWorld:
         self._touch()
 
     def _autorepaired(self, s: int, node: SliceNode) -> None:
-        """The new slice is READY; every other READY slice restarts (its processes killed)."""
+        """The new slice is READY; every other READY slice of the request restarts (its processes
+        killed): those the job runs on, also while it limps without the new one."""
         sl = self.slices[s]
         if sl.node is not node or node.state != "CREATING":
             return
         node.state, node.health = "READY", "HEALTHY"
         sl.hosts_up = True
         self.audit.append(AuditRec(self.now, "restart", node.id, "", sl.name))
+        # the request's slices: the job's roles (a slice it limps without keeps its role; a spare,
+        # not part of the request, restarts nobody)
+        request = self.roles[:self.p.slices]
         for i, peer in enumerate(self.slices):
             pn = peer.node
-            # the job's other slices (a spare, not part of the job's request, restarts nobody)
-            if i == s or s not in self.active or i not in self.active or pn is None or pn.state != "READY":
+            if i == s or s not in request or i not in request or pn is None or pn.state != "READY":
                 continue
             pn.epoch += 1
             pn.state = "RESTARTING"

@@ -1,0 +1,51 @@
+"""tpuwatch limping in the goodput benchmark: `[job] min_slices` over a BenchWorld whose job runs
+an attempt on the slices the tick hands it (lab/), against the fixed-slice tpuwatch and the bounds."""
+
+from __future__ import annotations
+
+from lab import BenchWorld, Fault, Params, Sim, Trace, make_tools, run_tool, tpuwatch_config
+from lab.job import way_params
+from lab.tools import Tool
+
+# A slice in a long repair is waited for rather than its request made again (repair_timeout):
+# what limping is for
+CONFIG = tpuwatch_config(repair_timeout="6h")
+POLL = float(CONFIG.recovery["poll_interval"])
+P = Params(days=0.5, slices=2)
+LOST = 2 * 3600.0 + 600.0  # slice 1 goes down (a maintenance that heals after 4 h)
+TRACE = Trace(1, P.horizon, (Fault(LOST, "maintenance", heal_after=4 * 3600.0, slice=1),), ())
+
+
+def tpuwatch(limp_floor: int | None) -> Tool:
+    return next(t for t in make_tools(CONFIG, CONFIG, slices=P.slices, limp_floor=limp_floor) if t.key == "tpuwatch")
+
+
+def test_tpuwatch_limps_on_the_slice_left_while_the_other_heals_for_hours_then_grows_back() -> None:
+    limp, fixed = run_tool(tpuwatch(1), TRACE, P), run_tool(tpuwatch(None), TRACE, P)
+    assert limp.error == "" and fixed.error == ""
+    assert limp.label == "tpuwatch (defaults, min_slices 1)"
+    # on both, then on slice 0 alone from its newest checkpoint, then on both again once slice 1 is back
+    assert limp.attempt_slices == [2, 1, 2] and fixed.attempt_slices == [2, 2]
+    assert limp.rows.get("limp") == 1 and limp.rows.get("grow") == 1 and limp.rows.get("grow_wait", 0) >= 1
+    # relaunched on the slice left at the tick after the loss (a poll at most, with its jitter)
+    (to_launch,) = limp.resume["maintenance"]
+    assert to_launch <= 1.5 * POLL
+    # half a step a step for 4 h is worth more than waiting for the slice
+    assert limp.goodput > fixed.goodput + 0.05
+
+
+def test_googles_autorepair_ends_an_attempt_limping_without_the_new_slice() -> None:
+    # Multislice autorepair restarts the request's other slices once the new one is READY: those a
+    # job limps on too, so their attempt ends (its processes killed) though it never ran there
+    w = BenchWorld(Sim(), way_params(Params(days=1, slices=2), limp_floor=1), [])
+    assert w.launch(1) is not None
+    w.sim.run(3600.0)
+    assert w.maintenance_event("stuck", None, "REPAIRING", s=1)  # replaced by Google
+    assert w.stop_job([0])
+    limping = w.launch(2, slices=[0])
+    assert limping is not None and limping.p.step_time == w.p.step_time * 2
+    w.sim.run(w.sim.now + w.p.autorepair_after + w.p.create_time + 1)
+    node = w.slices[0].node
+    assert node is not None and node.state == "RESTARTING" and limping.ended
+    w.sim.run(w.sim.now + w.p.multislice_restart)
+    assert w.usable(0) and w.usable(1)
