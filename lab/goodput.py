@@ -58,6 +58,8 @@ class ToolResult:
     attempts: int
     skipped: dict[str, int]
     attempt_slices: list[int] = field(default_factory=list)  # slices each attempt ran on (fewer: limping)
+    # limping: hours attempts ran on fewer slices, by the state of the slice(s) left out at their start
+    limp_hours: dict[str, float] = field(default_factory=dict)
     memory: dict[str, Any] | None = None  # tpuwatch's final policy memory (counters)
     rows: dict[str, int] = field(default_factory=dict)  # tpuwatch: decisions per table row
     error: str = ""  # a policy error (ImpossibleObservation, IllegalTransition, ...)
@@ -197,6 +199,7 @@ def _result(tool: Tool, run: Run) -> ToolResult:
         active_hours=min(stop, end) / 3600.0,
         attempts=len(w.attempts),
         attempt_slices=[len(a.procs) for a in w.attempts],
+        limp_hours=_limp_hours(w, end),
         skipped=dict(Counter(k for k, _ in w.skipped)),
         memory=memory,
         rows=dict(rows),
@@ -208,6 +211,16 @@ def _result(tool: Tool, run: Run) -> ToolResult:
         announced=[(h.kind, h.lost_steps, h.how) for h in w.announced],
         relaunch=list(w.relaunches),
     )
+
+
+def _limp_hours(w: BenchWorld, end: float) -> dict[str, float]:
+    """Hours the attempts on fewer than the job's slices ran, by what their slices left out were."""
+    out: dict[str, float] = {}
+    for a in w.attempts:
+        if a.left_out:
+            key = "+".join(sorted(a.left_out))
+            out[key] = out.get(key, 0.0) + ((a.end_time if a.end_time is not None else end) - a.t0) / 3600.0
+    return dict(out)
 
 
 @dataclass
@@ -279,6 +292,7 @@ def as_json(report: Report) -> dict[str, Any]:
             "tpu_api_calls_per_hour": round(r.tpu_per_hour, 1),
             "log_reads_per_hour": round(r.log_per_hour, 1),
             "attempts": r.attempts, "faults_that_found_nothing": r.skipped,
+            "limp_hours": {k: round(v, 2) for k, v in sorted(r.limp_hours.items())},
             "policy_memory": r.memory, "policy_rows": r.rows, "error": r.error,
             "ticks": r.ticks, "ticks_run": r.real_ticks, "port_probes": r.port_probes,
         })
@@ -365,6 +379,7 @@ class Sweep:
     # key -> seconds from each fault that took a slice of a running job down (LOST_KINDS) to the
     # next launch (on the slices left, for a tool that limps), over every seed
     to_launch: dict[str, list[float]] = field(default_factory=dict)
+    limp_hours: dict[str, list[dict[str, float]]] = field(default_factory=dict)  # key -> per seed (ToolResult's)
 
     def of_ideal(self, key: str) -> list[float]:
         return [g / i if i > 0 else 0.0 for g, i in zip(self.goodput[key], self.goodput["ideal"], strict=True)]
@@ -383,8 +398,10 @@ def sweep(tools: list[Tool], traces: list[Trace], p: Params) -> Sweep:
     log: dict[str, list[float]] = {t.key: [] for t in tools}
     errors: list[str] = []
     lost: dict[str, list[float]] = {t.key: [] for t in tools}
+    limp: dict[str, list[dict[str, float]]] = {t.key: [] for t in tools}
     for trace in traces:
         for r in run_all(tools, trace, p).results:
+            limp[r.key].append(r.limp_hours)
             goodput[r.key].append(r.goodput)
             tpu[r.key].append(r.tpu_per_hour)
             log[r.key].append(r.log_per_hour)
@@ -392,7 +409,7 @@ def sweep(tools: list[Tool], traces: list[Trace], p: Params) -> Sweep:
             if r.error:
                 errors.append(f"seed {trace.seed}, {r.label}: {r.error}")
     return Sweep([t.seed for t in traces], [t.key for t in tools], [t.label for t in tools], goodput, errors,
-                 time.perf_counter() - t0, tpu, log, lost)
+                 time.perf_counter() - t0, tpu, log, lost, limp)
 
 
 LOST_KINDS = ("maintenance", "stuck", "preemption")  # the faults that take a slice down
@@ -417,6 +434,8 @@ def sweep_json(sw: Sweep) -> dict[str, Any]:
             med, p95 = _median_p95(sw.to_launch[key])
             row.update(slice_lost_to_launch={"faults": len(sw.to_launch[key]), "median_s": _num(med),
                                              "p95_s": _num(p95)})
+        if any(sw.limp_hours.get(key, [])):
+            row["limp_hours_per_seed"] = [{k: round(v, 2) for k, v in sorted(h.items())} for h in sw.limp_hours[key]]
         if "ideal" in sw.goodput:
             oi = sw.of_ideal(key)
             row.update(of_ideal_mean=round(statistics.fmean(oi), 5), of_ideal_min=round(min(oi), 5),

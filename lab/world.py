@@ -341,6 +341,13 @@ class BenchWorld:
                 j = self.roles.index(new.pop(0))
                 self.roles[i], self.roles[j] = self.roles[j], self.roles[i]
 
+    def _state(self, s: int) -> str:
+        """Slice `s`'s node state as the API shows it (MISSING: no node; UNHEALTHY: READY, not HEALTHY)."""
+        node = self.slices[s].node
+        if node is None:
+            return "MISSING"
+        return "UNHEALTHY" if node.state == "READY" and node.health != "HEALTHY" else node.state
+
     def _launchable(self, s: int) -> bool:
         sl = self.slices[s]
         node = sl.node
@@ -370,6 +377,7 @@ class BenchWorld:
                     self.p.on_slices(len(ready)), procs=ready)
         for pr in ready:
             pr.attempt = a
+        a.left_out = tuple(self._state(s) for s in self.roles[:self.p.slices] if s not in self.active)
         self.attempt = a
         self.attempts.append(a)
         for hit in self.hits:

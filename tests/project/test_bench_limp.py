@@ -26,6 +26,9 @@ def test_tpuwatch_limps_on_the_slice_left_while_the_other_heals_for_hours_then_g
     assert limp.label == "tpuwatch (defaults, min_slices 1)"
     # on both, then on slice 0 alone from its newest checkpoint, then on both again once slice 1 is back
     assert limp.attempt_slices == [2, 1, 2] and fixed.attempt_slices == [2, 2]
+    # without slice 1 (UNHEALTHY_MAINTENANCE at the limp) from the loss to the first checkpoint after its heal
+    (hours,) = limp.limp_hours.values()
+    assert list(limp.limp_hours) == ["UNHEALTHY"] and 4.0 < hours < 4.0 + 1.2 and fixed.limp_hours == {}
     assert limp.rows.get("limp") == 1 and limp.rows.get("grow") == 1 and limp.rows.get("grow_wait", 0) >= 1
     # relaunched on the slice left at the tick after the loss (a poll at most, with its jitter)
     (to_launch,) = limp.resume["maintenance"]
