@@ -3,6 +3,12 @@ an attempt on the slices the tick hands it (lab/), against the fixed-slice tpuwa
 
 from __future__ import annotations
 
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
 from lab import BenchWorld, Fault, Params, Sim, Trace, make_tools, run_tool, tpuwatch_config
 from lab.job import way_params
 from lab.tools import Tool
@@ -52,3 +58,20 @@ def test_googles_autorepair_ends_an_attempt_limping_without_the_new_slice() -> N
     assert node is not None and node.state == "RESTARTING" and limping.ended
     w.sim.run(w.sim.now + w.p.multislice_restart)
     assert w.usable(0) and w.usable(1)
+
+
+def test_the_script_runs_tpuwatch_limping_against_the_limping_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_goodput.py"
+    spec = importlib.util.spec_from_file_location("bench_goodput", path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--days", "0.25", "--seeds", "3-3", "--slices", "2", "--limp-floor", "1",
+                        "--tools", "ideal,tpuwatch", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {t["tool"]: t for t in out["tools"]}
+    assert list(rows) == ["ideal", "ideal-limp", "tpuwatch"]
+    assert rows["tpuwatch"]["label"] == "tpuwatch (defaults, min_slices 1)"
+    assert "slice_lost_to_launch" in rows["tpuwatch"]
+    (way,) = out["ways"]
+    assert way["tool"] == "ideal-limp" and 0 < way["tpuwatch_of_it_mean"] <= 1.0
