@@ -223,7 +223,7 @@ class BenchWorkers:
         # A followed attempt ended: besides `wake`, tell the clock (a watcher sharing it with
         # others sleeps until it is roused).
         self.rouse = rouse
-        self._following: tuple[int, frozenset[int], Callable[[], None]] | None = None
+        self._following: tuple[int, frozenset[tuple[int, int]], Callable[[], None]] | None = None  # (slice, worker)
         self._watching: Signal | None = None  # the world's change signal we are called on
 
     def login(self, node: NodeSnapshot) -> Login | None:
@@ -243,12 +243,29 @@ class BenchWorkers:
         host = first.address(False) if first is not None else ""
         return (host, 22) if host else None
 
+    def places(self, node: NodeSnapshot) -> list[tuple[int, int, int]]:
+        """(the job's worker number, the world's slice, the slice's own worker number) of each of
+        `node`'s workers. The node may be a multislice job's view of fewer slices than the world
+        has (a job that limps), its workers numbered over those alone, as the tick hands it."""
+        if self.slice is not None:
+            return [(e.index, self.slice, e.index) for e in node.workers]
+        if not node.slices:
+            return [(e.index, 0, e.index) for e in node.workers]
+        out = []
+        for e in node.workers:
+            s = self.world.slice_of(e.node)
+            if s is not None:
+                out.append((e.index, s, e.worker_id))
+        return out
+
     def follow_ends(self, node: NodeSnapshot, attempt: int, workers: Sequence[int],
                     wake: Callable[[], None]) -> None:
         """As SshWorkers' follow channels: `wake()` the moment `attempt` ends on one of `workers`
         (in virtual time, on the world's change). Hosts that go away are not an end (a channel
         that drops): only the next probe says what happened."""
-        self._following = (attempt, frozenset(workers), wake)
+        chosen = set(workers)
+        where = frozenset((s, local) for i, s, local in self.places(node) if i in chosen)
+        self._following = (attempt, where, wake)
         self._check()
 
     def unfollow(self) -> None:
@@ -261,9 +278,10 @@ class BenchWorkers:
         """Wake the follower if its attempt ended; else look again at the world's next change."""
         if self._following is None:
             return
-        attempt, workers, wake = self._following
-        probes = self.world.probe_slice(self.slice) if self.slice is not None else self.world.probe()
-        if any(w in workers and no == attempt and state in ("exited", "absent") for w, state, no, _ in probes):
+        attempt, where, wake = self._following
+        slices = sorted({s for s, _ in where})
+        if any((s, w) in where and no == attempt and state in ("exited", "absent")
+               for s in slices for w, state, no, _ in self.world.probe_slice(s)):
             self._following = None  # a channel reports an end once
             wake()
             if self.rouse is not None:
@@ -280,9 +298,13 @@ class BenchWorkers:
             return [self._probe(w, state, no, code) for w, state, no, code in self.world.probe_slice(self.slice)]
         a = self.world.attempt
         notice = a.notice if a is not None else ""  # the relay's file beside that attempt
-        return [replace(self._probe(w, state, no, code),
-                        notice=notice if a is not None and no == a.no and state != "unreachable" else "")
-                for w, state, no, code in self.world.probe()]
+        seen: dict[int, list[tuple[int, str, int | None, int | None]]] = {}
+        out = []
+        for i, s, local in self.places(node):  # the node's workers, numbered as the node numbers them
+            _, state, no, code = (seen[s] if s in seen else seen.setdefault(s, self.world.probe_slice(s)))[local]
+            out.append(replace(self._probe(i, state, no, code),
+                               notice=notice if a is not None and no == a.no and state != "unreachable" else ""))
+        return out
 
     def _probe(self, worker: int, state: str, attempt: int | None, code: int | None) -> WorkerProbe:
         if state == "unreachable":
@@ -337,16 +359,21 @@ class BenchWorkers:
         if self.slice is not None:
             return self._launch_slice(self.slice, n, attempt, clean)
         live = w.live()
-        if any(sl.node is None or sl.node.state != "READY" or not sl.hosts_up for sl in w.slices):
+        # the slices the node names, in its order: all of the job's, or those it limps on
+        slices = list(dict.fromkeys(s for _, s, _ in self.places(node)))
+        if len(slices) < max(1, len(node.slices)) or any(
+                w.slices[s].node is None or w.slices[s].node.state != "READY" or not w.slices[s].hosts_up  # type: ignore[union-attr]
+                for s in slices):
             return [LaunchResult(i, "unreachable", detail="connection timed out") for i in range(n)]
         if clean and live is not None and live.no < attempt:
             # remote.sh's TW_CLEAN_MS: an older attempt is stopped in the launch's connection.
-            w.stop_job()
+            w.stop_job(slices)
             live = w.live()
         if live is not None:
             outcome = "running" if live.no == attempt else "busy"
             return [LaunchResult(i, outcome, attempt=live.no, pid=1000 + i) for i in range(n)]  # type: ignore[arg-type]
-        if w.launch(attempt, checkpoint.step if checkpoint is not None else 0) is None:
+        if w.launch(attempt, checkpoint.step if checkpoint is not None else 0,
+                    slices=slices if node.slices else None) is None:
             return [LaunchResult(i, "error", detail="the job is complete") for i in range(n)]
         return [LaunchResult(i, "launched", attempt=attempt, pid=1000 + i) for i in range(n)]
 
@@ -371,19 +398,23 @@ class BenchWorkers:
         w = self.world
         which = list(workers) if workers is not None else [e.index for e in node.workers]
         self.meter.ssh += len(which)
-        slices = [self.slice] if self.slice is not None else list(range(len(w.slices)))
-        if not all(w.slices[s].hosts_up for s in slices):
-            return [StopResult(i, False, unreachable=True, detail="connection timed out") for i in which]
+        places = self.places(node)
+        # The node's slices, each reached or not as a whole: the workers of a slice whose hosts
+        # are down do not answer; the others are stopped (of a multislice job, only the slices
+        # the node names: a job that limps is stopped on the slices it runs on).
+        down = {s for _, s, _ in places if not w.slices[s].hosts_up}
         # A slice's processes run on every worker of the slice or on none; a stop that spares some
         # of them (the launch's cleanup of the others) leaves them running.
         hit = []
-        for s in slices:
-            base = 0 if self.slice is not None else s * w.p.workers
-            running = {base + wk for wk, state, _, _ in w.probe_slice(s) if state == "running"}
+        for s in dict.fromkeys(s for _, s, _ in places if s not in down):
+            mine = {local: i for i, t, local in places if t == s}
+            running = {mine[wk] for wk, state, _, _ in w.probe_slice(s) if state == "running" and wk in mine}
             if running and running <= set(which):
                 hit.append(s)
         stopped = bool(hit) and w.stop_job(hit)
-        return [StopResult(i, True, stopped=(2000 + i,) if stopped else ()) for i in which]
+        slice_of = {i: s for i, s, _ in places}
+        return [StopResult(i, False, unreachable=True, detail="connection timed out") if slice_of.get(i) in down
+                else StopResult(i, True, stopped=(2000 + i,) if stopped else ()) for i in which]
 
 
 class BenchCheckpoints:

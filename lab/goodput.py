@@ -57,6 +57,9 @@ class ToolResult:
     active_hours: float
     attempts: int
     skipped: dict[str, int]
+    attempt_slices: list[int] = field(default_factory=list)  # slices each attempt ran on (fewer: limping)
+    # limping: hours attempts ran on fewer slices, by the state of the slice(s) left out at their start
+    limp_hours: dict[str, float] = field(default_factory=dict)
     memory: dict[str, Any] | None = None  # tpuwatch's final policy memory (counters)
     rows: dict[str, int] = field(default_factory=dict)  # tpuwatch: decisions per table row
     error: str = ""  # a policy error (ImpossibleObservation, IllegalTransition, ...)
@@ -195,6 +198,8 @@ def _result(tool: Tool, run: Run) -> ToolResult:
         meter=run.meter,
         active_hours=min(stop, end) / 3600.0,
         attempts=len(w.attempts),
+        attempt_slices=[len(a.procs) for a in w.attempts],
+        limp_hours=_limp_hours(w, end),
         skipped=dict(Counter(k for k, _ in w.skipped)),
         memory=memory,
         rows=dict(rows),
@@ -206,6 +211,16 @@ def _result(tool: Tool, run: Run) -> ToolResult:
         announced=[(h.kind, h.lost_steps, h.how) for h in w.announced],
         relaunch=list(w.relaunches),
     )
+
+
+def _limp_hours(w: BenchWorld, end: float) -> dict[str, float]:
+    """Hours the attempts on fewer than the job's slices ran, by what their slices left out were."""
+    out: dict[str, float] = {}
+    for a in w.attempts:
+        if a.left_out:
+            key = "+".join(sorted(a.left_out))
+            out[key] = out.get(key, 0.0) + ((a.end_time if a.end_time is not None else end) - a.t0) / 3600.0
+    return dict(out)
 
 
 @dataclass
@@ -277,6 +292,7 @@ def as_json(report: Report) -> dict[str, Any]:
             "tpu_api_calls_per_hour": round(r.tpu_per_hour, 1),
             "log_reads_per_hour": round(r.log_per_hour, 1),
             "attempts": r.attempts, "faults_that_found_nothing": r.skipped,
+            "limp_hours": {k: round(v, 2) for k, v in sorted(r.limp_hours.items())},
             "policy_memory": r.memory, "policy_rows": r.rows, "error": r.error,
             "ticks": r.ticks, "ticks_run": r.real_ticks, "port_probes": r.port_probes,
         })
@@ -360,6 +376,10 @@ class Sweep:
     seconds: float
     tpu_per_hour: dict[str, list[float]] = field(default_factory=dict)  # key -> per seed
     log_per_hour: dict[str, list[float]] = field(default_factory=dict)
+    # key -> seconds from each fault that took a slice of a running job down (LOST_KINDS) to the
+    # next launch (on the slices left, for a tool that limps), over every seed
+    to_launch: dict[str, list[float]] = field(default_factory=dict)
+    limp_hours: dict[str, list[dict[str, float]]] = field(default_factory=dict)  # key -> per seed (ToolResult's)
 
     def of_ideal(self, key: str) -> list[float]:
         return [g / i if i > 0 else 0.0 for g, i in zip(self.goodput[key], self.goodput["ideal"], strict=True)]
@@ -377,15 +397,27 @@ def sweep(tools: list[Tool], traces: list[Trace], p: Params) -> Sweep:
     tpu: dict[str, list[float]] = {t.key: [] for t in tools}
     log: dict[str, list[float]] = {t.key: [] for t in tools}
     errors: list[str] = []
+    lost: dict[str, list[float]] = {t.key: [] for t in tools}
+    limp: dict[str, list[dict[str, float]]] = {t.key: [] for t in tools}
     for trace in traces:
         for r in run_all(tools, trace, p).results:
+            limp[r.key].append(r.limp_hours)
             goodput[r.key].append(r.goodput)
             tpu[r.key].append(r.tpu_per_hour)
             log[r.key].append(r.log_per_hour)
+            lost[r.key] += [x for k in LOST_KINDS for x in r.resume.get(k, [])]
             if r.error:
                 errors.append(f"seed {trace.seed}, {r.label}: {r.error}")
     return Sweep([t.seed for t in traces], [t.key for t in tools], [t.label for t in tools], goodput, errors,
-                 time.perf_counter() - t0, tpu, log)
+                 time.perf_counter() - t0, tpu, log, lost, limp)
+
+
+LOST_KINDS = ("maintenance", "stuck", "preemption")  # the faults that take a slice down
+
+
+def _median_p95(xs: list[float]) -> tuple[float | None, float | None]:
+    s = sorted(xs)
+    return (statistics.median(s), s[max(0, math.ceil(0.95 * len(s)) - 1)]) if s else (None, None)
 
 
 def sweep_json(sw: Sweep) -> dict[str, Any]:
@@ -398,6 +430,12 @@ def sweep_json(sw: Sweep) -> dict[str, Any]:
         if sw.tpu_per_hour.get(key):
             row.update(tpu_api_calls_per_hour_max=round(max(sw.tpu_per_hour[key]), 1),
                        log_reads_per_hour_max=round(max(sw.log_per_hour[key]), 1))
+        if key in sw.to_launch:
+            med, p95 = _median_p95(sw.to_launch[key])
+            row.update(slice_lost_to_launch={"faults": len(sw.to_launch[key]), "median_s": _num(med),
+                                             "p95_s": _num(p95)})
+        if any(sw.limp_hours.get(key, [])):
+            row["limp_hours_per_seed"] = [{k: round(v, 2) for k, v in sorted(h.items())} for h in sw.limp_hours[key]]
         if "ideal" in sw.goodput:
             oi = sw.of_ideal(key)
             row.update(of_ideal_mean=round(statistics.fmean(oi), 5), of_ideal_min=round(min(oi), 5),
@@ -415,8 +453,8 @@ def _is_bound(key: str) -> bool:
 
 
 WAYS = ("ideal-spares", "ideal-limp", "ideal-both")  # lab.tools.way_tools' keys
-FIXED_NOTE = ("tpuwatch has no spares and no limping yet: its rows are its figures on the fixed slices "
-              "(the spares' faults unseen), set against each way's bound")
+FIXED_NOTE = ("tpuwatch has no spares: its rows are on the job's own slices (the spares' faults unseen), set "
+              "against each way's bound; with --limp-floor they limp ([job] min_slices)")
 
 
 def sweep_ways(sw: Sweep) -> list[dict[str, Any]]:
@@ -444,16 +482,20 @@ def render_sweep(sw: Sweep) -> list[Any]:
 
     t = Table(title=f"Goodput over seeds {sw.seeds[0]}..{sw.seeds[-1]} ({len(sw.seeds)} traces)")
     for col in ("tool", "mean", "min", "max", "mean of ideal", "min of ideal", "best tool on",
-                "TPU API/h (max)", "log reads/h (max)"):
+                "TPU API/h (max)", "log reads/h (max)", "slice lost to launch (median / p95)"):
         t.add_column(col, justify="left" if col == "tool" else "right")
     for row in sweep_json(sw)["tools"]:
         best = row.get("best_non_ideal_seeds")
+        lost = row.get("slice_lost_to_launch") or {}
+        med, p95 = lost.get("median_s"), lost.get("p95_s")
         t.add_row(row["label"], f"{100 * row['goodput_mean']:.2f}%", f"{100 * row['goodput_min']:.2f}%",
                   f"{100 * row['goodput_max']:.2f}%",
                   f"{100 * row['of_ideal_mean']:.2f}%" if "of_ideal_mean" in row else "-",
                   f"{100 * row['of_ideal_min']:.2f}%" if "of_ideal_min" in row else "-",
                   "-" if best is None else f"{best} of {len(sw.seeds)}",
-                  f"{row.get('tpu_api_calls_per_hour_max', 0):.1f}", f"{row.get('log_reads_per_hour_max', 0):.1f}")
+                  f"{row.get('tpu_api_calls_per_hour_max', 0):.1f}", f"{row.get('log_reads_per_hour_max', 0):.1f}",
+                  "-" if med is None else f"{_dur(float('inf') if med == 'never' else med)} / "
+                                          f"{_dur(float('inf') if p95 == 'never' else p95)}")
     out: list[Any] = [t]
     ways = sweep_ways(sw)
     if ways:

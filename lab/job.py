@@ -132,6 +132,7 @@ class Attempt:
     saved_at: float | None = None
     lost: int = 0  # at its end: steps run past the newest complete checkpoint (redone later)
     megascale_at: float | None = None  # Multislice: when Megascale logged its hang line
+    left_out: tuple[str, ...] = ()  # limping: the state of each of the job's slices it runs without, at its start
 
     def __post_init__(self) -> None:
         if not self.bad:

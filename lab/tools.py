@@ -55,6 +55,7 @@ from tpuwatch.config import SCHEMA, Config, validate
 from tpuwatch.durations import human
 from tpuwatch.journal import Journal
 from tpuwatch.loop import next_delay, run_job
+from tpuwatch.model import NodeSnapshot, bound_view
 from tpuwatch.policy import Marks, Memory, Observation, PolicyConfig, decide
 from tpuwatch.ports import Flags, JobPorts
 from tpuwatch.tick import TickReport
@@ -311,17 +312,18 @@ class _Horizon(Exception):
     """The run's end was reached while `loop.Pacer.wait` slept."""
 
 
-def tpuwatch_toml(*, tpu: str = "llm-pod", names: list[str] | None = None, **recovery: Any) -> str:
+def tpuwatch_toml(*, tpu: str = "llm-pod", names: list[str] | None = None, min_slices: int = 0,
+                  **recovery: Any) -> str:
     """A tpuwatch.toml for the benchmark's job: `[recovery]` holds only the keys given (None
     values dropped), so every other key keeps the product's default. Durations may be given as
     text ("30m") or seconds. `tpu` is `[tpu] name`; `names`, the slices' node names of a
-    multislice job (`[tpu] names`)."""
+    multislice job (`[tpu] names`); `min_slices`, `[job] min_slices` (0: not set, never limps)."""
     lines = [
         "[tpu]", f"name = {_toml(tpu)}", f'project = "{PROJECT}"', f'zone = "{ZONE}"',
         *([f"names = [{', '.join(_toml(n) for n in names)}]"] if names else []),
         "[tpu.spec]", 'accelerator_type = "v4-32"', 'runtime_version = "tpu-ubuntu2204-base"', "spot = true",
         "[job]", f'name = "{JOB}"', 'command = "cd ~/repo && python3 train.py --resume={checkpoint}"',
-        'checkpoint_dir = "gs://bench/ckpt"',
+        'checkpoint_dir = "gs://bench/ckpt"', *([f"min_slices = {min_slices}"] if min_slices else []),
         "[recovery]", *(f"{k} = {_toml(v)}" for k, v in recovery.items() if v is not None),
     ]
     return "\n".join(lines) + "\n"
@@ -337,9 +339,20 @@ def _toml(v: Any) -> str:
     return str(v)
 
 
-def tpuwatch_config(*, tpu: str = "llm-pod", names: list[str] | None = None, **recovery: Any) -> Config:
+def tpuwatch_config(*, tpu: str = "llm-pod", names: list[str] | None = None, min_slices: int = 0,
+                    **recovery: Any) -> Config:
     """A real Config from `tpuwatch_toml(...)`, validated by the product's own schema."""
-    return Config(values=validate(tomllib.loads(tpuwatch_toml(tpu=tpu, names=names, **recovery))), path=None)
+    text = tpuwatch_toml(tpu=tpu, names=names, min_slices=min_slices, **recovery)
+    return Config(values=validate(tomllib.loads(text)), path=None)
+
+
+def limp_config(cfg: Config, slices: int, floor: int, tpu: str = "llm-pod") -> Config:
+    """`cfg` for a job over `slices` slices (the BenchWorld's nodes `<tpu>-0..`) that limps down to
+    `floor` of them (`[job] min_slices`), the key checked by the product's own validation."""
+    names = [f"{tpu}-{i}" for i in range(slices)]
+    checked = validate(tomllib.loads(tpuwatch_toml(tpu=tpu, names=names, min_slices=floor)))
+    return Config(values={**cfg.values, "tpu": {**cfg.values["tpu"], "names": tuple(names)},
+                          "job": {**cfg.values["job"], "min_slices": checked["job"]["min_slices"]}}, path=None)
 
 
 def slice_config(cfg: Config, name: str) -> Config:
@@ -415,6 +428,7 @@ class TpuwatchDriver:
         run, w, m, job = self.run, self.run.world, self.meter, self.pcfg.job
         sim, horizon = run.sim, w.p.horizon
         tpu = BenchTpu(w, m, job)
+        self.tpu = tpu
 
         def until(t: float) -> None:
             if sim.now >= horizon:
@@ -567,7 +581,12 @@ class TpuwatchDriver:
         """The largest k <= n for which the policy still decides `running`, with the same memory,
         k periods from now (time-based rules are monotone in time, so k splits cleanly)."""
         node = report.node
-        obs = Observation(node=node, probes=report.probes, checkpoint=report.checkpoint,
+        left_out: tuple[NodeSnapshot | None, ...] = ()
+        if report.memory.limp.out:  # a job that limps: its slices left out, as the tick read them (unchanged since)
+            w, names = self.run.world, self.pcfg.slices
+            parts = [self.tpu.snapshot(s) if (s := w.slice_of(name)) is not None else None for name in names]
+            left_out = bound_view(self.pcfg.tpu_name, names, parts, report.memory.limp.out)[1]
+        obs = Observation(node=node, left_out=left_out, probes=report.probes, checkpoint=report.checkpoint,
                           jitter=0.5)
         lo, hi = 0, n
         while lo < hi:
@@ -784,12 +803,15 @@ def _with_loop(watcher: Callable[[Run], Process]) -> Callable[[Run], list[Proces
 
 
 def tpuwatch_tool(key: str, label: str, cfg: Config, note: str, skip_idle: bool = True) -> Tool:
+    """tpuwatch with `cfg`; one with `[job] min_slices` limps, in a world that counts a step on k of
+    n slices as k/n of a step (as the limping bound's)."""
     def drive(run: Run) -> None:
         driver = TpuwatchDriver(run, job_config(cfg, run.world), skip_idle)
         run.extra["ticks"] = [driver]
         driver.drive()
 
-    return Tool(key, label, lambda run: [], note, drive)
+    floor = int(cfg.job["min_slices"]) or None
+    return Tool(key, label, lambda run: [], note, drive, limp_floor=floor)
 
 
 def per_slice_tool(cfg: Config, skip_idle: bool = True) -> Tool:
@@ -814,15 +836,21 @@ MULTISLICE = "names" in SCHEMA["tpu"]
 
 
 def make_tools(cfg: Config, tuned: Config, skypilot_restarts: int = 0, skip_idle: bool = True,
-               slices: int = 1) -> list[Tool]:
+               slices: int = 1, limp_floor: int | None = None) -> list[Tool]:
     """Every compared tool, the bound first. Over several slices: the bound, tpuwatch (when it
-    has `[tpu] names`) and one tpuwatch per slice; the baselines are modelled on one slice only."""
+    has `[tpu] names`) and one tpuwatch per slice; the baselines are modelled on one slice only.
+    With `limp_floor` (below `slices`) both tpuwatch rows limp: `[job] min_slices = limp_floor`."""
     if slices > 1:
+        limps = limp_floor is not None and limp_floor < slices
+        if limps:
+            assert limp_floor is not None
+            cfg, tuned = limp_config(cfg, slices, limp_floor), limp_config(tuned, slices, limp_floor)
+        how = f", min_slices {limp_floor}" if limps else ""
         return [
             Tool("ideal", "ideal bound", lambda run: [ideal(run)],
                  "oracle: every slice recovered at once, relaunched on all when all are usable"),
-            *([tpuwatch_tool("tpuwatch", "tpuwatch (defaults)", cfg, describe(cfg), skip_idle),
-               tpuwatch_tool("tpuwatch-30d", "tpuwatch (tuned)", tuned, describe(tuned), skip_idle)]
+            *([tpuwatch_tool("tpuwatch", f"tpuwatch (defaults{how})", cfg, describe(cfg), skip_idle),
+               tpuwatch_tool("tpuwatch-30d", f"tpuwatch (tuned{how})", tuned, describe(tuned), skip_idle)]
               if MULTISLICE else []),
             per_slice_tool(cfg, skip_idle),
         ]

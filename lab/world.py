@@ -341,6 +341,13 @@ class BenchWorld:
                 j = self.roles.index(new.pop(0))
                 self.roles[i], self.roles[j] = self.roles[j], self.roles[i]
 
+    def _state(self, s: int) -> str:
+        """Slice `s`'s node state as the API shows it (MISSING: no node; UNHEALTHY: READY, not HEALTHY)."""
+        node = self.slices[s].node
+        if node is None:
+            return "MISSING"
+        return "UNHEALTHY" if node.state == "READY" and node.health != "HEALTHY" else node.state
+
     def _launchable(self, s: int) -> bool:
         sl = self.slices[s]
         node = sl.node
@@ -370,6 +377,7 @@ class BenchWorld:
                     self.p.on_slices(len(ready)), procs=ready)
         for pr in ready:
             pr.attempt = a
+        a.left_out = tuple(self._state(s) for s in self.roles[:self.p.slices] if s not in self.active)
         self.attempt = a
         self.attempts.append(a)
         for hit in self.hits:
@@ -704,17 +712,20 @@ class BenchWorld:
         self._touch()
 
     def _autorepaired(self, s: int, node: SliceNode) -> None:
-        """The new slice is READY; every other READY slice restarts (its processes killed)."""
+        """The new slice is READY; every other READY slice of the request restarts (its processes
+        killed): those the job runs on, also while it limps without the new one."""
         sl = self.slices[s]
         if sl.node is not node or node.state != "CREATING":
             return
         node.state, node.health = "READY", "HEALTHY"
         sl.hosts_up = True
         self.audit.append(AuditRec(self.now, "restart", node.id, "", sl.name))
+        # the request's slices: the job's roles (a slice it limps without keeps its role; a spare,
+        # not part of the request, restarts nobody)
+        request = self.roles[:self.p.slices]
         for i, peer in enumerate(self.slices):
             pn = peer.node
-            # the job's other slices (a spare, not part of the job's request, restarts nobody)
-            if i == s or s not in self.active or i not in self.active or pn is None or pn.state != "READY":
+            if i == s or s not in request or i not in request or pn is None or pn.state != "READY":
                 continue
             pn.epoch += 1
             pn.state = "RESTARTING"

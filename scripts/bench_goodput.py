@@ -103,13 +103,15 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", type=int, default=None, help="job length in steps (default: more than fits)")
     g.add_argument("--startup", type=_duration("--startup"), default=d.startup, help="program start + restore")
     g = ap.add_argument_group(
-        "past fixed slices: the ideal bound of each way (tpuwatch has neither yet: its rows stay on the fixed slices)")
+        "past fixed slices: the ideal bound of each way (tpuwatch limps with --limp-floor, [job] min_slices; "
+        "it has no spares: its rows stay on the job's slices)")
     g.add_argument("--spares", type=int, default=0,
                    help="idle same-shape slices kept READY beside the job's, with faults of their own: adds "
                         "the bound with them (ideal-spares)")
     g.add_argument("--limp-floor", type=int, default=None, metavar="K",
                    help="multislice: the job may run on K or more of its slices, a step on k of n counting k/n: "
-                        "adds the bound limping (ideal-limp; ideal-both with --spares)")
+                        "adds the bound limping (ideal-limp; ideal-both with --spares), and both tpuwatch rows "
+                        "limp ([job] min_slices = K, when K is below --slices)")
     g = ap.add_argument_group("the cloud")
     g.add_argument("--create-time", type=_duration("--create-time"), default=d.create_time)
     g.add_argument("--delete-time", type=_duration("--delete-time"), default=d.delete_time)
@@ -222,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg, tuned = compute_config(**common), compute_config(**{**common, **tuned_keys})
         chosen = compute_tools(cfg, tuned, args.provisioning, skip_idle=not args.every_tick)
     else:
-        chosen = make_tools(cfg, tuned, args.skypilot_restarts, skip_idle=not args.every_tick, slices=args.slices)
+        chosen = make_tools(cfg, tuned, args.skypilot_restarts, skip_idle=not args.every_tick, slices=args.slices,
+                            limp_floor=args.limp_floor)
     if args.tools:
         # one tpuwatch per slice of a one-slice job is tpuwatch itself: there on request only
         available = chosen + ([per_slice_tool(cfg, not args.every_tick)] if args.slices == 1 and args.api == "tpu" else [])
