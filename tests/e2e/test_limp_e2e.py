@@ -64,6 +64,11 @@ def trainers(sim: Simulator) -> dict[str, dict[str, str]]:
     return out
 
 
+def watch(cfg: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(cfg)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
 def on_attempt(sim: Simulator, attempt: int) -> dict[str, dict[str, str]]:
     return {n: e for n, e in trainers(sim).items() if e["TPUWATCH_ATTEMPT"] == str(attempt)}
 
@@ -96,8 +101,7 @@ def steps(sim: Simulator) -> list[int]:
 def test_a_lost_slice_limps_the_job_on_three_and_it_grows_back_to_four_at_the_next_checkpoint(
         sim: Simulator, tmp_path: Path) -> None:
     cfg, env, go = limping_job(sim, tmp_path)
-    proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(cfg)], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = watch(cfg, env)
     try:
         wait(lambda: len(on_attempt(sim, 1)) == 4 and len(steps(sim)) >= 2, proc, "attempt 1 on all 4 slices")
         assert {e["TPUWATCH_NUM_SLICES"] for e in on_attempt(sim, 1).values()} == {"4"}
@@ -168,8 +172,7 @@ def test_a_multislice_queued_resource_limps_with_megascale_set_by_tpuwatch_and_g
                        ck, tpu={"names": list(pair), "queued_resource": "ms"}, name="ms")
     cfg.write_text(cfg.read_text().replace("[recovery]", "min_slices = 1\n[recovery]"))
     env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
-    proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(cfg)], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = watch(cfg, env)
     try:
         wait(lambda: len(on_attempt(sim, 1)) == 2 and len(steps(sim)) >= 2, proc, "attempt 1 on both slices")
         assert not [k for e in on_attempt(sim, 1).values() for k in e if k.startswith("MEGASCALE_")]
@@ -204,8 +207,7 @@ def test_a_slice_lost_wakes_a_watcher_polling_hourly_and_the_job_limps_at_once(s
     cfg, env, _ = limping_job(sim, tmp_path)
     cfg.write_text(cfg.read_text().replace('poll_interval = "0.5s"', 'poll_interval = "1h"'))
     # the job holds at step 100 (its trainers alive, nothing to wake the loop) until the test ends
-    proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(cfg)], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = watch(cfg, env)
     try:
         wait(lambda: len(on_attempt(sim, 1)) == 4 and len(steps(sim)) >= 2, proc, "attempt 1 on all 4 slices")
         sim.inject("maintenance", node="np-2", stuck="REPAIRING")

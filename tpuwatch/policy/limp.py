@@ -5,8 +5,9 @@ Rows `limp`, `grow_wait`, `grow`. The slices left out are the memory's (`Memory.
 journaled with the decision that leaves them out, before anything is launched without them; the
 tick then builds the job's node from the slices kept (`Observation.node`) and reads the others
 apart (`Observation.left_out`), so every other row judges only the slices the job runs on.
-Limping never deletes or creates: a lost slice comes back by itself (a repair, Google's own
-autorepair), or through a person.
+Limping itself never deletes or creates: a lost slice comes back by itself (a repair, Google's
+own autorepair) or through a person; one that never will, of a job whose multislice queued
+resource can be made again, is taken back at a checkpoint for the rows to recreate the request.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def limp(draft: Draft, mem: Memory) -> Decision | None:
         if final is not None:
             return final
     out = (*mem.limp.out, *(name for name, _ in lost))
-    mem = replace(mem, limp=Limp(out=out, since=mem.limp.since or now))
+    mem = replace(mem, limp=replace(mem.limp, out=out, since=mem.limp.since or now, back_since=None, back_step=None))
     return _out(draft, mem, "limp", f"slice(s) lost ({said}): limping on {left} of {len(cfg.slices)} slices "
                                     f"(job.min_slices {cfg.min_slices}), {', '.join(out)} left out; the job "
                                     "relaunches on the slices left from its newest complete checkpoint")
@@ -110,7 +111,8 @@ def grow(draft: Draft, mem: Memory) -> Decision | None:
             return final
         draft.notes.append(line)
     out = tuple(name for name in mem.limp.out if name not in back and name not in gone)
-    mem = replace(mem, limp=Limp(out=out, since=mem.limp.since if out else None, recreate=tuple(dead)))
+    mem = replace(mem, limp=Limp(out=out, since=mem.limp.since if out else None,
+                                 recreate=(*mem.limp.recreate, *dead)))
     runs = len(cfg.slices) - len(out)
     where = f"{runs} of {len(cfg.slices)} slices" if out else f"all {runs} slices"
     why = "; ".join([*([f"{', '.join(healed)} READY+HEALTHY again"] if healed else []),
@@ -147,10 +149,12 @@ def grow_wait(draft: Draft, mem: Memory, decision: Decision) -> Decision:
     if decision.row != "running" or mem.limp.back_since is None:
         return decision
     after = f"newer than step {mem.limp.back_step}" if mem.limp.back_step is not None else "its first"
-    back = [name for names in returning(draft, mem) for name in names]
+    healed, dead = returning(draft, mem)
+    said = "; ".join([*([f"{', '.join(healed)} back: growing onto it"] if healed else []),
+                      *([f"{', '.join(dead)} will not come back by itself: taking it back for the request to be "
+                         "recreated"] if dead else [])])
     return replace(decision, row="grow_wait",
-                   summary=f"{decision.summary}; {', '.join(back)} back: growing onto it at the next complete "
-                           f"checkpoint ({after})",
+                   summary=f"{decision.summary}; {said} at the next complete checkpoint ({after})",
                    actions=(*decision.actions, Wait(None, "the next checkpoint, to grow back")))
 
 
