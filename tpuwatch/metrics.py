@@ -119,7 +119,7 @@ def snapshot(report: Any, journal: Journal, pcfg: PolicyConfig,
         resumes=resumes(attempts), goodput=goodput(pcfg.job, journal.events(), attempts, report.time),
         api_requests=dict(calls.counts() if api_requests is None else api_requests),
         api_errors=dict(calls.errors() if api_errors is None else api_errors),
-        slices=len(pcfg.slices), slices_in_use=len(pcfg.slices) - len(set(mem.limp.out) & set(pcfg.slices)),
+        slices=len(pcfg.slices), slices_in_use=len(mem.limp.kept(pcfg.slices)),
     )
 
 

@@ -233,11 +233,11 @@ class Reconciler:
         """Write-ahead: the decision, and with the tick's first one what it observed, in one transaction."""
         with self.journal.transaction():
             self.journal.record(st.now, decision, obs.operation)
-            out = decision.memory.limp.out
-            if out != mem.limp.out:  # the slices the job runs on changed (`tpuwatch report` counts them)
-                of = len(self.pcfg.slices)
+            limp = decision.memory.limp
+            if limp.out != mem.limp.out:  # the slices the job runs on changed (`tpuwatch report` counts them)
                 self.journal.add_event(st.now, "slices", decision.summary,
-                                       {"out": list(out), "in_use": of - len(set(out) & set(self.pcfg.slices)), "of": of})
+                                       {"out": list(limp.out), "in_use": len(limp.kept(self.pcfg.slices)),
+                                        "of": len(self.pcfg.slices)})
             if st.precheck is not None:
                 precheck.record(self.journal, st.now, st.precheck)
             if st.journaled:

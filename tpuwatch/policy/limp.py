@@ -25,11 +25,6 @@ from tpuwatch.policy.values import Decision, StopWorkers, Wait
 BRIEF_STATES = frozenset({"RESTARTING"})
 
 
-def kept(draft: Draft, mem: Memory) -> list[str]:
-    """The job's slices its attempts run on now, in slice order."""
-    return [s for s in draft.cfg.slices if s not in mem.limp.out]
-
-
 def shift(draft: Draft, mem: Memory) -> Decision | None:
     """Leave lost slices out (`limp`), or take back the slices that are back (`grow`); None when
     the job's slices stay as they are."""
@@ -46,7 +41,7 @@ def limp(draft: Draft, mem: Memory) -> Decision | None:
     cfg, node, now = draft.cfg, draft.obs.node, draft.now
     if not cfg.min_slices or node is None or not node.slices or node_condition(node) in (Cond.USABLE, Cond.PERSON):
         return None
-    names = kept(draft, mem)
+    names = mem.limp.kept(cfg.slices)
     lost = [(name, part) for name, part in zip(names, node.slices, strict=True) if not part.usable]
     left = len(names) - len(lost)
     if (not lost or left < cfg.min_slices or any(part.state in BRIEF_STATES for _, part in lost)

@@ -19,7 +19,7 @@ I/O itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, fields, is_dataclass, replace
 from datetime import datetime
 from enum import Enum
@@ -272,6 +272,10 @@ class Limp:
     # dead slices taken back for the rows to recreate the job's queued resource: not limped
     # around again until it is made (the job's node usable)
     recreate: tuple[str, ...] = ()
+
+    def kept(self, slices: Sequence[str]) -> tuple[str, ...]:
+        """Of the job's `slices` (tpu.names), those its attempts run on now, in slice order."""
+        return tuple(s for s in slices if s not in self.out)
 
 
 @dataclass(frozen=True)

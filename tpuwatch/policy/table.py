@@ -158,7 +158,7 @@ def _check(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> N
     if len(obs.left_out) != len(mem.limp.out):
         raise ImpossibleObservation(phase, f"{len(obs.left_out)} slices observed left out, but the memory leaves "
                                            f"out {', '.join(mem.limp.out) or 'none'}")
-    kept = [s for s in cfg.slices if s not in mem.limp.out]
+    kept = mem.limp.kept(cfg.slices)
     if obs.node is not None and obs.node.slices and len(obs.node.slices) != len(kept):
         raise ImpossibleObservation(phase, f"observed {len(obs.node.slices)} slices, but the job runs on "
                                            f"{', '.join(kept)}")
