@@ -210,3 +210,19 @@ def test_gcloud_prepares_each_slice_once_it_is_up_and_then_never_again_for_the_j
     later = GcloudSsh(openssh=ssh, user="alice", identity_file="/k/id", binary=str(fake))
     later.remember(whole)
     assert later.prepare(both) is None and later.prepare_calls == 0
+
+
+def test_min_slices_is_for_a_multislice_job_fewer_than_its_slices_with_checkpoints_to_resume_from() -> None:
+    def job(**keys: object) -> dict[str, object]:
+        return {"command": "train --resume={checkpoint} --slices={num_slices}", "checkpoint_dir": "gs://b/ck", **keys}
+
+    ok = validate({**base(names=["np-0", "np-1", "np-2"]), "job": job(min_slices=2)})
+    assert ok["job"]["min_slices"] == 2
+    for cfg, fix in (({**base(), "job": job(min_slices=1)}, "a job on one node cannot train on fewer slices"),
+                     ({**base(names=["np-0", "np-1"]), "job": job(min_slices=2)}, "not fewer than the job's 2 slices"),
+                     ({**base(names=["np-0", "np-1"]), "job": {"command": "train", "min_slices": 1}},
+                      "set job.checkpoint_dir"),
+                     ({**base(names=["np-0", "np-1"]), "job": job(min_slices=-1)}, "")):
+        with pytest.raises(ConfigError, match=fix) as exc:
+            validate(cfg)
+        assert str(exc.value).startswith("job.min_slices"), exc.value
