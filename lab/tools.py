@@ -584,8 +584,8 @@ class TpuwatchDriver:
         left_out: tuple[NodeSnapshot | None, ...] = ()
         if report.memory.limp.out:  # a job that limps: its slices left out, as the tick read them (unchanged since)
             w, names = self.run.world, self.pcfg.slices
-            parts = [self.tpu.snapshot(s) if (s := w.slice_of(name)) is not None else None for name in names]
-            left_out = bound_view(self.pcfg.tpu_name, names, parts, report.memory.limp.out)[1]
+            read = {name: self.tpu.snapshot(s) if (s := w.slice_of(name)) is not None else None for name in names}
+            left_out = bound_view(self.pcfg.tpu_name, names, read, report.memory.limp.out)[1]
         obs = Observation(node=node, left_out=left_out, probes=report.probes, checkpoint=report.checkpoint,
                           jitter=0.5)
         lo, hi = 0, n

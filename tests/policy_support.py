@@ -172,14 +172,18 @@ LIMPS = replace(CFG, slices=LIMP_SLICES, recreatable=False, min_slices=3)
 
 def limp_part(name: str, state: str = "READY", health: str = "HEALTHY") -> NodeSnapshot:
     """One slice with 2 workers."""
-    return replace(node(state, health, id=f"id-{name}"), name=name,
+    return replace(node(state, health, id=f"id-{name}"), name=name, accelerator_type="v5p-16",
                    workers=(WorkerEndpoint(0, "10.0.0.1", ""), WorkerEndpoint(1, "10.0.0.2", "")))
 
 
-def limp_look(states: dict[str, str], mem: Memory, **kw: object) -> Observation:
-    """What the tick sees: every slice READY+HEALTHY but those in `states`, combined as the tick
-    combines them for `mem` (the slices it runs on, and those left out)."""
-    parts = [limp_part(s, states.get(s, "READY")) for s in LIMP_SLICES]
-    view, left = bound_view(NAME, LIMP_SLICES, parts, mem.limp.out)
+def limp_look(states: dict[str, str], mem: Memory, spares: tuple[str, ...] = (),
+              parts: dict[str, NodeSnapshot | None] | None = None, **kw: object) -> Observation:
+    """What the tick sees: every node of the pool (LIMP_SLICES, then `spares`) READY+HEALTHY but
+    those in `states` (or as `parts` gives them), combined as the tick combines them for `mem`
+    (the slices it runs on, those left out, and its idle spares)."""
+    read: dict[str, NodeSnapshot | None] = {s: limp_part(s, states.get(s, "READY")) for s in (*LIMP_SLICES, *spares)}
+    read.update(parts or {})
+    view, left = bound_view(NAME, LIMP_SLICES, read, mem.limp.out, dict(mem.limp.swapped))
     assert view is not None
-    return Observation(node=view, left_out=left, **kw)  # type: ignore[arg-type]
+    idle = tuple((n, read[n]) for n in mem.limp.idle(LIMP_SLICES, spares))
+    return Observation(node=view, left_out=left, spares=idle, **kw)  # type: ignore[arg-type]

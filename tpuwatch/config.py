@@ -307,6 +307,31 @@ def _node_names(key: str, value: Any) -> tuple[str, ...]:
     return names
 
 
+def _spare_names(key: str, value: Any) -> tuple[str, ...]:
+    names = _str_list(key, value)
+    for name in names:
+        if not NODE_NAME.match(name):
+            raise ConfigError(f"{key}: {name!r} is not a TPU name (lowercase letters, digits, hyphens; starts with a letter)")
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise ConfigError(f"{key}: {twice!r} is listed twice; list each spare once")
+    return names
+
+
+def _check_spares(t: Mapping[str, Any]) -> None:
+    """[tpu] spares: only for a multislice job, none of them one of its slices or its group's name."""
+    spares = t["spares"]
+    if not spares:
+        return
+    if not t["names"]:
+        raise ConfigError("tpu.spares: spares stand in for a lost slice of a multislice job; list its slices in "
+                          "tpu.names, or drop tpu.spares")
+    both = [s for s in spares if s in t["names"] or s == t["name"]]
+    if both:
+        raise ConfigError(f"tpu.spares: {both[0]!r} is also one of the job's slices (tpu.names) or its name "
+                          "(tpu.name); a spare is an idle node of its own: drop it from tpu.spares")
+
+
 def multislice_prefix(names: Sequence[str]) -> str | None:
     """The node id prefix of a multislice queued resource's nodes `<prefix>-0..N-1`, or None."""
     prefix = names[0].rsplit("-", 1)[0] if names and "-" in names[0] else ""
@@ -484,6 +509,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "fallback_zones": Field(_zones, (), "zones tried in order when the zone has no capacity"),
         "names": Field(_node_names, (), "a multislice job's nodes, in slice order (2 or more; `name` then names the "
                        "job's group of slices). Through a multislice queued resource: its `<prefix>-0`, `<prefix>-1`, ..."),
+        "spares": Field(_spare_names, (), "a multislice job's hot spares: idle TPU nodes of its slices' shape, owned "
+                        "by the job (its ownership label). A lost slice is swapped for a READY one at once; the "
+                        "lost slice, back, is a spare from then on"),
         "queued_resource": Field(_str, "", "set when the TPU was made through a queued resource"),
         "api": Field(_choice(TPU_APIS), "tpu", "the API that made the TPU: \"tpu\" (Cloud TPU API nodes) or "
                      "\"compute\" (a Compute Engine instance or managed instance group: TPU7x and later, v5p, v6e)"),
@@ -774,6 +802,7 @@ def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[st
             f"tpu.names: a multislice queued resource names its nodes <prefix>-0, <prefix>-1, ... in order; got "
             f"{', '.join(t['names'])}. List them so, or drop tpu.queued_resource for separately created nodes")
     _check_limp(out["job"], t["names"])
+    _check_spares(t)
     if not t["queued_resource"]:
         tpuconfig.queued_only(t["spec"], t["zone_overrides"])
     zonespec.check(t["spec"], t["zone_overrides"], t["zone"], t["fallback_zones"])

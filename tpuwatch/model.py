@@ -238,17 +238,17 @@ def job_node(get_node: Callable[[str], NodeSnapshot | None], name: str,
     return combine_slices(name, [get_node(s) for s in slices])
 
 
-def bound_view(name: str, slices: Sequence[str], parts: Sequence[NodeSnapshot | None],
-               out: Sequence[str]) -> tuple[NodeSnapshot | None, tuple[NodeSnapshot | None, ...]]:
-    """A multislice job's node as it runs now, and its slices left out: `parts` (each of `slices`
-    as read) combined without those named in `out` (a job that limps), which come second, in
-    `out`'s order."""
-    kept = [p for s, p in zip(slices, parts, strict=True) if s not in out]
-    view = combine_slices(name, kept)
+def bound_view(name: str, slices: Sequence[str], read: Mapping[str, NodeSnapshot | None], out: Sequence[str],
+               swapped: Mapping[str, str] | None = None) -> tuple[NodeSnapshot | None, tuple[NodeSnapshot | None, ...]]:
+    """A multislice job's node as it runs now, and its slices left out: each slot of `slices`
+    (tpu.names) read from `read` under the node it runs on (`swapped`: slot -> a spare in its
+    place, which keeps the slot's slice id), combined without the slots named in `out` (a job
+    that limps), which come second, in `out`'s order."""
+    on = swapped or {}
+    view = combine_slices(name, [read.get(on.get(s, s)) for s in slices if s not in out])
     if view is not None and out:
         view = replace(view, slices_out=tuple(out))
-    by_name = dict(zip(slices, parts, strict=True))
-    return view, tuple(by_name.get(s) for s in out)
+    return view, tuple(read.get(on.get(s, s)) for s in out)
 
 
 def _window_key(up: UpcomingMaintenance) -> float:

@@ -94,6 +94,8 @@ class TickReport:
     earlier: tuple[Decision, ...] = ()
     # the cloud operation the last decision was made from (a failed create's error, for people)
     operation: OperationStatus | None = None
+    # a job with spares: its pool's nodes no slot holds, as read (Observation.spares)
+    spares: tuple[tuple[str, NodeSnapshot | None], ...] = ()
 
     @property
     def exit_code(self) -> int:
@@ -118,10 +120,11 @@ class _Settling:
     carried: list[Decision] = field(default_factory=list)  # every decision carried out, in order
     journaled: bool = False
     operation: OperationStatus | None = None  # the one the last decision was made from
-    # a multislice job: each slice as read this tick, in tpu.names order (the node that
-    # limps is rebuilt from them when a decision changes the slices it runs on)
-    parts: tuple[NodeSnapshot | None, ...] = ()
+    # a multislice job: each node of its pool (tpu.names, tpu.spares) as read this tick (the
+    # job's node is rebuilt from them when a decision changes the slices it runs on)
+    read: dict[str, NodeSnapshot | None] = field(default_factory=dict)
     node: NodeSnapshot | None = None  # the job's node as last decided on
+    spares: tuple[tuple[str, NodeSnapshot | None], ...] = ()  # and its idle spares
 
 
 @dataclass
@@ -140,11 +143,12 @@ class Reconciler:
         login.restore(self.ports.workers, self.journal)  # the user learned for this node id
         zone = mem.zone or self.pcfg.zones[0]
         tpu, life = self.ports.tpu_for(zone), self.ports.lifecycle_for(zone)
-        parts: tuple[NodeSnapshot | None, ...] = ()
+        read: dict[str, NodeSnapshot | None] = {}
         left_out: tuple[NodeSnapshot | None, ...] = ()
-        if self.pcfg.slices:  # a multislice job: the slices it runs on now, and those left out
-            parts = tuple(tpu.get_node(s) for s in self.pcfg.slices)
-            node, left_out = bound_view(self.pcfg.tpu_name, self.pcfg.slices, parts, mem.limp.out)
+        spares: tuple[tuple[str, NodeSnapshot | None], ...] = ()
+        if self.pcfg.slices:  # a multislice job: the slices it runs on now, those left out, its spares
+            read = {n: tpu.get_node(n) for n in dict.fromkeys((*self.pcfg.slices, *self.pcfg.spares))}
+            node, left_out, spares = self._bound(read, mem)
         else:
             node = job_node(tpu.get_node, self.pcfg.tpu_name)
         probes, pre = self._probe(node, mem, now)
@@ -155,7 +159,7 @@ class Reconciler:
         pre = pre or self._periodic_precheck(now, mem, node, probes)
         queued = life.status() if life.queue and queued_due(mem, node) else None
         obs = Observation(
-            node=node, left_out=left_out, events=tuple(events), probes=probes, checkpoint=checkpoint,
+            node=node, left_out=left_out, spares=spares, events=tuple(events), probes=probes, checkpoint=checkpoint,
             operation=operation, create_failure=create_failure, queued=queued,
             create_reason=recreate.failure_reason(operation) if create_failure else recreate.queued_reason(queued),
             jitter=min(max(self.ports.jitter(), 0.0), 0.999999),
@@ -165,13 +169,13 @@ class Reconciler:
         )
         if pre is not None and pre.context == "running":
             warnings.extend(f"environment check failed: {line}" for line in precheck.failing_lines(pre))
-        st = _Settling(now, cursor, warnings, pre, probes, parts=parts, node=node)
+        st = _Settling(now, cursor, warnings, pre, probes, read=read, node=node, spares=spares)
         decision = decide_until_settled(obs, mem, self.pcfg, now,
                                         lambda d, o, m: self._settle(st, d, o, m))
         return TickReport(now, st.node, st.probes, checkpoint, tuple(events), st.acted or decision,
                           done=tuple(st.done), warnings=tuple(st.warnings), dry_run=self.flags.dry_run,
                           precheck=st.precheck or precheck.last(self.journal), pcfg=self.pcfg,
-                          earlier=tuple(st.carried[:-1]), operation=st.operation)
+                          earlier=tuple(st.carried[:-1]), operation=st.operation, spares=st.spares)
 
     def _settle(self, st: _Settling, decision: Decision, obs: Observation, mem: Memory) -> Again | None:
         """Journal and act on one decision (policy/settle.py): what to decide again with, or None."""
@@ -201,15 +205,16 @@ class Reconciler:
         st.carried.append(acted)
         if refused is not None:
             return Again(refused, acted.memory)
-        if acted.memory.limp.out != mem.limp.out:
-            # The job limps on fewer slices, or grows back: look at the slices it runs on now.
-            view, left_out = bound_view(self.pcfg.tpu_name, self.pcfg.slices, st.parts, acted.memory.limp.out)
-            st.node = view
+        if _moved(acted.memory, mem):
+            # The job limps on fewer slices, grows back, or runs on a spare: look at the slices it
+            # runs on now.
+            view, left_out, spares = self._bound(st.read, acted.memory)
+            st.node, st.spares = view, spares
             looked, st.precheck = self._probe(view, acted.memory, st.now)
             st.probes = looked
             # and at the checkpoints again: the job stopped may have saved on its SIGTERM
             ckpt = self.ports.checkpoints.latest() if self.ports.checkpoints is not None else obs.checkpoint
-            return Again(replace(obs, node=view, left_out=left_out, probes=looked, precheck=st.precheck,
+            return Again(replace(obs, node=view, left_out=left_out, spares=spares, probes=looked, precheck=st.precheck,
                                  precheck_fixed=False, checkpoint=ckpt), acted.memory)
         if decision.check_after and obs.node is not None and checker is not None:
             # The cleanup ran (StopWorkers): check again and decide, in this same tick.
@@ -234,10 +239,11 @@ class Reconciler:
         with self.journal.transaction():
             self.journal.record(st.now, decision, obs.operation)
             limp = decision.memory.limp
-            if limp.out != mem.limp.out:  # the slices the job runs on changed (`tpuwatch report` counts them)
+            if _moved(decision.memory, mem):  # the slices the job runs on changed (`tpuwatch report` counts them)
                 self.journal.add_event(st.now, "slices", decision.summary,
                                        {"out": list(limp.out), "in_use": len(limp.kept(self.pcfg.slices)),
-                                        "of": len(self.pcfg.slices)})
+                                        "of": len(self.pcfg.slices), "on": list(limp.kept(self.pcfg.slices)),
+                                        "spares": list(limp.idle(self.pcfg.slices, self.pcfg.spares))})
             if st.precheck is not None:
                 precheck.record(self.journal, st.now, st.precheck)
             if st.journaled:
@@ -248,6 +254,13 @@ class Reconciler:
             login.record(self.ports.workers, obs.node, self.journal, st.now)
 
     # -- observe ------------------------------------------------------------------------------
+
+    def _bound(self, read: dict[str, NodeSnapshot | None], mem: Memory) -> tuple[
+            NodeSnapshot | None, tuple[NodeSnapshot | None, ...], tuple[tuple[str, NodeSnapshot | None], ...]]:
+        """A multislice job's node as `mem` binds it (its slots on their nodes, those left out
+        apart), the slices left out, and its idle spares, from the pool as read."""
+        node, left_out = bound_view(self.pcfg.tpu_name, self.pcfg.slices, read, mem.limp.out, dict(mem.limp.swapped))
+        return node, left_out, tuple((n, read.get(n)) for n in mem.limp.idle(self.pcfg.slices, self.pcfg.spares))
 
     def _probe(self, node: NodeSnapshot | None, mem: Memory,
                now: datetime) -> tuple[tuple[WorkerProbe, ...] | None, PrecheckReport | None]:
@@ -485,3 +498,8 @@ def _describe(action: Action) -> str:
     reason = d.pop("reason", "")
     extra = ", ".join(f"{k}={v}" for k, v in d.items() if v not in (None, "", [], (), {}) and v is not False)
     return f"{kind}{' (' + extra + ')' if extra else ''}: {reason}"
+
+
+def _moved(new: Memory, old: Memory) -> bool:
+    """The slices the job runs on changed: a slice left out or taken back, a spare swapped in."""
+    return new.limp.out != old.limp.out or new.limp.swapped != old.limp.swapped

@@ -29,6 +29,8 @@ API_KEYS: dict[str, dict[str, str]] = {
     "tpu": {
         "names": "not with api = \"compute\" (a multislice job spans TPU API nodes; Compute Engine multislice "
                  "is not documented by Google); remove it",
+        "spares": "not with api = \"compute\" (spares stand in for a slice of a multislice job, which spans TPU "
+                  "API nodes); remove it",
         "queued_resource": "not with api = \"compute\" (queued resources are the TPU API's; on Compute Engine a "
                            "MIG's resize requests take their place); remove it",
         "fallback_zones": "not with api = \"compute\" (a Compute Engine slice is recreated in its own zone only); "

@@ -226,3 +226,21 @@ def test_min_slices_is_for_a_multislice_job_fewer_than_its_slices_with_checkpoin
         with pytest.raises(ConfigError, match=fix) as exc:
             validate(cfg)
         assert str(exc.value).startswith("job.min_slices"), exc.value
+
+
+def test_spares_are_idle_nodes_of_a_multislice_job_each_named_once() -> None:
+    ok = validate(base(names=["np-0", "np-1"], spares=["spare-a", "spare-b"]))
+    assert ok["tpu"]["spares"] == ("spare-a", "spare-b")
+    for tpu, fix in (({}, "list its slices in tpu.names"),
+                     ({"names": ["np-0", "np-1"], "spares": ["np-1"]}, "'np-1' is also one of the job's slices"),
+                     ({"names": ["np-0", "np-1"], "spares": ["ms"]}, "'ms' is also one of the job's slices"),
+                     ({"names": ["np-0", "np-1"], "spares": ["sp", "sp"]}, "'sp' is listed twice"),
+                     ({"names": ["np-0", "np-1"], "spares": ["Spare_A"]}, "is not a TPU name"),
+                     ({"names": ["np-0", "np-1"], "spares": "spare-a"}, "list")):
+        with pytest.raises(ConfigError, match=fix) as exc:
+            validate(base(spares=tpu.pop("spares", ["spare-a"]), **tpu))
+        assert str(exc.value).startswith("tpu.spares"), exc.value
+    with pytest.raises(ConfigError, match="not with api") as exc:
+        validate({"tpu": {"zone": "us-central2-b", "api": "compute", "instance": "vm", "spares": ["spare-a"]},
+                  "job": {"command": "train"}})
+    assert "tpu.spares" in str(exc.value)

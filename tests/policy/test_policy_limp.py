@@ -125,7 +125,7 @@ def test_a_slice_dropped_from_tpu_names_is_no_longer_left_out() -> None:
     mem = replace(run_mem(step=200), phase=Phase.IDLE, limp=Limp(out=("old",)))
     parts = [limp_part(s) for s in SLICES[:3]]
     cfg = replace(LIMPS, slices=SLICES[:3], min_slices=2)
-    view, left = bound_view(NAME, SLICES[:3], parts, mem.limp.out)
+    view, left = bound_view(NAME, SLICES[:3], dict(zip(SLICES[:3], parts, strict=True)), mem.limp.out)
     d = tick(Observation(node=view, left_out=left, probes=tuple(WorkerProbe(w, "absent") for w in range(6))), mem,
              900, cfg=cfg)
     assert d.row == "grow" and d.memory.limp.out == () and "no longer in tpu.names" in d.summary

@@ -474,6 +474,17 @@ def test_row_limp() -> None:
     assert [(e.outcome, e.charged) for e in d.ended] == [("disruption", False)]
 
 
+def test_row_swap() -> None:
+    """More cases (the spare's fitness, several lost slices, a slice left out): tests/policy/test_policy_spares.py."""
+    mem = run_mem(step=100)
+    down = tuple(WorkerProbe(w, "unreachable") if w in (4, 5) else WorkerProbe(w, "running", attempt=1, pid=w)
+                 for w in range(8))
+    d = tick(limp_look({"s2": "PREEMPTED"}, mem, spares=("x0",), probes=down), mem, now=600,
+             cfg=replace(LIMPS, min_slices=0, spares=("x0",)))
+    assert d.row == "swap" and d.memory.limp.swapped == (("s2", "x0"),) and d.memory.phase is Phase.IDLE
+    assert [(e.outcome, e.charged) for e in d.ended] == [("disruption", False)]
+
+
 def test_row_grow_wait() -> None:
     mem = run_mem(step=200, limp=Limp(out=("s2",)))
     d = tick(limp_look({}, mem, probes=running(1, workers=6), checkpoint=ckpt(300)), mem, now=900, cfg=LIMPS)

@@ -17,7 +17,7 @@ from dataclasses import replace
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.ending import end_unusable, finish
 from tpuwatch.policy.nodes import Cond, node_condition
-from tpuwatch.policy.state import Evidence, Limp, Memory, Phase, merge_evidence
+from tpuwatch.policy.state import Evidence, Memory, Phase, merge_evidence
 from tpuwatch.policy.values import Decision, StopWorkers, Wait
 
 # A slice in these states is back within minutes (Google restarts a multislice request's other
@@ -41,7 +41,7 @@ def limp(draft: Draft, mem: Memory) -> Decision | None:
     cfg, node, now = draft.cfg, draft.obs.node, draft.now
     if not cfg.min_slices or node is None or not node.slices or node_condition(node) in (Cond.USABLE, Cond.PERSON):
         return None
-    names = mem.limp.kept(cfg.slices)
+    names = mem.limp.slots(cfg.slices)
     lost = [(name, part) for name, part in zip(names, node.slices, strict=True) if not part.usable]
     left = len(names) - len(lost)
     if (not lost or left < cfg.min_slices or any(part.state in BRIEF_STATES for _, part in lost)
@@ -106,8 +106,8 @@ def grow(draft: Draft, mem: Memory) -> Decision | None:
             return final
         draft.notes.append(line)
     out = tuple(name for name in mem.limp.out if name not in back and name not in gone)
-    mem = replace(mem, limp=Limp(out=out, since=mem.limp.since if out else None,
-                                 recreate=(*mem.limp.recreate, *dead)))
+    mem = replace(mem, limp=replace(mem.limp, out=out, since=mem.limp.since if out else None, back_since=None,
+                                    back_step=None, recreate=(*mem.limp.recreate, *dead)))
     runs = len(cfg.slices) - len(out)
     where = f"{runs} of {len(cfg.slices)} slices" if out else f"all {runs} slices"
     why = "; ".join([*([f"{', '.join(healed)} READY+HEALTHY again"] if healed else []),
@@ -154,6 +154,10 @@ def grow_wait(draft: Draft, mem: Memory, decision: Decision) -> Decision:
 
 
 def _out(draft: Draft, mem: Memory, row: str, summary: str) -> Decision:
-    """The decision, its stop waited for: the tick looks at the slices kept again and launches there."""
-    d = draft.out(mem, row, summary)
+    return stop_waited(draft.out(mem, row, summary))
+
+
+def stop_waited(d: Decision) -> Decision:
+    """The decision, its stop waited for: the tick looks at the slices the job runs on again and
+    launches there."""
     return replace(d, actions=tuple(replace(a, wait=True) if isinstance(a, StopWorkers) else a for a in d.actions))

@@ -84,6 +84,13 @@ ROWS: tuple[Row, ...] = (
         "never delete it: needs a person (exit 1); pass --adopt"),
     Row("not_recreatable", "delete + create needed on a job over separately created slices ([tpu] names "
         "without a queued resource)", "never delete a slice: needs a person (exit 1)"),
+    Row("swap", "a multislice job with tpu.spares: slices it runs on are not READY+HEALTHY (as for `limp`: not a "
+        "person's stop, nor a slice RESTARTING), or left out while it limps, and a spare is READY+HEALTHY, of the "
+        "job's accelerator type, and carries the job's ownership label",
+        "journal the spare in the lost slice's place (its slice id); a disruption, not charged: stop the attempt on "
+        "the slices still up and relaunch at once on the spare and the others from the newest complete checkpoint "
+        "(MEGASCALE_* set by tpuwatch); a slice left out is grown back onto at the next checkpoint (`grow`). No "
+        "delete or create; the node swapped out is a spare once READY+HEALTHY again"),
     Row("limp", "a multislice job with job.min_slices: slices it runs on are not READY+HEALTHY (a repair, "
         "maintenance, a preemption, Google's autorepair, a slice missing; not a person's stop, nor a slice "
         "RESTARTING, back within minutes) and at least min_slices others are",

@@ -6,7 +6,8 @@ from which checkpoint, disruption evidence seen during it), what recovery has sp
 maintenance (`Maintenance`), a node under repair (`Repair`), a delete + create in flight
 (`Recreate`), what hang detection learned (`HangLearning`), the node's boots (`Boot`), the
 evidence against one worker's host (`Host`), Google's own stops of a Compute Engine VM
-(`GoogleStop`), the slices a multislice job limps without (`Limp`), and when the tick last did
+(`GoogleStop`), the slices a multislice job runs on where they are not tpu.names (`Limp`:
+swapped for spares, or left out while it limps), and when the tick last did
 what it does on a schedule (`Marks`: the audit log
 read, the environment checks run, the stale-checkpoint warning raised), so a cron `check`, a
 fresh process each time, keeps their cadence.
@@ -260,10 +261,12 @@ class GoogleStop:
 
 @dataclass(frozen=True)
 class Limp:
-    """A multislice job that runs on fewer slices than it has ([job] min_slices, policy/limp.py):
-    the slices left out of its attempts (journaled before anything is launched without them),
-    since when, and once one of them is back, the newest checkpoint step then: the job grows
-    back at the first complete checkpoint newer than it."""
+    """The slices a multislice job runs on (policy/limp.py, policy/spares.py), where they differ
+    from tpu.names: each slot (a name of tpu.names, the job's slice id by its place) swapped for
+    a spare (`swapped`, slot -> the node it runs on now), and the slots a job that may limp ([job]
+    min_slices) is left without (`out`), both journaled before anything is launched on them.
+    Once a slot left out is back: since when, and the newest checkpoint step then (the job grows
+    back at the first complete checkpoint newer than it)."""
 
     out: tuple[str, ...] = ()
     since: datetime | None = None
@@ -272,10 +275,24 @@ class Limp:
     # dead slices taken back for the rows to recreate the job's queued resource: not limped
     # around again until it is made (the job's node usable)
     recreate: tuple[str, ...] = ()
+    swapped: tuple[tuple[str, str], ...] = ()
+
+    def node_of(self, slot: str) -> str:
+        """The node slot `slot` runs on: its spare when swapped, else the slot's own node."""
+        return dict(self.swapped).get(slot, slot)
+
+    def slots(self, slices: Sequence[str]) -> tuple[str, ...]:
+        """Of the job's `slices` (tpu.names), the slots its attempts run on now, in slice order."""
+        return tuple(s for s in slices if s not in self.out)
 
     def kept(self, slices: Sequence[str]) -> tuple[str, ...]:
-        """Of the job's `slices` (tpu.names), those its attempts run on now, in slice order."""
-        return tuple(s for s in slices if s not in self.out)
+        """The nodes the job's attempts run on now, in slice order."""
+        return tuple(self.node_of(s) for s in self.slots(slices))
+
+    def idle(self, slices: Sequence[str], spares: Sequence[str]) -> tuple[str, ...]:
+        """The nodes of the job's pool (its slices and spares) that no slot holds: its spares."""
+        held = {self.node_of(s) for s in slices}
+        return tuple(n for n in dict.fromkeys((*slices, *spares)) if n not in held)
 
 
 @dataclass(frozen=True)
@@ -436,6 +453,13 @@ def _names(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _pairs(value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, list) or not all(isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v)
+                                              for v in value):
+        raise ValueError(f"expected a list of [name, name] pairs, got {value!r}")
+    return tuple((a, b) for a, b in value)
+
+
 _READ: dict[object, Callable[[Any], Any]] = {
     Phase: Phase,
     str: _text,
@@ -448,6 +472,7 @@ _READ: dict[object, Callable[[Any], Any]] = {
     datetime | None: _opt_time,
     tuple[Evidence, ...]: _evidence,
     tuple[str, ...]: _names,
+    tuple[tuple[str, str], ...]: _pairs,
 }
 
 R = TypeVar("R", bound="DataclassInstance")

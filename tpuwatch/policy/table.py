@@ -9,8 +9,8 @@ How a decision is found, in order:
 4b. a phase with a cloud operation in flight (DELETING, CREATING, QUEUED) follows it:
    OP_HANDLERS (policy/operations.py); a delete the tick never started is decided afresh from
    the node (row `delete_resume`);
-5. otherwise a multislice job that may limp leaves lost slices out, or takes back slices that
-   are back (policy/limp.py); else the node's condition picks the handler: NODE_HANDLERS
+5. otherwise a multislice job swaps a lost slice for a spare (policy/spares.py), or, when it
+   may limp, leaves lost slices out, or takes back slices that are back (policy/limp.py); else the node's condition picks the handler: NODE_HANDLERS
    (policy/usable.py, policy/recovery.py). Each handler ends a running attempt first when the
    node can no longer carry it, then decides for the node.
 Every Decision names the row that made it (`Decision.row`, one of ROWS); the handlers gather it
@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 
-from tpuwatch.policy import google, limp
+from tpuwatch.policy import google, limp, spares
 from tpuwatch.policy.alerts import checkpoint_stale
 from tpuwatch.policy.draft import Draft, worker_list
 from tpuwatch.policy.early import early_refused
@@ -91,7 +91,9 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
             decision = OP_HANDLERS[new.phase](draft, new)
         else:
             new = limp.track(draft, new)
-            shifted = limp.shift(draft, new)  # a job that limps, or grows back (policy/limp.py)
+            # a lost slice swapped for a spare (policy/spares.py); a job that limps, or grows back
+            # (policy/limp.py)
+            shifted = spares.swap(draft, new) or limp.shift(draft, new)
             decision = shifted or limp.grow_wait(draft, new, NODE_HANDLERS[node_condition(obs.node)](draft, new))
     if obs.checks and obs.node is not None:
         # What more to observe in this tick (policy/settle.py bounds the re-decisions).

@@ -109,6 +109,9 @@ class PolicyConfig:
     # [job] min_slices: a multislice job may run on this many of its slices or more (0: never
     # fewer than all; policy/limp.py)
     min_slices: int = 0
+    # [tpu] spares: a multislice job's idle nodes of its shape, swapped in for a lost slice
+    # (policy/spares.py)
+    spares: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.zones:
@@ -133,6 +136,7 @@ class PolicyConfig:
             recreatable=not cfg.tpu["names"] or bool(cfg.tpu["queued_resource"]),
             checkpoints_on_vm=bool(cfg.job["checkpoint_dir"]) and not str(cfg.job["checkpoint_dir"]).startswith("gs://"),
             min_slices=int(cfg.job["min_slices"]),
+            spares=tuple(cfg.tpu["spares"]),
             repair_timeout=float(r["repair_timeout"]),
             max_restarts=int(r["max_restarts"]),
             max_recreates=int(r["max_recreates"]),
@@ -164,6 +168,9 @@ class Observation:
     node: NodeSnapshot | None  # None: the node does not exist. A job that limps: the slices it runs on
     # A job that limps (Memory.limp.out): each slice left out, as read (None: missing), in that order
     left_out: tuple[NodeSnapshot | None, ...] = ()
+    # A job with spares: each node of its pool no slot holds (Memory.limp.idle), as read (None:
+    # missing), in that order
+    spares: tuple[tuple[str, NodeSnapshot | None], ...] = ()
     events: tuple[AuditEvent, ...] = ()  # audit events newer than the journal's cursor
     probes: tuple[WorkerProbe, ...] | None = None  # None: the workers were not or could not be probed
     checkpoint: Checkpoint | None = None  # latest complete checkpoint

@@ -12,6 +12,7 @@ from tpuwatch.durations import human
 from tpuwatch.model import NodeSnapshot
 from tpuwatch.policy import effective_hang_limit
 from tpuwatch.policy.cadence import silent_limit
+from tpuwatch.policy.spares import unfit
 from tpuwatch.tick import TickReport
 from tpuwatch.workers import precheck
 
@@ -71,6 +72,13 @@ def tick_dict(report: TickReport) -> dict[str, Any]:
             "since": mem.limp.since.isoformat() if mem.limp.since else None,
             "back_since": mem.limp.back_since.isoformat() if mem.limp.back_since else None,
             "grow_after_step": mem.limp.back_step},
+        # a multislice job with spares (tpu.spares): the slots swapped for a spare (slot -> the node
+        # it runs on), and the pool's idle nodes, each with why it cannot stand in now ("" if it can)
+        "spares": None if pcfg is None or not pcfg.spares else {
+            "swapped": dict(mem.limp.swapped),
+            "idle": [{"name": name, "state": part.state if part is not None else "MISSING",
+                      "health": part.health if part is not None else "", "unfit": unfit(pcfg.job, node, part)}
+                     for name, part in report.spares]},
         "workers": None if report.probes is None else [
             {"worker": p.worker, "state": p.state, "attempt": p.attempt, "exit_code": p.exit_code,
              "log_bytes": p.log_bytes, "log_age": p.log_age, "log_match": p.log_match or None, "detail": p.detail,

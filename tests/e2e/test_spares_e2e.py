@@ -1,0 +1,182 @@
+"""End to end: a multislice job with a hot spare ([tpu] spares) swaps a lost slice for it at
+once, the spare keeping the lost slice's slice id, with no delete or create; the node swapped
+out, back, is the spare from then on; a spare a person deleted or relabelled is never used.
+
+Four slices np-0..np-3 and a spare sp-0 (one worker each) created one by one. The job's trainer
+holds at step 100 until the test lets it go, so each stage meets a running job however slow the
+machine. Outcomes come from the simulated world, the trainers' own environment, the checkpoints
+and the journal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from e2e_helpers import finish, trainer, trainer_env, write_config
+
+from tpuwatch.cloud.tpu.adapter import TpuAdapter
+from tpuwatch.errors import NotFoundError, UsageError
+from tpuwatch.journal import Journal
+from tpuwatch.policy import Memory
+from tpuwatch.sim.simulator import Simulator
+
+pytestmark = pytest.mark.slow
+
+SLICES = ("np-0", "np-1", "np-2", "np-3")
+POOL = (*SLICES, "sp-0")
+STEPS = 200
+
+
+def spared_job(sim: Simulator, tmp_path: Path, *, spot: str = "") -> tuple[Path, dict[str, str], Path]:
+    """The 4 slices and the spare READY with booted workers (`spot` made a Spot node, to be
+    preempted); the job's config over them; the directory whose file `100` lets the trainer past
+    step 100."""
+    for name in POOL:
+        sim.create_node(name, "v4-8", labels={"tpuwatch-job": "ms"}, spot=name == spot)
+    ck = sim.bucket / "ck"
+    go = tmp_path / "go"
+    go.mkdir()
+    command = "SLICES_SAID={num_slices} " + trainer(ck, f"--hold-at 100 --hold-until {go} --save-on-term 1",
+                                                    steps=STEPS)
+    cfg = write_config(tmp_path / "tpuwatch.toml", sim, command, ck, tpu={"names": list(SLICES), "spares": ["sp-0"]},
+                       name="ms")
+    env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
+    return cfg, env, go
+
+
+def on_attempt(sim: Simulator, attempt: int) -> dict[str, dict[str, str]]:
+    """node -> the environment of the job's trainer of `attempt` running on its worker."""
+    out: dict[str, dict[str, str]] = {}
+    for name in POOL:
+        try:
+            pids = sim.hosts.pids(sim.node_key(name), 0)
+        except UsageError:  # its host is not booted (yet, or any more)
+            continue
+        for pid in pids:
+            if (env := trainer_env(pid, "ms")) is not None and env["TPUWATCH_ATTEMPT"] == str(attempt):
+                out[name] = env
+    return out
+
+
+def watch(cfg: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(cfg)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def memory(tmp_path: Path) -> Memory | None:
+    try:
+        with Journal.open(tmp_path / "state", "ms", "ms", readonly=True) as journal:
+            return journal.load_memory()
+    except NotFoundError:  # no journal yet
+        return None
+
+
+def wait(pred: Callable[[], bool], proc: subprocess.Popen[str], what: str, timeout: float = 90) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"timed out waiting for {what}\n{proc.communicate()[0][-4000:]}")
+
+
+def steps(sim: Simulator) -> list[int]:
+    ck = sim.bucket / "ck"
+    return sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit()) if ck.exists() else []
+
+
+def attempts(cfg: Path, env: dict[str, str]) -> list[dict[str, object]]:
+    out = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "history", "-c", str(cfg), "--json"], env=env,
+                         text=True, capture_output=True, timeout=60).stdout
+    return list(json.loads(out)["attempts"])
+
+
+def test_a_preempted_slice_is_swapped_for_the_spare_in_its_place_with_no_delete_or_create(
+        sim: Simulator, tmp_path: Path) -> None:
+    cfg, env, go = spared_job(sim, tmp_path, spot="np-1")
+    proc = watch(cfg, env)
+    try:
+        wait(lambda: len(on_attempt(sim, 1)) == 4 and len(steps(sim)) >= 2, proc, "attempt 1 on the 4 slices")
+        assert sorted(on_attempt(sim, 1)) == list(SLICES)
+        sim.inject("preempt", node="np-1")
+        wait(lambda: len(on_attempt(sim, 2)) == 4, proc, "attempt 2 on the spare and the 3 left")
+        swapped = on_attempt(sim, 2)
+        assert sorted(swapped) == ["np-0", "np-2", "np-3", "sp-0"]
+        coordinator = TpuAdapter(sim.project, sim.zone).require_node("np-0").workers[0].internal_ip
+        for i, name in enumerate(("np-0", "sp-0", "np-2", "np-3")):  # the spare takes np-1's slice id
+            e = swapped[name]
+            assert (e["TPUWATCH_SLICE_ID"], e["TPUWATCH_NUM_SLICES"], e["SLICES_SAID"]) == (str(i), "4", "4"), e
+            assert (e["MEGASCALE_SLICE_ID"], e["MEGASCALE_NUM_SLICES"], e["MEGASCALE_COORDINATOR_ADDRESS"]) == (
+                str(i), "4", coordinator), e
+        resumed = {int(e["TPUWATCH_STEP"]) for e in swapped.values()}
+        mem = memory(tmp_path)
+        assert mem is not None and mem.limp.swapped == (("np-1", "sp-0"),) and mem.limp.out == ()
+        (go / "100").touch()
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    assert steps(sim)[-1] == STEPS
+    assert "slice 1 (np-1) on sp-0 instead of np-1 (PREEMPTED)" in out, out
+    done = attempts(cfg, env)
+    assert [(a["outcome"], a["charged"]) for a in done] == [("disruption", False), ("success", False)], done
+    # the relaunch resumed from what the stopped job saved on its SIGTERM
+    assert resumed == {done[1]["start_step"]} and done[1]["start_step"] > done[0]["end_step"], done  # type: ignore[operator]
+    assert sim.world.call_count("DeleteNode") == 0 and sim.world.call_count("CreateNode") == 0
+
+
+def test_the_slice_swapped_out_is_the_spare_once_back_and_stands_in_for_the_next_loss(
+        sim: Simulator, tmp_path: Path) -> None:
+    cfg, env, go = spared_job(sim, tmp_path)
+    proc = watch(cfg, env)
+    try:
+        wait(lambda: len(on_attempt(sim, 1)) == 4, proc, "attempt 1 on the 4 slices")
+        sim.inject("maintenance", node="np-2", stuck="REPAIRING")
+        wait(lambda: sorted(on_attempt(sim, 2)) == ["np-0", "np-1", "np-3", "sp-0"], proc, "attempt 2 on the spare")
+        sim.inject("heal", node="np-2")  # np-2 back: it is the job's spare now; nothing moves
+        sim.inject("maintenance", node="np-0", stuck="REPAIRING")
+        wait(lambda: sorted(on_attempt(sim, 3)) == ["np-1", "np-2", "np-3", "sp-0"], proc, "attempt 3 on np-2")
+        ids = {n: e["TPUWATCH_SLICE_ID"] for n, e in on_attempt(sim, 3).items()}
+        assert ids == {"np-2": "0", "np-1": "1", "sp-0": "2", "np-3": "3"}, ids
+        mem = memory(tmp_path)
+        assert mem is not None and dict(mem.limp.swapped) == {"np-0": "np-2", "np-2": "sp-0"}
+        (go / "100").touch()
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    assert [(a["outcome"], a["charged"]) for a in attempts(cfg, env)] == [
+        ("disruption", False), ("disruption", False), ("success", False)]
+    assert sim.world.call_count("DeleteNode") == 0 and sim.world.call_count("CreateNode") == 0
+
+
+def test_a_spare_a_person_deleted_or_relabelled_is_never_used_and_said(sim: Simulator, tmp_path: Path) -> None:
+    cfg, env, go = spared_job(sim, tmp_path)
+    (go / "100").touch()
+    TpuAdapter(sim.project, sim.zone).set_labels("sp-0", {"tpuwatch-job": "someone-else"})
+    sim.inject("maintenance", node="np-2", stuck="REPAIRING")
+    check = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "check", "-c", str(cfg), "--json"], env=env,
+                           text=True, capture_output=True, timeout=120)
+    report = json.loads(check.stdout)
+    assert report["spares"]["idle"] == [
+        {"name": "sp-0", "state": "READY", "health": "HEALTHY",
+         "unfit": "not owned by job ms (its ownership label says someone-else)"}], report["spares"]
+    assert report["row"] != "swap" and report["spares"]["swapped"] == {}, report
+    TpuAdapter(sim.project, sim.zone).delete_node("sp-0")
+    sim.world.wait_for(lambda w: not w.has_node("sp-0"), timeout=30)
+    again = json.loads(subprocess.run([sys.executable, "-m", "tpuwatch.cli", "check", "-c", str(cfg), "--json"],
+                                      env=env, text=True, capture_output=True, timeout=120).stdout)
+    assert again["spares"]["idle"][0]["unfit"] == "missing" and again["spares"]["swapped"] == {}, again
+    assert sim.world.call_count("CreateNode") == 0  # never made again by tpuwatch

@@ -1,0 +1,97 @@
+"""Hot spares: a multislice job's idle nodes of its shape ([tpu] spares), swapped in for a lost
+slice at once instead of waiting for it to heal or be made again.
+
+Row `swap`. The job's slots are tpu.names (a slot's place is its slice id); `Memory.limp.swapped`
+binds a slot to the spare that runs in its place, journaled with the decision, before anything
+is launched there. The tick then builds the job's node from the nodes its slots are bound to
+(`model.bound_view`) and reads its pool's other nodes apart (`Observation.spares`). A lost node,
+once swapped out, is one of those: when it is READY+HEALTHY again it is a spare, so the pool
+stays the size it was and nothing is ever swapped back for its own sake. A swap never deletes or
+creates a node.
+
+A node is a spare the job may use only while it is READY+HEALTHY, of the accelerator type the
+job's slices have, and carries the job's ownership label: a spare a person deleted, stopped or
+relabelled is never used, and said so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tpuwatch.model import NodeSnapshot
+from tpuwatch.policy.draft import Draft
+from tpuwatch.policy.ending import end_unusable
+from tpuwatch.policy.limp import BRIEF_STATES, stop_waited
+from tpuwatch.policy.nodes import Cond, node_condition
+from tpuwatch.policy.state import Evidence, Memory, Phase, merge_evidence
+from tpuwatch.policy.values import Decision
+
+
+def unfit(job: str, node: NodeSnapshot | None, part: NodeSnapshot | None) -> str:
+    """Why `part`, a node of job `job`'s pool, cannot stand in for a slice of `node` (the job's
+    node as it runs) now; "" when it can."""
+    if part is None:
+        return "missing"
+    if not part.owned_by(job):
+        return f"not owned by job {job} (its ownership label says {part.owner or 'nothing'})"
+    shapes = {p.accelerator_type for p in (node.slices if node is not None else ()) if p.accelerator_type}
+    if shapes and part.accelerator_type not in shapes:
+        return f"a {part.accelerator_type}, not the job's {', '.join(sorted(shapes))}"
+    if not part.usable:
+        return part.state + (f"/{part.health}" if part.health and part.state == "READY" else "")
+    return ""
+
+
+def free(draft: Draft) -> list[str]:
+    """The job's spares it may swap in now, in pool order (tpu.names, then tpu.spares)."""
+    return [name for name, part in draft.obs.spares if not unfit(draft.cfg.job, draft.obs.node, part)]
+
+
+def swap(draft: Draft, mem: Memory) -> Decision | None:
+    """Slices the job runs on are lost, or left out while it limps, and a spare is free: bind
+    each such slot to a spare (as many as there are) and, for a lost one, end the attempt (a
+    disruption, not charged); the launch that follows runs on the spares in the lost slices'
+    places. A slice a person stopped is left alone (the job pauses), a slice that restarts is
+    waited for (BRIEF_STATES), as a limp does. None: nothing to swap."""
+    cfg, node, now = draft.cfg, draft.obs.node, draft.now
+    spares = free(draft)
+    if not spares:
+        return None
+    out = [slot for slot, part in zip(mem.limp.out, draft.obs.left_out, strict=True)
+           if part is None or not part.usable]
+    lost: list[tuple[str, NodeSnapshot]] = []
+    if node is not None and node.slices and node_condition(node) not in (Cond.USABLE, Cond.PERSON):
+        lost = [(slot, part) for slot, part in zip(mem.limp.slots(cfg.slices), node.slices, strict=True)
+                if not part.usable]
+        if any(part.state in BRIEF_STATES for _, part in lost):
+            lost = []
+    slots = [slot for slot, _ in lost] + out
+    if not slots:
+        return None
+    pairs = list(zip(slots, spares, strict=False))  # as many as there are spares
+    taken = {slot for slot, _ in pairs}
+    was = {**{slot: f"{mem.limp.node_of(slot)} (left out)" for slot in out},
+           **{slot: f"{mem.limp.node_of(slot)} ({part.state})" for slot, part in lost}}
+    gone = [(slot, part) for slot, part in lost if slot in taken]
+    if gone and mem.phase is Phase.RUNNING:
+        sign = [Evidence(now, f"slice {mem.limp.node_of(slot)} lost ({part.state})") for slot, part in gone]
+        mem = replace(mem, attempt=replace(mem.attempt, evidence=merge_evidence(mem.attempt.evidence, sign)))
+        mem, final = end_unusable(draft, mem)
+        if final is not None:
+            return final
+    bound = dict(mem.limp.swapped)
+    for slot, spare in pairs:
+        bound[slot] = spare
+    swapped = tuple((slot, bound[slot]) for slot in cfg.slices if slot in bound and bound[slot] != slot)
+    mem = replace(mem, limp=replace(mem.limp, swapped=swapped))
+    said = "; ".join(
+        f"slice {cfg.slices.index(slot)} ({slot}) on {spare} instead of {was[slot]}"
+        for slot, spare in pairs)
+    if gone:
+        then = "the job relaunches there from its newest complete checkpoint"
+    else:
+        then = "the job grows back onto it at its next complete checkpoint"
+    rest = [slot for slot in slots if slot not in taken]
+    more = f"; no spare left for {', '.join(rest)}" if rest else ""
+    return stop_waited(draft.out(mem, "swap", f"swapped for a spare: {said}{more}; {then}; the slice it "
+                                                      "replaces is a spare once READY+HEALTHY again"))
