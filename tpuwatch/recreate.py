@@ -196,6 +196,14 @@ def start_create(life: NodeLifecycle, cfg: Config, zone: str, *, resumed: bool =
         raise CreateRejected(failure, zone) from None
 
 
+def start_spare_create(tpu: TpuApi, cfg: Config, name: str, zone: str) -> str:
+    """Start creating spare `name` of a multislice job from [tpu.spec] in `zone`, a node made
+    alone (never through the job's queued resource: a spare is not one of its slices); the
+    operation's name. The body carries the job's ownership label, as the job's own create does."""
+    node, _ = api_for(cfg).create_body(cfg, zone, launch_parts(cfg))
+    return tpu.create_node(name, node, zone)
+
+
 def compute_request(cfg: Config, launch: Mapping[str, str] | None = None, zone: str = "") -> dict[str, Any]:
     """The create body of the job's slice (a Compute Engine instance's or MIG's insert body, from
     [tpu.compute_spec]); UsageError (exit 2) when the cloud would refuse it, before any delete."""

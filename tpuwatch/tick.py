@@ -52,6 +52,7 @@ from tpuwatch.policy import (
     Memory,
     Observation,
     PolicyConfig,
+    RemakeSpare,
     ReportHost,
     StartMaintenance,
     StartNode,
@@ -361,6 +362,8 @@ class Reconciler:
                     return replace(obs, maintenance_refused=f"{exc.code}: {exc.message}")
             elif isinstance(action, StartNode) and node is not None:
                 st.done.append(self._start_node(action, decision.memory, node, st.now))
+            elif isinstance(action, RemakeSpare):
+                st.done.append(self._remake_spare(action, st.read.get(action.name), decision.memory, st.now))
             elif isinstance(action, ReportHost) and node is not None:
                 try:
                     st.done.append(self._report_host(action, decision.memory, node, st.now))
@@ -405,6 +408,27 @@ class Reconciler:
             self.journal.add_event(now, "node_started", f"started {what} again: {action.reason}",
                                    {"operation": name, "node": node.name, "node_id": node.id})
         return f"started {what} again ({name}): {action.reason}"
+
+    def _remake_spare(self, action: RemakeSpare, spare: NodeSnapshot | None, mem: Memory, now: datetime) -> str:
+        """Delete a dead idle spare, or create one tpuwatch deleted (journaled with the decision
+        before this call). A refused call is said; the policy tries again later."""
+        zone = mem.zone or self.pcfg.zones[0]
+        tpu = self.ports.tpu_for(zone)
+        try:
+            if action.create:
+                name = recreate.start_spare_create(tpu, self.cfg, action.name, zone)
+            else:
+                if spare is None or not spare.owned_by(self.pcfg.job):  # the policy checked; kept next to the act
+                    raise recreate.ownership_error(spare, self.pcfg.job) if spare is not None else NotFoundError(
+                        f"spare {action.name} is gone")
+                name = tpu.delete_node(action.name)
+        except (CloudError, NotFoundError) as exc:
+            return f"{'creating' if action.create else 'deleting'} spare {action.name} was refused: {exc.message}"
+        verb = "creating" if action.create else "deleting"
+        with self.journal.transaction():
+            self.journal.add_event(now, "spare_remade", f"{verb} spare {action.name}: {action.reason}",
+                                   {"operation": name, "node": action.name, "create": action.create})
+        return f"{verb} spare {action.name} ({name}): {action.reason}"
 
     def _report_host(self, action: ReportHost, mem: Memory, node: NodeSnapshot, now: datetime) -> str:
         if not self.flags.adopt and not node.owned_by(self.pcfg.job):

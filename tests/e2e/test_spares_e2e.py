@@ -34,10 +34,11 @@ POOL = (*SLICES, "sp-0")
 STEPS = 200
 
 
-def spared_job(sim: Simulator, tmp_path: Path, *, spot: str = "") -> tuple[Path, dict[str, str], Path]:
+def spared_job(sim: Simulator, tmp_path: Path, *, spot: str = "",
+               spec: dict[str, object] | None = None) -> tuple[Path, dict[str, str], Path]:
     """The 4 slices and the spare READY with booted workers (`spot` made a Spot node, to be
-    preempted); the job's config over them; the directory whose file `100` lets the trainer past
-    step 100."""
+    preempted); the job's config over them (with `spec` as its [tpu.spec]); the directory whose
+    file `100` lets the trainer past step 100."""
     for name in POOL:
         sim.create_node(name, "v4-8", labels={"tpuwatch-job": "ms"}, spot=name == spot)
     ck = sim.bucket / "ck"
@@ -46,7 +47,7 @@ def spared_job(sim: Simulator, tmp_path: Path, *, spot: str = "") -> tuple[Path,
     command = "SLICES_SAID={num_slices} " + trainer(ck, f"--hold-at 100 --hold-until {go} --save-on-term 1",
                                                     steps=STEPS)
     cfg = write_config(tmp_path / "tpuwatch.toml", sim, command, ck, tpu={"names": list(SLICES), "spares": ["sp-0"]},
-                       name="ms")
+                       name="ms", spec=spec)
     env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
     return cfg, env, go
 
@@ -162,21 +163,63 @@ def test_the_slice_swapped_out_is_the_spare_once_back_and_stands_in_for_the_next
     assert sim.world.call_count("DeleteNode") == 0 and sim.world.call_count("CreateNode") == 0
 
 
-def test_a_spare_a_person_deleted_or_relabelled_is_never_used_and_said(sim: Simulator, tmp_path: Path) -> None:
-    cfg, env, go = spared_job(sim, tmp_path)
+def test_a_preempted_slice_swapped_out_is_deleted_and_created_again_as_the_spare_while_the_job_runs(
+        sim: Simulator, tmp_path: Path) -> None:
+    cfg, env, go = spared_job(sim, tmp_path, spot="np-1",
+                              spec={"accelerator_type": "v4-8", "runtime_version": "tpu-ubuntu2204-base"})
+    proc = watch(cfg, env)
+    try:
+        wait(lambda: len(on_attempt(sim, 1)) == 4, proc, "attempt 1 on the 4 slices")
+        old = sim.world.node("np-1").id
+        sim.inject("preempt", node="np-1")
+        wait(lambda: sorted(on_attempt(sim, 2)) == ["np-0", "np-2", "np-3", "sp-0"], proc, "attempt 2 on the spare")
+        # np-1 is made again in the background, as the job's spare; the job is not stopped for it
+        wait(lambda: sim.world.has_node("np-1") and sim.world.node("np-1").id != old
+             and sim.world.node("np-1").state == "READY", proc, "np-1 made again", timeout=120)
+        assert sim.world.node("np-1").spec.labels.get("tpuwatch-job") == "ms"
+        assert len(on_attempt(sim, 2)) == 4 and not on_attempt(sim, 3)
+        # the next loss is swapped for it
+        sim.inject("maintenance", node="np-3", stuck="REPAIRING")
+        wait(lambda: sorted(on_attempt(sim, 3)) == ["np-0", "np-1", "np-2", "sp-0"], proc, "attempt 3 on the new np-1")
+        assert on_attempt(sim, 3)["np-1"]["TPUWATCH_SLICE_ID"] == "3"
+        (go / "100").touch()
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    assert "deleting spare np-1" in out and "creating spare np-1" in out, out
+    assert [(a["outcome"], a["charged"]) for a in attempts(cfg, env)] == [
+        ("disruption", False), ("disruption", False), ("success", False)]
+    # one delete and one create, both of the spare: none on the job's path
+    assert sim.world.call_count("DeleteNode") == 1 and sim.world.call_count("CreateNode") == 1
+
+
+def test_a_spare_a_person_deleted_or_relabelled_is_never_used_nor_remade_and_said(
+        sim: Simulator, tmp_path: Path) -> None:
+    cfg, env, go = spared_job(sim, tmp_path, spot="sp-0",
+                              spec={"accelerator_type": "v4-8", "runtime_version": "tpu-ubuntu2204-base"})
     (go / "100").touch()
-    TpuAdapter(sim.project, sim.zone).set_labels("sp-0", {"tpuwatch-job": "someone-else"})
+    tpu = TpuAdapter(sim.project, sim.zone)
+    tpu.set_labels("sp-0", {"tpuwatch-job": "someone-else"})
     sim.inject("maintenance", node="np-2", stuck="REPAIRING")
-    check = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "check", "-c", str(cfg), "--json"], env=env,
-                           text=True, capture_output=True, timeout=120)
-    report = json.loads(check.stdout)
-    assert report["spares"]["idle"] == [
+
+    def check() -> dict[str, object]:
+        run = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "check", "-c", str(cfg), "--json"], env=env,
+                             text=True, capture_output=True, timeout=120)
+        return dict(json.loads(run.stdout))
+
+    report = check()
+    assert report["spares"] == {"swapped": {}, "idle": [
         {"name": "sp-0", "state": "READY", "health": "HEALTHY",
-         "unfit": "not owned by job ms (its ownership label says someone-else)"}], report["spares"]
-    assert report["row"] != "swap" and report["spares"]["swapped"] == {}, report
-    TpuAdapter(sim.project, sim.zone).delete_node("sp-0")
+         "unfit": "not owned by job ms (its ownership label says someone-else)"}]}, report["spares"]
+    assert report["row"] != "swap", report
+    sim.inject("preempt", node="sp-0")  # another job's node, dead: never deleted to be made again
+    assert check()["row"] not in ("swap", "spare_remake")
+    tpu.delete_node("sp-0")  # a person deletes it: never created again
     sim.world.wait_for(lambda w: not w.has_node("sp-0"), timeout=30)
-    again = json.loads(subprocess.run([sys.executable, "-m", "tpuwatch.cli", "check", "-c", str(cfg), "--json"],
-                                      env=env, text=True, capture_output=True, timeout=120).stdout)
-    assert again["spares"]["idle"][0]["unfit"] == "missing" and again["spares"]["swapped"] == {}, again
-    assert sim.world.call_count("CreateNode") == 0  # never made again by tpuwatch
+    for _ in range(2):
+        again = check()
+        assert again["spares"] == {"swapped": {}, "idle": [{"name": "sp-0", "state": "MISSING", "health": "",
+                                                            "unfit": "missing"}]}, again
+    assert sim.world.call_count("CreateNode") == 0 and sim.world.call_count("DeleteNode") == 1  # the person's

@@ -11,7 +11,7 @@ from policy_support import LIMP_SLICES as SLICES
 from policy_support import LIMPS, ckpt, kinds, limp_look, limp_part, run_mem, tick
 
 from tpuwatch.model import WorkerProbe
-from tpuwatch.policy import Limp, Memory, Phase, StopWorkers
+from tpuwatch.policy import Limp, Memory, Phase, RemakeSpare, StopWorkers
 
 SPARES = replace(LIMPS, min_slices=0, spares=("x0",))
 
@@ -121,3 +121,51 @@ def test_a_swap_survives_the_journal() -> None:
     mem = run_mem(step=100, limp=Limp(swapped=(("s2", "x0"),)))
     assert Memory.from_dict(mem.to_dict()) == mem
     assert SLICES == ("s0", "s1", "s2", "s3")
+
+
+REMADE = replace(SPARES, spares_remade=True)
+
+
+def running_all() -> tuple[WorkerProbe, ...]:
+    return tuple(WorkerProbe(w, "running", attempt=1, pid=w) for w in range(8))
+
+
+def test_a_dead_idle_spare_is_deleted_then_created_again_with_the_creates_spaced_then_forgotten_once_back() -> None:
+    mem = run_mem(step=100, limp=Limp(swapped=(("s2", "x0"),)))
+    seen = limp_look({"s2": "PREEMPTED"}, mem, spares=("x0",), probes=running_all())
+    d = tick(seen, mem, 600, cfg=REMADE)
+    assert d.row == "spare_remake" and d.memory.limp.remaking == ("s2",) and d.memory.phase is Phase.RUNNING
+    [act] = [a for a in d.actions if isinstance(a, RemakeSpare)]
+    assert (act.name, act.create) == ("s2", False)
+    # on its way out: nothing more to do
+    going = tick(limp_look({"s2": "DELETING"}, d.memory, spares=("x0",), probes=running_all()), d.memory, 630,
+                 cfg=REMADE)
+    assert going.row == "running" and going.memory.limp.remaking == ("s2",)
+    gone = limp_look({}, going.memory, spares=("x0",), parts={"s2": None}, probes=running_all())
+    create = tick(gone, going.memory, 660, cfg=REMADE)
+    assert create.row == "spare_remake" and [(a.name, a.create) for a in create.actions
+                                             if isinstance(a, RemakeSpare)] == [("s2", True)]
+    # the create came to nothing (a stockout): tried again no sooner than a minute, then two
+    assert tick(gone, create.memory, 700, cfg=REMADE).row == "running"
+    second = tick(gone, create.memory, 721, cfg=REMADE)
+    assert second.row == "spare_remake" and second.memory.limp.remake_tries == 2
+    assert tick(gone, second.memory, 721 + 110, cfg=REMADE).row == "running"
+    assert tick(gone, second.memory, 721 + 121, cfg=REMADE).row == "spare_remake"
+    back = tick(limp_look({"s2": "CREATING"}, second.memory, spares=("x0",), probes=running_all()), second.memory,
+                900, cfg=REMADE)
+    assert back.memory.limp.remaking == () and back.memory.limp.remake_tries == 0
+
+
+def test_a_spare_is_never_deleted_when_not_the_jobs_one_slice_of_a_request_or_with_no_spec_to_make_it() -> None:
+    mem = run_mem(step=100)
+    for part, cfg in ((replace(limp_part("x0", "PREEMPTED"), labels={"tpuwatch-job": "other"}), REMADE),
+                      (replace(limp_part("x0", "PREEMPTED"), multislice_request="projects/p/locations/z/qr/q"), REMADE),
+                      (limp_part("x0", "PREEMPTED"), SPARES)):
+        d = tick(limp_look({}, mem, spares=("x0",), parts={"x0": part}, probes=running_all()), mem, 600, cfg=cfg)
+        assert d.row == "running" and not [a for a in d.actions if isinstance(a, RemakeSpare)], part
+
+
+def test_a_spare_tpuwatch_did_not_delete_is_never_created() -> None:
+    mem = run_mem(step=100)
+    d = tick(limp_look({}, mem, spares=("x0",), parts={"x0": None}, probes=running_all()), mem, 600, cfg=REMADE)
+    assert d.row == "running" and not [a for a in d.actions if isinstance(a, RemakeSpare)]

@@ -485,6 +485,14 @@ def test_row_swap() -> None:
     assert [(e.outcome, e.charged) for e in d.ended] == [("disruption", False)]
 
 
+def test_row_spare_remake() -> None:
+    """More cases (the create spaced out, never a spare not the job's): tests/policy/test_policy_spares.py."""
+    mem = run_mem(step=100, limp=Limp(swapped=(("s2", "x0"),)))
+    d = tick(limp_look({"s2": "PREEMPTED"}, mem, spares=("x0",), probes=running(1, workers=8)), mem, now=600,
+             cfg=replace(LIMPS, min_slices=0, spares=("x0",), spares_remade=True))
+    assert d.row == "spare_remake" and kinds(d) == ["remake_spare"] and d.memory.limp.remaking == ("s2",)
+
+
 def test_row_grow_wait() -> None:
     mem = run_mem(step=200, limp=Limp(out=("s2",)))
     d = tick(limp_look({}, mem, probes=running(1, workers=6), checkpoint=ckpt(300)), mem, now=900, cfg=LIMPS)

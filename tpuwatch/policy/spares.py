@@ -17,14 +17,16 @@ relabelled is never used, and said so.
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import timedelta
 
+from tpuwatch.durations import human
 from tpuwatch.model import NodeSnapshot
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.ending import end_unusable
 from tpuwatch.policy.limp import BRIEF_STATES, stop_waited
 from tpuwatch.policy.nodes import Cond, node_condition
 from tpuwatch.policy.state import Evidence, Memory, Phase, merge_evidence
-from tpuwatch.policy.values import Decision
+from tpuwatch.policy.values import Decision, RemakeSpare, Wait
 
 
 def unfit(job: str, node: NodeSnapshot | None, part: NodeSnapshot | None) -> str:
@@ -95,3 +97,59 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
     more = f"; no spare left for {', '.join(rest)}" if rest else ""
     return stop_waited(draft.out(mem, "swap", f"swapped for a spare: {said}{more}; {then}; the slice it "
                                                       "replaces is a spare once READY+HEALTHY again"))
+
+
+# A create of a spare that failed (a stockout, quota) is tried again after this, doubling, at most
+# REMAKE_MAX: a spare is worth having, not worth hammering the API for.
+REMAKE_BASE = 60.0
+REMAKE_MAX = 1800.0
+
+
+def remake(draft: Draft, decision: Decision) -> Decision:
+    """A decision that does nothing (the job runs on, or waits) with an idle spare to make again:
+    the same decision under row `spare_remake`, with the delete or create of that spare.
+    - A spare that will not come back by itself (PREEMPTED, TERMINATED), owned by the job, made
+      alone (not one slice of a multislice queued resource), when [tpu.spec] can make it again:
+      journaled as one tpuwatch makes again (`Limp.remaking`), then deleted.
+    - One of those gone: created again from [tpu.spec], no sooner than `remake_at` (a failed
+      create is tried again later, the wait doubling).
+    - Back (it exists again): no longer remade. A spare tpuwatch did not delete is never created."""
+    cfg, now = draft.cfg, draft.now
+    if any(not isinstance(a, Wait) for a in decision.actions) or decision.ended or not draft.obs.spares:
+        return decision
+    mem = decision.memory
+    limp = mem.limp
+    seen = dict(draft.obs.spares)
+    # still on its way out (or gone, to create): kept; made again (or no longer idle): done with it
+    made = tuple(n for n in limp.remaking if n in seen and ((part := seen[n]) is None or _going(part)))
+    if made != limp.remaking:
+        limp = replace(limp, remaking=made, remake_tries=limp.remake_tries if made else 0,
+                       remake_at=limp.remake_at if made else None)
+    gone = [n for n in made if seen[n] is None]
+    dead = [(name, part) for name, part in draft.obs.spares
+            if part is not None and node_condition(part) is Cond.DEAD and part.owned_by(cfg.job)
+            and not part.multislice_request and name not in limp.remaking]
+    action: RemakeSpare | None = None
+    if gone and (limp.remake_at is None or now >= limp.remake_at):
+        wait = min(REMAKE_BASE * 2 ** limp.remake_tries, REMAKE_MAX)
+        limp = replace(limp, remake_tries=limp.remake_tries + 1, remake_at=now + timedelta(seconds=wait))
+        action = RemakeSpare(gone[0], True, f"spare {gone[0]} was deleted by tpuwatch to be made again: creating it "
+                                            f"from [tpu.spec] (try {limp.remake_tries}; the next no sooner than "
+                                            f"{human(wait)} from now)")
+    elif cfg.spares_remade and dead:
+        name, part = dead[0]
+        limp = replace(limp, remaking=(*limp.remaking, name))
+        action = RemakeSpare(name, False, f"spare {name} is {part.state} and will not come back by itself: deleting "
+                                          "it to create it again from [tpu.spec]")
+    if limp == mem.limp:
+        return decision
+    mem = replace(mem, limp=limp)
+    if action is None:
+        return replace(decision, memory=mem)
+    return replace(decision, memory=mem, row="spare_remake", actions=(*decision.actions, action),
+                   summary=f"{decision.summary}; {action.reason}")
+
+
+def _going(part: NodeSnapshot) -> bool:
+    """A spare tpuwatch deletes, not yet gone."""
+    return part.state == "DELETING" or node_condition(part) is Cond.DEAD

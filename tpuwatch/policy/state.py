@@ -276,6 +276,11 @@ class Limp:
     # around again until it is made (the job's node usable)
     recreate: tuple[str, ...] = ()
     swapped: tuple[tuple[str, str], ...] = ()
+    # idle spares tpuwatch deleted to make again (policy/spares.py `remake`): only these are ever
+    # created, and the create is tried again no sooner than `remake_at` (`remake_tries` so far)
+    remaking: tuple[str, ...] = ()
+    remake_tries: int = 0
+    remake_at: datetime | None = None
 
     def node_of(self, slot: str) -> str:
         """The node slot `slot` runs on: its spare when swapped, else the slot's own node."""

@@ -112,6 +112,8 @@ class PolicyConfig:
     # [tpu] spares: a multislice job's idle nodes of its shape, swapped in for a lost slice
     # (policy/spares.py)
     spares: tuple[str, ...] = ()
+    # [tpu.spec] is there to make a spare again from: a dead idle one is deleted and created again
+    spares_remade: bool = False
 
     def __post_init__(self) -> None:
         if not self.zones:
@@ -137,6 +139,7 @@ class PolicyConfig:
             checkpoints_on_vm=bool(cfg.job["checkpoint_dir"]) and not str(cfg.job["checkpoint_dir"]).startswith("gs://"),
             min_slices=int(cfg.job["min_slices"]),
             spares=tuple(cfg.tpu["spares"]),
+            spares_remade=bool(cfg.tpu["spares"]) and bool(cfg.tpu["spec"]),
             repair_timeout=float(r["repair_timeout"]),
             max_restarts=int(r["max_restarts"]),
             max_recreates=int(r["max_recreates"]),
@@ -351,8 +354,20 @@ class StartNode:
     kind: ClassVar[str] = "start_node"
 
 
+@dataclass(frozen=True)
+class RemakeSpare:
+    """Delete one of the job's idle spares that will not come back by itself (owned, checked),
+    or create it again from [tpu.spec] once gone (`create`): policy/spares.py. Journaled before
+    the call; a refused call is only said, and tried again later."""
+
+    name: str
+    create: bool
+    reason: str
+    kind: ClassVar[str] = "remake_spare"
+
+
 Action = (Launch | StopWorkers | Wait | DeleteNode | CreateNode | ClearQueued | FollowOperation | MarkDone | Fail
-          | NeedsPerson | StartMaintenance | ReportHost | StartNode)
+          | NeedsPerson | StartMaintenance | ReportHost | StartNode | RemakeSpare)
 
 
 @dataclass(frozen=True)
