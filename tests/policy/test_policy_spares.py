@@ -145,12 +145,13 @@ def test_a_dead_idle_spare_is_deleted_then_created_again_with_the_creates_spaced
     create = tick(gone, going.memory, 660, cfg=REMADE)
     assert create.row == "spare_remake" and [(a.name, a.create) for a in create.actions
                                              if isinstance(a, RemakeSpare)] == [("s2", True)]
-    # the create came to nothing (a stockout): tried again no sooner than a minute, then two
-    assert tick(gone, create.memory, 700, cfg=REMADE).row == "running"
-    second = tick(gone, create.memory, 721, cfg=REMADE)
+    # the create came to nothing (a stockout): tried again as a queued create is (backoff_base
+    # 10 s, doubling; jitter 0.5 keeps 3/4 of it)
+    assert tick(gone, create.memory, 667, cfg=REMADE).row == "running"
+    second = tick(gone, create.memory, 668, cfg=REMADE)
     assert second.row == "spare_remake" and second.memory.limp.remake_tries == 2
-    assert tick(gone, second.memory, 721 + 110, cfg=REMADE).row == "running"
-    assert tick(gone, second.memory, 721 + 121, cfg=REMADE).row == "spare_remake"
+    assert tick(gone, second.memory, 682, cfg=REMADE).row == "running"
+    assert tick(gone, second.memory, 684, cfg=REMADE).row == "spare_remake"
     back = tick(limp_look({"s2": "CREATING"}, second.memory, spares=("x0",), probes=running_all()), second.memory,
                 900, cfg=REMADE)
     assert back.memory.limp.remaking == () and back.memory.limp.remake_tries == 0

@@ -21,6 +21,7 @@ from datetime import timedelta
 
 from tpuwatch.durations import human
 from tpuwatch.model import NodeSnapshot
+from tpuwatch.policy.backoff import backoff_delay
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.ending import end_unusable
 from tpuwatch.policy.limp import BRIEF_STATES, stop_waited
@@ -99,20 +100,15 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
                                                       "replaces is a spare once READY+HEALTHY again"))
 
 
-# A create of a spare that failed (a stockout, quota) is tried again after this, doubling, at most
-# REMAKE_MAX: a spare is worth having, not worth hammering the API for.
-REMAKE_BASE = 60.0
-REMAKE_MAX = 1800.0
-
-
 def remake(draft: Draft, decision: Decision) -> Decision:
     """A decision that does nothing (the job runs on, or waits) with an idle spare to make again:
     the same decision under row `spare_remake`, with the delete or create of that spare.
     - A spare that will not come back by itself (PREEMPTED, TERMINATED), owned by the job, made
       alone (not one slice of a multislice queued resource), when [tpu.spec] can make it again:
       journaled as one tpuwatch makes again (`Limp.remaking`), then deleted.
-    - One of those gone: created again from [tpu.spec], no sooner than `remake_at` (a failed
-      create is tried again later, the wait doubling).
+    - One of those gone: created again from [tpu.spec], no sooner than `remake_at`: a create that
+      came to nothing (a stockout, quota) is tried again as a queued create is, after
+      recovery.backoff_base, doubling up to recovery.backoff_max.
     - Back (it exists again): no longer remade. A spare tpuwatch did not delete is never created."""
     cfg, now = draft.cfg, draft.now
     if any(not isinstance(a, Wait) for a in decision.actions) or decision.ended or not draft.obs.spares:
@@ -131,7 +127,7 @@ def remake(draft: Draft, decision: Decision) -> Decision:
             and not part.multislice_request and name not in limp.remaking]
     action: RemakeSpare | None = None
     if gone and (limp.remake_at is None or now >= limp.remake_at):
-        wait = min(REMAKE_BASE * 2 ** limp.remake_tries, REMAKE_MAX)
+        wait = backoff_delay(limp.remake_tries + 1, cfg.backoff_base, cfg.backoff_max, draft.obs.jitter)
         limp = replace(limp, remake_tries=limp.remake_tries + 1, remake_at=now + timedelta(seconds=wait))
         action = RemakeSpare(gone[0], True, f"spare {gone[0]} was deleted by tpuwatch to be made again: creating it "
                                             f"from [tpu.spec] (try {limp.remake_tries}; the next no sooner than "

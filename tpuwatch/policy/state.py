@@ -277,7 +277,7 @@ class Limp:
     recreate: tuple[str, ...] = ()
     swapped: tuple[tuple[str, str], ...] = ()
     # idle spares tpuwatch deleted to make again (policy/spares.py `remake`): only these are ever
-    # created, and the create is tried again no sooner than `remake_at` (`remake_tries` so far)
+    # created; the next create no sooner than `remake_at` (`remake_tries` so far)
     remaking: tuple[str, ...] = ()
     remake_tries: int = 0
     remake_at: datetime | None = None
