@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from policy_support import LIMP_SLICES as SLICES
-from policy_support import LIMPS, ckpt, kinds, limp_look, limp_part, run_mem, tick
+from policy_support import LIMPS, ckpt, kinds, limp_look, limp_part, pre, run_mem, tick
 
 from tpuwatch.model import WorkerProbe
 from tpuwatch.policy import Limp, Memory, Phase, RemakeSpare, StopWorkers
@@ -170,3 +170,19 @@ def test_a_spare_tpuwatch_did_not_delete_is_never_created() -> None:
     mem = run_mem(step=100)
     d = tick(limp_look({}, mem, spares=("x0",), parts={"x0": None}, probes=running_all()), mem, 600, cfg=REMADE)
     assert d.row == "running" and not [a for a in d.actions if isinstance(a, RemakeSpare)]
+
+
+def test_a_spare_whose_launch_checks_fail_is_not_used_again_and_another_is_swapped_in() -> None:
+    cfg = replace(SPARES, spares=("x0", "x1"))
+    mem = replace(run_mem(step=100), phase=Phase.IDLE, limp=Limp(swapped=(("s2", "x0"),)))
+    looked = limp_look({"s2": "PREEMPTED"}, mem, spares=("x0", "x1"), probes=absent(),
+                       precheck=pre(("devices", 4, False), workers=8, node_id="id-s0+id-s1+id-x0+id-s3"))
+    d = tick(looked, mem, 600, cfg=cfg)  # worker 4 is slice 2's first: x0's
+    assert d.row == "spare_bad" and d.memory.limp.swapped == () and d.memory.limp.bad == ("x0@id-x0",)
+    assert not kinds(d) and not d.ended and "spare x0 (slice 2, s2)" in d.summary
+    again = tick(limp_look({"s2": "PREEMPTED"}, d.memory, spares=("x0", "x1"), probes=absent()), d.memory, 601,
+                 cfg=cfg)
+    assert again.row == "swap" and again.memory.limp.swapped == (("s2", "x1"),)
+    # the failing check of a slice of the job's own is waited for as before, not blamed on a spare
+    own = tick(replace(looked, precheck=pre(("devices", 0, False), workers=8)), mem, 600, cfg=cfg)
+    assert own.row == "precheck_wait"

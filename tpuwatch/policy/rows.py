@@ -96,6 +96,9 @@ ROWS: tuple[Row, ...] = (
         "is gone", "journal it as one tpuwatch makes again, delete it; once gone, create it again from [tpu.spec] "
         "(one that came to nothing tried again as a queued create is: recovery.backoff_base, doubling to "
         "recovery.backoff_max). A spare tpuwatch did not delete is never created"),
+    Row("spare_bad", "before a launch, the launch-time checks fail on workers of a spare swapped in (after the "
+        "cleanup of what tpuwatch can fix)", "not charged, nothing launched: the spare is not used again until it is "
+        "made again (its node id), its slot goes back to its own node; another spare, a limp or a wait follows"),
     Row("limp", "a multislice job with job.min_slices: slices it runs on are not READY+HEALTHY (a repair, "
         "maintenance, a preemption, Google's autorepair, a slice missing; not a person's stop, nor a slice "
         "RESTARTING, back within minutes) and at least min_slices others are",

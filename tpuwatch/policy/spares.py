@@ -20,7 +20,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 from tpuwatch.durations import human
-from tpuwatch.model import NodeSnapshot
+from tpuwatch.model import CheckItem, NodeSnapshot
 from tpuwatch.policy.backoff import backoff_delay
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.ending import end_unusable
@@ -30,11 +30,13 @@ from tpuwatch.policy.state import Evidence, Memory, Phase, merge_evidence
 from tpuwatch.policy.values import Decision, RemakeSpare, Wait
 
 
-def unfit(job: str, node: NodeSnapshot | None, part: NodeSnapshot | None) -> str:
+def unfit(job: str, node: NodeSnapshot | None, part: NodeSnapshot | None, bad: tuple[str, ...] = ()) -> str:
     """Why `part`, a node of job `job`'s pool, cannot stand in for a slice of `node` (the job's
-    node as it runs) now; "" when it can."""
+    node as it runs) now; "" when it can. `bad`: Limp.bad."""
     if part is None:
         return "missing"
+    if f"{part.name}@{part.id}" in bad:
+        return "failed its launch-time checks (not used again until it is made again)"
     if not part.owned_by(job):
         return f"not owned by job {job} (its ownership label says {part.owner or 'nothing'})"
     shapes = {p.accelerator_type for p in (node.slices if node is not None else ()) if p.accelerator_type}
@@ -45,9 +47,9 @@ def unfit(job: str, node: NodeSnapshot | None, part: NodeSnapshot | None) -> str
     return ""
 
 
-def free(draft: Draft) -> list[str]:
+def free(draft: Draft, mem: Memory) -> list[str]:
     """The job's spares it may swap in now, in pool order (tpu.names, then tpu.spares)."""
-    return [name for name, part in draft.obs.spares if not unfit(draft.cfg.job, draft.obs.node, part)]
+    return [name for name, part in draft.obs.spares if not unfit(draft.cfg.job, draft.obs.node, part, mem.limp.bad)]
 
 
 def swap(draft: Draft, mem: Memory) -> Decision | None:
@@ -57,7 +59,7 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
     places. A slice a person stopped is left alone (the job pauses), a slice that restarts is
     waited for (BRIEF_STATES), as a limp does. None: nothing to swap."""
     cfg, node, now = draft.cfg, draft.obs.node, draft.now
-    spares = free(draft)
+    spares = free(draft, mem)
     if not spares:
         return None
     out = [slot for slot, part in zip(mem.limp.out, draft.obs.left_out, strict=True)
@@ -116,6 +118,10 @@ def remake(draft: Draft, decision: Decision) -> Decision:
     mem = decision.memory
     limp = mem.limp
     seen = dict(draft.obs.spares)
+    # a bad spare is forgotten once it is seen idle as another node (made again), or gone
+    other = {name for name, part in draft.obs.spares if part is None or f"{name}@{part.id}" not in limp.bad}
+    if any(b.split("@")[0] in other for b in limp.bad):
+        limp = replace(limp, bad=tuple(b for b in limp.bad if b.split("@")[0] not in other))
     # still on its way out (or gone, to create): kept; made again (or no longer idle): done with it
     made = tuple(n for n in limp.remaking if n in seen and ((part := seen[n]) is None or _going(part)))
     if made != limp.remaking:
@@ -149,3 +155,30 @@ def remake(draft: Draft, decision: Decision) -> Decision:
 def _going(part: NodeSnapshot) -> bool:
     """A spare tpuwatch deletes, not yet gone."""
     return part.state == "DELETING" or node_condition(part) is Cond.DEAD
+
+
+def bad_spare(draft: Draft, mem: Memory, failing: tuple[CheckItem, ...]) -> Decision | None:
+    """Launch-time checks fail on the workers of spares just swapped in (a hardware item, or
+    anything the cleanup cannot fix): those spares are not used (`Limp.bad`, by node id) and
+    their slots go back to their own nodes; the next decision swaps another spare in, limps, or
+    waits. None when no failing worker is on a spare."""
+    node, cfg = draft.obs.node, draft.cfg
+    if node is None or not mem.limp.swapped:
+        return None
+    slots = mem.limp.slots(cfg.slices)
+    on_spare: dict[str, str] = {}  # slot -> "<node>@<id>" of the spare it runs on
+    for item in failing:
+        if not 0 <= item.worker < len(node.workers):
+            continue
+        i = node.workers[item.worker].slice
+        if 0 <= i < len(slots) and mem.limp.node_of(slots[i]) != slots[i]:
+            on_spare[slots[i]] = f"{node.slices[i].name}@{node.slices[i].id}"
+    if not on_spare:
+        return None
+    shown = "; ".join(i.line() for i in failing[:4])
+    swapped = tuple((slot, n) for slot, n in mem.limp.swapped if slot not in on_spare)
+    mem = replace(mem, limp=replace(mem.limp, swapped=swapped, bad=(*mem.limp.bad, *on_spare.values())))
+    said = ", ".join(f"{b.split('@')[0]} (slice {cfg.slices.index(slot)}, {slot})" for slot, b in on_spare.items())
+    return draft.out(mem, "spare_bad", f"launch-time checks fail on spare {said}: {shown}; not launching there, "
+                                       "not charged; the spare is not used again until it is made again, and the "
+                                       "slice goes back to its own node (another spare, a limp, or a wait follows)")

@@ -281,6 +281,8 @@ class Limp:
     remaking: tuple[str, ...] = ()
     remake_tries: int = 0
     remake_at: datetime | None = None
+    # spares whose launch-time checks failed ("<node>@<node id>"): not used again on that node
+    bad: tuple[str, ...] = ()
 
     def node_of(self, slot: str) -> str:
         """The node slot `slot` runs on: its spare when swapped, else the slot's own node."""
