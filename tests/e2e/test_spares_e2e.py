@@ -122,6 +122,9 @@ def test_a_preempted_slice_is_swapped_for_the_spare_in_its_place_with_no_delete_
         resumed = {int(e["TPUWATCH_STEP"]) for e in swapped.values()}
         mem = memory(tmp_path)
         assert mem is not None and mem.limp.swapped == (("np-1", "sp-0"),) and mem.limp.out == ()
+        shown = json.loads(subprocess.run([sys.executable, "-m", "tpuwatch.cli", "status", "sp-0", "--json"], env=env,
+                                          text=True, capture_output=True, timeout=60).stdout)
+        assert "on spares: np-1 -> sp-0" in shown["nodes"][0]["job"]["job"], shown["nodes"][0]["job"]
         (go / "100").touch()
         rc, out = finish(proc, timeout=150)
     finally:
