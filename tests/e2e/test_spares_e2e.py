@@ -164,6 +164,10 @@ def test_the_slice_swapped_out_is_the_spare_once_back_and_stands_in_for_the_next
     assert [(a["outcome"], a["charged"]) for a in attempts(cfg, env)] == [
         ("disruption", False), ("disruption", False), ("success", False)]
     assert sim.world.call_count("DeleteNode") == 0 and sim.world.call_count("CreateNode") == 0
+    # the report's account: two swaps, and the wait np-2's heal would have cost spared (np-0 not back yet)
+    spares = json.loads(subprocess.run([sys.executable, "-m", "tpuwatch.cli", "report", "-c", str(cfg), "--json"],
+                                       env=env, text=True, capture_output=True, timeout=60).stdout)["spares"]
+    assert spares["count"] == 1 and spares["swaps"] == 2 and spares["waits_spared_seconds"] > 0, spares
 
 
 def test_a_preempted_slice_swapped_out_is_deleted_and_created_again_as_the_spare_while_the_job_runs(

@@ -52,6 +52,19 @@ def free(draft: Draft, mem: Memory) -> list[str]:
     return [name for name, part in draft.obs.spares if not unfit(draft.cfg.job, draft.obs.node, part, mem.limp.bad)]
 
 
+def track(draft: Draft, mem: Memory) -> Memory:
+    """A node swapped out while lost that can stand in again (or is no longer in the job's pool)
+    is no longer away: the tick journals the wait it would have cost (`spare_back`)."""
+    if not mem.limp.away:
+        return mem
+    seen = dict(draft.obs.spares)
+    kept = [(n, t) for n, t in zip(mem.limp.away, mem.limp.away_since, strict=True)
+            if n in seen and unfit(draft.cfg.job, draft.obs.node, seen[n], mem.limp.bad)]
+    if len(kept) == len(mem.limp.away):
+        return mem
+    return replace(mem, limp=replace(mem.limp, away=tuple(n for n, _ in kept), away_since=tuple(t for _, t in kept)))
+
+
 def swap(draft: Draft, mem: Memory) -> Decision | None:
     """Slices the job runs on are lost, or left out while it limps, and a spare is free: bind
     each such slot to a spare (as many as there are) and, for a lost one, end the attempt (a
@@ -88,7 +101,9 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
     for slot, spare in pairs:
         bound[slot] = spare
     swapped = tuple((slot, bound[slot]) for slot in cfg.slices if slot in bound and bound[slot] != slot)
-    mem = replace(mem, limp=replace(mem.limp, swapped=swapped))
+    away = [mem.limp.node_of(slot) for slot, _ in gone]
+    mem = replace(mem, limp=replace(mem.limp, swapped=swapped, away=(*mem.limp.away, *away),
+                                    away_since=(*mem.limp.away_since, *(now for _ in away))))
     said = "; ".join(
         f"slice {cfg.slices.index(slot)} ({slot}) on {spare} instead of {was[slot]}"
         for slot, spare in pairs)
