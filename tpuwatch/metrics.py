@@ -128,7 +128,7 @@ def snapshot(report: Any, journal: Journal, pcfg: PolicyConfig,
         slices=len(pcfg.slices), slices_in_use=len(mem.limp.kept(pcfg.slices)),
         spares=len(pcfg.spares), slices_swapped=len(mem.limp.swapped),
         spares_ready=sum(1 for _, part in report.spares
-                         if not unfit(pcfg.job, report.node, part, mem.limp.bad)),
+                         if not unfit(pcfg.job, report.node, part, mem.limp.bad)) if pcfg.spares else 0,
     )
 
 
