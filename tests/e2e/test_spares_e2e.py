@@ -32,15 +32,16 @@ pytestmark = pytest.mark.slow
 SLICES = ("np-0", "np-1", "np-2", "np-3")
 POOL = (*SLICES, "sp-0", "sp-1")
 STEPS = 200
+SPEC = {"accelerator_type": "v4-8", "runtime_version": "tpu-ubuntu2204-base", "spot": True}
 
 
-def spared_job(sim: Simulator, tmp_path: Path, *, spot: str = "", spec: dict[str, object] | None = None,
+def spared_job(sim: Simulator, tmp_path: Path, *, spot: tuple[str, ...] = (), spec: dict[str, object] | None = None,
                spares: tuple[str, ...] = ("sp-0",)) -> tuple[Path, dict[str, str], Path]:
     """The 4 slices and the spare READY with booted workers (`spot` made a Spot node, to be
     preempted); the job's config over them (with `spec` as its [tpu.spec]); the directory whose
     file `100` lets the trainer past step 100."""
     for name in (*SLICES, *spares):
-        sim.create_node(name, "v4-8", labels={"tpuwatch-job": "ms"}, spot=name == spot)
+        sim.create_node(name, "v4-8", labels={"tpuwatch-job": "ms"}, spot=name in spot)
     ck = sim.bucket / "ck"
     go = tmp_path / "go"
     go.mkdir()
@@ -104,7 +105,7 @@ def attempts(cfg: Path, env: dict[str, str]) -> list[dict[str, object]]:
 
 def test_a_preempted_slice_is_swapped_for_the_spare_in_its_place_with_no_delete_or_create(
         sim: Simulator, tmp_path: Path) -> None:
-    cfg, env, go = spared_job(sim, tmp_path, spot="np-1")
+    cfg, env, go = spared_job(sim, tmp_path, spot=("np-1",))
     proc = watch(cfg, env)
     try:
         wait(lambda: len(on_attempt(sim, 1)) == 4 and len(steps(sim)) >= 2, proc, "attempt 1 on the 4 slices")
@@ -172,8 +173,8 @@ def test_the_slice_swapped_out_is_the_spare_once_back_and_stands_in_for_the_next
 
 def test_a_preempted_slice_swapped_out_is_deleted_and_created_again_as_the_spare_while_the_job_runs(
         sim: Simulator, tmp_path: Path) -> None:
-    cfg, env, go = spared_job(sim, tmp_path, spot="np-1",
-                              spec={"accelerator_type": "v4-8", "runtime_version": "tpu-ubuntu2204-base"})
+    cfg, env, go = spared_job(sim, tmp_path, spot=("np-1",),
+                              spec=SPEC)
     proc = watch(cfg, env)
     try:
         wait(lambda: len(on_attempt(sim, 1)) == 4, proc, "attempt 1 on the 4 slices")
@@ -202,8 +203,38 @@ def test_a_preempted_slice_swapped_out_is_deleted_and_created_again_as_the_spare
     assert sim.world.call_count("DeleteNode") == 1 and sim.world.call_count("CreateNode") == 1
 
 
+def test_a_second_loss_while_the_spare_is_made_again_through_a_stockout_waits_for_it_and_resumes(
+        sim: Simulator, tmp_path: Path) -> None:
+    """np-1 is preempted and swapped for sp-0; a stockout holds np-1's create back; np-2 is
+    preempted then: no spare is free, and the job waits (not a stop for a person), np-2 made again
+    too; once the stockout ends the job resumes on whichever comes first, and finishes."""
+    cfg, env, go = spared_job(sim, tmp_path, spot=("np-1", "np-2"), spec=SPEC)
+    proc = watch(cfg, env)
+    try:
+        wait(lambda: len(on_attempt(sim, 1)) == 4, proc, "attempt 1 on the 4 slices")
+        sim.inject("stockout")
+        sim.inject("preempt", node="np-1")
+        wait(lambda: sorted(on_attempt(sim, 2)) == ["np-0", "np-2", "np-3", "sp-0"], proc, "attempt 2 on the spare")
+        wait(lambda: sim.world.call_count("CreateNode") >= 1, proc, "np-1's first create (refused: no capacity)")
+        sim.inject("preempt", node="np-2")
+        wait(lambda: (m := memory(tmp_path)) is not None and m.phase.value == "waiting_node"
+             and "np-2" in m.limp.remaking, proc, "the job waiting, np-2 being made again")
+        assert proc.poll() is None and not on_attempt(sim, 3)
+        sim.inject("clear-errors")
+        (go / "100").touch()
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    assert "no spare free: waiting for" in out and "needs a person" not in out, out
+    assert [(a["outcome"], a["charged"]) for a in attempts(cfg, env)][:2] == [("disruption", False)] * 2
+    assert sim.world.call_count("DeleteNode") == 2
+    assert all(sim.world.node(n).state == "READY" for n in ("np-1", "np-2"))
+
+
 def test_a_spare_whose_launch_checks_fail_is_skipped_for_the_next_one(sim: Simulator, tmp_path: Path) -> None:
-    cfg, env, go = spared_job(sim, tmp_path, spot="np-1", spares=("sp-0", "sp-1"))
+    cfg, env, go = spared_job(sim, tmp_path, spot=("np-1",), spares=("sp-0", "sp-1"))
     sim.inject("device-missing", node="sp-0", worker=0)
     proc = watch(cfg, env)
     try:
@@ -227,8 +258,8 @@ def test_a_spare_whose_launch_checks_fail_is_skipped_for_the_next_one(sim: Simul
 
 def test_a_spare_a_person_deleted_or_relabelled_is_never_used_nor_remade_and_said(
         sim: Simulator, tmp_path: Path) -> None:
-    cfg, env, go = spared_job(sim, tmp_path, spot="sp-0",
-                              spec={"accelerator_type": "v4-8", "runtime_version": "tpu-ubuntu2204-base"})
+    cfg, env, go = spared_job(sim, tmp_path, spot=("sp-0",),
+                              spec=SPEC)
     (go / "100").touch()
     tpu = TpuAdapter(sim.project, sim.zone)
     tpu.set_labels("sp-0", {"tpuwatch-job": "someone-else"})

@@ -186,3 +186,37 @@ def test_a_spare_whose_launch_checks_fail_is_not_used_again_and_another_is_swapp
     # the failing check of a slice of the job's own is waited for as before, not blamed on a spare
     own = tick(replace(looked, precheck=pre(("devices", 0, False), workers=8)), mem, 600, cfg=cfg)
     assert own.row == "precheck_wait"
+
+
+def test_a_dead_slice_with_no_spare_free_waits_for_the_one_being_made_again_instead_of_a_person() -> None:
+    """x0 (the spare) is being made again; s2 is preempted: no stop for a person (not_recreatable)
+    but a wait, and s2 itself, owned and made alone, is made again meanwhile."""
+    mem = run_mem(step=100, limp=Limp(remaking=("x0",)))
+    seen = limp_look({"s2": "PREEMPTED"}, mem, spares=("x0",), parts={"x0": None}, probes=probes_with_slice_down(2))
+    d = tick(seen, mem, 600, cfg=REMADE)
+    assert d.row == "spare_wait" and d.memory.phase is Phase.WAITING_NODE
+    assert [(e.outcome, e.charged) for e in d.ended] == [("disruption", False)]
+    assert "x0 on its way back" in d.summary and "s2 to be made again" in d.summary
+    later = tick(replace(seen, probes=absent()), d.memory, 601, cfg=REMADE)
+    assert later.row == "spare_remake" and later.memory.phase is Phase.WAITING_NODE
+    assert {(a.name, a.create) for a in later.actions if isinstance(a, RemakeSpare)} in ({("x0", True)}, {("s2", False)})
+    # without spares to wait for, the rows are as before: slices created one by one need a person
+    alone = tick(limp_look({"s2": "PREEMPTED"}, run_mem(step=100), probes=probes_with_slice_down(2)),
+                 run_mem(step=100), 600, cfg=replace(SPARES, spares=()))
+    assert alone.row == "not_recreatable"
+
+
+def test_the_jobs_own_dead_slice_made_again_is_launched_on() -> None:
+    mem = replace(run_mem(step=100), phase=Phase.WAITING_NODE, limp=Limp(remaking=("s2",)))
+    gone = limp_look({}, mem, spares=("x0",), parts={"x0": limp_part("x0", "PREEMPTED"), "s2": None},
+                     probes=absent(6))
+    create = tick(gone, mem, 600, cfg=REMADE)
+    assert create.row == "spare_remake" and [(a.name, a.create) for a in create.actions
+                                             if isinstance(a, RemakeSpare)] == [("s2", True)]
+    back = limp_look({}, create.memory, spares=("x0",), parts={"x0": limp_part("x0", "PREEMPTED")}, probes=absent())
+    d = tick(back, create.memory, 700, cfg=REMADE)
+    assert d.row == "launch"
+    ran = tick(replace(back, probes=tuple(WorkerProbe(w, "running", attempt=2, pid=w) for w in range(8))), d.memory,
+               760, cfg=REMADE)
+    # s2 made: no longer remade; the spare x0, dead, is next
+    assert ran.row == "spare_remake" and ran.memory.limp.remaking == ("x0",)

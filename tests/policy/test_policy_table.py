@@ -502,6 +502,16 @@ def test_row_spare_bad() -> None:
     assert d.row == "spare_bad" and d.memory.limp.swapped == () and d.memory.limp.bad == ("x0@id-x0",)
 
 
+def test_row_spare_wait() -> None:
+    """More cases: tests/policy/test_policy_spares.py."""
+    mem = run_mem(step=100, limp=Limp(remaking=("x0",)))
+    down = tuple(WorkerProbe(w, "unreachable") if w in (4, 5) else WorkerProbe(w, "running", attempt=1, pid=w)
+                 for w in range(8))
+    d = tick(limp_look({"s2": "PREEMPTED"}, mem, spares=("x0",), parts={"x0": None}, probes=down), mem, now=600,
+             cfg=replace(LIMPS, min_slices=0, spares=("x0",), spares_remade=True))
+    assert d.row == "spare_wait" and d.memory.phase is Phase.WAITING_NODE and not d.memory.budgets.restarts
+
+
 def test_row_grow_wait() -> None:
     mem = run_mem(step=200, limp=Limp(out=("s2",)))
     d = tick(limp_look({}, mem, probes=running(1, workers=6), checkpoint=ckpt(300)), mem, now=900, cfg=LIMPS)

@@ -92,13 +92,19 @@ ROWS: tuple[Row, ...] = (
         "(MEGASCALE_* set by tpuwatch); a slice left out is grown back onto at the next checkpoint (`grow`). No "
         "delete or create; the node swapped out is a spare once READY+HEALTHY again"),
     Row("spare_remake", "the job runs on or waits (nothing else to do this tick) and an idle spare, owned by the job "
-        "and made alone, is PREEMPTED / TERMINATED with [tpu.spec] there to make it from; or one tpuwatch deleted so "
-        "is gone", "journal it as one tpuwatch makes again, delete it; once gone, create it again from [tpu.spec] "
+        "and made alone, is PREEMPTED / TERMINATED with [tpu.spec] there to make it from (while `spare_wait` waits, "
+        "such a lost slice of the job's too); or one tpuwatch deleted so is gone", "journal it as one tpuwatch makes again, delete it; once gone, create it again from [tpu.spec] "
         "(one that came to nothing tried again as a queued create is: recovery.backoff_base, doubling to "
         "recovery.backoff_max). A spare tpuwatch did not delete is never created"),
     Row("spare_bad", "before a launch, the launch-time checks fail on workers of a spare swapped in (after the "
         "cleanup of what tpuwatch can fix)", "not charged, nothing launched: the spare is not used again until it is "
         "made again (its node id), its slot goes back to its own node; another spare, a limp or a wait follows"),
+    Row("spare_wait", "a multislice job with tpu.spares: a slice it runs on is dead or missing, no spare is free and "
+        "it may not limp, but a spare is on its way (being made again by tpuwatch, or healing) or the lost slice "
+        "can be made again itself ([tpu.spec], owned, made alone)", "a disruption, not charged: stop the attempt "
+        "on the slices still up and wait (no stop for a person, no recreate of a queued resource); the dead nodes "
+        "are made again meanwhile (`spare_remake`), and the job resumes on the first spare READY (`swap`) or on "
+        "its own slice made again"),
     Row("limp", "a multislice job with job.min_slices: slices it runs on are not READY+HEALTHY (a repair, "
         "maintenance, a preemption, Google's autorepair, a slice missing; not a person's stop, nor a slice "
         "RESTARTING, back within minutes) and at least min_slices others are",

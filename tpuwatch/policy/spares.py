@@ -26,7 +26,7 @@ from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.ending import end_unusable
 from tpuwatch.policy.limp import BRIEF_STATES, stop_waited
 from tpuwatch.policy.nodes import Cond, node_condition
-from tpuwatch.policy.state import Evidence, Memory, Phase, merge_evidence
+from tpuwatch.policy.state import Evidence, Memory, Phase, merge_evidence, move
 from tpuwatch.policy.values import Decision, RemakeSpare, Wait
 
 
@@ -117,47 +117,56 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
                                                       "replaces is a spare once READY+HEALTHY again"))
 
 
-def remake(draft: Draft, decision: Decision) -> Decision:
-    """A decision that does nothing (the job runs on, or waits) with an idle spare to make again:
-    the same decision under row `spare_remake`, with the delete or create of that spare.
-    - A spare that will not come back by itself (PREEMPTED, TERMINATED), owned by the job, made
-      alone (not one slice of a multislice queued resource), when [tpu.spec] can make it again:
-      journaled as one tpuwatch makes again (`Limp.remaking`), then deleted.
+def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
+    """A decision that does nothing (the job runs on, or waits) with a spare to make again: the
+    same decision under row `spare_remake`, with the delete or create of that spare.
+    - An idle spare that will not come back by itself (PREEMPTED, TERMINATED), owned by the job,
+      made alone (not one slice of a multislice queued resource), when [tpu.spec] can make it
+      again: journaled as one tpuwatch makes again (`Limp.remaking`), then deleted. So is such a
+      lost slice of the job itself while the job waits for a spare (row `spare_wait`).
     - One of those gone: created again from [tpu.spec], no sooner than `remake_at`: a create that
       came to nothing (a stockout, quota) is tried again as a queued create is, after
       recovery.backoff_base, doubling up to recovery.backoff_max.
-    - Back (it exists again): no longer remade. A spare tpuwatch did not delete is never created."""
-    cfg, now = draft.cfg, draft.now
-    if any(not isinstance(a, Wait) for a in decision.actions) or decision.ended or not draft.obs.spares:
+    - Back (it exists again): no longer remade. A node tpuwatch did not delete is never created.
+    `before`: the memory the observation's binding is from; a decision that changes the binding
+    is left as it is (the tick looks again first)."""
+    cfg, now, node = draft.cfg, draft.now, draft.obs.node
+    if (any(not isinstance(a, Wait) for a in decision.actions) or decision.ended or not draft.obs.spares
+            or (decision.memory.limp.out, decision.memory.limp.swapped) != (before.limp.out, before.limp.swapped)):
         return decision
     mem = decision.memory
     limp = mem.limp
-    seen = dict(draft.obs.spares)
+    # the pool as read: its idle nodes, and the nodes the job's slices hold (None: missing)
+    held: dict[str, NodeSnapshot | None] = {}
+    if node is not None and node.slices:
+        held = {name: None if part.state == "MISSING" else part
+                for name, part in zip(limp.kept(cfg.slices), node.slices, strict=True)}
+    seen = {**held, **dict(draft.obs.spares)}
     # a bad spare is forgotten once it is seen idle as another node (made again), or gone
     other = {name for name, part in draft.obs.spares if part is None or f"{name}@{part.id}" not in limp.bad}
     if any(b.split("@")[0] in other for b in limp.bad):
         limp = replace(limp, bad=tuple(b for b in limp.bad if b.split("@")[0] not in other))
-    # still on its way out (or gone, to create): kept; made again (or no longer idle): done with it
+    # still on its way out (or gone, to create): kept; made again (or no longer the job's): done with it
     made = tuple(n for n in limp.remaking if n in seen and ((part := seen[n]) is None or _going(part)))
     if made != limp.remaking:
         limp = replace(limp, remaking=made, remake_tries=limp.remake_tries if made else 0,
                        remake_at=limp.remake_at if made else None)
     gone = [n for n in made if seen[n] is None]
-    dead = [(name, part) for name, part in draft.obs.spares
-            if part is not None and node_condition(part) is Cond.DEAD and part.owned_by(cfg.job)
-            and not part.multislice_request and name not in limp.remaking]
+    candidates = [*draft.obs.spares, *(held.items() if decision.row == "spare_wait" else ())]
+    dead = [(name, part) for name, part in candidates
+            if part is not None and remakable(cfg.job, part) and name not in limp.remaking]
     action: RemakeSpare | None = None
     if gone and (limp.remake_at is None or now >= limp.remake_at):
         wait = backoff_delay(limp.remake_tries + 1, cfg.backoff_base, cfg.backoff_max, draft.obs.jitter)
         limp = replace(limp, remake_tries=limp.remake_tries + 1, remake_at=now + timedelta(seconds=wait))
-        action = RemakeSpare(gone[0], True, f"spare {gone[0]} was deleted by tpuwatch to be made again: creating it "
+        action = RemakeSpare(gone[0], True, f"{gone[0]} was deleted by tpuwatch to be made again: creating it "
                                             f"from [tpu.spec] (try {limp.remake_tries}; the next no sooner than "
                                             f"{human(wait)} from now)")
     elif cfg.spares_remade and dead:
         name, part = dead[0]
         limp = replace(limp, remaking=(*limp.remaking, name))
-        action = RemakeSpare(name, False, f"spare {name} is {part.state} and will not come back by itself: deleting "
-                                          "it to create it again from [tpu.spec]")
+        action = RemakeSpare(name, False, f"{name} is {part.state} and will not come back by itself: deleting it "
+                                          "to create it again from [tpu.spec], a spare of the job's once READY")
     if limp == mem.limp:
         return decision
     mem = replace(mem, limp=limp)
@@ -167,6 +176,48 @@ def remake(draft: Draft, decision: Decision) -> Decision:
                    summary=f"{decision.summary}; {action.reason}")
 
 
+def remakable(job: str, part: NodeSnapshot) -> bool:
+    """A node of the pool tpuwatch may delete and create again: it will not come back by itself
+    (PREEMPTED, TERMINATED), carries the job's label, and was made alone."""
+    return node_condition(part) is Cond.DEAD and part.owned_by(job) and not part.multislice_request
+
+
+# An idle spare in one of these conditions is on its way back by itself
+COMING = frozenset({Cond.REPAIR, Cond.UNRECOGNIZED})
+
+
+def wait(draft: Draft, mem: Memory) -> Decision | None:
+    """A slice the job runs on is dead or missing, no spare is free and the job may not limp on
+    the others, but a spare is on its way (tpuwatch makes one again, or one heals), or the lost
+    slice itself can be made again ([tpu.spec], owned, made alone): end the attempt (a
+    disruption, not charged) and wait for it (row `spare_wait`), rather than stop for a person
+    or recreate the job's queued resource; the spares are made again meanwhile (`remake`).
+    None: nothing on its way."""
+    cfg, node, now = draft.cfg, draft.obs.node, draft.now
+    if not cfg.spares or node is None or not node.slices or node_condition(node) not in (Cond.DEAD, Cond.MISSING):
+        return None
+    slots = mem.limp.slots(cfg.slices)
+    lost = [(slot, part) for slot, part in zip(slots, node.slices, strict=True) if not part.usable]
+    coming = [name for name, part in draft.obs.spares
+              if name in mem.limp.remaking or (part is not None and node_condition(part) in COMING)]
+    itself = [mem.limp.node_of(slot) for slot, part in lost
+              if cfg.spares_remade and part.state != "MISSING" and remakable(cfg.job, part)]
+    if not coming and not itself:
+        return None
+    said = ", ".join(f"{mem.limp.node_of(slot)} {part.state}" for slot, part in lost)
+    if mem.phase is Phase.RUNNING:
+        sign = [Evidence(now, f"slice {mem.limp.node_of(slot)} lost ({part.state})") for slot, part in lost]
+        mem = replace(mem, attempt=replace(mem.attempt, evidence=merge_evidence(mem.attempt.evidence, sign)))
+        mem, final = end_unusable(draft, mem)
+        if final is not None:
+            return final
+    why = f"slice(s) lost ({said}) and no spare free: waiting for " + "; ".join(
+        [*([f"{', '.join(coming)} on its way back"] if coming else []),
+         *([f"{', '.join(itself)} to be made again"] if itself else [])])
+    if mem.phase is not Phase.WAITING_NODE or mem.reason != why:
+        mem = move(mem, Phase.WAITING_NODE, reason=why)
+    return stop_waited(draft.out(mem, "spare_wait", f"{why}; then the job relaunches from its newest complete "
+                                                    "checkpoint", Wait(None, "a spare on its way")))
 def _going(part: NodeSnapshot) -> bool:
     """A spare tpuwatch deletes, not yet gone."""
     return part.state == "DELETING" or node_condition(part) is Cond.DEAD

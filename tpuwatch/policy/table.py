@@ -92,9 +92,9 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
         else:
             new = spares.track(draft, limp.track(draft, new))
             # a lost slice swapped for a spare (policy/spares.py); a job that limps, or grows back
-            # (policy/limp.py)
-            shifted = spares.swap(draft, new) or limp.shift(draft, new)
-            decision = shifted or spares.remake(draft, limp.grow_wait(
+            # (policy/limp.py); a spare on its way waited for (policy/spares.py)
+            shifted = spares.swap(draft, new) or limp.shift(draft, new) or spares.wait(draft, new)
+            decision = spares.remake(draft, new, shifted or limp.grow_wait(
                 draft, new, NODE_HANDLERS[node_condition(obs.node)](draft, new)))
     if obs.checks and obs.node is not None:
         # What more to observe in this tick (policy/settle.py bounds the re-decisions).
