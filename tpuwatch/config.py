@@ -319,13 +319,15 @@ def _spare_names(key: str, value: Any) -> tuple[str, ...]:
 
 
 def _check_spares(t: Mapping[str, Any]) -> None:
-    """[tpu] spares: only for a multislice job, none of them one of its slices or its group's name."""
+    """[tpu] spares: none of them one of the job's slices or its name; a job on one node that came
+    through a queued resource has none."""
     spares = t["spares"]
     if not spares:
         return
-    if not t["names"]:
-        raise ConfigError("tpu.spares: spares stand in for a lost slice of a multislice job; list its slices in "
-                          "tpu.names, or drop tpu.spares")
+    if not t["names"] and t["queued_resource"]:
+        raise ConfigError("tpu.spares: a node made through a queued resource is made again through it, which a "
+                          "spare's pool does not do; drop tpu.spares, or tpu.queued_resource if the node was not "
+                          "made through one")
     both = [s for s in spares if s in t["names"] or s == t["name"]]
     if both:
         raise ConfigError(f"tpu.spares: {both[0]!r} is also one of the job's slices (tpu.names) or its name "
@@ -509,9 +511,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "fallback_zones": Field(_zones, (), "zones tried in order when the zone has no capacity"),
         "names": Field(_node_names, (), "a multislice job's nodes, in slice order (2 or more; `name` then names the "
                        "job's group of slices). Through a multislice queued resource: its `<prefix>-0`, `<prefix>-1`, ..."),
-        "spares": Field(_spare_names, (), "a multislice job's hot spares: idle TPU nodes of its slices' shape, owned "
-                        "by the job (its ownership label). A lost slice is swapped for a READY one at once; the "
-                        "lost slice, back, is a spare from then on"),
+        "spares": Field(_spare_names, (), "hot spares: idle TPU nodes of the job's shape, owned by the job (its "
+                        "ownership label). A lost node (or slice) is swapped for a READY one at once; the one lost, "
+                        "back, is a spare from then on; with [tpu.spec], a dead one is made again"),
         "queued_resource": Field(_str, "", "set when the TPU was made through a queued resource"),
         "api": Field(_choice(TPU_APIS), "tpu", "the API that made the TPU: \"tpu\" (Cloud TPU API nodes) or "
                      "\"compute\" (a Compute Engine instance or managed instance group: TPU7x and later, v5p, v6e)"),

@@ -125,6 +125,12 @@ class NodeSnapshot:
         return self.state == "READY" and self.health not in UNHEALTHY
 
     @property
+    def multislice(self) -> bool:
+        """Several slices that join over the data-center network (the slices a job limps without
+        count): not one node, whether its own or a spare in its place (a pool of one slot)."""
+        return len(self.slices) + len(self.slices_out) > 1
+
+    @property
     def reachable(self) -> bool:
         """Some of its workers can be reached: it is READY, or one of its slices is."""
         return self.state == "READY" or any(s.state == "READY" for s in self.slices)
@@ -166,7 +172,7 @@ def megascale_from_runtime(node: NodeSnapshot) -> bool:
 
 def megascale_note(node: NodeSnapshot) -> str:
     """Where a multislice job's MEGASCALE_* come from, said in its launch event; "" for one node."""
-    if not node.slices:
+    if not node.multislice:
         return ""
     if node.slices_out:
         return (f"MEGASCALE_* set by tpuwatch for the {len(node.slices)} slices the job limps on "

@@ -309,7 +309,9 @@ class Reconciler:
         if audit is None or not audit_due(mem, node, probes, now):
             return [], None
         try:
-            events, cursor = audit.read(list(self.pcfg.slices or (self.pcfg.tpu_name,)), self.journal.audit_cursor(),
+            # the nodes the job's slices run on (a spare in a lost slice's place)
+            nodes = [mem.limp.node_of(s) for s in self.pcfg.slices] or [self.pcfg.tpu_name]
+            events, cursor = audit.read(nodes, self.journal.audit_cursor(),
                                         self._worker_instances(node))
         except CloudError as exc:
             # The job can be kept alive without the audit log; it only loses one kind of evidence.

@@ -228,10 +228,11 @@ def test_min_slices_is_for_a_multislice_job_fewer_than_its_slices_with_checkpoin
         assert str(exc.value).startswith("job.min_slices"), exc.value
 
 
-def test_spares_are_idle_nodes_of_a_multislice_job_each_named_once() -> None:
+def test_spares_are_idle_nodes_each_named_once_not_the_jobs_own() -> None:
     ok = validate(base(names=["np-0", "np-1"], spares=["spare-a", "spare-b"]))
     assert ok["tpu"]["spares"] == ("spare-a", "spare-b")
-    for tpu, fix in (({}, "list its slices in tpu.names"),
+    assert validate(base(spares=["spare-a"]))["tpu"]["spares"] == ("spare-a",)  # a job on one node: a pool of one
+    for tpu, fix in (({"queued_resource": "qr"}, "made again through it"),
                      ({"names": ["np-0", "np-1"], "spares": ["np-1"]}, "'np-1' is also one of the job's slices"),
                      ({"names": ["np-0", "np-1"], "spares": ["ms"]}, "'ms' is also one of the job's slices"),
                      ({"names": ["np-0", "np-1"], "spares": ["sp", "sp"]}, "'sp' is listed twice"),

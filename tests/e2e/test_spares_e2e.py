@@ -233,6 +233,36 @@ def test_a_second_loss_while_the_spare_is_made_again_through_a_stockout_waits_fo
     assert all(sim.world.node(n).state == "READY" for n in ("np-1", "np-2"))
 
 
+def test_an_announced_maintenance_moves_the_job_onto_the_spare_at_a_checkpoint_losing_no_step(
+        sim: Simulator, tmp_path: Path) -> None:
+    """A maintenance announced for np-1 a week away: at the job's next complete checkpoint the job
+    moves onto sp-0 in np-1's place and np-1's maintenance starts at once, idle; no step lost,
+    nothing charged, and no wait for the maintenance."""
+    sim.world.delays["simulated_maintenance_heal"] = 600.0
+    cfg, env, go = spared_job(sim, tmp_path)
+    proc = watch(cfg, env)
+    try:
+        wait(lambda: len(on_attempt(sim, 1)) == 4, proc, "attempt 1 on the 4 slices")
+        sim.inject("upcoming-maintenance", node="np-1", starts_in="7d", heal_after="10m")
+        wait(lambda: (m := memory(tmp_path)) is not None and m.maintenance.early_window is not None, proc,
+             "the watcher waiting for the next checkpoint")
+        (go / "100").touch()  # the job trains on: its next checkpoint is the moment
+        wait(lambda: sorted(on_attempt(sim, 2)) == ["np-0", "np-2", "np-3", "sp-0"], proc, "attempt 2 on the spare")
+        assert on_attempt(sim, 2)["sp-0"]["TPUWATCH_SLICE_ID"] == "1"
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    done = attempts(cfg, env)
+    assert [(a["outcome"], a["charged"]) for a in done] == [("disruption", False), ("success", False)], done
+    assert "onto a spare ahead of a maintenance" in str(done[0]["reason"]), done
+    assert done[1]["start_step"] >= done[0]["end_step"], done  # no step lost
+    assert "maintenance of np-1" in out and "starts now on np-1, idle" in out, out
+    assert sim.world.node("np-1").upcoming is None  # started by tpuwatch, before its window
+    assert sim.world.call_count("DeleteNode") == 0 and sim.world.call_count("CreateNode") == 0
+
+
 def test_a_spare_whose_launch_checks_fail_is_skipped_for_the_next_one(sim: Simulator, tmp_path: Path) -> None:
     cfg, env, go = spared_job(sim, tmp_path, spot=("np-1",), spares=("sp-0", "sp-1"))
     sim.inject("device-missing", node="sp-0", worker=0)
@@ -284,3 +314,49 @@ def test_a_spare_a_person_deleted_or_relabelled_is_never_used_nor_remade_and_sai
         assert again["spares"] == {"swapped": {}, "idle": [{"name": "sp-0", "state": "MISSING", "health": "",
                                                             "unfit": "missing"}]}, again
     assert sim.world.call_count("CreateNode") == 0 and sim.world.call_count("DeleteNode") == 1  # the person's
+
+
+def test_a_job_on_one_node_is_swapped_onto_its_spare_and_its_node_made_again_as_the_spare(
+        sim: Simulator, tmp_path: Path) -> None:
+    """A job on one node ("pod") with a spare: a pool of one slot. The preempted node is swapped
+    for the spare at once (the job on it as on one node: no MEGASCALE_*), and made again as the
+    spare in the background."""
+    for name in ("pod", "sp-0"):
+        sim.create_node(name, "v4-8", labels={"tpuwatch-job": "ms"}, spot=True)
+    ck = sim.bucket / "ck"
+    go = tmp_path / "go"
+    go.mkdir()
+    command = trainer(ck, f"--hold-at 100 --hold-until {go} --save-on-term 1", steps=STEPS)
+    cfg = write_config(tmp_path / "tpuwatch.toml", sim, command, ck, tpu={"spares": ["sp-0"]}, name="pod", spec=SPEC)
+    cfg.write_text(cfg.read_text().replace("[job]", '[job]\nname = "ms"', 1))  # the job "ms", as the labels say
+    env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
+
+    def trainers_on(name: str, attempt: int) -> dict[str, str] | None:
+        try:
+            pids = sim.hosts.pids(sim.node_key(name), 0)
+        except UsageError:
+            return None
+        return next((e for pid in pids if (e := trainer_env(pid, "ms")) is not None
+                     and e["TPUWATCH_ATTEMPT"] == str(attempt)), None)
+
+    proc = watch(cfg, env)
+    try:
+        wait(lambda: trainers_on("pod", 1) is not None, proc, "attempt 1 on pod")
+        old = sim.world.node("pod").id
+        sim.inject("preempt", node="pod")
+        wait(lambda: trainers_on("sp-0", 2) is not None, proc, "attempt 2 on the spare")
+        e = trainers_on("sp-0", 2)
+        assert e is not None and (e["TPUWATCH_SLICE_ID"], e["TPUWATCH_NUM_SLICES"]) == ("0", "1"), e
+        assert not [k for k in e if k.startswith("MEGASCALE_")], e  # one node: no multislice to join
+        wait(lambda: sim.world.has_node("pod") and sim.world.node("pod").id != old
+             and sim.world.node("pod").state == "READY", proc, "pod made again", timeout=120)
+        assert trainers_on("sp-0", 2) is not None and trainers_on("pod", 3) is None  # the job was not moved back
+        (go / "100").touch()
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    assert "slice 0 (pod) on sp-0 instead of pod (PREEMPTED)" in out, out
+    assert [(a["outcome"], a["charged"]) for a in attempts(cfg, env)] == [("disruption", False), ("success", False)]
+    assert sim.world.call_count("DeleteNode") == 1 and sim.world.call_count("CreateNode") == 1

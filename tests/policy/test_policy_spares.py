@@ -11,7 +11,7 @@ from policy_support import LIMP_SLICES as SLICES
 from policy_support import LIMPS, ckpt, kinds, limp_look, limp_part, pre, run_mem, tick
 
 from tpuwatch.model import WorkerProbe
-from tpuwatch.policy import Limp, Memory, Phase, RemakeSpare, StopWorkers
+from tpuwatch.policy import Limp, Memory, Observation, Phase, RemakeSpare, StopWorkers
 
 SPARES = replace(LIMPS, min_slices=0, spares=("x0",))
 
@@ -220,3 +220,38 @@ def test_the_jobs_own_dead_slice_made_again_is_launched_on() -> None:
                760, cfg=REMADE)
     # s2 made: no longer remade; the spare x0, dead, is next
     assert ran.row == "spare_remake" and ran.memory.limp.remaking == ("x0",)
+
+
+def announced(mem: Memory, slice_name: str, *, can_reschedule: bool = True, spares: tuple[str, ...] = ("x0",),
+              **kw: object) -> Observation:
+    """What the tick sees with a SCHEDULED maintenance announced for `slice_name` a week away."""
+    from policy_support import at
+
+    from tpuwatch.model import UpcomingMaintenance
+
+    um = UpcomingMaintenance("SCHEDULED", "PENDING", can_reschedule, at(7 * 86400), at(7 * 86400 + 3600),
+                             at(7 * 86400))
+    return limp_look({}, mem, spares=spares, parts={slice_name: replace(limp_part(slice_name),
+                                                                         upcoming_maintenance=um)}, **kw)
+
+
+def test_an_announced_maintenance_moves_the_job_onto_the_spare_at_its_next_checkpoint_and_starts_it_idle() -> None:
+    mem = run_mem(step=100)
+    waiting = tick(announced(mem, "s1", probes=running_all(), checkpoint=ckpt(150)), mem, 500, cfg=SPARES)
+    assert waiting.row == "early_wait" and "moving the job off s1 onto spare x0 and starting it" in waiting.summary
+    d = tick(announced(waiting.memory, "s1", probes=running_all(), checkpoint=ckpt(160)), waiting.memory, 700,
+             cfg=SPARES)
+    assert d.row == "early_swap" and kinds(d) == ["stop", "start_maintenance"]
+    assert d.memory.limp.swapped == (("s1", "x0"),) and d.memory.maintenance.notice_hold is None
+    [stop, start] = d.actions
+    assert isinstance(stop, StopWorkers) and stop.wait and getattr(start, "name", "") == "s1"
+    [end] = d.ended
+    assert (end.outcome, end.charged, end.end_step) == ("disruption", False, 160)
+    # a maintenance that may not start early: the job still moves, and the node's maintenance comes at its window
+    fixed = tick(announced(waiting.memory, "s1", can_reschedule=False, probes=running_all(), checkpoint=ckpt(160)),
+                 waiting.memory, 700, cfg=SPARES)
+    assert fixed.row == "early_swap" and kinds(fixed) == ["stop"] and fixed.memory.limp.swapped == (("s1", "x0"),)
+    # no spare: as before, the maintenance starts early on the job's node and the job waits for it
+    alone = tick(announced(waiting.memory, "s1", spares=(), probes=running_all(), checkpoint=ckpt(160)),
+                 waiting.memory, 700, cfg=replace(SPARES, spares=()))
+    assert alone.row == "early_start"

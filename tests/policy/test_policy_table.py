@@ -20,6 +20,7 @@ from policy_support import (
     kinds,
     last_end,
     limp_look,
+    limp_part,
     node,
     obs,
     op,
@@ -510,6 +511,18 @@ def test_row_spare_wait() -> None:
     d = tick(limp_look({"s2": "PREEMPTED"}, mem, spares=("x0",), parts={"x0": None}, probes=down), mem, now=600,
              cfg=replace(LIMPS, min_slices=0, spares=("x0",), spares_remade=True))
     assert d.row == "spare_wait" and d.memory.phase is Phase.WAITING_NODE and not d.memory.budgets.restarts
+
+
+def test_row_early_swap() -> None:
+    """More cases (a maintenance that may not start early, no spare): tests/policy/test_policy_spares.py."""
+    um = UpcomingMaintenance("SCHEDULED", "PENDING", True, at(7 * 86400), at(7 * 86400 + 3600), at(7 * 86400))
+    cfg = replace(LIMPS, min_slices=0, spares=("x0",))
+    mem = run_mem(step=100)
+    seen = limp_look({}, mem, spares=("x0",), parts={"s1": replace(limp_part("s1"), upcoming_maintenance=um)},
+                     probes=running(1, workers=8), checkpoint=ckpt(150))
+    waiting = tick(seen, mem, now=500, cfg=cfg)
+    d = tick(replace(seen, checkpoint=ckpt(160)), waiting.memory, now=700, cfg=cfg)
+    assert d.row == "early_swap" and kinds(d) == ["stop", "start_maintenance"] and d.memory.limp.swapped == (("s1", "x0"),)
 
 
 def test_row_grow_wait() -> None:

@@ -106,7 +106,7 @@ class Draft:
         """What the job runs on, as the person who made it calls it: its node, or a multislice
         job's queued resource (or its slices, when they were created one by one)."""
         cfg = self.cfg
-        if not cfg.slices:
+        if len(cfg.slices) < 2:  # one node (with spares, a pool of one slot)
             return f"node {cfg.tpu_name}"
         if cfg.queued_resource:
             return f"queued resource {cfg.queued_resource}"

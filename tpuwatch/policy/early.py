@@ -1,7 +1,8 @@
 """An announced maintenance started early (maintenance.start_early): wait for the job's next
 checkpoint, then stop it and start the maintenance, or relaunch when the service refuses.
 
-Rows `early_wait`, `early_start`, `early_refused`; what tpuwatch will do about a maintenance,
+Rows `early_wait`, `early_start`, `early_swap` (a spare takes the node's place first),
+`early_refused`; what tpuwatch will do about a maintenance,
 said for people, is policy/maintenance.py.
 """
 
@@ -14,7 +15,9 @@ from tpuwatch.durations import human
 from tpuwatch.model import WorkerProbe
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.ending import NOTICE_HOLD, finish
+from tpuwatch.policy.limp import stop_waited
 from tpuwatch.policy.maintenance import can_start_early
+from tpuwatch.policy.spares import bind, free
 from tpuwatch.policy.state import Evidence, Memory, merge_evidence
 from tpuwatch.policy.values import Decision, StartMaintenance, Wait
 
@@ -33,13 +36,19 @@ EARLY_CHECK_MIN = 1.0
 def early_maintenance(draft: Draft, mem: Memory, probes: tuple[WorkerProbe, ...]) -> Decision | None:
     """While every worker runs on an owned node whose announced maintenance may start early:
     wait for the next complete checkpoint, then end the attempt (uncharged), stop the job and
-    start the maintenance. None when there is nothing to do about maintenance."""
+    start the maintenance. With a spare free (tpu.spares), any announced maintenance of a node
+    the job runs on: at that checkpoint the node is swapped for the spare (row `early_swap`),
+    its maintenance started while it is idle when it may start early, and the job relaunched at
+    once on the spare. None when there is nothing to do about maintenance."""
     node, cfg, now, ck = draft.obs.node, draft.cfg, draft.now, draft.obs.checkpoint
     assert node is not None
     um = node.upcoming_maintenance
-    if (not cfg.start_early or um is None or not can_start_early(um)
-            or not (draft.obs.adopt or node.owned_by(cfg.job))
-            or (mem.maintenance.early_refused is not None and mem.maintenance.early_refused == um.window_start)):
+    if um is None:
+        return None
+    startable = (cfg.start_early and can_start_early(um) and (draft.obs.adopt or node.owned_by(cfg.job))
+                 and not (mem.maintenance.early_refused is not None and mem.maintenance.early_refused == um.window_start))
+    swap = _spare_for(draft, mem) if um.status != "ONGOING" else None
+    if not startable and swap is None:
         return None
     if mem.maintenance.early_window != um.window_start or mem.maintenance.early_window is None:
         mem = replace(mem,
@@ -50,22 +59,53 @@ def early_maintenance(draft: Draft, mem: Memory, probes: tuple[WorkerProbe, ...]
     window = um.window_start.isoformat() if um.window_start is not None else "not given"
     if not saved and now < latest:
         after = f"newer than step {mem.maintenance.early_step}" if mem.maintenance.early_step is not None else "its first"
+        plan = (f"moving the job off {swap[1]} onto spare {swap[2]}" + (" and starting it" if startable else "")
+                if swap is not None else "starting it")
         return draft.out(mem, "early_wait", f"attempt {mem.attempt.number} running; {um.type.lower()} maintenance "
-                                            f"(window {window}) may start early: starting it after the next "
-                                            f"checkpoint ({after}), at the latest at {latest.isoformat()}",
+                                            f"(window {window}) {'may start early' if startable else 'announced'}: "
+                                            f"{plan} after the next checkpoint ({after}), at the latest at "
+                                            f"{latest.isoformat()}",
                          Wait(min(latest, early_check(draft, mem)), "maintenance to start after the next checkpoint"))
     why = (f"checkpoint step {ck.step} saved after the maintenance notice" if saved and ck is not None
            else f"no new checkpoint {human(EARLY_MARGIN)} before the window ({window})")
-    sign = Evidence(now, f"maintenance started early by tpuwatch ({why})")
+    sign = Evidence(now, f"maintenance started early by tpuwatch ({why})" if swap is None
+                    else f"moved by tpuwatch onto a spare ahead of a maintenance ({why})")
     mem = replace(mem, attempt=replace(mem.attempt, evidence=merge_evidence(mem.attempt.evidence, [sign])))
     mem, line, final = finish(draft, mem, {p.worker: None for p in probes}, reachable=True)
     if final is not None:
         return final
+    if swap is not None:
+        slot, old, spare = swap
+        mem = replace(mem, limp=replace(mem.limp, swapped=bind(cfg.slices, mem.limp, [(slot, spare)])))
+        start = (StartMaintenance(old, f"{why}: starting the {um.type.lower()} maintenance (window {window}) of {old} "
+                                       "now, while it is idle"),) if startable else ()
+        return stop_waited(draft.out(mem, "early_swap", f"{line}; {um.type.lower()} maintenance of {old} (window "
+                                                        f"{window}) announced: slice {cfg.slices.index(slot)} ({slot}) "
+                                                        f"moves onto spare {spare} ({why}); the job relaunches there "
+                                                        "from that checkpoint" + ("; the maintenance starts now on "
+                                                                                  f"{old}, idle" if startable else ""),
+                                     *start))
     # The node is about to go down: no launch there until it has gone down and come back.
     mem = replace(mem, maintenance=replace(mem.maintenance, notice_hold=now + timedelta(seconds=NOTICE_HOLD)))
     return draft.out(mem, "early_start", f"{line}; starting the maintenance of node {node.name} now ({why})",
                      StartMaintenance(node.name, f"{why}: starting the {um.type.lower()} maintenance "
                                                  f"(window {window}) now"))
+
+
+def _spare_for(draft: Draft, mem: Memory) -> tuple[str, str, str] | None:
+    """The slot whose node's announced maintenance comes first, that node, and the first spare
+    free to take its place; None without one (or with no maintenance on a node of the job's)."""
+    node = draft.obs.node
+    spares = free(draft, mem)
+    if node is None or not node.slices or not spares:
+        return None
+    pending = [(up.window_start.timestamp() if up.window_start is not None else float("inf"), i)
+               for i, part in enumerate(node.slices)
+               if (up := part.upcoming_maintenance) is not None and up.status != "ONGOING"]
+    if not pending:
+        return None
+    i = min(pending)[1]
+    return mem.limp.slots(draft.cfg.slices)[i], node.slices[i].name, spares[0]
 
 
 def early_check(draft: Draft, mem: Memory) -> datetime:

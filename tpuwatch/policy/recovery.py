@@ -225,10 +225,17 @@ def someone_deleting(draft: Draft, mem: Memory) -> Decision:
 
 
 def not_recreatable(draft: Draft, mem: Memory, why: str) -> Decision:
+    cfg = draft.cfg
+    if cfg.spares:
+        how = ("it runs on a pool with spares (tpu.spares), whose dead nodes tpuwatch makes again itself only from "
+               "[tpu.spec], and none is free or on its way" + ("" if cfg.spares_remade else "; the config has no "
+                                                               "[tpu.spec] (tpuwatch init writes it)"))
+    else:
+        how = (f"the job's slices ({', '.join(cfg.slices)}) were created one by one, not by one multislice queued "
+               "resource: tpuwatch does not delete or create across them")
     return draft.halt(mem, "not_recreatable",
-                      f"{why}; the job's slices ({', '.join(draft.cfg.slices)}) were created one by one, not by one "
-                      "multislice queued resource: tpuwatch does not delete or create across them. Repair or "
-                      "recreate that slice: the job is launched again once every slice is READY+HEALTHY", (why,))
+                      f"{why}; {how}. Repair or recreate that node: the job is launched again once every slice is "
+                      "READY+HEALTHY", (why,))
 
 
 def recreate_missing(draft: Draft, mem: Memory, row: str, why: str) -> Decision:

@@ -41,7 +41,8 @@ ROWS: tuple[Row, ...] = (
         "or shutdownDetails PENDING_STOP: a Spot preemption's notice)", "wait: no launch on a VM about to stop; "
         "once it stops, the row its state calls for"),
     Row("early_wait", "every worker runs; the owned node announces maintenance that may start early "
-        "(canReschedule, PENDING); maintenance.start_early",
+        "(canReschedule, PENDING); maintenance.start_early. Or, with a spare free (tpu.spares), any maintenance "
+        "announced for a node the job runs on",
         "keep running until the next complete checkpoint (at the latest 10 min before the window opens); in the "
         "last tenth of the interval the job has shown, look every 0.1 % of it (1 s at least), not every poll"),
     Row("early_start", "that checkpoint landed (or the window opens in 10 min)",
@@ -105,6 +106,11 @@ ROWS: tuple[Row, ...] = (
         "on the slices still up and wait (no stop for a person, no recreate of a queued resource); the dead nodes "
         "are made again meanwhile (`spare_remake`), and the job resumes on the first spare READY (`swap`) or on "
         "its own slice made again"),
+    Row("early_swap", "a maintenance is announced for a node the job runs on (tpu.spares), a spare is free, and the "
+        "job's next complete checkpoint landed (or the window is 10 min away)", "a disruption, not charged: stop the "
+        "attempt, journal the spare in that node's place, start the node's maintenance now when it may start early "
+        "(it is idle), and relaunch at once on the spare from that checkpoint; the node is a spare again once its "
+        "maintenance is over"),
     Row("limp", "a multislice job with job.min_slices: slices it runs on are not READY+HEALTHY (a repair, "
         "maintenance, a preemption, Google's autorepair, a slice missing; not a person's stop, nor a slice "
         "RESTARTING, back within minutes) and at least min_slices others are",

@@ -16,6 +16,7 @@ relabelled is never used, and said so.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import timedelta
 
@@ -26,7 +27,7 @@ from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.ending import end_unusable
 from tpuwatch.policy.limp import BRIEF_STATES, stop_waited
 from tpuwatch.policy.nodes import Cond, node_condition
-from tpuwatch.policy.state import Evidence, Memory, Phase, merge_evidence, move
+from tpuwatch.policy.state import Evidence, Limp, Memory, Phase, merge_evidence, move
 from tpuwatch.policy.values import Decision, RemakeSpare, Wait
 
 
@@ -50,6 +51,13 @@ def unfit(job: str, node: NodeSnapshot | None, part: NodeSnapshot | None, bad: t
 def free(draft: Draft, mem: Memory) -> list[str]:
     """The job's spares it may swap in now, in pool order (tpu.names, then tpu.spares)."""
     return [name for name, part in draft.obs.spares if not unfit(draft.cfg.job, draft.obs.node, part, mem.limp.bad)]
+
+
+def bind(slices: Sequence[str], limp: Limp, pairs: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """`Limp.swapped` with each (slot, node) of `pairs` bound, in slice order; a slot back on its
+    own node is no swap."""
+    bound = {**dict(limp.swapped), **dict(pairs)}
+    return tuple((slot, bound[slot]) for slot in slices if slot in bound and bound[slot] != slot)
 
 
 def track(draft: Draft, mem: Memory) -> Memory:
@@ -97,10 +105,7 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
         mem, final = end_unusable(draft, mem)
         if final is not None:
             return final
-    bound = dict(mem.limp.swapped)
-    for slot, spare in pairs:
-        bound[slot] = spare
-    swapped = tuple((slot, bound[slot]) for slot in cfg.slices if slot in bound and bound[slot] != slot)
+    swapped = bind(cfg.slices, mem.limp, pairs)
     away = [mem.limp.node_of(slot) for slot, _ in gone]
     mem = replace(mem, limp=replace(mem.limp, swapped=swapped, away=(*mem.limp.away, *away),
                                     away_since=(*mem.limp.away_since, *(now for _ in away))))

@@ -96,7 +96,8 @@ class PolicyConfig:
     # [recovery] report_faulty_hosts: a host the evidence points at is reported to the cloud for
     # repair (ReportHost); off, tpuwatch only says what a person should do.
     report_faulty_hosts: bool = False
-    # A multislice job's nodes, in slice order (empty: one node, `tpu_name`)
+    # A multislice job's nodes, in slice order (empty: one node, `tpu_name`; `(tpu_name,)` for a
+    # job on one node with spares)
     slices: tuple[str, ...] = ()
     queued_resource: str = ""  # the queued resource that made the node (a multislice job: its slices)
     # Whether a node that will not heal can be deleted and created again: not for slices created
@@ -133,9 +134,12 @@ class PolicyConfig:
             job=cfg.job_name,
             tpu_name=cfg.tpu_name,
             zones=zones,
-            slices=tuple(cfg.tpu["names"]),
+            # a job on one node with spares is a pool of one slot: its node, or a spare in its place
+            slices=tuple(cfg.tpu["names"]) or ((cfg.tpu_name,) if cfg.tpu["spares"] else ()),
             queued_resource=str(cfg.tpu["queued_resource"]),
-            recreatable=not cfg.tpu["names"] or bool(cfg.tpu["queued_resource"]),
+            # a job over nodes made one by one (or a pool with spares, which makes its dead nodes
+            # again itself: policy/spares.py) is never recreated by the rows
+            recreatable=bool(cfg.tpu["queued_resource"]) or not (cfg.tpu["names"] or cfg.tpu["spares"]),
             checkpoints_on_vm=bool(cfg.job["checkpoint_dir"]) and not str(cfg.job["checkpoint_dir"]).startswith("gs://"),
             min_slices=int(cfg.job["min_slices"]),
             spares=tuple(cfg.tpu["spares"]),

@@ -265,7 +265,7 @@ class SshWorkers:
                 env={**megascale_env(node, w.slice), **self.env},  # the job's own env wins
                 clean_grace=self.stop_grace if clean else None, notify_signal=self.notify_signal,
                 slice=w.slice, slices=slices,
-                libtpu_args=MEGASCALE_ABORT_FLAGS if node.slices and self.megascale_abort else (),
+                libtpu_args=MEGASCALE_ABORT_FLAGS if node.multislice and self.megascale_abort else (),
                 then_wait=then_wait, checkpoint_dir=self.checkpoint_dir, patterns=self.log_patterns)
 
         timeout = self.timeout + 2 * self.stop_grace + 10 if clean else self.timeout
@@ -416,10 +416,10 @@ MEGASCALE_ABORT_FLAGS = ("--megascale_error_reporter_abort_on_hang=true",
 def megascale_env(node: NodeSnapshot, slice: int) -> dict[str, str]:
     """What libtpu needs on a worker of slice `slice` to join a multislice job's slices over the
     data-center network: the coordinator (slice 0's first worker), its port, the number of
-    slices and this slice's id. {} for one node, and for slices whose `tpu-env` already carries
+    slices and this slice's id. {} for one node (its own, or a spare in its place), and for slices whose `tpu-env` already carries
     them (one multislice queued resource): values of ours would override the runtime's, and
     disagree with them where its slice order or coordinator is not ours."""
-    if not node.slices or megascale_from_runtime(node):
+    if not node.multislice or megascale_from_runtime(node):
         return {}
     first = min((w for w in node.workers if w.slice == 0), key=lambda w: w.index, default=None)
     address = first.internal_ip or first.external_ip if first is not None else ""
