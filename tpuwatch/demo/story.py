@@ -1,6 +1,8 @@
 """The demo's script: its pace, where it plays (a Cloud TPU API node or a Compute Engine MIG),
 the four disruptions, and when each one is played; or, with `--limp`, a multislice job over
-four slices that limps on three while one is lost and grows back onto it.
+four slices that limps on three while one is lost and grows back onto it; or, with `--spare`,
+the same job with a hot spare swapped in for a preempted slice, the slice made again as the
+spare.
 
 Rules of this module: the director decides when to inject a disruption only from what a person
 could see — the newest checkpoint in the bucket, the simulated slice's state, and whether the
@@ -18,7 +20,9 @@ saved on the slices left). Its trainer holds at a few steps until the story has 
 files the director writes, as a job stalled on its input would wait), so a loaded machine whose
 ticks lag the trainer plays the same story; the director lets it past on what a person sees:
 the job relaunched (the journal's attempts), or tpuwatch saying it saw the slice back (the
-journal's memory, shown by `status` and the dashboard).
+journal's memory, shown by `status` and the dashboard). The spare's story holds its trainer the
+same way until tpuwatch has made the preempted slice again (READY+HEALTHY, after the journal's
+`spare_remade` create), and the director notes when it saw that (`Director.seen`).
 
 The crash is not injected: the trainer's command carries `--segfault-at` with `--crash-once`,
 as a job with a rare bug would, and the director notices it from the marker file the trainer
@@ -30,7 +34,7 @@ from __future__ import annotations
 import json
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -165,9 +169,17 @@ class Stage(ABC):
         """Steps the trainer holds at (after their checkpoint) until the director lets it past."""
         return ()
 
-    def release(self, step: int, pace: Pace, played: list[Played], journal: Journal) -> bool:
+    def release(self, step: int, pace: Pace, played: list[Played], journal: Journal, sim: Any) -> bool:
         """The story has got far enough for the trainer to go past its hold at `step`."""
         return True
+
+    # What only the spare's story changes.
+    swaps = False  # the job has a hot spare; the summary says what the swap did
+
+    def sights(self, sim: Any, journal: Journal, seen: Mapping[str, datetime]) -> tuple[str, ...]:
+        """What the story shows besides its acts that is true now (the director keeps when each
+        was first seen, once an act has been played)."""
+        return ()
 
 
 class TpuNode(Stage):
@@ -351,7 +363,7 @@ class Multislice(Stage):
     def _stall(pace: Pace) -> int:
         return pace.at_step(0) + pace.ckpt_every - 1
 
-    def release(self, step: int, pace: Pace, played: list[Played], journal: Journal) -> bool:
+    def release(self, step: int, pace: Pace, played: list[Played], journal: Journal, sim: Any) -> bool:
         # The return is due at a checkpoint past the first hold: saved on the slices left.
         at = {p.act.key: p.fault_at for p in played}
         if step == self._stall(pace):  # the job on all slices: until it runs on the slices left
@@ -406,11 +418,105 @@ zone = {json.dumps(zone)}
             sim.inject("heal", node=self.lost)
 
 
+class Spared(Multislice):
+    """The swap: one job over four spot v4-8 slices of the Cloud TPU API created one by one and
+    a spare of their shape ([tpu] spares), with [tpu.spec] to make a dead spare again from. A
+    slice is preempted; tpuwatch swaps the spare into its place at once, and deletes and creates
+    the preempted slice again in the background, as the job's spare from then on."""
+
+    name = "demo-ms"
+    spare = "demo-4"
+    limps = False
+    swaps = True
+
+    def acts(self, pace: Pace) -> tuple[Act, ...]:
+        return (
+            Act("preempt", "slice preempted: spare in",
+                f"spot slice {self.lost} is preempted; tpuwatch should swap spare {self.spare} into its place "
+                f"(slice id {self.slices.index(self.lost)}) at once and relaunch the job there from the last "
+                f"checkpoint, charging nothing, then delete {self.lost} and create it again from [tpu.spec] "
+                "in the background, as the job's spare"),
+        )
+
+    def describe(self) -> str:
+        return (f"{len(self.slices)} simulated spot {self.accelerator} TPUs {', '.join(self.slices)} created one by "
+                f"one (a worker each) and a spare of their shape, {self.spare}: one multislice job over the "
+                f"{len(self.slices)} ([tpu] spares = [{self.spare!r}])")
+
+    def plot(self, acts: tuple[Act, ...]) -> str:
+        return (f"{self.lost} is preempted: tpuwatch should swap {self.spare} in at once and make {self.lost} "
+                "again as the new spare")
+
+    # The first hold stalls the job on all slices without saving once one is lost, as a real
+    # multislice job stalls in its collectives (the toy trainer would train on); the second
+    # waits for the preempted slice to be made again, so the story shows it before the job ends
+    # however slow the machine.
+    def holds(self, pace: Pace) -> tuple[int, ...]:
+        return self._stall(pace), pace.at_step(2)
+
+    def release(self, step: int, pace: Pace, played: list[Played], journal: Journal, sim: Any) -> bool:
+        at = {p.act.key: p.fault_at for p in played}
+        if step == self._stall(pace):
+            return relaunched_after(journal, at.get("preempt"))
+        return "preempt" in at and self.remade(sim, journal)
+
+    def sights(self, sim: Any, journal: Journal, seen: Mapping[str, datetime]) -> tuple[str, ...]:
+        return ("remade",) if "remade" in seen or self.remade(sim, journal) else ()
+
+    def remade(self, sim: Any, journal: Journal) -> bool:
+        """The preempted slice is READY+HEALTHY again, created by tpuwatch as a spare."""
+        if not sim.world.has_node(self.lost) or not self._usable(sim, (self.lost,)):
+            return False
+        return any(e.kind == "spare_remade" and e.data.get("node") == self.lost and e.data.get("create")
+                   for e in journal.events())
+
+    def job_lines(self) -> str:
+        return ""
+
+    def make(self, sim: Any) -> None:
+        for name in (*self.slices, self.spare):
+            sim.create_node(name, self.accelerator, spot=True, labels={OWNER_LABEL: JOB})
+
+    def tpu_table(self, project: str, zone: str) -> str:
+        # Slices created one by one are never deleted or created; the idle spare is, from [tpu.spec].
+        return f"""\
+[tpu]
+name = {json.dumps(self.name)}
+names = {json.dumps(list(self.slices))}
+spares = {json.dumps([self.spare])}
+project = {json.dumps(project)}
+zone = {json.dumps(zone)}
+
+[tpu.spec]
+accelerator_type = {json.dumps(self.accelerator)}
+runtime_version = "tpu-ubuntu2204-base"
+spot = true
+labels = {{ {OWNER_LABEL} = {json.dumps(JOB)} }}
+"""
+
+    def ready(self, sim: Any) -> bool:
+        return self._usable(sim, (*self.slices, self.spare))
+
+    def ready_for(self, sim: Any, act: Act) -> bool:
+        return self.ready(sim)
+
+    def inject(self, sim: Any, act: Act, pace: Pace) -> None:
+        if act.key == "preempt":
+            sim.inject("preempt", node=self.lost)
+
+
 STAGES: dict[str, type[Stage]] = {API_TPU: TpuNode, API_COMPUTE: ComputeMig}
 
 
-def stage_for(api: str, limp: bool = False) -> Stage:
-    """The stage `--api` (and `--limp`) name."""
+def stage_for(api: str, limp: bool = False, spare: bool = False) -> Stage:
+    """The stage `--api` (and `--limp` or `--spare`) name."""
+    if limp and spare:
+        raise UsageError("--limp and --spare are two stories; pick one (drop --limp or --spare)")
+    if spare:
+        if api != API_TPU:
+            raise UsageError(f"--spare: spares stand in for slices of the Cloud TPU API created one by one; "
+                             f"drop --api {api} (or --spare)")
+        return Spared()
     if limp:
         if api != API_TPU:
             raise UsageError(f"--limp: the limping story plays on slices of the Cloud TPU API created one by one; "
@@ -422,8 +528,8 @@ def stage_for(api: str, limp: bool = False) -> Stage:
         raise UsageError(f"--api: {api!r} is not one of {', '.join(APIS)}") from None
 
 
-def story(pace: Pace, api: str = API_TPU, limp: bool = False) -> tuple[Act, ...]:
-    return stage_for(api, limp).acts(pace)
+def story(pace: Pace, api: str = API_TPU, limp: bool = False, spare: bool = False) -> tuple[Act, ...]:
+    return stage_for(api, limp, spare).acts(pace)
 
 
 @dataclass(frozen=True)
@@ -486,10 +592,12 @@ class Director:
         self.stage = stage
         self.acts = stage.acts(pace)
         self.played: list[Played] = []
+        self.seen: dict[str, datetime] = {}  # what the stage shows besides its acts: when first seen
         self._scripted = [a for a in self.acts if a.key != "crash"]
 
     def poll(self, journal: Journal) -> None:
         self._notice_crash(journal)
+        self._look(journal)
         self._release(journal)
         done = [p.act.key for p in self.played]
         todo = [a for a in self._scripted if a.key not in done]
@@ -550,13 +658,20 @@ class Director:
         self.played.append(Played(act, t, mark, step=self.pace.crash_step))
         self.say(f"disruption {self._number(act)}/{len(self.acts)}: {act.title}: {act.expect}")
 
+    def _look(self, journal: Journal) -> None:
+        if not self.played:  # nothing to see before the story has started
+            return
+        now = datetime.now(timezone.utc)
+        for key in self.stage.sights(self.sim, journal, self.seen):
+            self.seen.setdefault(key, now)
+
     def _release(self, journal: Journal) -> None:
         """Let the trainer past each of the stage's holds once the story has got there, in order."""
         for step in self.stage.holds(self.pace):
             go = self.hold_dir / str(step)
             if go.exists():
                 continue
-            if not self.stage.release(step, self.pace, self.played, journal):
+            if not self.stage.release(step, self.pace, self.played, journal, self.sim):
                 return
             go.parent.mkdir(parents=True, exist_ok=True)
             go.touch()
