@@ -465,7 +465,10 @@ class Spared(Multislice):
 
     def remade(self, sim: Any, journal: Journal) -> bool:
         """The preempted slice is READY+HEALTHY again, created by tpuwatch as a spare."""
-        if not sim.world.has_node(self.lost) or not self._usable(sim, (self.lost,)):
+        try:
+            if not self._usable(sim, (self.lost,)):
+                return False
+        except UsageError:  # gone: deleted, not created again yet
             return False
         return any(e.kind == "spare_remade" and e.data.get("node") == self.lost and e.data.get("create")
                    for e in journal.events())
