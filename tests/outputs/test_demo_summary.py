@@ -210,7 +210,8 @@ def test_the_swap_says_what_the_spare_did_and_that_the_lost_slice_was_made_again
             "(those since that checkpoint), nothing charged to max_restarts. It did not wait for demo-1") in out, out
     assert ("was deleted 1.0s after the loss and created again from [tpu.spec] 1.5s after it, in the background while "
             "the job trained; READY again 1.9s after the loss, it is the job's spare from then on.") in out, out
-    assert "tpuwatch deleted and created none of the slices the job ran on" in out, out
+    assert ("The job waited for no delete or create: tpuwatch deleted and created no slice it ran on, only demo-1 "
+            "once idle, to make it again.") in out, out
     assert "result: ok: 1/1 disruptions recovered, final step 100/100" in out, out
     assert "limped" not in out and "packs a slice's loss and its remake into seconds" in out, out
 
@@ -227,7 +228,7 @@ def test_a_swap_whose_lost_slice_was_never_made_again_or_that_touched_the_job_is
     assert s.swap is not None and s.swap.job_path and not s.ok
     out = " ".join(text(render(s)).split())
     assert "not recovered: the swap: tpuwatch deleted or created a slice the job ran on" in out, out
-    assert "deleted and created none" not in out, out
+    assert "waited for no delete" not in out, out
 
     s = spare_summary(spare_run()[1], swapped=())
     assert s.swap is not None and s.swap.why == "no spare was swapped in" and not s.ok

@@ -56,8 +56,8 @@ def command(fast: bool, keep: bool, plain: bool, api: str, limp: bool, spare: bo
     With --spare the same four slices (spot) have a hot spare of their shape, demo-4 ([tpu]
     spares, and [tpu.spec] to make a spare again from). A slice is preempted: tpuwatch swaps the
     spare into its place at once and relaunches the job there, charging nothing, then deletes
-    the preempted slice and creates it again in the background as the job's spare; nothing the
-    job runs on is deleted or created. The summary adds what the swap did and what it cost.
+    the preempted slice and creates it again in the background as the job's spare; the job waits
+    for no delete or create. The summary adds what the swap did and what it cost.
 
     Everything runs on this machine: the simulator serves the TPU, Compute Engine and Logging
     APIs to the real Google client libraries, and the workers are SSH servers on loopback

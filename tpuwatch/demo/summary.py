@@ -328,8 +328,8 @@ def _swap_lines(sw: SwapCost, loss: Outcome | None) -> list[Text]:
                      f"{_secs(sw.deleted)} after the loss and created again from [tpu.spec] {_secs(sw.created)} after "
                      f"it, in the background while the job trained{ready}.")
     if not sw.job_path:
-        lines.append("tpuwatch deleted and created none of the slices the job ran on, only the idle one, to make it "
-                     "again.")
+        lines.append(f"The job waited for no delete or create: tpuwatch deleted and created no slice it ran on, only "
+                     f"{sw.lost} once idle, to make it again.")
     return [Text(line) for line in lines]
 
 
