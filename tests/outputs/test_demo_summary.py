@@ -233,3 +233,16 @@ def test_a_swap_whose_lost_slice_was_never_made_again_or_that_touched_the_job_is
     s = spare_summary(spare_run()[1], swapped=())
     assert s.swap is not None and s.swap.why == "no spare was swapped in" and not s.ok
     assert "not recovered: the swap: no spare was swapped in" in " ".join(text(render(s)).split())
+
+
+def test_a_swap_in_a_tick_stamped_just_before_the_loss_counts_to_that_tick_s_end() -> None:
+    # the tick that saw demo-1 preempted began (and stamped its events) at 1.55, before the loss
+    # at 1.6, and finished acting at 2.0
+    played, events, attempts, c = spare_run()
+    early = [JournalEvent(e.id, at(1.55), e.kind, e.reason, e.data) if e.time == at(1.7) else e for e in events]
+    s = summarize(played, [a.title for a in SPARE], early, [attempt(1, 0.0, 1.55, None),
+                                                            attempt(2, 1.55, 8.0, 20, outcome="success")],
+                  c, FAST, done=True, how_it_ended="job done", tick_end={at(1.55): at(2.0)}, steps=100,
+                  swapped=(("demo-1", "demo-4"),), slots=SLOTS, seen={"remade": at(3.5)})
+    assert s.swap is not None and s.swap.swapped is not None and abs(s.swap.swapped - 0.4) < 1e-6, s.swap
+    assert s.ok

@@ -172,10 +172,10 @@ def _swap_cost(played: Sequence[Played], events: Sequence[JournalEvent], swapped
     def since(t: datetime | None) -> float | None:
         return None if t is None else max(0.0, (tick_end.get(t, t) - loss).total_seconds())
 
-    # the `slices` event of the swap: its idle spares name the slice swapped out
-    swap = next((e for e in events if e.kind == "slices" and e.time >= loss and lost in (e.data.get("spares") or ())),
-                None)
-    remade = [e for e in events if e.kind == "spare_remade" and e.data.get("node") == lost and e.time >= loss]
+    # the `slices` event of the swap: its idle spares name the slice swapped out (a tick is
+    # stamped when it began, which can be just before the fault it then saw)
+    swap = next((e for e in events if e.kind == "slices" and lost in (e.data.get("spares") or ())), None)
+    remade = [e for e in events if e.kind == "spare_remade" and e.data.get("node") == lost]
     deleted = next((e.time for e in remade if not e.data.get("create")), None)
     created = next((e.time for e in remade if e.data.get("create")), None)
     ready = seen.get("remade")
@@ -185,7 +185,6 @@ def _swap_cost(played: Sequence[Played], events: Sequence[JournalEvent], swapped
            f"{lost} was never seen READY again" if ready is None else "")
     return SwapCost(lost, spare, slot_id, since(swap.time if swap else None), since(deleted), since(created),
                     since(ready), job_path, why)
-
 
 
 def _limp_cost(events: Sequence[JournalEvent], attempts: Sequence[AttemptRow], ckpts: dict[int, datetime],
