@@ -272,7 +272,9 @@ def test_fast_limp_demo_limps_on_three_slices_and_grows_back_onto_four(tmp_path:
     # checkpoint before the loss, the steps since lost.
     assert attempts[1]["start_step"] == FAST.at_step(0) and int(rows["lost"][-3]) > 0, (attempts, rows)
     grow = attempts[2]
-    assert str(grow["start_step"]) == limped.group(3) and attempts[1]["end_step"] == grow["start_step"], attempts
+    # It grows back from the newest complete checkpoint at the relaunch: the one tpuwatch stopped
+    # the job at, or one the job on 3 saved while a loaded machine's stop was under way.
+    assert str(grow["start_step"]) == limped.group(3) and attempts[1]["end_step"] <= grow["start_step"], attempts
     assert grow["end_step"] == 100, attempts
     # Limping only moves the job: tpuwatch deleted and created nothing.
     assert not [e for e in events if e["kind"] in ("delete", "create")], events
