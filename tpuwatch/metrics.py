@@ -44,6 +44,7 @@ from tpuwatch.errors import UsageError
 from tpuwatch.journal import AttemptRow, Journal, JournalEvent
 from tpuwatch.policy import Phase, PolicyConfig
 from tpuwatch.policy.alerts import disruption_kind
+from tpuwatch.policy.spares import unfit
 from tpuwatch.report import compute
 
 # time from an attempt's end (not a success) to the next launch, seconds
@@ -79,6 +80,11 @@ class Snapshot:
     # a multislice job: its slices, and those its attempts run on (fewer while it limps)
     slices: int = 0
     slices_in_use: int = 0
+    # a job with spares (tpu.spares): how many, how many could stand in for a slice now, and the
+    # slices that run on one
+    spares: int = 0
+    spares_ready: int = 0
+    slices_swapped: int = 0
 
 
 def goodput(job: str, events: Sequence[JournalEvent], attempts: Sequence[AttemptRow], now: datetime) -> float | None:
@@ -120,6 +126,9 @@ def snapshot(report: Any, journal: Journal, pcfg: PolicyConfig,
         api_requests=dict(calls.counts() if api_requests is None else api_requests),
         api_errors=dict(calls.errors() if api_errors is None else api_errors),
         slices=len(pcfg.slices), slices_in_use=len(mem.limp.kept(pcfg.slices)),
+        spares=len(pcfg.spares), slices_swapped=len(mem.limp.swapped),
+        spares_ready=sum(1 for _, part in report.spares
+                         if not unfit(pcfg.job, report.node, part, mem.limp.bad)) if pcfg.spares else 0,
     )
 
 
@@ -165,6 +174,12 @@ def families(s: Snapshot, now: datetime, *, api: bool = True) -> Iterator[Metric
         yield _gauge("tpuwatch_slices", "a multislice job's slices (tpu.names)", s.slices, job)
         yield _gauge("tpuwatch_slices_in_use", "the slices its attempts run on: fewer while it limps "
                      "(job.min_slices)", s.slices_in_use, job)
+    if s.spares:
+        yield _gauge("tpuwatch_spares", "a multislice job's hot spares (tpu.spares)", s.spares, job)
+        yield _gauge("tpuwatch_spares_ready", "its idle nodes that could stand in for a lost slice now (READY+HEALTHY, "
+                     "owned, of its shape, not failed their checks)", s.spares_ready, job)
+        yield _gauge("tpuwatch_slices_swapped", "its slices that run on a spare (or a node swapped out before) "
+                     "instead of their own node", s.slices_swapped, job)
     if api:
         yield from api_families(s.job, s.api_requests, s.api_errors)
     yield _gauge("tpuwatch_last_tick_timestamp_seconds", "when the last tick began", s.time.timestamp(), job)

@@ -148,6 +148,18 @@ class Limp:
 
 
 @dataclass(frozen=True)
+class Spares:
+    """A multislice job's hot spares over the report's window: how many, the chips of each (0:
+    unknown), the swaps onto them, and the waits the swaps spared the job (`spare_back`: from a
+    lost node's swap until it could stand in again)."""
+
+    count: int
+    chips: int
+    swaps: int
+    spared: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class Report:
     job: str
     start: datetime | None  # None: nothing journaled in the window
@@ -160,6 +172,7 @@ class Report:
     step_seconds: float | None  # the job's pace, when measured
     notes: tuple[str, ...] = field(default=())
     limps: tuple[Limp, ...] = ()  # the stretches it ran on fewer slices
+    spares: Spares | None = None  # a job with spares (tpu.spares)
 
     @property
     def wall(self) -> float:
@@ -207,6 +220,13 @@ class Report:
                         "training_seconds": round(sum(lp.training for lp in self.limps), 3),
                         "stretches": [{"start": lp.start.isoformat(), "end": lp.end.isoformat(),
                                        "slices": lp.in_use, "of": lp.of} for lp in self.limps]},
+            # a job with spares: the idle time they cost (every spare is idle all along: the job's
+            # slices hold as many nodes as they are), the swaps, and the waits they spared
+            "spares": None if self.spares is None else {
+                "count": self.spares.count, "idle_node_seconds": round(self.spares.count * wall, 3),
+                "idle_chip_hours": round(self.spares.count * self.spares.chips * wall / 3600, 3)
+                if self.spares.chips else None,
+                "swaps": self.spares.swaps, "waits_spared_seconds": round(sum(self.spares.spared), 3)},
         }
 
 
@@ -217,8 +237,9 @@ class _Ckpt:
 
 
 def compute(job: str, events: Sequence[JournalEvent], attempts: Sequence[AttemptRow], now: datetime,
-            since: datetime | None = None) -> Report:
-    """The report of one job from its whole journal; `since` keeps only wall time after it."""
+            since: datetime | None = None, spares: int = 0, spare_chips: int = 0) -> Report:
+    """The report of one job from its whole journal; `since` keeps only wall time after it. A job
+    with `spares` (tpu.spares) of `spare_chips` chips each (0: unknown) gets their account."""
     events = sorted(events, key=lambda e: e.id)
     attempts = sorted(attempts, key=lambda a: a.number)
     times = [e.time for e in events] + [a.start for a in attempts]
@@ -254,7 +275,25 @@ def compute(job: str, events: Sequence[JournalEvent], attempts: Sequence[Attempt
                      "hung" if hung(a) else (a.outcome or "running"), a.reason or "running")
                  for a in attempts if a.start < end and (a.end is None or a.end > start))
     limps = tuple(c for c in (_clip_limp(lp, start, end) for lp in _limps(events, end)) if c is not None)
-    return Report(job, start, end, state, kept, marks, causes, runs, pace, tuple(notes), limps)
+    spared = None
+    if spares:
+        swaps = sum(1 for e in events if e.kind == "slices" and e.data.get("row") == "swap" and start <= e.time <= end)
+        back = tuple(float(e.data.get("seconds") or 0.0) for e in events
+                     if e.kind == "spare_back" and start <= e.time <= end)
+        spared = Spares(spares, spare_chips, swaps, back)
+    return Report(job, start, end, state, kept, marks, causes, runs, pace, tuple(notes), limps, spared)
+
+
+# How an accelerator type counts: v2, v3, v4 and v5p by TensorCores (two a chip), v5e
+# (v5litepod) and v6e by chips.
+_CORES_A_CHIP = {"v2": 2, "v3": 2, "v4": 2, "v5p": 2, "v5litepod": 1, "v6e": 1}
+
+
+def chips(accelerator_type: str) -> int:
+    """The chips of a node of `accelerator_type` ("v5p-16": 8); 0 when this tpuwatch does not know."""
+    family, _, size = accelerator_type.rpartition("-")
+    per = _CORES_A_CHIP.get(family)
+    return int(size) // per if per and size.isdigit() else 0
 
 
 def _limps(events: Sequence[JournalEvent], end: datetime) -> list[Limp]:
@@ -544,6 +583,12 @@ def text(report: Report, top: int = 5) -> str:
         lines += ["", f"limping: {human(limped)} on fewer slices (down to {fewest} of {of}), "
                       f"{len(report.limps)} time(s); it trained the equal of {human(sum(lp.training for lp in report.limps))} "
                       "at full size, which waiting for the lost slices would have lost"]
+    sp = report.spares
+    if sp is not None:
+        chips = f" ({sp.count * sp.chips * wall / 3600:.1f} chip-hours)" if sp.chips else ""
+        lines += ["", f"spares: {sp.count} idle all along, {human(sp.count * wall)} of spare time{chips}; "
+                      f"{sp.swaps} swap(s) onto them, which spared the job {human(sum(sp.spared))} of waiting for "
+                      f"the lost slice(s) to come back ({len(sp.spared)} back so far)"]
     lines += [f"note: {n}" for n in report.notes]
     return "\n".join(lines)
 

@@ -244,7 +244,12 @@ class Reconciler:
                 self.journal.add_event(st.now, "slices", decision.summary,
                                        {"out": list(limp.out), "in_use": len(limp.kept(self.pcfg.slices)),
                                         "of": len(self.pcfg.slices), "on": list(limp.kept(self.pcfg.slices)),
+                                        "row": decision.row,
                                         "spares": list(limp.idle(self.pcfg.slices, self.pcfg.spares))})
+            for node, since in _back(mem, decision.memory, obs):  # a node swapped out can stand in again
+                self.journal.add_event(st.now, "spare_back", f"{node} can stand in for a slice again, "
+                                       f"{human((st.now - since).total_seconds())} after it was swapped out: the wait "
+                                       "the swap spared the job", {"node": node, "seconds": (st.now - since).total_seconds()})
             if st.precheck is not None:
                 precheck.record(self.journal, st.now, st.precheck)
             if st.journaled:
@@ -527,3 +532,10 @@ def _describe(action: Action) -> str:
 def _moved(new: Memory, old: Memory) -> bool:
     """The slices the job runs on changed: a slice left out or taken back, a spare swapped in."""
     return new.limp.out != old.limp.out or new.limp.swapped != old.limp.swapped
+
+
+def _back(old: Memory, new: Memory, obs: Observation) -> list[tuple[str, datetime]]:
+    """The nodes swapped out while lost that this decision saw able to stand in again."""
+    left = set(zip(new.limp.away, new.limp.away_since, strict=True))
+    idle = dict(obs.spares)
+    return [(n, t) for n, t in zip(old.limp.away, old.limp.away_since, strict=True) if (n, t) not in left and n in idle]

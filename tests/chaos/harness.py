@@ -123,7 +123,7 @@ class Watched:
 
     def __init__(self, sim: Simulator, tmp: Path, name: str, *, seed: int, accelerator: str = "v4-16",
                  steps: int = 100_000, spot: bool = False, recreatable: bool = False, slices: int = 0,
-                 min_slices: int = 0,
+                 min_slices: int = 0, spares: int = 0,
                  env: dict[str, str] | None = None, job_env: dict[str, str] | None = None,
                  labels: dict[str, str] | None = None, zone: str | None = None, command_prefix: str = "",
                  **recovery: object) -> None:
@@ -138,6 +138,8 @@ class Watched:
         # a multislice job over slices <name>-0..N-1 created one by one, that may limp on min_slices
         self.names = [f"{name}-{i}" for i in range(slices)] if slices else [name]
         self.min_slices = min_slices
+        # and its hot spares <name>-s0..M-1, made the same way
+        self.spares = [f"{name}-s{i}" for i in range(spares)]
         self.recovery = {**RECOVERY, **recovery}
         self.ck = sim.bucket / name
         self.state_dir = tmp / f"state-{name}"
@@ -149,7 +151,7 @@ class Watched:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
         self.starts = 0
-        for node in self.names:
+        for node in (*self.names, *self.spares):
             sim.create_node(node, accelerator, labels={"tpuwatch-job": name} if labels is None else labels, spot=spot,
                             zone=zone)
         self.env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(self.state_dir), **(env or {})}
@@ -167,6 +169,8 @@ class Watched:
         lines = ["[tpu]", f"name = {json.dumps(self.name)}"] + ([f"zone = {json.dumps(self.zone)}"] if self.zone else [])
         if len(self.names) > 1:
             lines.append(f"names = {toml_value(self.names)}")
+        if self.spares:
+            lines.append(f"spares = {toml_value(self.spares)}")
         if self.recreatable:
             lines += ["[tpu.spec]", f"accelerator_type = {json.dumps(self.accelerator)}",
                       'runtime_version = "tpu-ubuntu2204-base"', f"spot = {toml_value(self.spot)}"]

@@ -268,6 +268,90 @@ def test_kills_while_a_multislice_job_limps_and_grows_back(tmp_path: Path) -> No
         assert sim.world.call_count("DeleteNode") == 0 and sim.world.call_count("CreateNode") == 0
 
 
+# kill points a multislice job with spares must survive: between a slice's loss and the relaunch
+# on a spare (>= 20), and while a preempted node swapped out is made again as a spare
+SWAP_KILLS = 20
+REMAKE_KILLS = 6
+
+
+def test_kills_while_a_multislice_job_swaps_lost_slices_for_spares(tmp_path: Path) -> None:
+    """Four Spot slices created one by one and two Spot spares, with [tpu.spec] to make a dead
+    spare again. A seeded node the job runs on is lost again and again, in turn to a stuck
+    maintenance (healed once the job runs on a spare) and to a preemption (the node then deleted
+    and created again in the background, as a spare). The watcher is killed between the loss and
+    the relaunch on the spare ("swap"), and while the preempted node is made again ("remake").
+    Never two trainers on a worker, never two attempts alive at once, every attempt resumed from
+    the newest complete checkpoint, nothing charged, and each preempted node deleted and created
+    exactly once."""
+    with Simulator(root=tmp_path / "sim", speed=600, seed=SEED) as sim:
+        job = Watched(sim, tmp_path, "chaos-swap", seed=SEED * 101 + 5, accelerator="v4-8", slices=4, spares=2,
+                      spot=True, recreatable=True)
+        try:
+            job.start()
+            job.running_with_progress()
+            cycles, preempted, final = 0, 0, False
+            while True:
+                if counted(job.kills, "swap") >= SWAP_KILLS and counted(job.kills, "remake") >= REMAKE_KILLS:
+                    finish_at(job, 400)  # the last cycle's swap is killed nowhere; the end lies past it
+                    final = True
+                job.wait(lambda: time.monotonic() - job.started_at > 1.2, what="the watcher up")
+                before = newest_attempt(job)
+                lost = job.rng.choice(sorted(nodes_on(job, before)))
+                preempt = cycles % 2 == 1
+                old = job.node(lost).id
+                if preempt:
+                    sim.inject("preempt", node=lost)
+                    preempted += 1
+                else:
+                    sim.inject("maintenance", node=lost, stuck="REPAIRING")  # down until the test heals it
+                since = job.wait(lambda lost=lost: not job.usable(lost), what=f"{lost} down")
+                for _ in range(0 if final else 2):
+                    if not kill_in_stage(job, since, 0.0, 0.8, "swap", lambda b=before: runs_newer(job, b, 4)):
+                        break
+                    since = job.started_at
+                # the world's word that the job moved: a newer attempt on 4 nodes, none of them the lost one
+                job.wait(lambda b=before: runs_newer(job, b, 4), what="the swap")
+                assert lost not in nodes_on(job, before + 1), (lost, job.sampler.trainers())
+                if preempt:
+                    since = time.monotonic()
+                    for _ in range(0 if final else 2):
+                        if not kill_in_stage(job, since, 0.0, 1.0, "remake",
+                                             lambda lost=lost, old=old: remade(job, lost, old)):
+                            break
+                        since = job.started_at
+                    job.wait(lambda lost=lost, old=old: remade(job, lost, old), timeout=60, what=f"{lost} made again")
+                else:
+                    sim.inject("heal", node=lost)
+                    job.wait(lambda lost=lost: job.usable(lost), what=f"{lost} back")
+                cycles += 1
+                if final:
+                    break
+                job.running_with_progress()
+            rc = job.finish()
+            report(job)
+            result = job.assert_invariants(rc)
+            assert counted(job.kills, "swap") >= SWAP_KILLS and counted(job.kills, "remake") >= REMAKE_KILLS, job.kills
+            assert not any(a["charged"] for a in result["attempts"]), result["attempts"]
+            assert len(result["attempts"]) >= cycles + 1, (cycles, result["attempts"])
+        finally:
+            job.close()
+        assert sim.world.scheduler_errors == [] and sim.world.host_errors == []
+        # a preempted node made again once, whatever the kills: never twice, and nothing else
+        assert sim.world.call_count("DeleteNode") == preempted and sim.world.call_count("CreateNode") == preempted
+
+
+def nodes_on(job: Watched, attempt: int) -> set[str]:
+    """The nodes on which a trainer of an attempt at least `attempt` runs (a worker's marker is
+    "<instance>/<project>/<zone>/<node>/<index>")."""
+    return {w.split("/")[-2] for w, procs in job.sampler.trainers().items() if any(a >= attempt for _, a in procs)}
+
+
+def remade(job: Watched, name: str, old: str) -> bool:
+    """Node `name` exists again, another node than `old`, READY and HEALTHY."""
+    node = job.node(name)
+    return node is not None and node.id != old and node.state == "READY" and node.health == "HEALTHY"
+
+
 def newest_attempt(job: Watched) -> int:
     return max((a for procs in job.sampler.trainers().values() for _, a in procs), default=0)
 

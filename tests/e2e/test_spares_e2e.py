@@ -30,23 +30,23 @@ from tpuwatch.sim.simulator import Simulator
 pytestmark = pytest.mark.slow
 
 SLICES = ("np-0", "np-1", "np-2", "np-3")
-POOL = (*SLICES, "sp-0")
+POOL = (*SLICES, "sp-0", "sp-1")
 STEPS = 200
 
 
-def spared_job(sim: Simulator, tmp_path: Path, *, spot: str = "",
-               spec: dict[str, object] | None = None) -> tuple[Path, dict[str, str], Path]:
+def spared_job(sim: Simulator, tmp_path: Path, *, spot: str = "", spec: dict[str, object] | None = None,
+               spares: tuple[str, ...] = ("sp-0",)) -> tuple[Path, dict[str, str], Path]:
     """The 4 slices and the spare READY with booted workers (`spot` made a Spot node, to be
     preempted); the job's config over them (with `spec` as its [tpu.spec]); the directory whose
     file `100` lets the trainer past step 100."""
-    for name in POOL:
+    for name in (*SLICES, *spares):
         sim.create_node(name, "v4-8", labels={"tpuwatch-job": "ms"}, spot=name == spot)
     ck = sim.bucket / "ck"
     go = tmp_path / "go"
     go.mkdir()
     command = "SLICES_SAID={num_slices} " + trainer(ck, f"--hold-at 100 --hold-until {go} --save-on-term 1",
                                                     steps=STEPS)
-    cfg = write_config(tmp_path / "tpuwatch.toml", sim, command, ck, tpu={"names": list(SLICES), "spares": ["sp-0"]},
+    cfg = write_config(tmp_path / "tpuwatch.toml", sim, command, ck, tpu={"names": list(SLICES), "spares": list(spares)},
                        name="ms", spec=spec)
     env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
     return cfg, env, go
@@ -122,6 +122,9 @@ def test_a_preempted_slice_is_swapped_for_the_spare_in_its_place_with_no_delete_
         resumed = {int(e["TPUWATCH_STEP"]) for e in swapped.values()}
         mem = memory(tmp_path)
         assert mem is not None and mem.limp.swapped == (("np-1", "sp-0"),) and mem.limp.out == ()
+        shown = json.loads(subprocess.run([sys.executable, "-m", "tpuwatch.cli", "status", "sp-0", "--json"], env=env,
+                                          text=True, capture_output=True, timeout=60).stdout)
+        assert "on spares: np-1 -> sp-0" in shown["nodes"][0]["job"]["job"], shown["nodes"][0]["job"]
         (go / "100").touch()
         rc, out = finish(proc, timeout=150)
     finally:
@@ -161,6 +164,10 @@ def test_the_slice_swapped_out_is_the_spare_once_back_and_stands_in_for_the_next
     assert [(a["outcome"], a["charged"]) for a in attempts(cfg, env)] == [
         ("disruption", False), ("disruption", False), ("success", False)]
     assert sim.world.call_count("DeleteNode") == 0 and sim.world.call_count("CreateNode") == 0
+    # the report's account: two swaps, and the wait np-2's heal would have cost spared (np-0 not back yet)
+    spares = json.loads(subprocess.run([sys.executable, "-m", "tpuwatch.cli", "report", "-c", str(cfg), "--json"],
+                                       env=env, text=True, capture_output=True, timeout=60).stdout)["spares"]
+    assert spares["count"] == 1 and spares["swaps"] == 2 and spares["waits_spared_seconds"] > 0, spares
 
 
 def test_a_preempted_slice_swapped_out_is_deleted_and_created_again_as_the_spare_while_the_job_runs(
@@ -193,6 +200,29 @@ def test_a_preempted_slice_swapped_out_is_deleted_and_created_again_as_the_spare
         ("disruption", False), ("disruption", False), ("success", False)]
     # one delete and one create, both of the spare: none on the job's path
     assert sim.world.call_count("DeleteNode") == 1 and sim.world.call_count("CreateNode") == 1
+
+
+def test_a_spare_whose_launch_checks_fail_is_skipped_for_the_next_one(sim: Simulator, tmp_path: Path) -> None:
+    cfg, env, go = spared_job(sim, tmp_path, spot="np-1", spares=("sp-0", "sp-1"))
+    sim.inject("device-missing", node="sp-0", worker=0)
+    proc = watch(cfg, env)
+    try:
+        wait(lambda: len(on_attempt(sim, 1)) == 4, proc, "attempt 1 on the 4 slices")
+        sim.inject("preempt", node="np-1")
+        wait(lambda: len(on_attempt(sim, 2)) == 4, proc, "attempt 2")
+        assert sorted(on_attempt(sim, 2)) == ["np-0", "np-2", "np-3", "sp-1"]  # never on sp-0
+        (go / "100").touch()
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    assert "launch-time checks fail on spare sp-0 (slice 1, np-1)" in out, out
+    assert "slice 1 (np-1) on sp-1 instead of" in out, out
+    assert [(a["outcome"], a["charged"]) for a in attempts(cfg, env)] == [("disruption", False), ("success", False)]
+    mem = memory(tmp_path)
+    assert mem is not None and mem.limp.swapped == (("np-1", "sp-1"),) and len(mem.limp.bad) == 1, mem.limp
+    assert mem.limp.bad[0].startswith("sp-0@") and mem.budgets.restarts == 0
 
 
 def test_a_spare_a_person_deleted_or_relabelled_is_never_used_nor_remade_and_said(

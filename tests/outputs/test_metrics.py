@@ -261,3 +261,17 @@ def test_a_multislice_job_that_limps_shows_its_slices_and_those_in_use() -> None
     assert got[("tpuwatch_slices", job)] == 4 and got[("tpuwatch_slices_in_use", job)] == 3
     one = samples(generate_latest(metrics.registry_for(SNAP, clock=lambda: at(1000))[0]).decode())
     assert ("tpuwatch_slices", job) not in one  # a job on one node has no slices to count
+
+
+def test_a_job_with_spares_shows_them_those_ready_and_the_slices_swapped() -> None:
+    from dataclasses import replace
+
+    from prometheus_client.exposition import generate_latest
+
+    job = (("job_name", "llm"),)
+    spared = replace(SNAP, slices=4, slices_in_use=4, spares=2, spares_ready=1, slices_swapped=1)
+    got = samples(generate_latest(metrics.registry_for(spared, clock=lambda: at(1000))[0]).decode())
+    assert (got[("tpuwatch_spares", job)], got[("tpuwatch_spares_ready", job)],
+            got[("tpuwatch_slices_swapped", job)]) == (2, 1, 1)
+    one = samples(generate_latest(metrics.registry_for(SNAP, clock=lambda: at(1000))[0]).decode())
+    assert ("tpuwatch_spares", job) not in one

@@ -326,3 +326,25 @@ def test_a_job_that_limped_shows_its_hours_on_fewer_slices_and_the_training_they
     # a window that starts inside a stretch keeps only its part of it
     assert compute("pod", j.events, j.attempts, now=at(4000), since=at(2400)).as_dict()["limping"]["seconds"] == 200
     assert compute("pod", story().events, story().attempts, now=at(4000)).as_dict()["limping"]["seconds"] == 0
+
+
+def test_a_job_with_spares_shows_their_idle_time_its_swaps_and_the_waits_they_spared() -> None:
+    """One spare of 4 chips all along; swaps at 1000 s and 3000 s; the first node swapped out
+    could stand in again 900 s after its swap (its heal): the wait the swap spared the job."""
+    from tpuwatch.report import chips, text
+
+    j = story()
+    j.event(1000, "slices", "swapped for a spare", out=[], in_use=4, of=4, row="swap")
+    j.event(1900, "spare_back", "np-1 can stand in again", node="np-1", seconds=900.0)
+    j.event(2000, "slices", "limping", out=["np-2"], in_use=3, of=4, row="limp")
+    j.event(3000, "slices", "swapped for a spare", out=[], in_use=4, of=4, row="swap")
+    report = compute("pod", j.events, j.attempts, now=at(4000), spares=1, spare_chips=4)
+    wall = report.wall
+    assert report.as_dict()["spares"] == {"count": 1, "idle_node_seconds": round(wall, 3),
+                                          "idle_chip_hours": round(4 * wall / 3600, 3), "swaps": 2,
+                                          "waits_spared_seconds": 900.0}
+    assert "spares: 1 idle all along" in text(report) and "2 swap(s) onto them, which spared the job 15m00s" in text(
+        report), text(report)
+    assert compute("pod", j.events, j.attempts, now=at(4000)).as_dict()["spares"] is None  # no spares: no account
+    assert (chips("v5p-16"), chips("v4-8"), chips("v5litepod-8"), chips("v6e-4"), chips("tpu9-8"), chips("")) == (
+        8, 4, 8, 4, 0, 0)

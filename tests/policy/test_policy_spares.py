@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from policy_support import LIMP_SLICES as SLICES
-from policy_support import LIMPS, ckpt, kinds, limp_look, limp_part, run_mem, tick
+from policy_support import LIMPS, ckpt, kinds, limp_look, limp_part, pre, run_mem, tick
 
 from tpuwatch.model import WorkerProbe
 from tpuwatch.policy import Limp, Memory, Phase, RemakeSpare, StopWorkers
@@ -145,12 +145,13 @@ def test_a_dead_idle_spare_is_deleted_then_created_again_with_the_creates_spaced
     create = tick(gone, going.memory, 660, cfg=REMADE)
     assert create.row == "spare_remake" and [(a.name, a.create) for a in create.actions
                                              if isinstance(a, RemakeSpare)] == [("s2", True)]
-    # the create came to nothing (a stockout): tried again no sooner than a minute, then two
-    assert tick(gone, create.memory, 700, cfg=REMADE).row == "running"
-    second = tick(gone, create.memory, 721, cfg=REMADE)
+    # the create came to nothing (a stockout): tried again as a queued create is (backoff_base
+    # 10 s, doubling; jitter 0.5 keeps 3/4 of it)
+    assert tick(gone, create.memory, 667, cfg=REMADE).row == "running"
+    second = tick(gone, create.memory, 668, cfg=REMADE)
     assert second.row == "spare_remake" and second.memory.limp.remake_tries == 2
-    assert tick(gone, second.memory, 721 + 110, cfg=REMADE).row == "running"
-    assert tick(gone, second.memory, 721 + 121, cfg=REMADE).row == "spare_remake"
+    assert tick(gone, second.memory, 682, cfg=REMADE).row == "running"
+    assert tick(gone, second.memory, 684, cfg=REMADE).row == "spare_remake"
     back = tick(limp_look({"s2": "CREATING"}, second.memory, spares=("x0",), probes=running_all()), second.memory,
                 900, cfg=REMADE)
     assert back.memory.limp.remaking == () and back.memory.limp.remake_tries == 0
@@ -169,3 +170,19 @@ def test_a_spare_tpuwatch_did_not_delete_is_never_created() -> None:
     mem = run_mem(step=100)
     d = tick(limp_look({}, mem, spares=("x0",), parts={"x0": None}, probes=running_all()), mem, 600, cfg=REMADE)
     assert d.row == "running" and not [a for a in d.actions if isinstance(a, RemakeSpare)]
+
+
+def test_a_spare_whose_launch_checks_fail_is_not_used_again_and_another_is_swapped_in() -> None:
+    cfg = replace(SPARES, spares=("x0", "x1"))
+    mem = replace(run_mem(step=100), phase=Phase.IDLE, limp=Limp(swapped=(("s2", "x0"),)))
+    looked = limp_look({"s2": "PREEMPTED"}, mem, spares=("x0", "x1"), probes=absent(),
+                       precheck=pre(("devices", 4, False), workers=8, node_id="id-s0+id-s1+id-x0+id-s3"))
+    d = tick(looked, mem, 600, cfg=cfg)  # worker 4 is slice 2's first: x0's
+    assert d.row == "spare_bad" and d.memory.limp.swapped == () and d.memory.limp.bad == ("x0@id-x0",)
+    assert not kinds(d) and not d.ended and "spare x0 (slice 2, s2)" in d.summary
+    again = tick(limp_look({"s2": "PREEMPTED"}, d.memory, spares=("x0", "x1"), probes=absent()), d.memory, 601,
+                 cfg=cfg)
+    assert again.row == "swap" and again.memory.limp.swapped == (("s2", "x1"),)
+    # the failing check of a slice of the job's own is waited for as before, not blamed on a spare
+    own = tick(replace(looked, precheck=pre(("devices", 0, False), workers=8)), mem, 600, cfg=cfg)
+    assert own.row == "precheck_wait"

@@ -493,6 +493,15 @@ def test_row_spare_remake() -> None:
     assert d.row == "spare_remake" and kinds(d) == ["remake_spare"] and d.memory.limp.remaking == ("s2",)
 
 
+def test_row_spare_bad() -> None:
+    """More cases: tests/policy/test_policy_spares.py."""
+    mem = replace(run_mem(step=100), phase=Phase.IDLE, limp=Limp(swapped=(("s2", "x0"),)))
+    looked = limp_look({"s2": "PREEMPTED"}, mem, spares=("x0",), probes=tuple(WorkerProbe(w, "absent") for w in range(8)),
+                       precheck=pre(("devices", 5, False), workers=8))
+    d = tick(looked, mem, now=600, cfg=replace(LIMPS, min_slices=0, spares=("x0",)))
+    assert d.row == "spare_bad" and d.memory.limp.swapped == () and d.memory.limp.bad == ("x0@id-x0",)
+
+
 def test_row_grow_wait() -> None:
     mem = run_mem(step=200, limp=Limp(out=("s2",)))
     d = tick(limp_look({}, mem, probes=running(1, workers=6), checkpoint=ckpt(300)), mem, now=900, cfg=LIMPS)

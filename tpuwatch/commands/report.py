@@ -39,7 +39,7 @@ def command(config_path: Path, since: str | None, as_json: bool, html_path: Path
     from tpuwatch.commands.history import since_time
     from tpuwatch.config import load_config
     from tpuwatch.journal import Journal
-    from tpuwatch.report import compute, text
+    from tpuwatch.report import chips, compute, text
     from tpuwatch.ui import report_html
 
     start = since_time(since)
@@ -48,7 +48,9 @@ def command(config_path: Path, since: str | None, as_json: bool, html_path: Path
     cfg = load_config(config_path, require_command=False)
     with Journal.open(cfg.state_dir, cfg.job_name, cfg.tpu_name, readonly=True) as journal:
         events, attempts = journal.events(), journal.attempts()
-    report = compute(cfg.job_name, events, attempts, datetime.now(timezone.utc), since=start)
+    spares = tuple(cfg.tpu["spares"])
+    report = compute(cfg.job_name, events, attempts, datetime.now(timezone.utc), since=start, spares=len(spares),
+                     spare_chips=chips(str((cfg.tpu["spec"] or {}).get("accelerator_type", ""))) if spares else 0)
     if html_path is not None:
         report_html.write(report, html_path)
     if as_json:

@@ -137,6 +137,8 @@ def journal_facts(node: NodeSnapshot) -> dict[str, Any] | None:
         if mem.limp.out:  # a multislice job that runs on fewer slices (job.min_slices)
             since = f" since {mem.limp.since.isoformat()}" if mem.limp.since is not None else ""
             out["job"] += f"; limping without {', '.join(mem.limp.out)}{since}"
+        if mem.limp.swapped:  # slices that run on a spare (tpu.spares)
+            out["job"] += "; on spares: " + ", ".join(f"{slot} -> {node}" for slot, node in mem.limp.swapped)
     if warned is not None:
         out["checkpoint_warning"] = f"{warned.reason} (as of {warned.time.isoformat()})"
     return out

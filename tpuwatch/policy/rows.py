@@ -94,8 +94,11 @@ ROWS: tuple[Row, ...] = (
     Row("spare_remake", "the job runs on or waits (nothing else to do this tick) and an idle spare, owned by the job "
         "and made alone, is PREEMPTED / TERMINATED with [tpu.spec] there to make it from; or one tpuwatch deleted so "
         "is gone", "journal it as one tpuwatch makes again, delete it; once gone, create it again from [tpu.spec] "
-        "(a failed create tried again after 1 min, doubling to 30 min at most). A spare tpuwatch did not delete is "
-        "never created"),
+        "(one that came to nothing tried again as a queued create is: recovery.backoff_base, doubling to "
+        "recovery.backoff_max). A spare tpuwatch did not delete is never created"),
+    Row("spare_bad", "before a launch, the launch-time checks fail on workers of a spare swapped in (after the "
+        "cleanup of what tpuwatch can fix)", "not charged, nothing launched: the spare is not used again until it is "
+        "made again (its node id), its slot goes back to its own node; another spare, a limp or a wait follows"),
     Row("limp", "a multislice job with job.min_slices: slices it runs on are not READY+HEALTHY (a repair, "
         "maintenance, a preemption, Google's autorepair, a slice missing; not a person's stop, nor a slice "
         "RESTARTING, back within minutes) and at least min_slices others are",

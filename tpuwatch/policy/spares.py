@@ -20,7 +20,8 @@ from dataclasses import replace
 from datetime import timedelta
 
 from tpuwatch.durations import human
-from tpuwatch.model import NodeSnapshot
+from tpuwatch.model import CheckItem, NodeSnapshot
+from tpuwatch.policy.backoff import backoff_delay
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.ending import end_unusable
 from tpuwatch.policy.limp import BRIEF_STATES, stop_waited
@@ -29,11 +30,13 @@ from tpuwatch.policy.state import Evidence, Memory, Phase, merge_evidence
 from tpuwatch.policy.values import Decision, RemakeSpare, Wait
 
 
-def unfit(job: str, node: NodeSnapshot | None, part: NodeSnapshot | None) -> str:
+def unfit(job: str, node: NodeSnapshot | None, part: NodeSnapshot | None, bad: tuple[str, ...] = ()) -> str:
     """Why `part`, a node of job `job`'s pool, cannot stand in for a slice of `node` (the job's
-    node as it runs) now; "" when it can."""
+    node as it runs) now; "" when it can. `bad`: Limp.bad."""
     if part is None:
         return "missing"
+    if f"{part.name}@{part.id}" in bad:
+        return "failed its launch-time checks (not used again until it is made again)"
     if not part.owned_by(job):
         return f"not owned by job {job} (its ownership label says {part.owner or 'nothing'})"
     shapes = {p.accelerator_type for p in (node.slices if node is not None else ()) if p.accelerator_type}
@@ -44,9 +47,22 @@ def unfit(job: str, node: NodeSnapshot | None, part: NodeSnapshot | None) -> str
     return ""
 
 
-def free(draft: Draft) -> list[str]:
+def free(draft: Draft, mem: Memory) -> list[str]:
     """The job's spares it may swap in now, in pool order (tpu.names, then tpu.spares)."""
-    return [name for name, part in draft.obs.spares if not unfit(draft.cfg.job, draft.obs.node, part)]
+    return [name for name, part in draft.obs.spares if not unfit(draft.cfg.job, draft.obs.node, part, mem.limp.bad)]
+
+
+def track(draft: Draft, mem: Memory) -> Memory:
+    """A node swapped out while lost that can stand in again (or is no longer in the job's pool)
+    is no longer away: the tick journals the wait it would have cost (`spare_back`)."""
+    if not mem.limp.away:
+        return mem
+    seen = dict(draft.obs.spares)
+    kept = [(n, t) for n, t in zip(mem.limp.away, mem.limp.away_since, strict=True)
+            if n in seen and unfit(draft.cfg.job, draft.obs.node, seen[n], mem.limp.bad)]
+    if len(kept) == len(mem.limp.away):
+        return mem
+    return replace(mem, limp=replace(mem.limp, away=tuple(n for n, _ in kept), away_since=tuple(t for _, t in kept)))
 
 
 def swap(draft: Draft, mem: Memory) -> Decision | None:
@@ -56,7 +72,7 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
     places. A slice a person stopped is left alone (the job pauses), a slice that restarts is
     waited for (BRIEF_STATES), as a limp does. None: nothing to swap."""
     cfg, node, now = draft.cfg, draft.obs.node, draft.now
-    spares = free(draft)
+    spares = free(draft, mem)
     if not spares:
         return None
     out = [slot for slot, part in zip(mem.limp.out, draft.obs.left_out, strict=True)
@@ -85,7 +101,9 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
     for slot, spare in pairs:
         bound[slot] = spare
     swapped = tuple((slot, bound[slot]) for slot in cfg.slices if slot in bound and bound[slot] != slot)
-    mem = replace(mem, limp=replace(mem.limp, swapped=swapped))
+    away = [mem.limp.node_of(slot) for slot, _ in gone]
+    mem = replace(mem, limp=replace(mem.limp, swapped=swapped, away=(*mem.limp.away, *away),
+                                    away_since=(*mem.limp.away_since, *(now for _ in away))))
     said = "; ".join(
         f"slice {cfg.slices.index(slot)} ({slot}) on {spare} instead of {was[slot]}"
         for slot, spare in pairs)
@@ -99,20 +117,15 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
                                                       "replaces is a spare once READY+HEALTHY again"))
 
 
-# A create of a spare that failed (a stockout, quota) is tried again after this, doubling, at most
-# REMAKE_MAX: a spare is worth having, not worth hammering the API for.
-REMAKE_BASE = 60.0
-REMAKE_MAX = 1800.0
-
-
 def remake(draft: Draft, decision: Decision) -> Decision:
     """A decision that does nothing (the job runs on, or waits) with an idle spare to make again:
     the same decision under row `spare_remake`, with the delete or create of that spare.
     - A spare that will not come back by itself (PREEMPTED, TERMINATED), owned by the job, made
       alone (not one slice of a multislice queued resource), when [tpu.spec] can make it again:
       journaled as one tpuwatch makes again (`Limp.remaking`), then deleted.
-    - One of those gone: created again from [tpu.spec], no sooner than `remake_at` (a failed
-      create is tried again later, the wait doubling).
+    - One of those gone: created again from [tpu.spec], no sooner than `remake_at`: a create that
+      came to nothing (a stockout, quota) is tried again as a queued create is, after
+      recovery.backoff_base, doubling up to recovery.backoff_max.
     - Back (it exists again): no longer remade. A spare tpuwatch did not delete is never created."""
     cfg, now = draft.cfg, draft.now
     if any(not isinstance(a, Wait) for a in decision.actions) or decision.ended or not draft.obs.spares:
@@ -120,6 +133,10 @@ def remake(draft: Draft, decision: Decision) -> Decision:
     mem = decision.memory
     limp = mem.limp
     seen = dict(draft.obs.spares)
+    # a bad spare is forgotten once it is seen idle as another node (made again), or gone
+    other = {name for name, part in draft.obs.spares if part is None or f"{name}@{part.id}" not in limp.bad}
+    if any(b.split("@")[0] in other for b in limp.bad):
+        limp = replace(limp, bad=tuple(b for b in limp.bad if b.split("@")[0] not in other))
     # still on its way out (or gone, to create): kept; made again (or no longer idle): done with it
     made = tuple(n for n in limp.remaking if n in seen and ((part := seen[n]) is None or _going(part)))
     if made != limp.remaking:
@@ -131,7 +148,7 @@ def remake(draft: Draft, decision: Decision) -> Decision:
             and not part.multislice_request and name not in limp.remaking]
     action: RemakeSpare | None = None
     if gone and (limp.remake_at is None or now >= limp.remake_at):
-        wait = min(REMAKE_BASE * 2 ** limp.remake_tries, REMAKE_MAX)
+        wait = backoff_delay(limp.remake_tries + 1, cfg.backoff_base, cfg.backoff_max, draft.obs.jitter)
         limp = replace(limp, remake_tries=limp.remake_tries + 1, remake_at=now + timedelta(seconds=wait))
         action = RemakeSpare(gone[0], True, f"spare {gone[0]} was deleted by tpuwatch to be made again: creating it "
                                             f"from [tpu.spec] (try {limp.remake_tries}; the next no sooner than "
@@ -153,3 +170,30 @@ def remake(draft: Draft, decision: Decision) -> Decision:
 def _going(part: NodeSnapshot) -> bool:
     """A spare tpuwatch deletes, not yet gone."""
     return part.state == "DELETING" or node_condition(part) is Cond.DEAD
+
+
+def bad_spare(draft: Draft, mem: Memory, failing: tuple[CheckItem, ...]) -> Decision | None:
+    """Launch-time checks fail on the workers of spares just swapped in (a hardware item, or
+    anything the cleanup cannot fix): those spares are not used (`Limp.bad`, by node id) and
+    their slots go back to their own nodes; the next decision swaps another spare in, limps, or
+    waits. None when no failing worker is on a spare."""
+    node, cfg = draft.obs.node, draft.cfg
+    if node is None or not mem.limp.swapped:
+        return None
+    slots = mem.limp.slots(cfg.slices)
+    on_spare: dict[str, str] = {}  # slot -> "<node>@<id>" of the spare it runs on
+    for item in failing:
+        if not 0 <= item.worker < len(node.workers):
+            continue
+        i = node.workers[item.worker].slice
+        if 0 <= i < len(slots) and mem.limp.node_of(slots[i]) != slots[i]:
+            on_spare[slots[i]] = f"{node.slices[i].name}@{node.slices[i].id}"
+    if not on_spare:
+        return None
+    shown = "; ".join(i.line() for i in failing[:4])
+    swapped = tuple((slot, n) for slot, n in mem.limp.swapped if slot not in on_spare)
+    mem = replace(mem, limp=replace(mem.limp, swapped=swapped, bad=(*mem.limp.bad, *on_spare.values())))
+    said = ", ".join(f"{b.split('@')[0]} (slice {cfg.slices.index(slot)}, {slot})" for slot, b in on_spare.items())
+    return draft.out(mem, "spare_bad", f"launch-time checks fail on spare {said}: {shown}; not launching there, "
+                                       "not charged; the spare is not used again until it is made again, and the "
+                                       "slice goes back to its own node (another spare, a limp, or a wait follows)")

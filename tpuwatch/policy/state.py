@@ -277,10 +277,16 @@ class Limp:
     recreate: tuple[str, ...] = ()
     swapped: tuple[tuple[str, str], ...] = ()
     # idle spares tpuwatch deleted to make again (policy/spares.py `remake`): only these are ever
-    # created, and the create is tried again no sooner than `remake_at` (`remake_tries` so far)
+    # created; the next create no sooner than `remake_at` (`remake_tries` so far)
     remaking: tuple[str, ...] = ()
     remake_tries: int = 0
     remake_at: datetime | None = None
+    # spares whose launch-time checks failed ("<node>@<node id>"): not used again on that node
+    bad: tuple[str, ...] = ()
+    # nodes swapped out of a slot while lost, and since when: once each can stand in again, the
+    # wait the swap spared the job is journaled (`tpuwatch report`)
+    away: tuple[str, ...] = ()
+    away_since: tuple[datetime, ...] = ()
 
     def node_of(self, slot: str) -> str:
         """The node slot `slot` runs on: its spare when swapped, else the slot's own node."""
@@ -458,6 +464,12 @@ def _names(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _times(value: Any) -> tuple[datetime, ...]:
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list of times, got {value!r}")
+    return tuple(_time(v) for v in value)
+
+
 def _pairs(value: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, list) or not all(isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v)
                                               for v in value):
@@ -478,6 +490,7 @@ _READ: dict[object, Callable[[Any], Any]] = {
     tuple[Evidence, ...]: _evidence,
     tuple[str, ...]: _names,
     tuple[tuple[str, str], ...]: _pairs,
+    tuple[datetime, ...]: _times,
 }
 
 R = TypeVar("R", bound="DataclassInstance")

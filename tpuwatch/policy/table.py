@@ -90,7 +90,7 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
         elif new.phase in OP_HANDLERS:
             decision = OP_HANDLERS[new.phase](draft, new)
         else:
-            new = limp.track(draft, new)
+            new = spares.track(draft, limp.track(draft, new))
             # a lost slice swapped for a spare (policy/spares.py); a job that limps, or grows back
             # (policy/limp.py)
             shifted = spares.swap(draft, new) or limp.shift(draft, new)

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 
 from tpuwatch.durations import human
 from tpuwatch.model import OWNER_LABEL, Checkpoint, PrecheckReport, WorkerProbe
+from tpuwatch.policy import spares
 from tpuwatch.policy.cadence import learn, log_age, silent_limit
 from tpuwatch.policy.classify import Outcome
 from tpuwatch.policy.draft import Draft, secs, worker_exits, worker_list
@@ -311,6 +312,8 @@ def prechecked(draft: Draft, mem: Memory) -> Decision | None:
         return None
     if pre.fixable and not draft.obs.precheck_fixed:
         return fix_environment(draft, mem, pre)
+    if (moved := spares.bad_spare(draft, mem, failing)) is not None:
+        return moved
     lines = tuple(i.line() for i in failing)
     shown = "; ".join(lines[:4]) + (f"; and {len(lines) - 4} more" if len(lines) > 4 else "")
     since = mem.repair.env_failing_since or now

@@ -77,7 +77,7 @@ def tick_dict(report: TickReport) -> dict[str, Any]:
         "spares": None if pcfg is None or not pcfg.spares else {
             "swapped": dict(mem.limp.swapped),
             "idle": [{"name": name, "state": part.state if part is not None else "MISSING",
-                      "health": part.health if part is not None else "", "unfit": unfit(pcfg.job, node, part)}
+                      "health": part.health if part is not None else "", "unfit": unfit(pcfg.job, node, part, mem.limp.bad)}
                      for name, part in report.spares]},
         "workers": None if report.probes is None else [
             {"worker": p.worker, "state": p.state, "attempt": p.attempt, "exit_code": p.exit_code,
