@@ -327,11 +327,12 @@ def test_fast_spare_demo_swaps_the_spare_in_at_once_and_makes_the_lost_slice_aga
                      said)
     remade = re.search(r"demo-1, a spot node preempted for good \(it does not come back by itself\), was deleted "
                        r"(\S+) after the loss and created again from \[tpu.spec\] (\S+) after it, in the background "
-                       r"while the job trained; READY again (\S+) after the loss, it is the job's spare", said)
+                       r"while the job trained; it could stand in again (\S+) after the loss, the job's spare from then "
+                       r"on \(the swap spared the job (\S+) of waiting for it\)", said)
     assert swap and remade, out
     assert "The job waited for no delete or create: tpuwatch deleted and created no slice it ran on" in said, out
     # the swap, then the delete, the create and READY, in that order
-    times = [seconds(t) for t in (swap.group(1), *remade.groups())]
+    times = [seconds(t) for t in (swap.group(1), *remade.groups()[:3])]
     assert times == sorted(times), times
     demo.assert_no_process_left()
 
@@ -360,6 +361,10 @@ def test_fast_spare_demo_swaps_the_spare_in_at_once_and_makes_the_lost_slice_aga
     when = datetime.fromisoformat
     assert all(when(attempts[1]["start"]) < when(e["time"]) < when(attempts[1]["end"]) for e in remakes), remakes
     assert not [e for e in events if e["kind"] in ("delete", "create")], events
+    # then tpuwatch saw it could stand in again, and said what waiting for it would have cost
+    [back] = [e for e in events if e["kind"] == "spare_back"]
+    assert back["data"]["node"] == "demo-1" and when(back["time"]) > when(remakes[1]["time"]), back
+    assert abs(seconds(remade.group(4)) - back["data"]["seconds"]) <= 0.051, (remade.group(0), back)
 
     # The world: the spare's worker ran the relaunch, and demo-1's worker has no attempt's log
     # left: a node deleted and created again boots on empty disks.

@@ -270,7 +270,7 @@ def _play(held: _Held, tmp: Path, pace: Pace, stage: Stage, live: bool, say: Cal
                         checkpoint_times(ckpt_dir), pace, done=how == "job done", how_it_ended=how,
                         tick_end=tick_end, steps=stage.steps(pace), limp=stage.limps,
                         swapped=mem.limp.swapped if stage.swaps else None,
-                        slots=job.pcfg.slices, seen=director.seen)
+                        slots=job.pcfg.slices)
     took = f"demo took {human_elapsed(time.monotonic() - started)}"
     if live:
         console.print()

@@ -21,8 +21,8 @@ files the director writes, as a job stalled on its input would wait), so a loade
 ticks lag the trainer plays the same story; the director lets it past on what a person sees:
 the job relaunched (the journal's attempts), or tpuwatch saying it saw the slice back (the
 journal's memory, shown by `status` and the dashboard). The spare's story holds its trainer the
-same way until tpuwatch has made the preempted slice again (READY+HEALTHY, after the journal's
-`spare_remade` create), and the director notes when it saw that (`Director.seen`).
+same way until tpuwatch says the preempted slice, made again, can stand in for a slice (the
+journal's `spare_back`).
 
 The crash is not injected: the trainer's command carries `--segfault-at` with `--crash-once`,
 as a job with a rare bug would, and the director notices it from the marker file the trainer
@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -169,17 +169,11 @@ class Stage(ABC):
         """Steps the trainer holds at (after their checkpoint) until the director lets it past."""
         return ()
 
-    def release(self, step: int, pace: Pace, played: list[Played], journal: Journal, sim: Any) -> bool:
+    def release(self, step: int, pace: Pace, played: list[Played], journal: Journal) -> bool:
         """The story has got far enough for the trainer to go past its hold at `step`."""
         return True
 
-    # What only the spare's story changes.
     swaps = False  # the job has a hot spare; the summary says what the swap did
-
-    def sights(self, sim: Any, journal: Journal, seen: Mapping[str, datetime]) -> tuple[str, ...]:
-        """What the story shows besides its acts that is true now (the director keeps when each
-        was first seen, once an act has been played)."""
-        return ()
 
 
 class TpuNode(Stage):
@@ -363,7 +357,7 @@ class Multislice(Stage):
     def _stall(pace: Pace) -> int:
         return pace.at_step(0) + pace.ckpt_every - 1
 
-    def release(self, step: int, pace: Pace, played: list[Played], journal: Journal, sim: Any) -> bool:
+    def release(self, step: int, pace: Pace, played: list[Played], journal: Journal) -> bool:
         # The return is due at a checkpoint past the first hold: saved on the slices left.
         at = {p.act.key: p.fault_at for p in played}
         if step == self._stall(pace):  # the job on all slices: until it runs on the slices left
@@ -454,24 +448,13 @@ class Spared(Multislice):
     def holds(self, pace: Pace) -> tuple[int, ...]:
         return self._stall(pace), pace.at_step(2)
 
-    def release(self, step: int, pace: Pace, played: list[Played], journal: Journal, sim: Any) -> bool:
+    def release(self, step: int, pace: Pace, played: list[Played], journal: Journal) -> bool:
         at = {p.act.key: p.fault_at for p in played}
         if step == self._stall(pace):
             return relaunched_after(journal, at.get("preempt"))
-        return "preempt" in at and self.remade(sim, journal)
-
-    def sights(self, sim: Any, journal: Journal, seen: Mapping[str, datetime]) -> tuple[str, ...]:
-        return ("remade",) if "remade" in seen or self.remade(sim, journal) else ()
-
-    def remade(self, sim: Any, journal: Journal) -> bool:
-        """The preempted slice is READY+HEALTHY again, created by tpuwatch as a spare."""
-        try:
-            if not self._usable(sim, (self.lost,)):
-                return False
-        except UsageError:  # gone: deleted, not created again yet
-            return False
-        return any(e.kind == "spare_remade" and e.data.get("node") == self.lost and e.data.get("create")
-                   for e in journal.events())
+        # until tpuwatch says the preempted slice, made again, can stand in for a slice
+        return "preempt" in at and any(e.kind == "spare_back" and e.data.get("node") == self.lost
+                                       for e in journal.events())
 
     def job_lines(self) -> str:
         return ""
@@ -595,12 +578,10 @@ class Director:
         self.stage = stage
         self.acts = stage.acts(pace)
         self.played: list[Played] = []
-        self.seen: dict[str, datetime] = {}  # what the stage shows besides its acts: when first seen
         self._scripted = [a for a in self.acts if a.key != "crash"]
 
     def poll(self, journal: Journal) -> None:
         self._notice_crash(journal)
-        self._look(journal)
         self._release(journal)
         done = [p.act.key for p in self.played]
         todo = [a for a in self._scripted if a.key not in done]
@@ -661,20 +642,13 @@ class Director:
         self.played.append(Played(act, t, mark, step=self.pace.crash_step))
         self.say(f"disruption {self._number(act)}/{len(self.acts)}: {act.title}: {act.expect}")
 
-    def _look(self, journal: Journal) -> None:
-        if not self.played:  # nothing to see before the story has started
-            return
-        now = datetime.now(timezone.utc)
-        for key in self.stage.sights(self.sim, journal, self.seen):
-            self.seen.setdefault(key, now)
-
     def _release(self, journal: Journal) -> None:
         """Let the trainer past each of the stage's holds once the story has got there, in order."""
         for step in self.stage.holds(self.pace):
             go = self.hold_dir / str(step)
             if go.exists():
                 continue
-            if not self.stage.release(step, self.pace, self.played, journal, self.sim):
+            if not self.stage.release(step, self.pace, self.played, journal):
                 return
             go.parent.mkdir(parents=True, exist_ok=True)
             go.touch()

@@ -24,9 +24,9 @@ at to the launch on all its slices (the training after that checkpoint is redone
 
 A job with a hot spare (the swap's story) also gets what the swap did: the lost slice, the
 spare that took its place (the journal's last memory, `limp.swapped`), when tpuwatch journaled
-the swap (its `slices` event) and when it deleted and created the lost slice again as the spare
-(its `spare_remade` events), when the director saw it READY again, and any delete or create of
-the job's own slices (there should be none).
+the swap (its `slices` event), when it deleted and created the lost slice again as the spare
+(its `spare_remade` events) and when that could stand in again (`spare_back`, with the wait the
+swap spared the job), and any delete or create of the job's own slices (there should be none).
 
 Rendering: a rich Table that fits 80 columns, and one result line a script can match.
 """
@@ -83,7 +83,8 @@ class SwapCost:
     swapped: float | None  # to the end of the tick that journaled the swap
     deleted: float | None  # to the delete of the lost slice, to make it again
     created: float | None  # to its create from [tpu.spec]
-    ready: float | None  # to when it was seen READY+HEALTHY again, the job's spare
+    ready: float | None  # to when it could stand in for a slice again, the job's spare
+    spared: float | None = None  # seconds of waiting for it the swap spared the job (from the swap)
     job_path: tuple[str, ...] = ()  # deletes and creates of the job's own slices (none should be)
     why: str = ""  # what went wrong
 
@@ -132,12 +133,11 @@ def summarize(played: Sequence[Played], acts_titles: Sequence[str], events: Sequ
               attempts: Sequence[AttemptRow], ckpts: dict[int, datetime], pace: Pace,
               done: bool, how_it_ended: str, tick_end: Mapping[datetime, datetime] | None = None,
               steps: int | None = None, limp: bool = False,
-              swapped: Sequence[tuple[str, str]] | None = None, slots: Sequence[str] = (),
-              seen: Mapping[str, datetime] | None = None) -> Summary:
+              swapped: Sequence[tuple[str, str]] | None = None, slots: Sequence[str] = ()) -> Summary:
     """`tick_end` maps a tick's time (its events' stamp) to when that tick had finished acting;
     `steps` the trainer's total (else the pace's); `limp`: the job should limp and grow back;
     `swapped`: the job has a hot spare, and these are its slots (`slots`, tpu.names) bound to
-    spares at the end (the journal's memory); `seen`: when the director first saw what it watches for ("remade")."""
+    spares at the end (the journal's memory)."""
     outcomes = []
     by_title = {p.act.title: p for p in played}
     for title in acts_titles:
@@ -155,18 +155,18 @@ def summarize(played: Sequence[Played], acts_titles: Sequence[str], events: Sequ
     return Summary(tuple(outcomes), final, pace.steps if steps is None else steps, done, goodput, wall,
                    len(attempts), sum(1 for a in attempts if a.charged), how_it_ended,
                    _limp_cost(events, attempts, ckpts, tick_end or {}) if limp else None,
-                   None if swapped is None else _swap_cost(played, events, swapped, slots, seen or {}, tick_end or {}))
+                   None if swapped is None else _swap_cost(played, events, swapped, slots, tick_end or {}))
 
 
 def _swap_cost(played: Sequence[Played], events: Sequence[JournalEvent], swapped: Sequence[tuple[str, str]],
-               slots: Sequence[str], seen: Mapping[str, datetime], tick_end: Mapping[datetime, datetime]) -> SwapCost:
+               slots: Sequence[str], tick_end: Mapping[datetime, datetime]) -> SwapCost:
     # the job's own slices deleted or created (DeleteNode, CreateNode): a swap needs neither
     job_path = tuple(e.reason for e in events if e.kind in ("delete", "create"))
     loss = next((p.fault_at for p in played if p.act.stops), None)
     if loss is None:
-        return SwapCost("", "", None, None, None, None, None, job_path, "no slice was lost: the run ended first")
+        return SwapCost("", "", None, None, None, None, None, job_path=job_path, why="no slice was lost: the run ended first")
     if not swapped:
-        return SwapCost("", "", None, None, None, None, None, job_path, "no spare was swapped in")
+        return SwapCost("", "", None, None, None, None, None, job_path=job_path, why="no spare was swapped in")
     lost, spare = swapped[0]
 
     def since(t: datetime | None) -> float | None:
@@ -178,13 +178,15 @@ def _swap_cost(played: Sequence[Played], events: Sequence[JournalEvent], swapped
     remade = [e for e in events if e.kind == "spare_remade" and e.data.get("node") == lost]
     deleted = next((e.time for e in remade if not e.data.get("create")), None)
     created = next((e.time for e in remade if e.data.get("create")), None)
-    ready = seen.get("remade")
+    back = next((e for e in events if e.kind == "spare_back" and e.data.get("node") == lost), None)
+    spared = back.data.get("seconds") if back is not None else None
     slot_id = list(slots).index(lost) if lost in slots else None
     why = ("tpuwatch deleted or created a slice the job ran on" if job_path else
            f"{lost} was never created again" if created is None else
-           f"{lost} was never seen READY again" if ready is None else "")
+           f"{lost} never could stand in for a slice again" if back is None else "")
     return SwapCost(lost, spare, slot_id, since(swap.time if swap else None), since(deleted), since(created),
-                    since(ready), job_path, why)
+                    since(back.time if back else None), float(spared) if isinstance(spared, (int, float)) else None,
+                    job_path, why)
 
 
 def _limp_cost(events: Sequence[JournalEvent], attempts: Sequence[AttemptRow], ckpts: dict[int, datetime],
@@ -321,8 +323,9 @@ def _swap_lines(sw: SwapCost, loss: Outcome | None) -> list[Text]:
                      else f", {loss.charged} charged to max_restarts")
     lines[0] += f". It did not wait for {sw.lost} to come back or be made again."
     if sw.created is not None:
-        ready = (f"; READY again {_secs(sw.ready)} after the loss, it is the job's spare from then on"
-                 if sw.ready is not None else "")
+        ready = "" if sw.ready is None else (
+            f"; it could stand in again {_secs(sw.ready)} after the loss, the job's spare from then on"
+            + ("" if sw.spared is None else f" (the swap spared the job {_secs(sw.spared)} of waiting for it)"))
         lines.append(f"{sw.lost}, a spot node preempted for good (it does not come back by itself), was deleted "
                      f"{_secs(sw.deleted)} after the loss and created again from [tpu.spec] {_secs(sw.created)} after "
                      f"it, in the background while the job trained{ready}.")
