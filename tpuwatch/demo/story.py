@@ -146,8 +146,9 @@ class Stage(ABC):
     @abstractmethod
     def inject(self, sim: Any, act: Act, pace: Pace) -> None: ...
 
-    # What only the limping story changes; the four-disruption stages keep these defaults.
+    # What only the multislice stories change; the four-disruption stages keep these defaults.
     limps = False  # the job may run on fewer slices; the summary says what that cost
+    swaps = False  # the job has a hot spare; the summary says what the swap did
 
     def steps(self, pace: Pace) -> int:
         """The trainer's total steps."""
@@ -172,8 +173,6 @@ class Stage(ABC):
     def release(self, step: int, pace: Pace, played: list[Played], journal: Journal) -> bool:
         """The story has got far enough for the trainer to go past its hold at `step`."""
         return True
-
-    swaps = False  # the job has a hot spare; the summary says what the swap did
 
 
 class TpuNode(Stage):
@@ -443,8 +442,8 @@ class Spared(Multislice):
 
     # The first hold stalls the job on all slices without saving once one is lost, as a real
     # multislice job stalls in its collectives (the toy trainer would train on); the second
-    # waits for the preempted slice to be made again, so the story shows it before the job ends
-    # however slow the machine.
+    # waits for the preempted slice to be made again and fit to stand in, so the story shows it
+    # before the job ends however slow the machine.
     def holds(self, pace: Pace) -> tuple[int, ...]:
         return self._stall(pace), pace.at_step(2)
 
