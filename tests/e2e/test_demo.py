@@ -272,7 +272,9 @@ def test_fast_limp_demo_limps_on_three_slices_and_grows_back_onto_four(tmp_path:
     # checkpoint before the loss, the steps since lost.
     assert attempts[1]["start_step"] == FAST.at_step(0) and int(rows["lost"][-3]) > 0, (attempts, rows)
     grow = attempts[2]
-    assert str(grow["start_step"]) == limped.group(3) and attempts[1]["end_step"] == grow["start_step"], attempts
+    # It grows back from the newest complete checkpoint at the relaunch: the one tpuwatch stopped
+    # the job at, or one the job on 3 saved while a loaded machine's stop was under way.
+    assert str(grow["start_step"]) == limped.group(3) and attempts[1]["end_step"] <= grow["start_step"], attempts
     assert grow["end_step"] == 100, attempts
     # Limping only moves the job: tpuwatch deleted and created nothing.
     assert not [e for e in events if e["kind"] in ("delete", "create")], events
@@ -306,3 +308,79 @@ def test_limp_demo_on_compute_engine_is_refused_with_exit_2() -> None:
                          text=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
     assert res.returncode == 2, res
     assert "--limp" in res.stderr and "drop --api compute" in res.stderr, res.stderr
+
+
+def test_fast_spare_demo_swaps_the_spare_in_at_once_and_makes_the_lost_slice_again(tmp_path: Path) -> None:
+    demo = Demo(tmp_path, "--spare", "--keep")
+    rc = demo.wait(timeout=90)
+    out = demo.output()
+    assert rc == 0, out
+    acts = story(FAST, spare=True)
+    assert [a.key for a in acts] == ["preempt"]
+    rows = summary_rows(demo, acts)
+    assert rows["preempt"][-2] == "0", rows  # nothing charged
+    assert re.search(r"^result: ok: 1/1 disruptions recovered, final step 100/100", out, re.M), out
+    said = " ".join(out.split())
+    swap = re.search(r"demo-1 was lost: (\S+) after the loss tpuwatch had swapped spare demo-4 into its place "
+                     r"\(slice 1\) and the job trained again there from its newest complete checkpoint, (\S+) after "
+                     r"the loss: (\d+) steps lost \(those since that checkpoint\), nothing charged to max_restarts",
+                     said)
+    remade = re.search(r"demo-1, a spot node preempted for good \(it does not come back by itself\), was deleted "
+                       r"(\S+) after the loss and created again from \[tpu.spec\] (\S+) after it, in the background "
+                       r"while the job trained; it could stand in again (\S+) after the loss, the job's spare from then "
+                       r"on \(the swap spared the job (\S+) of waiting for it\)", said)
+    assert swap and remade, out
+    assert "The job waited for no delete or create: tpuwatch deleted and created no slice it ran on" in said, out
+    # the swap, then the delete, the create and READY, in that order
+    times = [seconds(t) for t in (swap.group(1), *remade.groups()[:3])]
+    assert times == sorted(times), times
+    demo.assert_no_process_left()
+
+    kept = re.search(r"^kept the demo's files in (\S+) ", out, re.M)
+    assert kept, out
+    home = Path(kept.group(1))
+    history = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "history", "-c", str(home / "tpuwatch.toml"),
+                              "--json"], env={**os.environ, "TPUWATCH_STATE_DIR": str(home / "state")},
+                             text=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert history.returncode == 0, history.stderr
+    journal = json.loads(history.stdout)
+    attempts, events = journal["attempts"], journal["events"]
+    # Two attempts, none charged: on the 4 slices, then on the spare in demo-1's place to the end.
+    assert [(a["outcome"], a["charged"]) for a in attempts] == [("disruption", False), ("success", False)], attempts
+    assert "demo-1 state PREEMPTED" in attempts[0]["reason"], attempts
+    assert [e["data"]["row"] for e in events if e["kind"] == "phase" and e["data"]["from"] == "running"][0] == "swap"
+    assert [(e["data"]["on"], e["data"]["spares"]) for e in events if e["kind"] == "slices"] == [
+        (["demo-0", "demo-4", "demo-2", "demo-3"], ["demo-1"])], events
+    # relaunched from the checkpoint before the loss: the job on 4 stalled without saving after it
+    assert attempts[1]["start_step"] == FAST.at_step(0) and int(swap.group(3)) == int(rows["preempt"][-3]) > 0
+    assert attempts[1]["end_step"] == 100, attempts
+    # demo-1 deleted and created again (in that order) while the job ran on the spare; nothing
+    # the job ran on was deleted or created
+    remakes = [e for e in events if e["kind"] == "spare_remade"]
+    assert [(e["data"]["node"], e["data"]["create"]) for e in remakes] == [("demo-1", False), ("demo-1", True)]
+    when = datetime.fromisoformat
+    assert all(when(attempts[1]["start"]) < when(e["time"]) < when(attempts[1]["end"]) for e in remakes), remakes
+    assert not [e for e in events if e["kind"] in ("delete", "create")], events
+    # then tpuwatch saw it could stand in again, and said what waiting for it would have cost
+    [back] = [e for e in events if e["kind"] == "spare_back"]
+    assert back["data"]["node"] == "demo-1" and when(back["time"]) > when(remakes[1]["time"]), back
+    assert abs(seconds(remade.group(4)) - back["data"]["seconds"]) <= 0.051, (remade.group(0), back)
+
+    # The world: the spare's worker ran the relaunch, and demo-1's worker has no attempt's log
+    # left: a node deleted and created again boots on empty disks.
+    ran = {}
+    for name in ("demo-0", "demo-1", "demo-2", "demo-3", "demo-4"):
+        [worker] = (home / "sim" / "hosts" / "nodes").glob(f"*__{name}/worker-0")
+        ran[name] = sorted(int(p.stem.split("-")[1]) for p in (worker / "home" / ".tpuwatch" / "demo").glob("attempt-*.log"))
+    assert ran == {"demo-0": [1, 2], "demo-1": [], "demo-2": [1, 2], "demo-3": [1, 2], "demo-4": [2]}, ran
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (("--spare", "--limp"), "--limp and --spare are two stories"),
+    (("--spare", "--api", API_COMPUTE), "drop --api compute (or --spare)"),
+])
+def test_spare_demo_with_limp_or_on_compute_engine_is_refused_with_exit_2(args: tuple[str, ...], said: str) -> None:
+    res = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "demo", *args],
+                         text=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert res.returncode == 2, res
+    assert said in res.stderr, res.stderr

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 from rich.console import Console
 
 from tpuwatch.demo.story import FAST, Played, story
-from tpuwatch.demo.summary import render, step_at, summarize
+from tpuwatch.demo.summary import Summary, render, step_at, summarize
 from tpuwatch.journal import AttemptRow, JournalEvent
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -161,3 +161,96 @@ def test_the_four_disruption_story_has_no_limp_line() -> None:
     assert s.limp is None and s.ok
     out = " ".join(text(render(s)).split())
     assert "limped" not in out and "packs four disruptions into a minute" in out
+
+
+SPARE = story(FAST, spare=True)
+SLOTS = ("demo-0", "demo-1", "demo-2", "demo-3")
+
+
+def spare_run(remade: bool = True) -> tuple[list[Played], list[JournalEvent], list[AttemptRow], dict[int, datetime]]:
+    """The spare's story by hand: demo-1 preempted at 1.6 s; the tick stamped 1.7 (done acting at
+    2.0) swaps demo-4 into its place and relaunches from checkpoint 20; demo-1 deleted in the tick
+    stamped 2.5 (done at 2.6) and created in the one stamped 3.0 (done at 3.1); the tick stamped
+    3.4 (done at 3.5) says it can stand in again, 1.7 s after the swap; the job done at 8.0."""
+    played = [Played(SPARE[0], at(1.6), mark=1)]
+    events = [ev(1, 0.0, "launch"), ev(2, 1.7, "attempt_end", attempt=1),
+              ev(3, 1.7, "slices", out=[], in_use=4, of=4, on=["demo-0", "demo-4", "demo-2", "demo-3"],
+                 spares=["demo-1"]),
+              ev(4, 1.7, "launch"), ev(5, 2.5, "spare_remade", node="demo-1", create=False)]
+    if remade:
+        events += [ev(6, 3.0, "spare_remade", node="demo-1", create=True),
+                   ev(8, 3.4, "spare_back", node="demo-1", seconds=1.7)]
+    events.append(ev(7, 8.0, "done"))
+    attempts = [attempt(1, 0.0, 1.7, None), attempt(2, 1.7, 8.0, 20, outcome="success")]
+    c = ckpts((10, 1.0), (20, 1.3), (30, 2.6), (60, 4.9), (100, 8.0))
+    return played, events, attempts, c
+
+
+def spare_summary(events: list[JournalEvent], remade: bool = True,
+                  swapped: tuple[tuple[str, str], ...] = (("demo-1", "demo-4"),)) -> Summary:
+    played, _, attempts, c = spare_run(remade)
+    return summarize(played, [a.title for a in SPARE], events, attempts, c, FAST, done=True, how_it_ended="job done",
+                     tick_end={at(1.7): at(2.0), at(2.5): at(2.6), at(3.0): at(3.1), at(3.4): at(3.5)}, steps=100,
+                     swapped=swapped, slots=SLOTS)
+
+
+def test_the_swap_says_what_the_spare_did_and_that_the_lost_slice_was_made_again() -> None:
+    s = spare_summary(spare_run()[1])
+    [loss] = s.outcomes
+    # preempted at 1.6 (step 20 + 0.3 s / 0.03 s, capped at 29), relaunched on the spare from 20 by 2.0
+    assert (loss.recovered, loss.charged, loss.steps_lost) == (True, 0, 9)
+    assert abs(loss.resume - 0.4) < 1e-6  # type: ignore[operator]
+    sw = s.swap
+    assert sw is not None and not sw.why and s.limp is None
+    assert (sw.lost, sw.spare, sw.slice_id, sw.job_path) == ("demo-1", "demo-4", 1, ())
+    # from the loss: the swap's tick done at 2.0, the delete's at 2.6, the create's at 3.1, back at 3.5
+    assert [round(t, 6) for t in (sw.swapped, sw.deleted, sw.created, sw.ready)] == [0.4, 1.0, 1.5, 1.9]  # type: ignore[arg-type]
+    assert sw.spared == 1.7
+    assert s.ok and s.charged == 0
+    out = " ".join(text(render(s)).split())
+    assert ("demo-1 was lost: 400ms after the loss tpuwatch had swapped spare demo-4 into its place (slice 1) and "
+            "the job trained again there from its newest complete checkpoint, 400ms after the loss: 9 steps lost "
+            "(those since that checkpoint), nothing charged to max_restarts. It did not wait for demo-1") in out, out
+    assert ("was deleted 1.0s after the loss and created again from [tpu.spec] 1.5s after it, in the background while "
+            "the job trained; it could stand in again 1.9s after the loss, the job's spare from then on (the swap "
+            "spared the job 1.7s of waiting for it).") in out, out
+    assert ("The job waited for no delete or create: tpuwatch deleted and created no slice it ran on, only demo-1 "
+            "once idle, to make it again.") in out, out
+    assert "result: ok: 1/1 disruptions recovered, final step 100/100" in out, out
+    assert "limped" not in out and "packs a slice's loss and its remake into seconds" in out, out
+
+
+def test_a_swap_whose_lost_slice_was_never_made_again_or_that_touched_the_job_is_not_ok() -> None:
+    s = spare_summary(spare_run(remade=False)[1], remade=False)
+    assert s.swap is not None and s.swap.why == "demo-1 was never created again" and not s.ok
+    out = " ".join(text(render(s)).split())
+    assert "not recovered: the swap: demo-1 was never created again" in out, out
+    assert "created again from [tpu.spec]" not in out and "result: FAILED" in out, out
+
+    never_back = [e for e in spare_run()[1] if e.kind != "spare_back"]
+    s = spare_summary(never_back)
+    assert s.swap is not None and s.swap.why == "demo-1 never could stand in for a slice again" and not s.ok
+
+    touched = [*spare_run()[1], ev(9, 4.0, "delete", reason="deleting demo-0")]
+    s = spare_summary(touched)
+    assert s.swap is not None and s.swap.job_path and not s.ok
+    out = " ".join(text(render(s)).split())
+    assert "not recovered: the swap: tpuwatch deleted or created a slice the job ran on" in out, out
+    assert "waited for no delete" not in out, out
+
+    s = spare_summary(spare_run()[1], swapped=())
+    assert s.swap is not None and s.swap.why == "no spare was swapped in" and not s.ok
+    assert "not recovered: the swap: no spare was swapped in" in " ".join(text(render(s)).split())
+
+
+def test_a_swap_in_a_tick_stamped_just_before_the_loss_counts_to_that_tick_s_end() -> None:
+    # the tick that saw demo-1 preempted began (and stamped its events) at 1.55, before the loss
+    # at 1.6, and finished acting at 2.0
+    played, events, attempts, c = spare_run()
+    early = [JournalEvent(e.id, at(1.55), e.kind, e.reason, e.data) if e.time == at(1.7) else e for e in events]
+    s = summarize(played, [a.title for a in SPARE], early, [attempt(1, 0.0, 1.55, None),
+                                                            attempt(2, 1.55, 8.0, 20, outcome="success")],
+                  c, FAST, done=True, how_it_ended="job done", tick_end={at(1.55): at(2.0)}, steps=100,
+                  swapped=(("demo-1", "demo-4"),), slots=SLOTS)
+    assert s.swap is not None and s.swap.swapped is not None and abs(s.swap.swapped - 0.4) < 1e-6, s.swap
+    assert s.ok

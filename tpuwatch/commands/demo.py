@@ -15,6 +15,7 @@ Examples:
   tpuwatch demo --keep     # keep the config, journal and checkpoints after
   tpuwatch demo --api compute   # the story on a TPU7x slice made through Compute Engine
   tpuwatch demo --limp     # a multislice job limping on 3 of its 4 slices, then growing back
+  tpuwatch demo --spare    # a multislice job's preempted slice swapped for a hot spare at once
   tpuwatch demo | cat      # plain timestamped lines, as under cron or nohup
 
 Exit codes: 0 every disruption was recovered and the job finished; 1 one was not (the
@@ -32,7 +33,10 @@ summary says which); 130 interrupted (everything is cleaned up all the same).
 @click.option("--limp", is_flag=True,
               help="Another story: a job over 4 slices (job.min_slices = 3) limps on 3 while one is "
                    "lost, then grows back onto it.")
-def command(fast: bool, keep: bool, plain: bool, api: str, limp: bool) -> int:
+@click.option("--spare", is_flag=True,
+              help="Another story: a job over 4 slices with a hot spare ([tpu] spares): a slice is preempted, "
+                   "the spare takes its place at once, and the slice is made again as the new spare.")
+def command(fast: bool, keep: bool, plain: bool, api: str, limp: bool, spare: bool) -> int:
     """Run a simulated v4-32 TPU (4 workers) with a toy trainer under tpuwatch, and play four
     disruptions: maintenance that heals, maintenance that never heals (the TPU is recreated),
     a spot preemption during a stockout, and a crash.
@@ -49,6 +53,12 @@ def command(fast: bool, keep: bool, plain: bool, api: str, limp: bool) -> int:
     grows back onto all 4 at its next checkpoint. The summary adds the time limped, the training
     it stood for, and what growing back cost.
 
+    With --spare the same four slices (spot) have a hot spare of their shape, demo-4 ([tpu]
+    spares, and [tpu.spec] to make a spare again from). A slice is preempted: tpuwatch swaps the
+    spare into its place at once and relaunches the job there, charging nothing, then deletes
+    the preempted slice and creates it again in the background as the job's spare; the job waits
+    for no delete or create. The summary adds what the swap did and what it cost.
+
     Everything runs on this machine: the simulator serves the TPU, Compute Engine and Logging
     APIs to the real Google client libraries, and the workers are SSH servers on loopback
     addresses. At the end a summary shows, for each disruption, the time to detect and resume,
@@ -60,4 +70,4 @@ def command(fast: bool, keep: bool, plain: bool, api: str, limp: bool) -> int:
     from tpuwatch.demo import FAST, NORMAL, run_demo
 
     live = sys.stdout.isatty() and not plain
-    return run_demo(FAST if fast else NORMAL, keep=keep, live=live, api=api, limp=limp)
+    return run_demo(FAST if fast else NORMAL, keep=keep, live=live, api=api, limp=limp, spare=spare)

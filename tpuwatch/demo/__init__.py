@@ -2,10 +2,11 @@
 compute` a TPU7x MIG made through Compute Engine), the toy trainer under tpuwatch's reconcile
 loop, four scripted disruptions, and a summary of how each one was detected and recovered; or
 with `--limp` a multislice job over four slices that limps on three while one is lost and grows
-back onto it, with what that cost and gave.
+back onto it, with what that cost and gave; or with `--spare` a multislice job with a hot spare
+swapped in at once for a preempted slice, the slice made again as the spare.
 
-- `story.py`: the pace (normal or fast), the stage (the slice and its API, or the limping
-  multislice job's four slices) and the scripted disruptions; decides when to inject each from what it can observe, through the simulator's
+- `story.py`: the pace (normal or fast), the stage (the slice and its API, or the multislice
+  job's four slices, limping or with a spare) and the scripted disruptions; decides when to inject each from what it can observe, through the simulator's
   fault API.
 - `summary.py`: per-disruption time to detect, time to resume, steps lost, restarts charged,
   and the job's goodput, computed afterwards from the journal, the simulator's audit entries

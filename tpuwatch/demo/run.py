@@ -149,12 +149,13 @@ class _Held:
 
 
 def run_demo(pace: Pace, *, keep: bool = False, live: bool = False, api: str = API_TPU, limp: bool = False,
-             echo: Callable[[str], None] | None = None) -> int:
+             spare: bool = False, echo: Callable[[str], None] | None = None) -> int:
     """Play the demo on a node of the Cloud TPU API (`api` "tpu") or a MIG made through Compute
-    Engine ("compute"), or with `limp` a multislice job over four slices that limps on three;
-    0 when every disruption was recovered and the job finished, else 1 (130 when interrupted).
+    Engine ("compute"), or with `limp` a multislice job over four slices that limps on three, or
+    with `spare` one with a hot spare swapped in for a preempted slice; 0 when every disruption
+    was recovered and the job finished, else 1 (130 when interrupted).
     `live`: the rich dashboard (a terminal); else plain lines."""
-    stage = stage_for(api, limp)
+    stage = stage_for(api, limp, spare)
     say = echo or click.echo
     # gRPC's C core logs the GOAWAY that stopping the simulator's server sends to our own open
     # channels at INFO; nothing is wrong, so keep it off the demo's screen.
@@ -267,7 +268,9 @@ def _play(held: _Held, tmp: Path, pace: Pace, stage: Stage, live: bool, say: Cal
         how = f"the demo's deadline ({pace.deadline:g}s) passed: {report.decision.summary}"
     summary = summarize(director.played, [a.title for a in acts], journal.events(), journal.attempts(),
                         checkpoint_times(ckpt_dir), pace, done=how == "job done", how_it_ended=how,
-                        tick_end=tick_end, steps=stage.steps(pace), limp=stage.limps)
+                        tick_end=tick_end, steps=stage.steps(pace), limp=stage.limps,
+                        swapped=mem.limp.swapped if stage.swaps else None,
+                        slots=job.pcfg.slices)
     took = f"demo took {human_elapsed(time.monotonic() - started)}"
     if live:
         console.print()

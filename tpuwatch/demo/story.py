@@ -1,6 +1,8 @@
 """The demo's script: its pace, where it plays (a Cloud TPU API node or a Compute Engine MIG),
 the four disruptions, and when each one is played; or, with `--limp`, a multislice job over
-four slices that limps on three while one is lost and grows back onto it.
+four slices that limps on three while one is lost and grows back onto it; or, with `--spare`,
+the same job with a hot spare swapped in for a preempted slice, the slice made again as the
+spare.
 
 Rules of this module: the director decides when to inject a disruption only from what a person
 could see — the newest checkpoint in the bucket, the simulated slice's state, and whether the
@@ -18,7 +20,9 @@ saved on the slices left). Its trainer holds at a few steps until the story has 
 files the director writes, as a job stalled on its input would wait), so a loaded machine whose
 ticks lag the trainer plays the same story; the director lets it past on what a person sees:
 the job relaunched (the journal's attempts), or tpuwatch saying it saw the slice back (the
-journal's memory, shown by `status` and the dashboard).
+journal's memory, shown by `status` and the dashboard). The spare's story holds its trainer the
+same way until tpuwatch says the preempted slice, made again, can stand in for a slice (the
+journal's `spare_back`).
 
 The crash is not injected: the trainer's command carries `--segfault-at` with `--crash-once`,
 as a job with a rare bug would, and the director notices it from the marker file the trainer
@@ -142,8 +146,9 @@ class Stage(ABC):
     @abstractmethod
     def inject(self, sim: Any, act: Act, pace: Pace) -> None: ...
 
-    # What only the limping story changes; the four-disruption stages keep these defaults.
+    # What only the multislice stories change; the four-disruption stages keep these defaults.
     limps = False  # the job may run on fewer slices; the summary says what that cost
+    swaps = False  # the job has a hot spare; the summary says what the swap did
 
     def steps(self, pace: Pace) -> int:
         """The trainer's total steps."""
@@ -406,11 +411,97 @@ zone = {json.dumps(zone)}
             sim.inject("heal", node=self.lost)
 
 
+class Spared(Multislice):
+    """The swap: one job over four spot v4-8 slices of the Cloud TPU API created one by one and
+    a spare of their shape ([tpu] spares), with [tpu.spec] to make a dead spare again from. A
+    slice is preempted; tpuwatch swaps the spare into its place at once, and deletes and creates
+    the preempted slice again in the background, as the job's spare from then on."""
+
+    name = "demo-ms"
+    spare = "demo-4"
+    limps = False
+    swaps = True
+
+    def acts(self, pace: Pace) -> tuple[Act, ...]:
+        return (
+            Act("preempt", "slice preempted: spare in",
+                f"spot slice {self.lost} is preempted; tpuwatch should swap spare {self.spare} into its place "
+                f"(slice id {self.slices.index(self.lost)}) at once and relaunch the job there from the last "
+                f"checkpoint, charging nothing, then delete {self.lost} and create it again from [tpu.spec] "
+                "in the background, as the job's spare"),
+        )
+
+    def describe(self) -> str:
+        return (f"{len(self.slices)} simulated spot {self.accelerator} TPUs {', '.join(self.slices)} created one by "
+                f"one (a worker each) and a spare of their shape, {self.spare}: one multislice job over the "
+                f"{len(self.slices)} ([tpu] spares = [{self.spare!r}])")
+
+    def plot(self, acts: tuple[Act, ...]) -> str:
+        return (f"{self.lost} is preempted: tpuwatch should swap {self.spare} in at once and make {self.lost} "
+                "again as the new spare")
+
+    # The first hold stalls the job on all slices without saving once one is lost, as a real
+    # multislice job stalls in its collectives (the toy trainer would train on); the second
+    # waits for the preempted slice to be made again and fit to stand in, so the story shows it
+    # before the job ends however slow the machine.
+    def holds(self, pace: Pace) -> tuple[int, ...]:
+        return self._stall(pace), pace.at_step(2)
+
+    def release(self, step: int, pace: Pace, played: list[Played], journal: Journal) -> bool:
+        at = {p.act.key: p.fault_at for p in played}
+        if step == self._stall(pace):
+            return relaunched_after(journal, at.get("preempt"))
+        # until tpuwatch says the preempted slice, made again, can stand in for a slice
+        return "preempt" in at and any(e.kind == "spare_back" and e.data.get("node") == self.lost
+                                       for e in journal.events())
+
+    def job_lines(self) -> str:
+        return ""
+
+    def make(self, sim: Any) -> None:
+        for name in (*self.slices, self.spare):
+            sim.create_node(name, self.accelerator, spot=True, labels={OWNER_LABEL: JOB})
+
+    def tpu_table(self, project: str, zone: str) -> str:
+        # Slices created one by one are never deleted or created; the idle spare is, from [tpu.spec].
+        return f"""\
+[tpu]
+name = {json.dumps(self.name)}
+names = {json.dumps(list(self.slices))}
+spares = {json.dumps([self.spare])}
+project = {json.dumps(project)}
+zone = {json.dumps(zone)}
+
+[tpu.spec]
+accelerator_type = {json.dumps(self.accelerator)}
+runtime_version = "tpu-ubuntu2204-base"
+spot = true
+labels = {{ {OWNER_LABEL} = {json.dumps(JOB)} }}
+"""
+
+    def ready(self, sim: Any) -> bool:
+        return self._usable(sim, (*self.slices, self.spare))
+
+    def ready_for(self, sim: Any, act: Act) -> bool:
+        return self.ready(sim)
+
+    def inject(self, sim: Any, act: Act, pace: Pace) -> None:
+        if act.key == "preempt":
+            sim.inject("preempt", node=self.lost)
+
+
 STAGES: dict[str, type[Stage]] = {API_TPU: TpuNode, API_COMPUTE: ComputeMig}
 
 
-def stage_for(api: str, limp: bool = False) -> Stage:
-    """The stage `--api` (and `--limp`) name."""
+def stage_for(api: str, limp: bool = False, spare: bool = False) -> Stage:
+    """The stage `--api` (and `--limp` or `--spare`) name."""
+    if limp and spare:
+        raise UsageError("--limp and --spare are two stories; pick one (drop --limp or --spare)")
+    if spare:
+        if api != API_TPU:
+            raise UsageError(f"--spare: spares stand in for slices of the Cloud TPU API created one by one; "
+                             f"drop --api {api} (or --spare)")
+        return Spared()
     if limp:
         if api != API_TPU:
             raise UsageError(f"--limp: the limping story plays on slices of the Cloud TPU API created one by one; "
@@ -422,8 +513,8 @@ def stage_for(api: str, limp: bool = False) -> Stage:
         raise UsageError(f"--api: {api!r} is not one of {', '.join(APIS)}") from None
 
 
-def story(pace: Pace, api: str = API_TPU, limp: bool = False) -> tuple[Act, ...]:
-    return stage_for(api, limp).acts(pace)
+def story(pace: Pace, api: str = API_TPU, limp: bool = False, spare: bool = False) -> tuple[Act, ...]:
+    return stage_for(api, limp, spare).acts(pace)
 
 
 @dataclass(frozen=True)

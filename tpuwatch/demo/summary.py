@@ -22,6 +22,12 @@ events, as `tpuwatch report` reads them) also gets: the time on fewer slices, th
 training it stood for (report.py's `Limp`), and the grow's cost: from the checkpoint it grew back
 at to the launch on all its slices (the training after that checkpoint is redone).
 
+A job with a hot spare (the swap's story) also gets what the swap did: the lost slice, the
+spare that took its place (the journal's last memory, `limp.swapped`), when tpuwatch journaled
+the swap (its `slices` event), when it deleted and created the lost slice again as the spare
+(its `spare_remade` events) and when that could stand in again (`spare_back`, with the wait the
+swap spared the job), and any delete or create of the job's own slices (there should be none).
+
 Rendering: a rich Table that fits 80 columns, and one result line a script can match.
 """
 
@@ -68,6 +74,22 @@ class LimpCost:
 
 
 @dataclass(frozen=True)
+class SwapCost:
+    """What the swap for a hot spare did; seconds count from the loss (the fault)."""
+
+    lost: str  # the slice lost ("" when nothing was swapped)
+    spare: str  # the spare that took its place
+    slice_id: int | None  # the lost slice's place, the spare's slice id from then on
+    swapped: float | None  # to the end of the tick that journaled the swap
+    deleted: float | None  # to the delete of the lost slice, to make it again
+    created: float | None  # to its create from [tpu.spec]
+    ready: float | None  # to when it could stand in for a slice again, the job's spare
+    spared: float | None = None  # seconds of waiting for it the swap spared the job (from the swap)
+    job_path: tuple[str, ...] = ()  # deletes and creates of the job's own slices (none should be)
+    why: str = ""  # what went wrong
+
+
+@dataclass(frozen=True)
 class Summary:
     outcomes: tuple[Outcome, ...]
     final_step: int | None
@@ -79,11 +101,12 @@ class Summary:
     charged: int
     how_it_ended: str  # the loop's last word, e.g. "job done", "deadline passed"
     limp: LimpCost | None = None  # the limping story's
+    swap: SwapCost | None = None  # the spare's story's
 
     @property
     def ok(self) -> bool:
         return (self.done and self.final_step == self.total_steps and all(o.recovered for o in self.outcomes)
-                and (self.limp is None or not self.limp.why))
+                and (self.limp is None or not self.limp.why) and (self.swap is None or not self.swap.why))
 
     def result_line(self) -> str:
         recovered = sum(o.recovered for o in self.outcomes)
@@ -109,9 +132,12 @@ def step_at(fault: datetime, ckpts: dict[int, datetime], pace: Pace) -> int | No
 def summarize(played: Sequence[Played], acts_titles: Sequence[str], events: Sequence[JournalEvent],
               attempts: Sequence[AttemptRow], ckpts: dict[int, datetime], pace: Pace,
               done: bool, how_it_ended: str, tick_end: Mapping[datetime, datetime] | None = None,
-              steps: int | None = None, limp: bool = False) -> Summary:
+              steps: int | None = None, limp: bool = False,
+              swapped: Sequence[tuple[str, str]] | None = None, slots: Sequence[str] = ()) -> Summary:
     """`tick_end` maps a tick's time (its events' stamp) to when that tick had finished acting;
-    `steps` the trainer's total (else the pace's); `limp`: the job should limp and grow back."""
+    `steps` the trainer's total (else the pace's); `limp`: the job should limp and grow back;
+    `swapped`: the job has a hot spare, and these are its slots (`slots`, tpu.names) bound to
+    spares at the end (the journal's memory)."""
     outcomes = []
     by_title = {p.act.title: p for p in played}
     for title in acts_titles:
@@ -128,7 +154,39 @@ def summarize(played: Sequence[Played], acts_titles: Sequence[str], events: Sequ
             goodput = min(1.0, (final or 0) * pace.step_time / wall)
     return Summary(tuple(outcomes), final, pace.steps if steps is None else steps, done, goodput, wall,
                    len(attempts), sum(1 for a in attempts if a.charged), how_it_ended,
-                   _limp_cost(events, attempts, ckpts, tick_end or {}) if limp else None)
+                   _limp_cost(events, attempts, ckpts, tick_end or {}) if limp else None,
+                   None if swapped is None else _swap_cost(played, events, swapped, slots, tick_end or {}))
+
+
+def _swap_cost(played: Sequence[Played], events: Sequence[JournalEvent], swapped: Sequence[tuple[str, str]],
+               slots: Sequence[str], tick_end: Mapping[datetime, datetime]) -> SwapCost:
+    # the job's own slices deleted or created (DeleteNode, CreateNode): a swap needs neither
+    job_path = tuple(e.reason for e in events if e.kind in ("delete", "create"))
+    loss = next((p.fault_at for p in played if p.act.stops), None)
+    if loss is None:
+        return SwapCost("", "", None, None, None, None, None, job_path=job_path, why="no slice was lost: the run ended first")
+    if not swapped:
+        return SwapCost("", "", None, None, None, None, None, job_path=job_path, why="no spare was swapped in")
+    lost, spare = swapped[0]
+
+    def since(t: datetime | None) -> float | None:
+        return None if t is None else max(0.0, (tick_end.get(t, t) - loss).total_seconds())
+
+    # the `slices` event of the swap: its idle spares name the slice swapped out (a tick is
+    # stamped when it began, which can be just before the fault it then saw)
+    swap = next((e for e in events if e.kind == "slices" and lost in (e.data.get("spares") or ())), None)
+    remade = [e for e in events if e.kind == "spare_remade" and e.data.get("node") == lost]
+    deleted = next((e.time for e in remade if not e.data.get("create")), None)
+    created = next((e.time for e in remade if e.data.get("create")), None)
+    back = next((e for e in events if e.kind == "spare_back" and e.data.get("node") == lost), None)
+    spared = back.data.get("seconds") if back is not None else None
+    slot_id = list(slots).index(lost) if lost in slots else None
+    why = ("tpuwatch deleted or created a slice the job ran on" if job_path else
+           f"{lost} was never created again" if created is None else
+           f"{lost} never could stand in for a slice again" if back is None else "")
+    return SwapCost(lost, spare, slot_id, since(swap.time if swap else None), since(deleted), since(created),
+                    since(back.time if back else None), float(spared) if isinstance(spared, (int, float)) else None,
+                    job_path, why)
 
 
 def _limp_cost(events: Sequence[JournalEvent], attempts: Sequence[AttemptRow], ckpts: dict[int, datetime],
@@ -227,6 +285,9 @@ def render(summary: Summary) -> RenderableType:
     lp = summary.limp
     if lp is not None and lp.why:
         lines.append(Text(f"not recovered: the limp: {lp.why}", style=BAD))
+    sw = summary.swap
+    if sw is not None and sw.why:
+        lines.append(Text(f"not recovered: the swap: {sw.why}", style=BAD))
     lines.append(Text(f"{summary.attempts} attempts{wall}, {summary.charged} charged to max_restarts; "
                       f"the run ended: {summary.how_it_ended}."))
     if lp is not None and lp.in_use:
@@ -236,13 +297,42 @@ def render(summary: Summary) -> RenderableType:
         lines.append(Text(f"limped {_secs(lp.seconds)} on {lp.in_use} of {lp.of} slices: the equal of "
                           f"{_secs(lp.training)} of training at full size, which waiting for the lost slice "
                           f"would have lost{grew}."))
+    if sw is not None and sw.lost:
+        lines.extend(_swap_lines(sw, summary.outcomes[0] if summary.outcomes else None))
     if summary.goodput is not None:
         packed = ("a slice's loss and return into seconds; on a real run they are hours apart" if lp is not None
-                  else "four disruptions into a minute; on a real run they are days apart")
+                  else "a slice's loss and its remake into seconds; on a real run a create takes minutes"
+                  if sw is not None else "four disruptions into a minute; on a real run they are days apart")
         lines.append(Text(f"goodput {summary.goodput:.0%}: productive step time / wall time. The demo "
                           f"packs {packed}.", style="dim"))
     lines.append(Text(summary.result_line(), style=OK if summary.ok else BAD))
     return Group(*lines)
+
+
+def _swap_lines(sw: SwapCost, loss: Outcome | None) -> list[Text]:
+    """What the swap did, and why it cost what it did."""
+    place = f" (slice {sw.slice_id})" if sw.slice_id is not None else ""
+    lines = [f"{sw.lost} was lost: {_secs(sw.swapped)} after the loss tpuwatch had swapped spare {sw.spare} into "
+             f"its place{place}"]
+    if loss is not None and loss.resume is not None:
+        lost = "" if loss.steps_lost is None else f": {loss.steps_lost} steps lost (those since that checkpoint)"
+        lines[0] += (f" and the job trained again there from its newest complete checkpoint, {_secs(loss.resume)} "
+                     f"after the loss{lost}")
+    if loss is not None:
+        lines[0] += (", nothing charged to max_restarts" if loss.charged == 0
+                     else f", {loss.charged} charged to max_restarts")
+    lines[0] += f". It did not wait for {sw.lost} to come back or be made again."
+    if sw.created is not None:
+        ready = "" if sw.ready is None else (
+            f"; it could stand in again {_secs(sw.ready)} after the loss, the job's spare from then on"
+            + ("" if sw.spared is None else f" (the swap spared the job {_secs(sw.spared)} of waiting for it)"))
+        lines.append(f"{sw.lost}, a spot node preempted for good (it does not come back by itself), was deleted "
+                     f"{_secs(sw.deleted)} after the loss and created again from [tpu.spec] {_secs(sw.created)} after "
+                     f"it, in the background while the job trained{ready}.")
+    if not sw.job_path:
+        lines.append(f"The job waited for no delete or create: tpuwatch deleted and created no slice it ran on, only "
+                     f"{sw.lost} once idle, to make it again.")
+    return [Text(line) for line in lines]
 
 
 def _secs(s: float | None) -> str:
