@@ -255,3 +255,20 @@ def test_an_announced_maintenance_moves_the_job_onto_the_spare_at_its_next_check
     alone = tick(announced(waiting.memory, "s1", spares=(), probes=running_all(), checkpoint=ckpt(160)),
                  waiting.memory, 700, cfg=replace(SPARES, spares=()))
     assert alone.row == "early_start"
+
+
+def test_a_slice_repairing_past_repair_timeout_waits_for_a_spare_on_its_way_not_for_a_person() -> None:
+    from policy_support import at
+
+    from tpuwatch.policy import Repair
+
+    mem = replace(run_mem(step=100), phase=Phase.WAITING_NODE, limp=Limp(remaking=("x0",)),
+                  repair=Repair(unhealthy_since=at(0)))
+    seen = limp_look({"s2": "REPAIRING"}, mem, spares=("x0",), parts={"x0": None}, probes=absent(6))
+    within = tick(seen, mem, REMADE.repair_timeout - 1, cfg=REMADE)
+    assert within.row not in ("spare_wait", "not_recreatable")  # the repair is waited for as always
+    past = tick(seen, mem, REMADE.repair_timeout + 1, cfg=REMADE)
+    assert past.row in ("spare_wait", "spare_remake") and past.memory.phase is Phase.WAITING_NODE, past.row
+    nothing = tick(limp_look({"s2": "REPAIRING"}, replace(mem, limp=Limp()), spares=("x0",), probes=absent(6)),
+                   replace(mem, limp=Limp()), REMADE.repair_timeout + 1, cfg=replace(REMADE, spares=("x0",)))
+    assert nothing.row == "swap"  # x0 READY: swapped in at once

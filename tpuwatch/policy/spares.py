@@ -192,14 +192,18 @@ COMING = frozenset({Cond.REPAIR, Cond.UNRECOGNIZED})
 
 
 def wait(draft: Draft, mem: Memory) -> Decision | None:
-    """A slice the job runs on is dead or missing, no spare is free and the job may not limp on
-    the others, but a spare is on its way (tpuwatch makes one again, or one heals), or the lost
+    """A slice the job runs on is dead or missing (or repairing past recovery.repair_timeout), no
+    spare is free and the job may not limp on the others, but a spare is on its way (tpuwatch makes one again, or one heals), or the lost
     slice itself can be made again ([tpu.spec], owned, made alone): end the attempt (a
     disruption, not charged) and wait for it (row `spare_wait`), rather than stop for a person
     or recreate the job's queued resource; the spares are made again meanwhile (`remake`).
     None: nothing on its way."""
     cfg, node, now = draft.cfg, draft.obs.node, draft.now
-    if not cfg.spares or node is None or not node.slices or node_condition(node) not in (Cond.DEAD, Cond.MISSING):
+    if not cfg.spares or node is None or not node.slices:
+        return None
+    cond, since = node_condition(node), mem.repair.unhealthy_since
+    waited_out = since is not None and (now - since).total_seconds() >= cfg.repair_timeout
+    if cond not in (Cond.DEAD, Cond.MISSING) and not (cond in COMING and waited_out):
         return None
     slots = mem.limp.slots(cfg.slices)
     lost = [(slot, part) for slot, part in zip(slots, node.slices, strict=True) if not part.usable]
