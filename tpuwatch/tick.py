@@ -148,7 +148,10 @@ class Reconciler:
         left_out: tuple[NodeSnapshot | None, ...] = ()
         spares: tuple[tuple[str, NodeSnapshot | None], ...] = ()
         if self.pcfg.slices:  # a multislice job: the slices it runs on now, those left out, its spares
-            read = {n: tpu.get_node(n) for n in dict.fromkeys((*self.pcfg.slices, *self.pcfg.spares))}
+            # and the nodes its slices are bound to, though a config edit took one out of tpu.spares:
+            # the job still runs there until it moves
+            pool = (*self.pcfg.slices, *self.pcfg.spares, *(n for s, n in mem.limp.swapped if s in self.pcfg.slices))
+            read = {n: tpu.get_node(n) for n in dict.fromkeys(pool)}
             node, left_out, spares = self._bound(read, mem)
         else:
             node = job_node(tpu.get_node, self.pcfg.tpu_name)

@@ -107,6 +107,7 @@ def test_a_preempted_slice_is_swapped_for_the_spare_in_its_place_with_no_delete_
         sim: Simulator, tmp_path: Path) -> None:
     cfg, env, go = spared_job(sim, tmp_path, spot=("np-1",))
     proc = watch(cfg, env)
+    before = ""
     try:
         wait(lambda: len(on_attempt(sim, 1)) == 4 and len(steps(sim)) >= 2, proc, "attempt 1 on the 4 slices")
         assert sorted(on_attempt(sim, 1)) == list(SLICES)
@@ -123,6 +124,16 @@ def test_a_preempted_slice_is_swapped_for_the_spare_in_its_place_with_no_delete_
         resumed = {int(e["TPUWATCH_STEP"]) for e in swapped.values()}
         mem = memory(tmp_path)
         assert mem is not None and mem.limp.swapped == (("np-1", "sp-0"),) and mem.limp.out == ()
+        # a config edit that drops the spare the job runs on: the job stays there (a new watcher
+        # reads the node it is bound to), not taken for a slice gone missing
+        proc.kill()
+        before = proc.communicate()[0]
+        cfg.write_text(cfg.read_text().replace('spares = ["sp-0"]', "spares = []"))
+        tick = json.loads(subprocess.run([sys.executable, "-m", "tpuwatch.cli", "check", "-c", str(cfg), "--json"],
+                                         env=env, text=True, capture_output=True, timeout=120).stdout)
+        assert tick["row"] == "running", tick
+        assert sorted(on_attempt(sim, 2)) == ["np-0", "np-2", "np-3", "sp-0"] and not on_attempt(sim, 3)
+        proc = watch(cfg, env)
         shown = json.loads(subprocess.run([sys.executable, "-m", "tpuwatch.cli", "status", "sp-0", "--json"], env=env,
                                           text=True, capture_output=True, timeout=60).stdout)
         assert "on spares: np-1 -> sp-0" in shown["nodes"][0]["job"]["job"], shown["nodes"][0]["job"]
@@ -133,7 +144,7 @@ def test_a_preempted_slice_is_swapped_for_the_spare_in_its_place_with_no_delete_
             proc.kill()
     assert rc == 0, out
     assert steps(sim)[-1] == STEPS
-    assert "slice 1 (np-1) on sp-0 instead of np-1 (PREEMPTED)" in out, out
+    assert "slice 1 (np-1) on sp-0 instead of np-1 (PREEMPTED)" in before, before
     done = attempts(cfg, env)
     assert [(a["outcome"], a["charged"]) for a in done] == [("disruption", False), ("success", False)], done
     # the relaunch resumed from what the stopped job saved on its SIGTERM
