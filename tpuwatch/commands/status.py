@@ -207,7 +207,7 @@ def command(
         cfg = load_config(config_path, require_command=False)
         cfg_project, cfg_zone = cfg.tpu["project"], cfg.tpu["zone"]
         if not wanted and not all_nodes:
-            wanted = list(cfg.tpu_names)  # a multislice job: every slice
+            wanted = list(dict.fromkeys((*cfg.tpu_names, *cfg.tpu["spares"])))  # every slice, and the spares
     if all_nodes and wanted:
         raise UsageError("status: give TPU names or --all, not both")
     if not all_nodes and not wanted:
