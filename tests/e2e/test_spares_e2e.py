@@ -124,6 +124,10 @@ def test_a_preempted_slice_is_swapped_for_the_spare_in_its_place_with_no_delete_
         resumed = {int(e["TPUWATCH_STEP"]) for e in swapped.values()}
         mem = memory(tmp_path)
         assert mem is not None and mem.limp.swapped == (("np-1", "sp-0"),) and mem.limp.out == ()
+        shown = json.loads(subprocess.run([sys.executable, "-m", "tpuwatch.cli", "status", "-c", str(cfg), "--json"],
+                                          env=env, text=True, capture_output=True, timeout=60).stdout)
+        assert [n["name"] for n in shown["nodes"]] == [*SLICES, "sp-0"]  # every slice, and the spare
+        assert "on spares: np-1 -> sp-0" in shown["nodes"][0]["job"]["job"], shown["nodes"][0]["job"]
         # a config edit that drops the spare the job runs on: the job stays there (a new watcher
         # reads the node it is bound to), not taken for a slice gone missing
         proc.kill()
@@ -134,10 +138,6 @@ def test_a_preempted_slice_is_swapped_for_the_spare_in_its_place_with_no_delete_
         assert tick["row"] == "running", tick
         assert sorted(on_attempt(sim, 2)) == ["np-0", "np-2", "np-3", "sp-0"] and not on_attempt(sim, 3)
         proc = watch(cfg, env)
-        shown = json.loads(subprocess.run([sys.executable, "-m", "tpuwatch.cli", "status", "-c", str(cfg), "--json"],
-                                          env=env, text=True, capture_output=True, timeout=60).stdout)
-        assert [n["name"] for n in shown["nodes"]] == [*SLICES, "sp-0"]  # every slice, and the spare
-        assert "on spares: np-1 -> sp-0" in shown["nodes"][0]["job"]["job"], shown["nodes"][0]["job"]
         (go / "100").touch()
         rc, out = finish(proc, timeout=150)
     finally:
