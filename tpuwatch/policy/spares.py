@@ -1,17 +1,22 @@
-"""Hot spares: a multislice job's idle nodes of its shape ([tpu] spares), swapped in for a lost
-slice at once instead of waiting for it to heal or be made again.
+"""Hot spares ([tpu] spares): a job's idle nodes of its shape, swapped in for a lost slice at
+once instead of waiting for it to heal or be made again.
 
-Row `swap`. The job's slots are tpu.names (a slot's place is its slice id); `Memory.limp.swapped`
-binds a slot to the spare that runs in its place, journaled with the decision, before anything
-is launched there. The tick then builds the job's node from the nodes its slots are bound to
-(`model.bound_view`) and reads its pool's other nodes apart (`Observation.spares`). A lost node,
-once swapped out, is one of those: when it is READY+HEALTHY again it is a spare, so the pool
-stays the size it was and nothing is ever swapped back for its own sake. A swap never deletes or
-creates a node.
+The job's slots are tpu.names (a slot's place is its slice id; a job on one node is a pool of
+one slot, its own name). `Memory.limp.swapped` binds a slot to the node that runs in its place,
+journaled with the decision, before anything is launched there. The tick builds the job's node
+from the nodes its slots are bound to (`model.bound_view`) and reads the pool's other nodes apart
+(`Observation.spares`): a node swapped out is one of those, a spare again once it can stand in,
+so the pool keeps its size and nothing moves back for its own sake.
 
-A node is a spare the job may use only while it is READY+HEALTHY, of the accelerator type the
-job's slices have, and carries the job's ownership label: a spare a person deleted, stopped or
-relabelled is never used, and said so.
+Rows: `swap` (a lost slice, or one left out while the job limps, onto a free spare), `spare_bad`
+(a spare whose launch-time checks fail is not used), `spare_wait` (no spare free, one on its
+way), `spare_remake` (a dead idle node deleted and created again from [tpu.spec], in the
+background); `early_swap` (policy/early.py) moves the job off a node with an announced
+maintenance. A swap itself never deletes or creates a node.
+
+A node may stand in only while it is READY+HEALTHY, of the accelerator type the job's slices
+have, and carries the job's ownership label: a spare a person deleted, stopped or relabelled is
+never used nor made again, and said so.
 """
 
 from __future__ import annotations
