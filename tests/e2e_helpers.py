@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,9 @@ from typing import Any
 
 import cli_process
 
+from tpuwatch.errors import NotFoundError
+from tpuwatch.journal import Journal
+from tpuwatch.policy import Memory
 from tpuwatch.sim.simulator import Simulator
 from tpuwatch.tick import Reconciler, TickReport
 
@@ -206,3 +210,36 @@ def tick_until(rec: Reconciler, done: Callable[[TickReport], bool], what: str, t
             return report
         time.sleep(pause)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def watch_process(cfg: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    """`tpuwatch watch -c cfg`, a real process whose output the test reads at its end."""
+    return subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(cfg)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def job_memory(state_dir: Path, job: str) -> Memory | None:
+    """The job's memory as its journal holds it now; None before its first tick."""
+    try:
+        with Journal.open(state_dir, job, job, readonly=True) as journal:
+            return journal.load_memory()
+    except NotFoundError:  # no journal yet
+        return None
+
+
+def wait_while_watched(pred: Callable[[], bool], proc: subprocess.Popen[str], what: str, timeout: float = 90) -> None:
+    """Wait until `pred()`, while the watcher runs; its output in the failure when it ends or the time is up."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"timed out waiting for {what}\n{proc.communicate()[0][-4000:]}")
+
+
+def checkpoint_steps(ck: Path) -> list[int]:
+    """The steps of the checkpoints under `ck`, oldest first."""
+    return sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit()) if ck.exists() else []

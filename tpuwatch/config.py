@@ -295,26 +295,25 @@ def _checks(key: str, value: Any) -> tuple[dict[str, Any], ...]:
 
 
 def _node_names(key: str, value: Any) -> tuple[str, ...]:
-    names = _str_list(key, value)
+    names = _tpu_names(key, value, "each slice's node")
     if len(names) == 1:
         raise ConfigError(f"{key}: one node is not a multislice job; set tpu.name = {names[0]!r} and drop {key}")
-    for name in names:
-        if not NODE_NAME.match(name):
-            raise ConfigError(f"{key}: {name!r} is not a TPU name (lowercase letters, digits, hyphens; starts with a letter)")
-    if len(set(names)) != len(names):
-        twice = next(n for n in names if names.count(n) > 1)
-        raise ConfigError(f"{key}: {twice!r} is listed twice; list each slice's node once")
     return names
 
 
 def _spare_names(key: str, value: Any) -> tuple[str, ...]:
+    return _tpu_names(key, value, "each spare")
+
+
+def _tpu_names(key: str, value: Any, each: str) -> tuple[str, ...]:
+    """A list of TPU node names, each named once."""
     names = _str_list(key, value)
     for name in names:
         if not NODE_NAME.match(name):
             raise ConfigError(f"{key}: {name!r} is not a TPU name (lowercase letters, digits, hyphens; starts with a letter)")
     if len(set(names)) != len(names):
         twice = next(n for n in names if names.count(n) > 1)
-        raise ConfigError(f"{key}: {twice!r} is listed twice; list each spare once")
+        raise ConfigError(f"{key}: {twice!r} is listed twice; list {each} once")
     return names
 
 

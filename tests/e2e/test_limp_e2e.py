@@ -13,20 +13,26 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from e2e_helpers import finish, trainer, trainer_env, write_config
+from e2e_helpers import (
+    checkpoint_steps,
+    finish,
+    job_memory,
+    trainer,
+    trainer_env,
+    wait_while_watched,
+    watch_process,
+    write_config,
+)
 
 from tpuwatch.cloud.tpu.adapter import TpuAdapter
-from tpuwatch.errors import NotFoundError, UsageError
-from tpuwatch.journal import Journal
-from tpuwatch.policy import Memory
+from tpuwatch.errors import UsageError
 from tpuwatch.sim.simulator import Simulator
 
 pytestmark = pytest.mark.slow
+
 
 SLICES = ("np-0", "np-1", "np-2", "np-3")
 STEPS = 200
@@ -64,50 +70,24 @@ def trainers(sim: Simulator) -> dict[str, dict[str, str]]:
     return out
 
 
-def watch(cfg: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(cfg)], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
 
 def on_attempt(sim: Simulator, attempt: int) -> dict[str, dict[str, str]]:
     return {n: e for n, e in trainers(sim).items() if e["TPUWATCH_ATTEMPT"] == str(attempt)}
 
 
-def memory(tmp_path: Path) -> Memory | None:
-    try:
-        with Journal.open(tmp_path / "state", "ms", "ms", readonly=True) as journal:
-            return journal.load_memory()
-    except NotFoundError:  # no journal yet
-        return None
 
-
-def wait(pred: Callable[[], bool], proc: subprocess.Popen[str], what: str, timeout: float = 90) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    proc.kill()
-    raise AssertionError(f"timed out waiting for {what}\n{proc.communicate()[0][-4000:]}")
-
-
-def steps(sim: Simulator) -> list[int]:
-    ck = sim.bucket / "ck"
-    return sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit()) if ck.exists() else []
 
 
 def test_a_lost_slice_limps_the_job_on_three_and_it_grows_back_to_four_at_the_next_checkpoint(
         sim: Simulator, tmp_path: Path) -> None:
     cfg, env, go = limping_job(sim, tmp_path)
-    proc = watch(cfg, env)
+    proc = watch_process(cfg, env)
     try:
-        wait(lambda: len(on_attempt(sim, 1)) == 4 and len(steps(sim)) >= 2, proc, "attempt 1 on all 4 slices")
+        wait_while_watched(lambda: len(on_attempt(sim, 1)) == 4 and len(checkpoint_steps(sim.bucket / "ck")) >= 2, proc, "attempt 1 on all 4 slices")
         assert {e["TPUWATCH_NUM_SLICES"] for e in on_attempt(sim, 1).values()} == {"4"}
         # np-1 goes into maintenance for good (until the test ends it): the job limps on the 3 left
         sim.inject("maintenance", node="np-1", stuck="REPAIRING")
-        wait(lambda: len(on_attempt(sim, 2)) == 3, proc, "attempt 2 on the 3 slices left")
+        wait_while_watched(lambda: len(on_attempt(sim, 2)) == 3, proc, "attempt 2 on the 3 slices left")
         limped = on_attempt(sim, 2)
         resumed = {int(e["TPUWATCH_STEP"]) for e in limped.values()}
         assert sorted(limped) == ["np-0", "np-2", "np-3"]
@@ -118,12 +98,12 @@ def test_a_lost_slice_limps_the_job_on_three_and_it_grows_back_to_four_at_the_ne
             assert (e["MEGASCALE_SLICE_ID"], e["MEGASCALE_NUM_SLICES"], e["MEGASCALE_COORDINATOR_ADDRESS"]) == (
                 str(i), "3", coordinator), e
             assert e["SLICES_SAID"] == "3", e  # {num_slices}
-        mem = memory(tmp_path)
+        mem = job_memory(tmp_path / "state", "ms")
         assert mem is not None and mem.limp.out == ("np-1",)
         # np-1 comes back while attempt 2 holds at step 100: the job waits for a newer checkpoint
-        wait(lambda: 100 in steps(sim), proc, "attempt 2 at step 100")
+        wait_while_watched(lambda: 100 in checkpoint_steps(sim.bucket / "ck"), proc, "attempt 2 at step 100")
         sim.inject("heal", node="np-1")
-        wait(lambda: (m := memory(tmp_path)) is not None and m.limp.back_since is not None, proc,
+        wait_while_watched(lambda: (m := job_memory(tmp_path / "state", "ms")) is not None and m.limp.back_since is not None, proc,
              "the watcher seeing np-1 back")
         assert len(on_attempt(sim, 2)) == 3 and not on_attempt(sim, 3)  # still limping: no checkpoint since
         (go / "100").touch()
@@ -132,7 +112,7 @@ def test_a_lost_slice_limps_the_job_on_three_and_it_grows_back_to_four_at_the_ne
         if proc.poll() is None:
             proc.kill()
     assert rc == 0, out
-    assert steps(sim)[-1] == STEPS
+    assert checkpoint_steps(sim.bucket / "ck")[-1] == STEPS
     assert "limping on 3 of 4 slices (job.min_slices 3), np-1 left out" in out, out
     assert "MEGASCALE_* set by tpuwatch for the 3 slices the job limps on (np-1 left out)" in out, out
     assert "growing back onto all 4 slices" in out, out
@@ -172,18 +152,18 @@ def test_a_multislice_queued_resource_limps_with_megascale_set_by_tpuwatch_and_g
                        ck, tpu={"names": list(pair), "queued_resource": "ms"}, name="ms")
     cfg.write_text(cfg.read_text().replace("[recovery]", "min_slices = 1\n[recovery]"))
     env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
-    proc = watch(cfg, env)
+    proc = watch_process(cfg, env)
     try:
-        wait(lambda: len(on_attempt(sim, 1)) == 2 and len(steps(sim)) >= 2, proc, "attempt 1 on both slices")
+        wait_while_watched(lambda: len(on_attempt(sim, 1)) == 2 and len(checkpoint_steps(sim.bucket / "ck")) >= 2, proc, "attempt 1 on both slices")
         assert not [k for e in on_attempt(sim, 1).values() for k in e if k.startswith("MEGASCALE_")]
         sim.inject("maintenance", node="np-1", stuck="REPAIRING")
-        wait(lambda: len(on_attempt(sim, 2)) == 1, proc, "attempt 2 on np-0 alone")
+        wait_while_watched(lambda: len(on_attempt(sim, 2)) == 1, proc, "attempt 2 on np-0 alone")
         alone = on_attempt(sim, 2)["np-0"]
         coordinator = TpuAdapter(sim.project, sim.zone).require_node("np-0").workers[0].internal_ip
         assert (alone["MEGASCALE_NUM_SLICES"], alone["MEGASCALE_SLICE_ID"], alone["MEGASCALE_COORDINATOR_ADDRESS"],
                 alone["TPUWATCH_NUM_SLICES"]) == ("1", "0", coordinator, "1"), alone
         sim.inject("heal", node="np-1")
-        wait(lambda: len(on_attempt(sim, 3)) == 2, proc, "attempt 3 on both slices after np-0's restart")
+        wait_while_watched(lambda: len(on_attempt(sim, 3)) == 2, proc, "attempt 3 on both slices after np-0's restart")
         both = on_attempt(sim, 3)
         assert not [k for e in both.values() for k in e if k.startswith("MEGASCALE_")], both  # the runtime's again
         assert {e["TPUWATCH_NUM_SLICES"] for e in both.values()} == {"2"}
@@ -195,7 +175,7 @@ def test_a_multislice_queued_resource_limps_with_megascale_set_by_tpuwatch_and_g
     assert rc == 0, out
     assert "limping on 1 of 2 slices (job.min_slices 1), np-1 left out" in out, out
     assert "MEGASCALE_* set by tpuwatch for the 1 slices the job limps on (np-1 left out)" in out, out
-    mem = memory(tmp_path)
+    mem = job_memory(tmp_path / "state", "ms")
     assert mem is not None and mem.limp.out == () and mem.budgets.restarts == 0
     assert sim.world.call_count("DeleteQueuedResource") == 0 and sim.world.call_count("CreateQueuedResource") == 0
 
@@ -207,12 +187,12 @@ def test_a_slice_lost_wakes_a_watcher_polling_hourly_and_the_job_limps_at_once(s
     cfg, env, _ = limping_job(sim, tmp_path)
     cfg.write_text(cfg.read_text().replace('poll_interval = "0.5s"', 'poll_interval = "1h"'))
     # the job holds at step 100 (its trainers alive, nothing to wake the loop) until the test ends
-    proc = watch(cfg, env)
+    proc = watch_process(cfg, env)
     try:
-        wait(lambda: len(on_attempt(sim, 1)) == 4 and len(steps(sim)) >= 2, proc, "attempt 1 on all 4 slices")
+        wait_while_watched(lambda: len(on_attempt(sim, 1)) == 4 and len(checkpoint_steps(sim.bucket / "ck")) >= 2, proc, "attempt 1 on all 4 slices")
         sim.inject("maintenance", node="np-2", stuck="REPAIRING")
-        wait(lambda: len(on_attempt(sim, 2)) == 3, proc, "attempt 2 on the 3 slices left", timeout=60)
-        mem = memory(tmp_path)
+        wait_while_watched(lambda: len(on_attempt(sim, 2)) == 3, proc, "attempt 2 on the 3 slices left", timeout=60)
+        mem = job_memory(tmp_path / "state", "ms")
         assert mem is not None and mem.limp.out == ("np-2",)
     finally:
         proc.kill()

@@ -14,20 +14,26 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from e2e_helpers import finish, trainer, trainer_env, write_config
+from e2e_helpers import (
+    checkpoint_steps,
+    finish,
+    job_memory,
+    trainer,
+    trainer_env,
+    wait_while_watched,
+    watch_process,
+    write_config,
+)
 
 from tpuwatch.cloud.tpu.adapter import TpuAdapter
-from tpuwatch.errors import NotFoundError, UsageError
-from tpuwatch.journal import Journal
-from tpuwatch.policy import Memory
+from tpuwatch.errors import UsageError
 from tpuwatch.sim.simulator import Simulator
 
 pytestmark = pytest.mark.slow
+
 
 SLICES = ("np-0", "np-1", "np-2", "np-3")
 POOL = (*SLICES, "sp-0", "sp-1")
@@ -67,34 +73,8 @@ def on_attempt(sim: Simulator, attempt: int) -> dict[str, dict[str, str]]:
     return out
 
 
-def watch(cfg: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(cfg)], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
-def memory(tmp_path: Path) -> Memory | None:
-    try:
-        with Journal.open(tmp_path / "state", "ms", "ms", readonly=True) as journal:
-            return journal.load_memory()
-    except NotFoundError:  # no journal yet
-        return None
-
-
-def wait(pred: Callable[[], bool], proc: subprocess.Popen[str], what: str, timeout: float = 90) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    proc.kill()
-    raise AssertionError(f"timed out waiting for {what}\n{proc.communicate()[0][-4000:]}")
-
-
-def steps(sim: Simulator) -> list[int]:
-    ck = sim.bucket / "ck"
-    return sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit()) if ck.exists() else []
 
 
 def attempts(cfg: Path, env: dict[str, str]) -> list[dict[str, object]]:
@@ -106,13 +86,13 @@ def attempts(cfg: Path, env: dict[str, str]) -> list[dict[str, object]]:
 def test_a_preempted_slice_is_swapped_for_the_spare_in_its_place_with_no_delete_or_create(
         sim: Simulator, tmp_path: Path) -> None:
     cfg, env, go = spared_job(sim, tmp_path, spot=("np-1",))
-    proc = watch(cfg, env)
+    proc = watch_process(cfg, env)
     before = ""
     try:
-        wait(lambda: len(on_attempt(sim, 1)) == 4 and len(steps(sim)) >= 2, proc, "attempt 1 on the 4 slices")
+        wait_while_watched(lambda: len(on_attempt(sim, 1)) == 4 and len(checkpoint_steps(sim.bucket / "ck")) >= 2, proc, "attempt 1 on the 4 slices")
         assert sorted(on_attempt(sim, 1)) == list(SLICES)
         sim.inject("preempt", node="np-1")
-        wait(lambda: len(on_attempt(sim, 2)) == 4, proc, "attempt 2 on the spare and the 3 left")
+        wait_while_watched(lambda: len(on_attempt(sim, 2)) == 4, proc, "attempt 2 on the spare and the 3 left")
         swapped = on_attempt(sim, 2)
         assert sorted(swapped) == ["np-0", "np-2", "np-3", "sp-0"]
         coordinator = TpuAdapter(sim.project, sim.zone).require_node("np-0").workers[0].internal_ip
@@ -122,7 +102,7 @@ def test_a_preempted_slice_is_swapped_for_the_spare_in_its_place_with_no_delete_
             assert (e["MEGASCALE_SLICE_ID"], e["MEGASCALE_NUM_SLICES"], e["MEGASCALE_COORDINATOR_ADDRESS"]) == (
                 str(i), "4", coordinator), e
         resumed = {int(e["TPUWATCH_STEP"]) for e in swapped.values()}
-        mem = memory(tmp_path)
+        mem = job_memory(tmp_path / "state", "ms")
         assert mem is not None and mem.limp.swapped == (("np-1", "sp-0"),) and mem.limp.out == ()
         shown = json.loads(subprocess.run([sys.executable, "-m", "tpuwatch.cli", "status", "-c", str(cfg), "--json"],
                                           env=env, text=True, capture_output=True, timeout=60).stdout)
@@ -137,14 +117,14 @@ def test_a_preempted_slice_is_swapped_for_the_spare_in_its_place_with_no_delete_
                                          env=env, text=True, capture_output=True, timeout=120).stdout)
         assert tick["row"] == "running", tick
         assert sorted(on_attempt(sim, 2)) == ["np-0", "np-2", "np-3", "sp-0"] and not on_attempt(sim, 3)
-        proc = watch(cfg, env)
+        proc = watch_process(cfg, env)
         (go / "100").touch()
         rc, out = finish(proc, timeout=150)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert rc == 0, out
-    assert steps(sim)[-1] == STEPS
+    assert checkpoint_steps(sim.bucket / "ck")[-1] == STEPS
     assert "slice 1 (np-1) on sp-0 instead of np-1 (PREEMPTED)" in before, before
     done = attempts(cfg, env)
     assert [(a["outcome"], a["charged"]) for a in done] == [("disruption", False), ("success", False)], done
@@ -156,17 +136,17 @@ def test_a_preempted_slice_is_swapped_for_the_spare_in_its_place_with_no_delete_
 def test_the_slice_swapped_out_is_the_spare_once_back_and_stands_in_for_the_next_loss(
         sim: Simulator, tmp_path: Path) -> None:
     cfg, env, go = spared_job(sim, tmp_path)
-    proc = watch(cfg, env)
+    proc = watch_process(cfg, env)
     try:
-        wait(lambda: len(on_attempt(sim, 1)) == 4, proc, "attempt 1 on the 4 slices")
+        wait_while_watched(lambda: len(on_attempt(sim, 1)) == 4, proc, "attempt 1 on the 4 slices")
         sim.inject("maintenance", node="np-2", stuck="REPAIRING")
-        wait(lambda: sorted(on_attempt(sim, 2)) == ["np-0", "np-1", "np-3", "sp-0"], proc, "attempt 2 on the spare")
+        wait_while_watched(lambda: sorted(on_attempt(sim, 2)) == ["np-0", "np-1", "np-3", "sp-0"], proc, "attempt 2 on the spare")
         sim.inject("heal", node="np-2")  # np-2 back: it is the job's spare now; nothing moves
         sim.inject("maintenance", node="np-0", stuck="REPAIRING")
-        wait(lambda: sorted(on_attempt(sim, 3)) == ["np-1", "np-2", "np-3", "sp-0"], proc, "attempt 3 on np-2")
+        wait_while_watched(lambda: sorted(on_attempt(sim, 3)) == ["np-1", "np-2", "np-3", "sp-0"], proc, "attempt 3 on np-2")
         ids = {n: e["TPUWATCH_SLICE_ID"] for n, e in on_attempt(sim, 3).items()}
         assert ids == {"np-2": "0", "np-1": "1", "sp-0": "2", "np-3": "3"}, ids
-        mem = memory(tmp_path)
+        mem = job_memory(tmp_path / "state", "ms")
         assert mem is not None and dict(mem.limp.swapped) == {"np-0": "np-2", "np-2": "sp-0"}
         (go / "100").touch()
         rc, out = finish(proc, timeout=150)
@@ -187,20 +167,20 @@ def test_a_preempted_slice_swapped_out_is_deleted_and_created_again_as_the_spare
         sim: Simulator, tmp_path: Path) -> None:
     cfg, env, go = spared_job(sim, tmp_path, spot=("np-1",),
                               spec=SPEC)
-    proc = watch(cfg, env)
+    proc = watch_process(cfg, env)
     try:
-        wait(lambda: len(on_attempt(sim, 1)) == 4, proc, "attempt 1 on the 4 slices")
+        wait_while_watched(lambda: len(on_attempt(sim, 1)) == 4, proc, "attempt 1 on the 4 slices")
         old = sim.world.node("np-1").id
         sim.inject("preempt", node="np-1")
-        wait(lambda: sorted(on_attempt(sim, 2)) == ["np-0", "np-2", "np-3", "sp-0"], proc, "attempt 2 on the spare")
+        wait_while_watched(lambda: sorted(on_attempt(sim, 2)) == ["np-0", "np-2", "np-3", "sp-0"], proc, "attempt 2 on the spare")
         # np-1 is made again in the background, as the job's spare; the job is not stopped for it
-        wait(lambda: sim.world.has_node("np-1") and sim.world.node("np-1").id != old
+        wait_while_watched(lambda: sim.world.has_node("np-1") and sim.world.node("np-1").id != old
              and sim.world.node("np-1").state == "READY", proc, "np-1 made again", timeout=120)
         assert sim.world.node("np-1").spec.labels.get("tpuwatch-job") == "ms"
         assert len(on_attempt(sim, 2)) == 4 and not on_attempt(sim, 3)
         # the next loss is swapped for it
         sim.inject("maintenance", node="np-3", stuck="REPAIRING")
-        wait(lambda: sorted(on_attempt(sim, 3)) == ["np-0", "np-1", "np-2", "sp-0"], proc, "attempt 3 on the new np-1")
+        wait_while_watched(lambda: sorted(on_attempt(sim, 3)) == ["np-0", "np-1", "np-2", "sp-0"], proc, "attempt 3 on the new np-1")
         assert on_attempt(sim, 3)["np-1"]["TPUWATCH_SLICE_ID"] == "3"
         (go / "100").touch()
         rc, out = finish(proc, timeout=150)
@@ -221,15 +201,15 @@ def test_a_second_loss_while_the_spare_is_made_again_through_a_stockout_waits_fo
     preempted then: no spare is free, and the job waits (not a stop for a person), np-2 made again
     too; once the stockout ends the job resumes on whichever comes first, and finishes."""
     cfg, env, go = spared_job(sim, tmp_path, spot=("np-1", "np-2"), spec=SPEC)
-    proc = watch(cfg, env)
+    proc = watch_process(cfg, env)
     try:
-        wait(lambda: len(on_attempt(sim, 1)) == 4, proc, "attempt 1 on the 4 slices")
+        wait_while_watched(lambda: len(on_attempt(sim, 1)) == 4, proc, "attempt 1 on the 4 slices")
         sim.inject("stockout")
         sim.inject("preempt", node="np-1")
-        wait(lambda: sorted(on_attempt(sim, 2)) == ["np-0", "np-2", "np-3", "sp-0"], proc, "attempt 2 on the spare")
-        wait(lambda: sim.world.call_count("CreateNode") >= 1, proc, "np-1's first create (refused: no capacity)")
+        wait_while_watched(lambda: sorted(on_attempt(sim, 2)) == ["np-0", "np-2", "np-3", "sp-0"], proc, "attempt 2 on the spare")
+        wait_while_watched(lambda: sim.world.call_count("CreateNode") >= 1, proc, "np-1's first create (refused: no capacity)")
         sim.inject("preempt", node="np-2")
-        wait(lambda: (m := memory(tmp_path)) is not None and m.phase.value == "waiting_node"
+        wait_while_watched(lambda: (m := job_memory(tmp_path / "state", "ms")) is not None and m.phase.value == "waiting_node"
              and "np-2" in m.limp.remaking, proc, "the job waiting, np-2 being made again")
         assert proc.poll() is None and not on_attempt(sim, 3)
         sim.inject("clear-errors")
@@ -252,14 +232,14 @@ def test_an_announced_maintenance_moves_the_job_onto_the_spare_at_a_checkpoint_l
     nothing charged, and no wait for the maintenance."""
     sim.world.delays["simulated_maintenance_heal"] = 600.0
     cfg, env, go = spared_job(sim, tmp_path)
-    proc = watch(cfg, env)
+    proc = watch_process(cfg, env)
     try:
-        wait(lambda: len(on_attempt(sim, 1)) == 4, proc, "attempt 1 on the 4 slices")
+        wait_while_watched(lambda: len(on_attempt(sim, 1)) == 4, proc, "attempt 1 on the 4 slices")
         sim.inject("upcoming-maintenance", node="np-1", starts_in="7d", heal_after="10m")
-        wait(lambda: (m := memory(tmp_path)) is not None and m.maintenance.early_window is not None, proc,
+        wait_while_watched(lambda: (m := job_memory(tmp_path / "state", "ms")) is not None and m.maintenance.early_window is not None, proc,
              "the watcher waiting for the next checkpoint")
         (go / "100").touch()  # the job trains on: its next checkpoint is the moment
-        wait(lambda: sorted(on_attempt(sim, 2)) == ["np-0", "np-2", "np-3", "sp-0"], proc, "attempt 2 on the spare")
+        wait_while_watched(lambda: sorted(on_attempt(sim, 2)) == ["np-0", "np-2", "np-3", "sp-0"], proc, "attempt 2 on the spare")
         assert on_attempt(sim, 2)["sp-0"]["TPUWATCH_SLICE_ID"] == "1"
         rc, out = finish(proc, timeout=150)
     finally:
@@ -278,11 +258,11 @@ def test_an_announced_maintenance_moves_the_job_onto_the_spare_at_a_checkpoint_l
 def test_a_spare_whose_launch_checks_fail_is_skipped_for_the_next_one(sim: Simulator, tmp_path: Path) -> None:
     cfg, env, go = spared_job(sim, tmp_path, spot=("np-1",), spares=("sp-0", "sp-1"))
     sim.inject("device-missing", node="sp-0", worker=0)
-    proc = watch(cfg, env)
+    proc = watch_process(cfg, env)
     try:
-        wait(lambda: len(on_attempt(sim, 1)) == 4, proc, "attempt 1 on the 4 slices")
+        wait_while_watched(lambda: len(on_attempt(sim, 1)) == 4, proc, "attempt 1 on the 4 slices")
         sim.inject("preempt", node="np-1")
-        wait(lambda: len(on_attempt(sim, 2)) == 4, proc, "attempt 2")
+        wait_while_watched(lambda: len(on_attempt(sim, 2)) == 4, proc, "attempt 2")
         assert sorted(on_attempt(sim, 2)) == ["np-0", "np-2", "np-3", "sp-1"]  # never on sp-0
         (go / "100").touch()
         rc, out = finish(proc, timeout=150)
@@ -293,7 +273,7 @@ def test_a_spare_whose_launch_checks_fail_is_skipped_for_the_next_one(sim: Simul
     assert "launch-time checks fail on spare sp-0 (slice 1, np-1)" in out, out
     assert "slice 1 (np-1) on sp-1 instead of" in out, out
     assert [(a["outcome"], a["charged"]) for a in attempts(cfg, env)] == [("disruption", False), ("success", False)]
-    mem = memory(tmp_path)
+    mem = job_memory(tmp_path / "state", "ms")
     assert mem is not None and mem.limp.swapped == (("np-1", "sp-1"),) and len(mem.limp.bad) == 1, mem.limp
     assert mem.limp.bad[0].startswith("sp-0@") and mem.budgets.restarts == 0
 
@@ -351,16 +331,16 @@ def test_a_job_on_one_node_is_swapped_onto_its_spare_and_its_node_made_again_as_
         return next((e for pid in pids if (e := trainer_env(pid, "ms")) is not None
                      and e["TPUWATCH_ATTEMPT"] == str(attempt)), None)
 
-    proc = watch(cfg, env)
+    proc = watch_process(cfg, env)
     try:
-        wait(lambda: trainers_on("pod", 1) is not None, proc, "attempt 1 on pod")
+        wait_while_watched(lambda: trainers_on("pod", 1) is not None, proc, "attempt 1 on pod")
         old = sim.world.node("pod").id
         sim.inject("preempt", node="pod")
-        wait(lambda: trainers_on("sp-0", 2) is not None, proc, "attempt 2 on the spare")
+        wait_while_watched(lambda: trainers_on("sp-0", 2) is not None, proc, "attempt 2 on the spare")
         e = trainers_on("sp-0", 2)
         assert e is not None and (e["TPUWATCH_SLICE_ID"], e["TPUWATCH_NUM_SLICES"]) == ("0", "1"), e
         assert not [k for k in e if k.startswith("MEGASCALE_")], e  # one node: no multislice to join
-        wait(lambda: sim.world.has_node("pod") and sim.world.node("pod").id != old
+        wait_while_watched(lambda: sim.world.has_node("pod") and sim.world.node("pod").id != old
              and sim.world.node("pod").state == "READY", proc, "pod made again", timeout=120)
         assert trainers_on("sp-0", 2) is not None and trainers_on("pod", 3) is None  # the job was not moved back
         (go / "100").touch()

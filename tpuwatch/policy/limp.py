@@ -12,8 +12,10 @@ resource can be made again, is taken back at a checkpoint for the rows to recrea
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
+from tpuwatch.model import NodeSnapshot
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.ending import end_unusable, finish
 from tpuwatch.policy.nodes import Cond, node_condition
@@ -49,17 +51,25 @@ def limp(draft: Draft, mem: Memory) -> Decision | None:
         return None
     said = ", ".join(f"{name} {part.state}" + (f"/{part.health}" if part.health and part.state == "READY" else "")
                      for name, part in lost)
-    if mem.phase is Phase.RUNNING:
-        sign = [Evidence(now, f"slice {name} lost ({part.state})") for name, part in lost]
-        mem = replace(mem, attempt=replace(mem.attempt, evidence=merge_evidence(mem.attempt.evidence, sign)))
-        mem, final = end_unusable(draft, mem)
-        if final is not None:
-            return final
+    mem, final = end_lost(draft, mem, lost)
+    if final is not None:
+        return final
     out = (*mem.limp.out, *(name for name, _ in lost))
     mem = replace(mem, limp=replace(mem.limp, out=out, since=mem.limp.since or now, back_since=None, back_step=None))
     return _out(draft, mem, "limp", f"slice(s) lost ({said}): limping on {left} of {len(cfg.slices)} slices "
                                     f"(job.min_slices {cfg.min_slices}), {', '.join(out)} left out; the job "
                                     "relaunches on the slices left from its newest complete checkpoint")
+
+
+def end_lost(draft: Draft, mem: Memory, lost: Sequence[tuple[str, NodeSnapshot]]) -> tuple[Memory, Decision | None]:
+    """End the running attempt (a disruption, not charged) for the slots `lost` (each with its
+    node as read), naming each node lost in its evidence; the memory as it is while none runs,
+    or with none lost."""
+    if mem.phase is not Phase.RUNNING or not lost:
+        return mem, None
+    sign = [Evidence(draft.now, f"slice {mem.limp.node_of(slot)} lost ({part.state})") for slot, part in lost]
+    mem = replace(mem, attempt=replace(mem.attempt, evidence=merge_evidence(mem.attempt.evidence, sign)))
+    return end_unusable(draft, mem)
 
 
 def returning(draft: Draft, mem: Memory) -> tuple[list[str], list[str]]:

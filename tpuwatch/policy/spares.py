@@ -29,10 +29,9 @@ from tpuwatch.durations import human
 from tpuwatch.model import CheckItem, NodeSnapshot
 from tpuwatch.policy.backoff import backoff_delay
 from tpuwatch.policy.draft import Draft
-from tpuwatch.policy.ending import end_unusable
-from tpuwatch.policy.limp import BRIEF_STATES, stop_waited
+from tpuwatch.policy.limp import BRIEF_STATES, end_lost, stop_waited
 from tpuwatch.policy.nodes import Cond, node_condition
-from tpuwatch.policy.state import Evidence, Limp, Memory, Phase, merge_evidence, move
+from tpuwatch.policy.state import Limp, Memory, Phase, move
 from tpuwatch.policy.values import Decision, RemakeSpare, Wait
 
 
@@ -104,12 +103,9 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
     was = {**{slot: f"{mem.limp.node_of(slot)} (left out)" for slot in out},
            **{slot: f"{mem.limp.node_of(slot)} ({part.state})" for slot, part in lost}}
     gone = [(slot, part) for slot, part in lost if slot in taken]
-    if gone and mem.phase is Phase.RUNNING:
-        sign = [Evidence(now, f"slice {mem.limp.node_of(slot)} lost ({part.state})") for slot, part in gone]
-        mem = replace(mem, attempt=replace(mem.attempt, evidence=merge_evidence(mem.attempt.evidence, sign)))
-        mem, final = end_unusable(draft, mem)
-        if final is not None:
-            return final
+    mem, final = end_lost(draft, mem, gone)
+    if final is not None:
+        return final
     swapped = bind(cfg.slices, mem.limp, pairs)
     away = [mem.limp.node_of(slot) for slot, _ in gone]
     mem = replace(mem, limp=replace(mem.limp, swapped=swapped, away=(*mem.limp.away, *away),
@@ -219,12 +215,9 @@ def wait(draft: Draft, mem: Memory) -> Decision | None:
     if not coming and not itself:
         return None
     said = ", ".join(f"{mem.limp.node_of(slot)} {part.state}" for slot, part in lost)
-    if mem.phase is Phase.RUNNING:
-        sign = [Evidence(now, f"slice {mem.limp.node_of(slot)} lost ({part.state})") for slot, part in lost]
-        mem = replace(mem, attempt=replace(mem.attempt, evidence=merge_evidence(mem.attempt.evidence, sign)))
-        mem, final = end_unusable(draft, mem)
-        if final is not None:
-            return final
+    mem, final = end_lost(draft, mem, lost)
+    if final is not None:
+        return final
     why = f"slice(s) lost ({said}) and no spare free: waiting for " + "; ".join(
         [*([f"{', '.join(coming)} on its way back"] if coming else []),
          *([f"{', '.join(itself)} to be made again"] if itself else [])])
