@@ -286,3 +286,22 @@ def test_a_multislice_job_shows_each_slice_with_its_state_and_workers_in_the_das
     assert "(np-0 READY/HEALTHY, np-1 REPAIRING/-)" in tick_line(r)
     one = tick_dict(report())
     assert "slices" not in one["node"] and "slice" not in one["workers"][0]
+
+
+def test_a_job_with_spares_shows_each_and_why_it_cannot_stand_in_in_the_dashboard() -> None:
+    from tpuwatch.model import combine_slices
+
+    def part(name: str, state: str = "READY", owner: str = "llm") -> NodeSnapshot:
+        return replace(node(state, "HEALTHY" if state == "READY" else "", workers=1), name=name, id=name,
+                       labels={"tpuwatch-job": owner})
+
+    both = combine_slices("llm-pod", [part("np-0"), part("np-1")])
+    assert both is not None
+    r = replace(report(n=both, probes=[WorkerProbe(0, "running", 3), WorkerProbe(1, "running", 3)]),
+                spares=(("sp-0", part("sp-0")), ("sp-1", part("sp-1", "REPAIRING")), ("sp-2", None),
+                        ("sp-3", part("sp-3", owner="other"))))
+    body = render(dashboard(r, "llm", replace(PCFG, job="llm"), events(2), T0 + timedelta(seconds=30), T0))
+    line = next(ln for ln in body.splitlines() if "spares" in ln)
+    assert "sp-0 ready · sp-1 REPAIRING · sp-2 missing" in line, body
+    assert "sp-3 not owned by" in body, body  # (the line wraps)
+    assert "spares" not in render(dashboard(report(), "llm", PCFG, events(2), T0, T0))  # a job without spares

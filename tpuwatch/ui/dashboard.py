@@ -30,6 +30,7 @@ from tpuwatch.durations import human
 from tpuwatch.journal import JournalEvent
 from tpuwatch.model import Checkpoint, PrecheckReport, WorkerProbe
 from tpuwatch.policy import Phase, PolicyConfig
+from tpuwatch.policy.spares import unfit
 from tpuwatch.tick import TickReport
 from tpuwatch.ui.node import BAD, OK, WAIT, health_style, state_style, window_lines
 from tpuwatch.ui.tickview import node_text, summary, tick_dict
@@ -187,6 +188,15 @@ def dashboard(report: TickReport, job: str, pcfg: PolicyConfig, events: Sequence
                 states.append(part.state, style=state_style(part.state))
                 states.append(f"/{part.health or '-'} ({count} workers)")
             head.add_row("slices", states)
+        if report.spares:  # a job with spares: each idle node of its pool, and why it cannot stand in now
+            idle = Text()
+            for i, (name, spare) in enumerate(report.spares):
+                if i:
+                    idle.append(" · ")
+                why = unfit(pcfg.job, node, spare, report.memory.limp.bad)
+                idle.append(f"{name} ")
+                idle.append(why or "ready", style=WAIT if why else OK)
+            head.add_row("spares", idle)
         if node.health_description:
             head.add_row("", Text(_clip(node.health_description, text_width), style="dim"))
         if node.upcoming_maintenance is not None:
