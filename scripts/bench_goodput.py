@@ -7,7 +7,7 @@
     python scripts/bench_goodput.py --maintenance 0 --scheduled 4 --unscheduled 2 --notice-only 2
     python scripts/bench_goodput.py --slices 4                 # one job over 4 slices (Multislice)
     python scripts/bench_goodput.py --api compute              # the slice as a Compute Engine MIG (TPU7x, Spot)
-    python scripts/bench_goodput.py --slices 8 --spares 1 --limp-floor 7   # the bounds past fixed slices
+    python scripts/bench_goodput.py --slices 8 --spares 1 --limp-floor 7   # the bounds past fixed slices; tpuwatch with them
 
 Every tool replays the same trace (lab/): tpuwatch itself (`watch`'s loop over the real
 tick, policy, config and journal, against in-memory ports), the bash loop of the TPU docs,
