@@ -58,6 +58,7 @@ class ToolResult:
     attempts: int
     skipped: dict[str, int]
     attempt_slices: list[int] = field(default_factory=list)  # slices each attempt ran on (fewer: limping)
+    attempt_nodes: list[tuple[str, ...]] = field(default_factory=list)  # their nodes' names (a spare's: swapped in)
     # limping: hours attempts ran on fewer slices, by the state of the slice(s) left out at their start
     limp_hours: dict[str, float] = field(default_factory=dict)
     memory: dict[str, Any] | None = None  # tpuwatch's final policy memory (counters)
@@ -199,6 +200,7 @@ def _result(tool: Tool, run: Run) -> ToolResult:
         active_hours=min(stop, end) / 3600.0,
         attempts=len(w.attempts),
         attempt_slices=[len(a.procs) for a in w.attempts],
+        attempt_nodes=[tuple(w.slices[pr.slice].name for pr in a.procs) for a in w.attempts],
         limp_hours=_limp_hours(w, end),
         skipped=dict(Counter(k for k, _ in w.skipped)),
         memory=memory,
@@ -453,8 +455,9 @@ def _is_bound(key: str) -> bool:
 
 
 WAYS = ("ideal-spares", "ideal-limp", "ideal-both")  # lab.tools.way_tools' keys
-FIXED_NOTE = ("tpuwatch has no spares: its rows are on the job's own slices (the spares' faults unseen), set "
-              "against each way's bound; with --limp-floor they limp ([job] min_slices)")
+FIXED_NOTE = ("over several slices the tpuwatch rows have the same spares ([tpu] spares; every node made alone, a "
+              "dead spare made again from [tpu.spec]) and limp with --limp-floor ([job] min_slices); on one "
+              "slice they have no spare (tpu.spares is a multislice job's)")
 
 
 def sweep_ways(sw: Sweep) -> list[dict[str, Any]]:

@@ -50,7 +50,7 @@ class Params:
     # figure for either: these are the project simulator's (`sim inject slice-replace`).
     autorepair_after: float = 600.0
     multislice_restart: float = 60.0
-    # Past fixed slices (only the ideal bounds of lab.tools use these yet): `spares` idle
+    # Past fixed slices (the ideal bounds, and tpuwatch's [tpu] spares and [job] min_slices): `spares` idle
     # same-shape slices kept beside the job's, and limping: with `limp_floor` set, the job may run
     # on any k >= limp_floor of its `slices`, a step on k slices counting k/slices of a step. A world
     # that limps counts in 1/slices of a step (`limping()` scales step_time, ckpt_every, steps).

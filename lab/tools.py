@@ -313,14 +313,16 @@ class _Horizon(Exception):
 
 
 def tpuwatch_toml(*, tpu: str = "llm-pod", names: list[str] | None = None, min_slices: int = 0,
-                  **recovery: Any) -> str:
+                  spares: list[str] | None = None, **recovery: Any) -> str:
     """A tpuwatch.toml for the benchmark's job: `[recovery]` holds only the keys given (None
     values dropped), so every other key keeps the product's default. Durations may be given as
     text ("30m") or seconds. `tpu` is `[tpu] name`; `names`, the slices' node names of a
-    multislice job (`[tpu] names`); `min_slices`, `[job] min_slices` (0: not set, never limps)."""
+    multislice job (`[tpu] names`); `min_slices`, `[job] min_slices` (0: not set, never limps);
+    `spares`, its hot spares' node names (`[tpu] spares`, made again from `[tpu.spec]`)."""
     lines = [
         "[tpu]", f"name = {_toml(tpu)}", f'project = "{PROJECT}"', f'zone = "{ZONE}"',
         *([f"names = [{', '.join(_toml(n) for n in names)}]"] if names else []),
+        *([f"spares = [{', '.join(_toml(n) for n in spares)}]"] if spares else []),
         "[tpu.spec]", 'accelerator_type = "v4-32"', 'runtime_version = "tpu-ubuntu2204-base"', "spot = true",
         "[job]", f'name = "{JOB}"', 'command = "cd ~/repo && python3 train.py --resume={checkpoint}"',
         'checkpoint_dir = "gs://bench/ckpt"', *([f"min_slices = {min_slices}"] if min_slices else []),
@@ -363,10 +365,20 @@ def slice_config(cfg: Config, name: str) -> Config:
 
 def job_config(cfg: Config, world: BenchWorld) -> Config:
     """`cfg` for the whole job of `world`: over several slices, `[tpu] names` lists their nodes and
-    `[tpu] queued_resource` names the multislice request they came from."""
+    `[tpu] queued_resource` names the multislice request they came from. With spares (the world's
+    slices past the job's, `p.spares`), `[tpu] spares` lists them and there is no queued resource:
+    every node is made alone, a dead spare made again from `[tpu.spec]` (checked by the product's
+    own validation)."""
     if len(world.slices) == 1:
         return cfg
-    tpu = {**cfg.values["tpu"], "names": tuple(sl.name for sl in world.slices), "queued_resource": world.name}
+    names = [sl.name for sl in world.slices[:world.p.slices]]
+    if world.p.spares:
+        spares = [sl.name for sl in world.slices[world.p.slices:]]
+        checked = validate(tomllib.loads(tpuwatch_toml(tpu=world.name, names=names, spares=spares)))
+        tpu = {**cfg.values["tpu"], "names": checked["tpu"]["names"], "spares": checked["tpu"]["spares"],
+               "queued_resource": ""}
+    else:
+        tpu = {**cfg.values["tpu"], "names": tuple(names), "queued_resource": world.name}
     return Config(values={**cfg.values, "tpu": tpu}, path=None)
 
 
@@ -582,12 +594,15 @@ class TpuwatchDriver:
         k periods from now (time-based rules are monotone in time, so k splits cleanly)."""
         node = report.node
         left_out: tuple[NodeSnapshot | None, ...] = ()
-        if report.memory.limp.out:  # a job that limps: its slices left out, as the tick read them (unchanged since)
+        limp = report.memory.limp
+        if limp.out:  # a job that limps: its slices left out, as the tick read them (unchanged since)
             w, names = self.run.world, self.pcfg.slices
-            read = {name: self.tpu.snapshot(s) if (s := w.slice_of(name)) is not None else None for name in names}
-            left_out = bound_view(self.pcfg.tpu_name, names, read, report.memory.limp.out)[1]
-        obs = Observation(node=node, left_out=left_out, probes=report.probes, checkpoint=report.checkpoint,
-                          jitter=0.5)
+            pool = (*names, *self.pcfg.spares)
+            read = {name: self.tpu.snapshot(s) if (s := w.slice_of(name)) is not None else None for name in pool}
+            left_out = bound_view(self.pcfg.tpu_name, names, read, limp.out, dict(limp.swapped))[1]
+        # a job with spares: its idle ones as the tick read them (a spare's remake is on a schedule)
+        obs = Observation(node=node, left_out=left_out, spares=report.spares, probes=report.probes,
+                          checkpoint=report.checkpoint, jitter=0.5)
         lo, hi = 0, n
         while lo < hi:
             k = (lo + hi + 1) // 2
@@ -802,16 +817,17 @@ def _with_loop(watcher: Callable[[Run], Process]) -> Callable[[Run], list[Proces
     return lambda run: [bash_loop(run), watcher(run)]
 
 
-def tpuwatch_tool(key: str, label: str, cfg: Config, note: str, skip_idle: bool = True) -> Tool:
+def tpuwatch_tool(key: str, label: str, cfg: Config, note: str, skip_idle: bool = True, spares: int = 0) -> Tool:
     """tpuwatch with `cfg`; one with `[job] min_slices` limps, in a world that counts a step on k of
-    n slices as k/n of a step (as the limping bound's)."""
+    n slices as k/n of a step (as the limping bound's); with `spares`, in a world with that many
+    idle slices beside the job's, its `[tpu] spares` (job_config)."""
     def drive(run: Run) -> None:
         driver = TpuwatchDriver(run, job_config(cfg, run.world), skip_idle)
         run.extra["ticks"] = [driver]
         driver.drive()
 
     floor = int(cfg.job["min_slices"]) or None
-    return Tool(key, label, lambda run: [], note, drive, limp_floor=floor)
+    return Tool(key, label, lambda run: [], note, drive, spares=spares, limp_floor=floor)
 
 
 def per_slice_tool(cfg: Config, skip_idle: bool = True) -> Tool:
@@ -836,21 +852,23 @@ MULTISLICE = "names" in SCHEMA["tpu"]
 
 
 def make_tools(cfg: Config, tuned: Config, skypilot_restarts: int = 0, skip_idle: bool = True,
-               slices: int = 1, limp_floor: int | None = None) -> list[Tool]:
+               slices: int = 1, limp_floor: int | None = None, spares: int = 0) -> list[Tool]:
     """Every compared tool, the bound first. Over several slices: the bound, tpuwatch (when it
     has `[tpu] names`) and one tpuwatch per slice; the baselines are modelled on one slice only.
-    With `limp_floor` (below `slices`) both tpuwatch rows limp: `[job] min_slices = limp_floor`."""
+    With `limp_floor` (below `slices`) both tpuwatch rows limp: `[job] min_slices = limp_floor`;
+    with `spares`, both have that many hot spares (`[tpu] spares`, multislice only)."""
     if slices > 1:
         limps = limp_floor is not None and limp_floor < slices
         if limps:
             assert limp_floor is not None
             cfg, tuned = limp_config(cfg, slices, limp_floor), limp_config(tuned, slices, limp_floor)
-        how = f", min_slices {limp_floor}" if limps else ""
+        how = (f", min_slices {limp_floor}" if limps else "") + (f", {spares} spare{'s' if spares > 1 else ''}"
+                                                                  if spares else "")
         return [
             Tool("ideal", "ideal bound", lambda run: [ideal(run)],
                  "oracle: every slice recovered at once, relaunched on all when all are usable"),
-            *([tpuwatch_tool("tpuwatch", f"tpuwatch (defaults{how})", cfg, describe(cfg), skip_idle),
-               tpuwatch_tool("tpuwatch-30d", f"tpuwatch (tuned{how})", tuned, describe(tuned), skip_idle)]
+            *([tpuwatch_tool("tpuwatch", f"tpuwatch (defaults{how})", cfg, describe(cfg), skip_idle, spares),
+               tpuwatch_tool("tpuwatch-30d", f"tpuwatch (tuned{how})", tuned, describe(tuned), skip_idle, spares)]
               if MULTISLICE else []),
             per_slice_tool(cfg, skip_idle),
         ]

@@ -153,10 +153,11 @@ def _slice_trace(rng: random.Random, days: float, workers: int, tc: TraceConfig)
     return Trace(0, horizon, tuple(faults), tuple(sorted(stockouts)))
 
 
-def make_bug_trace(days: float, push_at: float = 0.5, heal_after: float = 600.0) -> Trace:
+def make_bug_trace(days: float, push_at: float = 0.5, heal_after: float = 600.0, spares: int = 0) -> Trace:
     """The permanent bug alone: the buggy code is pushed at `push_at` of the run, and a
-    maintenance that heals an hour later makes every tool relaunch the job (and meet the bug)."""
+    maintenance that heals an hour later makes every tool relaunch the job (and meet the bug);
+    `spares` idle slices beside the job's, with no fault of their own."""
     horizon = days * 86400.0
     t = push_at * horizon
     faults = (Fault(t, "bug"), Fault(t + 3600.0, "maintenance", heal_after=heal_after))
-    return Trace(-1, horizon, faults, ())
+    return Trace(-1, horizon, faults, (), spares)

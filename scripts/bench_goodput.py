@@ -7,7 +7,7 @@
     python scripts/bench_goodput.py --maintenance 0 --scheduled 4 --unscheduled 2 --notice-only 2
     python scripts/bench_goodput.py --slices 4                 # one job over 4 slices (Multislice)
     python scripts/bench_goodput.py --api compute              # the slice as a Compute Engine MIG (TPU7x, Spot)
-    python scripts/bench_goodput.py --slices 8 --spares 1 --limp-floor 7   # the bounds past fixed slices
+    python scripts/bench_goodput.py --slices 8 --spares 1 --limp-floor 7   # the bounds past fixed slices; tpuwatch with them
 
 Every tool replays the same trace (lab/): tpuwatch itself (`watch`'s loop over the real
 tick, policy, config and journal, against in-memory ports), the bash loop of the TPU docs,
@@ -103,11 +103,12 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", type=int, default=None, help="job length in steps (default: more than fits)")
     g.add_argument("--startup", type=_duration("--startup"), default=d.startup, help="program start + restore")
     g = ap.add_argument_group(
-        "past fixed slices: the ideal bound of each way (tpuwatch limps with --limp-floor, [job] min_slices; "
-        "it has no spares: its rows stay on the job's slices)")
+        "past fixed slices: the ideal bound of each way; over several slices both tpuwatch rows use them too "
+        "(--spares: [tpu] spares; --limp-floor: [job] min_slices)")
     g.add_argument("--spares", type=int, default=0,
                    help="idle same-shape slices kept READY beside the job's, with faults of their own: adds "
-                        "the bound with them (ideal-spares)")
+                        "the bound with them (ideal-spares); over several slices both tpuwatch rows have them "
+                        "([tpu] spares, every node made alone, a dead spare made again from [tpu.spec])")
     g.add_argument("--limp-floor", type=int, default=None, metavar="K",
                    help="multislice: the job may run on K or more of its slices, a step on k of n counting k/n: "
                         "adds the bound limping (ideal-limp; ideal-both with --spares), and both tpuwatch rows "
@@ -225,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         chosen = compute_tools(cfg, tuned, args.provisioning, skip_idle=not args.every_tick)
     else:
         chosen = make_tools(cfg, tuned, args.skypilot_restarts, skip_idle=not args.every_tick, slices=args.slices,
-                            limp_floor=args.limp_floor)
+                            limp_floor=args.limp_floor, spares=args.spares if args.slices > 1 else 0)
     if args.tools:
         # one tpuwatch per slice of a one-slice job is tpuwatch itself: there on request only
         available = chosen + ([per_slice_tool(cfg, not args.every_tick)] if args.slices == 1 and args.api == "tpu" else [])
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                 Console(width=150).print(part)
         return 1 if sw.errors else 0
     report = run_all(chosen, make_trace(args.seed, p.days, p.workers, tc, p.slices, args.spares), p)
-    bug = run_all([t for t in chosen if t not in ways], make_bug_trace(p.days), p)
+    bug = run_all([t for t in chosen if t not in ways], make_bug_trace(p.days, spares=args.spares), p)
     if args.json:
         out = as_json(report)
         out["permanent_bug"] = bug_json(bug)
