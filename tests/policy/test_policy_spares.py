@@ -152,8 +152,10 @@ def test_a_dead_idle_spare_is_deleted_then_created_again_with_the_creates_spaced
     assert second.row == "spare_remake" and second.memory.limp.remake_tries == 2
     assert tick(gone, second.memory, 682, cfg=REMADE).row == "running"
     assert tick(gone, second.memory, 684, cfg=REMADE).row == "spare_remake"
-    back = tick(limp_look({"s2": "CREATING"}, second.memory, spares=("x0",), probes=running_all()), second.memory,
-                900, cfg=REMADE)
+    coming = tick(limp_look({"s2": "CREATING"}, second.memory, spares=("x0",), probes=running_all()),
+                  second.memory, 900, cfg=REMADE)
+    assert coming.row == "running" and coming.memory.limp.remaking == ("s2",)  # made: not created again
+    back = tick(limp_look({}, coming.memory, spares=("x0",), probes=running_all()), coming.memory, 960, cfg=REMADE)
     assert back.memory.limp.remaking == () and back.memory.limp.remake_tries == 0
 
 
@@ -272,3 +274,18 @@ def test_a_slice_repairing_past_repair_timeout_waits_for_a_spare_on_its_way_not_
     nothing = tick(limp_look({"s2": "REPAIRING"}, replace(mem, limp=Limp()), spares=("x0",), probes=absent(6)),
                    replace(mem, limp=Limp()), REMADE.repair_timeout + 1, cfg=replace(REMADE, spares=("x0",)))
     assert nothing.row == "swap"  # x0 READY: swapped in at once
+
+
+def test_an_idle_spare_under_repair_longer_than_repair_timeout_is_made_again() -> None:
+    mem = run_mem(step=100, limp=Limp(swapped=(("s2", "x0"),)))
+    seen = limp_look({"s2": "REPAIRING"}, mem, spares=("x0",), probes=running_all())
+    first = tick(seen, mem, 600, cfg=REMADE)
+    assert first.row == "running" and first.memory.limp.down == ("s2",)  # noted, waited for
+    later = tick(seen, first.memory, 600 + REMADE.repair_timeout - 1, cfg=REMADE)
+    assert later.row == "running" and later.memory.limp.down_since == first.memory.limp.down_since
+    past = tick(seen, later.memory, 600 + REMADE.repair_timeout, cfg=REMADE)
+    assert past.row == "spare_remake" and past.memory.limp.remaking == ("s2",)
+    assert [(a.name, a.create) for a in past.actions if isinstance(a, RemakeSpare)] == [("s2", False)]
+    assert "under repair longer than recovery.repair_timeout" in past.summary
+    healed = tick(limp_look({}, first.memory, spares=("x0",), probes=running_all()), first.memory, 700, cfg=REMADE)
+    assert healed.memory.limp.down == ()  # back: forgotten

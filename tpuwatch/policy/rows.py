@@ -93,7 +93,8 @@ ROWS: tuple[Row, ...] = (
         "(MEGASCALE_* set by tpuwatch); a slice left out is grown back onto at the next checkpoint (`grow`). No "
         "delete or create; the node swapped out is a spare once READY+HEALTHY again"),
     Row("spare_remake", "the job runs on or waits (nothing else to do this tick) and an idle spare, owned by the job "
-        "and made alone, is PREEMPTED / TERMINATED with [tpu.spec] there to make it from (while `spare_wait` waits, "
+        "and made alone, is PREEMPTED / TERMINATED (or under repair longer than repair_timeout) with [tpu.spec] "
+        "there to make it from (while `spare_wait` waits, "
         "such a lost slice of the job's too); or one tpuwatch deleted so is gone", "journal it as one tpuwatch makes again, delete it; once gone, create it again from [tpu.spec] "
         "(one that came to nothing tried again as a queued create is: recovery.backoff_base, doubling to "
         "recovery.backoff_max). A spare tpuwatch did not delete is never created"),

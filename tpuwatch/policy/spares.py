@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from tpuwatch.durations import human
 from tpuwatch.model import CheckItem, NodeSnapshot
@@ -65,16 +65,23 @@ def bind(slices: Sequence[str], limp: Limp, pairs: Iterable[tuple[str, str]]) ->
 
 
 def track(draft: Draft, mem: Memory) -> Memory:
-    """A node swapped out while lost that can stand in again (or is no longer in the job's pool)
-    is no longer away: the tick journals the wait it would have cost (`spare_back`)."""
-    if not mem.limp.away:
-        return mem
+    """What the pool's idle nodes have shown: a node swapped out while lost that can stand in
+    again (or is no longer in the pool) is no longer away (the tick journals the wait it would
+    have cost, `spare_back`); an idle node under repair is noted with when it was first seen so
+    (`down`), and forgotten once it is not."""
     seen = dict(draft.obs.spares)
-    kept = [(n, t) for n, t in zip(mem.limp.away, mem.limp.away_since, strict=True)
-            if n in seen and unfit(draft.cfg.job, draft.obs.node, seen[n], mem.limp.bad)]
-    if len(kept) == len(mem.limp.away):
-        return mem
-    return replace(mem, limp=replace(mem.limp, away=tuple(n for n, _ in kept), away_since=tuple(t for _, t in kept)))
+    limp = mem.limp
+    if limp.away:
+        kept = [(n, t) for n, t in zip(limp.away, limp.away_since, strict=True)
+                if n in seen and unfit(draft.cfg.job, draft.obs.node, seen[n], limp.bad)]
+        if len(kept) != len(limp.away):
+            limp = replace(limp, away=tuple(n for n, _ in kept), away_since=tuple(t for _, t in kept))
+    since = dict(zip(limp.down, limp.down_since, strict=True))
+    down = [(n, since.get(n, draft.now)) for n, part in draft.obs.spares
+            if part is not None and node_condition(part) in COMING]
+    if [n for n, _ in down] != list(limp.down):
+        limp = replace(limp, down=tuple(n for n, _ in down), down_since=tuple(t for _, t in down))
+    return mem if limp == mem.limp else replace(mem, limp=limp)
 
 
 def swap(draft: Draft, mem: Memory) -> Decision | None:
@@ -126,10 +133,11 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
 def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
     """A decision that does nothing (the job runs on, or waits) with a spare to make again: the
     same decision under row `spare_remake`, with the delete or create of that spare.
-    - An idle spare that will not come back by itself (PREEMPTED, TERMINATED), owned by the job,
-      made alone (not one slice of a multislice queued resource), when [tpu.spec] can make it
-      again: journaled as one tpuwatch makes again (`Limp.remaking`), then deleted. So is such a
-      lost slice of the job itself while the job waits for a spare (row `spare_wait`).
+    - An idle spare that will not come back by itself (PREEMPTED, TERMINATED), or has been under
+      repair longer than recovery.repair_timeout, owned by the job, made alone (not one slice of a
+      multislice queued resource), when [tpu.spec] can make it again: journaled as one tpuwatch
+      makes again (`Limp.remaking`), then deleted. So is such a lost slice of the job itself while
+      the job waits for a spare (row `spare_wait`).
     - One of those gone: created again from [tpu.spec], no sooner than `remake_at`: a create that
       came to nothing (a stockout, quota) is tried again as a queued create is, after
       recovery.backoff_base, doubling up to recovery.backoff_max.
@@ -158,9 +166,15 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
         limp = replace(limp, remaking=made, remake_tries=limp.remake_tries if made else 0,
                        remake_at=limp.remake_at if made else None)
     gone = [n for n in made if seen[n] is None]
-    candidates = [*draft.obs.spares, *(held.items() if decision.row == "spare_wait" else ())]
-    dead = [(name, part) for name, part in candidates
-            if part is not None and remakable(cfg.job, part) and name not in limp.remaking]
+    # idle nodes dead, or under repair past repair_timeout; while the job waits for a spare, its
+    # own lost slices too (their repair timed by the job's own `repair.unhealthy_since`)
+    down = dict(zip(limp.down, limp.down_since, strict=True))
+    candidates = [(name, part, down.get(name)) for name, part in draft.obs.spares]
+    if decision.row == "spare_wait":
+        candidates += [(name, part, before.repair.unhealthy_since) for name, part in held.items()]
+    dead = [(name, part) for name, part, since in candidates
+            if part is not None and name not in limp.remaking and remakable(cfg.job, part, since, now,
+                                                                             cfg.repair_timeout)]
     action: RemakeSpare | None = None
     if gone and (limp.remake_at is None or now >= limp.remake_at):
         wait = backoff_delay(limp.remake_tries + 1, cfg.backoff_base, cfg.backoff_max, draft.obs.jitter)
@@ -171,8 +185,10 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
     elif cfg.spares_remade and dead:
         name, part = dead[0]
         limp = replace(limp, remaking=(*limp.remaking, name))
-        action = RemakeSpare(name, False, f"{name} is {part.state} and will not come back by itself: deleting it "
-                                          "to create it again from [tpu.spec], a spare of the job's once READY")
+        why = ("will not come back by itself" if node_condition(part) is Cond.DEAD else
+               f"has been under repair longer than recovery.repair_timeout ({human(cfg.repair_timeout)})")
+        action = RemakeSpare(name, False, f"{name} is {part.state} and {why}: deleting it to create it again from "
+                                          "[tpu.spec], a spare of the job's once READY")
     if limp == mem.limp:
         return decision
     mem = replace(mem, limp=limp)
@@ -182,10 +198,13 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
                    summary=f"{decision.summary}; {action.reason}")
 
 
-def remakable(job: str, part: NodeSnapshot) -> bool:
-    """A node of the pool tpuwatch may delete and create again: it will not come back by itself
-    (PREEMPTED, TERMINATED), carries the job's label, and was made alone."""
-    return node_condition(part) is Cond.DEAD and part.owned_by(job) and not part.multislice_request
+def remakable(job: str, part: NodeSnapshot, since: datetime | None, now: datetime, timeout: float) -> bool:
+    """A node of the pool tpuwatch may delete and create again: it carries the job's label, was
+    made alone, and will not come back by itself (PREEMPTED, TERMINATED) or has been under repair
+    since `since` for `timeout` seconds or longer."""
+    cond = node_condition(part)
+    stuck = cond in COMING and since is not None and (now - since).total_seconds() >= timeout
+    return (cond is Cond.DEAD or stuck) and part.owned_by(job) and not part.multislice_request
 
 
 # An idle spare in one of these conditions is on its way back by itself
@@ -211,7 +230,8 @@ def wait(draft: Draft, mem: Memory) -> Decision | None:
     coming = [name for name, part in draft.obs.spares
               if name in mem.limp.remaking or (part is not None and node_condition(part) in COMING)]
     itself = [mem.limp.node_of(slot) for slot, part in lost
-              if cfg.spares_remade and part.state != "MISSING" and remakable(cfg.job, part)]
+              if cfg.spares_remade and part.state != "MISSING"
+              and remakable(cfg.job, part, since, now, cfg.repair_timeout)]
     if not coming and not itself:
         return None
     said = ", ".join(f"{mem.limp.node_of(slot)} {part.state}" for slot, part in lost)
@@ -226,8 +246,8 @@ def wait(draft: Draft, mem: Memory) -> Decision | None:
     return stop_waited(draft.out(mem, "spare_wait", f"{why}; then the job relaunches from its newest complete "
                                                     "checkpoint", Wait(None, "a spare on its way")))
 def _going(part: NodeSnapshot) -> bool:
-    """A spare tpuwatch deletes, not yet gone."""
-    return part.state == "DELETING" or node_condition(part) is Cond.DEAD
+    """A node tpuwatch deletes, not yet gone (or, made again, not yet READY+HEALTHY)."""
+    return part.state == "DELETING" or node_condition(part) in (Cond.DEAD, *COMING)
 
 
 def bad_spare(draft: Draft, mem: Memory, failing: tuple[CheckItem, ...]) -> Decision | None:

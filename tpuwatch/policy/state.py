@@ -287,6 +287,10 @@ class Limp:
     # wait the swap spared the job is journaled (`tpuwatch report`)
     away: tuple[str, ...] = ()
     away_since: tuple[datetime, ...] = ()
+    # idle nodes of the pool under repair (or in a state this version does not know), since when
+    # first seen so: past recovery.repair_timeout, one is made again as a dead one is
+    down: tuple[str, ...] = ()
+    down_since: tuple[datetime, ...] = ()
 
     def node_of(self, slot: str) -> str:
         """The node slot `slot` runs on: its spare when swapped, else the slot's own node."""
