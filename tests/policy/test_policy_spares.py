@@ -289,3 +289,15 @@ def test_an_idle_spare_under_repair_longer_than_repair_timeout_is_made_again() -
     assert "under repair longer than recovery.repair_timeout" in past.summary
     healed = tick(limp_look({}, first.memory, spares=("x0",), probes=running_all()), first.memory, 700, cfg=REMADE)
     assert healed.memory.limp.down == ()  # back: forgotten
+
+
+def test_the_jobs_own_slice_being_deleted_to_be_made_again_is_waited_for_not_taken_for_a_persons_delete() -> None:
+    mem = replace(run_mem(step=100), phase=Phase.WAITING_NODE, limp=Limp(remaking=("s2",)))
+    d = tick(limp_look({"s2": "DELETING"}, mem, spares=("x0",), parts={"x0": limp_part("x0", "PREEMPTED")},
+                       probes=absent(6)), mem, 600, cfg=REMADE)
+    assert d.row in ("spare_wait", "spare_remake") and "s2 to be made again" in d.summary, (d.row, d.summary)
+    # a delete tpuwatch did not start, with nothing on its way: as before, a person's
+    other = tick(limp_look({"s2": "DELETING"}, replace(mem, limp=Limp()), spares=("x0",),
+                           parts={"x0": replace(limp_part("x0"), labels={})}, probes=absent(6)),
+                 replace(mem, limp=Limp()), 600, cfg=REMADE)
+    assert other.row == "someone_deleting"

@@ -212,26 +212,29 @@ COMING = frozenset({Cond.REPAIR, Cond.UNRECOGNIZED})
 
 
 def wait(draft: Draft, mem: Memory) -> Decision | None:
-    """A slice the job runs on is dead or missing (or repairing past recovery.repair_timeout), no
-    spare is free and the job may not limp on the others, but a spare is on its way (tpuwatch makes one again, or one heals), or the lost
-    slice itself can be made again ([tpu.spec], owned, made alone): end the attempt (a
-    disruption, not charged) and wait for it (row `spare_wait`), rather than stop for a person
-    or recreate the job's queued resource; the spares are made again meanwhile (`remake`).
-    None: nothing on its way."""
+    """A slice the job runs on is dead, missing, being deleted (or repairing past
+    recovery.repair_timeout), no spare is free and the job may not limp on the others, but a
+    spare is on its way (tpuwatch makes one again, or one heals), or the lost slice itself is
+    being made again or can be ([tpu.spec], owned, made alone): end the attempt (a disruption,
+    not charged) and wait for it (row `spare_wait`), rather than stop for a person or recreate
+    the job's queued resource; the nodes are made again meanwhile (`remake`). None: nothing on
+    its way."""
     cfg, node, now = draft.cfg, draft.obs.node, draft.now
     if not cfg.spares or node is None or not node.slices:
         return None
     cond, since = node_condition(node), mem.repair.unhealthy_since
     waited_out = since is not None and (now - since).total_seconds() >= cfg.repair_timeout
-    if cond not in (Cond.DEAD, Cond.MISSING) and not (cond in COMING and waited_out):
-        return None
     slots = mem.limp.slots(cfg.slices)
     lost = [(slot, part) for slot, part in zip(slots, node.slices, strict=True) if not part.usable]
+    itself = [name for slot, part in lost
+              if (name := mem.limp.node_of(slot)) in mem.limp.remaking
+              or (cfg.spares_remade and part.state != "MISSING"
+                  and remakable(cfg.job, part, since, now, cfg.repair_timeout))]
+    if (cond not in (Cond.DEAD, Cond.MISSING, Cond.DELETING) and not (cond in COMING and waited_out)
+            and not itself):
+        return None
     coming = [name for name, part in draft.obs.spares
               if name in mem.limp.remaking or (part is not None and node_condition(part) in COMING)]
-    itself = [mem.limp.node_of(slot) for slot, part in lost
-              if cfg.spares_remade and part.state != "MISSING"
-              and remakable(cfg.job, part, since, now, cfg.repair_timeout)]
     if not coming and not itself:
         return None
     said = ", ".join(f"{mem.limp.node_of(slot)} {part.state}" for slot, part in lost)
@@ -245,6 +248,8 @@ def wait(draft: Draft, mem: Memory) -> Decision | None:
         mem = move(mem, Phase.WAITING_NODE, reason=why)
     return stop_waited(draft.out(mem, "spare_wait", f"{why}; then the job relaunches from its newest complete "
                                                     "checkpoint", Wait(None, "a spare on its way")))
+
+
 def _going(part: NodeSnapshot) -> bool:
     """A node tpuwatch deletes, not yet gone (or, made again, not yet READY+HEALTHY)."""
     return part.state == "DELETING" or node_condition(part) in (Cond.DEAD, *COMING)
