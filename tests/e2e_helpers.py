@@ -20,8 +20,9 @@ from typing import Any
 import cli_process
 
 from tpuwatch.errors import NotFoundError
-from tpuwatch.journal import Journal
+from tpuwatch.journal import AttemptRow, Journal
 from tpuwatch.policy import Memory
+from tpuwatch.sim.hosts import MARKER
 from tpuwatch.sim.simulator import Simulator
 from tpuwatch.tick import Reconciler, TickReport
 
@@ -124,6 +125,15 @@ class Job:
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)
 
+    def attempts_journaled(self) -> list[AttemptRow]:
+        """The journal's attempts, read in this process as `history` reads them: for a wait that
+        looks ten times a second, without a `tpuwatch history` process each time."""
+        try:
+            with Journal.open(Path(self.env["TPUWATCH_STATE_DIR"]), "pod", None, readonly=True) as j:
+                return j.attempts()
+        except NotFoundError:  # no tick yet
+            return []
+
     def memory(self) -> dict[str, Any]:
         out = self.cli("check", "-c", str(self.cfg), "--json", "--dry-run")
         assert out.returncode in (0, 1), out.stderr
@@ -144,18 +154,24 @@ class Job:
         """Live processes of the job per worker (by the job's env marker)."""
         out: dict[int, list[int]] = {}
         key = self.sim.node_key("pod")
-        for w in range(self.sim.world.node("pod").n_workers):
-            for pid in self.sim.hosts.pids(key, w):
-                try:
-                    env = Path(f"/proc/{pid}/environ").read_bytes()
-                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-                except OSError:
-                    continue
+        n = self.sim.world.node("pod").n_workers
+        # One look at the machine's processes for the node (tests wait on this ten times a
+        # second), each sorted to its worker by the marker the worker gave it.
+        markers = {f"\0{MARKER}={self.sim.hosts.instance}/{key}/{w}\0".encode(): w for w in range(n)}
+        for pid in self.sim.hosts.pids(key):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
                 argv = cmd.split(b"\0")
                 # The trainer itself, not the bash wrapper whose argument is the command text.
-                is_trainer = argv[0].rsplit(b"/", 1)[-1].startswith(b"python") and b"tpuwatch.sim.trainer" in argv
-                if b"\0TPUWATCH_JOB=pod\0" in b"\0" + env and is_trainer:
-                    out.setdefault(w, []).append(pid)
+                if not (argv[0].rsplit(b"/", 1)[-1].startswith(b"python") and b"tpuwatch.sim.trainer" in argv):
+                    continue
+                env = b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
+            except OSError:
+                continue
+            if b"\0TPUWATCH_JOB=pod\0" in env:
+                for marker, w in markers.items():
+                    if marker in env:
+                        out.setdefault(w, []).append(pid)
         return out
 
 

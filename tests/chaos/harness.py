@@ -88,15 +88,18 @@ class Sampler:
     def trainers(self) -> dict[str, list[tuple[int, int]]]:
         """worker ("<node>/<index>") -> [(pid, attempt)] of the job's live trainer processes."""
         out: dict[str, list[tuple[int, int]]] = {}
-        for pid in self.sim.hosts.pids():
+        # The workers' cgroups where there are (a trainer always starts inside: its shell entered
+        # first), not a read of every process's environment on the machine many times a second.
+        pids = self.sim.hosts.cgroup_pids()
+        for pid in self.sim.hosts.pids() if pids is None else pids:
             try:
-                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                # The trainer itself, not the bash wrapper whose argument is the command text.
+                if not (argv and argv[0].rsplit(b"/", 1)[-1].startswith(b"python")
+                        and b"tpuwatch.sim.trainer" in argv):
+                    continue
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             except OSError:
-                continue
-            # The trainer itself, not the bash wrapper whose argument is the command text.
-            if not (argv and argv[0].rsplit(b"/", 1)[-1].startswith(b"python")
-                    and b"tpuwatch.sim.trainer" in argv):
                 continue
             vars_ = dict(e.decode(errors="replace").split("=", 1) for e in env if b"=" in e)
             if vars_.get("TPUWATCH_JOB") != self.job:

@@ -111,7 +111,7 @@ def test_a_spot_node_the_service_takes_back_through_its_queued_resource_recovers
     assert sim.world.get_queued_resource(sim.project, sim.zone, QR).state == "ACTIVE"
     assert sim.world.call_count("DeleteQueuedResource") == 1 and sim.world.call_count("CreateQueuedResource") == 1
     assert sim.world.call_count("CreateNode") == 0 and sim.world.call_count("DeleteNode") == 0
-    job.wait(lambda: any(a["start_step"] for a in job.history()["attempts"][1:]), what="the relaunch journaled")
+    job.wait(lambda: any(a.start_step for a in job.attempts_journaled()[1:]), what="the relaunch journaled")
     attempts = job.history()["attempts"]
     assert attempts[0]["outcome"] == "disruption" and not any(a["charged"] for a in attempts), attempts
     assert attempts[1]["node_id"] == str(node.id) and attempts[1]["start_step"] >= 10  # from its checkpoint

@@ -72,7 +72,7 @@ def test_one_worker_killed_stops_all_and_relaunches_all(sim: Simulator, tmp_path
     job.wait(lambda: len(job.job_processes()) == 4 and len(job.steps_done()) >= 1, what="4 workers running")
     before = job.job_processes()
     sim.inject("kill-worker", node="pod", worker=2)
-    job.wait(lambda: len(job.history()["attempts"]) >= 2, what="attempt 2")
+    job.wait(lambda: len(job.attempts_journaled()) >= 2, what="attempt 2")
     job.wait(lambda: len(job.job_processes()) == 4, what="relaunch on all 4")
     after = job.job_processes()
     # Every worker runs a new process: the survivors of attempt 1 were stopped, not left behind.

@@ -106,6 +106,23 @@ def test_memory_round_trip(tmp_path: Path) -> None:
         assert j.load_memory() == mem
 
 
+def test_the_same_saved_memory_is_parsed_once_and_a_changed_one_again(tmp_path: Path) -> None:
+    # A tick reads the memory, then reads it again to journal its decision against: the second
+    # read of the same row takes no parse. Another writer's change (here a reader beside it
+    # sees the writer's) is read anew.
+    with _open(tmp_path, wait=False) as writer:
+        with writer.transaction():
+            writer.save_memory(run_mem())
+        with Journal.open(tmp_path, "job", None, readonly=True) as reader:
+            first = reader.load_memory()
+            assert first == run_mem() and reader.load_memory() is first
+            changed = replace(run_mem(), phase=Phase.FAILED, reason="x")
+            with writer.transaction():
+                writer.save_memory(changed)
+            again = reader.load_memory()
+            assert again == changed and again is not first and reader.load_memory() is again
+
+
 def test_a_journal_that_kept_memory_flat_loads_into_the_records(tmp_path: Path) -> None:
     """fixtures/memory-v1-flat.db: a journal of job "flat" on TPU "pod", written by a tpuwatch
     that kept every field of memory at the top level (memory version 1), every field set."""

@@ -213,6 +213,17 @@ def test_each_worker_lists_only_its_own_processes(hosts: Hosts, tmp_path: Path) 
     assert p0 in mine and p1 not in mine, listed.stdout
 
 
+def test_the_workers_cgroups_list_the_processes_they_started(hosts: Hosts, tmp_path: Path) -> None:
+    ips = hosts.boot(NODE, "1", 2, None)
+    kh = tmp_path / "known_hosts"
+    if hosts.cgroup_pids() is None:
+        pytest.skip("this machine gives the simulator no cgroup of its own")
+    p0, p1 = _detached_sleep(hosts, ips[0], kh), _detached_sleep(hosts, ips[1], kh)
+    assert set(hosts.cgroup_pids() or []) == set(hosts.pids()) == {p0, p1}
+    hosts.down(NODE)
+    assert hosts.cgroup_pids() == []
+
+
 def test_hang_stops_job_processes_but_ssh_answers(hosts: Hosts, tmp_path: Path) -> None:
     ips = hosts.boot(NODE, "1", 2, None)
     kh = tmp_path / "known_hosts"

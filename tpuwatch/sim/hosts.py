@@ -407,6 +407,24 @@ class Hosts:
             return self._marked(f"{self.instance}/{node_key}/", prefix=True)
         return self._marked(self._worker(node_key, worker).marker)
 
+    def cgroup_pids(self) -> list[int] | None:
+        """Processes in the cgroups of the workers booted now: what they started, once its shell
+        ran its first line (ENTER_CGROUP), so a job's processes but maybe not a shell just
+        started; None when a worker has no cgroup (then `pids()` is the way). One small read per
+        worker, where `pids()` reads the environment of every process of the machine: for a
+        test that looks many times a second."""
+        found: list[int] = []
+        for node in list(self._nodes.values()):
+            for w in list(node.workers):
+                if w.cgroup is None:
+                    return None
+                try:
+                    text = (w.cgroup / "cgroup.procs").read_text()
+                except FileNotFoundError:
+                    continue  # removed with its node
+                found += [int(pid) for pid in text.split()]
+        return found
+
     # ---- internals: thread bridge ------------------------------------------------------------
 
     def _call(self, fn: Callable[[], Awaitable[T]]) -> T:

@@ -22,7 +22,6 @@ import re
 import signal
 import sys
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
@@ -272,6 +271,10 @@ def _num_slices() -> int:
     raw = os.environ.get("MEGASCALE_NUM_SLICES", "")
     host = os.environ.get("GCE_METADATA_HOST", "")
     if not raw and host:
+        # imported here: only a hang on a multislice job asks, and urllib.request was about half
+        # of every trainer's start-up CPU (the suite starts a thousand or so)
+        import urllib.request
+
         url = f"http://{host}/computeMetadata/v1/instance/attributes/tpu-env"
         try:
             with urllib.request.urlopen(urllib.request.Request(url, headers={"Metadata-Flavor": "Google"}),
