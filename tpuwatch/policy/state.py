@@ -513,34 +513,62 @@ def _hints(cls: type) -> dict[str, Any]:
     return get_type_hints(cls)
 
 
+@dataclass(frozen=True)
+class _Field:
+    """How one field of a record is read back: as a record of its own (`record`, `optional`
+    when it may be None), or by `read`; `required` when it has no default."""
+
+    name: str
+    required: bool
+    record: type[DataclassInstance] | None
+    optional: bool
+    read: Callable[[Any], Any] | None
+
+
+@cache
+def _plan(cls: type) -> tuple[_Field, ...]:
+    """The fields of record `cls` and how each is read, worked out once per class: a tick reads
+    the memory back at least once, and the type lookups cost more than the reading."""
+    types = _hints(cls)
+    out = []
+    for f in fields(cls):
+        kind = types[f.name]
+        record = _record_type(kind)
+        out.append(_Field(f.name, f.default is MISSING and f.default_factory is MISSING, record,
+                          record is not None and kind is not record, None if record is not None else _READ[kind]))
+    return tuple(out)
+
+
 def _load(cls: type[R], data: Any, path: str = "") -> R:
     """A record of type `cls` from its saved object (at `path` in the memory): each field read
     by its declared type, a missing one left at its default (one without a default is required).
     ValueError naming the field when a value does not fit."""
     if not isinstance(data, dict):
         raise ValueError(f"memory: field {path.rstrip('.')!r}: expected an object, got {data!r}")
-    types = _hints(cls)
-    known = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(data) - set(known))
+    unknown = data.keys() - _names_of(cls)
     if unknown:
-        raise ValueError(f"memory: unknown field {path + unknown[0]!r}")
+        raise ValueError(f"memory: unknown field {path + min(unknown)!r}")
     values: dict[str, Any] = {}
-    for name, f in known.items():
-        if name not in data:
-            if f.default is MISSING and f.default_factory is MISSING:
-                raise ValueError(f"memory: field {path + name!r} is missing")
+    for f in _plan(cls):
+        if f.name not in data:
+            if f.required:
+                raise ValueError(f"memory: field {path + f.name!r} is missing")
             continue
-        kind, value = types[name], data[name]
-        record = _record_type(kind)
-        if record is not None:  # a record, or an optional one
-            values[name] = None if value is None and kind is not record else _load(record, value, f"{path}{name}.")
+        value = data[f.name]
+        if f.record is not None:  # a record, or an optional one
+            values[f.name] = None if value is None and f.optional else _load(f.record, value, f"{path}{f.name}.")
             continue
-        read = _READ[kind]
+        assert f.read is not None
         try:
-            values[name] = read(value)
+            values[f.name] = f.read(value)
         except (TypeError, ValueError, KeyError) as exc:
-            raise ValueError(f"memory: field {path + name!r}: {exc}") from None
+            raise ValueError(f"memory: field {path + f.name!r}: {exc}") from None
     return cls(**values)
+
+
+@cache
+def _names_of(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in fields(cls))
 
 
 # Version 1 kept every field of memory at the top level. Each now sits in one record under the
