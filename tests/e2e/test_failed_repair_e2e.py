@@ -18,7 +18,7 @@ import pytest
 from e2e_helpers import Job, tick_until
 
 from tpuwatch.journal import Journal
-from tpuwatch.policy.recovery import FAILED_REPAIR_GRACE
+from tpuwatch.policy.nodes import FAILED_REPAIR_GRACE
 from tpuwatch.sim.simulator import Simulator
 from tpuwatch.tick import Reconciler
 from tpuwatch.wiring import load_job, real_ports

@@ -301,3 +301,19 @@ def test_the_jobs_own_slice_being_deleted_to_be_made_again_is_waited_for_not_tak
                            parts={"x0": replace(limp_part("x0"), labels={})}, probes=absent(6)),
                  replace(mem, limp=Limp()), 600, cfg=REMADE)
     assert other.row == "someone_deleting"
+
+
+def test_a_slice_past_a_failed_repair_with_no_spare_free_is_made_again_after_the_grace_not_halted() -> None:
+    from policy_support import at
+
+    from tpuwatch.policy import Repair
+    from tpuwatch.policy.nodes import FAILED_REPAIR_GRACE
+
+    unknown = replace(limp_part("s2", "UNKNOWN", ""), health="")
+    mem = replace(run_mem(step=100), phase=Phase.WAITING_NODE, repair=Repair(unhealthy_since=at(0), unknown_since=at(0)))
+    seen = limp_look({}, mem, spares=("x0",), parts={"s2": unknown, "x0": limp_part("x0", "REPAIRING")},
+                     probes=absent(6))
+    early = tick(seen, mem, FAILED_REPAIR_GRACE - 1, cfg=REMADE)
+    assert early.row not in ("spare_wait", "spare_remake", "not_recreatable"), early.row
+    d = tick(seen, mem, FAILED_REPAIR_GRACE + 1, cfg=REMADE)
+    assert d.row in ("spare_wait", "spare_remake") and "s2 to be made again" in d.summary, (d.row, d.summary)

@@ -26,7 +26,7 @@ from lab.tools import Tool, tpuwatch_tool
 from lab.trace import ANNOUNCED, make_bug_trace
 from tpuwatch.config import Config, validate
 from tpuwatch.policy import PolicyConfig
-from tpuwatch.policy.recovery import FAILED_REPAIR_GRACE
+from tpuwatch.policy.nodes import FAILED_REPAIR_GRACE
 
 pytestmark = pytest.mark.slow  # long: run first (tests/conftest.py)
 

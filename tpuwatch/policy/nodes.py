@@ -59,6 +59,13 @@ def node_condition(node: NodeSnapshot | None) -> Cond:
     return cond
 
 
+# A node in UNKNOWN with no health is past a failed repair (the API's own words): the repair
+# that repair_timeout waits for is over. It is recreated once it has stayed so this long, the
+# service's diagnosis that UNKNOWN covers (its length is not published) given a few polls to
+# bring it back; a recreate costs a delete, a create and a chance of meeting no capacity.
+FAILED_REPAIR_GRACE = 5 * 60.0
+
+
 def failed_repair(node: NodeSnapshot) -> bool:
     """The node, or one slice of a multislice job, is UNKNOWN with no health: "unknown state
     after a failed repair", as the TPU API documents Node.State UNKNOWN."""

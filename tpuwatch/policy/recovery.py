@@ -16,16 +16,16 @@ from tpuwatch.policy import google
 from tpuwatch.policy.budgets import RECREATES
 from tpuwatch.policy.draft import Draft, secs
 from tpuwatch.policy.ending import end_unusable
-from tpuwatch.policy.nodes import DEAD_STATES, Cond, failed_repair, node_condition
+from tpuwatch.policy.nodes import (
+    DEAD_STATES,
+    FAILED_REPAIR_GRACE,
+    Cond,
+    failed_repair,
+    node_condition,
+)
 from tpuwatch.policy.operations import create, queued_ended
 from tpuwatch.policy.state import Evidence, Memory, Phase, merge_evidence, move
 from tpuwatch.policy.values import Decision, DeleteNode, StartNode, Wait
-
-# A node in UNKNOWN with no health is past a failed repair (the API's own words): the repair
-# that repair_timeout waits for is over. It is recreated once it has stayed so this long, the
-# service's diagnosis that UNKNOWN covers (its length is not published) given a few polls to
-# bring it back; a recreate costs a delete, a create and a chance of meeting no capacity.
-FAILED_REPAIR_GRACE = 5 * 60.0
 
 
 def repairing(draft: Draft, mem: Memory) -> Decision:

@@ -30,7 +30,7 @@ from tpuwatch.model import CheckItem, NodeSnapshot
 from tpuwatch.policy.backoff import backoff_delay
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.limp import BRIEF_STATES, end_lost, stop_waited
-from tpuwatch.policy.nodes import Cond, node_condition
+from tpuwatch.policy.nodes import FAILED_REPAIR_GRACE, Cond, failed_repair, node_condition
 from tpuwatch.policy.state import Limp, Memory, Phase, move
 from tpuwatch.policy.values import Decision, RemakeSpare, Wait
 
@@ -171,7 +171,8 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
     down = dict(zip(limp.down, limp.down_since, strict=True))
     candidates = [(name, part, down.get(name)) for name, part in draft.obs.spares]
     if decision.row == "spare_wait":
-        candidates += [(name, part, before.repair.unhealthy_since) for name, part in held.items()]
+        candidates += [(name, part, _repair_since(before, part) if part is not None else None)
+                       for name, part in held.items()]
     dead = [(name, part) for name, part, since in candidates
             if part is not None and name not in limp.remaking and remakable(cfg.job, part, since, now,
                                                                              cfg.repair_timeout)]
@@ -201,9 +202,11 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
 def remakable(job: str, part: NodeSnapshot, since: datetime | None, now: datetime, timeout: float) -> bool:
     """A node of the pool tpuwatch may delete and create again: it carries the job's label, was
     made alone, and will not come back by itself (PREEMPTED, TERMINATED) or has been under repair
-    since `since` for `timeout` seconds or longer."""
+    since `since` for `timeout` seconds or longer (past a failed repair, FAILED_REPAIR_GRACE at
+    most, as the rows recreate such a node)."""
     cond = node_condition(part)
-    stuck = cond in COMING and since is not None and (now - since).total_seconds() >= timeout
+    limit = min(timeout, FAILED_REPAIR_GRACE) if failed_repair(part) else timeout
+    stuck = cond in COMING and since is not None and (now - since).total_seconds() >= limit
     return (cond is Cond.DEAD or stuck) and part.owned_by(job) and not part.multislice_request
 
 
@@ -229,7 +232,7 @@ def wait(draft: Draft, mem: Memory) -> Decision | None:
     itself = [name for slot, part in lost
               if (name := mem.limp.node_of(slot)) in mem.limp.remaking
               or (cfg.spares_remade and part.state != "MISSING"
-                  and remakable(cfg.job, part, since, now, cfg.repair_timeout))]
+                  and remakable(cfg.job, part, _repair_since(mem, part), now, cfg.repair_timeout))]
     if (cond not in (Cond.DEAD, Cond.MISSING, Cond.DELETING) and not (cond in COMING and waited_out)
             and not itself):
         return None
@@ -248,6 +251,12 @@ def wait(draft: Draft, mem: Memory) -> Decision | None:
         mem = move(mem, Phase.WAITING_NODE, reason=why)
     return stop_waited(draft.out(mem, "spare_wait", f"{why}; then the job relaunches from its newest complete "
                                                     "checkpoint", Wait(None, "a spare on its way")))
+
+
+def _repair_since(mem: Memory, part: NodeSnapshot) -> datetime | None:
+    """Since when the job has seen its slice `part` under repair: past a failed repair, since it
+    first saw it so (`repair.unknown_since`), as the rows time it."""
+    return mem.repair.unknown_since if failed_repair(part) else mem.repair.unhealthy_since
 
 
 def _going(part: NodeSnapshot) -> bool:
