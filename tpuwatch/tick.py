@@ -121,8 +121,9 @@ class _Settling:
     carried: list[Decision] = field(default_factory=list)  # every decision carried out, in order
     journaled: bool = False
     operation: OperationStatus | None = None  # the one the last decision was made from
-    # a multislice job: each node of its pool (tpu.names, tpu.spares) as read this tick (the
-    # job's node is rebuilt from them when a decision changes the slices it runs on)
+    # a multislice job (or one with spares): each node of its pool (tpu.names, tpu.spares, the
+    # nodes its slices are bound to) as read this tick (the job's node is rebuilt from them when a
+    # decision changes the slices it runs on)
     read: dict[str, NodeSnapshot | None] = field(default_factory=dict)
     node: NodeSnapshot | None = None  # the job's node as last decided on
     spares: tuple[tuple[str, NodeSnapshot | None], ...] = ()  # and its idle spares

@@ -9,10 +9,12 @@ How a decision is found, in order:
 4b. a phase with a cloud operation in flight (DELETING, CREATING, QUEUED) follows it:
    OP_HANDLERS (policy/operations.py); a delete the tick never started is decided afresh from
    the node (row `delete_resume`);
-5. otherwise a multislice job swaps a lost slice for a spare (policy/spares.py), or, when it
-   may limp, leaves lost slices out, or takes back slices that are back (policy/limp.py); else the node's condition picks the handler: NODE_HANDLERS
-   (policy/usable.py, policy/recovery.py). Each handler ends a running attempt first when the
-   node can no longer carry it, then decides for the node.
+5. otherwise a job with spares swaps a lost slice for one (policy/spares.py); a multislice
+   job that may limp leaves lost slices out, or takes back slices that are back
+   (policy/limp.py); a job with spares and none free waits for one on its way; else the node's
+   condition picks the handler: NODE_HANDLERS (policy/usable.py, policy/recovery.py). Each
+   handler ends a running attempt first when the node can no longer carry it, then decides for
+   the node. A decision that does nothing else makes a dead spare again (`spares.remake`).
 Every Decision names the row that made it (`Decision.row`, one of ROWS); the handlers gather it
 in a `Draft` (policy/draft.py).
 """
