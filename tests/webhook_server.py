@@ -53,13 +53,15 @@ class Hook:
                     return
                 code = 200 if answer == "ok" else int(answer)
                 text = b"ok" if code == 200 else b"no"
+                if code == 200:
+                    # recorded before the answer goes out: a sender that has its 200 (and a test
+                    # that waited on the sender) must find it here, not race the append
+                    with hook.lock:
+                        hook.answered.append(seen)
                 self.send_response(code)
                 self.send_header("Content-Length", str(len(text)))
                 self.end_headers()
                 self.wfile.write(text)
-                if code == 200:
-                    with hook.lock:
-                        hook.answered.append(seen)
 
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
                 pass
