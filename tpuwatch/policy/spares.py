@@ -167,7 +167,7 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
                        remake_at=limp.remake_at if made else None)
     gone = [n for n in made if seen[n] is None]
     # idle nodes dead, or under repair past repair_timeout; while the job waits for a spare, its
-    # own lost slices too (their repair timed by the job's own `repair.unhealthy_since`)
+    # own lost slices too (their repair timed as the job's rows time it: `_repair_since`)
     down = dict(zip(limp.down, limp.down_since, strict=True))
     candidates = [(name, part, down.get(name)) for name, part in draft.obs.spares]
     if decision.row == "spare_wait":
