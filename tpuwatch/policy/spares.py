@@ -158,8 +158,9 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
     seen = {**held, **dict(draft.obs.spares)}
     # a bad spare is forgotten once it is seen idle as another node (made again), or gone
     other = {name for name, part in draft.obs.spares if part is None or f"{name}@{part.id}" not in limp.bad}
-    if any(b.split("@")[0] in other for b in limp.bad):
-        limp = replace(limp, bad=tuple(b for b in limp.bad if b.split("@")[0] not in other))
+    bad = tuple(b for b in limp.bad if b.split("@")[0] not in other)
+    if bad != limp.bad:
+        limp = replace(limp, bad=bad)
     # still on its way out (or gone, to create): kept; made again (or no longer the job's): done with it
     made = tuple(n for n in limp.remaking if n in seen and ((part := seen[n]) is None or _going(part)))
     if made != limp.remaking:
