@@ -106,6 +106,16 @@ def _int_range(lo: int, hi: int) -> Callable[[str, Any], int]:
     return check
 
 
+def _priority(key: str, value: Any) -> int | str:
+    """[job] priority: a whole number 0..1000, or "off"."""
+    if value == "off":
+        return "off"
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1000:
+        raise ConfigError(f"{key}: expected a whole number 0..1000 (higher takes nodes from lower), or \"off\"; "
+                          f"got {value!r}")
+    return value
+
+
 def _duration(min_seconds: float = 0.0) -> Callable[[str, Any], float]:
     def check(key: str, value: Any) -> float:
         seconds = parse_duration(value, key=key)
@@ -561,6 +571,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
                             "left (at least this many), and the job grows back onto the slice at the next complete "
                             "checkpoint after it is back; the command learns the count from {num_slices}, "
                             "TPUWATCH_NUM_SLICES and MEGASCALE_NUM_SLICES. 0: never limp (the job waits for every slice)"),
+        "priority": Field(_priority, "off", "jobs of one zone that may lend each other nodes: a job that lost "
+                          "a slice with no spare free and no limp takes a READY+HEALTHY node of its shape from the "
+                          "job of lowest priority below its own (stopped as a disruption, not charged) and hands "
+                          "it its own node once back; TPU API nodes only, not through a queued resource. 0..1000, or "
+                          "\"off\": never takes, never gives"),
     },
     "recovery": {
         "poll_interval": Field(_duration(0.05), 30.0, "time between ticks of watch"),
@@ -804,6 +819,7 @@ def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[st
             f"{', '.join(t['names'])}. List them so, or drop tpu.queued_resource for separately created nodes")
     _check_limp(out["job"], t["names"])
     _check_spares(t)
+    _check_priority(out["job"], t)
     if not t["queued_resource"]:
         tpuconfig.queued_only(t["spec"], t["zone_overrides"])
     zonespec.check(t["spec"], t["zone_overrides"], t["zone"], t["fallback_zones"])
@@ -837,6 +853,19 @@ def _check_limp(job: dict[str, Any], names: Sequence[str]) -> None:
     if not job["checkpoint_dir"]:
         raise ConfigError("job.min_slices: limping relaunches the job from its newest complete checkpoint, and "
                           "grows back at the next one; set job.checkpoint_dir")
+
+
+def _check_priority(job: Mapping[str, Any], t: Mapping[str, Any]) -> None:
+    """[job] priority: TPU API nodes made plainly (a node handed over is relabelled and made again
+    from [tpu.spec], which neither a Compute Engine TPU nor a queued resource's node takes)."""
+    if job["priority"] == "off":
+        return
+    if t["api"] != "tpu":
+        raise ConfigError("job.priority: not with tpu.api = \"compute\" (jobs lend each other TPU API nodes only; "
+                          "Compute Engine TPUs take no spares yet); remove job.priority")
+    if t["queued_resource"]:
+        raise ConfigError("job.priority: a node made through a queued resource cannot be handed to another job (the "
+                          "request holds it); drop job.priority, or tpu.queued_resource if the nodes were made plainly")
 
 
 # Keys an older tpuwatch accepted, and why they went: said plainly instead of "unknown key".

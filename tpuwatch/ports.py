@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from tpuwatch.model import (
     AuditEvent,
@@ -58,6 +58,15 @@ class TpuApi(Protocol):
     def take_notes(self) -> list[str]:
         """What the person watching should know about the nodes read, once (e.g. a MIG whose
         worker numbers tpuwatch cannot follow)."""
+
+
+@runtime_checkable
+class NodeLabels(Protocol):
+    """A TpuApi that writes a node's labels (the TPU API's nodes.patch, updateMask=labels): job
+    priorities hand nodes over by their ownership label (policy/priority.py)."""
+
+    def set_labels(self, name: str, labels: Mapping[str, str]) -> str:
+        """Start replacing the node's labels with `labels`; the operation name."""
 
 
 class NodeLifecycle(Protocol):

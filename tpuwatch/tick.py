@@ -52,6 +52,7 @@ from tpuwatch.policy import (
     Memory,
     Observation,
     PolicyConfig,
+    Relabel,
     RemakeSpare,
     ReportHost,
     StartMaintenance,
@@ -69,7 +70,7 @@ from tpuwatch.policy.observe import (
     queued_due,
 )
 from tpuwatch.policy.values import CreateFailureKind
-from tpuwatch.ports import Flags, JobPorts, TpuApi
+from tpuwatch.ports import Flags, JobPorts, NodeLabels, TpuApi
 from tpuwatch.workers import login, precheck
 
 
@@ -127,6 +128,7 @@ class _Settling:
     read: dict[str, NodeSnapshot | None] = field(default_factory=dict)
     node: NodeSnapshot | None = None  # the job's node as last decided on
     spares: tuple[tuple[str, NodeSnapshot | None], ...] = ()  # and its idle spares
+    extra: tuple[str, ...] = ()  # nodes of its pool by their label alone (handed over to it)
 
 
 @dataclass
@@ -148,12 +150,22 @@ class Reconciler:
         read: dict[str, NodeSnapshot | None] = {}
         left_out: tuple[NodeSnapshot | None, ...] = ()
         spares: tuple[tuple[str, NodeSnapshot | None], ...] = ()
+        zone_nodes: tuple[NodeSnapshot, ...] = ()
+        extra: tuple[str, ...] = ()
         if self.pcfg.slices:  # a multislice job: the slices it runs on now, those left out, its spares
             # and the nodes its slices are bound to, though a config edit took one out of tpu.spares:
-            # the job still runs there until it moves
+            # the job still runs there until it moves ("": a slot lent to another job)
             pool = (*self.pcfg.slices, *self.pcfg.spares, *(n for s, n in mem.limp.swapped if s in self.pcfg.slices))
-            read = {n: tpu.get_node(n) for n in dict.fromkeys(pool)}
-            node, left_out, spares = self._bound(read, mem)
+            if self.pcfg.priority is not None:
+                # a job with a priority: the zone's nodes, listed once; the nodes labelled the job's
+                # (one handed over to it) are in its pool too (policy/priority.py)
+                zone_nodes = tuple(tpu.list_nodes())
+                listed = {n.name: n for n in zone_nodes}
+                extra = tuple(n.name for n in zone_nodes if n.owned_by(self.pcfg.job) and n.name not in pool)
+                read = {n: listed.get(n) for n in dict.fromkeys((*pool, *extra)) if n}
+            else:
+                read = {n: tpu.get_node(n) for n in dict.fromkeys(pool) if n}
+            node, left_out, spares = self._bound(read, mem, extra)
         else:
             node = job_node(tpu.get_node, self.pcfg.tpu_name)
         probes, pre = self._probe(node, mem, now)
@@ -170,11 +182,11 @@ class Reconciler:
             jitter=min(max(self.ports.jitter(), 0.0), 0.999999),
             adopt=self.flags.adopt, recreate_missing=self.flags.recreate_missing, recreate_asked=self.flags.recreate,
             dry_run=self.flags.dry_run, precheck=pre, checks=self.ports.precheck is not None,
-            audit_read=cursor is not None,
+            audit_read=cursor is not None, zone=zone_nodes,
         )
         if pre is not None and pre.context == "running":
             warnings.extend(f"environment check failed: {line}" for line in precheck.failing_lines(pre))
-        st = _Settling(now, cursor, warnings, pre, probes, read=read, node=node, spares=spares)
+        st = _Settling(now, cursor, warnings, pre, probes, read=read, node=node, spares=spares, extra=extra)
         decision = decide_until_settled(obs, mem, self.pcfg, now,
                                         lambda d, o, m: self._settle(st, d, o, m))
         return TickReport(now, st.node, st.probes, checkpoint, tuple(events), st.acted or decision,
@@ -213,7 +225,7 @@ class Reconciler:
         if _moved(acted.memory, mem):
             # The job limps on fewer slices, grows back, or runs on a spare: look at the slices it
             # runs on now.
-            view, left_out, spares = self._bound(st.read, acted.memory)
+            view, left_out, spares = self._bound(st.read, acted.memory, st.extra)
             st.node, st.spares = view, spares
             looked, st.precheck = self._probe(view, acted.memory, st.now)
             st.probes = looked
@@ -265,12 +277,14 @@ class Reconciler:
 
     # -- observe ------------------------------------------------------------------------------
 
-    def _bound(self, read: dict[str, NodeSnapshot | None], mem: Memory) -> tuple[
+    def _bound(self, read: dict[str, NodeSnapshot | None], mem: Memory, extra: tuple[str, ...] = ()) -> tuple[
             NodeSnapshot | None, tuple[NodeSnapshot | None, ...], tuple[tuple[str, NodeSnapshot | None], ...]]:
         """A multislice job's node as `mem` binds it (its slots on their nodes, those left out
-        apart), the slices left out, and its idle spares, from the pool as read."""
+        apart), the slices left out, and its idle spares (`extra`: the nodes handed over to it),
+        from the pool as read."""
         node, left_out = bound_view(self.pcfg.tpu_name, self.pcfg.slices, read, mem.limp.out, dict(mem.limp.swapped))
-        return node, left_out, tuple((n, read.get(n)) for n in mem.limp.idle(self.pcfg.slices, self.pcfg.spares))
+        idle = mem.limp.idle(self.pcfg.slices, (*self.pcfg.spares, *extra))
+        return node, left_out, tuple((n, read.get(n)) for n in idle)
 
     def _probe(self, node: NodeSnapshot | None, mem: Memory,
                now: datetime) -> tuple[tuple[WorkerProbe, ...] | None, PrecheckReport | None]:
@@ -373,6 +387,8 @@ class Reconciler:
                     return replace(obs, maintenance_refused=f"{exc.code}: {exc.message}")
             elif isinstance(action, StartNode) and node is not None:
                 st.done.append(self._start_node(action, decision.memory, node, st.now))
+            elif isinstance(action, Relabel):
+                st.done.append(self._relabel(action, decision.memory, st.now))
             elif isinstance(action, RemakeSpare):
                 st.done.append(self._remake_spare(action, st.read.get(action.name), decision.memory, st.now))
             elif isinstance(action, ReportHost) and node is not None:
@@ -440,6 +456,32 @@ class Reconciler:
             self.journal.add_event(now, "spare_remade", f"{verb} spare {action.name}: {action.reason}",
                                    {"operation": name, "node": action.name, "create": action.create})
         return f"{verb} spare {action.name} ({name}): {action.reason}"
+
+    def _relabel(self, action: Relabel, mem: Memory, now: datetime) -> str:
+        """Write a node's labels (journaled with the decision before this call), read again next to
+        the write: only while its ownership label says `action.owner`, and only when they change.
+        A refused write is said; the policy writes again while its labels do not say so."""
+        tpu = self.ports.tpu_for(mem.zone or self.pcfg.zones[0])
+        node = tpu.get_node(action.name)
+        if node is None:
+            return f"did not relabel {action.name}: it is gone ({action.reason})"
+        if node.owner != action.owner:
+            return (f"did not relabel {action.name}: its label says job {node.owner or 'none'}, not "
+                    f"{action.owner} ({action.reason})")
+        labels = {k: v for k, v in node.labels.items() if k not in action.drop} | dict(action.put)
+        if labels == dict(node.labels):
+            return f"{action.name} is labelled so already ({action.reason})"
+        if not isinstance(tpu, NodeLabels):
+            return f"did not relabel {action.name}: this API takes no label writes from tpuwatch ({action.reason})"
+        try:
+            name = tpu.set_labels(action.name, labels)
+        except (CloudError, NotFoundError) as exc:
+            return f"relabelling {action.name} was refused: {exc.message} ({action.reason})"
+        said = ", ".join([*(f"{k}={v}" for k, v in action.put), *(f"-{k}" for k in action.drop if k in node.labels)])
+        with self.journal.transaction():
+            self.journal.add_event(now, "relabel", f"relabelled {action.name} ({said}): {action.reason}",
+                                   {"operation": name, "node": action.name, "labels": labels})
+        return f"relabelled {action.name} ({said}; {name}): {action.reason}"
 
     def _report_host(self, action: ReportHost, mem: Memory, node: NodeSnapshot, now: datetime) -> str:
         if not self.flags.adopt and not node.owned_by(self.pcfg.job):

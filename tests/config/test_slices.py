@@ -245,3 +245,19 @@ def test_spares_are_idle_nodes_each_named_once_not_the_jobs_own() -> None:
         validate({"tpu": {"zone": "us-central2-b", "api": "compute", "instance": "vm", "spares": ["spare-a"]},
                   "job": {"command": "train"}})
     assert "tpu.spares" in str(exc.value)
+
+
+def test_priority_is_a_whole_number_for_tpu_api_nodes_made_plainly() -> None:
+    ok = validate({**base(), "job": {"command": "train", "priority": 300}})
+    assert ok["job"]["priority"] == 300
+    assert validate(base())["job"]["priority"] == "off"
+    for job, tpu, fix in (({"priority": 1001}, {}, "0..1000"), ({"priority": "high"}, {}, "0..1000"),
+                          ({"priority": True}, {}, "0..1000"),
+                          ({"priority": 5}, {"queued_resource": "qr"}, "queued resource")):
+        with pytest.raises(ConfigError, match=fix) as exc:
+            validate({**base(**tpu), "job": {"command": "train", **job}})
+        assert str(exc.value).startswith("job.priority") and exc.value.exit_code == 2, exc.value
+    with pytest.raises(ConfigError, match="not with tpu.api") as exc:
+        validate({"tpu": {"zone": "us-central2-b", "api": "compute", "instance": "vm"},
+                  "job": {"command": "train", "priority": 5}})
+    assert str(exc.value).startswith("job.priority") and exc.value.exit_code == 2

@@ -6,6 +6,7 @@ import sys
 from dataclasses import replace
 
 import pytest
+import test_policy_priority as prio
 from policy_support import (
     CFG,
     LIMPS,
@@ -1551,3 +1552,52 @@ def test_software_check_failures_do_not_point_at_the_host() -> None:
               160, cfg=cfg)
     more = _missing_devices(2, cfg, m=ok.memory, start=190)
     assert [d.row for d in more] == ["precheck_wait", "precheck_wait"]
+
+
+def test_row_take_wait() -> None:
+    """More cases (what is never asked for, no priority): tests/policy/test_policy_priority.py."""
+    mem = run_mem(step=100)
+    zone = (prio.part("hpod", "hi", "PREEMPTED"), prio.LOW)
+    d = tick(prio.look(prio.HI, mem, zone, probes=prio.DOWN), mem, now=600, cfg=prio.HI)
+    assert d.row == "take_wait" and [r.name for r in prio.relabels(d)] == ["lpod"]
+
+
+def test_row_give() -> None:
+    """More cases: tests/policy/test_policy_priority.py."""
+    mem = run_mem(step=100)
+    wanted = prio.part("lpod", "lo", tpuwatch_wanted_by="hi", tpuwatch_wanted_priority="500")
+    d = tick(prio.look(prio.LO, mem, (wanted,), probes=running(1)), mem, now=600, cfg=prio.LO)
+    assert d.row == "give" and d.memory.limp.lent == (("lpod", "hi"),) and not d.ended[0].charged
+
+
+def test_row_take() -> None:
+    mem = replace(run_mem(step=100), phase=Phase.WAITING_NODE)
+    zone = (prio.part("lpod", "hi", tpuwatch_lent_by="lo"),)
+    d = tick(prio.look(prio.HI, mem, zone), mem, now=700, cfg=prio.HI)
+    assert d.row == "take" and d.memory.limp.took == (("lpod", "lo"),)
+
+
+def test_row_lent_back() -> None:
+    mem = replace(run_mem(step=100), phase=Phase.WAITING_NODE, limp=Limp(swapped=(("lpod", ""),), lent=(("lpod", "hi"),)))
+    zone = (prio.part("hpod", "lo", tpuwatch_returned_by="hi"),)
+    d = tick(prio.look(prio.LO, mem, zone), mem, now=700, cfg=prio.LO)
+    assert d.row == "lent_back" and d.memory.limp.swapped == (("lpod", "hpod"),)
+
+
+def test_row_lent_wait() -> None:
+    mem = replace(run_mem(step=100), phase=Phase.WAITING_NODE, limp=Limp(swapped=(("lpod", ""),), lent=(("lpod", "hi"),)))
+    d = tick(prio.look(prio.LO, mem, (prio.part("lpod", "hi", tpuwatch_lent_by="lo"),)), mem, now=700, cfg=prio.LO)
+    assert d.row == "lent_wait" and d.memory.phase is Phase.WAITING_NODE and d.exit_code == 0
+
+
+def test_row_hand_back() -> None:
+    mem = run_mem(step=100, limp=Limp(swapped=(("hpod", "lpod"),), took=(("lpod", "lo"),)))
+    zone = (prio.part("lpod", "hi", tpuwatch_lent_by="lo", tpuwatch_priority="500"), prio.part("hpod", "hi"))
+    d = tick(prio.look(prio.HI, mem, zone, probes=running(1)), mem, now=900, cfg=prio.HI)
+    assert d.row == "hand_back" and [r.name for r in prio.relabels(d)] == ["hpod"]
+
+
+def test_row_priority_label() -> None:
+    mem = run_mem(step=100)
+    d = tick(prio.look(prio.HI, mem, (prio.part("hpod", "hi"),), probes=running(1)), mem, now=300, cfg=prio.HI)
+    assert d.row == "priority_label" and [r.put for r in prio.relabels(d)] == [(("tpuwatch-priority", "500"),)]

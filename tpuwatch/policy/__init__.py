@@ -90,6 +90,7 @@ from tpuwatch.policy.values import (
     NeedsPerson,
     Observation,
     PolicyConfig,
+    Relabel,
     RemakeSpare,
     ReportHost,
     StartMaintenance,
@@ -104,7 +105,7 @@ __all__ = [
     "Boot", "Budgets", "ClearQueued", "Cond", "CreateNode",
     "Decision", "DeleteNode", "Evidence", "Fail", "FollowOperation", "GoogleStop", "HangLearning", "Host", "IllegalTransition",
     "ImpossibleObservation", "Launch", "Limp", "Maintenance", "MarkDone", "Marks", "Memory", "NeedsPerson", "Observation", "Outcome",
-    "Phase", "PolicyConfig", "Recreate", "Repair", "RemakeSpare", "ReportHost", "Row", "StartMaintenance", "StartNode", "StopWorkers", "Verdict", "Wait", "action_dict", "backoff_delay",
+    "Phase", "PolicyConfig", "Recreate", "Relabel", "Repair", "RemakeSpare", "ReportHost", "Row", "StartMaintenance", "StartNode", "StopWorkers", "Verdict", "Wait", "action_dict", "backoff_delay",
     "UnsettledTick", "classify", "decide", "decide_until_settled", "describe_exit", "effective_hang_limit", "next_level", "node_condition", "operation_started",
     "restart_delay",
 ]

@@ -108,6 +108,29 @@ ROWS: tuple[Row, ...] = (
         "on the slices still up and wait (no stop for a person, no recreate of a queued resource); the dead nodes "
         "are made again meanwhile (`spare_remake`), and the job resumes on the first spare READY (`swap`) or on "
         "its own slice made again"),
+    Row("take_wait", "a job with job.priority: a slice it runs on has no usable node (not a person's stop, nor a "
+        "RESTARTING), no spare is free, it may not limp, and a READY+HEALTHY node of its accelerator type is held by "
+        "a job of lower tpuwatch-priority (not asked for by one of higher)", "a disruption, not charged: stop the "
+        "attempt; journal, then label that node (the lowest priority first) tpuwatch-wanted-by=<job>, "
+        "tpuwatch-wanted-priority=<p>; wait for it to be handed over (its own lost node is made again meanwhile, "
+        "`spare_remake`)"),
+    Row("give", "a job with job.priority holds a node wanted by a job of higher priority (its "
+        "tpuwatch-wanted-* labels)", "on a slot: journal the slot lent (bound to no node), a disruption, not "
+        "charged: stop the attempt, waited for; then, the node idle, journal and relabel it tpuwatch-job=<taker>, "
+        "tpuwatch-lent-by=<job> (repeated until its label says so)"),
+    Row("take", "a job with job.priority has a slot with no usable node and a READY+HEALTHY node labelled its own "
+        "with tpuwatch-lent-by=<lender> is free", "journal the node in the slot's place (as `swap`) and the lender; a "
+        "disruption, not charged; relaunch there from the newest complete checkpoint"),
+    Row("lent_back", "a slot the job lent away and a free node of its pool (one handed back, or a spare)",
+        "journal the node in the slot's place; the job resumes there from its own newest complete checkpoint"),
+    Row("lent_wait", "a slot the job lent away, not left out, and no node free for it", "wait for a node handed "
+        "back or a spare (never a stop for a person); the attempt, if any, ended as a disruption, not charged"),
+    Row("hand_back", "the job runs on or waits, and its own node of a slot that runs on a node it took is READY+HEALTHY "
+        "again (or a node lent to it is idle and nothing is lost)", "journal, then relabel that node "
+        "tpuwatch-job=<lender>, tpuwatch-returned-by=<job>: a trade, the job stays on the node it took "
+        "(repeated until its label says so)"),
+    Row("priority_label", "the job runs on or waits, and a READY node it holds lacks tpuwatch-priority=<p> (or "
+        "keeps tpuwatch-lent-by after its trade)", "relabel it (a write only when its labels differ)"),
     Row("early_swap", "a maintenance is announced for a node the job runs on (tpu.spares), a spare is free, and the "
         "job's next complete checkpoint landed (or the window is 10 min away)", "a disruption, not charged: stop the "
         "attempt, journal the spare in that node's place, start the node's maintenance now when it may start early "

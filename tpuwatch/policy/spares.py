@@ -171,7 +171,7 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
     # own lost slices too (their repair timed as the job's rows time it: `_repair_since`)
     down = dict(zip(limp.down, limp.down_since, strict=True))
     candidates = [(name, part, down.get(name)) for name, part in draft.obs.spares]
-    if decision.row == "spare_wait":
+    if decision.row in ("spare_wait", "take_wait"):
         candidates += [(name, part, _repair_since(before, part) if part is not None else None)
                        for name, part in held.items()]
     dead = [(name, part) for name, part, since in candidates
@@ -224,7 +224,7 @@ def wait(draft: Draft, mem: Memory) -> Decision | None:
     the job's queued resource; the nodes are made again meanwhile (`remake`). None: nothing on
     its way."""
     cfg, node, now = draft.cfg, draft.obs.node, draft.now
-    if not cfg.spares or node is None or not node.slices:
+    if not (cfg.spares or cfg.priority is not None) or node is None or not node.slices:
         return None
     cond, since = node_condition(node), mem.repair.unhealthy_since
     waited_out = since is not None and (now - since).total_seconds() >= cfg.repair_timeout

@@ -291,6 +291,17 @@ class Limp:
     # first seen so: past recovery.repair_timeout, one is made again as a dead one is
     down: tuple[str, ...] = ()
     down_since: tuple[datetime, ...] = ()
+    # [job] priority (policy/priority.py): slots whose node was lent to a job of higher priority
+    # (slot -> that job; the slot is bound to no node, "" in `swapped`, until one is free), nodes
+    # taken from a job of lower priority (node -> that job, until it is given one back), label
+    # writes that hand a node to another job (node -> that job, until its label says so: one it
+    # lends, one it hands back), and the node asked for and when
+    lent: tuple[tuple[str, str], ...] = ()
+    took: tuple[tuple[str, str], ...] = ()
+    giving: tuple[tuple[str, str], ...] = ()
+    handing: tuple[tuple[str, str], ...] = ()
+    wants: str = ""
+    wants_at: datetime | None = None
 
     def node_of(self, slot: str) -> str:
         """The node slot `slot` runs on: its spare when swapped, else the slot's own node."""

@@ -14,7 +14,8 @@ How a decision is found, in order:
    (policy/limp.py); a job with spares and none free waits for one on its way; else the node's
    condition picks the handler: NODE_HANDLERS (policy/usable.py, policy/recovery.py). Each
    handler ends a running attempt first when the node can no longer carry it, then decides for
-   the node. A decision that does nothing else makes a dead spare again (`spares.remake`).
+   the node. A decision that does nothing else makes a dead spare again (`spares.remake`). A job
+   with a priority lends, takes, asks for and hands back nodes (policy/priority.py).
 Every Decision names the row that made it (`Decision.row`, one of ROWS); the handlers gather it
 in a `Draft` (policy/draft.py).
 """
@@ -25,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 
-from tpuwatch.policy import google, limp, spares
+from tpuwatch.policy import google, limp, priority, spares
 from tpuwatch.policy.alerts import checkpoint_stale
 from tpuwatch.policy.draft import Draft, worker_list
 from tpuwatch.policy.early import early_refused
@@ -95,9 +96,13 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
             new = spares.track(draft, limp.track(draft, new))
             # a lost slice swapped for a spare (policy/spares.py); a job that limps, or grows back
             # (policy/limp.py); a spare on its way waited for (policy/spares.py)
-            shifted = spares.swap(draft, new) or limp.shift(draft, new) or spares.wait(draft, new)
-            decision = spares.remake(draft, new, shifted or limp.grow_wait(
-                draft, new, NODE_HANDLERS[node_condition(obs.node)](draft, new)))
+            # a job with a priority: a node it holds lent to a higher one, a node lent to it (or handed
+            # back) taken, a node of a lower one asked for, a lent slot waited for (policy/priority.py)
+            shifted = (priority.give(draft, new) or priority.take(draft, new) or spares.swap(draft, new)
+                       or limp.shift(draft, new) or priority.want(draft, new) or spares.wait(draft, new)
+                       or priority.lent_wait(draft, new))
+            decision = priority.relabel(draft, new, spares.remake(draft, new, shifted or limp.grow_wait(
+                draft, new, NODE_HANDLERS[node_condition(obs.node)](draft, new))))
     if obs.checks and obs.node is not None:
         # What more to observe in this tick (policy/settle.py bounds the re-decisions).
         launches = any(isinstance(a, Launch) for a in decision.actions)

@@ -115,6 +115,8 @@ class PolicyConfig:
     spares: tuple[str, ...] = ()
     # [tpu.spec] is there to make a spare again from: a dead idle one is deleted and created again
     spares_remade: bool = False
+    # [job] priority (policy/priority.py): None takes no node from another job and gives none
+    priority: int | None = None
 
     def __post_init__(self) -> None:
         if not self.zones:
@@ -130,20 +132,24 @@ class PolicyConfig:
             zonespec.check(cfg.tpu.get("spec") or {}, cfg.tpu.get("zone_overrides") or {}, primary,
                            cfg.tpu["fallback_zones"])
         workers = cfg.job["workers"]
+        priority = None if cfg.job.get("priority", "off") == "off" else int(cfg.job["priority"])
+        pooled = bool(cfg.tpu["spares"]) or priority is not None
         return cls(
             job=cfg.job_name,
             tpu_name=cfg.tpu_name,
             zones=zones,
             # a job on one node with spares is a pool of one slot: its node, or a spare in its place
-            slices=tuple(cfg.tpu["names"]) or ((cfg.tpu_name,) if cfg.tpu["spares"] else ()),
+            # (so is one with a priority: a node it takes stands in its slot as a spare does)
+            slices=tuple(cfg.tpu["names"]) or ((cfg.tpu_name,) if pooled else ()),
             queued_resource=str(cfg.tpu["queued_resource"]),
             # a job over nodes made one by one (or a pool with spares, which makes its dead nodes
             # again itself: policy/spares.py) is never recreated by the rows
-            recreatable=bool(cfg.tpu["queued_resource"]) or not (cfg.tpu["names"] or cfg.tpu["spares"]),
+            recreatable=bool(cfg.tpu["queued_resource"]) or not (cfg.tpu["names"] or pooled),
             checkpoints_on_vm=bool(cfg.job["checkpoint_dir"]) and not str(cfg.job["checkpoint_dir"]).startswith("gs://"),
             min_slices=int(cfg.job["min_slices"]),
             spares=tuple(cfg.tpu["spares"]),
-            spares_remade=bool(cfg.tpu["spares"]) and bool(cfg.tpu["spec"]),
+            spares_remade=pooled and bool(cfg.tpu["spec"]),
+            priority=priority,
             repair_timeout=float(r["repair_timeout"]),
             max_restarts=int(r["max_restarts"]),
             max_recreates=int(r["max_recreates"]),
@@ -208,6 +214,9 @@ class Observation:
     # The node's queued resource ([tpu] queued_resource), read while it matters: the node is
     # missing or being deleted, or a create through it is followed. None: not read, or a plain node.
     queued: QueuedStatus | None = None
+    # A job with a priority ([job] priority): the zone's nodes as listed, to find one a job of
+    # lower priority holds (policy/priority.py)
+    zone: tuple[NodeSnapshot, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -370,8 +379,22 @@ class RemakeSpare:
     kind: ClassVar[str] = "remake_spare"
 
 
+@dataclass(frozen=True)
+class Relabel:
+    """Write labels on a node (policy/priority.py): `put` set, `drop` removed, the others kept;
+    only while its ownership label says `owner` (read again next to the write). Journaled before
+    the call; a write that changes nothing is not sent, so a repeat is harmless."""
+
+    name: str
+    owner: str
+    put: tuple[tuple[str, str], ...]
+    drop: tuple[str, ...]
+    reason: str
+    kind: ClassVar[str] = "relabel"
+
+
 Action = (Launch | StopWorkers | Wait | DeleteNode | CreateNode | ClearQueued | FollowOperation | MarkDone | Fail
-          | NeedsPerson | StartMaintenance | ReportHost | StartNode | RemakeSpare)
+          | NeedsPerson | StartMaintenance | ReportHost | StartNode | RemakeSpare | Relabel)
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,9 @@ class JobNodes:
     def delete_node(self, name: str) -> str:
         return self.zone.tpu.delete_node(name)
 
+    def set_labels(self, name: str, labels: Mapping[str, str]) -> str:
+        return self.zone.tpu.set_labels(name, labels)
+
     def create_node(self, name: str, node: Mapping[str, Any], zone: str | None = None) -> str:
         return self.zone.tpu.create_node(name, node, zone)
 

@@ -1,0 +1,179 @@
+"""Job priorities (policy/priority.py): a job that lost its node with no spare takes a node of its
+shape from the job of lowest priority through their labels; that job stops uncharged, hands the
+node over once stopped, waits, and is given the taker's own node when it is back. A job
+without a priority never takes and never gives."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from policy_support import CFG, ckpt, kinds, limp_part, run_mem, running, tick
+
+from tpuwatch.model import NodeSnapshot, WorkerProbe, bound_view
+from tpuwatch.policy import Limp, Memory, Observation, Phase, PolicyConfig, Relabel, StopWorkers
+from tpuwatch.policy.priority import (
+    LENT_BY,
+    PRIORITY_LABEL,
+    RETURNED_BY,
+    WANTED_BY,
+    WANTED_PRIORITY,
+)
+
+HI = replace(CFG, job="hi", tpu_name="hpod", slices=("hpod",), recreatable=False, priority=500, spares_remade=True)
+LO = replace(CFG, job="lo", tpu_name="lpod", slices=("lpod",), recreatable=False, priority=100, spares_remade=True)
+
+
+def part(name: str, owner: str, state: str = "READY", **labels: str) -> NodeSnapshot:
+    """A node of 2 workers (v5p-16) labelled `owner`'s, with `labels` (underscores as hyphens)."""
+    extra = {k.replace("_", "-"): v for k, v in labels.items()}
+    return replace(limp_part(name, state), labels={"tpuwatch-job": owner, **extra})
+
+
+def look(cfg: PolicyConfig, mem: Memory, zone: tuple[NodeSnapshot, ...], **kw: object) -> Observation:
+    """What the tick sees of a job with a priority: its pool (its node, the nodes labelled its own
+    in the zone) bound as `mem` binds it, and the zone's nodes as listed."""
+    listed = {n.name: n for n in zone}
+    extra = tuple(n.name for n in zone if n.owned_by(cfg.job) and n.name not in cfg.slices)
+    read = {n: listed.get(n) for n in (*cfg.slices, *extra, *(b for _, b in mem.limp.swapped)) if n}
+    view, left = bound_view(cfg.tpu_name, cfg.slices, read, mem.limp.out, dict(mem.limp.swapped))
+    idle = tuple((n, read.get(n)) for n in mem.limp.idle(cfg.slices, extra))
+    return Observation(node=view, left_out=left, spares=idle, zone=zone, **kw)  # type: ignore[arg-type]
+
+
+def relabels(d: object) -> list[Relabel]:
+    return [a for a in d.actions if isinstance(a, Relabel)]  # type: ignore[attr-defined]
+
+
+DOWN = (WorkerProbe(0, "unreachable"), WorkerProbe(1, "unreachable"))
+LOW = part("lpod", "lo", tpuwatch_priority="100")
+
+
+def test_a_lost_node_with_no_spare_asks_the_lowest_priority_job_for_a_node_of_its_shape() -> None:
+    mem = run_mem(step=100)
+    zone = (part("hpod", "hi", "PREEMPTED", tpuwatch_priority="500"), LOW,
+            part("mid", "mid", tpuwatch_priority="300"), part("big", "lo", tpuwatch_priority="0"))
+    zone = (*zone[:3], replace(zone[3], accelerator_type="v5p-256"))
+    d = tick(look(HI, mem, zone, probes=DOWN, checkpoint=ckpt(200)), mem, 600, cfg=HI)
+    assert d.row == "take_wait" and d.memory.phase is Phase.WAITING_NODE
+    [ask] = relabels(d)
+    assert (ask.name, ask.owner, ask.put, ask.drop) == ("lpod", "lo", ((WANTED_BY, "hi"), (WANTED_PRIORITY, "500")), ())
+    assert d.memory.limp.wants == "lpod" and "took lpod from job lo (priority 100" in d.summary
+    [end] = d.ended
+    assert end.outcome == "disruption" and not end.charged
+    # the label seen, it is not written again; the job waits on
+    asked = (zone[0], part("lpod", "lo", tpuwatch_priority="100", tpuwatch_wanted_by="hi",
+                           tpuwatch_wanted_priority="500"), *zone[2:])
+    again = tick(look(HI, d.memory, asked, probes=DOWN), d.memory, 660, cfg=HI)
+    assert again.row in ("take_wait", "spare_remake") and relabels(again) == []
+
+
+def test_nothing_of_a_higher_or_equal_priority_unhealthy_or_already_asked_for_higher_is_asked_for() -> None:
+    mem = run_mem(step=100)
+    mine = part("hpod", "hi", "PREEMPTED", tpuwatch_priority="500")
+    for other in (part("lpod", "lo", tpuwatch_priority="500"), part("lpod", "lo", tpuwatch_priority="900"),
+                  part("lpod", "lo", "REPAIRING", tpuwatch_priority="100"), part("lpod", "lo"),
+                  part("lpod", "lo", tpuwatch_priority="100", tpuwatch_wanted_by="top",
+                       tpuwatch_wanted_priority="800")):
+        d = tick(look(HI, mem, (mine, other), probes=DOWN), mem, 600, cfg=HI)
+        assert d.row != "take_wait" and relabels(d) == [], other.labels
+
+
+def test_a_job_without_a_priority_never_asks() -> None:
+    cfg = replace(HI, priority=None)
+    mem = run_mem(step=100)
+    d = tick(look(cfg, mem, (part("hpod", "hi", "PREEMPTED"), LOW), probes=DOWN), mem, 600, cfg=cfg)
+    assert d.row != "take_wait" and relabels(d) == []
+
+
+def test_the_lower_job_lends_its_node_stopped_uncharged_then_relabels_it_for_the_taker() -> None:
+    mem = run_mem(step=100)
+    wanted = part("lpod", "lo", tpuwatch_priority="100", tpuwatch_wanted_by="hi", tpuwatch_wanted_priority="500")
+    d = tick(look(LO, mem, (wanted,), probes=running(1), checkpoint=ckpt(200)), mem, 600, cfg=LO)
+    assert d.row == "give" and relabels(d) == []  # no relabel before the job is stopped there
+    assert d.memory.limp.lent == (("lpod", "hi"),) and d.memory.limp.swapped == (("lpod", ""),)
+    assert d.memory.limp.giving == (("lpod", "hi"),)
+    [end] = d.ended
+    assert end.outcome == "disruption" and not end.charged and d.memory.budgets.restarts == 0
+    stops = [a for a in d.actions if isinstance(a, StopWorkers)]
+    assert stops and all(s.wait for s in stops)
+    # stopped, the node idle: relabelled for the taker, and the job waits for a node
+    after = tick(look(LO, d.memory, (wanted,), probes=None), d.memory, 601, cfg=LO)
+    assert after.row == "give" and after.memory.phase is Phase.WAITING_NODE
+    [give] = relabels(after)
+    assert (give.name, give.owner) == ("lpod", "lo")
+    assert dict(give.put) == {"tpuwatch-job": "hi", LENT_BY: "lo"}
+    assert set(give.drop) >= {WANTED_BY, WANTED_PRIORITY}
+    # once the label says so, nothing more is written; it waits, never stops for a person
+    given = part("lpod", "hi", tpuwatch_lent_by="lo")
+    wait = tick(look(LO, after.memory, (given,), probes=None), after.memory, 700, cfg=LO)
+    assert wait.row == "lent_wait" and relabels(wait) == [] and wait.memory.limp.giving == ()
+    assert wait.exit_code == 0 and wait.memory.phase is Phase.WAITING_NODE
+
+
+def test_a_job_without_a_priority_or_asked_by_a_lower_one_never_gives() -> None:
+    mem = run_mem(step=100)
+    wanted = part("lpod", "lo", tpuwatch_wanted_by="hi", tpuwatch_wanted_priority="500")
+    for cfg, node in ((replace(LO, priority=None), wanted),
+                      (replace(LO, priority=600), wanted)):
+        d = tick(look(cfg, mem, (node,), probes=running(1)), mem, 600, cfg=cfg)
+        assert d.row in ("running", "priority_label") and d.memory.limp.lent == () and d.ended == (), cfg.priority
+        assert not [r for r in relabels(d) if "tpuwatch-job" in dict(r.put)], cfg.priority
+
+
+def test_the_taker_binds_the_node_lent_to_it_and_launches_there() -> None:
+    mem = replace(run_mem(step=100), phase=Phase.WAITING_NODE, limp=Limp(wants="lpod"))
+    zone = (part("lpod", "hi", tpuwatch_lent_by="lo"),)  # its own node is gone (being made again)
+    d = tick(look(HI, mem, zone, probes=None, checkpoint=ckpt(200)), mem, 700, cfg=HI)
+    assert d.row == "take" and d.memory.limp.swapped == (("hpod", "lpod"),)
+    assert d.memory.limp.took == (("lpod", "lo"),) and d.memory.limp.wants == ""
+    launch = tick(look(HI, d.memory, zone, probes=(WorkerProbe(0, "absent"), WorkerProbe(1, "absent")),
+                       checkpoint=ckpt(200)), d.memory, 701, cfg=HI)
+    assert launch.row == "launch" and kinds(launch) == ["launch"]
+
+
+def test_a_node_not_labelled_the_jobs_is_never_taken() -> None:
+    mem = replace(run_mem(step=100), phase=Phase.WAITING_NODE)
+    zone = (part("lpod", "lo", tpuwatch_lent_by="lo"), part("hpod", "hi", "PREEMPTED"))
+    d = tick(look(HI, mem, zone, probes=None), mem, 700, cfg=HI)
+    assert d.row != "take" and d.memory.limp.swapped == ()
+
+
+def test_its_own_node_back_the_taker_hands_it_to_the_lender_and_stays() -> None:
+    mem = run_mem(step=100, limp=Limp(swapped=(("hpod", "lpod"),), took=(("lpod", "lo"),)))
+    zone = (part("lpod", "hi", tpuwatch_lent_by="lo", tpuwatch_priority="500"), part("hpod", "hi"))
+    d = tick(look(HI, mem, zone, probes=running(1), checkpoint=ckpt(300)), mem, 900, cfg=HI)
+    assert d.row == "hand_back" and d.ended == () and d.memory.phase is Phase.RUNNING
+    [back] = relabels(d)
+    assert (back.name, back.owner, dict(back.put)) == ("hpod", "hi", {"tpuwatch-job": "lo", RETURNED_BY: "hi"})
+    assert LENT_BY in back.drop and PRIORITY_LABEL in back.drop
+    assert d.memory.limp.took == () and d.memory.limp.handing == (("hpod", "lo"),)
+    assert d.memory.limp.swapped == (("hpod", "lpod"),)  # a trade: it stays on the node it took
+    # once handed, the node it took loses its lender's label
+    done = (part("lpod", "hi", tpuwatch_lent_by="lo", tpuwatch_priority="500"), part("hpod", "lo", tpuwatch_returned_by="hi"))
+    tidy = tick(look(HI, d.memory, done, probes=running(1), checkpoint=ckpt(300)), d.memory, 901, cfg=HI)
+    assert tidy.row == "priority_label" and tidy.memory.limp.handing == ()
+    [drop] = relabels(tidy)
+    assert (drop.name, drop.drop) == ("lpod", (LENT_BY,))
+
+
+def test_the_lender_binds_its_lent_slot_to_the_node_handed_back_and_resumes_from_its_checkpoint() -> None:
+    mem = replace(run_mem(step=100), phase=Phase.WAITING_NODE,
+                  limp=Limp(swapped=(("lpod", ""),), lent=(("lpod", "hi"),)))
+    zone = (part("lpod", "hi", tpuwatch_lent_by="lo"), part("hpod", "lo", tpuwatch_returned_by="hi"))
+    d = tick(look(LO, mem, zone, probes=None, checkpoint=ckpt(250)), mem, 950, cfg=LO)
+    assert d.row == "lent_back" and d.memory.limp.swapped == (("lpod", "hpod"),) and d.memory.limp.lent == ()
+    assert d.memory.limp.took == ()  # handed back, not lent: nothing to give back later
+    absent = (WorkerProbe(0, "absent"), WorkerProbe(1, "absent"))
+    launch = tick(look(LO, d.memory, zone, probes=absent, checkpoint=ckpt(250)), d.memory, 951, cfg=LO)
+    assert launch.row == "launch" and launch.memory.attempt.start_step == 250
+
+
+def test_a_job_stamps_its_priority_on_the_nodes_it_holds_once() -> None:
+    mem = run_mem(step=100)
+    d = tick(look(HI, mem, (part("hpod", "hi"),), probes=running(1), checkpoint=ckpt(100)), mem, 300, cfg=HI)
+    assert d.row == "priority_label"
+    [stamp] = relabels(d)
+    assert (stamp.name, stamp.put, stamp.drop) == ("hpod", ((PRIORITY_LABEL, "500"),), ())
+    d2 = tick(look(HI, mem, (part("hpod", "hi", tpuwatch_priority="500"),), probes=running(1), checkpoint=ckpt(100)),
+              mem, 300, cfg=HI)
+    assert d2.row == "running" and relabels(d2) == []

@@ -1,0 +1,337 @@
+"""Job priorities ([job] priority): a job that lost a slice, with no spare free and no limp,
+takes a node of its shape from the job of lowest priority; that job is handed the first node of
+the taker's own that comes back.
+
+The cloud's labels are the truth both jobs read, so a hand-over survives a killed watcher and
+works between watchers; each job journals each step before its label write, and every write
+is idempotent (the tick sends none that changes nothing).
+- want (H, row `take_wait`): H's slot has no usable node; H picks a READY+HEALTHY node of its
+  accelerator type whose `tpuwatch-priority` is lower than its own (the lowest first) and
+  writes `tpuwatch-wanted-by=H`, `tpuwatch-wanted-priority=<p_H>` on it, then waits.
+- give (L, row `give`): L sees a node it holds wanted by a higher priority than its own. Bound
+  to a slot: the slot is journaled lent (bound to no node), the attempt ends (a disruption, not
+  charged; the stop is waited for, so a SIGTERM save lands); only then, with the node idle, L
+  relabels it `tpuwatch-job=H`, `tpuwatch-lent-by=L`. L then goes on as after any lost slice:
+  a spare, a limp, or it waits (row `lent_wait`), never stopping for a person.
+- take (H, row `take`): the node labelled H's is in H's pool; H binds its lost slot to it, as a
+  swap does. H never launches on a node whose ownership label is not its own.
+- hand back (H, row `hand_back`): H's own node of that slot is READY+HEALTHY again: H relabels it
+  `tpuwatch-job=L`, `tpuwatch-returned-by=H` (a trade: H stays on the node it took), and L binds
+  its lent slot to it (row `lent_back`) and resumes from its own newest complete checkpoint.
+- labels (row `priority_label`): the nodes a job holds carry its priority; a node it took and
+  traded for carries no `tpuwatch-lent-by` any more.
+A job without a priority never takes and never gives. Ownership stays the guard: a node is
+deleted or made again only by the job its label names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+from tpuwatch.model import OWNER_LABEL, NodeSnapshot
+from tpuwatch.policy import spares
+from tpuwatch.policy.draft import Draft
+from tpuwatch.policy.ending import end_unusable
+from tpuwatch.policy.limp import BRIEF_STATES, end_lost, stop_waited
+from tpuwatch.policy.nodes import Cond, node_condition
+from tpuwatch.policy.state import Evidence, Memory, Phase, merge_evidence, move
+from tpuwatch.policy.values import Decision, Relabel, StopWorkers, Wait
+
+PRIORITY_LABEL = "tpuwatch-priority"
+WANTED_BY = "tpuwatch-wanted-by"
+WANTED_PRIORITY = "tpuwatch-wanted-priority"
+LENT_BY = "tpuwatch-lent-by"
+RETURNED_BY = "tpuwatch-returned-by"
+# A want whose label is not seen this long after it was written is written again (a watcher
+# killed between its journal line and the write, or a write another one overwrote)
+WANT_AGAIN = 60.0
+
+
+def label_priority(node: NodeSnapshot, key: str = PRIORITY_LABEL) -> int | None:
+    """The whole number a priority label holds, or None."""
+    try:
+        return int(node.labels.get(key, ""))
+    except ValueError:
+        return None
+
+
+def wanted(node: NodeSnapshot) -> tuple[str, int] | None:
+    """(job, priority) that asked for `node`, or None."""
+    by, p = node.labels.get(WANTED_BY), label_priority(node, WANTED_PRIORITY)
+    return (by, p) if by and p is not None else None
+
+
+def _pool(draft: Draft, mem: Memory) -> tuple[list[tuple[str, NodeSnapshot]], dict[str, NodeSnapshot | None]]:
+    """The slots' nodes as read (slot, part), and every node of the job's pool and zone by name."""
+    node = draft.obs.node
+    bound: list[tuple[str, NodeSnapshot]] = []
+    if node is not None and node.slices:
+        bound = [(slot, part) for slot, part in zip(mem.limp.slots(draft.cfg.slices), node.slices, strict=True)
+                 if part.name]
+    seen: dict[str, NodeSnapshot | None] = {n.name: n for n in draft.obs.zone}
+    seen.update(dict(draft.obs.spares))
+    seen.update({part.name: part for _, part in bound})
+    return bound, seen
+
+
+def lost_slots(draft: Draft, mem: Memory, lent: bool = False) -> list[tuple[str, NodeSnapshot | None]]:
+    """The job's slots with no usable node (slot, its node as read; None: missing), a person's
+    stop and a brief restart left alone; with `lent`, the slots it lent away too."""
+    node, cfg = draft.obs.node, draft.cfg
+    away = dict(mem.limp.lent)
+    slots = mem.limp.slots(cfg.slices)
+    if node is None or not node.slices:
+        out: list[tuple[str, NodeSnapshot | None]] = [(s, None) for s in slots]
+    else:
+        if node_condition(node) is Cond.PERSON:
+            return [(s, None) for s in slots if s in away] if lent else []
+        parts = list(zip(slots, node.slices, strict=True))
+        if any(p.state in BRIEF_STATES for _, p in parts if not p.usable):
+            return []
+        out = [(s, p if p.name else None) for s, p in parts if not p.usable]
+    return [(s, p) for s, p in out if lent or s not in away]
+
+
+def _shapes(draft: Draft) -> set[str]:
+    """The accelerator types of the job's slices as read, else of its own nodes in the zone."""
+    node = draft.obs.node
+    shapes = {p.accelerator_type for p in (node.slices if node is not None else ()) if p.accelerator_type and p.name}
+    return shapes or {n.accelerator_type for n in draft.obs.zone if n.owned_by(draft.cfg.job) and n.accelerator_type}
+
+
+def _candidates(draft: Draft, mem: Memory) -> list[NodeSnapshot]:
+    """Nodes the job may ask for, best first: READY+HEALTHY, of its shape, held by a job of lower
+    priority, not asked for by one of higher or the same priority; the lowest priority first,
+    the node asked for already before another."""
+    cfg = draft.cfg
+    assert cfg.priority is not None
+    shapes = _shapes(draft)
+    out = []
+    for n in draft.obs.zone:
+        p = label_priority(n)
+        if (not n.usable or n.owner in (None, cfg.job) or p is None or p >= cfg.priority
+                or (shapes and n.accelerator_type not in shapes) or not shapes or n.labels.get(LENT_BY)):
+            continue
+        w = wanted(n)
+        if w is not None and w[0] != cfg.job and w[1] >= cfg.priority:
+            continue
+        out.append(n)
+    return sorted(out, key=lambda n: (label_priority(n) or 0, n.name != mem.limp.wants, n.name))
+
+
+def want(draft: Draft, mem: Memory) -> Decision | None:
+    """A job with a priority has slots with no usable node (no spare free, no limp): ask for a
+    node of a job of lower priority (its labels), end the attempt (a disruption, not charged)
+    and wait for the node to be handed over (row `take_wait`). None: no priority, nothing lost,
+    or nothing to ask for."""
+    cfg, now = draft.cfg, draft.now
+    if cfg.priority is None:
+        return None
+    lost = lost_slots(draft, mem)
+    if not lost:
+        return None
+    found = _candidates(draft, mem)
+    if not found:
+        return None
+    target = found[0]
+    mem, final = end_lost(draft, mem, [(s, p) for s, p in lost if p is not None])
+    if final is not None:
+        return final
+    asked = wanted(target) == (cfg.job, cfg.priority)
+    recent = (mem.limp.wants == target.name and mem.limp.wants_at is not None
+              and now - mem.limp.wants_at < timedelta(seconds=WANT_AGAIN))
+    actions = []
+    if not asked and not recent:
+        mem = replace(mem, limp=replace(mem.limp, wants=target.name, wants_at=now))
+        actions.append(Relabel(target.name, target.owner or "", ((WANTED_BY, cfg.job), (WANTED_PRIORITY, str(cfg.priority))),
+                               (), f"job {cfg.job} (priority {cfg.priority}) asks job {target.owner} "
+                                   f"(priority {label_priority(target)}) for {target.name}"))
+    said = ", ".join(f"{mem.limp.node_of(s)} {p.state if p is not None else 'MISSING'}" for s, p in lost)
+    why = (f"slice(s) lost ({said}) and no spare free: took {target.name} from job {target.owner} "
+           f"(priority {label_priority(target)}, below this job's {cfg.priority}); waiting for it to be handed over")
+    if mem.phase is not Phase.WAITING_NODE or mem.reason != why:
+        mem = move(mem, Phase.WAITING_NODE, reason=why)
+    return stop_waited(draft.out(mem, "take_wait", f"{why}; then the job relaunches there from its newest complete "
+                                                   "checkpoint", *actions, Wait(None, "a node handed over")))
+
+
+def take(draft: Draft, mem: Memory) -> Decision | None:
+    """Slots with no usable node, and nodes of the job's pool free for them: a node another job
+    lent it (labelled the job's, `tpuwatch-lent-by` that job) for any such slot (row `take`), or
+    any free node of the pool for a slot the job lent away (row `lent_back`: a node handed back,
+    or a spare). Journaled as a swap is, before any launch there; the lender is remembered for
+    the hand-back. None: nothing to bind."""
+    cfg = draft.cfg
+    lost = lost_slots(draft, mem, lent=True)
+    if not lost or (cfg.priority is None and not mem.limp.lent):
+        return None
+    busy = {n for n, _ in (*mem.limp.giving, *mem.limp.handing)}
+    seen = dict(draft.obs.spares)
+    free = [n for n in spares.free(draft, mem) if n not in busy]
+    lender = {n: by for n in free if (part := seen.get(n)) is not None
+              and (by := part.labels.get(LENT_BY, "")) and by != cfg.job}
+    loans, own = [n for n in free if n in lender], [n for n in free if n not in lender]
+    away = dict(mem.limp.lent)
+    pairs: list[tuple[str, str]] = []
+    for slot, _ in lost:
+        pick = loans or (own if slot in away else [])
+        if pick:
+            pairs.append((slot, pick.pop(0)))
+    if not pairs:
+        return None
+    taken = dict(pairs)
+    gone = [(s, p) for s, p in lost if s in taken and p is not None and s not in away]
+    mem, final = end_lost(draft, mem, gone)
+    if final is not None:
+        return final
+    took = [(n, lender[n]) for _, n in pairs if n in lender]
+    limp = replace(mem.limp, swapped=spares.bind(cfg.slices, mem.limp, pairs),
+                   lent=tuple((s, j) for s, j in mem.limp.lent if s not in taken),
+                   took=(*mem.limp.took, *took), wants="" if took else mem.limp.wants,
+                   wants_at=None if took else mem.limp.wants_at)
+    mem = replace(mem, limp=limp)
+    said = "; ".join(f"slice {cfg.slices.index(s)} ({s}) on {n}" + (f", taken from job {lender[n]}" if n in lender
+                                                                      else f", its node lent to job {away[s]}")
+                     for s, n in pairs)
+    row = "take" if took else "lent_back"
+    return stop_waited(draft.out(mem, row, f"{said}; the job relaunches there from its newest complete checkpoint"))
+
+
+def give(draft: Draft, mem: Memory) -> Decision | None:
+    """A job with a priority runs on a node a job of higher priority asked for: journal its slot
+    lent to that job (bound to no node), end the attempt (a disruption, not charged) and stop it
+    on every worker, waited for. The relabel follows once the node is idle (`relabel`). None:
+    nothing asked for."""
+    cfg = draft.cfg
+    if cfg.priority is None:
+        return None
+    bound, _ = _pool(draft, mem)
+    asked = [(slot, part, w) for slot, part in bound
+             if (w := wanted(part)) is not None and w[0] != cfg.job and w[1] > cfg.priority and part.owned_by(cfg.job)
+             and part.usable]
+    if not asked:
+        return None
+    sign = [Evidence(draft.now, f"slice {part.name} lent to job {w[0]} (priority {w[1]})") for _, part, w in asked]
+    if mem.phase is Phase.RUNNING:
+        mem = replace(mem, attempt=replace(mem.attempt, evidence=merge_evidence(mem.attempt.evidence, sign)))
+    mem, final = end_unusable(draft, mem)
+    if final is not None:
+        return final
+    slots = {slot for slot, _, _ in asked}
+    swapped = {**dict(mem.limp.swapped), **{slot: "" for slot in slots}}
+    limp = replace(mem.limp, swapped=tuple((s, swapped[s]) for s in cfg.slices if s in swapped),
+                   lent=(*mem.limp.lent, *((slot, w[0]) for slot, _, w in asked)),
+                   giving=(*mem.limp.giving, *((part.name, w[0]) for _, part, w in asked)))
+    mem = replace(mem, limp=limp)
+    said = "; ".join(f"{part.name} (slice {cfg.slices.index(slot)}, {slot}) to job {w[0]} (priority {w[1]}, above "
+                     f"this job's {cfg.priority})" for slot, part, w in asked)
+    stop = () if any(isinstance(a, StopWorkers) for a in draft.actions) else (
+        StopWorkers(f"lending {said}"),)
+    return stop_waited(draft.out(mem, "give", f"lending {said}: a disruption, not charged; the job is stopped there, "
+                                              "then the node is relabelled; it goes on as after a lost slice",
+                                 *stop))
+
+
+def lent_wait(draft: Draft, mem: Memory) -> Decision | None:
+    """Slots the job lent away, not left out, with no node free for them: wait (row
+    `lent_wait`) for a node handed back or a spare, never stopping for a person."""
+    away = [(s, j) for s, j in mem.limp.lent if s not in mem.limp.out and mem.limp.node_of(s) == ""]
+    if not away:
+        return None
+    mem, final = end_unusable(draft, mem)
+    if final is not None:
+        return final
+    why = "; ".join(f"slice {draft.cfg.slices.index(s)} ({s}) lent to job {j}" for s, j in away) + (
+        ": waiting for a node handed back or a spare")
+    if mem.phase is not Phase.WAITING_NODE or mem.reason != why:
+        mem = move(mem, Phase.WAITING_NODE, reason=why)
+    return draft.out(mem, "lent_wait", f"{why}; then the job resumes from its newest complete checkpoint",
+                     Wait(None, "a node handed back"))
+
+
+def relabel(draft: Draft, before: Memory, decision: Decision) -> Decision:
+    """A decision that does nothing (the job runs on, or waits), with the label writes a job
+    with a priority owes: a node it lends, once idle (row `give`); a node of its own back while
+    it runs on one it took, or a node lent to it it does not run on (row `hand_back`); its
+    priority on the nodes it holds, and no `tpuwatch-lent-by` left on one it traded for (row
+    `priority_label`). One such step per decision, journaled with it."""
+    cfg = draft.cfg
+    if (cfg.priority is None and not before.limp.giving and not before.limp.handing) or decision.ended \
+            or any(not isinstance(a, Wait) for a in decision.actions) \
+            or decision.memory.limp.swapped != before.limp.swapped:
+        return decision
+    mem = decision.memory
+    bound, seen = _pool(draft, mem)
+    held = {part.name for _, part in bound}
+    job = cfg.job
+    # the writes in flight: done once the label names the other job; dropped if the node went
+    giving = tuple((n, to) for n, to in mem.limp.giving if (p := seen.get(n)) is not None and p.owned_by(job))
+    handing = tuple((n, to) for n, to in mem.limp.handing if (p := seen.get(n)) is not None and p.owned_by(job))
+    if (giving, handing) != (mem.limp.giving, mem.limp.handing):
+        mem = replace(mem, limp=replace(mem.limp, giving=giving, handing=handing))
+    out = replace(decision, memory=mem)
+    if cfg.priority is None:
+        return out
+    # a node asked for by a higher priority that no slot holds: give it
+    idle = [(n, p) for n, p in draft.obs.spares if p is not None and p.owned_by(job) and n not in held]
+    for n, p in idle:
+        w = wanted(p)
+        if w is not None and w[0] != job and w[1] > cfg.priority and p.usable and n not in dict(giving):
+            mem = replace(mem, limp=replace(mem.limp, giving=(*mem.limp.giving, (n, w[0]))))
+            giving = mem.limp.giving
+    pending = [(n, to) for n, to in giving if n not in held and (p := seen.get(n)) is not None and p.state == "READY"]
+    if pending:
+        n, to = pending[0]
+        return _with(out, mem, "give", Relabel(
+            n, job, ((OWNER_LABEL, to), (LENT_BY, job)), (WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL),
+            f"handing {n} to job {to}, which asked for it with a higher priority; no attempt of this job runs there"))
+    # a node of the job's own back while it runs on one it took: trade
+    back = [(n, p) for n, p in idle if n in cfg.slices and p.usable and n not in dict(handing)
+            and not p.labels.get(LENT_BY)]
+    trade = [(x, by) for x, by in mem.limp.took if x in held]
+    if back and trade:
+        (y, _), (x, by) = back[0], trade[0]
+        mem = replace(mem, limp=replace(mem.limp, took=tuple(t for t in mem.limp.took if t != (x, by)),
+                                        handing=(*mem.limp.handing, (y, by))))
+        handing = mem.limp.handing
+        return _with(out, mem, "hand_back", Relabel(
+            y, job, ((OWNER_LABEL, by), (RETURNED_BY, job)), (LENT_BY, WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL),
+            f"{y} is READY+HEALTHY again: handing it to job {by} for {x}, taken from it (the job stays on {x})"))
+    # a node lent to the job that it does not run on, with nothing lost: back to its lender
+    if not lost_slots(draft, mem):
+        spare = [(n, p.labels[LENT_BY]) for n, p in idle if p.labels.get(LENT_BY) and p.labels[LENT_BY] != job
+                 and n not in dict(handing)]
+        if spare:
+            n, by = spare[0]
+            mem = replace(mem, limp=replace(mem.limp, handing=(*mem.limp.handing, (n, by))))
+            handing = mem.limp.handing
+            return _with(out, mem, "hand_back", Relabel(
+                n, job, ((OWNER_LABEL, by), (RETURNED_BY, job)), (LENT_BY, WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL),
+                f"{n} was lent to this job, which no longer needs it: handing it back to job {by}"))
+    pend = [(n, to) for n, to in handing if (p := seen.get(n)) is not None and p.state == "READY"]
+    if pend:
+        n, to = pend[0]
+        return _with(out, mem, "hand_back", Relabel(
+            n, job, ((OWNER_LABEL, to), (RETURNED_BY, job)), (LENT_BY, WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL),
+            f"handing {n} to job {to} (again: its label does not say so yet)"))
+    # the job's priority on the nodes it holds; no lender left on a node traded for
+    took = dict(mem.limp.took)
+    for p in (*(part for _, part in bound), *(p for _, p in idle)):
+        if not p.owned_by(job) or p.state != "READY":
+            continue
+        put = ((PRIORITY_LABEL, str(cfg.priority)),) if p.labels.get(PRIORITY_LABEL) != str(cfg.priority) else ()
+        drop = (LENT_BY,) if p.labels.get(LENT_BY) and p.name in held and p.name not in took else ()
+        if put or drop:
+            return _with(out, mem, "priority_label", Relabel(
+                p.name, job, put, drop,
+                f"{p.name} is held by job {job}: " + ("its priority label says "
+                                                       f"{cfg.priority}" if put else "") + (
+                    "; " if put and drop else "") + ("it was traded for, no longer lent" if drop else "")))
+    return out
+
+
+def _with(decision: Decision, mem: Memory, row: str, action: Relabel) -> Decision:
+    return replace(decision, memory=mem, row=row, actions=(*decision.actions, action),
+                   summary=f"{decision.summary}; {action.reason}")
+
