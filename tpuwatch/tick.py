@@ -328,7 +328,8 @@ class Reconciler:
             return [], None
         try:
             # the nodes the job's slices run on (a spare in a lost slice's place)
-            nodes = [mem.limp.node_of(s) for s in self.pcfg.slices] or [self.pcfg.tpu_name]
+            # ("": a slot lent to another job runs nowhere)
+            nodes = [n for s in self.pcfg.slices if (n := mem.limp.node_of(s))] or [self.pcfg.tpu_name]
             events, cursor = audit.read(nodes, self.journal.audit_cursor(),
                                         self._worker_instances(node))
         except CloudError as exc:

@@ -10,7 +10,16 @@ from dataclasses import replace
 from policy_support import CFG, ckpt, kinds, limp_part, run_mem, running, tick
 
 from tpuwatch.model import NodeSnapshot, WorkerProbe, bound_view
-from tpuwatch.policy import Limp, Memory, Observation, Phase, PolicyConfig, Relabel, StopWorkers
+from tpuwatch.policy import (
+    Limp,
+    Memory,
+    Observation,
+    Phase,
+    PolicyConfig,
+    Relabel,
+    RemakeSpare,
+    StopWorkers,
+)
 from tpuwatch.policy.priority import (
     LENT_BY,
     PRIORITY_LABEL,
@@ -177,3 +186,11 @@ def test_a_job_stamps_its_priority_on_the_nodes_it_holds_once() -> None:
     d2 = tick(look(HI, mem, (part("hpod", "hi", tpuwatch_priority="500"),), probes=running(1), checkpoint=ckpt(100)),
               mem, 300, cfg=HI)
     assert d2.row == "running" and relabels(d2) == []
+
+
+def test_its_own_node_deleted_to_be_made_again_and_nothing_to_take_the_job_waits_and_creates_it() -> None:
+    mem = replace(run_mem(step=100), phase=Phase.WAITING_NODE, limp=Limp(remaking=("hpod",)))
+    d = tick(look(HI, mem, (), probes=None), mem, 700, cfg=HI)
+    assert d.row == "spare_remake" and d.memory.phase is Phase.WAITING_NODE and d.exit_code == 0
+    [make] = [a for a in d.actions if isinstance(a, RemakeSpare)]
+    assert (make.name, make.create) == ("hpod", True)

@@ -145,7 +145,8 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
     `before`: the memory the observation's binding is from; a decision that changes the binding
     is left as it is (the tick looks again first)."""
     cfg, now, node = draft.cfg, draft.now, draft.obs.node
-    if (any(not isinstance(a, Wait) for a in decision.actions) or decision.ended or not draft.obs.spares
+    if (any(not isinstance(a, Wait) for a in decision.actions) or decision.ended
+            or not (draft.obs.spares or cfg.priority is not None)
             or (decision.memory.limp.out, decision.memory.limp.swapped) != (before.limp.out, before.limp.swapped)):
         return decision
     mem = decision.memory
@@ -155,6 +156,8 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
     if node is not None and node.slices:
         held = {name: None if part.state == "MISSING" else part
                 for name, part in zip(limp.kept(cfg.slices), node.slices, strict=True)}
+    elif cfg.slices:  # a pool whose every slot's node is gone (a pool of one slot, its node deleted)
+        held = {name: None for name in limp.kept(cfg.slices) if name}
     seen = {**held, **dict(draft.obs.spares)}
     # a bad spare is forgotten once it is seen idle as another node (made again), or gone
     other = {name for name, part in draft.obs.spares if part is None or f"{name}@{part.id}" not in limp.bad}
@@ -224,6 +227,13 @@ def wait(draft: Draft, mem: Memory) -> Decision | None:
     the job's queued resource; the nodes are made again meanwhile (`remake`). None: nothing on
     its way."""
     cfg, node, now = draft.cfg, draft.obs.node, draft.now
+    if node is None and cfg.slices and (gone := [n for n in mem.limp.kept(cfg.slices) if n in mem.limp.remaking]):
+        # a pool of one slot whose node tpuwatch deleted to make again: nothing left to see but that
+        why = f"slice(s) lost ({', '.join(gone)} deleted) and no spare free: waiting for {', '.join(gone)} to be made again"
+        if mem.phase is not Phase.WAITING_NODE or mem.reason != why:
+            mem = move(mem, Phase.WAITING_NODE, reason=why)
+        return draft.out(mem, "spare_wait", f"{why}; then the job relaunches from its newest complete checkpoint",
+                         Wait(None, "a spare on its way"))
     if not (cfg.spares or cfg.priority is not None) or node is None or not node.slices:
         return None
     cond, since = node_condition(node), mem.repair.unhealthy_since

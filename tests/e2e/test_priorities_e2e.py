@@ -1,0 +1,175 @@
+"""End to end: job priorities ([job] priority) between two jobs of one `tpuwatch watch`.
+
+Job `hi` (priority 500, a Spot node `hi`) and job `lo` (priority 100, node `lo`), one worker
+each, v4-8, both with a [tpu.spec]. `hi` is preempted with no spare: `lo` is stopped uncharged
+(saving on its SIGTERM), its node relabelled `hi`'s, and `hi` trains there; `hi`'s own node,
+made again from its spec, is handed to `lo`, which resumes on it from its own checkpoint. Each
+trainer holds at step 100 until the test lets it go, so each stage meets running jobs however
+slow the machine. Outcomes come from the simulated world (labels, processes), the checkpoints
+and the journals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from e2e_helpers import (
+    checkpoint_steps,
+    finish,
+    job_memory,
+    trainer,
+    trainer_env,
+    wait_while_watched,
+    write_config,
+)
+
+from tpuwatch.cloud.tpu.adapter import TpuAdapter
+from tpuwatch.errors import UsageError
+from tpuwatch.sim.simulator import Simulator
+
+pytestmark = pytest.mark.slow
+
+STEPS = 200
+SPEC = {"accelerator_type": "v4-8", "runtime_version": "tpu-ubuntu2204-base"}
+
+
+def job(sim: Simulator, tmp: Path, name: str, priority: int | None, spot: bool = False) -> tuple[Path, Path]:
+    """Node `name` READY, labelled job `name`'s; the job's config (with `priority`), and the
+    directory whose file `100` lets its trainer past step 100."""
+    sim.create_node(name, "v4-8", labels={"tpuwatch-job": name}, spot=spot)
+    ck = sim.bucket / name
+    go = tmp / f"go-{name}"
+    go.mkdir()
+    cfg = write_config(tmp / f"{name}.toml", sim, trainer(ck, f"--hold-at 100 --hold-until {go} --save-on-term 1",
+                                                          steps=STEPS), ck, name=name, spec=SPEC)
+    if priority is not None:
+        cfg.write_text(cfg.read_text().replace("[job]\n", f"[job]\npriority = {priority}\n", 1))
+    return cfg, go
+
+
+def trainers(sim: Simulator, node: str) -> list[dict[str, str]]:
+    """The environments of every job's trainer running on node `node`'s worker."""
+    try:
+        pids = sim.hosts.pids(sim.node_key(node), 0)
+    except UsageError:  # its host is not booted (yet, or any more)
+        return []
+    return [env for pid in pids for j in ("hi", "lo") if (env := trainer_env(pid, j)) is not None]
+
+
+def on(sim: Simulator, node: str, who: str, attempt: int) -> dict[str, str] | None:
+    return next((e for e in trainers(sim, node) if e["TPUWATCH_JOB"] == who and e["TPUWATCH_ATTEMPT"] == str(attempt)),
+                None)
+
+
+def labels(sim: Simulator, node: str) -> dict[str, str]:
+    got = TpuAdapter(sim.project, sim.zone).get_node(node)
+    return dict(got.labels) if got is not None else {}
+
+
+def history(cfg: Path, env: dict[str, str]) -> list[dict[str, object]]:
+    out = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "history", "-c", str(cfg), "--json"], env=env,
+                         text=True, capture_output=True, timeout=60).stdout
+    return list(json.loads(out)["attempts"])
+
+
+class Overlap:
+    """Samples both nodes' workers until stopped: any moment two trainers ran on one worker."""
+
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+        self.seen: list[tuple[str, list[str]]] = []
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for node in ("hi", "lo"):
+                found = trainers(self.sim, node)
+                if len(found) > 1:
+                    self.seen.append((node, [f"{e['TPUWATCH_JOB']}#{e['TPUWATCH_ATTEMPT']}" for e in found]))
+            self.samples += 1
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def test_a_preempted_high_priority_job_takes_the_low_ones_node_and_hands_its_own_back_when_made_again(
+        sim: Simulator, tmp_path: Path) -> None:
+    hi, go_hi = job(sim, tmp_path, "hi", 500, spot=True)
+    lo, go_lo = job(sim, tmp_path, "lo", 100)
+    env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(hi), "-c", str(lo)], env=env,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    overlap = Overlap(sim)
+    try:
+        wait_while_watched(lambda: on(sim, "hi", "hi", 1) is not None and on(sim, "lo", "lo", 1) is not None
+                           and len(checkpoint_steps(sim.bucket / "lo")) >= 2
+                           and labels(sim, "lo").get("tpuwatch-priority") == "100"
+                           and labels(sim, "hi").get("tpuwatch-priority") == "500", proc,
+                           "both jobs training, each node labelled with its job's priority")
+        sim.inject("preempt", node="hi")
+        wait_while_watched(lambda: on(sim, "lo", "hi", 2) is not None, proc, "job hi's attempt 2 on node lo")
+        taken = labels(sim, "lo")
+        assert (taken["tpuwatch-job"], taken["tpuwatch-lent-by"]) == ("hi", "lo"), taken
+        assert "tpuwatch-wanted-by" not in taken, taken
+        mem = job_memory(tmp_path / "state", "lo")
+        assert mem is not None and dict(mem.limp.lent) == {"lo": "hi"}, mem
+        wait_while_watched(lambda: on(sim, "hi", "lo", 2) is not None, proc, "job lo's attempt 2 on node hi, made again",
+                           timeout=150)
+        given = labels(sim, "hi")
+        assert (given["tpuwatch-job"], given["tpuwatch-returned-by"]) == ("lo", "hi"), given
+        resumed = on(sim, "hi", "lo", 2)
+        assert resumed is not None and on(sim, "lo", "hi", 2) is not None  # hi stays on the node it took
+        (go_hi / "100").touch()
+        (go_lo / "100").touch()
+        rc, out = finish(proc, timeout=150)
+    finally:
+        overlap.stop()
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out[-4000:]
+    assert overlap.seen == [] and overlap.samples > 10, overlap.seen
+    assert checkpoint_steps(sim.bucket / "hi")[-1] == STEPS and checkpoint_steps(sim.bucket / "lo")[-1] == STEPS
+    for cfg in (hi, lo):
+        done = history(cfg, env)
+        assert [(a["outcome"], a["charged"]) for a in done] == [("disruption", False), ("success", False)], done
+    # lo resumed on the node handed back from what it saved on its SIGTERM, in its own checkpoints
+    lo_done = history(lo, env)
+    assert int(resumed["TPUWATCH_STEP"]) == lo_done[1]["start_step"], (resumed, lo_done)
+    assert lo_done[1]["start_step"] > lo_done[0]["end_step"] - 1, lo_done  # type: ignore[operator]
+    assert sim.world.call_count("DeleteNode") == 1 and sim.world.call_count("CreateNode") == 1  # hi's own, remade
+
+
+def test_a_job_without_a_priority_never_gives_its_node(sim: Simulator, tmp_path: Path) -> None:
+    hi, go_hi = job(sim, tmp_path, "hi", 500, spot=True)
+    lo, go_lo = job(sim, tmp_path, "lo", None)
+    env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(hi), "-c", str(lo)], env=env,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        wait_while_watched(lambda: on(sim, "hi", "hi", 1) is not None and on(sim, "lo", "lo", 1) is not None, proc,
+                           "both jobs training")
+        sim.inject("preempt", node="hi")
+        # hi makes its own node again and resumes there; lo's node is never asked for nor given
+        wait_while_watched(lambda: on(sim, "hi", "hi", 2) is not None, proc, "job hi's attempt 2 on its own node",
+                           timeout=150)
+        assert on(sim, "lo", "lo", 1) is not None and labels(sim, "lo") == {"tpuwatch-job": "lo"}
+        (go_hi / "100").touch()
+        (go_lo / "100").touch()
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out[-4000:]
+    assert [a["outcome"] for a in history(lo, env)] == ["success"]
