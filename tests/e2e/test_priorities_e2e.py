@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from e2e_helpers import (
 
 from tpuwatch.cloud.tpu.adapter import TpuAdapter
 from tpuwatch.errors import UsageError
+from tpuwatch.journal import Journal
 from tpuwatch.sim.simulator import Simulator
 
 pytestmark = pytest.mark.slow
@@ -79,6 +81,52 @@ def history(cfg: Path, env: dict[str, str]) -> list[dict[str, object]]:
     return list(json.loads(out)["attempts"])
 
 
+def status(cfg: Path, env: dict[str, str]) -> str:
+    out = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "status", "-c", str(cfg), "--json"], env=env,
+                         text=True, capture_output=True, timeout=60)
+    return json.dumps(json.loads(out.stdout)["nodes"])
+
+
+def relabels(tmp: Path, job: str) -> list[str]:
+    with Journal.open(tmp / "state", job, job, readonly=True) as journal:
+        return [e.reason for e in journal.events() if e.kind == "relabel"]
+
+
+class Lines:
+    """A watch process whose output is read as it comes."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait(self, pred: Callable[[], bool], what: str, timeout: float = 90) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and self.proc.poll() is None:
+            if pred():
+                return
+            time.sleep(0.1)
+        self.proc.kill()
+        self._thread.join(5)
+        raise AssertionError(f"timed out waiting for {what}\n" + "\n".join(self.lines[-30:])[-6000:])
+
+    def finish(self, timeout: float) -> tuple[int, str]:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError("watch did not finish:\n" + "\n".join(self.lines[-30:])[-6000:]) from None
+        self._thread.join(5)
+        return rc, "\n".join(self.lines)
+
+
 class Overlap:
     """Samples both nodes' workers until stopped: any moment two trainers ran on one worker."""
 
@@ -109,36 +157,50 @@ def test_a_preempted_high_priority_job_takes_the_low_ones_node_and_hands_its_own
     hi, go_hi = job(sim, tmp_path, "hi", 500, spot=True)
     lo, go_lo = job(sim, tmp_path, "lo", 100)
     env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
-    proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(hi), "-c", str(lo)], env=env,
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(hi), "-c", str(lo), "--json"],
+                            env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    lines = Lines(proc)  # its JSON read as it comes: a full pipe would stall the watcher
     overlap = Overlap(sim)
     try:
-        wait_while_watched(lambda: on(sim, "hi", "hi", 1) is not None and on(sim, "lo", "lo", 1) is not None
-                           and len(checkpoint_steps(sim.bucket / "lo")) >= 2
-                           and labels(sim, "lo").get("tpuwatch-priority") == "100"
-                           and labels(sim, "hi").get("tpuwatch-priority") == "500", proc,
-                           "both jobs training, each node labelled with its job's priority")
+        lines.wait(lambda: on(sim, "hi", "hi", 1) is not None and on(sim, "lo", "lo", 1) is not None
+                   and len(checkpoint_steps(sim.bucket / "lo")) >= 2
+                   and labels(sim, "lo").get("tpuwatch-priority") == "100"
+                   and labels(sim, "hi").get("tpuwatch-priority") == "500",
+                   "both jobs training, each node labelled with its job's priority")
+        sim.world.stockout()  # hi's own node is not made again until the test lifts it: a stage to look at
         sim.inject("preempt", node="hi")
-        wait_while_watched(lambda: on(sim, "lo", "hi", 2) is not None, proc, "job hi's attempt 2 on node lo")
+        lines.wait(lambda: on(sim, "lo", "hi", 2) is not None, "job hi's attempt 2 on node lo")
         taken = labels(sim, "lo")
         assert (taken["tpuwatch-job"], taken["tpuwatch-lent-by"]) == ("hi", "lo"), taken
         assert "tpuwatch-wanted-by" not in taken, taken
         mem = job_memory(tmp_path / "state", "lo")
         assert mem is not None and dict(mem.limp.lent) == {"lo": "hi"}, mem
-        wait_while_watched(lambda: on(sim, "hi", "lo", 2) is not None, proc, "job lo's attempt 2 on node hi, made again",
-                           timeout=150)
+        assert on(sim, "lo", "lo", 1) is None and on(sim, "lo", "lo", 2) is None  # lo waits, trains nowhere
+        # said plainly: status shows node lo held by job hi, taken from job lo, and why
+        shown = status(lo, env)
+        assert "runs on lo, taken from job lo of a lower priority" in shown, shown
+        sim.inject("clear-errors")
+        lines.wait(lambda: on(sim, "hi", "lo", 2) is not None, "job lo's attempt 2 on node hi, made again", 150)
         given = labels(sim, "hi")
         assert (given["tpuwatch-job"], given["tpuwatch-returned-by"]) == ("lo", "hi"), given
         resumed = on(sim, "hi", "lo", 2)
         assert resumed is not None and on(sim, "lo", "hi", 2) is not None  # hi stays on the node it took
         (go_hi / "100").touch()
         (go_lo / "100").touch()
-        rc, out = finish(proc, timeout=150)
+        rc, out = lines.finish(150)
     finally:
         overlap.stop()
         if proc.poll() is None:
             proc.kill()
     assert rc == 0, out[-4000:]
+    # each tick's JSON (as `check --json` writes it) says what the job took or lent, from or to whom, and why
+    ticks = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    said = {j: {line for t in ticks if t.get("job") == j and t.get("priority") for line in t["priority"]["said"]}
+            for j in ("hi", "lo")}
+    assert "slice lo lent to job hi, which asked for its node with a higher priority; waiting for a node handed back " \
+           "or a spare" in said["lo"], said
+    assert any(line.startswith("runs on lo, taken from job lo of a lower priority") for line in said["hi"]), said
+    assert any(t.get("job") == "lo" and t.get("row") == "give" for t in ticks)
     assert overlap.seen == [] and overlap.samples > 10, overlap.seen
     assert checkpoint_steps(sim.bucket / "hi")[-1] == STEPS and checkpoint_steps(sim.bucket / "lo")[-1] == STEPS
     for cfg in (hi, lo):
@@ -148,7 +210,10 @@ def test_a_preempted_high_priority_job_takes_the_low_ones_node_and_hands_its_own
     lo_done = history(lo, env)
     assert int(resumed["TPUWATCH_STEP"]) == lo_done[1]["start_step"], (resumed, lo_done)
     assert lo_done[1]["start_step"] > lo_done[0]["end_step"] - 1, lo_done  # type: ignore[operator]
-    assert sim.world.call_count("DeleteNode") == 1 and sim.world.call_count("CreateNode") == 1  # hi's own, remade
+    assert sim.world.call_count("DeleteNode") == 1 and sim.world.call_count("CreateNode") >= 1  # hi's own, remade
+    # and the journals say each hand-over, before it was done
+    assert any("relabelled lo (tpuwatch-job=hi, tpuwatch-lent-by=lo" in e for e in relabels(tmp_path, "lo"))
+    assert any("relabelled hi (tpuwatch-job=lo, tpuwatch-returned-by=hi" in e for e in relabels(tmp_path, "hi"))
 
 
 def test_a_job_without_a_priority_never_gives_its_node(sim: Simulator, tmp_path: Path) -> None:

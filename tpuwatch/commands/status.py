@@ -29,6 +29,7 @@ from tpuwatch.config import Config
 from tpuwatch.durations import human
 from tpuwatch.errors import CloudError, NotFoundError, UsageError
 from tpuwatch.model import AuditEvent, NodeSnapshot, QueuedStatus
+from tpuwatch.policy import priority
 from tpuwatch.ui.node import node_panel, relative
 from tpuwatch.ui.serialize import event_json, node_json, rfc3339
 from tpuwatch.wiring import slice_reader
@@ -138,7 +139,9 @@ def journal_facts(node: NodeSnapshot) -> dict[str, Any] | None:
             since = f" since {mem.limp.since.isoformat()}" if mem.limp.since is not None else ""
             out["job"] += f"; limping without {', '.join(mem.limp.out)}{since}"
         if mem.limp.swapped:  # slices that run on a spare (tpu.spares)
-            out["job"] += "; on spares: " + ", ".join(f"{slot} -> {node}" for slot, node in mem.limp.swapped)
+            out["job"] += "; on spares: " + ", ".join(f"{slot} -> {node or '(lent)'}" for slot, node in mem.limp.swapped)
+        if lines := priority.said(mem):  # nodes taken from, lent or handed to another job (job.priority)
+            out["job"] += "; " + "; ".join(lines)
     if warned is not None:
         out["checkpoint_warning"] = f"{warned.reason} (as of {warned.time.isoformat()})"
     return out

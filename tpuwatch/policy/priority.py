@@ -335,3 +335,18 @@ def _with(decision: Decision, mem: Memory, row: str, action: Relabel) -> Decisio
     return replace(decision, memory=mem, row=row, actions=(*decision.actions, action),
                    summary=f"{decision.summary}; {action.reason}")
 
+
+
+def said(mem: Memory) -> list[str]:
+    """What the job took, lent, asked for and hands over, and why, one line each, for people
+    (`status`, `check --json`)."""
+    limp = mem.limp
+    return [*(f"slice {slot} lent to job {to}, which asked for its node with a higher priority; waiting for a node "
+              "handed back or a spare" for slot, to in limp.lent),
+            *(f"runs on {node}, taken from job {by} of a lower priority (its own node was lost); {node} is traded "
+              f"for its own node once that is back" for node, by in limp.took),
+            *(f"asked for {limp.wants} (tpuwatch-wanted-by), a node of a job of lower priority" for _ in (1,)
+              if limp.wants),
+            *(f"handing {node} to job {to} (lent to it; the label write is repeated until it says so)"
+              for node, to in limp.giving),
+            *(f"handing {node} back to job {to} (the node it lent this job was kept)" for node, to in limp.handing)]

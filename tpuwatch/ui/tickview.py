@@ -10,7 +10,7 @@ from typing import Any
 
 from tpuwatch.durations import human
 from tpuwatch.model import NodeSnapshot
-from tpuwatch.policy import effective_hang_limit
+from tpuwatch.policy import effective_hang_limit, priority
 from tpuwatch.policy.cadence import silent_limit
 from tpuwatch.policy.spares import unfit
 from tpuwatch.tick import TickReport
@@ -79,6 +79,12 @@ def tick_dict(report: TickReport) -> dict[str, Any]:
             "idle": [{"name": name, "state": part.state if part is not None else "MISSING",
                       "health": part.health if part is not None else "", "unfit": unfit(pcfg.job, node, part, mem.limp.bad)}
                      for name, part in report.spares]},
+        # a job with a priority (job.priority): the nodes it took and lent, from and to whom, and why
+        "priority": None if pcfg is None or pcfg.priority is None else {
+            "priority": pcfg.priority, "lent": [{"slot": s, "to": j} for s, j in mem.limp.lent],
+            "took": [{"node": n, "from": j} for n, j in mem.limp.took], "asked_for": mem.limp.wants or None,
+            "giving": [{"node": n, "to": j} for n, j in mem.limp.giving],
+            "handing_back": [{"node": n, "to": j} for n, j in mem.limp.handing], "said": priority.said(mem)},
         "workers": None if report.probes is None else [
             {"worker": p.worker, "state": p.state, "attempt": p.attempt, "exit_code": p.exit_code,
              "log_bytes": p.log_bytes, "log_age": p.log_age, "log_match": p.log_match or None, "detail": p.detail,
