@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from policy_support import CFG, ckpt, kinds, limp_part, run_mem, running, tick
+from policy_support import CFG, at, ckpt, kinds, limp_part, run_mem, running, tick
 
 from tpuwatch.model import NodeSnapshot, WorkerProbe, bound_view
 from tpuwatch.policy import (
@@ -99,19 +99,27 @@ def test_the_lower_job_lends_its_node_stopped_uncharged_then_relabels_it_for_the
     wanted = part("lpod", "lo", tpuwatch_priority="100", tpuwatch_wanted_by="hi", tpuwatch_wanted_priority="500")
     d = tick(look(LO, mem, (wanted,), probes=running(1), checkpoint=ckpt(200)), mem, 600, cfg=LO)
     assert d.row == "give" and relabels(d) == []  # no relabel before the job is stopped there
-    assert d.memory.limp.lent == (("lpod", "hi"),) and d.memory.limp.swapped == (("lpod", ""),)
-    assert d.memory.limp.giving == (("lpod", "hi"),)
+    assert d.memory.limp.giving == (("lpod", "hi"),) and d.memory.limp.swapped == ()  # still bound: probed
     [end] = d.ended
     assert end.outcome == "disruption" and not end.charged and d.memory.budgets.restarts == 0
     stops = [a for a in d.actions if isinstance(a, StopWorkers)]
     assert stops and all(s.wait for s in stops)
-    # stopped, the node idle: relabelled for the taker, and the job waits for a node
-    after = tick(look(LO, d.memory, (wanted,), probes=None), d.memory, 601, cfg=LO)
-    assert after.row == "give" and after.memory.phase is Phase.WAITING_NODE
+    # a process of the job still there (a watcher killed before its stop): stopped again, nothing launched
+    again = tick(look(LO, d.memory, (wanted,), probes=running(1)), d.memory, 601, cfg=LO)
+    assert again.row == "give" and kinds(again) == ["stop"] and again.memory.limp.lent == ()
+    # stopped: the slot lent, bound to no node, and the node relabelled for the taker
+    absent = (WorkerProbe(0, "absent"), WorkerProbe(1, "absent"))
+    after = tick(look(LO, d.memory, (wanted,), probes=absent), d.memory, 602, cfg=LO)
+    assert after.row == "give"
+    assert after.memory.limp.lent == (("lpod", "hi"),) and after.memory.limp.swapped == (("lpod", ""),)
     [give] = relabels(after)
     assert (give.name, give.owner) == ("lpod", "lo")
     assert dict(give.put) == {"tpuwatch-job": "hi", LENT_BY: "lo"}
     assert set(give.drop) >= {WANTED_BY, WANTED_PRIORITY}
+    # killed before the write: written on the next look, the job waiting for a node
+    pending = tick(look(LO, after.memory, (wanted,), probes=None), after.memory, 603, cfg=LO)
+    assert pending.row == "give" and [r.name for r in relabels(pending)] == ["lpod"]
+    assert pending.memory.phase is Phase.WAITING_NODE
     # once the label says so, nothing more is written; it waits, never stops for a person
     given = part("lpod", "hi", tpuwatch_lent_by="lo")
     wait = tick(look(LO, after.memory, (given,), probes=None), after.memory, 700, cfg=LO)
@@ -194,3 +202,22 @@ def test_its_own_node_deleted_to_be_made_again_and_nothing_to_take_the_job_waits
     assert d.row == "spare_remake" and d.memory.phase is Phase.WAITING_NODE and d.exit_code == 0
     [make] = [a for a in d.actions if isinstance(a, RemakeSpare)]
     assert (make.name, make.create) == ("hpod", True)
+
+
+def test_a_lent_slot_never_takes_back_a_node_a_higher_job_asked_for() -> None:
+    # a late label write handed the node back to the lender for a moment: it gives it, never launches there
+    mem = replace(run_mem(step=100), phase=Phase.WAITING_NODE,
+                  limp=Limp(swapped=(("lpod", ""),), lent=(("lpod", "hi"),)))
+    zone = (part("lpod", "lo", tpuwatch_wanted_by="hi", tpuwatch_wanted_priority="500"),)
+    d = tick(look(LO, mem, zone), mem, 700, cfg=LO)
+    assert d.row == "give" and d.memory.limp.swapped == (("lpod", ""),)
+    assert [dict(r.put).get("tpuwatch-job") for r in relabels(d)] == ["hi"]
+
+
+def test_a_want_whose_label_never_showed_is_written_again_after_three_polls() -> None:
+    mem = replace(run_mem(step=100), phase=Phase.WAITING_NODE, limp=Limp(wants="lpod", wants_at=at(600)))
+    zone = (part("hpod", "hi", "PREEMPTED", tpuwatch_priority="500"), LOW)
+    soon = tick(look(HI, mem, zone, probes=DOWN), mem, 600 + 2 * HI.poll_interval, cfg=HI)
+    assert soon.row in ("take_wait", "spare_remake") and relabels(soon) == []
+    late = tick(look(HI, mem, zone, probes=DOWN), mem, 600 + 3 * HI.poll_interval, cfg=HI)
+    assert late.row == "take_wait" and [r.name for r in relabels(late)] == ["lpod"]

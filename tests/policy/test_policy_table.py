@@ -1567,7 +1567,7 @@ def test_row_give() -> None:
     mem = run_mem(step=100)
     wanted = prio.part("lpod", "lo", tpuwatch_wanted_by="hi", tpuwatch_wanted_priority="500")
     d = tick(prio.look(prio.LO, mem, (wanted,), probes=running(1)), mem, now=600, cfg=prio.LO)
-    assert d.row == "give" and d.memory.limp.lent == (("lpod", "hi"),) and not d.ended[0].charged
+    assert d.row == "give" and d.memory.limp.giving == (("lpod", "hi"),) and not d.ended[0].charged
 
 
 def test_row_take() -> None:

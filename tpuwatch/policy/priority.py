@@ -9,9 +9,10 @@ is idempotent (the tick sends none that changes nothing).
   accelerator type whose `tpuwatch-priority` is lower than its own (the lowest first) and
   writes `tpuwatch-wanted-by=H`, `tpuwatch-wanted-priority=<p_H>` on it, then waits.
 - give (L, row `give`): L sees a node it holds wanted by a higher priority than its own. Bound
-  to a slot: the slot is journaled lent (bound to no node), the attempt ends (a disruption, not
-  charged; the stop is waited for, so a SIGTERM save lands); only then, with the node idle, L
-  relabels it `tpuwatch-job=H`, `tpuwatch-lent-by=L`. L then goes on as after any lost slice:
+  to a slot: journaled as given, the attempt ends (a disruption, not charged; the stop is waited
+  for, so a SIGTERM save lands) while the slot stays bound, so its workers are still probed; once
+  no process of L is left there, the slot is journaled lent (bound to no node) and L relabels the
+  node `tpuwatch-job=H`, `tpuwatch-lent-by=L`. L then goes on as after any lost slice:
   a spare, a limp, or it waits (row `lent_wait`), never stopping for a person.
 - take (H, row `take`): the node labelled H's is in H's pool; H binds its lost slot to it, as a
   swap does. H never launches on a node whose ownership label is not its own.
@@ -26,10 +27,11 @@ deleted or made again only by the job its label names.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
 
-from tpuwatch.model import OWNER_LABEL, NodeSnapshot
+from tpuwatch.model import OWNER_LABEL, NodeSnapshot, WorkerProbe
 from tpuwatch.policy import spares
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.ending import end_unusable
@@ -43,9 +45,9 @@ WANTED_BY = "tpuwatch-wanted-by"
 WANTED_PRIORITY = "tpuwatch-wanted-priority"
 LENT_BY = "tpuwatch-lent-by"
 RETURNED_BY = "tpuwatch-returned-by"
-# A want whose label is not seen this long after it was written is written again (a watcher
-# killed between its journal line and the write, or a write another one overwrote)
-WANT_AGAIN = 60.0
+# A want whose label is not seen this many polls after it was written is written again (a
+# watcher killed between its journal line and the write, or a write another one overwrote)
+WANT_AGAIN = 3
 
 
 def label_priority(node: NodeSnapshot, key: str = PRIORITY_LABEL) -> int | None:
@@ -140,7 +142,7 @@ def want(draft: Draft, mem: Memory) -> Decision | None:
         return final
     asked = wanted(target) == (cfg.job, cfg.priority)
     recent = (mem.limp.wants == target.name and mem.limp.wants_at is not None
-              and now - mem.limp.wants_at < timedelta(seconds=WANT_AGAIN))
+              and now - mem.limp.wants_at < timedelta(seconds=WANT_AGAIN * cfg.poll_interval))
     actions = []
     if not asked and not recent:
         mem = replace(mem, limp=replace(mem.limp, wants=target.name, wants_at=now))
@@ -168,7 +170,9 @@ def take(draft: Draft, mem: Memory) -> Decision | None:
         return None
     busy = {n for n, _ in (*mem.limp.giving, *mem.limp.handing)}
     seen = dict(draft.obs.spares)
-    free = [n for n in spares.free(draft, mem) if n not in busy]
+    # a node asked for by a job of higher priority is given, never taken (a label write that
+    # landed late can give it back to the lender for a moment)
+    free = [n for n in spares.free(draft, mem) if n not in busy and not _asked_above(seen.get(n), cfg.priority)]
     lender = {n: by for n in free if (part := seen.get(n)) is not None
               and (by := part.labels.get(LENT_BY, "")) and by != cfg.job}
     loans, own = [n for n in free if n in lender], [n for n in free if n not in lender]
@@ -199,38 +203,62 @@ def take(draft: Draft, mem: Memory) -> Decision | None:
 
 
 def give(draft: Draft, mem: Memory) -> Decision | None:
-    """A job with a priority runs on a node a job of higher priority asked for: journal its slot
-    lent to that job (bound to no node), end the attempt (a disruption, not charged) and stop it
-    on every worker, waited for. The relabel follows once the node is idle (`relabel`). None:
-    nothing asked for."""
+    """A job with a priority runs on a node a job of higher priority asked for. First (row
+    `give`): journal the node as one it gives, end the attempt (a disruption, not charged) and
+    stop it on every worker, waited for; the slot stays bound to the node, so its workers are
+    still probed and nothing is launched there. Then, once no worker has a process of the job
+    left: journal the slot lent (bound to no node) and relabel the node the taker's; while one
+    has, stop again. None: nothing asked for, nor being given."""
     cfg = draft.cfg
     if cfg.priority is None:
         return None
     bound, _ = _pool(draft, mem)
+    giving = dict(mem.limp.giving)
     asked = [(slot, part, w) for slot, part in bound
              if (w := wanted(part)) is not None and w[0] != cfg.job and w[1] > cfg.priority and part.owned_by(cfg.job)
-             and part.usable]
-    if not asked:
+             and part.usable and part.name not in giving]
+    held = [(slot, part) for slot, part in bound if part.name in giving and part.owned_by(cfg.job)]
+    if not asked and not held:
         return None
-    sign = [Evidence(draft.now, f"slice {part.name} lent to job {w[0]} (priority {w[1]})") for _, part, w in asked]
-    if mem.phase is Phase.RUNNING:
-        mem = replace(mem, attempt=replace(mem.attempt, evidence=merge_evidence(mem.attempt.evidence, sign)))
-    mem, final = end_unusable(draft, mem)
-    if final is not None:
-        return final
-    slots = {slot for slot, _, _ in asked}
+    if asked:
+        sign = [Evidence(draft.now, f"slice {part.name} lent to job {w[0]} (priority {w[1]})") for _, part, w in asked]
+        if mem.phase is Phase.RUNNING:
+            mem = replace(mem, attempt=replace(mem.attempt, evidence=merge_evidence(mem.attempt.evidence, sign)))
+        mem, final = end_unusable(draft, mem)
+        if final is not None:
+            return final
+        mem = replace(mem, limp=replace(mem.limp, giving=(*mem.limp.giving, *((p.name, w[0]) for _, p, w in asked))))
+        said = "; ".join(f"{part.name} (slice {cfg.slices.index(slot)}, {slot}) to job {w[0]} (priority {w[1]}, above "
+                         f"this job's {cfg.priority})" for slot, part, w in asked)
+        stop = () if any(isinstance(a, StopWorkers) for a in draft.actions) else (StopWorkers(f"lending {said}"),)
+        return stop_waited(draft.out(mem, "give", f"lending {said}: a disruption, not charged; the job is stopped "
+                                                  "there, then the node is handed over; it goes on as after a lost "
+                                                  "slice", *stop))
+    names = ", ".join(part.name for _, part in held)
+    if not _stopped(draft.obs.probes):
+        return stop_waited(draft.out(mem, "give", f"lending {names}: a process of the job may be left on its workers; "
+                                                  "stopping it before the node is handed over",
+                                     StopWorkers(f"lending {names}")))
+    slots = {slot for slot, _ in held}
     swapped = {**dict(mem.limp.swapped), **{slot: "" for slot in slots}}
     limp = replace(mem.limp, swapped=tuple((s, swapped[s]) for s in cfg.slices if s in swapped),
-                   lent=(*mem.limp.lent, *((slot, w[0]) for slot, _, w in asked)),
-                   giving=(*mem.limp.giving, *((part.name, w[0]) for _, part, w in asked)))
+                   lent=(*mem.limp.lent, *((slot, giving[part.name]) for slot, part in held)))
     mem = replace(mem, limp=limp)
-    said = "; ".join(f"{part.name} (slice {cfg.slices.index(slot)}, {slot}) to job {w[0]} (priority {w[1]}, above "
-                     f"this job's {cfg.priority})" for slot, part, w in asked)
-    stop = () if any(isinstance(a, StopWorkers) for a in draft.actions) else (
-        StopWorkers(f"lending {said}"),)
-    return stop_waited(draft.out(mem, "give", f"lending {said}: a disruption, not charged; the job is stopped there, "
-                                              "then the node is relabelled; it goes on as after a lost slice",
-                                 *stop))
+    slot, part = held[0]
+    to = giving[part.name]
+    return draft.out(mem, "give", f"lending {names}: the job is stopped there; the slot is lent, bound to no node",
+                     _give_label(cfg.job, part.name, to))
+
+
+def _stopped(probes: Sequence[WorkerProbe] | None) -> bool:
+    """Every worker answered, and none has a process of the job left."""
+    return bool(probes) and all(p.state in ("absent", "exited") and not p.lingering for p in probes or ())
+
+
+def _give_label(job: str, name: str, to: str) -> Relabel:
+    return Relabel(name, job, ((OWNER_LABEL, to), (LENT_BY, job)), (WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL),
+                   f"handing {name} to job {to}, which asked for it with a higher priority; no process of this job "
+                   "is left there")
 
 
 def lent_wait(draft: Draft, mem: Memory) -> Decision | None:
@@ -283,9 +311,7 @@ def relabel(draft: Draft, before: Memory, decision: Decision) -> Decision:
     pending = [(n, to) for n, to in giving if n not in held and (p := seen.get(n)) is not None and p.state == "READY"]
     if pending:
         n, to = pending[0]
-        return _with(out, mem, "give", Relabel(
-            n, job, ((OWNER_LABEL, to), (LENT_BY, job)), (WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL),
-            f"handing {n} to job {to}, which asked for it with a higher priority; no attempt of this job runs there"))
+        return _with(out, mem, "give", _give_label(job, n, to))
     # a node of the job's own back while it runs on one it took: trade
     back = [(n, p) for n, p in idle if n in cfg.slices and p.usable and n not in dict(handing)
             and not p.labels.get(LENT_BY)]
@@ -329,6 +355,11 @@ def relabel(draft: Draft, before: Memory, decision: Decision) -> Decision:
                                                        f"{cfg.priority}" if put else "") + (
                     "; " if put and drop else "") + ("it was traded for, no longer lent" if drop else "")))
     return out
+
+
+def _asked_above(node: NodeSnapshot | None, priority: int | None) -> bool:
+    w = wanted(node) if node is not None else None
+    return w is not None and priority is not None and w[1] > priority
 
 
 def _with(decision: Decision, mem: Memory, row: str, action: Relabel) -> Decision:

@@ -115,9 +115,10 @@ ROWS: tuple[Row, ...] = (
         "tpuwatch-wanted-priority=<p>; wait for it to be handed over (its own lost node is made again meanwhile, "
         "`spare_remake`)"),
     Row("give", "a job with job.priority holds a node wanted by a job of higher priority (its "
-        "tpuwatch-wanted-* labels)", "on a slot: journal the slot lent (bound to no node), a disruption, not "
-        "charged: stop the attempt, waited for; then, the node idle, journal and relabel it tpuwatch-job=<taker>, "
-        "tpuwatch-lent-by=<job> (repeated until its label says so)"),
+        "tpuwatch-wanted-* labels)", "journal the node as given; a disruption, not charged: stop the attempt, "
+        "waited for (the slot stays bound, so its workers are probed and nothing is launched there); once no "
+        "worker has a process of the job left (else stop again), journal the slot lent (bound to no node) and "
+        "relabel the node tpuwatch-job=<taker>, tpuwatch-lent-by=<job> (repeated until its label says so)"),
     Row("take", "a job with job.priority has a slot with no usable node and a READY+HEALTHY node labelled its own "
         "with tpuwatch-lent-by=<lender> is free", "journal the node in the slot's place (as `swap`) and the lender; a "
         "disruption, not charged; relaunch there from the newest complete checkpoint"),
