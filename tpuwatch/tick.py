@@ -161,7 +161,10 @@ class Reconciler:
                 # (one handed over to it) are in its pool too (policy/priority.py)
                 zone_nodes = tuple(tpu.list_nodes())
                 listed = {n.name: n for n in zone_nodes}
-                extra = tuple(n.name for n in zone_nodes if n.owned_by(self.pcfg.job) and n.name not in pool)
+                # (and one of those it deletes to make again, gone from the listing meanwhile)
+                extra = tuple(dict.fromkeys(
+                    [*(n.name for n in zone_nodes if n.owned_by(self.pcfg.job) and n.name not in pool),
+                     *(n for n in mem.limp.remaking if n not in pool)]))
                 read = {n: listed.get(n) for n in dict.fromkeys((*pool, *extra)) if n}
             else:
                 read = {n: tpu.get_node(n) for n in dict.fromkeys(pool) if n}

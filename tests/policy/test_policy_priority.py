@@ -221,3 +221,16 @@ def test_a_want_whose_label_never_showed_is_written_again_after_three_polls() ->
     assert soon.row in ("take_wait", "spare_remake") and relabels(soon) == []
     late = tick(look(HI, mem, zone, probes=DOWN), mem, 600 + 3 * HI.poll_interval, cfg=HI)
     assert late.row == "take_wait" and [r.name for r in relabels(late)] == ["lpod"]
+
+
+def test_a_node_an_earlier_trade_gave_the_job_is_handed_back_once_made_again() -> None:
+    # after a first trade the job ran on lpod; lpod lost, it took its own old node hpod back from lo,
+    # and lpod, made again from its spec, goes to lo in turn
+    mem = run_mem(step=100, limp=Limp(took=(("hpod", "lo"),)))
+    zone = (part("hpod", "hi", tpuwatch_lent_by="lo", tpuwatch_priority="500"), part("lpod", "hi"))
+    d = tick(look(HI, mem, zone, probes=running(1), checkpoint=ckpt(300)), mem, 900, cfg=HI)
+    assert d.row == "hand_back" and [(r.name, dict(r.put)["tpuwatch-job"]) for r in relabels(d)] == [("lpod", "lo")]
+    # a spare of tpu.spares is never handed over
+    spared = replace(HI, spares=("lpod",))
+    d2 = tick(look(spared, mem, zone, probes=running(1), checkpoint=ckpt(300)), mem, 900, cfg=spared)
+    assert d2.row != "hand_back" and d2.memory.limp.took == (("hpod", "lo"),)

@@ -312,8 +312,9 @@ def relabel(draft: Draft, before: Memory, decision: Decision) -> Decision:
     if pending:
         n, to = pending[0]
         return _with(out, mem, "give", _give_label(job, n, to))
-    # a node of the job's own back while it runs on one it took: trade
-    back = [(n, p) for n, p in idle if n in cfg.slices and p.usable and n not in dict(handing)
+    # a node of the job's own back (its node, or one an earlier trade gave it; not a spare of
+    # tpu.spares) while it runs on one it took: trade
+    back = [(n, p) for n, p in idle if n not in cfg.spares and p.usable and n not in dict(handing)
             and not p.labels.get(LENT_BY)]
     trade = [(x, by) for x, by in mem.limp.took if x in held]
     if back and trade:
