@@ -234,3 +234,13 @@ def test_a_node_an_earlier_trade_gave_the_job_is_handed_back_once_made_again() -
     spared = replace(HI, spares=("lpod",))
     d2 = tick(look(spared, mem, zone, probes=running(1), checkpoint=ckpt(300)), mem, 900, cfg=spared)
     assert d2.row != "hand_back" and d2.memory.limp.took == (("hpod", "lo"),)
+
+
+def test_its_own_node_back_before_the_hand_over_the_job_withdraws_its_ask() -> None:
+    mem = run_mem(step=100, limp=Limp(wants="lpod", wants_at=at(500)))
+    zone = (part("hpod", "hi", tpuwatch_priority="500"),
+            part("lpod", "lo", tpuwatch_priority="100", tpuwatch_wanted_by="hi", tpuwatch_wanted_priority="500"))
+    d = tick(look(HI, mem, zone, probes=running(1), checkpoint=ckpt(100)), mem, 600, cfg=HI)
+    assert d.row == "priority_label" and d.memory.limp.wants == ""
+    [drop] = relabels(d)
+    assert (drop.name, drop.owner, drop.put, set(drop.drop)) == ("lpod", "lo", (), {WANTED_BY, WANTED_PRIORITY})

@@ -325,6 +325,15 @@ def relabel(draft: Draft, before: Memory, decision: Decision) -> Decision:
         return _with(out, mem, "hand_back", Relabel(
             y, job, ((OWNER_LABEL, by), (RETURNED_BY, job)), (LENT_BY, WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL),
             f"{y} is READY+HEALTHY again: handing it to job {by} for {x}, taken from it (the job stays on {x})"))
+    # nothing lost any more (its own node back first): the node asked for is not wanted now
+    if not lost_slots(draft, mem) and mem.limp.wants:
+        asked = seen.get(mem.limp.wants)
+        mem = replace(mem, limp=replace(mem.limp, wants="", wants_at=None))
+        if asked is not None and asked.owner not in (None, job) and asked.labels.get(WANTED_BY) == job:
+            return _with(out, mem, "priority_label", Relabel(
+                asked.name, asked.owner or "", (), (WANTED_BY, WANTED_PRIORITY),
+                f"the job no longer needs {asked.name} (its own node is back): no longer asking job {asked.owner}"))
+        out = replace(out, memory=mem)
     # a node lent to the job that it does not run on, with nothing lost: back to its lender
     if not lost_slots(draft, mem):
         spare = [(n, p.labels[LENT_BY]) for n, p in idle if p.labels.get(LENT_BY) and p.labels[LENT_BY] != job
