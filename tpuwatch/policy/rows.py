@@ -131,7 +131,8 @@ ROWS: tuple[Row, ...] = (
         "tpuwatch-job=<lender>, tpuwatch-returned-by=<job>: a trade, the job stays on the node it took "
         "(repeated until its label says so)"),
     Row("priority_label", "the job runs on or waits, and a READY node it holds lacks tpuwatch-priority=<p> (or "
-        "keeps tpuwatch-lent-by after its trade)", "relabel it (a write only when its labels differ)"),
+        "keeps tpuwatch-lent-by after its trade); or nothing is lost any more and a node it asked for still carries "
+        "its tpuwatch-wanted-* labels", "relabel it (a write only when its labels differ); an ask is withdrawn"),
     Row("early_swap", "a maintenance is announced for a node the job runs on (tpu.spares), a spare is free, and the "
         "job's next complete checkpoint landed (or the window is 10 min away)", "a disruption, not charged: stop the "
         "attempt, journal the spare in that node's place, start the node's maintenance now when it may start early "
