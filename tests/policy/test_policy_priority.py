@@ -244,3 +244,32 @@ def test_its_own_node_back_before_the_hand_over_the_job_withdraws_its_ask() -> N
     assert d.row == "priority_label" and d.memory.limp.wants == ""
     [drop] = relabels(d)
     assert (drop.name, drop.owner, drop.put, set(drop.drop)) == ("lpod", "lo", (), {WANTED_BY, WANTED_PRIORITY})
+
+
+def test_a_multislice_lender_that_may_limp_limps_on_the_slices_left() -> None:
+    from policy_support import LIMPS, limp_look
+
+    cfg = replace(LIMPS, priority=100, job="job")
+    mem = run_mem(step=100)
+    asked = replace(limp_part("s2"), labels={"tpuwatch-job": "job", WANTED_BY: "hi", WANTED_PRIORITY: "500",
+                                             PRIORITY_LABEL: "100"})
+    eight = tuple(WorkerProbe(w, "running", attempt=1, pid=w) for w in range(8))
+    d = tick(limp_look({}, mem, parts={"s2": asked}, probes=eight, checkpoint=ckpt(200)), mem, 600, cfg=cfg)
+    assert d.row == "give" and d.memory.limp.giving == (("s2", "hi"),) and not d.ended[0].charged
+    gone = tuple(WorkerProbe(w, "absent") for w in range(8))
+    lent = tick(limp_look({}, d.memory, parts={"s2": asked}, probes=gone, checkpoint=ckpt(200)), d.memory, 601, cfg=cfg)
+    assert lent.row == "give" and lent.memory.limp.lent == (("s2", "hi"),)
+    assert lent.memory.limp.swapped == (("s2", ""),) and [r.name for r in relabels(lent)] == ["s2"]
+    # the slot bound to no node: the job limps on the 3 others, never stops for a person
+    seen = limp_look({}, lent.memory, parts={"s2": replace(asked, labels={"tpuwatch-job": "hi", LENT_BY: "job"})},
+                     probes=gone, checkpoint=ckpt(200))
+    on = tick(seen, lent.memory, 602, cfg=cfg)
+    assert on.row == "limp" and on.memory.limp.out == ("s2",), on.summary
+    # a node handed back: the slot left out is bound to it, and the job grows back onto it
+    back = replace(limp_part("y0"), labels={"tpuwatch-job": "job", RETURNED_BY: "hi"})
+    later = replace(on.memory, phase=Phase.RUNNING)
+    seen = limp_look({}, later, spares=("y0",), parts={"s2": None, "y0": back}, probes=tuple(
+        WorkerProbe(w, "running", attempt=2, pid=w) for w in range(6)), checkpoint=ckpt(250))
+    d = tick(seen, later, 700, cfg=cfg)
+    assert d.row == "lent_back" and dict(d.memory.limp.swapped) == {"s2": "y0"} and d.memory.limp.lent == ()
+    assert d.memory.limp.out == ("s2",) and d.ended == ()  # the limping attempt runs on until it grows back

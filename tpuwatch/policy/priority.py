@@ -165,7 +165,9 @@ def take(draft: Draft, mem: Memory) -> Decision | None:
     or a spare). Journaled as a swap is, before any launch there; the lender is remembered for
     the hand-back. None: nothing to bind."""
     cfg = draft.cfg
-    lost = lost_slots(draft, mem, lent=True)
+    # and the slots lent while the job limps, left out (it grows back onto them)
+    lost = [*lost_slots(draft, mem, lent=True),
+            *((s, None) for s, _ in mem.limp.lent if s in mem.limp.out and mem.limp.node_of(s) == "")]
     if not lost or (cfg.priority is None and not mem.limp.lent):
         return None
     busy = {n for n, _ in (*mem.limp.giving, *mem.limp.handing)}
@@ -287,7 +289,7 @@ def relabel(draft: Draft, before: Memory, decision: Decision) -> Decision:
     cfg = draft.cfg
     if (cfg.priority is None and not before.limp.giving and not before.limp.handing) or decision.ended \
             or any(not isinstance(a, Wait) for a in decision.actions) \
-            or decision.memory.limp.swapped != before.limp.swapped:
+            or (decision.memory.limp.swapped, decision.memory.limp.out) != (before.limp.swapped, before.limp.out):
         return decision
     mem = decision.memory
     bound, seen = _pool(draft, mem)
