@@ -273,3 +273,19 @@ def test_a_multislice_lender_that_may_limp_limps_on_the_slices_left() -> None:
     d = tick(seen, later, 700, cfg=cfg)
     assert d.row == "lent_back" and dict(d.memory.limp.swapped) == {"s2": "y0"} and d.memory.limp.lent == ()
     assert d.memory.limp.out == ("s2",) and d.ended == ()  # the limping attempt runs on until it grows back
+
+
+def test_an_idle_node_is_labelled_so_and_asked_for_before_one_its_job_trains_on() -> None:
+    from tpuwatch.policy.priority import IDLE_LABEL
+
+    spared = replace(LO, spares=("lsp",))
+    mem = run_mem(step=100)
+    zone = (part("lpod", "lo", tpuwatch_priority="100"), part("lsp", "lo", tpuwatch_priority="100"))
+    d = tick(look(spared, mem, zone, probes=running(1), checkpoint=ckpt(100)), mem, 300, cfg=spared)
+    assert d.row == "priority_label" and [(r.name, r.put) for r in relabels(d)] == [("lsp", ((IDLE_LABEL, "true"),))]
+    # the taker asks for the lender's idle spare, not the node it trains on (both priority 100)
+    mine = replace(run_mem(step=100), phase=Phase.WAITING_NODE)
+    them = (part("hpod", "hi", "PREEMPTED"), part("alpha", "lo", tpuwatch_priority="100"),
+            part("zeta", "lo", tpuwatch_priority="100", tpuwatch_idle="true"))
+    ask = tick(look(HI, mine, them, probes=DOWN), mine, 600, cfg=HI)
+    assert ask.row == "take_wait" and [r.name for r in relabels(ask)] == ["zeta"]

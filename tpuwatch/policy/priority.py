@@ -45,6 +45,8 @@ WANTED_BY = "tpuwatch-wanted-by"
 WANTED_PRIORITY = "tpuwatch-wanted-priority"
 LENT_BY = "tpuwatch-lent-by"
 RETURNED_BY = "tpuwatch-returned-by"
+# on a node a job with a priority holds and does not train on: a taker asks for it first
+IDLE_LABEL = "tpuwatch-idle"
 # A want whose label is not seen this many polls after it was written is written again (a
 # watcher killed between its journal line and the write, or a write another one overwrote)
 WANT_AGAIN = 3
@@ -105,7 +107,8 @@ def _shapes(draft: Draft) -> set[str]:
 def _candidates(draft: Draft, mem: Memory) -> list[NodeSnapshot]:
     """Nodes the job may ask for, best first: READY+HEALTHY, of its shape, held by a job of lower
     priority, not asked for by one of higher or the same priority; the lowest priority first,
-    the node asked for already before another."""
+    the node asked for already before another, then an idle one (`tpuwatch-idle`) before one
+    its job trains on."""
     cfg = draft.cfg
     assert cfg.priority is not None
     shapes = _shapes(draft)
@@ -119,7 +122,8 @@ def _candidates(draft: Draft, mem: Memory) -> list[NodeSnapshot]:
         if w is not None and w[0] != cfg.job and w[1] >= cfg.priority:
             continue
         out.append(n)
-    return sorted(out, key=lambda n: (label_priority(n) or 0, n.name != mem.limp.wants, n.name))
+    return sorted(out, key=lambda n: (label_priority(n) or 0, n.name != mem.limp.wants,
+                                      n.labels.get(IDLE_LABEL) != "true", n.name))
 
 
 def want(draft: Draft, mem: Memory) -> Decision | None:
@@ -258,7 +262,7 @@ def _stopped(probes: Sequence[WorkerProbe] | None) -> bool:
 
 
 def _give_label(job: str, name: str, to: str) -> Relabel:
-    return Relabel(name, job, ((OWNER_LABEL, to), (LENT_BY, job)), (WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL),
+    return Relabel(name, job, ((OWNER_LABEL, to), (LENT_BY, job)), (WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL, IDLE_LABEL),
                    f"handing {name} to job {to}, which asked for it with a higher priority; no process of this job "
                    "is left there")
 
@@ -325,7 +329,7 @@ def relabel(draft: Draft, before: Memory, decision: Decision) -> Decision:
                                         handing=(*mem.limp.handing, (y, by))))
         handing = mem.limp.handing
         return _with(out, mem, "hand_back", Relabel(
-            y, job, ((OWNER_LABEL, by), (RETURNED_BY, job)), (LENT_BY, WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL),
+            y, job, ((OWNER_LABEL, by), (RETURNED_BY, job)), (LENT_BY, WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL, IDLE_LABEL),
             f"{y} is READY+HEALTHY again: handing it to job {by} for {x}, taken from it (the job stays on {x})"))
     # nothing lost any more (its own node back first): the node asked for is not wanted now
     if not lost_slots(draft, mem) and mem.limp.wants:
@@ -345,27 +349,36 @@ def relabel(draft: Draft, before: Memory, decision: Decision) -> Decision:
             mem = replace(mem, limp=replace(mem.limp, handing=(*mem.limp.handing, (n, by))))
             handing = mem.limp.handing
             return _with(out, mem, "hand_back", Relabel(
-                n, job, ((OWNER_LABEL, by), (RETURNED_BY, job)), (LENT_BY, WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL),
+                n, job, ((OWNER_LABEL, by), (RETURNED_BY, job)), (LENT_BY, WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL, IDLE_LABEL),
                 f"{n} was lent to this job, which no longer needs it: handing it back to job {by}"))
     pend = [(n, to) for n, to in handing if (p := seen.get(n)) is not None and p.state == "READY"]
     if pend:
         n, to = pend[0]
         return _with(out, mem, "hand_back", Relabel(
-            n, job, ((OWNER_LABEL, to), (RETURNED_BY, job)), (LENT_BY, WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL),
+            n, job, ((OWNER_LABEL, to), (RETURNED_BY, job)), (LENT_BY, WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL, IDLE_LABEL),
             f"handing {n} to job {to} (again: its label does not say so yet)"))
-    # the job's priority on the nodes it holds; no lender left on a node traded for
+    # the job's priority on the nodes it holds, and whether it trains there (a taker asks for an
+    # idle node first); no lender left on a node traded for
     took = dict(mem.limp.took)
     for p in (*(part for _, part in bound), *(p for _, p in idle)):
         if not p.owned_by(job) or p.state != "READY":
             continue
-        put = ((PRIORITY_LABEL, str(cfg.priority)),) if p.labels.get(PRIORITY_LABEL) != str(cfg.priority) else ()
-        drop = (LENT_BY,) if p.labels.get(LENT_BY) and p.name in held and p.name not in took else ()
+        put: list[tuple[str, str]] = []
+        drop: list[str] = []
+        if p.labels.get(PRIORITY_LABEL) != str(cfg.priority):
+            put.append((PRIORITY_LABEL, str(cfg.priority)))
+        if p.name in held and IDLE_LABEL in p.labels:
+            drop.append(IDLE_LABEL)
+        elif p.name not in held and p.labels.get(IDLE_LABEL) != "true":
+            put.append((IDLE_LABEL, "true"))
+        if p.labels.get(LENT_BY) and p.name in held and p.name not in took:
+            drop.append(LENT_BY)
         if put or drop:
+            said = [*(f"{k}={v}" for k, v in put), *(f"-{k}" for k in drop)]
             return _with(out, mem, "priority_label", Relabel(
-                p.name, job, put, drop,
-                f"{p.name} is held by job {job}: " + ("its priority label says "
-                                                       f"{cfg.priority}" if put else "") + (
-                    "; " if put and drop else "") + ("it was traded for, no longer lent" if drop else "")))
+                p.name, job, tuple(put), tuple(drop),
+                f"{p.name} is held by job {job} (priority {cfg.priority}, "
+                f"{'a slot runs on it' if p.name in held else 'idle'}): {', '.join(said)}"))
     return out
 
 

@@ -112,7 +112,7 @@ ROWS: tuple[Row, ...] = (
         "RESTARTING), no spare is free, it may not limp, and a READY+HEALTHY node of its accelerator type is held by "
         "a job of lower tpuwatch-priority (not asked for by one of higher)", "a disruption, not charged: stop the "
         "attempt; journal, then label that node (the lowest priority first) tpuwatch-wanted-by=<job>, "
-        "tpuwatch-wanted-priority=<p>; wait for it to be handed over (its own lost node is made again meanwhile, "
+        "tpuwatch-wanted-priority=<p> (an idle one, tpuwatch-idle=true, before one its job trains on); wait for it to be handed over (its own lost node is made again meanwhile, "
         "`spare_remake`)"),
     Row("give", "a job with job.priority holds a node wanted by a job of higher priority (its "
         "tpuwatch-wanted-* labels)", "journal the node as given; a disruption, not charged: stop the attempt, "
@@ -130,8 +130,9 @@ ROWS: tuple[Row, ...] = (
         "again (or a node lent to it is idle and nothing is lost)", "journal, then relabel that node "
         "tpuwatch-job=<lender>, tpuwatch-returned-by=<job>: a trade, the job stays on the node it took "
         "(repeated until its label says so)"),
-    Row("priority_label", "the job runs on or waits, and a READY node it holds lacks tpuwatch-priority=<p> (or "
-        "keeps tpuwatch-lent-by after its trade); or nothing is lost any more and a node it asked for still carries "
+    Row("priority_label", "the job runs on or waits, and a READY node it holds lacks tpuwatch-priority=<p>, or "
+        "tpuwatch-idle=true while no slot runs on it (or has it while one does), or keeps tpuwatch-lent-by after its "
+        "trade; or nothing is lost any more and a node it asked for still carries "
         "its tpuwatch-wanted-* labels", "relabel it (a write only when its labels differ); an ask is withdrawn"),
     Row("early_swap", "a maintenance is announced for a node the job runs on (tpu.spares), a spare is free, and the "
         "job's next complete checkpoint landed (or the window is 10 min away)", "a disruption, not charged: stop the "
