@@ -68,6 +68,17 @@ class NodeLabels(Protocol):
     def set_labels(self, name: str, labels: Mapping[str, str]) -> str:
         """Start replacing the node's labels with `labels`; the operation name."""
 
+    def read_node(self, name: str) -> NodeSnapshot | None:
+        """The node as the API says it now (one get, never a shared listing), or None."""
+
+
+@runtime_checkable
+class ZoneListing(Protocol):
+    """A TpuApi that lists the zone's nodes once per poll for every job of a watcher."""
+
+    def listed(self) -> list[NodeSnapshot]:
+        """The zone's nodes, from this poll's listing."""
+
 
 class NodeLifecycle(Protocol):
     """Delete and create the job's node, as its API does it: plainly or through its queued

@@ -70,7 +70,7 @@ from tpuwatch.policy.observe import (
     queued_due,
 )
 from tpuwatch.policy.values import CreateFailureKind
-from tpuwatch.ports import Flags, JobPorts, NodeLabels, TpuApi
+from tpuwatch.ports import Flags, JobPorts, NodeLabels, TpuApi, ZoneListing
 from tpuwatch.workers import login, precheck
 
 
@@ -159,7 +159,7 @@ class Reconciler:
             if self.pcfg.priority is not None:
                 # a job with a priority: the zone's nodes, listed once; the nodes labelled the job's
                 # (one handed over to it) are in its pool too (policy/priority.py)
-                zone_nodes = tuple(tpu.list_nodes())
+                zone_nodes = tuple(tpu.listed() if isinstance(tpu, ZoneListing) else tpu.list_nodes())
                 listed = {n.name: n for n in zone_nodes}
                 # (and one of those it deletes to make again, gone from the listing meanwhile)
                 extra = tuple(dict.fromkeys(
@@ -466,7 +466,9 @@ class Reconciler:
         the write: only while its ownership label says `action.owner`, and only when they change.
         A refused write is said; the policy writes again while its labels do not say so."""
         tpu = self.ports.tpu_for(mem.zone or self.pcfg.zones[0])
-        node = tpu.get_node(action.name)
+        if not isinstance(tpu, NodeLabels):
+            return f"did not relabel {action.name}: this API takes no label writes from tpuwatch ({action.reason})"
+        node = tpu.read_node(action.name)
         if node is None:
             return f"did not relabel {action.name}: it is gone ({action.reason})"
         if node.owner != action.owner:
@@ -475,8 +477,6 @@ class Reconciler:
         labels = {k: v for k, v in node.labels.items() if k not in action.drop} | dict(action.put)
         if labels == dict(node.labels):
             return f"{action.name} is labelled so already ({action.reason})"
-        if not isinstance(tpu, NodeLabels):
-            return f"did not relabel {action.name}: this API takes no label writes from tpuwatch ({action.reason})"
         try:
             name = tpu.set_labels(action.name, labels)
         except (CloudError, NotFoundError) as exc:

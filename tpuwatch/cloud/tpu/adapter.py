@@ -575,6 +575,10 @@ class TpuAdapter:
             raise
         return str(op.operation.name)
 
+    def read_node(self, name: str) -> NodeSnapshot | None:
+        """ports.NodeLabels: the node as the API says it now."""
+        return self.get_node(name)
+
     def set_labels(self, name: str, labels: Mapping[str, str]) -> str:
         """Start replacing the node's labels with `labels` (update_node, mask "labels"); the operation name.
 

@@ -80,6 +80,12 @@ class JobNodes:
     def set_labels(self, name: str, labels: Mapping[str, str]) -> str:
         return self.zone.tpu.set_labels(name, labels)
 
+    def read_node(self, name: str) -> NodeSnapshot | None:
+        return self.zone.tpu.get_node(name)
+
+    def listed(self) -> list[NodeSnapshot]:
+        return list(self.zone.nodes(self.due.not_before(self.slack, self.zone.clock)).values())
+
     def create_node(self, name: str, node: Mapping[str, Any], zone: str | None = None) -> str:
         return self.zone.tpu.create_node(name, node, zone)
 
