@@ -629,6 +629,12 @@ class Config:
         return tuple(self.values["tpu"]["names"]) or (self.tpu_name,)
 
     @property
+    def slots(self) -> tuple[str, ...]:
+        """The slots a job runs in, each on its node or a spare in its place: a multislice job's
+        slices, a job on one node with spares its node (a pool of one slot); none otherwise."""
+        return tuple(self.values["tpu"]["names"]) or ((self.tpu_name,) if self.values["tpu"]["spares"] else ())
+
+    @property
     def job_name(self) -> str:
         return str(self.values["job"]["name"] or self.values["tpu"]["name"])
 

@@ -135,7 +135,7 @@ class PolicyConfig:
             tpu_name=cfg.tpu_name,
             zones=zones,
             # a job on one node with spares is a pool of one slot: its node, or a spare in its place
-            slices=tuple(cfg.tpu["names"]) or ((cfg.tpu_name,) if cfg.tpu["spares"] else ()),
+            slices=cfg.slots,
             queued_resource=str(cfg.tpu["queued_resource"]),
             # a job over nodes made one by one (or a pool with spares, which makes its dead nodes
             # again itself: policy/spares.py) is never recreated by the rows
