@@ -153,3 +153,34 @@ def test_a_spare_of_another_machine_type_or_not_owned_is_never_used_and_said(
         assert again["spares"]["swapped"] == {}, again
     assert on(sim, "sp-big", 2) is None and on(sim, "sp-other", 2) is None
     assert writes(sim) == [], sim.world.calls
+
+
+def test_a_spot_instance_google_deletes_at_its_preemption_is_swapped_for_the_spare_and_inserted_again(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    """Termination action DELETE: Google deletes the preempted VM itself. The job moves to the
+    spare, and the VM Google deleted is inserted again as the spare."""
+    deletes = {"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE"}
+    for name in ("vm", "sp"):
+        sim.world.add_instance(name, body={"labels": {"tpuwatch-job": "vm"}, "scheduling": deletes})
+    cfg, env, go = spared(sim, rest, tmp_path, ["sp"])
+    old = sim.world.instance("vm").id
+    proc = watch_process(cfg, env)
+    try:
+        wait_while_watched(lambda: on(sim, "vm", 1) is not None and len(checkpoint_steps(sim.bucket / "ck")) >= 2,
+                           proc, "attempt 1 on vm, with checkpoints")
+        sim.world.preempt_instance("vm")
+        wait_while_watched(lambda: on(sim, "sp", 2) is not None, proc, "attempt 2 on the spare")
+        wait_while_watched(lambda: any(r.name == "vm" and r.id != old and r.status == "RUNNING"
+                                       for r in sim.world.instances())
+                           and (m := job_memory(tmp_path / "state", "vm")) is not None and not m.limp.remaking,
+                           proc, "vm inserted again, and seen so", timeout=120)
+        (go / "100").touch()
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    assert "slice 0 (vm) on sp instead of vm" in out, out
+    assert writes(sim) == ["Instances/Insert"], sim.world.calls  # Google deleted it; tpuwatch inserts it again
+    done = tool(cfg, env, "history")["attempts"]
+    assert [(a["outcome"], a["charged"]) for a in done] == [("disruption", False), ("success", False)], done
