@@ -126,6 +126,7 @@ def test_a_preempted_spot_instance_is_swapped_for_the_spare_and_inserted_again_a
     assert sim.world.instance("sp").id == spare  # the spare the job ran on was never touched
     assert vm.labels["tpuwatch-job"] == "vm" and vm.provisioning_model == "SPOT" and vm.machine_type == \
         sim.world.instance("sp").machine_type
+    assert vm.metadata["tpuwatch-launch"] == "false"  # a spare's startup script never starts the job at boot
     done = tool(cfg, env, "history")["attempts"]
     assert [(a["outcome"], a["charged"]) for a in done] == [("disruption", False), ("success", False)], done
     assert done[1]["start_step"] == resumed and resumed >= 10, done
@@ -182,5 +183,41 @@ def test_a_spot_instance_google_deletes_at_its_preemption_is_swapped_for_the_spa
     assert rc == 0, out
     assert "slice 0 (vm) on sp instead of vm" in out, out
     assert writes(sim) == ["Instances/Insert"], sim.world.calls  # Google deleted it; tpuwatch inserts it again
+    done = tool(cfg, env, "history")["attempts"]
+    assert [(a["outcome"], a["charged"]) for a in done] == [("disruption", False), ("success", False)], done
+
+
+def test_a_spare_insert_that_meets_a_stockout_is_tried_again_until_it_is_served(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    """The preempted VM, swapped out, is deleted and inserted again while the zone has no capacity:
+    each insert's operation ends ZONE_RESOURCE_POOL_EXHAUSTED and the VM is gone again; tpuwatch
+    inserts it again (backoff) until the stockout ends, while the job runs on the spare."""
+    for name in ("vm", "sp"):
+        sim.world.add_instance(name, body={"labels": {"tpuwatch-job": "vm"}, "scheduling": SPOT})
+    cfg, env, go = spared(sim, rest, tmp_path, ["sp"])
+    insert = "compute.v1.Instances/Insert"
+    proc = watch_process(cfg, env)
+    try:
+        wait_while_watched(lambda: on(sim, "vm", 1) is not None and len(checkpoint_steps(sim.bucket / "ck")) >= 2,
+                           proc, "attempt 1 on vm, with checkpoints")
+        sim.world.stockout()
+        sim.world.preempt_instance("vm")
+        wait_while_watched(lambda: on(sim, "sp", 2) is not None, proc, "attempt 2 on the spare")
+        wait_while_watched(lambda: sim.world.calls[insert] >= 3, proc, "three inserts that came to nothing")
+        assert not [r for r in sim.world.instances() if r.name == "vm" and r.status == "RUNNING"]
+        assert on(sim, "sp", 2) is not None
+        mem = job_memory(tmp_path / "state", "vm")
+        assert mem is not None and mem.limp.remaking == ("vm",) and mem.limp.remake_tries >= 3, mem.limp
+        sim.world.clear_errors()
+        wait_while_watched(lambda: any(r.name == "vm" and r.status == "RUNNING" for r in sim.world.instances())
+                           and (m := job_memory(tmp_path / "state", "vm")) is not None and not m.limp.remaking,
+                           proc, "vm inserted once the stockout ended", timeout=120)
+        (go / "100").touch()
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    assert sim.world.calls["compute.v1.Instances/Delete"] == 1, sim.world.calls  # deleted once, inserted until served
     done = tool(cfg, env, "history")["attempts"]
     assert [(a["outcome"], a["charged"]) for a in done] == [("disruption", False), ("success", False)], done
