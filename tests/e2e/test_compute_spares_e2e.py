@@ -121,6 +121,7 @@ def test_a_preempted_spot_instance_is_swapped_for_the_spare_and_inserted_again_a
     assert "slice 0 (vm) on sp instead of vm (PREEMPTED)" in out, out
     # nothing deleted nor inserted on the job's path: the relaunch on the spare came first
     assert out.index("launched attempt 2") < out.index("deleting spare vm"), out
+    assert "deleting it to create it again from [tpu.compute_spec.instance]" in out, out
     assert writes(sim) == ["Instances/Delete", "Instances/Insert"], sim.world.calls
     vm = sim.world.instance("vm")
     assert sim.world.instance("sp").id == spare  # the spare the job ran on was never touched

@@ -202,15 +202,15 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
         wait = backoff_delay(limp.remake_tries + 1, cfg.backoff_base, cfg.backoff_max, draft.obs.jitter)
         limp = replace(limp, remake_tries=limp.remake_tries + 1, remake_at=now + timedelta(seconds=wait))
         action = RemakeSpare(gone[0], True, f"{gone[0]} was deleted (by tpuwatch, or Google) to be made again: "
-                                            f"creating it from [tpu.spec] (try {limp.remake_tries}; the next no "
-                                            f"sooner than {human(wait)} from now)")
+                                            f"creating it from {_spec_of(draft)} (try {limp.remake_tries}; the "
+                                            f"next no sooner than {human(wait)} from now)")
     elif cfg.spares_remade and dead:
         name, part = dead[0]
         limp = replace(limp, remaking=(*limp.remaking, name))
         why = ("will not come back by itself" if node_condition(part) is Cond.DEAD else
                f"has been under repair longer than recovery.repair_timeout ({human(cfg.repair_timeout)})")
         action = RemakeSpare(name, False, f"{name} is {part.state} and {why}: deleting it to create it again from "
-                                          "[tpu.spec], a spare of the job's once READY")
+                                          f"{_spec_of(draft)}, a spare of the job's once READY")
     if limp == mem.limp:
         return decision
     mem = replace(mem, limp=limp)
@@ -229,6 +229,14 @@ def remakable(job: str, part: NodeSnapshot, since: datetime | None, now: datetim
     limit = min(timeout, FAILED_REPAIR_GRACE) if failed_repair(part) else timeout
     stuck = cond in COMING and since is not None and (now - since).total_seconds() >= limit
     return (cond is Cond.DEAD or stuck) and part.owned_by(job) and not part.multislice_request
+
+
+def _spec_of(draft: Draft) -> str:
+    """Where the job's pool is made again from, as the config names it."""
+    kinds = {part.kind for _, part in draft.obs.spares if part is not None}
+    if draft.obs.node is not None:
+        kinds.add(draft.obs.node.kind)
+    return "[tpu.compute_spec.instance]" if "instance" in kinds else "[tpu.spec]"
 
 
 def _gone(name: str) -> NodeSnapshot:
