@@ -222,3 +222,28 @@ def test_a_spare_insert_that_meets_a_stockout_is_tried_again_until_it_is_served(
     assert sim.world.calls["compute.v1.Instances/Delete"] == 1, sim.world.calls  # deleted once, inserted until served
     done = tool(cfg, env, "history")["attempts"]
     assert [(a["outcome"], a["charged"]) for a in done] == [("disruption", False), ("success", False)], done
+
+
+def test_a_spare_instance_whose_launch_checks_fail_is_skipped_for_the_next_one(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    for name in ("vm", "sp-bad", "sp-ok"):
+        sim.world.add_instance(name, body={"labels": {"tpuwatch-job": "vm"}, "scheduling": SPOT})
+    sim.world.bad_host("sp-bad", "device-missing")  # a chip's device file is gone on that spare
+    cfg, env, go = spared(sim, rest, tmp_path, ["sp-bad", "sp-ok"], spec=False)
+    proc = watch_process(cfg, env)
+    try:
+        wait_while_watched(lambda: on(sim, "vm", 1) is not None, proc, "attempt 1 on vm")
+        sim.world.preempt_instance("vm")
+        wait_while_watched(lambda: on(sim, "sp-ok", 2) is not None, proc, "attempt 2 on the good spare")
+        (go / "100").touch()
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    assert "launch-time checks fail on spare sp-bad (slice 0, vm)" in out, out
+    assert "slice 0 (vm) on sp-ok instead of" in out, out
+    assert on(sim, "sp-bad", 2) is None and not sim.hosts.pids(f"{sim.project}/{sim.zone}/instances/sp-bad", 0)
+    mem = job_memory(tmp_path / "state", "vm")
+    assert mem is not None and mem.limp.swapped == (("vm", "sp-ok"),) and mem.limp.bad[0].startswith("sp-bad@")
+    assert writes(sim) == [], sim.world.calls
