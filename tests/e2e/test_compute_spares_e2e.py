@@ -112,6 +112,9 @@ def test_a_preempted_spot_instance_is_swapped_for_the_spare_and_inserted_again_a
         mem = job_memory(tmp_path / "state", "vm")
         assert mem is not None and mem.limp.swapped == (("vm", "sp"),), mem.limp
         assert on(sim, "sp", 2) is not None and on(sim, "vm", 3) is None  # not moved back
+        shown = tool(cfg, env, "status")
+        assert [(n["name"], n["kind"]) for n in shown["nodes"]] == [("vm", "instance"), ("sp", "instance")], shown
+        assert "on spares: vm -> sp" in shown["nodes"][0]["job"]["job"], shown["nodes"][0]["job"]
         (go / "100").touch()
         rc, out = finish(proc, timeout=150)
     finally:
