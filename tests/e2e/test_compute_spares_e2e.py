@@ -250,3 +250,34 @@ def test_a_spare_instance_whose_launch_checks_fail_is_skipped_for_the_next_one(
     mem = job_memory(tmp_path / "state", "vm")
     assert mem is not None and mem.limp.swapped == (("vm", "sp-ok"),) and mem.limp.bad[0].startswith("sp-bad@")
     assert writes(sim) == [], sim.world.calls
+
+
+def test_an_announced_maintenance_moves_the_job_onto_the_spare_instance_and_starts_it_idle(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    """A maintenance announced for vm a week away (upcomingMaintenance): at the job's next complete
+    checkpoint the job moves onto the spare, and vm's maintenance starts at once, idle
+    (instances.performMaintenance on vm, never on the spare the job runs on)."""
+    for name in ("vm", "sp"):
+        sim.world.add_instance(name, body={"labels": {"tpuwatch-job": "vm"}})
+    cfg, env, go = spared(sim, rest, tmp_path, ["sp"], spec=False)
+    proc = watch_process(cfg, env)
+    try:
+        wait_while_watched(lambda: on(sim, "vm", 1) is not None, proc, "attempt 1 on vm")
+        sim.world.schedule_instance_maintenance("vm", starts_in=7 * 86400.0, heal_after=600.0)
+        wait_while_watched(lambda: (m := job_memory(tmp_path / "state", "vm")) is not None
+                           and m.maintenance.early_window is not None, proc, "the watcher waiting for a checkpoint")
+        (go / "100").touch()  # the job trains on: its next checkpoint is the moment
+        wait_while_watched(lambda: on(sim, "sp", 2) is not None, proc, "attempt 2 on the spare")
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    done = tool(cfg, env, "history")["attempts"]
+    assert [(a["outcome"], a["charged"]) for a in done] == [("disruption", False), ("success", False)], done
+    assert "onto a spare ahead of a maintenance" in str(done[0]["reason"]), done
+    assert done[1]["start_step"] >= done[0]["end_step"], done  # no step lost
+    assert "started the maintenance of instance vm" in out, out
+    assert sim.world.calls["compute.v1.Instances/PerformMaintenance"] == 1 and sim.world.instance("sp").status == \
+        "RUNNING", sim.world.calls
+    assert writes(sim) == ["Instances/PerformMaintenance"], sim.world.calls
