@@ -123,7 +123,7 @@ def repair_compute_spec(instance: dict[str, Any], zone: str, target: str) -> Non
 # the console show it (zones/Z/instances/N, projects/P/zones/Z/instances/N,
 # https://compute.googleapis.com/compute/v1/projects/P/zones/Z/instances/N).
 _INSTANCE_URL = re.compile(r"^(?:https?://[^/]+/compute/(?:v1|beta|alpha)/)?(?:projects/(?P<project>[^/]+)/)?"
-                           r"(?:zones|regions)/(?P<zone>[^/]+)/(?P<collection>[A-Za-z]+)/(?P<name>[^/]+)$")
+                           r"(?P<scope>zones|regions)/(?P<zone>[^/]+)/(?P<collection>[A-Za-z]+)/(?P<name>[^/]+)$")
 _INSTANCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -144,7 +144,7 @@ def _compute_spares(raw: dict[str, Any]) -> None:
                                   "zones/ZONE/instances/NAME")
             names.append(given)
             continue
-        if m["collection"] != "instances":
+        if m["collection"] != "instances" or m["scope"] != "zones":
             raise ConfigError(f"tpu.spares: {given!r} is not an instance ({m['collection']}); a spare of a Compute "
                               "Engine job is an instance in the job's zone: give its name")
         zone, project = str(raw.get("zone") or ""), str(raw.get("project") or "")

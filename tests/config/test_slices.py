@@ -263,6 +263,7 @@ def test_a_compute_engine_instances_spares_are_instances_by_name_or_url_in_its_z
             ({"project": "my-proj", "spares": ["projects/other-proj/zones/us-central2-b/instances/sp"]}, "tpu.spares",
              "not the job's project my-proj"),
             ({"spares": ["zones/us-central2-b/instanceGroupManagers/sp"]}, "tpu.spares", "not an instance"),
+            ({"spares": ["regions/us-central2/instances/sp"]}, "tpu.spares", "not an instance"),
             ({"zone": "", "spares": ["zones/us-east5-a/instances/sp", "zones/us-east5-b/instances/sq"]},
              "tpu.spares", "not the job's zone us-east5-a"),
             ({"instance": "", "mig": "vm", "spares": ["sp"]}, "tpu.spares", "not with tpu.mig"),
