@@ -113,7 +113,8 @@ class PolicyConfig:
     # [tpu] spares: a multislice job's idle nodes of its shape, swapped in for a lost slice
     # (policy/spares.py)
     spares: tuple[str, ...] = ()
-    # [tpu.spec] is there to make a spare again from: a dead idle one is deleted and created again
+    # [tpu.spec] (a Compute Engine job's [tpu.compute_spec.instance]) is there to make a spare again
+    # from: a dead idle one is deleted and created again
     spares_remade: bool = False
 
     def __post_init__(self) -> None:
@@ -143,7 +144,7 @@ class PolicyConfig:
             checkpoints_on_vm=bool(cfg.job["checkpoint_dir"]) and not str(cfg.job["checkpoint_dir"]).startswith("gs://"),
             min_slices=int(cfg.job["min_slices"]),
             spares=tuple(cfg.tpu["spares"]),
-            spares_remade=bool(cfg.tpu["spares"]) and bool(cfg.tpu["spec"]),
+            spares_remade=bool(cfg.tpu["spares"]) and bool(cfg.tpu["spec"] or (cfg.tpu["compute_spec"] or {}).get("instance")),
             repair_timeout=float(r["repair_timeout"]),
             max_restarts=int(r["max_restarts"]),
             max_recreates=int(r["max_recreates"]),
