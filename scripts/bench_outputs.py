@@ -31,9 +31,9 @@ from typing import Any
 from prometheus_client.exposition import generate_latest
 
 from tpuwatch import metrics, notify
-from tpuwatch.config import Secret
 from tpuwatch.journal import Journal
 from tpuwatch.policy import Attempt, AttemptEnd, Memory, PolicyConfig
+from tpuwatch.webhooks import Secret
 
 
 def main() -> int:

@@ -31,6 +31,7 @@ from tpuwatch.tpuconfig import (  # noqa: F401  (public names of tpuwatch.config
     repair_compute_spec,
     repair_compute_urls,
 )
+from tpuwatch.webhooks import Secret, webhook_template
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -48,7 +49,6 @@ ALERT_KINDS = ("failed", "needs_person", "recreated", "disruption", "resumed", "
 DEFAULT_ALERTS = ("failed", "needs_person", "done", "maintenance")
 # Sections written as arrays of tables ([[notify]]): SCHEMA names the keys of each table.
 TABLE_ARRAYS = ("notify",)
-_ENV_REF = re.compile(r"\$\{([^}]*)\}")
 MAX_STRING = 4096
 _LABEL_VALUE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,62})$")  # GCP label values (ownership label)
 _ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
@@ -409,74 +409,10 @@ def _count(key: str, value: Any) -> int:
     return value
 
 
-class Secret:
-    """A value that must never be shown (a webhook URL carries its token): str() and repr() hide it."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        """The value itself, for the one place that uses it (the HTTP request)."""
-        return self._value
-
-    def __repr__(self) -> str:
-        return "Secret(<hidden>)"
-
-    __str__ = __repr__
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Secret) and other._value == self._value
-
-    def __hash__(self) -> int:
-        return hash(self._value)
-
-
 def _webhook_url(key: str, value: Any) -> Secret:
-    """A webhook URL, or a template with ${VAR} references; the references are read from the
-    environment by `resolve_webhook` when alerts are sent (watch, check), so commands that send
-    none do not need the secret. Errors never show the value."""
     if not isinstance(value, str):
         raise ConfigError(f"{key}: expected a string such as \"${{SLACK_WEBHOOK_URL}}\", got {type(value).__name__}")
-    text = _text(key, value)
-    for name in _ENV_REF.findall(text):
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
-            raise ConfigError(f"{key}: ${{{name[:40]}}} is not an environment variable reference; write ${{NAME}} "
-                              "with letters, digits and _")
-    if "$" in _ENV_REF.sub("", text):
-        raise ConfigError(f"{key}: write an environment variable as ${{NAME}} (with braces)")
-    if not _ENV_REF.search(text):
-        _check_url(key, text, expanded=False)
-    return Secret(text)
-
-
-def _check_url(key: str, url: str, *, expanded: bool) -> None:
-    scheme, _, rest = url.partition("://")
-    host = rest.split("/", 1)[0].split("?", 1)[0].rsplit("@", 1)[-1]
-    if scheme.lower() not in ("http", "https") or not host or any(c.isspace() for c in url):
-        where = "after reading the environment, " if expanded else ""
-        raise ConfigError(f"{key}: {where}the value is not an http:// or https:// URL with a host; set it to the "
-                          "webhook URL your chat or alerting tool gave you (the value itself is not shown)")
-
-
-def resolve_webhook(key: str, template: Secret) -> Secret:
-    """The URL with its ${VAR} references read from the environment (ConfigError, exit 2, naming
-    the key and the variable when one is unset)."""
-
-    def expand(m: re.Match[str]) -> str:
-        name = m.group(1)
-        got = os.environ.get(name)
-        if not got:
-            raise ConfigError(f"{key}: the environment variable {name} is not set (or empty); export {name}=<the "
-                              "webhook URL> where tpuwatch runs (cron and systemd start it with an almost empty "
-                              "environment)")
-        return got
-
-    text = template.reveal()
-    url = _ENV_REF.sub(expand, text)
-    _check_url(key, url, expanded=url != text)
-    return Secret(url)
+    return webhook_template(key, _text(key, value))
 
 
 def _alert_kinds(key: str, value: Any) -> tuple[str, ...]:
@@ -520,9 +456,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "fallback_zones": Field(_zones, (), "zones tried in order when the zone has no capacity"),
         "names": Field(_node_names, (), "a multislice job's nodes, in slice order (2 or more; `name` then names the "
                        "job's group of slices). Through a multislice queued resource: its `<prefix>-0`, `<prefix>-1`, ..."),
-        "spares": Field(_spare_names, (), "hot spares: idle TPU nodes of the job's shape, owned by the job (its "
+        "spares": Field(_spare_names, (), "hot spares: idle TPU nodes (with api = \"compute\" and instance: "
+                        "instances, by name or zones/ZONE/instances/NAME) of the job's shape, owned by the job (its "
                         "ownership label). A lost node (or slice) is swapped for a READY one at once; the one lost, "
-                        "back, is a spare from then on; with [tpu.spec], a dead one is made again"),
+                        "back, is a spare from then on; with [tpu.spec] ([tpu.compute_spec]), a dead one is made again"),
         "queued_resource": Field(_str, "", "set when the TPU was made through a queued resource"),
         "api": Field(_choice(TPU_APIS), "tpu", "the API that made the TPU: \"tpu\" (Cloud TPU API nodes) or "
                      "\"compute\" (a Compute Engine instance or managed instance group: TPU7x and later, v5p, v6e)"),
@@ -708,6 +645,13 @@ class Config:
         return tuple(self.values["tpu"]["names"]) or (self.tpu_name,)
 
     @property
+    def slots(self) -> tuple[str, ...]:
+        """The slots a job runs in, each on its node or a spare in its place: a multislice job's
+        slices, a job on one node with spares or a priority its node (a pool of one slot); none otherwise."""
+        pooled = self.values["tpu"]["spares"] or self.values["job"].get("priority", "off") != "off"
+        return tuple(self.values["tpu"]["names"]) or ((self.tpu_name,) if pooled else ())
+
+    @property
     def job_name(self) -> str:
         return str(self.values["job"]["name"] or self.values["tpu"]["name"])
 
@@ -861,8 +805,8 @@ def _check_priority(job: Mapping[str, Any], t: Mapping[str, Any]) -> None:
     if job["priority"] == "off":
         return
     if t["api"] != "tpu":
-        raise ConfigError("job.priority: not with tpu.api = \"compute\" (jobs lend each other TPU API nodes only; "
-                          "Compute Engine TPUs take no spares yet); remove job.priority")
+        raise ConfigError("job.priority: not with tpu.api = \"compute\" (jobs lend each other TPU API nodes only: a "
+                          "hand-over relabels a TPU API node); remove job.priority")
     if t["queued_resource"]:
         raise ConfigError("job.priority: a node made through a queued resource cannot be handed to another job (the "
                           "request holds it); drop job.priority, or tpu.queued_resource if the nodes were made plainly")

@@ -221,7 +221,7 @@ def combine_slices(name: str, nodes: Sequence[NodeSnapshot | None]) -> NodeSnaps
     labels = dict(first.labels)
     if len(owners) != 1:  # owned only when every slice says the same job
         labels.pop(OWNER_LABEL, None)
-    return NodeSnapshot(
+    view = NodeSnapshot(
         name=name, project=first.project, zone=first.zone,
         id="+".join(n.id if n is not None else "-" for n in nodes),
         create_time=max((n.create_time for n in present if n.create_time is not None), default=None),
@@ -232,8 +232,15 @@ def combine_slices(name: str, nodes: Sequence[NodeSnapshot | None]) -> NodeSnaps
         workers=tuple(workers), accelerator_type=first.accelerator_type, topology=first.topology,
         runtime_version=first.runtime_version, spot=any(n.spot for n in present),
         preemptible=any(n.preemptible for n in present), labels=labels, metadata_keys=first.metadata_keys,
-        slices=tuple(slices),
+        slices=tuple(slices), kind=first.kind,
     )
+    if len(nodes) == 1:  # a pool of one slot is watched through the node it runs on: a Compute Engine
+        # instance's own facts (its URL, Google's stops and deletions of it) are the job's
+        view = replace(view, resource=first.resource, pending_stop=first.pending_stop,
+                       google_deletes=first.google_deletes, google_deletes_at=first.google_deletes_at,
+                       google_deleting=first.google_deleting, auto_restart=first.auto_restart,
+                       repairs_itself=first.repairs_itself, repair_under_way=first.repair_under_way)
+    return view
 
 
 def job_node(get_node: Callable[[str], NodeSnapshot | None], name: str,

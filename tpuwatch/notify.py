@@ -14,7 +14,7 @@ Rules of this module:
 - Never holds a tick up: sending happens in a thread of its own, with its own SQLite
   connection, retried with tenacity (honouring Retry-After on 429); `check` waits for it at most
   FLUSH_SECONDS after its tick, then leaves what is unsent for the next run.
-- Secrets: the URL (a config.Secret) is used only to make the request. Targets are named
+- Secrets: the URL (a webhooks.Secret) is used only to make the request. Targets are named
   `notify[i] (format)` everywhere; error texts are scrubbed of the URL and its host.
 """
 
@@ -41,9 +41,10 @@ from tenacity import (
 )
 
 from tpuwatch import __version__
-from tpuwatch.config import Config, Secret, resolve_webhook
+from tpuwatch.config import Config
 from tpuwatch.journal import DeliveryRow, Journal
 from tpuwatch.policy import alerts
+from tpuwatch.webhooks import Secret, resolve_webhook
 
 HTTP_TIMEOUT = 10.0  # seconds per request: a server that hangs costs this, in the sender thread
 TRIES_PER_ROUND = 4  # requests per delivery before it waits for a later round

@@ -199,8 +199,10 @@ def start_create(life: NodeLifecycle, cfg: Config, zone: str, *, resumed: bool =
 def start_spare_create(tpu: TpuApi, cfg: Config, name: str, zone: str) -> str:
     """Start creating spare `name` of a multislice job from [tpu.spec] in `zone`, a node made
     alone (never through the job's queued resource: a spare is not one of its slices); the
-    operation's name. The body carries the job's ownership label, as the job's own create does."""
-    node, _ = api_for(cfg).create_body(cfg, zone, launch_parts(cfg))
+    operation's name. The body carries the job's ownership label, as the job's own create does,
+    and `tpuwatch-launch = "false"`: a startup script sets the spare up and never starts the job
+    at boot (it would start attempt 1 from scratch on an idle spare); the watcher launches there."""
+    node, _ = api_for(cfg).create_body(cfg, zone, launch_parts(cfg, {"launch": "false"}))
     return tpu.create_node(name, node, zone)
 
 

@@ -452,6 +452,7 @@ class Reconciler:
                 if spare is None or not spare.owned_by(self.pcfg.job):  # the policy checked; kept next to the act
                     raise recreate.ownership_error(spare, self.pcfg.job) if spare is not None else NotFoundError(
                         f"spare {action.name} is gone")
+                recreate.check_before_delete(self.cfg, zone)  # a body the cloud would refuse: exit 2, not deleted
                 name = tpu.delete_node(action.name)
         except (CloudError, NotFoundError) as exc:
             return f"{'creating' if action.create else 'deleting'} spare {action.name} was refused: {exc.message}"

@@ -29,8 +29,6 @@ API_KEYS: dict[str, dict[str, str]] = {
     "tpu": {
         "names": "not with api = \"compute\" (a multislice job spans TPU API nodes; Compute Engine multislice "
                  "is not documented by Google); remove it",
-        "spares": "not with api = \"compute\" (spares stand in for a slice of a multislice job, which spans TPU "
-                  "API nodes); remove it",
         "queued_resource": "not with api = \"compute\" (queued resources are the TPU API's; on Compute Engine a "
                            "MIG's resize requests take their place); remove it",
         "fallback_zones": "not with api = \"compute\" (a Compute Engine slice is recreated in its own zone only); "
@@ -121,6 +119,54 @@ def repair_compute_spec(instance: dict[str, Any], zone: str, target: str) -> Non
             ", ".join(fixed), zone, target, zone)
 
 
+# A spare instance as a user may give it besides its name: its URL, partial or full, as gcloud and
+# the console show it (zones/Z/instances/N, projects/P/zones/Z/instances/N,
+# https://compute.googleapis.com/compute/v1/projects/P/zones/Z/instances/N).
+_INSTANCE_URL = re.compile(r"^(?:https?://[^/]+/compute/(?:v1|beta|alpha)/)?(?:projects/(?P<project>[^/]+)/)?"
+                           r"(?P<scope>zones|regions)/(?P<zone>[^/]+)/(?P<collection>[A-Za-z]+)/(?P<name>[^/]+)$")
+_INSTANCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def _compute_spares(raw: dict[str, Any]) -> None:
+    """A Compute Engine job's spares given as instance URLs become their names, in place: each
+    must be an instance of the job's project and zone (a spare stands in for the job's instance,
+    whose workers and spec are of that zone); with tpu.zone unset, their zone is the job's."""
+    spares = raw.get("spares")
+    if not isinstance(spares, list):
+        return  # the field's own check says what it takes
+    names: list[Any] = []
+    for given in spares:
+        m = _INSTANCE_URL.match(given) if isinstance(given, str) else None
+        if m is None:
+            if isinstance(given, str) and not _INSTANCE_NAME.match(given):
+                raise ConfigError(f"tpu.spares: {given!r} is not an instance name (lowercase letters, digits, "
+                                  "hyphens; starts with a letter) nor its URL; give the instance's name, or "
+                                  "zones/ZONE/instances/NAME")
+            names.append(given)
+            continue
+        if m["collection"] != "instances" or m["scope"] != "zones":
+            raise ConfigError(f"tpu.spares: {given!r} is not an instance ({m['collection']}); a spare of a Compute "
+                              "Engine job is an instance in the job's zone: give its name")
+        zone, project = str(raw.get("zone") or ""), str(raw.get("project") or "")
+        if not zone:  # the job's zone, as the spare's URL says (a spare is in the job's zone)
+            raw["zone"] = zone = m["zone"]
+        if m["zone"] != zone:
+            raise ConfigError(f"tpu.spares: {given!r} is in zone {m['zone']}, not the job's zone {zone}; a spare "
+                              "stands in for the job's instance in its own zone: list instances of that zone")
+        if m["project"] and project and m["project"] != project:
+            raise ConfigError(f"tpu.spares: {given!r} is in project {m['project']}, not the job's project {project}; "
+                              "list instances of the job's project")
+        names.append(m["name"])
+    raw["spares"] = names
+
+
+def _compute_naming(raw: dict[str, Any], check: Callable[[str, Any], Any]) -> None:
+    """A Compute Engine job's [tpu] before its keys are read: its spares' URLs made names, and
+    `name` from the instance or MIG."""
+    _compute_spares(raw)
+    _compute_target(raw, check)
+
+
 def _compute_target(raw: dict[str, Any], check: Callable[[str, Any], Any]) -> None:
     """With api = "compute", [tpu] names its slice by `instance` or `mig`; `name`, when left out,
     is that name (the job's and the journal's). `check`: (key, value) -> the value, as SCHEMA checks it."""
@@ -171,11 +217,36 @@ def _compute_spec_fits(t: Mapping[str, Any]) -> None:
     instance = spec.get("instance")
     if isinstance(instance, dict) and t["zone"]:
         repair_compute_spec(instance, t["zone"], t["instance"] or t["name"])
+    _compute_spares_fit(t)
+
+
+def _compute_spares_fit(t: Mapping[str, Any]) -> None:
+    """A Compute Engine job's spares: instances beside the job's instance (a MIG takes none), not
+    that instance itself; one made again from [tpu.compute_spec.instance] must not attach a disk
+    of the job's instance read-write (Compute Engine refuses a second such attachment)."""
+    spares = t["spares"]
+    if not spares:
+        return
+    if t["mig"]:
+        raise ConfigError("tpu.spares: not with tpu.mig: spares are instances standing in for the job's instance "
+                          "(tpu.instance); a MIG replaces its own VMs (its repair, recreateInstances), and a spare MIG "
+                          "of the same template is not built; drop tpu.spares, or run the job on an instance")
+    if t["instance"] in spares:
+        raise ConfigError(f"tpu.spares: {t['instance']!r} is the job's own instance (tpu.instance); a spare is an "
+                          "idle instance of its own: drop it from tpu.spares")
+    instance = (t["compute_spec"] or {}).get("instance") or {}
+    for i, disk in enumerate(instance.get("disks") or []):
+        if isinstance(disk, dict) and disk.get("source") and disk.get("mode", "READ_WRITE") == "READ_WRITE":
+            raise ConfigError(
+                f"tpu.compute_spec.instance.disks[{i}].source: attaches disk {disk['source']!r} read-write, which a "
+                "spare made again from this spec cannot also attach (one instance holds a disk read-write); with "
+                "tpu.spares, let the disk be made with the instance (autoDelete, as `tpuwatch init` captures it), "
+                "attach it READ_ONLY, or drop tpu.spares")
 
 
 # api -> its own checks of the given [tpu] table (before its keys are read), and of the validated
 # table (before, and after, the other APIs' keys are refused)
-_NAMING: dict[str, Callable[[dict[str, Any], Callable[[str, Any], Any]], None]] = {"compute": _compute_target}
+_NAMING: dict[str, Callable[[dict[str, Any], Callable[[str, Any], Any]], None]] = {"compute": _compute_naming}
 _BEFORE: dict[str, Callable[[Mapping[str, Any]], None]] = {"compute": _compute_names}
 _AFTER: dict[str, Callable[[Mapping[str, Any]], None]] = {"compute": _compute_spec_fits}
 

@@ -10,6 +10,7 @@ import pytest
 from tpuwatch.cloud.compute.adapter import ComputeAdapter
 from tpuwatch.cloud.compute.lifecycle import ComputeLifecycle
 from tpuwatch.errors import MaintenanceRefused, NotFoundError, UsageError
+from tpuwatch.model import NodeSnapshot
 from tpuwatch.sim.rest import RestFace
 from tpuwatch.sim.simulator import Simulator
 
@@ -143,3 +144,29 @@ def test_a_spot_vms_preemption_notice_shows_as_pending_stop_while_it_runs(sim_ap
 def test_a_preemption_notice_duration_is_for_spot_vms_only(sim_api: Simulator) -> None:
     with pytest.raises(UsageError, match="preemptionNoticeDuration.*Spot VMs only"):
         sim_api.world.add_instance("vm", body={"scheduling": {"preemptionNoticeDuration": {"seconds": "30"}}})
+
+
+def test_acts_on_a_job_running_on_a_spare_go_to_the_spare_instance(sim_api: Simulator, rest: RestFace) -> None:
+    """A job on instance vm with spares ([tpu] spares), its slot bound to spare sp: its view is
+    named vm but is sp's, and an instances.start or performMaintenance of it goes to sp."""
+    from tpuwatch.model import bound_view
+
+    for name in ("vm", "sp"):
+        sim_api.world.add_instance(name, body={"scheduling": {"automaticRestart": False}})
+    life = lifecycle(sim_api, "instance")
+
+    def view() -> NodeSnapshot:
+        read = {n: life.api.get_node(n) for n in ("vm", "sp")}
+        seen, _ = bound_view("vm", ("vm",), read, (), {"vm": "sp"})
+        assert seen is not None and seen.name == "vm" and seen.kind == "instance" and seen.full_name.endswith("/sp")
+        return seen
+
+    sim_api.world.host_error("sp", restart_after=None)
+    _, what = life.start_node(view())
+    assert what == "instance sp"
+    sim_api.world.wait_instance("sp", "RUNNING", timeout=30)
+    assert sim_api.world.call_count("compute.v1.Instances/Start") == 1
+    sim_api.world.schedule_instance_maintenance("sp")
+    _, what = life.start_maintenance(view())
+    assert what == "instance sp" and sim_api.world.call_count(PERFORM) == 1
+    assert sim_api.world.instance("vm").status == "RUNNING"  # the job's own instance, idle, untouched

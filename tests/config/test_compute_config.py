@@ -53,6 +53,9 @@ def test_a_saved_compute_spec_loads_as_written(tmp_path: Path) -> None:
     ('api = "compute"\nmig = "m"\n[tpu.compute_spec.node]\nname = "m"\n',
      "tpu.compute_spec.node: unknown key"),
     ('name = "x"\n[tpu.compute_spec.mig]\nname = "m"\n', "tpu.compute_spec: only for api = \"compute\""),
+    ('api = "compute"\nmig = "m"\nspares = ["m-spare"]\n', "tpu.spares: not with tpu.mig"),
+    ('api = "compute"\ninstance = "vm"\nspares = ["zones/us-east5-a/instances/vm"]\n',
+     "tpu.spares: 'vm' is the job's own instance (tpu.instance)"),
 ])
 def test_a_compute_config_that_does_not_fit_is_refused_naming_the_key(tmp_path: Path, tpu: str,
                                                                        message: str) -> None:

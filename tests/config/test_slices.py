@@ -3,6 +3,7 @@ each worker is told and reached by (the end-to-end behaviour is in tests/e2e/tes
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -241,10 +242,55 @@ def test_spares_are_idle_nodes_each_named_once_not_the_jobs_own() -> None:
         with pytest.raises(ConfigError, match=fix) as exc:
             validate(base(spares=tpu.pop("spares", ["spare-a"]), **tpu))
         assert str(exc.value).startswith("tpu.spares"), exc.value
-    with pytest.raises(ConfigError, match="not with api") as exc:
-        validate({"tpu": {"zone": "us-central2-b", "api": "compute", "instance": "vm", "spares": ["spare-a"]},
-                  "job": {"command": "train"}})
-    assert "tpu.spares" in str(exc.value)
+
+
+def compute(**tpu: object) -> dict[str, object]:
+    return {"tpu": {"zone": "us-central2-b", "api": "compute", "instance": "vm", **tpu}, "job": {"command": "train"}}
+
+
+def test_a_compute_engine_instances_spares_are_instances_by_name_or_url_in_its_zone() -> None:
+    zone = "us-central2-b"
+    given = ["sp-a", f"zones/{zone}/instances/sp-b", f"projects/my-proj/zones/{zone}/instances/sp-c",
+             f"https://compute.googleapis.com/compute/v1/projects/my-proj/zones/{zone}/instances/sp-d",
+             f"https://www.googleapis.com/compute/v1/projects/my-proj/zones/{zone}/instances/sp-e"]
+    assert validate(compute(project="my-proj", spares=given))["tpu"]["spares"] == ("sp-a", "sp-b", "sp-c", "sp-d", "sp-e")
+    disk = {"boot": True, "source": "zones/us-central2-b/disks/vm", "mode": "READ_WRITE"}
+    for tpu, key, fix in (
+            ({"spares": ["vm"]}, "tpu.spares", "'vm' is the job's own instance (tpu.instance)"),
+            ({"spares": ["sp", "zones/us-central2-b/instances/sp"]}, "tpu.spares", "'sp' is listed twice"),
+            ({"spares": ["Sp_A"]}, "tpu.spares", "not an instance name"),
+            ({"spares": ["zones/us-east5-a/instances/sp"]}, "tpu.spares", "not the job's zone us-central2-b"),
+            ({"project": "my-proj", "spares": ["projects/other-proj/zones/us-central2-b/instances/sp"]}, "tpu.spares",
+             "not the job's project my-proj"),
+            ({"spares": ["zones/us-central2-b/instanceGroupManagers/sp"]}, "tpu.spares", "not an instance"),
+            ({"spares": ["regions/us-central2/instances/sp"]}, "tpu.spares", "not an instance"),
+            ({"zone": "", "spares": ["zones/us-east5-a/instances/sp", "zones/us-east5-b/instances/sq"]},
+             "tpu.spares", "not the job's zone us-east5-a"),
+            ({"instance": "", "mig": "vm", "spares": ["sp"]}, "tpu.spares", "not with tpu.mig"),
+            ({"spares": ["sp"], "compute_spec": {"instance": {"disks": [disk]}}},
+             "tpu.compute_spec.instance.disks[0].source", "cannot also attach")):
+        with pytest.raises(ConfigError, match=re.escape(fix)) as exc:
+            validate(compute(**tpu))
+        assert str(exc.value).startswith(key), exc.value
+    unzoned = validate(compute(zone="", spares=["zones/us-east5-a/instances/sp"]))["tpu"]
+    assert (unzoned["spares"], unzoned["zone"]) == (("sp",), "us-east5-a")  # the job's zone, as its spare's says
+    shared = {"compute_spec": {"instance": {"disks": [{**disk, "mode": "READ_ONLY"}]}}}
+    assert validate(compute(spares=["sp"], **shared))["tpu"]["spares"] == ("sp",)  # a disk several may read
+
+
+def test_a_pool_of_one_slot_is_seen_through_the_instance_it_runs_on() -> None:
+    """A job on a Compute Engine instance with spares: its view is the instance (or spare) it runs
+    on, with the facts only an instance has (what made it, its URL, Google's stop or deletion)."""
+    spare = part("sp", "7", workers=1, kind="instance", resource="projects/p/zones/z/instances/sp",
+                 pending_stop=True, google_deletes=True, google_deletes_at=T0, google_deleting="a Spot VM is STOPPING",
+                 auto_restart=False, spot=True)
+    view = combine_slices("vm", [spare])
+    assert view is not None and (view.name, view.id, view.slices) == ("vm", "7", (spare,))
+    assert (view.kind, view.full_name, view.pending_stop, view.google_deletes, view.google_deletes_at,
+            view.google_deleting, view.auto_restart) == ("instance", "projects/p/zones/z/instances/sp", True, True, T0,
+                                                         "a Spot VM is STOPPING", False)
+    both = combine_slices("ms", [spare, part("sq", "8", workers=1, kind="instance")])
+    assert both is not None and both.google_deleting == "" and both.resource == ""  # several slices: none is the job's
 
 
 def test_priority_is_a_whole_number_for_tpu_api_nodes_made_plainly() -> None:

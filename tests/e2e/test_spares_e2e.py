@@ -108,6 +108,11 @@ def test_a_preempted_slice_is_swapped_for_the_spare_in_its_place_with_no_delete_
                                           env=env, text=True, capture_output=True, timeout=60).stdout)
         assert [n["name"] for n in shown["nodes"]] == [*SLICES, "sp-0"]  # every slice, and the spare
         assert "on spares: np-1 -> sp-0" in shown["nodes"][0]["job"]["job"], shown["nodes"][0]["job"]
+        # a precheck outside the watch checks the nodes the job runs on now: the spare, not np-1
+        pre = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "precheck", "-c", str(cfg), "--json"],
+                             env=env, text=True, capture_output=True, timeout=120)
+        ids = [str(sim.world.node(n).id) for n in ("np-0", "sp-0", "np-2", "np-3")]
+        assert pre.returncode == 0 and json.loads(pre.stdout)["node_id"] == "+".join(ids), (pre.stdout, pre.stderr)
         # a config edit that drops the spare the job runs on: the job stays there (a new watcher
         # reads the node it is bound to), not taken for a slice gone missing
         proc.kill()

@@ -20,9 +20,9 @@ import pytest
 from webhook_server import Hook
 
 from tpuwatch import notify
-from tpuwatch.config import Secret
 from tpuwatch.journal import Journal
 from tpuwatch.model import NodeSnapshot, UpcomingMaintenance
+from tpuwatch.webhooks import Secret
 
 KINDS = frozenset({"failed", "needs_person", "recreated", "disruption", "resumed", "done", "maintenance"})
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from policy_support import CFG, JOB, LIMPS, ckpt, kinds, limp_look, limp_part, pre, run_mem, tick
 from policy_support import LIMP_SLICES as SLICES
-from policy_support import LIMPS, ckpt, kinds, limp_look, limp_part, pre, run_mem, tick
 
-from tpuwatch.model import WorkerProbe
+from tpuwatch.model import WorkerProbe, combine_slices
 from tpuwatch.policy import Limp, Memory, Observation, Phase, RemakeSpare, StopWorkers
+from tpuwatch.policy.state import GoogleStop
 
 SPARES = replace(LIMPS, min_slices=0, spares=("x0",))
 
@@ -317,3 +318,49 @@ def test_a_slice_past_a_failed_repair_with_no_spare_free_is_made_again_after_the
     assert early.row not in ("spare_wait", "spare_remake", "not_recreatable"), early.row
     d = tick(seen, mem, FAILED_REPAIR_GRACE + 1, cfg=REMADE)
     assert d.row in ("spare_wait", "spare_remake") and "s2 to be made again" in d.summary, (d.row, d.summary)
+
+
+def test_a_node_google_deletes_itself_is_made_again_once_gone_swapped_out_or_idle() -> None:
+    """A Compute Engine VM whose termination action is DELETE: Google deletes it at its
+    preemption. Swapped out so, or seen so idle, it is made again once gone, with no delete of
+    tpuwatch's; one not the job's, or with no spec to make it from, is not."""
+    mem = run_mem(step=100)
+    deleting = replace(limp_part("s2", "DELETING"), google_deleting="a Spot VM with termination action DELETE is STOPPING")
+    d = tick(limp_look({}, mem, spares=("x0",), parts={"s2": deleting}, probes=probes_with_slice_down(2),
+                       checkpoint=ckpt(200)), mem, 600, cfg=REMADE)
+    assert d.row == "swap" and d.memory.limp.swapped == (("s2", "x0"),) and d.memory.limp.remaking == ("s2",)
+    assert not [a for a in d.actions if isinstance(a, RemakeSpare)]  # Google deletes it: tpuwatch does not
+    later = replace(d.memory, phase=Phase.RUNNING)
+    gone = tick(limp_look({}, later, spares=("x0",), parts={"s2": None}, probes=running_all()), later, 630,
+                cfg=REMADE)
+    assert gone.row == "spare_remake" and [(a.name, a.create) for a in gone.actions
+                                           if isinstance(a, RemakeSpare)] == [("s2", True)]
+    # idle: taken as one to make again while Google deletes it, created once gone
+    idle = replace(deleting, name="x0")
+    seen = tick(limp_look({}, mem, spares=("x0",), parts={"x0": idle}, probes=running_all()), mem, 600, cfg=REMADE)
+    assert seen.memory.limp.remaking == ("x0",) and not [a for a in seen.actions if isinstance(a, RemakeSpare)]
+    for part, cfg in ((replace(idle, labels={"tpuwatch-job": "other"}), REMADE), (idle, SPARES)):
+        d = tick(limp_look({}, mem, spares=("x0",), parts={"x0": part}, probes=running_all()), mem, 600, cfg=cfg)
+        assert d.memory.limp.remaking == (), part
+
+
+def test_a_pool_of_one_whose_vm_google_deleted_is_gone_swaps_at_once_and_makes_it_again_once_gone() -> None:
+    """A job on one Compute Engine VM (a pool of one slot, `pod`) whose VM, one Google deletes
+    itself (termination action DELETE) and owned as last seen, is gone between two ticks: the job
+    moves to the spare at once, and the VM is made again; one not known so is swapped out only."""
+    one = replace(CFG, slices=("pod",), recreatable=False, spares=("sp",), spares_remade=True)
+    spare = replace(limp_part("sp"), labels={"tpuwatch-job": JOB})
+    mem = run_mem(step=100, google=GoogleStop(node_id="n1", owned=True, deletes=True))
+    seen = Observation(node=None, spares=(("sp", spare),), checkpoint=ckpt(200))
+    d = tick(seen, mem, 600, cfg=one)
+    assert d.row == "swap" and d.memory.limp.swapped == (("pod", "sp"),) and d.memory.limp.remaking == ("pod",)
+    [end] = d.ended
+    assert end.outcome == "disruption" and not end.charged
+    assert "slice 0 (pod) on sp instead of pod (MISSING)" in d.summary
+    later = replace(d.memory, phase=Phase.RUNNING)
+    view = combine_slices("pod", [spare])
+    again = tick(Observation(node=view, spares=(("pod", None),), probes=tuple(
+        WorkerProbe(w, "running", attempt=1, pid=w) for w in range(2))), later, 630, cfg=one)
+    assert [(a.name, a.create) for a in again.actions if isinstance(a, RemakeSpare)] == [("pod", True)]
+    person = tick(seen, run_mem(step=100, google=GoogleStop(node_id="n1", owned=True)), 600, cfg=one)
+    assert person.row == "swap" and person.memory.limp.remaking == ()  # a deletion not Google's: not made again

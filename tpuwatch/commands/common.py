@@ -1,4 +1,4 @@
-"""Options and helpers shared by the commands that act on a job (check, watch, history)."""
+"""Options and helpers shared by the commands that act on a job (check, watch, history, run, precheck)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ from typing import Any, TypeVar
 
 import click
 
+from tpuwatch.config import Config
+from tpuwatch.errors import NotFoundError
 from tpuwatch.journal import Busy, Journal
+from tpuwatch.model import NodeSnapshot, bound_view, job_node
 from tpuwatch.ports import Flags
 from tpuwatch.wiring import Job
 
@@ -65,3 +68,22 @@ def open_journal_or_busy(job: Job) -> Journal | None:
         return Journal.open(job.cfg.state_dir, job.name, job.cfg.tpu_name, wait=False)
     except Busy:
         return None
+
+
+def node_as_run(cfg: Config, get_node: Callable[[str], NodeSnapshot | None]) -> NodeSnapshot | None:
+    """The job's node where its watcher runs it now, for the commands that reach its workers
+    outside a watch (run, precheck): a slot its journal binds to a spare is read on that spare,
+    a slice left out while it limps is left out; without a journal, as configured."""
+    limp = None
+    if cfg.slots:
+        try:
+            with Journal.open(cfg.state_dir, cfg.job_name, None, readonly=True) as journal:
+                mem = journal.load_memory()
+        except NotFoundError:  # never watched here: its slots are on their own nodes
+            mem = None
+        limp = mem.limp if mem is not None else None
+    if limp is None or not (limp.swapped or limp.out):
+        return job_node(get_node, cfg.tpu_name, cfg.tpu["names"])
+    on = dict(limp.swapped)
+    read = {n: get_node(n) for n in dict.fromkeys(on.get(s, s) for s in limp.slots(cfg.slots))}
+    return bound_view(cfg.tpu_name, cfg.slots, read, limp.out, on)[0]

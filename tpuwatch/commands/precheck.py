@@ -15,9 +15,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tpuwatch.commands.common import CONFIG_OPTION
+from tpuwatch.commands.common import CONFIG_OPTION, node_as_run
 from tpuwatch.errors import JobFailed, NotFoundError
-from tpuwatch.model import CheckItem, PrecheckReport, job_node
+from tpuwatch.model import CheckItem, PrecheckReport
 
 HELP = """Run the environment checks on every worker of the job's TPU now and print a
 table: disk, shm, cache, ulimit, dns, devices, device_holders, libtpu_lock,
@@ -64,7 +64,7 @@ def command(name: str | None, config_path: Path, project: str | None, zone: str 
     workers = SshWorkers.from_config(cfg, host_keys=lambda n: zone_api(n.zone).host_keys(n.name),
                                      instances=lambda n: zone_api(n.zone).instance_names(n))
     workers.transport.check()  # an unreadable key is exit 2 before any cloud call
-    node = job_node(zone_api(loc.zone).get_node, cfg.tpu_name, cfg.tpu["names"])
+    node = node_as_run(cfg, zone_api(loc.zone).get_node)
     if node is None:
         raise NotFoundError(f"no TPU named {cfg.tpu_name} in {loc.project}/{loc.zone}")
     if node.state != "READY" or not node.workers:

@@ -31,9 +31,10 @@ from typing import Any
 
 import click
 
+from tpuwatch.commands.common import node_as_run
 from tpuwatch.durations import human
 from tpuwatch.errors import JobFailed, NotFoundError
-from tpuwatch.model import Checkpoint, NodeSnapshot, WorkerProbe, job_node
+from tpuwatch.model import Checkpoint, NodeSnapshot, WorkerProbe
 from tpuwatch.policy.once import UNREACHABLE_POLLS, attempt_end, run_start
 from tpuwatch.workers.protocol import FollowEnd
 from tpuwatch.workers.ssh import Stream
@@ -414,7 +415,7 @@ def command(ctx: click.Context, config_path: Path, project: str | None, zone: st
     loc = resolve(project, zone, config_project=cfg.tpu["project"], config_zone=cfg.tpu["zone"])
     assert loc.zone is not None
     zone_api = slice_reader(cfg, loc.project)  # one per zone: instance names are read once per node id
-    node = job_node(zone_api(loc.zone).get_node, cfg.tpu_name, cfg.tpu["names"])
+    node = node_as_run(cfg, zone_api(loc.zone).get_node)
     if node is None:
         raise NotFoundError(
             f"no TPU named {cfg.tpu_name} in {loc.project}/{loc.zone} (tpu.name in {config_path}); "

@@ -86,18 +86,23 @@ ROWS: tuple[Row, ...] = (
     Row("not_recreatable", "delete + create needed on a job over separately created slices ([tpu] names "
         "without a queued resource)", "never delete a slice: needs a person (exit 1)"),
     Row("swap", "a multislice job with tpu.spares: slices it runs on are not READY+HEALTHY (as for `limp`: not a "
-        "person's stop, nor a slice RESTARTING), or left out while it limps, and a spare is READY+HEALTHY, of the "
-        "job's accelerator type, and carries the job's ownership label",
+        "person's stop, nor a slice RESTARTING), or left out while it limps (a job on one node: its node not so, "
+        "or gone), and a spare is READY+HEALTHY, of the job's accelerator type, and carries the job's ownership "
+        "label",
         "journal the spare in the lost slice's place (its slice id); a disruption, not charged: stop the attempt on "
         "the slices still up and relaunch at once on the spare and the others from the newest complete checkpoint "
         "(MEGASCALE_* set by tpuwatch); a slice left out is grown back onto at the next checkpoint (`grow`). No "
-        "delete or create; the node swapped out is a spare once READY+HEALTHY again"),
+        "delete or create; the node swapped out is a spare once READY+HEALTHY again (one Google deletes itself, "
+        "or a VM Google deletes itself gone, owned as last seen, is made again: `spare_remake`)"),
     Row("spare_remake", "the job runs on or waits (nothing else to do this tick) and an idle spare, owned by the job "
         "and made alone, is PREEMPTED / TERMINATED (or under repair longer than repair_timeout) with [tpu.spec] "
         "there to make it from (while `spare_wait` waits, "
-        "such a lost slice of the job's too); or one tpuwatch deleted so is gone", "journal it as one tpuwatch makes again, delete it; once gone, create it again from [tpu.spec] "
-        "(one that came to nothing tried again as a queued create is: recovery.backoff_base, doubling to "
-        "recovery.backoff_max). A spare tpuwatch did not delete is never created"),
+        "such a lost slice of the job's too); or one tpuwatch deleted so is gone; or Google deletes one itself (a "
+        "Compute Engine VM's termination action DELETE: `google_deleting`), owned and made alone, idle or swapped "
+        "out (`swap` takes it so)", "journal it as one tpuwatch makes again, delete it (not one Google deletes); "
+        "once gone, create it again from [tpu.spec] ([tpu.compute_spec.instance]: an instances.insert under its "
+        "name) (one that came to nothing tried again as a queued create is: recovery.backoff_base, doubling to "
+        "recovery.backoff_max). A spare neither tpuwatch nor Google deleted so is never created"),
     Row("spare_bad", "before a launch, the launch-time checks fail on workers of a spare swapped in (after the "
         "cleanup of what tpuwatch can fix)", "not charged, nothing launched: the spare is not used again until it is "
         "made again (its node id), its slot goes back to its own node; another spare, a limp or a wait follows"),

@@ -14,6 +14,9 @@ way), `spare_remake` (a dead idle node deleted and created again from [tpu.spec]
 background); `early_swap` (policy/early.py) moves the job off a node with an announced
 maintenance. A swap itself never deletes or creates a node.
 
+A node Google deletes itself (a Compute Engine VM's termination action DELETE), owned and made
+alone, is made again once gone as one tpuwatch deleted.
+
 A node may stand in only while it is READY+HEALTHY, of the accelerator type the job's slices
 have, and carries the job's ownership label: a spare a person deleted, stopped or relabelled is
 never used nor made again, and said so.
@@ -102,6 +105,10 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
                 if not part.usable]
         if any(part.state in BRIEF_STATES for _, part in lost):
             lost = []
+    elif node is None and len(cfg.slices) == 1 and not mem.limp.out and mem.limp.node_of(cfg.slices[0]):
+        # a pool of one slot whose node is gone (a VM Google deleted at its preemption; a slot lent
+        # to another job, bound to no node, is policy/priority.py's)
+        lost = [(cfg.slices[0], _gone(mem.limp.node_of(cfg.slices[0])))]
     slots = [slot for slot, _ in lost] + out
     if not slots:
         return None
@@ -115,8 +122,15 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
         return final
     swapped = bind(cfg.slices, mem.limp, pairs)
     away = [mem.limp.node_of(slot) for slot, _ in gone]
+    # a node swapped out that Google deletes itself will not be back: made again once gone; so is
+    # the job's VM gone that Google deletes itself, owned as last seen (policy/google.py)
+    g = mem.google
+    deleted = [name for name, (_, part) in zip(away, gone, strict=True)
+               if cfg.spares_remade and name not in mem.limp.remaking and (
+                   google_deletes(cfg.job, part) or (node is None and g.deletes and g.owned))]
     mem = replace(mem, limp=replace(mem.limp, swapped=swapped, away=(*mem.limp.away, *away),
-                                    away_since=(*mem.limp.away_since, *(now for _ in away))))
+                                    away_since=(*mem.limp.away_since, *(now for _ in away)),
+                                    remaking=(*mem.limp.remaking, *deleted)))
     said = "; ".join(
         f"slice {cfg.slices.index(slot)} ({slot}) on {spare} instead of {was[slot]}"
         for slot, spare in pairs)
@@ -180,20 +194,27 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
     dead = [(name, part) for name, part, since in candidates
             if part is not None and name not in limp.remaking and remakable(cfg.job, part, since, now,
                                                                              cfg.repair_timeout)]
+    # one Google deletes itself (a Spot VM's termination action DELETE) is made again once gone,
+    # as one tpuwatch deleted: Google's delete stands for tpuwatch's
+    taken = [name for name, part, _ in candidates
+             if part is not None and name not in limp.remaking and google_deletes(cfg.job, part)]
+    if cfg.spares_remade and taken:
+        limp = replace(limp, remaking=(*limp.remaking, *taken))
+        dead = [(name, part) for name, part in dead if name not in taken]
     action: RemakeSpare | None = None
     if gone and (limp.remake_at is None or now >= limp.remake_at):
         wait = backoff_delay(limp.remake_tries + 1, cfg.backoff_base, cfg.backoff_max, draft.obs.jitter)
         limp = replace(limp, remake_tries=limp.remake_tries + 1, remake_at=now + timedelta(seconds=wait))
-        action = RemakeSpare(gone[0], True, f"{gone[0]} was deleted by tpuwatch to be made again: creating it "
-                                            f"from [tpu.spec] (try {limp.remake_tries}; the next no sooner than "
-                                            f"{human(wait)} from now)")
+        action = RemakeSpare(gone[0], True, f"{gone[0]} was deleted (by tpuwatch, or Google) to be made again: "
+                                            f"creating it from {_spec_of(draft)} (try {limp.remake_tries}; the "
+                                            f"next no sooner than {human(wait)} from now)")
     elif cfg.spares_remade and dead:
         name, part = dead[0]
         limp = replace(limp, remaking=(*limp.remaking, name))
         why = ("will not come back by itself" if node_condition(part) is Cond.DEAD else
                f"has been under repair longer than recovery.repair_timeout ({human(cfg.repair_timeout)})")
         action = RemakeSpare(name, False, f"{name} is {part.state} and {why}: deleting it to create it again from "
-                                          "[tpu.spec], a spare of the job's once READY")
+                                          f"{_spec_of(draft)}, a spare of the job's once READY")
     if limp == mem.limp:
         return decision
     mem = replace(mem, limp=limp)
@@ -212,6 +233,27 @@ def remakable(job: str, part: NodeSnapshot, since: datetime | None, now: datetim
     limit = min(timeout, FAILED_REPAIR_GRACE) if failed_repair(part) else timeout
     stuck = cond in COMING and since is not None and (now - since).total_seconds() >= limit
     return (cond is Cond.DEAD or stuck) and part.owned_by(job) and not part.multislice_request
+
+
+def _spec_of(draft: Draft) -> str:
+    """Where the job's pool is made again from, as the config names it."""
+    kinds = {part.kind for _, part in draft.obs.spares if part is not None}
+    if draft.obs.node is not None:
+        kinds.add(draft.obs.node.kind)
+    return "[tpu.compute_spec.instance]" if "instance" in kinds else "[tpu.spec]"
+
+
+def _gone(name: str) -> NodeSnapshot:
+    """Node `name` as a slot's node that is gone."""
+    return NodeSnapshot(name=name, project="", zone="", id="", create_time=None, state="MISSING", health="",
+                        health_description="", maintenance_time=None)
+
+
+def google_deletes(job: str, part: NodeSnapshot) -> bool:
+    """Google is deleting node `part` of the job's pool itself (a Compute Engine VM's termination
+    action DELETE: a Spot preemption, the end of its run), and it carries the job's label and was
+    made alone: tpuwatch makes it again once gone, as one it deleted."""
+    return bool(part.google_deleting) and part.owned_by(job) and not part.multislice_request
 
 
 # An idle spare in one of these conditions is on its way back by itself

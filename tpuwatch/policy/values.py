@@ -113,7 +113,8 @@ class PolicyConfig:
     # [tpu] spares: a multislice job's idle nodes of its shape, swapped in for a lost slice
     # (policy/spares.py)
     spares: tuple[str, ...] = ()
-    # [tpu.spec] is there to make a spare again from: a dead idle one is deleted and created again
+    # [tpu.spec] (a Compute Engine job's [tpu.compute_spec.instance]) is there to make a spare again
+    # from: a dead idle one is deleted and created again
     spares_remade: bool = False
     # [job] priority (policy/priority.py): None takes no node from another job and gives none
     priority: int | None = None
@@ -140,7 +141,7 @@ class PolicyConfig:
             zones=zones,
             # a job on one node with spares is a pool of one slot: its node, or a spare in its place
             # (so is one with a priority: a node it takes stands in its slot as a spare does)
-            slices=tuple(cfg.tpu["names"]) or ((cfg.tpu_name,) if pooled else ()),
+            slices=cfg.slots,
             queued_resource=str(cfg.tpu["queued_resource"]),
             # a job over nodes made one by one (or a pool with spares, which makes its dead nodes
             # again itself: policy/spares.py) is never recreated by the rows
@@ -148,7 +149,7 @@ class PolicyConfig:
             checkpoints_on_vm=bool(cfg.job["checkpoint_dir"]) and not str(cfg.job["checkpoint_dir"]).startswith("gs://"),
             min_slices=int(cfg.job["min_slices"]),
             spares=tuple(cfg.tpu["spares"]),
-            spares_remade=pooled and bool(cfg.tpu["spec"]),
+            spares_remade=pooled and bool(cfg.tpu["spec"] or (cfg.tpu["compute_spec"] or {}).get("instance")),
             priority=priority,
             repair_timeout=float(r["repair_timeout"]),
             max_restarts=int(r["max_restarts"]),

@@ -92,7 +92,8 @@ class ComputeLifecycle:
             op = self.api.recreate_mig(node.name)
             return op, (f"MIG {node.name}'s {len(node.workers)} instances (recreateInstances: a multi-host slice "
                         "is replaced as a whole; the MIG, its template and workload policy stay)")
-        return self.api.delete_node(node.name), f"instance {node.name}"
+        instance = self._vm(node)
+        return self.api.delete_node(instance), f"instance {instance}"
 
     def delete_plan(self, node: NodeSnapshot | None) -> tuple[dict[str, Any] | None, bool]:
         """What `delete` would call (`ports.NodeLifecycle.delete_plan`): a MIG recreates its
@@ -139,7 +140,14 @@ class ComputeLifecycle:
         (operation, what). A VM already running answers with a done operation."""
         if self.api.kind != "instance":
             raise CloudError(f"MIG {node.name}: its instances are restarted by the MIG, not started by tpuwatch")
-        return self.api.start_instance(node.name), f"instance {node.name}"
+        instance = self._vm(node)
+        return self.api.start_instance(instance), f"instance {instance}"
+
+    def _vm(self, node: NodeSnapshot) -> str:
+        """The instance a job's node runs on: a spare in its place ([tpu] spares), read under the
+        job's name, is its own instance (known by its id from its read), else the node itself."""
+        names = self.api.instance_names(node)
+        return names[0] if len(names) == 1 else node.name
 
     def faulty_host_request(self, node: NodeSnapshot, worker: int, description: str) -> str:
         try:

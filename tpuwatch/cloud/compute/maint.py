@@ -58,8 +58,9 @@ def _mig_due(api: ComputeAdapter, name: str) -> list[str]:
 
 def start_maintenance(api: ComputeAdapter, node: NodeSnapshot) -> tuple[str, str]:
     """Start the slice's announced maintenance now; (operation of the first call, what was asked)."""
-    if api.kind == "instance":
-        return perform(api, node.name), f"instance {node.name}"
+    if api.kind == "instance":  # the instance it runs on: a spare in its place is its own ([tpu] spares)
+        instance = (api.instance_names(node) or (node.name,))[0]
+        return perform(api, instance), f"instance {instance}"
     due = _mig_due(api, node.name)
     if not due:
         raise MaintenanceRefused(f"no instance of MIG {node.name} has a maintenance that may start early now",
