@@ -289,3 +289,12 @@ def test_an_idle_node_is_labelled_so_and_asked_for_before_one_its_job_trains_on(
             part("zeta", "lo", tpuwatch_priority="100", tpuwatch_idle="true"))
     ask = tick(look(HI, mine, them, probes=DOWN), mine, 600, cfg=HI)
     assert ask.row == "take_wait" and [r.name for r in relabels(ask)] == ["zeta"]
+
+
+def test_a_node_whose_label_names_another_job_is_never_run_on_however_usable() -> None:
+    # a late label write handed the node the job took back to its lender for a moment
+    mem = replace(run_mem(step=100), phase=Phase.IDLE, limp=Limp(swapped=(("hpod", "lpod"),), took=(("lpod", "lo"),)))
+    zone = (part("lpod", "lo", tpuwatch_priority="100", tpuwatch_wanted_by="hi", tpuwatch_wanted_priority="500"),)
+    absent = (WorkerProbe(0, "absent"), WorkerProbe(1, "absent"))
+    d = tick(look(HI, mem, zone, probes=absent, checkpoint=ckpt(200)), mem, 700, cfg=HI)
+    assert d.row == "take_wait" and "launch" not in kinds(d), (d.row, kinds(d))

@@ -93,7 +93,11 @@ def lost_slots(draft: Draft, mem: Memory, lent: bool = False) -> list[tuple[str,
         parts = list(zip(slots, node.slices, strict=True))
         if any(p.state in BRIEF_STATES for _, p in parts if not p.usable):
             return []
-        out = [(s, p if p.name else None) for s, p in parts if not p.usable]
+        # a node whose label names another job is not the job's to run on, however usable (a
+        # late label write can hand it back for a moment: it is asked for again)
+        guard = cfg.priority is not None
+        out = [(s, p if p.name else None) for s, p in parts
+               if not p.usable or (guard and p.name and not p.owned_by(cfg.job))]
     return [(s, p) for s, p in out if lent or s not in away]
 
 
