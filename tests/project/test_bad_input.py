@@ -267,6 +267,7 @@ ACCEPTS_A_LIST = {"job.workers"}  # "all" or a list of worker numbers
 
 
 DURATION_OR_AUTO = {"recovery.hang_timeout"}  # a duration, or "auto" (its default)
+WHOLE_OR_OFF = {"job.priority"}  # a whole number, or "off" (its default)
 
 
 def bad_values(dotted: str, default: object) -> list[tuple[str, bytes, bool]]:
@@ -281,7 +282,7 @@ def bad_values(dotted: str, default: object) -> list[tuple[str, bytes, bool]]:
     out += [("metacharacters", toml_str(p).encode(), not text_ok) for p in (PAYLOADS[0], PAYLOADS[2], PAYLOADS[4])]
     if isinstance(default, bool):
         out += [("wrong type", v, True) for v in (b'"true"', b"1", b"[]")]
-    elif isinstance(default, int):
+    elif isinstance(default, int) or dotted in WHOLE_OR_OFF:
         out += [("wrong type", v, True) for v in (b'"5"', b"1.5", b"true", b"[]")]
         # Every whole-number key is a count, a budget or a port: below zero is out of range for
         # all of them; a huge value is for most (and harmless for an unbounded minimum).
