@@ -444,30 +444,114 @@ TW_PY
 # maintenance must not end every new attempt at once. On a notice it writes $dir/maintenance for
 # jobs that poll a file, and sends signal $3 (none when empty) to the attempt's process group $2,
 # so a job that saves on SIGTERM (Orbax, PyTorch/XLA) saves before the host stops.
-# Each look is one curl (one process, one connection): the directory query, then the three
-# keys. When the directory query fails twice in a row it reads the keys alone, every $poll
+# Each look is the directory query, then the three keys, one connection each over bash's own
+# /dev/tcp (HTTP/1.0: the answer ends with the connection), no process started: a curl costs
+# ~6 ms of CPU to start, and a relaunched pod starts one relay a host, each looking twice at
+# once (the first look, then the wait). Where bash cannot connect there (no such host, a bash
+# built without /dev/tcp) or the answer is not plain HTTP/1.x, curl looks instead, one curl a
+# look, as it always did. When the directory query fails twice in a row it reads the keys alone, every $poll
 # seconds, for the rest of the attempt. When the keys do not answer either and nothing
 # ever answered (not a Compute Engine VM), it says so in the log and ends.
 tw_relay() {
   local dir=$1 group=$2 sig=$3 attempt=$4 base etag="" q fails=0 keys="" first=1 stale="" ev pre um poll=2 codes
   local what window ongoing='[Mm]aintenance[_-]?[Ss]tatus"?[[:space:]]*:[[:space:]]*"?ONGOING'
-  local out="$dir/.relay.$BASHPID" line  # its files: $out.h (headers), .1-.3 (keys), .codes
+  local out="$dir/.relay.$BASHPID" line hetag  # curl's files: $out.h (headers), .1-.3 (keys), .codes
+  local mhost=${GCE_METADATA_HOST:-metadata.google.internal} mport=80 tcp=1
   exec 9>&-  # not the job: the relay never holds the job's lock
   base="http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1/instance"
+  case $mhost in  # host[:port] for /dev/tcp; a bare IPv6 address or anything odd: curl only
+    *[!A-Za-z0-9.:-]* | *:*:* | '') tcp="" ;;
+    *:*) mport=${mhost##*:} mhost=${mhost%:*} ;;
+  esac
+  case $mport in '' | *[!0-9]*) tcp="" ;; esac
   TW_CURL=""
   trap '[ -n "$TW_CURL" ] && kill "$TW_CURL" 2>/dev/null; rm -f -- "$out".*; exit 0' TERM INT
-  tw_look() {  # one curl, as a child so that TERM ends both at once: with $1, the directory
-    # query $base/$1 first ($2 seconds at most, its headers into $out.h), then the three keys.
-    # codes := the HTTP statuses of the directory query and the keys (000: no answer);
-    # ev, pre, um := each key's value when it answered 200 (um: the whole body on one line)
+  tw_get() {  # GET $base/$1 over /dev/tcp within $2 seconds: tw_code (000: no answer in time),
+    # tw_etag and, with $3, the body in tw_body. Fails, with nothing decided, where curl must look.
+    local fd line end=$((SECONDS + $2)) rc LC_ALL=C
+    tw_code=000 tw_etag="" tw_body=""
+    [ -n "$tcp" ] || return 1
+    { exec {fd}<>"/dev/tcp/$mhost/$mport"; } 2>/dev/null || return 1
+    if ! printf 'GET /computeMetadata/v1/instance/%s HTTP/1.0\r\nHost: %s\r\nMetadata-Flavor: Google\r\n\r\n' \
+      "$1" "${GCE_METADATA_HOST:-metadata.google.internal}" >&"$fd"; then
+      exec {fd}>&-
+      return 1
+    fi
+    IFS= read -r -t "$2" -u "$fd" line
+    rc=$?
+    if [ "$rc" -gt 128 ]; then  # no answer in time, as curl's --max-time
+      exec {fd}>&-
+      return 0
+    fi
+    if ! [[ $line =~ ^HTTP/1\.[01]\ ([0-9][0-9][0-9])[[:space:]] ]]; then
+      exec {fd}>&-
+      return 1
+    fi
+    local code=${BASH_REMATCH[1]}
+    while :; do  # the headers, to the empty line
+      IFS= read -r -t "$((end > SECONDS ? end - SECONDS : 1))" -u "$fd" line
+      rc=$?
+      if [ "$rc" != 0 ]; then
+        exec {fd}>&-
+        [ "$rc" -gt 128 ] && return 0
+        return 1  # cut short
+      fi
+      line=${line%$'\r'}
+      [ -z "$line" ] && break
+      if [[ $line =~ ^[Ee][Tt][Aa][Gg]:\ *([^[:space:]]+) ]]; then
+        tw_etag=${BASH_REMATCH[1]}
+      elif [[ $line =~ ^[Tt]ransfer-[Ee]ncoding: ]]; then
+        exec {fd}>&-
+        return 1  # chunked (not HTTP/1.0): curl reads it
+      fi
+    done
+    if [ -n "${3:-}" ]; then  # the body, to the end of the connection
+      IFS= read -r -d '' -t "$((end > SECONDS ? end - SECONDS : 1))" -u "$fd" tw_body
+      if [ $? -gt 128 ]; then
+        exec {fd}>&-
+        tw_body=""
+        return 0
+      fi
+    fi
+    exec {fd}>&-
+    tw_code=$code
+    return 0
+  }
+  tw_look() {  # with $1, the directory query $base/$1 first ($2 seconds at most), then the
+    # three keys. codes := the HTTP statuses of the directory query and the keys (000: no
+    # answer); hetag := the directory query's ETag; ev, pre, um := each key's value when it
+    # answered 200 (um: the whole body on one line)
+    local k=0 key dcode=-
+    ev="" pre="" um="" codes=() hetag=""
+    if [ -n "$1" ]; then
+      tw_get "$1" "$2" || { tw_curl_look "$@"; return 0; }
+      dcode=$tw_code hetag=$tw_etag
+    fi
+    for key in maintenance-event preempted "upcoming-maintenance?alt=json"; do
+      k=$((k + 1))
+      tw_get "$key" 10 body || { tw_curl_look ""; codes[0]=$dcode; return 0; }
+      codes[k]=$tw_code
+      [ "$tw_code" = 200 ] || continue
+      case $k in
+        1) ev=${tw_body%%$'\n'*} ;;
+        2) pre=${tw_body%%$'\n'*} ;;
+        3) um=${tw_body//$'\n'/} ;;
+      esac
+    done
+    codes[0]=$dcode
+    return 0
+  }
+  tw_curl_look() {  # tw_look with one curl, as a child so that TERM ends both at once
     local each=(-sS --connect-timeout 5 -H 'Metadata-Flavor: Google' -w '%{http_code}\n') dirq=()
     [ -n "$1" ] && dirq=("${each[@]}" --max-time "$2" -D "$out.h" -o /dev/null "$base/$1" --next)
-    ev="" pre="" um="" codes=()
+    ev="" pre="" um="" codes=() hetag=""
+    command -v curl >/dev/null 2>&1 || { codes=("${1:+000}" 000 000 000); codes[0]=${codes[0]:--}; return 0; }
     curl "${dirq[@]}" "${each[@]}" --max-time 10 \
       -o "$out.1" "$base/maintenance-event" -o "$out.2" "$base/preempted" \
       -o "$out.3" "$base/upcoming-maintenance?alt=json" >"$out.codes" 2>/dev/null &
     TW_CURL=$!
     wait "$TW_CURL"
+    TW_CURL=""
     mapfile -t codes <"$out.codes" 2>/dev/null
     [ -n "$1" ] || codes=(- "${codes[@]}")
     [ "${codes[1]:-}" = 200 ] && { IFS= read -r ev <"$out.1" || :; }
@@ -475,9 +559,14 @@ tw_relay() {
     if [ "${codes[3]:-}" = 200 ]; then
       while IFS= read -r line || [ -n "$line" ]; do um+=$line; done <"$out.3"
     fi
+    if [ -n "$1" ] && [ -f "$out.h" ]; then  # the last ETag header, read without a fork
+      while IFS= read -r line; do
+        [[ $line =~ ^[Ee][Tt][Aa][Gg]:\ *([^[:space:]]+) ]] && hetag=${BASH_REMATCH[1]}
+      done <"$out.h"
+    fi
     return 0
   }
-  if ! command -v curl >/dev/null 2>&1; then
+  if [ -z "$tcp" ] && ! command -v curl >/dev/null 2>&1; then
     echo "tpuwatch: curl is not installed: maintenance notices are not relayed to the job"
     return 0
   fi
@@ -495,10 +584,7 @@ tw_relay() {
       tw_look "$q" 75
       if [ "${codes[0]:-}" = 200 ]; then
         fails=0
-        etag=-  # the last ETag header, read without a fork
-        while IFS= read -r line; do
-          [[ $line =~ ^[Ee][Tt][Aa][Gg]:\ *([^[:space:]]+) ]] && etag=${BASH_REMATCH[1]}
-        done <"$out.h"
+        etag=${hetag:--}
       else
         fails=$((fails + 1))
         if [ "$fails" -lt 2 ]; then
