@@ -195,6 +195,33 @@ def test_the_command_gets_its_environment_and_placeholders(worker: Worker) -> No
     assert not list(worker.home.rglob("pwned")) and not Path("pwned").exists()
 
 
+def test_a_relaunch_on_a_host_with_nothing_else_on_it_starts_no_scan_and_no_env(worker: Worker, tmp_path: Path) -> None:
+    """A relaunch after a reboot, as the simulator's hosts see their processes (the worker's
+    cgroup lists the session's shell alone): no `find` for device holders (none of our own shells
+    holds a device) and, with no [job] env, no `env` process; the job still gets its variables."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    for tool in ("find", "env"):
+        real = shutil.which(tool)
+        (bin_dir / tool).write_text(f'#!/bin/sh\necho {tool} >>"{calls}"\nexec {real} "$@"\n')
+        (bin_dir / tool).chmod(0o755)
+    procs = tmp_path / "cgroup.procs"  # a file: the session's shell writes its pid there, as into a cgroup
+    worker.extra.update(PATH=f"{bin_dir}:{os.environ['PATH']}", TPUWATCH_SIM_PROCS=str(procs))
+    enter = '[ -z "${TPUWATCH_SIM_PROCS:-}" ] || { echo $$ >"$TPUWATCH_SIM_PROCS"; } 2>/dev/null\n'
+    r = worker.run(protocol.launch_script(JOB, attempt=2, worker=3, checkpoint=None, clean_grace=1.0,
+                                          command='echo "$TPUWATCH_JOB $TPUWATCH_ATTEMPT $TPUWATCH_WORKER_ID"'), enter)
+    assert (r["result"], r["cleanup_device_holders"]) == ("launched", ""), r
+    wait_for(lambda: (worker.dir / "exit_code").exists(), what="exit_code")
+    assert (worker.dir / "attempt-2.log").read_text() == f"{JOB} 2 3\n"
+    assert not calls.exists(), calls.read_text()
+    # with [job] env, `env` sets it (a name may be one bash cannot export)
+    r = worker.run(protocol.launch_script(JOB, attempt=3, worker=3, checkpoint=None, clean_grace=1.0,
+                                          command='echo "$EXTRA"', env={"EXTRA": "x"}), enter)
+    assert r["result"] == "launched", r
+    wait_for(lambda: (worker.dir / "exit_code").exists(), what="exit_code")
+    assert (worker.dir / "attempt-3.log").read_text() == "x\n" and calls.read_text() == "env\n"
+
+
 def test_stop_clears_the_job_its_escapees_device_holders_and_a_stale_lockfile(worker: Worker) -> None:
     accel = worker.root / "dev" / "accel0"
     cmd = ("sleep 301 & setsid sleep 302 & (trap '' TERM; exec sleep 303) & "

@@ -751,12 +751,17 @@ tw_launch() {
   (
     trap '' HUP
     trap - PIPE  # the job gets SIGPIPE as usual (the launch ignores it)
-    exec env -- "${TW_ENV[@]}" "${libtpu[@]}" \
+    local jobenv=("${libtpu[@]}" \
       "TPUWATCH_JOB=$TW_JOB" "TPUWATCH_ATTEMPT=$TW_ATTEMPT" "TPUWATCH_WORKER_ID=$TW_WORKER" \
       "TPUWATCH_SLICE_ID=${TW_SLICE:-0}" "TPUWATCH_NUM_SLICES=${TW_SLICES:-1}" \
-      "TPUWATCH_CHECKPOINT=$TW_CHECKPOINT" "TPUWATCH_STEP=$TW_STEP" \
-      setsid bash -c "$(declare -f tw_write tw_sleep tw_relay tw_wrapper); tw_wrapper \"\$@\"" \
-      tpuwatch-job "$TW_DIR" "$TW_COMMAND" "$TW_UMASK" "${TW_NOTIFY:-}" "$TW_ATTEMPT"
+      "TPUWATCH_CHECKPOINT=$TW_CHECKPOINT" "TPUWATCH_STEP=$TW_STEP")
+    local jobrun=(setsid bash -c "$(declare -f tw_write tw_sleep tw_relay tw_wrapper); tw_wrapper \"\$@\"" \
+      tpuwatch-job "$TW_DIR" "$TW_COMMAND" "$TW_UMASK" "${TW_NOTIFY:-}" "$TW_ATTEMPT")
+    if [ ${#TW_ENV[@]} -eq 0 ]; then  # our own names only, none of them readonly: no `env` process
+      export "${jobenv[@]}"
+      exec "${jobrun[@]}"
+    fi
+    exec env -- "${TW_ENV[@]}" "${jobenv[@]}" "${jobrun[@]}"
   ) </dev/null >>"$log" 2>&1 &
   exec 9>&-
   pid=""
