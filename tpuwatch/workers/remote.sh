@@ -468,7 +468,10 @@ tw_relay() {
   trap '[ -n "$TW_CURL" ] && kill "$TW_CURL" 2>/dev/null; rm -f -- "$out".*; exit 0' TERM INT
   tw_get() {  # GET $base/$1 over /dev/tcp within $2 seconds: tw_code (000: no answer in time),
     # tw_etag and, with $3, the body in tw_body. Fails, with nothing decided, where curl must look.
-    local fd line end=$((SECONDS + $2)) rc LC_ALL=C
+    # The answer is read in one `read -N` (bash reads a socket a byte at a time; a `read -t` per
+    # line costs twice as much), up to 4 KB: the headers and a key's short body (HTTP/1.0: the
+    # server ends the connection after it). A directory's longer body is not read.
+    local fd resp head rc LC_ALL=C
     tw_code=000 tw_etag="" tw_body=""
     [ -n "$tcp" ] || return 1
     { exec {fd}<>"/dev/tcp/$mhost/$mport"; } 2>/dev/null || return 1
@@ -477,44 +480,22 @@ tw_relay() {
       exec {fd}>&-
       return 1
     fi
-    IFS= read -r -t "$2" -u "$fd" line
+    IFS= read -r -N 4096 -t "$2" -u "$fd" resp
     rc=$?
-    if [ "$rc" -gt 128 ]; then  # no answer in time, as curl's --max-time
-      exec {fd}>&-
-      return 0
-    fi
-    if ! [[ $line =~ ^HTTP/1\.[01]\ ([0-9][0-9][0-9])[[:space:]] ]]; then
-      exec {fd}>&-
-      return 1
-    fi
-    local code=${BASH_REMATCH[1]}
-    while :; do  # the headers, to the empty line
-      IFS= read -r -t "$((end > SECONDS ? end - SECONDS : 1))" -u "$fd" line
-      rc=$?
-      if [ "$rc" != 0 ]; then
-        exec {fd}>&-
-        [ "$rc" -gt 128 ] && return 0
-        return 1  # cut short
-      fi
-      line=${line%$'\r'}
-      [ -z "$line" ] && break
-      if [[ $line =~ ^[Ee][Tt][Aa][Gg]:\ *([^[:space:]]+) ]]; then
-        tw_etag=${BASH_REMATCH[1]}
-      elif [[ $line =~ ^[Tt]ransfer-[Ee]ncoding: ]]; then
-        exec {fd}>&-
-        return 1  # chunked (not HTTP/1.0): curl reads it
-      fi
-    done
-    if [ -n "${3:-}" ]; then  # the body, to the end of the connection
-      IFS= read -r -d '' -t "$((end > SECONDS ? end - SECONDS : 1))" -u "$fd" tw_body
-      if [ $? -gt 128 ]; then
-        exec {fd}>&-
-        tw_body=""
-        return 0
-      fi
-    fi
     exec {fd}>&-
-    tw_code=$code
+    [ "$rc" -gt 128 ] && return 0  # no (whole) answer in time, as curl's --max-time
+    resp=${resp//$'\r'/}
+    head=${resp%%$'\n\n'*}
+    [ "$head" != "$resp" ] || return 1  # cut short, or headers past 4 KB
+    [[ $head =~ ^HTTP/1\.[01]\ ([0-9][0-9][0-9])([[:space:]]|$) ]] || return 1
+    rc=${BASH_REMATCH[1]}
+    [[ $head =~ $'\n'[Tt]ransfer-[Ee]ncoding: ]] && return 1  # chunked (not HTTP/1.0): curl reads it
+    [[ $head =~ $'\n'[Ee][Tt][Aa][Gg]:\ *([^[:space:]]+) ]] && tw_etag=${BASH_REMATCH[1]}
+    if [ -n "${3:-}" ]; then
+      [ "${#resp}" -lt 4096 ] || return 1  # a body past 4 KB: not a key's
+      tw_body=${resp#*$'\n\n'}
+    fi
+    tw_code=$rc
     return 0
   }
   tw_look() {  # with $1, the directory query $base/$1 first ($2 seconds at most), then the
