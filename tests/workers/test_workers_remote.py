@@ -203,16 +203,18 @@ def test_a_relaunch_on_a_host_with_nothing_else_on_it_starts_no_scan_and_no_env(
     bin_dir.mkdir()
     for tool in ("find", "env"):
         real = shutil.which(tool)
-        (bin_dir / tool).write_text(f'#!/bin/sh\necho {tool} >>"{calls}"\nexec {real} "$@"\n')
+        (bin_dir / tool).write_text(f'#!/bin/bash\necho {tool} >>"{calls}"\nexec {real} "$@"\n')
         (bin_dir / tool).chmod(0o755)
     procs = tmp_path / "cgroup.procs"  # a file: the session's shell writes its pid there, as into a cgroup
     worker.extra.update(PATH=f"{bin_dir}:{os.environ['PATH']}", TPUWATCH_SIM_PROCS=str(procs))
     enter = '[ -z "${TPUWATCH_SIM_PROCS:-}" ] || { echo $$ >"$TPUWATCH_SIM_PROCS"; } 2>/dev/null\n'
     r = worker.run(protocol.launch_script(JOB, attempt=2, worker=3, checkpoint=None, clean_grace=1.0,
-                                          command='echo "$TPUWATCH_JOB $TPUWATCH_ATTEMPT $TPUWATCH_WORKER_ID"'), enter)
+                                          command='echo "$TPUWATCH_JOB $TPUWATCH_ATTEMPT $TPUWATCH_WORKER_ID"; '
+                                                  'declare -F | grep -c " tw_"'), enter)
     assert (r["result"], r["cleanup_device_holders"]) == ("launched", ""), r
     wait_for(lambda: (worker.dir / "exit_code").exists(), what="exit_code")
-    assert (worker.dir / "attempt-2.log").read_text() == f"{JOB} 2 3\n"
+    # the job's variables, and none of the functions the wrapper and the relay get exported
+    assert (worker.dir / "attempt-2.log").read_text() == f"{JOB} 2 3\n0\n"
     assert not calls.exists(), calls.read_text()
     # with [job] env, `env` sets it (a name may be one bash cannot export)
     r = worker.run(protocol.launch_script(JOB, attempt=3, worker=3, checkpoint=None, clean_grace=1.0,

@@ -635,11 +635,11 @@ tw_wrapper() {
   # environment is the exec's; unset in this subshell, not by an `env` process).
   (
     unset TPUWATCH_JOB
-    exec bash -c "$(declare -f tw_write tw_sleep tw_relay); tw_relay \"\$@\"" \
-      tpuwatch-relay "$dir" "$$" "${4:-}" "${5:-0}"
+    exec bash -c 'tw_relay "$@"' tpuwatch-relay "$dir" "$$" "${4:-}" "${5:-0}"
   ) &
   relay=$!
-  (umask "$mask" && exec bash -c "$2")
+  # The job does not get our functions (the launch exported them to this shell and the relay).
+  (umask "$mask" && export -fn tw_write tw_sleep tw_relay tw_wrapper && exec bash -c "$2")
   rc=$?
   kill -TERM "$relay" 2>/dev/null
   wait "$relay" 2>/dev/null
@@ -736,7 +736,11 @@ tw_launch() {
       "TPUWATCH_JOB=$TW_JOB" "TPUWATCH_ATTEMPT=$TW_ATTEMPT" "TPUWATCH_WORKER_ID=$TW_WORKER" \
       "TPUWATCH_SLICE_ID=${TW_SLICE:-0}" "TPUWATCH_NUM_SLICES=${TW_SLICES:-1}" \
       "TPUWATCH_CHECKPOINT=$TW_CHECKPOINT" "TPUWATCH_STEP=$TW_STEP")
-    local jobrun=(setsid bash -c "$(declare -f tw_write tw_sleep tw_relay tw_wrapper); tw_wrapper \"\$@\"" \
+    # The wrapper's and the relay's functions go to them in the environment (exported, the job
+    # never gets them): a `$(declare -f ...)` forks a shell each. env and setsid pass them on
+    # (a POSIX sh in between would drop them: BASH_FUNC_<name>%% is no sh variable name).
+    export -f tw_write tw_sleep tw_relay tw_wrapper
+    local jobrun=(setsid bash -c 'tw_wrapper "$@"' \
       tpuwatch-job "$TW_DIR" "$TW_COMMAND" "$TW_UMASK" "${TW_NOTIFY:-}" "$TW_ATTEMPT")
     if [ ${#TW_ENV[@]} -eq 0 ]; then  # our own names only, none of them readonly: no `env` process
       export "${jobenv[@]}"
