@@ -475,7 +475,7 @@ tw_relay() {
     tw_code=000 tw_etag="" tw_body=""
     [ -n "$tcp" ] || return 1
     { exec {fd}<>"/dev/tcp/$mhost/$mport"; } 2>/dev/null || return 1
-    if ! printf 'GET /computeMetadata/v1/instance/%s HTTP/1.0\r\nHost: %s\r\nMetadata-Flavor: Google\r\n\r\n' \
+    if ! printf 'GET /computeMetadata/v1/instance/%s HTTP/1.0\r\nHost: %s\r\nMetadata-Flavor: Google\r\nConnection: close\r\n\r\n' \
       "$1" "${GCE_METADATA_HOST:-metadata.google.internal}" >&"$fd"; then
       exec {fd}>&-
       return 1
