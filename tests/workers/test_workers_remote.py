@@ -710,9 +710,11 @@ def _ppid(pid: int) -> int:
 
 class ChunkedMetadataServer:
     """A metadata server that answers every request in HTTP/1.1 chunks (the simulator's answers,
-    re-encoded), even an HTTP/1.0 one: what the relay's own reads do not take, and curl does."""
+    re-encoded), even an HTTP/1.0 one: what the relay's own reads do not take, and curl does.
+    With `keep_open`, plain answers instead (a Content-Length), on a connection it never ends,
+    whatever the request asked."""
 
-    def __init__(self, instance: md.Instance) -> None:
+    def __init__(self, instance: md.Instance, keep_open: bool = False) -> None:
         self.instance = instance
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -723,6 +725,12 @@ class ChunkedMetadataServer:
                 head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
                 path = head[0].split()[1]
                 r = md.answer(self.instance, path, dict(ln.split(": ", 1) for ln in head[1:] if ": " in ln), "GET")
+                if keep_open:
+                    writer.write(f"HTTP/1.1 {r.status} X\r\nMetadata-Flavor: Google\r\nETag: {r.etag}\r\n"
+                                 f"Content-Length: {len(r.body)}\r\n\r\n".encode() + r.body)
+                    await writer.drain()
+                    await reader.read()  # until the client ends it
+                    return
                 body = b"".join(b"%x\r\n%s\r\n" % (len(r.body[i:i + 3]), r.body[i:i + 3])
                                 for i in range(0, len(r.body), 3)) + b"0\r\n\r\n"
                 writer.write(f"HTTP/1.1 {r.status} X\r\nMetadata-Flavor: Google\r\nETag: {r.etag}\r\n"
@@ -745,9 +753,11 @@ class ChunkedMetadataServer:
         self.thread.join(10)
 
 
-def test_an_answer_the_relay_cannot_read_itself_is_read_by_curl(worker: Worker) -> None:
+@pytest.mark.parametrize("keep_open", [False, True], ids=["chunked", "kept-open"])
+def test_a_notice_in_an_answer_not_plain_http_1_0_still_reaches_the_job(worker: Worker, keep_open: bool) -> None:
+    # kept open: read by its Content-Length, 2 s after it came, not after the look's timeout
     instance = md.make_instance(project="proj", zone="us-central2-b", node_id=7, worker=0, metadata={})
-    server = ChunkedMetadataServer(replace(instance, preempted=True))
+    server = ChunkedMetadataServer(replace(instance, preempted=True), keep_open=keep_open)
     worker.extra["GCE_METADATA_HOST"] = server.address
     try:
         assert worker.launch(1, SAVES_ON_TERM)["result"] == "launched"

@@ -468,10 +468,11 @@ tw_relay() {
   trap '[ -n "$TW_CURL" ] && kill "$TW_CURL" 2>/dev/null; rm -f -- "$out".*; exit 0' TERM INT
   tw_get() {  # GET $base/$1 over /dev/tcp within $2 seconds: tw_code (000: no answer in time),
     # tw_etag and, with $3, the body in tw_body. Fails, with nothing decided, where curl must look.
-    # The answer is read in one `read -N` (bash reads a socket a byte at a time; a `read -t` per
-    # line costs twice as much), up to 4 KB: the headers and a key's short body (HTTP/1.0: the
-    # server ends the connection after it). A directory's longer body is not read.
-    local fd resp head rc LC_ALL=C
+    # The answer is read in two `read -N` (bash reads a socket a byte at a time; a `read -t` per
+    # line costs twice as much): its first byte, then up to 4 KB more, the headers and a key's
+    # short body, to the end of the connection (HTTP/1.0, Connection: close), or by its
+    # Content-Length where a server kept it open 2 s. A directory's longer body is not read.
+    local fd first="" resp="" raw head rc LC_ALL=C
     tw_code=000 tw_etag="" tw_body=""
     [ -n "$tcp" ] || return 1
     { exec {fd}<>"/dev/tcp/$mhost/$mport"; } 2>/dev/null || return 1
@@ -480,13 +481,20 @@ tw_relay() {
       exec {fd}>&-
       return 1
     fi
-    IFS= read -r -N 4096 -t "$2" -u "$fd" resp
+    IFS= read -r -N 1 -t "$2" -u "$fd" first  # a wait_for_change waits here
+    [ $? -gt 128 ] && { exec {fd}>&-; return 0; }  # no answer in time, as curl's --max-time
+    IFS= read -r -N 4095 -t 2 -u "$fd" resp
     rc=$?
     exec {fd}>&-
-    [ "$rc" -gt 128 ] && return 0  # no (whole) answer in time, as curl's --max-time
+    resp=$first$resp raw=$first$resp
     resp=${resp//$'\r'/}
     head=${resp%%$'\n\n'*}
     [ "$head" != "$resp" ] || return 1  # cut short, or headers past 4 KB
+    if [ "$rc" -gt 128 ]; then  # the connection stayed open: whole by its Content-Length, else curl
+      [[ $head =~ $'\n'[Cc]ontent-[Ll]ength:\ *([0-9]+) ]] || return 1
+      rc=${BASH_REMATCH[1]} first=${raw%%$'\r\n\r\n'*}
+      [ "${#raw}" -ge $((${#first} + 4 + rc)) ] || return 1
+    fi
     [[ $head =~ ^HTTP/1\.[01]\ ([0-9][0-9][0-9])([[:space:]]|$) ]] || return 1
     rc=${BASH_REMATCH[1]}
     [[ $head =~ $'\n'[Tt]ransfer-[Ee]ncoding: ]] && return 1  # chunked (not HTTP/1.0): curl reads it
