@@ -730,7 +730,7 @@ def pod(b: Bench, a: argparse.Namespace, n: int) -> dict[str, Any]:
         rows = sorted({ln["row"] for ln in drv.lines[i0 + 1:i1 + 1]})
         # heal: a maintenance that heals; from the node READY again to every worker running
         attempt = hi["attempt"]
-        hosts0 = sum(proc_cpu(os.getpid()))
+        hosts0, cg0 = proc_cpu(os.getpid()), sim.hosts.cgroups_cpu()
         sim.world.maintenance(name, heal_after=a.pod_heal_after)
         down_seen = False
         t_heal = None
@@ -741,6 +741,7 @@ def pod(b: Bench, a: argparse.Namespace, n: int) -> dict[str, Any]:
                 down_seen = True
             elif down_seen:
                 t_heal = time.time()
+                ready0, ready_cg = proc_cpu(os.getpid()), sim.hosts.cgroups_cpu()
                 break
             time.sleep(0.01)
         if t_heal is None:
@@ -749,9 +750,25 @@ def pod(b: Bench, a: argparse.Namespace, n: int) -> dict[str, Any]:
         back = drv.until(lambda ln: ln["attempt"] > attempt and ln["running"] == n, 600, "with all running again")
         # CPU from the maintenance to every worker running again, on each side: the watcher (its
         # process, its reaped ssh clients, and its master connections and follow channels, all
-        # opened since the heal) and the simulated hosts (this process: their SSH servers and
-        # metadata servers, and the shells the workers ran, reaped by it)
-        hosts_cpu = sum(proc_cpu(os.getpid())) - hosts0
+        # opened since the heal) and the simulated hosts: this process (their SSH and metadata
+        # servers, and the simulator's API) and every process in the workers' cgroups, the
+        # detached jobs and relays and the sessions still open too. Without cgroup v2, the
+        # shells this process reaped instead: those of the attempt the maintenance ended, whole
+        # lives long, and not the new attempt's (the old measure, kept for comparison).
+        hosts1, cg1 = proc_cpu(os.getpid()), sim.hosts.cgroups_cpu()
+        reaped_way = sum(hosts1) - sum(hosts0)
+        if cg0 is not None and cg1 is not None and ready_cg is not None:
+            hosts_cpu, ready_cpu = hosts1[0] - hosts0[0] + cg1 - cg0, hosts1[0] - ready0[0] + cg1 - ready_cg
+        else:
+            hosts_cpu, ready_cpu = reaped_way, sum(hosts1) - sum(ready0)
+        procs: dict[str, list[float]] = {}  # the workers' live processes by name: [count, CPU seconds]
+        for pid in sim.hosts.cgroup_pids() or []:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
+                ns = int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])  # ns on a CPU, finer than stat's ticks
+                entry = procs.setdefault(comm, [0, 0.0])
+                entry[0] += 1
+                entry[1] = round(entry[1] + ns / 1e9, 3)
         lb = drv.lines[back]
         live_ssh = ssh_cpu(marker)
         watcher_cpu = lb["own"] + lb["kids"] - hi["own"] - hi["kids"] + live_ssh
@@ -768,6 +785,12 @@ def pod(b: Bench, a: argparse.Namespace, n: int) -> dict[str, Any]:
             "heal_to_relaunch": drv.lines[relaunch]["t"] - t_heal,
             "heal_to_all_running": drv.lines[back]["t"] - t_heal,
             "heal_cpu_watcher": watcher_cpu, "heal_cpu_hosts": hosts_cpu,
+            "heal_cpu_hosts_how": "cgroups" if cg1 is not None else "reaped",
+            "heal_cpu_hosts_sim": hosts1[0] - hosts0[0],  # this process: SSH and metadata servers, the API
+            "heal_cpu_hosts_reaped_way": reaped_way,
+            # from the node READY on (the maintenance's own work on the hosts left out)
+            "ready_cpu_hosts": ready_cpu, "ready_cpu_hosts_sim": hosts1[0] - ready0[0],
+            "heal_live_processes": procs,
             "heal_cpu_watcher_own": lb["own"] - hi["own"], "heal_cpu_watcher_ssh": lb["kids"] - hi["kids"] + live_ssh,
             "load_before": [round(x, 2) for x in load], "load_after": [round(x, 2) for x in os.getloadavg()],
             # where the watcher ran (hosts apart: its own core at the script's nice)
@@ -811,7 +834,12 @@ def render_pods(rows: list[dict[str, Any]]) -> list[str]:
                  "CPU = the watcher, its ssh clients and its master connections)")
     lines.append("CPU from the maintenance to all running: " + ", ".join(
         f"{p['workers']} workers: watcher {p['heal_cpu_watcher']:.1f}s, simulated hosts {p['heal_cpu_hosts']:.1f}s"
+        + (f" (from READY {p['ready_cpu_hosts']:.1f}s, of which the simulator's process {p['ready_cpu_hosts_sim']:.1f}s)"
+           if "ready_cpu_hosts" in p else "")
         for p in rows if "heal_cpu_watcher" in p))
+    if any(p.get("heal_cpu_hosts_how") == "reaped" for p in rows):
+        lines.append("(no cgroup v2 here: the hosts' CPU is the shells the simulator reaped, the attempt the "
+                     "maintenance ended, not the new one's)")
     lines.append("load average (1 min) before each: " + ", ".join(
         f"{p['workers']}: {p['load_before'][0]:.1f}" for p in rows if "load_before" in p))
     if rows[0].get("placement"):

@@ -99,6 +99,11 @@ def test_bench_overhead_hosts_apart_runs_the_watcher_on_a_core_of_its_own(tmp_pa
     assert pod["heal_cpu_watcher_own"] > 0 and pod["heal_cpu_watcher"] >= pod["heal_cpu_watcher_own"]
     assert len(pod["load_before"]) == 3
     assert f"watcher on CPU {cpus[:1]}" in table, table
+    # the hosts' CPU at the heal: the simulator's process and every process of the workers'
+    # cgroups, the new attempt's still running among them (not only the shells it reaped)
+    if pod["heal_cpu_hosts_how"] == "cgroups":
+        assert pod["heal_live_processes"]["sleep"][0] == 4, pod["heal_live_processes"]
+        assert pod["ready_cpu_hosts"] > pod["ready_cpu_hosts_sim"] > 0, pod
 
 def test_bench_overhead_jobs_mode_lists_the_zone_once_per_poll_for_every_job(tmp_path: Path) -> None:
     table, doc = run("bench_overhead.py", tmp_path, "--jobs", "3", "--jobs-poll", "1", "--jobs-seconds", "4")

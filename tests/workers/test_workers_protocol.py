@@ -157,6 +157,24 @@ def test_a_probe_carries_only_the_functions_a_probe_runs() -> None:
     assert protocol.remote_script() in protocol.stop_script("job", 1.0).decode()
 
 
+@pytest.mark.parametrize("name", ["remote.sh", "precheck.sh"])
+def test_a_script_is_sent_without_its_comment_lines_and_defines_the_same_functions(name: str) -> None:
+    """Whole-line comments are not sent (bash lexes every byte, on every call): what bash makes
+    of the script sent is what it makes of the script shipped, function for function."""
+    from tpuwatch.workers import precheck
+
+    shipped = protocol.packaged(name)
+    sent = protocol.remote_script() if name == "remote.sh" else precheck.precheck_script()
+    assert len(sent) < len(shipped) * 3 // 4 and "\n# " not in sent and "\n  # " not in sent
+
+    def functions(text: str) -> str:  # every definition, the entry point's call left out
+        body = "\n".join(ln for ln in text.splitlines() if ln not in ("tw_main", "twp_main"))
+        return subprocess.run([BASH, "-c", 'eval "$(cat)" >/dev/null 2>&1 </dev/null; declare -f'], input=body,
+                              capture_output=True, text=True, timeout=60).stdout
+
+    assert functions(sent) == functions(shipped) and "tw_procs ()" in functions(sent)
+
+
 def test_a_truncated_upload_runs_nothing(tmp_path: Path) -> None:
     """A connection dropped while the script streams in: the worker runs none of it."""
     data = protocol.framed(protocol.launch_script("job", attempt=1, worker=0, checkpoint=None,

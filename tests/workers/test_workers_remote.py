@@ -195,6 +195,35 @@ def test_the_command_gets_its_environment_and_placeholders(worker: Worker) -> No
     assert not list(worker.home.rglob("pwned")) and not Path("pwned").exists()
 
 
+def test_a_relaunch_on_a_host_with_nothing_else_on_it_starts_no_scan_and_no_env(worker: Worker, tmp_path: Path) -> None:
+    """A relaunch after a reboot, as the simulator's hosts see their processes (the worker's
+    cgroup lists the session's shell alone): no `find` for device holders (none of our own shells
+    holds a device) and, with no [job] env, no `env` process; the job still gets its variables."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    for tool in ("find", "env"):
+        real = shutil.which(tool)
+        (bin_dir / tool).write_text(f'#!/bin/bash\necho {tool} >>"{calls}"\nexec {real} "$@"\n')
+        (bin_dir / tool).chmod(0o755)
+    procs = tmp_path / "cgroup.procs"  # a file: the session's shell writes its pid there, as into a cgroup
+    worker.extra.update(PATH=f"{bin_dir}:{os.environ['PATH']}", TPUWATCH_SIM_PROCS=str(procs))
+    enter = '[ -z "${TPUWATCH_SIM_PROCS:-}" ] || { echo $$ >"$TPUWATCH_SIM_PROCS"; } 2>/dev/null\n'
+    r = worker.run(protocol.launch_script(JOB, attempt=2, worker=3, checkpoint=None, clean_grace=1.0,
+                                          command='echo "$TPUWATCH_JOB $TPUWATCH_ATTEMPT $TPUWATCH_WORKER_ID"; '
+                                                  'declare -F | grep -c " tw_"'), enter)
+    assert (r["result"], r["cleanup_device_holders"]) == ("launched", ""), r
+    wait_for(lambda: (worker.dir / "exit_code").exists(), what="exit_code")
+    # the job's variables, and none of the functions the wrapper and the relay get exported
+    assert (worker.dir / "attempt-2.log").read_text() == f"{JOB} 2 3\n0\n"
+    assert not calls.exists(), calls.read_text()
+    # with [job] env, `env` sets it (a name may be one bash cannot export)
+    r = worker.run(protocol.launch_script(JOB, attempt=3, worker=3, checkpoint=None, clean_grace=1.0,
+                                          command='echo "$EXTRA"', env={"EXTRA": "x"}), enter)
+    assert r["result"] == "launched", r
+    wait_for(lambda: (worker.dir / "exit_code").exists(), what="exit_code")
+    assert (worker.dir / "attempt-3.log").read_text() == "x\n" and calls.read_text() == "env\n"
+
+
 def test_stop_clears_the_job_its_escapees_device_holders_and_a_stale_lockfile(worker: Worker) -> None:
     accel = worker.root / "dev" / "accel0"
     cmd = ("sleep 301 & setsid sleep 302 & (trap '' TERM; exec sleep 303) & "
@@ -656,6 +685,86 @@ def test_when_directory_queries_fail_the_relay_watches_the_keys_one_by_one(
     assert worker.probe()["notice"] == ("TERMINATE_ON_HOST_MAINTENANCE" if notice == "maintenance-event"
                                         else "MAINTENANCE_ONGOING")
     assert "saved-on-term" in log.read_text()
+
+
+def test_the_relay_looks_and_waits_without_a_process_of_its_own(worker: Worker, metadata: MetadataServer) -> None:
+    # A relaunched pod starts a relay on every host at once: its looks go over bash's /dev/tcp,
+    # not a curl each (~6 ms of CPU to start, twice per host at a relaunch).
+    assert worker.launch(1, SAVES_ON_TERM)["result"] == "launched"
+    wait_for(relay_waiting(metadata, 0), what="the relay's first look and its wait")
+    relay = worker.pids(b"\0tpuwatch-relay\0")
+    assert relay, "no relay"
+    children = [pid for pid in worker.pids() if _ppid(pid) in relay]
+    assert children == [], [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children]
+    metadata.instance = replace(metadata.instance, maintenance_event="TERMINATE_ON_HOST_MAINTENANCE")
+    wait_for(lambda: (worker.dir / "exit_code").exists(), what="the job to end on the notice")
+    assert worker.probe()["notice"] == "TERMINATE_ON_HOST_MAINTENANCE"
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class ChunkedMetadataServer:
+    """A metadata server that answers every request in HTTP/1.1 chunks (the simulator's answers,
+    re-encoded), even an HTTP/1.0 one: what the relay's own reads do not take, and curl does.
+    With `keep_open`, plain answers instead (a Content-Length), on a connection it never ends,
+    whatever the request asked."""
+
+    def __init__(self, instance: md.Instance, keep_open: bool = False) -> None:
+        self.instance = instance
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+                path = head[0].split()[1]
+                r = md.answer(self.instance, path, dict(ln.split(": ", 1) for ln in head[1:] if ": " in ln), "GET")
+                if keep_open:
+                    writer.write(f"HTTP/1.1 {r.status} X\r\nMetadata-Flavor: Google\r\nETag: {r.etag}\r\n"
+                                 f"Content-Length: {len(r.body)}\r\n\r\n".encode() + r.body)
+                    await writer.drain()
+                    await reader.read()  # until the client ends it
+                    return
+                body = b"".join(b"%x\r\n%s\r\n" % (len(r.body[i:i + 3]), r.body[i:i + 3])
+                                for i in range(0, len(r.body), 3)) + b"0\r\n\r\n"
+                writer.write(f"HTTP/1.1 {r.status} X\r\nMetadata-Flavor: Google\r\nETag: {r.etag}\r\n"
+                             "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n".encode() + body)
+                await writer.drain()
+            except (ConnectionError, asyncio.IncompleteReadError, IndexError):
+                pass
+            finally:
+                writer.close()
+
+        async def start() -> asyncio.AbstractServer:
+            return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+        self.server = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+        self.address = f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.server.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.mark.parametrize("keep_open", [False, True], ids=["chunked", "kept-open"])
+def test_a_notice_in_an_answer_not_plain_http_1_0_still_reaches_the_job(worker: Worker, keep_open: bool) -> None:
+    # kept open: read by its Content-Length, 2 s after it came, not after the look's timeout
+    instance = md.make_instance(project="proj", zone="us-central2-b", node_id=7, worker=0, metadata={})
+    server = ChunkedMetadataServer(replace(instance, preempted=True), keep_open=keep_open)
+    worker.extra["GCE_METADATA_HOST"] = server.address
+    try:
+        assert worker.launch(1, SAVES_ON_TERM)["result"] == "launched"
+        wait_for(lambda: (worker.dir / "exit_code").exists(), what="the job to end on the notice")
+        assert _notice(worker)["what"] == "PREEMPTED"
+    finally:
+        server.close()
 
 
 def test_without_a_metadata_server_the_relay_ends_and_the_job_runs_on(worker: Worker) -> None:

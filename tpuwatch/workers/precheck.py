@@ -57,8 +57,8 @@ _SEPARATORS = frozenset({";", "&&", "||", "|", "&", "(", ")", "\n", "|&"})
 
 @lru_cache(maxsize=1)
 def precheck_script() -> str:
-    """precheck.sh as it runs on a worker."""
-    return protocol.packaged("precheck.sh")
+    """precheck.sh as it runs on a worker (without its whole-line comments)."""
+    return protocol.uncommented(protocol.packaged("precheck.sh"))
 
 
 @dataclass(frozen=True)

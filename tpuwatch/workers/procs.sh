@@ -87,6 +87,14 @@ tw_holders() {  # live pids (not us, not our ancestors) with an open fd matching
     args+=(-lname "$g")
   done
   [ ${#args[@]} -gt 0 ] || return 0
+  tw_procs
+  # No find when the host has no process but us and our ancestors (a host just booted, as its
+  # cgroup shows it in the simulator): none of them holds a device. Ends at the first other.
+  g=""
+  for p in "${TW_PROCS[@]#/proc/}"; do
+    case "$tw_ancestors$BASHPID " in *" $p "*) ;; *) g=1 && break ;; esac
+  done
+  [ -n "$g" ] || return 0
   while IFS= read -r line; do
     p=${line#/proc/}
     p=${p%%/*}
@@ -94,7 +102,7 @@ tw_holders() {  # live pids (not us, not our ancestors) with an open fd matching
     case "$tw_ancestors$out" in *" $p "*) continue ;; esac
     tw_alive "$p" || continue
     out="$out$p "
-  done < <(tw_procs && "${find[@]}" "${TW_PROCS[@]/%//fd}" -mindepth 1 -maxdepth 1 \( "${args[@]}" \) -print 2>/dev/null)
+  done < <("${find[@]}" "${TW_PROCS[@]/%//fd}" -mindepth 1 -maxdepth 1 \( "${args[@]}" \) -print 2>/dev/null)
   out=${out# }
   printf '%s' "${out% }"
 }

@@ -444,30 +444,103 @@ TW_PY
 # maintenance must not end every new attempt at once. On a notice it writes $dir/maintenance for
 # jobs that poll a file, and sends signal $3 (none when empty) to the attempt's process group $2,
 # so a job that saves on SIGTERM (Orbax, PyTorch/XLA) saves before the host stops.
-# Each look is one curl (one process, one connection): the directory query, then the three
-# keys. When the directory query fails twice in a row it reads the keys alone, every $poll
+# Each look is the directory query, then the three keys, one connection each over bash's own
+# /dev/tcp (HTTP/1.0: the answer ends with the connection), no process started: a curl costs
+# ~6 ms of CPU to start, and a relaunched pod starts one relay a host, each looking twice at
+# once (the first look, then the wait). Where bash cannot connect there (no such host, a bash
+# built without /dev/tcp) or the answer is not plain HTTP/1.x, curl looks instead, one curl a
+# look, as it always did. When the directory query fails twice in a row it reads the keys alone, every $poll
 # seconds, for the rest of the attempt. When the keys do not answer either and nothing
 # ever answered (not a Compute Engine VM), it says so in the log and ends.
 tw_relay() {
   local dir=$1 group=$2 sig=$3 attempt=$4 base etag="" q fails=0 keys="" first=1 stale="" ev pre um poll=2 codes
   local what window ongoing='[Mm]aintenance[_-]?[Ss]tatus"?[[:space:]]*:[[:space:]]*"?ONGOING'
-  local out="$dir/.relay.$BASHPID" line  # its files: $out.h (headers), .1-.3 (keys), .codes
+  local out="$dir/.relay.$BASHPID" line hetag  # curl's files: $out.h (headers), .1-.3 (keys), .codes
+  local mhost=${GCE_METADATA_HOST:-metadata.google.internal} mport=80 tcp=1
   exec 9>&-  # not the job: the relay never holds the job's lock
   base="http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1/instance"
+  case $mhost in  # host[:port] for /dev/tcp; a bare IPv6 address or anything odd: curl only
+    *[!A-Za-z0-9.:-]* | *:*:* | '') tcp="" ;;
+    *:*) mport=${mhost##*:} mhost=${mhost%:*} ;;
+  esac
+  case $mport in '' | *[!0-9]*) tcp="" ;; esac
   TW_CURL=""
   trap '[ -n "$TW_CURL" ] && kill "$TW_CURL" 2>/dev/null; rm -f -- "$out".*; exit 0' TERM INT
-  tw_look() {  # one curl, as a child so that TERM ends both at once: with $1, the directory
-    # query $base/$1 first ($2 seconds at most, its headers into $out.h), then the three keys.
-    # codes := the HTTP statuses of the directory query and the keys (000: no answer);
-    # ev, pre, um := each key's value when it answered 200 (um: the whole body on one line)
+  tw_get() {  # GET $base/$1 over /dev/tcp within $2 seconds: tw_code (000: no answer in time),
+    # tw_etag and, with $3, the body in tw_body. Fails, with nothing decided, where curl must look.
+    # The answer is read in two `read -N` (bash reads a socket a byte at a time; a `read -t` per
+    # line costs twice as much): its first byte, then up to 4 KB more, the headers and a key's
+    # short body, to the end of the connection (HTTP/1.0, Connection: close), or by its
+    # Content-Length where a server kept it open 2 s. A directory's longer body is not read.
+    local fd first="" resp="" raw head rc LC_ALL=C
+    tw_code=000 tw_etag="" tw_body=""
+    [ -n "$tcp" ] || return 1
+    { exec {fd}<>"/dev/tcp/$mhost/$mport"; } 2>/dev/null || return 1
+    if ! printf 'GET /computeMetadata/v1/instance/%s HTTP/1.0\r\nHost: %s\r\nMetadata-Flavor: Google\r\nConnection: close\r\n\r\n' \
+      "$1" "${GCE_METADATA_HOST:-metadata.google.internal}" >&"$fd"; then
+      exec {fd}>&-
+      return 1
+    fi
+    IFS= read -r -N 1 -t "$2" -u "$fd" first  # a wait_for_change waits here
+    [ $? -gt 128 ] && { exec {fd}>&-; return 0; }  # no answer in time, as curl's --max-time
+    IFS= read -r -N 4095 -t 2 -u "$fd" resp
+    rc=$?
+    exec {fd}>&-
+    resp=$first$resp raw=$first$resp
+    resp=${resp//$'\r'/}
+    head=${resp%%$'\n\n'*}
+    [ "$head" != "$resp" ] || return 1  # cut short, or headers past 4 KB
+    if [ "$rc" -gt 128 ]; then  # the connection stayed open: whole by its Content-Length, else curl
+      [[ $head =~ $'\n'[Cc]ontent-[Ll]ength:\ *([0-9]+) ]] || return 1
+      rc=${BASH_REMATCH[1]} first=${raw%%$'\r\n\r\n'*}
+      [ "${#raw}" -ge $((${#first} + 4 + rc)) ] || return 1
+    fi
+    [[ $head =~ ^HTTP/1\.[01]\ ([0-9][0-9][0-9])([[:space:]]|$) ]] || return 1
+    rc=${BASH_REMATCH[1]}
+    [[ $head =~ $'\n'[Tt]ransfer-[Ee]ncoding: ]] && return 1  # chunked (not HTTP/1.0): curl reads it
+    [[ $head =~ $'\n'[Ee][Tt][Aa][Gg]:\ *([^[:space:]]+) ]] && tw_etag=${BASH_REMATCH[1]}
+    if [ -n "${3:-}" ]; then
+      [ "${#resp}" -lt 4096 ] || return 1  # a body past 4 KB: not a key's
+      tw_body=${resp#*$'\n\n'}
+    fi
+    tw_code=$rc
+    return 0
+  }
+  tw_look() {  # with $1, the directory query $base/$1 first ($2 seconds at most), then the
+    # three keys. codes := the HTTP statuses of the directory query and the keys (000: no
+    # answer); hetag := the directory query's ETag; ev, pre, um := each key's value when it
+    # answered 200 (um: the whole body on one line)
+    local k=0 key dcode=-
+    ev="" pre="" um="" codes=() hetag=""
+    if [ -n "$1" ]; then
+      tw_get "$1" "$2" || { tw_curl_look "$@"; return 0; }
+      dcode=$tw_code hetag=$tw_etag
+    fi
+    for key in maintenance-event preempted "upcoming-maintenance?alt=json"; do
+      k=$((k + 1))
+      tw_get "$key" 10 body || { tw_curl_look ""; codes[0]=$dcode; return 0; }
+      codes[k]=$tw_code
+      [ "$tw_code" = 200 ] || continue
+      case $k in
+        1) ev=${tw_body%%$'\n'*} ;;
+        2) pre=${tw_body%%$'\n'*} ;;
+        3) um=${tw_body//$'\n'/} ;;
+      esac
+    done
+    codes[0]=$dcode
+    return 0
+  }
+  tw_curl_look() {  # tw_look with one curl, as a child so that TERM ends both at once
     local each=(-sS --connect-timeout 5 -H 'Metadata-Flavor: Google' -w '%{http_code}\n') dirq=()
     [ -n "$1" ] && dirq=("${each[@]}" --max-time "$2" -D "$out.h" -o /dev/null "$base/$1" --next)
-    ev="" pre="" um="" codes=()
+    ev="" pre="" um="" codes=() hetag=""
+    command -v curl >/dev/null 2>&1 || { codes=("${1:+000}" 000 000 000); codes[0]=${codes[0]:--}; return 0; }
     curl "${dirq[@]}" "${each[@]}" --max-time 10 \
       -o "$out.1" "$base/maintenance-event" -o "$out.2" "$base/preempted" \
       -o "$out.3" "$base/upcoming-maintenance?alt=json" >"$out.codes" 2>/dev/null &
     TW_CURL=$!
     wait "$TW_CURL"
+    TW_CURL=""
     mapfile -t codes <"$out.codes" 2>/dev/null
     [ -n "$1" ] || codes=(- "${codes[@]}")
     [ "${codes[1]:-}" = 200 ] && { IFS= read -r ev <"$out.1" || :; }
@@ -475,9 +548,14 @@ tw_relay() {
     if [ "${codes[3]:-}" = 200 ]; then
       while IFS= read -r line || [ -n "$line" ]; do um+=$line; done <"$out.3"
     fi
+    if [ -n "$1" ] && [ -f "$out.h" ]; then  # the last ETag header, read without a fork
+      while IFS= read -r line; do
+        [[ $line =~ ^[Ee][Tt][Aa][Gg]:\ *([^[:space:]]+) ]] && hetag=${BASH_REMATCH[1]}
+      done <"$out.h"
+    fi
     return 0
   }
-  if ! command -v curl >/dev/null 2>&1; then
+  if [ -z "$tcp" ] && ! command -v curl >/dev/null 2>&1; then
     echo "tpuwatch: curl is not installed: maintenance notices are not relayed to the job"
     return 0
   fi
@@ -495,10 +573,7 @@ tw_relay() {
       tw_look "$q" 75
       if [ "${codes[0]:-}" = 200 ]; then
         fails=0
-        etag=-  # the last ETag header, read without a fork
-        while IFS= read -r line; do
-          [[ $line =~ ^[Ee][Tt][Aa][Gg]:\ *([^[:space:]]+) ]] && etag=${BASH_REMATCH[1]}
-        done <"$out.h"
+        etag=${hetag:--}
       else
         fails=$((fails + 1))
         if [ "$fails" -lt 2 ]; then
@@ -568,11 +643,11 @@ tw_wrapper() {
   # environment is the exec's; unset in this subshell, not by an `env` process).
   (
     unset TPUWATCH_JOB
-    exec bash -c "$(declare -f tw_write tw_sleep tw_relay); tw_relay \"\$@\"" \
-      tpuwatch-relay "$dir" "$$" "${4:-}" "${5:-0}"
+    exec bash -c 'tw_relay "$@"' tpuwatch-relay "$dir" "$$" "${4:-}" "${5:-0}"
   ) &
   relay=$!
-  (umask "$mask" && exec bash -c "$2")
+  # The job does not get our functions (the launch exported them to this shell and the relay).
+  (umask "$mask" && export -fn tw_write tw_sleep tw_relay tw_wrapper && exec bash -c "$2")
   rc=$?
   kill -TERM "$relay" 2>/dev/null
   wait "$relay" 2>/dev/null
@@ -665,12 +740,21 @@ tw_launch() {
   (
     trap '' HUP
     trap - PIPE  # the job gets SIGPIPE as usual (the launch ignores it)
-    exec env -- "${TW_ENV[@]}" "${libtpu[@]}" \
+    local jobenv=("${libtpu[@]}" \
       "TPUWATCH_JOB=$TW_JOB" "TPUWATCH_ATTEMPT=$TW_ATTEMPT" "TPUWATCH_WORKER_ID=$TW_WORKER" \
       "TPUWATCH_SLICE_ID=${TW_SLICE:-0}" "TPUWATCH_NUM_SLICES=${TW_SLICES:-1}" \
-      "TPUWATCH_CHECKPOINT=$TW_CHECKPOINT" "TPUWATCH_STEP=$TW_STEP" \
-      setsid bash -c "$(declare -f tw_write tw_sleep tw_relay tw_wrapper); tw_wrapper \"\$@\"" \
-      tpuwatch-job "$TW_DIR" "$TW_COMMAND" "$TW_UMASK" "${TW_NOTIFY:-}" "$TW_ATTEMPT"
+      "TPUWATCH_CHECKPOINT=$TW_CHECKPOINT" "TPUWATCH_STEP=$TW_STEP")
+    # The wrapper's and the relay's functions go to them in the environment (exported, the job
+    # never gets them): a `$(declare -f ...)` forks a shell each. env and setsid pass them on
+    # (a POSIX sh in between would drop them: BASH_FUNC_<name>%% is no sh variable name).
+    export -f tw_write tw_sleep tw_relay tw_wrapper
+    local jobrun=(setsid bash -c 'tw_wrapper "$@"' \
+      tpuwatch-job "$TW_DIR" "$TW_COMMAND" "$TW_UMASK" "${TW_NOTIFY:-}" "$TW_ATTEMPT")
+    if [ ${#TW_ENV[@]} -eq 0 ]; then  # our own names only, none of them readonly: no `env` process
+      export "${jobenv[@]}"
+      exec "${jobrun[@]}"
+    fi
+    exec env -- "${TW_ENV[@]}" "${jobenv[@]}" "${jobrun[@]}"
   ) </dev/null >>"$log" 2>&1 &
   exec 9>&-
   pid=""
