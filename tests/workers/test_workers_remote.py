@@ -712,9 +712,10 @@ class ChunkedMetadataServer:
     """A metadata server that answers every request in HTTP/1.1 chunks (the simulator's answers,
     re-encoded), even an HTTP/1.0 one: what the relay's own reads do not take, and curl does.
     With `keep_open`, plain answers instead (a Content-Length), on a connection it never ends,
-    whatever the request asked."""
+    whatever the request asked. With `refuse_1_0`, an HTTP/1.0 request is answered 400 and any
+    other plainly: a server the relay's own HTTP/1.0 reads cannot use, whose answers curl gets."""
 
-    def __init__(self, instance: md.Instance, keep_open: bool = False) -> None:
+    def __init__(self, instance: md.Instance, keep_open: bool = False, refuse_1_0: bool = False) -> None:
         self.instance = instance
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -725,6 +726,12 @@ class ChunkedMetadataServer:
                 head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
                 path = head[0].split()[1]
                 r = md.answer(self.instance, path, dict(ln.split(": ", 1) for ln in head[1:] if ": " in ln), "GET")
+                if refuse_1_0:
+                    status, body = ((400, b"") if head[0].endswith("HTTP/1.0") else (r.status, r.body))
+                    writer.write(f"HTTP/1.1 {status} X\r\nMetadata-Flavor: Google\r\nETag: {r.etag}\r\n"
+                                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+                    await writer.drain()
+                    return
                 if keep_open:
                     writer.write(f"HTTP/1.1 {r.status} X\r\nMetadata-Flavor: Google\r\nETag: {r.etag}\r\n"
                                  f"Content-Length: {len(r.body)}\r\n\r\n".encode() + r.body)
@@ -758,6 +765,20 @@ def test_a_notice_in_an_answer_not_plain_http_1_0_still_reaches_the_job(worker: 
     # kept open: read by its Content-Length, 2 s after it came, not after the look's timeout
     instance = md.make_instance(project="proj", zone="us-central2-b", node_id=7, worker=0, metadata={})
     server = ChunkedMetadataServer(replace(instance, preempted=True), keep_open=keep_open)
+    worker.extra["GCE_METADATA_HOST"] = server.address
+    try:
+        assert worker.launch(1, SAVES_ON_TERM)["result"] == "launched"
+        wait_for(lambda: (worker.dir / "exit_code").exists(), what="the job to end on the notice")
+        assert _notice(worker)["what"] == "PREEMPTED"
+    finally:
+        server.close()
+
+
+def test_a_metadata_server_that_refuses_the_relays_http_1_0_is_looked_at_by_curl(worker: Worker) -> None:
+    # the relay's own reads speak HTTP/1.0; an answer other than 200 before any 200 came that
+    # way is curl's to judge, so a server that refused them could not silence the notices
+    instance = md.make_instance(project="proj", zone="us-central2-b", node_id=7, worker=0, metadata={})
+    server = ChunkedMetadataServer(replace(instance, preempted=True), refuse_1_0=True)
     worker.extra["GCE_METADATA_HOST"] = server.address
     try:
         assert worker.launch(1, SAVES_ON_TERM)["result"] == "launched"

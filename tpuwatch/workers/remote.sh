@@ -448,15 +448,15 @@ TW_PY
 # /dev/tcp (HTTP/1.0: the answer ends with the connection), no process started: a curl costs
 # ~6 ms of CPU to start, and a relaunched pod starts one relay a host, each looking twice at
 # once (the first look, then the wait). Where bash cannot connect there (no such host, a bash
-# built without /dev/tcp) or the answer is not plain HTTP/1.x, curl looks instead, one curl a
-# look, as it always did. When the directory query fails twice in a row it reads the keys alone, every $poll
-# seconds, for the rest of the attempt. When the keys do not answer either and nothing
+# built without /dev/tcp), the answer is not plain HTTP/1.x, or it is not a 200 before any came
+# that way, curl looks instead, one curl a look. When the directory query fails twice in a row it
+# reads the keys alone, every $poll seconds, for the rest of the attempt. When the keys do not answer either and nothing
 # ever answered (not a Compute Engine VM), it says so in the log and ends.
 tw_relay() {
   local dir=$1 group=$2 sig=$3 attempt=$4 base etag="" q fails=0 keys="" first=1 stale="" ev pre um poll=2 codes
   local what window ongoing='[Mm]aintenance[_-]?[Ss]tatus"?[[:space:]]*:[[:space:]]*"?ONGOING'
   local out="$dir/.relay.$BASHPID" line hetag  # curl's files: $out.h (headers), .1-.3 (keys), .codes
-  local mhost=${GCE_METADATA_HOST:-metadata.google.internal} mport=80 tcp=1
+  local mhost=${GCE_METADATA_HOST:-metadata.google.internal} mport=80 tcp=1 tcp_ok=""
   exec 9>&-  # not the job: the relay never holds the job's lock
   base="http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1/instance"
   case $mhost in  # host[:port] for /dev/tcp; a bare IPv6 address or anything odd: curl only
@@ -497,6 +497,10 @@ tw_relay() {
     fi
     [[ $head =~ ^HTTP/1\.[01]\ ([0-9][0-9][0-9])([[:space:]]|$) ]] || return 1
     rc=${BASH_REMATCH[1]}
+    # until a 200 came this way, any other answer is curl's to judge (a server refusing HTTP/1.0
+    # must not pass for no metadata server)
+    [ "$rc" = 200 ] && tcp_ok=1
+    [ -n "$tcp_ok" ] || return 1
     [[ $head =~ $'\n'[Tt]ransfer-[Ee]ncoding: ]] && return 1  # chunked (not HTTP/1.0): curl reads it
     [[ $head =~ $'\n'[Ee][Tt][Aa][Gg]:\ *([^[:space:]]+) ]] && tw_etag=${BASH_REMATCH[1]}
     if [ -n "${3:-}" ]; then
