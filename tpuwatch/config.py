@@ -800,13 +800,10 @@ def _check_limp(job: dict[str, Any], names: Sequence[str]) -> None:
 
 
 def _check_priority(job: Mapping[str, Any], t: Mapping[str, Any]) -> None:
-    """[job] priority: TPU API nodes made plainly (a node handed over is relabelled and made again
-    from [tpu.spec], which neither a Compute Engine TPU nor a queued resource's node takes)."""
+    """[job] priority: nodes made plainly (a node handed over is relabelled and made again from
+    [tpu.spec], which a queued resource's node does not take; Compute Engine: tpuconfig.API_ONLY)."""
     if job["priority"] == "off":
         return
-    if t["api"] != "tpu":
-        raise ConfigError("job.priority: not with tpu.api = \"compute\" (jobs lend each other TPU API nodes only: a "
-                          "hand-over relabels a TPU API node); remove job.priority")
     if t["queued_resource"]:
         raise ConfigError("job.priority: a node made through a queued resource cannot be handed to another job (the "
                           "request holds it); drop job.priority, or tpu.queued_resource if the nodes were made plainly")

@@ -52,6 +52,9 @@ API_ONLY: dict[str, tuple[str, str]] = {
         "compute", "the Cloud TPU API has no call to report a faulty host (Compute Engine's "
         "instances.reportHostAsFaulty is for TPU VMs made through it, tpu.api = \"compute\"); remove it, or set it "
         "to false: tpuwatch still says what a person should do"),
+    "job.priority": (
+        "tpu", "not with tpu.api = \"compute\" (jobs lend each other TPU API nodes only: a hand-over relabels a "
+        "TPU API node); remove job.priority"),
 }
 
 
@@ -274,7 +277,7 @@ def check(t: Mapping[str, Any], sections: Mapping[str, Mapping[str, Any]]) -> No
         after(t)
     for dotted, (only, refusal) in API_ONLY.items():
         section, key = dotted.split(".", 1)
-        if api != only and sections[section][key]:
+        if api != only and sections[section][key] not in (False, "off"):  # set: not its default
             raise ConfigError(f"{dotted}: {refusal}")
 
 
