@@ -126,13 +126,12 @@ def recreate_kills(sim: Simulator, tmp_path: Path) -> None:
         job.start()
         job.running_with_progress()
         cycles = 0
-        final = False
         while True:
-            if counted(job.kills, "delete") >= DELETE_KILLS and counted(job.kills, "create") >= CREATE_KILLS:
-                finish_at(job, 150)
-                final = True
+            final = counted(job.kills, "delete") >= DELETE_KILLS and counted(job.kills, "create") >= CREATE_KILLS
             old = job.node().id
             sim.inject("maintenance", node=job.name, stuck="REPAIRING")
+            if final:
+                finish_at(job, 150)  # once the maintenance has killed the attempt, as in queued_kills
             since = job.wait(lambda: job.node() is None or job.node().state == "DELETING", timeout=30,
                              what="the delete to start")
 
