@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -228,10 +227,10 @@ def tick_until(rec: Reconciler, done: Callable[[TickReport], bool], what: str, t
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def watch_process(cfg: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    """`tpuwatch watch -c cfg`, a real process whose output the test reads at its end."""
-    return subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(cfg)], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+def watch_process(cfg: Path, env: dict[str, str]) -> cli_process.Forked:
+    """`tpuwatch watch -c cfg`, a process of its own forked from a warm server (tests/cli_process.py)
+    whose output the test reads at its end."""
+    return cli_process.start(["watch", "-c", str(cfg)], env)
 
 
 def job_memory(state_dir: Path, job: str) -> Memory | None:
@@ -243,7 +242,8 @@ def job_memory(state_dir: Path, job: str) -> Memory | None:
         return None
 
 
-def wait_while_watched(pred: Callable[[], bool], proc: subprocess.Popen[str], what: str, timeout: float = 90) -> None:
+def wait_while_watched(pred: Callable[[], bool], proc: subprocess.Popen[str] | cli_process.Forked, what: str,
+                       timeout: float = 90) -> None:
     """Wait until `pred()`, while the watcher runs; its output in the failure when it ends or the time is up."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tpuwatch import tpuconfig
 from tpuwatch.config import Config, load_config
 from tpuwatch.errors import ConfigError
 
@@ -102,7 +103,9 @@ def test_the_gcloud_transport_is_taken_for_a_compute_engine_slice(tmp_path: Path
 
 
 def test_an_older_inits_bare_machine_and_disk_types_become_partial_urls_in_the_slices_zone(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    # said once per process: as in a fresh one, whatever this pytest worker loaded before
+    monkeypatch.setattr(tpuconfig, "_repaired_said", set())
     # Compute Engine refuses a bare name in an instance insert ("The URL is malformed.")
     spec = ('api = "compute"\ninstance = "vm"\nzone = "us-central1-c"\n[tpu.compute_spec.instance]\n'
             'machineType = "tpu7x-standard-4t"\n[[tpu.compute_spec.instance.disks]]\nboot = true\n'

@@ -126,13 +126,12 @@ def recreate_kills(sim: Simulator, tmp_path: Path) -> None:
         job.start()
         job.running_with_progress()
         cycles = 0
-        final = False
         while True:
-            if counted(job.kills, "delete") >= DELETE_KILLS and counted(job.kills, "create") >= CREATE_KILLS:
-                finish_at(job, 150)
-                final = True
+            final = counted(job.kills, "delete") >= DELETE_KILLS and counted(job.kills, "create") >= CREATE_KILLS
             old = job.node().id
             sim.inject("maintenance", node=job.name, stuck="REPAIRING")
+            if final:
+                finish_at(job, 150)  # once the maintenance has killed the attempt, as in queued_kills
             since = job.wait(lambda: job.node() is None or job.node().state == "DELETING", timeout=30,
                              what="the delete to start")
 
@@ -179,15 +178,17 @@ def queued_kills(sim: Simulator, tmp_path: Path) -> None:
     try:
         job.start()
         job.running_with_progress()
-        final = False
         while True:
-            if counted(job.kills, "queued") >= QUEUED_KILLS:
-                finish_at(job, 150)
-                final = True
+            final = counted(job.kills, "queued") >= QUEUED_KILLS
             stockout = 5.0 + job.rng.random()  # real seconds
             sim.inject("stockout", zone=QUEUED_ZONE, duration=f"{stockout * sim.speed:.0f}s")
             over = time.monotonic() + stockout
             sim.inject("preempt", node=job.name, zone=QUEUED_ZONE)
+            if final:
+                # The end is set once the preemption has killed the attempt (the inject returns
+                # then): set before, it raced the trainer, which on a busy machine wrote
+                # checkpoints past it while the simulator's kill was still scanning /proc.
+                finish_at(job, 150)
             while time.monotonic() < over - 0.5:
                 # each kill lands a seeded moment after the journal says queued (a watcher saw the
                 # create fail and waits to retry it)

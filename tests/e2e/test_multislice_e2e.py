@@ -14,7 +14,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -61,9 +60,8 @@ def multislice_job(sim: Simulator, tmp_path: Path, *, spot: bool = False, recrea
     return cfg, env
 
 
-def watch(cfg: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(cfg)], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+def watch(cfg: Path, env: dict[str, str]) -> cli_process.Forked:
+    return cli_process.start(["watch", "-c", str(cfg)], env)
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -100,7 +98,7 @@ def steps(sim: Simulator) -> list[int]:
     return sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit()) if ck.exists() else []
 
 
-def wait(pred: Any, timeout: float = 60, what: str = "", proc: subprocess.Popen[str] | None = None) -> None:
+def wait(pred: Any, timeout: float = 60, what: str = "", proc: cli_process.Forked | None = None) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if pred():

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cli_process
 import pytest
 
 from tpuwatch.cloud.tpu.adapter import TpuAdapter
@@ -87,9 +88,8 @@ def write_config(path: Path, sim: Simulator, command: str, checkpoint_dir: Path 
     return path
 
 
-def tpuwatch(args: list[str], env: dict[str, str], **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tpuwatch.cli", *args], env=env, capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL, **kw)  # type: ignore[call-overload]
+def tpuwatch(args: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return cli_process.run(args, env, timeout=120, cwd=None if cwd is None else str(cwd))
 
 
 def job_pids(sim: Simulator, job: str = "pod") -> list[int]:

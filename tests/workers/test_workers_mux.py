@@ -113,6 +113,15 @@ def _opts(argv: list[str]) -> list[str]:
     return [argv[i + 1] for i, a in enumerate(argv) if a == "-o"]
 
 
+def _alive(pid: int) -> bool:
+    """The process runs (a zombie has closed its sockets: not alive)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
 def _master_pid(path: str) -> int:
     out = subprocess.run([SSH, "-o", f"ControlPath={path}", "-O", "check", "x"], capture_output=True, text=True,
                          timeout=10)
@@ -223,8 +232,11 @@ def test_a_dead_or_stuck_master_is_replaced(cluster: Cluster) -> None:
     w.probe(cluster.node)
     mux = w.transport.mux  # type: ignore[attr-defined]
     path0 = mux.path(w.transport._control_key(cluster.node, cluster.node.workers[0], w.transport.user))  # type: ignore[attr-defined]
-    # killed: its socket is left behind; ssh removes it and connects afresh
-    os.kill(_master_pid(path0), signal.SIGKILL)
+    # killed: its socket is left behind; ssh removes it and connects afresh. Once it is gone: a
+    # master still dying would take the probe's connection and drop it.
+    dead = _master_pid(path0)
+    os.kill(dead, signal.SIGKILL)
+    wait_for(lambda: not _alive(dead), what="the killed master to be gone")
     assert [p.state for p in w.probe(cluster.node)] == ["absent", "absent"]
     assert cluster.hosts.accepted(cluster.key, 0) == 2
     # stuck (a connection that no longer answers): the call times out at ssh.command_timeout,
