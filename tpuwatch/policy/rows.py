@@ -95,13 +95,14 @@ ROWS: tuple[Row, ...] = (
     Row("spare_remake", "the job runs on or waits (nothing else to do this tick) and an idle spare, owned by the job "
         "and made alone, is PREEMPTED / TERMINATED (or under repair longer than repair_timeout) with [tpu.spec] "
         "there to make it from (while `spare_wait` waits, "
-        "such a lost slice of the job's too); or one tpuwatch deleted so is gone", "journal it as one tpuwatch makes again, delete it; once gone, create it again from [tpu.spec] "
+        "such a lost slice of the job's too; so is a slice a job that limps over slices made one by one with "
+        "[tpu.spec] runs without); or one tpuwatch deleted so is gone", "journal it as one tpuwatch makes again, delete it; once gone, create it again from [tpu.spec] "
         "(one that came to nothing tried again as a queued create is: recovery.backoff_base, doubling to "
         "recovery.backoff_max). A spare tpuwatch did not delete is never created"),
     Row("spare_bad", "before a launch, the launch-time checks fail on workers of a spare swapped in (after the "
         "cleanup of what tpuwatch can fix)", "not charged, nothing launched: the spare is not used again until it is "
         "made again (its node id), its slot goes back to its own node; another spare, a limp or a wait follows"),
-    Row("spare_wait", "a job with tpu.spares: a slice it runs on is dead or missing (or repairing past "
+    Row("spare_wait", "a job with tpu.spares (or that limps over slices made one by one with [tpu.spec]): a slice it runs on is dead or missing (or repairing past "
         "repair_timeout), no spare is free and "
         "it may not limp, but a spare is on its way (being made again by tpuwatch, or healing) or the lost slice "
         "can be made again itself ([tpu.spec], owned, made alone)", "a disruption, not charged: stop the attempt "

@@ -115,6 +115,9 @@ class PolicyConfig:
     spares: tuple[str, ...] = ()
     # [tpu.spec] is there to make a spare again from: a dead idle one is deleted and created again
     spares_remade: bool = False
+    # A job that limps ([job] min_slices, or has spares) over slices made one by one (tpu.names,
+    # no queued resource) with [tpu.spec]: a dead slice of its own is made again alone
+    slices_remade: bool = False
 
     def __post_init__(self) -> None:
         if not self.zones:
@@ -144,6 +147,8 @@ class PolicyConfig:
             min_slices=int(cfg.job["min_slices"]),
             spares=tuple(cfg.tpu["spares"]),
             spares_remade=bool(cfg.tpu["spares"]) and bool(cfg.tpu["spec"]),
+            slices_remade=(bool(cfg.tpu["names"]) and not cfg.tpu["queued_resource"] and bool(cfg.tpu["spec"])
+                           and bool(cfg.job["min_slices"] or cfg.tpu["spares"])),
             repair_timeout=float(r["repair_timeout"]),
             max_restarts=int(r["max_restarts"]),
             max_recreates=int(r["max_recreates"]),
