@@ -317,3 +317,27 @@ def test_a_slice_past_a_failed_repair_with_no_spare_free_is_made_again_after_the
     assert early.row not in ("spare_wait", "spare_remake", "not_recreatable"), early.row
     d = tick(seen, mem, FAILED_REPAIR_GRACE + 1, cfg=REMADE)
     assert d.row in ("spare_wait", "spare_remake") and "s2 to be made again" in d.summary, (d.row, d.summary)
+
+
+def test_a_slice_under_repair_is_not_deleted_while_creates_come_to_nothing_but_a_dead_one_is() -> None:
+    """x0, deleted by tpuwatch, could not be created yet (a stockout): s2, repairing past
+    repair_timeout with no spare free, is waited for, not deleted: it may still heal, and deleted
+    it could come back only through a create the zone refuses. A preempted s2 never heals: deleted."""
+    from policy_support import at
+
+    from tpuwatch.policy import Repair
+
+    refused = Limp(remaking=("x0",), remake_tries=3, remake_at=at(10_000))
+    mem = replace(run_mem(step=100), phase=Phase.WAITING_NODE, limp=refused, repair=Repair(unhealthy_since=at(0)))
+    seen = limp_look({"s2": "REPAIRING"}, mem, spares=("x0",), parts={"x0": None}, probes=absent(6))
+    d = tick(seen, mem, REMADE.repair_timeout + 60, cfg=REMADE)
+    assert d.row == "spare_wait" and d.memory.phase is Phase.WAITING_NODE
+    assert not [a for a in d.actions if isinstance(a, RemakeSpare)] and d.memory.limp.remaking == ("x0",)
+    # before any create was refused, the same slice is deleted to be made again, as before
+    fresh = replace(mem, limp=Limp(remaking=("x0",)))
+    first = tick(replace(seen, probes=absent(6)), fresh, REMADE.repair_timeout + 60, cfg=REMADE)
+    assert [(a.name, a.create) for a in first.actions if isinstance(a, RemakeSpare)] == [("x0", True)]
+    dead = tick(limp_look({"s2": "PREEMPTED"}, mem, spares=("x0",), parts={"x0": None}, probes=absent(6)), mem,
+                REMADE.repair_timeout + 60, cfg=REMADE)
+    assert dead.row == "spare_remake" and [(a.name, a.create) for a in dead.actions
+                                           if isinstance(a, RemakeSpare)] == [("s2", False)]

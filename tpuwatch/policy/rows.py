@@ -96,7 +96,8 @@ ROWS: tuple[Row, ...] = (
         "and made alone, is PREEMPTED / TERMINATED (or under repair longer than repair_timeout) with [tpu.spec] "
         "there to make it from (while `spare_wait` waits, "
         "such a lost slice of the job's too; so is a slice a job that limps over slices made one by one with "
-        "[tpu.spec] runs without); or one tpuwatch deleted so is gone", "journal it as one tpuwatch makes again, delete it; once gone, create it again from [tpu.spec] "
+        "[tpu.spec] runs without; not one under repair while a create has come to nothing: it may still heal); "
+        "or one tpuwatch deleted so is gone", "journal it as one tpuwatch makes again, delete it; once gone, create it again from [tpu.spec] "
         "(one that came to nothing tried again as a queued create is: recovery.backoff_base, doubling to "
         "recovery.backoff_max). A spare tpuwatch did not delete is never created"),
     Row("spare_bad", "before a launch, the launch-time checks fail on workers of a spare swapped in (after the "

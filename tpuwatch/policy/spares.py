@@ -140,6 +140,8 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
       the job waits for a spare (row `spare_wait`).
     - So is a slice the job limps without ([job] min_slices), of a job over slices made one by
       one with [tpu.spec] (`slices_remade`): the job grows back onto it once it is READY.
+    - Not one under repair while a create of another has come to nothing (a stockout): it may
+      still heal, and a node deleted then could come back only through a create.
     - One of those gone: created again from [tpu.spec], no sooner than `remake_at`: a create that
       came to nothing (a stockout, quota) is tried again as a queued create is, after
       recovery.backoff_base, doubling up to recovery.backoff_max.
@@ -179,9 +181,13 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
     if decision.row == "spare_wait":
         candidates += [(name, part, _repair_since(before, part) if part is not None else None)
                        for name, part in held.items()]
+    # creates come to nothing (a stockout, quota): a node under repair may still come back by
+    # itself, a deleted one only through a create, so none is deleted for being slow to heal
+    refused = bool(gone) and limp.remake_tries > 0
     dead = [(name, part) for name, part, since in candidates
             if part is not None and name not in limp.remaking and remakable(cfg.job, part, since, now,
-                                                                             cfg.repair_timeout)]
+                                                                             cfg.repair_timeout)
+            and not (refused and node_condition(part) is not Cond.DEAD)]
     action: RemakeSpare | None = None
     if gone and (limp.remake_at is None or now >= limp.remake_at):
         wait = backoff_delay(limp.remake_tries + 1, cfg.backoff_base, cfg.backoff_max, draft.obs.jitter)
