@@ -243,3 +243,25 @@ def test_slices_made_one_by_one_lost_below_the_floor_are_made_again_and_waited_f
     later = tick(replace(seen, probes=tuple(WorkerProbe(w, "absent") for w in range(8))), d.memory, 601, cfg=ALONE)
     assert later.row == "spare_remake" and [a.name for a in later.actions if isinstance(a, RemakeSpare)] == ["s1"]
     assert tick(seen, mem, 600, cfg=LIMPS).row == "not_recreatable"
+
+
+def test_a_slice_back_soon_after_the_limp_is_grown_onto_at_once_before_any_checkpoint() -> None:
+    """The limped attempt (started at 900 from step 200) has saved nothing and is younger than
+    1/4 (one of 4 slices left out) of the job's 2000 s checkpoint interval: growing back now
+    discards less than limping on to its first checkpoint would lose."""
+    from tpuwatch.policy import HangLearning
+
+    mem = run_mem(attempt=2, start=900, step=200, limp=Limp(out=("s2",)), hang=HangLearning(ckpt_gap=2000.0))
+    on3 = running_on(6, attempt=2)
+    soon = tick(limp_look({}, mem, probes=on3, checkpoint=ckpt(200)), mem, 900 + 120, cfg=LIMPS)
+    assert soon.row == "grow" and soon.memory.limp.out == () and soon.memory.phase is Phase.IDLE
+    [end] = soon.ended
+    assert end.outcome == "disruption" and not end.charged
+    # later than a quarter of the interval, or once it saved a checkpoint: at its next checkpoint
+    late = tick(limp_look({}, mem, probes=on3, checkpoint=ckpt(200)), mem, 900 + 600, cfg=LIMPS)
+    assert late.row == "grow_wait" and late.memory.limp.out == ("s2",)
+    saved = tick(limp_look({}, mem, probes=on3, checkpoint=ckpt(300)), mem, 900 + 120, cfg=LIMPS)
+    assert saved.row == "grow_wait"
+    # nothing learned of the interval yet: at its next checkpoint, as before
+    fresh = replace(mem, hang=HangLearning())
+    assert tick(limp_look({}, fresh, probes=on3, checkpoint=ckpt(200)), fresh, 900 + 120, cfg=LIMPS).row == "grow_wait"

@@ -125,7 +125,9 @@ ROWS: tuple[Row, ...] = (
         "come back by itself (PREEMPTED, TERMINATED) and the job's multislice queued resource can be made again",
         "keep running until the next complete checkpoint newer than the one when the slice came back, looking every "
         "sixth of a poll (1 s at least)"),
-    Row("grow", "that checkpoint landed; or such a slice is left out while no attempt runs; or it is no longer in "
+    Row("grow", "that checkpoint landed; or the slice is back while the limped attempt has saved no checkpoint and "
+        "is younger than (n-k)/n of the job's checkpoint interval (a short heal: growing at once discards less than "
+        "limping on would lose); or such a slice is left out while no attempt runs; or it is no longer in "
         "tpu.names", "a disruption, not charged: stop the attempt, take the slices back, relaunch on all of them "
         "from that checkpoint; a dead one taken back is recreated with the whole request (`dead_node`), never "
         "limped around again until it is made"),
