@@ -56,6 +56,17 @@ class Params:
     # that limps counts in 1/slices of a step (`limping()` scales step_time, ckpt_every, steps).
     spares: int = 0
     limp_floor: int | None = None
+    # A job that limps runs on slices made one by one with [tpu.spec] (what a user who means to
+    # limp runs: a lost slice can be made again alone); with `limp_queued`, on one multislice
+    # queued resource instead, as the fixed-slice runs are.
+    limp_queued: bool = False
+
+    @property
+    def made_alone(self) -> bool:
+        """Every slice is a node made alone (no multislice queued resource, no autorepair): a world
+        with spares, or one whose job limps on slices made one by one."""
+        limps = self.limp_floor is not None and self.limp_floor < self.slices and not self.limp_queued
+        return self.slices > 1 and (self.spares > 0 or limps)
 
     @property
     def unit(self) -> int:

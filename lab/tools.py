@@ -368,7 +368,8 @@ def job_config(cfg: Config, world: BenchWorld) -> Config:
     `[tpu] queued_resource` names the multislice request they came from. With spares (the world's
     slices past the job's, `p.spares`), `[tpu] spares` lists them and there is no queued resource:
     every node is made alone, a dead spare made again from `[tpu.spec]` (checked by the product's
-    own validation)."""
+    own validation). So is every node of a job that limps (`Params.made_alone`): a dead slice it
+    limps without is made again from `[tpu.spec]`."""
     if len(world.slices) == 1:
         return cfg
     names = [sl.name for sl in world.slices[:world.p.slices]]
@@ -377,6 +378,8 @@ def job_config(cfg: Config, world: BenchWorld) -> Config:
         checked = validate(tomllib.loads(tpuwatch_toml(tpu=world.name, names=names, spares=spares)))
         tpu = {**cfg.values["tpu"], "names": checked["tpu"]["names"], "spares": checked["tpu"]["spares"],
                "queued_resource": ""}
+    elif world.p.made_alone:
+        tpu = {**cfg.values["tpu"], "names": tuple(names), "queued_resource": ""}
     else:
         tpu = {**cfg.values["tpu"], "names": tuple(names), "queued_resource": world.name}
     return Config(values={**cfg.values, "tpu": tpu}, path=None)

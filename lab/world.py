@@ -189,10 +189,11 @@ class BenchWorld:
         self._all_usable_at: float | None = None
         # A multislice job's slices came from one queued resource (multisliceParams, nodes
         # <name>-0..N-1), which a tool may delete (force: every slice) and create again as a whole.
-        # Not with spares: then every slice, the spares too, is a node made alone (what a job with
-        # spares runs: a slice swapped out can be made again alone, as the spares' bound assumes),
-        # so no autorepair either: a stuck node stays stuck until a tool deletes it.
-        self.queued = "ACTIVE" if p.slices > 1 and not p.spares else ""  # its state; "" when there is none
+        # Not with spares, nor for a job that limps (`Params.made_alone`): then every slice, the
+        # spares too, is a node made alone (what such a job runs: a slice swapped out or left out
+        # can be made again alone, as the bounds assume), so no autorepair either: a stuck node
+        # stays stuck until a tool deletes it.
+        self.queued = "ACTIVE" if p.slices > 1 and not p.made_alone else ""  # its state; "" when there is none
         self._queued_gen = 0  # bumped by every create of it: an autorepair of an older one is void
 
     # -- slice 0, the whole of a single-slice job --------------------------------------------

@@ -112,7 +112,11 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--limp-floor", type=int, default=None, metavar="K",
                    help="multislice: the job may run on K or more of its slices, a step on k of n counting k/n: "
                         "adds the bound limping (ideal-limp; ideal-both with --spares), and both tpuwatch rows "
-                        "limp ([job] min_slices = K, when K is below --slices)")
+                        "limp ([job] min_slices = K, when K is below --slices) on slices made one by one with "
+                        "[tpu.spec]")
+    g.add_argument("--limp-queued", action="store_true",
+                   help="with --limp-floor: the slices are one multislice queued resource, as at fixed slices "
+                        "(a dead slice is taken back and the request recreated as a whole), not made one by one")
     g = ap.add_argument_group("the cloud")
     g.add_argument("--create-time", type=_duration("--create-time"), default=d.create_time)
     g.add_argument("--delete-time", type=_duration("--delete-time"), default=d.delete_time)
@@ -202,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                ckpt_save=args.ckpt_save, steps=args.steps, startup=args.startup, create_time=args.create_time,
                delete_time=args.delete_time, audit_delay=args.audit_delay, notice_lead=args.notice_lead,
                save_on_term=args.save_on_term, slices=args.slices, autorepair_after=args.autorepair_after,
-               multislice_restart=args.multislice_restart)
+               multislice_restart=args.multislice_restart, limp_queued=args.limp_queued)
     tc = TraceConfig(maintenance=args.maintenance, stuck=args.stuck, preemptions=args.preemptions,
                      stockout_after_preemption=args.stockout_after_preemption, stockouts=args.stockouts,
                      crashes=args.crashes, hangs=args.hangs, bug_at=args.bug_at, heal_median=args.heal_median,

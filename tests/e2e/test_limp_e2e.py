@@ -38,11 +38,13 @@ SLICES = ("np-0", "np-1", "np-2", "np-3")
 STEPS = 200
 
 
-def limping_job(sim: Simulator, tmp_path: Path, *, floor: int = 3) -> tuple[Path, dict[str, str], Path]:
-    """The 4 slices READY with booted workers; a config for the job over them that may limp on
-    `floor`; the directory whose file `100` lets the trainer past step 100."""
+def limping_job(sim: Simulator, tmp_path: Path, *, floor: int = 3, spot: tuple[str, ...] = (),
+                spec: dict[str, object] | None = None) -> tuple[Path, dict[str, str], Path]:
+    """The 4 slices READY with booted workers (`spot` made Spot nodes, to be preempted); a config
+    for the job over them that may limp on `floor` (with `spec` as its [tpu.spec]); the directory
+    whose file `100` lets the trainer past step 100."""
     for name in SLICES:
-        sim.create_node(name, "v4-8", labels={"tpuwatch-job": "ms"})
+        sim.create_node(name, "v4-8", labels={"tpuwatch-job": "ms"}, spot=name in spot)
     ck = sim.bucket / "ck"
     go = tmp_path / "go"
     go.mkdir()
@@ -50,7 +52,7 @@ def limping_job(sim: Simulator, tmp_path: Path, *, floor: int = 3) -> tuple[Path
     # it saves on SIGTERM (Orbax's save on preemption): the relaunch must resume from that save
     command = "SLICES_SAID={num_slices} " + trainer(ck, f"--hold-at 100 --hold-until {go} --save-on-term 1",
                                                     steps=STEPS)
-    cfg = write_config(tmp_path / "tpuwatch.toml", sim, command, ck, tpu={"names": list(SLICES)}, name="ms")
+    cfg = write_config(tmp_path / "tpuwatch.toml", sim, command, ck, tpu={"names": list(SLICES)}, name="ms", spec=spec)
     cfg.write_text(cfg.read_text().replace("[recovery]", f"min_slices = {floor}\n[recovery]"))
     env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
     return cfg, env, go
@@ -198,3 +200,43 @@ def test_a_slice_lost_wakes_a_watcher_polling_hourly_and_the_job_limps_at_once(s
         proc.kill()
         proc.communicate(timeout=60)
 
+
+
+def test_a_preempted_slice_left_out_is_made_again_in_the_background_and_the_job_grows_back_onto_it(
+        sim: Simulator, tmp_path: Path) -> None:
+    """Slices created one by one with [tpu.spec]: np-1, preempted, will not come back by itself.
+    The job limps on the 3 left while np-1 is deleted and created again from [tpu.spec] (the
+    limped attempt is not stopped for it), then grows back onto the new np-1 at its next
+    checkpoint."""
+    spec = {"accelerator_type": "v4-8", "runtime_version": "tpu-ubuntu2204-base", "spot": True}
+    cfg, env, go = limping_job(sim, tmp_path, spot=("np-1",), spec=spec)
+    proc = watch_process(cfg, env)
+    try:
+        wait_while_watched(lambda: len(on_attempt(sim, 1)) == 4, proc, "attempt 1 on all 4 slices")
+        old = sim.world.node("np-1").id
+        sim.inject("preempt", node="np-1")
+        wait_while_watched(lambda: sorted(on_attempt(sim, 2)) == ["np-0", "np-2", "np-3"], proc,
+                           "attempt 2 on the 3 slices left")
+        wait_while_watched(lambda: sim.world.has_node("np-1") and sim.world.node("np-1").id != old
+                           and sim.world.node("np-1").state == "READY", proc, "np-1 made again", timeout=120)
+        assert sim.world.node("np-1").spec.labels.get("tpuwatch-job") == "ms"
+        wait_while_watched(lambda: (m := job_memory(tmp_path / "state", "ms")) is not None and m.limp.back_since is not None,
+                           proc, "the watcher seeing np-1 back")
+        # made again while the job limped: attempt 2 still trains on the 3, no checkpoint since
+        assert len(on_attempt(sim, 2)) == 3 and not on_attempt(sim, 3)
+        (go / "100").touch()
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    assert "limping on 3 of 4 slices (job.min_slices 3), np-1 left out" in out, out
+    assert "np-1 is PREEMPTED and will not come back by itself" in out, out
+    assert "growing back onto all 4 slices" in out, out
+    attempts = json.loads(subprocess.run([sys.executable, "-m", "tpuwatch.cli", "history", "-c", str(cfg), "--json"],
+                                         env=env, text=True, capture_output=True, timeout=60).stdout)["attempts"]
+    assert [(a["outcome"], a["charged"]) for a in attempts] == [
+        ("disruption", False), ("disruption", False), ("success", False)], attempts
+    assert checkpoint_steps(sim.bucket / "ck")[-1] == STEPS
+    # one delete and one create, both of np-1, off the job's path
+    assert sim.world.call_count("DeleteNode") == 1 and sim.world.call_count("CreateNode") == 1

@@ -17,6 +17,7 @@ from tpuwatch.policy import (
     Memory,
     Observation,
     Phase,
+    RemakeSpare,
     StopWorkers,
     Wait,
 )
@@ -184,3 +185,83 @@ def test_a_dead_slice_of_a_queued_resource_is_limped_around_until_the_next_check
     one_by_one = tick(limp_look({"s2": "PREEMPTED"}, waiting.memory, probes=running_on(6, attempt=2),
                                 checkpoint=ckpt(300)), waiting.memory, 760, cfg=LIMPS)
     assert one_by_one.row == "running" and one_by_one.memory.limp.out == ("s2",)
+
+
+ALONE = replace(LIMPS, slices_remade=True)  # slices made one by one, with [tpu.spec] to make one again
+
+
+def test_a_dead_slice_left_out_of_slices_made_one_by_one_is_made_again_in_the_background_then_grown_onto() -> None:
+    """A preempted slice made alone never comes back by itself: while the job limps on the 3
+    left, it is journaled as one tpuwatch makes again, deleted, created again from [tpu.spec]
+    (the job trains on throughout), and grown onto at the checkpoint after it is READY."""
+    mem = run_mem(step=200, limp=Limp(out=("s2",)))
+    on3 = running_on(6)
+    d = tick(limp_look({"s2": "PREEMPTED"}, mem, probes=on3, checkpoint=ckpt(300)), mem, 900, cfg=ALONE)
+    assert d.row == "spare_remake" and d.memory.limp.remaking == ("s2",) and not d.ended
+    assert d.memory.phase is Phase.RUNNING and [(a.name, a.create) for a in d.actions
+                                                if isinstance(a, RemakeSpare)] == [("s2", False)]
+    assert "grows back onto it" in d.summary
+    going = tick(limp_look({"s2": "DELETING"}, d.memory, probes=on3, checkpoint=ckpt(300)), d.memory, 930, cfg=ALONE)
+    assert going.row == "running" and going.memory.limp.remaking == ("s2",)
+    gone = limp_look({}, going.memory, parts={"s2": None}, probes=on3, checkpoint=ckpt(300))
+    create = tick(gone, going.memory, 960, cfg=ALONE)
+    assert create.row == "spare_remake" and [(a.name, a.create) for a in create.actions
+                                             if isinstance(a, RemakeSpare)] == [("s2", True)]
+    coming = tick(limp_look({"s2": "CREATING"}, create.memory, probes=on3, checkpoint=ckpt(300)), create.memory, 990,
+                  cfg=ALONE)
+    assert coming.row == "running" and coming.memory.limp.out == ("s2",)
+    back = tick(limp_look({}, coming.memory, probes=on3, checkpoint=ckpt(300)), coming.memory, 1300, cfg=ALONE)
+    assert back.row == "grow_wait" and back.memory.limp.remaking == ()
+    grown = tick(limp_look({}, back.memory, probes=on3, checkpoint=ckpt(400)), back.memory, 1320, cfg=ALONE)
+    assert grown.row == "grow" and grown.memory.limp.out == ()
+    # without [tpu.spec] (or over a queued resource's slices) such a slice is never deleted
+    plain = tick(limp_look({"s2": "PREEMPTED"}, mem, probes=on3, checkpoint=ckpt(300)), mem, 900, cfg=LIMPS)
+    assert plain.row == "running" and not [a for a in plain.actions if isinstance(a, RemakeSpare)]
+
+
+def test_a_slice_left_out_under_repair_is_made_again_only_past_repair_timeout_and_never_when_not_the_jobs() -> None:
+    mem = run_mem(step=200, limp=Limp(out=("s2",)))
+    on3 = running_on(6)
+    first = tick(limp_look({"s2": "REPAIRING"}, mem, probes=on3, checkpoint=ckpt(300)), mem, 900, cfg=ALONE)
+    assert first.row == "running" and first.memory.limp.down == ("s2",)
+    late = 900 + ALONE.repair_timeout
+    d = tick(limp_look({"s2": "REPAIRING"}, first.memory, probes=on3, checkpoint=ckpt(300)), first.memory, late,
+             cfg=ALONE)
+    assert d.row == "spare_remake" and d.memory.limp.remaking == ("s2",)
+    theirs = replace(limp_part("s2", "PREEMPTED"), labels={"tpuwatch-job": "other"})
+    other = tick(limp_look({}, mem, parts={"s2": theirs}, probes=on3, checkpoint=ckpt(300)), mem, 900, cfg=ALONE)
+    assert other.row == "running" and other.memory.limp.remaking == ()
+
+
+def test_slices_made_one_by_one_lost_below_the_floor_are_made_again_and_waited_for_not_a_person() -> None:
+    mem = run_mem(step=100)
+    down = tuple(WorkerProbe(w, "unreachable") if w // 2 in (1, 2) else WorkerProbe(w, "running", attempt=1, pid=w)
+                 for w in range(8))
+    seen = limp_look({"s1": "PREEMPTED", "s2": "PREEMPTED"}, mem, probes=down)
+    d = tick(seen, mem, 600, cfg=ALONE)
+    assert d.row == "spare_wait" and d.memory.phase is Phase.WAITING_NODE and "to be made again" in d.summary
+    later = tick(replace(seen, probes=tuple(WorkerProbe(w, "absent") for w in range(8))), d.memory, 601, cfg=ALONE)
+    assert later.row == "spare_remake" and [a.name for a in later.actions if isinstance(a, RemakeSpare)] == ["s1"]
+    assert tick(seen, mem, 600, cfg=LIMPS).row == "not_recreatable"
+
+
+def test_a_slice_back_soon_after_the_limp_is_grown_onto_at_once_before_any_checkpoint() -> None:
+    """The limped attempt (started at 900 from step 200) has saved nothing and is younger than
+    1/4 (one of 4 slices left out) of the job's 2000 s checkpoint interval: growing back now
+    discards less than limping on to its first checkpoint would lose."""
+    from tpuwatch.policy import HangLearning
+
+    mem = run_mem(attempt=2, start=900, step=200, limp=Limp(out=("s2",)), hang=HangLearning(ckpt_gap=2000.0))
+    on3 = running_on(6, attempt=2)
+    soon = tick(limp_look({}, mem, probes=on3, checkpoint=ckpt(200)), mem, 900 + 120, cfg=LIMPS)
+    assert soon.row == "grow" and soon.memory.limp.out == () and soon.memory.phase is Phase.IDLE
+    [end] = soon.ended
+    assert end.outcome == "disruption" and not end.charged
+    # later than a quarter of the interval, or once it saved a checkpoint: at its next checkpoint
+    late = tick(limp_look({}, mem, probes=on3, checkpoint=ckpt(200)), mem, 900 + 600, cfg=LIMPS)
+    assert late.row == "grow_wait" and late.memory.limp.out == ("s2",)
+    saved = tick(limp_look({}, mem, probes=on3, checkpoint=ckpt(300)), mem, 900 + 120, cfg=LIMPS)
+    assert saved.row == "grow_wait"
+    # nothing learned of the interval yet: at its next checkpoint, as before
+    fresh = replace(mem, hang=HangLearning())
+    assert tick(limp_look({}, fresh, probes=on3, checkpoint=ckpt(200)), fresh, 900 + 120, cfg=LIMPS).row == "grow_wait"

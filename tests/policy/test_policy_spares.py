@@ -364,3 +364,27 @@ def test_a_pool_of_one_whose_vm_google_deleted_is_gone_swaps_at_once_and_makes_i
     assert [(a.name, a.create) for a in again.actions if isinstance(a, RemakeSpare)] == [("pod", True)]
     person = tick(seen, run_mem(step=100, google=GoogleStop(node_id="n1", owned=True)), 600, cfg=one)
     assert person.row == "swap" and person.memory.limp.remaking == ()  # a deletion not Google's: not made again
+
+
+def test_a_slice_under_repair_is_not_deleted_while_creates_come_to_nothing_but_a_dead_one_is() -> None:
+    """x0, deleted by tpuwatch, could not be created yet (a stockout): s2, repairing past
+    repair_timeout with no spare free, is waited for, not deleted: it may still heal, and deleted
+    it could come back only through a create the zone refuses. A preempted s2 never heals: deleted."""
+    from policy_support import at
+
+    from tpuwatch.policy import Repair
+
+    refused = Limp(remaking=("x0",), remake_tries=3, remake_at=at(10_000))
+    mem = replace(run_mem(step=100), phase=Phase.WAITING_NODE, limp=refused, repair=Repair(unhealthy_since=at(0)))
+    seen = limp_look({"s2": "REPAIRING"}, mem, spares=("x0",), parts={"x0": None}, probes=absent(6))
+    d = tick(seen, mem, REMADE.repair_timeout + 60, cfg=REMADE)
+    assert d.row == "spare_wait" and d.memory.phase is Phase.WAITING_NODE
+    assert not [a for a in d.actions if isinstance(a, RemakeSpare)] and d.memory.limp.remaking == ("x0",)
+    # before any create was refused, the same slice is deleted to be made again, as before
+    fresh = replace(mem, limp=Limp(remaking=("x0",)))
+    first = tick(replace(seen, probes=absent(6)), fresh, REMADE.repair_timeout + 60, cfg=REMADE)
+    assert [(a.name, a.create) for a in first.actions if isinstance(a, RemakeSpare)] == [("x0", True)]
+    dead = tick(limp_look({"s2": "PREEMPTED"}, mem, spares=("x0",), parts={"x0": None}, probes=absent(6)), mem,
+                REMADE.repair_timeout + 60, cfg=REMADE)
+    assert dead.row == "spare_remake" and [(a.name, a.create) for a in dead.actions
+                                           if isinstance(a, RemakeSpare)] == [("s2", False)]

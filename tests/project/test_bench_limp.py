@@ -43,10 +43,23 @@ def test_tpuwatch_limps_on_the_slice_left_while_the_other_heals_for_hours_then_g
     assert limp.goodput > fixed.goodput + 0.05
 
 
+def test_a_preempted_slice_is_made_again_in_the_background_while_tpuwatch_limps_then_grown_onto() -> None:
+    # A job that limps runs on slices made one by one with [tpu.spec] (no queued resource): the
+    # preempted slice is deleted and created again while the job trains on the other
+    trace = Trace(1, P.horizon, (Fault(LOST, "preemption", slice=1),), ())
+    limp = run_tool(tpuwatch(1), trace, P)
+    assert limp.error == "" and limp.attempt_slices == [2, 1, 2]
+    assert limp.rows.get("spare_remake") == 2 and limp.rows.get("grow") == 1  # a delete, then a create
+    assert list(limp.limp_hours) == ["PREEMPTED"] and limp.limp_hours["PREEMPTED"] < 1.0
+    w = BenchWorld(Sim(), way_params(P, limp_floor=1), [])
+    assert w.queued == "" and w.p.made_alone
+
+
 def test_googles_autorepair_ends_an_attempt_limping_without_the_new_slice() -> None:
     # Multislice autorepair restarts the request's other slices once the new one is READY: those a
     # job limps on too, so their attempt ends (its processes killed) though it never ran there
-    w = BenchWorld(Sim(), way_params(Params(days=1, slices=2), limp_floor=1), [])
+    w = BenchWorld(Sim(), way_params(Params(days=1, slices=2, limp_queued=True), limp_floor=1), [])
+    assert w.queued == "ACTIVE"
     assert w.launch(1) is not None
     w.sim.run(3600.0)
     assert w.maintenance_event("stuck", None, "REPAIRING", s=1)  # replaced by Google

@@ -106,7 +106,7 @@ def grow(draft: Draft, mem: Memory) -> Decision | None:
         if mem.limp.back_since is None:
             return None  # `track` notes it first; the attempt trains on
         saved = ckpt is not None and (mem.limp.back_step is None or ckpt.step > mem.limp.back_step)
-        if not saved:
+        if not saved and not undone(draft, mem):
             return None
         sign = Evidence(now, f"stopped by tpuwatch to grow back onto {', '.join(back)} (checkpoint step {ckpt.step})"
                         if ckpt is not None else f"stopped by tpuwatch to grow back onto {', '.join(back)}")
@@ -126,6 +126,21 @@ def grow(draft: Draft, mem: Memory) -> Decision | None:
                      *([f"{', '.join(gone)} no longer in tpu.names"] if gone else [])])
     return _out(draft, mem, "grow", f"{why}: growing back onto {where}; the job relaunches on them from its "
                                     "newest complete checkpoint")
+
+
+def undone(draft: Draft, mem: Memory) -> bool:
+    """The running attempt limps, has saved no checkpoint yet, and is younger than (n-k)/n of the
+    job's checkpoint interval (`hang.ckpt_gap`, the longest seen): growing back now discards its
+    few minutes on k of n slices, less than the (n-k)/n of an interval limping on to its first
+    checkpoint would lose. So a limp whose slice is back within minutes (a short heal) is undone
+    at once, and cost about what waiting for the slice would have."""
+    cfg, ckpt, gap, start = draft.cfg, draft.obs.checkpoint, mem.hang.ckpt_gap, mem.attempt.start
+    if gap <= 0 or start is None or not mem.limp.out or not cfg.slices:
+        return False
+    if ckpt is not None and (mem.attempt.start_step is None or ckpt.step > mem.attempt.start_step):
+        return False  # it saved progress: grown back at its next checkpoint
+    left = len(mem.limp.out) / len(cfg.slices)
+    return (draft.now - start).total_seconds() < left * gap
 
 
 def track(draft: Draft, mem: Memory) -> Memory:

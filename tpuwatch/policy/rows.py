@@ -97,7 +97,9 @@ ROWS: tuple[Row, ...] = (
     Row("spare_remake", "the job runs on or waits (nothing else to do this tick) and an idle spare, owned by the job "
         "and made alone, is PREEMPTED / TERMINATED (or under repair longer than repair_timeout) with [tpu.spec] "
         "there to make it from (while `spare_wait` waits, "
-        "such a lost slice of the job's too); or one tpuwatch deleted so is gone; or Google deletes one itself (a "
+        "such a lost slice of the job's too; so is a slice a job that limps over slices made one by one with "
+        "[tpu.spec] runs without; not one under repair while a create has come to nothing: it may still heal); "
+        "or one tpuwatch deleted so is gone; or Google deletes one itself (a "
         "Compute Engine VM's termination action DELETE: `google_deleting`), owned and made alone, idle or swapped "
         "out (`swap` takes it so)", "journal it as one tpuwatch makes again, delete it (not one Google deletes); "
         "once gone, create it again from [tpu.spec] ([tpu.compute_spec.instance]: an instances.insert under its "
@@ -106,7 +108,8 @@ ROWS: tuple[Row, ...] = (
     Row("spare_bad", "before a launch, the launch-time checks fail on workers of a spare swapped in (after the "
         "cleanup of what tpuwatch can fix)", "not charged, nothing launched: the spare is not used again until it is "
         "made again (its node id), its slot goes back to its own node; another spare, a limp or a wait follows"),
-    Row("spare_wait", "a job with tpu.spares or job.priority: a slice it runs on is dead or missing (or repairing past "
+    Row("spare_wait", "a job with tpu.spares or job.priority (or that limps over slices made one by one with "
+        "[tpu.spec]): a slice it runs on is dead or missing (or repairing past "
         "repair_timeout), no spare is free and "
         "it may not limp, but a spare is on its way (being made again by tpuwatch, or healing) or the lost slice "
         "can be made again itself ([tpu.spec], owned, made alone)", "a disruption, not charged: stop the attempt "
@@ -154,7 +157,9 @@ ROWS: tuple[Row, ...] = (
         "come back by itself (PREEMPTED, TERMINATED) and the job's multislice queued resource can be made again",
         "keep running until the next complete checkpoint newer than the one when the slice came back, looking every "
         "sixth of a poll (1 s at least)"),
-    Row("grow", "that checkpoint landed; or such a slice is left out while no attempt runs; or it is no longer in "
+    Row("grow", "that checkpoint landed; or the slice is back while the limped attempt has saved no checkpoint and "
+        "is younger than (n-k)/n of the job's checkpoint interval (a short heal: growing at once discards less than "
+        "limping on would lose); or such a slice is left out while no attempt runs; or it is no longer in "
         "tpu.names", "a disruption, not charged: stop the attempt, take the slices back, relaunch on all of them "
         "from that checkpoint; a dead one taken back is recreated with the whole request (`dead_node`), never "
         "limped around again until it is made"),

@@ -80,7 +80,7 @@ def track(draft: Draft, mem: Memory) -> Memory:
         if len(kept) != len(limp.away):
             limp = replace(limp, away=tuple(n for n, _ in kept), away_since=tuple(t for _, t in kept))
     since = dict(zip(limp.down, limp.down_since, strict=True))
-    down = [(n, since.get(n, draft.now)) for n, part in draft.obs.spares
+    down = [(n, since.get(n, draft.now)) for n, part in (*draft.obs.spares, *left_out(draft, mem))
             if part is not None and node_condition(part) in COMING]
     if [n for n, _ in down] != list(limp.down):
         limp = replace(limp, down=tuple(n for n, _ in down), down_since=tuple(t for _, t in down))
@@ -152,6 +152,10 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
       multislice queued resource), when [tpu.spec] can make it again: journaled as one tpuwatch
       makes again (`Limp.remaking`), then deleted. So is such a lost slice of the job itself while
       the job waits for a spare (row `spare_wait`).
+    - So is a slice the job limps without ([job] min_slices), of a job over slices made one by
+      one with [tpu.spec] (`slices_remade`): the job grows back onto it once it is READY.
+    - Not one under repair while a create of another has come to nothing (a stockout): it may
+      still heal, and a node deleted then could come back only through a create.
     - One of those gone: created again from [tpu.spec], no sooner than `remake_at`: a create that
       came to nothing (a stockout, quota) is tried again as a queued create is, after
       recovery.backoff_base, doubling up to recovery.backoff_max.
@@ -159,8 +163,11 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
     `before`: the memory the observation's binding is from; a decision that changes the binding
     is left as it is (the tick looks again first)."""
     cfg, now, node = draft.cfg, draft.now, draft.obs.node
+    out = left_out(draft, before)
+    # a job over slices made one by one has no idle node, only its own slices to make again
+    own = bool(out or decision.memory.limp.remaking) or (cfg.slices_remade and decision.row == "spare_wait")
     if (any(not isinstance(a, Wait) for a in decision.actions) or decision.ended
-            or not (draft.obs.spares or cfg.priority is not None)
+            or not (draft.obs.spares or own or cfg.priority is not None)
             or (decision.memory.limp.out, decision.memory.limp.swapped) != (before.limp.out, before.limp.swapped)):
         return decision
     mem = decision.memory
@@ -172,7 +179,7 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
                 for name, part in zip(limp.kept(cfg.slices), node.slices, strict=True)}
     elif cfg.slices:  # a pool whose every slot's node is gone (a pool of one slot, its node deleted)
         held = {name: None for name in limp.kept(cfg.slices) if name}
-    seen = {**held, **dict(draft.obs.spares)}
+    seen = {**held, **dict(out), **dict(draft.obs.spares)}
     # a bad spare is forgotten once it is seen idle as another node (made again), or gone
     other = {name for name, part in draft.obs.spares if part is None or f"{name}@{part.id}" not in limp.bad}
     bad = tuple(b for b in limp.bad if b.split("@")[0] not in other)
@@ -187,13 +194,17 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
     # idle nodes dead, or under repair past repair_timeout; while the job waits for a spare, its
     # own lost slices too (their repair timed as the job's rows time it: `_repair_since`)
     down = dict(zip(limp.down, limp.down_since, strict=True))
-    candidates = [(name, part, down.get(name)) for name, part in draft.obs.spares]
+    candidates = [(name, part, down.get(name)) for name, part in (*draft.obs.spares, *out)]
     if decision.row in ("spare_wait", "take_wait"):
         candidates += [(name, part, _repair_since(before, part) if part is not None else None)
                        for name, part in held.items()]
+    # creates come to nothing (a stockout, quota): a node under repair may still come back by
+    # itself, a deleted one only through a create, so none is deleted for being slow to heal
+    refused = bool(gone) and limp.remake_tries > 0
     dead = [(name, part) for name, part, since in candidates
             if part is not None and name not in limp.remaking and remakable(cfg.job, part, since, now,
-                                                                             cfg.repair_timeout)]
+                                                                             cfg.repair_timeout)
+            and not (refused and node_condition(part) is not Cond.DEAD)]
     # one Google deletes itself (a Spot VM's termination action DELETE) is made again once gone,
     # as one tpuwatch deleted: Google's delete stands for tpuwatch's
     taken = [name for name, part, _ in candidates
@@ -208,13 +219,15 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
         action = RemakeSpare(gone[0], True, f"{gone[0]} was deleted (by tpuwatch, or Google) to be made again: "
                                             f"creating it from {_spec_of(draft)} (try {limp.remake_tries}; the "
                                             f"next no sooner than {human(wait)} from now)")
-    elif cfg.spares_remade and dead:
+    elif (cfg.spares_remade or cfg.slices_remade) and dead:
         name, part = dead[0]
         limp = replace(limp, remaking=(*limp.remaking, name))
         why = ("will not come back by itself" if node_condition(part) is Cond.DEAD else
                f"has been under repair longer than recovery.repair_timeout ({human(cfg.repair_timeout)})")
+        then = ("the job grows back onto it at its next complete checkpoint once it is READY"
+                if name in dict(out) else "a spare of the job's once READY")
         action = RemakeSpare(name, False, f"{name} is {part.state} and {why}: deleting it to create it again from "
-                                          f"{_spec_of(draft)}, a spare of the job's once READY")
+                                          f"{_spec_of(draft)}, {then}")
     if limp == mem.limp:
         return decision
     mem = replace(mem, limp=limp)
@@ -222,6 +235,14 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
         return replace(decision, memory=mem)
     return replace(decision, memory=mem, row="spare_remake", actions=(*decision.actions, action),
                    summary=f"{decision.summary}; {action.reason}")
+
+
+def left_out(draft: Draft, mem: Memory) -> list[tuple[str, NodeSnapshot | None]]:
+    """The nodes of the slices a job over slices made one by one with [tpu.spec] limps without
+    (`slices_remade`), as read: those `remake` makes again when dead; none for any other job."""
+    if not draft.cfg.slices_remade or len(draft.obs.left_out) != len(mem.limp.out):
+        return []
+    return [(mem.limp.node_of(slot), part) for slot, part in zip(mem.limp.out, draft.obs.left_out, strict=True)]
 
 
 def remakable(job: str, part: NodeSnapshot, since: datetime | None, now: datetime, timeout: float) -> bool:
@@ -276,7 +297,7 @@ def wait(draft: Draft, mem: Memory) -> Decision | None:
             mem = move(mem, Phase.WAITING_NODE, reason=why)
         return draft.out(mem, "spare_wait", f"{why}; then the job relaunches from its newest complete checkpoint",
                          Wait(None, "a spare on its way"))
-    if not (cfg.spares or cfg.priority is not None) or node is None or not node.slices:
+    if not (cfg.spares or cfg.priority is not None or cfg.slices_remade) or node is None or not node.slices:
         return None
     cond, since = node_condition(node), mem.repair.unhealthy_since
     waited_out = since is not None and (now - since).total_seconds() >= cfg.repair_timeout
@@ -284,7 +305,7 @@ def wait(draft: Draft, mem: Memory) -> Decision | None:
     lost = [(slot, part) for slot, part in zip(slots, node.slices, strict=True) if not part.usable]
     itself = [name for slot, part in lost
               if (name := mem.limp.node_of(slot)) in mem.limp.remaking
-              or (cfg.spares_remade and part.state != "MISSING"
+              or ((cfg.spares_remade or cfg.slices_remade) and part.state != "MISSING"
                   and remakable(cfg.job, part, _repair_since(mem, part), now, cfg.repair_timeout))]
     if (cond not in (Cond.DEAD, Cond.MISSING, Cond.DELETING) and not (cond in COMING and waited_out)
             and not itself):

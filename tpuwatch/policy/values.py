@@ -118,6 +118,9 @@ class PolicyConfig:
     spares_remade: bool = False
     # [job] priority (policy/priority.py): None takes no node from another job and gives none
     priority: int | None = None
+    # A job that limps ([job] min_slices, or has spares) over slices made one by one (tpu.names,
+    # no queued resource) with [tpu.spec]: a dead slice of its own is made again alone
+    slices_remade: bool = False
 
     def __post_init__(self) -> None:
         if not self.zones:
@@ -151,6 +154,8 @@ class PolicyConfig:
             spares=tuple(cfg.tpu["spares"]),
             spares_remade=pooled and bool(cfg.tpu["spec"] or (cfg.tpu["compute_spec"] or {}).get("instance")),
             priority=priority,
+            slices_remade=(bool(cfg.tpu["names"]) and not cfg.tpu["queued_resource"] and bool(cfg.tpu["spec"])
+                           and bool(cfg.job["min_slices"] or cfg.tpu["spares"])),
             repair_timeout=float(r["repair_timeout"]),
             max_restarts=int(r["max_restarts"]),
             max_recreates=int(r["max_recreates"]),
