@@ -41,7 +41,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tpuwatch.sim.hosts import ENTER_CGROUP, _cgroup_root, _remove_cgroup  # noqa: E402
+from tpuwatch.sim import cgroups  # noqa: E402
+from tpuwatch.sim.hosts import ENTER_CGROUP  # noqa: E402
 from tpuwatch.workers import precheck, protocol  # noqa: E402
 
 PATTERNS = ["Traceback \\(most recent", "TPU initialization failed"]
@@ -91,7 +92,7 @@ class Host:
                     "HOME": str(self.home), "USER": "tpu", "LANG": "C.UTF-8", "SHELL": "/bin/bash",
                     "TPUWATCH_HOST_ROOT": str(self.root), "GCE_METADATA_HOST": f"127.0.0.1:{port}",
                     "TPUWATCH_SIM_HOSTS": str(tmp / "hosts")}
-        self.cgroups = _cgroup_root(f"bench-{os.getpid()}")
+        self.cgroups = cgroups.root(f"bench-{os.getpid()}")
         self.cgroup: Path | None = None
         if self.cgroups is not None:
             self.cgroup = self.cgroups / "worker"
@@ -101,8 +102,8 @@ class Host:
 
     def close(self) -> None:
         self.reboot()
-        _remove_cgroup(self.cgroup)
-        _remove_cgroup(self.cgroups)
+        cgroups.remove(self.cgroup)
+        cgroups.remove(self.cgroups)
 
     def reboot(self) -> None:
         """The attempt's processes killed and a new boot id, as after a maintenance."""

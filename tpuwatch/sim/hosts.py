@@ -38,7 +38,6 @@ import secrets
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -51,7 +50,7 @@ from typing import Any, TypeVar
 import asyncssh
 
 from tpuwatch.errors import UsageError
-from tpuwatch.sim import hostfaults
+from tpuwatch.sim import cgroups, hostfaults
 from tpuwatch.sim import metadata as md
 from tpuwatch.sim.sshd import ConnReset, WorkerServer
 
@@ -168,7 +167,7 @@ class Hosts:
         """Start the event loop thread that serves every worker."""
         if self._loop is not None:
             return
-        self._cgroups = _cgroup_root(self.instance)
+        self._cgroups = cgroups.root(self.instance)
         loop = asyncio.new_event_loop()
         ready = threading.Event()
 
@@ -187,7 +186,7 @@ class Hosts:
         loop, thread = self._loop, self._thread
         if loop is None or thread is None:
             self._kill_marked(f"{self.instance}/", prefix=True)
-            _remove_cgroup(self._cgroups)
+            cgroups.remove(self._cgroups)
             return
         try:
             self._call(self._close)
@@ -200,8 +199,8 @@ class Hosts:
             self._kill_marked(f"{self.instance}/", prefix=True)  # anything born during shutdown
             for node in self._nodes.values():
                 for w in node.workers:
-                    _remove_cgroup(w.cgroup)
-            _remove_cgroup(self._cgroups)
+                    cgroups.remove(w.cgroup)
+            cgroups.remove(self._cgroups)
 
     def __enter__(self) -> Hosts:
         self.start()
@@ -430,21 +429,13 @@ class Hosts:
         cpu.stat, the dead and the detached ones too, while they were in it); None without
         cgroup v2 cgroups. For benchmarks: reaped-children times count a process only when it
         is reaped, a session's shell at its end and a detached job never."""
-        total = 0
+        total = 0.0
         for node in list(self._nodes.values()):
             for w in list(node.workers):
-                if w.cgroup is None:
+                if (used := cgroups.usage_seconds(w.cgroup)) is None:
                     return None
-                try:
-                    for line in (w.cgroup / "cpu.stat").read_text().splitlines():
-                        if line.startswith("usage_usec "):
-                            total += int(line.split()[1])
-                            break
-                    else:
-                        return None  # cgroup v1: no cpu.stat here
-                except FileNotFoundError:
-                    return None
-        return total / 1e6
+                total += used
+        return total
 
     # ---- internals: thread bridge ------------------------------------------------------------
 
@@ -757,7 +748,7 @@ class Hosts:
         await self._down(node)
         for w in node.workers:
             hostfaults.unmount_all(w)
-            _remove_cgroup(w.cgroup)
+            cgroups.remove(w.cgroup)
         shutil.rmtree(node.dir, ignore_errors=True)
 
     async def _close(self) -> None:
@@ -858,50 +849,3 @@ class Hosts:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.005)
-
-
-def _cgroup_root(instance: str) -> Path | None:
-    """A cgroup directory of this simulator's own, under the machine's cgroup v2 tree or else its
-    v1 `pids` hierarchy; None where none can be made (not root, no cgroup filesystem)."""
-    candidates: list[Path] = []
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/mounts").read_text().splitlines():
-            parts = line.split()
-            if len(parts) < 4:
-                continue
-            if parts[2] == "cgroup2":
-                candidates.insert(0, Path(parts[1]))
-            elif parts[2] == "cgroup" and "pids" in parts[3].split(","):
-                candidates.append(Path(parts[1]))
-    for base in candidates:
-        path = base / f"tpuwatch-sim-{instance}"
-        try:
-            path.mkdir(exist_ok=True)
-        except OSError:
-            continue
-        probe = path / "probe"
-        try:  # a cgroup a process can be moved into: try with a shell of our own
-            probe.mkdir(exist_ok=True)
-            ok = subprocess.run(["/bin/bash", "-c", 'echo $$ >"$0" && grep -qx "$$" "$0"', str(probe / "cgroup.procs")],
-                                capture_output=True, timeout=10).returncode == 0
-        except (OSError, subprocess.SubprocessError):
-            ok = False
-        _remove_cgroup(probe)
-        if ok:
-            return path
-        _remove_cgroup(path)
-    return None
-
-
-def _remove_cgroup(path: Path | None) -> None:
-    """Remove an empty cgroup (its processes killed); a few tries while the last ones are reaped."""
-    if path is None:
-        return
-    for _ in range(50):
-        try:
-            path.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.01)
