@@ -62,10 +62,13 @@ def test_a_queued_resource_that_fails_is_deleted_queued_and_created_again(sim: S
     old = sim.world.node("pod")
     proc = job.watch()
     job.wait(lambda: len(job.steps_done()) >= 2, what="two checkpoints")
-    # Quota runs out for 2 s (1200 simulated seconds): the new request is accepted, then FAILED.
-    sim.inject("quota", zone=sim.zone, duration="1200s")
+    # Quota runs out until the test has seen a new request accepted, then FAILED, and queued.
+    sim.inject("quota", zone=sim.zone, duration="6h")
     sim.inject("preempt", node="pod")
     job.release()
+    job.wait(lambda: any(e["reason"].startswith("out of quota in") for e in job.history()["events"]),
+             timeout=90, what="a request failed for quota, queued")
+    sim.world.clear_errors()
     rc, out = finish(proc, timeout=120)
     assert rc == 0, out
     node = sim.world.node("pod")
