@@ -179,6 +179,10 @@ def test_a_preempted_high_priority_job_takes_the_low_ones_node_and_hands_its_own
         # said plainly: status shows node lo held by job hi, taken from job lo, and why
         shown = status(lo, env)
         assert "runs on lo, taken from job lo of a lower priority" in shown, shown
+        # and the commands that reach a job's workers outside a watch say where lo is: nowhere
+        pre = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "precheck", "-c", str(lo)], env=env,
+                             text=True, capture_output=True, timeout=60)
+        assert pre.returncode == 1 and "job lo's slice lo is lent to job hi" in pre.stderr, (pre.stdout, pre.stderr)
         sim.inject("clear-errors")
         lines.wait(lambda: on(sim, "hi", "lo", 2) is not None, "job lo's attempt 2 on node hi, made again", 150)
         given = labels(sim, "hi")

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import click
 
 from tpuwatch.config import Config
-from tpuwatch.errors import NotFoundError
+from tpuwatch.errors import JobFailed, NotFoundError
 from tpuwatch.journal import Busy, Journal
 from tpuwatch.model import NodeSnapshot, bound_view, job_node
 from tpuwatch.ports import Flags
@@ -73,7 +73,8 @@ def open_journal_or_busy(job: Job) -> Journal | None:
 def node_as_run(cfg: Config, get_node: Callable[[str], NodeSnapshot | None]) -> NodeSnapshot | None:
     """The job's node where its watcher runs it now, for the commands that reach its workers
     outside a watch (run, precheck): a slot its journal binds to a spare is read on that spare,
-    a slice left out while it limps is left out; without a journal, as configured."""
+    a slice left out while it limps is left out, a slice lent to a job of higher priority is an
+    error (the job runs nowhere); without a journal, as configured."""
     limp = None
     if cfg.slots:
         try:
@@ -84,6 +85,11 @@ def node_as_run(cfg: Config, get_node: Callable[[str], NodeSnapshot | None]) -> 
         limp = mem.limp if mem is not None else None
     if limp is None or not (limp.swapped or limp.out):
         return job_node(get_node, cfg.tpu_name, cfg.tpu["names"])
+    lent = dict(limp.lent)
+    for slot in limp.slots(cfg.slots):
+        if limp.node_of(slot) == "":  # lent to a job of higher priority ([job] priority)
+            raise JobFailed(f"job {cfg.job_name}'s slice {slot} is lent to job {lent.get(slot, '?')}, which has a higher "
+                            "priority: the job runs on no node until one is handed back or a spare is free")
     on = dict(limp.swapped)
-    read = {n: get_node(n) for n in dict.fromkeys(on.get(s, s) for s in limp.slots(cfg.slots))}
+    read = {n: get_node(n) for n in dict.fromkeys(limp.kept(cfg.slots))}
     return bound_view(cfg.tpu_name, cfg.slots, read, limp.out, on)[0]
