@@ -50,3 +50,14 @@ def test_the_wheel_holds_the_product_and_not_the_lab() -> None:
         find_namespace_packages(str(root), include=rule["include"]))
     assert "tpuwatch" in shipped and "tpuwatch.sim" in shipped
     assert not {p for p in shipped if p.split(".")[0] == "lab" or p.startswith("tpuwatch.bench")}, sorted(shipped)
+
+
+def test_no_shipped_module_is_over_900_lines() -> None:
+    """A module past 900 lines holds two things: split it where they part (docs/design.md,
+    "Long modules")."""
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "tpuwatch"
+    long = {str(p.relative_to(package)): n for p in package.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 900}
+    assert long == {}, long
