@@ -138,15 +138,18 @@ def test_a_preempted_mig_that_does_nothing_is_swapped_for_the_spare_mig_and_recr
     assert done[1]["start_step"] == resumed and resumed >= 10, done
 
 
-def test_a_spare_mig_of_another_shape_or_not_owned_is_never_used_and_said(
+def test_a_spare_mig_of_another_shape_not_owned_or_starting_the_job_at_boot_is_never_used_and_said(
         sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
     w = sim.world
     w.add_mig("slice", "tpu7x-standard-4t", 2, spot=True, labels=OWNED, metadata=SET_UP_ONLY, on_failure="DO_NOTHING")
     w.add_mig("sp-small", "tpu7x-standard-4t", 1, labels=OWNED, metadata=SET_UP_ONLY)
     w.add_mig("sp-big", "tpu7x-standard-8t", 1, labels=OWNED, metadata=SET_UP_ONLY)
     w.add_mig("sp-other", "tpu7x-standard-4t", 1, labels={"tpuwatch-job": "someone-else"}, metadata=SET_UP_ONLY)
-    cfg, env, go = mig_job(sim, rest, tmp_path, ["sp-small", "sp-big", "sp-other"])
-    spares = {n: vm_ids(sim, n) for n in ("sp-small", "sp-big", "sp-other")}
+    # its template starts the job at boot (resume-training.sh's metadata, no tpuwatch-launch = "false")
+    w.add_mig("sp-boots", "tpu7x-standard-4t", 2, labels=OWNED, metadata={
+        "tpuwatch-job": "slice", "tpuwatch-command": "python train.py", "tpuwatch-worker-script": "#!/bin/sh"})
+    cfg, env, go = mig_job(sim, rest, tmp_path, ["sp-small", "sp-big", "sp-other", "sp-boots"])
+    spares = {n: vm_ids(sim, n) for n in ("sp-small", "sp-big", "sp-other", "sp-boots")}
     (go / "100").touch()
     report = tool(cfg, env, "check")
     assert report["spares"] == {"swapped": {}, "idle": [
@@ -155,7 +158,10 @@ def test_a_spare_mig_of_another_shape_or_not_owned_is_never_used_and_said(
         {"name": "sp-big", "state": "READY", "health": "HEALTHY",
          "unfit": "a tpu7x-standard-8t, not the job's tpu7x-standard-4t"},
         {"name": "sp-other", "state": "READY", "health": "HEALTHY",
-         "unfit": "not owned by job slice (its ownership label says someone-else)"}]}, report["spares"]
+         "unfit": "not owned by job slice (its ownership label says someone-else)"},
+        {"name": "sp-boots", "state": "READY", "health": "HEALTHY",
+         "unfit": "its VMs start the job at boot (tpuwatch-command in its template's metadata without "
+                  "tpuwatch-launch = \"false\"): an idle spare would run the job on its own"}]}, report["spares"]
     w.preempt_instance(sorted(w.mig("slice").members)[0])
     w.wait_instance(sorted(w.mig("slice").members)[0], "TERMINATED", timeout=30)
     for _ in range(2):

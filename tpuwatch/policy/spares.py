@@ -54,6 +54,9 @@ def unfit(job: str, node: NodeSnapshot | None, part: NodeSnapshot | None, bad: t
     sizes = {p.target_size for p in (node.slices if node is not None else ()) if p.kind == "mig"}
     if part.kind == "mig" and sizes and part.target_size not in sizes:
         return f"a MIG of target size {part.target_size}, not the job's {', '.join(str(s) for s in sorted(sizes))}"
+    if part.kind == "mig" and part.boots_job:  # its template's: tpuwatch cannot change it on the VMs
+        return ("its VMs start the job at boot (tpuwatch-command in its template's metadata without "
+                "tpuwatch-launch = \"false\"): an idle spare would run the job on its own")
     if not part.usable:
         return part.state + (f"/{part.health}" if part.health and part.state == "READY" else "")
     return ""
@@ -161,7 +164,8 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
     - Not one under repair while a create of another has come to nothing (a stockout): it may
       still heal, and a node deleted then could come back only through a create.
     - A MIG (`spares_in_place`) is made again in place: its instances recreated, never the MIG
-      deleted; one gone (a person deleted it) is dropped, never inserted.
+      deleted; one gone (a person deleted it) is dropped, never inserted; an idle one whose VMs
+      start the job at boot (its template's metadata) is not recreated at all.
     - One of those gone: created again from [tpu.spec], no sooner than `remake_at`: a create that
       came to nothing (a stockout, quota) is tried again as a queued create is, after
       recovery.backoff_base, doubling up to recovery.backoff_max.
@@ -205,7 +209,9 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
     # idle nodes dead, or under repair past repair_timeout; while the job waits for a spare, its
     # own lost slices too (their repair timed as the job's rows time it: `_repair_since`)
     down = dict(zip(limp.down, limp.down_since, strict=True))
-    candidates = [(name, part, down.get(name)) for name, part in (*draft.obs.spares, *out)]
+    # (not an idle MIG whose VMs start the job at boot: recreated, it would run the job on its own)
+    candidates = [(name, part, down.get(name)) for name, part in (*draft.obs.spares, *out)
+                  if part is None or not (part.kind == "mig" and part.boots_job)]
     if decision.row in ("spare_wait", "take_wait"):
         candidates += [(name, part, _repair_since(before, part) if part is not None else None)
                        for name, part in held.items()]
