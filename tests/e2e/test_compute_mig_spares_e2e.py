@@ -121,6 +121,9 @@ def test_a_preempted_mig_that_does_nothing_is_swapped_for_the_spare_mig_and_recr
         mem = job_memory(tmp_path / "state", "slice")
         assert mem is not None and mem.limp.swapped == (("slice", "sp"),), mem.limp
         assert on(sim, "sp", 2) is not None and on(sim, "slice", 3) is None  # not moved back
+        shown = tool(cfg, env, "status")
+        assert [(n["name"], n["kind"]) for n in shown["nodes"]] == [("slice", "mig"), ("sp", "mig")], shown
+        assert "on spares: slice -> sp" in shown["nodes"][0]["job"]["job"], shown["nodes"][0]["job"]
         (go / "100").touch()
         rc, out = finish(proc, timeout=150)
     finally:
