@@ -63,13 +63,21 @@ def mig_job(sim: Simulator, rest: RestFace, tmp: Path, spares: list[str]) -> tup
     return cfg, env, go
 
 
+def members(sim: Simulator, mig: str) -> list[str]:
+    """The instances of MIG `mig`, zonal or regional (of the zone's region), by name."""
+    try:
+        return sorted(sim.world.mig(mig).members)
+    except UsageError:
+        return sorted(sim.world.mig(mig, region=sim.zone.rsplit("-", 1)[0]).members)
+
+
 def on(sim: Simulator, mig: str, attempt: int) -> dict[str, str] | None:
     """The environment of the job's trainer of `attempt` on worker 0 of MIG `mig`, or None."""
-    members = sorted(sim.world.mig(mig).members)
-    if not members:
+    members_ = members(sim, mig)
+    if not members_:
         return None
     try:
-        pids = sim.hosts.pids(f"{sim.project}/{sim.zone}/instances/{members[0]}", 0)
+        pids = sim.hosts.pids(f"{sim.project}/{sim.zone}/instances/{members_[0]}", 0)
     except UsageError:  # its host is not booted (yet, or any more)
         return None
     return next((e for pid in pids if (e := trainer_env(pid, "slice")) is not None
@@ -77,8 +85,8 @@ def on(sim: Simulator, mig: str, attempt: int) -> dict[str, str] | None:
 
 
 def vm_ids(sim: Simulator, mig: str) -> dict[str, int]:
-    members = set(sim.world.mig(mig).members)
-    return {r.name: r.id for r in sim.world.instances() if r.name in members}
+    names = set(members(sim, mig))
+    return {r.name: r.id for r in sim.world.instances() if r.name in names}
 
 
 def writes(sim: Simulator) -> list[str]:
@@ -93,15 +101,19 @@ def tool(cfg: Path, env: dict[str, str], *args: str) -> dict[str, Any]:
     return dict(json.loads(run.stdout))
 
 
+@pytest.mark.parametrize("regional", [False, True])
 def test_a_preempted_mig_that_does_nothing_is_swapped_for_the_spare_mig_and_recreated_as_the_spare(
-        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+        sim: Simulator, rest: RestFace, tmp_path: Path, regional: bool) -> None:
     """DO_NOTHING: the MIG leaves its preempted Spot VM TERMINATED. The job relaunches on the
     spare MIG with no recreateInstances on its path; the job's MIG is then recreated in place (never
-    deleted nor inserted) in the background, the job's spare from then on."""
+    deleted nor inserted) in the background, the job's spare from then on. `regional`: the spare
+    is a regional MIG of the zone's region (its VMs in the job's zone), named by its URL."""
+    region = sim.zone.rsplit("-", 1)[0]
     for name in ("slice", "sp"):
         sim.world.add_mig(name, "tpu7x-standard-4t", 2, spot=True, labels=OWNED, metadata=SET_UP_ONLY,
-                          on_failure="DO_NOTHING")
-    cfg, env, go = mig_job(sim, rest, tmp_path, [f"zones/{sim.zone}/instanceGroupManagers/sp"])
+                          on_failure="DO_NOTHING", region=region if regional and name == "sp" else "")
+    where = f"regions/{region}" if regional else f"zones/{sim.zone}"
+    cfg, env, go = mig_job(sim, rest, tmp_path, [f"{where}/instanceGroupManagers/sp"])
     old, spare = vm_ids(sim, "slice"), vm_ids(sim, "sp")
     proc = watch_process(cfg, env)
     try:
