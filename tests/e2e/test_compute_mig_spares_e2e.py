@@ -187,3 +187,30 @@ def test_a_spare_mig_of_another_shape_not_owned_or_starting_the_job_at_boot_is_n
     assert all(on(sim, n, 2) is None for n in spares)
     assert {n: vm_ids(sim, n) for n in spares} == spares  # never touched
     assert writes(sim) == ["InstanceGroupManagers/RecreateInstances"], sim.world.calls  # of the job's own MIG
+
+
+def test_a_spare_mig_whose_launch_checks_fail_on_one_vm_is_skipped_for_the_next_one(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    for name in ("slice", "sp-bad", "sp-ok"):
+        sim.world.add_mig(name, "tpu7x-standard-4t", 2, spot=True, labels=OWNED, metadata=SET_UP_ONLY,
+                          on_failure="DO_NOTHING")
+    bad = members(sim, "sp-bad")
+    sim.world.bad_host(bad[1], "device-missing")  # a chip's device file is gone on worker 1 of that spare
+    cfg, env, go = mig_job(sim, rest, tmp_path, ["sp-bad", "sp-ok"])
+    proc = watch_process(cfg, env)
+    try:
+        wait_while_watched(lambda: on(sim, "slice", 1) is not None, proc, "attempt 1 on MIG slice")
+        sim.world.preempt_instance(members(sim, "slice")[0])
+        wait_while_watched(lambda: on(sim, "sp-ok", 2) is not None, proc, "attempt 2 on the good spare MIG")
+        (go / "100").touch()
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    assert "launch-time checks fail on spare sp-bad (slice 0, slice)" in out, out
+    assert "slice 0 (slice) on sp-ok instead of" in out, out
+    assert on(sim, "sp-bad", 2) is None
+    assert not any(sim.hosts.pids(f"{sim.project}/{sim.zone}/instances/{n}", 0) for n in bad)  # nothing launched
+    mem = job_memory(tmp_path / "state", "slice")
+    assert mem is not None and mem.limp.swapped == (("slice", "sp-ok"),) and mem.limp.bad[0].startswith("sp-bad@")
