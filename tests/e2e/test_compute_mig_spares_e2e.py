@@ -214,3 +214,33 @@ def test_a_spare_mig_whose_launch_checks_fail_on_one_vm_is_skipped_for_the_next_
     assert not any(sim.hosts.pids(f"{sim.project}/{sim.zone}/instances/{n}", 0) for n in bad)  # nothing launched
     mem = job_memory(tmp_path / "state", "slice")
     assert mem is not None and mem.limp.swapped == (("slice", "sp-ok"),) and mem.limp.bad[0].startswith("sp-bad@")
+
+
+def test_an_announced_maintenance_moves_the_job_onto_the_spare_mig_and_starts_it_on_the_idle_mig(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    """A maintenance announced for a VM of MIG slice a week away: at the job's next complete
+    checkpoint the job moves onto spare MIG sp, and the maintenance starts at once on slice's VM,
+    idle (performMaintenance there, never on the spare MIG the job runs on)."""
+    for name in ("slice", "sp"):
+        sim.world.add_mig(name, "tpu7x-standard-4t", 2, labels=OWNED, metadata=SET_UP_ONLY)
+    cfg, env, go = mig_job(sim, rest, tmp_path, ["sp"])
+    proc = watch_process(cfg, env)
+    try:
+        wait_while_watched(lambda: on(sim, "slice", 1) is not None, proc, "attempt 1 on MIG slice")
+        sim.world.schedule_instance_maintenance(members(sim, "slice")[1], starts_in=7 * 86400.0, heal_after=600.0)
+        wait_while_watched(lambda: (m := job_memory(tmp_path / "state", "slice")) is not None
+                           and m.maintenance.early_window is not None, proc, "the watcher waiting for a checkpoint")
+        (go / "100").touch()  # the job trains on: its next checkpoint is the moment
+        wait_while_watched(lambda: on(sim, "sp", 2) is not None, proc, "attempt 2 on the spare MIG")
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    done = tool(cfg, env, "history")["attempts"]
+    assert [(a["outcome"], a["charged"]) for a in done] == [("disruption", False), ("success", False)], done
+    assert done[1]["start_step"] >= done[0]["end_step"], done  # no step lost
+    assert f"MIG slice (performMaintenance on {members(sim, 'slice')[1]})" in out, out
+    assert sim.world.calls["compute.v1.Instances/PerformMaintenance"] == 1, sim.world.calls
+    assert all(sim.world.instance(n).status == "RUNNING" for n in members(sim, "sp"))
+    assert writes(sim) == ["Instances/PerformMaintenance"], sim.world.calls
