@@ -457,9 +457,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "names": Field(_node_names, (), "a multislice job's nodes, in slice order (2 or more; `name` then names the "
                        "job's group of slices). Through a multislice queued resource: its `<prefix>-0`, `<prefix>-1`, ..."),
         "spares": Field(_spare_names, (), "hot spares: idle TPU nodes (with api = \"compute\" and instance: "
-                        "instances, by name or zones/ZONE/instances/NAME) of the job's shape, owned by the job (its "
+                        "instances, by name or zones/ZONE/instances/NAME; with mig: MIGs, by name or "
+                        "zones/ZONE/instanceGroupManagers/NAME) of the job's shape, owned by the job (its "
                         "ownership label). A lost node (or slice) is swapped for a READY one at once; the one lost, "
-                        "back, is a spare from then on; with [tpu.spec] ([tpu.compute_spec]), a dead one is made again"),
+                        "back, is a spare from then on; with [tpu.spec] ([tpu.compute_spec]), a dead one is made "
+                        "again (a MIG: its instances recreated in place)"),
         "queued_resource": Field(_str, "", "set when the TPU was made through a queued resource"),
         "api": Field(_choice(TPU_APIS), "tpu", "the API that made the TPU: \"tpu\" (Cloud TPU API nodes) or "
                      "\"compute\" (a Compute Engine instance or managed instance group: TPU7x and later, v5p, v6e)"),

@@ -104,6 +104,12 @@ class NodeSnapshot:
     # it is doing now ("" when no instance of it has a current action)
     repairs_itself: bool = False
     repair_under_way: str = ""
+    # A Compute Engine MIG's target size: how many VMs the slice has when whole (a spare MIG of
+    # another size is of another shape, whatever its machine type)
+    target_size: int = 0
+    # Its VMs' metadata starts the job at boot (startup-scripts/resume-training.sh: the job, its
+    # command and worker script, and no tpuwatch-launch = "false"): an idle spare would run it alone
+    boots_job: bool = False
     # Google's own stops of a VM made through Compute Engine (cloud/compute/view.py). `google_deletes`:
     # Google deletes it itself, at a preemption or at the end of its run (termination action DELETE
     # on a Spot or flex-start VM, or one with a run duration or termination time), and

@@ -453,10 +453,10 @@ class Reconciler:
                     raise recreate.ownership_error(spare, self.pcfg.job) if spare is not None else NotFoundError(
                         f"spare {action.name} is gone")
                 recreate.check_before_delete(self.cfg, zone)  # a body the cloud would refuse: exit 2, not deleted
-                name = tpu.delete_node(action.name)
+                name = tpu.delete_node(action.name)  # a MIG's: recreateInstances, the MIG stays
         except (CloudError, NotFoundError) as exc:
             return f"{'creating' if action.create else 'deleting'} spare {action.name} was refused: {exc.message}"
-        verb = "creating" if action.create else "deleting"
+        verb = "creating" if action.create else "recreating" if self.pcfg.spares_in_place else "deleting"
         with self.journal.transaction():
             self.journal.add_event(now, "spare_remade", f"{verb} spare {action.name}: {action.reason}",
                                    {"operation": name, "node": action.name, "create": action.create})

@@ -122,43 +122,55 @@ def repair_compute_spec(instance: dict[str, Any], zone: str, target: str) -> Non
             ", ".join(fixed), zone, target, zone)
 
 
-# A spare instance as a user may give it besides its name: its URL, partial or full, as gcloud and
-# the console show it (zones/Z/instances/N, projects/P/zones/Z/instances/N,
+# A spare instance (or, beside a MIG, a spare MIG) as a user may give it besides its name: its URL,
+# partial or full, as gcloud and the console show it (zones/Z/instances/N,
+# projects/P/zones/Z/instanceGroupManagers/N, regions/R/instanceGroupManagers/N for a regional MIG,
 # https://compute.googleapis.com/compute/v1/projects/P/zones/Z/instances/N).
 _INSTANCE_URL = re.compile(r"^(?:https?://[^/]+/compute/(?:v1|beta|alpha)/)?(?:projects/(?P<project>[^/]+)/)?"
                            r"(?P<scope>zones|regions)/(?P<zone>[^/]+)/(?P<collection>[A-Za-z]+)/(?P<name>[^/]+)$")
 _INSTANCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+# what each kind of job's spares are: (their collection in a URL, what they are called)
+_SPARE_KINDS = {"instance": ("instances", "instance"), "mig": ("instanceGroupManagers", "MIG")}
 
 
 def _compute_spares(raw: dict[str, Any]) -> None:
-    """A Compute Engine job's spares given as instance URLs become their names, in place: each
-    must be an instance of the job's project and zone (a spare stands in for the job's instance,
-    whose workers and spec are of that zone); with tpu.zone unset, their zone is the job's."""
+    """A Compute Engine job's spares given as URLs become their names, in place: each must be of
+    the job's kind (instances beside tpu.instance, MIGs beside tpu.mig) and of the job's project
+    and zone (a spare stands in for the job's slice, whose workers are reached in that zone: a
+    regional MIG's URL names the zone's region); with tpu.zone unset, a zonal URL's zone is the job's."""
     spares = raw.get("spares")
     if not isinstance(spares, list):
         return  # the field's own check says what it takes
+    kind = "mig" if raw.get("mig") and not raw.get("instance") else "instance"
+    collection, what = _SPARE_KINDS[kind]
     names: list[Any] = []
     for given in spares:
         m = _INSTANCE_URL.match(given) if isinstance(given, str) else None
         if m is None:
             if isinstance(given, str) and not _INSTANCE_NAME.match(given):
-                raise ConfigError(f"tpu.spares: {given!r} is not an instance name (lowercase letters, digits, "
-                                  "hyphens; starts with a letter) nor its URL; give the instance's name, or "
-                                  "zones/ZONE/instances/NAME")
+                raise ConfigError(f"tpu.spares: {given!r} is not {'a MIG' if kind == 'mig' else 'an instance'} name "
+                                  "(lowercase letters, digits, hyphens; starts with a letter) nor its URL; give the "
+                                  f"{what}'s name, or zones/ZONE/{collection}/NAME")
             names.append(given)
             continue
-        if m["collection"] != "instances" or m["scope"] != "zones":
-            raise ConfigError(f"tpu.spares: {given!r} is not an instance ({m['collection']}); a spare of a Compute "
-                              "Engine job is an instance in the job's zone: give its name")
+        if m["collection"] != collection or (kind == "instance" and m["scope"] != "zones"):
+            raise ConfigError(f"tpu.spares: {given!r} is not {'a MIG' if kind == 'mig' else 'an instance'} "
+                              f"({m['collection']}); a spare of a job on tpu.{kind} is {'a MIG' if kind == 'mig' else 'an instance'} "
+                              f"in the job's zone: give its name")
         zone, project = str(raw.get("zone") or ""), str(raw.get("project") or "")
-        if not zone:  # the job's zone, as the spare's URL says (a spare is in the job's zone)
-            raw["zone"] = zone = m["zone"]
-        if m["zone"] != zone:
-            raise ConfigError(f"tpu.spares: {given!r} is in zone {m['zone']}, not the job's zone {zone}; a spare "
-                              "stands in for the job's instance in its own zone: list instances of that zone")
+        if m["scope"] == "regions":  # a regional MIG: of the job's zone's region
+            if zone and zone.rsplit("-", 1)[0] != m["zone"]:
+                raise ConfigError(f"tpu.spares: {given!r} is a MIG of region {m['zone']}, not of the job's zone "
+                                  f"{zone}; a spare stands in for the job's MIG in its own zone: list MIGs of that zone")
+        else:
+            if not zone:  # the job's zone, as the spare's URL says (a spare is in the job's zone)
+                raw["zone"] = zone = m["zone"]
+            if m["zone"] != zone:
+                raise ConfigError(f"tpu.spares: {given!r} is in zone {m['zone']}, not the job's zone {zone}; a spare "
+                                  f"stands in for the job's {what} in its own zone: list {what}s of that zone")
         if m["project"] and project and m["project"] != project:
             raise ConfigError(f"tpu.spares: {given!r} is in project {m['project']}, not the job's project {project}; "
-                              "list instances of the job's project")
+                              f"list {what}s of the job's project")
         names.append(m["name"])
     raw["spares"] = names
 
@@ -224,16 +236,22 @@ def _compute_spec_fits(t: Mapping[str, Any]) -> None:
 
 
 def _compute_spares_fit(t: Mapping[str, Any]) -> None:
-    """A Compute Engine job's spares: instances beside the job's instance (a MIG takes none), not
-    that instance itself; one made again from [tpu.compute_spec.instance] must not attach a disk
-    of the job's instance read-write (Compute Engine refuses a second such attachment)."""
+    """A Compute Engine job's spares: instances beside the job's instance, MIGs beside its MIG
+    (not a flex-start one), never the job's own; an instance made again from
+    [tpu.compute_spec.instance] must not attach a disk of the job's instance read-write (Compute
+    Engine refuses a second such attachment)."""
     spares = t["spares"]
     if not spares:
         return
     if t["mig"]:
-        raise ConfigError("tpu.spares: not with tpu.mig: spares are instances standing in for the job's instance "
-                          "(tpu.instance); a MIG replaces its own VMs (its repair, recreateInstances), and a spare MIG "
-                          "of the same template is not built; drop tpu.spares, or run the job on an instance")
+        if t["mig"] in spares:
+            raise ConfigError(f"tpu.spares: {t['mig']!r} is the job's own MIG (tpu.mig); a spare is an idle MIG of "
+                              "its own: drop it from tpu.spares")
+        if t["flex_start"]:
+            raise ConfigError("tpu.spares: not with tpu.flex_start: a flex-start MIG holds no VM until a resize "
+                              "request is served, so an idle spare MIG would have to hold its VMs (and their run "
+                              "duration) all along; drop tpu.spares, or tpu.flex_start for MIGs whose VMs stay")
+        return
     if t["instance"] in spares:
         raise ConfigError(f"tpu.spares: {t['instance']!r} is the job's own instance (tpu.instance); a spare is an "
                           "idle instance of its own: drop it from tpu.spares")

@@ -170,3 +170,32 @@ def test_acts_on_a_job_running_on_a_spare_go_to_the_spare_instance(sim_api: Simu
     _, what = life.start_maintenance(view())
     assert what == "instance sp" and sim_api.world.call_count(PERFORM) == 1
     assert sim_api.world.instance("vm").status == "RUNNING"  # the job's own instance, idle, untouched
+
+
+def test_acts_on_a_job_running_on_a_spare_mig_go_to_the_spare_mig(sim_api: Simulator, rest: RestFace) -> None:
+    """A job on MIG slice with spare MIGs, its slot bound to spare MIG sp: its view is named slice
+    but is sp's (its instances the workers), and a performMaintenance or a recreate of it goes to
+    sp's instances."""
+    from tpuwatch.model import bound_view
+
+    slice_vms = sorted(sim_api.world.add_mig("slice", size=2).members)
+    sp = sim_api.world.add_mig("sp", size=2)
+    sp_vms = sorted(sp.members)
+    life = lifecycle(sim_api, "mig")
+
+    def view() -> NodeSnapshot:
+        read = {n: life.api.get_node(n) for n in ("slice", "sp")}
+        seen, _ = bound_view("slice", ("slice",), read, (), {"slice": "sp"})
+        assert seen is not None and seen.name == "slice" and seen.kind == "mig" and seen.full_name.endswith("/sp")
+        assert life.api.instance_names(seen) == tuple(sp_vms)  # the workers are sp's instances
+        return seen
+
+    sim_api.world.schedule_instance_maintenance(sp_vms[0])
+    _, what = life.start_maintenance(view())
+    assert what == f"MIG sp (performMaintenance on {sp_vms[0]})", what
+    assert all(sim_api.world.instance(n).status == "RUNNING" for n in slice_vms)  # the idle MIG, untouched
+    sim_api.world.wait_mig_stable("sp", timeout=60)
+    before = {n: sim_api.world.instance(n).id for n in slice_vms}
+    _, what = life.delete(view())
+    assert what.startswith("MIG sp's 2 instances (recreateInstances"), what
+    assert {n: sim_api.world.instance(n).id for n in slice_vms} == before

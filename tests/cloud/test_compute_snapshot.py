@@ -109,6 +109,25 @@ def test_a_mig_is_one_node_whose_workers_are_its_instances_in_name_order() -> No
     assert node.id == "1+2+3+4" and node.owned_by("job")
 
 
+def test_a_migs_size_and_whether_its_vms_start_the_job_at_boot_are_read_from_its_template_made_vms() -> None:
+    """A spare MIG's shape includes its target size; its VMs' metadata (its template's) says
+    whether resume-training.sh starts the job at boot, as an idle spare must not."""
+    def with_meta(**items: str) -> list[compute_v1.Instance]:
+        vms = four()
+        for v in vms:
+            v.metadata = compute_v1.Metadata(items=[compute_v1.Items(key=k.replace("_", "-"), value=val)
+                                                    for k, val in items.items()])
+        return vms
+
+    launch = {"tpuwatch_job": "job", "tpuwatch_command": "python train.py", "tpuwatch_worker_script": "#!/bin/sh"}
+    for items, boots in ((launch, True), ({**launch, "tpuwatch_launch": "false"}, False),
+                         ({**launch, "tpuwatch_command_withheld": "true"}, False),
+                         ({"tpuwatch_job": "job"}, False), ({}, False)):
+        vms = with_meta(**items)
+        node = mig_snapshot(mig(), [managed(v) for v in vms], vms, project=P, zone=Z)
+        assert (node.target_size, node.boots_job) == (4, boots), items
+
+
 # instance name -> its agent-worker-number (None: no such item), the worker order, whether it is said
 @pytest.mark.parametrize(("numbers", "order", "said"), [
     ({"b": None, "a": None, "c": None}, "abc", False),  # none numbered (all Google documents): name order

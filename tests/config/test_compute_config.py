@@ -54,7 +54,10 @@ def test_a_saved_compute_spec_loads_as_written(tmp_path: Path) -> None:
     ('api = "compute"\nmig = "m"\n[tpu.compute_spec.node]\nname = "m"\n',
      "tpu.compute_spec.node: unknown key"),
     ('name = "x"\n[tpu.compute_spec.mig]\nname = "m"\n', "tpu.compute_spec: only for api = \"compute\""),
-    ('api = "compute"\nmig = "m"\nspares = ["m-spare"]\n', "tpu.spares: not with tpu.mig"),
+    ('api = "compute"\nmig = "m"\nspares = ["zones/us-east5-a/instanceGroupManagers/m"]\n',
+     "tpu.spares: 'm' is the job's own MIG (tpu.mig)"),
+    ('api = "compute"\nmig = "m"\nflex_start = "24h"\nspares = ["m-spare"]\n[tpu.compute_spec.mig]\ntargetSize = 4\n',
+     "tpu.spares: not with tpu.flex_start"),
     ('api = "compute"\ninstance = "vm"\nspares = ["zones/us-east5-a/instances/vm"]\n',
      "tpu.spares: 'vm' is the job's own instance (tpu.instance)"),
 ])

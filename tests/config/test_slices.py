@@ -266,7 +266,6 @@ def test_a_compute_engine_instances_spares_are_instances_by_name_or_url_in_its_z
             ({"spares": ["regions/us-central2/instances/sp"]}, "tpu.spares", "not an instance"),
             ({"zone": "", "spares": ["zones/us-east5-a/instances/sp", "zones/us-east5-b/instances/sq"]},
              "tpu.spares", "not the job's zone us-east5-a"),
-            ({"instance": "", "mig": "vm", "spares": ["sp"]}, "tpu.spares", "not with tpu.mig"),
             ({"spares": ["sp"], "compute_spec": {"instance": {"disks": [disk]}}},
              "tpu.compute_spec.instance.disks[0].source", "cannot also attach")):
         with pytest.raises(ConfigError, match=re.escape(fix)) as exc:
@@ -276,6 +275,29 @@ def test_a_compute_engine_instances_spares_are_instances_by_name_or_url_in_its_z
     assert (unzoned["spares"], unzoned["zone"]) == (("sp",), "us-east5-a")  # the job's zone, as its spare's says
     shared = {"compute_spec": {"instance": {"disks": [{**disk, "mode": "READ_ONLY"}]}}}
     assert validate(compute(spares=["sp"], **shared))["tpu"]["spares"] == ("sp",)  # a disk several may read
+
+
+def test_a_compute_engine_migs_spares_are_migs_by_name_or_url_in_its_zone_or_region() -> None:
+    zone = "us-central2-b"
+    given = ["sp-a", f"zones/{zone}/instanceGroupManagers/sp-b", f"projects/my-proj/zones/{zone}/instanceGroupManagers/sp-c",
+             f"https://compute.googleapis.com/compute/v1/projects/my-proj/zones/{zone}/instanceGroupManagers/sp-d",
+             "regions/us-central2/instanceGroupManagers/sp-e"]
+    mig = {"instance": "", "mig": "slice", "project": "my-proj"}
+    assert validate(compute(**mig, spares=given))["tpu"]["spares"] == ("sp-a", "sp-b", "sp-c", "sp-d", "sp-e")
+    for tpu, fix in (
+            ({"spares": ["slice"]}, "'slice' is the job's own MIG (tpu.mig)"),
+            ({"spares": [f"zones/{zone}/instanceGroupManagers/slice"]}, "'slice' is the job's own MIG (tpu.mig)"),
+            ({"spares": ["sp", f"zones/{zone}/instanceGroupManagers/sp"]}, "'sp' is listed twice"),
+            ({"spares": [f"zones/{zone}/instances/sp"]}, "is not a MIG (instances)"),
+            ({"spares": ["Sp_A"]}, "not a MIG name"),
+            ({"spares": ["zones/us-east5-a/instanceGroupManagers/sp"]}, "not the job's zone us-central2-b"),
+            ({"spares": ["regions/us-east5/instanceGroupManagers/sp"]}, "a MIG of region us-east5, not of the job's zone"),
+            ({"spares": [f"projects/other-proj/zones/{zone}/instanceGroupManagers/sp"]}, "not the job's project my-proj"),
+            ({"flex_start": "24h", "compute_spec": {"mig": {"targetSize": 4}}, "spares": ["sp"]},
+             "not with tpu.flex_start")):
+        with pytest.raises(ConfigError, match=re.escape(fix)) as exc:
+            validate(compute(**{**mig, **tpu}))
+        assert str(exc.value).startswith("tpu.spares"), exc.value
 
 
 def test_a_pool_of_one_slot_is_seen_through_the_instance_it_runs_on() -> None:

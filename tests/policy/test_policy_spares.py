@@ -12,6 +12,7 @@ from policy_support import LIMP_SLICES as SLICES
 
 from tpuwatch.model import WorkerProbe, combine_slices
 from tpuwatch.policy import Limp, Memory, Observation, Phase, RemakeSpare, StopWorkers
+from tpuwatch.policy.spares import unfit
 from tpuwatch.policy.state import GoogleStop
 
 SPARES = replace(LIMPS, min_slices=0, spares=("x0",))
@@ -158,6 +159,42 @@ def test_a_dead_idle_spare_is_deleted_then_created_again_with_the_creates_spaced
     assert coming.row == "running" and coming.memory.limp.remaking == ("s2",)  # made: not created again
     back = tick(limp_look({}, coming.memory, spares=("x0",), probes=running_all()), coming.memory, 960, cfg=REMADE)
     assert back.memory.limp.remaking == () and back.memory.limp.remake_tries == 0
+
+
+def test_a_dead_idle_spare_mig_is_recreated_in_place_and_one_gone_since_is_dropped_never_inserted() -> None:
+    """A pool of MIGs (tpu.mig) makes a dead spare again by recreating its instances (the MIG stays):
+    the act is the same "delete" of the adapter, said as a recreate; a MIG gone while it was made
+    again was deleted by a person, and is never inserted."""
+    in_place = replace(REMADE, spares_in_place=True)
+    mem = run_mem(step=100, limp=Limp(swapped=(("s2", "x0"),)))
+    d = tick(limp_look({"s2": "PREEMPTED"}, mem, spares=("x0",), probes=running_all()), mem, 600, cfg=in_place)
+    assert d.row == "spare_remake" and d.memory.limp.remaking == ("s2",)
+    [act] = [a for a in d.actions if isinstance(a, RemakeSpare)]
+    assert (act.name, act.create) == ("s2", False)
+    assert "recreating its instances (recreateInstances: the MIG, its template and workload policy stay)" in act.reason
+    gone = limp_look({}, d.memory, spares=("x0",), parts={"s2": None}, probes=running_all())
+    after = tick(gone, d.memory, 660, cfg=in_place)
+    assert after.row == "running" and not [a for a in after.actions if isinstance(a, RemakeSpare)]
+    assert after.memory.limp.remaking == () and after.memory.limp.remake_tries == 0
+
+
+def test_an_idle_mig_whose_vms_start_the_job_at_boot_is_never_used_nor_recreated_and_said() -> None:
+    """A MIG's VMs take their metadata from its template: one whose startup script would start the
+    job at boot (no tpuwatch-launch = "false") would run it alone as an idle spare."""
+    in_place = replace(REMADE, spares_in_place=True)
+    mem = run_mem(step=100)
+    booting = replace(limp_part("x0"), kind="mig", boots_job=True)
+    d = tick(limp_look({"s2": "PREEMPTED"}, mem, spares=("x0",), parts={"x0": booting},
+                       probes=probes_with_slice_down(2)), mem, 600, cfg=in_place)
+    assert d.row != "swap" and d.memory.limp.swapped == ()
+    assert "start the job at boot" in unfit(JOB, None, booting)
+    dead = replace(booting, state="PREEMPTED")
+    idle = tick(limp_look({}, mem, spares=("x0",), parts={"x0": dead}, probes=running_all()), mem, 600, cfg=in_place)
+    assert idle.row == "running" and not [a for a in idle.actions if isinstance(a, RemakeSpare)]
+    # set up only (tpuwatch-launch = "false"): swapped in
+    ok = tick(limp_look({"s2": "PREEMPTED"}, mem, spares=("x0",), parts={"x0": replace(booting, boots_job=False)},
+                        probes=probes_with_slice_down(2)), mem, 600, cfg=in_place)
+    assert ok.row == "swap"
 
 
 def test_a_spare_is_never_deleted_when_not_the_jobs_one_slice_of_a_request_or_with_no_spec_to_make_it() -> None:

@@ -87,8 +87,8 @@ ROWS: tuple[Row, ...] = (
         "without a queued resource)", "never delete a slice: needs a person (exit 1)"),
     Row("swap", "a multislice job with tpu.spares: slices it runs on are not READY+HEALTHY (as for `limp`: not a "
         "person's stop, nor a slice RESTARTING), or left out while it limps (a job on one node: its node not so, "
-        "or gone), and a spare is READY+HEALTHY, of the job's accelerator type, and carries the job's ownership "
-        "label",
+        "or gone), and a spare is READY+HEALTHY, of the job's accelerator type (a MIG's: machine type and target "
+        "size), and carries the job's ownership label",
         "journal the spare in the lost slice's place (its slice id); a disruption, not charged: stop the attempt on "
         "the slices still up and relaunch at once on the spare and the others from the newest complete checkpoint "
         "(MEGASCALE_* set by tpuwatch); a slice left out is grown back onto at the next checkpoint (`grow`). No "
@@ -104,7 +104,8 @@ ROWS: tuple[Row, ...] = (
         "out (`swap` takes it so)", "journal it as one tpuwatch makes again, delete it (not one Google deletes); "
         "once gone, create it again from [tpu.spec] ([tpu.compute_spec.instance]: an instances.insert under its "
         "name) (one that came to nothing tried again as a queued create is: recovery.backoff_base, doubling to "
-        "recovery.backoff_max). A spare neither tpuwatch nor Google deleted so is never created"),
+        "recovery.backoff_max). A spare neither tpuwatch nor Google deleted so is never created. A MIG (tpu.mig) is made "
+        "again in place: recreateInstances of its instances, never a delete nor an insert (one gone is dropped)"),
     Row("spare_bad", "before a launch, the launch-time checks fail on workers of a spare swapped in (after the "
         "cleanup of what tpuwatch can fix)", "not charged, nothing launched: the spare is not used again until it is "
         "made again (its node id), its slot goes back to its own node; another spare, a limp or a wait follows"),

@@ -50,6 +50,13 @@ def unfit(job: str, node: NodeSnapshot | None, part: NodeSnapshot | None, bad: t
     shapes = {p.accelerator_type for p in (node.slices if node is not None else ()) if p.accelerator_type}
     if shapes and part.accelerator_type not in shapes:
         return f"a {part.accelerator_type}, not the job's {', '.join(sorted(shapes))}"
+    # a MIG's shape is its machine type and its size (a multi-host slice of that many VMs)
+    sizes = {p.target_size for p in (node.slices if node is not None else ()) if p.kind == "mig"}
+    if part.kind == "mig" and sizes and part.target_size not in sizes:
+        return f"a MIG of target size {part.target_size}, not the job's {', '.join(str(s) for s in sorted(sizes))}"
+    if part.kind == "mig" and part.boots_job:  # its template's: tpuwatch cannot change it on the VMs
+        return ("its VMs start the job at boot (tpuwatch-command in its template's metadata without "
+                "tpuwatch-launch = \"false\"): an idle spare would run the job on its own")
     if not part.usable:
         return part.state + (f"/{part.health}" if part.health and part.state == "READY" else "")
     return ""
@@ -156,6 +163,9 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
       one with [tpu.spec] (`slices_remade`): the job grows back onto it once it is READY.
     - Not one under repair while a create of another has come to nothing (a stockout): it may
       still heal, and a node deleted then could come back only through a create.
+    - A MIG (`spares_in_place`) is made again in place: its instances recreated, never the MIG
+      deleted; one gone (a person deleted it) is dropped, never inserted; an idle one whose VMs
+      start the job at boot (its template's metadata) is not recreated at all.
     - One of those gone: created again from [tpu.spec], no sooner than `remake_at`: a create that
       came to nothing (a stockout, quota) is tried again as a queued create is, after
       recovery.backoff_base, doubling up to recovery.backoff_max.
@@ -191,10 +201,17 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
         limp = replace(limp, remaking=made, remake_tries=limp.remake_tries if made else 0,
                        remake_at=limp.remake_at if made else None)
     gone = [n for n in made if seen[n] is None]
+    if cfg.spares_in_place and gone:  # a MIG made again in place, gone since: a person's deletion, never inserted
+        made = tuple(n for n in made if n not in gone)
+        limp = replace(limp, remaking=made, remake_tries=limp.remake_tries if made else 0,
+                       remake_at=limp.remake_at if made else None)
+        gone = []
     # idle nodes dead, or under repair past repair_timeout; while the job waits for a spare, its
     # own lost slices too (their repair timed as the job's rows time it: `_repair_since`)
     down = dict(zip(limp.down, limp.down_since, strict=True))
-    candidates = [(name, part, down.get(name)) for name, part in (*draft.obs.spares, *out)]
+    # (not an idle MIG whose VMs start the job at boot: recreated, it would run the job on its own)
+    candidates = [(name, part, down.get(name)) for name, part in (*draft.obs.spares, *out)
+                  if part is None or not (part.kind == "mig" and part.boots_job)]
     if decision.row in ("spare_wait", "take_wait"):
         candidates += [(name, part, _repair_since(before, part) if part is not None else None)
                        for name, part in held.items()]
@@ -226,8 +243,9 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
                f"has been under repair longer than recovery.repair_timeout ({human(cfg.repair_timeout)})")
         then = ("the job grows back onto it at its next complete checkpoint once it is READY"
                 if name in dict(out) else "a spare of the job's once READY")
-        action = RemakeSpare(name, False, f"{name} is {part.state} and {why}: deleting it to create it again from "
-                                          f"{_spec_of(draft)}, {then}")
+        how = ("recreating its instances (recreateInstances: the MIG, its template and workload policy stay)"
+               if cfg.spares_in_place else f"deleting it to create it again from {_spec_of(draft)}")
+        action = RemakeSpare(name, False, f"{name} is {part.state} and {why}: {how}, {then}")
     if limp == mem.limp:
         return decision
     mem = replace(mem, limp=limp)

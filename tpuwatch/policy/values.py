@@ -116,6 +116,9 @@ class PolicyConfig:
     # [tpu.spec] (a Compute Engine job's [tpu.compute_spec.instance]) is there to make a spare again
     # from: a dead idle one is deleted and created again
     spares_remade: bool = False
+    # the pool's nodes are MIGs (tpu.mig): one is made again in place, by recreating its
+    # instances (the MIG stays), and one gone is never inserted again
+    spares_in_place: bool = False
     # [job] priority (policy/priority.py): None takes no node from another job and gives none
     priority: int | None = None
     # A job that limps ([job] min_slices, or has spares) over slices made one by one (tpu.names,
@@ -152,7 +155,9 @@ class PolicyConfig:
             checkpoints_on_vm=bool(cfg.job["checkpoint_dir"]) and not str(cfg.job["checkpoint_dir"]).startswith("gs://"),
             min_slices=int(cfg.job["min_slices"]),
             spares=tuple(cfg.tpu["spares"]),
-            spares_remade=pooled and bool(cfg.tpu["spec"] or (cfg.tpu["compute_spec"] or {}).get("instance")),
+            spares_remade=pooled and bool(cfg.tpu["spec"] or (cfg.tpu["compute_spec"] or {}).get("instance")
+                                          or cfg.tpu.get("mig")),
+            spares_in_place=pooled and bool(cfg.tpu.get("mig")),
             priority=priority,
             slices_remade=(bool(cfg.tpu["names"]) and not cfg.tpu["queued_resource"] and bool(cfg.tpu["spec"])
                            and bool(cfg.job["min_slices"] or cfg.tpu["spares"])),

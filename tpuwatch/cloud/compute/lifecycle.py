@@ -89,8 +89,9 @@ class ComputeLifecycle:
         if node is None:
             raise NotFoundError(f"nothing left to delete: no {self.api.kind}")
         if self.api.kind == "mig":
-            op = self.api.recreate_mig(node.name)
-            return op, (f"MIG {node.name}'s {len(node.workers)} instances (recreateInstances: a multi-host slice "
+            mig = computemaint.on_mig(node)  # a spare MIG in the slot's place is its own
+            op = self.api.recreate_mig(mig)
+            return op, (f"MIG {mig}'s {len(node.workers)} instances (recreateInstances: a multi-host slice "
                         "is replaced as a whole; the MIG, its template and workload policy stay)")
         instance = self._vm(node)
         return self.api.delete_node(instance), f"instance {instance}"

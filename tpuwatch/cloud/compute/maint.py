@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tpuwatch.cloud.compute.adapter import ComputeAdapter
-from tpuwatch.cloud.compute.view import upcoming
+from tpuwatch.cloud.compute.view import short, upcoming
 from tpuwatch.cloud.errors import MAINTENANCE_REFUSALS, ApiError
 from tpuwatch.errors import MaintenanceRefused
 from tpuwatch.model import NodeSnapshot
@@ -56,18 +56,25 @@ def _mig_due(api: ComputeAdapter, name: str) -> list[str]:
     return due_instances(parts[2])
 
 
+def on_mig(node: NodeSnapshot) -> str:
+    """The MIG a job's node runs on: a spare MIG in its place ([tpu] spares), read under the job's
+    name, is named by its own URL (the one-slot view carries it), else the node itself."""
+    return short(node.resource) if node.kind == "mig" and node.resource else node.name
+
+
 def start_maintenance(api: ComputeAdapter, node: NodeSnapshot) -> tuple[str, str]:
     """Start the slice's announced maintenance now; (operation of the first call, what was asked)."""
     if api.kind == "instance":  # the instance it runs on: a spare in its place is its own ([tpu] spares)
         instance = (api.instance_names(node) or (node.name,))[0]
         return perform(api, instance), f"instance {instance}"
-    due = _mig_due(api, node.name)
+    mig = on_mig(node)  # a spare MIG in the slot's place is its own ([tpu] spares)
+    due = _mig_due(api, mig)
     if not due:
-        raise MaintenanceRefused(f"no instance of MIG {node.name} has a maintenance that may start early now",
+        raise MaintenanceRefused(f"no instance of MIG {mig} has a maintenance that may start early now",
                                  code="FAILED_PRECONDITION")
     op = perform(api, due[0])
     started, refused = [due[0]], []
-    for inst in _mig_due(api, node.name):
+    for inst in _mig_due(api, mig):
         if inst in started:
             continue
         try:
@@ -75,5 +82,5 @@ def start_maintenance(api: ComputeAdapter, node: NodeSnapshot) -> tuple[str, str
             started.append(inst)
         except MaintenanceRefused as exc:
             refused.append(f"{inst} refused ({exc.code})")
-    what = f"MIG {node.name} (performMaintenance on {', '.join(started)}"
+    what = f"MIG {mig} (performMaintenance on {', '.join(started)}"
     return op, what + (f"; {', '.join(refused)})" if refused else ")")

@@ -168,6 +168,18 @@ def upcoming(inst: Any) -> UpcomingMaintenance | None:
     )
 
 
+# The metadata resume-training.sh starts the job at boot with, and what makes it only set up
+_BOOT_LAUNCH = ("tpuwatch-job", "tpuwatch-command", "tpuwatch-worker-script")
+_SET_UP_ONLY = (("tpuwatch-launch", "false"), ("tpuwatch-env-withheld", "true"), ("tpuwatch-command-withheld", "true"))
+
+
+def boots_job(inst: Any) -> bool:
+    """The instance's startup script starts the job at boot: its metadata holds what it launches
+    and nothing that says set up only (startup-scripts/resume-training.sh)."""
+    meta = {item.key: item.value for item in inst.metadata.items}
+    return all(meta.get(k) for k in _BOOT_LAUNCH) and not any(meta.get(k) == v for k, v in _SET_UP_ONLY)
+
+
 def pending_stop(inst: Any) -> bool:
     """The VM "gracefully shutting down" while its guest and the job still run: status PENDING_STOP,
     or RUNNING with `resourceStatus.shutdownDetails.stopState` PENDING_STOP (Google documents both,
@@ -340,7 +352,8 @@ def mig_snapshot(mig: Any, managed: Sequence[Any], instances: Sequence[Any], *, 
         resource=f"projects/{project}/{f'regions/{region}' if region else f'zones/{zone}'}/instanceGroupManagers/{mig.name}",
         kind="mig",
         repairs_itself=repairs_itself(mig), repair_under_way=mig_acting(mig, managed),
-        pending_stop=any(pending_stop(i) for i in ordered),
+        pending_stop=any(pending_stop(i) for i in ordered), target_size=int(mig.target_size),
+        boots_job=any(boots_job(i) for i in ordered),
     )
 
 
