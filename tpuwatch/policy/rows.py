@@ -94,6 +94,10 @@ ROWS: tuple[Row, ...] = (
         "(MEGASCALE_* set by tpuwatch); a slice left out is grown back onto at the next checkpoint (`grow`). No "
         "delete or create; the node swapped out is a spare once READY+HEALTHY again (one Google deletes itself, "
         "or a VM Google deletes itself gone, owned as last seen, is made again: `spare_remake`)"),
+    Row("pool_claim", "a job with tpu.spare_pool: a slot it runs in has no usable node (not a person's stop, nor a RESTARTING), none of its own spares is free (`swap` first), and an idle spare of the pool (tpuwatch-pool=<pool>, no tpuwatch-job) is READY+HEALTHY and of the job's accelerator type",
+        "a disruption, not charged: stop the attempt; journal the claim, then label the spare tpuwatch-job=<job> (read again, written and waited for under the pool's lock in the state dir); the job swaps onto it as onto its own spare (`swap`) once its label says so"),
+    Row("pool_return", "a job with tpu.spare_pool runs on (or waits) on a node of the pool (tpuwatch-pool=<pool>, labelled the job's) and a node of its own no slot holds (its lost node healed or made again; not one of its tpu.spares) is READY+HEALTHY",
+        "journal, then relabel that node to the pool (tpuwatch-pool=<pool>, no tpuwatch-job): a trade, the job stays where it runs and the pool keeps its size"),
     Row("spare_remake", "the job runs on or waits (nothing else to do this tick) and an idle spare, owned by the job "
         "and made alone, is PREEMPTED / TERMINATED (or under repair longer than repair_timeout) with [tpu.spec] "
         "there to make it from (while `spare_wait` waits, "

@@ -118,6 +118,8 @@ class PolicyConfig:
     spares_remade: bool = False
     # [job] priority (policy/priority.py): None takes no node from another job and gives none
     priority: int | None = None
+    # [tpu] spare_pool (policy/pool.py): the watcher's pool the job claims a spare from ("": none)
+    spare_pool: str = ""
     # A job that limps ([job] min_slices, or has spares) over slices made one by one (tpu.names,
     # no queued resource) with [tpu.spec]: a dead slice of its own is made again alone
     slices_remade: bool = False
@@ -137,7 +139,7 @@ class PolicyConfig:
                            cfg.tpu["fallback_zones"])
         workers = cfg.job["workers"]
         priority = None if cfg.job.get("priority", "off") == "off" else int(cfg.job["priority"])
-        pooled = bool(cfg.tpu["spares"]) or priority is not None
+        pooled = bool(cfg.tpu["spares"]) or priority is not None or bool(cfg.tpu["spare_pool"])
         return cls(
             job=cfg.job_name,
             tpu_name=cfg.tpu_name,
@@ -154,8 +156,9 @@ class PolicyConfig:
             spares=tuple(cfg.tpu["spares"]),
             spares_remade=pooled and bool(cfg.tpu["spec"] or (cfg.tpu["compute_spec"] or {}).get("instance")),
             priority=priority,
+            spare_pool=str(cfg.tpu["spare_pool"]),
             slices_remade=(bool(cfg.tpu["names"]) and not cfg.tpu["queued_resource"] and bool(cfg.tpu["spec"])
-                           and bool(cfg.job["min_slices"] or cfg.tpu["spares"])),
+                           and bool(cfg.job["min_slices"] or cfg.tpu["spares"] or cfg.tpu["spare_pool"])),
             repair_timeout=float(r["repair_timeout"]),
             max_restarts=int(r["max_restarts"]),
             max_recreates=int(r["max_recreates"]),
@@ -396,6 +399,9 @@ class Relabel:
     put: tuple[tuple[str, str], ...]
     drop: tuple[str, ...]
     reason: str
+    # a claim from a spare pool (policy/pool.py): only while the node carries tpuwatch-pool=<pool>
+    # and no ownership label (`owner` ""), read again and written under the pool's lock
+    pool: str = ""
     kind: ClassVar[str] = "relabel"
 
 

@@ -1,0 +1,100 @@
+"""A watcher-wide spare pool (policy/pool.py): a job that lost its node with no spare of its own
+claims an idle spare of the pool by its labels, swaps onto it once labelled its own, and gives
+its own node back to the pool once that is READY again; a spare another job holds, of another
+shape, or not ready is never claimed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from policy_support import CFG, ckpt, limp_part, run_mem, running, tick
+
+from tpuwatch.model import NodeSnapshot, WorkerProbe, bound_view
+from tpuwatch.policy import Limp, Memory, Observation, Phase, PolicyConfig, Relabel
+from tpuwatch.policy.pool import POOL_LABEL
+
+A = replace(CFG, job="a", tpu_name="apod", slices=("apod",), recreatable=False, spare_pool="v5p", spares_remade=True)
+DOWN = (WorkerProbe(0, "unreachable"), WorkerProbe(1, "unreachable"))
+
+
+def part(name: str, owner: str | None, state: str = "READY", pool: str | None = None) -> NodeSnapshot:
+    """A node of 2 workers (v5p-16), labelled `owner`'s (None: no job's) and of spare pool `pool`."""
+    labels = {**({"tpuwatch-job": owner} if owner else {}), **({POOL_LABEL: pool} if pool else {})}
+    return replace(limp_part(name, state), labels=labels)
+
+
+def look(cfg: PolicyConfig, mem: Memory, zone: tuple[NodeSnapshot, ...], **kw: object) -> Observation:
+    """What the tick reads of a job of a pool: its slots bound as `mem` binds them, the nodes
+    labelled its own in the zone as its idle ones, and the zone as listed."""
+    listed = {n.name: n for n in zone}
+    extra = tuple(n.name for n in zone if n.owned_by(cfg.job) and n.name not in cfg.slices)
+    read = {n: listed.get(n) for n in (*cfg.slices, *extra, *(b for _, b in mem.limp.swapped)) if n}
+    view, left = bound_view(cfg.tpu_name, cfg.slices, read, mem.limp.out, dict(mem.limp.swapped))
+    idle = tuple((n, read.get(n)) for n in mem.limp.idle(cfg.slices, extra))
+    return Observation(node=view, left_out=left, spares=idle, zone=zone, **kw)  # type: ignore[arg-type]
+
+
+def relabels(d: object) -> list[Relabel]:
+    return [a for a in d.actions if isinstance(a, Relabel)]  # type: ignore[attr-defined]
+
+
+def test_a_lost_node_with_no_spare_of_its_own_claims_an_idle_pool_spare_then_swaps_onto_it() -> None:
+    mem = run_mem(step=100)
+    zone = (part("apod", "a", "PREEMPTED"), part("sp-0", None, pool="v5p"))
+    d = tick(look(A, mem, zone, probes=DOWN, checkpoint=ckpt(200)), mem, 600, cfg=A)
+    assert d.row == "pool_claim" and d.memory.phase is Phase.WAITING_NODE
+    [claim] = relabels(d)
+    assert (claim.name, claim.owner, claim.put, claim.drop, claim.pool) == ("sp-0", "", (("tpuwatch-job", "a"),), (),
+                                                                            "v5p")
+    [end] = d.ended
+    assert end.outcome == "disruption" and not end.charged
+    # labelled the job's: swapped in as its own spare, nothing deleted or created
+    claimed = (zone[0], part("sp-0", "a", pool="v5p"))
+    s = tick(look(A, d.memory, claimed, probes=None, checkpoint=ckpt(200)), d.memory, 610, cfg=A)
+    assert s.memory.limp.swapped == (("apod", "sp-0"),)
+    assert not any(a.kind in ("delete", "create") for a in s.actions)
+
+
+def test_a_spare_another_job_holds_of_another_shape_not_ready_or_of_another_pool_is_never_claimed() -> None:
+    mem = run_mem(step=100)
+    other = replace(part("sp-3", None, pool="v5p"), accelerator_type="v5p-256")
+    zone = (part("apod", "a", "PREEMPTED"), part("sp-0", "b", pool="v5p"), part("sp-1", None, "PREEMPTED", "v5p"),
+            part("sp-2", None, pool="v6e"), other, part("loose", None))
+    d = tick(look(A, mem, zone, probes=DOWN, checkpoint=ckpt(200)), mem, 600, cfg=A)
+    assert d.row != "pool_claim" and relabels(d) == []
+
+
+def test_a_job_of_no_pool_never_claims() -> None:
+    mem = run_mem(step=100)
+    cfg = replace(A, spare_pool="")
+    zone = (part("apod", "a", "PREEMPTED"), part("sp-0", None, pool="v5p"))
+    d = tick(look(cfg, mem, zone, probes=DOWN, checkpoint=ckpt(200)), mem, 600, cfg=cfg)
+    assert d.row != "pool_claim" and relabels(d) == []
+
+
+def test_its_own_node_back_goes_to_the_pool_and_the_job_stays_on_the_spare() -> None:
+    mem = run_mem(step=100, limp=Limp(swapped=(("apod", "sp-0"),)))
+    zone = (part("sp-0", "a", pool="v5p"), part("apod", "a"))
+    d = tick(look(A, mem, zone, probes=running(1), checkpoint=ckpt(300)), mem, 900, cfg=A)
+    assert d.row == "pool_return" and d.ended == () and d.memory.phase is Phase.RUNNING
+    [back] = relabels(d)
+    assert (back.name, back.owner, back.put, back.drop, back.pool) == ("apod", "a", ((POOL_LABEL, "v5p"),),
+                                                                       ("tpuwatch-job",), "")
+    assert d.memory.limp.swapped == (("apod", "sp-0"),)  # a trade: it stays where it runs
+    # returned: the job neither claims it again nor returns anything more
+    done = (part("sp-0", "a", pool="v5p"), part("apod", None, pool="v5p"))
+    after = tick(look(A, d.memory, done, probes=running(1), checkpoint=ckpt(300)), d.memory, 901, cfg=A)
+    assert after.row != "pool_return" and relabels(after) == []
+
+
+def test_a_node_of_its_own_not_ready_or_while_it_holds_nothing_of_the_pool_is_kept() -> None:
+    mem = run_mem(step=100, limp=Limp(swapped=(("apod", "sp-0"),)))
+    zone = (part("sp-0", "a", pool="v5p"), part("apod", "a", "CREATING"))
+    d = tick(look(A, mem, zone, probes=running(1), checkpoint=ckpt(300)), mem, 900, cfg=A)
+    assert d.row != "pool_return"
+    # on a spare of its own (tpu.spares), not the pool's: its node back stays its own
+    own = replace(A, spares=("x0",))
+    zone = (part("x0", "a"), part("apod", "a"))
+    mem = run_mem(step=100, limp=Limp(swapped=(("apod", "x0"),)))
+    d = tick(look(own, mem, zone, probes=running(1), checkpoint=ckpt(300)), mem, 900, cfg=own)
+    assert d.row != "pool_return" and relabels(d) == []
