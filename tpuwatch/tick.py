@@ -194,6 +194,9 @@ class Reconciler:
             adopt=self.flags.adopt, recreate_missing=self.flags.recreate_missing, recreate_asked=self.flags.recreate,
             dry_run=self.flags.dry_run, precheck=pre, checks=self.ports.precheck is not None,
             audit_read=cursor is not None, zone=zone_nodes,
+            # one job of a spare pool makes its dead idle spares again: the holder of its keeper lock
+            pool_keeper=bool(self.pcfg.spare_pool) and self.pcfg.spares_remade and not self.flags.dry_run
+            and poollock.keeper(Path(self.cfg.state_dir), self.pcfg.spare_pool, self.pcfg.job),
         )
         if pre is not None and pre.context == "running":
             warnings.extend(f"environment check failed: {line}" for line in precheck.failing_lines(pre))
@@ -455,7 +458,9 @@ class Reconciler:
         zone = mem.zone or self.pcfg.zones[0]
         tpu = self.ports.tpu_for(zone)
         try:
-            if action.create:
+            if action.pool:  # a spare of the job's spare pool, made again by the pool's keeper
+                name = self._remake_pool_spare(tpu, action, spare, zone)
+            elif action.create:
                 name = recreate.start_spare_create(tpu, self.cfg, action.name, zone)
             else:
                 if spare is None or not spare.owned_by(self.pcfg.job):  # the policy checked; kept next to the act
@@ -470,6 +475,19 @@ class Reconciler:
             self.journal.add_event(now, "spare_remade", f"{verb} spare {action.name}: {action.reason}",
                                    {"operation": name, "node": action.name, "create": action.create})
         return f"{verb} spare {action.name} ({name}): {action.reason}"
+
+    def _remake_pool_spare(self, tpu: TpuApi, action: RemakeSpare, spare: NodeSnapshot | None, zone: str) -> str:
+        """Delete an idle spare of the pool only while it is one (its label, no job's: read again
+        next to the act), or create it with the pool's label; the operation's name."""
+        if action.create:
+            return recreate.start_pool_create(tpu, self.cfg, action.name, zone, action.pool)
+        now = tpu.read_node(action.name) if isinstance(tpu, NodeLabels) else spare
+        if now is None:
+            raise NotFoundError(f"spare {action.name} is gone")
+        if not idle_in(action.pool, now):
+            raise NotFoundError(f"spare {action.name} is no longer an idle spare of pool {action.pool} (its labels "
+                                f"say job {now.owner or 'none'}, pool {now.labels.get(POOL_LABEL, 'none')})")
+        return tpu.delete_node(action.name)
 
     def _relabel(self, action: Relabel, mem: Memory, now: datetime) -> str:
         """Write a node's labels (journaled with the decision before this call), read again next to

@@ -61,6 +61,16 @@ def on(sim: Simulator, node: str, who: str, attempt: int) -> bool:
     return any(e["TPUWATCH_JOB"] == who and e["TPUWATCH_ATTEMPT"] == str(attempt) for e in trainers(sim, node))
 
 
+def node_id(sim: Simulator, node: str) -> str:
+    got = TpuAdapter(sim.project, sim.zone).get_node(node)
+    return got.id if got is not None else ""
+
+
+def state(sim: Simulator, node: str) -> str:
+    got = TpuAdapter(sim.project, sim.zone).get_node(node)
+    return got.state if got is not None else "MISSING"
+
+
 def claims(tmp: Path, job: str) -> list[str]:
     with Journal.open(tmp / "state", job, job, readonly=True) as journal:
         return [e.reason for e in journal.events() if e.kind == "pool_claim"]
@@ -124,6 +134,14 @@ def test_two_jobs_share_one_pool_spare_and_a_returned_node_serves_the_next_loss(
         sim.inject("preempt", node="b")
         lines.wait(lambda: on(sim, "a", "b", 2), "job b's attempt 2 on node a, returned to the pool", 150)
         assert labels(sim, "a") == {"tpuwatch-job": "b", "tpuwatch-pool": "v4"}
+        # b's own node, made again, goes to the pool; TERMINATED there, idle, the pool's keeper makes it again
+        lines.wait(lambda: labels(sim, "b") == {"tpuwatch-pool": "v4"}, "node b made again and returned to the pool",
+                   150)
+        idle_id = node_id(sim, "b")
+        sim.inject("terminate", node="b")  # made again from a plain spec: not a Spot node any more
+        lines.wait(lambda: node_id(sim, "b") not in ("", idle_id) and state(sim, "b") == "READY",
+                   "idle pool spare b made again by the pool's keeper", 150)
+        assert labels(sim, "b") == {"tpuwatch-pool": "v4"}
         (go_a / "100").touch()
         (go_b / "100").touch()
         rc, out = lines.finish(150)
@@ -144,3 +162,4 @@ def test_two_jobs_share_one_pool_spare_and_a_returned_node_serves_the_next_loss(
     held = [{n["name"]: n["held_by"] for n in t["spare_pool"]["nodes"]} for t in ticks if t.get("spare_pool")]
     assert {"sp-0": "a", "a": None} in held and {"sp-0": "a", "a": "b"} in held, held[-3:]
     assert any(t.get("job") == "a" and t.get("row") == "pool_return" for t in ticks)
+    assert any(t.get("row") == "spare_remake" and "an idle spare of pool v4" in t.get("summary", "") for t in ticks)

@@ -10,7 +10,7 @@ from dataclasses import replace
 from policy_support import CFG, ckpt, limp_part, run_mem, running, tick
 
 from tpuwatch.model import NodeSnapshot, WorkerProbe, bound_view
-from tpuwatch.policy import Limp, Memory, Observation, Phase, PolicyConfig, Relabel
+from tpuwatch.policy import Limp, Memory, Observation, Phase, PolicyConfig, Relabel, RemakeSpare
 from tpuwatch.policy.pool import POOL_LABEL
 
 A = replace(CFG, job="a", tpu_name="apod", slices=("apod",), recreatable=False, spare_pool="v5p", spares_remade=True)
@@ -98,3 +98,32 @@ def test_a_node_of_its_own_not_ready_or_while_it_holds_nothing_of_the_pool_is_ke
     mem = run_mem(step=100, limp=Limp(swapped=(("apod", "x0"),)))
     d = tick(look(own, mem, zone, probes=running(1), checkpoint=ckpt(300)), mem, 900, cfg=own)
     assert d.row != "pool_return" and relabels(d) == []
+
+
+def test_the_pools_keeper_deletes_a_dead_idle_pool_spare_then_creates_it_labelled_the_pools() -> None:
+    mem = run_mem(step=100)
+    zone = (part("apod", "a"), part("sp-0", None, "PREEMPTED", "v5p"), part("sp-1", "b", "PREEMPTED", "v5p"))
+    d = tick(look(A, mem, zone, probes=running(1), checkpoint=ckpt(300), pool_keeper=True), mem, 900, cfg=A)
+    assert d.row == "spare_remake" and d.ended == () and d.memory.phase is Phase.RUNNING
+    [delete] = [a for a in d.actions if isinstance(a, RemakeSpare)]
+    assert (delete.name, delete.create, delete.pool) == ("sp-0", False, "v5p")  # not sp-1: job b's
+    assert d.memory.limp.pool_remaking == ("sp-0",)
+    # gone: created once, the next try no sooner than backoff_base; back: done with it
+    gone = (zone[0], zone[2])
+    c = tick(look(A, d.memory, gone, probes=running(1), checkpoint=ckpt(300), pool_keeper=True), d.memory, 901, cfg=A)
+    [create] = [a for a in c.actions if isinstance(a, RemakeSpare)]
+    assert (create.name, create.create, create.pool) == ("sp-0", True, "v5p")
+    again = tick(look(A, c.memory, gone, probes=running(1), checkpoint=ckpt(300), pool_keeper=True), c.memory, 901.1,
+                 cfg=A)
+    assert not any(isinstance(a, RemakeSpare) for a in again.actions)
+    back = (zone[0], part("sp-0", None, "CREATING", "v5p"), zone[2])
+    done = tick(look(A, c.memory, back, probes=running(1), checkpoint=ckpt(300), pool_keeper=True), c.memory, 902,
+                cfg=A)
+    assert done.memory.limp.pool_remaking == () and not any(isinstance(a, RemakeSpare) for a in done.actions)
+
+
+def test_a_job_that_is_not_the_pools_keeper_never_remakes_its_spares() -> None:
+    mem = run_mem(step=100)
+    zone = (part("apod", "a"), part("sp-0", None, "PREEMPTED", "v5p"))
+    d = tick(look(A, mem, zone, probes=running(1), checkpoint=ckpt(300)), mem, 900, cfg=A)
+    assert not any(isinstance(a, RemakeSpare) for a in d.actions) and d.memory.limp.pool_remaking == ()

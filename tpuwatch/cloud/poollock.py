@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -59,3 +60,40 @@ def wait_for(read: Callable[[], NodeSnapshot | None], job: str, sleep: Callable[
         if node is None or node.owner not in (None, job) or time.monotonic() >= deadline:
             return False
         sleep(LOOK_EVERY)
+
+
+# The keeper locks this process holds: (state dir, pool) -> [its open file, the job, when it last
+# asked]. A keeper that stops asking (its job no longer watched) is replaced by the next job of the
+# pool in this process after KEEPER_IDLE seconds; the flock itself is released when the process ends.
+KEEPER_IDLE = 60.0
+_keepers: dict[tuple[str, str], list[object]] = {}
+_keepers_lock = threading.Lock()
+
+
+def keeper(state_dir: Path, pool: str, job: str) -> bool:
+    """Whether job `job` is spare pool `pool`'s keeper, the one job that makes its dead idle spares
+    again: it holds `pool.<name>.keeper` in the state dir (an flock, never waited for), shared by
+    the jobs of this process and of every watcher of that state dir. False when the state dir
+    cannot be used (no keeper then: said by the docs, never a crash)."""
+    key = (str(state_dir), pool)
+    now = time.monotonic()
+    with _keepers_lock:
+        held = _keepers.get(key)
+        if held is not None:
+            if held[1] == job or now - float(held[2]) >= KEEPER_IDLE:  # type: ignore[arg-type]
+                held[1], held[2] = job, now
+                return True
+            return False
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(state_dir / f"pool.{pool}.keeper", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)  # another watcher keeps the pool
+            return False
+        _keepers[key] = [fd, job, now]
+        return True

@@ -21,13 +21,15 @@ and a write that did not land is decided again from the labels as read.
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import timedelta
 
 from tpuwatch.model import OWNER_LABEL, NodeSnapshot
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.limp import end_lost, stop_waited
+from tpuwatch.policy.nodes import Cond, node_condition
 from tpuwatch.policy.priority import lost_slots
 from tpuwatch.policy.state import Memory, Phase, move
-from tpuwatch.policy.values import Decision, Relabel, Wait
+from tpuwatch.policy.values import Decision, Relabel, RemakeSpare, Wait
 
 POOL_LABEL = "tpuwatch-pool"
 
@@ -93,6 +95,52 @@ def give_back(draft: Draft, before: Memory, decision: Decision) -> Decision:
                      f"{name} is back and job {cfg.job} runs on {held[0].name} of spare pool {cfg.spare_pool}: "
                      f"{name} goes to the pool in its place")
     return replace(decision, row="pool_return", actions=(*decision.actions, action),
+                   summary=f"{decision.summary}; {action.reason}")
+
+
+def keep(draft: Draft, before: Memory, decision: Decision) -> Decision:
+    """A decision that does nothing, of the pool's keeper (one job at a time: `Observation.pool_keeper`):
+    with the remake of a dead idle spare of the pool (row `spare_remake`, as a job's own spare):
+    - an idle spare of the pool (its label, no job's) PREEMPTED or TERMINATED, made alone: journaled
+      as one the keeper makes again (`Limp.pool_remaking`), then deleted;
+    - one of those gone: created again from the keeper's [tpu.spec] with the pool's label and no
+      job's, no sooner than `pool_remake_at` (a create that came to nothing tried again after
+      recovery.backoff_base);
+    - one of those back (READY, or on its way: CREATING) or no longer the pool's idle spare: done.
+    A node of the pool the keeper did not delete is never created."""
+    cfg, now = draft.cfg, draft.now
+    limp = decision.memory.limp
+    if (not cfg.spare_pool or decision.ended or any(not isinstance(a, Wait) for a in decision.actions)
+            or (not draft.obs.pool_keeper and not limp.pool_remaking)):
+        return decision
+    listed = {n.name: n for n in draft.obs.zone}
+    # still on its way out (or gone, to create): kept; made again, or no longer the pool's: done
+    made = tuple(n for n in limp.pool_remaking if (p := listed.get(n)) is None
+                 or (idle_in(cfg.spare_pool, p) and (p.state == "DELETING" or node_condition(p) is Cond.DEAD)))
+    if made != limp.pool_remaking:
+        limp = replace(limp, pool_remaking=made, pool_remake_at=limp.pool_remake_at if made else None)
+    action: RemakeSpare | None = None
+    gone = [n for n in made if n not in listed]
+    dead = [n for n in sorted(listed) if n not in made and idle_in(cfg.spare_pool, listed[n])
+            and node_condition(listed[n]) is Cond.DEAD and not listed[n].multislice_request]
+    if draft.obs.pool_keeper and cfg.spares_remade:
+        if gone and (limp.pool_remake_at is None or now >= limp.pool_remake_at):
+            limp = replace(limp, pool_remake_at=now + timedelta(seconds=cfg.backoff_base))
+            action = RemakeSpare(gone[0], True, f"{gone[0]}, a spare of pool {cfg.spare_pool}, was deleted to be "
+                                                f"made again: creating it from [tpu.spec] of job {cfg.job}, the "
+                                                "pool's keeper, labelled the pool's", pool=cfg.spare_pool)
+        elif dead:
+            limp = replace(limp, pool_remaking=(*limp.pool_remaking, dead[0]))
+            action = RemakeSpare(dead[0], False, f"{dead[0]}, an idle spare of pool {cfg.spare_pool}, is "
+                                                 f"{listed[dead[0]].state} and will not come back by itself: job "
+                                                 f"{cfg.job}, the pool's keeper, deletes it to create it again",
+                                 pool=cfg.spare_pool)
+    if limp == decision.memory.limp:
+        return decision
+    mem = replace(decision.memory, limp=limp)
+    if action is None:
+        return replace(decision, memory=mem)
+    return replace(decision, memory=mem, row="spare_remake", actions=(*decision.actions, action),
                    summary=f"{decision.summary}; {action.reason}")
 
 

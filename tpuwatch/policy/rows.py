@@ -105,10 +105,11 @@ ROWS: tuple[Row, ...] = (
         "[tpu.spec] runs without; not one under repair while a create has come to nothing: it may still heal); "
         "or one tpuwatch deleted so is gone; or Google deletes one itself (a "
         "Compute Engine VM's termination action DELETE: `google_deleting`), owned and made alone, idle or swapped "
-        "out (`swap` takes it so)", "journal it as one tpuwatch makes again, delete it (not one Google deletes); "
+        "out (`swap` takes it so); or, of the keeper of a spare pool (the one job holding its keeper lock in the state dir), an idle spare of the pool (its label, no job's) PREEMPTED / TERMINATED, or one the keeper deleted so gone", "journal it as one tpuwatch makes again, delete it (not one Google deletes); "
         "once gone, create it again from [tpu.spec] ([tpu.compute_spec.instance]: an instances.insert under its "
         "name) (one that came to nothing tried again as a queued create is: recovery.backoff_base, doubling to "
-        "recovery.backoff_max). A spare neither tpuwatch nor Google deleted so is never created"),
+        "recovery.backoff_max). A spare neither tpuwatch nor Google deleted so is never created."
+        " A pool's spare is deleted only while it is an idle spare of the pool (read again next to the delete) and created from the keeper's [tpu.spec] labelled tpuwatch-pool=<pool> and no job's"),
     Row("spare_bad", "before a launch, the launch-time checks fail on workers of a spare swapped in (after the "
         "cleanup of what tpuwatch can fix)", "not charged, nothing launched: the spare is not used again until it is "
         "made again (its node id), its slot goes back to its own node; another spare, a limp or a wait follows"),

@@ -101,8 +101,8 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
             shifted = (priority.give(draft, new) or priority.take(draft, new) or spares.swap(draft, new)
                        or pool.claim(draft, new) or limp.shift(draft, new) or priority.want(draft, new) or spares.wait(draft, new)
                        or priority.lent_wait(draft, new))
-            decision = priority.relabel(draft, new, pool.give_back(draft, new, spares.remake(
-                draft, new, shifted or limp.grow_wait(draft, new, NODE_HANDLERS[node_condition(obs.node)](draft, new)))))
+            decision = priority.relabel(draft, new, pool.keep(draft, new, pool.give_back(draft, new, spares.remake(
+                draft, new, shifted or limp.grow_wait(draft, new, NODE_HANDLERS[node_condition(obs.node)](draft, new))))))
     if obs.checks and obs.node is not None:
         # What more to observe in this tick (policy/settle.py bounds the re-decisions).
         launches = any(isinstance(a, Launch) for a in decision.actions)

@@ -226,6 +226,9 @@ class Observation:
     # A job with a priority ([job] priority): the zone's nodes as listed, to find one a job of
     # lower priority holds (policy/priority.py)
     zone: tuple[NodeSnapshot, ...] = ()
+    # A job of a spare pool that is the pool's keeper (it holds the pool's keeper lock in the
+    # state dir): it makes the pool's dead idle spares again (policy/pool.py `keep`)
+    pool_keeper: bool = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,6 +388,9 @@ class RemakeSpare:
     name: str
     create: bool
     reason: str
+    # a spare of this spare pool, made again by the pool's keeper (policy/pool.py `keep`): deleted
+    # only while it is an idle spare of the pool, created with the pool's label and no job's
+    pool: str = ""
     kind: ClassVar[str] = "remake_spare"
 
 

@@ -74,7 +74,7 @@ def tick_dict(report: TickReport) -> dict[str, Any]:
             "grow_after_step": mem.limp.back_step},
         # a multislice job with spares (tpu.spares): the slots swapped for a spare (slot -> the node
         # it runs on), and the pool's idle nodes, each with why it cannot stand in now ("" if it can)
-        "spares": None if pcfg is None or not pcfg.spares else {
+        "spares": None if pcfg is None or not (pcfg.spares or pcfg.spare_pool) else {
             "swapped": dict(mem.limp.swapped),
             "idle": [{"name": name, "state": part.state if part is not None else "MISSING",
                       "health": part.health if part is not None else "", "unfit": unfit(pcfg.job, node, part, mem.limp.bad)}
