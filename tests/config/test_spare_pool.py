@@ -97,3 +97,19 @@ def test_a_job_naming_a_pool_it_cannot_use_is_exit_2(tmp_path: Path, tpu: str, f
     ok = write(tmp_path, "b.toml", '[job]\ncommand = "t"\n[tpu]\nproject = "my-proj"\nname = "bpod"\n'
                                    'zone = "us-central2-b"\nspare_pool = "v5p"\n')
     pools.check_job(found, load_job(ok))
+
+
+def test_check_of_a_config_dir_refuses_a_bad_pool_file_and_shows_a_job_naming_a_missing_pool(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from cli_helpers import run_cli
+
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    write(jobs, "pool-v5p.toml", POOL.replace('"us-central2-b"', '"not a zone"'))
+    write(jobs, "a.toml", '[job]\ncommand = "t"\n[tpu]\nproject = "my-proj"\nname = "apod"\nzone = "us-central2-b"\n'
+                          'spare_pool = "v6e"\n')
+    code, out, err = run_cli(["check", "--config-dir", str(jobs), "--json"], capsys)
+    assert code == 2 and "pool-v5p.toml: pool.zone" in out + err, (out, err)
+    write(jobs, "pool-v5p.toml", POOL)
+    code, out, err = run_cli(["check", "--config-dir", str(jobs), "--json"], capsys)
+    assert code == 2 and "tpu.spare_pool: no spare pool 'v6e' in this watcher (its pools: v5p)" in out + err, (out, err)
