@@ -226,6 +226,7 @@ class Fleet:
         self._restart: set[Path] = set()  # changed files whose old runner is still stopping
         self.pools: dict[str, pools.Pool] = {}  # the spare pools of its pool files, by name
         self._pool_files: dict[Path, str] = {}
+        self._kinds: dict[tuple[Path, str], bool] = {}  # (file, fingerprint) -> a pool file
 
     # -- shared by the jobs ----------------------------------------------------------------------
 
@@ -270,7 +271,9 @@ class Fleet:
         now = sources.scan(self.files, self.directory)
         # pool files ([pool], no [job]): read before the jobs that name them start; one that does
         # not validate stops the watcher (exit 2), as a bad flag does
-        found = {p: f for p, f in now.items() if pools.is_pool(p)}
+        kinds = {(p, f): self._kinds.get((p, f)) for p, f in now.items()}  # each file parsed once per version
+        self._kinds = {k: pools.is_pool(k[0]) if v is None else v for k, v in kinds.items()}
+        found = {p: f for p, f in now.items() if self._kinds[(p, f)]}
         if found != self._pool_files:
             self.pools = pools.load_all(found)
             self._pool_files = found
