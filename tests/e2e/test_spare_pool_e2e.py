@@ -163,3 +163,42 @@ def test_two_jobs_share_one_pool_spare_and_a_returned_node_serves_the_next_loss(
     assert {"sp-0": "a", "a": None} in held and {"sp-0": "a", "a": "b"} in held, held[-3:]
     assert any(t.get("job") == "a" and t.get("row") == "pool_return" for t in ticks)
     assert any(t.get("row") == "spare_remake" and "an idle spare of pool v4" in t.get("summary", "") for t in ticks)
+
+
+def test_a_watcher_killed_once_its_claim_landed_swaps_onto_the_spare_at_its_next_start(sim: Simulator,
+                                                                                      tmp_path: Path) -> None:
+    a, go_a = job(sim, tmp_path, "a")
+    b, go_b = job(sim, tmp_path, "b")
+    sim.create_node("sp-0", "v4-8", labels={"tpuwatch-pool": "v4"})
+    pool = tmp_path / "pool-v4.toml"
+    pool.write_text(f'[pool]\nname = "v4"\nzone = "{sim.zone}"\nspares = ["sp-0"]\n')
+    env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
+    args = [sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(a), "-c", str(b), "-c", str(pool), "--json"]
+    proc = subprocess.Popen(args, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    lines = Lines(proc)
+    overlap = Overlap(sim)
+    try:
+        lines.wait(lambda: on(sim, "a", "a", 1) and on(sim, "b", "b", 1), "both jobs training")
+        sim.world.stockout()  # a's own node stays gone: only the spare can take it
+        sim.inject("preempt", node="a")
+        lines.wait(lambda: labels(sim, "sp-0").get("tpuwatch-job") == "a", "sp-0 labelled job a's")
+        proc.kill()  # kill -9 between the claim and the launch there (or just after it)
+        proc.wait(10)
+        proc = subprocess.Popen(args, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+        lines = Lines(proc)
+        lines.wait(lambda: on(sim, "sp-0", "a", 2), "job a's attempt 2 on sp-0 after the restart")
+        assert labels(sim, "sp-0") == {"tpuwatch-job": "a", "tpuwatch-pool": "v4"} and on(sim, "b", "b", 1)
+        sim.inject("clear-errors")
+        (go_a / "100").touch()
+        (go_b / "100").touch()
+        rc, out = lines.finish(150)
+    finally:
+        overlap.stop()
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out[-4000:]
+    assert overlap.seen == [] and overlap.samples > 10, overlap.seen
+    assert [(x["outcome"], x["charged"]) for x in history(a, env)] == [("disruption", False), ("success", False)]
+    assert [x["outcome"] for x in history(b, env)] == ["success"]
