@@ -202,3 +202,38 @@ def test_a_watcher_killed_once_its_claim_landed_swaps_onto_the_spare_at_its_next
     assert overlap.seen == [] and overlap.samples > 10, overlap.seen
     assert [(x["outcome"], x["charged"]) for x in history(a, env)] == [("disruption", False), ("success", False)]
     assert [x["outcome"] for x in history(b, env)] == ["success"]
+
+
+def test_two_jobs_losing_their_nodes_together_never_both_claim_the_one_spare(sim: Simulator, tmp_path: Path) -> None:
+    a, go_a = job(sim, tmp_path, "a")
+    b, go_b = job(sim, tmp_path, "b")
+    sim.create_node("sp-0", "v4-8", labels={"tpuwatch-pool": "v4"})
+    pool = tmp_path / "pool-v4.toml"
+    pool.write_text(f'[pool]\nname = "v4"\nzone = "{sim.zone}"\nspares = ["sp-0"]\n')
+    env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(a), "-c", str(b), "-c",
+                             str(pool), "--json"], env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    lines = Lines(proc)
+    overlap = Overlap(sim)
+    try:
+        lines.wait(lambda: on(sim, "a", "a", 1) and on(sim, "b", "b", 1), "both jobs training")
+        sim.inject("preempt", node="a")
+        sim.inject("preempt", node="b")
+        # one job on the spare; the other on its own node made again, or on the winner's, returned
+        lines.wait(lambda: any(on(sim, "sp-0", w, 2) and any(on(sim, n, x, 2) for n in ("a", "b"))
+                               for w, x in (("a", "b"), ("b", "a"))), "each job's attempt 2", 150)
+        winner = labels(sim, "sp-0")["tpuwatch-job"]
+        loser = "b" if winner == "a" else "a"
+        (go_a / "100").touch()
+        (go_b / "100").touch()
+        rc, out = lines.finish(150)
+    finally:
+        overlap.stop()
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out[-4000:]
+    assert overlap.seen == [] and overlap.samples > 10, overlap.seen
+    # the loser's claim, if it made one, was refused next to the write: the spare was the winner's
+    assert not any(e.startswith("claimed sp-0") for e in claims(tmp_path, loser))
+    assert any(e.startswith("claimed sp-0") for e in claims(tmp_path, winner))

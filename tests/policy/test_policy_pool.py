@@ -127,3 +127,15 @@ def test_a_job_that_is_not_the_pools_keeper_never_remakes_its_spares() -> None:
     zone = (part("apod", "a"), part("sp-0", None, "PREEMPTED", "v5p"))
     d = tick(look(A, mem, zone, probes=running(1), checkpoint=ckpt(300)), mem, 900, cfg=A)
     assert not any(isinstance(a, RemakeSpare) for a in d.actions) and d.memory.limp.pool_remaking == ()
+
+
+def test_a_lost_node_with_no_pool_spare_free_waits_for_its_own_node_made_again_not_for_a_person() -> None:
+    mem = run_mem(step=100)
+    zone = (part("apod", "a", "PREEMPTED"), part("sp-0", "b", pool="v5p"))  # the pool's one spare is b's
+    d = tick(look(A, mem, zone, probes=DOWN, checkpoint=ckpt(200)), mem, 600, cfg=A)
+    assert d.row == "spare_wait" and d.memory.phase is Phase.WAITING_NODE, (d.row, d.summary)
+    assert "apod to be made again" in d.summary
+    later = tick(look(A, d.memory, zone, probes=None, checkpoint=ckpt(200)), d.memory, 601, cfg=A)
+    assert later.row == "spare_remake" and later.memory.phase is Phase.WAITING_NODE
+    [delete] = [a for a in later.actions if isinstance(a, RemakeSpare)]
+    assert (delete.name, delete.create, delete.pool) == ("apod", False, "")

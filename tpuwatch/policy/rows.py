@@ -113,7 +113,7 @@ ROWS: tuple[Row, ...] = (
     Row("spare_bad", "before a launch, the launch-time checks fail on workers of a spare swapped in (after the "
         "cleanup of what tpuwatch can fix)", "not charged, nothing launched: the spare is not used again until it is "
         "made again (its node id), its slot goes back to its own node; another spare, a limp or a wait follows"),
-    Row("spare_wait", "a job with tpu.spares or job.priority (or that limps over slices made one by one with "
+    Row("spare_wait", "a job with tpu.spares, tpu.spare_pool or job.priority (or that limps over slices made one by one with "
         "[tpu.spec]): a slice it runs on is dead or missing (or repairing past "
         "repair_timeout), no spare is free and "
         "it may not limp, but a spare is on its way (being made again by tpuwatch, or healing) or the lost slice "
