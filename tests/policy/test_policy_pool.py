@@ -139,3 +139,16 @@ def test_a_lost_node_with_no_pool_spare_free_waits_for_its_own_node_made_again_n
     assert later.row == "spare_remake" and later.memory.phase is Phase.WAITING_NODE
     [delete] = [a for a in later.actions if isinstance(a, RemakeSpare)]
     assert (delete.name, delete.create, delete.pool) == ("apod", False, "")
+
+
+def test_a_multislice_job_claims_a_pool_spare_for_its_lost_slice_and_runs_it_in_that_slices_place() -> None:
+    m = replace(CFG, job="m", tpu_name="ms", slices=("s0", "s1"), recreatable=False, spare_pool="v5p",
+                spares_remade=True)
+    mem = run_mem(step=100)
+    zone = (part("s0", "m"), part("s1", "m", "PREEMPTED"), part("sp-0", None, pool="v5p"))
+    down = (*running(1), WorkerProbe(2, "unreachable"), WorkerProbe(3, "unreachable"))
+    d = tick(look(m, mem, zone, probes=down, checkpoint=ckpt(200)), mem, 600, cfg=m)
+    assert d.row == "pool_claim" and [r.name for r in relabels(d)] == ["sp-0"]
+    claimed = (zone[0], zone[1], part("sp-0", "m", pool="v5p"))
+    s = tick(look(m, d.memory, claimed, probes=None, checkpoint=ckpt(200)), d.memory, 610, cfg=m)
+    assert s.memory.limp.swapped == (("s1", "sp-0"),)
