@@ -274,7 +274,8 @@ class Fleet:
         kinds = {(p, f): self._kinds.get((p, f)) for p, f in now.items()}  # each file parsed once per version
         self._kinds = {k: pools.is_pool(k[0]) if v is None else v for k, v in kinds.items()}
         found = {p: f for p, f in now.items() if self._kinds[(p, f)]}
-        if found != self._pool_files:
+        pools_changed = found != self._pool_files
+        if pools_changed:
             self.pools = pools.load_all(found)
             self._pool_files = found
         now = {p: f for p, f in now.items() if p not in found}
@@ -297,6 +298,8 @@ class Fleet:
                 del self.runners[path]
                 if path in now and path not in self._restart:
                     self.ended[path] = runner.state
+        if pools_changed:  # a job that named a pool not there yet starts again with the pools as they are now
+            self._restart.update(p for p, st in self.ended.items() if st.status == "config_error")
         for path in list(self._restart):
             if path not in self.runners:
                 self._restart.discard(path)
