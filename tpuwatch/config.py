@@ -816,13 +816,10 @@ def _check_priority(job: Mapping[str, Any], t: Mapping[str, Any]) -> None:
 
 
 def _check_pool(t: Mapping[str, Any]) -> None:
-    """[tpu] spare_pool: TPU API nodes made plainly (a claim relabels a TPU API node; a node made
-    through a queued resource is made again through it, which a pool does not do)."""
+    """[tpu] spare_pool: nodes made plainly (a node made through a queued resource is made again
+    through it, which a pool does not do; Compute Engine: tpuconfig.API_KEYS)."""
     if not t["spare_pool"]:
         return
-    if t["api"] != "tpu":
-        raise ConfigError("tpu.spare_pool: not with tpu.api = \"compute\" (a spare pool holds Cloud TPU API nodes "
-                          "only); remove tpu.spare_pool, or give the job its own spares (tpu.spares)")
     if t["queued_resource"]:
         raise ConfigError("tpu.spare_pool: a node made through a queued resource is made again through it, which a "
                           "spare pool does not do; drop tpu.spare_pool, or tpu.queued_resource if the nodes were made "

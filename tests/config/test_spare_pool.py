@@ -27,7 +27,7 @@ def test_spare_pool_is_a_label_value_for_tpu_api_nodes_made_plainly() -> None:
         with pytest.raises(ConfigError, match=fix) as exc:
             validate(base(**tpu))
         assert str(exc.value).startswith("tpu.spare_pool") and exc.value.exit_code == 2, exc.value
-    with pytest.raises(ConfigError, match="not with tpu.api") as exc:
+    with pytest.raises(ConfigError, match="not with api = .compute. .a spare pool holds Cloud TPU API") as exc:
         validate({"tpu": {"zone": ZONE, "api": "compute", "instance": "vm", "spare_pool": "v5p"},
                   "job": {"command": "train"}})
     assert str(exc.value).startswith("tpu.spare_pool") and exc.value.exit_code == 2
