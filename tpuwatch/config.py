@@ -462,6 +462,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                         "ownership label). A lost node (or slice) is swapped for a READY one at once; the one lost, "
                         "back, is a spare from then on; with [tpu.spec] ([tpu.compute_spec]), a dead one is made "
                         "again (a MIG: its instances recreated in place)"),
+        "spare_pool": Field(_pattern(_LABEL_VALUE, "spare pool name (lowercase letters, digits, - and _, up to 63)",
+                                     allow_empty=True), "",
+                            "the watcher's spare pool the job takes a spare from when a node (or slice) is lost: "
+                            "the name of a [pool] file beside the job's (docs/multislice.md#spare-pool)"),
         "queued_resource": Field(_str, "", "set when the TPU was made through a queued resource"),
         "api": Field(_choice(TPU_APIS), "tpu", "the API that made the TPU: \"tpu\" (Cloud TPU API nodes) or "
                      "\"compute\" (a Compute Engine instance or managed instance group: TPU7x and later, v5p, v6e)"),
@@ -650,7 +654,8 @@ class Config:
     def slots(self) -> tuple[str, ...]:
         """The slots a job runs in, each on its node or a spare in its place: a multislice job's
         slices, a job on one node with spares or a priority its node (a pool of one slot); none otherwise."""
-        pooled = self.values["tpu"]["spares"] or self.values["job"].get("priority", "off") != "off"
+        pooled = (self.values["tpu"]["spares"] or self.values["job"].get("priority", "off") != "off"
+                  or self.values["tpu"].get("spare_pool"))
         return tuple(self.values["tpu"]["names"]) or ((self.tpu_name,) if pooled else ())
 
     @property
@@ -766,6 +771,7 @@ def validate(raw: Mapping[str, Any], *, require_command: bool = True) -> dict[st
     _check_limp(out["job"], t["names"])
     _check_spares(t)
     _check_priority(out["job"], t)
+    _check_pool(t)
     if not t["queued_resource"]:
         tpuconfig.queued_only(t["spec"], t["zone_overrides"])
     zonespec.check(t["spec"], t["zone_overrides"], t["zone"], t["fallback_zones"])
@@ -809,6 +815,17 @@ def _check_priority(job: Mapping[str, Any], t: Mapping[str, Any]) -> None:
     if t["queued_resource"]:
         raise ConfigError("job.priority: a node made through a queued resource cannot be handed to another job (the "
                           "request holds it); drop job.priority, or tpu.queued_resource if the nodes were made plainly")
+
+
+def _check_pool(t: Mapping[str, Any]) -> None:
+    """[tpu] spare_pool: nodes made plainly (a node made through a queued resource is made again
+    through it, which a pool does not do; Compute Engine: tpuconfig.API_KEYS)."""
+    if not t["spare_pool"]:
+        return
+    if t["queued_resource"]:
+        raise ConfigError("tpu.spare_pool: a node made through a queued resource is made again through it, which a "
+                          "spare pool does not do; drop tpu.spare_pool, or tpu.queued_resource if the nodes were made "
+                          "plainly")
 
 
 # Keys an older tpuwatch accepted, and why they went: said plainly instead of "unknown key".

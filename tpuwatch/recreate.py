@@ -34,6 +34,7 @@ from tpuwatch.config import Config
 from tpuwatch.errors import JobFailed, TpuwatchError
 from tpuwatch.model import OWNER_LABEL, NodeSnapshot, OperationStatus, QueuedStatus
 from tpuwatch.policy.create_errors import CODE_ALIASES, CREATE_RULES, OTHER, Kind, kind_of, rule_for
+from tpuwatch.policy.pool import POOL_LABEL
 from tpuwatch.ports import NodeLifecycle, TpuApi
 
 # ---------------------------------------------------------------------------------------------
@@ -203,6 +204,16 @@ def start_spare_create(tpu: TpuApi, cfg: Config, name: str, zone: str) -> str:
     and `tpuwatch-launch = "false"`: a startup script sets the spare up and never starts the job
     at boot (it would start attempt 1 from scratch on an idle spare); the watcher launches there."""
     node, _ = api_for(cfg).create_body(cfg, zone, launch_parts(cfg, {"launch": "false"}))
+    return tpu.create_node(name, node, zone)
+
+
+def start_pool_create(tpu: TpuApi, cfg: Config, name: str, zone: str, pool: str) -> str:
+    """Start creating spare `name` of spare pool `pool` from the keeper job's [tpu.spec], as a
+    spare of its own is made (never started at boot), but labelled the pool's and no job's: an
+    idle spare of the pool, for any of its jobs to claim."""
+    node, _ = api_for(cfg).create_body(cfg, zone, launch_parts(cfg, {"launch": "false"}))
+    labels = {k: v for k, v in dict(node.get("labels") or {}).items() if k != OWNER_LABEL}
+    node["labels"] = {**labels, POOL_LABEL: pool}
     return tpu.create_node(name, node, zone)
 
 

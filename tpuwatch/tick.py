@@ -22,8 +22,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from pathlib import Path
 
 from tpuwatch import recreate
+from tpuwatch.cloud import poollock
 from tpuwatch.config import Config
 from tpuwatch.durations import human
 from tpuwatch.errors import CloudError, HostReportRefused, MaintenanceRefused, NotFoundError
@@ -69,6 +71,8 @@ from tpuwatch.policy.observe import (
     probes_due,
     queued_due,
 )
+from tpuwatch.policy.pool import POOL_LABEL, idle_in
+from tpuwatch.policy.pool import said as pool_said
 from tpuwatch.policy.values import CreateFailureKind
 from tpuwatch.ports import Flags, JobPorts, NodeLabels, TpuApi, ZoneListing
 from tpuwatch.workers import login, precheck
@@ -98,6 +102,9 @@ class TickReport:
     operation: OperationStatus | None = None
     # a job with spares: its pool's nodes no slot holds, as read (Observation.spares)
     spares: tuple[tuple[str, NodeSnapshot | None], ...] = ()
+    # a job of a spare pool ([tpu] spare_pool): the pool's nodes as listed, each with the job that
+    # holds it ("": idle)
+    pool: tuple[tuple[str, str], ...] = ()
 
     @property
     def exit_code(self) -> int:
@@ -156,9 +163,10 @@ class Reconciler:
             # and the nodes its slices are bound to, though a config edit took one out of tpu.spares:
             # the job still runs there until it moves ("": a slot lent to another job)
             pool = (*self.pcfg.slices, *self.pcfg.spares, *(n for s, n in mem.limp.swapped if s in self.pcfg.slices))
-            if self.pcfg.priority is not None:
-                # a job with a priority: the zone's nodes, listed once; the nodes labelled the job's
-                # (one handed over to it) are in its pool too (policy/priority.py)
+            if self.pcfg.priority is not None or self.pcfg.spare_pool:
+                # a job with a priority (or of a spare pool): the zone's nodes, listed once; the nodes
+                # labelled the job's (one handed over to it, or claimed) are in its pool too
+                # (policy/priority.py, policy/pool.py)
                 zone_nodes = tuple(tpu.listed() if isinstance(tpu, ZoneListing) else tpu.list_nodes())
                 listed = {n.name: n for n in zone_nodes}
                 # (and one of those it deletes to make again, gone from the listing meanwhile)
@@ -186,6 +194,9 @@ class Reconciler:
             adopt=self.flags.adopt, recreate_missing=self.flags.recreate_missing, recreate_asked=self.flags.recreate,
             dry_run=self.flags.dry_run, precheck=pre, checks=self.ports.precheck is not None,
             audit_read=cursor is not None, zone=zone_nodes,
+            # one job of a spare pool makes its dead idle spares again: the holder of its keeper lock
+            pool_keeper=bool(self.pcfg.spare_pool) and self.pcfg.spares_remade and not self.flags.dry_run
+            and poollock.keeper(Path(self.cfg.state_dir), self.pcfg.spare_pool, self.pcfg.job),
         )
         if pre is not None and pre.context == "running":
             warnings.extend(f"environment check failed: {line}" for line in precheck.failing_lines(pre))
@@ -195,7 +206,8 @@ class Reconciler:
         return TickReport(now, st.node, st.probes, checkpoint, tuple(events), st.acted or decision,
                           done=tuple(st.done), warnings=tuple(st.warnings), dry_run=self.flags.dry_run,
                           precheck=st.precheck or precheck.last(self.journal), pcfg=self.pcfg,
-                          earlier=tuple(st.carried[:-1]), operation=st.operation, spares=st.spares)
+                          earlier=tuple(st.carried[:-1]), operation=st.operation, spares=st.spares,
+                          pool=tuple(pool_said(self.pcfg.spare_pool, zone_nodes).items()))
 
     def _settle(self, st: _Settling, decision: Decision, obs: Observation, mem: Memory) -> Again | None:
         """Journal and act on one decision (policy/settle.py): what to decide again with, or None."""
@@ -446,7 +458,9 @@ class Reconciler:
         zone = mem.zone or self.pcfg.zones[0]
         tpu = self.ports.tpu_for(zone)
         try:
-            if action.create:
+            if action.pool:  # a spare of the job's spare pool, made again by the pool's keeper
+                name = self._remake_pool_spare(tpu, action, spare, zone)
+            elif action.create:
                 name = recreate.start_spare_create(tpu, self.cfg, action.name, zone)
             else:
                 if spare is None or not spare.owned_by(self.pcfg.job):  # the policy checked; kept next to the act
@@ -462,6 +476,19 @@ class Reconciler:
                                    {"operation": name, "node": action.name, "create": action.create})
         return f"{verb} spare {action.name} ({name}): {action.reason}"
 
+    def _remake_pool_spare(self, tpu: TpuApi, action: RemakeSpare, spare: NodeSnapshot | None, zone: str) -> str:
+        """Delete an idle spare of the pool only while it is one (its label, no job's: read again
+        next to the act), or create it with the pool's label; the operation's name."""
+        if action.create:
+            return recreate.start_pool_create(tpu, self.cfg, action.name, zone, action.pool)
+        now = tpu.read_node(action.name) if isinstance(tpu, NodeLabels) else spare
+        if now is None:
+            raise NotFoundError(f"spare {action.name} is gone")
+        if not idle_in(action.pool, now):
+            raise NotFoundError(f"spare {action.name} is no longer an idle spare of pool {action.pool} (its labels "
+                                f"say job {now.owner or 'none'}, pool {now.labels.get(POOL_LABEL, 'none')})")
+        return tpu.delete_node(action.name)
+
     def _relabel(self, action: Relabel, mem: Memory, now: datetime) -> str:
         """Write a node's labels (journaled with the decision before this call), read again next to
         the write: only while its ownership label says `action.owner`, and only when they change.
@@ -469,6 +496,8 @@ class Reconciler:
         tpu = self.ports.tpu_for(mem.zone or self.pcfg.zones[0])
         if not isinstance(tpu, NodeLabels):
             return f"did not relabel {action.name}: this API takes no label writes from tpuwatch ({action.reason})"
+        if action.pool:
+            return self._claim(tpu, action, now)
         node = tpu.read_node(action.name)
         if node is None:
             return f"did not relabel {action.name}: it is gone ({action.reason})"
@@ -487,6 +516,32 @@ class Reconciler:
             self.journal.add_event(now, "relabel", f"relabelled {action.name} ({said}): {action.reason}",
                                    {"operation": name, "node": action.name, "labels": labels})
         return f"relabelled {action.name} ({said}; {name}): {action.reason}"
+
+    def _claim(self, tpu: NodeLabels, action: Relabel, now: datetime) -> str:
+        """Claim a spare of a spare pool (journaled with the decision before this call): under the
+        pool's lock in the state dir, read it again, label it the job's only while it is an idle
+        spare of the pool, and wait for the label to land (the API applies it when its operation
+        ends), so no other job of this watcher, or of one sharing the state dir, claims it too."""
+        with poollock.held(Path(self.cfg.state_dir), action.pool):
+            node = tpu.read_node(action.name)
+            if node is None or not idle_in(action.pool, node):
+                held = "it is gone" if node is None else f"its labels say job {node.owner or 'none'}, pool " \
+                                                          f"{node.labels.get(POOL_LABEL, 'none')}"
+                return f"did not claim {action.name}: {held} ({action.reason})"
+            labels = {**node.labels, **dict(action.put)}
+            try:
+                name = tpu.set_labels(action.name, labels)
+            except (CloudError, NotFoundError) as exc:
+                return f"claiming {action.name} was refused: {exc.message} ({action.reason})"
+            landed = poollock.wait_for(lambda: tpu.read_node(action.name), self.pcfg.job, self.ports.sleep)
+        with self.journal.transaction():
+            self.journal.add_event(now, "pool_claim", f"claimed {action.name} from spare pool {action.pool}: "
+                                   f"{action.reason}", {"operation": name, "node": action.name, "pool": action.pool,
+                                                        "labels": labels, "landed": landed})
+        if not landed:
+            return (f"claimed {action.name} ({name}) but its label did not say so within {poollock.LAND_WAIT:.0f} s: "
+                    f"{action.reason}")
+        return f"claimed {action.name} from spare pool {action.pool} ({name}): {action.reason}"
 
     def _report_host(self, action: ReportHost, mem: Memory, node: NodeSnapshot, now: datetime) -> str:
         if not self.flags.adopt and not node.owned_by(self.pcfg.job):

@@ -37,6 +37,8 @@ API_KEYS: dict[str, dict[str, str]] = {
                           "remove it",
         "spec": "not with api = \"compute\" ([tpu.spec] is a TPU API node's spec; on Compute Engine it is "
                 "[tpu.compute_spec]); remove it",
+        "spare_pool": "not with api = \"compute\" (a spare pool holds Cloud TPU API nodes only); remove it, or give "
+                      "the job its own spares (tpu.spares)",
     },
     "compute": {
         "instance": "names a Compute Engine instance, but tpu.api is \"tpu\"; add api = \"compute\" under [tpu]",

@@ -6,6 +6,7 @@ import sys
 from dataclasses import replace
 
 import pytest
+import test_policy_pool as pool
 import test_policy_priority as prio
 from policy_support import (
     CFG,
@@ -1595,6 +1596,21 @@ def test_row_hand_back() -> None:
     zone = (prio.part("lpod", "hi", tpuwatch_lent_by="lo", tpuwatch_priority="500"), prio.part("hpod", "hi"))
     d = tick(prio.look(prio.HI, mem, zone, probes=running(1)), mem, now=900, cfg=prio.HI)
     assert d.row == "hand_back" and [r.name for r in prio.relabels(d)] == ["hpod"]
+
+
+def test_row_pool_claim() -> None:
+    """More cases (what is never claimed, no pool, a multislice job): tests/policy/test_policy_pool.py."""
+    mem = run_mem(step=100)
+    zone = (pool.part("apod", "a", "PREEMPTED"), pool.part("sp-0", None, pool="v5p"))
+    d = tick(pool.look(pool.A, mem, zone, probes=pool.DOWN), mem, now=600, cfg=pool.A)
+    assert d.row == "pool_claim" and [(r.name, r.pool) for r in pool.relabels(d)] == [("sp-0", "v5p")]
+
+
+def test_row_pool_return() -> None:
+    mem = run_mem(step=100, limp=Limp(swapped=(("apod", "sp-0"),)))
+    zone = (pool.part("sp-0", "a", pool="v5p"), pool.part("apod", "a"))
+    d = tick(pool.look(pool.A, mem, zone, probes=running(1)), mem, now=900, cfg=pool.A)
+    assert d.row == "pool_return" and [(r.name, r.drop) for r in pool.relabels(d)] == [("apod", ("tpuwatch-job",))]
 
 
 def test_row_priority_label() -> None:

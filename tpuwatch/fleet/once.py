@@ -16,7 +16,7 @@ from tpuwatch.cloud.apis import SharedLists
 from tpuwatch.cloud.base import Due
 from tpuwatch.cloud.logs import AuditLogReader
 from tpuwatch.errors import EXIT_JOB_FAILED, EXIT_USAGE, TpuwatchError
-from tpuwatch.fleet import sources
+from tpuwatch.fleet import pools, sources
 from tpuwatch.fleet.runner import TICK_SLOTS, Options, open_journal
 from tpuwatch.outputs import Outputs
 from tpuwatch.tick import Reconciler, TickReport
@@ -33,6 +33,9 @@ class Checked:
 
 def check_all(files: Sequence[Path], directory: Path | None, options: Options) -> list[Checked]:
     paths = list(sources.scan(files, directory))
+    found = [p for p in paths if pools.is_pool(p)]  # spare pools ([pool], no [job]): exit 2 when bad
+    spare_pools = pools.load_all(found)
+    paths = [p for p in paths if p not in found]
     lists = SharedLists()  # each cloud API's zone lists, shared by the jobs
     start = time.monotonic()
     audit_dirs: dict[str, Path] = {}
@@ -44,6 +47,7 @@ def check_all(files: Sequence[Path], directory: Path | None, options: Options) -
         try:
             job = load_job(path, options.project, options.zone)
             state = JobState(path=path, name=job.name, status="starting")
+            pools.check_job(spare_pools, job)
             if names.setdefault(job.name, path) != path:
                 raise TpuwatchError(f"job {job.name!r} is also in {names[job.name]}: give one of them another "
                                     "[job] name (each job has its own journal)", exit_code=EXIT_USAGE)

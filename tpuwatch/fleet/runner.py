@@ -32,7 +32,7 @@ from tpuwatch.cloud.apis import SharedLists
 from tpuwatch.cloud.base import Due
 from tpuwatch.cloud.logs import AuditLogReader
 from tpuwatch.errors import EXIT_CLOUD, EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, TpuwatchError
-from tpuwatch.fleet import sources
+from tpuwatch.fleet import pools, sources
 from tpuwatch.journal import Busy, Journal
 from tpuwatch.loop import run_job
 from tpuwatch.metrics import Exporter
@@ -123,6 +123,7 @@ class JobRunner:
         fleet = self.fleet
         job = load_job(self.path, fleet.options.project, fleet.options.zone)
         self._set(name=job.name)
+        pools.check_job(fleet.pools, job)  # the spare pool it names is one of this watcher's
         fleet.claim(job.name, self.path)
         self.job = job
         dry_run = fleet.options.flags.dry_run
@@ -223,6 +224,9 @@ class Fleet:
         self._lock = threading.Lock()
         self._seen: dict[Path, str] = {}
         self._restart: set[Path] = set()  # changed files whose old runner is still stopping
+        self.pools: dict[str, pools.Pool] = {}  # the spare pools of its pool files, by name
+        self._pool_files: dict[Path, str] = {}
+        self._kinds: dict[tuple[Path, str], bool] = {}  # (file, fingerprint) -> a pool file
 
     # -- shared by the jobs ----------------------------------------------------------------------
 
@@ -265,6 +269,16 @@ class Fleet:
     def look(self) -> None:
         """Start, stop and restart jobs as the config files say; collect the ended ones."""
         now = sources.scan(self.files, self.directory)
+        # pool files ([pool], no [job]): read before the jobs that name them start; one that does
+        # not validate stops the watcher (exit 2), as a bad flag does
+        kinds = {(p, f): self._kinds.get((p, f)) for p, f in now.items()}  # each file parsed once per version
+        self._kinds = {k: pools.is_pool(k[0]) if v is None else v for k, v in kinds.items()}
+        found = {p: f for p, f in now.items() if self._kinds[(p, f)]}
+        pools_changed = found != self._pool_files
+        if pools_changed:
+            self.pools = pools.load_all(found)
+            self._pool_files = found
+        now = {p: f for p, f in now.items() if p not in found}
         changes = sources.diff(self._seen, now)
         self._seen = now
         for path in changes.removed:
@@ -284,6 +298,8 @@ class Fleet:
                 del self.runners[path]
                 if path in now and path not in self._restart:
                     self.ended[path] = runner.state
+        if pools_changed:  # a job that named a pool not there yet starts again with the pools as they are now
+            self._restart.update(p for p, st in self.ended.items() if st.status == "config_error")
         for path in list(self._restart):
             if path not in self.runners:
                 self._restart.discard(path)

@@ -177,7 +177,7 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
     # a job over slices made one by one has no idle node, only its own slices to make again
     own = bool(out or decision.memory.limp.remaking) or (cfg.slices_remade and decision.row == "spare_wait")
     if (any(not isinstance(a, Wait) for a in decision.actions) or decision.ended
-            or not (draft.obs.spares or own or cfg.priority is not None)
+            or not (draft.obs.spares or own or cfg.priority is not None or cfg.spare_pool)
             or (decision.memory.limp.out, decision.memory.limp.swapped) != (before.limp.out, before.limp.swapped)):
         return decision
     mem = decision.memory
@@ -315,7 +315,8 @@ def wait(draft: Draft, mem: Memory) -> Decision | None:
             mem = move(mem, Phase.WAITING_NODE, reason=why)
         return draft.out(mem, "spare_wait", f"{why}; then the job relaunches from its newest complete checkpoint",
                          Wait(None, "a spare on its way"))
-    if not (cfg.spares or cfg.priority is not None or cfg.slices_remade) or node is None or not node.slices:
+    if not (cfg.spares or cfg.priority is not None or cfg.slices_remade or cfg.spare_pool) or node is None \
+            or not node.slices:
         return None
     cond, since = node_condition(node), mem.repair.unhealthy_since
     waited_out = since is not None and (now - since).total_seconds() >= cfg.repair_timeout

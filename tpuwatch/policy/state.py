@@ -302,6 +302,10 @@ class Limp:
     handing: tuple[tuple[str, str], ...] = ()
     wants: str = ""
     wants_at: datetime | None = None
+    # the keeper of a spare pool (policy/pool.py `keep`): its dead idle spares it deleted to make
+    # again (only these are ever created), the next create no sooner than `pool_remake_at`
+    pool_remaking: tuple[str, ...] = ()
+    pool_remake_at: datetime | None = None
 
     def node_of(self, slot: str) -> str:
         """The node slot `slot` runs on: its spare when swapped, else the slot's own node."""

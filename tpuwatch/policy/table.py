@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 
-from tpuwatch.policy import google, limp, priority, spares
+from tpuwatch.policy import google, limp, pool, priority, spares
 from tpuwatch.policy.alerts import checkpoint_stale
 from tpuwatch.policy.draft import Draft, worker_list
 from tpuwatch.policy.early import early_refused
@@ -99,10 +99,10 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
             # a job with a priority: a node it holds lent to a higher one, a node lent to it (or handed
             # back) taken, a node of a lower one asked for, a lent slot waited for (policy/priority.py)
             shifted = (priority.give(draft, new) or priority.take(draft, new) or spares.swap(draft, new)
-                       or limp.shift(draft, new) or priority.want(draft, new) or spares.wait(draft, new)
+                       or pool.claim(draft, new) or limp.shift(draft, new) or priority.want(draft, new) or spares.wait(draft, new)
                        or priority.lent_wait(draft, new))
-            decision = priority.relabel(draft, new, spares.remake(draft, new, shifted or limp.grow_wait(
-                draft, new, NODE_HANDLERS[node_condition(obs.node)](draft, new))))
+            decision = priority.relabel(draft, new, pool.keep(draft, new, pool.give_back(draft, new, spares.remake(
+                draft, new, shifted or limp.grow_wait(draft, new, NODE_HANDLERS[node_condition(obs.node)](draft, new))))))
     if obs.checks and obs.node is not None:
         # What more to observe in this tick (policy/settle.py bounds the re-decisions).
         launches = any(isinstance(a, Launch) for a in decision.actions)

@@ -121,6 +121,8 @@ class PolicyConfig:
     spares_in_place: bool = False
     # [job] priority (policy/priority.py): None takes no node from another job and gives none
     priority: int | None = None
+    # [tpu] spare_pool (policy/pool.py): the watcher's pool the job claims a spare from ("": none)
+    spare_pool: str = ""
     # A job that limps ([job] min_slices, or has spares) over slices made one by one (tpu.names,
     # no queued resource) with [tpu.spec]: a dead slice of its own is made again alone
     slices_remade: bool = False
@@ -140,7 +142,7 @@ class PolicyConfig:
                            cfg.tpu["fallback_zones"])
         workers = cfg.job["workers"]
         priority = None if cfg.job.get("priority", "off") == "off" else int(cfg.job["priority"])
-        pooled = bool(cfg.tpu["spares"]) or priority is not None
+        pooled = bool(cfg.tpu["spares"]) or priority is not None or bool(cfg.tpu["spare_pool"])
         return cls(
             job=cfg.job_name,
             tpu_name=cfg.tpu_name,
@@ -159,8 +161,9 @@ class PolicyConfig:
                                           or cfg.tpu.get("mig")),
             spares_in_place=pooled and bool(cfg.tpu.get("mig")),
             priority=priority,
+            spare_pool=str(cfg.tpu["spare_pool"]),
             slices_remade=(bool(cfg.tpu["names"]) and not cfg.tpu["queued_resource"] and bool(cfg.tpu["spec"])
-                           and bool(cfg.job["min_slices"] or cfg.tpu["spares"])),
+                           and bool(cfg.job["min_slices"] or cfg.tpu["spares"] or cfg.tpu["spare_pool"])),
             repair_timeout=float(r["repair_timeout"]),
             max_restarts=int(r["max_restarts"]),
             max_recreates=int(r["max_recreates"]),
@@ -228,6 +231,9 @@ class Observation:
     # A job with a priority ([job] priority): the zone's nodes as listed, to find one a job of
     # lower priority holds (policy/priority.py)
     zone: tuple[NodeSnapshot, ...] = ()
+    # A job of a spare pool that is the pool's keeper (it holds the pool's keeper lock in the
+    # state dir): it makes the pool's dead idle spares again (policy/pool.py `keep`)
+    pool_keeper: bool = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,6 +393,9 @@ class RemakeSpare:
     name: str
     create: bool
     reason: str
+    # a spare of this spare pool, made again by the pool's keeper (policy/pool.py `keep`): deleted
+    # only while it is an idle spare of the pool, created with the pool's label and no job's
+    pool: str = ""
     kind: ClassVar[str] = "remake_spare"
 
 
@@ -401,6 +410,9 @@ class Relabel:
     put: tuple[tuple[str, str], ...]
     drop: tuple[str, ...]
     reason: str
+    # a claim from a spare pool (policy/pool.py): only while the node carries tpuwatch-pool=<pool>
+    # and no ownership label (`owner` ""), read again and written under the pool's lock
+    pool: str = ""
     kind: ClassVar[str] = "relabel"
 
 

@@ -74,11 +74,15 @@ def tick_dict(report: TickReport) -> dict[str, Any]:
             "grow_after_step": mem.limp.back_step},
         # a multislice job with spares (tpu.spares): the slots swapped for a spare (slot -> the node
         # it runs on), and the pool's idle nodes, each with why it cannot stand in now ("" if it can)
-        "spares": None if pcfg is None or not pcfg.spares else {
+        "spares": None if pcfg is None or not (pcfg.spares or pcfg.spare_pool) else {
             "swapped": dict(mem.limp.swapped),
             "idle": [{"name": name, "state": part.state if part is not None else "MISSING",
                       "health": part.health if part is not None else "", "unfit": unfit(pcfg.job, node, part, mem.limp.bad)}
                      for name, part in report.spares]},
+        # a job of a spare pool (tpu.spare_pool): the pool's nodes as listed, each with the job that
+        # holds it (null: idle, free to claim)
+        "spare_pool": None if pcfg is None or not pcfg.spare_pool else {
+            "name": pcfg.spare_pool, "nodes": [{"name": n, "held_by": j or None} for n, j in report.pool]},
         # a job with a priority (job.priority): the nodes it took and lent, from and to whom, and why
         "priority": None if pcfg is None or pcfg.priority is None else {
             "priority": pcfg.priority, "lent": [{"slot": s, "to": j} for s, j in mem.limp.lent],

@@ -1,0 +1,154 @@
+"""A watcher-wide spare pool (policy/pool.py): a job that lost its node with no spare of its own
+claims an idle spare of the pool by its labels, swaps onto it once labelled its own, and gives
+its own node back to the pool once that is READY again; a spare another job holds, of another
+shape, or not ready is never claimed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from policy_support import CFG, ckpt, limp_part, run_mem, running, tick
+
+from tpuwatch.model import NodeSnapshot, WorkerProbe, bound_view
+from tpuwatch.policy import Limp, Memory, Observation, Phase, PolicyConfig, Relabel, RemakeSpare
+from tpuwatch.policy.pool import POOL_LABEL
+
+A = replace(CFG, job="a", tpu_name="apod", slices=("apod",), recreatable=False, spare_pool="v5p", spares_remade=True)
+DOWN = (WorkerProbe(0, "unreachable"), WorkerProbe(1, "unreachable"))
+
+
+def part(name: str, owner: str | None, state: str = "READY", pool: str | None = None) -> NodeSnapshot:
+    """A node of 2 workers (v5p-16), labelled `owner`'s (None: no job's) and of spare pool `pool`."""
+    labels = {**({"tpuwatch-job": owner} if owner else {}), **({POOL_LABEL: pool} if pool else {})}
+    return replace(limp_part(name, state), labels=labels)
+
+
+def look(cfg: PolicyConfig, mem: Memory, zone: tuple[NodeSnapshot, ...], **kw: object) -> Observation:
+    """What the tick reads of a job of a pool: its slots bound as `mem` binds them, the nodes
+    labelled its own in the zone as its idle ones, and the zone as listed."""
+    listed = {n.name: n for n in zone}
+    extra = tuple(n.name for n in zone if n.owned_by(cfg.job) and n.name not in cfg.slices)
+    read = {n: listed.get(n) for n in (*cfg.slices, *extra, *(b for _, b in mem.limp.swapped)) if n}
+    view, left = bound_view(cfg.tpu_name, cfg.slices, read, mem.limp.out, dict(mem.limp.swapped))
+    idle = tuple((n, read.get(n)) for n in mem.limp.idle(cfg.slices, extra))
+    return Observation(node=view, left_out=left, spares=idle, zone=zone, **kw)  # type: ignore[arg-type]
+
+
+def relabels(d: object) -> list[Relabel]:
+    return [a for a in d.actions if isinstance(a, Relabel)]  # type: ignore[attr-defined]
+
+
+def test_a_lost_node_with_no_spare_of_its_own_claims_an_idle_pool_spare_then_swaps_onto_it() -> None:
+    mem = run_mem(step=100)
+    zone = (part("apod", "a", "PREEMPTED"), part("sp-0", None, pool="v5p"))
+    d = tick(look(A, mem, zone, probes=DOWN, checkpoint=ckpt(200)), mem, 600, cfg=A)
+    assert d.row == "pool_claim" and d.memory.phase is Phase.WAITING_NODE
+    [claim] = relabels(d)
+    assert (claim.name, claim.owner, claim.put, claim.drop, claim.pool) == ("sp-0", "", (("tpuwatch-job", "a"),), (),
+                                                                            "v5p")
+    [end] = d.ended
+    assert end.outcome == "disruption" and not end.charged
+    # labelled the job's: swapped in as its own spare, nothing deleted or created
+    claimed = (zone[0], part("sp-0", "a", pool="v5p"))
+    s = tick(look(A, d.memory, claimed, probes=None, checkpoint=ckpt(200)), d.memory, 610, cfg=A)
+    assert s.memory.limp.swapped == (("apod", "sp-0"),)
+    assert not any(a.kind in ("delete", "create") for a in s.actions)
+
+
+def test_a_spare_another_job_holds_of_another_shape_not_ready_or_of_another_pool_is_never_claimed() -> None:
+    mem = run_mem(step=100)
+    other = replace(part("sp-3", None, pool="v5p"), accelerator_type="v5p-256")
+    zone = (part("apod", "a", "PREEMPTED"), part("sp-0", "b", pool="v5p"), part("sp-1", None, "PREEMPTED", "v5p"),
+            part("sp-2", None, pool="v6e"), other, part("loose", None))
+    d = tick(look(A, mem, zone, probes=DOWN, checkpoint=ckpt(200)), mem, 600, cfg=A)
+    assert d.row != "pool_claim" and relabels(d) == []
+
+
+def test_a_job_of_no_pool_never_claims() -> None:
+    mem = run_mem(step=100)
+    cfg = replace(A, spare_pool="")
+    zone = (part("apod", "a", "PREEMPTED"), part("sp-0", None, pool="v5p"))
+    d = tick(look(cfg, mem, zone, probes=DOWN, checkpoint=ckpt(200)), mem, 600, cfg=cfg)
+    assert d.row != "pool_claim" and relabels(d) == []
+
+
+def test_its_own_node_back_goes_to_the_pool_and_the_job_stays_on_the_spare() -> None:
+    mem = run_mem(step=100, limp=Limp(swapped=(("apod", "sp-0"),)))
+    zone = (part("sp-0", "a", pool="v5p"), part("apod", "a"))
+    d = tick(look(A, mem, zone, probes=running(1), checkpoint=ckpt(300)), mem, 900, cfg=A)
+    assert d.row == "pool_return" and d.ended == () and d.memory.phase is Phase.RUNNING
+    [back] = relabels(d)
+    assert (back.name, back.owner, back.put, back.drop, back.pool) == ("apod", "a", ((POOL_LABEL, "v5p"),),
+                                                                       ("tpuwatch-job",), "")
+    assert d.memory.limp.swapped == (("apod", "sp-0"),)  # a trade: it stays where it runs
+    # returned: the job neither claims it again nor returns anything more
+    done = (part("sp-0", "a", pool="v5p"), part("apod", None, pool="v5p"))
+    after = tick(look(A, d.memory, done, probes=running(1), checkpoint=ckpt(300)), d.memory, 901, cfg=A)
+    assert after.row != "pool_return" and relabels(after) == []
+
+
+def test_a_node_of_its_own_not_ready_or_while_it_holds_nothing_of_the_pool_is_kept() -> None:
+    mem = run_mem(step=100, limp=Limp(swapped=(("apod", "sp-0"),)))
+    zone = (part("sp-0", "a", pool="v5p"), part("apod", "a", "CREATING"))
+    d = tick(look(A, mem, zone, probes=running(1), checkpoint=ckpt(300)), mem, 900, cfg=A)
+    assert d.row != "pool_return"
+    # on a spare of its own (tpu.spares), not the pool's: its node back stays its own
+    own = replace(A, spares=("x0",))
+    zone = (part("x0", "a"), part("apod", "a"))
+    mem = run_mem(step=100, limp=Limp(swapped=(("apod", "x0"),)))
+    d = tick(look(own, mem, zone, probes=running(1), checkpoint=ckpt(300)), mem, 900, cfg=own)
+    assert d.row != "pool_return" and relabels(d) == []
+
+
+def test_the_pools_keeper_deletes_a_dead_idle_pool_spare_then_creates_it_labelled_the_pools() -> None:
+    mem = run_mem(step=100)
+    zone = (part("apod", "a"), part("sp-0", None, "PREEMPTED", "v5p"), part("sp-1", "b", "PREEMPTED", "v5p"))
+    d = tick(look(A, mem, zone, probes=running(1), checkpoint=ckpt(300), pool_keeper=True), mem, 900, cfg=A)
+    assert d.row == "spare_remake" and d.ended == () and d.memory.phase is Phase.RUNNING
+    [delete] = [a for a in d.actions if isinstance(a, RemakeSpare)]
+    assert (delete.name, delete.create, delete.pool) == ("sp-0", False, "v5p")  # not sp-1: job b's
+    assert d.memory.limp.pool_remaking == ("sp-0",)
+    # gone: created once, the next try no sooner than backoff_base; back: done with it
+    gone = (zone[0], zone[2])
+    c = tick(look(A, d.memory, gone, probes=running(1), checkpoint=ckpt(300), pool_keeper=True), d.memory, 901, cfg=A)
+    [create] = [a for a in c.actions if isinstance(a, RemakeSpare)]
+    assert (create.name, create.create, create.pool) == ("sp-0", True, "v5p")
+    again = tick(look(A, c.memory, gone, probes=running(1), checkpoint=ckpt(300), pool_keeper=True), c.memory, 901.1,
+                 cfg=A)
+    assert not any(isinstance(a, RemakeSpare) for a in again.actions)
+    back = (zone[0], part("sp-0", None, "CREATING", "v5p"), zone[2])
+    done = tick(look(A, c.memory, back, probes=running(1), checkpoint=ckpt(300), pool_keeper=True), c.memory, 902,
+                cfg=A)
+    assert done.memory.limp.pool_remaking == () and not any(isinstance(a, RemakeSpare) for a in done.actions)
+
+
+def test_a_job_that_is_not_the_pools_keeper_never_remakes_its_spares() -> None:
+    mem = run_mem(step=100)
+    zone = (part("apod", "a"), part("sp-0", None, "PREEMPTED", "v5p"))
+    d = tick(look(A, mem, zone, probes=running(1), checkpoint=ckpt(300)), mem, 900, cfg=A)
+    assert not any(isinstance(a, RemakeSpare) for a in d.actions) and d.memory.limp.pool_remaking == ()
+
+
+def test_a_lost_node_with_no_pool_spare_free_waits_for_its_own_node_made_again_not_for_a_person() -> None:
+    mem = run_mem(step=100)
+    zone = (part("apod", "a", "PREEMPTED"), part("sp-0", "b", pool="v5p"))  # the pool's one spare is b's
+    d = tick(look(A, mem, zone, probes=DOWN, checkpoint=ckpt(200)), mem, 600, cfg=A)
+    assert d.row == "spare_wait" and d.memory.phase is Phase.WAITING_NODE, (d.row, d.summary)
+    assert "apod to be made again" in d.summary
+    later = tick(look(A, d.memory, zone, probes=None, checkpoint=ckpt(200)), d.memory, 601, cfg=A)
+    assert later.row == "spare_remake" and later.memory.phase is Phase.WAITING_NODE
+    [delete] = [a for a in later.actions if isinstance(a, RemakeSpare)]
+    assert (delete.name, delete.create, delete.pool) == ("apod", False, "")
+
+
+def test_a_multislice_job_claims_a_pool_spare_for_its_lost_slice_and_runs_it_in_that_slices_place() -> None:
+    m = replace(CFG, job="m", tpu_name="ms", slices=("s0", "s1"), recreatable=False, spare_pool="v5p",
+                spares_remade=True)
+    mem = run_mem(step=100)
+    zone = (part("s0", "m"), part("s1", "m", "PREEMPTED"), part("sp-0", None, pool="v5p"))
+    down = (*running(1), WorkerProbe(2, "unreachable"), WorkerProbe(3, "unreachable"))
+    d = tick(look(m, mem, zone, probes=down, checkpoint=ckpt(200)), mem, 600, cfg=m)
+    assert d.row == "pool_claim" and [r.name for r in relabels(d)] == ["sp-0"]
+    claimed = (zone[0], zone[1], part("sp-0", "m", pool="v5p"))
+    s = tick(look(m, d.memory, claimed, probes=None, checkpoint=ckpt(200)), d.memory, 610, cfg=m)
+    assert s.memory.limp.swapped == (("s1", "sp-0"),)

@@ -1,0 +1,136 @@
+"""Spare pools of a watcher of several jobs: a file beside the jobs' files holding a `[pool]`
+table and no `[job]` (`--config-dir`, or given with `-c`), and the checks of the jobs that name
+one ([tpu] spare_pool). The claims themselves go by the nodes' labels (policy/pool.py).
+
+```toml
+[pool]
+name = "v5p"                      # the jobs' [tpu] spare_pool; the spares' tpuwatch-pool label
+zone = "us-central2-b"            # the zone of its spares (and of the jobs that name it)
+project = "my-project"            # optional: the jobs' own project is not checked against it then
+accelerator_type = "v5p-16"       # optional: the shape of its spares, checked against the jobs'
+spares = ["sp-0", "sp-1"]         # the TPU API nodes it starts with, each labelled tpuwatch-pool=v5p
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from tpuwatch.config import SCHEMA, ConfigError
+from tpuwatch.wiring import Job
+
+KEYS = ("name", "zone", "project", "accelerator_type", "spares")
+
+
+@dataclass(frozen=True)
+class Pool:
+    path: Path
+    name: str
+    zone: str
+    project: str
+    accelerator_type: str
+    spares: tuple[str, ...]
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None  # not a pool: its job's loading says what is wrong with it
+
+
+def is_pool(path: Path) -> bool:
+    """A pool file: a `[pool]` table and no `[job]`."""
+    data = _read(path)
+    return data is not None and "pool" in data and "job" not in data
+
+
+def load(path: Path) -> Pool:
+    """The pool `path` holds; ConfigError (exit 2) naming the file, the key and the fix."""
+    data = _read(path) or {}
+    table = data.get("pool")
+    where = f"{path.name}: pool"
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where}: [pool] must be a table (name, zone, spares)")
+    other = sorted(set(data) - {"pool"})
+    if other:
+        raise ConfigError(f"{where}: a pool file holds only [pool]; move [{other[0]}] to a job's file")
+    unknown = sorted(set(table) - set(KEYS))
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}: unknown key; a pool takes {', '.join(KEYS)}")
+
+    def text(key: str, check: str, required: bool) -> str:
+        value = table.get(key, "")
+        if required and not value:
+            raise ConfigError(f"{where}.{key}: required; set {key} = \"...\" in [pool]")
+        if value == "":
+            return ""
+        try:
+            return str(SCHEMA[check.split(".")[0]][check.split(".")[1]].check(f"pool.{key}", value))
+        except ConfigError as exc:
+            raise ConfigError(f"{path.name}: {exc.message}") from None
+
+    name = text("name", "tpu.spare_pool", True)
+    zone = text("zone", "tpu.zone", True)
+    project = text("project", "tpu.project", False)
+    accel = table.get("accelerator_type", "")
+    if not isinstance(accel, str):
+        raise ConfigError(f"{where}.accelerator_type: a string such as \"v5p-16\"")
+    try:
+        spares = tuple(SCHEMA["tpu"]["spares"].check("pool.spares", table.get("spares", [])))
+    except ConfigError as exc:
+        raise ConfigError(f"{path.name}: {exc.message}") from None
+    if not spares:
+        raise ConfigError(f"{where}.spares: name at least one idle TPU node, e.g. spares = [\"sp-0\"]")
+    return Pool(path, name, zone, project, accel, spares)
+
+
+def load_all(paths: Iterable[Path]) -> dict[str, Pool]:
+    """Every pool by name; ConfigError for a bad file, two pools of one name, or one node in two."""
+    pools: dict[str, Pool] = {}
+    owner: dict[tuple[str, str], Pool] = {}
+    for path in paths:
+        p = load(path)
+        if p.name in pools:
+            raise ConfigError(f"{path.name}: pool.name: {p.name!r} is also the pool of {pools[p.name].path.name}; "
+                              "give one of them another name")
+        for spare in p.spares:
+            other = owner.setdefault((p.zone, spare), p)
+            if other is not p:
+                raise ConfigError(f"{path.name}: pool.spares: {spare!r} is also a spare of pool {other.name} "
+                                  f"({other.path.name}); a node is in one pool: drop it from one of them")
+        pools[p.name] = p
+    return pools
+
+
+def check_job(pools: Mapping[str, Pool], job: Job) -> None:
+    """A job naming a pool: the pool is one of this watcher's, in the job's zone (and project),
+    of its shape, and none of its spares is one of the job's slices or own spares."""
+    name = str(job.cfg.tpu["spare_pool"])
+    if not name:
+        return
+    p = pools.get(name)
+    if p is None:
+        known = ", ".join(sorted(pools)) or "none"
+        raise ConfigError(f"tpu.spare_pool: no spare pool {name!r} in this watcher (its pools: {known}); add a "
+                          f"file with [pool] name = {name!r} beside the job's (--config-dir) or pass it with -c")
+    if job.location.zone != p.zone:
+        raise ConfigError(f"tpu.spare_pool: pool {name} ({p.path.name}) is in zone {p.zone}, the job in "
+                          f"{job.location.zone}; a spare stands in for a slice of its own zone: name a pool there")
+    if p.project and job.location.project != p.project:
+        raise ConfigError(f"tpu.spare_pool: pool {name} ({p.path.name}) is of project {p.project}, the job of "
+                          f"{job.location.project}; name a pool of the job's project")
+    shape = str((job.cfg.tpu.get("spec") or {}).get("accelerator_type") or "")
+    if p.accelerator_type and shape and shape != p.accelerator_type:
+        raise ConfigError(f"tpu.spare_pool: pool {name} ({p.path.name}) holds {p.accelerator_type}, the job runs on "
+                          f"{shape} ([tpu.spec]); name a pool of the job's shape")
+    own = {*job.cfg.tpu["names"], str(job.cfg.tpu["name"]), *job.cfg.tpu["spares"]}
+    both = [s for s in p.spares if s in own]
+    if both:
+        raise ConfigError(f"tpu.spare_pool: {both[0]!r} is a spare of pool {name} ({p.path.name}) and one of the "
+                          "job's own nodes (tpu.name, tpu.names, tpu.spares); drop it from one of them")

@@ -1,0 +1,150 @@
+"""A watcher-wide spare pool ([tpu] spare_pool): idle nodes shared by the jobs of one shape
+that name the pool, instead of spares each job keeps for itself (policy/spares.py).
+
+An idle pool spare carries `tpuwatch-pool=<pool>` and no ownership label, so no job launches
+on it, deletes it or makes it again. Labels are the truth every job reads:
+- claim (row `pool_claim`): a job's slot has no usable node and none of its own spares is free;
+  it ends the attempt (a disruption, not charged), journals the claim, then labels a READY+HEALTHY
+  idle pool spare of its accelerator type `tpuwatch-job=<job>` (the tick reads it again and
+  writes under the pool's lock in the state dir, and waits for the write to land, so two jobs of
+  one watcher, or of watchers sharing a state dir, never both take it). The node is then the
+  job's, labelled so, and `swap` binds the slot to it on the next decision as to any spare.
+- return (row `pool_return`): a job that holds a node of the pool (bound to a slot, still
+  carrying `tpuwatch-pool=<pool>`) and has a node of its own idle and READY+HEALTHY (its lost
+  node healed, or made again: `spare_remake`), not one of its own tpu.spares, relabels that
+  node to the pool (`tpuwatch-pool=<pool>`, no `tpuwatch-job`): a trade, as a priority's hand-back
+  is, so the pool keeps its size and the job does not move back.
+A `kill -9` between any two steps loses nothing: the claim is journaled before the label write,
+and a write that did not land is decided again from the labels as read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+from tpuwatch.model import OWNER_LABEL, NodeSnapshot
+from tpuwatch.policy.draft import Draft
+from tpuwatch.policy.limp import end_lost, stop_waited
+from tpuwatch.policy.nodes import Cond, node_condition
+from tpuwatch.policy.priority import lost_slots
+from tpuwatch.policy.state import Memory, Phase, move
+from tpuwatch.policy.values import Decision, Relabel, RemakeSpare, Wait
+
+POOL_LABEL = "tpuwatch-pool"
+
+
+def idle_in(pool: str, node: NodeSnapshot) -> bool:
+    """`node` is an idle spare of spare pool `pool`: its pool label, and no job's."""
+    return bool(pool) and node.labels.get(POOL_LABEL) == pool and node.owner is None
+
+
+def _shapes(draft: Draft) -> set[str]:
+    node = draft.obs.node
+    shapes = {p.accelerator_type for p in (node.slices if node is not None else ()) if p.accelerator_type and p.name}
+    return shapes or {n.accelerator_type for n in draft.obs.zone if n.owned_by(draft.cfg.job) and n.accelerator_type}
+
+
+def claim(draft: Draft, mem: Memory) -> Decision | None:
+    """A job of a spare pool has slots with no usable node (none of its own spares free, `swap`
+    came first): claim an idle READY+HEALTHY spare of the pool of the job's accelerator type (the
+    first by name) for the first such slot, and wait for the label to say so (row `pool_claim`).
+    None: no pool, nothing lost, or no spare of the pool free."""
+    cfg = draft.cfg
+    if not cfg.spare_pool:
+        return None
+    lost = lost_slots(draft, mem)
+    shapes = _shapes(draft)
+    found = sorted((n for n in draft.obs.zone if idle_in(cfg.spare_pool, n) and n.usable
+                    and (not shapes or n.accelerator_type in shapes)), key=lambda n: n.name)
+    if not lost or not found:
+        return None
+    target = found[0]
+    mem, final = end_lost(draft, mem, [(s, p) for s, p in lost if p is not None])
+    if final is not None:
+        return final
+    said = ", ".join(f"{mem.limp.node_of(s)} {p.state if p is not None else 'MISSING'}" for s, p in lost)
+    why = (f"slice(s) lost ({said}) and no spare of its own free: claiming {target.name} from spare pool "
+           f"{cfg.spare_pool}")
+    if mem.phase is not Phase.WAITING_NODE or mem.reason != why:
+        mem = move(mem, Phase.WAITING_NODE, reason=why)
+    label = Relabel(target.name, "", ((OWNER_LABEL, cfg.job),), (),
+                    f"job {cfg.job} claims {target.name} from spare pool {cfg.spare_pool}", pool=cfg.spare_pool)
+    return stop_waited(draft.out(mem, "pool_claim", f"{why}; the job relaunches there from its newest complete "
+                                                    "checkpoint once it is labelled the job's", label,
+                                 Wait(None, "the claimed spare")))
+
+
+def give_back(draft: Draft, before: Memory, decision: Decision) -> Decision:
+    """A decision that does nothing (the job runs on, or waits) of a job that holds a node of its
+    spare pool: with the return of a node of its own idle and READY+HEALTHY to the pool (row
+    `pool_return`), one per decision, journaled with it."""
+    cfg, node = draft.cfg, draft.obs.node
+    if (not cfg.spare_pool or decision.ended or any(not isinstance(a, Wait) for a in decision.actions)
+            or (decision.memory.limp.swapped, decision.memory.limp.out) != (before.limp.swapped, before.limp.out)
+            or node is None or not node.slices):
+        return decision
+    held = [p for p in node.slices if p.name and p.owned_by(cfg.job) and p.labels.get(POOL_LABEL) == cfg.spare_pool]
+    names = {p.name for p in node.slices}
+    back = [n for n, p in draft.obs.spares if p is not None and p.owned_by(cfg.job) and p.usable
+            and n not in cfg.spares and n not in names]
+    if not held or not back:
+        return decision
+    name = back[0]
+    action = Relabel(name, cfg.job, ((POOL_LABEL, cfg.spare_pool),), (OWNER_LABEL,),
+                     f"{name} is back and job {cfg.job} runs on {held[0].name} of spare pool {cfg.spare_pool}: "
+                     f"{name} goes to the pool in its place")
+    return replace(decision, row="pool_return", actions=(*decision.actions, action),
+                   summary=f"{decision.summary}; {action.reason}")
+
+
+def keep(draft: Draft, before: Memory, decision: Decision) -> Decision:
+    """A decision that does nothing, of the pool's keeper (one job at a time: `Observation.pool_keeper`):
+    with the remake of a dead idle spare of the pool (row `spare_remake`, as a job's own spare):
+    - an idle spare of the pool (its label, no job's) PREEMPTED or TERMINATED, made alone: journaled
+      as one the keeper makes again (`Limp.pool_remaking`), then deleted;
+    - one of those gone: created again from the keeper's [tpu.spec] with the pool's label and no
+      job's, no sooner than `pool_remake_at` (a create that came to nothing tried again after
+      recovery.backoff_base);
+    - one of those back (READY, or on its way: CREATING) or no longer the pool's idle spare: done.
+    A node of the pool the keeper did not delete is never created."""
+    cfg, now = draft.cfg, draft.now
+    limp = decision.memory.limp
+    if (not cfg.spare_pool or decision.ended or any(not isinstance(a, Wait) for a in decision.actions)
+            or (not draft.obs.pool_keeper and not limp.pool_remaking)):
+        return decision
+    listed = {n.name: n for n in draft.obs.zone}
+    # still on its way out (or gone, to create): kept; made again, or no longer the pool's: done
+    made = tuple(n for n in limp.pool_remaking if (p := listed.get(n)) is None
+                 or (idle_in(cfg.spare_pool, p) and (p.state == "DELETING" or node_condition(p) is Cond.DEAD)))
+    if made != limp.pool_remaking:
+        limp = replace(limp, pool_remaking=made, pool_remake_at=limp.pool_remake_at if made else None)
+    action: RemakeSpare | None = None
+    gone = [n for n in made if n not in listed]
+    dead = [n for n in sorted(listed) if n not in made and idle_in(cfg.spare_pool, listed[n])
+            and node_condition(listed[n]) is Cond.DEAD and not listed[n].multislice_request]
+    if draft.obs.pool_keeper and cfg.spares_remade:
+        if gone and (limp.pool_remake_at is None or now >= limp.pool_remake_at):
+            limp = replace(limp, pool_remake_at=now + timedelta(seconds=cfg.backoff_base))
+            action = RemakeSpare(gone[0], True, f"{gone[0]}, a spare of pool {cfg.spare_pool}, was deleted to be "
+                                                f"made again: creating it from [tpu.spec] of job {cfg.job}, the "
+                                                "pool's keeper, labelled the pool's", pool=cfg.spare_pool)
+        elif dead:
+            limp = replace(limp, pool_remaking=(*limp.pool_remaking, dead[0]))
+            action = RemakeSpare(dead[0], False, f"{dead[0]}, an idle spare of pool {cfg.spare_pool}, is "
+                                                 f"{listed[dead[0]].state} and will not come back by itself: job "
+                                                 f"{cfg.job}, the pool's keeper, deletes it to create it again",
+                                 pool=cfg.spare_pool)
+    if limp == decision.memory.limp:
+        return decision
+    mem = replace(decision.memory, limp=limp)
+    if action is None:
+        return replace(decision, memory=mem)
+    return replace(decision, memory=mem, row="spare_remake", actions=(*decision.actions, action),
+                   summary=f"{decision.summary}; {action.reason}")
+
+
+def said(pool: str, zone: tuple[NodeSnapshot, ...]) -> dict[str, str]:
+    """The pool's nodes as listed: name -> "" (idle) or the job that holds it."""
+    return {n.name: n.owner or "" for n in sorted(zone, key=lambda n: n.name)
+            if pool and n.labels.get(POOL_LABEL) == pool}
