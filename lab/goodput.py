@@ -382,6 +382,9 @@ class Sweep:
     # next launch (on the slices left, for a tool that limps), over every seed
     to_launch: dict[str, list[float]] = field(default_factory=dict)
     limp_hours: dict[str, list[dict[str, float]]] = field(default_factory=dict)  # key -> per seed (ToolResult's)
+    # key -> per seed, fault kind -> seconds from each fault that stopped progress to the next
+    # launch, summed (a fault never followed by one is left out): where a tool loses against a bound
+    resume_s: dict[str, list[dict[str, float]]] = field(default_factory=dict)
 
     def of_ideal(self, key: str) -> list[float]:
         return [g / i if i > 0 else 0.0 for g, i in zip(self.goodput[key], self.goodput["ideal"], strict=True)]
@@ -401,9 +404,11 @@ def sweep(tools: list[Tool], traces: list[Trace], p: Params) -> Sweep:
     errors: list[str] = []
     lost: dict[str, list[float]] = {t.key: [] for t in tools}
     limp: dict[str, list[dict[str, float]]] = {t.key: [] for t in tools}
+    resume: dict[str, list[dict[str, float]]] = {t.key: [] for t in tools}
     for trace in traces:
         for r in run_all(tools, trace, p).results:
             limp[r.key].append(r.limp_hours)
+            resume[r.key].append({k: sum(x for x in xs if not math.isinf(x)) for k, xs in r.resume.items()})
             goodput[r.key].append(r.goodput)
             tpu[r.key].append(r.tpu_per_hour)
             log[r.key].append(r.log_per_hour)
@@ -411,7 +416,7 @@ def sweep(tools: list[Tool], traces: list[Trace], p: Params) -> Sweep:
             if r.error:
                 errors.append(f"seed {trace.seed}, {r.label}: {r.error}")
     return Sweep([t.seed for t in traces], [t.key for t in tools], [t.label for t in tools], goodput, errors,
-                 time.perf_counter() - t0, tpu, log, lost, limp)
+                 time.perf_counter() - t0, tpu, log, lost, limp, resume)
 
 
 LOST_KINDS = ("maintenance", "stuck", "preemption")  # the faults that take a slice down
@@ -438,6 +443,13 @@ def sweep_json(sw: Sweep) -> dict[str, Any]:
                                              "p95_s": _num(p95)})
         if any(sw.limp_hours.get(key, [])):
             row["limp_hours_per_seed"] = [{k: round(v, 2) for k, v in sorted(h.items())} for h in sw.limp_hours[key]]
+        if sw.resume_s.get(key):
+            row["resume_s_per_seed"] = [{k: round(v) for k, v in d.items()} for d in sw.resume_s[key]]
+            if "ideal" in sw.resume_s and key != "ideal":
+                # summed over the seeds, less the bound's: the time each kind of fault cost more
+                row["resume_s_over_ideal"] = {
+                    k: round(sum(d.get(k, 0.0) for d in sw.resume_s[key]) - sum(d.get(k, 0.0) for d in sw.resume_s["ideal"]))
+                    for k in sw.resume_s[key][0]}
         if "ideal" in sw.goodput:
             oi = sw.of_ideal(key)
             row.update(of_ideal_mean=round(statistics.fmean(oi), 5), of_ideal_min=round(min(oi), 5),

@@ -844,6 +844,14 @@ def per_slice_tool(cfg: Config, skip_idle: bool = True) -> Tool:
                 "a one-node watcher per slice (defaults); they cannot coordinate", drive)
 
 
+def reactive_tool(cfg: Config) -> Tool:
+    """The ideal bound without foresight: every slice not usable but preempted is waited for
+    `cfg`'s repair_timeout, then recreated (over several slices: on request, `--tools`)."""
+    return Tool("ideal-reactive", "ideal bound without foresight",
+                lambda run: [ideal(run, float(cfg.recovery["repair_timeout"]))],
+                "as the oracle, but it cannot know how long a repair takes: recreates after repair_timeout")
+
+
 def describe(cfg: Config, keys: tuple[str, ...] = ("repair_timeout", "max_restarts", "max_recreates",
                                                    "queue_timeout", "hang_timeout")) -> str:
     r = cfg.recovery
@@ -878,9 +886,7 @@ def make_tools(cfg: Config, tuned: Config, skypilot_restarts: int = 0, skip_idle
     return [
         Tool("ideal", "ideal bound", lambda run: [ideal(run)],
              "oracle: instant detection, best of heal or recreate, stops at the bug's first failure"),
-        Tool("ideal-reactive", "ideal bound without foresight",
-             lambda run: [ideal(run, float(cfg.recovery["repair_timeout"]))],
-             "as the oracle, but it cannot know how long a repair takes: recreates after repair_timeout"),
+        reactive_tool(cfg),
         tpuwatch_tool("tpuwatch", "tpuwatch (defaults)", cfg, describe(cfg), skip_idle),
         tpuwatch_tool("tpuwatch-30d", "tpuwatch (tuned)", tuned, describe(tuned), skip_idle),
         Tool("bash", "bash loop (docs)", lambda run: [bash_loop(run)],

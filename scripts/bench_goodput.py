@@ -35,7 +35,7 @@ from lab import (
     tpuwatch_config,
 )
 from lab.goodput import as_json, bug_json, render_bug, render_sweep, sweep, sweep_json
-from lab.tools import per_slice_tool, way_tools
+from lab.tools import per_slice_tool, reactive_tool, way_tools
 from lab.trace import make_bug_trace
 from tpuwatch.config import SCHEMA
 from tpuwatch.durations import human, parse_duration
@@ -234,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.tools:
         # one tpuwatch per slice of a one-slice job is tpuwatch itself: there on request only
         available = chosen + ([per_slice_tool(cfg, not args.every_tick)] if args.slices == 1 and args.api == "tpu" else [])
+        # so is the bound without foresight over several slices (what waiting out every repair can reach)
+        if args.slices > 1:
+            available.insert(1, reactive_tool(cfg))
         keys = [k.strip() for k in args.tools.split(",") if k.strip()]
         unknown = [k for k in keys if k not in {t.key for t in available}]
         if unknown:

@@ -189,6 +189,34 @@ def test_script_slices(capsys: pytest.CaptureFixture[str]) -> None:
         assert err.value.exit_code == 2 and "--" in str(err.value)
 
 
+def test_script_sweep_over_slices_has_the_bound_without_foresight_and_each_kind_s_cost(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_goodput.py"
+    spec = importlib.util.spec_from_file_location("bench_goodput", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    # a week at three times the default rates over 2 slices: maintenance on the slices for sure
+    argv = ["--days", "7", "--slices", "2", "--maintenance", "24", "--seeds", "0-1", "--json",
+            "--tools", "ideal,ideal-reactive,tpuwatch"]
+    assert mod.main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {t["tool"]: t for t in out["tools"]}
+    assert list(rows) == ["ideal", "ideal-reactive", "tpuwatch"]
+    ideal, reactive, tw = rows["ideal"], rows["ideal-reactive"], rows["tpuwatch"]
+    # waiting out repairs (30 min) never beats the oracle, and on some trace loses to it
+    assert all(r <= i + 1e-9 for r, i in zip(reactive["per_seed"], ideal["per_seed"], strict=True))
+    assert reactive["goodput_mean"] < ideal["goodput_mean"]
+    # each kind's time to the next launch, per seed and summed less the bound's
+    for row in (ideal, reactive, tw):
+        assert len(row["resume_s_per_seed"]) == 2 and "maintenance" in row["resume_s_per_seed"][0]
+    over = tw["resume_s_over_ideal"]
+    for kind, s in over.items():
+        assert abs(s - sum(d[kind] - i[kind] for d, i in zip(tw["resume_s_per_seed"], ideal["resume_s_per_seed"],
+                                                              strict=True))) <= 2
+    assert over["maintenance"] > 0 and "resume_s_over_ideal" not in ideal
+
+
 def test_fast_forward_beside_other_watchers_gives_the_figures_of_every_tick() -> None:
     # one day at four times the rates of the four days this once ran: as many faults (each
     # watcher's recoveries, what the replay must get right) for a quarter of the every-tick ticks
