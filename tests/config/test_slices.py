@@ -223,7 +223,7 @@ def test_min_slices_is_for_a_multislice_job_fewer_than_its_slices_with_checkpoin
                      ({**base(names=["np-0", "np-1"]), "job": job(min_slices=2)}, "not fewer than the job's 2 slices"),
                      ({**base(names=["np-0", "np-1"]), "job": {"command": "train", "min_slices": 1}},
                       "set job.checkpoint_dir"),
-                     ({**base(names=["np-0", "np-1"]), "job": job(min_slices=-1)}, "")):
+                     ({**base(names=["np-0", "np-1"]), "job": job(min_slices=-1)}, "out of range; use 0..10000")):
         with pytest.raises(ConfigError, match=fix) as exc:
             validate(cfg)
         assert str(exc.value).startswith("job.min_slices"), exc.value
