@@ -87,13 +87,13 @@ ROWS: tuple[Row, ...] = (
         "without a queued resource)", "never delete a slice: needs a person (exit 1)"),
     Row("swap", "a multislice job with tpu.spares: slices it runs on are not READY+HEALTHY (as for `limp`: not a "
         "person's stop, nor a slice RESTARTING), or left out while it limps (a job on one node: its node not so, "
-        "or gone), and a spare is READY+HEALTHY, of the job's accelerator type, and carries the job's ownership "
-        "label",
+        "or gone with Google's word for it or deleted by tpuwatch), and a spare is READY+HEALTHY, of the job's "
+        "accelerator type, and carries the job's ownership label; never a node a person deleted (`node_missing`)",
         "journal the spare in the lost slice's place (its slice id); a disruption, not charged: stop the attempt on "
         "the slices still up and relaunch at once on the spare and the others from the newest complete checkpoint "
         "(MEGASCALE_* set by tpuwatch); a slice left out is grown back onto at the next checkpoint (`grow`). No "
         "delete or create; the node swapped out is a spare once READY+HEALTHY again (one Google deletes itself, "
-        "or a VM Google deletes itself gone, owned as last seen, is made again: `spare_remake`)"),
+        "or a VM Google deleted, owned as last seen, is made again: `spare_remake`)"),
     Row("spare_remake", "the job runs on or waits (nothing else to do this tick) and an idle spare, owned by the job "
         "and made alone, is PREEMPTED / TERMINATED (or under repair longer than repair_timeout) with [tpu.spec] "
         "there to make it from (while `spare_wait` waits, "
@@ -164,8 +164,10 @@ ROWS: tuple[Row, ...] = (
         "from that checkpoint; a dead one taken back is recreated with the whole request (`dead_node`), never "
         "limped around again until it is made"),
     Row("recreate_budget_spent", "delete + create needed with max_recreates used", "failed (exit 1)"),
-    Row("node_missing", "node missing and tpuwatch did not delete it",
-        "needs a person (exit 1): never recreate a node a person deleted"),
+    Row("node_missing", "node missing and tpuwatch did not delete it, with no word that Google did (with tpu.spares: "
+        "the node a slot runs on, a job on one node, or a slice of slices made one by one; a slice of a multislice "
+        "queued resource gone is Google's autorepair)",
+        "needs a person (exit 1): never recreate a node a person deleted, nor swap a spare in for it"),
     Row("recreate_asked", "a person asked for a delete + create now (`tpuwatch recreate`, `tpuwatch check --recreate`: `Flags.recreate`), no operation in flight",
         "the recreate path, not charged to max_recreates: a running attempt ends as a disruption; an owned "
         "node is deleted, then created in the zone and the fallback zones as `create_after_delete`, `no_capacity` "

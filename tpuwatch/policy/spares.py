@@ -15,7 +15,9 @@ background); `early_swap` (policy/early.py) moves the job off a node with an ann
 maintenance. A swap itself never deletes or creates a node.
 
 A node Google deletes itself (a Compute Engine VM's termination action DELETE), owned and made
-alone, is made again once gone as one tpuwatch deleted.
+alone, is made again once gone as one tpuwatch deleted. A node a slot runs on that is gone with
+no word that Google or tpuwatch removed it (`removed`) was deleted by a person, perhaps to stop
+the job: never swapped away from; the job stops for a person (`node_missing`).
 
 A node may stand in only while it is READY+HEALTHY, of the accelerator type the job's slices
 have, and carries the job's ownership label: a spare a person deleted, stopped or relabelled is
@@ -30,6 +32,7 @@ from datetime import datetime, timedelta
 
 from tpuwatch.durations import human
 from tpuwatch.model import CheckItem, NodeSnapshot
+from tpuwatch.policy import google
 from tpuwatch.policy.backoff import backoff_delay
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.limp import BRIEF_STATES, end_lost, stop_waited
@@ -105,9 +108,15 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
                 if not part.usable]
         if any(part.state in BRIEF_STATES for _, part in lost):
             lost = []
+        if vanished := [(slot, part) for slot, part in lost if part.state == "MISSING" and not removed(draft, mem, slot)]:
+            return person_deleted(draft, mem, vanished)
     elif node is None and len(cfg.slices) == 1 and not mem.limp.out and mem.limp.node_of(cfg.slices[0]):
         # a pool of one slot whose node is gone (a VM Google deleted at its preemption; a slot lent
-        # to another job, bound to no node, is policy/priority.py's)
+        # to another job, bound to no node, is policy/priority.py's). With no word that Google or
+        # tpuwatch removed it, the rows decide as without spares: a wait for the audit log's word
+        # (google_delete_wait), else a person's deletion (node_missing), never a swap away from it
+        if not removed(draft, mem, cfg.slices[0]):
+            return None
         lost = [(cfg.slices[0], _gone(mem.limp.node_of(cfg.slices[0])))]
     slots = [slot for slot, _ in lost] + out
     if not slots:
@@ -127,7 +136,7 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
     g = mem.google
     deleted = [name for name, (_, part) in zip(away, gone, strict=True)
                if cfg.spares_remade and name not in mem.limp.remaking and (
-                   google_deletes(cfg.job, part) or (node is None and g.deletes and g.owned))]
+                   google_deletes(cfg.job, part) or (node is None and g.owned and bool(google.deleted(draft, mem))))]
     mem = replace(mem, limp=replace(mem.limp, swapped=swapped, away=(*mem.limp.away, *away),
                                     away_since=(*mem.limp.away_since, *(now for _ in away)),
                                     remaking=(*mem.limp.remaking, *deleted)))
@@ -142,6 +151,31 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
     more = f"; no spare left for {', '.join(rest)}" if rest else ""
     return stop_waited(draft.out(mem, "swap", f"swapped for a spare: {said}{more}; {then}; the slice it "
                                                       "replaces is a spare once READY+HEALTHY again"))
+
+
+def removed(draft: Draft, mem: Memory, slot: str) -> bool:
+    """Whether the node slot `slot` runs on, found gone, was removed by Google or tpuwatch: one
+    tpuwatch deletes to make again, a slice of a multislice queued resource (Google's autorepair
+    replaces it), a node whose queued resource the service took back, a VM Google says it deleted
+    (policy/google.py); a slot lent to another job is bound to none (policy/priority.py). Anything
+    else gone was deleted by a person."""
+    cfg = draft.cfg
+    return (not mem.limp.node_of(slot) or mem.limp.node_of(slot) in mem.limp.remaking or (bool(cfg.queued_resource) and len(cfg.slices) > 1)
+            or (draft.obs.queued is not None and draft.obs.queued.ended) or bool(google.deleted(draft, mem)))
+
+
+def person_deleted(draft: Draft, mem: Memory, deleted: Sequence[tuple[str, NodeSnapshot]]) -> Decision:
+    """Slices the job runs on are gone and neither Google nor tpuwatch removed them (slices made
+    one by one): a person deleted them, perhaps to stop the job. As for a job on one node (row
+    `node_missing`), the attempt ends and a person decides; no spare is swapped in."""
+    mem, final = end_lost(draft, mem, deleted)
+    if final is not None:
+        return final
+    said = ", ".join(f"slice {draft.cfg.slices.index(slot)} ({slot}) on {mem.limp.node_of(slot)}" for slot, _ in deleted)
+    return draft.halt(mem, "node_missing",
+                      f"{said} is missing in {mem.zone} and tpuwatch did not delete it: a person did; tpuwatch never "
+                      "swaps a spare in for a node a person deleted. Create it again (or take it out of tpu.names) "
+                      "and run tpuwatch again", tuple(f"nodes/{mem.limp.node_of(slot)}: not found" for slot, _ in deleted))
 
 
 def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
