@@ -320,28 +320,69 @@ def test_a_slice_past_a_failed_repair_with_no_spare_free_is_made_again_after_the
     assert d.row in ("spare_wait", "spare_remake") and "s2 to be made again" in d.summary, (d.row, d.summary)
 
 
-def test_a_node_google_deletes_itself_is_made_again_once_gone_swapped_out_or_idle() -> None:
+def preempted(name: str, t: float) -> AuditEvent:
+    from policy_support import at
+
+    return AuditEvent(time=at(t), kind="terminate", node=name, worker="0", method="compute.instances.preempted",
+                      reason="", insert_id=f"{name}-{t}", resource_name=f"projects/p/zones/z/instances/{name}")
+
+
+def test_a_node_google_deletes_itself_is_made_again_once_gone_with_the_audit_logs_word_for_it() -> None:
     """A Compute Engine VM whose termination action is DELETE: Google deletes it at its
-    preemption. Swapped out so, or seen so idle, it is made again once gone, with no delete of
-    tpuwatch's; one not the job's, or with no spec to make it from, is not."""
+    preemption. Swapped out so, or seen so idle, it is made again once gone and the audit log
+    says Google preempted it (read while it went, or after), with no delete of tpuwatch's; one
+    not the job's, or with no spec to make it from, is not."""
     mem = run_mem(step=100)
-    deleting = replace(limp_part("s2", "DELETING"), google_deleting="a Spot VM with termination action DELETE is STOPPING")
+    deleting = replace(limp_part("s2", "DELETING"), google_deleting="a Spot VM with termination action DELETE is STOPPING",
+                       google_deletes=True)
     d = tick(limp_look({}, mem, spares=("x0",), parts={"s2": deleting}, probes=probes_with_slice_down(2),
-                       checkpoint=ckpt(200)), mem, 600, cfg=REMADE)
-    assert d.row == "swap" and d.memory.limp.swapped == (("s2", "x0"),) and d.memory.limp.remaking == ("s2",)
-    assert not [a for a in d.actions if isinstance(a, RemakeSpare)]  # Google deletes it: tpuwatch does not
+                       checkpoint=ckpt(200), events=(preempted("s2", 590),)), mem, 600, cfg=REMADE)
+    assert d.row == "swap" and d.memory.limp.swapped == (("s2", "x0"),) and d.memory.limp.said == ("s2",)
+    assert d.memory.limp.remaking == () and not [a for a in d.actions if isinstance(a, RemakeSpare)]
     later = replace(d.memory, phase=Phase.RUNNING)
-    gone = tick(limp_look({}, later, spares=("x0",), parts={"s2": None}, probes=running_all()), later, 630,
-                cfg=REMADE)
+    going = tick(limp_look({}, later, spares=("x0",), parts={"s2": deleting}, probes=running_all()), later, 610,
+                 cfg=REMADE)
+    assert going.memory.limp.deletes == ("s2",) and not [a for a in going.actions if isinstance(a, RemakeSpare)]
+    gone = tick(limp_look({}, going.memory, spares=("x0",), parts={"s2": None}, probes=running_all()), going.memory,
+                630, cfg=REMADE)
     assert gone.row == "spare_remake" and [(a.name, a.create) for a in gone.actions
                                            if isinstance(a, RemakeSpare)] == [("s2", True)]
-    # idle: taken as one to make again while Google deletes it, created once gone
+    # idle: never deleted by tpuwatch beside Google; gone, made again once the word comes
     idle = replace(deleting, name="x0")
     seen = tick(limp_look({}, mem, spares=("x0",), parts={"x0": idle}, probes=running_all()), mem, 600, cfg=REMADE)
-    assert seen.memory.limp.remaking == ("x0",) and not [a for a in seen.actions if isinstance(a, RemakeSpare)]
+    assert seen.memory.limp.deletes == ("x0",) and not [a for a in seen.actions if isinstance(a, RemakeSpare)]
+    waits = tick(limp_look({}, seen.memory, spares=("x0",), parts={"x0": None}, probes=running_all()), seen.memory,
+                 610, cfg=REMADE)
+    assert waits.memory.limp.vanished == ("x0",) and not [a for a in waits.actions if isinstance(a, RemakeSpare)]
+    word = tick(limp_look({}, waits.memory, spares=("x0",), parts={"x0": None}, probes=running_all(),
+                          events=(preempted("x0", 598),)), waits.memory, 620, cfg=REMADE)
+    assert [(a.name, a.create) for a in word.actions if isinstance(a, RemakeSpare)] == [("x0", True)]
     for part, cfg in ((replace(idle, labels={"tpuwatch-job": "other"}), REMADE), (idle, SPARES)):
-        d = tick(limp_look({}, mem, spares=("x0",), parts={"x0": part}, probes=running_all()), mem, 600, cfg=cfg)
-        assert d.memory.limp.remaking == (), part
+        first = tick(limp_look({}, mem, spares=("x0",), parts={"x0": part}, probes=running_all()), mem, 600, cfg=cfg)
+        d = tick(limp_look({}, first.memory, spares=("x0",), parts={"x0": None}, probes=running_all(),
+                           events=(preempted("x0", 598),)), first.memory, 610, cfg=cfg)
+        assert d.memory.limp.remaking == () and not [a for a in d.actions if isinstance(a, RemakeSpare)], part
+
+
+def test_a_spare_google_may_delete_gone_with_no_word_from_google_is_dropped_never_made_again() -> None:
+    """An idle Spot VM with termination action DELETE that a person deletes looks as one Google
+    preempts (stopping, then gone), but the audit log says nothing of it: after 3 min it is
+    dropped and said so (row `spare_gone`), never inserted again."""
+    mem = run_mem(step=100)
+    idle = replace(limp_part("x0", "DELETING"), google_deleting="a Spot VM with termination action DELETE is STOPPING",
+                   google_deletes=True)
+    seen = tick(limp_look({}, mem, spares=("x0",), parts={"x0": idle}, probes=running_all()), mem, 600, cfg=REMADE)
+    gone = limp_look({}, mem, spares=("x0",), parts={"x0": None}, probes=running_all())
+    waits = tick(gone, seen.memory, 610, cfg=REMADE)
+    assert waits.memory.limp.vanished == ("x0",) and waits.row == "running", waits.row
+    still = tick(gone, waits.memory, 610 + 170, cfg=REMADE)
+    assert still.memory.limp.vanished == ("x0",)
+    late = tick(gone, still.memory, 610 + 181, cfg=REMADE)
+    assert late.row == "spare_gone" and "x0 gone with no word from Google" in late.summary
+    assert late.memory.limp.vanished == () and late.memory.limp.remaking == ()
+    assert not [a for a in late.actions if isinstance(a, RemakeSpare)]
+    after = tick(gone, late.memory, 610 + 300, cfg=REMADE)
+    assert after.row != "spare_remake" and after.memory.limp.remaking == ()
 
 
 def test_a_pool_of_one_whose_vm_google_deleted_is_gone_swaps_once_google_says_so_and_makes_it_again() -> None:

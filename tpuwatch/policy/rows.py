@@ -92,19 +92,25 @@ ROWS: tuple[Row, ...] = (
         "journal the spare in the lost slice's place (its slice id); a disruption, not charged: stop the attempt on "
         "the slices still up and relaunch at once on the spare and the others from the newest complete checkpoint "
         "(MEGASCALE_* set by tpuwatch); a slice left out is grown back onto at the next checkpoint (`grow`). No "
-        "delete or create; the node swapped out is a spare once READY+HEALTHY again (one Google deletes itself, "
-        "or a VM Google deleted, owned as last seen, is made again: `spare_remake`)"),
+        "delete or create; the node swapped out is a spare once READY+HEALTHY again (a VM Google deleted, owned "
+        "as last seen, with the audit log's word for it, is made again: `spare_remake`)"),
     Row("spare_remake", "the job runs on or waits (nothing else to do this tick) and an idle spare, owned by the job "
         "and made alone, is PREEMPTED / TERMINATED (or under repair longer than repair_timeout) with [tpu.spec] "
         "there to make it from (while `spare_wait` waits, "
         "such a lost slice of the job's too; so is a slice a job that limps over slices made one by one with "
         "[tpu.spec] runs without; not one under repair while a create has come to nothing: it may still heal); "
-        "or one tpuwatch deleted so is gone; or Google deletes one itself (a "
-        "Compute Engine VM's termination action DELETE: `google_deleting`), owned and made alone, idle or swapped "
-        "out (`swap` takes it so)", "journal it as one tpuwatch makes again, delete it (not one Google deletes); "
+        "or one tpuwatch deleted so is gone; or one Google deletes itself (a "
+        "Compute Engine VM's termination action DELETE), owned and made alone when last seen idle (or swapped out), "
+        "is gone and the audit log says Google preempted it (none yet: waited for 3 min, then `spare_gone`)",
+        "journal it as one tpuwatch makes again, delete it (not one Google deletes); "
         "once gone, create it again from [tpu.spec] ([tpu.compute_spec.instance]: an instances.insert under its "
         "name) (one that came to nothing tried again as a queued create is: recovery.backoff_base, doubling to "
         "recovery.backoff_max). A spare neither tpuwatch nor Google deleted so is never created"),
+    Row("spare_gone", "the job runs on or waits (nothing else to do this tick) and an idle node of the pool that Google "
+        "may delete itself (a Compute Engine VM's termination action DELETE), owned and made alone when last seen, "
+        "has been gone 3 min with no compute.instances.preempted about it in the audit log",
+        "a person deleted it: drop it, never make it again, and say so (with that word, it is made again: "
+        "`spare_remake`)"),
     Row("spare_bad", "before a launch, the launch-time checks fail on workers of a spare swapped in (after the "
         "cleanup of what tpuwatch can fix)", "not charged, nothing launched: the spare is not used again until it is "
         "made again (its node id), its slot goes back to its own node; another spare, a limp or a wait follows"),
