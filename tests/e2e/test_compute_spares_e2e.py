@@ -309,3 +309,26 @@ def test_a_spare_google_may_delete_that_a_person_deletes_is_never_inserted_again
     assert rc == 0, out
     assert writes(sim) == [], sim.world.calls
     assert not any(r.name == "sp" for r in sim.world.instances())
+
+
+@pytest.mark.parametrize(("custom", "spares"), [("vm.corp.example", "sp.corp.example"), ("trainer.corp.example", "")])
+def test_a_spare_is_inserted_with_a_hostname_of_its_own_never_the_jobs_vms(
+        sim: Simulator, rest: RestFace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, custom: str,
+        spares: str) -> None:
+    """The job's VM has a custom hostname, which `init` captures: a spare made from that spec
+    takes its own name in its place (or the default, its own name, when the hostname is not the
+    VM's name), never the job's VM's; the job's VM made again keeps its own."""
+    from tpuwatch.cloud.compute.adapter import ComputeAdapter
+    from tpuwatch.config import load_config
+    from tpuwatch.recreate import start_spare_create
+
+    sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}, "hostname": custom})
+    cfg, env, _ = spared(sim, rest, tmp_path, ["sp"])
+    assert sim.world.instance("vm").hostname == custom
+    monkeypatch.setenv("TPUWATCH_COMPUTE_EMULATOR", env["TPUWATCH_COMPUTE_EMULATOR"])
+    config = load_config(cfg)
+    assert config.tpu["compute_spec"]["instance"]["hostname"] == custom  # as init saw it
+    start_spare_create(ComputeAdapter(sim.project, sim.zone, "instance"), config, "sp", sim.zone)
+    sim.world.wait_for(lambda w: any(r.name == "sp" for r in w.instances()), timeout=30)
+    assert sim.world.instance("sp").hostname == spares
+    assert sim.world.instance("vm").hostname == custom
