@@ -179,6 +179,9 @@ def test_a_preempted_high_priority_job_takes_the_low_ones_node_and_hands_its_own
         # said plainly: status shows node lo held by job hi, taken from job lo, and why
         shown = status(lo, env)
         assert "runs on lo, taken from job lo of a lower priority" in shown, shown
+        # and lo's own side: its node lent to job hi, and why it waits
+        assert "slice lo lent to job hi, which asked for its node with a higher priority; waiting for a node " \
+               "handed back or a spare" in json.loads(shown)[0]["config_job"]["job"], shown
         sim.inject("clear-errors")
         lines.wait(lambda: on(sim, "hi", "lo", 2) is not None, "job lo's attempt 2 on node hi, made again", 150)
         given = labels(sim, "hi")
