@@ -137,7 +137,8 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
                 if not part.usable]
         if any(part.state in BRIEF_STATES for _, part in lost):
             lost = []
-        if vanished := [(slot, part) for slot, part in lost if part.state == "MISSING" and not removed(draft, mem, slot)]:
+        if vanished := [(slot, part) for slot, part in lost
+                        if part.state == "MISSING" and not removed(draft, mem, slot)]:
             return person_deleted(draft, mem, vanished)
     elif node is None and len(cfg.slices) == 1 and not mem.limp.out and mem.limp.node_of(cfg.slices[0]):
         # a pool of one slot whose node is gone (a VM Google deleted at its preemption; a slot lent
@@ -188,8 +189,8 @@ def removed(draft: Draft, mem: Memory, slot: str) -> bool:
     replaces it), a node whose queued resource the service took back, a VM Google says it deleted
     (policy/google.py); a slot lent to another job is bound to none (policy/priority.py). Anything
     else gone was deleted by a person."""
-    cfg = draft.cfg
-    return (not mem.limp.node_of(slot) or mem.limp.node_of(slot) in mem.limp.remaking or (bool(cfg.queued_resource) and len(cfg.slices) > 1)
+    cfg, name = draft.cfg, mem.limp.node_of(slot)
+    return (not name or name in mem.limp.remaking or (bool(cfg.queued_resource) and len(cfg.slices) > 1)
             or (draft.obs.queued is not None and draft.obs.queued.ended) or bool(google.deleted(draft, mem)))
 
 
@@ -200,11 +201,13 @@ def person_deleted(draft: Draft, mem: Memory, deleted: Sequence[tuple[str, NodeS
     mem, final = end_lost(draft, mem, deleted)
     if final is not None:
         return final
-    said = ", ".join(f"slice {draft.cfg.slices.index(slot)} ({slot}) on {mem.limp.node_of(slot)}" for slot, _ in deleted)
+    said = ", ".join(f"slice {draft.cfg.slices.index(slot)} ({slot}) on {mem.limp.node_of(slot)}"
+                     for slot, _ in deleted)
     return draft.halt(mem, "node_missing",
                       f"{said} is missing in {mem.zone} and tpuwatch did not delete it: a person did; tpuwatch never "
                       "swaps a spare in for a node a person deleted. Create it again (or take it out of tpu.names) "
-                      "and run tpuwatch again", tuple(f"nodes/{mem.limp.node_of(slot)}: not found" for slot, _ in deleted))
+                      "and run tpuwatch again",
+                      tuple(f"nodes/{mem.limp.node_of(slot)}: not found" for slot, _ in deleted))
 
 
 def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
