@@ -85,6 +85,11 @@ class Snapshot:
     spares: int = 0
     spares_ready: int = 0
     slices_swapped: int = 0
+    # a job with a priority (job.priority; None: off): its slots lent to a job of higher priority,
+    # and the nodes it took from one of lower priority (policy/priority.py)
+    priority: int | None = None
+    slots_lent: int = 0
+    nodes_taken: int = 0
 
 
 def goodput(job: str, events: Sequence[JournalEvent], attempts: Sequence[AttemptRow], now: datetime) -> float | None:
@@ -129,6 +134,7 @@ def snapshot(report: Any, journal: Journal, pcfg: PolicyConfig,
         spares=len(pcfg.spares), slices_swapped=len(mem.limp.swapped),
         spares_ready=sum(1 for _, part in report.spares
                          if not unfit(pcfg.job, report.node, part, mem.limp.bad)) if pcfg.spares else 0,
+        priority=pcfg.priority, slots_lent=len(mem.limp.lent), nodes_taken=len(mem.limp.took),
     )
 
 
@@ -180,6 +186,13 @@ def families(s: Snapshot, now: datetime, *, api: bool = True) -> Iterator[Metric
                      "owned, of its shape, not failed their checks)", s.spares_ready, job)
         yield _gauge("tpuwatch_slices_swapped", "its slices that run on a spare (or a node swapped out before) "
                      "instead of their own node", s.slices_swapped, job)
+    if s.priority is not None:
+        yield _gauge("tpuwatch_job_priority", "job.priority (a job of higher priority may take a node of one of "
+                     "lower priority)", s.priority, job)
+        yield _gauge("tpuwatch_slots_lent", "its slots whose node it lent to a job of higher priority, not given "
+                     "a node back yet", s.slots_lent, job)
+        yield _gauge("tpuwatch_nodes_taken", "the nodes it runs on that it took from a job of lower priority, "
+                     "not traded back yet", s.nodes_taken, job)
     if api:
         yield from api_families(s.job, s.api_requests, s.api_errors)
     yield _gauge("tpuwatch_last_tick_timestamp_seconds", "when the last tick began", s.time.timestamp(), job)

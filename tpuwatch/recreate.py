@@ -204,7 +204,24 @@ def start_spare_create(tpu: TpuApi, cfg: Config, name: str, zone: str) -> str:
     and `tpuwatch-launch = "false"`: a startup script sets the spare up and never starts the job
     at boot (it would start attempt 1 from scratch on an idle spare); the watcher launches there."""
     node, _ = api_for(cfg).create_body(cfg, zone, launch_parts(cfg, {"launch": "false"}))
-    return tpu.create_node(name, node, zone)
+    return tpu.create_node(name, spare_hostname(node, name, cfg.tpu_name), zone)
+
+
+def spare_hostname(body: dict[str, Any], name: str, own: str) -> dict[str, Any]:
+    """The insert body of spare `name` made from the job's node `own`'s saved one, with no
+    hostname of another VM's: two VMs must not share one (a Compute Engine instance's custom
+    `hostname`, RFC1035, fully qualified). One whose first label is `own` becomes the spare's
+    (`own.corp.example` -> `name.corp.example`); any other is dropped: the spare takes the
+    default, its own name in the zone's DNS."""
+    host = str(body.get("hostname") or "")
+    if not host or name == own:
+        return body
+    first, _, rest = host.partition(".")
+    mine = f"{name}.{rest}" if first == own and rest else ""
+    out = {k: v for k, v in body.items() if k != "hostname"}
+    if mine and len(mine) <= 253:
+        out["hostname"] = mine
+    return out
 
 
 def start_pool_create(tpu: TpuApi, cfg: Config, name: str, zone: str, pool: str) -> str:

@@ -345,8 +345,13 @@ class Reconciler:
             # the nodes the job's slices run on (a spare in a lost slice's place)
             # ("": a slot lent to another job runs nowhere)
             nodes = [n for s in self.pcfg.slices if (n := mem.limp.node_of(s))] or [self.pcfg.tpu_name]
-            events, cursor = audit.read(nodes, self.journal.audit_cursor(),
-                                        self._worker_instances(node))
+            # and the pool's idle VMs Google may delete itself: its word decides whether one gone
+            # is made again (policy/spares.py); each is its own one worker
+            idle = [n for n in (*mem.limp.deletes, *mem.limp.vanished) if n not in nodes]
+            instances = self._worker_instances(node)
+            if idle:
+                instances = {**(instances or {}), **{n: (n, "0") for n in idle}}
+            events, cursor = audit.read([*nodes, *idle], self.journal.audit_cursor(), instances)
         except CloudError as exc:
             # The job can be kept alive without the audit log; it only loses one kind of evidence.
             warnings.append(f"audit log not read: {exc.message}")

@@ -281,3 +281,54 @@ def test_an_announced_maintenance_moves_the_job_onto_the_spare_instance_and_star
     assert sim.world.calls["compute.v1.Instances/PerformMaintenance"] == 1 and sim.world.instance("sp").status == \
         "RUNNING", sim.world.calls
     assert writes(sim) == ["Instances/PerformMaintenance"], sim.world.calls
+
+
+def test_a_spare_google_may_delete_that_a_person_deletes_is_never_inserted_again(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    """An idle Spot spare with termination action DELETE that a person deletes goes as one Google
+    preempts (stopping, then gone), but the audit log says nothing of it: it waits for Google's
+    word, and is never inserted again meanwhile."""
+    deletes = {"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE"}
+    for name in ("vm", "sp"):
+        sim.world.add_instance(name, body={"labels": {"tpuwatch-job": "vm"}, "scheduling": deletes})
+    cfg, env, go = spared(sim, rest, tmp_path, ["sp"])
+    proc = watch_process(cfg, env)
+    try:
+        wait_while_watched(lambda: on(sim, "vm", 1) is not None and (m := job_memory(tmp_path / "state", "vm"))
+                           is not None and m.limp.deletes == ("sp",), proc, "attempt 1 on vm, the spare seen")
+        sim.world.delete_instance(sim.project, sim.zone, "sp")  # a person's instances.delete
+        wait_while_watched(lambda: (m := job_memory(tmp_path / "state", "vm")) is not None
+                           and m.limp.vanished == ("sp",), proc, "the spare seen gone, Google's word waited for")
+        assert writes(sim) == [], sim.world.calls  # no insert (the person's delete is the world's, not a call)
+        assert (m := job_memory(tmp_path / "state", "vm")) is not None and m.limp.remaking == ()
+        (go / "100").touch()
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    assert writes(sim) == [], sim.world.calls
+    assert not any(r.name == "sp" for r in sim.world.instances())
+
+
+@pytest.mark.parametrize(("custom", "spares"), [("vm.corp.example", "sp.corp.example"), ("trainer.corp.example", "")])
+def test_a_spare_is_inserted_with_a_hostname_of_its_own_never_the_jobs_vms(
+        sim: Simulator, rest: RestFace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, custom: str,
+        spares: str) -> None:
+    """The job's VM has a custom hostname, which `init` captures: a spare made from that spec
+    takes its own name in its place (or the default, its own name, when the hostname is not the
+    VM's name), never the job's VM's; the job's VM made again keeps its own."""
+    from tpuwatch.cloud.compute.adapter import ComputeAdapter
+    from tpuwatch.config import load_config
+    from tpuwatch.recreate import start_spare_create
+
+    sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}, "hostname": custom})
+    cfg, env, _ = spared(sim, rest, tmp_path, ["sp"])
+    assert sim.world.instance("vm").hostname == custom
+    monkeypatch.setenv("TPUWATCH_COMPUTE_EMULATOR", env["TPUWATCH_COMPUTE_EMULATOR"])
+    config = load_config(cfg)
+    assert config.tpu["compute_spec"]["instance"]["hostname"] == custom  # as init saw it
+    start_spare_create(ComputeAdapter(sim.project, sim.zone, "instance"), config, "sp", sim.zone)
+    sim.world.wait_for(lambda w: any(r.name == "sp" for r in w.instances()), timeout=30)
+    assert sim.world.instance("sp").hostname == spares
+    assert sim.world.instance("vm").hostname == custom

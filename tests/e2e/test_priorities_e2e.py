@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +33,7 @@ from e2e_helpers import (
     wait_while_watched,
     write_config,
 )
+from prometheus_client.parser import text_string_to_metric_families
 
 from tpuwatch.cloud.tpu.adapter import TpuAdapter
 from tpuwatch.errors import UsageError
@@ -79,6 +83,29 @@ def history(cfg: Path, env: dict[str, str]) -> list[dict[str, object]]:
     out = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "history", "-c", str(cfg), "--json"], env=env,
                          text=True, capture_output=True, timeout=60).stdout
     return list(json.loads(out)["attempts"])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def parse(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def value(got: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, job: str) -> float | None:
+    return got.get((name, frozenset({"job_name": job}.items())))
+
+
+def scrape(port: int) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            return r.status, r.read().decode()
+    except (urllib.error.URLError, OSError) as exc:
+        return getattr(exc, "code", 0), ""
 
 
 def status(cfg: Path, env: dict[str, str]) -> str:
@@ -157,7 +184,9 @@ def test_a_preempted_high_priority_job_takes_the_low_ones_node_and_hands_its_own
     hi, go_hi = job(sim, tmp_path, "hi", 500, spot=True)
     lo, go_lo = job(sim, tmp_path, "lo", 100)
     env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
-    proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(hi), "-c", str(lo), "--json"],
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(hi), "-c", str(lo), "--json",
+                             "--metrics-port", str(port)],
                             env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     lines = Lines(proc)  # its JSON read as it comes: a full pipe would stall the watcher
     overlap = Overlap(sim)
@@ -183,6 +212,16 @@ def test_a_preempted_high_priority_job_takes_the_low_ones_node_and_hands_its_own
         pre = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "precheck", "-c", str(lo)], env=env,
                              text=True, capture_output=True, timeout=60)
         assert pre.returncode == 1 and "job lo's slice lo is lent to job hi" in pre.stderr, (pre.stdout, pre.stderr)
+        # and lo's own side: its node lent to job hi, and why it waits
+        assert "slice lo lent to job hi, which asked for its node with a higher priority; waiting for a node " \
+               "handed back or a spare" in json.loads(shown)[0]["config_job"]["job"], shown
+        # and the metrics: each job's priority, lo's slot lent, hi's node taken
+        code, text = scrape(port)
+        got = parse(text)
+        assert code == 200 and [value(got, name, job) for name, job in (
+            ("tpuwatch_job_priority", "hi"), ("tpuwatch_job_priority", "lo"), ("tpuwatch_slots_lent", "lo"),
+            ("tpuwatch_slots_lent", "hi"), ("tpuwatch_nodes_taken", "hi"), ("tpuwatch_nodes_taken", "lo"))] == [
+            500, 100, 1, 0, 1, 0], text
         sim.inject("clear-errors")
         lines.wait(lambda: on(sim, "hi", "lo", 2) is not None, "job lo's attempt 2 on node hi, made again", 150)
         given = labels(sim, "hi")

@@ -356,3 +356,27 @@ def test_a_job_on_one_node_is_swapped_onto_its_spare_and_its_node_made_again_as_
     assert "slice 0 (pod) on sp-0 instead of pod (PREEMPTED)" in out, out
     assert [(a["outcome"], a["charged"]) for a in attempts(cfg, env)] == [("disruption", False), ("success", False)]
     assert sim.world.call_count("DeleteNode") == 1 and sim.world.call_count("CreateNode") == 1
+
+
+def test_a_job_on_one_node_a_person_deleted_stops_for_a_person_not_swapped_onto_its_spare(
+        sim: Simulator, tmp_path: Path) -> None:
+    """A person deletes the node of a job on one node with a spare (perhaps to stop the job): no
+    word says Google or tpuwatch did, so the job stops for a person (`node_missing`, exit 1) as
+    without spares; nothing runs on the spare, nothing is made again."""
+    for name in ("pod", "sp-0"):
+        sim.create_node(name, "v4-8", labels={"tpuwatch-job": "ms"})
+    ck = sim.bucket / "ck"
+    cfg = write_config(tmp_path / "tpuwatch.toml", sim, trainer(ck, "", steps=STEPS), ck, tpu={"spares": ["sp-0"]},
+                       name="pod", spec=SPEC)
+    cfg.write_text(cfg.read_text().replace("[job]", '[job]\nname = "ms"', 1))  # the job "ms", as the labels say
+    env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
+    TpuAdapter(sim.project, sim.zone).delete_node("pod")
+    sim.world.wait_for(lambda w: not w.has_node("pod"), timeout=30)
+    run = cli_process.run(["check", "-c", str(cfg), "--json"], env, timeout=120)
+    report = json.loads(run.stdout)
+    assert run.returncode == 1 and report["row"] == "node_missing", (run.returncode, report)
+    assert report["spares"]["swapped"] == {}, report["spares"]
+    with pytest.raises(UsageError):
+        sim.hosts.pids(sim.node_key("pod"), 0)
+    assert not [p for p in sim.hosts.pids(sim.node_key("sp-0"), 0) if trainer_env(p, "ms") is not None]
+    assert sim.world.call_count("CreateNode") == 0 and sim.world.call_count("DeleteNode") == 1  # the person's

@@ -10,7 +10,7 @@ from dataclasses import replace
 from policy_support import CFG, JOB, LIMPS, ckpt, kinds, limp_look, limp_part, pre, run_mem, tick
 from policy_support import LIMP_SLICES as SLICES
 
-from tpuwatch.model import WorkerProbe, combine_slices
+from tpuwatch.model import AuditEvent, WorkerProbe, combine_slices
 from tpuwatch.policy import Limp, Memory, Observation, Phase, RemakeSpare, StopWorkers
 from tpuwatch.policy.spares import unfit
 from tpuwatch.policy.state import GoogleStop
@@ -357,50 +357,131 @@ def test_a_slice_past_a_failed_repair_with_no_spare_free_is_made_again_after_the
     assert d.row in ("spare_wait", "spare_remake") and "s2 to be made again" in d.summary, (d.row, d.summary)
 
 
-def test_a_node_google_deletes_itself_is_made_again_once_gone_swapped_out_or_idle() -> None:
+def preempted(name: str, t: float) -> AuditEvent:
+    from policy_support import at
+
+    return AuditEvent(time=at(t), kind="terminate", node=name, worker="0", method="compute.instances.preempted",
+                      reason="", insert_id=f"{name}-{t}", resource_name=f"projects/p/zones/z/instances/{name}")
+
+
+def test_a_node_google_deletes_itself_is_made_again_once_gone_with_the_audit_logs_word_for_it() -> None:
     """A Compute Engine VM whose termination action is DELETE: Google deletes it at its
-    preemption. Swapped out so, or seen so idle, it is made again once gone, with no delete of
-    tpuwatch's; one not the job's, or with no spec to make it from, is not."""
+    preemption. Swapped out so, or seen so idle, it is made again once gone and the audit log
+    says Google preempted it (read while it went, or after), with no delete of tpuwatch's; one
+    not the job's, or with no spec to make it from, is not."""
     mem = run_mem(step=100)
-    deleting = replace(limp_part("s2", "DELETING"), google_deleting="a Spot VM with termination action DELETE is STOPPING")
+    deleting = replace(limp_part("s2", "DELETING"), google_deleting="a Spot VM with termination action DELETE is STOPPING",
+                       google_deletes=True)
     d = tick(limp_look({}, mem, spares=("x0",), parts={"s2": deleting}, probes=probes_with_slice_down(2),
-                       checkpoint=ckpt(200)), mem, 600, cfg=REMADE)
-    assert d.row == "swap" and d.memory.limp.swapped == (("s2", "x0"),) and d.memory.limp.remaking == ("s2",)
-    assert not [a for a in d.actions if isinstance(a, RemakeSpare)]  # Google deletes it: tpuwatch does not
+                       checkpoint=ckpt(200), events=(preempted("s2", 590),)), mem, 600, cfg=REMADE)
+    assert d.row == "swap" and d.memory.limp.swapped == (("s2", "x0"),) and d.memory.limp.said == ("s2",)
+    assert d.memory.limp.remaking == () and not [a for a in d.actions if isinstance(a, RemakeSpare)]
     later = replace(d.memory, phase=Phase.RUNNING)
-    gone = tick(limp_look({}, later, spares=("x0",), parts={"s2": None}, probes=running_all()), later, 630,
-                cfg=REMADE)
+    going = tick(limp_look({}, later, spares=("x0",), parts={"s2": deleting}, probes=running_all()), later, 610,
+                 cfg=REMADE)
+    assert going.memory.limp.deletes == ("s2",) and not [a for a in going.actions if isinstance(a, RemakeSpare)]
+    gone = tick(limp_look({}, going.memory, spares=("x0",), parts={"s2": None}, probes=running_all()), going.memory,
+                630, cfg=REMADE)
     assert gone.row == "spare_remake" and [(a.name, a.create) for a in gone.actions
                                            if isinstance(a, RemakeSpare)] == [("s2", True)]
-    # idle: taken as one to make again while Google deletes it, created once gone
+    # idle: never deleted by tpuwatch beside Google; gone, made again once the word comes
     idle = replace(deleting, name="x0")
     seen = tick(limp_look({}, mem, spares=("x0",), parts={"x0": idle}, probes=running_all()), mem, 600, cfg=REMADE)
-    assert seen.memory.limp.remaking == ("x0",) and not [a for a in seen.actions if isinstance(a, RemakeSpare)]
+    assert seen.memory.limp.deletes == ("x0",) and not [a for a in seen.actions if isinstance(a, RemakeSpare)]
+    waits = tick(limp_look({}, seen.memory, spares=("x0",), parts={"x0": None}, probes=running_all()), seen.memory,
+                 610, cfg=REMADE)
+    assert waits.memory.limp.vanished == ("x0",) and not [a for a in waits.actions if isinstance(a, RemakeSpare)]
+    word = tick(limp_look({}, waits.memory, spares=("x0",), parts={"x0": None}, probes=running_all(),
+                          events=(preempted("x0", 598),)), waits.memory, 620, cfg=REMADE)
+    assert [(a.name, a.create) for a in word.actions if isinstance(a, RemakeSpare)] == [("x0", True)]
     for part, cfg in ((replace(idle, labels={"tpuwatch-job": "other"}), REMADE), (idle, SPARES)):
-        d = tick(limp_look({}, mem, spares=("x0",), parts={"x0": part}, probes=running_all()), mem, 600, cfg=cfg)
-        assert d.memory.limp.remaking == (), part
+        first = tick(limp_look({}, mem, spares=("x0",), parts={"x0": part}, probes=running_all()), mem, 600, cfg=cfg)
+        d = tick(limp_look({}, first.memory, spares=("x0",), parts={"x0": None}, probes=running_all(),
+                           events=(preempted("x0", 598),)), first.memory, 610, cfg=cfg)
+        assert d.memory.limp.remaking == () and not [a for a in d.actions if isinstance(a, RemakeSpare)], part
 
 
-def test_a_pool_of_one_whose_vm_google_deleted_is_gone_swaps_at_once_and_makes_it_again_once_gone() -> None:
+def test_a_spare_google_may_delete_gone_with_no_word_from_google_is_dropped_never_made_again() -> None:
+    """An idle Spot VM with termination action DELETE that a person deletes looks as one Google
+    preempts (stopping, then gone), but the audit log says nothing of it: after 3 min it is
+    dropped and said so (row `spare_gone`), never inserted again."""
+    mem = run_mem(step=100)
+    idle = replace(limp_part("x0", "DELETING"), google_deleting="a Spot VM with termination action DELETE is STOPPING",
+                   google_deletes=True)
+    seen = tick(limp_look({}, mem, spares=("x0",), parts={"x0": idle}, probes=running_all()), mem, 600, cfg=REMADE)
+    gone = limp_look({}, mem, spares=("x0",), parts={"x0": None}, probes=running_all())
+    waits = tick(gone, seen.memory, 610, cfg=REMADE)
+    assert waits.memory.limp.vanished == ("x0",) and waits.row == "running", waits.row
+    still = tick(gone, waits.memory, 610 + 170, cfg=REMADE)
+    assert still.memory.limp.vanished == ("x0",)
+    late = tick(gone, still.memory, 610 + 181, cfg=REMADE)
+    assert late.row == "spare_gone" and "x0 gone with no word from Google" in late.summary
+    assert late.memory.limp.vanished == () and late.memory.limp.remaking == ()
+    assert not [a for a in late.actions if isinstance(a, RemakeSpare)]
+    after = tick(gone, late.memory, 610 + 300, cfg=REMADE)
+    assert after.row != "spare_remake" and after.memory.limp.remaking == ()
+
+
+def test_a_pool_of_one_whose_vm_google_deleted_is_gone_swaps_once_google_says_so_and_makes_it_again() -> None:
     """A job on one Compute Engine VM (a pool of one slot, `pod`) whose VM, one Google deletes
     itself (termination action DELETE) and owned as last seen, is gone between two ticks: the job
-    moves to the spare at once, and the VM is made again; one not known so is swapped out only."""
+    waits for the audit log's word, then moves to the spare and the VM is made again."""
+    from policy_support import at
+
     one = replace(CFG, slices=("pod",), recreatable=False, spares=("sp",), spares_remade=True)
     spare = replace(limp_part("sp"), labels={"tpuwatch-job": JOB})
     mem = run_mem(step=100, google=GoogleStop(node_id="n1", owned=True, deletes=True))
     seen = Observation(node=None, spares=(("sp", spare),), checkpoint=ckpt(200))
-    d = tick(seen, mem, 600, cfg=one)
-    assert d.row == "swap" and d.memory.limp.swapped == (("pod", "sp"),) and d.memory.limp.remaking == ("pod",)
-    [end] = d.ended
+    waiting = tick(seen, mem, 600, cfg=one)
+    assert waiting.row == "google_delete_wait" and waiting.memory.limp.swapped == () and waiting.exit_code == 0
+    [end] = waiting.ended  # the attempt on the VM gone ends while the word is waited for
     assert end.outcome == "disruption" and not end.charged
+    word = AuditEvent(time=at(590), kind="terminate", node="pod", worker="0", method="compute.instances.preempted",
+                      reason="", insert_id="p", resource_name="projects/p/zones/z/instances/pod")
+    d = tick(replace(seen, events=(word,)), waiting.memory, 602, cfg=one)
+    assert d.row == "swap" and d.memory.limp.swapped == (("pod", "sp"),) and d.memory.limp.remaking == ("pod",)
     assert "slice 0 (pod) on sp instead of pod (MISSING)" in d.summary
     later = replace(d.memory, phase=Phase.RUNNING)
     view = combine_slices("pod", [spare])
     again = tick(Observation(node=view, spares=(("pod", None),), probes=tuple(
         WorkerProbe(w, "running", attempt=1, pid=w) for w in range(2))), later, 630, cfg=one)
     assert [(a.name, a.create) for a in again.actions if isinstance(a, RemakeSpare)] == [("pod", True)]
-    person = tick(seen, run_mem(step=100, google=GoogleStop(node_id="n1", owned=True)), 600, cfg=one)
-    assert person.row == "swap" and person.memory.limp.remaking == ()  # a deletion not Google's: not made again
+
+
+def test_a_node_a_person_deleted_is_never_swapped_away_from() -> None:
+    """No word from Google (nor a delete of tpuwatch's): a person deleted the node, perhaps to stop
+    the job. A pool of one stops for a person as it does without spares (`node_missing`), after
+    the audit log's grace for a VM Google may delete; so does a job over slices made one by one
+    with a slice gone; a slice of a multislice queued resource gone is Google's autorepair."""
+    one = replace(CFG, slices=("pod",), recreatable=False, spares=("sp",), spares_remade=True)
+    spare = replace(limp_part("sp"), labels={"tpuwatch-job": JOB})
+    seen = Observation(node=None, spares=(("sp", spare),), checkpoint=ckpt(200))
+    tpu = tick(seen, run_mem(step=100), 600, cfg=one)  # a TPU node (Google never deletes one itself)
+    assert tpu.row == "node_missing" and tpu.exit_code == 1 and tpu.memory.limp.swapped == ()
+    [end] = tpu.ended
+    assert not end.charged
+    vm = run_mem(step=100, google=GoogleStop(node_id="n1", owned=True, deletes=True))
+    waiting = tick(seen, vm, 600, cfg=one)
+    assert waiting.row == "google_delete_wait"
+    late = tick(seen, waiting.memory, 600 + 181, cfg=one)
+    assert late.row == "node_missing" and late.memory.limp.swapped == () and late.memory.limp.remaking == ()
+    # bound to a spare that a person deleted: not swapped back onto the node it replaced
+    onto = run_mem(step=100, limp=Limp(swapped=(("pod", "sp"),)))
+    idle = replace(limp_part("pod"), labels={"tpuwatch-job": JOB})
+    back = tick(Observation(node=None, spares=(("pod", idle),), checkpoint=ckpt(200)), onto, 600, cfg=one)
+    assert back.row == "node_missing" and dict(back.memory.limp.swapped) == {"pod": "sp"}
+    # a slice of slices made one by one
+    mem = run_mem(step=100)
+    d = tick(limp_look({}, mem, spares=("x0",), parts={"s2": None}, probes=probes_with_slice_down(2),
+                       checkpoint=ckpt(200)), mem, 600, cfg=SPARES)
+    assert d.row == "node_missing" and d.exit_code == 1 and d.memory.limp.swapped == ()
+    assert "slice 2 (s2) on s2" in d.summary
+    assert [e.charged for e in d.ended] == [False]
+    # a slice of a multislice queued resource: Google's autorepair
+    request = replace(SPARES, queued_resource="qr")
+    d = tick(limp_look({}, mem, spares=("x0",), parts={"s2": None}, probes=probes_with_slice_down(2),
+                       checkpoint=ckpt(200)), mem, 600, cfg=request)
+    assert d.row == "swap" and d.memory.limp.swapped == (("s2", "x0"),)
 
 
 def test_a_slice_under_repair_is_not_deleted_while_creates_come_to_nothing_but_a_dead_one_is() -> None:

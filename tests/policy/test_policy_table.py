@@ -496,6 +496,14 @@ def test_row_spare_remake() -> None:
     assert d.row == "spare_remake" and kinds(d) == ["remake_spare"] and d.memory.limp.remaking == ("s2",)
 
 
+def test_row_spare_gone() -> None:
+    """More cases: tests/policy/test_policy_spares.py."""
+    mem = run_mem(step=100, limp=Limp(deletes=("x0",), vanished=("x0",), vanished_since=(at(0),)))
+    d = tick(limp_look({}, mem, spares=("x0",), parts={"x0": None}, probes=running(1, workers=8)), mem, now=181,
+             cfg=replace(LIMPS, min_slices=0, spares=("x0",), spares_remade=True))
+    assert d.row == "spare_gone" and d.memory.limp.vanished == () and "remake_spare" not in kinds(d)
+
+
 def test_row_spare_bad() -> None:
     """More cases: tests/policy/test_policy_spares.py."""
     mem = replace(run_mem(step=100), phase=Phase.IDLE, limp=Limp(swapped=(("s2", "x0"),)))

@@ -66,7 +66,8 @@ def full_snapshot() -> metrics.Snapshot:
         job="llm-pod", time=t, phase=Phase.RUNNING.value, attempt=3, restarts=1, max_restarts=3, recreates=1,
         max_recreates=2, restarts_charged_total=1, recreates_total=1, disruptions={"preempted": 1},
         checkpoint_step=100, checkpoint_time=t - timedelta(minutes=5), resumes=(42.0,), goodput=0.9,
-        api_requests={("tpu.googleapis.com", "get_node"): 7}, api_errors={("tpu.googleapis.com", "get_node"): 1})
+        api_requests={("tpu.googleapis.com", "get_node"): 7}, api_errors={("tpu.googleapis.com", "get_node"): 1},
+        priority=100, slots_lent=1, nodes_taken=1)
     for name, value in dataclasses.asdict(snap).items():
         assert value not in (None, {}, ()), f"full_snapshot() leaves {name} empty"
     return snap

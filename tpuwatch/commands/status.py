@@ -30,6 +30,7 @@ from tpuwatch.durations import human
 from tpuwatch.errors import CloudError, NotFoundError, UsageError
 from tpuwatch.model import AuditEvent, NodeSnapshot, QueuedStatus
 from tpuwatch.policy import priority
+from tpuwatch.policy.priority import LENT_BY
 from tpuwatch.ui.node import node_panel, relative
 from tpuwatch.ui.serialize import event_json, node_json, rfc3339
 from tpuwatch.wiring import slice_reader
@@ -60,7 +61,8 @@ then the active gcloud configuration.
   health, usable, health_description, maintenance_time, symptoms,
   upcoming_maintenance, workers, accelerator_type, topology,
   runtime_version, spot, preemptible, labels, metadata_keys,
-  events, job, resize_request.
+  events, job, resize_request, config_job (with -c: the config's
+  job when the node's label names another, e.g. a node it lent).
 Times are RFC 3339 UTC; an enum value unknown to this version
 shows as "UNKNOWN_ENUM_<n>".
 
@@ -69,15 +71,20 @@ Exit codes: 0 shown, 1 a named TPU does not exist, 2 bad usage,
 """
 
 
-def job_rows(node: NodeSnapshot) -> list[tuple[str, str]]:
+def job_rows(node: NodeSnapshot, job: str = "") -> list[tuple[str, str]]:
     """Rows for the job that runs on `node`, from its journal (found by the node's tpuwatch-job
     label in the state dir): its phase and attempt, the last environment checks (one line per
     failing item, with worker and value) and a checkpoint-age warning. [] when there is none.
+    `job`: the -c config's job, when the node's label names another (a node it lent to a job of
+    higher priority): that job's own row too, saying to whom and why it waits.
     """
+    rows: list[tuple[str, str]] = []
+    if job and (mine := journal_facts(node, job)) is not None:
+        rows.append(("lent by" if node.labels.get(LENT_BY) == job else "this job", mine["job"]))
     facts = journal_facts(node)
     if facts is None:
-        return []
-    rows = [("job", facts["job"])]
+        return rows
+    rows.append(("job", facts["job"]))
     pre = facts["precheck"]
     if pre is not None:
         from tpuwatch.workers.precheck import failing_lines, report_from_dict, summary
@@ -110,14 +117,18 @@ def request_json(request: QueuedStatus | None) -> dict[str, Any] | None:
     return {"name": request.name, "state": request.state, "since": rfc3339(request.since)}
 
 
-def journal_facts(node: NodeSnapshot) -> dict[str, Any] | None:
-    """What the job's journal says about the job on `node` (read-only), or None."""
+def journal_facts(node: NodeSnapshot, job: str = "") -> dict[str, Any] | None:
+    """What the job's journal says about the job on `node` (read-only), or None. `job`: another
+    job's journal than the one the node's ownership label names (-c's, when the node is not its
+    own now); None when that job's label is on the node (its facts are the node's)."""
     from tpuwatch.config import default_state_dir
     from tpuwatch.errors import TpuwatchError
     from tpuwatch.journal import Journal
     from tpuwatch.spec import OWNER_LABEL
 
-    job = node.labels.get(OWNER_LABEL, "")
+    if job and job == node.labels.get(OWNER_LABEL, ""):
+        return None
+    job = job or node.labels.get(OWNER_LABEL, "")
     if not job:
         return None
     try:
@@ -259,7 +270,9 @@ def command(
             "time": rfc3339(now),
             "nodes": [
                 {**node_json(n), "events": [event_json(e) for e in events.get(n.name, [])],
-                 "job": journal_facts(n), "resize_request": request_json(requests.get(n.name))}
+                 "job": journal_facts(n), "resize_request": request_json(requests.get(n.name)),
+                 # -c's job when the node's label names another (lent to it): its own facts too
+                 "config_job": journal_facts(n, cfg.job_name) if cfg is not None else None}
                 for n in nodes
             ],
             "missing": missing,
@@ -273,7 +286,7 @@ def command(
         for n in nodes:
             console.print(node_panel(n, now=now, events=events.get(n.name, []),
                                      job=[("made as", describe(n)), *request_rows(requests.get(n.name), now),
-                                          *job_rows(n)]))
+                                          *job_rows(n, cfg.job_name if cfg is not None else "")]))
         if events_error:
             click.echo(f"warning: audit log not read: {events_error}", err=True)
     for note in dict.fromkeys([*tpu.take_notes(), *(n for a in found_by.values() for n in a.take_notes())]):

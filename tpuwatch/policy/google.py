@@ -43,6 +43,7 @@ AUDIT_GRACE = 180.0
 def seen(draft: Draft, mem: Memory) -> Memory:
     """Memory that knows this tick's sighting of the node and the audit log's preemptions of it."""
     node, g = draft.obs.node, mem.google
+    names = watched(draft, mem)
     if node is not None and not node.google_deletes:
         if node.usable:
             g = GoogleStop()  # nothing to keep: up, and Google does not delete it (most nodes are such)
@@ -54,7 +55,7 @@ def seen(draft: Draft, mem: Memory) -> Memory:
                 g = replace(g, stopped_since=draft.now)
             booted = mem.boot.booted_at or node.create_time
             for ev in draft.obs.events:
-                if (not g.stopped and ev.node == draft.cfg.tpu_name and ev.method.endswith(STOPPED_BY_GOOGLE)
+                if (not g.stopped and ev.node in names and ev.method.endswith(STOPPED_BY_GOOGLE)
                         and (booted is None or ev.time >= booted)):
                     g = replace(g, stopped=f"audit {ev.method} at {ev.time.isoformat()}")
     elif node is not None:
@@ -65,12 +66,20 @@ def seen(draft: Draft, mem: Memory) -> Memory:
                     deleted=g.deleted or (f"seen going: {node.google_deleting}" if node.google_deleting else ""),
                     going_since=(g.going_since or draft.now) if node.google_deleting else None)
     for ev in draft.obs.events:
-        if (g.deletes and not g.deleted and ev.node == draft.cfg.tpu_name and ev.method.endswith(PREEMPTED)
+        if (g.deletes and not g.deleted and ev.node in names and ev.method.endswith(PREEMPTED)
                 and (g.created is None or ev.time >= g.created)):
             g = replace(g, deleted=f"audit {ev.method} at {ev.time.isoformat()}")
     if node is None and g.node_id and g.missing_since is None:
         g = replace(g, missing_since=draft.now)
     return mem if g == mem.google else replace(mem, google=g)
+
+
+def watched(draft: Draft, mem: Memory) -> frozenset[str]:
+    """The names the audit log calls the job's node by: its own, or for a job on one node with
+    spares (a pool of one slot) the node its slot is bound to (a spare in its place)."""
+    cfg = draft.cfg
+    bound = mem.limp.node_of(cfg.slices[0]) if len(cfg.slices) == 1 else ""
+    return frozenset({bound or cfg.tpu_name})
 
 
 def deleted(draft: Draft, mem: Memory) -> str:

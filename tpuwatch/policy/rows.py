@@ -87,13 +87,13 @@ ROWS: tuple[Row, ...] = (
         "without a queued resource)", "never delete a slice: needs a person (exit 1)"),
     Row("swap", "a multislice job with tpu.spares: slices it runs on are not READY+HEALTHY (as for `limp`: not a "
         "person's stop, nor a slice RESTARTING), or left out while it limps (a job on one node: its node not so, "
-        "or gone), and a spare is READY+HEALTHY, of the job's accelerator type (a MIG's: machine type and target "
-        "size), and carries the job's ownership label",
+        "or gone with Google's word for it or deleted by tpuwatch), and a spare is READY+HEALTHY, of the job's "
+        "accelerator type (a MIG's: machine type and target size), and carries the job's ownership label; never a node a person deleted (`node_missing`)",
         "journal the spare in the lost slice's place (its slice id); a disruption, not charged: stop the attempt on "
         "the slices still up and relaunch at once on the spare and the others from the newest complete checkpoint "
         "(MEGASCALE_* set by tpuwatch); a slice left out is grown back onto at the next checkpoint (`grow`). No "
-        "delete or create; the node swapped out is a spare once READY+HEALTHY again (one Google deletes itself, "
-        "or a VM Google deletes itself gone, owned as last seen, is made again: `spare_remake`)"),
+        "delete or create; the node swapped out is a spare once READY+HEALTHY again (a VM Google deleted, owned "
+        "as last seen, with the audit log's word for it, is made again: `spare_remake`)"),
     Row("pool_claim", "a job with tpu.spare_pool: a slot it runs in has no usable node (not a person's stop, nor a RESTARTING), none of its own spares is free (`swap` first), and an idle spare of the pool (tpuwatch-pool=<pool>, no tpuwatch-job) is READY+HEALTHY and of the job's accelerator type",
         "a disruption, not charged: stop the attempt; journal the claim, then label the spare tpuwatch-job=<job> (read again, written and waited for under the pool's lock in the state dir); the job swaps onto it as onto its own spare (`swap`) once its label says so"),
     Row("pool_return", "a job with tpu.spare_pool runs on (or waits) on a node of the pool (tpuwatch-pool=<pool>, labelled the job's) and a node of its own no slot holds (its lost node healed or made again; not one of its tpu.spares) is READY+HEALTHY",
@@ -103,15 +103,23 @@ ROWS: tuple[Row, ...] = (
         "there to make it from (while `spare_wait` waits, "
         "such a lost slice of the job's too; so is a slice a job that limps over slices made one by one with "
         "[tpu.spec] runs without; not one under repair while a create has come to nothing: it may still heal); "
-        "or one tpuwatch deleted so is gone; or Google deletes one itself (a "
-        "Compute Engine VM's termination action DELETE: `google_deleting`), owned and made alone, idle or swapped "
-        "out (`swap` takes it so); or, of the keeper of a spare pool (the one job holding its keeper lock in the state dir), an idle spare of the pool (its label, no job's) PREEMPTED / TERMINATED, or one the keeper deleted so gone", "journal it as one tpuwatch makes again, delete it (not one Google deletes); "
+        "or one tpuwatch deleted so is gone; or one Google deletes itself (a "
+        "Compute Engine VM's termination action DELETE), owned and made alone when last seen idle (or swapped out), "
+        "is gone and the audit log says Google preempted it (none yet: waited for 3 min, then `spare_gone`); or, of the keeper of a spare pool (the one job holding its keeper lock in the "
+        "state dir), an idle spare of the pool (its label, no job's) PREEMPTED / TERMINATED, or one the keeper "
+        "deleted so gone",
+        "journal it as one tpuwatch makes again, delete it (not one Google deletes); "
         "once gone, create it again from [tpu.spec] ([tpu.compute_spec.instance]: an instances.insert under its "
         "name) (one that came to nothing tried again as a queued create is: recovery.backoff_base, doubling to "
         "recovery.backoff_max). A spare neither tpuwatch nor Google deleted so is never created. A MIG (tpu.mig) is made "
         "again in place: recreateInstances of its instances, never a delete nor an insert (one gone is dropped). "
         "A pool's spare is deleted only while it is an idle spare of the pool (read again next to the delete) and "
         "created from the keeper's [tpu.spec] labelled tpuwatch-pool=<pool> and no job's"),
+    Row("spare_gone", "the job runs on or waits (nothing else to do this tick) and an idle node of the pool that Google "
+        "may delete itself (a Compute Engine VM's termination action DELETE), owned and made alone when last seen, "
+        "has been gone 3 min with no compute.instances.preempted about it in the audit log",
+        "a person deleted it: drop it, never make it again, and say so (with that word, it is made again: "
+        "`spare_remake`)"),
     Row("spare_bad", "before a launch, the launch-time checks fail on workers of a spare swapped in (after the "
         "cleanup of what tpuwatch can fix)", "not charged, nothing launched: the spare is not used again until it is "
         "made again (its node id), its slot goes back to its own node; another spare, a limp or a wait follows"),
@@ -171,8 +179,10 @@ ROWS: tuple[Row, ...] = (
         "from that checkpoint; a dead one taken back is recreated with the whole request (`dead_node`), never "
         "limped around again until it is made"),
     Row("recreate_budget_spent", "delete + create needed with max_recreates used", "failed (exit 1)"),
-    Row("node_missing", "node missing and tpuwatch did not delete it",
-        "needs a person (exit 1): never recreate a node a person deleted"),
+    Row("node_missing", "node missing and tpuwatch did not delete it, with no word that Google did (with tpu.spares: "
+        "the node a slot runs on, a job on one node, or a slice of slices made one by one; a slice of a multislice "
+        "queued resource gone is Google's autorepair)",
+        "needs a person (exit 1): never recreate a node a person deleted, nor swap a spare in for it"),
     Row("recreate_asked", "a person asked for a delete + create now (`tpuwatch recreate`, `tpuwatch check --recreate`: `Flags.recreate`), no operation in flight",
         "the recreate path, not charged to max_recreates: a running attempt ends as a disruption; an owned "
         "node is deleted, then created in the zone and the fallback zones as `create_after_delete`, `no_capacity` "

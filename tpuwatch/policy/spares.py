@@ -15,7 +15,9 @@ background); `early_swap` (policy/early.py) moves the job off a node with an ann
 maintenance. A swap itself never deletes or creates a node.
 
 A node Google deletes itself (a Compute Engine VM's termination action DELETE), owned and made
-alone, is made again once gone as one tpuwatch deleted.
+alone, is made again once gone as one tpuwatch deleted. A node a slot runs on that is gone with
+no word that Google or tpuwatch removed it (`removed`) was deleted by a person, perhaps to stop
+the job: never swapped away from; the job stops for a person (`node_missing`).
 
 A node may stand in only while it is READY+HEALTHY, of the accelerator type the job's slices
 have, and carries the job's ownership label: a spare a person deleted, stopped or relabelled is
@@ -30,6 +32,7 @@ from datetime import datetime, timedelta
 
 from tpuwatch.durations import human
 from tpuwatch.model import CheckItem, NodeSnapshot
+from tpuwatch.policy import google
 from tpuwatch.policy.backoff import backoff_delay
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.limp import BRIEF_STATES, end_lost, stop_waited
@@ -91,7 +94,36 @@ def track(draft: Draft, mem: Memory) -> Memory:
             if part is not None and node_condition(part) in COMING]
     if [n for n, _ in down] != list(limp.down):
         limp = replace(limp, down=tuple(n for n, _ in down), down_since=tuple(t for _, t in down))
+    limp = _google_word(draft, limp)
     return mem if limp == mem.limp else replace(mem, limp=limp)
+
+
+def _google_word(draft: Draft, limp: Limp) -> Limp:
+    """The pool's idle nodes Google may delete itself, and Google's word on them: a node seen so
+    (termination action DELETE, owned, made alone) that is gone is made again (`remaking`) only
+    once the audit log says Google preempted it (`said`, read while it ran or since); until then
+    it waits in `vanished` (a person's delete looks alike: a Spot VM stopping, then gone)."""
+    job, now = draft.cfg.job, draft.now
+    pool = {*draft.cfg.slices, *draft.cfg.spares, *(n for _, n in limp.swapped if n)}
+    seen = dict(draft.obs.spares)
+    # a word is about one VM: forgotten once a node of that name is seen up (made again, or not gone)
+    up = {n for n, part in draft.obs.spares if part is not None and part.usable}
+    said = tuple(dict.fromkeys((*(n for n in limp.said if n not in up),
+                                *(ev.node for ev in draft.obs.events
+                                  if ev.node in pool and ev.method.endswith(google.PREEMPTED)))))
+    deletes = tuple(n for n, part in draft.obs.spares if part is not None and part.google_deletes
+                    and part.owned_by(job) and not part.multislice_request)
+    since = dict(zip(limp.vanished, limp.vanished_since, strict=True))
+    for name in limp.deletes:  # last seen so, idle, and gone now
+        if name in seen and seen[name] is None and name not in since and name not in limp.remaking:
+            since[name] = now
+    # with no spec to make it from, one Google deleted is only no longer waited for
+    taken = [n for n in since if n in said and draft.cfg.spares_remade]
+    since = {n: t for n, t in since.items() if n not in said or n in taken}
+    vanished = [(n, t) for n, t in since.items() if n not in taken and n in seen and seen[n] is None]
+    return replace(limp, deletes=tuple(n for n in deletes if n not in limp.remaking), said=said,
+                   vanished=tuple(n for n, _ in vanished), vanished_since=tuple(t for _, t in vanished),
+                   remaking=(*limp.remaking, *(n for n in taken if n not in limp.remaking)))
 
 
 def swap(draft: Draft, mem: Memory) -> Decision | None:
@@ -112,9 +144,16 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
                 if not part.usable]
         if any(part.state in BRIEF_STATES for _, part in lost):
             lost = []
+        if vanished := [(slot, part) for slot, part in lost
+                        if part.state == "MISSING" and not removed(draft, mem, slot)]:
+            return person_deleted(draft, mem, vanished)
     elif node is None and len(cfg.slices) == 1 and not mem.limp.out and mem.limp.node_of(cfg.slices[0]):
         # a pool of one slot whose node is gone (a VM Google deleted at its preemption; a slot lent
-        # to another job, bound to no node, is policy/priority.py's)
+        # to another job, bound to no node, is policy/priority.py's). With no word that Google or
+        # tpuwatch removed it, the rows decide as without spares: a wait for the audit log's word
+        # (google_delete_wait), else a person's deletion (node_missing), never a swap away from it
+        if not removed(draft, mem, cfg.slices[0]):
+            return None
         lost = [(cfg.slices[0], _gone(mem.limp.node_of(cfg.slices[0])))]
     slots = [slot for slot, _ in lost] + out
     if not slots:
@@ -129,12 +168,12 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
         return final
     swapped = bind(cfg.slices, mem.limp, pairs)
     away = [mem.limp.node_of(slot) for slot, _ in gone]
-    # a node swapped out that Google deletes itself will not be back: made again once gone; so is
-    # the job's VM gone that Google deletes itself, owned as last seen (policy/google.py)
+    # the job's VM gone that Google deleted, owned as last seen (policy/google.py), is made again;
+    # one swapped out while it goes is, idle, once the audit log says Google deleted it (`track`)
     g = mem.google
-    deleted = [name for name, (_, part) in zip(away, gone, strict=True)
-               if cfg.spares_remade and name not in mem.limp.remaking and (
-                   google_deletes(cfg.job, part) or (node is None and g.deletes and g.owned))]
+    deleted = [name for name in away
+               if cfg.spares_remade and name not in mem.limp.remaking and node is None and g.owned
+               and bool(google.deleted(draft, mem))]
     mem = replace(mem, limp=replace(mem.limp, swapped=swapped, away=(*mem.limp.away, *away),
                                     away_since=(*mem.limp.away_since, *(now for _ in away)),
                                     remaking=(*mem.limp.remaking, *deleted)))
@@ -149,6 +188,33 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
     more = f"; no spare left for {', '.join(rest)}" if rest else ""
     return stop_waited(draft.out(mem, "swap", f"swapped for a spare: {said}{more}; {then}; the slice it "
                                                       "replaces is a spare once READY+HEALTHY again"))
+
+
+def removed(draft: Draft, mem: Memory, slot: str) -> bool:
+    """Whether the node slot `slot` runs on, found gone, was removed by Google or tpuwatch: one
+    tpuwatch deletes to make again, a slice of a multislice queued resource (Google's autorepair
+    replaces it), a node whose queued resource the service took back, a VM Google says it deleted
+    (policy/google.py); a slot lent to another job is bound to none (policy/priority.py). Anything
+    else gone was deleted by a person."""
+    cfg, name = draft.cfg, mem.limp.node_of(slot)
+    return (not name or name in mem.limp.remaking or (bool(cfg.queued_resource) and len(cfg.slices) > 1)
+            or (draft.obs.queued is not None and draft.obs.queued.ended) or bool(google.deleted(draft, mem)))
+
+
+def person_deleted(draft: Draft, mem: Memory, deleted: Sequence[tuple[str, NodeSnapshot]]) -> Decision:
+    """Slices the job runs on are gone and neither Google nor tpuwatch removed them (slices made
+    one by one): a person deleted them, perhaps to stop the job. As for a job on one node (row
+    `node_missing`), the attempt ends and a person decides; no spare is swapped in."""
+    mem, final = end_lost(draft, mem, deleted)
+    if final is not None:
+        return final
+    said = ", ".join(f"slice {draft.cfg.slices.index(slot)} ({slot}) on {mem.limp.node_of(slot)}"
+                     for slot, _ in deleted)
+    return draft.halt(mem, "node_missing",
+                      f"{said} is missing in {mem.zone} and tpuwatch did not delete it: a person did; tpuwatch never "
+                      "swaps a spare in for a node a person deleted. Create it again (or take it out of tpu.names) "
+                      "and run tpuwatch again",
+                      tuple(f"nodes/{mem.limp.node_of(slot)}: not found" for slot, _ in deleted))
 
 
 def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
@@ -222,13 +288,17 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
             if part is not None and name not in limp.remaking and remakable(cfg.job, part, since, now,
                                                                              cfg.repair_timeout)
             and not (refused and node_condition(part) is not Cond.DEAD)]
-    # one Google deletes itself (a Spot VM's termination action DELETE) is made again once gone,
-    # as one tpuwatch deleted: Google's delete stands for tpuwatch's
-    taken = [name for name, part, _ in candidates
-             if part is not None and name not in limp.remaking and google_deletes(cfg.job, part)]
-    if cfg.spares_remade and taken:
-        limp = replace(limp, remaking=(*limp.remaking, *taken))
-        dead = [(name, part) for name, part in dead if name not in taken]
+    # one Google deletes itself (a Spot VM's termination action DELETE) is never deleted by
+    # tpuwatch beside Google: made again once gone with the audit log's word for it (`track`)
+    dead = [(name, part) for name, part in dead if not google_deletes(cfg.job, part)]
+    # gone with no word from Google within its grace: a person deleted it; dropped, never made again
+    late = [n for n, t in zip(limp.vanished, limp.vanished_since, strict=True)
+            if (now - t).total_seconds() >= google.AUDIT_GRACE]
+    if late:
+        kept = [(n, t) for n, t in zip(limp.vanished, limp.vanished_since, strict=True) if n not in late]
+        limp = replace(limp, vanished=tuple(n for n, _ in kept), vanished_since=tuple(t for _, t in kept),
+                       deletes=tuple(n for n in limp.deletes if n not in late),
+                       said=tuple(n for n in limp.said if n not in late))
     action: RemakeSpare | None = None
     if gone and (limp.remake_at is None or now >= limp.remake_at):
         wait = backoff_delay(limp.remake_tries + 1, cfg.backoff_base, cfg.backoff_max, draft.obs.jitter)
@@ -249,6 +319,11 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
     if limp == mem.limp:
         return decision
     mem = replace(mem, limp=limp)
+    if action is None and late:
+        return replace(decision, memory=mem, row="spare_gone",
+                       summary=f"{decision.summary}; {', '.join(late)} gone with no word from Google that it deleted "
+                               f"it (no compute.instances.preempted in the audit log within "
+                               f"{human(google.AUDIT_GRACE)}): a person deleted it; not made again")
     if action is None:
         return replace(decision, memory=mem)
     return replace(decision, memory=mem, row="spare_remake", actions=(*decision.actions, action),

@@ -291,6 +291,13 @@ class Limp:
     # first seen so: past recovery.repair_timeout, one is made again as a dead one is
     down: tuple[str, ...] = ()
     down_since: tuple[datetime, ...] = ()
+    # idle nodes of the pool Google may delete itself (a Compute Engine VM's termination action
+    # DELETE), owned and made alone, as last seen; those the audit log said Google preempted; and
+    # those gone with no such word yet, since when: made again only once that word comes
+    deletes: tuple[str, ...] = ()
+    said: tuple[str, ...] = ()
+    vanished: tuple[str, ...] = ()
+    vanished_since: tuple[datetime, ...] = ()
     # [job] priority (policy/priority.py): slots whose node was lent to a job of higher priority
     # (slot -> that job; the slot is bound to no node, "" in `swapped`, until one is free), nodes
     # taken from a job of lower priority (node -> that job, until it is given one back), label

@@ -27,6 +27,8 @@ PROVISIONING_MODELS = ("STANDARD", "SPOT", "FLEX_START", "RESERVATION_BOUND")
 # How many chips each TPU machine type puts on one VM (the `-<n>t` suffix).
 MACHINE_TYPE = re.compile(r"^(tpu7x-standard|ct6e-standard|ct5p-hightpu|ct5lp-hightpu|ct4p-hightpu)-(\d+)t$")
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+# A custom Instance.hostname: RFC1035 labels, two or more, 253 characters at most
+HOSTNAME = re.compile(r"^(?=.{1,253}$)[a-z]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z]([-a-z0-9]{0,61}[a-z0-9])?)+$")
 
 
 def chips_of(machine_type: str) -> int:
@@ -85,6 +87,7 @@ class InstanceRec:
     labels: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
     description: str = ""
+    hostname: str = ""  # a custom hostname (Instance.hostname); "" for the default, which the API does not show
     image: str = ""  # the boot disk's source image (the runtime's role on Compute Engine)
     resource_policies: list[str] = field(default_factory=list)
     ip: str = ""

@@ -96,8 +96,9 @@ def instance_json(rec: InstanceRec, base: str) -> dict[str, Any]:
         "startRestricted": False,
         "deletionProtection": False,
         "fingerprint": fingerprint([rec.id, rec.status, rec.labels, rec.metadata]),
-        "hostname": f"{rec.name}.{rec.zone}.c.{rec.project}.internal",
     }
+    if rec.hostname:  # only a custom one: the default ([NAME].[ZONE].c.[PROJECT].internal) is not shown
+        out["hostname"] = rec.hostname
     if not rec.metadata:
         del out["metadata"]["items"]
     if rec.labels:

@@ -24,6 +24,7 @@ from tpuwatch.errors import UsageError
 from tpuwatch.sim import audit
 from tpuwatch.sim import metadata as md
 from tpuwatch.sim.cerecords import (
+    HOSTNAME,
     NAME,
     PROVISIONING_MODELS,
     ComputeOpRec,
@@ -269,6 +270,12 @@ class Instances(NodeFaults):
             if passed:  # a time that has passed, or no time at all
                 raise ComputeError("INVALID_ARGUMENT", f"Invalid value for field 'resource.scheduling.terminationTime': "
                                    f"'{ends}'. It must be a time in the future.", "invalid")
+        host = str(body.get("hostname") or "")
+        if host and not HOSTNAME.match(host):
+            # Google: "The specified hostname must be RFC1035 compliant"; a custom one is fully
+            # qualified (two labels or more), 253 characters at most
+            raise ComputeError("INVALID_ARGUMENT", f"Invalid value for field 'resource.hostname': '{host}'. "
+                               "Hostname must be RFC1035 compliant and fully qualified.", "invalid")
         meta = {str(i.get("key")): str(i.get("value", "")) for i in (body.get("metadata") or {}).get("items") or []}
         disks = body.get("disks") or [{}]
         image = str(((disks[0] or {}).get("initializeParams") or {}).get("sourceImage") or "")
@@ -287,6 +294,7 @@ class Instances(NodeFaults):
             labels={str(k): str(v) for k, v in (body.get("labels") or {}).items()},
             metadata=meta,
             description=str(body.get("description") or ""),
+            hostname=host,
             image=image,
             resource_policies=[str(p) for p in body.get("resourcePolicies") or []],
             nat_ip="nat" if (nics[0] or {}).get("accessConfigs") else "",
