@@ -152,3 +152,21 @@ def test_a_multislice_job_claims_a_pool_spare_for_its_lost_slice_and_runs_it_in_
     claimed = (zone[0], zone[1], part("sp-0", "m", pool="v5p"))
     s = tick(look(m, d.memory, claimed, probes=None, checkpoint=ckpt(200)), d.memory, 610, cfg=m)
     assert s.memory.limp.swapped == (("s1", "sp-0"),)
+
+
+def test_a_node_a_person_deleted_is_never_replaced_by_a_pool_spare() -> None:
+    """No word from Google or tpuwatch that the job's node went: a person deleted it, perhaps to
+    stop the job. The job stops for a person as without a pool (`node_missing`); no spare is claimed."""
+    mem = run_mem(step=100)
+    zone = (part("sp-0", None, pool="v5p"),)  # apod gone from the listing
+    d = tick(look(A, mem, zone, probes=DOWN, checkpoint=ckpt(200)), mem, 600, cfg=A)
+    assert d.row == "node_missing" and d.exit_code == 1, (d.row, d.summary)
+    assert relabels(d) == [] and d.memory.limp.swapped == ()
+    # a slice of a job over slices made one by one, gone: the same
+    m = replace(CFG, job="m", tpu_name="ms", slices=("s0", "s1"), recreatable=False, spare_pool="v5p",
+                spares_remade=True)
+    down = (*running(1), WorkerProbe(2, "unreachable"), WorkerProbe(3, "unreachable"))
+    zone = (part("s0", "m"), part("sp-0", None, pool="v5p"))  # s1 gone from the listing
+    d = tick(look(m, mem, zone, probes=down, checkpoint=ckpt(200)), mem, 600, cfg=m)
+    assert d.row == "node_missing" and "slice 1 (s1)" in d.summary, (d.row, d.summary)
+    assert relabels(d) == [] and d.memory.limp.swapped == ()

@@ -28,6 +28,7 @@ from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.limp import end_lost, stop_waited
 from tpuwatch.policy.nodes import Cond, node_condition
 from tpuwatch.policy.priority import lost_slots
+from tpuwatch.policy.spares import person_deleted, removed
 from tpuwatch.policy.state import Memory, Phase, move
 from tpuwatch.policy.values import Decision, Relabel, RemakeSpare, Wait
 
@@ -59,6 +60,14 @@ def claim(draft: Draft, mem: Memory) -> Decision | None:
                     and (not shapes or n.accelerator_type in shapes)), key=lambda n: n.name)
     if not lost or not found:
         return None
+    # a node gone with no word that Google or tpuwatch removed it: a person's deletion, never
+    # replaced by a pool spare (a job on one node: the rows decide as without a pool, node_missing)
+    if vanished := {s for s, p in lost if (p is None or p.state == "MISSING") and not removed(draft, mem, s)}:
+        node = draft.obs.node
+        if node is None or not node.slices:
+            return None
+        return person_deleted(draft, mem, [(s, p) for s, p in zip(mem.limp.slots(cfg.slices), node.slices, strict=True)
+                                           if s in vanished])
     target = found[0]
     mem, final = end_lost(draft, mem, [(s, p) for s, p in lost if p is not None])
     if final is not None:
