@@ -116,9 +116,10 @@ def test_a_crash_wakes_the_loop_at_once_as_the_products_follow_channels_do() -> 
 
 
 def test_goodput_never_beats_the_ideal_bound() -> None:
-    # three days at twice the rates of the six days this once ran: as many faults, half the ticks
-    p = Params(days=3)
-    dense = TraceConfig(maintenance=80, stuck=20, preemptions=40, stockouts=20, crashes=40, hangs=20)
+    # a day and a half at four times the rates of the six days this once ran: as many faults, a
+    # quarter of the ticks
+    p = Params(days=1.5)
+    dense = TraceConfig(maintenance=160, stuck=40, preemptions=80, stockouts=40, crashes=80, hangs=40)
     for seed in (0, 1):
         report = run_all(list(TOOLS.values()), make_trace(seed, p.days, p.workers, dense), p)
         ideal = report.ideal
