@@ -158,10 +158,11 @@ def test_the_benchmark_config_keeps_the_product_defaults() -> None:
 
 def test_fast_forward_gives_the_figures_of_every_tick() -> None:
     """Skipping idle ticks replays measured periods: the same world, decisions and API counts."""
-    # One day at twice the rates of the two days this once ran: the same number of faults (what
-    # the replay must get right) for half the ticks of the every-tick runs, which cost the most.
-    p = Params(days=1)
-    dense = TraceConfig(maintenance=120, stuck=30, preemptions=60, stockouts=30, crashes=60, hangs=90, bug_at=None)
+    # Half a day at four times the rates of the two days this once ran: the same number of faults
+    # (what the replay must get right) for a quarter of the ticks of the every-tick runs, which
+    # cost the most.
+    p = Params(days=0.5)
+    dense = TraceConfig(maintenance=240, stuck=60, preemptions=120, stockouts=60, crashes=120, hangs=180, bug_at=None)
     trace = make_trace(11, p.days, p.workers, dense)
     for cfg in (CONFIG, TUNED):
         fast = run_tool(tpuwatch_tool("t", "t", cfg, ""), trace, p)
