@@ -47,9 +47,9 @@ def tool(key: str) -> Tool:
 
 
 def test_same_seed_same_figures_and_other_seed_other_trace() -> None:
-    # one day at three times the default rates: the faults of three days, a third of the ticks
-    p = Params(days=1)
-    tc = TraceConfig(maintenance=24, stuck=6, preemptions=12, stockouts=6, crashes=12, hangs=6)
+    # half a day at six times the default rates: the faults of three days, a sixth of the ticks
+    p = Params(days=0.5)
+    tc = TraceConfig(maintenance=48, stuck=12, preemptions=24, stockouts=12, crashes=24, hangs=12)
     a = run_all(list(TOOLS.values()), make_trace(3, p.days, p.workers, tc), p)
     b = run_all(list(TOOLS.values()), make_trace(3, p.days, p.workers, tc), p)
     ja, jb = as_json(a), as_json(b)
@@ -326,10 +326,11 @@ def test_the_baselines_and_the_bound_do_not_act_on_announcements(kind: str) -> N
 
 
 def test_fast_forward_gives_the_figures_of_every_tick_with_announced_maintenance() -> None:
-    # one day at twice the rates of two days: as many faults, half the every-tick run's ticks
-    p = Params(days=1)
-    dense = TraceConfig(maintenance=60, crashes=30, hangs=30, bug_at=None, scheduled=90, unscheduled=90,
-                        notice_only=90, unscheduled_lead=7200.0)
+    # half a day at four times the rates of two days: as many faults, a quarter of the every-tick
+    # run's ticks
+    p = Params(days=0.5)
+    dense = TraceConfig(maintenance=120, crashes=60, hangs=60, bug_at=None, scheduled=180, unscheduled=180,
+                        notice_only=180, unscheduled_lead=7200.0)
     trace = make_trace(12, p.days, p.workers, dense)
     fast = run_tool(tpuwatch_tool("t", "t", CONFIG, ""), trace, p)
     slow = run_tool(tpuwatch_tool("t", "t", CONFIG, "", skip_idle=False), trace, p)
