@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tpuwatch import metrics, notify
+from tpuwatch import notify
 from tpuwatch.journal import Journal
+
+if TYPE_CHECKING:  # imported when a port or a file asks for it: prometheus_client and the report
+    # cost a `check` without metrics about 25 ms of its start-up
+    from tpuwatch import metrics
 
 
 @dataclass
@@ -35,6 +39,8 @@ class Outputs:
         targets = notify.targets_from_config(job.cfg)
         port = metrics_port if metrics_port is not None else (int(job.cfg.metrics["port"]) if serve else 0)
         exporter = None
+        if port or metrics_file is not None:
+            from tpuwatch import metrics
         if port:
             source = "--metrics-port" if metrics_port is not None else "metrics.port"
             exporter = metrics.Exporter(port, source, _stale_after(job))
@@ -61,6 +67,8 @@ class Outputs:
         if self.notifier is not None and not self.dry_run:
             self.notifier.after_tick(report)
         if self.exporter is not None:
+            from tpuwatch import metrics
+
             self.exporter.update(metrics.snapshot(report, self.journal, self.job.pcfg))
         return self.take_warnings()
 
@@ -77,6 +85,8 @@ class Outputs:
         if self.notifier is not None:
             self.notifier.close(flush)
         if self.metrics_file is not None and report is not None and not self.dry_run and self.journal is not None:
+            from tpuwatch import metrics
+
             metrics.write_textfile(self.metrics_file, report, self.journal, self.job.pcfg)
         if self.exporter is not None:
             if self.owns_exporter:
@@ -88,4 +98,6 @@ class Outputs:
 
 def _stale_after(job: Any) -> float:
     """How long /healthz waits for this job's next tick before it says stale."""
+    from tpuwatch import metrics
+
     return metrics.stale_limit(job.pcfg.poll_interval, metrics.longest_tick(job.cfg))

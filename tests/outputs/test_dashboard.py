@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import io
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -305,3 +307,13 @@ def test_a_job_with_spares_shows_each_and_why_it_cannot_stand_in_in_the_dashboar
     assert "sp-0 ready · sp-1 REPAIRING · sp-2 missing" in line, body
     assert "sp-3 not owned by" in body, body  # (the line wraps)
     assert "spares" not in render(dashboard(report(), "llm", PCFG, events(2), T0, T0))  # a job without spares
+
+
+def test_a_watcher_whose_output_is_not_a_terminal_does_not_import_rich() -> None:
+    # systemd's and cron's watchers print lines: rich is ~40 ms of every start they would not use
+    code = ("import sys, types; from tpuwatch.commands.watch import _view; "
+            "view = _view(types.SimpleNamespace(name='pod'), None, live=False, as_json=False); "
+            "print(type(view).__name__, sorted(m for m in sys.modules if m.split('.')[0] == 'rich'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["LineView", "[]"], out.stdout

@@ -275,3 +275,14 @@ def test_a_job_with_spares_shows_them_those_ready_and_the_slices_swapped() -> No
             got[("tpuwatch_slices_swapped", job)]) == (2, 1, 1)
     one = samples(generate_latest(metrics.registry_for(SNAP, clock=lambda: at(1000))[0]).decode())
     assert ("tpuwatch_spares", job) not in one
+
+
+def test_a_check_without_metrics_does_not_import_them() -> None:
+    # cron runs `check` every minute: prometheus_client and the report are start-up it only pays
+    # when a --metrics-file or a port asks for them (the flag and the port work: the tests above)
+    code = ("import sys, tpuwatch.commands.check, tpuwatch.outputs, tpuwatch.loop, tpuwatch.wiring, tpuwatch.tick; "
+            "print(' '.join(m for m in ('prometheus_client', 'tpuwatch.metrics', 'tpuwatch.report') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [], out.stdout

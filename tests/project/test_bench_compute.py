@@ -69,10 +69,10 @@ def test_a_mig_making_its_slice_again_through_a_stockout_is_still_the_jobs() -> 
 
 
 def test_fast_forward_gives_the_figures_of_every_tick() -> None:
-    # one day at three times the rates of the three days this once ran: as many faults for a
-    # third of the every-tick run's ticks (the run that costs the most)
-    p = Params(days=1)
-    trace = make_trace(3, p.days, p.workers, TraceConfig(maintenance=90, stuck=30, preemptions=60, crashes=30))
+    # half a day at six times the rates of the three days this once ran: as many faults for a
+    # sixth of the every-tick run's ticks (the run that costs the most)
+    p = Params(days=0.5)
+    trace = make_trace(3, p.days, p.workers, TraceConfig(maintenance=180, stuck=60, preemptions=120, crashes=60))
     fast, every = (run_tool(compute_tools(CONFIG, CONFIG, "spot", skip)[2], trace, p) for skip in (True, False))
     assert fast.real_ticks < every.real_ticks == every.ticks
     assert (fast.goodput, fast.attempts, fast.meter, fast.rows) == (every.goodput, every.attempts, every.meter,

@@ -47,9 +47,9 @@ def tool(key: str) -> Tool:
 
 
 def test_same_seed_same_figures_and_other_seed_other_trace() -> None:
-    # one day at three times the default rates: the faults of three days, a third of the ticks
-    p = Params(days=1)
-    tc = TraceConfig(maintenance=24, stuck=6, preemptions=12, stockouts=6, crashes=12, hangs=6)
+    # half a day at six times the default rates: the faults of three days, a sixth of the ticks
+    p = Params(days=0.5)
+    tc = TraceConfig(maintenance=48, stuck=12, preemptions=24, stockouts=12, crashes=24, hangs=12)
     a = run_all(list(TOOLS.values()), make_trace(3, p.days, p.workers, tc), p)
     b = run_all(list(TOOLS.values()), make_trace(3, p.days, p.workers, tc), p)
     ja, jb = as_json(a), as_json(b)
@@ -116,9 +116,10 @@ def test_a_crash_wakes_the_loop_at_once_as_the_products_follow_channels_do() -> 
 
 
 def test_goodput_never_beats_the_ideal_bound() -> None:
-    # three days at twice the rates of the six days this once ran: as many faults, half the ticks
-    p = Params(days=3)
-    dense = TraceConfig(maintenance=80, stuck=20, preemptions=40, stockouts=20, crashes=40, hangs=20)
+    # a day and a half at four times the rates of the six days this once ran: as many faults, a
+    # quarter of the ticks
+    p = Params(days=1.5)
+    dense = TraceConfig(maintenance=160, stuck=40, preemptions=80, stockouts=40, crashes=80, hangs=40)
     for seed in (0, 1):
         report = run_all(list(TOOLS.values()), make_trace(seed, p.days, p.workers, dense), p)
         ideal = report.ideal
@@ -157,10 +158,11 @@ def test_the_benchmark_config_keeps_the_product_defaults() -> None:
 
 def test_fast_forward_gives_the_figures_of_every_tick() -> None:
     """Skipping idle ticks replays measured periods: the same world, decisions and API counts."""
-    # One day at twice the rates of the two days this once ran: the same number of faults (what
-    # the replay must get right) for half the ticks of the every-tick runs, which cost the most.
-    p = Params(days=1)
-    dense = TraceConfig(maintenance=120, stuck=30, preemptions=60, stockouts=30, crashes=60, hangs=90, bug_at=None)
+    # Half a day at four times the rates of the two days this once ran: the same number of faults
+    # (what the replay must get right) for a quarter of the ticks of the every-tick runs, which
+    # cost the most.
+    p = Params(days=0.5)
+    dense = TraceConfig(maintenance=240, stuck=60, preemptions=120, stockouts=60, crashes=120, hangs=180, bug_at=None)
     trace = make_trace(11, p.days, p.workers, dense)
     for cfg in (CONFIG, TUNED):
         fast = run_tool(tpuwatch_tool("t", "t", cfg, ""), trace, p)
@@ -324,10 +326,11 @@ def test_the_baselines_and_the_bound_do_not_act_on_announcements(kind: str) -> N
 
 
 def test_fast_forward_gives_the_figures_of_every_tick_with_announced_maintenance() -> None:
-    # one day at twice the rates of two days: as many faults, half the every-tick run's ticks
-    p = Params(days=1)
-    dense = TraceConfig(maintenance=60, crashes=30, hangs=30, bug_at=None, scheduled=90, unscheduled=90,
-                        notice_only=90, unscheduled_lead=7200.0)
+    # half a day at four times the rates of two days: as many faults, a quarter of the every-tick
+    # run's ticks
+    p = Params(days=0.5)
+    dense = TraceConfig(maintenance=120, crashes=60, hangs=60, bug_at=None, scheduled=180, unscheduled=180,
+                        notice_only=180, unscheduled_lead=7200.0)
     trace = make_trace(12, p.days, p.workers, dense)
     fast = run_tool(tpuwatch_tool("t", "t", CONFIG, ""), trace, p)
     slow = run_tool(tpuwatch_tool("t", "t", CONFIG, "", skip_idle=False), trace, p)

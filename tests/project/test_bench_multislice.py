@@ -95,9 +95,9 @@ def test_one_slice_trace_is_the_single_slice_trace_and_each_slice_has_its_own_fa
 
 
 def test_the_ideal_bound_over_two_slices_beats_every_tool_on_a_short_trace() -> None:
-    # one day at three times the default rates: the faults of three days, a third of the ticks
-    p = Params(days=1, slices=2)
-    tc = TraceConfig(maintenance=24, stuck=6, preemptions=12, stockouts=6, crashes=12, hangs=6)
+    # half a day at six times the default rates: the faults of three days, a sixth of the ticks
+    p = Params(days=0.5, slices=2)
+    tc = TraceConfig(maintenance=48, stuck=12, preemptions=24, stockouts=12, crashes=24, hangs=12)
     trace = make_trace(5, p.days, p.workers, tc, slices=2)
     assert trace.count("preemption") + trace.count("maintenance") >= 2
     results = {k: run_tool(t, trace, p) for k, t in tools(2).items()}
@@ -218,10 +218,10 @@ def test_script_sweep_over_slices_has_the_bound_without_foresight_and_each_kind_
 
 
 def test_fast_forward_beside_other_watchers_gives_the_figures_of_every_tick() -> None:
-    # one day at four times the rates of the four days this once ran: as many faults (each
-    # watcher's recoveries, what the replay must get right) for a quarter of the every-tick ticks
-    p = Params(days=1, slices=2)
-    trace = make_trace(3, p.days, p.workers, TraceConfig(maintenance=120, preemptions=60, crashes=60, hangs=32),
+    # half a day at eight times the rates of the four days this once ran: as many faults (each
+    # watcher's recoveries, what the replay must get right) for an eighth of the every-tick ticks
+    p = Params(days=0.5, slices=2)
+    trace = make_trace(3, p.days, p.workers, TraceConfig(maintenance=240, preemptions=120, crashes=120, hangs=64),
                        slices=2)
     fast, every = (run_tool(per_slice_tool(CONFIG, skip), trace, p) for skip in (True, False))
     assert fast.real_ticks < every.real_ticks == every.ticks

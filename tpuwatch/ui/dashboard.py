@@ -17,14 +17,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Group, RenderableType
-from rich.panel import Panel
-from rich.rule import Rule
-from rich.table import Table
-from rich.text import Text
 
 from tpuwatch.durations import human
 from tpuwatch.journal import JournalEvent
@@ -34,6 +29,11 @@ from tpuwatch.policy.spares import unfit
 from tpuwatch.tick import TickReport
 from tpuwatch.ui.node import BAD, OK, WAIT, health_style, state_style, window_lines
 from tpuwatch.ui.tickview import node_text, summary, tick_dict
+
+if TYPE_CHECKING:  # rich is imported where it draws: LineView (a watcher whose output is not a
+    # terminal: systemd's, cron's) never draws, and skips its ~40 ms of every start
+    from rich.console import RenderableType
+    from rich.text import Text
 
 WIDTH = 80
 TEXT_WIDTH = WIDTH - 4 - 11  # inside the frame and padding, right of the label column
@@ -129,6 +129,8 @@ def worker_ranges(ids: Sequence[int]) -> str:
 def workers_line(probes: Sequence[WorkerProbe]) -> Text:
     """Workers grouped by what they are doing, so a 64-worker slice still takes one line:
     "0-2,4-7 running (attempt 3) · 3 exited 139 (attempt 3)"."""
+    from rich.text import Text
+
     groups: dict[tuple[str, int | None, int | None, str], list[int]] = {}
     for p in probes:
         detail = p.detail.splitlines()[0][:40] if p.state == "unreachable" and p.detail else ""
@@ -161,6 +163,12 @@ def dashboard(report: TickReport, job: str, pcfg: PolicyConfig, events: Sequence
               next_tick: datetime | None, now: datetime, *, rate: float | None = None,
               title: str = "tpuwatch", width: int = WIDTH) -> RenderableType:
     """The whole view for one tick: `width` (at most WIDTH) columns, at most 18 rows."""
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.rule import Rule
+    from rich.table import Table
+    from rich.text import Text
+
     width = max(40, min(width, WIDTH))
     text_width = width - 4 - 11
     mem = report.memory
@@ -271,6 +279,8 @@ MAX_CHECK_LINES = 4
 def checks_lines(pre: PrecheckReport, now: datetime, text_width: int = TEXT_WIDTH) -> list[Text]:
     """The environment checks: one red line per failing item with worker and value,
     or one green line when everything passed."""
+    from rich.text import Text
+
     age = human(max(0.0, (now - pre.time).total_seconds()))
     failing = [i.line() for i in pre.failing] + [f"w{w} not checked: {d}" for w, d in pre.unreachable]
     if not failing:
@@ -394,6 +404,8 @@ class LiveView:
         self.live.__exit__(None, None, None)
 
     def __rich__(self) -> RenderableType:
+        from rich.text import Text
+
         state = self._state
         if state is None:
             return Text(f"{self.title} · {self.job}: first look…", style="dim")
@@ -402,9 +414,13 @@ class LiveView:
                          rate=self.progress.rate(), title=self.title, width=self.console.width)
 
     def warn(self, text: str) -> None:
+        from rich.text import Text
+
         self.console.print(Text(f"warning: {text}", style=WAIT))
 
     def note(self, text: str, style: str = "") -> None:
+        from rich.text import Text
+
         self.console.print(Text(f"{datetime.now(timezone.utc).strftime('%H:%M:%S')} {text}", style=style))
 
     def show(self, report: TickReport, next_tick: datetime) -> None:

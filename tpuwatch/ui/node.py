@@ -10,15 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timezone
-
-from rich.console import Group, RenderableType
-from rich.panel import Panel
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING
 
 from tpuwatch.durations import human
 from tpuwatch.model import AuditEvent, NodeSnapshot, UpcomingMaintenance
 from tpuwatch.policy.maintenance import can_start_early, maintenance_plan
+
+if TYPE_CHECKING:  # rich is imported where a panel is drawn: the plain lines (window_lines, the
+    # styles) are all a watcher whose output is not a terminal needs from here
+    from rich.console import RenderableType
+    from rich.panel import Panel
+    from rich.text import Text
 
 OK, WAIT, BAD = "green", "yellow", "red"
 
@@ -94,6 +96,8 @@ def window_lines(um: UpcomingMaintenance, now: datetime, *, watched: bool, start
 
 
 def _upcoming(um: UpcomingMaintenance, now: datetime, watched: bool) -> Text:
+    from rich.text import Text
+
     text = Text()
     text.append(f"{um.type} {um.status}", style=WAIT)
     if um.window_start is not None:
@@ -131,6 +135,11 @@ def node_panel(
     max_symptoms: int = 5,
 ) -> Panel:
     """A rich Panel for one node; `events` are this node's, oldest first; `job` extra rows."""
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
     grid = Table.grid(padding=(0, 1))
     grid.add_column(style="bold", no_wrap=True, min_width=9)
     grid.add_column(overflow="fold")
@@ -192,6 +201,9 @@ def node_panel(
 
 
 def _workers(node: NodeSnapshot) -> RenderableType:
+    from rich.table import Table
+    from rich.text import Text
+
     if not node.workers:
         return Text("none reported", style="dim")
     table = Table.grid(padding=(0, 2))
