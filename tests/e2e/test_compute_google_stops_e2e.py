@@ -17,7 +17,7 @@ from typing import Any
 
 import cli_process
 import pytest
-from e2e_helpers import STEPS, finish
+from e2e_helpers import STEPS, finish, job_memory
 from test_compute_e2e import CeJob, ids, wait, writes
 
 from tpuwatch.cloud.logs import rfc3339_ns
@@ -249,3 +249,30 @@ def test_under_cron_check_each_stop_keeps_the_job_to_its_last_step_with_no_needl
     assert writes(sim) == expected, writes(sim)
     after = ids(sim)
     assert set(after) == set(before) and all(after[n] != before[n] for n in before)  # every VM made again, once
+
+
+def test_under_cron_check_a_spot_vm_with_delete_a_person_deletes_is_never_inserted_on_the_sighting(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    """A person's instances.delete of the job's Spot VM with termination action DELETE looks like
+    its preemption (stopping, then gone) but the system-event log says nothing: seen going, then
+    gone, it waits for Google's word (google_delete_wait) and is not inserted again meanwhile
+    (past the wait it stops for a person: tests/policy/test_policy_google.py)."""
+    sim.world.add_instance("vm", body=SPOT_DELETE)
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    job.capture_spec()
+    checks_until(job, lambda r: r["row"] == "running" and len(job.steps_done()) >= 2, "the job running")
+    sim.world.delays["delete"] = 1e9  # the person's delete stays STOPPING until removed below
+    sim.world.delete_instance(sim.project, sim.zone, "vm")  # a person's: no system event
+    assert check(job)["row"] == "google_deleting"  # seen going, as a preemption would be
+    sim.world.remove_instance("vm")
+
+    def log_read_since_gone(report: dict[str, Any]) -> bool:  # the tick read the audit log after it found it gone
+        assert report["row"] == "google_delete_wait", report["summary"]
+        m = job_memory(tmp_path / "state", "vm")
+        return (m is not None and m.google.missing_since is not None and m.marks.audit_read_at is not None
+                and m.marks.audit_read_at > m.google.missing_since)
+
+    checks_until(job, log_read_since_gone, "the audit log read with the VM gone", timeout=60)
+    mem = job_memory(tmp_path / "state", "vm")
+    assert mem is not None and mem.google.deleted == "", mem.google
+    assert writes(sim) == [] and "vm" not in ids(sim), writes(sim)

@@ -39,11 +39,24 @@ def test_the_preemption_is_remembered_for_a_later_tick_that_finds_the_vm_gone() 
     assert d.row == "google_deleted", d.summary
 
 
-def test_a_vm_seen_going_to_deleted_is_waited_for_then_made_again() -> None:
+def test_a_vm_seen_going_to_deleted_is_waited_for_then_made_again_with_the_audit_logs_word() -> None:
     mem = seen_then(idle(), 10)
     going = tick(obs(node(state="DELETING", google_deleting="shutdownDetails STOPPING to DELETED", **SPOT)), mem, 20)
     assert going.row == "google_deleting" and "delete" not in kinds(going)
-    assert tick(obs(missing=True), going.memory, 30).row == "google_deleted"
+    assert tick(obs(missing=True, events=(preempted(15),)), going.memory, 30).row == "google_deleted"
+
+
+def test_a_vm_seen_going_then_gone_with_no_word_from_google_is_a_persons_deletion() -> None:
+    # a person's instances.delete of a Spot VM with DELETE looks like its preemption (stopping,
+    # then gone) but writes nothing to the system-event log: never made again on the sighting
+    going = node(state="DELETING", google_deleting="a Spot VM with termination action DELETE is STOPPING", **SPOT)
+    seen = tick(obs(going), seen_then(run_mem(), 10), 20)
+    assert seen.row == "google_deleting" and not seen.memory.google.deleted
+    waiting = tick(obs(missing=True), seen.memory, 30)
+    assert waiting.row == "google_delete_wait" and "create" not in kinds(waiting) and waiting.exit_code == 0
+    late = tick(obs(missing=True), waiting.memory, 30 + 181)
+    assert late.row == "node_missing" and late.exit_code == 1 and "create" not in kinds(late)
+    assert "no compute.instances.preempted about it in the audit log" in late.summary, late.summary
 
 
 def test_a_vm_whose_run_ended_with_delete_is_made_again() -> None:

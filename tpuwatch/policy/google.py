@@ -11,11 +11,14 @@ is the guest's own shutdown) leaves it a person's stop.
 
 Google deletes a VM itself when its termination action is DELETE: a Spot VM at its preemption
 (audit `compute.instances.preempted`), any VM at the end of its run (flex-start, `maxRunDuration`,
-`terminationTime`). While it goes its `shutdownDetails.targetState` is DELETED. Such a deletion
-is a disruption: the VM is made again from the saved spec (row `google_deleted`), within
-max_recreates, never charged to max_restarts. A deletion with no such word is a person's (row
-`node_missing`): a VM Google may delete that is missing with no word yet is waited for up to
-AUDIT_GRACE for the audit log to say (row `google_delete_wait`).
+`terminationTime`). Such a deletion is a disruption: the VM is made again from the saved spec
+(row `google_deleted`), within max_recreates, never charged to max_restarts. Google's word is the
+audit log's preemption entry, or the run's end as last read, passed. A sighting of the VM going
+is not: a person's `instances.delete` of such a VM shows the same (STOPPING, and with a graceful
+shutdown `shutdownDetails.targetState` DELETED) and writes nothing to the system-event log. So a
+VM seen going is only waited for (row `google_deleting`); once gone, with no word yet, it is
+waited for up to AUDIT_GRACE for the audit log to say (row `google_delete_wait`), then taken for
+a person's deletion (row `node_missing`).
 
 `seen` keeps what the sightings and the audit log said in `Memory.google`, since the VM may be
 gone by the next tick, which under cron `check` is another process. Pure: no I/O, no clock.
@@ -63,7 +66,6 @@ def seen(draft: Draft, mem: Memory) -> Memory:
             g = GoogleStop(node_id=node.id)  # another VM: nothing said of the last one holds for it
         g = replace(g, created=node.create_time, owned=node.owned_by(draft.cfg.job), deletes=node.google_deletes,
                     deletes_at=node.google_deletes_at, missing_since=None,
-                    deleted=g.deleted or (f"seen going: {node.google_deleting}" if node.google_deleting else ""),
                     going_since=(g.going_since or draft.now) if node.google_deleting else None)
     for ev in draft.obs.events:
         if (g.deletes and not g.deleted and ev.node in names and ev.method.endswith(PREEMPTED)
@@ -92,6 +94,15 @@ def deleted(draft: Draft, mem: Memory) -> str:
     if g.deletes_at is not None and draft.now >= g.deletes_at:
         return f"its run ended at {g.deletes_at.isoformat()} (termination action DELETE)"
     return ""
+
+
+def going(draft: Draft, mem: Memory) -> str:
+    """What shows Google deleting the VM now ("" when nothing does): its word, or the sighting of
+    it going, which is enough to wait for it to be gone, never to make it again (a person's delete
+    looks alike)."""
+    node = draft.obs.node
+    sighting = node.google_deleting if node is not None and node.id == mem.google.node_id else ""
+    return deleted(draft, mem) or (f"seen going: {sighting}" if sighting else "")
 
 
 def going_until(draft: Draft, mem: Memory) -> datetime | None:

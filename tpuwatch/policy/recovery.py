@@ -199,9 +199,12 @@ def missing(draft: Draft, mem: Memory) -> Decision:
         return draft.out(move(mem, Phase.WAITING_NODE, reason=why), "google_delete_wait",
                          f"{why} (until {until.isoformat()}; with no word it is a person's deletion)",
                          Wait(until, "node missing"))
+    # one Google may delete, waited for: say what was missing from Google's word
+    unsaid = (f" nor Google (no {google.PREEMPTED} about it in the audit log within {human(google.AUDIT_GRACE)} "
+              "of it being found gone)" if mem.google.deletes and mem.google.owned and mem.google.missing_since is not None else "")
     return draft.halt(
         mem, "node_missing",
-        f"{draft.subject} is missing in {mem.zone} and tpuwatch did not delete it; tpuwatch never "
+        f"{draft.subject} is missing in {mem.zone} and tpuwatch did not delete it{unsaid}; tpuwatch never "
         "recreates a node a person deleted. Pass --recreate-missing to create it from the saved spec",
         (f"nodes/{cfg.tpu_name}: not found in {mem.zone}",),
     )
@@ -211,11 +214,12 @@ def someone_deleting(draft: Draft, mem: Memory) -> Decision:
     mem, final = end_unusable(draft, mem)
     if final is None and queued_ended(draft):
         return recreate(draft, mem, "queued_preempted", queued_why(draft))
-    if final is None and (gone := google.deleted(draft, mem)):
+    if final is None and (gone := google.going(draft, mem)):
         if (until := google.going_until(draft, mem)) is None:
             return recreate(draft, mem, "dead_node", f"{draft.subject} is still going ({gone}) "
                                                      f"{human(google.AUDIT_GRACE)} after it was first seen so")
-        why = f"Google is deleting {draft.subject} ({gone}); it is made again once it is gone"
+        why = (f"{draft.subject} is going as Google deletes it ({gone}); once gone it is made again only with "
+               "Google's word for it (its preemption in the audit log, or its run's end)")
         return draft.out(move(mem, Phase.WAITING_NODE, reason=why), "google_deleting", why, Wait(until, why))
     return final or draft.halt(
         mem, "someone_deleting",

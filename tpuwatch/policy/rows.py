@@ -191,16 +191,17 @@ ROWS: tuple[Row, ...] = (
     Row("recreate_missing", "node missing, --recreate-missing", "create it from the saved spec"),
     Row("google_deleted", "a Compute Engine VM missing that Google deletes itself (termination action DELETE: "
         "Spot, flex-start, a run duration or termination time), with Google's word for it: the audit log's "
-        "compute.instances.preempted about it, its last sighting going (shutdownDetails.targetState DELETED, a "
-        "Spot VM stopping), or its run's end passed; it carried tpuwatch-job=<job> when last seen",
+        "compute.instances.preempted about it, or its run's end (as last read) passed; a sighting of it going is "
+        "no word (a person's delete shows the same); it carried tpuwatch-job=<job> when last seen",
         "a disruption, not charged to max_restarts: create it from the saved spec (a recreate, within "
         "max_recreates), then resume"),
     Row("google_deleting", "such a VM DELETING: shutdownDetails.targetState DELETED, or a Spot VM with DELETE "
-        "stopping", "wait up to 3 min from first sight for it to be gone (then google_deleted), never a delete of "
+        "stopping", "wait up to 3 min from first sight for it to be gone (then google_deleted with Google's word, "
+        "google_delete_wait without), never a delete of "
         "tpuwatch's beside Google's; still there then: delete + create (dead_node)"),
     Row("google_delete_wait", "such a VM missing, owned when last seen, with no word yet",
         "wait up to 3 min from first sight for the audit log's word (its entry may come after the VM is gone); "
-        "then it is a person's deletion (node_missing)"),
+        "then it is a person's deletion (node_missing), said so"),
     Row("someone_deleting", "node DELETING and tpuwatch did not delete it", "needs a person (exit 1)"),
     Row("queued_preempted", "node DELETING or missing while its queued resource is SUSPENDING, SUSPENDED or "
         "FAILED (the service took it back, e.g. a spot preemption; for a flex-start MIG, its newest resize "

@@ -248,7 +248,7 @@ class GoogleStop:
     owned: bool = False  # it carried the job's ownership label then
     deletes: bool = False  # Google deletes it itself (termination action DELETE: Spot, flex-start, run end)
     deletes_at: datetime | None = None  # when its run ends (the termination action runs then)
-    deleted: str = ""  # what says Google deleted it (a sighting of it going, an audit entry)
+    deleted: str = ""  # what says Google deleted it (its audit entry; a sighting of it going is no word)
     missing_since: datetime | None = None  # first seen missing with no such word yet
     going_since: datetime | None = None  # first seen going (DELETING), for the bound on waiting for it
     # A VM Compute Engine stopped itself (host error, terminate on maintenance): the audit entry
