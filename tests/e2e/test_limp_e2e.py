@@ -240,3 +240,29 @@ def test_a_preempted_slice_left_out_is_made_again_in_the_background_and_the_job_
     assert checkpoint_steps(sim.bucket / "ck")[-1] == STEPS
     # one delete and one create, both of np-1, off the job's path
     assert sim.world.call_count("DeleteNode") == 1 and sim.world.call_count("CreateNode") == 1
+
+
+def test_a_slice_a_person_deleted_is_not_limped_around_and_the_job_stops_for_a_person(
+        sim: Simulator, tmp_path: Path) -> None:
+    """Slices created one by one with [tpu.spec]: a person deletes np-1 (perhaps to stop the job).
+    No word says Google or tpuwatch removed it, so the job does not limp on the 3 left: it stops
+    for a person (`node_missing`, exit 1), and np-1 is never made again."""
+    spec = {"accelerator_type": "v4-8", "runtime_version": "tpu-ubuntu2204-base"}
+    cfg, env, _ = limping_job(sim, tmp_path, spec=spec)
+    proc = watch_process(cfg, env)
+    try:
+        wait_while_watched(lambda: len(on_attempt(sim, 1)) == 4, proc, "attempt 1 on all 4 slices")
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+    TpuAdapter(sim.project, sim.zone).delete_node("np-1")  # a person's delete, found gone by the next look
+    sim.world.wait_for(lambda w: not w.has_node("np-1"), timeout=30)
+    run = subprocess.run([sys.executable, "-m", "tpuwatch.cli", "check", "-c", str(cfg), "--json"], env=env, text=True,
+                         capture_output=True, timeout=120)
+    report = json.loads(run.stdout)
+    assert run.returncode == 1 and report["row"] == "node_missing", (run.returncode, report)
+    assert "slice 1 (np-1) on np-1 is missing" in report["summary"], report["summary"]
+    mem = job_memory(tmp_path / "state", "ms")
+    assert mem is not None and mem.limp.out == () and mem.limp.remaking == ()
+    assert not on_attempt(sim, 2)  # never launched on the 3 left
+    assert sim.world.call_count("CreateNode") == 0 and sim.world.call_count("DeleteNode") == 1  # the person's

@@ -265,3 +265,32 @@ def test_a_slice_back_soon_after_the_limp_is_grown_onto_at_once_before_any_check
     # nothing learned of the interval yet: at its next checkpoint, as before
     fresh = replace(mem, hang=HangLearning())
     assert tick(limp_look({}, fresh, probes=on3, checkpoint=ckpt(200)), fresh, 900 + 120, cfg=LIMPS).row == "grow_wait"
+
+
+def test_a_slice_a_person_deleted_is_not_limped_around_the_job_stops_for_a_person() -> None:
+    """Slices made one by one: a slice gone with no word from Google or tpuwatch was deleted by a
+    person, perhaps to stop the job. The job stops for a person (as a swap would), never limps on
+    without it, and it is never made again."""
+    mem = run_mem(step=100)
+    seen = limp_look({}, mem, parts={"s2": None}, probes=probes_with_slice_down(2), checkpoint=ckpt(200))
+    d = tick(seen, mem, 600, cfg=LIMPS)
+    assert d.row == "node_missing" and d.exit_code == 1, d.summary
+    assert "slice 2 (s2) on s2 is missing" in d.summary and "nor limps around" in d.summary, d.summary
+    assert d.memory.limp.out == () and not {"create", "delete", "remake_spare"} & set(kinds(d))
+    [end] = d.ended
+    assert end.outcome == "disruption" and not end.charged  # the person decides; nothing charged
+    # [tpu.spec] there to make slices again: still never created, nor limped around
+    spec = tick(seen, mem, 600, cfg=replace(LIMPS, slices_remade=True))
+    assert spec.row == "node_missing" and not {"create", "remake_spare"} & set(kinds(spec))
+
+
+def test_a_slice_tpuwatch_or_google_removed_is_limped_around_as_before() -> None:
+    # one tpuwatch deleted to make again (Limp.remaking): its own doing, limped around
+    mem = replace(run_mem(step=100), limp=Limp(remaking=("s2",)))
+    seen = limp_look({}, mem, parts={"s2": None}, probes=probes_with_slice_down(2), checkpoint=ckpt(200))
+    assert tick(seen, mem, 600, cfg=LIMPS).row == "limp"
+    # a slice of a multislice queued resource: Google's autorepair makes it again
+    queued = replace(LIMPS, queued_resource="qr")
+    mem = run_mem(step=100)
+    seen = limp_look({}, mem, parts={"s2": None}, probes=probes_with_slice_down(2), checkpoint=ckpt(200))
+    assert tick(seen, mem, 600, cfg=queued).row == "limp"

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from tpuwatch.model import NodeSnapshot
+from tpuwatch.policy import google
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.ending import end_unusable, finish
 from tpuwatch.policy.nodes import Cond, node_condition
@@ -49,6 +50,10 @@ def limp(draft: Draft, mem: Memory) -> Decision | None:
     if (not lost or left < cfg.min_slices or any(part.state in BRIEF_STATES for _, part in lost)
             or any(name in mem.limp.recreate for name, _ in lost)):  # taken back to be made again
         return None
+    # a slice gone with no word that Google or tpuwatch removed it: a person deleted it, perhaps to
+    # stop the job; the job stops for a person rather than train on without it (as a swap does)
+    if vanished := [(name, part) for name, part in lost if part.state == "MISSING" and not removed(draft, mem, name)]:
+        return person_deleted(draft, mem, vanished)
     said = ", ".join(f"{name} {part.state}" + (f"/{part.health}" if part.health and part.state == "READY" else "")
                      for name, part in lost)
     mem, final = end_lost(draft, mem, lost)
@@ -70,6 +75,34 @@ def end_lost(draft: Draft, mem: Memory, lost: Sequence[tuple[str, NodeSnapshot]]
     sign = [Evidence(draft.now, f"slice {mem.limp.node_of(slot)} lost ({part.state})") for slot, part in lost]
     mem = replace(mem, attempt=replace(mem.attempt, evidence=merge_evidence(mem.attempt.evidence, sign)))
     return end_unusable(draft, mem)
+
+
+def removed(draft: Draft, mem: Memory, slot: str) -> bool:
+    """Whether the node slot `slot` runs on, found gone, was removed by Google or tpuwatch: one
+    tpuwatch deletes to make again, a slice of a multislice queued resource (Google's autorepair
+    replaces it), a node whose queued resource the service took back, a VM Google says it deleted
+    (policy/google.py); a slot lent to another job is bound to none (policy/priority.py). Anything
+    else gone was deleted by a person."""
+    cfg, name = draft.cfg, mem.limp.node_of(slot)
+    return (not name or name in mem.limp.remaking or (bool(cfg.queued_resource) and len(cfg.slices) > 1)
+            or (draft.obs.queued is not None and draft.obs.queued.ended) or bool(google.deleted(draft, mem)))
+
+
+def person_deleted(draft: Draft, mem: Memory, deleted: Sequence[tuple[str, NodeSnapshot]]) -> Decision:
+    """Slices the job runs on are gone and neither Google nor tpuwatch removed them (slices made
+    one by one): a person deleted them, perhaps to stop the job. As for a job on one node (row
+    `node_missing`), the attempt ends and a person decides; no spare is swapped in, and a job
+    that may limp does not limp around them."""
+    mem, final = end_lost(draft, mem, deleted)
+    if final is not None:
+        return final
+    said = ", ".join(f"slice {draft.cfg.slices.index(slot)} ({slot}) on {mem.limp.node_of(slot)}"
+                     for slot, _ in deleted)
+    return draft.halt(mem, "node_missing",
+                      f"{said} is missing in {mem.zone} and tpuwatch did not delete it: a person did; tpuwatch never "
+                      "swaps a spare in for, nor limps around, a node a person deleted. Create it again (or take it "
+                      "out of tpu.names) and run tpuwatch again",
+                      tuple(f"nodes/{mem.limp.node_of(slot)}: not found" for slot, _ in deleted))
 
 
 def returning(draft: Draft, mem: Memory) -> tuple[list[str], list[str]]:

@@ -163,8 +163,9 @@ ROWS: tuple[Row, ...] = (
         "(it is idle), and relaunch at once on the spare from that checkpoint; the node is a spare again once its "
         "maintenance is over"),
     Row("limp", "a multislice job with job.min_slices: slices it runs on are not READY+HEALTHY (a repair, "
-        "maintenance, a preemption, Google's autorepair, a slice missing; not a person's stop, nor a slice "
-        "RESTARTING, back within minutes) and at least min_slices others are",
+        "maintenance, a preemption, Google's autorepair, a slice missing that Google or tpuwatch removed; not a "
+        "person's stop, nor a slice a person deleted (node_missing), nor a slice RESTARTING, back within minutes) "
+        "and at least min_slices others are",
         "a disruption, not charged: stop the attempt on the slices still up, journal the lost slices as left out, "
         "relaunch at once on the slices left from the newest complete checkpoint ({num_slices}, "
         "TPUWATCH_NUM_SLICES and MEGASCALE_* say how many); never below min_slices"),
@@ -180,9 +181,11 @@ ROWS: tuple[Row, ...] = (
         "limped around again until it is made"),
     Row("recreate_budget_spent", "delete + create needed with max_recreates used", "failed (exit 1)"),
     Row("node_missing", "node missing and tpuwatch did not delete it, with no word that Google did (with tpu.spares: "
-        "the node a slot runs on, a job on one node, or a slice of slices made one by one; a slice of a multislice "
-        "queued resource gone is Google's autorepair)",
-        "needs a person (exit 1): never recreate a node a person deleted, nor swap a spare in for it"),
+        "the node a slot runs on, a job on one node, or a slice of slices made one by one; with job.min_slices: a "
+        "slice the job runs on, of slices made one by one; a slice of a multislice queued resource gone is "
+        "Google's autorepair)",
+        "needs a person (exit 1): never recreate a node a person deleted, nor swap a spare in for it, nor limp "
+        "around it"),
     Row("recreate_asked", "a person asked for a delete + create now (`tpuwatch recreate`, `tpuwatch check --recreate`: `Flags.recreate`), no operation in flight",
         "the recreate path, not charged to max_recreates: a running attempt ends as a disruption; an owned "
         "node is deleted, then created in the zone and the fallback zones as `create_after_delete`, `no_capacity` "

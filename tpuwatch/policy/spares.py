@@ -35,7 +35,7 @@ from tpuwatch.model import CheckItem, NodeSnapshot
 from tpuwatch.policy import google
 from tpuwatch.policy.backoff import backoff_delay
 from tpuwatch.policy.draft import Draft
-from tpuwatch.policy.limp import BRIEF_STATES, end_lost, stop_waited
+from tpuwatch.policy.limp import BRIEF_STATES, end_lost, person_deleted, removed, stop_waited
 from tpuwatch.policy.nodes import FAILED_REPAIR_GRACE, Cond, failed_repair, node_condition
 from tpuwatch.policy.state import Limp, Memory, Phase, move
 from tpuwatch.policy.values import Decision, RemakeSpare, Wait
@@ -188,33 +188,6 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
     more = f"; no spare left for {', '.join(rest)}" if rest else ""
     return stop_waited(draft.out(mem, "swap", f"swapped for a spare: {said}{more}; {then}; the slice it "
                                                       "replaces is a spare once READY+HEALTHY again"))
-
-
-def removed(draft: Draft, mem: Memory, slot: str) -> bool:
-    """Whether the node slot `slot` runs on, found gone, was removed by Google or tpuwatch: one
-    tpuwatch deletes to make again, a slice of a multislice queued resource (Google's autorepair
-    replaces it), a node whose queued resource the service took back, a VM Google says it deleted
-    (policy/google.py); a slot lent to another job is bound to none (policy/priority.py). Anything
-    else gone was deleted by a person."""
-    cfg, name = draft.cfg, mem.limp.node_of(slot)
-    return (not name or name in mem.limp.remaking or (bool(cfg.queued_resource) and len(cfg.slices) > 1)
-            or (draft.obs.queued is not None and draft.obs.queued.ended) or bool(google.deleted(draft, mem)))
-
-
-def person_deleted(draft: Draft, mem: Memory, deleted: Sequence[tuple[str, NodeSnapshot]]) -> Decision:
-    """Slices the job runs on are gone and neither Google nor tpuwatch removed them (slices made
-    one by one): a person deleted them, perhaps to stop the job. As for a job on one node (row
-    `node_missing`), the attempt ends and a person decides; no spare is swapped in."""
-    mem, final = end_lost(draft, mem, deleted)
-    if final is not None:
-        return final
-    said = ", ".join(f"slice {draft.cfg.slices.index(slot)} ({slot}) on {mem.limp.node_of(slot)}"
-                     for slot, _ in deleted)
-    return draft.halt(mem, "node_missing",
-                      f"{said} is missing in {mem.zone} and tpuwatch did not delete it: a person did; tpuwatch never "
-                      "swaps a spare in for a node a person deleted. Create it again (or take it out of tpu.names) "
-                      "and run tpuwatch again",
-                      tuple(f"nodes/{mem.limp.node_of(slot)}: not found" for slot, _ in deleted))
 
 
 def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
