@@ -266,3 +266,24 @@ def test_a_slice_a_person_deleted_is_not_limped_around_and_the_job_stops_for_a_p
     assert mem is not None and mem.limp.out == () and mem.limp.remaking == ()
     assert not on_attempt(sim, 2)  # never launched on the 3 left
     assert sim.world.call_count("CreateNode") == 0 and sim.world.call_count("DeleteNode") == 1  # the person's
+
+
+def test_a_slice_left_out_that_a_person_deletes_while_the_job_limps_stops_the_job_for_a_person(
+        sim: Simulator, tmp_path: Path) -> None:
+    """Slices created one by one, no [tpu.spec]: np-1 is preempted and the job limps on the 3
+    left; a person then deletes np-1. The job does not limp on for good without it: the watcher
+    stops for a person (`node_missing`, exit 1) while the limped attempt still holds at step 100."""
+    cfg, env, _ = limping_job(sim, tmp_path, spot=("np-1",))
+    proc = watch_process(cfg, env)
+    try:
+        wait_while_watched(lambda: len(on_attempt(sim, 1)) == 4, proc, "attempt 1 on all 4 slices")
+        sim.inject("preempt", node="np-1")
+        wait_while_watched(lambda: sorted(on_attempt(sim, 2)) == ["np-0", "np-2", "np-3"], proc,
+                           "attempt 2 on the 3 slices left")
+        TpuAdapter(sim.project, sim.zone).delete_node("np-1")  # a person's
+        rc, out = finish(proc, timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 1 and "slice 1 (np-1) on np-1 is missing" in out and "nor limps around" in out, out
+    assert sim.world.call_count("CreateNode") == 0 and sim.world.call_count("DeleteNode") == 1  # the person's

@@ -294,3 +294,19 @@ def test_a_slice_tpuwatch_or_google_removed_is_limped_around_as_before() -> None
     mem = run_mem(step=100)
     seen = limp_look({}, mem, parts={"s2": None}, probes=probes_with_slice_down(2), checkpoint=ckpt(200))
     assert tick(seen, mem, 600, cfg=queued).row == "limp"
+
+
+def test_a_slice_left_out_that_a_person_deletes_while_the_job_limps_stops_the_job_for_a_person() -> None:
+    """s2 was left out (preempted, no [tpu.spec] to make it again); a person then deletes it: the
+    limped attempt ends and the job stops for a person rather than limp on for good without it.
+    One tpuwatch deleted to make again (Limp.remaking) is limped around as before."""
+    mem = run_mem(step=200, limp=Limp(out=("s2",)))
+    gone = limp_look({}, mem, parts={"s2": None}, probes=running_on(6), checkpoint=ckpt(300))
+    d = tick(gone, mem, 900, cfg=LIMPS)
+    assert d.row == "node_missing" and d.exit_code == 1, d.summary
+    assert "slice 2 (s2) on s2 is missing" in d.summary and not {"create", "remake_spare"} & set(kinds(d))
+    [end] = d.ended
+    assert end.outcome == "disruption" and not end.charged
+    remade = replace(mem, limp=Limp(out=("s2",), remaking=("s2",)))
+    seen = limp_look({}, remade, parts={"s2": None}, probes=running_on(6), checkpoint=ckpt(300))
+    assert tick(seen, remade, 900, cfg=LIMPS).row != "node_missing"

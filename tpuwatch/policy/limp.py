@@ -30,7 +30,12 @@ BRIEF_STATES = frozenset({"RESTARTING"})
 
 def shift(draft: Draft, mem: Memory) -> Decision | None:
     """Leave lost slices out (`limp`), or take back the slices that are back (`grow`); None when
-    the job's slices stay as they are."""
+    the job's slices stay as they are. A slice left out that a person deleted since stops the job
+    for a person, as one it runs on does."""
+    if gone := [(slot, gone_node(mem.limp.node_of(slot))) for slot, part in zip(mem.limp.out, draft.obs.left_out,
+                                                                                 strict=True)
+                if part is None and slot in draft.cfg.slices and not removed(draft, mem, slot)]:
+        return person_deleted(draft, mem, gone)
     if mem.limp.out and (d := grow(draft, mem)) is not None:
         return d
     return limp(draft, mem)
@@ -103,6 +108,12 @@ def person_deleted(draft: Draft, mem: Memory, deleted: Sequence[tuple[str, NodeS
                       "swaps a spare in for, nor limps around, a node a person deleted. Create it again (or take it "
                       "out of tpu.names) and run tpuwatch again",
                       tuple(f"nodes/{mem.limp.node_of(slot)}: not found" for slot, _ in deleted))
+
+
+def gone_node(name: str) -> NodeSnapshot:
+    """Node `name` as a slot's node that is gone."""
+    return NodeSnapshot(name=name, project="", zone="", id="", create_time=None, state="MISSING", health="",
+                        health_description="", maintenance_time=None)
 
 
 def returning(draft: Draft, mem: Memory) -> tuple[list[str], list[str]]:

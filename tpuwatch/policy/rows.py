@@ -182,7 +182,7 @@ ROWS: tuple[Row, ...] = (
     Row("recreate_budget_spent", "delete + create needed with max_recreates used", "failed (exit 1)"),
     Row("node_missing", "node missing and tpuwatch did not delete it, with no word that Google did (with tpu.spares: "
         "the node a slot runs on, a job on one node, or a slice of slices made one by one; with job.min_slices: a "
-        "slice the job runs on, of slices made one by one; a slice of a multislice queued resource gone is "
+        "slice of slices made one by one that the job runs on or limps without; a slice of a multislice queued resource gone is "
         "Google's autorepair)",
         "needs a person (exit 1): never recreate a node a person deleted, nor swap a spare in for it, nor limp "
         "around it"),

@@ -35,7 +35,14 @@ from tpuwatch.model import CheckItem, NodeSnapshot
 from tpuwatch.policy import google
 from tpuwatch.policy.backoff import backoff_delay
 from tpuwatch.policy.draft import Draft
-from tpuwatch.policy.limp import BRIEF_STATES, end_lost, person_deleted, removed, stop_waited
+from tpuwatch.policy.limp import (
+    BRIEF_STATES,
+    end_lost,
+    gone_node,
+    person_deleted,
+    removed,
+    stop_waited,
+)
 from tpuwatch.policy.nodes import FAILED_REPAIR_GRACE, Cond, failed_repair, node_condition
 from tpuwatch.policy.state import Limp, Memory, Phase, move
 from tpuwatch.policy.values import Decision, RemakeSpare, Wait
@@ -154,7 +161,7 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
         # (google_delete_wait), else a person's deletion (node_missing), never a swap away from it
         if not removed(draft, mem, cfg.slices[0]):
             return None
-        lost = [(cfg.slices[0], _gone(mem.limp.node_of(cfg.slices[0])))]
+        lost = [(cfg.slices[0], gone_node(mem.limp.node_of(cfg.slices[0])))]
     slots = [slot for slot, _ in lost] + out
     if not slots:
         return None
@@ -328,12 +335,6 @@ def _spec_of(draft: Draft) -> str:
     if draft.obs.node is not None:
         kinds.add(draft.obs.node.kind)
     return "[tpu.compute_spec.instance]" if "instance" in kinds else "[tpu.spec]"
-
-
-def _gone(name: str) -> NodeSnapshot:
-    """Node `name` as a slot's node that is gone."""
-    return NodeSnapshot(name=name, project="", zone="", id="", create_time=None, state="MISSING", health="",
-                        health_description="", maintenance_time=None)
 
 
 def google_deletes(job: str, part: NodeSnapshot) -> bool:
