@@ -125,11 +125,18 @@ def test_a_stop_word_from_before_the_vm_last_came_up_is_not_this_stops() -> None
     assert tick(obs(node(), probes=running(1)), maint.memory, 70).memory.google.stopped == ""  # up again: cleared
 
 
-def test_a_vm_going_to_deleted_that_stays_is_deleted_and_made_again_after_the_grace() -> None:
-    # a Spot VM with DELETE that a person stopped stays TERMINATED: Google deletes nothing
+def test_a_vm_going_to_deleted_that_stays_is_a_persons_stop_without_googles_word_and_made_again_with_it() -> None:
+    # a Spot VM with DELETE that a person stopped stays TERMINATED, and no preemption is logged:
+    # left alone as any person's stop, never deleted
     going = node(state="DELETING", google_deleting="a Spot VM with termination action DELETE is TERMINATED", **SPOT)
     first = tick(obs(going), seen_then(idle(), 10), 20)
     assert first.row == "google_deleting" and first.actions[-1].until == at(20 + 180)  # type: ignore[union-attr]
     assert tick(obs(going), first.memory, 100).row == "google_deleting"
     late = tick(obs(going), first.memory, 201)
-    assert late.row == "dead_node" and kinds(late)[-1] == "delete"
+    assert late.row == "person_stopped" and late.memory.phase is Phase.PAUSED and kinds(late) == ["wait"], kinds(late)
+    assert "a person stopped it" in late.summary and late.exit_code == 0
+    assert tick(obs(going), late.memory, 900).row == "person_stopped"  # and it stays so
+    # Google said it preempted it, yet it is still there: deleted and made again
+    said = tick(obs(going, events=(preempted(15),)), first.memory, 100)
+    stuck = tick(obs(going), said.memory, 201)
+    assert stuck.row == "dead_node" and kinds(stuck)[-1] == "delete", stuck.summary

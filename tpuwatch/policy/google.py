@@ -107,8 +107,8 @@ def going(draft: Draft, mem: Memory) -> str:
 
 def going_until(draft: Draft, mem: Memory) -> datetime | None:
     """Until when to wait for a VM Google is deleting to be gone; None once waited AUDIT_GRACE
-    (a Spot VM with DELETE that a person stopped stays TERMINATED: it is then deleted and made
-    again, as any preempted Spot VM)."""
+    (a Spot VM with DELETE that a person stopped stays TERMINATED: with no preemption in the
+    audit log it is then a person's stop, left alone; with one, deleted and made again)."""
     since = mem.google.going_since or draft.now
     until = since + timedelta(seconds=AUDIT_GRACE)
     return until if draft.now < until else None

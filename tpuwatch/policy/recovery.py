@@ -216,8 +216,15 @@ def someone_deleting(draft: Draft, mem: Memory) -> Decision:
         return recreate(draft, mem, "queued_preempted", queued_why(draft))
     if final is None and (gone := google.going(draft, mem)):
         if (until := google.going_until(draft, mem)) is None:
-            return recreate(draft, mem, "dead_node", f"{draft.subject} is still going ({gone}) "
-                                                     f"{human(google.AUDIT_GRACE)} after it was first seen so")
+            if word := google.deleted(draft, mem):  # Google preempted it and has not deleted it yet
+                return recreate(draft, mem, "dead_node", f"{draft.subject} is still going ({gone}; {word}) "
+                                                         f"{human(google.AUDIT_GRACE)} after it was first seen so")
+            # no word from Google: a person's stop (a Spot VM with DELETE a person stopped stays
+            # TERMINATED), left alone as any person's stop until it runs again
+            why = (f"{draft.subject} is down ({gone}) {human(google.AUDIT_GRACE)} after it was first seen so, with no "
+                   "compute.instances.preempted about it in the audit log: a person stopped it; leaving it alone "
+                   "until it is READY again")
+            return draft.out(move(mem, Phase.PAUSED, reason=why), "person_stopped", why, Wait(None, why))
         why = (f"{draft.subject} is going as Google deletes it ({gone}); once gone it is made again only with "
                "Google's word for it (its preemption in the audit log, or its run's end)")
         return draft.out(move(mem, Phase.WAITING_NODE, reason=why), "google_deleting", why, Wait(until, why))

@@ -201,7 +201,8 @@ ROWS: tuple[Row, ...] = (
     Row("google_deleting", "such a VM DELETING: shutdownDetails.targetState DELETED, or a Spot VM with DELETE "
         "stopping", "wait up to 3 min from first sight for it to be gone (then google_deleted with Google's word, "
         "google_delete_wait without), never a delete of "
-        "tpuwatch's beside Google's; still there then: delete + create (dead_node)"),
+        "tpuwatch's beside Google's; still there then: delete + create (dead_node) with Google's word, else left "
+        "alone as a person's stop (person_stopped)"),
     Row("google_delete_wait", "such a VM missing, owned when last seen, with no word yet",
         "wait up to 3 min from first sight for the audit log's word (its entry may come after the VM is gone); "
         "then it is a person's deletion (node_missing), said so"),
@@ -212,7 +213,9 @@ ROWS: tuple[Row, ...] = (
         "a disruption, not charged to max_restarts: delete the queued resource (force) and create it again "
         "with the same spec and tier, then resume (a recreate, within max_recreates); a flex-start MIG's "
         "ended resize requests are deleted and a new one asks for its VMs"),
-    Row("person_stopped", "STOPPED / STOPPING / HIDDEN", "leave it alone; report that a person stopped it",
+    Row("person_stopped", "STOPPED / STOPPING / HIDDEN; or a Compute Engine Spot VM with DELETE still stopped 3 min "
+        "after it was first seen going, with no compute.instances.preempted about it (a person stopped it)",
+        "leave it alone; report that a person stopped it",
         steady=True),
     Row("google_stopped_start", "a Compute Engine VM STOPPED (TERMINATED) that Compute Engine stopped itself (the "
         "audit log's compute.instances.hostError or terminateOnHostMaintenance about it since it last came up), "
