@@ -170,3 +170,20 @@ def test_a_node_a_person_deleted_is_never_replaced_by_a_pool_spare() -> None:
     d = tick(look(m, mem, zone, probes=down, checkpoint=ckpt(200)), mem, 600, cfg=m)
     assert d.row == "node_missing" and "slice 1 (s1)" in d.summary, (d.row, d.summary)
     assert relabels(d) == [] and d.memory.limp.swapped == ()
+
+
+def test_a_new_keeper_creates_a_spare_an_earlier_keeper_deleted_and_never_one_no_keeper_deleted() -> None:
+    # the job that deleted sp-0 to make it again ended (or stopped keeping the pool) before its
+    # create: the state dir's record says so, and this keeper, its memory empty, creates it
+    mem = run_mem(step=100)
+    gone = (part("apod", "a"),)
+    d = tick(look(A, mem, gone, probes=running(1), checkpoint=ckpt(300), pool_keeper=True, pool_remaking=("sp-0",)),
+             mem, 900, cfg=A)
+    [create] = [a for a in d.actions if isinstance(a, RemakeSpare)]
+    assert (d.row, create.name, create.create, create.pool) == ("spare_remake", "sp-0", True, "v5p")
+    assert d.memory.limp.pool_remaking == ("sp-0",)
+    # a spare gone that no keeper deleted (a person's deletion) stays deleted; a non-keeper never acts on the record
+    assert not any(isinstance(a, RemakeSpare) for a in tick(
+        look(A, mem, gone, probes=running(1), checkpoint=ckpt(300), pool_keeper=True), mem, 900, cfg=A).actions)
+    assert not any(isinstance(a, RemakeSpare) for a in tick(
+        look(A, mem, gone, probes=running(1), checkpoint=ckpt(300), pool_remaking=("sp-0",)), mem, 900, cfg=A).actions)

@@ -20,6 +20,7 @@ and a write that did not land is decided again from the labels as read.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import timedelta
 
@@ -123,9 +124,11 @@ def keep(draft: Draft, before: Memory, decision: Decision) -> Decision:
             or (not draft.obs.pool_keeper and not limp.pool_remaking)):
         return decision
     listed = {n.name: n for n in draft.obs.zone}
-    # still on its way out (or gone, to create): kept; made again, or no longer the pool's: done
-    made = tuple(n for n in limp.pool_remaking if (p := listed.get(n)) is None
-                 or (idle_in(cfg.spare_pool, p) and (p.state == "DELETING" or node_condition(p) is Cond.DEAD)))
+    # the state dir's record, read by every keeper: a spare an earlier keeper (a job since ended,
+    # or no longer the keeper) deleted is created by this one, so the pool keeps its size
+    known = (*limp.pool_remaking, *(n for n in draft.obs.pool_remaking if n not in limp.pool_remaking)
+             ) if draft.obs.pool_keeper else limp.pool_remaking
+    made = still_remaking(cfg.spare_pool, known, listed)
     if made != limp.pool_remaking:
         limp = replace(limp, pool_remaking=made, pool_remake_at=limp.pool_remake_at if made else None)
     action: RemakeSpare | None = None
@@ -151,6 +154,14 @@ def keep(draft: Draft, before: Memory, decision: Decision) -> Decision:
         return replace(decision, memory=mem)
     return replace(decision, memory=mem, row="spare_remake", actions=(*decision.actions, action),
                    summary=f"{decision.summary}; {action.reason}")
+
+
+def still_remaking(pool: str, names: Iterable[str], listed: Mapping[str, NodeSnapshot]) -> tuple[str, ...]:
+    """Of the spares of `pool` tpuwatch deleted to make again, those not made yet: still on their
+    way out (an idle spare of the pool, DELETING or dead) or gone (to create). One back (READY, or
+    on its way: CREATING) or no longer the pool's idle spare is done with."""
+    return tuple(n for n in names if (p := listed.get(n)) is None
+                 or (idle_in(pool, p) and (p.state == "DELETING" or node_condition(p) is Cond.DEAD)))
 
 
 def said(pool: str, zone: tuple[NodeSnapshot, ...]) -> dict[str, str]:

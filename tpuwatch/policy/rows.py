@@ -106,15 +106,15 @@ ROWS: tuple[Row, ...] = (
         "or one tpuwatch deleted so is gone; or one Google deletes itself (a "
         "Compute Engine VM's termination action DELETE), owned and made alone when last seen idle (or swapped out), "
         "is gone and the audit log says Google preempted it (none yet: waited for 3 min, then `spare_gone`); or, of the keeper of a spare pool (the one job holding its keeper lock in the "
-        "state dir), an idle spare of the pool (its label, no job's) PREEMPTED / TERMINATED, or one the keeper "
-        "deleted so gone",
+        "state dir), an idle spare of the pool (its label, no job's) PREEMPTED / TERMINATED, or one a keeper "
+        "deleted so gone (its record in the state dir)",
         "journal it as one tpuwatch makes again, delete it (not one Google deletes); "
         "once gone, create it again from [tpu.spec] ([tpu.compute_spec.instance]: an instances.insert under its "
         "name) (one that came to nothing tried again as a queued create is: recovery.backoff_base, doubling to "
         "recovery.backoff_max). A spare neither tpuwatch nor Google deleted so is never created. A MIG (tpu.mig) is made "
         "again in place: recreateInstances of its instances, never a delete nor an insert (one gone is dropped). "
         "A pool's spare is deleted only while it is an idle spare of the pool (read again next to the delete) and "
-        "created from the keeper's [tpu.spec] labelled tpuwatch-pool=<pool> and no job's"),
+        "recorded in the state dir's pool.<pool>.remaking before the delete, so whichever job keeps the pool when it is gone (its deleter ended or no longer the keeper) creates it from its [tpu.spec] labelled tpuwatch-pool=<pool> and no job's"),
     Row("spare_gone", "the job runs on or waits (nothing else to do this tick) and an idle node of the pool that Google "
         "may delete itself (a Compute Engine VM's termination action DELETE), owned and made alone when last seen, "
         "has been gone 3 min with no compute.instances.preempted about it in the audit log",
