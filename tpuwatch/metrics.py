@@ -211,7 +211,7 @@ def pool_families(s: Snapshot) -> Iterator[GaugeMetricFamily]:
     for name, doc, value in (
             ("tpuwatch_spare_pool_nodes", "the nodes of the job's spare pool (tpu.spare_pool) as listed: "
              "labelled tpuwatch-pool=<pool>, idle or held by a job", len(s.pool_nodes)),
-            ("tpuwatch_spare_pool_idle", "its idle spares (no job's label): what the next claim can take",
+            ("tpuwatch_spare_pool_idle", "its idle spares (no job's label; one marked tpuwatch-pool-bad waits for the keeper to make it again)",
              sum(1 for _, job in s.pool_nodes if not job))):
         g = GaugeMetricFamily(name, doc, labels=labels)
         g.add_metric([s.job, s.pool], float(value))

@@ -187,3 +187,31 @@ def test_a_new_keeper_creates_a_spare_an_earlier_keeper_deleted_and_never_one_no
         look(A, mem, gone, probes=running(1), checkpoint=ckpt(300), pool_keeper=True), mem, 900, cfg=A).actions)
     assert not any(isinstance(a, RemakeSpare) for a in tick(
         look(A, mem, gone, probes=running(1), checkpoint=ckpt(300), pool_remaking=("sp-0",)), mem, 900, cfg=A).actions)
+
+
+def test_a_claimed_spare_that_failed_its_checks_goes_back_to_the_pool_marked_bad_never_claimed_and_made_again() -> None:
+    from tpuwatch.policy.pool import BAD_LABEL
+
+    # spare_bad put sp-0 (claimed from the pool) out of use and the slot back on apod: the job
+    # gives sp-0 back to the pool marked bad rather than keep it out of every job's use for good
+    mem = run_mem(step=100, limp=Limp(bad=("sp-0@id-sp-0",)))
+    zone = (part("apod", "a"), part("sp-0", "a", pool="v5p"))
+    d = tick(look(A, mem, zone, probes=running(1), checkpoint=ckpt(300)), mem, 900, cfg=A)
+    assert d.row == "pool_return" and d.ended == () and d.memory.phase is Phase.RUNNING
+    [back] = relabels(d)
+    assert (back.name, back.owner, back.put, back.drop, back.pool) == ("sp-0", "a", ((BAD_LABEL, "a"),),
+                                                                       ("tpuwatch-job",), "")
+    # marked so: no job claims it (the next idle one is taken), and the keeper makes it again
+    marked = replace(part("sp-0", None, pool="v5p"), labels={POOL_LABEL: "v5p", BAD_LABEL: "a"})
+    lost = run_mem(step=100)
+    c = tick(look(A, lost, (part("apod", "a", "PREEMPTED"), marked), probes=DOWN, checkpoint=ckpt(200)), lost, 600,
+             cfg=A)
+    assert c.row != "pool_claim" and relabels(c) == []
+    c = tick(look(A, lost, (part("apod", "a", "PREEMPTED"), marked, part("sp-1", None, pool="v5p")), probes=DOWN,
+                  checkpoint=ckpt(200)), lost, 600, cfg=A)
+    assert c.row == "pool_claim" and [r.name for r in relabels(c)] == ["sp-1"]
+    k = tick(look(A, mem, (part("apod", "a"), marked), probes=running(1), checkpoint=ckpt(300), pool_keeper=True),
+             mem, 900, cfg=A)
+    [delete] = [a for a in k.actions if isinstance(a, RemakeSpare)]
+    assert (k.row, delete.name, delete.create, delete.pool) == ("spare_remake", "sp-0", False, "v5p")
+    assert k.memory.limp.pool_remaking == ("sp-0",)
