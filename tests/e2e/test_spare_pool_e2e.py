@@ -279,3 +279,43 @@ def test_a_spare_its_keeper_deleted_to_make_again_is_made_by_the_next_keeper_onc
     assert state(sim, "sp-1") == "MISSING" and labels(sim, "sp-0") == {"tpuwatch-pool": "v4"}
     assert any(t.get("job") == "b" and t.get("row") == "spare_remake" and "creating it" in t.get("summary", "")
                for t in (json.loads(x) for x in out.splitlines() if x.startswith("{")))
+
+
+def test_a_claimed_spare_whose_checks_fail_goes_back_to_the_pool_marked_bad_and_is_made_again(
+        sim: Simulator, tmp_path: Path) -> None:
+    a, go_a = job(sim, tmp_path, "a")
+    for spare in ("sp-0", "sp-1"):
+        sim.create_node(spare, "v4-8", labels={"tpuwatch-pool": "v4"})
+    sim.inject("device-missing", node="sp-0", worker=0)  # sp-0, the first by name, fails the launch-time checks
+    bad_id = node_id(sim, "sp-0")
+    pool = tmp_path / "pool-v4.toml"
+    pool.write_text(f'[pool]\nname = "v4"\nzone = "{sim.zone}"\nspares = ["sp-0", "sp-1"]\n')
+    env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(a), "-c", str(pool), "--json"],
+                            env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    lines = Lines(proc)
+    try:
+        lines.wait(lambda: on(sim, "a", "a", 1), "job a training")
+        sim.world.stockout()  # a's own node is not made again meanwhile: only the pool can serve
+        sim.inject("preempt", node="a")
+        lines.wait(lambda: bool(trainers(sim, "sp-1")), "job a on pool spare sp-1, sp-0 having failed its checks")
+        assert labels(sim, "sp-1") == {"tpuwatch-job": "a", "tpuwatch-pool": "v4"}
+        assert trainers(sim, "sp-0") == []
+        sim.inject("clear-errors")
+        # back in the pool marked bad, then deleted and created again by the keeper (job a): a new
+        # node, idle, unmarked
+        lines.wait(lambda: node_id(sim, "sp-0") not in ("", bad_id) and state(sim, "sp-0") == "READY",
+                   "sp-0 made again by the pool's keeper", 150)
+        assert labels(sim, "sp-0") == {"tpuwatch-pool": "v4"}
+        (go_a / "100").touch()
+        rc, out = lines.finish(150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out[-4000:]
+    assert "launch-time checks fail on spare sp-0" in out, out[-4000:]
+    assert [(x["outcome"], x["charged"]) for x in history(a, env)] == [("disruption", False), ("success", False)]
+    with Journal.open(tmp_path / "state", "a", "a", readonly=True) as journal:
+        marked = [e for e in journal.events() if e.kind == "relabel" and e.data.get("node") == "sp-0"]
+    assert marked and marked[0].data["labels"] == {"tpuwatch-pool": "v4", "tpuwatch-pool-bad": "a"}, marked
