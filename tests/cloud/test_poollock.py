@@ -73,5 +73,6 @@ def test_the_pools_record_of_spares_deleted_to_make_again_is_read_by_any_keeper_
     poollock.record(tmp_path, "v5p", ("sp-1",))
     assert poollock.remaking(tmp_path, "v5p") == ("sp-1",)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pool.v5p.remaking"]  # no temporary file left
+    assert (tmp_path / "pool.v5p.remaking").stat().st_mode & 0o777 == 0o600  # private as the journal
     (tmp_path / "pool.v5p.remaking").write_text("{not json")
     assert poollock.remaking(tmp_path, "v5p") == ()  # a torn or edited record: none, never a crash

@@ -72,7 +72,10 @@ def record(state_dir: Path, pool: str, names: tuple[str, ...]) -> None:
     path = _record(state_dir, pool)
     state_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(list(names)))
+    # private as the state dir's other files (the journal, the locks)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(list(names)))
     os.replace(tmp, path)
 
 
