@@ -90,6 +90,10 @@ class Snapshot:
     priority: int | None = None
     slots_lent: int = 0
     nodes_taken: int = 0
+    # a job of a spare pool (tpu.spare_pool): its name, and the pool's nodes as the tick listed
+    # them, each with the job that holds it ("" idle)
+    pool: str = ""
+    pool_nodes: tuple[tuple[str, str], ...] = ()
 
 
 def goodput(job: str, events: Sequence[JournalEvent], attempts: Sequence[AttemptRow], now: datetime) -> float | None:
@@ -135,6 +139,7 @@ def snapshot(report: Any, journal: Journal, pcfg: PolicyConfig,
         spares_ready=sum(1 for _, part in report.spares
                          if not unfit(pcfg.job, report.node, part, mem.limp.bad)) if pcfg.spares else 0,
         priority=pcfg.priority, slots_lent=len(mem.limp.lent), nodes_taken=len(mem.limp.took),
+        pool=pcfg.spare_pool, pool_nodes=tuple(getattr(report, "pool", ())) if pcfg.spare_pool else (),
     )
 
 
@@ -193,9 +198,29 @@ def families(s: Snapshot, now: datetime, *, api: bool = True) -> Iterator[Metric
                      "a node back yet", s.slots_lent, job)
         yield _gauge("tpuwatch_nodes_taken", "the nodes it runs on that it took from a job of lower priority, "
                      "not traded back yet", s.nodes_taken, job)
+    if s.pool:
+        yield from pool_families(s)
     if api:
         yield from api_families(s.job, s.api_requests, s.api_errors)
     yield _gauge("tpuwatch_last_tick_timestamp_seconds", "when the last tick began", s.time.timestamp(), job)
+
+
+def pool_families(s: Snapshot) -> Iterator[GaugeMetricFamily]:
+    """A job's spare pool as its tick listed it: how many nodes, how many idle, and who holds each."""
+    labels = ["job_name", "pool"]
+    for name, doc, value in (
+            ("tpuwatch_spare_pool_nodes", "the nodes of the job's spare pool (tpu.spare_pool) as listed: "
+             "labelled tpuwatch-pool=<pool>, idle or held by a job", len(s.pool_nodes)),
+            ("tpuwatch_spare_pool_idle", "its idle spares (no job's label; one marked tpuwatch-pool-bad waits for the keeper to make it again)",
+             sum(1 for _, job in s.pool_nodes if not job))):
+        g = GaugeMetricFamily(name, doc, labels=labels)
+        g.add_metric([s.job, s.pool], float(value))
+        yield g
+    held = GaugeMetricFamily("tpuwatch_spare_pool_node", "1 for each node of the pool, with the job that holds "
+                             "it (held_by, \"\" when idle)", labels=[*labels, "node", "held_by"])
+    for node, job in s.pool_nodes:
+        held.add_metric([s.job, s.pool, node, job], 1.0)
+    yield held
 
 
 def api_families(job: str, requests: Mapping[tuple[str, str], int],

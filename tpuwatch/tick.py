@@ -73,6 +73,7 @@ from tpuwatch.policy.observe import (
 )
 from tpuwatch.policy.pool import POOL_LABEL, idle_in
 from tpuwatch.policy.pool import said as pool_said
+from tpuwatch.policy.pool import still_remaking as pool_still_remaking
 from tpuwatch.policy.values import CreateFailureKind
 from tpuwatch.ports import Flags, JobPorts, NodeLabels, TpuApi, ZoneListing
 from tpuwatch.workers import login, precheck
@@ -186,6 +187,9 @@ class Reconciler:
         events, cursor = self._audit(now, mem, node, probes, warnings)
         pre = pre or self._periodic_precheck(now, mem, node, probes)
         queued = life.status() if life.queue and queued_due(mem, node) else None
+        # one job of a spare pool makes its dead idle spares again: the holder of its keeper lock
+        keeper = (bool(self.pcfg.spare_pool) and self.pcfg.spares_remade and not self.flags.dry_run
+                  and poollock.keeper(Path(self.cfg.state_dir), self.pcfg.spare_pool, self.pcfg.job))
         obs = Observation(
             node=node, left_out=left_out, spares=spares, events=tuple(events), probes=probes, checkpoint=checkpoint,
             operation=operation, create_failure=create_failure, queued=queued,
@@ -194,9 +198,7 @@ class Reconciler:
             adopt=self.flags.adopt, recreate_missing=self.flags.recreate_missing, recreate_asked=self.flags.recreate,
             dry_run=self.flags.dry_run, precheck=pre, checks=self.ports.precheck is not None,
             audit_read=cursor is not None, zone=zone_nodes,
-            # one job of a spare pool makes its dead idle spares again: the holder of its keeper lock
-            pool_keeper=bool(self.pcfg.spare_pool) and self.pcfg.spares_remade and not self.flags.dry_run
-            and poollock.keeper(Path(self.cfg.state_dir), self.pcfg.spare_pool, self.pcfg.job),
+            pool_keeper=keeper, pool_remaking=self._pool_remaking(zone_nodes) if keeper else (),
         )
         if pre is not None and pre.context == "running":
             warnings.extend(f"environment check failed: {line}" for line in precheck.failing_lines(pre))
@@ -208,6 +210,21 @@ class Reconciler:
                           precheck=st.precheck or precheck.last(self.journal), pcfg=self.pcfg,
                           earlier=tuple(st.carried[:-1]), operation=st.operation, spares=st.spares,
                           pool=tuple(pool_said(self.pcfg.spare_pool, zone_nodes).items()))
+
+    def _pool_remaking(self, zone_nodes: tuple[NodeSnapshot, ...]) -> tuple[str, ...]:
+        """The keeper's read of its pool's record of spares deleted to make again, those made
+        since (or no longer the pool's idle spares) dropped from it."""
+        state_dir, pool = Path(self.cfg.state_dir), self.pcfg.spare_pool
+        names = poollock.remaking(state_dir, pool)
+        left = pool_still_remaking(pool, names, {n.name: n for n in zone_nodes})
+        if left != names:
+            try:
+                with poollock.held(state_dir, pool):
+                    poollock.record(state_dir, pool, pool_still_remaking(
+                        pool, poollock.remaking(state_dir, pool), {n.name: n for n in zone_nodes}))
+            except (OSError, CloudError):
+                pass  # dropped at a later tick; a name left in it is only ever created while gone
+        return left
 
     def _settle(self, st: _Settling, decision: Decision, obs: Observation, mem: Memory) -> Again | None:
         """Journal and act on one decision (policy/settle.py): what to decide again with, or None."""
@@ -492,6 +509,15 @@ class Reconciler:
         if not idle_in(action.pool, now):
             raise NotFoundError(f"spare {action.name} is no longer an idle spare of pool {action.pool} (its labels "
                                 f"say job {now.owner or 'none'}, pool {now.labels.get(POOL_LABEL, 'none')})")
+        # recorded in the state dir before the delete: whichever job keeps the pool next creates it
+        state_dir = Path(self.cfg.state_dir)
+        try:
+            with poollock.held(state_dir, action.pool):
+                names = poollock.remaking(state_dir, action.pool)
+                if action.name not in names:
+                    poollock.record(state_dir, action.pool, (*names, action.name))
+        except OSError as exc:
+            raise CloudError(f"the pool's record {state_dir} could not be written ({exc}); not deleted") from None
         return tpu.delete_node(action.name)
 
     def _relabel(self, action: Relabel, mem: Memory, now: datetime) -> str:

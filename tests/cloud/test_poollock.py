@@ -62,3 +62,17 @@ def test_a_claim_waits_for_its_label_to_land_and_says_when_another_job_s_did() -
     assert poollock.wait_for(lambda: next(reads), "a", slept.append) and len(slept) == 2
     assert not poollock.wait_for(lambda: node("b"), "a", slept.append) and len(slept) == 2  # no wait: b's
     assert not poollock.wait_for(lambda: None, "a", slept.append)  # gone
+
+
+def test_the_pools_record_of_spares_deleted_to_make_again_is_read_by_any_keeper_and_replaced_whole(
+        tmp_path: Path) -> None:
+    assert poollock.remaking(tmp_path, "v5p") == ()
+    poollock.record(tmp_path, "v5p", ("sp-0", "sp-1"))
+    assert poollock.remaking(tmp_path, "v5p") == ("sp-0", "sp-1")
+    assert poollock.remaking(tmp_path, "other") == ()  # one record per pool
+    poollock.record(tmp_path, "v5p", ("sp-1",))
+    assert poollock.remaking(tmp_path, "v5p") == ("sp-1",)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pool.v5p.remaking"]  # no temporary file left
+    assert (tmp_path / "pool.v5p.remaking").stat().st_mode & 0o777 == 0o600  # private as the journal
+    (tmp_path / "pool.v5p.remaking").write_text("{not json")
+    assert poollock.remaking(tmp_path, "v5p") == ()  # a torn or edited record: none, never a crash

@@ -237,3 +237,85 @@ def test_two_jobs_losing_their_nodes_together_never_both_claim_the_one_spare(sim
     # the loser's claim, if it made one, was refused next to the write: the spare was the winner's
     assert not any(e.startswith("claimed sp-0") for e in claims(tmp_path, loser))
     assert any(e.startswith("claimed sp-0") for e in claims(tmp_path, winner))
+
+
+def test_a_spare_its_keeper_deleted_to_make_again_is_made_by_the_next_keeper_once_that_job_is_gone(
+        sim: Simulator, tmp_path: Path) -> None:
+    a, go_a = job(sim, tmp_path, "a")
+    b, go_b = job(sim, tmp_path, "b")
+    for spare in ("sp-0", "sp-1"):
+        sim.create_node(spare, "v4-8", labels={"tpuwatch-pool": "v4"})
+    pool = tmp_path / "pool-v4.toml"
+    pool.write_text(f'[pool]\nname = "v4"\nzone = "{sim.zone}"\nspares = ["sp-0", "sp-1"]\n')
+    env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
+
+    def watch(cfg: Path) -> tuple[subprocess.Popen[str], Lines]:
+        proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(cfg), "-c", str(pool),
+                                 "--json"], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+        return proc, Lines(proc)
+
+    proc, lines = watch(a)  # job a alone: the pool's keeper
+    try:
+        lines.wait(lambda: on(sim, "a", "a", 1), "job a training")
+        sim.world.stockout()  # the keeper's create of sp-0 comes to nothing while the test looks
+        sim.inject("terminate", node="sp-0")
+        lines.wait(lambda: state(sim, "sp-0") == "MISSING", "idle TERMINATED sp-0 deleted by keeper a to make again")
+        proc.kill()  # job a's watching ends (its config gone) before sp-0 is created again
+        proc.wait(10)
+        TpuAdapter(sim.project, sim.zone).delete_node("sp-1")  # a person's deletion: never made again
+        sim.inject("clear-errors")
+        (go_a / "100").touch()
+        proc, lines = watch(b)  # job b alone: the pool's new keeper
+        lines.wait(lambda: on(sim, "b", "b", 1) and state(sim, "sp-0") == "READY", "sp-0 made again by keeper b", 150)
+        assert labels(sim, "sp-0") == {"tpuwatch-pool": "v4"}  # idle, the pool's
+        assert state(sim, "sp-1") in ("DELETING", "MISSING")
+        (go_b / "100").touch()
+        rc, out = lines.finish(150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out[-4000:]
+    assert state(sim, "sp-1") == "MISSING" and labels(sim, "sp-0") == {"tpuwatch-pool": "v4"}
+    assert any(t.get("job") == "b" and t.get("row") == "spare_remake" and "creating it" in t.get("summary", "")
+               for t in (json.loads(x) for x in out.splitlines() if x.startswith("{")))
+
+
+def test_a_claimed_spare_whose_checks_fail_goes_back_to_the_pool_marked_bad_and_is_made_again(
+        sim: Simulator, tmp_path: Path) -> None:
+    a, go_a = job(sim, tmp_path, "a")
+    for spare in ("sp-0", "sp-1"):
+        sim.create_node(spare, "v4-8", labels={"tpuwatch-pool": "v4"})
+    sim.inject("device-missing", node="sp-0", worker=0)  # sp-0, the first by name, fails the launch-time checks
+    bad_id = node_id(sim, "sp-0")
+    pool = tmp_path / "pool-v4.toml"
+    pool.write_text(f'[pool]\nname = "v4"\nzone = "{sim.zone}"\nspares = ["sp-0", "sp-1"]\n')
+    env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(a), "-c", str(pool), "--json"],
+                            env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    lines = Lines(proc)
+    try:
+        lines.wait(lambda: on(sim, "a", "a", 1), "job a training")
+        sim.world.stockout()  # a's own node is not made again meanwhile: only the pool can serve
+        sim.inject("preempt", node="a")
+        lines.wait(lambda: bool(trainers(sim, "sp-1")), "job a on pool spare sp-1, sp-0 having failed its checks")
+        assert labels(sim, "sp-1") == {"tpuwatch-job": "a", "tpuwatch-pool": "v4"}
+        assert trainers(sim, "sp-0") == []
+        sim.inject("clear-errors")
+        # back in the pool marked bad, then deleted and created again by the keeper (job a): a new
+        # node, idle, unmarked
+        lines.wait(lambda: node_id(sim, "sp-0") not in ("", bad_id) and state(sim, "sp-0") == "READY",
+                   "sp-0 made again by the pool's keeper", 150)
+        assert labels(sim, "sp-0") == {"tpuwatch-pool": "v4"}
+        (go_a / "100").touch()
+        rc, out = lines.finish(150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out[-4000:]
+    assert "launch-time checks fail on spare sp-0" in out, out[-4000:]
+    assert [(x["outcome"], x["charged"]) for x in history(a, env)] == [("disruption", False), ("success", False)]
+    with Journal.open(tmp_path / "state", "a", "a", readonly=True) as journal:
+        marked = [e for e in journal.events() if e.kind == "relabel" and e.data.get("node") == "sp-0"]
+    assert marked and marked[0].data["labels"] == {"tpuwatch-pool": "v4", "tpuwatch-pool-bad": "a"}, marked

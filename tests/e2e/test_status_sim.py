@@ -242,3 +242,23 @@ def test_config_file_gives_name_project_and_zone(tpu_sim: Simulator, tmp_path: P
     # a flag still wins over the file
     code, _, err = run(["status", "-c", str(cfg), "--zone", "us-central2-b"], env)
     assert code == 1 and "no TPU named eu in sim-project/us-central2-b" in err
+
+
+def test_config_of_a_spare_pool_job_shows_the_pools_nodes_who_holds_each_and_those_idle(
+        tpu_sim: Simulator, tmp_path: Path) -> None:
+    tpu_sim.create_node("a", labels={"tpuwatch-job": "a"})
+    tpu_sim.create_node("sp-0", labels={"tpuwatch-pool": "v4", "tpuwatch-job": "b"})  # claimed by job b
+    tpu_sim.create_node("sp-1", labels={"tpuwatch-pool": "v4"})  # idle
+    tpu_sim.create_node("other", labels={"tpuwatch-pool": "v5"})  # another pool's
+    cfg = tmp_path / "tpuwatch.toml"
+    cfg.write_text(f'[tpu]\nname = "a"\nzone = "us-central2-b"\nproject = "{tpu_sim.project}"\nspare_pool = "v4"\n')
+    env = cli_env(tpu_sim, tmp_path)
+    data = status_json(["-c", str(cfg)], env)
+    assert [n["name"] for n in data["nodes"]] == ["a", "sp-0", "sp-1"]
+    assert data["spare_pool"] == {"name": "v4", "idle": 1, "nodes": [{"name": "sp-0", "held_by": "b"},
+                                                                     {"name": "sp-1", "held_by": None}]}
+    code, out, err = run(["status", "-c", str(cfg)], env)
+    assert code == 0, err
+    assert "spare pool v4: 2 node(s), 1 idle: sp-0 (job b), sp-1 (idle)" in out
+    assert "v4: held by job b" in out and "v4: idle" in out
+    assert status_json(["a"], env)["spare_pool"] is None  # no -c: no pool to name

@@ -170,3 +170,48 @@ def test_a_node_a_person_deleted_is_never_replaced_by_a_pool_spare() -> None:
     d = tick(look(m, mem, zone, probes=down, checkpoint=ckpt(200)), mem, 600, cfg=m)
     assert d.row == "node_missing" and "slice 1 (s1)" in d.summary, (d.row, d.summary)
     assert relabels(d) == [] and d.memory.limp.swapped == ()
+
+
+def test_a_new_keeper_creates_a_spare_an_earlier_keeper_deleted_and_never_one_no_keeper_deleted() -> None:
+    # the job that deleted sp-0 to make it again ended (or stopped keeping the pool) before its
+    # create: the state dir's record says so, and this keeper, its memory empty, creates it
+    mem = run_mem(step=100)
+    gone = (part("apod", "a"),)
+    d = tick(look(A, mem, gone, probes=running(1), checkpoint=ckpt(300), pool_keeper=True, pool_remaking=("sp-0",)),
+             mem, 900, cfg=A)
+    [create] = [a for a in d.actions if isinstance(a, RemakeSpare)]
+    assert (d.row, create.name, create.create, create.pool) == ("spare_remake", "sp-0", True, "v5p")
+    assert d.memory.limp.pool_remaking == ("sp-0",)
+    # a spare gone that no keeper deleted (a person's deletion) stays deleted; a non-keeper never acts on the record
+    assert not any(isinstance(a, RemakeSpare) for a in tick(
+        look(A, mem, gone, probes=running(1), checkpoint=ckpt(300), pool_keeper=True), mem, 900, cfg=A).actions)
+    assert not any(isinstance(a, RemakeSpare) for a in tick(
+        look(A, mem, gone, probes=running(1), checkpoint=ckpt(300), pool_remaking=("sp-0",)), mem, 900, cfg=A).actions)
+
+
+def test_a_claimed_spare_that_failed_its_checks_goes_back_to_the_pool_marked_bad_never_claimed_and_made_again() -> None:
+    from tpuwatch.policy.pool import BAD_LABEL
+
+    # spare_bad put sp-0 (claimed from the pool) out of use and the slot back on apod: the job
+    # gives sp-0 back to the pool marked bad rather than keep it out of every job's use for good
+    mem = run_mem(step=100, limp=Limp(bad=("sp-0@id-sp-0",)))
+    zone = (part("apod", "a"), part("sp-0", "a", pool="v5p"))
+    d = tick(look(A, mem, zone, probes=running(1), checkpoint=ckpt(300)), mem, 900, cfg=A)
+    assert d.row == "pool_return" and d.ended == () and d.memory.phase is Phase.RUNNING
+    [back] = relabels(d)
+    assert (back.name, back.owner, back.put, back.drop, back.pool) == ("sp-0", "a", ((BAD_LABEL, "a"),),
+                                                                       ("tpuwatch-job",), "")
+    # marked so: no job claims it (the next idle one is taken), and the keeper makes it again
+    marked = replace(part("sp-0", None, pool="v5p"), labels={POOL_LABEL: "v5p", BAD_LABEL: "a"})
+    lost = run_mem(step=100)
+    c = tick(look(A, lost, (part("apod", "a", "PREEMPTED"), marked), probes=DOWN, checkpoint=ckpt(200)), lost, 600,
+             cfg=A)
+    assert c.row != "pool_claim" and relabels(c) == []
+    c = tick(look(A, lost, (part("apod", "a", "PREEMPTED"), marked, part("sp-1", None, pool="v5p")), probes=DOWN,
+                  checkpoint=ckpt(200)), lost, 600, cfg=A)
+    assert c.row == "pool_claim" and [r.name for r in relabels(c)] == ["sp-1"]
+    k = tick(look(A, mem, (part("apod", "a"), marked), probes=running(1), checkpoint=ckpt(300), pool_keeper=True),
+             mem, 900, cfg=A)
+    [delete] = [a for a in k.actions if isinstance(a, RemakeSpare)]
+    assert (k.row, delete.name, delete.create, delete.pool) == ("spare_remake", "sp-0", False, "v5p")
+    assert k.memory.limp.pool_remaking == ("sp-0",)

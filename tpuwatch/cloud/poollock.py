@@ -12,6 +12,7 @@ the read next to the write stands, and docs/multislice.md says so.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import threading
 import time
@@ -48,6 +49,34 @@ def held(state_dir: Path, pool: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the flock
+
+
+def _record(state_dir: Path, pool: str) -> Path:
+    return state_dir / f"pool.{pool}.remaking"
+
+
+def remaking(state_dir: Path, pool: str) -> tuple[str, ...]:
+    """The spares of pool `pool` tpuwatch deleted to make again and has not made yet, as the
+    state dir's record `pool.<name>.remaking` says (every keeper reads it: the job that deleted
+    one may end, or stop being the keeper, before its create). () when there is none."""
+    try:
+        names = json.loads(_record(state_dir, pool).read_text())
+    except (OSError, ValueError):
+        return ()
+    return tuple(n for n in names if isinstance(n, str)) if isinstance(names, list) else ()
+
+
+def record(state_dir: Path, pool: str, names: tuple[str, ...]) -> None:
+    """Write the pool's record of spares deleted to make again (replaced whole, so a kill -9
+    leaves the old record or the new one)."""
+    path = _record(state_dir, pool)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    # private as the state dir's other files (the journal, the locks)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(list(names)))
+    os.replace(tmp, path)
 
 
 def wait_for(read: Callable[[], NodeSnapshot | None], job: str, sleep: Callable[[float], None]) -> bool:

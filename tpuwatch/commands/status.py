@@ -6,7 +6,8 @@ worker VMs (upcoming maintenance), one guest-attribute read per node to name its
 -c for a slice made through Compute Engine (tpu.api = "compute"), the instance or MIG is read
 instead (`--all`: one list of instances, one of MIGs, one listManagedInstances per MIG), and
 each MIG's resize requests once, to show the one in flight; without -c, a name the TPU API
-does not know costs a get of an instance and of a MIG of that name. This command only reads;
+does not know costs a get of an instance and of a MIG of that name; with -c of a job of a spare
+pool (tpu.spare_pool), one list of the zone finds the pool's nodes by their label. This command only reads;
 it never changes a node.
 """
 
@@ -30,6 +31,7 @@ from tpuwatch.durations import human
 from tpuwatch.errors import CloudError, NotFoundError, UsageError
 from tpuwatch.model import AuditEvent, NodeSnapshot, QueuedStatus
 from tpuwatch.policy import priority
+from tpuwatch.policy.pool import said as pool_said
 from tpuwatch.policy.priority import LENT_BY
 from tpuwatch.ui.node import node_panel, relative
 from tpuwatch.ui.serialize import event_json, node_json, rfc3339
@@ -63,6 +65,9 @@ then the active gcloud configuration.
   runtime_version, spot, preemptible, labels, metadata_keys,
   events, job, resize_request, config_job (with -c: the config's
   job when the node's label names another, e.g. a node it lent).
+With -c of a job of a spare pool (tpu.spare_pool), the pool's nodes
+too, each with the job that holds it ("spare_pool": {name, idle,
+nodes: [{name, held_by}]}, null otherwise).
 Times are RFC 3339 UTC; an enum value unknown to this version
 shows as "UNKNOWN_ENUM_<n>".
 
@@ -100,6 +105,13 @@ def job_rows(node: NodeSnapshot, job: str = "") -> list[tuple[str, str]]:
     if facts["checkpoint_warning"]:
         rows.append(("warning", facts["checkpoint_warning"]))
     return rows
+
+
+def pool_rows(pool_name: str, pool: Mapping[str, str], node: str) -> list[tuple[str, str]]:
+    """A row for a node of the config's job's spare pool: idle, or the job that holds it."""
+    if node not in pool:
+        return []
+    return [("spare pool", f"{pool_name}: " + (f"held by job {pool[node]}" if pool[node] else "idle"))]
 
 
 def request_rows(request: QueuedStatus | None, now: datetime) -> list[tuple[str, str]]:
@@ -237,8 +249,10 @@ def command(
     missing: list[str] = []
     nodes: list[NodeSnapshot] = []
     found_by: dict[str, SliceReader] = {}  # a node found by another API without -c: its adapter
+    # a job of a spare pool: its nodes are found by their label (one list, also read for --all)
+    listed = tpu.list_nodes() if all_nodes or (cfg is not None and cfg.tpu.get("spare_pool")) else []
     if all_nodes:
-        nodes = sorted(tpu.list_nodes(), key=lambda n: n.name)
+        nodes = sorted(listed, key=lambda n: n.name)
     else:
         for name in wanted:
             node = tpu.get_node(name)
@@ -249,6 +263,10 @@ def command(
                 missing.append(name)
             else:
                 nodes.append(node)
+        if cfg is not None and not names and (label := str(cfg.tpu.get("spare_pool") or "")):
+            # -c alone: the pool's nodes beside the job's own, idle or held by any job
+            nodes += sorted((n for n in listed if pool_said(label, (n,)) and n.name not in {m.name for m in nodes}),
+                            key=lambda n: n.name)
 
     now = datetime.now(timezone.utc)
     reader = AuditLogReader(loc.project, zone=loc.zone)
@@ -262,6 +280,8 @@ def command(
         instances = {k: v for n in nodes for k, v in api(n).worker_instances(n).items()}
     events, events_error = _events_by_node(reader, [n.name for n in nodes], now - EVENTS_LOOKBACK, instances)
     requests = {n.name: api(n).resize_request(n) for n in nodes}
+    pool_name = str(cfg.tpu.get("spare_pool") or "") if cfg is not None else ""
+    pool = pool_said(pool_name, tuple(listed)) if pool_name else {}
 
     if as_json:
         out: dict[str, Any] = {
@@ -277,6 +297,8 @@ def command(
             ],
             "missing": missing,
             "events_error": events_error,
+            "spare_pool": {"name": pool_name, "idle": sum(1 for j in pool.values() if not j),
+                           "nodes": [{"name": n, "held_by": j or None} for n, j in pool.items()]} if pool_name else None,
         }
         click.echo(json.dumps(out, indent=2))
     else:
@@ -286,7 +308,12 @@ def command(
         for n in nodes:
             console.print(node_panel(n, now=now, events=events.get(n.name, []),
                                      job=[("made as", describe(n)), *request_rows(requests.get(n.name), now),
+                                          *pool_rows(pool_name, pool, n.name),
                                           *job_rows(n, cfg.job_name if cfg is not None else "")]))
+        if pool_name:
+            idle = sum(1 for j in pool.values() if not j)
+            said = ", ".join(f"{n} ({f'job {j}' if j else 'idle'})" for n, j in pool.items()) or "no node labelled so"
+            console.print(f"spare pool {pool_name}: {len(pool)} node(s), {idle} idle: {said}")
         if events_error:
             click.echo(f"warning: audit log not read: {events_error}", err=True)
     for note in dict.fromkeys([*tpu.take_notes(), *(n for a in found_by.values() for n in a.take_notes())]):

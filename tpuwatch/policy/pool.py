@@ -20,6 +20,7 @@ and a write that did not land is decided again from the labels as read.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import timedelta
 
@@ -33,6 +34,9 @@ from tpuwatch.policy.state import Memory, Phase, move
 from tpuwatch.policy.values import Decision, Relabel, RemakeSpare, Wait
 
 POOL_LABEL = "tpuwatch-pool"
+# on an idle pool spare whose launch-time checks failed (`spare_bad`) on the job that claimed it
+# (its value): never claimed again; the keeper makes it again, the new node without it
+BAD_LABEL = "tpuwatch-pool-bad"
 
 
 def idle_in(pool: str, node: NodeSnapshot) -> bool:
@@ -56,7 +60,7 @@ def claim(draft: Draft, mem: Memory) -> Decision | None:
         return None
     lost = lost_slots(draft, mem)
     shapes = _shapes(draft)
-    found = sorted((n for n in draft.obs.zone if idle_in(cfg.spare_pool, n) and n.usable
+    found = sorted((n for n in draft.obs.zone if idle_in(cfg.spare_pool, n) and n.usable and BAD_LABEL not in n.labels
                     and (not shapes or n.accelerator_type in shapes)), key=lambda n: n.name)
     if not lost or not found:
         return None
@@ -95,6 +99,16 @@ def give_back(draft: Draft, before: Memory, decision: Decision) -> Decision:
         return decision
     held = [p for p in node.slices if p.name and p.owned_by(cfg.job) and p.labels.get(POOL_LABEL) == cfg.spare_pool]
     names = {p.name for p in node.slices}
+    # a claimed spare whose launch-time checks failed (spare_bad) goes back to the pool marked so:
+    # no job claims it again, the keeper makes it again
+    if bad := [p for n, p in draft.obs.spares if p is not None and p.owned_by(cfg.job) and n not in names
+               and p.labels.get(POOL_LABEL) == cfg.spare_pool and f"{p.name}@{p.id}" in decision.memory.limp.bad]:
+        action = Relabel(bad[0].name, cfg.job, ((BAD_LABEL, cfg.job),), (OWNER_LABEL,),
+                         f"{bad[0].name} of spare pool {cfg.spare_pool} failed its launch-time checks on job "
+                         f"{cfg.job}: back to the pool marked {BAD_LABEL}, never claimed again until its keeper "
+                         "makes it again")
+        return replace(decision, row="pool_return", actions=(*decision.actions, action),
+                       summary=f"{decision.summary}; {action.reason}")
     back = [n for n, p in draft.obs.spares if p is not None and p.owned_by(cfg.job) and p.usable
             and n not in cfg.spares and n not in names]
     if not held or not back:
@@ -123,15 +137,18 @@ def keep(draft: Draft, before: Memory, decision: Decision) -> Decision:
             or (not draft.obs.pool_keeper and not limp.pool_remaking)):
         return decision
     listed = {n.name: n for n in draft.obs.zone}
-    # still on its way out (or gone, to create): kept; made again, or no longer the pool's: done
-    made = tuple(n for n in limp.pool_remaking if (p := listed.get(n)) is None
-                 or (idle_in(cfg.spare_pool, p) and (p.state == "DELETING" or node_condition(p) is Cond.DEAD)))
+    # the state dir's record, read by every keeper: a spare an earlier keeper (a job since ended,
+    # or no longer the keeper) deleted is created by this one, so the pool keeps its size
+    known = (*limp.pool_remaking, *(n for n in draft.obs.pool_remaking if n not in limp.pool_remaking)
+             ) if draft.obs.pool_keeper else limp.pool_remaking
+    made = still_remaking(cfg.spare_pool, known, listed)
     if made != limp.pool_remaking:
         limp = replace(limp, pool_remaking=made, pool_remake_at=limp.pool_remake_at if made else None)
     action: RemakeSpare | None = None
     gone = [n for n in made if n not in listed]
     dead = [n for n in sorted(listed) if n not in made and idle_in(cfg.spare_pool, listed[n])
-            and node_condition(listed[n]) is Cond.DEAD and not listed[n].multislice_request]
+            and (node_condition(listed[n]) is Cond.DEAD or BAD_LABEL in listed[n].labels)
+            and not listed[n].multislice_request]
     if draft.obs.pool_keeper and cfg.spares_remade:
         if gone and (limp.pool_remake_at is None or now >= limp.pool_remake_at):
             limp = replace(limp, pool_remake_at=now + timedelta(seconds=cfg.backoff_base))
@@ -140,8 +157,10 @@ def keep(draft: Draft, before: Memory, decision: Decision) -> Decision:
                                                 "pool's keeper, labelled the pool's", pool=cfg.spare_pool)
         elif dead:
             limp = replace(limp, pool_remaking=(*limp.pool_remaking, dead[0]))
+            state = (f"marked {BAD_LABEL} (its launch-time checks failed)" if BAD_LABEL in listed[dead[0]].labels
+                     else listed[dead[0]].state)
             action = RemakeSpare(dead[0], False, f"{dead[0]}, an idle spare of pool {cfg.spare_pool}, is "
-                                                 f"{listed[dead[0]].state} and will not come back by itself: job "
+                                                 f"{state} and will not come back by itself: job "
                                                  f"{cfg.job}, the pool's keeper, deletes it to create it again",
                                  pool=cfg.spare_pool)
     if limp == decision.memory.limp:
@@ -151,6 +170,14 @@ def keep(draft: Draft, before: Memory, decision: Decision) -> Decision:
         return replace(decision, memory=mem)
     return replace(decision, memory=mem, row="spare_remake", actions=(*decision.actions, action),
                    summary=f"{decision.summary}; {action.reason}")
+
+
+def still_remaking(pool: str, names: Iterable[str], listed: Mapping[str, NodeSnapshot]) -> tuple[str, ...]:
+    """Of the spares of `pool` tpuwatch deleted to make again, those not made yet: still on their
+    way out (an idle spare of the pool, DELETING or dead) or gone (to create). One back (READY, or
+    on its way: CREATING) or no longer the pool's idle spare is done with."""
+    return tuple(n for n in names if (p := listed.get(n)) is None or (idle_in(pool, p) and (
+        p.state == "DELETING" or node_condition(p) is Cond.DEAD or BAD_LABEL in p.labels)))
 
 
 def said(pool: str, zone: tuple[NodeSnapshot, ...]) -> dict[str, str]:

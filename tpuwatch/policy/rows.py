@@ -96,8 +96,8 @@ ROWS: tuple[Row, ...] = (
         "as last seen, with the audit log's word for it, is made again: `spare_remake`)"),
     Row("pool_claim", "a job with tpu.spare_pool: a slot it runs in has no usable node (not a person's stop, nor a RESTARTING), none of its own spares is free (`swap` first), and an idle spare of the pool (tpuwatch-pool=<pool>, no tpuwatch-job) is READY+HEALTHY and of the job's accelerator type",
         "a disruption, not charged: stop the attempt; journal the claim, then label the spare tpuwatch-job=<job> (read again, written and waited for under the pool's lock in the state dir); the job swaps onto it as onto its own spare (`swap`) once its label says so"),
-    Row("pool_return", "a job with tpu.spare_pool runs on (or waits) on a node of the pool (tpuwatch-pool=<pool>, labelled the job's) and a node of its own no slot holds (its lost node healed or made again; not one of its tpu.spares) is READY+HEALTHY",
-        "journal, then relabel that node to the pool (tpuwatch-pool=<pool>, no tpuwatch-job): a trade, the job stays where it runs and the pool keeps its size"),
+    Row("pool_return", "a job with tpu.spare_pool runs on (or waits) on a node of the pool (tpuwatch-pool=<pool>, labelled the job's) and a node of its own no slot holds (its lost node healed or made again; not one of its tpu.spares) is READY+HEALTHY; or a spare it claimed from the pool failed its launch-time checks (`spare_bad`) and no slot holds it",
+        "journal, then relabel that node to the pool (tpuwatch-pool=<pool>, no tpuwatch-job): a trade, the job stays where it runs and the pool keeps its size; a spare that failed its checks goes back marked tpuwatch-pool-bad=<job>: never claimed again, the pool's keeper makes it again"),
     Row("spare_remake", "the job runs on or waits (nothing else to do this tick) and an idle spare, owned by the job "
         "and made alone, is PREEMPTED / TERMINATED (or under repair longer than repair_timeout) with [tpu.spec] "
         "there to make it from (while `spare_wait` waits, "
@@ -106,15 +106,15 @@ ROWS: tuple[Row, ...] = (
         "or one tpuwatch deleted so is gone; or one Google deletes itself (a "
         "Compute Engine VM's termination action DELETE), owned and made alone when last seen idle (or swapped out), "
         "is gone and the audit log says Google preempted it (none yet: waited for 3 min, then `spare_gone`); or, of the keeper of a spare pool (the one job holding its keeper lock in the "
-        "state dir), an idle spare of the pool (its label, no job's) PREEMPTED / TERMINATED, or one the keeper "
-        "deleted so gone",
+        "state dir), an idle spare of the pool (its label, no job's) PREEMPTED / TERMINATED or marked tpuwatch-pool-bad, or one a keeper "
+        "deleted so gone (its record in the state dir)",
         "journal it as one tpuwatch makes again, delete it (not one Google deletes); "
         "once gone, create it again from [tpu.spec] ([tpu.compute_spec.instance]: an instances.insert under its "
         "name) (one that came to nothing tried again as a queued create is: recovery.backoff_base, doubling to "
         "recovery.backoff_max). A spare neither tpuwatch nor Google deleted so is never created. A MIG (tpu.mig) is made "
         "again in place: recreateInstances of its instances, never a delete nor an insert (one gone is dropped). "
         "A pool's spare is deleted only while it is an idle spare of the pool (read again next to the delete) and "
-        "created from the keeper's [tpu.spec] labelled tpuwatch-pool=<pool> and no job's"),
+        "recorded in the state dir's pool.<pool>.remaking before the delete, so whichever job keeps the pool when it is gone (its deleter ended or no longer the keeper) creates it from its [tpu.spec] labelled tpuwatch-pool=<pool> and no job's"),
     Row("spare_gone", "the job runs on or waits (nothing else to do this tick) and an idle node of the pool that Google "
         "may delete itself (a Compute Engine VM's termination action DELETE), owned and made alone when last seen, "
         "has been gone 3 min with no compute.instances.preempted about it in the audit log",
@@ -122,7 +122,7 @@ ROWS: tuple[Row, ...] = (
         "`spare_remake`)"),
     Row("spare_bad", "before a launch, the launch-time checks fail on workers of a spare swapped in (after the "
         "cleanup of what tpuwatch can fix)", "not charged, nothing launched: the spare is not used again until it is "
-        "made again (its node id), its slot goes back to its own node; another spare, a limp or a wait follows"),
+        "made again (its node id), its slot goes back to its own node; another spare, a limp or a wait follows (a spare claimed from a spare pool goes back to the pool marked so: `pool_return`)"),
     Row("spare_wait", "a job with tpu.spares, tpu.spare_pool or job.priority (or that limps over slices made one by one with "
         "[tpu.spec]): a slice it runs on is dead or missing (or repairing past "
         "repair_timeout), no spare is free and "

@@ -234,6 +234,9 @@ class Observation:
     # A job of a spare pool that is the pool's keeper (it holds the pool's keeper lock in the
     # state dir): it makes the pool's dead idle spares again (policy/pool.py `keep`)
     pool_keeper: bool = False
+    # The keeper's read of the pool's record in the state dir: the spares of the pool tpuwatch
+    # deleted to make again (whichever job was keeper then), so a new keeper creates them
+    pool_remaking: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------
