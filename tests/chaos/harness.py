@@ -237,6 +237,19 @@ class Watched:
         time.sleep(max(0.0, since + delay - time.monotonic()))
         return self.kill(since, phase)
 
+    def kill_unless(self, since: float, lo: float, hi: float, done: Callable[[], bool],
+                    phase: str = "") -> KillPoint | None:
+        """Kill at a seeded moment between lo and hi seconds after `since`, unless the act the kill
+        is aimed before is `done` first (None then: no kill, no watcher started). A kill after
+        the act is not a kill point of its phase, and its watcher start is only cost."""
+        moment = since + self.rng.uniform(lo, hi)
+        while not done():
+            left = moment - time.monotonic()
+            if left <= 0:
+                return self.kill(since, phase)
+            time.sleep(min(left, 0.02))
+        return None
+
     def finish(self, timeout: float = 90) -> int:
         assert self.proc is not None
         try:

@@ -97,10 +97,10 @@ def launch_kills(sim: Simulator, tmp_path: Path) -> None:
             sim.inject("maintenance", node=job.name, heal_after=600)  # 1 s
             job.wait(lambda: not usable(job), what="maintenance to start")
             since = job.wait(lambda: usable(job), what="the node to heal")
+            workers = job.node().n_workers
             for _ in range(3):  # while the relaunch has not reached every worker
-                if job.workers_running() == job.node().n_workers:
+                if job.kill_unless(since, 0.0, 0.9, lambda w=workers: job.workers_running() == w) is None:
                     break
-                job.kill_after(since, 0.0, 0.9)
                 since = job.started_at
             cycles += 1
             if final:
@@ -364,10 +364,6 @@ def runs_newer(job: Watched, attempt: int, workers: int) -> bool:
 
 
 def kill_in_stage(job: Watched, since: float, lo: float, hi: float, stage: str, done: Callable[[], bool]) -> bool:
-    """Kill at a seeded moment lo..hi s after `since`, counted in `stage` unless the relaunch it
-    is about was already `done` then (counted "running"); False when it was done before."""
-    if done():
-        return False
-    time.sleep(max(0.0, since + job.rng.uniform(lo, hi) - time.monotonic()))
-    job.kill(since, "running" if done() else stage)
-    return True
+    """Kill at a seeded moment lo..hi s after `since`, counted in `stage`, unless the relaunch it
+    is about is `done` first; False then (no kill)."""
+    return job.kill_unless(since, lo, hi, done, stage) is not None

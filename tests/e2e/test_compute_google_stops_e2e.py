@@ -108,39 +108,52 @@ def test_a_spot_vm_deleted_by_its_preemption_is_made_again_under_cron_check(
     assert_made_again_once(job, sim, before)
 
 
-def add_flex_start_vm(sim: Simulator) -> None:
-    """A flex-start VM "vm" whose run ends 30 real seconds from now, job or no job: the job must
-    have saved two checkpoints by then, which takes about 10 s on an idle 2-core box and twice
-    that beside a busy loop per core."""
-    ends = time.time_ns() + 30_000_000_000
+def add_flex_start_vm(sim: Simulator) -> int:
+    """A flex-start VM "vm" whose `terminationTime` is 2 s from now (ns since the epoch, returned),
+    its termination action held by the simulator until `end_run` (it runs on past that time, as
+    for the moments Google's action lags): the run ends once the job has saved its checkpoints,
+    never at a wall-clock time the job races."""
+    ends = time.time_ns() + 2_000_000_000
+    sim.world.hold_run_end("vm")
     sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}, "scheduling": {
         "provisioningModel": "FLEX_START", "instanceTerminationAction": "DELETE", "terminationTime": rfc3339_ns(ends)}})
+    return ends
+
+
+def end_run(sim: Simulator, ends: int) -> None:
+    """Google's end of the VM's run (deleted, no audit entry), once its terminationTime is past:
+    tpuwatch tells it from a person's deletion by that time alone, and drops it from the spec it
+    inserts again from (an insert with a terminationTime gone by is refused)."""
+    time.sleep(max(0.0, (ends - time.time_ns()) / 1e9) + 0.01)  # as a rule long past by now
+    assert "vm" in ids(sim)  # still running: its end waited for this call
+    sim.world.end_run_duration("vm")
 
 
 def test_a_flex_start_vm_whose_run_ended_is_made_again_under_cron_check(
         sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
-    add_flex_start_vm(sim)
+    ends = add_flex_start_vm(sim)
     before = ids(sim)
     job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
     job.capture_spec()
     checks_until(job, lambda r: len(job.steps_done()) >= 2, "two checkpoints")
-    assert "vm" in ids(sim)  # still running its run
+    end_run(sim, ends)
     sim.world.wait_for(lambda w: not w.instances(), 30, "the flex-start VM gone at the end of its run")
     job.release()
     rows = checks_until(job, lambda r: r["phase"] == "done", "the job done", timeout=180)
     assert_waited_then_made_again(rows)
     assert_made_again_once(job, sim, before)
+    assert "its run ended at" in json.dumps(job.history())  # told by its terminationTime gone by, nothing else
 
 
 def test_a_flex_start_vm_whose_run_ended_is_made_again_under_watch(
         sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
-    add_flex_start_vm(sim)
+    ends = add_flex_start_vm(sim)
     before = ids(sim)
     job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
     job.capture_spec()
     proc = job.watch()
     wait(lambda: len(job.steps_done()) >= 2, "two checkpoints", proc)
-    assert "vm" in ids(sim)
+    end_run(sim, ends)
     wait(lambda: ids(sim).get("vm", 0) not in (0, before["vm"]), "the VM made again", proc, timeout=60)
     job.release()
     rc, out = finish(proc, timeout=120)

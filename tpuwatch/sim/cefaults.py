@@ -15,6 +15,7 @@
   `resourceStatus.shutdownDetails` saying STOPPING to DELETED, then gone.
 - Run ending (flex-start: `scheduling.maxRunDuration` from its start, or `terminationTime`) with
   termination action DELETE: deleted the same way, with no audit entry (none is documented).
+  `hold_run_end` keeps a VM running past that time until `end_run_duration` (a test's moment).
 - A bad host: the instance runs, but its TPU cannot be opened until a person or tpuwatch
   reports the host (`instances.reportHostAsFaulty`) and Google repairs it.
 """
@@ -277,18 +278,28 @@ class ComputeFaults(Instances):
         return down
 
     def end_run_duration(self, name: str, *, project: str | None = None, zone: str | None = None) -> None:
-        """The instance's run duration (flex-start, maxRunDuration) ends: Google deletes it."""
+        """The instance's run duration (flex-start, maxRunDuration) ends: Google deletes it (a
+        hold_run_end on it is over)."""
         with self._lock:
             rec = self._fault_instance(name, project, zone)
             key, ident, epoch = rec.key, rec.id, rec.epoch
+            self._held_run_ends.discard(key)
         self._run_ended(key, ident, epoch)
+
+    def hold_run_end(self, name: str, *, project: str | None = None, zone: str | None = None) -> None:
+        """The termination action of instance `name` (this one or one made later under the name)
+        waits past its terminationTime or maxRunDuration until end_run_duration: the VM runs on
+        meanwhile, as it does for the moments Google's action lags. Lets a test end a run when
+        the job has reached the point it tests, not at a wall-clock time raced by the job."""
+        with self._lock:
+            self._held_run_ends.add(self._ikey(project, zone, name))
 
     def _run_ended(self, key: str, ident: int, epoch: int) -> None:
         """The run of the instance as it was at `epoch` ends: Google deletes it (no audit entry is
         documented for it; none is written)."""
         with self._lock:
             r = self._instances.get(key)
-            if r is None or r.id != ident or r.epoch != epoch:
+            if r is None or r.id != ident or r.epoch != epoch or key in self._held_run_ends:
                 return
             down = self._google_delete(r)
         self._await(down)

@@ -156,6 +156,7 @@ class WorldCore:
         # operations by "project/scope/name", templates and policies by path, MIGs by key,
         # resize requests by "project/zone/mig/name"
         self._instances: dict[str, InstanceRec] = {}
+        self._held_run_ends: set[str] = set()  # instance keys whose run ends when a test says (cefaults.py)
         self._cops: dict[str, ComputeOpRec] = {}
         self._templates: dict[str, TemplateRec] = {}
         self._policies: dict[str, PolicyRec] = {}

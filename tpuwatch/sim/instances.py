@@ -461,6 +461,7 @@ class Instances(NodeFaults):
             if gone and r is not None:
                 del self._instances[key]
                 self._instance_gone(r)
+                self._touch()  # a wait for it gone sees it now (Google's own deletes end no operation)
             self._end_cop(op_key)
         if gone:
             self._hosts_call("destroy", key)
