@@ -506,3 +506,20 @@ def test_a_slice_under_repair_is_not_deleted_while_creates_come_to_nothing_but_a
                 REMADE.repair_timeout + 60, cfg=REMADE)
     assert dead.row == "spare_remake" and [(a.name, a.create) for a in dead.actions
                                            if isinstance(a, RemakeSpare)] == [("s2", False)]
+
+
+def test_a_slice_left_out_that_a_person_deletes_is_not_swapped_for_a_spare() -> None:
+    """s2 was left out while the job limped; a person then deletes it: with a spare free, the job
+    stops for a person as without one, never runs the spare in s2's place. One tpuwatch deleted to
+    make again (Limp.remaking) is swapped as before."""
+    from policy_support import running
+
+    limps = replace(SPARES, min_slices=3)
+    mem = run_mem(step=200, limp=Limp(out=("s2",)))
+    gone = limp_look({}, mem, spares=("x0",), parts={"s2": None}, probes=running(1, 6), checkpoint=ckpt(300))
+    d = tick(gone, mem, 900, cfg=limps)
+    assert d.row == "node_missing" and d.exit_code == 1, (d.row, d.summary)
+    assert d.memory.limp.swapped == () and "slice 2 (s2) on s2 is missing" in d.summary
+    remade = replace(mem, limp=Limp(out=("s2",), remaking=("s2",)))
+    seen = limp_look({}, remade, spares=("x0",), parts={"s2": None}, probes=running(1, 6), checkpoint=ckpt(300))
+    assert tick(seen, remade, 900, cfg=limps).row == "swap"

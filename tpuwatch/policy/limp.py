@@ -32,13 +32,18 @@ def shift(draft: Draft, mem: Memory) -> Decision | None:
     """Leave lost slices out (`limp`), or take back the slices that are back (`grow`); None when
     the job's slices stay as they are. A slice left out that a person deleted since stops the job
     for a person, as one it runs on does."""
-    if gone := [(slot, gone_node(mem.limp.node_of(slot))) for slot, part in zip(mem.limp.out, draft.obs.left_out,
-                                                                                 strict=True)
-                if part is None and slot in draft.cfg.slices and not removed(draft, mem, slot)]:
+    if gone := deleted_left_out(draft, mem):
         return person_deleted(draft, mem, gone)
     if mem.limp.out and (d := grow(draft, mem)) is not None:
         return d
     return limp(draft, mem)
+
+
+def deleted_left_out(draft: Draft, mem: Memory) -> list[tuple[str, NodeSnapshot]]:
+    """The slices left out while the job limps that are gone with no word that Google or tpuwatch
+    removed them: a person deleted them (neither grown back onto, nor swapped for a spare)."""
+    return [(slot, gone_node(mem.limp.node_of(slot))) for slot, part in zip(mem.limp.out, draft.obs.left_out, strict=True)
+            if part is None and slot in draft.cfg.slices and not removed(draft, mem, slot)]
 
 
 def limp(draft: Draft, mem: Memory) -> Decision | None:

@@ -37,6 +37,7 @@ from tpuwatch.policy.backoff import backoff_delay
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.limp import (
     BRIEF_STATES,
+    deleted_left_out,
     end_lost,
     gone_node,
     person_deleted,
@@ -143,6 +144,8 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
     spares = free(draft, mem)
     if not spares:
         return None
+    if gone := deleted_left_out(draft, mem):  # a person's deletion: never a spare in its place
+        return person_deleted(draft, mem, gone)
     out = [slot for slot, part in zip(mem.limp.out, draft.obs.left_out, strict=True)
            if part is None or not part.usable]
     lost: list[tuple[str, NodeSnapshot]] = []
