@@ -259,3 +259,48 @@ def wait_while_watched(pred: Callable[[], bool], proc: subprocess.Popen[str] | c
 def checkpoint_steps(ck: Path) -> list[int]:
     """The steps of the checkpoints under `ck`, oldest first."""
     return sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit()) if ck.exists() else []
+
+
+def held_compute_job(sim: Simulator, compute_url: str, tmp: Path, name: str, tpu: dict[str, object]
+                     ) -> tuple[Path, dict[str, str], Path]:
+    """A Compute Engine job `name` ([tpu] api = "compute" and `tpu`) whose trainer is held at step
+    100 until the test creates the returned `go` folder's file "100"; its config, the CLI's env
+    (the simulator's REST face at `compute_url`) and `go`."""
+    ck, go = sim.bucket / "ck", tmp / "go"
+    go.mkdir()
+    cfg = write_config(tmp / "tpuwatch.toml", sim, trainer(ck, f"--hold-at 100 --hold-until {go} --save-on-term 1",
+                                                           steps=200),
+                       ck, name=name, tpu={"api": "compute", **tpu})
+    with cfg.open("a") as f:  # each VM resolves only itself in the simulator (not Compute Engine's DNS)
+        f.write('[precheck]\nskip = ["dns"]\n')
+    env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp / "state"),
+           "TPUWATCH_COMPUTE_EMULATOR": compute_url.rstrip("/")}
+    return cfg, env, go
+
+
+def trainer_on_instance(sim: Simulator, instance: str, job: str, attempt: int) -> dict[str, str] | None:
+    """The environment of job `job`'s trainer of `attempt` on Compute Engine instance `instance`
+    (its worker 0), or None."""
+    from tpuwatch.errors import UsageError
+
+    try:
+        pids = sim.hosts.pids(f"{sim.project}/{sim.zone}/instances/{instance}", 0)
+    except UsageError:  # its host is not booted (yet, or any more)
+        return None
+    return next((e for pid in pids if (e := trainer_env(pid, job)) is not None
+                 and e["TPUWATCH_ATTEMPT"] == str(attempt)), None)
+
+
+def compute_writes(sim: Simulator, verbs: tuple[str, ...]) -> list[str]:
+    """The Compute Engine calls ending in one of `verbs` the world served, once each call, sorted."""
+    return sorted(m.rsplit(".", 1)[-1] for m, n in sim.world.calls.items() for _ in range(n)
+                  if m.startswith("compute.") and m.endswith(verbs))
+
+
+def cli_json(cfg: Path, env: dict[str, str], *args: str) -> dict[str, Any]:
+    """`tpuwatch ARGS -c CFG --json`'s output."""
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "tpuwatch.cli", *args, "-c", str(cfg), "--json"], env=env, text=True,
+                         capture_output=True, timeout=120)
+    return dict(json.loads(run.stdout))

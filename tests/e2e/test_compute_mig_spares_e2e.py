@@ -8,24 +8,20 @@ environment, the checkpoints and the journal.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from e2e_helpers import (
     checkpoint_steps,
+    cli_json,
+    compute_writes,
     finish,
+    held_compute_job,
     job_memory,
-    trainer,
-    trainer_env,
+    trainer_on_instance,
     wait_while_watched,
     watch_process,
-    write_config,
 )
 
 from tpuwatch.errors import UsageError
@@ -34,7 +30,6 @@ from tpuwatch.sim.simulator import Simulator
 
 pytestmark = pytest.mark.slow
 
-STEPS = 200
 OWNED = {"tpuwatch-job": "slice"}
 # what a pool's MIG templates carry: the watcher starts the job, never a VM's boot (an idle
 # spare, or the job's MIG recreated as one, would start the job on its own)
@@ -51,16 +46,7 @@ def rest(sim: Simulator) -> Iterator[RestFace]:
 def mig_job(sim: Simulator, rest: RestFace, tmp: Path, spares: list[str]) -> tuple[Path, dict[str, str], Path]:
     """The job "slice" on MIG slice with `spares`, its trainer held at step 100 until the test
     lets it go."""
-    ck, go = sim.bucket / "ck", tmp / "go"
-    go.mkdir()
-    cfg = write_config(tmp / "tpuwatch.toml", sim, trainer(ck, f"--hold-at 100 --hold-until {go} --save-on-term 1",
-                                                           steps=STEPS),
-                       ck, name="slice", tpu={"api": "compute", "mig": "slice", "spares": spares})
-    with cfg.open("a") as f:  # each VM resolves only itself in the simulator (not Compute Engine's DNS)
-        f.write('[precheck]\nskip = ["dns"]\n')
-    env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp / "state"),
-           "TPUWATCH_COMPUTE_EMULATOR": rest.url.rstrip("/")}
-    return cfg, env, go
+    return held_compute_job(sim, rest.url, tmp, "slice", {"mig": "slice", "spares": spares})
 
 
 def members(sim: Simulator, mig: str) -> list[str]:
@@ -74,14 +60,7 @@ def members(sim: Simulator, mig: str) -> list[str]:
 def on(sim: Simulator, mig: str, attempt: int) -> dict[str, str] | None:
     """The environment of the job's trainer of `attempt` on worker 0 of MIG `mig`, or None."""
     members_ = members(sim, mig)
-    if not members_:
-        return None
-    try:
-        pids = sim.hosts.pids(f"{sim.project}/{sim.zone}/instances/{members_[0]}", 0)
-    except UsageError:  # its host is not booted (yet, or any more)
-        return None
-    return next((e for pid in pids if (e := trainer_env(pid, "slice")) is not None
-                 and e["TPUWATCH_ATTEMPT"] == str(attempt)), None)
+    return trainer_on_instance(sim, members_[0], "slice", attempt) if members_ else None
 
 
 def vm_ids(sim: Simulator, mig: str) -> dict[str, int]:
@@ -91,14 +70,10 @@ def vm_ids(sim: Simulator, mig: str) -> dict[str, int]:
 
 def writes(sim: Simulator) -> list[str]:
     """The Compute Engine calls that changed something, once each call, sorted."""
-    return sorted(m.rsplit(".", 1)[-1] for m, n in sim.world.calls.items() for _ in range(n)
-                  if m.startswith("compute.") and m.endswith(WRITES))
+    return compute_writes(sim, WRITES)
 
 
-def tool(cfg: Path, env: dict[str, str], *args: str) -> dict[str, Any]:
-    run = subprocess.run([sys.executable, "-m", "tpuwatch.cli", *args, "-c", str(cfg), "--json"], env=env, text=True,
-                         capture_output=True, timeout=120)
-    return dict(json.loads(run.stdout))
+tool = cli_json
 
 
 @pytest.mark.parametrize("regional", [False, True])

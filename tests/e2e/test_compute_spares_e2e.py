@@ -9,34 +9,29 @@ trainers' own environment, the checkpoints and the journal.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import cli_process
 import pytest
 import tomli_w
 from e2e_helpers import (
     checkpoint_steps,
+    cli_json,
+    compute_writes,
     finish,
+    held_compute_job,
     job_memory,
-    trainer,
-    trainer_env,
+    trainer_on_instance,
     wait_while_watched,
     watch_process,
-    write_config,
 )
 
-from tpuwatch.errors import UsageError
 from tpuwatch.sim.rest import RestFace
 from tpuwatch.sim.simulator import Simulator
 
 pytestmark = pytest.mark.slow
 
-STEPS = 200
 SPOT = {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP"}
 WRITES = ("Delete", "Insert", "Start", "Stop", "RecreateInstances", "PerformMaintenance")
 
@@ -50,15 +45,7 @@ def rest(sim: Simulator) -> Iterator[RestFace]:
 def spared(sim: Simulator, rest: RestFace, tmp: Path, spares: list[str], *, spec: bool = True) -> tuple[Path, dict[str, str], Path]:
     """The job "vm" on instance vm with `spares`, its trainer held at step 100 until the test
     lets it go; with `spec`, the [tpu.compute_spec] `tpuwatch init vm` captures."""
-    ck, go = sim.bucket / "ck", tmp / "go"
-    go.mkdir()
-    cfg = write_config(tmp / "tpuwatch.toml", sim, trainer(ck, f"--hold-at 100 --hold-until {go} --save-on-term 1",
-                                                           steps=STEPS),
-                       ck, name="vm", tpu={"api": "compute", "instance": "vm", "spares": spares})
-    with cfg.open("a") as f:  # each VM resolves only itself in the simulator (not Compute Engine's DNS)
-        f.write('[precheck]\nskip = ["dns"]\n')
-    env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp / "state"),
-           "TPUWATCH_COMPUTE_EMULATOR": rest.url.rstrip("/")}
+    cfg, env, go = held_compute_job(sim, rest.url, tmp, "vm", {"instance": "vm", "spares": spares})
     if spec:
         init = cli_process.run(["init", "vm", "-o", str(tmp / "init.toml"), "--json"], env)
         assert init.returncode == 0, init.stderr
@@ -69,24 +56,15 @@ def spared(sim: Simulator, rest: RestFace, tmp: Path, spares: list[str], *, spec
 
 def on(sim: Simulator, name: str, attempt: int) -> dict[str, str] | None:
     """The environment of the job's trainer of `attempt` on instance `name`, or None."""
-    try:
-        pids = sim.hosts.pids(f"{sim.project}/{sim.zone}/instances/{name}", 0)
-    except UsageError:  # its host is not booted (yet, or any more)
-        return None
-    return next((e for pid in pids if (e := trainer_env(pid, "vm")) is not None
-                 and e["TPUWATCH_ATTEMPT"] == str(attempt)), None)
+    return trainer_on_instance(sim, name, "vm", attempt)
 
 
 def writes(sim: Simulator) -> list[str]:
     """The Compute Engine calls that changed something, once each call, sorted."""
-    return sorted(m.rsplit(".", 1)[-1] for m, n in sim.world.calls.items() for _ in range(n)
-                  if m.startswith("compute.") and m.endswith(WRITES))
+    return compute_writes(sim, WRITES)
 
 
-def tool(cfg: Path, env: dict[str, str], *args: str) -> dict[str, Any]:
-    run = subprocess.run([sys.executable, "-m", "tpuwatch.cli", *args, "-c", str(cfg), "--json"], env=env, text=True,
-                         capture_output=True, timeout=120)
-    return dict(json.loads(run.stdout))
+tool = cli_json
 
 
 def test_a_preempted_spot_instance_is_swapped_for_the_spare_and_inserted_again_as_the_spare(
