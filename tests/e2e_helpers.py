@@ -304,3 +304,42 @@ def cli_json(cfg: Path, env: dict[str, str], *args: str) -> dict[str, Any]:
     run = subprocess.run([sys.executable, "-m", "tpuwatch.cli", *args, "-c", str(cfg), "--json"], env=env, text=True,
                          capture_output=True, timeout=120)
     return dict(json.loads(run.stdout))
+
+
+def node_trainers(sim: Simulator, node: str, jobs: tuple[str, ...]) -> list[dict[str, str]]:
+    """The environments of the trainers of `jobs` running on TPU node `node`'s worker 0."""
+    from tpuwatch.errors import UsageError
+
+    try:
+        pids = sim.hosts.pids(sim.node_key(node), 0)
+    except UsageError:  # its host is not booted (yet, or any more)
+        return []
+    return [env for pid in pids for j in jobs if (env := trainer_env(pid, j)) is not None]
+
+
+class Overlap:
+    """Samples the workers of `nodes` every 50 ms until stopped: `seen` holds each moment two
+    trainers of `jobs` ran on one (none is what a test asserts), `samples` how many were taken."""
+
+    def __init__(self, sim: Simulator, nodes: tuple[str, ...], jobs: tuple[str, ...]) -> None:
+        import threading
+
+        self.sim, self.nodes, self.jobs = sim, nodes, jobs
+        self.seen: list[tuple[str, list[str]]] = []
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for node in self.nodes:
+                found = node_trainers(self.sim, node, self.jobs)
+                if len(found) > 1:
+                    self.seen.append((node, [f"{e['TPUWATCH_JOB']}#{e['TPUWATCH_ATTEMPT']}" for e in found]))
+            self.samples += 1
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)

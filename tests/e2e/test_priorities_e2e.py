@@ -25,18 +25,18 @@ from pathlib import Path
 
 import pytest
 from e2e_helpers import (
+    Overlap,
     checkpoint_steps,
     finish,
     job_memory,
+    node_trainers,
     trainer,
-    trainer_env,
     wait_while_watched,
     write_config,
 )
 from prometheus_client.parser import text_string_to_metric_families
 
 from tpuwatch.cloud.tpu.adapter import TpuAdapter
-from tpuwatch.errors import UsageError
 from tpuwatch.journal import Journal
 from tpuwatch.sim.simulator import Simulator
 
@@ -61,12 +61,7 @@ def job(sim: Simulator, tmp: Path, name: str, priority: int | None, spot: bool =
 
 
 def trainers(sim: Simulator, node: str) -> list[dict[str, str]]:
-    """The environments of every job's trainer running on node `node`'s worker."""
-    try:
-        pids = sim.hosts.pids(sim.node_key(node), 0)
-    except UsageError:  # its host is not booted (yet, or any more)
-        return []
-    return [env for pid in pids for j in ("hi", "lo") if (env := trainer_env(pid, j)) is not None]
+    return node_trainers(sim, node, ("hi", "lo"))
 
 
 def on(sim: Simulator, node: str, who: str, attempt: int) -> dict[str, str] | None:
@@ -154,31 +149,6 @@ class Lines:
         return rc, "\n".join(self.lines)
 
 
-class Overlap:
-    """Samples both nodes' workers until stopped: any moment two trainers ran on one worker."""
-
-    def __init__(self, sim: Simulator) -> None:
-        self.sim = sim
-        self.seen: list[tuple[str, list[str]]] = []
-        self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for node in ("hi", "lo"):
-                found = trainers(self.sim, node)
-                if len(found) > 1:
-                    self.seen.append((node, [f"{e['TPUWATCH_JOB']}#{e['TPUWATCH_ATTEMPT']}" for e in found]))
-            self.samples += 1
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-
 def test_a_preempted_high_priority_job_takes_the_low_ones_node_and_hands_its_own_back_when_made_again(
         sim: Simulator, tmp_path: Path) -> None:
     hi, go_hi = job(sim, tmp_path, "hi", 500, spot=True)
@@ -189,7 +159,7 @@ def test_a_preempted_high_priority_job_takes_the_low_ones_node_and_hands_its_own
                              "--metrics-port", str(port)],
                             env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     lines = Lines(proc)  # its JSON read as it comes: a full pipe would stall the watcher
-    overlap = Overlap(sim)
+    overlap = Overlap(sim, ("hi", "lo"), ("hi", "lo"))
     try:
         lines.wait(lambda: on(sim, "hi", "hi", 1) is not None and on(sim, "lo", "lo", 1) is not None
                    and len(checkpoint_steps(sim.bucket / "lo")) >= 2

@@ -16,16 +16,13 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
-from e2e_helpers import checkpoint_steps, trainer, trainer_env, write_config
+from e2e_helpers import Overlap, checkpoint_steps, node_trainers, trainer, write_config
 from test_priorities_e2e import Lines, history, labels
 
 from tpuwatch.cloud.tpu.adapter import TpuAdapter
-from tpuwatch.errors import UsageError
 from tpuwatch.journal import Journal
 from tpuwatch.sim.simulator import Simulator
 
@@ -50,11 +47,7 @@ def job(sim: Simulator, tmp: Path, name: str) -> tuple[Path, Path]:
 
 
 def trainers(sim: Simulator, node: str) -> list[dict[str, str]]:
-    try:
-        pids = sim.hosts.pids(sim.node_key(node), 0)
-    except UsageError:  # its host is not booted (yet, or any more)
-        return []
-    return [env for pid in pids for j in ("a", "b") if (env := trainer_env(pid, j)) is not None]
+    return node_trainers(sim, node, ("a", "b"))
 
 
 def on(sim: Simulator, node: str, who: str, attempt: int) -> bool:
@@ -76,31 +69,6 @@ def claims(tmp: Path, job: str) -> list[str]:
         return [e.reason for e in journal.events() if e.kind == "pool_claim"]
 
 
-class Overlap:
-    """Samples every node's worker until stopped: any moment two trainers ran on one."""
-
-    def __init__(self, sim: Simulator) -> None:
-        self.sim = sim
-        self.seen: list[tuple[str, list[str]]] = []
-        self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for node in NODES:
-                found = trainers(self.sim, node)
-                if len(found) > 1:
-                    self.seen.append((node, [f"{e['TPUWATCH_JOB']}#{e['TPUWATCH_ATTEMPT']}" for e in found]))
-            self.samples += 1
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-
 def test_two_jobs_share_one_pool_spare_and_a_returned_node_serves_the_next_loss(sim: Simulator,
                                                                                 tmp_path: Path) -> None:
     a, go_a = job(sim, tmp_path, "a")
@@ -113,7 +81,7 @@ def test_two_jobs_share_one_pool_spare_and_a_returned_node_serves_the_next_loss(
                              str(pool), "--json"],
                             env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     lines = Lines(proc)  # its JSON read as it comes: a full pipe would stall the watcher
-    overlap = Overlap(sim)
+    overlap = Overlap(sim, NODES, ("a", "b"))
     try:
         lines.wait(lambda: on(sim, "a", "a", 1) and on(sim, "b", "b", 1) and len(checkpoint_steps(sim.bucket / "a")) >= 2,
                    "both jobs training")
@@ -177,7 +145,7 @@ def test_a_watcher_killed_once_its_claim_landed_swaps_onto_the_spare_at_its_next
     proc = subprocess.Popen(args, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL)
     lines = Lines(proc)
-    overlap = Overlap(sim)
+    overlap = Overlap(sim, NODES, ("a", "b"))
     try:
         lines.wait(lambda: on(sim, "a", "a", 1) and on(sim, "b", "b", 1), "both jobs training")
         sim.world.stockout()  # a's own node stays gone: only the spare can take it
@@ -215,7 +183,7 @@ def test_two_jobs_losing_their_nodes_together_never_both_claim_the_one_spare(sim
                              str(pool), "--json"], env=env, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     lines = Lines(proc)
-    overlap = Overlap(sim)
+    overlap = Overlap(sim, NODES, ("a", "b"))
     try:
         lines.wait(lambda: on(sim, "a", "a", 1) and on(sim, "b", "b", 1), "both jobs training")
         sim.inject("preempt", node="a")
