@@ -148,6 +148,23 @@ def test_the_taker_binds_the_node_lent_to_it_and_launches_there() -> None:
     assert launch.row == "launch" and kinds(launch) == ["launch"]
 
 
+def test_a_node_handed_back_and_lent_again_between_two_looks_is_taken_not_swapped_nor_handed_back_again() -> None:
+    # the job handed lpod back to lo, and lo lent it again before the job looked: that hand-back
+    # is done. Its entry kept made lpod busy: a swap bound it with no lender to trade with, the
+    # old write went out again while the job ran there, and lo waited for a hand-back for ever
+    mem = replace(run_mem(step=100), phase=Phase.WAITING_NODE, limp=Limp(handing=(("lpod", "lo"),), wants="lpod"))
+    zone = (part("hpod", "hi", "PREEMPTED", tpuwatch_priority="500"),
+            part("lpod", "hi", tpuwatch_lent_by="lo", tpuwatch_returned_by="hi"))
+    d = tick(look(HI, mem, zone, probes=None, checkpoint=ckpt(200)), mem, 700, cfg=HI)
+    assert d.row == "take" and d.memory.limp.swapped == (("hpod", "lpod"),)
+    assert d.memory.limp.took == (("lpod", "lo"),) and d.memory.limp.handing == ()
+    # its own node back: traded for the node it took, and nothing handed twice
+    back = (part("hpod", "hi"), zone[1])
+    trade = tick(look(HI, replace(d.memory, phase=Phase.RUNNING), back, probes=running(1), checkpoint=ckpt(300)),
+                 replace(d.memory, phase=Phase.RUNNING), 900, cfg=HI)
+    assert trade.row == "hand_back" and [(r.name, dict(r.put)["tpuwatch-job"]) for r in relabels(trade)] == [("hpod", "lo")]
+
+
 def test_a_node_not_labelled_the_jobs_is_never_taken() -> None:
     mem = replace(run_mem(step=100), phase=Phase.WAITING_NODE)
     zone = (part("lpod", "lo", tpuwatch_lent_by="lo"), part("hpod", "hi", "PREEMPTED"))

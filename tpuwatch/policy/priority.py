@@ -178,8 +178,11 @@ def take(draft: Draft, mem: Memory) -> Decision | None:
             *((s, None) for s, _ in mem.limp.lent if s in mem.limp.out and mem.limp.node_of(s) == "")]
     if not lost or (cfg.priority is None and not mem.limp.lent):
         return None
-    busy = {n for n, _ in (*mem.limp.giving, *mem.limp.handing)}
     seen = dict(draft.obs.spares)
+    # a node handed to another job that it lent to this one since (labelled so by it) is not
+    # busy: that hand-back landed between two looks, and its entry is done with
+    back = {n for n, _ in mem.limp.handing if (p := seen.get(n)) is not None and p.labels.get(LENT_BY, cfg.job) != cfg.job}
+    busy = {n for n, _ in (*mem.limp.giving, *mem.limp.handing)} - back
     # a node asked for by a job of higher priority is given, never taken (a label write that
     # landed late can give it back to the lender for a moment)
     free = [n for n in spares.free(draft, mem) if n not in busy and not _asked_above(seen.get(n), cfg.priority)]
@@ -200,10 +203,12 @@ def take(draft: Draft, mem: Memory) -> Decision | None:
     if final is not None:
         return final
     took = [(n, lender[n]) for _, n in pairs if n in lender]
+    on = set(taken.values())
     limp = replace(mem.limp, swapped=spares.bind(cfg.slices, mem.limp, pairs),
                    lent=tuple((s, j) for s, j in mem.limp.lent if s not in taken),
                    took=(*mem.limp.took, *took), wants="" if took else mem.limp.wants,
-                   wants_at=None if took else mem.limp.wants_at)
+                   wants_at=None if took else mem.limp.wants_at,
+                   handing=tuple((n, j) for n, j in mem.limp.handing if n not in on))
     mem = replace(mem, limp=limp)
     said = "; ".join(f"slice {cfg.slices.index(s)} ({s}) on {n}" + (f", taken from job {lender[n]}" if n in lender
                                                                       else f", its node lent to job {away[s]}")
