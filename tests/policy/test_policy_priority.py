@@ -221,6 +221,28 @@ def test_its_own_node_deleted_to_be_made_again_and_nothing_to_take_the_job_waits
     assert (make.name, make.create) == ("hpod", True)
 
 
+def test_a_job_that_ends_on_a_node_it_took_hands_it_back_to_its_lender_once_stopped() -> None:
+    # done before its own node was made again to trade for it: its watch ends there, and the
+    # lender's lent slot waited for a hand-back that never came
+    from policy_support import exited
+
+    mem = run_mem(step=100, limp=Limp(swapped=(("hpod", "lpod"),), took=(("lpod", "lo"),), remaking=("hpod",)))
+    zone = (part("lpod", "hi", tpuwatch_lent_by="lo", tpuwatch_priority="500"),)
+    d = tick(look(HI, mem, zone, probes=exited({0: 0}), checkpoint=ckpt(300)), mem, 900, cfg=HI)
+    assert d.row == "success" and d.terminal
+    [give] = relabels(d)
+    assert (give.name, give.owner, dict(give.put)) == ("lpod", "hi", {"tpuwatch-job": "lo", RETURNED_BY: "hi"})
+    assert {LENT_BY, PRIORITY_LABEL} <= set(give.drop)
+    # the job's other worker is stopped first, waited for: nothing of it is left when the lender launches
+    assert kinds(d).index("stop") < kinds(d).index("relabel")
+    assert all(a.wait for a in d.actions if isinstance(a, StopWorkers))
+    # a watcher started on the ended job writes it again while the label says the job's; not once it is the lender's
+    again = tick(look(HI, d.memory, zone, probes=None), d.memory, 960, cfg=HI)
+    assert again.row == "terminal" and [r.name for r in relabels(again)] == ["lpod"]
+    given = (part("lpod", "lo", tpuwatch_returned_by="hi"),)
+    assert relabels(tick(look(HI, d.memory, given, probes=None), d.memory, 961, cfg=HI)) == []
+
+
 def test_a_lent_slot_never_takes_back_a_node_a_higher_job_asked_for() -> None:
     # a late label write handed the node back to the lender for a moment: it gives it, never launches there
     mem = replace(run_mem(step=100), phase=Phase.WAITING_NODE,

@@ -37,7 +37,7 @@ from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.ending import end_unusable
 from tpuwatch.policy.limp import BRIEF_STATES, end_lost, stop_waited
 from tpuwatch.policy.nodes import Cond, node_condition
-from tpuwatch.policy.state import Evidence, Memory, Phase, merge_evidence, move
+from tpuwatch.policy.state import TERMINAL, Evidence, Memory, Phase, merge_evidence, move
 from tpuwatch.policy.values import Decision, Relabel, StopWorkers, Wait
 
 PRIORITY_LABEL = "tpuwatch-priority"
@@ -389,6 +389,27 @@ def relabel(draft: Draft, before: Memory, decision: Decision) -> Decision:
                 f"{p.name} is held by job {job} (priority {cfg.priority}, "
                 f"{'a slot runs on it' if p.name in held else 'idle'}): {', '.join(said)}"))
     return out
+
+
+def ended(draft: Draft, decision: Decision) -> Decision:
+    """A decision that leaves the job DONE or FAILED while it holds nodes it took from a job of
+    lower priority (its own lost node not yet back to trade): each still labelled its own goes
+    back to its lender (row `hand_back`), after the job's workers are stopped (waited for); the
+    watch ends, and the lender would otherwise wait for a hand-back that never comes. The
+    terminal row repeats it until the labels say so."""
+    mem, job = decision.memory, draft.cfg.job
+    if mem.phase not in TERMINAL or not mem.limp.took:
+        return decision
+    _, seen = _pool(draft, mem)
+    back = [(x, by) for x, by in mem.limp.took if (p := seen.get(x)) is not None and p.owned_by(job)]
+    if not back:
+        return decision
+    writes = tuple(Relabel(x, job, ((OWNER_LABEL, by), (RETURNED_BY, job)),
+                           (LENT_BY, WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL, IDLE_LABEL),
+                           f"the job has ended: handing {x}, taken from job {by}, back to it") for x, by in back)
+    stops = tuple(replace(a, wait=True) if isinstance(a, StopWorkers) else a for a in decision.actions)
+    return replace(decision, actions=(*stops, *writes),
+                   summary=f"{decision.summary}; " + "; ".join(w.reason for w in writes))
 
 
 def _asked_above(node: NodeSnapshot | None, priority: int | None) -> bool:

@@ -150,9 +150,11 @@ ROWS: tuple[Row, ...] = (
     Row("lent_wait", "a slot the job lent away, not left out, and no node free for it", "wait for a node handed "
         "back or a spare (never a stop for a person); the attempt, if any, ended as a disruption, not charged"),
     Row("hand_back", "the job runs on or waits, and its own node of a slot that runs on a node it took is READY+HEALTHY "
-        "again (or a node lent to it is idle and nothing is lost)", "journal, then relabel that node "
+        "again (or a node lent to it is idle and nothing is lost); or the job ends (done or failed) on a node it took "
+        "before its own is back", "journal, then relabel that node "
         "tpuwatch-job=<lender>, tpuwatch-returned-by=<job>: a trade, the job stays on the node it took "
-        "(repeated until its label says so)"),
+        "(repeated until its label says so); a job that ends hands back the node it took itself, its workers "
+        "stopped first (waited for), so the lender never waits for a watch that has ended"),
     Row("priority_label", "the job runs on or waits, and a READY node it holds lacks tpuwatch-priority=<p>, or "
         "tpuwatch-idle=true while no slot runs on it (or has it while one does), or keeps tpuwatch-lent-by after its "
         "trade; or nothing is lost any more and a node it asked for still carries "
@@ -288,7 +290,8 @@ ROWS: tuple[Row, ...] = (
         "(row `unreachable_grace`, up to unreachable_grace); when one still runs an older attempt, the newest "
         "checkpoint has moved on, a worker stayed unreachable past unreachable_grace, or after launch_tries, end "
         "it uncharged (its end stops every worker)"),
-    Row("terminal", "DONE or FAILED", "report the end again; stop workers still running", steady=True),
+    Row("terminal", "DONE or FAILED", "report the end again; stop workers still running; a node it took still "
+        "labelled its own is handed back (`hand_back`)", steady=True),
     Row("hung", "every worker runs the attempt, but no new checkpoint for recovery.hang_timeout "
         "(from the attempt's start or its newest checkpoint; 0s = off; \"auto\": 3x the checkpoint interval "
         "seen, at least 30m, and the workers' logs silent as long)",
