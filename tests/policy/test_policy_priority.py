@@ -221,6 +221,25 @@ def test_its_own_node_deleted_to_be_made_again_and_nothing_to_take_the_job_waits
     assert (make.name, make.create) == ("hpod", True)
 
 
+def test_its_own_node_journaled_to_be_made_again_but_never_deleted_is_deleted_so_it_can_be_handed_back() -> None:
+    # the watcher killed between the journal line of the delete and the call (or the call
+    # refused): the node is still PREEMPTED, journaled as one being made again. Left so, it was
+    # never created again and the lender's slot waited for it forever.
+    mem = run_mem(step=100, limp=Limp(swapped=(("hpod", "lpod"),), took=(("lpod", "lo"),), remaking=("hpod",)))
+    taken = part("lpod", "hi", tpuwatch_lent_by="lo", tpuwatch_priority="500")
+    dead = (taken, part("hpod", "hi", "PREEMPTED", tpuwatch_priority="500"))
+    d = tick(look(HI, mem, dead, probes=running(1), checkpoint=ckpt(300)), mem, 900, cfg=HI)
+    assert d.row == "spare_remake" and d.ended == () and d.memory.limp.remaking == ("hpod",)
+    [remake] = [a for a in d.actions if isinstance(a, RemakeSpare)]
+    assert (remake.name, remake.create) == ("hpod", False) and "its delete never started" in remake.reason
+    assert d.memory.limp.remake_at is not None and d.memory.limp.took == (("lpod", "lo"),)
+    # the delete started: not sent again; nor before remake_at, as a delete not yet seen started
+    going = (taken, part("hpod", "hi", "DELETING"))
+    for seen, t in ((going, 960), (dead, 901)):
+        again = tick(look(HI, d.memory, seen, probes=running(1), checkpoint=ckpt(300)), d.memory, t, cfg=HI)
+        assert not [a for a in again.actions if isinstance(a, RemakeSpare)], (seen[1].state, t)
+
+
 def test_a_job_that_ends_on_a_node_it_took_hands_it_back_to_its_lender_once_stopped() -> None:
     # done before its own node was made again to trade for it: its watch ends there, and the
     # lender's lent slot waited for a hand-back that never came

@@ -108,7 +108,9 @@ ROWS: tuple[Row, ...] = (
         "is gone and the audit log says Google preempted it (none yet: waited for 3 min, then `spare_gone`); or, of the keeper of a spare pool (the one job holding its keeper lock in the "
         "state dir), an idle spare of the pool (its label, no job's) PREEMPTED / TERMINATED or marked tpuwatch-pool-bad, or one a keeper "
         "deleted so gone (its record in the state dir)",
-        "journal it as one tpuwatch makes again, delete it (not one Google deletes); "
+        "journal it as one tpuwatch makes again, delete it (not one Google deletes); one so journaled that is still "
+        "PREEMPTED / TERMINATED, not DELETING, a backoff later (its delete never started: the watcher killed between "
+        "its journal line and the call, or the call refused) is deleted again (not a MIG); "
         "once gone, create it again from [tpu.spec] ([tpu.compute_spec.instance]: an instances.insert under its "
         "name) (one that came to nothing tried again as a queued create is: recovery.backoff_base, doubling to "
         "recovery.backoff_max). A spare neither tpuwatch nor Google deleted so is never created. A MIG (tpu.mig) is made "
