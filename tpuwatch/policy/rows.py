@@ -145,7 +145,8 @@ ROWS: tuple[Row, ...] = (
         "worker has a process of the job left (else stop again), journal the slot lent (bound to no node) and "
         "relabel the node tpuwatch-job=<taker>, tpuwatch-lent-by=<job> (repeated until its label says so)"),
     Row("take", "a job with job.priority has a slot with no usable node and a READY+HEALTHY node labelled its own "
-        "with tpuwatch-lent-by=<lender> is free", "journal the node in the slot's place (as `swap`) and the lender; a "
+        "with tpuwatch-lent-by=<lender> is free (one the job handed to that lender before is free again once so "
+        "labelled: that hand-back is done)", "journal the node in the slot's place (as `swap`) and the lender; a "
         "disruption, not charged; relaunch there from the newest complete checkpoint"),
     Row("lent_back", "a slot the job lent away and a free node of its pool (one handed back, or a spare)",
         "journal the node in the slot's place; the job resumes there from its own newest complete checkpoint"),
