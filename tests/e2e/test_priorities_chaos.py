@@ -83,12 +83,9 @@ class Shared:
 
 
 def kill_in(job: Prio, since: float, lo: float, hi: float, stage: str, done: Any) -> None:
-    """Kill `job`'s watcher at a seeded moment lo..hi s after `since`, counted in `stage` unless
-    what the stage leads to was `done` by then (counted "running"); no kill if it was before."""
-    if done():
-        return
-    time.sleep(max(0.0, since + job.rng.uniform(lo, hi) - time.monotonic()))
-    job.kill(since, "running" if done() else stage)
+    """Kill `job`'s watcher at a seeded moment lo..hi s after `since`, counted in `stage`, unless
+    what the stage leads to is `done` first (no kill then: one after it is no kill point)."""
+    job.kill_unless(since, lo, hi, done, stage)
 
 
 def labels(sim: Simulator, name: str) -> dict[str, str]:

@@ -148,6 +148,23 @@ def test_the_taker_binds_the_node_lent_to_it_and_launches_there() -> None:
     assert launch.row == "launch" and kinds(launch) == ["launch"]
 
 
+def test_a_node_handed_back_and_lent_again_between_two_looks_is_taken_not_swapped_nor_handed_back_again() -> None:
+    # the job handed lpod back to lo, and lo lent it again before the job looked: that hand-back
+    # is done. Its entry kept made lpod busy: a swap bound it with no lender to trade with, the
+    # old write went out again while the job ran there, and lo waited for a hand-back for ever
+    mem = replace(run_mem(step=100), phase=Phase.WAITING_NODE, limp=Limp(handing=(("lpod", "lo"),), wants="lpod"))
+    zone = (part("hpod", "hi", "PREEMPTED", tpuwatch_priority="500"),
+            part("lpod", "hi", tpuwatch_lent_by="lo", tpuwatch_returned_by="hi"))
+    d = tick(look(HI, mem, zone, probes=None, checkpoint=ckpt(200)), mem, 700, cfg=HI)
+    assert d.row == "take" and d.memory.limp.swapped == (("hpod", "lpod"),)
+    assert d.memory.limp.took == (("lpod", "lo"),) and d.memory.limp.handing == ()
+    # its own node back: traded for the node it took, and nothing handed twice
+    back = (part("hpod", "hi"), zone[1])
+    trade = tick(look(HI, replace(d.memory, phase=Phase.RUNNING), back, probes=running(1), checkpoint=ckpt(300)),
+                 replace(d.memory, phase=Phase.RUNNING), 900, cfg=HI)
+    assert trade.row == "hand_back" and [(r.name, dict(r.put)["tpuwatch-job"]) for r in relabels(trade)] == [("hpod", "lo")]
+
+
 def test_a_node_not_labelled_the_jobs_is_never_taken() -> None:
     mem = replace(run_mem(step=100), phase=Phase.WAITING_NODE)
     zone = (part("lpod", "lo", tpuwatch_lent_by="lo"), part("hpod", "hi", "PREEMPTED"))
@@ -202,6 +219,47 @@ def test_its_own_node_deleted_to_be_made_again_and_nothing_to_take_the_job_waits
     assert d.row == "spare_remake" and d.memory.phase is Phase.WAITING_NODE and d.exit_code == 0
     [make] = [a for a in d.actions if isinstance(a, RemakeSpare)]
     assert (make.name, make.create) == ("hpod", True)
+
+
+def test_its_own_node_journaled_to_be_made_again_but_never_deleted_is_deleted_so_it_can_be_handed_back() -> None:
+    # the watcher killed between the journal line of the delete and the call (or the call
+    # refused): the node is still PREEMPTED, journaled as one being made again. Left so, it was
+    # never created again and the lender's slot waited for it forever.
+    mem = run_mem(step=100, limp=Limp(swapped=(("hpod", "lpod"),), took=(("lpod", "lo"),), remaking=("hpod",)))
+    taken = part("lpod", "hi", tpuwatch_lent_by="lo", tpuwatch_priority="500")
+    dead = (taken, part("hpod", "hi", "PREEMPTED", tpuwatch_priority="500"))
+    d = tick(look(HI, mem, dead, probes=running(1), checkpoint=ckpt(300)), mem, 900, cfg=HI)
+    assert d.row == "spare_remake" and d.ended == () and d.memory.limp.remaking == ("hpod",)
+    [remake] = [a for a in d.actions if isinstance(a, RemakeSpare)]
+    assert (remake.name, remake.create) == ("hpod", False) and "its delete never started" in remake.reason
+    assert d.memory.limp.remake_at is not None and d.memory.limp.took == (("lpod", "lo"),)
+    # the delete started: not sent again; nor before remake_at, as a delete not yet seen started
+    going = (taken, part("hpod", "hi", "DELETING"))
+    for seen, t in ((going, 960), (dead, 901)):
+        again = tick(look(HI, d.memory, seen, probes=running(1), checkpoint=ckpt(300)), d.memory, t, cfg=HI)
+        assert not [a for a in again.actions if isinstance(a, RemakeSpare)], (seen[1].state, t)
+
+
+def test_a_job_that_ends_on_a_node_it_took_hands_it_back_to_its_lender_once_stopped() -> None:
+    # done before its own node was made again to trade for it: its watch ends there, and the
+    # lender's lent slot waited for a hand-back that never came
+    from policy_support import exited
+
+    mem = run_mem(step=100, limp=Limp(swapped=(("hpod", "lpod"),), took=(("lpod", "lo"),), remaking=("hpod",)))
+    zone = (part("lpod", "hi", tpuwatch_lent_by="lo", tpuwatch_priority="500"),)
+    d = tick(look(HI, mem, zone, probes=exited({0: 0}), checkpoint=ckpt(300)), mem, 900, cfg=HI)
+    assert d.row == "success" and d.terminal
+    [give] = relabels(d)
+    assert (give.name, give.owner, dict(give.put)) == ("lpod", "hi", {"tpuwatch-job": "lo", RETURNED_BY: "hi"})
+    assert {LENT_BY, PRIORITY_LABEL} <= set(give.drop)
+    # the job's other worker is stopped first, waited for: nothing of it is left when the lender launches
+    assert kinds(d).index("stop") < kinds(d).index("relabel")
+    assert all(a.wait for a in d.actions if isinstance(a, StopWorkers))
+    # a watcher started on the ended job writes it again while the label says the job's; not once it is the lender's
+    again = tick(look(HI, d.memory, zone, probes=None), d.memory, 960, cfg=HI)
+    assert again.row == "terminal" and [r.name for r in relabels(again)] == ["lpod"]
+    given = (part("lpod", "lo", tpuwatch_returned_by="hi"),)
+    assert relabels(tick(look(HI, d.memory, given, probes=None), d.memory, 961, cfg=HI)) == []
 
 
 def test_a_lent_slot_never_takes_back_a_node_a_higher_job_asked_for() -> None:

@@ -37,7 +37,7 @@ from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.ending import end_unusable
 from tpuwatch.policy.limp import BRIEF_STATES, end_lost, stop_waited
 from tpuwatch.policy.nodes import Cond, node_condition
-from tpuwatch.policy.state import Evidence, Memory, Phase, merge_evidence, move
+from tpuwatch.policy.state import TERMINAL, Evidence, Memory, Phase, merge_evidence, move
 from tpuwatch.policy.values import Decision, Relabel, StopWorkers, Wait
 
 PRIORITY_LABEL = "tpuwatch-priority"
@@ -178,8 +178,11 @@ def take(draft: Draft, mem: Memory) -> Decision | None:
             *((s, None) for s, _ in mem.limp.lent if s in mem.limp.out and mem.limp.node_of(s) == "")]
     if not lost or (cfg.priority is None and not mem.limp.lent):
         return None
-    busy = {n for n, _ in (*mem.limp.giving, *mem.limp.handing)}
     seen = dict(draft.obs.spares)
+    # a node handed to another job that it lent to this one since (labelled so by it) is not
+    # busy: that hand-back landed between two looks, and its entry is done with
+    back = {n for n, _ in mem.limp.handing if (p := seen.get(n)) is not None and p.labels.get(LENT_BY, cfg.job) != cfg.job}
+    busy = {n for n, _ in (*mem.limp.giving, *mem.limp.handing)} - back
     # a node asked for by a job of higher priority is given, never taken (a label write that
     # landed late can give it back to the lender for a moment)
     free = [n for n in spares.free(draft, mem) if n not in busy and not _asked_above(seen.get(n), cfg.priority)]
@@ -200,10 +203,12 @@ def take(draft: Draft, mem: Memory) -> Decision | None:
     if final is not None:
         return final
     took = [(n, lender[n]) for _, n in pairs if n in lender]
+    on = set(taken.values())
     limp = replace(mem.limp, swapped=spares.bind(cfg.slices, mem.limp, pairs),
                    lent=tuple((s, j) for s, j in mem.limp.lent if s not in taken),
                    took=(*mem.limp.took, *took), wants="" if took else mem.limp.wants,
-                   wants_at=None if took else mem.limp.wants_at)
+                   wants_at=None if took else mem.limp.wants_at,
+                   handing=tuple((n, j) for n, j in mem.limp.handing if n not in on))
     mem = replace(mem, limp=limp)
     said = "; ".join(f"slice {cfg.slices.index(s)} ({s}) on {n}" + (f", taken from job {lender[n]}" if n in lender
                                                                       else f", its node lent to job {away[s]}")
@@ -384,6 +389,27 @@ def relabel(draft: Draft, before: Memory, decision: Decision) -> Decision:
                 f"{p.name} is held by job {job} (priority {cfg.priority}, "
                 f"{'a slot runs on it' if p.name in held else 'idle'}): {', '.join(said)}"))
     return out
+
+
+def ended(draft: Draft, decision: Decision) -> Decision:
+    """A decision that leaves the job DONE or FAILED while it holds nodes it took from a job of
+    lower priority (its own lost node not yet back to trade): each still labelled its own goes
+    back to its lender (row `hand_back`), after the job's workers are stopped (waited for); the
+    watch ends, and the lender would otherwise wait for a hand-back that never comes. The
+    terminal row repeats it until the labels say so."""
+    mem, job = decision.memory, draft.cfg.job
+    if mem.phase not in TERMINAL or not mem.limp.took:
+        return decision
+    _, seen = _pool(draft, mem)
+    back = [(x, by) for x, by in mem.limp.took if (p := seen.get(x)) is not None and p.owned_by(job)]
+    if not back:
+        return decision
+    writes = tuple(Relabel(x, job, ((OWNER_LABEL, by), (RETURNED_BY, job)),
+                           (LENT_BY, WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL, IDLE_LABEL),
+                           f"the job has ended: handing {x}, taken from job {by}, back to it") for x, by in back)
+    stops = tuple(replace(a, wait=True) if isinstance(a, StopWorkers) else a for a in decision.actions)
+    return replace(decision, actions=(*stops, *writes),
+                   summary=f"{decision.summary}; " + "; ".join(w.reason for w in writes))
 
 
 def _asked_above(node: NodeSnapshot | None, priority: int | None) -> bool:

@@ -108,7 +108,9 @@ ROWS: tuple[Row, ...] = (
         "is gone and the audit log says Google preempted it (none yet: waited for 3 min, then `spare_gone`); or, of the keeper of a spare pool (the one job holding its keeper lock in the "
         "state dir), an idle spare of the pool (its label, no job's) PREEMPTED / TERMINATED or marked tpuwatch-pool-bad, or one a keeper "
         "deleted so gone (its record in the state dir)",
-        "journal it as one tpuwatch makes again, delete it (not one Google deletes); "
+        "journal it as one tpuwatch makes again, delete it (not one Google deletes); one so journaled that is still "
+        "PREEMPTED / TERMINATED, not DELETING, a backoff later (its delete never started: the watcher killed between "
+        "its journal line and the call, or the call refused) is deleted again (not a MIG); "
         "once gone, create it again from [tpu.spec] ([tpu.compute_spec.instance]: an instances.insert under its "
         "name) (one that came to nothing tried again as a queued create is: recovery.backoff_base, doubling to "
         "recovery.backoff_max). A spare neither tpuwatch nor Google deleted so is never created. A MIG (tpu.mig) is made "
@@ -143,16 +145,19 @@ ROWS: tuple[Row, ...] = (
         "worker has a process of the job left (else stop again), journal the slot lent (bound to no node) and "
         "relabel the node tpuwatch-job=<taker>, tpuwatch-lent-by=<job> (repeated until its label says so)"),
     Row("take", "a job with job.priority has a slot with no usable node and a READY+HEALTHY node labelled its own "
-        "with tpuwatch-lent-by=<lender> is free", "journal the node in the slot's place (as `swap`) and the lender; a "
+        "with tpuwatch-lent-by=<lender> is free (one the job handed to that lender before is free again once so "
+        "labelled: that hand-back is done)", "journal the node in the slot's place (as `swap`) and the lender; a "
         "disruption, not charged; relaunch there from the newest complete checkpoint"),
     Row("lent_back", "a slot the job lent away and a free node of its pool (one handed back, or a spare)",
         "journal the node in the slot's place; the job resumes there from its own newest complete checkpoint"),
     Row("lent_wait", "a slot the job lent away, not left out, and no node free for it", "wait for a node handed "
         "back or a spare (never a stop for a person); the attempt, if any, ended as a disruption, not charged"),
     Row("hand_back", "the job runs on or waits, and its own node of a slot that runs on a node it took is READY+HEALTHY "
-        "again (or a node lent to it is idle and nothing is lost)", "journal, then relabel that node "
+        "again (or a node lent to it is idle and nothing is lost); or the job ends (done or failed) on a node it took "
+        "before its own is back", "journal, then relabel that node "
         "tpuwatch-job=<lender>, tpuwatch-returned-by=<job>: a trade, the job stays on the node it took "
-        "(repeated until its label says so)"),
+        "(repeated until its label says so); a job that ends hands back the node it took itself, its workers "
+        "stopped first (waited for), so the lender never waits for a watch that has ended"),
     Row("priority_label", "the job runs on or waits, and a READY node it holds lacks tpuwatch-priority=<p>, or "
         "tpuwatch-idle=true while no slot runs on it (or has it while one does), or keeps tpuwatch-lent-by after its "
         "trade; or nothing is lost any more and a node it asked for still carries "
@@ -288,7 +293,8 @@ ROWS: tuple[Row, ...] = (
         "(row `unreachable_grace`, up to unreachable_grace); when one still runs an older attempt, the newest "
         "checkpoint has moved on, a worker stayed unreachable past unreachable_grace, or after launch_tries, end "
         "it uncharged (its end stops every worker)"),
-    Row("terminal", "DONE or FAILED", "report the end again; stop workers still running", steady=True),
+    Row("terminal", "DONE or FAILED", "report the end again; stop workers still running; a node it took still "
+        "labelled its own is handed back (`hand_back`)", steady=True),
     Row("hung", "every worker runs the attempt, but no new checkpoint for recovery.hang_timeout "
         "(from the attempt's start or its newest checkpoint; 0s = off; \"auto\": 3x the checkpoint interval "
         "seen, at least 30m, and the workers' logs silent as long)",

@@ -207,7 +207,9 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
       repair longer than recovery.repair_timeout, owned by the job, made alone (not one slice of a
       multislice queued resource), when [tpu.spec] can make it again: journaled as one tpuwatch
       makes again (`Limp.remaking`), then deleted. So is such a lost slice of the job itself while
-      the job waits for a spare (row `spare_wait`).
+      the job waits for a spare (row `spare_wait`). One so journaled still PREEMPTED / TERMINATED,
+      not DELETING, past `remake_at` (a backoff after the delete was decided) is deleted again: its
+      delete never started (the watcher killed between its journal line and the call, or refused).
     - So is a slice the job limps without ([job] min_slices), of a job over slices made one by
       one with [tpu.spec] (`slices_remade`): the job grows back onto it once it is READY.
     - Not one under repair while a create of another has come to nothing (a stockout): it may
@@ -274,6 +276,14 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
     # one Google deletes itself (a Spot VM's termination action DELETE) is never deleted by
     # tpuwatch beside Google: made again once gone with the audit log's word for it (`track`)
     dead = [(name, part) for name, part in dead if not google_deletes(cfg.job, part)]
+    # one journaled to be made again and still PREEMPTED / TERMINATED, not being deleted, once
+    # `remake_at` is past: its delete never started (the watcher killed between its journal line
+    # and the call, or the call refused); deleted again, never left dead (a node lent in its place
+    # would never be handed back). Not a MIG made again in place: recreated, it may stay so a while.
+    unsent = [(name, part) for name, part, _ in candidates
+              if part is not None and name in limp.remaking and not cfg.spares_in_place
+              and node_condition(part) is Cond.DEAD and part.owned_by(cfg.job) and not part.multislice_request
+              and not google_deletes(cfg.job, part) and (limp.remake_at is None or now >= limp.remake_at)]
     # gone with no word from Google within its grace: a person deleted it; dropped, never made again
     late = [n for n, t in zip(limp.vanished, limp.vanished_since, strict=True)
             if (now - t).total_seconds() >= google.AUDIT_GRACE]
@@ -289,11 +299,16 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
         action = RemakeSpare(gone[0], True, f"{gone[0]} was deleted (by tpuwatch, or Google) to be made again: "
                                             f"creating it from {_spec_of(draft)} (try {limp.remake_tries}; the "
                                             f"next no sooner than {human(wait)} from now)")
-    elif (cfg.spares_remade or cfg.slices_remade) and dead:
-        name, part = dead[0]
-        limp = replace(limp, remaking=(*limp.remaking, name))
+    elif (cfg.spares_remade or cfg.slices_remade) and (dead or unsent):
+        name, part = (dead or unsent)[0]
+        # a delete that has not started by then is sent again (`unsent`)
+        wait = backoff_delay(limp.remake_tries + 1, cfg.backoff_base, cfg.backoff_max, draft.obs.jitter)
+        limp = replace(limp, remaking=tuple(dict.fromkeys((*limp.remaking, name))),
+                       remake_at=now + timedelta(seconds=wait))
         why = ("will not come back by itself" if node_condition(part) is Cond.DEAD else
                f"has been under repair longer than recovery.repair_timeout ({human(cfg.repair_timeout)})")
+        if not dead:
+            why += " (journaled to be made again, its delete never started)"
         then = ("the job grows back onto it at its next complete checkpoint once it is READY"
                 if name in dict(out) else "a spare of the job's once READY")
         how = ("recreating its instances (recreateInstances: the MIG, its template and workload policy stay)"

@@ -103,6 +103,8 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
                        or priority.lent_wait(draft, new))
             decision = priority.relabel(draft, new, pool.keep(draft, new, pool.give_back(draft, new, spares.remake(
                 draft, new, shifted or limp.grow_wait(draft, new, NODE_HANDLERS[node_condition(obs.node)](draft, new))))))
+    # a job with a priority that ends holding nodes it took hands them back (policy/priority.py)
+    decision = priority.ended(draft, decision)
     if obs.checks and obs.node is not None:
         # What more to observe in this tick (policy/settle.py bounds the re-decisions).
         launches = any(isinstance(a, Launch) for a in decision.actions)
