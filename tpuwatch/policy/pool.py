@@ -26,10 +26,9 @@ from datetime import timedelta
 
 from tpuwatch.model import OWNER_LABEL, NodeSnapshot
 from tpuwatch.policy.draft import Draft
-from tpuwatch.policy.limp import end_lost, stop_waited
+from tpuwatch.policy.limp import end_lost, person_deleted, removed, stop_waited
 from tpuwatch.policy.nodes import Cond, node_condition
 from tpuwatch.policy.priority import lost_slots
-from tpuwatch.policy.spares import person_deleted, removed
 from tpuwatch.policy.state import Memory, Phase, move
 from tpuwatch.policy.values import Decision, Relabel, RemakeSpare, Wait
 
