@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +20,7 @@ from typing import Any
 
 import cli_process
 
-from tpuwatch.errors import NotFoundError
+from tpuwatch.errors import NotFoundError, UsageError
 from tpuwatch.journal import AttemptRow, Journal
 from tpuwatch.policy import Memory
 from tpuwatch.sim.hosts import MARKER
@@ -281,8 +283,6 @@ def held_compute_job(sim: Simulator, compute_url: str, tmp: Path, name: str, tpu
 def trainer_on_instance(sim: Simulator, instance: str, job: str, attempt: int) -> dict[str, str] | None:
     """The environment of job `job`'s trainer of `attempt` on Compute Engine instance `instance`
     (its worker 0), or None."""
-    from tpuwatch.errors import UsageError
-
     try:
         pids = sim.hosts.pids(f"{sim.project}/{sim.zone}/instances/{instance}", 0)
     except UsageError:  # its host is not booted (yet, or any more)
@@ -299,8 +299,6 @@ def compute_writes(sim: Simulator, verbs: tuple[str, ...]) -> list[str]:
 
 def cli_json(cfg: Path, env: dict[str, str], *args: str) -> dict[str, Any]:
     """`tpuwatch ARGS -c CFG --json`'s output."""
-    import sys
-
     run = subprocess.run([sys.executable, "-m", "tpuwatch.cli", *args, "-c", str(cfg), "--json"], env=env, text=True,
                          capture_output=True, timeout=120)
     return dict(json.loads(run.stdout))
@@ -308,8 +306,6 @@ def cli_json(cfg: Path, env: dict[str, str], *args: str) -> dict[str, Any]:
 
 def node_trainers(sim: Simulator, node: str, jobs: tuple[str, ...]) -> list[dict[str, str]]:
     """The environments of the trainers of `jobs` running on TPU node `node`'s worker 0."""
-    from tpuwatch.errors import UsageError
-
     try:
         pids = sim.hosts.pids(sim.node_key(node), 0)
     except UsageError:  # its host is not booted (yet, or any more)
@@ -322,8 +318,6 @@ class Overlap:
     trainers of `jobs` ran on one (none is what a test asserts), `samples` how many were taken."""
 
     def __init__(self, sim: Simulator, nodes: tuple[str, ...], jobs: tuple[str, ...]) -> None:
-        import threading
-
         self.sim, self.nodes, self.jobs = sim, nodes, jobs
         self.seen: list[tuple[str, list[str]]] = []
         self.samples = 0
