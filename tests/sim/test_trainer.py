@@ -109,8 +109,8 @@ def test_sigterm_exits_143_promptly_when_hung(tmp_path: Path) -> None:
         try:
             assert proc.wait(timeout=10) == 143
         except subprocess.TimeoutExpired:
-            # a trainer that outlived its SIGTERM (seen once in a fresh-clone run): what its
-            # signal masks and kernel wait say, then killed, so the test fails at once, not hangs
+            # a trainer that outlived its SIGTERM: what its signal masks and kernel wait say,
+            # then killed, so the test fails at once, not hangs
             status = Path(f"/proc/{proc.pid}/status").read_text()
             said = [line for line in status.splitlines() if line.startswith(("State", "Sig", "Shd"))]
             wchan = Path(f"/proc/{proc.pid}/wchan").read_text()

@@ -199,7 +199,9 @@ def serve(
             f"{sim.speed:g}; Ctrl-C to stop",
             err=True,
         )
-        while not stop.wait(3600):
+        # Short waits: a signal landing just before a wait's system call is handled only when
+        # the wait ends (CPython runs handlers between bytecodes), so a long wait could sit on it.
+        while not stop.wait(0.5):
             pass
     finally:
         if rest is not None:

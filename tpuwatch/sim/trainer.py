@@ -262,7 +262,7 @@ def _faults(args: argparse.Namespace, worker: int, step: int) -> None:
         if _num_slices() > 1:
             _megascale_hang(args.megascale_hang_threshold, step)
         while True:
-            time.sleep(3600)
+            _sleep(3600)
 
 
 def _num_slices() -> int:
@@ -289,7 +289,7 @@ def _num_slices() -> int:
 
 def _megascale_hang(threshold: float, step: int) -> None:
     """Megascale's word on a multislice hang, after its threshold; an abort when the flags ask."""
-    time.sleep(threshold)
+    _sleep(threshold)
     stamp = time.strftime("%m%d %H:%M:%S", time.gmtime())
     print(f"E{stamp} Megascale hang detected: Timed out waiting for 1 graphs to complete at launch_id {step}. "
           f"Already completed: {step}. StepGloballyInProgress: true. Timeout: {threshold:g}s", file=sys.stderr, flush=True)
@@ -298,6 +298,18 @@ def _megascale_hang(threshold: float, step: int) -> None:
 
 
 _term = {"save": False, "asked": False, "hung": False}
+
+# CPython runs a signal's handler between bytecodes: a SIGTERM that lands after the last check and
+# before a sleep's system call starts is handled only when the sleep ends (2 hung trainers in 5,000
+# SIGTERMs sent the moment one said it hangs). Short sleeps bound that to a slice.
+SLEEP_SLICE = 0.05
+
+
+def _sleep(seconds: float) -> None:
+    """time.sleep(seconds), in slices a SIGTERM cannot be lost in for longer than one."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, SLEEP_SLICE))
 
 
 def _on_term(signum: int, frame: FrameType | None) -> None:
