@@ -356,3 +356,19 @@ def test_a_node_whose_label_names_another_job_is_never_run_on_however_usable() -
     absent = (WorkerProbe(0, "absent"), WorkerProbe(1, "absent"))
     d = tick(look(HI, mem, zone, probes=absent, checkpoint=ckpt(200)), mem, 700, cfg=HI)
     assert d.row == "take_wait" and "launch" not in kinds(d), (d.row, kinds(d))
+
+
+def test_a_node_lent_to_the_job_is_never_swapped_in_for_a_slice_it_limps_without_but_handed_back() -> None:
+    # a swap binds no lender to trade with: the label step would drop tpuwatch-lent-by from the
+    # node it runs on, and the lender would wait for a hand-back that never comes
+    from policy_support import LIMPS, limp_look
+
+    cfg = replace(LIMPS, priority=500, spares_remade=False)
+    mem = run_mem(step=200, limp=Limp(out=("s2",)))
+    loan = replace(limp_part("x0"), labels={"tpuwatch-job": "job", LENT_BY: "lo", PRIORITY_LABEL: "100"})
+    six = tuple(WorkerProbe(w, "running", attempt=1, pid=w) for w in range(6))
+    d = tick(limp_look({"s2": "PREEMPTED"}, mem, spares=("x0",), parts={"x0": loan}, probes=six, checkpoint=ckpt(300)),
+             mem, 900, cfg=cfg)
+    assert d.row == "hand_back" and d.memory.limp.swapped == () and d.memory.limp.handing == (("x0", "lo"),)
+    [back] = relabels(d)
+    assert (back.name, dict(back.put)) == ("x0", {"tpuwatch-job": "lo", RETURNED_BY: "job"})

@@ -37,13 +37,13 @@ from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.ending import end_unusable
 from tpuwatch.policy.limp import BRIEF_STATES, end_lost, stop_waited
 from tpuwatch.policy.nodes import Cond, node_condition
+from tpuwatch.policy.spares import LENT_BY
 from tpuwatch.policy.state import TERMINAL, Evidence, Memory, Phase, merge_evidence, move
 from tpuwatch.policy.values import Decision, Relabel, StopWorkers, Wait
 
 PRIORITY_LABEL = "tpuwatch-priority"
 WANTED_BY = "tpuwatch-wanted-by"
 WANTED_PRIORITY = "tpuwatch-wanted-priority"
-LENT_BY = "tpuwatch-lent-by"
 RETURNED_BY = "tpuwatch-returned-by"
 # on a node a job with a priority holds and does not train on: a taker asks for it first
 IDLE_LABEL = "tpuwatch-idle"
@@ -185,7 +185,7 @@ def take(draft: Draft, mem: Memory) -> Decision | None:
     busy = {n for n, _ in (*mem.limp.giving, *mem.limp.handing)} - back
     # a node asked for by a job of higher priority is given, never taken (a label write that
     # landed late can give it back to the lender for a moment)
-    free = [n for n in spares.free(draft, mem) if n not in busy and not _asked_above(seen.get(n), cfg.priority)]
+    free = [n for n in spares.free(draft, mem, loans=True) if n not in busy and not _asked_above(seen.get(n), cfg.priority)]
     lender = {n: by for n in free if (part := seen.get(n)) is not None
               and (by := part.labels.get(LENT_BY, "")) and by != cfg.job}
     loans, own = [n for n in free if n in lender], [n for n in free if n not in lender]

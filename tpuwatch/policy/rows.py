@@ -88,7 +88,9 @@ ROWS: tuple[Row, ...] = (
     Row("swap", "a multislice job with tpu.spares: slices it runs on are not READY+HEALTHY (as for `limp`: not a "
         "person's stop, nor a slice RESTARTING), or left out while it limps (a job on one node: its node not so, "
         "or gone with Google's word for it or deleted by tpuwatch), and a spare is READY+HEALTHY, of the job's "
-        "accelerator type (a MIG's: machine type and target size), and carries the job's ownership label; never a node a person deleted (`node_missing`)",
+        "accelerator type (a MIG's: machine type and target size), and carries the job's ownership label (not "
+        "a node another job lent it: `take` binds that one and keeps its lender); never a node a person deleted "
+        "(`node_missing`)",
         "journal the spare in the lost slice's place (its slice id); a disruption, not charged: stop the attempt on "
         "the slices still up and relaunch at once on the spare and the others from the newest complete checkpoint "
         "(MEGASCALE_* set by tpuwatch); a slice left out is grown back onto at the next checkpoint (`grow`). No "

@@ -73,9 +73,17 @@ def unfit(job: str, node: NodeSnapshot | None, part: NodeSnapshot | None, bad: t
     return ""
 
 
-def free(draft: Draft, mem: Memory) -> list[str]:
-    """The job's spares it may swap in now, in pool order (tpu.names, then tpu.spares)."""
-    return [name for name, part in draft.obs.spares if not unfit(draft.cfg.job, draft.obs.node, part, mem.limp.bad)]
+# on a node one job lent another (policy/priority.py): the lender, owed a node back
+LENT_BY = "tpuwatch-lent-by"
+
+
+def free(draft: Draft, mem: Memory, loans: bool = False) -> list[str]:
+    """The job's spares it may swap in now, in pool order (tpu.names, then tpu.spares). A node
+    another job lent it only with `loans`: priority's `take` binds it and keeps its lender, owed
+    a node back; a swap onto it would forget whom."""
+    job = draft.cfg.job
+    return [name for name, part in draft.obs.spares if not unfit(job, draft.obs.node, part, mem.limp.bad)
+            and (loans or part is None or part.labels.get(LENT_BY, job) == job)]
 
 
 def bind(slices: Sequence[str], limp: Limp, pairs: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
