@@ -200,6 +200,10 @@ def test_the_lender_binds_its_lent_slot_to_the_node_handed_back_and_resumes_from
     absent = (WorkerProbe(0, "absent"), WorkerProbe(1, "absent"))
     launch = tick(look(LO, d.memory, zone, probes=absent, checkpoint=ckpt(250)), d.memory, 951, cfg=LO)
     assert launch.row == "launch" and launch.memory.attempt.start_step == 250
+    # running there, the node it was handed loses tpuwatch-returned-by (stale once bound), keeps the rest
+    on = replace(launch.memory, phase=Phase.RUNNING)
+    tidy = tick(look(LO, on, zone, probes=running(2), checkpoint=ckpt(250)), on, 960, cfg=LO)
+    assert tidy.row == "priority_label" and [(r.name, r.drop) for r in relabels(tidy)] == [("hpod", (RETURNED_BY,))]
 
 
 def test_a_job_stamps_its_priority_on_the_nodes_it_holds_once() -> None:

@@ -20,7 +20,8 @@ is idempotent (the tick sends none that changes nothing).
   `tpuwatch-job=L`, `tpuwatch-returned-by=H` (a trade: H stays on the node it took), and L binds
   its lent slot to it (row `lent_back`) and resumes from its own newest complete checkpoint.
 - labels (row `priority_label`): the nodes a job holds carry its priority; a node it took and
-  traded for carries no `tpuwatch-lent-by` any more.
+  traded for carries no `tpuwatch-lent-by` any more, and one handed back to it no
+  `tpuwatch-returned-by` once a slot of it runs there.
 A job without a priority never takes and never gives. Ownership stays the guard: a node is
 deleted or made again only by the job its label names.
 """
@@ -271,7 +272,8 @@ def _stopped(probes: Sequence[WorkerProbe] | None) -> bool:
 
 
 def _give_label(job: str, name: str, to: str) -> Relabel:
-    return Relabel(name, job, ((OWNER_LABEL, to), (LENT_BY, job)), (WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL, IDLE_LABEL),
+    return Relabel(name, job, ((OWNER_LABEL, to), (LENT_BY, job)),
+                   (WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL, IDLE_LABEL, RETURNED_BY),
                    f"handing {name} to job {to}, which asked for it with a higher priority; no process of this job "
                    "is left there")
 
@@ -382,6 +384,8 @@ def relabel(draft: Draft, before: Memory, decision: Decision) -> Decision:
             put.append((IDLE_LABEL, "true"))
         if p.labels.get(LENT_BY) and p.name in held and p.name not in took:
             drop.append(LENT_BY)
+        if RETURNED_BY in p.labels and p.name in held:  # the hand-back is done once a slot runs there
+            drop.append(RETURNED_BY)
         if put or drop:
             said = [*(f"{k}={v}" for k, v in put), *(f"-{k}" for k in drop)]
             return _with(out, mem, "priority_label", Relabel(

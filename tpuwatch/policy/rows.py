@@ -162,7 +162,8 @@ ROWS: tuple[Row, ...] = (
         "stopped first (waited for), so the lender never waits for a watch that has ended"),
     Row("priority_label", "the job runs on or waits, and a READY node it holds lacks tpuwatch-priority=<p>, or "
         "tpuwatch-idle=true while no slot runs on it (or has it while one does), or keeps tpuwatch-lent-by after its "
-        "trade; or nothing is lost any more and a node it asked for still carries "
+        "trade, or tpuwatch-returned-by while a slot runs on it; or nothing is lost any more and a node it asked for "
+        "still carries "
         "its tpuwatch-wanted-* labels", "relabel it (a write only when its labels differ); an ask is withdrawn"),
     Row("early_swap", "a maintenance is announced for a node the job runs on (tpu.spares), a spare is free, and the "
         "job's next complete checkpoint landed (or the window is 10 min away)", "a disruption, not charged: stop the "
