@@ -91,9 +91,9 @@ class Snapshot:
     slots_lent: int = 0
     nodes_taken: int = 0
     # a job of a spare pool (tpu.spare_pool): its name, and the pool's nodes as the tick listed
-    # them, each with the job that holds it ("" idle)
+    # them, each with the job that holds it ("" idle) and, idle, why it cannot be claimed ("" it can)
     pool: str = ""
-    pool_nodes: tuple[tuple[str, str], ...] = ()
+    pool_nodes: tuple[tuple[str, str, str], ...] = ()
 
 
 def goodput(job: str, events: Sequence[JournalEvent], attempts: Sequence[AttemptRow], now: datetime) -> float | None:
@@ -211,14 +211,15 @@ def pool_families(s: Snapshot) -> Iterator[GaugeMetricFamily]:
     for name, doc, value in (
             ("tpuwatch_spare_pool_nodes", "the nodes of the job's spare pool (tpu.spare_pool) as listed: "
              "labelled tpuwatch-pool=<pool>, idle or held by a job", len(s.pool_nodes)),
-            ("tpuwatch_spare_pool_idle", "its idle spares (no job's label; one marked tpuwatch-pool-bad waits for the keeper to make it again)",
-             sum(1 for _, job in s.pool_nodes if not job))):
+            ("tpuwatch_spare_pool_idle", "its idle spares a job can claim now: no job's label, READY+HEALTHY, "
+             "not marked tpuwatch-pool-bad (0: a job that loses a node now finds none there)",
+             sum(1 for _, job, why in s.pool_nodes if not job and not why))):
         g = GaugeMetricFamily(name, doc, labels=labels)
         g.add_metric([s.job, s.pool], float(value))
         yield g
     held = GaugeMetricFamily("tpuwatch_spare_pool_node", "1 for each node of the pool, with the job that holds "
                              "it (held_by, \"\" when idle)", labels=[*labels, "node", "held_by"])
-    for node, job in s.pool_nodes:
+    for node, job, _ in s.pool_nodes:
         held.add_metric([s.job, s.pool, node, job], 1.0)
     yield held
 

@@ -104,8 +104,8 @@ class TickReport:
     # a job with spares: its pool's nodes no slot holds, as read (Observation.spares)
     spares: tuple[tuple[str, NodeSnapshot | None], ...] = ()
     # a job of a spare pool ([tpu] spare_pool): the pool's nodes as listed, each with the job that
-    # holds it ("": idle)
-    pool: tuple[tuple[str, str], ...] = ()
+    # holds it ("": idle) and, idle, why it cannot be claimed now ("": it can)
+    pool: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def exit_code(self) -> int:
@@ -209,7 +209,7 @@ class Reconciler:
                           done=tuple(st.done), warnings=tuple(st.warnings), dry_run=self.flags.dry_run,
                           precheck=st.precheck or precheck.last(self.journal), pcfg=self.pcfg,
                           earlier=tuple(st.carried[:-1]), operation=st.operation, spares=st.spares,
-                          pool=tuple(pool_said(self.pcfg.spare_pool, zone_nodes).items()))
+                          pool=tuple((n, *held) for n, held in pool_said(self.pcfg.spare_pool, zone_nodes).items()))
 
     def _pool_remaking(self, zone_nodes: tuple[NodeSnapshot, ...]) -> tuple[str, ...]:
         """The keeper's read of its pool's record of spares deleted to make again, those made

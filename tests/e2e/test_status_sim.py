@@ -249,16 +249,20 @@ def test_config_of_a_spare_pool_job_shows_the_pools_nodes_who_holds_each_and_tho
     tpu_sim.create_node("a", labels={"tpuwatch-job": "a"})
     tpu_sim.create_node("sp-0", labels={"tpuwatch-pool": "v4", "tpuwatch-job": "b"})  # claimed by job b
     tpu_sim.create_node("sp-1", labels={"tpuwatch-pool": "v4"})  # idle
+    tpu_sim.create_node("sp-2", labels={"tpuwatch-pool": "v4", "tpuwatch-pool-bad": "c"})  # idle, failed on job c
     tpu_sim.create_node("other", labels={"tpuwatch-pool": "v5"})  # another pool's
     cfg = tmp_path / "tpuwatch.toml"
     cfg.write_text(f'[tpu]\nname = "a"\nzone = "us-central2-b"\nproject = "{tpu_sim.project}"\nspare_pool = "v4"\n')
     env = cli_env(tpu_sim, tmp_path)
     data = status_json(["-c", str(cfg)], env)
-    assert [n["name"] for n in data["nodes"]] == ["a", "sp-0", "sp-1"]
-    assert data["spare_pool"] == {"name": "v4", "idle": 1, "nodes": [{"name": "sp-0", "held_by": "b"},
-                                                                     {"name": "sp-1", "held_by": None}]}
+    assert [n["name"] for n in data["nodes"]] == ["a", "sp-0", "sp-1", "sp-2"]
+    bad = "failed its launch-time checks on job c; the pool's keeper makes it again"
+    assert data["spare_pool"] == {"name": "v4", "idle": 1, "nodes": [
+        {"name": "sp-0", "held_by": "b", "unclaimable": None}, {"name": "sp-1", "held_by": None, "unclaimable": None},
+        {"name": "sp-2", "held_by": None, "unclaimable": bad}]}
     code, out, err = run(["status", "-c", str(cfg)], env)
     assert code == 0, err
-    assert "spare pool v4: 2 node(s), 1 idle: sp-0 (job b), sp-1 (idle)" in out
+    assert (f"spare pool v4: 3 node(s), 1 idle and free to claim: sp-0 (held by job b), sp-1 (idle), "
+            f"sp-2 (idle, {bad})") in " ".join(out.split()), out
     assert "v4: held by job b" in out and "v4: idle" in out
     assert status_json(["a"], env)["spare_pool"] is None  # no -c: no pool to name

@@ -309,6 +309,17 @@ def test_a_job_with_spares_shows_each_and_why_it_cannot_stand_in_in_the_dashboar
     assert "spares" not in render(dashboard(report(), "llm", PCFG, events(2), T0, T0))  # a job without spares
 
 
+def test_a_job_of_a_spare_pool_shows_who_holds_each_node_and_why_an_idle_one_cannot_be_claimed() -> None:
+    pcfg = replace(PCFG, spare_pool="v5p")
+    r = replace(report(), pool=(("sp-0", "llm", ""), ("sp-1", "", ""), ("sp-2", "", "PREEMPTED")), pcfg=pcfg)
+    body = " ".join(render(dashboard(r, "llm", pcfg, events(2), T0 + timedelta(seconds=30), T0)).split())
+    assert "pool v5p sp-0 held by llm · sp-1 idle · sp-2 idle, PREEMPTED" in body, body
+    data = tick_dict(r)
+    assert data["spare_pool"]["nodes"] == [{"name": "sp-0", "held_by": "llm", "unclaimable": None},
+                                           {"name": "sp-1", "held_by": None, "unclaimable": None},
+                                           {"name": "sp-2", "held_by": None, "unclaimable": "PREEMPTED"}]
+
+
 def test_a_watcher_whose_output_is_not_a_terminal_does_not_import_rich() -> None:
     # systemd's and cron's watchers print lines: rich is ~40 ms of every start they would not use
     code = ("import sys, types; from tpuwatch.commands.watch import _view; "

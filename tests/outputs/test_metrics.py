@@ -288,17 +288,19 @@ def test_a_check_without_metrics_does_not_import_them() -> None:
     assert out.stdout.split() == [], out.stdout
 
 
-def test_a_job_of_a_spare_pool_shows_its_nodes_who_holds_each_and_those_idle() -> None:
+def test_a_job_of_a_spare_pool_shows_its_nodes_who_holds_each_and_those_free_to_claim() -> None:
     from dataclasses import replace
 
     from prometheus_client.exposition import generate_latest
 
-    pooled = replace(SNAP, pool="v5p", pool_nodes=(("a", ""), ("sp-0", "llm"), ("sp-1", "")))
+    pooled = replace(SNAP, pool="v5p", pool_nodes=(("a", "", ""), ("sp-0", "llm", ""), ("sp-1", "", ""),
+                                                   ("sp-2", "", "PREEMPTED"), ("sp-3", "", "failed its checks")))
     got = samples(generate_latest(metrics.registry_for(pooled, clock=lambda: at(1000))[0]).decode())
     where = (("job_name", "llm"), ("pool", "v5p"))
-    assert (got[("tpuwatch_spare_pool_nodes", where)], got[("tpuwatch_spare_pool_idle", where)]) == (3, 1 + 1)
+    # idle counts only the spares a job could claim now: not a dead one, nor one marked bad
+    assert (got[("tpuwatch_spare_pool_nodes", where)], got[("tpuwatch_spare_pool_idle", where)]) == (5, 1 + 1)
     held = {dict(k[1])["node"]: dict(k[1])["held_by"] for k, v in got.items()
             if k[0] == "tpuwatch_spare_pool_node" and v == 1}
-    assert held == {"a": "", "sp-0": "llm", "sp-1": ""}
+    assert held == {"a": "", "sp-0": "llm", "sp-1": "", "sp-2": "", "sp-3": ""}
     one = samples(generate_latest(metrics.registry_for(SNAP, clock=lambda: at(1000))[0]).decode())
     assert not any(k[0].startswith("tpuwatch_spare_pool") for k in one)  # a job of no pool

@@ -107,11 +107,16 @@ def job_rows(node: NodeSnapshot, job: str = "") -> list[tuple[str, str]]:
     return rows
 
 
-def pool_rows(pool_name: str, pool: Mapping[str, str], node: str) -> list[tuple[str, str]]:
-    """A row for a node of the config's job's spare pool: idle, or the job that holds it."""
+def pool_rows(pool_name: str, pool: Mapping[str, tuple[str, str]], node: str) -> list[tuple[str, str]]:
+    """A row for a node of the config's job's spare pool: the job that holds it, or idle (and why
+    it cannot be claimed now)."""
     if node not in pool:
         return []
-    return [("spare pool", f"{pool_name}: " + (f"held by job {pool[node]}" if pool[node] else "idle"))]
+    return [("spare pool", f"{pool_name}: {_held(*pool[node])}")]
+
+
+def _held(job: str, why: str) -> str:
+    return f"held by job {job}" if job else f"idle, {why}" if why else "idle"
 
 
 def request_rows(request: QueuedStatus | None, now: datetime) -> list[tuple[str, str]]:
@@ -297,8 +302,9 @@ def command(
             ],
             "missing": missing,
             "events_error": events_error,
-            "spare_pool": {"name": pool_name, "idle": sum(1 for j in pool.values() if not j),
-                           "nodes": [{"name": n, "held_by": j or None} for n, j in pool.items()]} if pool_name else None,
+            "spare_pool": {"name": pool_name, "idle": sum(1 for j, why in pool.values() if not j and not why),
+                           "nodes": [{"name": n, "held_by": j or None, "unclaimable": why or None}
+                                     for n, (j, why) in pool.items()]} if pool_name else None,
         }
         click.echo(json.dumps(out, indent=2))
     else:
@@ -311,9 +317,9 @@ def command(
                                           *pool_rows(pool_name, pool, n.name),
                                           *job_rows(n, cfg.job_name if cfg is not None else "")]))
         if pool_name:
-            idle = sum(1 for j in pool.values() if not j)
-            said = ", ".join(f"{n} ({f'job {j}' if j else 'idle'})" for n, j in pool.items()) or "no node labelled so"
-            console.print(f"spare pool {pool_name}: {len(pool)} node(s), {idle} idle: {said}")
+            idle = sum(1 for j, why in pool.values() if not j and not why)
+            said = ", ".join(f"{n} ({_held(j, why)})" for n, (j, why) in pool.items()) or "no node labelled so"
+            console.print(f"spare pool {pool_name}: {len(pool)} node(s), {idle} idle and free to claim: {said}")
         if events_error:
             click.echo(f"warning: audit log not read: {events_error}", err=True)
     for note in dict.fromkeys([*tpu.take_notes(), *(n for a in found_by.values() for n in a.take_notes())]):

@@ -59,7 +59,7 @@ def claim(draft: Draft, mem: Memory) -> Decision | None:
         return None
     lost = lost_slots(draft, mem)
     shapes = _shapes(draft)
-    found = sorted((n for n in draft.obs.zone if idle_in(cfg.spare_pool, n) and n.usable and BAD_LABEL not in n.labels
+    found = sorted((n for n in draft.obs.zone if idle_in(cfg.spare_pool, n) and not unclaimable(n)
                     and (not shapes or n.accelerator_type in shapes)), key=lambda n: n.name)
     if not lost or not found:
         return None
@@ -179,7 +179,18 @@ def still_remaking(pool: str, names: Iterable[str], listed: Mapping[str, NodeSna
         p.state == "DELETING" or node_condition(p) is Cond.DEAD or BAD_LABEL in p.labels)))
 
 
-def said(pool: str, zone: tuple[NodeSnapshot, ...]) -> dict[str, str]:
-    """The pool's nodes as listed: name -> "" (idle) or the job that holds it."""
-    return {n.name: n.owner or "" for n in sorted(zone, key=lambda n: n.name)
+def unclaimable(node: NodeSnapshot) -> str:
+    """Why an idle spare of a pool cannot be claimed now; "" when it can (READY+HEALTHY, and not
+    marked as failing its checks)."""
+    if bad := node.labels.get(BAD_LABEL):
+        return f"failed its launch-time checks on job {bad}; the pool's keeper makes it again"
+    if not node.usable:
+        return node.state + (f"/{node.health}" if node.health and node.state == "READY" else "")
+    return ""
+
+
+def said(pool: str, zone: tuple[NodeSnapshot, ...]) -> dict[str, tuple[str, str]]:
+    """The pool's nodes as listed: name -> (the job that holds it, "" when idle; for an idle one,
+    why it cannot be claimed now, "" when it can)."""
+    return {n.name: (n.owner or "", "" if n.owner else unclaimable(n)) for n in sorted(zone, key=lambda n: n.name)
             if pool and n.labels.get(POOL_LABEL) == pool}

@@ -207,11 +207,12 @@ def dashboard(report: TickReport, job: str, pcfg: PolicyConfig, events: Sequence
             head.add_row("spares", idle)
         if report.pool:  # a job of a spare pool: its nodes, idle or held by which job
             held = Text()
-            for i, (name, job) in enumerate(report.pool):
+            for i, (name, job, why) in enumerate(report.pool):
                 if i:
                     held.append(" · ")
                 held.append(f"{name} ")
-                held.append(f"held by {job}" if job else "idle", style=WAIT if job else OK)
+                held.append(f"held by {job}" if job else f"idle, {why}" if why else "idle",
+                            style=WAIT if job or why else OK)
             head.add_row(f"pool {pcfg.spare_pool}" if pcfg is not None else "pool", held)
         if node.health_description:
             head.add_row("", Text(_clip(node.health_description, text_width), style="dim"))

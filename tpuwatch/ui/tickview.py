@@ -80,9 +80,10 @@ def tick_dict(report: TickReport) -> dict[str, Any]:
                       "health": part.health if part is not None else "", "unfit": unfit(pcfg.job, node, part, mem.limp.bad)}
                      for name, part in report.spares]},
         # a job of a spare pool (tpu.spare_pool): the pool's nodes as listed, each with the job that
-        # holds it (null: idle, free to claim)
+        # holds it (null: idle) and, idle, why it cannot be claimed now (null: it can)
         "spare_pool": None if pcfg is None or not pcfg.spare_pool else {
-            "name": pcfg.spare_pool, "nodes": [{"name": n, "held_by": j or None} for n, j in report.pool]},
+            "name": pcfg.spare_pool, "nodes": [{"name": n, "held_by": j or None, "unclaimable": why or None}
+                                               for n, j, why in report.pool]},
         # a job with a priority (job.priority): the nodes it took and lent, from and to whom, and why
         "priority": None if pcfg is None or pcfg.priority is None else {
             "priority": pcfg.priority, "lent": [{"slot": s, "to": j} for s, j in mem.limp.lent],
