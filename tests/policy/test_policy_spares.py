@@ -161,6 +161,30 @@ def test_a_dead_idle_spare_is_deleted_then_created_again_with_the_creates_spaced
     assert back.memory.limp.remaking == () and back.memory.limp.remake_tries == 0
 
 
+def test_an_idle_spot_vm_still_stopping_is_not_deleted_until_terminated_and_one_a_person_deleted_never_made() -> None:
+    """A Compute Engine Spot VM stopping reads PREEMPTED whether Google preempts it (it ends
+    TERMINATED) or a person deletes it (it ends gone): nothing is deleted while it stops, so one a
+    person deleted is never inserted again; once TERMINATED it is deleted to be made again, and
+    not deleted a second time while that delete stops it."""
+    mem = run_mem(step=100, limp=Limp(swapped=(("s2", "x0"),)))
+    stopping = replace(limp_part("s2", "PREEMPTED"), kind="instance", stopping=True)
+    seen = tick(limp_look({}, mem, spares=("x0",), parts={"s2": stopping}, probes=running_all()), mem, 600, cfg=REMADE)
+    assert seen.row == "running" and not [a for a in seen.actions if isinstance(a, RemakeSpare)], seen.row
+    assert seen.memory.limp.remaking == ()
+    gone = limp_look({}, seen.memory, spares=("x0",), parts={"s2": None}, probes=running_all())
+    for t in (610, 700, 2000):  # a person's delete: never made again
+        later = tick(gone, seen.memory, t, cfg=REMADE)
+        assert not [a for a in later.actions if isinstance(a, RemakeSpare)] and later.memory.limp.remaking == ()
+    terminated = replace(stopping, stopping=False)
+    d = tick(limp_look({}, mem, spares=("x0",), parts={"s2": terminated}, probes=running_all()), mem, 600, cfg=REMADE)
+    assert d.row == "spare_remake" and [(a.name, a.create) for a in d.actions if isinstance(a, RemakeSpare)] == [
+        ("s2", False)]
+    # tpuwatch's delete under way stops it: not sent again past remake_at
+    again = tick(limp_look({}, d.memory, spares=("x0",), parts={"s2": stopping}, probes=running_all()), d.memory,
+                 900, cfg=REMADE)
+    assert not [a for a in again.actions if isinstance(a, RemakeSpare)] and again.memory.limp.remaking == ("s2",)
+
+
 def test_a_dead_idle_spare_mig_is_recreated_in_place_and_one_gone_since_is_dropped_never_inserted() -> None:
     """A pool of MIGs (tpu.mig) makes a dead spare again by recreating its instances (the MIG stays):
     the act is the same "delete" of the adapter, said as a recreate; a MIG gone while it was made
