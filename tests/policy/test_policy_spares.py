@@ -425,6 +425,29 @@ def test_a_node_google_deletes_itself_is_made_again_once_gone_with_the_audit_log
         assert d.memory.limp.remaking == () and not [a for a in d.actions if isinstance(a, RemakeSpare)], part
 
 
+def test_a_node_google_deletes_swapped_out_and_next_seen_gone_is_still_made_again_on_the_audit_logs_word() -> None:
+    """The VM Google is deleting when the job swaps away from it is next read gone (the watcher
+    killed after the swap, or slow to tick again): it is waited for as an idle one Google may
+    delete, and made again once the audit log says Google preempted it, never forgotten."""
+    mem = run_mem(step=100)
+    deleting = replace(limp_part("s2", "DELETING"), google_deleting="a Spot VM with termination action DELETE is STOPPING",
+                       google_deletes=True)
+    d = tick(limp_look({}, mem, spares=("x0",), parts={"s2": deleting}, probes=probes_with_slice_down(2),
+                       checkpoint=ckpt(200)), mem, 600, cfg=REMADE)
+    assert d.row == "swap" and d.memory.limp.swapped == (("s2", "x0"),) and d.memory.limp.deletes == ("s2",)
+    later = replace(d.memory, phase=Phase.RUNNING)
+    gone = limp_look({}, later, spares=("x0",), parts={"s2": None}, probes=running_all())
+    waits = tick(gone, later, 610, cfg=REMADE)
+    assert waits.memory.limp.vanished == ("s2",) and not [a for a in waits.actions if isinstance(a, RemakeSpare)]
+    word = tick(limp_look({}, waits.memory, spares=("x0",), parts={"s2": None}, probes=running_all(),
+                          events=(preempted("s2", 598),)), waits.memory, 620, cfg=REMADE)
+    assert [(a.name, a.create) for a in word.actions if isinstance(a, RemakeSpare)] == [("s2", True)]
+    # without a spec to make it from, nothing is waited for
+    plain = tick(limp_look({}, mem, spares=("x0",), parts={"s2": deleting}, probes=probes_with_slice_down(2),
+                           checkpoint=ckpt(200)), mem, 600, cfg=SPARES)
+    assert plain.row == "swap" and plain.memory.limp.deletes == ()
+
+
 def test_a_spare_google_may_delete_gone_with_no_word_from_google_is_dropped_never_made_again() -> None:
     """An idle Spot VM with termination action DELETE that a person deletes looks as one Google
     preempts (stopping, then gone), but the audit log says nothing of it: after 3 min it is

@@ -192,9 +192,15 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
     deleted = [name for name in away
                if cfg.spares_remade and name not in mem.limp.remaking and node is None and g.owned
                and bool(google.deleted(draft, mem))]
+    # one Google is deleting as it is swapped out is watched as an idle one so from the swap on
+    # (`deletes`, journaled with it): a watcher that next reads it gone (killed in between, or slow
+    # to look again) still makes it again on the audit log's word, instead of forgetting it
+    going = [name for name, (_, part) in zip(away, gone, strict=True)
+             if cfg.spares_remade and name not in deleted and name not in mem.limp.deletes
+             and google_deletes(cfg.job, part)]
     mem = replace(mem, limp=replace(mem.limp, swapped=swapped, away=(*mem.limp.away, *away),
                                     away_since=(*mem.limp.away_since, *(now for _ in away)),
-                                    remaking=(*mem.limp.remaking, *deleted)))
+                                    remaking=(*mem.limp.remaking, *deleted), deletes=(*mem.limp.deletes, *going)))
     said = "; ".join(
         f"slice {cfg.slices.index(slot)} ({slot}) on {spare} instead of {was[slot]}"
         for slot, spare in pairs)
