@@ -120,6 +120,9 @@ class NodeSnapshot:
     google_deletes_at: datetime | None = None
     google_deleting: str = ""
     auto_restart: bool = True
+    # A Compute Engine VM still stopping (STOPPING, DEPROVISIONING): whose stop it is shows where it
+    # ends, TERMINATED (a Spot preemption) or gone (a person's instances.delete)
+    stopping: bool = False
 
     @property
     def full_name(self) -> str:

@@ -366,6 +366,10 @@ class Reconciler:
             # is made again (policy/spares.py); each is its own one worker
             idle = [n for n in (*mem.limp.deletes, *mem.limp.vanished) if n not in nodes]
             instances = self._worker_instances(node)
+            if node is None and instances is not None:
+                # a gone VM is its own one worker under its own name, a spare's too when its slot is
+                # bound to one: the entry on its preemption says whether Google deleted it
+                instances = {**instances, **{n: (n, "0") for n in nodes if n in self.pcfg.spares}}
             if idle:
                 instances = {**(instances or {}), **{n: (n, "0") for n in idle}}
             events, cursor = audit.read([*nodes, *idle], self.journal.audit_cursor(), instances)

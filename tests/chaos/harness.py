@@ -154,13 +154,16 @@ class Watched:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
         self.starts = 0
-        for node in (*self.names, *self.spares):
-            sim.create_node(node, accelerator, labels={"tpuwatch-job": name} if labels is None else labels, spot=spot,
-                            zone=zone)
+        self.make_nodes({"tpuwatch-job": name} if labels is None else labels)
         self.env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(self.state_dir), **(env or {})}
         self.set_steps(steps)
         self.sampler = Sampler(sim, name)
         self.sampler.start()
+
+    def make_nodes(self, labels: dict[str, str]) -> None:
+        """The job's slices and spares, TPU nodes made one by one (a subclass makes others)."""
+        for node in (*self.names, *self.spares):
+            self.sim.create_node(node, self.accelerator, labels=labels, spot=self.spot, zone=self.zone)
 
     # -- config and processes -------------------------------------------------------------
 
@@ -343,9 +346,7 @@ class Watched:
     def assert_invariants(self, rc: int) -> dict[str, Any]:
         out = self.output()
         assert rc == 0, out[-4000:]
-        for name in self.names:
-            nodes = [n for n in self.sim.world.nodes() if n.name == name]
-            assert len(nodes) == 1 and nodes[0].state == "READY", [(n.zone, n.state) for n in nodes]
+        self.assert_nodes()
         self.sampler.sample()
         assert self.sampler.violations == [], self.sampler.violations[:5]
         assert self.sampler.max_per_worker <= 1 and self.sampler.max_attempts <= 1
@@ -366,6 +367,13 @@ class Watched:
             assert not older, (f"attempt {a['attempt']} started at step {a['start_step']} although "
                                f"checkpoints {older} were complete before it", attempts)
         return {"attempts": attempts, "kills": self.kills}
+
+
+    def assert_nodes(self) -> None:
+        """At the end: each of the job's slices is one READY node (a subclass checks its own kind)."""
+        for name in self.names:
+            nodes = [n for n in self.sim.world.nodes() if n.name == name]
+            assert len(nodes) == 1 and nodes[0].state == "READY", [(n.zone, n.state) for n in nodes]
 
 
 def _commit_time(step_dir: Path) -> float:

@@ -78,6 +78,8 @@ def four(status: str = "RUNNING", **kw: Any) -> list[compute_v1.Instance]:
 def test_an_instance_state_in_the_policys_words(status: str, is_spot: bool, state: str, cond: Cond) -> None:
     node = instance_snapshot(instance("vm", status, spot=is_spot), project=P, zone=Z)
     assert (node.state, node_condition(node)) == (state, cond)
+    # a stop under way: where it ends (TERMINATED, or gone) tells a preemption from a person's delete
+    assert node.stopping == (status == "STOPPING")
 
 
 def test_an_instance_is_a_node_of_one_worker() -> None:

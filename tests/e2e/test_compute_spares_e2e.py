@@ -169,6 +169,44 @@ def test_a_spot_instance_google_deletes_at_its_preemption_is_swapped_for_the_spa
     assert [(a["outcome"], a["charged"]) for a in done] == [("disruption", False), ("success", False)], done
 
 
+def test_a_spare_google_deleted_while_no_watcher_looked_is_swapped_away_from_on_the_audit_logs_word(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    """The job runs on spare sp (its VM vm preempted, deleted by Google and inserted again) when sp
+    is preempted too while its watcher is down: the next watcher finds sp gone, and the audit
+    log's entry on sp's preemption (sp is the slot's VM now) is Google's word for it: the job moves
+    back onto vm at once, not held 3 min and stopped as for a person's deletion."""
+    deletes = {"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE"}
+    for name in ("vm", "sp"):
+        sim.world.add_instance(name, body={"labels": {"tpuwatch-job": "vm"}, "scheduling": deletes})
+    cfg, env, go = spared(sim, rest, tmp_path, ["sp"])
+    old = sim.world.instance("vm").id
+    proc = watch_process(cfg, env)
+    try:
+        wait_while_watched(lambda: on(sim, "vm", 1) is not None and len(checkpoint_steps(sim.bucket / "ck")) >= 2,
+                           proc, "attempt 1 on vm, with checkpoints")
+        sim.world.preempt_instance("vm")
+        wait_while_watched(lambda: on(sim, "sp", 2) is not None, proc, "attempt 2 on the spare")
+        wait_while_watched(lambda: any(r.name == "vm" and r.id != old and r.status == "RUNNING"
+                                       for r in sim.world.instances())
+                           and (m := job_memory(tmp_path / "state", "vm")) is not None and not m.limp.remaking,
+                           proc, "vm inserted again, and seen so", timeout=120)
+        proc.kill()  # the watcher down (a crash, a reboot of the machine it runs on)
+        proc.wait()
+        sim.world.preempt_instance("sp")
+        sim.world.wait_for(lambda w: not any(r.name == "sp" for r in w.instances()), timeout=30)
+        proc = watch_process(cfg, env)
+        wait_while_watched(lambda: on(sim, "vm", 3) is not None, proc, "attempt 3 on vm, made again", timeout=60)
+        (go / "100").touch()
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    assert "slice 0 (vm) on vm instead of sp" in out, out
+    done = tool(cfg, env, "history")["attempts"]
+    assert [(a["outcome"], a["charged"]) for a in done] == [("disruption", False)] * 2 + [("success", False)], done
+
+
 def test_a_spare_insert_that_meets_a_stockout_is_tried_again_until_it_is_served(
         sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
     """The preempted VM, swapped out, is deleted and inserted again while the zone has no capacity:

@@ -161,6 +161,30 @@ def test_a_dead_idle_spare_is_deleted_then_created_again_with_the_creates_spaced
     assert back.memory.limp.remaking == () and back.memory.limp.remake_tries == 0
 
 
+def test_an_idle_spot_vm_still_stopping_is_not_deleted_until_terminated_and_one_a_person_deleted_never_made() -> None:
+    """A Compute Engine Spot VM stopping reads PREEMPTED whether Google preempts it (it ends
+    TERMINATED) or a person deletes it (it ends gone): nothing is deleted while it stops, so one a
+    person deleted is never inserted again; once TERMINATED it is deleted to be made again, and
+    not deleted a second time while that delete stops it."""
+    mem = run_mem(step=100, limp=Limp(swapped=(("s2", "x0"),)))
+    stopping = replace(limp_part("s2", "PREEMPTED"), kind="instance", stopping=True)
+    seen = tick(limp_look({}, mem, spares=("x0",), parts={"s2": stopping}, probes=running_all()), mem, 600, cfg=REMADE)
+    assert seen.row == "running" and not [a for a in seen.actions if isinstance(a, RemakeSpare)], seen.row
+    assert seen.memory.limp.remaking == ()
+    gone = limp_look({}, seen.memory, spares=("x0",), parts={"s2": None}, probes=running_all())
+    for t in (610, 700, 2000):  # a person's delete: never made again
+        later = tick(gone, seen.memory, t, cfg=REMADE)
+        assert not [a for a in later.actions if isinstance(a, RemakeSpare)] and later.memory.limp.remaking == ()
+    terminated = replace(stopping, stopping=False)
+    d = tick(limp_look({}, mem, spares=("x0",), parts={"s2": terminated}, probes=running_all()), mem, 600, cfg=REMADE)
+    assert d.row == "spare_remake" and [(a.name, a.create) for a in d.actions if isinstance(a, RemakeSpare)] == [
+        ("s2", False)]
+    # tpuwatch's delete under way stops it: not sent again past remake_at
+    again = tick(limp_look({}, d.memory, spares=("x0",), parts={"s2": stopping}, probes=running_all()), d.memory,
+                 900, cfg=REMADE)
+    assert not [a for a in again.actions if isinstance(a, RemakeSpare)] and again.memory.limp.remaking == ("s2",)
+
+
 def test_a_dead_idle_spare_mig_is_recreated_in_place_and_one_gone_since_is_dropped_never_inserted() -> None:
     """A pool of MIGs (tpu.mig) makes a dead spare again by recreating its instances (the MIG stays):
     the act is the same "delete" of the adapter, said as a recreate; a MIG gone while it was made
@@ -399,6 +423,29 @@ def test_a_node_google_deletes_itself_is_made_again_once_gone_with_the_audit_log
         d = tick(limp_look({}, first.memory, spares=("x0",), parts={"x0": None}, probes=running_all(),
                            events=(preempted("x0", 598),)), first.memory, 610, cfg=cfg)
         assert d.memory.limp.remaking == () and not [a for a in d.actions if isinstance(a, RemakeSpare)], part
+
+
+def test_a_node_google_deletes_swapped_out_and_next_seen_gone_is_still_made_again_on_the_audit_logs_word() -> None:
+    """The VM Google is deleting when the job swaps away from it is next read gone (the watcher
+    killed after the swap, or slow to tick again): it is waited for as an idle one Google may
+    delete, and made again once the audit log says Google preempted it, never forgotten."""
+    mem = run_mem(step=100)
+    deleting = replace(limp_part("s2", "DELETING"), google_deleting="a Spot VM with termination action DELETE is STOPPING",
+                       google_deletes=True)
+    d = tick(limp_look({}, mem, spares=("x0",), parts={"s2": deleting}, probes=probes_with_slice_down(2),
+                       checkpoint=ckpt(200)), mem, 600, cfg=REMADE)
+    assert d.row == "swap" and d.memory.limp.swapped == (("s2", "x0"),) and d.memory.limp.deletes == ("s2",)
+    later = replace(d.memory, phase=Phase.RUNNING)
+    gone = limp_look({}, later, spares=("x0",), parts={"s2": None}, probes=running_all())
+    waits = tick(gone, later, 610, cfg=REMADE)
+    assert waits.memory.limp.vanished == ("s2",) and not [a for a in waits.actions if isinstance(a, RemakeSpare)]
+    word = tick(limp_look({}, waits.memory, spares=("x0",), parts={"s2": None}, probes=running_all(),
+                          events=(preempted("s2", 598),)), waits.memory, 620, cfg=REMADE)
+    assert [(a.name, a.create) for a in word.actions if isinstance(a, RemakeSpare)] == [("s2", True)]
+    # without a spec to make it from, nothing is waited for
+    plain = tick(limp_look({}, mem, spares=("x0",), parts={"s2": deleting}, probes=probes_with_slice_down(2),
+                           checkpoint=ckpt(200)), mem, 600, cfg=SPARES)
+    assert plain.row == "swap" and plain.memory.limp.deletes == ()
 
 
 def test_a_spare_google_may_delete_gone_with_no_word_from_google_is_dropped_never_made_again() -> None:

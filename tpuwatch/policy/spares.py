@@ -192,9 +192,15 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
     deleted = [name for name in away
                if cfg.spares_remade and name not in mem.limp.remaking and node is None and g.owned
                and bool(google.deleted(draft, mem))]
+    # one Google is deleting as it is swapped out is watched as an idle one so from the swap on
+    # (`deletes`, journaled with it): a watcher that next reads it gone (killed in between, or slow
+    # to look again) still makes it again on the audit log's word, instead of forgetting it
+    going = [name for name, (_, part) in zip(away, gone, strict=True)
+             if cfg.spares_remade and name not in deleted and name not in mem.limp.deletes
+             and google_deletes(cfg.job, part)]
     mem = replace(mem, limp=replace(mem.limp, swapped=swapped, away=(*mem.limp.away, *away),
                                     away_since=(*mem.limp.away_since, *(now for _ in away)),
-                                    remaking=(*mem.limp.remaking, *deleted)))
+                                    remaking=(*mem.limp.remaking, *deleted), deletes=(*mem.limp.deletes, *going)))
     said = "; ".join(
         f"slice {cfg.slices.index(slot)} ({slot}) on {spare} instead of {was[slot]}"
         for slot, spare in pairs)
@@ -222,6 +228,9 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
       one with [tpu.spec] (`slices_remade`): the job grows back onto it once it is READY.
     - Not one under repair while a create of another has come to nothing (a stockout): it may
       still heal, and a node deleted then could come back only through a create.
+    - Not a Compute Engine VM still stopping: a person's instances.delete shows so until it is gone
+      (a Spot VM's preemption until TERMINATED), and tpuwatch would then make again what a person
+      deleted; nor, so, a delete sent again while tpuwatch's own is under way.
     - A MIG (`spares_in_place`) is made again in place: its instances recreated, never the MIG
       deleted; one gone (a person deleted it) is dropped, never inserted; an idle one whose VMs
       start the job at boot (its template's metadata) is not recreated at all.
@@ -284,6 +293,9 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
     # one Google deletes itself (a Spot VM's termination action DELETE) is never deleted by
     # tpuwatch beside Google: made again once gone with the audit log's word for it (`track`)
     dead = [(name, part) for name, part in dead if not google_deletes(cfg.job, part)]
+    # nor one still stopping (a Compute Engine VM): a Spot preemption ends TERMINATED, deleted
+    # then, but a person's instances.delete looks alike until the VM is gone, never to be made again
+    dead = [(name, part) for name, part in dead if not part.stopping]
     # one journaled to be made again and still PREEMPTED / TERMINATED, not being deleted, once
     # `remake_at` is past: its delete never started (the watcher killed between its journal line
     # and the call, or the call refused); deleted again, never left dead (a node lent in its place
@@ -291,7 +303,8 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
     unsent = [(name, part) for name, part, _ in candidates
               if part is not None and name in limp.remaking and not cfg.spares_in_place
               and node_condition(part) is Cond.DEAD and part.owned_by(cfg.job) and not part.multislice_request
-              and not google_deletes(cfg.job, part) and (limp.remake_at is None or now >= limp.remake_at)]
+              and not google_deletes(cfg.job, part) and not part.stopping
+              and (limp.remake_at is None or now >= limp.remake_at)]
     # gone with no word from Google within its grace: a person deleted it; dropped, never made again
     late = [n for n, t in zip(limp.vanished, limp.vanished_since, strict=True)
             if (now - t).total_seconds() >= google.AUDIT_GRACE]

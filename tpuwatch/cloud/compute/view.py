@@ -65,6 +65,8 @@ _STATES: dict[str, str] = {
 }
 # A Spot VM that stops was preempted: Google's word for TPUs is to delete and recreate it.
 _SPOT_DOWN = frozenset({"STOPPING", "DEPROVISIONING", "TERMINATED", "STOPPED"})
+# a stop still under way: a preemption's ends TERMINATED, a person's instances.delete gone
+_STOPPING = frozenset({"STOPPING", "DEPROVISIONING"})
 # The worst state first when a MIG's instances differ (as model.combine_slices ranks slices). A
 # person's stop (STOPPING, STOPPED) is not among them: a MIG reads so only when every instance is
 # stopped, since a person stops a slice as a whole and Google's own stops come one VM at a time.
@@ -258,6 +260,7 @@ def instance_snapshot(inst: Any, *, project: str, zone: str) -> NodeSnapshot:
         metadata_keys=tuple(sorted(item.key for item in inst.metadata.items)),
         resource=f"projects/{project}/zones/{zone}/instances/{inst.name}", kind="instance", pending_stop=pending_stop(inst),
         google_deletes=deletes, google_deletes_at=ends, google_deleting=deleting, auto_restart=auto_restart(inst),
+        stopping=str(inst.status) in _STOPPING,
     )
 
 
