@@ -67,7 +67,7 @@ def full_snapshot() -> metrics.Snapshot:
         max_recreates=2, restarts_charged_total=1, recreates_total=1, disruptions={"preempted": 1},
         checkpoint_step=100, checkpoint_time=t - timedelta(minutes=5), resumes=(42.0,), goodput=0.9,
         api_requests={("tpu.googleapis.com", "get_node"): 7}, api_errors={("tpu.googleapis.com", "get_node"): 1},
-        priority=100, slots_lent=1, nodes_taken=1, pool="v5p", pool_nodes=(("sp-0", "llm-pod"), ("sp-1", "")))
+        priority=100, slots_lent=1, nodes_taken=1, pool="v5p", pool_nodes=(("sp-0", "llm-pod", ""), ("sp-1", "", "")))
     for name, value in dataclasses.asdict(snap).items():
         assert value not in (None, {}, ()), f"full_snapshot() leaves {name} empty"
     return snap
