@@ -258,6 +258,7 @@ def instance_snapshot(inst: Any, *, project: str, zone: str) -> NodeSnapshot:
         metadata_keys=tuple(sorted(item.key for item in inst.metadata.items)),
         resource=f"projects/{project}/zones/{zone}/instances/{inst.name}", kind="instance", pending_stop=pending_stop(inst),
         google_deletes=deletes, google_deletes_at=ends, google_deleting=deleting, auto_restart=auto_restart(inst),
+        boots_job=boots_job(inst),
     )
 
 
