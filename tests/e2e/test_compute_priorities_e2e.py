@@ -45,7 +45,6 @@ from tpuwatch.sim.simulator import Simulator
 pytestmark = pytest.mark.slow
 
 STEPS = 200
-SPOT = {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP"}
 JOBS = ("hi", "lo")
 
 
@@ -56,11 +55,12 @@ def rest(sim: Simulator) -> Iterator[RestFace]:
 
 
 def job(sim: Simulator, rest: RestFace, tmp: Path, name: str, priority: int | None, *,
-        spot: bool = False) -> tuple[Path, dict[str, str], Path]:
+        spot: str = "") -> tuple[Path, dict[str, str], Path]:
     """Instance `name` RUNNING, labelled job `name`'s; the job's config (with `priority`, and the
     [tpu.compute_spec] `tpuwatch init` captures) in tmp/jobs, the CLI's env, and the directory whose
     file `100` lets its trainer past step 100."""
-    sim.world.add_instance(name, body={"labels": {"tpuwatch-job": name}, **({"scheduling": SPOT} if spot else {})})
+    scheduling = {"provisioningModel": "SPOT", "instanceTerminationAction": spot} if spot else {}
+    sim.world.add_instance(name, body={"labels": {"tpuwatch-job": name}, **({"scheduling": scheduling} if spot else {})})
     ck, go = sim.bucket / name, tmp / f"go-{name}"
     go.mkdir()
     (tmp / "jobs").mkdir(exist_ok=True)
@@ -133,7 +133,7 @@ class Overlap:
 
 def test_a_preempted_high_priority_instance_job_takes_the_low_ones_instance_and_hands_its_own_back(
         sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
-    hi, env, go_hi = job(sim, rest, tmp_path, "hi", 500, spot=True)
+    hi, env, go_hi = job(sim, rest, tmp_path, "hi", 500, spot="STOP")
     lo, _, go_lo = job(sim, rest, tmp_path, "lo", 100)
     old = sim.world.instance("hi").id
     proc = watch(tmp_path, env)
@@ -154,6 +154,10 @@ def test_a_preempted_high_priority_instance_job_takes_the_low_ones_instance_and_
         mem = job_memory(tmp_path / "state", "lo")
         assert mem is not None and dict(mem.limp.lent) == {"lo": "hi"}, mem
         assert on(sim, "lo", "lo", 1) is None and on(sim, "lo", "lo", 2) is None  # lo waits, trains nowhere
+        # said plainly: status shows instance lo held by job hi, taken from job lo, and why
+        shown = json.dumps(cli_json(lo, env, "status")["nodes"])
+        assert "runs on lo, taken from job lo of a lower priority" in shown, shown
+        assert "slice lo lent to job hi, which asked for its node with a higher priority" in shown, shown
         sim.inject("clear-errors")
         wait_while_watched(lambda: on(sim, "hi", "lo", 2) is not None, proc,
                            "job lo's attempt 2 on instance hi, inserted again", timeout=150)
@@ -190,7 +194,7 @@ def test_a_preempted_high_priority_instance_job_takes_the_low_ones_instance_and_
 
 
 def test_a_job_without_a_priority_never_gives_its_instance(sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
-    hi, env, go_hi = job(sim, rest, tmp_path, "hi", 500, spot=True)
+    hi, env, go_hi = job(sim, rest, tmp_path, "hi", 500, spot="STOP")
     lo, _, go_lo = job(sim, rest, tmp_path, "lo", None)
     old = sim.world.instance("hi").id
     proc = watch(tmp_path, env)
