@@ -64,7 +64,7 @@ def test_the_zones_listing_holds_its_instances_with_labels_and_machine_type_not_
     world = sim_api.world
     world.add_instance("lo", body={"labels": {"tpuwatch-job": "lo", "tpuwatch-priority": "100"}})
     world.add_instance("big", "tpu7x-standard-8t", body={"labels": {"tpuwatch-job": "big"}})
-    world.add_instance("boots", body={"labels": {"tpuwatch-job": "b"}, "metadata": {"items": [
+    world.add_instance("boots", body={"labels": {"tpuwatch-job": "b", "tpuwatch-priority": "5"}, "metadata": {"items": [
         {"key": "tpuwatch-job", "value": "b"}, {"key": "tpuwatch-command", "value": "python3 train.py"},
         {"key": "tpuwatch-worker-script", "value": "#!/bin/sh"}]}})
     world.add_instance("slice-0001", body={"labels": {"tpuwatch-job": "m"}, "metadata": {"items": [
@@ -80,3 +80,8 @@ def test_the_zones_listing_holds_its_instances_with_labels_and_machine_type_not_
         assert listed["lo"].labels["tpuwatch-priority"] == "100" and listed["lo"].kind == "instance"
         assert listed["big"].accelerator_type == "tpu7x-standard-8t"
         assert listed["boots"].boots_job and not listed["lo"].boots_job
+        # said once why the one that starts its job at boot is never asked for
+        said = [n for n in api.take_notes() if "boots" in n]
+        assert len(said) == 1 and "starts its job at boot" in said[0] and "tpuwatch-launch" in said[0], said
+        api.listed()
+        assert [n for n in api.take_notes() if "boots" in n] == []

@@ -51,6 +51,7 @@ from tpuwatch.model import (
     OperationStatus,
     QueuedStatus,
 )
+from tpuwatch.policy.priority import PRIORITY_LABEL
 
 T = TypeVar("T")
 Kind = Literal["instance", "mig"]
@@ -363,9 +364,18 @@ class ComputeAdapter:
         the zone's instances list (shared by a watcher's jobs; one list a tick alone). A job with
         a priority looks there for an instance of a job of lower priority (policy/priority.py);
         a MIG's VMs take their labels from its template and are never lent one by one."""
-        return [instance_snapshot(i, project=self.project, zone=self.zone) for i in self.reads.listed(self)
-                if not any(item.key == "created-by" and "/instanceGroupManagers/" in str(item.value)
-                           for item in i.metadata.items)]
+        nodes = [instance_snapshot(i, project=self.project, zone=self.zone) for i in self.reads.listed(self)
+                 if not any(item.key == "created-by" and "/instanceGroupManagers/" in str(item.value)
+                            for item in i.metadata.items)]
+        for n in nodes:  # why one a job of lower priority holds is never asked for, said once
+            note = (f"instance {n.name} (job {n.owner}, {PRIORITY_LABEL}={n.labels.get(PRIORITY_LABEL)}) starts its "
+                    "job at boot (tpuwatch-command in its metadata without tpuwatch-launch = \"false\"): no job asks "
+                    "for it, since a restart after a hand-over would run that job beside the taker's; set "
+                    "tpuwatch-launch = \"false\" in its metadata to lend it")
+            if n.boots_job and n.owner and PRIORITY_LABEL in n.labels and note not in self._noted:
+                self._noted.add(note)
+                self._notes.append(note)
+        return nodes
 
     def _numbered(self, node: NodeSnapshot, instances: Sequence[Any]) -> tuple[str, ...]:
         """The MIG's instance names in worker order; a READY MIG's numbers that tpuwatch cannot
