@@ -517,7 +517,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "priority": Field(_priority, "off", "jobs of one zone that may lend each other nodes: a job that lost "
                           "a slice with no spare free and no limp takes a READY+HEALTHY node of its shape from the "
                           "job of lowest priority below its own (stopped as a disruption, not charged) and hands "
-                          "it its own node once back; TPU API nodes only, not through a queued resource. 0..1000, or "
+                          "it its own node once back; TPU API nodes made plainly, or Compute Engine instances (not a MIG). 0..1000, or "
                           "\"off\": never takes, never gives"),
     },
     "recovery": {
@@ -809,7 +809,7 @@ def _check_limp(job: dict[str, Any], names: Sequence[str]) -> None:
 
 def _check_priority(job: Mapping[str, Any], t: Mapping[str, Any]) -> None:
     """[job] priority: nodes made plainly (a node handed over is relabelled and made again from
-    [tpu.spec], which a queued resource's node does not take; Compute Engine: tpuconfig.API_ONLY)."""
+    [tpu.spec], which a queued resource's node does not take; a MIG: tpuconfig.compute_priority)."""
     if job["priority"] == "off":
         return
     if t["queued_resource"]:

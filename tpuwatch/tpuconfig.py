@@ -54,9 +54,6 @@ API_ONLY: dict[str, tuple[str, str]] = {
         "compute", "the Cloud TPU API has no call to report a faulty host (Compute Engine's "
         "instances.reportHostAsFaulty is for TPU VMs made through it, tpu.api = \"compute\"); remove it, or set it "
         "to false: tpuwatch still says what a person should do"),
-    "job.priority": (
-        "tpu", "not with tpu.api = \"compute\" (jobs lend each other TPU API nodes only: a hand-over relabels a "
-        "TPU API node); remove job.priority"),
 }
 
 
@@ -237,6 +234,26 @@ def _compute_spec_fits(t: Mapping[str, Any]) -> None:
     _compute_spares_fit(t)
 
 
+def compute_priority(t: Mapping[str, Any], job: Mapping[str, Any]) -> None:
+    """[job] priority of a Compute Engine job: on an instance only. A hand-over relabels the
+    node (instances.setLabels); a MIG has no labels of its own, and its VMs' labels come from its
+    template, so a recreate (its repair, or tpuwatch's) would undo one. Not an instance Google
+    deletes itself (termination action DELETE): gone before the job took a node, it would never
+    be made again to hand back."""
+    if t["api"] == "compute" and t["mig"] and job.get("priority", "off") != "off":
+        raise ConfigError("job.priority: not with tpu.mig: jobs lend each other a node by relabelling it, and a MIG "
+                          "has no labels of its own (its VMs take their instance template's, and a recreate puts "
+                          "those back); remove job.priority, or run the job on one instance (tpu.instance)")
+    scheduling = ((t["compute_spec"] or {}).get("instance") or {}).get("scheduling") or {}
+    if t["api"] == "compute" and job.get("priority", "off") != "off" and isinstance(scheduling, dict) \
+            and scheduling.get("instanceTerminationAction") == "DELETE":
+        raise ConfigError("job.priority: not with tpu.compute_spec.instance.scheduling.instanceTerminationAction = "
+                          "\"DELETE\": Google deletes such a VM itself at a preemption or the end of its run, and a "
+                          "job with a priority whose instance is gone before it takes another's does not make it "
+                          "again, so the instance it lent would not come back; use \"STOP\" (the instance is made "
+                          "again by tpuwatch), or remove job.priority")
+
+
 def _compute_spares_fit(t: Mapping[str, Any]) -> None:
     """A Compute Engine job's spares: instances beside the job's instance, MIGs beside its MIG
     (not a flex-start one), never the job's own; an instance made again from
@@ -295,6 +312,7 @@ def check(t: Mapping[str, Any], sections: Mapping[str, Mapping[str, Any]]) -> No
                     raise ConfigError(f"tpu.{key}: {refusal}")
     if (after := _AFTER.get(api)) is not None:
         after(t)
+    compute_priority(t, sections["job"])
     for dotted, (only, refusal) in API_ONLY.items():
         section, key = dotted.split(".", 1)
         if api != only and sections[section][key] not in (False, "off"):  # set: not its default

@@ -325,7 +325,28 @@ def test_priority_is_a_whole_number_for_tpu_api_nodes_made_plainly() -> None:
         with pytest.raises(ConfigError, match=fix) as exc:
             validate({**base(**tpu), "job": {"command": "train", **job}})
         assert str(exc.value).startswith("job.priority") and exc.value.exit_code == 2, exc.value
-    with pytest.raises(ConfigError, match="not with tpu.api") as exc:
-        validate({"tpu": {"zone": "us-central2-b", "api": "compute", "instance": "vm"},
+
+
+def test_priority_takes_a_compute_instance_and_refuses_a_mig() -> None:
+    """A hand-over relabels the node: an instance takes setLabels; a MIG has no labels of its own."""
+    ok = validate({"tpu": {"zone": "us-central2-b", "api": "compute", "instance": "vm"},
+                   "job": {"command": "train", "priority": 5}})
+    assert ok["job"]["priority"] == 5
+    with pytest.raises(ConfigError, match="not with tpu.mig") as exc:
+        validate({"tpu": {"zone": "us-central2-b", "api": "compute", "mig": "slice"},
                   "job": {"command": "train", "priority": 5}})
     assert str(exc.value).startswith("job.priority") and exc.value.exit_code == 2
+    assert "no labels of its own" in str(exc.value) and "tpu.instance" in str(exc.value)
+    off = validate({"tpu": {"zone": "us-central2-b", "api": "compute", "mig": "slice"},
+                    "job": {"command": "train", "priority": "off"}})
+    assert off["job"]["priority"] == "off"
+    # an instance Google deletes itself (termination action DELETE) is refused; STOP is taken
+    spec = {"instance": {"machineType": "zones/us-central2-b/machineTypes/tpu7x-standard-4t",
+                         "scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE"}}}
+    with pytest.raises(ConfigError, match="instanceTerminationAction") as exc:
+        validate({"tpu": {"zone": "us-central2-b", "api": "compute", "instance": "vm", "compute_spec": spec},
+                  "job": {"command": "train", "priority": 5}})
+    assert str(exc.value).startswith("job.priority") and exc.value.exit_code == 2
+    spec["instance"]["scheduling"]["instanceTerminationAction"] = "STOP"
+    assert validate({"tpu": {"zone": "us-central2-b", "api": "compute", "instance": "vm", "compute_spec": spec},
+                     "job": {"command": "train", "priority": 5}})["job"]["priority"] == 5

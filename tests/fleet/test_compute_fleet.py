@@ -19,7 +19,7 @@ from tpuwatch.cloud.compute.zoneinstances import SharedCompute
 from tpuwatch.cloud.tpu.zonenodes import Due
 from tpuwatch.fleet.runner import Fleet, Options
 from tpuwatch.model import NodeSnapshot
-from tpuwatch.ports import Flags, JobPorts
+from tpuwatch.ports import Flags, JobPorts, ZoneListing
 from tpuwatch.sim.rest import RestFace
 from tpuwatch.sim.simulator import Simulator
 from tpuwatch.ui.jobs import JobState
@@ -57,7 +57,7 @@ class Clock:
         return self.now
 
 
-def jobs(tmp: Path, kind: str, names: list[str], clock: Clock) -> list[tuple[str, JobPorts, Due]]:
+def jobs(tmp: Path, kind: str, names: list[str], clock: Clock, job: str = "") -> list[tuple[str, JobPorts, Due]]:
     """Each job's config, and its ports as one watcher of them all builds them."""
     key = tmp / "id_test"
     key.write_text("not used: nothing connects\n")
@@ -68,11 +68,11 @@ def jobs(tmp: Path, kind: str, names: list[str], clock: Clock) -> list[tuple[str
     out = []
     for name in names:
         cfg = tmp / f"{name}.toml"
-        cfg.write_text(f'[tpu]\napi = "compute"\n{kind} = "{name}"\n[job]\nname = "{name}"\ncommand = "true"\n'
+        cfg.write_text(f'[tpu]\napi = "compute"\n{kind} = "{name}"\n[job]\nname = "{name}"\ncommand = "true"\n{job}'
                        f'[recovery]\npoll_interval = "{POLL:g}s"\n[ssh]\nidentity_file = "{key}"\n')
-        job = load_job(cfg)
+        loaded = load_job(cfg)
         due = Due()
-        out.append((name, real_ports(job, fleet.sharing(job, due, POLL)), due))
+        out.append((name, real_ports(loaded, fleet.sharing(loaded, due, POLL)), due))
     return out
 
 
@@ -108,6 +108,30 @@ def test_compute_instance_jobs_of_one_zone_share_one_instances_list_per_poll(
     watched = jobs(tmp_path, "instance", names, clock)
     assert poll(sim_api, watched, clock) == {"Instances/List": 1}  # not a get per job
     assert poll(sim_api, watched, clock) == {"Instances/List": 1}  # the next poll lists again, once
+
+
+def test_compute_instance_jobs_with_a_priority_read_the_zones_instances_from_the_same_list(
+        sim_api: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    """A job with a priority looks at the zone's instances (their labels and machine type) for a
+    node of a lower job: from the poll's one shared instances list, not a list of its own."""
+    names = [f"vm-{i}" for i in range(3)]
+    for i, name in enumerate(names):
+        sim_api.world.add_instance(name, body={"labels": {"tpuwatch-job": name, "tpuwatch-priority": str(i)}})
+    clock = Clock()
+    watched = jobs(tmp_path, "instance", names, clock, job="priority = 100\n")
+    for _ in range(2):
+        sim_api.world.reset_calls()
+        clock.now += POLL
+        seen = {}
+        for name, ports, due in watched:
+            due.at = clock.now
+            clock.now += 0.1
+            tpu = ports.tpu_for(sim_api.world.zone)
+            assert isinstance(tpu, ZoneListing)
+            seen[name] = {n.name: (n.labels.get("tpuwatch-priority"), n.accelerator_type) for n in tpu.listed()}
+        calls = {m.removeprefix("compute.v1."): n for m, n in sim_api.world.calls.items() if m.startswith("compute.")}
+        assert calls == {"Instances/List": 1}, calls
+        assert all(s == {n: (str(i), "tpu7x-standard-4t") for i, n in enumerate(names)} for s in seen.values()), seen
 
 
 def test_compute_mig_jobs_of_one_zone_share_the_instances_and_mig_lists(

@@ -87,6 +87,18 @@ def test_nothing_of_a_higher_or_equal_priority_unhealthy_or_already_asked_for_hi
         assert d.row != "take_wait" and relabels(d) == [], other.labels
 
 
+def test_an_instance_whose_metadata_starts_its_job_at_boot_is_never_asked_for() -> None:
+    """Its metadata survives a stop and start: after a hand-over, a restart would run the
+    lender's job beside the taker's. One that only sets up at boot is asked for."""
+    mem = run_mem(step=100)
+    mine = part("hpod", "hi", "PREEMPTED", tpuwatch_priority="500")
+    boots = replace(LOW, kind="instance", boots_job=True)
+    d = tick(look(HI, mem, (mine, boots), probes=DOWN), mem, 600, cfg=HI)
+    assert d.row != "take_wait" and relabels(d) == []
+    quiet = tick(look(HI, mem, (mine, replace(boots, boots_job=False)), probes=DOWN), mem, 600, cfg=HI)
+    assert quiet.row == "take_wait" and [r.name for r in relabels(quiet)] == ["lpod"]
+
+
 def test_a_job_without_a_priority_never_asks() -> None:
     cfg = replace(HI, priority=None)
     mem = run_mem(step=100)

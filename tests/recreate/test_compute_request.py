@@ -38,6 +38,18 @@ def test_an_instance_is_inserted_with_the_owner_label_and_the_launch_metadata(tm
     assert "fingerprint" not in body["metadata"]  # a stale fingerprint would be refused
 
 
+def test_an_instance_captured_mid_hand_over_is_inserted_without_the_hand_overs_labels(tmp_path: Path) -> None:
+    """`init` run while the instance was lent (job priorities) saves those labels: an instance made
+    again from them must not read as a loan, an ask, or another priority's."""
+    path = tmp_path / "tpuwatch.toml"
+    path.write_text(INSTANCE.replace('labels = { team = "ml", tpuwatch-job = "old" }',
+                                     'labels = { team = "ml", tpuwatch-job = "hi", tpuwatch-lent-by = "run", '
+                                     'tpuwatch-priority = "500", tpuwatch-wanted-by = "top", '
+                                     'tpuwatch-wanted-priority = "900", tpuwatch-returned-by = "hi", '
+                                     'tpuwatch-idle = "true" }'))
+    assert compute_request(load_config(path))["labels"] == {"team": "ml", "tpuwatch-job": "run"}
+
+
 def test_a_mig_is_inserted_as_saved_and_a_missing_spec_says_to_run_init(tmp_path: Path) -> None:
     path = tmp_path / "tpuwatch.toml"
     path.write_text('[tpu]\napi = "compute"\nmig = "slice"\n[tpu.compute_spec.mig]\nbaseInstanceName = "slice"\n'

@@ -121,7 +121,10 @@ def _candidates(draft: Draft, mem: Memory) -> list[NodeSnapshot]:
     for n in draft.obs.zone:
         p = label_priority(n)
         if (not n.usable or n.owner in (None, cfg.job) or p is None or p >= cfg.priority
-                or (shapes and n.accelerator_type not in shapes) or not shapes or n.labels.get(LENT_BY)):
+                or (shapes and n.accelerator_type not in shapes) or not shapes or n.labels.get(LENT_BY)
+                # (a Compute Engine instance whose metadata starts its job at boot: a restart
+                # after the hand-over would run that job beside the taker's)
+                or n.boots_job):
             continue
         w = wanted(n)
         if w is not None and w[0] != cfg.job and w[1] >= cfg.priority:

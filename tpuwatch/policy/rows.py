@@ -139,7 +139,8 @@ ROWS: tuple[Row, ...] = (
         "its own slice made again"),
     Row("take_wait", "a job with job.priority: a slice it runs on has no usable node (not a person's stop, nor a "
         "RESTARTING; a node labelled another job's is not usable to it), no spare is free, it may not limp, and a READY+HEALTHY node of its accelerator type is held by "
-        "a job of lower tpuwatch-priority (not asked for by one of higher)", "a disruption, not charged: stop the "
+        "a job of lower tpuwatch-priority (not asked for by one of higher; not a Compute Engine instance whose metadata "
+        "starts its job at boot)", "a disruption, not charged: stop the "
         "attempt; journal, then label that node (the lowest priority first) tpuwatch-wanted-by=<job>, "
         "tpuwatch-wanted-priority=<p> (an idle one, tpuwatch-idle=true, before one its job trains on); wait for it to be handed over (its own lost node is made again meanwhile, "
         "`spare_remake`)"),

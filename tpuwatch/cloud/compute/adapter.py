@@ -51,6 +51,7 @@ from tpuwatch.model import (
     OperationStatus,
     QueuedStatus,
 )
+from tpuwatch.policy.priority import PRIORITY_LABEL
 
 T = TypeVar("T")
 Kind = Literal["instance", "mig"]
@@ -73,6 +74,10 @@ class Reads(Protocol):
         """(MIG, its managed instances, their instances), or None when the MIG does not exist."""
         ...
 
+    def listed(self, api: ComputeAdapter) -> list[Any]:
+        """Every `compute_v1.Instance` of the zone (a job with a priority looks for one to ask for)."""
+        ...
+
 
 class DirectReads:
     """Reads of one job's slice through its own adapter, every tick."""
@@ -82,6 +87,9 @@ class DirectReads:
 
     def mig_parts(self, api: ComputeAdapter, name: str) -> tuple[Any, list[Any], list[Any]] | None:
         return api.mig_parts(name)
+
+    def listed(self, api: ComputeAdapter) -> list[Any]:
+        return api.list_instances()
 
 
 class ComputeAdapter:
@@ -104,6 +112,9 @@ class ComputeAdapter:
         # MIG name -> its region, for a regional MIG (regionInstanceGroupManagers) once found
         self._regions: dict[str, str] = {}
         self._zonal: set[str] = set()  # MIG names found in the zone
+        # instance name -> its labelFingerprint at its last `read_node`: a label write sends the
+        # fingerprint of the read its labels were made from, so a change since is refused (412)
+        self._label_prints: dict[str, str] = {}
 
     # -- plumbing ---------------------------------------------------------------------------
     def _client(self, kind: str) -> Any:
@@ -307,16 +318,19 @@ class ComputeAdapter:
         `reads`: a tick's look, which the jobs of one watcher may share)."""
         return self.read_node(name, self.reads)
 
-    def read_node(self, name: str, reads: Reads) -> NodeSnapshot | None:
-        """The job's instance or MIG as one node read through `reads` (`DirectReads()`: as it is
-        now, for an action that must not act on a shared look begun before it)."""
+    def read_node(self, name: str, reads: Reads | None = None) -> NodeSnapshot | None:
+        """The job's instance or MIG as one node read through `reads` (`DirectReads()`, the
+        default: as it is now, for an action that must not act on a shared look begun before it;
+        ports.NodeLabels: the read a label write is made from)."""
         self._check(name)
         if self.kind == "instance":
-            inst = reads.instance(self, name)
+            inst = (reads or DirectReads()).instance(self, name)
+            if reads is None and inst is not None:
+                self._label_prints[name] = str(inst.label_fingerprint)
             node = None if inst is None else instance_snapshot(inst, project=self.project, zone=self.zone)
             names: tuple[str, ...] = (name,)
         else:
-            parts = reads.mig_parts(self, name)
+            parts = (reads or DirectReads()).mig_parts(self, name)
             if parts is None or flex_emptied(self, *parts[:2]):
                 return None
             mig, managed, instances = parts
@@ -344,6 +358,24 @@ class ComputeAdapter:
                                               region=self.mig_region(mig.name)))
             self._numbered(node, members)
         return nodes + [instance_snapshot(i, project=self.project, zone=self.zone) for i in instances.values()]
+
+    def listed(self) -> list[NodeSnapshot]:
+        """ports.ZoneListing: the zone's instances no MIG made, each a node of one worker, from
+        the zone's instances list (shared by a watcher's jobs; one list a tick alone). A job with
+        a priority looks there for an instance of a job of lower priority (policy/priority.py);
+        a MIG's VMs take their labels from its template and are never lent one by one."""
+        nodes = [instance_snapshot(i, project=self.project, zone=self.zone) for i in self.reads.listed(self)
+                 if not any(item.key == "created-by" and "/instanceGroupManagers/" in str(item.value)
+                            for item in i.metadata.items)]
+        for n in nodes:  # why one a job of lower priority holds is never asked for, said once
+            note = (f"instance {n.name} (job {n.owner}, {PRIORITY_LABEL}={n.labels.get(PRIORITY_LABEL)}) starts its "
+                    "job at boot (tpuwatch-command in its metadata without tpuwatch-launch = \"false\"): no job asks "
+                    "for it, since a restart after a hand-over would run that job beside the taker's; set "
+                    "tpuwatch-launch = \"false\" in its metadata to lend it")
+            if n.boots_job and n.owner and PRIORITY_LABEL in n.labels and note not in self._noted:
+                self._noted.add(note)
+                self._notes.append(note)
+        return nodes
 
     def _numbered(self, node: NodeSnapshot, instances: Sequence[Any]) -> tuple[str, ...]:
         """The MIG's instance names in worker order; a READY MIG's numbers that tpuwatch cannot
@@ -585,6 +617,34 @@ class ComputeAdapter:
 
         return self._write("report_host_as_faulty", f"{self._where()}/instances/{instance}",
                            "compute.instances.reportHostAsFaulty", report)
+
+    def set_labels(self, name: str, labels: Mapping[str, str]) -> str:
+        """ports.NodeLabels: instances.setLabels, replacing the instance's labels with `labels`;
+        the operation name. It carries the labelFingerprint of the instance's last `read_node`
+        (a fresh get when none), so Compute Engine refuses it (412, an ApiError) when the labels
+        changed since that read: the policy writes again from a new read. NotFoundError when the
+        instance is gone; a MIG has no labels (its VMs take its template's)."""
+        self._check(name)
+        if self.kind != "instance":
+            raise UsageError(f"{name}: a MIG has no labels of its own (its VMs take its instance template's)")
+        compute_v1 = clients.compute_v1()
+
+        stamp = self._label_prints.pop(name, None)
+        if stamp is None:
+            inst = self.get_instance(name)
+            if inst is None:
+                raise NotFoundError(f"no instance {name} in {self.project}/{self.zone} to label")
+            stamp = str(inst.label_fingerprint)
+        request = compute_v1.InstancesSetLabelsRequest(labels=dict(labels), label_fingerprint=stamp)
+        client = self._client("instances")
+
+        def put() -> Any:
+            return client.set_labels_unary(project=self.project, zone=self.zone, instance=name,
+                                           instances_set_labels_request_resource=request, retry=None,
+                                           timeout=RPC_TIMEOUT)
+
+        return self._write("set_labels", f"{self._where()}/instances/{name}", "compute.instances.setLabels", put,
+                           gone=f"no instance {name} in {self.project}/{self.zone} to label")
 
     def _write(self, method: str, target: str, needs: str, fn: Callable[[], Any], *, gone: str = "") -> str:
         try:

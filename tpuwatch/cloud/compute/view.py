@@ -261,6 +261,7 @@ def instance_snapshot(inst: Any, *, project: str, zone: str) -> NodeSnapshot:
         resource=f"projects/{project}/zones/{zone}/instances/{inst.name}", kind="instance", pending_stop=pending_stop(inst),
         google_deletes=deletes, google_deletes_at=ends, google_deleting=deleting, auto_restart=auto_restart(inst),
         stopping=str(inst.status) in _STOPPING,
+        boots_job=boots_job(inst),
     )
 
 

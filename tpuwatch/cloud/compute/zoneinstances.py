@@ -82,6 +82,9 @@ class JobInstances:
         self.zone.missed()
         return api.get_instance(name)
 
+    def listed(self, api: ComputeAdapter) -> list[Any]:
+        return list(self.zone.instances.get(self._not_before()).values())
+
     def mig_parts(self, api: ComputeAdapter, name: str) -> tuple[Any, list[Any], list[Any]] | None:
         since = self._not_before()
         listing = self.zone.region_migs if api.mig_region(name) else self.zone.migs
