@@ -20,6 +20,21 @@ NODE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 UNHEALTHY = frozenset({"TIMEOUT", "UNHEALTHY_TENSORFLOW", "UNHEALTHY_MAINTENANCE"})
 # The label that marks a node as a job's: tpuwatch deletes a node only when it says that job.
 OWNER_LABEL = "tpuwatch-job"
+# The labels that say where a node stands between jobs: handed over by priority
+# (policy/priority.py) or a spare of a pool (policy/pool.py).
+PRIORITY_LABEL = "tpuwatch-priority"
+WANTED_BY = "tpuwatch-wanted-by"
+WANTED_PRIORITY = "tpuwatch-wanted-priority"
+LENT_BY = "tpuwatch-lent-by"  # the lender, owed a node back
+RETURNED_BY = "tpuwatch-returned-by"
+IDLE_LABEL = "tpuwatch-idle"  # held by a job with a priority that does not train on it: asked for first
+POOL_LABEL = "tpuwatch-pool"
+# on an idle pool spare whose launch-time checks failed on the job it names: never claimed again
+POOL_BAD_LABEL = "tpuwatch-pool-bad"
+# They are the state of the node read, never of one made from a spec: `init` keeps none of them,
+# and a node made again carries none (a kept tpuwatch-lent-by would read as a loan).
+PLACE_LABELS = frozenset({PRIORITY_LABEL, WANTED_BY, WANTED_PRIORITY, LENT_BY, RETURNED_BY, IDLE_LABEL, POOL_LABEL,
+                          POOL_BAD_LABEL})
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from tpuwatch.errors import ConfigError
+from tpuwatch.model import OWNER_LABEL, PLACE_LABELS
 
-OWNER_LABEL = "tpuwatch-job"
 STARTUP_SCRIPT_KEY = "startup-script"
 # Metadata keys tpuwatch writes on every create for the startup script (see
 # startup-scripts/resume-training.sh). They are never captured from a live node, because each
@@ -155,7 +155,7 @@ def capture(node: Any, job: str) -> dict[str, Any]:
     spec["preemptible"] = bool(sched.preemptible)
     spec["reserved"] = bool(sched.reserved)
 
-    labels = dict(node.labels)
+    labels = {k: v for k, v in node.labels.items() if k not in PLACE_LABELS}
     labels[OWNER_LABEL] = job
     spec["labels"] = dict(sorted(labels.items()))
     metadata = {k: v for k, v in node.metadata.items() if k not in GENERATED_METADATA}
@@ -447,7 +447,7 @@ def build_node(
     if any(sched.values()):
         node.scheduling_config = tpu.SchedulingConfig(**sched)
 
-    labels = dict(spec.get("labels", {}))
+    labels = {k: v for k, v in dict(spec.get("labels", {})).items() if k not in PLACE_LABELS}
     if job is not None:
         labels[OWNER_LABEL] = job
     if labels:

@@ -135,6 +135,20 @@ def test_build_node_sets_owner_label_to_the_job_exactly() -> None:
     assert specmod.build_node(spec, job="myjob").labels[specmod.OWNER_LABEL] == "myjob"
 
 
+PLACE = {"tpuwatch-lent-by": "lo", "tpuwatch-wanted-by": "hi", "tpuwatch-wanted-priority": "500",
+         "tpuwatch-returned-by": "hi", "tpuwatch-priority": "100", "tpuwatch-idle": "true", "tpuwatch-pool": "v4",
+         "tpuwatch-pool-bad": "a"}
+
+
+def test_where_a_node_stood_between_jobs_is_never_captured_nor_made_again() -> None:
+    # a node captured while lent (or claimed from a pool) and made again from that spec would read
+    # as a loan (tpuwatch-lent-by) or as the pool's: the spec keeps the user's labels only
+    captured = specmod.capture(live_node(labels={"team": "llm", "tpuwatch-job": "lo", **PLACE}), "lo")
+    assert captured["labels"] == {"team": "llm", "tpuwatch-job": "lo"}
+    old = {"accelerator_type": "v4-8", "runtime_version": "rt", "labels": {"team": "llm", **PLACE}}  # an older init's
+    assert dict(specmod.build_node(old, job="lo").labels) == {"team": "llm", "tpuwatch-job": "lo"}
+
+
 @pytest.mark.parametrize(
     ("spec", "needle"),
     [

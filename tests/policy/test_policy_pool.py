@@ -190,7 +190,7 @@ def test_a_new_keeper_creates_a_spare_an_earlier_keeper_deleted_and_never_one_no
 
 
 def test_a_claimed_spare_that_failed_its_checks_goes_back_to_the_pool_marked_bad_never_claimed_and_made_again() -> None:
-    from tpuwatch.policy.pool import BAD_LABEL
+    from tpuwatch.model import POOL_BAD_LABEL as BAD_LABEL
 
     # spare_bad put sp-0 (claimed from the pool) out of use and the slot back on apod: the job
     # gives sp-0 back to the pool marked bad rather than keep it out of every job's use for good

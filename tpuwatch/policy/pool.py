@@ -24,18 +24,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import timedelta
 
-from tpuwatch.model import OWNER_LABEL, NodeSnapshot
+from tpuwatch.model import OWNER_LABEL, POOL_BAD_LABEL, POOL_LABEL, NodeSnapshot
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.limp import end_lost, person_deleted, removed, stop_waited
 from tpuwatch.policy.nodes import Cond, node_condition
 from tpuwatch.policy.priority import lost_slots
 from tpuwatch.policy.state import Memory, Phase, move
 from tpuwatch.policy.values import Decision, Relabel, RemakeSpare, Wait
-
-POOL_LABEL = "tpuwatch-pool"
-# on an idle pool spare whose launch-time checks failed (`spare_bad`) on the job that claimed it
-# (its value): never claimed again; the keeper makes it again, the new node without it
-BAD_LABEL = "tpuwatch-pool-bad"
 
 
 def idle_in(pool: str, node: NodeSnapshot) -> bool:
@@ -102,9 +97,9 @@ def give_back(draft: Draft, before: Memory, decision: Decision) -> Decision:
     # no job claims it again, the keeper makes it again
     if bad := [p for n, p in draft.obs.spares if p is not None and p.owned_by(cfg.job) and n not in names
                and p.labels.get(POOL_LABEL) == cfg.spare_pool and f"{p.name}@{p.id}" in decision.memory.limp.bad]:
-        action = Relabel(bad[0].name, cfg.job, ((BAD_LABEL, cfg.job),), (OWNER_LABEL,),
+        action = Relabel(bad[0].name, cfg.job, ((POOL_BAD_LABEL, cfg.job),), (OWNER_LABEL,),
                          f"{bad[0].name} of spare pool {cfg.spare_pool} failed its launch-time checks on job "
-                         f"{cfg.job}: back to the pool marked {BAD_LABEL}, never claimed again until its keeper "
+                         f"{cfg.job}: back to the pool marked {POOL_BAD_LABEL}, never claimed again until its keeper "
                          "makes it again")
         return replace(decision, row="pool_return", actions=(*decision.actions, action),
                        summary=f"{decision.summary}; {action.reason}")
@@ -146,7 +141,7 @@ def keep(draft: Draft, before: Memory, decision: Decision) -> Decision:
     action: RemakeSpare | None = None
     gone = [n for n in made if n not in listed]
     dead = [n for n in sorted(listed) if n not in made and idle_in(cfg.spare_pool, listed[n])
-            and (node_condition(listed[n]) is Cond.DEAD or BAD_LABEL in listed[n].labels)
+            and (node_condition(listed[n]) is Cond.DEAD or POOL_BAD_LABEL in listed[n].labels)
             and not listed[n].multislice_request]
     if draft.obs.pool_keeper and cfg.spares_remade:
         if gone and (limp.pool_remake_at is None or now >= limp.pool_remake_at):
@@ -156,7 +151,7 @@ def keep(draft: Draft, before: Memory, decision: Decision) -> Decision:
                                                 "pool's keeper, labelled the pool's", pool=cfg.spare_pool)
         elif dead:
             limp = replace(limp, pool_remaking=(*limp.pool_remaking, dead[0]))
-            state = (f"marked {BAD_LABEL} (its launch-time checks failed)" if BAD_LABEL in listed[dead[0]].labels
+            state = (f"marked {POOL_BAD_LABEL} (its launch-time checks failed)" if POOL_BAD_LABEL in listed[dead[0]].labels
                      else listed[dead[0]].state)
             action = RemakeSpare(dead[0], False, f"{dead[0]}, an idle spare of pool {cfg.spare_pool}, is "
                                                  f"{state} and will not come back by itself: job "
@@ -176,13 +171,13 @@ def still_remaking(pool: str, names: Iterable[str], listed: Mapping[str, NodeSna
     way out (an idle spare of the pool, DELETING or dead) or gone (to create). One back (READY, or
     on its way: CREATING) or no longer the pool's idle spare is done with."""
     return tuple(n for n in names if (p := listed.get(n)) is None or (idle_in(pool, p) and (
-        p.state == "DELETING" or node_condition(p) is Cond.DEAD or BAD_LABEL in p.labels)))
+        p.state == "DELETING" or node_condition(p) is Cond.DEAD or POOL_BAD_LABEL in p.labels)))
 
 
 def unclaimable(node: NodeSnapshot) -> str:
     """Why an idle spare of a pool cannot be claimed now; "" when it can (READY+HEALTHY, and not
     marked as failing its checks)."""
-    if bad := node.labels.get(BAD_LABEL):
+    if bad := node.labels.get(POOL_BAD_LABEL):
         return f"failed its launch-time checks on job {bad}; the pool's keeper makes it again"
     if not node.usable:
         return node.state + (f"/{node.health}" if node.health and node.state == "READY" else "")

@@ -32,22 +32,25 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
 
-from tpuwatch.model import OWNER_LABEL, NodeSnapshot, WorkerProbe
+from tpuwatch.model import (
+    IDLE_LABEL,
+    LENT_BY,
+    OWNER_LABEL,
+    PRIORITY_LABEL,
+    RETURNED_BY,
+    WANTED_BY,
+    WANTED_PRIORITY,
+    NodeSnapshot,
+    WorkerProbe,
+)
 from tpuwatch.policy import spares
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.ending import end_unusable
 from tpuwatch.policy.limp import BRIEF_STATES, end_lost, stop_waited
 from tpuwatch.policy.nodes import Cond, node_condition
-from tpuwatch.policy.spares import LENT_BY
 from tpuwatch.policy.state import TERMINAL, Evidence, Memory, Phase, merge_evidence, move
 from tpuwatch.policy.values import Decision, Relabel, StopWorkers, Wait
 
-PRIORITY_LABEL = "tpuwatch-priority"
-WANTED_BY = "tpuwatch-wanted-by"
-WANTED_PRIORITY = "tpuwatch-wanted-priority"
-RETURNED_BY = "tpuwatch-returned-by"
-# on a node a job with a priority holds and does not train on: a taker asks for it first
-IDLE_LABEL = "tpuwatch-idle"
 # A want whose label is not seen this many polls after it was written is written again (a
 # watcher killed between its journal line and the write, or a write another one overwrote)
 WANT_AGAIN = 3

@@ -31,7 +31,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from tpuwatch.durations import human
-from tpuwatch.model import CheckItem, NodeSnapshot
+from tpuwatch.model import LENT_BY, CheckItem, NodeSnapshot
 from tpuwatch.policy import google
 from tpuwatch.policy.backoff import backoff_delay
 from tpuwatch.policy.draft import Draft
@@ -71,10 +71,6 @@ def unfit(job: str, node: NodeSnapshot | None, part: NodeSnapshot | None, bad: t
     if not part.usable:
         return part.state + (f"/{part.health}" if part.health and part.state == "READY" else "")
     return ""
-
-
-# on a node one job lent another (policy/priority.py): the lender, owed a node back
-LENT_BY = "tpuwatch-lent-by"
 
 
 def free(draft: Draft, mem: Memory, loans: bool = False) -> list[str]:

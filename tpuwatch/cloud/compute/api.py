@@ -25,19 +25,8 @@ from tpuwatch.cloud.compute.spec import check_insert
 from tpuwatch.cloud.compute.zoneinstances import SharedCompute
 from tpuwatch.config import Config, repair_compute_spec
 from tpuwatch.errors import UsageError
-from tpuwatch.model import OWNER_LABEL, NodeSnapshot
-from tpuwatch.policy.priority import (
-    IDLE_LABEL,
-    PRIORITY_LABEL,
-    RETURNED_BY,
-    WANTED_BY,
-    WANTED_PRIORITY,
-)
-from tpuwatch.policy.spares import LENT_BY
+from tpuwatch.model import OWNER_LABEL, PLACE_LABELS, NodeSnapshot
 from tpuwatch.ports import NodeLifecycle
-
-# the labels of a node handed between jobs by priority (policy/priority.py)
-HAND_OVER_LABELS = frozenset({PRIORITY_LABEL, WANTED_BY, WANTED_PRIORITY, RETURNED_BY, IDLE_LABEL, LENT_BY})
 
 
 def compute_kind(cfg: Config) -> Kind:
@@ -158,9 +147,9 @@ def insert_body(cfg: Config, zone: str, launch: LaunchParts) -> dict[str, Any]:
         return body
     if zone:  # tpu.zone unset at load: the zone was resolved since (flags, env, gcloud)
         repair_compute_spec(body, zone, cfg.tpu_name)
-    # a hand-over's labels (job priorities) were the state of the instance `init` read, not of
-    # one made again: a `tpuwatch-lent-by` kept would make its job take it for a loan
-    labels = {k: v for k, v in dict(body.get("labels") or {}).items() if k not in HAND_OVER_LABELS}
+    # where the instance `init` read stood between jobs (model.PLACE_LABELS) is not where one made
+    # again stands: a `tpuwatch-lent-by` kept would make its job take it for a loan
+    labels = {k: v for k, v in dict(body.get("labels") or {}).items() if k not in PLACE_LABELS}
     body["labels"] = {**labels, OWNER_LABEL: cfg.job_name}
     meta = launch.metadata()
     script = launch.startup_script()
