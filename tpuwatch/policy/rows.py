@@ -92,7 +92,7 @@ ROWS: tuple[Row, ...] = (
         "a node another job lent it: `take` binds that one and keeps its lender); never a node a person deleted "
         "(`node_missing`)",
         "journal the spare in the lost slice's place (its slice id); a disruption, not charged: stop the attempt on "
-        "the slices still up and relaunch at once on the spare and the others from the newest complete checkpoint "
+        "the slices still up (a MIG's VMs still running; no ssh to one gone), waited for, and relaunch at once on the spare and the others from the newest complete checkpoint "
         "(MEGASCALE_* set by tpuwatch); a slice left out is grown back onto at the next checkpoint (`grow`). No "
         "delete or create; the node swapped out is a spare once READY+HEALTHY again (a VM Google deleted, owned "
         "as last seen, with the audit log's word for it, is made again: `spare_remake`)"),
@@ -114,7 +114,7 @@ ROWS: tuple[Row, ...] = (
         "deleted so gone (its record in the state dir)",
         "journal it as one tpuwatch makes again, delete it (not one Google deletes); one so journaled that is still "
         "PREEMPTED / TERMINATED, not DELETING nor stopping, a backoff later (its delete never started: the watcher killed between "
-        "its journal line and the call, or the call refused) is deleted again (not a MIG); "
+        "its journal line and the call, or the call refused) is deleted again (a MIG's instances recreated again); "
         "once gone, create it again from [tpu.spec] ([tpu.compute_spec.instance]: an instances.insert under its "
         "name) (one that came to nothing tried again as a queued create is: recovery.backoff_base, doubling to "
         "recovery.backoff_max). A spare neither tpuwatch nor Google deleted so is never created. A MIG (tpu.mig) is made "
