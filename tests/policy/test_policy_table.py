@@ -443,6 +443,21 @@ def test_row_dead_node(state: str) -> None:
     assert d.memory.phase is Phase.DELETING and d.memory.recreate.deleting_node_id == "n1"
 
 
+def test_row_spot_stopping() -> None:
+    # a Compute Engine Spot VM (action STOP) stopping: a preemption ends TERMINATED, a person's
+    # instances.delete gone; nothing sent to it until then
+    stopping = node("PREEMPTED", spot=True, kind="instance", stopping=True)
+    d = tick(obs(stopping, probes=None), run_mem(), now=500)
+    assert d.row == "spot_stopping" and kinds(d) == ["wait"] and d.exit_code == 0, d.summary
+    assert d.ended[0].outcome == "disruption" and d.memory.phase is Phase.WAITING_NODE
+    again = tick(obs(stopping, probes=None), d.memory, now=900)
+    assert again.row == "spot_stopping" and kinds(again) == ["wait"]
+    gone = tick(obs(missing=True), again.memory, now=910)  # a person's delete: never made again
+    assert gone.row == "node_missing" and gone.exit_code == 1 and "create" not in kinds(gone)
+    terminated = tick(obs(node("PREEMPTED", spot=True, kind="instance"), probes=None), again.memory, now=910)
+    assert terminated.row == "dead_node" and kinds(terminated) == ["delete"]
+
+
 def test_row_not_owned() -> None:
     d = tick(obs(node("PREEMPTED", owned=False)), idle(), now=10)
     assert d.row == "not_owned"
