@@ -780,6 +780,19 @@ def test_row_delete_resume() -> None:
     assert d.memory.budgets.recreates == 1  # the same recreate, not a new one
 
 
+def test_a_spot_vm_stopping_after_a_delete_journaled_but_not_recorded_is_followed_not_waited_for() -> None:
+    # the watcher killed between its delete's journal line and the operation's record: a VM
+    # stopping may be that delete's doing, followed to its end and made again (never `spot_stopping`,
+    # which would take the VM gone for a person's deletion); TERMINATED, the delete never started
+    stopping = node("PREEMPTED", spot=True, kind="instance", stopping=True)
+    d = tick(obs(stopping), _deleting(pending=None), now=5)  # type: ignore[arg-type]
+    assert d.row == "deleting" and d.memory.phase is Phase.DELETING and "delete" not in kinds(d), d.summary
+    gone = tick(obs(missing=True), d.memory, now=10)
+    assert gone.row == "create_after_delete" and kinds(gone)[-1] == "create"
+    again = tick(obs(replace(stopping, stopping=False)), _deleting(pending=None), now=5)  # type: ignore[arg-type]
+    assert again.row == "delete_resume" and kinds(again) == ["delete"]
+
+
 def test_row_delete_failed() -> None:
     d = tick(obs(node("PREEMPTED"), operation=op("op-del", code=7, message="denied")), _deleting(), now=5)  # type: ignore[arg-type]
     assert d.row == "delete_failed" and d.memory.phase is Phase.FAILED and "denied" in d.summary

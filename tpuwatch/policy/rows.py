@@ -250,7 +250,8 @@ ROWS: tuple[Row, ...] = (
         "keep following it; never delete a node under a live attempt"),
     Row("deleting", "tpuwatch's delete in flight; or a node of another id came meanwhile",
         "follow the operation; a new node is followed as such, any repair of it timed from now"),
-    Row("delete_resume", "DELETING with no operation recorded and the node not deleting",
+    Row("delete_resume", "DELETING with no operation recorded and the node not deleting (nor a Compute Engine VM "
+        "stopping, which the delete may have begun: followed as `deleting`)",
         "the earlier tick stopped before the call: decide afresh from the node (delete again if still needed)"),
     Row("delete_failed", "tpuwatch's delete failed", "failed (exit 1)"),
     Row("operation_timeout", "tpuwatch's delete or create not done after recovery.operation_timeout",
