@@ -526,6 +526,20 @@ def test_a_spot_vm_still_stopping_is_not_swapped_away_from_until_terminated_and_
     assert d.row == "swap" and d.memory.limp.swapped == (("s2", "x0"),)
 
 
+def test_a_slice_stopping_as_tpuwatch_deletes_it_to_make_it_again_is_not_waited_for_as_a_spot_stop() -> None:
+    """s2, lost while no spare was free, is being deleted by tpuwatch to be made again (`remaking`):
+    its STOPPING is tpuwatch's own doing, so the job waits for it as for any spare on its way, and
+    swaps onto a spare that is free, rather than wait to tell a preemption from a person's delete."""
+    mem = replace(run_mem(step=100), limp=Limp(remaking=("s2",)))
+    stopping = replace(limp_part("s2", "PREEMPTED"), kind="instance", spot=True, stopping=True)
+    d = tick(limp_look({}, mem, spares=("x0",), parts={"s2": stopping, "x0": None}, probes=probes_with_slice_down(2)),
+             mem, 600, cfg=REMADE)
+    assert d.row == "spare_wait", d.summary
+    d = tick(limp_look({}, mem, spares=("x0",), parts={"s2": stopping}, probes=probes_with_slice_down(2)), mem, 600,
+             cfg=REMADE)
+    assert d.row == "swap" and d.memory.limp.swapped == (("s2", "x0"),), d.summary
+
+
 def test_a_node_a_person_deleted_is_never_swapped_away_from() -> None:
     """No word from Google (nor a delete of tpuwatch's): a person deleted the node, perhaps to stop
     the job. A pool of one stops for a person as it does without spares (`node_missing`), after

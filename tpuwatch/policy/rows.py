@@ -92,7 +92,7 @@ ROWS: tuple[Row, ...] = (
     Row("not_recreatable", "delete + create needed on a job over separately created slices ([tpu] names "
         "without a queued resource)", "never delete a slice: needs a person (exit 1)"),
     Row("swap", "a multislice job with tpu.spares: slices it runs on are not READY+HEALTHY (as for `limp`: not a "
-        "person's stop, nor a slice RESTARTING, nor a Compute Engine Spot VM still stopping: `spot_stopping`), or left out while it limps (a job on one node: its node not so, "
+        "person's stop, nor a slice RESTARTING, nor a Compute Engine Spot VM still stopping that tpuwatch is not deleting to make again: `spot_stopping`), or left out while it limps (a job on one node: its node not so, "
         "or gone with Google's word for it or deleted by tpuwatch), and a spare is READY+HEALTHY, of the job's "
         "accelerator type (a MIG's: machine type and target size), and carries the job's ownership label (not "
         "a node another job lent it: `take` binds that one and keeps its lender); never a node a person deleted "
