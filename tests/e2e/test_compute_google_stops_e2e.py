@@ -289,3 +289,49 @@ def test_under_cron_check_a_spot_vm_with_delete_a_person_deletes_is_never_insert
     mem = job_memory(tmp_path / "state", "vm")
     assert mem is not None and mem.google.deleted == "", mem.google
     assert writes(sim) == [] and "vm" not in ids(sim), writes(sim)
+
+
+SPOT_STOP = {"labels": {"tpuwatch-job": "vm"},
+             "scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP"}}
+
+
+def test_under_cron_check_a_spot_vm_with_stop_a_person_deletes_is_waited_for_then_stops_for_a_person(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    """A person's instances.delete of the job's Spot VM with termination action STOP: STOPPING until
+    it is gone, as Google's preemption is until TERMINATED. While it stops nothing is sent to it (no
+    delete beside the person's, no insert); once gone, with no word from Google, the job stops for
+    a person (node_missing): the VM is never made again."""
+    sim.world.add_instance("vm", body=SPOT_STOP)
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    job.capture_spec()
+    checks_until(job, lambda r: r["row"] == "running" and len(job.steps_done()) >= 2, "the job running")
+    sim.world.delays["delete"] = 1e9  # the person's delete stays STOPPING until removed below
+    sim.world.delete_instance(sim.project, sim.zone, "vm")  # a person's: no system event
+    rows = [check(job)["row"] for _ in range(3)]
+    assert set(rows) == {"spot_stopping"}, rows
+    assert writes(sim) == [] and sim.world.instance("vm").status == "STOPPING", writes(sim)
+    sim.world.remove_instance("vm")
+    r = cli_process.run(["check", "-c", str(job.cfg), "--json"], job.env, timeout=120)
+    assert r.returncode == 1 and json.loads(r.stdout)["row"] == "node_missing", r.stdout + r.stderr
+    assert writes(sim) == [] and "vm" not in ids(sim), writes(sim)
+
+
+def test_under_cron_check_a_spot_vm_with_stop_is_made_again_only_once_its_preemption_ends_terminated(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    """Google's preemption of a Spot VM with termination action STOP shows STOPPING before
+    TERMINATED: waited for while it stops (nothing sent to it), then deleted and made again."""
+    sim.world.add_instance("vm", body=SPOT_STOP)
+    before = ids(sim)
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10)
+    job.capture_spec()
+    checks_until(job, lambda r: r["row"] == "running" and len(job.steps_done()) >= 2, "the job running")
+    sim.world.preempt_instance("vm", stopping=1e9)  # STOPPING until end_stopping below
+    assert [check(job)["row"] for _ in range(2)] == ["spot_stopping"] * 2
+    assert writes(sim) == [], writes(sim)
+    sim.world.end_stopping("vm")
+    job.release()
+    rows = checks_until(job, lambda r: r["phase"] == "done", "the job done", timeout=240)
+    assert "dead_node" in rows and "node_missing" not in rows, rows
+    assert writes(sim) == ["compute.v1.Instances/Delete", "compute.v1.Instances/Insert"], writes(sim)
+    assert ids(sim)["vm"] != before["vm"] and job.steps_done()[-1] == STEPS
+    job.assert_resumed_uncharged("")

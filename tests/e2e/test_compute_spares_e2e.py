@@ -327,6 +327,35 @@ def test_a_spare_google_may_delete_that_a_person_deletes_is_never_inserted_again
     assert not any(r.name == "sp" for r in sim.world.instances())
 
 
+def test_a_persons_delete_of_the_jobs_spot_vm_is_never_swapped_away_from(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    """A person's instances.delete of the job's Spot VM (termination action STOP) stops it as
+    Google's preemption does, but ends with it gone, not TERMINATED. With a spare free the job
+    waits while it stops (no swap: `spot_stopping`), and once it is gone with no word from Google
+    stops for a person (`node_missing`): nothing deleted, inserted, nor run on the spare."""
+    for name in ("vm", "sp"):
+        sim.world.add_instance(name, body={"labels": {"tpuwatch-job": "vm"}, "scheduling": SPOT})
+    cfg, env, go = spared(sim, rest, tmp_path, ["sp"])
+    spare = sim.world.instance("sp").id
+    proc = watch_process(cfg, env)
+    try:
+        wait_while_watched(lambda: on(sim, "vm", 1) is not None, proc, "attempt 1 on vm")
+        sim.world.delays["delete"] = 1e9  # the person's delete stays STOPPING until removed below
+        sim.world.delete_instance(sim.project, sim.zone, "vm")  # a person's: no system event
+        wait_while_watched(lambda: (m := job_memory(tmp_path / "state", "vm")) is not None
+                           and "Spot VM stopping" in m.reason, proc, "the VM seen stopping")
+        mem = job_memory(tmp_path / "state", "vm")
+        assert mem is not None and mem.limp.swapped == () and writes(sim) == [], (mem.limp, sim.world.calls)
+        sim.world.remove_instance("vm")
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 1 and "never recreates a node a person deleted" in out, out
+    assert writes(sim) == [] and on(sim, "sp", 2) is None, sim.world.calls
+    assert sim.world.instance("sp").id == spare and not any(r.name == "vm" for r in sim.world.instances())
+
+
 @pytest.mark.parametrize(("custom", "spares"), [("vm.corp.example", "sp.corp.example"), ("trainer.corp.example", "")])
 def test_a_spare_is_inserted_with_a_hostname_of_its_own_never_the_jobs_vms(
         sim: Simulator, rest: RestFace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, custom: str,

@@ -495,6 +495,51 @@ def test_a_pool_of_one_whose_vm_google_deleted_is_gone_swaps_once_google_says_so
     assert [(a.name, a.create) for a in again.actions if isinstance(a, RemakeSpare)] == [("pod", True)]
 
 
+def test_a_spot_vm_still_stopping_is_not_swapped_away_from_until_terminated_and_never_once_gone() -> None:
+    """A job on one Compute Engine Spot VM (action STOP, a pool of one slot `pod`) with a spare free:
+    the VM stopping may be Google's preemption (ends TERMINATED) or a person's instances.delete (ends
+    gone, perhaps to stop the job). It waits while it stops; TERMINATED, it swaps to the spare; gone
+    with no word, it stops for a person, the spare unused. So for a slice of slices made one by one."""
+    one = replace(CFG, slices=("pod",), recreatable=False, spares=("sp",), spares_remade=True)
+    spare = replace(limp_part("sp"), labels={"tpuwatch-job": JOB})
+    vm = replace(limp_part("pod", "PREEMPTED"), kind="instance", spot=True, stopping=True)
+    mem = run_mem(step=100)
+
+    def seen(part: object) -> Observation:
+        view = combine_slices("pod", [part]) if part is not None else None  # type: ignore[list-item]
+        return Observation(node=view, spares=(("sp", spare),), checkpoint=ckpt(200))
+
+    d = tick(seen(vm), mem, 600, cfg=one)
+    assert d.row == "spot_stopping" and d.memory.limp.swapped == () and d.exit_code == 0, d.summary
+    assert not [a for a in d.actions if isinstance(a, RemakeSpare)]
+    gone = tick(seen(None), d.memory, 620, cfg=one)
+    assert gone.row == "node_missing" and gone.memory.limp.swapped == () and gone.exit_code == 1
+    terminated = tick(seen(replace(vm, stopping=False)), d.memory, 620, cfg=one)
+    assert terminated.row == "swap" and terminated.memory.limp.swapped == (("pod", "sp"),)
+    # a slice of slices made one by one, with a spare free
+    stopping = replace(limp_part("s2", "PREEMPTED"), kind="instance", spot=True, stopping=True)
+    d = tick(limp_look({}, mem, spares=("x0",), parts={"s2": stopping}, probes=probes_with_slice_down(2)), mem, 600,
+             cfg=SPARES)
+    assert d.row == "spot_stopping" and d.memory.limp.swapped == (), d.summary
+    d = tick(limp_look({}, mem, spares=("x0",), parts={"s2": replace(stopping, stopping=False)},
+                       probes=probes_with_slice_down(2)), mem, 600, cfg=SPARES)
+    assert d.row == "swap" and d.memory.limp.swapped == (("s2", "x0"),)
+
+
+def test_a_slice_stopping_as_tpuwatch_deletes_it_to_make_it_again_is_not_waited_for_as_a_spot_stop() -> None:
+    """s2, lost while no spare was free, is being deleted by tpuwatch to be made again (`remaking`):
+    its STOPPING is tpuwatch's own doing, so the job waits for it as for any spare on its way, and
+    swaps onto a spare that is free, rather than wait to tell a preemption from a person's delete."""
+    mem = replace(run_mem(step=100), limp=Limp(remaking=("s2",)))
+    stopping = replace(limp_part("s2", "PREEMPTED"), kind="instance", spot=True, stopping=True)
+    d = tick(limp_look({}, mem, spares=("x0",), parts={"s2": stopping, "x0": None}, probes=probes_with_slice_down(2)),
+             mem, 600, cfg=REMADE)
+    assert d.row == "spare_wait", d.summary
+    d = tick(limp_look({}, mem, spares=("x0",), parts={"s2": stopping}, probes=probes_with_slice_down(2)), mem, 600,
+             cfg=REMADE)
+    assert d.row == "swap" and d.memory.limp.swapped == (("s2", "x0"),), d.summary
+
+
 def test_a_node_a_person_deleted_is_never_swapped_away_from() -> None:
     """No word from Google (nor a delete of tpuwatch's): a person deleted the node, perhaps to stop
     the job. A pool of one stops for a person as it does without spares (`node_missing`), after

@@ -443,6 +443,21 @@ def test_row_dead_node(state: str) -> None:
     assert d.memory.phase is Phase.DELETING and d.memory.recreate.deleting_node_id == "n1"
 
 
+def test_row_spot_stopping() -> None:
+    # a Compute Engine Spot VM (action STOP) stopping: a preemption ends TERMINATED, a person's
+    # instances.delete gone; nothing sent to it until then
+    stopping = node("PREEMPTED", spot=True, kind="instance", stopping=True)
+    d = tick(obs(stopping, probes=None), run_mem(), now=500)
+    assert d.row == "spot_stopping" and kinds(d) == ["wait"] and d.exit_code == 0, d.summary
+    assert d.ended[0].outcome == "disruption" and d.memory.phase is Phase.WAITING_NODE
+    again = tick(obs(stopping, probes=None), d.memory, now=900)
+    assert again.row == "spot_stopping" and kinds(again) == ["wait"]
+    gone = tick(obs(missing=True), again.memory, now=910)  # a person's delete: never made again
+    assert gone.row == "node_missing" and gone.exit_code == 1 and "create" not in kinds(gone)
+    terminated = tick(obs(node("PREEMPTED", spot=True, kind="instance"), probes=None), again.memory, now=910)
+    assert terminated.row == "dead_node" and kinds(terminated) == ["delete"]
+
+
 def test_row_not_owned() -> None:
     d = tick(obs(node("PREEMPTED", owned=False)), idle(), now=10)
     assert d.row == "not_owned"
@@ -763,6 +778,19 @@ def test_row_delete_resume() -> None:
     d = tick(obs(node("PREEMPTED")), _deleting(pending=None), now=5)  # type: ignore[arg-type]
     assert d.row == "delete_resume" and kinds(d) == ["delete"]
     assert d.memory.budgets.recreates == 1  # the same recreate, not a new one
+
+
+def test_a_spot_vm_stopping_after_a_delete_journaled_but_not_recorded_is_followed_not_waited_for() -> None:
+    # the watcher killed between its delete's journal line and the operation's record: a VM
+    # stopping may be that delete's doing, followed to its end and made again (never `spot_stopping`,
+    # which would take the VM gone for a person's deletion); TERMINATED, the delete never started
+    stopping = node("PREEMPTED", spot=True, kind="instance", stopping=True)
+    d = tick(obs(stopping), _deleting(pending=None), now=5)  # type: ignore[arg-type]
+    assert d.row == "deleting" and d.memory.phase is Phase.DELETING and "delete" not in kinds(d), d.summary
+    gone = tick(obs(missing=True), d.memory, now=10)
+    assert gone.row == "create_after_delete" and kinds(gone)[-1] == "create"
+    again = tick(obs(replace(stopping, stopping=False)), _deleting(pending=None), now=5)  # type: ignore[arg-type]
+    assert again.row == "delete_resume" and kinds(again) == ["delete"]
 
 
 def test_row_delete_failed() -> None:

@@ -127,6 +127,23 @@ def test_spot_preemption_stops_for_good(sim: Simulator) -> None:
         w.preempt_instance("std")
 
 
+def test_a_spot_preemption_may_show_stopping_before_terminated_as_a_persons_delete_does_before_gone(
+        sim: Simulator) -> None:
+    w = sim.world
+    for name in ("spot", "other"):
+        w.add_instance(name, body={"scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP"}})
+    sim.inject("preempt-instance", instance="spot", stopping=1e9)
+    assert w.instance("spot").status == "STOPPING" and w.instance("spot").preempted
+    w.end_stopping("spot")
+    assert w.instance("spot").status == "TERMINATED"
+    with pytest.raises(UsageError, match="not stopping from a preemption"):
+        w.end_stopping("spot")
+    w.delays["delete"] = 1e9
+    w.delete_instance(sim.project, sim.zone, "other")  # a person's: STOPPING too, then gone
+    assert w.instance("other").status == "STOPPING" and [e.method for e in w.audit_entries()] == [
+        "compute.instances.preempted"]
+
+
 def test_a_mig_that_repairs_recreates_a_preempted_spot_vm_and_do_nothing_leaves_it(sim: Simulator) -> None:
     w = sim.world
     mig = w.add_mig("repairs", size=2, spot=True)  # defaultActionOnFailure absent: REPAIR

@@ -57,7 +57,7 @@ def limp(draft: Draft, mem: Memory) -> Decision | None:
     names = mem.limp.slots(cfg.slices)
     lost = [(name, part) for name, part in zip(names, node.slices, strict=True) if not part.usable]
     left = len(names) - len(lost)
-    if (not lost or left < cfg.min_slices or any(part.state in BRIEF_STATES for _, part in lost)
+    if (not lost or left < cfg.min_slices or any(part.state in BRIEF_STATES or part.stopping for _, part in lost)
             or any(name in mem.limp.recreate for name, _ in lost)):  # taken back to be made again
         return None
     # a slice gone with no word that Google or tpuwatch removed it: a person deleted it, perhaps to

@@ -59,6 +59,12 @@ def node_condition(node: NodeSnapshot | None) -> Cond:
     return cond
 
 
+def still_stopping(node: NodeSnapshot) -> bool:
+    """A Compute Engine VM of the node (or of one of its slices) is still stopping: a Spot VM's
+    preemption ends TERMINATED, a person's instances.delete ends with it gone (row `spot_stopping`)."""
+    return any(part.stopping for part in node.slices or (node,))
+
+
 # A node in UNKNOWN with no health is past a failed repair (the API's own words): the repair
 # that repair_timeout waits for is over. It is recreated once it has stayed so this long, the
 # service's diagnosis that UNKNOWN covers (its length is not published) given a few polls to

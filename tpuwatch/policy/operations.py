@@ -14,6 +14,7 @@ from tpuwatch.model import Checkpoint, NodeSnapshot
 from tpuwatch.policy.backoff import backoff_delay
 from tpuwatch.policy.create_errors import SHORTFALLS
 from tpuwatch.policy.draft import Draft, secs
+from tpuwatch.policy.nodes import still_stopping
 from tpuwatch.policy.state import Memory, Phase, move
 from tpuwatch.policy.values import (
     ClearQueued,
@@ -68,7 +69,9 @@ def delete_unstarted(draft: Draft, mem: Memory) -> Memory | None:
     lost its label); None when `deleting` follows the delete: started, or the node is gone or
     replaced."""
     op, node = draft.obs.operation, draft.obs.node
-    if op is not None or node is None or mem.recreate.pending_op is not None or node.state == "DELETING":
+    # a Compute Engine VM stopping: the delete may have started (it stops the VM first); followed
+    if (op is not None or node is None or mem.recreate.pending_op is not None or node.state == "DELETING"
+            or still_stopping(node)):
         return None
     if mem.recreate.deleting_node_id and node.id != mem.recreate.deleting_node_id:
         return None

@@ -95,7 +95,7 @@ def lost_slots(draft: Draft, mem: Memory, lent: bool = False) -> list[tuple[str,
         if node_condition(node) is Cond.PERSON:
             return [(s, None) for s in slots if s in away] if lent else []
         parts = list(zip(slots, node.slices, strict=True))
-        if any(p.state in BRIEF_STATES for _, p in parts if not p.usable):
+        if any(p.state in BRIEF_STATES or p.stopping for _, p in parts if not p.usable):  # stopping: `spot_stopping`
             return []
         # a node whose label names another job is not the job's to run on, however usable (a
         # late label write can hand it back for a moment: it is asked for again)

@@ -1,7 +1,7 @@
 """A node that cannot carry the job: wait for its repair, recreate it, or leave it to a person.
 
-Handlers for the node conditions other than usable (policy/nodes.py): `repairing`, `dead`,
-`person`, `missing`, `someone_deleting`; `recreate` starts a delete + create (owned nodes only,
+Handlers for the node conditions other than usable (policy/nodes.py): `repairing`, `dead`
+(`stopping` while a Spot VM still stops), `person`, `missing`, `someone_deleting`; `recreate` starts a delete + create (owned nodes only,
 within max_recreates).
 """
 
@@ -22,6 +22,7 @@ from tpuwatch.policy.nodes import (
     Cond,
     failed_repair,
     node_condition,
+    still_stopping,
 )
 from tpuwatch.policy.operations import create, queued_ended
 from tpuwatch.policy.state import Evidence, Memory, Phase, merge_evidence, move
@@ -131,7 +132,22 @@ def dead(draft: Draft, mem: Memory) -> Decision:
     node = draft.obs.node
     assert node is not None
     mem, final = end_unusable(draft, mem)
+    if final is None and still_stopping(node):
+        return stopping(draft, mem)
     return final or recreate(draft, mem, "dead_node", f"node {node.state}: it does not come back by itself")
+
+
+def stopping(draft: Draft, mem: Memory) -> Decision:
+    """A Compute Engine Spot VM (termination action STOP) still stopping (row `spot_stopping`):
+    Google's preemption ends TERMINATED (then `dead_node`), a person's instances.delete ends with
+    the VM gone (then `node_missing`), and the two look alike until then. Nothing is sent to it
+    meanwhile: a delete beside the person's, then an insert, would make again what a person deleted."""
+    since = mem.repair.unhealthy_since or draft.now
+    why = (f"{draft.subject} is a Spot VM stopping (since {since.isoformat()}): TERMINATED it is "
+           "Google's preemption and is made again; gone it is a person's instances.delete and the job stops "
+           "for a person. Waiting to see which, sending nothing to it")
+    mem = move(mem, Phase.WAITING_NODE, reason=why, repair=replace(mem.repair, unhealthy_since=since))
+    return draft.out(mem, "spot_stopping", why, Wait(None, "a Spot VM stopping"))
 
 
 def person(draft: Draft, mem: Memory) -> Decision:

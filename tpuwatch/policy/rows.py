@@ -79,14 +79,20 @@ ROWS: tuple[Row, ...] = (
     Row("failed_repair", "UNKNOWN with no health, the API's state after a failed repair, for 5 min from its first "
         "sight (or repair_timeout, if shorter)",
         "delete + create (owned nodes only), without waiting out repair_timeout: the repair it waits for is over"),
-    Row("dead_node", "PREEMPTED / TERMINATED (a MIG: only with defaultActionOnFailure DO_NOTHING)",
+    Row("dead_node", "PREEMPTED / TERMINATED (a MIG: only with defaultActionOnFailure DO_NOTHING; a Compute Engine "
+        "Spot VM: once TERMINATED, not while it stops)",
         "delete + create (owned nodes only)"),
+    Row("spot_stopping", "a Compute Engine Spot VM with termination action STOP still stopping (STOPPING): Google's "
+        "preemption ends TERMINATED, a person's instances.delete with the VM gone; with tpu.spares or a spare pool, "
+        "no swap nor claim away from it meanwhile",
+        "wait, sending nothing to it; TERMINATED: delete + create (dead_node), or with a spare free a swap; gone "
+        "with no word that Google or tpuwatch removed it: a person's deletion (node_missing), never made again"),
     Row("not_owned", "delete + create needed, node lacks tpuwatch-job=<job>",
         "never delete it: needs a person (exit 1); pass --adopt"),
     Row("not_recreatable", "delete + create needed on a job over separately created slices ([tpu] names "
         "without a queued resource)", "never delete a slice: needs a person (exit 1)"),
     Row("swap", "a multislice job with tpu.spares: slices it runs on are not READY+HEALTHY (as for `limp`: not a "
-        "person's stop, nor a slice RESTARTING), or left out while it limps (a job on one node: its node not so, "
+        "person's stop, nor a slice RESTARTING, nor a Compute Engine Spot VM still stopping that tpuwatch is not deleting to make again: `spot_stopping`), or left out while it limps (a job on one node: its node not so, "
         "or gone with Google's word for it or deleted by tpuwatch), and a spare is READY+HEALTHY, of the job's "
         "accelerator type (a MIG's: machine type and target size), and carries the job's ownership label (not "
         "a node another job lent it: `take` binds that one and keeps its lender); never a node a person deleted "
@@ -96,7 +102,7 @@ ROWS: tuple[Row, ...] = (
         "(MEGASCALE_* set by tpuwatch); a slice left out is grown back onto at the next checkpoint (`grow`). No "
         "delete or create; the node swapped out is a spare once READY+HEALTHY again (a VM Google deleted, owned "
         "as last seen, with the audit log's word for it, is made again: `spare_remake`)"),
-    Row("pool_claim", "a job with tpu.spare_pool: a slot it runs in has no usable node (not a person's stop, nor a RESTARTING), none of its own spares is free (`swap` first), and an idle spare of the pool (tpuwatch-pool=<pool>, no tpuwatch-job) is READY+HEALTHY and of the job's accelerator type",
+    Row("pool_claim", "a job with tpu.spare_pool: a slot it runs in has no usable node (not a person's stop, nor a RESTARTING, nor a Spot VM still stopping), none of its own spares is free (`swap` first), and an idle spare of the pool (tpuwatch-pool=<pool>, no tpuwatch-job) is READY+HEALTHY and of the job's accelerator type",
         "a disruption, not charged: stop the attempt; journal the claim, then label the spare tpuwatch-job=<job> (read again, written and waited for under the pool's lock in the state dir); the job swaps onto it as onto its own spare (`swap`) once its label says so"),
     Row("pool_return", "a job with tpu.spare_pool runs on (or waits) on a node of the pool (tpuwatch-pool=<pool>, labelled the job's) and a node of its own no slot holds (its lost node healed or made again; not one of its tpu.spares) is READY+HEALTHY; or a spare it claimed from the pool failed its launch-time checks (`spare_bad`) and no slot holds it",
         "journal, then relabel that node to the pool (tpuwatch-pool=<pool>, no tpuwatch-job): a trade, the job stays where it runs and the pool keeps its size; a spare that failed its checks goes back marked tpuwatch-pool-bad=<job>: never claimed again, the pool's keeper makes it again"),
@@ -175,7 +181,8 @@ ROWS: tuple[Row, ...] = (
         "maintenance is over"),
     Row("limp", "a multislice job with job.min_slices: slices it runs on are not READY+HEALTHY (a repair, "
         "maintenance, a preemption, Google's autorepair, a slice missing that Google or tpuwatch removed; not a "
-        "person's stop, nor a slice a person deleted (node_missing), nor a slice RESTARTING, back within minutes) "
+        "person's stop, nor a slice a person deleted (node_missing), nor a slice RESTARTING, back within minutes, "
+        "nor a Compute Engine Spot VM still stopping) "
         "and at least min_slices others are",
         "a disruption, not charged: stop the attempt on the slices still up, journal the lost slices as left out, "
         "relaunch at once on the slices left from the newest complete checkpoint ({num_slices}, "
@@ -244,7 +251,8 @@ ROWS: tuple[Row, ...] = (
         "keep following it; never delete a node under a live attempt"),
     Row("deleting", "tpuwatch's delete in flight; or a node of another id came meanwhile",
         "follow the operation; a new node is followed as such, any repair of it timed from now"),
-    Row("delete_resume", "DELETING with no operation recorded and the node not deleting",
+    Row("delete_resume", "DELETING with no operation recorded and the node not deleting (nor a Compute Engine VM "
+        "stopping, which the delete may have begun: followed as `deleting`)",
         "the earlier tick stopped before the call: decide afresh from the node (delete again if still needed)"),
     Row("delete_failed", "tpuwatch's delete failed", "failed (exit 1)"),
     Row("operation_timeout", "tpuwatch's delete or create not done after recovery.operation_timeout",

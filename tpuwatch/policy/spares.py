@@ -138,12 +138,20 @@ def _google_word(draft: Draft, limp: Limp) -> Limp:
                    remaking=(*limp.remaking, *(n for n in taken if n not in limp.remaking)))
 
 
+def foreign_stop(mem: Memory, slot: str, part: NodeSnapshot) -> bool:
+    """The node slot `slot` runs on is a Compute Engine VM stopping that tpuwatch is not deleting
+    to make again: a Spot preemption (it ends TERMINATED) or a person's instances.delete (it ends
+    gone), waited for (row `spot_stopping`)."""
+    return part.stopping and mem.limp.node_of(slot) not in mem.limp.remaking
+
+
 def swap(draft: Draft, mem: Memory) -> Decision | None:
     """Slices the job runs on are lost, or left out while it limps, and a spare is free: bind
     each such slot to a spare (as many as there are) and, for a lost one, end the attempt (a
     disruption, not charged); the launch that follows runs on the spares in the lost slices'
     places. A slice a person stopped is left alone (the job pauses), a slice that restarts is
-    waited for (BRIEF_STATES), as a limp does. None: nothing to swap."""
+    waited for (BRIEF_STATES), as a limp does, and so is a Spot VM still stopping (row
+    `spot_stopping`: swapped away from once TERMINATED, never once gone). None: nothing to swap."""
     cfg, node, now = draft.cfg, draft.obs.node, draft.now
     spares = free(draft, mem)
     if not spares:
@@ -156,7 +164,10 @@ def swap(draft: Draft, mem: Memory) -> Decision | None:
     if node is not None and node.slices and node_condition(node) not in (Cond.USABLE, Cond.PERSON):
         lost = [(slot, part) for slot, part in zip(mem.limp.slots(cfg.slices), node.slices, strict=True)
                 if not part.usable]
-        if any(part.state in BRIEF_STATES for _, part in lost):
+        # nor a Compute Engine Spot VM still stopping: a person's instances.delete looks so until
+        # it is gone (never swapped away from, `node_missing`), a preemption until TERMINATED; one
+        # tpuwatch itself deletes to make again (`remaking`) is its own doing
+        if any(part.state in BRIEF_STATES or foreign_stop(mem, slot, part) for slot, part in lost):
             lost = []
         if vanished := [(slot, part) for slot, part in lost
                         if part.state == "MISSING" and not removed(draft, mem, slot)]:
@@ -407,6 +418,8 @@ def wait(draft: Draft, mem: Memory) -> Decision | None:
     waited_out = since is not None and (now - since).total_seconds() >= cfg.repair_timeout
     slots = mem.limp.slots(cfg.slices)
     lost = [(slot, part) for slot, part in zip(slots, node.slices, strict=True) if not part.usable]
+    if any(foreign_stop(mem, slot, part) for slot, part in lost):  # not yet told from a person's delete
+        return None
     itself = [name for slot, part in lost
               if (name := mem.limp.node_of(slot)) in mem.limp.remaking
               or ((cfg.spares_remade or cfg.slices_remade) and part.state != "MISSING"

@@ -210,13 +210,16 @@ class ComputeFaults(Instances):
     # ---- preemption, run duration ------------------------------------------------------------
 
     def preempt_instance(self, name: str, *, notice: float | None = None, project: str | None = None,
-                         zone: str | None = None, term_first: float = 0.0) -> None:
+                         zone: str | None = None, term_first: float = 0.0, stopping: float = 0.0) -> None:
         """A Spot instance is preempted: with termination action STOP it is TERMINATED for good
         (start refused), with DELETE deleted. Its `scheduling.preemptionNoticeDuration` (or
         `notice`, simulated seconds, when given) before, instance/preempted turns TRUE and the API
         shows `resourceStatus.shutdownDetails.stopState` PENDING_STOP while the VM still runs.
         With `term_first` (simulated seconds) the guest's shutdown comes first: its processes get
-        SIGTERM that long before the notice and the API's change (Google documents no order)."""
+        SIGTERM that long before the notice and the API's change (Google documents no order).
+        With `stopping` (simulated seconds) a VM with action STOP shows STOPPING that long before
+        TERMINATED, as Google's stop of a VM passes through it (the API's STOPPING: "either being
+        deleted or killed", a person's instances.delete alike), or until `end_stopping`."""
         with self._lock:
             rec = self._live_instance(name, project, zone, "preemption")
             if rec.provisioning_model != "SPOT":
@@ -232,7 +235,7 @@ class ComputeFaults(Instances):
                     r = self._instances.get(key)
                     if r is None or r.id != ident or r.status != "RUNNING":
                         return
-                self.preempt_instance(name, notice=notice, project=project, zone=zone)
+                self.preempt_instance(name, notice=notice, project=project, zone=zone, stopping=stopping)
 
             self.after(term_first, then)
             return
@@ -245,11 +248,11 @@ class ComputeFaults(Instances):
                 key, ident = rec.key, rec.id
                 self._touch()
         if notice > 0:
-            self.after(notice, lambda: self._preempt_now(key, ident))
+            self.after(notice, lambda: self._preempt_now(key, ident, stopping))
             return
-        self._preempt_now(rec.key, rec.id)
+        self._preempt_now(rec.key, rec.id, stopping)
 
-    def _preempt_now(self, key: str, ident: int) -> None:
+    def _preempt_now(self, key: str, ident: int, stopping: float = 0.0) -> None:
         with self._lock:
             r = self._instances.get(key)
             if r is None or r.id != ident or r.status != "RUNNING":
@@ -260,10 +263,31 @@ class ComputeFaults(Instances):
                 down = self._google_delete(r)
             else:
                 r.epoch, r.last_stop_ns = r.epoch + 1, time.time_ns()
-                r.status, r.preempted = "TERMINATED", True
+                r.status, r.preempted = ("STOPPING" if stopping > 0 else "TERMINATED"), True
                 down = self._queue_hosts("down", key)
+                if stopping > 0:
+                    epoch = r.epoch
+                    self.after(stopping, lambda: self._stopped(key, ident, epoch))
             self._touch()
         self._await(down)
+
+    def _stopped(self, key: str, ident: int, epoch: int) -> None:
+        """A preemption's stop (action STOP) ends: TERMINATED, unless the VM changed since."""
+        with self._lock:
+            r = self._instances.get(key)
+            if r is not None and r.id == ident and r.epoch == epoch and r.status == "STOPPING":
+                r.status = "TERMINATED"
+                self._touch()
+
+    def end_stopping(self, name: str, *, project: str | None = None, zone: str | None = None) -> None:
+        """A preemption's stop under way (`preempt_instance`'s `stopping`) ends now: TERMINATED.
+        Lets a test end it once it has seen what it tests, not at a time the watcher races."""
+        with self._lock:
+            rec = self._fault_instance(name, project, zone)
+            if not (rec.preempted and rec.status == "STOPPING"):
+                raise UsageError(f"instance {rec.name} is {rec.status}, not stopping from a preemption")
+            key, ident, epoch = rec.key, rec.id, rec.epoch
+        self._stopped(key, ident, epoch)
 
     def _google_delete(self, r: InstanceRec) -> Timer | None:
         """Google deletes the instance (its termination action DELETE, at a preemption or the end of

@@ -491,7 +491,8 @@ FAULTS: dict[str, Fault] = {
             (_INSTANCE, Param("notice", "duration", "instance/preempted TRUE (and shutdownDetails PENDING_STOP) this "
                                                        "long before (default: the instance's "
                                                        "scheduling.preemptionNoticeDuration, none without one)"),
-             _TERM_FIRST, *_WHERE),
+             _TERM_FIRST, Param("stopping", "duration", "action STOP: STOPPING this long before TERMINATED, as "
+                                                        "Google's stop passes through it", default=0.0), *_WHERE),
             target="instance",
         ),
         Fault(
@@ -838,7 +839,7 @@ def _apply_compute(world: World, fault: str, p: dict[str, Any], where: dict[str,
             notice=p.get("notice", 60.0), **where)
     elif fault == "preempt-instance":
         world.preempt_instance(p.pop("instance"), notice=p.get("notice"), term_first=p.get("term_first", 0.0),
-                               **where)
+                               stopping=p.get("stopping", 0.0), **where)
     elif fault == "mig-autoheal":
         world.autoheal(p.pop("mig"), p.get("instance", ""), reason=p.get("reason", ""), **where)
     elif fault == "run-duration-end":

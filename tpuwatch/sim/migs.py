@@ -459,9 +459,9 @@ class Migs(ComputeFaults):
 
         self.after(self.delays["delete"], remake)
 
-    def _preempt_now(self, key: str, ident: int) -> None:
+    def _preempt_now(self, key: str, ident: int, stopping: float = 0.0) -> None:
         """A preempted Spot VM of a MIG that repairs is recreated by the MIG (the module's docstring)."""
-        super()._preempt_now(key, ident)
+        super()._preempt_now(key, ident, stopping)
         with self._lock:
             rec = self._instances.get(key)
             mig = self._migs.get(rec.mig) if rec is not None else None

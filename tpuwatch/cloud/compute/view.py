@@ -11,7 +11,8 @@ the policy as one `NodeSnapshot`, in the policy's vocabulary (policy/nodes.py):
   PROVISIONING, STAGING or REPAIRING after a host error, a MIG instance with a current action,
   or a MIG short of its target size or not stable) is a repair state, waited for with
   repair_timeout; a stopped Spot VM is PREEMPTED (Google: a Spot TPU VM is deleted and
-  recreated, never restarted); another stopped VM is STOPPED (a person's: left alone), and a MIG
+  recreated, never restarted), a lone one with `stopping` while its stop is under way (a
+  preemption's ends TERMINATED, a person's instances.delete gone: policy row `spot_stopping`); another stopped VM is STOPPED (a person's: left alone), and a MIG
   only when every instance of it is stopped (some stopped among running ones: REPAIRING).
 - `repairs_itself`, `repair_under_way`: whether the MIG recreates a failed VM by itself
   (`defaultActionOnFailure` REPAIR, the default: then a preempted Spot VM is the MIG's to
