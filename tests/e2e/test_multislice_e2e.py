@@ -339,9 +339,13 @@ def test_status_precheck_and_recreate_act_on_every_slice(sim: Simulator, tmp_pat
     spec = requests["create"]["queuedResource"]["tpu"]["nodeSpec"][0]
     assert spec["multisliceParams"] == {"nodeCount": 2, "nodeIdPrefix": "np"}, spec
     old = {n: sim.world.node(n).id for n in SLICES}
+    # the new request's create ends once it is accepted, its slices come seconds later: the
+    # command returns once they are up, and says their new id
+    sim.world.delays["queued_accept"] = 1200.0
     done = cli(env, "recreate", "ms", "-c", str(cfg), "--yes")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "deleting queued resource ms and its 2 slices np-0, np-1 (force)" in done.stdout, done.stdout
+    assert ": new id " in done.stdout and ": new id  " not in done.stdout, done.stdout
     assert all(sim.world.node(n).id != old[n] and sim.world.node(n).state == "READY" for n in SLICES)
     assert sim.world.call_count("CreateQueuedResource") == 1 and sim.world.call_count("CreateNode") == 0
     # the new slices' startup script only sets up: nothing runs until a watcher launches on all

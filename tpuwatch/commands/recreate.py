@@ -229,12 +229,25 @@ def _finish(job: Job, pcfg: PolicyConfig, ports: JobPorts, plan: _Plan, end: Rec
         raise JobFailed(f"recreate of {name} failed: {end.message}")
     zone = report.memory.zone or pcfg.zones[0]
     read = ports.tpu_for(zone).get_node
+    life = ports.lifecycle_for(zone)
 
-    def booted() -> bool:  # made again in place (a MIG's instances): say what it is once it is up
+    def booted() -> bool:
+        """Made again in place (a MIG's instances), or through a queued resource, whose create
+        ends once the request is accepted and whose slices come once it is provisioned (every
+        one: a slice still missing reads MISSING): say what it is once it is up."""
         seen = job_node(read, name, pcfg.slices)
+        if (seen is None or seen.state == "MISSING") and pcfg.queued_resource:
+            qr = life.status()
+            if qr is not None and qr.ended:
+                raise JobFailed(f"recreate of {name}: queued resource {pcfg.queued_resource} is {qr.state}"
+                                + (f" ({qr.error_message})" if qr.error_message else ""))
+            return False
         return seen is None or seen.state != "CREATING"
 
-    rc.poll_until(booted, f"{name} still CREATING after recovery.operation_timeout", timeout=pcfg.operation_timeout)
+    waiting = (f"queued resource {pcfg.queued_resource} not provisioned after recovery.operation_timeout; "
+               f"`tpuwatch watch -c {config_path}` goes on with it" if pcfg.queued_resource
+               else f"{name} still CREATING after recovery.operation_timeout")
+    rc.poll_until(booted, waiting, timeout=pcfg.operation_timeout)
     new = job_node(read, name, pcfg.slices)
     old_id = plan.node.id if plan.node is not None else None
     new_id = new.id if new is not None else ""
