@@ -163,31 +163,6 @@ def test_gcloud_prepares_a_compute_engine_slice_with_gcloud_compute_ssh_to_its_f
     assert t.prepare_calls == 0
 
 
-def test_gcloud_prepares_a_mig_one_vm_of_which_is_down_through_a_vm_that_runs(tmp_path: Path) -> None:
-    """A watcher that first sees a MIG whose VM 0 is preempted (VM 1 still running, the attempt
-    there to stop): gcloud compute ssh goes to VM 1, never to the VM that is down (it would wait
-    out gcloud's timeout there); a MIG none of whose VMs run is prepared once one does."""
-    from tpuwatch.model import combine_slices
-
-    calls = tmp_path / "calls"
-    fake = tmp_path / "gcloud"  # a stand-in for gcloud: logs its target, prints what LEARN_COMMAND prints
-    fake.write_text(f"#!/bin/sh\necho \"$3\" >> {calls}\necho '@tpuwatch login user=alice_x home=/home/alice_x'\n")
-    fake.chmod(0o755)
-    mig = replace(node_of(["10.0.0.2", "10.0.0.3"], "11+12", name="slice"), state="PREEMPTED", kind="mig",
-                  resource="projects/proj/zones/us-central2-b/instanceGroupManagers/slice",
-                  worker_states=("PREEMPTED", "READY"))
-    ssh = OpenSsh(known_hosts=tmp_path / "kh", user="alice", identity_file="/k/id", internal_ip=True)
-    t = GcloudSsh(openssh=ssh, user="alice", identity_file="/k/id", binary=str(fake),
-                  instances=lambda n: ("slice-ab12", "slice-cd34"))
-    down = combine_slices("slice", [replace(mig, worker_states=("PREEMPTED", "PREEMPTED"))])
-    assert down is not None and t.prepare(down) is None and not calls.exists()
-    half = combine_slices("slice", [mig])
-    assert half is not None and t.prepare(half) is None
-    assert calls.read_text().split() == ["alice@slice-cd34"]
-    login = t.login(half)
-    assert login is not None and login.user == "alice_x"
-
-
 def test_iap_tunnels_each_worker_by_its_vm_name_with_both_transports(tmp_path: Path) -> None:
     """As gcloud's --tunnel-through-iap: ssh's ProxyCommand is `gcloud compute start-iap-tunnel
     <VM> %p --listen-on-stdin`; no TCP probe (only the tunnel reaches the port); nothing is

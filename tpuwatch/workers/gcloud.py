@@ -241,8 +241,8 @@ class GcloudSsh:
                 return None
             for part in node.slices:
                 part_key = _incarnation(part)
-                if part_key in self._logins or not part.reachable or not part.workers:
-                    continue  # known already, or prepared once it is up (a MIG: once a VM of it runs)
+                if part_key in self._logins or part.state != "READY" or not part.workers:
+                    continue  # known already, or prepared once it is up
                 got = self._prepare_one(part, part_key)
                 if isinstance(got, SshResult):
                     return got
@@ -260,8 +260,7 @@ class GcloudSsh:
         "Updating instance ssh metadata"), gcloud goes to every other instance too, since each
         guest agent reads its own instance's keys and the project's, never another instance's.
         """
-        # the workers that can be reached: not a MIG's VM that is down (gcloud would wait it out)
-        workers = sorted(node.reachable_workers or node.workers, key=lambda w: w.index)
+        workers = sorted(node.workers, key=lambda w: w.index)
         worker = next((w for w in workers if w.index == PREPARE_WORKER), workers[0] if workers else None)
         if worker is None:
             return SshResult(0, "", None, "", "", "unreachable", f"{node.name} has no workers yet")
