@@ -419,8 +419,10 @@ class Hosts:
                     return None
                 try:
                     text = (w.cgroup / "cgroup.procs").read_text()
-                except FileNotFoundError:
-                    continue  # removed with its node
+                except OSError as exc:
+                    if exc.errno in (errno.ENOENT, errno.ENODEV):
+                        continue  # removed with its node (ENODEV: while the read was under way)
+                    raise
                 found += [int(pid) for pid in text.split()]
         return found
 
