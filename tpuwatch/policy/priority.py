@@ -284,6 +284,13 @@ def _give_label(job: str, name: str, to: str) -> Relabel:
                    "is left there")
 
 
+def _hand_label(name: str, job: str, to: str, reason: str) -> Relabel:
+    """Hand `name`, held by `job`, to job `to`: a hand-back (row `hand_back`), the marks of a
+    hand-over dropped."""
+    return Relabel(name, job, ((OWNER_LABEL, to), (RETURNED_BY, job)),
+                   (LENT_BY, WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL, IDLE_LABEL), reason)
+
+
 def lent_wait(draft: Draft, mem: Memory) -> Decision | None:
     """Slots the job lent away, not left out, with no node free for them: wait (row
     `lent_wait`) for a node handed back or a spare, never stopping for a person."""
@@ -345,8 +352,8 @@ def relabel(draft: Draft, before: Memory, decision: Decision) -> Decision:
         mem = replace(mem, limp=replace(mem.limp, took=tuple(t for t in mem.limp.took if t != (x, by)),
                                         handing=(*mem.limp.handing, (y, by))))
         handing = mem.limp.handing
-        return _with(out, mem, "hand_back", Relabel(
-            y, job, ((OWNER_LABEL, by), (RETURNED_BY, job)), (LENT_BY, WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL, IDLE_LABEL),
+        return _with(out, mem, "hand_back", _hand_label(
+            y, job, by,
             f"{y} is READY+HEALTHY again: handing it to job {by} for {x}, taken from it (the job stays on {x})"))
     # nothing lost any more (its own node back first): the node asked for is not wanted now
     if not lost_slots(draft, mem) and mem.limp.wants:
@@ -365,14 +372,14 @@ def relabel(draft: Draft, before: Memory, decision: Decision) -> Decision:
             n, by = spare[0]
             mem = replace(mem, limp=replace(mem.limp, handing=(*mem.limp.handing, (n, by))))
             handing = mem.limp.handing
-            return _with(out, mem, "hand_back", Relabel(
-                n, job, ((OWNER_LABEL, by), (RETURNED_BY, job)), (LENT_BY, WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL, IDLE_LABEL),
+            return _with(out, mem, "hand_back", _hand_label(
+                n, job, by,
                 f"{n} was lent to this job, which no longer needs it: handing it back to job {by}"))
     pend = [(n, to) for n, to in handing if (p := seen.get(n)) is not None and p.state == "READY"]
     if pend:
         n, to = pend[0]
-        return _with(out, mem, "hand_back", Relabel(
-            n, job, ((OWNER_LABEL, to), (RETURNED_BY, job)), (LENT_BY, WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL, IDLE_LABEL),
+        return _with(out, mem, "hand_back", _hand_label(
+            n, job, to,
             f"handing {n} to job {to} (again: its label does not say so yet)"))
     # the job's priority on the nodes it holds, and whether it trains there (a taker asks for an
     # idle node first); no lender left on a node traded for
@@ -414,9 +421,8 @@ def ended(draft: Draft, decision: Decision) -> Decision:
     back = [(x, by) for x, by in mem.limp.took if (p := seen.get(x)) is not None and p.owned_by(job)]
     if not back:
         return decision
-    writes = tuple(Relabel(x, job, ((OWNER_LABEL, by), (RETURNED_BY, job)),
-                           (LENT_BY, WANTED_BY, WANTED_PRIORITY, PRIORITY_LABEL, IDLE_LABEL),
-                           f"the job has ended: handing {x}, taken from job {by}, back to it") for x, by in back)
+    writes = tuple(_hand_label(x, job, by, f"the job has ended: handing {x}, taken from job {by}, back to it")
+                   for x, by in back)
     stops = tuple(replace(a, wait=True) if isinstance(a, StopWorkers) else a for a in decision.actions)
     return replace(decision, actions=(*stops, *writes),
                    summary=f"{decision.summary}; " + "; ".join(w.reason for w in writes))
