@@ -124,7 +124,9 @@ def test_maintenance_kills_the_job_refuses_ssh_and_heals(sim: Simulator, tmp_pat
         ssh(sim, ips[1], "sleep 600 >/dev/null 2>&1 & echo ok", tmp_path / "kh").stdout.strip()
         == "ok"
     )
-    assert len(sim.hosts.pids(key)) >= 1
+    # the shell forks `sleep` before it echoes, but its environment (the worker's mark) reads
+    # empty while the kernel runs its exec: wait for the mark, not for the echo
+    w.wait_for(lambda _: len(sim.hosts.pids(key)) >= 1, what="the sleep started on worker 1")
     w.maintenance("pod", stuck="REPAIRING")
     assert all(refused(sim, ip) for ip in ips) and sim.hosts.pids(key) == []
     w.heal("pod")
