@@ -615,3 +615,25 @@ def test_a_slice_left_out_that_a_person_deletes_is_not_swapped_for_a_spare() -> 
     remade = replace(mem, limp=Limp(out=("s2",), remaking=("s2",)))
     seen = limp_look({}, remade, spares=("x0",), parts={"s2": None}, probes=running(1, 6), checkpoint=ckpt(300))
     assert tick(seen, remade, 900, cfg=limps).row == "swap"
+
+
+def test_an_idle_mig_journaled_to_be_recreated_whose_recreate_never_started_is_recreated_again() -> None:
+    """The watcher killed between the journal line of a MIG's recreate in place and the
+    recreateInstances call: the MIG, still PREEMPTED with nothing under way once `remake_at` is
+    past, is recreated again; before then, and once the MIG is at work (REPAIRING), it is not."""
+    from policy_support import at
+
+    in_place = replace(REMADE, spares_in_place=True)
+    mem = run_mem(step=100, limp=Limp(swapped=(("s2", "x0"),)))
+    d = tick(limp_look({"s2": "PREEMPTED"}, mem, spares=("x0",), probes=running_all()), mem, 600, cfg=in_place)
+    assert d.row == "spare_remake" and d.memory.limp.remaking == ("s2",) and d.memory.limp.remake_at is not None
+    soon = tick(limp_look({"s2": "PREEMPTED"}, d.memory, spares=("x0",), probes=running_all()), d.memory, 601,
+                cfg=in_place)
+    assert not [a for a in soon.actions if isinstance(a, RemakeSpare)], soon.actions
+    late = (d.memory.limp.remake_at - at(0)).total_seconds() + 1
+    again = tick(limp_look({"s2": "PREEMPTED"}, d.memory, spares=("x0",), probes=running_all()), d.memory, late,
+                 cfg=in_place)
+    assert [(a.name, a.create) for a in again.actions if isinstance(a, RemakeSpare)] == [("s2", False)], again.summary
+    busy = tick(limp_look({"s2": "REPAIRING"}, d.memory, spares=("x0",), probes=running_all()), d.memory, late,
+                cfg=in_place)
+    assert not [a for a in busy.actions if isinstance(a, RemakeSpare)], busy.actions

@@ -120,7 +120,7 @@ ROWS: tuple[Row, ...] = (
         "deleted so gone (its record in the state dir)",
         "journal it as one tpuwatch makes again, delete it (not one Google deletes); one so journaled that is still "
         "PREEMPTED / TERMINATED, not DELETING nor stopping, a backoff later (its delete never started: the watcher killed between "
-        "its journal line and the call, or the call refused) is deleted again (not a MIG); "
+        "its journal line and the call, or the call refused) is deleted again (a MIG's instances recreated again); "
         "once gone, create it again from [tpu.spec] ([tpu.compute_spec.instance]: an instances.insert under its "
         "name) (one that came to nothing tried again as a queued create is: recovery.backoff_base, doubling to "
         "recovery.backoff_max). A spare neither tpuwatch nor Google deleted so is never created. A MIG (tpu.mig) is made "

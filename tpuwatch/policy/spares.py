@@ -306,9 +306,10 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
     # one journaled to be made again and still PREEMPTED / TERMINATED, not being deleted, once
     # `remake_at` is past: its delete never started (the watcher killed between its journal line
     # and the call, or the call refused); deleted again, never left dead (a node lent in its place
-    # would never be handed back). Not a MIG made again in place: recreated, it may stay so a while.
+    # would never be handed back). So is a MIG made again in place: one recreated reads REPAIRING
+    # (its instances RECREATING) until they run, not DEAD; the adapter sends none while it acts.
     unsent = [(name, part) for name, part, _ in candidates
-              if part is not None and name in limp.remaking and not cfg.spares_in_place
+              if part is not None and name in limp.remaking
               and node_condition(part) is Cond.DEAD and part.owned_by(cfg.job) and not part.multislice_request
               and not google_deletes(cfg.job, part) and not part.stopping
               and (limp.remake_at is None or now >= limp.remake_at)]
