@@ -56,11 +56,13 @@ def rest(sim: Simulator) -> Iterator[RestFace]:
         yield face
 
 
-def job(sim: Simulator, rest: RestFace, tmp: Path, name: str) -> tuple[Path, dict[str, str], Path]:
-    """Spot instance `name` RUNNING, labelled job `name`'s; the job's config (of pool v7, with the
-    [tpu.compute_spec] `tpuwatch init` captures) in tmp/jobs, the CLI's env, and the directory
-    whose file `100` lets its trainer past step 100."""
-    sim.world.add_instance(name, body={"labels": {"tpuwatch-job": name}, "scheduling": SPOT})
+def job(sim: Simulator, rest: RestFace, tmp: Path, name: str, *,
+        hostname: str = "") -> tuple[Path, dict[str, str], Path]:
+    """Spot instance `name` RUNNING (with a custom `hostname`, if given), labelled job `name`'s;
+    the job's config (of pool v7, with the [tpu.compute_spec] `tpuwatch init` captures) in
+    tmp/jobs, the CLI's env, and the directory whose file `100` lets its trainer past step 100."""
+    sim.world.add_instance(name, body={"labels": {"tpuwatch-job": name}, "scheduling": SPOT,
+                                       **({"hostname": hostname} if hostname else {})})
     ck, go = sim.bucket / name, tmp / f"go-{name}"
     go.mkdir()
     (tmp / "jobs").mkdir(exist_ok=True)
@@ -194,3 +196,22 @@ def test_two_compute_jobs_share_one_pool_instance_and_a_returned_instance_serves
     remade = [t.get("summary", "") for t in ticks if t.get("row") == "spare_remake"]
     assert any("b, an idle spare of pool v7, is PREEMPTED" in s for s in remade), remade
     assert any("creating it from [tpu.compute_spec.instance] of job" in s for s in remade), remade
+
+
+def test_a_pool_spare_is_inserted_from_the_keepers_spec_as_the_pools_with_a_hostname_of_its_own(
+        sim: Simulator, rest: RestFace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The keeper's VM has a custom hostname, which `init` captures: a pool spare made from that
+    spec takes its own name there, the pool's label and no job's, and never starts a job at boot."""
+    from tpuwatch.cloud.compute.adapter import ComputeAdapter
+    from tpuwatch.config import load_config
+    from tpuwatch.recreate import start_pool_create
+
+    cfg, env, _ = job(sim, rest, tmp_path, "a", hostname="a.corp.example")
+    monkeypatch.setenv("TPUWATCH_COMPUTE_EMULATOR", env["TPUWATCH_COMPUTE_EMULATOR"])
+    config = load_config(cfg)
+    assert config.tpu["compute_spec"]["instance"]["hostname"] == "a.corp.example"  # as init saw it
+    start_pool_create(ComputeAdapter(sim.project, sim.zone, "instance"), config, "sp-1", sim.zone, "v7")
+    sim.world.wait_for(lambda w: any(r.name == "sp-1" for r in w.instances()), timeout=30)
+    made = sim.world.instance("sp-1")
+    assert made.hostname == "sp-1.corp.example" and sim.world.instance("a").hostname == "a.corp.example"
+    assert dict(made.labels) == {"tpuwatch-pool": "v7"} and made.metadata["tpuwatch-launch"] == "false"
