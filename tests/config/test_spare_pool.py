@@ -115,6 +115,19 @@ def test_a_job_naming_a_pool_it_cannot_use_is_exit_2(tmp_path: Path, tpu: str, f
     pools.check_job(found, load_job(ok))
 
 
+def test_a_pool_of_instances_takes_its_spares_by_name_or_url(tmp_path: Path) -> None:
+    head = '[pool]\nname = "v6e"\nzone = "us-central2-b"\nproject = "my-proj"\napi = "compute"\n'
+    given = ('spares = ["vm-sp-0", "zones/us-central2-b/instances/vm-sp-1", '
+             '"https://compute.googleapis.com/compute/v1/projects/my-proj/zones/us-central2-b/instances/vm-sp-2"]\n')
+    assert pools.load(write(tmp_path, "pool.toml", head + given)).spares == ("vm-sp-0", "vm-sp-1", "vm-sp-2")
+    for spares, fix in (('["zones/us-east5-a/instances/vm-sp-1"]', "is in zone us-east5-a, not the pool's zone"),
+                        ('["projects/other/zones/us-central2-b/instances/x"]', "in project other, not the pool's"),
+                        ('["zones/us-central2-b/instanceGroupManagers/grp"]', "not an instance name .* nor its URL")):
+        with pytest.raises(ConfigError, match=fix) as exc:
+            pools.load(write(tmp_path, "pool.toml", head + f"spares = {spares}\n"))
+        assert str(exc.value).startswith("pool.toml: pool.spares") and exc.value.exit_code == 2, exc.value
+
+
 COMPUTE_POOL = ('[pool]\nname = "v6e"\nzone = "us-central2-b"\napi = "compute"\n'
                 'machine_type = "zones/us-central2-b/machineTypes/ct6e-standard-4t"\nspares = ["vm-sp-0"]\n')
 SPEC = '[tpu.compute_spec.instance]\nmachineType = "zones/us-central2-b/machineTypes/{}"\n'

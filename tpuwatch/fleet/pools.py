@@ -13,11 +13,13 @@ spares = ["sp-0", "sp-1"]         # the TPU API nodes it starts with, each label
 
 A pool of Compute Engine instances (for jobs with `api = "compute"` and `tpu.instance`) says so
 with `api = "compute"`, and its shape with `machine_type` (an instance's machine type, as
-[tpu.compute_spec.instance] names it) instead of `accelerator_type`; its `spares` are instances.
+[tpu.compute_spec.instance] names it) instead of `accelerator_type`; its `spares` are instances,
+by name or URL (zones/ZONE/instances/NAME) in the pool's zone.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,14 +103,41 @@ def load(path: Path) -> Pool:
         example = "ct5lp-hightpu-4t" if api == "compute" else "v5p-16"
         raise ConfigError(f"{where}.{shape_key}: a string such as \"{example}\"")
     accel = accel.rsplit("/", 1)[-1]  # a machine type's URL, as [tpu.compute_spec] holds it: its name
+    given = table.get("spares", [])
+    if api == "compute" and isinstance(given, list):
+        given = [_instance_name(where, g, zone, project) for g in given]
     try:
-        spares = tuple(SCHEMA["tpu"]["spares"].check("pool.spares", table.get("spares", [])))
+        spares = tuple(SCHEMA["tpu"]["spares"].check("pool.spares", given))
     except ConfigError as exc:
         raise ConfigError(f"{path.name}: {exc.message}") from None
     if not spares:
         raise ConfigError(f"{where}.spares: name at least one idle {'instance' if api == 'compute' else 'TPU node'}, "
                           "e.g. spares = [\"sp-0\"]")
     return Pool(path, name, zone, project, accel, spares, api)
+
+
+# An instance as gcloud and the console show it: zones/Z/instances/N, partial or full URL
+_INSTANCE_URL = re.compile(r"^(?:https?://[^/]+/compute/(?:v1|beta|alpha)/)?(?:projects/(?P<project>[^/]+)/)?"
+                           r"zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)$")
+_INSTANCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def _instance_name(where: str, given: Any, zone: str, project: str) -> Any:
+    """A spare of a pool of instances given by its name or URL: its name, when of the pool's zone
+    (and project); a value not a string as given, for the list's own check."""
+    m = _INSTANCE_URL.match(given) if isinstance(given, str) else None
+    if m is None:
+        if isinstance(given, str) and not _INSTANCE_NAME.match(given):
+            raise ConfigError(f"{where}.spares: {given!r} is not an instance name (lowercase letters, digits, hyphens; "
+                              "starts with a letter) nor its URL; give the instance's name, or zones/ZONE/instances/NAME")
+        return given
+    if m["zone"] != zone:
+        raise ConfigError(f"{where}.spares: {given!r} is in zone {m['zone']}, not the pool's zone {zone}; list "
+                          "instances of that zone")
+    if m["project"] and project and m["project"] != project:
+        raise ConfigError(f"{where}.spares: {given!r} is in project {m['project']}, not the pool's project {project}; "
+                          "list instances of that project")
+    return m["name"]
 
 
 def load_all(paths: Iterable[Path]) -> dict[str, Pool]:
