@@ -215,3 +215,44 @@ def test_a_pool_spare_is_inserted_from_the_keepers_spec_as_the_pools_with_a_host
     made = sim.world.instance("sp-1")
     assert made.hostname == "sp-1.corp.example" and sim.world.instance("a").hostname == "a.corp.example"
     assert dict(made.labels) == {"tpuwatch-pool": "v7"} and made.metadata["tpuwatch-launch"] == "false"
+
+
+def test_a_claimed_spare_instance_whose_checks_fail_goes_back_to_the_pool_marked_bad_and_is_inserted_again(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    a, env, go_a = job(sim, rest, tmp_path, "a")
+    for spare in ("sp-0", "sp-1"):
+        sim.world.add_instance(spare, body={"labels": {"tpuwatch-pool": "v7"}, "scheduling": SPOT})
+    sim.world.bad_host("sp-0", "device-missing")  # sp-0, the first by name, fails the launch-time checks
+    bad_id = sim.world.instance("sp-0").id
+    (tmp_path / "jobs" / "pool-v7.toml").write_text(
+        f'[pool]\nname = "v7"\nzone = "{sim.zone}"\napi = "compute"\nspares = ["sp-0", "sp-1"]\n')
+    proc = cli_process.start(["watch", "--config-dir", str(tmp_path / "jobs")], env)
+    try:
+        wait_while_watched(lambda: on(sim, "a", "a", 1) is not None, proc, "job a training")
+        sim.world.stockout()  # a's own instance is not inserted again meanwhile: only the pool can serve
+        sim.world.preempt_instance("a")
+        wait_while_watched(lambda: on(sim, "sp-1", "a", 2) is not None, proc,
+                           "job a on pool spare sp-1, sp-0 having failed its checks", timeout=120)
+        assert labels(sim, "sp-1") == {"tpuwatch-job": "a", "tpuwatch-pool": "v7"}
+        assert on(sim, "sp-0", "a", 2) is None
+        sim.inject("clear-errors")
+        # back in the pool marked bad, then deleted and inserted again by the keeper (job a): a new
+        # instance, idle, unmarked
+        wait_while_watched(lambda: (vm := instance(sim, "sp-0")) is not None and vm.id != bad_id
+                           and vm.status == "RUNNING", proc, "sp-0 inserted again by the pool's keeper", timeout=150)
+        assert labels(sim, "sp-0") == {"tpuwatch-pool": "v7"}
+        (go_a / "100").touch()
+        wait_while_watched(lambda: (m := job_memory(tmp_path / "state", "a")) is not None and m.phase is Phase.DONE,
+                           proc, "job a done", timeout=150)
+        proc.send_signal(signal.SIGINT)
+        rc, out = finish(proc, timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out[-4000:]
+    assert "launch-time checks fail on spare sp-0" in out, out[-4000:]
+    assert [(x["outcome"], x["charged"]) for x in cli_json(a, env, "history")["attempts"]] == [
+        ("disruption", False), ("success", False)]
+    with Journal.open(tmp_path / "state", "a", "a", readonly=True) as journal:
+        marked = [e for e in journal.events() if e.kind == "relabel" and e.data.get("node") == "sp-0"]
+    assert marked and marked[0].data["labels"] == {"tpuwatch-pool": "v7", "tpuwatch-pool-bad": "a"}, marked
