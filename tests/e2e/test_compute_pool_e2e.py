@@ -192,6 +192,8 @@ def test_two_compute_jobs_share_one_pool_instance_and_a_returned_instance_serves
     assert any("claimed a from spare pool v7" in e for e in claims(tmp_path, "b"))
     assert sim.world.calls.get("compute.v1.Instances/SetLabels", 0) >= 3, sim.world.calls
     ticks = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    held = [{n["name"]: n["held_by"] for n in t["spare_pool"]["nodes"]} for t in ticks if t.get("spare_pool")]
+    assert {"sp-0": "a", "a": None} in held and {"sp-0": "a", "a": "b"} in held, held[-3:]
     assert any(t.get("job") == "a" and t.get("row") == "pool_return" for t in ticks)
     remade = [t.get("summary", "") for t in ticks if t.get("row") == "spare_remake"]
     assert any("b, an idle spare of pool v7, is PREEMPTED" in s for s in remade), remade
