@@ -258,3 +258,20 @@ def test_a_claimed_spare_instance_whose_checks_fail_goes_back_to_the_pool_marked
     with Journal.open(tmp_path / "state", "a", "a", readonly=True) as journal:
         marked = [e for e in journal.events() if e.kind == "relabel" and e.data.get("node") == "sp-0"]
     assert marked and marked[0].data["labels"] == {"tpuwatch-pool": "v7", "tpuwatch-pool-bad": "a"}, marked
+
+
+def test_status_of_a_job_of_a_pool_of_instances_shows_its_spares_and_why_one_cannot_be_claimed(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    """`status -c` of a job of the pool: the pool's instances beside the job's, idle or held; one
+    whose metadata starts a job at boot said unclaimable, and why."""
+    a, env, _ = job(sim, rest, tmp_path, "a")
+    sim.world.add_instance("sp-0", body={"labels": {"tpuwatch-pool": "v7"}})
+    boots = {"items": [{"key": "tpuwatch-job", "value": "x"}, {"key": "tpuwatch-command", "value": "python3 t.py"},
+                       {"key": "tpuwatch-worker-script", "value": "#!/bin/sh"}]}
+    sim.world.add_instance("sp-1", body={"labels": {"tpuwatch-pool": "v7"}, "metadata": boots})
+    shown = cli_json(a, env, "status")
+    assert [n["name"] for n in shown["nodes"]] == ["a", "sp-0", "sp-1"], shown["nodes"]
+    pool = shown["spare_pool"]
+    assert (pool["name"], pool["idle"]) == ("v7", 1), pool
+    why = {n["name"]: n["unclaimable"] for n in pool["nodes"]}
+    assert why["sp-0"] is None and "starts a job at boot" in why["sp-1"], why
