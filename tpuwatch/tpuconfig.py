@@ -250,7 +250,7 @@ def _compute_pool(t: Mapping[str, Any]) -> None:
     if isinstance(scheduling, dict) and scheduling.get("instanceTerminationAction") == "DELETE":
         raise ConfigError("tpu.spare_pool: not with tpu.compute_spec.instance.scheduling.instanceTerminationAction = "
                           "\"DELETE\": the pool's spares are made again from this spec, and Google deletes such a VM "
-                          "itself at a preemption, which tpuwatch cannot tell from a person's deletion of an idle "
+                          "itself at a preemption, which the pool's keeper cannot tell from a person's deletion of an idle "
                           "spare, so the pool would lose it for good; use \"STOP\" (a preempted spare stays TERMINATED "
                           "and the pool's keeper makes it again), or drop tpu.spare_pool")
 
