@@ -819,7 +819,7 @@ def _check_priority(job: Mapping[str, Any], t: Mapping[str, Any]) -> None:
 
 def _check_pool(t: Mapping[str, Any]) -> None:
     """[tpu] spare_pool: nodes made plainly (a node made through a queued resource is made again
-    through it, which a pool does not do; Compute Engine: tpuconfig.API_KEYS)."""
+    through it, which a pool does not do; Compute Engine: tpuconfig._compute_pool)."""
     if not t["spare_pool"]:
         return
     if t["queued_resource"]:

@@ -227,11 +227,12 @@ def spare_hostname(body: dict[str, Any], name: str, own: str) -> dict[str, Any]:
 def start_pool_create(tpu: TpuApi, cfg: Config, name: str, zone: str, pool: str) -> str:
     """Start creating spare `name` of spare pool `pool` from the keeper job's [tpu.spec], as a
     spare of its own is made (never started at boot), but labelled the pool's and no job's: an
-    idle spare of the pool, for any of its jobs to claim."""
+    idle spare of the pool, for any of its jobs to claim. A Compute Engine instance's custom
+    hostname is the spare's own, never the keeper's VM's (spare_hostname)."""
     node, _ = api_for(cfg).create_body(cfg, zone, launch_parts(cfg, {"launch": "false"}))
     labels = {k: v for k, v in dict(node.get("labels") or {}).items() if k != OWNER_LABEL}
     node["labels"] = {**labels, POOL_LABEL: pool}
-    return tpu.create_node(name, node, zone)
+    return tpu.create_node(name, spare_hostname(node, name, cfg.tpu_name), zone)
 
 
 def compute_request(cfg: Config, launch: Mapping[str, str] | None = None, zone: str = "") -> dict[str, Any]:

@@ -513,6 +513,7 @@ class Reconciler:
         if not idle_in(action.pool, now):
             raise NotFoundError(f"spare {action.name} is no longer an idle spare of pool {action.pool} (its labels "
                                 f"say job {now.owner or 'none'}, pool {now.labels.get(POOL_LABEL, 'none')})")
+        recreate.check_before_delete(self.cfg, zone)  # a body the cloud would refuse: exit 2, not deleted
         # recorded in the state dir before the delete: whichever job keeps the pool next creates it
         state_dir = Path(self.cfg.state_dir)
         try:

@@ -27,10 +27,20 @@ def test_spare_pool_is_a_label_value_for_tpu_api_nodes_made_plainly() -> None:
         with pytest.raises(ConfigError, match=fix) as exc:
             validate(base(**tpu))
         assert str(exc.value).startswith("tpu.spare_pool") and exc.value.exit_code == 2, exc.value
-    with pytest.raises(ConfigError, match="not with api = .compute. .a spare pool holds Cloud TPU API") as exc:
-        validate({"tpu": {"zone": ZONE, "api": "compute", "instance": "vm", "spare_pool": "v5p"},
-                  "job": {"command": "train"}})
-    assert str(exc.value).startswith("tpu.spare_pool") and exc.value.exit_code == 2
+
+
+def test_spare_pool_with_api_compute_is_for_instances_google_does_not_delete() -> None:
+    compute = {"zone": ZONE, "api": "compute", "spare_pool": "v6e"}
+    assert validate({"tpu": {**compute, "instance": "vm"}, "job": {"command": "t"}})["tpu"]["spare_pool"] == "v6e"
+    stop = {"instance": {"scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP"}}}
+    assert validate({"tpu": {**compute, "instance": "vm", "compute_spec": stop}, "job": {"command": "t"}})
+    for tpu, fix in (({"mig": "grp"}, "not with tpu.mig: .* a MIG has no labels of its own"),
+                     ({"instance": "vm", "compute_spec": {"instance": {"scheduling": {
+                         "provisioningModel": "SPOT", "instanceTerminationAction": "DELETE"}}}},
+                      "instanceTerminationAction = .DELETE.: .* use .STOP.")):
+        with pytest.raises(ConfigError, match=fix) as exc:
+            validate({"tpu": {**compute, **tpu}, "job": {"command": "t"}})
+        assert str(exc.value).startswith("tpu.spare_pool") and exc.value.exit_code == 2, exc.value
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -58,6 +68,12 @@ def test_a_pool_file_is_read_and_a_job_file_is_not_one(tmp_path: Path) -> None:
     ('[pool]\nname = "v5p"\nzone = "us-central2-b"\nspares = ["sp-0"]\nsize = 2\n', "pool.size", "unknown key"),
     ('[pool]\nname = "v5p"\nzone = "us-central2-b"\nspares = ["sp-0"]\n[tpu]\nname = "x"\n', "pool", r"only \[pool\]"),
     ('[pool]\nname = "V5P"\nzone = "us-central2-b"\nspares = ["sp-0"]\n', "pool.name", "not a valid"),
+    ('[pool]\nname = "v6e"\nzone = "us-central2-b"\napi = "gke"\nspares = ["vm-0"]\n', "pool.api",
+     "set api = .tpu. .* or api = .compute."),
+    ('[pool]\nname = "v6e"\nzone = "us-central2-b"\napi = "compute"\naccelerator_type = "v6e-4"\nspares = ["vm-0"]\n',
+     "pool.accelerator_type", "not with api = 'compute'.* with machine_type"),
+    ('[pool]\nname = "v5p"\nzone = "us-central2-b"\nmachine_type = "ct6e-standard-4t"\nspares = ["sp-0"]\n',
+     "pool.machine_type", "not with api = 'tpu'.* with accelerator_type"),
 ])
 def test_a_bad_pool_file_is_exit_2_naming_the_key(tmp_path: Path, text: str, key: str, fix: str) -> None:
     with pytest.raises(ConfigError, match=fix) as exc:
@@ -97,6 +113,47 @@ def test_a_job_naming_a_pool_it_cannot_use_is_exit_2(tmp_path: Path, tpu: str, f
     ok = write(tmp_path, "b.toml", '[job]\ncommand = "t"\n[tpu]\nproject = "my-proj"\nname = "bpod"\n'
                                    'zone = "us-central2-b"\nspare_pool = "v5p"\n')
     pools.check_job(found, load_job(ok))
+
+
+def test_a_pool_of_instances_takes_its_spares_by_name_or_url(tmp_path: Path) -> None:
+    head = '[pool]\nname = "v6e"\nzone = "us-central2-b"\nproject = "my-proj"\napi = "compute"\n'
+    given = ('spares = ["vm-sp-0", "zones/us-central2-b/instances/vm-sp-1", '
+             '"https://compute.googleapis.com/compute/v1/projects/my-proj/zones/us-central2-b/instances/vm-sp-2"]\n')
+    assert pools.load(write(tmp_path, "pool.toml", head + given)).spares == ("vm-sp-0", "vm-sp-1", "vm-sp-2")
+    for spares, fix in (('["zones/us-east5-a/instances/vm-sp-1"]', "is in zone us-east5-a, not the pool's zone"),
+                        ('["projects/other/zones/us-central2-b/instances/x"]', "in project other, not the pool's"),
+                        ('["zones/us-central2-b/instanceGroupManagers/grp"]', "not an instance name .* nor its URL")):
+        with pytest.raises(ConfigError, match=fix) as exc:
+            pools.load(write(tmp_path, "pool.toml", head + f"spares = {spares}\n"))
+        assert str(exc.value).startswith("pool.toml: pool.spares") and exc.value.exit_code == 2, exc.value
+
+
+COMPUTE_POOL = ('[pool]\nname = "v6e"\nzone = "us-central2-b"\napi = "compute"\n'
+                'machine_type = "zones/us-central2-b/machineTypes/ct6e-standard-4t"\nspares = ["vm-sp-0"]\n')
+SPEC = '[tpu.compute_spec.instance]\nmachineType = "zones/us-central2-b/machineTypes/{}"\n'
+
+
+@pytest.mark.parametrize(("pool", "tpu", "fix"), [
+    (COMPUTE_POOL, 'name = "apod"', "holds Compute Engine instances .* the job runs on Cloud TPU API nodes"),
+    (POOL, 'api = "compute"\ninstance = "vm"', "holds Cloud TPU API nodes .* set api = 'compute' in the pool"),
+    (COMPUTE_POOL, 'api = "compute"\ninstance = "vm"\n' + SPEC.format("ct6e-standard-8t"),
+     "holds ct6e-standard-4t, the job runs on ct6e-standard-8t"),
+    (COMPUTE_POOL, 'api = "compute"\ninstance = "vm-sp-0"', "'vm-sp-0' is a spare of pool v6e"),
+])
+def test_a_compute_job_and_a_pool_of_instances_must_match(tmp_path: Path, pool: str, tpu: str, fix: str) -> None:
+    found = pools.load_all([write(tmp_path, "pool.toml", pool)])
+    name = "v6e" if pool == COMPUTE_POOL else "v5p"
+    path = write(tmp_path, "a.toml", f'[job]\ncommand = "t"\n[tpu]\nproject = "my-proj"\nzone = "us-central2-b"\n'
+                                     f'spare_pool = "{name}"\n{tpu}\n')
+    with pytest.raises(ConfigError, match=fix) as exc:
+        pools.check_job(found, load_job(path))
+    assert str(exc.value).startswith("tpu.spare_pool") and exc.value.exit_code == 2, exc.value
+    if name == "v6e":  # a job of the pool's API and machine type takes it
+        ok = write(tmp_path, "b.toml", '[job]\ncommand = "t"\n[tpu]\nproject = "my-proj"\nzone = "us-central2-b"\n'
+                                       'spare_pool = "v6e"\napi = "compute"\ninstance = "vm-b"\n'
+                                       + SPEC.format("ct6e-standard-4t"))
+        pools.check_job(found, load_job(ok))
+        assert found["v6e"].api == "compute" and found["v6e"].accelerator_type == "ct6e-standard-4t"
 
 
 def test_check_of_a_config_dir_refuses_a_bad_pool_file_and_shows_a_job_naming_a_missing_pool(

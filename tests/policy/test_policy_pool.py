@@ -64,6 +64,20 @@ def test_a_spare_another_job_holds_of_another_shape_not_ready_or_of_another_pool
     assert d.row != "pool_claim" and relabels(d) == []
 
 
+def test_an_idle_instance_whose_metadata_boots_a_job_is_never_claimed_and_says_why() -> None:
+    from tpuwatch.policy.pool import said
+
+    mem = run_mem(step=100)
+    boots = replace(part("sp-0", None, pool="v5p"), kind="instance", boots_job=True)
+    zone = (part("apod", "a", "PREEMPTED"), boots)
+    d = tick(look(A, mem, zone, probes=DOWN, checkpoint=ckpt(200)), mem, 600, cfg=A)
+    assert d.row != "pool_claim" and relabels(d) == []
+    assert "starts a job at boot" in said("v5p", zone)["sp-0"][1]
+    # the same instance set not to start a job at boot is claimed
+    zone = (zone[0], replace(boots, boots_job=False))
+    assert tick(look(A, mem, zone, probes=DOWN, checkpoint=ckpt(200)), mem, 600, cfg=A).row == "pool_claim"
+
+
 def test_a_job_of_no_pool_never_claims() -> None:
     mem = run_mem(step=100)
     cfg = replace(A, spare_pool="")

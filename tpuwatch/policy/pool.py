@@ -147,8 +147,8 @@ def keep(draft: Draft, before: Memory, decision: Decision) -> Decision:
         if gone and (limp.pool_remake_at is None or now >= limp.pool_remake_at):
             limp = replace(limp, pool_remake_at=now + timedelta(seconds=cfg.backoff_base))
             action = RemakeSpare(gone[0], True, f"{gone[0]}, a spare of pool {cfg.spare_pool}, was deleted to be "
-                                                f"made again: creating it from [tpu.spec] of job {cfg.job}, the "
-                                                "pool's keeper, labelled the pool's", pool=cfg.spare_pool)
+                                                f"made again: creating it from {_spec(draft)} of job "
+                                                f"{cfg.job}, the pool's keeper, labelled the pool's", pool=cfg.spare_pool)
         elif dead:
             limp = replace(limp, pool_remaking=(*limp.pool_remaking, dead[0]))
             state = (f"marked {POOL_BAD_LABEL} (its launch-time checks failed)" if POOL_BAD_LABEL in listed[dead[0]].labels
@@ -166,6 +166,13 @@ def keep(draft: Draft, before: Memory, decision: Decision) -> Decision:
                    summary=f"{decision.summary}; {action.reason}")
 
 
+def _spec(draft: Draft) -> str:
+    """The keeper's spec a spare of its pool is made again from, as the config names it."""
+    node = draft.obs.node
+    kinds = {p.kind for p in (node.slices if node is not None else ())}
+    return "[tpu.compute_spec.instance]" if "instance" in kinds else "[tpu.spec]"
+
+
 def still_remaking(pool: str, names: Iterable[str], listed: Mapping[str, NodeSnapshot]) -> tuple[str, ...]:
     """Of the spares of `pool` tpuwatch deleted to make again, those not made yet: still on their
     way out (an idle spare of the pool, DELETING or dead) or gone (to create). One back (READY, or
@@ -175,12 +182,16 @@ def still_remaking(pool: str, names: Iterable[str], listed: Mapping[str, NodeSna
 
 
 def unclaimable(node: NodeSnapshot) -> str:
-    """Why an idle spare of a pool cannot be claimed now; "" when it can (READY+HEALTHY, and not
-    marked as failing its checks)."""
+    """Why an idle spare of a pool cannot be claimed now; "" when it can (READY+HEALTHY, not
+    marked as failing its checks, and, a Compute Engine instance, not one whose metadata starts a
+    job at boot)."""
     if bad := node.labels.get(POOL_BAD_LABEL):
         return f"failed its launch-time checks on job {bad}; the pool's keeper makes it again"
     if not node.usable:
         return node.state + (f"/{node.health}" if node.health and node.state == "READY" else "")
+    if node.boots_job:  # an instance made by a person with the job's startup metadata
+        return ("its metadata starts a job at boot (tpuwatch-command without tpuwatch-launch = \"false\"): a restart "
+                "would run that job beside the claimer's; set tpuwatch-launch = \"false\" in its metadata")
     return ""
 
 
