@@ -138,6 +138,10 @@ class NodeSnapshot:
     # A Compute Engine VM still stopping (STOPPING, DEPROVISIONING): whose stop it is shows where it
     # ends, TERMINATED (a Spot preemption) or gone (a person's instances.delete)
     stopping: bool = False
+    # A Compute Engine MIG's VMs' states in worker order (the policy's words, as `state`): the MIG
+    # reads as its worst VM, while the VMs of it still RUNNING can be reached (a stop of what runs
+    # there, an attempt the MIG's lost VM ended); empty for a node whose workers share its state
+    worker_states: tuple[str, ...] = ()
 
     @property
     def full_name(self) -> str:
@@ -156,8 +160,15 @@ class NodeSnapshot:
 
     @property
     def reachable(self) -> bool:
-        """Some of its workers can be reached: it is READY, or one of its slices is."""
-        return self.state == "READY" or any(s.state == "READY" for s in self.slices)
+        """Some of its workers can be reached: it is READY, or one of its slices or VMs is."""
+        return self.state == "READY" or "READY" in self.worker_states or any(s.reachable for s in self.slices)
+
+    def worker_up(self, worker: int) -> bool:
+        """Its worker `worker` (the id this node knows it by) can be reached: the node is READY, or
+        that worker's VM is (a MIG one VM of which is lost)."""
+        if self.state == "READY":
+            return True
+        return 0 <= worker < len(self.worker_states) and self.worker_states[worker] == "READY"
 
     def slice_of(self, worker: WorkerEndpoint) -> NodeSnapshot:
         """The node `worker` runs on: its slice, or this node."""
@@ -167,10 +178,10 @@ class NodeSnapshot:
 
     @property
     def reachable_workers(self) -> tuple[WorkerEndpoint, ...]:
-        """The workers on READY nodes (all of them for one READY node)."""
+        """The workers on READY nodes (all of them for one READY node) or on a MIG's RUNNING VMs."""
         if not self.slices:
-            return self.workers if self.state == "READY" else ()
-        return tuple(w for w in self.workers if self.slice_of(w).state == "READY")
+            return tuple(w for w in self.workers if self.worker_up(w.worker_id))
+        return tuple(w for w in self.workers if self.slice_of(w).worker_up(w.worker_id))
 
     @property
     def owner(self) -> str | None:

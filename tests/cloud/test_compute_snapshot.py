@@ -15,7 +15,7 @@ from tpuwatch.cloud.compute.view import (
     operation_status,
     worker_order,
 )
-from tpuwatch.model import OWNER_LABEL
+from tpuwatch.model import OWNER_LABEL, combine_slices
 from tpuwatch.policy.nodes import Cond, node_condition
 
 P, Z = "proj", "us-central1-c"
@@ -203,6 +203,20 @@ def test_a_preempted_spot_mig_is_dead_a_host_error_is_a_repair() -> None:
     vms = four()
     vms[0] = instance("slice-d", "REPAIRING", ident=4)
     assert mig_snapshot(mig(), [managed(v) for v in vms], vms, project=P, zone=Z).state == "REPAIRING"
+
+
+def test_the_vms_still_running_of_a_preempted_mig_can_be_reached_the_preempted_one_not() -> None:
+    # its worker order is by name: slice-a (0), slice-b (1), slice-c (2), slice-d (3)
+    vms = four(spot=True)
+    vms[2] = instance("slice-c", "TERMINATED", ident=3, spot=True)
+    node = mig_snapshot(mig(on_failure="DO_NOTHING"), [managed(v) for v in vms], vms, project=P, zone=Z)
+    assert node.state == "PREEMPTED" and node.worker_states == ("READY", "READY", "PREEMPTED", "READY")
+    assert node.reachable and [w.index for w in node.reachable_workers] == [0, 1, 3]
+    view = combine_slices("slice", [node])  # the job's node: the MIG as its one slice
+    assert view is not None and view.reachable and [w.index for w in view.reachable_workers] == [0, 1, 3]
+    vms = four("TERMINATED", spot=True)  # every VM down: none to reach
+    gone = mig_snapshot(mig(on_failure="DO_NOTHING"), [managed(v) for v in vms], vms, project=P, zone=Z)
+    assert not gone.reachable and gone.reachable_workers == ()
 
 
 def test_a_mig_is_owned_only_when_every_instance_says_the_job() -> None:

@@ -96,6 +96,9 @@ def test_a_preempted_mig_that_does_nothing_is_swapped_for_the_spare_mig_and_recr
                            proc, "attempt 1 on MIG slice, with checkpoints")
         sim.world.preempt_instance(sorted(old)[0])
         wait_while_watched(lambda: on(sim, "sp", 2) is not None, proc, "attempt 2 on the spare MIG")
+        # the old attempt was stopped on the VM of slice still running before the launch on sp
+        # (the MIG is recreated only after it): never two attempts of the job at once
+        assert trainer_on_instance(sim, sorted(old)[1], "slice", 1) is None
         e = on(sim, "sp", 2)
         assert e is not None and (e["TPUWATCH_SLICE_ID"], e["TPUWATCH_NUM_SLICES"]) == ("0", "1"), e
         resumed = int(e["TPUWATCH_STEP"])
@@ -118,6 +121,9 @@ def test_a_preempted_mig_that_does_nothing_is_swapped_for_the_spare_mig_and_recr
             proc.kill()
     assert rc == 0, out
     assert "slice 0 (slice) on sp instead of slice" in out, out
+    # the stop went to the VM still running only (none to the preempted one), and before the launch
+    stopped = out.index("stopped the job on 1/1 workers: attempt 1 ended")
+    assert out.index("slice 0 (slice) on sp instead of slice") < stopped < out.index("launched attempt 2"), out
     # nothing recreated on the job's path: the relaunch on the spare came first
     assert out.index("launched attempt 2") < out.index("recreating spare slice"), out
     assert "recreating its instances (recreateInstances: the MIG, its template and workload policy stay)" in out, out

@@ -637,3 +637,29 @@ def test_an_idle_mig_journaled_to_be_recreated_whose_recreate_never_started_is_r
     busy = tick(limp_look({"s2": "REPAIRING"}, d.memory, spares=("x0",), probes=running_all()), d.memory, late,
                 cfg=in_place)
     assert not [a for a in busy.actions if isinstance(a, RemakeSpare)], busy.actions
+
+
+def test_a_swap_off_a_mig_one_vm_of_which_is_preempted_stops_the_attempt_on_its_vms_still_running() -> None:
+    """A job on a MIG of 2 VMs (a pool of one slot) whose VM 0 is preempted: the MIG reads
+    PREEMPTED, its VM 1 still RUNNING (and probed). The swap onto the spare MIG stops the old
+    attempt there first (not blocked, waited for), and that stop goes to VM 1 only, not to the
+    VM that is gone; so does the end of the attempt without a spare."""
+    one = replace(CFG, slices=("pod",), recreatable=False, spares=("sp",), spares_remade=True, spares_in_place=True)
+    mig = replace(limp_part("pod", "PREEMPTED"), kind="mig", target_size=2, labels={"tpuwatch-job": JOB},
+                  worker_states=("PREEMPTED", "READY"))
+    spare = replace(limp_part("sp"), kind="mig", target_size=2, labels={"tpuwatch-job": JOB})
+    view = combine_slices("pod", [mig])
+    assert view is not None and view.reachable and [w.index for w in view.reachable_workers] == [1]
+    probes = (WorkerProbe(0, "unreachable", detail="its VM in slice 0 (pod) is PREEMPTED"),
+              WorkerProbe(1, "running", attempt=1, pid=7))
+    mem = run_mem(step=100)
+    d = tick(Observation(node=view, spares=(("sp", spare),), probes=probes, checkpoint=ckpt(200)), mem, 600, cfg=one)
+    assert d.row == "swap" and d.memory.limp.swapped == (("pod", "sp"),), (d.row, d.summary)
+    [stop] = [a for a in d.actions if isinstance(a, StopWorkers)]
+    assert stop.wait and not stop.blocked, stop
+    [end] = d.ended
+    assert end.outcome == "disruption" and not end.charged
+    alone = tick(Observation(node=view, probes=probes, checkpoint=ckpt(200)), mem, 600,
+                 cfg=replace(one, spares=(), spares_remade=False, spares_in_place=False))
+    stops = [a for a in alone.actions if isinstance(a, StopWorkers)]
+    assert alone.memory.phase is not Phase.RUNNING and stops and not stops[0].blocked, (alone.row, alone.summary)

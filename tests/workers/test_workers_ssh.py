@@ -163,6 +163,60 @@ def test_gcloud_prepares_a_compute_engine_slice_with_gcloud_compute_ssh_to_its_f
     assert t.prepare_calls == 0
 
 
+def test_gcloud_prepares_a_mig_only_when_ready_as_a_whole_and_reaches_its_vms_still_running_with_the_known_login(
+        tmp_path: Path) -> None:
+    """A MIG is prepared once per incarnation, READY as a whole. One VM of it down (preempted,
+    or Google recreating the slice one VM at a time, the half-made incarnation's id already new):
+    no gcloud run; the VMs still running are reached as the user gcloud logged in as before; a
+    watcher that knows no login yet reaches none of them until the MIG is READY."""
+    from tpuwatch.model import combine_slices
+
+    calls = tmp_path / "calls"
+    fake = tmp_path / "gcloud"  # a stand-in for gcloud: logs its target, prints what LEARN_COMMAND prints
+    fake.write_text(f"#!/bin/sh\necho \"$3\" >> {calls}\necho '@tpuwatch login user=alice_x home=/home/alice_x'\n")
+    fake.chmod(0o755)
+    mig = replace(node_of(["10.0.0.2", "10.0.0.3"], "11+12", name="slice"), kind="mig",
+                  resource="projects/proj/zones/us-central2-b/instanceGroupManagers/slice",
+                  worker_states=("READY", "READY"))
+    half = replace(mig, state="PREEMPTED", worker_states=("PREEMPTED", "READY"))
+    ssh = OpenSsh(known_hosts=tmp_path / "kh", user="alice", identity_file="/k/id", internal_ip=True)
+
+    def transport() -> GcloudSsh:
+        return GcloudSsh(openssh=ssh, user="alice", identity_file="/k/id", binary=str(fake),
+                         instances=lambda n: ("slice-ab12", "slice-cd34"))
+
+    fresh = transport()  # a watcher that first sees the MIG with a VM down, no login known
+    view = combine_slices("slice", [half])
+    assert view is not None and view.reachable
+    failed = fresh.prepare(view)
+    assert failed is not None and failed.failure == "unreachable" and "READY as a whole" in failed.message
+    assert not calls.exists() and fresh.login(view) is None
+
+    t = transport()
+    whole = combine_slices("slice", [mig])
+    assert whole is not None and t.prepare(whole) is None
+    assert calls.read_text().split() == ["alice@slice-ab12"]  # once, to worker 0
+    assert view is not None and t.prepare(view) is None  # VM 0 preempted: VM 1 reached as before
+    login = t.login(view)
+    assert login is not None and login.user == "alice_x"
+    argv = t.argv(view, view.workers[1], "true")
+    assert argv[argv.index("-l") + 1] == "alice_x" and "10.0.0.3" in argv
+    # Google recreating the slice: VM 0 made again (a new id, running), VM 1 still being made
+    making = combine_slices("slice", [replace(mig, id="21+22", state="REPAIRING",
+                                              worker_states=("READY", "PROVISIONING"))])
+    assert making is not None and making.reachable and t.prepare(making) is None
+    login = t.login(making)
+    assert login is not None and login.user == "alice_x"
+    assert t.prepare_calls == 1
+    remade = combine_slices("slice", [replace(mig, id="21+22")])  # READY as a whole: its one gcloud run
+    assert remade is not None and t.prepare(remade) is None and t.prepare(remade) is None
+    assert t.prepare_calls == 2 and calls.read_text().split() == ["alice@slice-ab12"] * 2
+
+    journaled = transport()  # a later watcher that remembers the journal's login: no gcloud at all
+    journaled.remember(Login(whole.id, "alice_x", "/home/alice_x"))
+    assert journaled.prepare(view) is None and journaled.prepare_calls == 0
+
+
 def test_iap_tunnels_each_worker_by_its_vm_name_with_both_transports(tmp_path: Path) -> None:
     """As gcloud's --tunnel-through-iap: ssh's ProxyCommand is `gcloud compute start-iap-tunnel
     <VM> %p --listen-on-stdin`; no TCP probe (only the tunnel reaches the port); nothing is

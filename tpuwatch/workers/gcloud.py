@@ -161,6 +161,7 @@ class GcloudSsh:
         self.port = openssh.port
         self.prepare_calls = 0  # gcloud runs so far (tests, benchmarks)
         self._logins: dict[str, Login] = {}
+        self._last: Login | None = None  # the login learned or remembered last
         self._lock = threading.Lock()
 
     @property
@@ -194,16 +195,19 @@ class GcloudSsh:
     # -- what the watcher has learned -----------------------------------------------------
     def login(self, node: NodeSnapshot) -> Login | None:
         """The login learned for this node incarnation (a multislice job: or for one of its
-        slices, until every slice has one), if any."""
+        slices, until every slice has one), if any; for a node not READY as a whole (a MIG some
+        VMs of which still run) the last one learned, as `_prepare_login` says why."""
         keys = [_incarnation(node), *(_incarnation(part) for part in node.slices)]
         with self._lock:
-            return next((self._logins[k] for k in keys if k in self._logins), None)
+            known = next((self._logins[k] for k in keys if k in self._logins), None)
+            return known if known is not None or node.state == "READY" else self._last
 
     def remember(self, login: Login) -> None:
         """A login learned earlier (the journal's): no gcloud run for that incarnation."""
         if login.via == "gcloud" and login.node_id:
             with self._lock:
                 self._logins.setdefault(login.node_id, login)
+                self._last = self._last or login
 
     def forget(self, node: NodeSnapshot) -> None:
         """Prepare again on next use (the login was refused: keys gone, user changed)."""
@@ -228,16 +232,25 @@ class GcloudSsh:
         A multislice job: once per slice incarnation (gcloud may put the key in each node's own
         metadata), for the slices that are READY now; the job's login is kept under its own
         incarnation once every slice has one, so a later watcher (cron) runs no gcloud at all.
+
+        Only a node READY as a whole is prepared. A MIG that is not (a VM of it preempted, or
+        Google recreating it one VM at a time) may still have VMs that run, to probe and stop:
+        those were reached before with the user gcloud logged in as, the account's and the same
+        on every incarnation, so the last login learned is used there with no gcloud run. A
+        gcloud run on a MIG part-way through a recreate would prepare an incarnation that is
+        gone a moment later, and run again for the whole one.
         """
         key = _incarnation(node)
         with self._lock:  # one gcloud run at a time; the other workers' threads wait for it
             if key in self._logins:
                 return None
             if not node.slices:
+                if node.state != "READY":
+                    return self._not_whole(node)
                 got = self._prepare_one(node, key)
                 if isinstance(got, SshResult):
                     return got
-                self._logins[key] = got
+                self._learn(key, got)
                 return None
             for part in node.slices:
                 part_key = _incarnation(part)
@@ -246,11 +259,26 @@ class GcloudSsh:
                 got = self._prepare_one(part, part_key)
                 if isinstance(got, SshResult):
                     return got
-                self._logins[part_key] = got
+                self._learn(part_key, got)
             known = [self._logins.get(_incarnation(part)) for part in node.slices]
             if all(known) and known[0] is not None:
                 self._logins[key] = dataclasses.replace(known[0], node_id=key)
+            if any(part.reachable and part.workers and _incarnation(part) not in self._logins for part in node.slices):
+                return self._not_whole(node)
             return None
+
+    def _learn(self, key: str, login: Login) -> None:
+        self._logins[key] = login
+        self._last = login
+
+    def _not_whole(self, node: NodeSnapshot) -> SshResult | None:
+        """A node not READY as a whole some workers of which can be reached: ready with the last
+        login learned; with none, unreachable until the node is READY and gcloud prepares it."""
+        if self._last is not None:
+            return None
+        return SshResult(0, "", None, "", "", "unreachable",
+                         f"{node.name} (id {node.id}) is {node.state}: gcloud prepares the login once it is "
+                         "READY as a whole, and no login is known before; tried again next tick")
 
     def _prepare_one(self, node: NodeSnapshot, key: str) -> Login | SshResult:
         """gcloud's ssh to one node's first worker: the login it made, or the failure.

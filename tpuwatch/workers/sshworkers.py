@@ -214,16 +214,15 @@ class SshWorkers:
         return sorted(listed + self._down(node), key=lambda p: p.worker) if node.slices else listed
 
     def _down(self, node: NodeSnapshot) -> list[WorkerProbe]:
-        """A multislice job's selected workers on slices that are not READY: unreachable, so
-        that no one takes the slices still up for the whole job."""
+        """A multislice job's selected workers on slices that are not READY (or on a MIG's VMs
+        that are not RUNNING): unreachable, so that no one takes the workers still up for the
+        whole job; no ssh is tried to them."""
         if not node.slices:
             return []
         up = {w.index for w in self.endpoints(node)}
         everyone = sorted(node.workers, key=lambda w: w.index) if isinstance(self.selection, str) else [
             w for w in node.workers if w.index in set(self.selection)]
-        return [WorkerProbe(w.index, "unreachable", detail=f"slice {w.slice} ({w.node or '-'}) is "
-                                                           f"{node.slice_of(w).state}")
-                for w in everyone if w.index not in up]
+        return [WorkerProbe(w.index, "unreachable", detail=_down_why(node, w)) for w in everyone if w.index not in up]
 
     def probe_scripts(self, workers: Sequence[WorkerEndpoint]) -> Callable[[WorkerEndpoint], bytes]:
         """The probe script per worker: the first one also lists a local checkpoint_dir."""
@@ -455,6 +454,15 @@ def _launch_of(r: SshResult) -> tuple[LaunchResult, bool]:
         detail = f"no answer from the worker-side script (exit code {r.exit_code}" + (f": {tail})" if tail else ")")
         return LaunchResult(r.worker, "error", detail=detail), False
     return res, True
+
+
+def _down_why(node: NodeSnapshot, w: WorkerEndpoint) -> str:
+    """Why worker `w` of `node` cannot be reached: its slice's state, or its VM's in a MIG."""
+    part = node.slice_of(w)
+    states = part.worker_states
+    if 0 <= w.worker_id < len(states) and states[w.worker_id] != "READY":
+        return f"its VM in slice {w.slice} ({w.node or '-'}) is {states[w.worker_id]}"
+    return f"slice {w.slice} ({w.node or '-'}) is {part.state}"
 
 
 if TYPE_CHECKING:  # mypy checks that SshWorkers still fits the port the tick calls

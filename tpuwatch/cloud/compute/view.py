@@ -358,7 +358,7 @@ def mig_snapshot(mig: Any, managed: Sequence[Any], instances: Sequence[Any], *, 
         kind="mig",
         repairs_itself=repairs_itself(mig), repair_under_way=mig_acting(mig, managed),
         pending_stop=any(pending_stop(i) for i in ordered), target_size=int(mig.target_size),
-        boots_job=any(boots_job(i) for i in ordered),
+        boots_job=any(boots_job(i) for i in ordered), worker_states=tuple(instance_state(i) for i in ordered),
     )
 
 
