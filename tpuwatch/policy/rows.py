@@ -115,7 +115,9 @@ ROWS: tuple[Row, ...] = (
         "gone, never made again); "
         "or one tpuwatch deleted so is gone; or one Google deletes itself (a "
         "Compute Engine VM's termination action DELETE), owned and made alone when last seen idle (or swapped out), "
-        "is gone and the audit log says Google preempted it (none yet: waited for 3 min, then `spare_gone`); or, of the keeper of a spare pool (the one job holding its keeper lock in the "
+        "is gone and the audit log says Google preempted it (none yet: waited for 3 min, then `spare_gone`); or so the "
+        "node of a job on one slot (a pool of one), gone with Google's word (journaled the tick it is read so, "
+        "whether the job then swaps, takes another job's node or waits); or, of the keeper of a spare pool (the one job holding its keeper lock in the "
         "state dir), an idle spare of the pool (its label, no job's) PREEMPTED / TERMINATED or marked tpuwatch-pool-bad, or one a keeper "
         "deleted so gone (its record in the state dir)",
         "journal it as one tpuwatch makes again, delete it (not one Google deletes); one so journaled that is still "
