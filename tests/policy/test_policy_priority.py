@@ -432,3 +432,29 @@ def test_its_own_vm_google_deletes_at_its_preemption_is_made_again_after_a_take_
     trade = tick(look(HI, again.memory, back, probes=running(1), checkpoint=ckpt(300)), again.memory, 900, cfg=HI)
     assert trade.row == "hand_back" and [r.name for r in relabels(trade)] == ["hpod"]
     assert trade.memory.limp.remaking == ()
+
+
+def test_a_node_handed_back_that_google_deletes_at_its_preemption_is_made_again_for_the_slot_bound_to_it() -> None:
+    # lo runs on hpod, handed back to it for the node it lent (its slot lpod bound to hpod); hpod's
+    # termination action is DELETE and Google deletes it: gone with the audit log's word, it is
+    # journaled to be made again under its name, and lo waits for it; not left to a person
+    import json
+
+    from tpuwatch.model import AuditEvent
+
+    word = AuditEvent(time=at(598), kind="terminate", node="hpod", worker="0", method="compute.instances.preempted",
+                      reason="", insert_id="hpod-598", resource_name="projects/p/zones/z/instances/hpod")
+    mem = run_mem(step=100, limp=Limp(swapped=(("lpod", "hpod"),)))
+    taken = part("lpod", "hi", tpuwatch_lent_by="lo", tpuwatch_priority="500")
+    going = replace(part("hpod", "lo", "DELETING", tpuwatch_priority="100"), google_deletes=True, stopping=True,
+                    google_deleting="a Spot VM with termination action DELETE is STOPPING")
+    seen = tick(look(LO, mem, (taken, going), probes=DOWN, checkpoint=ckpt(200)), mem, 600, cfg=LO)
+    assert seen.memory.limp.remaking == ()
+    gone = tick(look(LO, seen.memory, (taken,), probes=None, checkpoint=ckpt(200), events=(word,)), seen.memory,
+                610, cfg=LO)
+    assert gone.row == "spare_remake" and gone.memory.limp.remaking == ("hpod",), (gone.row, gone.summary)
+    assert "hpod to be made again" in gone.summary and gone.exit_code == 0
+    assert [(a.name, a.create) for a in gone.actions if isinstance(a, RemakeSpare)] == [("hpod", True)]
+    restarted = Memory.from_dict(json.loads(json.dumps(gone.memory.to_dict())))
+    waits = tick(look(LO, restarted, (taken,), probes=None, checkpoint=ckpt(200)), restarted, 611, cfg=LO)
+    assert waits.row == "spare_wait" and not [a for a in waits.actions if isinstance(a, RemakeSpare)]
