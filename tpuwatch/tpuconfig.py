@@ -258,21 +258,11 @@ def _compute_pool(t: Mapping[str, Any]) -> None:
 def compute_priority(t: Mapping[str, Any], job: Mapping[str, Any]) -> None:
     """[job] priority of a Compute Engine job: on an instance only. A hand-over relabels the
     node (instances.setLabels); a MIG has no labels of its own, and its VMs' labels come from its
-    template, so a recreate (its repair, or tpuwatch's) would undo one. Not an instance Google
-    deletes itself (termination action DELETE): gone before the job took a node, it would never
-    be made again to hand back."""
+    template, so a recreate (its repair, or tpuwatch's) would undo one."""
     if t["api"] == "compute" and t["mig"] and job.get("priority", "off") != "off":
         raise ConfigError("job.priority: not with tpu.mig: jobs lend each other a node by relabelling it, and a MIG "
                           "has no labels of its own (its VMs take their instance template's, and a recreate puts "
                           "those back); remove job.priority, or run the job on one instance (tpu.instance)")
-    scheduling = ((t["compute_spec"] or {}).get("instance") or {}).get("scheduling") or {}
-    if t["api"] == "compute" and job.get("priority", "off") != "off" and isinstance(scheduling, dict) \
-            and scheduling.get("instanceTerminationAction") == "DELETE":
-        raise ConfigError("job.priority: not with tpu.compute_spec.instance.scheduling.instanceTerminationAction = "
-                          "\"DELETE\": Google deletes such a VM itself at a preemption or the end of its run, and a "
-                          "job with a priority whose instance is gone before it takes another's does not make it "
-                          "again, so the instance it lent would not come back; use \"STOP\" (the instance is made "
-                          "again by tpuwatch), or remove job.priority")
 
 
 def _compute_spares_fit(t: Mapping[str, Any]) -> None:

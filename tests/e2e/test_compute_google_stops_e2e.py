@@ -335,3 +335,34 @@ def test_under_cron_check_a_spot_vm_with_stop_is_made_again_only_once_its_preemp
     assert writes(sim) == ["compute.v1.Instances/Delete", "compute.v1.Instances/Insert"], writes(sim)
     assert ids(sim)["vm"] != before["vm"] and job.steps_done()[-1] == STEPS
     job.assert_resumed_uncharged("")
+
+
+def test_under_cron_check_a_spot_vm_stuck_stopping_is_said_then_left_to_a_person_past_operation_timeout(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    """A Spot VM (termination action STOP) whose preemption never ends (STOPPING on and on): the
+    wait is said once it has lasted half of recovery.operation_timeout (row `spot_stopping_long`,
+    its journal event the `stopping_long` alert, naming the VM), and past operation_timeout a
+    person is asked (exit 1); nothing is ever sent to it."""
+    from tpuwatch.journal import Journal
+
+    sim.world.add_instance("vm", body=SPOT_STOP)
+    job = CeJob(sim, rest, tmp_path, "instance", "vm", hold_at=10, operation_timeout="6s")
+    job.capture_spec()
+    checks_until(job, lambda r: r["row"] == "running" and len(job.steps_done()) >= 2, "the job running")
+    sim.world.preempt_instance("vm", stopping=1e9)  # STOPPING until the test ends
+    rows = checks_until(job, lambda r: r["row"] == "spot_stopping_long", "the stop said to last long", timeout=40)
+    assert rows[-2] == "spot_stopping", rows
+    deadline = time.monotonic() + 120
+    while True:  # each `check` a fresh process, as cron runs it; the last one asks for a person
+        r = cli_process.run(["check", "-c", str(job.cfg), "--json"], job.env, timeout=120)
+        if r.returncode != 0:
+            break
+        assert json.loads(r.stdout)["row"] == "spot_stopping_long", r.stdout
+        assert time.monotonic() < deadline, "timed out waiting for the stop's time limit"
+        time.sleep(0.2)
+    assert r.returncode == 1 and json.loads(r.stdout)["row"] == "spot_stopping_timeout", r.stdout + r.stderr
+    assert "Spot VM vm has been stopping for" in r.stdout and "recovery.operation_timeout" in r.stdout
+    assert writes(sim) == [] and sim.world.instance("vm").status == "STOPPING", writes(sim)
+    with Journal.open(tmp_path / "state", "vm", "vm", readonly=True) as journal:
+        said = [e for e in journal.events() if e.kind == "wait" and e.data.get("reason") == "a Spot VM stopping for long"]
+    assert len(said) == 1 and "vm has been stopping for" in said[0].reason, said

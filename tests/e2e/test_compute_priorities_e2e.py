@@ -131,9 +131,10 @@ class Overlap:
         self._thread.join(5)
 
 
+@pytest.mark.parametrize("action", ["STOP", "DELETE"])
 def test_a_preempted_high_priority_instance_job_takes_the_low_ones_instance_and_hands_its_own_back(
-        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
-    hi, env, go_hi = job(sim, rest, tmp_path, "hi", 500, spot="STOP")
+        sim: Simulator, rest: RestFace, tmp_path: Path, action: str) -> None:
+    hi, env, go_hi = job(sim, rest, tmp_path, "hi", 500, spot=action)
     lo, _, go_lo = job(sim, rest, tmp_path, "lo", 100)
     old = sim.world.instance("hi").id
     proc = watch(tmp_path, env)
@@ -146,6 +147,16 @@ def test_a_preempted_high_priority_instance_job_takes_the_low_ones_instance_and_
                            proc, "both jobs training, each instance labelled with its job's priority")
         sim.world.stockout()  # hi's own instance is not inserted again until the test lifts it
         sim.world.preempt_instance("hi")
+        if action == "DELETE":
+            # Google deletes hi's instance: journaled to be made again once gone with the audit
+            # log's word; the watcher SIGKILLed then, before any insert went through, and started
+            # again, still inserts it (once) and hands it to lo
+            wait_while_watched(lambda: (m := job_memory(tmp_path / "state", "hi")) is not None
+                               and m.limp.remaking == ("hi",), proc, "hi's deleted instance journaled to be made again")
+            assert all(i.name != "hi" for i in sim.world.instances())  # gone, not yet inserted
+            proc.kill()
+            proc.wait()
+            proc = watch(tmp_path, env)
         wait_while_watched(lambda: on(sim, "lo", "hi", 2) is not None, proc, "job hi's attempt 2 on instance lo",
                            timeout=120)
         taken = labels(sim, "lo")
@@ -184,10 +195,17 @@ def test_a_preempted_high_priority_instance_job_takes_the_low_ones_instance_and_
     # lo resumed on the instance handed back from what it saved on its SIGTERM, in its own checkpoints
     lo_done = cli_json(lo, env, "history")["attempts"]
     assert int(resumed["TPUWATCH_STEP"]) == lo_done[1]["start_step"] > 0, (resumed, lo_done)
-    # hi's preempted instance deleted once and inserted again; every hand-over a setLabels
+    # hi's preempted instance deleted once (by tpuwatch; with DELETE by Google) and inserted again;
+    # every hand-over a setLabels
     calls = sim.world.calls
-    assert calls.get("compute.v1.Instances/Delete") == 1 and calls.get("compute.v1.Instances/Insert", 0) >= 1, calls
+    assert calls.get("compute.v1.Instances/Delete", 0) == (action == "STOP"), calls
+    assert calls.get("compute.v1.Instances/Insert", 0) >= 1, calls
     assert calls.get("compute.v1.Instances/SetLabels", 0) >= 2, calls
+    # every insert the cloud served was one journaled try (a stockout refuses all but the last):
+    # nothing sent twice across the kill
+    with Journal.open(tmp_path / "state", "hi", "hi", readonly=True) as journal:
+        tries = [e for e in journal.events() if e.kind == "spare_remade" and e.data.get("create")]
+    assert len(tries) == calls.get("compute.v1.Instances/Insert", 0), (tries, calls)
     # and the journals say each hand-over, before it was done
     assert any("relabelled lo (tpuwatch-job=hi, tpuwatch-lent-by=lo" in e for e in relabels(tmp_path, "lo"))
     assert any("relabelled hi (tpuwatch-job=lo, tpuwatch-returned-by=hi" in e for e in relabels(tmp_path, "hi"))

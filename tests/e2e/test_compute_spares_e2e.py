@@ -169,6 +169,37 @@ def test_a_spot_instance_google_deletes_at_its_preemption_is_swapped_for_the_spa
     assert [(a["outcome"], a["charged"]) for a in done] == [("disruption", False), ("success", False)], done
 
 
+def test_a_spot_instance_google_deletes_with_no_spare_free_is_waited_for_and_inserted_again(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    """Termination action DELETE and no spare free (the spare is labelled another job's): the VM
+    Google deleted is journaled to be inserted again once the audit log says so, the job waits for
+    it (row spare_wait), and resumes there. It stopped for a person (the rows never recreate a
+    pool's node)."""
+    deletes = {"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE"}
+    sim.world.add_instance("vm", body={"labels": {"tpuwatch-job": "vm"}, "scheduling": deletes})
+    sim.world.add_instance("sp", body={"labels": {"tpuwatch-job": "other"}, "scheduling": deletes})
+    cfg, env, go = spared(sim, rest, tmp_path, ["sp"])
+    old = sim.world.instance("vm").id
+    proc = watch_process(cfg, env)
+    try:
+        wait_while_watched(lambda: on(sim, "vm", 1) is not None and len(checkpoint_steps(sim.bucket / "ck")) >= 2,
+                           proc, "attempt 1 on vm, with checkpoints")
+        sim.world.preempt_instance("vm")
+        wait_while_watched(lambda: on(sim, "vm", 2) is not None, proc, "attempt 2 on vm, inserted again", timeout=120)
+        assert sim.world.instance("vm").id != old
+        (go / "100").touch()
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    assert "waiting for vm to be made again" in out, out
+    assert writes(sim) == ["Instances/Insert"], sim.world.calls  # Google deleted it; tpuwatch inserts it again
+    assert sim.world.instance("sp").labels == {"tpuwatch-job": "other"}
+    done = tool(cfg, env, "history")["attempts"]
+    assert [(a["outcome"], a["charged"]) for a in done] == [("disruption", False), ("success", False)], done
+
+
 def test_a_spare_google_deleted_while_no_watcher_looked_is_swapped_away_from_on_the_audit_logs_word(
         sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
     """The job runs on spare sp (its VM vm preempted, deleted by Google and inserted again) when sp

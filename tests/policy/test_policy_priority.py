@@ -388,3 +388,73 @@ def test_a_node_lent_to_the_job_is_never_swapped_in_for_a_slice_it_limps_without
     assert d.row == "hand_back" and d.memory.limp.swapped == () and d.memory.limp.handing == (("x0", "lo"),)
     [back] = relabels(d)
     assert (back.name, dict(back.put)) == ("x0", {"tpuwatch-job": "lo", RETURNED_BY: "job"})
+
+
+def test_its_own_vm_google_deletes_at_its_preemption_is_made_again_after_a_take_and_a_restart() -> None:
+    # termination action DELETE: Google deletes the job's VM at its preemption. Gone with the audit
+    # log's word, it is journaled to be made again that tick; the job takes a node of the shape it
+    # was last seen with meanwhile (its slot then bound there), and a watcher restarted before the
+    # insert (its memory read back from the journal's JSON) still inserts it, once. It was read as
+    # gone for good (the rows never recreate a pool's node) and the job stopped for a person.
+    import json
+
+    from tpuwatch.model import AuditEvent
+
+    def preempted(t: float) -> AuditEvent:
+        return AuditEvent(time=at(t), kind="terminate", node="hpod", worker="0", method="compute.instances.preempted",
+                          reason="", insert_id=f"hpod-{t}", resource_name="projects/p/zones/z/instances/hpod")
+
+    mem = run_mem(step=100)
+    going = replace(part("hpod", "hi", "DELETING", tpuwatch_priority="500"), google_deletes=True, stopping=True,
+                    google_deleting="a Spot VM with termination action DELETE is STOPPING")
+    seen = tick(look(HI, mem, (going, LOW), probes=DOWN, checkpoint=ckpt(200)), mem, 600, cfg=HI)
+    assert relabels(seen) == []
+    # gone with no word yet: a person's delete looks alike; nothing taken
+    quiet = tick(look(HI, seen.memory, (LOW,), probes=None, checkpoint=ckpt(200)), seen.memory, 605, cfg=HI)
+    assert quiet.row == "google_delete_wait" and relabels(quiet) == [] and quiet.memory.limp.remaking == ()
+    gone = tick(look(HI, quiet.memory, (LOW,), probes=None, checkpoint=ckpt(200), events=(preempted(598),)),
+                quiet.memory, 610, cfg=HI)
+    assert gone.row == "take_wait" and gone.memory.limp.remaking == ("hpod",), (gone.row, gone.summary)
+    assert [r.name for r in relabels(gone)] == ["lpod"]
+    restarted = Memory.from_dict(json.loads(json.dumps(gone.memory.to_dict())))
+    lent = part("lpod", "hi", tpuwatch_lent_by="lo")
+    took = tick(look(HI, restarted, (lent,), probes=None, checkpoint=ckpt(200)), restarted, 700, cfg=HI)
+    assert took.row == "take" and took.memory.limp.swapped == (("hpod", "lpod"),)
+    on = replace(took.memory, phase=Phase.RUNNING)
+    made = tick(look(HI, on, (lent,), probes=running(1), checkpoint=ckpt(300)), on, 800, cfg=HI)
+    assert made.row == "spare_remake"
+    assert [(a.name, a.create) for a in made.actions if isinstance(a, RemakeSpare)] == [("hpod", True)]
+    # not inserted twice while the first insert is under way (not yet seen)
+    again = tick(look(HI, made.memory, (lent,), probes=running(1), checkpoint=ckpt(300)), made.memory, 801, cfg=HI)
+    assert not [a for a in again.actions if isinstance(a, RemakeSpare)]
+    # back: traded for the node it took, as after a STOP
+    back = (lent, part("hpod", "hi"))
+    trade = tick(look(HI, again.memory, back, probes=running(1), checkpoint=ckpt(300)), again.memory, 900, cfg=HI)
+    assert trade.row == "hand_back" and [r.name for r in relabels(trade)] == ["hpod"]
+    assert trade.memory.limp.remaking == ()
+
+
+def test_a_node_handed_back_that_google_deletes_at_its_preemption_is_made_again_for_the_slot_bound_to_it() -> None:
+    # lo runs on hpod, handed back to it for the node it lent (its slot lpod bound to hpod); hpod's
+    # termination action is DELETE and Google deletes it: gone with the audit log's word, it is
+    # journaled to be made again under its name, and lo waits for it; not left to a person
+    import json
+
+    from tpuwatch.model import AuditEvent
+
+    word = AuditEvent(time=at(598), kind="terminate", node="hpod", worker="0", method="compute.instances.preempted",
+                      reason="", insert_id="hpod-598", resource_name="projects/p/zones/z/instances/hpod")
+    mem = run_mem(step=100, limp=Limp(swapped=(("lpod", "hpod"),)))
+    taken = part("lpod", "hi", tpuwatch_lent_by="lo", tpuwatch_priority="500")
+    going = replace(part("hpod", "lo", "DELETING", tpuwatch_priority="100"), google_deletes=True, stopping=True,
+                    google_deleting="a Spot VM with termination action DELETE is STOPPING")
+    seen = tick(look(LO, mem, (taken, going), probes=DOWN, checkpoint=ckpt(200)), mem, 600, cfg=LO)
+    assert seen.memory.limp.remaking == ()
+    gone = tick(look(LO, seen.memory, (taken,), probes=None, checkpoint=ckpt(200), events=(word,)), seen.memory,
+                610, cfg=LO)
+    assert gone.row == "spare_remake" and gone.memory.limp.remaking == ("hpod",), (gone.row, gone.summary)
+    assert "hpod to be made again" in gone.summary and gone.exit_code == 0
+    assert [(a.name, a.create) for a in gone.actions if isinstance(a, RemakeSpare)] == [("hpod", True)]
+    restarted = Memory.from_dict(json.loads(json.dumps(gone.memory.to_dict())))
+    waits = tick(look(LO, restarted, (taken,), probes=None, checkpoint=ckpt(200)), restarted, 611, cfg=LO)
+    assert waits.row == "spare_wait" and not [a for a in waits.actions if isinstance(a, RemakeSpare)]

@@ -495,6 +495,30 @@ def test_a_pool_of_one_whose_vm_google_deleted_is_gone_swaps_once_google_says_so
     assert [(a.name, a.create) for a in again.actions if isinstance(a, RemakeSpare)] == [("pod", True)]
 
 
+def test_a_pool_of_one_whose_vm_google_deleted_is_gone_with_no_spare_free_waits_and_makes_it_again() -> None:
+    """As above with the spare down (no spare free): the VM gone with Google's word is journaled to
+    be made again that tick, the job waits for it (row `spare_wait`), never stopping for a person,
+    and it is inserted once, after a restart (the memory read back from its JSON) too."""
+    import json
+
+    from policy_support import at
+
+    one = replace(CFG, slices=("pod",), recreatable=False, spares=("sp",), spares_remade=True)
+    down = replace(limp_part("sp", "REPAIRING"), labels={"tpuwatch-job": JOB})
+    mem = run_mem(step=100, google=GoogleStop(node_id="n1", owned=True, deletes=True))
+    word = AuditEvent(time=at(590), kind="terminate", node="pod", worker="0", method="compute.instances.preempted",
+                      reason="", insert_id="p", resource_name="projects/p/zones/z/instances/pod")
+    seen = Observation(node=None, spares=(("sp", down),), checkpoint=ckpt(200))
+    d = tick(replace(seen, events=(word,)), mem, 600, cfg=one)
+    assert d.row in ("spare_wait", "spare_remake") and d.exit_code == 0, (d.row, d.summary)
+    assert d.memory.limp.remaking == ("pod",) and "pod to be made again" in d.summary
+    assert [(a.name, a.create) for a in d.actions if isinstance(a, RemakeSpare)] == [("pod", True)]
+    restarted = Memory.from_dict(json.loads(json.dumps(d.memory.to_dict())))
+    again = tick(seen, restarted, 601, cfg=one)
+    assert again.row == "spare_wait" and again.memory.limp.remaking == ("pod",)
+    assert not [a for a in again.actions if isinstance(a, RemakeSpare)]  # one insert under way
+
+
 def test_a_spot_vm_still_stopping_is_not_swapped_away_from_until_terminated_and_never_once_gone() -> None:
     """A job on one Compute Engine Spot VM (action STOP, a pool of one slot `pod`) with a spare free:
     the VM stopping may be Google's preemption (ends TERMINATED) or a person's instances.delete (ends

@@ -450,12 +450,47 @@ def test_row_spot_stopping() -> None:
     d = tick(obs(stopping, probes=None), run_mem(), now=500)
     assert d.row == "spot_stopping" and kinds(d) == ["wait"] and d.exit_code == 0, d.summary
     assert d.ended[0].outcome == "disruption" and d.memory.phase is Phase.WAITING_NODE
-    again = tick(obs(stopping, probes=None), d.memory, now=900)
+    again = tick(obs(stopping, probes=None), d.memory, now=700)
     assert again.row == "spot_stopping" and kinds(again) == ["wait"]
     gone = tick(obs(missing=True), again.memory, now=910)  # a person's delete: never made again
     assert gone.row == "node_missing" and gone.exit_code == 1 and "create" not in kinds(gone)
     terminated = tick(obs(node("PREEMPTED", spot=True, kind="instance"), probes=None), again.memory, now=910)
     assert terminated.row == "dead_node" and kinds(terminated) == ["delete"]
+
+
+def test_row_spot_stopping_long() -> None:
+    # Google's stop of a Spot VM ends in seconds: one stopping 5 min (since first seen down) is said,
+    # naming the VM and how long, as a wait of its own (its journal event is alert stopping_long);
+    # still nothing sent to it, and it ends as a short stop does
+    from tpuwatch.policy.alerts import Where, from_event
+    from tpuwatch.policy.values import action_dict
+
+    stopping = node("PREEMPTED", spot=True, kind="instance", stopping=True)
+    d = tick(obs(stopping, probes=None), run_mem(), now=500)
+    long = tick(obs(stopping, probes=None), d.memory, now=500 + 300)
+    assert long.row == "spot_stopping_long" and kinds(long) == ["wait"] and long.exit_code == 0, long.summary
+    assert "pod has been stopping for 5m" in long.summary and long.memory.phase is Phase.WAITING_NODE
+    [wait] = long.actions
+    alert = from_event(Where("job", "pod", "z"), 7, "wait", at(800), long.summary, action_dict(wait))
+    assert alert is not None and alert.kind == "stopping_long" and "pod has been stopping for 5m" in alert.text
+    # half of a short recovery.operation_timeout comes first
+    short = tick(obs(stopping, probes=None), d.memory, now=500 + 61, cfg=replace(CFG, operation_timeout=120.0))
+    assert short.row == "spot_stopping_long", short.summary
+    terminated = tick(obs(node("PREEMPTED", spot=True, kind="instance"), probes=None), long.memory, now=810)
+    assert terminated.row == "dead_node" and kinds(terminated) == ["delete"]
+
+
+def test_row_spot_stopping_timeout() -> None:
+    # still stopping after recovery.operation_timeout: a person is asked, naming the VM and how
+    # long; nothing sent to it (a person's instances.delete looks the same)
+    stopping = node("PREEMPTED", spot=True, kind="instance", stopping=True)
+    d = tick(obs(stopping, probes=None), run_mem(), now=500)
+    d = tick(obs(stopping, probes=None), d.memory, now=500 + 3599)
+    assert d.row == "spot_stopping_long"
+    stuck = tick(obs(stopping, probes=None), d.memory, now=500 + 3600)
+    assert stuck.row == "spot_stopping_timeout" and kinds(stuck) == ["needs_person"] and stuck.exit_code == 1
+    assert "Spot VM pod has been stopping for 1h" in stuck.summary and "recovery.operation_timeout" in stuck.summary
+    assert stuck.memory.phase is Phase.HALTED
 
 
 def test_row_not_owned() -> None:

@@ -24,6 +24,7 @@ from typing import Any
 from tpuwatch.durations import human
 from tpuwatch.model import Checkpoint, UpcomingMaintenance
 from tpuwatch.policy.maintenance import maintenance_plan
+from tpuwatch.policy.nodes import STOPPING_LONG_WAIT
 from tpuwatch.policy.rows import Row
 from tpuwatch.policy.state import Memory, Phase
 
@@ -113,6 +114,8 @@ RULES: tuple[Rule, ...] = (
                       "from the newest checkpoint"),
     Rule("wait", lambda d: d.get("reason") == "node created", "recreated",
          lambda r, d: f"node recreated: {r}"),
+    Rule("wait", lambda d: d.get("reason") == STOPPING_LONG_WAIT, "stopping_long",
+         lambda r, d: f"a VM stuck stopping: {r}"),
     Rule("launch", lambda d: int(d.get("attempt") or 0) > 1, "resumed",
          lambda r, d: f"resuming: launching attempt {d.get('attempt')} from {_step(d)}"),
     Rule("done", _always, "done", lambda r, d: f"job done: {r}"),

@@ -65,7 +65,7 @@ def seen(draft: Draft, mem: Memory) -> Memory:
         if node.id != g.node_id:
             g = GoogleStop(node_id=node.id)  # another VM: nothing said of the last one holds for it
         g = replace(g, created=node.create_time, owned=node.owned_by(draft.cfg.job), deletes=node.google_deletes,
-                    deletes_at=node.google_deletes_at, missing_since=None,
+                    deletes_at=node.google_deletes_at, missing_since=None, shape=node.accelerator_type,
                     going_since=(g.going_since or draft.now) if node.google_deleting else None)
     for ev in draft.obs.events:
         if (g.deletes and not g.deleted and ev.node in names and ev.method.endswith(PREEMPTED)

@@ -59,6 +59,14 @@ def node_condition(node: NodeSnapshot | None) -> Cond:
     return cond
 
 
+# Google's stop of a Spot VM ends in seconds: a preempted VM's guest has 30 s before the hard off
+# (longer only with a graceful shutdown configured). One still stopping this long (or half of
+# recovery.operation_timeout, when shorter) is said, once, as a wait of its own (row
+# `spot_stopping_long`, alert `stopping_long`); past recovery.operation_timeout a person is asked.
+STOPPING_LONG = 5 * 60.0
+STOPPING_LONG_WAIT = "a Spot VM stopping for long"
+
+
 def still_stopping(node: NodeSnapshot) -> bool:
     """A Compute Engine VM of the node (or of one of its slices) is still stopping: a Spot VM's
     preemption ends TERMINATED, a person's instances.delete ends with it gone (row `spot_stopping`)."""

@@ -46,7 +46,7 @@ from tpuwatch.model import (
 from tpuwatch.policy import spares
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.ending import end_unusable
-from tpuwatch.policy.limp import BRIEF_STATES, end_lost, stop_waited
+from tpuwatch.policy.limp import BRIEF_STATES, end_lost, removed, stop_waited
 from tpuwatch.policy.nodes import Cond, node_condition
 from tpuwatch.policy.state import TERMINAL, Evidence, Memory, Phase, merge_evidence, move
 from tpuwatch.policy.values import Decision, Relabel, StopWorkers, Wait
@@ -105,11 +105,13 @@ def lost_slots(draft: Draft, mem: Memory, lent: bool = False) -> list[tuple[str,
     return [(s, p) for s, p in out if lent or s not in away]
 
 
-def _shapes(draft: Draft) -> set[str]:
-    """The accelerator types of the job's slices as read, else of its own nodes in the zone."""
+def _shapes(draft: Draft, mem: Memory) -> set[str]:
+    """The accelerator types of the job's slices as read, else of its own nodes in the zone, else
+    of its node as last seen (a VM Google deleted at its preemption: gone, and the job's only one)."""
     node = draft.obs.node
     shapes = {p.accelerator_type for p in (node.slices if node is not None else ()) if p.accelerator_type and p.name}
-    return shapes or {n.accelerator_type for n in draft.obs.zone if n.owned_by(draft.cfg.job) and n.accelerator_type}
+    shapes = shapes or {n.accelerator_type for n in draft.obs.zone if n.owned_by(draft.cfg.job) and n.accelerator_type}
+    return shapes or ({mem.google.shape} if node is None and mem.google.shape else set())
 
 
 def _candidates(draft: Draft, mem: Memory) -> list[NodeSnapshot]:
@@ -119,7 +121,7 @@ def _candidates(draft: Draft, mem: Memory) -> list[NodeSnapshot]:
     its job trains on."""
     cfg = draft.cfg
     assert cfg.priority is not None
-    shapes = _shapes(draft)
+    shapes = _shapes(draft, mem)
     out = []
     for n in draft.obs.zone:
         p = label_priority(n)
@@ -146,7 +148,9 @@ def want(draft: Draft, mem: Memory) -> Decision | None:
     if cfg.priority is None:
         return None
     lost = lost_slots(draft, mem)
-    if not lost:
+    # a node gone with no word that Google or tpuwatch removed it: a person's deletion, or one
+    # the audit log has yet to speak of (rows google_delete_wait, node_missing), never a take
+    if not lost or (draft.obs.node is None and not all(removed(draft, mem, s) for s, _ in lost)):
         return None
     found = _candidates(draft, mem)
     if not found:

@@ -19,6 +19,8 @@ from tpuwatch.policy.ending import end_unusable
 from tpuwatch.policy.nodes import (
     DEAD_STATES,
     FAILED_REPAIR_GRACE,
+    STOPPING_LONG,
+    STOPPING_LONG_WAIT,
     Cond,
     failed_repair,
     node_condition,
@@ -141,13 +143,32 @@ def stopping(draft: Draft, mem: Memory) -> Decision:
     """A Compute Engine Spot VM (termination action STOP) still stopping (row `spot_stopping`):
     Google's preemption ends TERMINATED (then `dead_node`), a person's instances.delete ends with
     the VM gone (then `node_missing`), and the two look alike until then. Nothing is sent to it
-    meanwhile: a delete beside the person's, then an insert, would make again what a person deleted."""
+    meanwhile: a delete beside the person's, then an insert, would make again what a person deleted.
+    Google's stop ends in seconds: one stopping past STOPPING_LONG is said (`spot_stopping_long`),
+    past recovery.operation_timeout a person is asked (`spot_stopping_timeout`), as for any
+    operation that does not end; still nothing sent to it."""
     since = mem.repair.unhealthy_since or draft.now
+    mem = replace(mem, repair=replace(mem.repair, unhealthy_since=since))
+    node, limit = draft.obs.node, draft.cfg.operation_timeout
+    vms = ", ".join(p.name for p in (node.slices or (node,) if node is not None else ()) if p.stopping) or draft.subject
+    age = secs(draft.now - since)
+    if age >= limit:
+        return draft.halt(mem, "spot_stopping_timeout",
+                          f"Spot VM {vms} has been stopping for {human(age)} (since {since.isoformat()}), longer than "
+                          f"recovery.operation_timeout ({human(limit)}); Google's stop of a Spot VM ends in seconds. "
+                          "tpuwatch sends nothing to it (a person's instances.delete looks the same): look at it "
+                          "(gcloud compute instances describe), and run tpuwatch again once it is TERMINATED, "
+                          "RUNNING or gone", (f"{vms}: STOPPING for {human(age)}",))
     why = (f"{draft.subject} is a Spot VM stopping (since {since.isoformat()}): TERMINATED it is "
            "Google's preemption and is made again; gone it is a person's instances.delete and the job stops "
            "for a person. Waiting to see which, sending nothing to it")
-    mem = move(mem, Phase.WAITING_NODE, reason=why, repair=replace(mem.repair, unhealthy_since=since))
-    return draft.out(mem, "spot_stopping", why, Wait(None, "a Spot VM stopping"))
+    mem = move(mem, Phase.WAITING_NODE, reason=why)
+    if age < min(STOPPING_LONG, limit / 2):
+        return draft.out(mem, "spot_stopping", why, Wait(None, "a Spot VM stopping"))
+    return draft.out(mem, "spot_stopping_long",
+                     f"{why}; {vms} has been stopping for {human(age)}, longer than Google's stop takes (30 s for "
+                     "a preempted Spot VM's guest, more only with a graceful shutdown configured): past "
+                     f"recovery.operation_timeout ({human(limit)}) a person is asked", Wait(None, STOPPING_LONG_WAIT))
 
 
 def person(draft: Draft, mem: Memory) -> Decision:

@@ -87,6 +87,14 @@ ROWS: tuple[Row, ...] = (
         "no swap nor claim away from it meanwhile",
         "wait, sending nothing to it; TERMINATED: delete + create (dead_node), or with a spare free a swap; gone "
         "with no word that Google or tpuwatch removed it: a person's deletion (node_missing), never made again"),
+    Row("spot_stopping_long", "as `spot_stopping`, the VM stopping (since first seen down) 5 min or longer, or half "
+        "of recovery.operation_timeout when that is shorter (Google's stop of a Spot VM ends in seconds: 30 s for a "
+        "preempted VM's guest, more only with a graceful shutdown configured)",
+        "wait on as `spot_stopping`, sending nothing to it; said: the status line names the VM and how long it "
+        "has been stopping, and the journal's wait (once, as the row changes) is alert stopping_long"),
+    Row("spot_stopping_timeout", "as `spot_stopping`, the VM stopping (since first seen down) for "
+        "recovery.operation_timeout or longer", "needs a person (exit 1), naming the VM and how long; still nothing "
+        "sent to it (a person's instances.delete looks the same); the next run decides afresh"),
     Row("not_owned", "delete + create needed, node lacks tpuwatch-job=<job>",
         "never delete it: needs a person (exit 1); pass --adopt"),
     Row("not_recreatable", "delete + create needed on a job over separately created slices ([tpu] names "
@@ -115,7 +123,9 @@ ROWS: tuple[Row, ...] = (
         "gone, never made again); "
         "or one tpuwatch deleted so is gone; or one Google deletes itself (a "
         "Compute Engine VM's termination action DELETE), owned and made alone when last seen idle (or swapped out), "
-        "is gone and the audit log says Google preempted it (none yet: waited for 3 min, then `spare_gone`); or, of the keeper of a spare pool (the one job holding its keeper lock in the "
+        "is gone and the audit log says Google preempted it (none yet: waited for 3 min, then `spare_gone`); or so the "
+        "node of a job on one slot (a pool of one), gone with Google's word (journaled the tick it is read so, "
+        "whether the job then swaps, takes another job's node or waits); or, of the keeper of a spare pool (the one job holding its keeper lock in the "
         "state dir), an idle spare of the pool (its label, no job's) PREEMPTED / TERMINATED or marked tpuwatch-pool-bad, or one a keeper "
         "deleted so gone (its record in the state dir)",
         "journal it as one tpuwatch makes again, delete it (not one Google deletes); one so journaled that is still "

@@ -107,7 +107,26 @@ def track(draft: Draft, mem: Memory) -> Memory:
     if [n for n, _ in down] != list(limp.down):
         limp = replace(limp, down=tuple(n for n, _ in down), down_since=tuple(t for _, t in down))
     limp = _google_word(draft, limp)
+    limp = _own_deleted(draft, mem, limp)
     return mem if limp == mem.limp else replace(mem, limp=limp)
+
+
+def _own_deleted(draft: Draft, mem: Memory, limp: Limp) -> Limp:
+    """The node a job on one slot runs on, gone with Google's word that it deleted it (a VM whose
+    termination action is DELETE: policy/google.py), owned as last seen: journaled in `remaking`
+    the tick it is first read so, as an idle one Google deleted is (`_google_word`), so that it is
+    inserted again (`remake`) whatever comes next: a swap, a take of another job's node (its slot
+    then bound elsewhere, the node it lost no longer the one `Memory.google` follows), a wait, or
+    a watcher killed before the insert. Without, only a swap onto a free spare made it again, and
+    the rows, which never recreate a pool's node, left it to a person."""
+    cfg, g = draft.cfg, mem.google
+    if (draft.obs.node is not None or len(cfg.slices) != 1 or not cfg.spares_remade or cfg.spares_in_place
+            or not (g.owned and google.deleted(draft, mem))):
+        return limp
+    name = limp.node_of(cfg.slices[0])
+    if not name or name in limp.remaking:  # lent (bound to no node), or already so
+        return limp
+    return replace(limp, remaking=(*limp.remaking, name), deletes=tuple(n for n in limp.deletes if n != name))
 
 
 def _google_word(draft: Draft, limp: Limp) -> Limp:
