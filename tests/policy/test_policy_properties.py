@@ -204,10 +204,13 @@ def never_charges_a_disruption(steps: Steps) -> None:
         if not ended_now or s.before.attempt.start is None:
             continue
         start, n, o = s.before.attempt.start, s.obs.node, s.obs
+        # a restart entry stamped within a poll of the launch is the node's return the attempt
+        # was launched on, not a disruption of it (policy/evidence.py `explains`)
+        launched_on = start + timedelta(seconds=cfg.poll_interval)
         evidence = (
             n is None or not n.usable or n.id != s.before.attempt.node_id
             or any(e.kind in ("terminate", "restart") and in_window(e.time, start, at(s.now), cfg.evidence_window)
-                   for e in o.events)
+                   and not (e.kind == "restart" and e.time <= launched_on) for e in o.events)
         )
         if evidence:
             assert s.decision.memory.budgets.restarts <= s.before.budgets.restarts, s.decision.summary
