@@ -280,15 +280,47 @@ def held_compute_job(sim: Simulator, compute_url: str, tmp: Path, name: str, tpu
     return cfg, env, go
 
 
-def trainer_on_instance(sim: Simulator, instance: str, job: str, attempt: int) -> dict[str, str] | None:
-    """The environment of job `job`'s trainer of `attempt` on Compute Engine instance `instance`
-    (its worker 0), or None."""
+def instance_trainers(sim: Simulator, instance: str, jobs: tuple[str, ...]) -> list[dict[str, str]]:
+    """The environments of the trainers of `jobs` running on Compute Engine instance `instance`
+    (its worker 0)."""
     try:
         pids = sim.hosts.pids(f"{sim.project}/{sim.zone}/instances/{instance}", 0)
     except UsageError:  # its host is not booted (yet, or any more)
-        return None
-    return next((e for pid in pids if (e := trainer_env(pid, job)) is not None
-                 and e["TPUWATCH_ATTEMPT"] == str(attempt)), None)
+        return []
+    return [env for pid in pids for j in jobs if (env := trainer_env(pid, j)) is not None]
+
+
+def trainer_on_instance(sim: Simulator, instance: str, job: str, attempt: int) -> dict[str, str] | None:
+    """The environment of job `job`'s trainer of `attempt` on Compute Engine instance `instance`
+    (its worker 0), or None."""
+    return next((e for e in instance_trainers(sim, instance, (job,)) if e["TPUWATCH_ATTEMPT"] == str(attempt)), None)
+
+
+def compute_job(sim: Simulator, compute_url: str, tmp: Path, name: str, *, steps: int, body: dict[str, Any],
+                tpu: dict[str, object] | None = None, job_keys: str = "") -> tuple[Path, dict[str, str], Path]:
+    """Compute Engine instance `name` RUNNING (its insert `body`, labelled job `name`'s) and the
+    job's config in tmp/jobs (for `tpuwatch watch --config-dir`: [tpu] keys `tpu`, lines
+    `job_keys` under [job], and the [tpu.compute_spec] `tpuwatch init` captures); the CLI's env,
+    and the directory whose file `100` lets its trainer past step 100."""
+    import tomli_w
+
+    sim.world.add_instance(name, body={**body, "labels": {"tpuwatch-job": name}})
+    ck, go = sim.bucket / name, tmp / f"go-{name}"
+    go.mkdir()
+    (tmp / "jobs").mkdir(exist_ok=True)
+    cfg = write_config(tmp / "jobs" / f"{name}.toml", sim,
+                       trainer(ck, f"--hold-at 100 --hold-until {go} --save-on-term 1", steps=steps), ck, name=name,
+                       tpu={"api": "compute", "instance": name, **(tpu or {})})
+    if job_keys:
+        cfg.write_text(cfg.read_text().replace("[job]\n", f"[job]\n{job_keys}\n", 1))
+    env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp / "state"),
+           "TPUWATCH_COMPUTE_EMULATOR": compute_url.rstrip("/")}
+    init = cli_process.run(["init", name, "-o", str(tmp / f"init-{name}.toml"), "--json"], env)
+    assert init.returncode == 0, init.stderr
+    with cfg.open("a") as f:  # each VM resolves only itself in the simulator (not Compute Engine's DNS)
+        f.write('[precheck]\nskip = ["dns"]\n')
+        f.write(tomli_w.dumps({"tpu": {"compute_spec": json.loads(init.stdout)["spec"]}}))
+    return cfg, env, go
 
 
 def compute_writes(sim: Simulator, verbs: tuple[str, ...]) -> list[str]:
@@ -315,10 +347,12 @@ def node_trainers(sim: Simulator, node: str, jobs: tuple[str, ...]) -> list[dict
 
 class Overlap:
     """Samples the workers of `nodes` every 50 ms until stopped: `seen` holds each moment two
-    trainers of `jobs` ran on one (none is what a test asserts), `samples` how many were taken."""
+    trainers of `jobs` ran on one (none is what a test asserts), `samples` how many were taken.
+    `trainers` finds them on a node: TPU API nodes by default, `instance_trainers` for instances."""
 
-    def __init__(self, sim: Simulator, nodes: tuple[str, ...], jobs: tuple[str, ...]) -> None:
-        self.sim, self.nodes, self.jobs = sim, nodes, jobs
+    def __init__(self, sim: Simulator, nodes: tuple[str, ...], jobs: tuple[str, ...],
+                 trainers: Callable[[Simulator, str, tuple[str, ...]], list[dict[str, str]]] = node_trainers) -> None:
+        self.sim, self.nodes, self.jobs, self.trainers = sim, nodes, jobs, trainers
         self.seen: list[tuple[str, list[str]]] = []
         self.samples = 0
         self._stop = threading.Event()
@@ -328,7 +362,7 @@ class Overlap:
     def _run(self) -> None:
         while not self._stop.is_set():
             for node in self.nodes:
-                found = node_trainers(self.sim, node, self.jobs)
+                found = self.trainers(self.sim, node, self.jobs)
                 if len(found) > 1:
                     self.seen.append((node, [f"{e['TPUWATCH_JOB']}#{e['TPUWATCH_ATTEMPT']}" for e in found]))
             self.samples += 1

@@ -14,25 +14,22 @@ stage meets running jobs however slow the machine.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import cli_process
 import pytest
-import tomli_w
 from e2e_helpers import (
+    Overlap,
     checkpoint_steps,
     cli_json,
+    compute_job,
     finish,
+    instance_trainers,
     job_memory,
-    trainer,
     trainer_on_instance,
     wait_while_watched,
-    write_config,
 )
 
 from tpuwatch.errors import UsageError
@@ -58,25 +55,9 @@ def rest(sim: Simulator) -> Iterator[RestFace]:
 
 def job(sim: Simulator, rest: RestFace, tmp: Path, name: str, *,
         hostname: str = "") -> tuple[Path, dict[str, str], Path]:
-    """Spot instance `name` RUNNING (with a custom `hostname`, if given), labelled job `name`'s;
-    the job's config (of pool v7, with the [tpu.compute_spec] `tpuwatch init` captures) in
-    tmp/jobs, the CLI's env, and the directory whose file `100` lets its trainer past step 100."""
-    sim.world.add_instance(name, body={"labels": {"tpuwatch-job": name}, "scheduling": SPOT,
-                                       **({"hostname": hostname} if hostname else {})})
-    ck, go = sim.bucket / name, tmp / f"go-{name}"
-    go.mkdir()
-    (tmp / "jobs").mkdir(exist_ok=True)
-    cfg = write_config(tmp / "jobs" / f"{name}.toml", sim,
-                       trainer(ck, f"--hold-at 100 --hold-until {go} --save-on-term 1", steps=STEPS), ck, name=name,
-                       tpu={"api": "compute", "instance": name, "spare_pool": "v7"})
-    env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp / "state"),
-           "TPUWATCH_COMPUTE_EMULATOR": rest.url.rstrip("/")}
-    init = cli_process.run(["init", name, "-o", str(tmp / f"init-{name}.toml"), "--json"], env)
-    assert init.returncode == 0, init.stderr
-    with cfg.open("a") as f:  # each VM resolves only itself in the simulator (not Compute Engine's DNS)
-        f.write('[precheck]\nskip = ["dns"]\n')
-        f.write(tomli_w.dumps({"tpu": {"compute_spec": json.loads(init.stdout)["spec"]}}))
-    return cfg, env, go
+    """Spot instance `name` (with a custom `hostname`, if given) and its job, of pool v7."""
+    return compute_job(sim, rest.url, tmp, name, steps=STEPS, tpu={"spare_pool": "v7"},
+                       body={"scheduling": SPOT, **({"hostname": hostname} if hostname else {})})
 
 
 def on(sim: Simulator, instance: str, who: str, attempt: int) -> dict[str, str] | None:
@@ -103,32 +84,6 @@ def claims(tmp: Path, name: str) -> list[str]:
         return [e.reason for e in journal.events() if e.kind == "pool_claim"]
 
 
-class Overlap:
-    """Samples the VMs' workers every 50 ms until stopped: `seen` holds each moment two trainers
-    of the jobs ran on one (none is what the test asserts)."""
-
-    def __init__(self, sim: Simulator) -> None:
-        self.sim = sim
-        self.seen: list[tuple[str, list[str]]] = []
-        self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for inst in VMS:
-                found = [f"{j}#{a}" for j in JOBS for a in range(1, 4) if on(self.sim, inst, j, a) is not None]
-                if len(found) > 1:
-                    self.seen.append((inst, found))
-            self.samples += 1
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-
 def test_two_compute_jobs_share_one_pool_instance_and_a_returned_instance_serves_the_next_loss(
         sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
     a, env, go_a = job(sim, rest, tmp_path, "a")
@@ -139,7 +94,7 @@ def test_two_compute_jobs_share_one_pool_instance_and_a_returned_instance_serves
         'spares = ["sp-0"]\n')
     spare_id = sim.world.instance("sp-0").id
     proc = cli_process.start(["watch", "--config-dir", str(tmp_path / "jobs"), "--json"], env)
-    overlap = Overlap(sim)
+    overlap = Overlap(sim, VMS, JOBS, instance_trainers)
     try:
         wait_while_watched(lambda: on(sim, "a", "a", 1) is not None and on(sim, "b", "b", 1) is not None
                            and len(checkpoint_steps(sim.bucket / "a")) >= 2, proc, "both jobs training")

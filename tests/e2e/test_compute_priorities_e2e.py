@@ -16,25 +16,22 @@ journals.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import cli_process
 import pytest
-import tomli_w
 from e2e_helpers import (
+    Overlap,
     checkpoint_steps,
     cli_json,
+    compute_job,
     finish,
+    instance_trainers,
     job_memory,
-    trainer,
     trainer_on_instance,
     wait_while_watched,
-    write_config,
 )
 
 from tpuwatch.journal import Journal
@@ -56,27 +53,10 @@ def rest(sim: Simulator) -> Iterator[RestFace]:
 
 def job(sim: Simulator, rest: RestFace, tmp: Path, name: str, priority: int | None, *,
         spot: str = "") -> tuple[Path, dict[str, str], Path]:
-    """Instance `name` RUNNING, labelled job `name`'s; the job's config (with `priority`, and the
-    [tpu.compute_spec] `tpuwatch init` captures) in tmp/jobs, the CLI's env, and the directory whose
-    file `100` lets its trainer past step 100."""
-    scheduling = {"provisioningModel": "SPOT", "instanceTerminationAction": spot} if spot else {}
-    sim.world.add_instance(name, body={"labels": {"tpuwatch-job": name}, **({"scheduling": scheduling} if spot else {})})
-    ck, go = sim.bucket / name, tmp / f"go-{name}"
-    go.mkdir()
-    (tmp / "jobs").mkdir(exist_ok=True)
-    cfg = write_config(tmp / "jobs" / f"{name}.toml", sim,
-                       trainer(ck, f"--hold-at 100 --hold-until {go} --save-on-term 1", steps=STEPS), ck, name=name,
-                       tpu={"api": "compute", "instance": name})
-    if priority is not None:
-        cfg.write_text(cfg.read_text().replace("[job]\n", f"[job]\npriority = {priority}\n", 1))
-    env = {**os.environ, **sim.env, "TPUWATCH_STATE_DIR": str(tmp / "state"),
-           "TPUWATCH_COMPUTE_EMULATOR": rest.url.rstrip("/")}
-    init = cli_process.run(["init", name, "-o", str(tmp / f"init-{name}.toml"), "--json"], env)
-    assert init.returncode == 0, init.stderr
-    with cfg.open("a") as f:  # each VM resolves only itself in the simulator (not Compute Engine's DNS)
-        f.write('[precheck]\nskip = ["dns"]\n')
-        f.write(tomli_w.dumps({"tpu": {"compute_spec": json.loads(init.stdout)["spec"]}}))
-    return cfg, env, go
+    """Instance `name` (Spot with termination action `spot`, if given) and its job, of `priority`."""
+    scheduling = {"scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": spot}} if spot else {}
+    return compute_job(sim, rest.url, tmp, name, steps=STEPS, body=scheduling,
+                       job_keys=f"priority = {priority}" if priority is not None else "")
 
 
 def on(sim: Simulator, instance: str, who: str, attempt: int) -> dict[str, str] | None:
@@ -105,32 +85,6 @@ def both_done(tmp: Path, proc: cli_process.Forked) -> tuple[int, str]:
     return finish(proc, timeout=60)
 
 
-class Overlap:
-    """Samples the instances' workers every 50 ms until stopped: `seen` holds each moment two
-    trainers of the jobs ran on one (none is what the test asserts)."""
-
-    def __init__(self, sim: Simulator) -> None:
-        self.sim = sim
-        self.seen: list[tuple[str, list[str]]] = []
-        self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for inst in JOBS:
-                found = [f"{j}#{a}" for j in JOBS for a in range(1, 5) if on(self.sim, inst, j, a) is not None]
-                if len(found) > 1:
-                    self.seen.append((inst, found))
-            self.samples += 1
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-
 @pytest.mark.parametrize("action", ["STOP", "DELETE"])
 def test_a_preempted_high_priority_instance_job_takes_the_low_ones_instance_and_hands_its_own_back(
         sim: Simulator, rest: RestFace, tmp_path: Path, action: str) -> None:
@@ -138,7 +92,7 @@ def test_a_preempted_high_priority_instance_job_takes_the_low_ones_instance_and_
     lo, _, go_lo = job(sim, rest, tmp_path, "lo", 100)
     old = sim.world.instance("hi").id
     proc = watch(tmp_path, env)
-    overlap = Overlap(sim)
+    overlap = Overlap(sim, JOBS, JOBS, instance_trainers)
     try:
         wait_while_watched(lambda: on(sim, "hi", "hi", 1) is not None and on(sim, "lo", "lo", 1) is not None
                            and len(checkpoint_steps(sim.bucket / "lo")) >= 2
