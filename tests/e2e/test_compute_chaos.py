@@ -46,9 +46,9 @@ pytestmark = pytest.mark.slow
 
 SEED = int(os.environ.get("TPUWATCH_CHAOS_SEED", "9"))
 # kill points each test must land: between a preemption and the relaunch on a spare, and while
-# the instance swapped out is made again (>= 14 each, 28 over STOP and DELETE)
+# the instance swapped out is made again (>= 20 in all)
 SWAP_KILLS = 8
-REMAKE_KILLS = 6
+REMAKE_KILLS = 12
 
 
 class OnInstances(Watched):
