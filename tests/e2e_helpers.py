@@ -38,15 +38,31 @@ def trainer(ck: Path, extra: str = "", steps: int = STEPS) -> str:
 def trainer_env(pid: int, job: str) -> dict[str, str] | None:
     """The environment of process `pid` when it is job `job`'s trainer (not the bash wrapper
     whose argument is the command text), else None (or when it is gone)."""
+    env = _trainer(pid)
+    return env if env is not None and env.get("TPUWATCH_JOB") == job else None
+
+
+def _trainer(pid: int) -> dict[str, str] | None:
+    """The environment of process `pid` when it is a simulated trainer (its command line read
+    first: only a trainer's environment is read)."""
     try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if not (argv[0].rsplit(b"/", 1)[-1].startswith(b"python") and b"tpuwatch.sim.trainer" in argv):
+            return None
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return None
-    if not (argv[0].rsplit(b"/", 1)[-1].startswith(b"python") and b"tpuwatch.sim.trainer" in argv):
-        return None
-    env = dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
-    return env if env.get("TPUWATCH_JOB") == job else None
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def running_trainers(jobs: tuple[str, ...]) -> dict[str, list[dict[str, str]]]:
+    """The environments of the trainers of `jobs` running now, by the simulated worker running
+    each (its MARKER value): one pass over /proc, for a sampler that looks many times a second."""
+    out: dict[str, list[dict[str, str]]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (env := _trainer(int(entry))) is not None and env.get("TPUWATCH_JOB") in jobs:
+            out.setdefault(env.get(MARKER, ""), []).append(env)
+    return out
 
 
 def toml_value(v: object) -> str:
@@ -280,20 +296,20 @@ def held_compute_job(sim: Simulator, compute_url: str, tmp: Path, name: str, tpu
     return cfg, env, go
 
 
-def instance_trainers(sim: Simulator, instance: str, jobs: tuple[str, ...]) -> list[dict[str, str]]:
-    """The environments of the trainers of `jobs` running on Compute Engine instance `instance`
-    (its worker 0)."""
-    try:
-        pids = sim.hosts.pids(f"{sim.project}/{sim.zone}/instances/{instance}", 0)
-    except UsageError:  # its host is not booted (yet, or any more)
-        return []
-    return [env for pid in pids for j in jobs if (env := trainer_env(pid, j)) is not None]
+def instance_key(sim: Simulator, instance: str) -> str:
+    """The simulator's key of Compute Engine instance `instance` (its hosts' marker)."""
+    return f"{sim.project}/{sim.zone}/instances/{instance}"
 
 
 def trainer_on_instance(sim: Simulator, instance: str, job: str, attempt: int) -> dict[str, str] | None:
     """The environment of job `job`'s trainer of `attempt` on Compute Engine instance `instance`
     (its worker 0), or None."""
-    return next((e for e in instance_trainers(sim, instance, (job,)) if e["TPUWATCH_ATTEMPT"] == str(attempt)), None)
+    try:
+        pids = sim.hosts.pids(instance_key(sim, instance), 0)
+    except UsageError:  # its host is not booted (yet, or any more)
+        return None
+    return next((e for pid in pids if (e := trainer_env(pid, job)) is not None
+                 and e["TPUWATCH_ATTEMPT"] == str(attempt)), None)
 
 
 def compute_job(sim: Simulator, compute_url: str, tmp: Path, name: str, *, steps: int, body: dict[str, Any],
@@ -348,11 +364,12 @@ def node_trainers(sim: Simulator, node: str, jobs: tuple[str, ...]) -> list[dict
 class Overlap:
     """Samples the workers of `nodes` every 50 ms until stopped: `seen` holds each moment two
     trainers of `jobs` ran on one (none is what a test asserts), `samples` how many were taken.
-    `trainers` finds them on a node: TPU API nodes by default, `instance_trainers` for instances."""
+    `key` names a node as the simulator does: a TPU API node's by default, `instance_key` for
+    Compute Engine instances."""
 
     def __init__(self, sim: Simulator, nodes: tuple[str, ...], jobs: tuple[str, ...],
-                 trainers: Callable[[Simulator, str, tuple[str, ...]], list[dict[str, str]]] = node_trainers) -> None:
-        self.sim, self.nodes, self.jobs, self.trainers = sim, nodes, jobs, trainers
+                 key: Callable[[Simulator, str], str] = Simulator.node_key) -> None:
+        self.sim, self.nodes, self.jobs, self.key = sim, nodes, jobs, key
         self.seen: list[tuple[str, list[str]]] = []
         self.samples = 0
         self._stop = threading.Event()
@@ -361,8 +378,9 @@ class Overlap:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            running = running_trainers(self.jobs)
             for node in self.nodes:
-                found = self.trainers(self.sim, node, self.jobs)
+                found = running.get(f"{self.sim.hosts.instance}/{self.key(self.sim, node)}/0", [])
                 if len(found) > 1:
                     self.seen.append((node, [f"{e['TPUWATCH_JOB']}#{e['TPUWATCH_ATTEMPT']}" for e in found]))
             self.samples += 1

@@ -26,7 +26,7 @@ from e2e_helpers import (
     cli_json,
     compute_job,
     finish,
-    instance_trainers,
+    instance_key,
     job_memory,
     trainer_on_instance,
     wait_while_watched,
@@ -94,7 +94,7 @@ def test_two_compute_jobs_share_one_pool_instance_and_a_returned_instance_serves
         'spares = ["sp-0"]\n')
     spare_id = sim.world.instance("sp-0").id
     proc = cli_process.start(["watch", "--config-dir", str(tmp_path / "jobs"), "--json"], env)
-    overlap = Overlap(sim, VMS, JOBS, instance_trainers)
+    overlap = Overlap(sim, VMS, JOBS, instance_key)
     try:
         wait_while_watched(lambda: on(sim, "a", "a", 1) is not None and on(sim, "b", "b", 1) is not None
                            and len(checkpoint_steps(sim.bucket / "a")) >= 2, proc, "both jobs training")

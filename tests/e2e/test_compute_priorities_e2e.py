@@ -28,7 +28,7 @@ from e2e_helpers import (
     cli_json,
     compute_job,
     finish,
-    instance_trainers,
+    instance_key,
     job_memory,
     trainer_on_instance,
     wait_while_watched,
@@ -92,7 +92,7 @@ def test_a_preempted_high_priority_instance_job_takes_the_low_ones_instance_and_
     lo, _, go_lo = job(sim, rest, tmp_path, "lo", 100)
     old = sim.world.instance("hi").id
     proc = watch(tmp_path, env)
-    overlap = Overlap(sim, JOBS, JOBS, instance_trainers)
+    overlap = Overlap(sim, JOBS, JOBS, instance_key)
     try:
         wait_while_watched(lambda: on(sim, "hi", "hi", 1) is not None and on(sim, "lo", "lo", 1) is not None
                            and len(checkpoint_steps(sim.bucket / "lo")) >= 2
