@@ -148,6 +148,7 @@ class Watched:
         self.state_dir = tmp / f"state-{name}"
         self.cfg = tmp / f"{name}.toml"
         self.logs = tmp / f"logs-{name}"
+        self.hold_dir = tmp / f"hold-{name}"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.rng = random.Random(seed)
         self.kills: list[KillPoint] = []
@@ -167,11 +168,13 @@ class Watched:
 
     # -- config and processes -------------------------------------------------------------
 
-    def set_steps(self, steps: int) -> None:
-        """(Re)write the config; a watcher started after this runs trainers to `steps`."""
+    def set_steps(self, steps: int, hold_at: int = 0) -> None:
+        """(Re)write the config; a watcher started after this runs trainers to `steps`, held at
+        step `hold_at` (if given) until `release(hold_at)`."""
         self.steps = steps
+        hold = f" --hold-at {hold_at} --hold-until {self.hold_dir}" if hold_at else ""
         command = (f"{self.command_prefix}python3 -m tpuwatch.sim.trainer --steps {steps} --step-time 0.02 --ckpt-every 10 "
-                   f"--ckpt-dir {self.ck} --resume {{checkpoint}}")
+                   f"--ckpt-dir {self.ck} --resume {{checkpoint}}{hold}")
         lines = ["[tpu]", f"name = {json.dumps(self.name)}"] + ([f"zone = {json.dumps(self.zone)}"] if self.zone else [])
         if len(self.names) > 1:
             lines.append(f"names = {toml_value(self.names)}")
@@ -195,6 +198,11 @@ class Watched:
         tmp = self.cfg.with_suffix(".tmp")
         tmp.write_text("\n".join(lines) + "\n")
         tmp.replace(self.cfg)
+
+    def release(self, step: int) -> None:
+        """Let trainers held at `step` (set_steps' `hold_at`) go on."""
+        self.hold_dir.mkdir(exist_ok=True)
+        (self.hold_dir / str(step)).touch()
 
     @staticmethod
     def cli_argv() -> list[str]:

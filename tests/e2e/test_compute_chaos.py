@@ -74,8 +74,8 @@ class OnInstances(Watched):
         self.spec = json.loads(init.stdout)["spec"]
         self.set_steps(self.steps)
 
-    def set_steps(self, steps: int) -> None:
-        super().set_steps(steps)
+    def set_steps(self, steps: int, hold_at: int = 0) -> None:
+        super().set_steps(steps, hold_at)
         text = self.cfg.read_text().replace("[tpu]\n", f'[tpu]\napi = "compute"\ninstance = "{self.name}"\n', 1)
         if self.spec is not None:
             text += tomli_w.dumps({"tpu": {"compute_spec": self.spec}})
@@ -152,7 +152,10 @@ def test_kills_while_an_instance_job_swaps_onto_a_spare_and_its_lost_instance_is
             while True:
                 if Counter(k.phase for k in job.kills)["swap"] >= SWAP_KILLS and \
                         Counter(k.phase for k in job.kills)["remake"] >= REMAKE_KILLS:
-                    job.set_steps((job.steps_done() or [0])[-1] + 300)  # the last cycle's swap is killed nowhere
+                    # the last cycle's swap is killed nowhere; its trainers hold 100 steps before the end
+                    # until the lost node is back, so the job cannot end before what the test waits for
+                    end = (job.steps_done() or [0])[-1] + 300
+                    job.set_steps(end, hold_at=end - 100)
                     job.kill(job.started_at, "end")
                     final = True
                 job.wait(lambda: time.monotonic() - job.started_at > 1.2, what="the watcher up")
@@ -178,6 +181,8 @@ def test_kills_while_an_instance_job_swaps_onto_a_spare_and_its_lost_instance_is
                         break
                     since = job.started_at
                 job.wait(back, timeout=60, what=f"{lost} made again")
+                if final:
+                    job.release(end - 100)
                 assert job.on() == {spare}  # the job stays where it runs
                 cycles += 1
                 if final:
@@ -229,8 +234,8 @@ class OnMigs(OnInstances):
             self.sim.world.add_mig(name, "tpu7x-standard-4t", 2, spot=True, labels=labels,
                                    metadata={"tpuwatch-launch": "false"}, on_failure="DO_NOTHING")
 
-    def set_steps(self, steps: int) -> None:
-        Watched.set_steps(self, steps)
+    def set_steps(self, steps: int, hold_at: int = 0) -> None:
+        Watched.set_steps(self, steps, hold_at)
         text = self.cfg.read_text().replace("[tpu]\n", f'[tpu]\napi = "compute"\nmig = "{self.name}"\n', 1)
         tmp = self.cfg.with_suffix(".ce")
         tmp.write_text(text)
@@ -280,7 +285,10 @@ def test_kills_while_a_mig_job_swaps_onto_a_spare_mig_and_its_lost_mig_is_recrea
             while True:
                 kills = Counter(k.phase for k in job.kills)
                 if kills["swap"] >= MIG_SWAP_KILLS and kills["remake"] >= MIG_REMAKE_KILLS:
-                    job.set_steps((job.steps_done() or [0])[-1] + 300)  # the last cycle's swap is killed nowhere
+                    # the last cycle's swap is killed nowhere; its trainers hold 100 steps before the end
+                    # until the lost node is back, so the job cannot end before what the test waits for
+                    end = (job.steps_done() or [0])[-1] + 300
+                    job.set_steps(end, hold_at=end - 100)
                     job.kill(job.started_at, "end")
                     final = True
                 job.wait(lambda: time.monotonic() - job.started_at > 1.2, what="the watcher up")
@@ -306,6 +314,8 @@ def test_kills_while_a_mig_job_swaps_onto_a_spare_mig_and_its_lost_mig_is_recrea
                         break
                     since = job.started_at
                 job.wait(back, timeout=60, what=f"MIG {lost} recreated in place")
+                if final:
+                    job.release(end - 100)
                 assert job.on() == {spare}  # the job stays where it runs
                 cycles += 1
                 if final:
