@@ -188,6 +188,18 @@ def test_a_mig_short_of_its_size_or_unstable_is_repairing() -> None:
     assert mig_snapshot(mig(stable=False), [managed(v) for v in vms], vms, project=P, zone=Z).state == "REPAIRING"
 
 
+def test_an_unstable_mig_whose_instances_all_run_with_no_action_is_settling_a_repair_under_way() -> None:
+    """Its status read before its last instance came up, the instances after (three calls): the
+    end of the MIG's own repair, under way, so that it is never recreated past repair_timeout."""
+    vms = four()
+    node = mig_snapshot(mig(stable=False), [managed(v) for v in vms], vms, project=P, zone=Z)
+    assert node.state == "REPAIRING" and "settling" in node.repair_under_way, node
+    down = four()
+    down[1] = instance("slice-b", "TERMINATED", ident=2)  # a VM stopped, not the MIG's doing: not under way
+    node = mig_snapshot(mig(stable=False), [managed(v) for v in down], down, project=P, zone=Z)
+    assert node.state == "REPAIRING" and node.repair_under_way == "", node
+
+
 def test_a_mig_shows_its_instances_last_attempt_errors() -> None:
     vms = four()
     parts = [managed(v, error="no capacity" if i == 2 else "") for i, v in enumerate(vms)]

@@ -75,6 +75,7 @@ _RANK = ("PREEMPTED", "REPAIRING", "STARTING", "CREATING")
 _PERSON = ("STOPPING", "STOPPED")
 # A managed instance's current actions while the MIG makes it (again)
 MAKING = frozenset({"CREATING", "CREATING_WITHOUT_RETRIES", "RECREATING"})
+NOT_STABLE = "MIG not stable"  # status.isStable false with no action under way (mig_state)
 # google.rpc codes of a zone operation's error, by the Compute Engine error code it carries
 OP_CODES: dict[str, str] = {
     "ZONE_RESOURCE_POOL_EXHAUSTED": "RESOURCE_EXHAUSTED",
@@ -288,6 +289,15 @@ def mig_acting(mig: Any, managed: Sequence[Any]) -> str:
     return ""
 
 
+def settling(doing: str, instances: Sequence[Any]) -> str:
+    """A MIG not stable though its instances all run and none has an action under way: the end
+    of its own repair, read across three calls (the MIG's status before its last instance came
+    up, the instances after). Under way, as an action is: never recreated in its place."""
+    if doing == NOT_STABLE and instances and all(instance_state(i) == "READY" for i in instances):
+        return f"{NOT_STABLE}, every instance running: the MIG settling"
+    return ""
+
+
 def mig_state(mig: Any, managed: Sequence[Any], instances: Sequence[Any]) -> tuple[str, str]:
     """(state, what Google is doing) of a MIG from its managed instances and their instances.
 
@@ -312,7 +322,7 @@ def mig_state(mig: Any, managed: Sequence[Any], instances: Sequence[Any]) -> tup
     if "status" in mig and "is_stable" in mig.status and not mig.status.is_stable:
         # e.g. its instances TERMINATED by a host error, which Google restarts (a multi-host
         # slice as a whole), or stopped ones its autoheal restarts
-        return "REPAIRING", "MIG not stable"
+        return "REPAIRING", NOT_STABLE
     down = [s for s in states if s != "READY"]
     if down and all(s in _PERSON for s in states):
         return ("STOPPING" if "STOPPING" in states else "STOPPED"), ""
@@ -356,7 +366,7 @@ def mig_snapshot(mig: Any, managed: Sequence[Any], instances: Sequence[Any], *, 
         labels=labels, metadata_keys=tuple(sorted(item.key for item in first.metadata.items)) if first else (),
         resource=f"projects/{project}/{f'regions/{region}' if region else f'zones/{zone}'}/instanceGroupManagers/{mig.name}",
         kind="mig",
-        repairs_itself=repairs_itself(mig), repair_under_way=mig_acting(mig, managed),
+        repairs_itself=repairs_itself(mig), repair_under_way=mig_acting(mig, managed) or settling(doing, ordered),
         pending_stop=any(pending_stop(i) for i in ordered), target_size=int(mig.target_size),
         boots_job=any(boots_job(i) for i in ordered), worker_states=tuple(instance_state(i) for i in ordered),
     )
