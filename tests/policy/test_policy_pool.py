@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from policy_support import CFG, ckpt, limp_part, run_mem, running, tick
+from policy_support import CFG, at, ckpt, limp_part, run_mem, running, tick
 
-from tpuwatch.model import NodeSnapshot, WorkerProbe, bound_view
+from tpuwatch.model import AuditEvent, NodeSnapshot, WorkerProbe, bound_view
 from tpuwatch.policy import Limp, Memory, Observation, Phase, PolicyConfig, Relabel, RemakeSpare
 from tpuwatch.policy.pool import POOL_LABEL
+from tpuwatch.policy.state import GoogleStop
 
 A = replace(CFG, job="a", tpu_name="apod", slices=("apod",), recreatable=False, spare_pool="v5p", spares_remade=True)
 DOWN = (WorkerProbe(0, "unreachable"), WorkerProbe(1, "unreachable"))
@@ -229,3 +230,17 @@ def test_a_claimed_spare_that_failed_its_checks_goes_back_to_the_pool_marked_bad
     [delete] = [a for a in k.actions if isinstance(a, RemakeSpare)]
     assert (k.row, delete.name, delete.create, delete.pool) == ("spare_remake", "sp-0", False, "v5p")
     assert k.memory.limp.pool_remaking == ("sp-0",)
+
+
+def test_a_compute_jobs_own_vm_google_deleted_is_made_again_from_the_spec_table_of_its_api() -> None:
+    # a Compute Engine job of a pool, its own VM gone (deleted by Google at its preemption, its
+    # termination action DELETE) with no pool spare free: the insert is said to come from
+    # [tpu.compute_spec.instance], though nothing read this tick shows an instance
+    ce = replace(A, spec_table="[tpu.compute_spec.instance]")
+    mem = run_mem(step=100, google=GoogleStop(node_id="n1", owned=True, deletes=True))
+    word = AuditEvent(time=at(590), kind="terminate", node="apod", worker="0", method="compute.instances.preempted",
+                      reason="", insert_id="p", resource_name="projects/p/zones/z/instances/apod")
+    d = tick(look(ce, mem, (), events=(word,), checkpoint=ckpt(200), pool_keeper=True), mem, 600, cfg=ce)
+    [create] = [a for a in d.actions if isinstance(a, RemakeSpare)]
+    assert (create.name, create.create) == ("apod", True), (d.row, d.summary)
+    assert "creating it from [tpu.compute_spec.instance]" in create.reason, create.reason

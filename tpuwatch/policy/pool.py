@@ -147,7 +147,7 @@ def keep(draft: Draft, before: Memory, decision: Decision) -> Decision:
         if gone and (limp.pool_remake_at is None or now >= limp.pool_remake_at):
             limp = replace(limp, pool_remake_at=now + timedelta(seconds=cfg.backoff_base))
             action = RemakeSpare(gone[0], True, f"{gone[0]}, a spare of pool {cfg.spare_pool}, was deleted to be "
-                                                f"made again: creating it from {_spec(draft)} of job "
+                                                f"made again: creating it from {draft.cfg.spec_table} of job "
                                                 f"{cfg.job}, the pool's keeper, labelled the pool's", pool=cfg.spare_pool)
         elif dead:
             limp = replace(limp, pool_remaking=(*limp.pool_remaking, dead[0]))
@@ -164,13 +164,6 @@ def keep(draft: Draft, before: Memory, decision: Decision) -> Decision:
         return replace(decision, memory=mem)
     return replace(decision, memory=mem, row="spare_remake", actions=(*decision.actions, action),
                    summary=f"{decision.summary}; {action.reason}")
-
-
-def _spec(draft: Draft) -> str:
-    """The keeper's spec a spare of its pool is made again from, as the config names it."""
-    node = draft.obs.node
-    kinds = {p.kind for p in (node.slices if node is not None else ())}
-    return "[tpu.compute_spec.instance]" if "instance" in kinds else "[tpu.spec]"
 
 
 def still_remaking(pool: str, names: Iterable[str], listed: Mapping[str, NodeSnapshot]) -> tuple[str, ...]:

@@ -276,8 +276,8 @@ def not_recreatable(draft: Draft, mem: Memory, why: str) -> Decision:
     cfg = draft.cfg
     if cfg.spares:
         how = ("it runs on a pool with spares (tpu.spares), whose dead nodes tpuwatch makes again itself only from "
-               "[tpu.spec], and none is free or on its way" + ("" if cfg.spares_remade else "; the config has no "
-                                                               "[tpu.spec] (tpuwatch init writes it)"))
+               f"{cfg.spec_table}, and none is free or on its way" + ("" if cfg.spares_remade else "; the config "
+                                                                     f"has no {cfg.spec_table} (tpuwatch init writes it)"))
     else:
         how = (f"the job's slices ({', '.join(cfg.slices)}) were created one by one, not by one multislice queued "
                "resource: tpuwatch does not delete or create across them")

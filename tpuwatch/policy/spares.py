@@ -345,7 +345,7 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
         wait = backoff_delay(limp.remake_tries + 1, cfg.backoff_base, cfg.backoff_max, draft.obs.jitter)
         limp = replace(limp, remake_tries=limp.remake_tries + 1, remake_at=now + timedelta(seconds=wait))
         action = RemakeSpare(gone[0], True, f"{gone[0]} was deleted (by tpuwatch, or Google) to be made again: "
-                                            f"creating it from {_spec_of(draft)} (try {limp.remake_tries}; the "
+                                            f"creating it from {draft.cfg.spec_table} (try {limp.remake_tries}; the "
                                             f"next no sooner than {human(wait)} from now)")
     elif (cfg.spares_remade or cfg.slices_remade) and (dead or unsent):
         name, part = (dead or unsent)[0]
@@ -360,7 +360,7 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
         then = ("the job grows back onto it at its next complete checkpoint once it is READY"
                 if name in dict(out) else "a spare of the job's once READY")
         how = ("recreating its instances (recreateInstances: the MIG, its template and workload policy stay)"
-               if cfg.spares_in_place else f"deleting it to create it again from {_spec_of(draft)}")
+               if cfg.spares_in_place else f"deleting it to create it again from {draft.cfg.spec_table}")
         action = RemakeSpare(name, False, f"{name} is {part.state} and {why}: {how}, {then}")
     if limp == mem.limp:
         return decision
@@ -393,14 +393,6 @@ def remakable(job: str, part: NodeSnapshot, since: datetime | None, now: datetim
     limit = min(timeout, FAILED_REPAIR_GRACE) if failed_repair(part) else timeout
     stuck = cond in COMING and since is not None and (now - since).total_seconds() >= limit
     return (cond is Cond.DEAD or stuck) and part.owned_by(job) and not part.multislice_request
-
-
-def _spec_of(draft: Draft) -> str:
-    """Where the job's pool is made again from, as the config names it."""
-    kinds = {part.kind for _, part in draft.obs.spares if part is not None}
-    if draft.obs.node is not None:
-        kinds.add(draft.obs.node.kind)
-    return "[tpu.compute_spec.instance]" if "instance" in kinds else "[tpu.spec]"
 
 
 def google_deletes(job: str, part: NodeSnapshot) -> bool:

@@ -116,6 +116,8 @@ class PolicyConfig:
     # [tpu.spec] (a Compute Engine job's [tpu.compute_spec.instance]) is there to make a spare again
     # from: a dead idle one is deleted and created again
     spares_remade: bool = False
+    # the config table a node of the job's pool is made again from, as messages name it
+    spec_table: str = "[tpu.spec]"
     # the pool's nodes are MIGs (tpu.mig): one is made again in place, by recreating its
     # instances (the MIG stays), and one gone is never inserted again
     spares_in_place: bool = False
@@ -160,6 +162,7 @@ class PolicyConfig:
             spares_remade=pooled and bool(cfg.tpu["spec"] or (cfg.tpu["compute_spec"] or {}).get("instance")
                                           or cfg.tpu.get("mig")),
             spares_in_place=pooled and bool(cfg.tpu.get("mig")),
+            spec_table="[tpu.compute_spec.instance]" if cfg.tpu["api"] == "compute" else "[tpu.spec]",
             priority=priority,
             spare_pool=str(cfg.tpu["spare_pool"]),
             slices_remade=(bool(cfg.tpu["names"]) and not cfg.tpu["queued_resource"] and bool(cfg.tpu["spec"])
