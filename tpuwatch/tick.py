@@ -71,6 +71,7 @@ from tpuwatch.policy.observe import (
     probes_due,
     queued_due,
 )
+from tpuwatch.policy.owed import stopped as owed_stopped
 from tpuwatch.policy.pool import POOL_LABEL, idle_in
 from tpuwatch.policy.pool import said as pool_said
 from tpuwatch.policy.pool import still_remaking as pool_still_remaking
@@ -405,7 +406,13 @@ class Reconciler:
             if isinstance(action, Launch) and node is not None:
                 st.done.append(self._launch(node, action))
             elif isinstance(action, StopWorkers):
-                st.done.append(self._stop(node, action))
+                text, clean = self._stop(st.read.get(action.node) if action.node else node, action)
+                st.done.append(text)
+                if clean and action.settles:  # the stop a move owed there is done (policy/owed.py)
+                    mem = owed_stopped(st.acted.memory, action.settles)
+                    with self.journal.transaction():
+                        self.journal.save_memory(mem)
+                    st.acted = replace(st.acted, memory=mem)
             elif isinstance(action, DeleteNode):
                 st.done.append(self._delete(action, decision.memory, node, st.now))
             elif isinstance(action, CreateNode):
@@ -596,28 +603,30 @@ class Reconciler:
         results = self.ports.workers.launch(node, action.attempt, action.checkpoint, clean=True)
         return launch_line(action, results, megascale_note(node))
 
-    def _stop(self, node: NodeSnapshot | None, action: StopWorkers) -> str:
+    def _stop(self, node: NodeSnapshot | None, action: StopWorkers) -> tuple[str, bool]:
+        """What the stop did, and whether every worker it reached stopped."""
         if action.blocked or node is None:  # the policy saw the workers cannot be reached
-            return f"did not stop workers: {action.blocked or 'node is missing'} ({action.reason})"
+            return f"did not stop workers: {action.blocked or 'node is missing'} ({action.reason})", False
         results = self.ports.workers.stop(node, wait=action.wait)
         failed = [r for r in results if not r.ok]
         done = len(results) - len(failed)
         stopping = [r for r in results if r.ok and r.stopping]
         killed = [r for r in results if r.ok and r.killed]
+        on = f"{done}/{len(results)} workers" + (f" of {action.node}" if action.node else "")
         if stopping:  # not waited for: say what is true now, not what will be
             grace = max(r.grace for r in stopping)
-            text = (f"asked the job to stop (SIGTERM) on {done}/{len(results)} workers: {action.reason}; still "
+            text = (f"asked the job to stop (SIGTERM) on {on}: {action.reason}; still "
                     f"running on {_listed(stopping)}, killed after {human(grace)} (recovery.stop_grace) "
                     "unless they exit first")
         elif killed:
             grace = max(r.grace for r in killed)
-            text = (f"stopped the job on {done}/{len(results)} workers: {action.reason}; {_listed(killed)} "
+            text = (f"stopped the job on {on}: {action.reason}; {_listed(killed)} "
                     f"ignored SIGTERM for {human(grace)} (recovery.stop_grace) and were killed")
         else:
-            text = f"stopped the job on {done}/{len(results)} workers: {action.reason}"
+            text = f"stopped the job on {on}: {action.reason}"
         if failed:
             text += "; " + "; ".join(f"w{r.worker}: {r.describe()}" for r in failed)
-        return text
+        return text, not failed
 
     def _create(self, action: CreateNode, mem: Memory, now: datetime) -> tuple[str, Memory]:
         """Start the create (CreateRejected when refused at the call); journal its operation."""

@@ -106,7 +106,8 @@ ROWS: tuple[Row, ...] = (
         "a node another job lent it: `take` binds that one and keeps its lender); never a node a person deleted "
         "(`node_missing`)",
         "journal the spare in the lost slice's place (its slice id); a disruption, not charged: stop the attempt on "
-        "the slices still up and relaunch at once on the spare and the others from the newest complete checkpoint "
+        "the slices still up (a MIG's VMs still running too: that stop is owed, journaled with the swap, until done, "
+        "so a watcher killed first does it before anything else) and relaunch at once on the spare and the others from the newest complete checkpoint "
         "(MEGASCALE_* set by tpuwatch); a slice left out is grown back onto at the next checkpoint (`grow`). No "
         "delete or create; the node swapped out is a spare once READY+HEALTHY again (a VM Google deleted, owned "
         "as last seen, with the audit log's word for it, is made again: `spare_remake`)"),

@@ -314,6 +314,10 @@ class Limp:
     # again (only these are ever created), the next create no sooner than `pool_remake_at`
     pool_remaking: tuple[str, ...] = ()
     pool_remake_at: datetime | None = None
+    # nodes the job moved off while an attempt of it may still run there, until the tick has
+    # stopped it there (policy/owed.py): journaled with the move, so a watcher killed before
+    # that stop stops it there before anything else
+    unstopped: tuple[str, ...] = ()
 
     def node_of(self, slot: str) -> str:
         """The node slot `slot` runs on: its spare when swapped, else the slot's own node."""

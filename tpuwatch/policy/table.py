@@ -15,7 +15,8 @@ How a decision is found, in order:
    condition picks the handler: NODE_HANDLERS (policy/usable.py, policy/recovery.py). Each
    handler ends a running attempt first when the node can no longer carry it, then decides for
    the node. A decision that does nothing else makes a dead spare again (`spares.remake`). A job
-   with a priority lends, takes, asks for and hands back nodes (policy/priority.py).
+   with a priority lends, takes, asks for and hands back nodes (policy/priority.py). A node the
+   job moves off is owed a stop until one is done there (policy/owed.py).
 Every Decision names the row that made it (`Decision.row`, one of ROWS); the handlers gather it
 in a `Draft` (policy/draft.py).
 """
@@ -26,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 
-from tpuwatch.policy import google, limp, pool, priority, spares
+from tpuwatch.policy import google, limp, owed, pool, priority, spares
 from tpuwatch.policy.alerts import checkpoint_stale
 from tpuwatch.policy.draft import Draft, worker_list
 from tpuwatch.policy.early import early_refused
@@ -127,6 +128,8 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
             actions = tuple(replace(a, wait=True) if probe_after and isinstance(a, StopWorkers) else a
                             for a in decision.actions)
             decision = replace(decision, probe_after=probe_after, actions=actions)
+    # a node the job moves off is stopped before the job runs elsewhere, even across a kill
+    decision = owed.carry(draft, mem, decision)
     # What the tick did on a schedule, and the warning it tells people, journaled with the decision
     # (an ended job's memory stays as it ended: nothing is scheduled for it any more).
     if mem.phase not in TERMINAL:

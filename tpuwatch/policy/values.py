@@ -258,7 +258,8 @@ class Launch:
 
 @dataclass(frozen=True)
 class StopWorkers:
-    """Stop the job's process group on every worker (SIGTERM, stop_grace, SIGKILL).
+    """Stop the job's process group on every worker (SIGTERM, stop_grace, SIGKILL): of the job's
+    node, or of `node`.
 
     `blocked`: why no stop can be done in this tick (the workers cannot be reached); the tick
     then only says so. What they left is stopped when they answer again (`stale_workers`) or
@@ -270,6 +271,11 @@ class StopWorkers:
     reason: str
     blocked: str = ""
     wait: bool = True
+    # another node of the job's pool than the one it runs on (a node it moved off: policy/owed.py)
+    node: str = ""
+    # the nodes whose owed stop (Memory.limp.unstopped) this stop settles once every worker it
+    # reached has stopped
+    settles: tuple[str, ...] = ()
     kind: ClassVar[str] = "stop"
 
 

@@ -1,0 +1,68 @@
+"""Stops owed on the nodes a job moved off: never two attempts of one job alive at once.
+
+A decision that moves a job off a node it ran on (a swap onto a spare, a move ahead of a
+maintenance, a slice left out, a node lent to another job) stops the job there, then launches
+elsewhere. The move is journaled before the stop is sent: a watcher killed in between would
+leave the older attempt running on the node it left (a MIG's VMs still running beside its
+preempted one; a node moved off before its maintenance, whole and READY), while the next tick
+launches on the new one. So each such node is owed a stop (`Limp.unstopped`), journaled with the
+move, until the tick has done one there (`stopped`); until then every decision stops the job
+there first (`carry`). An owed node that no longer runs anything of the job (it cannot be reached,
+is gone or made again, holds a slot of the job again) or that the job no longer owns (lent,
+claimed: a stop there would also stop the device holders of the job now on it) is dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tpuwatch.model import NodeSnapshot
+from tpuwatch.policy.draft import Draft
+from tpuwatch.policy.state import Memory
+from tpuwatch.policy.values import Decision, StopWorkers
+
+
+def carry(draft: Draft, before: Memory, decision: Decision) -> Decision:
+    """`decision` with the stops it owes: the nodes it moves the job off that its own stop of the
+    job's workers settles, journaled as owed with it; and, before its other actions, a stop on
+    each node an earlier move still owes one (the watcher stopped before that move's stop)."""
+    cfg = draft.cfg
+    if not cfg.slices:
+        return decision
+    after = decision.memory.limp
+    kept = set(after.kept(cfg.slices))
+    seen = _seen(draft, before)
+    stops = [a for a in decision.actions if isinstance(a, StopWorkers) and not a.node and not a.blocked]
+    left = [n for n in before.limp.kept(cfg.slices) if n not in kept and _runs(seen.get(n), cfg.job)]
+    owed = [n for n in after.unstopped if n not in kept and n not in left and _runs(seen.get(n), cfg.job)]
+    settle = left if stops else []
+    pending = tuple(dict.fromkeys((*owed, *settle)))
+    if pending == after.unstopped and not owed and not settle:
+        return decision
+    first = tuple(StopWorkers(f"the job moved off {n}; the stop there was never done (the watcher stopped first)",
+                              node=n, settles=(n,)) for n in owed)
+    actions = (*first, *(replace(a, settles=tuple(settle)) if a in stops and settle else a for a in decision.actions))
+    summary = decision.summary + (f"; first stopping the older attempt still on {', '.join(owed)}" if owed else "")
+    mem = replace(decision.memory, limp=replace(after, unstopped=pending))
+    return replace(decision, actions=actions, memory=mem, summary=summary)
+
+
+def stopped(mem: Memory, nodes: tuple[str, ...]) -> Memory:
+    """The memory once the tick has stopped the job on `nodes` (a StopWorkers' `settles`)."""
+    left = tuple(n for n in mem.limp.unstopped if n not in nodes)
+    return mem if left == mem.limp.unstopped else replace(mem, limp=replace(mem.limp, unstopped=left))
+
+
+def _runs(part: NodeSnapshot | None, job: str) -> bool:
+    """Something of the job may still run on `part`: it can be reached and is still the job's."""
+    return part is not None and part.reachable and part.owned_by(job)
+
+
+def _seen(draft: Draft, mem: Memory) -> dict[str, NodeSnapshot | None]:
+    """The pool's nodes as this tick read them, by name: the job's slices, those left out, spares."""
+    obs = draft.obs
+    seen: dict[str, NodeSnapshot | None] = dict(obs.spares)
+    seen.update((mem.limp.node_of(slot), part) for slot, part in zip(mem.limp.out, obs.left_out, strict=False))
+    if obs.node is not None:
+        seen.update((p.name, p) for p in obs.node.slices or (obs.node,))
+    return seen
