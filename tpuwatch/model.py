@@ -119,6 +119,9 @@ class NodeSnapshot:
     # it is doing now ("" when no instance of it has a current action)
     repairs_itself: bool = False
     repair_under_way: str = ""
+    # ... and whether that repair shows only as the MIG not stable yet, every VM running and none
+    # with an action: the end of a repair, read across calls; waited for up to repair_timeout
+    repair_settling: bool = False
     # A Compute Engine MIG's target size: how many VMs the slice has when whole (a spare MIG of
     # another size is of another shape, whatever its machine type)
     target_size: int = 0
@@ -274,7 +277,8 @@ def combine_slices(name: str, nodes: Sequence[NodeSnapshot | None]) -> NodeSnaps
         view = replace(view, resource=first.resource, pending_stop=first.pending_stop,
                        google_deletes=first.google_deletes, google_deletes_at=first.google_deletes_at,
                        google_deleting=first.google_deleting, auto_restart=first.auto_restart,
-                       repairs_itself=first.repairs_itself, repair_under_way=first.repair_under_way)
+                       repairs_itself=first.repairs_itself, repair_under_way=first.repair_under_way,
+                       repair_settling=first.repair_settling)
     return view
 
 

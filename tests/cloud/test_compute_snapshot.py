@@ -193,7 +193,7 @@ def test_an_unstable_mig_whose_instances_all_run_with_no_action_is_settling_a_re
     end of the MIG's own repair, under way, so that it is never recreated past repair_timeout."""
     vms = four()
     node = mig_snapshot(mig(stable=False), [managed(v) for v in vms], vms, project=P, zone=Z)
-    assert node.state == "REPAIRING" and "settling" in node.repair_under_way, node
+    assert node.state == "REPAIRING" and "settling" in node.repair_under_way and node.repair_settling, node
     down = four()
     down[1] = instance("slice-b", "TERMINATED", ident=2)  # a VM stopped, not the MIG's doing: not under way
     node = mig_snapshot(mig(stable=False), [managed(v) for v in down], down, project=P, zone=Z)
@@ -283,6 +283,7 @@ def test_a_preempted_spot_vm_in_a_mig_that_repairs_is_waited_for(on_failure: str
     parts = [managed(v, "RECREATING" if v.name == "slice-d" else "NONE") for v in vms]
     node = mig_snapshot(mig(stable=False, on_failure=on_failure), parts, vms, project=P, zone=Z)
     assert node.state == "REPAIRING" and node.repair_under_way == "MIG acting on slice-d: RECREATING"
+    assert not node.repair_settling  # an action under way: waited for as long as it lasts
 
 
 @pytest.mark.parametrize(("statuses", "state", "cond"), [

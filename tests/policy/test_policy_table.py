@@ -423,6 +423,24 @@ def test_row_mig_repair_wait() -> None:
     assert idle_mig.row == "repair_timeout" and kinds(idle_mig) == ["delete"]
 
 
+def test_a_mig_only_settling_is_waited_for_up_to_repair_timeout_from_its_first_sight_so() -> None:
+    # not stable with every VM running and none with an action: the end of the MIG's own repair,
+    # read across calls, seconds long; one that lasts repair_timeout is no repair, and is recreated
+    m = idle(phase=Phase.WAITING_NODE, repair=Repair(unhealthy_since=at(0)))
+    settling = node("REPAIRING", repairs_itself=True, repair_under_way="MIG not stable, every instance running: "
+                    "the MIG settling", repair_settling=True)
+    d = tick(obs(settling), m, now=3000)
+    assert d.row == "mig_repair_wait" and d.memory.repair.settling_since == at(3000), d.summary
+    still = tick(obs(settling), d.memory, now=3000 + 599)
+    assert still.row == "mig_repair_wait"
+    over = tick(obs(settling), still.memory, now=3600)
+    assert over.row == "repair_timeout" and kinds(over) == ["delete"], over.summary
+    assert "not stable for 10m00s" in over.summary
+    # stable again, then settling once more: a new first sight
+    healed = tick(obs(node()), over.memory, now=3601)
+    assert healed.memory.repair.settling_since is None
+
+
 @pytest.mark.parametrize("state", ["PREEMPTED", "TERMINATED"])
 def test_a_dead_vm_in_a_mig_that_repairs_by_itself_is_waited_for(state: str) -> None:
     # a Spot VM of a MIG with defaultActionOnFailure REPAIR: Google recreates it (same name)

@@ -39,7 +39,7 @@ def create(draft: Draft, mem: Memory, zone_try: int, row: str, why: str) -> Deci
     zone = draft.cfg.zones[zone_try]
     mem = move(mem, Phase.CREATING, zone=zone,
                recreate=replace(mem.recreate, pending_op=None, op_started=None, zone_try=zone_try, retry_at=None),
-               repair=replace(mem.repair, unhealthy_since=None, unknown_since=None))
+               repair=mem.repair.over())
     return draft.out(mem, row, why, create_node(draft, mem, zone, why))
 
 
@@ -101,7 +101,7 @@ def deleting(draft: Draft, mem: Memory) -> Decision:
     if mem.recreate.deleting_node_id and node.id != mem.recreate.deleting_node_id:
         # a new node: its repair, if any, is timed from now, not from the one deleted
         mem = move(mem, Phase.IDLE, recreate=replace(mem.recreate, pending_op=None, op_started=None, deleting_node_id=""),
-                   repair=replace(mem.repair, unhealthy_since=None, unknown_since=None))
+                   repair=mem.repair.over())
         return draft.out(mem, "deleting", f"{draft.subject} was replaced (id {node.id}) while tpuwatch deleted it; "
                                           "following the new node", Wait(None, "node replaced"))
     overdue = operation_overdue(draft, mem, "delete")
@@ -188,7 +188,7 @@ def created(draft: Draft, mem: Memory, node: NodeSnapshot) -> Decision:
     mem = move(mem, Phase.IDLE, zone=node.zone or mem.zone,
                recreate=replace(mem.recreate, pending_op=None, op_started=None, zone_try=0, queued_since=None, queue_tries=0,
                                 retry_at=None, deleting_node_id=""),
-               repair=replace(mem.repair, unhealthy_since=None, unknown_since=None))
+               repair=mem.repair.over())
     return draft.out(mem, "created", f"{draft.subject} exists in {mem.zone} (id {node.id}, {node.state}); "
                                      "the job resumes once it is READY+HEALTHY", Wait(None, "node created"))
 

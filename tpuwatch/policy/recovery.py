@@ -57,7 +57,8 @@ def repairing(draft: Draft, mem: Memory) -> Decision:
         mem, final = end_unusable(draft, mem)
         if final is not None:
             return final
-    mem = replace(mem, repair=replace(mem.repair, unknown_since=unknown))
+    settling = (mem.repair.settling_since or now) if node.repair_settling else None
+    mem = replace(mem, repair=replace(mem.repair, unknown_since=unknown, settling_since=settling))
     waited = secs(now - since)
     grace = min(FAILED_REPAIR_GRACE, cfg.repair_timeout)
     if unknown is not None and secs(now - unknown) >= grace:
@@ -92,13 +93,19 @@ def repairing(draft: Draft, mem: Memory) -> Decision:
         return draft.out(mem, row, f"node {what} since {since.isoformat()}; waiting for it to heal until "
                                    f"{until.isoformat()} ({limit})", Wait(until, f"node {what}"))
     why = f"node {what} for {human(waited)}, longer than recovery.repair_timeout ({human(cfg.repair_timeout)})"
-    if known and node.repair_under_way:
+    under_way = node.repair_under_way
+    if settling is not None and secs(now - settling) >= cfg.repair_timeout:
+        # a repair ends in seconds: a MIG not stable that long with nothing under way is not one
+        under_way = ""
+        why += (f"; the MIG not stable for {human(secs(now - settling))} with every VM running and none with an "
+                "action: no repair of its own is ending")
+    if known and under_way:
         # The MIG is still making its VMs again: a recreate now would recreate what it is
         # recreating. Past its repair (the MIG idle, the slice still down) the next tick recreates.
         mem = move(mem, Phase.WAITING_NODE, reason=f"node {what}", repair=replace(mem.repair, unhealthy_since=since))
-        return draft.out(mem, "mig_repair_wait", f"{why}, but {node.repair_under_way}: waiting for the MIG's own "
+        return draft.out(mem, "mig_repair_wait", f"{why}, but {under_way}: waiting for the MIG's own "
                                                  "repair to end before recreating anything",
-                         Wait(None, node.repair_under_way))
+                         Wait(None, under_way))
     if not known:
         return draft.halt(replace(mem, repair=replace(mem.repair, unhealthy_since=since)), "unknown_state",
                           f"{why}; tpuwatch does not know state {node.state} and will not delete the node")
@@ -181,7 +188,7 @@ def person(draft: Draft, mem: Memory) -> Decision:
         return compute_stopped(draft, mem, why)
     why = f"node is {node.state}: a person stopped it; leaving it alone until it is READY again"
     return draft.out(move(mem, Phase.PAUSED, reason=why,
-                          repair=replace(mem.repair, unhealthy_since=None, unknown_since=None)),
+                          repair=mem.repair.over()),
                      "person_stopped", why, Wait(None, why))
 
 

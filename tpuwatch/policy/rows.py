@@ -70,7 +70,8 @@ ROWS: tuple[Row, ...] = (
     Row("mig_repair_wait", "still not healthy after repair_timeout while the MIG is making its VMs again (a "
         "current action CREATING, RECREATING, ..., or short of its target size)",
         "keep waiting, never recreateInstances of VMs the MIG is recreating; once the MIG is idle and the slice "
-        "still not READY: repair_timeout"),
+        "still not READY: repair_timeout (a MIG not stable though every VM runs with no action, the end of its "
+        "repair read across calls, is waited for up to repair_timeout from its first sight so)"),
     Row("autorepair_wait", "a slice of a multislice queued resource is missing or being created, or the others "
         "restart after it was replaced, while the request stays ACTIVE: Cloud TPU's multislice autorepair replaces "
         "it, waiting for hardware if needed",

@@ -158,8 +158,14 @@ class Repair:
     unhealthy_since: datetime | None = None
     # when a tick first saw the node in UNKNOWN with no health, the API's state after a failed repair
     unknown_since: datetime | None = None
+    # when a tick first saw a MIG's repair only settling (not stable, every VM running, no action)
+    settling_since: datetime | None = None
     # environment checks (tpuwatch.workers.precheck) failing before a launch, since when (not charged)
     env_failing_since: datetime | None = None
+
+    def over(self) -> Repair:
+        """The node's repair over (healed, or replaced): its times forgotten, the environment's kept."""
+        return Repair(env_failing_since=self.env_failing_since)
 
 
 @dataclass(frozen=True)

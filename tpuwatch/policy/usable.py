@@ -45,7 +45,7 @@ def usable(draft: Draft, mem: Memory) -> Decision:
     node = draft.obs.node
     assert node is not None
     if mem.repair.unhealthy_since is not None or mem.repair.unknown_since is not None:
-        mem = replace(mem, repair=replace(mem.repair, unhealthy_since=None, unknown_since=None))
+        mem = replace(mem, repair=mem.repair.over())
     if mem.phase in (Phase.WAITING_NODE, Phase.PAUSED, Phase.HALTED):
         draft.notes.append(f"{draft.subject} is READY+HEALTHY")
         # A notice's hold ends too: the node went down and came back.

@@ -367,6 +367,7 @@ def mig_snapshot(mig: Any, managed: Sequence[Any], instances: Sequence[Any], *, 
         resource=f"projects/{project}/{f'regions/{region}' if region else f'zones/{zone}'}/instanceGroupManagers/{mig.name}",
         kind="mig",
         repairs_itself=repairs_itself(mig), repair_under_way=mig_acting(mig, managed) or settling(doing, ordered),
+        repair_settling=not mig_acting(mig, managed) and bool(settling(doing, ordered)),
         pending_stop=any(pending_stop(i) for i in ordered), target_size=int(mig.target_size),
         boots_job=any(boots_job(i) for i in ordered), worker_states=tuple(instance_state(i) for i in ordered),
     )
