@@ -46,6 +46,15 @@ API_KEYS: dict[str, dict[str, str]] = {
                       "place (tpu.queued_resource): remove it",
     },
 }
+# The table a job's node is made again from, as messages name it: api -> [tpu.spec] or its like
+SPEC_TABLES: dict[str, str] = {"tpu": "[tpu.spec]", "compute": "[tpu.compute_spec.instance]"}
+
+
+def spec_table(tpu: Mapping[str, Any]) -> str:
+    """The table a node of the job whose [tpu] table is `tpu` is made again from (SPEC_TABLES)."""
+    return SPEC_TABLES[str(tpu["api"])]
+
+
 # Keys of other sections only one API takes: "section.key" -> (the API, what another API's job is told)
 API_ONLY: dict[str, tuple[str, str]] = {
     "recovery.report_faulty_hosts": (

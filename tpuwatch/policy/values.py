@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from tpuwatch import zonespec
+from tpuwatch import tpuconfig, zonespec
 from tpuwatch.errors import ConfigError, JobFailed
 from tpuwatch.model import (
     AuditEvent,
@@ -162,7 +162,7 @@ class PolicyConfig:
             spares_remade=pooled and bool(cfg.tpu["spec"] or (cfg.tpu["compute_spec"] or {}).get("instance")
                                           or cfg.tpu.get("mig")),
             spares_in_place=pooled and bool(cfg.tpu.get("mig")),
-            spec_table="[tpu.compute_spec.instance]" if cfg.tpu["api"] == "compute" else "[tpu.spec]",
+            spec_table=tpuconfig.spec_table(cfg.tpu),
             priority=priority,
             spare_pool=str(cfg.tpu["spare_pool"]),
             slices_remade=(bool(cfg.tpu["names"]) and not cfg.tpu["queued_resource"] and bool(cfg.tpu["spec"])
