@@ -63,6 +63,7 @@ def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # a headless browser: about 20 s on 2 busy cores
 @pytest.mark.timeout(300)
 def test_the_html_timeline_draws_in_a_headless_browser_without_network(tmp_path: Path) -> None:
     pytest.importorskip("plotly", reason="the `report` extra (plotly) is not installed")
