@@ -55,6 +55,17 @@ def test_a_watcher_killed_before_the_swaps_stop_stops_the_older_attempt_on_the_m
     first = d.actions[0]
     assert isinstance(first, StopWorkers) and (first.node, first.settles, first.wait) == ("pod", ("pod",), True)
     assert d.memory.limp.unstopped == ("pod",) and "first stopping the older attempt still on pod" in d.summary
+    # not settled (the stop failed), and the job runs on the spare meanwhile: stopped again, not
+    # waited for, so a node slow to answer does not hold up the ticks that follow the job
+    on = replace(mem, phase=Phase.RUNNING, attempt=replace(mem.attempt, number=2))
+    spare = mig("sp", "READY", "READY")
+    follow = tick(Observation(node=combine_slices("pod", [spare]), spares=(("pod", mig("pod", "PREEMPTED", "READY")),),
+                              probes=(WorkerProbe(0, "running", attempt=2, pid=8), WorkerProbe(1, "running", attempt=2,
+                                                                                             pid=9)),
+                              checkpoint=ckpt(200)), on, 800, cfg=ONE)
+    again_stop = follow.actions[0]
+    assert isinstance(again_stop, StopWorkers) and again_stop.node == "pod" and not again_stop.wait, kinds(follow)
+    assert not any(isinstance(a, Launch) for a in follow.actions)
     # settled by the tick once done: the next decision stops nothing there
     done = stopped(d.memory, ("pod",))
     again = tick(after_the_kill(mig("pod", "PREEMPTED", "READY")), replace(done, phase=Phase.IDLE), 701,

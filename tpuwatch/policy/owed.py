@@ -7,7 +7,7 @@ leave the older attempt running on the node it left (a MIG's VMs still running b
 preempted one; a node moved off before its maintenance, whole and READY), while the next tick
 launches on the new one. So each such node is owed a stop (`Limp.unstopped`), journaled with the
 move, until the tick has done one there (`stopped`); until then every decision stops the job
-there first (`carry`). An owed node that no longer runs anything of the job (it cannot be reached,
+there first (`carry`), waited for when the decision launches. An owed node that no longer runs anything of the job (it cannot be reached,
 is gone or made again, holds a slot of the job again) or that the job no longer owns (lent,
 claimed: a stop there would also stop the device holders of the job now on it) is dropped.
 """
@@ -19,7 +19,7 @@ from dataclasses import replace
 from tpuwatch.model import NodeSnapshot
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.state import Memory
-from tpuwatch.policy.values import Decision, StopWorkers
+from tpuwatch.policy.values import Decision, Launch, StartMaintenance, StopWorkers
 
 
 def carry(draft: Draft, before: Memory, decision: Decision) -> Decision:
@@ -39,8 +39,11 @@ def carry(draft: Draft, before: Memory, decision: Decision) -> Decision:
     pending = tuple(dict.fromkeys((*owed, *settle)))
     if pending == after.unstopped and not owed and not settle:
         return decision
+    # waited for only before a launch (or a maintenance) that needs it gone: a tick that only
+    # follows the job elsewhere is not held up by a node that is slow to answer
+    wait = any(isinstance(a, (Launch, StartMaintenance)) for a in decision.actions)
     first = tuple(StopWorkers(f"the job moved off {n}; the stop there was never done (the watcher stopped first)",
-                              node=n, settles=(n,)) for n in owed)
+                              wait=wait, node=n, settles=(n,)) for n in owed)
     actions = (*first, *(replace(a, settles=tuple(settle)) if a in stops and settle else a for a in decision.actions))
     summary = decision.summary + (f"; first stopping the older attempt still on {', '.join(owed)}" if owed else "")
     mem = replace(decision.memory, limp=replace(after, unstopped=pending))
