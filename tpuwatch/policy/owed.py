@@ -39,9 +39,11 @@ def carry(draft: Draft, before: Memory, decision: Decision) -> Decision:
     pending = tuple(dict.fromkeys((*owed, *settle)))
     if pending == after.unstopped and not owed and not settle:
         return decision
-    # waited for only before a launch (or a maintenance) that needs it gone: a tick that only
-    # follows the job elsewhere is not held up by a node that is slow to answer
-    wait = any(isinstance(a, (Launch, StartMaintenance)) for a in decision.actions)
+    # waited for only before a launch (or a maintenance) that needs it gone, in this decision or
+    # the one the tick makes after it: a tick that only follows the job elsewhere is not held up
+    # by a node that is slow to answer
+    wait = (decision.probe_after or decision.decide_again
+            or any(isinstance(a, (Launch, StartMaintenance)) for a in decision.actions))
     first = tuple(StopWorkers(f"the job moved off {n}; the stop there was never done (the watcher stopped first)",
                               wait=wait, node=n, settles=(n,)) for n in owed)
     actions = (*first, *(replace(a, settles=tuple(settle)) if a in stops and settle else a for a in decision.actions))
