@@ -216,6 +216,8 @@ class Journal:
                 raise NotFoundError(f"no journal for job {job!r} at {path}")
             conn = _connect(path, readonly=True)
             try:
+                if _is_empty(conn, path):  # a writer is creating it (or was killed before its tables)
+                    raise NotFoundError(f"no journal for job {job!r} at {path} yet (being created)")
                 found = _validate(conn, path, job, tpu_name)
             except BaseException:
                 conn.close()

@@ -336,6 +336,10 @@ def test_journal_of_another_tpu_is_refused_and_left_alone(tmp_path: Path) -> Non
 
 def test_interrupted_creation_starts_afresh(tmp_path: Path) -> None:
     (tmp_path / "job.db").touch(mode=0o600)  # killed after creating the file, before the schema
+    # a reader meanwhile (`status` as `watch` starts): no journal yet, not a corrupt one
+    with pytest.raises(NotFoundError, match="being created"):
+        Journal.open(tmp_path, "job", None, readonly=True)
+    assert (tmp_path / "job.db").stat().st_size == 0
     with _open(tmp_path) as j:
         assert j.load_memory() is None
         with j.transaction():
