@@ -90,6 +90,9 @@ class JobRunner:
         self.thread = threading.Thread(target=self._run, name=f"tpuwatch-job-{path.stem}", daemon=True)
         self.job: Job | None = None
         self._woken = threading.Event()  # ends the Pacer's follow wait
+        # the watcher's pools as this job's config was checked against them (Fleet.pools, a new
+        # dict each time the pool files change): a config error on older pools is retried
+        self.pools_checked: dict[str, pools.Pool] | None = None
 
     @property
     def done(self) -> bool:
@@ -123,7 +126,8 @@ class JobRunner:
         fleet = self.fleet
         job = load_job(self.path, fleet.options.project, fleet.options.zone)
         self._set(name=job.name)
-        pools.check_job(fleet.pools, job)  # the spare pool it names is one of this watcher's
+        self.pools_checked = fleet.pools
+        pools.check_job(self.pools_checked, job)  # the spare pool it names is one of this watcher's
         fleet.claim(job.name, self.path)
         self.job = job
         dry_run = fleet.options.flags.dry_run
@@ -297,7 +301,11 @@ class Fleet:
             if runner.done:
                 del self.runners[path]
                 if path in now and path not in self._restart:
-                    self.ended[path] = runner.state
+                    if (runner.state.status == "config_error" and runner.pools_checked is not None
+                            and runner.pools_checked != self.pools):
+                        self._restart.add(path)  # checked against pools that have changed since
+                    else:
+                        self.ended[path] = runner.state
         if pools_changed:  # a job that named a pool not there yet starts again with the pools as they are now
             self._restart.update(p for p, st in self.ended.items() if st.status == "config_error")
         for path in list(self._restart):
