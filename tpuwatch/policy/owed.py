@@ -15,11 +15,12 @@ claimed: a stop there would also stop the device holders of the job now on it) i
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TypeGuard
 
 from tpuwatch.model import NodeSnapshot
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.state import Memory
-from tpuwatch.policy.values import Decision, Launch, StartMaintenance, StopWorkers
+from tpuwatch.policy.values import Action, Decision, Launch, StartMaintenance, StopWorkers
 
 
 def carry(draft: Draft, before: Memory, decision: Decision) -> Decision:
@@ -32,12 +33,10 @@ def carry(draft: Draft, before: Memory, decision: Decision) -> Decision:
     after = decision.memory.limp
     kept = set(after.kept(cfg.slices))
     seen = _seen(draft, before)
-    stops = [a for a in decision.actions if isinstance(a, StopWorkers) and not a.node and not a.blocked]
     left = [n for n in before.limp.kept(cfg.slices) if n not in kept and _runs(seen.get(n), cfg.job)]
     owed = [n for n in after.unstopped if n not in kept and n not in left and _runs(seen.get(n), cfg.job)]
-    settle = left if stops else []
-    pending = tuple(dict.fromkeys((*owed, *settle)))
-    if pending == after.unstopped and not owed and not settle:
+    settle = left if any(_stops_job(a) for a in decision.actions) else []
+    if not (owed or settle or after.unstopped):
         return decision
     # waited for only before a launch (or a maintenance) that needs it gone, in this decision or
     # the one the tick makes after it: a tick that only follows the job elsewhere is not held up
@@ -46,9 +45,10 @@ def carry(draft: Draft, before: Memory, decision: Decision) -> Decision:
             or any(isinstance(a, (Launch, StartMaintenance)) for a in decision.actions))
     first = tuple(StopWorkers(f"the job moved off {n}; the stop there was never done (the watcher stopped first)",
                               wait=wait, node=n, settles=(n,)) for n in owed)
-    actions = (*first, *(replace(a, settles=tuple(settle)) if a in stops and settle else a for a in decision.actions))
+    actions = (*first, *(replace(a, settles=tuple(settle)) if settle and _stops_job(a) else a
+                         for a in decision.actions))
     summary = decision.summary + (f"; first stopping the older attempt still on {', '.join(owed)}" if owed else "")
-    mem = replace(decision.memory, limp=replace(after, unstopped=pending))
+    mem = replace(decision.memory, limp=replace(after, unstopped=tuple(dict.fromkeys((*owed, *settle)))))
     return replace(decision, actions=actions, memory=mem, summary=summary)
 
 
@@ -56,6 +56,11 @@ def stopped(mem: Memory, nodes: tuple[str, ...]) -> Memory:
     """The memory once the tick has stopped the job on `nodes` (a StopWorkers' `settles`)."""
     left = tuple(n for n in mem.limp.unstopped if n not in nodes)
     return mem if left == mem.limp.unstopped else replace(mem, limp=replace(mem.limp, unstopped=left))
+
+
+def _stops_job(action: Action) -> TypeGuard[StopWorkers]:
+    """`action` stops the job on the nodes it runs on (not on another node), and can."""
+    return isinstance(action, StopWorkers) and not action.node and not action.blocked
 
 
 def _runs(part: NodeSnapshot | None, job: str) -> bool:

@@ -342,6 +342,7 @@ def mig_snapshot(mig: Any, managed: Sequence[Any], instances: Sequence[Any], *, 
     still known. `region`: a regional MIG's (its instances in `zone`)."""
     ordered, _ = in_worker_order(instances)
     state, doing = mig_state(mig, managed, ordered)
+    ending = settling(doing, ordered)  # only with no action under way (mig_state's NOT_STABLE)
     notices = [upcoming(i) for i in ordered]
     errors = [f"{short(m.instance) or m.name}: {e.code}: {e.message}" for m in managed
               if "last_attempt" in m and "errors" in m.last_attempt for e in m.last_attempt.errors.errors]
@@ -366,8 +367,8 @@ def mig_snapshot(mig: Any, managed: Sequence[Any], instances: Sequence[Any], *, 
         labels=labels, metadata_keys=tuple(sorted(item.key for item in first.metadata.items)) if first else (),
         resource=f"projects/{project}/{f'regions/{region}' if region else f'zones/{zone}'}/instanceGroupManagers/{mig.name}",
         kind="mig",
-        repairs_itself=repairs_itself(mig), repair_under_way=mig_acting(mig, managed) or settling(doing, ordered),
-        repair_settling=not mig_acting(mig, managed) and bool(settling(doing, ordered)),
+        repairs_itself=repairs_itself(mig), repair_under_way=mig_acting(mig, managed) or ending,
+        repair_settling=bool(ending),
         pending_stop=any(pending_stop(i) for i in ordered), target_size=int(mig.target_size),
         boots_job=any(boots_job(i) for i in ordered), worker_states=tuple(instance_state(i) for i in ordered),
     )
