@@ -76,7 +76,10 @@ class WorkerServer(asyncssh.SSHServer):
         self._worker.conns.add(conn)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._worker.conns.discard(self._conn)
+        # counted gone on the loop's next turn: its sessions' pipes close then (an asyncio pipe
+        # transport closes its fd so), and one who sees it gone must find a command's next write
+        # meeting a closed pipe, as under sshd
+        asyncio.get_running_loop().call_soon(self._worker.conns.discard, self._conn)
 
     def begin_auth(self, username: str) -> bool:
         return True
