@@ -365,7 +365,10 @@ class Reconciler:
             nodes = [n for s in self.pcfg.slices if (n := mem.limp.node_of(s))] or [self.pcfg.tpu_name]
             # and the pool's idle VMs Google may delete itself: its word decides whether one gone
             # is made again (policy/spares.py); each is its own one worker
-            idle = [n for n in (*mem.limp.deletes, *mem.limp.vanished) if n not in nodes]
+            # (the keeper of a spare pool: the pool's too)
+            word = mem.limp.pool_word
+            idle = list(dict.fromkeys(n for n in (*mem.limp.deletes, *mem.limp.vanished, *word.deletes, *word.vanished)
+                                      if n not in nodes))
             instances = self._worker_instances(node)
             if node is None and instances is not None:
                 # a gone VM is its own one worker under its own name, a spare's too when its slot is
@@ -512,16 +515,16 @@ class Reconciler:
     def _remake_pool_spare(self, tpu: TpuApi, action: RemakeSpare, spare: NodeSnapshot | None, zone: str) -> str:
         """Delete an idle spare of the pool only while it is one (its label, no job's: read again
         next to the act), or create it with the pool's label; the operation's name."""
-        if action.create:
-            return recreate.start_pool_create(tpu, self.cfg, action.name, zone, action.pool)
-        now = tpu.read_node(action.name) if isinstance(tpu, NodeLabels) else spare
-        if now is None:
-            raise NotFoundError(f"spare {action.name} is gone")
-        if not idle_in(action.pool, now):
-            raise NotFoundError(f"spare {action.name} is no longer an idle spare of pool {action.pool} (its labels "
-                                f"say job {now.owner or 'none'}, pool {now.labels.get(POOL_LABEL, 'none')})")
-        recreate.check_before_delete(self.cfg, zone)  # a body the cloud would refuse: exit 2, not deleted
-        # recorded in the state dir before the delete: whichever job keeps the pool next creates it
+        if not action.create:
+            now = tpu.read_node(action.name) if isinstance(tpu, NodeLabels) else spare
+            if now is None:
+                raise NotFoundError(f"spare {action.name} is gone")
+            if not idle_in(action.pool, now):
+                raise NotFoundError(f"spare {action.name} is no longer an idle spare of pool {action.pool} (its labels "
+                                    f"say job {now.owner or 'none'}, pool {now.labels.get(POOL_LABEL, 'none')})")
+            recreate.check_before_delete(self.cfg, zone)  # a body the cloud would refuse: exit 2, not deleted
+        # recorded in the state dir before the delete (or the create of one Google deleted): whichever
+        # job keeps the pool next creates it, should this one end or stop keeping it first
         state_dir = Path(self.cfg.state_dir)
         try:
             with poollock.held(state_dir, action.pool):
@@ -529,7 +532,10 @@ class Reconciler:
                 if action.name not in names:
                     poollock.record(state_dir, action.pool, (*names, action.name))
         except OSError as exc:
-            raise CloudError(f"the pool's record {state_dir} could not be written ({exc}); not deleted") from None
+            raise CloudError(f"the pool's record {state_dir} could not be written ({exc}); not "
+                             f"{'created' if action.create else 'deleted'}") from None
+        if action.create:
+            return recreate.start_pool_create(tpu, self.cfg, action.name, zone, action.pool)
         return tpu.delete_node(action.name)
 
     def _relabel(self, action: Relabel, mem: Memory, now: datetime) -> str:

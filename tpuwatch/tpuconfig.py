@@ -243,25 +243,14 @@ def _compute_spec_fits(t: Mapping[str, Any]) -> None:
 
 
 def _compute_pool(t: Mapping[str, Any]) -> None:
-    """[tpu] spare_pool of a Compute Engine job: on an instance, not one Google deletes itself.
-    A claim or a return relabels the spare (instances.setLabels); a MIG has no labels of its own
-    (its VMs take their template's, and a recreate puts those back). The pool's keeper makes
-    again only an idle spare it deleted itself: one Google deletes (termination action DELETE)
-    looks like a person's deletion and would leave the pool for good."""
-    if not t["spare_pool"]:
-        return
-    if t["mig"]:
+    """[tpu] spare_pool of a Compute Engine job: on an instance. A claim or a return relabels the
+    spare (instances.setLabels); a MIG has no labels of its own (its VMs take their template's,
+    and a recreate puts those back)."""
+    if t["spare_pool"] and t["mig"]:
         raise ConfigError("tpu.spare_pool: not with tpu.mig: a job claims a pool's spare by relabelling it, and a MIG "
                           "has no labels of its own (its VMs take their instance template's, and a recreate puts those "
                           "back); give the job spare MIGs of its own (tpu.spares), or run it on one instance "
                           "(tpu.instance)")
-    scheduling = ((t["compute_spec"] or {}).get("instance") or {}).get("scheduling") or {}
-    if isinstance(scheduling, dict) and scheduling.get("instanceTerminationAction") == "DELETE":
-        raise ConfigError("tpu.spare_pool: not with tpu.compute_spec.instance.scheduling.instanceTerminationAction = "
-                          "\"DELETE\": the pool's spares are made again from this spec, and Google deletes such a VM "
-                          "itself at a preemption, which the pool's keeper cannot tell from a person's deletion of an idle "
-                          "spare, so the pool would lose it for good; use \"STOP\" (a preempted spare stays TERMINATED "
-                          "and the pool's keeper makes it again), or drop tpu.spare_pool")
 
 
 def compute_priority(t: Mapping[str, Any], job: Mapping[str, Any]) -> None:

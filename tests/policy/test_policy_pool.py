@@ -12,7 +12,8 @@ from policy_support import CFG, at, ckpt, limp_part, run_mem, running, tick
 from tpuwatch.model import AuditEvent, NodeSnapshot, WorkerProbe, bound_view
 from tpuwatch.policy import Limp, Memory, Observation, Phase, PolicyConfig, Relabel, RemakeSpare
 from tpuwatch.policy.pool import POOL_LABEL
-from tpuwatch.policy.state import GoogleStop
+from tpuwatch.policy.state import GoogleStop, IdleWord
+from tpuwatch.policy.values import Decision
 
 A = replace(CFG, job="a", tpu_name="apod", slices=("apod",), recreatable=False, spare_pool="v5p", spares_remade=True)
 DOWN = (WorkerProbe(0, "unreachable"), WorkerProbe(1, "unreachable"))
@@ -135,6 +136,75 @@ def test_the_pools_keeper_deletes_a_dead_idle_pool_spare_then_creates_it_labelle
     done = tick(look(A, c.memory, back, probes=running(1), checkpoint=ckpt(300), pool_keeper=True), c.memory, 902,
                 cfg=A)
     assert done.memory.limp.pool_remaking == () and not any(isinstance(a, RemakeSpare) for a in done.actions)
+
+
+def preempted(name: str, t: float) -> AuditEvent:
+    return AuditEvent(time=at(t), kind="terminate", node=name, worker="0", method="compute.instances.preempted",
+                      reason="", insert_id=f"{name}-{t}", resource_name=f"projects/p/zones/z/instances/{name}")
+
+
+def spot(name: str, owner: str | None = None, state: str = "READY") -> NodeSnapshot:
+    """A pool VM Google deletes itself at its preemption (termination action DELETE)."""
+    return replace(part(name, owner, state, "v5p"), kind="instance", google_deletes=True)
+
+
+def keeper(mem: Memory, zone: tuple[NodeSnapshot, ...], now: float, keeps: bool = True, **kw: object) -> Decision:
+    return tick(look(A, mem, zone, probes=running(1), checkpoint=ckpt(300), pool_keeper=keeps, **kw), mem, now, cfg=A)
+
+
+def test_the_keeper_makes_again_an_idle_pool_vm_google_deleted_at_its_preemption_on_the_audit_logs_word() -> None:
+    """An idle spare of the pool whose termination action is DELETE: Google deletes it at its
+    preemption, with no delete of tpuwatch's to record it. The keeper watches it (journaled, as
+    a cron `check` forgets between ticks) and, once it is gone and the audit log says Google
+    preempted it, creates it again labelled the pool's: the pool keeps its size."""
+    mem = run_mem(step=100)
+    seen = keeper(mem, (part("apod", "a"), spot("sp-0"), spot("sp-1", "b")), 900)
+    assert seen.memory.limp.pool_word.deletes == ("sp-0",)  # not sp-1: job b's, watched by b
+    assert not any(isinstance(a, RemakeSpare) for a in seen.actions)
+    # the word read while it stops, then gone: made again
+    going = keeper(seen.memory, (part("apod", "a"), replace(spot("sp-0", state="DELETING"), stopping=True)), 910,
+                   events=(preempted("sp-0", 905),))
+    assert going.memory.limp.pool_word.said == ("sp-0",) and not any(isinstance(a, RemakeSpare) for a in going.actions)
+    gone = keeper(going.memory, (part("apod", "a"),), 940)
+    [create] = [a for a in gone.actions if isinstance(a, RemakeSpare)]
+    assert (gone.row, create.name, create.create, create.pool) == ("spare_remake", "sp-0", True, "v5p")
+    assert "by Google at its preemption): creating it from [tpu.spec] of job a" in create.reason, create.reason
+    assert gone.memory.limp.pool_remaking == ("sp-0",) and gone.memory.limp.pool_word.vanished == ()
+    # back (CREATING): done with it, and watched again as the pool's VM Google may delete
+    back = keeper(gone.memory, (part("apod", "a"), spot("sp-0", state="CREATING")), 950)
+    assert back.memory.limp.pool_remaking == () and back.memory.limp.pool_word.deletes == ("sp-0",)
+    assert back.memory.limp.pool_word.said == ("sp-0",)  # until seen up: a word is about one VM
+    up = keeper(back.memory, (part("apod", "a"), spot("sp-0")), 960)
+    assert up.memory.limp.pool_word.said == () and not any(isinstance(a, RemakeSpare) for a in up.actions)
+    # gone first, the word after (the audit log may be late): waited for, then made again
+    waits = keeper(seen.memory, (part("apod", "a"),), 920)
+    assert waits.memory.limp.pool_word.vanished == ("sp-0",) and not any(isinstance(a, RemakeSpare)
+                                                                          for a in waits.actions)
+    word = keeper(waits.memory, (part("apod", "a"),), 930, events=(preempted("sp-0", 915),))
+    assert [(a.name, a.create) for a in word.actions if isinstance(a, RemakeSpare)] == [("sp-0", True)]
+
+
+def test_an_idle_pool_vm_google_may_delete_gone_with_no_word_is_a_persons_deletion_never_made_again() -> None:
+    """A person's instances.delete of such a VM looks as Google's (stopping, then gone) but writes
+    nothing to the system-event log: after 3 min with no word it is dropped and said so, never
+    made again; a job that is not the keeper watches nothing."""
+    mem = run_mem(step=100)
+    seen = keeper(mem, (part("apod", "a"), spot("sp-0")), 900)
+    gone = (part("apod", "a"),)
+    waits = keeper(seen.memory, gone, 910)
+    assert waits.memory.limp.pool_word.vanished == ("sp-0",)
+    still = keeper(waits.memory, gone, 910 + 170)
+    assert still.memory.limp.pool_word.vanished == ("sp-0",) and still.row != "spare_gone"
+    late = keeper(still.memory, gone, 910 + 181)
+    assert late.row == "spare_gone" and "sp-0, of spare pool v5p, gone with no word from Google" in late.summary
+    assert late.memory.limp.pool_word == IdleWord() and late.memory.limp.pool_remaking == ()
+    assert not any(isinstance(a, RemakeSpare) for a in late.actions)
+    # a word that comes after that changes nothing
+    after = keeper(late.memory, gone, 910 + 200, events=(preempted("sp-0", 905),))
+    assert not any(isinstance(a, RemakeSpare) for a in after.actions) and after.memory.limp.pool_remaking == ()
+    # not the keeper (any more): it forgets what it watched, and never acts on a word
+    other = keeper(waits.memory, gone, 920, keeps=False, events=(preempted("sp-0", 905),))
+    assert other.memory.limp.pool_word == IdleWord() and not any(isinstance(a, RemakeSpare) for a in other.actions)
 
 
 def test_a_job_that_is_not_the_pools_keeper_never_remakes_its_spares() -> None:

@@ -26,11 +26,13 @@ gone by the next tick, which under cron `check` is another process. Pure: no I/O
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+from tpuwatch.model import AuditEvent, NodeSnapshot
 from tpuwatch.policy.draft import Draft
-from tpuwatch.policy.state import GoogleStop, Memory
+from tpuwatch.policy.state import GoogleStop, IdleWord, Memory
 
 PREEMPTED = "compute.instances.preempted"
 # Compute Engine's own stops of a VM (a Spot VM's preemption is PREEMPTED, never restarted)
@@ -135,3 +137,40 @@ def stop_word_due(mem: Memory, now: datetime) -> bool:
     audit log is worth reading often (policy/observe.py)."""
     g = mem.google
     return not g.stopped and (g.stopped_since is None or (now - g.stopped_since).total_seconds() < AUDIT_GRACE)
+
+
+def idle_word(was: IdleWord, seen: Mapping[str, NodeSnapshot | None], deletes: Iterable[str],
+              names: Collection[str], events: Iterable[AuditEvent], remaking: Collection[str], remade: bool,
+              now: datetime) -> tuple[IdleWord, list[str]]:
+    """What idle VMs Google may delete itself have shown this tick, and those of them to make
+    again. `seen`: the watched names as read (None: gone); `deletes`: those seen so now (termination
+    action DELETE, owned, made alone); `names`: those whose preemption in the audit log counts (a
+    node the job ran on until this tick too); `remaking`: those already being made again. One last seen
+    so and gone now waits for the audit log's word that Google preempted it (a person's delete
+    looks alike: stopping, then gone); with that word it is made again, or with no spec to make
+    it from (`remade` False) only no longer waited for."""
+    up = {n for n, part in seen.items() if part is not None and part.usable}
+    # a word is about one VM: forgotten once a VM of that name is seen up (made again, or not gone)
+    said = tuple(dict.fromkeys((*(n for n in was.said if n not in up),
+                                *(ev.node for ev in events if ev.node in names and ev.method.endswith(PREEMPTED)))))
+    since = dict(zip(was.vanished, was.since, strict=True))
+    for name in was.deletes:  # last seen so, idle, and gone now
+        if name in seen and seen[name] is None and name not in since and name not in remaking:
+            since[name] = now
+    taken = [n for n in since if n in said and remade]
+    since = {n: t for n, t in since.items() if n not in said or n in taken}
+    vanished = [(n, t) for n, t in since.items() if n not in taken and n in seen and seen[n] is None]
+    return IdleWord(deletes=tuple(n for n in deletes if n not in remaking), said=said,
+                    vanished=tuple(n for n, _ in vanished), since=tuple(t for _, t in vanished)), taken
+
+
+def overdue(word: IdleWord, now: datetime) -> tuple[IdleWord, list[str]]:
+    """`word` without the VMs gone AUDIT_GRACE with no word from Google (a person deleted them:
+    never made again), and their names."""
+    late = [n for n, t in zip(word.vanished, word.since, strict=True) if (now - t).total_seconds() >= AUDIT_GRACE]
+    if not late:
+        return word, []
+    kept = [(n, t) for n, t in zip(word.vanished, word.since, strict=True) if n not in late]
+    return IdleWord(deletes=tuple(n for n in word.deletes if n not in late),
+                    said=tuple(n for n in word.said if n not in late),
+                    vanished=tuple(n for n, _ in kept), since=tuple(t for _, t in kept)), late

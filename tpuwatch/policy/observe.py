@@ -79,8 +79,9 @@ def audit_due(mem: Memory, node: NodeSnapshot | None, probes: Sequence[WorkerPro
         node is None or (node.usable and any(p.state != "running" for p in probes or ())))
     # A missing VM that Google deletes itself: the log says whether it did (policy/google.py)
     gone = node is None and mem.google.deletes and mem.phase not in (Phase.DELETING, Phase.CREATING, Phase.QUEUED)
-    # an idle node of the pool Google may delete, gone: the log says whether it did (policy/spares.py)
-    gone = gone or bool(mem.limp.vanished)
+    # an idle node of the job's pool or of its spare pool Google may delete, gone: the log says
+    # whether it did (policy/spares.py, policy/pool.py)
+    gone = gone or bool(mem.limp.vanished) or bool(mem.limp.pool_word.vanished)
     # A stopped VM, for a while: the log says whether Compute Engine stopped it (a repair) or a person
     stopped = (node is not None and node.state in STOP_STATES
                and mem.phase not in (Phase.DELETING, Phase.CREATING, Phase.QUEUED) and stop_word_due(mem, now))

@@ -24,12 +24,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import timedelta
 
+from tpuwatch.durations import human
 from tpuwatch.model import OWNER_LABEL, POOL_BAD_LABEL, POOL_LABEL, NodeSnapshot
+from tpuwatch.policy import google
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.limp import end_lost, person_deleted, removed, stop_waited
 from tpuwatch.policy.nodes import Cond, node_condition
 from tpuwatch.policy.priority import lost_slots
-from tpuwatch.policy.state import Memory, Phase, move
+from tpuwatch.policy.state import IdleWord, Limp, Memory, Phase, move
 from tpuwatch.policy.values import Decision, Relabel, RemakeSpare, Wait
 
 
@@ -123,14 +125,16 @@ def keep(draft: Draft, before: Memory, decision: Decision) -> Decision:
     - one of those gone: created again from the keeper's [tpu.spec] with the pool's label and no
       job's, no sooner than `pool_remake_at` (a create that came to nothing tried again after
       recovery.backoff_base);
+    - an idle VM of the pool Google deletes itself (termination action DELETE) gone with the audit
+      log's word that Google preempted it: journaled so too, and created again as those are; gone
+      with no such word within AUDIT_GRACE, a person deleted it: never made again (row `spare_gone`);
     - one of those back (READY, or on its way: CREATING) or no longer the pool's idle spare: done.
-    A node of the pool the keeper did not delete is never created."""
+    A node of the pool neither a keeper nor Google deleted is never created."""
     cfg, now = draft.cfg, draft.now
-    limp = decision.memory.limp
-    if (not cfg.spare_pool or decision.ended or any(not isinstance(a, Wait) for a in decision.actions)
-            or (not draft.obs.pool_keeper and not limp.pool_remaking)):
+    if not cfg.spare_pool or decision.ended or any(not isinstance(a, Wait) for a in decision.actions):
         return decision
     listed = {n.name: n for n in draft.obs.zone}
+    limp = decision.memory.limp
     # the state dir's record, read by every keeper: a spare an earlier keeper (a job since ended,
     # or no longer the keeper) deleted is created by this one, so the pool keeps its size
     known = (*limp.pool_remaking, *(n for n in draft.obs.pool_remaking if n not in limp.pool_remaking)
@@ -138,6 +142,9 @@ def keep(draft: Draft, before: Memory, decision: Decision) -> Decision:
     made = still_remaking(cfg.spare_pool, known, listed)
     if made != limp.pool_remaking:
         limp = replace(limp, pool_remaking=made, pool_remake_at=limp.pool_remake_at if made else None)
+    # only the keeper watches the pool's idle VMs Google may delete: a job no longer the keeper forgets them
+    limp, late = _google_word(draft, limp, listed) if draft.obs.pool_keeper else (replace(limp, pool_word=IdleWord()), [])
+    made = limp.pool_remaking
     action: RemakeSpare | None = None
     gone = [n for n in made if n not in listed]
     dead = [n for n in sorted(listed) if n not in made and idle_in(cfg.spare_pool, listed[n])
@@ -146,9 +153,10 @@ def keep(draft: Draft, before: Memory, decision: Decision) -> Decision:
     if draft.obs.pool_keeper and cfg.spares_remade:
         if gone and (limp.pool_remake_at is None or now >= limp.pool_remake_at):
             limp = replace(limp, pool_remake_at=now + timedelta(seconds=cfg.backoff_base))
-            action = RemakeSpare(gone[0], True, f"{gone[0]}, a spare of pool {cfg.spare_pool}, was deleted to be "
-                                                f"made again: creating it from {draft.cfg.spec_table} of job "
-                                                f"{cfg.job}, the pool's keeper, labelled the pool's", pool=cfg.spare_pool)
+            action = RemakeSpare(gone[0], True, f"{gone[0]}, a spare of pool {cfg.spare_pool}, is gone (deleted "
+                                                "by a keeper to be made again, or by Google at its preemption): "
+                                                f"creating it from {draft.cfg.spec_table} of job {cfg.job}, the pool's "
+                                                "keeper, labelled the pool's", pool=cfg.spare_pool)
         elif dead:
             limp = replace(limp, pool_remaking=(*limp.pool_remaking, dead[0]))
             state = (f"marked {POOL_BAD_LABEL} (its launch-time checks failed)" if POOL_BAD_LABEL in listed[dead[0]].labels
@@ -160,10 +168,31 @@ def keep(draft: Draft, before: Memory, decision: Decision) -> Decision:
     if limp == decision.memory.limp:
         return decision
     mem = replace(decision.memory, limp=limp)
+    if action is None and late:
+        return replace(decision, memory=mem, row="spare_gone",
+                       summary=f"{decision.summary}; {', '.join(late)}, of spare pool {cfg.spare_pool}, gone with no "
+                               "word from Google that it deleted it (no compute.instances.preempted in the audit log "
+                               f"within {human(google.AUDIT_GRACE)}): a person deleted it; not made again")
     if action is None:
         return replace(decision, memory=mem)
     return replace(decision, memory=mem, row="spare_remake", actions=(*decision.actions, action),
                    summary=f"{decision.summary}; {action.reason}")
+
+
+def _google_word(draft: Draft, limp: Limp, listed: Mapping[str, NodeSnapshot]) -> tuple[Limp, list[str]]:
+    """The keeper's watch on the pool's idle VMs Google may delete itself (a Compute Engine VM's
+    termination action DELETE, made alone): one gone is made again (`pool_remaking`) once the
+    audit log says Google preempted it; one gone AUDIT_GRACE with no such word is a person's
+    deletion, dropped (its name returned), never made again."""
+    pool, was = draft.cfg.spare_pool, limp.pool_word
+    deletes = [n for n, part in sorted(listed.items()) if idle_in(pool, part) and part.google_deletes
+               and not part.multislice_request]
+    seen = {n: listed.get(n) for n in (*was.deletes, *was.vanished, *deletes)}
+    word, taken = google.idle_word(was, seen, deletes, seen.keys(), draft.obs.events, limp.pool_remaking,
+                                   draft.cfg.spares_remade, draft.now)
+    word, late = google.overdue(word, draft.now)
+    return replace(limp, pool_word=word, pool_remaking=(*limp.pool_remaking, *(
+        n for n in taken if n not in limp.pool_remaking))), late
 
 
 def still_remaking(pool: str, names: Iterable[str], listed: Mapping[str, NodeSnapshot]) -> tuple[str, ...]:

@@ -129,7 +129,9 @@ ROWS: tuple[Row, ...] = (
         "node of a job on one slot (a pool of one), gone with Google's word (journaled the tick it is read so, "
         "whether the job then swaps, takes another job's node or waits); or, of the keeper of a spare pool (the one job holding its keeper lock in the "
         "state dir), an idle spare of the pool (its label, no job's) PREEMPTED / TERMINATED or marked tpuwatch-pool-bad, or one a keeper "
-        "deleted so gone (its record in the state dir)",
+        "deleted so gone (its record in the state dir), or an idle VM of the pool Google deletes itself (termination action "
+        "DELETE), made alone when last seen, gone with the audit log's compute.instances.preempted about it (none yet: "
+        "waited for 3 min, then `spare_gone`)",
         "journal it as one tpuwatch makes again, delete it (not one Google deletes); one so journaled that is still "
         "PREEMPTED / TERMINATED, not DELETING nor stopping, a backoff later (its delete never started: the watcher killed between "
         "its journal line and the call, or the call refused) is deleted again (a MIG's instances recreated again); "
@@ -138,9 +140,10 @@ ROWS: tuple[Row, ...] = (
         "recovery.backoff_max). A spare neither tpuwatch nor Google deleted so is never created. A MIG (tpu.mig) is made "
         "again in place: recreateInstances of its instances, never a delete nor an insert (one gone is dropped). "
         "A pool's spare is deleted only while it is an idle spare of the pool (read again next to the delete) and "
-        "recorded in the state dir's pool.<pool>.remaking before the delete, so whichever job keeps the pool when it is gone (its deleter ended or no longer the keeper) creates it from its [tpu.spec] labelled tpuwatch-pool=<pool> and no job's"),
+        "recorded in the state dir's pool.<pool>.remaking before the delete (one Google deleted, before the create), so whichever job keeps the pool when it is gone (its deleter ended or no longer the keeper) creates it from its [tpu.spec] labelled tpuwatch-pool=<pool> and no job's"),
     Row("spare_gone", "the job runs on or waits (nothing else to do this tick) and an idle node of the pool that Google "
-        "may delete itself (a Compute Engine VM's termination action DELETE), owned and made alone when last seen, "
+        "may delete itself (a Compute Engine VM's termination action DELETE), owned and made alone when last seen "
+        "(of the keeper of a spare pool: an idle VM of the pool so, its label and no job's), "
         "has been gone 3 min with no compute.instances.preempted about it in the audit log",
         "a person deleted it: drop it, never make it again, and say so (with that word, it is made again: "
         "`spare_remake`)"),

@@ -130,30 +130,15 @@ def _own_deleted(draft: Draft, mem: Memory, limp: Limp) -> Limp:
 
 
 def _google_word(draft: Draft, limp: Limp) -> Limp:
-    """The pool's idle nodes Google may delete itself, and Google's word on them: a node seen so
-    (termination action DELETE, owned, made alone) that is gone is made again (`remaking`) only
-    once the audit log says Google preempted it (`said`, read while it ran or since); until then
-    it waits in `vanished` (a person's delete looks alike: a Spot VM stopping, then gone)."""
-    job, now = draft.cfg.job, draft.now
+    """The pool's idle nodes Google may delete itself, and Google's word on them
+    (`google.idle_word`): one gone with that word is made again (`remaking`)."""
+    job = draft.cfg.job
     pool = {*draft.cfg.slices, *draft.cfg.spares, *(n for _, n in limp.swapped if n)}
-    seen = dict(draft.obs.spares)
-    # a word is about one VM: forgotten once a node of that name is seen up (made again, or not gone)
-    up = {n for n, part in draft.obs.spares if part is not None and part.usable}
-    said = tuple(dict.fromkeys((*(n for n in limp.said if n not in up),
-                                *(ev.node for ev in draft.obs.events
-                                  if ev.node in pool and ev.method.endswith(google.PREEMPTED)))))
-    deletes = tuple(n for n, part in draft.obs.spares if part is not None and part.google_deletes
-                    and part.owned_by(job) and not part.multislice_request)
-    since = dict(zip(limp.vanished, limp.vanished_since, strict=True))
-    for name in limp.deletes:  # last seen so, idle, and gone now
-        if name in seen and seen[name] is None and name not in since and name not in limp.remaking:
-            since[name] = now
-    # with no spec to make it from, one Google deleted is only no longer waited for
-    taken = [n for n in since if n in said and draft.cfg.spares_remade]
-    since = {n: t for n, t in since.items() if n not in said or n in taken}
-    vanished = [(n, t) for n, t in since.items() if n not in taken and n in seen and seen[n] is None]
-    return replace(limp, deletes=tuple(n for n in deletes if n not in limp.remaking), said=said,
-                   vanished=tuple(n for n, _ in vanished), vanished_since=tuple(t for _, t in vanished),
+    deletes = [n for n, part in draft.obs.spares if part is not None and part.google_deletes
+               and part.owned_by(job) and not part.multislice_request]
+    word, taken = google.idle_word(limp.word, dict(draft.obs.spares), deletes, pool, draft.obs.events,
+                                   limp.remaking, draft.cfg.spares_remade, draft.now)
+    return replace(limp, deletes=word.deletes, said=word.said, vanished=word.vanished, vanished_since=word.since,
                    remaking=(*limp.remaking, *(n for n in taken if n not in limp.remaking)))
 
 
@@ -333,13 +318,9 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
               and not google_deletes(cfg.job, part) and not part.stopping
               and (limp.remake_at is None or now >= limp.remake_at)]
     # gone with no word from Google within its grace: a person deleted it; dropped, never made again
-    late = [n for n, t in zip(limp.vanished, limp.vanished_since, strict=True)
-            if (now - t).total_seconds() >= google.AUDIT_GRACE]
+    word, late = google.overdue(limp.word, now)
     if late:
-        kept = [(n, t) for n, t in zip(limp.vanished, limp.vanished_since, strict=True) if n not in late]
-        limp = replace(limp, vanished=tuple(n for n, _ in kept), vanished_since=tuple(t for _, t in kept),
-                       deletes=tuple(n for n in limp.deletes if n not in late),
-                       said=tuple(n for n in limp.said if n not in late))
+        limp = replace(limp, deletes=word.deletes, said=word.said, vanished=word.vanished, vanished_since=word.since)
     action: RemakeSpare | None = None
     if gone and (limp.remake_at is None or now >= limp.remake_at):
         wait = backoff_delay(limp.remake_tries + 1, cfg.backoff_base, cfg.backoff_max, draft.obs.jitter)

@@ -267,6 +267,19 @@ class GoogleStop:
 
 
 @dataclass(frozen=True)
+class IdleWord:
+    """Idle VMs Google may delete itself (a Compute Engine VM's termination action DELETE) as
+    last seen (`deletes`), those the audit log said Google preempted (`said`, read while one ran
+    or since), and those gone with no such word yet, since when (`vanished`, `since`): one gone is
+    made again only once that word comes (policy/google.py `idle_word`)."""
+
+    deletes: tuple[str, ...] = ()
+    said: tuple[str, ...] = ()
+    vanished: tuple[str, ...] = ()
+    since: tuple[datetime, ...] = ()
+
+
+@dataclass(frozen=True)
 class Limp:
     """The slices a multislice job runs on (policy/limp.py, policy/spares.py), where they differ
     from tpu.names: each slot (a name of tpu.names, the job's slice id by its place) swapped for
@@ -320,10 +333,18 @@ class Limp:
     # again (only these are ever created), the next create no sooner than `pool_remake_at`
     pool_remaking: tuple[str, ...] = ()
     pool_remake_at: datetime | None = None
+    # and the pool's idle VMs Google may delete itself, as the keeper watches them
+    pool_word: IdleWord = IdleWord()
     # nodes the job moved off while an attempt of it may still run there, until the tick has
     # stopped it there (policy/owed.py): journaled with the move, so a watcher killed before
     # that stop stops it there before anything else
     unstopped: tuple[str, ...] = ()
+
+    @property
+    def word(self) -> IdleWord:
+        """What the job's own idle nodes Google may delete itself have shown (`deletes`, `said`,
+        `vanished`, `vanished_since`)."""
+        return IdleWord(self.deletes, self.said, self.vanished, self.vanished_since)
 
     def node_of(self, slot: str) -> str:
         """The node slot `slot` runs on: its spare when swapped, else the slot's own node."""
