@@ -7,6 +7,7 @@ HOME and TPUWATCH_HOST_ROOT point into tmp_path, so the job files, the fake /dev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -104,6 +105,13 @@ class Worker:
                 out.append(pid)
         return out
 
+    def kill(self, needle: bytes = b"") -> None:
+        """SIGKILL those processes (as a host going down does); one that ended since it was listed
+        (a wrapper exec'ing, a child reaped) is gone already."""
+        for pid in self.pids(needle):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
 
 @pytest.fixture
 def worker(tmp_path: Path) -> Iterator[Worker]:
@@ -114,11 +122,7 @@ def worker(tmp_path: Path) -> Iterator[Worker]:
     (w.root / "dev" / "accel0").touch()
     (w.root / "dev" / "accel1").touch()
     yield w
-    for pid in w.pids():  # only processes this test started
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    w.kill()  # only processes this test started
 
 
 def test_launch_is_detached_idempotent_and_exclusive(worker: Worker) -> None:
@@ -163,8 +167,7 @@ def test_an_ended_command_whose_child_lives_on_is_reported_lingering(worker: Wor
     wait_for(lambda: (worker.dir / "exit_code").exists(), what="exit_code")
     p = protocol.parse_probe(3, worker.probe())
     assert (p.state, p.exit_code, p.lingering) == ("exited", 3, True)
-    for pid in worker.pids(b"sleep\x00300"):
-        os.kill(pid, signal.SIGKILL)
+    worker.kill(b"sleep\x00300")
     wait_for(lambda: not worker.pids(b"sleep\x00300"), what="the child to die")
     p = protocol.parse_probe(3, worker.probe())
     assert (p.state, p.lingering) == ("exited", False)
@@ -427,8 +430,7 @@ def test_after_a_reboot_the_attempt_of_an_earlier_boot_is_not_looked_for(worker:
     worker.launch(1, "exec sleep 341")
     wait_for(lambda: bool(worker.pids(b"sleep\x00341")), what="the job")
     assert (worker.dir / "boot").read_text() == "boot-1\n"
-    for pid in worker.pids():  # the host goes down: every process of the attempt dies
-        os.kill(pid, signal.SIGKILL)
+    worker.kill()  # the host goes down: every process of the attempt dies
     wait_for(lambda: worker.pids() == [], what="the attempt's end")
     # Another process of the same job name, whose session is the pid in the attempt's files
     stranger = subprocess.Popen(["sleep", "342"], start_new_session=True, stdin=subprocess.DEVNULL,
@@ -455,8 +457,7 @@ def test_after_a_reboot_a_follow_channel_of_the_old_attempt_ends_at_once(worker:
     boot_id.write_text("boot-1\n")
     worker.launch(1, "exec sleep 361")
     wait_for(lambda: bool(worker.pids(b"sleep\x00361")), what="the job")
-    for pid in worker.pids():  # the host goes down: every process of the attempt dies
-        os.kill(pid, signal.SIGKILL)
+    worker.kill()  # the host goes down: every process of the attempt dies
     wait_for(lambda: worker.pids() == [], what="the attempt's end")
     boot_id.write_text("boot-2\n")
     holder = subprocess.Popen(["flock", str(worker.dir / "lock"), "sleep", "362"], start_new_session=True,
@@ -837,8 +838,7 @@ def test_wait_answers_probe_requests_on_its_stdin_and_ends_with_it(worker: Worke
     shell.stdin.flush()
     try:
         wait_for(lambda: len(worker.pids(b"flock\x00-s\x00-o")) == 1, what="the lock's helper")
-        for pid in worker.pids(b"sleep\x00300"):
-            os.kill(pid, signal.SIGKILL)
+        worker.kill(b"sleep\x00300")
         out = shell.stdout.read()  # ends well before the hour's poll
         assert protocol.parse_wait(out.decode()).exit_code == 137
         assert shell.wait(30) == 0
