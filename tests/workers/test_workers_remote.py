@@ -17,7 +17,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -493,7 +493,38 @@ def test_follow_streams_from_an_offset_and_reports_the_exit_code(worker: Worker)
     assert protocol.parse_follow_end(wrong.stderr.decode()).result == "error"
 
 
-class MetadataServer:
+class LoopServer:
+    """A TCP server on a loopback port whose connections `handle` serves on an event loop of its
+    own thread."""
+
+    def serve(self, handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+        async def start() -> asyncio.AbstractServer:
+            return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+        self.server = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+        self.address = f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    def close(self) -> None:
+        async def stop() -> None:
+            # the handlers still open (a connection kept open) end here, on the running loop: left
+            # suspended, one would be closed by the garbage collector after the loop is gone
+            self.server.close()
+            handlers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in handlers:
+                task.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+class MetadataServer(LoopServer):
     """The simulator's metadata server (tpuwatch.sim.metadata) on a loopback port, serving an
     instance the test changes, as Compute Engine changes it before a maintenance or preemption."""
 
@@ -501,9 +532,6 @@ class MetadataServer:
         self.instance = md.make_instance(project="proj", zone="us-central2-b", node_id=7, worker=0, metadata={})
         self.requests = 0  # connections taken so far (one request each: Connection: close)
         self.answered = 0  # of those, answered: a change after N were answered reaches none of them
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
 
         async def current() -> md.Instance:
             return self.instance
@@ -515,16 +543,7 @@ class MetadataServer:
             finally:
                 self.answered += 1
 
-        async def start() -> asyncio.AbstractServer:
-            return await asyncio.start_server(handle, "127.0.0.1", 0)
-
-        self.server = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
-        self.address = f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.server.close)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        self.serve(handle)
 
 
 @pytest.fixture
@@ -709,7 +728,7 @@ def _ppid(pid: int) -> int:
         return 0
 
 
-class ChunkedMetadataServer:
+class ChunkedMetadataServer(LoopServer):
     """A metadata server that answers every request in HTTP/1.1 chunks (the simulator's answers,
     re-encoded), even an HTTP/1.0 one: what the relay's own reads do not take, and curl does.
     With `keep_open`, plain answers instead (a Content-Length), on a connection it never ends,
@@ -718,9 +737,6 @@ class ChunkedMetadataServer:
 
     def __init__(self, instance: md.Instance, keep_open: bool = False, refuse_1_0: bool = False) -> None:
         self.instance = instance
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
@@ -749,16 +765,7 @@ class ChunkedMetadataServer:
             finally:
                 writer.close()
 
-        async def start() -> asyncio.AbstractServer:
-            return await asyncio.start_server(handle, "127.0.0.1", 0)
-
-        self.server = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
-        self.address = f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.server.close)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        self.serve(handle)
 
 
 @pytest.mark.parametrize("mode", ["chunked", "kept-open", "refuses-1.0"])
