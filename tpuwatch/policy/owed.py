@@ -7,9 +7,10 @@ leave the older attempt running on the node it left (a MIG's VMs still running b
 preempted one; a node moved off before its maintenance, whole and READY), while the next tick
 launches on the new one. So each such node is owed a stop (`Limp.unstopped`), journaled with the
 move, until the tick has done one there (`stopped`); until then every decision stops the job
-there first (`carry`), waited for when the decision launches. An owed node that no longer runs anything of the job (it cannot be reached,
-is gone or made again, holds a slot of the job again) or that the job no longer owns (lent,
-claimed: a stop there would also stop the device holders of the job now on it) is dropped.
+there first (`carry`), waited for when the decision launches. An owed node that no longer runs
+anything of the job (it cannot be reached, is gone or made again, holds a slot of the job again)
+or that the job no longer owns (lent, claimed: a stop there would also stop the device holders of
+the job now on it) is dropped.
 """
 
 from __future__ import annotations

@@ -139,12 +139,11 @@ def keep(draft: Draft, before: Memory, decision: Decision) -> Decision:
     # or no longer the keeper) deleted is created by this one, so the pool keeps its size
     known = (*limp.pool_remaking, *(n for n in draft.obs.pool_remaking if n not in limp.pool_remaking)
              ) if draft.obs.pool_keeper else limp.pool_remaking
-    made = still_remaking(cfg.spare_pool, known, listed)
-    if made != limp.pool_remaking:
-        limp = replace(limp, pool_remaking=made, pool_remake_at=limp.pool_remake_at if made else None)
+    if (still := still_remaking(cfg.spare_pool, known, listed)) != limp.pool_remaking:
+        limp = replace(limp, pool_remaking=still, pool_remake_at=limp.pool_remake_at if still else None)
     # only the keeper watches the pool's idle VMs Google may delete: a job no longer the keeper forgets them
     limp, late = _google_word(draft, limp, listed) if draft.obs.pool_keeper else (replace(limp, pool_word=IdleWord()), [])
-    made = limp.pool_remaking
+    made = limp.pool_remaking  # with those Google deleted, on its word
     action: RemakeSpare | None = None
     gone = [n for n in made if n not in listed]
     dead = [n for n in sorted(listed) if n not in made and idle_in(cfg.spare_pool, listed[n])

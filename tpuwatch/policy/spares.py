@@ -138,8 +138,7 @@ def _google_word(draft: Draft, limp: Limp) -> Limp:
                and part.owned_by(job) and not part.multislice_request]
     word, taken = google.idle_word(limp.word, dict(draft.obs.spares), deletes, pool, draft.obs.events,
                                    limp.remaking, draft.cfg.spares_remade, draft.now)
-    return replace(limp, deletes=word.deletes, said=word.said, vanished=word.vanished, vanished_since=word.since,
-                   remaking=(*limp.remaking, *(n for n in taken if n not in limp.remaking)))
+    return replace(limp.with_word(word), remaking=(*limp.remaking, *(n for n in taken if n not in limp.remaking)))
 
 
 def foreign_stop(mem: Memory, slot: str, part: NodeSnapshot) -> bool:
@@ -320,7 +319,7 @@ def remake(draft: Draft, before: Memory, decision: Decision) -> Decision:
     # gone with no word from Google within its grace: a person deleted it; dropped, never made again
     word, late = google.overdue(limp.word, now)
     if late:
-        limp = replace(limp, deletes=word.deletes, said=word.said, vanished=word.vanished, vanished_since=word.since)
+        limp = limp.with_word(word)
     action: RemakeSpare | None = None
     if gone and (limp.remake_at is None or now >= limp.remake_at):
         wait = backoff_delay(limp.remake_tries + 1, cfg.backoff_base, cfg.backoff_max, draft.obs.jitter)

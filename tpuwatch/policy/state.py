@@ -346,6 +346,10 @@ class Limp:
         `vanished`, `vanished_since`)."""
         return IdleWord(self.deletes, self.said, self.vanished, self.vanished_since)
 
+    def with_word(self, word: IdleWord) -> Limp:
+        """This record with `word` as what the job's own idle nodes Google may delete have shown."""
+        return replace(self, deletes=word.deletes, said=word.said, vanished=word.vanished, vanished_since=word.since)
+
     def node_of(self, slot: str) -> str:
         """The node slot `slot` runs on: its spare when swapped, else the slot's own node."""
         return dict(self.swapped).get(slot, slot)
