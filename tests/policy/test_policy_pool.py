@@ -314,3 +314,18 @@ def test_a_compute_jobs_own_vm_google_deleted_is_made_again_from_the_spec_table_
     [create] = [a for a in d.actions if isinstance(a, RemakeSpare)]
     assert (create.name, create.create) == ("apod", True), (d.row, d.summary)
     assert "creating it from [tpu.compute_spec.instance]" in create.reason, create.reason
+
+
+def test_a_running_job_whose_own_vm_google_deleted_claims_a_pool_spare_and_ends_its_attempt() -> None:
+    # the watcher read the VM running, then gone (it missed the stop in between): the claim ends
+    # the attempt as any loss does, else its journal row would stay open under the next attempt
+    ce = replace(A, spec_table="[tpu.compute_spec.instance]")
+    mem = run_mem(step=100, google=GoogleStop(node_id="n1", owned=True, deletes=True))
+    word = AuditEvent(time=at(590), kind="terminate", node="apod", worker="0", method="compute.instances.preempted",
+                      reason="", insert_id="p", resource_name="projects/p/zones/z/instances/apod")
+    zone = (part("sp-0", None, pool="v5p"),)
+    d = tick(look(ce, mem, zone, events=(word,), probes=DOWN, checkpoint=ckpt(200)), mem, 600, cfg=ce)
+    assert d.row == "pool_claim", (d.row, d.summary)
+    [end] = d.ended
+    assert (end.attempt, end.outcome, end.charged) == (mem.attempt.number, "disruption", False)
+    assert "slice apod lost (MISSING)" in end.reason, end.reason

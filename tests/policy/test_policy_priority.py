@@ -458,3 +458,24 @@ def test_a_node_handed_back_that_google_deletes_at_its_preemption_is_made_again_
     restarted = Memory.from_dict(json.loads(json.dumps(gone.memory.to_dict())))
     waits = tick(look(LO, restarted, (taken,), probes=None, checkpoint=ckpt(200)), restarted, 611, cfg=LO)
     assert waits.row == "spare_wait" and not [a for a in waits.actions if isinstance(a, RemakeSpare)]
+
+
+def test_its_own_vm_read_gone_with_googles_word_at_once_ends_the_attempt_when_it_takes_a_node() -> None:
+    # the watcher read the VM running, then gone with the audit log's word (it missed the stop in
+    # between): asking for a node, or binding one lent already, ends the attempt as any loss does,
+    # else its journal row would stay open under the next attempt
+    from tpuwatch.model import AuditEvent
+    from tpuwatch.policy.state import GoogleStop
+
+    word = AuditEvent(time=at(598), kind="terminate", node="hpod", worker="0", method="compute.instances.preempted",
+                      reason="", insert_id="hpod-598", resource_name="projects/p/zones/z/instances/hpod")
+    mem = run_mem(step=100, google=GoogleStop(node_id="n1", owned=True, deletes=True, shape=LOW.accelerator_type))
+    asks = tick(look(HI, mem, (LOW,), probes=None, checkpoint=ckpt(200), events=(word,)), mem, 600, cfg=HI)
+    assert asks.row == "take_wait", (asks.row, asks.summary)
+    [end] = asks.ended
+    assert (end.attempt, end.outcome, end.charged) == (mem.attempt.number, "disruption", False)
+    lent = part("lpod", "hi", tpuwatch_lent_by="lo")
+    binds = tick(look(HI, mem, (lent,), probes=None, checkpoint=ckpt(200), events=(word,)), mem, 600, cfg=HI)
+    assert binds.row == "take" and binds.memory.limp.swapped == (("hpod", "lpod"),), (binds.row, binds.summary)
+    [end] = binds.ended
+    assert (end.attempt, end.outcome, end.charged) == (mem.attempt.number, "disruption", False)

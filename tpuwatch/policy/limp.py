@@ -76,13 +76,16 @@ def limp(draft: Draft, mem: Memory) -> Decision | None:
                                     "relaunches on the slices left from its newest complete checkpoint")
 
 
-def end_lost(draft: Draft, mem: Memory, lost: Sequence[tuple[str, NodeSnapshot]]) -> tuple[Memory, Decision | None]:
+def end_lost(draft: Draft, mem: Memory, lost: Sequence[tuple[str, NodeSnapshot | None]]) -> tuple[Memory, Decision | None]:
     """End the running attempt (a disruption, not charged) for the slots `lost` (each with its
-    node as read), naming each node lost in its evidence; the memory as it is while none runs,
-    or with none lost."""
-    if mem.phase is not Phase.RUNNING or not lost:
+    node as read; None: gone, as a VM Google deleted is when the watcher missed its stop),
+    naming each node lost in its evidence; the memory as it is while none runs, or with none
+    lost. A slot bound to no node (lent away) ran nothing to end."""
+    read = [(slot, part if part is not None else gone_node(mem.limp.node_of(slot))) for slot, part in lost
+            if part is not None or mem.limp.node_of(slot)]
+    if mem.phase is not Phase.RUNNING or not read:
         return mem, None
-    sign = [Evidence(draft.now, f"slice {mem.limp.node_of(slot)} lost ({part.state})") for slot, part in lost]
+    sign = [Evidence(draft.now, f"slice {mem.limp.node_of(slot)} lost ({part.state})") for slot, part in read]
     mem = replace(mem, attempt=replace(mem.attempt, evidence=merge_evidence(mem.attempt.evidence, sign)))
     return end_unusable(draft, mem)
 

@@ -69,7 +69,7 @@ def claim(draft: Draft, mem: Memory) -> Decision | None:
         return person_deleted(draft, mem, [(s, p) for s, p in zip(mem.limp.slots(cfg.slices), node.slices, strict=True)
                                            if s in vanished])
     target = found[0]
-    mem, final = end_lost(draft, mem, [(s, p) for s, p in lost if p is not None])
+    mem, final = end_lost(draft, mem, lost)
     if final is not None:
         return final
     said = ", ".join(f"{mem.limp.node_of(s)} {p.state if p is not None else 'MISSING'}" for s, p in lost)

@@ -156,7 +156,7 @@ def want(draft: Draft, mem: Memory) -> Decision | None:
     if not found:
         return None
     target = found[0]
-    mem, final = end_lost(draft, mem, [(s, p) for s, p in lost if p is not None])
+    mem, final = end_lost(draft, mem, lost)
     if final is not None:
         return final
     asked = wanted(target) == (cfg.job, cfg.priority)
@@ -209,7 +209,7 @@ def take(draft: Draft, mem: Memory) -> Decision | None:
     if not pairs:
         return None
     taken = dict(pairs)
-    gone = [(s, p) for s, p in lost if s in taken and p is not None and s not in away]
+    gone = [(s, p) for s, p in lost if s in taken and s not in away]
     mem, final = end_lost(draft, mem, gone)
     if final is not None:
         return final
