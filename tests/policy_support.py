@@ -141,7 +141,17 @@ def last_end(attempt: int = 1, outcome: str = "failure", charged: bool = True, s
 
 
 def tick(o: Observation, m: Memory, now: float, cfg: PolicyConfig = CFG) -> Decision:
-    return decide(o, m, cfg, at(now))
+    d = decide(o, m, cfg, at(now))
+    ends_what_it_leaves(m, d)
+    return d
+
+
+def ends_what_it_leaves(before: Memory, d: Decision) -> None:
+    """Every decision a policy test makes holds the journal to this: a decision that moves a job
+    off a running attempt ends that attempt, else its journal row stays open under the next
+    one. Only a halt with the workers out of reach (row `login_refused`) leaves it: it may run."""
+    if before.phase is Phase.RUNNING and d.memory.phase is not Phase.RUNNING and d.row != "login_refused":
+        assert before.attempt.number in {e.attempt for e in d.ended}, (d.row, d.summary)
 
 
 def kinds(d: Decision) -> list[str]:

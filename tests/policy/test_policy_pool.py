@@ -310,7 +310,9 @@ def test_a_compute_jobs_own_vm_google_deleted_is_made_again_from_the_spec_table_
     mem = run_mem(step=100, google=GoogleStop(node_id="n1", owned=True, deletes=True))
     word = AuditEvent(time=at(590), kind="terminate", node="apod", worker="0", method="compute.instances.preempted",
                       reason="", insert_id="p", resource_name="projects/p/zones/z/instances/apod")
-    d = tick(look(ce, mem, (), events=(word,), checkpoint=ckpt(200), pool_keeper=True), mem, 600, cfg=ce)
+    ends = tick(look(ce, mem, (), events=(word,), checkpoint=ckpt(200), pool_keeper=True), mem, 600, cfg=ce)
+    assert ends.row == "spare_wait" and [e.outcome for e in ends.ended] == ["disruption"], (ends.row, ends.summary)
+    d = tick(look(ce, ends.memory, (), checkpoint=ckpt(200), pool_keeper=True), ends.memory, 601, cfg=ce)
     [create] = [a for a in d.actions if isinstance(a, RemakeSpare)]
     assert (create.name, create.create) == ("apod", True), (d.row, d.summary)
     assert "creating it from [tpu.compute_spec.instance]" in create.reason, create.reason

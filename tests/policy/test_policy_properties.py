@@ -22,7 +22,18 @@ import hypothesis
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from policy_support import CFG, NAME, ZONES, at, ckpt, event, node, ongoing, symptom
+from policy_support import (
+    CFG,
+    NAME,
+    ZONES,
+    at,
+    ckpt,
+    ends_what_it_leaves,
+    event,
+    node,
+    ongoing,
+    symptom,
+)
 
 from tpuwatch.model import OperationStatus, WorkerProbe, WorkerState
 from tpuwatch.policy import (
@@ -262,6 +273,11 @@ def same_inputs_same_decision_and_memory_round_trips(steps: Steps) -> None:
             assert all(isinstance(a, StopWorkers) for a in s.decision.actions)
 
 
+def never_leaves_a_running_attempt_unended(steps: Steps) -> None:
+    for _, s in steps:
+        ends_what_it_leaves(s.before, s.decision)
+
+
 def dry_run_changes_no_memory(steps: Steps) -> None:
     for cfg, s in steps:
         dry = decide(replace(s.obs, dry_run=True), s.before, cfg, at(s.now))
@@ -270,8 +286,8 @@ def dry_run_changes_no_memory(steps: Steps) -> None:
 
 
 # Every walk is held to every property above: drawing a walk costs far more than checking it, so
-# one walk checked seven ways gives each property the same 100 walks (about 1,700 ticks) a
-# run that it had as a test of its own, for a seventh of the drawing. The count is the one each
+# one walk checked eight ways gives each property the same 100 walks (about 1,700 ticks) a
+# run that it had as a test of its own, for an eighth of the drawing. The count is the one each
 # property had; a new seed every run adds fresh walks, the fixed-seed walks below show that
 # walks of this shape reach every important row, and the examples pin what the properties found.
 # Found by never_launches_while_an_attempt_is_alive: a launch cut short (attempt 1 on worker 0
@@ -284,7 +300,8 @@ def test_every_walk_keeps_every_property(data: st.DataObject) -> None:
     steps = _all_steps(data)
     for prop in (never_launches_while_an_attempt_is_alive, never_charges_a_disruption, never_exceeds_a_budget,
                  never_deletes_a_ready_healthy_node_nor_one_it_does_not_own, never_two_creates,
-                 same_inputs_same_decision_and_memory_round_trips, dry_run_changes_no_memory):
+                 same_inputs_same_decision_and_memory_round_trips, dry_run_changes_no_memory,
+                 never_leaves_a_running_attempt_unended):
         prop(steps)
 
 

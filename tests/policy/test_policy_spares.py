@@ -497,8 +497,10 @@ def test_a_pool_of_one_whose_vm_google_deleted_is_gone_swaps_once_google_says_so
 
 def test_a_pool_of_one_whose_vm_google_deleted_is_gone_with_no_spare_free_waits_and_makes_it_again() -> None:
     """As above with the spare down (no spare free): the VM gone with Google's word is journaled to
-    be made again that tick, the job waits for it (row `spare_wait`), never stopping for a person,
-    and it is inserted once, after a restart (the memory read back from its JSON) too."""
+    be made again that tick, and the attempt (read running until then: the watcher missed the
+    stop) ends uncharged; the job waits for it (row `spare_wait`), never stopping for a person,
+    and it is inserted once, the next tick, after a restart (the memory read back from its JSON)
+    too."""
     import json
 
     from policy_support import at
@@ -509,12 +511,16 @@ def test_a_pool_of_one_whose_vm_google_deleted_is_gone_with_no_spare_free_waits_
     word = AuditEvent(time=at(590), kind="terminate", node="pod", worker="0", method="compute.instances.preempted",
                       reason="", insert_id="p", resource_name="projects/p/zones/z/instances/pod")
     seen = Observation(node=None, spares=(("sp", down),), checkpoint=ckpt(200))
-    d = tick(replace(seen, events=(word,)), mem, 600, cfg=one)
-    assert d.row in ("spare_wait", "spare_remake") and d.exit_code == 0, (d.row, d.summary)
-    assert d.memory.limp.remaking == ("pod",) and "pod to be made again" in d.summary
+    ends = tick(replace(seen, events=(word,)), mem, 600, cfg=one)
+    assert ends.row == "spare_wait" and ends.exit_code == 0, (ends.row, ends.summary)
+    assert ends.memory.limp.remaking == ("pod",) and "pod to be made again" in ends.summary
+    [end] = ends.ended
+    assert (end.attempt, end.outcome, end.charged) == (1, "disruption", False)
+    d = tick(seen, ends.memory, 601, cfg=one)
+    assert d.row == "spare_remake" and d.exit_code == 0, (d.row, d.summary)
     assert [(a.name, a.create) for a in d.actions if isinstance(a, RemakeSpare)] == [("pod", True)]
     restarted = Memory.from_dict(json.loads(json.dumps(d.memory.to_dict())))
-    again = tick(seen, restarted, 601, cfg=one)
+    again = tick(seen, restarted, 602, cfg=one)
     assert again.row == "spare_wait" and again.memory.limp.remaking == ("pod",)
     assert not [a for a in again.actions if isinstance(a, RemakeSpare)]  # one insert under way
 

@@ -396,7 +396,13 @@ def wait(draft: Draft, mem: Memory) -> Decision | None:
     its way."""
     cfg, node, now = draft.cfg, draft.obs.node, draft.now
     if node is None and cfg.slices and (gone := [n for n in mem.limp.kept(cfg.slices) if n in mem.limp.remaking]):
-        # a pool of one slot whose node tpuwatch deleted to make again: nothing left to see but that
+        # a pool of one slot whose node tpuwatch deleted to make again (or Google did, on the audit
+        # log's word): nothing left to see but that; a watcher that read it running, then gone,
+        # ends the attempt here
+        mem, final = end_lost(draft, mem, [(slot, None) for slot in mem.limp.slots(cfg.slices)
+                                           if mem.limp.node_of(slot) in gone])
+        if final is not None:
+            return final
         why = f"slice(s) lost ({', '.join(gone)} deleted) and no spare free: waiting for {', '.join(gone)} to be made again"
         if mem.phase is not Phase.WAITING_NODE or mem.reason != why:
             mem = move(mem, Phase.WAITING_NODE, reason=why)
