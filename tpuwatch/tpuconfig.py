@@ -243,24 +243,14 @@ def _compute_spec_fits(t: Mapping[str, Any]) -> None:
 
 
 def _compute_pool(t: Mapping[str, Any]) -> None:
-    """[tpu] spare_pool of a Compute Engine job: on an instance, not one Google deletes itself.
-    A claim or a return relabels the spare (instances.setLabels); a MIG has no labels of its own
-    (its VMs take their template's, and a recreate puts those back). A job whose own instance
-    Google deletes at a preemption is not yet proven with a pool: an end-to-end run of it once
-    showed its first attempt with no recorded end. The pool's own instances may use DELETE."""
-    if not t["spare_pool"]:
-        return
-    if t["mig"]:
+    """[tpu] spare_pool of a Compute Engine job: on an instance. A claim or a return relabels the
+    spare (instances.setLabels); a MIG has no labels of its own (its VMs take their template's,
+    and a recreate puts those back)."""
+    if t["spare_pool"] and t["mig"]:
         raise ConfigError("tpu.spare_pool: not with tpu.mig: a job claims a pool's spare by relabelling it, and a MIG "
                           "has no labels of its own (its VMs take their instance template's, and a recreate puts those "
                           "back); give the job spare MIGs of its own (tpu.spares), or run it on one instance "
                           "(tpu.instance)")
-    scheduling = ((t["compute_spec"] or {}).get("instance") or {}).get("scheduling") or {}
-    if isinstance(scheduling, dict) and scheduling.get("instanceTerminationAction") == "DELETE":
-        raise ConfigError("tpu.spare_pool: not with tpu.compute_spec.instance.scheduling.instanceTerminationAction = "
-                          "\"DELETE\": a job whose own instance Google deletes at a preemption is not supported with a "
-                          "spare pool yet; use \"STOP\" (a preempted instance stays TERMINATED and is made again), or "
-                          "drop tpu.spare_pool (the pool's own idle instances may use \"DELETE\")")
 
 
 def compute_priority(t: Mapping[str, Any], job: Mapping[str, Any]) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,11 +30,13 @@ from e2e_helpers import (
     instance_key,
     job_memory,
     trainer_on_instance,
+    wait_for,
     wait_while_watched,
 )
 
 from tpuwatch.errors import UsageError
 from tpuwatch.journal import Journal
+from tpuwatch.policy.observe import MIN_AUDIT_GAP
 from tpuwatch.policy.state import Phase
 from tpuwatch.sim.instances import InstanceRec
 from tpuwatch.sim.rest import RestFace
@@ -233,28 +236,52 @@ def test_status_of_a_job_of_a_pool_of_instances_shows_its_spares_and_why_one_can
     assert why["sp-0"] is None and "starts a job at boot" in why["sp-1"], why
 
 
-def test_the_keeper_inserts_again_an_idle_pool_instance_google_deleted_never_one_a_person_deleted(
+def test_a_pool_of_vms_google_deletes_itself_keeps_its_size_and_never_makes_again_one_a_person_deleted(
         sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
-    """Two idle Spot instances of the pool made with termination action DELETE: Google deletes
-    sp-0 at its preemption (compute.instances.preempted in the audit log), and the pool's keeper
-    inserts it again, labelled the pool's; a person deletes sp-1 (stopping, then gone, as
-    Google's deletion looks, but no system event): never inserted."""
-    a, env, go_a = job(sim, rest, tmp_path, "a")
+    """Job `a` and the pool's two idle instances are Spot VMs with termination action DELETE:
+    Google deletes each at its preemption (compute.instances.preempted in the audit log). `a`
+    preempted (the watcher paused through the stop) ends its attempt and claims sp-0, and its own
+    instance, inserted again from its spec, goes to the pool;
+    preempted there, idle, the pool's keeper inserts it again, labelled the pool's. A person
+    deletes sp-1 (stopping, then gone, as Google's deletion looks, but no system event): waited
+    for Google's word, never inserted."""
+    a, env, go_a = compute_job(sim, rest.url, tmp_path, "a", steps=STEPS, tpu={"spare_pool": "v7"},
+                               body={"scheduling": DELETES})
     for spare in ("sp-0", "sp-1"):
         sim.world.add_instance(spare, body={"labels": {"tpuwatch-pool": "v7"}, "scheduling": DELETES})
     (tmp_path / "jobs" / "pool-v7.toml").write_text(
         f'[pool]\nname = "v7"\nzone = "{sim.zone}"\napi = "compute"\nspares = ["sp-0", "sp-1"]\n')
-    first = sim.world.instance("sp-0").id
     proc = cli_process.start(["watch", "--config-dir", str(tmp_path / "jobs"), "--json"], env)
+    overlap = Overlap(sim, ("a", "sp-0"), ("a",), instance_key)
     try:
         wait_while_watched(lambda: on(sim, "a", "a", 1) is not None and (m := job_memory(tmp_path / "state", "a"))
                            is not None and m.limp.pool_word.deletes == ("sp-0", "sp-1"), proc,
                            "job a training, the pool's VMs Google may delete watched by its keeper")
-        sim.world.preempt_instance("sp-0")
+        # the watcher does not look while Google stops and deletes the VM (as a 30 s poll may
+        # miss it): it reads the VM running, then gone, and the audit log's word at once (its
+        # last read, before it stopped, long enough ago to read it again: MIN_AUDIT_GAP)
+        stopped = time.monotonic()
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            sim.world.preempt_instance("a")
+            wait_for(lambda: instance(sim, "a") is None and time.monotonic() > stopped + MIN_AUDIT_GAP + 0.5,
+                     timeout=60, what="instance a deleted by Google")
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        wait_while_watched(lambda: on(sim, "sp-0", "a", 2) is not None, proc, "job a's attempt 2 on pool spare sp-0",
+                           timeout=120)
+        wait_while_watched(lambda: labels(sim, "a") == {"tpuwatch-pool": "v7"}
+                           and sim.world.instance("a").status == "RUNNING"
+                           and (m := job_memory(tmp_path / "state", "a")) is not None
+                           and "a" in m.limp.pool_word.deletes, proc,
+                           "instance a inserted again, returned to the pool and watched there", timeout=150)
+        idle = sim.world.instance("a").id
+        sim.world.preempt_instance("a")
         sim.world.delete_instance(sim.project, sim.zone, "sp-1")  # a person's instances.delete
-        wait_while_watched(lambda: (vm := instance(sim, "sp-0")) is not None and vm.id != first
-                           and vm.status == "RUNNING", proc, "sp-0 inserted again by the pool's keeper", timeout=150)
-        assert labels(sim, "sp-0") == {"tpuwatch-pool": "v7"}
+        wait_while_watched(lambda: (vm := instance(sim, "a")) is not None and vm.id != idle
+                           and vm.status == "RUNNING", proc, "idle instance a inserted again by the pool's keeper",
+                           timeout=150)
+        assert labels(sim, "a") == {"tpuwatch-pool": "v7"}
         # seen gone: waited for Google's word (3 min), or past that dropped as a person's deletion
         wait_while_watched(lambda: (m := job_memory(tmp_path / "state", "a")) is not None
                            and "sp-1" not in m.limp.pool_word.deletes, proc, "sp-1 seen gone by the pool's keeper")
@@ -264,14 +291,18 @@ def test_the_keeper_inserts_again_an_idle_pool_instance_google_deleted_never_one
         proc.send_signal(signal.SIGINT)
         rc, out = finish(proc, timeout=60)
     finally:
+        overlap.stop()
         if proc.poll() is None:
             proc.kill()
     assert rc == 0, out[-4000:]
-    # sp-0 only, once; nothing deleted by tpuwatch
-    assert sim.world.calls.get("compute.v1.Instances/Insert", 0) == 1, sim.world.calls
+    assert overlap.seen == [] and overlap.samples > 10, overlap.seen
+    assert [(x["outcome"], x["charged"]) for x in cli_json(a, env, "history")["attempts"]] == [
+        ("disruption", False), ("success", False)]
+    # instance a twice (its loss, then idle in the pool), never sp-1; nothing deleted by tpuwatch
+    assert sim.world.calls.get("compute.v1.Instances/Insert", 0) == 2, sim.world.calls
     assert sim.world.calls.get("compute.v1.Instances/Delete", 0) == 0, sim.world.calls
     assert instance(sim, "sp-1") is None
     ticks = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     remade = [t.get("summary", "") for t in ticks if t.get("row") == "spare_remake"]
-    assert any("sp-0, a spare of pool v7, is gone" in s and "by Google at its preemption" in s for s in remade), remade
+    assert any("a, a spare of pool v7, is gone" in s and "by Google at its preemption" in s for s in remade), remade
     assert not any("sp-1" in s for s in remade), remade
