@@ -138,6 +138,7 @@ class _Settling:
     node: NodeSnapshot | None = None  # the job's node as last decided on
     spares: tuple[tuple[str, NodeSnapshot | None], ...] = ()  # and its idle spares
     extra: tuple[str, ...] = ()  # nodes of its pool by their label alone (handed over to it)
+    owed_failed: list[str] = field(default_factory=list)  # nodes whose owed stop failed this tick (policy/owed.py)
 
 
 @dataclass
@@ -228,7 +229,15 @@ class Reconciler:
         return left
 
     def _settle(self, st: _Settling, decision: Decision, obs: Observation, mem: Memory) -> Again | None:
-        """Journal and act on one decision (policy/settle.py): what to decide again with, or None."""
+        """Journal and act on one decision (policy/settle.py): what to decide again with, or None;
+        with the nodes whose owed stop failed so far this tick, so none is tried twice in a tick."""
+        again = self._settle_one(st, decision, obs, mem)
+        if again is None or not st.owed_failed:
+            return again
+        failed = tuple(dict.fromkeys((*again.obs.owed_stop_failed, *st.owed_failed)))
+        return Again(replace(again.obs, owed_stop_failed=failed), again.memory)
+
+    def _settle_one(self, st: _Settling, decision: Decision, obs: Observation, mem: Memory) -> Again | None:
         checker = self.ports.precheck
         st.operation = obs.operation
         if decision.check_first and obs.node is not None and checker is not None:
@@ -248,6 +257,10 @@ class Reconciler:
                     if request := life.faulty_host_request(obs.node, a.worker, a.description):
                         st.done.append(f"would send {request}")
             return None
+        if decision.stop_first:
+            # It would launch while nodes the job moved off owe a stop: those stops alone, waited
+            # for; then decide again (a launch held while one failed: row owed_stop_failed).
+            return Again(obs, self._stop_owed(st, decision, mem))
         self._journal(st, decision, obs, mem)
         refused = self._act(st, decision, obs)
         acted = st.acted
@@ -409,13 +422,8 @@ class Reconciler:
             if isinstance(action, Launch) and node is not None:
                 st.done.append(self._launch(node, action))
             elif isinstance(action, StopWorkers):
-                text, clean = self._stop(st.read.get(action.node) if action.node else node, action)
-                st.done.append(text)
-                if clean and action.settles:  # the stop a move owed there is done (policy/owed.py)
-                    mem = owed_stopped(st.acted.memory, action.settles)
-                    with self.journal.transaction():
-                        self.journal.save_memory(mem)
-                    st.acted = replace(st.acted, memory=mem)
+                mem = self._stop_settling(st, action, node, st.acted.memory)
+                st.acted = replace(st.acted, memory=mem)
             elif isinstance(action, DeleteNode):
                 st.done.append(self._delete(action, decision.memory, node, st.now))
             elif isinstance(action, CreateNode):
@@ -608,6 +616,29 @@ class Reconciler:
         # worker-side lock makes a repeat harmless.
         results = self.ports.workers.launch(node, action.attempt, action.checkpoint, clean=True)
         return launch_line(action, results, megascale_note(node))
+
+    def _stop_owed(self, st: _Settling, decision: Decision, mem: Memory) -> Memory:
+        """A `stop_first` decision's owed stops (policy/owed.py), and nothing else of it: the
+        memory it was decided from, with those done settled (journaled)."""
+        for action in decision.actions:
+            if isinstance(action, StopWorkers) and action.node and action.settles:
+                mem = self._stop_settling(st, action, None, mem)
+        return mem
+
+    def _stop_settling(self, st: _Settling, action: StopWorkers, node: NodeSnapshot | None, mem: Memory) -> Memory:
+        """Do the stop; one that settles a stop a move owed (policy/owed.py) is journaled done, or
+        noted failed for the rest of the tick. The memory after it."""
+        text, clean = self._stop(st.read.get(action.node) if action.node else node, action)
+        st.done.append(text)
+        if not action.settles:
+            return mem
+        if not clean:
+            st.owed_failed.extend(n for n in action.settles if n not in st.owed_failed)
+            return mem
+        mem = owed_stopped(mem, action.settles)
+        with self.journal.transaction():
+            self.journal.save_memory(mem)
+        return mem
 
     def _stop(self, node: NodeSnapshot | None, action: StopWorkers) -> tuple[str, bool]:
         """What the stop did, and whether every worker it reached stopped."""

@@ -55,8 +55,10 @@ def test_a_watcher_killed_before_the_swaps_stop_stops_the_older_attempt_on_the_m
     first = d.actions[0]
     assert isinstance(first, StopWorkers) and (first.node, first.settles, first.wait) == ("pod", ("pod",), True)
     assert d.memory.limp.unstopped == ("pod",) and "first stopping the older attempt still on pod" in d.summary
-    # not settled (the stop failed), and the job runs on the spare meanwhile: stopped again, not
-    # waited for, so a node slow to answer does not hold up the ticks that follow the job
+    assert d.stop_first  # the tick does that stop alone first, then decides again
+    # owed still while the job runs on the spare (its VM came back READY after it was dropped):
+    # stopped again, not waited for, so a node slow to answer does not hold up the ticks that
+    # follow the job
     on = replace(mem, phase=Phase.RUNNING, attempt=replace(mem.attempt, number=2))
     spare = mig("sp", "READY", "READY")
     follow = tick(Observation(node=combine_slices("pod", [spare]), spares=(("pod", mig("pod", "PREEMPTED", "READY")),),
@@ -114,3 +116,27 @@ def test_a_move_ahead_of_a_maintenance_owes_the_stop_on_the_whole_node_it_leaves
     first = relaunch.actions[0]
     assert isinstance(first, StopWorkers) and first.node == "s1", kinds(relaunch)
     assert any(isinstance(a, Launch) for a in relaunch.actions), (relaunch.row, kinds(relaunch))
+
+
+def test_a_launch_waits_while_the_stop_owed_on_a_node_still_ready_fails_and_goes_once_it_is_done() -> None:
+    # killed after the swap off MIG pod, whose one VM still runs: the tick tries the owed stop
+    # first (stop_first) and it fails (ssh does not answer); the decision made again with that
+    # launches nothing, stops nothing more this tick, and leaves the memory as it was (no attempt
+    # started); the next tick tries the stop again first; once it is done the job launches
+    mem = killed_after_the_swap()
+    still = mig("pod", "PREEMPTED", "READY")
+    first = tick(after_the_kill(still), mem, 700, cfg=ONE)
+    assert first.stop_first and any(isinstance(a, Launch) for a in first.actions), (first.row, kinds(first))
+    held = tick(replace(after_the_kill(still), owed_stop_failed=("pod",)), mem, 700, cfg=ONE)
+    # (its preempted VM recreated in place meanwhile, as on any decision that launches nothing)
+    assert "launch" not in kinds(held) and "stop" not in kinds(held) and not held.stop_first, (held.row, kinds(held))
+    assert held.memory.phase is Phase.IDLE and held.memory.attempt == mem.attempt and held.ended == ()
+    assert held.memory.limp.unstopped == ("pod",) and "may still run there" in held.summary
+    again = tick(after_the_kill(still), held.memory, 710, cfg=ONE)
+    assert again.stop_first and isinstance(again.actions[0], StopWorkers) and again.actions[0].node == "pod"
+    launched = tick(after_the_kill(still), stopped(held.memory, ("pod",)), 710, cfg=ONE)  # again not journaled
+    assert launched.row == "launch" and not launched.stop_first and kinds(launched) == ["launch"], kinds(launched)
+    # a node no longer READY (or no longer the job's) owes nothing: the launch goes
+    gone = tick(replace(after_the_kill(mig("pod", "PREEMPTED", "PREEMPTED")), owed_stop_failed=("pod",)), mem, 720,
+                cfg=ONE)
+    assert gone.row == "launch" and gone.memory.limp.unstopped == (), (gone.row, kinds(gone))

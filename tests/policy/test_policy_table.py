@@ -984,6 +984,19 @@ def test_row_workers_unreachable() -> None:
     assert d2.row == "workers_unreachable" and "launch" not in kinds(d2)
 
 
+def test_row_owed_stop_failed() -> None:
+    # the job moved off node "old" (still READY, the job's) and the stop owed there failed in this
+    # tick: no launch on its node, nothing charged, the stop tried again next tick
+    one = replace(CFG, slices=(NAME,), spares=("old",), recreatable=False)
+    mem = replace(idle(), limp=Limp(unstopped=("old",)))
+    old = replace(node(), name="old", id="n2")
+    seen = obs(probes=(probe(0, "absent", None), probe(1, "absent", None)), spares=(("old", old),))
+    d = tick(replace(seen, owed_stop_failed=("old",)), mem, now=100, cfg=one)
+    assert d.row == "owed_stop_failed" and kinds(d) == ["wait"] and d.memory.phase is Phase.IDLE, (d.row, kinds(d))
+    nxt = tick(seen, d.memory, now=110, cfg=one)
+    assert nxt.stop_first and kinds(nxt)[:1] == ["stop"] and "launch" in kinds(nxt), (nxt.row, kinds(nxt))
+
+
 def _refused(worker: int) -> WorkerProbe:
     return WorkerProbe(worker, "unreachable", detail="login refused: worker 1 of pod refused the login as 'alice' "
                        "with /k (Permission denied (publickey).); check ssh.user", login_refused=True)

@@ -7,10 +7,13 @@ leave the older attempt running on the node it left (a MIG's VMs still running b
 preempted one; a node moved off before its maintenance, whole and READY), while the next tick
 launches on the new one. So each such node is owed a stop (`Limp.unstopped`), journaled with the
 move, until the tick has done one there (`stopped`); until then every decision stops the job
-there first (`carry`), waited for when the decision launches. An owed node that no longer runs
-anything of the job (it cannot be reached, is gone or made again, holds a slot of the job again)
-or that the job no longer owns (lent, claimed: a stop there would also stop the device holders of
-the job now on it) is dropped.
+there first (`carry`). A decision that would launch does those stops alone first, waited for
+(`Decision.stop_first`), and launches only once they are done: one that failed (a worker of a
+node still READY did not answer, or did not stop) holds the launch (`held`, row
+`owed_stop_failed`) and is tried again the next tick, as a launch waits for every worker of the
+job's own node to answer. An owed node that no longer runs anything of the job (it cannot be
+reached, is gone or made again, holds a slot of the job again) or that the job no longer owns
+(lent, claimed: a stop there would also stop the device holders of the job now on it) is dropped.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import TypeGuard
 from tpuwatch.model import NodeSnapshot
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.state import Memory
-from tpuwatch.policy.values import Action, Decision, Launch, StartMaintenance, StopWorkers
+from tpuwatch.policy.values import Action, Decision, Launch, StartMaintenance, StopWorkers, Wait
 
 
 def carry(draft: Draft, before: Memory, decision: Decision) -> Decision:
@@ -44,13 +47,33 @@ def carry(draft: Draft, before: Memory, decision: Decision) -> Decision:
     # by a node that is slow to answer
     wait = (decision.probe_after or decision.decide_again
             or any(isinstance(a, (Launch, StartMaintenance)) for a in decision.actions))
-    first = tuple(StopWorkers(f"the job moved off {n}; the stop there was never done (the watcher stopped first)",
-                              wait=wait, node=n, settles=(n,)) for n in owed)
+    # one whose stop failed in this tick is tried again the next (the launch is held meanwhile)
+    tried = set(draft.obs.owed_stop_failed)
+    first = tuple(StopWorkers(f"the job moved off {n}; the stop there is not done yet (the watcher stopped first, "
+                              "or the stop failed)", wait=wait, node=n, settles=(n,)) for n in owed if n not in tried)
     actions = (*first, *(replace(a, settles=tuple(settle)) if settle and _stops_job(a) else a
                          for a in decision.actions))
-    summary = decision.summary + (f"; first stopping the older attempt still on {', '.join(owed)}" if owed else "")
+    summary = decision.summary + (f"; first stopping the older attempt still on {', '.join(a.node for a in first)}"
+                                  if first else "")
     mem = replace(decision.memory, limp=replace(after, unstopped=tuple(dict.fromkeys((*owed, *settle)))))
-    return replace(decision, actions=actions, memory=mem, summary=summary)
+    launches = any(isinstance(a, Launch) for a in decision.actions)
+    return replace(decision, actions=actions, memory=mem, summary=summary, stop_first=launches and bool(first))
+
+
+def held(draft: Draft, mem: Memory) -> Decision | None:
+    """Before a launch: a node the job moved off whose owed stop failed in this tick may still run
+    the older attempt (it is READY and the job's): launch nothing until a stop there is done
+    (row `owed_stop_failed`). None: no such node."""
+    seen, kept = _seen(draft, mem), set(mem.limp.kept(draft.cfg.slices))
+    failed = [n for n in mem.limp.unstopped if n in draft.obs.owed_stop_failed and n not in kept
+              and _runs(seen.get(n), draft.cfg.job)]
+    if not failed:
+        return None
+    return draft.out(mem, "owed_stop_failed",
+                     f"the job moved off {', '.join(failed)}, and the stop there failed (a worker did not answer, or "
+                     "did not stop) while it is still READY and the job's: the older attempt may still run there; "
+                     "launching nothing until a stop there is done (tried again next tick)",
+                     Wait(None, "the stop owed on a node the job moved off"))
 
 
 def stopped(mem: Memory, nodes: tuple[str, ...]) -> Memory:

@@ -294,6 +294,11 @@ ROWS: tuple[Row, ...] = (
     Row("keys_not_there_yet", "before a launch, a worker refuses the login within ssh.login_grace of the node's "
         "create time, a boot or a node-id change",
         "unreachable: the keys reach a new VM after sshd listens; look again next tick, launch nothing"),
+    Row("owed_stop_failed", "before a launch, the stop owed on a node the job moved off (a swap, a move ahead of "
+        "a maintenance, a slice left out, a node lent) failed in this tick: a worker of it, still READY and the "
+        "job's, did not answer or did not stop",
+        "launch nothing: the older attempt may still run there; stop there again next tick, and launch once it is "
+        "done (a node no longer READY or the job's owes nothing)"),
     Row("login_refused", "before a launch, a worker still refuses the login after ssh.login_grace",
         "needs a person (exit 1), naming the user, the key and the likely fix; the job resumes once it logs in"),
     Row("unreachable_grace", "a worker unreachable while the others run",

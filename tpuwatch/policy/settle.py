@@ -11,13 +11,19 @@ A decision may ask for more before it is final, and the tick comes back with it:
 - `Decision.decide_again`: the same, when the probe found nothing of the attempt left on any
   worker: no stop and no second look; decide again from the memory it left with the same
   observation (the launch-time checks first, when they did not ride in the probe).
+- `Decision.stop_first`: it would launch while nodes the job moved off owe a stop
+  (policy/owed.py); the tick does those stops alone, waited for, and none of its other actions;
+  decide again from the memory they left, with the ones that failed
+  (`Observation.owed_stop_failed`: the launch waits, row `owed_stop_failed`). The tick passes
+  those on to every later decision of the tick, so none is tried twice in one tick.
 - a create or a maintenance start refused at the call: fed back as a failed create
   (`Observation.operation`, `create_failure`) or `Observation.maintenance_refused`; decide
   again from the memory the refused decision left. That decision queues or fails a create, or
   waits, and asks for no second call of the same kind.
 
 So a tick decides at most MAX_DECIDES times (check first, a refusal, check after, and the
-decision that follows; or an end, the look after its stop, check after, and the launch); one
+decision that follows; or an end, the look after its stop, check after, and the launch; or
+check first, stop first, and the launch); one
 more is a policy bug, and `decide_until_settled` raises it rather
 than loop. Pure: it calls `decide` and the tick's `settle`, which journals and acts.
 """

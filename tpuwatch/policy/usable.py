@@ -28,6 +28,7 @@ from tpuwatch.policy.hang import (
     signature,
 )
 from tpuwatch.policy.nodes import boot_time, maintained_since
+from tpuwatch.policy.owed import held
 from tpuwatch.policy.recovery import recreate
 from tpuwatch.policy.state import Evidence, Memory, Phase, merge_evidence, move
 from tpuwatch.policy.values import Decision, ImpossibleObservation, Launch, StopWorkers, Wait
@@ -150,6 +151,8 @@ def unseen(draft: Draft, mem: Memory, probes: tuple[WorkerProbe, ...]) -> Decisi
         return end_usable(draft, mem, {p.worker: None for p in probes},
                           detail="the environment checks failed: " + "; ".join(i.line() for i in pre.failing[:3]))
     if mem.attempt.launch_tries < draft.cfg.launch_tries:
+        if hold := held(draft, mem):
+            return hold
         mem = replace(mem,
                       attempt=replace(mem.attempt, launch_tries=mem.attempt.launch_tries + 1,
                                       start=draft.now, node_id=node.id))
@@ -205,6 +208,8 @@ def idle(draft: Draft, mem: Memory) -> Decision:
     if unreachable:
         return draft.out(mem, "workers_unreachable", f"cannot reach workers {worker_list(unreachable)}; launching "
                                                      "only when every worker answers", Wait(None, "workers unreachable"))
+    if hold := held(draft, mem):
+        return hold
     checked = prechecked(draft, mem)
     if checked is not None:
         return checked
@@ -247,6 +252,8 @@ def launch_rest(draft: Draft, mem: Memory, missing: list[WorkerProbe], unreachab
         where = f"{where}; workers {worker_list(older)} still run an older attempt"
     same = (ckpt.step if ckpt is not None else None) == mem.attempt.start_step
     if same and not unreachable and not older and mem.attempt.launch_tries < cfg.launch_tries:
+        if hold := held(draft, mem):
+            return hold
         mem = replace(mem,
                       attempt=replace(mem.attempt, launch_tries=mem.attempt.launch_tries + 1,
                                       unreachable_since=None))

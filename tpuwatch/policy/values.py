@@ -227,6 +227,10 @@ class Observation:
     maintenance_refused: str = ""
     # The cloud refused this tick's ReportHost at the call ("CODE: message"); decide again.
     host_report_refused: str = ""
+    # Nodes the job moved off whose owed stop (Memory.limp.unstopped) this tick tried and could not
+    # do (a worker did not answer, or did not stop): no launch until it is done (row
+    # `owed_stop_failed`); decide again.
+    owed_stop_failed: tuple[str, ...] = ()
     audit_read: bool = False  # this tick read the audit log (observe.audit_due said it was due)
     # The node's queued resource ([tpu] queued_resource), read while it matters: the node is
     # missing or being deleted, or a create through it is followed. None: not read, or a plain node.
@@ -451,7 +455,10 @@ class Decision:
     #   the launch-time checks) and decide again: the relaunch that is due at once, in this tick.
     # decide_again: an attempt's end whose relaunch is due at once, with nothing left to stop: do
     #   these actions and decide again from the same observation, in this tick.
+    # stop_first: it would launch, and nodes the job moved off owe a stop (policy/owed.py): do
+    #   those stops only (waited for), then decide again with the ones that could not be done.
     check_first: bool = False
+    stop_first: bool = False
     check_after: bool = False
     probe_after: bool = False
     decide_again: bool = False
