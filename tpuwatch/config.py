@@ -601,7 +601,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "maintenance": {
         "start_early": Field(_bool, True, "when the node tpuwatch owns announces maintenance that may start early "
                              "(canReschedule), start it right after the job's next checkpoint (at the latest 10 min "
-                             "before its window) instead of losing work to it; refused: falls back to notify_signal"),
+                             "before its window) instead of losing work to it; refused: falls back to notify_signal. "
+                             "An idle spare's is started at once"),
         "notify_signal": Field(_signal_name, "SIGTERM", "signal sent to the job's process group when a worker's metadata "
                                "server gives notice of maintenance or preemption (about 60 s / 30 s ahead); \"\" = none "
                                "(the notice is still written to ~/.tpuwatch/<job>/maintenance)"),

@@ -439,12 +439,14 @@ class Reconciler:
                 cleared = self.ports.lifecycle_for(action.zone).clear_ended()
                 if cleared:
                     st.done.append(cleared)
-            elif isinstance(action, StartMaintenance) and node is not None:
+            elif isinstance(action, StartMaintenance) and (on := st.read.get(action.name) if action.idle
+                                                           else node) is not None:
                 try:
-                    st.done.append(self._start_maintenance(action, decision.memory, node, st.now))
+                    st.done.append(self._start_maintenance(action, decision.memory, on, st.now))
                 except MaintenanceRefused as exc:
-                    st.done.append(f"starting the maintenance of {node.name} early was refused: {exc.message}")
-                    return replace(obs, maintenance_refused=f"{exc.code}: {exc.message}")
+                    st.done.append(f"starting the maintenance of {on.name} early was refused: {exc.message}")
+                    return replace(obs, maintenance_refused=f"{exc.code}: {exc.message}",
+                                   maintenance_refused_idle=action.name if action.idle else "")
             elif isinstance(action, StartNode) and node is not None:
                 st.done.append(self._start_node(action, decision.memory, node, st.now))
             elif isinstance(action, Relabel):

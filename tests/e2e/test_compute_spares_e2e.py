@@ -330,6 +330,31 @@ def test_an_announced_maintenance_moves_the_job_onto_the_spare_instance_and_star
     assert writes(sim) == ["Instances/PerformMaintenance"], sim.world.calls
 
 
+def test_an_idle_spare_instances_announced_maintenance_is_started_at_once_and_the_job_runs_on(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    """A maintenance announced for the idle spare instance a week away: tpuwatch starts it now,
+    once (instances.performMaintenance on sp, never on vm the job runs on); the job runs on."""
+    for name in ("vm", "sp"):
+        sim.world.add_instance(name, body={"labels": {"tpuwatch-job": "vm"}})
+    cfg, env, go = spared(sim, rest, tmp_path, ["sp"], spec=False)
+    proc = watch_process(cfg, env)
+    try:
+        wait_while_watched(lambda: on(sim, "vm", 1) is not None, proc, "attempt 1 on vm")
+        sim.world.schedule_instance_maintenance("sp", starts_in=7 * 86400.0, heal_after=600.0)
+        wait_while_watched(lambda: sim.world.calls.get("compute.v1.Instances/PerformMaintenance", 0) == 1, proc,
+                           "the maintenance of sp started")
+        assert on(sim, "vm", 1) is not None  # the job runs on, untouched
+        (go / "100").touch()
+        rc, out = finish(proc, timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out
+    assert "started the maintenance of instance sp" in out, out
+    assert [(a["outcome"], a["charged"]) for a in tool(cfg, env, "history")["attempts"]] == [("success", False)]
+    assert writes(sim) == ["Instances/PerformMaintenance"], sim.world.calls
+
+
 def test_a_spare_google_may_delete_that_a_person_deletes_is_never_inserted_again(
         sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
     """An idle Spot spare with termination action DELETE that a person deletes goes as one Google

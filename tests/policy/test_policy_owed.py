@@ -140,3 +140,33 @@ def test_a_launch_waits_while_the_stop_owed_on_a_node_still_ready_fails_and_goes
     gone = tick(replace(after_the_kill(mig("pod", "PREEMPTED", "PREEMPTED")), owed_stop_failed=("pod",)), mem, 720,
                 cfg=ONE)
     assert gone.row == "launch" and gone.memory.limp.unstopped == (), (gone.row, kinds(gone))
+
+
+def test_a_maintenance_whose_early_start_a_kill_cut_off_is_started_once_the_node_moved_off_is_idle() -> None:
+    # the move journaled, the watcher killed before its stop and before the start of s1's
+    # maintenance: once the job runs on x0, s1 is an idle spare of the job's with that
+    # maintenance still pending, and it is started then, while nothing runs there
+    from policy_support import at
+
+    from tpuwatch.policy import StartMaintenance
+
+    um = UpcomingMaintenance("SCHEDULED", "PENDING", True, at(7 * 86400), at(7 * 86400 + 3600), at(7 * 86400))
+    announced = {"s1": replace(limp_part("s1"), upcoming_maintenance=um)}
+    mem = run_mem(step=100)
+    running = tuple(WorkerProbe(w, "running", attempt=1, pid=100 + w) for w in range(8))
+    waiting = tick(limp_look({}, mem, spares=("x0",), parts=announced, probes=running, checkpoint=ckpt(150)), mem, 500,
+                   cfg=SPARES)
+    d = tick(limp_look({}, waiting.memory, spares=("x0",), parts=announced, probes=running, checkpoint=ckpt(160)),
+             waiting.memory, 700, cfg=SPARES)
+    assert d.row == "early_swap" and any(isinstance(a, StartMaintenance) for a in d.actions), (d.row, kinds(d))
+    killed = stopped(replace(d.memory, phase=Phase.IDLE), ("s1",))  # its stop done at the relaunch
+    relaunch = tick(limp_look({}, killed, spares=("x0",), parts=announced,
+                              probes=tuple(WorkerProbe(w, "absent") for w in range(8)), checkpoint=ckpt(160)),
+                    killed, 701, cfg=SPARES)
+    assert relaunch.row == "launch", (relaunch.row, kinds(relaunch))
+    on = relaunch.memory
+    now = tick(limp_look({}, on, spares=("x0",), parts=announced,
+                         probes=tuple(WorkerProbe(w, "running", attempt=2, pid=200 + w) for w in range(8)),
+                         checkpoint=ckpt(160)), on, 710, cfg=SPARES)
+    assert now.row == "spare_maintenance", (now.row, kinds(now))
+    assert [(a.name, a.idle) for a in now.actions if isinstance(a, StartMaintenance)] == [("s1", True)]

@@ -64,6 +64,7 @@ from tpuwatch.policy import (
     PolicyConfig,
     Recreate,
     Repair,
+    StartMaintenance,
     StopWorkers,
     Wait,
     decide,
@@ -294,6 +295,32 @@ def test_row_early_refused() -> None:
     running_again = tick(obs(_announced(), probes=running(2), checkpoint=ckpt(170)),
                          relaunch.memory, now=800)
     assert running_again.row == "running"
+
+
+def test_row_spare_maintenance() -> None:
+    # the job runs on pod; its idle spare "sp" has a maintenance that may start early: started now,
+    # once (not again while the API still shows it PENDING), never on a spare not the job's, nor
+    # with maintenance.start_early off; a refusal is said and the job runs on
+    one = replace(CFG, slices=(NAME,), spares=("sp",), recreatable=False)
+    sp = replace(node(), name="sp", id="n2", upcoming_maintenance=_announced().upcoming_maintenance)
+    seen = obs(probes=running(1), checkpoint=ckpt(150), spares=(("sp", sp),))
+    d = tick(seen, run_mem(), now=100, cfg=one)
+    [start] = [a for a in d.actions if isinstance(a, StartMaintenance)]
+    assert d.row == "spare_maintenance" and (start.name, start.idle) == ("sp", True), (d.row, kinds(d))
+    assert d.memory.phase is Phase.RUNNING and d.ended == () and "idle spare of job" in start.reason
+    again = tick(seen, d.memory, now=110, cfg=one)
+    assert again.row == "running" and not any(isinstance(a, StartMaintenance) for a in again.actions)
+    for cfg, spare in ((replace(one, start_early=False), sp), (one, replace(sp, labels={"tpuwatch-job": "other"})),
+                       (replace(one, queued_resource="qr"), sp)):
+        other = tick(replace(seen, spares=(("sp", spare),)), run_mem(), now=100, cfg=cfg)
+        assert not any(isinstance(a, StartMaintenance) for a in other.actions), (other.row, kinds(other))
+    refused = decide(replace(seen, maintenance_refused="FAILED_PRECONDITION: not now", maintenance_refused_idle="sp"),
+                     d.memory, one, at(100))
+    assert refused.row == "spare_maintenance" and "could not be started early" in refused.summary
+    assert refused.memory == d.memory and refused.memory.phase is Phase.RUNNING
+    # done with once it is no longer announced
+    assert tick(replace(seen, spares=(("sp", replace(sp, upcoming_maintenance=None)),)), d.memory, now=120,
+                cfg=one).memory.maintenance.idle_started == ()
 
 
 def test_row_failure() -> None:

@@ -2,8 +2,8 @@
 checkpoint, then stop it and start the maintenance, or relaunch when the service refuses.
 
 Rows `early_wait`, `early_start`, `early_swap` (a spare takes the node's place first),
-`early_refused`; what tpuwatch will do about a maintenance,
-said for people, is policy/maintenance.py.
+`early_refused`, and `spare_maintenance` (an idle spare's started while nothing runs there);
+what tpuwatch will do about a maintenance, said for people, is policy/maintenance.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from tpuwatch.durations import human
-from tpuwatch.model import WorkerProbe
+from tpuwatch.model import UpcomingMaintenance, WorkerProbe
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.ending import NOTICE_HOLD, finish
 from tpuwatch.policy.limp import stop_waited
@@ -130,3 +130,47 @@ def early_refused(draft: Draft, mem: Memory) -> Decision:
                                            f"({draft.obs.maintenance_refused}); relaunching, and the job "
                                            "gets the last-minute notice instead",
                      Wait(None, "relaunch after the refused early maintenance"))
+
+
+def start_idle(draft: Draft, decision: Decision) -> Decision:
+    """A decision that does nothing (the job runs on, or waits), of a job with an idle spare of its
+    own whose announced maintenance may start early ([maintenance] start_early): with that
+    maintenance started now, while nothing runs there (row `spare_maintenance`), rather than at
+    its window, when the spare may be the one the job runs on. So is the maintenance of a node
+    the job moved off ahead of it (`early_swap`) whose start a watcher killed in between never
+    sent. Each maintenance once (`Maintenance.idle_started`, journaled before the call): one the
+    service refused comes at its window. Not through a queued resource (a spare is not in it)."""
+    cfg, mem = draft.cfg, decision.memory
+    if not cfg.start_early or cfg.queued_resource or decision.ended \
+            or any(not isinstance(a, Wait) for a in decision.actions):
+        return decision
+    pending: dict[str, tuple[str, UpcomingMaintenance]] = {}
+    for name, part in draft.obs.spares:
+        um = part.upcoming_maintenance if part is not None else None
+        if (part is not None and um is not None and can_start_early(um) and part.owned_by(cfg.job)
+                and part.state == "READY" and not part.multislice_request):
+            pending[_key(name, um)] = (name, um)
+    started = tuple(k for k in mem.maintenance.idle_started if k in pending)  # the others are done with
+    due = [k for k in pending if k not in started]
+    mem = replace(mem, maintenance=replace(mem.maintenance, idle_started=(*started, *due[:1])))
+    if not due:
+        return decision if mem == decision.memory else replace(decision, memory=mem)
+    name, um = pending[due[0]]
+    window = um.window_start.isoformat() if um.window_start is not None else "not given"
+    action = StartMaintenance(name, f"{name}, an idle spare of job {cfg.job}, has a {um.type.lower()} maintenance "
+                                    f"announced (window {window}) that may start early: starting it now, while "
+                                    "nothing runs there", idle=True)
+    return replace(decision, memory=mem, row="spare_maintenance", actions=(*decision.actions, action),
+                   summary=f"{decision.summary}; {action.reason}")
+
+
+def idle_refused(draft: Draft, mem: Memory) -> Decision:
+    """The service refused to start an idle spare's maintenance early: said; it comes at its
+    window (asked once: `Maintenance.idle_started`)."""
+    return draft.out(mem, "spare_maintenance", f"the maintenance of idle spare {draft.obs.maintenance_refused_idle} "
+                                               f"could not be started early ({draft.obs.maintenance_refused}): it "
+                                               "comes at its window", Wait(None, "the job runs on"))
+
+
+def _key(name: str, um: UpcomingMaintenance) -> str:
+    return f"{name}@{um.window_start.isoformat() if um.window_start is not None else ''}"

@@ -52,6 +52,11 @@ ROWS: tuple[Row, ...] = (
         "(UNIMPLEMENTED, FAILED_PRECONDITION, INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED, …)",
         "noted once for that window, never an API failure; relaunch, and let the relay pass the last-minute "
         "notice to the job"),
+    Row("spare_maintenance", "nothing else to do this tick, and an idle spare of the job's own (READY, labelled its "
+        "own; not through a queued resource) has an announced maintenance that may start early "
+        "(maintenance.start_early); or the service refused to start it",
+        "start it now, while nothing runs there, rather than at its window, when the job may run there; each "
+        "maintenance asked once (a refusal is said, and the maintenance comes at its window)"),
     Row("failure", "a worker exits non-zero, node healthy, no disruption evidence",
         "charged to max_restarts; stop all workers; relaunch at once the first time since a stable run, "
         "then after a capped exponential backoff with jitter. When no worker exited with a code of its own "

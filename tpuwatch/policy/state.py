@@ -149,6 +149,9 @@ class Maintenance:
     early_window: datetime | None = None
     early_step: int | None = None
     early_refused: datetime | None = None
+    # the idle spares whose announced maintenance tpuwatch started early, as "<node>@<window
+    # start>": journaled before the call, so each is asked once (a refusal leaves it to its window)
+    idle_started: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from datetime import datetime
 from tpuwatch.policy import google, limp, owed, pool, priority, spares
 from tpuwatch.policy.alerts import checkpoint_stale
 from tpuwatch.policy.draft import Draft, worker_list
-from tpuwatch.policy.early import early_refused
+from tpuwatch.policy.early import early_refused, idle_refused, start_idle
 from tpuwatch.policy.evidence import refund, signs
 from tpuwatch.policy.faulty import report_refused
 from tpuwatch.policy.nodes import Cond, boots_seen, node_condition
@@ -76,7 +76,7 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
         stop = (StopWorkers(f"job {word}: stopping leftover workers {worker_list(left)}"),) if left else ()
         decision = draft.out(mem, "terminal", f"job {word}: {mem.reason}", *stop)
     elif obs.maintenance_refused:
-        decision = early_refused(draft, mem)
+        decision = idle_refused(draft, mem) if obs.maintenance_refused_idle else early_refused(draft, mem)
     elif obs.host_report_refused:
         decision = report_refused(draft, mem)
     else:
@@ -104,6 +104,7 @@ def decide(obs: Observation, mem: Memory, cfg: PolicyConfig, now: datetime) -> D
                        or priority.lent_wait(draft, new))
             decision = priority.relabel(draft, new, pool.keep(draft, new, pool.give_back(draft, new, spares.remake(
                 draft, new, shifted or limp.grow_wait(draft, new, NODE_HANDLERS[node_condition(obs.node)](draft, new))))))
+            decision = start_idle(draft, decision)  # an idle spare's announced maintenance (policy/early.py)
     # a job with a priority that ends holding nodes it took hands them back (policy/priority.py)
     decision = priority.ended(draft, decision)
     if obs.checks and obs.node is not None:

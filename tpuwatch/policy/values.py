@@ -225,6 +225,7 @@ class Observation:
     precheck_fixed: bool = False  # this tick already ran the worker cleanup for fixable items
     # The service refused this tick's StartMaintenance at the call ("CODE: message"); decide again.
     maintenance_refused: str = ""
+    maintenance_refused_idle: str = ""  # the idle spare whose maintenance start was refused, if it was one's
     # The cloud refused this tick's ReportHost at the call ("CODE: message"); decide again.
     host_report_refused: str = ""
     # Nodes the job moved off whose owed stop (Memory.limp.unstopped) this tick tried and could not
@@ -369,10 +370,12 @@ class NeedsPerson:
 class StartMaintenance:
     """Start the node's announced maintenance now (v2alpha1 performMaintenance, or through its
     queued resource); journaled before the call, like a delete. A refusal is fed back as
-    `Observation.maintenance_refused`."""
+    `Observation.maintenance_refused` (and `maintenance_refused_idle`: the start of an `idle`
+    spare's)."""
 
     name: str
     reason: str
+    idle: bool = False  # an idle spare of the job's, not a node it runs on (policy/early.py `start_idle`)
     kind: ClassVar[str] = "start_maintenance"
 
 
