@@ -238,6 +238,7 @@ class Reconciler:
         return Again(replace(again.obs, owed_stop_failed=failed), again.memory)
 
     def _settle_one(self, st: _Settling, decision: Decision, obs: Observation, mem: Memory) -> Again | None:
+        """Journal and act on one decision, or do what it asks first; what to decide again with."""
         checker = self.ports.precheck
         st.operation = obs.operation
         if decision.check_first and obs.node is not None and checker is not None:
