@@ -184,6 +184,9 @@ def test_a_spot_vm_with_delete_is_deleted_by_its_preemption_showing_shutdown_det
     from tpuwatch.sim.compute_json import instance_json
 
     w = sim.world
+    # the guest's shutdown lasts 2 real seconds here (0.1 s by default), so the look below meets it
+    # on a busy machine too
+    w.delays["stop"] = 2 * w.speed
     w.add_instance("spot", body={"scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE"}})
     w.preempt_instance("spot")
     assert [e.method for e in w.audit_entries()] == ["compute.instances.preempted"]
