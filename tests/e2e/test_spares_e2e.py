@@ -262,20 +262,22 @@ def test_an_announced_maintenance_moves_the_job_onto_the_spare_at_a_checkpoint_l
 
 def test_an_idle_spares_announced_maintenance_is_started_at_once_and_the_job_runs_on_untouched(
         sim: Simulator, tmp_path: Path) -> None:
-    """A maintenance announced for the idle spare sp-0 a week away, that may start early: tpuwatch
-    starts it now, once, while nothing runs there (not at its window, when the job may run on
-    sp-0); the job on its 4 slices is not stopped for it."""
+    """Maintenances announced for the idle spares sp-0 and sp-1 a week away, that may start early:
+    tpuwatch starts each now, once, while nothing runs there (not at its window, when the job
+    may run there); sp-1's start is refused: said, and not asked again. The job on its 4 slices
+    is not stopped for them."""
     sim.world.delays["simulated_maintenance_heal"] = 600.0
-    cfg, env, go = spared_job(sim, tmp_path)
+    cfg, env, go = spared_job(sim, tmp_path, spares=("sp-0", "sp-1"))
     proc = watch_process(cfg, env)
     try:
         wait_while_watched(lambda: len(on_attempt(sim, 1)) == 4, proc, "attempt 1 on the 4 slices")
-        sim.inject("upcoming-maintenance", node="sp-0", starts_in="7d", heal_after="10m")
-        wait_while_watched(lambda: sim.world.call_count("PerformMaintenance") == 1, proc,
-                           "the maintenance of sp-0 started")
-        assert sorted(on_attempt(sim, 1)) == list(SLICES)  # the job runs on, untouched
+        sim.inject("refuse-maintenance", node="sp-1", code="FAILED_PRECONDITION")
+        for spare in ("sp-0", "sp-1"):
+            sim.inject("upcoming-maintenance", node=spare, starts_in="7d", heal_after="10m")
         wait_while_watched(lambda: (n := sim.world.node("sp-0")).state == "READY" and n.health == "HEALTHY"
-                           and n.upcoming is None, proc, "sp-0 back from its maintenance", timeout=120)
+                           and n.upcoming is None and sim.world.call_count("PerformMaintenance") == 2, proc,
+                           "sp-0 back from its maintenance, sp-1's refused", timeout=120)
+        assert sorted(on_attempt(sim, 1)) == list(SLICES)  # the job runs on, untouched
         (go / "100").touch()
         rc, out = finish(proc, timeout=150)
     finally:
@@ -283,7 +285,9 @@ def test_an_idle_spares_announced_maintenance_is_started_at_once_and_the_job_run
             proc.kill()
     assert rc == 0, out
     assert "sp-0, an idle spare of job ms, has a scheduled maintenance announced" in out, out
-    assert sim.world.call_count("PerformMaintenance") == 1  # asked once
+    assert "the maintenance of idle spare sp-1 could not be started early (FAILED_PRECONDITION" in out, out
+    assert sim.world.call_count("PerformMaintenance") == 2  # each asked once, the refused one too
+    assert sim.world.node("sp-1").upcoming is not None  # left to its window
     assert [(a["outcome"], a["charged"]) for a in attempts(cfg, env)] == [("success", False)]
 
 
