@@ -44,7 +44,7 @@ TRANSPORTS = ("openssh", "gcloud")
 NOTIFY_FORMATS = ("slack", "chat", "json")
 # What a [[notify]] table may be told about (tpuwatch.policy.alerts derives them from the journal).
 ALERT_KINDS = ("failed", "needs_person", "recreated", "disruption", "resumed", "done", "maintenance",
-               "checkpoint_stale", "slices", "stopping_long")
+               "checkpoint_stale", "slices", "stopping_long", "stop_failed")
 # By default, what needs or concerns a person; disruptions and resumes are routine on spot nodes.
 DEFAULT_ALERTS = ("failed", "needs_person", "done", "maintenance")
 # Sections written as arrays of tables ([[notify]]): SCHEMA names the keys of each table.

@@ -24,6 +24,8 @@ from e2e_helpers import tick_until, trainer, trainer_env, write_config
 from tpuwatch.errors import UsageError
 from tpuwatch.journal import Journal
 from tpuwatch.model import NodeSnapshot
+from tpuwatch.policy.alerts import Where, from_event
+from tpuwatch.policy.owed import STOP_FAILED_WAIT
 from tpuwatch.ports import Workers
 from tpuwatch.sim.simulator import Simulator
 from tpuwatch.tick import Reconciler, TickReport
@@ -105,7 +107,12 @@ def test_a_launch_waits_for_the_stop_on_the_node_it_left_while_that_stop_fails_t
                    "attempt 2 on sp-0")
         assert trainer_on("pod") is None
         attempts = journal.attempts()
+        # the hold journaled once (its wait, as the row changed): alert stop_failed
+        held_events = [e for e in journal.events() if e.kind == "wait" and e.data.get("reason") == STOP_FAILED_WAIT]
+        alert = from_event(Where("pod", "pod", "z"), held_events[0].id, "wait", held_events[0].time,
+                           held_events[0].reason, held_events[0].data) if len(held_events) == 1 else None
     # never two attempts alive at once, on either node
     assert not [s for s in seen if None not in s], seen
     assert [(a.number, a.outcome, a.charged) for a in attempts] == [(1, "disruption", False), (2, None, None)]
     assert sim.world.call_count("DeleteNode") == 0 and sim.world.call_count("CreateNode") == 0
+    assert alert is not None and alert.kind == "stop_failed" and "the job moved off pod" in alert.text, held_events

@@ -28,6 +28,8 @@ CASES = [
     ("wait", "node vm is a Spot VM stopping ...; vm has been stopping for 5m00s, longer than Google's stop takes",
      {"reason": "a Spot VM stopping for long"}, "stopping_long"),
     ("wait", "node vm is a Spot VM stopping ...", {"reason": "a Spot VM stopping"}, None),
+    ("wait", "the job moved off old, and the stop there failed ...",
+     {"reason": "the stop owed on a node the job moved off"}, "stop_failed"),
     ("launch", "launching attempt 3", {"attempt": 3, "checkpoint": {"step": 60}}, "resumed"),
     ("launch", "launching attempt 1", {"attempt": 1, "checkpoint": None}, None),
     ("done", "attempt 5: worker 0 exited 0", {}, "done"),

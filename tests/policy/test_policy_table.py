@@ -1020,6 +1020,13 @@ def test_row_owed_stop_failed() -> None:
     seen = obs(probes=(probe(0, "absent", None), probe(1, "absent", None)), spares=(("old", old),))
     d = tick(replace(seen, owed_stop_failed=("old",)), mem, now=100, cfg=one)
     assert d.row == "owed_stop_failed" and kinds(d) == ["wait"] and d.memory.phase is Phase.IDLE, (d.row, kinds(d))
+    # its journal event (the wait, as the row changes) is alert stop_failed
+    from tpuwatch.policy.alerts import Where, from_event
+    from tpuwatch.policy.values import action_dict
+
+    [wait] = d.actions
+    alert = from_event(Where("job", "pod", "z"), 7, "wait", at(100), d.summary, action_dict(wait))
+    assert alert is not None and alert.kind == "stop_failed" and "the job moved off old" in alert.text, alert
     nxt = tick(seen, d.memory, now=110, cfg=one)
     assert nxt.stop_first and kinds(nxt)[:1] == ["stop"] and "launch" in kinds(nxt), (nxt.row, kinds(nxt))
 

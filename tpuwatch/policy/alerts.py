@@ -25,6 +25,7 @@ from tpuwatch.durations import human
 from tpuwatch.model import Checkpoint, UpcomingMaintenance
 from tpuwatch.policy.maintenance import maintenance_plan
 from tpuwatch.policy.nodes import STOPPING_LONG_WAIT
+from tpuwatch.policy.owed import STOP_FAILED_WAIT
 from tpuwatch.policy.rows import Row
 from tpuwatch.policy.state import Memory, Phase
 
@@ -116,6 +117,9 @@ RULES: tuple[Rule, ...] = (
          lambda r, d: f"node recreated: {r}"),
     Rule("wait", lambda d: d.get("reason") == STOPPING_LONG_WAIT, "stopping_long",
          lambda r, d: f"a VM stuck stopping: {r}"),
+    Rule("wait", lambda d: d.get("reason") == STOP_FAILED_WAIT, "stop_failed",
+         lambda r, d: f"no launch while the job may still run where it was: {r}. Check that node's SSH, or stop "
+                      "the job there yourself"),
     Rule("launch", lambda d: int(d.get("attempt") or 0) > 1, "resumed",
          lambda r, d: f"resuming: launching attempt {d.get('attempt')} from {_step(d)}"),
     Rule("done", _always, "done", lambda r, d: f"job done: {r}"),

@@ -26,6 +26,9 @@ from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.state import Memory
 from tpuwatch.policy.values import Action, Decision, Launch, StartMaintenance, StopWorkers, Wait
 
+# The hold's wait: its journal event (once, as the row changes) is alert `stop_failed`
+STOP_FAILED_WAIT = "the stop owed on a node the job moved off"
+
 
 def carry(draft: Draft, before: Memory, decision: Decision) -> Decision:
     """`decision` with the stops it owes: the nodes it moves the job off that its own stop of the
@@ -73,7 +76,7 @@ def held(draft: Draft, mem: Memory) -> Decision | None:
                      f"the job moved off {', '.join(failed)}, and the stop there failed (a worker did not answer, or "
                      "did not stop) while it is still READY and the job's: the older attempt may still run there; "
                      "launching nothing until a stop there is done (tried again next tick)",
-                     Wait(None, "the stop owed on a node the job moved off"))
+                     Wait(None, STOP_FAILED_WAIT))
 
 
 def stopped(mem: Memory, nodes: tuple[str, ...]) -> Memory:
