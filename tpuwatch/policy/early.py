@@ -146,9 +146,9 @@ def start_idle(draft: Draft, decision: Decision) -> Decision:
         return decision
     pending: dict[str, tuple[str, UpcomingMaintenance]] = {}
     for name, part in draft.obs.spares:
-        um = part.upcoming_maintenance if part is not None else None
-        if (part is not None and um is not None and can_start_early(um) and part.owned_by(cfg.job)
-                and part.state == "READY" and not part.multislice_request):
+        if part is None or (um := part.upcoming_maintenance) is None:
+            continue
+        if can_start_early(um) and part.owned_by(cfg.job) and part.state == "READY" and not part.multislice_request:
             pending[_key(name, um)] = (name, um)
     started = tuple(k for k in mem.maintenance.idle_started if k in pending)  # the others are done with
     due = [k for k in pending if k not in started]
