@@ -170,6 +170,9 @@ def test_check_on_a_full_disk_says_so_with_exit_1_and_a_later_check_works(
 @pytest.mark.slow
 def test_a_second_watch_on_the_same_job_refuses_and_the_first_carries_on(sim: Simulator, tmp_path: Path) -> None:
     job = Watched(sim, tmp_path, "pod", seed=11, steps=300)
+    # held at step 100 until the second watch has been refused: a 6 s job could otherwise end, and
+    # free the job's lock, while a loaded machine starts the second watch
+    job.set_steps(300, hold_at=100)
     try:
         job.start()
         job.running_with_progress()
@@ -177,6 +180,7 @@ def test_a_second_watch_on_the_same_job_refuses_and_the_first_carries_on(sim: Si
         assert second.returncode == 1, second.stdout + second.stderr
         assert "another tpuwatch" in second.stderr and "is working on pod" in second.stderr, second.stderr
         assert job.proc is not None and job.proc.poll() is None, "the first watch stopped"
+        job.release(100)
         job.assert_invariants(job.finish(timeout=60))
     finally:
         job.close()
