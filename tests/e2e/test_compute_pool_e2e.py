@@ -306,3 +306,57 @@ def test_a_pool_of_vms_google_deletes_itself_keeps_its_size_and_never_makes_agai
     remade = [t.get("summary", "") for t in ticks if t.get("row") == "spare_remake"]
     assert any("a, a spare of pool v7, is gone" in s and "by Google at its preemption" in s for s in remade), remade
     assert not any("sp-1" in s for s in remade), remade
+
+
+def test_a_job_that_takes_over_as_the_pools_keeper_inserts_again_an_idle_vm_google_deleted_before(
+        sim: Simulator, rest: RestFace, tmp_path: Path) -> None:
+    """Another watcher on the same state dir keeps pool v7 (the test holds its keeper lock, as that
+    watcher's keeper job would: the moment between keepers is then the test's to choose). Google
+    deletes the pool's idle VM sp-0 at its preemption. Job `a`, not the keeper, watches sp-0 too
+    and reads Google's word, but inserts nothing; once the other keeper is gone (its lock
+    released), `a` keeps the pool and inserts sp-0 again, labelled the pool's."""
+    import fcntl
+    import os
+
+    a, env, go_a = compute_job(sim, rest.url, tmp_path, "a", steps=STEPS, tpu={"spare_pool": "v7"},
+                               body={"scheduling": DELETES})
+    sim.world.add_instance("sp-0", body={"labels": {"tpuwatch-pool": "v7"}, "scheduling": DELETES})
+    (tmp_path / "jobs" / "pool-v7.toml").write_text(
+        f'[pool]\nname = "v7"\nzone = "{sim.zone}"\napi = "compute"\nspares = ["sp-0"]\n')
+    (tmp_path / "state").mkdir(exist_ok=True)
+    other = os.open(tmp_path / "state" / "pool.v7.keeper", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(other, fcntl.LOCK_EX)
+    proc = cli_process.start(["watch", "--config-dir", str(tmp_path / "jobs"), "--json"], env)
+    try:
+        wait_while_watched(lambda: on(sim, "a", "a", 1) is not None and (m := job_memory(tmp_path / "state", "a"))
+                           is not None and m.limp.pool_word.deletes == ("sp-0",), proc,
+                           "job a training and watching the pool's VM Google may delete, not being its keeper")
+        sim.world.preempt_instance("sp-0")
+        wait_while_watched(lambda: (m := job_memory(tmp_path / "state", "a")) is not None
+                           and m.limp.pool_remaking == ("sp-0",), proc,
+                           "sp-0 deleted by Google, and its word read by job a")
+        assert instance(sim, "sp-0") is None
+        assert sim.world.calls.get("compute.v1.Instances/Insert", 0) == 0, "inserted by a job not the keeper"
+        os.close(other)  # the other watcher's keeper is gone
+        other = -1
+        wait_while_watched(lambda: (vm := instance(sim, "sp-0")) is not None and vm.status == "RUNNING", proc,
+                           "sp-0 inserted again by job a, the pool's keeper now", timeout=120)
+        assert labels(sim, "sp-0") == {"tpuwatch-pool": "v7"}
+        assert on(sim, "a", "a", 1) is not None  # the job untouched
+        (go_a / "100").touch()
+        wait_while_watched(lambda: (m := job_memory(tmp_path / "state", "a")) is not None and m.phase is Phase.DONE,
+                           proc, "job a done", timeout=150)
+        proc.send_signal(signal.SIGINT)
+        rc, out = finish(proc, timeout=60)
+    finally:
+        if other >= 0:
+            os.close(other)
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, out[-4000:]
+    assert sim.world.calls.get("compute.v1.Instances/Insert", 0) == 1, sim.world.calls
+    assert sim.world.calls.get("compute.v1.Instances/Delete", 0) == 0, sim.world.calls
+    ticks = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    remade = [t.get("summary", "") for t in ticks if t.get("row") == "spare_remake"]
+    assert any("sp-0, a spare of pool v7, is gone" in s and "by Google at its preemption" in s for s in remade), remade
+    assert not any(t.get("row") == "spare_gone" for t in ticks)

@@ -187,7 +187,7 @@ def test_the_keeper_makes_again_an_idle_pool_vm_google_deleted_at_its_preemption
 def test_an_idle_pool_vm_google_may_delete_gone_with_no_word_is_a_persons_deletion_never_made_again() -> None:
     """A person's instances.delete of such a VM looks as Google's (stopping, then gone) but writes
     nothing to the system-event log: after 3 min with no word it is dropped and said so, never
-    made again; a job that is not the keeper watches nothing."""
+    made again; a job that is not the keeper watches it as well but never says so nor acts."""
     mem = run_mem(step=100)
     seen = keeper(mem, (part("apod", "a"), spot("sp-0")), 900)
     gone = (part("apod", "a"),)
@@ -202,9 +202,37 @@ def test_an_idle_pool_vm_google_may_delete_gone_with_no_word_is_a_persons_deleti
     # a word that comes after that changes nothing
     after = keeper(late.memory, gone, 910 + 200, events=(preempted("sp-0", 905),))
     assert not any(isinstance(a, RemakeSpare) for a in after.actions) and after.memory.limp.pool_remaking == ()
-    # not the keeper (any more): it forgets what it watched, and never acts on a word
-    other = keeper(waits.memory, gone, 920, keeps=False, events=(preempted("sp-0", 905),))
-    assert other.memory.limp.pool_word == IdleWord() and not any(isinstance(a, RemakeSpare) for a in other.actions)
+    # not the keeper: it watches as the keeper does, but the keeper alone says a person's deletion
+    other = keeper(waits.memory, gone, 910 + 181, keeps=False)
+    assert other.row != "spare_gone" and "no word from Google" not in other.summary, other.summary
+    assert other.memory.limp.pool_word == IdleWord() and other.memory.limp.pool_remaking == ()
+    assert not any(isinstance(a, RemakeSpare) for a in other.actions)
+    # a job with no [tpu.spec] can never keep the pool: it watches nothing
+    plain = replace(A, spares_remade=False)
+    d = tick(look(plain, mem, (part("apod", "a"), spot("sp-0")), probes=running(1), checkpoint=ckpt(300)), mem, 900,
+             cfg=plain)
+    assert d.memory.limp.pool_word == IdleWord()
+
+
+def test_a_job_that_becomes_the_keeper_makes_again_a_pool_vm_google_deleted_while_another_kept_the_pool() -> None:
+    """The keeper's job ends; Google deletes an idle VM of the pool at its preemption before the
+    next job takes the keeper lock over (a minute in one watcher). That job watched the VM too, so
+    it has Google's word and creates it once it keeps the pool; while it does not, it never acts."""
+    mem = run_mem(step=100)
+    seen = keeper(mem, (part("apod", "a"), spot("sp-0")), 900, keeps=False)
+    assert seen.memory.limp.pool_word.deletes == ("sp-0",)
+    gone = (part("apod", "a"),)
+    word = keeper(seen.memory, gone, 930, keeps=False, events=(preempted("sp-0", 915),))
+    assert word.memory.limp.pool_remaking == ("sp-0",), word.memory.limp
+    assert not any(isinstance(a, RemakeSpare) for a in word.actions)
+    waits = keeper(word.memory, gone, 1200, keeps=False)  # long past the 3 min a word is waited for
+    assert waits.memory.limp.pool_remaking == ("sp-0",) and not any(isinstance(a, RemakeSpare) for a in waits.actions)
+    keeps = keeper(waits.memory, gone, 1210)
+    [create] = [a for a in keeps.actions if isinstance(a, RemakeSpare)]
+    assert (keeps.row, create.name, create.create, create.pool) == ("spare_remake", "sp-0", True, "v5p")
+    # made by another keeper meanwhile (listed again): nothing left to make
+    back = keeper(waits.memory, (part("apod", "a"), spot("sp-0", state="CREATING")), 1210)
+    assert back.memory.limp.pool_remaking == () and not any(isinstance(a, RemakeSpare) for a in back.actions)
 
 
 def test_a_job_that_is_not_the_pools_keeper_never_remakes_its_spares() -> None:

@@ -127,7 +127,9 @@ def keep(draft: Draft, before: Memory, decision: Decision) -> Decision:
       recovery.backoff_base);
     - an idle VM of the pool Google deletes itself (termination action DELETE) gone with the audit
       log's word that Google preempted it: journaled so too, and created again as those are; gone
-      with no such word within AUDIT_GRACE, a person deleted it: never made again (row `spare_gone`);
+      with no such word within AUDIT_GRACE, a person deleted it: never made again (row `spare_gone`).
+      Every job of the pool with a [tpu.spec] watches these, keeper or not: the one that becomes
+      the keeper makes again those Google deleted while another kept the pool, or none did;
     - one of those back (READY, or on its way: CREATING) or no longer the pool's idle spare: done.
     A node of the pool neither a keeper nor Google deleted is never created."""
     cfg, now = draft.cfg, draft.now
@@ -141,8 +143,12 @@ def keep(draft: Draft, before: Memory, decision: Decision) -> Decision:
              ) if draft.obs.pool_keeper else limp.pool_remaking
     if (still := still_remaking(cfg.spare_pool, known, listed)) != limp.pool_remaking:
         limp = replace(limp, pool_remaking=still, pool_remake_at=limp.pool_remake_at if still else None)
-    # only the keeper watches the pool's idle VMs Google may delete: a job no longer the keeper forgets them
-    limp, late = _google_word(draft, limp, listed) if draft.obs.pool_keeper else (replace(limp, pool_word=IdleWord()), [])
+    # every job that may keep the pool watches its idle VMs Google may delete, so one that becomes
+    # the keeper (the keeper ended) makes again those Google deleted before; the keeper alone says a
+    # person's deletion (one voice for the pool, as one job acts for it)
+    watches = draft.obs.pool_keeper or cfg.spares_remade
+    limp, late = _google_word(draft, limp, listed) if watches else (replace(limp, pool_word=IdleWord()), [])
+    late = late if draft.obs.pool_keeper else []
     made = limp.pool_remaking  # with those Google deleted, on its word
     action: RemakeSpare | None = None
     gone = [n for n in made if n not in listed]
