@@ -79,3 +79,17 @@ def test_nothing_says_the_logging_read_quota_cannot_be_raised() -> None:
     said = [f"{f.relative_to(ROOT)}: {w!r}" for f in files for w in wrong if w in f.read_text().lower()]
     assert not said, said
     assert "an increase can be requested" in (ROOT / "docs" / "many-jobs.md").read_text()
+
+
+def test_the_module_sizes_design_md_gives_are_near_the_modules_own() -> None:
+    """docs/design.md's tables of modules give each one's lines (the policy's exactly when written,
+    the long ones as "~N"): within 15 % of the file's, or the table is stale."""
+    sizes = re.findall(r"^\| `([\w/]+\.py)` \| ~?(\d+) \|", (ROOT / "docs" / "design.md").read_text(), flags=re.M)
+    assert len(sizes) > 30, sizes
+    stale = []
+    for name, said in sizes:
+        path = next(p for base in ("tpuwatch/policy", "tpuwatch", ".") if (p := ROOT / base / name).exists())
+        lines = len(path.read_text().splitlines())
+        if abs(lines - int(said)) > 0.15 * int(said):
+            stale.append(f"{name}: {said} said, {lines} now")
+    assert stale == [], f"docs/design.md's module sizes are stale: {stale}"
