@@ -479,3 +479,53 @@ def test_its_own_vm_read_gone_with_googles_word_at_once_ends_the_attempt_when_it
     assert binds.row == "take" and binds.memory.limp.swapped == (("hpod", "lpod"),), (binds.row, binds.summary)
     [end] = binds.ended
     assert (end.attempt, end.outcome, end.charged) == (mem.attempt.number, "disruption", False)
+
+
+def vm(name: str, owner: str, state: str = "READY", **labels: str) -> NodeSnapshot:
+    """A Compute Engine Spot VM (termination action STOP) of the job's, as `part` labels it."""
+    return replace(part(name, owner, state, **labels), kind="instance")
+
+
+def test_its_own_vm_stopping_under_its_own_delete_is_still_lost_the_ask_and_a_lent_node_are_kept() -> None:
+    """Compute Engine shows a VM being deleted as STOPPING. The job's own VM, preempted and deleted
+    by tpuwatch to be inserted again, is lost while it stops as before: a Spot VM stopping is only
+    waited for (a person's delete looks so) when tpuwatch did not delete it. Read as nothing lost,
+    the job withdrew its ask, and handed back a node just lent to it."""
+    mem = run_mem(step=100)
+    own = vm("hpod", "hi", "PREEMPTED", tpuwatch_priority="500")
+    low = vm("lpod", "lo", tpuwatch_priority="100")
+    d = tick(look(HI, mem, (own, low), probes=DOWN, checkpoint=ckpt(200)), mem, 600, cfg=HI)
+    assert d.row == "take_wait" and d.memory.limp.wants == "lpod"
+    asked = vm("lpod", "lo", tpuwatch_priority="100", tpuwatch_wanted_by="hi", tpuwatch_wanted_priority="500")
+    r = tick(look(HI, d.memory, (own, asked), probes=None), d.memory, 601, cfg=HI)
+    assert r.row == "spare_remake" and r.memory.limp.remaking == ("hpod",), (r.row, r.summary)
+    stopping = replace(own, stopping=True)
+    s = tick(look(HI, r.memory, (stopping, asked), probes=None), r.memory, 602, cfg=HI)
+    assert s.memory.limp.wants == "lpod" and relabels(s) == [], (s.row, s.summary, relabels(s))
+    # lent meanwhile (labelled the job's by the lender): taken, never handed back
+    lent = vm("lpod", "hi", tpuwatch_priority="100", tpuwatch_lent_by="lo")
+    t = tick(look(HI, s.memory, (stopping, lent), probes=None), s.memory, 603, cfg=HI)
+    assert t.row == "take" and t.memory.limp.swapped == (("hpod", "lpod"),), (t.row, t.summary)
+    assert relabels(t) == []
+    # a Spot VM stopping that tpuwatch is not deleting is waited for, as before: nothing asked
+    fresh = tick(look(HI, mem, (replace(own, stopping=True), low), probes=DOWN, checkpoint=ckpt(200)), mem, 600, cfg=HI)
+    assert fresh.memory.limp.wants == "" and relabels(fresh) == [], (fresh.row, fresh.summary)
+
+
+def test_its_own_vm_gone_to_be_inserted_again_is_still_of_its_shape_a_node_is_asked_for_then() -> None:
+    """The job's own VM preempted and deleted by tpuwatch before a node could be asked for (the
+    lower job's node came up later, or the ask was cut off by a kill): gone, it still has the
+    shape it was last seen with, and a node of that shape is asked for."""
+    mem = run_mem(step=100)
+    own = vm("hpod", "hi", "PREEMPTED", tpuwatch_priority="500")
+    busy = vm("lpod", "lo", "REPAIRING", tpuwatch_priority="100")  # not usable: nothing to ask for yet
+    d = tick(look(HI, mem, (own, busy), probes=DOWN, checkpoint=ckpt(200)), mem, 600, cfg=HI)
+    r = tick(look(HI, d.memory, (own, busy), probes=None), d.memory, 601, cfg=HI)
+    assert r.memory.limp.wants == "" and r.memory.limp.remaking == ("hpod",), (r.row, r.summary)
+    gone = tick(look(HI, r.memory, (busy,), probes=None), r.memory, 700, cfg=HI)
+    assert gone.memory.limp.wants == ""
+    up = vm("lpod", "lo", tpuwatch_priority="100")
+    e = tick(look(HI, gone.memory, (up,), probes=None), gone.memory, 800, cfg=HI)
+    assert e.row == "take_wait" and e.memory.limp.wants == "lpod", (e.row, e.summary)
+    [ask] = relabels(e)
+    assert (ask.name, ask.put) == ("lpod", ((WANTED_BY, "hi"), (WANTED_PRIORITY, "500")))

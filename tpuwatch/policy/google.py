@@ -55,7 +55,7 @@ def seen(draft: Draft, mem: Memory) -> Memory:
         else:
             if node.id != g.node_id:
                 g = GoogleStop(node_id=node.id)
-            g = replace(g, created=node.create_time, owned=node.owned_by(draft.cfg.job))
+            g = replace(g, created=node.create_time, owned=node.owned_by(draft.cfg.job), shape=node.accelerator_type)
             if node.state in STOP_STATES and g.stopped_since is None:
                 g = replace(g, stopped_since=draft.now)
             booted = mem.boot.booted_at or node.create_time

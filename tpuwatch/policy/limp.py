@@ -28,6 +28,14 @@ from tpuwatch.policy.values import Decision, StopWorkers, Wait
 BRIEF_STATES = frozenset({"RESTARTING"})
 
 
+def foreign_stop(mem: Memory, slot: str, part: NodeSnapshot) -> bool:
+    """The node slot `slot` runs on is a Compute Engine VM stopping that tpuwatch is not deleting
+    to make again: a Spot preemption (it ends TERMINATED) or a person's instances.delete (it ends
+    gone), waited for (row `spot_stopping`). One tpuwatch deletes (Compute Engine shows a delete
+    as STOPPING) is lost."""
+    return part.stopping and mem.limp.node_of(slot) not in mem.limp.remaking
+
+
 def shift(draft: Draft, mem: Memory) -> Decision | None:
     """Leave lost slices out (`limp`), or take back the slices that are back (`grow`); None when
     the job's slices stay as they are. A slice left out that a person deleted since stops the job
@@ -57,7 +65,8 @@ def limp(draft: Draft, mem: Memory) -> Decision | None:
     names = mem.limp.slots(cfg.slices)
     lost = [(name, part) for name, part in zip(names, node.slices, strict=True) if not part.usable]
     left = len(names) - len(lost)
-    if (not lost or left < cfg.min_slices or any(part.state in BRIEF_STATES or part.stopping for _, part in lost)
+    if (not lost or left < cfg.min_slices or any(part.state in BRIEF_STATES or foreign_stop(mem, name, part)
+                                                  for name, part in lost)
             or any(name in mem.limp.recreate for name, _ in lost)):  # taken back to be made again
         return None
     # a slice gone with no word that Google or tpuwatch removed it: a person deleted it, perhaps to

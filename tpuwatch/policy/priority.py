@@ -46,7 +46,7 @@ from tpuwatch.model import (
 from tpuwatch.policy import spares
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.ending import end_unusable
-from tpuwatch.policy.limp import BRIEF_STATES, end_lost, removed, stop_waited
+from tpuwatch.policy.limp import BRIEF_STATES, end_lost, foreign_stop, removed, stop_waited
 from tpuwatch.policy.nodes import Cond, node_condition
 from tpuwatch.policy.state import TERMINAL, Evidence, Memory, Phase, merge_evidence, move
 from tpuwatch.policy.values import Decision, Relabel, StopWorkers, Wait
@@ -95,7 +95,7 @@ def lost_slots(draft: Draft, mem: Memory, lent: bool = False) -> list[tuple[str,
         if node_condition(node) is Cond.PERSON:
             return [(s, None) for s in slots if s in away] if lent else []
         parts = list(zip(slots, node.slices, strict=True))
-        if any(p.state in BRIEF_STATES or p.stopping for _, p in parts if not p.usable):  # stopping: `spot_stopping`
+        if any(p.state in BRIEF_STATES or foreign_stop(mem, s, p) for s, p in parts if not p.usable):
             return []
         # a node whose label names another job is not the job's to run on, however usable (a
         # late label write can hand it back for a moment: it is asked for again)

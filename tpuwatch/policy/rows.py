@@ -89,8 +89,9 @@ ROWS: tuple[Row, ...] = (
         "Spot VM: once TERMINATED, not while it stops)",
         "delete + create (owned nodes only)"),
     Row("spot_stopping", "a Compute Engine Spot VM with termination action STOP still stopping (STOPPING): Google's "
-        "preemption ends TERMINATED, a person's instances.delete with the VM gone; with tpu.spares or a spare pool, "
-        "no swap nor claim away from it meanwhile",
+        "preemption ends TERMINATED, a person's instances.delete with the VM gone; with tpu.spares, a spare pool, a "
+        "priority or job.min_slices, no swap, claim, ask nor limp away from it meanwhile (not one tpuwatch is deleting "
+        "to make again: Compute Engine shows that delete as STOPPING too, and the VM is lost)",
         "wait, sending nothing to it; TERMINATED: delete + create (dead_node), or with a spare free a swap; gone "
         "with no word that Google or tpuwatch removed it: a person's deletion (node_missing), never made again"),
     Row("spot_stopping_long", "as `spot_stopping`, the VM stopping (since first seen down) 5 min or longer, or half "

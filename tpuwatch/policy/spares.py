@@ -39,6 +39,7 @@ from tpuwatch.policy.limp import (
     BRIEF_STATES,
     deleted_left_out,
     end_lost,
+    foreign_stop,
     gone_node,
     person_deleted,
     removed,
@@ -139,13 +140,6 @@ def _google_word(draft: Draft, limp: Limp) -> Limp:
     word, taken = google.idle_word(limp.word, dict(draft.obs.spares), deletes, pool, draft.obs.events,
                                    limp.remaking, draft.cfg.spares_remade, draft.now)
     return replace(limp.with_word(word), remaking=(*limp.remaking, *(n for n in taken if n not in limp.remaking)))
-
-
-def foreign_stop(mem: Memory, slot: str, part: NodeSnapshot) -> bool:
-    """The node slot `slot` runs on is a Compute Engine VM stopping that tpuwatch is not deleting
-    to make again: a Spot preemption (it ends TERMINATED) or a person's instances.delete (it ends
-    gone), waited for (row `spot_stopping`)."""
-    return part.stopping and mem.limp.node_of(slot) not in mem.limp.remaking
 
 
 def swap(draft: Draft, mem: Memory) -> Decision | None:

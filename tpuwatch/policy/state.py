@@ -260,7 +260,9 @@ class GoogleStop:
     deleted: str = ""  # what says Google deleted it (its audit entry; a sighting of it going is no word)
     missing_since: datetime | None = None  # first seen missing with no such word yet
     going_since: datetime | None = None  # first seen going (DELETING), for the bound on waiting for it
-    shape: str = ""  # its accelerator (machine) type: what a job with a priority asks for once it is gone
+    # its accelerator (machine) type, of one down when last seen: what a job with a priority asks
+    # for once it is gone (deleted by Google, or by tpuwatch to be made again)
+    shape: str = ""
     # A VM Compute Engine stopped itself (host error, terminate on maintenance): the audit entry
     # that says so, when it was first seen stopped (with or without that word), and when tpuwatch
     # asked to start it again (once per stop)
