@@ -199,6 +199,22 @@ class Watched:
         tmp.write_text("\n".join(lines) + "\n")
         tmp.replace(self.cfg)
 
+    def hold_end(self) -> int:
+        """Ready the last cycle of a test, killed nowhere: the job's end step, its trainers held 100
+        steps before it until `release(end - 100)`, so the job cannot end before the test's last
+        stage is met; the watcher started again with that config. The attempt running meanwhile was
+        launched before and does not hold: the end is set again until that attempt is still 300
+        steps short of the hold once the watcher is up (on a busy machine it may not be), so that
+        the relaunch after the next loss is too."""
+        for _ in range(5):
+            end = (self.steps_done() or [0])[-1] + 600
+            self.set_steps(end, hold_at=end - 100)
+            self.kill(self.started_at, "end")
+            self.wait(lambda: time.monotonic() - self.started_at > 1.2, what="the watcher up")
+            if (self.steps_done() or [0])[-1] < end - 400:
+                return end
+        raise AssertionError("the running attempt passed each end set before the watcher was up")
+
     def release(self, step: int) -> None:
         """Let trainers held at `step` (set_steps' `hold_at`) go on."""
         self.hold_dir.mkdir(exist_ok=True)

@@ -127,23 +127,6 @@ def remade(job: OnInstances, name: str, old: int) -> bool:
     return mem is not None and name not in mem.limp.remaking and name not in mem.limp.away
 
 
-def last_cycle(job: OnInstances) -> int:
-    """Ready the last cycle, whose swap is killed nowhere: the job's end step, its trainers held
-    100 steps before it until `release(end - 100)`, so the job cannot end before the lost node is
-    back; the watcher started again with that config. The attempt running meanwhile was launched
-    before and does not hold: the end is set again until that attempt is still 300 steps short of
-    the hold once the watcher is up (on a busy machine it may not be), so that the relaunch after
-    the preemption is too."""
-    for _ in range(5):
-        end = (job.steps_done() or [0])[-1] + 600
-        job.set_steps(end, hold_at=end - 100)
-        job.kill(job.started_at, "end")
-        job.wait(lambda: time.monotonic() - job.started_at > 1.2, what="the watcher up")
-        if (job.steps_done() or [0])[-1] < end - 400:
-            return end
-    raise AssertionError("the running attempt passed each end set before the watcher was up")
-
-
 def kill_in(job: OnInstances, since: float, lo: float, hi: float, stage: str, done: Callable[[], bool]) -> bool:
     """Kill at a seeded moment lo..hi s after `since`, counted in `stage`, unless what the stage
     leads to is `done` first; False then (no kill)."""
@@ -169,7 +152,7 @@ def test_kills_while_an_instance_job_swaps_onto_a_spare_and_its_lost_instance_is
             while True:
                 if Counter(k.phase for k in job.kills)["swap"] >= SWAP_KILLS and \
                         Counter(k.phase for k in job.kills)["remake"] >= REMAKE_KILLS:
-                    end, final = last_cycle(job), True
+                    end, final = job.hold_end(), True
                 job.wait(lambda: time.monotonic() - job.started_at > 1.2, what="the watcher up")
                 before = job.newest()
                 [lost] = job.on()
@@ -297,7 +280,7 @@ def test_kills_while_a_mig_job_swaps_onto_a_spare_mig_and_its_lost_mig_is_recrea
             while True:
                 kills = Counter(k.phase for k in job.kills)
                 if kills["swap"] >= MIG_SWAP_KILLS and kills["remake"] >= MIG_REMAKE_KILLS:
-                    end, final = last_cycle(job), True
+                    end, final = job.hold_end(), True
                 job.wait(lambda: time.monotonic() - job.started_at > 1.2, what="the watcher up")
                 before = job.newest()
                 [lost] = job.on()

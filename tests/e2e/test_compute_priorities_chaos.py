@@ -89,10 +89,11 @@ def test_kills_while_a_higher_priority_instance_job_takes_an_instance_and_hands_
                 job.start()
             for cycle in range(CYCLES):
                 final = cycle == CYCLES - 1
-                if final:  # the jobs end a little past the relaunches of this cycle
-                    for job in (hi, lo):
-                        job.set_steps((job.steps_done() or [0])[-1] + 300)
-                        job.kill(job.started_at)
+                if final:  # the jobs end a little past the relaunches of this cycle; cepr-hi, which
+                    # would hand the instance it took back as it ends, held until cepr-lo is back
+                    end = hi.hold_end()
+                    lo.set_steps((lo.steps_done() or [0])[-1] + 300)
+                    lo.kill(lo.started_at)
                 hi.running_with_progress()
                 lo.running_with_progress()
                 [lent] = lo.on()
@@ -120,6 +121,8 @@ def test_kills_while_a_higher_priority_instance_job_takes_an_instance_and_hands_
                     kill_in(lo, since, 0.0, 1.5, "hand_back", back)  # type: ignore[arg-type]
                 lo.wait(back, timeout=90, what=f"cepr-lo's next attempt on {taken_from} inserted again")
                 assert labels(sim, taken_from)["tpuwatch-job"] == "cepr-lo", labels(sim, taken_from)
+                if final:
+                    hi.release(end - 100)
             rcs = [hi.finish(120), lo.finish(120)]
             results = [job.assert_invariants(rc) for job, rc in zip((hi, lo), rcs, strict=True)]
         finally:

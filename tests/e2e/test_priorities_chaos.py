@@ -40,8 +40,8 @@ class Prio(Watched):
         self.priority = priority
         super().__init__(*args, **kw)
 
-    def set_steps(self, steps: int) -> None:
-        super().set_steps(steps)
+    def set_steps(self, steps: int, hold_at: int = 0) -> None:
+        super().set_steps(steps, hold_at)
         text = self.cfg.read_text().replace("[job]\n", f"[job]\npriority = {self.priority}\n", 1)
         tmp = self.cfg.with_suffix(".prio")
         tmp.write_text(text)
@@ -106,10 +106,11 @@ def test_kills_while_a_higher_priority_job_takes_a_node_and_hands_its_own_back(t
             lo.start()
             for cycle in range(CYCLES):
                 final = cycle == CYCLES - 1
-                if final:  # the jobs end a little past the relaunches of this cycle
-                    for job in (hi, lo):
-                        job.set_steps((job.steps_done() or [0])[-1] + 300)
-                        job.kill(job.started_at)
+                if final:  # the jobs end a little past the relaunches of this cycle; chaos-hi, which
+                    # would hand the node it took back as it ends, held until chaos-lo is back
+                    end = hi.hold_end()
+                    lo.set_steps((lo.steps_done() or [0])[-1] + 300)
+                    lo.kill(lo.started_at)
                 hi.running_with_progress()
                 lo.running_with_progress()
                 lent = next(iter(lo.on()))
@@ -139,6 +140,8 @@ def test_kills_while_a_higher_priority_job_takes_a_node_and_hands_its_own_back(t
                     kill_in(lo, since, 0.0, 1.5, "hand_back", back)
                 lo.wait(back, timeout=90, what=f"chaos-lo's next attempt on {taken_from} made again")
                 assert labels(sim, taken_from)["tpuwatch-job"] == "chaos-lo", labels(sim, taken_from)
+                if final:
+                    hi.release(end - 100)
             rcs = [hi.finish(120), lo.finish(120)]
             results = [job.assert_invariants(rc) for job, rc in zip((hi, lo), rcs, strict=True)]
         finally:

@@ -47,8 +47,8 @@ class Pooled(Watched):
         self.env["TPUWATCH_STATE_DIR"] = str(self.state_dir)
         self.pool = tmp / "pool-v4.toml"
 
-    def set_steps(self, steps: int) -> None:
-        super().set_steps(steps)
+    def set_steps(self, steps: int, hold_at: int = 0) -> None:
+        super().set_steps(steps, hold_at)
         text = self.cfg.read_text().replace("[tpu]\n", f"[tpu]\nspare_pool = \"{POOL}\"\n", 1)
         tmp = self.cfg.with_suffix(".pool")
         tmp.write_text(text)
@@ -95,9 +95,8 @@ def test_kills_while_jobs_of_one_pool_claim_its_spare_and_return_their_own_node(
             for cycle in range(CYCLES):
                 final = cycle >= CYCLES - 2
                 loser, other = (a, b) if cycle % 2 == 0 else (b, a)
-                if final:  # the loser ends a little past its relaunch of this cycle
-                    loser.set_steps((loser.steps_done() or [0])[-1] + 300)
-                    loser.kill(loser.started_at)
+                # the loser ends a little past its relaunch of this cycle, held until its own node is back
+                end = loser.hold_end() if final else 0
                 for job in (a, b):
                     if job.proc is not None and job.proc.poll() is None:  # one done: its watcher ended
                         job.running_with_progress()
@@ -124,6 +123,8 @@ def test_kills_while_jobs_of_one_pool_claim_its_spare_and_return_their_own_node(
                     kill_in(loser, since, 0.0, 1.0, "return", back)
                 loser.wait(back, timeout=90, what=f"{lost} made again and returned to the pool")
                 assert spare in loser.on()  # the job stays where it runs
+                if final:
+                    loser.release(end - 100)
             rcs = [a.finish(120), b.finish(120)]
             results = [job.assert_invariants(rc) for job, rc in zip((a, b), rcs, strict=True)]
         finally:
