@@ -385,9 +385,10 @@ class Reconciler:
                                       if n not in nodes))
             instances = self._worker_instances(node)
             if node is None and instances is not None:
-                # a gone VM is its own one worker under its own name, a spare's too when its slot is
-                # bound to one: the entry on its preemption says whether Google deleted it
-                instances = {**instances, **{n: (n, "0") for n in nodes if n in self.pcfg.spares}}
+                # a gone VM is its own one worker under its own name, whichever its slot is bound to
+                # (the job's own, a spare, one taken from a job of lower priority or claimed from a
+                # spare pool): the entry on its preemption says whether Google deleted it
+                instances = {**instances, **{n: (n, "0") for n in nodes}}
             if idle:
                 instances = {**(instances or {}), **{n: (n, "0") for n in idle}}
             events, cursor = audit.read([*nodes, *idle], self.journal.audit_cursor(), instances)

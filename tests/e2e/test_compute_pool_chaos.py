@@ -3,7 +3,7 @@
 and returns its own instance inserted again to the pool; then started again.
 
 As tests/e2e/test_spare_pool_chaos.py, on instances: jobs cepool-a and cepool-b (one Spot instance
-each, termination action STOP, with the [tpu.compute_spec] `tpuwatch init` captures) name pool
+each, with the [tpu.compute_spec] `tpuwatch init` captures) name pool
 v7 ([pool] api = "compute"), whose one spare instance sp-0 is idle. Cycle after cycle the instance
 one job trains on is preempted (and not inserted again, for a stockout, until the job runs on the
 pool's idle spare): the job claims the idle spare (instances.setLabels, with the fingerprint of a
@@ -13,7 +13,9 @@ loser's watcher is killed while it claims and swaps ("claim"), the other's meanw
 The invariants come from the world (tests/chaos/harness.py): never two trainers on one VM, of one
 job or of both, never two attempts of a job alive at once, every attempt resumed from its newest
 complete checkpoint, nothing charged, both jobs done, no binding lost (each job holds one
-instance, the pool one idle spare), each preempted instance deleted and inserted once.
+instance, the pool one idle spare), each preempted instance inserted once. Termination action STOP
+(tpuwatch deletes each preempted instance, once) and DELETE (Google does; the audit log's word about
+the instance a job runs on, its own or the pool's it claimed, says so).
 TPUWATCH_CHAOS_SEED changes the moments.
 """
 
@@ -40,7 +42,6 @@ pytestmark = pytest.mark.slow
 SEED = int(os.environ.get("TPUWATCH_CHAOS_SEED", "9"))
 CYCLES = 4  # the last two (one per job) killed nowhere: the jobs end past them
 POOL = "v7"
-SPOT = {"provisioningModel": "SPOT", "instanceTerminationAction": "STOP"}
 
 
 class PooledInstance(OnInstances):
@@ -48,13 +49,13 @@ class PooledInstance(OnInstances):
     its journal in the state dir both jobs share (so the pool's locks exclude the two watchers)."""
 
     def __init__(self, sim: Simulator, tmp: Path, name: str, **kw: Any) -> None:
-        super().__init__(sim, tmp, name, action="STOP", **kw)
+        super().__init__(sim, tmp, name, **kw)
         self.state_dir = tmp / "state"
         self.env["TPUWATCH_STATE_DIR"] = str(self.state_dir)
         self.pool = tmp / f"pool-{POOL}.toml"
 
     def make_nodes(self, labels: dict[str, str]) -> None:
-        self.sim.world.add_instance(self.name, body={"labels": labels, "scheduling": SPOT})
+        self.sim.world.add_instance(self.name, body={"labels": labels, "scheduling": spot(self.action)})
 
     def set_steps(self, steps: int, hold_at: int = 0) -> None:
         super().set_steps(steps, hold_at)
@@ -79,6 +80,10 @@ class PooledInstance(OnInstances):
         assert vm.status == "RUNNING" and self.on() <= {vm.name}, (vm.name, vm.status, self.on())
 
 
+def spot(action: str) -> dict[str, str]:
+    return {"provisioningModel": "SPOT", "instanceTerminationAction": action}
+
+
 def idle(sim: Simulator) -> list[str]:
     """The pool's idle spare instances RUNNING now: its label and no job's."""
     return sorted(r.name for r in sim.world.instances() if r.status == "RUNNING"
@@ -99,15 +104,17 @@ def vm_id(sim: Simulator, name: str) -> int | None:
         return None
 
 
-def test_kills_while_compute_jobs_of_one_pool_claim_its_spare_and_return_their_own_instance(tmp_path: Path) -> None:
+@pytest.mark.parametrize("action", ["STOP", "DELETE"])
+def test_kills_while_compute_jobs_of_one_pool_claim_its_spare_and_return_their_own_instance(
+        tmp_path: Path, action: str) -> None:
     with Simulator(root=tmp_path / "sim", speed=600, seed=SEED) as sim, RestFace(sim.world) as rest:
         # room for kills inside them: a delete and an insert about 0.5 s each
         sim.world.delays.update(delete=300.0, create=300.0, stop=300.0)
-        sim.world.add_instance("sp-0", body={"labels": {"tpuwatch-pool": POOL}, "scheduling": SPOT})
+        sim.world.add_instance("sp-0", body={"labels": {"tpuwatch-pool": POOL}, "scheduling": spot(action)})
         (tmp_path / f"pool-{POOL}.toml").write_text(
             f'[pool]\nname = "{POOL}"\nzone = "{sim.zone}"\napi = "compute"\nspares = ["sp-0"]\n')
-        a = PooledInstance(sim, tmp_path, "cepool-a", compute_url=rest.url, seed=SEED * 41 + 1)
-        b = PooledInstance(sim, tmp_path, "cepool-b", compute_url=rest.url, seed=SEED * 41 + 2)
+        a = PooledInstance(sim, tmp_path, "cepool-a", compute_url=rest.url, seed=SEED * 41 + 1, action=action)
+        b = PooledInstance(sim, tmp_path, "cepool-b", compute_url=rest.url, seed=SEED * 41 + 2, action=action)
         shared = Shared((a, b))  # type: ignore[arg-type]  # Shared reads only the samplers
         preempted: Counter[str] = Counter()
         try:
@@ -162,7 +169,7 @@ def test_kills_while_compute_jobs_of_one_pool_claim_its_spare_and_return_their_o
         assert kills["claim"] + kills["bystander"] + kills["return"] >= 2 * (CYCLES - 2), kills
         assert sim.world.scheduler_errors == [] and sim.world.host_errors == []
         # no binding lost: each job holds one instance, the pool has its one idle spare, and each
-        # preempted instance was deleted and inserted once, whatever the kills
+        # preempted instance was inserted once (and deleted once by tpuwatch with STOP), whatever the kills
         owners = Counter(dict(r.labels).get("tpuwatch-job", "") for r in sim.world.instances())
         assert owners == Counter({"cepool-a": 1, "cepool-b": 1, "": 1}), owners
         assert all(dict(r.labels).get("tpuwatch-pool") == POOL for r in sim.world.instances()
@@ -170,5 +177,6 @@ def test_kills_while_compute_jobs_of_one_pool_claim_its_spare_and_return_their_o
         ops = sim.world.list_compute_operations(sim.project, f"zones/{sim.zone}")
         by = {verb: Counter(o.target.rsplit("/", 1)[-1] for o in ops if o.op_type == verb and not o.errors)
               for verb in ("delete", "insert")}
-        assert by["delete"] == preempted and by["insert"] == preempted, (by, preempted)
+        assert by["delete"] == (preempted if action == "STOP" else Counter()), (by, preempted)
+        assert by["insert"] == preempted, (by, preempted)
         assert sorted(r.name for r in sim.world.instances()) == ["cepool-a", "cepool-b", "sp-0"]
