@@ -359,3 +359,15 @@ def test_a_running_job_whose_own_vm_google_deleted_claims_a_pool_spare_and_ends_
     [end] = d.ended
     assert (end.attempt, end.outcome, end.charged) == (mem.attempt.number, "disruption", False)
     assert "slice apod lost (MISSING)" in end.reason, end.reason
+
+
+def test_its_own_vm_gone_with_googles_word_claims_a_pool_spare_of_the_shape_it_was_last_seen_with() -> None:
+    """The job's own VM, which Google deletes at its preemption, is gone: nothing of the job's is
+    listed to give its shape, but the shape it was last seen with is journaled. A pool spare of
+    another machine type (first by name) is never claimed for it."""
+    mem = run_mem(step=100, google=GoogleStop(node_id="n1", owned=True, deletes=True, shape="v5p-16"))
+    other = replace(part("sp-0", None, pool="v5p"), accelerator_type="v5p-256")
+    zone = (other, part("sp-1", None, pool="v5p"))
+    d = tick(look(A, mem, zone, probes=None, checkpoint=ckpt(200), events=(preempted("apod", 598),)), mem, 600, cfg=A)
+    assert d.row == "pool_claim", (d.row, d.summary)
+    assert [r.name for r in relabels(d)] == ["sp-1"]

@@ -30,7 +30,7 @@ from tpuwatch.policy import google
 from tpuwatch.policy.draft import Draft
 from tpuwatch.policy.limp import end_lost, person_deleted, removed, stop_waited
 from tpuwatch.policy.nodes import Cond, node_condition
-from tpuwatch.policy.priority import lost_slots
+from tpuwatch.policy.priority import job_shapes, lost_slots
 from tpuwatch.policy.state import IdleWord, Limp, Memory, Phase, move
 from tpuwatch.policy.values import Decision, Relabel, RemakeSpare, Wait
 
@@ -38,12 +38,6 @@ from tpuwatch.policy.values import Decision, Relabel, RemakeSpare, Wait
 def idle_in(pool: str, node: NodeSnapshot) -> bool:
     """`node` is an idle spare of spare pool `pool`: its pool label, and no job's."""
     return bool(pool) and node.labels.get(POOL_LABEL) == pool and node.owner is None
-
-
-def _shapes(draft: Draft) -> set[str]:
-    node = draft.obs.node
-    shapes = {p.accelerator_type for p in (node.slices if node is not None else ()) if p.accelerator_type and p.name}
-    return shapes or {n.accelerator_type for n in draft.obs.zone if n.owned_by(draft.cfg.job) and n.accelerator_type}
 
 
 def claim(draft: Draft, mem: Memory) -> Decision | None:
@@ -55,7 +49,7 @@ def claim(draft: Draft, mem: Memory) -> Decision | None:
     if not cfg.spare_pool:
         return None
     lost = lost_slots(draft, mem)
-    shapes = _shapes(draft)
+    shapes = job_shapes(draft, mem)
     found = sorted((n for n in draft.obs.zone if idle_in(cfg.spare_pool, n) and not unclaimable(n)
                     and (not shapes or n.accelerator_type in shapes)), key=lambda n: n.name)
     if not lost or not found:

@@ -105,9 +105,10 @@ def lost_slots(draft: Draft, mem: Memory, lent: bool = False) -> list[tuple[str,
     return [(s, p) for s, p in out if lent or s not in away]
 
 
-def _shapes(draft: Draft, mem: Memory) -> set[str]:
+def job_shapes(draft: Draft, mem: Memory) -> set[str]:
     """The accelerator types of the job's slices as read, else of its own nodes in the zone, else
-    of its node as last seen (a VM Google deleted at its preemption: gone, and the job's only one)."""
+    of its node as last seen (gone, and the job's only one: a VM Google deleted at its preemption,
+    or one tpuwatch deleted to make again). What a job asks for, or claims from a spare pool."""
     node = draft.obs.node
     shapes = {p.accelerator_type for p in (node.slices if node is not None else ()) if p.accelerator_type and p.name}
     shapes = shapes or {n.accelerator_type for n in draft.obs.zone if n.owned_by(draft.cfg.job) and n.accelerator_type}
@@ -121,7 +122,7 @@ def _candidates(draft: Draft, mem: Memory) -> list[NodeSnapshot]:
     its job trains on."""
     cfg = draft.cfg
     assert cfg.priority is not None
-    shapes = _shapes(draft, mem)
+    shapes = job_shapes(draft, mem)
     out = []
     for n in draft.obs.zone:
         p = label_priority(n)
