@@ -35,7 +35,7 @@ from tpuwatch.sim.simulator import Simulator
 pytestmark = pytest.mark.slow
 
 SEED = int(os.environ.get("TPUWATCH_CHAOS_SEED", "9"))
-CYCLES = 4  # the last one killed nowhere: the jobs end past it
+CYCLES = 3  # the last one killed nowhere: the jobs end past it
 
 
 class PrioInstance(OnInstances):
