@@ -97,8 +97,6 @@ def test_kills_while_a_higher_priority_instance_job_takes_an_instance_and_hands_
                 if final:  # the jobs end a little past the relaunches of this cycle; cepr-hi, which
                     # would hand the instance it took back as it ends, held until cepr-lo is back
                     end = hi.hold_end()
-                    lo.set_steps((lo.steps_done() or [0])[-1] + 300)
-                    lo.kill(lo.started_at)
                 hi.running_with_progress()
                 lo.running_with_progress()
                 [lent] = lo.on()
@@ -117,6 +115,9 @@ def test_kills_while_a_higher_priority_instance_job_takes_an_instance_and_hands_
                     kill_in(hi, since, 0.0, 1.5, "take", moved)  # type: ignore[arg-type]
                 hi.wait(moved, timeout=60, what=f"cepr-hi's next attempt on {lent}")
                 assert labels(sim, lent)["tpuwatch-job"] == "cepr-hi", labels(sim, lent)
+                if final:  # cepr-lo, stopped now (it gave), ends a little past its next attempt
+                    lo.set_steps((lo.steps_done() or [0])[-1] + 300)
+                    lo.kill(lo.started_at)
                 sim.inject("clear-errors")
                 since = time.monotonic()
                 back = lambda b=l_before, n=taken_from, o=old: (  # noqa: E731

@@ -109,8 +109,6 @@ def test_kills_while_a_higher_priority_job_takes_a_node_and_hands_its_own_back(t
                 if final:  # the jobs end a little past the relaunches of this cycle; chaos-hi, which
                     # would hand the node it took back as it ends, held until chaos-lo is back
                     end = hi.hold_end()
-                    lo.set_steps((lo.steps_done() or [0])[-1] + 300)
-                    lo.kill(lo.started_at)
                 hi.running_with_progress()
                 lo.running_with_progress()
                 lent = next(iter(lo.on()))
@@ -129,6 +127,9 @@ def test_kills_while_a_higher_priority_job_takes_a_node_and_hands_its_own_back(t
                     kill_in(hi, since, 0.0, 1.5, "take", moved)
                 hi.wait(moved, timeout=60, what=f"chaos-hi's next attempt on {lent}")
                 assert labels(sim, lent)["tpuwatch-job"] == "chaos-hi", labels(sim, lent)
+                if final:  # chaos-lo, stopped now (it gave), ends a little past its next attempt
+                    lo.set_steps((lo.steps_done() or [0])[-1] + 300)
+                    lo.kill(lo.started_at)
                 sim.inject("clear-errors")
                 since = time.monotonic()
                 back = lambda b=l_before, n=taken_from, o=old: (  # noqa: E731
