@@ -124,8 +124,6 @@ def test_kills_while_compute_jobs_of_one_pool_claim_its_spare_and_return_their_o
             for cycle in range(CYCLES):
                 final = cycle >= CYCLES - 2
                 loser, other = (a, b) if cycle % 2 == 0 else (b, a)
-                # the loser ends a little past its relaunch of this cycle, held until its own node is back
-                end = loser.hold_end() if final else 0
                 for job in (a, b):
                     if job.proc is not None and job.proc.poll() is None:  # one done: its watcher ended
                         job.running_with_progress()
@@ -134,6 +132,9 @@ def test_kills_while_compute_jobs_of_one_pool_claim_its_spare_and_return_their_o
                 [lost] = loser.on()
                 old = vm_id(sim, lost)
                 before = loser.newest()
+                # the loser ends a little past its relaunch of this cycle, held until its own node is back
+                # (set right before the loss, so that the attempt running until then is short of the hold)
+                end = loser.hold_end() if final else 0
                 sim.world.stockout()  # the lost instance is not inserted again before the claim
                 sim.world.preempt_instance(lost)
                 preempted[lost] += 1

@@ -94,9 +94,6 @@ def test_kills_while_a_higher_priority_instance_job_takes_an_instance_and_hands_
                 job.start()
             for cycle in range(CYCLES):
                 final = cycle == CYCLES - 1
-                if final:  # the jobs end a little past the relaunches of this cycle; cepr-hi, which
-                    # would hand the instance it took back as it ends, held until cepr-lo is back
-                    end = hi.hold_end()
                 hi.running_with_progress()
                 lo.running_with_progress()
                 [lent] = lo.on()
@@ -105,6 +102,10 @@ def test_kills_while_a_higher_priority_instance_job_takes_an_instance_and_hands_
                 [taken_from] = hi.on()
                 old = vm_id(sim, taken_from)
                 h_before, l_before = hi.newest(), lo.newest()
+                # the jobs end a little past this cycle's relaunches: cepr-hi, which would hand the instance
+                # it took back as it ends, held until cepr-lo is back (set right before the loss, so
+                # that the attempt running until then is still short of the hold)
+                end = hi.hold_end() if final else 0
                 sim.world.stockout()  # the preempted instance is not inserted again before the take
                 sim.world.preempt_instance(taken_from)
                 preempted[taken_from] += 1

@@ -106,9 +106,6 @@ def test_kills_while_a_higher_priority_job_takes_a_node_and_hands_its_own_back(t
             lo.start()
             for cycle in range(CYCLES):
                 final = cycle == CYCLES - 1
-                if final:  # the jobs end a little past the relaunches of this cycle; chaos-hi, which
-                    # would hand the node it took back as it ends, held until chaos-lo is back
-                    end = hi.hold_end()
                 hi.running_with_progress()
                 lo.running_with_progress()
                 lent = next(iter(lo.on()))
@@ -117,6 +114,10 @@ def test_kills_while_a_higher_priority_job_takes_a_node_and_hands_its_own_back(t
                 taken_from = next(iter(hi.on()))
                 old = next(n for n in sim.world.nodes() if n.name == taken_from).id
                 h_before, l_before = hi.newest(), lo.newest()
+                # the jobs end a little past this cycle's relaunches: chaos-hi, which would hand the node
+                # it took back as it ends, held until chaos-lo is back (set right before the loss, so
+                # that the attempt running until then is still short of the hold)
+                end = hi.hold_end() if final else 0
                 sim.world.stockout()  # the preempted node is not made again before the take: the take is met
                 sim.inject("preempt", node=taken_from)
                 preempted += 1
