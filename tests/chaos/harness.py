@@ -149,6 +149,7 @@ class Watched:
         self.cfg = tmp / f"{name}.toml"
         self.logs = tmp / f"logs-{name}"
         self.hold_dir = tmp / f"hold-{name}"
+        self.also: list[Path] = []  # more config files the watcher is started with (a pool's)
         self.logs.mkdir(parents=True, exist_ok=True)
         self.rng = random.Random(seed)
         self.kills: list[KillPoint] = []
@@ -235,7 +236,8 @@ class Watched:
         # fast (no imports) right after the SIGKILL of the one before, a watcher has been seen to
         # find the job's lock still held and exit 1 ("another tpuwatch is working on"); the
         # test's kill points are timed for a watcher that starts as a user's does.
-        self.proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(self.cfg)],
+        configs = [arg for path in (self.cfg, *self.also) for arg in ("-c", str(path))]
+        self.proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", *configs],
                                      env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
         self.started_at = time.monotonic()

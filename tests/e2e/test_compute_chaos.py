@@ -37,8 +37,9 @@ import pytest
 import tomli_w
 from chaos.harness import Watched
 
-from tpuwatch.errors import NotFoundError
+from tpuwatch.errors import NotFoundError, UsageError
 from tpuwatch.policy import Memory
+from tpuwatch.sim.cerecords import ComputeOpRec
 from tpuwatch.sim.rest import RestFace
 from tpuwatch.sim.simulator import Simulator
 
@@ -115,6 +116,42 @@ class OnInstances(Watched):
 
     def runs_newer(self, attempt: int) -> bool:
         return any(a > attempt for procs in self.sampler.trainers().values() for _, a in procs)
+
+
+class OneInstance(OnInstances):
+    """A job on Spot instance `name` (termination action `action`) with no spares of its own,
+    whose instance may change hands (taken by another job, claimed from a spare pool)."""
+
+    def make_nodes(self, labels: dict[str, str]) -> None:
+        self.sim.world.add_instance(self.name, body={"labels": labels, "scheduling": {
+            "provisioningModel": "SPOT", "instanceTerminationAction": self.action}})
+
+    def assert_nodes(self) -> None:
+        """The job ends on one RUNNING instance labelled its own (its own, or another's)."""
+        [vm] = [r for r in self.sim.world.instances() if r.labels.get("tpuwatch-job") == self.name]
+        assert vm.status == "RUNNING" and self.on() <= {vm.name}, (vm.name, vm.status, self.on())
+
+
+def labels(sim: Simulator, name: str) -> dict[str, str]:
+    """Instance `name`'s labels; {} while it is gone (deleted to be inserted again)."""
+    try:
+        return dict(sim.world.instance(name).labels)
+    except UsageError:
+        return {}
+
+
+def vm_id(sim: Simulator, name: str) -> int | None:
+    """Instance `name`'s id; None while it is gone."""
+    try:
+        return sim.world.instance(name).id
+    except UsageError:
+        return None
+
+
+def done_ops(ops: list[ComputeOpRec]) -> dict[str, Counter[str]]:
+    """Of Compute Engine operations, the deletes and inserts that succeeded, by instance name."""
+    return {verb: Counter(o.target.rsplit("/", 1)[-1] for o in ops if o.op_type == verb and not o.errors)
+            for verb in ("delete", "insert")}
 
 
 def remade(job: OnInstances, name: str, old: int) -> bool:
@@ -201,8 +238,7 @@ def test_kills_while_an_instance_job_swaps_onto_a_spare_and_its_lost_instance_is
         # deletes them) and inserted again, each once per preemption, whatever the kills; never the
         # one a person deleted
         ops = sim.world.list_compute_operations(sim.project, f"zones/{sim.zone}")
-        by = {verb: Counter(o.target.rsplit("/", 1)[-1] for o in ops if o.op_type == verb and not o.errors)
-              for verb in ("delete", "insert")}
+        by = done_ops(ops)
         person = Counter({gone: 1})
         shown = [(o.op_type, o.target.rsplit("/", 1)[-1], o.target_id, o.insert_ns, o.errors) for o in ops
                  if o.op_type in ("delete", "insert")]

@@ -22,18 +22,15 @@ TPUWATCH_CHAOS_SEED changes the moments.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_compute_chaos import OnInstances
+from test_compute_chaos import OneInstance, done_ops, labels, vm_id
 from test_priorities_chaos import Shared, kill_in
 
-from tpuwatch.errors import UsageError
 from tpuwatch.sim.rest import RestFace
 from tpuwatch.sim.simulator import Simulator
 
@@ -44,7 +41,7 @@ CYCLES = 4  # the last two (one per job) killed nowhere: the jobs end past them
 POOL = "v7"
 
 
-class PooledInstance(OnInstances):
+class PooledInstance(OneInstance):
     """A job on Spot instance `name` of spare pool v7; its watcher is started with the pool's file,
     its journal in the state dir both jobs share (so the pool's locks exclude the two watchers)."""
 
@@ -52,10 +49,7 @@ class PooledInstance(OnInstances):
         super().__init__(sim, tmp, name, **kw)
         self.state_dir = tmp / "state"
         self.env["TPUWATCH_STATE_DIR"] = str(self.state_dir)
-        self.pool = tmp / f"pool-{POOL}.toml"
-
-    def make_nodes(self, labels: dict[str, str]) -> None:
-        self.sim.world.add_instance(self.name, body={"labels": labels, "scheduling": spot(self.action)})
+        self.also = [tmp / f"pool-{POOL}.toml"]
 
     def set_steps(self, steps: int, hold_at: int = 0) -> None:
         super().set_steps(steps, hold_at)
@@ -64,44 +58,11 @@ class PooledInstance(OnInstances):
         tmp.write_text(text)
         tmp.replace(self.cfg)
 
-    def start(self) -> None:
-        assert self.proc is None or self.proc.poll() is not None
-        self.starts += 1
-        log = open(self.logs / f"watch-{self.starts:03d}.log", "wb")  # noqa: SIM115 - closed by the child's end
-        self.proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(self.cfg), "-c",
-                                      str(self.pool)], env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
-        log.close()
-        self.started_at = time.monotonic()
-
-    def assert_nodes(self) -> None:
-        """The job ends on one RUNNING instance labelled its own."""
-        [vm] = [r for r in self.sim.world.instances() if r.labels.get("tpuwatch-job") == self.name]
-        assert vm.status == "RUNNING" and self.on() <= {vm.name}, (vm.name, vm.status, self.on())
-
-
-def spot(action: str) -> dict[str, str]:
-    return {"provisioningModel": "SPOT", "instanceTerminationAction": action}
-
 
 def idle(sim: Simulator) -> list[str]:
     """The pool's idle spare instances RUNNING now: its label and no job's."""
     return sorted(r.name for r in sim.world.instances() if r.status == "RUNNING"
                   and dict(r.labels) == {"tpuwatch-pool": POOL})
-
-
-def labels(sim: Simulator, name: str) -> dict[str, str]:
-    try:
-        return dict(sim.world.instance(name).labels)
-    except UsageError:  # gone: deleted to be inserted again
-        return {}
-
-
-def vm_id(sim: Simulator, name: str) -> int | None:
-    try:
-        return sim.world.instance(name).id
-    except UsageError:
-        return None
 
 
 @pytest.mark.parametrize("action", ["STOP", "DELETE"])
@@ -110,7 +71,8 @@ def test_kills_while_compute_jobs_of_one_pool_claim_its_spare_and_return_their_o
     with Simulator(root=tmp_path / "sim", speed=600, seed=SEED) as sim, RestFace(sim.world) as rest:
         # room for kills inside them: a delete and an insert about 0.5 s each
         sim.world.delays.update(delete=300.0, create=300.0, stop=300.0)
-        sim.world.add_instance("sp-0", body={"labels": {"tpuwatch-pool": POOL}, "scheduling": spot(action)})
+        sim.world.add_instance("sp-0", body={"labels": {"tpuwatch-pool": POOL}, "scheduling": {
+            "provisioningModel": "SPOT", "instanceTerminationAction": action}})
         (tmp_path / f"pool-{POOL}.toml").write_text(
             f'[pool]\nname = "{POOL}"\nzone = "{sim.zone}"\napi = "compute"\nspares = ["sp-0"]\n')
         a = PooledInstance(sim, tmp_path, "cepool-a", compute_url=rest.url, seed=SEED * 41 + 1, action=action)
@@ -175,9 +137,7 @@ def test_kills_while_compute_jobs_of_one_pool_claim_its_spare_and_return_their_o
         assert owners == Counter({"cepool-a": 1, "cepool-b": 1, "": 1}), owners
         assert all(dict(r.labels).get("tpuwatch-pool") == POOL for r in sim.world.instances()
                    if dict(r.labels).get("tpuwatch-job", "") == "")
-        ops = sim.world.list_compute_operations(sim.project, f"zones/{sim.zone}")
-        by = {verb: Counter(o.target.rsplit("/", 1)[-1] for o in ops if o.op_type == verb and not o.errors)
-              for verb in ("delete", "insert")}
+        by = done_ops(sim.world.list_compute_operations(sim.project, f"zones/{sim.zone}"))
         assert by["delete"] == (preempted if action == "STOP" else Counter()), (by, preempted)
         assert by["insert"] == preempted, (by, preempted)
         assert sorted(r.name for r in sim.world.instances()) == ["cepool-a", "cepool-b", "sp-0"]

@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_compute_chaos import OnInstances
+from test_compute_chaos import OneInstance, done_ops, labels, vm_id
 from test_priorities_chaos import Shared, kill_in
 
-from tpuwatch.errors import UsageError
 from tpuwatch.sim.rest import RestFace
 from tpuwatch.sim.simulator import Simulator
 
@@ -38,16 +37,12 @@ SEED = int(os.environ.get("TPUWATCH_CHAOS_SEED", "9"))
 CYCLES = 3  # the last one killed nowhere: the jobs end past it
 
 
-class PrioInstance(OnInstances):
+class PrioInstance(OneInstance):
     """A job of [job] `priority` on Spot instance `name` (termination action `action`), no spares."""
 
     def __init__(self, *args: Any, priority: int, **kw: Any) -> None:
         self.priority = priority
         super().__init__(*args, **kw)
-
-    def make_nodes(self, labels: dict[str, str]) -> None:
-        self.sim.world.add_instance(self.name, body={"labels": labels, "scheduling": {
-            "provisioningModel": "SPOT", "instanceTerminationAction": self.action}})
 
     def set_steps(self, steps: int, hold_at: int = 0) -> None:
         super().set_steps(steps, hold_at)
@@ -55,25 +50,6 @@ class PrioInstance(OnInstances):
         tmp = self.cfg.with_suffix(".prio")
         tmp.write_text(text)
         tmp.replace(self.cfg)
-
-    def assert_nodes(self) -> None:
-        """The job ends on one RUNNING instance labelled its own (its own, or the other job's)."""
-        [vm] = [r for r in self.sim.world.instances() if r.labels.get("tpuwatch-job") == self.name]
-        assert vm.status == "RUNNING" and self.on() <= {vm.name}, (vm.name, vm.status, self.on())
-
-
-def labels(sim: Simulator, name: str) -> dict[str, str]:
-    try:
-        return dict(sim.world.instance(name).labels)
-    except UsageError:  # gone: deleted to be inserted again
-        return {}
-
-
-def vm_id(sim: Simulator, name: str) -> int | None:
-    try:
-        return sim.world.instance(name).id
-    except UsageError:
-        return None
 
 
 @pytest.mark.parametrize("action", ["STOP", "DELETE"])
@@ -146,9 +122,7 @@ def test_kills_while_a_higher_priority_instance_job_takes_an_instance_and_hands_
         assert sim.world.scheduler_errors == [] and sim.world.host_errors == []
         # each preempted instance inserted once (deleted once by tpuwatch with STOP), whatever the kills (its inserts are
         # refused for a stockout until the take, then one of them makes it)
-        ops = sim.world.list_compute_operations(sim.project, f"zones/{sim.zone}")
-        by = {verb: Counter(o.target.rsplit("/", 1)[-1] for o in ops if o.op_type == verb and not o.errors)
-              for verb in ("delete", "insert")}
+        by = done_ops(sim.world.list_compute_operations(sim.project, f"zones/{sim.zone}"))
         assert by["delete"] == (preempted if action == "STOP" else Counter()), (by, preempted)
         assert by["insert"] == preempted, (by, preempted)
         assert sorted(r.name for r in sim.world.instances()) == ["cepr-hi", "cepr-lo"]

@@ -17,8 +17,6 @@ preempted node deleted once. TPUWATCH_CHAOS_SEED changes the moments.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -45,7 +43,7 @@ class Pooled(Watched):
         super().__init__(sim, tmp, name, **kw)
         self.state_dir = tmp / "state"
         self.env["TPUWATCH_STATE_DIR"] = str(self.state_dir)
-        self.pool = tmp / "pool-v4.toml"
+        self.also = [tmp / "pool-v4.toml"]
 
     def set_steps(self, steps: int, hold_at: int = 0) -> None:
         super().set_steps(steps, hold_at)
@@ -53,16 +51,6 @@ class Pooled(Watched):
         tmp = self.cfg.with_suffix(".pool")
         tmp.write_text(text)
         tmp.replace(self.cfg)
-
-    def start(self) -> None:
-        assert self.proc is None or self.proc.poll() is not None
-        self.starts += 1
-        log = open(self.logs / f"watch-{self.starts:03d}.log", "wb")  # noqa: SIM115 - closed by the child's end
-        self.proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.cli", "watch", "-c", str(self.cfg), "-c",
-                                      str(self.pool)], env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
-        log.close()
-        self.started_at = time.monotonic()
 
     def on(self) -> set[str]:
         """The nodes a trainer of the job runs on now (a worker's marker ends "<node>/<index>")."""
